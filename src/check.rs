@@ -1,0 +1,346 @@
+//! `agent-state check [--repair]`: find every kind of damage the state can
+//! have, and with `--repair` mend what can be mended without losing anything.
+//!
+//! Corrupt files are set aside and rebuilt from the journal; torn journal
+//! lines are moved to a side file; sessions left running by a dead owner are
+//! recorded as interrupted and their messages returned; malformed inbox files
+//! go to `rejected/`; missing directories and files are re-created.
+
+use std::fs;
+
+use serde::Serialize;
+
+use crate::clock::Timestamp;
+use crate::config::{AgentKind, Config};
+use crate::error::Result;
+use crate::hooks;
+use crate::inbox::{self, Verdict};
+use crate::state::journal;
+use crate::state::rebuild::{self, StateFileKind};
+use crate::state::session::Session;
+use crate::state::{AgentDir, StateRoot, atomic, bootstrap, set_aside_name};
+
+#[derive(Debug, Serialize)]
+pub struct Finding {
+    pub agent: String,
+    /// The file or directory, relative to the agent's directory.
+    pub file: String,
+    pub problem: String,
+    /// What `--repair` did about it, if anything.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub repaired: Option<String>,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct CheckReport {
+    pub findings: Vec<Finding>,
+    /// Things worth knowing that are not damage.
+    pub notes: Vec<String>,
+}
+
+impl CheckReport {
+    pub fn unrepaired(&self) -> usize {
+        self.findings
+            .iter()
+            .filter(|f| f.repaired.is_none())
+            .count()
+    }
+}
+
+pub fn check(config: &Config, repair: bool, now: Timestamp) -> Result<CheckReport> {
+    let root = StateRoot::new(&config.state_root);
+    let mut report = CheckReport::default();
+    if !root.path.is_dir() {
+        report.findings.push(Finding {
+            agent: "-".into(),
+            file: root.path.display().to_string(),
+            problem: "the state root does not exist; run `agent-state bootstrap`".into(),
+            repaired: None,
+        });
+        if !repair {
+            return Ok(report);
+        }
+        bootstrap::root(&root)?;
+        report.findings.last_mut().expect("just pushed").repaired = Some("created".into());
+    }
+    for agent in &config.agents {
+        let dir = root.agent(&agent.name);
+        let mut found = Vec::new();
+        check_agent(config, agent.kind, &dir, &mut found, &mut report.notes, now)?;
+        if repair && !found.is_empty() {
+            repair_agent(config, &dir, &mut found, now)?;
+        }
+        report.findings.extend(found);
+    }
+    // Directories that look like agents but are not configured.
+    if let Ok(entries) = fs::read_dir(&root.path) {
+        let mut extra: Vec<String> = entries
+            .filter_map(|e| e.ok())
+            .filter(|e| e.path().is_dir())
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|n| !n.starts_with('.') && !config.agents.iter().any(|a| a.name.as_str() == n))
+            .collect();
+        extra.sort();
+        for name in extra {
+            report.notes.push(format!(
+                "{name}: a directory in the state root that is not configured; it is kept as it is"
+            ));
+        }
+    }
+    Ok(report)
+}
+
+fn finding(
+    found: &mut Vec<Finding>,
+    dir: &AgentDir,
+    file: impl Into<String>,
+    problem: impl Into<String>,
+) {
+    found.push(Finding {
+        agent: dir.name.to_string(),
+        file: file.into(),
+        problem: problem.into(),
+        repaired: None,
+    });
+}
+
+fn check_agent(
+    config: &Config,
+    kind: AgentKind,
+    dir: &AgentDir,
+    found: &mut Vec<Finding>,
+    notes: &mut Vec<String>,
+    now: Timestamp,
+) -> Result<()> {
+    if !dir.path.is_dir() {
+        finding(
+            found,
+            dir,
+            ".",
+            "not bootstrapped: the directory does not exist",
+        );
+        return Ok(());
+    }
+    for d in dir.directories() {
+        if !d.is_dir() {
+            let rel = d
+                .strip_prefix(&dir.path)
+                .unwrap_or(&d)
+                .display()
+                .to_string();
+            finding(found, dir, rel + "/", "missing directory");
+        }
+    }
+    if kind == AgentKind::Agent {
+        for k in StateFileKind::ALL {
+            let path = dir.file(k.file_name());
+            let problem = match k {
+                StateFileKind::Report => parse_problem::<crate::state::report::Report>(&path),
+                StateFileKind::Tasks => parse_problem::<crate::state::tasks::TaskFile>(&path),
+                StateFileKind::Session => parse_problem::<Session>(&path),
+                StateFileKind::Metrics => parse_problem::<crate::state::metrics::Metrics>(&path),
+            };
+            match problem {
+                Some(p) => finding(found, dir, k.file_name(), format!("corrupt: {p}")),
+                None if !path.exists() && k != StateFileKind::Session => {
+                    finding(found, dir, k.file_name(), "missing")
+                }
+                None => {}
+            }
+        }
+        if !dir.memory().exists() {
+            finding(found, dir, "memory.md", "missing");
+        }
+    }
+    let scan = journal::read(&dir.journal())?;
+    for t in &scan.torn {
+        finding(
+            found,
+            dir,
+            "journal.jsonl",
+            format!("torn line {}: {:?}", t.line, t.text),
+        );
+    }
+    for t in &scan.unreadable {
+        notes.push(format!(
+            "{}: journal.jsonl line {} is JSON but not an event this version reads; it is kept and skipped",
+            dir.name, t.line
+        ));
+    }
+    let session: Option<Session> = atomic::read_json(&dir.session()).unwrap_or(None);
+    let running = session
+        .as_ref()
+        .filter(|s| s.is_running())
+        .map(|s| s.session_id.clone());
+    if let Some(s) = &session
+        && hooks::is_stale(s, now)
+    {
+        finding(
+            found,
+            dir,
+            "session.json",
+            format!(
+                "session {} is recorded as running, but its owner (pid {}) is gone",
+                s.session_id,
+                s.owner_pid
+                    .map(|p| p.to_string())
+                    .unwrap_or_else(|| "unknown".into())
+            ),
+        );
+    }
+    for claimed in inbox::claimed_sessions(dir)? {
+        if running.as_deref() != Some(claimed.as_str()) {
+            finding(
+                found,
+                dir,
+                format!("inbox/.claimed/{claimed}/"),
+                "messages claimed by a session that is not running",
+            );
+        }
+    }
+    let sys_now = std::time::SystemTime::now();
+    for name in inbox::waiting_names(dir)? {
+        match inbox::inspect(dir, &name, sys_now) {
+            Verdict::Valid(_) => {}
+            Verdict::Unsettled(why) => notes.push(format!(
+                "{}: inbox/{name} does not parse yet ({why}); it was written moments ago, so it is left to settle",
+                dir.name
+            )),
+            Verdict::Invalid(r) => finding(found, dir, format!("inbox/{name}"), format!("malformed message: {}", r.reason)),
+        }
+    }
+    let _ = config;
+    Ok(())
+}
+
+fn parse_problem<T: serde::de::DeserializeOwned>(path: &std::path::Path) -> Option<String> {
+    match atomic::read_json::<T>(path) {
+        Ok(_) => None,
+        Err(crate::error::Error::Corrupt { reason, .. }) => Some(reason),
+        Err(e) => Some(e.to_string()),
+    }
+}
+
+fn repair_agent(
+    config: &Config,
+    dir: &AgentDir,
+    found: &mut [Finding],
+    now: Timestamp,
+) -> Result<()> {
+    let agent = config.agent(&dir.name)?;
+    let needs_bootstrap = found
+        .iter()
+        .any(|f| f.problem == "missing" || f.problem == "missing directory" || f.file == ".");
+    if needs_bootstrap {
+        bootstrap::root(&StateRoot::new(&config.state_root))?;
+        let created = bootstrap::agent(agent, dir, now)?;
+        for f in found
+            .iter_mut()
+            .filter(|f| f.problem.starts_with("missing") || f.file == ".")
+        {
+            f.repaired = Some(format!("created ({} item(s) in all)", created.len()));
+        }
+    }
+    // Torn journal lines first: rebuilding reads the journal.
+    if found.iter().any(|f| f.file == "journal.jsonl") {
+        let note = set_torn_lines_aside(dir, now)?;
+        for f in found.iter_mut().filter(|f| f.file == "journal.jsonl") {
+            f.repaired = Some(note.clone());
+        }
+    }
+    for k in StateFileKind::ALL {
+        if let Some(f) = found
+            .iter_mut()
+            .find(|f| f.file == k.file_name() && f.problem.starts_with("corrupt"))
+        {
+            let lock = dir.lock()?;
+            f.repaired = Some(rebuild::repair(dir, k, now)?);
+            drop(lock);
+        }
+    }
+    if let Some(f) = found
+        .iter_mut()
+        .find(|f| f.file == "session.json" && f.problem.contains("owner"))
+    {
+        let result = hooks::recover_stale(
+            agent,
+            dir,
+            "interrupted: owner process gone (found by `agent-state check --repair`)",
+            now,
+        )?;
+        f.repaired = result.map(|r| {
+            format!(
+                "recorded session {} as an error; {} message(s) returned to the inbox",
+                r.session_id,
+                r.returned.len()
+            )
+        });
+    }
+    for f in found
+        .iter_mut()
+        .filter(|f| f.file.starts_with("inbox/.claimed/"))
+    {
+        let session = f
+            .file
+            .trim_start_matches("inbox/.claimed/")
+            .trim_end_matches('/')
+            .to_string();
+        let lock = dir.lock()?;
+        let (returned, undeliverable) = inbox::return_claimed(dir, &session, now)?;
+        drop(lock);
+        f.repaired = Some(format!(
+            "{} message(s) returned to the inbox, {} set aside as undeliverable",
+            returned.len(),
+            undeliverable.len()
+        ));
+    }
+    for f in found
+        .iter_mut()
+        .filter(|f| f.problem.starts_with("malformed message"))
+    {
+        let lock = dir.lock()?;
+        let path = dir.path.join(&f.file);
+        if path.exists() || fs::symlink_metadata(&path).is_ok() {
+            let reason = f
+                .problem
+                .trim_start_matches("malformed message: ")
+                .to_string();
+            let moved = inbox::reject(dir, &path, &reason, now)?;
+            f.repaired = Some(format!(
+                "moved to inbox/rejected/{}",
+                moved.file_name().unwrap_or_default().to_string_lossy()
+            ));
+        }
+        drop(lock);
+    }
+    Ok(())
+}
+
+/// Move torn lines out of the journal into `journal.jsonl.torn-STAMP`, and
+/// rewrite the journal without them (atomically, under the lock).
+fn set_torn_lines_aside(dir: &AgentDir, now: Timestamp) -> Result<String> {
+    let lock = dir.lock()?;
+    let path = dir.journal();
+    let bytes = fs::read(&path).map_err(|e| crate::error::Error::io("reading", &path, e))?;
+    let mut kept = Vec::with_capacity(bytes.len());
+    let mut torn = Vec::new();
+    for line in bytes.split_inclusive(|b| *b == b'\n') {
+        let text = String::from_utf8_lossy(line);
+        let body = text.trim_end_matches(['\n', '\r']);
+        if body.trim().is_empty() || serde_json::from_str::<serde_json::Value>(body).is_ok() {
+            kept.extend_from_slice(body.as_bytes());
+            kept.push(b'\n');
+        } else {
+            torn.extend_from_slice(body.as_bytes());
+            torn.push(b'\n');
+        }
+    }
+    let aside = set_aside_name(&path, "torn", &now.compact());
+    atomic::write_file(&aside, &torn, 0o644)?;
+    atomic::write_file(&path, &kept, 0o644)?;
+    drop(lock);
+    Ok(format!(
+        "torn lines moved to {}",
+        aside.file_name().unwrap_or_default().to_string_lossy()
+    ))
+}

@@ -1,0 +1,36 @@
+//! `agent-state bootstrap [AGENT...]`
+
+use crate::cli::Context;
+use crate::error::{Result, exit};
+use crate::state::bootstrap;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Agents to bootstrap (default: every configured agent)
+    #[arg(value_name = "AGENT")]
+    pub agents: Vec<String>,
+}
+
+pub fn run(ctx: &Context, args: Args) -> Result<u8> {
+    let agents = if args.agents.is_empty() {
+        ctx.config.agents.iter().collect()
+    } else {
+        args.agents
+            .iter()
+            .map(|a| ctx.config.agent_named(a))
+            .collect::<Result<Vec<_>>>()?
+    };
+    for created in bootstrap::root(&ctx.root)? {
+        println!("created {created}");
+    }
+    for agent in agents {
+        let dir = ctx.root.agent(&agent.name);
+        let created = bootstrap::agent(agent, &dir, ctx.now)?;
+        if created.is_empty() {
+            println!("{}: complete, nothing to do", agent.name);
+        } else {
+            println!("{}: created {}", agent.name, created.join(", "));
+        }
+    }
+    Ok(exit::OK)
+}

@@ -1,0 +1,49 @@
+//! `agent-state check [--repair]`
+
+use crate::check;
+use crate::cli::{Context, print_json};
+use crate::error::{Result, exit};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Set corrupt files aside and rebuild them, recover abandoned sessions, reject malformed messages
+    #[arg(long)]
+    pub repair: bool,
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(ctx: &Context, args: Args) -> Result<u8> {
+    let report = check::check(&ctx.config, args.repair, ctx.now)?;
+    let code = if report.unrepaired() == 0 {
+        exit::OK
+    } else {
+        exit::DATAERR
+    };
+    if args.json {
+        print_json(&report)?;
+        return Ok(code);
+    }
+    println!(
+        "config {}: ok ({} agents)",
+        ctx.config.source.display(),
+        ctx.config.agents.len()
+    );
+    for f in &report.findings {
+        match &f.repaired {
+            Some(done) => println!("REPAIRED {}: {}: {} — {done}", f.agent, f.file, f.problem),
+            None => println!("PROBLEM  {}: {}: {}", f.agent, f.file, f.problem),
+        }
+    }
+    for n in &report.notes {
+        println!("note     {n}");
+    }
+    let problems = report.findings.len();
+    match (problems, report.unrepaired()) {
+        (0, _) => println!("no problems found"),
+        (n, 0) => println!("{n} problem(s) found, all repaired"),
+        (n, left) if args.repair => println!("{n} problem(s) found, {left} could not be repaired"),
+        (n, _) => println!("{n} problem(s) found; run `agent-state check --repair` to mend them"),
+    }
+    Ok(code)
+}

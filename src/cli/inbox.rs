@@ -1,0 +1,143 @@
+//! `agent-state inbox AGENT`: waiting, claimed and rejected messages.
+
+use serde::Serialize;
+
+use crate::cli::{Context, print_json};
+use crate::clock::{Timestamp, ago};
+use crate::error::{Result, exit};
+use crate::inbox::{self, Message, RejectedFile, Verdict};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    pub agent: String,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Serialize)]
+struct Listing {
+    agent: String,
+    waiting: Vec<Waiting>,
+    claimed: Vec<Claimed>,
+    rejected: Vec<RejectedFile>,
+    processed: usize,
+}
+
+#[derive(Serialize)]
+struct Waiting {
+    file: String,
+    /// valid, unsettled (still being written) or invalid
+    state: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<Message>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    problem: Option<String>,
+}
+
+#[derive(Serialize)]
+struct Claimed {
+    session_id: String,
+    message: Message,
+}
+
+pub fn run(ctx: &Context, args: Args) -> Result<u8> {
+    let (_, dir) = ctx.agent(&args.agent)?;
+    dir.require()?;
+    let now = std::time::SystemTime::now();
+    let mut waiting = Vec::new();
+    for name in inbox::waiting_names(&dir)? {
+        let w = match inbox::inspect(&dir, &name, now) {
+            Verdict::Valid(m) => Waiting {
+                file: name,
+                state: "valid",
+                message: Some(*m),
+                problem: None,
+            },
+            Verdict::Unsettled(p) => Waiting {
+                file: name,
+                state: "unsettled",
+                message: None,
+                problem: Some(p),
+            },
+            Verdict::Invalid(r) => Waiting {
+                file: name,
+                state: "invalid",
+                message: None,
+                problem: Some(r.reason),
+            },
+        };
+        waiting.push(w);
+    }
+    waiting.sort_by(|a, b| match (&a.message, &b.message) {
+        (Some(x), Some(y)) => Message::delivery_order(x, y),
+        (Some(_), None) => std::cmp::Ordering::Less,
+        (None, Some(_)) => std::cmp::Ordering::Greater,
+        (None, None) => a.file.cmp(&b.file),
+    });
+    let mut claimed = Vec::new();
+    for session in inbox::claimed_sessions(&dir)? {
+        for (_, message) in inbox::claimed(&dir, &session)? {
+            claimed.push(Claimed {
+                session_id: session.clone(),
+                message,
+            });
+        }
+    }
+    let listing = Listing {
+        agent: dir.name.to_string(),
+        waiting,
+        claimed,
+        rejected: inbox::rejected_files(&dir)?,
+        processed: inbox::count_files(&dir.processed()),
+    };
+    if args.json {
+        return print_json(&listing);
+    }
+    let now = Timestamp::now();
+    let line = |m: &Message| {
+        format!(
+            "{:<8} {:<6} from {:<10} {:<8} {}  ({})",
+            m.kind.as_str(),
+            m.priority.as_str(),
+            m.from,
+            ago(&m.created_at, &now),
+            m.subject.replace('\n', " "),
+            m.id
+        )
+    };
+    println!(
+        "{}: {} waiting, {} claimed, {} rejected, {} processed",
+        listing.agent,
+        listing.waiting.len(),
+        listing.claimed.len(),
+        listing.rejected.len(),
+        listing.processed
+    );
+    if !listing.waiting.is_empty() {
+        println!("\nwaiting:");
+        for w in &listing.waiting {
+            match (&w.message, &w.problem) {
+                (Some(m), _) => println!("  {}", line(m)),
+                (None, Some(p)) => println!("  {:<8} {}: {p}", w.state, w.file),
+                (None, None) => {}
+            }
+        }
+    }
+    if !listing.claimed.is_empty() {
+        println!("\nclaimed:");
+        for c in &listing.claimed {
+            println!("  [{}] {}", c.session_id, line(&c.message));
+        }
+    }
+    if !listing.rejected.is_empty() {
+        println!("\nrejected (in inbox/rejected/):");
+        for r in &listing.rejected {
+            println!(
+                "  {}: {}",
+                r.file,
+                r.reason.as_deref().unwrap_or("no reason recorded")
+            );
+        }
+    }
+    Ok(exit::OK)
+}

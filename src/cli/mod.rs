@@ -1,0 +1,133 @@
+//! The command line: argument definitions and dispatch, one module per
+//! subcommand. Commands print results on stdout and warnings on stderr, and
+//! return a sysexits code; `main` prints errors.
+
+mod bootstrap;
+mod check;
+mod inbox;
+mod metrics;
+mod prompt;
+mod record;
+mod send;
+mod session;
+mod status;
+mod task;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+use crate::clock::Timestamp;
+use crate::config::{AgentConfig, Config, DEFAULT_PATH};
+use crate::error::{Result, exit};
+use crate::state::{AgentDir, StateRoot};
+
+const ABOUT: &str = "Durable state, session hooks and messaging for headless LLM agents";
+
+const LONG_ABOUT: &str = "\
+Durable state, session hooks and messaging for headless LLM agents.
+
+Every agent has a directory under the state root (report.json, tasks.json,
+session.json, memory.md, journal.jsonl, metrics.json, inbox/). Session scripts
+call `session begin|end|fail`; pipelines and people `send` messages; `status`
+shows everyone at a glance. Exit codes follow sysexits(3): 64 usage, 65 bad
+data, 66 missing input, 67 unknown agent, 74 I/O, 75 try again, 78 config.";
+
+#[derive(Parser, Debug)]
+#[command(name = "agent-state", version, about = ABOUT, long_about = LONG_ABOUT)]
+pub struct Cli {
+    /// Configuration file.
+    #[arg(long, global = true, env = "AGENT_STATE_CONFIG", default_value = DEFAULT_PATH, value_name = "PATH")]
+    pub config: PathBuf,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Create the state root and every configured agent's directory (idempotent: repairs what is missing, never overwrites)
+    Bootstrap(bootstrap::Args),
+    /// Session hooks for session scripts: begin, end, fail
+    #[command(subcommand)]
+    Session(session::Command),
+    /// Put a message in an agent's inbox (or every agent's, with --to all)
+    Send(send::Args),
+    /// List an agent's waiting, claimed and rejected messages
+    Inbox(inbox::Args),
+    /// Add, list and update an agent's tasks
+    #[command(subcommand)]
+    Task(task::Command),
+    /// One line per agent: status, last session, tasks, inbox, 30-day counts
+    Status(status::Args),
+    /// Print the rehydration prompt the agent's next session gets
+    Prompt(prompt::Args),
+    /// Record review outcomes learned after a session (claims, disconfirmations)
+    Record(record::Args),
+    /// Check the config and every state file; --repair mends what it finds
+    Check(check::Args),
+    /// Recompute metrics.json from the journal
+    #[command(subcommand)]
+    Metrics(metrics::Command),
+}
+
+/// What every command needs: the config, the root and one `now`.
+pub struct Context {
+    pub config: Config,
+    pub root: StateRoot,
+    pub now: Timestamp,
+}
+
+impl Context {
+    pub fn load(path: &std::path::Path) -> Result<Context> {
+        let config = Config::load(path)?;
+        let root = StateRoot::new(&config.state_root);
+        Ok(Context {
+            config,
+            root,
+            now: Timestamp::now(),
+        })
+    }
+
+    /// Validate a name from the command line and find its config and dir.
+    pub fn agent(&self, name: &str) -> Result<(&AgentConfig, AgentDir)> {
+        let agent = self.config.agent_named(name)?;
+        let dir = self.root.agent(&agent.name);
+        Ok((agent, dir))
+    }
+}
+
+pub fn run(cli: Cli) -> Result<u8> {
+    let ctx = Context::load(&cli.config)?;
+    match cli.command {
+        Command::Bootstrap(a) => bootstrap::run(&ctx, a),
+        Command::Session(c) => session::run(&ctx, c),
+        Command::Send(a) => send::run(&ctx, a),
+        Command::Inbox(a) => inbox::run(&ctx, a),
+        Command::Task(c) => task::run(&ctx, c),
+        Command::Status(a) => status::run(&ctx, a),
+        Command::Prompt(a) => prompt::run(&ctx, a),
+        Command::Record(a) => record::run(&ctx, a),
+        Command::Check(a) => check::run(&ctx, a),
+        Command::Metrics(c) => metrics::run(&ctx, c),
+    }
+}
+
+pub fn warn(message: impl std::fmt::Display) {
+    eprintln!("agent-state: warning: {message}");
+}
+
+/// Print repair notes and the like on stderr.
+pub fn print_notes(notes: &[String]) {
+    for n in notes {
+        warn(n);
+    }
+}
+
+/// Print JSON on stdout.
+pub fn print_json<T: serde::Serialize>(value: &T) -> Result<u8> {
+    let text = serde_json::to_string_pretty(value)
+        .map_err(|e| crate::error::Error::Data(e.to_string()))?;
+    println!("{text}");
+    Ok(exit::OK)
+}

@@ -1,0 +1,132 @@
+//! `agent-state send`: deliver a message into one inbox, or every working
+//! agent's with `--to all`.
+
+use std::io::Read;
+use std::path::PathBuf;
+
+use crate::agent_name::AgentName;
+use crate::cli::{Context, print_notes};
+use crate::config::AgentKind;
+use crate::error::{Error, IoContext, Result, exit};
+use crate::hooks::task_from_message;
+use crate::inbox::{self, MessageType, Outgoing, Priority};
+use crate::state::journal::{Event, MessageSent};
+use crate::state::{metrics, tasks};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Sender: an agent, a person or a pipeline (a valid agent name)
+    #[arg(long, value_name = "A")]
+    pub from: String,
+    /// Recipient agent, or `all` for every agent but the sender (human mailboxes excluded)
+    #[arg(long, value_name = "B")]
+    pub to: String,
+    /// flag, task, question or cascade
+    #[arg(long = "type", default_value = "flag", value_name = "TYPE")]
+    pub kind: MessageType,
+    /// high or normal
+    #[arg(long, default_value = "normal")]
+    pub priority: Priority,
+    #[arg(long, value_name = "S")]
+    pub subject: String,
+    #[arg(long, value_name = "TEXT", conflicts_with = "body_file")]
+    pub body: Option<String>,
+    /// Read the body from a file, or from standard input with `-`
+    #[arg(long, value_name = "PATH|-")]
+    pub body_file: Option<PathBuf>,
+    #[arg(long, value_name = "R")]
+    pub source_ref: Option<String>,
+    /// Expire the message if it is not read within this time, e.g. 2d
+    #[arg(long, value_name = "DUR", value_parser = humantime::parse_duration)]
+    pub expires_in: Option<std::time::Duration>,
+}
+
+pub fn run(ctx: &Context, args: Args) -> Result<u8> {
+    let from = AgentName::parse(&args.from)?;
+    let recipients: Vec<AgentName> = if args.to == "all" {
+        ctx.config
+            .working_agents()
+            .filter(|a| a.name != from)
+            .map(|a| a.name.clone())
+            .collect()
+    } else {
+        vec![ctx.config.agent_named(&args.to)?.name.clone()]
+    };
+    if args.subject.trim().is_empty() {
+        return Err(Error::Usage(
+            "--subject is empty; say in a line what the message is about".into(),
+        ));
+    }
+    let body = match (&args.body, &args.body_file) {
+        (Some(b), _) => b.clone(),
+        (None, Some(p)) if p.as_os_str() == "-" => {
+            let mut s = String::new();
+            std::io::stdin()
+                .read_to_string(&mut s)
+                .at("reading the body from", "standard input")?;
+            s
+        }
+        (None, Some(p)) => std::fs::read_to_string(p).at("reading the body from", p)?,
+        (None, None) => String::new(),
+    };
+    let outgoing = Outgoing {
+        from: from.clone(),
+        kind: args.kind,
+        priority: args.priority,
+        subject: args.subject.clone(),
+        body,
+        source_ref: args.source_ref.clone(),
+        expires_at: args.expires_in.map(|d| ctx.now.plus(d)),
+    };
+    let mut notes = Vec::new();
+    let mut sent = Vec::new();
+    for to in &recipients {
+        let dir = ctx.root.agent(to);
+        let message = inbox::deliver(&dir, &outgoing, ctx.now)?;
+        println!(
+            "sent {} to {to} ({}/inbox/{}.json)",
+            message.id, to, message.id
+        );
+        if message.kind == MessageType::Task {
+            // A task message adds its task when it is received.
+            let lock = dir.lock()?;
+            tasks::add(
+                &dir,
+                &lock,
+                task_from_message(&message),
+                ctx.now,
+                &mut notes,
+            )?;
+        }
+        sent.push(message);
+    }
+    // Count what the sender sent, if the sender keeps state here.
+    let sender = ctx
+        .config
+        .agent(&from)
+        .ok()
+        .filter(|a| a.kind == AgentKind::Agent || ctx.root.agent(&a.name).path.is_dir());
+    if let Some(sender) = sender {
+        let dir = ctx.root.agent(&sender.name);
+        if dir.path.is_dir() {
+            let lock = dir.lock()?;
+            for m in &sent {
+                let event = Event::MessageSent(MessageSent {
+                    message_id: m.id.clone(),
+                    to: m.to.clone(),
+                    kind: m.kind,
+                    subject: m.subject.clone(),
+                });
+                dir.journal_append(&lock, ctx.now, event.clone())?;
+                metrics::apply(&dir, &lock, &event, ctx.now, &mut notes)?;
+            }
+        }
+    }
+    print_notes(&notes);
+    if sent.is_empty() {
+        return Err(Error::Usage(format!(
+            "--to all found no agent to send to (every working agent but {from})"
+        )));
+    }
+    Ok(exit::OK)
+}

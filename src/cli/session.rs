@@ -1,0 +1,208 @@
+//! `agent-state session begin|end|fail`: the hooks session scripts call.
+//!
+//! All value arguments are taken as text and parsed leniently by the hooks,
+//! so a bad optional value is recorded as such instead of losing the session
+//! record. Exit status: 0, or 65 when an argument was bad (everything else
+//! was still recorded).
+
+use clap::Subcommand;
+
+use crate::cli::{Context, print_notes, warn};
+use crate::error::{Result, exit};
+use crate::hooks::{self, BadArgument, BeginRequest, EndRequest, FailRequest, FinishResult, Owner};
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Pre-session hook: session.json running, report status, journal, claim inbox. Prints the session id
+    Begin(BeginArgs),
+    /// Post-session hook: record a completed session everywhere and process its messages
+    End(EndArgs),
+    /// Error hook: record an error or timeout and return the session's messages to the inbox
+    Fail(FailArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct BeginArgs {
+    pub agent: String,
+    /// Session type: research, extract, evaluate or ad-hoc (default: the agent's session_type)
+    #[arg(long = "type", value_name = "T")]
+    pub session_type: Option<String>,
+    #[arg(long, value_name = "B")]
+    pub branch: Option<String>,
+    #[arg(long, value_name = "M")]
+    pub model: Option<String>,
+    /// Session timeout, e.g. 90m or 5400 (seconds)
+    #[arg(long, value_name = "DUR")]
+    pub timeout: Option<String>,
+    #[arg(long, value_name = "Q")]
+    pub research_question: Option<String>,
+    #[arg(long, value_name = "X")]
+    pub belief_targeted: Option<String>,
+    #[arg(long, value_name = "X")]
+    pub disconfirmation_target: Option<String>,
+    #[arg(long, value_name = "N")]
+    pub sources_expected: Option<String>,
+    /// Join this session if it is the one running (set by the daemon)
+    #[arg(
+        long = "join",
+        env = "AGENT_STATE_SESSION_ID",
+        value_name = "ID",
+        hide_env_values = true
+    )]
+    pub join: Option<String>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct EndArgs {
+    pub agent: String,
+    /// The session to end (default: the running one)
+    #[arg(
+        long,
+        env = "AGENT_STATE_SESSION_ID",
+        value_name = "ID",
+        hide_env_values = true
+    )]
+    pub session: Option<String>,
+    /// completed (timeout or error are recorded as with `session fail`)
+    #[arg(long, value_name = "OUTCOME")]
+    pub outcome: Option<String>,
+    #[arg(long, value_name = "N")]
+    pub sources_archived: Option<String>,
+    #[arg(long, value_name = "B")]
+    pub branch: Option<String>,
+    /// PR number: 247, #247 or a …/pull/247 URL
+    #[arg(long, value_name = "N")]
+    pub pr: Option<String>,
+    #[arg(long, value_name = "S")]
+    pub summary: Option<String>,
+    #[arg(long, value_name = "P")]
+    pub next_priority: Option<String>,
+    #[arg(long, value_name = "H")]
+    pub handoff_notes: Option<String>,
+    #[arg(long, value_name = "N")]
+    pub tokens_used: Option<String>,
+    #[arg(long, value_name = "X")]
+    pub cost_usd: Option<String>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct FailArgs {
+    pub agent: String,
+    /// The session that failed (default: the running one; with none running, a failed run is still recorded)
+    #[arg(
+        long,
+        env = "AGENT_STATE_SESSION_ID",
+        value_name = "ID",
+        hide_env_values = true
+    )]
+    pub session: Option<String>,
+    /// error or timeout
+    #[arg(long, value_name = "OUTCOME")]
+    pub outcome: String,
+    /// What went wrong, in a sentence
+    #[arg(long, value_name = "TEXT")]
+    pub reason: String,
+}
+
+pub fn run(ctx: &Context, command: Command) -> Result<u8> {
+    match command {
+        Command::Begin(a) => {
+            let (agent, dir) = ctx.agent(&a.agent)?;
+            let req = BeginRequest {
+                session_type: a.session_type,
+                branch: a.branch,
+                model: a.model,
+                timeout: a.timeout,
+                research_question: a.research_question,
+                belief_targeted: a.belief_targeted,
+                disconfirmation_target: a.disconfirmation_target,
+                sources_expected: a.sources_expected,
+                join: a.join,
+                owner: Some(Owner::parent()),
+            };
+            let r = hooks::begin(agent, &dir, &req, ctx.now)?;
+            print_notes(&r.notes);
+            for (name, reason) in &r.claim.rejected {
+                warn(format!("{}: inbox/{name} rejected: {reason}", dir.name));
+            }
+            for name in &r.claim.unsettled {
+                warn(format!(
+                    "{}: inbox/{name} does not parse yet and was written moments ago; left for the next session",
+                    dir.name
+                ));
+            }
+            println!("{}", r.session_id);
+            Ok(bad_arguments(&dir.name, &r.bad_arguments))
+        }
+        Command::End(a) => {
+            let (agent, dir) = ctx.agent(&a.agent)?;
+            let req = EndRequest {
+                session: a.session,
+                outcome: a.outcome,
+                sources_archived: a.sources_archived,
+                branch: a.branch,
+                pr: a.pr,
+                summary: a.summary,
+                next_priority: a.next_priority,
+                handoff_notes: a.handoff_notes,
+                tokens_used: a.tokens_used,
+                cost_usd: a.cost_usd,
+            };
+            let r = hooks::end(agent, &dir, &req, ctx.now)?;
+            finished(&dir.name, &r)
+        }
+        Command::Fail(a) => {
+            let (agent, dir) = ctx.agent(&a.agent)?;
+            let req = FailRequest {
+                session: a.session,
+                outcome: a.outcome,
+                reason: a.reason,
+            };
+            let r = hooks::fail(agent, &dir, &req, ctx.now)?;
+            finished(&dir.name, &r)
+        }
+    }
+}
+
+fn finished(agent: &crate::agent_name::AgentName, r: &FinishResult) -> Result<u8> {
+    print_notes(&r.notes);
+    let outcome = r.outcome.map(|o| o.as_str()).unwrap_or("unrecorded");
+    if r.already_ended {
+        warn(format!(
+            "{agent}: session {} had already ended ({outcome}); nothing changed",
+            r.session_id
+        ));
+    } else {
+        let mut parts = vec![format!("{} {outcome}", r.session_id)];
+        if !r.processed.is_empty() {
+            parts.push(format!("{} message(s) processed", r.processed.len()));
+        }
+        if !r.returned.is_empty() {
+            parts.push(format!(
+                "{} message(s) returned to the inbox",
+                r.returned.len()
+            ));
+        }
+        if !r.undeliverable.is_empty() {
+            parts.push(format!(
+                "{} message(s) set aside as undeliverable",
+                r.undeliverable.len()
+            ));
+        }
+        println!("{}", parts.join(", "));
+    }
+    Ok(bad_arguments(agent, &r.bad_arguments))
+}
+
+fn bad_arguments(agent: &crate::agent_name::AgentName, bad: &[BadArgument]) -> u8 {
+    for b in bad {
+        warn(format!(
+            "{agent}: bad argument {b} (noted in session.json errors; everything else was recorded)"
+        ));
+    }
+    if bad.is_empty() {
+        exit::OK
+    } else {
+        exit::DATAERR
+    }
+}

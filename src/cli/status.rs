@@ -1,0 +1,159 @@
+//! `agent-state status [AGENT]`: one line per agent.
+
+use serde::Serialize;
+
+use crate::cli::{Context, print_json};
+use crate::clock::{Timestamp, ago};
+use crate::config::{AgentConfig, AgentKind};
+use crate::error::{Result, exit};
+use crate::inbox;
+use crate::state::journal::{self, Event};
+use crate::state::metrics::ROLLING_WINDOW;
+use crate::state::report::{LastSession, Report};
+use crate::state::tasks::{TaskFile, TaskStatus};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// One agent (default: all)
+    pub agent: Option<String>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Serialize)]
+struct Line {
+    agent: String,
+    kind: &'static str,
+    /// The report status, `mailbox` for a human, `missing` if not bootstrapped.
+    status: String,
+    current_session: Option<String>,
+    last_session: Option<LastSession>,
+    tasks_pending: usize,
+    tasks_active: usize,
+    inbox_waiting: usize,
+    sessions_30d: u64,
+    errors_30d: u64,
+    timeouts_30d: u64,
+}
+
+pub fn run(ctx: &Context, args: Args) -> Result<u8> {
+    let agents: Vec<&AgentConfig> = match &args.agent {
+        Some(a) => vec![ctx.config.agent_named(a)?],
+        None => ctx.config.agents.iter().collect(),
+    };
+    let mut lines = Vec::new();
+    for agent in agents {
+        lines.push(line(ctx, agent)?);
+    }
+    if args.json {
+        return print_json(&lines);
+    }
+    println!(
+        "{:<12} {:<12} {:<44} {:>5} {:>5} {:>8} {:>6} {:>8}",
+        "AGENT", "STATUS", "LAST SESSION", "TASKS", "INBOX", "SESS/30D", "ERR/30D", "TIMEOUT/30D"
+    );
+    let now = ctx.now;
+    for l in &lines {
+        let last = match (&l.current_session, &l.last_session) {
+            (Some(id), _) => format!("running ({id})"),
+            (None, Some(s)) => format!(
+                "{} {} ({})",
+                s.outcome.map(|o| o.as_str()).unwrap_or("?"),
+                s.ended_at.map(|t| ago(&t, &now)).unwrap_or_default(),
+                s.id
+            ),
+            (None, None) => "-".into(),
+        };
+        if l.kind == "human" || l.status == "missing" {
+            println!(
+                "{:<12} {:<12} {:<44} {:>5} {:>5} {:>8} {:>6} {:>8}",
+                l.agent, l.status, "-", "-", l.inbox_waiting, "-", "-", "-"
+            );
+        } else {
+            println!(
+                "{:<12} {:<12} {:<44} {:>5} {:>5} {:>8} {:>6} {:>8}",
+                l.agent,
+                l.status,
+                last,
+                l.tasks_pending,
+                l.inbox_waiting,
+                l.sessions_30d,
+                l.errors_30d,
+                l.timeouts_30d
+            );
+        }
+    }
+    Ok(exit::OK)
+}
+
+fn line(ctx: &Context, agent: &AgentConfig) -> Result<Line> {
+    let dir = ctx.root.agent(&agent.name);
+    let kind = match agent.kind {
+        AgentKind::Agent => "agent",
+        AgentKind::Human => "human",
+    };
+    let mut l = Line {
+        agent: agent.name.to_string(),
+        kind,
+        status: String::new(),
+        current_session: None,
+        last_session: None,
+        tasks_pending: 0,
+        tasks_active: 0,
+        inbox_waiting: 0,
+        sessions_30d: 0,
+        errors_30d: 0,
+        timeouts_30d: 0,
+    };
+    if !dir.path.is_dir() {
+        l.status = "missing".into();
+        return Ok(l);
+    }
+    l.inbox_waiting = inbox::waiting_names(&dir)?.len();
+    if agent.kind == AgentKind::Human {
+        l.status = "mailbox".into();
+        return Ok(l);
+    }
+    // A corrupt file is shown as such rather than failing the whole listing.
+    match dir.read::<Report>() {
+        Ok(report) => {
+            let report = report.unwrap_or_else(|| Report::new(agent.name.as_str()));
+            l.status = report.status.as_str().to_string();
+            l.current_session = report.current_session;
+            l.last_session = report.last_session;
+        }
+        Err(_) => l.status = "corrupt".into(),
+    }
+    if let Ok(Some(tasks)) = dir.read::<TaskFile>() {
+        l.tasks_pending = tasks
+            .tasks
+            .iter()
+            .filter(|t| t.status == TaskStatus::Pending)
+            .count();
+        l.tasks_active = tasks
+            .tasks
+            .iter()
+            .filter(|t| t.status == TaskStatus::Active)
+            .count();
+    }
+    let since: Timestamp = ctx.now.minus(ROLLING_WINDOW);
+    for e in journal::read(&dir.journal())?
+        .entries
+        .iter()
+        .filter(|e| e.ts >= since)
+    {
+        match e.event {
+            Event::SessionEnd(_) => l.sessions_30d += 1,
+            Event::Error(_) => {
+                l.sessions_30d += 1;
+                l.errors_30d += 1
+            }
+            Event::Timeout(_) => {
+                l.sessions_30d += 1;
+                l.timeouts_30d += 1
+            }
+            _ => {}
+        }
+    }
+    Ok(l)
+}

@@ -1,0 +1,122 @@
+//! `agent-state task add|list|set`
+
+use clap::Subcommand;
+
+use crate::cli::{Context, print_json, print_notes};
+use crate::error::{Result, exit};
+use crate::state::tasks::{self, NewTask, TaskFile, TaskPriority, TaskStatus, TaskType};
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Add a pending task; prints its id (task-001, task-002, …)
+    Add(AddArgs),
+    /// List an agent's tasks
+    List(ListArgs),
+    /// Change a task's status
+    Set(SetArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct AddArgs {
+    pub agent: String,
+    #[arg(long, value_name = "D")]
+    pub description: String,
+    /// research, extract, evaluate, follow-up or disconfirm
+    #[arg(long = "type", default_value = "research", value_name = "T")]
+    pub kind: TaskType,
+    /// high, medium or low
+    #[arg(long, default_value = "medium", value_name = "P")]
+    pub priority: TaskPriority,
+    #[arg(long, value_name = "C")]
+    pub context: Option<String>,
+    /// The task or session this follows up on
+    #[arg(long, value_name = "ID")]
+    pub follow_up_from: Option<String>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ListArgs {
+    pub agent: String,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct SetArgs {
+    pub agent: String,
+    pub id: String,
+    /// pending, active, completed or dropped
+    #[arg(long, value_name = "S")]
+    pub status: TaskStatus,
+    #[arg(long, value_name = "O")]
+    pub outcome: Option<String>,
+}
+
+pub fn run(ctx: &Context, command: Command) -> Result<u8> {
+    match command {
+        Command::Add(a) => {
+            let (_, dir) = ctx.agent(&a.agent)?;
+            if a.description.trim().is_empty() {
+                return Err(crate::error::Error::Usage(
+                    "--description is empty; say what the task is".into(),
+                ));
+            }
+            let lock = dir.lock()?;
+            let mut notes = Vec::new();
+            let task = tasks::add(
+                &dir,
+                &lock,
+                NewTask {
+                    kind: a.kind,
+                    description: a.description,
+                    priority: a.priority,
+                    context: a.context,
+                    follow_up_from: a.follow_up_from,
+                    source_message: None,
+                },
+                ctx.now,
+                &mut notes,
+            )?;
+            print_notes(&notes);
+            println!("{}", task.id);
+            Ok(exit::OK)
+        }
+        Command::List(a) => {
+            let (_, dir) = ctx.agent(&a.agent)?;
+            dir.require()?;
+            let file: TaskFile = dir
+                .read()?
+                .unwrap_or_else(|| TaskFile::new(dir.name.as_str()));
+            if a.json {
+                return print_json(&file.tasks);
+            }
+            if file.tasks.is_empty() {
+                println!("{}: no tasks", dir.name);
+            }
+            for t in &file.tasks {
+                println!(
+                    "{:<9} {:<9} {:<6} {:<10} {}{}",
+                    t.id,
+                    t.status,
+                    t.priority,
+                    t.kind,
+                    t.description,
+                    t.outcome
+                        .as_ref()
+                        .map(|o| format!(" → {o}"))
+                        .unwrap_or_default()
+                );
+            }
+            Ok(exit::OK)
+        }
+        Command::Set(a) => {
+            let (_, dir) = ctx.agent(&a.agent)?;
+            let lock = dir.lock()?;
+            let mut notes = Vec::new();
+            let task = tasks::update(&dir, &lock, &a.id, a.status, a.outcome, ctx.now, &mut notes)?;
+            print_notes(&notes);
+            println!("{} {}", task.id, task.status);
+            Ok(exit::OK)
+        }
+    }
+}

@@ -1,0 +1,104 @@
+//! Timestamps as every state file writes them: RFC 3339, UTC, whole seconds,
+//! with a `Z` (`2026-03-31T22:00:00Z`), and session ids derived from them.
+
+use std::fmt;
+
+use chrono::{DateTime, SecondsFormat, SubsecRound, Utc};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Timestamp(pub DateTime<Utc>);
+
+impl Timestamp {
+    pub fn now() -> Self {
+        Timestamp(Utc::now().trunc_subsecs(0))
+    }
+
+    pub fn from_datetime(t: DateTime<Utc>) -> Self {
+        Timestamp(t.trunc_subsecs(0))
+    }
+
+    /// Parse any RFC 3339 time (any offset) into UTC.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        DateTime::parse_from_rfc3339(text)
+            .map(|t| Timestamp::from_datetime(t.with_timezone(&Utc)))
+            .map_err(|e| {
+                format!("{text:?} is not an RFC 3339 time like 2026-03-31T22:00:00Z ({e})")
+            })
+    }
+
+    /// The session id for a session starting at this time: `YYYYMMDD-HHMMSS`.
+    pub fn session_id(&self) -> String {
+        self.0.format("%Y%m%d-%H%M%S").to_string()
+    }
+
+    /// A compact form for file-name suffixes: `20260331T220000Z`.
+    pub fn compact(&self) -> String {
+        self.0.format("%Y%m%dT%H%M%SZ").to_string()
+    }
+
+    pub fn date(&self) -> String {
+        self.0.format("%Y-%m-%d").to_string()
+    }
+
+    pub fn seconds_since(&self, earlier: &Timestamp) -> i64 {
+        (self.0 - earlier.0).num_seconds()
+    }
+
+    pub fn minus(&self, d: std::time::Duration) -> Timestamp {
+        Timestamp(self.0 - chrono::Duration::from_std(d).unwrap_or(chrono::Duration::zero()))
+    }
+
+    pub fn plus(&self, d: std::time::Duration) -> Timestamp {
+        Timestamp(self.0 + chrono::Duration::from_std(d).unwrap_or(chrono::Duration::zero()))
+    }
+}
+
+impl fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0.to_rfc3339_opts(SecondsFormat::Secs, true))
+    }
+}
+
+impl Serialize for Timestamp {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_string())
+    }
+}
+
+impl<'de> Deserialize<'de> for Timestamp {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        Timestamp::parse(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+/// "3h ago", "2d ago": how `status` shows times.
+pub fn ago(then: &Timestamp, now: &Timestamp) -> String {
+    let secs = now.seconds_since(then);
+    if secs < 0 {
+        return "in the future".into();
+    }
+    let (n, unit) = match secs {
+        s if s < 90 => (s, "s"),
+        s if s < 90 * 60 => (s / 60, "m"),
+        s if s < 36 * 3600 => (s / 3600, "h"),
+        s => (s / 86400, "d"),
+    };
+    format!("{n}{unit} ago")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_like_the_seed() {
+        let t = Timestamp::parse("2026-03-31T22:00:00.123+00:00").unwrap();
+        assert_eq!(t.to_string(), "2026-03-31T22:00:00Z");
+        assert_eq!(t.session_id(), "20260331-220000");
+        let t = Timestamp::parse("2026-04-01T00:30:00+02:00").unwrap();
+        assert_eq!(t.to_string(), "2026-03-31T22:30:00Z");
+        assert!(Timestamp::parse("yesterday").is_err());
+    }
+}

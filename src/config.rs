@@ -1,0 +1,895 @@
+//! The configuration file: TOML, read once into typed, validated values.
+//!
+//! Validation reports *every* problem it finds, each with the path of the
+//! field (`agent[2].schedule`) and what to write instead, so one run of
+//! `agent-state check` is enough to fix a file. Durations, sizes, cron lines
+//! and time zones are parsed here and nowhere else.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use chrono_tz::Tz;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+
+use crate::agent_name::{self, AgentName};
+use crate::error::Error;
+use crate::schedule::Schedule;
+use crate::state::session::SessionType;
+
+pub const DEFAULT_PATH: &str = "/etc/agent-state/config.toml";
+pub const DEFAULT_STATE_ROOT: &str = "/opt/teleo-eval/agent-state";
+
+/// Placeholders a session command may use.
+pub const COMMAND_PLACEHOLDERS: &[&str] =
+    &["agent", "session_id", "model", "prompt_file", "instance"];
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config {path}: {source}; pass --config PATH or set AGENT_STATE_CONFIG")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("config {path} is not valid TOML: {message}")]
+    Syntax { path: PathBuf, message: String },
+    #[error("config {path} has {} problem{}:\n{}", problems.len(), if problems.len() == 1 { "" } else { "s" }, list(problems))]
+    Invalid {
+        path: PathBuf,
+        problems: Vec<Problem>,
+    },
+}
+
+/// One bad field: where it is and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub field: String,
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+fn list(problems: &[Problem]) -> String {
+    problems
+        .iter()
+        .map(|p| format!("  - {p}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file this was read from (named in error messages).
+    pub source: PathBuf,
+    pub state_root: PathBuf,
+    pub group: Option<String>,
+    pub daemon: DaemonSettings,
+    pub agents: Vec<AgentConfig>,
+    pub health: HealthSettings,
+    pub hooks: HookSettings,
+}
+
+#[derive(Debug, Clone)]
+pub struct DaemonSettings {
+    pub max_concurrent_sessions: usize,
+    pub catch_up_window: Duration,
+    pub shutdown_grace: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AgentKind {
+    /// A research agent: has sessions, may be scheduled and woken.
+    Agent,
+    /// A human's mailbox: receives messages, is never woken.
+    Human,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WakeOnInbox {
+    High,
+    Any,
+    Never,
+}
+
+#[derive(Debug, Clone)]
+pub struct SessionSettings {
+    pub command: Vec<String>,
+    pub timeout: Duration,
+    pub kill_grace: Duration,
+    pub model: String,
+    pub session_type: SessionType,
+    pub wake_on_inbox: WakeOnInbox,
+    pub inbox_debounce: Duration,
+    pub max_output: u64,
+    pub jitter: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    pub name: AgentName,
+    pub kind: AgentKind,
+    pub domain: Option<String>,
+    pub schedule: Option<Schedule>,
+    pub timezone: Tz,
+    pub session: SessionSettings,
+}
+
+#[derive(Debug, Clone)]
+pub struct HealthSettings {
+    pub interval: Duration,
+    pub disk_warn: u64,
+    pub disk_pause: u64,
+    pub disk_stop: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct HookSettings {
+    pub on_error: Option<PathBuf>,
+    pub timeout: Duration,
+}
+
+// ---- raw shapes, as written in the file ------------------------------------
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawDaemon {
+    max_concurrent_sessions: Option<i64>,
+    catch_up_window: Option<String>,
+    shutdown_grace: Option<String>,
+}
+
+#[derive(Deserialize, Default, Clone)]
+#[serde(deny_unknown_fields)]
+struct RawSession {
+    command: Option<Vec<String>>,
+    timeout: Option<String>,
+    kill_grace: Option<String>,
+    model: Option<String>,
+    session_type: Option<String>,
+    wake_on_inbox: Option<String>,
+    inbox_debounce: Option<String>,
+    max_output: Option<String>,
+    jitter: Option<String>,
+}
+
+/// An `[[agent]]` table. serde cannot combine `flatten` with
+/// `deny_unknown_fields`, so the overridable settings are spelled out again.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAgent {
+    name: String,
+    kind: Option<String>,
+    domain: Option<String>,
+    schedule: Option<String>,
+    timezone: Option<String>,
+    command: Option<Vec<String>>,
+    timeout: Option<String>,
+    kill_grace: Option<String>,
+    model: Option<String>,
+    session_type: Option<String>,
+    wake_on_inbox: Option<String>,
+    inbox_debounce: Option<String>,
+    max_output: Option<String>,
+    jitter: Option<String>,
+}
+
+impl RawAgent {
+    fn overrides(&self) -> RawSession {
+        RawSession {
+            command: self.command.clone(),
+            timeout: self.timeout.clone(),
+            kill_grace: self.kill_grace.clone(),
+            model: self.model.clone(),
+            session_type: self.session_type.clone(),
+            wake_on_inbox: self.wake_on_inbox.clone(),
+            inbox_debounce: self.inbox_debounce.clone(),
+            max_output: self.max_output.clone(),
+            jitter: self.jitter.clone(),
+        }
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawHealth {
+    interval: Option<String>,
+    disk_warn: Option<String>,
+    disk_pause: Option<String>,
+    disk_stop: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawHooks {
+    on_error: Option<String>,
+    timeout: Option<String>,
+}
+
+const TOP_LEVEL: &[&str] = &[
+    "state_root",
+    "group",
+    "daemon",
+    "defaults",
+    "agent",
+    "health",
+    "hooks",
+];
+
+impl Config {
+    /// Read and validate the file at `path`.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Config::parse(&text, path)
+    }
+
+    /// Validate `text` as if read from `path` (relative paths in it resolve
+    /// against the file's directory).
+    pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        let table: toml::Table = toml::from_str(text).map_err(|e| ConfigError::Syntax {
+            path: path.to_path_buf(),
+            message: e.to_string().trim().replace('\n', "\n    "),
+        })?;
+        let mut v = Validator::default();
+        let config = v.config(&table, path);
+        if v.problems.is_empty() {
+            Ok(config.expect("a config without problems"))
+        } else {
+            Err(ConfigError::Invalid {
+                path: path.to_path_buf(),
+                problems: v.problems,
+            })
+        }
+    }
+
+    pub fn agent(&self, name: &AgentName) -> Result<&AgentConfig, Error> {
+        self.agents
+            .iter()
+            .find(|a| &a.name == name)
+            .ok_or_else(|| Error::UnknownAgent {
+                agent: name.to_string(),
+                config: self.source.clone(),
+            })
+    }
+
+    /// Parse `name` and look it up: the path every CLI agent argument takes.
+    pub fn agent_named(&self, name: &str) -> Result<&AgentConfig, Error> {
+        self.agent(&AgentName::parse(name)?)
+    }
+
+    /// Agents that have sessions (not human mailboxes).
+    pub fn working_agents(&self) -> impl Iterator<Item = &AgentConfig> {
+        self.agents.iter().filter(|a| a.kind == AgentKind::Agent)
+    }
+}
+
+#[derive(Default)]
+struct Validator {
+    problems: Vec<Problem>,
+}
+
+impl Validator {
+    fn problem(&mut self, field: impl Into<String>, message: impl Into<String>) {
+        self.problems.push(Problem {
+            field: field.into(),
+            message: message.into(),
+        });
+    }
+
+    /// Deserialize one section on its own, so an error in `[daemon]` does not
+    /// hide another in `[health]`.
+    fn section<T: DeserializeOwned + Default>(&mut self, table: &toml::Table, key: &str) -> T {
+        match table.get(key) {
+            None => T::default(),
+            Some(value) => self.value(value.clone(), &format!("[{key}]")),
+        }
+    }
+
+    fn value<T: DeserializeOwned + Default>(&mut self, value: toml::Value, field: &str) -> T {
+        match value.try_into::<T>() {
+            Ok(t) => t,
+            Err(e) => {
+                self.problem(field, e.to_string().trim().to_string());
+                T::default()
+            }
+        }
+    }
+
+    fn config(&mut self, table: &toml::Table, path: &Path) -> Option<Config> {
+        for key in table.keys() {
+            if !TOP_LEVEL.contains(&key.as_str()) {
+                self.problem(
+                    key.clone(),
+                    format!("unknown field; the top level has {}", TOP_LEVEL.join(", ")),
+                );
+            }
+        }
+        let base = path.parent().unwrap_or(Path::new("."));
+        let state_root = match table.get("state_root") {
+            None => PathBuf::from(DEFAULT_STATE_ROOT),
+            Some(toml::Value::String(s)) if !s.trim().is_empty() => base.join(s),
+            Some(_) => {
+                self.problem(
+                    "state_root",
+                    "must be a non-empty path string, e.g. \"/opt/teleo-eval/agent-state\"",
+                );
+                PathBuf::new()
+            }
+        };
+        let group = match table.get("group") {
+            None => None,
+            Some(toml::Value::String(g)) if valid_group(g) => Some(g.clone()),
+            Some(_) => {
+                self.problem("group", "must be a Unix group name such as \"teleo\"");
+                None
+            }
+        };
+
+        let raw_daemon: RawDaemon = self.section(table, "daemon");
+        let daemon = DaemonSettings {
+            max_concurrent_sessions: match raw_daemon.max_concurrent_sessions {
+                None => 2,
+                Some(n) if (1..=10_000).contains(&n) => n as usize,
+                Some(n) => {
+                    self.problem(
+                        "daemon.max_concurrent_sessions",
+                        format!("{n} is not between 1 and 10000"),
+                    );
+                    1
+                }
+            },
+            catch_up_window: self.duration(
+                "daemon.catch_up_window",
+                raw_daemon.catch_up_window.as_deref(),
+                "2h",
+            ),
+            shutdown_grace: self.duration(
+                "daemon.shutdown_grace",
+                raw_daemon.shutdown_grace.as_deref(),
+                "60s",
+            ),
+        };
+
+        let raw_defaults: RawSession = self.section(table, "defaults");
+        let defaults =
+            self.session_settings("defaults", &RawSession::default(), &raw_defaults, None);
+
+        let mut agents = Vec::new();
+        let mut seen = BTreeSet::new();
+        match table.get("agent") {
+            None => {}
+            Some(toml::Value::Array(items)) => {
+                for (i, item) in items.iter().enumerate() {
+                    let field = format!("agent[{i}]");
+                    let raw: Option<RawAgent> = match item.clone().try_into::<RawAgent>() {
+                        Ok(raw) => Some(raw),
+                        Err(e) => {
+                            let name = item.get("name").and_then(|n| n.as_str()).unwrap_or("?");
+                            self.problem(
+                                format!("{field} ({name})"),
+                                e.to_string().trim().to_string(),
+                            );
+                            None
+                        }
+                    };
+                    if let Some(raw) = raw
+                        && let Some(agent) = self.agent(&field, &raw, &raw_defaults, &defaults)
+                    {
+                        if !seen.insert(agent.name.clone()) {
+                            self.problem(
+                                format!("{field}.name"),
+                                format!(
+                                    "`{}` is configured twice; agent names must be unique",
+                                    agent.name
+                                ),
+                            );
+                        }
+                        agents.push(agent);
+                    }
+                }
+            }
+            Some(_) => self.problem(
+                "agent",
+                "must be an array of tables: write each agent as [[agent]]",
+            ),
+        }
+
+        let raw_health: RawHealth = self.section(table, "health");
+        let health = HealthSettings {
+            interval: self.duration("health.interval", raw_health.interval.as_deref(), "60s"),
+            disk_warn: self.size("health.disk_warn", raw_health.disk_warn.as_deref(), "1GiB"),
+            disk_pause: self.size(
+                "health.disk_pause",
+                raw_health.disk_pause.as_deref(),
+                "500MiB",
+            ),
+            disk_stop: self.size(
+                "health.disk_stop",
+                raw_health.disk_stop.as_deref(),
+                "100MiB",
+            ),
+        };
+        if !(health.disk_warn >= health.disk_pause && health.disk_pause >= health.disk_stop) {
+            self.problem(
+                "health",
+                "thresholds must satisfy disk_warn >= disk_pause >= disk_stop (e.g. 1GiB, 500MiB, 100MiB)",
+            );
+        }
+
+        let raw_hooks: RawHooks = self.section(table, "hooks");
+        let hooks = HookSettings {
+            on_error: match raw_hooks.on_error {
+                None => None,
+                Some(p) if Path::new(&p).is_absolute() => Some(PathBuf::from(p)),
+                Some(p) => {
+                    self.problem(
+                        "hooks.on_error",
+                        format!("{p:?} must be an absolute path to an executable"),
+                    );
+                    None
+                }
+            },
+            timeout: self.duration("hooks.timeout", raw_hooks.timeout.as_deref(), "30s"),
+        };
+
+        Some(Config {
+            source: path.to_path_buf(),
+            state_root,
+            group,
+            daemon,
+            agents,
+            health,
+            hooks,
+        })
+    }
+
+    fn agent(
+        &mut self,
+        field: &str,
+        raw: &RawAgent,
+        raw_defaults: &RawSession,
+        defaults: &SessionSettings,
+    ) -> Option<AgentConfig> {
+        let name = match agent_name::problem(&raw.name) {
+            None => AgentName::parse(&raw.name).ok(),
+            Some(reason) => {
+                self.problem(format!("{field}.name"), format!("{:?}: {reason}", raw.name));
+                None
+            }
+        };
+        let label = format!("{field} ({})", raw.name);
+        let kind = match raw.kind.as_deref() {
+            None | Some("agent") => AgentKind::Agent,
+            Some("human") => AgentKind::Human,
+            Some(other) => {
+                self.problem(
+                    format!("{label}.kind"),
+                    format!("{other:?} is not a kind; use \"agent\" or \"human\""),
+                );
+                AgentKind::Agent
+            }
+        };
+        let schedule = match (&raw.schedule, kind) {
+            (Some(_), AgentKind::Human) => {
+                self.problem(
+                    format!("{label}.schedule"),
+                    "a human mailbox is never woken; remove `schedule` or drop kind = \"human\"",
+                );
+                None
+            }
+            (Some(line), AgentKind::Agent) => match Schedule::parse(line) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    self.problem(format!("{label}.schedule"), e);
+                    None
+                }
+            },
+            (None, _) => None,
+        };
+        let timezone = match raw.timezone.as_deref() {
+            None => chrono_tz::UTC,
+            Some(tz) => match tz.parse::<Tz>() {
+                Ok(tz) => tz,
+                Err(_) => {
+                    self.problem(
+                        format!("{label}.timezone"),
+                        format!("{tz:?} is not an IANA time zone name such as \"UTC\" or \"Europe/Berlin\""),
+                    );
+                    chrono_tz::UTC
+                }
+            },
+        };
+        let session = self.session_settings(&label, raw_defaults, &raw.overrides(), Some(defaults));
+        Some(AgentConfig {
+            name: name?,
+            kind,
+            domain: raw.domain.clone(),
+            schedule,
+            timezone,
+            session,
+        })
+    }
+
+    /// Resolve `overrides` over `base`. Values inherited from `[defaults]`
+    /// were already checked there, so only overridden ones are reported here.
+    fn session_settings(
+        &mut self,
+        field: &str,
+        _raw_base: &RawSession,
+        raw: &RawSession,
+        base: Option<&SessionSettings>,
+    ) -> SessionSettings {
+        let f = |name: &str| format!("{field}.{name}");
+        let command = match &raw.command {
+            Some(cmd) => {
+                self.check_command(&f("command"), cmd);
+                cmd.clone()
+            }
+            None => base.map(|b| b.command.clone()).unwrap_or_else(|| {
+                vec![
+                    "/opt/teleo-eval/research-session.sh".to_string(),
+                    "{agent}".to_string(),
+                ]
+            }),
+        };
+        let dur = |v: &mut Self,
+                   name: &str,
+                   value: &Option<String>,
+                   inherited: Option<Duration>,
+                   default: &str| match (value, inherited) {
+            (None, Some(d)) => d,
+            (value, _) => v.duration(&f(name), value.as_deref(), default),
+        };
+        let timeout = dur(
+            self,
+            "timeout",
+            &raw.timeout,
+            base.map(|b| b.timeout),
+            "90m",
+        );
+        if timeout.is_zero() {
+            self.problem(f("timeout"), "must be longer than 0s");
+        }
+        let kill_grace = dur(
+            self,
+            "kill_grace",
+            &raw.kill_grace,
+            base.map(|b| b.kill_grace),
+            "30s",
+        );
+        let inbox_debounce = dur(
+            self,
+            "inbox_debounce",
+            &raw.inbox_debounce,
+            base.map(|b| b.inbox_debounce),
+            "30s",
+        );
+        let jitter = dur(self, "jitter", &raw.jitter, base.map(|b| b.jitter), "0s");
+        let model = match &raw.model {
+            Some(m) if !m.trim().is_empty() => m.clone(),
+            Some(_) => {
+                self.problem(f("model"), "must not be empty, e.g. \"sonnet\"");
+                String::new()
+            }
+            None => base
+                .map(|b| b.model.clone())
+                .unwrap_or_else(|| "sonnet".into()),
+        };
+        let session_type = match &raw.session_type {
+            Some(t) => t.parse::<SessionType>().unwrap_or_else(|e| {
+                self.problem(f("session_type"), e);
+                SessionType::Research
+            }),
+            None => base
+                .map(|b| b.session_type)
+                .unwrap_or(SessionType::Research),
+        };
+        let wake_on_inbox = match raw.wake_on_inbox.as_deref() {
+            Some("high") => WakeOnInbox::High,
+            Some("any") => WakeOnInbox::Any,
+            Some("never") => WakeOnInbox::Never,
+            Some(other) => {
+                self.problem(
+                    f("wake_on_inbox"),
+                    format!("{other:?} is not a policy; use \"high\", \"any\" or \"never\""),
+                );
+                WakeOnInbox::High
+            }
+            None => base.map(|b| b.wake_on_inbox).unwrap_or(WakeOnInbox::High),
+        };
+        let max_output = match (&raw.max_output, base) {
+            (None, Some(b)) => b.max_output,
+            (value, _) => self.size(&f("max_output"), value.as_deref(), "10MiB"),
+        };
+        SessionSettings {
+            command,
+            timeout,
+            kill_grace,
+            model,
+            session_type,
+            wake_on_inbox,
+            inbox_debounce,
+            max_output,
+            jitter,
+        }
+    }
+
+    fn check_command(&mut self, field: &str, cmd: &[String]) {
+        if cmd.is_empty() || cmd[0].trim().is_empty() {
+            self.problem(
+                field,
+                "must name a program: [\"/opt/teleo-eval/research-session.sh\", \"{agent}\"]",
+            );
+            return;
+        }
+        for arg in cmd {
+            for placeholder in placeholders(arg) {
+                if !COMMAND_PLACEHOLDERS.contains(&placeholder.as_str()) {
+                    self.problem(
+                        field,
+                        format!(
+                            "unknown placeholder {{{placeholder}}} in {arg:?}; known: {}",
+                            COMMAND_PLACEHOLDERS
+                                .iter()
+                                .map(|p| format!("{{{p}}}"))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    );
+                }
+            }
+        }
+    }
+
+    fn duration(&mut self, field: &str, value: Option<&str>, default: &str) -> Duration {
+        let text = value.unwrap_or(default);
+        match humantime::parse_duration(text) {
+            Ok(d) => d,
+            Err(e) => {
+                self.problem(
+                    field,
+                    format!(
+                        "{text:?} is not a duration ({e}); write e.g. \"90m\", \"30s\", \"2h\""
+                    ),
+                );
+                humantime::parse_duration(default).unwrap_or_default()
+            }
+        }
+    }
+
+    fn size(&mut self, field: &str, value: Option<&str>, default: &str) -> u64 {
+        let text = value.unwrap_or(default);
+        match parse_size(text) {
+            Ok(n) => n,
+            Err(e) => {
+                self.problem(field, e);
+                parse_size(default).unwrap_or(0)
+            }
+        }
+    }
+}
+
+fn valid_group(g: &str) -> bool {
+    !g.is_empty()
+        && g.len() <= 32
+        && g.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        && !g.starts_with('-')
+}
+
+/// `{name}` placeholders in a command argument.
+pub fn placeholders(arg: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = arg;
+    while let Some(start) = rest.find('{') {
+        match rest[start..].find('}') {
+            Some(end) => {
+                out.push(rest[start + 1..start + end].to_string());
+                rest = &rest[start + end + 1..];
+            }
+            None => break,
+        }
+    }
+    out
+}
+
+/// Parse a byte size: `10MiB`, `500 MiB`, `1GiB`, `4096`, `1MB` (SI).
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let unit = unit.trim();
+    let multiplier: u64 = match unit {
+        "" | "B" => 1,
+        "K" | "KiB" | "k" => 1 << 10,
+        "M" | "MiB" => 1 << 20,
+        "G" | "GiB" => 1 << 30,
+        "T" | "TiB" => 1 << 40,
+        "KB" | "kB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        "TB" => 1_000_000_000_000,
+        _ => {
+            return Err(format!(
+                "{text:?} has an unknown unit {unit:?}; write e.g. \"10MiB\", \"1GiB\", \"500MiB\""
+            ));
+        }
+    };
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size; write e.g. \"10MiB\", \"1GiB\""))?;
+    Ok((value * multiplier as f64) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FULL: &str = r#"
+state_root = "/opt/teleo-eval/agent-state"
+group = "teleo"
+
+[daemon]
+max_concurrent_sessions = 2
+catch_up_window = "2h"
+shutdown_grace = "60s"
+
+[defaults]
+command = ["/opt/teleo-eval/research-session.sh", "{agent}"]
+timeout = "90m"
+kill_grace = "30s"
+model = "sonnet"
+session_type = "research"
+wake_on_inbox = "high"
+inbox_debounce = "30s"
+max_output = "10MiB"
+
+[[agent]]
+name = "rio"
+domain = "internet-finance"
+schedule = "0 22 * * *"
+timezone = "UTC"
+
+[[agent]]
+name = "marcus"
+kind = "human"
+
+[health]
+disk_warn = "1GiB"
+disk_pause = "500MiB"
+disk_stop = "100MiB"
+
+[hooks]
+on_error = "/etc/agent-state/on-error.sh"
+"#;
+
+    fn problems(text: &str) -> Vec<String> {
+        match Config::parse(text, Path::new("/etc/agent-state/config.toml")) {
+            Ok(_) => vec![],
+            Err(ConfigError::Invalid { problems, .. }) => {
+                problems.iter().map(|p| p.to_string()).collect()
+            }
+            Err(e) => vec![e.to_string()],
+        }
+    }
+
+    #[test]
+    fn the_issue_example_is_valid() {
+        let c = Config::parse(FULL, Path::new("/etc/agent-state/config.toml")).unwrap();
+        assert_eq!(c.state_root, Path::new("/opt/teleo-eval/agent-state"));
+        assert_eq!(c.agents.len(), 2);
+        let rio = &c.agents[0];
+        assert_eq!(rio.session.timeout, Duration::from_secs(5400));
+        assert_eq!(rio.session.max_output, 10 << 20);
+        assert_eq!(c.agents[1].kind, AgentKind::Human);
+        assert_eq!(c.health.disk_pause, 500 << 20);
+    }
+
+    #[test]
+    fn agents_override_defaults() {
+        let text = r#"
+[defaults]
+timeout = "10m"
+[[agent]]
+name = "rio"
+timeout = "5m"
+[[agent]]
+name = "leo"
+"#;
+        let c = Config::parse(text, Path::new("/x/c.toml")).unwrap();
+        assert_eq!(c.agents[0].session.timeout, Duration::from_secs(300));
+        assert_eq!(c.agents[1].session.timeout, Duration::from_secs(600));
+    }
+
+    #[test]
+    fn relative_state_root_is_relative_to_the_file() {
+        let c = Config::parse(
+            "state_root = \"../var/state\"",
+            Path::new("/repo/config/dev.toml"),
+        )
+        .unwrap();
+        assert_eq!(c.state_root, Path::new("/repo/config/../var/state"));
+    }
+
+    #[test]
+    fn every_problem_is_reported_with_its_path() {
+        let text = r#"
+stat_root = "/x"
+[daemon]
+max_concurrent_sessions = 0
+[defaults]
+timeout = "ninety minutes"
+wake_on_inbox = "sometimes"
+command = ["/bin/x", "{agnt}"]
+[[agent]]
+name = "Rio"
+[[agent]]
+name = "leo"
+schedule = "0 25 * * *"
+timezone = "Mars/Olympus"
+[[agent]]
+name = "leo"
+[[agent]]
+name = "marcus"
+kind = "human"
+schedule = "@daily"
+[[agent]]
+name = "vida"
+timout = "5m"
+[health]
+disk_warn = "1 lightyear"
+"#;
+        let got = problems(text);
+        let want = [
+            "stat_root: unknown field",
+            "daemon.max_concurrent_sessions: 0 is not between",
+            "defaults.timeout: \"ninety minutes\" is not a duration",
+            "defaults.wake_on_inbox: \"sometimes\"",
+            "defaults.command: unknown placeholder {agnt}",
+            "agent[0].name: \"Rio\": uppercase",
+            "agent[1] (leo).schedule: hour field",
+            "agent[1] (leo).timezone: \"Mars/Olympus\"",
+            "agent[2].name: `leo` is configured twice",
+            "agent[3] (marcus).schedule: a human mailbox is never woken",
+            "agent[4] (vida): unknown field `timout`",
+            "health.disk_warn: \"1 lightyear\" has an unknown unit",
+        ];
+        for w in want {
+            assert!(
+                got.iter().any(|g| g.contains(w)),
+                "missing {w:?} in {got:#?}"
+            );
+        }
+        assert_eq!(got.len(), want.len(), "{got:#?}");
+    }
+
+    #[test]
+    fn syntax_errors_name_the_file() {
+        let err = Config::parse("state_root = ", Path::new("/etc/x.toml")).unwrap_err();
+        assert!(
+            err.to_string().contains("/etc/x.toml is not valid TOML"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("10MiB").unwrap(), 10 << 20);
+        assert_eq!(parse_size("1 GiB").unwrap(), 1 << 30);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("1MB").unwrap(), 1_000_000);
+        assert!(parse_size("lots").is_err());
+    }
+}

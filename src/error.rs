@@ -1,0 +1,123 @@
+//! The crate's error type and the sysexits(3) exit codes it maps to.
+//!
+//! Every variant names what it is about (a path, an agent, a field) and, where
+//! there is one, the command that fixes it, because the reader of these
+//! messages is an operator looking at a cron mail or a journal line.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use crate::config::ConfigError;
+
+/// sysexits(3) codes, as `main` returns them.
+pub mod exit {
+    pub const OK: u8 = 0;
+    pub const USAGE: u8 = 64;
+    pub const DATAERR: u8 = 65;
+    pub const NOINPUT: u8 = 66;
+    pub const NOUSER: u8 = 67;
+    pub const SOFTWARE: u8 = 70;
+    pub const OSERR: u8 = 71;
+    pub const CANTCREAT: u8 = 73;
+    pub const IOERR: u8 = 74;
+    pub const TEMPFAIL: u8 = 75;
+    pub const NOPERM: u8 = 77;
+    pub const CONFIG: u8 = 78;
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("I/O error while {op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+
+    #[error(
+        "{path} is not a valid state file: {reason}; run `agent-state check --repair` to set it aside and rebuild it from the journal"
+    )]
+    Corrupt { path: PathBuf, reason: String },
+
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+
+    #[error("invalid agent name {name:?}: {reason}")]
+    InvalidName { name: String, reason: String },
+
+    #[error(
+        "agent `{agent}` is not configured in {config}; add an [[agent]] entry with name = \"{agent}\""
+    )]
+    UnknownAgent { agent: String, config: PathBuf },
+
+    #[error(
+        "{agent}: state directory {path} does not exist; run `agent-state bootstrap {agent}` first"
+    )]
+    NotBootstrapped { agent: String, path: PathBuf },
+
+    #[error(
+        "{agent}: session {session} is still running (owner pid {pid}); an agent never runs two sessions at once. Wait for it, or end it with `agent-state session fail {agent} --session {session} --outcome error --reason ...`"
+    )]
+    SessionBusy {
+        agent: String,
+        session: String,
+        pid: i32,
+    },
+
+    #[error("{0}")]
+    NoSession(String),
+
+    #[error("{0}")]
+    NotFound(String),
+
+    #[error("{0}")]
+    Usage(String),
+
+    #[error("{0}")]
+    Data(String),
+}
+
+impl Error {
+    pub fn io(op: &'static str, path: impl AsRef<Path>, source: io::Error) -> Self {
+        Error::Io {
+            op,
+            path: path.as_ref().to_path_buf(),
+            source,
+        }
+    }
+
+    /// The sysexits code `main` exits with for this error.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Error::Io { source, .. } => match source.kind() {
+                io::ErrorKind::PermissionDenied => exit::NOPERM,
+                io::ErrorKind::NotFound => exit::NOINPUT,
+                io::ErrorKind::AlreadyExists => exit::CANTCREAT,
+                _ => exit::IOERR,
+            },
+            Error::Corrupt { .. } | Error::Data(_) => exit::DATAERR,
+            Error::Config(_) => exit::CONFIG,
+            Error::InvalidName { .. } | Error::Usage(_) => exit::USAGE,
+            Error::UnknownAgent { .. } => exit::NOUSER,
+            Error::NotBootstrapped { .. } | Error::NotFound(_) | Error::NoSession(_) => {
+                exit::NOINPUT
+            }
+            Error::SessionBusy { .. } => exit::TEMPFAIL,
+        }
+    }
+}
+
+/// Attach the operation and path to an `io::Result`, so no I/O error reaches
+/// the user without saying which file it was about.
+pub trait IoContext<T> {
+    fn at(self, op: &'static str, path: impl AsRef<Path>) -> Result<T>;
+}
+
+impl<T> IoContext<T> for io::Result<T> {
+    fn at(self, op: &'static str, path: impl AsRef<Path>) -> Result<T> {
+        self.map_err(|e| Error::io(op, path, e))
+    }
+}

@@ -1,0 +1,944 @@
+//! The session hooks — `session begin`, `session end`, `session fail` — as one
+//! library shared by the CLI (called from session scripts) and the daemon.
+//!
+//! Each hook is one critical section under the agent lock and updates every
+//! file the seed names: journal first (it is the source of truth), then
+//! session.json, report.json, metrics.json, inbox and memory.md.
+//!
+//! Hooks are idempotent and forgiving: a second `begin` from the same script or
+//! with `AGENT_STATE_SESSION_ID` joins the running session; a second `end`
+//! is a no-op; a bad optional argument (`--pr unknown`) is recorded in
+//! session.json `errors` and reported, but never costs the session record.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::agent_name::title_case;
+use crate::clock::Timestamp;
+use crate::config::AgentConfig;
+use crate::error::{Error, Result};
+use crate::inbox::{self, Claim, Message, MessageType};
+use crate::state::AgentDir;
+use crate::state::journal::{Event, SessionEnd, SessionFailed, SessionStart, SessionUpdated};
+use crate::state::lock::AgentLock;
+use crate::state::memory;
+use crate::state::metrics;
+use crate::state::report::{AgentStatus, LastSession, Report};
+use crate::state::session::{Session, SessionStatus, SessionType};
+use crate::state::tasks::{self, NewTask, TaskFile, TaskPriority, TaskType};
+
+/// A hook argument that could not be used, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BadArgument {
+    pub flag: &'static str,
+    pub value: String,
+    pub problem: String,
+}
+
+impl std::fmt::Display for BadArgument {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {:?}: {}", self.flag, self.value, self.problem)
+    }
+}
+
+/// Lenient parsing of the text arguments shell scripts pass.
+#[derive(Default)]
+struct Args {
+    bad: Vec<BadArgument>,
+}
+
+impl Args {
+    fn note(&mut self, flag: &'static str, value: &str, problem: impl Into<String>) {
+        self.bad.push(BadArgument {
+            flag,
+            value: value.to_string(),
+            problem: problem.into(),
+        });
+    }
+
+    /// A count such as `--sources-archived 8` (surrounding whitespace allowed).
+    fn count(&mut self, flag: &'static str, value: Option<&str>) -> Option<u64> {
+        let raw = value?;
+        match raw.trim().parse::<u64>() {
+            Ok(n) => Some(n),
+            Err(_) => {
+                self.note(flag, raw, "not a whole number; the field was left unset");
+                None
+            }
+        }
+    }
+
+    /// A PR number: `247`, `#247` or a `…/pull/247` URL.
+    fn pr(&mut self, flag: &'static str, value: Option<&str>) -> Option<u64> {
+        let raw = value?;
+        let t = raw.trim().trim_start_matches('#');
+        let t = t
+            .rsplit_once("/pull/")
+            .map(|(_, n)| n.trim_end_matches('/'))
+            .unwrap_or(t);
+        match t.parse::<u64>() {
+            Ok(n) => Some(n),
+            Err(_) => {
+                self.note(
+                    flag,
+                    raw,
+                    "not a PR number (247, #247 or a …/pull/247 URL); pr_number was left unset",
+                );
+                None
+            }
+        }
+    }
+
+    fn money(&mut self, flag: &'static str, value: Option<&str>) -> Option<f64> {
+        let raw = value?;
+        match raw.trim().trim_start_matches('$').parse::<f64>() {
+            Ok(n) if n.is_finite() && n >= 0.0 => Some(n),
+            _ => {
+                self.note(
+                    flag,
+                    raw,
+                    "not an amount in USD such as 0.42; the field was left unset",
+                );
+                None
+            }
+        }
+    }
+
+    fn duration(&mut self, flag: &'static str, value: Option<&str>) -> Option<Duration> {
+        let raw = value?;
+        let t = raw.trim();
+        // Bare numbers are seconds, as `timeout 5400` takes them.
+        let parsed = t
+            .parse::<u64>()
+            .map(Duration::from_secs)
+            .or_else(|_| humantime::parse_duration(t));
+        match parsed {
+            Ok(d) if !d.is_zero() => Some(d),
+            _ => {
+                self.note(
+                    flag,
+                    raw,
+                    "not a duration such as 90m or 5400; the configured timeout was used",
+                );
+                None
+            }
+        }
+    }
+
+    fn parse<T: FromStr<Err = String>>(
+        &mut self,
+        flag: &'static str,
+        value: Option<&str>,
+        fallback: &str,
+    ) -> Option<T> {
+        let raw = value?;
+        match raw.trim().parse::<T>() {
+            Ok(v) => Some(v),
+            Err(e) => {
+                self.note(flag, raw, format!("{e}; {fallback}"));
+                None
+            }
+        }
+    }
+
+    fn text(value: Option<&str>) -> Option<String> {
+        value
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+    }
+
+    /// The bad arguments as session.json `errors` entries.
+    fn as_errors(&self, now: Timestamp) -> Vec<serde_json::Value> {
+        self.bad
+            .iter()
+            .map(|b| {
+                json!({
+                    "at": now,
+                    "code": "BAD_ARGUMENT",
+                    "argument": b.flag,
+                    "value": b.value,
+                    "message": b.problem,
+                })
+            })
+            .collect()
+    }
+}
+
+/// The process that owns a session: its pid and start time (clock ticks since
+/// boot, from /proc), so that a reused pid is not taken for the owner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Owner {
+    pub pid: i32,
+    pub start: Option<u64>,
+}
+
+impl Owner {
+    pub fn of(pid: i32) -> Owner {
+        Owner {
+            pid,
+            start: process_start(pid),
+        }
+    }
+
+    /// The process that ran this hook: the session script.
+    pub fn parent() -> Owner {
+        Owner::of(nix::unistd::getppid().as_raw())
+    }
+}
+
+/// Start time of `pid` in clock ticks since boot (field 22 of /proc/PID/stat).
+pub fn process_start(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may contain spaces and parentheses; the
+    // fields after the last ')' are plain.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Is the owner of a session still running?
+pub fn owner_alive(pid: i32, start: Option<u64>) -> bool {
+    match process_start(pid) {
+        None => false,
+        Some(now_start) => start.is_none_or(|s| s == now_start),
+    }
+}
+
+// ---- begin ---------------------------------------------------------------
+
+#[derive(Debug, Clone, Default)]
+pub struct BeginRequest {
+    pub session_type: Option<String>,
+    pub branch: Option<String>,
+    pub model: Option<String>,
+    pub timeout: Option<String>,
+    pub research_question: Option<String>,
+    pub belief_targeted: Option<String>,
+    pub disconfirmation_target: Option<String>,
+    pub sources_expected: Option<String>,
+    /// `AGENT_STATE_SESSION_ID`: join this session if it is the one running.
+    pub join: Option<String>,
+    pub owner: Option<Owner>,
+}
+
+#[derive(Debug, Default)]
+pub struct BeginResult {
+    pub session_id: String,
+    pub joined: bool,
+    pub claim: Claim,
+    pub bad_arguments: Vec<BadArgument>,
+    /// Repairs and other things the caller should tell the user.
+    pub notes: Vec<String>,
+}
+
+/// The pre-session hook.
+pub fn begin(
+    agent: &AgentConfig,
+    dir: &AgentDir,
+    req: &BeginRequest,
+    now: Timestamp,
+) -> Result<BeginResult> {
+    let lock = dir.lock()?;
+    let mut notes = Vec::new();
+    let mut args = Args::default();
+    let kind = args
+        .parse::<SessionType>(
+            "--type",
+            req.session_type.as_deref(),
+            "the configured session type was used",
+        )
+        .unwrap_or(agent.session.session_type);
+    let timeout = args
+        .duration("--timeout", req.timeout.as_deref())
+        .unwrap_or(agent.session.timeout);
+    let sources_expected = args.count("--sources-expected", req.sources_expected.as_deref());
+
+    let current: Session = dir.load(&lock, now, &mut notes)?;
+    let last_id = current.session_id.clone();
+    let extra = current.extra.clone();
+    if current.is_running() {
+        let same_owner = req.owner.is_some_and(|o| {
+            current.owner_pid == Some(o.pid)
+                && (current.owner_start.is_none() || current.owner_start == o.start)
+        });
+        if req.join.as_deref() == Some(current.session_id.as_str()) || same_owner {
+            return join(
+                dir,
+                &lock,
+                current,
+                req,
+                &mut args,
+                sources_expected,
+                now,
+                notes,
+            );
+        }
+        if let Some(reason) = still_running(&current, now) {
+            return Err(reason);
+        }
+        let pid = current
+            .owner_pid
+            .map(|p| p.to_string())
+            .unwrap_or_else(|| "unknown".into());
+        let id = current.session_id.clone();
+        finish(
+            agent,
+            dir,
+            &lock,
+            current,
+            Ending::Failed {
+                outcome: SessionStatus::Error,
+                reason: format!(
+                    "interrupted: owner process {pid} exited without calling `session end` or `session fail`"
+                ),
+            },
+            &mut Args::default(),
+            now,
+            &mut notes,
+        )?;
+        notes.push(format!(
+            "{}: session {id} was left running by a process that is gone; recorded it as an error and returned its messages",
+            dir.name
+        ));
+    }
+
+    let session_id = new_session_id(dir, &last_id, now);
+    let claim = inbox::claim(dir, &session_id, now)?;
+    let message_ids: Vec<String> = claim.claimed.iter().map(|m| m.id.clone()).collect();
+    let model = Args::text(req.model.as_deref()).unwrap_or_else(|| agent.session.model.clone());
+    let disconfirmation_target = Args::text(req.disconfirmation_target.as_deref());
+    let start = Event::SessionStart(SessionStart {
+        session_id: session_id.clone(),
+        kind,
+        model: Some(model.clone()),
+        branch: Args::text(req.branch.as_deref()),
+        timeout_seconds: Some(timeout.as_secs()),
+        research_question: Args::text(req.research_question.as_deref()),
+        disconfirmation_target: disconfirmation_target.clone(),
+        messages: message_ids.clone(),
+        owner_pid: req.owner.map(|o| o.pid),
+    });
+    dir.journal_append(&lock, now, start.clone())?;
+
+    let session = Session {
+        agent: dir.name.to_string(),
+        session_id: session_id.clone(),
+        started_at: Some(now),
+        ended_at: None,
+        kind,
+        domain: agent.domain.clone(),
+        branch: Args::text(req.branch.as_deref()),
+        status: Some(SessionStatus::Running),
+        model: Some(model),
+        timeout_seconds: Some(timeout.as_secs()),
+        research_question: Args::text(req.research_question.as_deref()),
+        belief_targeted: Args::text(req.belief_targeted.as_deref()),
+        disconfirmation_target,
+        sources_archived: None,
+        sources_expected,
+        tokens_used: None,
+        cost_usd: None,
+        errors: args.as_errors(now),
+        handoff_notes: None,
+        pr_number: None,
+        reason: None,
+        owner_pid: req.owner.map(|o| o.pid),
+        owner_start: req.owner.and_then(|o| o.start),
+        messages: message_ids,
+        extra,
+    };
+    dir.save(&lock, &session)?;
+
+    let mut report: Report = dir.load(&lock, now, &mut notes)?;
+    report.agent = dir.name.to_string();
+    report.status = AgentStatus::for_session(kind);
+    report.current_session = Some(session_id.clone());
+    report.updated_at = Some(now);
+    dir.save(&lock, &report)?;
+
+    metrics::apply(dir, &lock, &start, now, &mut notes)?;
+    add_tasks_from_messages(dir, &lock, &claim.claimed, now, &mut notes)?;
+
+    Ok(BeginResult {
+        session_id,
+        joined: false,
+        claim,
+        bad_arguments: args.bad,
+        notes,
+    })
+}
+
+/// `None` if `session` (recorded as running) has no live owner any more;
+/// otherwise the error to refuse a second session with.
+fn still_running(session: &Session, now: Timestamp) -> Option<Error> {
+    let alive = match session.owner_pid {
+        Some(pid) => owner_alive(pid, session.owner_start),
+        // No owner recorded (another tool wrote it): trust it until its
+        // timeout has passed.
+        None => match (session.started_at, session.timeout_seconds) {
+            (Some(start), Some(t)) => now.seconds_since(&start) < t as i64,
+            _ => false,
+        },
+    };
+    alive.then(|| Error::SessionBusy {
+        agent: session.agent.clone(),
+        session: session.session_id.clone(),
+        pid: session.owner_pid.unwrap_or(0),
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn join(
+    dir: &AgentDir,
+    lock: &AgentLock,
+    mut session: Session,
+    req: &BeginRequest,
+    args: &mut Args,
+    sources_expected: Option<u64>,
+    now: Timestamp,
+    mut notes: Vec<String>,
+) -> Result<BeginResult> {
+    let mut fields = Vec::new();
+    let mut set = |slot: &mut Option<String>, value: Option<&str>, name: &str| {
+        if let Some(v) = Args::text(value)
+            && slot.as_deref() != Some(v.as_str())
+        {
+            *slot = Some(v);
+            fields.push(name.to_string());
+        }
+    };
+    set(&mut session.branch, req.branch.as_deref(), "branch");
+    set(&mut session.model, req.model.as_deref(), "model");
+    set(
+        &mut session.research_question,
+        req.research_question.as_deref(),
+        "research_question",
+    );
+    set(
+        &mut session.belief_targeted,
+        req.belief_targeted.as_deref(),
+        "belief_targeted",
+    );
+    let had_target = session.disconfirmation_target.is_some();
+    set(
+        &mut session.disconfirmation_target,
+        req.disconfirmation_target.as_deref(),
+        "disconfirmation_target",
+    );
+    if sources_expected.is_some() && session.sources_expected != sources_expected {
+        session.sources_expected = sources_expected;
+        fields.push("sources_expected".into());
+    }
+    session.errors.extend(args.as_errors(now));
+    if !fields.is_empty() || !args.bad.is_empty() {
+        let update = Event::SessionUpdated(SessionUpdated {
+            session_id: session.session_id.clone(),
+            disconfirmation_target_added: !had_target && session.disconfirmation_target.is_some(),
+            fields,
+        });
+        dir.journal_append(lock, now, update.clone())?;
+        dir.save(lock, &session)?;
+        metrics::apply(dir, lock, &update, now, &mut notes)?;
+    }
+    Ok(BeginResult {
+        session_id: session.session_id.clone(),
+        joined: true,
+        claim: Claim::default(),
+        bad_arguments: std::mem::take(&mut args.bad),
+        notes,
+    })
+}
+
+/// `YYYYMMDD-HHMMSS`, with `-2`, `-3`, … for a second session in one second.
+fn new_session_id(dir: &AgentDir, last: &str, now: Timestamp) -> String {
+    let base = now.session_id();
+    let taken = |id: &str| last == id || dir.claimed(id).exists();
+    if !taken(&base) && !last.starts_with(&format!("{base}-")) {
+        return base;
+    }
+    let last_suffix = last
+        .strip_prefix(&format!("{base}-"))
+        .and_then(|n| n.parse::<u32>().ok())
+        .unwrap_or(1);
+    (last_suffix + 1..)
+        .map(|n| format!("{base}-{n}"))
+        .find(|id| !taken(id))
+        .expect("a free session id")
+}
+
+/// Task messages add a pending task when received (once per message).
+fn add_tasks_from_messages(
+    dir: &AgentDir,
+    lock: &AgentLock,
+    messages: &[Message],
+    now: Timestamp,
+    notes: &mut Vec<String>,
+) -> Result<()> {
+    let tasks_wanted: Vec<&Message> = messages
+        .iter()
+        .filter(|m| m.kind == MessageType::Task)
+        .collect();
+    if tasks_wanted.is_empty() {
+        return Ok(());
+    }
+    let existing: TaskFile = dir.load(lock, now, notes)?;
+    for m in tasks_wanted {
+        if existing
+            .tasks
+            .iter()
+            .any(|t| t.source_message.as_deref() == Some(m.id.as_str()))
+        {
+            continue;
+        }
+        tasks::add(dir, lock, task_from_message(m), now, notes)?;
+    }
+    Ok(())
+}
+
+pub fn task_from_message(m: &Message) -> NewTask {
+    NewTask {
+        kind: TaskType::Research,
+        description: m.subject.clone(),
+        priority: match m.priority {
+            inbox::Priority::High => TaskPriority::High,
+            inbox::Priority::Normal => TaskPriority::Medium,
+        },
+        context: Some(if m.body.trim().is_empty() {
+            format!("From {} ({})", m.from, m.created_at.date())
+        } else {
+            format!(
+                "From {} ({}): {}",
+                m.from,
+                m.created_at.date(),
+                m.body.trim()
+            )
+        }),
+        follow_up_from: m.source_ref.clone(),
+        source_message: Some(m.id.clone()),
+    }
+}
+
+// ---- end / fail ------------------------------------------------------------
+
+#[derive(Debug, Clone, Default)]
+pub struct EndRequest {
+    pub session: Option<String>,
+    pub outcome: Option<String>,
+    pub sources_archived: Option<String>,
+    pub branch: Option<String>,
+    pub pr: Option<String>,
+    pub summary: Option<String>,
+    pub next_priority: Option<String>,
+    pub handoff_notes: Option<String>,
+    pub tokens_used: Option<String>,
+    pub cost_usd: Option<String>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct FailRequest {
+    pub session: Option<String>,
+    pub outcome: String,
+    pub reason: String,
+}
+
+#[derive(Debug, Default)]
+pub struct FinishResult {
+    pub session_id: String,
+    pub outcome: Option<SessionStatus>,
+    /// The session had already ended: nothing was changed.
+    pub already_ended: bool,
+    pub processed: Vec<String>,
+    pub returned: Vec<String>,
+    pub undeliverable: Vec<String>,
+    pub bad_arguments: Vec<BadArgument>,
+    pub notes: Vec<String>,
+}
+
+/// What ended a session.
+enum Ending {
+    Completed(Completion),
+    Failed {
+        outcome: SessionStatus,
+        reason: String,
+    },
+}
+
+#[derive(Default)]
+struct Completion {
+    sources_archived: Option<u64>,
+    branch: Option<String>,
+    pr_number: Option<u64>,
+    summary: Option<String>,
+    next_priority: Option<String>,
+    handoff_notes: Option<String>,
+    tokens_used: Option<u64>,
+    cost_usd: Option<f64>,
+}
+
+/// The post-session hook.
+pub fn end(
+    agent: &AgentConfig,
+    dir: &AgentDir,
+    req: &EndRequest,
+    now: Timestamp,
+) -> Result<FinishResult> {
+    let mut args = Args::default();
+    let completion = Completion {
+        sources_archived: args.count("--sources-archived", req.sources_archived.as_deref()),
+        branch: Args::text(req.branch.as_deref()),
+        pr_number: args.pr("--pr", req.pr.as_deref()),
+        summary: Args::text(req.summary.as_deref()),
+        next_priority: Args::text(req.next_priority.as_deref()),
+        handoff_notes: Args::text(req.handoff_notes.as_deref()),
+        tokens_used: args.count("--tokens-used", req.tokens_used.as_deref()),
+        cost_usd: args.money("--cost-usd", req.cost_usd.as_deref()),
+    };
+    let ending = match req.outcome.as_deref().map(str::trim) {
+        None | Some("completed") => Ending::Completed(completion),
+        Some("timeout") => Ending::Failed {
+            outcome: SessionStatus::Timeout,
+            reason: "reported as timeout by `session end`".into(),
+        },
+        Some("error") => Ending::Failed {
+            outcome: SessionStatus::Error,
+            reason: "reported as error by `session end`".into(),
+        },
+        Some(other) => {
+            args.note(
+                "--outcome",
+                other,
+                "not completed, timeout or error; recorded as completed",
+            );
+            Ending::Completed(completion)
+        }
+    };
+    finish_request(agent, dir, req.session.as_deref(), ending, args, now)
+}
+
+/// The error hook.
+pub fn fail(
+    agent: &AgentConfig,
+    dir: &AgentDir,
+    req: &FailRequest,
+    now: Timestamp,
+) -> Result<FinishResult> {
+    let mut args = Args::default();
+    let outcome = match req.outcome.trim() {
+        "timeout" => SessionStatus::Timeout,
+        "error" => SessionStatus::Error,
+        other => {
+            args.note(
+                "--outcome",
+                other,
+                "not error or timeout; recorded as error",
+            );
+            SessionStatus::Error
+        }
+    };
+    let reason = match req.reason.trim() {
+        "" => "no reason given".to_string(),
+        r => r.to_string(),
+    };
+    finish_request(
+        agent,
+        dir,
+        req.session.as_deref(),
+        Ending::Failed { outcome, reason },
+        args,
+        now,
+    )
+}
+
+fn finish_request(
+    agent: &AgentConfig,
+    dir: &AgentDir,
+    wanted: Option<&str>,
+    ending: Ending,
+    mut args: Args,
+    now: Timestamp,
+) -> Result<FinishResult> {
+    let lock = dir.lock()?;
+    let mut notes = Vec::new();
+    let current: Session = dir.load(&lock, now, &mut notes)?;
+    let wanted = wanted.map(str::trim).filter(|s| !s.is_empty());
+    let matches = wanted.is_none_or(|w| w == current.session_id);
+
+    if current.is_running() && !matches {
+        return Err(Error::NoSession(format!(
+            "{}: session {} is not running; the running session is {} (see {})",
+            dir.name,
+            wanted.unwrap_or_default(),
+            current.session_id,
+            dir.session().display()
+        )));
+    }
+    if !current.is_running() && matches && !current.session_id.is_empty() {
+        // Hooks are idempotent: ending an ended session changes nothing.
+        return Ok(FinishResult {
+            session_id: current.session_id.clone(),
+            outcome: current.status,
+            already_ended: true,
+            bad_arguments: args.bad,
+            notes,
+            ..FinishResult::default()
+        });
+    }
+    let session = if current.is_running() {
+        current
+    } else {
+        match ending {
+            Ending::Completed(_) => {
+                return Err(Error::NoSession(format!(
+                    "{}: no session is running, so there is nothing to end{}; start one with `agent-state session begin {}`",
+                    dir.name,
+                    if current.session_id.is_empty() {
+                        String::new()
+                    } else {
+                        format!(
+                            " (the last one, {}, ended {})",
+                            current.session_id,
+                            current.status.map(|s| s.as_str()).unwrap_or("unrecorded")
+                        )
+                    },
+                    dir.name
+                )));
+            }
+            // A failure with no session running (the script died before
+            // `begin`, say) is still recorded, so no failed run goes unseen.
+            Ending::Failed { .. } => Session {
+                agent: dir.name.to_string(),
+                session_id: new_session_id(dir, &current.session_id, now),
+                started_at: Some(now),
+                kind: agent.session.session_type,
+                domain: agent.domain.clone(),
+                status: Some(SessionStatus::Running),
+                model: Some(agent.session.model.clone()),
+                extra: current.extra,
+                ..Session::default()
+            },
+        }
+    };
+    let mut result = finish(
+        agent, dir, &lock, session, ending, &mut args, now, &mut notes,
+    )?;
+    result.notes = notes;
+    Ok(result)
+}
+
+/// Record the end of `session` in every file. Call with the lock held.
+#[allow(clippy::too_many_arguments)]
+fn finish(
+    _agent: &AgentConfig,
+    dir: &AgentDir,
+    lock: &AgentLock,
+    mut session: Session,
+    ending: Ending,
+    args: &mut Args,
+    now: Timestamp,
+    notes: &mut Vec<String>,
+) -> Result<FinishResult> {
+    let id = session.session_id.clone();
+    let duration = session.started_at.map(|s| now.seconds_since(&s));
+    let mut result = FinishResult {
+        session_id: id.clone(),
+        ..FinishResult::default()
+    };
+    let mut report: Report = dir.load(lock, now, notes)?;
+    let event = match ending {
+        Ending::Completed(c) => {
+            let processed = inbox::acknowledge(dir, &id)?;
+            let flags: Vec<&Message> = processed
+                .iter()
+                .filter(|m| m.kind == MessageType::Flag)
+                .collect();
+            let flag_lines: Vec<String> = flags
+                .iter()
+                .map(|m| {
+                    format!(
+                        "- {} ({}): \"{}\"",
+                        title_case(&m.from),
+                        m.created_at.date(),
+                        m.subject.replace(['\n', '\r'], " ").trim()
+                    )
+                })
+                .collect();
+            result.processed = processed.iter().map(|m| m.id.clone()).collect();
+            let event = Event::SessionEnd(SessionEnd {
+                session_id: id.clone(),
+                outcome: "completed".into(),
+                sources_archived: c.sources_archived,
+                handoff: c.handoff_notes.clone(),
+                summary: c.summary.clone(),
+                next_priority: c.next_priority.clone(),
+                branch: c.branch.clone().or(session.branch.clone()),
+                pr_number: c.pr_number,
+                tokens_used: c.tokens_used,
+                cost_usd: c.cost_usd,
+                messages_processed: result.processed.clone(),
+                flags_received: flags.len() as u64,
+                duration_seconds: duration,
+            });
+            dir.journal_append(lock, now, event.clone())?;
+            memory::append_entries(&dir.memory(), memory::FLAGS_SECTION, &flag_lines)?;
+
+            session.status = Some(SessionStatus::Completed);
+            session.sources_archived = c.sources_archived.or(session.sources_archived);
+            session.branch = c.branch.or(session.branch.take());
+            session.pr_number = c.pr_number.or(session.pr_number);
+            session.tokens_used = c.tokens_used.or(session.tokens_used);
+            session.cost_usd = c.cost_usd.or(session.cost_usd);
+            session.handoff_notes = c.handoff_notes.or(session.handoff_notes.take());
+
+            report.status = AgentStatus::Idle;
+            report.summary = Some(c.summary.unwrap_or_else(|| {
+                format!(
+                    "Session {id} completed{}",
+                    session
+                        .sources_archived
+                        .map(|n| format!(" — {n} sources archived"))
+                        .unwrap_or_default()
+                )
+            }));
+            if c.next_priority.is_some() {
+                report.next_priority = c.next_priority;
+            }
+            event
+        }
+        Ending::Failed { outcome, reason } => {
+            let (returned, undeliverable) = inbox::return_claimed(dir, &id, now)?;
+            let failed = SessionFailed {
+                session_id: id.clone(),
+                reason: reason.clone(),
+                messages_returned: returned.clone(),
+                messages_undeliverable: undeliverable.clone(),
+                duration_seconds: duration,
+            };
+            let event = match outcome {
+                SessionStatus::Timeout => Event::Timeout(failed),
+                _ => Event::Error(failed),
+            };
+            dir.journal_append(lock, now, event.clone())?;
+            result.returned = returned;
+            result.undeliverable = undeliverable;
+
+            session.status = Some(outcome);
+            session.reason = Some(reason.clone());
+            // A timeout is not a fault of the agent: it goes back to idle,
+            // and last_session says how the session ended and why.
+            let (status, verb) = match outcome {
+                SessionStatus::Timeout => (AgentStatus::Idle, "timed out"),
+                _ => (AgentStatus::Error, "failed"),
+            };
+            report.status = status;
+            report.summary = Some(format!("Session {id} {verb}: {reason}"));
+            event
+        }
+    };
+    session.ended_at = Some(now);
+    session.owner_pid = None;
+    session.owner_start = None;
+    session.errors.extend(args.as_errors(now));
+    dir.save(lock, &session)?;
+
+    report.agent = dir.name.to_string();
+    report.current_session = None;
+    report.updated_at = Some(now);
+    report.last_session = Some(LastSession {
+        id: id.clone(),
+        started_at: session.started_at,
+        ended_at: session.ended_at,
+        outcome: session.status,
+        sources_archived: session.sources_archived,
+        branch: session.branch.clone(),
+        pr_number: session.pr_number,
+        reason: session.reason.clone(),
+        extra: report
+            .last_session
+            .take()
+            .map(|l| l.extra)
+            .unwrap_or_default(),
+    });
+    dir.save(lock, &report)?;
+    metrics::apply(dir, lock, &event, now, notes)?;
+
+    result.outcome = session.status;
+    result.bad_arguments = std::mem::take(&mut args.bad);
+    Ok(result)
+}
+
+/// If `agent`'s session.json says a session is running but its owner is gone,
+/// record it as an error ("interrupted") and return its messages to the inbox.
+/// Used by `check --repair` (and, later, by the daemon at start-up).
+pub fn recover_stale(
+    agent: &AgentConfig,
+    dir: &AgentDir,
+    reason: &str,
+    now: Timestamp,
+) -> Result<Option<FinishResult>> {
+    let lock = dir.lock()?;
+    let mut notes = Vec::new();
+    let current: Session = dir.load(&lock, now, &mut notes)?;
+    if !current.is_running() || still_running(&current, now).is_some() {
+        return Ok(None);
+    }
+    let mut result = finish(
+        agent,
+        dir,
+        &lock,
+        current,
+        Ending::Failed {
+            outcome: SessionStatus::Error,
+            reason: reason.to_string(),
+        },
+        &mut Args::default(),
+        now,
+        &mut notes,
+    )?;
+    result.notes = notes;
+    Ok(Some(result))
+}
+
+/// Is `session` recorded as running with an owner that is gone?
+pub fn is_stale(session: &Session, now: Timestamp) -> bool {
+    session.is_running() && still_running(session, now).is_none()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shell_style_arguments() {
+        let mut a = Args::default();
+        assert_eq!(a.count("--sources-archived", Some("8\n")), Some(8));
+        assert_eq!(a.count("--sources-archived", Some("0\n0")), None);
+        assert_eq!(a.pr("--pr", Some("#247")), Some(247));
+        assert_eq!(
+            a.pr("--pr", Some("https://github.com/o/r/pull/12")),
+            Some(12)
+        );
+        assert_eq!(a.pr("--pr", Some("unknown")), None);
+        assert_eq!(
+            a.duration("--timeout", Some("5400")),
+            Some(Duration::from_secs(5400))
+        );
+        assert_eq!(
+            a.duration("--timeout", Some("90m")),
+            Some(Duration::from_secs(5400))
+        );
+        assert_eq!(a.money("--cost-usd", Some("$0.42")), Some(0.42));
+        let flags: Vec<_> = a.bad.iter().map(|b| b.flag).collect();
+        assert_eq!(flags, ["--sources-archived", "--pr"]);
+    }
+
+    #[test]
+    fn our_own_process_has_a_start_time() {
+        let me = std::process::id() as i32;
+        let start = process_start(me);
+        assert!(start.is_some());
+        assert!(owner_alive(me, start));
+        assert!(!owner_alive(me, start.map(|s| s + 1)));
+    }
+}

@@ -1,0 +1,816 @@
+//! Inbox messages: the schema, validation, delivery (`send`), and the claim /
+//! acknowledge / return cycle of a session. Modelled on Maildir.
+//!
+//! A message is complete when its name appears in `inbox/`: senders write in
+//! `inbox/.tmp/`, fsync and rename in. Validation never trusts the file: it is
+//! `lstat`ed, opened without following links or blocking, read up to a limit,
+//! and parsed field by field so a rejection can say which field is wrong.
+//! Nothing here deletes input: bad files move to `rejected/` with a
+//! `.reason.json` beside them. This module never interprets message text.
+
+use std::fs;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::agent_name::{self, AgentName};
+use crate::clock::Timestamp;
+use crate::error::{Error, IoContext, Result};
+use crate::state::journal::{self, Entry, Event, MessageExpired, MessageRejected};
+use crate::state::tasks::string_enum;
+use crate::state::{AgentDir, atomic};
+
+/// Largest message file accepted.
+pub const MAX_MESSAGE_BYTES: u64 = 1 << 20;
+/// Failed deliveries after which a message is set aside as undeliverable.
+pub const MAX_ATTEMPTS: u32 = 3;
+/// How long a `.json` that does not parse yet may still be being written.
+pub const SETTLE_TIME: Duration = Duration::from_secs(5);
+/// Mode of message files: the inbox group (e.g. `teleo`) may read them.
+pub const MESSAGE_MODE: u32 = 0o660;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Message {
+    pub id: String,
+    pub from: String,
+    pub to: String,
+    pub created_at: Timestamp,
+    #[serde(rename = "type")]
+    pub kind: MessageType,
+    pub priority: Priority,
+    pub subject: String,
+    pub body: String,
+    pub source_ref: Option<String>,
+    pub expires_at: Option<Timestamp>,
+    /// Addition: failed deliveries so far.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub attempts: u32,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MessageType {
+    Flag,
+    Task,
+    Question,
+    Cascade,
+}
+string_enum!(
+    MessageType,
+    "message type",
+    Flag = "flag",
+    Task = "task",
+    Question = "question",
+    Cascade = "cascade"
+);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Priority {
+    High,
+    Normal,
+}
+string_enum!(Priority, "priority", High = "high", Normal = "normal");
+
+impl Message {
+    /// High priority first, then oldest first (then by id, for a total order).
+    pub fn delivery_order(a: &Message, b: &Message) -> std::cmp::Ordering {
+        (a.priority, a.created_at, &a.id).cmp(&(b.priority, b.created_at, &b.id))
+    }
+
+    pub fn is_expired(&self, now: Timestamp) -> bool {
+        self.expires_at.is_some_and(|t| t <= now)
+    }
+}
+
+/// Why a file is not a valid message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    pub field: Option<&'static str>,
+    pub reason: String,
+}
+
+impl Rejection {
+    fn field(field: &'static str, reason: impl Into<String>) -> Self {
+        Rejection {
+            field: Some(field),
+            reason: format!("field `{field}` {}", reason.into()),
+        }
+    }
+    fn file(reason: impl Into<String>) -> Self {
+        Rejection {
+            field: None,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Validate the bytes of a message file found in `owner`'s inbox. Pure.
+///
+/// Defaults: `id` = the file's stem, `to` = the owner, `priority` = normal,
+/// `created_at` = the file's mtime, `type` = flag, `body` = "".
+pub fn validate(
+    bytes: &[u8],
+    stem: &str,
+    owner: &AgentName,
+    mtime: Timestamp,
+) -> Result<Message, Rejection> {
+    let value: Value = serde_json::from_slice(bytes)
+        .map_err(|e| Rejection::file(format!("not valid JSON: {e}")))?;
+    let Value::Object(mut map) = value else {
+        return Err(Rejection::file("the top level must be a JSON object"));
+    };
+    let mut take_string =
+        |key: &'static str, required: bool| -> Result<Option<String>, Rejection> {
+            match map.remove(key) {
+                None | Some(Value::Null) if required => Err(Rejection::field(key, "is missing")),
+                None | Some(Value::Null) => Ok(None),
+                Some(Value::String(s)) => Ok(Some(s)),
+                Some(other) => Err(Rejection::field(
+                    key,
+                    format!("must be a string, not {}", json_type(&other)),
+                )),
+            }
+        };
+    let id = take_string("id", false)?
+        .filter(|s| !s.trim().is_empty())
+        .unwrap_or_else(|| stem.to_string());
+    let from = take_string("from", true)?.unwrap_or_default();
+    if let Some(problem) = agent_name::problem(&from) {
+        return Err(Rejection::field(
+            "from",
+            format!("{from:?} is not an agent name: {problem}"),
+        ));
+    }
+    let to = take_string("to", false)?.unwrap_or_else(|| owner.to_string());
+    if to != owner.as_str() {
+        return Err(Rejection::field(
+            "to",
+            format!("names `{to}`, but this is {owner}'s inbox"),
+        ));
+    }
+    let created_at = match take_string("created_at", false)? {
+        None => mtime,
+        Some(t) => Timestamp::parse(&t).map_err(|e| Rejection::field("created_at", e))?,
+    };
+    let kind = match take_string("type", false)? {
+        None => MessageType::Flag,
+        Some(t) => t.parse().map_err(|e: String| Rejection::field("type", e))?,
+    };
+    let priority = match take_string("priority", false)? {
+        None => Priority::Normal,
+        Some(p) => p
+            .parse()
+            .map_err(|e: String| Rejection::field("priority", e))?,
+    };
+    let subject = take_string("subject", true)?.unwrap_or_default();
+    if subject.trim().is_empty() {
+        return Err(Rejection::field("subject", "is empty"));
+    }
+    let body = take_string("body", false)?.unwrap_or_default();
+    let source_ref = take_string("source_ref", false)?;
+    let expires_at = match take_string("expires_at", false)? {
+        None => None,
+        Some(t) => Some(Timestamp::parse(&t).map_err(|e| Rejection::field("expires_at", e))?),
+    };
+    let attempts = match map.remove("attempts") {
+        None | Some(Value::Null) => 0,
+        Some(Value::Number(n)) if n.as_u64().is_some() => {
+            n.as_u64().unwrap_or(0).min(u32::MAX as u64) as u32
+        }
+        Some(other) => {
+            return Err(Rejection::field(
+                "attempts",
+                format!("must be a whole number, not {}", json_type(&other)),
+            ));
+        }
+    };
+    Ok(Message {
+        id,
+        from,
+        to,
+        created_at,
+        kind,
+        priority,
+        subject,
+        body,
+        source_ref,
+        expires_at,
+        attempts,
+        extra: map,
+    })
+}
+
+fn json_type(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// What a file waiting in an inbox turned out to be.
+#[derive(Debug)]
+pub enum Verdict {
+    Valid(Box<Message>),
+    /// Does not parse yet, but was written too recently to call it broken.
+    Unsettled(String),
+    Invalid(Rejection),
+}
+
+/// Names in `inbox/` that are messages to look at: `*.json`, not dotfiles.
+/// Editor leftovers (`*.swp`, `*~`, `#x#`, `4913`) and anything else are
+/// left alone.
+pub fn waiting_names(agent: &AgentDir) -> Result<Vec<String>> {
+    let dir = agent.inbox();
+    let mut names = Vec::new();
+    let entries = match fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(names),
+        Err(e) => return Err(Error::io("listing", &dir, e)),
+    };
+    for entry in entries {
+        let entry = entry.at("listing", &dir)?;
+        let Ok(name) = entry.file_name().into_string() else {
+            continue;
+        };
+        if is_message_name(&name) {
+            names.push(name);
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+pub fn is_message_name(name: &str) -> bool {
+    !name.starts_with('.') && name.ends_with(".json") && name.len() > ".json".len()
+}
+
+/// Look at one waiting file without moving it.
+pub fn inspect(agent: &AgentDir, name: &str, now: SystemTime) -> Verdict {
+    let path = agent.inbox().join(name);
+    let meta = match fs::symlink_metadata(&path) {
+        Ok(m) => m,
+        Err(e) => return Verdict::Invalid(Rejection::file(format!("cannot stat: {e}"))),
+    };
+    let ft = meta.file_type();
+    if ft.is_symlink() {
+        return Verdict::Invalid(Rejection::file(
+            "is a symbolic link; messages must be regular files (the link was moved, its target left untouched)",
+        ));
+    }
+    if !ft.is_file() {
+        let what = if ft.is_dir() {
+            "a directory"
+        } else if ft.is_fifo() {
+            "a FIFO"
+        } else if ft.is_socket() {
+            "a socket"
+        } else {
+            "a device or other special file"
+        };
+        return Verdict::Invalid(Rejection::file(format!(
+            "is {what}; messages must be regular files"
+        )));
+    }
+    if meta.len() > MAX_MESSAGE_BYTES {
+        return Verdict::Invalid(Rejection::file(format!(
+            "is {} bytes; the limit is {MAX_MESSAGE_BYTES} bytes (1 MiB): put large content in a file and name it in `source_ref`",
+            meta.len()
+        )));
+    }
+    let mtime = meta.modified().unwrap_or(now);
+    let (bytes, more) = match atomic::read_limited(&path, MAX_MESSAGE_BYTES) {
+        Ok(r) => r,
+        Err(e) => return Verdict::Invalid(Rejection::file(format!("cannot read: {e}"))),
+    };
+    if more {
+        return Verdict::Invalid(Rejection::file(format!(
+            "grew past the limit of {MAX_MESSAGE_BYTES} bytes while being read"
+        )));
+    }
+    let stem = name.trim_end_matches(".json");
+    let owner = &agent.name;
+    let mtime_ts = Timestamp::from_datetime(chrono::DateTime::<chrono::Utc>::from(mtime));
+    match validate(&bytes, stem, owner, mtime_ts) {
+        Ok(m) => Verdict::Valid(Box::new(m)),
+        Err(r) => {
+            let fresh = now.duration_since(mtime).unwrap_or_default() < SETTLE_TIME;
+            let unparsable = r.field.is_none();
+            if fresh && unparsable {
+                Verdict::Unsettled(r.reason)
+            } else {
+                Verdict::Invalid(r)
+            }
+        }
+    }
+}
+
+/// A unique path for `name` in `dir` (`x.json`, `x-2.json`, …).
+fn unique_in(dir: &Path, name: &str) -> PathBuf {
+    let candidate = dir.join(name);
+    if fs::symlink_metadata(&candidate).is_err() {
+        return candidate;
+    }
+    let (stem, ext) = match name.rsplit_once('.') {
+        Some((s, e)) => (s.to_string(), format!(".{e}")),
+        None => (name.to_string(), String::new()),
+    };
+    (2..)
+        .map(|n| dir.join(format!("{stem}-{n}{ext}")))
+        .find(|p| fs::symlink_metadata(p).is_err())
+        .expect("an unused name")
+}
+
+/// Move `source` (a file in one of `agent`'s inbox directories) to
+/// `rejected/`, write the reason beside it and journal it. Returns the new path.
+pub fn reject(agent: &AgentDir, source: &Path, reason: &str, now: Timestamp) -> Result<PathBuf> {
+    let rejected = agent.rejected();
+    atomic::create_dir(&rejected, 0o2770)?;
+    let name = source
+        .file_name()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .to_string();
+    let target = unique_in(&rejected, &name);
+    atomic::rename(source, &target)?;
+    let target_name = target
+        .file_name()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .to_string();
+    let reason_doc = serde_json::json!({
+        "file": target_name,
+        "original_name": name,
+        "agent": agent.name.as_str(),
+        "rejected_at": now,
+        "code": "INBOX_REJECTED",
+        "reason": reason,
+    });
+    let mut bytes = serde_json::to_vec_pretty(&reason_doc).unwrap_or_default();
+    bytes.push(b'\n');
+    atomic::write_file(
+        &rejected.join(format!("{target_name}.reason.json")),
+        &bytes,
+        0o640,
+    )?;
+    journal::append(
+        &agent.journal(),
+        &Entry::new(
+            now,
+            Event::MessageRejected(MessageRejected {
+                file: name,
+                reason: reason.to_string(),
+                moved_to: format!("inbox/rejected/{target_name}"),
+            }),
+        ),
+    )?;
+    Ok(target)
+}
+
+/// What claiming found.
+#[derive(Debug, Default)]
+pub struct Claim {
+    /// In delivery order.
+    pub claimed: Vec<Message>,
+    pub rejected: Vec<(String, String)>,
+    pub expired: Vec<String>,
+    pub unsettled: Vec<String>,
+}
+
+/// Validate every waiting message and move the valid ones to
+/// `.claimed/{session_id}/`. Call with the agent lock held.
+pub fn claim(agent: &AgentDir, session_id: &str, now: Timestamp) -> Result<Claim> {
+    let mut out = Claim::default();
+    let names = waiting_names(agent)?;
+    if names.is_empty() {
+        return Ok(out);
+    }
+    let claimed_dir = agent.claimed(session_id);
+    let now_sys: SystemTime = now.0.into();
+    // Use the real clock for settling: `now` is whole seconds.
+    let settle_now = SystemTime::now().max(now_sys);
+    for name in names {
+        let path = agent.inbox().join(&name);
+        match inspect(agent, &name, settle_now) {
+            Verdict::Unsettled(_) => out.unsettled.push(name),
+            Verdict::Invalid(r) => {
+                reject(agent, &path, &r.reason, now)?;
+                out.rejected.push((name, r.reason));
+            }
+            Verdict::Valid(m) if m.attempts >= MAX_ATTEMPTS => {
+                let reason = format!("undeliverable: {} failed delivery attempts", m.attempts);
+                reject(agent, &path, &reason, now)?;
+                out.rejected.push((name, reason));
+            }
+            Verdict::Valid(m) if m.is_expired(now) => {
+                atomic::create_dir(&agent.processed(), 0o2770)?;
+                let target = unique_in(&agent.processed(), &name);
+                atomic::rename(&path, &target)?;
+                journal::append(
+                    &agent.journal(),
+                    &Entry::new(
+                        now,
+                        Event::MessageExpired(MessageExpired {
+                            message_id: m.id.clone(),
+                            file: name.clone(),
+                        }),
+                    ),
+                )?;
+                out.expired.push(m.id.clone());
+            }
+            Verdict::Valid(m) => {
+                atomic::create_dir(&claimed_dir, 0o2770)?;
+                fs::rename(&path, claimed_dir.join(&name)).at("claiming", &path)?;
+                out.claimed.push(*m);
+            }
+        }
+    }
+    if !out.claimed.is_empty() {
+        atomic::sync_dir(&agent.inbox())?;
+        atomic::sync_dir(&claimed_dir)?;
+    }
+    out.claimed.sort_by(Message::delivery_order);
+    Ok(out)
+}
+
+/// The messages claimed by `session_id`, in delivery order, with their files.
+pub fn claimed(agent: &AgentDir, session_id: &str) -> Result<Vec<(PathBuf, Message)>> {
+    let dir = agent.claimed(session_id);
+    let mut out = Vec::new();
+    let entries = match fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(Error::io("listing", &dir, e)),
+    };
+    for entry in entries {
+        let entry = entry.at("listing", &dir)?;
+        let path = entry.path();
+        let Some(name) = entry.file_name().to_str().map(str::to_string) else {
+            continue;
+        };
+        if !is_message_name(&name) {
+            continue;
+        }
+        let stem = name.trim_end_matches(".json");
+        let bytes = fs::read(&path).at("reading", &path)?;
+        let mtime = Timestamp::now();
+        // A claimed file was valid when claimed; if someone edited it since,
+        // keep it in the session anyway with what can be read.
+        if let Ok(m) = validate(&bytes, stem, &agent.name, mtime) {
+            out.push((path, m));
+        }
+    }
+    out.sort_by(|a, b| Message::delivery_order(&a.1, &b.1));
+    Ok(out)
+}
+
+/// Session succeeded: move its claimed messages to `processed/`.
+/// Returns them. Call with the agent lock held.
+pub fn acknowledge(agent: &AgentDir, session_id: &str) -> Result<Vec<Message>> {
+    let claimed = claimed(agent, session_id)?;
+    if !claimed.is_empty() {
+        atomic::create_dir(&agent.processed(), 0o2770)?;
+    }
+    let mut out = Vec::new();
+    for (path, m) in claimed {
+        let name = path
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .to_string();
+        let target = unique_in(&agent.processed(), &name);
+        fs::rename(&path, &target).at("moving to processed/", &path)?;
+        out.push(m);
+    }
+    finish_claim_dir(agent, session_id)?;
+    Ok(out)
+}
+
+/// Session failed: put its claimed messages back in the inbox with one more
+/// attempt counted, or in `rejected/` once they reach [`MAX_ATTEMPTS`].
+/// Returns (returned ids, undeliverable ids). Call with the agent lock held.
+pub fn return_claimed(
+    agent: &AgentDir,
+    session_id: &str,
+    now: Timestamp,
+) -> Result<(Vec<String>, Vec<String>)> {
+    let mut returned = Vec::new();
+    let mut undeliverable = Vec::new();
+    let dir = agent.claimed(session_id);
+    let entries = match fs::read_dir(&dir) {
+        Ok(e) => e
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .at("listing", &dir)?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((returned, undeliverable)),
+        Err(e) => return Err(Error::io("listing", &dir, e)),
+    };
+    for entry in entries {
+        let path = entry.path();
+        let name = entry.file_name().to_string_lossy().to_string();
+        let bytes = fs::read(&path).at("reading", &path)?;
+        let stem = name.trim_end_matches(".json");
+        match validate(&bytes, stem, &agent.name, now) {
+            Ok(mut m) => {
+                m.attempts += 1;
+                if m.attempts >= MAX_ATTEMPTS {
+                    // Record the count in the file first, so the rejected
+                    // copy says how many times it was tried.
+                    write_message(&path, &m)?;
+                    let reason = format!(
+                        "undeliverable: {} sessions that claimed it failed (last: {session_id})",
+                        m.attempts
+                    );
+                    reject(agent, &path, &reason, now)?;
+                    undeliverable.push(m.id);
+                } else {
+                    write_message(&path, &m)?;
+                    let target = unique_in(&agent.inbox(), &name);
+                    fs::rename(&path, &target).at("returning to the inbox", &path)?;
+                    returned.push(m.id);
+                }
+            }
+            Err(r) => {
+                reject(
+                    agent,
+                    &path,
+                    &format!("edited while claimed: {}", r.reason),
+                    now,
+                )?;
+                undeliverable.push(stem.to_string());
+            }
+        }
+    }
+    atomic::sync_dir(&agent.inbox())?;
+    finish_claim_dir(agent, session_id)?;
+    Ok((returned, undeliverable))
+}
+
+fn finish_claim_dir(agent: &AgentDir, session_id: &str) -> Result<()> {
+    let dir = agent.claimed(session_id);
+    match fs::remove_dir(&dir) {
+        Ok(()) => atomic::sync_dir(&agent.claimed_root()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        // Something unexpected is left in it: keep it for a human.
+        Err(_) => Ok(()),
+    }
+}
+
+/// Sessions with a `.claimed/` directory.
+pub fn claimed_sessions(agent: &AgentDir) -> Result<Vec<String>> {
+    let dir = agent.claimed_root();
+    let mut out = Vec::new();
+    if let Ok(entries) = fs::read_dir(&dir) {
+        for entry in entries {
+            let entry = entry.at("listing", &dir)?;
+            if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                out.push(entry.file_name().to_string_lossy().to_string());
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+fn write_message(path: &Path, m: &Message) -> Result<()> {
+    let mut bytes = serde_json::to_vec_pretty(m).unwrap_or_default();
+    bytes.push(b'\n');
+    atomic::write_file(path, &bytes, MESSAGE_MODE)
+}
+
+/// A message to send.
+#[derive(Debug, Clone)]
+pub struct Outgoing {
+    pub from: AgentName,
+    pub kind: MessageType,
+    pub priority: Priority,
+    pub subject: String,
+    pub body: String,
+    pub source_ref: Option<String>,
+    pub expires_at: Option<Timestamp>,
+}
+
+/// Deliver `out` into `to`'s inbox: written in `inbox/.tmp/`, fsynced, renamed
+/// in, directory fsynced. Returns the message as delivered.
+pub fn deliver(to: &AgentDir, out: &Outgoing, now: Timestamp) -> Result<Message> {
+    to.require()?;
+    let id = uuid::Uuid::new_v4().to_string();
+    let message = Message {
+        id: id.clone(),
+        from: out.from.to_string(),
+        to: to.name.to_string(),
+        created_at: now,
+        kind: out.kind,
+        priority: out.priority,
+        subject: out.subject.clone(),
+        body: out.body.clone(),
+        source_ref: out.source_ref.clone(),
+        expires_at: out.expires_at,
+        attempts: 0,
+        extra: Map::new(),
+    };
+    let mut bytes = serde_json::to_vec_pretty(&message).unwrap_or_default();
+    bytes.push(b'\n');
+    if bytes.len() as u64 > MAX_MESSAGE_BYTES {
+        return Err(Error::Data(format!(
+            "the message to {} would be {} bytes; the limit is {MAX_MESSAGE_BYTES} (1 MiB): put large content in a file and name it with --source-ref",
+            to.name,
+            bytes.len()
+        )));
+    }
+    let tmp_dir = to.inbox_tmp();
+    atomic::create_dir(&tmp_dir, 0o2770)?;
+    let tmp = tmp_dir.join(format!("{id}.json"));
+    {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        use std::os::unix::fs::PermissionsExt;
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(MESSAGE_MODE)
+            .open(&tmp)
+            .at("creating", &tmp)?;
+        f.write_all(&bytes).at("writing", &tmp)?;
+        // The umask may have narrowed the mode; the inbox group must read it.
+        f.set_permissions(fs::Permissions::from_mode(MESSAGE_MODE))
+            .at("setting the mode of", &tmp)?;
+        f.sync_all().at("syncing", &tmp)?;
+    }
+    let target = to.inbox().join(format!("{id}.json"));
+    atomic::rename(&tmp, &target)?;
+    Ok(message)
+}
+
+/// A file that `inbox` lists under rejected/, with its reason if recorded.
+#[derive(Debug, Serialize)]
+pub struct RejectedFile {
+    pub file: String,
+    pub reason: Option<String>,
+    pub rejected_at: Option<String>,
+}
+
+pub fn rejected_files(agent: &AgentDir) -> Result<Vec<RejectedFile>> {
+    let dir = agent.rejected();
+    let mut out = Vec::new();
+    let Ok(entries) = fs::read_dir(&dir) else {
+        return Ok(out);
+    };
+    for entry in entries {
+        let entry = entry.at("listing", &dir)?;
+        let name = entry.file_name().to_string_lossy().to_string();
+        if name.ends_with(".reason.json") || name.starts_with('.') {
+            continue;
+        }
+        let reason_doc: Option<Value> = fs::read(dir.join(format!("{name}.reason.json")))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok());
+        out.push(RejectedFile {
+            file: name,
+            reason: reason_doc
+                .as_ref()
+                .and_then(|d| d["reason"].as_str().map(str::to_string)),
+            rejected_at: reason_doc
+                .as_ref()
+                .and_then(|d| d["rejected_at"].as_str().map(str::to_string)),
+        });
+    }
+    out.sort_by(|a, b| a.file.cmp(&b.file));
+    Ok(out)
+}
+
+/// Count of regular entries in a directory (0 if it does not exist).
+pub fn count_files(dir: &Path) -> usize {
+    fs::read_dir(dir)
+        .map(|it| {
+            it.filter_map(|e| e.ok())
+                .filter(|e| {
+                    e.metadata()
+                        .map(|m| m.is_file() && m.nlink() > 0)
+                        .unwrap_or(false)
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owner() -> AgentName {
+        AgentName::parse("rio").unwrap()
+    }
+
+    fn check(json: &str, expect: Result<(), &str>) {
+        let mtime = Timestamp::parse("2026-03-31T18:00:00Z").unwrap();
+        let got = validate(json.as_bytes(), "abc", &owner(), mtime);
+        match (got, expect) {
+            (Ok(_), Ok(())) => {}
+            (Err(r), Err(want)) => {
+                assert!(r.reason.contains(want), "{json}: {} !~ {want}", r.reason)
+            }
+            (got, want) => panic!("{json}: got {got:?}, want {want:?}"),
+        }
+    }
+
+    #[test]
+    fn the_seed_message_is_valid() {
+        let seed = r#"{ "id": "msg-abc123", "from": "theseus", "to": "rio", "created_at": "2026-03-31T18:00:00Z", "type": "flag", "priority": "high", "subject": "Check MetaDAO for AI agent participation", "body": "Found evidence.", "source_ref": "theseus/research-2026-03-31", "expires_at": null }"#;
+        check(seed, Ok(()));
+    }
+
+    #[test]
+    fn defaults_fill_missing_fields() {
+        let mtime = Timestamp::parse("2026-03-31T18:00:00Z").unwrap();
+        let m = validate(
+            br#"{"from":"leo","subject":"hi","weight":2}"#,
+            "abc",
+            &owner(),
+            mtime,
+        )
+        .unwrap();
+        assert_eq!(m.id, "abc");
+        assert_eq!(m.to, "rio");
+        assert_eq!(m.priority, Priority::Normal);
+        assert_eq!(m.created_at, mtime);
+        assert_eq!(m.kind, MessageType::Flag);
+        assert_eq!(m.extra["weight"], 2);
+    }
+
+    #[test]
+    fn bad_messages_say_which_field() {
+        let cases = [
+            ("{", "not valid JSON"),
+            ("[1]", "must be a JSON object"),
+            (r#"{"subject":"x"}"#, "field `from` is missing"),
+            (
+                r#"{"from":"../etc","subject":"x"}"#,
+                "field `from` \"../etc\" is not an agent name",
+            ),
+            (r#"{"from":"leo"}"#, "field `subject` is missing"),
+            (r#"{"from":"leo","subject":""}"#, "field `subject` is empty"),
+            (
+                r#"{"from":"leo","subject":"x","to":"leo"}"#,
+                "field `to` names `leo`, but this is rio's inbox",
+            ),
+            (
+                r#"{"from":"leo","subject":"x","type":"order"}"#,
+                "field `type` \"order\" is not a message type",
+            ),
+            (
+                r#"{"from":"leo","subject":"x","priority":"urgent"}"#,
+                "field `priority`",
+            ),
+            (
+                r#"{"from":"leo","subject":7}"#,
+                "field `subject` must be a string, not a number",
+            ),
+            (
+                r#"{"from":"leo","subject":"x","created_at":"now"}"#,
+                "field `created_at`",
+            ),
+            (
+                r#"{"from":"leo","subject":"x","attempts":"two"}"#,
+                "field `attempts`",
+            ),
+        ];
+        for (json, want) in cases {
+            check(json, Err(want));
+        }
+    }
+
+    #[test]
+    fn delivery_order_is_high_then_oldest() {
+        let mtime = Timestamp::parse("2026-03-31T18:00:00Z").unwrap();
+        let mk = |p: &str, t: &str, id: &str| {
+            validate(
+                format!(r#"{{"from":"leo","subject":"s","priority":"{p}","created_at":"{t}","id":"{id}"}}"#).as_bytes(),
+                id,
+                &owner(),
+                mtime,
+            )
+            .unwrap()
+        };
+        let mut v = [
+            mk("normal", "2026-01-01T00:00:00Z", "a"),
+            mk("high", "2026-01-03T00:00:00Z", "b"),
+            mk("high", "2026-01-02T00:00:00Z", "c"),
+        ];
+        v.sort_by(Message::delivery_order);
+        let ids: Vec<_> = v.iter().map(|m| m.id.as_str()).collect();
+        assert_eq!(ids, ["c", "b", "a"]);
+    }
+}

@@ -1,0 +1,34 @@
+//! agent-state: durable, file-backed state for headless LLM agents, the
+//! session hooks that keep it, and (later) the daemon that wakes them.
+//!
+//! ```text
+//! {state_root}/                     default /opt/teleo-eval/agent-state
+//! ├── .daemon/                      daemon-wide files (never an agent)
+//! ├── .shared/rules/*.md            rules prepended to every prompt
+//! └── {agent}/                      ^[a-z][a-z0-9_-]{0,62}$
+//!     ├── report.json  tasks.json  session.json  metrics.json   (atomic replace)
+//!     ├── journal.jsonl                                          (append-only)
+//!     ├── memory.md                                              (append under a section)
+//!     ├── inbox/{uuid}.json  inbox/.tmp/  inbox/.claimed/{session}/
+//!     │   inbox/processed/  inbox/rejected/ (+ .reason.json)
+//!     ├── sessions/
+//!     └── .lock                                                  (flock for read-modify-write)
+//! ```
+//!
+//! Module map: [`config`] reads the TOML file; [`state`] owns every file
+//! shape and the one way each is written; [`inbox`] validates, delivers and
+//! claims messages; [`hooks`] are `session begin|end|fail`; [`prompt`]
+//! assembles the rehydration prompt; [`check`] finds and repairs damage;
+//! [`cli`] is one module per subcommand.
+
+pub mod agent_name;
+pub mod check;
+pub mod cli;
+pub mod clock;
+pub mod config;
+pub mod error;
+pub mod hooks;
+pub mod inbox;
+pub mod prompt;
+pub mod schedule;
+pub mod state;

@@ -1,0 +1,149 @@
+//! The one writer of state files: atomic and durable replacement.
+//!
+//! write a temp file in the same directory → fsync it → set its mode →
+//! rename it over the target → fsync the directory. A reader sees the old
+//! file or the new one, never a mix, and after a crash the rename is either
+//! there or not. Nothing else in the crate writes a JSON state file.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::error::{Error, IoContext, Result};
+
+/// Replace `path` with `bytes`, atomically and durably, with file mode `mode`.
+pub fn write_file(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
+    let dir = parent(path);
+    let file_name = path.file_name().unwrap_or_default().to_string_lossy();
+    let mut tmp = tempfile::Builder::new()
+        .prefix(&format!(".{file_name}."))
+        .suffix(".tmp")
+        .tempfile_in(dir)
+        .at("creating a temp file in", dir)?;
+    tmp.write_all(bytes).at("writing", tmp.path())?;
+    tmp.as_file()
+        .set_permissions(fs::Permissions::from_mode(mode))
+        .at("setting the mode of", tmp.path())?;
+    tmp.as_file().sync_all().at("syncing", tmp.path())?;
+    tmp.persist(path)
+        .map_err(|e| Error::io("renaming a temp file over", path, e.error))?;
+    sync_dir(dir)
+}
+
+/// Serialize `value` as pretty JSON (plus a final newline) and replace `path`.
+pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+    let mut bytes = serde_json::to_vec_pretty(value)
+        .map_err(|e| Error::Data(format!("cannot serialize {}: {e}", path.display())))?;
+    bytes.push(b'\n');
+    write_file(path, &bytes, super::STATE_FILE_MODE)
+}
+
+/// Read a JSON state file. `Ok(None)` if it does not exist; a
+/// [`Error::Corrupt`] naming the file if it does not parse.
+pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>> {
+    let bytes = match fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io("reading", path, e)),
+    };
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| Error::Corrupt {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })
+}
+
+/// Create `path` with `bytes` only if it does not exist yet (O_EXCL), durably.
+/// Returns whether it was created.
+pub fn create_new(path: &Path, bytes: &[u8], mode: u32) -> Result<bool> {
+    // Write under a temp name and link it into place, so a crash never leaves
+    // a half-written file under the real name.
+    let dir = parent(path);
+    let file_name = path.file_name().unwrap_or_default().to_string_lossy();
+    let mut tmp = tempfile::Builder::new()
+        .prefix(&format!(".{file_name}."))
+        .suffix(".tmp")
+        .tempfile_in(dir)
+        .at("creating a temp file in", dir)?;
+    tmp.write_all(bytes).at("writing", tmp.path())?;
+    tmp.as_file()
+        .set_permissions(fs::Permissions::from_mode(mode))
+        .at("setting the mode of", tmp.path())?;
+    tmp.as_file().sync_all().at("syncing", tmp.path())?;
+    match tmp.persist_noclobber(path) {
+        Ok(_) => {
+            sync_dir(dir)?;
+            Ok(true)
+        }
+        Err(e) if e.error.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(Error::io("creating", path, e.error)),
+    }
+}
+
+/// Rename `from` to `to` and make both directory entries durable.
+pub fn rename(from: &Path, to: &Path) -> Result<()> {
+    fs::rename(from, to).map_err(|e| {
+        Error::io(
+            "renaming",
+            from,
+            io::Error::new(e.kind(), format!("to {}: {e}", to.display())),
+        )
+    })?;
+    sync_dir(parent(to))?;
+    if parent(from) != parent(to) {
+        sync_dir(parent(from))?;
+    }
+    Ok(())
+}
+
+pub fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .at("syncing directory", dir)
+}
+
+/// `mkdir -p` with a mode for the directories it creates.
+pub fn create_dir(path: &Path, mode: u32) -> Result<bool> {
+    if path.is_dir() {
+        return Ok(false);
+    }
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(mode)
+        .create(path)
+        .at("creating directory", path)?;
+    // The umask narrows the mode given to mkdir; inbox directories must be
+    // group-writable whatever the umask of whoever created them.
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).at("setting the mode of", path)?;
+    Ok(true)
+}
+
+/// Read at most `limit` bytes of a file without following a symlink and
+/// without blocking on a FIFO. Returns the bytes and whether there was more.
+pub fn read_limited(path: &Path, limit: u64) -> io::Result<(Vec<u8>, bool)> {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc_flags())
+        .open(path)?;
+    let mut buf = Vec::new();
+    file.take(limit + 1).read_to_end(&mut buf)?;
+    let more = buf.len() as u64 > limit;
+    buf.truncate(limit as usize);
+    Ok((buf, more))
+}
+
+fn libc_flags() -> i32 {
+    (nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK).bits()
+}
+
+fn parent(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+}

@@ -1,0 +1,350 @@
+//! `journal.jsonl`: the append-only event log of an agent, and the source of
+//! truth that metrics, reports and tasks can be rebuilt from.
+//!
+//! Appends are one whole line per `write(2)` on an `O_APPEND` descriptor,
+//! fsynced. A crash can leave a torn last line; the next append starts on a
+//! fresh line, and readers skip torn lines and count them, never fail on them.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, BufRead, BufReader, Write};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::session::SessionType;
+use super::tasks::{TaskPriority, TaskStatus, TaskType};
+use crate::clock::Timestamp;
+use crate::error::{IoContext, Result};
+use crate::inbox::MessageType;
+
+/// One journal line: a time and an event.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Entry {
+    pub ts: Timestamp,
+    #[serde(flatten)]
+    pub event: Event,
+}
+
+/// Every event this crate writes. Events written by other tools (an agent's
+/// own `orient_complete`, say) read as [`Event::Other`] and are kept in the
+/// file untouched.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event {
+    Bootstrap(Bootstrap),
+    SessionStart(SessionStart),
+    SessionUpdated(SessionUpdated),
+    SessionEnd(SessionEnd),
+    Error(SessionFailed),
+    Timeout(SessionFailed),
+    TaskAdded(TaskAdded),
+    TaskUpdated(TaskUpdated),
+    MessageSent(MessageSent),
+    MessageRejected(MessageRejected),
+    MessageExpired(MessageExpired),
+    Record(Record),
+    StateRepaired(StateRepaired),
+    #[serde(other)]
+    Other,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Bootstrap {
+    pub created: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct SessionStart {
+    pub session_id: String,
+    #[serde(rename = "type")]
+    pub kind: SessionType,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub branch: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub research_question: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disconfirmation_target: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub messages: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_pid: Option<i32>,
+}
+
+/// A script joined a running session and added fields to it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct SessionUpdated {
+    pub session_id: String,
+    #[serde(default)]
+    pub fields: Vec<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub disconfirmation_target_added: bool,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct SessionEnd {
+    pub session_id: String,
+    pub outcome: String,
+    #[serde(default)]
+    pub sources_archived: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handoff: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_priority: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub branch: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pr_number: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_used: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<f64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub messages_processed: Vec<String>,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub flags_received: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_seconds: Option<i64>,
+}
+
+/// The `error` and `timeout` events.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct SessionFailed {
+    pub session_id: String,
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub messages_returned: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub messages_undeliverable: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_seconds: Option<i64>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct TaskAdded {
+    pub task_id: String,
+    #[serde(rename = "type")]
+    pub kind: TaskType,
+    pub description: String,
+    pub priority: TaskPriority,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub follow_up_from: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_message: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct TaskUpdated {
+    pub task_id: String,
+    pub status: TaskStatus,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MessageSent {
+    pub message_id: String,
+    pub to: String,
+    #[serde(rename = "type")]
+    pub kind: MessageType,
+    pub subject: String,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct MessageRejected {
+    pub file: String,
+    pub reason: String,
+    pub moved_to: String,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct MessageExpired {
+    pub message_id: String,
+    pub file: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Record {
+    pub claims_proposed: u64,
+    pub claims_accepted: u64,
+    pub claims_challenged: u64,
+    pub claims_rejected: u64,
+    pub disconfirmation_hits: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct StateRepaired {
+    pub file: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub set_aside_as: Option<String>,
+    pub rebuilt_from: String,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl Entry {
+    pub fn new(ts: Timestamp, event: Event) -> Entry {
+        Entry { ts, event }
+    }
+
+    pub fn to_line(&self) -> Vec<u8> {
+        // serde_json escapes newlines inside strings, so this is one line.
+        let mut line = serde_json::to_vec(self).expect("journal entries always serialize");
+        line.push(b'\n');
+        line
+    }
+}
+
+/// Append one entry as one whole line, durably. Call with the agent lock held.
+pub fn append(path: &Path, entry: &Entry) -> Result<()> {
+    append_lines(path, &entry.to_line())
+}
+
+/// Append already-formatted whole lines in one write.
+pub fn append_lines(path: &Path, lines: &[u8]) -> Result<()> {
+    let mut file = OpenOptions::new()
+        .read(true)
+        .append(true)
+        .create(true)
+        .mode(0o644)
+        .open(path)
+        .at("opening journal", path)?;
+    let len = file.metadata().at("reading journal", path)?.len();
+    let mut buf = Vec::with_capacity(lines.len() + 1);
+    // A crash can leave a torn last line without its newline; start on a
+    // fresh line so this entry does not get glued to it.
+    if len > 0 && !ends_with_newline(&file, len).at("reading journal", path)? {
+        buf.push(b'\n');
+    }
+    buf.extend_from_slice(lines);
+    file.write_all(&buf).at("appending to journal", path)?;
+    file.sync_data().at("syncing journal", path)?;
+    if len == 0 {
+        super::atomic::sync_dir(path.parent().unwrap_or(Path::new(".")))?;
+    }
+    Ok(())
+}
+
+fn ends_with_newline(file: &File, len: u64) -> io::Result<bool> {
+    let mut last = [0u8];
+    file.read_exact_at(&mut last, len - 1)?;
+    Ok(last[0] == b'\n')
+}
+
+/// What reading a journal found.
+#[derive(Debug, Default)]
+pub struct Scan {
+    pub entries: Vec<Entry>,
+    /// Lines that are not JSON at all (a crash mid-write, a bad hand edit).
+    pub torn: Vec<TornLine>,
+    /// Lines that are JSON but not a readable event (wrong field types).
+    pub unreadable: Vec<TornLine>,
+    pub lines: usize,
+}
+
+#[derive(Debug, Clone)]
+pub struct TornLine {
+    /// 1-based line number.
+    pub line: usize,
+    pub text: String,
+}
+
+/// Read every entry. A missing journal is an empty one.
+pub fn read(path: &Path) -> Result<Scan> {
+    let file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Scan::default()),
+        Err(e) => return Err(crate::error::Error::io("opening journal", path, e)),
+    };
+    let mut scan = Scan::default();
+    let mut reader = BufReader::new(file);
+    let mut raw = Vec::new();
+    loop {
+        raw.clear();
+        let n = reader
+            .read_until(b'\n', &mut raw)
+            .at("reading journal", path)?;
+        if n == 0 {
+            break;
+        }
+        scan.lines += 1;
+        let text = String::from_utf8_lossy(&raw);
+        let text = text.trim_end_matches(['\n', '\r']);
+        if text.trim().is_empty() {
+            continue;
+        }
+        match serde_json::from_str::<Entry>(text) {
+            Ok(entry) => scan.entries.push(entry),
+            Err(_) => {
+                let torn = TornLine {
+                    line: scan.lines,
+                    text: text.chars().take(200).collect(),
+                };
+                if serde_json::from_str::<serde_json::Value>(text).is_ok() {
+                    scan.unreadable.push(torn);
+                } else {
+                    scan.torn.push(torn);
+                }
+            }
+        }
+    }
+    Ok(scan)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_look_like_the_seed() {
+        let e = Entry::new(
+            Timestamp::parse("2026-03-31T20:30:00Z").unwrap(),
+            Event::SessionStart(SessionStart {
+                session_id: "20260331-220000".into(),
+                kind: SessionType::Research,
+                ..SessionStart::default()
+            }),
+        );
+        assert_eq!(
+            String::from_utf8(e.to_line()).unwrap(),
+            "{\"ts\":\"2026-03-31T20:30:00Z\",\"event\":\"session_start\",\"session_id\":\"20260331-220000\",\"type\":\"research\"}\n"
+        );
+    }
+
+    #[test]
+    fn foreign_events_read_as_other() {
+        let line = r#"{"ts":"2026-03-31T20:35:00Z","event":"orient_complete","files_read":["identity.md"]}"#;
+        let e: Entry = serde_json::from_str(line).unwrap();
+        assert!(matches!(e.event, Event::Other));
+    }
+
+    #[test]
+    fn torn_lines_are_skipped_and_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal.jsonl");
+        let good = Entry::new(Timestamp::now(), Event::Record(Record::default()));
+        append(&path, &good).unwrap();
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap()
+            .write_all(b"{\"ts\":\"2026-03-31T20:35:00Z\",\"ev")
+            .unwrap();
+        append(&path, &good).unwrap();
+        let scan = read(&path).unwrap();
+        assert_eq!(scan.entries.len(), 2);
+        assert_eq!(scan.torn.len(), 1);
+        assert_eq!(scan.torn[0].line, 2);
+    }
+}

@@ -1,0 +1,33 @@
+//! The per-agent lock: `{agent}/.lock`, held (flock, exclusive) for every
+//! read-modify-write of the agent's files by the CLI and the daemon alike.
+//!
+//! flock is released by the kernel when the holder dies, so a killed hook can
+//! never leave an agent locked.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::OpenOptionsExt;
+
+use nix::fcntl::{Flock, FlockArg};
+
+use super::AgentDir;
+use crate::error::{Error, IoContext, Result};
+
+/// Held while alive; dropping it releases the lock.
+pub struct AgentLock {
+    _lock: Flock<File>,
+}
+
+/// Block until `agent`'s lock is ours.
+pub fn lock(agent: &AgentDir) -> Result<AgentLock> {
+    let path = agent.lock_file();
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o660)
+        .open(&path)
+        .at("opening lock file", &path)?;
+    let lock = Flock::lock(file, FlockArg::LockExclusive)
+        .map_err(|(_, errno)| Error::io("locking", &path, errno.into()))?;
+    Ok(AgentLock { _lock: lock })
+}

@@ -1,0 +1,144 @@
+//! `memory.md`: the agent's cross-session memory, in Markdown.
+//!
+//! The agent edits this file too, so the tool's only operation is to append
+//! lines under a named `## ` section (creating the section at the end if it is
+//! missing). Every other byte of the file stays as it was.
+
+use std::path::Path;
+
+use crate::agent_name::AgentName;
+use crate::error::{Error, Result};
+
+/// The five sections of the seed's memory.md, in order.
+pub const SECTIONS: [&str; 5] = [
+    "Cross-Session Patterns",
+    "Dead Ends (don't re-investigate)",
+    "Open Questions",
+    "Corrections",
+    "Cross-Agent Flags Received",
+];
+
+pub const FLAGS_SECTION: &str = "Cross-Agent Flags Received";
+
+/// The memory.md a new agent starts with.
+pub fn template(agent: &AgentName) -> String {
+    let mut text = format!("# {} — Operational Memory\n", agent.title());
+    for section in SECTIONS {
+        text.push_str(&format!("\n## {section}\n"));
+    }
+    text
+}
+
+/// `text` with `entries` (one line each) appended to the end of the content of
+/// section `## {section}`. Pure; see the module docs for what "append" means.
+pub fn append_under(text: &str, section: &str, entries: &[String]) -> String {
+    let heading = format!("## {section}");
+    let lines: Vec<&str> = text.split_inclusive('\n').collect();
+    let mut block = String::new();
+    for entry in entries {
+        block.push_str(entry.trim_end_matches('\n'));
+        block.push('\n');
+    }
+    let Some(start) = lines.iter().position(|l| l.trim_end() == heading) else {
+        let mut out = text.to_string();
+        if !out.is_empty() && !out.ends_with('\n') {
+            out.push('\n');
+        }
+        if !out.is_empty() {
+            out.push('\n');
+        }
+        out.push_str(&heading);
+        out.push('\n');
+        out.push_str(&block);
+        return out;
+    };
+    let end = lines[start + 1..]
+        .iter()
+        .position(|l| l.starts_with("# ") || l.starts_with("## "))
+        .map(|i| start + 1 + i)
+        .unwrap_or(lines.len());
+    // Insert after the section's last non-blank line, so the blank line(s)
+    // separating it from the next heading stay where they were.
+    let insert_at = (start + 1..end)
+        .rev()
+        .find(|&i| !lines[i].trim().is_empty())
+        .map(|i| i + 1)
+        .unwrap_or(start + 1);
+    let mut out = String::with_capacity(text.len() + block.len() + 1);
+    for line in &lines[..insert_at] {
+        out.push_str(line);
+    }
+    if !out.ends_with('\n') {
+        out.push('\n');
+    }
+    out.push_str(&block);
+    for line in &lines[insert_at..] {
+        out.push_str(line);
+    }
+    out
+}
+
+/// Append `entries` under `section` of the memory file at `path`.
+/// Call with the agent lock held.
+pub fn append_entries(path: &Path, section: &str, entries: &[String]) -> Result<()> {
+    if entries.is_empty() {
+        return Ok(());
+    }
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(Error::io("reading", path, e)),
+    };
+    let updated = append_under(&text, section, entries);
+    super::atomic::write_file(path, updated.as_bytes(), super::STATE_FILE_MODE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(before: &str, section: &str, after: &str) {
+        assert_eq!(append_under(before, section, &["- new".to_string()]), after);
+    }
+
+    #[test]
+    fn appends_at_the_end_of_a_section() {
+        check(
+            "# R\n\n## A\n- one\n\n## B\n- two\n",
+            "A",
+            "# R\n\n## A\n- one\n- new\n\n## B\n- two\n",
+        );
+        check("# R\n\n## A\n\n## B\n", "A", "# R\n\n## A\n- new\n\n## B\n");
+        check("# R\n\n## B\n- two\n", "B", "# R\n\n## B\n- two\n- new\n");
+    }
+
+    #[test]
+    fn subsections_belong_to_their_section() {
+        check(
+            "## A\n### sub\n- x\n\n## B\n",
+            "A",
+            "## A\n### sub\n- x\n- new\n\n## B\n",
+        );
+    }
+
+    #[test]
+    fn missing_sections_are_created_at_the_end() {
+        check("# R\n", "Discoveries", "# R\n\n## Discoveries\n- new\n");
+        check("# R", "Discoveries", "# R\n\n## Discoveries\n- new\n");
+        check("", "Discoveries", "## Discoveries\n- new\n");
+    }
+
+    #[test]
+    fn a_last_line_without_newline_is_completed_not_changed() {
+        check("## A\n- one", "A", "## A\n- one\n- new\n");
+    }
+
+    #[test]
+    fn template_has_the_five_sections() {
+        let t = template(&AgentName::parse("rio").unwrap());
+        assert!(t.starts_with("# Rio — Operational Memory\n"));
+        for s in SECTIONS {
+            assert!(t.contains(&format!("\n## {s}\n")));
+        }
+    }
+}

@@ -1,0 +1,255 @@
+//! The on-disk state of every agent: the layout (paths), the typed file
+//! shapes, and the only ways they are written.
+//!
+//! Layout (see DESIGN.md, "On-disk layout"):
+//!
+//! ```text
+//! {state_root}/.daemon/            daemon-wide files
+//! {state_root}/.shared/rules/*.md  rules prepended to every prompt
+//! {state_root}/{agent}/            report.json tasks.json session.json memory.md
+//!                                  journal.jsonl metrics.json inbox/ sessions/ .lock
+//! ```
+//!
+//! Every JSON file is written through [`atomic`], every journal line through
+//! [`journal`], and every read-modify-write happens under [`lock`].
+
+pub mod atomic;
+pub mod bootstrap;
+pub mod journal;
+pub mod lock;
+pub mod memory;
+pub mod metrics;
+pub mod rebuild;
+pub mod report;
+pub mod session;
+pub mod tasks;
+
+use std::path::{Path, PathBuf};
+
+use crate::agent_name::AgentName;
+use crate::error::{Error, Result};
+
+/// Mode of state files: readable by pipelines and humans, written by us.
+pub const STATE_FILE_MODE: u32 = 0o644;
+
+/// The root of all agents' state.
+#[derive(Debug, Clone)]
+pub struct StateRoot {
+    pub path: PathBuf,
+}
+
+impl StateRoot {
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        StateRoot { path: path.into() }
+    }
+
+    pub fn agent(&self, name: &AgentName) -> AgentDir {
+        AgentDir {
+            name: name.clone(),
+            path: self.path.join(name.as_str()),
+        }
+    }
+
+    pub fn daemon_dir(&self) -> PathBuf {
+        self.path.join(".daemon")
+    }
+
+    pub fn shared_rules_dir(&self) -> PathBuf {
+        self.path.join(".shared").join("rules")
+    }
+}
+
+/// One agent's directory and the paths inside it.
+#[derive(Debug, Clone)]
+pub struct AgentDir {
+    pub name: AgentName,
+    pub path: PathBuf,
+}
+
+impl AgentDir {
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.path.join(name)
+    }
+    pub fn report(&self) -> PathBuf {
+        self.file("report.json")
+    }
+    pub fn tasks(&self) -> PathBuf {
+        self.file("tasks.json")
+    }
+    pub fn session(&self) -> PathBuf {
+        self.file("session.json")
+    }
+    pub fn memory(&self) -> PathBuf {
+        self.file("memory.md")
+    }
+    pub fn journal(&self) -> PathBuf {
+        self.file("journal.jsonl")
+    }
+    pub fn metrics(&self) -> PathBuf {
+        self.file("metrics.json")
+    }
+    pub fn lock_file(&self) -> PathBuf {
+        self.file(".lock")
+    }
+    pub fn inbox(&self) -> PathBuf {
+        self.file("inbox")
+    }
+    pub fn inbox_tmp(&self) -> PathBuf {
+        self.inbox().join(".tmp")
+    }
+    pub fn claimed_root(&self) -> PathBuf {
+        self.inbox().join(".claimed")
+    }
+    pub fn claimed(&self, session_id: &str) -> PathBuf {
+        self.claimed_root().join(session_id)
+    }
+    pub fn processed(&self) -> PathBuf {
+        self.inbox().join("processed")
+    }
+    pub fn rejected(&self) -> PathBuf {
+        self.inbox().join("rejected")
+    }
+    pub fn sessions_dir(&self) -> PathBuf {
+        self.file("sessions")
+    }
+
+    /// Fail with a message that says how to fix it when the agent was never
+    /// bootstrapped (rather than an ENOENT on some inner file).
+    pub fn require(&self) -> Result<()> {
+        if self.path.is_dir() {
+            Ok(())
+        } else {
+            Err(Error::NotBootstrapped {
+                agent: self.name.to_string(),
+                path: self.path.clone(),
+            })
+        }
+    }
+
+    /// Every directory a working agent needs, in creation order.
+    pub fn directories(&self) -> Vec<PathBuf> {
+        vec![
+            self.path.clone(),
+            self.inbox(),
+            self.inbox_tmp(),
+            self.claimed_root(),
+            self.processed(),
+            self.rejected(),
+            self.sessions_dir(),
+        ]
+    }
+}
+
+/// The name of a set-aside copy: `report.json.corrupt-20260331T220000Z`.
+pub fn set_aside_name(path: &Path, label: &str, stamp: &str) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".{label}-{stamp}"));
+    let candidate = path.with_file_name(&name);
+    if !candidate.exists() {
+        return candidate;
+    }
+    (2..)
+        .map(|n| {
+            let mut n_name = name.clone();
+            n_name.push(format!("-{n}"));
+            path.with_file_name(n_name)
+        })
+        .find(|p| !p.exists())
+        .expect("an unused name")
+}
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::clock::Timestamp;
+use lock::AgentLock;
+use rebuild::StateFileKind;
+
+/// A JSON state file of an agent.
+pub trait StateDoc: Serialize + DeserializeOwned {
+    const KIND: StateFileKind;
+    /// The document for an agent that has none yet (lazy defaults).
+    fn fresh(agent: &str) -> Self;
+}
+
+impl StateDoc for report::Report {
+    const KIND: StateFileKind = StateFileKind::Report;
+    fn fresh(agent: &str) -> Self {
+        report::Report::new(agent)
+    }
+}
+
+impl StateDoc for tasks::TaskFile {
+    const KIND: StateFileKind = StateFileKind::Tasks;
+    fn fresh(agent: &str) -> Self {
+        tasks::TaskFile::new(agent)
+    }
+}
+
+impl StateDoc for session::Session {
+    const KIND: StateFileKind = StateFileKind::Session;
+    fn fresh(agent: &str) -> Self {
+        session::Session {
+            agent: agent.to_string(),
+            ..session::Session::default()
+        }
+    }
+}
+
+impl StateDoc for metrics::Metrics {
+    const KIND: StateFileKind = StateFileKind::Metrics;
+    fn fresh(agent: &str) -> Self {
+        metrics::Metrics::new(agent)
+    }
+}
+
+impl AgentDir {
+    /// Read a state document without the lock (a consistent snapshot, thanks
+    /// to atomic replacement). `None` if the file does not exist.
+    pub fn read<T: StateDoc>(&self) -> Result<Option<T>> {
+        atomic::read_json(&self.file(T::KIND.file_name()))
+    }
+
+    /// Read a state document for a read-modify-write. A missing file reads as
+    /// its lazy default; a corrupt one is set aside and rebuilt from the
+    /// journal (said in `notes`), so one bad file never stops a hook.
+    pub fn load<T: StateDoc>(
+        &self,
+        _lock: &AgentLock,
+        now: Timestamp,
+        notes: &mut Vec<String>,
+    ) -> Result<T> {
+        let path = self.file(T::KIND.file_name());
+        let doc = match atomic::read_json::<T>(&path) {
+            Err(Error::Corrupt { .. }) => {
+                notes.push(rebuild::repair(self, T::KIND, now)?);
+                atomic::read_json::<T>(&path)?
+            }
+            other => other?,
+        };
+        Ok(doc.unwrap_or_else(|| T::fresh(self.name.as_str())))
+    }
+
+    /// Replace a state document (atomically, durably).
+    pub fn save<T: StateDoc>(&self, _lock: &AgentLock, doc: &T) -> Result<()> {
+        atomic::write_json(&self.file(T::KIND.file_name()), doc)
+    }
+
+    /// Take this agent's lock.
+    pub fn lock(&self) -> Result<AgentLock> {
+        self.require()?;
+        lock::lock(self)
+    }
+
+    /// Append to this agent's journal.
+    pub fn journal_append(
+        &self,
+        _lock: &AgentLock,
+        now: Timestamp,
+        event: journal::Event,
+    ) -> Result<journal::Entry> {
+        let entry = journal::Entry::new(now, event);
+        journal::append(&self.journal(), &entry)?;
+        Ok(entry)
+    }
+}

@@ -1,0 +1,88 @@
+//! `report.json`: the agent's current status, read by pipelines at any moment.
+//!
+//! Seed fields keep their names and types; additions (`current_session`,
+//! `last_session.reason`) are written only when set, and fields other tools
+//! added are carried through every rewrite in `extra`.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::session::{SessionStatus, SessionType};
+use crate::clock::Timestamp;
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Report {
+    pub agent: String,
+    pub updated_at: Option<Timestamp>,
+    pub status: AgentStatus,
+    pub summary: Option<String>,
+    pub current_task: Option<String>,
+    pub last_session: Option<LastSession>,
+    pub blocked_by: Option<String>,
+    pub next_priority: Option<String>,
+    /// Addition: the id of the session running now, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub current_session: Option<String>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AgentStatus {
+    #[default]
+    Idle,
+    Researching,
+    Extracting,
+    Evaluating,
+    Error,
+}
+
+impl AgentStatus {
+    /// What the agent is doing during a session of this type. An ad-hoc
+    /// session has no status of its own in the seed; it reads as research.
+    pub fn for_session(kind: SessionType) -> AgentStatus {
+        match kind {
+            SessionType::Research | SessionType::AdHoc => AgentStatus::Researching,
+            SessionType::Extract => AgentStatus::Extracting,
+            SessionType::Evaluate => AgentStatus::Evaluating,
+        }
+    }
+
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            AgentStatus::Idle => "idle",
+            AgentStatus::Researching => "researching",
+            AgentStatus::Extracting => "extracting",
+            AgentStatus::Evaluating => "evaluating",
+            AgentStatus::Error => "error",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LastSession {
+    pub id: String,
+    pub started_at: Option<Timestamp>,
+    pub ended_at: Option<Timestamp>,
+    pub outcome: Option<SessionStatus>,
+    pub sources_archived: Option<u64>,
+    pub branch: Option<String>,
+    pub pr_number: Option<u64>,
+    /// Addition: why a session ended in error or timeout.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+impl Report {
+    pub fn new(agent: &str) -> Report {
+        Report {
+            agent: agent.to_string(),
+            ..Report::default()
+        }
+    }
+}

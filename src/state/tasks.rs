@@ -1,0 +1,295 @@
+//! `tasks.json`: the agent's task queue, and the pure operations on it.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::clock::Timestamp;
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TaskFile {
+    pub agent: String,
+    pub updated_at: Option<Timestamp>,
+    pub tasks: Vec<Task>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Task {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: TaskType,
+    pub description: String,
+    pub status: TaskStatus,
+    pub priority: TaskPriority,
+    pub created_at: Option<Timestamp>,
+    pub context: Option<String>,
+    pub follow_up_from: Option<String>,
+    pub completed_at: Option<Timestamp>,
+    pub outcome: Option<String>,
+    /// Addition: the inbox message this task came from, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source_message: Option<String>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+macro_rules! string_enum {
+    ($name:ident, $what:literal, $($variant:ident = $text:literal),+ $(,)?) => {
+        impl $name {
+            pub const ALL: &'static [&'static str] = &[$($text),+];
+            pub fn as_str(&self) -> &'static str {
+                match self { $($name::$variant => $text),+ }
+            }
+        }
+        impl std::str::FromStr for $name {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, String> {
+                match s {
+                    $($text => Ok($name::$variant),)+
+                    other => Err(format!(
+                        "{other:?} is not a {}; use one of: {}",
+                        $what,
+                        Self::ALL.join(", ")
+                    )),
+                }
+            }
+        }
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+pub(crate) use string_enum;
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TaskType {
+    #[default]
+    Research,
+    Extract,
+    Evaluate,
+    FollowUp,
+    Disconfirm,
+}
+string_enum!(
+    TaskType,
+    "task type",
+    Research = "research",
+    Extract = "extract",
+    Evaluate = "evaluate",
+    FollowUp = "follow-up",
+    Disconfirm = "disconfirm"
+);
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskStatus {
+    #[default]
+    Pending,
+    Active,
+    Completed,
+    Dropped,
+}
+string_enum!(
+    TaskStatus,
+    "task status",
+    Pending = "pending",
+    Active = "active",
+    Completed = "completed",
+    Dropped = "dropped"
+);
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskPriority {
+    High,
+    #[default]
+    Medium,
+    Low,
+}
+string_enum!(
+    TaskPriority,
+    "task priority",
+    High = "high",
+    Medium = "medium",
+    Low = "low"
+);
+
+impl TaskFile {
+    pub fn new(agent: &str) -> TaskFile {
+        TaskFile {
+            agent: agent.to_string(),
+            ..TaskFile::default()
+        }
+    }
+
+    /// The next id in the agent's `task-001`, `task-002`, … sequence: one
+    /// past the highest number present, so ids are never reused.
+    pub fn next_id(&self) -> String {
+        let highest = self
+            .tasks
+            .iter()
+            .filter_map(|t| t.id.strip_prefix("task-")?.parse::<u64>().ok())
+            .max()
+            .unwrap_or(0);
+        format!("task-{:03}", highest + 1)
+    }
+
+    pub fn find_mut(&mut self, id: &str) -> Option<&mut Task> {
+        self.tasks.iter_mut().find(|t| t.id == id)
+    }
+
+    pub fn open_tasks(&self) -> impl Iterator<Item = &Task> {
+        self.tasks
+            .iter()
+            .filter(|t| matches!(t.status, TaskStatus::Pending | TaskStatus::Active))
+    }
+}
+
+impl Task {
+    /// Apply a status change; a task that is finished gets its completion time.
+    pub fn set_status(&mut self, status: TaskStatus, outcome: Option<String>, now: Timestamp) {
+        self.status = status;
+        if outcome.is_some() {
+            self.outcome = outcome;
+        }
+        match status {
+            TaskStatus::Completed | TaskStatus::Dropped => self.completed_at = Some(now),
+            TaskStatus::Pending | TaskStatus::Active => self.completed_at = None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_continue_past_the_highest() {
+        let mut f = TaskFile::new("rio");
+        assert_eq!(f.next_id(), "task-001");
+        f.tasks.push(Task {
+            id: "task-007".into(),
+            ..Task::default()
+        });
+        f.tasks.push(Task {
+            id: "custom".into(),
+            ..Task::default()
+        });
+        assert_eq!(f.next_id(), "task-008");
+    }
+
+    #[test]
+    fn unknown_fields_survive() {
+        let text = r#"{"agent":"rio","tasks":[{"id":"task-001","description":"x","weight":3}],"owner":"pipeline"}"#;
+        let f: TaskFile = serde_json::from_str(text).unwrap();
+        let back = serde_json::to_value(&f).unwrap();
+        assert_eq!(back["owner"], "pipeline");
+        assert_eq!(back["tasks"][0]["weight"], 3);
+        assert_eq!(back["tasks"][0]["status"], "pending");
+    }
+}
+
+use super::AgentDir;
+use super::journal::{Event, TaskAdded, TaskUpdated};
+use super::lock::AgentLock;
+use crate::error::{Error, Result};
+
+/// A task to add.
+#[derive(Debug, Clone, Default)]
+pub struct NewTask {
+    pub kind: TaskType,
+    pub description: String,
+    pub priority: TaskPriority,
+    pub context: Option<String>,
+    pub follow_up_from: Option<String>,
+    pub source_message: Option<String>,
+}
+
+/// Add a pending task with the next id; journaled. Returns it.
+pub fn add(
+    dir: &AgentDir,
+    lock: &AgentLock,
+    new: NewTask,
+    now: Timestamp,
+    notes: &mut Vec<String>,
+) -> Result<Task> {
+    let mut file: TaskFile = dir.load(lock, now, notes)?;
+    let task = Task {
+        id: file.next_id(),
+        kind: new.kind,
+        description: new.description,
+        status: TaskStatus::Pending,
+        priority: new.priority,
+        created_at: Some(now),
+        context: new.context,
+        follow_up_from: new.follow_up_from,
+        completed_at: None,
+        outcome: None,
+        source_message: new.source_message,
+        extra: Map::new(),
+    };
+    dir.journal_append(
+        lock,
+        now,
+        Event::TaskAdded(TaskAdded {
+            task_id: task.id.clone(),
+            kind: task.kind,
+            description: task.description.clone(),
+            priority: task.priority,
+            context: task.context.clone(),
+            follow_up_from: task.follow_up_from.clone(),
+            source_message: task.source_message.clone(),
+        }),
+    )?;
+    file.agent = dir.name.to_string();
+    file.updated_at = Some(now);
+    file.tasks.push(task.clone());
+    dir.save(lock, &file)?;
+    Ok(task)
+}
+
+/// Change a task's status; journaled. Returns the task as it is now.
+pub fn update(
+    dir: &AgentDir,
+    lock: &AgentLock,
+    id: &str,
+    status: TaskStatus,
+    outcome: Option<String>,
+    now: Timestamp,
+    notes: &mut Vec<String>,
+) -> Result<Task> {
+    let mut file: TaskFile = dir.load(lock, now, notes)?;
+    let known: Vec<String> = file.tasks.iter().map(|t| t.id.clone()).collect();
+    let Some(task) = file.find_mut(id) else {
+        return Err(Error::NotFound(format!(
+            "{}: no task `{id}` in {}; known tasks: {}",
+            dir.name,
+            dir.tasks().display(),
+            if known.is_empty() {
+                "none".to_string()
+            } else {
+                known.join(", ")
+            }
+        )));
+    };
+    task.set_status(status, outcome.clone(), now);
+    let task = task.clone();
+    dir.journal_append(
+        lock,
+        now,
+        Event::TaskUpdated(TaskUpdated {
+            task_id: id.to_string(),
+            status,
+            outcome,
+        }),
+    )?;
+    file.updated_at = Some(now);
+    dir.save(lock, &file)?;
+    Ok(task)
+}
