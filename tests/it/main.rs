@@ -1,0 +1,14 @@
+//! Integration tests: the real `agent-state` binary on temporary state roots.
+//!
+//! One test binary with a module per area (see rust-analyzer's "one
+//! integration test binary" advice); `support` builds the environments.
+
+mod support;
+
+mod bootstrap;
+mod check;
+mod concurrency;
+mod hooks;
+mod hostile;
+mod messages;
+mod scripts;
