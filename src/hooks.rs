@@ -240,6 +240,7 @@ pub fn begin(
     req: &BeginRequest,
     now: Timestamp,
 ) -> Result<BeginResult> {
+    refuse_human(agent)?;
     let lock = dir.lock()?;
     let mut notes = Vec::new();
     let mut args = Args::default();
@@ -368,6 +369,17 @@ pub fn begin(
         bad_arguments: args.bad,
         notes,
     })
+}
+
+/// A human mailbox has no sessions.
+pub fn refuse_human(agent: &AgentConfig) -> Result<()> {
+    if agent.kind == crate::config::AgentKind::Human {
+        return Err(Error::Usage(format!(
+            "{} is a human mailbox (kind = \"human\"): it has no sessions, tasks or metrics; send it messages instead",
+            agent.name
+        )));
+    }
+    Ok(())
 }
 
 /// `None` if `session` (recorded as running) has no live owner any more;
@@ -659,6 +671,7 @@ fn finish_request(
     mut args: Args,
     now: Timestamp,
 ) -> Result<FinishResult> {
+    refuse_human(agent)?;
     let lock = dir.lock()?;
     let mut notes = Vec::new();
     let current: Session = dir.load(&lock, now, &mut notes)?;
@@ -674,8 +687,14 @@ fn finish_request(
             dir.session().display()
         )));
     }
-    if !current.is_running() && matches && !current.session_id.is_empty() {
-        // Hooks are idempotent: ending an ended session changes nothing.
+    // Hooks are idempotent: ending an ended session changes nothing. A
+    // `fail` that names no session while none runs is not a repeat, though:
+    // it is a run that died before `begin`, and it is recorded below.
+    let repeat = match (wanted, &ending) {
+        (Some(_), _) | (None, Ending::Completed(_)) => matches,
+        (None, Ending::Failed { .. }) => false,
+    };
+    if !current.is_running() && repeat && !current.session_id.is_empty() {
         return Ok(FinishResult {
             session_id: current.session_id.clone(),
             outcome: current.status,

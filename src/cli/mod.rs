@@ -95,6 +95,14 @@ impl Context {
         let dir = self.root.agent(&agent.name);
         Ok((agent, dir))
     }
+
+    /// Like [`Context::agent`], but refuses a human mailbox: it has no
+    /// sessions, tasks, metrics or prompt.
+    pub fn working_agent(&self, name: &str) -> Result<(&AgentConfig, AgentDir)> {
+        let (agent, dir) = self.agent(name)?;
+        crate::hooks::refuse_human(agent)?;
+        Ok((agent, dir))
+    }
 }
 
 pub fn run(cli: Cli) -> Result<u8> {

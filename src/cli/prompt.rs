@@ -10,7 +10,7 @@ pub struct Args {
 }
 
 pub fn run(ctx: &Context, args: Args) -> Result<u8> {
-    let (_, dir) = ctx.agent(&args.agent)?;
+    let (_, dir) = ctx.working_agent(&args.agent)?;
     print!("{}", prompt::assemble(&ctx.root, &dir)?);
     Ok(exit::OK)
 }

@@ -21,7 +21,7 @@ pub struct Args {
 }
 
 pub fn run(ctx: &Context, a: Args) -> Result<u8> {
-    let (_, dir) = ctx.agent(&a.agent)?;
+    let (_, dir) = ctx.working_agent(&a.agent)?;
     let record = Record {
         claims_proposed: a.claims_proposed,
         claims_accepted: a.claims_accepted,

@@ -55,7 +55,7 @@ pub struct SetArgs {
 pub fn run(ctx: &Context, command: Command) -> Result<u8> {
     match command {
         Command::Add(a) => {
-            let (_, dir) = ctx.agent(&a.agent)?;
+            let (_, dir) = ctx.working_agent(&a.agent)?;
             if a.description.trim().is_empty() {
                 return Err(crate::error::Error::Usage(
                     "--description is empty; say what the task is".into(),
@@ -82,7 +82,7 @@ pub fn run(ctx: &Context, command: Command) -> Result<u8> {
             Ok(exit::OK)
         }
         Command::List(a) => {
-            let (_, dir) = ctx.agent(&a.agent)?;
+            let (_, dir) = ctx.working_agent(&a.agent)?;
             dir.require()?;
             let file: TaskFile = dir
                 .read()?
@@ -110,7 +110,7 @@ pub fn run(ctx: &Context, command: Command) -> Result<u8> {
             Ok(exit::OK)
         }
         Command::Set(a) => {
-            let (_, dir) = ctx.agent(&a.agent)?;
+            let (_, dir) = ctx.working_agent(&a.agent)?;
             let lock = dir.lock()?;
             let mut notes = Vec::new();
             let task = tasks::update(&dir, &lock, &a.id, a.status, a.outcome, ctx.now, &mut notes)?;

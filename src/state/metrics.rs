@@ -168,12 +168,18 @@ pub fn apply(
     notes: &mut Vec<String>,
 ) -> Result<Metrics> {
     let mut metrics: Metrics = dir.load(lock, now, notes)?;
+    let before = metrics.lifetime.clone();
     metrics.agent = dir.name.to_string();
     metrics.lifetime.count(event);
-    if matches!(
+    let window_changes = matches!(
         event,
         Event::SessionEnd(_) | Event::Error(_) | Event::Timeout(_) | Event::Record(_)
-    ) {
+    );
+    if metrics.lifetime == before && !window_changes {
+        // Most events (a plain session start) change no counter: skip the write.
+        return Ok(metrics);
+    }
+    if window_changes {
         let scan = journal::read(&dir.journal())?;
         let fresh = Rolling::from_journal(&scan.entries, now);
         metrics.rolling_30d = Rolling {

@@ -554,3 +554,54 @@ fn fail_returns_claimed_messages_and_end_processes_them() {
     let end: Value = env.events("rio", "session_end").remove(0);
     assert_eq!(end["messages_processed"], serde_json::json!([id]));
 }
+
+#[test]
+fn a_failure_before_begin_is_recorded_even_after_earlier_sessions() {
+    let env = Env::standard();
+    let first = begin(&env, &["rio"]);
+    env.ok(&["session", "end", "rio"]);
+    // The next run dies before `begin`; its EXIT trap calls fail.
+    std::thread::sleep(Duration::from_millis(1100));
+    env.ok(&[
+        "session",
+        "fail",
+        "rio",
+        "--outcome",
+        "error",
+        "--reason",
+        "lock held by another run",
+    ]);
+    let s = env.json("rio", "session.json");
+    assert_ne!(s["session_id"], first.as_str());
+    assert_eq!(s["status"], "error");
+    assert_eq!(env.events("rio", "error").len(), 1);
+    assert_eq!(
+        env.json("rio", "metrics.json")["lifetime"]["sessions_total"],
+        2
+    );
+}
+
+#[test]
+fn a_human_mailbox_has_no_sessions_or_tasks() {
+    let env = Env::standard();
+    for args in [
+        vec!["session", "begin", "marcus"],
+        vec![
+            "session",
+            "fail",
+            "marcus",
+            "--outcome",
+            "error",
+            "--reason",
+            "x",
+        ],
+        vec!["task", "add", "marcus", "--description", "x"],
+        vec!["record", "marcus", "--claims-proposed", "1"],
+        vec!["prompt", "marcus"],
+    ] {
+        let err = env.fails(&args, 64);
+        assert!(err.contains("human mailbox"), "{args:?}: {err}");
+    }
+    assert!(!env.path("marcus", "session.json").exists());
+    assert!(!env.path("marcus", "tasks.json").exists());
+}
