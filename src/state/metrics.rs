@@ -167,15 +167,18 @@ pub fn apply(
     now: Timestamp,
     notes: &mut Vec<String>,
 ) -> Result<Metrics> {
-    let mut metrics: Metrics = dir.load(lock, now, notes)?;
+    let (mut metrics, origin): (Metrics, _) = dir.load_with_origin(lock, now, notes)?;
     let before = metrics.lifetime.clone();
     metrics.agent = dir.name.to_string();
-    metrics.lifetime.count(event);
+    // A file rebuilt from the journal already counts this (journaled) event.
+    if origin != super::Origin::RebuiltFromJournal {
+        metrics.lifetime.count(event);
+    }
     let window_changes = matches!(
         event,
         Event::SessionEnd(_) | Event::Error(_) | Event::Timeout(_) | Event::Record(_)
     );
-    if metrics.lifetime == before && !window_changes {
+    if metrics.lifetime == before && !window_changes && origin == super::Origin::File {
         // Most events (a plain session start) change no counter: skip the write.
         return Ok(metrics);
     }

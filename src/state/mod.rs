@@ -165,6 +165,16 @@ use crate::clock::Timestamp;
 use lock::AgentLock;
 use rebuild::StateFileKind;
 
+/// Where a loaded state document came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    File,
+    /// The file did not exist: lazy defaults.
+    Default,
+    /// The file was corrupt, set aside, and rebuilt from the journal.
+    RebuiltFromJournal,
+}
+
 /// A JSON state file of an agent.
 pub trait StateDoc: Serialize + DeserializeOwned {
     const KIND: StateFileKind;
@@ -215,19 +225,33 @@ impl AgentDir {
     /// journal (said in `notes`), so one bad file never stops a hook.
     pub fn load<T: StateDoc>(
         &self,
-        _lock: &AgentLock,
+        lock: &AgentLock,
         now: Timestamp,
         notes: &mut Vec<String>,
     ) -> Result<T> {
+        self.load_with_origin(lock, now, notes).map(|(doc, _)| doc)
+    }
+
+    /// [`AgentDir::load`], also saying where the document came from: a
+    /// caller that has already journaled an event must not count it again
+    /// into a document rebuilt from that journal.
+    pub fn load_with_origin<T: StateDoc>(
+        &self,
+        _lock: &AgentLock,
+        now: Timestamp,
+        notes: &mut Vec<String>,
+    ) -> Result<(T, Origin)> {
         let path = self.file(T::KIND.file_name());
-        let doc = match atomic::read_json::<T>(&path) {
+        let (doc, origin) = match atomic::read_json::<T>(&path) {
             Err(Error::Corrupt { .. }) => {
                 notes.push(rebuild::repair(self, T::KIND, now)?);
-                atomic::read_json::<T>(&path)?
+                (atomic::read_json::<T>(&path)?, Origin::RebuiltFromJournal)
             }
-            other => other?,
+            Ok(Some(doc)) => (Some(doc), Origin::File),
+            Ok(None) => (None, Origin::Default),
+            Err(e) => return Err(e),
         };
-        Ok(doc.unwrap_or_else(|| T::fresh(self.name.as_str())))
+        Ok((doc.unwrap_or_else(|| T::fresh(self.name.as_str())), origin))
     }
 
     /// Replace a state document (atomically, durably).
