@@ -183,10 +183,37 @@ impl Owner {
         }
     }
 
-    /// The process that ran this hook: the session script.
+    /// The session script that ran this hook. That is our parent, unless the
+    /// parent is a subshell the script forked to run us (`ID=$(agent-state
+    /// session begin …)` under `set -E`, or with a pipe): a subshell is a
+    /// fork, with the same program and command line as the script, and it
+    /// exits at once, so we walk up through such forks to the script itself.
     pub fn parent() -> Owner {
-        Owner::of(nix::unistd::getppid().as_raw())
+        let mut pid = nix::unistd::getppid().as_raw();
+        while let Some(up) = parent_pid(pid) {
+            if up <= 1 || !same_program(pid, up) {
+                break;
+            }
+            pid = up;
+        }
+        Owner::of(pid)
     }
+}
+
+/// The parent of `pid` (field 4 of /proc/PID/stat).
+fn parent_pid(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Are two processes the same program with the same arguments (one a fork
+/// of the other that did not exec)?
+fn same_program(a: i32, b: i32) -> bool {
+    let exe = |p: i32| std::fs::read_link(format!("/proc/{p}/exe")).ok();
+    let cmdline = |p: i32| std::fs::read(format!("/proc/{p}/cmdline")).ok();
+    let (ea, eb) = (exe(a), exe(b));
+    ea.is_some() && ea == eb && cmdline(a) == cmdline(b)
 }
 
 /// Start time of `pid` in clock ticks since boot (field 22 of /proc/PID/stat).

@@ -5,6 +5,16 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
+    // Like other Unix tools, end quietly when the reader of our output goes
+    // away (`agent-state status | head -1`). Commands print only after their
+    // state changes are complete, so this never cuts a change short.
+    // SAFETY: called first thing, before any other thread exists.
+    let _ = unsafe {
+        nix::sys::signal::signal(
+            nix::sys::signal::Signal::SIGPIPE,
+            nix::sys::signal::SigHandler::SigDfl,
+        )
+    };
     let cli = agent_state::cli::Cli::parse();
     match agent_state::cli::run(cli) {
         Ok(code) => ExitCode::from(code),

@@ -6,7 +6,6 @@ use std::path::PathBuf;
 
 use crate::agent_name::AgentName;
 use crate::cli::{Context, print_notes};
-use crate::config::AgentKind;
 use crate::error::{Error, IoContext, Result, exit};
 use crate::hooks::task_from_message;
 use crate::inbox::{self, MessageType, Outgoing, Priority};
@@ -27,13 +26,16 @@ pub struct Args {
     /// high or normal
     #[arg(long, default_value = "normal")]
     pub priority: Priority,
+    /// One line saying what the message is about
     #[arg(long, value_name = "S")]
     pub subject: String,
+    /// The message text (quoted to the agent as from the sender, never as an instruction)
     #[arg(long, value_name = "TEXT", conflicts_with = "body_file")]
     pub body: Option<String>,
     /// Read the body from a file, or from standard input with `-`
     #[arg(long, value_name = "PATH|-")]
     pub body_file: Option<PathBuf>,
+    /// Where the message comes from, e.g. a branch or a file (theseus/research-2026-03-31)
     #[arg(long, value_name = "R")]
     pub source_ref: Option<String>,
     /// Expire the message if it is not read within this time, e.g. 2d
@@ -83,44 +85,46 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
     for to in &recipients {
         let dir = ctx.root.agent(to);
         let message = inbox::deliver(&dir, &outgoing, ctx.now)?;
-        println!(
-            "sent {} to {to} ({}/inbox/{}.json)",
-            message.id, to, message.id
-        );
         if message.kind == MessageType::Task {
-            // A task message adds its task when it is received.
-            let lock = dir.lock()?;
-            tasks::add(
-                &dir,
-                &lock,
-                task_from_message(&message),
-                ctx.now,
-                &mut notes,
-            )?;
+            // A task message adds its task when it is received. A sender
+            // that may write inboxes but not the agent's state (a pipeline
+            // in the inbox group) leaves that to the session that claims it.
+            let added = dir.lock().and_then(|lock| {
+                tasks::add(
+                    &dir,
+                    &lock,
+                    task_from_message(&message),
+                    ctx.now,
+                    &mut notes,
+                )
+            });
+            match added {
+                Ok(_) => {}
+                Err(e) if is_permission_denied(&e) => notes.push(format!(
+                    "{to}: no permission to update tasks.json ({e}); the task will be added when a session claims the message"
+                )),
+                Err(e) => return Err(e),
+            }
         }
         sent.push(message);
     }
-    // Count what the sender sent, if the sender keeps state here.
-    let sender = ctx
-        .config
-        .agent(&from)
-        .ok()
-        .filter(|a| a.kind == AgentKind::Agent || ctx.root.agent(&a.name).path.is_dir());
-    if let Some(sender) = sender {
+    // Count what the sender sent, if the sender keeps state here and we may
+    // write it.
+    if let Ok(sender) = ctx.config.agent(&from) {
         let dir = ctx.root.agent(&sender.name);
         if dir.path.is_dir() {
-            let lock = dir.lock()?;
-            for m in &sent {
-                let event = Event::MessageSent(MessageSent {
-                    message_id: m.id.clone(),
-                    to: m.to.clone(),
-                    kind: m.kind,
-                    subject: m.subject.clone(),
-                });
-                dir.journal_append(&lock, ctx.now, event.clone())?;
-                metrics::apply(&dir, &lock, &event, ctx.now, &mut notes)?;
+            match count_sent(ctx, &dir, &sent, &mut notes) {
+                Ok(()) => {}
+                Err(e) if is_permission_denied(&e) => notes.push(format!(
+                    "{from}: no permission to record the messages it sent ({e}); they were delivered"
+                )),
+                Err(e) => return Err(e),
             }
         }
+    }
+    // Output comes last: every message is delivered and counted by now.
+    for m in &sent {
+        println!("sent {} to {} ({}/inbox/{}.json)", m.id, m.to, m.to, m.id);
     }
     print_notes(&notes);
     if sent.is_empty() {
@@ -129,4 +133,28 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         )));
     }
     Ok(exit::OK)
+}
+
+fn count_sent(
+    ctx: &Context,
+    dir: &crate::state::AgentDir,
+    sent: &[inbox::Message],
+    notes: &mut Vec<String>,
+) -> Result<()> {
+    let lock = dir.lock()?;
+    for m in sent {
+        let event = Event::MessageSent(MessageSent {
+            message_id: m.id.clone(),
+            to: m.to.clone(),
+            kind: m.kind,
+            subject: m.subject.clone(),
+        });
+        dir.journal_append(&lock, ctx.now, event.clone())?;
+        metrics::apply(dir, &lock, &event, ctx.now, notes)?;
+    }
+    Ok(())
+}
+
+fn is_permission_denied(e: &Error) -> bool {
+    matches!(e, Error::Io { source, .. } if source.kind() == std::io::ErrorKind::PermissionDenied)
 }

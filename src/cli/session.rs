@@ -27,8 +27,10 @@ pub struct BeginArgs {
     /// Session type: research, extract, evaluate or ad-hoc (default: the agent's session_type)
     #[arg(long = "type", value_name = "T")]
     pub session_type: Option<String>,
+    /// The git branch the session works on
     #[arg(long, value_name = "B")]
     pub branch: Option<String>,
+    /// The model (default: the agent's configured model)
     #[arg(long, value_name = "M")]
     pub model: Option<String>,
     /// Session timeout, e.g. 90m or 5400 (seconds)
@@ -50,6 +52,9 @@ pub struct BeginArgs {
         hide_env_values = true
     )]
     pub join: Option<String>,
+    /// The process that owns the session while it runs (default: the script that called this hook)
+    #[arg(long, env = "AGENT_STATE_OWNER_PID", value_name = "PID")]
+    pub owner_pid: Option<i32>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -66,6 +71,7 @@ pub struct EndArgs {
     /// completed (timeout or error are recorded as with `session fail`)
     #[arg(long, value_name = "OUTCOME")]
     pub outcome: Option<String>,
+    /// Sources archived in the session
     #[arg(long, value_name = "N")]
     pub sources_archived: Option<String>,
     #[arg(long, value_name = "B")]
@@ -73,10 +79,13 @@ pub struct EndArgs {
     /// PR number: 247, #247 or a …/pull/247 URL
     #[arg(long, value_name = "N")]
     pub pr: Option<String>,
+    /// One line for report.json (default: "Session ID completed — N sources archived")
     #[arg(long, value_name = "S")]
     pub summary: Option<String>,
+    /// What the agent should do next (report.json next_priority)
     #[arg(long, value_name = "P")]
     pub next_priority: Option<String>,
+    /// Notes for the next session; they end its prompt
     #[arg(long, value_name = "H")]
     pub handoff_notes: Option<String>,
     #[arg(long, value_name = "N")]
@@ -118,7 +127,7 @@ pub fn run(ctx: &Context, command: Command) -> Result<u8> {
                 disconfirmation_target: a.disconfirmation_target,
                 sources_expected: a.sources_expected,
                 join: a.join,
-                owner: Some(Owner::parent()),
+                owner: Some(a.owner_pid.map(Owner::of).unwrap_or_else(Owner::parent)),
             };
             let r = hooks::begin(agent, &dir, &req, ctx.now)?;
             print_notes(&r.notes);

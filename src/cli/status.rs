@@ -49,7 +49,7 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         return print_json(&lines);
     }
     println!(
-        "{:<12} {:<12} {:<44} {:>5} {:>5} {:>8} {:>6} {:>8}",
+        "{:<12} {:<12} {:<44} {:>5} {:>5} {:>8} {:>7} {:>11}",
         "AGENT", "STATUS", "LAST SESSION", "TASKS", "INBOX", "SESS/30D", "ERR/30D", "TIMEOUT/30D"
     );
     let now = ctx.now;
@@ -66,12 +66,12 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         };
         if l.kind == "human" || l.status == "missing" {
             println!(
-                "{:<12} {:<12} {:<44} {:>5} {:>5} {:>8} {:>6} {:>8}",
+                "{:<12} {:<12} {:<44} {:>5} {:>5} {:>8} {:>7} {:>11}",
                 l.agent, l.status, "-", "-", l.inbox_waiting, "-", "-", "-"
             );
         } else {
             println!(
-                "{:<12} {:<12} {:<44} {:>5} {:>5} {:>8} {:>6} {:>8}",
+                "{:<12} {:<12} {:<44} {:>5} {:>5} {:>8} {:>7} {:>11}",
                 l.agent,
                 l.status,
                 last,

@@ -605,3 +605,62 @@ fn a_human_mailbox_has_no_sessions_or_tasks() {
     assert!(!env.path("marcus", "session.json").exists());
     assert!(!env.path("marcus", "tasks.json").exists());
 }
+
+#[test]
+fn the_owner_is_the_script_even_when_begin_runs_in_a_subshell() {
+    let env = Env::standard();
+    // Under `set -E` with an ERR trap, bash runs `$(…)` in a forked subshell
+    // that exits at once; the script itself stays alive.
+    let script = format!(
+        "set -eE; trap 'echo ERR' ERR; SID=$('{BIN}' --config '{}' session begin rio); echo \"$SID\"; sleep 30",
+        env.config.display()
+    );
+    let mut child = Command::new("bash")
+        .arg("-c")
+        .arg(&script)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let owner = env.json("rio", "session.json")["owner_pid"]
+        .as_i64()
+        .unwrap();
+    assert_eq!(
+        owner,
+        child.id() as i64,
+        "the owner is the script, not its subshell"
+    );
+    let err = env.fails(&["session", "begin", "rio"], 75);
+    assert!(err.contains(line.trim()), "{err}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+#[test]
+fn an_explicit_owner_pid_is_honoured() {
+    let env = Env::standard();
+    let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
+    let pid = sleeper.id().to_string();
+    env.ok(&["session", "begin", "rio", "--owner-pid", &pid]);
+    assert_eq!(
+        env.json("rio", "session.json")["owner_pid"]
+            .as_i64()
+            .unwrap()
+            .to_string(),
+        pid
+    );
+    env.fails(&["session", "begin", "rio"], 75);
+    sleeper.kill().unwrap();
+    sleeper.wait().unwrap();
+    env.ok(&["session", "begin", "rio"]);
+    assert_eq!(
+        env.events("rio", "error").len(),
+        1,
+        "the abandoned session was recorded"
+    );
+}

@@ -467,3 +467,25 @@ fn status_shows_every_agent() {
     assert_eq!(one.as_array().unwrap().len(), 1);
     assert!(one[0]["current_session"].is_string());
 }
+
+#[test]
+fn a_closed_pipe_ends_output_quietly() {
+    let env = Env::standard();
+    for args in [
+        vec!["status"],
+        vec!["prompt", "rio"],
+        vec!["inbox", "rio", "--json"],
+    ] {
+        let mut child = env
+            .command(&args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take()); // the reader goes away before we print
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert_ne!(out.status.code(), Some(101), "{args:?}");
+    }
+}

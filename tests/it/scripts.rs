@@ -1,0 +1,940 @@
+//! The shell scripts around the binary, run for real:
+//! `ops/research-session.example.sh` with a fake `claude` (and `gh`) first on
+//! PATH and a real git repository, `bootstrap/bootstrap.sh` (dry run always;
+//! a real run only as root with AGENT_STATE_ROOT_TESTS=1) and `ops/demo.sh`.
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::support::{self, BIN, Env};
+
+fn repo_file(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
+}
+
+/// Are these programs on PATH? If not, say why the test is skipped.
+fn have(tools: &[&str]) -> bool {
+    let missing: Vec<&str> = tools
+        .iter()
+        .copied()
+        .filter(|t| {
+            !Command::new("sh")
+                .arg("-c")
+                .arg(format!("command -v {t}"))
+                .stdout(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+        .collect();
+    if !missing.is_empty() {
+        eprintln!("SKIPPED: this test needs {missing:?} on PATH");
+    }
+    missing.is_empty()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn describe(out: &Output) -> String {
+    format!(
+        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        out.status.code(),
+        text(&out.stdout),
+        text(&out.stderr)
+    )
+}
+
+fn write_executable(path: &Path, body: &str) {
+    std::fs::write(path, body).expect("write script");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+}
+
+/// Claude Code's `--output-format json` result, as the fake prints it.
+const RESULT_JSON: &str = r#"{"type":"result","subtype":"success","is_error":false,"duration_ms":81234,"duration_api_ms":79000,"num_turns":23,"result":"Archived 2 sources on conditional AMM failures.\nNext: extract claims from the MetaDAO thread.","session_id":"3f1c9a52-0d4e-4f57-9a0e-2b8f6f0e7a11","total_cost_usd":0.4213,"usage":{"input_tokens":1200,"cache_creation_input_tokens":10,"cache_read_input_tokens":3000,"output_tokens":800},"modelUsage":{"claude-sonnet":{"inputTokens":1200,"outputTokens":800}}}"#;
+
+/// A stand-in for `claude -p PROMPT --model M --output-format json`, run in the
+/// work tree. FAKE_CLAUDE picks what it does: ok (archive two sources, print a
+/// result), fail (an API error, exit 1), sleep (hang past any short timeout).
+fn fake_claude() -> String {
+    format!(
+        r#"#!/bin/sh
+printf '%s' "$2" > "$FAKE_DIR/prompt.txt"
+printf '%s\n' "$@" > "$FAKE_DIR/claude-args.txt"
+case "${{FAKE_CLAUDE:-ok}}" in
+fail)
+    echo '{{"type":"result","subtype":"success","is_error":true,"result":"Invalid API key · Please run /login"}}'
+    exit 1 ;;
+sleep)
+    echo $$ > "$FAKE_DIR/claude.pid"
+    sleep 30
+    exit 0 ;;
+esac
+mkdir -p inbox/archive
+echo '# Conditional AMMs fail quietly' > inbox/archive/2026-conditional-amm-1.md
+echo '# MetaDAO v2 liquidity' > inbox/archive/2026-metadao-v2.md
+echo 'a working note' >> notes.md
+cat <<'JSON'
+{RESULT_JSON}
+JSON
+"#
+    )
+}
+
+/// A stand-in for the GitHub CLI: no PR exists yet; `pr create` prints its URL.
+const FAKE_GH: &str = r#"#!/bin/sh
+printf '%s\n' "$@" >> "$FAKE_DIR/gh-args.txt"
+case "$1 $2" in
+"pr view") exit 1 ;;
+"pr create") echo "https://github.com/teleo/teleo-codex/pull/12" ;;
+*) exit 2 ;;
+esac
+"#;
+
+/// A bootstrapped state root, a git work tree with one commit on `main`, and
+/// fake `claude` and `gh` programs, all in one temp dir.
+struct Lab {
+    env: Env,
+    repo: PathBuf,
+    fake: PathBuf,
+}
+
+impl Lab {
+    fn new() -> Option<Lab> {
+        if !have(&["bash", "git", "flock", "timeout"]) {
+            return None;
+        }
+        let env = Env::standard();
+        let base = env.dir.path().to_path_buf();
+        let repo = base.join("repo");
+        let fake = base.join("fake");
+        for d in [&repo, &fake, &base.join("logs"), &base.join("tmp")] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        write_executable(&fake.join("claude"), &fake_claude());
+        write_executable(&fake.join("gh"), FAKE_GH);
+        let lab = Lab { env, repo, fake };
+        lab.git(&["init", "-q"]);
+        lab.git(&["symbolic-ref", "HEAD", "refs/heads/main"]);
+        std::fs::write(lab.repo.join("README.md"), "# teleo-codex\n").unwrap();
+        lab.git(&["add", "README.md"]);
+        lab.git(&["commit", "-q", "-m", "initial commit"]);
+        Some(lab)
+    }
+
+    /// git with a fixed identity and no user or system config.
+    fn git_in(dir: &Path, args: &[&str]) -> String {
+        let out = Command::new("git")
+            .arg("-C")
+            .arg(dir)
+            .args(args)
+            .envs(GIT_ENV)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run git");
+        assert!(out.status.success(), "git {args:?}: {}", describe(&out));
+        text(&out.stdout).trim().to_string()
+    }
+
+    fn git(&self, args: &[&str]) -> String {
+        Lab::git_in(&self.repo, args)
+    }
+
+    fn base(&self) -> &Path {
+        self.env.dir.path()
+    }
+
+    /// The session script for `agent`, with everything pointed into the lab.
+    fn script(&self, agent: &str) -> Command {
+        let path = format!(
+            "{}:{}",
+            self.fake.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let mut cmd = Command::new(repo_file("ops/research-session.example.sh"));
+        cmd.arg(agent)
+            .env("PATH", path)
+            .env("AGENT_STATE_BIN", BIN)
+            .env("AGENT_STATE_CONFIG", &self.env.config)
+            .env("REPO_DIR", &self.repo)
+            .env("LOCK_DIR", self.base())
+            .env("LOG_DIR", self.base().join("logs"))
+            .env("TMPDIR", self.base().join("tmp"))
+            .env("FAKE_DIR", &self.fake)
+            .env("KILL_GRACE", "2s")
+            .envs(GIT_ENV)
+            .env_remove("AGENT_STATE_SESSION_ID")
+            .env_remove("AGENT_STATE_PROMPT_FILE")
+            .env_remove("SKIP_PUSH")
+            .env_remove("SKIP_PR")
+            .stdin(Stdio::null());
+        cmd
+    }
+
+    fn fake_file(&self, name: &str) -> String {
+        std::fs::read_to_string(self.fake.join(name)).unwrap_or_default()
+    }
+
+    fn run(&self, cmd: &mut Command) -> Output {
+        cmd.output().expect("run the session script")
+    }
+}
+
+const GIT_ENV: [(&str, &str); 6] = [
+    ("GIT_AUTHOR_NAME", "Rio Agent"),
+    ("GIT_AUTHOR_EMAIL", "rio@teleo.example"),
+    ("GIT_COMMITTER_NAME", "Rio Agent"),
+    ("GIT_COMMITTER_EMAIL", "rio@teleo.example"),
+    ("GIT_CONFIG_GLOBAL", "/dev/null"),
+    ("GIT_CONFIG_NOSYSTEM", "1"),
+];
+
+fn is_research_branch(branch: &str, agent: &str) -> bool {
+    let Some(date) = branch.strip_prefix(&format!("{agent}/research-")) else {
+        return false;
+    };
+    date.len() == 10
+        && date.char_indices().all(|(i, c)| {
+            if i == 4 || i == 7 {
+                c == '-'
+            } else {
+                c.is_ascii_digit()
+            }
+        })
+}
+
+/// Assert the session ended as a failure, once, with its messages back.
+fn assert_failed(lab: &Lab, outcome: &str, message: &str) -> Value {
+    let env = &lab.env;
+    let session = env.json("rio", "session.json");
+    assert_eq!(session["status"], outcome, "session.json: {session:#}");
+    let reason = session["reason"].as_str().unwrap_or_default().to_string();
+    assert!(
+        !reason.is_empty(),
+        "a failed session has a reason: {session:#}"
+    );
+    assert!(session["ended_at"].is_string(), "{session:#}");
+    let event = if outcome == "timeout" {
+        "timeout"
+    } else {
+        "error"
+    };
+    let events = env.events("rio", event);
+    assert_eq!(
+        events.len(),
+        1,
+        "exactly one {event} event: {:#?}",
+        env.journal("rio")
+    );
+    assert_eq!(events[0]["session_id"], session["session_id"]);
+    assert_eq!(events[0]["reason"], reason.as_str());
+    assert!(
+        env.events("rio", "session_end").is_empty(),
+        "a failed session has no session_end"
+    );
+    let other = if outcome == "timeout" {
+        "error"
+    } else {
+        "timeout"
+    };
+    assert!(
+        env.events("rio", other).is_empty(),
+        "only one failure is recorded"
+    );
+    // The claimed message is back in the inbox for the next session.
+    assert_eq!(env.waiting("rio"), vec![format!("{message}.json")]);
+    assert!(
+        events[0]["messages_returned"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|m| m == message)),
+        "{:#}",
+        events[0]
+    );
+    let report = env.json("rio", "report.json");
+    assert_eq!(report["last_session"]["outcome"], outcome, "{report:#}");
+    assert!(report["current_session"].is_null(), "{report:#}");
+    session
+}
+
+// ---- research-session.example.sh ------------------------------------------------
+
+#[test]
+fn session_script_runs_a_session_end_to_end() {
+    let Some(lab) = Lab::new() else { return };
+    let env = &lab.env;
+    let message = env.send(
+        "marcus",
+        "rio",
+        &[
+            "--type",
+            "flag",
+            "--priority",
+            "high",
+            "--body",
+            "Check MetaDAO for AI agents.",
+        ],
+    );
+
+    let child = lab
+        .script("rio")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let script_pid = child.id();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", describe(&out));
+
+    let session = env.json("rio", "session.json");
+    assert_eq!(session["status"], "completed", "{session:#}");
+    let branch = session["branch"].as_str().expect("branch").to_string();
+    assert!(is_research_branch(&branch, "rio"), "branch {branch:?}");
+    assert_eq!(session["type"], "research");
+    assert_eq!(session["model"], "sonnet");
+    assert_eq!(session["timeout_seconds"], 5400);
+    assert_eq!(
+        session["sources_archived"], 2,
+        "two new files in inbox/archive/"
+    );
+    assert_eq!(session["tokens_used"], 1200 + 10 + 3000 + 800);
+    assert_eq!(session["cost_usd"], 0.4213);
+    assert!(
+        session["handoff_notes"]
+            .as_str()
+            .is_some_and(|h| h.contains("Archived 2 sources")),
+        "{session:#}"
+    );
+    assert!(session["ended_at"].is_string());
+
+    let report = env.json("rio", "report.json");
+    assert_eq!(report["status"], "idle", "{report:#}");
+    assert!(report["current_session"].is_null());
+    assert_eq!(report["last_session"]["outcome"], "completed");
+    assert_eq!(report["last_session"]["branch"], branch.as_str());
+    assert_eq!(report["last_session"]["id"], session["session_id"]);
+    assert!(
+        report["summary"]
+            .as_str()
+            .is_some_and(|s| s.contains("2 source(s)")),
+        "{report:#}"
+    );
+
+    let starts = env.events("rio", "session_start");
+    let ends = env.events("rio", "session_end");
+    assert_eq!(starts.len(), 1, "{:#?}", env.journal("rio"));
+    assert_eq!(ends.len(), 1, "{:#?}", env.journal("rio"));
+    assert_eq!(starts[0]["session_id"], session["session_id"]);
+    assert_eq!(ends[0]["session_id"], session["session_id"]);
+    assert_eq!(ends[0]["outcome"], "completed");
+    assert!(env.events("rio", "error").is_empty() && env.events("rio", "timeout").is_empty());
+    // The session's owner is the script itself, not a short-lived subshell:
+    // otherwise the running session would look abandoned to other hooks.
+    assert_eq!(starts[0]["owner_pid"], script_pid, "owner of the session");
+
+    // The message reached the prompt, then was processed.
+    let prompt = lab.fake_file("prompt.txt");
+    assert!(
+        prompt.contains("Check MetaDAO for AI agents."),
+        "prompt:\n{prompt}"
+    );
+    assert!(env.waiting("rio").is_empty());
+    assert_eq!(
+        env.files("rio", "inbox/processed"),
+        vec![format!("{message}.json")]
+    );
+    let args = lab.fake_file("claude-args.txt");
+    assert!(
+        args.contains("--output-format\njson"),
+        "claude args:\n{args}"
+    );
+
+    // The work is committed on the branch; no remote, so no push and no PR.
+    assert_eq!(lab.git(&["rev-parse", "--abbrev-ref", "HEAD"]), branch);
+    let files = lab.git(&["show", "--name-only", "--format=", "HEAD"]);
+    assert!(
+        files.contains("inbox/archive/2026-metadao-v2.md"),
+        "{files}"
+    );
+    assert!(files.contains("notes.md"), "{files}");
+    let subject = lab.git(&["log", "-1", "--format=%s"]);
+    assert!(
+        subject.contains(session["session_id"].as_str().unwrap()),
+        "{subject}"
+    );
+    assert!(
+        lab.fake_file("gh-args.txt").is_empty(),
+        "no PR without a remote"
+    );
+    assert!(session["pr_number"].is_null(), "{session:#}");
+}
+
+#[test]
+fn session_script_reads_the_result_without_jq() {
+    let Some(lab) = Lab::new() else { return };
+    // The plain-shell fallback for Claude's JSON result, as on a server without jq.
+    let out = lab.run(lab.script("rio").env("JQ", "/nonexistent/jq"));
+    assert!(out.status.success(), "{}", describe(&out));
+    let session = lab.env.json("rio", "session.json");
+    assert_eq!(session["status"], "completed", "{session:#}");
+    assert_eq!(session["sources_archived"], 2);
+    assert_eq!(session["tokens_used"], 1200 + 10 + 3000 + 800);
+    assert_eq!(session["cost_usd"], 0.4213);
+    let handoff = session["handoff_notes"].as_str().unwrap_or_default();
+    assert!(
+        handoff.starts_with("Archived 2 sources on conditional AMM failures."),
+        "{handoff:?}"
+    );
+}
+
+#[test]
+fn session_script_pushes_and_opens_a_pr() {
+    let Some(lab) = Lab::new() else { return };
+    let origin = lab.base().join("origin.git");
+    let out = Command::new("git")
+        .args(["init", "-q", "--bare"])
+        .arg(&origin)
+        .envs(GIT_ENV)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", describe(&out));
+    lab.git(&["remote", "add", "origin", origin.to_str().unwrap()]);
+    lab.git(&["push", "-q", "origin", "main"]);
+
+    let out = lab.run(&mut lab.script("rio"));
+    assert!(out.status.success(), "{}", describe(&out));
+
+    let session = lab.env.json("rio", "session.json");
+    assert_eq!(session["status"], "completed", "{session:#}");
+    assert_eq!(
+        session["pr_number"], 12,
+        "the number of the URL gh printed: {session:#}"
+    );
+    let branch = session["branch"].as_str().unwrap();
+    assert_eq!(
+        lab.env.json("rio", "report.json")["last_session"]["pr_number"],
+        12
+    );
+    // Pushed to origin, and the PR is from the branch into main.
+    let pushed = Lab::git_in(&origin, &["rev-parse", &format!("refs/heads/{branch}")]);
+    assert_eq!(pushed, lab.git(&["rev-parse", "HEAD"]));
+    let gh = lab.fake_file("gh-args.txt");
+    assert!(
+        gh.contains(&format!("pr\ncreate\n--base\nmain\n--head\n{branch}\n")),
+        "gh args:\n{gh}"
+    );
+}
+
+#[test]
+fn session_script_records_an_agent_error_and_returns_the_messages() {
+    let Some(lab) = Lab::new() else { return };
+    let message = lab.env.send("marcus", "rio", &["--priority", "high"]);
+
+    let out = lab.run(lab.script("rio").env("FAKE_CLAUDE", "fail"));
+    assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
+
+    let session = assert_failed(&lab, "error", &message);
+    let reason = session["reason"].as_str().unwrap();
+    assert!(reason.contains("exited with status 1"), "reason: {reason}");
+    assert!(
+        reason.contains("Invalid API key"),
+        "the result text explains it: {reason}"
+    );
+    assert_eq!(lab.env.json("rio", "report.json")["status"], "error");
+    assert_eq!(lab.env.events("rio", "session_start").len(), 1);
+}
+
+#[test]
+fn session_script_records_a_timeout() {
+    let Some(lab) = Lab::new() else { return };
+    let message = lab.env.send("marcus", "rio", &[]);
+
+    let started = Instant::now();
+    let out = lab.run(
+        lab.script("rio")
+            .env("FAKE_CLAUDE", "sleep")
+            .env("TIMEOUT", "2"),
+    );
+    let took = started.elapsed();
+    assert_eq!(out.status.code(), Some(124), "{}", describe(&out));
+    assert!(
+        took < Duration::from_secs(20),
+        "the fake claude was stopped at the timeout ({took:?})"
+    );
+
+    let session = assert_failed(&lab, "timeout", &message);
+    assert_eq!(session["timeout_seconds"], 2);
+    let reason = session["reason"].as_str().unwrap();
+    assert!(reason.contains("timeout"), "reason: {reason}");
+    // A timeout is not the agent's fault: it is idle again.
+    assert_eq!(lab.env.json("rio", "report.json")["status"], "idle");
+}
+
+#[test]
+fn session_script_records_a_failing_step_as_an_error() {
+    let Some(lab) = Lab::new() else { return };
+    let message = lab.env.send("marcus", "rio", &[]);
+    // A pre-commit hook that refuses: `git commit` fails under `set -e`.
+    write_executable(
+        &lab.repo.join(".git/hooks/pre-commit"),
+        "#!/bin/sh\necho 'pre-commit: refused' >&2\nexit 1\n",
+    );
+
+    let out = lab.run(&mut lab.script("rio"));
+    assert!(!out.status.success(), "{}", describe(&out));
+
+    let session = assert_failed(&lab, "error", &message);
+    let reason = session["reason"].as_str().unwrap();
+    assert!(reason.contains("committing"), "the step: {reason}");
+    assert!(reason.contains("git commit"), "the command: {reason}");
+}
+
+#[test]
+fn session_script_records_sigterm_as_an_error() {
+    let Some(lab) = Lab::new() else { return };
+    let message = lab.env.send("marcus", "rio", &[]);
+
+    let mut child: Child = lab
+        .script("rio")
+        .env("FAKE_CLAUDE", "sleep")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until the agent runs, then stop the script as systemd or a person would.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while lab.fake_file("claude.pid").trim().is_empty() {
+        assert!(Instant::now() < deadline, "the fake claude never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let claude_pid = lab.fake_file("claude.pid").trim().to_string();
+    let kill = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let started = Instant::now();
+    let status = child.wait().unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "the script stops promptly"
+    );
+    assert_eq!(status.code(), Some(143), "exit status after SIGTERM");
+
+    let session = assert_failed(&lab, "error", &message);
+    let reason = session["reason"].as_str().unwrap();
+    assert!(reason.contains("SIGTERM"), "reason: {reason}");
+    // The agent did not outlive the script.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Path::new(&format!("/proc/{claude_pid}")).exists() {
+        assert!(
+            Instant::now() < deadline,
+            "claude ({claude_pid}) still runs after the script stopped"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn session_script_takes_a_lock() {
+    let Some(lab) = Lab::new() else { return };
+    let lock_file = lab.base().join("research-session-rio.lock");
+    // One process that holds the lock until it is killed.
+    let mut holder = Command::new("sh")
+        .arg("-c")
+        .arg(r#"exec 9>>"$1" && flock 9 && exec sleep 30"#)
+        .arg("sh")
+        .arg(&lock_file)
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let free = Command::new("flock")
+            .args(["-n"])
+            .arg(&lock_file)
+            .arg("true")
+            .status()
+            .unwrap();
+        if !free.success() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the holder never took the lock");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let out = lab.run(&mut lab.script("rio"));
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert_eq!(out.status.code(), Some(75), "{}", describe(&out));
+    assert!(text(&out.stderr).contains("holds"), "{}", describe(&out));
+    assert!(
+        lab.env.events("rio", "session_start").is_empty(),
+        "no session begun"
+    );
+    assert!(lab.env.events("rio", "error").is_empty(), "and none failed");
+}
+
+#[test]
+fn session_script_joins_the_session_a_daemon_began() {
+    let Some(lab) = Lab::new() else { return };
+    let env = &lab.env;
+    // What the daemon does before it starts the script.
+    let id = env
+        .ok(&["session", "begin", "rio", "--timeout", "90m"])
+        .trim()
+        .to_string();
+
+    let out = lab.run(lab.script("rio").env("AGENT_STATE_SESSION_ID", &id));
+    assert!(out.status.success(), "{}", describe(&out));
+
+    let session = env.json("rio", "session.json");
+    assert_eq!(session["session_id"], id.as_str());
+    assert_eq!(session["status"], "completed", "{session:#}");
+    assert!(is_research_branch(
+        session["branch"].as_str().unwrap_or_default(),
+        "rio"
+    ));
+    assert_eq!(
+        env.events("rio", "session_start").len(),
+        1,
+        "joined, not a second session"
+    );
+    assert_eq!(env.events("rio", "session_end").len(), 1);
+}
+
+#[test]
+fn session_script_leaves_another_running_session_alone() {
+    let Some(lab) = Lab::new() else { return };
+    let env = &lab.env;
+    // A session of rio that someone else (this test process) is running.
+    let id = env.ok(&["session", "begin", "rio"]).trim().to_string();
+
+    let out = lab.run(&mut lab.script("rio"));
+    assert_eq!(out.status.code(), Some(75), "{}", describe(&out));
+
+    let session = env.json("rio", "session.json");
+    assert_eq!(session["session_id"], id.as_str());
+    assert_eq!(
+        session["status"], "running",
+        "not failed by the script: {session:#}"
+    );
+    assert_eq!(env.events("rio", "session_start").len(), 1);
+    assert!(
+        env.events("rio", "error").is_empty(),
+        "{:#?}",
+        env.journal("rio")
+    );
+    assert!(lab.fake_file("prompt.txt").is_empty(), "claude was not run");
+}
+
+// ---- bootstrap/bootstrap.sh -------------------------------------------------------
+
+fn bootstrap_script(dir: &Path) -> Command {
+    let mut cmd = Command::new(repo_file("bootstrap/bootstrap.sh"));
+    cmd.env("CONFIG", dir.join("etc/agent-state/config.toml"))
+        .env("STATE_ROOT", dir.join("state"))
+        .env("BIN", BIN)
+        .env_remove("SOURCE_CONFIG")
+        .env_remove("GROUP")
+        .env_remove("AGENT_USER")
+        .env_remove("DRY_RUN")
+        .env_remove("AGENT_STATE_CONFIG")
+        .stdin(Stdio::null());
+    cmd
+}
+
+#[test]
+fn bootstrap_dry_run_prints_the_plan_and_changes_nothing() {
+    if !have(&["bash"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = bootstrap_script(dir.path())
+        .arg("--dry-run")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", describe(&out));
+    let plan = text(&out.stdout);
+    let root = dir.path().join("state").display().to_string();
+    for expected in [
+        "dry run",
+        "groupadd --system teleo",
+        "useradd --system --gid teleo",
+        "--shell",
+        "agent-state",
+        &root,
+        "config.toml",
+        "bootstrap",
+        "chown -hR agent-state:teleo",
+        "2770",
+        "0644",
+        "rio clay theseus vida astra leo marcus",
+    ] {
+        assert!(
+            plan.contains(expected),
+            "the plan mentions {expected:?}:\n{plan}"
+        );
+    }
+    assert!(
+        support::list(dir.path()).is_empty(),
+        "a dry run changes nothing: {:?}",
+        support::list(dir.path())
+    );
+}
+
+#[test]
+fn bootstrap_refuses_to_run_without_root() {
+    if !have(&["bash"]) {
+        return;
+    }
+    if nix::unistd::geteuid().is_root() {
+        eprintln!(
+            "SKIPPED: bootstrap_refuses_to_run_without_root runs only as a non-root user (this is root)"
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = bootstrap_script(dir.path()).output().unwrap();
+    assert_eq!(out.status.code(), Some(77), "{}", describe(&out));
+    assert!(text(&out.stderr).contains("root"), "{}", describe(&out));
+    assert!(support::list(dir.path()).is_empty());
+}
+
+/// Removes the test user and group however the test ends.
+struct SystemAccounts {
+    user: &'static str,
+    group: &'static str,
+}
+
+impl SystemAccounts {
+    fn remove(&self) {
+        for (program, name) in [("userdel", self.user), ("groupdel", self.group)] {
+            let _ = Command::new(program)
+                .arg(name)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+impl Drop for SystemAccounts {
+    fn drop(&mut self) {
+        self.remove();
+    }
+}
+
+fn id_of(database: &str, name: &str) -> u32 {
+    let out = Command::new("getent")
+        .args([database, name])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "getent {database} {name}: {}",
+        describe(&out)
+    );
+    text(&out.stdout)
+        .split(':')
+        .nth(2)
+        .and_then(|n| n.trim().parse().ok())
+        .expect("an id")
+}
+
+fn mode(path: &Path) -> u32 {
+    std::fs::metadata(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .mode()
+        & 0o7777
+}
+
+#[test]
+fn bootstrap_as_root_creates_the_accounts_and_sets_modes() {
+    let root_user = nix::unistd::geteuid().is_root();
+    let enabled = std::env::var("AGENT_STATE_ROOT_TESTS").as_deref() == Ok("1");
+    if !(root_user && enabled) {
+        eprintln!(
+            "SKIPPED: bootstrap_as_root_creates_the_accounts_and_sets_modes creates a system user and group; \
+             it runs only as root with AGENT_STATE_ROOT_TESTS=1 (root: {root_user}, AGENT_STATE_ROOT_TESTS=1: {enabled})"
+        );
+        return;
+    }
+    if !have(&["bash", "useradd", "groupadd", "getent"]) {
+        return;
+    }
+    let accounts = SystemAccounts {
+        user: "agent-state-it",
+        group: "teleo-it",
+    };
+    accounts.remove(); // leftovers of an interrupted run
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("etc/agent-state/config.toml");
+    let root = dir.path().join("state");
+    let run = || {
+        let out = bootstrap_script(dir.path())
+            .args(["--user", accounts.user, "--group", accounts.group])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", describe(&out));
+        text(&out.stdout)
+    };
+
+    let first = run();
+    assert!(first.contains("groupadd"), "{first}");
+    assert!(first.contains("useradd"), "{first}");
+    let uid = id_of("passwd", accounts.user);
+    let gid = id_of("group", accounts.group);
+    let passwd = text(
+        &Command::new("getent")
+            .args(["passwd", accounts.user])
+            .output()
+            .unwrap()
+            .stdout,
+    );
+    assert!(
+        passwd.contains(&format!(":{}:", root.display())),
+        "home is the state root: {passwd}"
+    );
+    assert!(
+        passwd.trim_end().ends_with("nologin") || passwd.trim_end().ends_with("false"),
+        "{passwd}"
+    );
+
+    // The config is installed, naming the state root.
+    let installed = std::fs::read_to_string(&config).unwrap();
+    assert!(
+        installed.contains(&format!("state_root = \"{}\"", root.display())),
+        "{installed}"
+    );
+
+    // Ownership and modes.
+    for agent in ["rio", "clay", "theseus", "vida", "astra", "leo", "marcus"] {
+        let a = root.join(agent);
+        let meta = std::fs::metadata(&a).unwrap();
+        assert_eq!((meta.uid(), meta.gid()), (uid, gid), "{}", a.display());
+        assert_eq!(mode(&a), 0o755, "{}", a.display());
+        for d in [
+            "inbox",
+            "inbox/.tmp",
+            "inbox/.claimed",
+            "inbox/processed",
+            "inbox/rejected",
+        ] {
+            assert_eq!(mode(&a.join(d)), 0o2770, "{agent}/{d}");
+            assert_eq!(
+                std::fs::metadata(a.join(d)).unwrap().gid(),
+                gid,
+                "{agent}/{d}"
+            );
+        }
+        assert_eq!(
+            mode(&a.join("journal.jsonl")),
+            0o644,
+            "{agent}/journal.jsonl"
+        );
+        if agent != "marcus" {
+            for f in ["report.json", "tasks.json", "metrics.json", "memory.md"] {
+                assert_eq!(mode(&a.join(f)), 0o644, "{agent}/{f}");
+                assert_eq!(
+                    std::fs::metadata(a.join(f)).unwrap().uid(),
+                    uid,
+                    "{agent}/{f}"
+                );
+            }
+        }
+    }
+    assert_eq!(mode(&root), 0o755);
+    assert_eq!(mode(&root.join(".daemon")), 0o750);
+
+    // Rerun: nothing breaks, the config is never overwritten.
+    std::fs::write(&config, format!("{installed}\n# edited by the operator\n")).unwrap();
+    let second = run();
+    assert!(second.contains("exists"), "{second}");
+    assert!(!second.contains("+ useradd"), "{second}");
+    assert!(
+        std::fs::read_to_string(&config)
+            .unwrap()
+            .contains("# edited by the operator")
+    );
+    assert_eq!(mode(&root.join("rio/inbox")), 0o2770);
+    let check = Command::new(BIN)
+        .arg("--config")
+        .arg(&config)
+        .arg("check")
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "check after bootstrap: {}",
+        describe(&check)
+    );
+}
+
+// ---- ops/demo.sh ------------------------------------------------------------------
+
+#[test]
+fn demo_runs_to_the_status_table() {
+    if !have(&["bash", "realpath"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("dev-state");
+    let demo = || {
+        Command::new(repo_file("ops/demo.sh"))
+            .env("BIN", BIN)
+            .env("STATE_ROOT", &root)
+            .env_remove("CONFIG")
+            .env_remove("AGENT_STATE_CONFIG")
+            .env_remove("AGENT_STATE_SESSION_ID")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let out = demo();
+    assert!(out.status.success(), "{}", describe(&out));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains(&root.display().to_string()),
+        "uses the given root:\n{stdout}"
+    );
+
+    // The status table, with one line per agent of config/dev.toml.
+    let lines: Vec<&str> = stdout.lines().collect();
+    let header = lines
+        .iter()
+        .position(|l| l.starts_with("AGENT") && l.contains("STATUS") && l.contains("LAST SESSION"))
+        .unwrap_or_else(|| panic!("no status table:\n{stdout}"));
+    let row = |agent: &str| -> &str {
+        lines[header + 1..]
+            .iter()
+            .find(|l| l.split_whitespace().next() == Some(agent))
+            .unwrap_or_else(|| panic!("no status line for {agent}:\n{stdout}"))
+    };
+    assert!(row("rio").contains("completed"), "{}", row("rio"));
+    assert!(row("theseus").contains("timeout"), "{}", row("theseus"));
+    assert!(row("marcus").contains("mailbox"), "{}", row("marcus"));
+    // marcus's mailbox has rio's answer.
+    assert!(stdout.contains("from rio"), "{stdout}");
+
+    // The state it leaves is what it says.
+    let session = support::read_json(&root.join("rio/session.json"));
+    assert_eq!(session["status"], "completed");
+    assert_eq!(session["pr_number"], 247);
+    let theseus = support::read_json(&root.join("theseus/session.json"));
+    assert_eq!(theseus["status"], "timeout");
+
+    // Rerun: the root is removed and re-created.
+    let again = demo();
+    assert!(again.status.success(), "{}", describe(&again));
+    let journal = std::fs::read_to_string(root.join("rio/journal.jsonl")).unwrap();
+    assert_eq!(
+        journal.matches("\"session_start\"").count(),
+        1,
+        "a fresh root:\n{journal}"
+    );
+}
