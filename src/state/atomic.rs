@@ -17,6 +17,15 @@ use crate::error::{Error, IoContext, Result};
 
 /// Replace `path` with `bytes`, atomically and durably, with file mode `mode`.
 pub fn write_file(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
+    let tmp = durable_temp(path, bytes, mode)?;
+    tmp.persist(path)
+        .map_err(|e| Error::io("renaming a temp file over", path, e.error))?;
+    sync_dir(parent(path))
+}
+
+/// A temp file beside `path` holding `bytes` with `mode`, already fsynced:
+/// what is left is to rename it into place.
+fn durable_temp(path: &Path, bytes: &[u8], mode: u32) -> Result<tempfile::NamedTempFile> {
     let dir = parent(path);
     let file_name = path.file_name().unwrap_or_default().to_string_lossy();
     let mut tmp = tempfile::Builder::new()
@@ -29,9 +38,7 @@ pub fn write_file(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
         .set_permissions(fs::Permissions::from_mode(mode))
         .at("setting the mode of", tmp.path())?;
     tmp.as_file().sync_all().at("syncing", tmp.path())?;
-    tmp.persist(path)
-        .map_err(|e| Error::io("renaming a temp file over", path, e.error))?;
-    sync_dir(dir)
+    Ok(tmp)
 }
 
 /// Serialize `value` as pretty JSON (plus a final newline) and replace `path`.
@@ -61,23 +68,12 @@ pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>> {
 /// Create `path` with `bytes` only if it does not exist yet (O_EXCL), durably.
 /// Returns whether it was created.
 pub fn create_new(path: &Path, bytes: &[u8], mode: u32) -> Result<bool> {
-    // Write under a temp name and link it into place, so a crash never leaves
-    // a half-written file under the real name.
-    let dir = parent(path);
-    let file_name = path.file_name().unwrap_or_default().to_string_lossy();
-    let mut tmp = tempfile::Builder::new()
-        .prefix(&format!(".{file_name}."))
-        .suffix(".tmp")
-        .tempfile_in(dir)
-        .at("creating a temp file in", dir)?;
-    tmp.write_all(bytes).at("writing", tmp.path())?;
-    tmp.as_file()
-        .set_permissions(fs::Permissions::from_mode(mode))
-        .at("setting the mode of", tmp.path())?;
-    tmp.as_file().sync_all().at("syncing", tmp.path())?;
+    // Written under a temp name and linked into place, so a crash never
+    // leaves a half-written file under the real name.
+    let tmp = durable_temp(path, bytes, mode)?;
     match tmp.persist_noclobber(path) {
         Ok(_) => {
-            sync_dir(dir)?;
+            sync_dir(parent(path))?;
             Ok(true)
         }
         Err(e) if e.error.kind() == io::ErrorKind::AlreadyExists => Ok(false),
