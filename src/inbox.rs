@@ -495,6 +495,10 @@ pub fn acknowledge(agent: &AgentDir, session_id: &str) -> Result<Vec<Message>> {
         fs::rename(&path, &target).at("moving to processed/", &path)?;
         out.push(m);
     }
+    if !out.is_empty() {
+        atomic::sync_dir(&agent.processed())?;
+        atomic::sync_dir(&agent.claimed(session_id))?;
+    }
     finish_claim_dir(agent, session_id)?;
     Ok(out)
 }

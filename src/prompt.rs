@@ -8,6 +8,7 @@
 //! sender, never presented as an instruction from the operator.
 
 use std::fs;
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
 use crate::clock::Timestamp;
@@ -150,11 +151,15 @@ fn messages_for_prompt(agent: &AgentDir) -> Result<(Vec<Message>, bool)> {
 
 /// The handoff notes of the last completed session, from the journal.
 fn last_handoff(agent: &AgentDir) -> Result<Option<(String, String)>> {
-    let scan = journal::read(&agent.journal())?;
-    Ok(scan.entries.iter().rev().find_map(|e| match &e.event {
-        Event::SessionEnd(end) => end.handoff.clone().map(|h| (end.session_id.clone(), h)),
-        _ => None,
-    }))
+    let mut found = None;
+    journal::scan_backwards(&agent.journal(), |e| match e.event {
+        Event::SessionEnd(end) if end.handoff.is_some() => {
+            found = end.handoff.map(|h| (end.session_id, h));
+            ControlFlow::Break(())
+        }
+        _ => ControlFlow::Continue(()),
+    })?;
+    Ok(found)
 }
 
 fn markdown_files(dir: &Path) -> Result<Vec<PathBuf>> {

@@ -137,11 +137,7 @@ fn line(ctx: &Context, agent: &AgentConfig) -> Result<Line> {
             .count();
     }
     let since: Timestamp = ctx.now.minus(ROLLING_WINDOW);
-    for e in journal::read(&dir.journal())?
-        .entries
-        .iter()
-        .filter(|e| e.ts >= since)
-    {
+    for e in journal::read_since(&dir.journal(), since)?.iter() {
         match e.event {
             Event::SessionEnd(_) => l.sessions_30d += 1,
             Event::Error(_) => {

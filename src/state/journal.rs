@@ -7,6 +7,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufRead, BufReader, Write};
+use std::ops::ControlFlow;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 
@@ -302,6 +303,71 @@ pub fn read(path: &Path) -> Result<Scan> {
     Ok(scan)
 }
 
+/// Visit entries from the newest back, until `visit` says stop. Reads the
+/// file backwards in blocks, so the cost is what is visited, not the size of
+/// the journal. Unreadable lines are skipped.
+pub fn scan_backwards(path: &Path, mut visit: impl FnMut(Entry) -> ControlFlow<()>) -> Result<()> {
+    const BLOCK: u64 = 64 * 1024;
+    let file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(crate::error::Error::io("opening journal", path, e)),
+    };
+    let mut pos = file.metadata().at("reading journal", path)?.len();
+    // Bytes after `pos` that do not yet form a whole line (read, not visited).
+    let mut carry: Vec<u8> = Vec::new();
+    while pos > 0 {
+        let start = pos.saturating_sub(BLOCK);
+        let mut block = vec![0u8; (pos - start) as usize];
+        file.read_exact_at(&mut block, start)
+            .at("reading journal", path)?;
+        block.extend_from_slice(&carry);
+        pos = start;
+        // The first piece may be the tail of a line that starts earlier.
+        let first_newline = if pos == 0 {
+            None
+        } else {
+            block.iter().position(|b| *b == b'\n')
+        };
+        let (head, lines) = match first_newline {
+            Some(i) => block.split_at(i + 1),
+            None if pos == 0 => (&[][..], &block[..]),
+            None => {
+                carry = block;
+                continue;
+            }
+        };
+        for line in lines.split(|b| *b == b'\n').rev() {
+            if let Ok(entry) = serde_json::from_slice::<Entry>(line)
+                && visit(entry).is_break()
+            {
+                return Ok(());
+            }
+        }
+        carry = head.to_vec();
+    }
+    Ok(())
+}
+
+/// Entries with `ts >= since`, oldest first, read from the end of the file.
+/// A journal's times are nearly ordered (concurrent writers may interleave
+/// within a second), so the scan goes a day past `since` before it stops.
+pub fn read_since(path: &Path, since: Timestamp) -> Result<Vec<Entry>> {
+    let stop_before = since.minus(std::time::Duration::from_secs(86_400));
+    let mut entries = Vec::new();
+    scan_backwards(path, |e| {
+        if e.ts < stop_before {
+            return ControlFlow::Break(());
+        }
+        if e.ts >= since {
+            entries.push(e);
+        }
+        ControlFlow::Continue(())
+    })?;
+    entries.reverse();
+    Ok(entries)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -346,5 +412,48 @@ mod tests {
         assert_eq!(scan.entries.len(), 2);
         assert_eq!(scan.torn.len(), 1);
         assert_eq!(scan.torn[0].line, 2);
+    }
+
+    #[test]
+    fn backwards_scans_see_every_line_across_blocks() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal.jsonl");
+        let base = Timestamp::parse("2026-01-01T00:00:00Z").unwrap();
+        // Enough lines, of uneven length, to span several 64 KiB blocks.
+        let mut text = Vec::new();
+        for i in 0..5000u64 {
+            let e = Entry::new(
+                base.plus(std::time::Duration::from_secs(i * 3600)),
+                Event::Record(Record {
+                    claims_proposed: i,
+                    ..Record::default()
+                }),
+            );
+            text.extend_from_slice(&e.to_line());
+            if i % 7 == 0 {
+                text.extend_from_slice(b"{\"torn\n");
+            }
+        }
+        std::fs::write(&path, &text).unwrap();
+        let mut seen = Vec::new();
+        scan_backwards(&path, |e| {
+            if let Event::Record(r) = e.event {
+                seen.push(r.claims_proposed);
+            }
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+        assert_eq!(seen, (0..5000).rev().collect::<Vec<_>>());
+
+        let since = base.plus(std::time::Duration::from_secs(4990 * 3600));
+        let tail = read_since(&path, since).unwrap();
+        let got: Vec<u64> = tail
+            .iter()
+            .map(|e| match &e.event {
+                Event::Record(r) => r.claims_proposed,
+                _ => unreachable!(),
+            })
+            .collect();
+        assert_eq!(got, (4990..5000).collect::<Vec<_>>());
     }
 }

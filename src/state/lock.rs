@@ -5,7 +5,7 @@
 //! never leave an agent locked.
 
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 
 use nix::fcntl::{Flock, FlockArg};
 
@@ -27,6 +27,14 @@ pub fn lock(agent: &AgentDir) -> Result<AgentLock> {
         .mode(0o660)
         .open(&path)
         .at("opening lock file", &path)?;
+    // Every writer in the agent's group must be able to take the lock; the
+    // umask may have narrowed the mode it was created with.
+    if let Ok(meta) = file.metadata()
+        && meta.permissions().mode() & 0o777 != 0o660
+        && meta.uid() == nix::unistd::geteuid().as_raw()
+    {
+        let _ = file.set_permissions(std::fs::Permissions::from_mode(0o660));
+    }
     let lock = Flock::lock(file, FlockArg::LockExclusive)
         .map_err(|(_, errno)| Error::io("locking", &path, errno.into()))?;
     Ok(AgentLock { _lock: lock })

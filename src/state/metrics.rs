@@ -183,8 +183,8 @@ pub fn apply(
         return Ok(metrics);
     }
     if window_changes {
-        let scan = journal::read(&dir.journal())?;
-        let fresh = Rolling::from_journal(&scan.entries, now);
+        let recent = journal::read_since(&dir.journal(), now.minus(ROLLING_WINDOW))?;
+        let fresh = Rolling::from_journal(&recent, now);
         metrics.rolling_30d = Rolling {
             extra: std::mem::take(&mut metrics.rolling_30d.extra),
             ..fresh
