@@ -1,0 +1,263 @@
+#!/usr/bin/env bash
+# Benchmark: one `session begin` + `session end` pair of the release binary
+# against the same on-disk updates done by a Python 3 script (baseline.py) and a
+# jq + mv shell script (baseline-jq.sh). See README.md.
+#
+#   bench/hooks/run.sh [PAIRS]          (default 200 timed pairs per implementation)
+#
+# Environment:
+#   WARMUP=10            untimed pairs before the timed ones (per implementation)
+#   PYTHON=/usr/bin/python3
+#                        interpreter the Python baseline runs on (default: /usr/bin/python3
+#                        if present, else python3 from PATH, pyenv shims resolved)
+#   PYTHON_VENV=1        run it from a fresh `venv --without-pip` of $PYTHON, so that
+#                        .pth files installed into the host's site-packages (here: a
+#                        sandbox CA hook importing certifi at every start) are not
+#                        timed; PYTHON_VENV=0 uses $PYTHON as it is
+#   BENCH_TMPDIR=/tmp    where the state roots go (must be a real disk for fsync to count)
+#   KEEP=1               keep the temp directory
+#   SKIP_BUILD=1         do not run cargo build
+#
+# Exit status: 0, or 1 if a baseline's files are not equivalent to the Rust ones.
+
+set -euo pipefail
+
+PAIRS=${1:-${PAIRS:-200}}
+WARMUP=${WARMUP:-10}
+[[ $PAIRS =~ ^[1-9][0-9]*$ && $WARMUP =~ ^[0-9]+$ ]] || { echo "usage: $0 [PAIRS]" >&2; exit 64; }
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+BIN=$REPO/target/release/agent-state
+
+say() { printf '\n== %s\n' "$*"; }
+
+# ---- tools ---------------------------------------------------------------------
+
+missing=()
+for tool in hyperfine jq flock; do command -v "$tool" >/dev/null || missing+=("$tool"); done
+if ((${#missing[@]})); then
+    pkgs=()
+    for t in "${missing[@]}"; do [[ $t == flock ]] && pkgs+=(util-linux) || pkgs+=("$t"); done
+    say "installing ${pkgs[*]}"
+    SUDO=''
+    [[ $(id -u) == 0 ]] || SUDO=sudo
+    $SUDO apt-get install -y "${pkgs[@]}" >/dev/null ||
+        { $SUDO apt-get update >/dev/null && $SUDO apt-get install -y "${pkgs[@]}" >/dev/null; }
+fi
+for tool in hyperfine jq flock sync mv tail cargo; do
+    command -v "$tool" >/dev/null || { echo "run.sh: $tool is required" >&2; exit 69; }
+done
+
+if [[ ${SKIP_BUILD:-0} != 1 ]]; then
+    say "cargo build --release"
+    (cd "$REPO" && cargo build --release)
+fi
+[[ -x $BIN ]] || { echo "run.sh: $BIN is missing" >&2; exit 69; }
+
+WORK=$(mktemp -d "${BENCH_TMPDIR:-${TMPDIR:-/tmp}}/agent-state-bench.XXXXXX")
+cleanup() { if [[ ${KEEP:-0} == 1 ]]; then echo "kept $WORK"; else rm -rf "$WORK"; fi; }
+trap cleanup EXIT
+
+# Python: the real interpreter (not a pyenv shim script), in a clean venv.
+if [[ -z ${PYTHON-} ]]; then
+    if [[ -x /usr/bin/python3 ]]; then PYTHON=/usr/bin/python3; else PYTHON=python3; fi
+fi
+PY=$("$PYTHON" -c 'import sys; print(sys.executable)')
+if [[ ${PYTHON_VENV:-1} == 1 ]]; then
+    if "$PY" -m venv --without-pip "$WORK/venv" 2>/dev/null; then
+        PY=$WORK/venv/bin/python3
+    else
+        echo "run.sh: warning: cannot make a venv of $PY; timing it as it is" >&2
+    fi
+fi
+# `python3 baseline.py` compiles the script at every start (a main script gets no
+# cached bytecode); the python-pyc row runs the same code precompiled, as an
+# installed tool (entry-point stub + cached module) would: Python's best case.
+PYC=$WORK/baseline.pyc
+"$PY" -c 'import py_compile, sys; py_compile.compile(sys.argv[1], cfile=sys.argv[2], doraise=True)' \
+    "$HERE/baseline.py" "$PYC"
+
+# ---- state roots -----------------------------------------------------------------
+
+mkroot() { # mkroot NAME → prints the config path of a freshly bootstrapped root
+    local dir=$WORK/$1
+    mkdir -p "$dir"
+    cat >"$dir/config.toml" <<EOF
+state_root = "$dir/state"
+
+[[agent]]
+name = "rio"
+domain = "internet-finance"
+EOF
+    "$BIN" --config "$dir/config.toml" bootstrap >/dev/null
+    printf '%s\n' "$dir/config.toml"
+}
+
+SUMMARY='Archived 8 sources on MetaDAO futarchy markets'
+HANDOFF='Next: compare the 2024 proposal outcomes with the market prices'
+END_ARGS=(--sources-archived 8 --summary "$SUMMARY" --handoff-notes "$HANDOFF")
+
+# A shell command line for one begin + end pair of implementation $1 on config $2.
+pair_cmd() {
+    local impl=$1 cfg=$2 prog
+    case $impl in
+        rust) prog=$(printf '%q' "$BIN") ;;
+        python) prog="$(printf '%q' "$PY") $(printf '%q' "$HERE/baseline.py")" ;;
+        python-pyc) prog="$(printf '%q' "$PY") $(printf '%q' "$PYC")" ;;
+        jq) prog="bash $(printf '%q' "$HERE/baseline-jq.sh")" ;;
+    esac
+    printf '%s --config %q session begin rio >/dev/null && %s --config %q session end rio' \
+        "$prog" "$cfg" "$prog" "$cfg"
+    printf ' %q' "${END_ARGS[@]}"
+    printf ' >/dev/null'
+}
+
+# ---- equivalence check -------------------------------------------------------------
+
+# Values that differ run to run (times, ids, pids) are replaced; everything else,
+# keys and key order included, must match the Rust output. Numbers are compared
+# as numbers (jq 1.6 prints 8.0 as 8).
+NORM='def volatile: ["ts", "updated_at", "started_at", "ended_at", "session_id", "id",
+  "current_session", "owner_pid", "owner_start", "duration_seconds"];
+walk(if type == "object"
+     then with_entries(if (.key as $k | volatile | index($k)) != null and .value != null
+                       then .value = "<varies>" else . end)
+     else . end)'
+
+snapshot() { # snapshot STATE_DIR → a normalised text dump of the agent's files
+    local d=$1/rio f
+    for f in session report metrics; do
+        echo "--- $f.json (keys in file order)"
+        jq "$NORM" "$d/$f.json"
+    done
+    echo "--- journal.jsonl ($(wc -l <"$d/journal.jsonl") lines)"
+    while IFS= read -r line; do jq -c "$NORM" <<<"$line"; done <"$d/journal.jsonl"
+    echo "--- modes"
+    stat -c '%a %n' "$d"/{session,report,metrics}.json "$d/journal.jsonl" | sed "s#$1/##"
+    echo "--- leftovers"
+    find "$d" -name '.*.tmp' | sed "s#$1/##"
+    find "$d/inbox/.claimed" -mindepth 1 | sed "s#$1/##"
+}
+
+mismatch=0
+say "equivalence: 2 pairs on fresh roots, files compared with Rust's"
+for impl in rust python python-pyc jq; do
+    cfg=$(mkroot "check-$impl")
+    for _ in 1 2; do bash -c "$(pair_cmd "$impl" "$cfg")"; done
+    snapshot "$WORK/check-$impl/state" >"$WORK/check-$impl.txt"
+done
+for impl in python python-pyc jq; do
+    if diff -u "$WORK/check-rust.txt" "$WORK/check-$impl.txt" >"$WORK/check-$impl.diff"; then
+        echo "$impl: same files as rust (session.json, report.json, metrics.json, journal.jsonl, modes)"
+    else
+        mismatch=1
+        echo "$impl: MISMATCH with rust:"
+        cat "$WORK/check-$impl.diff"
+    fi
+done
+
+# The same durable work: fsync / fdatasync / successful renames / flock per pair
+# (strace -f over the whole pair, child processes included).
+say "equivalence: syscalls of one pair (strace -f)"
+if command -v strace >/dev/null; then
+    printf '%-11s %6s %10s %8s %6s %8s\n' impl fsync fdatasync renames flock execve
+    for impl in rust python python-pyc jq; do
+        cfg=$(mkroot "strace-$impl")
+        strace -f -qq -o "$WORK/strace-$impl.txt" \
+            -e trace=fsync,fdatasync,rename,renameat,renameat2,flock,execve \
+            bash -c "$(pair_cmd "$impl" "$cfg")"
+        t=$WORK/strace-$impl.txt
+        profile="$(grep -c 'fsync(' "$t") $(grep -c 'fdatasync(' "$t") $(grep -cE 'rename.*= 0$' "$t") $(grep -cE 'flock\(.*LOCK_EX' "$t")"
+        read -r a b c d <<<"$profile"
+        printf '%-11s %6s %10s %8s %6s %8s\n' "$impl" "$a" "$b" "$c" "$d" "$(grep -cE 'execve\(.*= 0$' "$t")"
+        [[ $impl == rust ]] && rust_profile=$profile
+        if [[ $profile != "$rust_profile" ]]; then
+            mismatch=1
+            echo "MISMATCH: $impl does not do the same fsync/fdatasync/rename/flock calls as rust"
+        fi
+    done
+else
+    echo "(strace not installed: skipped)"
+fi
+
+# ---- timing ------------------------------------------------------------------------
+
+for impl in rust python python-pyc jq; do
+    declare "CFG_${impl//-/_}=$(mkroot "time-$impl")"
+done
+# The disk's fsync latency drifts (a VM's virtual disk, other tenants), so the
+# implementations are not timed one after the other: the pairs are split into
+# ROUNDS hyperfine runs, the order rotating each round, and the times merged.
+ROUNDS=${ROUNDS:-5}
+((ROUNDS > PAIRS)) && ROUNDS=$PAIRS
+IMPLS=(rust python python-pyc jq)
+say "timing: $PAIRS pairs per implementation in $ROUNDS rounds, after $WARMUP warm-up pairs (hyperfine)"
+echo "python: $PY ($("$PY" -c 'import sys; print(sys.version.split()[0])'))"
+echo "jq: $(jq --version); cores: $(nproc); state under $(df -T "$WORK" | awk 'NR==2 {print $2 " " $7}')"
+for ((round = 0; round < ROUNDS; round++)); do
+    runs=$((PAIRS / ROUNDS + (round < PAIRS % ROUNDS ? 1 : 0)))
+    warm=$((round == 0 ? WARMUP : 2))
+    args=()
+    for ((i = 0; i < ${#IMPLS[@]}; i++)); do
+        impl=${IMPLS[(i + round) % ${#IMPLS[@]}]}
+        cfg_var=CFG_${impl//-/_}
+        args+=(-n "$impl" "$(pair_cmd "$impl" "${!cfg_var}")")
+    done
+    echo "-- round $((round + 1))/$ROUNDS: $runs pairs each (+$warm warm-up)"
+    hyperfine --shell=bash --warmup "$warm" --runs "$runs" --style "${HYPERFINE_STYLE:-basic}" \
+        --export-json "$WORK/round-$round.json" "${args[@]}"
+done
+jq -s '{results: ([.[].results[]] | group_by(.command)
+                  | map({command: .[0].command, times: [.[].times[]]}))}' \
+    "$WORK"/round-*.json >"$WORK/pairs.json"
+
+FLOOR_RUNS=$((PAIRS < 100 ? PAIRS : 100))
+say "start-up floor: two bare process starts, no state touched ($FLOOR_RUNS runs)"
+hyperfine --shell=bash --warmup 5 --runs "$FLOOR_RUNS" --style basic \
+    --export-json "$WORK/floor.json" \
+    -n "rust: 2x agent-state --version" "$(printf '%q' "$BIN") --version >/dev/null && $(printf '%q' "$BIN") --version >/dev/null" \
+    -n "python: 2x python3 -c pass" "$(printf '%q' "$PY") -c pass && $(printf '%q' "$PY") -c pass" \
+    -n "jq: 2x bash + 9x jq -n 1" "for _ in 1 2; do bash -c :; done; for _ in 1 2 3 4 5 6 7 8 9; do jq -n 1 >/dev/null; done"
+
+# ---- after the run: the three timed roots must agree too -----------------------------
+
+say "after the run: timed roots compared (journal length, metrics.json)"
+for impl in rust python python-pyc jq; do
+    d=$WORK/time-$impl/state/rio
+    printf '%-10s journal lines: %s  metrics: %s\n' "$impl" "$(wc -l <"$d/journal.jsonl")" \
+        "$(jq -c '{total: .lifetime.sessions_total, sources: .lifetime.sources_archived, rolling_30d: .rolling_30d}' "$d/metrics.json")" \
+        | tee -a "$WORK/after.txt"
+done
+if [[ $(sed 's/^[a-z-]* *//' "$WORK/after.txt" | sort -u | wc -l) != 1 ]]; then
+    mismatch=1
+    echo "MISMATCH: the timed roots differ"
+fi
+
+# ---- results -------------------------------------------------------------------------
+
+say "results: wall time per begin+end pair, all rounds (ms; hyperfine subtracts the bash -c start-up)"
+STATS='def pct($p): sort | .[((length * $p) | ceil) - 1];
+  def median: sort | if length % 2 == 1 then .[(length - 1) / 2]
+                     else (.[length / 2 - 1] + .[length / 2]) / 2 end;
+  [.results[] | {name: .command, median: (.times | median * 1000),
+                 mean: (.times | add / length * 1000), p90: (.times | pct(0.9) * 1000),
+                 min: (.times | min * 1000), n: (.times | length)}]
+  | sort_by(["rust", "python", "python-pyc", "jq"] as $o | .name as $n | $o | index($n))'
+jq -r "$STATS"' | (["implementation", "median", "mean", "p90", "min", "runs"] | @tsv),
+  (.[] | [.name, (.median, .mean, .p90, .min | . * 100 | round / 100 | tostring), (.n | tostring)] | @tsv)' \
+    "$WORK/pairs.json" | column -t -s $'\t'
+echo
+jq -r "$STATS"' | (map({(.name): .}) | add) as $r
+  | ["python", "python-pyc", "jq"][] as $b
+  | "\($b)/rust: median \($r[$b].median / $r.rust.median * 100 | round / 100)x, mean \($r[$b].mean / $r.rust.mean * 100 | round / 100)x, p90 \($r[$b].p90 / $r.rust.p90 * 100 | round / 100)x"' \
+    "$WORK/pairs.json"
+echo
+echo "start-up floor (ms, median):"
+jq -r '.results[] | "  \(.command): \(.median * 1000 * 100 | round / 100)"' "$WORK/floor.json"
+
+if ((mismatch)); then
+    echo
+    echo "run.sh: a baseline's files differ from the Rust hooks' (see above)" >&2
+    exit 1
+fi
