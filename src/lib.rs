@@ -26,6 +26,7 @@ pub mod check;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod daemon;
 pub mod error;
 pub mod hooks;
 pub mod inbox;
