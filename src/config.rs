@@ -236,6 +236,10 @@ impl Config {
     /// Validate `text` as if read from `path` (relative paths in it resolve
     /// against the file's directory).
     pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        // Relative paths in the file (state_root, a command) resolve against
+        // the file's directory, whatever the working directory of whoever
+        // reads it; sessions run in the agent's directory.
+        let path = &std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
         let table: toml::Table = toml::from_str(text).map_err(|e| ConfigError::Syntax {
             path: path.to_path_buf(),
             message: e.to_string().trim().replace('\n', "\n    "),

@@ -16,6 +16,7 @@ pub mod exit {
     pub const DATAERR: u8 = 65;
     pub const NOINPUT: u8 = 66;
     pub const NOUSER: u8 = 67;
+    pub const UNAVAILABLE: u8 = 69;
     pub const SOFTWARE: u8 = 70;
     pub const OSERR: u8 = 71;
     pub const CANTCREAT: u8 = 73;
@@ -78,6 +79,9 @@ pub enum Error {
 
     #[error("{0}")]
     Data(String),
+
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 impl Error {
@@ -106,6 +110,7 @@ impl Error {
                 exit::NOINPUT
             }
             Error::SessionBusy { .. } => exit::TEMPFAIL,
+            Error::Unavailable(_) => exit::UNAVAILABLE,
         }
     }
 }

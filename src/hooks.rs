@@ -248,6 +248,8 @@ pub struct BeginRequest {
     /// `AGENT_STATE_SESSION_ID`: join this session if it is the one running.
     pub join: Option<String>,
     pub owner: Option<Owner>,
+    /// The instance id of the spawn (set by the daemon).
+    pub instance: Option<String>,
 }
 
 #[derive(Debug, Default)]
@@ -347,6 +349,7 @@ pub fn begin(
         disconfirmation_target: disconfirmation_target.clone(),
         messages: message_ids.clone(),
         owner_pid: req.owner.map(|o| o.pid),
+        instance: req.instance.clone(),
     });
     dir.journal_append(&lock, now, start.clone())?;
 
@@ -374,6 +377,7 @@ pub fn begin(
         reason: None,
         owner_pid: req.owner.map(|o| o.pid),
         owner_start: req.owner.and_then(|o| o.start),
+        instance: req.instance.clone(),
         messages: message_ids,
         extra,
     };
@@ -383,6 +387,7 @@ pub fn begin(
     report.agent = dir.name.to_string();
     report.status = AgentStatus::for_session(kind);
     report.current_session = Some(session_id.clone());
+    report.instance = req.instance.clone();
     report.updated_at = Some(now);
     dir.save(&lock, &report)?;
 
@@ -508,7 +513,7 @@ fn new_session_id(dir: &AgentDir, last: &str, now: Timestamp) -> String {
 }
 
 /// Task messages add a pending task when received (once per message).
-fn add_tasks_from_messages(
+pub(crate) fn add_tasks_from_messages(
     dir: &AgentDir,
     lock: &AgentLock,
     messages: &[Message],

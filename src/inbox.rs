@@ -818,3 +818,43 @@ mod tests {
         assert_eq!(ids, ["c", "b", "a"]);
     }
 }
+
+/// What receiving an inbox found: valid messages waiting (by priority),
+/// whether some file is still settling, and what was rejected.
+#[derive(Debug, Default)]
+pub struct Received {
+    pub high: usize,
+    pub normal: usize,
+    pub unsettled: bool,
+    pub rejected: Vec<(String, String)>,
+    /// Valid `task` messages (their tasks are added by the caller).
+    pub tasks: Vec<Message>,
+}
+
+/// Look at every waiting file as the daemon receives it: settled invalid
+/// files go to `rejected/`, valid ones are counted and left waiting for the
+/// next session to claim. Call with the agent lock held.
+pub fn receive(agent: &AgentDir, now: Timestamp) -> Result<Received> {
+    let mut out = Received::default();
+    let sys_now = SystemTime::now();
+    for name in waiting_names(agent)? {
+        match inspect(agent, &name, sys_now) {
+            Verdict::Valid(m) if m.is_expired(now) => {}
+            Verdict::Valid(m) => {
+                match m.priority {
+                    Priority::High => out.high += 1,
+                    Priority::Normal => out.normal += 1,
+                }
+                if m.kind == MessageType::Task {
+                    out.tasks.push(*m);
+                }
+            }
+            Verdict::Unsettled(_) => out.unsettled = true,
+            Verdict::Invalid(r) => {
+                reject(agent, &agent.inbox().join(&name), &r.reason, now)?;
+                out.rejected.push((name, r.reason));
+            }
+        }
+    }
+    Ok(out)
+}

@@ -10,8 +10,81 @@
 //! The `cron` crate was considered and not used: it wants a seconds field and
 //! ANDs the two day fields, which silently changes what an existing crontab
 //! line means.
+//!
+//! # When a schedule fires
+//!
+//! A schedule names wall-clock minutes in the agent's time zone; the daemon
+//! needs instants. [`Schedule::next_after`] turns one into the other, and
+//! everything else here (jitter, the catch-up decision) is built on it. Every
+//! function takes the time and the zone as values, so the same rules hold in
+//! the daemon, in `report.json`'s `next_wake_at` and in the tests.
+//!
+//! Most wall-clock minutes happen exactly once, and the schedule fires at that
+//! instant. Daylight-saving changes make two kinds of exception, and we treat
+//! them as Vixie cron and cronie do, because a crontab line should mean on
+//! this server what it means in the system crontab. Those crons distinguish
+//! two kinds of entry (the `MIN_STAR | HR_STAR` flags), and so do we:
+//!
+//! - A **wildcard** schedule is one whose minute or hour field starts with
+//!   `*`: `*/15 * * * *`, `0 * * * *` (also `@hourly`), `*/5 9 * * *`. It
+//!   describes an interval, and it follows the clock on the wall minute by
+//!   minute in real time.
+//! - A **fixed-time** schedule is every other one: `30 2 * * *`, `@daily`,
+//!   `0 9-17 * * mon-fri`. It describes appointments, and each appointment is
+//!   kept once.
+//!
+//! The rules, for a wall-clock minute that the schedule matches:
+//!
+//! 1. **Repeated minutes** (the clock goes back, e.g. 02:00–02:59 on the last
+//!    Sunday of October in Europe/Berlin, 01:00–01:59 on the first Sunday of
+//!    November in America/New_York). A fixed-time schedule fires at the
+//!    *first* occurrence only, so `30 2 * * *` runs once, at 02:30 summer
+//!    time, never a second time at 02:30 winter time. A wildcard schedule
+//!    fires at *both* occurrences, so `*/15 * * * *` keeps its 15-minute
+//!    rhythm in real time and `0 * * * *` runs at 02:00 summer time and again
+//!    one hour later at 02:00 winter time.
+//! 2. **Missing minutes** (the clock jumps forward, e.g. 02:00–02:59 on the
+//!    last Sunday of March in Europe/Berlin). A fixed-time schedule fires at
+//!    the first instant after the gap (03:00 local in Berlin), so
+//!    `30 2 * * *` still runs that day; several missing minutes, and a
+//!    scheduled minute at the end of the gap itself, all land on that one
+//!    instant and fire *once*. A wildcard schedule does not fire for missing
+//!    minutes: the clock skipped them, and the interval goes on from the next
+//!    minute that exists (`*/15 * * * *` runs at 01:45 winter time and then
+//!    at 03:00 summer time, 15 real minutes later; `5 * * * *` runs at
+//!    01:05 and then 03:05, and `*/10 2 * * *` does not run that day).
+//!
+//! Fire times are whole minutes of local time (seconds zero), and "next"
+//! always means strictly after the given instant: at 22:00:30 the 22:00 run
+//! is in the past.
+//!
+//! We considered the simpler rule "fire at every matching wall-clock minute,
+//! first occurrence only, missing minutes moved to the end of the gap" and
+//! rejected it for wildcard schedules: it leaves a 75-minute hole in a
+//! `*/15 * * * *` schedule every autumn and runs `5 * * * *` at 03:00 *and*
+//! 03:05 every spring.
+//!
+//! # Jitter and missed runs
+//!
+//! [`jitter_offset`] spreads agents that share a schedule over the configured
+//! jitter, so ten agents on `0 22 * * *` do not start in the same second. The
+//! offset is a hash of the agent name and the fire time, not a random draw,
+//! so a restarted daemon computes the same wake time it announced in
+//! `report.json`.
+//!
+//! [`missed_runs`] decides what to do about fire times that passed while the
+//! daemon was down: at most one catch-up run, for the latest missed time, and
+//! only if that time is recent enough to still be useful; otherwise the miss
+//! is reported, not replayed. A burst of stale runs after an outage helps no
+//! one and competes with the runs that are due now.
 
-use chrono::{Datelike, NaiveDateTime, Timelike};
+use std::time::Duration;
+
+use chrono::{
+    DateTime, Datelike, LocalResult, Months, NaiveDate, NaiveDateTime, TimeDelta, TimeZone,
+    Timelike, Utc,
+};
+use chrono_tz::Tz;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Schedule {
@@ -23,6 +96,9 @@ pub struct Schedule {
     days_of_week: u8,
     dom_restricted: bool,
     dow_restricted: bool,
+    /// Cronie's `MIN_STAR | HR_STAR`: the minute or the hour field starts
+    /// with `*`. Decides the daylight-saving rules (module docs).
+    wildcard: bool,
 }
 
 const MONTHS: [&str; 12] = [
@@ -125,6 +201,7 @@ impl Schedule {
             days_of_week: dow as u8,
             dom_restricted: !parts[2].starts_with('*'),
             dow_restricted: !parts[4].starts_with('*'),
+            wildcard: parts[0].starts_with('*') || parts[1].starts_with('*'),
         })
     }
 
@@ -134,21 +211,358 @@ impl Schedule {
 
     /// Does this schedule fire at the given wall-clock minute (seconds ignored)?
     pub fn matches(&self, t: &NaiveDateTime) -> bool {
-        let bit = |set: u64, v: u32| set & (1u64 << v) != 0;
-        if !bit(self.minutes, t.minute())
-            || !bit(self.hours as u64, t.hour())
-            || !bit(self.months as u64, t.month())
-        {
-            return false;
-        }
-        let dom = bit(self.days_of_month as u64, t.day());
-        let dow = bit(self.days_of_week as u64, t.weekday().num_days_from_sunday());
+        bit(self.minutes, t.minute())
+            && bit(self.hours.into(), t.hour())
+            && bit(self.months.into(), t.month())
+            && self.day_matches(t.day(), t.weekday().num_days_from_sunday())
+    }
+
+    /// Crontab's day rule: OR when both day fields are restricted, else AND.
+    fn day_matches(&self, day_of_month: u32, day_of_week: u32) -> bool {
+        let dom = bit(self.days_of_month.into(), day_of_month);
+        let dow = bit(self.days_of_week.into(), day_of_week);
         if self.dom_restricted && self.dow_restricted {
             dom || dow
         } else {
             dom && dow
         }
     }
+
+    /// Is this a wildcard schedule in cronie's sense (minute or hour field
+    /// starts with `*`)? See the module docs for what that changes.
+    pub fn is_wildcard(&self) -> bool {
+        self.wildcard
+    }
+
+    /// The first instant strictly after `after` at which this schedule fires,
+    /// reading the schedule as wall-clock time in `tz`, with the
+    /// daylight-saving rules of the module docs. Always a whole minute of
+    /// local time. `None` if the schedule never fires (`0 0 30 2 *`): the
+    /// search covers 400 years, one full cycle of the Gregorian calendar, so
+    /// a schedule that fires at all fires within it.
+    ///
+    /// The search skips whole months, days and hours that the schedule rules
+    /// out, so a rare schedule (`0 0 29 2 *`) costs a few hundred steps, not a
+    /// step per minute.
+    pub fn next_after(&self, after: DateTime<Utc>, tz: Tz) -> Option<DateTime<Utc>> {
+        let local = after.with_timezone(&tz).naive_local();
+        let mut cursor = local;
+        // In the first pass through a repeated hour, the second occurrences
+        // of wall-clock minutes *earlier* than now are still ahead in real
+        // time; a wildcard schedule fires at those, so start looking there.
+        if self.wildcard
+            && let LocalResult::Ambiguous(first, second) = tz.from_local_datetime(&local)
+        {
+            cursor = local - (second - first);
+        }
+        let limit = cursor
+            .date()
+            .checked_add_months(Months::new(12 * SEARCH_YEARS))?;
+        // Wall-clock order is real-time order except for second occurrences
+        // of repeated minutes, so keep the earliest candidate and stop once a
+        // wall-clock minute cannot produce anything earlier.
+        let mut best: Option<DateTime<Utc>> = None;
+        while let Some(wall) = self.next_wall_clock_match(cursor, limit) {
+            let (earliest, fires) = self.instants(wall, tz);
+            if let (Some(b), Some(e)) = (best, earliest)
+                && e >= b
+            {
+                break;
+            }
+            for t in fires.into_iter().flatten() {
+                if t > after && best.is_none_or(|b| t < b) {
+                    best = Some(t);
+                }
+            }
+            cursor = wall + TimeDelta::minutes(1);
+        }
+        best
+    }
+
+    /// [`next_after`](Self::next_after) plus this agent's
+    /// [`jitter_offset`] for that fire time: when the daemon wakes the agent
+    /// (`report.json` `next_wake_at`). Pass the last *fire* time as `after`,
+    /// not the last wake time, or a jitter longer than the interval would
+    /// skip fire times.
+    pub fn next_wake(
+        &self,
+        after: DateTime<Utc>,
+        tz: Tz,
+        agent: &str,
+        jitter: Duration,
+    ) -> Option<DateTime<Utc>> {
+        let fire = self.next_after(after, tz)?;
+        let offset = TimeDelta::from_std(jitter_offset(agent, fire, jitter)).ok()?;
+        fire.checked_add_signed(offset)
+    }
+
+    /// The instants at which the wall-clock minute `wall` fires under the
+    /// daylight-saving rules, and the earliest instant `wall` denotes at all
+    /// (a lower bound for every later wall-clock minute's instants; `None`
+    /// when it is not needed).
+    fn instants(
+        &self,
+        wall: NaiveDateTime,
+        tz: Tz,
+    ) -> (Option<DateTime<Utc>>, [Option<DateTime<Utc>>; 2]) {
+        let utc = |t: DateTime<Tz>| t.with_timezone(&Utc);
+        match tz.from_local_datetime(&wall) {
+            LocalResult::Single(t) => (Some(utc(t)), [Some(utc(t)), None]),
+            LocalResult::Ambiguous(first, second) => {
+                let second = self.wildcard.then(|| utc(second));
+                (Some(utc(first)), [Some(utc(first)), second])
+            }
+            LocalResult::None if self.wildcard => (None, [None, None]),
+            LocalResult::None => {
+                let end = gap_end(wall, tz);
+                (end, [end, None])
+            }
+        }
+    }
+
+    /// The first wall-clock minute at or after `from` (seconds ignored) that
+    /// matches, not later than the day `limit`.
+    fn next_wall_clock_match(
+        &self,
+        from: NaiveDateTime,
+        limit: NaiveDate,
+    ) -> Option<NaiveDateTime> {
+        let mut date = from.date();
+        let (mut hour, mut minute) = (from.hour(), from.minute());
+        loop {
+            if date > limit {
+                return None;
+            }
+            if !bit(self.months.into(), date.month()) {
+                date = self.next_month_start(date)?;
+                (hour, minute) = (0, 0);
+                continue;
+            }
+            match self.next_day_in_month(date) {
+                Some(day) if day == date => {}
+                Some(day) => {
+                    date = day;
+                    (hour, minute) = (0, 0);
+                }
+                None => {
+                    date = first_of_next_month(date)?;
+                    (hour, minute) = (0, 0);
+                    continue;
+                }
+            }
+            match next_bit(self.hours.into(), hour) {
+                Some(h) if h == hour => {}
+                Some(h) => (hour, minute) = (h, 0),
+                None => {
+                    date = date.succ_opt()?;
+                    (hour, minute) = (0, 0);
+                    continue;
+                }
+            }
+            match next_bit(self.minutes, minute) {
+                Some(m) => return date.and_hms_opt(hour, m, 0),
+                None if hour == 23 => {
+                    date = date.succ_opt()?;
+                    (hour, minute) = (0, 0);
+                }
+                None => (hour, minute) = (hour + 1, 0),
+            }
+        }
+    }
+
+    /// The first day of the next month (after `date`'s) that the month field
+    /// allows.
+    fn next_month_start(&self, date: NaiveDate) -> Option<NaiveDate> {
+        match next_bit(self.months.into(), date.month() + 1) {
+            Some(month) => NaiveDate::from_ymd_opt(date.year(), month, 1),
+            None => {
+                let month = next_bit(self.months.into(), 1)?;
+                NaiveDate::from_ymd_opt(date.year().checked_add(1)?, month, 1)
+            }
+        }
+    }
+
+    /// The first day from `date` to the end of its month that the day
+    /// fields allow, in plain integer arithmetic.
+    fn next_day_in_month(&self, date: NaiveDate) -> Option<NaiveDate> {
+        let last = days_in_month(date.year(), date.month());
+        let weekday = date.weekday().num_days_from_sunday();
+        (date.day()..=last)
+            .find(|&day| self.day_matches(day, (weekday + day - date.day()) % 7))
+            .and_then(|day| date.with_day(day))
+    }
+}
+
+/// How many years [`Schedule::next_after`] searches before it concludes that
+/// a schedule never fires. The Gregorian calendar (dates and weekdays)
+/// repeats every 400 years, so one more than that is exhaustive.
+const SEARCH_YEARS: u32 = 401;
+
+/// The most missed runs [`missed_runs`] counts; a larger miss is reported as
+/// this many ("at least").
+pub const MISSED_COUNT_CAP: u32 = 10_000;
+
+/// What to do, after the daemon was down, about the fire times it missed.
+/// In both non-`Nothing` cases the daemon records `scheduled` as the new
+/// last fire time, so the same miss is never acted on or reported twice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Missed {
+    /// No fire time passed unseen.
+    Nothing,
+    /// Run once now, for the latest missed fire time (the others are
+    /// dropped: never a burst).
+    CatchUp { scheduled: DateTime<Utc> },
+    /// The latest missed fire time is older than the catch-up window: do not
+    /// run, record the miss. `count` is how many fire times were missed,
+    /// at most [`MISSED_COUNT_CAP`].
+    TooLate {
+        scheduled: DateTime<Utc>,
+        count: u32,
+    },
+}
+
+/// The catch-up decision at daemon start. `last_fire` is the last fire time
+/// the daemon acted on (the scheduled time, not the jittered wake time), or
+/// `None` for an agent that never fired: a new agent waits for its next fire
+/// time instead of running at once. Fire times in `(last_fire, now]` were
+/// missed; if the latest of them is at most `window` before `now`, the agent
+/// runs once for it, otherwise the miss is only reported.
+pub fn missed_runs(
+    schedule: &Schedule,
+    tz: Tz,
+    last_fire: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+    window: Duration,
+) -> Missed {
+    let Some(last_fire) = last_fire else {
+        return Missed::Nothing;
+    };
+    let mut count = 0;
+    let mut latest = None;
+    let mut cursor = last_fire;
+    while count < MISSED_COUNT_CAP {
+        match schedule.next_after(cursor, tz) {
+            Some(fire) if fire <= now => {
+                count += 1;
+                latest = Some(fire);
+                cursor = fire;
+            }
+            _ => break,
+        }
+    }
+    let Some(mut latest) = latest else {
+        return Missed::Nothing;
+    };
+    if count == MISSED_COUNT_CAP {
+        latest = latest_fire_up_to(schedule, tz, latest, now);
+    }
+    let window = TimeDelta::from_std(window).unwrap_or(TimeDelta::MAX);
+    if now - latest <= window {
+        Missed::CatchUp { scheduled: latest }
+    } else {
+        Missed::TooLate {
+            scheduled: latest,
+            count,
+        }
+    }
+}
+
+/// The latest fire time in `[known, now]`, given that `known` is one:
+/// look back from `now` over doubling windows, so the cost follows the
+/// distance to the answer, not to `known`.
+fn latest_fire_up_to(
+    schedule: &Schedule,
+    tz: Tz,
+    known: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> DateTime<Utc> {
+    let mut span = TimeDelta::minutes(1);
+    loop {
+        let start = now.checked_sub_signed(span).map_or(known, |t| t.max(known));
+        let mut latest = None;
+        let mut cursor = start;
+        while let Some(fire) = schedule.next_after(cursor, tz).filter(|f| *f <= now) {
+            latest = Some(fire);
+            cursor = fire;
+        }
+        match latest {
+            Some(fire) => return fire,
+            None if start == known => return known,
+            None => span = span.checked_mul(2).unwrap_or(TimeDelta::MAX),
+        }
+    }
+}
+
+/// A deterministic offset in `[0, jitter)`, in whole seconds (the precision
+/// of every timestamp in the state files), for `agent`'s run at `fire`.
+/// The same inputs give the same offset in every process and every release
+/// that keeps this hash: FNV-1a over the agent name, a NUL and the fire time
+/// (Unix seconds, little-endian), finished with SplitMix64's mixer so that
+/// neighbouring fire times land far apart. A jitter under one second gives
+/// zero.
+pub fn jitter_offset(agent: &str, fire: DateTime<Utc>, jitter: Duration) -> Duration {
+    const FNV_OFFSET_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
+    const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+    let span = jitter.as_secs();
+    if span == 0 {
+        return Duration::ZERO;
+    }
+    let mut hash = FNV_OFFSET_BASIS;
+    let bytes = agent
+        .bytes()
+        .chain([0])
+        .chain(fire.timestamp().to_le_bytes());
+    for byte in bytes {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(FNV_PRIME);
+    }
+    let hash = splitmix64_mix(hash);
+    // Scale the hash onto [0, span) by multiplication: unbiased enough and
+    // no modulo.
+    Duration::from_secs(((u128::from(hash) * u128::from(span)) >> 64) as u64)
+}
+
+/// SplitMix64's output function (Steele, Lea, Flood 2014).
+fn splitmix64_mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The first instant after the daylight-saving gap that swallows `wall`,
+/// found as the instant of the first wall-clock minute after it that exists.
+/// Gaps are an hour or less in practice (a day at most, Samoa 2011); the
+/// search gives up after three days.
+fn gap_end(wall: NaiveDateTime, tz: Tz) -> Option<DateTime<Utc>> {
+    (1..=3 * 24 * 60).find_map(|minutes| {
+        tz.from_local_datetime(&(wall + TimeDelta::minutes(minutes)))
+            .earliest()
+            .map(|t| t.with_timezone(&Utc))
+    })
+}
+
+fn bit(set: u64, v: u32) -> bool {
+    set & (1u64 << v) != 0
+}
+
+/// The smallest member of `set` that is at least `from` (`from` < 64).
+fn next_bit(set: u64, from: u32) -> Option<u32> {
+    let rest = set & (!0u64 << from);
+    (rest != 0).then(|| rest.trailing_zeros())
+}
+
+fn days_in_month(year: i32, month: u32) -> u32 {
+    match month {
+        2 if (year % 4 == 0 && year % 100 != 0) || year % 400 == 0 => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    }
+}
+
+fn first_of_next_month(date: NaiveDate) -> Option<NaiveDate> {
+    date.with_day(1)?.checked_add_months(Months::new(1))
 }
 
 fn parse_field(text: &str, field: &Field) -> Result<u64, String> {
@@ -224,7 +638,7 @@ fn value(text: &str, field: &Field) -> Result<u32, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use chrono::NaiveDate;
+    use std::collections::BTreeSet;
 
     fn at(y: i32, mo: u32, d: u32, h: u32, mi: u32) -> NaiveDateTime {
         NaiveDate::from_ymd_opt(y, mo, d)
@@ -298,6 +712,349 @@ mod tests {
         for (line, want) in cases {
             let err = Schedule::parse(line).unwrap_err();
             assert!(err.contains(want), "{line}: {err}");
+        }
+    }
+
+    fn utc(text: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(text)
+            .unwrap_or_else(|e| panic!("{text}: {e}"))
+            .with_timezone(&Utc)
+    }
+
+    fn tz(name: &str) -> Tz {
+        name.parse().unwrap()
+    }
+
+    #[test]
+    fn wildcard_is_a_star_led_minute_or_hour() {
+        let cases = [
+            ("*/15 * * * *", true),
+            ("0 * * * *", true),
+            ("@hourly", true),
+            ("*/5 9 * * *", true),
+            ("* 2 * * *", true),
+            ("30 2 * * *", false),
+            ("@daily", false),
+            ("0 9-17 * * mon-fri", false),
+            ("0,30 1,2 * * *", false),
+            ("0 0 * * *", false),
+        ];
+        for (line, want) in cases {
+            assert_eq!(Schedule::parse(line).unwrap().is_wildcard(), want, "{line}");
+        }
+    }
+
+    /// (schedule, zone, after, the next fire time) — each row one rule of the
+    /// module docs, on the 2026 daylight-saving days.
+    #[test]
+    fn next_after_table() {
+        #[rustfmt::skip]
+        let cases: &[(&str, &str, &str, Option<&str>)] = &[
+            // Plain UTC: strictly after, whole minutes.
+            ("0 22 * * *", "UTC", "2026-03-31T21:59:59Z", Some("2026-03-31T22:00:00Z")),
+            ("0 22 * * *", "UTC", "2026-03-31T22:00:00Z", Some("2026-04-01T22:00:00Z")),
+            ("0 22 * * *", "UTC", "2026-03-31T22:00:30Z", Some("2026-04-01T22:00:00Z")),
+            ("*/5 * * * *", "UTC", "2026-12-31T23:58:00Z", Some("2027-01-01T00:00:00Z")),
+            ("30 9 * * mon-fri", "UTC", "2026-11-20T10:00:00Z", Some("2026-11-23T09:30:00Z")),
+            ("0 0 13 * fri", "UTC", "2026-11-13T00:00:00Z", Some("2026-11-20T00:00:00Z")),
+            ("@monthly", "UTC", "2026-01-31T12:00:00Z", Some("2026-02-01T00:00:00Z")),
+            // Rare and impossible days, found by skipping, not stepping.
+            ("0 0 29 2 *", "UTC", "2026-03-01T00:00:00Z", Some("2028-02-29T00:00:00Z")),
+            ("0 0 29 2 *", "UTC", "2096-03-01T00:00:00Z", Some("2104-02-29T00:00:00Z")),
+            ("0 0 31 * *", "UTC", "2026-04-01T00:00:00Z", Some("2026-05-31T00:00:00Z")),
+            ("0 0 31 * *", "UTC", "2026-07-31T00:00:00Z", Some("2026-08-31T00:00:00Z")),
+            ("0 0 30 2 *", "UTC", "2026-01-01T00:00:00Z", None),
+            ("0 0 31 4,6,9,11 *", "UTC", "2026-01-01T00:00:00Z", None),
+            // Wildcard day-of-month keeps the AND: the 1st of February on a Sunday.
+            ("0 0 */30 2 sun", "UTC", "2026-02-01T00:00:00Z", Some("2032-02-01T00:00:00Z")),
+            ("0 0 */30 2 sun", "UTC", "2043-02-01T00:00:00Z", Some("2054-02-01T00:00:00Z")),
+            // A half-hour zone without daylight saving: 22:00 IST is 16:30 UTC.
+            ("0 22 * * *", "Asia/Kolkata", "2026-03-31T00:00:00Z", Some("2026-03-31T16:30:00Z")),
+            ("0 0 1 1 *", "Asia/Kolkata", "2026-06-01T00:00:00Z", Some("2026-12-31T18:30:00Z")),
+            // Europe/Berlin, spring: 02:00 CET jumps to 03:00 CEST on 2026-03-29.
+            // Fixed time in the gap: once, at 03:00 CEST (01:00 UTC); next day normal.
+            ("30 2 * * *", "Europe/Berlin", "2026-03-28T12:00:00Z", Some("2026-03-29T01:00:00Z")),
+            ("30 2 * * *", "Europe/Berlin", "2026-03-29T01:00:00Z", Some("2026-03-30T00:30:00Z")),
+            // 02:00 (missing) and 03:00 land on one instant and fire once.
+            ("0 2,3 * * *", "Europe/Berlin", "2026-03-28T23:00:00Z", Some("2026-03-29T01:00:00Z")),
+            ("0 2,3 * * *", "Europe/Berlin", "2026-03-29T01:00:00Z", Some("2026-03-30T00:00:00Z")),
+            ("0,30 2 * * *", "Europe/Berlin", "2026-03-29T01:00:00Z", Some("2026-03-30T00:00:00Z")),
+            // Wildcard: the missing minutes are skipped, the interval goes on.
+            ("*/15 * * * *", "Europe/Berlin", "2026-03-29T00:45:00Z", Some("2026-03-29T01:00:00Z")),
+            ("5 * * * *", "Europe/Berlin", "2026-03-29T00:05:00Z", Some("2026-03-29T01:05:00Z")),
+            ("*/10 2 * * *", "Europe/Berlin", "2026-03-28T23:00:00Z", Some("2026-03-30T00:00:00Z")),
+            // Europe/Berlin, autumn: 03:00 CEST goes back to 02:00 CET on 2026-10-25.
+            // Fixed time in the repeated hour: first occurrence only.
+            ("30 2 * * *", "Europe/Berlin", "2026-10-24T12:00:00Z", Some("2026-10-25T00:30:00Z")),
+            ("30 2 * * *", "Europe/Berlin", "2026-10-25T00:30:00Z", Some("2026-10-26T01:30:00Z")),
+            // ... also when asked during the second pass through 02:xx.
+            ("45 2 * * *", "Europe/Berlin", "2026-10-25T01:30:00Z", Some("2026-10-26T01:45:00Z")),
+            // Wildcard: both occurrences, in real-time order.
+            ("0 * * * *", "Europe/Berlin", "2026-10-24T23:30:00Z", Some("2026-10-25T00:00:00Z")),
+            ("0 * * * *", "Europe/Berlin", "2026-10-25T00:00:00Z", Some("2026-10-25T01:00:00Z")),
+            ("0 * * * *", "Europe/Berlin", "2026-10-25T01:00:00Z", Some("2026-10-25T02:00:00Z")),
+            ("*/15 * * * *", "Europe/Berlin", "2026-10-25T00:45:00Z", Some("2026-10-25T01:00:00Z")),
+            // At 02:30 CEST, 02:10 CET (an earlier wall clock) is next.
+            ("10 * * * *", "Europe/Berlin", "2026-10-25T00:30:00Z", Some("2026-10-25T01:10:00Z")),
+            // America/New_York: 02:00 EST -> 03:00 EDT on 2026-03-08,
+            // 02:00 EDT -> 01:00 EST on 2026-11-01.
+            ("30 2 * * *", "America/New_York", "2026-03-08T05:00:00Z", Some("2026-03-08T07:00:00Z")),
+            ("30 2 * * *", "America/New_York", "2026-03-08T07:00:00Z", Some("2026-03-09T06:30:00Z")),
+            ("30 1 * * *", "America/New_York", "2026-11-01T04:00:00Z", Some("2026-11-01T05:30:00Z")),
+            ("30 1 * * *", "America/New_York", "2026-11-01T05:30:00Z", Some("2026-11-02T06:30:00Z")),
+            ("30 * * * *", "America/New_York", "2026-11-01T05:30:00Z", Some("2026-11-01T06:30:00Z")),
+            ("0 22 * * *", "America/New_York", "2026-11-01T12:00:00Z", Some("2026-11-02T03:00:00Z")),
+            // Australia/Lord_Howe shifts by 30 minutes: 02:00 -> 02:30 (+11:00) on
+            // 2026-10-04, 02:00 -> 01:30 (+10:30) on 2026-04-05.
+            ("15 2 * * *", "Australia/Lord_Howe", "2026-10-03T12:00:00Z", Some("2026-10-03T15:30:00Z")),
+            ("45 1 * * *", "Australia/Lord_Howe", "2026-04-04T12:00:00Z", Some("2026-04-04T14:45:00Z")),
+            ("45 1 * * *", "Australia/Lord_Howe", "2026-04-04T14:45:00Z", Some("2026-04-05T15:15:00Z")),
+            ("*/15 * * * *", "Australia/Lord_Howe", "2026-04-04T14:45:00Z", Some("2026-04-04T15:00:00Z")),
+        ];
+        for &(line, zone, after, want) in cases {
+            let s = Schedule::parse(line).unwrap();
+            let got = s.next_after(utc(after), tz(zone));
+            assert_eq!(got, want.map(utc), "{line} in {zone} after {after}");
+        }
+    }
+
+    /// Every fire time by brute force, straight from the module docs: a
+    /// wildcard schedule fires at each real minute whose wall clock matches;
+    /// a fixed-time schedule at the first occurrence of each matching wall
+    /// clock minute, or, for a missing one, at the first real minute whose
+    /// wall clock is later.
+    fn brute_force(
+        s: &Schedule,
+        zone: Tz,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+    ) -> BTreeSet<DateTime<Utc>> {
+        let minute = TimeDelta::minutes(1);
+        let wall = |t: DateTime<Utc>| t.with_timezone(&zone).naive_local();
+        let mut fires = BTreeSet::new();
+        if s.is_wildcard() {
+            let mut t = from;
+            while t <= to {
+                if s.matches(&wall(t)) {
+                    fires.insert(t);
+                }
+                t += minute;
+            }
+            return fires;
+        }
+        let (mut n, end) = (
+            wall(from) - TimeDelta::hours(3),
+            wall(to) + TimeDelta::hours(3),
+        );
+        while n <= end {
+            if s.matches(&n) {
+                let t = match zone.from_local_datetime(&n) {
+                    LocalResult::Single(t) | LocalResult::Ambiguous(t, _) => t.with_timezone(&Utc),
+                    LocalResult::None => {
+                        let mut u = from - TimeDelta::days(1);
+                        while wall(u) < n {
+                            u += minute;
+                        }
+                        u
+                    }
+                };
+                fires.insert(t);
+            }
+            n += minute;
+        }
+        fires
+    }
+
+    #[test]
+    fn next_after_agrees_with_brute_force_around_dst_changes() {
+        let schedules = [
+            "*/15 * * * *",
+            "0 * * * *",
+            "10 * * * *",
+            "* 1-3 * * *",
+            "*/10 2 * * *",
+            "30 2 * * *",
+            "45 1 * * *",
+            "15 2 * * *",
+            "0 2,3 * * *",
+            "0,30 1,2 * * *",
+            "59 1 * * *",
+        ];
+        let days = [
+            ("Europe/Berlin", "2026-03-29"),
+            ("Europe/Berlin", "2026-10-25"),
+            ("America/New_York", "2026-03-08"),
+            ("America/New_York", "2026-11-01"),
+            ("Australia/Lord_Howe", "2026-04-05"),
+            ("Australia/Lord_Howe", "2026-10-04"),
+            ("Asia/Kolkata", "2026-03-29"),
+            ("UTC", "2026-03-29"),
+        ];
+        for line in schedules {
+            let s = Schedule::parse(line).unwrap();
+            for (zone, day) in days {
+                let zone = tz(zone);
+                let midday = utc(&format!("{day}T12:00:00Z"));
+                let (from, to) = (midday - TimeDelta::hours(36), midday + TimeDelta::hours(36));
+                let fires = brute_force(&s, zone, from, to + TimeDelta::days(2));
+                // Ask from every 7th minute (and a second into it), so the
+                // question also falls inside gaps and repeated hours.
+                let mut after = from;
+                while after < to {
+                    for asked in [after, after + TimeDelta::seconds(1)] {
+                        let want = fires.range(asked + TimeDelta::seconds(1)..).next().copied();
+                        assert_eq!(
+                            s.next_after(asked, zone),
+                            want,
+                            "{line} in {zone} after {asked}"
+                        );
+                    }
+                    after += TimeDelta::minutes(7);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn next_wake_adds_the_agents_jitter() {
+        let s = Schedule::parse("0 22 * * *").unwrap();
+        let after = utc("2026-03-31T12:00:00Z");
+        let fire = utc("2026-03-31T22:00:00Z");
+        let jitter = Duration::from_secs(600);
+        let cases = [("rio", Duration::ZERO), ("rio", jitter), ("clay", jitter)];
+        for (agent, jitter) in cases {
+            let offset = TimeDelta::from_std(jitter_offset(agent, fire, jitter)).unwrap();
+            assert_eq!(
+                s.next_wake(after, Tz::UTC, agent, jitter),
+                Some(fire + offset),
+                "{agent} {jitter:?}"
+            );
+        }
+        assert_eq!(
+            s.next_wake(after, Tz::UTC, "rio", Duration::ZERO),
+            Some(fire)
+        );
+        let never = Schedule::parse("0 0 30 2 *").unwrap();
+        assert_eq!(never.next_wake(after, Tz::UTC, "rio", jitter), None);
+    }
+
+    #[test]
+    fn jitter_is_deterministic_bounded_and_zero_without_jitter() {
+        let fire = utc("2026-03-31T22:00:00Z");
+        let cases = [
+            ("rio", Duration::ZERO),
+            ("rio", Duration::from_millis(999)),
+            ("rio", Duration::from_secs(1)),
+            ("rio", Duration::from_secs(2)),
+            ("rio", Duration::from_secs(600)),
+            ("theseus", Duration::from_secs(3600)),
+            ("", Duration::from_secs(3600)),
+        ];
+        for (agent, jitter) in cases {
+            let offset = jitter_offset(agent, fire, jitter);
+            assert_eq!(offset, jitter_offset(agent, fire, jitter), "{agent}");
+            assert_eq!(offset.subsec_nanos(), 0, "{agent} {jitter:?}");
+            if jitter.as_secs() == 0 {
+                assert_eq!(offset, Duration::ZERO, "{agent} {jitter:?}");
+            } else {
+                assert!(offset < jitter, "{agent} {jitter:?}: {offset:?}");
+            }
+        }
+        // Pinned, so a change of hash (which would move every announced wake
+        // time across an upgrade) is a deliberate one.
+        assert_eq!(
+            jitter_offset("rio", fire, Duration::from_secs(3600)),
+            Duration::from_secs(PINNED_RIO_OFFSET)
+        );
+        // Agents sharing a schedule are spread apart.
+        let agents = [
+            "rio", "clay", "theseus", "leo", "vida", "astra", "marcus", "iris",
+        ];
+        let offsets: BTreeSet<_> = agents
+            .iter()
+            .map(|a| jitter_offset(a, fire, Duration::from_secs(3600)))
+            .collect();
+        assert!(offsets.len() >= 7, "{offsets:?}");
+    }
+
+    const PINNED_RIO_OFFSET: u64 = 689;
+
+    #[test]
+    fn jitter_covers_every_decile() {
+        let jitter = Duration::from_secs(600);
+        for agent in ["rio", "clay"] {
+            let mut deciles = [0u32; 10];
+            let mut fire = utc("2026-01-01T00:00:00Z");
+            for _ in 0..1000 {
+                let offset = jitter_offset(agent, fire, jitter).as_secs();
+                deciles[(offset / 60) as usize] += 1;
+                fire += TimeDelta::hours(1);
+            }
+            // 100 expected per decile; a fair spread stays well inside this.
+            for (i, n) in deciles.iter().enumerate() {
+                assert!((50..=150).contains(n), "{agent} decile {i}: {deciles:?}");
+            }
+        }
+    }
+
+    /// (schedule, zone, last fire, now, window, decision)
+    type MissedCase = (
+        &'static str,
+        &'static str,
+        Option<&'static str>,
+        &'static str,
+        Duration,
+        Missed,
+    );
+
+    #[test]
+    fn missed_runs_table() {
+        let hours = |h: u64| Duration::from_secs(h * 3600);
+        #[rustfmt::skip]
+        let cases: &[MissedCase] = &[
+            // A new agent never catches up.
+            ("0 22 * * *", "UTC", None, "2026-03-31T23:00:00Z", hours(2), Missed::Nothing),
+            // No downtime: the last fire is the latest due one.
+            ("0 22 * * *", "UTC", Some("2026-03-31T22:00:00Z"), "2026-03-31T23:00:00Z", hours(2), Missed::Nothing),
+            ("*/5 * * * *", "UTC", Some("2026-03-31T22:55:00Z"), "2026-03-31T22:59:59Z", hours(2), Missed::Nothing),
+            // A clock that went back changes nothing.
+            ("0 22 * * *", "UTC", Some("2026-04-02T22:00:00Z"), "2026-03-31T23:00:00Z", hours(2), Missed::Nothing),
+            // Down 21:50-22:20 over the 22:00 run: one catch-up.
+            ("0 22 * * *", "UTC", Some("2026-03-30T22:00:00Z"), "2026-03-31T22:20:00Z", hours(2),
+             Missed::CatchUp { scheduled: utc("2026-03-31T22:00:00Z") }),
+            // Due exactly now, or exactly `window` ago: still caught up.
+            ("0 22 * * *", "UTC", Some("2026-03-30T22:00:00Z"), "2026-03-31T22:00:00Z", hours(2),
+             Missed::CatchUp { scheduled: utc("2026-03-31T22:00:00Z") }),
+            ("0 22 * * *", "UTC", Some("2026-03-30T22:00:00Z"), "2026-04-01T00:00:00Z", hours(2),
+             Missed::CatchUp { scheduled: utc("2026-03-31T22:00:00Z") }),
+            ("0 22 * * *", "UTC", Some("2026-03-30T22:00:00Z"), "2026-04-01T00:00:01Z", hours(2),
+             Missed::TooLate { scheduled: utc("2026-03-31T22:00:00Z"), count: 1 }),
+            // Down three days over a daily run, back long after the last one.
+            ("0 22 * * *", "UTC", Some("2026-03-01T22:00:00Z"), "2026-03-05T09:00:00Z", hours(2),
+             Missed::TooLate { scheduled: utc("2026-03-04T22:00:00Z"), count: 3 }),
+            // ... or back soon after it: one run, not four.
+            ("0 22 * * *", "UTC", Some("2026-03-01T22:00:00Z"), "2026-03-05T22:30:00Z", hours(2),
+             Missed::CatchUp { scheduled: utc("2026-03-05T22:00:00Z") }),
+            // 100 missed */5 fires: exactly one catch-up, the latest.
+            ("*/5 * * * *", "UTC", Some("2026-03-31T12:00:00Z"), "2026-03-31T20:22:00Z", hours(2),
+             Missed::CatchUp { scheduled: utc("2026-03-31T20:20:00Z") }),
+            ("*/5 * * * *", "UTC", Some("2026-03-31T12:00:00Z"), "2026-03-31T20:22:00Z", Duration::from_secs(60),
+             Missed::TooLate { scheduled: utc("2026-03-31T20:20:00Z"), count: 100 }),
+            // In the agent's zone: 22:00 Berlin (CEST) is 20:00 UTC.
+            ("0 22 * * *", "Europe/Berlin", Some("2026-03-30T20:00:00Z"), "2026-03-31T20:30:00Z", hours(2),
+             Missed::CatchUp { scheduled: utc("2026-03-31T20:00:00Z") }),
+            // The count is capped, the latest fire time is still exact.
+            ("* * * * *", "UTC", Some("2026-01-01T00:00:00Z"), "2026-03-31T22:07:30Z", hours(2),
+             Missed::CatchUp { scheduled: utc("2026-03-31T22:07:00Z") }),
+            ("* 3 * * *", "UTC", Some("2025-01-01T00:00:00Z"), "2026-03-31T22:07:30Z", hours(2),
+             Missed::TooLate { scheduled: utc("2026-03-31T03:59:00Z"), count: MISSED_COUNT_CAP }),
+            ("* * 1 * *", "UTC", Some("2025-01-01T00:00:00Z"), "2026-03-20T00:00:00Z", hours(2),
+             Missed::TooLate { scheduled: utc("2026-03-01T23:59:00Z"), count: MISSED_COUNT_CAP }),
+        ];
+        for (line, zone, last, now, window, want) in cases {
+            let s = Schedule::parse(line).unwrap();
+            let got = missed_runs(&s, tz(zone), last.map(utc), utc(now), *window);
+            assert_eq!(got, *want, "{line} in {zone}, last {last:?}, now {now}");
         }
     }
 }

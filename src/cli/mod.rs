@@ -4,6 +4,7 @@
 
 mod bootstrap;
 mod check;
+mod daemon;
 mod inbox;
 mod metrics;
 mod prompt;
@@ -12,6 +13,7 @@ mod send;
 mod session;
 mod status;
 mod task;
+mod wake;
 
 use std::path::PathBuf;
 
@@ -69,6 +71,10 @@ pub enum Command {
     /// Recompute metrics.json from the journal
     #[command(subcommand)]
     Metrics(metrics::Command),
+    /// Run the service: wake agents on schedules and inbox messages, run their sessions (systemd: Type=notify)
+    Daemon(daemon::Args),
+    /// Ask the running daemon to start a session of AGENT now
+    Wake(wake::Args),
 }
 
 /// What every command needs: the config, the root and one `now`.
@@ -118,6 +124,8 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Record(a) => record::run(&ctx, a),
         Command::Check(a) => check::run(&ctx, a),
         Command::Metrics(c) => metrics::run(&ctx, c),
+        Command::Daemon(a) => daemon::run(&ctx, a),
+        Command::Wake(a) => wake::run(&ctx, a),
     }
 }
 

@@ -128,6 +128,7 @@ pub fn run(ctx: &Context, command: Command) -> Result<u8> {
                 sources_expected: a.sources_expected,
                 join: a.join,
                 owner: Some(a.owner_pid.map(Owner::of).unwrap_or_else(Owner::parent)),
+                instance: None,
             };
             let r = hooks::begin(agent, &dir, &req, ctx.now)?;
             print_notes(&r.notes);

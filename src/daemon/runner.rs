@@ -1,1 +1,1385 @@
-//! Placeholder: the session process runner.
+//! The session runner: runs one session process and makes sure that, when it
+//! is over, nothing of it is left running.
+//!
+//! It owns the process side of a session: spawning the configured command in
+//! its own process group with the prompt on stdin, copying stdout and stderr
+//! (interleaved as they arrive) into the capped session log while handing
+//! every chunk to an [`OutputObserver`] (the parsers), the timeout and the
+//! daemon's stop request (SIGTERM to the group, SIGKILL after a grace
+//! period), and the sweep after the main process exits: the process group
+//! and every process that carries the session's marker in its environment
+//! (which finds grandchildren that left the group with `setsid` or a double
+//! fork) get SIGKILL.
+//!
+//! It decides nothing about the session (that is the daemon core's job) and
+//! never touches state files. It never reaps processes that are not its own
+//! child: a `waitpid(-1)` would steal the exit statuses tokio waits for.
+//! Escaped grandchildren are reparented to init (or the nearest subreaper),
+//! which reaps them after the sweep kills them.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::process::{ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::unistd::Pid;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
+use tokio::sync::{oneshot, watch};
+use tokio::time::Sleep;
+
+/// How much is read from a pipe at a time. Output is handled chunk by chunk
+/// and never accumulated, so this (twice, for stdout and stderr) plus the
+/// log file's write buffer is all the memory a session's output costs.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// After the main process has exited and the leftovers are killed, how long
+/// the runner keeps reading until both pipes reach end-of-file. A process
+/// that escaped the sweep (it cleared its environment *and* left the group)
+/// can hold a pipe open forever; after this the runner stops listening.
+const DRAIN_LIMIT: Duration = Duration::from_secs(2);
+
+/// The sweep stops (SIGSTOP) every process it finds, then looks again, until
+/// a pass finds nothing new, so a process that forks in a loop cannot outrun
+/// it. This bounds the passes.
+const SWEEP_PASSES: usize = 32;
+
+/// How long the sweep waits for the processes it killed to be dead.
+const DEATH_WAIT: Duration = Duration::from_secs(1);
+
+/// What to run, and where its output goes.
+#[derive(Debug, Clone)]
+pub struct SessionSpec {
+    /// Program and arguments, placeholders already substituted. A program
+    /// without a `/` is looked up in `PATH` (the one in `env` if it sets one).
+    pub argv: Vec<String>,
+    /// Variables set on top of the daemon's environment. They win over
+    /// `env_remove`.
+    pub env: Vec<(String, String)>,
+    /// Variables of the daemon's environment the child must not inherit
+    /// (`NOTIFY_SOCKET`: a session must never talk to systemd as if it were
+    /// the daemon).
+    pub env_remove: Vec<String>,
+    /// Working directory; it must exist and be searchable.
+    pub cwd: PathBuf,
+    /// Written to the child's stdin, which is then closed.
+    pub stdin: Vec<u8>,
+    /// `sessions/{id}.log`: created with mode 0640 if missing, appended to.
+    pub log_path: PathBuf,
+    /// At most this many bytes of output go to the log; the rest is read and
+    /// dropped, with a one-line notice in the log.
+    pub max_output: u64,
+    /// From spawn; then the group gets SIGTERM.
+    pub timeout: Duration,
+    /// Between SIGTERM and SIGKILL.
+    pub kill_grace: Duration,
+    /// `(name, value)` of a variable set on the child (and so inherited by
+    /// every descendant that keeps its environment), e.g.
+    /// `("AGENT_STATE_SESSION_ID", "rio/20261122-120000")`. The value must be
+    /// unique to this session: every process whose environment holds exactly
+    /// `name=value` is killed when the session ends. An empty name disables
+    /// the environment sweep (the process group is still killed).
+    pub marker: (String, String),
+}
+
+/// Which pipe a chunk of output came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputStream {
+    Stdout,
+    Stderr,
+}
+
+/// The parsing seam: sees the session's output as it streams.
+///
+/// The observer sees **all** output, including what the log cap dropped:
+/// the parts worth parsing (Claude Code's JSON result, the last signals and
+/// the context summary) come at the end, which is exactly what a cap cuts
+/// off. So the observer must keep its own memory bounded (stream line by
+/// line, cap its line buffer); the runner gives it borrowed chunks of at most
+/// 64 KiB and keeps nothing.
+pub trait OutputObserver: Send {
+    /// A chunk of stdout or stderr, in the order the runner read them.
+    fn on_output(&mut self, chunk: &[u8]);
+
+    /// What the runner calls. Chunks of the two streams interleave (a stderr
+    /// chunk may arrive in the middle of a stdout line); a parser that splits
+    /// lines should override this and keep one line buffer per stream. The
+    /// default forwards to [`on_output`](Self::on_output).
+    fn on_stream_output(&mut self, stream: OutputStream, chunk: &[u8]) {
+        let _ = stream;
+        self.on_output(chunk);
+    }
+}
+
+/// An observer for sessions whose output nobody parses.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct DiscardOutput;
+
+impl OutputObserver for DiscardOutput {
+    fn on_output(&mut self, _chunk: &[u8]) {}
+}
+
+/// Why a spawn failed, for the caller's error code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpawnFailure {
+    /// The command (or the interpreter on its `#!` line) does not exist.
+    NotFound,
+    /// The command is not executable (or a directory on its path is not
+    /// searchable).
+    PermissionDenied,
+    /// Anything else: an empty command, a missing working directory, a log
+    /// that cannot be opened; the reason says which.
+    Other,
+}
+
+/// How the session's main process ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ending {
+    /// It exited by itself with this code.
+    Exited { code: i32 },
+    /// A signal killed it, not sent by the runner.
+    Signaled { signal: i32 },
+    /// It was still running at the timeout; the runner terminated it (however
+    /// it then exited).
+    TimedOut,
+    /// The stop channel asked the runner to end it (daemon shutdown); the
+    /// runner terminated it. Also returned, without spawning, when the stop
+    /// was already requested before the start.
+    Stopped,
+    /// It never ran. `reason` is a sentence for an operator, naming the path.
+    SpawnFailed { reason: String, kind: SpawnFailure },
+}
+
+impl Ending {
+    /// Exited by itself with code 0.
+    pub fn is_success(&self) -> bool {
+        matches!(self, Ending::Exited { code: 0 })
+    }
+}
+
+impl fmt::Display for Ending {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Ending::Exited { code } => write!(f, "exited with code {code}"),
+            Ending::Signaled { signal } => match Signal::try_from(*signal) {
+                Ok(name) => write!(f, "killed by signal {signal} ({name})"),
+                Err(_) => write!(f, "killed by signal {signal}"),
+            },
+            Ending::TimedOut => write!(f, "timed out"),
+            Ending::Stopped => write!(f, "stopped by the daemon"),
+            Ending::SpawnFailed { reason, .. } => write!(f, "{reason}"),
+        }
+    }
+}
+
+/// What happened, for session.json, the journal and metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunReport {
+    pub ending: Ending,
+    /// The main process's pid (also the process group id); `None` if it
+    /// never ran.
+    pub pid: Option<u32>,
+    /// Bytes the session printed (stdout + stderr), all of them.
+    pub output_bytes: u64,
+    /// Bytes of that output written to the log (at most `max_output`; the
+    /// truncation notice is not counted).
+    pub logged_bytes: u64,
+    /// Output was dropped because of the cap.
+    pub truncated: bool,
+    /// From spawn to the main process's exit.
+    pub duration: Duration,
+    /// Processes of the session still alive after the main process exited,
+    /// killed by the sweep.
+    pub leftovers_killed: usize,
+    /// Writing the log failed (disk full, ...): the first error. The session
+    /// kept running; its output was still read and observed.
+    pub log_error: Option<String>,
+}
+
+impl RunReport {
+    fn not_run(ending: Ending) -> RunReport {
+        RunReport {
+            ending,
+            pid: None,
+            output_bytes: 0,
+            logged_bytes: 0,
+            truncated: false,
+            duration: Duration::ZERO,
+            leftovers_killed: 0,
+            log_error: None,
+        }
+    }
+}
+
+/// Run one session to its end, and kill whatever it left behind.
+///
+/// `spawned` gets the pid as soon as the process exists (before the prompt
+/// is written), so the caller can record it while the session runs; it is
+/// dropped unsent if the spawn fails. `stop` flipping to `true` terminates the session like a timeout
+/// does; a closed channel means no stop will come.
+///
+/// Dropping the returned future (cancelling the run) kills the process group
+/// and the marked processes too, but only `run` returning gives a report.
+pub async fn run(
+    mut spec: SessionSpec,
+    observer: &mut dyn OutputObserver,
+    mut stop: watch::Receiver<bool>,
+    spawned: Option<oneshot::Sender<u32>>,
+) -> RunReport {
+    ignore_sigpipe();
+    if *stop.borrow_and_update() {
+        return RunReport::not_run(Ending::Stopped);
+    }
+    let Some(program) = spec.argv.first() else {
+        return RunReport::not_run(Ending::SpawnFailed {
+            reason: "the session command is empty".into(),
+            kind: SpawnFailure::Other,
+        });
+    };
+    if let Err(reason) = check_cwd(&spec.cwd) {
+        return RunReport::not_run(Ending::SpawnFailed {
+            reason,
+            kind: SpawnFailure::Other,
+        });
+    }
+    let log = match open_log(&spec.log_path) {
+        Ok(file) => file,
+        Err(e) => {
+            return RunReport::not_run(Ending::SpawnFailed {
+                reason: format!(
+                    "cannot open the session log {}: {e}",
+                    spec.log_path.display()
+                ),
+                kind: SpawnFailure::Other,
+            });
+        }
+    };
+
+    let mut child = match command(&spec).spawn() {
+        Ok(child) => child,
+        Err(e) => return RunReport::not_run(spawn_failure(program, &e)),
+    };
+    let started = Instant::now();
+    let pid = child.id().expect("a child that was just spawned has a pid");
+    // Declared after `child`, so dropped before it: on cancellation the group
+    // is killed while the child is not yet reaped and its pid (the group id)
+    // cannot have been reused.
+    let mut guard = SessionGuard {
+        pgid: pid as i32,
+        marker: spec.marker.clone(),
+        armed: true,
+    };
+    tracing::debug!(pid, command = ?spec.argv, "session process started");
+    if let Some(spawned) = spawned {
+        // The caller may have stopped listening; the run goes on regardless.
+        let _ = spawned.send(pid);
+    }
+
+    let prompt = std::mem::take(&mut spec.stdin);
+    let mut output = Output::new(log, &spec.log_path, spec.max_output, observer);
+    let mut pipes = Pipes::new(&mut child);
+    let (status, ending_by_us) = supervise(
+        &mut child,
+        &spec,
+        prompt,
+        &mut pipes,
+        &mut output,
+        &mut stop,
+    )
+    .await;
+    let duration = started.elapsed();
+
+    let leftovers_killed = sweep(pid as i32, &spec.marker).await;
+    guard.armed = false;
+    if leftovers_killed > 0 {
+        tracing::warn!(
+            pid,
+            leftovers_killed,
+            "the session left processes running after it ended; killed them"
+        );
+    }
+    drain(&mut pipes, &mut output).await;
+    let finished = output.finish().await;
+
+    let ending = match (ending_by_us, status) {
+        (Some(ending), _) => ending,
+        (None, Ok(status)) => ending_of(status),
+        (None, Err(e)) => {
+            // Only possible if something else reaped our child (a
+            // waitpid(-1) elsewhere in the process). The sweep has SIGKILLed
+            // the group, so that is the best account of its end.
+            tracing::error!(pid, "lost the exit status of the session process: {e}");
+            Ending::Signaled {
+                signal: Signal::SIGKILL as i32,
+            }
+        }
+    };
+    RunReport {
+        ending,
+        pid: Some(pid),
+        output_bytes: finished.output_bytes,
+        logged_bytes: finished.logged_bytes,
+        truncated: finished.truncated,
+        duration,
+        leftovers_killed,
+        log_error: finished.log_error,
+    }
+}
+
+/// Until the main process exits: copy output, feed stdin, enforce the
+/// timeout and the stop request. Returns the exit status and, if the runner
+/// ended the process, why.
+async fn supervise(
+    child: &mut Child,
+    spec: &SessionSpec,
+    prompt: Vec<u8>,
+    pipes: &mut Pipes,
+    output: &mut Output<'_>,
+    stop: &mut watch::Receiver<bool>,
+) -> (io::Result<ExitStatus>, Option<Ending>) {
+    let pid = child
+        .id()
+        .expect("the child is not reaped before this returns");
+    // Fed concurrently with everything else, so a child that never reads its
+    // stdin cannot block the runner; dropped (closing the pipe) when the
+    // child exits.
+    let feed = feed_stdin(child.stdin.take(), prompt);
+    tokio::pin!(feed);
+    let mut fed = false;
+
+    let timeout = tokio::time::sleep(spec.timeout);
+    tokio::pin!(timeout);
+    let mut kill_timer: Option<Pin<Box<Sleep>>> = None;
+    let mut terminating: Option<Ending> = None;
+    let mut stop_open = true;
+    let terminate = |why: Ending, kill_timer: &mut Option<Pin<Box<Sleep>>>| {
+        tracing::warn!(pid, "session {why}; sending SIGTERM to its process group");
+        signal_group(pid, Signal::SIGTERM);
+        *kill_timer = Some(Box::pin(tokio::time::sleep(spec.kill_grace)));
+        Some(why)
+    };
+
+    loop {
+        tokio::select! {
+            status = child.wait() => return (status, terminating),
+            Some((stream, chunk)) = pipes.read(), if pipes.is_open() => {
+                output.take(stream, chunk).await;
+            }
+            () = &mut feed, if !fed => fed = true,
+            () = &mut timeout, if terminating.is_none() => {
+                terminating = terminate(Ending::TimedOut, &mut kill_timer);
+            }
+            changed = stop.changed(), if stop_open && terminating.is_none() => match changed {
+                Ok(()) if *stop.borrow_and_update() => {
+                    terminating = terminate(Ending::Stopped, &mut kill_timer);
+                }
+                Ok(()) => {}
+                Err(_) => stop_open = false,
+            },
+            () = fire(&mut kill_timer) => {
+                tracing::warn!(
+                    pid,
+                    grace = ?spec.kill_grace,
+                    "session still running after SIGTERM; sending SIGKILL to its process group"
+                );
+                signal_group(pid, Signal::SIGKILL);
+                kill_timer = None;
+            }
+        }
+    }
+}
+
+/// After the main process exited and the sweep ran: read what is left in the
+/// pipes, until end-of-file or [`DRAIN_LIMIT`].
+async fn drain(pipes: &mut Pipes, output: &mut Output<'_>) {
+    let limit = tokio::time::sleep(DRAIN_LIMIT);
+    tokio::pin!(limit);
+    loop {
+        tokio::select! {
+            chunk = pipes.read() => match chunk {
+                Some((stream, chunk)) => output.take(stream, chunk).await,
+                None => return,
+            },
+            () = &mut limit => {
+                tracing::warn!(
+                    "a process outside the session's group and without its marker \
+                     still holds the output pipes open; no longer reading them"
+                );
+                return;
+            }
+        }
+    }
+}
+
+/// The child's stdout and stderr, read into one fixed buffer each.
+struct Pipes {
+    stdout: Option<ChildStdout>,
+    stderr: Option<ChildStderr>,
+    out_buf: Vec<u8>,
+    err_buf: Vec<u8>,
+}
+
+impl Pipes {
+    fn new(child: &mut Child) -> Pipes {
+        Pipes {
+            stdout: child.stdout.take(),
+            stderr: child.stderr.take(),
+            out_buf: vec![0; READ_CHUNK],
+            err_buf: vec![0; READ_CHUNK],
+        }
+    }
+
+    fn is_open(&self) -> bool {
+        self.stdout.is_some() || self.stderr.is_some()
+    }
+
+    /// The next chunk from either pipe, whichever has one first; `None` once
+    /// both reached end-of-file (or failed). Cancel-safe: nothing read is
+    /// lost when the future is dropped.
+    async fn read(&mut self) -> Option<(OutputStream, &[u8])> {
+        while self.is_open() {
+            let (stream, read) = tokio::select! {
+                read = read_some(&mut self.stdout, &mut self.out_buf) => (OutputStream::Stdout, read),
+                read = read_some(&mut self.stderr, &mut self.err_buf) => (OutputStream::Stderr, read),
+            };
+            if let Err(e) = &read {
+                tracing::warn!("reading the session's {stream:?}: {e}; no longer reading it");
+            }
+            match (stream, read) {
+                (OutputStream::Stdout, Ok(n)) if n > 0 => {
+                    return Some((stream, &self.out_buf[..n]));
+                }
+                (OutputStream::Stderr, Ok(n)) if n > 0 => {
+                    return Some((stream, &self.err_buf[..n]));
+                }
+                (OutputStream::Stdout, _) => self.stdout = None,
+                (OutputStream::Stderr, _) => self.stderr = None,
+            }
+        }
+        None
+    }
+}
+
+/// Reads from a pipe that may already be closed (then never ready).
+async fn read_some<R: AsyncRead + Unpin>(
+    pipe: &mut Option<R>,
+    buf: &mut [u8],
+) -> io::Result<usize> {
+    match pipe {
+        Some(pipe) => pipe.read(buf).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Completes when the timer is set and expires; never if it is not set.
+async fn fire(timer: &mut Option<Pin<Box<Sleep>>>) {
+    match timer {
+        Some(timer) => timer.as_mut().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn feed_stdin(stdin: Option<ChildStdin>, prompt: Vec<u8>) {
+    let Some(mut stdin) = stdin else { return };
+    // A child that exits or closes its stdin before reading everything makes
+    // this fail with EPIPE; that is its business, not an error of the run.
+    match stdin.write_all(&prompt).await {
+        Ok(()) => {
+            let _ = stdin.shutdown().await;
+        }
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => {
+            tracing::debug!("the session closed its stdin before reading the whole prompt");
+        }
+        Err(e) => tracing::warn!("writing the prompt to the session's stdin: {e}"),
+    }
+    // Dropping `stdin` closes it: the child sees end-of-file.
+}
+
+/// SIGTERM or SIGKILL to the group, and to the main process itself in case
+/// it moved to another group. Only called while the main process is not yet
+/// reaped, so `pid` still names it and its group.
+fn signal_group(pid: u32, signal: Signal) {
+    let pid = Pid::from_raw(pid as i32);
+    let _ = killpg(pid, signal);
+    let _ = kill(pid, signal);
+}
+
+fn ending_of(status: ExitStatus) -> Ending {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => Ending::Exited { code },
+        (None, Some(signal)) => Ending::Signaled { signal },
+        // Stopped/continued statuses are not reported by wait(); keep a
+        // value rather than panic.
+        (None, None) => Ending::Exited { code: -1 },
+    }
+}
+
+fn command(spec: &SessionSpec) -> Command {
+    let mut cmd = Command::new(&spec.argv[0]);
+    cmd.args(&spec.argv[1..])
+        .current_dir(&spec.cwd)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // Its own group, so one signal reaches the whole session and none
+        // reaches the daemon.
+        .process_group(0)
+        // A safety net if `run` is cancelled; the guard kills the group.
+        .kill_on_drop(true);
+    for name in &spec.env_remove {
+        cmd.env_remove(name);
+    }
+    for (name, value) in &spec.env {
+        cmd.env(name, value);
+    }
+    let (name, value) = &spec.marker;
+    if !name.is_empty() {
+        cmd.env(name, value);
+    }
+    cmd
+}
+
+fn spawn_failure(program: &str, e: &io::Error) -> Ending {
+    let (kind, reason) = match e.kind() {
+        io::ErrorKind::NotFound if program.contains('/') && Path::new(program).is_file() => (
+            SpawnFailure::NotFound,
+            format!("command not found: the interpreter on the #! line of {program}"),
+        ),
+        io::ErrorKind::NotFound => (
+            SpawnFailure::NotFound,
+            format!("command not found: {program}"),
+        ),
+        io::ErrorKind::PermissionDenied => (
+            SpawnFailure::PermissionDenied,
+            format!("permission denied: {program} (is it executable?)"),
+        ),
+        _ => (SpawnFailure::Other, format!("cannot run {program}: {e}")),
+    };
+    Ending::SpawnFailed { reason, kind }
+}
+
+/// A missing working directory makes the spawn fail with the same errors as
+/// a missing command; check it first so the message names the right path.
+fn check_cwd(cwd: &Path) -> Result<(), String> {
+    match std::fs::metadata(cwd) {
+        Err(e) => Err(format!("working directory {}: {e}", cwd.display())),
+        Ok(meta) if !meta.is_dir() => Err(format!(
+            "working directory {} is not a directory",
+            cwd.display()
+        )),
+        Ok(_) => nix::unistd::access(cwd, nix::unistd::AccessFlags::X_OK)
+            .map_err(|e| format!("working directory {}: {e}", cwd.display())),
+    }
+}
+
+fn open_log(path: &Path) -> io::Result<tokio::fs::File> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o640)
+        // The log is ours to write; never follow a link planted in its place.
+        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+        .open(path)?;
+    Ok(tokio::fs::File::from_std(file))
+}
+
+/// The daemon must never die because a session closed its stdin early:
+/// `main` restores SIGPIPE's default action for the CLI's quiet broken
+/// pipes, so the runner ignores it again; writes to a closed pipe then fail
+/// with EPIPE instead. Children do not inherit this: the standard library
+/// resets SIGPIPE to its default in every child it spawns.
+fn ignore_sigpipe() {
+    // SAFETY: SIG_IGN installs no handler code, so no async-signal-safety
+    // question arises; the disposition is process-wide by nature and ignoring
+    // SIGPIPE is what the daemon wants everywhere.
+    let _ =
+        unsafe { nix::sys::signal::signal(Signal::SIGPIPE, nix::sys::signal::SigHandler::SigIgn) };
+}
+
+/// The log and the observer: every chunk goes to both, the log up to the cap.
+struct Output<'a> {
+    log: Option<tokio::fs::File>,
+    log_path: &'a Path,
+    cap: u64,
+    observer: &'a mut dyn OutputObserver,
+    output_bytes: u64,
+    logged_bytes: u64,
+    truncated: bool,
+    log_error: Option<String>,
+}
+
+struct Finished {
+    output_bytes: u64,
+    logged_bytes: u64,
+    truncated: bool,
+    log_error: Option<String>,
+}
+
+impl<'a> Output<'a> {
+    fn new(
+        log: tokio::fs::File,
+        log_path: &'a Path,
+        cap: u64,
+        observer: &'a mut dyn OutputObserver,
+    ) -> Self {
+        Output {
+            log: Some(log),
+            log_path,
+            cap,
+            observer,
+            output_bytes: 0,
+            logged_bytes: 0,
+            truncated: false,
+            log_error: None,
+        }
+    }
+
+    async fn take(&mut self, stream: OutputStream, chunk: &[u8]) {
+        self.output_bytes += chunk.len() as u64;
+        self.observer.on_stream_output(stream, chunk);
+        if self.truncated {
+            return;
+        }
+        let room = self.cap - self.logged_bytes;
+        let kept = &chunk[..chunk.len().min(usize::try_from(room).unwrap_or(usize::MAX))];
+        if !kept.is_empty() && self.write(kept).await {
+            self.logged_bytes += kept.len() as u64;
+        }
+        if kept.len() < chunk.len() {
+            self.truncated = true;
+            tracing::warn!(
+                log = %self.log_path.display(),
+                cap = self.cap,
+                "session output reached the log cap; the rest is read but dropped"
+            );
+            let notice = format!(
+                "\n[agent-state: output truncated after {} bytes; the rest was dropped]\n",
+                self.cap
+            );
+            self.write(notice.as_bytes()).await;
+        }
+    }
+
+    /// Whether `bytes` went to the log.
+    async fn write(&mut self, bytes: &[u8]) -> bool {
+        let Some(log) = &mut self.log else {
+            return false;
+        };
+        match log.write_all(bytes).await {
+            Ok(()) => true,
+            Err(e) => {
+                self.fail(e);
+                false
+            }
+        }
+    }
+
+    fn fail(&mut self, e: io::Error) {
+        tracing::warn!(log = %self.log_path.display(), "cannot write the session log, output is no longer logged: {e}");
+        self.log = None;
+        self.log_error
+            .get_or_insert_with(|| format!("writing {}: {e}", self.log_path.display()));
+    }
+
+    async fn finish(mut self) -> Finished {
+        // tokio writes files in the background; flushing waits for the last
+        // write and reports its error.
+        if let Some(log) = &mut self.log
+            && let Err(e) = log.flush().await
+        {
+            self.fail(e);
+        }
+        Finished {
+            output_bytes: self.output_bytes,
+            logged_bytes: self.logged_bytes,
+            truncated: self.truncated,
+            log_error: self.log_error,
+        }
+    }
+}
+
+/// Kills the session's processes if `run` is cancelled before its sweep.
+struct SessionGuard {
+    pgid: i32,
+    marker: (String, String),
+    armed: bool,
+}
+
+impl Drop for SessionGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            // Blocking, but only on cancellation, and a /proc scan is quick.
+            let killed = sweep_blocking(self.pgid, &self.marker);
+            tracing::warn!(
+                pid = self.pgid,
+                killed,
+                "session run cancelled; killed its processes"
+            );
+        }
+    }
+}
+
+/// Kill every remaining process of the session (see [`sweep_blocking`]) off
+/// the async threads.
+async fn sweep(pgid: i32, marker: &(String, String)) -> usize {
+    let marker = marker.clone();
+    match tokio::task::spawn_blocking(move || sweep_blocking(pgid, &marker)).await {
+        Ok(killed) => killed,
+        Err(e) => {
+            tracing::error!("the leftover sweep task failed: {e}");
+            0
+        }
+    }
+}
+
+/// SIGKILL to every live process in group `pgid` or with `name=value` of
+/// `marker` in its environment, except this process. Returns how many were
+/// killed.
+///
+/// First every match is stopped (SIGSTOP), pass after pass until a pass finds
+/// nothing new, so none can fork a new one between the scan and the kill;
+/// then all get SIGKILL, and the group too for anything the scan missed.
+///
+/// Limits: the environment checked is the one a process was started with
+/// (`/proc/PID/environ`), so a descendant that cleared its environment when it
+/// exec'd (`env -i`, sudo) *and* left the group escapes. Processes of other
+/// users are not readable and not killable. The group id is the main
+/// process's pid, which is reaped by now; while any member lives the kernel
+/// does not reuse it, and when none does, a reuse within the microseconds
+/// before the final `killpg` would need the pid space to wrap.
+fn sweep_blocking(pgid: i32, marker: &(String, String)) -> usize {
+    let needle: Option<Vec<u8>> =
+        (!marker.0.is_empty()).then(|| format!("{}={}", marker.0, marker.1).into_bytes());
+    let own = std::process::id() as i32;
+    let mut stopped: HashSet<i32> = HashSet::new();
+    for _ in 0..SWEEP_PASSES {
+        let new: Vec<i32> = session_processes(pgid, needle.as_deref(), own)
+            .into_iter()
+            .filter(|pid| !stopped.contains(pid))
+            .collect();
+        if new.is_empty() {
+            break;
+        }
+        for pid in new {
+            if kill(Pid::from_raw(pid), Signal::SIGSTOP).is_ok() {
+                stopped.insert(pid);
+            }
+        }
+    }
+    let mut killed = 0;
+    for &pid in &stopped {
+        if kill(Pid::from_raw(pid), Signal::SIGKILL).is_ok() {
+            killed += 1;
+        }
+    }
+    let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
+    // SIGKILL is delivered asynchronously; wait (briefly: only a process
+    // stuck in the kernel takes longer) until they are really dead, so that
+    // nothing of the session runs once `run` has returned.
+    let deadline = Instant::now() + DEATH_WAIT;
+    let mut dying: Vec<i32> = stopped.into_iter().collect();
+    loop {
+        dying.retain(|&pid| stat_of(pid).is_some_and(|(state, _)| !is_dead(state)));
+        if dying.is_empty() || Instant::now() >= deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    if !dying.is_empty() {
+        tracing::warn!(pids = ?dying, "session processes got SIGKILL but are not dead yet");
+    }
+    killed
+}
+
+/// `Z`ombie (dead, waiting for its parent to reap it) or `X` (being reaped).
+fn is_dead(state: u8) -> bool {
+    state == b'Z' || state == b'X'
+}
+
+/// Live (not zombie) processes in group `pgid` or whose environment holds
+/// `needle` as a whole entry.
+fn session_processes(pgid: i32, needle: Option<&[u8]>, own: i32) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    for entry in entries.flatten() {
+        let Some(pid) = std::str::from_utf8(entry.file_name().as_bytes())
+            .ok()
+            .and_then(|name| name.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if pid <= 1 || pid == own {
+            continue;
+        }
+        // Gone already, or dead and waiting to be reaped: nothing to kill.
+        let Some((state, pgrp)) = stat_of(pid) else {
+            continue;
+        };
+        if is_dead(state) {
+            continue;
+        }
+        if pgrp == pgid || needle.is_some_and(|needle| environ_holds(pid, needle)) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// State letter and process group from `/proc/PID/stat`.
+fn stat_of(pid: i32) -> Option<(u8, i32)> {
+    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold anything,
+    // spaces and parentheses included; the fields after the last ')' are
+    // plain: state, ppid, pgrp, ...
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    let rest = std::str::from_utf8(&stat[close + 1..]).ok()?;
+    let mut fields = rest.split_ascii_whitespace();
+    let state = fields.next()?.bytes().next()?;
+    let _ppid = fields.next()?;
+    let pgrp = fields.next()?.parse().ok()?;
+    Some((state, pgrp))
+}
+
+fn environ_holds(pid: i32, needle: &[u8]) -> bool {
+    std::fs::read(format!("/proc/{pid}/environ"))
+        .map(|environ| environ.split(|&b| b == 0).any(|entry| entry == needle))
+        .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use std::os::unix::fs::PermissionsExt;
+    use std::time::Duration;
+
+    fn fixture(name: &str) -> String {
+        format!(
+            "{}/tests/fixtures/agents/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        )
+    }
+
+    /// A spec running `sh fixture args...` with a log in `dir` and a marker
+    /// unique to this test.
+    fn spec(dir: &tempfile::TempDir, script: &str, args: &[&str]) -> SessionSpec {
+        let mut argv = vec!["/bin/sh".to_string(), fixture(script)];
+        argv.extend(args.iter().map(|a| a.to_string()));
+        SessionSpec {
+            argv,
+            env: Vec::new(),
+            env_remove: Vec::new(),
+            cwd: dir.path().to_path_buf(),
+            stdin: b"the prompt\n".to_vec(),
+            log_path: dir.path().join("session.log"),
+            max_output: 1024 * 1024,
+            timeout: Duration::from_secs(30),
+            kill_grace: Duration::from_secs(5),
+            marker: (
+                "AGENT_STATE_SESSION_ID".into(),
+                format!("test/{}", uuid::Uuid::new_v4()),
+            ),
+        }
+    }
+
+    /// Keeps everything it sees (the tests print little, except the flood).
+    #[derive(Default)]
+    struct Collect {
+        seen: Vec<u8>,
+        stdout: Vec<u8>,
+        stderr: Vec<u8>,
+    }
+
+    impl OutputObserver for Collect {
+        fn on_output(&mut self, chunk: &[u8]) {
+            self.seen.extend_from_slice(chunk);
+        }
+        fn on_stream_output(&mut self, stream: OutputStream, chunk: &[u8]) {
+            match stream {
+                OutputStream::Stdout => self.stdout.extend_from_slice(chunk),
+                OutputStream::Stderr => self.stderr.extend_from_slice(chunk),
+            }
+            self.on_output(chunk);
+        }
+    }
+
+    /// Counts bytes, keeps none.
+    #[derive(Default)]
+    struct Count(u64);
+
+    impl OutputObserver for Count {
+        fn on_output(&mut self, chunk: &[u8]) {
+            self.0 += chunk.len() as u64;
+        }
+    }
+
+    fn no_stop() -> watch::Receiver<bool> {
+        // The sender is dropped: a closed channel, no stop will come.
+        watch::channel(false).1
+    }
+
+    async fn run_spec(spec: SessionSpec) -> (RunReport, Collect) {
+        let mut seen = Collect::default();
+        let report = run(spec, &mut seen, no_stop(), None).await;
+        (report, seen)
+    }
+
+    fn log_of(spec: &SessionSpec) -> String {
+        String::from_utf8_lossy(&std::fs::read(&spec.log_path).unwrap()).into_owned()
+    }
+
+    /// Alive means present and not a zombie (a killed process whose parent,
+    /// init here, has not reaped it yet is dead all the same).
+    fn alive(pid: i32) -> bool {
+        stat_of(pid).is_some_and(|(state, _)| !is_dead(state))
+    }
+
+    /// The pid printed by a fixture on a line `label PID`.
+    fn printed_pid(output: &str, label: &str) -> i32 {
+        output
+            .lines()
+            .find_map(|line| line.strip_prefix(label)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no `{label} PID` line in {output:?}"))
+    }
+
+    #[tokio::test]
+    async fn exit_zero_with_output_is_logged_and_observed() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = spec(&dir, "exits.sh", &["0"]);
+        std::fs::write(&spec.log_path, "earlier line\n").unwrap();
+        let (pid_tx, pid_rx) = oneshot::channel();
+        let mut seen = Collect::default();
+        let report = run(spec.clone(), &mut seen, no_stop(), Some(pid_tx)).await;
+        let pid_seen = pid_rx.await.ok();
+
+        assert_eq!(report.ending, Ending::Exited { code: 0 });
+        assert!(report.ending.is_success());
+        assert!(report.pid.is_some());
+        assert_eq!(
+            pid_seen, report.pid,
+            "the pid sent at spawn is the one in the report"
+        );
+        let log = log_of(&spec);
+        assert!(
+            log.starts_with("earlier line\n"),
+            "the log is appended to: {log:?}"
+        );
+        assert!(
+            log.contains("to stdout\n") && log.contains("to stderr\n"),
+            "{log:?}"
+        );
+        assert_eq!(seen.stdout, b"to stdout\n");
+        assert_eq!(seen.stderr, b"to stderr\n");
+        assert_eq!(report.output_bytes, 20);
+        assert_eq!(report.logged_bytes, 20);
+        assert!(!report.truncated);
+        assert_eq!(report.leftovers_killed, 0);
+        assert_eq!(report.log_error, None);
+    }
+
+    #[tokio::test]
+    async fn log_is_created_group_readable_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = spec(&dir, "exits.sh", &["0"]);
+        run_spec(spec.clone()).await;
+        let mode = std::fs::metadata(&spec.log_path)
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!(mode & !0o640, 0, "mode {mode:o} gives more than 0640");
+    }
+
+    #[tokio::test]
+    async fn nonzero_exit_code_is_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let (report, _) = run_spec(spec(&dir, "exits.sh", &["3"])).await;
+        assert_eq!(report.ending, Ending::Exited { code: 3 });
+        assert_eq!(report.ending.to_string(), "exited with code 3");
+    }
+
+    #[tokio::test]
+    async fn death_by_signal_is_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let (report, _) = run_spec(spec(&dir, "kills-itself.sh", &[])).await;
+        assert_eq!(report.ending, Ending::Signaled { signal: 9 });
+        assert_eq!(report.ending.to_string(), "killed by signal 9 (SIGKILL)");
+    }
+
+    #[tokio::test]
+    async fn silent_session_leaves_an_empty_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = spec(&dir, "silent.sh", &[]);
+        let (report, seen) = run_spec(spec.clone()).await;
+        assert_eq!(report.ending, Ending::Exited { code: 0 });
+        assert_eq!(report.output_bytes, 0);
+        assert!(seen.seen.is_empty());
+        assert_eq!(std::fs::metadata(&spec.log_path).unwrap().len(), 0);
+    }
+
+    #[tokio::test]
+    async fn hung_session_times_out_with_sigterm() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spec = spec(&dir, "hangs.sh", &[]);
+        spec.timeout = Duration::from_secs(1);
+        spec.kill_grace = Duration::from_secs(20);
+        let (report, _) = run_spec(spec.clone()).await;
+        assert_eq!(report.ending, Ending::TimedOut);
+        // SIGTERM sufficed: well before the grace period would have ended.
+        assert!(
+            report.duration >= Duration::from_secs(1),
+            "{:?}",
+            report.duration
+        );
+        assert!(
+            report.duration < Duration::from_secs(5),
+            "{:?}",
+            report.duration
+        );
+        assert!(log_of(&spec).contains("started"));
+        let sleeper = printed_pid(&log_of(&spec), "sleeper");
+        assert!(!alive(sleeper), "the group got SIGTERM, sleep included");
+    }
+
+    #[tokio::test]
+    async fn session_ignoring_sigterm_gets_sigkill_after_the_grace() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spec = spec(&dir, "ignores-term.sh", &[]);
+        spec.timeout = Duration::from_millis(500);
+        spec.kill_grace = Duration::from_millis(700);
+        let (report, _) = run_spec(spec.clone()).await;
+        assert_eq!(report.ending, Ending::TimedOut);
+        assert!(
+            report.duration >= Duration::from_millis(1200),
+            "{:?}",
+            report.duration
+        );
+        assert!(
+            report.duration < Duration::from_secs(5),
+            "{:?}",
+            report.duration
+        );
+        let main = report.pid.unwrap() as i32;
+        let sleeper = printed_pid(&log_of(&spec), "sleeper");
+        assert!(!alive(main) && !alive(sleeper));
+    }
+
+    #[tokio::test]
+    async fn escaped_grandchildren_are_killed() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = spec(&dir, "escapes.sh", &[]);
+        let started = Instant::now();
+        let (report, _) = run_spec(spec.clone()).await;
+        let log = log_of(&spec);
+        assert_eq!(report.ending, Ending::Exited { code: 0 }, "{log}");
+        let in_group = printed_pid(&log, "in-group");
+        let escaped = printed_pid(&log, "escaped");
+        assert_eq!(report.leftovers_killed, 2, "{log}");
+        assert!(
+            !alive(in_group),
+            "the background process in the group is dead"
+        );
+        assert!(!alive(escaped), "the process that left with setsid is dead");
+        // Both held the output pipe open; the run did not wait for them.
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+
+    #[tokio::test]
+    async fn flood_is_capped_and_drained_without_growing_memory() {
+        const FLOOD: u64 = 256 * 1024 * 1024;
+        const CAP: u64 = 100 * 1024;
+        let dir = tempfile::tempdir().unwrap();
+        let mut spec = spec(&dir, "floods.sh", &[&FLOOD.to_string()]);
+        spec.max_output = CAP;
+        let rss_before = memory_kib("VmRSS:");
+        let mut count = Count::default();
+        let report = run(spec.clone(), &mut count, no_stop(), None).await;
+        let peak_after = memory_kib("VmHWM:");
+
+        // The flooder wrote everything and then exited by itself: it was
+        // never blocked on a full pipe.
+        assert_eq!(report.ending, Ending::Exited { code: 0 });
+        assert!(report.truncated);
+        assert_eq!(report.output_bytes, FLOOD + "done\n".len() as u64);
+        assert_eq!(count.0, report.output_bytes, "the observer saw everything");
+        assert_eq!(report.logged_bytes, CAP);
+        let notice =
+            format!("\n[agent-state: output truncated after {CAP} bytes; the rest was dropped]\n");
+        let log = std::fs::read(&spec.log_path).unwrap();
+        assert_eq!(log.len() as u64, CAP + notice.len() as u64);
+        assert!(log.ends_with(notice.as_bytes()));
+        // Memory stays bounded: nowhere near the 256 MiB that went through.
+        assert!(
+            peak_after < rss_before + 64 * 1024,
+            "peak {peak_after} KiB, before {rss_before} KiB"
+        );
+    }
+
+    fn memory_kib(field: &str) -> u64 {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = status.lines().find(|l| l.starts_with(field)).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+
+    #[tokio::test]
+    async fn output_exactly_at_the_cap_is_not_truncated() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spec = spec(&dir, "exits.sh", &["0"]);
+        spec.max_output = 20;
+        let (report, _) = run_spec(spec.clone()).await;
+        assert!(!report.truncated);
+        assert_eq!(log_of(&spec).len(), 20);
+    }
+
+    #[tokio::test]
+    async fn child_that_never_reads_stdin_does_not_deadlock() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spec = spec(&dir, "ignores-stdin.sh", &[]);
+        spec.stdin = vec![b'x'; 1024 * 1024];
+        spec.timeout = Duration::from_secs(10);
+        let (report, _) = run_spec(spec.clone()).await;
+        assert_eq!(report.ending, Ending::Exited { code: 0 });
+        assert!(log_of(&spec).contains("did not read stdin"));
+    }
+
+    #[tokio::test]
+    async fn child_that_closes_stdin_at_once_does_not_break_the_runner() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spec = spec(&dir, "closes-stdin.sh", &[]);
+        spec.stdin = vec![b'x'; 1024 * 1024];
+        let (report, _) = run_spec(spec.clone()).await;
+        assert_eq!(report.ending, Ending::Exited { code: 0 });
+        assert!(log_of(&spec).contains("still here"));
+    }
+
+    #[tokio::test]
+    async fn the_whole_prompt_arrives_on_stdin_then_eof() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spec = spec(&dir, "counts-stdin.sh", &[]);
+        spec.stdin = vec![b'x'; 1024 * 1024];
+        let (report, seen) = run_spec(spec).await;
+        assert_eq!(report.ending, Ending::Exited { code: 0 });
+        assert_eq!(String::from_utf8_lossy(&seen.stdout).trim(), "1048576");
+    }
+
+    #[tokio::test]
+    async fn missing_command_is_not_found() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spec = spec(&dir, "exits.sh", &[]);
+        let missing = dir.path().join("no-such-agent").display().to_string();
+        spec.argv = vec![missing.clone()];
+        let (report, _) = run_spec(spec).await;
+        assert_eq!(
+            report.ending,
+            Ending::SpawnFailed {
+                reason: format!("command not found: {missing}"),
+                kind: SpawnFailure::NotFound
+            }
+        );
+        assert_eq!(report.pid, None);
+    }
+
+    #[tokio::test]
+    async fn missing_interpreter_is_not_found_and_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("agent.sh");
+        std::fs::write(&script, "#!/no/such/interpreter\n").unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut spec = spec(&dir, "exits.sh", &[]);
+        spec.argv = vec![script.display().to_string()];
+        let (report, _) = run_spec(spec).await;
+        let Ending::SpawnFailed { reason, kind } = report.ending else {
+            panic!("{:?}", report.ending)
+        };
+        assert_eq!(kind, SpawnFailure::NotFound);
+        assert!(reason.contains("interpreter"), "{reason}");
+    }
+
+    #[tokio::test]
+    async fn non_executable_command_is_permission_denied() {
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("agent.sh");
+        std::fs::write(&script, "#!/bin/sh\necho hi\n").unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let mut spec = spec(&dir, "exits.sh", &[]);
+        spec.argv = vec![script.display().to_string()];
+        let (report, _) = run_spec(spec).await;
+        assert_eq!(
+            report.ending,
+            Ending::SpawnFailed {
+                reason: format!(
+                    "permission denied: {} (is it executable?)",
+                    script.display()
+                ),
+                kind: SpawnFailure::PermissionDenied
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn missing_working_directory_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spec = spec(&dir, "exits.sh", &[]);
+        spec.cwd = dir.path().join("gone");
+        let (report, _) = run_spec(spec).await;
+        let Ending::SpawnFailed { reason, kind } = report.ending else {
+            panic!("{:?}", report.ending)
+        };
+        assert_eq!(kind, SpawnFailure::Other);
+        assert!(
+            reason.starts_with("working directory ") && reason.contains("gone"),
+            "{reason}"
+        );
+    }
+
+    #[tokio::test]
+    async fn empty_command_fails_to_spawn() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spec = spec(&dir, "exits.sh", &[]);
+        spec.argv.clear();
+        let (report, _) = run_spec(spec).await;
+        assert!(matches!(
+            report.ending,
+            Ending::SpawnFailed {
+                kind: SpawnFailure::Other,
+                ..
+            }
+        ));
+    }
+
+    #[tokio::test]
+    async fn unwritable_log_fails_before_spawning() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spec = spec(&dir, "exits.sh", &["0"]);
+        spec.log_path = dir.path().join("no-such-dir").join("session.log");
+        let (report, _) = run_spec(spec).await;
+        let Ending::SpawnFailed { reason, kind } = report.ending else {
+            panic!("{:?}", report.ending)
+        };
+        assert_eq!(kind, SpawnFailure::Other);
+        assert!(reason.contains("session log"), "{reason}");
+        assert_eq!(report.pid, None);
+    }
+
+    #[tokio::test]
+    async fn stop_request_terminates_the_session() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = spec(&dir, "hangs.sh", &[]);
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let mut seen = Collect::default();
+        let stopper = async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            stop_tx.send(true).unwrap();
+        };
+        let (report, ()) = tokio::join!(run(spec.clone(), &mut seen, stop_rx, None), stopper);
+        assert_eq!(report.ending, Ending::Stopped);
+        assert!(report.duration < Duration::from_secs(5), "SIGTERM sufficed");
+        assert!(!alive(printed_pid(&log_of(&spec), "sleeper")));
+    }
+
+    #[tokio::test]
+    async fn cancelled_run_kills_the_session() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = spec(&dir, "hangs.sh", &[]);
+        let (pid_tx, pid_rx) = oneshot::channel();
+        let mut seen = Collect::default();
+        let cancelled = tokio::time::timeout(
+            Duration::from_millis(500),
+            run(spec, &mut seen, no_stop(), Some(pid_tx)),
+        )
+        .await;
+        assert!(cancelled.is_err(), "the session was still running");
+        let main = pid_rx.await.unwrap() as i32;
+        let sleeper = printed_pid(&String::from_utf8_lossy(&seen.stdout), "sleeper");
+        assert!(!alive(main) && !alive(sleeper));
+    }
+
+    #[tokio::test]
+    async fn stop_requested_before_the_start_spawns_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = spec(&dir, "exits.sh", &["0"]);
+        let (_stop_tx, stop_rx) = watch::channel(true);
+        let (pid_tx, pid_rx) = oneshot::channel();
+        let report = run(spec.clone(), &mut DiscardOutput, stop_rx, Some(pid_tx)).await;
+        assert_eq!(report.ending, Ending::Stopped);
+        assert_eq!(report.pid, None);
+        assert!(pid_rx.await.is_err(), "no pid: nothing was spawned");
+        assert!(!spec.log_path.exists());
+    }
+
+    /// Set once for the whole test process, so parallel tests agree.
+    fn inherited_notify_socket() -> &'static str {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            // SAFETY: std synchronizes its own environment access (spawns
+            // read it under the same lock), and nothing in this test binary
+            // reads the environment through libc directly.
+            unsafe { std::env::set_var("NOTIFY_SOCKET", "/run/systemd/notify-test") };
+        });
+        "/run/systemd/notify-test"
+    }
+
+    #[tokio::test]
+    async fn environment_adds_removes_and_marks() {
+        let inherited = inherited_notify_socket();
+        assert_eq!(std::env::var("NOTIFY_SOCKET").as_deref(), Ok(inherited));
+        let dir = tempfile::tempdir().unwrap();
+        let mut spec = spec(&dir, "prints-env.sh", &[]);
+        spec.env = vec![("AGENT_STATE_AGENT".into(), "rio".into())];
+        spec.env_remove = vec!["NOTIFY_SOCKET".into()];
+        let (report, seen) = run_spec(spec.clone()).await;
+        assert_eq!(report.ending, Ending::Exited { code: 0 });
+        let env = String::from_utf8(seen.stdout).unwrap();
+        let env: Vec<&str> = env.lines().collect();
+        assert!(env.contains(&"AGENT_STATE_AGENT=rio"), "{env:?}");
+        let marker = format!("{}={}", spec.marker.0, spec.marker.1);
+        assert!(env.contains(&marker.as_str()), "{env:?}");
+        assert!(
+            !env.iter().any(|v| v.starts_with("NOTIFY_SOCKET=")),
+            "{env:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn child_gets_default_sigpipe_although_the_runner_ignores_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (report, seen) = run_spec(spec(&dir, "sigpipe.sh", &[])).await;
+        assert_eq!(report.ending, Ending::Exited { code: 0 });
+        let line = String::from_utf8(seen.stdout).unwrap();
+        let mask =
+            u64::from_str_radix(line.trim().trim_start_matches("SigIgn:").trim(), 16).unwrap();
+        let sigpipe = 1u64 << (Signal::SIGPIPE as i32 - 1);
+        assert_eq!(mask & sigpipe, 0, "SIGPIPE is ignored in the child: {line}");
+    }
+
+    #[test]
+    fn run_future_is_send() {
+        fn assert_send<T: Send>(_: &T) {}
+        let dir = tempfile::tempdir().unwrap();
+        let mut observer = DiscardOutput;
+        let future = run(
+            spec(&dir, "exits.sh", &[]),
+            &mut observer,
+            no_stop(),
+            Some(oneshot::channel().0),
+        );
+        assert_send(&future);
+    }
+
+    #[test]
+    fn stat_gives_state_and_process_group() {
+        let (state, pgrp) = stat_of(std::process::id() as i32).unwrap();
+        assert!(state.is_ascii_uppercase() && state != b'Z');
+        assert_eq!(pgrp, nix::unistd::getpgrp().as_raw());
+        assert_eq!(stat_of(i32::MAX), None);
+    }
+}

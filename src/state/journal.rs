@@ -46,8 +46,25 @@ pub enum Event {
     MessageExpired(MessageExpired),
     Record(Record),
     StateRepaired(StateRepaired),
+    WakeSkipped(WakeSkipped),
+    ScheduleMissed(ScheduleMissed),
     #[serde(other)]
     Other,
+}
+
+/// A wake (schedule, inbox, manual) came while the agent's session ran.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct WakeSkipped {
+    pub reason: String,
+    pub running_session: String,
+}
+
+/// Scheduled runs missed while the daemon was down, too long ago to catch up.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ScheduleMissed {
+    pub scheduled: Timestamp,
+    pub count: u32,
+    pub catch_up_window: String,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -74,6 +91,8 @@ pub struct SessionStart {
     pub messages: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner_pid: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
 }
 
 /// A script joined a running session and added fields to it.

@@ -24,6 +24,12 @@ pub struct Report {
     /// Addition: the id of the session running now, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub current_session: Option<String>,
+    /// Addition: the instance id of the running or last session (`rio-047`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
+    /// Addition: when the daemon will next wake the agent on its schedule.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_wake_at: Option<Timestamp>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }

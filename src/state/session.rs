@@ -44,6 +44,9 @@ pub struct Session {
     pub owner_pid: Option<i32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub owner_start: Option<u64>,
+    /// Addition: the instance id of the spawn that ran it (`rio-047`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
     /// Addition: ids of the inbox messages claimed for this session.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub messages: Vec<String>,

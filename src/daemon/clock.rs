@@ -1,0 +1,31 @@
+//! The daemon's clock. Real time, unless `AGENT_STATE_FAKE_NOW` gives the
+//! time the daemon should believe it started at: then it runs from there at
+//! real speed. Tests use it to reach a schedule's time without waiting for it
+//! (an injected clock, through the real binary); operators never set it.
+
+use chrono::{DateTime, Utc};
+
+#[derive(Debug, Clone, Copy)]
+pub struct Clock {
+    offset: chrono::Duration,
+}
+
+impl Clock {
+    pub fn from_env() -> Clock {
+        let offset = std::env::var("AGENT_STATE_FAKE_NOW")
+            .ok()
+            .and_then(|s| DateTime::parse_from_rfc3339(&s).ok())
+            .map(|t| t.with_timezone(&Utc) - Utc::now())
+            .unwrap_or_else(chrono::Duration::zero);
+        Clock { offset }
+    }
+
+    pub fn now(&self) -> DateTime<Utc> {
+        Utc::now() + self.offset
+    }
+
+    /// How long from now until `t` (zero if it has passed).
+    pub fn until(&self, t: DateTime<Utc>) -> std::time::Duration {
+        (t - self.now()).to_std().unwrap_or_default()
+    }
+}

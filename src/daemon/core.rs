@@ -1,0 +1,480 @@
+//! The daemon's decisions, as plain data and functions: which agent to wake,
+//! when, and in what order. No IO and no clock: every function takes `now`.
+//!
+//! The IO layer (`daemon::run`) turns what happens — a schedule coming due,
+//! an inbox scan, `agent-state wake`, a session ending — into calls here, and
+//! carries out what comes back: sessions to start, journal lines to write.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use crate::agent_name::AgentName;
+use crate::config::WakeOnInbox;
+
+/// Why an agent is woken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WakeReason {
+    /// Its schedule came due (at the scheduled time).
+    Schedule,
+    /// A run missed while the daemon was down, within the catch-up window.
+    CatchUp,
+    /// Messages arrived (after the debounce).
+    Inbox,
+    /// `agent-state wake`.
+    Manual,
+    /// Messages waited while a session ran; one session after it.
+    FollowUp,
+}
+
+impl WakeReason {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            WakeReason::Schedule => "schedule",
+            WakeReason::CatchUp => "catch-up",
+            WakeReason::Inbox => "inbox",
+            WakeReason::Manual => "manual",
+            WakeReason::FollowUp => "follow-up",
+        }
+    }
+}
+
+/// Waiting wakes are served high priority first, then oldest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Priority {
+    High,
+    Normal,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingWake {
+    pub reason: WakeReason,
+    pub priority: Priority,
+    pub since: DateTime<Utc>,
+}
+
+/// What an inbox scan found waiting (valid messages only).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct InboxSummary {
+    pub high: usize,
+    pub normal: usize,
+}
+
+impl InboxSummary {
+    pub fn total(&self) -> usize {
+        self.high + self.normal
+    }
+
+    /// Does this inbox call for a session under `policy`? With what priority?
+    pub fn wants_wake(&self, policy: WakeOnInbox) -> Option<Priority> {
+        match policy {
+            WakeOnInbox::Never => None,
+            WakeOnInbox::High if self.high > 0 => Some(Priority::High),
+            WakeOnInbox::High => None,
+            WakeOnInbox::Any if self.high > 0 => Some(Priority::High),
+            WakeOnInbox::Any if self.normal > 0 => Some(Priority::Normal),
+            WakeOnInbox::Any => None,
+        }
+    }
+}
+
+/// What the core knows about one working agent.
+#[derive(Debug, Clone)]
+pub struct AgentSlot {
+    pub wake_on_inbox: WakeOnInbox,
+    pub inbox_debounce: Duration,
+    /// When the schedule next fires (jitter included); `None` = no schedule.
+    pub next_fire: Option<DateTime<Utc>>,
+    /// The session running now (its id once known).
+    pub running: Option<String>,
+    pub pending: Option<PendingWake>,
+    /// Messages arrived: wake at this time (debounce) with this priority.
+    pub inbox_due: Option<(DateTime<Utc>, Priority)>,
+    /// A wake came while a session ran: after it, one follow-up if messages wait.
+    pub skipped_while_running: bool,
+}
+
+impl AgentSlot {
+    pub fn new(wake_on_inbox: WakeOnInbox, inbox_debounce: Duration) -> AgentSlot {
+        AgentSlot {
+            wake_on_inbox,
+            inbox_debounce,
+            next_fire: None,
+            running: None,
+            pending: None,
+            inbox_due: None,
+            skipped_while_running: false,
+        }
+    }
+}
+
+/// A wake that could not be served because the agent's session is running.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skipped {
+    pub agent: AgentName,
+    pub reason: WakeReason,
+    pub running: String,
+}
+
+#[derive(Debug, Default)]
+pub struct Core {
+    pub agents: BTreeMap<AgentName, AgentSlot>,
+    pub max_concurrent: usize,
+    /// No new sessions (shutting down, or paused by the health monitor).
+    pub waking_stopped: bool,
+}
+
+impl Core {
+    pub fn new(max_concurrent: usize) -> Core {
+        Core {
+            agents: BTreeMap::new(),
+            max_concurrent: max_concurrent.max(1),
+            waking_stopped: false,
+        }
+    }
+
+    pub fn running_count(&self) -> usize {
+        self.agents.values().filter(|a| a.running.is_some()).count()
+    }
+
+    /// Ask for a session of `agent`. If it is running, the wake is skipped
+    /// (and remembered for a follow-up); otherwise it waits for a slot, merged
+    /// with any wake already waiting (highest priority, earliest time).
+    pub fn request(
+        &mut self,
+        agent: &AgentName,
+        reason: WakeReason,
+        priority: Priority,
+        now: DateTime<Utc>,
+    ) -> Option<Skipped> {
+        let slot = self.agents.get_mut(agent)?;
+        if let Some(running) = &slot.running {
+            slot.skipped_while_running = true;
+            return Some(Skipped {
+                agent: agent.clone(),
+                reason,
+                running: running.clone(),
+            });
+        }
+        let wake = PendingWake {
+            reason,
+            priority,
+            since: now,
+        };
+        slot.pending = Some(match slot.pending.take() {
+            None => wake,
+            Some(old) => PendingWake {
+                reason: if priority < old.priority {
+                    reason
+                } else {
+                    old.reason
+                },
+                priority: old.priority.min(priority),
+                since: old.since.min(now),
+            },
+        });
+        None
+    }
+
+    /// Schedules that are due at `now`: request their wakes and advance them
+    /// with `advance(agent, fired_at)` (which returns the next fire time).
+    pub fn fire_due_schedules(
+        &mut self,
+        now: DateTime<Utc>,
+        mut advance: impl FnMut(&AgentName, DateTime<Utc>) -> Option<DateTime<Utc>>,
+    ) -> (Vec<(AgentName, DateTime<Utc>)>, Vec<Skipped>) {
+        let due: Vec<(AgentName, DateTime<Utc>)> = self
+            .agents
+            .iter()
+            .filter_map(|(name, slot)| {
+                slot.next_fire
+                    .filter(|t| *t <= now)
+                    .map(|t| (name.clone(), t))
+            })
+            .collect();
+        let mut skipped = Vec::new();
+        for (name, fired) in &due {
+            if let Some(s) = self.request(name, WakeReason::Schedule, Priority::Normal, now) {
+                skipped.push(s);
+            }
+            let next = advance(name, *fired);
+            if let Some(slot) = self.agents.get_mut(name) {
+                slot.next_fire = next;
+            }
+        }
+        (due, skipped)
+    }
+
+    /// An inbox scan of `agent` found `summary`. Starts the debounce timer
+    /// if the policy wants a wake and none is timing yet; a burst of
+    /// messages within the debounce becomes one wake.
+    pub fn inbox_scanned(&mut self, agent: &AgentName, summary: InboxSummary, now: DateTime<Utc>) {
+        let Some(slot) = self.agents.get_mut(agent) else {
+            return;
+        };
+        let Some(priority) = summary.wants_wake(slot.wake_on_inbox) else {
+            slot.inbox_due = None;
+            return;
+        };
+        let debounce = chrono::Duration::from_std(slot.inbox_debounce).unwrap_or_default();
+        slot.inbox_due = Some(match slot.inbox_due {
+            Some((due, p)) => (due, p.min(priority)),
+            None => (now + debounce, priority),
+        });
+    }
+
+    /// Inbox debounces that have run out: request their wakes.
+    pub fn fire_due_inbox(&mut self, now: DateTime<Utc>) -> Vec<Skipped> {
+        let due: Vec<(AgentName, Priority)> = self
+            .agents
+            .iter()
+            .filter_map(|(n, s)| {
+                s.inbox_due
+                    .filter(|(t, _)| *t <= now)
+                    .map(|(_, p)| (n.clone(), p))
+            })
+            .collect();
+        let mut skipped = Vec::new();
+        for (name, priority) in due {
+            if let Some(slot) = self.agents.get_mut(&name) {
+                slot.inbox_due = None;
+            }
+            if let Some(s) = self.request(&name, WakeReason::Inbox, priority, now) {
+                skipped.push(s);
+            }
+        }
+        skipped
+    }
+
+    /// Agents to start now, in order (high priority first, then oldest),
+    /// as many as there are free slots. They are marked as running.
+    pub fn take_startable(&mut self) -> Vec<(AgentName, PendingWake)> {
+        if self.waking_stopped {
+            return Vec::new();
+        }
+        let free = self.max_concurrent.saturating_sub(self.running_count());
+        let mut waiting: Vec<(AgentName, PendingWake)> = self
+            .agents
+            .iter()
+            .filter(|(_, s)| s.running.is_none())
+            .filter_map(|(n, s)| s.pending.clone().map(|p| (n.clone(), p)))
+            .collect();
+        waiting
+            .sort_by(|a, b| (a.1.priority, a.1.since, &a.0).cmp(&(b.1.priority, b.1.since, &b.0)));
+        waiting.truncate(free);
+        for (name, _) in &waiting {
+            if let Some(slot) = self.agents.get_mut(name) {
+                slot.pending = None;
+                slot.running = Some(String::new());
+                slot.skipped_while_running = false;
+            }
+        }
+        waiting
+    }
+
+    pub fn session_started(&mut self, agent: &AgentName, session_id: &str) {
+        if let Some(slot) = self.agents.get_mut(agent) {
+            slot.running = Some(session_id.to_string());
+        }
+    }
+
+    /// The session of `agent` ended (or never started). If wakes were
+    /// skipped while it ran and messages wait, one follow-up is requested.
+    pub fn session_ended(&mut self, agent: &AgentName, waiting: InboxSummary, now: DateTime<Utc>) {
+        let Some(slot) = self.agents.get_mut(agent) else {
+            return;
+        };
+        slot.running = None;
+        let follow_up = std::mem::take(&mut slot.skipped_while_running) && waiting.total() > 0;
+        if follow_up {
+            let priority = if waiting.high > 0 {
+                Priority::High
+            } else {
+                Priority::Normal
+            };
+            self.request(agent, WakeReason::FollowUp, priority, now);
+        }
+    }
+
+    /// The next time something is due (a schedule or a debounce), if any.
+    pub fn next_deadline(&self) -> Option<DateTime<Utc>> {
+        self.agents
+            .values()
+            .flat_map(|s| [s.next_fire, s.inbox_due.map(|(t, _)| t)])
+            .flatten()
+            .min()
+    }
+
+    pub fn waiting_count(&self) -> usize {
+        self.agents.values().filter(|s| s.pending.is_some()).count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
+    }
+    fn name(n: &str) -> AgentName {
+        AgentName::parse(n).unwrap()
+    }
+    fn core(names: &[&str], max: usize) -> Core {
+        let mut c = Core::new(max);
+        for n in names {
+            c.agents.insert(
+                name(n),
+                AgentSlot::new(WakeOnInbox::High, Duration::from_secs(30)),
+            );
+        }
+        c
+    }
+    fn started(c: &mut Core) -> Vec<String> {
+        c.take_startable()
+            .into_iter()
+            .map(|(n, _)| n.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn slots_are_served_high_priority_first_then_oldest() {
+        let mut c = core(&["a", "b", "c", "d"], 2);
+        c.request(
+            &name("a"),
+            WakeReason::Schedule,
+            Priority::Normal,
+            t("2026-01-01T00:00:00Z"),
+        );
+        c.request(
+            &name("b"),
+            WakeReason::Schedule,
+            Priority::Normal,
+            t("2026-01-01T00:00:01Z"),
+        );
+        c.request(
+            &name("c"),
+            WakeReason::Inbox,
+            Priority::High,
+            t("2026-01-01T00:00:02Z"),
+        );
+        c.request(
+            &name("d"),
+            WakeReason::Schedule,
+            Priority::Normal,
+            t("2025-12-31T00:00:00Z"),
+        );
+        assert_eq!(started(&mut c), ["c", "d"]);
+        assert_eq!(started(&mut c), Vec::<String>::new(), "no free slot");
+        c.session_ended(
+            &name("d"),
+            InboxSummary::default(),
+            t("2026-01-01T00:01:00Z"),
+        );
+        assert_eq!(started(&mut c), ["a"]);
+    }
+
+    #[test]
+    fn a_wake_while_running_is_skipped_and_becomes_one_follow_up_if_messages_wait() {
+        let mut c = core(&["rio"], 2);
+        let now = t("2026-01-01T00:00:00Z");
+        c.request(&name("rio"), WakeReason::Schedule, Priority::Normal, now);
+        assert_eq!(started(&mut c), ["rio"]);
+        c.session_started(&name("rio"), "S1");
+        for _ in 0..3 {
+            let s = c
+                .request(&name("rio"), WakeReason::Manual, Priority::High, now)
+                .unwrap();
+            assert_eq!(s.running, "S1");
+        }
+        assert!(
+            started(&mut c).is_empty(),
+            "never two sessions of one agent"
+        );
+        c.session_ended(&name("rio"), InboxSummary { high: 0, normal: 2 }, now);
+        let next = c.take_startable();
+        assert_eq!(next.len(), 1);
+        assert_eq!(next[0].1.reason, WakeReason::FollowUp);
+        c.session_ended(&name("rio"), InboxSummary::default(), now);
+        assert!(started(&mut c).is_empty(), "one follow-up, not three");
+    }
+
+    #[test]
+    fn no_follow_up_without_messages() {
+        let mut c = core(&["rio"], 1);
+        let now = t("2026-01-01T00:00:00Z");
+        c.request(&name("rio"), WakeReason::Manual, Priority::High, now);
+        started(&mut c);
+        c.request(&name("rio"), WakeReason::Schedule, Priority::Normal, now);
+        c.session_ended(&name("rio"), InboxSummary::default(), now);
+        assert!(started(&mut c).is_empty());
+    }
+
+    #[test]
+    fn a_burst_of_messages_is_one_wake_after_the_debounce() {
+        let mut c = core(&["rio"], 1);
+        let t0 = t("2026-01-01T00:00:00Z");
+        for i in 0..50 {
+            c.inbox_scanned(
+                &name("rio"),
+                InboxSummary {
+                    high: i + 1,
+                    normal: 0,
+                },
+                t0 + chrono::Duration::seconds(i as i64 / 10),
+            );
+        }
+        assert!(
+            c.fire_due_inbox(t0 + chrono::Duration::seconds(29))
+                .is_empty()
+        );
+        assert!(started(&mut c).is_empty(), "still debouncing");
+        assert_eq!(c.next_deadline(), Some(t0 + chrono::Duration::seconds(30)));
+        c.fire_due_inbox(t0 + chrono::Duration::seconds(30));
+        assert_eq!(started(&mut c), ["rio"]);
+        assert_eq!(c.next_deadline(), None);
+    }
+
+    #[test]
+    fn the_inbox_policy_decides() {
+        let high = InboxSummary { high: 1, normal: 0 };
+        let normal = InboxSummary { high: 0, normal: 3 };
+        assert_eq!(high.wants_wake(WakeOnInbox::High), Some(Priority::High));
+        assert_eq!(normal.wants_wake(WakeOnInbox::High), None);
+        assert_eq!(normal.wants_wake(WakeOnInbox::Any), Some(Priority::Normal));
+        assert_eq!(high.wants_wake(WakeOnInbox::Never), None);
+    }
+
+    #[test]
+    fn due_schedules_fire_once_and_advance() {
+        let mut c = core(&["rio", "leo"], 2);
+        c.agents.get_mut(&name("rio")).unwrap().next_fire = Some(t("2026-01-01T22:00:00Z"));
+        c.agents.get_mut(&name("leo")).unwrap().next_fire = Some(t("2026-01-02T05:30:00Z"));
+        let (due, _) = c.fire_due_schedules(t("2026-01-01T22:00:00Z"), |_, fired| {
+            Some(fired + chrono::Duration::days(1))
+        });
+        assert_eq!(due.len(), 1);
+        assert_eq!(
+            c.agents[&name("rio")].next_fire,
+            Some(t("2026-01-02T22:00:00Z"))
+        );
+        assert_eq!(c.next_deadline(), Some(t("2026-01-02T05:30:00Z")));
+        assert_eq!(started(&mut c), ["rio"]);
+    }
+
+    #[test]
+    fn nothing_starts_while_waking_is_stopped() {
+        let mut c = core(&["rio"], 1);
+        c.request(
+            &name("rio"),
+            WakeReason::Manual,
+            Priority::High,
+            t("2026-01-01T00:00:00Z"),
+        );
+        c.waking_stopped = true;
+        assert!(started(&mut c).is_empty());
+        c.waking_stopped = false;
+        assert_eq!(started(&mut c), ["rio"]);
+    }
+}

@@ -1,0 +1,203 @@
+//! Daemon-wide files under `{state_root}/.daemon/`: the lock that keeps one
+//! daemon per root, the instance counters, the last fire time of every
+//! schedule, and the `daemon.json` heartbeat. JSON files are written through
+//! `state::atomic` like every other state file.
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use nix::fcntl::{Flock, FlockArg};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::clock::Timestamp;
+use crate::error::{Error, IoContext, Result};
+use crate::state::{StateRoot, atomic};
+
+/// Held for the daemon's whole life: a second daemon on the same root finds
+/// it taken and exits.
+pub struct DaemonLock {
+    _lock: Flock<File>,
+}
+
+pub fn lock_root(root: &StateRoot) -> Result<DaemonLock> {
+    let dir = root.daemon_dir();
+    atomic::create_dir(&dir, 0o750)?;
+    let path = dir.join("lock");
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o640)
+        .open(&path)
+        .at("opening daemon lock", &path)?;
+    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => Ok(DaemonLock { _lock: lock }),
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+            let pid = read_heartbeat(root)
+                .ok()
+                .flatten()
+                .map(|h| h.pid.to_string());
+            Err(Error::Usage(format!(
+                "another agent-state daemon is already running on {} (pid {}); one daemon per state root",
+                root.path.display(),
+                pid.unwrap_or_else(|| "unknown".into())
+            )))
+        }
+        Err((_, errno)) => Err(Error::io("locking", &path, errno.into())),
+    }
+}
+
+/// Is a daemon running on this root (is its lock held)?
+pub fn daemon_running(root: &StateRoot) -> bool {
+    let path = root.daemon_dir().join("lock");
+    let Ok(file) = File::open(&path) else {
+        return false;
+    };
+    match Flock::lock(file, FlockArg::LockSharedNonblock) {
+        Ok(_) => false,
+        Err((_, errno)) => errno == nix::errno::Errno::EWOULDBLOCK,
+    }
+}
+
+// ---- instance counters -------------------------------------------------------
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Counters {
+    #[serde(default)]
+    counters: BTreeMap<String, u64>,
+    #[serde(flatten)]
+    extra: Map<String, Value>,
+}
+
+/// The next instance id of `agent` (`rio-047`): one counter per agent in
+/// `.daemon/counters.json`, incremented under `.daemon/counters.lock`, never
+/// reset. A corrupt file is set aside and the count restarts above the
+/// highest instance recorded in any journal (see `highest_instance`).
+pub fn next_instance(
+    root: &StateRoot,
+    agent: &str,
+    highest_seen: impl FnOnce() -> u64,
+) -> Result<String> {
+    let dir = root.daemon_dir();
+    atomic::create_dir(&dir, 0o750)?;
+    let lock_path = dir.join("counters.lock");
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o640)
+        .open(&lock_path)
+        .at("opening", &lock_path)?;
+    let _lock = Flock::lock(file, FlockArg::LockExclusive)
+        .map_err(|(_, e)| Error::io("locking", &lock_path, e.into()))?;
+    let path = dir.join("counters.json");
+    let mut counters = match atomic::read_json::<Counters>(&path) {
+        Ok(c) => c.unwrap_or_default(),
+        Err(Error::Corrupt { .. }) => {
+            let aside = crate::state::set_aside_name(&path, "corrupt", &Timestamp::now().compact());
+            atomic::rename(&path, &aside)?;
+            tracing::warn!(
+                error_code = "STATE_CORRUPT",
+                "{} was corrupt; set aside as {}",
+                path.display(),
+                aside.display()
+            );
+            Counters::default()
+        }
+        Err(e) => return Err(e),
+    };
+    let entry = counters.counters.entry(agent.to_string()).or_insert(0);
+    if *entry == 0 {
+        *entry = highest_seen();
+    }
+    *entry += 1;
+    let n = *entry;
+    atomic::write_json(&path, &counters)?;
+    Ok(format!("{agent}-{n:03}"))
+}
+
+// ---- schedule state ------------------------------------------------------------
+
+/// `.daemon/schedule.json`: the last time each agent's schedule fired.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct ScheduleState {
+    #[serde(default)]
+    pub last_fire: BTreeMap<String, Timestamp>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+pub fn schedule_path(root: &StateRoot) -> PathBuf {
+    root.daemon_dir().join("schedule.json")
+}
+
+pub fn read_schedule_state(root: &StateRoot) -> ScheduleState {
+    match atomic::read_json::<ScheduleState>(&schedule_path(root)) {
+        Ok(s) => s.unwrap_or_default(),
+        Err(e) => {
+            // Losing it costs at most one missed catch-up; say so and go on.
+            tracing::warn!(
+                error_code = "STATE_CORRUPT",
+                "{e}; starting without last fire times"
+            );
+            ScheduleState::default()
+        }
+    }
+}
+
+pub fn write_schedule_state(root: &StateRoot, state: &ScheduleState) -> Result<()> {
+    atomic::write_json(&schedule_path(root), state)
+}
+
+// ---- heartbeat ----------------------------------------------------------------
+
+/// `.daemon/daemon.json`: what the daemon is doing, for other programs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Heartbeat {
+    pub pid: u32,
+    pub version: String,
+    pub started_at: Timestamp,
+    pub updated_at: Timestamp,
+    pub state_root: String,
+    pub config: String,
+    pub agents: Vec<String>,
+    pub running: Vec<RunningEntry>,
+    pub waiting: Vec<String>,
+    pub next_wakes: BTreeMap<String, Timestamp>,
+    pub paused: Option<String>,
+    pub stopping: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunningEntry {
+    pub agent: String,
+    pub session_id: String,
+    pub instance: String,
+    pub pid: Option<u32>,
+    pub started_at: Timestamp,
+}
+
+pub fn heartbeat_path(root: &StateRoot) -> PathBuf {
+    root.daemon_dir().join("daemon.json")
+}
+
+pub fn write_heartbeat(root: &StateRoot, hb: &Heartbeat) -> Result<()> {
+    atomic::write_json(&heartbeat_path(root), hb)
+}
+
+pub fn read_heartbeat(root: &StateRoot) -> Result<Option<Heartbeat>> {
+    atomic::read_json(&heartbeat_path(root))
+}
+
+/// Where wake requests are dropped: `{agent}/inbox/.wake-{uuid}`. A dotfile,
+/// so message scans ignore it; in the inbox, so the inbox watch sees it.
+pub fn is_wake_request(name: &str) -> bool {
+    name.starts_with(".wake-")
+}
+
+pub fn wake_request_path(inbox: &Path) -> PathBuf {
+    inbox.join(format!(".wake-{}", uuid::Uuid::new_v4()))
+}

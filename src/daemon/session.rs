@@ -1,0 +1,247 @@
+//! Starting and finishing one daemon session: the glue between the hooks
+//! (the same code session scripts call), the prompt, and the runner.
+//!
+//! Start: instance id, `session begin` (owned by the daemon's pid, so a
+//! script calling the hook with `AGENT_STATE_SESSION_ID` joins it), the prompt
+//! written to `sessions/{id}.prompt.md`, the command with its placeholders
+//! filled in. Finish: the runner's ending mapped onto `session end` or
+//! `session fail`, which update every file exactly as for a script.
+
+use std::path::{Path, PathBuf};
+
+use super::files;
+use super::runner::{Ending, RunReport, SessionSpec, SpawnFailure};
+use crate::clock::Timestamp;
+use crate::config::{AgentConfig, Config};
+use crate::error::{IoContext, Result};
+use crate::hooks::{self, BeginRequest, EndRequest, FailRequest, Owner};
+use crate::prompt;
+use crate::state::journal;
+use crate::state::{AgentDir, StateRoot, atomic};
+
+/// A session that has begun and is ready to run.
+pub struct Prepared {
+    pub session_id: String,
+    pub instance: String,
+    pub spec: SessionSpec,
+}
+
+pub fn prepare(
+    config: &Config,
+    agent: &AgentConfig,
+    root: &StateRoot,
+    now: Timestamp,
+) -> Result<Prepared> {
+    let dir = root.agent(&agent.name);
+    let instance = files::next_instance(root, agent.name.as_str(), || highest_instance(&dir))?;
+    let req = BeginRequest {
+        owner: Some(Owner::of(std::process::id() as i32)),
+        instance: Some(instance.clone()),
+        ..BeginRequest::default()
+    };
+    let begun = hooks::begin(agent, &dir, &req, now)?;
+    for (name, reason) in &begun.claim.rejected {
+        tracing::warn!(agent = %agent.name, error_code = "INBOX_REJECTED", "inbox/{name} rejected: {reason}");
+    }
+    let session_id = begun.session_id;
+    let prompt_text = prompt::assemble(root, &dir)?;
+    atomic::create_dir(&dir.sessions_dir(), 0o750)?;
+    let prompt_file = dir.sessions_dir().join(format!("{session_id}.prompt.md"));
+    atomic::write_file(&prompt_file, prompt_text.as_bytes(), 0o640)?;
+    let model = agent.session.model.clone();
+    let argv = command_line(config, agent, &session_id, &instance, &model, &prompt_file);
+    let env = vec![
+        ("AGENT_STATE_AGENT".to_string(), agent.name.to_string()),
+        ("AGENT_STATE_SESSION_ID".to_string(), session_id.clone()),
+        ("AGENT_STATE_INSTANCE".to_string(), instance.clone()),
+        (
+            "AGENT_STATE_DIR".to_string(),
+            dir.path.display().to_string(),
+        ),
+        (
+            "AGENT_STATE_PROMPT_FILE".to_string(),
+            prompt_file.display().to_string(),
+        ),
+        (
+            "AGENT_STATE_CONFIG".to_string(),
+            config.source.display().to_string(),
+        ),
+    ];
+    let spec = SessionSpec {
+        argv,
+        env,
+        env_remove: vec![
+            "NOTIFY_SOCKET".into(),
+            "WATCHDOG_USEC".into(),
+            "WATCHDOG_PID".into(),
+            "LISTEN_FDS".into(),
+            "LISTEN_PID".into(),
+        ],
+        cwd: dir.path.clone(),
+        stdin: prompt_text.into_bytes(),
+        log_path: dir.sessions_dir().join(format!("{session_id}.log")),
+        max_output: agent.session.max_output,
+        timeout: agent.session.timeout,
+        kill_grace: agent.session.kill_grace,
+        marker: (
+            "AGENT_STATE_RUN".to_string(),
+            format!("{}:{}:{}", std::process::id(), agent.name, session_id),
+        ),
+    };
+    Ok(Prepared {
+        session_id,
+        instance,
+        spec,
+    })
+}
+
+/// The configured command with `{agent}`, `{session_id}`, `{model}`,
+/// `{prompt_file}` and `{instance}` filled in. A relative program path with a
+/// `/` in it is relative to the config file's directory, like `state_root`.
+pub fn command_line(
+    config: &Config,
+    agent: &AgentConfig,
+    session_id: &str,
+    instance: &str,
+    model: &str,
+    prompt_file: &Path,
+) -> Vec<String> {
+    let fill = |arg: &str| {
+        arg.replace("{agent}", agent.name.as_str())
+            .replace("{session_id}", session_id)
+            .replace("{model}", model)
+            .replace("{prompt_file}", &prompt_file.display().to_string())
+            .replace("{instance}", instance)
+    };
+    let mut argv: Vec<String> = agent.session.command.iter().map(|a| fill(a)).collect();
+    if let Some(program) = argv.first_mut() {
+        let p = PathBuf::from(&*program);
+        if p.is_relative() && program.contains('/') {
+            let base = config.source.parent().unwrap_or(Path::new("."));
+            *program = base.join(p).display().to_string();
+        }
+    }
+    argv
+}
+
+/// How the run ended, in the words session.json and the journal use.
+pub fn describe(report: &RunReport, agent: &AgentConfig) -> (Option<&'static str>, String) {
+    match &report.ending {
+        Ending::Exited { code: 0 } => (None, "completed".into()),
+        Ending::Exited { code } => (
+            Some("error"),
+            format!("the session command exited with status {code}"),
+        ),
+        Ending::Signaled { signal } => (
+            Some("error"),
+            format!(
+                "the session command was killed by signal {}",
+                signal_name(*signal)
+            ),
+        ),
+        Ending::TimedOut => (
+            Some("timeout"),
+            format!(
+                "timed out after {}",
+                humantime::format_duration(agent.session.timeout)
+            ),
+        ),
+        Ending::Stopped => (
+            Some("timeout"),
+            "the daemon stopped: shutdown_grace ran out before the session ended".into(),
+        ),
+        Ending::SpawnFailed { reason, kind } => (
+            Some("error"),
+            match kind {
+                SpawnFailure::NotFound => format!("{reason}; check `command` in the config"),
+                _ => reason.clone(),
+            },
+        ),
+    }
+}
+
+fn signal_name(signal: i32) -> String {
+    nix::sys::signal::Signal::try_from(signal)
+        .map(|s| s.as_str().to_string())
+        .unwrap_or_else(|_| signal.to_string())
+}
+
+/// Record the end of a daemon session through the same hooks a script uses.
+/// If the script already ended or failed the session itself, this changes
+/// nothing (the hooks are idempotent).
+pub fn finish(
+    agent: &AgentConfig,
+    dir: &AgentDir,
+    session_id: &str,
+    report: &RunReport,
+    now: Timestamp,
+) -> Result<String> {
+    let (failure, text) = describe(report, agent);
+    let result = match failure {
+        None => hooks::end(
+            agent,
+            dir,
+            &EndRequest {
+                session: Some(session_id.to_string()),
+                ..EndRequest::default()
+            },
+            now,
+        )?,
+        Some(outcome) => hooks::fail(
+            agent,
+            dir,
+            &FailRequest {
+                session: Some(session_id.to_string()),
+                outcome: outcome.to_string(),
+                reason: text.clone(),
+            },
+            now,
+        )?,
+    };
+    for note in &result.notes {
+        tracing::warn!(agent = %agent.name, session_id, "{note}");
+    }
+    Ok(match result.outcome {
+        Some(o) if result.already_ended => {
+            format!("{} (recorded by the session itself)", o.as_str())
+        }
+        Some(o) if failure.is_none() => o.as_str().to_string(),
+        Some(o) => format!("{}: {text}", o.as_str()),
+        None => text,
+    })
+}
+
+/// The highest instance number in an agent's journal, so a lost
+/// counters.json never restarts the count at 1.
+pub fn highest_instance(dir: &AgentDir) -> u64 {
+    let prefix = format!("{}-", dir.name);
+    journal::read(&dir.journal())
+        .map(|scan| {
+            scan.entries
+                .iter()
+                .filter_map(|e| match &e.event {
+                    journal::Event::SessionStart(s) => s
+                        .instance
+                        .as_deref()?
+                        .strip_prefix(&prefix)?
+                        .parse::<u64>()
+                        .ok(),
+                    _ => None,
+                })
+                .max()
+                .unwrap_or(0)
+        })
+        .unwrap_or(0)
+}
+
+/// Write a wake request for the running daemon: a `.wake-{uuid}` file in
+/// the agent's inbox, written in `inbox/.tmp/` and renamed in.
+pub fn request_wake(dir: &AgentDir) -> Result<PathBuf> {
+    let tmp_dir = dir.inbox_tmp();
+    atomic::create_dir(&tmp_dir, 0o2770)?;
+    let target = files::wake_request_path(&dir.inbox());
+    let tmp = tmp_dir.join(target.file_name().unwrap_or_default());
+    std::fs::write(&tmp, format!("{}\n", Timestamp::now())).at("writing", &tmp)?;
+    atomic::rename(&tmp, &target)?;
+    Ok(target)
+}
