@@ -67,6 +67,10 @@ struct Daemon {
     tx: mpsc::UnboundedSender<LoopEvent>,
     started_at: Timestamp,
     stopping: Option<DateTime<Utc>>,
+    /// The last heartbeat written, without its time: rewritten only when
+    /// something in it changed (and by the reconcile scan), not per event.
+    last_heartbeat: String,
+    last_status: String,
 }
 
 /// Run the daemon until SIGTERM/SIGINT. Returns once every session has
@@ -94,6 +98,8 @@ pub async fn run(config_path: &Path) -> Result<()> {
         tx,
         started_at: Timestamp::now(),
         stopping: None,
+        last_heartbeat: String::new(),
+        last_status: String::new(),
     };
     // Forward watcher events into the one loop channel.
     {
@@ -158,7 +164,10 @@ pub async fn run(config_path: &Path) -> Result<()> {
                 systemd::watchdog();
                 continue;
             }
-            _ = reconcile.tick() => daemon.scan_all_inboxes(),
+            _ = reconcile.tick() => {
+                daemon.scan_all_inboxes();
+                daemon.last_heartbeat.clear();
+            }
             _ = sigusr2.recv(), if stall_allowed => {
                 tracing::warn!("SIGUSR2 with AGENT_STATE_TEST_STALL=1: blocking the main loop (test hook)");
                 std::thread::sleep(Duration::from_secs(3600));
@@ -166,6 +175,7 @@ pub async fn run(config_path: &Path) -> Result<()> {
         }
         daemon.tick();
     }
+    daemon.last_heartbeat.clear();
     daemon.write_heartbeat();
     tracing::info!("stopped: every session has ended");
     Ok(())
@@ -770,7 +780,11 @@ impl Daemon {
             }
         }
         self.write_heartbeat();
-        systemd::status(&self.status_line());
+        let status = self.status_line();
+        if status != self.last_status {
+            systemd::status(&status);
+            self.last_status = status;
+        }
     }
 
     fn status_line(&self) -> String {
@@ -801,8 +815,8 @@ impl Daemon {
         )
     }
 
-    fn write_heartbeat(&self) {
-        let hb = Heartbeat {
+    fn write_heartbeat(&mut self) {
+        let mut hb = Heartbeat {
             pid: std::process::id(),
             version: env!("CARGO_PKG_VERSION").to_string(),
             started_at: self.started_at,
@@ -840,6 +854,14 @@ impl Daemon {
             paused: None,
             stopping: self.stopping.is_some(),
         };
+        let updated_at = hb.updated_at;
+        hb.updated_at = self.started_at;
+        let content = serde_json::to_string(&hb).unwrap_or_default();
+        if content == self.last_heartbeat {
+            return;
+        }
+        hb.updated_at = updated_at;
+        self.last_heartbeat = content;
         if let Err(e) = files::write_heartbeat(&self.root, &hb) {
             tracing::error!(error_code = "IO_ERROR", "cannot write daemon.json: {e}");
         }
