@@ -268,6 +268,9 @@ impl Core {
                 slot.pending = None;
                 slot.running = Some(String::new());
                 slot.skipped_while_running = false;
+                // The session claims what waits in the inbox: a debounce
+                // that was timing for those messages has nothing left to do.
+                slot.inbox_due = None;
             }
         }
         waiting
@@ -434,6 +437,22 @@ mod tests {
         c.fire_due_inbox(t0 + chrono::Duration::seconds(30));
         assert_eq!(started(&mut c), ["rio"]);
         assert_eq!(c.next_deadline(), None);
+    }
+
+    #[test]
+    fn a_session_that_starts_takes_over_a_pending_debounce() {
+        let mut c = core(&["rio"], 1);
+        let t0 = t("2026-01-01T00:00:00Z");
+        c.inbox_scanned(&name("rio"), InboxSummary { high: 1, normal: 0 }, t0);
+        c.request(&name("rio"), WakeReason::Manual, Priority::High, t0);
+        assert_eq!(started(&mut c), ["rio"]);
+        c.session_ended(
+            &name("rio"),
+            InboxSummary::default(),
+            t0 + chrono::Duration::seconds(1),
+        );
+        c.fire_due_inbox(t0 + chrono::Duration::seconds(31));
+        assert!(started(&mut c).is_empty(), "no second, empty session");
     }
 
     #[test]

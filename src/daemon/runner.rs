@@ -716,7 +716,7 @@ impl Drop for SessionGuard {
     fn drop(&mut self) {
         if self.armed {
             // Blocking, but only on cancellation, and a /proc scan is quick.
-            let killed = sweep_blocking(self.pgid, &self.marker);
+            let killed = sweep_blocking(Some(self.pgid), &self.marker);
             tracing::warn!(
                 pid = self.pgid,
                 killed,
@@ -730,7 +730,7 @@ impl Drop for SessionGuard {
 /// the async threads.
 async fn sweep(pgid: i32, marker: &(String, String)) -> usize {
     let marker = marker.clone();
-    match tokio::task::spawn_blocking(move || sweep_blocking(pgid, &marker)).await {
+    match tokio::task::spawn_blocking(move || sweep_blocking(Some(pgid), &marker)).await {
         Ok(killed) => killed,
         Err(e) => {
             tracing::error!("the leftover sweep task failed: {e}");
@@ -754,7 +754,14 @@ async fn sweep(pgid: i32, marker: &(String, String)) -> usize {
 /// process's pid, which is reaped by now; while any member lives the kernel
 /// does not reuse it, and when none does, a reuse within the microseconds
 /// before the final `killpg` would need the pid space to wrap.
-fn sweep_blocking(pgid: i32, marker: &(String, String)) -> usize {
+/// Kill every process whose environment holds `marker` (no process group):
+/// used at start-up for the sessions of a daemon that was killed, whose
+/// processes outlived it.
+pub fn kill_marked(marker: &(String, String)) -> usize {
+    sweep_blocking(None, marker)
+}
+
+fn sweep_blocking(pgid: Option<i32>, marker: &(String, String)) -> usize {
     let needle: Option<Vec<u8>> =
         (!marker.0.is_empty()).then(|| format!("{}={}", marker.0, marker.1).into_bytes());
     let own = std::process::id() as i32;
@@ -779,7 +786,9 @@ fn sweep_blocking(pgid: i32, marker: &(String, String)) -> usize {
             killed += 1;
         }
     }
-    let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
+    if let Some(pgid) = pgid {
+        let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
+    }
     // SIGKILL is delivered asynchronously; wait (briefly: only a process
     // stuck in the kernel takes longer) until they are really dead, so that
     // nothing of the session runs once `run` has returned.
@@ -805,7 +814,7 @@ fn is_dead(state: u8) -> bool {
 
 /// Live (not zombie) processes in group `pgid` or whose environment holds
 /// `needle` as a whole entry.
-fn session_processes(pgid: i32, needle: Option<&[u8]>, own: i32) -> Vec<i32> {
+fn session_processes(pgid: Option<i32>, needle: Option<&[u8]>, own: i32) -> Vec<i32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -827,7 +836,7 @@ fn session_processes(pgid: i32, needle: Option<&[u8]>, own: i32) -> Vec<i32> {
         if is_dead(state) {
             continue;
         }
-        if pgrp == pgid || needle.is_some_and(|needle| environ_holds(pid, needle)) {
+        if pgid == Some(pgrp) || needle.is_some_and(|needle| environ_holds(pid, needle)) {
             found.push(pid);
         }
     }

@@ -71,6 +71,8 @@ struct Daemon {
     /// something in it changed (and by the reconcile scan), not per event.
     last_heartbeat: String,
     last_status: String,
+    /// Inboxes with events not yet scanned.
+    dirty: std::collections::BTreeSet<AgentName>,
 }
 
 /// Run the daemon until SIGTERM/SIGINT. Returns once every session has
@@ -100,6 +102,7 @@ pub async fn run(config_path: &Path) -> Result<()> {
         stopping: None,
         last_heartbeat: String::new(),
         last_status: String::new(),
+        dirty: Default::default(),
     };
     // Forward watcher events into the one loop channel.
     {
@@ -130,7 +133,8 @@ pub async fn run(config_path: &Path) -> Result<()> {
     // Files that arrived while the daemon was down: scanned only now that the
     // watches are in place, so nothing can fall between scan and watch.
     daemon.scan_all_inboxes();
-    daemon.after_change();
+    // Start what is due already (a catch-up run) before waiting for anything.
+    daemon.tick();
     systemd::ready(&daemon.status_line());
     tracing::info!(
         "agent-state {} ready: {} agents on {}",
@@ -155,7 +159,14 @@ pub async fn run(config_path: &Path) -> Result<()> {
             .map(|t| daemon.clock.until(t))
             .unwrap_or(Duration::from_secs(86_400));
         tokio::select! {
-            Some(event) = rx.recv() => daemon.handle(event),
+            Some(event) = rx.recv() => {
+                daemon.handle(event);
+                // Take everything already queued before acting, so a burst
+                // of inbox events costs one scan per inbox, not one each.
+                while let Ok(event) = rx.try_recv() {
+                    daemon.handle(event);
+                }
+            }
             _ = tokio::time::sleep(sleep_for) => {}
             _ = sigterm.recv() => daemon.shutdown("SIGTERM"),
             _ = sigint.recv() => daemon.shutdown("SIGINT"),
@@ -206,6 +217,22 @@ impl Daemon {
             let dir = self.root.agent(&agent.name);
             if !dir.path.is_dir() {
                 continue;
+            }
+            // A daemon killed outright (SIGKILL, OOM) leaves its sessions'
+            // processes running: end them before their session is recorded,
+            // or the agent would run twice.
+            if let Ok(Some(s)) = dir.read::<Session>()
+                && hooks::is_stale(&s, now)
+                && let Some(owner) = s.owner_pid
+            {
+                let marker = (
+                    "AGENT_STATE_RUN".to_string(),
+                    format!("{owner}:{}:{}", agent.name, s.session_id),
+                );
+                let killed = runner::kill_marked(&marker);
+                if killed > 0 {
+                    tracing::warn!(agent = %agent.name, session_id = %s.session_id, "killed {killed} process(es) left running by the session of a daemon that died (pid {owner})");
+                }
             }
             match hooks::recover_stale(agent, &dir, "interrupted: daemon restarted", now) {
                 Ok(Some(r)) => tracing::warn!(
@@ -408,7 +435,9 @@ impl Daemon {
 
     fn handle(&mut self, event: LoopEvent) {
         match event {
-            LoopEvent::Watch(WatchEvent::Inbox(agent)) => self.scan_inbox(&agent),
+            LoopEvent::Watch(WatchEvent::Inbox(agent)) => {
+                self.dirty.insert(agent);
+            }
             LoopEvent::Watch(WatchEvent::Wake(agent)) => self.take_wake_requests(&agent),
             LoopEvent::Watch(WatchEvent::Rescan(why)) => {
                 tracing::warn!("rescanning every inbox: {why}");
@@ -525,6 +554,9 @@ impl Daemon {
     /// Everything that is due now: schedules, debounces, settling files,
     /// then start what can start.
     fn tick(&mut self) {
+        for agent in std::mem::take(&mut self.dirty) {
+            self.scan_inbox(&agent);
+        }
         let now = self.clock.now();
         let settled: Vec<AgentName> = self
             .settle_at

@@ -8,6 +8,7 @@ mod support;
 mod bootstrap;
 mod check;
 mod concurrency;
+mod daemon;
 mod hooks;
 mod hostile;
 mod messages;

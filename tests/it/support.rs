@@ -196,3 +196,224 @@ pub fn kind(v: &Value) -> &'static str {
         Value::Object(_) => "object",
     }
 }
+
+// ---- the daemon through the real binary (tests/it/daemon.rs) ---------------
+
+/// Poll `cond` every 25 ms until it holds (true) or `timeout` passes (false).
+pub fn poll_until(timeout: std::time::Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if cond() {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
+}
+
+/// Is `pid` a live process (present and not a zombie)?
+pub fn process_alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state is the first field after the parenthesised command name.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+            .is_some_and(|state| state != 'Z' && state != 'X'),
+        Err(_) => false,
+    }
+}
+
+impl Env {
+    /// A file in the test's temp dir, outside the state root.
+    pub fn tmp(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Write an executable `sh` script (`body` after the `#!/bin/sh` line)
+    /// into the temp dir; returns its absolute path.
+    pub fn script(&self, name: &str, body: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let path = self.tmp(name);
+        // Written aside and renamed in: a running daemon may exec it any moment.
+        let aside = self.tmp(&format!(".{name}.tmp"));
+        std::fs::write(&aside, format!("#!/bin/sh\n{body}\n")).expect("write script");
+        std::fs::set_permissions(&aside, std::fs::Permissions::from_mode(0o755))
+            .expect("chmod script");
+        std::fs::rename(&aside, &path).expect("rename script");
+        path
+    }
+
+    /// Replace the config file with `body` under the same `state_root`.
+    pub fn set_config(&self, body: &str) {
+        let aside = self.tmp(".config.toml.tmp");
+        std::fs::write(
+            &aside,
+            format!("state_root = {:?}\n{body}", self.root.display().to_string()),
+        )
+        .expect("write config");
+        std::fs::rename(&aside, &self.config).expect("rename config");
+    }
+
+    /// Start `agent-state daemon` on this environment (see [`Daemon::start`]).
+    pub fn daemon(&self) -> Daemon {
+        Daemon::start(self, &[])
+    }
+}
+
+static DAEMON_LOGS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// A running `agent-state --config … daemon`, its stderr in a log file.
+/// Dropping it stops it (SIGTERM, then SIGKILL) and, when the test is
+/// failing, prints its log.
+pub struct Daemon {
+    child: Option<std::process::Child>,
+    pub pid: u32,
+    pub log: PathBuf,
+    pub root: PathBuf,
+    status: Option<std::process::ExitStatus>,
+}
+
+impl Daemon {
+    /// Spawn the daemon with extra environment `vars` and wait until it has
+    /// written `.daemon/daemon.json` with its own pid (its watches and
+    /// schedules are in place by then).
+    pub fn start(env: &Env, vars: &[(&str, &str)]) -> Daemon {
+        let n = DAEMON_LOGS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let log = env.tmp(&format!("daemon-{n}.log"));
+        let file = std::fs::File::create(&log).expect("create daemon log");
+        let mut cmd = env.command(&["daemon"]);
+        for var in [
+            "NOTIFY_SOCKET",
+            "JOURNAL_STREAM",
+            "WATCHDOG_USEC",
+            "WATCHDOG_PID",
+            "AGENT_STATE_FAKE_NOW",
+            "AGENT_STATE_LOG",
+        ] {
+            cmd.env_remove(var);
+        }
+        cmd.envs(vars.iter().copied());
+        cmd.stdout(file.try_clone().expect("dup log"));
+        cmd.stderr(file);
+        let child = cmd.spawn().expect("spawn agent-state daemon");
+        let pid = child.id();
+        let mut daemon = Daemon {
+            child: Some(child),
+            pid,
+            log,
+            root: env.root.clone(),
+            status: None,
+        };
+        let heartbeat = env.root.join(".daemon/daemon.json");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let ready = std::fs::read_to_string(&heartbeat)
+                .ok()
+                .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+                .is_some_and(|hb| hb["pid"] == pid);
+            if ready {
+                return daemon;
+            }
+            if !daemon.is_running() {
+                panic!(
+                    "the daemon exited with {:?} before it was ready\n{}",
+                    daemon.status,
+                    daemon.log_text()
+                );
+            }
+            if std::time::Instant::now() >= deadline {
+                panic!(
+                    "the daemon wrote no daemon.json with its pid {pid} within 10s\n{}",
+                    daemon.log_text()
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    /// What the daemon logged so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// `.daemon/daemon.json` (Null if missing or unreadable).
+    pub fn heartbeat(&self) -> Value {
+        std::fs::read_to_string(self.root.join(".daemon/daemon.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or(Value::Null)
+    }
+
+    /// Wait until `cond` holds, or fail naming `what` with the daemon's log.
+    pub fn wait_until(&self, timeout: std::time::Duration, what: &str, cond: impl FnMut() -> bool) {
+        if !poll_until(timeout, cond) {
+            panic!(
+                "timed out after {timeout:?} waiting until {what}\n---- daemon log ({}) ----\n{}",
+                self.log.display(),
+                self.log_text()
+            );
+        }
+    }
+
+    /// Still running (not exited)?
+    pub fn is_running(&mut self) -> bool {
+        if self.status.is_some() {
+            return false;
+        }
+        match self.child.as_mut().map(|c| c.try_wait()) {
+            Some(Ok(Some(status))) => {
+                self.status = Some(status);
+                false
+            }
+            Some(Ok(None)) => true,
+            _ => false,
+        }
+    }
+
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        if self.status.is_none() {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid as i32), signal);
+        }
+    }
+
+    /// Wait for the daemon to exit; fail with its log after `timeout`.
+    pub fn wait_exit(&mut self, timeout: std::time::Duration) -> std::process::ExitStatus {
+        if !poll_until(timeout, || !self.is_running()) {
+            panic!(
+                "the daemon did not exit within {timeout:?}\n---- daemon log ({}) ----\n{}",
+                self.log.display(),
+                self.log_text()
+            );
+        }
+        self.status.expect("exit status")
+    }
+
+    /// SIGKILL, and reap it (as systemd would).
+    pub fn kill9(&mut self) -> std::process::ExitStatus {
+        self.signal(nix::sys::signal::Signal::SIGKILL);
+        self.wait_exit(std::time::Duration::from_secs(10))
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if self.is_running() {
+            self.signal(nix::sys::signal::Signal::SIGTERM);
+            if !poll_until(std::time::Duration::from_secs(15), || !self.is_running()) {
+                self.signal(nix::sys::signal::Signal::SIGKILL);
+                if let Some(c) = self.child.as_mut() {
+                    let _ = c.wait();
+                }
+            }
+        }
+        if std::thread::panicking() {
+            eprintln!(
+                "---- daemon log ({}) ----\n{}---- end of daemon log ----",
+                self.log.display(),
+                self.log_text()
+            );
+        }
+    }
+}
