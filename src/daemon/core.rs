@@ -93,6 +93,9 @@ pub struct AgentSlot {
     pub inbox_due: Option<(DateTime<Utc>, Priority)>,
     /// A wake came while a session ran: after it, one follow-up if messages wait.
     pub skipped_while_running: bool,
+    /// After failed sessions: no automatic wake before this time (a manual
+    /// `wake` is still served). Set by the IO layer from the failure count.
+    pub backoff_until: Option<DateTime<Utc>>,
 }
 
 impl AgentSlot {
@@ -105,7 +108,12 @@ impl AgentSlot {
             pending: None,
             inbox_due: None,
             skipped_while_running: false,
+            backoff_until: None,
         }
+    }
+
+    fn held_back(&self, wake: &PendingWake, now: DateTime<Utc>) -> bool {
+        wake.reason != WakeReason::Manual && self.backoff_until.is_some_and(|t| t > now)
     }
 }
 
@@ -249,7 +257,7 @@ impl Core {
 
     /// Agents to start now, in order (high priority first, then oldest),
     /// as many as there are free slots. They are marked as running.
-    pub fn take_startable(&mut self) -> Vec<(AgentName, PendingWake)> {
+    pub fn take_startable(&mut self, now: DateTime<Utc>) -> Vec<(AgentName, PendingWake)> {
         if self.waking_stopped {
             return Vec::new();
         }
@@ -258,7 +266,12 @@ impl Core {
             .agents
             .iter()
             .filter(|(_, s)| s.running.is_none())
-            .filter_map(|(n, s)| s.pending.clone().map(|p| (n.clone(), p)))
+            .filter_map(|(n, s)| {
+                s.pending
+                    .clone()
+                    .filter(|p| !s.held_back(p, now))
+                    .map(|p| (n.clone(), p))
+            })
             .collect();
         waiting
             .sort_by(|a, b| (a.1.priority, a.1.since, &a.0).cmp(&(b.1.priority, b.1.since, &b.0)));
@@ -304,7 +317,10 @@ impl Core {
     pub fn next_deadline(&self) -> Option<DateTime<Utc>> {
         self.agents
             .values()
-            .flat_map(|s| [s.next_fire, s.inbox_due.map(|(t, _)| t)])
+            .flat_map(|s| {
+                let backoff_ends = s.pending.as_ref().and(s.backoff_until);
+                [s.next_fire, s.inbox_due.map(|(t, _)| t), backoff_ends]
+            })
             .flatten()
             .min()
     }
@@ -335,7 +351,7 @@ mod tests {
         c
     }
     fn started(c: &mut Core) -> Vec<String> {
-        c.take_startable()
+        c.take_startable(t("2026-01-01T00:00:00Z"))
             .into_iter()
             .map(|(n, _)| n.to_string())
             .collect()
@@ -396,7 +412,7 @@ mod tests {
             "never two sessions of one agent"
         );
         c.session_ended(&name("rio"), InboxSummary { high: 0, normal: 2 }, now);
-        let next = c.take_startable();
+        let next = c.take_startable(now);
         assert_eq!(next.len(), 1);
         assert_eq!(next[0].1.reason, WakeReason::FollowUp);
         c.session_ended(&name("rio"), InboxSummary::default(), now);
@@ -453,6 +469,34 @@ mod tests {
         );
         c.fire_due_inbox(t0 + chrono::Duration::seconds(31));
         assert!(started(&mut c).is_empty(), "no second, empty session");
+    }
+
+    #[test]
+    fn backoff_holds_automatic_wakes_but_not_manual_ones() {
+        let mut c = core(&["rio", "leo"], 2);
+        let t0 = t("2026-01-01T00:00:00Z");
+        let until = t0 + chrono::Duration::seconds(60);
+        c.agents.get_mut(&name("rio")).unwrap().backoff_until = Some(until);
+        c.agents.get_mut(&name("leo")).unwrap().backoff_until = Some(until);
+        c.request(&name("rio"), WakeReason::Inbox, Priority::High, t0);
+        c.request(&name("leo"), WakeReason::Manual, Priority::High, t0);
+        let now: Vec<String> = c
+            .take_startable(t0)
+            .into_iter()
+            .map(|(n, _)| n.to_string())
+            .collect();
+        assert_eq!(now, ["leo"], "a manual wake is served during backoff");
+        assert_eq!(
+            c.next_deadline(),
+            Some(until),
+            "the loop wakes when the backoff ends"
+        );
+        let later: Vec<String> = c
+            .take_startable(until)
+            .into_iter()
+            .map(|(n, _)| n.to_string())
+            .collect();
+        assert_eq!(later, ["rio"]);
     }
 
     #[test]

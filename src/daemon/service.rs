@@ -73,6 +73,8 @@ struct Daemon {
     last_status: String,
     /// Inboxes with events not yet scanned.
     dirty: std::collections::BTreeSet<AgentName>,
+    /// Consecutive failed sessions per agent (reset by a success).
+    failures: BTreeMap<AgentName, u32>,
 }
 
 /// Run the daemon until SIGTERM/SIGINT. Returns once every session has
@@ -103,6 +105,7 @@ pub async fn run(config_path: &Path) -> Result<()> {
         last_heartbeat: String::new(),
         last_status: String::new(),
         dirty: Default::default(),
+        failures: BTreeMap::new(),
     };
     // Forward watcher events into the one loop channel.
     {
@@ -611,7 +614,7 @@ impl Daemon {
         for s in self.core.fire_due_inbox(now) {
             self.skipped(s);
         }
-        let startable = self.core.take_startable();
+        let startable = self.core.take_startable(now);
         for (agent, wake) in startable {
             self.start(&agent, wake.reason);
         }
@@ -707,6 +710,7 @@ impl Daemon {
             // Removed from the config while it ran: record it all the same.
             None => Err(Error::Usage("agent no longer configured".into())),
         };
+        let failed = !matches!(&outcome, Ok(text) if text.starts_with("completed"));
         match outcome {
             Ok(text) if text.starts_with("completed") => tracing::info!(
                 agent = %agent, session_id = %running.session_id, instance = %running.instance,
@@ -725,6 +729,7 @@ impl Daemon {
             tracing::warn!(agent = %agent, session_id = %running.session_id, error_code = "OUTPUT_TRUNCATED",
                 "output truncated at {} bytes ({} produced)", report.logged_bytes, report.output_bytes);
         }
+        self.note_outcome(&agent, failed);
         let waiting = self.receive(&agent).unwrap_or_default();
         self.core.session_ended(&agent, waiting, self.clock.now());
         if !self
@@ -734,6 +739,25 @@ impl Daemon {
             .any(|a| a.name == agent && a.kind == AgentKind::Agent)
         {
             self.core.agents.remove(&agent);
+        }
+    }
+
+    /// Consecutive failures hold back the agent's automatic wakes (30 s, 1 min,
+    /// 2 min, … up to an hour), so a broken command or a failing API does not
+    /// turn waiting messages into a burst of failed sessions. A manual wake is
+    /// still served, and the first success clears it.
+    fn note_outcome(&mut self, agent: &AgentName, failed: bool) {
+        let count = self.failures.entry(agent.clone()).or_insert(0);
+        *count = if failed { *count + 1 } else { 0 };
+        let backoff = (*count > 0).then(|| {
+            let secs = 30u64.saturating_mul(1 << (*count - 1).min(7)).min(3600);
+            self.clock.now() + chrono::Duration::seconds(secs as i64)
+        });
+        if let (Some(until), Some(n)) = (backoff, self.failures.get(agent)) {
+            tracing::warn!(agent = %agent, "{n} failed session(s) in a row: automatic wakes held back until {}", Timestamp::from_datetime(until));
+        }
+        if let Some(slot) = self.core.agents.get_mut(agent) {
+            slot.backoff_until = backoff;
         }
     }
 

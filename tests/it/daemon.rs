@@ -633,6 +633,37 @@ fn a_command_that_does_not_exist_is_a_session_error() {
     });
 }
 
+#[test]
+fn failing_sessions_back_off_instead_of_burning_the_messages() {
+    let env = Env::with_config("");
+    env.set_config(&config(
+        Path::new("/nonexistent/agent-state-test-agent"),
+        &[],
+        &[("wake_on_inbox", "\"any\""), ("inbox_debounce", "\"0s\"")],
+        RIO,
+    ));
+    let d = env.daemon();
+    let id = env.send("leo", "rio", &[]);
+    d.wait_until(secs(5.0), "the first session fails", || {
+        ended(&env, "rio", "error")
+    });
+    // The message went back to the inbox with one attempt counted; the
+    // agent is held back, so it is not retried at once (which would burn
+    // its three attempts in seconds and set it aside as undeliverable).
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        events(&env, "rio", "session_start").len(),
+        1,
+        "no retry storm"
+    );
+    assert_eq!(env.waiting("rio"), [format!("{id}.json")]);
+    assert!(env.files("rio", "inbox/rejected").is_empty());
+    assert!(d.log_text().contains("held back until"), "{}", d.log_text());
+    // A manual wake is still served during the backoff.
+    env.ok(&["wake", "rio", "--wait", "5s"]);
+    assert_eq!(events(&env, "rio", "session_start").len(), 2);
+}
+
 // ---- 6-8. crash and shutdown ---------------------------------------------------------------
 
 #[test]
