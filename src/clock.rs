@@ -73,19 +73,31 @@ impl<'de> Deserialize<'de> for Timestamp {
     }
 }
 
-/// "3h ago", "2d ago": how `status` shows times.
+/// "3h ago", "2d ago": how `status` shows past times.
 pub fn ago(then: &Timestamp, now: &Timestamp) -> String {
-    let secs = now.seconds_since(then);
-    if secs < 0 {
-        return "in the future".into();
+    match now.seconds_since(then) {
+        s if s < 0 => "in the future".into(),
+        s => format!("{} ago", span(s)),
     }
+}
+
+/// "in 3h", "in 2d": how `status` shows future times ("due" once passed).
+pub fn in_time(then: &Timestamp, now: &Timestamp) -> String {
+    match then.seconds_since(now) {
+        s if s <= 0 => "due".into(),
+        s => format!("in {}", span(s)),
+    }
+}
+
+/// A length of time in its largest sensible unit: `45s`, `12m`, `5h`, `3d`.
+fn span(secs: i64) -> String {
     let (n, unit) = match secs {
         s if s < 90 => (s, "s"),
         s if s < 90 * 60 => (s / 60, "m"),
         s if s < 36 * 3600 => (s / 3600, "h"),
         s => (s / 86400, "d"),
     };
-    format!("{n}{unit} ago")
+    format!("{n}{unit}")
 }
 
 #[cfg(test)]

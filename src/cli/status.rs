@@ -3,7 +3,7 @@
 use serde::Serialize;
 
 use crate::cli::{Context, print_json};
-use crate::clock::{Timestamp, ago};
+use crate::clock::{Timestamp, ago, in_time};
 use crate::config::{AgentConfig, AgentKind};
 use crate::error::{Result, exit};
 use crate::inbox;
@@ -28,6 +28,7 @@ struct Line {
     status: String,
     current_session: Option<String>,
     last_session: Option<LastSession>,
+    next_wake_at: Option<Timestamp>,
     tasks_pending: usize,
     tasks_active: usize,
     inbox_waiting: usize,
@@ -48,12 +49,38 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
     if args.json {
         return print_json(&lines);
     }
-    println!(
-        "{:<12} {:<12} {:<44} {:>5} {:>5} {:>8} {:>7} {:>11}",
-        "AGENT", "STATUS", "LAST SESSION", "TASKS", "INBOX", "SESS/30D", "ERR/30D", "TIMEOUT/30D"
-    );
+    let row = |cells: [&str; 9]| {
+        println!(
+            "{:<12} {:<12} {:<44} {:>5} {:>5} {:>8} {:>7} {:>11}  {}",
+            cells[0],
+            cells[1],
+            cells[2],
+            cells[3],
+            cells[4],
+            cells[5],
+            cells[6],
+            cells[7],
+            cells[8]
+        )
+    };
+    row([
+        "AGENT",
+        "STATUS",
+        "LAST SESSION",
+        "TASKS",
+        "INBOX",
+        "SESS/30D",
+        "ERR/30D",
+        "TIMEOUT/30D",
+        "NEXT WAKE",
+    ]);
     let now = ctx.now;
     for l in &lines {
+        let inbox = l.inbox_waiting.to_string();
+        if l.kind == "human" || l.status == "missing" {
+            row([&l.agent, &l.status, "-", "-", &inbox, "-", "-", "-", "-"]);
+            continue;
+        }
         let last = match (&l.current_session, &l.last_session) {
             (Some(id), _) => format!("running ({id})"),
             (None, Some(s)) => format!(
@@ -64,24 +91,21 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
             ),
             (None, None) => "-".into(),
         };
-        if l.kind == "human" || l.status == "missing" {
-            println!(
-                "{:<12} {:<12} {:<44} {:>5} {:>5} {:>8} {:>7} {:>11}",
-                l.agent, l.status, "-", "-", l.inbox_waiting, "-", "-", "-"
-            );
-        } else {
-            println!(
-                "{:<12} {:<12} {:<44} {:>5} {:>5} {:>8} {:>7} {:>11}",
-                l.agent,
-                l.status,
-                last,
-                l.tasks_pending,
-                l.inbox_waiting,
-                l.sessions_30d,
-                l.errors_30d,
-                l.timeouts_30d
-            );
-        }
+        let next = l
+            .next_wake_at
+            .map(|t| in_time(&t, &now))
+            .unwrap_or_else(|| "-".into());
+        row([
+            &l.agent,
+            &l.status,
+            &last,
+            &l.tasks_pending.to_string(),
+            &inbox,
+            &l.sessions_30d.to_string(),
+            &l.errors_30d.to_string(),
+            &l.timeouts_30d.to_string(),
+            &next,
+        ]);
     }
     Ok(exit::OK)
 }
@@ -98,6 +122,7 @@ fn line(ctx: &Context, agent: &AgentConfig) -> Result<Line> {
         status: String::new(),
         current_session: None,
         last_session: None,
+        next_wake_at: None,
         tasks_pending: 0,
         tasks_active: 0,
         inbox_waiting: 0,
@@ -121,6 +146,7 @@ fn line(ctx: &Context, agent: &AgentConfig) -> Result<Line> {
             l.status = report.status.as_str().to_string();
             l.current_session = report.current_session;
             l.last_session = report.last_session;
+            l.next_wake_at = report.next_wake_at;
         }
         Err(_) => l.status = "corrupt".into(),
     }
