@@ -3,7 +3,9 @@
 #
 #   1. the system group (default: the config's `group`, else teleo) whose
 #      members may write agents' inboxes
-#   2. the system user agent-state (no login shell, home = the state root)
+#   2. the system user agent-state (no login shell, home /var/lib/agent-state, as
+#      the unit's StateDirectory= and sysusers.d give it: the agents' CLI
+#      credentials, e.g. ~/.claude, live there)
 #   3. the config in /etc/agent-state/config.toml, if there is none yet
 #      (an existing config is never overwritten)
 #   4. the state root, then `agent-state --config CONFIG bootstrap`, which
@@ -30,8 +32,9 @@
 #   STATE_ROOT     default: the config's state_root. When the config is installed
 #                  by this run, its state_root is set to STATE_ROOT; an existing
 #                  config that names another root is an error.
-#   BIN            the agent-state program (default /usr/local/bin/agent-state,
-#                  else agent-state on PATH)
+#   BIN            the agent-state program (default /usr/bin/agent-state, as the
+#                  unit runs it, else /usr/local/bin/agent-state, else on PATH)
+#   AGENT_HOME     the user's home (default /var/lib/agent-state)
 #
 # Exit status: 0 done, 64 usage, 69 no program, 77 not root, 78 config problem, else a step failed.
 
@@ -46,6 +49,7 @@ STATE_ROOT=${STATE_ROOT:-}
 BIN=${BIN:-}
 GROUP=${GROUP:-}
 AGENT_USER=${AGENT_USER:-agent-state}
+AGENT_HOME=${AGENT_HOME:-/var/lib/agent-state}
 DRY_RUN=${DRY_RUN:-0}
 
 usage() { sed -n '/^# Usage:/,/^# Exit status/p' "$0" | sed 's/^# \{0,1\}//'; }
@@ -64,6 +68,7 @@ while (($#)); do
     --bin) BIN=${2:?--bin needs a path}; shift ;;
     --group) GROUP=${2:?--group needs a name}; shift ;;
     --user) AGENT_USER=${2:?--user needs a name}; shift ;;
+    --home) AGENT_HOME=${2:?--home needs a directory}; shift ;;
     -h | --help) usage; exit 0 ;;
     *) usage >&2; die "unknown argument: $1" 64 ;;
     esac
@@ -104,7 +109,9 @@ fi
 
 # ---- the program ------------------------------------------------------------
 if [[ -z $BIN ]]; then
-    if [[ -x /usr/local/bin/agent-state ]]; then
+    if [[ -x /usr/bin/agent-state ]]; then
+        BIN=/usr/bin/agent-state
+    elif [[ -x /usr/local/bin/agent-state ]]; then
         BIN=/usr/local/bin/agent-state
     else
         BIN=$(command -v agent-state || true)
@@ -164,9 +171,11 @@ else
     nologin=/usr/sbin/nologin
     [[ -x $nologin ]] || nologin=/sbin/nologin
     [[ -x $nologin ]] || nologin=/bin/false
-    run useradd --system --gid "$GROUP" --home-dir "$STATE_ROOT" --no-create-home \
+    run useradd --system --gid "$GROUP" --home-dir "$AGENT_HOME" --no-create-home \
         --shell "$nologin" --comment "agent-state daemon" "$AGENT_USER"
 fi
+# The home holds the agents' CLI credentials: the user's alone.
+run install -d -o "$AGENT_USER" -g "$GROUP" -m 0700 "$AGENT_HOME"
 
 # ---- 3. config -----------------------------------------------------------------
 say "3. config $CONFIG"

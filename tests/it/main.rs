@@ -12,4 +12,6 @@ mod daemon;
 mod hooks;
 mod hostile;
 mod messages;
+mod notify;
 mod scripts;
+mod systemd;

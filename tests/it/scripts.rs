@@ -637,6 +637,7 @@ fn bootstrap_script(dir: &Path) -> Command {
     let mut cmd = Command::new(repo_file("bootstrap/bootstrap.sh"));
     cmd.env("CONFIG", dir.join("etc/agent-state/config.toml"))
         .env("STATE_ROOT", dir.join("state"))
+        .env("AGENT_HOME", dir.join("home"))
         .env("BIN", BIN)
         .env_remove("SOURCE_CONFIG")
         .env_remove("GROUP")
@@ -796,10 +797,14 @@ fn bootstrap_as_root_creates_the_accounts_and_sets_modes() {
             .unwrap()
             .stdout,
     );
+    let home = root.parent().unwrap().join("home");
     assert!(
-        passwd.contains(&format!(":{}:", root.display())),
-        "home is the state root: {passwd}"
+        passwd.contains(&format!(":{}:", home.display())),
+        "the home holds the CLIs' credentials, apart from the state root: {passwd}"
     );
+    let home_meta = std::fs::metadata(&home).unwrap();
+    assert_eq!(home_meta.permissions().mode() & 0o7777, 0o700);
+    assert_eq!(home_meta.uid(), uid);
     assert!(
         passwd.trim_end().ends_with("nologin") || passwd.trim_end().ends_with("false"),
         "{passwd}"

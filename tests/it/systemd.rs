@@ -1,0 +1,947 @@
+//! The unit file and the packaging files, checked by systemd itself.
+//!
+//! On the host, whenever `systemd-analyze` is there: `verify` finds nothing
+//! to say about `systemd/agent-state.service` and `security --offline`
+//! rates its exposure 2.5 or lower.
+//!
+//! Under a real systemd (PID 1 in a container made by `sdbox`, a tool kept
+//! in `../shared/tools/`), gated by `AGENT_STATE_SYSTEMD_TESTS=1` because it
+//! needs root: the binary, the unit, sysusers.d and tmpfiles.d installed as a
+//! package would; the unit active only after READY=1; a session whose
+//! journal entries carry `AGENT=`; a Node.js stand-in for `claude` reaching
+//! its credentials and an HTTP API through the sandbox; `systemctl reload`
+//! picking up a new agent; `systemctl stop` letting a running session finish
+//! (EXTEND_TIMEOUT_USEC beats a short TimeoutStopSec=) and exiting 0; and a
+//! stalled main loop restarted by the watchdog.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::support::{BIN, poll_until};
+
+const UNIT: &str = "systemd/agent-state.service";
+/// Where the unit starts the program from (where a package installs it).
+const UNIT_BIN: &str = "/usr/bin/agent-state";
+const CONFIG: &str = "/etc/agent-state/config.toml";
+const STATE: &str = "/opt/teleo-eval/agent-state";
+/// The worst `systemd-analyze security` exposure accepted ("OK" is < 4.0).
+const MAX_EXPOSURE: f64 = 2.5;
+
+fn repo_file(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn describe(out: &Output) -> String {
+    format!(
+        "exit {:?}\n--- stdout\n{}--- stderr\n{}",
+        out.status.code(),
+        text(&out.stdout),
+        text(&out.stderr)
+    )
+}
+
+/// A program on PATH, if there is one.
+fn on_path(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(program))
+            .find(|p| p.is_file())
+    })
+}
+
+/// "Overall exposure level for agent-state.service: 1.5 OK" → 1.5
+fn exposure(output: &str) -> Option<f64> {
+    let line = output
+        .lines()
+        .find(|l| l.contains("Overall exposure level"))?;
+    line.rsplit_once(':')?
+        .1
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+// ---- on the host -----------------------------------------------------------------
+
+#[test]
+fn the_unit_file_verifies_clean_and_its_exposure_is_low() {
+    let Some(analyze) = on_path("systemd-analyze") else {
+        eprintln!(
+            "SKIPPED: this test needs systemd-analyze on PATH (Debian: apt-get install systemd)"
+        );
+        return;
+    };
+    let unit = repo_file(UNIT);
+    let source = std::fs::read_to_string(&unit).expect("read the unit");
+    assert!(
+        source.contains(&format!("ExecStart={UNIT_BIN} ")),
+        "the unit starts {UNIT_BIN} (where packaging/README.md installs it)"
+    );
+
+    // `verify` wants the ExecStart program to exist: a copy of the unit
+    // that starts the binary under test.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let copy = dir.path().join("agent-state.service");
+    std::fs::write(
+        &copy,
+        source.replace(
+            &format!("ExecStart={UNIT_BIN} "),
+            &format!("ExecStart={BIN} "),
+        ),
+    )
+    .expect("write the unit copy");
+    let out = Command::new(&analyze)
+        .args(["verify", "--man=no"])
+        .arg(&copy)
+        .output()
+        .expect("run systemd-analyze verify");
+    assert!(
+        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
+        "systemd-analyze verify has something to say:\n{}",
+        describe(&out)
+    );
+
+    let out = Command::new(&analyze)
+        .args(["security", "--offline=yes"])
+        .arg(&unit)
+        .output()
+        .expect("run systemd-analyze security");
+    let report = text(&out.stdout);
+    let score = exposure(&report)
+        .unwrap_or_else(|| panic!("no overall exposure level in:\n{}", describe(&out)));
+    assert!(
+        score <= MAX_EXPOSURE,
+        "exposure {score} is above {MAX_EXPOSURE}:\n{report}"
+    );
+    eprintln!("systemd-analyze security --offline=yes {UNIT}: exposure {score}");
+}
+
+// ---- under a real systemd ----------------------------------------------------------
+
+/// The sdbox tool if these tests are to run; otherwise says why not.
+fn sdbox_tool() -> Option<PathBuf> {
+    if std::env::var("AGENT_STATE_SYSTEMD_TESTS").as_deref() != Ok("1") {
+        eprintln!("SKIPPED: set AGENT_STATE_SYSTEMD_TESTS=1 (needs root and sdbox)");
+        return None;
+    }
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!(
+            "SKIPPED: AGENT_STATE_SYSTEMD_TESTS=1, but this test needs root (sdbox boots a container)"
+        );
+        return None;
+    }
+    let tool = std::env::var_os("AGENT_STATE_SDBOX")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_file("../shared/tools/sdbox"));
+    if !tool.is_file() {
+        eprintln!(
+            "SKIPPED: AGENT_STATE_SYSTEMD_TESTS=1, but there is no sdbox at {} (set AGENT_STATE_SDBOX=PATH)",
+            tool.display()
+        );
+        return None;
+    }
+    Some(tool)
+}
+
+/// A container with systemd as PID 1. Dropping it halts it and deletes its
+/// root (`sdbox down`), after printing the unit's journal if the test failed.
+struct SdBox {
+    tool: PathBuf,
+    name: String,
+    root: PathBuf,
+}
+
+impl SdBox {
+    /// Boot a box; up to three tries (see [`SdBox::try_up`]).
+    fn up(tool: PathBuf) -> SdBox {
+        const TRIES: u32 = 3;
+        for attempt in 1..=TRIES {
+            // The guard exists before `up`, so a box that half started is
+            // removed too.
+            let mut sdbox = SdBox {
+                tool: tool.clone(),
+                name: format!("agent-state-it-{}-{attempt}", std::process::id()),
+                root: PathBuf::new(),
+            };
+            let t0 = Instant::now();
+            match sdbox.try_up() {
+                Ok(()) => {
+                    eprintln!("sdbox {} up in {:?}", sdbox.name, t0.elapsed());
+                    return sdbox;
+                }
+                Err(why) if attempt < TRIES => {
+                    eprintln!("sdbox up {} failed, trying again: {why}", sdbox.name);
+                }
+                Err(why) => panic!("sdbox up failed {TRIES} times; the last: {why}"),
+            }
+        }
+        unreachable!()
+    }
+
+    /// `sdbox up`, watched: sdbox records as the container's init the first
+    /// child of systemd-nspawn, which under load is sometimes nspawn's own
+    /// short-lived helper; it then waits a minute for an answer that cannot
+    /// come. When the recorded pid is gone, this gives up at once.
+    fn try_up(&mut self) -> Result<(), String> {
+        let mut child = self
+            .tool_command(&["up", &self.name])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot run sdbox: {e}"))?;
+        let home = std::env::var_os("SDBOX_HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/var/tmp/sdbox"));
+        let init_pid = home.join("boxes").join(&self.name).join("init.pid");
+        let started = Instant::now();
+        loop {
+            match child.try_wait() {
+                Ok(Some(_)) => break,
+                Ok(None) => {}
+                Err(e) => return Err(format!("waiting for sdbox up: {e}")),
+            }
+            let recorded = std::fs::read_to_string(&init_pid).unwrap_or_default();
+            let recorded = recorded.trim();
+            if started.elapsed() > Duration::from_secs(5)
+                && !recorded.is_empty()
+                && !Path::new("/proc").join(recorded).exists()
+            {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "the init pid sdbox recorded ({recorded}) is gone: not the container's systemd"
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let out = child
+            .wait_with_output()
+            .map_err(|e| format!("sdbox up: {e}"))?;
+        if !out.status.success() {
+            return Err(describe(&out));
+        }
+        let out = self
+            .tool_command(&["root", &self.name])
+            .output()
+            .map_err(|e| format!("sdbox root: {e}"))?;
+        self.root = PathBuf::from(text(&out.stdout).trim());
+        if !self.root.join("lib/systemd/systemd").exists() {
+            return Err(format!(
+                "sdbox root {} is not a root file system",
+                self.root.display()
+            ));
+        }
+        Ok(())
+    }
+
+    /// `bash sdbox ARGS` (through bash: a copied tool may have lost its x bit).
+    fn tool_command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new("bash");
+        cmd.arg(&self.tool).args(args).stdin(Stdio::null());
+        cmd
+    }
+
+    /// Run a command inside the box.
+    fn exec(&self, args: &[&str]) -> Output {
+        let mut all = vec!["exec", self.name.as_str()];
+        all.extend_from_slice(args);
+        self.tool_command(&all).output().expect("run sdbox exec")
+    }
+
+    /// Run a command inside the box; it must succeed. Returns stdout.
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.exec(args);
+        assert!(
+            out.status.success(),
+            "in the box: {args:?}\n{}",
+            describe(&out)
+        );
+        text(&out.stdout)
+    }
+
+    /// `agent-state --config CONFIG ARGS` run as the agent-state user.
+    fn agent_state(&self, args: &[&str]) -> Output {
+        let mut all = vec![
+            "runuser",
+            "-u",
+            "agent-state",
+            "--",
+            UNIT_BIN,
+            "--config",
+            CONFIG,
+        ];
+        all.extend_from_slice(args);
+        self.exec(&all)
+    }
+
+    /// The host path of a path inside the box.
+    fn path(&self, inside: &str) -> PathBuf {
+        self.root.join(inside.trim_start_matches('/'))
+    }
+
+    fn install(&self, src: &Path, inside: &str, mode: u32) {
+        let dest = self.path(inside);
+        std::fs::create_dir_all(dest.parent().expect("parent")).expect("mkdir in the box");
+        std::fs::copy(src, &dest)
+            .unwrap_or_else(|e| panic!("copy {} to {}: {e}", src.display(), dest.display()));
+        set_mode(&dest, mode);
+    }
+
+    fn write(&self, inside: &str, content: &str, mode: u32) {
+        let dest = self.path(inside);
+        std::fs::create_dir_all(dest.parent().expect("parent")).expect("mkdir in the box");
+        std::fs::write(&dest, content).expect("write in the box");
+        set_mode(&dest, mode);
+    }
+
+    fn read(&self, inside: &str) -> String {
+        std::fs::read_to_string(self.path(inside)).unwrap_or_default()
+    }
+
+    fn json(&self, inside: &str) -> Value {
+        serde_json::from_str(&self.read(inside)).unwrap_or(Value::Null)
+    }
+
+    /// `systemctl show -p …` of the unit, as a map.
+    fn show(&self, props: &[&str]) -> BTreeMap<String, String> {
+        let list = props.join(",");
+        self.ok(&["systemctl", "show", "agent-state.service", "-p", &list])
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn prop(&self, name: &str) -> String {
+        self.show(&[name]).remove(name).unwrap_or_default()
+    }
+
+    /// The unit's journal (with extra `journalctl` arguments).
+    fn journal(&self, extra: &[&str]) -> String {
+        let mut args = vec!["journalctl", "--no-pager", "-u", "agent-state.service"];
+        args.extend_from_slice(extra);
+        text(&self.exec(&args).stdout)
+    }
+
+    /// Wait until `cond` holds; fail naming `what`, with the unit's journal.
+    fn wait_until(&self, timeout: Duration, what: &str, cond: impl FnMut() -> bool) {
+        if !poll_until(timeout, cond) {
+            panic!(
+                "timed out after {timeout:?} waiting until {what}\n---- journal ----\n{}",
+                self.journal(&["-n", "60"])
+            );
+        }
+    }
+}
+
+impl Drop for SdBox {
+    fn drop(&mut self) {
+        if std::thread::panicking() && !self.root.as_os_str().is_empty() {
+            eprintln!(
+                "---- journalctl -u agent-state (in the box) ----\n{}---- systemctl status ----\n{}",
+                self.journal(&["-n", "200"]),
+                text(
+                    &self
+                        .exec(&["systemctl", "status", "--no-pager", "agent-state.service"])
+                        .stdout
+                )
+            );
+        }
+        match self.tool_command(&["down", &self.name]).output() {
+            Ok(out) if out.status.success() => {}
+            Ok(out) => eprintln!("sdbox down {} failed:\n{}", self.name, describe(&out)),
+            Err(e) => eprintln!("cannot run sdbox down {}: {e}", self.name),
+        }
+    }
+}
+
+fn set_mode(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+/// A stand-in for the model's HTTP API on the host's loopback (the box
+/// shares the host's network): answers every POST with 200 and keeps each
+/// request's head.
+struct FakeApi {
+    port: u16,
+    requests: Arc<Mutex<Vec<String>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl FakeApi {
+    fn start() -> FakeApi {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let port = listener.local_addr().expect("local addr").port();
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (requests, stop) = (requests.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    match listener.accept() {
+                        Ok((mut stream, _)) => {
+                            let _ = stream.set_nonblocking(false);
+                            let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+                            let head = read_request(&mut stream);
+                            requests.lock().expect("lock").push(head);
+                            let body =
+                                r#"{"type":"message","content":[{"type":"text","text":"ok"}]}"#;
+                            let _ = write!(
+                                stream,
+                                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                                body.len()
+                            );
+                        }
+                        Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                    }
+                }
+            })
+        };
+        FakeApi {
+            port,
+            requests,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn requests(&self) -> Vec<String> {
+        self.requests.lock().expect("lock").clone()
+    }
+}
+
+impl Drop for FakeApi {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Read a request's head and its body (Content-Length); return the head.
+fn read_request(stream: &mut std::net::TcpStream) -> String {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let mut head_end = None;
+    while head_end.is_none() {
+        match stream.read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+        head_end = buf.windows(4).position(|w| w == b"\r\n\r\n");
+    }
+    let Some(end) = head_end else {
+        return text(&buf);
+    };
+    let head = text(&buf[..end]);
+    let length: usize = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse().ok())?
+        })
+        .unwrap_or(0);
+    while buf.len() < end + 4 + length {
+        match stream.read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+    head
+}
+
+/// What Claude Code needs from the sandbox, in Node.js: its JIT (W+X
+/// memory), its credentials and state under $HOME/.claude, a private /tmp,
+/// os.cpus() and os.networkInterfaces() (netlink), and HTTP to its API.
+/// Prints a result line like `claude -p --output-format json` and exits 0
+/// only if all of that worked.
+const FAKE_CLAUDE_JS: &str = r#"'use strict';
+const fs = require('fs'), os = require('os'), http = require('http'), path = require('path');
+const api = process.argv[2];
+const home = os.homedir();
+const cred = JSON.parse(fs.readFileSync(path.join(home, '.claude', '.credentials.json'), 'utf8'));
+let x = 0;
+for (let i = 0; i < 3e7; i++) x = (x + i * 7) % 1000003;   // hot enough for optimized code
+const projects = path.join(home, '.claude', 'projects');
+fs.mkdirSync(projects, { recursive: true });
+fs.writeFileSync(path.join(projects, process.env.AGENT_STATE_SESSION_ID + '.jsonl'), '{"type":"summary"}\n');
+const scratch = fs.mkdtempSync(path.join(os.tmpdir(), 'claude-'));
+fs.writeFileSync(path.join(scratch, 'x'), 'x');
+const cpus = os.cpus().length;
+const interfaces = Object.keys(os.networkInterfaces());
+if (cpus < 1) { console.error('os.cpus() is empty'); process.exit(2); }
+const req = http.request(api, { method: 'POST', headers: { 'x-api-key': cred.apiKey, 'content-type': 'application/json' } }, (res) => {
+  let body = '';
+  res.on('data', (c) => { body += c; });
+  res.on('end', () => {
+    console.log(JSON.stringify({ type: 'result', is_error: res.statusCode !== 200, result: body, cpus, interfaces, home, x }));
+    process.exit(res.statusCode === 200 ? 0 : 1);
+  });
+});
+req.on('error', (e) => { console.error('API request failed: ' + e.message); process.exit(1); });
+req.end(JSON.stringify({ model: 'sonnet', messages: [{ role: 'user', content: 'hello' }] }));
+"#;
+
+const API_KEY: &str = "sk-test-agent-state-0123456789";
+
+fn box_config(node_api: Option<u16>) -> String {
+    let mut config = String::from(
+        r#"state_root = "/opt/teleo-eval/agent-state"
+group = "teleo"
+
+[daemon]
+max_concurrent_sessions = 2
+shutdown_grace = "30s"
+
+[defaults]
+command = ["/opt/teleo-eval/demo-agent.sh", "{agent}"]
+timeout = "2m"
+kill_grace = "5s"
+wake_on_inbox = "never"
+
+[[agent]]
+name = "rio"
+domain = "internet-finance"
+
+[[agent]]
+name = "marcus"
+kind = "human"
+"#,
+    );
+    if let Some(port) = node_api {
+        config.push_str(&format!(
+            r#"
+[[agent]]
+name = "theseus"
+domain = "ai-alignment"
+command = ["/usr/local/bin/node", "/opt/teleo-eval/fake-claude.js", "http://127.0.0.1:{port}/v1/messages"]
+"#
+        ));
+    }
+    config
+}
+
+/// clay, added by a reload: three steps of a second each, so a stop meets
+/// its session running.
+const CLAY: &str = r#"
+[[agent]]
+name = "clay"
+domain = "entertainment"
+command = ["/usr/bin/env", "DEMO_STEP_SECONDS=1", "/opt/teleo-eval/demo-agent.sh", "{agent}"]
+"#;
+
+/// For every start: the demo agent never fails and is quick; a stop timeout
+/// far shorter than a session (only EXTEND_TIMEOUT_USEC lets the daemon wait
+/// for it); and a check that runs only after READY=1 (ExecStartPost=), so
+/// the start fails if READY=1 came before the state root was in place.
+const TEST_DROP_IN: &str = r#"[Service]
+Environment=DEMO_FAIL_RATE=0 DEMO_STEP_SECONDS=0.2
+TimeoutStopSec=2s
+ExecStartPost=/bin/sh -c 'test -d /opt/teleo-eval/agent-state/rio/inbox && test -s /opt/teleo-eval/agent-state/.daemon/daemon.json'
+"#;
+
+/// The daemon's test hook (SIGUSR2 blocks the main loop) and a short watchdog.
+const STALL_DROP_IN: &str = r#"[Service]
+Environment=AGENT_STATE_TEST_STALL=1
+WatchdogSec=3s
+RestartSec=1s
+"#;
+
+/// Wake `agent` as the agent-state user, wait for its session to start and
+/// end; returns the session id.
+fn run_session(sdbox: &SdBox, agent: &str) -> String {
+    let out = sdbox.agent_state(&["wake", agent, "--wait", "10s"]);
+    assert!(out.status.success(), "wake {agent}:\n{}", describe(&out));
+    let id = text(&out.stdout).trim().to_string();
+    let session = format!("{STATE}/{agent}/session.json");
+    let report = format!("{STATE}/{agent}/report.json");
+    // session.json is written before report.json: the end is recorded when
+    // both say so.
+    sdbox.wait_until(
+        Duration::from_secs(20),
+        &format!("{agent}'s session {id} has ended"),
+        || {
+            let s = sdbox.json(&session);
+            let r = sdbox.json(&report);
+            s["session_id"] == id.as_str()
+                && s["status"] != "running"
+                && r["current_session"] != id.as_str()
+                && r["last_session"]["id"] == id.as_str()
+        },
+    );
+    id
+}
+
+/// session.json, report.json and the journal of a completed session.
+fn assert_completed(sdbox: &SdBox, agent: &str, id: &str) {
+    let dir = format!("{STATE}/{agent}");
+    let session = sdbox.json(&format!("{dir}/session.json"));
+    assert_eq!(
+        session["status"],
+        "completed",
+        "{agent}'s session.json:\n{session:#}\n---- session log ----\n{}",
+        sdbox.read(&format!("{dir}/sessions/{id}.log"))
+    );
+    let report = sdbox.json(&format!("{dir}/report.json"));
+    assert_eq!(report["status"], "idle", "{report:#}");
+    assert_eq!(report["last_session"]["outcome"], "completed", "{report:#}");
+    let journal = sdbox.read(&format!("{dir}/journal.jsonl"));
+    let events: Vec<(String, String)> = journal
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["session_id"] == id)
+        .map(|e| {
+            (
+                e["event"].as_str().unwrap_or_default().to_string(),
+                e["outcome"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    assert!(
+        events.iter().any(|(e, _)| e == "session_start")
+            && events
+                .iter()
+                .any(|(e, o)| e == "session_end" && o == "completed"),
+        "{agent}'s journal has no session_start and session_end (completed) for {id}:\n{journal}"
+    );
+}
+
+#[test]
+fn under_systemd_the_unit_starts_ready_logs_reloads_stops_and_is_restarted_by_the_watchdog() {
+    let Some(tool) = sdbox_tool() else {
+        return;
+    };
+    let t0 = Instant::now();
+    let node = on_path("node");
+    let api = node.as_ref().map(|_| FakeApi::start());
+    if node.is_none() {
+        eprintln!(
+            "note: no node on PATH here; the Node.js session through the sandbox is not tried"
+        );
+    }
+    let sdbox = SdBox::up(tool);
+
+    // ---- installed as a package would install it ----
+    sdbox.install(Path::new(BIN), UNIT_BIN, 0o755);
+    sdbox.install(
+        &repo_file(UNIT),
+        "/usr/lib/systemd/system/agent-state.service",
+        0o644,
+    );
+    sdbox.install(
+        &repo_file("packaging/sysusers.d/agent-state.conf"),
+        "/usr/lib/sysusers.d/agent-state.conf",
+        0o644,
+    );
+    sdbox.install(
+        &repo_file("packaging/tmpfiles.d/agent-state.conf"),
+        "/usr/lib/tmpfiles.d/agent-state.conf",
+        0o644,
+    );
+    sdbox.install(
+        &repo_file("ops/demo-agent.sh"),
+        "/opt/teleo-eval/demo-agent.sh",
+        0o755,
+    );
+    if let Some(node) = &node {
+        sdbox.install(node, "/usr/local/bin/node", 0o755);
+        sdbox.write("/opt/teleo-eval/fake-claude.js", FAKE_CLAUDE_JS, 0o644);
+    }
+    sdbox.write(CONFIG, &box_config(api.as_ref().map(|a| a.port)), 0o644);
+
+    sdbox.ok(&["systemd-sysusers"]);
+    sdbox.ok(&["systemd-tmpfiles", "--create", "agent-state.conf"]);
+    let id = sdbox.ok(&["id", "agent-state"]);
+    assert!(
+        id.contains("(agent-state)") && id.contains("gid=") && id.contains("(teleo)"),
+        "sysusers.d made agent-state with primary group teleo: {id}"
+    );
+    let passwd = sdbox.ok(&["getent", "passwd", "agent-state"]);
+    assert!(
+        passwd
+            .trim_end()
+            .ends_with(":/var/lib/agent-state:/usr/sbin/nologin"),
+        "{passwd}"
+    );
+    let modes = sdbox.ok(&[
+        "stat",
+        "-c",
+        "%n %U:%G %a",
+        STATE,
+        "/etc/agent-state",
+        CONFIG,
+    ]);
+    assert_eq!(
+        modes,
+        format!(
+            "{STATE} agent-state:teleo 755\n/etc/agent-state root:teleo 755\n{CONFIG} root:teleo 644\n"
+        ),
+        "tmpfiles.d made the directories"
+    );
+
+    // ---- systemd's own checks, with the program in place ----
+    let out = sdbox.exec(&["systemd-analyze", "verify", "agent-state.service"]);
+    assert!(
+        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
+        "systemd-analyze verify in the box:\n{}",
+        describe(&out)
+    );
+    let security = sdbox.ok(&["systemd-analyze", "security", "agent-state.service"]);
+    let score = exposure(&security).expect("an exposure level");
+    assert!(score <= MAX_EXPOSURE, "exposure {score}:\n{security}");
+
+    // The API key the Node stand-in must find in its home.
+    sdbox.ok(&[
+        "install",
+        "-d",
+        "-o",
+        "agent-state",
+        "-g",
+        "teleo",
+        "-m",
+        "0700",
+        "/var/lib/agent-state",
+        "/var/lib/agent-state/.claude",
+    ]);
+    sdbox.write(
+        "/var/lib/agent-state/.claude/.credentials.json",
+        &format!("{{\"apiKey\": \"{API_KEY}\"}}\n"),
+        0o600,
+    );
+    sdbox.ok(&[
+        "chown",
+        "agent-state:teleo",
+        "/var/lib/agent-state/.claude/.credentials.json",
+    ]);
+    sdbox.write(
+        "/etc/systemd/system/agent-state.service.d/10-test.conf",
+        TEST_DROP_IN,
+        0o644,
+    );
+    sdbox.ok(&["systemctl", "daemon-reload"]);
+
+    // ---- start: `systemctl start` returns once READY=1 (and the
+    // ExecStartPost= check after it) have come ----
+    let started = Instant::now();
+    sdbox.ok(&["systemctl", "start", "agent-state.service"]);
+    eprintln!("systemctl start took {:?}", started.elapsed());
+    let state = sdbox.show(&[
+        "ActiveState",
+        "SubState",
+        "MainPID",
+        "NRestarts",
+        "StatusText",
+    ]);
+    assert_eq!(state["ActiveState"], "active", "{state:?}");
+    assert_eq!(state["SubState"], "running", "{state:?}");
+    assert_eq!(state["NRestarts"], "0", "{state:?}");
+    let main_pid = state["MainPID"].clone();
+    assert_ne!(main_pid, "0");
+    assert!(
+        state["StatusText"].contains("agents") && state["StatusText"].contains("running"),
+        "STATUS= reaches systemd: {state:?}"
+    );
+    let heartbeat = sdbox.json(&format!("{STATE}/.daemon/daemon.json"));
+    let expected_agents: Vec<&str> = if node.is_some() {
+        vec!["rio", "theseus"]
+    } else {
+        vec!["rio"]
+    };
+    assert_eq!(heartbeat["agents"], serde_json::json!(expected_agents));
+    // The daemon made the rest under the sandbox, the setgid inboxes too
+    // (RestrictSUIDSGID= would forbid them).
+    let daemon_dir = format!("{STATE}/.daemon");
+    let inbox = format!("{STATE}/rio/inbox");
+    assert_eq!(
+        sdbox.ok(&["stat", "-c", "%n %U:%G %a", &daemon_dir, &inbox]),
+        format!("{daemon_dir} agent-state:teleo 750\n{inbox} agent-state:teleo 2770\n")
+    );
+    let journal = sdbox.journal(&[]);
+    assert!(!journal.contains("cannot bootstrap"), "{journal}");
+
+    // ---- a session, and its journal entries by AGENT= ----
+    let rio = run_session(&sdbox, "rio");
+    assert_completed(&sdbox, "rio", &rio);
+    assert!(
+        sdbox
+            .read(&format!("{STATE}/rio/memory.md"))
+            .contains(&format!("demo session {rio}")),
+        "the demo agent wrote to memory.md"
+    );
+    let mut entries: Vec<Value> = Vec::new();
+    sdbox.wait_until(
+        Duration::from_secs(10),
+        "journalctl -u agent-state AGENT=rio shows the session's end",
+        || {
+            entries = sdbox
+                .journal(&["AGENT=rio", "-o", "json"])
+                .lines()
+                .filter_map(|l| serde_json::from_str(l).ok())
+                .collect();
+            entries
+                .iter()
+                .any(|e| e["MESSAGE"] == format!("session {rio} completed").as_str())
+        },
+    );
+    assert!(
+        entries
+            .iter()
+            .all(|e| e["AGENT"] == "rio" && e["_SYSTEMD_UNIT"] == "agent-state.service"),
+        "only rio's entries of the unit"
+    );
+    let start = entries
+        .iter()
+        .find(|e| {
+            e["MESSAGE"]
+                .as_str()
+                .is_some_and(|m| m.starts_with(&format!("session {rio} started")))
+        })
+        .unwrap_or_else(|| panic!("no 'session {rio} started' entry: {entries:#?}"));
+    assert_eq!(start["SESSION_ID"], rio.as_str());
+    assert_eq!(start["INSTANCE"], "rio-001");
+
+    // ---- a Node.js program through the sandbox: JIT, credentials, API ----
+    if let Some(api) = &api {
+        let theseus = run_session(&sdbox, "theseus");
+        assert_completed(&sdbox, "theseus", &theseus);
+        let requests = api.requests();
+        assert!(
+            requests.len() == 1
+                && requests[0].starts_with("POST /v1/messages ")
+                && requests[0].contains(&format!("x-api-key: {API_KEY}")),
+            "the fake API got {requests:#?}"
+        );
+        assert!(
+            sdbox
+                .path(&format!(
+                    "/var/lib/agent-state/.claude/projects/{theseus}.jsonl"
+                ))
+                .is_file(),
+            "the Node program wrote under its home"
+        );
+    }
+
+    // ---- reload: a new agent is picked up, the daemon is not restarted ----
+    let config = format!("{}{CLAY}", sdbox.read(CONFIG));
+    sdbox.write(CONFIG, &config, 0o644);
+    sdbox.ok(&["systemctl", "reload", "agent-state.service"]);
+    sdbox.wait_until(
+        Duration::from_secs(5),
+        "daemon.json lists clay after the reload",
+        || {
+            sdbox.json(&format!("{STATE}/.daemon/daemon.json"))["agents"]
+                .as_array()
+                .is_some_and(|a| a.iter().any(|n| n == "clay"))
+        },
+    );
+    let state = sdbox.show(&["ActiveState", "MainPID"]);
+    assert_eq!(state["ActiveState"], "active", "{state:?}");
+    assert_eq!(state["MainPID"], main_pid, "a reload is not a restart");
+    assert!(sdbox.journal(&[]).contains("config reloaded"));
+
+    // ---- stop while clay's session runs: the session finishes (about
+    // 3s, against TimeoutStopSec=2s), the daemon exits 0 ----
+    let out = sdbox.agent_state(&["wake", "clay", "--wait", "10s"]);
+    assert!(out.status.success(), "wake clay:\n{}", describe(&out));
+    let clay = text(&out.stdout).trim().to_string();
+    let stopping = Instant::now();
+    sdbox.ok(&["systemctl", "stop", "agent-state.service"]);
+    let took = stopping.elapsed();
+    let state = sdbox.show(&["ActiveState", "Result", "ExecMainStatus"]);
+    assert_eq!(state["ActiveState"], "inactive", "{state:?}");
+    assert_eq!(
+        state["Result"], "success",
+        "a clean stop (\"timeout\" means the daemon was killed at TimeoutStopSec=): {state:?}"
+    );
+    assert_eq!(state["ExecMainStatus"], "0", "{state:?}");
+    assert!(
+        took >= Duration::from_secs(1),
+        "the stop did not wait for clay's session ({took:?})"
+    );
+    assert_completed(&sdbox, "clay", &clay);
+    let heartbeat = sdbox.json(&format!("{STATE}/.daemon/daemon.json"));
+    assert_eq!(heartbeat["running"], serde_json::json!([]), "{heartbeat:#}");
+    let check = sdbox.agent_state(&["check"]);
+    assert!(
+        check.status.success(),
+        "agent-state check after the stop:\n{}",
+        describe(&check)
+    );
+    let journal = sdbox.journal(&[]);
+    assert!(
+        journal.contains("SIGTERM: stopping")
+            && journal.contains("stopped: every session has ended"),
+        "{journal}"
+    );
+
+    // ---- a stalled main loop: the watchdog kills it, Restart= restarts it ----
+    sdbox.write(
+        "/etc/systemd/system/agent-state.service.d/30-stall.conf",
+        STALL_DROP_IN,
+        0o644,
+    );
+    sdbox.ok(&["systemctl", "daemon-reload"]);
+    sdbox.ok(&["systemctl", "start", "agent-state.service"]);
+    let before = sdbox.show(&["MainPID", "NRestarts", "WatchdogUSec"]);
+    assert_eq!(before["WatchdogUSec"], "3s", "{before:?}");
+    sdbox.ok(&[
+        "systemctl",
+        "kill",
+        "-s",
+        "SIGUSR2",
+        "--kill-whom=main",
+        "agent-state.service",
+    ]);
+    let stalled = Instant::now();
+    let mut after = BTreeMap::new();
+    sdbox.wait_until(
+        Duration::from_secs(30),
+        "the watchdog restarted the stalled daemon",
+        || {
+            after = sdbox.show(&["MainPID", "NRestarts", "ActiveState", "SubState"]);
+            after["NRestarts"] != before["NRestarts"]
+                && after["MainPID"] != before["MainPID"]
+                && after["MainPID"] != "0"
+                && after["ActiveState"] == "active"
+        },
+    );
+    eprintln!(
+        "watchdog restart after {:?}: {before:?} -> {after:?}",
+        stalled.elapsed()
+    );
+    assert_eq!(after["NRestarts"], "1", "{after:?}");
+    assert!(
+        stalled.elapsed() >= Duration::from_secs(2),
+        "restarted before WatchdogSec=3s could pass"
+    );
+    let journal = sdbox.journal(&[]);
+    assert!(journal.contains("Watchdog timeout"), "{journal}");
+    sdbox.wait_until(Duration::from_secs(5), "the new daemon's heartbeat", || {
+        sdbox.json(&format!("{STATE}/.daemon/daemon.json"))["pid"]
+            .as_u64()
+            .map(|p| p.to_string())
+            == Some(after["MainPID"].clone())
+    });
+    sdbox.ok(&["systemctl", "stop", "agent-state.service"]);
+    assert_eq!(sdbox.prop("Result"), "success");
+    eprintln!("the systemd test took {:?}", t0.elapsed());
+}
