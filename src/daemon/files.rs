@@ -184,8 +184,10 @@ pub fn heartbeat_path(root: &StateRoot) -> PathBuf {
     root.daemon_dir().join("daemon.json")
 }
 
+/// The heartbeat is a status snapshot, rewritten at every change: replaced
+/// atomically but not fsynced (after a crash an old one is harmless).
 pub fn write_heartbeat(root: &StateRoot, hb: &Heartbeat) -> Result<()> {
-    atomic::write_json(&heartbeat_path(root), hb)
+    atomic::write_json_unsynced(&heartbeat_path(root), hb)
 }
 
 pub fn read_heartbeat(root: &StateRoot) -> Result<Option<Heartbeat>> {

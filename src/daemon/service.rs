@@ -107,18 +107,6 @@ pub async fn run(config_path: &Path) -> Result<()> {
         dirty: Default::default(),
         failures: BTreeMap::new(),
     };
-    // Forward watcher events into the one loop channel.
-    {
-        let tx = daemon.tx.clone();
-        tokio::spawn(async move {
-            while let Some(e) = watch_rx.recv().await {
-                if tx.send(LoopEvent::Watch(e)).is_err() {
-                    break;
-                }
-            }
-        });
-    }
-
     let mut sigterm = signal(SignalKind::terminate())
         .map_err(|e| Error::io("installing a handler for", "SIGTERM", e))?;
     let mut sigint = signal(SignalKind::interrupt())
@@ -164,8 +152,18 @@ pub async fn run(config_path: &Path) -> Result<()> {
         tokio::select! {
             Some(event) = rx.recv() => {
                 daemon.handle(event);
-                // Take everything already queued before acting, so a burst
-                // of inbox events costs one scan per inbox, not one each.
+                while let Ok(event) = rx.try_recv() {
+                    daemon.handle(event);
+                }
+                while let Ok(e) = watch_rx.try_recv() {
+                    daemon.handle(LoopEvent::Watch(e));
+                }
+            }
+            Some(e) = watch_rx.recv() => {
+                daemon.handle(LoopEvent::Watch(e));
+                while let Ok(e) = watch_rx.try_recv() {
+                    daemon.handle(LoopEvent::Watch(e));
+                }
                 while let Ok(event) = rx.try_recv() {
                     daemon.handle(event);
                 }
@@ -571,16 +569,11 @@ impl Daemon {
             self.settle_at.remove(&agent);
             self.scan_inbox(&agent);
         }
-        let configs: BTreeMap<AgentName, AgentConfig> = self
-            .config
-            .agents
-            .iter()
-            .map(|a| (a.name.clone(), a.clone()))
-            .collect();
-        let next_scheduled = self.next_scheduled.clone();
+        let config = &self.config;
+        let next_scheduled = &self.next_scheduled;
         let (fired, skipped) = self.core.fire_due_schedules(now, |name, _wake| {
             let scheduled = next_scheduled.get(name).copied()?;
-            let cfg = configs.get(name)?;
+            let cfg = config.agents.iter().find(|a| &a.name == name)?;
             let next = cfg.schedule.as_ref()?.next_after(scheduled, cfg.timezone)?;
             Some(
                 next + chrono::Duration::from_std(schedule::jitter_offset(
@@ -596,8 +589,9 @@ impl Daemon {
         }
         if !fired.is_empty() {
             for (name, _) in &fired {
+                let cfg = self.agent_config(name).cloned();
                 if let (Some(scheduled), Some(cfg)) =
-                    (self.next_scheduled.get(name).copied(), configs.get(name))
+                    (self.next_scheduled.get(name).copied(), cfg.as_ref())
                 {
                     self.schedule_state
                         .last_fire

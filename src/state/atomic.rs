@@ -26,6 +26,14 @@ pub fn write_file(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
 /// A temp file beside `path` holding `bytes` with `mode`, already fsynced:
 /// what is left is to rename it into place.
 fn durable_temp(path: &Path, bytes: &[u8], mode: u32) -> Result<tempfile::NamedTempFile> {
+    let tmp = filled_temp(path, bytes, mode)?;
+    tmp.as_file().sync_all().at("syncing", tmp.path())?;
+    Ok(tmp)
+}
+
+/// A temp file beside `path` (same directory, so the rename is atomic)
+/// holding `bytes` with `mode`, not yet synced.
+fn filled_temp(path: &Path, bytes: &[u8], mode: u32) -> Result<tempfile::NamedTempFile> {
     let dir = parent(path);
     let file_name = path.file_name().unwrap_or_default().to_string_lossy();
     let mut tmp = tempfile::Builder::new()
@@ -37,7 +45,6 @@ fn durable_temp(path: &Path, bytes: &[u8], mode: u32) -> Result<tempfile::NamedT
     tmp.as_file()
         .set_permissions(fs::Permissions::from_mode(mode))
         .at("setting the mode of", tmp.path())?;
-    tmp.as_file().sync_all().at("syncing", tmp.path())?;
     Ok(tmp)
 }
 
@@ -47,6 +54,19 @@ pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
         .map_err(|e| Error::Data(format!("cannot serialize {}: {e}", path.display())))?;
     bytes.push(b'\n');
     write_file(path, &bytes, super::STATE_FILE_MODE)
+}
+
+/// Replace `path` with `value` as JSON atomically (temp file + rename) but
+/// without fsync: for snapshots such as the daemon's heartbeat, rewritten
+/// often and worthless after a crash. Never for state that must survive one.
+pub fn write_json_unsynced<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+    let mut bytes = serde_json::to_vec_pretty(value)
+        .map_err(|e| Error::Data(format!("cannot serialize {}: {e}", path.display())))?;
+    bytes.push(b'\n');
+    filled_temp(path, &bytes, super::STATE_FILE_MODE)?
+        .persist(path)
+        .map_err(|e| Error::io("renaming a temp file over", path, e.error))?;
+    Ok(())
 }
 
 /// Read a JSON state file. `Ok(None)` if it does not exist; a
@@ -68,6 +88,10 @@ pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>> {
 /// Create `path` with `bytes` only if it does not exist yet (O_EXCL), durably.
 /// Returns whether it was created.
 pub fn create_new(path: &Path, bytes: &[u8], mode: u32) -> Result<bool> {
+    // Already there (every start after the first): nothing to write or sync.
+    if fs::symlink_metadata(path).is_ok() {
+        return Ok(false);
+    }
     // Written under a temp name and linked into place, so a crash never
     // leaves a half-written file under the real name.
     let tmp = durable_temp(path, bytes, mode)?;
