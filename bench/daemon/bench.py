@@ -1,0 +1,1106 @@
+#!/usr/bin/env python3
+"""Driver for the daemon benchmarks (see README.md). Python 3 standard library only.
+
+    bench.py latency  --out R.json [--wakes 1000] [--agents 100] [--gap 0.02] [--preload LIB]
+    bench.py wakecli  --out R.json [--wakes 200] [--agents 100]
+    bench.py burst    --out R.json [--agents 100] [--per-agent 1000] [--max-concurrent 4]
+    bench.py startup  --out R.json --agents N [--wakes-after 0]
+    bench.py idle     --out R.json [--agents 100] [--seconds 60] [--strace 1]
+    bench.py summary  R.json...
+
+Common options: --bin (agent-state), --fake-agent (fake_agent), --work (a directory
+on a real disk; each benchmark makes its own subdirectory), --pids (a file the
+pids of started daemons are appended to, so run.sh's trap can stop them).
+
+Every daemon is started with NOTIFY_SOCKET pointing at a datagram socket this
+driver listens on, so READY=1 marks the end of its start-up; JOURNAL_STREAM and
+WATCHDOG_* are removed (logs go to stderr, no watchdog).
+"""
+
+import argparse
+import ctypes
+import json
+import os
+import re
+import select
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+MSG = b'{"from":"bench","subject":"s","priority":"high"}\n'
+
+
+# ---- small helpers -----------------------------------------------------------
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+def pct(values, p):
+    """Nearest-rank percentile (p in 0..100) of a non-empty list."""
+    v = sorted(values)
+    k = max(0, min(len(v) - 1, int(round(p / 100.0 * len(v) + 0.5)) - 1))
+    return v[k]
+
+
+def dist(values_ns):
+    """Summary of a list of durations in ns, in ms."""
+    if not values_ns:
+        return None
+    ms = [x / 1e6 for x in values_ns]
+    return {
+        "n": len(ms),
+        "min": round(min(ms), 3),
+        "p50": round(pct(ms, 50), 3),
+        "p90": round(pct(ms, 90), 3),
+        "p99": round(pct(ms, 99), 3),
+        "max": round(max(ms), 3),
+        "mean": round(statistics.fmean(ms), 3),
+    }
+
+
+def agent_names(n):
+    return [f"a{i:05d}" for i in range(1, n + 1)]
+
+
+class Inotify:
+    """inotify through ctypes: lets the driver block instead of polling."""
+
+    IN_MODIFY = 0x2
+    IN_CLOSE_WRITE = 0x8
+    IN_MOVED_TO = 0x80
+    IN_CREATE = 0x100
+
+    def __init__(self):
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.fd = self.libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        if self.fd < 0:
+            raise OSError(ctypes.get_errno(), "inotify_init1")
+
+    def add(self, path, mask):
+        wd = self.libc.inotify_add_watch(self.fd, os.fsencode(path), mask)
+        if wd < 0:
+            raise OSError(ctypes.get_errno(), f"inotify_add_watch {path}")
+
+    def wait(self, timeout):
+        r, _, _ = select.select([self.fd], [], [], max(0.0, timeout))
+        if r:
+            try:
+                while os.read(self.fd, 65536):
+                    pass
+            except BlockingIOError:
+                pass
+        return bool(r)
+
+    def until(self, pred, timeout, poll=0.05):
+        """Wait until pred() is true (checked at each event, and every `poll` s)."""
+        end = time.monotonic() + timeout
+        while True:
+            v = pred()
+            if v:
+                return v
+            left = end - time.monotonic()
+            if left <= 0:
+                return None
+            self.wait(min(left, poll))
+
+    def close(self):
+        os.close(self.fd)
+
+
+# ---- /proc ---------------------------------------------------------------------
+
+
+def proc_cpu(pid):
+    """(utime + stime) of the whole process (all threads), in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        s = f.read()
+    fields = s[s.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def proc_status(pid):
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            out[k] = v.strip()
+    return out
+
+
+def proc_mem_kib(pid):
+    s = proc_status(pid)
+    return {
+        "VmRSS_kib": int(s["VmRSS"].split()[0]),
+        "VmHWM_kib": int(s["VmHWM"].split()[0]),
+        "threads": int(s["Threads"]),
+    }
+
+
+def proc_threads(pid):
+    """Per thread: name, utime+stime ticks, voluntary and involuntary context switches."""
+    out = {}
+    base = f"/proc/{pid}/task"
+    for tid in os.listdir(base):
+        try:
+            with open(f"{base}/{tid}/stat") as f:
+                s = f.read()
+            comm = s[s.index("(") + 1 : s.rindex(")")]
+            fields = s[s.rindex(")") + 2 :].split()
+            st = {}
+            with open(f"{base}/{tid}/status") as f:
+                for line in f:
+                    k, _, v = line.partition(":")
+                    st[k] = v.strip()
+            out[tid] = {
+                "comm": comm,
+                "ticks": int(fields[11]) + int(fields[12]),
+                "vol": int(st["voluntary_ctxt_switches"]),
+                "invol": int(st["nonvoluntary_ctxt_switches"]),
+            }
+        except (FileNotFoundError, ProcessLookupError, ValueError):
+            pass
+    return out
+
+
+def cpu_times():
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + v[4]  # idle + iowait
+    return sum(v), idle
+
+
+def busy_since(t0):
+    total, idle = cpu_times()
+    dt = total - t0[0]
+    return round(1 - (idle - t0[1]) / dt, 3) if dt > 0 else 0.0
+
+
+def wait_quiet(max_wait, threshold=0.2, need=3):
+    """Wait (up to max_wait s) until the machine has been nearly idle for `need`
+    one-second windows: other work on a 2-core box moves every figure here.
+    Returns (seconds waited, busy fraction of the last window)."""
+    start = time.monotonic()
+    quiet = 0
+    busy = 0.0
+    while True:
+        t0 = cpu_times()
+        time.sleep(1.0)
+        busy = busy_since(t0)
+        quiet = quiet + 1 if busy < threshold else 0
+        if quiet >= need or time.monotonic() - start >= max_wait:
+            return round(time.monotonic() - start, 1), busy
+
+
+# ---- roots, configs, daemons ---------------------------------------------------
+
+
+class Bench:
+    def __init__(self, args, name):
+        self.args = args
+        self.bin = os.path.abspath(args.bin)
+        self.fake = os.path.abspath(args.fake_agent)
+        self.dir = os.path.join(os.path.abspath(args.work), name)
+        if os.path.exists(self.dir):
+            shutil.rmtree(self.dir)
+        os.makedirs(self.dir)
+        self.root = os.path.join(self.dir, "root")
+        self.config = os.path.join(self.dir, "config.toml")
+        self.stamps = os.path.join(self.dir, "stamps.txt")
+        self.proc = None
+        self.sock = None
+        self.logf = None
+
+    def write_config(self, names, max_concurrent=4, timeout="60s"):
+        lines = [
+            f'state_root = "{self.root}"',
+            "",
+            "[daemon]",
+            f"max_concurrent_sessions = {max_concurrent}",
+            'shutdown_grace = "30s"',
+            "",
+            "[defaults]",
+            f'command = ["{self.fake}", "{self.stamps}", "{{agent}}", "{{session_id}}"]',
+            f'timeout = "{timeout}"',
+            'kill_grace = "5s"',
+            'wake_on_inbox = "any"',
+            'inbox_debounce = "0s"',
+            "",
+        ]
+        for n in names:
+            lines += ["[[agent]]", f'name = "{n}"', ""]
+        with open(self.config, "w") as f:
+            f.write("\n".join(lines))
+
+    def inbox(self, agent):
+        return os.path.join(self.root, agent, "inbox")
+
+    def start(self, log_name="daemon.log", env_extra=None, wrap=None):
+        """Start the daemon; returns once READY=1 arrives. Timings in the result dict."""
+        sock_path = os.path.join(self.dir, "notify.sock")
+        if os.path.exists(sock_path):
+            os.unlink(sock_path)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(sock_path)
+        env = dict(os.environ)
+        for k in ("JOURNAL_STREAM", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID"):
+            env.pop(k, None)
+        env["NOTIFY_SOCKET"] = sock_path
+        env.setdefault("AGENT_STATE_LOG", "info")
+        env.update(env_extra or {})
+        self.logf = open(os.path.join(self.dir, log_name), "ab")
+        argv = [self.bin, "--config", self.config, "daemon"]
+        if wrap:
+            argv = wrap + argv
+        t0_rt = time.time_ns()
+        t0 = time.monotonic_ns()
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self.logf, stderr=self.logf, env=env)
+        if self.args.pids:
+            with open(self.args.pids, "a") as f:
+                f.write(f"{self.proc.pid}\n")
+        # The notify socket is read for the daemon's whole life, by a thread:
+        # the daemon sends STATUS= at every change on a blocking datagram
+        # socket, and a unix datagram queue holds only
+        # net.unix.max_dgram_qlen (10) messages, so a listener that stops
+        # reading after READY=1 blocks the daemon's main loop in sendmsg().
+        self.notify_count = 0
+        self.notify_log = []
+        self.ready_ns = None
+        ready_evt = threading.Event()
+        sock = self.sock
+
+        def reader():
+            sock.settimeout(0.5)
+            while self.sock is sock:
+                try:
+                    data = sock.recv(65536)
+                except socket.timeout:
+                    continue
+                except OSError:
+                    return
+                self.notify_count += 1
+                if len(self.notify_log) < 10000:
+                    self.notify_log.append((time.monotonic_ns(), data))
+                if self.ready_ns is None and b"READY=1" in data.split(b"\n"):
+                    self.ready_ns = time.monotonic_ns()
+                    ready_evt.set()
+
+        self.reader = threading.Thread(target=reader, daemon=True)
+        self.reader.start()
+        deadline = time.monotonic() + self.args.start_timeout
+        while not ready_evt.wait(0.5):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the daemon exited with {self.proc.returncode}; see {self.logf.name}")
+            if time.monotonic() > deadline:
+                raise RuntimeError("no READY=1 within --start-timeout")
+        ready = self.ready_ns
+        hb = os.path.join(self.root, ".daemon", "daemon.json")
+        hb_ns = os.stat(hb).st_mtime_ns - t0_rt if os.path.exists(hb) else None
+        return {"ready_ms": (ready - t0) / 1e6, "heartbeat_mtime_ms": hb_ns / 1e6 if hb_ns is not None else None}
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def heartbeat(self):
+        try:
+            with open(os.path.join(self.root, ".daemon", "daemon.json")) as f:
+                return json.load(f)
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def stop(self, timeout=120):
+        if self.proc is None:
+            return None
+        rc = None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                rc = self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                log(f"daemon {self.proc.pid} did not stop within {timeout}s; SIGKILL")
+                self.proc.kill()
+                rc = self.proc.wait()
+        else:
+            rc = self.proc.returncode
+        self.proc = None
+        if self.sock:
+            sock, self.sock = self.sock, None
+            self.reader.join(2)
+            sock.close()
+        if self.logf:
+            self.logf.close()
+        return rc
+
+    def write_tmp(self, agent, name, fsync):
+        tmp_dir = os.path.join(self.inbox(agent), ".tmp")
+        path = os.path.join(tmp_dir, name)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o660)
+        os.write(fd, MSG)
+        if fsync:
+            os.fsync(fd)
+        os.close(fd)
+        return path
+
+
+def read_stamps(path, offset):
+    """New complete lines of the fake agent's stamp file from `offset`."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return [], offset
+    end = data.rfind(b"\n") + 1
+    out = []
+    for line in data[:end].decode().splitlines():
+        agent, sid, rt, mono, pid = line.split()
+        out.append({"agent": agent, "sid": sid, "rt": int(rt), "mono": int(mono), "pid": int(pid)})
+    return out, offset + end
+
+
+LOG_TS = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?Z\s+(\w+)\s+(.*)$")
+
+
+def parse_log_ts(line):
+    m = LOG_TS.match(line)
+    if not m:
+        return None
+    import calendar
+
+    secs = calendar.timegm(time.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S"))
+    frac = m.group(2) or ".0"
+    ns = secs * 1_000_000_000 + int(round(float("0" + frac) * 1e9))
+    return ns, m.group(3), m.group(4)
+
+
+def log_events(path):
+    """'session X started' and 'session process started' lines with their times (realtime ns)."""
+    started = {}
+    spawned = {}
+    counts = {"WARN": 0, "ERROR": 0}
+    with open(path, errors="replace") as f:
+        for line in f:
+            p = parse_log_ts(line)
+            if not p:
+                continue
+            ns, level, rest = p
+            if level in counts:
+                counts[level] += 1
+            m = re.match(r"session (\S+) started \(.*agent=(\S+)", rest)
+            if m:
+                started[(m.group(2), m.group(1))] = ns
+                continue
+            m = re.match(r"session process started pid=(\d+)", rest)
+            if m:
+                spawned[int(m.group(1))] = ns
+    return started, spawned, counts
+
+
+# ---- 1. wake latency -------------------------------------------------------------
+
+
+def cmd_latency(args):
+    b = Bench(args, args.name or "latency")
+    names = agent_names(args.agents)
+    b.write_config(names, max_concurrent=4)
+    env = {"AGENT_STATE_LOG": "debug"}
+    if args.preload:
+        env["LD_PRELOAD"] = os.path.abspath(args.preload)
+    for kv in args.env or []:
+        k, _, v = kv.partition("=")
+        env[k] = v
+    b.start(env_extra=env)
+    ino = Inotify()
+    try:
+        ino.add(b.dir, Inotify.IN_MODIFY | Inotify.IN_CLOSE_WRITE | Inotify.IN_CREATE)
+        ino.add(os.path.join(b.root, ".daemon"), Inotify.IN_MOVED_TO)
+        for a in names:
+            os.makedirs(os.path.join(b.inbox(a), ".tmp"), exist_ok=True)
+            os.makedirs(os.path.join(b.inbox(a), "processed"), exist_ok=True)
+            ino.add(os.path.join(b.inbox(a), "processed"), Inotify.IN_MOVED_TO)
+        time.sleep(0.5)
+        tracer = None
+        if args.strace_counts:
+            # Counting run: strace slows every syscall, so its latencies are not the figures.
+            tracer = subprocess.Popen(["strace", "-f", "-c", "-o", os.path.join(b.dir, "strace-c.txt"),
+                                       "-p", str(b.pid)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(1.0)
+        cpu0 = proc_cpu(b.pid)
+        offset = 0
+        samples = []
+        total = args.warmup + args.wakes
+        for i in range(total):
+            agent = names[i % len(names)]
+            name = f"lat{i:06d}.json"
+            tmp = b.write_tmp(agent, name, fsync=True)
+            dst = os.path.join(b.inbox(agent), name)
+            t_rt = time.time_ns()
+            t_mono = time.monotonic_ns()
+            os.rename(tmp, dst)
+            got = []
+
+            def stamped():
+                nonlocal offset, got
+                new, offset = read_stamps(b.stamps, offset)
+                got += new
+                return bool(got)
+
+            if not ino.until(stamped, 30, poll=0.05):
+                raise RuntimeError(f"wake {i}: no session started within 30 s")
+            s = got[0]
+            if len(got) != 1 or s["agent"] != agent:
+                raise RuntimeError(f"wake {i}: unexpected sessions {got}")
+            processed = os.path.join(b.inbox(agent), "processed", name)
+
+            def ended():
+                if not os.path.exists(processed):
+                    return False
+                hb = b.heartbeat()
+                return hb is not None and not hb["running"] and not hb["waiting"]
+
+            if not ino.until(ended, 30, poll=0.05):
+                raise RuntimeError(f"wake {i}: session {s['sid']} did not end within 30 s")
+            t_end = time.monotonic_ns()
+            if i >= args.warmup:
+                samples.append(
+                    {"agent": agent, "sid": s["sid"], "pid": s["pid"], "t_rt": t_rt,
+                     "lat": s["mono"] - t_mono, "agent_rt": s["rt"], "cycle": t_end - t_mono}
+                )
+            if args.gap > 0:
+                time.sleep(args.gap)
+            if (i + 1) % 200 == 0:
+                log(f"  latency: {i + 1}/{total}, last {samples[-1]['lat'] / 1e6:.2f} ms" if samples else f"  {i + 1}")
+        cpu1 = proc_cpu(b.pid)
+        mem = proc_mem_kib(b.pid)
+        notify = b.notify_count
+        if tracer:
+            tracer.send_signal(signal.SIGINT)
+            tracer.wait(30)
+    finally:
+        ino.close()
+        rc = b.stop()
+    started, spawned, counts = log_events(os.path.join(b.dir, "daemon.log"))
+    to_started, started_to_agent, to_spawned, spawned_to_agent = [], [], [], []
+    for s in samples:
+        t_start = started.get((s["agent"], s["sid"]))
+        if t_start is not None:
+            to_started.append(t_start - s["t_rt"])
+            started_to_agent.append(s["agent_rt"] - t_start)
+        t_sp = spawned.get(s["pid"])
+        if t_sp is not None:
+            to_spawned.append(t_sp - s["t_rt"])
+            spawned_to_agent.append(s["agent_rt"] - t_sp)
+    lat = [s["lat"] for s in samples]
+    n10 = max(1, len(lat) // 10)
+    result = {
+        "bench": "latency",
+        "label": args.label or ("strace" if args.strace_counts else "nosync" if args.preload else "default"),
+        "agents": args.agents,
+        "wakes": len(samples),
+        "gap_s": args.gap,
+        "latency_ms": dist(lat),
+        "first_10pct_p50_ms": round(pct(lat[:n10], 50) / 1e6, 3),
+        "last_10pct_p50_ms": round(pct(lat[-n10:], 50) / 1e6, 3),
+        "over_20ms": sum(1 for x in lat if x > 20e6),
+        "breakdown_ms": {
+            "rename_to_session_started_log": dist(to_started),
+            "session_started_log_to_agent_main": dist(started_to_agent),
+            "rename_to_spawn_returned_log": dist(to_spawned),
+            "spawn_returned_log_to_agent_main": dist(spawned_to_agent),
+        },
+        "cycle_ms": dist([s["cycle"] for s in samples]),
+        "daemon_cpu_s": round(cpu1 - cpu0, 2),
+        "daemon_cpu_ms_per_wake": round((cpu1 - cpu0) * 1000 / max(1, total), 3),
+        "daemon_mem": mem,
+        "notify_datagrams": notify,
+        "log_warn_error": counts,
+        "daemon_exit": rc,
+        "dir": b.dir,
+    }
+    if args.strace_counts:
+        result["syscalls_per_wake"] = strace_counts(os.path.join(b.dir, "strace-c.txt"), total)
+    with open(os.path.join(b.dir, "samples.json"), "w") as f:
+        json.dump(samples, f)
+    return result
+
+
+def strace_counts(path, per):
+    """Calls per syscall from an `strace -c` table, divided by `per`."""
+    out = {}
+    with open(path) as f:
+        for line in f:
+            parts = line.split()
+            # % time, seconds, usecs/call, calls, [errors,] syscall
+            if len(parts) >= 5 and parts[-1].isidentifier() and parts[0][0].isdigit() and parts[-1] != "total":
+                try:
+                    calls = int(parts[3])
+                except ValueError:
+                    continue
+                out[parts[-1]] = round(calls / per, 2)
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+# ---- 1b. agent-state wake --wait -------------------------------------------------
+
+
+def cmd_wakecli(args):
+    b = Bench(args, "wakecli")
+    names = agent_names(args.agents)
+    b.write_config(names, max_concurrent=4)
+    b.start()
+    ino = Inotify()
+    walls, to_agent, cli_after_agent = [], [], []
+    try:
+        ino.add(os.path.join(b.root, ".daemon"), Inotify.IN_MOVED_TO)
+        time.sleep(0.5)
+        offset = 0
+        for i in range(args.warmup + args.wakes):
+            agent = names[i % len(names)]
+            t0 = time.monotonic_ns()
+            r = subprocess.run([b.bin, "--config", b.config, "wake", agent, "--wait", "10s"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            t1 = time.monotonic_ns()
+            if r.returncode != 0:
+                raise RuntimeError(f"wake --wait failed: {r.stderr.decode()}")
+            new, offset2 = read_stamps(b.stamps, offset)
+            deadline = time.monotonic() + 10
+            while not new and time.monotonic() < deadline:
+                time.sleep(0.001)
+                new, offset2 = read_stamps(b.stamps, offset)
+            offset = offset2
+            if not new:
+                raise RuntimeError("no stamp after wake --wait")
+
+            def ended():
+                hb = b.heartbeat()
+                return hb is not None and not hb["running"] and not hb["waiting"]
+
+            ino.until(ended, 30)
+            if i >= args.warmup:
+                walls.append(t1 - t0)
+                to_agent.append(new[0]["mono"] - t0)
+                cli_after_agent.append(t1 - new[0]["mono"])
+            time.sleep(args.gap)
+        mem = proc_mem_kib(b.pid)
+    finally:
+        ino.close()
+        rc = b.stop()
+    return {
+        "bench": "wakecli",
+        "agents": args.agents,
+        "wakes": len(walls),
+        "cli_wall_ms": dist(walls),
+        "cli_start_to_agent_main_ms": dist(to_agent),
+        "agent_main_to_cli_exit_ms": dist(cli_after_agent),
+        "daemon_mem": mem,
+        "daemon_exit": rc,
+        "dir": b.dir,
+    }
+
+
+# ---- 2. burst ----------------------------------------------------------------------
+
+
+def dir_names(path):
+    try:
+        return [e.name for e in os.scandir(path)]
+    except FileNotFoundError:
+        return []
+
+
+def cmd_burst(args):
+    b = Bench(args, "burst")
+    names = agent_names(args.agents)
+    b.write_config(names, max_concurrent=args.max_concurrent)
+    # Bootstrap without the daemon, then write every message into inbox/.tmp/
+    # (not watched: the watch is on inbox/ only, not recursive) before the
+    # daemon starts, so the timed part is only renames and the daemon's work.
+    subprocess.run([b.bin, "--config", b.config, "bootstrap"], check=True, stdout=subprocess.DEVNULL)
+    t = time.monotonic()
+    expected = {}
+    for a in names:
+        os.makedirs(os.path.join(b.inbox(a), ".tmp"), exist_ok=True)
+        expected[a] = [f"m{a}-{j:05d}.json" for j in range(args.per_agent)]
+        for n in expected[a]:
+            b.write_tmp(a, n, fsync=False)
+    os.sync()
+    log(f"  burst: wrote {args.agents * args.per_agent} messages to inbox/.tmp/ in {time.monotonic() - t:.1f} s")
+    total = args.agents * args.per_agent
+    env = {}
+    wrap = None
+    b.start(env_extra=env, wrap=wrap)
+    pid = b.pid
+    time.sleep(1.0)
+    perf = None
+    if args.perf:
+        perf = subprocess.Popen(["perf", "record", "-F", "99" if args.perf == 2 else "499"] + (["--call-graph", "dwarf,16384"] if args.perf == 2 else ["-g"]) + [ "-o", os.path.join(b.dir, "perf.data"),
+                                 "-p", str(pid)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(1.0)
+    cpu0 = proc_cpu(pid)
+    timeline = []
+    processed_dirs = [os.path.join(b.inbox(a), "processed") for a in names]
+
+    # Rename everything in, round-robin over the agents, as fast as one process can.
+    order = [(a, expected[a][j]) for j in range(args.per_agent) for a in names]
+    t_first_rt = time.time_ns()
+    t_first = time.monotonic()
+    for a, n in order:
+        ib = b.inbox(a)
+        os.rename(os.path.join(ib, ".tmp", n), os.path.join(ib, n))
+    t_renamed = time.monotonic()
+    log(f"  burst: {total} renames in {t_renamed - t_first:.2f} s")
+
+    done = 0
+    timed_out = False
+    max_hwm = 0
+    while True:
+        done = sum(len(dir_names(d)) for d in processed_dirs)
+        el = time.monotonic() - t_first
+        try:
+            mem = proc_mem_kib(pid)
+            max_hwm = max(max_hwm, mem["VmHWM_kib"])
+            cpu = proc_cpu(pid) - cpu0
+        except FileNotFoundError:
+            break
+        timeline.append({"t": round(el, 2), "processed": done, "cpu_s": round(cpu, 2), "rss_kib": mem["VmRSS_kib"]})
+        if len(timeline) % 10 == 1:
+            log(f"  burst: t={el:6.1f}s processed {done}/{total}  daemon cpu {cpu:.1f}s  rss {mem['VmRSS_kib']} KiB")
+        if done >= total:
+            break
+        if el > args.timeout:
+            timed_out = True
+            break
+        if b.proc.poll() is not None:
+            break
+        time.sleep(args.poll)
+    # Let the last sessions end (their messages are moved before the session is recorded).
+    ino_deadline = time.monotonic() + 30
+    while time.monotonic() < ino_deadline and not timed_out:
+        hb = b.heartbeat()
+        if hb and not hb["running"] and not hb["waiting"]:
+            break
+        time.sleep(0.05)
+    cpu_used = proc_cpu(pid) - cpu0
+    mem = proc_mem_kib(pid)
+    if perf:
+        perf.send_signal(signal.SIGINT)
+        perf.wait()
+    rc = b.stop()
+
+    # The end: the last rename into any processed/ (directory mtimes).
+    last_processed_rt = max(os.stat(d).st_mtime_ns for d in processed_dirs if os.path.isdir(d))
+    elapsed = (last_processed_rt - t_first_rt) / 1e9
+
+    # ---- verification: every message in exactly one processed/, nothing else anywhere.
+    missing = extra = left_inbox = left_claimed = rejected = 0
+    examples = []
+    for a in names:
+        ib = b.inbox(a)
+        got = set(dir_names(os.path.join(ib, "processed")))
+        want = set(expected[a])
+        missing += len(want - got)
+        extra += len(got - want)
+        if got != want and len(examples) < 5:
+            examples.append({"agent": a, "missing": sorted(want - got)[:3], "extra": sorted(got - want)[:3]})
+        left_inbox += sum(1 for n in dir_names(ib) if n.endswith(".json"))
+        for sd in dir_names(os.path.join(ib, ".claimed")):
+            left_claimed += len(dir_names(os.path.join(ib, ".claimed", sd)))
+        rejected += len(dir_names(os.path.join(ib, "rejected")))
+    # ... and claimed by exactly one session (the journal's session_start `messages`).
+    claims = {}
+    sessions = 0
+    outcomes = {}
+    per_session = []
+    for a in names:
+        try:
+            with open(os.path.join(b.root, a, "journal.jsonl")) as f:
+                for line in f:
+                    try:
+                        e = json.loads(line)
+                    except ValueError:
+                        continue
+                    ev = e.get("event")
+                    if ev == "session_start":
+                        sessions += 1
+                        ms = e.get("messages", [])
+                        per_session.append(len(ms))
+                        for m in ms:
+                            claims[(a, m)] = claims.get((a, m), 0) + 1
+                    elif ev in ("session_end", "error", "timeout"):
+                        k = e.get("outcome", ev) if ev == "session_end" else ev
+                        outcomes[k] = outcomes.get(k, 0) + 1
+        except FileNotFoundError:
+            pass
+    claimed_twice = sum(1 for v in claims.values() if v > 1)
+    never_claimed = sum(1 for a in names for n in expected[a] if (a, n[:-5]) not in claims)
+    ok = (not timed_out and missing == 0 and extra == 0 and left_inbox == 0 and left_claimed == 0
+          and rejected == 0 and claimed_twice == 0 and never_claimed == 0)
+    _, _, counts = log_events(os.path.join(b.dir, "daemon.log"))
+    with open(os.path.join(b.dir, "timeline.json"), "w") as f:
+        json.dump(timeline, f)
+    result = {
+        "bench": "burst",
+        "agents": args.agents,
+        "per_agent": args.per_agent,
+        "messages": total,
+        "max_concurrent": args.max_concurrent,
+        "rename_s": round(t_renamed - t_first, 3),
+        "rename_per_s": round(total / max(1e-9, t_renamed - t_first)),
+        "first_rename_to_last_processed_s": round(elapsed, 3),
+        "msgs_per_s": round(done / elapsed, 1) if elapsed > 0 else None,
+        "processed": done,
+        "timed_out": timed_out,
+        "sessions": sessions,
+        "messages_per_session": {"min": min(per_session), "p50": pct(per_session, 50), "max": max(per_session)} if per_session else None,
+        "outcomes": outcomes,
+        "daemon_cpu_s": round(cpu_used, 2),
+        "daemon_VmHWM_kib": max(max_hwm, mem["VmHWM_kib"]),
+        "check": {"ok": ok, "missing": missing, "extra_or_duplicate": extra, "left_in_inbox": left_inbox,
+                  "left_in_claimed": left_claimed, "rejected": rejected, "claimed_twice": claimed_twice,
+                  "never_claimed": never_claimed, "examples": examples},
+        "log_warn_error": counts,
+        "daemon_exit": rc,
+        "dir": b.dir,
+    }
+    return result
+
+
+# ---- 3. start-up and RSS --------------------------------------------------------------
+
+
+def cmd_startup(args):
+    b = Bench(args, f"startup-{args.agents}")
+    names = agent_names(args.agents)
+    b.write_config(names, max_concurrent=4)
+    runs = {}
+    for which in ("first", "second"):
+        log(f"  startup {args.agents} agents: {which} start")
+        os.sync()
+        r = b.start(log_name=f"daemon-{which}.log")
+        r["cpu_s"] = round(proc_cpu(b.pid), 3)
+        r["mem_at_ready"] = proc_mem_kib(b.pid)
+        time.sleep(args.settle)
+        r["mem_settled"] = proc_mem_kib(b.pid)
+        hb = b.heartbeat()
+        r["agents_in_heartbeat"] = len(hb["agents"]) if hb else None
+        with open(os.path.join(b.dir, f"daemon-{which}.log"), errors="replace") as f:
+            r["log_warn_error"] = sum(1 for l in f if " WARN " in l or " ERROR " in l)
+        if which == "second":
+            # SIGHUP: the reload re-bootstraps and rescans every agent.
+            t0 = time.monotonic_ns()
+            os.kill(b.pid, signal.SIGHUP)
+            deadline = time.monotonic() + args.start_timeout
+            reloaded = None
+            while reloaded is None and time.monotonic() < deadline:
+                for t, data in list(b.notify_log):
+                    if t > t0 and b"READY=1" in data.split(b"\n"):
+                        reloaded = t
+                        break
+                time.sleep(0.01)
+            r["reload_ms"] = round((reloaded - t0) / 1e6, 1) if reloaded else None
+        if which == "second" and args.wakes_after:
+            perf = None
+            if args.perf:
+                perf = subprocess.Popen(["perf", "record", "-F", "999", "--call-graph", "dwarf,16384", "-o",
+                                         os.path.join(b.dir, "perf-wakes.data"), "-p", str(b.pid)],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                time.sleep(1.0)
+            r["wakes_after"] = small_latency(b, names, args.wakes_after)
+            if perf:
+                perf.send_signal(signal.SIGINT)
+                perf.wait()
+            r["mem_after_wakes"] = proc_mem_kib(b.pid)
+        t = time.monotonic()
+        r["exit"] = b.stop()
+        r["stop_s"] = round(time.monotonic() - t, 3)
+        runs[which] = r
+    return {
+        "bench": "startup",
+        "agents": args.agents,
+        "first": runs["first"],
+        "second": runs["second"],
+        "inotify_max_user_watches": int(open("/proc/sys/fs/inotify/max_user_watches").read()),
+        "dir": b.dir,
+    }
+
+
+def small_latency(b, names, n):
+    """A few sequential wakes on a running daemon (used at 10,000 agents)."""
+    ino = Inotify()
+    ino.add(b.dir, Inotify.IN_MODIFY | Inotify.IN_CLOSE_WRITE | Inotify.IN_CREATE)
+    ino.add(os.path.join(b.root, ".daemon"), Inotify.IN_MOVED_TO)
+    offset = os.path.getsize(b.stamps) if os.path.exists(b.stamps) else 0
+    lat = []
+    cpu0 = proc_cpu(b.pid)
+    step = max(1, len(names) // n)
+    try:
+        for i in range(n):
+            agent = names[(i * step) % len(names)]
+            os.makedirs(os.path.join(b.inbox(agent), ".tmp"), exist_ok=True)
+            name = f"lat{i:06d}.json"
+            tmp = b.write_tmp(agent, name, fsync=True)
+            t0 = time.monotonic_ns()
+            os.rename(tmp, os.path.join(b.inbox(agent), name))
+            got = []
+
+            def stamped():
+                nonlocal offset, got
+                new, offset = read_stamps(b.stamps, offset)
+                got += new
+                return bool(got)
+
+            if not ino.until(stamped, 30):
+                raise RuntimeError("no session within 30 s")
+            lat.append(got[0]["mono"] - t0)
+            processed = os.path.join(b.inbox(agent), "processed", name)
+
+            def ended():
+                if not os.path.exists(processed):
+                    return False
+                hb = b.heartbeat()
+                return hb is not None and not hb["running"] and not hb["waiting"]
+
+            ino.until(ended, 30, poll=0.01)
+            time.sleep(0.05)
+    finally:
+        ino.close()
+    d = dist(lat)
+    d["daemon_cpu_ms_per_wake"] = round((proc_cpu(b.pid) - cpu0) * 1000 / n, 2)
+    return d
+
+
+# ---- 4. idle ------------------------------------------------------------------------------
+
+
+def cmd_idle(args):
+    b = Bench(args, "idle")
+    names = agent_names(args.agents)
+    b.write_config(names, max_concurrent=4)
+    b.start()
+    try:
+        time.sleep(args.settle)
+        pid = b.pid
+        th0 = proc_threads(pid)
+        cpu0 = proc_cpu(pid)
+        time.sleep(args.seconds)
+        cpu1 = proc_cpu(pid)
+        th1 = proc_threads(pid)
+        threads = []
+        for tid, t1 in sorted(th1.items()):
+            t0 = th0.get(tid, {"ticks": 0, "vol": 0, "invol": 0})
+            threads.append({"tid": tid, "comm": t1["comm"], "cpu_ticks": t1["ticks"] - t0["ticks"],
+                            "voluntary_switches": t1["vol"] - t0["vol"], "involuntary_switches": t1["invol"] - t0["invol"],
+                            "new": tid not in th0})
+        gone = [tid for tid in th0 if tid not in th1]
+        result = {
+            "bench": "idle",
+            "agents": args.agents,
+            "seconds": args.seconds,
+            "cpu_s": round(cpu1 - cpu0, 3),
+            "clk_tck": CLK_TCK,
+            "threads": threads,
+            "threads_gone": gone,
+            "wakeups": sum(t["voluntary_switches"] + t["involuntary_switches"] for t in threads),
+            "mem": proc_mem_kib(pid),
+            "dir": b.dir,
+        }
+        if args.strace and shutil.which("strace"):
+            out = os.path.join(b.dir, "strace-c.txt")
+            trace = os.path.join(b.dir, "strace.txt")
+            log(f"  idle: strace -f for {args.seconds} s")
+            # One strace with a line per call (-tt -T), counted here: in an idle
+            # minute there should be almost nothing to count.
+            st = subprocess.Popen(["strace", "-f", "-tt", "-T", "-o", trace, "-p", str(pid)],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(args.seconds)
+            st.send_signal(signal.SIGINT)
+            st.wait(30)
+            calls = {}
+            lines = []
+            with open(trace, errors="replace") as f:
+                for line in f:
+                    lines.append(line.rstrip())
+                    if "resumed>" in line:
+                        continue
+                    m = re.match(r"^(\d+)\s+(\d\d:\d\d:\d\d\.\d+)\s+(\w+)\(", line)
+                    if m:
+                        calls[m.group(3)] = calls.get(m.group(3), 0) + 1
+            with open(out, "w") as f:
+                json.dump(calls, f, indent=1)
+            result["strace_calls"] = calls
+            result["strace_lines"] = len(lines)
+            result["strace_first_lines"] = lines[:12]
+    finally:
+        rc = b.stop()
+    result["daemon_exit"] = rc
+    return result
+
+
+# ---- summary -------------------------------------------------------------------------------
+
+
+def cmd_summary(args):
+    rows = []
+    loaded = []
+    for path in args.results:
+        try:
+            with open(path) as f:
+                loaded.append(json.load(f))
+        except (FileNotFoundError, ValueError):
+            continue
+    order = {"latency": 0, "wakecli": 1, "burst": 2, "startup": 3, "idle": 4}
+    labels = {"default": 0, "nosync": 1, "strace": 3}
+    loaded.sort(key=lambda r: (order.get(r["bench"], 9), labels.get(r.get("label"), 2), r.get("agents", 0)))
+    for r in loaded:
+        k = r["bench"]
+        if k == "latency" and r.get("syscalls_per_wake"):
+            sc = r["syscalls_per_wake"]
+            top = ", ".join(f"{n} {sc[n]:g}" for n in ("fsync", "fdatasync", "renameat", "rename", "openat", "read", "statx", "getdents64") if n in sc)
+            rows.append((f"syscalls per wake (strace -f -c, {r['wakes']} wakes)",
+                         f"{top}; all: {sum(sc.values()):.0f} (one wake = begin + run + end)"))
+        elif k == "latency":
+            l = r["latency_ms"]
+            bd = r["breakdown_ms"]["rename_to_session_started_log"]
+            rows.append((f"wake latency ({r['label']}, {r['wakes']} wakes, {r['agents']} agents)",
+                         f"p50 {l['p50']:.2f} ms, p90 {l['p90']:.2f}, p99 {l['p99']:.2f}, max {l['max']:.2f}; "
+                         f">20 ms: {r['over_20ms']}; rename->'started' log p50 {bd['p50'] if bd else '?'} ms; "
+                         f"daemon CPU {r['daemon_cpu_ms_per_wake']} ms/wake"))
+        elif k == "wakecli":
+            rows.append((f"agent-state wake --wait ({r['wakes']})",
+                         f"CLI wall p50 {r['cli_wall_ms']['p50']:.1f} ms, p99 {r['cli_wall_ms']['p99']:.1f}; "
+                         f"CLI start->agent p50 {r['cli_start_to_agent_main_ms']['p50']:.1f} ms, "
+                         f"p99 {r['cli_start_to_agent_main_ms']['p99']:.1f}"))
+        elif k == "burst":
+            c = r["check"]
+            rows.append((f"burst {r['messages']} msgs / {r['agents']} agents, max_concurrent {r['max_concurrent']}",
+                         f"{r['msgs_per_s']} msgs/s end to end ({r['first_rename_to_last_processed_s']} s; renames "
+                         f"{r['rename_s']} s); {r['sessions']} sessions; check {'OK' if c['ok'] else 'FAILED'} "
+                         f"(missing {c['missing']}, dup/extra {c['extra_or_duplicate']}, inbox {c['left_in_inbox']}, "
+                         f"claimed {c['left_in_claimed']}, rejected {c['rejected']}, twice {c['claimed_twice']})"
+                         f"{' TIMED OUT' if r['timed_out'] else ''}; daemon CPU {r['daemon_cpu_s']} s, "
+                         f"VmHWM {r['daemon_VmHWM_kib'] / 1024:.1f} MiB"))
+        elif k == "startup":
+            for w in ("first", "second"):
+                s = r[w]
+                extra = ""
+                if s.get("wakes_after"):
+                    wa = s["wakes_after"]
+                    extra = f"; {wa['n']} wakes after: p50 {wa['p50']:.2f} ms, p99 {wa['p99']:.2f}"
+                if s.get("reload_ms") is not None:
+                    extra += f"; SIGHUP reload: READY again in {s['reload_ms']:.0f} ms"
+                rows.append((f"start-up, {r['agents']} agents, {w} start",
+                             f"READY in {s['ready_ms']:.0f} ms (CPU {s['cpu_s']} s); VmRSS "
+                             f"{s['mem_settled']['VmRSS_kib'] / 1024:.1f} MiB, VmHWM "
+                             f"{s['mem_settled']['VmHWM_kib'] / 1024:.1f} MiB{extra}"))
+        elif k == "idle":
+            sc = r.get("strace_calls")
+            st = ""
+            if sc is not None:
+                st = "; strace: " + (", ".join(f"{k} {v}" for k, v in sorted(sc.items())) or "no syscalls")
+            rows.append((f"idle, {r['agents']} agents, {r['seconds']} s",
+                         f"CPU {r['cpu_s'] * 1000:.0f} ms; context switches (all threads) {r['wakeups']}{st}"))
+    w = max((len(a) for a, _ in rows), default=10)
+    busy = [f"{r['bench']}{'/' + r['label'] if r.get('label') else ''}{'/' + str(r.get('agents')) if r['bench'] == 'startup' else ''}"
+            f" ({r['system_busy']['before']:.0%})"
+            for r in loaded if (r.get("system_busy") or {}).get("before") and r["system_busy"]["before"] >= 0.2]
+    if busy:
+        print("\nWARNING: the machine was busy (other processes) when these started: " + ", ".join(busy))
+    print()
+    print(f"{'benchmark'.ljust(w)} | result")
+    print(f"{'-' * w}-|-{'-' * 60}")
+    for a, b in rows:
+        print(f"{a.ljust(w)} | {b}")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--bin", default="target/release/agent-state")
+    p.add_argument("--fake-agent", default="fake_agent")
+    p.add_argument("--work", default="/var/tmp")
+    p.add_argument("--pids")
+    p.add_argument("--start-timeout", type=float, default=900)
+    p.add_argument("--quiet-wait", type=float, default=0,
+                   help="wait up to this many seconds for the machine to be idle before measuring")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("latency")
+    s.add_argument("--wakes", type=int, default=1000)
+    s.add_argument("--warmup", type=int, default=20)
+    s.add_argument("--agents", type=int, default=100)
+    s.add_argument("--gap", type=float, default=0.02)
+    s.add_argument("--preload")
+    s.add_argument("--strace-counts", type=int, default=0)
+    s.add_argument("--env", action="append", help="K=V for the daemon's environment (e.g. SLOWSYNC_US=1000)")
+    s.add_argument("--label")
+    s.add_argument("--name")
+
+    s = sub.add_parser("wakecli")
+    s.add_argument("--wakes", type=int, default=200)
+    s.add_argument("--warmup", type=int, default=5)
+    s.add_argument("--agents", type=int, default=100)
+    s.add_argument("--gap", type=float, default=0.02)
+
+    s = sub.add_parser("burst")
+    s.add_argument("--agents", type=int, default=100)
+    s.add_argument("--per-agent", type=int, default=1000)
+    s.add_argument("--max-concurrent", type=int, default=4)
+    s.add_argument("--timeout", type=float, default=600)
+    s.add_argument("--poll", type=float, default=0.5)
+    s.add_argument("--perf", type=int, default=0)
+
+    s = sub.add_parser("startup")
+    s.add_argument("--agents", type=int, required=True)
+    s.add_argument("--settle", type=float, default=2.0)
+    s.add_argument("--wakes-after", type=int, default=0)
+    s.add_argument("--perf", type=int, default=0)
+
+    s = sub.add_parser("idle")
+    s.add_argument("--agents", type=int, default=100)
+    s.add_argument("--seconds", type=int, default=60)
+    s.add_argument("--settle", type=float, default=5.0)
+    s.add_argument("--strace", type=int, default=1)
+
+    s = sub.add_parser("summary")
+    s.add_argument("results", nargs="*")
+
+    for sp in sub.choices.values():
+        if sp.prog.endswith("summary"):
+            continue
+        sp.add_argument("--out", required=True)
+
+    args = p.parse_args()
+    # SIGTERM (run.sh's trap) unwinds through the `finally`s, which stop the daemon.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if args.cmd == "summary":
+        return cmd_summary(args)
+    fn = {"latency": cmd_latency, "wakecli": cmd_wakecli, "burst": cmd_burst,
+          "startup": cmd_startup, "idle": cmd_idle}[args.cmd]
+    waited, busy0 = (0, None)
+    if args.quiet_wait > 0:
+        waited, busy0 = wait_quiet(args.quiet_wait)
+        if busy0 is not None and busy0 >= 0.2:
+            log(f"  the machine is still busy ({busy0:.0%} CPU) after waiting {waited:.0f} s; measuring anyway")
+    load0 = open("/proc/loadavg").read().split()[:3]
+    t0 = cpu_times()
+    result = fn(args)
+    result["system_busy"] = {"waited_for_quiet_s": waited, "before": busy0, "during": busy_since(t0),
+                             "note": "fraction of all CPUs busy (any process, this benchmark included)"}
+    result["loadavg_before"] = load0
+    result["loadavg_after"] = open("/proc/loadavg").read().split()[:3]
+    result["machine"] = {"cpus": os.cpu_count(), "kernel": os.uname().release}
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+#!/usr/bin/env bash
+# Daemon benchmarks: wake latency, a 100,000-message burst, start-up time and
+# RSS at 100 and 10,000 agents, and an idle daemon's CPU and wake-ups.
+# See bench/daemon/README.md for the method and the figures.
+#
+#   bench/daemon/run.sh                 everything, full sizes (about 6 minutes on 2 cores, plus the build)
+#   QUICK=1 bench/daemon/run.sh         everything, small sizes (about 2 minutes)
+#   BENCHES=latency,burst bench/daemon/run.sh
+#
+# BENCHES (comma-separated; default all):
+#   latency   sequential wakes: message renamed in -> fake agent's main()
+#   nosync    the same with an LD_PRELOAD shim that makes fsync/fdatasync no-ops
+#   slowsync  the same with a shim that adds SLOWSYNC_US to every fsync/fdatasync (a slower disk)
+#   strace    the same under `strace -f -c`: syscalls per wake (its latencies are not figures)
+#   wakecli   `agent-state wake AGENT --wait` wall time
+#   burst     BURST_AGENTS x BURST_PER_AGENT messages renamed in at once; checks exactly-once
+#   startup   first and second start, RSS, at each of STARTUP_AGENTS
+#   idle      CPU and context switches of an idle daemon; strace of the same daemon
+#
+# Environment (defaults in brackets; QUICK=1 changes those marked *):
+#   LAT_WAKES [1000*]  LAT_AGENTS [100]  LAT_GAP [0.02 s between wakes]
+#   SLOWSYNC_WAKES [300*]  SLOWSYNC_US [1000]
+#   STRACE_WAKES [100*]  WAKECLI_WAKES [200*]
+#   BURST_AGENTS [100]  BURST_PER_AGENT [1000*]  BURST_MAX_CONCURRENT [4]
+#   BURST_TIMEOUT [600 s]  BURST_PERF [0; 1 = perf record -g, 2 = --call-graph dwarf]
+#   STARTUP_AGENTS ["100 10000"*]  STARTUP_WAKES_AFTER [50*]
+#   IDLE_AGENTS [100]  IDLE_SECONDS [60*]  IDLE_STRACE [1]
+#   QUIET_WAIT [120]   before each benchmark, wait up to this many seconds for the machine
+#                      to be idle (3 s under 20% CPU); 0 = do not wait. Busy figures are recorded.
+#   BENCH_TMPDIR [/var/tmp]  where the state roots go; must be a real disk (fsync must cost)
+#   KEEP [0]           1 keeps the work directory (roots, daemon logs, perf data, raw JSON)
+#   SKIP_BUILD [0]     1 skips `cargo build --release`
+#   AGENT_STATE_BIN    [target/release/agent-state]
+#
+# Exit status: 0, or 1 if a benchmark failed or the burst's exactly-once check failed.
+
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+BIN=${AGENT_STATE_BIN:-$REPO/target/release/agent-state}
+QUICK=${QUICK:-0}
+q() { if [[ $QUICK == 1 ]]; then echo "$2"; else echo "$1"; fi; }
+
+BENCHES=${BENCHES:-latency,nosync,slowsync,strace,wakecli,burst,startup,idle}
+LAT_WAKES=${LAT_WAKES:-$(q 1000 100)}
+LAT_AGENTS=${LAT_AGENTS:-100}
+LAT_GAP=${LAT_GAP:-0.02}
+STRACE_WAKES=${STRACE_WAKES:-$(q 100 20)}
+SLOWSYNC_WAKES=${SLOWSYNC_WAKES:-$(q 300 50)}
+SLOWSYNC_US=${SLOWSYNC_US:-1000}
+WAKECLI_WAKES=${WAKECLI_WAKES:-$(q 200 20)}
+BURST_AGENTS=${BURST_AGENTS:-100}
+BURST_PER_AGENT=${BURST_PER_AGENT:-$(q 1000 100)}
+BURST_MAX_CONCURRENT=${BURST_MAX_CONCURRENT:-4}
+BURST_TIMEOUT=${BURST_TIMEOUT:-600}
+BURST_PERF=${BURST_PERF:-0}
+STARTUP_AGENTS=${STARTUP_AGENTS:-$(q "100 10000" "100 1000")}
+STARTUP_WAKES_AFTER=${STARTUP_WAKES_AFTER:-$(q 50 10)}
+IDLE_AGENTS=${IDLE_AGENTS:-100}
+IDLE_SECONDS=${IDLE_SECONDS:-$(q 60 10)}
+IDLE_STRACE=${IDLE_STRACE:-1}
+BENCH_TMPDIR=${BENCH_TMPDIR:-/var/tmp}
+QUIET_WAIT=${QUIET_WAIT:-120}
+
+has() { [[ ,$BENCHES, == *,$1,* ]]; }
+say() { printf '\n== %s\n' "$*" >&2; }
+
+for tool in python3 gcc; do
+    command -v "$tool" >/dev/null || { echo "run.sh: $tool is required" >&2; exit 69; }
+done
+if has strace || { has idle && [[ $IDLE_STRACE == 1 ]]; }; then
+    command -v strace >/dev/null || { echo "run.sh: strace is required for 'strace' and IDLE_STRACE=1 (apt-get install strace)" >&2; exit 69; }
+fi
+if [[ $BURST_PERF != 0 ]]; then
+    command -v perf >/dev/null || { echo "run.sh: BURST_PERF needs perf" >&2; exit 69; }
+fi
+
+fstype=$(stat -f -c %T "$BENCH_TMPDIR")
+if [[ $fstype == tmpfs || $fstype == ramfs ]]; then
+    echo "run.sh: BENCH_TMPDIR=$BENCH_TMPDIR is $fstype; use a directory on a real disk (fsync must cost what it costs)" >&2
+    exit 64
+fi
+
+if [[ ${SKIP_BUILD:-0} != 1 ]]; then
+    say "cargo build --release"
+    (cd "$REPO" && cargo build --release)
+fi
+[[ -x $BIN ]] || { echo "run.sh: $BIN is missing (cargo build --release)" >&2; exit 69; }
+
+WORK=$(mktemp -d "$BENCH_TMPDIR/agent-state-daemon-bench.XXXXXX")
+PIDS=$WORK/pids
+: >"$PIDS"
+DRIVER_PID=
+cleanup() {
+    local rc=$?
+    if [[ -n $DRIVER_PID ]]; then
+        kill -TERM "$DRIVER_PID" 2>/dev/null || true
+        wait "$DRIVER_PID" 2>/dev/null || true
+    fi
+    # Stop only the daemons this run started, by pid, and only if that pid is
+    # still one of ours (its command line names a config under $WORK).
+    while read -r pid; do
+        [[ -n $pid && -r /proc/$pid/cmdline ]] || continue
+        if tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF "$WORK/"; then
+            kill -TERM "$pid" 2>/dev/null || true
+            for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+            kill -KILL "$pid" 2>/dev/null || true
+        fi
+    done <"$PIDS"
+    if [[ ${KEEP:-0} == 1 ]]; then
+        echo "kept $WORK" >&2
+    else
+        rm -rf "$WORK"
+    fi
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+say "compiling the fake agent and the no-fsync shim (gcc)"
+FAKE=$WORK/fake_agent
+if gcc -O2 -static -o "$FAKE" "$HERE/fake_agent.c" 2>/dev/null; then
+    echo "fake_agent: static" >&2
+else
+    gcc -O2 -o "$FAKE" "$HERE/fake_agent.c"
+    echo "fake_agent: dynamic (no static libc here)" >&2
+fi
+gcc -O2 -shared -fPIC -o "$WORK/nosync.so" "$HERE/nosync.c"
+gcc -O2 -shared -fPIC -o "$WORK/slowsync.so" "$HERE/slowsync.c" -ldl
+
+RESULTS=$WORK/results
+mkdir -p "$RESULTS"
+DRIVER=(python3 "$HERE/bench.py" --bin "$BIN" --fake-agent "$FAKE" --work "$WORK" --pids "$PIDS" --quiet-wait "$QUIET_WAIT")
+{
+    echo "binary: $BIN ($(stat -c '%y' "$BIN" | cut -d. -f1), sha256 $(sha256sum "$BIN" | cut -c1-16))"
+    echo "source: $(cd "$REPO" && git rev-parse --short HEAD 2>/dev/null || echo '?')$(cd "$REPO" && git status --porcelain -- src Cargo.toml Cargo.lock 2>/dev/null | grep -q . && echo ' + uncommitted changes in src/')"
+    echo "machine: $(nproc) CPUs, $(uname -r), $BENCH_TMPDIR on $fstype ($(df -P "$BENCH_TMPDIR" | awk 'NR==2 {print $1}')), load $(cut -d' ' -f1-3 /proc/loadavg)"
+} >"$RESULTS/build.txt"
+cat "$RESULTS/build.txt" >&2
+failed=0
+run() { # NAME ARGS...: one benchmark; its JSON goes to $RESULTS/NAME.json
+    local name=$1
+    shift
+    say "$name: ${*}"
+    # In the background and waited for, so that a signal to run.sh runs the
+    # trap at once instead of after the benchmark.
+    "${DRIVER[@]}" "$@" --out "$RESULTS/$name.json" >/dev/null &
+    DRIVER_PID=$!
+    if ! wait "$DRIVER_PID"; then
+        echo "run.sh: benchmark $name failed (KEEP=1 keeps its logs)" >&2
+        failed=1
+    fi
+    DRIVER_PID=
+}
+
+has latency && run latency latency --wakes "$LAT_WAKES" --agents "$LAT_AGENTS" --gap "$LAT_GAP"
+has nosync && run latency-nosync latency --name latency-nosync --wakes "$LAT_WAKES" --agents "$LAT_AGENTS" --gap "$LAT_GAP" --preload "$WORK/nosync.so"
+has slowsync && run latency-slowsync latency --name latency-slowsync --label "slowsync +${SLOWSYNC_US}us per sync" --wakes "$SLOWSYNC_WAKES" --agents "$LAT_AGENTS" --gap "$LAT_GAP" --preload "$WORK/slowsync.so" --env "SLOWSYNC_US=$SLOWSYNC_US"
+has strace && run latency-strace latency --name latency-strace --wakes "$STRACE_WAKES" --warmup 0 --agents "$LAT_AGENTS" --gap "$LAT_GAP" --strace-counts 1
+has wakecli && run wakecli wakecli --wakes "$WAKECLI_WAKES" --agents "$LAT_AGENTS"
+if has burst; then
+    run burst burst --agents "$BURST_AGENTS" --per-agent "$BURST_PER_AGENT" --max-concurrent "$BURST_MAX_CONCURRENT" --timeout "$BURST_TIMEOUT" --perf "$BURST_PERF"
+    if [[ -f $RESULTS/burst.json ]] && ! python3 -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1]))["check"]["ok"] else 1)' "$RESULTS/burst.json"; then
+        echo "run.sh: the burst's exactly-once check FAILED; see $RESULTS/burst.json" >&2
+        failed=1
+    fi
+fi
+if has startup; then
+    for n in $STARTUP_AGENTS; do
+        run "startup-$n" startup --agents "$n" --wakes-after "$STARTUP_WAKES_AFTER"
+    done
+fi
+has idle && run idle idle --agents "$IDLE_AGENTS" --seconds "$IDLE_SECONDS" --strace "$IDLE_STRACE"
+
+say "summary"
+shopt -s nullglob
+cat "$RESULTS/build.txt"
+python3 "$HERE/bench.py" summary "$RESULTS"/*.json
+echo
+echo "raw results: $RESULTS/*.json$([[ ${KEEP:-0} == 1 ]] || echo ' (removed on exit; KEEP=1 keeps them)')"
+exit "$failed"
