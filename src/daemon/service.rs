@@ -119,6 +119,12 @@ pub async fn run(config_path: &Path) -> Result<()> {
     let mut sigusr2 = signal(SignalKind::user_defined2())
         .map_err(|e| Error::io("installing a handler for", "SIGUSR2", e))?;
 
+    // Bootstrapping thousands of agents on a slow disk can outlast systemd's
+    // start timeout: ask for time in proportion (generously, 50 ms each).
+    let agents = daemon.config.agents.len() as u64;
+    if agents > 100 {
+        systemd::extend_start(Duration::from_secs(60) + Duration::from_millis(50 * agents));
+    }
     daemon.recover();
     daemon.apply_agents(true);
     // Files that arrived while the daemon was down: scanned only now that the

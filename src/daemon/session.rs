@@ -47,7 +47,10 @@ pub fn prepare(
     let prompt_text = prompt::assemble(root, &dir)?;
     atomic::create_dir(&dir.sessions_dir(), 0o750)?;
     let prompt_file = dir.sessions_dir().join(format!("{session_id}.prompt.md"));
-    atomic::write_file(&prompt_file, prompt_text.as_bytes(), 0o640)?;
+    // Regenerated for every session, and useless after a crash (which
+    // interrupts the session): replaced atomically, not fsynced, to keep
+    // two syncs off the path between a wake and the agent starting.
+    atomic::write_file_unsynced(&prompt_file, prompt_text.as_bytes(), 0o640)?;
     let model = agent.session.model.clone();
     let argv = command_line(config, agent, &session_id, &instance, &model, &prompt_file);
     let env = vec![

@@ -40,6 +40,15 @@ pub fn stopping(status: &str, extend: Duration) {
     ]);
 }
 
+/// Ask for more time to start (EXTEND_TIMEOUT_USEC before READY=1).
+pub fn extend_start(by: Duration) {
+    let usec = by.as_micros().min(u32::MAX as u128) as u32;
+    send(&[
+        NotifyState::Status("starting: bootstrapping agents"),
+        NotifyState::ExtendTimeoutUsec(usec),
+    ]);
+}
+
 /// How often to send WATCHDOG=1: half the configured interval.
 pub fn watchdog_interval() -> Option<Duration> {
     sd_notify::watchdog_enabled().map(|d| d / 2)

@@ -63,7 +63,12 @@ pub fn write_json_unsynced<T: Serialize>(path: &Path, value: &T) -> Result<()> {
     let mut bytes = serde_json::to_vec_pretty(value)
         .map_err(|e| Error::Data(format!("cannot serialize {}: {e}", path.display())))?;
     bytes.push(b'\n');
-    filled_temp(path, &bytes, super::STATE_FILE_MODE)?
+    write_file_unsynced(path, &bytes, super::STATE_FILE_MODE)
+}
+
+/// [`write_json_unsynced`] for bytes: atomic replacement, no fsync.
+pub fn write_file_unsynced(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
+    filled_temp(path, bytes, mode)?
         .persist(path)
         .map_err(|e| Error::io("renaming a temp file over", path, e.error))?;
     Ok(())

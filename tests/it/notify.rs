@@ -453,3 +453,33 @@ fn sigterm_sends_stopping_and_extends_the_timeout_while_a_session_winds_down() {
         notify.transcript()
     );
 }
+
+#[test]
+fn a_large_start_asks_systemd_for_more_time_before_ready() {
+    let env = setup(0.1, "5s");
+    let script = env.tmp("agent.sh");
+    let many: String = (0..150)
+        .map(|i| format!("\n[[agent]]\nname = \"a{i:03}\"\n"))
+        .collect();
+    env.set_config(&config(&script, "5s", &many));
+    let mut notify = NotifySocket::bind(&env);
+    let daemon = start(&env, &notify, &[]);
+    let ready = notify.wait_for(0, "READY=1", Duration::from_secs(60));
+    let extend = notify.wait_until(0, "EXTEND_TIMEOUT_USEC=", Duration::from_secs(1), |d| {
+        d.lines().any(|l| l.starts_with("EXTEND_TIMEOUT_USEC="))
+    });
+    assert!(
+        extend < ready,
+        "the extension comes before READY=1\n{}",
+        notify.transcript()
+    );
+    let usec: u64 = notify
+        .field(extend, "EXTEND_TIMEOUT_USEC")
+        .unwrap()
+        .parse()
+        .unwrap();
+    // 60 s plus 50 ms for each of the 151 agents and the mailbox.
+    assert!(usec >= 60_000_000 + 150 * 50_000, "{usec}");
+    assert!(env.agent("a149").join("inbox").is_dir());
+    drop(daemon);
+}
