@@ -388,22 +388,26 @@ impl Daemon {
     }
 
     fn set_fire(&mut self, agent: &AgentConfig, scheduled: Option<DateTime<Utc>>) {
-        let wake = scheduled.map(|t| {
-            t + chrono::Duration::from_std(schedule::jitter_offset(
-                agent.name.as_str(),
-                t,
-                agent.session.jitter,
-            ))
-            .unwrap_or_default()
-        });
-        match scheduled {
-            Some(t) => self.next_scheduled.insert(agent.name.clone(), t),
-            None => self.next_scheduled.remove(&agent.name),
-        };
+        let wake = scheduled.map(|t| wake_at(agent, t));
         if let Some(slot) = self.core.agents.get_mut(&agent.name) {
             slot.next_fire = wake;
         }
-        self.set_next_wake(&agent.name, wake);
+        self.record_next_fire(&agent.name, scheduled, wake);
+    }
+
+    /// Remember the scheduled time of the next fire and publish its wake time
+    /// (report.json `next_wake_at`).
+    fn record_next_fire(
+        &mut self,
+        agent: &AgentName,
+        scheduled: Option<DateTime<Utc>>,
+        wake: Option<DateTime<Utc>>,
+    ) {
+        match scheduled {
+            Some(t) => self.next_scheduled.insert(agent.clone(), t),
+            None => self.next_scheduled.remove(agent),
+        };
+        self.set_next_wake(agent, wake);
     }
 
     /// report.json `next_wake_at`.
@@ -575,39 +579,28 @@ impl Daemon {
             self.settle_at.remove(&agent);
             self.scan_inbox(&agent);
         }
+        // The core advances each due schedule through this closure, which
+        // computes the next fire once; it is recorded right after.
         let config = &self.config;
         let next_scheduled = &self.next_scheduled;
-        let (fired, skipped) = self.core.fire_due_schedules(now, |name, _wake| {
+        let mut advanced: Vec<(AgentName, DateTime<Utc>, Option<DateTime<Utc>>)> = Vec::new();
+        let (_, skipped) = self.core.fire_due_schedules(now, |name, _wake| {
             let scheduled = next_scheduled.get(name).copied()?;
             let cfg = config.agents.iter().find(|a| &a.name == name)?;
-            let next = cfg.schedule.as_ref()?.next_after(scheduled, cfg.timezone)?;
-            Some(
-                next + chrono::Duration::from_std(schedule::jitter_offset(
-                    name.as_str(),
-                    next,
-                    cfg.session.jitter,
-                ))
-                .unwrap_or_default(),
-            )
+            let next = cfg.schedule.as_ref()?.next_after(scheduled, cfg.timezone);
+            advanced.push((name.clone(), scheduled, next));
+            next.map(|t| wake_at(cfg, t))
         });
         for s in skipped {
             self.skipped(s);
         }
-        if !fired.is_empty() {
-            for (name, _) in &fired {
-                let cfg = self.agent_config(name).cloned();
-                if let (Some(scheduled), Some(cfg)) =
-                    (self.next_scheduled.get(name).copied(), cfg.as_ref())
-                {
-                    self.schedule_state
-                        .last_fire
-                        .insert(name.to_string(), Timestamp::from_datetime(scheduled));
-                    let next = cfg
-                        .schedule
-                        .as_ref()
-                        .and_then(|s| s.next_after(scheduled, cfg.timezone));
-                    self.set_fire(cfg, next);
-                }
+        if !advanced.is_empty() {
+            for (name, fired, next) in advanced {
+                self.schedule_state
+                    .last_fire
+                    .insert(name.to_string(), Timestamp::from_datetime(fired));
+                let wake = self.core.agents.get(&name).and_then(|slot| slot.next_fire);
+                self.record_next_fire(&name, next, wake);
             }
             self.save_schedule_state();
         }
@@ -922,4 +915,10 @@ impl Daemon {
             tracing::error!(error_code = "IO_ERROR", "cannot write daemon.json: {e}");
         }
     }
+}
+
+/// When `agent` wakes for the fire scheduled at `scheduled`: plus its jitter.
+fn wake_at(agent: &AgentConfig, scheduled: DateTime<Utc>) -> DateTime<Utc> {
+    let jitter = schedule::jitter_offset(agent.name.as_str(), scheduled, agent.session.jitter);
+    scheduled + chrono::Duration::from_std(jitter).unwrap_or_default()
 }
