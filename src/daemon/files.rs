@@ -4,8 +4,7 @@
 //! `state::atomic` like every other state file.
 
 use std::collections::BTreeMap;
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::OpenOptionsExt;
+use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use nix::fcntl::{Flock, FlockArg};
@@ -13,7 +12,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::clock::Timestamp;
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, Result};
+use crate::state::lock::open_lock_file;
 use crate::state::{StateRoot, atomic};
 
 /// Held for the daemon's whole life: a second daemon on the same root finds
@@ -26,13 +26,7 @@ pub fn lock_root(root: &StateRoot) -> Result<DaemonLock> {
     let dir = root.daemon_dir();
     atomic::create_dir(&dir, 0o750)?;
     let path = dir.join("lock");
-    let file = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .mode(0o640)
-        .open(&path)
-        .at("opening daemon lock", &path)?;
+    let file = open_lock_file(&path, 0o640)?;
     match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
         Ok(lock) => Ok(DaemonLock { _lock: lock }),
         Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
@@ -84,13 +78,7 @@ pub fn next_instance(
     let dir = root.daemon_dir();
     atomic::create_dir(&dir, 0o750)?;
     let lock_path = dir.join("counters.lock");
-    let file = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .mode(0o640)
-        .open(&lock_path)
-        .at("opening", &lock_path)?;
+    let file = open_lock_file(&lock_path, 0o640)?;
     let _lock = Flock::lock(file, FlockArg::LockExclusive)
         .map_err(|(_, e)| Error::io("locking", &lock_path, e.into()))?;
     let path = dir.join("counters.json");

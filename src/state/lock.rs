@@ -6,6 +6,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::Path;
 
 use nix::fcntl::{Flock, FlockArg};
 
@@ -17,16 +18,22 @@ pub struct AgentLock {
     _lock: Flock<File>,
 }
 
-/// Block until `agent`'s lock is ours.
-pub fn lock(agent: &AgentDir) -> Result<AgentLock> {
-    let path = agent.lock_file();
-    let file = OpenOptions::new()
+/// Open (creating it with `mode` if needed) a file that exists to be
+/// flocked; its content is never written.
+pub fn open_lock_file(path: &Path, mode: u32) -> Result<File> {
+    OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
-        .mode(0o660)
-        .open(&path)
-        .at("opening lock file", &path)?;
+        .mode(mode)
+        .open(path)
+        .at("opening lock file", path)
+}
+
+/// Block until `agent`'s lock is ours.
+pub fn lock(agent: &AgentDir) -> Result<AgentLock> {
+    let path = agent.lock_file();
+    let file = open_lock_file(&path, 0o660)?;
     // Every writer in the agent's group must be able to take the lock; the
     // umask may have narrowed the mode it was created with.
     if let Ok(meta) = file.metadata()
