@@ -75,6 +75,9 @@ pub struct Config {
     pub agents: Vec<AgentConfig>,
     pub health: HealthSettings,
     pub hooks: HookSettings,
+    /// Settings that were missing or unusable and took their default: the
+    /// daemon logs them as `CONFIG_DEFAULTED`, `check` prints them.
+    pub warnings: Vec<Problem>,
 }
 
 #[derive(Debug, Clone)]
@@ -110,6 +113,57 @@ pub struct SessionSettings {
     pub inbox_debounce: Duration,
     pub max_output: u64,
     pub jitter: Duration,
+    pub retries: RetrySettings,
+    /// No output for this long is a stall (`None`: never).
+    pub stall_timeout: Option<Duration>,
+    pub stall_action: StallAction,
+}
+
+/// How failed sessions are retried (the error matrix, docs/errors.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetrySettings {
+    /// Retries after a timeout (or a stall stopped), before escalation.
+    pub timeout: u32,
+    /// Retries after a session that printed nothing.
+    pub empty_output: u32,
+    /// Retries after an API error (rate limit, overload, 5xx).
+    pub api: u32,
+    /// Retries after a spawn failure other than not-found / permission.
+    pub spawn: u32,
+    /// Failures in a row before a plain failure is escalated.
+    pub escalate_after: u32,
+    /// The first delay before a retry (timeout, stall, empty output, API
+    /// error) and the first step of the backoff after failures; each doubles.
+    pub retry_delay: Duration,
+    /// The first delay before retrying a failed spawn; doubles.
+    pub spawn_retry_delay: Duration,
+    /// The longest the backoff after failures gets.
+    pub max_backoff: Duration,
+}
+
+impl Default for RetrySettings {
+    fn default() -> Self {
+        RetrySettings {
+            timeout: 2,
+            empty_output: 3,
+            api: 5,
+            spawn: 3,
+            escalate_after: 3,
+            retry_delay: Duration::from_secs(30),
+            spawn_retry_delay: Duration::from_secs(2),
+            max_backoff: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// What happens when a session stalls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StallAction {
+    /// A `SESSION_STALLED` warning; the session goes on.
+    #[default]
+    Warn,
+    /// The warning, then the session is ended like a timeout and retried.
+    Stop,
 }
 
 #[derive(Debug, Clone)]
@@ -128,12 +182,21 @@ pub struct HealthSettings {
     pub disk_warn: u64,
     pub disk_pause: u64,
     pub disk_stop: u64,
+    /// Processed messages older than this are pruned.
+    pub processed_retention: Duration,
+    /// Session logs and prompt files older than this are pruned...
+    pub session_log_retention: Duration,
+    /// ...except those of each agent's newest sessions.
+    pub keep_sessions: usize,
 }
 
 #[derive(Debug, Clone)]
 pub struct HookSettings {
     pub on_error: Option<PathBuf>,
     pub timeout: Duration,
+    /// The human mailbox escalations go to (default: the first
+    /// `kind = "human"` agent).
+    pub escalate_to: Option<AgentName>,
 }
 
 // ---- raw shapes, as written in the file ------------------------------------
@@ -158,6 +221,16 @@ struct RawSession {
     inbox_debounce: Option<String>,
     max_output: Option<String>,
     jitter: Option<String>,
+    timeout_retries: Option<i64>,
+    empty_output_retries: Option<i64>,
+    api_retries: Option<i64>,
+    spawn_retries: Option<i64>,
+    escalate_after: Option<i64>,
+    max_backoff: Option<String>,
+    retry_delay: Option<String>,
+    spawn_retry_delay: Option<String>,
+    stall_timeout: Option<String>,
+    stall_action: Option<String>,
 }
 
 /// An `[[agent]]` table. serde cannot combine `flatten` with
@@ -179,6 +252,16 @@ struct RawAgent {
     inbox_debounce: Option<String>,
     max_output: Option<String>,
     jitter: Option<String>,
+    timeout_retries: Option<i64>,
+    empty_output_retries: Option<i64>,
+    api_retries: Option<i64>,
+    spawn_retries: Option<i64>,
+    escalate_after: Option<i64>,
+    max_backoff: Option<String>,
+    retry_delay: Option<String>,
+    spawn_retry_delay: Option<String>,
+    stall_timeout: Option<String>,
+    stall_action: Option<String>,
 }
 
 impl RawAgent {
@@ -193,6 +276,16 @@ impl RawAgent {
             inbox_debounce: self.inbox_debounce.clone(),
             max_output: self.max_output.clone(),
             jitter: self.jitter.clone(),
+            timeout_retries: self.timeout_retries,
+            empty_output_retries: self.empty_output_retries,
+            api_retries: self.api_retries,
+            spawn_retries: self.spawn_retries,
+            escalate_after: self.escalate_after,
+            max_backoff: self.max_backoff.clone(),
+            retry_delay: self.retry_delay.clone(),
+            spawn_retry_delay: self.spawn_retry_delay.clone(),
+            stall_timeout: self.stall_timeout.clone(),
+            stall_action: self.stall_action.clone(),
         }
     }
 }
@@ -204,6 +297,9 @@ struct RawHealth {
     disk_warn: Option<String>,
     disk_pause: Option<String>,
     disk_stop: Option<String>,
+    processed_retention: Option<String>,
+    session_log_retention: Option<String>,
+    keep_sessions: Option<i64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -211,6 +307,7 @@ struct RawHealth {
 struct RawHooks {
     on_error: Option<String>,
     timeout: Option<String>,
+    escalate_to: Option<String>,
 }
 
 const TOP_LEVEL: &[&str] = &[
@@ -280,6 +377,7 @@ impl Config {
 #[derive(Default)]
 struct Validator {
     problems: Vec<Problem>,
+    warnings: Vec<Problem>,
 }
 
 impl Validator {
@@ -288,6 +386,37 @@ impl Validator {
             field: field.into(),
             message: message.into(),
         });
+    }
+
+    fn warn(&mut self, field: impl Into<String>, message: impl Into<String>) {
+        self.warnings.push(Problem {
+            field: field.into(),
+            message: message.into(),
+        });
+    }
+
+    /// A whole number in `range`: the value, else the inherited one, else
+    /// the default.
+    fn count(
+        &mut self,
+        field: &str,
+        value: Option<i64>,
+        inherited: Option<u32>,
+        default: u32,
+        range: std::ops::RangeInclusive<i64>,
+    ) -> u32 {
+        match (value, inherited) {
+            (None, Some(n)) => n,
+            (None, None) => default,
+            (Some(n), _) if range.contains(&n) => n as u32,
+            (Some(n), _) => {
+                self.problem(
+                    field,
+                    format!("{n} is not between {} and {}", range.start(), range.end()),
+                );
+                default
+            }
+        }
     }
 
     /// Deserialize one section on its own, so an error in `[daemon]` does not
@@ -422,7 +551,27 @@ impl Validator {
                 raw_health.disk_stop.as_deref(),
                 "100MiB",
             ),
+            processed_retention: self.duration(
+                "health.processed_retention",
+                raw_health.processed_retention.as_deref(),
+                "30d",
+            ),
+            session_log_retention: self.duration(
+                "health.session_log_retention",
+                raw_health.session_log_retention.as_deref(),
+                "30d",
+            ),
+            keep_sessions: self.count(
+                "health.keep_sessions",
+                raw_health.keep_sessions,
+                None,
+                20,
+                0..=1_000_000,
+            ) as usize,
         };
+        if health.interval.is_zero() {
+            self.problem("health.interval", "must be longer than 0s, e.g. \"60s\"");
+        }
         if !(health.disk_warn >= health.disk_pause && health.disk_pause >= health.disk_stop) {
             self.problem(
                 "health",
@@ -444,6 +593,41 @@ impl Validator {
                 }
             },
             timeout: self.duration("hooks.timeout", raw_hooks.timeout.as_deref(), "30s"),
+            escalate_to: None,
+        };
+        let humans: Vec<&AgentConfig> = agents
+            .iter()
+            .filter(|a| a.kind == AgentKind::Human)
+            .collect();
+        let mut hooks = hooks;
+        hooks.escalate_to = match raw_hooks.escalate_to.as_deref() {
+            Some(name) => match humans.iter().find(|a| a.name.as_str() == name) {
+                Some(a) => Some(a.name.clone()),
+                None => {
+                    self.problem(
+                        "hooks.escalate_to",
+                        format!(
+                            "{name:?} is not a configured human mailbox; add [[agent]] name = {name:?} with kind = \"human\", or name one of: {}",
+                            if humans.is_empty() {
+                                "(none configured)".to_string()
+                            } else {
+                                humans.iter().map(|a| a.name.to_string()).collect::<Vec<_>>().join(", ")
+                            }
+                        ),
+                    );
+                    None
+                }
+            },
+            None => match humans.first() {
+                Some(a) => Some(a.name.clone()),
+                None => {
+                    self.warn(
+                        "hooks.escalate_to",
+                        "no human mailbox is configured (an [[agent]] with kind = \"human\"): escalations go only to the journal, errors.jsonl and the on-error hook",
+                    );
+                    None
+                }
+            },
         };
 
         Some(Config {
@@ -454,6 +638,7 @@ impl Validator {
             agents,
             health,
             hooks,
+            warnings: std::mem::take(&mut self.warnings),
         })
     }
 
@@ -582,8 +767,11 @@ impl Validator {
         let model = match &raw.model {
             Some(m) if !m.trim().is_empty() => m.clone(),
             Some(_) => {
-                self.problem(f("model"), "must not be empty, e.g. \"sonnet\"");
-                String::new()
+                self.warn(
+                    f("model"),
+                    "is empty; using the default, \"sonnet\" (set e.g. model = \"opus\")",
+                );
+                "sonnet".into()
             }
             None => base
                 .map(|b| b.model.clone())
@@ -615,6 +803,95 @@ impl Validator {
             (None, Some(b)) => b.max_output,
             (value, _) => self.size(&f("max_output"), value.as_deref(), "10MiB"),
         };
+        let d = RetrySettings::default();
+        let b = base.map(|b| b.retries);
+        let retries = RetrySettings {
+            timeout: self.count(
+                &f("timeout_retries"),
+                raw.timeout_retries,
+                b.map(|b| b.timeout),
+                d.timeout,
+                0..=100,
+            ),
+            empty_output: self.count(
+                &f("empty_output_retries"),
+                raw.empty_output_retries,
+                b.map(|b| b.empty_output),
+                d.empty_output,
+                0..=100,
+            ),
+            api: self.count(
+                &f("api_retries"),
+                raw.api_retries,
+                b.map(|b| b.api),
+                d.api,
+                0..=100,
+            ),
+            spawn: self.count(
+                &f("spawn_retries"),
+                raw.spawn_retries,
+                b.map(|b| b.spawn),
+                d.spawn,
+                0..=100,
+            ),
+            escalate_after: self.count(
+                &f("escalate_after"),
+                raw.escalate_after,
+                b.map(|b| b.escalate_after),
+                d.escalate_after,
+                1..=1000,
+            ),
+            retry_delay: dur(
+                self,
+                "retry_delay",
+                &raw.retry_delay,
+                b.map(|b| b.retry_delay),
+                "30s",
+            ),
+            spawn_retry_delay: dur(
+                self,
+                "spawn_retry_delay",
+                &raw.spawn_retry_delay,
+                b.map(|b| b.spawn_retry_delay),
+                "2s",
+            ),
+            max_backoff: dur(
+                self,
+                "max_backoff",
+                &raw.max_backoff,
+                b.map(|b| b.max_backoff),
+                "1h",
+            ),
+        };
+        if retries.retry_delay.is_zero() || retries.spawn_retry_delay.is_zero() {
+            self.problem(
+                f("retry_delay"),
+                "retry_delay and spawn_retry_delay must be longer than 0s (a retry storm otherwise)",
+            );
+        }
+        if retries.max_backoff < retries.retry_delay {
+            self.problem(
+                f("max_backoff"),
+                "must be at least retry_delay (the first backoff step)",
+            );
+        }
+        let stall_timeout = match raw.stall_timeout.as_deref() {
+            None => base.and_then(|b| b.stall_timeout),
+            Some("off" | "none" | "0" | "0s") => None,
+            Some(text) => Some(self.duration(&f("stall_timeout"), Some(text), "0s")),
+        };
+        let stall_action = match raw.stall_action.as_deref() {
+            None => base.map(|b| b.stall_action).unwrap_or_default(),
+            Some("warn") => StallAction::Warn,
+            Some("stop") => StallAction::Stop,
+            Some(other) => {
+                self.problem(
+                    f("stall_action"),
+                    format!("{other:?} is not an action; use \"warn\" or \"stop\""),
+                );
+                StallAction::Warn
+            }
+        };
         SessionSettings {
             command,
             timeout,
@@ -625,6 +902,9 @@ impl Validator {
             inbox_debounce,
             max_output,
             jitter,
+            retries,
+            stall_timeout,
+            stall_action,
         }
     }
 

@@ -93,6 +93,28 @@ impl Error {
         }
     }
 
+    /// The OS error number behind an I/O error (`ENOSPC`, `EROFS`, `EIO`, ...).
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            Error::Io { source, .. } => source.raw_os_error(),
+            _ => None,
+        }
+    }
+
+    /// The error code (docs/errors.md) this error is recorded under.
+    pub fn code(&self) -> crate::errors::Code {
+        use crate::errors::Code;
+        match (self, self.errno()) {
+            (_, Some(libc_enospc)) if libc_enospc == nix::libc::ENOSPC => Code::DiskFull,
+            (_, Some(e)) if e == nix::libc::EDQUOT => Code::DiskFull,
+            (_, Some(e)) if e == nix::libc::EROFS => Code::FsReadonly,
+            (Error::Io { .. }, _) => Code::IoError,
+            (Error::Corrupt { .. }, _) => Code::StateCorrupt,
+            (Error::Config(_), _) => Code::ConfigInvalid,
+            _ => Code::IoError,
+        }
+    }
+
     /// The sysexits code `main` exits with for this error.
     pub fn exit_code(&self) -> u8 {
         match self {

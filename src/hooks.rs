@@ -951,6 +951,48 @@ pub fn recover_stale(
     Ok(Some(result))
 }
 
+/// What a session cost, from Claude Code's JSON result: `cost_usd` and
+/// `tokens_used` in session.json (unless the script set them through
+/// `session end`), and the token breakdown as `usage`. Only for the session
+/// `session_id`; returns whether anything was written.
+pub fn record_usage(
+    dir: &AgentDir,
+    session_id: &str,
+    cost_usd: Option<f64>,
+    tokens_used: Option<u64>,
+    usage: Option<serde_json::Value>,
+    now: Timestamp,
+) -> Result<bool> {
+    if cost_usd.is_none() && tokens_used.is_none() && usage.is_none() {
+        return Ok(false);
+    }
+    let lock = dir.lock()?;
+    let mut notes = Vec::new();
+    let mut session: Session = dir.load(&lock, now, &mut notes)?;
+    if session.session_id != session_id {
+        return Ok(false);
+    }
+    let mut changed = false;
+    if session.cost_usd.is_none() && cost_usd.is_some() {
+        session.cost_usd = cost_usd;
+        changed = true;
+    }
+    if session.tokens_used.is_none() && tokens_used.is_some() {
+        session.tokens_used = tokens_used;
+        changed = true;
+    }
+    if let Some(usage) = usage
+        && !session.extra.contains_key("usage")
+    {
+        session.extra.insert("usage".into(), usage);
+        changed = true;
+    }
+    if changed {
+        dir.save(&lock, &session)?;
+    }
+    Ok(changed)
+}
+
 /// Is `session` recorded as running with an owner that is gone?
 pub fn is_stale(session: &Session, now: Timestamp) -> bool {
     session.is_running() && still_running(session, now).is_none()

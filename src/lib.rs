@@ -28,6 +28,7 @@ pub mod clock;
 pub mod config;
 pub mod daemon;
 pub mod error;
+pub mod errors;
 pub mod hooks;
 pub mod inbox;
 pub mod prompt;

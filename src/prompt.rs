@@ -57,9 +57,7 @@ pub fn assemble(root: &StateRoot, agent: &AgentDir) -> Result<String> {
         push_text(&mut out, &text);
     }
 
-    let tasks: TaskFile = agent
-        .read()?
-        .unwrap_or_else(|| TaskFile::new(agent.name.as_str()));
+    let tasks: TaskFile = agent.read_or_repair()?;
     let open: Vec<_> = tasks.open_tasks().collect();
     if !open.is_empty() {
         out.push_str("# Tasks (pending and active, from tasks.json)\n\n");
@@ -126,8 +124,8 @@ fn push_message(out: &mut String, i: usize, n: usize, m: &Message) {
 /// The running session's claimed messages; with no session running, the
 /// valid waiting ones (what the next `begin` would claim). The flag says which.
 fn messages_for_prompt(agent: &AgentDir) -> Result<(Vec<Message>, bool)> {
-    let session: Option<Session> = agent.read()?;
-    if let Some(s) = session.filter(|s| s.is_running()) {
+    let session: Session = agent.read_or_repair()?;
+    if let Some(s) = Some(session).filter(|s| s.is_running()) {
         return Ok((
             inbox::claimed(agent, &s.session_id)?
                 .into_iter()

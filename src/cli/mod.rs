@@ -5,6 +5,7 @@
 mod bootstrap;
 mod check;
 mod daemon;
+mod errors;
 mod inbox;
 mod metrics;
 mod prompt;
@@ -75,6 +76,8 @@ pub enum Command {
     Daemon(daemon::Args),
     /// Ask the running daemon to start a session of AGENT now
     Wake(wake::Args),
+    /// Show the error log (.daemon/errors.jsonl), or the catalogue of error codes
+    Errors(errors::Args),
 }
 
 /// What every command needs: the config, the root and one `now`.
@@ -112,6 +115,11 @@ impl Context {
 }
 
 pub fn run(cli: Cli) -> Result<u8> {
+    if let Command::Errors(a) = &cli.command
+        && a.catalogue
+    {
+        return Ok(errors::catalogue());
+    }
     let ctx = Context::load(&cli.config)?;
     match cli.command {
         Command::Bootstrap(a) => bootstrap::run(&ctx, a),
@@ -126,6 +134,7 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Metrics(c) => metrics::run(&ctx, c),
         Command::Daemon(a) => daemon::run(&ctx, a),
         Command::Wake(a) => wake::run(&ctx, a),
+        Command::Errors(a) => errors::run(&ctx, a),
     }
 }
 

@@ -6,6 +6,7 @@ use crate::cli::{Context, print_json};
 use crate::clock::{Timestamp, ago, in_time};
 use crate::config::{AgentConfig, AgentKind};
 use crate::error::{Result, exit};
+use crate::errors;
 use crate::inbox;
 use crate::state::journal::{self, Event};
 use crate::state::metrics::ROLLING_WINDOW;
@@ -33,8 +34,23 @@ struct Line {
     tasks_active: usize,
     inbox_waiting: usize,
     sessions_30d: u64,
+    /// Sessions that ended in error in the last 30 days (the journal).
     errors_30d: u64,
     timeouts_30d: u64,
+    /// Error records of this agent in `.daemon/errors.jsonl`, 30 days.
+    error_records_30d: u64,
+    /// The latest of them.
+    last_error: Option<LastError>,
+    /// report.json `error`: retrying, backing off or disabled, and why.
+    failing: Option<crate::state::report::ReportError>,
+}
+
+#[derive(Serialize, Clone)]
+struct LastError {
+    ts: Timestamp,
+    code: String,
+    severity: String,
+    message: String,
 }
 
 pub fn run(ctx: &Context, args: Args) -> Result<u8> {
@@ -42,16 +58,31 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         Some(a) => vec![ctx.config.agent_named(a)?],
         None => ctx.config.agents.iter().collect(),
     };
+    let since = ctx.now.minus(ROLLING_WINDOW);
+    let records = errors::read_since(&errors::log_path(&ctx.root), since).unwrap_or_default();
     let mut lines = Vec::new();
     for agent in agents {
-        lines.push(line(ctx, agent)?);
+        let mut l = line(ctx, agent)?;
+        for r in records
+            .iter()
+            .filter(|r| r.context.agent.as_deref() == Some(l.agent.as_str()))
+        {
+            l.error_records_30d += 1;
+            l.last_error = Some(LastError {
+                ts: r.ts,
+                code: r.code.clone(),
+                severity: r.severity.to_string(),
+                message: r.message.clone(),
+            });
+        }
+        lines.push(l);
     }
     if args.json {
         return print_json(&lines);
     }
-    let row = |cells: [&str; 9]| {
+    let row = |cells: [&str; 10]| {
         println!(
-            "{:<12} {:<12} {:<44} {:>5} {:>5} {:>8} {:>7} {:>11}  {}",
+            "{:<12} {:<12} {:<44} {:>5} {:>5} {:>8} {:>8} {:>11} {:>10}  {}",
             cells[0],
             cells[1],
             cells[2],
@@ -60,7 +91,8 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
             cells[5],
             cells[6],
             cells[7],
-            cells[8]
+            cells[8],
+            cells[9]
         )
     };
     row([
@@ -70,15 +102,18 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         "TASKS",
         "INBOX",
         "SESS/30D",
-        "ERR/30D",
+        "FAIL/30D",
         "TIMEOUT/30D",
+        "ERRORS/30D",
         "NEXT WAKE",
     ]);
     let now = ctx.now;
     for l in &lines {
         let inbox = l.inbox_waiting.to_string();
         if l.kind == "human" || l.status == "missing" {
-            row([&l.agent, &l.status, "-", "-", &inbox, "-", "-", "-", "-"]);
+            row([
+                &l.agent, &l.status, "-", "-", &inbox, "-", "-", "-", "-", "-",
+            ]);
             continue;
         }
         let last = match (&l.current_session, &l.last_session) {
@@ -104,8 +139,43 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
             &l.sessions_30d.to_string(),
             &l.errors_30d.to_string(),
             &l.timeouts_30d.to_string(),
+            &l.error_records_30d.to_string(),
             &next,
         ]);
+    }
+    // Why agents fail, and errors that are not about one agent.
+    for l in &lines {
+        if let Some(f) = &l.failing {
+            let until = f
+                .until
+                .map(|t| format!(" until {}", in_time(&t, &now)))
+                .unwrap_or_default();
+            println!(
+                "{}: {} ({} failure(s) in a row, {}{until}): {}",
+                l.agent, f.code, f.failures, f.state, f.message
+            );
+        } else if let Some(e) = &l.last_error {
+            println!(
+                "{}: last error {} {}: {}",
+                l.agent,
+                e.code,
+                ago(&e.ts, &now),
+                e.message
+            );
+        }
+    }
+    let daemon_wide: Vec<&errors::ErrorRecord> = records
+        .iter()
+        .filter(|r| r.context.agent.is_none())
+        .collect();
+    if let Some(last) = daemon_wide.last() {
+        println!(
+            "daemon: {} error(s) in 30 days; last {} {}: {}",
+            daemon_wide.len(),
+            last.code,
+            ago(&last.ts, &now),
+            last.message
+        );
     }
     Ok(exit::OK)
 }
@@ -129,6 +199,9 @@ fn line(ctx: &Context, agent: &AgentConfig) -> Result<Line> {
         sessions_30d: 0,
         errors_30d: 0,
         timeouts_30d: 0,
+        error_records_30d: 0,
+        last_error: None,
+        failing: None,
     };
     if !dir.path.is_dir() {
         l.status = "missing".into();
@@ -147,6 +220,7 @@ fn line(ctx: &Context, agent: &AgentConfig) -> Result<Line> {
             l.current_session = report.current_session;
             l.last_session = report.last_session;
             l.next_wake_at = report.next_wake_at;
+            l.failing = report.error;
         }
         Err(_) => l.status = "corrupt".into(),
     }

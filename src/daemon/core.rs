@@ -26,6 +26,9 @@ pub enum WakeReason {
     Manual,
     /// Messages waited while a session ran; one session after it.
     FollowUp,
+    /// The last session failed in a way that is retried (timeout, empty
+    /// output, API error, spawn failure).
+    Retry,
 }
 
 impl WakeReason {
@@ -36,6 +39,7 @@ impl WakeReason {
             WakeReason::Inbox => "inbox",
             WakeReason::Manual => "manual",
             WakeReason::FollowUp => "follow-up",
+            WakeReason::Retry => "retry",
         }
     }
 }
@@ -96,6 +100,12 @@ pub struct AgentSlot {
     /// After failed sessions: no automatic wake before this time (a manual
     /// `wake` is still served). Set by the IO layer from the failure count.
     pub backoff_until: Option<DateTime<Utc>>,
+    /// No automatic wakes at all, and why (the command is not executable):
+    /// until the config is reloaded or a manual wake.
+    pub disabled: Option<String>,
+    /// A high 30-day error rate: when sessions wait for a slot, this agent
+    /// goes after healthy ones of the same priority.
+    pub unhealthy: bool,
 }
 
 impl AgentSlot {
@@ -109,11 +119,14 @@ impl AgentSlot {
             inbox_due: None,
             skipped_while_running: false,
             backoff_until: None,
+            disabled: None,
+            unhealthy: false,
         }
     }
 
     fn held_back(&self, wake: &PendingWake, now: DateTime<Utc>) -> bool {
-        wake.reason != WakeReason::Manual && self.backoff_until.is_some_and(|t| t > now)
+        wake.reason != WakeReason::Manual
+            && (self.disabled.is_some() || self.backoff_until.is_some_and(|t| t > now))
     }
 }
 
@@ -157,6 +170,11 @@ impl Core {
         now: DateTime<Utc>,
     ) -> Option<Skipped> {
         let slot = self.agents.get_mut(agent)?;
+        if reason == WakeReason::Manual {
+            // An operator asked: that is the "user action" a disabled agent
+            // waits for.
+            slot.disabled = None;
+        }
         if let Some(running) = &slot.running {
             slot.skipped_while_running = true;
             return Some(Skipped {
@@ -273,8 +291,15 @@ impl Core {
                     .map(|p| (n.clone(), p))
             })
             .collect();
-        waiting
-            .sort_by(|a, b| (a.1.priority, a.1.since, &a.0).cmp(&(b.1.priority, b.1.since, &b.0)));
+        let unhealthy = |name: &AgentName| self.agents.get(name).is_some_and(|s| s.unhealthy);
+        waiting.sort_by(|a, b| {
+            (a.1.priority, unhealthy(&a.0), a.1.since, &a.0).cmp(&(
+                b.1.priority,
+                unhealthy(&b.0),
+                b.1.since,
+                &b.0,
+            ))
+        });
         waiting.truncate(free);
         for (name, _) in &waiting {
             if let Some(slot) = self.agents.get_mut(name) {
@@ -318,7 +343,11 @@ impl Core {
         self.agents
             .values()
             .flat_map(|s| {
-                let backoff_ends = s.pending.as_ref().and(s.backoff_until);
+                let backoff_ends = s
+                    .pending
+                    .as_ref()
+                    .filter(|_| s.disabled.is_none())
+                    .and(s.backoff_until);
                 [s.next_fire, s.inbox_due.map(|(t, _)| t), backoff_ends]
             })
             .flatten()
@@ -392,6 +421,57 @@ mod tests {
             t("2026-01-01T00:01:00Z"),
         );
         assert_eq!(started(&mut c), ["a"]);
+    }
+
+    #[test]
+    fn unhealthy_agents_go_after_healthy_ones_of_the_same_priority() {
+        let mut c = core(&["a", "b", "c"], 1);
+        c.agents.get_mut(&name("a")).unwrap().unhealthy = true;
+        for (n, p, at) in [
+            ("a", Priority::Normal, "2026-01-01T00:00:00Z"),
+            ("b", Priority::Normal, "2026-01-01T00:00:05Z"),
+            ("c", Priority::High, "2026-01-01T00:00:09Z"),
+        ] {
+            c.request(&name(n), WakeReason::Schedule, p, t(at));
+        }
+        let now = t("2026-01-01T00:01:00Z");
+        let mut order = Vec::new();
+        for _ in 0..3 {
+            let got = c.take_startable(now);
+            let n = got[0].0.clone();
+            order.push(n.to_string());
+            c.session_ended(&n, InboxSummary::default(), now);
+        }
+        assert_eq!(
+            order,
+            ["c", "b", "a"],
+            "priority first, then health, then age"
+        );
+    }
+
+    #[test]
+    fn a_disabled_agent_waits_for_a_manual_wake() {
+        let mut c = core(&["rio"], 1);
+        let now = t("2026-01-01T00:00:00Z");
+        c.agents.get_mut(&name("rio")).unwrap().disabled = Some("not executable".into());
+        c.request(&name("rio"), WakeReason::Schedule, Priority::Normal, now);
+        assert!(started(&mut c).is_empty());
+        assert_eq!(c.next_deadline(), None, "nothing to wait for");
+        c.request(&name("rio"), WakeReason::Manual, Priority::High, now);
+        assert_eq!(started(&mut c), ["rio"]);
+    }
+
+    #[test]
+    fn a_retry_waits_out_its_delay() {
+        let mut c = core(&["rio"], 1);
+        let now = t("2026-01-01T00:00:00Z");
+        let until = t("2026-01-01T00:00:30Z");
+        c.agents.get_mut(&name("rio")).unwrap().backoff_until = Some(until);
+        c.request(&name("rio"), WakeReason::Retry, Priority::Normal, now);
+        assert!(c.take_startable(now).is_empty());
+        assert_eq!(c.next_deadline(), Some(until));
+        let got = c.take_startable(until);
+        assert_eq!(got[0].1.reason, WakeReason::Retry);
     }
 
     #[test]

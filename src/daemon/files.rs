@@ -87,11 +87,13 @@ pub fn next_instance(
         Err(Error::Corrupt { .. }) => {
             let aside = crate::state::set_aside_name(&path, "corrupt", &Timestamp::now().compact());
             atomic::rename(&path, &aside)?;
-            tracing::warn!(
-                error_code = "STATE_CORRUPT",
-                "{} was corrupt; set aside as {}",
-                path.display(),
-                aside.display()
+            crate::state::note_repair(
+                "",
+                &format!(
+                    "{} was corrupt: set aside as {}; instance counters continue from the highest ids in the journals",
+                    path.display(),
+                    aside.display()
+                ),
             );
             Counters::default()
         }
@@ -157,6 +159,12 @@ pub struct Heartbeat {
     pub next_wakes: BTreeMap<String, Timestamp>,
     pub paused: Option<String>,
     pub stopping: bool,
+    /// The health monitor's last look at the disk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<super::health::HealthState>,
+    /// Agents whose sessions fail: retrying, backing off or disabled.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub failing: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -1,10 +1,14 @@
 //! The daemon: wakes agents on their schedules and inbox messages and runs
 //! their sessions. (Being built; see the submodules.)
 
+pub mod alerts;
 pub mod clock;
 pub mod core;
+pub mod failure;
 pub mod files;
+pub mod health;
 pub mod logging;
+pub mod output;
 pub mod runner;
 pub mod service;
 pub mod session;

@@ -6,10 +6,12 @@
 //! (interleaved as they arrive) into the capped session log while handing
 //! every chunk to an [`OutputObserver`] (the parsers), the timeout and the
 //! daemon's stop request (SIGTERM to the group, SIGKILL after a grace
-//! period), and the sweep after the main process exits: the process group
-//! and every process that carries the session's marker in its environment
-//! (which finds grandchildren that left the group with `setsid` or a double
-//! fork) get SIGKILL.
+//! period), stall detection (no output for a while: the observer is told,
+//! and the session is optionally terminated like at the timeout), and the
+//! sweep after the main process exits: the process group and every process
+//! that carries the session's marker in its environment (which finds
+//! grandchildren that left the group with `setsid` or a double fork) get
+//! SIGKILL.
 //!
 //! It decides nothing about the session (that is the daemon core's job) and
 //! never touches state files. It never reaps processes that are not its own
@@ -79,6 +81,13 @@ pub struct SessionSpec {
     pub timeout: Duration,
     /// Between SIGTERM and SIGKILL.
     pub kill_grace: Duration,
+    /// A session that prints nothing (on either stream) for this long, from
+    /// spawn or from its last output, is stalled: the observer's
+    /// [`on_stall`](OutputObserver::on_stall) is called, once per silence,
+    /// and `stall_action` applies. `None`: silence is never a stall.
+    pub stall_timeout: Option<Duration>,
+    /// What a stall does besides telling the observer.
+    pub stall_action: StallAction,
     /// `(name, value)` of a variable set on the child (and so inherited by
     /// every descendant that keeps its environment), e.g.
     /// `("AGENT_STATE_SESSION_ID", "rio/20261122-120000")`. The value must be
@@ -86,6 +95,19 @@ pub struct SessionSpec {
     /// `name=value` is killed when the session ends. An empty name disables
     /// the environment sweep (the process group is still killed).
     pub marker: (String, String),
+}
+
+/// What the runner does when a session stalls (see
+/// [`SessionSpec::stall_timeout`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StallAction {
+    /// Tell the observer, count it in [`RunReport::stalls`], let the session
+    /// run on.
+    #[default]
+    Warn,
+    /// Also terminate it like at the timeout (SIGTERM to the group, SIGKILL
+    /// after the grace); it ends as [`Ending::Stalled`].
+    Stop,
 }
 
 /// Which pipe a chunk of output came from.
@@ -114,6 +136,14 @@ pub trait OutputObserver: Send {
     fn on_stream_output(&mut self, stream: OutputStream, chunk: &[u8]) {
         let _ = stream;
         self.on_output(chunk);
+    }
+
+    /// The session printed nothing for `silent_for` (its
+    /// [`stall_timeout`](SessionSpec::stall_timeout)). Called once per
+    /// silence: the next output re-arms it. Called before the runner acts on
+    /// [`StallAction::Stop`]. The default does nothing.
+    fn on_stall(&mut self, silent_for: Duration) {
+        let _ = silent_for;
     }
 }
 
@@ -152,6 +182,9 @@ pub enum Ending {
     /// runner terminated it. Also returned, without spawning, when the stop
     /// was already requested before the start.
     Stopped,
+    /// It printed nothing for `silent_for` (the stall timeout) and the stall
+    /// action was [`StallAction::Stop`]; the runner terminated it.
+    Stalled { silent_for: Duration },
     /// It never ran. `reason` is a sentence for an operator, naming the path.
     SpawnFailed { reason: String, kind: SpawnFailure },
 }
@@ -173,6 +206,11 @@ impl fmt::Display for Ending {
             },
             Ending::TimedOut => write!(f, "timed out"),
             Ending::Stopped => write!(f, "stopped by the daemon"),
+            Ending::Stalled { silent_for } => write!(
+                f,
+                "stalled: no output for {}",
+                humantime::format_duration(*silent_for)
+            ),
             Ending::SpawnFailed { reason, .. } => write!(f, "{reason}"),
         }
     }
@@ -200,10 +238,15 @@ pub struct RunReport {
     /// Writing the log failed (disk full, ...): the first error. The session
     /// kept running; its output was still read and observed.
     pub log_error: Option<String>,
+    /// How many times the session stalled (silences of at least the stall
+    /// timeout), whatever the stall action.
+    pub stalls: u32,
 }
 
 impl RunReport {
-    fn not_run(ending: Ending) -> RunReport {
+    /// The report of a session that never ran (spawn failed, or stopped
+    /// before the start).
+    pub fn not_run(ending: Ending) -> RunReport {
         RunReport {
             ending,
             pid: None,
@@ -213,6 +256,7 @@ impl RunReport {
             duration: Duration::ZERO,
             leftovers_killed: 0,
             log_error: None,
+            stalls: 0,
         }
     }
 }
@@ -329,12 +373,13 @@ pub async fn run(
         duration,
         leftovers_killed,
         log_error: finished.log_error,
+        stalls: finished.stalls,
     }
 }
 
 /// Until the main process exits: copy output, feed stdin, enforce the
-/// timeout and the stop request. Returns the exit status and, if the runner
-/// ended the process, why.
+/// timeout, watch for stalls, honour the stop request. Returns the exit
+/// status and, if the runner ended the process, why.
 async fn supervise(
     child: &mut Child,
     spec: &SessionSpec,
@@ -356,6 +401,12 @@ async fn supervise(
     let timeout = tokio::time::sleep(spec.timeout);
     tokio::pin!(timeout);
     let mut kill_timer: Option<Pin<Box<Sleep>>> = None;
+    // Reset by every chunk of output; `stalled` once it fired, until the
+    // next output (a completed `Sleep` stays ready).
+    let mut stall_timer: Option<Pin<Box<Sleep>>> = spec
+        .stall_timeout
+        .map(|after| Box::pin(tokio::time::sleep(after)));
+    let mut stalled = false;
     let mut terminating: Option<Ending> = None;
     let mut stop_open = true;
     let terminate = |why: Ending, kill_timer: &mut Option<Pin<Box<Sleep>>>| {
@@ -369,7 +420,25 @@ async fn supervise(
         tokio::select! {
             status = child.wait() => return (status, terminating),
             Some((stream, chunk)) = pipes.read(), if pipes.is_open() => {
+                if let (Some(timer), Some(after)) = (&mut stall_timer, spec.stall_timeout) {
+                    timer.as_mut().reset(tokio::time::Instant::now() + after);
+                    stalled = false;
+                }
                 output.take(stream, chunk).await;
+            }
+            () = fire(&mut stall_timer), if !stalled && terminating.is_none() => {
+                stalled = true;
+                let silent_for = spec.stall_timeout.unwrap_or_default();
+                tracing::warn!(
+                    pid,
+                    silent_for = %humantime::format_duration(silent_for),
+                    action = ?spec.stall_action,
+                    "the session printed nothing for its stall timeout"
+                );
+                output.stall(silent_for);
+                if spec.stall_action == StallAction::Stop {
+                    terminating = terminate(Ending::Stalled { silent_for }, &mut kill_timer);
+                }
             }
             () = &mut feed, if !fed => fed = true,
             () = &mut timeout, if terminating.is_none() => {
@@ -613,6 +682,7 @@ struct Output<'a> {
     logged_bytes: u64,
     truncated: bool,
     log_error: Option<String>,
+    stalls: u32,
 }
 
 struct Finished {
@@ -620,6 +690,7 @@ struct Finished {
     logged_bytes: u64,
     truncated: bool,
     log_error: Option<String>,
+    stalls: u32,
 }
 
 impl<'a> Output<'a> {
@@ -638,7 +709,13 @@ impl<'a> Output<'a> {
             logged_bytes: 0,
             truncated: false,
             log_error: None,
+            stalls: 0,
         }
+    }
+
+    fn stall(&mut self, silent_for: Duration) {
+        self.stalls += 1;
+        self.observer.on_stall(silent_for);
     }
 
     async fn take(&mut self, stream: OutputStream, chunk: &[u8]) {
@@ -701,6 +778,7 @@ impl<'a> Output<'a> {
             logged_bytes: self.logged_bytes,
             truncated: self.truncated,
             log_error: self.log_error,
+            stalls: self.stalls,
         }
     }
 }
@@ -893,6 +971,8 @@ mod tests {
             max_output: 1024 * 1024,
             timeout: Duration::from_secs(30),
             kill_grace: Duration::from_secs(5),
+            stall_timeout: None,
+            stall_action: StallAction::Warn,
             marker: (
                 "AGENT_STATE_SESSION_ID".into(),
                 format!("test/{}", uuid::Uuid::new_v4()),
@@ -906,6 +986,8 @@ mod tests {
         seen: Vec<u8>,
         stdout: Vec<u8>,
         stderr: Vec<u8>,
+        /// `on_stall` calls: the silence, and how much output came before.
+        stalls: Vec<(Duration, usize)>,
     }
 
     impl OutputObserver for Collect {
@@ -918,6 +1000,9 @@ mod tests {
                 OutputStream::Stderr => self.stderr.extend_from_slice(chunk),
             }
             self.on_output(chunk);
+        }
+        fn on_stall(&mut self, silent_for: Duration) {
+            self.stalls.push((silent_for, self.seen.len()));
         }
     }
 
@@ -1131,6 +1216,128 @@ mod tests {
             peak_after < rss_before + 64 * 1024,
             "peak {peak_after} KiB, before {rss_before} KiB"
         );
+    }
+
+    #[tokio::test]
+    async fn stall_with_warn_tells_the_observer_once_per_silence_and_runs_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spec = spec(&dir, "goes-quiet.sh", &["1.5", "1.5"]);
+        spec.stall_timeout = Some(Duration::from_millis(500));
+        let (report, seen) = run_spec(spec.clone()).await;
+        let log = log_of(&spec);
+        assert_eq!(report.ending, Ending::Exited { code: 0 }, "{log}");
+        assert!(log.ends_with("after 1.5\n"), "{log}");
+        // Two silences three times the stall timeout long: two calls, each
+        // after some output (re-armed by it), none while the output flowed.
+        assert_eq!(report.stalls, 2, "{log}");
+        assert_eq!(seen.stalls.len(), 2, "{:?}", seen.stalls);
+        let first_silence = "before\nsleeper ".len();
+        let (silent_for, seen_before) = seen.stalls[0];
+        assert_eq!(silent_for, Duration::from_millis(500));
+        assert!(seen_before > first_silence, "{:?}", seen.stalls);
+        assert!(seen.stalls[1].1 > seen_before, "{:?}", seen.stalls);
+        assert!(report.duration >= Duration::from_secs(3));
+    }
+
+    #[tokio::test]
+    async fn stall_with_stop_terminates_the_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spec = spec(&dir, "goes-quiet.sh", &["1000"]);
+        spec.stall_timeout = Some(Duration::from_millis(500));
+        spec.stall_action = StallAction::Stop;
+        spec.kill_grace = Duration::from_secs(20);
+        let (report, seen) = run_spec(spec.clone()).await;
+        let log = log_of(&spec);
+        assert_eq!(
+            report.ending,
+            Ending::Stalled {
+                silent_for: Duration::from_millis(500)
+            },
+            "{log}"
+        );
+        assert!(!report.ending.is_success());
+        assert_eq!(report.ending.to_string(), "stalled: no output for 500ms");
+        assert_eq!(report.stalls, 1);
+        assert_eq!(seen.stalls.len(), 1);
+        // SIGTERM sufficed, well before the grace would have ended.
+        assert!(
+            report.duration >= Duration::from_millis(500)
+                && report.duration < Duration::from_secs(5),
+            "{:?}",
+            report.duration
+        );
+        assert!(!log.contains("after"), "{log}");
+        assert!(
+            !alive(printed_pid(&log, "sleeper")),
+            "the group got SIGTERM"
+        );
+        assert!(!alive(report.pid.unwrap() as i32));
+    }
+
+    #[tokio::test]
+    async fn stall_before_any_output_counts_from_the_spawn() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spec = spec(&dir, "silent.sh", &[]);
+        // Silent from the start, and never ending by itself.
+        spec.argv = vec!["/bin/sh".into(), "-c".into(), "exec sleep 1000".into()];
+        spec.stall_timeout = Some(Duration::from_millis(300));
+        spec.stall_action = StallAction::Stop;
+        let (report, seen) = run_spec(spec).await;
+        assert_eq!(
+            report.ending,
+            Ending::Stalled {
+                silent_for: Duration::from_millis(300)
+            }
+        );
+        assert_eq!(seen.stalls, vec![(Duration::from_millis(300), 0)]);
+        assert!(report.duration < Duration::from_secs(5));
+    }
+
+    #[tokio::test]
+    async fn regular_output_never_stalls() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spec = spec(&dir, "ticks.sh", &["10"]);
+        spec.stall_timeout = Some(Duration::from_secs(1));
+        spec.stall_action = StallAction::Stop;
+        let (report, seen) = run_spec(spec.clone()).await;
+        assert_eq!(
+            report.ending,
+            Ending::Exited { code: 0 },
+            "{}",
+            log_of(&spec)
+        );
+        assert!(log_of(&spec).ends_with("tick 9\n"));
+        assert_eq!(report.stalls, 0);
+        assert!(seen.stalls.is_empty());
+        // It ran well past the stall timeout.
+        assert!(report.duration >= Duration::from_secs(2));
+    }
+
+    #[tokio::test]
+    async fn shorter_timeout_wins_over_the_stall_timeout() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spec = spec(&dir, "goes-quiet.sh", &["1000"]);
+        spec.timeout = Duration::from_millis(500);
+        spec.stall_timeout = Some(Duration::from_secs(3));
+        spec.stall_action = StallAction::Stop;
+        let (report, seen) = run_spec(spec.clone()).await;
+        assert_eq!(report.ending, Ending::TimedOut);
+        assert_eq!(report.stalls, 0);
+        assert!(seen.stalls.is_empty());
+        assert!(report.duration < Duration::from_secs(3));
+        assert!(!alive(printed_pid(&log_of(&spec), "sleeper")));
+    }
+
+    #[tokio::test]
+    async fn no_stall_timeout_means_silence_is_fine() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spec = spec(&dir, "goes-quiet.sh", &["1"]);
+        spec.stall_timeout = None;
+        spec.stall_action = StallAction::Stop;
+        let (report, seen) = run_spec(spec).await;
+        assert_eq!(report.ending, Ending::Exited { code: 0 });
+        assert_eq!(report.stalls, 0);
+        assert!(seen.stalls.is_empty());
     }
 
     fn memory_kib(field: &str) -> u64 {

@@ -14,10 +14,14 @@ use chrono::{DateTime, Utc};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{mpsc, watch};
 
+use super::alerts::{Alerts, EscalationMemory};
 use super::clock::Clock;
 use super::core::{AgentSlot, Core, InboxSummary, Priority, Skipped, WakeReason};
+use super::failure::{self, Next, Observed, Streak};
 use super::files::{self, Heartbeat, RunningEntry, ScheduleState};
-use super::runner::{self, OutputObserver, RunReport};
+use super::health::{self, DiskLevel, HealthState, PruneStats, Thresholds};
+use super::output::{self, ClaudeResult, SessionOutput};
+use super::runner::{self, Ending, OutputObserver, OutputStream, RunReport};
 use super::session;
 use super::systemd;
 use super::watcher::{InboxWatcher, WatchEvent};
@@ -25,11 +29,12 @@ use crate::agent_name::AgentName;
 use crate::clock::Timestamp;
 use crate::config::{AgentConfig, AgentKind, Config};
 use crate::error::{Error, Result};
+use crate::errors::{Code, ErrorRecord};
 use crate::hooks;
 use crate::inbox;
 use crate::schedule::{self, Missed};
 use crate::state::journal::{Event, ScheduleMissed, WakeSkipped};
-use crate::state::report::Report;
+use crate::state::report::{AgentStatus, Report, ReportError};
 use crate::state::session::Session;
 use crate::state::{AgentDir, StateRoot, bootstrap};
 
@@ -37,10 +42,43 @@ use crate::state::{AgentDir, StateRoot, bootstrap};
 /// watcher. It also refreshes the heartbeat.
 const RECONCILE_EVERY: Duration = Duration::from_secs(300);
 
+/// How often stale temp files, old processed messages and old session logs
+/// are pruned when the disk is fine (below `disk_pause`: every health check).
+const ROUTINE_PRUNE_EVERY: Duration = Duration::from_secs(3600);
+
 enum LoopEvent {
     Watch(WatchEvent),
-    SessionPid { agent: AgentName, pid: u32 },
-    SessionDone { agent: AgentName, report: RunReport },
+    SessionPid {
+        agent: AgentName,
+        pid: u32,
+    },
+    SessionStalled {
+        agent: AgentName,
+        silent_for: Duration,
+    },
+    SessionDone {
+        agent: AgentName,
+        report: Box<RunReport>,
+        output: Box<OutputSummary>,
+    },
+}
+
+/// What the daemon keeps of a session's output once it ended.
+struct OutputSummary {
+    empty: bool,
+    fingerprint: Option<u64>,
+    claude: Option<ClaudeResult>,
+}
+
+impl OutputSummary {
+    /// For a session that never ran.
+    fn none() -> OutputSummary {
+        OutputSummary {
+            empty: false,
+            fingerprint: None,
+            claude: None,
+        }
+    }
 }
 
 struct Running {
@@ -49,6 +87,8 @@ struct Running {
     pid: Option<u32>,
     started_at: Timestamp,
     stop: watch::Sender<bool>,
+    /// Why the daemon stopped it, if it did for another reason than shutdown.
+    stop_reason: Option<String>,
 }
 
 struct Daemon {
@@ -73,8 +113,16 @@ struct Daemon {
     last_status: String,
     /// Inboxes with events not yet scanned.
     dirty: std::collections::BTreeSet<AgentName>,
-    /// Consecutive failed sessions per agent (reset by a success).
-    failures: BTreeMap<AgentName, u32>,
+    /// Each agent's run of failed sessions (reset by a success).
+    streaks: BTreeMap<AgentName, Streak>,
+    alerts: Alerts,
+    escalated: EscalationMemory,
+    health: Option<HealthState>,
+    last_routine_prune: Option<std::time::Instant>,
+    /// External sessions past their timeout already reported.
+    overdue_reported: std::collections::BTreeSet<String>,
+    /// report.json `next_wake_at` as last written, per agent.
+    published_wake: std::cell::RefCell<BTreeMap<AgentName, Option<Timestamp>>>,
 }
 
 /// Run the daemon until SIGTERM/SIGINT. Returns once every session has
@@ -88,7 +136,20 @@ pub async fn run(config_path: &Path) -> Result<()> {
     let (tx, mut rx) = mpsc::unbounded_channel::<LoopEvent>();
     let (watch_tx, mut watch_rx) = mpsc::unbounded_channel::<WatchEvent>();
     let watcher = InboxWatcher::new(watch_tx)?;
+    {
+        // A write that fails with ENOSPC prunes what retention allows and
+        // tries once more (state::atomic::retrying).
+        let root = root.clone();
+        let config = config.clone();
+        crate::state::atomic::set_reclaimer(move || prune_all(&root, &config, &[]).bytes);
+    }
     let mut daemon = Daemon {
+        alerts: Alerts::new(&config),
+        escalated: EscalationMemory::default(),
+        health: None,
+        last_routine_prune: None,
+        overdue_reported: Default::default(),
+        published_wake: Default::default(),
         core: Core::new(config.daemon.max_concurrent_sessions),
         config_path: config_path.to_path_buf(),
         schedule_state: files::read_schedule_state(&root),
@@ -105,7 +166,7 @@ pub async fn run(config_path: &Path) -> Result<()> {
         last_heartbeat: String::new(),
         last_status: String::new(),
         dirty: Default::default(),
-        failures: BTreeMap::new(),
+        streaks: BTreeMap::new(),
     };
     let mut sigterm = signal(SignalKind::terminate())
         .map_err(|e| Error::io("installing a handler for", "SIGTERM", e))?;
@@ -125,11 +186,15 @@ pub async fn run(config_path: &Path) -> Result<()> {
     if agents > 100 {
         systemd::extend_start(Duration::from_secs(60) + Duration::from_millis(50 * agents));
     }
+    crate::state::record_repairs();
+    daemon.config_warnings();
     daemon.recover();
     daemon.apply_agents(true);
     // Files that arrived while the daemon was down: scanned only now that the
     // watches are in place, so nothing can fall between scan and watch.
     daemon.scan_all_inboxes();
+    // The disk before any session starts (a full or read-only one holds them).
+    daemon.health_check();
     // Start what is due already (a catch-up run) before waiting for anything.
     daemon.tick();
     systemd::ready(&daemon.status_line());
@@ -146,6 +211,10 @@ pub async fn run(config_path: &Path) -> Result<()> {
     let mut reconcile = tokio::time::interval(RECONCILE_EVERY);
     reconcile.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     reconcile.tick().await;
+    let mut health_every = daemon.config.health.interval;
+    let mut health_tick = tokio::time::interval(health_every);
+    health_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    health_tick.tick().await;
 
     loop {
         if daemon.stopping.is_some() && daemon.running.is_empty() {
@@ -186,6 +255,17 @@ pub async fn run(config_path: &Path) -> Result<()> {
                 daemon.scan_all_inboxes();
                 daemon.last_heartbeat.clear();
             }
+            _ = health_tick.tick() => {
+                daemon.health_check();
+                if daemon.config.health.interval != health_every {
+                    health_every = daemon.config.health.interval;
+                    health_tick = tokio::time::interval_at(
+                        tokio::time::Instant::now() + health_every,
+                        health_every,
+                    );
+                    health_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                }
+            }
             _ = sigusr2.recv(), if stall_allowed => {
                 tracing::warn!("SIGUSR2 with AGENT_STATE_TEST_STALL=1: blocking the main loop (test hook)");
                 std::thread::sleep(Duration::from_secs(3600));
@@ -199,12 +279,75 @@ pub async fn run(config_path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The session's output as it streams. Parsers of the next issues plug in
-/// here; for now it only counts.
-struct Observer;
+/// The session's output as it streams: analysed by [`SessionOutput`]
+/// (bounded memory), with stalls reported to the loop as they happen.
+struct Observer {
+    output: SessionOutput,
+    agent: AgentName,
+    tx: mpsc::UnboundedSender<LoopEvent>,
+}
 
 impl OutputObserver for Observer {
-    fn on_output(&mut self, _chunk: &[u8]) {}
+    fn on_output(&mut self, chunk: &[u8]) {
+        self.output.on_output(chunk);
+    }
+
+    fn on_stream_output(&mut self, stream: OutputStream, chunk: &[u8]) {
+        self.output.on_stream_output(stream, chunk);
+    }
+
+    fn on_stall(&mut self, silent_for: Duration) {
+        let _ = self.tx.send(LoopEvent::SessionStalled {
+            agent: self.agent.clone(),
+            silent_for,
+        });
+    }
+}
+
+impl Observer {
+    fn summary(&self) -> OutputSummary {
+        OutputSummary {
+            empty: self.output.is_empty(),
+            fingerprint: self.output.fingerprint(),
+            claude: self.output.claude_result(),
+        }
+    }
+}
+
+/// Prune every agent's old processed messages, old session logs and stale
+/// temp files, as the config's retention allows; never the files of the
+/// `running` sessions.
+fn prune_all(root: &StateRoot, config: &Config, running: &[(AgentName, String)]) -> PruneStats {
+    let now = std::time::SystemTime::now();
+    let h = &config.health;
+    let mut total = PruneStats::default();
+    for agent in &config.agents {
+        let dir = root.agent(&agent.name);
+        if !dir.path.is_dir() {
+            continue;
+        }
+        let protect = running
+            .iter()
+            .find(|(a, _)| *a == agent.name)
+            .map(|(_, s)| s.as_str());
+        let results = [
+            health::prune_processed(&dir, now - h.processed_retention),
+            health::prune_sessions(
+                &dir,
+                now - h.session_log_retention,
+                h.keep_sessions,
+                protect,
+            ),
+            health::prune_stale_temps(&dir, now - Duration::from_secs(3600)),
+        ];
+        for r in results {
+            match r {
+                Ok(stats) => total += stats,
+                Err(e) => tracing::warn!(agent = %agent.name, "pruning: {e}"),
+            }
+        }
+    }
+    total
 }
 
 impl Daemon {
@@ -220,6 +363,7 @@ impl Daemon {
     /// killed, a crashed script) become errors; their messages go back.
     fn recover(&mut self) {
         let now = Timestamp::now();
+        let mut records = Vec::new();
         for agent in self.config.working_agents() {
             let dir = self.root.agent(&agent.name);
             if !dir.path.is_dir() {
@@ -242,17 +386,25 @@ impl Daemon {
                 }
             }
             match hooks::recover_stale(agent, &dir, "interrupted: daemon restarted", now) {
-                Ok(Some(r)) => tracing::warn!(
-                    agent = %agent.name,
-                    session_id = %r.session_id,
-                    "session {} was left running by a process that is gone; recorded as an error, {} message(s) returned to the inbox",
-                    r.session_id,
-                    r.returned.len()
+                Ok(Some(r)) => records.push(
+                    ErrorRecord::new(
+                        Code::SessionInterrupted,
+                        format!(
+                            "{}: session {} was left running by a process that is gone (daemon restarted); recorded as an error, {} message(s) returned to the inbox",
+                            agent.name,
+                            r.session_id,
+                            r.returned.len()
+                        ),
+                    )
+                    .agent(&agent.name)
+                    .session(r.session_id.clone()),
                 ),
                 Ok(None) => {}
-                Err(e) => {
-                    tracing::error!(agent = %agent.name, error_code = "STATE_CORRUPT", "recovery failed: {e}")
-                }
+                Err(e) => records.push(
+                    ErrorRecord::new(e.code(), format!("{}: recovery at start-up failed", agent.name))
+                        .details(e.to_string())
+                        .agent(&agent.name),
+                ),
             }
             // Messages claimed by sessions that are not running go back.
             let running: Option<Session> = dir
@@ -271,6 +423,9 @@ impl Daemon {
                     }
                 }
             }
+        }
+        for record in records {
+            self.raise(record, false);
         }
     }
 
@@ -316,6 +471,7 @@ impl Daemon {
                 });
             slot.wake_on_inbox = agent.session.wake_on_inbox;
             slot.inbox_debounce = agent.session.inbox_debounce;
+            self.refresh_rank(&agent.name);
             self.plan_schedule(agent, now, at_start);
         }
         // Human mailboxes: bootstrapped, never woken.
@@ -412,6 +568,12 @@ impl Daemon {
 
     /// report.json `next_wake_at`.
     fn set_next_wake(&self, agent: &AgentName, wake: Option<DateTime<Utc>>) {
+        // Pushed past a backoff, or none while disabled.
+        let wake = if self.core.agents.contains_key(agent) {
+            self.effective_wake(agent)
+        } else {
+            wake
+        };
         let dir = self.dir(agent);
         let result = dir.lock().and_then(|lock| {
             let mut notes = Vec::new();
@@ -421,6 +583,7 @@ impl Daemon {
                 report.next_wake_at = wake;
                 dir.save(&lock, &report)?;
             }
+            self.published_wake.borrow_mut().insert(agent.clone(), wake);
             Ok(())
         });
         if let Err(e) = result {
@@ -459,7 +622,14 @@ impl Daemon {
                     r.pid = Some(pid);
                 }
             }
-            LoopEvent::SessionDone { agent, report } => self.session_done(agent, report),
+            LoopEvent::SessionStalled { agent, silent_for } => {
+                self.session_stalled(&agent, silent_for)
+            }
+            LoopEvent::SessionDone {
+                agent,
+                report,
+                output,
+            } => self.session_done(agent, *report, *output),
         }
     }
 
@@ -507,7 +677,15 @@ impl Daemon {
         match result {
             Ok(r) => {
                 for (name, reason) in &r.rejected {
-                    tracing::warn!(agent = %agent, error_code = "INBOX_REJECTED", "inbox/{name} rejected: {reason}");
+                    self.raise(
+                        ErrorRecord::new(
+                            Code::InboxRejected,
+                            format!("{agent}: inbox/{name} rejected: {reason}"),
+                        )
+                        .details(format!("kept as inbox/rejected/{name}"))
+                        .agent(agent),
+                        false,
+                    );
                 }
                 if r.unsettled {
                     let at = self.clock.now()
@@ -520,7 +698,12 @@ impl Daemon {
                 })
             }
             Err(e) => {
-                tracing::error!(agent = %agent, error_code = "IO_ERROR", "cannot scan the inbox: {e}");
+                self.raise(
+                    ErrorRecord::new(e.code(), format!("{agent}: cannot scan the inbox"))
+                        .details(e.to_string())
+                        .agent(agent),
+                    false,
+                );
                 None
             }
         }
@@ -611,6 +794,20 @@ impl Daemon {
         for (agent, wake) in startable {
             self.start(&agent, wake.reason);
         }
+        // Wakes held back by a backoff: report.json says when they will run.
+        let held: Vec<AgentName> = self
+            .core
+            .agents
+            .iter()
+            .filter(|(_, s)| s.pending.is_some() && s.backoff_until.is_some_and(|t| t > now))
+            .map(|(a, _)| a.clone())
+            .collect();
+        for agent in held {
+            let wake = self.effective_wake(&agent).map(Timestamp::from_datetime);
+            if self.published_wake.borrow().get(&agent) != Some(&wake) {
+                self.set_next_wake(&agent, None);
+            }
+        }
         self.after_change();
     }
 
@@ -638,9 +835,29 @@ impl Daemon {
                 return;
             }
             Err(e) => {
-                tracing::error!(agent = %agent, error_code = "AGENT_SPAWN_FAILED", "cannot begin a session: {e}");
+                // Nothing ran: judged like a failed spawn (retried with
+                // backoff), recorded under the code of what went wrong.
+                let code = match e.code() {
+                    Code::IoError | Code::StateCorrupt => Code::AgentSpawnFailed,
+                    other => other,
+                };
+                let ending = Ending::SpawnFailed {
+                    reason: format!("cannot begin a session: {e}"),
+                    kind: runner::SpawnFailure::Other,
+                };
                 self.core
                     .session_ended(agent, InboxSummary::default(), self.clock.now());
+                self.judge_and_apply(
+                    agent,
+                    &cfg,
+                    None,
+                    &ending,
+                    &OutputSummary::none(),
+                    Some(code),
+                );
+                if matches!(code, Code::DiskFull | Code::FsReadonly) {
+                    self.health_check();
+                }
                 return;
             }
         };
@@ -653,6 +870,18 @@ impl Daemon {
             reason.as_str(),
             prepared.instance
         );
+        for (name, reason) in &prepared.rejected {
+            self.raise(
+                ErrorRecord::new(
+                    Code::InboxRejected,
+                    format!("{agent}: inbox/{name} rejected: {reason}"),
+                )
+                .details(format!("kept as inbox/rejected/{name}"))
+                .agent(agent)
+                .session(prepared.session_id.clone()),
+                false,
+            );
+        }
         self.core.session_started(agent, &prepared.session_id);
         let (stop_tx, stop_rx) = watch::channel(false);
         self.running.insert(
@@ -663,6 +892,7 @@ impl Daemon {
                 pid: None,
                 started_at: now,
                 stop: stop_tx,
+                stop_reason: None,
             },
         );
         let tx = self.tx.clone();
@@ -679,52 +909,123 @@ impl Daemon {
                     }
                 }
             };
-            let mut observer = Observer;
+            let mut observer = Observer {
+                output: SessionOutput::new(),
+                agent: name.clone(),
+                tx: tx.clone(),
+            };
             let (report, ()) = tokio::join!(
                 runner::run(spec, &mut observer, stop_rx, Some(pid_tx)),
                 pid_forward
             );
+            let output = observer.summary();
             let _ = tx.send(LoopEvent::SessionDone {
                 agent: name,
-                report,
+                report: Box::new(report),
+                output: Box::new(output),
             });
         });
     }
 
-    fn session_done(&mut self, agent: AgentName, report: RunReport) {
+    fn session_done(&mut self, agent: AgentName, report: RunReport, output: OutputSummary) {
         let Some(running) = self.running.remove(&agent) else {
             return;
         };
         let now = Timestamp::from_datetime(self.clock.now());
         let dir = self.dir(&agent);
         let cfg = self.agent_config(&agent).cloned();
+        let sid = running.session_id.clone();
+        let claude_failure = output.claude.as_ref().and_then(output::classify);
+        let ended_by_script = session::ended_by_script(&dir, &sid);
+        let retries = cfg.as_ref().map(|c| c.session.retries).unwrap_or_default();
+        let streak = self.streaks.entry(agent.clone()).or_default();
+        let verdict = failure::judge(
+            &Observed {
+                ending: &report.ending,
+                empty: output.empty,
+                fingerprint: output.fingerprint,
+                claude: claude_failure.as_ref(),
+                ended_by_script,
+            },
+            streak,
+            &retries,
+        );
+        // What session.json and the journal say, where the daemon knows
+        // better than the exit status.
+        let override_reason = match (&report.ending, &running.stop_reason) {
+            (Ending::Stopped, Some(why)) => Some(why.clone()),
+            (e, _) if e.is_success() && verdict.code.is_some() => Some(verdict.message.clone()),
+            _ => None,
+        };
         let outcome = match &cfg {
-            Some(cfg) => session::finish(cfg, &dir, &running.session_id, &report, now),
+            Some(cfg) => session::finish(cfg, &dir, &sid, &report, override_reason.as_deref(), now),
             // Removed from the config while it ran: record it all the same.
             None => Err(Error::Usage("agent no longer configured".into())),
         };
-        let failed = !matches!(&outcome, Ok(text) if text.starts_with("completed"));
-        match outcome {
+        match &outcome {
             Ok(text) if text.starts_with("completed") => tracing::info!(
-                agent = %agent, session_id = %running.session_id, instance = %running.instance,
-                "session {} {text}", running.session_id
+                agent = %agent, session_id = %sid, instance = %running.instance,
+                "session {sid} {text}"
             ),
             Ok(text) => tracing::warn!(
-                agent = %agent, session_id = %running.session_id, instance = %running.instance,
-                "session {} {text}", running.session_id
+                agent = %agent, session_id = %sid, instance = %running.instance,
+                "session {sid} {text}"
             ),
-            Err(e) => tracing::error!(
-                agent = %agent, session_id = %running.session_id, error_code = "IO_ERROR",
-                "cannot record the end of session {}: {e}", running.session_id
+            Err(e) => self.raise(
+                ErrorRecord::new(e.code(), format!("cannot record the end of session {sid}"))
+                    .details(e.to_string())
+                    .agent(&agent)
+                    .session(&sid),
+                false,
             ),
+        }
+        if let Some(result) = &output.claude {
+            let usage = result.usage.and_then(|u| serde_json::to_value(u).ok());
+            if let Err(e) = hooks::record_usage(
+                &dir,
+                &sid,
+                result.total_cost_usd,
+                result.tokens_total(),
+                usage,
+                now,
+            ) {
+                tracing::warn!(agent = %agent, session_id = %sid, "cannot record the session's cost: {e}");
+            }
         }
         if report.truncated {
-            tracing::warn!(agent = %agent, session_id = %running.session_id, error_code = "OUTPUT_TRUNCATED",
-                "output truncated at {} bytes ({} produced)", report.logged_bytes, report.output_bytes);
+            self.raise(
+                ErrorRecord::new(
+                    Code::OutputTruncated,
+                    format!(
+                        "session output truncated at {} bytes ({} printed)",
+                        report.logged_bytes, report.output_bytes
+                    ),
+                )
+                .agent(&agent)
+                .session(&sid),
+                false,
+            );
         }
-        self.note_outcome(&agent, failed);
+        if let Some(e) = &report.log_error {
+            let code = if e.contains("No space left") {
+                Code::DiskFull
+            } else {
+                Code::IoError
+            };
+            self.raise(
+                ErrorRecord::new(code, "the session log could not be written".to_string())
+                    .details(e.clone())
+                    .agent(&agent)
+                    .session(&sid),
+                false,
+            );
+        }
         let waiting = self.receive(&agent).unwrap_or_default();
         self.core.session_ended(&agent, waiting, self.clock.now());
+        if let Some(cfg) = &cfg {
+            self.apply_verdict(&agent, cfg, Some(&sid), verdict, &report);
+        }
+        self.refresh_rank(&agent);
         if !self
             .config
             .agents
@@ -735,22 +1036,447 @@ impl Daemon {
         }
     }
 
-    /// Consecutive failures hold back the agent's automatic wakes (30 s, 1 min,
-    /// 2 min, … up to an hour), so a broken command or a failing API does not
-    /// turn waiting messages into a burst of failed sessions. A manual wake is
-    /// still served, and the first success clears it.
-    fn note_outcome(&mut self, agent: &AgentName, failed: bool) {
-        let count = self.failures.entry(agent.clone()).or_insert(0);
-        *count = if failed { *count + 1 } else { 0 };
-        let backoff = (*count > 0).then(|| {
-            let secs = 30u64.saturating_mul(1 << (*count - 1).min(7)).min(3600);
-            self.clock.now() + chrono::Duration::seconds(secs as i64)
-        });
-        if let (Some(until), Some(n)) = (backoff, self.failures.get(agent)) {
-            tracing::warn!(agent = %agent, "{n} failed session(s) in a row: automatic wakes held back until {}", Timestamp::from_datetime(until));
+    /// Judge a session that never ran (nothing to finish) and apply the verdict.
+    fn judge_and_apply(
+        &mut self,
+        agent: &AgentName,
+        cfg: &AgentConfig,
+        session_id: Option<&str>,
+        ending: &Ending,
+        output: &OutputSummary,
+        code: Option<Code>,
+    ) {
+        let streak = self.streaks.entry(agent.clone()).or_default();
+        let mut verdict = failure::judge(
+            &Observed {
+                ending,
+                empty: output.empty,
+                fingerprint: output.fingerprint,
+                claude: None,
+                ended_by_script: false,
+            },
+            streak,
+            &cfg.session.retries,
+        );
+        if let (Some(c), Some(_)) = (code, verdict.code) {
+            verdict.code = Some(c);
         }
-        if let Some(slot) = self.core.agents.get_mut(agent) {
-            slot.backoff_until = backoff;
+        let report = RunReport::not_run(ending.clone());
+        self.apply_verdict(agent, cfg, session_id, verdict, &report);
+    }
+
+    /// Raise the verdict's error and carry out what it decided: a retry, a
+    /// backoff, disabling the agent, or clearing its failures.
+    fn apply_verdict(
+        &mut self,
+        agent: &AgentName,
+        cfg: &AgentConfig,
+        session_id: Option<&str>,
+        verdict: failure::Verdict,
+        report: &RunReport,
+    ) {
+        let now = self.clock.now();
+        if let Some(code) = verdict.code {
+            let mut record = ErrorRecord::new(code, format!("{agent}: {}", verdict.message))
+                .agent(agent)
+                .attempt(verdict.attempt)
+                .details(format!(
+                    "{}; {} bytes of output",
+                    report.ending, report.output_bytes
+                ));
+            if let Some(sid) = session_id {
+                record = record.session(sid);
+            }
+            if let (Some(sid), Some(_)) = (session_id, report.pid) {
+                record = record.suggest(format!(
+                    "Read the session log: {}",
+                    self.dir(agent)
+                        .sessions_dir()
+                        .join(format!("{sid}.log"))
+                        .display()
+                ));
+            }
+            self.raise(record, verdict.escalate);
+        }
+        let failures = self.streaks.get(agent).map(|s| s.failures).unwrap_or(0);
+        let Some(slot) = self.core.agents.get_mut(agent) else {
+            return;
+        };
+        let (state, until) = match verdict.next {
+            Next::Nothing => return,
+            Next::Clear => {
+                slot.backoff_until = None;
+                self.escalated.clear(Some(agent));
+                self.publish_agent(agent, None);
+                return;
+            }
+            Next::Retry { after } => {
+                let at = now + chrono::Duration::from_std(after).unwrap_or_default();
+                slot.backoff_until = Some(at);
+                self.core
+                    .request(agent, WakeReason::Retry, Priority::Normal, now);
+                tracing::info!(agent = %agent, "retrying in {}", humantime::format_duration(after));
+                ("retrying", Some(at))
+            }
+            Next::Backoff { hold } => {
+                let at = now + chrono::Duration::from_std(hold).unwrap_or_default();
+                slot.backoff_until = Some(at);
+                tracing::warn!(agent = %agent, "{failures} failed session(s) in a row: automatic wakes held back until {}", Timestamp::from_datetime(at));
+                ("backoff", Some(at))
+            }
+            Next::Disable => {
+                slot.disabled = Some(verdict.message.clone());
+                tracing::error!(agent = %agent, "disabled until the config is reloaded or `agent-state wake {agent}` is run: {}", verdict.message);
+                ("disabled", None)
+            }
+        };
+        let since = self.report_error_since(agent);
+        let error = ReportError {
+            code: verdict
+                .code
+                .map(|c| c.as_str().to_string())
+                .unwrap_or_default(),
+            message: verdict.message,
+            failures,
+            state: state.to_string(),
+            until: until.map(Timestamp::from_datetime),
+            since: Some(since.unwrap_or_else(|| Timestamp::from_datetime(now))),
+        };
+        let _ = cfg;
+        self.publish_agent(agent, Some(error));
+    }
+
+    /// Rank the agent by its 30-day error rate (metrics.json): at 50 % or
+    /// more over at least 3 sessions it waits behind healthy agents.
+    fn refresh_rank(&mut self, agent: &AgentName) {
+        let rolling = self
+            .dir(agent)
+            .read::<crate::state::metrics::Metrics>()
+            .ok()
+            .flatten()
+            .map(|m| m.rolling_30d);
+        if let (Some(slot), Some(r)) = (self.core.agents.get_mut(agent), rolling) {
+            slot.unhealthy = r.sessions >= 3 && r.error_rate >= 0.5;
+        }
+    }
+
+    fn report_error_since(&self, agent: &AgentName) -> Option<Timestamp> {
+        self.dir(agent)
+            .read::<Report>()
+            .ok()
+            .flatten()
+            .and_then(|r| r.error)
+            .and_then(|e| e.since)
+    }
+
+    /// report.json: the error state (`None` clears it) and the next wake.
+    fn publish_agent(&self, agent: &AgentName, error: Option<ReportError>) {
+        let wake = self.effective_wake(agent);
+        let dir = self.dir(agent);
+        let result = dir.lock().and_then(|lock| {
+            let mut notes = Vec::new();
+            let mut report: Report = dir.load(&lock, Timestamp::now(), &mut notes)?;
+            let before = serde_json::to_value(&report).ok();
+            match &error {
+                Some(e) => {
+                    // A retry on its way is not yet an agent in error (a
+                    // timeout stays distinguishable from an error): the
+                    // status changes when the retries are spent.
+                    if report.current_session.is_none() && e.state != "retrying" {
+                        report.status = AgentStatus::Error;
+                    }
+                    report.error = Some(e.clone());
+                }
+                None => report.error = None,
+            }
+            report.next_wake_at = wake.map(Timestamp::from_datetime);
+            self.published_wake
+                .borrow_mut()
+                .insert(agent.clone(), report.next_wake_at);
+            if serde_json::to_value(&report).ok() != before {
+                dir.save(&lock, &report)?;
+            }
+            Ok(())
+        });
+        if let Err(e) = result {
+            tracing::warn!(agent = %agent, "cannot update report.json: {e}");
+        }
+    }
+
+    /// When the agent will next be woken automatically: its schedule's next
+    /// fire, or a waiting retry, pushed past any backoff; never if disabled.
+    fn effective_wake(&self, agent: &AgentName) -> Option<DateTime<Utc>> {
+        let slot = self.core.agents.get(agent)?;
+        if slot.disabled.is_some() {
+            return None;
+        }
+        let now = self.clock.now();
+        let backoff = slot.backoff_until.filter(|t| *t > now);
+        match (slot.pending.is_some(), backoff) {
+            (true, Some(b)) => Some(b),
+            _ => slot.next_fire.map(|w| backoff.map_or(w, |b| w.max(b))),
+        }
+    }
+
+    /// A session printed nothing for `stall_timeout`.
+    fn session_stalled(&mut self, agent: &AgentName, silent_for: Duration) {
+        let Some(running) = self.running.get(agent) else {
+            return;
+        };
+        let action = self
+            .agent_config(agent)
+            .map(|c| c.session.stall_action)
+            .unwrap_or_default();
+        let then = match action {
+            crate::config::StallAction::Warn => "it goes on (stall_action = \"warn\")",
+            crate::config::StallAction::Stop => "ending it (stall_action = \"stop\")",
+        };
+        let record = ErrorRecord::new(
+            Code::SessionStalled,
+            format!(
+                "{agent}: session {} printed nothing for {}; {then}",
+                running.session_id,
+                humantime::format_duration(silent_for)
+            ),
+        )
+        .agent(agent)
+        .session(running.session_id.clone());
+        self.raise(record, false);
+    }
+
+    /// Raise an error through [`Alerts`], escalating each code once per
+    /// agent's failure streak.
+    fn raise(&mut self, record: ErrorRecord, escalate: bool) {
+        let agent = record
+            .context
+            .agent
+            .as_deref()
+            .and_then(|a| AgentName::parse(a).ok());
+        let escalate = escalate
+            && record
+                .code()
+                .is_some_and(|c| self.escalated.first(agent.as_ref(), c));
+        self.alerts.raise(record, escalate);
+    }
+
+    /// Settings that took their default: one `CONFIG_DEFAULTED` each.
+    fn config_warnings(&mut self) {
+        for w in self.config.warnings.clone() {
+            self.raise(
+                ErrorRecord::new(Code::ConfigDefaulted, format!("{}: {}", w.field, w.message))
+                    .details(self.config_path.display().to_string()),
+                false,
+            );
+        }
+    }
+
+    /// The health monitor: the disk (free space, read-only), pruning, and
+    /// sessions that outlived their owner or their timeout.
+    fn health_check(&mut self) {
+        let now = Timestamp::now();
+        let probe = match health::probe(&self.root.path) {
+            Ok(p) => p,
+            Err(e) => {
+                self.raise(
+                    ErrorRecord::new(Code::IoError, "cannot check free space on the state root")
+                        .details(format!("statvfs {}: {e}", self.root.path.display())),
+                    false,
+                );
+                return;
+            }
+        };
+        let prev = self.health.clone();
+        let mut state = HealthState::observe(
+            prev.as_ref(),
+            probe,
+            &Thresholds::from(&self.config.health),
+            now,
+        );
+        let was_ro = prev.as_ref().is_some_and(|p| p.read_only);
+        let old = prev.as_ref().map(|p| p.level).unwrap_or_default();
+        let fragment = state.status_fragment();
+        if state.read_only && !was_ro {
+            self.raise(
+                ErrorRecord::new(
+                    Code::FsReadonly,
+                    format!(
+                        "the state root {} is on a read-only file system: no writes, no wakes",
+                        self.root.path.display()
+                    ),
+                ),
+                false,
+            );
+        } else if !state.read_only && state.level > old {
+            let (code, escalate) = match state.level {
+                DiskLevel::Low => (Code::DiskLow, false),
+                DiskLevel::Paused => (Code::DiskCritical, true),
+                _ => (Code::DiskFull, false),
+            };
+            if state.level != DiskLevel::Ok {
+                self.raise(
+                    ErrorRecord::new(code, fragment.clone()).details(format!(
+                        "{} free of {} on {}",
+                        health::format_bytes(state.free),
+                        health::format_bytes(state.total),
+                        self.root.path.display()
+                    )),
+                    escalate,
+                );
+            }
+        }
+        if (state.level < old || (was_ro && !state.read_only)) && state.level.allows_new_sessions()
+        {
+            tracing::info!("disk recovered ({fragment}): waking agents again");
+            for code in [Code::DiskCritical, Code::DiskFull, Code::FsReadonly] {
+                self.escalated.clear_code(code);
+            }
+        }
+        if state.level.stops_sessions() {
+            let why = format!("ended by the health monitor: {fragment}");
+            for r in self.running.values_mut() {
+                if r.stop_reason.is_none() {
+                    tracing::warn!(session_id = %r.session_id, "{why}");
+                    r.stop_reason = Some(why.clone());
+                    let _ = r.stop.send(true);
+                }
+            }
+        }
+        let routine_due = self
+            .last_routine_prune
+            .is_none_or(|t| t.elapsed() >= ROUTINE_PRUNE_EVERY);
+        if !state.read_only && (state.level.wants_pruning() || routine_due) {
+            self.last_routine_prune = Some(std::time::Instant::now());
+            let running: Vec<(AgentName, String)> = self
+                .running
+                .iter()
+                .map(|(a, r)| (a.clone(), r.session_id.clone()))
+                .collect();
+            let stats = prune_all(&self.root, &self.config, &running);
+            if !stats.is_empty() {
+                tracing::info!(
+                    "pruned {} file(s), {} (processed messages and session logs past retention, stale temp files)",
+                    stats.files,
+                    health::format_bytes(stats.bytes)
+                );
+                state.record_prune(stats, now);
+            }
+        }
+        self.health = Some(state);
+        if !self.health.as_ref().is_some_and(|h| h.read_only) {
+            self.alerts.flush();
+        }
+        self.core.waking_stopped = self.stopping.is_some()
+            || self
+                .health
+                .as_ref()
+                .is_some_and(|h| !h.level.allows_new_sessions());
+        if !self.health.as_ref().is_some_and(|h| h.read_only) {
+            self.check_sessions(now);
+        }
+        self.after_change();
+    }
+
+    /// Sessions recorded as running that the daemon does not run: finished
+    /// when their owner is gone; their owner is told to stop when they ran
+    /// past their timeout. The daemon's own sessions past their timeout
+    /// (which the runner should have ended) are stopped.
+    fn check_sessions(&mut self, now: Timestamp) {
+        let agents: Vec<AgentConfig> = self.config.working_agents().cloned().collect();
+        for agent in agents {
+            if let Some(r) = self.running.get_mut(&agent.name) {
+                let started = r.started_at.0;
+                if health::overdue(
+                    started,
+                    agent.session.timeout,
+                    agent.session.kill_grace,
+                    now.0,
+                ) && r.stop_reason.is_none()
+                {
+                    r.stop_reason =
+                        Some("ran past its timeout; stopped by the health monitor".into());
+                    let _ = r.stop.send(true);
+                    let sid = r.session_id.clone();
+                    self.raise(
+                        ErrorRecord::new(
+                            Code::SessionTimeout,
+                            format!("{}: session {sid} ran past its timeout and was not ended; stopping it", agent.name),
+                        )
+                        .agent(&agent.name)
+                        .session(sid),
+                        false,
+                    );
+                }
+                continue;
+            }
+            let dir = self.root.agent(&agent.name);
+            let Ok(Some(s)) = dir.read::<Session>() else {
+                continue;
+            };
+            if !s.is_running() {
+                continue;
+            }
+            if hooks::is_stale(&s, now) {
+                match hooks::recover_stale(&agent, &dir, "interrupted: its process is gone", now) {
+                    Ok(Some(r)) => self.raise(
+                        ErrorRecord::new(
+                            Code::SessionInterrupted,
+                            format!(
+                                "{}: session {} was left running by a process that is gone; recorded as an error, {} message(s) returned",
+                                agent.name, r.session_id, r.returned.len()
+                            ),
+                        )
+                        .agent(&agent.name)
+                        .session(r.session_id.clone()),
+                        false,
+                    ),
+                    Ok(None) => {}
+                    Err(e) => self.raise(
+                        ErrorRecord::new(e.code(), format!("{}: cannot finish a stale session", agent.name))
+                            .details(e.to_string())
+                            .agent(&agent.name),
+                        false,
+                    ),
+                }
+                continue;
+            }
+            if let Some(started) = s.started_at
+                && health::overdue(
+                    started.0,
+                    agent.session.timeout,
+                    agent.session.kill_grace,
+                    now.0,
+                )
+                && self.overdue_reported.insert(s.session_id.clone())
+            {
+                let mut details = "its owner is alive".to_string();
+                if let Some(pid) = s.owner_pid {
+                    let sent = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(pid),
+                        nix::sys::signal::Signal::SIGTERM,
+                    );
+                    details = match sent {
+                        Ok(()) => format!(
+                            "sent SIGTERM to its owner, pid {pid}; it is finished once that exits"
+                        ),
+                        Err(e) => format!("cannot signal its owner, pid {pid}: {e}"),
+                    };
+                }
+                self.raise(
+                    ErrorRecord::new(
+                        Code::SessionTimeout,
+                        format!(
+                            "{}: session {} (run outside the daemon) is past its timeout of {}",
+                            agent.name,
+                            s.session_id,
+                            humantime::format_duration(agent.session.timeout)
+                        ),
+                    )
+                    .details(details)
+                    .agent(&agent.name)
+                    .session(s.session_id.clone()),
+                    false,
+                );
+            }
         }
     }
 
@@ -788,21 +1514,37 @@ impl Daemon {
         match Config::load(&self.config_path) {
             Ok(config) => {
                 if config.state_root != self.config.state_root {
-                    tracing::error!(
-                        error_code = "CONFIG_INVALID",
-                        "config reload refused: state_root cannot change while the daemon runs (restart it instead)"
+                    self.raise(
+                        ErrorRecord::new(
+                            Code::ConfigInvalid,
+                            "config reload refused: state_root cannot change while the daemon runs (restart it instead)",
+                        )
+                        .details(self.config_path.display().to_string()),
+                        false,
                     );
                 } else {
                     self.core.max_concurrent = config.daemon.max_concurrent_sessions.max(1);
+                    self.alerts = Alerts::new(&config);
                     self.config = config;
+                    // A reload is the operator's action a disabled agent waits for.
+                    for slot in self.core.agents.values_mut() {
+                        if slot.disabled.take().is_some() {
+                            slot.backoff_until = None;
+                        }
+                    }
+                    self.config_warnings();
                     self.apply_agents(false);
                     self.scan_all_inboxes();
                     tracing::info!("config reloaded: {} agents", self.config.agents.len());
                 }
             }
-            Err(e) => tracing::error!(
-                error_code = "CONFIG_INVALID",
-                "config reload refused, the old config stays in force: {e}"
+            Err(e) => self.raise(
+                ErrorRecord::new(
+                    Code::ConfigInvalid,
+                    "config reload refused, the old config stays in force",
+                )
+                .details(e.to_string()),
+                false,
             ),
         }
         systemd::ready(&self.status_line());
@@ -819,8 +1561,16 @@ impl Daemon {
         .min()
     }
 
-    /// After anything changed: the shutdown deadline, the heartbeat, STATUS=.
+    /// After anything changed: repairs to report, the shutdown deadline, the
+    /// heartbeat, STATUS=.
     fn after_change(&mut self) {
+        for (agent, note) in crate::state::take_repairs() {
+            let mut record = ErrorRecord::new(Code::StateCorrupt, note);
+            if !agent.is_empty() {
+                record = record.agent(agent);
+            }
+            self.raise(record, false);
+        }
         if let Some(deadline) = self.stopping
             && self.clock.now() >= deadline
         {
@@ -846,11 +1596,28 @@ impl Daemon {
             .min()
             .map(|(t, n)| format!("; next: {n} at {}", Timestamp::from_datetime(t)))
             .unwrap_or_default();
-        let state = if self.stopping.is_some() {
-            "stopping; "
+        let mut state = if self.stopping.is_some() {
+            "stopping; ".to_string()
         } else {
-            ""
+            String::new()
         };
+        if let Some(h) = &self.health
+            && (h.level != DiskLevel::Ok || h.read_only)
+        {
+            state.push_str(&h.status_fragment());
+            state.push_str("; ");
+        }
+        let failing = self
+            .core
+            .agents
+            .iter()
+            .filter(|(a, slot)| {
+                slot.disabled.is_some() || self.streaks.get(*a).is_some_and(|s| s.failures > 0)
+            })
+            .count();
+        if failing > 0 {
+            state.push_str(&format!("{failing} failing; "));
+        }
         format!(
             "{state}{} agents, {} running{}, {} waiting{next}",
             self.core.agents.len(),
@@ -900,8 +1667,35 @@ impl Daemon {
                         .map(|t| (a.to_string(), Timestamp::from_datetime(t)))
                 })
                 .collect(),
-            paused: None,
+            paused: self
+                .health
+                .as_ref()
+                .filter(|h| !h.level.allows_new_sessions())
+                .map(|h| h.status_fragment()),
             stopping: self.stopping.is_some(),
+            health: self.health.clone(),
+            failing: self
+                .core
+                .agents
+                .iter()
+                .filter_map(|(a, slot)| {
+                    let failures = self.streaks.get(a).map(|s| s.failures).unwrap_or(0);
+                    if let Some(why) = &slot.disabled {
+                        Some((a.to_string(), format!("disabled: {why}")))
+                    } else if failures > 0 {
+                        let until = slot
+                            .backoff_until
+                            .map(|t| format!(" until {}", Timestamp::from_datetime(t)))
+                            .unwrap_or_default();
+                        Some((
+                            a.to_string(),
+                            format!("{failures} failure(s) in a row; held back{until}"),
+                        ))
+                    } else {
+                        None
+                    }
+                })
+                .collect(),
         };
         let updated_at = hb.updated_at;
         hb.updated_at = self.started_at;

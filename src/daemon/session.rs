@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 
 use super::files;
-use super::runner::{Ending, RunReport, SessionSpec, SpawnFailure};
+use super::runner::{Ending, RunReport, SessionSpec, SpawnFailure, StallAction};
 use crate::clock::Timestamp;
 use crate::config::{AgentConfig, Config};
 use crate::error::{IoContext, Result};
@@ -24,6 +24,8 @@ pub struct Prepared {
     pub session_id: String,
     pub instance: String,
     pub spec: SessionSpec,
+    /// Inbox files the claim rejected: (name, reason).
+    pub rejected: Vec<(String, String)>,
 }
 
 pub fn prepare(
@@ -40,17 +42,39 @@ pub fn prepare(
         ..BeginRequest::default()
     };
     let begun = hooks::begin(agent, &dir, &req, now)?;
-    for (name, reason) in &begun.claim.rejected {
-        tracing::warn!(agent = %agent.name, error_code = "INBOX_REJECTED", "inbox/{name} rejected: {reason}");
-    }
+    let rejected = begun.claim.rejected.clone();
     let session_id = begun.session_id;
-    let prompt_text = prompt::assemble(root, &dir)?;
-    atomic::create_dir(&dir.sessions_dir(), 0o750)?;
-    let prompt_file = dir.sessions_dir().join(format!("{session_id}.prompt.md"));
-    // Regenerated for every session, and useless after a crash (which
-    // interrupts the session): replaced atomically, not fsynced, to keep
-    // two syncs off the path between a wake and the agent starting.
-    atomic::write_file_unsynced(&prompt_file, prompt_text.as_bytes(), 0o640)?;
+    // The session has begun: if what follows fails, it must end (as an
+    // error, its messages returned), or it would stay `running` and block
+    // the agent.
+    let written = prompt::assemble(root, &dir).and_then(|text| {
+        atomic::create_dir(&dir.sessions_dir(), 0o750)?;
+        let file = dir.sessions_dir().join(format!("{session_id}.prompt.md"));
+        // Regenerated for every session, and useless after a crash (which
+        // interrupts the session): replaced atomically, not fsynced, to keep
+        // two syncs off the path between a wake and the agent starting.
+        atomic::write_file_unsynced(&file, text.as_bytes(), 0o640)?;
+        Ok((text, file))
+    });
+    let (prompt_text, prompt_file) = match written {
+        Ok(w) => w,
+        Err(e) => {
+            let failed = hooks::fail(
+                agent,
+                &dir,
+                &FailRequest {
+                    session: Some(session_id.clone()),
+                    outcome: "error".into(),
+                    reason: format!("the session could not start: {e}"),
+                },
+                now,
+            );
+            if let Err(f) = failed {
+                tracing::error!(agent = %agent.name, session_id, "cannot end the session that could not start: {f}");
+            }
+            return Err(e);
+        }
+    };
     let model = agent.session.model.clone();
     let argv = command_line(config, agent, &session_id, &instance, &model, &prompt_file);
     let env = vec![
@@ -86,6 +110,11 @@ pub fn prepare(
         max_output: agent.session.max_output,
         timeout: agent.session.timeout,
         kill_grace: agent.session.kill_grace,
+        stall_timeout: agent.session.stall_timeout,
+        stall_action: match agent.session.stall_action {
+            crate::config::StallAction::Warn => StallAction::Warn,
+            crate::config::StallAction::Stop => StallAction::Stop,
+        },
         marker: (
             "AGENT_STATE_RUN".to_string(),
             format!("{}:{}:{}", std::process::id(), agent.name, session_id),
@@ -95,6 +124,7 @@ pub fn prepare(
         session_id,
         instance,
         spec,
+        rejected,
     })
 }
 
@@ -153,6 +183,7 @@ pub fn describe(report: &RunReport, agent: &AgentConfig) -> (Option<&'static str
             Some("timeout"),
             "the daemon stopped: shutdown_grace ran out before the session ended".into(),
         ),
+        Ending::Stalled { .. } => (Some("error"), report.ending.to_string()),
         Ending::SpawnFailed { reason, kind } => (
             Some("error"),
             match kind {
@@ -169,17 +200,33 @@ fn signal_name(signal: i32) -> String {
         .unwrap_or_else(|_| signal.to_string())
 }
 
+/// Did the session's own script record a successful end (`session end`)?
+pub fn ended_by_script(dir: &AgentDir, session_id: &str) -> bool {
+    matches!(
+        dir.read::<crate::state::session::Session>(),
+        Ok(Some(s)) if s.session_id == session_id
+            && s.status == Some(crate::state::session::SessionStatus::Completed)
+    )
+}
+
 /// Record the end of a daemon session through the same hooks a script uses.
 /// If the script already ended or failed the session itself, this changes
-/// nothing (the hooks are idempotent).
+/// nothing (the hooks are idempotent). `judged_failed` overrides a clean exit
+/// that the daemon judged a failure (it printed nothing, Claude Code reported
+/// an error): recorded as `error` with that reason.
 pub fn finish(
     agent: &AgentConfig,
     dir: &AgentDir,
     session_id: &str,
     report: &RunReport,
+    judged_failed: Option<&str>,
     now: Timestamp,
 ) -> Result<String> {
-    let (failure, text) = describe(report, agent);
+    let (mut failure, mut text) = describe(report, agent);
+    if let (None, Some(why)) = (failure, judged_failed) {
+        failure = Some("error");
+        text = why.to_string();
+    }
     let result = match failure {
         None => hooks::end(
             agent,

@@ -9,14 +9,54 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
+use std::sync::OnceLock;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::error::{Error, IoContext, Result};
 
+/// Frees disk space when a write fails with `ENOSPC` (the daemon installs
+/// one that prunes what retention allows); returns the bytes freed.
+type Reclaimer = Box<dyn Fn() -> u64 + Send + Sync>;
+static RECLAIMER: OnceLock<Reclaimer> = OnceLock::new();
+
+/// Install the process's reclaimer (once; later calls are ignored).
+pub fn set_reclaimer(f: impl Fn() -> u64 + Send + Sync + 'static) {
+    let _ = RECLAIMER.set(Box::new(f));
+}
+
+/// Run a write, and run it once more when that may help: after `ENOSPC` if
+/// the reclaimer freed something, after `EIO` (transient device trouble)
+/// always. `EROFS` and everything else fail at once. A failed attempt of a
+/// write through this module leaves the previous file intact (the temp file
+/// is removed), so a retry is safe.
+pub fn retrying<T>(mut op: impl FnMut() -> Result<T>) -> Result<T> {
+    match op() {
+        Err(e) if matches!(e.errno(), Some(n) if n == nix::libc::ENOSPC || n == nix::libc::EDQUOT) =>
+        {
+            let freed = RECLAIMER.get().map(|r| r()).unwrap_or(0);
+            if freed > 0 {
+                tracing::warn!("{e}; freed {freed} bytes by pruning, writing again");
+                op()
+            } else {
+                Err(e)
+            }
+        }
+        Err(e) if e.errno() == Some(nix::libc::EIO) => {
+            tracing::warn!("{e}; trying once more");
+            op()
+        }
+        other => other,
+    }
+}
+
 /// Replace `path` with `bytes`, atomically and durably, with file mode `mode`.
 pub fn write_file(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
+    retrying(|| write_file_once(path, bytes, mode))
+}
+
+fn write_file_once(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
     let tmp = durable_temp(path, bytes, mode)?;
     tmp.persist(path)
         .map_err(|e| Error::io("renaming a temp file over", path, e.error))?;
@@ -68,10 +108,12 @@ pub fn write_json_unsynced<T: Serialize>(path: &Path, value: &T) -> Result<()> {
 
 /// [`write_json_unsynced`] for bytes: atomic replacement, no fsync.
 pub fn write_file_unsynced(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
-    filled_temp(path, bytes, mode)?
-        .persist(path)
-        .map_err(|e| Error::io("renaming a temp file over", path, e.error))?;
-    Ok(())
+    retrying(|| {
+        filled_temp(path, bytes, mode)?
+            .persist(path)
+            .map_err(|e| Error::io("renaming a temp file over", path, e.error))?;
+        Ok(())
+    })
 }
 
 /// Read a JSON state file. `Ok(None)` if it does not exist; a

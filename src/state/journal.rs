@@ -231,8 +231,15 @@ pub fn append(path: &Path, entry: &Entry) -> Result<()> {
     append_lines(path, &entry.to_line())
 }
 
-/// Append already-formatted whole lines in one write.
+/// Append already-formatted whole lines in one write (once more after
+/// `ENOSPC` and pruning, or after `EIO`: see [`super::atomic::retrying`]; a
+/// failed attempt leaves at most a torn line, which readers skip and the
+/// next append starts after).
 pub fn append_lines(path: &Path, lines: &[u8]) -> Result<()> {
+    super::atomic::retrying(|| append_lines_once(path, lines))
+}
+
+fn append_lines_once(path: &Path, lines: &[u8]) -> Result<()> {
     let mut file = OpenOptions::new()
         .read(true)
         .append(true)
@@ -326,6 +333,18 @@ pub fn read(path: &Path) -> Result<Scan> {
 /// file backwards in blocks, so the cost is what is visited, not the size of
 /// the journal. Unreadable lines are skipped.
 pub fn scan_backwards(path: &Path, mut visit: impl FnMut(Entry) -> ControlFlow<()>) -> Result<()> {
+    scan_lines_backwards(path, |line| match serde_json::from_slice::<Entry>(line) {
+        Ok(entry) => visit(entry),
+        Err(_) => ControlFlow::Continue(()),
+    })
+}
+
+/// Visit the raw lines of a JSON-lines file from the last back (without
+/// their newline; empty lines included), until `visit` says stop.
+pub fn scan_lines_backwards(
+    path: &Path,
+    mut visit: impl FnMut(&[u8]) -> ControlFlow<()>,
+) -> Result<()> {
     const BLOCK: u64 = 64 * 1024;
     let file = match File::open(path) {
         Ok(f) => f,
@@ -357,9 +376,7 @@ pub fn scan_backwards(path: &Path, mut visit: impl FnMut(Entry) -> ControlFlow<(
             }
         };
         for line in lines.split(|b| *b == b'\n').rev() {
-            if let Ok(entry) = serde_json::from_slice::<Entry>(line)
-                && visit(entry).is_break()
-            {
+            if visit(line).is_break() {
                 return Ok(());
             }
         }

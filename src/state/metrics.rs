@@ -50,6 +50,10 @@ pub struct Rolling {
     pub claims_proposed: u64,
     pub acceptance_rate: f64,
     pub avg_sources_per_session: f64,
+    /// Sessions that ended in a timeout or an error, as a share of
+    /// `sessions` (an addition to seed 001: the pipeline and the daemon
+    /// deprioritize agents with high error rates).
+    pub error_rate: f64,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }
@@ -120,6 +124,7 @@ impl Rolling {
         let mut r = Rolling::default();
         let mut accepted = 0u64;
         let mut ended = BTreeSet::new();
+        let mut failed = BTreeSet::new();
         for e in entries.iter().filter(|e| e.ts >= since && e.ts <= now) {
             match &e.event {
                 Event::SessionEnd(end) => {
@@ -128,6 +133,7 @@ impl Rolling {
                 }
                 Event::Timeout(f) | Event::Error(f) => {
                     ended.insert(f.session_id.clone());
+                    failed.insert(f.session_id.clone());
                 }
                 Event::Record(rec) => {
                     r.claims_proposed += rec.claims_proposed;
@@ -139,6 +145,7 @@ impl Rolling {
         r.sessions = ended.len() as u64;
         r.acceptance_rate = ratio(accepted, r.claims_proposed);
         r.avg_sources_per_session = ratio(r.sources_archived, r.sessions);
+        r.error_rate = ratio(failed.len() as u64, r.sessions);
         r
     }
 }

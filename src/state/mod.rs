@@ -220,6 +220,22 @@ impl AgentDir {
         atomic::read_json(&self.file(T::KIND.file_name()))
     }
 
+    /// Read a state document for display or a prompt: like [`read`](Self::read),
+    /// but a corrupt file is set aside and rebuilt (under the lock) rather
+    /// than failing the reader; a missing one reads as its lazy default.
+    pub fn read_or_repair<T: StateDoc>(&self) -> Result<T> {
+        match self.read::<T>() {
+            Ok(Some(doc)) => Ok(doc),
+            Ok(None) => Ok(T::fresh(self.name.as_str())),
+            Err(Error::Corrupt { .. }) => {
+                let lock = self.lock()?;
+                let mut notes = Vec::new();
+                self.load(&lock, Timestamp::now(), &mut notes)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// Read a state document for a read-modify-write. A missing file reads as
     /// its lazy default; a corrupt one is set aside and rebuilt from the
     /// journal (said in `notes`), so one bad file never stops a hook.
@@ -244,7 +260,9 @@ impl AgentDir {
         let path = self.file(T::KIND.file_name());
         let (doc, origin) = match atomic::read_json::<T>(&path) {
             Err(Error::Corrupt { .. }) => {
-                notes.push(rebuild::repair(self, T::KIND, now)?);
+                let note = rebuild::repair(self, T::KIND, now)?;
+                note_repair(self.name.as_str(), &note);
+                notes.push(note);
                 (atomic::read_json::<T>(&path)?, Origin::RebuiltFromJournal)
             }
             Ok(Some(doc)) => (Some(doc), Origin::File),
@@ -276,4 +294,35 @@ impl AgentDir {
         journal::append(&self.journal(), &entry)?;
         Ok(entry)
     }
+}
+
+/// Repairs of corrupt state files (agent, what was done), kept for the
+/// daemon to raise as `STATE_CORRUPT` once it has enabled recording; other
+/// processes (the CLI) only print them.
+static REPAIRS: std::sync::Mutex<Option<Vec<(String, String)>>> = std::sync::Mutex::new(None);
+
+/// Start keeping repairs for [`take_repairs`].
+pub fn record_repairs() {
+    if let Ok(mut r) = REPAIRS.lock() {
+        r.get_or_insert_with(Vec::new);
+    }
+}
+
+/// Say that a corrupt file of `agent` (empty: the daemon's own) was set
+/// aside and rebuilt.
+pub fn note_repair(agent: &str, note: &str) {
+    if let Ok(mut r) = REPAIRS.lock()
+        && let Some(list) = r.as_mut()
+    {
+        list.push((agent.to_string(), note.to_string()));
+    }
+}
+
+/// The repairs noted since the last call.
+pub fn take_repairs() -> Vec<(String, String)> {
+    REPAIRS
+        .lock()
+        .ok()
+        .and_then(|mut r| r.as_mut().map(std::mem::take))
+        .unwrap_or_default()
 }

@@ -30,8 +30,29 @@ pub struct Report {
     /// Addition: when the daemon will next wake the agent on its schedule.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next_wake_at: Option<Timestamp>,
+    /// Addition: set by the daemon while the agent's sessions fail (retrying,
+    /// backing off, disabled); cleared by the first success.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<ReportError>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
+}
+
+/// Why an agent is in `error`, and what the daemon does about it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ReportError {
+    /// The error code (docs/errors.md).
+    pub code: String,
+    pub message: String,
+    /// Failed sessions in a row.
+    pub failures: u32,
+    /// `retrying`, `backoff` or `disabled`.
+    pub state: String,
+    /// When the next attempt or automatic wake may happen (`None` when disabled).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub until: Option<Timestamp>,
+    pub since: Option<Timestamp>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -30,12 +30,14 @@ const LIFETIME_KEYS: [&str; 13] = [
     "cross_agent_flags_sent",
     "cross_agent_flags_received",
 ];
-const ROLLING_KEYS: [&str; 5] = [
+/// Seed 001's keys, then the addition `error_rate` (README: schema additions).
+const ROLLING_KEYS: [&str; 6] = [
     "sessions",
     "sources_archived",
     "claims_proposed",
     "acceptance_rate",
     "avg_sources_per_session",
+    "error_rate",
 ];
 
 #[test]

@@ -83,6 +83,7 @@ fn agent_script(env: &Env, middle: &str) -> std::path::PathBuf {
         &format!(
             r#"RUNS={runs:?}
 echo "start $AGENT_STATE_AGENT $AGENT_STATE_SESSION_ID $AGENT_STATE_INSTANCE $(date +%s.%N)" >> "$RUNS"
+echo "$AGENT_STATE_AGENT: session $AGENT_STATE_SESSION_ID at work"
 {middle}
 echo "end $AGENT_STATE_AGENT $AGENT_STATE_SESSION_ID $AGENT_STATE_INSTANCE $(date +%s.%N)" >> "$RUNS"
 "#,
@@ -586,9 +587,17 @@ fn a_hanging_agent_is_timed_out_and_its_escaped_grandchild_killed() {
             .contains("timed out after 2s"),
         "{s}"
     );
+    d.wait_until(secs(3.0), "report.json says a retry is coming", || {
+        env.json("rio", "report.json")["error"]["state"] == "retrying"
+    });
     let r = env.json("rio", "report.json");
-    assert_eq!(r["status"], "idle");
+    assert_eq!(
+        r["status"], "idle",
+        "a timeout with a retry coming is not an error"
+    );
     assert_eq!(r["last_session"]["outcome"], "timeout");
+    assert_eq!(r["error"]["code"], "SESSION_TIMEOUT");
+    assert_eq!(r["error"]["state"], "retrying");
     assert_eq!(events(&env, "rio", "timeout").len(), 1);
     assert!(
         poll_until(secs(3.0), || !process_alive(gc)),

@@ -9,6 +9,8 @@ mod bootstrap;
 mod check;
 mod concurrency;
 mod daemon;
+mod faults;
+mod health;
 mod hooks;
 mod hostile;
 mod messages;

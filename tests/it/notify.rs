@@ -204,7 +204,7 @@ fn setup(nap: f64, shutdown_grace: &str) -> Env {
     let script = env.script(
         "agent.sh",
         &format!(
-            "env > {out:?}/env-$AGENT_STATE_SESSION_ID\ntouch {out:?}/running-$AGENT_STATE_SESSION_ID\nsleep {nap}",
+            "echo at work\nenv > {out:?}/env-$AGENT_STATE_SESSION_ID\ntouch {out:?}/running-$AGENT_STATE_SESSION_ID\nsleep {nap}",
             out = out.display().to_string()
         ),
     );

@@ -1,0 +1,396 @@
+//! Raising errors: the one path every error of the daemon takes.
+//!
+//! [`Alerts::raise`] appends the record to `.daemon/errors.jsonl`, logs it
+//! (to journald with `ERROR_CODE` and a priority that follows the severity,
+//! else to stderr), runs the on-error hook for medium and higher severities,
+//! and, when asked, escalates it to the human mailbox as an inbox message.
+//! None of it can fail the caller: a record that cannot be written is still
+//! logged, a hook that fails is itself logged as `HOOK_FAILED`.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::io::AsyncReadExt;
+use tokio::sync::Semaphore;
+
+use super::logging;
+use crate::agent_name::AgentName;
+use crate::clock::Timestamp;
+use crate::config::Config;
+use crate::errors::{self, Code, ErrorRecord, Severity};
+use crate::inbox::{self, MessageType, Outgoing, Priority};
+use crate::state::StateRoot;
+
+/// Hooks running at once; more wait their turn.
+const HOOKS_AT_ONCE: usize = 4;
+/// Hooks waiting beyond this are dropped (and logged): an error storm must
+/// not become a process storm.
+const HOOKS_QUEUED_MAX: usize = 64;
+/// What of a failing hook's output goes into the `HOOK_FAILED` record.
+const HOOK_OUTPUT_KEPT: usize = 2048;
+
+#[derive(Clone)]
+pub struct Alerts {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    root: StateRoot,
+    log: PathBuf,
+    hook: Option<PathBuf>,
+    hook_timeout: Duration,
+    escalate_to: Option<AgentName>,
+    hooks_running: Semaphore,
+    hooks_queued: AtomicUsize,
+    /// Records that could not be appended (disk full, read-only): written
+    /// first at the next chance, so an outage does not lose its own record.
+    unwritten: std::sync::Mutex<std::collections::VecDeque<ErrorRecord>>,
+}
+
+/// Records kept while errors.jsonl cannot be written; older ones are dropped.
+const UNWRITTEN_MAX: usize = 1000;
+
+impl Alerts {
+    pub fn new(config: &Config) -> Alerts {
+        let root = StateRoot::new(&config.state_root);
+        Alerts {
+            inner: Arc::new(Inner {
+                log: errors::log_path(&root),
+                root,
+                hook: config.hooks.on_error.clone(),
+                hook_timeout: config.hooks.timeout,
+                escalate_to: config.hooks.escalate_to.clone(),
+                hooks_running: Semaphore::new(HOOKS_AT_ONCE),
+                hooks_queued: AtomicUsize::new(0),
+                unwritten: Default::default(),
+            }),
+        }
+    }
+
+    /// The human mailbox escalations go to, if any.
+    pub fn escalate_to(&self) -> Option<&AgentName> {
+        self.inner.escalate_to.as_ref()
+    }
+
+    /// Record, log, hook; escalate if `escalate`. Must be called within the
+    /// daemon's tokio runtime (the hook runs as a task).
+    pub fn raise(&self, mut record: ErrorRecord, escalate: bool) {
+        if escalate {
+            record.escalated = self.escalate(&record);
+        }
+        self.write(&record);
+        log(&record);
+        let is_hook_failure = record.code == Code::HookFailed.as_str();
+        if record.severity >= Severity::Medium && !is_hook_failure {
+            self.run_hook(record);
+        }
+    }
+
+    /// Append `record` after any that are waiting; keep it if that fails.
+    fn write(&self, record: &ErrorRecord) {
+        let Ok(mut waiting) = self.inner.unwritten.lock() else {
+            return;
+        };
+        waiting.push_back(record.clone());
+        while let Some(first) = waiting.front() {
+            match errors::append(&self.inner.log, first) {
+                Ok(()) => {
+                    waiting.pop_front();
+                }
+                Err(e) => {
+                    if waiting.len() == 1 {
+                        tracing::error!(
+                            error_code = "IO_ERROR",
+                            "cannot append to {} (kept in memory, written when possible): {e}",
+                            self.inner.log.display()
+                        );
+                    }
+                    while waiting.len() > UNWRITTEN_MAX {
+                        waiting.pop_front();
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Write records kept while errors.jsonl could not be written.
+    pub fn flush(&self) {
+        let Ok(mut waiting) = self.inner.unwritten.lock() else {
+            return;
+        };
+        while let Some(first) = waiting.front() {
+            if errors::append(&self.inner.log, first).is_err() {
+                return;
+            }
+            waiting.pop_front();
+        }
+    }
+
+    /// Deliver the error to the human mailbox. Returns whether it arrived.
+    fn escalate(&self, record: &ErrorRecord) -> bool {
+        let Some(to) = &self.inner.escalate_to else {
+            return false;
+        };
+        let from = record
+            .context
+            .agent
+            .as_deref()
+            .and_then(|a| AgentName::parse(a).ok())
+            .or_else(|| AgentName::parse("agent-state").ok());
+        let Some(from) = from else { return false };
+        let subject = format!("[{}] {}", record.code, record.message);
+        let mut body = format!(
+            "agent-state escalates an error ({} severity).\n\n{}\n",
+            record.severity, record.message
+        );
+        if let Some(details) = &record.details {
+            body.push_str(&format!("\nDetails: {details}\n"));
+        }
+        if let Some(agent) = &record.context.agent {
+            body.push_str(&format!("\nAgent: {agent}"));
+            if let Some(s) = &record.context.session {
+                body.push_str(&format!(", session {s}"));
+            }
+            if let Some(a) = record.context.attempt {
+                body.push_str(&format!(", attempt {a}"));
+            }
+            body.push('\n');
+        }
+        if !record.suggestions.is_empty() {
+            body.push_str("\nWhat to do:\n");
+            for s in &record.suggestions {
+                body.push_str(&format!("- {s}\n"));
+            }
+        }
+        if let Some(agent) = &record.context.agent {
+            body.push_str(&format!(
+                "\nAnswer with `agent-state send --from {to} --to {agent} ...`; `agent-state wake {agent}` runs a session now.\n"
+            ));
+        }
+        let out = Outgoing {
+            from,
+            kind: MessageType::Flag,
+            priority: Priority::High,
+            subject,
+            body,
+            source_ref: Some(format!("agent-state/errors/{}", record.code)),
+            expires_at: None,
+        };
+        let dir = self.inner.root.agent(to);
+        match inbox::deliver(&dir, &out, record.ts) {
+            Ok(_) => true,
+            Err(e) => {
+                let failed = ErrorRecord::new(
+                    Code::EscalationFailed,
+                    format!("cannot escalate {} to {to}'s inbox", record.code),
+                )
+                .details(format!("{e}; the escalation said: {}", record.message));
+                self.write(&failed);
+                log(&failed);
+                false
+            }
+        }
+    }
+
+    fn run_hook(&self, record: ErrorRecord) {
+        let Some(hook) = self.inner.hook.clone() else {
+            return;
+        };
+        if self.inner.hooks_queued.fetch_add(1, Ordering::SeqCst) >= HOOKS_QUEUED_MAX {
+            self.inner.hooks_queued.fetch_sub(1, Ordering::SeqCst);
+            tracing::warn!(
+                error_code = "HOOK_FAILED",
+                "{HOOKS_QUEUED_MAX} on-error hooks already waiting; not running it for {}",
+                record.code
+            );
+            return;
+        }
+        let this = self.clone();
+        tokio::spawn(async move {
+            let permit = this.inner.hooks_running.acquire().await;
+            this.inner.hooks_queued.fetch_sub(1, Ordering::SeqCst);
+            let outcome = run_hook(&hook, &record, &this.inner.root, this.inner.hook_timeout).await;
+            drop(permit);
+            if let Err(why) = outcome {
+                let mut failed = ErrorRecord::new(
+                    Code::HookFailed,
+                    format!(
+                        "the on-error hook {} failed for {}",
+                        hook.display(),
+                        record.code
+                    ),
+                )
+                .details(why);
+                failed.context = record.context.clone();
+                this.raise(failed, false);
+            }
+        });
+    }
+}
+
+/// Run the hook once; `Err` says why it failed.
+async fn run_hook(
+    hook: &std::path::Path,
+    record: &ErrorRecord,
+    root: &StateRoot,
+    limit: Duration,
+) -> Result<(), String> {
+    let mut cmd = tokio::process::Command::new(hook);
+    let opt = |v: &Option<String>| v.clone().unwrap_or_default();
+    cmd.env("AGENT_STATE_ERROR_CODE", &record.code)
+        .env("AGENT_STATE_ERROR_MESSAGE", &record.message)
+        .env("AGENT_STATE_ERROR_DETAILS", opt(&record.details))
+        .env("AGENT_STATE_ERROR_SEVERITY", record.severity.as_str())
+        .env("AGENT_STATE_ERROR_AGENT", opt(&record.context.agent))
+        .env("AGENT_STATE_ERROR_SESSION", opt(&record.context.session))
+        .env(
+            "AGENT_STATE_ERROR_ATTEMPT",
+            record
+                .context
+                .attempt
+                .map(|a| a.to_string())
+                .unwrap_or_default(),
+        )
+        .env("AGENT_STATE_ERROR_TS", record.ts.to_string())
+        .env(
+            "AGENT_STATE_ERROR_ESCALATED",
+            if record.escalated { "1" } else { "0" },
+        )
+        .env("AGENT_STATE_ROOT", &root.path)
+        .env_remove("NOTIFY_SOCKET")
+        .env_remove("WATCHDOG_USEC")
+        .env_remove("WATCHDOG_PID")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot run {}: {e}", hook.display()))?;
+    let pid = child.id();
+    let mut stdout = child.stdout.take();
+    let mut stderr = child.stderr.take();
+    let collect = async {
+        let mut out = Vec::new();
+        let mut err = Vec::new();
+        let read_out = async {
+            if let Some(s) = &mut stdout {
+                let _ = s.read_to_end(&mut out).await;
+            }
+        };
+        let read_err = async {
+            if let Some(s) = &mut stderr {
+                let _ = s.read_to_end(&mut err).await;
+            }
+        };
+        tokio::join!(read_out, read_err);
+        let status = child.wait().await;
+        out.extend_from_slice(&err);
+        (status, out)
+    };
+    match tokio::time::timeout(limit, collect).await {
+        Err(_) => {
+            if let Some(pid) = pid {
+                let _ = nix::sys::signal::killpg(
+                    nix::unistd::Pid::from_raw(pid as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            Err(format!(
+                "ran longer than hooks.timeout ({}); killed",
+                humantime::format_duration(limit)
+            ))
+        }
+        Ok((Err(e), _)) => Err(format!("waiting for it: {e}")),
+        Ok((Ok(status), output)) if !status.success() => {
+            let mut text = String::from_utf8_lossy(&output).trim().to_string();
+            errors::truncate_on_char(&mut text, HOOK_OUTPUT_KEPT);
+            Err(if text.is_empty() {
+                format!("{status}")
+            } else {
+                format!("{status}; it printed: {text}")
+            })
+        }
+        Ok(_) => Ok(()),
+    }
+}
+
+/// Log a record: to journald with its own priority, else through tracing at
+/// the level closest to its severity.
+pub fn log(record: &ErrorRecord) {
+    let mut message = format!("{}: {}", record.code, record.message);
+    if let Some(d) = &record.details {
+        message.push_str(&format!(" ({d})"));
+    }
+    let priority = record.severity.journal_priority().to_string();
+    let attempt = record
+        .context
+        .attempt
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    let mut fields: Vec<(&str, &str)> = vec![
+        ("MESSAGE", &message),
+        ("PRIORITY", &priority),
+        ("ERROR_CODE", &record.code),
+        ("SEVERITY", record.severity.as_str()),
+    ];
+    if let Some(a) = &record.context.agent {
+        fields.push(("AGENT", a));
+    }
+    if let Some(s) = &record.context.session {
+        fields.push(("SESSION_ID", s));
+    }
+    if !attempt.is_empty() {
+        fields.push(("ATTEMPT", &attempt));
+    }
+    if logging::journal_send(&fields) {
+        return;
+    }
+    let agent = record.context.agent.as_deref().unwrap_or("-");
+    match record.severity {
+        Severity::Critical | Severity::High => {
+            tracing::error!(error_code = %record.code, agent, "{message}")
+        }
+        Severity::Medium => tracing::warn!(error_code = %record.code, agent, "{message}"),
+        Severity::Low => tracing::info!(error_code = %record.code, agent, "{message}"),
+    }
+}
+
+/// Which (agent, code) pairs were escalated in the current failure streak:
+/// the same problem is escalated once, not at every retry or wake.
+#[derive(Debug, Default)]
+pub struct EscalationMemory {
+    sent: BTreeSet<(String, &'static str)>,
+}
+
+impl EscalationMemory {
+    /// True the first time for this pair (until [`clear`](Self::clear)).
+    pub fn first(&mut self, agent: Option<&AgentName>, code: Code) -> bool {
+        let key = (
+            agent.map(|a| a.to_string()).unwrap_or_default(),
+            code.as_str(),
+        );
+        self.sent.insert(key)
+    }
+
+    /// The agent succeeded (or the condition cleared): escalate anew next time.
+    pub fn clear(&mut self, agent: Option<&AgentName>) {
+        let name = agent.map(|a| a.to_string()).unwrap_or_default();
+        self.sent.retain(|(a, _)| *a != name);
+    }
+
+    pub fn clear_code(&mut self, code: Code) {
+        self.sent.retain(|(_, c)| *c != code.as_str());
+    }
+}
+
+/// Now, for records.
+pub fn now() -> Timestamp {
+    Timestamp::now()
+}

@@ -1,0 +1,456 @@
+//! The error matrix for sessions, as a pure function: how a session ended
+//! (and what its output said) → an error code, whether and when to retry,
+//! whether to escalate. No IO and no clock; `docs/errors.md` is the table
+//! this implements.
+
+use std::time::Duration;
+
+use super::output::ClaudeFailure;
+use super::runner::{Ending, SpawnFailure};
+use crate::config::RetrySettings;
+use crate::errors::Code;
+
+/// What the daemon saw of one session.
+#[derive(Debug, Clone, Copy)]
+pub struct Observed<'a> {
+    pub ending: &'a Ending,
+    /// Not one non-blank byte on stdout or stderr.
+    pub empty: bool,
+    /// A hash of the whole output; `None` if there was none.
+    pub fingerprint: Option<u64>,
+    /// Claude Code's JSON result reported an error.
+    pub claude: Option<&'a ClaudeFailure>,
+    /// The session script recorded its own successful end (`session end`):
+    /// then its silence is its business (it may send claude's output to a
+    /// file of its own).
+    pub ended_by_script: bool,
+}
+
+/// An agent's run of failures, carried from one session to the next.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Streak {
+    /// Failed sessions in a row.
+    pub failures: u32,
+    /// What the retries in progress are for.
+    pub retrying: Option<Code>,
+    /// Retries already made for it.
+    pub retries: u32,
+    /// The output hash of the last failed attempt.
+    pub last_fingerprint: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Next {
+    /// Success: the streak is over.
+    Clear,
+    /// Run the session again after this delay.
+    Retry { after: Duration },
+    /// No retry; automatic wakes are held back this long.
+    Backoff { hold: Duration },
+    /// The agent gets no automatic wakes until the config is reloaded or
+    /// someone runs `agent-state wake`.
+    Disable,
+    /// Nothing to decide (the daemon stopped the session to shut down).
+    Nothing,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// `None` for a success or a shutdown.
+    pub code: Option<Code>,
+    /// One sentence for the error record.
+    pub message: String,
+    /// This session's attempt number in its retry chain (1 = not a retry).
+    pub attempt: u32,
+    pub next: Next,
+    /// Send it to the human mailbox (the daemon escalates each code once
+    /// per failure streak).
+    pub escalate: bool,
+}
+
+/// How long automatic wakes wait after `failures` failures in a row:
+/// `retry_delay`, doubling per failure, at most `max_backoff`.
+pub fn backoff(failures: u32, r: &RetrySettings) -> Duration {
+    if failures == 0 {
+        return Duration::ZERO;
+    }
+    doubling(r.retry_delay, failures - 1).min(r.max_backoff)
+}
+
+fn doubling(base: Duration, n: u32) -> Duration {
+    base.saturating_mul(1u32 << n.min(20))
+}
+
+/// How a code is retried: how many times, and the first delay (doubling).
+fn retry_policy(code: Code, r: &RetrySettings) -> (u32, Duration) {
+    match code {
+        Code::AgentSpawnFailed => (r.spawn, r.spawn_retry_delay),
+        Code::SessionTimeout | Code::SessionStalled => (r.timeout, r.retry_delay),
+        Code::SessionEmptyOutput => (r.empty_output, r.retry_delay),
+        Code::AgentApiError => (r.api, r.retry_delay),
+        _ => (0, Duration::ZERO),
+    }
+}
+
+/// Judge one ended session and advance the agent's streak.
+pub fn judge(obs: &Observed<'_>, streak: &mut Streak, r: &RetrySettings) -> Verdict {
+    let attempt = streak.retries + 1;
+    let (code, message) = match classify(obs) {
+        Classified::Success => {
+            *streak = Streak::default();
+            return Verdict {
+                code: None,
+                message: "completed".into(),
+                attempt,
+                next: Next::Clear,
+                escalate: false,
+            };
+        }
+        Classified::Shutdown => {
+            return Verdict {
+                code: None,
+                message: obs.ending.to_string(),
+                attempt,
+                next: Next::Nothing,
+                escalate: false,
+            };
+        }
+        Classified::Failure(code, message) => (code, message),
+    };
+    streak.failures += 1;
+    let same_chain = streak.retrying == Some(code);
+    let repeated = same_chain
+        && streak.retries > 0
+        && obs.fingerprint.is_some()
+        && obs.fingerprint == streak.last_fingerprint;
+    streak.last_fingerprint = obs.fingerprint;
+    if repeated {
+        streak.retrying = None;
+        streak.retries = 0;
+        return Verdict {
+            code: Some(Code::SessionLoop),
+            message: format!(
+                "attempt {attempt} printed exactly the same output as attempt {} ({message}); retries stopped",
+                attempt - 1
+            ),
+            attempt,
+            next: Next::Backoff {
+                hold: backoff(streak.failures, r),
+            },
+            escalate: true,
+        };
+    }
+    if !same_chain {
+        streak.retrying = Some(code);
+        streak.retries = 0;
+    }
+    let (limit, first_delay) = retry_policy(code, r);
+    if code == Code::AgentPermissionDenied {
+        streak.retrying = None;
+        streak.retries = 0;
+        return Verdict {
+            code: Some(code),
+            message,
+            attempt,
+            next: Next::Disable,
+            escalate: true,
+        };
+    }
+    if streak.retries < limit {
+        let after = doubling(first_delay, streak.retries).min(r.max_backoff);
+        streak.retries += 1;
+        return Verdict {
+            code: Some(code),
+            message: format!("{message}; retry {} of {limit}", streak.retries),
+            attempt,
+            next: Next::Retry { after },
+            escalate: false,
+        };
+    }
+    let exhausted = limit > 0;
+    let escalate = match code {
+        Code::AgentNotFound | Code::AgentLoginRequired => true,
+        Code::SessionFailed => streak.failures >= r.escalate_after,
+        _ => exhausted,
+    };
+    let message = if exhausted {
+        format!("{message}; all {limit} retries failed")
+    } else {
+        message
+    };
+    streak.retrying = None;
+    streak.retries = 0;
+    Verdict {
+        code: Some(code),
+        message,
+        attempt,
+        next: Next::Backoff {
+            hold: backoff(streak.failures, r),
+        },
+        escalate,
+    }
+}
+
+enum Classified {
+    Success,
+    Shutdown,
+    Failure(Code, String),
+}
+
+fn classify(obs: &Observed<'_>) -> Classified {
+    use Classified::*;
+    match obs.ending {
+        Ending::Stopped => return Shutdown,
+        Ending::SpawnFailed { reason, kind } => {
+            return Failure(
+                match kind {
+                    SpawnFailure::NotFound => Code::AgentNotFound,
+                    SpawnFailure::PermissionDenied => Code::AgentPermissionDenied,
+                    SpawnFailure::Other => Code::AgentSpawnFailed,
+                },
+                reason.clone(),
+            );
+        }
+        Ending::TimedOut => return Failure(Code::SessionTimeout, "the session timed out".into()),
+        Ending::Stalled { .. } => {
+            return Failure(Code::SessionStalled, format!("the session {}", obs.ending));
+        }
+        Ending::Exited { .. } | Ending::Signaled { .. } => {}
+    }
+    match obs.claude {
+        Some(ClaudeFailure::LoginRequired { message }) => {
+            return Failure(
+                Code::AgentLoginRequired,
+                format!("Claude Code is not logged in: {message}"),
+            );
+        }
+        Some(ClaudeFailure::Api {
+            message,
+            retryable: true,
+        }) => return Failure(Code::AgentApiError, format!("API error: {message}")),
+        Some(ClaudeFailure::Api { message, .. }) | Some(ClaudeFailure::Other { message }) => {
+            return Failure(
+                Code::SessionFailed,
+                format!("Claude Code reported an error: {message}"),
+            );
+        }
+        None => {}
+    }
+    if obs.empty && !obs.ended_by_script {
+        return Failure(
+            Code::SessionEmptyOutput,
+            format!("the session printed nothing and {}", obs.ending),
+        );
+    }
+    match obs.ending {
+        Ending::Exited { code: 0 } => Success,
+        other => Failure(Code::SessionFailed, format!("the session command {other}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn obs(ending: &Ending) -> Observed<'_> {
+        Observed {
+            ending,
+            empty: false,
+            fingerprint: Some(1),
+            claude: None,
+            ended_by_script: false,
+        }
+    }
+
+    fn r() -> RetrySettings {
+        RetrySettings::default()
+    }
+
+    #[test]
+    fn success_clears_the_streak() {
+        let mut s = Streak {
+            failures: 4,
+            retrying: Some(Code::SessionTimeout),
+            retries: 1,
+            last_fingerprint: Some(9),
+        };
+        let v = judge(&obs(&Ending::Exited { code: 0 }), &mut s, &r());
+        assert_eq!(v.next, Next::Clear);
+        assert_eq!(v.code, None);
+        assert_eq!(v.attempt, 2);
+        assert_eq!(s, Streak::default());
+    }
+
+    #[test]
+    fn not_found_is_not_retried_and_escalates() {
+        let e = Ending::SpawnFailed {
+            reason: "no such file: /usr/bin/claude".into(),
+            kind: SpawnFailure::NotFound,
+        };
+        let mut s = Streak::default();
+        let v = judge(&obs(&e), &mut s, &r());
+        assert_eq!(v.code, Some(Code::AgentNotFound));
+        assert!(matches!(v.next, Next::Backoff { .. }));
+        assert!(v.escalate);
+        assert!(v.message.contains("/usr/bin/claude"));
+    }
+
+    #[test]
+    fn permission_denied_disables() {
+        let e = Ending::SpawnFailed {
+            reason: "permission denied".into(),
+            kind: SpawnFailure::PermissionDenied,
+        };
+        let v = judge(&obs(&e), &mut Streak::default(), &r());
+        assert_eq!(v.code, Some(Code::AgentPermissionDenied));
+        assert_eq!(v.next, Next::Disable);
+        assert!(v.escalate);
+    }
+
+    /// Runs `ending` until the verdict is not a retry; returns the verdicts.
+    fn chain(ending: &Ending, fingerprints: impl Fn(u32) -> Option<u64>) -> Vec<Verdict> {
+        let mut s = Streak::default();
+        let mut out = Vec::new();
+        for i in 0..20 {
+            let mut o = obs(ending);
+            o.fingerprint = fingerprints(i);
+            o.empty = o.fingerprint.is_none();
+            let v = judge(&o, &mut s, &r());
+            let retry = matches!(v.next, Next::Retry { .. });
+            out.push(v);
+            if !retry {
+                break;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn spawn_failures_retry_three_times_with_growing_delays_then_escalate() {
+        let e = Ending::SpawnFailed {
+            reason: "cannot open the session log".into(),
+            kind: SpawnFailure::Other,
+        };
+        let v = chain(&e, |i| Some(i as u64));
+        let delays: Vec<_> = v
+            .iter()
+            .filter_map(|v| match v.next {
+                Next::Retry { after } => Some(after.as_secs()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(delays, [2, 4, 8]);
+        let last = v.last().unwrap();
+        assert_eq!(last.code, Some(Code::AgentSpawnFailed));
+        assert!(last.escalate);
+        assert_eq!(last.attempt, 4);
+        assert!(last.message.contains("all 3 retries failed"));
+    }
+
+    #[test]
+    fn timeouts_retry_twice_then_escalate() {
+        let v = chain(&Ending::TimedOut, |i| Some(100 + i as u64));
+        assert_eq!(v.len(), 3);
+        assert!(v[..2].iter().all(|v| !v.escalate));
+        assert!(v[2].escalate && matches!(v[2].next, Next::Backoff { .. }));
+        assert_eq!(v[2].code, Some(Code::SessionTimeout));
+    }
+
+    #[test]
+    fn empty_output_retries_three_times_then_is_an_error() {
+        let v = chain(&Ending::Exited { code: 0 }, |_| None);
+        assert_eq!(v.len(), 4);
+        assert!(v.iter().all(|v| v.code == Some(Code::SessionEmptyOutput)));
+        assert!(v[3].escalate);
+    }
+
+    #[test]
+    fn silence_is_fine_when_the_script_ended_the_session_itself() {
+        let e = Ending::Exited { code: 0 };
+        let mut o = obs(&e);
+        o.empty = true;
+        o.fingerprint = None;
+        o.ended_by_script = true;
+        assert_eq!(judge(&o, &mut Streak::default(), &r()).next, Next::Clear);
+    }
+
+    #[test]
+    fn the_same_output_twice_is_a_loop_stopped_at_once() {
+        let v = chain(&Ending::TimedOut, |_| Some(42));
+        assert_eq!(v.len(), 2);
+        assert_eq!(v[1].code, Some(Code::SessionLoop));
+        assert!(v[1].escalate);
+        assert!(matches!(v[1].next, Next::Backoff { .. }));
+    }
+
+    #[test]
+    fn login_required_is_never_retried() {
+        let e = Ending::Exited { code: 1 };
+        let f = ClaudeFailure::LoginRequired {
+            message: "Not logged in · Please run /login".into(),
+        };
+        let mut o = obs(&e);
+        o.claude = Some(&f);
+        let v = judge(&o, &mut Streak::default(), &r());
+        assert_eq!(v.code, Some(Code::AgentLoginRequired));
+        assert!(v.escalate);
+        assert!(matches!(v.next, Next::Backoff { .. }));
+    }
+
+    #[test]
+    fn api_errors_back_off_exponentially() {
+        let e = Ending::Exited { code: 1 };
+        let f = ClaudeFailure::Api {
+            message: "API Error: 529 overloaded".into(),
+            retryable: true,
+        };
+        let mut s = Streak::default();
+        let mut delays = Vec::new();
+        for i in 0..10 {
+            let mut o = obs(&e);
+            o.claude = Some(&f);
+            o.fingerprint = Some(i);
+            let v = judge(&o, &mut s, &r());
+            match v.next {
+                Next::Retry { after } => delays.push(after.as_secs()),
+                _ => {
+                    assert!(v.escalate);
+                    break;
+                }
+            }
+        }
+        assert_eq!(delays, [30, 60, 120, 240, 480]);
+    }
+
+    #[test]
+    fn plain_failures_escalate_after_three_in_a_row() {
+        let e = Ending::Exited { code: 2 };
+        let mut s = Streak::default();
+        let esc: Vec<bool> = (0..4)
+            .map(|i| {
+                let mut o = obs(&e);
+                o.fingerprint = Some(i);
+                judge(&o, &mut s, &r()).escalate
+            })
+            .collect();
+        assert_eq!(esc, [false, false, true, true]);
+        assert_eq!(s.failures, 4);
+    }
+
+    #[test]
+    fn backoff_doubles_and_is_capped() {
+        let b: Vec<u64> = (0..10).map(|n| backoff(n, &r()).as_secs()).collect();
+        assert_eq!(b, [0, 30, 60, 120, 240, 480, 960, 1920, 3600, 3600]);
+    }
+
+    #[test]
+    fn shutdown_decides_nothing() {
+        let mut s = Streak {
+            failures: 1,
+            ..Streak::default()
+        };
+        let v = judge(&obs(&Ending::Stopped), &mut s, &r());
+        assert_eq!(v.next, Next::Nothing);
+        assert_eq!(s.failures, 1);
+    }
+}

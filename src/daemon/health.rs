@@ -1,0 +1,1161 @@
+//! The health monitor's building blocks: how full the state root's file
+//! system is (and what the daemon may do about it), pruning of files nobody
+//! needs any more, and spotting a session that outlived its deadlines.
+//!
+//! The pieces are small and mostly pure; the daemon loop calls them every
+//! `health.interval`:
+//!
+//! ```text
+//! probe(state_root) ──► disk_level(prev, free, thresholds) ──► HealthState (daemon.json, STATUS=)
+//!                                   │
+//!          Paused / Stopped ────────┴──► prune_processed / prune_sessions / prune_stale_temps
+//! ```
+//!
+//! # Levels
+//!
+//! | level     | free space        | the daemon …                                      |
+//! |-----------|-------------------|---------------------------------------------------|
+//! | `ok`      | ≥ `disk_warn`     | works normally                                    |
+//! | `low`     | < `disk_warn`     | warns                                             |
+//! | `paused`  | < `disk_pause`    | starts no new session, prunes                     |
+//! | `stopped` | < `disk_stop`     | ends running sessions cleanly, stops waking       |
+//!
+//! Going down is immediate; coming back from `paused` or `stopped` needs
+//! free space *above* `disk_pause` before sessions start again (see
+//! [`disk_level`]).
+//!
+//! # What pruning may never delete
+//!
+//! Invariant 4 of ARCHITECTURE.md ("nothing a human might need is
+//! deleted") holds. Pruning removes only:
+//!
+//! * `inbox/processed/*`: messages a session has already been given
+//!   ([`prune_processed`]);
+//! * `sessions/{id}.log` and `sessions/{id}.prompt.md` of old sessions,
+//!   except the newest few and the running one ([`prune_sessions`]);
+//! * temp files left by crashed writes ([`prune_stale_temps`]).
+//!
+//! It never touches: state files (`report.json`, `tasks.json`,
+//! `session.json`, `metrics.json`, `memory.md`, `journal.jsonl`, `.lock`),
+//! set-aside copies (`*.corrupt-*`, `journal.jsonl.torn-*`), anything in
+//! `inbox/rejected/` other than a crashed write's temp file (rejected
+//! input is kept for the operator), waiting messages in `inbox/`, claimed
+//! messages in `inbox/.claimed/`, files it does not recognise, directories,
+//! symlinks (nor what they point to), and anything outside the agent's
+//! directory. Files that vanish while it works are not an error.
+
+use std::ffi::OsString;
+use std::fmt;
+use std::fs;
+use std::io;
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::clock::Timestamp;
+use crate::config::HealthSettings;
+use crate::state::AgentDir;
+
+// ---- levels ------------------------------------------------------------------
+
+/// How full the state root's file system is, from the daemon's point of view.
+/// Ordered by severity: `Ok < Low < Paused < Stopped`.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum DiskLevel {
+    /// At least `disk_warn` free.
+    #[default]
+    Ok,
+    /// Below `disk_warn`: warn only.
+    Low,
+    /// Below `disk_pause`: no new sessions; prune.
+    Paused,
+    /// Below `disk_stop`: end running sessions cleanly and stop waking.
+    Stopped,
+}
+
+impl DiskLevel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DiskLevel::Ok => "ok",
+            DiskLevel::Low => "low",
+            DiskLevel::Paused => "paused",
+            DiskLevel::Stopped => "stopped",
+        }
+    }
+
+    /// Whether a new session may start at this level.
+    pub fn allows_new_sessions(self) -> bool {
+        self <= DiskLevel::Low
+    }
+
+    /// Whether the daemon should prune at this level.
+    pub fn wants_pruning(self) -> bool {
+        self >= DiskLevel::Paused
+    }
+
+    /// Whether running sessions must be ended.
+    pub fn stops_sessions(self) -> bool {
+        self == DiskLevel::Stopped
+    }
+}
+
+impl fmt::Display for DiskLevel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Free-space thresholds in bytes. The config guarantees
+/// `warn >= pause >= stop`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Thresholds {
+    pub warn: u64,
+    pub pause: u64,
+    pub stop: u64,
+}
+
+impl From<&HealthSettings> for Thresholds {
+    fn from(h: &HealthSettings) -> Self {
+        Thresholds {
+            warn: h.disk_warn,
+            pause: h.disk_pause,
+            stop: h.disk_stop,
+        }
+    }
+}
+
+impl Thresholds {
+    /// The level for `free` bytes without history: the level it goes *down*
+    /// to. "Below" is strict: exactly `disk_pause` free is not paused.
+    pub fn classify(&self, free: u64) -> DiskLevel {
+        if free < self.stop {
+            DiskLevel::Stopped
+        } else if free < self.pause {
+            DiskLevel::Paused
+        } else if free < self.warn {
+            DiskLevel::Low
+        } else {
+            DiskLevel::Ok
+        }
+    }
+}
+
+/// The level after seeing `free` bytes, coming from `prev`. Pure.
+///
+/// * Going down is immediate (`free < threshold`).
+/// * From `Paused` or `Stopped`, sessions resume (`Low` or `Ok`) only when
+///   `free > pause`. Until then a `Stopped` daemon goes to `Paused` once
+///   `free > stop`: it may wake again for nothing but pruning, and starts
+///   no session until there is room above `disk_pause`.
+/// * `Low` ↔ `Ok` follows `disk_warn` directly (it only changes a warning).
+///
+/// So a daemon stopped below `disk_stop` does not flap at `disk_stop`: it
+/// starts sessions again only above `disk_pause`.
+pub fn disk_level(prev: DiskLevel, free: u64, t: &Thresholds) -> DiskLevel {
+    let raw = t.classify(free);
+    if raw >= prev {
+        return raw;
+    }
+    match prev {
+        DiskLevel::Stopped | DiskLevel::Paused if free > t.pause => raw,
+        DiskLevel::Stopped if free > t.stop => DiskLevel::Paused,
+        DiskLevel::Stopped => DiskLevel::Stopped,
+        DiskLevel::Paused => DiskLevel::Paused,
+        DiskLevel::Low | DiskLevel::Ok => raw,
+    }
+}
+
+// ---- probing -----------------------------------------------------------------
+
+/// What `statvfs(3)` says about the file system holding a path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct DiskProbe {
+    /// Bytes available to unprivileged users (`f_bavail * f_frsize`): the
+    /// agents' sessions do not run as root, so the root reserve is not
+    /// theirs.
+    pub free: u64,
+    /// Size of the file system (`f_blocks * f_frsize`).
+    pub total: u64,
+    /// Mounted read-only (`ST_RDONLY`).
+    pub read_only: bool,
+}
+
+/// `statvfs` the file system holding `path` (normally the state root).
+pub fn probe(path: &Path) -> io::Result<DiskProbe> {
+    use nix::sys::statvfs::{FsFlags, statvfs};
+    let st = statvfs(path).map_err(|errno| {
+        io::Error::new(
+            io::Error::from(errno).kind(),
+            format!("statvfs {}: {errno}", path.display()),
+        )
+    })?;
+    // The field types differ between platforms (u32 / u64).
+    #[allow(clippy::unnecessary_cast, clippy::useless_conversion)]
+    let (avail, blocks, frsize) = (
+        st.blocks_available() as u64,
+        st.blocks() as u64,
+        st.fragment_size() as u64,
+    );
+    Ok(DiskProbe {
+        free: avail.saturating_mul(frsize),
+        total: blocks.saturating_mul(frsize),
+        read_only: st.flags().contains(FsFlags::ST_RDONLY),
+    })
+}
+
+// ---- pruning -----------------------------------------------------------------
+
+/// What a prune removed (or could not).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PruneStats {
+    /// Files removed.
+    pub files: usize,
+    /// Their total size (as `lstat` saw it just before removal).
+    pub bytes: u64,
+    /// Files that should have gone but could not be removed (each logged).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub failed: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+impl PruneStats {
+    pub fn is_empty(&self) -> bool {
+        self.files == 0 && self.failed == 0
+    }
+}
+
+impl std::ops::AddAssign for PruneStats {
+    fn add_assign(&mut self, o: PruneStats) {
+        self.files += o.files;
+        self.bytes += o.bytes;
+        self.failed += o.failed;
+    }
+}
+
+impl std::ops::Add for PruneStats {
+    type Output = PruneStats;
+    fn add(mut self, o: PruneStats) -> PruneStats {
+        self += o;
+        self
+    }
+}
+
+/// The youngest a temp file may be and still be pruned: a write never
+/// takes this long. [`prune_stale_temps`] never uses a later cutoff.
+pub const STALE_TEMP_AGE: Duration = Duration::from_secs(3600);
+
+/// Remove `inbox/processed/*` files whose mtime is before `older_than`.
+///
+/// Processed messages have been given to a session already; they are kept
+/// for a while for the operator, then pruned. The mtime is the message's
+/// (moving it into `processed/` keeps it), so the age counts from delivery.
+/// Only regular files directly in `processed/`; never `rejected/`, waiting
+/// (`inbox/*.json`) or claimed (`inbox/.claimed/`) messages. If `processed/`
+/// is missing or is not a real directory (a symlink), nothing is pruned.
+pub fn prune_processed(agent_dir: &AgentDir, older_than: SystemTime) -> io::Result<PruneStats> {
+    let dir = agent_dir.processed();
+    let mut stats = PruneStats::default();
+    for name in list(&dir)? {
+        remove_if_older(&dir.join(&name), older_than, &mut stats);
+    }
+    Ok(stats)
+}
+
+/// Remove `sessions/{id}.log` and `sessions/{id}.prompt.md` whose mtime is
+/// before `older_than`, keeping every file of the newest `keep_last`
+/// sessions (newest by id, which is the start time; normally including the
+/// running one) and of `protect` (the running session, if any). Files whose names are not
+/// `YYYYMMDD-HHMMSS[-N].log` / `.prompt.md` are never touched.
+pub fn prune_sessions(
+    agent_dir: &AgentDir,
+    older_than: SystemTime,
+    keep_last: usize,
+    protect: Option<&str>,
+) -> io::Result<PruneStats> {
+    let dir = agent_dir.sessions_dir();
+    let mut files: Vec<(SessionKey, String, OsString)> = Vec::new();
+    for name in list(&dir)? {
+        let Some(text) = name.to_str() else { continue };
+        let Some(id) = session_file_id(text) else {
+            continue;
+        };
+        let Some(key) = SessionKey::parse(id) else {
+            continue;
+        };
+        files.push((key, id.to_string(), name));
+    }
+    let mut ids: Vec<SessionKey> = files.iter().map(|(k, _, _)| *k).collect();
+    ids.sort_unstable_by(|a, b| b.cmp(a));
+    ids.dedup();
+    let kept = &ids[..keep_last.min(ids.len())];
+    let mut stats = PruneStats::default();
+    for (key, id, name) in &files {
+        if kept.contains(key) || protect == Some(id.as_str()) {
+            continue;
+        }
+        remove_if_older(&dir.join(name), older_than, &mut stats);
+    }
+    Ok(stats)
+}
+
+/// Remove temp files of crashed writes older than `older_than` (never
+/// younger than [`STALE_TEMP_AGE`], whatever the cutoff given):
+///
+/// * temp files of [`crate::state::atomic`] (`.{name}.XXXXXX.tmp`) in the
+///   agent directory, `inbox/`, `inbox/rejected/` (the `.reason.json` being
+///   written, never rejected input) and `sessions/`;
+/// * any regular file in `inbox/.tmp/`, where senders write a message
+///   before renaming it into the inbox.
+pub fn prune_stale_temps(agent_dir: &AgentDir, older_than: SystemTime) -> io::Result<PruneStats> {
+    let cutoff = stale_cutoff(older_than);
+    let mut stats = PruneStats::default();
+    for dir in [
+        agent_dir.path.clone(),
+        agent_dir.inbox(),
+        agent_dir.rejected(),
+        agent_dir.sessions_dir(),
+    ] {
+        stats += prune_atomic_temps(&dir, cutoff)?;
+    }
+    let tmp = agent_dir.inbox_tmp();
+    for name in list(&tmp)? {
+        remove_if_older(&tmp.join(name), cutoff, &mut stats);
+    }
+    Ok(stats)
+}
+
+/// Remove [`crate::state::atomic`] temp files older than `older_than` (never
+/// younger than [`STALE_TEMP_AGE`]) directly in `dir`: for directories
+/// outside an agent, such as `.daemon/`.
+pub fn prune_atomic_temps(dir: &Path, older_than: SystemTime) -> io::Result<PruneStats> {
+    let cutoff = stale_cutoff(older_than);
+    let mut stats = PruneStats::default();
+    for name in list(dir)? {
+        if name.to_str().is_some_and(is_atomic_temp_name) {
+            remove_if_older(&dir.join(name), cutoff, &mut stats);
+        }
+    }
+    Ok(stats)
+}
+
+/// Whether `name` is a temp file of [`crate::state::atomic`]: `.` + the
+/// target's name + `.` + tempfile's random part + `.tmp`, e.g.
+/// `.report.json.a1B2c3.tmp`.
+pub fn is_atomic_temp_name(name: &str) -> bool {
+    let Some(inner) = name.strip_prefix('.').and_then(|n| n.strip_suffix(".tmp")) else {
+        return false;
+    };
+    match inner.rsplit_once('.') {
+        Some((target, random)) => {
+            !target.is_empty()
+                && !random.is_empty()
+                && random.chars().all(|c| c.is_ascii_alphanumeric())
+        }
+        None => false,
+    }
+}
+
+fn stale_cutoff(older_than: SystemTime) -> SystemTime {
+    match SystemTime::now().checked_sub(STALE_TEMP_AGE) {
+        Some(latest) => older_than.min(latest),
+        None => older_than,
+    }
+}
+
+/// The session id of a `sessions/` file name, if it is a log or a prompt.
+fn session_file_id(name: &str) -> Option<&str> {
+    name.strip_suffix(".prompt.md")
+        .or_else(|| name.strip_suffix(".log"))
+}
+
+/// `YYYYMMDD-HHMMSS[-N]` in start order (`-10` after `-9`; no suffix is 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct SessionKey(u32, u32, u32);
+
+impl SessionKey {
+    fn parse(id: &str) -> Option<SessionKey> {
+        let digits = |s: &str, len: usize| {
+            (s.len() == len && s.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| s.parse::<u32>().ok())
+                .flatten()
+        };
+        let mut parts = id.splitn(3, '-');
+        let date = digits(parts.next()?, 8)?;
+        let time = digits(parts.next()?, 6)?;
+        let n = match parts.next() {
+            None => 1,
+            Some(n) if !n.is_empty() && n.len() <= 9 && n.bytes().all(|b| b.is_ascii_digit()) => {
+                n.parse().ok()?
+            }
+            Some(_) => return None,
+        };
+        Some(SessionKey(date, time, n))
+    }
+}
+
+/// The names in `dir`. Empty if `dir` is missing or is not a real directory
+/// (a symlink is never followed).
+fn list(dir: &Path) -> io::Result<Vec<OsString>> {
+    match fs::symlink_metadata(dir) {
+        Ok(m) if m.file_type().is_dir() => {}
+        Ok(_) => return Ok(Vec::new()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(context(e, "inspecting", dir)),
+    }
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(context(e, "listing", dir)),
+    };
+    let mut names = Vec::new();
+    for entry in entries {
+        match entry {
+            Ok(entry) => names.push(entry.file_name()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(context(e, "listing", dir)),
+        }
+    }
+    Ok(names)
+}
+
+/// Remove `path` if it is a regular file (not a symlink, not a directory)
+/// last modified before `older_than`. A file that vanished is not an error;
+/// one that cannot be removed is logged and counted in `failed`.
+fn remove_if_older(path: &Path, older_than: SystemTime, stats: &mut PruneStats) {
+    let meta = match fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return,
+        Err(e) => return failed(path, "inspecting", e, stats),
+    };
+    if !meta.file_type().is_file() {
+        return;
+    }
+    match meta.modified() {
+        Ok(mtime) if mtime < older_than => {}
+        Ok(_) => return,
+        Err(e) => return failed(path, "reading the mtime of", e, stats),
+    }
+    match fs::remove_file(path) {
+        Ok(()) => {
+            stats.files += 1;
+            stats.bytes += meta.len();
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => failed(path, "removing", e, stats),
+    }
+}
+
+fn failed(path: &Path, doing: &str, e: io::Error, stats: &mut PruneStats) {
+    stats.failed += 1;
+    tracing::warn!(path = %path.display(), error_code = "PRUNE_FAILED", "pruning: {doing} {}: {e}", path.display());
+}
+
+fn context(e: io::Error, doing: &str, path: &Path) -> io::Error {
+    io::Error::new(e.kind(), format!("{doing} {}: {e}", path.display()))
+}
+
+// ---- stale sessions ----------------------------------------------------------
+
+/// Slack on top of a session's timeout and kill grace before it counts as
+/// overdue: the runner's own TERM/KILL has had every chance by then.
+pub const OVERDUE_MARGIN: Duration = Duration::from_secs(60);
+
+/// Whether a session started at `started_at` should have ended by `now`:
+/// past `timeout + kill_grace +` [`OVERDUE_MARGIN`]. Pure.
+pub fn overdue(
+    started_at: DateTime<Utc>,
+    timeout: Duration,
+    kill_grace: Duration,
+    now: DateTime<Utc>,
+) -> bool {
+    let allowed = timeout
+        .saturating_add(kill_grace)
+        .saturating_add(OVERDUE_MARGIN);
+    match chrono::Duration::from_std(allowed)
+        .ok()
+        .and_then(|d| started_at.checked_add_signed(d))
+    {
+        Some(deadline) => now > deadline,
+        None => false,
+    }
+}
+
+// ---- state for daemon.json and STATUS= ---------------------------------------
+
+/// The last prune: when, and what it removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PruneRecord {
+    pub at: Timestamp,
+    #[serde(flatten)]
+    pub stats: PruneStats,
+}
+
+/// The disk as the daemon last saw it, for `daemon.json` and `STATUS=`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HealthState {
+    pub level: DiskLevel,
+    pub free: u64,
+    pub total: u64,
+    pub read_only: bool,
+    pub checked_at: Timestamp,
+    pub last_prune: Option<PruneRecord>,
+}
+
+impl HealthState {
+    /// The state after a probe. `prev` carries the hysteresis and the last
+    /// prune (`None` at start: from `Ok`). A read-only file system is
+    /// `Stopped` whatever its free space (nothing can be written); once
+    /// writable again it leaves `Stopped` by the rules of [`disk_level`].
+    pub fn observe(
+        prev: Option<&HealthState>,
+        probe: DiskProbe,
+        t: &Thresholds,
+        now: Timestamp,
+    ) -> HealthState {
+        let prev_level = prev.map(|p| p.level).unwrap_or_default();
+        let level = if probe.read_only {
+            DiskLevel::Stopped
+        } else {
+            disk_level(prev_level, probe.free, t)
+        };
+        HealthState {
+            level,
+            free: probe.free,
+            total: probe.total,
+            read_only: probe.read_only,
+            checked_at: now,
+            last_prune: prev.and_then(|p| p.last_prune),
+        }
+    }
+
+    /// Whether to prune now: the level asks for it and the file system is
+    /// writable (on a read-only one every removal would fail).
+    pub fn should_prune(&self) -> bool {
+        self.level.wants_pruning() && !self.read_only
+    }
+
+    pub fn record_prune(&mut self, stats: PruneStats, at: Timestamp) {
+        self.last_prune = Some(PruneRecord { at, stats });
+    }
+
+    /// A few words for `STATUS=` and logs: `disk ok (12.3 GiB free)`,
+    /// `disk low: 800 MiB free`, `paused: disk below disk_pause (400 MiB
+    /// free)`, `stopped: disk below disk_stop (50 MiB free)`,
+    /// `stopped: state root is read-only`.
+    pub fn status_fragment(&self) -> String {
+        let free = format_bytes(self.free);
+        match self.level {
+            _ if self.read_only => "stopped: state root is read-only".to_string(),
+            DiskLevel::Ok => format!("disk ok ({free} free)"),
+            DiskLevel::Low => format!("disk low: {free} free"),
+            DiskLevel::Paused => format!("paused: disk below disk_pause ({free} free)"),
+            DiskLevel::Stopped => format!("stopped: disk below disk_stop ({free} free)"),
+        }
+    }
+}
+
+/// A byte count in binary units, one decimal at most: `512 B`, `800 MiB`,
+/// `12.3 GiB`.
+pub fn format_bytes(n: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut value = n as f64;
+    let mut unit = 0;
+    // Divide until the value, as printed, is below 1024.
+    while unit + 1 < UNITS.len() && (value * 10.0).round() / 10.0 >= 1024.0 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    let text = format!("{value:.1}");
+    let text = text.strip_suffix(".0").unwrap_or(&text);
+    format!("{text} {}", UNITS[unit])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent_name::AgentName;
+    use crate::state::StateRoot;
+
+    const MIB: u64 = 1 << 20;
+
+    fn t() -> Thresholds {
+        Thresholds {
+            warn: 1000 * MIB,
+            pause: 500 * MIB,
+            stop: 100 * MIB,
+        }
+    }
+
+    #[test]
+    fn disk_level_table() {
+        use DiskLevel::*;
+        let (warn, pause, stop) = (1000 * MIB, 500 * MIB, 100 * MIB);
+        #[rustfmt::skip]
+        let table: &[(DiskLevel, u64, DiskLevel)] = &[
+            // Going down is immediate; "below" is strict.
+            (Ok, warn, Ok),
+            (Ok, warn - 1, Low),
+            (Ok, pause, Low),
+            (Ok, pause - 1, Paused),
+            (Ok, stop, Paused),
+            (Ok, stop - 1, Stopped),
+            (Ok, 0, Stopped),
+            (Low, pause - 1, Paused),
+            (Low, stop - 1, Stopped),
+            (Paused, stop - 1, Stopped),
+            // Low <-> Ok follows disk_warn.
+            (Low, warn - 1, Low),
+            (Low, warn, Ok),
+            // Paused resumes only above disk_pause.
+            (Paused, pause - 1, Paused),
+            (Paused, pause, Paused),
+            (Paused, pause + 1, Low),
+            (Paused, warn, Ok),
+            // Stopped: to Paused above disk_stop, resumes only above disk_pause.
+            (Stopped, stop - 1, Stopped),
+            (Stopped, stop, Stopped),
+            (Stopped, stop + 1, Paused),
+            (Stopped, pause, Paused),
+            (Stopped, pause + 1, Low),
+            (Stopped, warn + 1, Ok),
+            // Staying put.
+            (Ok, u64::MAX, Ok),
+            (Low, pause, Low),
+            (Paused, stop, Paused),
+        ];
+        for &(prev, free, want) in table {
+            assert_eq!(
+                disk_level(prev, free, &t()),
+                want,
+                "from {prev:?} with {free} bytes free"
+            );
+        }
+    }
+
+    #[test]
+    fn disk_level_with_equal_thresholds() {
+        let t = Thresholds {
+            warn: 10,
+            pause: 10,
+            stop: 10,
+        };
+        assert_eq!(disk_level(DiskLevel::Ok, 9, &t), DiskLevel::Stopped);
+        assert_eq!(disk_level(DiskLevel::Stopped, 10, &t), DiskLevel::Stopped);
+        assert_eq!(disk_level(DiskLevel::Stopped, 11, &t), DiskLevel::Ok);
+        let zero = Thresholds {
+            warn: 0,
+            pause: 0,
+            stop: 0,
+        };
+        assert_eq!(disk_level(DiskLevel::Ok, 0, &zero), DiskLevel::Ok);
+    }
+
+    #[test]
+    fn what_each_level_allows() {
+        use DiskLevel::*;
+        assert!(Ok.allows_new_sessions() && Low.allows_new_sessions());
+        assert!(!Paused.allows_new_sessions() && !Stopped.allows_new_sessions());
+        assert!(!Low.wants_pruning() && Paused.wants_pruning() && Stopped.wants_pruning());
+        assert!(Stopped.stops_sessions() && !Paused.stops_sessions());
+    }
+
+    #[test]
+    fn probe_sees_the_file_system_of_a_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = probe(dir.path()).unwrap();
+        assert!(p.total > 0, "{p:?}");
+        assert!(p.free <= p.total, "{p:?}");
+        assert!(!p.read_only, "{p:?}");
+        let err = probe(&dir.path().join("missing")).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::NotFound);
+        assert!(err.to_string().contains("missing"), "{err}");
+    }
+
+    // ---- pruning ----
+
+    const HOUR: Duration = Duration::from_secs(3600);
+    const DAY: Duration = Duration::from_secs(86400);
+
+    fn agent(dir: &tempfile::TempDir) -> AgentDir {
+        let a = StateRoot::new(dir.path()).agent(&AgentName::parse("rio").unwrap());
+        for d in a.directories() {
+            fs::create_dir_all(d).unwrap();
+        }
+        a
+    }
+
+    /// A file with `bytes` bytes last modified `age` ago.
+    fn file(path: &Path, bytes: usize, age: Duration) {
+        fs::write(path, vec![b'x'; bytes]).unwrap();
+        fs::File::options()
+            .write(true)
+            .open(path)
+            .unwrap()
+            .set_modified(SystemTime::now() - age)
+            .unwrap();
+    }
+
+    fn exists(path: &Path) -> bool {
+        fs::symlink_metadata(path).is_ok()
+    }
+
+    #[test]
+    fn prune_processed_removes_only_old_processed_files() {
+        let tmp = tempfile::tempdir().unwrap();
+        let a = agent(&tmp);
+        let p = a.processed();
+        file(&p.join("old.json"), 10, 8 * DAY);
+        file(&p.join("old-2.json"), 5, 8 * DAY);
+        file(&p.join("new.json"), 7, DAY);
+        // Never: rejected input, waiting and claimed messages, directories,
+        // symlinks and what they point to.
+        file(&a.rejected().join("bad.json"), 1, 30 * DAY);
+        file(&a.rejected().join("bad.json.reason.json"), 1, 30 * DAY);
+        file(&a.inbox().join("waiting.json"), 1, 30 * DAY);
+        fs::create_dir_all(a.claimed("20260101-000000")).unwrap();
+        file(&a.claimed("20260101-000000").join("m.json"), 1, 30 * DAY);
+        fs::create_dir(p.join("subdir")).unwrap();
+        file(&p.join("subdir").join("inner.json"), 1, 30 * DAY);
+        let outside = tmp.path().join("outside.json");
+        file(&outside, 1, 30 * DAY);
+        std::os::unix::fs::symlink(&outside, p.join("link.json")).unwrap();
+
+        let stats = prune_processed(&a, SystemTime::now() - 7 * DAY).unwrap();
+        assert_eq!(
+            stats,
+            PruneStats {
+                files: 2,
+                bytes: 15,
+                failed: 0
+            }
+        );
+        assert!(!exists(&p.join("old.json")) && !exists(&p.join("old-2.json")));
+        for kept in [
+            p.join("new.json"),
+            a.rejected().join("bad.json"),
+            a.rejected().join("bad.json.reason.json"),
+            a.inbox().join("waiting.json"),
+            a.claimed("20260101-000000").join("m.json"),
+            p.join("subdir").join("inner.json"),
+            p.join("link.json"),
+            outside,
+        ] {
+            assert!(exists(&kept), "{} was pruned", kept.display());
+        }
+        // A second run finds nothing.
+        assert!(
+            prune_processed(&a, SystemTime::now() - 7 * DAY)
+                .unwrap()
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn prune_never_follows_a_symlinked_directory() {
+        let tmp = tempfile::tempdir().unwrap();
+        let a = agent(&tmp);
+        let elsewhere = tmp.path().join("elsewhere");
+        fs::create_dir(&elsewhere).unwrap();
+        file(&elsewhere.join("precious.json"), 1, 30 * DAY);
+        file(&elsewhere.join("20200101-000000.log"), 1, 30 * DAY);
+        file(&elsewhere.join(".x.json.abc123.tmp"), 1, 30 * DAY);
+        for d in [a.processed(), a.sessions_dir(), a.inbox_tmp()] {
+            fs::remove_dir(&d).unwrap();
+            std::os::unix::fs::symlink(&elsewhere, &d).unwrap();
+        }
+        let old = SystemTime::now() - DAY;
+        assert!(prune_processed(&a, old).unwrap().is_empty());
+        assert!(prune_sessions(&a, old, 0, None).unwrap().is_empty());
+        assert!(prune_stale_temps(&a, old).unwrap().is_empty());
+        assert_eq!(fs::read_dir(&elsewhere).unwrap().count(), 3);
+    }
+
+    #[test]
+    fn prune_of_missing_directories_is_empty() {
+        let tmp = tempfile::tempdir().unwrap();
+        let a = StateRoot::new(tmp.path()).agent(&AgentName::parse("rio").unwrap());
+        let now = SystemTime::now();
+        assert!(prune_processed(&a, now).unwrap().is_empty());
+        assert!(prune_sessions(&a, now, 0, None).unwrap().is_empty());
+        assert!(prune_stale_temps(&a, now).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_file_that_vanished_is_not_an_error() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut stats = PruneStats::default();
+        remove_if_older(&tmp.path().join("gone"), SystemTime::now(), &mut stats);
+        assert_eq!(stats, PruneStats::default());
+    }
+
+    #[test]
+    fn prune_sessions_keeps_the_newest_and_the_running_one() {
+        let tmp = tempfile::tempdir().unwrap();
+        let a = agent(&tmp);
+        let s = a.sessions_dir();
+        let ids = [
+            "20260101-220000",
+            "20260102-220000",
+            "20260102-220000-2",
+            "20260102-220000-9",
+            "20260102-220000-10", // newer than -9
+            "20260103-010000",    // the running one
+        ];
+        for id in ids {
+            file(&s.join(format!("{id}.log")), 100, 30 * DAY);
+            file(&s.join(format!("{id}.prompt.md")), 10, 30 * DAY);
+        }
+        // Young enough to stay whatever its rank.
+        file(&s.join("20251231-000000.log"), 100, HOUR);
+        // Not session files: never touched.
+        let others = [
+            "notes.txt",
+            "20260101-220000.log.old",
+            "20260101-2200.log",
+            "2026010a-220000.log",
+            "20260101-220000-x.log",
+            "20260101-220000-.log",
+            "x20260101-220000.log",
+            ".20260101-220000.prompt.md.abc123.tmp",
+        ];
+        for name in others {
+            file(&s.join(name), 1, 30 * DAY);
+        }
+        fs::create_dir(s.join("20250101-000000.log")).unwrap();
+
+        let stats =
+            prune_sessions(&a, SystemTime::now() - 7 * DAY, 2, Some("20260103-010000")).unwrap();
+        // Kept: the running one, and the newest two: 20260103-010000 and
+        // 20260102-220000-10. Gone: 20260101-220000, 20260102-220000, -2, -9.
+        assert_eq!(
+            stats,
+            PruneStats {
+                files: 8,
+                bytes: 440,
+                failed: 0
+            }
+        );
+        for id in [
+            "20260101-220000",
+            "20260102-220000",
+            "20260102-220000-2",
+            "20260102-220000-9",
+        ] {
+            assert!(!exists(&s.join(format!("{id}.log"))), "{id}");
+            assert!(!exists(&s.join(format!("{id}.prompt.md"))), "{id}");
+        }
+        for id in ["20260102-220000-10", "20260103-010000"] {
+            assert!(exists(&s.join(format!("{id}.log"))), "{id}");
+            assert!(exists(&s.join(format!("{id}.prompt.md"))), "{id}");
+        }
+        assert!(exists(&s.join("20251231-000000.log")));
+        for name in others {
+            assert!(exists(&s.join(name)), "{name}");
+        }
+        assert!(s.join("20250101-000000.log").is_dir());
+
+        // The running session is protected even when it is not the newest.
+        let stats =
+            prune_sessions(&a, SystemTime::now() - 7 * DAY, 0, Some("20260103-010000")).unwrap();
+        assert_eq!(stats.files, 2);
+        assert!(exists(&s.join("20260103-010000.log")));
+        assert!(!exists(&s.join("20260102-220000-10.log")));
+    }
+
+    #[test]
+    fn session_keys_order_by_start_then_suffix() {
+        let k = |id| SessionKey::parse(id).unwrap();
+        assert!(k("20260102-220000") < k("20260102-220000-2"));
+        assert!(k("20260102-220000-9") < k("20260102-220000-10"));
+        assert!(k("20260102-220000-10") < k("20260102-220001"));
+        assert!(k("20260102-235959-99") < k("20260103-000000"));
+        for bad in [
+            "",
+            "20260102",
+            "20260102-22000",
+            "20260102-220000-",
+            "a-b-c",
+        ] {
+            assert_eq!(SessionKey::parse(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn atomic_temp_names() {
+        // The name atomic.rs's temp files get (same builder settings).
+        let dir = tempfile::tempdir().unwrap();
+        let (_, real) = tempfile::Builder::new()
+            .prefix(".report.json.")
+            .suffix(".tmp")
+            .tempfile_in(dir.path())
+            .unwrap()
+            .keep()
+            .unwrap();
+        let real = real.file_name().unwrap().to_str().unwrap().to_string();
+        assert!(is_atomic_temp_name(&real), "{real}");
+        for yes in [
+            ".report.json.a1B2c3.tmp",
+            ".msg-1.json.reason.json.XyZ987.tmp",
+            ".20260101-220000.prompt.md.abcdef.tmp",
+        ] {
+            assert!(is_atomic_temp_name(yes), "{yes}");
+        }
+        for no in [
+            ".lock",
+            "report.json",
+            "report.json.abc.tmp",
+            ".tmp",
+            "..tmp",
+            ".report.json..tmp",
+            ".abc.tmp",
+            ".report.json.ab-c.tmp",
+            "journal.jsonl.torn-20260101T000000Z",
+            "report.json.corrupt-20260101T000000Z",
+        ] {
+            assert!(!is_atomic_temp_name(no), "{no}");
+        }
+    }
+
+    #[test]
+    fn prune_stale_temps_removes_only_old_temps() {
+        let tmp = tempfile::tempdir().unwrap();
+        let a = agent(&tmp);
+        let old = 2 * HOUR;
+        file(&a.file(".report.json.abc123.tmp"), 3, old);
+        file(&a.inbox().join(".m1.json.abc123.tmp"), 3, old);
+        file(
+            &a.rejected().join(".bad.json.reason.json.abc123.tmp"),
+            3,
+            old,
+        );
+        file(&a.sessions_dir().join(".x.prompt.md.abc123.tmp"), 3, old);
+        file(&a.inbox_tmp().join("m2.json"), 3, old);
+        file(&a.inbox_tmp().join(".wake-1234"), 3, old);
+        // Kept: young temps, state files, anything not a temp, temps in
+        // places no atomic write goes.
+        let kept = [
+            a.file(".tasks.json.young1.tmp"),
+            a.inbox_tmp().join("young.json"),
+            a.file("report.json"),
+            a.file(".lock"),
+            a.file("journal.jsonl.torn-20260101T000000Z"),
+            a.inbox().join("waiting.json"),
+            a.rejected().join("bad.json"),
+            a.processed().join(".p.json.abc123.tmp"),
+            a.claimed("s").join(".c.json.abc123.tmp"),
+        ];
+        fs::create_dir_all(a.claimed("s")).unwrap();
+        for (i, path) in kept.iter().enumerate() {
+            file(path, 1, if i < 2 { HOUR / 2 } else { 30 * DAY });
+        }
+        fs::create_dir(a.inbox_tmp().join("adir")).unwrap();
+
+        // A cutoff of "now" is capped at an hour ago.
+        let stats = prune_stale_temps(&a, SystemTime::now()).unwrap();
+        assert_eq!(
+            stats,
+            PruneStats {
+                files: 6,
+                bytes: 18,
+                failed: 0
+            }
+        );
+        for path in &kept {
+            assert!(exists(path), "{} was pruned", path.display());
+        }
+        assert!(a.inbox_tmp().join("adir").is_dir());
+    }
+
+    #[test]
+    fn prune_atomic_temps_in_any_directory() {
+        let tmp = tempfile::tempdir().unwrap();
+        file(&tmp.path().join(".daemon.json.abc123.tmp"), 4, 2 * HOUR);
+        file(&tmp.path().join("daemon.json"), 4, 2 * HOUR);
+        let stats = prune_atomic_temps(tmp.path(), SystemTime::now()).unwrap();
+        assert_eq!(stats.files, 1);
+        assert!(exists(&tmp.path().join("daemon.json")));
+    }
+
+    #[test]
+    fn prune_stats_add_up() {
+        let a = PruneStats {
+            files: 1,
+            bytes: 10,
+            failed: 0,
+        };
+        let b = PruneStats {
+            files: 2,
+            bytes: 5,
+            failed: 1,
+        };
+        assert_eq!(
+            a + b,
+            PruneStats {
+                files: 3,
+                bytes: 15,
+                failed: 1
+            }
+        );
+    }
+
+    // ---- overdue ----
+
+    #[test]
+    fn overdue_after_timeout_grace_and_a_minute() {
+        let start = Timestamp::parse("2026-03-31T22:00:00Z").unwrap().0;
+        let (timeout, grace) = (Duration::from_secs(90 * 60), Duration::from_secs(30));
+        let at = |s: i64| start + chrono::Duration::seconds(s);
+        let deadline = 90 * 60 + 30 + 60;
+        assert!(!overdue(start, timeout, grace, at(0)));
+        assert!(!overdue(start, timeout, grace, at(90 * 60 + 30)));
+        assert!(!overdue(start, timeout, grace, at(deadline)));
+        assert!(overdue(start, timeout, grace, at(deadline + 1)));
+        // A clock that went backwards is never overdue.
+        assert!(!overdue(start, timeout, grace, at(-3600)));
+        // Absurd durations do not overflow.
+        assert!(!overdue(start, Duration::MAX, grace, at(deadline + 1)));
+    }
+
+    // ---- state ----
+
+    fn state(level: DiskLevel, free: u64) -> HealthState {
+        HealthState {
+            level,
+            free,
+            total: 100 << 30,
+            read_only: false,
+            checked_at: Timestamp::parse("2026-03-31T22:00:00Z").unwrap(),
+            last_prune: None,
+        }
+    }
+
+    #[test]
+    fn status_fragments() {
+        let gib = |x: f64| (x * (1u64 << 30) as f64) as u64;
+        assert_eq!(
+            state(DiskLevel::Ok, gib(12.3)).status_fragment(),
+            "disk ok (12.3 GiB free)"
+        );
+        assert_eq!(
+            state(DiskLevel::Low, 800 * MIB).status_fragment(),
+            "disk low: 800 MiB free"
+        );
+        assert_eq!(
+            state(DiskLevel::Paused, 400 * MIB).status_fragment(),
+            "paused: disk below disk_pause (400 MiB free)"
+        );
+        assert_eq!(
+            state(DiskLevel::Stopped, 50 * MIB).status_fragment(),
+            "stopped: disk below disk_stop (50 MiB free)"
+        );
+        let mut ro = state(DiskLevel::Stopped, gib(5.0));
+        ro.read_only = true;
+        assert_eq!(ro.status_fragment(), "stopped: state root is read-only");
+    }
+
+    #[test]
+    fn byte_formats() {
+        for (n, want) in [
+            (0, "0 B"),
+            (1023, "1023 B"),
+            (1024, "1 KiB"),
+            (1536, "1.5 KiB"),
+            (500 * MIB, "500 MiB"),
+            (MIB - 1, "1 MiB"),
+            (1 << 30, "1 GiB"),
+            ((12.34 * (1u64 << 30) as f64) as u64, "12.3 GiB"),
+            (3 << 40, "3 TiB"),
+            (u64::MAX, "16384 PiB"),
+        ] {
+            assert_eq!(format_bytes(n), want, "{n}");
+        }
+    }
+
+    #[test]
+    fn health_state_serializes_with_snake_case_levels() {
+        let mut s = state(DiskLevel::Paused, 400 * MIB);
+        s.record_prune(
+            PruneStats {
+                files: 3,
+                bytes: 1234,
+                failed: 0,
+            },
+            Timestamp::parse("2026-03-31T22:01:00Z").unwrap(),
+        );
+        let v = serde_json::to_value(&s).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "level": "paused",
+                "free": 400 * MIB,
+                "total": 100u64 << 30,
+                "read_only": false,
+                "checked_at": "2026-03-31T22:00:00Z",
+                "last_prune": {"at": "2026-03-31T22:01:00Z", "files": 3, "bytes": 1234},
+            })
+        );
+        let back: HealthState = serde_json::from_value(v).unwrap();
+        assert_eq!(back, s);
+        for (level, text) in [
+            (DiskLevel::Ok, "\"ok\""),
+            (DiskLevel::Low, "\"low\""),
+            (DiskLevel::Stopped, "\"stopped\""),
+        ] {
+            assert_eq!(serde_json::to_string(&level).unwrap(), text);
+            assert_eq!(format!("\"{level}\""), text);
+        }
+    }
+
+    #[test]
+    fn observe_carries_hysteresis_prune_and_read_only() {
+        let now = Timestamp::parse("2026-03-31T22:00:00Z").unwrap();
+        let p = |free, read_only| DiskProbe {
+            free,
+            total: 10 << 30,
+            read_only,
+        };
+        let first = HealthState::observe(None, p(2000 * MIB, false), &t(), now);
+        assert_eq!(first.level, DiskLevel::Ok);
+        let mut stopped = HealthState::observe(Some(&first), p(50 * MIB, false), &t(), now);
+        assert_eq!(stopped.level, DiskLevel::Stopped);
+        stopped.record_prune(PruneStats::default(), now);
+        let after = HealthState::observe(Some(&stopped), p(300 * MIB, false), &t(), now);
+        assert_eq!(after.level, DiskLevel::Paused);
+        assert!(after.last_prune.is_some());
+        let ro = HealthState::observe(Some(&first), p(2000 * MIB, true), &t(), now);
+        assert_eq!(ro.level, DiskLevel::Stopped);
+        assert!(ro.read_only);
+        assert!(!ro.should_prune());
+        assert!(stopped.should_prune());
+        assert!(!first.should_prune());
+        let rw = HealthState::observe(Some(&ro), p(300 * MIB, false), &t(), now);
+        assert_eq!(rw.level, DiskLevel::Paused);
+        let rw = HealthState::observe(Some(&ro), p(2000 * MIB, false), &t(), now);
+        assert_eq!(rw.level, DiskLevel::Ok);
+    }
+
+    #[test]
+    fn thresholds_come_from_the_config() {
+        let text = "[health]\ndisk_warn = \"3MiB\"\ndisk_pause = \"2MiB\"\ndisk_stop = \"1MiB\"\n";
+        let c = crate::config::Config::parse(text, Path::new("/x/c.toml")).unwrap();
+        assert_eq!(
+            Thresholds::from(&c.health),
+            Thresholds {
+                warn: 3 * MIB,
+                pause: 2 * MIB,
+                stop: MIB
+            }
+        );
+    }
+}

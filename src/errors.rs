@@ -1,0 +1,673 @@
+//! The error catalogue: every failure the service meets has a code, a
+//! severity, a recovery and an escalation (seed 002's matrix, adapted to a
+//! daemon without a web UI). `docs/errors.md` is generated from
+//! [`CATALOGUE`] (`agent-state errors --catalogue`), and a test keeps the
+//! two equal.
+//!
+//! An [`ErrorRecord`] is one occurrence, in the seed's error format. The
+//! daemon's [`crate::daemon::alerts`] appends it to `.daemon/errors.jsonl`,
+//! logs it with `ERROR_CODE` and a priority that follows the severity, runs
+//! the on-error hook and escalates; this module is only data.
+
+use std::fmt;
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::clock::Timestamp;
+use crate::error::Result;
+use crate::state::StateRoot;
+
+/// How bad an error is. Ordered: `Low < Medium < High < Critical`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    /// Logged; recovers by itself; nothing to do.
+    Low,
+    /// Recovers by itself (with retries); worth a look. Runs the on-error hook.
+    Medium,
+    /// Limited recovery; review recommended. Hook, and escalation where the
+    /// catalogue says so.
+    High,
+    /// No automatic recovery: the daemon stops that work until an operator acts.
+    Critical,
+}
+
+impl Severity {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Severity::Low => "low",
+            Severity::Medium => "medium",
+            Severity::High => "high",
+            Severity::Critical => "critical",
+        }
+    }
+
+    /// The syslog priority journald records: critical → crit (2),
+    /// high → err (3), medium → warning (4), low → notice (5).
+    pub fn journal_priority(self) -> u8 {
+        match self {
+            Severity::Critical => 2,
+            Severity::High => 3,
+            Severity::Medium => 4,
+            Severity::Low => 5,
+        }
+    }
+}
+
+impl fmt::Display for Severity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One row of the catalogue.
+#[derive(Debug)]
+pub struct CodeInfo {
+    pub code: Code,
+    pub severity: Severity,
+    /// Does the daemon recover without an operator?
+    pub recoverable: bool,
+    pub cause: &'static str,
+    pub recovery: &'static str,
+    pub escalation: &'static str,
+    /// What an operator can do, most likely first.
+    pub suggestions: &'static [&'static str],
+}
+
+macro_rules! codes {
+    ($($variant:ident = $text:literal),* $(,)?) => {
+        /// An error code. `as_str` gives the `SCREAMING_SNAKE` name used in
+        /// errors.jsonl, the journal's `ERROR_CODE` and the hook environment.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub enum Code { $($variant),* }
+
+        impl Code {
+            pub fn as_str(self) -> &'static str {
+                match self { $(Code::$variant => $text),* }
+            }
+
+            pub fn parse(text: &str) -> Option<Code> {
+                match text { $($text => Some(Code::$variant),)* _ => None }
+            }
+        }
+    };
+}
+
+codes! {
+    AgentNotFound = "AGENT_NOT_FOUND",
+    AgentPermissionDenied = "AGENT_PERMISSION_DENIED",
+    AgentSpawnFailed = "AGENT_SPAWN_FAILED",
+    SessionTimeout = "SESSION_TIMEOUT",
+    SessionFailed = "SESSION_FAILED",
+    SessionEmptyOutput = "SESSION_EMPTY_OUTPUT",
+    OutputTruncated = "OUTPUT_TRUNCATED",
+    AgentLoginRequired = "AGENT_LOGIN_REQUIRED",
+    AgentApiError = "AGENT_API_ERROR",
+    SessionStalled = "SESSION_STALLED",
+    SessionLoop = "SESSION_LOOP",
+    SessionInterrupted = "SESSION_INTERRUPTED",
+    InboxRejected = "INBOX_REJECTED",
+    StateCorrupt = "STATE_CORRUPT",
+    JournalTorn = "JOURNAL_TORN",
+    DiskLow = "DISK_LOW",
+    DiskCritical = "DISK_CRITICAL",
+    DiskFull = "DISK_FULL",
+    FsReadonly = "FS_READONLY",
+    IoError = "IO_ERROR",
+    ConfigInvalid = "CONFIG_INVALID",
+    ConfigDefaulted = "CONFIG_DEFAULTED",
+    HookFailed = "HOOK_FAILED",
+    EscalationFailed = "ESCALATION_FAILED",
+}
+
+impl Code {
+    pub fn info(self) -> &'static CodeInfo {
+        CATALOGUE
+            .iter()
+            .find(|i| i.code == self)
+            .expect("every code has a catalogue row (tested)")
+    }
+
+    pub fn severity(self) -> Severity {
+        self.info().severity
+    }
+}
+
+impl fmt::Display for Code {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for Code {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+/// Every code, in the order of `docs/errors.md`.
+pub static CATALOGUE: &[CodeInfo] = &[
+    // Agent: spawning the session command.
+    CodeInfo {
+        code: Code::AgentNotFound,
+        severity: Severity::High,
+        recoverable: false,
+        cause: "The session command (or the interpreter on its `#!` line) does not exist.",
+        recovery: "No retry. Automatic wakes back off; the next one tries again, so installing the command is enough.",
+        escalation: "At once, once per failure streak: human mailbox and on-error hook.",
+        suggestions: &[
+            "Install the command (Claude Code: `npm install -g @anthropic-ai/claude-code`)",
+            "Check `command` in the config: a relative path is relative to the config file",
+            "Check PATH in the unit's environment",
+        ],
+    },
+    CodeInfo {
+        code: Code::AgentPermissionDenied,
+        severity: Severity::Critical,
+        recoverable: false,
+        cause: "The session command is not executable, or a directory on its path is not searchable.",
+        recovery: "The agent is disabled until its config changes (reload with SIGHUP) or `agent-state wake` is run.",
+        escalation: "At once: human mailbox and on-error hook.",
+        suggestions: &[
+            "chmod +x the command",
+            "Check that the service user can search every directory on the command's path",
+        ],
+    },
+    CodeInfo {
+        code: Code::AgentSpawnFailed,
+        severity: Severity::Medium,
+        recoverable: true,
+        cause: "Any other spawn failure: missing working directory, session log not writable, fork failed.",
+        recovery: "Retried up to `spawn_retries` times (default 3), `spawn_retry_delay` apart (default 2 s), doubling.",
+        escalation: "When the retries are exhausted.",
+        suggestions: &[
+            "Read the details: they name the path",
+            "Run `agent-state check` for the agent's directory",
+        ],
+    },
+    // Agent: how the session ended.
+    CodeInfo {
+        code: Code::SessionTimeout,
+        severity: Severity::Medium,
+        recoverable: true,
+        cause: "The session ran past `timeout` (SIGTERM, then SIGKILL after `kill_grace`).",
+        recovery: "Recorded as `timeout`; retried up to `timeout_retries` times (default 2), `retry_delay` apart (default 30 s), doubling.",
+        escalation: "When the retries are exhausted.",
+        suggestions: &[
+            "Raise `timeout` if sessions legitimately need longer",
+            "Read the session log: sessions/{id}.log",
+        ],
+    },
+    CodeInfo {
+        code: Code::SessionFailed,
+        severity: Severity::Medium,
+        recoverable: true,
+        cause: "The session command exited non-zero, was killed by a signal, or reported an error result.",
+        recovery: "Recorded as `error`; automatic wakes back off (`retry_delay` doubling per failure, at most `max_backoff`); the first success clears it.",
+        escalation: "After `escalate_after` failures in a row (default 3).",
+        suggestions: &[
+            "Read the session log: sessions/{id}.log",
+            "Killed by SIGKILL without a timeout: check the kernel log for the OOM killer",
+        ],
+    },
+    CodeInfo {
+        code: Code::SessionEmptyOutput,
+        severity: Severity::Medium,
+        recoverable: true,
+        cause: "The session printed nothing at all (stdout and stderr).",
+        recovery: "Recorded as `error` even after exit 0 (unless the script recorded its own end); retried up to `empty_output_retries` times (default 3), `retry_delay` apart, doubling.",
+        escalation: "When the retries are exhausted.",
+        suggestions: &["Run the command by hand with the prompt file on stdin"],
+    },
+    CodeInfo {
+        code: Code::OutputTruncated,
+        severity: Severity::Low,
+        recoverable: true,
+        cause: "The session printed more than `max_output`.",
+        recovery: "The log keeps the first `max_output` bytes; the rest is read, parsed and dropped.",
+        escalation: "Never.",
+        suggestions: &["Raise `max_output` if the whole output is needed"],
+    },
+    CodeInfo {
+        code: Code::AgentLoginRequired,
+        severity: Severity::Critical,
+        recoverable: false,
+        cause: "Claude Code's JSON result says it is not logged in (or the API key is invalid or expired).",
+        recovery: "No retry. Automatic wakes back off until a session succeeds.",
+        escalation: "At once, once per failure streak: human mailbox and on-error hook.",
+        suggestions: &[
+            "Log in as the service user: `sudo -u agent-state -H claude` then /login",
+            "Or set ANTHROPIC_API_KEY in the unit's environment file",
+        ],
+    },
+    CodeInfo {
+        code: Code::AgentApiError,
+        severity: Severity::Medium,
+        recoverable: true,
+        cause: "Claude Code's JSON result reports an API error: rate limit, overload, 5xx, connection failure.",
+        recovery: "Retried with exponential backoff (`retry_delay` doubling) up to `api_retries` times (default 5).",
+        escalation: "When the retries are exhausted.",
+        suggestions: &["Check https://status.anthropic.com and the account's rate limits"],
+    },
+    CodeInfo {
+        code: Code::SessionStalled,
+        severity: Severity::Medium,
+        recoverable: true,
+        cause: "The session printed nothing for `stall_timeout`.",
+        recovery: "`stall_action = \"warn\"`: logged, the session goes on. `\"stop\"`: ended like a timeout and retried like one.",
+        escalation: "As for a timeout.",
+        suggestions: &[
+            "`claude -p --output-format json` prints only at the end: use stream-json, or leave stall_timeout unset",
+        ],
+    },
+    CodeInfo {
+        code: Code::SessionLoop,
+        severity: Severity::High,
+        recoverable: false,
+        cause: "A retry printed exactly the same output as the attempt before it.",
+        recovery: "Retries stop at once; automatic wakes back off.",
+        escalation: "At once: human mailbox and on-error hook.",
+        suggestions: &["Read the session log; the agent repeats itself"],
+    },
+    CodeInfo {
+        code: Code::SessionInterrupted,
+        severity: Severity::Medium,
+        recoverable: true,
+        cause: "A session was left `running` by a process that is gone (daemon killed, script crashed), or its process died unseen.",
+        recovery: "Recorded as `error`; its claimed messages go back to the inbox; leftover processes are killed.",
+        escalation: "Never.",
+        suggestions: &["Look for why the daemon or script died: `journalctl -u agent-state`"],
+    },
+    // State.
+    CodeInfo {
+        code: Code::InboxRejected,
+        severity: Severity::Low,
+        recoverable: true,
+        cause: "An inbox file is not a valid message (bad JSON, wrong field, symlink, FIFO, over 1 MiB).",
+        recovery: "Moved to inbox/rejected/ with a .reason.json naming the field; never lost.",
+        escalation: "Never.",
+        suggestions: &["Fix the sender; `agent-state inbox AGENT --rejected` lists them"],
+    },
+    CodeInfo {
+        code: Code::StateCorrupt,
+        severity: Severity::Medium,
+        recoverable: true,
+        cause: "A JSON state file does not parse (a crash during a non-atomic edit, a bad hand edit).",
+        recovery: "Set aside as name.corrupt-TIMESTAMP and rebuilt from the journal; counters from the highest ids found, never reset.",
+        escalation: "Never (automatic); the set-aside file is kept for review.",
+        suggestions: &["Compare the .corrupt-* file with the rebuilt one, then delete it"],
+    },
+    CodeInfo {
+        code: Code::JournalTorn,
+        severity: Severity::Low,
+        recoverable: true,
+        cause: "A journal line is incomplete or invalid (a crash mid-append, a bad hand edit).",
+        recovery: "The line is skipped and counted; the next append starts on a fresh line.",
+        escalation: "Never.",
+        suggestions: &["`agent-state check` reports the count per agent"],
+    },
+    // System.
+    CodeInfo {
+        code: Code::DiskLow,
+        severity: Severity::Medium,
+        recoverable: true,
+        cause: "Free space on the state root's file system is below `disk_warn`.",
+        recovery: "Warning only; sessions go on.",
+        escalation: "On-error hook.",
+        suggestions: &["Free space, or grow the file system"],
+    },
+    CodeInfo {
+        code: Code::DiskCritical,
+        severity: Severity::High,
+        recoverable: true,
+        cause: "Free space is below `disk_pause`.",
+        recovery: "No new sessions; processed messages and session logs past their retention are pruned; resumes by itself above `disk_pause`.",
+        escalation: "Human mailbox and on-error hook.",
+        suggestions: &["Free space; lower `processed_retention` / `session_log_retention`"],
+    },
+    CodeInfo {
+        code: Code::DiskFull,
+        severity: Severity::Critical,
+        recoverable: false,
+        cause: "Free space is below `disk_stop`, or a write failed with ENOSPC.",
+        recovery: "Running sessions are ended cleanly and nothing is woken; a failed write leaves the old file intact and is retried once after pruning; resumes above `disk_pause`.",
+        escalation: "At once: on-error hook (the mailbox may not be writable).",
+        suggestions: &["Free space now: `df -h` the state root"],
+    },
+    CodeInfo {
+        code: Code::FsReadonly,
+        severity: Severity::Critical,
+        recoverable: false,
+        cause: "The state root's file system is read-only (EROFS): remounted after I/O errors, or mounted so.",
+        recovery: "All writes and wakes stop; the monitor checks again every `health.interval` and resumes when it is writable.",
+        escalation: "At once: on-error hook.",
+        suggestions: &["Check `dmesg` for the file system's errors, fsck, remount rw"],
+    },
+    CodeInfo {
+        code: Code::IoError,
+        severity: Severity::High,
+        recoverable: true,
+        cause: "Any other I/O failure (EIO, EACCES on a state file, ...).",
+        recovery: "EIO is retried once; then the operation fails and is recorded; other agents go on.",
+        escalation: "If it persists: on-error hook.",
+        suggestions: &[
+            "Read the details: they name the operation and the path",
+            "Check `dmesg` for EIO",
+        ],
+    },
+    // Configuration and hooks.
+    CodeInfo {
+        code: Code::ConfigInvalid,
+        severity: Severity::High,
+        recoverable: false,
+        cause: "The config file does not load or validate.",
+        recovery: "At start: the daemon refuses to start (exit 78). On reload: refused, the old config stays in force. Every problem is listed with its path.",
+        escalation: "User fix.",
+        suggestions: &["`agent-state --config FILE check` lists every problem"],
+    },
+    CodeInfo {
+        code: Code::ConfigDefaulted,
+        severity: Severity::Low,
+        recoverable: true,
+        cause: "An optional setting is missing or out of its safe range.",
+        recovery: "Its default is used.",
+        escalation: "Never (a warning).",
+        suggestions: &["Set the value in the config to silence the warning"],
+    },
+    CodeInfo {
+        code: Code::HookFailed,
+        severity: Severity::Medium,
+        recoverable: true,
+        cause: "The on-error hook could not run, exited non-zero, or ran past `hooks.timeout`.",
+        recovery: "Logged; never fatal; the hook is not run for its own failure.",
+        escalation: "Never.",
+        suggestions: &["Run the hook by hand with the AGENT_STATE_ERROR_* variables set"],
+    },
+    CodeInfo {
+        code: Code::EscalationFailed,
+        severity: Severity::High,
+        recoverable: true,
+        cause: "An escalation could not be delivered to the human mailbox.",
+        recovery: "Logged with the escalation's text; the on-error hook still runs.",
+        escalation: "On-error hook.",
+        suggestions: &["Check the human mailbox's inbox directory"],
+    },
+];
+
+/// Where and to whom an error happened.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ErrorContext {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    /// 1 for a first attempt, 2 for the first retry, ...
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
+}
+
+/// One occurrence: a line of `.daemon/errors.jsonl`, in seed 002's error
+/// format with a timestamp.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorRecord {
+    pub ts: Timestamp,
+    pub code: String,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub details: Option<String>,
+    pub severity: Severity,
+    pub recoverable: bool,
+    #[serde(default)]
+    pub suggestions: Vec<String>,
+    #[serde(default)]
+    pub context: ErrorContext,
+    /// Sent to the human mailbox.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub escalated: bool,
+}
+
+impl ErrorRecord {
+    /// A record of `code` with the catalogue's severity and suggestions.
+    pub fn new(code: Code, message: impl Into<String>) -> ErrorRecord {
+        let info = code.info();
+        ErrorRecord {
+            ts: Timestamp::now(),
+            code: code.as_str().to_string(),
+            message: message.into(),
+            details: None,
+            severity: info.severity,
+            recoverable: info.recoverable,
+            suggestions: info.suggestions.iter().map(|s| s.to_string()).collect(),
+            context: ErrorContext::default(),
+            escalated: false,
+        }
+    }
+
+    pub fn at(mut self, ts: Timestamp) -> Self {
+        self.ts = ts;
+        self
+    }
+
+    pub fn agent(mut self, agent: impl fmt::Display) -> Self {
+        self.context.agent = Some(agent.to_string());
+        self
+    }
+
+    pub fn session(mut self, session: impl Into<String>) -> Self {
+        self.context.session = Some(session.into());
+        self
+    }
+
+    pub fn attempt(mut self, attempt: u32) -> Self {
+        self.context.attempt = Some(attempt);
+        self
+    }
+
+    pub fn details(mut self, details: impl Into<String>) -> Self {
+        let mut d: String = details.into();
+        truncate_on_char(&mut d, MAX_DETAILS);
+        self.details = Some(d);
+        self
+    }
+
+    pub fn suggest(mut self, first: impl Into<String>) -> Self {
+        self.suggestions.insert(0, first.into());
+        self
+    }
+
+    pub fn code(&self) -> Option<Code> {
+        Code::parse(&self.code)
+    }
+}
+
+/// Details are for a journal line and a hook's environment, not an archive.
+pub const MAX_DETAILS: usize = 4096;
+
+pub fn truncate_on_char(s: &mut String, max: usize) {
+    if s.len() > max {
+        let mut cut = max;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+        s.push('…');
+    }
+}
+
+/// `.daemon/errors.jsonl`.
+pub fn log_path(root: &StateRoot) -> PathBuf {
+    root.daemon_dir().join("errors.jsonl")
+}
+
+/// Append one record (one fsynced line, as the journal does).
+pub fn append(path: &Path, record: &ErrorRecord) -> Result<()> {
+    let mut line = serde_json::to_vec(record).unwrap_or_default();
+    line.push(b'\n');
+    crate::state::journal::append_lines(path, &line)
+}
+
+/// The records since `since`, oldest first. Reads backwards from the end,
+/// so a long log costs only the window asked for. Lines that do not parse
+/// are skipped. A missing log is empty.
+pub fn read_since(path: &Path, since: Timestamp) -> Result<Vec<ErrorRecord>> {
+    let mut out = Vec::new();
+    crate::state::journal::scan_lines_backwards(path, |line| {
+        let Ok(record) = serde_json::from_slice::<ErrorRecord>(line) else {
+            return ControlFlow::Continue(());
+        };
+        if record.ts < since {
+            return ControlFlow::Break(());
+        }
+        out.push(record);
+        ControlFlow::Continue(())
+    })?;
+    out.reverse();
+    Ok(out)
+}
+
+/// The catalogue as the Markdown table in `docs/errors.md`.
+pub fn markdown_table() -> String {
+    let mut out = String::from(
+        "| Code | Severity | Recoverable | Cause | Recovery | Escalation |\n\
+         |------|----------|-------------|-------|----------|------------|\n",
+    );
+    for i in CATALOGUE {
+        out.push_str(&format!(
+            "| `{}` | {} | {} | {} | {} | {} |\n",
+            i.code,
+            i.severity,
+            if i.recoverable { "yes" } else { "no" },
+            i.cause.replace('|', "\\|"),
+            i.recovery.replace('|', "\\|"),
+            i.escalation.replace('|', "\\|"),
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_code_has_exactly_one_row() {
+        let mut seen = std::collections::BTreeSet::new();
+        for row in CATALOGUE {
+            assert!(seen.insert(row.code), "{} twice", row.code);
+            assert_eq!(Code::parse(row.code.as_str()), Some(row.code));
+            assert!(
+                !row.suggestions.is_empty(),
+                "{} has no suggestion",
+                row.code
+            );
+        }
+        // Every variant is in the table (the macro's parse covers them all).
+        for text in [
+            "AGENT_NOT_FOUND",
+            "AGENT_PERMISSION_DENIED",
+            "AGENT_SPAWN_FAILED",
+            "SESSION_TIMEOUT",
+            "SESSION_FAILED",
+            "SESSION_EMPTY_OUTPUT",
+            "OUTPUT_TRUNCATED",
+            "AGENT_LOGIN_REQUIRED",
+            "AGENT_API_ERROR",
+            "SESSION_STALLED",
+            "SESSION_LOOP",
+            "SESSION_INTERRUPTED",
+            "INBOX_REJECTED",
+            "STATE_CORRUPT",
+            "JOURNAL_TORN",
+            "DISK_LOW",
+            "DISK_CRITICAL",
+            "DISK_FULL",
+            "FS_READONLY",
+            "IO_ERROR",
+            "CONFIG_INVALID",
+            "CONFIG_DEFAULTED",
+            "HOOK_FAILED",
+            "ESCALATION_FAILED",
+        ] {
+            let code = Code::parse(text).unwrap_or_else(|| panic!("{text} is not a code"));
+            let _ = code.info();
+        }
+        assert_eq!(seen.len(), 24);
+    }
+
+    #[test]
+    fn docs_table_matches_the_code() {
+        let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/errors.md"))
+            .expect("docs/errors.md");
+        assert!(
+            docs.contains(&markdown_table()),
+            "docs/errors.md is out of date: regenerate its table with \
+             `cargo run -- errors --catalogue` and paste it in"
+        );
+    }
+
+    #[test]
+    fn priority_follows_severity() {
+        assert!(Severity::Low < Severity::Medium && Severity::High < Severity::Critical);
+        assert_eq!(Severity::Critical.journal_priority(), 2);
+        assert_eq!(Severity::Low.journal_priority(), 5);
+    }
+
+    #[test]
+    fn record_has_the_seed_shape() {
+        let r = ErrorRecord::new(Code::AgentSpawnFailed, "Failed to spawn agent rio-003")
+            .at(Timestamp::parse("2026-01-25T10:00:00Z").unwrap())
+            .details("Process exited with code 1")
+            .agent("rio")
+            .session("20260125-100000")
+            .attempt(2);
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["code"], "AGENT_SPAWN_FAILED");
+        assert_eq!(v["severity"], "medium");
+        assert_eq!(v["recoverable"], true);
+        assert_eq!(v["context"]["agent"], "rio");
+        assert_eq!(v["context"]["session"], "20260125-100000");
+        assert_eq!(v["context"]["attempt"], 2);
+        assert!(v["suggestions"].as_array().is_some_and(|s| !s.is_empty()));
+        let back: ErrorRecord = serde_json::from_value(v).unwrap();
+        assert_eq!(back, r);
+    }
+
+    #[test]
+    fn log_reads_back_a_window() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("errors.jsonl");
+        for (i, ts) in [
+            "2026-01-01T00:00:00Z",
+            "2026-02-01T00:00:00Z",
+            "2026-03-01T00:00:00Z",
+        ]
+        .iter()
+        .enumerate()
+        {
+            let r = ErrorRecord::new(Code::SessionTimeout, format!("n{i}"))
+                .at(Timestamp::parse(ts).unwrap());
+            append(&path, &r).unwrap();
+        }
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, b"{torn"))
+            .unwrap();
+        let got = read_since(&path, Timestamp::parse("2026-01-15T00:00:00Z").unwrap()).unwrap();
+        let messages: Vec<&str> = got.iter().map(|r| r.message.as_str()).collect();
+        assert_eq!(messages, ["n1", "n2"]);
+        assert!(
+            read_since(&dir.path().join("missing"), Timestamp::now())
+                .unwrap()
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn details_are_bounded() {
+        let r = ErrorRecord::new(Code::IoError, "x").details("é".repeat(10_000));
+        assert!(r.details.unwrap().len() <= MAX_DETAILS + '…'.len_utf8());
+    }
+}
