@@ -29,6 +29,9 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         ctx.config.source.display(),
         ctx.config.agents.len()
     );
+    for w in &ctx.config.warnings {
+        println!("WARNING  config: {}: {}", w.field, w.message);
+    }
     for f in &report.findings {
         match &f.repaired {
             Some(done) => println!("REPAIRED {}: {}: {} — {done}", f.agent, f.file, f.problem),
