@@ -369,6 +369,21 @@ impl Daemon {
             if !dir.path.is_dir() {
                 continue;
             }
+            // A crash in the middle of an append leaves a torn last line:
+            // readers skip it and the next append starts on a fresh line.
+            if crate::state::journal::ends_torn(&dir.journal()) {
+                records.push(
+                    ErrorRecord::new(
+                        Code::JournalTorn,
+                        format!(
+                            "{}: the journal's last line is incomplete (a crash mid-append); it is skipped",
+                            agent.name
+                        ),
+                    )
+                    .details(dir.journal().display().to_string())
+                    .agent(&agent.name),
+                );
+            }
             // A daemon killed outright (SIGKILL, OOM) leaves its sessions'
             // processes running: end them before their session is recorded,
             // or the agent would run twice.

@@ -263,6 +263,17 @@ fn append_lines_once(path: &Path, lines: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// Does the journal end in a torn line (no final newline)? False for a
+/// missing or empty journal, or one that cannot be read.
+pub fn ends_torn(path: &Path) -> bool {
+    File::open(path)
+        .and_then(|f| {
+            let len = f.metadata()?.len();
+            Ok(len > 0 && !ends_with_newline(&f, len)?)
+        })
+        .unwrap_or(false)
+}
+
 fn ends_with_newline(file: &File, len: u64) -> io::Result<bool> {
     let mut last = [0u8];
     file.read_exact_at(&mut last, len - 1)?;

@@ -720,3 +720,30 @@ fn a_backoff_pushes_the_scheduled_wake_back() {
     );
     assert!(until > before.as_str().unwrap());
 }
+
+#[test]
+fn a_torn_journal_line_is_reported_skipped_and_appended_after() {
+    let (env, _runs) = setup("echo working", "", "");
+    env.ok(&["bootstrap"]);
+    let journal = env.root.join("rio/journal.jsonl");
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&journal)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, b"{\"ts\":\"2026-11-2"))
+        .unwrap();
+    let d = env.daemon();
+    d.wait_until(secs(5.0), "JOURNAL_TORN is recorded", || {
+        count(&env, "JOURNAL_TORN") == 1
+    });
+    env.ok(&["wake", "rio"]);
+    d.wait_until(secs(5.0), "the session completed", || {
+        state(&env, "rio", "session.json")["status"] == "completed"
+    });
+    let text = std::fs::read_to_string(&journal).unwrap();
+    let bad: Vec<&str> = text
+        .lines()
+        .filter(|l| serde_json::from_str::<Value>(l).is_err())
+        .collect();
+    assert_eq!(bad, ["{\"ts\":\"2026-11-2"], "only the torn line is bad");
+    assert!(text.ends_with('\n'));
+}

@@ -547,6 +547,11 @@ const CLAY: &str = r#"
 name = "clay"
 domain = "entertainment"
 command = ["/usr/bin/env", "DEMO_STEP_SECONDS=1", "/opt/teleo-eval/demo-agent.sh", "{agent}"]
+
+[[agent]]
+name = "leo"
+domain = "grand-strategy"
+command = ["/opt/teleo-eval/no-such-claude", "{agent}"]
 "#;
 
 /// For every start: the demo agent never fails and is quick; a stop timeout
@@ -857,6 +862,40 @@ fn under_systemd_the_unit_starts_ready_logs_reloads_stops_and_is_restarted_by_th
     assert_eq!(state["ActiveState"], "active", "{state:?}");
     assert_eq!(state["MainPID"], main_pid, "a reload is not a restart");
     assert!(sdbox.journal(&[]).contains("config reloaded"));
+
+    // ---- an error in the journal: ERROR_CODE, and PRIORITY by severity ----
+    let out = sdbox.agent_state(&["wake", "leo"]);
+    assert!(out.status.success(), "wake leo:\n{}", describe(&out));
+    let mut errors: Vec<Value> = Vec::new();
+    sdbox.wait_until(
+        Duration::from_secs(10),
+        "journalctl ERROR_CODE=AGENT_NOT_FOUND has leo's error",
+        || {
+            errors = sdbox
+                .journal(&["ERROR_CODE=AGENT_NOT_FOUND", "-o", "json"])
+                .lines()
+                .filter_map(|l| serde_json::from_str(l).ok())
+                .collect();
+            !errors.is_empty()
+        },
+    );
+    let e = &errors[0];
+    assert_eq!(e["PRIORITY"], "3", "high severity is err (3): {e:#}");
+    assert_eq!(e["SEVERITY"], "high", "{e:#}");
+    assert_eq!(e["AGENT"], "leo", "{e:#}");
+    assert_eq!(e["_SYSTEMD_UNIT"], "agent-state.service", "{e:#}");
+    assert!(
+        e["MESSAGE"]
+            .as_str()
+            .is_some_and(|m| m.contains("/opt/teleo-eval/no-such-claude")),
+        "{e:#}"
+    );
+    assert!(
+        sdbox
+            .read(&format!("{STATE}/.daemon/errors.jsonl"))
+            .contains("AGENT_NOT_FOUND"),
+        "errors.jsonl has it too"
+    );
 
     // ---- stop while clay's session runs: the session finishes (about
     // 3s, against TimeoutStopSec=2s), the daemon exits 0 ----
