@@ -95,10 +95,17 @@ impl Error {
 
     /// The OS error number behind an I/O error (`ENOSPC`, `EROFS`, `EIO`, ...).
     pub fn errno(&self) -> Option<i32> {
-        match self {
-            Error::Io { source, .. } => source.raw_os_error(),
+        use nix::libc;
+        let Error::Io { source, .. } = self else {
+            return None;
+        };
+        // Some layers (tempfile) wrap the OS error and keep only its kind.
+        source.raw_os_error().or(match source.kind() {
+            io::ErrorKind::StorageFull => Some(libc::ENOSPC),
+            io::ErrorKind::QuotaExceeded => Some(libc::EDQUOT),
+            io::ErrorKind::ReadOnlyFilesystem => Some(libc::EROFS),
             _ => None,
-        }
+        })
     }
 
     /// The error code (docs/errors.md) this error is recorded under.

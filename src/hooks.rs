@@ -351,8 +351,6 @@ pub fn begin(
         owner_pid: req.owner.map(|o| o.pid),
         instance: req.instance.clone(),
     });
-    dir.journal_append(&lock, now, start.clone())?;
-
     let session = Session {
         agent: dir.name.to_string(),
         session_id: session_id.clone(),
@@ -381,15 +379,19 @@ pub fn begin(
         messages: message_ids,
         extra,
     };
-    dir.save(&lock, &session)?;
-
     let mut report: Report = dir.load(&lock, now, &mut notes)?;
     report.agent = dir.name.to_string();
     report.status = AgentStatus::for_session(kind);
     report.current_session = Some(session_id.clone());
     report.instance = req.instance.clone();
     report.updated_at = Some(now);
-    dir.save(&lock, &report)?;
+    // Both files are on disk before the journal says the session started;
+    // renamed in after it (journal first, for readers).
+    let staged_session = dir.stage(&lock, &session)?;
+    let staged_report = dir.stage(&lock, &report)?;
+    dir.journal_append(&lock, now, start.clone())?;
+    staged_session.commit()?;
+    staged_report.commit()?;
 
     metrics::apply(dir, &lock, &start, now, &mut notes)?;
     add_tasks_from_messages(dir, &lock, &claim.claimed, now, &mut notes)?;
@@ -797,6 +799,7 @@ fn finish(
         ..FinishResult::default()
     };
     let mut report: Report = dir.load(lock, now, notes)?;
+    let mut memory_lines: Vec<String> = Vec::new();
     let event = match ending {
         Ending::Completed(c) => {
             let processed = inbox::acknowledge(dir, &id)?;
@@ -831,8 +834,7 @@ fn finish(
                 flags_received: flags.len() as u64,
                 duration_seconds: duration,
             });
-            dir.journal_append(lock, now, event.clone())?;
-            memory::append_entries(&dir.memory(), memory::FLAGS_SECTION, &flag_lines)?;
+            memory_lines = flag_lines;
 
             session.status = Some(SessionStatus::Completed);
             session.sources_archived = c.sources_archived.or(session.sources_archived);
@@ -870,7 +872,6 @@ fn finish(
                 SessionStatus::Timeout => Event::Timeout(failed),
                 _ => Event::Error(failed),
             };
-            dir.journal_append(lock, now, event.clone())?;
             result.returned = returned;
             result.undeliverable = undeliverable;
 
@@ -891,7 +892,6 @@ fn finish(
     session.owner_pid = None;
     session.owner_start = None;
     session.errors.extend(args.as_errors(now));
-    dir.save(lock, &session)?;
 
     report.agent = dir.name.to_string();
     report.current_session = None;
@@ -911,7 +911,14 @@ fn finish(
             .map(|l| l.extra)
             .unwrap_or_default(),
     });
-    dir.save(lock, &report)?;
+    // Both files are on disk before the journal records the end, renamed
+    // in after it: a full disk fails the whole end, which can be retried.
+    let staged_session = dir.stage(lock, &session)?;
+    let staged_report = dir.stage(lock, &report)?;
+    dir.journal_append(lock, now, event.clone())?;
+    memory::append_entries(&dir.memory(), memory::FLAGS_SECTION, &memory_lines)?;
+    staged_session.commit()?;
+    staged_report.commit()?;
     metrics::apply(dir, lock, &event, now, notes)?;
 
     result.outcome = session.status;

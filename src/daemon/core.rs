@@ -339,7 +339,10 @@ impl Core {
     }
 
     /// The next time something is due (a schedule or a debounce), if any.
-    pub fn next_deadline(&self) -> Option<DateTime<Utc>> {
+    /// A backoff that has already ended is no deadline: the wake it held
+    /// waits for a slot (or the end of a pause), which something else
+    /// announces; returning it would make the loop spin.
+    pub fn next_deadline(&self, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
         self.agents
             .values()
             .flat_map(|s| {
@@ -347,7 +350,8 @@ impl Core {
                     .pending
                     .as_ref()
                     .filter(|_| s.disabled.is_none())
-                    .and(s.backoff_until);
+                    .and(s.backoff_until)
+                    .filter(|t| *t > now);
                 [s.next_fire, s.inbox_due.map(|(t, _)| t), backoff_ends]
             })
             .flatten()
@@ -456,7 +460,7 @@ mod tests {
         c.agents.get_mut(&name("rio")).unwrap().disabled = Some("not executable".into());
         c.request(&name("rio"), WakeReason::Schedule, Priority::Normal, now);
         assert!(started(&mut c).is_empty());
-        assert_eq!(c.next_deadline(), None, "nothing to wait for");
+        assert_eq!(c.next_deadline(now), None, "nothing to wait for");
         c.request(&name("rio"), WakeReason::Manual, Priority::High, now);
         assert_eq!(started(&mut c), ["rio"]);
     }
@@ -469,9 +473,25 @@ mod tests {
         c.agents.get_mut(&name("rio")).unwrap().backoff_until = Some(until);
         c.request(&name("rio"), WakeReason::Retry, Priority::Normal, now);
         assert!(c.take_startable(now).is_empty());
-        assert_eq!(c.next_deadline(), Some(until));
+        assert_eq!(c.next_deadline(now), Some(until));
         let got = c.take_startable(until);
         assert_eq!(got[0].1.reason, WakeReason::Retry);
+    }
+
+    #[test]
+    fn an_ended_backoff_is_no_deadline_while_nothing_can_start() {
+        let mut c = core(&["rio"], 1);
+        let t0 = t("2026-01-01T00:00:00Z");
+        c.agents.get_mut(&name("rio")).unwrap().backoff_until = Some(t0);
+        c.request(&name("rio"), WakeReason::Retry, Priority::Normal, t0);
+        c.waking_stopped = true;
+        let later = t("2026-01-01T00:00:05Z");
+        assert!(c.take_startable(later).is_empty());
+        assert_eq!(
+            c.next_deadline(later),
+            None,
+            "a past deadline would spin the loop"
+        );
     }
 
     #[test]
@@ -529,10 +549,13 @@ mod tests {
                 .is_empty()
         );
         assert!(started(&mut c).is_empty(), "still debouncing");
-        assert_eq!(c.next_deadline(), Some(t0 + chrono::Duration::seconds(30)));
+        assert_eq!(
+            c.next_deadline(t0),
+            Some(t0 + chrono::Duration::seconds(30))
+        );
         c.fire_due_inbox(t0 + chrono::Duration::seconds(30));
         assert_eq!(started(&mut c), ["rio"]);
-        assert_eq!(c.next_deadline(), None);
+        assert_eq!(c.next_deadline(t0), None);
     }
 
     #[test]
@@ -567,7 +590,7 @@ mod tests {
             .collect();
         assert_eq!(now, ["leo"], "a manual wake is served during backoff");
         assert_eq!(
-            c.next_deadline(),
+            c.next_deadline(t0),
             Some(until),
             "the loop wakes when the backoff ends"
         );
@@ -602,7 +625,10 @@ mod tests {
             c.agents[&name("rio")].next_fire,
             Some(t("2026-01-02T22:00:00Z"))
         );
-        assert_eq!(c.next_deadline(), Some(t("2026-01-02T05:30:00Z")));
+        assert_eq!(
+            c.next_deadline(t("2026-01-01T22:00:00Z")),
+            Some(t("2026-01-02T05:30:00Z"))
+        );
         assert_eq!(started(&mut c), ["rio"]);
     }
 

@@ -123,6 +123,11 @@ struct Daemon {
     overdue_reported: std::collections::BTreeSet<String>,
     /// report.json `next_wake_at` as last written, per agent.
     published_wake: std::cell::RefCell<BTreeMap<AgentName, Option<Timestamp>>>,
+    /// Wake request files already served that could not be removed (a
+    /// read-only disk): not served again, removed when possible.
+    served_wakes: std::collections::BTreeSet<PathBuf>,
+    /// daemon.json could not be written (said once per outage).
+    heartbeat_failing: bool,
 }
 
 /// Run the daemon until SIGTERM/SIGINT. Returns once every session has
@@ -150,6 +155,8 @@ pub async fn run(config_path: &Path) -> Result<()> {
         last_routine_prune: None,
         overdue_reported: Default::default(),
         published_wake: Default::default(),
+        served_wakes: Default::default(),
+        heartbeat_failing: false,
         core: Core::new(config.daemon.max_concurrent_sessions),
         config_path: config_path.to_path_buf(),
         schedule_state: files::read_schedule_state(&root),
@@ -733,8 +740,21 @@ impl Daemon {
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().to_string();
             if files::is_wake_request(&name) {
-                let _ = std::fs::remove_file(entry.path());
-                found = true;
+                let path = entry.path();
+                let served = self.served_wakes.contains(&path);
+                match std::fs::remove_file(&path) {
+                    Ok(()) => {
+                        self.served_wakes.remove(&path);
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => {
+                        if !served {
+                            tracing::warn!(agent = %agent, "cannot remove the wake request {}: {e}; it is served once", path.display());
+                        }
+                        self.served_wakes.insert(path);
+                    }
+                }
+                found |= !served;
             }
         }
         if found {
@@ -833,6 +853,28 @@ impl Daemon {
             return;
         };
         let now = Timestamp::from_datetime(self.clock.now());
+        // Never join a session of our own whose end was not recorded.
+        if let Ok(Some(s)) = self.dir(agent).read::<Session>()
+            && s.is_running()
+            && s.owner_pid == Some(std::process::id() as i32)
+        {
+            self.finish_orphan(&cfg, &s.session_id, now);
+            if matches!(self.dir(agent).read::<Session>(), Ok(Some(s)) if s.is_running()) {
+                tracing::warn!(agent = %agent, "{} wake deferred: the end of session {} is not recorded yet", reason.as_str(), s.session_id);
+                self.core
+                    .session_ended(agent, InboxSummary::default(), self.clock.now());
+                self.core
+                    .request(agent, reason, Priority::Normal, self.clock.now());
+                if let Some(slot) = self.core.agents.get_mut(agent) {
+                    slot.backoff_until = Some(
+                        self.clock.now()
+                            + chrono::Duration::from_std(self.config.health.interval)
+                                .unwrap_or_default(),
+                    );
+                }
+                return;
+            }
+        }
         let prepared = match session::prepare(&self.config, &cfg, &self.root, now) {
             Ok(p) => p,
             Err(Error::SessionBusy { session, pid, .. }) => {
@@ -1259,6 +1301,34 @@ impl Daemon {
         self.raise(record, false);
     }
 
+    /// A session this daemon began that is not running (its end could not
+    /// be written): recorded as an error now, its messages returned.
+    fn finish_orphan(&mut self, agent: &AgentConfig, session_id: &str, now: Timestamp) {
+        let dir = self.root.agent(&agent.name);
+        let req = hooks::FailRequest {
+            session: Some(session_id.to_string()),
+            outcome: "error".into(),
+            reason: "interrupted: its end could not be recorded when it ended (see errors.jsonl)"
+                .into(),
+        };
+        match hooks::fail(agent, &dir, &req, now) {
+            Ok(r) => self.raise(
+                ErrorRecord::new(
+                    Code::SessionInterrupted,
+                    format!(
+                        "{}: session {session_id} ended while its end could not be written; recorded now, {} message(s) returned",
+                        agent.name,
+                        r.returned.len()
+                    ),
+                )
+                .agent(&agent.name)
+                .session(session_id.to_string()),
+                false,
+            ),
+            Err(e) => tracing::warn!(agent = %agent.name, session_id, "cannot record the end of session {session_id} yet: {e}"),
+        }
+    }
+
     /// Raise an error through [`Alerts`], escalating each code once per
     /// agent's failure streak.
     fn raise(&mut self, record: ErrorRecord, escalate: bool) {
@@ -1308,6 +1378,7 @@ impl Daemon {
             now,
         );
         let was_ro = prev.as_ref().is_some_and(|p| p.read_only);
+        let mut recovered = false;
         let old = prev.as_ref().map(|p| p.level).unwrap_or_default();
         let fragment = state.status_fragment();
         if state.read_only && !was_ro {
@@ -1345,6 +1416,7 @@ impl Daemon {
             for code in [Code::DiskCritical, Code::DiskFull, Code::FsReadonly] {
                 self.escalated.clear_code(code);
             }
+            recovered = true;
         }
         if state.level.stops_sessions() {
             let why = format!("ended by the health monitor: {fragment}");
@@ -1388,6 +1460,11 @@ impl Daemon {
         if !self.health.as_ref().is_some_and(|h| h.read_only) {
             self.check_sessions(now);
         }
+        if recovered {
+            // Scans and writes that failed during the outage: look again
+            // now rather than at the next reconcile.
+            self.scan_all_inboxes();
+        }
         self.after_change();
     }
 
@@ -1428,6 +1505,12 @@ impl Daemon {
                 continue;
             };
             if !s.is_running() {
+                continue;
+            }
+            if s.owner_pid == Some(std::process::id() as i32) {
+                // Ours, but not running: its end could not be recorded (a
+                // full disk). Record it now.
+                self.finish_orphan(&agent, &s.session_id, now);
                 continue;
             }
             if hooks::is_stale(&s, now) {
@@ -1567,7 +1650,7 @@ impl Daemon {
 
     fn next_deadline(&self) -> Option<DateTime<Utc>> {
         [
-            self.core.next_deadline(),
+            self.core.next_deadline(self.clock.now()),
             self.settle_at.values().min().copied(),
             self.stopping.filter(|_| !self.running.is_empty()),
         ]
@@ -1712,16 +1795,34 @@ impl Daemon {
                 })
                 .collect(),
         };
+        // Compared without the times that change at every look: written
+        // when something a reader cares about changed.
         let updated_at = hb.updated_at;
         hb.updated_at = self.started_at;
+        let checked_at = hb.health.as_ref().map(|h| h.checked_at);
+        if let Some(h) = hb.health.as_mut() {
+            h.checked_at = self.started_at;
+        }
         let content = serde_json::to_string(&hb).unwrap_or_default();
         if content == self.last_heartbeat {
             return;
         }
         hb.updated_at = updated_at;
-        self.last_heartbeat = content;
-        if let Err(e) = files::write_heartbeat(&self.root, &hb) {
-            tracing::error!(error_code = "IO_ERROR", "cannot write daemon.json: {e}");
+        if let (Some(h), Some(t)) = (hb.health.as_mut(), checked_at) {
+            h.checked_at = t;
+        }
+        match files::write_heartbeat(&self.root, &hb) {
+            Ok(()) => {
+                self.last_heartbeat = content;
+                if std::mem::take(&mut self.heartbeat_failing) {
+                    tracing::info!("daemon.json is written again");
+                }
+            }
+            Err(e) => {
+                if !std::mem::replace(&mut self.heartbeat_failing, true) {
+                    tracing::error!(error_code = %e.code(), "cannot write daemon.json (said once until it works again): {e}");
+                }
+            }
         }
     }
 }

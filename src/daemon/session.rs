@@ -223,7 +223,7 @@ pub fn finish(
     now: Timestamp,
 ) -> Result<String> {
     let (mut failure, mut text) = describe(report, agent);
-    if let (None, Some(why)) = (failure, judged_failed) {
+    if let Some(why) = judged_failed {
         failure = Some("error");
         text = why.to_string();
     }

@@ -88,6 +88,38 @@ fn filled_temp(path: &Path, bytes: &[u8], mode: u32) -> Result<tempfile::NamedTe
     Ok(tmp)
 }
 
+/// A replacement written and fsynced but not yet renamed into place: the
+/// bytes are on disk before anything that depends on them (the journal
+/// line) is written, so a full disk fails the whole change, not half of it.
+/// Dropped without [`Staged::commit`], it is removed and `path` unchanged.
+pub struct Staged {
+    tmp: tempfile::NamedTempFile,
+    path: std::path::PathBuf,
+}
+
+impl Staged {
+    /// Rename into place and fsync the directory.
+    pub fn commit(self) -> Result<()> {
+        let path = self.path;
+        self.tmp
+            .persist(&path)
+            .map_err(|e| Error::io("renaming a temp file over", &path, e.error))?;
+        sync_dir(parent(&path))
+    }
+}
+
+/// Stage `value` as pretty JSON for `path` (see [`Staged`]).
+pub fn stage_json<T: Serialize>(path: &Path, value: &T) -> Result<Staged> {
+    let mut bytes = serde_json::to_vec_pretty(value)
+        .map_err(|e| Error::Data(format!("cannot serialize {}: {e}", path.display())))?;
+    bytes.push(b'\n');
+    let tmp = retrying(|| durable_temp(path, &bytes, super::STATE_FILE_MODE))?;
+    Ok(Staged {
+        tmp,
+        path: path.to_path_buf(),
+    })
+}
+
 /// Serialize `value` as pretty JSON (plus a final newline) and replace `path`.
 pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
     let mut bytes = serde_json::to_vec_pretty(value)

@@ -21,11 +21,27 @@ pub struct AgentLock {
 /// Open (creating it with `mode` if needed) a file that exists to be
 /// flocked; its content is never written.
 pub fn open_lock_file(path: &Path, mode: u32) -> Result<File> {
+    // flock needs no write access, and a lock file held open for writing
+    // would keep its file system from being remounted read-only: open it
+    // for reading, creating it first if it is missing.
+    match OpenOptions::new().read(true).open(path) {
+        Ok(file) => return Ok(file),
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(crate::error::Error::io("opening lock file", path, e));
+        }
+        Err(_) => {}
+    }
+    drop(
+        OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(mode)
+            .open(path)
+            .at("creating lock file", path)?,
+    );
     OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .mode(mode)
+        .read(true)
         .open(path)
         .at("opening lock file", path)
 }

@@ -277,6 +277,13 @@ impl AgentDir {
         atomic::write_json(&self.file(T::KIND.file_name()), doc)
     }
 
+    /// Write a state document's replacement (fsynced) without renaming it
+    /// in yet: stage, append the journal line, then commit, so a failure to
+    /// write the file (a full disk) leaves no journal event behind it.
+    pub fn stage<T: StateDoc>(&self, _lock: &AgentLock, doc: &T) -> Result<atomic::Staged> {
+        atomic::stage_json(&self.file(T::KIND.file_name()), doc)
+    }
+
     /// Take this agent's lock.
     pub fn lock(&self) -> Result<AgentLock> {
         self.require()?;

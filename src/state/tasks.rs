@@ -234,6 +234,10 @@ pub fn add(
         source_message: new.source_message,
         extra: Map::new(),
     };
+    file.agent = dir.name.to_string();
+    file.updated_at = Some(now);
+    file.tasks.push(task.clone());
+    let staged = dir.stage(lock, &file)?;
     dir.journal_append(
         lock,
         now,
@@ -247,10 +251,7 @@ pub fn add(
             source_message: task.source_message.clone(),
         }),
     )?;
-    file.agent = dir.name.to_string();
-    file.updated_at = Some(now);
-    file.tasks.push(task.clone());
-    dir.save(lock, &file)?;
+    staged.commit()?;
     Ok(task)
 }
 
@@ -280,6 +281,8 @@ pub fn update(
     };
     task.set_status(status, outcome.clone(), now);
     let task = task.clone();
+    file.updated_at = Some(now);
+    let staged = dir.stage(lock, &file)?;
     dir.journal_append(
         lock,
         now,
@@ -289,7 +292,6 @@ pub fn update(
             outcome,
         }),
     )?;
-    file.updated_at = Some(now);
-    dir.save(lock, &file)?;
+    staged.commit()?;
     Ok(task)
 }

@@ -9,6 +9,7 @@ mod bootstrap;
 mod check;
 mod concurrency;
 mod daemon;
+mod diskfaults;
 mod faults;
 mod health;
 mod hooks;
