@@ -286,7 +286,7 @@ fn repair_agent(
             .trim_end_matches('/')
             .to_string();
         let lock = dir.lock()?;
-        let (returned, undeliverable) = inbox::return_claimed(dir, &session, now)?;
+        let (returned, undeliverable) = inbox::return_claimed_counting(dir, &session, now, false)?;
         drop(lock);
         f.repaired = Some(format!(
             "{} message(s) returned to the inbox, {} set aside as undeliverable",

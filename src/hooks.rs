@@ -323,6 +323,8 @@ pub fn begin(
                 reason: format!(
                     "interrupted: owner process {pid} exited without calling `session end` or `session fail`"
                 ),
+                // The script died: that may be the agent failing on a message.
+                count_attempts: true,
             },
             &mut Args::default(),
             now,
@@ -600,6 +602,8 @@ pub struct FinishResult {
     pub undeliverable: Vec<String>,
     pub bad_arguments: Vec<BadArgument>,
     pub notes: Vec<String>,
+    /// The end had been journaled before a crash and was completed from it.
+    pub replayed: bool,
 }
 
 /// What ended a session.
@@ -608,6 +612,11 @@ enum Ending {
     Failed {
         outcome: SessionStatus,
         reason: String,
+        /// Count this as a failed delivery attempt of its messages. Not when
+        /// the session was interrupted (its process or the daemon killed
+        /// under it): a crash-looping daemon must not make messages
+        /// undeliverable.
+        count_attempts: bool,
     },
 }
 
@@ -646,10 +655,12 @@ pub fn end(
         Some("timeout") => Ending::Failed {
             outcome: SessionStatus::Timeout,
             reason: "reported as timeout by `session end`".into(),
+            count_attempts: true,
         },
         Some("error") => Ending::Failed {
             outcome: SessionStatus::Error,
             reason: "reported as error by `session end`".into(),
+            count_attempts: true,
         },
         Some(other) => {
             args.note(
@@ -691,7 +702,11 @@ pub fn fail(
         agent,
         dir,
         req.session.as_deref(),
-        Ending::Failed { outcome, reason },
+        Ending::Failed {
+            outcome,
+            reason,
+            count_attempts: true,
+        },
         args,
         now,
     )
@@ -786,8 +801,26 @@ fn finish(
     _agent: &AgentConfig,
     dir: &AgentDir,
     lock: &AgentLock,
+    session: Session,
+    ending: Ending,
+    args: &mut Args,
+    now: Timestamp,
+    notes: &mut Vec<String>,
+) -> Result<FinishResult> {
+    finish_with(dir, lock, session, ending, None, args, now, notes)
+}
+
+/// [`finish`], or with `journaled` the completion of an end whose journal
+/// line was written before a crash: the journal is the commit record of a
+/// session's end, and what follows it (moving messages, session.json,
+/// report.json, metrics) is replayed from it, never journaled twice.
+#[allow(clippy::too_many_arguments)]
+fn finish_with(
+    dir: &AgentDir,
+    lock: &AgentLock,
     mut session: Session,
     ending: Ending,
+    journaled: Option<&Event>,
     args: &mut Args,
     now: Timestamp,
     notes: &mut Vec<String>,
@@ -802,7 +835,12 @@ fn finish(
     let mut memory_lines: Vec<String> = Vec::new();
     let event = match ending {
         Ending::Completed(c) => {
-            let processed = inbox::acknowledge(dir, &id)?;
+            // Listed, not yet moved: they move to processed/ only after the
+            // journal says so.
+            let processed: Vec<Message> = inbox::claimed(dir, &id)?
+                .into_iter()
+                .map(|(_, m)| m)
+                .collect();
             let flags: Vec<&Message> = processed
                 .iter()
                 .filter(|m| m.kind == MessageType::Flag)
@@ -859,8 +897,13 @@ fn finish(
             }
             event
         }
-        Ending::Failed { outcome, reason } => {
-            let (returned, undeliverable) = inbox::return_claimed(dir, &id, now)?;
+        Ending::Failed {
+            outcome,
+            reason,
+            count_attempts,
+        } => {
+            let (returned, undeliverable) =
+                inbox::return_claimed_counting(dir, &id, now, count_attempts)?;
             let failed = SessionFailed {
                 session_id: id.clone(),
                 reason: reason.clone(),
@@ -915,8 +958,17 @@ fn finish(
     // in after it: a full disk fails the whole end, which can be retried.
     let staged_session = dir.stage(lock, &session)?;
     let staged_report = dir.stage(lock, &report)?;
-    dir.journal_append(lock, now, event.clone())?;
-    memory::append_entries(&dir.memory(), memory::FLAGS_SECTION, &memory_lines)?;
+    let event = match journaled {
+        Some(e) => e.clone(),
+        None => {
+            dir.journal_append(lock, now, event.clone())?;
+            event
+        }
+    };
+    if matches!(event, Event::SessionEnd(_)) {
+        inbox::acknowledge(dir, &id)?;
+        memory::append_entries(&dir.memory(), memory::FLAGS_SECTION, &memory_lines)?;
+    }
     staged_session.commit()?;
     staged_report.commit()?;
     metrics::apply(dir, lock, &event, now, notes)?;
@@ -938,8 +990,29 @@ pub fn recover_stale(
     let lock = dir.lock()?;
     let mut notes = Vec::new();
     let current: Session = dir.load(&lock, now, &mut notes)?;
-    if !current.is_running() || still_running(&current, now).is_some() {
+    if !current.is_running() {
+        metrics::catch_up(dir, &lock, now, &mut notes)?;
+        // Ended, but report.json may not say so yet (a crash between the
+        // two commits): complete it from the journal.
+        let report: Report = dir.load(&lock, now, &mut notes)?;
+        if report.current_session.as_deref() == Some(current.session_id.as_str())
+            && let Some(entry) = journaled_end(dir, &current.session_id)?
+        {
+            let mut result = replay_end(dir, &lock, current, &entry, &mut notes)?;
+            result.notes = notes;
+            return Ok(Some(result));
+        }
         return Ok(None);
+    }
+    if still_running(&current, now).is_some() {
+        return Ok(None);
+    }
+    // Its end was journaled before a crash: complete that end, do not
+    // record another.
+    if let Some(entry) = journaled_end(dir, &current.session_id)? {
+        let mut result = replay_end(dir, &lock, current, &entry, &mut notes)?;
+        result.notes = notes;
+        return Ok(Some(result));
     }
     let mut result = finish(
         agent,
@@ -949,6 +1022,9 @@ pub fn recover_stale(
         Ending::Failed {
             outcome: SessionStatus::Error,
             reason: reason.to_string(),
+            // Its owner (the daemon, a script) was killed under it: not a
+            // failure of its messages.
+            count_attempts: false,
         },
         &mut Args::default(),
         now,
@@ -998,6 +1074,79 @@ pub fn record_usage(
         dir.save(&lock, &session)?;
     }
     Ok(changed)
+}
+
+/// The journal entry that ended session `id`, if its end was journaled
+/// (searched back to its start).
+fn journaled_end(dir: &AgentDir, id: &str) -> Result<Option<crate::state::journal::Entry>> {
+    let mut found = None;
+    crate::state::journal::scan_backwards(&dir.journal(), |e| match &e.event {
+        Event::SessionEnd(end) if end.session_id == id => {
+            found = Some(e);
+            std::ops::ControlFlow::Break(())
+        }
+        Event::Error(f) | Event::Timeout(f) if f.session_id == id => {
+            found = Some(e);
+            std::ops::ControlFlow::Break(())
+        }
+        Event::SessionStart(s) if s.session_id == id => std::ops::ControlFlow::Break(()),
+        _ => std::ops::ControlFlow::Continue(()),
+    })?;
+    Ok(found)
+}
+
+/// Complete a journaled end (see [`finish_with`]), at the time it was journaled.
+fn replay_end(
+    dir: &AgentDir,
+    lock: &AgentLock,
+    session: Session,
+    entry: &crate::state::journal::Entry,
+    notes: &mut Vec<String>,
+) -> Result<FinishResult> {
+    let ending = match &entry.event {
+        Event::SessionEnd(e) => Ending::Completed(Completion {
+            sources_archived: e.sources_archived,
+            branch: e.branch.clone(),
+            pr_number: e.pr_number,
+            summary: e.summary.clone(),
+            next_priority: e.next_priority.clone(),
+            handoff_notes: e.handoff.clone(),
+            tokens_used: e.tokens_used,
+            cost_usd: e.cost_usd,
+        }),
+        Event::Timeout(f) => Ending::Failed {
+            outcome: SessionStatus::Timeout,
+            reason: f.reason.clone(),
+            count_attempts: true,
+        },
+        Event::Error(f) => Ending::Failed {
+            outcome: SessionStatus::Error,
+            reason: f.reason.clone(),
+            count_attempts: true,
+        },
+        _ => {
+            return Err(Error::Data(format!(
+                "{}: journal entry is not a session end",
+                dir.name
+            )));
+        }
+    };
+    let mut result = finish_with(
+        dir,
+        lock,
+        session,
+        ending,
+        Some(&entry.event),
+        &mut Args::default(),
+        entry.ts,
+        notes,
+    )?;
+    result.replayed = true;
+    notes.push(format!(
+        "session {}: its end was journaled at {} but not fully recorded (a crash); completed from the journal",
+        result.session_id, entry.ts
+    ));
+    Ok(result)
 }
 
 /// Is `session` recorded as running with an owner that is gone?

@@ -345,7 +345,6 @@ pub fn reject(agent: &AgentDir, source: &Path, reason: &str, now: Timestamp) -> 
         .to_string_lossy()
         .to_string();
     let target = unique_in(&rejected, &name);
-    atomic::rename(source, &target)?;
     let target_name = target
         .file_name()
         .unwrap_or_default()
@@ -361,6 +360,9 @@ pub fn reject(agent: &AgentDir, source: &Path, reason: &str, now: Timestamp) -> 
     });
     let mut bytes = serde_json::to_vec_pretty(&reason_doc).unwrap_or_default();
     bytes.push(b'\n');
+    // The reason and the journal first, the move last: a crash in between
+    // leaves the message where it was (rejected again next time), never a
+    // rejected message without its reason or its journal line.
     atomic::write_file(
         &rejected.join(format!("{target_name}.reason.json")),
         &bytes,
@@ -377,6 +379,7 @@ pub fn reject(agent: &AgentDir, source: &Path, reason: &str, now: Timestamp) -> 
             }),
         ),
     )?;
+    atomic::rename(source, &target)?;
     Ok(target)
 }
 
@@ -511,6 +514,19 @@ pub fn return_claimed(
     session_id: &str,
     now: Timestamp,
 ) -> Result<(Vec<String>, Vec<String>)> {
+    return_claimed_counting(agent, session_id, now, true)
+}
+
+/// [`return_claimed`]; with `count = false` the attempt is not counted: the
+/// session did not fail on its messages, its process (or the daemon) was
+/// killed under it, and a crash-looping daemon must not make messages
+/// undeliverable.
+pub fn return_claimed_counting(
+    agent: &AgentDir,
+    session_id: &str,
+    now: Timestamp,
+    count: bool,
+) -> Result<(Vec<String>, Vec<String>)> {
     let mut returned = Vec::new();
     let mut undeliverable = Vec::new();
     let dir = agent.claimed(session_id);
@@ -528,7 +544,9 @@ pub fn return_claimed(
         let stem = name.trim_end_matches(".json");
         match validate(&bytes, stem, &agent.name, now) {
             Ok(mut m) => {
-                m.attempts += 1;
+                if count {
+                    m.attempts += 1;
+                }
                 if m.attempts >= MAX_ATTEMPTS {
                     // Record the count in the file first, so the rejected
                     // copy says how many times it was tried.

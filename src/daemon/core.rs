@@ -191,7 +191,11 @@ impl Core {
         slot.pending = Some(match slot.pending.take() {
             None => wake,
             Some(old) => PendingWake {
-                reason: if priority < old.priority {
+                // A manual wake always wins: it is served through a backoff,
+                // and merging it into a held-back wake must not lose that.
+                reason: if reason == WakeReason::Manual
+                    || (priority < old.priority && old.reason != WakeReason::Manual)
+                {
                     reason
                 } else {
                     old.reason
@@ -476,6 +480,20 @@ mod tests {
         assert_eq!(c.next_deadline(now), Some(until));
         let got = c.take_startable(until);
         assert_eq!(got[0].1.reason, WakeReason::Retry);
+    }
+
+    #[test]
+    fn a_manual_wake_merged_into_a_held_back_one_is_still_served() {
+        let mut c = core(&["rio"], 1);
+        let t0 = t("2026-01-01T00:00:00Z");
+        c.agents.get_mut(&name("rio")).unwrap().backoff_until =
+            Some(t0 + chrono::Duration::hours(1));
+        c.request(&name("rio"), WakeReason::Inbox, Priority::High, t0);
+        assert!(c.take_startable(t0).is_empty(), "held back");
+        c.request(&name("rio"), WakeReason::Manual, Priority::High, t0);
+        let got = c.take_startable(t0);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].1.reason, WakeReason::Manual);
     }
 
     #[test]

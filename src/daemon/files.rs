@@ -26,8 +26,22 @@ pub fn lock_root(root: &StateRoot) -> Result<DaemonLock> {
     let dir = root.daemon_dir();
     atomic::create_dir(&dir, 0o750)?;
     let path = dir.join("lock");
-    let file = open_lock_file(&path, 0o640)?;
-    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+    let mut file = open_lock_file(&path, 0o640)?;
+    // `agent-state wake` and `status` probe the lock with a shared lock held
+    // for microseconds; a live daemon holds it for good. Try for half a
+    // second before concluding that another daemon runs.
+    let mut tries = 0;
+    let result = loop {
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Err((f, nix::errno::Errno::EWOULDBLOCK)) if tries < 50 => {
+                tries += 1;
+                file = f;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            other => break other,
+        }
+    };
+    match result {
         Ok(lock) => Ok(DaemonLock { _lock: lock }),
         Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
             let pid = read_heartbeat(root)

@@ -354,6 +354,11 @@ fn prune_all(root: &StateRoot, config: &Config, running: &[(AgentName, String)])
             }
         }
     }
+    // Temp files of the daemon's own writes interrupted by a crash.
+    match health::prune_atomic_temps(&root.daemon_dir(), now - health::STALE_TEMP_AGE) {
+        Ok(stats) => total += stats,
+        Err(e) => tracing::warn!("pruning .daemon/: {e}"),
+    }
     total
 }
 
@@ -408,6 +413,12 @@ impl Daemon {
                 }
             }
             match hooks::recover_stale(agent, &dir, "interrupted: daemon restarted", now) {
+                Ok(Some(r)) if r.replayed => tracing::warn!(
+                    agent = %agent.name,
+                    session_id = %r.session_id,
+                    "session {}: its end was journaled before the daemon died; completed recording it from the journal",
+                    r.session_id
+                ),
                 Ok(Some(r)) => records.push(
                     ErrorRecord::new(
                         Code::SessionInterrupted,
@@ -440,7 +451,7 @@ impl Daemon {
                         continue;
                     }
                     if let Ok(lock) = dir.lock() {
-                        let _ = inbox::return_claimed(&dir, &sid, now);
+                        let _ = inbox::return_claimed_counting(&dir, &sid, now, false);
                         drop(lock);
                     }
                 }
@@ -1515,6 +1526,12 @@ impl Daemon {
             }
             if hooks::is_stale(&s, now) {
                 match hooks::recover_stale(&agent, &dir, "interrupted: its process is gone", now) {
+                    Ok(Some(r)) if r.replayed => tracing::warn!(
+                        agent = %agent.name,
+                        session_id = %r.session_id,
+                        "session {}: its end was journaled but not fully recorded; completed from the journal",
+                        r.session_id
+                    ),
                     Ok(Some(r)) => self.raise(
                         ErrorRecord::new(
                             Code::SessionInterrupted,

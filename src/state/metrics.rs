@@ -18,6 +18,10 @@ pub struct Metrics {
     pub updated_at: Option<Timestamp>,
     pub lifetime: Lifetime,
     pub rolling_30d: Rolling,
+    /// Addition: the last session whose end is counted in `lifetime`, so a
+    /// recovery that replays an end (after a crash) never counts it twice.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub counted_session: Option<String>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }
@@ -164,6 +168,49 @@ use super::journal;
 use super::lock::AgentLock;
 use crate::error::Result;
 
+/// After a crash between a session's journaled end and the metrics update:
+/// count the journal's last session end if metrics.json has not. A file
+/// without the marker (written before it existed) only gets the marker.
+pub fn catch_up(
+    dir: &AgentDir,
+    lock: &AgentLock,
+    now: Timestamp,
+    notes: &mut Vec<String>,
+) -> Result<bool> {
+    let mut last = None;
+    journal::scan_backwards(&dir.journal(), |e| match &e.event {
+        Event::SessionEnd(_) | Event::Error(_) | Event::Timeout(_) => {
+            last = Some(e);
+            std::ops::ControlFlow::Break(())
+        }
+        _ => std::ops::ControlFlow::Continue(()),
+    })?;
+    let Some(entry) = last else {
+        return Ok(false);
+    };
+    let id = match &entry.event {
+        Event::SessionEnd(e) => e.session_id.clone(),
+        Event::Error(f) | Event::Timeout(f) => f.session_id.clone(),
+        _ => return Ok(false),
+    };
+    let mut metrics: Metrics = dir.load(lock, now, notes)?;
+    match &metrics.counted_session {
+        Some(counted) if *counted == id => Ok(false),
+        Some(_) => {
+            apply(dir, lock, &entry.event, now, notes)?;
+            notes.push(format!(
+                "metrics.json had not counted the end of session {id} (a crash); counted now"
+            ));
+            Ok(true)
+        }
+        None => {
+            metrics.counted_session = Some(id);
+            dir.save(lock, &metrics)?;
+            Ok(false)
+        }
+    }
+}
+
 /// Count a just-journaled event into metrics.json: lifetime counters are
 /// incremented (so counts that predate the journal are kept), and the rolling
 /// window is recomputed from the journal when the event can change it.
@@ -177,9 +224,18 @@ pub fn apply(
     let (mut metrics, origin): (Metrics, _) = dir.load_with_origin(lock, now, notes)?;
     let before = metrics.lifetime.clone();
     metrics.agent = dir.name.to_string();
+    let ended = match event {
+        Event::SessionEnd(e) => Some(&e.session_id),
+        Event::Error(f) | Event::Timeout(f) => Some(&f.session_id),
+        _ => None,
+    };
+    let counted_already = ended.is_some() && ended == metrics.counted_session.as_ref();
     // A file rebuilt from the journal already counts this (journaled) event.
-    if origin != super::Origin::RebuiltFromJournal {
+    if origin != super::Origin::RebuiltFromJournal && !counted_already {
         metrics.lifetime.count(event);
+    }
+    if let Some(id) = ended {
+        metrics.counted_session = Some(id.clone());
     }
     let window_changes = matches!(
         event,

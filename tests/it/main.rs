@@ -8,6 +8,7 @@ mod support;
 mod bootstrap;
 mod check;
 mod concurrency;
+mod crash;
 mod daemon;
 mod diskfaults;
 mod faults;
