@@ -747,3 +747,115 @@ fn a_torn_journal_line_is_reported_skipped_and_appended_after() {
     assert_eq!(bad, ["{\"ts\":\"2026-11-2"], "only the torn line is bad");
     assert!(text.ends_with('\n'));
 }
+
+// ---- Claude Code JSON results from a stand-in ------------------------------------------
+
+/// A stand-in for `claude -p --output-format json` that prints `result` as
+/// its JSON result line (with a fresh session id, as the real one has) and
+/// exits with `code`.
+fn fake_claude(env: &Env, result: &str, code: i32) -> PathBuf {
+    env.script(
+        "fake-claude.sh",
+        &format!(
+            "cat > /dev/null\nprintf '%s\\n' '{{\"type\":\"result\",\"session_id\":\"'$$-$(date +%s%N)'\",{result}}}'\nexit {code}"
+        ),
+    )
+}
+
+#[test]
+fn an_api_rate_limit_is_retried_with_backoff_then_escalated() {
+    let env = Env::with_config("");
+    let script = fake_claude(
+        &env,
+        r#""subtype":"success","is_error":true,"api_error_status":429,"result":"API Error: 429 rate_limit_error","total_cost_usd":0"#,
+        1,
+    );
+    env.set_config(&config(&script, "api_retries = 2", ""));
+    let d = env.daemon();
+    let t0 = Instant::now();
+    env.ok(&["wake", "rio"]);
+    d.wait_until(secs(10.0), "three API errors", || {
+        count(&env, "AGENT_API_ERROR") == 3
+    });
+    // retry_delay 300 ms, doubling: the retries come 0.3 s and 0.6 s apart.
+    assert!(t0.elapsed() >= secs(0.9), "{:?}", t0.elapsed());
+    let recs: Vec<Value> = errors(&env)
+        .into_iter()
+        .filter(|r| r["code"] == "AGENT_API_ERROR")
+        .collect();
+    assert_eq!(recs[2]["escalated"], true);
+    assert!(
+        recs[0]["message"].as_str().unwrap().contains("429"),
+        "{}",
+        recs[0]
+    );
+    std::thread::sleep(secs(1.0));
+    assert_eq!(count(&env, "AGENT_API_ERROR"), 3, "no fourth attempt");
+}
+
+#[test]
+fn the_cost_and_tokens_of_a_json_result_go_into_session_json() {
+    let env = Env::with_config("");
+    let script = fake_claude(
+        &env,
+        r#""subtype":"success","is_error":false,"result":"Archived 2 sources.","total_cost_usd":0.4213,"num_turns":23,"usage":{"input_tokens":1200,"cache_creation_input_tokens":10,"cache_read_input_tokens":3000,"output_tokens":800}"#,
+        0,
+    );
+    env.set_config(&config(&script, "", ""));
+    let d = env.daemon();
+    env.ok(&["wake", "rio"]);
+    d.wait_until(secs(5.0), "the session completed with its cost", || {
+        let s = state(&env, "rio", "session.json");
+        s["status"] == "completed" && s["cost_usd"].is_number()
+    });
+    let s = state(&env, "rio", "session.json");
+    assert_eq!(s["cost_usd"], 0.4213);
+    assert_eq!(s["tokens_used"], 5010);
+    assert_eq!(s["usage"]["output_tokens"], 800);
+    assert!(errors(&env).is_empty(), "{:#?}", errors(&env));
+}
+
+// ---- the health monitor and sessions run by scripts -----------------------------------
+
+#[test]
+fn a_script_session_whose_process_died_is_found_and_finished_by_the_monitor() {
+    let (env, _runs) = setup("echo hi", "wake_on_inbox = \"never\"", "");
+    env.ok(&["bootstrap"]);
+    let d = env.daemon();
+    env.ok(&[
+        "send",
+        "--from",
+        "theseus",
+        "--to",
+        "rio",
+        "--subject",
+        "s",
+        "--body",
+        "b",
+    ]);
+    // A session script (run by cron, not the daemon) that began a session,
+    // claimed the message, and was then killed.
+    let mut script = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    let pid = script.id().to_string();
+    env.ok(&["session", "begin", "rio", "--owner-pid", &pid]);
+    assert!(env.waiting("rio").is_empty(), "claimed by the session");
+    script.kill().unwrap();
+    script.wait().unwrap();
+    d.wait_until(secs(5.0), "SESSION_INTERRUPTED", || {
+        count(&env, "SESSION_INTERRUPTED") == 1
+    });
+    let s = state(&env, "rio", "session.json");
+    assert_eq!(s["status"], "error", "{s}");
+    assert!(
+        s["reason"].as_str().unwrap().contains("process is gone"),
+        "{s}"
+    );
+    assert_eq!(
+        env.waiting("rio").len(),
+        1,
+        "its message is back in the inbox"
+    );
+}
