@@ -118,6 +118,20 @@ impl Alerts {
         }
     }
 
+    /// Take over the records `old` could not write yet (a reload replaces
+    /// the Alerts with the new config's).
+    pub fn adopt(&self, old: &Alerts) {
+        let taken = old
+            .inner
+            .unwritten
+            .lock()
+            .map(|mut w| std::mem::take(&mut *w))
+            .unwrap_or_default();
+        if let Ok(mut mine) = self.inner.unwritten.lock() {
+            mine.extend(taken);
+        }
+    }
+
     /// Write records kept while errors.jsonl could not be written.
     pub fn flush(&self) {
         let Ok(mut waiting) = self.inner.unwritten.lock() else {

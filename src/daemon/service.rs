@@ -1639,7 +1639,8 @@ impl Daemon {
                     );
                 } else {
                     self.core.max_concurrent = config.daemon.max_concurrent_sessions.max(1);
-                    self.alerts = Alerts::new(&config);
+                    let old = std::mem::replace(&mut self.alerts, Alerts::new(&config));
+                    self.alerts.adopt(&old);
                     self.config = config;
                     // A reload is the operator's action a disabled agent waits for.
                     for slot in self.core.agents.values_mut() {
