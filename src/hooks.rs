@@ -25,7 +25,7 @@ use crate::state::journal::{Event, SessionEnd, SessionFailed, SessionStart, Sess
 use crate::state::lock::AgentLock;
 use crate::state::memory;
 use crate::state::metrics;
-use crate::state::report::{AgentStatus, LastSession, Report};
+use crate::state::report::{AgentStatus, LastSession, Lifecycle, Report};
 use crate::state::session::{Session, SessionStatus, SessionType};
 use crate::state::tasks::{self, NewTask, TaskFile, TaskPriority, TaskType};
 
@@ -337,6 +337,28 @@ pub fn begin(
     }
 
     let session_id = new_session_id(dir, &last_id, now);
+    // A new session is a spawn (seed 000): it gets an instance id. The
+    // daemon assigns its own; a script run by cron takes one here, if it may
+    // write the counters (a script of another user may not: noted, not fatal).
+    let instance = match &req.instance {
+        Some(i) => Some(i.clone()),
+        None => {
+            let root = crate::state::StateRoot::new(dir.path.parent().unwrap_or(&dir.path));
+            match crate::daemon::files::next_instance(&root, dir.name.as_str(), || {
+                crate::daemon::session::highest_instance(dir)
+            }) {
+                Ok(i) => Some(i),
+                Err(e) => {
+                    notes.push(format!("no instance id for this session: {e}"));
+                    None
+                }
+            }
+        }
+    };
+    let req = &BeginRequest {
+        instance,
+        ..req.clone()
+    };
     let claim = inbox::claim(dir, &session_id, now)?;
     let message_ids: Vec<String> = claim.claimed.iter().map(|m| m.id.clone()).collect();
     let model = Args::text(req.model.as_deref()).unwrap_or_else(|| agent.session.model.clone());
@@ -387,6 +409,7 @@ pub fn begin(
     report.current_session = Some(session_id.clone());
     report.instance = req.instance.clone();
     report.updated_at = Some(now);
+    report.lifecycle = Some(Lifecycle::Alive);
     // Both files are on disk before the journal says the session started;
     // renamed in after it (journal first, for readers).
     let staged_session = dir.stage(&lock, &session)?;
@@ -939,6 +962,11 @@ fn finish_with(
     report.agent = dir.name.to_string();
     report.current_session = None;
     report.updated_at = Some(now);
+    report.lifecycle = Some(if matches!(event, Event::SessionEnd(_)) {
+        Lifecycle::Sleeping
+    } else {
+        Lifecycle::at_rest(dir)
+    });
     report.last_session = Some(LastSession {
         id: id.clone(),
         started_at: session.started_at,

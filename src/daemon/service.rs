@@ -34,7 +34,7 @@ use crate::hooks;
 use crate::inbox;
 use crate::schedule::{self, Missed};
 use crate::state::journal::{Event, ScheduleMissed, WakeSkipped};
-use crate::state::report::{AgentStatus, Report, ReportError};
+use crate::state::report::{AgentStatus, Lifecycle, Report, ReportError};
 use crate::state::session::Session;
 use crate::state::{AgentDir, StateRoot, bootstrap};
 
@@ -478,7 +478,25 @@ impl Daemon {
             })
             .cloned()
             .collect();
+        if at_start {
+            // Directories of agents removed while the daemon was down.
+            let configured: std::collections::BTreeSet<String> =
+                wanted.iter().map(|a| a.name.to_string()).collect();
+            let gone: Vec<AgentName> = std::fs::read_dir(&self.root.path)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .filter_map(|e| AgentName::parse(&e.file_name().to_string_lossy()).ok())
+                .filter(|n| !configured.contains(n.as_str()))
+                .filter(|n| self.root.agent(n).report().is_file())
+                .collect();
+            for name in gone {
+                self.set_lifecycle(&name, |_| Some(Lifecycle::Expired));
+            }
+        }
         for name in removed {
+            self.set_lifecycle(&name, |_| Some(Lifecycle::Expired));
             self.watcher.unwatch(&name);
             if !self.running.contains_key(&name) {
                 self.core.agents.remove(&name);
@@ -505,6 +523,14 @@ impl Daemon {
             slot.wake_on_inbox = agent.session.wake_on_inbox;
             slot.inbox_debounce = agent.session.inbox_debounce;
             self.refresh_rank(&agent.name);
+            // New, or configured again after it expired: hatching or
+            // sleeping (a running session keeps `alive`).
+            let dir = self.root.agent(&agent.name);
+            self.set_lifecycle(&agent.name, |current| match current {
+                None | Some(Lifecycle::Expired) => Some(Lifecycle::at_rest(&dir)),
+                Some(Lifecycle::Hatching) => Some(Lifecycle::at_rest(&dir)),
+                other => other,
+            });
             self.plan_schedule(agent, now, at_start);
         }
         // Human mailboxes: bootstrapped, never woken.
@@ -1212,6 +1238,32 @@ impl Daemon {
         };
         let _ = cfg;
         self.publish_agent(agent, Some(error));
+    }
+
+    /// Set report.json `lifecycle` to `f(current)` (written only if it changes).
+    fn set_lifecycle(
+        &self,
+        agent: &AgentName,
+        f: impl FnOnce(Option<Lifecycle>) -> Option<Lifecycle>,
+    ) {
+        let dir = self.dir(agent);
+        if !dir.path.is_dir() {
+            return;
+        }
+        let result = dir.lock().and_then(|lock| {
+            let mut notes = Vec::new();
+            let mut report: Report = dir.load(&lock, Timestamp::now(), &mut notes)?;
+            let next = f(report.lifecycle);
+            if next != report.lifecycle {
+                tracing::info!(agent = %agent, "lifecycle: {}", next.map(|l| l.as_str()).unwrap_or("-"));
+                report.lifecycle = next;
+                dir.save(&lock, &report)?;
+            }
+            Ok(())
+        });
+        if let Err(e) = result {
+            tracing::warn!(agent = %agent, "cannot update the lifecycle in report.json: {e}");
+        }
     }
 
     /// Rank the agent by its 30-day error rate (metrics.json): at 50 % or

@@ -34,8 +34,55 @@ pub struct Report {
     /// backing off, disabled); cleared by the first success.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<ReportError>,
+    /// Addition: seed 003's lifecycle adapted to a daemon; missing reads as
+    /// `sleeping` ([`Report::lifecycle`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lifecycle: Option<Lifecycle>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
+}
+
+/// Where an agent is in its life (seed 003, adapted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Lifecycle {
+    /// Never completed a session and has no identity.md: its first
+    /// session gets the birth prompt.
+    Hatching,
+    /// A session is running.
+    Alive,
+    /// Between sessions.
+    Sleeping,
+    /// Removed from the config: its directory is kept and it comes back if
+    /// configured again.
+    Expired,
+}
+
+impl Lifecycle {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Lifecycle::Hatching => "hatching",
+            Lifecycle::Alive => "alive",
+            Lifecycle::Sleeping => "sleeping",
+            Lifecycle::Expired => "expired",
+        }
+    }
+
+    /// Between sessions: `hatching` until the agent has an identity
+    /// (identity.md or prompt.md) or has completed a session.
+    pub fn at_rest(dir: &super::AgentDir) -> Lifecycle {
+        let has_identity = dir.file("identity.md").is_file() || dir.file("prompt.md").is_file();
+        let completed = dir
+            .read::<super::metrics::Metrics>()
+            .ok()
+            .flatten()
+            .is_some_and(|m| m.lifetime.sessions_completed > 0);
+        if has_identity || completed {
+            Lifecycle::Sleeping
+        } else {
+            Lifecycle::Hatching
+        }
+    }
 }
 
 /// Why an agent is in `error`, and what the daemon does about it.
@@ -106,6 +153,11 @@ pub struct LastSession {
 }
 
 impl Report {
+    /// The lifecycle; a file without the field reads as `sleeping`.
+    pub fn lifecycle(&self) -> Lifecycle {
+        self.lifecycle.unwrap_or(Lifecycle::Sleeping)
+    }
+
     pub fn new(agent: &str) -> Report {
         Report {
             agent: agent.to_string(),

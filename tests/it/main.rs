@@ -15,6 +15,7 @@ mod faults;
 mod health;
 mod hooks;
 mod hostile;
+mod identity;
 mod messages;
 mod notify;
 mod scripts;
