@@ -117,7 +117,19 @@ pub struct SessionSettings {
     /// No output for this long is a stall (`None`: never).
     pub stall_timeout: Option<Duration>,
     pub stall_action: StallAction,
+    /// The prompt is kept under this many bytes (what is cut is said).
+    pub prompt_budget: u64,
+    /// What a hatching agent's first session gets instead of its identity.
+    pub birth_prompt: String,
 }
+
+/// The default birth prompt: the first session of an agent without an
+/// identity asks it to write one.
+pub const DEFAULT_BIRTH_PROMPT: &str = "You are a new agent on this team and have no identity yet. \
+Before anything else, decide who you are: your domain, what you are for, how you work and \
+what you will not do. Write it to identity.md in your state directory (the directory in the \
+AGENT_STATE_DIR environment variable) in a few short sections; every later session starts \
+from it. Then begin your work.";
 
 /// How failed sessions are retried (the error matrix, docs/errors.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -231,6 +243,8 @@ struct RawSession {
     spawn_retry_delay: Option<String>,
     stall_timeout: Option<String>,
     stall_action: Option<String>,
+    prompt_budget: Option<String>,
+    birth_prompt: Option<String>,
 }
 
 /// An `[[agent]]` table. serde cannot combine `flatten` with
@@ -262,6 +276,8 @@ struct RawAgent {
     spawn_retry_delay: Option<String>,
     stall_timeout: Option<String>,
     stall_action: Option<String>,
+    prompt_budget: Option<String>,
+    birth_prompt: Option<String>,
 }
 
 impl RawAgent {
@@ -286,6 +302,8 @@ impl RawAgent {
             spawn_retry_delay: self.spawn_retry_delay.clone(),
             stall_timeout: self.stall_timeout.clone(),
             stall_action: self.stall_action.clone(),
+            prompt_budget: self.prompt_budget.clone(),
+            birth_prompt: self.birth_prompt.clone(),
         }
     }
 }
@@ -892,7 +910,31 @@ impl Validator {
                 StallAction::Warn
             }
         };
+        let prompt_budget = match (&raw.prompt_budget, base) {
+            (None, Some(b)) => b.prompt_budget,
+            (value, _) => self.size(&f("prompt_budget"), value.as_deref(), "200KiB"),
+        };
+        if prompt_budget < 4096 {
+            self.problem(
+                f("prompt_budget"),
+                "must be at least 4KiB (rules and identity are never cut)",
+            );
+        }
+        let birth_prompt = match (&raw.birth_prompt, base) {
+            (Some(t), _) if !t.trim().is_empty() => t.clone(),
+            (Some(_), _) => {
+                self.warn(
+                    f("birth_prompt"),
+                    "is empty; using the built-in birth prompt",
+                );
+                DEFAULT_BIRTH_PROMPT.to_string()
+            }
+            (None, Some(b)) => b.birth_prompt.clone(),
+            (None, None) => DEFAULT_BIRTH_PROMPT.to_string(),
+        };
         SessionSettings {
+            prompt_budget,
+            birth_prompt,
             command,
             timeout,
             kill_grace,
