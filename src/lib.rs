@@ -33,4 +33,5 @@ pub mod hooks;
 pub mod inbox;
 pub mod prompt;
 pub mod schedule;
+pub mod signals;
 pub mod state;

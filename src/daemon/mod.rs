@@ -4,6 +4,7 @@
 pub mod alerts;
 pub mod clock;
 pub mod core;
+pub mod effects;
 pub mod failure;
 pub mod files;
 pub mod health;

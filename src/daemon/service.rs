@@ -17,6 +17,7 @@ use tokio::sync::{mpsc, watch};
 use super::alerts::{Alerts, EscalationMemory};
 use super::clock::Clock;
 use super::core::{AgentSlot, Core, InboxSummary, Priority, Skipped, WakeReason};
+use super::effects;
 use super::failure::{self, Next, Observed, Streak};
 use super::files::{self, Heartbeat, RunningEntry, ScheduleState};
 use super::health::{self, DiskLevel, HealthState, PruneStats, Thresholds};
@@ -56,6 +57,11 @@ enum LoopEvent {
         agent: AgentName,
         silent_for: Duration,
     },
+    /// A signal (or an invalid one) in a session's output, as it streams.
+    Signal {
+        agent: AgentName,
+        signal: Box<crate::signals::SignalResult>,
+    },
     SessionDone {
         agent: AgentName,
         report: Box<RunReport>,
@@ -89,6 +95,8 @@ struct Running {
     stop: watch::Sender<bool>,
     /// Why the daemon stopped it, if it did for another reason than shutdown.
     stop_reason: Option<String>,
+    /// The session signalled COMPLETE.
+    completed_by_signal: bool,
 }
 
 struct Daemon {
@@ -292,15 +300,24 @@ struct Observer {
     output: SessionOutput,
     agent: AgentName,
     tx: mpsc::UnboundedSender<LoopEvent>,
+    /// One signal scanner per stream: chunks of the two interleave.
+    scanners: [crate::signals::SignalScanner; 2],
 }
 
 impl OutputObserver for Observer {
     fn on_output(&mut self, chunk: &[u8]) {
-        self.output.on_output(chunk);
+        self.on_stream_output(OutputStream::Stdout, chunk);
     }
 
     fn on_stream_output(&mut self, stream: OutputStream, chunk: &[u8]) {
         self.output.on_stream_output(stream, chunk);
+        let i = match stream {
+            OutputStream::Stdout => 0,
+            OutputStream::Stderr => 1,
+        };
+        for signal in self.scanners[i].feed(chunk) {
+            self.send_signal(signal);
+        }
     }
 
     fn on_stall(&mut self, silent_for: Duration) {
@@ -312,6 +329,24 @@ impl OutputObserver for Observer {
 }
 
 impl Observer {
+    fn send_signal(&self, signal: crate::signals::SignalResult) {
+        let _ = self.tx.send(LoopEvent::Signal {
+            agent: self.agent.clone(),
+            signal: Box::new(signal),
+        });
+    }
+
+    /// The end of the output: an unterminated signal is reported.
+    fn finish(&mut self) {
+        let mut rest = Vec::new();
+        for scanner in &mut self.scanners {
+            rest.extend(scanner.finish());
+        }
+        for signal in rest {
+            self.send_signal(signal);
+        }
+    }
+
     fn summary(&self) -> OutputSummary {
         OutputSummary {
             empty: self.output.is_empty(),
@@ -684,6 +719,7 @@ impl Daemon {
             LoopEvent::SessionStalled { agent, silent_for } => {
                 self.session_stalled(&agent, silent_for)
             }
+            LoopEvent::Signal { agent, signal } => self.signal(&agent, *signal),
             LoopEvent::SessionDone {
                 agent,
                 report,
@@ -987,6 +1023,7 @@ impl Daemon {
                 started_at: now,
                 stop: stop_tx,
                 stop_reason: None,
+                completed_by_signal: false,
             },
         );
         let tx = self.tx.clone();
@@ -1007,11 +1044,13 @@ impl Daemon {
                 output: SessionOutput::new(),
                 agent: name.clone(),
                 tx: tx.clone(),
+                scanners: Default::default(),
             };
             let (report, ()) = tokio::join!(
                 runner::run(spec, &mut observer, stop_rx, Some(pid_tx)),
                 pid_forward
             );
+            observer.finish();
             let output = observer.summary();
             let _ = tx.send(LoopEvent::SessionDone {
                 agent: name,
@@ -1021,10 +1060,23 @@ impl Daemon {
         });
     }
 
-    fn session_done(&mut self, agent: AgentName, report: RunReport, output: OutputSummary) {
+    fn session_done(&mut self, agent: AgentName, mut report: RunReport, output: OutputSummary) {
         let Some(running) = self.running.remove(&agent) else {
             return;
         };
+        if running.completed_by_signal
+            && !report.ending.is_success()
+            && !matches!(report.ending, Ending::SpawnFailed { .. })
+        {
+            // The agent said it finished its work: that counts, whatever
+            // became of the process afterwards.
+            tracing::warn!(
+                agent = %agent, session_id = %running.session_id,
+                "the session signalled COMPLETE; counted as completed although the command {}",
+                report.ending
+            );
+            report.ending = Ending::Exited { code: 0 };
+        }
         let now = Timestamp::from_datetime(self.clock.now());
         let dir = self.dir(&agent);
         let cfg = self.agent_config(&agent).cloned();
@@ -1335,6 +1387,41 @@ impl Daemon {
         match (slot.pending.is_some(), backoff) {
             (true, Some(b)) => Some(b),
             _ => slot.next_fire.map(|w| backoff.map_or(w, |b| w.max(b))),
+        }
+    }
+
+    /// A signal from a running session: carry it out, or log it as invalid.
+    fn signal(&mut self, agent: &AgentName, signal: crate::signals::SignalResult) {
+        let Some(running) = self.running.get_mut(agent) else {
+            return;
+        };
+        let (session_id, instance) = (running.session_id.clone(), running.instance.clone());
+        let origin = effects::Origin {
+            agent,
+            session_id: &session_id,
+            instance: &instance,
+        };
+        let now = Timestamp::now();
+        match signal {
+            Err(e) => effects::record_invalid(&self.root, &origin, &e, now),
+            Ok(s) => {
+                if s.kind() == crate::signals::SignalType::Complete {
+                    running.completed_by_signal = true;
+                }
+                match effects::apply(&self.root, &self.config, &origin, &s, now) {
+                    Ok(effect) => tracing::info!(
+                        agent = %agent, session_id = %session_id,
+                        "signal {}: {effect}", s.raw()
+                    ),
+                    Err(e) => self.raise(
+                        ErrorRecord::new(e.code(), format!("{agent}: cannot carry out the signal {}", s.raw()))
+                            .details(e.to_string())
+                            .agent(agent)
+                            .session(session_id.clone()),
+                        false,
+                    ),
+                }
+            }
         }
     }
 

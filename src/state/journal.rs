@@ -48,8 +48,25 @@ pub enum Event {
     StateRepaired(StateRepaired),
     WakeSkipped(WakeSkipped),
     ScheduleMissed(ScheduleMissed),
+    Signal(SignalSeen),
     #[serde(other)]
     Other,
+}
+
+/// A valid agent signal (`<axiom>TYPE:payload</axiom>`) seen in a session's
+/// output, and what the daemon did with it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct SignalSeen {
+    pub session_id: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
+    /// What it led to ("report.json progress = 40", "flag sent to 5 agents").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effect: Option<String>,
 }
 
 /// A wake (schedule, inbox, manual) came while the agent's session ran.

@@ -19,4 +19,5 @@ mod identity;
 mod messages;
 mod notify;
 mod scripts;
+mod signals;
 mod systemd;

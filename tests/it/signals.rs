@@ -1,0 +1,173 @@
+//! Agent signals through the daemon: a fake agent prints each kind of
+//! `<axiom>…</axiom>` signal (one split across two writes, one invalid) and
+//! the effects land in the state files.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::support::Env;
+
+fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s)
+}
+
+fn state(env: &Env, agent: &str, file: &str) -> Value {
+    std::fs::read_to_string(env.root.join(agent).join(file))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(Value::Null)
+}
+
+fn journal(env: &Env, agent: &str) -> Vec<Value> {
+    std::fs::read_to_string(env.root.join(agent).join("journal.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+fn waiting_subjects(env: &Env, agent: &str) -> Vec<String> {
+    let v: Value = serde_json::from_str(&env.ok(&["inbox", agent, "--json"])).unwrap();
+    v["waiting"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["message"]["subject"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+fn setup(body: &str) -> Env {
+    let env = Env::with_config("");
+    let script = env.script("agent.sh", body);
+    env.set_config(&format!(
+        r#"
+[defaults]
+command = [{:?}, "{{agent}}"]
+wake_on_inbox = "never"
+timeout = "30s"
+kill_grace = "1s"
+
+[[agent]]
+name = "rio"
+[[agent]]
+name = "theseus"
+[[agent]]
+name = "clay"
+[[agent]]
+name = "marcus"
+kind = "human"
+"#,
+        script.display().to_string()
+    ));
+    env
+}
+
+#[test]
+fn every_signal_has_its_effect_and_an_invalid_one_is_logged_not_fatal() {
+    let env = setup(
+        r#"echo "starting"
+echo "<axiom>PROGRESS:40</axiom>"
+printf '<axiom>BLOCK'
+sleep 0.2
+printf 'ED:waiting for the API key</axiom>\n'
+echo "<axiom>PENDING:which dataset should I use?</axiom>"
+echo "<axiom>DISCOVERY_LOCAL:the archive mirrors lag by a day</axiom>"
+echo "<axiom>DISCOVERY_GLOBAL:conditional AMMs show up in three sources</axiom>"
+echo "<axiom>progress:50</axiom> and <axiom>PROGRESS:150</axiom>"
+echo "<axiom>RESOLVED</axiom>"
+echo "<axiom>PROGRESS:90</axiom>"
+echo "<axiom>COMPLETE</axiom>"
+exit 1"#,
+    );
+    let d = env.daemon();
+    env.ok(&["wake", "rio"]);
+    d.wait_until(secs(8.0), "the session ended", || {
+        state(&env, "rio", "session.json")["status"] == "completed"
+    });
+    // COMPLETE: completed although the command exited 1.
+    let report = state(&env, "rio", "report.json");
+    assert_eq!(report["last_session"]["outcome"], "completed", "{report:#}");
+    assert_eq!(report["progress"], 90, "{report:#}");
+    assert!(report["blocked_by"].is_null(), "RESOLVED cleared it: {report:#}");
+
+    let signals: Vec<(String, String)> = journal(&env, "rio")
+        .iter()
+        .filter(|e| e["event"] == "signal")
+        .map(|e| {
+            (
+                e["type"].as_str().unwrap().to_string(),
+                e["payload"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    let kinds: Vec<&str> = signals.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "PROGRESS",
+            "BLOCKED",
+            "PENDING",
+            "DISCOVERY_LOCAL",
+            "DISCOVERY_GLOBAL",
+            "RESOLVED",
+            "PROGRESS",
+            "COMPLETE"
+        ]
+    );
+    assert_eq!(signals[1].1, "waiting for the API key", "split across two writes");
+
+    let mail = waiting_subjects(&env, "marcus");
+    assert!(mail.iter().any(|s| s.starts_with("[BLOCKED] rio")), "{mail:?}");
+    assert!(mail.iter().any(|s| s.starts_with("[PENDING] rio")), "{mail:?}");
+    let pending: Value = serde_json::from_str(&env.ok(&["inbox", "marcus", "--json"])).unwrap();
+    assert!(
+        pending["waiting"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w["message"]["type"] == "question"),
+        "PENDING asks a question: {pending:#}"
+    );
+
+    let memory = std::fs::read_to_string(env.root.join("rio/memory.md")).unwrap();
+    assert!(memory.contains("## Discoveries"), "{memory}");
+    assert!(memory.contains("the archive mirrors lag by a day"), "{memory}");
+    for other in ["theseus", "clay"] {
+        let subjects = waiting_subjects(&env, other);
+        assert_eq!(
+            subjects,
+            ["conditional AMMs show up in three sources"],
+            "{other} got the global discovery"
+        );
+    }
+    assert!(waiting_subjects(&env, "rio").is_empty(), "not to itself");
+    assert_eq!(
+        state(&env, "rio", "metrics.json")["lifetime"]["cross_agent_flags_sent"],
+        2
+    );
+
+    // Invalid signals: logged with the seed's fields, the session went on.
+    let log = std::fs::read_to_string(env.root.join(".daemon/signals.jsonl")).unwrap();
+    let records: Vec<Value> = log.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let codes: Vec<&str> = records.iter().map(|r| r["code"].as_str().unwrap()).collect();
+    assert_eq!(codes, ["SIGNAL_UNKNOWN_TYPE", "SIGNAL_INVALID_PAYLOAD"], "{log}");
+    for r in &records {
+        assert_eq!(r["agent"], "rio");
+        assert_eq!(r["level"], "warn");
+        assert!(r["session"].is_string() && r["raw"].is_string() && r["ts"].is_string(), "{r}");
+    }
+}
+
+#[test]
+fn an_unterminated_signal_at_the_end_of_the_output_is_malformed() {
+    let env = setup("echo working\nprintf '<axiom>BLOCKED:no end'");
+    let d = env.daemon();
+    env.ok(&["wake", "rio"]);
+    d.wait_until(secs(5.0), "SIGNAL_MALFORMED is logged", || {
+        std::fs::read_to_string(env.root.join(".daemon/signals.jsonl"))
+            .is_ok_and(|t| t.contains("SIGNAL_MALFORMED"))
+    });
+    assert_eq!(state(&env, "rio", "session.json")["status"], "completed");
+    assert!(state(&env, "rio", "report.json")["blocked_by"].is_null());
+}
