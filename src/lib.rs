@@ -29,6 +29,7 @@ pub mod config;
 pub mod daemon;
 pub mod error;
 pub mod errors;
+pub mod events;
 pub mod hooks;
 pub mod inbox;
 pub mod prompt;

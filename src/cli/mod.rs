@@ -6,6 +6,7 @@ mod bootstrap;
 mod check;
 mod daemon;
 mod errors;
+mod events;
 mod inbox;
 mod metrics;
 mod prompt;
@@ -78,6 +79,8 @@ pub enum Command {
     Wake(wake::Args),
     /// Show the error log (.daemon/errors.jsonl), or the catalogue of error codes
     Errors(errors::Args),
+    /// Every journal and the daemon's logs as one ordered stream, with cursors to resume from (--after) and --follow
+    Events(events::Args),
 }
 
 /// What every command needs: the config, the root and one `now`.
@@ -135,6 +138,7 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Daemon(a) => daemon::run(&ctx, a),
         Command::Wake(a) => wake::run(&ctx, a),
         Command::Errors(a) => errors::run(&ctx, a),
+        Command::Events(a) => events::run(&ctx, a),
     }
 }
 

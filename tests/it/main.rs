@@ -11,6 +11,7 @@ mod concurrency;
 mod crash;
 mod daemon;
 mod diskfaults;
+mod events;
 mod faults;
 mod health;
 mod hooks;

@@ -1,0 +1,354 @@
+//! `agent-state events`: every agent's journal and the daemon's logs as one
+//! ordered stream, each event with the cursor that resumes right after it
+//! (`--after`), and `--follow` to wait for more (inotify, never polling).
+//! See [`crate::events`] for the cursor and the order.
+
+use std::collections::BTreeSet;
+use std::io::{self, BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+
+use notify::{RecursiveMode, Watcher};
+use serde::Serialize;
+
+use crate::agent_name::AgentName;
+use crate::cli::{Context, warn};
+use crate::error::{Error, Result, exit};
+use crate::events::{Batch, Change, Cursor, Reader, SourceId, StreamEvent, classify};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Only this agent's journal, and the daemon's records about it or about no agent in particular
+    #[arg(long, value_name = "A")]
+    pub agent: Option<String>,
+    /// Resume right after the event this cursor was printed with (no duplicates, no gaps)
+    #[arg(long, value_name = "CURSOR")]
+    pub after: Option<String>,
+    /// After what exists, print events as they are appended, until SIGINT/SIGTERM or stdout closes
+    #[arg(long)]
+    pub follow: bool,
+    /// One JSON object a line: {"cursor", "source", "kind", "ts", "event": the line as written}
+    #[arg(long)]
+    pub json: bool,
+    /// Stop after N events (the last one's cursor resumes the stream)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub limit: Option<u64>,
+}
+
+pub fn run(ctx: &Context, args: Args) -> Result<u8> {
+    let after = match &args.after {
+        Some(token) => Cursor::parse(token).map_err(|p| Error::Usage(format!("--after: {p}")))?,
+        None => Cursor::start(),
+    };
+    let agent: Option<AgentName> = match &args.agent {
+        Some(a) => Some(ctx.config.agent_named(a)?.name.clone()),
+        None => None,
+    };
+    // A reader that goes away (`| head`, a closed pipe) ends the stream
+    // with exit 0: see EPIPE as an error rather than die of SIGPIPE.
+    // SAFETY: SIG_IGN installs no handler; no other thread exists yet.
+    let _ = unsafe {
+        nix::sys::signal::signal(
+            nix::sys::signal::Signal::SIGPIPE,
+            nix::sys::signal::SigHandler::SigIgn,
+        )
+    };
+    let mut printer = Printer {
+        out: BufWriter::new(io::stdout().lock()),
+        json: args.json,
+        limit: args.limit,
+        printed: 0,
+        last: None,
+    };
+    let mut reader = Reader::new(ctx.root.clone(), after, agent);
+    let result = if args.follow {
+        follow(ctx, &mut reader, &mut printer)
+    } else {
+        reader
+            .read(None)
+            .and_then(|batch| printer.batch(&batch, None))
+            .map(|_| ())
+    };
+    match result {
+        Ok(()) => {}
+        Err(e) if is_broken_pipe(&e) => return Ok(exit::OK),
+        Err(e) => return Err(e),
+    }
+    if printer.limit.is_some_and(|l| printer.printed >= l)
+        && let Some(cursor) = &printer.last
+    {
+        eprintln!(
+            "agent-state: stopped after {} events (--limit); resume with --after {cursor}",
+            printer.printed
+        );
+    }
+    Ok(exit::OK)
+}
+
+fn is_broken_pipe(e: &Error) -> bool {
+    matches!(e, Error::Io { source, .. } if source.kind() == io::ErrorKind::BrokenPipe)
+}
+
+/// What wakes the follow loop.
+enum Wake {
+    Changes(Vec<Change>),
+    /// SIGINT, SIGTERM, or stdout closed.
+    Stop,
+}
+
+fn follow(ctx: &Context, reader: &mut Reader, printer: &mut Printer<impl Write>) -> Result<()> {
+    use nix::sys::signal::{SigSet, Signal};
+    let stop = Arc::new(AtomicBool::new(false));
+    let (tx, rx) = mpsc::channel::<Wake>();
+
+    // SIGINT and SIGTERM are taken by one thread (sigwait) and end the
+    // stream cleanly; blocked here first, so every thread started after
+    // (notify's included) inherits the mask.
+    let mut signals = SigSet::empty();
+    signals.add(Signal::SIGINT);
+    signals.add(Signal::SIGTERM);
+    signals
+        .thread_block()
+        .map_err(|e| Error::Data(format!("cannot block SIGINT/SIGTERM: {e}")))?;
+    {
+        let (tx, stop) = (tx.clone(), stop.clone());
+        std::thread::spawn(move || {
+            if signals.wait().is_ok() {
+                stop.store(true, Ordering::SeqCst);
+                let _ = tx.send(Wake::Stop);
+            }
+        });
+    }
+    // A reader that closes the pipe ends the stream at once, not at the
+    // next event: poll(2) reports POLLERR on a pipe without readers.
+    {
+        let (tx, stop) = (tx.clone(), stop.clone());
+        std::thread::spawn(move || {
+            if wait_stdout_closed() {
+                stop.store(true, Ordering::SeqCst);
+                let _ = tx.send(Wake::Stop);
+            }
+        });
+    }
+
+    let root = ctx.root.path.clone();
+    let mut watcher = {
+        let (tx, root) = (tx.clone(), root.clone());
+        notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+            let changes = classify(&root, res);
+            if !changes.is_empty() {
+                let _ = tx.send(Wake::Changes(changes));
+            }
+        })
+        .map_err(|e| Error::Data(format!("cannot start the file watcher: {e}")))?
+    };
+    if !root.is_dir() {
+        return Err(Error::NotFound(format!(
+            "the state root {} does not exist; run `agent-state bootstrap` first",
+            root.display()
+        )));
+    }
+    let mut watched: BTreeSet<PathBuf> = BTreeSet::new();
+    watch(&mut watcher, &mut watched, &root)
+        .map_err(|e| Error::Data(format!("cannot watch {}: {e}", root.display())))?;
+    // Watches first, then the read: nothing appended in between is missed.
+    watch_sources(ctx, reader, &mut watcher, &mut watched)?;
+    let batch = reader.read(None)?;
+    if printer.batch(&batch, Some(&stop))? {
+        return Ok(());
+    }
+
+    while let Ok(first) = rx.recv() {
+        let mut wakes = vec![first];
+        wakes.extend(rx.try_iter());
+        let mut dirty: BTreeSet<SourceId> = BTreeSet::new();
+        let mut rescan = false;
+        for wake in wakes {
+            let Wake::Changes(changes) = wake else {
+                return Ok(());
+            };
+            for change in changes {
+                match change {
+                    Change::Source(s) => {
+                        dirty.insert(s);
+                    }
+                    Change::NewDir(path) => {
+                        let sources: Vec<SourceId> = sources_in(&path)
+                            .into_iter()
+                            .filter(|s| reader.wants(s))
+                            .collect();
+                        // Watched again even if it was before: a directory
+                        // removed and made anew lost its watch. It may be
+                        // gone again, or be a file: then nothing.
+                        if !sources.is_empty()
+                            && path.is_dir()
+                            && watcher.watch(&path, RecursiveMode::NonRecursive).is_ok()
+                        {
+                            watched.insert(path);
+                            dirty.extend(sources);
+                        }
+                    }
+                    Change::Rescan => rescan = true,
+                }
+            }
+        }
+        if stop.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let batch = if rescan {
+            watch_sources(ctx, reader, &mut watcher, &mut watched)?;
+            reader.read(None)?
+        } else if dirty.is_empty() {
+            continue;
+        } else {
+            reader.read(Some(&dirty))?
+        };
+        if printer.batch(&batch, Some(&stop))? {
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
+/// Watch `.daemon/` and every agent directory the reader reads.
+fn watch_sources(
+    ctx: &Context,
+    reader: &Reader,
+    watcher: &mut impl Watcher,
+    watched: &mut BTreeSet<PathBuf>,
+) -> Result<()> {
+    let daemon = ctx.root.daemon_dir();
+    if daemon.is_dir() {
+        let _ = watch(watcher, watched, &daemon);
+    }
+    for source in reader.sources()? {
+        if let SourceId::Agent(a) = &source {
+            let dir = ctx.root.agent(a).path;
+            if dir.is_dir() {
+                let _ = watch(watcher, watched, &dir);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn watch(
+    watcher: &mut impl Watcher,
+    watched: &mut BTreeSet<PathBuf>,
+    dir: &Path,
+) -> notify::Result<()> {
+    if watched.contains(dir) {
+        return Ok(());
+    }
+    watcher.watch(dir, RecursiveMode::NonRecursive)?;
+    watched.insert(dir.to_path_buf());
+    Ok(())
+}
+
+/// The sources a directory under the root holds.
+fn sources_in(dir: &Path) -> Vec<SourceId> {
+    let Some(name) = dir.file_name().and_then(|n| n.to_str()) else {
+        return Vec::new();
+    };
+    if name == ".daemon" {
+        return crate::events::DaemonLog::ALL.map(SourceId::Daemon).to_vec();
+    }
+    AgentName::parse(name)
+        .map(|a| vec![SourceId::Agent(a)])
+        .unwrap_or_default()
+}
+
+/// Block until standard output is a pipe (or socket, or terminal) that
+/// nobody reads any more; false if that cannot be watched.
+fn wait_stdout_closed() -> bool {
+    use nix::libc;
+    let mut fd = libc::pollfd {
+        fd: libc::STDOUT_FILENO,
+        // No events asked for: only POLLERR, POLLHUP and POLLNVAL, which
+        // are always reported. A regular file or /dev/null never has them.
+        events: 0,
+        revents: 0,
+    };
+    loop {
+        // SAFETY: one valid pollfd, for the duration of the call.
+        let n = unsafe { libc::poll(&mut fd, 1, -1) };
+        if n > 0 {
+            return fd.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0;
+        }
+        if n < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            return false;
+        }
+    }
+}
+
+struct Printer<W: Write> {
+    out: W,
+    json: bool,
+    limit: Option<u64>,
+    printed: u64,
+    /// The cursor of the last event printed.
+    last: Option<String>,
+}
+
+#[derive(Serialize)]
+struct JsonLine<'a> {
+    cursor: &'a str,
+    source: &'a str,
+    kind: &'a str,
+    ts: &'a str,
+    event: &'a serde_json::Value,
+}
+
+impl<W: Write> Printer<W> {
+    /// Print a batch's notes (stderr) and events; true once the limit is
+    /// reached or `stop` is set.
+    fn batch(&mut self, batch: &Batch, stop: Option<&AtomicBool>) -> Result<bool> {
+        for note in &batch.notes {
+            warn(note);
+        }
+        let stopped = || stop.is_some_and(|s| s.load(Ordering::SeqCst));
+        let mut done = false;
+        for (event, cursor) in batch.cursors() {
+            if self.limit.is_some_and(|l| self.printed >= l) || stopped() {
+                done = true;
+                break;
+            }
+            let cursor = cursor.encode();
+            self.event(event, &cursor).map_err(stdout_error)?;
+            self.printed += 1;
+            self.last = Some(cursor);
+        }
+        self.out.flush().map_err(stdout_error)?;
+        Ok(done || stopped() || self.limit.is_some_and(|l| self.printed >= l))
+    }
+
+    fn event(&mut self, e: &StreamEvent, cursor: &str) -> io::Result<()> {
+        if self.json {
+            let line = JsonLine {
+                cursor,
+                source: e.source.label(),
+                kind: &e.kind,
+                ts: &e.ts_text,
+                event: &e.event,
+            };
+            serde_json::to_writer(&mut self.out, &line)?;
+            self.out.write_all(b"\n")
+        } else {
+            let summary = e.summary();
+            let gap = if summary.is_empty() { "" } else { "  " };
+            writeln!(
+                self.out,
+                "{}  {:<8}  {:<15}  {summary}{gap}[{cursor}]",
+                e.ts_text,
+                e.source.label(),
+                e.kind
+            )
+        }
+    }
+}
+
+fn stdout_error(e: io::Error) -> Error {
+    Error::io("writing to", "standard output", e)
+}
