@@ -43,6 +43,9 @@ use crate::state::{AgentDir, StateRoot, bootstrap};
 /// watcher. It also refreshes the heartbeat.
 const RECONCILE_EVERY: Duration = Duration::from_secs(300);
 
+/// A session whose process has not started after this long expires.
+const HATCH_EXPIRY: Duration = Duration::from_secs(300);
+
 /// How often stale temp files, old processed messages and old session logs
 /// are pruned when the disk is fine (below `disk_pause`: every health check).
 const ROUTINE_PRUNE_EVERY: Duration = Duration::from_secs(3600);
@@ -1414,10 +1417,13 @@ impl Daemon {
                         "signal {}: {effect}", s.raw()
                     ),
                     Err(e) => self.raise(
-                        ErrorRecord::new(e.code(), format!("{agent}: cannot carry out the signal {}", s.raw()))
-                            .details(e.to_string())
-                            .agent(agent)
-                            .session(session_id.clone()),
+                        ErrorRecord::new(
+                            e.code(),
+                            format!("{agent}: cannot carry out the signal {}", s.raw()),
+                        )
+                        .details(e.to_string())
+                        .agent(agent)
+                        .session(session_id.clone()),
                         false,
                     ),
                 }
@@ -1627,6 +1633,20 @@ impl Daemon {
         for agent in agents {
             if let Some(r) = self.running.get_mut(&agent.name) {
                 let started = r.started_at.0;
+                // Seed 003's placeholder expiry: a session whose process
+                // never started within 5 minutes is given up (a hatching
+                // agent stays hatching for its next wake).
+                if r.pid.is_none()
+                    && r.stop_reason.is_none()
+                    && now.seconds_since(&r.started_at) >= HATCH_EXPIRY.as_secs() as i64
+                {
+                    r.stop_reason = Some(format!(
+                        "expired: its process did not start within {}",
+                        humantime::format_duration(HATCH_EXPIRY)
+                    ));
+                    let _ = r.stop.send(true);
+                    continue;
+                }
                 if health::overdue(
                     started,
                     agent.session.timeout,
