@@ -469,7 +469,13 @@ pub fn claimed(agent: &AgentDir, session_id: &str) -> Result<Vec<(PathBuf, Messa
         }
         let stem = name.trim_end_matches(".json");
         let bytes = fs::read(&path).at("reading", &path)?;
-        let mtime = Timestamp::now();
+        // The file's mtime (kept by the renames), as for a waiting message:
+        // a message without `created_at` keeps the same sent time and order.
+        let mtime = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .map(|t| Timestamp::from_datetime(chrono::DateTime::<chrono::Utc>::from(t)))
+            .unwrap_or_else(|_| Timestamp::now());
         // A claimed file was valid when claimed; if someone edited it since,
         // keep it in the session anyway with what can be read.
         if let Ok(m) = validate(&bytes, stem, &agent.name, mtime) {

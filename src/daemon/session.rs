@@ -47,7 +47,27 @@ pub fn prepare(
     // The session has begun: if what follows fails, it must end (as an
     // error, its messages returned), or it would stay `running` and block
     // the agent.
-    let written = prompt::assemble(root, &dir).and_then(|text| {
+    let options = prompt::PromptOptions::for_agent(config, agent);
+    let written = prompt::assemble_with(root, &dir, &options).and_then(|assembled| {
+        if assembled.over_budget {
+            tracing::warn!(agent = %agent.name, session_id, "the parts of the prompt that are never cut (rules, identity) are over prompt_budget");
+        }
+        if !assembled.cut.is_empty() {
+            let lock = dir.lock()?;
+            for cut in &assembled.cut {
+                dir.journal_append(
+                    &lock,
+                    now,
+                    crate::state::journal::Event::PromptCut(crate::state::journal::PromptCut {
+                        session_id: session_id.clone(),
+                        section: cut.section.clone(),
+                        bytes_dropped: cut.bytes_dropped,
+                        reason: cut.reason.clone(),
+                    }),
+                )?;
+            }
+        }
+        let text = assembled.text;
         atomic::create_dir(&dir.sessions_dir(), 0o750)?;
         let file = dir.sessions_dir().join(format!("{session_id}.prompt.md"));
         // Regenerated for every session, and useless after a crash (which

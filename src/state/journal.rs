@@ -49,8 +49,18 @@ pub enum Event {
     WakeSkipped(WakeSkipped),
     ScheduleMissed(ScheduleMissed),
     Signal(SignalSeen),
+    PromptCut(PromptCut),
     #[serde(other)]
     Other,
+}
+
+/// The prompt of a session was over its budget: what was left out.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct PromptCut {
+    pub session_id: String,
+    pub section: String,
+    pub bytes_dropped: usize,
+    pub reason: String,
 }
 
 /// A valid agent signal (`<axiom>TYPE:payload</axiom>`) seen in a session's

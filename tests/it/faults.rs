@@ -426,6 +426,7 @@ fn plain_failures_back_off_escalate_after_three_and_a_success_clears_them() {
     ]);
     d.wait_until(secs(10.0), "the held-back wake ran and succeeded", || {
         state(&env, "rio", "session.json")["status"] == "completed"
+            && state(&env, "rio", "report.json")["error"].is_null()
     });
     assert_eq!(starts(&runs, "rio"), 4);
     let report = state(&env, "rio", "report.json");
