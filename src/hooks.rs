@@ -1104,6 +1104,87 @@ pub fn record_usage(
     Ok(changed)
 }
 
+/// What the end of a session's output said about it (the Context Summary
+/// Block and the signal block, seed 004).
+#[derive(Debug, Default)]
+pub struct OutputSummary {
+    pub summary: Option<String>,
+    /// `Some(None)`: the block says there is no blocker (clears one).
+    pub blocked_by: Option<Option<String>>,
+    pub next_priority: Option<String>,
+    pub handoff_notes: Option<String>,
+    pub confidence: Option<u8>,
+    pub risk: Option<String>,
+    pub signal_block: Option<serde_json::Value>,
+}
+
+/// Fill report.json and session.json from the session's own summary, for
+/// the session `session_id` that has ended, except what the session script
+/// set itself through `session end` (its values win).
+pub fn record_output_summary(
+    dir: &AgentDir,
+    session_id: &str,
+    from_output: &OutputSummary,
+    now: Timestamp,
+) -> Result<bool> {
+    let lock = dir.lock()?;
+    let mut notes = Vec::new();
+    let mut session: Session = dir.load(&lock, now, &mut notes)?;
+    if session.session_id != session_id || session.is_running() {
+        return Ok(false);
+    }
+    let by_script = match journaled_end(dir, session_id)?.map(|e| e.event) {
+        Some(Event::SessionEnd(e)) => (
+            e.summary.is_some(),
+            e.next_priority.is_some(),
+            e.handoff.is_some(),
+        ),
+        _ => (false, false, false),
+    };
+    let mut report: Report = dir.load(&lock, now, &mut notes)?;
+    let mut session_changed = false;
+    if let (Some(notes_text), false) = (&from_output.handoff_notes, by_script.2)
+        && session.handoff_notes.is_none()
+    {
+        session.handoff_notes = Some(notes_text.clone());
+        session_changed = true;
+    }
+    if let Some(block) = &from_output.signal_block {
+        session.extra.insert("signal_block".into(), block.clone());
+        session_changed = true;
+    }
+    if report.current_session.is_none()
+        && report
+            .last_session
+            .as_ref()
+            .is_some_and(|l| l.id == session_id)
+    {
+        if let (Some(s), false) = (&from_output.summary, by_script.0) {
+            report.summary = Some(s.clone());
+        }
+        if let (Some(p), false) = (&from_output.next_priority, by_script.1) {
+            report.next_priority = Some(p.clone());
+        }
+        if let Some(b) = &from_output.blocked_by {
+            report.blocked_by = b.clone();
+        }
+        if let Some(c) = from_output.confidence {
+            report
+                .extra
+                .insert("confidence".into(), serde_json::json!(c));
+        }
+        if let Some(r) = &from_output.risk {
+            report.extra.insert("risk".into(), serde_json::json!(r));
+        }
+        report.updated_at = Some(now);
+    }
+    if session_changed {
+        dir.save(&lock, &session)?;
+    }
+    dir.save(&lock, &report)?;
+    Ok(true)
+}
+
 /// The journal entry that ended session `id`, if its end was journaled
 /// (searched back to its start).
 fn journaled_end(dir: &AgentDir, id: &str) -> Result<Option<crate::state::journal::Entry>> {

@@ -36,3 +36,4 @@ pub mod prompt;
 pub mod schedule;
 pub mod signals;
 pub mod state;
+pub mod summary;

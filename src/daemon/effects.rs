@@ -228,7 +228,9 @@ fn share_discovery(
     {
         match inbox::deliver(&root.agent(&other.name), &out, now) {
             Ok(m) => sent.push(m),
-            Err(e) => tracing::warn!(agent = %origin.agent, "cannot share a discovery with {}: {e}", other.name),
+            Err(e) => {
+                tracing::warn!(agent = %origin.agent, "cannot share a discovery with {}: {e}", other.name)
+            }
         }
     }
     let dir = root.agent(origin.agent);

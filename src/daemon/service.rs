@@ -77,6 +77,8 @@ struct OutputSummary {
     empty: bool,
     fingerprint: Option<u64>,
     claude: Option<ClaudeResult>,
+    /// The end of stdout (at most 256 KiB), where the summary blocks are.
+    tail: String,
 }
 
 impl OutputSummary {
@@ -86,6 +88,7 @@ impl OutputSummary {
             empty: false,
             fingerprint: None,
             claude: None,
+            tail: String::new(),
         }
     }
 }
@@ -355,6 +358,7 @@ impl Observer {
             empty: self.output.is_empty(),
             fingerprint: self.output.fingerprint(),
             claude: self.output.claude_result(),
+            tail: String::from_utf8_lossy(&self.output.stdout_tail()).into_owned(),
         }
     }
 }
@@ -1141,6 +1145,7 @@ impl Daemon {
                 tracing::warn!(agent = %agent, session_id = %sid, "cannot record the session's cost: {e}");
             }
         }
+        self.record_output_summary(&agent, &running, &output, now);
         if report.truncated {
             self.raise(
                 ErrorRecord::new(
@@ -1293,6 +1298,75 @@ impl Daemon {
         };
         let _ = cfg;
         self.publish_agent(agent, Some(error));
+    }
+
+    /// The Context Summary Block and the signal block at the end of the
+    /// output (in Claude Code's result text when there is one): into
+    /// report.json and session.json; malformed ones to signals.jsonl.
+    fn record_output_summary(
+        &self,
+        agent: &AgentName,
+        running: &Running,
+        output: &OutputSummary,
+        now: Timestamp,
+    ) {
+        let text = output
+            .claude
+            .as_ref()
+            .and_then(|c| c.result.clone())
+            .unwrap_or_else(|| output.tail.clone());
+        let mut found = hooks::OutputSummary::default();
+        let mut problems = Vec::new();
+        let mut any = false;
+        match crate::summary::parse_context_summary(&text) {
+            Some(Ok(cs)) => {
+                any = true;
+                found.summary = cs.summary_text();
+                if cs.blockers.is_some() {
+                    found.blocked_by = Some(cs.blocked_by());
+                }
+                found.next_priority = cs.next_priority();
+                found.handoff_notes = cs.handoff_notes();
+                found.confidence = cs.report_confidence();
+                found.risk = cs
+                    .report_risk()
+                    .and_then(|r| serde_json::to_value(r).ok())
+                    .and_then(|v| v.as_str().map(str::to_string));
+            }
+            Some(Err(p)) => problems.push(p),
+            None => {}
+        }
+        match crate::summary::parse_signal_block(&text) {
+            Some(Ok(block)) => {
+                any = true;
+                found.signal_block = serde_json::to_value(&block).ok();
+            }
+            Some(Err(p)) => problems.push(p),
+            None => {}
+        }
+        for p in problems {
+            tracing::warn!(agent = %agent, session_id = %running.session_id, "{}: {}", p.code.as_str(), p.message);
+            let record = crate::signals::SignalRecord {
+                ts: now,
+                level: "warn".into(),
+                code: p.code.as_str().to_string(),
+                agent: agent.to_string(),
+                task: None,
+                session: Some(running.session_id.clone()),
+                raw: p.raw.clone(),
+                kind: p.field.clone(),
+                message: Some(p.message.clone()),
+            };
+            if let Err(e) = crate::signals::append(&effects::signals_log(&self.root), &record) {
+                tracing::warn!("cannot append to signals.jsonl: {e}");
+            }
+        }
+        if any
+            && let Err(e) =
+                hooks::record_output_summary(&self.dir(agent), &running.session_id, &found, now)
+        {
+            tracing::warn!(agent = %agent, session_id = %running.session_id, "cannot record the session's summary: {e}");
+        }
     }
 
     /// Set report.json `lifecycle` to `f(current)` (written only if it changes).

@@ -33,7 +33,12 @@ fn waiting_subjects(env: &Env, agent: &str) -> Vec<String> {
         .as_array()
         .unwrap()
         .iter()
-        .map(|w| w["message"]["subject"].as_str().unwrap_or_default().to_string())
+        .map(|w| {
+            w["message"]["subject"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
         .collect()
 }
 
@@ -89,7 +94,10 @@ exit 1"#,
     let report = state(&env, "rio", "report.json");
     assert_eq!(report["last_session"]["outcome"], "completed", "{report:#}");
     assert_eq!(report["progress"], 90, "{report:#}");
-    assert!(report["blocked_by"].is_null(), "RESOLVED cleared it: {report:#}");
+    assert!(
+        report["blocked_by"].is_null(),
+        "RESOLVED cleared it: {report:#}"
+    );
 
     let signals: Vec<(String, String)> = journal(&env, "rio")
         .iter()
@@ -115,11 +123,20 @@ exit 1"#,
             "COMPLETE"
         ]
     );
-    assert_eq!(signals[1].1, "waiting for the API key", "split across two writes");
+    assert_eq!(
+        signals[1].1, "waiting for the API key",
+        "split across two writes"
+    );
 
     let mail = waiting_subjects(&env, "marcus");
-    assert!(mail.iter().any(|s| s.starts_with("[BLOCKED] rio")), "{mail:?}");
-    assert!(mail.iter().any(|s| s.starts_with("[PENDING] rio")), "{mail:?}");
+    assert!(
+        mail.iter().any(|s| s.starts_with("[BLOCKED] rio")),
+        "{mail:?}"
+    );
+    assert!(
+        mail.iter().any(|s| s.starts_with("[PENDING] rio")),
+        "{mail:?}"
+    );
     let pending: Value = serde_json::from_str(&env.ok(&["inbox", "marcus", "--json"])).unwrap();
     assert!(
         pending["waiting"]
@@ -132,7 +149,10 @@ exit 1"#,
 
     let memory = std::fs::read_to_string(env.root.join("rio/memory.md")).unwrap();
     assert!(memory.contains("## Discoveries"), "{memory}");
-    assert!(memory.contains("the archive mirrors lag by a day"), "{memory}");
+    assert!(
+        memory.contains("the archive mirrors lag by a day"),
+        "{memory}"
+    );
     for other in ["theseus", "clay"] {
         let subjects = waiting_subjects(&env, other);
         assert_eq!(
@@ -149,13 +169,26 @@ exit 1"#,
 
     // Invalid signals: logged with the seed's fields, the session went on.
     let log = std::fs::read_to_string(env.root.join(".daemon/signals.jsonl")).unwrap();
-    let records: Vec<Value> = log.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    let codes: Vec<&str> = records.iter().map(|r| r["code"].as_str().unwrap()).collect();
-    assert_eq!(codes, ["SIGNAL_UNKNOWN_TYPE", "SIGNAL_INVALID_PAYLOAD"], "{log}");
+    let records: Vec<Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let codes: Vec<&str> = records
+        .iter()
+        .map(|r| r["code"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        codes,
+        ["SIGNAL_UNKNOWN_TYPE", "SIGNAL_INVALID_PAYLOAD"],
+        "{log}"
+    );
     for r in &records {
         assert_eq!(r["agent"], "rio");
         assert_eq!(r["level"], "warn");
-        assert!(r["session"].is_string() && r["raw"].is_string() && r["ts"].is_string(), "{r}");
+        assert!(
+            r["session"].is_string() && r["raw"].is_string() && r["ts"].is_string(),
+            "{r}"
+        );
     }
 }
 
@@ -170,4 +203,91 @@ fn an_unterminated_signal_at_the_end_of_the_output_is_malformed() {
     });
     assert_eq!(state(&env, "rio", "session.json")["status"], "completed");
     assert!(state(&env, "rio", "report.json")["blocked_by"].is_null());
+}
+
+const SUMMARY: &str = r#"echo "did the work"
+cat <<'BLOCK'
+## Context Summary
+
+**Goal**: Map conditional AMM designs on Solana
+**Current State**: Archived 3 sources on MetaDAO's conditional markets
+**Next Agent**: Judge
+**Confidence**: 4
+**Risk Level**: medium
+**Blockers**: waiting for the Drift API key
+
+Agent=Actor | Cycle=2026-11-22-001 | Step=2 | Confidence=4 | Risk=medium | Next=Judge
+BLOCK"#;
+
+#[test]
+fn the_context_summary_and_signal_block_fill_report_and_session() {
+    let env = setup(SUMMARY);
+    let d = env.daemon();
+    env.ok(&["wake", "rio"]);
+    d.wait_until(secs(5.0), "the summary is recorded", || {
+        state(&env, "rio", "report.json")["risk"] == "medium"
+    });
+    let r = state(&env, "rio", "report.json");
+    let summary = r["summary"].as_str().unwrap();
+    assert!(summary.contains("Archived 3 sources"), "{r:#}");
+    assert!(summary.contains("Map conditional AMM designs"), "{r:#}");
+    assert_eq!(r["blocked_by"], "waiting for the Drift API key");
+    assert_eq!(r["confidence"], 4);
+    assert!(
+        r["next_priority"].as_str().unwrap().contains("Judge"),
+        "{r:#}"
+    );
+    let s = state(&env, "rio", "session.json");
+    assert!(
+        s["handoff_notes"]
+            .as_str()
+            .unwrap()
+            .contains("Archived 3 sources"),
+        "{s:#}"
+    );
+    let block = &s["signal_block"];
+    assert_eq!(block["agent"], "Actor");
+    assert_eq!(block["cycle"], "2026-11-22-001");
+    assert_eq!(block["confidence"], 4);
+    assert_eq!(block["risk"], "medium");
+    assert_eq!(block["next"], "Judge");
+}
+
+#[test]
+fn what_the_script_set_with_session_end_wins_over_the_summary_block() {
+    let body = format!(
+        "{SUMMARY}\n{bin:?} --config \"$AGENT_STATE_CONFIG\" session end \"$1\" --summary 'set by the script' --handoff-notes 'script notes' >/dev/null",
+        bin = crate::support::BIN
+    );
+    let env = setup(&body);
+    let d = env.daemon();
+    env.ok(&["wake", "rio"]);
+    d.wait_until(secs(5.0), "the summary is recorded", || {
+        state(&env, "rio", "report.json")["risk"] == "medium"
+    });
+    let r = state(&env, "rio", "report.json");
+    assert_eq!(r["summary"], "set by the script");
+    assert_eq!(
+        r["blocked_by"], "waiting for the Drift API key",
+        "not set by the script"
+    );
+    assert_eq!(
+        state(&env, "rio", "session.json")["handoff_notes"],
+        "script notes"
+    );
+}
+
+#[test]
+fn a_malformed_block_is_logged_like_an_invalid_signal() {
+    let env = setup(
+        "echo working\necho 'Agent=Actor | Cycle=7 | Confidence=high | Risk=low | Next=Judge'",
+    );
+    let d = env.daemon();
+    env.ok(&["wake", "rio"]);
+    d.wait_until(secs(5.0), "the problem is logged", || {
+        std::fs::read_to_string(env.root.join(".daemon/signals.jsonl"))
+            .is_ok_and(|t| t.contains("SIGNAL_BLOCK_INVALID_CONFIDENCE"))
+    });
+    assert_eq!(state(&env, "rio", "session.json")["status"], "completed");
+    assert!(state(&env, "rio", "session.json")["signal_block"].is_null());
 }

@@ -1,0 +1,2554 @@
+//! The two blocks seed 004 asks every agent response to end with, read back
+//! from a session's output: the Context Summary Block (Goal, Current State,
+//! Next Agent, Confidence, Risk Level, Blockers) and the one-line signal
+//! block (`Agent=… | Cycle=… | Step=… | Confidence=… | Risk=… | Next=…`).
+//!
+//! Both parsers are pure functions over the text the caller kept: the final
+//! answer of Claude Code's JSON result when there is one (in JSON mode the
+//! blocks sit inside an escaped string), else the tail of stdout (at most
+//! [`STDOUT_TAIL`](crate::daemon::output::STDOUT_TAIL), so the first line may
+//! be cut). They never fail and never panic. No block gives `None`; a block
+//! with some of its fields gives `Ok` with the absent ones listed in
+//! `missing`; a block that cannot be trusted (a value outside the seed's
+//! domain, a field given twice, a heading with no fields under it) gives a
+//! [`BlockProblem`] whose code goes to `.daemon/signals.jsonl` beside the
+//! invalid `<axiom>` signals of seed 000, and like them never stops anything.
+//!
+//! The *last* block wins: the seed puts it at the end of every response, and
+//! agents often quote the template or draft a block earlier on.
+//!
+//! What this module must never do: read or write a file, or invent a value
+//! the agent did not write. [`ContextSummary`]'s mapping helpers say how a
+//! block becomes `report.json` (`summary`, `blocked_by`, `next_priority`,
+//! `confidence`, `risk`) and `session.json` (`handoff_notes`); the caller
+//! writes them.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// How many characters of a block a [`BlockProblem`] keeps in `raw`, so that a
+/// runaway block does not become a huge line in `signals.jsonl`.
+pub const PROBLEM_RAW_LIMIT: usize = 2000;
+/// The longest `report.json` `summary` made from a block, in characters.
+pub const SUMMARY_TEXT_LIMIT: usize = 500;
+/// The longest `report.json` `blocked_by` or `next_priority`, in characters.
+pub const FIELD_TEXT_LIMIT: usize = 500;
+/// The longest `session.json` `handoff_notes` made from a block, in characters.
+pub const HANDOFF_NOTES_LIMIT: usize = 2000;
+
+/// A run of `Key: value` lines without a Context Summary heading counts as a
+/// block only with this many of the six fields: two could be any prose.
+const HEADLESS_MIN_FIELDS: usize = 3;
+const KEY_MAX_CHARS: usize = 40;
+const KEY_MAX_WORDS: usize = 6;
+
+// ---------------------------------------------------------------------------
+// Problems
+// ---------------------------------------------------------------------------
+
+/// Why a block was not accepted. Named in the style of seed 000's signal
+/// errors (`SIGNAL_MALFORMED`, `SIGNAL_INVALID_PAYLOAD`, ...), with which they
+/// share `signals.jsonl`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ProblemCode {
+    /// A Context Summary heading with none of the six fields under it.
+    SummaryMalformed,
+    /// One of the six fields (or Next Steps) given twice in one block.
+    SummaryDuplicateField,
+    /// Confidence is not a whole number from 1 to 5.
+    SummaryInvalidConfidence,
+    /// Risk Level is not one of low, medium, high.
+    SummaryInvalidRisk,
+    /// A signal block line with a part that is not `Key=value`.
+    SignalBlockMalformed,
+    /// A key given twice in one signal block line.
+    SignalBlockDuplicateField,
+    /// `Confidence=` is not a whole number from 1 to 5.
+    SignalBlockInvalidConfidence,
+    /// `Risk=` is not one of low, medium, high.
+    SignalBlockInvalidRisk,
+}
+
+impl ProblemCode {
+    pub const ALL: [ProblemCode; 8] = [
+        ProblemCode::SummaryMalformed,
+        ProblemCode::SummaryDuplicateField,
+        ProblemCode::SummaryInvalidConfidence,
+        ProblemCode::SummaryInvalidRisk,
+        ProblemCode::SignalBlockMalformed,
+        ProblemCode::SignalBlockDuplicateField,
+        ProblemCode::SignalBlockInvalidConfidence,
+        ProblemCode::SignalBlockInvalidRisk,
+    ];
+
+    pub fn parse(text: &str) -> Option<ProblemCode> {
+        ProblemCode::ALL.into_iter().find(|c| c.as_str() == text)
+    }
+
+    /// The log level in `signals.jsonl`: always `warn`, as for seed 000's
+    /// invalid signals; a bad block never stops a session.
+    pub fn level(self) -> &'static str {
+        "warn"
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProblemCode::SummaryMalformed => "SUMMARY_MALFORMED",
+            ProblemCode::SummaryDuplicateField => "SUMMARY_DUPLICATE_FIELD",
+            ProblemCode::SummaryInvalidConfidence => "SUMMARY_INVALID_CONFIDENCE",
+            ProblemCode::SummaryInvalidRisk => "SUMMARY_INVALID_RISK",
+            ProblemCode::SignalBlockMalformed => "SIGNAL_BLOCK_MALFORMED",
+            ProblemCode::SignalBlockDuplicateField => "SIGNAL_BLOCK_DUPLICATE_FIELD",
+            ProblemCode::SignalBlockInvalidConfidence => "SIGNAL_BLOCK_INVALID_CONFIDENCE",
+            ProblemCode::SignalBlockInvalidRisk => "SIGNAL_BLOCK_INVALID_RISK",
+        }
+    }
+}
+
+impl fmt::Display for ProblemCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A block that was found but not accepted: what to log, like seed 000's
+/// `SignalError { Code, Raw, Message }`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BlockProblem {
+    pub code: ProblemCode,
+    /// What is wrong, for a human: names the field and the value.
+    pub message: String,
+    /// The field at fault, as the seed names it (`Confidence`, `Risk Level`,
+    /// `Risk`); `None` when the block as a whole is at fault.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+    /// The block as the agent wrote it (line endings made `\n`), cut to
+    /// [`PROBLEM_RAW_LIMIT`] characters.
+    pub raw: String,
+}
+
+impl fmt::Display for BlockProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.code, self.message)
+    }
+}
+
+impl std::error::Error for BlockProblem {}
+
+// ---------------------------------------------------------------------------
+// Values with a domain in the seed
+// ---------------------------------------------------------------------------
+
+/// The parties of seed 004's loop: `[Planner | Actor | Judge | Human]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Role {
+    Planner,
+    Actor,
+    Judge,
+    Human,
+}
+
+impl Role {
+    /// The role a value names by its first word, in any case (`Judge`,
+    /// `judge (for review)`); `None` for anything else, such as an agent's
+    /// own name (`leo`).
+    pub fn from_value(value: &str) -> Option<Role> {
+        let word = first_word(value)?.to_lowercase();
+        match word.as_str() {
+            "planner" => Some(Role::Planner),
+            "actor" => Some(Role::Actor),
+            "judge" => Some(Role::Judge),
+            "human" => Some(Role::Human),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Planner => "Planner",
+            Role::Actor => "Actor",
+            Role::Judge => "Judge",
+            Role::Human => "Human",
+        }
+    }
+}
+
+/// `[low | medium | high]`; written lowercase, as the seed writes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RiskLevel {
+    Low,
+    Medium,
+    High,
+}
+
+impl RiskLevel {
+    fn from_word(word: &str) -> Option<RiskLevel> {
+        match word.to_lowercase().as_str() {
+            "low" => Some(RiskLevel::Low),
+            "medium" => Some(RiskLevel::Medium),
+            "high" => Some(RiskLevel::High),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RiskLevel::Low => "low",
+            RiskLevel::Medium => "medium",
+            RiskLevel::High => "high",
+        }
+    }
+}
+
+/// Confidence on the seed's scale (`1-5 scale: 1=uncertain, 5=verified`),
+/// with the text it was read from (`4/5 — tests pass`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Confidence {
+    /// 1 to 5.
+    pub level: u8,
+    pub raw: String,
+}
+
+/// The risk level with the text it was read from (`low (docs only)`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Risk {
+    pub level: RiskLevel,
+    pub raw: String,
+}
+
+/// Who the agent hands over to: the text as written, and the seed's role
+/// when it names one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NextAgent {
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<Role>,
+}
+
+/// `[None | List critical issues]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Blockers {
+    /// The issues, one per list item (an inline value is one item); empty when
+    /// the agent wrote `None`, `-`, `N/A`, `No blockers`, ...
+    pub items: Vec<String>,
+    /// The value as written (list items one per line).
+    pub raw: String,
+}
+
+impl Blockers {
+    /// The agent said there is nothing blocking it.
+    pub fn is_none(&self) -> bool {
+        self.items.is_empty()
+    }
+}
+
+/// The six fields of the seed's Context Summary Block, in its order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SummaryField {
+    Goal,
+    CurrentState,
+    NextAgent,
+    Confidence,
+    RiskLevel,
+    Blockers,
+}
+
+impl SummaryField {
+    pub const ALL: [SummaryField; 6] = [
+        SummaryField::Goal,
+        SummaryField::CurrentState,
+        SummaryField::NextAgent,
+        SummaryField::Confidence,
+        SummaryField::RiskLevel,
+        SummaryField::Blockers,
+    ];
+
+    /// The name as the seed writes it.
+    pub fn label(self) -> &'static str {
+        match self {
+            SummaryField::Goal => "Goal",
+            SummaryField::CurrentState => "Current State",
+            SummaryField::NextAgent => "Next Agent",
+            SummaryField::Confidence => "Confidence",
+            SummaryField::RiskLevel => "Risk Level",
+            SummaryField::Blockers => "Blockers",
+        }
+    }
+}
+
+/// The six keys of the seed's signal block, in its order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SignalField {
+    Agent,
+    Cycle,
+    Step,
+    Confidence,
+    Risk,
+    Next,
+}
+
+impl SignalField {
+    pub const ALL: [SignalField; 6] = [
+        SignalField::Agent,
+        SignalField::Cycle,
+        SignalField::Step,
+        SignalField::Confidence,
+        SignalField::Risk,
+        SignalField::Next,
+    ];
+
+    /// The key as the seed writes it.
+    pub fn label(self) -> &'static str {
+        match self {
+            SignalField::Agent => "Agent",
+            SignalField::Cycle => "Cycle",
+            SignalField::Step => "Step",
+            SignalField::Confidence => "Confidence",
+            SignalField::Risk => "Risk",
+            SignalField::Next => "Next",
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The Context Summary Block
+// ---------------------------------------------------------------------------
+
+/// One Context Summary Block as the agent wrote it. Every field is optional:
+/// an absent or empty one is `None` and listed in `missing`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ContextSummary {
+    pub goal: Option<String>,
+    pub current_state: Option<String>,
+    pub next_agent: Option<NextAgent>,
+    pub confidence: Option<Confidence>,
+    pub risk_level: Option<Risk>,
+    pub blockers: Option<Blockers>,
+    /// Not one of the seed's six, but what agents write for "what next"
+    /// (`Next Steps:`, `Next:`, `Next Priority:`); preferred for
+    /// `next_priority`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_steps: Option<String>,
+    /// Other `Key: value` lines inside the block (the seed's `Image:` and
+    /// `Summary:` of an image, a cycle id, ...), in order; a key given twice
+    /// has its values joined.
+    #[serde(
+        skip_serializing_if = "Vec::is_empty",
+        serialize_with = "pairs::serialize"
+    )]
+    pub extra: Vec<(String, String)>,
+    /// The seed's fields this block lacks, in the seed's order.
+    pub missing: Vec<SummaryField>,
+    /// The block as written, from its heading (or first field) to its last
+    /// line, line endings made `\n`.
+    pub raw: String,
+}
+
+/// Finds the last Context Summary Block in `output` and reads it.
+///
+/// A block starts at a heading naming it (`## Context Summary`, any level,
+/// words after it allowed; a line that is only `**Context Summary**` or
+/// `Context Summary:`) or, without a heading, at a run of `Key: value` lines
+/// holding at least three of the six fields. Fields are `Key: value` lines,
+/// bold (`**Goal**:`, `**Goal:**`) or plain, bulleted or not; a field with
+/// an empty value takes the list under it (`**Blockers**:` then `- a`).
+/// Prose before the first field is skipped; after it, the block ends at a
+/// blank line followed by prose, another heading, a code fence, a rule or
+/// a signal block line.
+pub fn parse_context_summary(output: &str) -> Option<Result<ContextSummary, BlockProblem>> {
+    let lines = split_lines(output);
+    let mut last: Option<Scan> = None;
+    let mut i = 0;
+    while i < lines.len() {
+        if let Some(Heading::ContextSummary) = heading(lines[i]) {
+            let (scan, end) = scan_block(&lines, Some(i), i + 1);
+            last = Some(scan);
+            i = end.max(i + 1);
+            continue;
+        }
+        if starts_summary_field(lines[i]) {
+            let (scan, end) = scan_block(&lines, None, i);
+            if scan.distinct_fields() >= HEADLESS_MIN_FIELDS {
+                last = Some(scan);
+            }
+            i = end.max(i + 1);
+            continue;
+        }
+        i += 1;
+    }
+    last.map(|scan| build_summary(&lines, &scan))
+}
+
+impl ContextSummary {
+    /// For `report.json` `summary`: what was just done, then what for —
+    /// `"{Current State} (goal: {Goal})"`, or whichever of the two is there,
+    /// on one line, at most [`SUMMARY_TEXT_LIMIT`] characters.
+    pub fn summary_text(&self) -> Option<String> {
+        let goal = self.goal.as_deref().map(one_line);
+        let state = self.current_state.as_deref().map(one_line);
+        let text = match (state, goal) {
+            (Some(state), Some(goal)) => format!("{state} (goal: {goal})"),
+            (Some(state), None) => state,
+            (None, Some(goal)) => format!("Goal: {goal}"),
+            (None, None) => return None,
+        };
+        Some(truncate_chars(&text, SUMMARY_TEXT_LIMIT))
+    }
+
+    /// For `report.json` `blocked_by`: the blockers joined with `; `, or
+    /// `None` when there are none (`None`, `-`, `N/A`, ...) or the field is
+    /// absent.
+    pub fn blocked_by(&self) -> Option<String> {
+        let blockers = self.blockers.as_ref().filter(|b| !b.is_none())?;
+        let items: Vec<String> = blockers.items.iter().map(|i| one_line(i)).collect();
+        Some(truncate_chars(&items.join("; "), FIELD_TEXT_LIMIT))
+    }
+
+    /// For `report.json` `next_priority`: the next steps when the block has
+    /// them (with the next agent in parentheses), else `Next agent: {name}`.
+    pub fn next_priority(&self) -> Option<String> {
+        let steps = self.next_steps.as_deref().map(one_line);
+        let agent = self.next_agent.as_ref().map(|a| one_line(&a.name));
+        let text = match (steps, agent) {
+            (Some(steps), Some(agent)) => format!("{steps} (next agent: {agent})"),
+            (Some(steps), None) => steps,
+            (None, Some(agent)) => format!("Next agent: {agent}"),
+            (None, None) => return None,
+        };
+        Some(truncate_chars(&text, FIELD_TEXT_LIMIT))
+    }
+
+    /// For `session.json` `handoff_notes`: the whole block without its
+    /// markdown, one `Field: value` line per field present (values on one
+    /// line), at most [`HANDOFF_NOTES_LIMIT`] characters.
+    pub fn handoff_notes(&self) -> Option<String> {
+        let mut lines: Vec<String> = Vec::new();
+        let mut add = |label: &str, value: &str| {
+            let value = one_line(value);
+            if !value.is_empty() {
+                lines.push(format!("{label}: {value}"));
+            }
+        };
+        if let Some(goal) = &self.goal {
+            add("Goal", goal);
+        }
+        if let Some(state) = &self.current_state {
+            add("Current State", state);
+        }
+        if let Some(next) = &self.next_agent {
+            add("Next Agent", &next.name);
+        }
+        if let Some(confidence) = &self.confidence {
+            add("Confidence", &format!("{}/5", confidence.level));
+        }
+        if let Some(risk) = &self.risk_level {
+            add("Risk Level", risk.level.as_str());
+        }
+        if let Some(blockers) = &self.blockers {
+            if blockers.is_none() {
+                add("Blockers", "none");
+            } else {
+                add("Blockers", &blockers.items.join("; "));
+            }
+        }
+        if let Some(steps) = &self.next_steps {
+            add("Next Steps", steps);
+        }
+        for (key, value) in &self.extra {
+            add(key, value);
+        }
+        (!lines.is_empty()).then(|| truncate_chars(&lines.join("\n"), HANDOFF_NOTES_LIMIT))
+    }
+
+    /// For `report.json` `confidence`: 1 to 5.
+    pub fn report_confidence(&self) -> Option<u8> {
+        self.confidence.as_ref().map(|c| c.level)
+    }
+
+    /// For `report.json` `risk`: serializes as `"low"`, `"medium"`, `"high"`.
+    pub fn report_risk(&self) -> Option<RiskLevel> {
+        self.risk_level.as_ref().map(|r| r.level)
+    }
+
+    /// All six of the seed's fields are there.
+    pub fn is_complete(&self) -> bool {
+        self.missing.is_empty()
+    }
+}
+
+/// What a line of a block holds, for the six fields and the rest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    Field(SummaryField),
+    NextSteps,
+    Extra,
+}
+
+fn summary_slot(key: &str) -> Slot {
+    match normalize_key(key).as_str() {
+        "goal" => Slot::Field(SummaryField::Goal),
+        "current state" => Slot::Field(SummaryField::CurrentState),
+        "next agent" => Slot::Field(SummaryField::NextAgent),
+        "confidence" | "confidence level" => Slot::Field(SummaryField::Confidence),
+        "risk level" | "risk" => Slot::Field(SummaryField::RiskLevel),
+        "blockers" | "blocker" | "blocked by" => Slot::Field(SummaryField::Blockers),
+        // A bare `Next:` in prose form is what to do, not who does it (the
+        // signal block's `Next=` is the agent; there the form says so).
+        "next steps" | "next step" | "next" | "next priority" | "next action" | "next actions" => {
+            Slot::NextSteps
+        }
+        _ => Slot::Extra,
+    }
+}
+
+/// One `Key: value` of a block, with the list lines under it.
+#[derive(Debug)]
+struct Entry<'a> {
+    slot: Slot,
+    key: String,
+    inline: &'a str,
+    more: Vec<&'a str>,
+}
+
+impl Entry<'_> {
+    /// The value's lines, each without its markdown wrapping, empty ones
+    /// dropped.
+    fn parts(&self) -> Vec<&str> {
+        std::iter::once(self.inline)
+            .chain(self.more.iter().copied())
+            .map(unwrap_value)
+            .filter(|p| !p.is_empty())
+            .collect()
+    }
+
+    fn value(&self) -> String {
+        self.parts().join("\n")
+    }
+}
+
+/// Where a candidate block is in the output, and what it holds.
+#[derive(Debug)]
+struct Scan<'a> {
+    /// The heading line, or the first field's line.
+    start: usize,
+    /// The last line that belongs to the block.
+    last: usize,
+    entries: Vec<Entry<'a>>,
+}
+
+impl Scan<'_> {
+    fn distinct_fields(&self) -> usize {
+        let mut seen: Vec<SummaryField> = Vec::new();
+        for entry in &self.entries {
+            if let Slot::Field(field) = entry.slot
+                && !seen.contains(&field)
+            {
+                seen.push(field);
+            }
+        }
+        seen.len()
+    }
+}
+
+/// Reads one block from line `from` on; returns it and the index of the
+/// first line after it.
+fn scan_block<'a>(lines: &[&'a str], heading_at: Option<usize>, from: usize) -> (Scan<'a>, usize) {
+    let start = heading_at.unwrap_or(from);
+    let mut scan = Scan {
+        start,
+        last: start,
+        entries: Vec::new(),
+    };
+    let mut blank_since_entry = false;
+    let mut i = from;
+    while i < lines.len() {
+        let line = lines[i];
+        let trimmed = line.trim();
+        let started = !scan.entries.is_empty();
+        if trimmed.is_empty() {
+            blank_since_entry = true;
+            i += 1;
+            continue;
+        }
+        if heading(line).is_some() {
+            break;
+        }
+        if is_fence(trimmed) || is_rule(trimmed) || split_signal_line(line).is_some() {
+            // Before the first field these are the wrapping of the block
+            // (a fence opened under the heading); after it, its end.
+            if started {
+                break;
+            }
+            i += 1;
+            continue;
+        }
+        let shape = shape(line);
+        let key_value = key_value(shape.body);
+        let slot = key_value.as_ref().map(|(key, _)| summary_slot(key));
+        // A field whose value is empty so far takes the lines under it.
+        let (open, bare) = scan.entries.last().map_or((false, false), |e| {
+            (
+                e.inline.is_empty(),
+                e.inline.is_empty() && e.more.is_empty(),
+            )
+        });
+        let item = shape.listed || shape.indented;
+        match (key_value, slot) {
+            (Some((key, value)), Some(slot)) if slot != Slot::Extra => {
+                scan.entries.push(Entry {
+                    slot,
+                    key,
+                    inline: value,
+                    more: Vec::new(),
+                });
+            }
+            _ if open && (item || (bare && !blank_since_entry)) => {
+                if let Some(entry) = scan.entries.last_mut() {
+                    entry.more.push(shape.body);
+                }
+            }
+            // Another key inside the block. A bare `Then:` after a blank
+            // line is a lead-in to what follows, not part of the block.
+            (Some((key, value)), Some(slot))
+                if (started || heading_at.is_some())
+                    && (!value.is_empty() || (started && !blank_since_entry)) =>
+            {
+                scan.entries.push(Entry {
+                    slot,
+                    key,
+                    inline: value,
+                    more: Vec::new(),
+                });
+            }
+            _ if started && item && !blank_since_entry => {
+                if let Some(entry) = scan.entries.last_mut() {
+                    entry.more.push(shape.body);
+                }
+            }
+            _ if started => break,
+            _ => {
+                // Prose between the heading and the first field.
+                i += 1;
+                continue;
+            }
+        }
+        scan.last = i;
+        blank_since_entry = false;
+        i += 1;
+    }
+    (scan, i)
+}
+
+fn starts_summary_field(line: &str) -> bool {
+    let trimmed = line.trim();
+    if trimmed.is_empty() || heading(line).is_some() {
+        return false;
+    }
+    key_value(shape(line).body).is_some_and(|(key, _)| matches!(summary_slot(&key), Slot::Field(_)))
+}
+
+fn build_summary(lines: &[&str], scan: &Scan<'_>) -> Result<ContextSummary, BlockProblem> {
+    let raw = lines[scan.start..=scan.last].join("\n");
+    let problem = |code: ProblemCode, field: Option<&str>, message: String| BlockProblem {
+        code,
+        message,
+        field: field.map(str::to_string),
+        raw: truncate_chars(&raw, PROBLEM_RAW_LIMIT),
+    };
+    if scan.distinct_fields() == 0 {
+        let title = lines[scan.start].trim();
+        return Err(problem(
+            ProblemCode::SummaryMalformed,
+            None,
+            format!(
+                "`{}` is followed by none of the fields Goal, Current State, Next Agent, \
+                 Confidence, Risk Level, Blockers",
+                truncate_chars(title, 80)
+            ),
+        ));
+    }
+    let mut summary = ContextSummary::default();
+    let mut seen: Vec<Slot> = Vec::new();
+    for entry in &scan.entries {
+        let label = match entry.slot {
+            Slot::Field(field) => field.label(),
+            Slot::NextSteps => "Next Steps",
+            Slot::Extra => "",
+        };
+        if entry.slot != Slot::Extra {
+            if seen.contains(&entry.slot) {
+                return Err(problem(
+                    ProblemCode::SummaryDuplicateField,
+                    Some(label),
+                    format!("{label} is given more than once (as `{}`)", entry.key),
+                ));
+            }
+            seen.push(entry.slot);
+        }
+        let value = entry.value();
+        if value.is_empty() && entry.slot != Slot::Extra {
+            continue;
+        }
+        match entry.slot {
+            Slot::Field(SummaryField::Goal) => summary.goal = Some(value),
+            Slot::Field(SummaryField::CurrentState) => summary.current_state = Some(value),
+            Slot::Field(SummaryField::NextAgent) => {
+                summary.next_agent = Some(NextAgent {
+                    role: Role::from_value(&value),
+                    name: value,
+                });
+            }
+            Slot::Field(SummaryField::Confidence) => {
+                let Some(level) = parse_confidence(&value) else {
+                    return Err(problem(
+                        ProblemCode::SummaryInvalidConfidence,
+                        Some(label),
+                        format!(
+                            "Confidence `{}` is not a whole number from 1 (uncertain) to 5 (verified)",
+                            truncate_chars(&value, 80)
+                        ),
+                    ));
+                };
+                summary.confidence = Some(Confidence { level, raw: value });
+            }
+            Slot::Field(SummaryField::RiskLevel) => {
+                let Some(level) = parse_risk(&value) else {
+                    return Err(problem(
+                        ProblemCode::SummaryInvalidRisk,
+                        Some(label),
+                        format!(
+                            "Risk Level `{}` is not one of low, medium, high",
+                            truncate_chars(&value, 80)
+                        ),
+                    ));
+                };
+                summary.risk_level = Some(Risk { level, raw: value });
+            }
+            Slot::Field(SummaryField::Blockers) => {
+                let parts = entry.parts();
+                let items = if parts.iter().all(|p| is_no_blocker(p)) {
+                    Vec::new()
+                } else {
+                    parts.iter().map(|p| p.to_string()).collect()
+                };
+                summary.blockers = Some(Blockers { items, raw: value });
+            }
+            Slot::NextSteps => summary.next_steps = Some(value),
+            Slot::Extra => {
+                let existing = summary
+                    .extra
+                    .iter_mut()
+                    .find(|(key, _)| normalize_key(key) == normalize_key(&entry.key));
+                match existing {
+                    Some((_, old)) if !value.is_empty() => {
+                        if !old.is_empty() {
+                            old.push('\n');
+                        }
+                        old.push_str(&value);
+                    }
+                    Some(_) => {}
+                    None => summary.extra.push((entry.key.clone(), value)),
+                }
+            }
+        }
+    }
+    summary.missing = SummaryField::ALL
+        .into_iter()
+        .filter(|field| match field {
+            SummaryField::Goal => summary.goal.is_none(),
+            SummaryField::CurrentState => summary.current_state.is_none(),
+            SummaryField::NextAgent => summary.next_agent.is_none(),
+            SummaryField::Confidence => summary.confidence.is_none(),
+            SummaryField::RiskLevel => summary.risk_level.is_none(),
+            SummaryField::Blockers => summary.blockers.is_none(),
+        })
+        .collect();
+    if summary.missing.len() == SummaryField::ALL.len() {
+        return Err(problem(
+            ProblemCode::SummaryMalformed,
+            None,
+            "none of the fields Goal, Current State, Next Agent, Confidence, Risk Level, \
+             Blockers has a value"
+                .to_string(),
+        ));
+    }
+    summary.raw = raw;
+    Ok(summary)
+}
+
+// ---------------------------------------------------------------------------
+// The signal block
+// ---------------------------------------------------------------------------
+
+/// One signal block line, as it goes into `session.json` `signal_block`.
+/// Absent or empty keys are left out of the JSON and listed in `missing`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SignalBlock {
+    /// `Agent=`: the seed's `[Planner|Actor|Judge]`, or an agent's name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cycle: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step: Option<String>,
+    /// 1 to 5.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub confidence: Option<u8>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub risk: Option<RiskLevel>,
+    /// `Next=`: the seed's `[Planner|Actor|Judge|Human]`, or an agent's name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
+    /// Other `Key=value` parts, in order (a JSON object).
+    #[serde(
+        skip_serializing_if = "Vec::is_empty",
+        serialize_with = "pairs::serialize",
+        deserialize_with = "pairs::deserialize"
+    )]
+    pub extra: Vec<(String, String)>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub missing: Vec<SignalField>,
+    /// The line as written, trimmed.
+    pub raw: String,
+}
+
+impl SignalBlock {
+    /// The seed's role named by `Agent=`, if it names one.
+    pub fn agent_role(&self) -> Option<Role> {
+        self.agent.as_deref().and_then(Role::from_value)
+    }
+
+    /// The seed's role named by `Next=`, if it names one.
+    pub fn next_role(&self) -> Option<Role> {
+        self.next.as_deref().and_then(Role::from_value)
+    }
+}
+
+/// Finds the last signal block line in `output` and reads it.
+///
+/// A line counts when it is `|`-separated parts of which at least two are
+/// `Key=value` with one of the seed's six keys (any case; `Risk Level` and
+/// `Next Agent` read as `Risk` and `Next`). Around it may be a list marker,
+/// backticks, table pipes or a label (`SIGNAL BLOCK: Agent=…`); spaces
+/// around `=` and `|` do not matter.
+pub fn parse_signal_block(output: &str) -> Option<Result<SignalBlock, BlockProblem>> {
+    split_lines(output)
+        .into_iter()
+        .rev()
+        .find_map(|line| split_signal_line(line).map(|segments| build_signal(line, segments)))
+}
+
+#[derive(Debug)]
+enum Segment {
+    Pair { key: String, value: String },
+    NotAPair(String),
+}
+
+fn signal_slot(key: &str) -> Option<SignalField> {
+    match normalize_key(key).as_str() {
+        "agent" => Some(SignalField::Agent),
+        "cycle" => Some(SignalField::Cycle),
+        "step" => Some(SignalField::Step),
+        "confidence" => Some(SignalField::Confidence),
+        "risk" | "risk level" => Some(SignalField::Risk),
+        "next" | "next agent" => Some(SignalField::Next),
+        _ => None,
+    }
+}
+
+fn is_signal_key_char(c: char) -> bool {
+    c.is_alphanumeric() || matches!(c, ' ' | '\t' | '_' | '-')
+}
+
+fn signal_key_ok(key: &str) -> bool {
+    let n = key.chars().count();
+    (1..=KEY_MAX_CHARS).contains(&n)
+        && key.chars().next().is_some_and(char::is_alphabetic)
+        && key.chars().all(is_signal_key_char)
+}
+
+/// The key of the first part: the words just before `=`, after any label
+/// (`SIGNAL BLOCK: Agent`, `` `Agent ``).
+fn first_key(text: &str) -> Option<&str> {
+    let text = text.trim_end().trim_end_matches(['*', '`']).trim_end();
+    let start = text
+        .char_indices()
+        .rev()
+        .take_while(|(_, c)| is_signal_key_char(*c))
+        .last()
+        .map(|(i, _)| i)?;
+    let run = text[start..].trim();
+    if run.is_empty() {
+        return None;
+    }
+    if signal_slot(run).is_some() {
+        return Some(run);
+    }
+    match run.rsplit(char::is_whitespace).next() {
+        Some(word) if signal_slot(word).is_some() => Some(word),
+        _ => Some(run),
+    }
+}
+
+/// The parts of a signal block line, or `None` if the line is not one.
+fn split_signal_line(line: &str) -> Option<Vec<Segment>> {
+    if !line.contains('|') || !line.contains('=') {
+        return None;
+    }
+    let body = shape(line)
+        .body
+        .trim_matches(|c: char| c == '|' || c.is_whitespace());
+    let mut segments = Vec::new();
+    let mut known = 0;
+    for (n, part) in body.split('|').enumerate() {
+        let part = part.trim();
+        let Some(eq) = part.find('=') else {
+            segments.push(Segment::NotAPair(part.to_string()));
+            continue;
+        };
+        let key = if n == 0 {
+            first_key(&part[..eq])
+        } else {
+            Some(part[..eq].trim().trim_matches(['*', '`']).trim())
+        };
+        match key.filter(|k| signal_key_ok(k)) {
+            Some(key) => {
+                if signal_slot(key).is_some() {
+                    known += 1;
+                }
+                let value = part[eq + 1..].trim().trim_matches(['`', '*', '"']).trim();
+                segments.push(Segment::Pair {
+                    key: key.to_string(),
+                    value: unwrap_value(value).to_string(),
+                });
+            }
+            None => segments.push(Segment::NotAPair(part.to_string())),
+        }
+    }
+    (segments.len() >= 2 && known >= 2).then_some(segments)
+}
+
+fn build_signal(line: &str, segments: Vec<Segment>) -> Result<SignalBlock, BlockProblem> {
+    let raw = line.trim().to_string();
+    let problem = |code: ProblemCode, field: Option<&str>, message: String| BlockProblem {
+        code,
+        message,
+        field: field.map(str::to_string),
+        raw: truncate_chars(&raw, PROBLEM_RAW_LIMIT),
+    };
+    let mut block = SignalBlock::default();
+    let mut seen: Vec<String> = Vec::new();
+    for segment in segments {
+        let (key, value) = match segment {
+            Segment::Pair { key, value } => (key, value),
+            Segment::NotAPair(text) => {
+                return Err(problem(
+                    ProblemCode::SignalBlockMalformed,
+                    None,
+                    format!(
+                        "`{}` is not Key=value (expected Agent=… | Cycle=… | Step=… | \
+                         Confidence=… | Risk=… | Next=…)",
+                        truncate_chars(&text, 80)
+                    ),
+                ));
+            }
+        };
+        let slot = signal_slot(&key);
+        let identity = slot.map_or_else(|| normalize_key(&key), |s| s.label().to_string());
+        if seen.contains(&identity) {
+            return Err(problem(
+                ProblemCode::SignalBlockDuplicateField,
+                Some(&identity),
+                format!("{identity} is given more than once (as `{key}`)"),
+            ));
+        }
+        seen.push(identity);
+        if value.is_empty() {
+            continue;
+        }
+        match slot {
+            Some(SignalField::Agent) => block.agent = Some(value),
+            Some(SignalField::Cycle) => block.cycle = Some(value),
+            Some(SignalField::Step) => block.step = Some(value),
+            Some(SignalField::Next) => block.next = Some(value),
+            Some(SignalField::Confidence) => match parse_confidence(&value) {
+                Some(level) => block.confidence = Some(level),
+                None => {
+                    return Err(problem(
+                        ProblemCode::SignalBlockInvalidConfidence,
+                        Some("Confidence"),
+                        format!(
+                            "Confidence={} is not a whole number from 1 to 5",
+                            truncate_chars(&value, 80)
+                        ),
+                    ));
+                }
+            },
+            Some(SignalField::Risk) => match parse_risk(&value) {
+                Some(level) => block.risk = Some(level),
+                None => {
+                    return Err(problem(
+                        ProblemCode::SignalBlockInvalidRisk,
+                        Some("Risk"),
+                        format!(
+                            "Risk={} is not one of low, medium, high",
+                            truncate_chars(&value, 80)
+                        ),
+                    ));
+                }
+            },
+            None => block.extra.push((key, value)),
+        }
+    }
+    block.missing = SignalField::ALL
+        .into_iter()
+        .filter(|field| match field {
+            SignalField::Agent => block.agent.is_none(),
+            SignalField::Cycle => block.cycle.is_none(),
+            SignalField::Step => block.step.is_none(),
+            SignalField::Confidence => block.confidence.is_none(),
+            SignalField::Risk => block.risk.is_none(),
+            SignalField::Next => block.next.is_none(),
+        })
+        .collect();
+    block.raw = raw;
+    Ok(block)
+}
+
+// ---------------------------------------------------------------------------
+// Values
+// ---------------------------------------------------------------------------
+
+/// The seed's `1-5 scale`: a whole number from 1 to 5 at the start, maybe as
+/// `4/5`, maybe followed by words (`4 (tests pass)`). A decimal, a range, a
+/// percentage or another scale (`4.5`, `1-5`, `80%`, `4/10`) is not a level.
+fn parse_confidence(value: &str) -> Option<u8> {
+    let value = unwrap_value(value).trim_start_matches(|c: char| !c.is_alphanumeric());
+    let digits = value.bytes().take_while(u8::is_ascii_digit).count();
+    if digits == 0 || digits > 3 {
+        return None;
+    }
+    let level: u8 = value[..digits].parse().ok()?;
+    let mut rest = &value[digits..];
+    if let Some(scale) = rest.trim_start().strip_prefix('/') {
+        let scale = scale.trim_start();
+        let scale_digits = scale.bytes().take_while(u8::is_ascii_digit).count();
+        if &scale[..scale_digits] != "5" {
+            return None;
+        }
+        rest = &scale[scale_digits..];
+    }
+    let mut chars = rest.chars();
+    match chars.next() {
+        None => {}
+        Some(c) if c.is_alphanumeric() || c == '%' => return None,
+        Some('.' | ',' | '-' | '–' | '—' | '/')
+            if chars.next().is_some_and(|d| d.is_ascii_digit()) =>
+        {
+            return None;
+        }
+        Some(_) => {}
+    }
+    (1..=5).contains(&level).then_some(level)
+}
+
+/// The seed's `[low | medium | high]`, in any case, maybe followed by words
+/// (`Low (docs only)`). Two levels offered as alternatives (`low | medium |
+/// high`, `low/medium`, `low or medium`) are not a level.
+fn parse_risk(value: &str) -> Option<RiskLevel> {
+    let value = unwrap_value(value).trim_start_matches(|c: char| !c.is_alphabetic());
+    let end = value
+        .find(|c: char| !c.is_alphabetic())
+        .unwrap_or(value.len());
+    let level = RiskLevel::from_word(&value[..end])?;
+    let rest = value[end..].trim_start();
+    let separated = rest.trim_start_matches(['|', '/', '-', '–', ',']);
+    let had_separator = separated.len() < rest.len();
+    let separated = separated.trim_start();
+    let (had_separator, next) = match separated.get(..3) {
+        Some(or) if or.eq_ignore_ascii_case("or ") => (true, separated[3..].trim_start()),
+        _ => (had_separator, separated),
+    };
+    let next_end = next
+        .find(|c: char| !c.is_alphabetic())
+        .unwrap_or(next.len());
+    if had_separator && RiskLevel::from_word(&next[..next_end]).is_some() {
+        return None;
+    }
+    Some(level)
+}
+
+/// `None`, `-`, `N/A`, `No blockers`, `None identified`, `None (all green)`:
+/// nothing blocks. `None of the keys work` is a blocker.
+fn is_no_blocker(value: &str) -> bool {
+    let lower = unwrap_value(value)
+        .trim()
+        .trim_end_matches(['.', '!'])
+        .trim()
+        .to_lowercase();
+    if matches!(
+        lower.as_str(),
+        "" | "-"
+            | "–"
+            | "—"
+            | "n/a"
+            | "na"
+            | "nil"
+            | "null"
+            | "nothing"
+            | "no"
+            | "no blocker"
+            | "no blockers"
+    ) {
+        return true;
+    }
+    let words: Vec<&str> = lower
+        .split(|c: char| !c.is_alphanumeric() && c != '/')
+        .filter(|w| !w.is_empty())
+        .collect();
+    match words.as_slice() {
+        ["none", "of", ..] => false,
+        ["none", ..] | ["n/a", ..] => true,
+        ["no", "blocker" | "blockers", ..] => true,
+        [
+            "no",
+            "known" | "current" | "critical",
+            "blocker" | "blockers" | "issues",
+            ..,
+        ] => true,
+        _ => false,
+    }
+}
+
+/// A value without the markdown around it: bold, italics, code, and the
+/// seed template's `[...]` (`**4**`, `` `low` ``, `[None]`).
+fn unwrap_value(value: &str) -> &str {
+    let mut value = value.trim();
+    for _ in 0..4 {
+        let before = value;
+        for (open, close) in [
+            ("**", "**"),
+            ("__", "__"),
+            ("`", "`"),
+            ("*", "*"),
+            ("[", "]"),
+        ] {
+            if value.len() >= open.len() + close.len()
+                && value.starts_with(open)
+                && value.ends_with(close)
+            {
+                let inner = &value[open.len()..value.len() - close.len()];
+                if open == "[" && inner.contains(['[', ']']) {
+                    continue;
+                }
+                value = inner.trim();
+                break;
+            }
+        }
+        if value == before {
+            break;
+        }
+    }
+    value
+}
+
+fn first_word(value: &str) -> Option<&str> {
+    let value = value.trim_start_matches(|c: char| !c.is_alphabetic());
+    let end = value
+        .find(|c: char| !c.is_alphabetic())
+        .unwrap_or(value.len());
+    (end > 0).then(|| &value[..end])
+}
+
+// ---------------------------------------------------------------------------
+// Lines and markdown
+// ---------------------------------------------------------------------------
+
+/// Lines without their `\n` or `\r\n`.
+fn split_lines(text: &str) -> Vec<&str> {
+    text.split('\n')
+        .map(|line| line.strip_suffix('\r').unwrap_or(line))
+        .collect()
+}
+
+/// A line without its indentation, blockquote markers and list marker.
+struct Shape<'a> {
+    body: &'a str,
+    listed: bool,
+    indented: bool,
+}
+
+fn shape(line: &str) -> Shape<'_> {
+    let indented = line.starts_with([' ', '\t']);
+    let mut body = line.trim();
+    while let Some(rest) = body.strip_prefix('>') {
+        body = rest.trim_start();
+    }
+    match strip_list_marker(body) {
+        Some(rest) => Shape {
+            body: rest.trim(),
+            listed: true,
+            indented,
+        },
+        None => Shape {
+            body,
+            listed: false,
+            indented,
+        },
+    }
+}
+
+fn strip_list_marker(s: &str) -> Option<&str> {
+    for marker in ['-', '*', '+', '•'] {
+        if let Some(rest) = s.strip_prefix(marker)
+            && (rest.is_empty() || rest.starts_with([' ', '\t']))
+        {
+            return Some(rest);
+        }
+    }
+    let digits = s.bytes().take_while(u8::is_ascii_digit).count();
+    if (1..=3).contains(&digits) {
+        let rest = &s[digits..];
+        if let Some(rest) = rest.strip_prefix(['.', ')'])
+            && (rest.is_empty() || rest.starts_with([' ', '\t']))
+        {
+            return Some(rest);
+        }
+    }
+    None
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Heading {
+    ContextSummary,
+    Other,
+}
+
+/// A markdown heading (`## …`), or a line that is only the words Context
+/// Summary (bold, with a colon, with `Block`).
+fn heading(line: &str) -> Option<Heading> {
+    let trimmed = line.trim();
+    let hashes = trimmed.bytes().take_while(|&b| b == b'#').count();
+    if hashes > 0 {
+        let title = &trimmed[hashes..];
+        if hashes > 6 || !(title.is_empty() || title.starts_with([' ', '\t'])) {
+            return None;
+        }
+        return Some(if names_context_summary(title, true) {
+            Heading::ContextSummary
+        } else {
+            Heading::Other
+        });
+    }
+    (trimmed.len() <= 80 && names_context_summary(trimmed, false))
+        .then_some(Heading::ContextSummary)
+}
+
+/// The words of `title` are "context summary" (then anything, when it is a
+/// `#` heading; only "block" otherwise). Emoji, numbering and markdown
+/// around them do not count.
+fn names_context_summary(title: &str, then_anything: bool) -> bool {
+    if title.len() > 200 {
+        return false;
+    }
+    let words: Vec<String> = title
+        .split(|c: char| !c.is_alphabetic())
+        .filter(|w| !w.is_empty())
+        .take(4)
+        .map(str::to_lowercase)
+        .collect();
+    match words.as_slice() {
+        [context, summary, rest @ ..] if context == "context" && summary == "summary" => {
+            then_anything || rest.is_empty() || (rest.len() == 1 && rest[0] == "block")
+        }
+        _ => false,
+    }
+}
+
+fn is_fence(trimmed: &str) -> bool {
+    trimmed.starts_with("```") || trimmed.starts_with("~~~")
+}
+
+/// A thematic break: `---`, `***`, `___`, `- - -`.
+fn is_rule(trimmed: &str) -> bool {
+    let mut marks = trimmed.chars().filter(|c| !c.is_whitespace());
+    let Some(first) = marks.next() else {
+        return false;
+    };
+    matches!(first, '-' | '*' | '_') && {
+        let mut count = 1;
+        marks.all(|c| {
+            count += 1;
+            c == first
+        }) && count >= 3
+    }
+}
+
+/// `Key: value` with the key bold or plain: `**Goal**: x`, `**Goal:** x`,
+/// `Goal: x`. A plain key needs a space after the colon, so that `10:30`
+/// and `https://` are not keys.
+fn key_value(body: &str) -> Option<(String, &str)> {
+    let colon = body.find(':')?;
+    let before = &body[..colon];
+    let mut after = &body[colon + 1..];
+    let marker = ["**", "__", "*", "_", "`"]
+        .into_iter()
+        .find(|m| before.trim_start().starts_with(m));
+    if let Some(marker) = marker
+        && let Some(rest) = after.strip_prefix(marker)
+    {
+        after = rest;
+    }
+    if marker.is_none() && !(after.is_empty() || after.starts_with(char::is_whitespace)) {
+        return None;
+    }
+    let key: String = before.chars().filter(|c| !matches!(c, '*' | '`')).collect();
+    let key = key.trim().trim_matches('_').trim();
+    valid_key(key).then(|| (key.to_string(), after.trim()))
+}
+
+fn valid_key(key: &str) -> bool {
+    let n = key.chars().count();
+    (1..=KEY_MAX_CHARS).contains(&n)
+        && key.chars().next().is_some_and(char::is_alphabetic)
+        && key.chars().all(|c| {
+            c.is_alphanumeric() || matches!(c, ' ' | '_' | '-' | '/' | '(' | ')' | '&' | '\'' | '.')
+        })
+        && key.split_whitespace().count() <= KEY_MAX_WORDS
+}
+
+/// `Current_State`, `current-state`, `Confidence (1-5)` → `current state`,
+/// `current state`, `confidence`.
+fn normalize_key(key: &str) -> String {
+    let key = key
+        .split('(')
+        .next()
+        .unwrap_or(key)
+        .to_lowercase()
+        .replace(['_', '-'], " ");
+    key.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Several lines as one: joined with `; ` (or a space after punctuation),
+/// whitespace runs made one space.
+fn one_line(text: &str) -> String {
+    let mut out = String::new();
+    for line in text.lines() {
+        let line = line.split_whitespace().collect::<Vec<_>>().join(" ");
+        if line.is_empty() {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(if out.ends_with(['.', ';', ':', '!', '?', ',']) {
+                " "
+            } else {
+                "; "
+            });
+        }
+        out.push_str(&line);
+    }
+    out
+}
+
+/// At most `limit` characters, the last one `…` when cut.
+fn truncate_chars(text: &str, limit: usize) -> String {
+    if text.chars().nth(limit).is_none() {
+        return text.to_string();
+    }
+    let cut = text
+        .char_indices()
+        .nth(limit.saturating_sub(1))
+        .map_or(text.len(), |(i, _)| i);
+    format!("{}…", &text[..cut])
+}
+
+/// `Vec<(String, String)>` as a JSON object, keeping the order.
+mod pairs {
+    use serde::ser::SerializeMap;
+    use serde::{Deserialize, Deserializer, Serializer};
+    use serde_json::{Map, Value};
+
+    pub fn serialize<S: Serializer>(
+        pairs: &[(String, String)],
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(pairs.len()))?;
+        for (key, value) in pairs {
+            map.serialize_entry(key, value)?;
+        }
+        map.end()
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Vec<(String, String)>, D::Error> {
+        let map = Map::<String, Value>::deserialize(deserializer)?;
+        Ok(map
+            .into_iter()
+            .map(|(key, value)| match value {
+                Value::String(text) => (key, text),
+                other => (key, other.to_string()),
+            })
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The block of seed 004 exactly as the seed shows it: a template.
+    const SEED_TEMPLATE: &str = "## Context Summary
+
+**Goal**: [1-line statement of cycle objective]
+**Current State**: [What was just completed]
+**Next Agent**: [Planner | Actor | Judge | Human]
+**Confidence**: [1-5 scale: 1=uncertain, 5=verified]
+**Risk Level**: [low | medium | high]
+**Blockers**: [None | List critical issues]
+";
+
+    /// The seed's signal block schema line, verbatim.
+    const SEED_SIGNAL_SCHEMA: &str = "Agent=[Planner|Actor|Judge] | Cycle=[id] | Step=[stage] | Confidence=[1-5] | Risk=[low|medium|high] | Next=[Planner|Actor|Judge|Human]";
+
+    /// The seed's signal block example, verbatim.
+    const SEED_SIGNAL_EXAMPLE: &str =
+        "Agent=Actor | Cycle=2025-11-08-001 | Step=2 | Confidence=4 | Risk=low | Next=Judge";
+
+    /// The seed's layout, filled in.
+    const FILLED: &str = "I wrote the parser and its tests.
+
+## Context Summary
+
+**Goal**: Parse the context summary block
+**Current State**: Parser and tests written
+**Next Agent**: Judge
+**Confidence**: 4
+**Risk Level**: low
+**Blockers**: None
+";
+
+    /// What the well-formed cases below read as.
+    const GSJ4LN: &str = "G / S / Judge [Judge] / 4 / low / -";
+
+    /// A block on one line, as the caller maps it:
+    /// `goal / state / next agent [role] / confidence / risk / blocked_by`,
+    /// `-` for nothing, then the missing fields.
+    fn render(s: &ContextSummary) -> String {
+        let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".to_string());
+        let next = s.next_agent.as_ref().map(|n| match n.role {
+            Some(role) => format!("{} [{}]", n.name, role.as_str()),
+            None => n.name.clone(),
+        });
+        let mut out = [
+            s.goal.clone(),
+            s.current_state.clone(),
+            next,
+            s.report_confidence().map(|c| c.to_string()),
+            s.report_risk().map(|r| r.as_str().to_string()),
+            s.blocked_by(),
+        ]
+        .map(or_dash)
+        .join(" / ");
+        if !s.missing.is_empty() {
+            let missing: Vec<&str> = s.missing.iter().map(|f| f.label()).collect();
+            out.push_str(&format!(" missing {}", missing.join(", ")));
+        }
+        out
+    }
+
+    /// A signal block on one line: `agent / cycle / step / confidence /
+    /// risk / next`, then extra keys and missing ones.
+    fn render_signal(b: &SignalBlock) -> String {
+        let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".to_string());
+        let mut out = [
+            b.agent.clone(),
+            b.cycle.clone(),
+            b.step.clone(),
+            b.confidence.map(|c| c.to_string()),
+            b.risk.map(|r| r.as_str().to_string()),
+            b.next.clone(),
+        ]
+        .map(or_dash)
+        .join(" / ");
+        for (key, value) in &b.extra {
+            out.push_str(&format!(" +{key}={value}"));
+        }
+        if !b.missing.is_empty() {
+            let missing: Vec<&str> = b.missing.iter().map(|f| f.label()).collect();
+            out.push_str(&format!(" missing {}", missing.join(", ")));
+        }
+        out
+    }
+
+    fn summary_ok(name: &str, text: &str) -> ContextSummary {
+        match parse_context_summary(text) {
+            Some(Ok(summary)) => summary,
+            other => panic!("{name}: expected a block, got {other:?}"),
+        }
+    }
+
+    fn summary_err(name: &str, text: &str) -> BlockProblem {
+        match parse_context_summary(text) {
+            Some(Err(problem)) => problem,
+            other => panic!("{name}: expected a problem, got {other:?}"),
+        }
+    }
+
+    fn signal_ok(name: &str, text: &str) -> SignalBlock {
+        match parse_signal_block(text) {
+            Some(Ok(block)) => block,
+            other => panic!("{name}: expected a signal block, got {other:?}"),
+        }
+    }
+
+    fn signal_err(name: &str, text: &str) -> BlockProblem {
+        match parse_signal_block(text) {
+            Some(Err(problem)) => problem,
+            other => panic!("{name}: expected a problem, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn well_formed_summaries_in_every_markdown_shape() {
+        let cases: &[(&str, &str, &str)] = &[
+            (
+                "the seed's layout, filled in",
+                FILLED,
+                "Parse the context summary block / Parser and tests written / Judge [Judge] / 4 / low / -",
+            ),
+            (
+                "colon inside the bold",
+                "## Context Summary\n**Goal:** G\n**Current State:** S\n**Next Agent:** Planner\n**Confidence:** 5\n**Risk Level:** high\n**Blockers:** Need prod credentials\n",
+                "G / S / Planner [Planner] / 5 / high / Need prod credentials",
+            ),
+            (
+                "bulleted bold keys under an h3, blank lines between",
+                "### Context Summary\n\n- **Goal**: G\n\n- **Current State**: S\n- **Next Agent**: Actor\n- **Confidence**: 3\n- **Risk Level**: medium\n- **Blockers**: -\n",
+                "G / S / Actor [Actor] / 3 / medium / -",
+            ),
+            (
+                "plain keys under a plain title line",
+                "Context Summary:\nGoal: G\nCurrent State: S\nNext Agent: Human\nConfidence: 2\nRisk Level: LOW\nBlockers: N/A\n",
+                "G / S / Human [Human] / 2 / low / -",
+            ),
+            (
+                "bold title line, star bullets, snake_case keys",
+                "**Context Summary**\n* goal: G\n* current_state: S\n* next_agent: judge\n* confidence: 4\n* risk: low\n* blockers: none\n",
+                "G / S / judge [Judge] / 4 / low / -",
+            ),
+            (
+                "numbered fields under an emoji heading with words after it",
+                "## 📋 Context Summary (cycle 3)\n1. **Goal**: G\n2. **Current State**: S\n3. **Next Agent**: Judge\n4. **Confidence**: 4\n5. **Risk Level**: low\n6. **Blockers**: None\n",
+                GSJ4LN,
+            ),
+            (
+                "inside a markdown fence, as the seed prints it",
+                "Done.\n\n```markdown\n## Context Summary\n\n**Goal**: G\n**Current State**: S\n**Next Agent**: Judge\n**Confidence**: 4\n**Risk Level**: low\n**Blockers**: None\n```\n",
+                GSJ4LN,
+            ),
+            (
+                "fence opened under the heading",
+                "## Context Summary\n```\nGoal: G\nCurrent State: S\nNext Agent: Judge\nConfidence: 4\nRisk Level: low\nBlockers: None\n```\nThanks!\n",
+                GSJ4LN,
+            ),
+            (
+                "in a blockquote",
+                "> ## Context Summary\n> **Goal**: G\n> **Current State**: S\n> **Next Agent**: Judge\n> **Confidence**: 4\n> **Risk Level**: low\n> **Blockers**: None\n",
+                GSJ4LN,
+            ),
+            (
+                "values with explanations and markdown",
+                "## Context Summary\n**Goal**: `G`\n**Current State**: S\n**Next Agent**: Human (approval needed)\n**Confidence**: 4/5 — tests pass\n**Risk Level**: **Medium** (API change)\n**Blockers**: None identified\n",
+                "G / S / Human (approval needed) [Human] / 4 / medium / -",
+            ),
+            (
+                "the template's brackets kept around real values",
+                "## Context Summary\n**Goal**: [G]\n**Current State**: [S]\n**Next Agent**: [Judge]\n**Confidence**: [5]\n**Risk Level**: [high]\n**Blockers**: [None]\n",
+                "G / S / Judge [Judge] / 5 / high / -",
+            ),
+            (
+                "blockers as a list under the key",
+                "## Context Summary\n**Goal**: G\n**Current State**: S\n**Next Agent**: Human\n**Confidence**: 2\n**Risk Level**: high\n**Blockers**:\n- CI is red on main\n- Need an API key: prod\n",
+                "G / S / Human [Human] / 2 / high / CI is red on main; Need an API key: prod",
+            ),
+            (
+                "blockers list after a blank line, then the signal block",
+                "## Context Summary\n**Goal**: G\n**Current State**: S\n**Next Agent**: Judge\n**Confidence**: 3\n**Risk Level**: low\n**Blockers**:\n\n  - flaky test\n\nAgent=Actor | Cycle=1 | Step=2 | Confidence=3 | Risk=low | Next=Judge\n",
+                "G / S / Judge [Judge] / 3 / low / flaky test",
+            ),
+            (
+                "value on the line under an empty key",
+                "## Context Summary\n**Goal**:\nG\n**Current State**: S\n**Next Agent**: Judge\n**Confidence**: 4\n**Risk Level**: low\n**Blockers**: None\n",
+                GSJ4LN,
+            ),
+            (
+                "sub-bullets continue the current state",
+                "## Context Summary\n**Goal**: G\n**Current State**: parser done\n  - tests written\n  - docs updated\n**Next Agent**: Judge\n**Confidence**: 4\n**Risk Level**: low\n**Blockers**: None\n",
+                "G / parser done\ntests written\ndocs updated / Judge [Judge] / 4 / low / -",
+            ),
+            (
+                "trailing prose after a blank line is not part of the block",
+                "## Context Summary\n**Goal**: G\n**Current State**: S\n**Next Agent**: Judge\n**Confidence**: 4\n**Risk Level**: low\n**Blockers**: None\n\nLet me know if you need anything else.\n",
+                GSJ4LN,
+            ),
+            (
+                "no heading: a run of the six fields at the end",
+                "All done.\n\nGoal: G\nCurrent State: S\nNext Agent: Judge\nConfidence: 4\nRisk Level: low\nBlockers: None\n",
+                GSJ4LN,
+            ),
+            (
+                "an agent of this project as the next agent",
+                "## Context Summary\n**Goal**: G\n**Current State**: S\n**Next Agent**: leo\n**Confidence**: 4\n**Risk Level**: low\n**Blockers**: None\n",
+                "G / S / leo / 4 / low / -",
+            ),
+            (
+                "CRLF line endings",
+                "Done.\r\n\r\n## Context Summary\r\n\r\n**Goal**: G\r\n**Current State**: S\r\n**Next Agent**: Judge\r\n**Confidence**: 4\r\n**Risk Level**: low\r\n**Blockers**:\r\n- one\r\n- two\r\n",
+                "G / S / Judge [Judge] / 4 / low / one; two",
+            ),
+            (
+                "unicode everywhere",
+                "## ✅ Context Summary\n**Goal**: Résumé des données — 日本語 ✓\n**Current State**: Überprüft 🎉\n**Next Agent**: Judge\n**Confidence**: ⭐ 5\n**Risk Level**: 🟢 Low\n**Blockers**: Ключ API отсутствует\n",
+                "Résumé des données — 日本語 ✓ / Überprüft 🎉 / Judge [Judge] / 5 / low / Ключ API отсутствует",
+            ),
+        ];
+        for (name, text, expected) in cases {
+            let summary = summary_ok(name, text);
+            assert_eq!(render(&summary), *expected, "{name}");
+            assert!(summary.is_complete(), "{name}");
+            assert!(!summary.raw.contains('\r'), "{name}: raw keeps a CR");
+        }
+    }
+
+    #[test]
+    fn partial_summaries_list_what_is_missing() {
+        let cases: &[(&str, &str, &str)] = &[
+            (
+                "goal and state only",
+                "## Context Summary\n**Goal**: G\n**Current State**: S\n",
+                "G / S / - / - / - / - missing Next Agent, Confidence, Risk Level, Blockers",
+            ),
+            (
+                "empty values count as missing",
+                "## Context Summary\n**Goal**: G\n**Current State**:\n**Next Agent**: Judge\n**Confidence**:\n**Risk Level**: low\n**Blockers**: None\n",
+                "G / - / Judge [Judge] / - / low / - missing Current State, Confidence",
+            ),
+            (
+                "only blockers under the heading",
+                "## Context Summary\n\nBlockers: waiting on review\n",
+                "- / - / - / - / - / waiting on review missing Goal, Current State, Next Agent, Confidence, Risk Level",
+            ),
+            (
+                "prose between heading and fields is skipped",
+                "## Context Summary\n\nHere is where things stand.\n\n**Goal**: G\n**Risk Level**: medium\n",
+                "G / - / - / - / medium / - missing Current State, Next Agent, Confidence, Blockers",
+            ),
+            (
+                "headless run of three fields",
+                "Goal: G\nConfidence: 3\nRisk: high\n",
+                "G / - / - / 3 / high / - missing Current State, Next Agent, Blockers",
+            ),
+        ];
+        for (name, text, expected) in cases {
+            let summary = summary_ok(name, text);
+            assert_eq!(render(&summary), *expected, "{name}");
+            assert!(!summary.is_complete(), "{name}");
+        }
+    }
+
+    #[test]
+    fn malformed_summaries_are_problems() {
+        use ProblemCode::{
+            SummaryDuplicateField as Duplicate, SummaryInvalidConfidence as Confidence,
+            SummaryInvalidRisk as Risk, SummaryMalformed as Malformed,
+        };
+        let block = |confidence: &str, risk: &str| {
+            format!(
+                "## Context Summary\n**Goal**: G\n**Current State**: S\n**Next Agent**: Judge\n**Confidence**: {confidence}\n**Risk Level**: {risk}\n**Blockers**: None\n"
+            )
+        };
+        let cases: Vec<(&str, String, ProblemCode, Option<&str>)> = vec![
+            (
+                "the seed's template verbatim",
+                SEED_TEMPLATE.into(),
+                Confidence,
+                Some("Confidence"),
+            ),
+            (
+                "confidence 0",
+                block("0", "low"),
+                Confidence,
+                Some("Confidence"),
+            ),
+            (
+                "confidence 6",
+                block("6", "low"),
+                Confidence,
+                Some("Confidence"),
+            ),
+            (
+                "confidence as a word",
+                block("high", "low"),
+                Confidence,
+                Some("Confidence"),
+            ),
+            (
+                "confidence as a decimal",
+                block("4.5", "low"),
+                Confidence,
+                Some("Confidence"),
+            ),
+            (
+                "confidence as a range",
+                block("3-4", "low"),
+                Confidence,
+                Some("Confidence"),
+            ),
+            (
+                "confidence in percent",
+                block("80%", "low"),
+                Confidence,
+                Some("Confidence"),
+            ),
+            (
+                "confidence out of 10",
+                block("4/10", "low"),
+                Confidence,
+                Some("Confidence"),
+            ),
+            (
+                "risk not in the domain",
+                block("4", "severe"),
+                Risk,
+                Some("Risk Level"),
+            ),
+            (
+                "risk as the template",
+                block("4", "low | medium | high"),
+                Risk,
+                Some("Risk Level"),
+            ),
+            (
+                "risk between two",
+                block("4", "low/medium"),
+                Risk,
+                Some("Risk Level"),
+            ),
+            (
+                "risk as a longer word",
+                block("4", "lowish"),
+                Risk,
+                Some("Risk Level"),
+            ),
+            (
+                "a field twice",
+                "## Context Summary\n**Goal**: G\n**Goal**: H\n**Current State**: S\n".into(),
+                Duplicate,
+                Some("Goal"),
+            ),
+            (
+                "a field twice in two spellings",
+                "## Context Summary\n**Goal**: G\n**Risk**: low\n**Risk Level**: high\n".into(),
+                Duplicate,
+                Some("Risk Level"),
+            ),
+            (
+                "a field twice across a blank line",
+                "## Context Summary\n**Goal**: G\n\n**Goal**: H\n".into(),
+                Duplicate,
+                Some("Goal"),
+            ),
+            (
+                "a heading at the very end",
+                "Done.\n\n## Context Summary\n".into(),
+                Malformed,
+                None,
+            ),
+            (
+                "a heading over prose",
+                "## Context Summary\n\nAll fine, over to the judge.\n\n## Next\n- ship\n".into(),
+                Malformed,
+                None,
+            ),
+            (
+                "fields without values",
+                "## Context Summary\n**Goal**:\n**Current State**:\n**Blockers**:\n".into(),
+                Malformed,
+                None,
+            ),
+            (
+                "a heading over other keys only",
+                "## Context Summary\n- Files: 2\n- Tests: 14 passed\n".into(),
+                Malformed,
+                None,
+            ),
+        ];
+        for (name, text, code, field) in cases {
+            let problem = summary_err(name, &text);
+            assert_eq!(problem.code, code, "{name}: {problem}");
+            assert_eq!(problem.field.as_deref(), field, "{name}");
+            assert!(
+                problem.raw.starts_with("## Context Summary"),
+                "{name}: raw {:?}",
+                problem.raw
+            );
+            assert!(!problem.message.is_empty(), "{name}");
+        }
+    }
+
+    #[test]
+    fn no_summary_block() {
+        for text in [
+            "",
+            "\n\n",
+            "Nothing to report.",
+            "Goal: ship it\n",
+            "Goal: ship it\nRisk: low\n",
+            "# Context\nSummary of the day: fine\n",
+            "The context summary comes later.",
+            "**Context Summary**: all good",
+        ] {
+            assert_eq!(parse_context_summary(text), None, "{text:?}");
+        }
+    }
+
+    /// Long output with a quote of the template, an earlier block and noise:
+    /// only the last block counts.
+    #[test]
+    fn the_last_summary_wins_over_decoys() {
+        let mut output = String::new();
+        output.push_str("The prompt says:\n\n```markdown\n");
+        output.push_str(SEED_TEMPLATE);
+        output.push_str("```\n\n");
+        output.push_str(&FILLED.replace("Parse the context summary block", "old goal"));
+        for n in 0..3000 {
+            output.push_str(&format!(
+                "log {n}: compiled crate {n} | status=ok | risk=none\n"
+            ));
+        }
+        output.push_str("Goal: not a block\nRisk: low\n\n");
+        output.push_str(&FILLED.replace("Parse the context summary block", "new goal"));
+        assert!(output.len() > 100_000);
+        let summary = summary_ok("decoys", &output);
+        assert_eq!(summary.goal.as_deref(), Some("new goal"));
+        assert!(summary.is_complete());
+
+        // The last block is malformed: that is what is reported, not the
+        // good block before it.
+        let bad = format!(
+            "{FILLED}\nmore work\n\n{}",
+            FILLED.replace("**Confidence**: 4", "**Confidence**: high")
+        );
+        assert_eq!(
+            summary_err("last is bad", &bad).code,
+            ProblemCode::SummaryInvalidConfidence
+        );
+
+        // A headless run after a headed block is later, so it wins...
+        let headless =
+            format!("{FILLED}\nThen:\n\nGoal: later\nCurrent State: done\nRisk Level: high\n");
+        assert_eq!(
+            summary_ok("headless last", &headless).goal.as_deref(),
+            Some("later")
+        );
+        // ... but two fields are prose, not a block.
+        let prose = format!("{FILLED}\nThen:\n\nGoal: later\nRisk Level: high\n");
+        assert_eq!(
+            summary_ok("prose last", &prose).goal.as_deref(),
+            Some("Parse the context summary block")
+        );
+    }
+
+    #[test]
+    fn a_bare_next_is_the_next_step() {
+        let summary = summary_ok(
+            "bare next",
+            "## Context Summary\n**Goal**: G\n**Next Agent**: Judge\n**Next**: wire it into the daemon\n",
+        );
+        assert_eq!(
+            summary.next_agent.as_ref().map(|n| n.role),
+            Some(Some(Role::Judge))
+        );
+        assert_eq!(
+            summary.next_priority().as_deref(),
+            Some("wire it into the daemon (next agent: Judge)")
+        );
+        let twice = "## Context Summary\n**Goal**: G\n**Next Steps**: a\n**Next**: b\n";
+        assert_eq!(
+            summary_err("twice", twice).code,
+            ProblemCode::SummaryDuplicateField
+        );
+    }
+
+    /// The seed asks for an image's path and summary in the block.
+    #[test]
+    fn extra_keys_and_next_steps_are_kept() {
+        let text = "## Context Summary
+**Goal**: Login page
+**Current State**: Wireframe reviewed
+Image: docs/context/assets/2025-11-08_14-23-00_login-wireframe.png
+Summary: Login form mockup with OAuth buttons and remember-me checkbox
+**Next Agent**: Actor
+**Confidence**: 3
+**Risk Level**: low
+**Blockers**: None
+**Next Steps**: Build the form
+";
+        let summary = summary_ok("extras", text);
+        let extra: Vec<String> = summary
+            .extra
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        assert_eq!(
+            extra,
+            [
+                "Image=docs/context/assets/2025-11-08_14-23-00_login-wireframe.png",
+                "Summary=Login form mockup with OAuth buttons and remember-me checkbox",
+            ]
+        );
+        assert_eq!(summary.next_steps.as_deref(), Some("Build the form"));
+        assert!(summary.is_complete());
+        assert_eq!(
+            summary.next_priority().as_deref(),
+            Some("Build the form (next agent: Actor)")
+        );
+        let json = serde_json::to_value(&summary).unwrap();
+        assert_eq!(
+            json["extra"]["Image"],
+            "docs/context/assets/2025-11-08_14-23-00_login-wireframe.png"
+        );
+        assert_eq!(json["risk_level"]["level"], "low");
+    }
+
+    #[test]
+    fn mapping_to_report_and_session() {
+        let summary = summary_ok("filled", FILLED);
+        assert_eq!(
+            summary.summary_text().as_deref(),
+            Some("Parser and tests written (goal: Parse the context summary block)")
+        );
+        assert_eq!(summary.blocked_by(), None);
+        assert_eq!(
+            summary.next_priority().as_deref(),
+            Some("Next agent: Judge")
+        );
+        assert_eq!(summary.report_confidence(), Some(4));
+        assert_eq!(summary.report_risk(), Some(RiskLevel::Low));
+        assert_eq!(
+            serde_json::to_value(summary.report_risk()).unwrap(),
+            serde_json::json!("low")
+        );
+        assert_eq!(
+            summary.handoff_notes().as_deref(),
+            Some(
+                "Goal: Parse the context summary block\nCurrent State: Parser and tests written\nNext Agent: Judge\nConfidence: 4/5\nRisk Level: low\nBlockers: none"
+            )
+        );
+
+        let partial = summary_ok("goal only", "## Context Summary\n**Goal**: G\n");
+        assert_eq!(partial.summary_text().as_deref(), Some("Goal: G"));
+        assert_eq!(partial.next_priority(), None);
+        assert_eq!(partial.blocked_by(), None);
+        assert_eq!(partial.report_confidence(), None);
+        assert_eq!(partial.report_risk(), None);
+        assert_eq!(partial.handoff_notes().as_deref(), Some("Goal: G"));
+
+        let multi = summary_ok(
+            "multi-line state",
+            "## Context Summary\n**Goal**: G\n**Current State**: parser done.\n  - tests written\n**Blockers**:\n- a\n- b\n",
+        );
+        assert_eq!(
+            multi.summary_text().as_deref(),
+            Some("parser done. tests written (goal: G)")
+        );
+        assert_eq!(multi.blocked_by().as_deref(), Some("a; b"));
+
+        let long = "x".repeat(5000);
+        let huge = summary_ok(
+            "long",
+            &format!(
+                "## Context Summary\n**Goal**: {long}\n**Current State**: {long}\n**Blockers**: {long}\n"
+            ),
+        );
+        let text = huge.summary_text().unwrap();
+        assert_eq!(text.chars().count(), SUMMARY_TEXT_LIMIT);
+        assert!(text.ends_with('…'));
+        assert_eq!(huge.blocked_by().unwrap().chars().count(), FIELD_TEXT_LIMIT);
+        assert_eq!(
+            huge.handoff_notes().unwrap().chars().count(),
+            HANDOFF_NOTES_LIMIT
+        );
+    }
+
+    #[test]
+    fn confidence_values() {
+        for (value, level) in [
+            ("4", Some(4)),
+            ("1", Some(1)),
+            ("5", Some(5)),
+            ("4/5", Some(4)),
+            ("4 / 5", Some(4)),
+            ("5/5 — verified", Some(5)),
+            ("**3**", Some(3)),
+            ("[2]", Some(2)),
+            ("1 (uncertain)", Some(1)),
+            ("4. Tests pass", Some(4)),
+            ("4 of 5", Some(4)),
+            ("⭐ 4", Some(4)),
+            ("3 - reviewed", Some(3)),
+            ("0", None),
+            ("6", None),
+            ("10", None),
+            ("high", None),
+            ("4.5", None),
+            ("1-5 scale: 1=uncertain, 5=verified", None),
+            ("4/10", None),
+            ("4x", None),
+            ("80%", None),
+            ("4%", None),
+            ("", None),
+            ("99999999999999999999", None),
+        ] {
+            assert_eq!(parse_confidence(value), level, "{value:?}");
+        }
+    }
+
+    #[test]
+    fn risk_values() {
+        use RiskLevel::{High, Low, Medium};
+        for (value, level) in [
+            ("low", Some(Low)),
+            ("LOW", Some(Low)),
+            ("Medium (API change)", Some(Medium)),
+            ("high — touches auth", Some(High)),
+            ("`low`", Some(Low)),
+            ("🟢 Low", Some(Low)),
+            ("low risk", Some(Low)),
+            ("High.", Some(High)),
+            ("severe", None),
+            ("lowish", None),
+            ("low | medium | high", None),
+            ("low/medium", None),
+            ("low-medium", None),
+            ("low or medium", None),
+            ("3", None),
+            ("", None),
+        ] {
+            assert_eq!(parse_risk(value), level, "{value:?}");
+        }
+    }
+
+    #[test]
+    fn blocker_values() {
+        for none in [
+            "None",
+            "none",
+            "-",
+            "—",
+            "N/A",
+            "None.",
+            "[None]",
+            "**None**",
+            "None identified",
+            "None (all green)",
+            "No blockers",
+            "no known blockers",
+            "nothing",
+        ] {
+            assert!(is_no_blocker(none), "{none:?} should mean no blocker");
+        }
+        for blocker in [
+            "None of the API keys work",
+            "CI red",
+            "Need API key",
+            "Nonexistent table",
+        ] {
+            assert!(!is_no_blocker(blocker), "{blocker:?} is a blocker");
+        }
+    }
+
+    #[test]
+    fn well_formed_signal_blocks() {
+        const ALL: &str = "Actor / 2025-11-08-001 / 2 / 4 / low / Judge";
+        let cases: &[(&str, &str, &str)] = &[
+            ("the seed's example verbatim", SEED_SIGNAL_EXAMPLE, ALL),
+            (
+                "spaces around = and |",
+                "Agent = Actor|Cycle = 2025-11-08-001 |  Step=2|Confidence= 4 | Risk =low | Next=Judge  ",
+                ALL,
+            ),
+            (
+                "in backticks",
+                "`Agent=Actor | Cycle=2025-11-08-001 | Step=2 | Confidence=4 | Risk=low | Next=Judge`",
+                ALL,
+            ),
+            (
+                "after a bold label",
+                "**SIGNAL BLOCK**: Agent=Actor | Cycle=2025-11-08-001 | Step=2 | Confidence=4 | Risk=low | Next=Judge",
+                ALL,
+            ),
+            (
+                "after a label without a colon",
+                "SIGNAL BLOCK Agent=Actor | Cycle=2025-11-08-001 | Step=2 | Confidence=4 | Risk=low | Next=Judge",
+                ALL,
+            ),
+            (
+                "as a table row",
+                "| Agent=Actor | Cycle=2025-11-08-001 | Step=2 | Confidence=4 | Risk=low | Next=Judge |",
+                ALL,
+            ),
+            (
+                "as a list item",
+                "- Agent=Actor | Cycle=2025-11-08-001 | Step=2 | Confidence=4 | Risk=low | Next=Judge",
+                ALL,
+            ),
+            (
+                "lowercase keys, an agent's name, the long key names",
+                "agent=rio | cycle=7 | step=research | confidence=5/5 | risk level=HIGH | next agent=Human",
+                "rio / 7 / research / 5 / high / Human",
+            ),
+            (
+                "an extra key",
+                "Agent=Judge | Cycle=3 | Step=verify | Confidence=3 | Risk=medium | Next=Planner | Task=task-042",
+                "Judge / 3 / verify / 3 / medium / Planner +Task=task-042",
+            ),
+            (
+                "unicode values",
+                "Agent=Actor | Cycle=2025-11-08-001 ✓ | Step=répétition 2 | Confidence=4 | Risk=low | Next=Judge 🧑‍⚖️",
+                "Actor / 2025-11-08-001 ✓ / répétition 2 / 4 / low / Judge 🧑‍⚖️",
+            ),
+        ];
+        for (name, text, expected) in cases {
+            let block = signal_ok(name, text);
+            assert_eq!(render_signal(&block), *expected, "{name}");
+            assert_eq!(block.raw, text.trim(), "{name}");
+        }
+        let seed = signal_ok("roles", SEED_SIGNAL_EXAMPLE);
+        assert_eq!(seed.agent_role(), Some(Role::Actor));
+        assert_eq!(seed.next_role(), Some(Role::Judge));
+        let rio = signal_ok("agent name", "Agent=rio | Next=Human");
+        assert_eq!(rio.agent_role(), None);
+        assert_eq!(rio.next_role(), Some(Role::Human));
+    }
+
+    #[test]
+    fn partial_signal_blocks() {
+        for (name, text, expected) in [
+            (
+                "two keys",
+                "Agent=Actor | Next=Judge",
+                "Actor / - / - / - / - / Judge missing Cycle, Step, Confidence, Risk",
+            ),
+            (
+                "empty values",
+                "Agent=Actor | Cycle= | Step=2 | Confidence= | Risk=low | Next=Judge",
+                "Actor / - / 2 / - / low / Judge missing Cycle, Confidence",
+            ),
+        ] {
+            assert_eq!(render_signal(&signal_ok(name, text)), expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn malformed_signal_blocks() {
+        use ProblemCode::{
+            SignalBlockDuplicateField as Duplicate, SignalBlockInvalidConfidence as Confidence,
+            SignalBlockInvalidRisk as Risk, SignalBlockMalformed as Malformed,
+        };
+        for (name, text, code, field) in [
+            (
+                "the seed's schema verbatim",
+                SEED_SIGNAL_SCHEMA,
+                Malformed,
+                None,
+            ),
+            (
+                "a part without =",
+                "Agent=Actor | Cycle=1 | Step 2 | Next=Judge",
+                Malformed,
+                None,
+            ),
+            (
+                "an empty part",
+                "Agent=Actor || Next=Judge",
+                Malformed,
+                None,
+            ),
+            (
+                "a key of punctuation",
+                "Agent=Actor | ?!=x | Next=Judge",
+                Malformed,
+                None,
+            ),
+            (
+                "a key twice",
+                "Agent=Actor | Agent=Judge | Next=Human",
+                Duplicate,
+                Some("Agent"),
+            ),
+            (
+                "two spellings",
+                "Agent=Actor | Risk=low | Risk Level=high",
+                Duplicate,
+                Some("Risk"),
+            ),
+            (
+                "an extra key twice",
+                "Agent=A | Next=B | Task=1 | task=2",
+                Duplicate,
+                Some("task"),
+            ),
+            (
+                "confidence a word",
+                "Agent=Actor | Confidence=high",
+                Confidence,
+                Some("Confidence"),
+            ),
+            (
+                "confidence too high",
+                "Agent=Actor | Confidence=7",
+                Confidence,
+                Some("Confidence"),
+            ),
+            (
+                "risk not in the domain",
+                "Agent=Actor | Risk=severe",
+                Risk,
+                Some("Risk"),
+            ),
+        ] {
+            let problem = signal_err(name, text);
+            assert_eq!(problem.code, code, "{name}: {problem}");
+            assert_eq!(problem.field.as_deref(), field, "{name}");
+            assert_eq!(problem.raw, text, "{name}");
+        }
+    }
+
+    #[test]
+    fn no_signal_block() {
+        for text in [
+            "",
+            "a | b | c",
+            "x=1 | y=2",
+            "Agent=Actor",
+            "| Goal | Current State |\n|---|---|\n| G | S |",
+            "Risk: low | Confidence: 4",
+            "if (a == b || c) { next = 1; }",
+        ] {
+            assert_eq!(parse_signal_block(text), None, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn the_last_signal_block_wins() {
+        let mut output = String::new();
+        output.push_str("The schema is:\n");
+        output.push_str(SEED_SIGNAL_SCHEMA);
+        output.push_str(
+            "\r\nEarlier: Agent=Planner | Cycle=1 | Step=1 | Confidence=2 | Risk=high | Next=Actor\r\n",
+        );
+        for n in 0..5000 {
+            output.push_str(&format!("line {n} | value={n}\r\n"));
+        }
+        output.push_str(&FILLED.replace('\n', "\r\n"));
+        output.push_str(SEED_SIGNAL_EXAMPLE);
+        output.push_str("\r\n\r\nBye.\r\n");
+        let block = signal_ok("last", &output);
+        assert_eq!(block.raw, SEED_SIGNAL_EXAMPLE);
+        assert_eq!(
+            render_signal(&block),
+            "Actor / 2025-11-08-001 / 2 / 4 / low / Judge"
+        );
+        // The summary just above is read too, and ends where the line starts.
+        let summary = summary_ok("summary beside", &output);
+        assert_eq!(summary.report_confidence(), Some(4));
+        assert!(summary.raw.ends_with("**Blockers**: None"));
+
+        // A malformed last line is reported even after a good one.
+        let bad = format!("{SEED_SIGNAL_EXAMPLE}\nAgent=Actor | Confidence=9 | Next=Judge\n");
+        assert_eq!(
+            signal_err("last bad", &bad).code,
+            ProblemCode::SignalBlockInvalidConfidence
+        );
+    }
+
+    #[test]
+    fn signal_block_json_for_session_json() {
+        let block = signal_ok("seed", SEED_SIGNAL_EXAMPLE);
+        assert_eq!(
+            serde_json::to_value(&block).unwrap(),
+            serde_json::json!({
+                "agent": "Actor",
+                "cycle": "2025-11-08-001",
+                "step": "2",
+                "confidence": 4,
+                "risk": "low",
+                "next": "Judge",
+                "raw": SEED_SIGNAL_EXAMPLE,
+            })
+        );
+        let partial = signal_ok(
+            "partial",
+            "Agent=rio | Next=Human | Task=t-1 | Branch=rio/x",
+        );
+        let json = serde_json::to_string(&partial).unwrap();
+        assert_eq!(
+            json,
+            r#"{"agent":"rio","next":"Human","extra":{"Task":"t-1","Branch":"rio/x"},"missing":["cycle","step","confidence","risk"],"raw":"Agent=rio | Next=Human | Task=t-1 | Branch=rio/x"}"#
+        );
+        let back: SignalBlock = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, partial);
+        // Lazy defaults: a sparse or hand-written value still loads.
+        let sparse: SignalBlock =
+            serde_json::from_str(r#"{"agent":"Actor","extra":{"n":3}}"#).unwrap();
+        assert_eq!(sparse.agent.as_deref(), Some("Actor"));
+        assert_eq!(sparse.extra, vec![("n".to_string(), "3".to_string())]);
+    }
+
+    #[test]
+    fn problems_read_like_seed_000_signal_errors() {
+        let problem = summary_err("template", SEED_TEMPLATE);
+        let value = serde_json::to_value(&problem).unwrap();
+        assert_eq!(value["code"], "SUMMARY_INVALID_CONFIDENCE");
+        assert_eq!(value["field"], "Confidence");
+        assert_eq!(value["raw"], SEED_TEMPLATE.trim_end());
+        assert!(
+            problem
+                .to_string()
+                .starts_with("SUMMARY_INVALID_CONFIDENCE: Confidence `1-5 scale"),
+            "{problem}"
+        );
+
+        let long = format!(
+            "## Context Summary\n**Goal**: {}\n**Confidence**: high\n",
+            "é".repeat(5000)
+        );
+        let problem = summary_err("long", &long);
+        assert_eq!(problem.raw.chars().count(), PROBLEM_RAW_LIMIT);
+
+        for code in ProblemCode::ALL {
+            assert_eq!(
+                serde_json::to_value(code).unwrap(),
+                serde_json::json!(code.as_str())
+            );
+            assert_eq!(ProblemCode::parse(code.as_str()), Some(code));
+            assert_eq!(code.level(), "warn");
+        }
+        assert_eq!(ProblemCode::parse("SIGNAL_MALFORMED"), None);
+    }
+
+    /// xorshift64: a fixed seed, so a failure repeats.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            let mut x = self.0;
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            self.0 = x;
+            x
+        }
+
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+    }
+
+    /// Random text made of the pieces the parsers look for, broken markdown
+    /// and any character at all: neither parser panics, and what they return
+    /// holds together.
+    #[test]
+    fn random_input_never_panics() {
+        const PIECES: &[&str] = &[
+            "## Context Summary",
+            "**Context Summary**",
+            "Context Summary:",
+            "# Other",
+            "**Goal**:",
+            "**Goal:**",
+            "Goal: ",
+            "- **Current State**: ",
+            "Next Agent:",
+            "**Confidence**: ",
+            "Risk Level: ",
+            "**Blockers**:",
+            "Next Steps:",
+            "- ",
+            "* ",
+            "  ",
+            "1. ",
+            "> ",
+            "```",
+            "---",
+            "|",
+            "||",
+            "=",
+            "Agent=",
+            "Cycle=",
+            "Step=",
+            "Confidence=",
+            "Risk=",
+            "Next=",
+            "Risk Level=",
+            "low",
+            "medium",
+            "high",
+            "severe",
+            "None",
+            "-",
+            "4",
+            "4/5",
+            "0",
+            "9",
+            "1-5",
+            "[",
+            "]",
+            "`",
+            ":",
+            "**",
+            "__",
+            "\n",
+            "\n",
+            "\n",
+            "\r\n",
+            "\r",
+            "\t",
+            " ",
+            "é",
+            "日本",
+            "🟢",
+            "🧑‍⚖️",
+            "\u{0}",
+            "\u{feff}",
+            "\u{200b}",
+            "٤",
+            "Judge",
+            "Human",
+            "rio",
+            "x",
+            "https://a.b",
+            "10:30",
+        ];
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        for round in 0..3000 {
+            let mut text = String::new();
+            for _ in 0..rng.below(120) {
+                if rng.below(8) == 0 {
+                    let c = char::from_u32((rng.next() % 0x11_0000) as u32).unwrap_or('\u{fffd}');
+                    text.push(c);
+                } else {
+                    text.push_str(PIECES[rng.below(PIECES.len())]);
+                }
+            }
+            check_invariants(round, &text);
+        }
+    }
+
+    fn check_invariants(round: usize, text: &str) {
+        let normalized = split_lines(text).join("\n");
+        match parse_context_summary(text) {
+            Some(Ok(summary)) => {
+                assert!(
+                    normalized.contains(&summary.raw),
+                    "round {round}: raw is not from the input: {text:?}"
+                );
+                assert!(
+                    summary.missing.len() < SummaryField::ALL.len(),
+                    "round {round}: a block without a field: {text:?}"
+                );
+                let present = [
+                    summary.goal.is_some(),
+                    summary.current_state.is_some(),
+                    summary.next_agent.is_some(),
+                    summary.confidence.is_some(),
+                    summary.risk_level.is_some(),
+                    summary.blockers.is_some(),
+                ];
+                for (field, present) in SummaryField::ALL.into_iter().zip(present) {
+                    assert_eq!(
+                        summary.missing.contains(&field),
+                        !present,
+                        "round {round}: {field:?}: {text:?}"
+                    );
+                }
+                assert!(
+                    summary
+                        .confidence
+                        .as_ref()
+                        .is_none_or(|c| (1..=5).contains(&c.level))
+                );
+                let within =
+                    |t: Option<String>, limit: usize| t.is_none_or(|t| t.chars().count() <= limit);
+                assert!(within(summary.summary_text(), SUMMARY_TEXT_LIMIT));
+                assert!(within(summary.blocked_by(), FIELD_TEXT_LIMIT));
+                assert!(within(summary.next_priority(), FIELD_TEXT_LIMIT));
+                assert!(within(summary.handoff_notes(), HANDOFF_NOTES_LIMIT));
+                serde_json::to_string(&summary).unwrap();
+            }
+            Some(Err(problem)) => {
+                assert!(
+                    problem.raw.chars().count() <= PROBLEM_RAW_LIMIT,
+                    "round {round}"
+                );
+                assert!(
+                    problem.code.as_str().starts_with("SUMMARY_"),
+                    "round {round}"
+                );
+            }
+            None => {}
+        }
+        match parse_signal_block(text) {
+            Some(Ok(block)) => {
+                assert!(
+                    normalized.lines().any(|l| l.trim() == block.raw),
+                    "round {round}: {text:?}"
+                );
+                assert!(
+                    block.raw.contains('|') && block.raw.contains('='),
+                    "round {round}"
+                );
+                assert!(
+                    block.confidence.is_none_or(|c| (1..=5).contains(&c)),
+                    "round {round}"
+                );
+                let json = serde_json::to_string(&block).unwrap();
+                let back: SignalBlock = serde_json::from_str(&json).unwrap();
+                assert_eq!(back.raw, block.raw, "round {round}");
+            }
+            Some(Err(problem)) => {
+                assert!(
+                    problem.code.as_str().starts_with("SIGNAL_BLOCK_"),
+                    "round {round}"
+                );
+            }
+            None => {}
+        }
+    }
+
+    /// The largest tail the caller passes, made of near misses the parsers
+    /// have to look at closely.
+    #[test]
+    fn a_full_tail_of_near_misses() {
+        let mut text = String::new();
+        let mut rng = Rng(42);
+        while text.len() < 256 * 1024 {
+            text.push_str(match rng.below(5) {
+                0 => "## Context Summary\n",
+                1 => "Goal: g\n",
+                2 => "Agent=a | x\n",
+                3 => "- item | k=v\n",
+                _ => "prose with words: and | pipes = signs\n",
+            });
+        }
+        check_invariants(0, &text);
+    }
+}
