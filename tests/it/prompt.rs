@@ -183,3 +183,42 @@ fn a_budget_cuts_the_oldest_messages_first_and_says_so_on_stderr() {
     let err = env.fails(&["prompt", "rio", "--budget", "lots"], 2);
     assert!(err.contains("--budget"), "{err}");
 }
+
+#[test]
+fn a_daemon_session_over_budget_journals_what_was_cut() {
+    let env = setup();
+    let config = std::fs::read_to_string(&env.config).unwrap();
+    env.set_config(
+        &config
+            .split_once('\n')
+            .map(|(_, rest)| {
+                rest.replace(
+                    "kill_grace = \"1s\"",
+                    "kill_grace = \"1s\"\nprompt_budget = \"8KiB\"",
+                )
+            })
+            .unwrap(),
+    );
+    env.write("rio", "identity.md", "RIO-IDENTITY");
+    let big = "x".repeat(1500);
+    for i in 0..10 {
+        env.send("leo", "rio", &["--body", &format!("m{i} {big}")]);
+    }
+    let d = env.daemon();
+    d.wait_until(Duration::from_secs(10), "a session ran", || {
+        env.tmp("stdin.txt").exists()
+    });
+    let stdin = std::fs::read_to_string(env.tmp("stdin.txt")).unwrap();
+    assert!(stdin.len() <= 8 * 1024, "{} bytes", stdin.len());
+    assert!(stdin.contains("RIO-IDENTITY"));
+    assert!(
+        stdin.contains("[agent-state:"),
+        "the prompt says what was cut"
+    );
+    d.wait_until(Duration::from_secs(5), "the journal has the cut", || {
+        std::fs::read_to_string(env.path("rio", "journal.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.contains("\"event\":\"prompt_cut\""))
+    });
+}
