@@ -1,9 +1,10 @@
 //! agent-state: durable, file-backed state for headless LLM agents, the
-//! session hooks that keep it, and (later) the daemon that wakes them.
+//! session hooks that keep it, and the daemon that wakes them.
 //!
 //! ```text
 //! {state_root}/                     default /opt/teleo-eval/agent-state
-//! ├── .daemon/                      daemon-wide files (never an agent)
+//! ├── .daemon/                      lock, counters.json, schedule.json, daemon.json,
+//! │                                 errors.jsonl, signals.jsonl (never an agent)
 //! ├── .shared/rules/*.md            rules prepended to every prompt
 //! └── {agent}/                      ^[a-z][a-z0-9_-]{0,62}$
 //!     ├── report.json  tasks.json  session.json  metrics.json   (atomic replace)
@@ -11,7 +12,7 @@
 //!     ├── memory.md                                              (append under a section)
 //!     ├── inbox/{uuid}.json  inbox/.tmp/  inbox/.claimed/{session}/
 //!     │   inbox/processed/  inbox/rejected/ (+ .reason.json)
-//!     ├── sessions/
+//!     ├── sessions/{id}.log  sessions/{id}.prompt.md
 //!     └── .lock                                                  (flock for read-modify-write)
 //! ```
 //!
@@ -19,7 +20,9 @@
 //! shape and the one way each is written; [`inbox`] validates, delivers and
 //! claims messages; [`hooks`] are `session begin|end|fail`; [`prompt`]
 //! assembles the rehydration prompt; [`check`] finds and repairs damage;
-//! [`cli`] is one module per subcommand.
+//! [`errors`] is the error catalogue; [`signals`] and [`summary`] parse what
+//! agents say; [`events`] streams every journal; [`daemon`] runs the
+//! service; [`cli`] is one module per subcommand.
 
 pub mod agent_name;
 pub mod check;
