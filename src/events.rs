@@ -53,7 +53,7 @@ pub enum DaemonLog {
     /// `.daemon/errors.jsonl`: one [`crate::errors::ErrorRecord`] a line.
     Errors,
     /// `.daemon/signals.jsonl`: invalid agent signals found in sessions'
-    /// output ([`crate::signals::SignalRecord`]).
+    /// output ([`crate::protocol::signals::SignalRecord`]).
     Signals,
 }
 

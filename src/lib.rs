@@ -20,8 +20,7 @@
 //! shape and the one way each is written; [`inbox`] validates, delivers and
 //! claims messages; [`hooks`] are `session begin|end|fail`; [`prompt`]
 //! assembles the rehydration prompt; [`check`] finds and repairs damage;
-//! [`errors`] is the error catalogue; [`signals`] and [`summary`] parse what
-//! agents say; [`events`] streams every journal; [`daemon`] runs the
+//! [`errors`] is the error catalogue; [`protocol`] parses what agents say; [`events`] streams every journal; [`daemon`] runs the
 //! service; [`cli`] is one module per subcommand.
 
 pub mod agent_name;
@@ -36,7 +35,6 @@ pub mod events;
 pub mod hooks;
 pub mod inbox;
 pub mod prompt;
+pub mod protocol;
 pub mod schedule;
-pub mod signals;
 pub mod state;
-pub mod summary;

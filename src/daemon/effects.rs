@@ -22,7 +22,7 @@ use crate::clock::Timestamp;
 use crate::config::{AgentKind, Config};
 use crate::error::Result;
 use crate::inbox::{self, MessageType, Outgoing, Priority};
-use crate::signals::{DiscoveryScope, Signal, SignalError, SignalRecord, SignalType};
+use crate::protocol::signals::{DiscoveryScope, Signal, SignalError, SignalRecord, SignalType};
 use crate::state::journal::{Event, MessageSent, SignalSeen};
 use crate::state::report::Report;
 use crate::state::{StateRoot, memory, metrics};
@@ -54,7 +54,7 @@ pub fn record_invalid(root: &StateRoot, origin: &Origin<'_>, error: &SignalError
         error.message,
         error.raw
     );
-    if let Err(e) = crate::signals::append(&signals_log(root), &record) {
+    if let Err(e) = crate::protocol::signals::append(&signals_log(root), &record) {
         tracing::warn!("cannot append to {}: {e}", signals_log(root).display());
     }
 }

@@ -63,7 +63,7 @@ enum LoopEvent {
     /// A signal (or an invalid one) in a session's output, as it streams.
     Signal {
         agent: AgentName,
-        signal: Box<crate::signals::SignalResult>,
+        signal: Box<crate::protocol::signals::SignalResult>,
     },
     SessionDone {
         agent: AgentName,
@@ -307,7 +307,7 @@ struct Observer {
     agent: AgentName,
     tx: mpsc::UnboundedSender<LoopEvent>,
     /// One signal scanner per stream: chunks of the two interleave.
-    scanners: [crate::signals::SignalScanner; 2],
+    scanners: [crate::protocol::signals::SignalScanner; 2],
 }
 
 impl OutputObserver for Observer {
@@ -335,7 +335,7 @@ impl OutputObserver for Observer {
 }
 
 impl Observer {
-    fn send_signal(&self, signal: crate::signals::SignalResult) {
+    fn send_signal(&self, signal: crate::protocol::signals::SignalResult) {
         let _ = self.tx.send(LoopEvent::Signal {
             agent: self.agent.clone(),
             signal: Box::new(signal),
@@ -1318,7 +1318,7 @@ impl Daemon {
         let mut found = hooks::OutputSummary::default();
         let mut problems = Vec::new();
         let mut any = false;
-        match crate::summary::parse_context_summary(&text) {
+        match crate::protocol::summary::parse_context_summary(&text) {
             Some(Ok(cs)) => {
                 any = true;
                 found.summary = cs.summary_text();
@@ -1336,7 +1336,7 @@ impl Daemon {
             Some(Err(p)) => problems.push(p),
             None => {}
         }
-        match crate::summary::parse_signal_block(&text) {
+        match crate::protocol::summary::parse_signal_block(&text) {
             Some(Ok(block)) => {
                 any = true;
                 found.signal_block = serde_json::to_value(&block).ok();
@@ -1346,7 +1346,7 @@ impl Daemon {
         }
         for p in problems {
             tracing::warn!(agent = %agent, session_id = %running.session_id, "{}: {}", p.code.as_str(), p.message);
-            let record = crate::signals::SignalRecord {
+            let record = crate::protocol::signals::SignalRecord {
                 ts: now,
                 level: "warn".into(),
                 code: p.code.as_str().to_string(),
@@ -1357,7 +1357,9 @@ impl Daemon {
                 kind: p.field.clone(),
                 message: Some(p.message.clone()),
             };
-            if let Err(e) = crate::signals::append(&effects::signals_log(&self.root), &record) {
+            if let Err(e) =
+                crate::protocol::signals::append(&effects::signals_log(&self.root), &record)
+            {
                 tracing::warn!("cannot append to signals.jsonl: {e}");
             }
         }
@@ -1468,7 +1470,7 @@ impl Daemon {
     }
 
     /// A signal from a running session: carry it out, or log it as invalid.
-    fn signal(&mut self, agent: &AgentName, signal: crate::signals::SignalResult) {
+    fn signal(&mut self, agent: &AgentName, signal: crate::protocol::signals::SignalResult) {
         let Some(running) = self.running.get_mut(agent) else {
             return;
         };
@@ -1482,7 +1484,7 @@ impl Daemon {
         match signal {
             Err(e) => effects::record_invalid(&self.root, &origin, &e, now),
             Ok(s) => {
-                if s.kind() == crate::signals::SignalType::Complete {
+                if s.kind() == crate::protocol::signals::SignalType::Complete {
                     running.completed_by_signal = true;
                 }
                 match effects::apply(&self.root, &self.config, &origin, &s, now) {

@@ -1,0 +1,10 @@
+//! What agents say, parsed: pure functions over text, no IO (except the one
+//! helper that appends a signal record). Claude Code's JSON result is
+//! parsed with the rest of a session's output in `daemon::output`.
+//!
+//! - [`signals`]: seed 000's `<axiom>TYPE:payload</axiom>` signals, found as
+//!   the output streams.
+//! - [`summary`]: seed 004's Context Summary Block and signal block line.
+
+pub mod signals;
+pub mod summary;
