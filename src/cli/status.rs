@@ -43,6 +43,10 @@ struct Line {
     last_error: Option<LastError>,
     /// report.json `error`: retrying, backing off or disabled, and why.
     failing: Option<crate::state::report::ReportError>,
+    /// report.json `lifecycle` (hatching, alive, sleeping, expired).
+    lifecycle: Option<&'static str>,
+    /// report.json `progress` (the agent's last PROGRESS signal).
+    progress: Option<u64>,
 }
 
 #[derive(Serialize, Clone)]
@@ -202,6 +206,8 @@ fn line(ctx: &Context, agent: &AgentConfig) -> Result<Line> {
         error_records_30d: 0,
         last_error: None,
         failing: None,
+        lifecycle: None,
+        progress: None,
     };
     if !dir.path.is_dir() {
         l.status = "missing".into();
@@ -220,7 +226,14 @@ fn line(ctx: &Context, agent: &AgentConfig) -> Result<Line> {
             l.current_session = report.current_session;
             l.last_session = report.last_session;
             l.next_wake_at = report.next_wake_at;
-            l.failing = report.error;
+            l.failing = report.error.clone();
+            l.lifecycle = Some(
+                report
+                    .lifecycle
+                    .unwrap_or(crate::state::report::Lifecycle::Sleeping)
+                    .as_str(),
+            );
+            l.progress = report.extra.get("progress").and_then(|p| p.as_u64());
         }
         Err(_) => l.status = "corrupt".into(),
     }
