@@ -564,7 +564,12 @@ pub fn return_claimed_counting(
                     reject(agent, &path, &reason, now)?;
                     undeliverable.push(m.id);
                 } else {
-                    write_message(&path, &m)?;
+                    // Only a counted attempt changes the file: an uncounted
+                    // return is a rename (no rewrite, no fsync per message:
+                    // thousands of messages go back after a crash).
+                    if count {
+                        write_message(&path, &m)?;
+                    }
                     let target = unique_in(&agent.inbox(), &name);
                     fs::rename(&path, &target).at("returning to the inbox", &path)?;
                     returned.push(m.id);
