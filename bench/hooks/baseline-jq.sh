@@ -11,26 +11,37 @@
 # with util-linux flock, jq, mv and coreutils sync:
 #
 #   * the whole hook holds `flock` on {agent}/.lock (fd 9, kept by this shell);
+#   * begin takes the session's instance id (rio-001, rio-002, …) as
+#     src/daemon/files.rs next_instance() does: `flock` on
+#     {root}/.daemon/counters.lock (fd 8, created 0640), jq increments the
+#     agent's counter in {root}/.daemon/counters.json (a missing one starts
+#     above the highest instance in the agent's journal, which is then read),
+#     written back like the other files, and fd 8 is closed;
 #   * journal.jsonl: the line is built by jq and written with one `>>` (O_APPEND)
 #     write, then `sync -d` (fdatasync); a newline first if the last line is torn
 #     (checked with `tail -c1`); `sync DIR` when the journal was empty;
-#   * session.json, report.json, metrics.json: jq reads the current file and
-#     writes the new document to a temp file created with O_EXCL (`set -C`), then
-#     `sync TMP` (fsync) + `mv` (rename) + `sync DIR` (fsync of the directory).
-#     The mode is 0644 from `umask 022` at creation instead of a separate chmod
-#     (same result, one process fewer per file: this favours the baseline);
-#   * begin globs inbox/*.json for messages to claim, end handles
-#     inbox/.claimed/{session}/ (moves to processed/, removes the directory);
-#   * metrics.json: lifetime counters incremented; at end the rolling 30-day
-#     window is recomputed from the whole journal (jq --rawfile); a plain
-#     session start changes no counter, so metrics.json is not rewritten then
-#     (as src/state/metrics.rs apply() does since commit 0a486d2).
+#   * session.json, report.json, metrics.json, counters.json: jq reads the
+#     current file and writes the new document to a temp file created with
+#     O_EXCL (`set -C`), then `sync TMP` (fsync) + `mv` (rename) + `sync DIR`
+#     (fsync of the directory). The mode is 0644 from `umask 022` at creation
+#     instead of a separate chmod (same result, one process fewer per file:
+#     this favours the baseline). session.json and report.json are staged
+#     (temp file written and synced) before the journal line and renamed in
+#     after it (src/state/atomic.rs Staged, src/hooks.rs begin, finish_with);
+#   * begin globs inbox/*.json for messages to claim, end lists
+#     inbox/.claimed/{session}/ before the journal line and, after it, moves
+#     the messages to processed/ and removes the directory;
+#   * metrics.json: lifetime counters incremented, a session's end counted
+#     once (counted_session); at end the rolling 30-day window is recomputed
+#     from the whole journal (jq --rawfile); a plain session start changes no
+#     counter, so metrics.json is not rewritten then (src/state/metrics.rs apply).
 #
 # The config is read with bash builtins (string values only: state_root, and
 # model/timeout/session_type/domain of [defaults] and the agent's [[agent]]).
 # Not implemented (never reached by the benchmark): joining or recovering a
 # running session (refused, exit 75), message validation, flags into memory.md,
-# tasks from messages, --pr/--tokens-used/--cost-usd/--outcome.
+# tasks from messages, --pr/--tokens-used/--cost-usd/--outcome, setting aside a
+# corrupt counters.json, the chmod of a {agent}/.lock that is not 0660.
 
 set -euo pipefail
 set -C            # `>` creates with O_EXCL: the temp files are never clobbered
@@ -124,8 +135,15 @@ printf -v base '%(%Y%m%d-%H%M%S)T' "$epoch"
 
 # ---- the primitives ----------------------------------------------------------
 
+# open_lock FD PATH MODE-UMASK: open for reading (src/state/lock.rs
+# open_lock_file), creating it first, with the umask giving its mode, if missing.
+open_lock() {
+    if [[ ! -e $2 ]]; then umask "$3"; : >>"$2"; umask 022; fi
+    eval "exec $1<\"\$2\""
+}
+
 [[ -d $D ]] || die "$D is not bootstrapped" 66
-exec 9>>"$D/.lock"
+open_lock 9 "$D/.lock" 007
 flock 9 # held until this shell exits
 
 # journal_append LINE: one O_APPEND write, fdatasync
@@ -141,18 +159,29 @@ journal_append() {
     return 0
 }
 
-# write_json TARGET JQ-ARGS...: jq → O_EXCL temp → fsync → rename → fsync(dir)
-write_json() {
-    local target=$1 tmp
+# stage_json TARGET JQ-ARGS...: jq → O_EXCL temp beside TARGET → fsync; the
+# temp file's name is left in $staged, for commit.
+stage_json() {
+    local target=$1
     shift
-    tmp=$D/.${target##*/}.$$.$RANDOM.tmp
-    if ! jq "$@" >"$tmp"; then
-        rm -f "$tmp"
+    staged=${target%/*}/.${target##*/}.$$.$RANDOM.tmp
+    if ! jq "$@" >"$staged"; then
+        rm -f "$staged"
         die "jq failed writing $target" 65
     fi
-    sync "$tmp"
-    mv -f "$tmp" "$target"
-    sync "$D"
+    sync "$staged"
+}
+
+# commit TMP TARGET: rename → fsync(dir)
+commit() {
+    mv -f "$1" "$2"
+    sync "${2%/*}"
+}
+
+# write_json TARGET JQ-ARGS...: jq → O_EXCL temp → fsync → rename → fsync(dir)
+write_json() {
+    stage_json "$@"
+    commit "$staged" "$1"
 }
 
 # input FILE: the file jq should read with `input` (an empty one if missing)
@@ -172,14 +201,13 @@ def session_doc:
      sources_archived: $s.sources_archived, sources_expected: $s.sources_expected,
      tokens_used: $s.tokens_used, cost_usd: $s.cost_usd, errors: ($s.errors // []),
      handoff_notes: $s.handoff_notes}
-  + ($s | with_entries(select(.key == "pr_number" or .key == "reason" or .key == "owner_pid"
-                              or .key == "owner_start" or .key == "messages")
-                       | select(.value != null and .value != [])))
+  + (reduce ("pr_number", "reason", "owner_pid", "owner_start", "instance", "messages") as $k
+       ({}; if $s[$k] == null or $s[$k] == [] then . else .[$k] = $s[$k] end))
   + ($s | del(.agent, .session_id, .started_at, .ended_at, .type, .domain, .branch, .status,
               .model, .timeout_seconds, .research_question, .belief_targeted,
               .disconfirmation_target, .sources_archived, .sources_expected, .tokens_used,
               .cost_usd, .errors, .handoff_notes, .pr_number, .reason, .owner_pid,
-              .owner_start, .messages));
+              .owner_start, .instance, .messages));
 def last_session_doc:
   if type == "object" then
     . as $l
@@ -194,15 +222,17 @@ def report_doc:
      summary: $r.summary, current_task: $r.current_task,
      last_session: ($r.last_session | last_session_doc), blocked_by: $r.blocked_by,
      next_priority: $r.next_priority}
-  + (if $r.current_session == null then {} else {current_session: $r.current_session} end)
+  + (reduce ("current_session", "instance", "next_wake_at", "error", "lifecycle") as $k
+       ({}; if $r[$k] == null then . else .[$k] = $r[$k] end))
   + ($r | del(.agent, .updated_at, .status, .summary, .current_task, .last_session,
-              .blocked_by, .next_priority, .current_session));
+              .blocked_by, .next_priority, .current_session, .instance, .next_wake_at,
+              .error, .lifecycle));
 def lifetime_keys: ["sessions_total", "sessions_completed", "sessions_timeout",
   "sessions_error", "sources_archived", "claims_proposed", "claims_accepted",
   "claims_challenged", "claims_rejected", "disconfirmation_attempts",
   "disconfirmation_hits", "cross_agent_flags_sent", "cross_agent_flags_received"];
 def rolling_keys: ["sessions", "sources_archived", "claims_proposed", "acceptance_rate",
-  "avg_sources_per_session"];
+  "avg_sources_per_session", "error_rate"];
 def counters($keys): obj as $o
   | (reduce $keys[] as $k ({}; .[$k] = ($o[$k] // 0))) + ($o | delpaths([$keys[] | [.]]));
 def metrics_doc:
@@ -210,7 +240,8 @@ def metrics_doc:
   | {agent: $m.agent, updated_at: $m.updated_at,
      lifetime: ($m.lifetime | counters(lifetime_keys)),
      rolling_30d: ($m.rolling_30d | counters(rolling_keys))}
-  + ($m | del(.agent, .updated_at, .lifetime, .rolling_30d));
+  + (if $m.counted_session == null then {} else {counted_session: $m.counted_session} end)
+  + ($m | del(.agent, .updated_at, .lifetime, .rolling_30d, .counted_session));
 def ratio(a; b): if b == 0 then 0.0 else ((a / b * 10000 + 0.5) | floor) / 10000 end;
 def rolling($text; $now):
   ($now | fromdateiso8601) as $n | ($n - 2592000) as $since
@@ -220,12 +251,15 @@ def rolling($text; $now):
                | $t != null and $t >= $since and $t <= $n) ]
   | ([ .[] | select(.event == "session_end" or .event == "timeout" or .event == "error")
        | .session_id ] | unique | length) as $sessions
+  | ([ .[] | select(.event == "timeout" or .event == "error") | .session_id ]
+     | unique | length) as $failed
   | ([ .[] | select(.event == "session_end") | .sources_archived // 0 ] | add // 0) as $sources
   | ([ .[] | select(.event == "record") | .claims_proposed // 0 ] | add // 0) as $proposed
   | ([ .[] | select(.event == "record") | .claims_accepted // 0 ] | add // 0) as $accepted
   | {sessions: $sessions, sources_archived: $sources, claims_proposed: $proposed,
      acceptance_rate: ratio($accepted; $proposed),
-     avg_sources_per_session: ratio($sources; $sessions)};
+     avg_sources_per_session: ratio($sources; $sessions),
+     error_rate: ratio($failed; $sessions)};
 def bad_count($flag; $raw; $now):
   {at: $now, code: "BAD_ARGUMENT", argument: $flag, value: $raw,
    message: "not a whole number; the field was left unset"};
@@ -237,6 +271,40 @@ read_session() { # sets cur_status cur_id
     local out
     out=$(jq -r '"\(.status // "")\t\(.session_id // "")"' "$S") || die "$S is corrupt" 65
     cur_status=${out%%$'\t'*} cur_id=${out#*$'\t'}
+}
+
+# next_instance: sets $instance to the session's instance id (rio-047), as
+# src/daemon/files.rs next_instance() takes it. The journal is passed to jq
+# only when the agent has no counter yet (as Rust reads it only then).
+next_instance() {
+    local dir=$state_root/.daemon text='' re="\"$agent\": ([0-9]+)" from_journal
+    [[ -d $dir ]] || mkdir -p -m 750 "$dir"
+    local C=$dir/counters.json
+    open_lock 8 "$dir/counters.lock" 027
+    flock 8
+    if [[ -e $C ]]; then read -r -d '' text <"$C" || true; fi
+    if [[ $text =~ $re && ${BASH_REMATCH[1]} =~ [1-9] ]]; then
+        from_journal=(--arg journal '')
+    else
+        from_journal=(--rawfile journal "$(input_of "$J")")
+    fi
+    write_json "$C" -n --arg agent "$agent" "${from_journal[@]}" '
+        (try input catch {}) | (if type == "object" then . else {} end) as $doc
+        | ($doc.counters // {}) as $c
+        | ($c[$agent] // 0) as $n
+        | (if $n != 0 then $n
+           else [ $journal | split("\n")[] | select(length > 0) | (try fromjson catch null)
+                  | select(type == "object" and .event == "session_start")
+                  | .instance | select(type == "string" and startswith($agent + "-"))
+                  | .[($agent | length) + 1:] | select(test("^[0-9]+$")) | tonumber ]
+                | max // 0
+           end) as $n
+        | {counters: ($c + {($agent): ($n + 1)} | to_entries | sort_by(.key) | from_entries)}
+          + ($doc | del(.counters))' "$(input_of "$C")"
+    read -r -d '' text <"$C" || true
+    [[ $text =~ $re ]] || die "$C: no counter for $agent after writing it" 70
+    printf -v instance '%s-%03d' "$agent" "$((10#${BASH_REMATCH[1]}))"
+    exec 8<&- # releases the counters lock
 }
 
 # ---- begin -------------------------------------------------------------------
@@ -277,6 +345,10 @@ begin() {
         sid=$base-$n
     fi
 
+    # A new session is a spawn: it gets an instance id.
+    local instance
+    next_instance
+
     # claim: list the inbox, move what waits to .claimed/{sid}/
     local msgs='' f name files=("$D"/inbox/*.json)
     if ((${#files[@]})); then
@@ -304,7 +376,40 @@ begin() {
         --arg model "$model" --arg branch "$branch" --argjson timeout "$timeout"
         --arg rq "$rq" --arg bt "$bt" --arg dt "$dt" --arg msgs "$msgs"
         --argjson pid "$owner_pid" --argjson ostart "$owner_start"
-        --argjson se "$se" --arg bad_se "$bad_se" --arg domain "$a_domain")
+        --argjson se "$se" --arg bad_se "$bad_se" --arg domain "$a_domain" --arg inst "$instance")
+
+    # session.json and report.json staged before the journal line, renamed in after it
+    local staged staged_s staged_r
+    stage_json "$S" -n "${common[@]}" "$JQ_DEFS"'
+        (try input catch {}) | obj as $cur
+        | ($cur | session_doc | del(.agent, .session_id, .started_at, .ended_at, .type,
+             .domain, .branch, .status, .model, .timeout_seconds, .research_question,
+             .belief_targeted, .disconfirmation_target, .sources_archived, .sources_expected,
+             .tokens_used, .cost_usd, .errors, .handoff_notes, .pr_number, .reason,
+             .owner_pid, .owner_start, .instance, .messages)) as $extra
+        | {agent: $agent, session_id: $sid, started_at: $now, ended_at: null, type: $type,
+           domain: ($domain | n), branch: ($branch | n), status: "running", model: $model,
+           timeout_seconds: $timeout, research_question: ($rq | n),
+           belief_targeted: ($bt | n), disconfirmation_target: ($dt | n),
+           sources_archived: null, sources_expected: $se, tokens_used: null, cost_usd: null,
+           errors: (if $bad_se == "" then [] else [bad_count("--sources-expected"; $bad_se; $now)] end),
+           handoff_notes: null, owner_pid: $pid, owner_start: $ostart, instance: ($inst | n),
+           messages: ($msgs | split("\n") | map(select(length > 0)))}
+          + $extra
+        | session_doc' "$(input_of "$S")"
+    staged_s=$staged
+
+    stage_json "$R" -n "${common[@]}" "$JQ_DEFS"'
+        (try input catch {}) | report_doc
+        | .agent = $agent
+        | .status = ({"research": "researching", "ad-hoc": "researching",
+                      "extract": "extracting", "evaluate": "evaluating"}[$type] // "researching")
+        | .current_session = $sid
+        | .instance = ($inst | n)
+        | .updated_at = $now
+        | .lifecycle = "alive"
+        | report_doc' "$(input_of "$R")"
+    staged_r=$staged
 
     journal_append "$(jq -nc "${common[@]}" "$JQ_DEFS"'
         ($msgs | split("\n") | map(select(length > 0))) as $m
@@ -314,34 +419,10 @@ begin() {
         + (if $rq == "" then {} else {research_question: $rq} end)
         + (if $dt == "" then {} else {disconfirmation_target: $dt} end)
         + (if $m == [] then {} else {messages: $m} end)
-        + {owner_pid: $pid}')"
-
-    write_json "$S" -n "${common[@]}" "$JQ_DEFS"'
-        (try input catch {}) | obj as $cur
-        | ($cur | session_doc | del(.agent, .session_id, .started_at, .ended_at, .type,
-             .domain, .branch, .status, .model, .timeout_seconds, .research_question,
-             .belief_targeted, .disconfirmation_target, .sources_archived, .sources_expected,
-             .tokens_used, .cost_usd, .errors, .handoff_notes, .pr_number, .reason,
-             .owner_pid, .owner_start, .messages)) as $extra
-        | {agent: $agent, session_id: $sid, started_at: $now, ended_at: null, type: $type,
-           domain: ($domain | n), branch: ($branch | n), status: "running", model: $model,
-           timeout_seconds: $timeout, research_question: ($rq | n),
-           belief_targeted: ($bt | n), disconfirmation_target: ($dt | n),
-           sources_archived: null, sources_expected: $se, tokens_used: null, cost_usd: null,
-           errors: (if $bad_se == "" then [] else [bad_count("--sources-expected"; $bad_se; $now)] end),
-           handoff_notes: null, owner_pid: $pid, owner_start: $ostart,
-           messages: ($msgs | split("\n") | map(select(length > 0)))}
-          + $extra
-        | session_doc' "$(input_of "$S")"
-
-    write_json "$R" -n "${common[@]}" "$JQ_DEFS"'
-        (try input catch {}) | report_doc
-        | .agent = $agent
-        | .status = ({"research": "researching", "ad-hoc": "researching",
-                      "extract": "extracting", "evaluate": "evaluating"}[$type] // "researching")
-        | .current_session = $sid
-        | .updated_at = $now
-        | report_doc' "$(input_of "$R")"
+        + {owner_pid: $pid}
+        + (if $inst == "" then {} else {instance: $inst} end)')"
+    commit "$staged_s" "$S"
+    commit "$staged_r" "$R"
 
     # metrics.rs apply(): a session start changes a counter only with a
     # disconfirmation target; otherwise an existing metrics.json is not rewritten.
@@ -383,24 +464,57 @@ end_() {
     fi
     [[ $cur_status == running ]] || die "$agent: no session is running, so there is nothing to end" 66
 
-    # acknowledge: claimed messages → processed/, then remove the claimed dir
+    # the claimed messages: listed now, moved to processed/ after the journal line
     local processed='' flags=0 f name files=()
     if [[ -d $CLAIMED/$sid ]]; then
         files=("$CLAIMED/$sid"/*.json)
-        ((${#files[@]} == 0)) || mkdir -p -m 2770 "$D/inbox/processed"
         for f in "${files[@]}"; do
             [[ $(jq -r '.type // "flag"' "$f" 2>/dev/null) != flag ]] || flags=$((flags + 1))
             name=${f##*/}
-            mv "$f" "$D/inbox/processed/$name"
             processed+=${name%.json}$'\n'
         done
-        if rmdir "$CLAIMED/$sid" 2>/dev/null; then sync "$CLAIMED"; fi
     fi
 
     local common=(--arg now "$now" --arg agent "$agent" --arg sid "$sid"
         --argjson sa "$sources" --arg bad_sa "$bad_sa" --arg branch "$branch"
         --arg summary "$summary" --arg np "$np" --arg handoff "$handoff"
         --arg processed "$processed" --argjson flags "$flags")
+
+    # session.json and report.json staged before the journal line, renamed in after it
+    local staged staged_s staged_r
+    stage_json "$S" "${common[@]}" "$JQ_DEFS"'
+        session_doc
+        | .status = "completed"
+        | .sources_archived = ($sa // .sources_archived)
+        | .branch = (($branch | n) // .branch)
+        | .handoff_notes = (($handoff | n) // .handoff_notes)
+        | .ended_at = $now
+        | del(.owner_pid, .owner_start)
+        | .errors = (.errors + (if $bad_sa == "" then []
+                                else [bad_count("--sources-archived"; $bad_sa; $now)] end))
+        | session_doc' "$S"
+    staged_s=$staged
+
+    stage_json "$R" -n "${common[@]}" --slurpfile s "$staged_s" "$JQ_DEFS"'
+        $s[0] as $s
+        | (try input catch {}) | report_doc
+        | .status = "idle"
+        | .summary = (($summary | n) // ("Session \($sid) completed"
+            + (if $s.sources_archived == null then ""
+               else " — \($s.sources_archived) sources archived" end)))
+        | (if $np == "" then . else .next_priority = $np end)
+        | .agent = $agent
+        | del(.current_session)
+        | .updated_at = $now
+        | .lifecycle = "sleeping"
+        | .last_session = ({id: $sid, started_at: $s.started_at, ended_at: $s.ended_at,
+                            outcome: "completed", sources_archived: $s.sources_archived,
+                            branch: $s.branch, pr_number: $s.pr_number}
+                           + ((.last_session // {}) | obj
+                              | del(.id, .started_at, .ended_at, .outcome, .sources_archived,
+                                    .branch, .pr_number, .reason)))
+        | report_doc' "$(input_of "$R")"
+    staged_r=$staged
 
     journal_append "$(jq -c "${common[@]}" "$JQ_DEFS"'
         session_doc as $s
@@ -416,49 +530,32 @@ end_() {
         + (if $s.started_at == null then {}
            else {duration_seconds: (($now | fromdateiso8601) - ($s.started_at | fromdateiso8601))}
            end)' "$S")"
+
+    # acknowledge: claimed messages → processed/, then remove the claimed dir
+    if ((${#files[@]})); then
+        mkdir -p -m 2770 "$D/inbox/processed"
+        for f in "${files[@]}"; do mv "$f" "$D/inbox/processed/${f##*/}"; done
+        sync "$D/inbox/processed" "$CLAIMED/$sid"
+    fi
+    if [[ -d $CLAIMED/$sid ]] && rmdir "$CLAIMED/$sid" 2>/dev/null; then sync "$CLAIMED"; fi
     # (flag messages would be appended to memory.md here; none in the benchmark)
-
-    write_json "$S" "${common[@]}" "$JQ_DEFS"'
-        session_doc
-        | .status = "completed"
-        | .sources_archived = ($sa // .sources_archived)
-        | .branch = (($branch | n) // .branch)
-        | .handoff_notes = (($handoff | n) // .handoff_notes)
-        | .ended_at = $now
-        | del(.owner_pid, .owner_start)
-        | .errors = (.errors + (if $bad_sa == "" then []
-                                else [bad_count("--sources-archived"; $bad_sa; $now)] end))
-        | session_doc' "$S"
-
-    write_json "$R" -n "${common[@]}" --slurpfile s "$S" "$JQ_DEFS"'
-        $s[0] as $s
-        | (try input catch {}) | report_doc
-        | .status = "idle"
-        | .summary = (($summary | n) // ("Session \($sid) completed"
-            + (if $s.sources_archived == null then ""
-               else " — \($s.sources_archived) sources archived" end)))
-        | (if $np == "" then . else .next_priority = $np end)
-        | .agent = $agent
-        | del(.current_session)
-        | .updated_at = $now
-        | .last_session = ({id: $sid, started_at: $s.started_at, ended_at: $s.ended_at,
-                            outcome: "completed", sources_archived: $s.sources_archived,
-                            branch: $s.branch, pr_number: $s.pr_number}
-                           + ((.last_session // {}) | obj
-                              | del(.id, .started_at, .ended_at, .outcome, .sources_archived,
-                                    .branch, .pr_number, .reason)))
-        | report_doc' "$(input_of "$R")"
+    commit "$staged_s" "$S"
+    commit "$staged_r" "$R"
 
     write_json "$M" -n "${common[@]}" --rawfile journal "$J" "$JQ_DEFS"'
         (try input catch {}) | metrics_doc
         | .agent = $agent
-        | .lifetime.sessions_total += 1
-        | .lifetime.sessions_completed += 1
-        | .lifetime.sources_archived += ($sa // 0)
-        | .lifetime.cross_agent_flags_received += $flags
+        | (if .counted_session == $sid then .   # an end is counted once
+           else .lifetime.sessions_total += 1
+              | .lifetime.sessions_completed += 1
+              | .lifetime.sources_archived += ($sa // 0)
+              | .lifetime.cross_agent_flags_received += $flags
+           end)
+        | .counted_session = $sid
         | .rolling_30d = (rolling($journal; $now)
                           + (.rolling_30d | delpaths([rolling_keys[] | [.]])))
-        | .updated_at = $now' "$(input_of "$M")"
+        | .updated_at = $now
+        | metrics_doc' "$(input_of "$M")"
 
     printf '%s completed\n' "$sid"
     [[ -z $bad_sa ]] || return 65

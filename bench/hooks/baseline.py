@@ -12,24 +12,33 @@ Does on disk what src/hooks.rs begin()/end() do on the path the benchmark takes
 same JSON shapes:
 
 * the whole hook runs under flock(LOCK_EX) on {agent}/.lock;
+* begin takes the session's instance id (rio-001, rio-002, ...): under
+  flock(LOCK_EX) on {root}/.daemon/counters.lock (created 0640), the agent's
+  counter in {root}/.daemon/counters.json is incremented (a missing one starts
+  above the highest instance in the agent's journal) and written back like the
+  other state files (src/daemon/files.rs next_instance);
 * journal.jsonl: one line per event, one write(2) on an O_APPEND fd, fdatasync
   (and a directory fsync when the journal was empty), a leading newline if the
   last line is torn (src/state/journal.rs append_lines);
-* session.json, report.json, metrics.json: read, modify, then temp file
-  (O_EXCL, 0600) + write + fchmod 0644 + fsync + rename + fsync of the directory
-  (src/state/atomic.rs write_file);
+* session.json, report.json, metrics.json, counters.json: read, modify, then
+  temp file (O_EXCL, 0600) + write + fchmod 0644 + fsync + rename + fsync of
+  the directory (src/state/atomic.rs write_file). session.json and report.json
+  are staged (temp file written and fsynced) before the journal line and
+  renamed in after it (src/state/atomic.rs Staged, src/hooks.rs begin and
+  finish_with);
 * begin lists inbox/ for messages to claim and moves them to
-  inbox/.claimed/{session}/; end moves the claimed ones to inbox/processed/ and
-  removes the claimed directory (src/inbox.rs claim/acknowledge);
-* metrics.json: lifetime counters incremented for the event; at end the rolling
-  30-day window is recomputed by reading the whole journal; a plain session
-  start changes no counter and the file is read but not rewritten
-  (src/state/metrics.rs apply).
+  inbox/.claimed/{session}/; end lists the claimed ones before the journal
+  line, moves them to inbox/processed/ after it and removes the claimed
+  directory (src/inbox.rs claim/claimed/acknowledge);
+* metrics.json: lifetime counters incremented for the event, and a session's
+  end is counted once (counted_session); at end the rolling 30-day window is
+  recomputed by reading the whole journal; a plain session start changes no
+  counter and the file is read but not rewritten (src/state/metrics.rs apply).
 
 Not implemented (never reached by the benchmark): joining a running session,
 recovering a stale one, message validation/rejection/expiry, tasks from task
-messages, --pr/--tokens-used/--cost-usd/--outcome. A running session at begin
-is refused with exit 75.
+messages, --pr/--tokens-used/--cost-usd/--outcome, setting aside a corrupt
+counters.json. A running session at begin is refused with exit 75.
 """
 
 import fcntl
@@ -50,9 +59,10 @@ SESSION_KEYS = [
     "disconfirmation_target", "sources_archived", "sources_expected",
     "tokens_used", "cost_usd", "errors", "handoff_notes",
 ]
-SESSION_OPTIONAL = ["pr_number", "reason", "owner_pid", "owner_start", "messages"]
+SESSION_OPTIONAL = ["pr_number", "reason", "owner_pid", "owner_start", "instance", "messages"]
 REPORT_KEYS = ["agent", "updated_at", "status", "summary", "current_task",
                "last_session", "blocked_by", "next_priority"]
+REPORT_OPTIONAL = ["current_session", "instance", "next_wake_at", "error", "lifecycle"]
 LAST_SESSION_KEYS = ["id", "started_at", "ended_at", "outcome", "sources_archived",
                      "branch", "pr_number"]
 LIFETIME_KEYS = [
@@ -62,7 +72,7 @@ LIFETIME_KEYS = [
     "cross_agent_flags_sent", "cross_agent_flags_received",
 ]
 ROLLING_KEYS = ["sessions", "sources_archived", "claims_proposed",
-                "acceptance_rate", "avg_sources_per_session"]
+                "acceptance_rate", "avg_sources_per_session", "error_rate"]
 STATUS_FOR_TYPE = {"research": "researching", "ad-hoc": "researching",
                    "extract": "extracting", "evaluate": "evaluating"}
 
@@ -120,7 +130,7 @@ def load_agent(config_path, name):
             timeout = parse_duration(str(merged.get("timeout", "90m")))
             if timeout is None:
                 raise Fail(f"{config_path}: bad timeout", 78)
-            return os.path.join(root, name), {
+            return root, os.path.join(root, name), {
                 "domain": a.get("domain"),
                 "model": merged.get("model", "sonnet"),
                 "timeout": timeout,
@@ -131,10 +141,23 @@ def load_agent(config_path, name):
 
 # ---- files -----------------------------------------------------------------
 
+def open_lock_file(path, mode):
+    """src/state/lock.rs open_lock_file: read-only, created with `mode` if missing."""
+    try:
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        pass
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, mode))
+    return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+
+
 def lock(agent_dir):
     if not os.path.isdir(agent_dir):
         raise Fail(f"{agent_dir} is not bootstrapped", 66)
-    fd = os.open(os.path.join(agent_dir, ".lock"), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o660)
+    fd = open_lock_file(os.path.join(agent_dir, ".lock"), 0o660)
+    st = os.fstat(fd)
+    if st.st_mode & 0o777 != 0o660 and st.st_uid == os.geteuid():
+        os.fchmod(fd, 0o660)  # group writers must be able to take it, whatever the umask
     fcntl.flock(fd, fcntl.LOCK_EX)
     return fd  # released when the process exits
 
@@ -165,8 +188,8 @@ def write_all(fd, data):
         view = view[os.write(fd, view):]
 
 
-def write_file(path, data, mode=STATE_FILE_MODE):
-    """temp file (O_EXCL) → write → fchmod → fsync → rename → fsync(dir)."""
+def stage_file(path, data, mode=STATE_FILE_MODE):
+    """temp file (O_EXCL) → write → fchmod → fsync; commit() renames it in."""
     d, name = os.path.split(path)
     while True:
         tmp = os.path.join(d, f".{name}.{os.urandom(4).hex()}.tmp")
@@ -179,6 +202,21 @@ def write_file(path, data, mode=STATE_FILE_MODE):
         write_all(fd, data)
         os.fchmod(fd, mode)
         os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    os.close(fd)
+    return tmp, path
+
+
+def commit(staged):
+    """rename → fsync(dir) (src/state/atomic.rs Staged::commit)."""
+    tmp, path = staged
+    try:
         os.rename(tmp, path)
     except BaseException:
         try:
@@ -186,13 +224,24 @@ def write_file(path, data, mode=STATE_FILE_MODE):
         except OSError:
             pass
         raise
-    finally:
-        os.close(fd)
-    fsync_dir(d)
+    fsync_dir(os.path.dirname(path))
+
+
+def write_file(path, data, mode=STATE_FILE_MODE):
+    """temp file (O_EXCL) → write → fchmod → fsync → rename → fsync(dir)."""
+    commit(stage_file(path, data, mode))
+
+
+def json_bytes(value):
+    return (json.dumps(value, indent=2, ensure_ascii=False) + "\n").encode()
 
 
 def write_json(path, value):
-    write_file(path, (json.dumps(value, indent=2, ensure_ascii=False) + "\n").encode())
+    write_file(path, json_bytes(value))
+
+
+def stage_json(path, value):
+    return stage_file(path, json_bytes(value))
 
 
 def journal_append(agent_dir, entry):
@@ -252,18 +301,19 @@ def session_doc(s):
 
 
 def report_doc(r):
-    r = ordered(r, REPORT_KEYS, ["current_session"], {"status": "idle"})
+    r = ordered(r, REPORT_KEYS, REPORT_OPTIONAL, {"status": "idle"})
     if isinstance(r["last_session"], dict):
         r["last_session"] = ordered(r["last_session"], LAST_SESSION_KEYS, ["reason"])
     return r
 
 
 def metrics_doc(m):
-    m = ordered(m, ["agent", "updated_at", "lifetime", "rolling_30d"])
+    m = ordered(m, ["agent", "updated_at", "lifetime", "rolling_30d"], ["counted_session"])
     m["lifetime"] = ordered(m["lifetime"], LIFETIME_KEYS, defaults=dict.fromkeys(LIFETIME_KEYS, 0))
     m["rolling_30d"] = ordered(m["rolling_30d"], ROLLING_KEYS,
                                defaults={"sessions": 0, "sources_archived": 0, "claims_proposed": 0,
-                                         "acceptance_rate": 0.0, "avg_sources_per_session": 0.0})
+                                         "acceptance_rate": 0.0, "avg_sources_per_session": 0.0,
+                                         "error_rate": 0.0})
     return m
 
 
@@ -300,7 +350,7 @@ def ratio(a, b):
 
 def rolling(entries, now):
     since = now - ROLLING_WINDOW
-    ended, sources, proposed, accepted = set(), 0, 0, 0
+    ended, failed, sources, proposed, accepted = set(), set(), 0, 0, 0
     for e in entries:
         if not since <= e["_ts"] <= now:
             continue
@@ -310,12 +360,14 @@ def rolling(entries, now):
             sources += e.get("sources_archived") or 0
         elif ev in ("timeout", "error"):
             ended.add(e.get("session_id"))
+            failed.add(e.get("session_id"))
         elif ev == "record":
             proposed += e.get("claims_proposed", 0)
             accepted += e.get("claims_accepted", 0)
     return {"sessions": len(ended), "sources_archived": sources, "claims_proposed": proposed,
             "acceptance_rate": ratio(accepted, proposed),
-            "avg_sources_per_session": ratio(sources, len(ended))}
+            "avg_sources_per_session": ratio(sources, len(ended)),
+            "error_rate": ratio(len(failed), len(ended))}
 
 
 def apply_metrics(agent_dir, name, entry, now):
@@ -324,7 +376,11 @@ def apply_metrics(agent_dir, name, entry, now):
     m = metrics_doc(raw or {"agent": name})
     before = dict(m["lifetime"])
     m["agent"] = name
-    count(m["lifetime"], entry)
+    ended = entry["session_id"] if entry["event"] in ("session_end", "error", "timeout") else None
+    if ended is None or ended != m.get("counted_session"):  # an end is counted once
+        count(m["lifetime"], entry)
+    if ended is not None:
+        m["counted_session"] = ended
     window_changes = entry["event"] in ("session_end", "error", "timeout", "record")
     if m["lifetime"] == before and not window_changes and raw is not None:
         return  # a plain session start changes no counter: no write (as in Rust)
@@ -333,7 +389,7 @@ def apply_metrics(agent_dir, name, entry, now):
         extra = {k: v for k, v in m["rolling_30d"].items() if k not in ROLLING_KEYS}
         m["rolling_30d"] = {**fresh, **extra}
     m["updated_at"] = fmt_ts(now)
-    write_json(path, m)
+    write_json(path, metrics_doc(m))
 
 
 # ---- inbox (src/inbox.rs, simplified: no validation) ------------------------
@@ -359,28 +415,68 @@ def claim(agent_dir, session_id):
     return ids
 
 
-def acknowledge(agent_dir, session_id):
-    inbox = os.path.join(agent_dir, "inbox")
-    claimed_dir = os.path.join(inbox, ".claimed", session_id)
+def claimed(agent_dir, session_id):
+    """The session's claimed messages: [(file name, message)], not moved yet."""
+    claimed_dir = os.path.join(agent_dir, "inbox", ".claimed", session_id)
     try:
         names = [n for n in os.listdir(claimed_dir)
                  if not n.startswith(".") and n.endswith(".json") and len(n) > 5]
     except FileNotFoundError:
-        names = []
-    processed, flags = [], 0
-    if names:
-        os.makedirs(os.path.join(inbox, "processed"), 0o2770, exist_ok=True)
-    for n in names:
-        msg = read_json(os.path.join(claimed_dir, n)) or {}
-        os.rename(os.path.join(claimed_dir, n), os.path.join(inbox, "processed", n))
-        processed.append(msg.get("id") or n[:-5])
-        flags += msg.get("type", "flag") == "flag"
+        return []
+    return [(n, read_json(os.path.join(claimed_dir, n)) or {}) for n in names]
+
+
+def acknowledge(agent_dir, session_id, messages):
+    """After the journal line: claimed messages → processed/, claimed dir removed."""
+    inbox = os.path.join(agent_dir, "inbox")
+    claimed_dir = os.path.join(inbox, ".claimed", session_id)
+    processed_dir = os.path.join(inbox, "processed")
+    if messages:
+        os.makedirs(processed_dir, 0o2770, exist_ok=True)
+    for n, _ in messages:
+        os.rename(os.path.join(claimed_dir, n), os.path.join(processed_dir, n))
+    if messages:
+        fsync_dir(processed_dir)
+        fsync_dir(claimed_dir)
     try:
         os.rmdir(claimed_dir)
         fsync_dir(os.path.join(inbox, ".claimed"))
     except OSError:
         pass
-    return processed, flags
+
+
+# ---- instance ids (src/daemon/files.rs next_instance) ------------------------
+
+def highest_instance(agent_dir, name):
+    """The highest `{name}-N` instance of the journal's session starts, else 0."""
+    prefix, best = f"{name}-", 0
+    for e in read_journal(agent_dir):
+        inst = e.get("instance") if e.get("event") == "session_start" else None
+        if isinstance(inst, str) and inst.startswith(prefix) and inst[len(prefix):].isdigit():
+            best = max(best, int(inst[len(prefix):]))
+    return best
+
+
+def next_instance(root, agent_dir, name):
+    d = os.path.join(root, ".daemon")
+    if not os.path.isdir(d):
+        os.makedirs(d, 0o750, exist_ok=True)
+        os.chmod(d, 0o750)
+    fd = open_lock_file(os.path.join(d, "counters.lock"), 0o640)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        path = os.path.join(d, "counters.json")
+        doc = read_json(path)
+        doc = doc if isinstance(doc, dict) else {}
+        counters = doc.get("counters") if isinstance(doc.get("counters"), dict) else {}
+        n = counters.get(name) or highest_instance(agent_dir, name)
+        counters[name] = n + 1
+        # serde: the counters first, as a BTreeMap (sorted), then other keys
+        write_json(path, {"counters": dict(sorted(counters.items())),
+                          **{k: v for k, v in doc.items() if k != "counters"}})
+    finally:
+        os.close(fd)  # releases the lock
+    return f"{name}-{n + 1:03}"
 
 
 # ---- hooks -----------------------------------------------------------------
@@ -452,7 +548,7 @@ def bad_count(errors, flag, raw, now):
                    "message": "not a whole number; the field was left unset"})
 
 
-def begin(agent_dir, name, cfg, opts, now):
+def begin(root, agent_dir, name, cfg, opts, now):
     lock(agent_dir)
     errors = []
     kind = text(opts.get("--type")) or cfg["session_type"]
@@ -475,6 +571,13 @@ def begin(agent_dir, name, cfg, opts, now):
     extra = {k: v for k, v in current.items() if k not in SESSION_KEYS and k not in SESSION_OPTIONAL}
 
     session_id = new_session_id(agent_dir, current["session_id"] or "", now)
+    # A new session is a spawn: it gets an instance id (rio-047). Rust notes a
+    # failure to take one and goes on without.
+    try:
+        instance = next_instance(root, agent_dir, name)
+    except OSError as e:
+        print(f"baseline: note: no instance id for this session: {e}", file=sys.stderr)
+        instance = None
     messages = claim(agent_dir, session_id)
     model = text(opts.get("--model")) or cfg["model"]
     owner = owner_pid()
@@ -482,9 +585,8 @@ def begin(agent_dir, name, cfg, opts, now):
              "model": model, "branch": text(opts.get("--branch")), "timeout_seconds": timeout,
              "research_question": text(opts.get("--research-question")),
              "disconfirmation_target": text(opts.get("--disconfirmation-target")),
-             "messages": messages, "owner_pid": owner}
+             "messages": messages, "owner_pid": owner, "instance": instance}
     entry = {k: v for k, v in entry.items() if v not in (None, [])}
-    journal_append(agent_dir, entry)
 
     session = session_doc({
         "agent": name, "session_id": session_id, "started_at": fmt_ts(now), "ended_at": None,
@@ -494,17 +596,23 @@ def begin(agent_dir, name, cfg, opts, now):
         "belief_targeted": text(opts.get("--belief-targeted")),
         "disconfirmation_target": text(opts.get("--disconfirmation-target")),
         "sources_expected": sources_expected, "errors": errors,
-        "owner_pid": owner, "owner_start": process_start(owner),
+        "owner_pid": owner, "owner_start": process_start(owner), "instance": instance,
         "messages": messages, **extra,
     })
-    write_json(path, session)
 
     rpath = os.path.join(agent_dir, "report.json")
     report = report_doc(read_json(rpath) or {"agent": name})
     report.update(agent=name, status=STATUS_FOR_TYPE.get(kind, "researching"),
                   updated_at=fmt_ts(now))
     report["current_session"] = session_id
-    write_json(rpath, report_doc(report))
+    report["instance"] = instance
+    report["lifecycle"] = "alive"
+
+    # Both files on disk before the journal line, renamed in after it.
+    staged = [stage_json(path, session), stage_json(rpath, report_doc(report))]
+    journal_append(agent_dir, entry)
+    for s in staged:
+        commit(s)
 
     apply_metrics(agent_dir, name, entry, now)
     print(session_id)
@@ -544,7 +652,9 @@ def end(agent_dir, name, opts, now):
         duration = int((now - parse_ts(session["started_at"])).total_seconds())
     rpath = os.path.join(agent_dir, "report.json")
     report = report_doc(read_json(rpath) or {"agent": name})
-    processed, flags = acknowledge(agent_dir, sid)
+    messages = claimed(agent_dir, sid)  # moved to processed/ after the journal line
+    processed = [m.get("id") or n[:-5] for n, m in messages]
+    flags = sum(m.get("type", "flag") == "flag" for _, m in messages)
     entry = {"ts": fmt_ts(now), "event": "session_end", "session_id": sid, "outcome": "completed",
              "sources_archived": sources, "handoff": handoff, "summary": summary,
              "next_priority": next_priority, "branch": branch or session["branch"],
@@ -557,8 +667,6 @@ def end(agent_dir, name, opts, now):
         del entry["messages_processed"]
     if not flags:
         del entry["flags_received"]
-    journal_append(agent_dir, entry)
-    # (flag messages would be appended to memory.md here; none in the benchmark)
 
     session["status"] = "completed"
     if sources is not None:
@@ -571,7 +679,7 @@ def end(agent_dir, name, opts, now):
     session.pop("owner_pid", None)
     session.pop("owner_start", None)
     session["errors"] = (session["errors"] or []) + errors
-    write_json(path, session_doc(session))
+    session = session_doc(session)
 
     report["status"] = "idle"
     if summary is None:
@@ -584,6 +692,7 @@ def end(agent_dir, name, opts, now):
     report["agent"] = name
     report.pop("current_session", None)
     report["updated_at"] = fmt_ts(now)
+    report["lifecycle"] = "sleeping"
     last_extra = report["last_session"] if isinstance(report["last_session"], dict) else {}
     last_extra = {k: v for k, v in last_extra.items() if k not in LAST_SESSION_KEYS and k != "reason"}
     report["last_session"] = {
@@ -591,7 +700,15 @@ def end(agent_dir, name, opts, now):
         "outcome": "completed", "sources_archived": session["sources_archived"],
         "branch": session["branch"], "pr_number": session.get("pr_number"), **last_extra,
     }
-    write_json(rpath, report_doc(report))
+
+    # Both files on disk before the journal line, renamed in after it; the
+    # messages move to processed/ once the journal says the session ended.
+    staged = [stage_json(path, session), stage_json(rpath, report_doc(report))]
+    journal_append(agent_dir, entry)
+    acknowledge(agent_dir, sid, messages)
+    # (flag messages would be appended to memory.md here; none in the benchmark)
+    for s in staged:
+        commit(s)
 
     apply_metrics(agent_dir, name, entry, now)
     print(f"{sid} completed")
@@ -612,9 +729,9 @@ def main(argv):
     opts = dict(zip(rest[::2], rest[1::2]))
     now = datetime.now(timezone.utc).replace(microsecond=0)
     try:
-        agent_dir, cfg = load_agent(config, name)
+        root, agent_dir, cfg = load_agent(config, name)
         if hook == "begin":
-            return begin(agent_dir, name, cfg, opts, now)
+            return begin(root, agent_dir, name, cfg, opts, now)
         return end(agent_dir, name, opts, now)
     except Fail as e:
         print(f"baseline: error: {e}", file=sys.stderr)

@@ -119,7 +119,7 @@ pair_cmd() {
 # keys and key order included, must match the Rust output. Numbers are compared
 # as numbers (jq 1.6 prints 8.0 as 8).
 NORM='def volatile: ["ts", "updated_at", "started_at", "ended_at", "session_id", "id",
-  "current_session", "owner_pid", "owner_start", "duration_seconds"];
+  "current_session", "counted_session", "owner_pid", "owner_start", "duration_seconds"];
 walk(if type == "object"
      then with_entries(if (.key as $k | volatile | index($k)) != null and .value != null
                        then .value = "<varies>" else . end)
@@ -131,12 +131,15 @@ snapshot() { # snapshot STATE_DIR → a normalised text dump of the agent's file
         echo "--- $f.json (keys in file order)"
         jq "$NORM" "$d/$f.json"
     done
+    echo "--- .daemon/counters.json (instance ids)"
+    jq "$NORM" "$1/.daemon/counters.json"
     echo "--- journal.jsonl ($(wc -l <"$d/journal.jsonl") lines)"
     while IFS= read -r line; do jq -c "$NORM" <<<"$line"; done <"$d/journal.jsonl"
     echo "--- modes"
-    stat -c '%a %n' "$d"/{session,report,metrics}.json "$d/journal.jsonl" | sed "s#$1/##"
+    stat -c '%a %n' "$d"/{session,report,metrics}.json "$d/journal.jsonl" "$d/.lock" \
+        "$1/.daemon" "$1/.daemon"/counters.{json,lock} | sed "s#$1/##"
     echo "--- leftovers"
-    find "$d" -name '.*.tmp' | sed "s#$1/##"
+    find "$d" "$1/.daemon" -name '.*.tmp' | sed "s#$1/##"
     find "$d/inbox/.claimed" -mindepth 1 | sed "s#$1/##"
 }
 
@@ -149,7 +152,7 @@ for impl in rust python python-pyc jq; do
 done
 for impl in python python-pyc jq; do
     if diff -u "$WORK/check-rust.txt" "$WORK/check-$impl.txt" >"$WORK/check-$impl.diff"; then
-        echo "$impl: same files as rust (session.json, report.json, metrics.json, journal.jsonl, modes)"
+        echo "$impl: same files as rust (session.json, report.json, metrics.json, counters.json, journal.jsonl, modes)"
     else
         mismatch=1
         echo "$impl: MISMATCH with rust:"
@@ -218,15 +221,16 @@ hyperfine --shell=bash --warmup 5 --runs "$FLOOR_RUNS" --style basic \
     --export-json "$WORK/floor.json" \
     -n "rust: 2x agent-state --version" "$(printf '%q' "$BIN") --version >/dev/null && $(printf '%q' "$BIN") --version >/dev/null" \
     -n "python: 2x python3 -c pass" "$(printf '%q' "$PY") -c pass && $(printf '%q' "$PY") -c pass" \
-    -n "jq: 2x bash + 9x jq -n 1" "for _ in 1 2; do bash -c :; done; for _ in 1 2 3 4 5 6 7 8 9; do jq -n 1 >/dev/null; done"
+    -n "jq: 2x bash + 10x jq -n 1" "for _ in 1 2; do bash -c :; done; for _ in 1 2 3 4 5 6 7 8 9 10; do jq -n 1 >/dev/null; done"
 
 # ---- after the run: the three timed roots must agree too -----------------------------
 
-say "after the run: timed roots compared (journal length, metrics.json)"
+say "after the run: timed roots compared (journal length, metrics.json, instance counter)"
 for impl in rust python python-pyc jq; do
     d=$WORK/time-$impl/state/rio
-    printf '%-10s journal lines: %s  metrics: %s\n' "$impl" "$(wc -l <"$d/journal.jsonl")" \
+    printf '%-10s journal lines: %s  metrics: %s  counters: %s\n' "$impl" "$(wc -l <"$d/journal.jsonl")" \
         "$(jq -c '{total: .lifetime.sessions_total, sources: .lifetime.sources_archived, rolling_30d: .rolling_30d}' "$d/metrics.json")" \
+        "$(jq -c .counters "$d/../.daemon/counters.json")" \
         | tee -a "$WORK/after.txt"
 done
 if [[ $(sed 's/^[a-z-]* *//' "$WORK/after.txt" | sort -u | wc -l) != 1 ]]; then
