@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # demo-agent.sh AGENT — a simulated agent for trying the daemon (config/dev.toml):
-# reads the prompt the daemon assembled, prints progress, appends a line to
-# memory.md, sleeps a little, and sometimes fails. No network, no API key.
+# reads the prompt the daemon assembled, prints progress (with the agent
+# signals of seed 000: <axiom>PROGRESS:n</axiom>, <axiom>COMPLETE</axiom>),
+# appends a line to memory.md, sleeps a little, sometimes fails, and ends with
+# a Context Summary Block and a signal block (seed 004). No network, no API key.
 set -euo pipefail
 agent=${1:?usage: demo-agent.sh AGENT}
 prompt_file=${AGENT_STATE_PROMPT_FILE:?run by the agent-state daemon}
@@ -12,7 +14,7 @@ messages=$(grep -c '^## Message ' "$prompt_file" || true)
 echo "[$agent] session $AGENT_STATE_SESSION_ID ($AGENT_STATE_INSTANCE): read a prompt of $lines lines, $messages message(s)"
 for step in 1 2 3; do
     sleep "${DEMO_STEP_SECONDS:-2}"
-    echo "[$agent] working... step $step of 3"
+    echo "[$agent] working... step $step of 3 <axiom>PROGRESS:$((step * 33))</axiom>"
 done
 printf -- '- %s (%s): demo session %s read %s message(s)\n' "$(date -u +%F)" "$AGENT_STATE_INSTANCE" \
     "$AGENT_STATE_SESSION_ID" "$messages" >> "$dir/memory.md"
@@ -21,4 +23,17 @@ if [ "${DEMO_FAIL_RATE:-5}" -gt 0 ] && [ $((RANDOM % ${DEMO_FAIL_RATE:-5})) -eq 
     echo "[$agent] simulated failure" >&2
     exit 3
 fi
-echo "[$agent] done"
+echo "[$agent] done <axiom>COMPLETE</axiom>"
+cat <<SUMMARY
+
+## Context Summary
+
+**Goal**: Demo research for $agent
+**Current State**: Read a prompt of $lines lines and $messages message(s); noted it in memory.md
+**Next Agent**: Judge
+**Confidence**: 4
+**Risk Level**: low
+**Blockers**: None
+
+Agent=Actor | Cycle=$AGENT_STATE_SESSION_ID | Step=3 | Confidence=4 | Risk=low | Next=Judge
+SUMMARY
