@@ -454,33 +454,8 @@ impl Daemon {
                     tracing::warn!(agent = %agent.name, session_id = %s.session_id, "killed {killed} process(es) left running by the session of a daemon that died (pid {owner})");
                 }
             }
-            match hooks::recover_stale(agent, &dir, "interrupted: daemon restarted", now) {
-                Ok(Some(r)) if r.replayed => tracing::warn!(
-                    agent = %agent.name,
-                    session_id = %r.session_id,
-                    "session {}: its end was journaled before the daemon died; completed recording it from the journal",
-                    r.session_id
-                ),
-                Ok(Some(r)) => records.push(
-                    ErrorRecord::new(
-                        Code::SessionInterrupted,
-                        format!(
-                            "{}: session {} was left running by a process that is gone (daemon restarted); recorded as an error, {} message(s) returned to the inbox",
-                            agent.name,
-                            r.session_id,
-                            r.returned.len()
-                        ),
-                    )
-                    .agent(&agent.name)
-                    .session(r.session_id.clone()),
-                ),
-                Ok(None) => {}
-                Err(e) => records.push(
-                    ErrorRecord::new(e.code(), format!("{}: recovery at start-up failed", agent.name))
-                        .details(e.to_string())
-                        .agent(&agent.name),
-                ),
-            }
+            let result = hooks::recover_stale(agent, &dir, "interrupted: daemon restarted", now);
+            records.extend(recovered(agent, result, "the daemon restarted"));
             // Messages claimed by sessions that are not running go back.
             let running: Option<Session> = dir
                 .read()
@@ -1760,32 +1735,10 @@ impl Daemon {
                 continue;
             }
             if hooks::is_stale(&s, now) {
-                match hooks::recover_stale(&agent, &dir, "interrupted: its process is gone", now) {
-                    Ok(Some(r)) if r.replayed => tracing::warn!(
-                        agent = %agent.name,
-                        session_id = %r.session_id,
-                        "session {}: its end was journaled but not fully recorded; completed from the journal",
-                        r.session_id
-                    ),
-                    Ok(Some(r)) => self.raise(
-                        ErrorRecord::new(
-                            Code::SessionInterrupted,
-                            format!(
-                                "{}: session {} was left running by a process that is gone; recorded as an error, {} message(s) returned",
-                                agent.name, r.session_id, r.returned.len()
-                            ),
-                        )
-                        .agent(&agent.name)
-                        .session(r.session_id.clone()),
-                        false,
-                    ),
-                    Ok(None) => {}
-                    Err(e) => self.raise(
-                        ErrorRecord::new(e.code(), format!("{}: cannot finish a stale session", agent.name))
-                            .details(e.to_string())
-                            .agent(&agent.name),
-                        false,
-                    ),
+                let result =
+                    hooks::recover_stale(&agent, &dir, "interrupted: its process is gone", now);
+                if let Some(record) = recovered(&agent, result, "its process is gone") {
+                    self.raise(record, false);
                 }
                 continue;
             }
@@ -2077,6 +2030,46 @@ impl Daemon {
                 }
             }
         }
+    }
+}
+
+/// What recovering `agent`'s stale session came to: the error to raise (the
+/// session was interrupted, or the recovery failed), or nothing when there
+/// was nothing to do or its end had been journaled and was completed.
+fn recovered(
+    agent: &AgentConfig,
+    result: Result<Option<hooks::FinishResult>>,
+    why: &str,
+) -> Option<ErrorRecord> {
+    match result {
+        Ok(None) => None,
+        Ok(Some(r)) if r.replayed => {
+            tracing::warn!(
+                agent = %agent.name,
+                session_id = %r.session_id,
+                "session {}: its end was journaled but not fully recorded ({why}); completed from the journal",
+                r.session_id
+            );
+            None
+        }
+        Ok(Some(r)) => Some(
+            ErrorRecord::new(
+                Code::SessionInterrupted,
+                format!(
+                    "{}: session {} was left running ({why}); recorded as an error, {} message(s) returned to the inbox",
+                    agent.name,
+                    r.session_id,
+                    r.returned.len()
+                ),
+            )
+            .agent(&agent.name)
+            .session(r.session_id.clone()),
+        ),
+        Err(e) => Some(
+            ErrorRecord::new(e.code(), format!("{}: cannot finish a stale session ({why})", agent.name))
+                .details(e.to_string())
+                .agent(&agent.name),
+        ),
     }
 }
 

@@ -425,7 +425,9 @@ fn follower(env: &Env, args: &[&str]) -> (Child, Receiver<String>) {
     let mut child = env
         .command(&all)
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        // Its notes (--limit's cursor) would land in the test runner's
+        // output, outside any test's captured output.
+        .stderr(Stdio::null())
         .spawn()
         .expect("spawn events --follow");
     let stdout = child.stdout.take().expect("stdout");
@@ -542,6 +544,7 @@ fn follow_ends_with_exit_0_when_stdout_closes_or_on_sigint() {
     let mut child = env
         .command(&["events", "--follow"])
         .stdout(Stdio::piped())
+        .stderr(Stdio::null())
         .spawn()
         .expect("spawn events --follow");
     let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::support::{Env, poll_until};
+use crate::support::{Env, poll_until, state};
 
 fn secs(s: f64) -> Duration {
     Duration::from_secs_f64(s)
@@ -101,14 +101,6 @@ fn mailbox(env: &Env) -> Vec<Value> {
         .as_array()
         .map(|w| w.iter().map(|e| e["message"].clone()).collect())
         .unwrap_or_default()
-}
-
-/// An agent's state file, or Null while it does not exist yet.
-fn state(env: &Env, agent: &str, file: &str) -> Value {
-    std::fs::read_to_string(env.root.join(agent).join(file))
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or(Value::Null)
 }
 
 // ---- spawn failures --------------------------------------------------------------------

@@ -6,17 +6,10 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::support::Env;
+use crate::support::{Env, state};
 
 fn secs(s: f64) -> Duration {
     Duration::from_secs_f64(s)
-}
-
-fn state(env: &Env, agent: &str, file: &str) -> Value {
-    std::fs::read_to_string(env.root.join(agent).join(file))
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or(Value::Null)
 }
 
 fn journal(env: &Env, agent: &str) -> Vec<Value> {

@@ -417,3 +417,12 @@ impl Drop for Daemon {
         }
     }
 }
+
+/// An agent's state file as JSON, or Null while it does not exist yet (or
+/// does not parse): for polling a file the daemon is about to write.
+pub fn state(env: &Env, agent: &str, file: &str) -> Value {
+    std::fs::read_to_string(env.root.join(agent).join(file))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(Value::Null)
+}
