@@ -12,6 +12,8 @@ use serde::Serialize;
 
 use crate::clock::Timestamp;
 use crate::config::{AgentKind, Config};
+use crate::daemon::health;
+use crate::error::IoContext;
 use crate::error::Result;
 use crate::hooks;
 use crate::inbox::{self, Verdict};
@@ -209,9 +211,42 @@ fn check_agent(
             Verdict::Invalid(r) => finding(found, dir, format!("inbox/{name}"), format!("malformed message: {}", r.reason)),
         }
     }
+    // Temp files of writes a crash interrupted (the old file is intact).
+    let cutoff = std::time::SystemTime::now() - health::STALE_TEMP_AGE;
+    for sub in [
+        dir.path.clone(),
+        dir.inbox(),
+        dir.sessions_dir(),
+        dir.inbox_tmp(),
+    ] {
+        let Ok(entries) = fs::read_dir(&sub) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().to_string();
+            let in_tmp = sub == dir.inbox_tmp();
+            let old = entry
+                .metadata()
+                .ok()
+                .filter(|m| m.is_file())
+                .and_then(|m| m.modified().ok())
+                .is_some_and(|t| t < cutoff);
+            if old && (in_tmp || health::is_atomic_temp_name(&name)) {
+                let rel = entry
+                    .path()
+                    .strip_prefix(&dir.path)
+                    .map(|p| p.display().to_string())
+                    .unwrap_or(name);
+                finding(found, dir, rel, TEMP_PROBLEM);
+            }
+        }
+    }
     let _ = config;
     Ok(())
 }
+
+const TEMP_PROBLEM: &str =
+    "a temp file left by a write that was interrupted (the file it was replacing is intact)";
 
 fn parse_problem<T: serde::de::DeserializeOwned>(path: &std::path::Path) -> Option<String> {
     match atomic::read_json::<T>(path) {
@@ -239,6 +274,14 @@ fn repair_agent(
             .filter(|f| f.problem.starts_with("missing") || f.file == ".")
         {
             f.repaired = Some(format!("created ({} item(s) in all)", created.len()));
+        }
+    }
+    if found.iter().any(|f| f.problem == TEMP_PROBLEM) {
+        let stats =
+            health::prune_stale_temps(dir, std::time::SystemTime::now() - health::STALE_TEMP_AGE)
+                .at("removing temp files in", &dir.path)?;
+        for f in found.iter_mut().filter(|f| f.problem == TEMP_PROBLEM) {
+            f.repaired = Some(format!("removed ({} temp file(s) in all)", stats.files));
         }
     }
     // Torn journal lines first: rebuilding reads the journal.

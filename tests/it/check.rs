@@ -607,3 +607,32 @@ fn hooks_survive_a_corrupt_metrics_file_without_counting_twice() {
         wrong.join("\n")
     );
 }
+
+#[test]
+fn check_finds_old_temp_files_of_interrupted_writes_and_repair_removes_them() {
+    let env = Env::standard();
+    let old = env.path("rio", ".report.json.Ab12Cd.tmp");
+    let fresh = env.path("rio", ".tasks.json.Ef34Gh.tmp");
+    for p in [&old, &fresh] {
+        std::fs::write(p, "{ half").unwrap();
+    }
+    let two_hours_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(7200);
+    std::fs::File::options()
+        .write(true)
+        .open(&old)
+        .unwrap()
+        .set_modified(two_hours_ago)
+        .unwrap();
+    let out = env.run(&["check"]);
+    assert_eq!(out.status.code(), Some(65));
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(text.contains(".report.json.Ab12Cd.tmp"), "{text}");
+    assert!(
+        !text.contains(".tasks.json.Ef34Gh.tmp"),
+        "a fresh one may be a write in progress: {text}"
+    );
+    env.ok(&["check", "--repair"]);
+    assert!(!old.exists());
+    assert!(fresh.exists(), "never a write that may be in progress");
+    env.ok(&["check"]);
+}
