@@ -4,7 +4,7 @@
 //! ```text
 //! {state_root}/                     default /opt/teleo-eval/agent-state
 //! ├── .daemon/                      lock, counters.json, schedule.json, daemon.json,
-//! │                                 errors.jsonl, signals.jsonl (never an agent)
+//! │                                 errors.jsonl, signals.jsonl, escalated.json (never an agent)
 //! ├── .shared/rules/*.md            rules prepended to every prompt
 //! └── {agent}/                      ^[a-z][a-z0-9_-]{0,62}$
 //!     ├── report.json  tasks.json  session.json  metrics.json   (atomic replace)

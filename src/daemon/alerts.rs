@@ -377,30 +377,69 @@ pub fn log(record: &ErrorRecord) {
 }
 
 /// Which (agent, code) pairs were escalated in the current failure streak:
-/// the same problem is escalated once, not at every retry or wake.
+/// the same problem is escalated once, not at every retry or wake. Kept in
+/// `.daemon/escalated.json`, so a restart does not escalate it again.
 #[derive(Debug, Default)]
 pub struct EscalationMemory {
-    sent: BTreeSet<(String, &'static str)>,
+    sent: BTreeSet<(String, String)>,
+    path: Option<PathBuf>,
 }
 
 impl EscalationMemory {
+    /// The memory kept in `.daemon/escalated.json` (empty if missing or
+    /// unreadable: at worst a problem is escalated once more).
+    pub fn load(root: &StateRoot) -> EscalationMemory {
+        let path = root.daemon_dir().join("escalated.json");
+        let sent = std::fs::read(&path)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Vec<(String, String)>>(&b).ok())
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
+        EscalationMemory {
+            sent,
+            path: Some(path),
+        }
+    }
+
     /// True the first time for this pair (until [`clear`](Self::clear)).
     pub fn first(&mut self, agent: Option<&AgentName>, code: Code) -> bool {
         let key = (
             agent.map(|a| a.to_string()).unwrap_or_default(),
-            code.as_str(),
+            code.as_str().to_string(),
         );
-        self.sent.insert(key)
+        let first = self.sent.insert(key);
+        if first {
+            self.save();
+        }
+        first
     }
 
     /// The agent succeeded (or the condition cleared): escalate anew next time.
     pub fn clear(&mut self, agent: Option<&AgentName>) {
         let name = agent.map(|a| a.to_string()).unwrap_or_default();
+        let before = self.sent.len();
         self.sent.retain(|(a, _)| *a != name);
+        if self.sent.len() != before {
+            self.save();
+        }
     }
 
     pub fn clear_code(&mut self, code: Code) {
-        self.sent.retain(|(_, c)| *c != code.as_str());
+        let before = self.sent.len();
+        self.sent.retain(|(_, c)| c != code.as_str());
+        if self.sent.len() != before {
+            self.save();
+        }
+    }
+
+    fn save(&self) {
+        let Some(path) = &self.path else { return };
+        let list: Vec<&(String, String)> = self.sent.iter().collect();
+        // A snapshot: losing it to a crash means one more escalation.
+        if let Err(e) = crate::state::atomic::write_json_unsynced(path, &list) {
+            tracing::warn!("cannot write {}: {e}", path.display());
+        }
     }
 }
 

@@ -164,7 +164,7 @@ pub async fn run(config_path: &Path) -> Result<()> {
     }
     let mut daemon = Daemon {
         alerts: Alerts::new(&config),
-        escalated: EscalationMemory::default(),
+        escalated: EscalationMemory::load(&root),
         health: None,
         last_routine_prune: None,
         overdue_reported: Default::default(),

@@ -852,3 +852,28 @@ fn a_script_session_whose_process_died_is_found_and_finished_by_the_monitor() {
         "its message is back in the inbox"
     );
 }
+
+#[test]
+fn an_escalation_is_not_repeated_after_a_daemon_restart() {
+    let env = Env::with_config("");
+    let missing = env.tmp("no-such-claude");
+    env.set_config(&config(&missing, "", ""));
+    {
+        let d = env.daemon();
+        env.ok(&["wake", "rio"]);
+        d.wait_until(secs(5.0), "AGENT_NOT_FOUND is escalated", || {
+            mailbox(&env).len() == 1
+        });
+    }
+    let d = env.daemon();
+    env.ok(&["wake", "rio"]);
+    d.wait_until(secs(5.0), "the second AGENT_NOT_FOUND", || {
+        count(&env, "AGENT_NOT_FOUND") == 2
+    });
+    std::thread::sleep(secs(0.3));
+    assert_eq!(
+        mailbox(&env).len(),
+        1,
+        "escalated once per failure streak, restart or not"
+    );
+}
