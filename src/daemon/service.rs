@@ -103,7 +103,15 @@ struct Running {
     stop_reason: Option<String>,
     /// The session signalled COMPLETE.
     completed_by_signal: bool,
+    /// Signals (valid or not) handled so far, and the last PROGRESS value:
+    /// an agent that prints signals in a loop must not turn the daemon's
+    /// loop into a stream of fsyncs.
+    signals_seen: u32,
+    last_progress: Option<u8>,
 }
+
+/// Signals handled per session; the rest are counted and ignored.
+const SIGNALS_PER_SESSION: u32 = 1000;
 
 struct Daemon {
     config: Config,
@@ -1006,6 +1014,8 @@ impl Daemon {
                 stop: stop_tx,
                 stop_reason: None,
                 completed_by_signal: false,
+                signals_seen: 0,
+                last_progress: None,
             },
         );
         let tx = self.tx.clone();
@@ -1450,6 +1460,28 @@ impl Daemon {
             return;
         };
         let (session_id, instance) = (running.session_id.clone(), running.instance.clone());
+        if let Ok(s) = &signal {
+            if s.kind() == crate::protocol::signals::SignalType::Complete {
+                running.completed_by_signal = true;
+            }
+            // The same progress again changes nothing.
+            if s.kind() == crate::protocol::signals::SignalType::Progress {
+                if s.progress() == running.last_progress {
+                    return;
+                }
+                running.last_progress = s.progress();
+            }
+        }
+        running.signals_seen += 1;
+        if running.signals_seen > SIGNALS_PER_SESSION {
+            if running.signals_seen == SIGNALS_PER_SESSION + 1 {
+                tracing::warn!(
+                    agent = %agent, session_id = %session_id,
+                    "more than {SIGNALS_PER_SESSION} signals in one session: the rest are ignored (COMPLETE still counts)"
+                );
+            }
+            return;
+        }
         let origin = effects::Origin {
             agent,
             session_id: &session_id,
@@ -1458,27 +1490,22 @@ impl Daemon {
         let now = Timestamp::now();
         match signal {
             Err(e) => effects::record_invalid(&self.root, &origin, &e, now),
-            Ok(s) => {
-                if s.kind() == crate::protocol::signals::SignalType::Complete {
-                    running.completed_by_signal = true;
-                }
-                match effects::apply(&self.root, &self.config, &origin, &s, now) {
-                    Ok(effect) => tracing::info!(
-                        agent = %agent, session_id = %session_id,
-                        "signal {}: {effect}", s.raw()
-                    ),
-                    Err(e) => self.raise(
-                        ErrorRecord::new(
-                            e.code(),
-                            format!("{agent}: cannot carry out the signal {}", s.raw()),
-                        )
-                        .details(e.to_string())
-                        .agent(agent)
-                        .session(session_id.clone()),
-                        false,
-                    ),
-                }
-            }
+            Ok(s) => match effects::apply(&self.root, &self.config, &origin, &s, now) {
+                Ok(effect) => tracing::info!(
+                    agent = %agent, session_id = %session_id,
+                    "signal {}: {effect}", s.raw()
+                ),
+                Err(e) => self.raise(
+                    ErrorRecord::new(
+                        e.code(),
+                        format!("{agent}: cannot carry out the signal {}", s.raw()),
+                    )
+                    .details(e.to_string())
+                    .agent(agent)
+                    .session(session_id.clone()),
+                    false,
+                ),
+            },
         }
     }
 

@@ -284,3 +284,38 @@ fn a_malformed_block_is_logged_like_an_invalid_signal() {
     assert_eq!(state(&env, "rio", "session.json")["status"], "completed");
     assert!(state(&env, "rio", "session.json")["signal_block"].is_null());
 }
+
+#[test]
+fn a_flood_of_signals_is_capped_and_the_daemon_stays_responsive() {
+    // 5000 PROGRESS signals with changing values, 5000 repeats of one value,
+    // then COMPLETE after a non-zero exit.
+    let env = setup(
+        "echo starting\ni=0\nwhile [ $i -lt 5000 ]; do echo \"<axiom>PROGRESS:$((i % 100))</axiom>\"; i=$((i+1)); done\n\
+         i=0\nwhile [ $i -lt 5000 ]; do echo '<axiom>PROGRESS:7</axiom>'; i=$((i+1)); done\n\
+         echo '<axiom>COMPLETE</axiom>'\nexit 1",
+    );
+    let d = env.daemon();
+    env.ok(&["wake", "rio"]);
+    d.wait_until(secs(60.0), "the session ended", || {
+        state(&env, "rio", "session.json")["status"] == "completed"
+    });
+    let signals = journal(&env, "rio")
+        .iter()
+        .filter(|e| e["event"] == "signal")
+        .count();
+    assert!(
+        (1..=1000).contains(&signals),
+        "at most 1000 signals a session are carried out, {signals} were"
+    );
+    assert!(d.log_text().contains("the rest are ignored"));
+    // COMPLETE still counted although it came after the cap.
+    assert_eq!(
+        state(&env, "rio", "report.json")["last_session"]["outcome"],
+        "completed"
+    );
+    // And the daemon answers at once.
+    env.ok(&["wake", "theseus"]);
+    d.wait_until(secs(5.0), "theseus ran", || {
+        state(&env, "theseus", "session.json")["status"] == "completed"
+    });
+}
