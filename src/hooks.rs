@@ -1189,17 +1189,15 @@ pub fn record_output_summary(
 /// (searched back to its start).
 fn journaled_end(dir: &AgentDir, id: &str) -> Result<Option<crate::state::journal::Entry>> {
     let mut found = None;
-    crate::state::journal::scan_backwards(&dir.journal(), |e| match &e.event {
-        Event::SessionEnd(end) if end.session_id == id => {
+    crate::state::journal::scan_backwards(&dir.journal(), |e| {
+        if e.event.ended_session() == Some(id) {
             found = Some(e);
-            std::ops::ControlFlow::Break(())
+            return std::ops::ControlFlow::Break(());
         }
-        Event::Error(f) | Event::Timeout(f) if f.session_id == id => {
-            found = Some(e);
-            std::ops::ControlFlow::Break(())
+        match &e.event {
+            Event::SessionStart(s) if s.session_id == id => std::ops::ControlFlow::Break(()),
+            _ => std::ops::ControlFlow::Continue(()),
         }
-        Event::SessionStart(s) if s.session_id == id => std::ops::ControlFlow::Break(()),
-        _ => std::ops::ControlFlow::Continue(()),
     })?;
     Ok(found)
 }

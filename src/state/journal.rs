@@ -63,6 +63,17 @@ pub struct PromptCut {
     pub reason: String,
 }
 
+impl Event {
+    /// The session this event ends (`session_end`, `error`, `timeout`).
+    pub fn ended_session(&self) -> Option<&str> {
+        match self {
+            Event::SessionEnd(e) => Some(&e.session_id),
+            Event::Error(f) | Event::Timeout(f) => Some(&f.session_id),
+            _ => None,
+        }
+    }
+}
+
 /// A valid agent signal (`<axiom>TYPE:payload</axiom>`) seen in a session's
 /// output, and what the daemon did with it.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

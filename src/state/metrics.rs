@@ -178,20 +178,18 @@ pub fn catch_up(
     notes: &mut Vec<String>,
 ) -> Result<bool> {
     let mut last = None;
-    journal::scan_backwards(&dir.journal(), |e| match &e.event {
-        Event::SessionEnd(_) | Event::Error(_) | Event::Timeout(_) => {
+    journal::scan_backwards(&dir.journal(), |e| {
+        if e.event.ended_session().is_some() {
             last = Some(e);
-            std::ops::ControlFlow::Break(())
+            return std::ops::ControlFlow::Break(());
         }
-        _ => std::ops::ControlFlow::Continue(()),
+        std::ops::ControlFlow::Continue(())
     })?;
-    let Some(entry) = last else {
+    let Some((entry, id)) = last.and_then(|e| {
+        let id = e.event.ended_session()?.to_string();
+        Some((e, id))
+    }) else {
         return Ok(false);
-    };
-    let id = match &entry.event {
-        Event::SessionEnd(e) => e.session_id.clone(),
-        Event::Error(f) | Event::Timeout(f) => f.session_id.clone(),
-        _ => return Ok(false),
     };
     let mut metrics: Metrics = dir.load(lock, now, notes)?;
     match &metrics.counted_session {
@@ -224,18 +222,14 @@ pub fn apply(
     let (mut metrics, origin): (Metrics, _) = dir.load_with_origin(lock, now, notes)?;
     let before = metrics.lifetime.clone();
     metrics.agent = dir.name.to_string();
-    let ended = match event {
-        Event::SessionEnd(e) => Some(&e.session_id),
-        Event::Error(f) | Event::Timeout(f) => Some(&f.session_id),
-        _ => None,
-    };
-    let counted_already = ended.is_some() && ended == metrics.counted_session.as_ref();
+    let ended = event.ended_session();
+    let counted_already = ended.is_some() && ended == metrics.counted_session.as_deref();
     // A file rebuilt from the journal already counts this (journaled) event.
     if origin != super::Origin::RebuiltFromJournal && !counted_already {
         metrics.lifetime.count(event);
     }
     if let Some(id) = ended {
-        metrics.counted_session = Some(id.clone());
+        metrics.counted_session = Some(id.to_string());
     }
     let window_changes = matches!(
         event,

@@ -155,11 +155,10 @@ pub fn metrics_from_journal(agent: &str, entries: &[Entry], now: Timestamp) -> M
         updated_at: Some(now),
         lifetime: Lifetime::from_journal(entries),
         rolling_30d: Rolling::from_journal(entries, now),
-        counted_session: entries.iter().rev().find_map(|e| match &e.event {
-            Event::SessionEnd(end) => Some(end.session_id.clone()),
-            Event::Error(f) | Event::Timeout(f) => Some(f.session_id.clone()),
-            _ => None,
-        }),
+        counted_session: entries
+            .iter()
+            .rev()
+            .find_map(|e| e.event.ended_session().map(str::to_string)),
         ..Metrics::default()
     }
 }
