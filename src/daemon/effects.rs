@@ -146,12 +146,11 @@ fn update_report(
     now: Timestamp,
     f: impl FnOnce(&mut Report),
 ) -> Result<()> {
-    let lock = dir.lock()?;
-    let mut notes = Vec::new();
-    let mut report: Report = dir.load(&lock, now, &mut notes)?;
-    f(&mut report);
-    report.updated_at = Some(now);
-    dir.save(&lock, &report)
+    dir.update(now, |report: &mut Report| {
+        f(report);
+        report.updated_at = Some(now);
+    })
+    .map(|_| ())
 }
 
 /// BLOCKED / PENDING to the human mailbox. Returns the human's name.

@@ -658,18 +658,15 @@ impl Daemon {
         } else {
             wake
         };
-        let dir = self.dir(agent);
-        let result = dir.lock().and_then(|lock| {
-            let mut notes = Vec::new();
-            let mut report: Report = dir.load(&lock, Timestamp::now(), &mut notes)?;
-            let wake = wake.map(Timestamp::from_datetime);
-            if report.next_wake_at != wake {
+        let wake = wake.map(Timestamp::from_datetime);
+        let result = self
+            .dir(agent)
+            .update(Timestamp::now(), |report: &mut Report| {
                 report.next_wake_at = wake;
-                dir.save(&lock, &report)?;
-            }
+            });
+        if result.is_ok() {
             self.published_wake.borrow_mut().insert(agent.clone(), wake);
-            Ok(())
-        });
+        }
         if let Err(e) = result {
             tracing::warn!(agent = %agent, "cannot update next_wake_at: {e}");
         }
@@ -1366,16 +1363,12 @@ impl Daemon {
         if !dir.path.is_dir() {
             return;
         }
-        let result = dir.lock().and_then(|lock| {
-            let mut notes = Vec::new();
-            let mut report: Report = dir.load(&lock, Timestamp::now(), &mut notes)?;
+        let result = dir.update(Timestamp::now(), |report: &mut Report| {
             let next = f(report.lifecycle);
             if next != report.lifecycle {
                 tracing::info!(agent = %agent, "lifecycle: {}", next.map(|l| l.as_str()).unwrap_or("-"));
                 report.lifecycle = next;
-                dir.save(&lock, &report)?;
             }
-            Ok(())
         });
         if let Err(e) = result {
             tracing::warn!(agent = %agent, "cannot update the lifecycle in report.json: {e}");
@@ -1407,33 +1400,27 @@ impl Daemon {
 
     /// report.json: the error state (`None` clears it) and the next wake.
     fn publish_agent(&self, agent: &AgentName, error: Option<ReportError>) {
-        let wake = self.effective_wake(agent);
-        let dir = self.dir(agent);
-        let result = dir.lock().and_then(|lock| {
-            let mut notes = Vec::new();
-            let mut report: Report = dir.load(&lock, Timestamp::now(), &mut notes)?;
-            let before = serde_json::to_value(&report).ok();
-            match &error {
-                Some(e) => {
-                    // A retry on its way is not yet an agent in error (a
-                    // timeout stays distinguishable from an error): the
-                    // status changes when the retries are spent.
-                    if report.current_session.is_none() && e.state != "retrying" {
-                        report.status = AgentStatus::Error;
+        let wake = self.effective_wake(agent).map(Timestamp::from_datetime);
+        let result = self
+            .dir(agent)
+            .update(Timestamp::now(), |report: &mut Report| {
+                match &error {
+                    Some(e) => {
+                        // A retry on its way is not yet an agent in error (a
+                        // timeout stays distinguishable from an error): the
+                        // status changes when the retries are spent.
+                        if report.current_session.is_none() && e.state != "retrying" {
+                            report.status = AgentStatus::Error;
+                        }
+                        report.error = Some(e.clone());
                     }
-                    report.error = Some(e.clone());
+                    None => report.error = None,
                 }
-                None => report.error = None,
-            }
-            report.next_wake_at = wake.map(Timestamp::from_datetime);
-            self.published_wake
-                .borrow_mut()
-                .insert(agent.clone(), report.next_wake_at);
-            if serde_json::to_value(&report).ok() != before {
-                dir.save(&lock, &report)?;
-            }
-            Ok(())
-        });
+                report.next_wake_at = wake;
+            });
+        if result.is_ok() {
+            self.published_wake.borrow_mut().insert(agent.clone(), wake);
+        }
         if let Err(e) = result {
             tracing::warn!(agent = %agent, "cannot update report.json: {e}");
         }

@@ -277,6 +277,22 @@ impl AgentDir {
         atomic::write_json(&self.file(T::KIND.file_name()), doc)
     }
 
+    /// Read-modify-write one document under the agent's lock: `f` changes
+    /// it, and it is written only if that changed anything. Returns whether
+    /// it was written. (Repair notes of a corrupt file are not returned.)
+    pub fn update<T: StateDoc>(&self, now: Timestamp, f: impl FnOnce(&mut T)) -> Result<bool> {
+        let lock = self.lock()?;
+        let mut notes = Vec::new();
+        let mut doc: T = self.load(&lock, now, &mut notes)?;
+        let before = serde_json::to_value(&doc).ok();
+        f(&mut doc);
+        if serde_json::to_value(&doc).ok() == before {
+            return Ok(false);
+        }
+        self.save(&lock, &doc)?;
+        Ok(true)
+    }
+
     /// Write a state document's replacement (fsynced) without renaming it
     /// in yet: stage, append the journal line, then commit, so a failure to
     /// write the file (a full disk) leaves no journal event behind it.
