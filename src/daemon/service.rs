@@ -759,15 +759,7 @@ impl Daemon {
         match result {
             Ok(r) => {
                 for (name, reason) in &r.rejected {
-                    self.raise(
-                        ErrorRecord::new(
-                            Code::InboxRejected,
-                            format!("{agent}: inbox/{name} rejected: {reason}"),
-                        )
-                        .details(format!("kept as inbox/rejected/{name}"))
-                        .agent(agent),
-                        false,
-                    );
+                    self.raise(rejected(agent, name, reason), false);
                 }
                 if r.unsettled {
                     let at = self.clock.now()
@@ -989,13 +981,7 @@ impl Daemon {
         );
         for (name, reason) in &prepared.rejected {
             self.raise(
-                ErrorRecord::new(
-                    Code::InboxRejected,
-                    format!("{agent}: inbox/{name} rejected: {reason}"),
-                )
-                .details(format!("kept as inbox/rejected/{name}"))
-                .agent(agent)
-                .session(prepared.session_id.clone()),
+                rejected(agent, name, reason).session(prepared.session_id.clone()),
                 false,
             );
         }
@@ -2045,6 +2031,16 @@ impl Daemon {
             }
         }
     }
+}
+
+/// The record of an inbox file rejected as a message.
+fn rejected(agent: &AgentName, name: &str, reason: &str) -> ErrorRecord {
+    ErrorRecord::new(
+        Code::InboxRejected,
+        format!("{agent}: inbox/{name} rejected: {reason}"),
+    )
+    .details(format!("kept as inbox/rejected/{name}"))
+    .agent(agent)
 }
 
 /// What recovering `agent`'s stale session came to: the error to raise (the
