@@ -216,6 +216,15 @@ impl fmt::Display for Ending {
     }
 }
 
+/// Why the session log could not be written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogError {
+    /// A sentence naming the log file.
+    pub message: String,
+    /// What kind of failure (a full disk, a read-only file system, ...).
+    pub kind: io::ErrorKind,
+}
+
 /// What happened, for session.json, the journal and metrics.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunReport {
@@ -237,7 +246,7 @@ pub struct RunReport {
     pub leftovers_killed: usize,
     /// Writing the log failed (disk full, ...): the first error. The session
     /// kept running; its output was still read and observed.
-    pub log_error: Option<String>,
+    pub log_error: Option<LogError>,
     /// How many times the session stalled (silences of at least the stall
     /// timeout), whatever the stall action.
     pub stalls: u32,
@@ -681,7 +690,7 @@ struct Output<'a> {
     output_bytes: u64,
     logged_bytes: u64,
     truncated: bool,
-    log_error: Option<String>,
+    log_error: Option<LogError>,
     stalls: u32,
 }
 
@@ -689,7 +698,7 @@ struct Finished {
     output_bytes: u64,
     logged_bytes: u64,
     truncated: bool,
-    log_error: Option<String>,
+    log_error: Option<LogError>,
     stalls: u32,
 }
 
@@ -761,8 +770,10 @@ impl<'a> Output<'a> {
     fn fail(&mut self, e: io::Error) {
         tracing::warn!(log = %self.log_path.display(), "cannot write the session log, output is no longer logged: {e}");
         self.log = None;
-        self.log_error
-            .get_or_insert_with(|| format!("writing {}: {e}", self.log_path.display()));
+        self.log_error.get_or_insert_with(|| LogError {
+            message: format!("writing {}: {e}", self.log_path.display()),
+            kind: e.kind(),
+        });
     }
 
     async fn finish(mut self) -> Finished {

@@ -1129,14 +1129,11 @@ impl Daemon {
             );
         }
         if let Some(e) = &report.log_error {
-            let code = if e.contains("No space left") {
-                Code::DiskFull
-            } else {
-                Code::IoError
-            };
+            // The code of any I/O error (ENOSPC → DISK_FULL, EROFS → FS_READONLY).
+            let code = Error::io("writing", "the session log", std::io::Error::from(e.kind)).code();
             self.raise(
                 ErrorRecord::new(code, "the session log could not be written".to_string())
-                    .details(e.clone())
+                    .details(e.message.clone())
                     .agent(&agent)
                     .session(&sid),
                 false,
