@@ -19,7 +19,6 @@ use tokio::sync::Semaphore;
 
 use super::logging;
 use crate::agent_name::AgentName;
-use crate::clock::Timestamp;
 use crate::config::Config;
 use crate::errors::{self, Code, ErrorRecord, Severity};
 use crate::inbox::{self, MessageType, Outgoing, Priority};
@@ -441,9 +440,4 @@ impl EscalationMemory {
             tracing::warn!("cannot write {}: {e}", path.display());
         }
     }
-}
-
-/// Now, for records.
-pub fn now() -> Timestamp {
-    Timestamp::now()
 }

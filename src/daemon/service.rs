@@ -1635,7 +1635,7 @@ impl Daemon {
         let routine_due = self
             .last_routine_prune
             .is_none_or(|t| t.elapsed() >= ROUTINE_PRUNE_EVERY);
-        if !state.read_only && (state.level.wants_pruning() || routine_due) {
+        if state.should_prune() || (routine_due && !state.read_only) {
             self.last_routine_prune = Some(std::time::Instant::now());
             let running: Vec<(AgentName, String)> = self
                 .running
