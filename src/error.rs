@@ -43,6 +43,16 @@ pub enum Error {
     )]
     Corrupt { path: PathBuf, reason: String },
 
+    #[error(
+        "{path} {reason}: agent-state never follows a link or opens a special file below the state root; move it aside (`mv {path} {path}.suspect`), then run `agent-state check --repair` to recreate what is missing"
+    )]
+    Unsafe { path: PathBuf, reason: String },
+
+    #[error(
+        "{path} is locked by another process and was not released within {waited_ms} ms; `fuser -v {path}` shows who holds it"
+    )]
+    LockBusy { path: PathBuf, waited_ms: u64 },
+
     #[error(transparent)]
     Config(#[from] ConfigError),
 
@@ -93,6 +103,11 @@ impl Error {
         }
     }
 
+    /// Whether this is "no such file or directory".
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Error::Io { source, .. } if source.kind() == io::ErrorKind::NotFound)
+    }
+
     /// The OS error number behind an I/O error (`ENOSPC`, `EROFS`, `EIO`, ...).
     pub fn errno(&self) -> Option<i32> {
         use nix::libc;
@@ -117,6 +132,8 @@ impl Error {
             (_, Some(e)) if e == nix::libc::EROFS => Code::FsReadonly,
             (Error::Io { .. }, _) => Code::IoError,
             (Error::Corrupt { .. }, _) => Code::StateCorrupt,
+            (Error::Unsafe { .. }, _) => Code::PathUnsafe,
+            (Error::LockBusy { .. }, _) => Code::LockBusy,
             (Error::Config(_), _) => Code::ConfigInvalid,
             _ => Code::IoError,
         }
@@ -138,7 +155,8 @@ impl Error {
             Error::NotBootstrapped { .. } | Error::NotFound(_) | Error::NoSession(_) => {
                 exit::NOINPUT
             }
-            Error::SessionBusy { .. } => exit::TEMPFAIL,
+            Error::SessionBusy { .. } | Error::LockBusy { .. } => exit::TEMPFAIL,
+            Error::Unsafe { .. } => exit::IOERR,
             Error::Unavailable(_) => exit::UNAVAILABLE,
         }
     }

@@ -111,6 +111,8 @@ codes! {
     InboxRejected = "INBOX_REJECTED",
     StateCorrupt = "STATE_CORRUPT",
     JournalTorn = "JOURNAL_TORN",
+    PathUnsafe = "PATH_UNSAFE",
+    LockBusy = "LOCK_BUSY",
     DiskLow = "DISK_LOW",
     DiskCritical = "DISK_CRITICAL",
     DiskFull = "DISK_FULL",
@@ -307,6 +309,26 @@ pub static CATALOGUE: &[CodeInfo] = &[
         recovery: "The line is skipped and counted; the next append starts on a fresh line.",
         escalation: "Never.",
         suggestions: &["`agent-state check` reports the count per agent"],
+    },
+    CodeInfo {
+        code: Code::PathUnsafe,
+        severity: Severity::High,
+        recoverable: false,
+        cause: "Something below the state root is not what it should be: a symbolic link, a FIFO or device, a directory in the place of a file, or a file in the place of a directory (a mistake, or an inbox-group member trying to redirect the daemon).",
+        recovery: "Refused without following or blocking; nothing outside the root is touched. The agent's work that needs the path is deferred; other agents are served.",
+        escalation: "On-error hook; human mailbox.",
+        suggestions: &[
+            "Look at who made it (`ls -la`), move it aside (`mv PATH PATH.suspect`), then `agent-state check --repair`",
+        ],
+    },
+    CodeInfo {
+        code: Code::LockBusy,
+        severity: Severity::Medium,
+        recoverable: true,
+        cause: "An agent's `.lock` is held by another process for longer than a state change ever takes (a stuck hook, or anyone who can read the file holding it).",
+        recovery: "The daemon never waits on its loop: that agent's work is deferred and retried; every other agent is served.",
+        escalation: "On-error hook.",
+        suggestions: &["`fuser -v STATE_ROOT/AGENT/.lock` shows the holder; stop it"],
     },
     // System.
     CodeInfo {
@@ -580,6 +602,8 @@ mod tests {
             "INBOX_REJECTED",
             "STATE_CORRUPT",
             "JOURNAL_TORN",
+            "PATH_UNSAFE",
+            "LOCK_BUSY",
             "DISK_LOW",
             "DISK_CRITICAL",
             "DISK_FULL",
@@ -593,7 +617,7 @@ mod tests {
             let code = Code::parse(text).unwrap_or_else(|| panic!("{text} is not a code"));
             let _ = code.info();
         }
-        assert_eq!(seen.len(), 24);
+        assert_eq!(seen.len(), 26);
     }
 
     #[test]

@@ -19,7 +19,7 @@
 //! Module map: [`config`] reads the TOML file; [`state`] owns every file
 //! shape and the one way each is written; [`inbox`] validates, delivers and
 //! claims messages; [`hooks`] are `session begin|end|fail`; [`prompt`]
-//! assembles the rehydration prompt; [`check`] finds and repairs damage;
+//! assembles the rehydration prompt; [`check`] finds and repairs damage; [`fsx`] is every file access below the root (no links followed, no special file opened);
 //! [`errors`] is the error catalogue; [`protocol`] parses what agents say; [`events`] streams every journal; [`daemon`] runs the
 //! service; [`cli`] is one module per subcommand.
 
@@ -32,6 +32,7 @@ pub mod daemon;
 pub mod error;
 pub mod errors;
 pub mod events;
+pub mod fsx;
 pub mod hooks;
 pub mod inbox;
 pub mod prompt;

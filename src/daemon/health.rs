@@ -346,10 +346,15 @@ pub fn prune_atomic_temps(dir: &Path, older_than: SystemTime) -> io::Result<Prun
     Ok(stats)
 }
 
-/// Whether `name` is a temp file of [`crate::state::atomic`]: `.` + the
-/// target's name + `.` + tempfile's random part + `.tmp`, e.g.
-/// `.report.json.a1B2c3.tmp`.
+/// Whether `name` is a temp file of [`crate::state::atomic`]:
+/// `.as-XXXXXXXXXXXX.tmp`, or, from earlier versions, `.` + the target's
+/// name + `.` + a random part + `.tmp`, e.g. `.report.json.a1B2c3.tmp`.
 pub fn is_atomic_temp_name(name: &str) -> bool {
+    // Today's short fixed-length names (`.as-XXXXXXXXXXXX.tmp`).
+    if crate::fsx::is_temp_name(name) {
+        return true;
+    }
+    // Those of earlier versions.
     let Some(inner) = name.strip_prefix('.').and_then(|n| n.strip_suffix(".tmp")) else {
         return false;
     };

@@ -1,20 +1,24 @@
 //! The one writer of state files: atomic and durable replacement.
 //!
 //! write a temp file in the same directory → fsync it → set its mode →
-//! rename it over the target → fsync the directory. A reader sees the old
+//! rename it over the target → fsync the directory, all through a handle on
+//! the directory opened without following links ([`crate::fsx`]), with a
+//! short fixed-length temp name (`.as-XXXXXXXXXXXX.tmp`) whatever the
+//! target's name. A reader sees the old
 //! file or the new one, never a mix, and after a crash the rename is either
 //! there or not. Nothing else in the crate writes a JSON state file.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
-use std::path::Path;
+use std::ffi::OsString;
+use std::io::{self, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::error::{Error, IoContext, Result};
+use crate::fsx;
 
 /// Frees disk space when a write fails with `ENOSPC` (the daemon installs
 /// one that prunes what retention allows); returns the bytes freed.
@@ -53,58 +57,90 @@ pub fn retrying<T>(mut op: impl FnMut() -> Result<T>) -> Result<T> {
 
 /// Replace `path` with `bytes`, atomically and durably, with file mode `mode`.
 pub fn write_file(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
-    retrying(|| write_file_once(path, bytes, mode))
+    retrying(|| durable_temp(path, bytes, mode)?.commit())
 }
 
-fn write_file_once(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
-    let tmp = durable_temp(path, bytes, mode)?;
-    tmp.persist(path)
-        .map_err(|e| Error::io("renaming a temp file over", path, e.error))?;
-    sync_dir(parent(path))
+/// A temp file beside `path` (same directory, so the rename is atomic): its
+/// directory handle (opened without following links), its short fixed-length
+/// name, and the target. Removed on drop unless renamed into place.
+struct Temp {
+    dir: OwnedFd,
+    name: Option<OsString>,
+    target: PathBuf,
+}
+
+impl Temp {
+    fn dir_path(&self) -> &Path {
+        parent(&self.target)
+    }
+
+    /// Rename over the target (`replace`) or only if nothing is there
+    /// (`Ok(false)` if something is).
+    fn rename(&mut self, replace: bool) -> Result<bool> {
+        let name = self.name.take().expect("a temp is renamed once");
+        let target = self.target.file_name().unwrap_or_default();
+        match fsx::rename_at(self.dir.as_fd(), &name, self.dir.as_fd(), target, replace) {
+            Ok(()) => Ok(true),
+            Err(e) => {
+                fsx::discard_at(self.dir.as_fd(), &name);
+                if !replace && e.kind() == io::ErrorKind::AlreadyExists {
+                    Ok(false)
+                } else {
+                    Err(Error::io("renaming a temp file over", &self.target, e))
+                }
+            }
+        }
+    }
+
+    /// Rename over the target and fsync the directory.
+    fn commit(mut self) -> Result<()> {
+        self.rename(true)?;
+        fsx::sync_fd(&self.dir, self.dir_path())
+    }
+}
+
+impl Drop for Temp {
+    fn drop(&mut self) {
+        if let Some(name) = self.name.take() {
+            fsx::discard_at(self.dir.as_fd(), &name);
+        }
+    }
 }
 
 /// A temp file beside `path` holding `bytes` with `mode`, already fsynced:
 /// what is left is to rename it into place.
-fn durable_temp(path: &Path, bytes: &[u8], mode: u32) -> Result<tempfile::NamedTempFile> {
-    let tmp = filled_temp(path, bytes, mode)?;
-    tmp.as_file().sync_all().at("syncing", tmp.path())?;
-    Ok(tmp)
+fn durable_temp(path: &Path, bytes: &[u8], mode: u32) -> Result<Temp> {
+    filled_temp(path, bytes, mode, true)
 }
 
-/// A temp file beside `path` (same directory, so the rename is atomic)
-/// holding `bytes` with `mode`, not yet synced.
-fn filled_temp(path: &Path, bytes: &[u8], mode: u32) -> Result<tempfile::NamedTempFile> {
-    let dir = parent(path);
-    let file_name = path.file_name().unwrap_or_default().to_string_lossy();
-    let mut tmp = tempfile::Builder::new()
-        .prefix(&format!(".{file_name}."))
-        .suffix(".tmp")
-        .tempfile_in(dir)
-        .at("creating a temp file in", dir)?;
-    tmp.write_all(bytes).at("writing", tmp.path())?;
-    tmp.as_file()
-        .set_permissions(fs::Permissions::from_mode(mode))
-        .at("setting the mode of", tmp.path())?;
-    Ok(tmp)
+/// A temp file beside `path` holding `bytes` with `mode`, fsynced if `sync`.
+fn filled_temp(path: &Path, bytes: &[u8], mode: u32, sync: bool) -> Result<Temp> {
+    let dir_path = parent(path);
+    let dir = fsx::dir(dir_path)?;
+    let (mut file, name) = fsx::create_temp(dir.as_fd(), dir_path, mode)?;
+    let tmp_path = dir_path.join(&name);
+    let temp = Temp {
+        dir,
+        name: Some(name),
+        target: path.to_path_buf(),
+    };
+    file.write_all(bytes).at("writing", &tmp_path)?;
+    if sync {
+        file.sync_all().at("syncing", &tmp_path)?;
+    }
+    Ok(temp)
 }
 
 /// A replacement written and fsynced but not yet renamed into place: the
 /// bytes are on disk before anything that depends on them (the journal
 /// line) is written, so a full disk fails the whole change, not half of it.
 /// Dropped without [`Staged::commit`], it is removed and `path` unchanged.
-pub struct Staged {
-    tmp: tempfile::NamedTempFile,
-    path: std::path::PathBuf,
-}
+pub struct Staged(Temp);
 
 impl Staged {
     /// Rename into place and fsync the directory.
     pub fn commit(self) -> Result<()> {
-        let path = self.path;
-        self.tmp
-            .persist(&path)
-            .map_err(|e| Error::io("renaming a temp file over", &path, e.error))?;
-        sync_dir(parent(&path))
+        self.0.commit()
     }
 }
 
@@ -113,11 +149,7 @@ pub fn stage_json<T: Serialize>(path: &Path, value: &T) -> Result<Staged> {
     let mut bytes = serde_json::to_vec_pretty(value)
         .map_err(|e| Error::Data(format!("cannot serialize {}: {e}", path.display())))?;
     bytes.push(b'\n');
-    let tmp = retrying(|| durable_temp(path, &bytes, super::STATE_FILE_MODE))?;
-    Ok(Staged {
-        tmp,
-        path: path.to_path_buf(),
-    })
+    retrying(|| durable_temp(path, &bytes, super::STATE_FILE_MODE)).map(Staged)
 }
 
 /// Serialize `value` as pretty JSON (plus a final newline) and replace `path`.
@@ -141,21 +173,29 @@ pub fn write_json_unsynced<T: Serialize>(path: &Path, value: &T) -> Result<()> {
 /// [`write_json_unsynced`] for bytes: atomic replacement, no fsync.
 pub fn write_file_unsynced(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
     retrying(|| {
-        filled_temp(path, bytes, mode)?
-            .persist(path)
-            .map_err(|e| Error::io("renaming a temp file over", path, e.error))?;
-        Ok(())
+        filled_temp(path, bytes, mode, false)?
+            .rename(true)
+            .map(drop)
     })
 }
 
 /// Read a JSON state file. `Ok(None)` if it does not exist; a
-/// [`Error::Corrupt`] naming the file if it does not parse.
+/// [`Error::Corrupt`] naming the file if it does not parse; an
+/// [`Error::Unsafe`] if it is a link, a FIFO or a directory.
 pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>> {
-    let bytes = match fs::read(path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(Error::io("reading", path, e)),
+    let Some(bytes) = fsx::read_limited(path, MAX_STATE_FILE)? else {
+        return Ok(None);
     };
+    let (bytes, more) = bytes;
+    if more {
+        return Err(Error::Corrupt {
+            path: path.to_path_buf(),
+            reason: format!(
+                "it is over {} MiB, larger than any state file",
+                MAX_STATE_FILE >> 20
+            ),
+        });
+    }
     serde_json::from_slice(&bytes)
         .map(Some)
         .map_err(|e| Error::Corrupt {
@@ -164,35 +204,33 @@ pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>> {
         })
 }
 
-/// Create `path` with `bytes` only if it does not exist yet (O_EXCL), durably.
+/// The largest JSON state file read: far above any real one (tasks.json
+/// with thousands of tasks is a few MiB), so a huge file planted in the
+/// place of one is not read into memory.
+pub const MAX_STATE_FILE: u64 = 64 << 20;
+
+/// Create `path` with `bytes` only if it does not exist yet, durably.
 /// Returns whether it was created.
 pub fn create_new(path: &Path, bytes: &[u8], mode: u32) -> Result<bool> {
     // Already there (every start after the first): nothing to write or sync.
-    if fs::symlink_metadata(path).is_ok() {
+    if fsx::metadata(path)?.is_some() {
         return Ok(false);
     }
     // Written under a temp name and linked into place, so a crash never
     // leaves a half-written file under the real name.
-    let tmp = durable_temp(path, bytes, mode)?;
-    match tmp.persist_noclobber(path) {
-        Ok(_) => {
-            sync_dir(parent(path))?;
-            Ok(true)
-        }
-        Err(e) if e.error.kind() == io::ErrorKind::AlreadyExists => Ok(false),
-        Err(e) => Err(Error::io("creating", path, e.error)),
+    let mut tmp = durable_temp(path, bytes, mode)?;
+    if tmp.rename(false)? {
+        fsx::sync_fd(&tmp.dir, tmp.dir_path())?;
+        Ok(true)
+    } else {
+        Ok(false)
     }
 }
 
-/// Rename `from` to `to` and make both directory entries durable.
+/// Rename `from` to `to` (neither followed through a link) and make both
+/// directory entries durable.
 pub fn rename(from: &Path, to: &Path) -> Result<()> {
-    fs::rename(from, to).map_err(|e| {
-        Error::io(
-            "renaming",
-            from,
-            io::Error::new(e.kind(), format!("to {}: {e}", to.display())),
-        )
-    })?;
+    fsx::rename(from, to, true)?;
     sync_dir(parent(to))?;
     if parent(from) != parent(to) {
         sync_dir(parent(from))?;
@@ -200,44 +238,39 @@ pub fn rename(from: &Path, to: &Path) -> Result<()> {
     Ok(())
 }
 
-pub fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .at("syncing directory", dir)
+/// [`rename`], but an existing `to` is left alone and reported as
+/// `Ok(false)`.
+pub fn rename_new(from: &Path, to: &Path) -> Result<bool> {
+    match fsx::rename(from, to, false) {
+        Ok(()) => {}
+        Err(Error::Io { source, .. }) if source.kind() == io::ErrorKind::AlreadyExists => {
+            return Ok(false);
+        }
+        Err(e) => return Err(e),
+    }
+    sync_dir(parent(to))?;
+    if parent(from) != parent(to) {
+        sync_dir(parent(from))?;
+    }
+    Ok(true)
 }
 
-/// `mkdir -p` with a mode for the directories it creates.
+pub fn sync_dir(dir: &Path) -> Result<()> {
+    fsx::sync_dir(dir)
+}
+
+/// `mkdir -p` with a mode for the directories it creates (exactly that mode,
+/// whatever the umask: inbox directories must be group-writable whoever
+/// created them). Never through a link.
 pub fn create_dir(path: &Path, mode: u32) -> Result<bool> {
-    if path.is_dir() {
-        return Ok(false);
-    }
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(mode)
-        .create(path)
-        .at("creating directory", path)?;
-    // The umask narrows the mode given to mkdir; inbox directories must be
-    // group-writable whatever the umask of whoever created them.
-    fs::set_permissions(path, fs::Permissions::from_mode(mode)).at("setting the mode of", path)?;
-    Ok(true)
+    fsx::create_dir_all(path, mode)
 }
 
 /// Read at most `limit` bytes of a file without following a symlink and
 /// without blocking on a FIFO. Returns the bytes and whether there was more.
-pub fn read_limited(path: &Path, limit: u64) -> io::Result<(Vec<u8>, bool)> {
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc_flags())
-        .open(path)?;
-    let mut buf = Vec::new();
-    file.take(limit + 1).read_to_end(&mut buf)?;
-    let more = buf.len() as u64 > limit;
-    buf.truncate(limit as usize);
-    Ok((buf, more))
-}
-
-fn libc_flags() -> i32 {
-    (nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK).bits()
+pub fn read_limited(path: &Path, limit: u64) -> Result<(Vec<u8>, bool)> {
+    fsx::read_limited(path, limit)?
+        .ok_or_else(|| Error::io("reading", path, io::Error::from(io::ErrorKind::NotFound)))
 }
 
 fn parent(path: &Path) -> &Path {
