@@ -61,7 +61,7 @@ pub fn lock_root(root: &StateRoot) -> Result<DaemonLock> {
 /// Is a daemon running on this root (is its lock held)?
 pub fn daemon_running(root: &StateRoot) -> bool {
     let path = root.daemon_dir().join("lock");
-    let Ok(file) = File::open(&path) else {
+    let Ok(file) = open_lock_file(&path, 0o640) else {
         return false;
     };
     match Flock::lock(file, FlockArg::LockSharedNonblock) {
@@ -93,8 +93,7 @@ pub fn next_instance(
     atomic::create_dir(&dir, 0o750)?;
     let lock_path = dir.join("counters.lock");
     let file = open_lock_file(&lock_path, 0o640)?;
-    let _lock = Flock::lock(file, FlockArg::LockExclusive)
-        .map_err(|(_, e)| Error::io("locking", &lock_path, e.into()))?;
+    let _lock = crate::state::lock::flock_bounded(file, &lock_path)?;
     let path = dir.join("counters.json");
     let mut counters = match atomic::read_json::<Counters>(&path) {
         Ok(c) => c.unwrap_or_default(),

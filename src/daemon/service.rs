@@ -154,11 +154,17 @@ struct Daemon {
 
 /// Run the daemon until SIGTERM/SIGINT. Returns once every session has
 /// ended and every file is consistent.
+/// How long work deferred by a busy agent lock waits before it is tried again.
+const LOCK_RETRY: Duration = Duration::from_secs(2);
+
 pub async fn run(config_path: &Path) -> Result<()> {
     let config = Config::load(config_path)?;
     let root = StateRoot::new(&config.state_root);
     bootstrap::root(&root)?;
     let _lock = files::lock_root(&root)?;
+    // The loop never waits long for an agent's lock: anyone who can read
+    // `.lock` can hold it. Work that cannot have it is deferred.
+    crate::state::lock::set_wait(crate::state::lock::DAEMON_WAIT);
     let clock = Clock::from_env();
     let (tx, mut rx) = mpsc::unbounded_channel::<LoopEvent>();
     let (watch_tx, mut watch_rx) = mpsc::unbounded_channel::<WatchEvent>();
@@ -771,6 +777,14 @@ impl Daemon {
                     normal: r.normal,
                 })
             }
+            Err(e @ Error::LockBusy { .. }) => {
+                // Looked at again shortly; every other agent is served.
+                tracing::warn!(agent = %agent, error_code = "LOCK_BUSY", "inbox scan deferred by {}s: {e}", LOCK_RETRY.as_secs());
+                let at =
+                    self.clock.now() + chrono::Duration::from_std(LOCK_RETRY).unwrap_or_default();
+                self.settle_at.insert(agent.clone(), at);
+                None
+            }
             Err(e) => {
                 self.raise(
                     ErrorRecord::new(e.code(), format!("{agent}: cannot scan the inbox"))
@@ -913,17 +927,7 @@ impl Daemon {
             self.finish_orphan(&cfg, &s.session_id, now);
             if matches!(self.dir(agent).read::<Session>(), Ok(Some(s)) if s.is_running()) {
                 tracing::warn!(agent = %agent, "{} wake deferred: the end of session {} is not recorded yet", reason.as_str(), s.session_id);
-                self.core
-                    .session_ended(agent, InboxSummary::default(), self.clock.now());
-                self.core
-                    .request(agent, reason, Priority::Normal, self.clock.now());
-                if let Some(slot) = self.core.agents.get_mut(agent) {
-                    slot.backoff_until = Some(
-                        self.clock.now()
-                            + chrono::Duration::from_std(self.config.health.interval)
-                                .unwrap_or_default(),
-                    );
-                }
+                self.defer_wake(agent, reason, self.config.health.interval);
                 return;
             }
         }
@@ -941,6 +945,13 @@ impl Daemon {
                 );
                 self.core
                     .session_ended(agent, InboxSummary::default(), self.clock.now());
+                return;
+            }
+            Err(e @ Error::LockBusy { .. }) => {
+                // Somebody holds the agent's lock: try again shortly, not
+                // a failure of the agent.
+                tracing::warn!(agent = %agent, error_code = "LOCK_BUSY", "{} wake deferred by {}s: {e}", reason.as_str(), LOCK_RETRY.as_secs());
+                self.defer_wake(agent, reason, LOCK_RETRY);
                 return;
             }
             Err(e) => {
@@ -1033,6 +1044,16 @@ impl Daemon {
                 output: Box::new(output),
             });
         });
+    }
+
+    /// Put a wake that cannot be served now back, to be tried after `delay`.
+    fn defer_wake(&mut self, agent: &AgentName, reason: WakeReason, delay: Duration) {
+        let now = self.clock.now();
+        self.core.session_ended(agent, InboxSummary::default(), now);
+        self.core.request(agent, reason, Priority::Normal, now);
+        if let Some(slot) = self.core.agents.get_mut(agent) {
+            slot.backoff_until = Some(now + chrono::Duration::from_std(delay).unwrap_or_default());
+        }
     }
 
     fn session_done(&mut self, agent: AgentName, mut report: RunReport, output: OutputSummary) {

@@ -2,51 +2,92 @@
 //! read-modify-write of the agent's files by the CLI and the daemon alike.
 //!
 //! flock is released by the kernel when the holder dies, so a killed hook can
-//! never leave an agent locked.
+//! never leave an agent locked. But anyone who can open the file can hold it
+//! (the inbox group can read it), so nobody waits for it without a bound:
+//! the daemon waits [`DAEMON_WAIT`] and defers that agent's work (its loop
+//! serves every other agent meanwhile), a command waits [`CLI_WAIT`] and then
+//! fails with [`Error::LockBusy`], naming the file and how to find the holder.
+//! The file is opened without following a link and must be a regular file
+//! (a FIFO in its place would block the opener forever).
 
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::fs::File;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
+use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
 
 use super::AgentDir;
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, Result};
+
+/// How long a command waits for a lock before giving up: far longer than
+/// any state change holds it (milliseconds), short enough that a script is
+/// not hung by somebody holding it.
+pub const CLI_WAIT: Duration = Duration::from_secs(10);
+/// How long the daemon's loop waits before deferring that agent's work.
+pub const DAEMON_WAIT: Duration = Duration::from_millis(100);
+
+static WAIT_MS: AtomicU64 = AtomicU64::new(CLI_WAIT.as_millis() as u64);
+
+/// Set how long this process waits for any lock (the daemon sets
+/// [`DAEMON_WAIT`] at start).
+pub fn set_wait(wait: Duration) {
+    WAIT_MS.store(wait.as_millis() as u64, Ordering::Relaxed);
+}
+
+fn wait() -> Duration {
+    Duration::from_millis(WAIT_MS.load(Ordering::Relaxed))
+}
 
 /// Held while alive; dropping it releases the lock.
 pub struct AgentLock {
     _lock: Flock<File>,
 }
 
-/// Open (creating it with `mode` if needed) a file that exists to be
-/// flocked; its content is never written.
+/// Open (creating it with `mode` if needed) a regular file that exists to be
+/// flocked; never through a link, never a FIFO; its content is never written.
 pub fn open_lock_file(path: &Path, mode: u32) -> Result<File> {
     // flock needs no write access, and a lock file held open for writing
-    // would keep its file system from being remounted read-only: open it
-    // for reading, creating it first if it is missing.
-    match OpenOptions::new().read(true).open(path) {
-        Ok(file) => return Ok(file),
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            return Err(crate::error::Error::io("opening lock file", path, e));
-        }
-        Err(_) => {}
-    }
-    drop(
-        OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(mode)
-            .open(path)
-            .at("creating lock file", path)?,
-    );
-    OpenOptions::new()
-        .read(true)
-        .open(path)
-        .at("opening lock file", path)
+    // would keep its file system from being remounted read-only.
+    crate::fsx::open_lock(path, mode)
 }
 
-/// Block until `agent`'s lock is ours.
+/// Take an exclusive flock on `file`, trying for at most this process's
+/// wait bound (polling with a growing pause: flock has no timeout).
+pub fn flock_bounded(file: File, path: &Path) -> Result<Flock<File>> {
+    flock_within(file, path, wait())
+}
+
+/// [`flock_bounded`] with an explicit bound.
+pub fn flock_within(mut file: File, path: &Path, bound: Duration) -> Result<Flock<File>> {
+    let started = Instant::now();
+    let mut pause = Duration::from_millis(1);
+    loop {
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => return Ok(lock),
+            Err((f, Errno::EWOULDBLOCK)) => {
+                let waited = started.elapsed();
+                if waited >= bound {
+                    return Err(Error::LockBusy {
+                        path: path.to_path_buf(),
+                        waited_ms: waited.as_millis() as u64,
+                    });
+                }
+                std::thread::sleep(pause.min(bound - waited));
+                pause = (pause * 2).min(Duration::from_millis(50));
+                file = f;
+            }
+            Err((_, Errno::EINTR)) => {
+                return Err(Error::io("locking", path, Errno::EINTR.into()));
+            }
+            Err((_, errno)) => return Err(Error::io("locking", path, errno.into())),
+        }
+    }
+}
+
+/// Take `agent`'s lock, waiting at most this process's bound.
 pub fn lock(agent: &AgentDir) -> Result<AgentLock> {
     let path = agent.lock_file();
     let file = open_lock_file(&path, 0o660)?;
@@ -58,7 +99,32 @@ pub fn lock(agent: &AgentDir) -> Result<AgentLock> {
     {
         let _ = file.set_permissions(std::fs::Permissions::from_mode(0o660));
     }
-    let lock = Flock::lock(file, FlockArg::LockExclusive)
-        .map_err(|(_, errno)| Error::io("locking", &path, errno.into()))?;
-    Ok(AgentLock { _lock: lock })
+    Ok(AgentLock {
+        _lock: flock_bounded(file, &path)?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_held_lock_is_given_up_after_the_bound() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join(".lock");
+        let held = flock_within(open_lock_file(&path, 0o660).unwrap(), &path, CLI_WAIT).unwrap();
+        let t0 = Instant::now();
+        let Err(e) = flock_within(
+            open_lock_file(&path, 0o660).unwrap(),
+            &path,
+            Duration::from_millis(30),
+        ) else {
+            panic!("a held lock was taken");
+        };
+        assert!(matches!(e, Error::LockBusy { .. }), "{e}");
+        assert!(e.to_string().contains("fuser -v"), "{e}");
+        assert!(t0.elapsed() >= Duration::from_millis(30));
+        drop(held);
+        flock_within(open_lock_file(&path, 0o660).unwrap(), &path, CLI_WAIT).unwrap();
+    }
 }

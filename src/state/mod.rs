@@ -39,8 +39,12 @@ pub struct StateRoot {
 }
 
 impl StateRoot {
+    /// The root at `path`, resolved once ([`crate::fsx::trusted`]): the
+    /// operator's path may pass through links; nothing below it may.
     pub fn new(path: impl Into<PathBuf>) -> Self {
-        StateRoot { path: path.into() }
+        StateRoot {
+            path: crate::fsx::trusted(&path.into()),
+        }
     }
 
     pub fn agent(&self, name: &AgentName) -> AgentDir {
