@@ -6,8 +6,6 @@
 //! recorded as interrupted and their messages returned; malformed inbox files
 //! go to `rejected/`; missing directories and files are re-created.
 
-use std::fs;
-
 use serde::Serialize;
 
 use crate::clock::Timestamp;
@@ -52,7 +50,7 @@ impl CheckReport {
 pub fn check(config: &Config, repair: bool, now: Timestamp) -> Result<CheckReport> {
     let root = StateRoot::new(&config.state_root);
     let mut report = CheckReport::default();
-    if !root.path.is_dir() {
+    if !crate::fsx::is_dir(&root.path) {
         report.findings.push(Finding {
             agent: "-".into(),
             file: root.path.display().to_string(),
@@ -75,11 +73,11 @@ pub fn check(config: &Config, repair: bool, now: Timestamp) -> Result<CheckRepor
         report.findings.extend(found);
     }
     // Directories that look like agents but are not configured.
-    if let Ok(entries) = fs::read_dir(&root.path) {
+    if let Ok(entries) = crate::fsx::list(&root.path) {
         let mut extra: Vec<String> = entries
-            .filter_map(|e| e.ok())
-            .filter(|e| e.path().is_dir())
-            .filter_map(|e| e.file_name().into_string().ok())
+            .into_iter()
+            .filter(|n| crate::fsx::is_dir(&root.path.join(n)))
+            .filter_map(|n| n.into_string().ok())
             .filter(|n| !n.starts_with('.') && !config.agents.iter().any(|a| a.name.as_str() == n))
             .collect();
         extra.sort();
@@ -114,7 +112,7 @@ fn check_agent(
     notes: &mut Vec<String>,
     now: Timestamp,
 ) -> Result<()> {
-    if !dir.path.is_dir() {
+    if !crate::fsx::exists(&dir.path) {
         finding(
             found,
             dir,
@@ -123,19 +121,57 @@ fn check_agent(
         );
         return Ok(());
     }
-    for d in dir.directories() {
-        if !d.is_dir() {
-            let rel = d
-                .strip_prefix(&dir.path)
-                .unwrap_or(&d)
-                .display()
-                .to_string();
-            finding(found, dir, rel + "/", "missing directory");
+    // Anything that is not what it should be (a link, a FIFO, a file for a
+    // directory or the reverse) is never followed or opened; --repair sets it
+    // aside and recreates what belongs there.
+    let mut unsafe_paths = Vec::new();
+    for (path, want_dir) in expected_entries(dir) {
+        let rel = match path.strip_prefix(&dir.path) {
+            Ok(r) if r.as_os_str().is_empty() => ".".to_string(),
+            Ok(r) => r.display().to_string(),
+            Err(_) => path.display().to_string(),
+        };
+        match crate::fsx::metadata(&path) {
+            Ok(Some(st)) => {
+                let is_dir = crate::fsx::file_type(&st) == nix::sys::stat::SFlag::S_IFDIR;
+                let is_file = crate::fsx::file_type(&st) == nix::sys::stat::SFlag::S_IFREG;
+                if (want_dir && !is_dir) || (!want_dir && !is_file) {
+                    let want = if want_dir {
+                        "a directory"
+                    } else {
+                        "a regular file"
+                    };
+                    let rel = if want_dir && rel != "." {
+                        rel + "/"
+                    } else {
+                        rel
+                    };
+                    finding(
+                        found,
+                        dir,
+                        rel,
+                        format!(
+                            "{UNSAFE_PROBLEM}is {}, not {want} (never followed or opened)",
+                            crate::fsx::describe_stat(&st)
+                        ),
+                    );
+                    unsafe_paths.push(path);
+                }
+            }
+            Ok(None) if want_dir => finding(found, dir, rel + "/", "missing directory"),
+            Ok(None) => {}
+            Err(e) => finding(found, dir, rel, format!("{UNSAFE_PROBLEM}{e}")),
         }
+    }
+    if unsafe_paths.contains(&dir.path) {
+        return Ok(());
     }
     if kind == AgentKind::Agent {
         for k in StateFileKind::ALL {
             let path = dir.file(k.file_name());
+            if unsafe_paths.contains(&path) {
+                continue;
+            }
             let problem = match k {
                 StateFileKind::Report => parse_problem::<crate::state::report::Report>(&path),
                 StateFileKind::Tasks => parse_problem::<crate::state::tasks::TaskFile>(&path),
@@ -144,15 +180,18 @@ fn check_agent(
             };
             match problem {
                 Some(p) => finding(found, dir, k.file_name(), format!("corrupt: {p}")),
-                None if !path.exists() && k != StateFileKind::Session => {
+                None if !crate::fsx::exists(&path) && k != StateFileKind::Session => {
                     finding(found, dir, k.file_name(), "missing")
                 }
                 None => {}
             }
         }
-        if !dir.memory().exists() {
+        if !crate::fsx::exists(&dir.memory()) {
             finding(found, dir, "memory.md", "missing");
         }
+    }
+    if unsafe_paths.contains(&dir.journal()) {
+        return Ok(());
     }
     let scan = journal::read(&dir.journal())?;
     for t in &scan.torn {
@@ -219,21 +258,24 @@ fn check_agent(
         dir.sessions_dir(),
         dir.inbox_tmp(),
     ] {
-        let Ok(entries) = fs::read_dir(&sub) else {
+        let Ok(entries) = crate::fsx::list(&sub) else {
             continue;
         };
-        for entry in entries.flatten() {
-            let name = entry.file_name().to_string_lossy().to_string();
+        for name in entries {
+            let path = sub.join(&name);
+            let name = name.to_string_lossy().to_string();
             let in_tmp = sub == dir.inbox_tmp();
-            let old = entry
-                .metadata()
+            let old = crate::fsx::metadata(&path)
                 .ok()
-                .filter(|m| m.is_file())
-                .and_then(|m| m.modified().ok())
+                .flatten()
+                .filter(|st| crate::fsx::file_type(st) == nix::sys::stat::SFlag::S_IFREG)
+                .map(|st| {
+                    std::time::SystemTime::UNIX_EPOCH
+                        + std::time::Duration::from_secs(st.st_mtime.max(0) as u64)
+                })
                 .is_some_and(|t| t < cutoff);
             if old && (in_tmp || health::is_atomic_temp_name(&name)) {
-                let rel = entry
-                    .path()
+                let rel = path
                     .strip_prefix(&dir.path)
                     .map(|p| p.display().to_string())
                     .unwrap_or(name);
@@ -243,6 +285,26 @@ fn check_agent(
     }
     let _ = config;
     Ok(())
+}
+
+/// The start of the problem of a path that is not what it should be.
+const UNSAFE_PROBLEM: &str = "unsafe: ";
+
+/// Every directory and file an agent has, and whether it is a directory.
+fn expected_entries(dir: &AgentDir) -> Vec<(std::path::PathBuf, bool)> {
+    let mut out: Vec<_> = dir.directories().into_iter().map(|d| (d, true)).collect();
+    for f in [
+        dir.report(),
+        dir.tasks(),
+        dir.session(),
+        dir.metrics(),
+        dir.memory(),
+        dir.journal(),
+        dir.lock_file(),
+    ] {
+        out.push((f, false));
+    }
+    out
 }
 
 const TEMP_PROBLEM: &str =
@@ -263,15 +325,35 @@ fn repair_agent(
     now: Timestamp,
 ) -> Result<()> {
     let agent = config.agent(&dir.name)?;
-    let needs_bootstrap = found
-        .iter()
-        .any(|f| f.problem == "missing" || f.problem == "missing directory" || f.file == ".");
+    // What is not what it should be is set aside first (renamed, never
+    // followed: a link is moved, its target untouched), then recreated.
+    for f in found
+        .iter_mut()
+        .filter(|f| f.problem.starts_with(UNSAFE_PROBLEM))
+    {
+        let path = match f.file.trim_end_matches('/') {
+            "." => dir.path.clone(),
+            rel => dir.path.join(rel),
+        };
+        let aside = crate::state::set_aside_name(&path, "unsafe", &now.compact());
+        crate::fsx::rename(&path, &aside, false)?;
+        f.repaired = Some(format!(
+            "set aside as {}",
+            aside.file_name().unwrap_or_default().to_string_lossy()
+        ));
+    }
+    let needs_bootstrap = found.iter().any(|f| {
+        f.problem == "missing"
+            || f.problem == "missing directory"
+            || f.file == "."
+            || f.problem.starts_with(UNSAFE_PROBLEM)
+    });
     if needs_bootstrap {
         bootstrap::root(&StateRoot::new(&config.state_root))?;
         let created = bootstrap::agent(agent, dir, now)?;
         for f in found
             .iter_mut()
-            .filter(|f| f.problem.starts_with("missing") || f.file == ".")
+            .filter(|f| (f.problem.starts_with("missing") || f.file == ".") && f.repaired.is_none())
         {
             f.repaired = Some(format!("created ({} item(s) in all)", created.len()));
         }
@@ -343,7 +425,7 @@ fn repair_agent(
     {
         let lock = dir.lock()?;
         let path = dir.path.join(&f.file);
-        if path.exists() || fs::symlink_metadata(&path).is_ok() {
+        if crate::fsx::exists(&path) {
             let reason = f
                 .problem
                 .trim_start_matches("malformed message: ")
@@ -364,7 +446,7 @@ fn repair_agent(
 fn set_torn_lines_aside(dir: &AgentDir, now: Timestamp) -> Result<String> {
     let lock = dir.lock()?;
     let path = dir.journal();
-    let bytes = fs::read(&path).map_err(|e| crate::error::Error::io("reading", &path, e))?;
+    let bytes = crate::fsx::read(&path)?.unwrap_or_default();
     let mut kept = Vec::with_capacity(bytes.len());
     let mut torn = Vec::new();
     for line in bytes.split_inclusive(|b| *b == b'\n') {

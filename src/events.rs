@@ -35,9 +35,9 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::fmt;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, Utc};
@@ -425,23 +425,18 @@ impl Reader {
         if let Some(a) = &self.agent {
             out.push(SourceId::Agent(a.clone()));
         } else {
-            let entries = match std::fs::read_dir(&self.root.path) {
-                Ok(e) => e,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                    return Err(Error::NotFound(format!(
-                        "the state root {} does not exist; run `agent-state bootstrap` first",
-                        self.root.path.display()
-                    )));
-                }
-                Err(e) => return Err(Error::io("listing", &self.root.path, e)),
-            };
-            for entry in entries {
-                let entry = entry.map_err(|e| Error::io("listing", &self.root.path, e))?;
-                let Some(name) = entry.file_name().to_str().map(str::to_string) else {
+            if !crate::fsx::exists(&self.root.path) {
+                return Err(Error::NotFound(format!(
+                    "the state root {} does not exist; run `agent-state bootstrap` first",
+                    self.root.path.display()
+                )));
+            }
+            for name in crate::fsx::list(&self.root.path)? {
+                let Some(name) = name.to_str().map(str::to_string) else {
                     continue;
                 };
                 if let Ok(agent) = AgentName::parse(&name)
-                    && entry.path().is_dir()
+                    && crate::fsx::is_dir(&self.root.path.join(&name))
                 {
                     out.push(SourceId::Agent(agent));
                 }
@@ -570,20 +565,17 @@ fn read_source(
     from: u64,
     keep: &dyn Fn(&Value) -> bool,
 ) -> io::Result<SourceRead> {
-    let file = match OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY)
-        .open(path)
-    {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+    // Never through a link, never blocking on a FIFO (crate::fsx).
+    let file = match crate::fsx::open_read(path) {
+        Ok(Some(f)) => f,
+        Ok(None) => {
             return Ok(SourceRead {
                 base: from,
                 end: from,
                 ..SourceRead::default()
             });
         }
-        Err(e) => return Err(e),
+        Err(e) => return Err(io::Error::other(e.to_string())),
     };
     let meta = file.metadata()?;
     if !meta.is_file() {

@@ -246,9 +246,10 @@ pub fn read_limited(path: &Path, limit: u64) -> Result<Option<(Vec<u8>, bool)>> 
     Ok(Some((buf, more)))
 }
 
-/// Open a regular file for appending, creating it with `mode` if missing.
+/// Open a regular file for appending (and reading), creating it with `mode`
+/// if missing.
 pub fn open_append(path: &Path, mode: u32) -> Result<File> {
-    let flags = OFlag::O_WRONLY | OFlag::O_APPEND | OFlag::O_CREAT | OFlag::O_NONBLOCK;
+    let flags = OFlag::O_RDWR | OFlag::O_APPEND | OFlag::O_CREAT | OFlag::O_NONBLOCK;
     match open_raw(path, flags, Mode::from_bits_truncate(mode)) {
         Ok(fd) => regular(path, fd),
         Err(e) => Err(open_error("opening for append", path, e, Kind::File)),

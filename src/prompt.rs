@@ -68,13 +68,12 @@
 //! writing an identity, the identity section is simply absent.
 
 use std::collections::VecDeque;
-use std::fs;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
 use crate::clock::Timestamp;
 use crate::config::{AgentConfig, Config};
-use crate::error::{Error, IoContext, Result};
+use crate::error::Result;
 use crate::inbox::{self, Message, Priority, Verdict};
 use crate::state::journal::{self, Event};
 use crate::state::report::Lifecycle;
@@ -818,16 +817,13 @@ fn last_handoff(agent: &AgentDir, session: &Session) -> Result<Option<Handoff>> 
 // ---- helpers ----------------------------------------------------------------
 
 fn markdown_files(dir: &Path) -> Result<Vec<PathBuf>> {
-    let entries = match fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(Error::io("listing", dir, e)),
-    };
     let mut files = Vec::new();
-    for entry in entries {
-        let path = entry.at("listing", dir)?.path();
+    for name in crate::fsx::list(dir)? {
+        let path = dir.join(&name);
         let name = display_name(&path);
-        if name.ends_with(".md") && !name.starts_with('.') && path.is_file() {
+        let regular = matches!(crate::fsx::metadata(&path), Ok(Some(st))
+            if crate::fsx::file_type(&st) == nix::sys::stat::SFlag::S_IFREG);
+        if name.ends_with(".md") && !name.starts_with('.') && regular {
             files.push(path);
         }
     }
@@ -842,13 +838,15 @@ fn display_name(path: &Path) -> String {
         .to_string()
 }
 
+/// Read a prompt source (never through a link, never a FIFO), at most
+/// [`MAX_SOURCE`] bytes of it: the budget cuts what is larger anyway.
 fn read_optional(path: &Path) -> Result<Option<String>> {
-    match fs::read(path) {
-        Ok(bytes) => Ok(Some(String::from_utf8_lossy(&bytes).into_owned())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(Error::io("reading", path, e)),
-    }
+    Ok(crate::fsx::read_limited(path, MAX_SOURCE)?
+        .map(|(bytes, _)| String::from_utf8_lossy(&bytes).into_owned()))
 }
+
+/// The most read of any one prompt source (memory, a rule, a skill).
+const MAX_SOURCE: u64 = 16 << 20;
 
 /// `heading`, a blank line, `text` without its trailing blank lines, a blank line.
 fn text_section(heading: &str, text: &str) -> String {
@@ -914,6 +912,7 @@ mod tests {
     use super::*;
     use crate::agent_name::AgentName;
     use crate::state::journal::{Entry, SessionEnd, SessionFailed};
+    use std::fs;
 
     struct Fixture {
         _tmp: tempfile::TempDir,

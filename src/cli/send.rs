@@ -112,7 +112,7 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
     // write it.
     if let Ok(sender) = ctx.config.agent(&from) {
         let dir = ctx.root.agent(&sender.name);
-        if dir.path.is_dir() {
+        if crate::fsx::is_dir(&dir.path) {
             match count_sent(ctx, &dir, &sent, &mut notes) {
                 Ok(()) => {}
                 Err(e) if is_permission_denied(&e) => notes.push(format!(

@@ -209,7 +209,7 @@ fn line(ctx: &Context, agent: &AgentConfig) -> Result<Line> {
         lifecycle: None,
         progress: None,
     };
-    if !dir.path.is_dir() {
+    if !crate::fsx::is_dir(&dir.path) {
         l.status = "missing".into();
         return Ok(l);
     }

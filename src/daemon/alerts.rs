@@ -389,8 +389,9 @@ impl EscalationMemory {
     /// unreadable: at worst a problem is escalated once more).
     pub fn load(root: &StateRoot) -> EscalationMemory {
         let path = root.daemon_dir().join("escalated.json");
-        let sent = std::fs::read(&path)
+        let sent = crate::fsx::read(&path)
             .ok()
+            .flatten()
             .and_then(|b| serde_json::from_slice::<Vec<(String, String)>>(&b).ok())
             .unwrap_or_default()
             .into_iter()

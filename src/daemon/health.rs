@@ -46,7 +46,6 @@
 
 use std::ffi::OsString;
 use std::fmt;
-use std::fs;
 use std::io;
 use std::path::Path;
 use std::time::{Duration, SystemTime};
@@ -406,65 +405,52 @@ impl SessionKey {
     }
 }
 
-/// The names in `dir`. Empty if `dir` is missing or is not a real directory
-/// (a symlink is never followed).
+/// The names in `dir`. Empty if `dir` is missing or is not a real directory;
+/// no link is followed on the way to it or in it ([`crate::fsx`]).
 fn list(dir: &Path) -> io::Result<Vec<OsString>> {
-    match fs::symlink_metadata(dir) {
-        Ok(m) if m.file_type().is_dir() => {}
-        Ok(_) => return Ok(Vec::new()),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(context(e, "inspecting", dir)),
-    }
-    let entries = match fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(context(e, "listing", dir)),
-    };
-    let mut names = Vec::new();
-    for entry in entries {
-        match entry {
-            Ok(entry) => names.push(entry.file_name()),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(context(e, "listing", dir)),
+    match crate::fsx::list(dir) {
+        Ok(names) => Ok(names),
+        Err(crate::error::Error::Unsafe { path, reason }) => {
+            tracing::warn!(path = %path.display(), error_code = "PATH_UNSAFE", "not pruning {}: {} {reason}", dir.display(), path.display());
+            Ok(Vec::new())
         }
+        Err(e) => Err(io::Error::other(e.to_string())),
     }
-    Ok(names)
 }
 
 /// Remove `path` if it is a regular file (not a symlink, not a directory)
 /// last modified before `older_than`. A file that vanished is not an error;
 /// one that cannot be removed is logged and counted in `failed`.
 fn remove_if_older(path: &Path, older_than: SystemTime, stats: &mut PruneStats) {
-    let meta = match fs::symlink_metadata(path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return,
-        Err(e) => return failed(path, "inspecting", e, stats),
+    let st = match crate::fsx::metadata(path) {
+        Ok(Some(st)) => st,
+        Ok(None) => return,
+        Err(e) => return failed(path, "inspecting", io::Error::other(e.to_string()), stats),
     };
-    if !meta.file_type().is_file() {
+    if crate::fsx::file_type(&st) != nix::sys::stat::SFlag::S_IFREG {
         return;
     }
-    match meta.modified() {
-        Ok(mtime) if mtime < older_than => {}
-        Ok(_) => return,
-        Err(e) => return failed(path, "reading the mtime of", e, stats),
+    let mtime = SystemTime::UNIX_EPOCH
+        + std::time::Duration::new(
+            st.st_mtime.max(0) as u64,
+            st.st_mtime_nsec.clamp(0, 999_999_999) as u32,
+        );
+    if mtime >= older_than {
+        return;
     }
-    match fs::remove_file(path) {
-        Ok(()) => {
+    match crate::fsx::remove_file(path) {
+        Ok(true) => {
             stats.files += 1;
-            stats.bytes += meta.len();
+            stats.bytes += st.st_size.max(0) as u64;
         }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => failed(path, "removing", e, stats),
+        Ok(false) => {}
+        Err(e) => failed(path, "removing", io::Error::other(e.to_string()), stats),
     }
 }
 
 fn failed(path: &Path, doing: &str, e: io::Error, stats: &mut PruneStats) {
     stats.failed += 1;
     tracing::warn!(path = %path.display(), error_code = "PRUNE_FAILED", "pruning: {doing} {}: {e}", path.display());
-}
-
-fn context(e: io::Error, doing: &str, path: &Path) -> io::Error {
-    io::Error::new(e.kind(), format!("{doing} {}: {e}", path.display()))
 }
 
 // ---- stale sessions ----------------------------------------------------------
@@ -591,6 +577,7 @@ mod tests {
     use super::*;
     use crate::agent_name::AgentName;
     use crate::state::StateRoot;
+    use std::fs;
 
     const MIB: u64 = 1 << 20;
 

@@ -386,7 +386,7 @@ fn prune_all(root: &StateRoot, config: &Config, running: &[(AgentName, String)])
     let mut total = PruneStats::default();
     for agent in &config.agents {
         let dir = root.agent(&agent.name);
-        if !dir.path.is_dir() {
+        if !crate::fsx::is_dir(&dir.path) {
             continue;
         }
         let protect = running
@@ -434,7 +434,7 @@ impl Daemon {
         let mut records = Vec::new();
         for agent in self.config.working_agents() {
             let dir = self.root.agent(&agent.name);
-            if !dir.path.is_dir() {
+            if !crate::fsx::is_dir(&dir.path) {
                 continue;
             }
             // A crash in the middle of an append leaves a torn last line:
@@ -513,14 +513,13 @@ impl Daemon {
             // Directories of agents removed while the daemon was down.
             let configured: std::collections::BTreeSet<String> =
                 wanted.iter().map(|a| a.name.to_string()).collect();
-            let gone: Vec<AgentName> = std::fs::read_dir(&self.root.path)
+            let gone: Vec<AgentName> = crate::fsx::list(&self.root.path)
+                .unwrap_or_default()
                 .into_iter()
-                .flatten()
-                .flatten()
-                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                .filter_map(|e| AgentName::parse(&e.file_name().to_string_lossy()).ok())
+                .filter_map(|n| AgentName::parse(n.to_str()?).ok())
                 .filter(|n| !configured.contains(n.as_str()))
-                .filter(|n| self.root.agent(n).report().is_file())
+                .filter(|n| crate::fsx::is_dir(&self.root.agent(n).path))
+                .filter(|n| crate::fsx::exists(&self.root.agent(n).report()))
                 .collect();
             for name in gone {
                 self.set_lifecycle(&name, |_| Some(Lifecycle::Expired));
@@ -799,20 +798,23 @@ impl Daemon {
 
     fn take_wake_requests(&mut self, agent: &AgentName) {
         let inbox_dir = self.dir(agent).inbox();
-        let Ok(entries) = std::fs::read_dir(&inbox_dir) else {
+        // Never through a link: a wake request is a name, its removal an
+        // unlink in the inbox itself.
+        let Ok(names) = crate::fsx::list(&inbox_dir) else {
             return;
         };
         let mut found = false;
-        for entry in entries.flatten() {
-            let name = entry.file_name().to_string_lossy().to_string();
-            if files::is_wake_request(&name) {
-                let path = entry.path();
+        for name in names {
+            let Some(name) = name.to_str() else {
+                continue;
+            };
+            if files::is_wake_request(name) {
+                let path = inbox_dir.join(name);
                 let served = self.served_wakes.contains(&path);
-                match std::fs::remove_file(&path) {
-                    Ok(()) => {
+                match crate::fsx::remove_file(&path) {
+                    Ok(_) => {
                         self.served_wakes.remove(&path);
                     }
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                     Err(e) => {
                         if !served {
                             tracing::warn!(agent = %agent, "cannot remove the wake request {}: {e}; it is served once", path.display());
@@ -1364,7 +1366,7 @@ impl Daemon {
         f: impl FnOnce(Option<Lifecycle>) -> Option<Lifecycle>,
     ) {
         let dir = self.dir(agent);
-        if !dir.path.is_dir() {
+        if !crate::fsx::is_dir(&dir.path) {
             return;
         }
         let result = dir.update(Timestamp::now(), |report: &mut Report| {

@@ -13,7 +13,7 @@ use super::files;
 use super::runner::{Ending, RunReport, SessionSpec, SpawnFailure, StallAction};
 use crate::clock::Timestamp;
 use crate::config::{AgentConfig, Config};
-use crate::error::{IoContext, Result};
+use crate::error::Result;
 use crate::hooks::{self, BeginRequest, EndRequest, FailRequest, Owner};
 use crate::prompt;
 use crate::state::journal;
@@ -305,13 +305,15 @@ pub fn highest_instance(dir: &AgentDir) -> u64 {
 }
 
 /// Write a wake request for the running daemon: a `.wake-{uuid}` file in
-/// the agent's inbox, written in `inbox/.tmp/` and renamed in.
+/// the agent's inbox, written atomically.
 pub fn request_wake(dir: &AgentDir) -> Result<PathBuf> {
-    let tmp_dir = dir.inbox_tmp();
-    atomic::create_dir(&tmp_dir, 0o2770)?;
     let target = files::wake_request_path(&dir.inbox());
-    let tmp = tmp_dir.join(target.file_name().unwrap_or_default());
-    std::fs::write(&tmp, format!("{}\n", Timestamp::now())).at("writing", &tmp)?;
-    atomic::rename(&tmp, &target)?;
+    // Written under a temp dotfile name beside it (never through a link)
+    // and renamed in: the daemon ignores dotfiles.
+    atomic::write_file(
+        &target,
+        format!("{}\n", Timestamp::now()).as_bytes(),
+        crate::inbox::MESSAGE_MODE,
+    )?;
     Ok(target)
 }

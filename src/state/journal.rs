@@ -5,10 +5,10 @@
 //! fsynced. A crash can leave a torn last line; the next append starts on a
 //! fresh line, and readers skip torn lines and count them, never fail on them.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{self, BufRead, BufReader, Write};
 use std::ops::ControlFlow;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -278,13 +278,9 @@ pub fn append_lines(path: &Path, lines: &[u8]) -> Result<()> {
 }
 
 fn append_lines_once(path: &Path, lines: &[u8]) -> Result<()> {
-    let mut file = OpenOptions::new()
-        .read(true)
-        .append(true)
-        .create(true)
-        .mode(0o644)
-        .open(path)
-        .at("opening journal", path)?;
+    // Never through a link, never a FIFO (a reader-less FIFO would block,
+    // one with a reader would swallow the line).
+    let mut file = crate::fsx::open_append(path, 0o644)?;
     let len = file.metadata().at("reading journal", path)?.len();
     let mut buf = Vec::with_capacity(lines.len() + 1);
     // A crash can leave a torn last line without its newline; start on a
@@ -304,11 +300,11 @@ fn append_lines_once(path: &Path, lines: &[u8]) -> Result<()> {
 /// Does the journal end in a torn line (no final newline)? False for a
 /// missing or empty journal, or one that cannot be read.
 pub fn ends_torn(path: &Path) -> bool {
-    File::open(path)
-        .and_then(|f| {
-            let len = f.metadata()?.len();
-            Ok(len > 0 && !ends_with_newline(&f, len)?)
-        })
+    let Ok(Some(f)) = crate::fsx::open_read(path) else {
+        return false;
+    };
+    f.metadata()
+        .and_then(|m| Ok(m.len() > 0 && !ends_with_newline(&f, m.len())?))
         .unwrap_or(false)
 }
 
@@ -338,23 +334,27 @@ pub struct TornLine {
 
 /// Read every entry. A missing journal is an empty one.
 pub fn read(path: &Path) -> Result<Scan> {
-    let file = match File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Scan::default()),
-        Err(e) => return Err(crate::error::Error::io("opening journal", path, e)),
+    let Some(file) = crate::fsx::open_read(path)? else {
+        return Ok(Scan::default());
     };
     let mut scan = Scan::default();
     let mut reader = BufReader::new(file);
     let mut raw = Vec::new();
     loop {
         raw.clear();
-        let n = reader
-            .read_until(b'\n', &mut raw)
-            .at("reading journal", path)?;
+        let (n, overlong) =
+            read_line_capped(&mut reader, &mut raw, MAX_LINE).at("reading journal", path)?;
         if n == 0 {
             break;
         }
         scan.lines += 1;
+        if overlong {
+            scan.torn.push(TornLine {
+                line: scan.lines,
+                text: format!("(a line of {n} bytes, over the limit of {MAX_LINE})"),
+            });
+            continue;
+        }
         let text = String::from_utf8_lossy(&raw);
         let text = text.trim_end_matches(['\n', '\r']);
         if text.trim().is_empty() {
@@ -395,10 +395,8 @@ pub fn scan_lines_backwards(
     mut visit: impl FnMut(&[u8]) -> ControlFlow<()>,
 ) -> Result<()> {
     const BLOCK: u64 = 64 * 1024;
-    let file = match File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(crate::error::Error::io("opening journal", path, e)),
+    let Some(file) = crate::fsx::open_read(path)? else {
+        return Ok(());
     };
     let mut pos = file.metadata().at("reading journal", path)?.len();
     // Bytes after `pos` that do not yet form a whole line (read, not visited).
@@ -410,6 +408,12 @@ pub fn scan_lines_backwards(
             .at("reading journal", path)?;
         block.extend_from_slice(&carry);
         pos = start;
+        // A "line" longer than any event (a hostile or broken file) is
+        // skipped, not held in memory.
+        if block.len() as u64 > MAX_LINE + BLOCK && !block.contains(&b'\n') {
+            carry.clear();
+            continue;
+        }
         // The first piece may be the tail of a line that starts earlier.
         let first_newline = if pos == 0 {
             None
@@ -432,6 +436,45 @@ pub fn scan_lines_backwards(
         carry = head.to_vec();
     }
     Ok(())
+}
+
+/// The longest journal line read: far over any event this crate writes
+/// (texts are capped); a longer one is counted as torn and skipped, so a
+/// file without newlines cannot exhaust memory.
+pub const MAX_LINE: u64 = 4 << 20;
+
+/// `read_until(b'\n')` that keeps at most `cap` bytes of a line (the rest
+/// is read and dropped). Returns the line's full length and whether it was
+/// over the cap.
+fn read_line_capped(
+    r: &mut impl BufRead,
+    out: &mut Vec<u8>,
+    cap: u64,
+) -> io::Result<(usize, bool)> {
+    let mut total = 0usize;
+    loop {
+        let buf = match r.fill_buf() {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if buf.is_empty() {
+            return Ok((total, total as u64 > cap));
+        }
+        let (take, done) = match buf.iter().position(|b| *b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (buf.len(), false),
+        };
+        if (out.len() as u64) < cap {
+            let room = (cap as usize).saturating_sub(out.len()).min(take);
+            out.extend_from_slice(&buf[..room]);
+        }
+        total += take;
+        r.consume(take);
+        if done {
+            return Ok((total, total as u64 > cap));
+        }
+    }
 }
 
 /// Entries with `ts >= since`, oldest first, read from the end of the file.

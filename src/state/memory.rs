@@ -78,16 +78,25 @@ pub fn append_under(text: &str, section: &str, entries: &[String]) -> String {
     out
 }
 
+/// The largest memory.md read back for an append.
+pub const MAX_MEMORY: u64 = 16 << 20;
+
 /// Append `entries` under `section` of the memory file at `path`.
 /// Call with the agent lock held.
 pub fn append_entries(path: &Path, section: &str, entries: &[String]) -> Result<()> {
     if entries.is_empty() {
         return Ok(());
     }
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-        Err(e) => return Err(Error::io("reading", path, e)),
+    let text = match crate::fsx::read_limited(path, MAX_MEMORY)? {
+        None => String::new(),
+        Some((bytes, false)) => String::from_utf8_lossy(&bytes).into_owned(),
+        Some((_, true)) => {
+            return Err(Error::Data(format!(
+                "{} is over {} MiB: trim it (it is the agent's own notes) before more is added",
+                path.display(),
+                MAX_MEMORY >> 20
+            )));
+        }
     };
     let updated = append_under(&text, section, entries);
     super::atomic::write_file(path, updated.as_bytes(), super::STATE_FILE_MODE)

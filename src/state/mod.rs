@@ -119,14 +119,14 @@ impl AgentDir {
 
     /// Fail with a message that says how to fix it when the agent was never
     /// bootstrapped (rather than an ENOENT on some inner file).
+    /// A link or a file in the directory's place is refused, not followed.
     pub fn require(&self) -> Result<()> {
-        if self.path.is_dir() {
-            Ok(())
-        } else {
-            Err(Error::NotBootstrapped {
+        match crate::fsx::open_dir(&self.path)? {
+            Some(_) => Ok(()),
+            None => Err(Error::NotBootstrapped {
                 agent: self.name.to_string(),
                 path: self.path.clone(),
-            })
+            }),
         }
     }
 
@@ -149,7 +149,7 @@ pub fn set_aside_name(path: &Path, label: &str, stamp: &str) -> PathBuf {
     let mut name = path.file_name().unwrap_or_default().to_os_string();
     name.push(format!(".{label}-{stamp}"));
     let candidate = path.with_file_name(&name);
-    if !candidate.exists() {
+    if !crate::fsx::exists(&candidate) {
         return candidate;
     }
     (2..)
@@ -158,7 +158,7 @@ pub fn set_aside_name(path: &Path, label: &str, stamp: &str) -> PathBuf {
             n_name.push(format!("-{n}"));
             path.with_file_name(n_name)
         })
-        .find(|p| !p.exists())
+        .find(|p| !crate::fsx::exists(p))
         .expect("an unused name")
 }
 
