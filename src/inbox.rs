@@ -8,9 +8,14 @@
 //! Nothing here deletes input: bad files move to `rejected/` with a
 //! `.reason.json` beside them. This module never interprets message text.
 
-use std::fs;
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::ffi::{OsStr, OsString};
+use std::io::{Read, Write};
+use std::os::fd::AsFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+
+use nix::sys::stat::SFlag;
 use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
@@ -19,6 +24,7 @@ use serde_json::{Map, Value};
 use crate::agent_name::{self, AgentName};
 use crate::clock::Timestamp;
 use crate::error::{Error, IoContext, Result};
+use crate::fsx;
 use crate::state::journal::{self, Entry, Event, MessageExpired, MessageRejected};
 use crate::state::tasks::string_enum;
 use crate::state::{AgentDir, atomic};
@@ -234,24 +240,44 @@ pub enum Verdict {
 /// Editor leftovers (`*.swp`, `*~`, `#x#`, `4913`) and anything else are
 /// left alone.
 pub fn waiting_names(agent: &AgentDir) -> Result<Vec<String>> {
-    let dir = agent.inbox();
-    let mut names = Vec::new();
-    let entries = match fs::read_dir(&dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(names),
-        Err(e) => return Err(Error::io("listing", &dir, e)),
-    };
-    for entry in entries {
-        let entry = entry.at("listing", &dir)?;
-        let Ok(name) = entry.file_name().into_string() else {
-            continue;
-        };
-        if is_message_name(&name) {
-            names.push(name);
-        }
-    }
+    let mut names: Vec<String> = fsx::list(&agent.inbox())?
+        .into_iter()
+        .filter_map(|n| n.into_string().ok())
+        .filter(|n| is_message_name(n))
+        .collect();
     names.sort();
     Ok(names)
+}
+
+/// Names in `inbox/` that would be messages (`*.json`, not dotfiles) but
+/// are not UTF-8: they cannot be shown or quoted as they are, so they are
+/// rejected under a safe name with their bytes recorded.
+pub fn undecodable_names(agent: &AgentDir) -> Result<Vec<OsString>> {
+    let mut names: Vec<OsString> = fsx::list(&agent.inbox())?
+        .into_iter()
+        .filter(|n| {
+            let b = n.as_bytes();
+            n.to_str().is_none() && !b.starts_with(b".") && b.ends_with(b".json")
+        })
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+/// How a name that is not UTF-8 is shown: its bytes, escaped (`\xff`).
+pub fn escaped_name(name: &OsStr) -> String {
+    name.as_bytes().escape_ascii().to_string()
+}
+
+/// Reject every waiting name that is not UTF-8. Returns (shown name, reason).
+fn reject_undecodable(agent: &AgentDir, now: Timestamp) -> Result<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    for name in undecodable_names(agent)? {
+        let reason = "its name is not UTF-8; the original bytes are in `original_name_bytes` of the .reason.json (hex). Send it again under a UTF-8 name".to_string();
+        reject(agent, &agent.inbox().join(&name), &reason, now)?;
+        out.push((escaped_name(&name), reason));
+    }
+    Ok(out)
 }
 
 pub fn is_message_name(name: &str) -> bool {
@@ -261,28 +287,44 @@ pub fn is_message_name(name: &str) -> bool {
 /// Look at one waiting file without moving it.
 pub fn inspect(agent: &AgentDir, name: &str, now: SystemTime) -> Verdict {
     let path = agent.inbox().join(name);
-    let meta = match fs::symlink_metadata(&path) {
-        Ok(m) => m,
+    // Looked at through a handle: never through a link, never blocking on a
+    // FIFO, and what is read is what was checked.
+    let (dir, _) = match fsx::parent(&path) {
+        Ok(d) => d,
+        Err(e) => return Verdict::Invalid(Rejection::file(format!("cannot open the inbox: {e}"))),
+    };
+    let st = match fsx::stat_at(dir.as_fd(), OsStr::new(name), &path) {
+        Ok(Some(st)) => st,
+        Ok(None) => return Verdict::Invalid(Rejection::file("vanished while being looked at")),
         Err(e) => return Verdict::Invalid(Rejection::file(format!("cannot stat: {e}"))),
     };
-    let ft = meta.file_type();
-    if ft.is_symlink() {
+    let kind = fsx::file_type(&st);
+    if kind == SFlag::S_IFLNK {
         return Verdict::Invalid(Rejection::file(
             "is a symbolic link; messages must be regular files (the link was moved, its target left untouched)",
         ));
     }
-    if !ft.is_file() {
-        let what = if ft.is_dir() {
-            "a directory"
-        } else if ft.is_fifo() {
-            "a FIFO"
-        } else if ft.is_socket() {
-            "a socket"
-        } else {
-            "a device or other special file"
-        };
+    if kind != SFlag::S_IFREG {
         return Verdict::Invalid(Rejection::file(format!(
-            "is {what}; messages must be regular files"
+            "is {}; messages must be regular files",
+            fsx::describe_stat(&st)
+        )));
+    }
+    let file = match fsx::open_read(&path) {
+        Ok(Some(f)) => f,
+        Ok(None) => return Verdict::Invalid(Rejection::file("vanished while being looked at")),
+        Err(e) => return Verdict::Invalid(Rejection::file(format!("cannot open: {e}"))),
+    };
+    let meta = match file.metadata() {
+        Ok(m) => m,
+        Err(e) => return Verdict::Invalid(Rejection::file(format!("cannot stat: {e}"))),
+    };
+    // A hard link to a file the sender may not read (the daemon reads with
+    // its own rights and quotes what it reads into a prompt): never read.
+    if meta.nlink() > 1 {
+        return Verdict::Invalid(Rejection::file(format!(
+            "has {} hard links; a message must be a file of its own (write it, then rename it in), so it was not read",
+            meta.nlink()
         )));
     }
     if meta.len() > MAX_MESSAGE_BYTES {
@@ -292,10 +334,11 @@ pub fn inspect(agent: &AgentDir, name: &str, now: SystemTime) -> Verdict {
         )));
     }
     let mtime = meta.modified().unwrap_or(now);
-    let (bytes, more) = match atomic::read_limited(&path, MAX_MESSAGE_BYTES) {
-        Ok(r) => r,
-        Err(e) => return Verdict::Invalid(Rejection::file(format!("cannot read: {e}"))),
-    };
+    let mut bytes = Vec::new();
+    if let Err(e) = file.take(MAX_MESSAGE_BYTES + 1).read_to_end(&mut bytes) {
+        return Verdict::Invalid(Rejection::file(format!("cannot read: {e}")));
+    }
+    let more = bytes.len() as u64 > MAX_MESSAGE_BYTES;
     if more {
         return Verdict::Invalid(Rejection::file(format!(
             "grew past the limit of {MAX_MESSAGE_BYTES} bytes while being read"
@@ -318,10 +361,35 @@ pub fn inspect(agent: &AgentDir, name: &str, now: SystemTime) -> Verdict {
     }
 }
 
-/// A unique path for `name` in `dir` (`x.json`, `x-2.json`, …).
+/// The longest name kept as it is when a message is moved: room is left for
+/// a de-duplicating `-N` and a `.reason.json` beside it within the 255-byte
+/// limit of a file name.
+pub const MAX_KEPT_NAME: usize = 200;
+
+/// `name` if it can be kept (de-duplicated and with a `.reason.json` beside
+/// it) within the file name limit; else a shortened form: its first bytes,
+/// `~`, a hash of the whole, and its extension.
+pub fn keepable_name(name: &str) -> String {
+    if name.len() <= MAX_KEPT_NAME {
+        return name.to_string();
+    }
+    let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    });
+    let ext = if name.ends_with(".json") { ".json" } else { "" };
+    let mut cut = MAX_KEPT_NAME - 32;
+    while !name.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}~{hash:016x}{ext}", &name[..cut])
+}
+
+/// A unique path for `name` in `dir` (`x.json`, `x-2.json`, …), the name
+/// shortened first if it could not be kept whole ([`keepable_name`]).
 fn unique_in(dir: &Path, name: &str) -> PathBuf {
-    let candidate = dir.join(name);
-    if fs::symlink_metadata(&candidate).is_err() {
+    let name = keepable_name(name);
+    let candidate = dir.join(&name);
+    if !fsx::exists(&candidate) {
         return candidate;
     }
     let (stem, ext) = match name.rsplit_once('.') {
@@ -330,8 +398,19 @@ fn unique_in(dir: &Path, name: &str) -> PathBuf {
     };
     (2..)
         .map(|n| dir.join(format!("{stem}-{n}{ext}")))
-        .find(|p| fs::symlink_metadata(p).is_err())
+        .find(|p| !fsx::exists(p))
         .expect("an unused name")
+}
+
+/// Move `from` to a unique name in `dir` (never replacing anything, never
+/// through a link); returns where it went.
+fn move_unique(from: &Path, dir: &Path, name: &str) -> Result<PathBuf> {
+    loop {
+        let target = unique_in(dir, name);
+        if atomic::rename_new(from, &target)? {
+            return Ok(target);
+        }
+    }
 }
 
 /// Move `source` (a file in one of `agent`'s inbox directories) to
@@ -339,25 +418,33 @@ fn unique_in(dir: &Path, name: &str) -> PathBuf {
 pub fn reject(agent: &AgentDir, source: &Path, reason: &str, now: Timestamp) -> Result<PathBuf> {
     let rejected = agent.rejected();
     atomic::create_dir(&rejected, 0o2770)?;
-    let name = source
-        .file_name()
-        .unwrap_or_default()
-        .to_string_lossy()
-        .to_string();
+    let raw_name = source.file_name().unwrap_or_default();
+    let name = match raw_name.to_str() {
+        Some(n) => n.to_string(),
+        None => format!("not-utf8-{}.json", uuid::Uuid::new_v4().simple()),
+    };
     let target = unique_in(&rejected, &name);
     let target_name = target
         .file_name()
         .unwrap_or_default()
         .to_string_lossy()
         .to_string();
-    let reason_doc = serde_json::json!({
+    let mut reason_doc = serde_json::json!({
         "file": target_name,
-        "original_name": name,
+        "original_name": raw_name.to_str().map(str::to_string).unwrap_or_else(|| escaped_name(raw_name)),
         "agent": agent.name.as_str(),
         "rejected_at": now,
         "code": "INBOX_REJECTED",
         "reason": reason,
     });
+    if raw_name.to_str().is_none() {
+        let hex: String = raw_name
+            .as_bytes()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        reason_doc["original_name_bytes"] = Value::String(hex);
+    }
     let mut bytes = serde_json::to_vec_pretty(&reason_doc).unwrap_or_default();
     bytes.push(b'\n');
     // The reason and the journal first, the move last: a crash in between
@@ -373,13 +460,27 @@ pub fn reject(agent: &AgentDir, source: &Path, reason: &str, now: Timestamp) -> 
         &Entry::new(
             now,
             Event::MessageRejected(MessageRejected {
-                file: name,
+                file: raw_name
+                    .to_str()
+                    .map(str::to_string)
+                    .unwrap_or_else(|| escaped_name(raw_name)),
                 reason: reason.to_string(),
                 moved_to: format!("inbox/rejected/{target_name}"),
             }),
         ),
     )?;
-    atomic::rename(source, &target)?;
+    // Never replacing anything: if the name was taken meanwhile, another.
+    if !atomic::rename_new(source, &target)? {
+        let target = move_unique(source, &rejected, &target_name)?;
+        let _ = atomic::rename(
+            &rejected.join(format!("{target_name}.reason.json")),
+            &rejected.join(format!(
+                "{}.reason.json",
+                target.file_name().unwrap_or_default().to_string_lossy()
+            )),
+        );
+        return Ok(target);
+    }
     Ok(target)
 }
 
@@ -397,6 +498,7 @@ pub struct Claim {
 /// `.claimed/{session_id}/`. Call with the agent lock held.
 pub fn claim(agent: &AgentDir, session_id: &str, now: Timestamp) -> Result<Claim> {
     let mut out = Claim::default();
+    out.rejected.extend(reject_undecodable(agent, now)?);
     let names = waiting_names(agent)?;
     if names.is_empty() {
         return Ok(out);
@@ -420,8 +522,7 @@ pub fn claim(agent: &AgentDir, session_id: &str, now: Timestamp) -> Result<Claim
             }
             Verdict::Valid(m) if m.is_expired(now) => {
                 atomic::create_dir(&agent.processed(), 0o2770)?;
-                let target = unique_in(&agent.processed(), &name);
-                atomic::rename(&path, &target)?;
+                move_unique(&path, &agent.processed(), &name)?;
                 journal::append(
                     &agent.journal(),
                     &Entry::new(
@@ -436,7 +537,8 @@ pub fn claim(agent: &AgentDir, session_id: &str, now: Timestamp) -> Result<Claim
             }
             Verdict::Valid(m) => {
                 atomic::create_dir(&claimed_dir, 0o2770)?;
-                fs::rename(&path, claimed_dir.join(&name)).at("claiming", &path)?;
+                let to = claimed_dir.join(&name);
+                fsx::rename(&path, &to, false)?;
                 out.claimed.push(*m);
             }
         }
@@ -453,25 +555,30 @@ pub fn claim(agent: &AgentDir, session_id: &str, now: Timestamp) -> Result<Claim
 pub fn claimed(agent: &AgentDir, session_id: &str) -> Result<Vec<(PathBuf, Message)>> {
     let dir = agent.claimed(session_id);
     let mut out = Vec::new();
-    let entries = match fs::read_dir(&dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
-        Err(e) => return Err(Error::io("listing", &dir, e)),
-    };
-    for entry in entries {
-        let entry = entry.at("listing", &dir)?;
-        let path = entry.path();
-        let Some(name) = entry.file_name().to_str().map(str::to_string) else {
+    for name in fsx::list(&dir)? {
+        let path = dir.join(&name);
+        let Some(name) = name.to_str().map(str::to_string) else {
             continue;
         };
         if !is_message_name(&name) {
             continue;
         }
         let stem = name.trim_end_matches(".json");
-        let bytes = fs::read(&path).at("reading", &path)?;
+        let Some(file) = fsx::open_read(&path)? else {
+            continue;
+        };
+        // Swapped for a hard link since it was claimed: never read.
+        if file.metadata().map(|m| m.nlink() > 1).unwrap_or(true) {
+            continue;
+        }
+        let mut bytes = Vec::new();
+        (&file)
+            .take(MAX_MESSAGE_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .at("reading", &path)?;
         // The file's mtime (kept by the renames), as for a waiting message:
         // a message without `created_at` keeps the same sent time and order.
-        let mtime = entry
+        let mtime = file
             .metadata()
             .and_then(|m| m.modified())
             .map(|t| Timestamp::from_datetime(chrono::DateTime::<chrono::Utc>::from(t)))
@@ -500,8 +607,7 @@ pub fn acknowledge(agent: &AgentDir, session_id: &str) -> Result<Vec<Message>> {
             .unwrap_or_default()
             .to_string_lossy()
             .to_string();
-        let target = unique_in(&agent.processed(), &name);
-        fs::rename(&path, &target).at("moving to processed/", &path)?;
+        move_unique(&path, &agent.processed(), &name)?;
         out.push(m);
     }
     if !out.is_empty() {
@@ -536,17 +642,16 @@ pub fn return_claimed_counting(
     let mut returned = Vec::new();
     let mut undeliverable = Vec::new();
     let dir = agent.claimed(session_id);
-    let entries = match fs::read_dir(&dir) {
-        Ok(e) => e
-            .collect::<std::result::Result<Vec<_>, _>>()
-            .at("listing", &dir)?,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((returned, undeliverable)),
-        Err(e) => return Err(Error::io("listing", &dir, e)),
-    };
-    for entry in entries {
-        let path = entry.path();
-        let name = entry.file_name().to_string_lossy().to_string();
-        let bytes = fs::read(&path).at("reading", &path)?;
+    if fsx::open_dir(&dir)?.is_none() {
+        return Ok((returned, undeliverable));
+    }
+    for raw in fsx::list(&dir)? {
+        let path = dir.join(&raw);
+        let name = raw.to_string_lossy().to_string();
+        let bytes = match fsx::read_limited(&path, MAX_MESSAGE_BYTES)? {
+            Some((b, _)) => b,
+            None => continue,
+        };
         let stem = name.trim_end_matches(".json");
         match validate(&bytes, stem, &agent.name, now) {
             Ok(mut m) => {
@@ -570,8 +675,7 @@ pub fn return_claimed_counting(
                     if count {
                         write_message(&path, &m)?;
                     }
-                    let target = unique_in(&agent.inbox(), &name);
-                    fs::rename(&path, &target).at("returning to the inbox", &path)?;
+                    move_unique(&path, &agent.inbox(), &name)?;
                     returned.push(m.id);
                 }
             }
@@ -593,9 +697,9 @@ pub fn return_claimed_counting(
 
 fn finish_claim_dir(agent: &AgentDir, session_id: &str) -> Result<()> {
     let dir = agent.claimed(session_id);
-    match fs::remove_dir(&dir) {
-        Ok(()) => atomic::sync_dir(&agent.claimed_root()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+    match fsx::remove_dir(&dir) {
+        Ok(true) => atomic::sync_dir(&agent.claimed_root()),
+        Ok(false) => Ok(()),
         // Something unexpected is left in it: keep it for a human.
         Err(_) => Ok(()),
     }
@@ -605,12 +709,11 @@ fn finish_claim_dir(agent: &AgentDir, session_id: &str) -> Result<()> {
 pub fn claimed_sessions(agent: &AgentDir) -> Result<Vec<String>> {
     let dir = agent.claimed_root();
     let mut out = Vec::new();
-    if let Ok(entries) = fs::read_dir(&dir) {
-        for entry in entries {
-            let entry = entry.at("listing", &dir)?;
-            if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-                out.push(entry.file_name().to_string_lossy().to_string());
-            }
+    for name in fsx::list(&dir)? {
+        if let Some(name) = name.to_str()
+            && fsx::is_dir(&dir.join(name))
+        {
+            out.push(name.to_string());
         }
     }
     out.sort();
@@ -665,25 +768,25 @@ pub fn deliver(to: &AgentDir, out: &Outgoing, now: Timestamp) -> Result<Message>
     }
     let tmp_dir = to.inbox_tmp();
     atomic::create_dir(&tmp_dir, 0o2770)?;
-    let tmp = tmp_dir.join(format!("{id}.json"));
-    {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        use std::os::unix::fs::PermissionsExt;
-        let mut f = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(MESSAGE_MODE)
-            .open(&tmp)
-            .at("creating", &tmp)?;
-        f.write_all(&bytes).at("writing", &tmp)?;
-        // The umask may have narrowed the mode; the inbox group must read it.
-        f.set_permissions(fs::Permissions::from_mode(MESSAGE_MODE))
-            .at("setting the mode of", &tmp)?;
-        f.sync_all().at("syncing", &tmp)?;
+    // Written under a new name in inbox/.tmp/ (O_EXCL, never through a link,
+    // its mode set exactly whatever the umask), fsynced, renamed in without
+    // replacing anything.
+    let tmp_fd = fsx::dir(&tmp_dir)?;
+    let (mut f, tmp_name) = fsx::create_temp(tmp_fd.as_fd(), &tmp_dir, MESSAGE_MODE)?;
+    let tmp = tmp_dir.join(&tmp_name);
+    let written = f
+        .write_all(&bytes)
+        .and_then(|()| f.sync_all())
+        .at("writing", &tmp);
+    if let Err(e) = written {
+        fsx::discard_at(tmp_fd.as_fd(), &tmp_name);
+        return Err(e);
     }
     let target = to.inbox().join(format!("{id}.json"));
-    atomic::rename(&tmp, &target)?;
+    if let Err(e) = atomic::rename_new(&tmp, &target) {
+        fsx::discard_at(tmp_fd.as_fd(), &tmp_name);
+        return Err(e);
+    }
     Ok(message)
 }
 
@@ -698,18 +801,22 @@ pub struct RejectedFile {
 pub fn rejected_files(agent: &AgentDir) -> Result<Vec<RejectedFile>> {
     let dir = agent.rejected();
     let mut out = Vec::new();
-    let Ok(entries) = fs::read_dir(&dir) else {
+    let Ok(entries) = fsx::list(&dir) else {
         return Ok(out);
     };
-    for entry in entries {
-        let entry = entry.at("listing", &dir)?;
-        let name = entry.file_name().to_string_lossy().to_string();
+    for raw in entries {
+        let name = match raw.to_str() {
+            Some(n) => n.to_string(),
+            None => escaped_name(&raw),
+        };
         if name.ends_with(".reason.json") || name.starts_with('.') {
             continue;
         }
-        let reason_doc: Option<Value> = fs::read(dir.join(format!("{name}.reason.json")))
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok());
+        let reason_doc: Option<Value> =
+            fsx::read_limited(&dir.join(format!("{name}.reason.json")), MAX_MESSAGE_BYTES)
+                .ok()
+                .flatten()
+                .and_then(|(b, _)| serde_json::from_slice(&b).ok());
         out.push(RejectedFile {
             file: name,
             reason: reason_doc
@@ -726,13 +833,12 @@ pub fn rejected_files(agent: &AgentDir) -> Result<Vec<RejectedFile>> {
 
 /// Count of regular entries in a directory (0 if it does not exist).
 pub fn count_files(dir: &Path) -> usize {
-    fs::read_dir(dir)
-        .map(|it| {
-            it.filter_map(|e| e.ok())
-                .filter(|e| {
-                    e.metadata()
-                        .map(|m| m.is_file() && m.nlink() > 0)
-                        .unwrap_or(false)
+    fsx::list(dir)
+        .map(|names| {
+            names
+                .iter()
+                .filter(|n| {
+                    matches!(fsx::metadata(&dir.join(n)), Ok(Some(st)) if fsx::file_type(&st) == SFlag::S_IFREG)
                 })
                 .count()
         })
@@ -866,6 +972,7 @@ pub struct Received {
 pub fn receive(agent: &AgentDir, now: Timestamp) -> Result<Received> {
     let mut out = Received::default();
     let sys_now = SystemTime::now();
+    out.rejected.extend(reject_undecodable(agent, now)?);
     for name in waiting_names(agent)? {
         match inspect(agent, &name, sys_now) {
             Verdict::Valid(m) if m.is_expired(now) => {}
