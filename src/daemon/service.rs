@@ -173,10 +173,14 @@ struct Daemon {
 /// Run the daemon until SIGTERM/SIGINT. Returns once every session has
 /// ended and every file is consistent.
 pub async fn run(config_path: &Path) -> Result<()> {
-    let config = Config::load(config_path)?;
+    let (config, config_text) = Config::load_with_text(config_path)?;
     let root = StateRoot::new(&config.state_root);
     bootstrap::root(&root)?;
     let _lock = files::lock_root(&root)?;
+    // The CLI falls back to this copy while the file on disk is invalid.
+    if let Err(e) = files::record_reload_verdict(&root, config_path, Some(&config_text), vec![]) {
+        tracing::warn!("cannot keep a copy of the accepted config: {e}");
+    }
     let clock = Clock::from_env();
     let (tx, mut rx) = mpsc::unbounded_channel::<LoopEvent>();
     let (watch_tx, mut watch_rx) = mpsc::unbounded_channel::<WatchEvent>();
@@ -1894,17 +1898,19 @@ impl Daemon {
 
     fn reload(&mut self) {
         systemd::reloading();
-        match Config::load(&self.config_path) {
-            Ok(config) => {
+        let verdict = match Config::load_with_text(&self.config_path) {
+            Ok((config, text)) => {
                 if config.state_root != self.config.state_root {
+                    let why = "state_root cannot change while the daemon runs (restart it instead)";
                     self.raise(
                         ErrorRecord::new(
                             Code::ConfigInvalid,
-                            "config reload refused: state_root cannot change while the daemon runs (restart it instead)",
+                            format!("config reload refused: {why}"),
                         )
                         .details(self.config_path.display().to_string()),
                         false,
                     );
+                    (None, vec![format!("state_root: {why}")])
                 } else {
                     self.core.max_concurrent = config.daemon.max_concurrent_sessions.max(1);
                     let old = std::mem::replace(&mut self.alerts, Alerts::new(&config));
@@ -1920,16 +1926,36 @@ impl Daemon {
                     self.apply_agents(false);
                     self.scan_all_inboxes();
                     tracing::info!("config reloaded: {} agents", self.config.agents.len());
+                    (Some(text), vec![])
                 }
             }
-            Err(e) => self.raise(
-                ErrorRecord::new(
-                    Code::ConfigInvalid,
-                    "config reload refused, the old config stays in force",
-                )
-                .details(e.to_string()),
-                false,
-            ),
+            Err(e) => {
+                let reasons = match &e {
+                    crate::config::ConfigError::Invalid { problems, .. } => {
+                        problems.iter().map(|p| p.to_string()).collect()
+                    }
+                    other => vec![other.to_string()],
+                };
+                self.raise(
+                    ErrorRecord::new(
+                        Code::ConfigInvalid,
+                        "config reload refused, the old config stays in force",
+                    )
+                    .details(e.to_string()),
+                    false,
+                );
+                (None, reasons)
+            }
+        };
+        // The verdict `agent-state reload` (ExecReload=) waits for.
+        let (accepted, reasons) = verdict;
+        if let Err(e) = files::record_reload_verdict(
+            &self.root,
+            &self.config_path,
+            accepted.as_deref(),
+            reasons,
+        ) {
+            tracing::warn!("cannot record the verdict on the reloaded config: {e}");
         }
         systemd::ready(&self.status_line());
     }

@@ -92,16 +92,13 @@ fn the_unit_file_verifies_clean_and_its_exposure_is_low() {
         "the unit starts {UNIT_BIN} (where packaging/README.md installs it)"
     );
 
-    // `verify` wants the ExecStart program to exist: a copy of the unit
-    // that starts the binary under test.
+    // `verify` wants the ExecStart= and ExecReload= programs to exist: a
+    // copy of the unit that runs the binary under test.
     let dir = tempfile::tempdir().expect("tempdir");
     let copy = dir.path().join("agent-state.service");
     std::fs::write(
         &copy,
-        source.replace(
-            &format!("ExecStart={UNIT_BIN} "),
-            &format!("ExecStart={BIN} "),
-        ),
+        source.replace(&format!("={UNIT_BIN} "), &format!("={BIN} ")),
     )
     .expect("write the unit copy");
     let out = Command::new(&analyze)
