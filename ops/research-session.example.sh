@@ -29,7 +29,10 @@
 #   AGENT_STATE_BIN   the agent-state program             (default agent-state)
 #   AGENT_STATE_CONFIG  config file for agent-state       (default /etc/agent-state/config.toml)
 #   LOCK_DIR          where the per-agent lock file lives (default /tmp)
-#   LOG_DIR           where Claude's output is kept       (default /tmp)
+#   LOG_DIR           where Claude's output is kept: the daemon's sessions/ directory of
+#                     the agent when the daemon started us (AGENT_STATE_DIR; pruned with the
+#                     session's log), else ${XDG_STATE_HOME:-$HOME/.local/state}/research-session.
+#                     Never a private /tmp: systemd deletes it at every stop.
 #   SOURCES_DIR       archived sources, relative to REPO_DIR (default inbox/archive): new files
 #                     there are counted as sources_archived
 #   EXTRA_PROMPT_FILE appended to the prompt agent-state assembles (e.g. the research steps)
@@ -37,6 +40,12 @@
 #   SKIP_PR=1         push, but open no PR
 #   JQ                jq program used to read Claude's JSON result (default jq; a
 #                     plain-shell fallback is used when it is missing)
+#
+# Standard output carries Claude's output (its JSON result) and nothing else,
+# as soon as Claude has exited, whatever the script does next: the daemon reads
+# it there (the error matrix: login, API errors; signals and the Context
+# Summary; cost and tokens) and keeps it in sessions/{id}.log. Claude's
+# stderr is copied to the script's stderr. From cron, redirect both.
 #
 # Exit status: 0 on success; 75 if another session of AGENT holds the lock or
 # agent-state refuses to begin (a session is already running); 124 on timeout;
@@ -55,7 +64,11 @@ KILL_GRACE=${KILL_GRACE:-30s}
 CLAUDE=${CLAUDE:-claude}
 AGENT_STATE_BIN=${AGENT_STATE_BIN:-agent-state}
 LOCK_DIR=${LOCK_DIR:-/tmp}
-LOG_DIR=${LOG_DIR:-/tmp}
+if [[ -n ${AGENT_STATE_DIR:-} ]]; then
+    LOG_DIR=${LOG_DIR:-$AGENT_STATE_DIR/sessions}
+else
+    LOG_DIR=${LOG_DIR:-${XDG_STATE_HOME:-$HOME/.local/state}/research-session}
+fi
 SOURCES_DIR=${SOURCES_DIR:-inbox/archive}
 EXTRA_PROMPT_FILE=${EXTRA_PROMPT_FILE:-}
 SKIP_PUSH=${SKIP_PUSH:-0}
@@ -124,9 +137,23 @@ FAIL_REASON=""   # set by the step that knows why it failed
 STEP="starting"  # what the script is doing, for the failure reason
 LAST_ERROR=""    # the last failing command (ERR trap)
 AGENT_PID=""     # the `timeout claude` process while it runs
+OUT=""           # Claude's stdout and stderr, once it has been started
+ERR_LOG=""
+OUT_PRINTED=0    # 1 once they were copied to our stdout and stderr
 BEGIN_OUT=""     # what `session begin` printed
 
 trap 'LAST_ERROR="\`$BASH_COMMAND\` exited with status $? (line $LINENO)"' ERR
+
+# Claude's output to our stdout (and its stderr to ours), once, as soon as it
+# has exited and before anything else can fail: the daemon that started us
+# reads the result there, whatever becomes of this script afterwards.
+print_claude_output() {
+    [[ -n $OUT && $OUT_PRINTED == 0 ]] || return 0
+    OUT_PRINTED=1
+    cat "$ERR_LOG" >&2 2>/dev/null
+    cat "$OUT" 2>/dev/null
+    return 0
+}
 
 # HOOK 3 — on error/timeout: session.json status error|timeout with the reason,
 # report.json with the error, an error|timeout event in journal.jsonl, and the
@@ -147,6 +174,7 @@ on_exit() {
         kill -TERM "$AGENT_PID" 2>/dev/null
         wait "$AGENT_PID" 2>/dev/null
     fi
+    print_claude_output
     if [[ -n $SESSION_ID && $FINISHED == 0 ]]; then
         FINISHED=1
         local reason=$FAIL_REASON
@@ -220,8 +248,9 @@ fi
 # ---- run the agent ----------------------------------------------------------
 STEP="running $CLAUDE"
 mkdir -p "$LOG_DIR"
-OUT="$LOG_DIR/research-$AGENT-$SESSION_ID.json"
-ERR_LOG="$LOG_DIR/research-$AGENT-$SESSION_ID.stderr"
+# `{id}.claude.json`: the daemon prunes these with the session's log.
+OUT="$LOG_DIR/$SESSION_ID.claude.json"
+ERR_LOG="$LOG_DIR/$SESSION_ID.claude.stderr"
 log "running $CLAUDE (model $MODEL, timeout $TIMEOUT); output in $OUT"
 started=$SECONDS
 # In the background and waited for, so that a SIGTERM to this script is acted
@@ -241,6 +270,7 @@ agent_rc=0
 wait "$AGENT_PID" || agent_rc=$?
 AGENT_PID=""
 elapsed=$((SECONDS - started))
+print_claude_output
 
 # Claude Code's `--output-format json` result (jq if there is one).
 json_field() { # json_field FILTER FALLBACK-KEY: a number or true/false
@@ -327,14 +357,23 @@ fi
 # summary; metrics.json counters; session_end in the journal; the claimed inbox
 # messages moved to processed/. Exit 65: a bad value was noted, the rest
 # recorded — the session has ended all the same.
+#
+# The agent's signals (<axiom>...</axiom>) are for the daemon, not for people:
+# they are left out of the summary and the handoff notes. An agent that ends
+# with a Context Summary Block (seed 004) says itself what the summary and the
+# handoff notes are; under the daemon, which reads it from our stdout, they
+# are left to it (the values given here would win over the block).
 STEP="ending the session"
-summary="Research session: $sources_archived source(s) archived on $BRANCH"
-first_line=$(printf '%s\n' "$result_text" | sed -n '/[^[:space:]]/{p;q;}')
-[[ -n $first_line ]] && summary+=" — ${first_line:0:200}"
-end_args=(--session "$SESSION_ID" --sources-archived "$sources_archived" --branch "$BRANCH"
-    --summary "$summary")
+prose=$(printf '%s\n' "$result_text" | sed 's/<axiom>[^<]*<\/axiom>//g')
+end_args=(--session "$SESSION_ID" --sources-archived "$sources_archived" --branch "$BRANCH")
+if [[ -z ${AGENT_STATE_SESSION_ID:-} ]] || ! grep -qi 'context summary' <<<"$result_text"; then
+    summary="Research session: $sources_archived source(s) archived on $BRANCH"
+    first_line=$(printf '%s\n' "$prose" | sed -n '/[^[:space:]]/{p;q;}')
+    [[ -n $first_line ]] && summary+=" — ${first_line:0:200}"
+    end_args+=(--summary "$summary")
+    [[ $prose =~ [^[:space:]] ]] && end_args+=(--handoff-notes "${prose:0:2000}")
+fi
 [[ -n $pr ]] && end_args+=(--pr "$pr")
-[[ -n $result_text ]] && end_args+=(--handoff-notes "${result_text:0:2000}")
 [[ $tokens_used =~ ^[0-9]+$ ]] && end_args+=(--tokens-used "$tokens_used")
 [[ $cost_usd =~ ^[0-9.]+$ ]] && end_args+=(--cost-usd "$cost_usd")
 end_rc=0

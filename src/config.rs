@@ -42,6 +42,29 @@ pub enum ConfigError {
         path: PathBuf,
         problems: Vec<Problem>,
     },
+    #[error("the daemon refused config {path}; the old config stays in force:\n{}", reasons.iter().map(|r| format!("  - {r}")).collect::<Vec<_>>().join("\n"))]
+    Refused { path: PathBuf, reasons: Vec<String> },
+}
+
+impl ConfigError {
+    /// One line for a warning: the first problem, and how many more.
+    pub fn brief(&self) -> String {
+        match self {
+            ConfigError::Read { source, .. } => source.to_string(),
+            ConfigError::Syntax { message, .. } => {
+                format!(
+                    "not valid TOML: {}",
+                    message.lines().next().unwrap_or_default()
+                )
+            }
+            ConfigError::Invalid { problems, .. } => match problems.as_slice() {
+                [one] => one.to_string(),
+                [first, rest @ ..] => format!("{first}; and {} more", rest.len()),
+                [] => "invalid".into(),
+            },
+            ConfigError::Refused { reasons, .. } => reasons.join("; "),
+        }
+    }
 }
 
 /// One bad field: where it is and what is wrong with it.
@@ -341,11 +364,57 @@ const TOP_LEVEL: &[&str] = &[
 impl Config {
     /// Read and validate the file at `path`.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        Config::load_with_text(path).map(|(config, _)| config)
+    }
+
+    /// [`Config::load`], and the text it was read from (the daemon keeps a
+    /// copy of the text it accepted: see [`accepted_copy`]).
+    pub fn load_with_text(path: &Path) -> Result<(Config, String), ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_path_buf(),
             source,
         })?;
-        Config::parse(&text, path)
+        Config::parse(&text, path).map(|config| (config, text))
+    }
+
+    /// [`Config::load`]; if the file is not valid (a typo while the daemon
+    /// runs), the last configuration the daemon accepted instead, with why.
+    /// The daemon's copy is found under the state root that the file names,
+    /// read leniently (see [`lenient_state_root`]). The original error if
+    /// there is no usable copy, or if the file cannot be read at all.
+    pub fn load_or_accepted(path: &Path) -> Result<(Config, Option<Fallback>), ConfigError> {
+        let error = match Config::load(path) {
+            Ok(config) => return Ok((config, None)),
+            Err(e @ ConfigError::Read { .. }) => return Err(e),
+            Err(e) => e,
+        };
+        let copy = accepted_copy(&lenient_state_root(path));
+        // Below the state root: never through a link, never a FIFO.
+        let Ok(Some(file)) = crate::fsx::open_read(&copy) else {
+            return Err(error);
+        };
+        let mut text = String::new();
+        if std::io::Read::read_to_string(&mut std::io::Read::take(&file, 4 << 20), &mut text)
+            .is_err()
+        {
+            return Err(error);
+        }
+        let Ok(config) = Config::parse(&text, path) else {
+            return Err(error);
+        };
+        let accepted_at = file
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .map(chrono::DateTime::<chrono::Utc>::from);
+        Ok((
+            config,
+            Some(Fallback {
+                error,
+                copy,
+                accepted_at,
+            }),
+        ))
     }
 
     /// Validate `text` as if read from `path` (relative paths in it resolve
@@ -389,6 +458,78 @@ impl Config {
     /// Agents that have sessions (not human mailboxes).
     pub fn working_agents(&self) -> impl Iterator<Item = &AgentConfig> {
         self.agents.iter().filter(|a| a.kind == AgentKind::Agent)
+    }
+}
+
+/// The configuration in force is the daemon's last accepted one, because the
+/// file on disk is not valid.
+#[derive(Debug)]
+pub struct Fallback {
+    /// What is wrong with the file.
+    pub error: ConfigError,
+    /// The daemon's copy used instead.
+    pub copy: PathBuf,
+    /// When the daemon accepted it (the copy's mtime).
+    pub accepted_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+impl fmt::Display for Fallback {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let path = match &self.error {
+            ConfigError::Read { path, .. }
+            | ConfigError::Syntax { path, .. }
+            | ConfigError::Invalid { path, .. }
+            | ConfigError::Refused { path, .. } => path,
+        };
+        write!(
+            f,
+            "{} is invalid ({}); using the last configuration the daemon accepted ({}, from {}); run `agent-state check` for every problem",
+            path.display(),
+            self.error.brief(),
+            self.copy.display(),
+            self.accepted_at
+                .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+                .unwrap_or_else(|| "an unknown time".into())
+        )
+    }
+}
+
+/// Where the daemon keeps the text of the configuration it last accepted
+/// (at start and at every accepted reload): `.daemon/config.accepted.toml`.
+pub fn accepted_copy(state_root: &Path) -> PathBuf {
+    state_root.join(".daemon").join("config.accepted.toml")
+}
+
+/// The state root a config file names, read even when the rest of the file
+/// is not valid: the `state_root` key of the TOML table, or (if the file is
+/// not valid TOML) of the first line `state_root = "..."`, resolved against
+/// the file's directory; [`DEFAULT_STATE_ROOT`] when there is none.
+pub fn lenient_state_root(path: &Path) -> PathBuf {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let named = match toml::from_str::<toml::Table>(&text) {
+        Ok(table) => table
+            .get("state_root")
+            .and_then(|v| v.as_str())
+            .map(str::to_owned),
+        Err(_) => text.lines().find_map(|line| {
+            let (key, value) = line.split_once('=')?;
+            if key.trim() != "state_root" {
+                return None;
+            }
+            let value = value.trim();
+            let quoted = value
+                .strip_prefix('"')
+                .and_then(|v| v.split_once('"'))
+                .or_else(|| value.strip_prefix('\'').and_then(|v| v.split_once('\'')));
+            quoted.map(|(inner, _)| inner.to_string())
+        }),
+    };
+    let root = PathBuf::from(named.unwrap_or_else(|| DEFAULT_STATE_ROOT.to_string()));
+    if root.is_relative() {
+        let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+        absolute.parent().unwrap_or(Path::new("/")).join(root)
+    } else {
+        root
     }
 }
 

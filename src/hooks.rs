@@ -735,6 +735,112 @@ pub fn fail(
     )
 }
 
+// ---- the daemon's word on how its session ended ------------------------------
+
+/// The session.json key under which the daemon notes, before it sends SIGTERM,
+/// that it is ending the session itself (its timeout, a stall, a stop).
+pub const DAEMON_ENDING: &str = "ending_by_daemon";
+
+/// What the daemon noted in session.json (under [`DAEMON_ENDING`]) just
+/// before it signalled the session to end.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct DaemonEnding {
+    /// `timeout` or `error`.
+    pub outcome: String,
+    pub reason: String,
+    /// The daemon's pid: the daemon's own `fail` is not merged with itself.
+    pub by_pid: u32,
+    pub at: Timestamp,
+}
+
+/// Note in session.json that the daemon is ending the running session
+/// `session_id` (see [`DaemonEnding`]): whatever its script's trap records
+/// next (`session fail`, `session end`), the outcome is the daemon's, and the
+/// reason keeps both. Returns whether the note was written (not if the
+/// session is no longer running).
+pub fn note_daemon_ending(
+    dir: &AgentDir,
+    session_id: &str,
+    ending: &DaemonEnding,
+    now: Timestamp,
+) -> Result<bool> {
+    let value = serde_json::to_value(ending).map_err(|e| Error::Data(e.to_string()))?;
+    dir.update::<Session>(now, |s| {
+        if s.session_id == session_id && s.is_running() {
+            s.extra.insert(DAEMON_ENDING.into(), value);
+        }
+    })
+}
+
+/// A script's ending of a session the daemon is ending itself: the daemon's
+/// outcome, and both reasons. `None` if the daemon noted nothing, or if this
+/// is the daemon's own call.
+fn daemon_wins(current: &Session, ending: &Ending) -> Option<Ending> {
+    let noted: DaemonEnding =
+        serde_json::from_value(current.extra.get(DAEMON_ENDING)?.clone()).ok()?;
+    if noted.by_pid == std::process::id() {
+        return None;
+    }
+    let outcome = match noted.outcome.as_str() {
+        "timeout" => SessionStatus::Timeout,
+        _ => SessionStatus::Error,
+    };
+    let said = match ending {
+        Ending::Completed(_) => "it completed".to_string(),
+        Ending::Failed { reason, .. } => reason.clone(),
+    };
+    Some(Ending::Failed {
+        outcome,
+        reason: format!("{}; the session script reported: {said}", noted.reason),
+        count_attempts: true,
+    })
+}
+
+/// Put what the daemon decided in front of the reason of an ended, failed
+/// session `session_id` that its script recorded first (session.json
+/// `reason`, report.json `last_session.reason` and `summary`), unless the
+/// reason says it already. The journal keeps what was recorded first.
+pub fn amend_failure_reason(
+    dir: &AgentDir,
+    session_id: &str,
+    decided: &str,
+    now: Timestamp,
+) -> Result<bool> {
+    let lock = dir.lock()?;
+    let mut notes = Vec::new();
+    let mut session: Session = dir.load(&lock, now, &mut notes)?;
+    let failed = matches!(
+        session.status,
+        Some(SessionStatus::Error | SessionStatus::Timeout)
+    );
+    let recorded = session.reason.clone().unwrap_or_default();
+    if session.session_id != session_id || !failed || recorded.contains(decided) {
+        return Ok(false);
+    }
+    let reason = if recorded.is_empty() {
+        decided.to_string()
+    } else {
+        format!("{decided}; the session script reported: {recorded}")
+    };
+    session.reason = Some(reason.clone());
+    let mut report: Report = dir.load(&lock, now, &mut notes)?;
+    if let Some(last) = report.last_session.as_mut().filter(|l| l.id == session_id) {
+        last.reason = Some(reason.clone());
+        if report.current_session.is_none()
+            && let Some(summary) = report.summary.as_mut()
+            && summary.ends_with(&recorded)
+            && summary.starts_with(&format!("Session {session_id} "))
+        {
+            let head = summary.len() - recorded.len();
+            summary.truncate(head);
+            summary.push_str(&reason);
+        }
+    }
+    dir.save(&lock, &session)?;
+    dir.save(&lock, &report)?;
+    Ok(true)
+}
+
 fn finish_request(
     agent: &AgentConfig,
     dir: &AgentDir,
@@ -747,6 +853,11 @@ fn finish_request(
     let lock = dir.lock()?;
     let mut notes = Vec::new();
     let current: Session = dir.load(&lock, now, &mut notes)?;
+    let ending = if current.is_running() {
+        daemon_wins(&current, &ending).unwrap_or(ending)
+    } else {
+        ending
+    };
     let wanted = wanted.map(str::trim).filter(|s| !s.is_empty());
     let matches = wanted.is_none_or(|w| w == current.session_id);
 
@@ -957,6 +1068,7 @@ fn finish_with(
     session.ended_at = Some(now);
     session.owner_pid = None;
     session.owner_start = None;
+    session.extra.remove(DAEMON_ENDING);
     session.errors.extend(args.as_errors(now));
 
     report.agent = dir.name.to_string();

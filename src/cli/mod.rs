@@ -11,6 +11,7 @@ mod inbox;
 mod metrics;
 mod prompt;
 mod record;
+mod reload;
 mod send;
 mod session;
 mod status;
@@ -77,6 +78,8 @@ pub enum Command {
     Daemon(daemon::Args),
     /// Ask the running daemon to start a session of AGENT now
     Wake(wake::Args),
+    /// Validate the config file, have the running daemon reload it (SIGHUP) and wait for its verdict (systemd: ExecReload)
+    Reload(reload::Args),
     /// Show the error log (.daemon/errors.jsonl), or the catalogue of error codes
     Errors(errors::Args),
     /// Every journal and the daemon's logs as one ordered stream, with cursors to resume from (--after) and --follow
@@ -92,13 +95,27 @@ pub struct Context {
 
 impl Context {
     pub fn load(path: &std::path::Path) -> Result<Context> {
-        let config = Config::load(path)?;
+        Ok(Context::with(Config::load(path)?))
+    }
+
+    /// [`Context::load`], or, if the file is invalid, the last configuration
+    /// the daemon accepted (said on stderr): a typo in config.toml must not
+    /// break the hooks of running sessions or reading the state.
+    pub fn load_or_accepted(path: &std::path::Path) -> Result<Context> {
+        let (config, fallback) = Config::load_or_accepted(path)?;
+        if let Some(fallback) = fallback {
+            warn(fallback);
+        }
+        Ok(Context::with(config))
+    }
+
+    fn with(config: Config) -> Context {
         let root = StateRoot::new(&config.state_root);
-        Ok(Context {
+        Context {
             config,
             root,
             now: Timestamp::now(),
-        })
+        }
     }
 
     /// Validate a name from the command line and find its config and dir.
@@ -123,7 +140,16 @@ pub fn run(cli: Cli) -> Result<u8> {
     {
         return Ok(errors::catalogue());
     }
-    let ctx = Context::load(&cli.config)?;
+    // What sets up state, runs from the config or installs it needs the file
+    // itself to be valid; everything else works on the daemon's last
+    // accepted config when the file has a typo.
+    let ctx = match &cli.command {
+        Command::Bootstrap(_) | Command::Check(_) | Command::Daemon(_) => {
+            Context::load(&cli.config)?
+        }
+        Command::Reload(a) => return reload::run(&cli.config, a),
+        _ => Context::load_or_accepted(&cli.config)?,
+    };
     match cli.command {
         Command::Bootstrap(a) => bootstrap::run(&ctx, a),
         Command::Session(c) => session::run(&ctx, c),
@@ -137,6 +163,7 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Metrics(c) => metrics::run(&ctx, c),
         Command::Daemon(a) => daemon::run(&ctx, a),
         Command::Wake(a) => wake::run(&ctx, a),
+        Command::Reload(a) => reload::run(&cli.config, &a),
         Command::Errors(a) => errors::run(&ctx, a),
         Command::Events(a) => events::run(&ctx, a),
     }

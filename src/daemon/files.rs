@@ -212,3 +212,63 @@ pub fn is_wake_request(name: &str) -> bool {
 pub fn wake_request_path(inbox: &Path) -> PathBuf {
     inbox.join(format!(".wake-{}", uuid::Uuid::new_v4()))
 }
+
+// ---- the verdict on the last config (re)load ---------------------------------
+
+/// `.daemon/reload.json`: what the daemon made of the config file when it
+/// started and at its last reload, for `agent-state reload` (systemd's
+/// `ExecReload=`) to wait for and report.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReloadVerdict {
+    /// One more at every start and reload, across restarts.
+    pub generation: u64,
+    pub pid: u32,
+    pub at: Timestamp,
+    /// The file read.
+    pub config: String,
+    pub accepted: bool,
+    /// Why it was refused (each problem), empty if accepted.
+    #[serde(default)]
+    pub reasons: Vec<String>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+pub fn reload_verdict_path(root: &StateRoot) -> PathBuf {
+    root.daemon_dir().join("reload.json")
+}
+
+pub fn read_reload_verdict(root: &StateRoot) -> Option<ReloadVerdict> {
+    atomic::read_json(&reload_verdict_path(root)).ok().flatten()
+}
+
+/// Record the verdict on the config just read (generation one past the last
+/// recorded), and on acceptance the text accepted
+/// ([`crate::config::accepted_copy`]), which the CLI falls back to while
+/// the file on disk is invalid.
+pub fn record_reload_verdict(
+    root: &StateRoot,
+    config: &Path,
+    accepted_text: Option<&str>,
+    reasons: Vec<String>,
+) -> Result<ReloadVerdict> {
+    if let Some(text) = accepted_text {
+        atomic::write_file(
+            &crate::config::accepted_copy(&root.path),
+            text.as_bytes(),
+            0o640,
+        )?;
+    }
+    let generation = read_reload_verdict(root).map_or(0, |v| v.generation) + 1;
+    let verdict = ReloadVerdict {
+        generation,
+        pid: std::process::id(),
+        at: Timestamp::now(),
+        config: config.display().to_string(),
+        accepted: accepted_text.is_some(),
+        reasons,
+        extra: Map::new(),
+    };
+    atomic::write_json(&reload_verdict_path(root), &verdict)?;
+    Ok(verdict)
+}

@@ -272,7 +272,8 @@ pub fn prune_processed(agent_dir: &AgentDir, older_than: SystemTime) -> io::Resu
 /// before `older_than`, keeping every file of the newest `keep_last`
 /// sessions (newest by id, which is the start time; normally including the
 /// running one) and of `protect` (the running session, if any). Files whose names are not
-/// `YYYYMMDD-HHMMSS[-N].log` / `.prompt.md` are never touched.
+/// `YYYYMMDD-HHMMSS[-N].log` / `.prompt.md` / `.claude.json` / `.claude.stderr`
+/// are never touched.
 pub fn prune_sessions(
     agent_dir: &AgentDir,
     older_than: SystemTime,
@@ -374,10 +375,13 @@ fn stale_cutoff(older_than: SystemTime) -> SystemTime {
     }
 }
 
-/// The session id of a `sessions/` file name, if it is a log or a prompt.
+/// The session id of a `sessions/` file name, if it is a log or a prompt
+/// (or the copy of Claude's output the example session script keeps there).
 fn session_file_id(name: &str) -> Option<&str> {
     name.strip_suffix(".prompt.md")
         .or_else(|| name.strip_suffix(".log"))
+        .or_else(|| name.strip_suffix(".claude.json"))
+        .or_else(|| name.strip_suffix(".claude.stderr"))
 }
 
 /// `YYYYMMDD-HHMMSS[-N]` in start order (`-10` after `-9`; no suffix is 1).

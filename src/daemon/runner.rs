@@ -145,6 +145,14 @@ pub trait OutputObserver: Send {
     fn on_stall(&mut self, silent_for: Duration) {
         let _ = silent_for;
     }
+
+    /// The runner is about to end the session (`why`: the timeout, a stall,
+    /// a stop request) and sends SIGTERM right after this returns: the last
+    /// moment to record that the ending is the runner's, before the
+    /// session's own traps react to the signal. The default does nothing.
+    fn on_terminate(&mut self, why: &Ending) {
+        let _ = why;
+    }
 }
 
 /// An observer for sessions whose output nobody parses.
@@ -418,12 +426,14 @@ async fn supervise(
     let mut stalled = false;
     let mut terminating: Option<Ending> = None;
     let mut stop_open = true;
-    let terminate = |why: Ending, kill_timer: &mut Option<Pin<Box<Sleep>>>| {
-        tracing::warn!(pid, "session {why}; sending SIGTERM to its process group");
-        signal_group(pid, Signal::SIGTERM);
-        *kill_timer = Some(Box::pin(tokio::time::sleep(spec.kill_grace)));
-        Some(why)
-    };
+    let terminate =
+        |why: Ending, output: &mut Output<'_>, kill_timer: &mut Option<Pin<Box<Sleep>>>| {
+            output.observer.on_terminate(&why);
+            tracing::warn!(pid, "session {why}; sending SIGTERM to its process group");
+            signal_group(pid, Signal::SIGTERM);
+            *kill_timer = Some(Box::pin(tokio::time::sleep(spec.kill_grace)));
+            Some(why)
+        };
 
     loop {
         tokio::select! {
@@ -446,16 +456,16 @@ async fn supervise(
                 );
                 output.stall(silent_for);
                 if spec.stall_action == StallAction::Stop {
-                    terminating = terminate(Ending::Stalled { silent_for }, &mut kill_timer);
+                    terminating = terminate(Ending::Stalled { silent_for }, output, &mut kill_timer);
                 }
             }
             () = &mut feed, if !fed => fed = true,
             () = &mut timeout, if terminating.is_none() => {
-                terminating = terminate(Ending::TimedOut, &mut kill_timer);
+                terminating = terminate(Ending::TimedOut, output, &mut kill_timer);
             }
             changed = stop.changed(), if stop_open && terminating.is_none() => match changed {
                 Ok(()) if *stop.borrow_and_update() => {
-                    terminating = terminate(Ending::Stopped, &mut kill_timer);
+                    terminating = terminate(Ending::Stopped, output, &mut kill_timer);
                 }
                 Ok(()) => {}
                 Err(_) => stop_open = false,

@@ -101,6 +101,9 @@ struct Running {
     stop: watch::Sender<bool>,
     /// Why the daemon stopped it, if it did for another reason than shutdown.
     stop_reason: Option<String>,
+    /// The same, for the session's observer, which notes it in session.json
+    /// before the runner signals the session.
+    stop_note: StopNote,
     /// The session signalled COMPLETE.
     completed_by_signal: bool,
     /// Signals (valid or not) handled so far, and the last PROGRESS value:
@@ -108,6 +111,21 @@ struct Running {
     /// loop into a stream of fsyncs.
     signals_seen: u32,
     last_progress: Option<u8>,
+}
+
+/// Why the daemon stops a session, shared with its [`Observer`].
+type StopNote = std::sync::Arc<std::sync::Mutex<Option<String>>>;
+
+impl Running {
+    /// Stop the session for `why` (not a shutdown): recorded as an error
+    /// with this reason.
+    fn stop_for(&mut self, why: String) {
+        if let Ok(mut note) = self.stop_note.lock() {
+            *note = Some(why.clone());
+        }
+        self.stop_reason = Some(why);
+        let _ = self.stop.send(true);
+    }
 }
 
 /// Signals handled per session; the rest are counted and ignored.
@@ -158,13 +176,17 @@ struct Daemon {
 const LOCK_RETRY: Duration = Duration::from_secs(2);
 
 pub async fn run(config_path: &Path) -> Result<()> {
-    let config = Config::load(config_path)?;
+    let (config, config_text) = Config::load_with_text(config_path)?;
     let root = StateRoot::new(&config.state_root);
     bootstrap::root(&root)?;
     let _lock = files::lock_root(&root)?;
     // The loop never waits long for an agent's lock: anyone who can read
     // `.lock` can hold it. Work that cannot have it is deferred.
     crate::state::lock::set_wait(crate::state::lock::DAEMON_WAIT);
+    // The CLI falls back to this copy while the file on disk is invalid.
+    if let Err(e) = files::record_reload_verdict(&root, config_path, Some(&config_text), vec![]) {
+        tracing::warn!("cannot keep a copy of the accepted config: {e}");
+    }
     let clock = Clock::from_env();
     let (tx, mut rx) = mpsc::unbounded_channel::<LoopEvent>();
     let (watch_tx, mut watch_rx) = mpsc::unbounded_channel::<WatchEvent>();
@@ -322,6 +344,7 @@ struct Observer {
     tx: mpsc::UnboundedSender<LoopEvent>,
     /// One signal scanner per stream: chunks of the two interleave.
     scanners: [crate::protocol::signals::SignalScanner; 2],
+    ending: EndingNote,
 }
 
 impl OutputObserver for Observer {
@@ -345,6 +368,44 @@ impl OutputObserver for Observer {
             agent: self.agent.clone(),
             silent_for,
         });
+    }
+
+    fn on_terminate(&mut self, why: &Ending) {
+        self.ending.note(why);
+    }
+}
+
+/// What an [`Observer`] needs to note in session.json that the daemon is
+/// ending the session, before the runner's SIGTERM reaches its script.
+struct EndingNote {
+    agent: AgentConfig,
+    dir: AgentDir,
+    session_id: String,
+    stop_note: StopNote,
+}
+
+impl EndingNote {
+    fn note(&self, why: &Ending) {
+        let now = Timestamp::now();
+        let stop_reason = self.stop_note.lock().ok().and_then(|n| n.clone());
+        let result = match (why, stop_reason) {
+            // A stop for a reason (not a shutdown) is recorded as an error.
+            (Ending::Stopped, Some(reason)) => hooks::note_daemon_ending(
+                &self.dir,
+                &self.session_id,
+                &hooks::DaemonEnding {
+                    outcome: "error".into(),
+                    reason,
+                    by_pid: std::process::id(),
+                    at: now,
+                },
+                now,
+            ),
+            _ => session::note_ending(&self.agent, &self.dir, &self.session_id, why, now),
+        };
+        if let Err(e) = result {
+            tracing::warn!(agent = %self.agent.name, session_id = %self.session_id, "cannot note in session.json that the daemon ends the session: {e}");
+        }
     }
 }
 
@@ -1000,6 +1061,7 @@ impl Daemon {
         }
         self.core.session_started(agent, &prepared.session_id);
         let (stop_tx, stop_rx) = watch::channel(false);
+        let stop_note = StopNote::default();
         self.running.insert(
             agent.clone(),
             Running {
@@ -1009,6 +1071,7 @@ impl Daemon {
                 started_at: now,
                 stop: stop_tx,
                 stop_reason: None,
+                stop_note: stop_note.clone(),
                 completed_by_signal: false,
                 signals_seen: 0,
                 last_progress: None,
@@ -1017,6 +1080,8 @@ impl Daemon {
         let tx = self.tx.clone();
         let name = agent.clone();
         let spec = prepared.spec;
+        let dir = self.dir(agent);
+        let session_id = prepared.session_id.clone();
         tokio::spawn(async move {
             let (pid_tx, pid_rx) = tokio::sync::oneshot::channel::<u32>();
             let pid_forward = {
@@ -1033,6 +1098,12 @@ impl Daemon {
                 agent: name.clone(),
                 tx: tx.clone(),
                 scanners: Default::default(),
+                ending: EndingNote {
+                    agent: cfg,
+                    dir,
+                    session_id,
+                    stop_note,
+                },
             };
             let (report, ()) = tokio::join!(
                 runner::run(spec, &mut observer, stop_rx, Some(pid_tx)),
@@ -1096,9 +1167,19 @@ impl Daemon {
         );
         // What session.json and the journal say, where the daemon knows
         // better than the exit status.
+        // A timeout, a stall or a stop was noted in session.json before the
+        // session was signalled (EndingNote), so the script's trap records it.
         let override_reason = match (&report.ending, &running.stop_reason) {
             (Ending::Stopped, Some(why)) => Some(why.clone()),
             (e, _) if e.is_success() && verdict.code.is_some() => Some(verdict.message.clone()),
+            // What the error matrix made of it ("Claude Code is not logged
+            // in: ..."), not only the exit status.
+            (Ending::Exited { .. } | Ending::Signaled { .. }, _)
+                if claude_failure.is_some()
+                    || verdict.code.is_some_and(|c| c != Code::SessionFailed) =>
+            {
+                Some(verdict.message.clone())
+            }
             _ => None,
         };
         let outcome = match &cfg {
@@ -1122,6 +1203,16 @@ impl Daemon {
                     .session(&sid),
                 false,
             ),
+        }
+        // The script's trap recorded the failure first, in its own words.
+        if let (Some(decided), Ok(_)) = (&override_reason, &outcome)
+            && matches!(
+                report.ending,
+                Ending::Exited { .. } | Ending::Signaled { .. }
+            )
+            && let Err(e) = hooks::amend_failure_reason(&dir, &sid, decided, now)
+        {
+            tracing::warn!(agent = %agent, session_id = %sid, "cannot record the daemon's reason for the session's failure: {e}");
         }
         if let Some(result) = &output.claude {
             let usage = result.usage.and_then(|u| serde_json::to_value(u).ok());
@@ -1650,8 +1741,7 @@ impl Daemon {
             for r in self.running.values_mut() {
                 if r.stop_reason.is_none() {
                     tracing::warn!(session_id = %r.session_id, "{why}");
-                    r.stop_reason = Some(why.clone());
-                    let _ = r.stop.send(true);
+                    r.stop_for(why.clone());
                 }
             }
         }
@@ -1711,11 +1801,10 @@ impl Daemon {
                     && r.stop_reason.is_none()
                     && now.seconds_since(&r.started_at) >= HATCH_EXPIRY.as_secs() as i64
                 {
-                    r.stop_reason = Some(format!(
+                    r.stop_for(format!(
                         "expired: its process did not start within {}",
                         humantime::format_duration(HATCH_EXPIRY)
                     ));
-                    let _ = r.stop.send(true);
                     continue;
                 }
                 if health::overdue(
@@ -1725,9 +1814,7 @@ impl Daemon {
                     now.0,
                 ) && r.stop_reason.is_none()
                 {
-                    r.stop_reason =
-                        Some("ran past its timeout; stopped by the health monitor".into());
-                    let _ = r.stop.send(true);
+                    r.stop_for("ran past its timeout; stopped by the health monitor".into());
                     let sid = r.session_id.clone();
                     self.raise(
                         ErrorRecord::new(
@@ -1834,17 +1921,19 @@ impl Daemon {
 
     fn reload(&mut self) {
         systemd::reloading();
-        match Config::load(&self.config_path) {
-            Ok(config) => {
+        let verdict = match Config::load_with_text(&self.config_path) {
+            Ok((config, text)) => {
                 if config.state_root != self.config.state_root {
+                    let why = "state_root cannot change while the daemon runs (restart it instead)";
                     self.raise(
                         ErrorRecord::new(
                             Code::ConfigInvalid,
-                            "config reload refused: state_root cannot change while the daemon runs (restart it instead)",
+                            format!("config reload refused: {why}"),
                         )
                         .details(self.config_path.display().to_string()),
                         false,
                     );
+                    (None, vec![format!("state_root: {why}")])
                 } else {
                     self.core.max_concurrent = config.daemon.max_concurrent_sessions.max(1);
                     let old = std::mem::replace(&mut self.alerts, Alerts::new(&config));
@@ -1860,16 +1949,36 @@ impl Daemon {
                     self.apply_agents(false);
                     self.scan_all_inboxes();
                     tracing::info!("config reloaded: {} agents", self.config.agents.len());
+                    (Some(text), vec![])
                 }
             }
-            Err(e) => self.raise(
-                ErrorRecord::new(
-                    Code::ConfigInvalid,
-                    "config reload refused, the old config stays in force",
-                )
-                .details(e.to_string()),
-                false,
-            ),
+            Err(e) => {
+                let reasons = match &e {
+                    crate::config::ConfigError::Invalid { problems, .. } => {
+                        problems.iter().map(|p| p.to_string()).collect()
+                    }
+                    other => vec![other.to_string()],
+                };
+                self.raise(
+                    ErrorRecord::new(
+                        Code::ConfigInvalid,
+                        "config reload refused, the old config stays in force",
+                    )
+                    .details(e.to_string()),
+                    false,
+                );
+                (None, reasons)
+            }
+        };
+        // The verdict `agent-state reload` (ExecReload=) waits for.
+        let (accepted, reasons) = verdict;
+        if let Err(e) = files::record_reload_verdict(
+            &self.root,
+            &self.config_path,
+            accepted.as_deref(),
+            reasons,
+        ) {
+            tracing::warn!("cannot record the verdict on the reloaded config: {e}");
         }
         systemd::ready(&self.status_line());
     }

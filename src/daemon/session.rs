@@ -179,7 +179,12 @@ pub fn command_line(
 
 /// How the run ended, in the words session.json and the journal use.
 pub fn describe(report: &RunReport, agent: &AgentConfig) -> (Option<&'static str>, String) {
-    match &report.ending {
+    describe_ending(&report.ending, agent)
+}
+
+/// [`describe`] for an ending alone.
+pub fn describe_ending(ending: &Ending, agent: &AgentConfig) -> (Option<&'static str>, String) {
+    match ending {
         Ending::Exited { code: 0 } => (None, "completed".into()),
         Ending::Exited { code } => (
             Some("error"),
@@ -203,7 +208,7 @@ pub fn describe(report: &RunReport, agent: &AgentConfig) -> (Option<&'static str
             Some("timeout"),
             "the daemon stopped: shutdown_grace ran out before the session ended".into(),
         ),
-        Ending::Stalled { .. } => (Some("error"), report.ending.to_string()),
+        Ending::Stalled { .. } => (Some("error"), ending.to_string()),
         Ending::SpawnFailed { reason, kind } => (
             Some("error"),
             match kind {
@@ -218,6 +223,27 @@ fn signal_name(signal: i32) -> String {
     nix::sys::signal::Signal::try_from(signal)
         .map(|s| s.as_str().to_string())
         .unwrap_or_else(|_| signal.to_string())
+}
+
+/// Note in session.json, before the runner signals the session, that the
+/// daemon is ending it (`why`: its timeout, a stall, a stop): the session
+/// script's trap, which reacts to the signal, then records the daemon's
+/// outcome with both reasons (see [`hooks::note_daemon_ending`]).
+pub fn note_ending(
+    agent: &AgentConfig,
+    dir: &AgentDir,
+    session_id: &str,
+    why: &Ending,
+    now: Timestamp,
+) -> Result<bool> {
+    let (outcome, reason) = describe_ending(why, agent);
+    let ending = hooks::DaemonEnding {
+        outcome: outcome.unwrap_or("error").to_string(),
+        reason,
+        by_pid: std::process::id(),
+        at: now,
+    };
+    hooks::note_daemon_ending(dir, session_id, &ending, now)
 }
 
 /// Did the session's own script record a successful end (`session end`)?

@@ -8,6 +8,7 @@ mod support;
 mod bootstrap;
 mod check;
 mod concurrency;
+mod config_edits;
 mod crash;
 mod daemon;
 mod diskfaults;

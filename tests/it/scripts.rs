@@ -73,6 +73,9 @@ sleep)
     echo $$ > "$FAKE_DIR/claude.pid"
     sleep 30
     exit 0 ;;
+file)
+    cat "$FAKE_DIR/result.json"
+    exit 0 ;;
 esac
 mkdir -p inbox/archive
 echo '# Conditional AMMs fail quietly' > inbox/archive/2026-conditional-amm-1.md
@@ -942,4 +945,238 @@ fn demo_runs_to_the_status_table() {
         1,
         "a fresh root:\n{journal}"
     );
+}
+
+// ---- the example script as the daemon's command (the production setup) ----------
+
+impl Lab {
+    /// The daemon with `ops/research-session.example.sh {agent}` as rio's
+    /// command (timeout `timeout`), the lab's environment passed down to
+    /// the script through the daemon's own, `extra` added.
+    fn daemon(&self, timeout: &str, extra: &[(&str, &str)]) -> support::Daemon {
+        let script = repo_file("ops/research-session.example.sh");
+        self.env.set_config(&format!(
+            r#"
+[defaults]
+command = [{script:?}, "{{agent}}"]
+timeout = "{timeout}"
+kill_grace = "2s"
+retry_delay = "1h"
+
+[[agent]]
+name = "rio"
+
+[[agent]]
+name = "marcus"
+kind = "human"
+"#,
+            script = script.display().to_string()
+        ));
+        let path = format!(
+            "{}:{}",
+            self.fake.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let base = self.base().display().to_string();
+        let mut vars: Vec<(String, String)> = vec![
+            ("PATH".into(), path),
+            ("AGENT_STATE_BIN".into(), BIN.into()),
+            ("REPO_DIR".into(), self.repo.display().to_string()),
+            ("LOCK_DIR".into(), base.clone()),
+            ("TMPDIR".into(), format!("{base}/tmp")),
+            ("FAKE_DIR".into(), self.fake.display().to_string()),
+            ("KILL_GRACE".into(), "2s".into()),
+        ];
+        vars.extend(GIT_ENV.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        vars.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        let borrowed: Vec<(&str, &str)> =
+            vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        support::Daemon::start(&self.env, &borrowed)
+    }
+
+    /// Wake rio and wait until its session (not `previous`) has ended; its
+    /// session.json.
+    fn wake_and_wait(&self, daemon: &support::Daemon, previous: &Value) -> Value {
+        self.env.ok(&["wake", "rio"]);
+        let mut session = Value::Null;
+        let path = self.env.path("rio", "session.json");
+        daemon.wait_until(Duration::from_secs(60), "rio's session ended", || {
+            session = std::fs::read_to_string(&path)
+                .ok()
+                .and_then(|t| serde_json::from_str(&t).ok())
+                .unwrap_or(Value::Null);
+            session["ended_at"].is_string()
+                && session["status"] != "running"
+                && session["session_id"] != previous["session_id"]
+        });
+        // The daemon's own records come after the script's: wait for them.
+        daemon.wait_until(Duration::from_secs(10), "the daemon saw the end", || {
+            self.env
+                .json("rio", "report.json")
+                .get("lifecycle")
+                .is_some_and(|l| l != "running")
+                && !std::fs::read_to_string(self.env.root.join(".daemon/daemon.json"))
+                    .unwrap_or_default()
+                    .contains("\"session_id\"")
+        });
+        self.env.json("rio", "session.json")
+    }
+
+    fn errors(&self) -> Vec<Value> {
+        serde_json::from_str(&self.env.ok(&["errors", "--json"])).expect("errors --json")
+    }
+}
+
+/// The real Claude Code CLI without credentials, run by the example script
+/// under the daemon: the daemon reads Claude's JSON from the script's stdout,
+/// so it is AGENT_LOGIN_REQUIRED (not a plain SESSION_FAILED), never retried,
+/// and session.json says "not logged in" in the error matrix's words.
+#[test]
+fn under_the_daemon_the_script_passes_a_login_failure_through() {
+    let Ok(claude) = std::env::var("AGENT_STATE_CLAUDE_BIN") else {
+        eprintln!(
+            "SKIPPED: set AGENT_STATE_CLAUDE_BIN to the Claude Code CLI (npm install @anthropic-ai/claude-code)"
+        );
+        return;
+    };
+    let Some(lab) = Lab::new() else { return };
+    let home = lab.base().join("home");
+    std::fs::create_dir(&home).unwrap();
+    // HOME without credentials; no API key in the environment.
+    write_executable(
+        &lab.fake.join("claude-logged-out"),
+        &format!(
+            "#!/bin/sh\nunset ANTHROPIC_API_KEY CLAUDE_CODE_OAUTH_TOKEN\nexport HOME={home:?}\nexec {claude:?} \"$@\"\n",
+            home = home.display().to_string()
+        ),
+    );
+    let message = lab.env.send("marcus", "rio", &[]);
+    let d = lab.daemon("120s", &[("CLAUDE", "claude-logged-out")]);
+    let session = lab.wake_and_wait(&d, &Value::Null);
+
+    assert_eq!(session["status"], "error", "{session:#}");
+    let reason = session["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.starts_with("Claude Code is not logged in"),
+        "the error matrix's words first: {reason}"
+    );
+    assert!(reason.contains("the session script reported"), "{reason}");
+    let codes: Vec<Value> = lab.errors().iter().map(|r| r["code"].clone()).collect();
+    assert!(
+        codes.iter().any(|c| c == "AGENT_LOGIN_REQUIRED"),
+        "{codes:?}"
+    );
+    assert!(!codes.iter().any(|c| c == "SESSION_FAILED"), "{codes:?}");
+    let report = lab.env.json("rio", "report.json");
+    assert_eq!(report["last_session"]["reason"], reason, "{report:#}");
+    assert_eq!(
+        report["error"]["code"], "AGENT_LOGIN_REQUIRED",
+        "{report:#}"
+    );
+    // Claude's output is kept with the session, not in a private /tmp.
+    let id = session["session_id"].as_str().unwrap();
+    let log = lab.env.read("rio", &format!("sessions/{id}.log"));
+    assert!(log.contains("Not logged in"), "{log}");
+    assert!(
+        lab.env
+            .path("rio", &format!("sessions/{id}.claude.json"))
+            .is_file()
+    );
+    assert_eq!(lab.env.waiting("rio"), vec![format!("{message}.json")]);
+}
+
+/// Claude's result with signals and a Context Summary, then a failing
+/// `git commit`: the daemon reads the signals and the summary from the
+/// script's stdout, and the cost is in session.json although the script
+/// failed after Claude ran.
+#[test]
+fn under_the_daemon_the_script_passes_signals_summary_and_cost_through() {
+    let Some(lab) = Lab::new() else { return };
+    let text = "Archived 3 sources on conditional markets.\n<axiom>PROGRESS:100</axiom>\n\n\
+## Context Summary\n\n**Goal**: Map conditional AMM designs on Solana\n\
+**Current State**: Archived 3 sources on MetaDAO's conditional markets\n\
+**Next Agent**: Judge\n**Confidence**: 4\n**Risk Level**: medium\n**Blockers**: none\n";
+    let result = serde_json::json!({
+        "type": "result", "subtype": "success", "is_error": false,
+        "result": text, "total_cost_usd": 0.75,
+        "usage": {"input_tokens": 100, "output_tokens": 20,
+                  "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+    });
+    std::fs::write(lab.fake.join("result.json"), result.to_string()).unwrap();
+    // First a clean run: summary and signals.
+    let d = lab.daemon("120s", &[("FAKE_CLAUDE", "file"), ("SKIP_PUSH", "1")]);
+    std::fs::write(lab.repo.join("notes.md"), "a note\n").unwrap();
+    let session = lab.wake_and_wait(&d, &Value::Null);
+    assert_eq!(session["status"], "completed", "{session:#}");
+    assert_eq!(session["cost_usd"], 0.75, "{session:#}");
+    let report = lab.env.json("rio", "report.json");
+    let summary = report["summary"].as_str().unwrap_or_default();
+    assert!(!summary.contains("<axiom>"), "no raw signal: {summary}");
+    assert!(
+        summary.contains("Map conditional AMM designs"),
+        "{report:#}"
+    );
+    assert_eq!(report["confidence"], 4, "{report:#}");
+    assert_eq!(
+        report["progress"], 100,
+        "the PROGRESS signal was read: {report:#}"
+    );
+    assert!(
+        session["handoff_notes"]
+            .as_str()
+            .is_some_and(|h| !h.contains("<axiom>")),
+        "{session:#}"
+    );
+    drop(d);
+
+    // Then the script fails after Claude ran: the cost is kept all the same.
+    write_executable(
+        &lab.repo.join(".git/hooks/pre-commit"),
+        "#!/bin/sh\necho 'pre-commit: refused' >&2\nexit 1\n",
+    );
+    std::fs::write(lab.repo.join("notes.md"), "another note\n").unwrap();
+    let d = lab.daemon("120s", &[("FAKE_CLAUDE", "file")]);
+    let session = lab.wake_and_wait(&d, &session);
+    assert_eq!(session["status"], "error", "{session:#}");
+    assert_eq!(session["cost_usd"], 0.75, "{session:#}");
+    assert_eq!(session["tokens_used"], 120, "{session:#}");
+    assert!(
+        session["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("git commit"),
+        "{session:#}"
+    );
+}
+
+/// The daemon's timeout ends the script, whose trap records the failure
+/// first: the outcome is the daemon's (`timeout`), the reason has both.
+#[test]
+fn under_the_daemon_its_timeout_wins_over_the_scripts_trap() {
+    let Some(lab) = Lab::new() else { return };
+    let message = lab.env.send("marcus", "rio", &[]);
+    let d = lab.daemon("3s", &[("FAKE_CLAUDE", "sleep")]);
+    let session = lab.wake_and_wait(&d, &Value::Null);
+
+    assert_eq!(session["status"], "timeout", "{session:#}");
+    let reason = session["reason"].as_str().unwrap_or_default();
+    assert!(reason.starts_with("timed out after 3s"), "{reason}");
+    assert!(
+        reason.contains("the session script reported") && reason.contains("SIGTERM"),
+        "the script's words too: {reason}"
+    );
+    let id = session["session_id"].as_str().unwrap();
+    let timeouts = lab.env.events("rio", "timeout");
+    assert_eq!(timeouts.len(), 1, "{:#?}", lab.env.journal("rio"));
+    assert_eq!(timeouts[0]["session_id"], id);
+    assert!(lab.env.events("rio", "error").is_empty(), "no error event");
+    assert!(
+        session.get("ending_by_daemon").is_none(),
+        "the note is gone: {session:#}"
+    );
+    assert_eq!(
+        lab.env.json("rio", "report.json")["last_session"]["outcome"],
+        "timeout"
+    );
+    assert_eq!(lab.env.waiting("rio"), vec![format!("{message}.json")]);
 }

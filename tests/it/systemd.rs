@@ -92,16 +92,13 @@ fn the_unit_file_verifies_clean_and_its_exposure_is_low() {
         "the unit starts {UNIT_BIN} (where packaging/README.md installs it)"
     );
 
-    // `verify` wants the ExecStart program to exist: a copy of the unit
-    // that starts the binary under test.
+    // `verify` wants the ExecStart= and ExecReload= programs to exist: a
+    // copy of the unit that runs the binary under test.
     let dir = tempfile::tempdir().expect("tempdir");
     let copy = dir.path().join("agent-state.service");
     std::fs::write(
         &copy,
-        source.replace(
-            &format!("ExecStart={UNIT_BIN} "),
-            &format!("ExecStart={BIN} "),
-        ),
+        source.replace(&format!("={UNIT_BIN} "), &format!("={BIN} ")),
     )
     .expect("write the unit copy");
     let out = Command::new(&analyze)
@@ -983,4 +980,86 @@ fn under_systemd_the_unit_starts_ready_logs_reloads_stops_and_is_restarted_by_th
     sdbox.ok(&["systemctl", "stop", "agent-state.service"]);
     assert_eq!(sdbox.prop("Result"), "success");
     eprintln!("the systemd test took {:?}", t0.elapsed());
+}
+
+/// `systemctl reload` under a real systemd runs `agent-state reload`
+/// (ExecReload=): after a typo it fails and the journal names the problem,
+/// the old config stays in force and the CLI works on it (saying so); once
+/// the file is fixed the reload succeeds.
+#[test]
+fn under_systemd_a_refused_reload_fails_systemctl_reload_with_the_reasons() {
+    let Some(tool) = sdbox_tool() else {
+        return;
+    };
+    let sdbox = SdBox::up(tool);
+    sdbox.install(Path::new(BIN), UNIT_BIN, 0o755);
+    sdbox.install(
+        &repo_file(UNIT),
+        "/usr/lib/systemd/system/agent-state.service",
+        0o644,
+    );
+    sdbox.install(
+        &repo_file("packaging/sysusers.d/agent-state.conf"),
+        "/usr/lib/sysusers.d/agent-state.conf",
+        0o644,
+    );
+    sdbox.install(
+        &repo_file("packaging/tmpfiles.d/agent-state.conf"),
+        "/usr/lib/tmpfiles.d/agent-state.conf",
+        0o644,
+    );
+    sdbox.install(
+        &repo_file("ops/demo-agent.sh"),
+        "/opt/teleo-eval/demo-agent.sh",
+        0o755,
+    );
+    let good = box_config(None);
+    sdbox.write(CONFIG, &good, 0o644);
+    sdbox.ok(&["systemd-sysusers"]);
+    sdbox.ok(&["systemd-tmpfiles", "--create", "agent-state.conf"]);
+    sdbox.write(
+        "/etc/systemd/system/agent-state.service.d/10-test.conf",
+        TEST_DROP_IN,
+        0o644,
+    );
+    sdbox.ok(&["systemctl", "daemon-reload"]);
+    sdbox.ok(&["systemctl", "start", "agent-state.service"]);
+    let main_pid = sdbox.prop("MainPID");
+
+    // A typo: `systemctl reload` fails, and the journal says why.
+    let typo = good.replace("timeout = \"2m\"", "timeout = \"two minutes\"");
+    sdbox.write(CONFIG, &typo, 0o644);
+    let out = sdbox.exec(&["systemctl", "reload", "agent-state.service"]);
+    assert!(
+        !out.status.success(),
+        "systemctl reload of a broken config must fail:\n{}",
+        describe(&out)
+    );
+    let said = format!("{}{}", describe(&out), sdbox.journal(&["-n", "40"]));
+    assert!(
+        said.contains("defaults.timeout") && said.contains("two minutes"),
+        "the output or the journal names the problem:\n{said}"
+    );
+    let state = sdbox.show(&["ActiveState", "MainPID"]);
+    assert_eq!(state["ActiveState"], "active", "{state:?}");
+    assert_eq!(state["MainPID"], main_pid, "still the same daemon");
+    // The CLI works on the accepted config meanwhile, and says so.
+    let out = sdbox.agent_state(&["status"]);
+    assert!(out.status.success(), "status:\n{}", describe(&out));
+    assert!(
+        text(&out.stderr).contains("using the last configuration the daemon accepted"),
+        "{}",
+        describe(&out)
+    );
+
+    // Fixed: the reload goes through, with a new agent.
+    sdbox.write(CONFIG, &format!("{good}{CLAY}"), 0o644);
+    sdbox.ok(&["systemctl", "reload", "agent-state.service"]);
+    assert!(
+        sdbox.json(&format!("{STATE}/.daemon/daemon.json"))["agents"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|n| n == "clay")),
+        "the reload had taken effect when systemctl reload returned"
+    );
+    assert_eq!(sdbox.prop("MainPID"), main_pid, "a reload is not a restart");
 }
