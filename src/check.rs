@@ -126,6 +126,13 @@ fn check_agent(
     // aside and recreates what belongs there.
     let mut unsafe_paths = Vec::new();
     for (path, want_dir) in expected_entries(dir) {
+        // Only the outermost: what is below a refused path is never looked at.
+        if unsafe_paths
+            .iter()
+            .any(|u: &std::path::PathBuf| path.starts_with(u))
+        {
+            continue;
+        }
         let rel = match path.strip_prefix(&dir.path) {
             Ok(r) if r.as_os_str().is_empty() => ".".to_string(),
             Ok(r) => r.display().to_string(),
@@ -160,7 +167,10 @@ fn check_agent(
             }
             Ok(None) if want_dir => finding(found, dir, rel + "/", "missing directory"),
             Ok(None) => {}
-            Err(e) => finding(found, dir, rel, format!("{UNSAFE_PROBLEM}{e}")),
+            Err(e) => {
+                finding(found, dir, rel, format!("{UNSAFE_PROBLEM}{e}"));
+                unsafe_paths.push(path);
+            }
         }
     }
     if unsafe_paths.contains(&dir.path) {
@@ -229,15 +239,28 @@ fn check_agent(
             ),
         );
     }
+    // An inbox directory that is not what it should be is reported above
+    // and never looked into.
+    if unsafe_paths.iter().any(|p| p.starts_with(dir.inbox())) {
+        return Ok(());
+    }
     for claimed in inbox::claimed_sessions(dir)? {
         if running.as_deref() != Some(claimed.as_str()) {
             finding(
                 found,
                 dir,
                 format!("inbox/.claimed/{claimed}/"),
-                "messages claimed by a session that is not running",
+                CLAIMED_PROBLEM,
             );
         }
+    }
+    for name in inbox::undecodable_names(dir)? {
+        finding(
+            found,
+            dir,
+            format!("inbox/{}", inbox::escaped_name(&name)),
+            UNDECODABLE_PROBLEM,
+        );
     }
     let sys_now = std::time::SystemTime::now();
     for name in inbox::waiting_names(dir)? {
@@ -286,6 +309,10 @@ fn check_agent(
     let _ = config;
     Ok(())
 }
+
+const CLAIMED_PROBLEM: &str = "messages claimed by a session that is not running";
+
+const UNDECODABLE_PROBLEM: &str = "a message whose name is not UTF-8 (shown escaped): --repair rejects it under a safe name, its bytes recorded";
 
 /// The start of the problem of a path that is not what it should be.
 const UNSAFE_PROBLEM: &str = "unsafe: ";
@@ -403,7 +430,7 @@ fn repair_agent(
     }
     for f in found
         .iter_mut()
-        .filter(|f| f.file.starts_with("inbox/.claimed/"))
+        .filter(|f| f.file.starts_with("inbox/.claimed/") && f.problem == CLAIMED_PROBLEM)
     {
         let session = f
             .file
@@ -418,6 +445,20 @@ fn repair_agent(
             returned.len(),
             undeliverable.len()
         ));
+    }
+    if found.iter().any(|f| f.problem == UNDECODABLE_PROBLEM) {
+        let lock = dir.lock()?;
+        let rejected = inbox::reject_undecodable(dir, now)?;
+        drop(lock);
+        for f in found
+            .iter_mut()
+            .filter(|f| f.problem == UNDECODABLE_PROBLEM)
+        {
+            f.repaired = Some(format!(
+                "moved to inbox/rejected/ ({} name(s) in all)",
+                rejected.len()
+            ));
+        }
     }
     for f in found
         .iter_mut()

@@ -270,7 +270,7 @@ pub fn escaped_name(name: &OsStr) -> String {
 }
 
 /// Reject every waiting name that is not UTF-8. Returns (shown name, reason).
-fn reject_undecodable(agent: &AgentDir, now: Timestamp) -> Result<Vec<(String, String)>> {
+pub fn reject_undecodable(agent: &AgentDir, now: Timestamp) -> Result<Vec<(String, String)>> {
     let mut out = Vec::new();
     for name in undecodable_names(agent)? {
         let reason = "its name is not UTF-8; the original bytes are in `original_name_bytes` of the .reason.json (hex). Send it again under a UTF-8 name".to_string();

@@ -68,6 +68,16 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         };
         waiting.push(w);
     }
+    for name in inbox::undecodable_names(&dir)? {
+        waiting.push(Waiting {
+            file: inbox::escaped_name(&name),
+            state: "invalid",
+            message: None,
+            problem: Some(
+                "its name is not UTF-8 (shown escaped); it is rejected under a safe name at the next scan".into(),
+            ),
+        });
+    }
     waiting.sort_by(|a, b| match (&a.message, &b.message) {
         (Some(x), Some(y)) => Message::delivery_order(x, y),
         (Some(_), None) => std::cmp::Ordering::Less,

@@ -132,6 +132,9 @@ impl Running {
 const SIGNALS_PER_SESSION: u32 = 1000;
 
 struct Daemon {
+    /// Agents whose lock was busy at the last try: logged once when that
+    /// starts and once when it ends, not at every retry.
+    lock_busy: std::collections::BTreeSet<AgentName>,
     config: Config,
     config_path: PathBuf,
     root: StateRoot,
@@ -199,6 +202,7 @@ pub async fn run(config_path: &Path) -> Result<()> {
         crate::state::atomic::set_reclaimer(move || prune_all(&root, &config, &[]).bytes);
     }
     let mut daemon = Daemon {
+        lock_busy: Default::default(),
         alerts: Alerts::new(&config),
         escalated: EscalationMemory::load(&root),
         health: None,
@@ -598,8 +602,13 @@ impl Daemon {
         for agent in wanted.iter().filter(|a| a.kind == AgentKind::Agent) {
             let dir = self.root.agent(&agent.name);
             if let Err(e) = bootstrap::agent(agent, &dir, Timestamp::now()) {
-                tracing::error!(agent = %agent.name, error_code = "IO_ERROR", "cannot bootstrap: {e}");
-                continue;
+                let code = e.code();
+                tracing::error!(agent = %agent.name, error_code = code.as_str(), "cannot bootstrap: {e}");
+                // A busy lock or a bad path: the agent stays configured and
+                // its work is deferred or refused with the reason each time.
+                if !matches!(e, Error::LockBusy { .. } | Error::Unsafe { .. }) {
+                    continue;
+                }
             }
             if let Err(e) = self.watcher.watch(&agent.name, &dir.inbox()) {
                 tracing::error!(agent = %agent.name, error_code = "IO_ERROR", "{e}");
@@ -824,6 +833,7 @@ impl Daemon {
         });
         match result {
             Ok(r) => {
+                self.note_lock_free(agent);
                 for (name, reason) in &r.rejected {
                     self.raise(rejected(agent, name, reason), false);
                 }
@@ -839,7 +849,7 @@ impl Daemon {
             }
             Err(e @ Error::LockBusy { .. }) => {
                 // Looked at again shortly; every other agent is served.
-                tracing::warn!(agent = %agent, error_code = "LOCK_BUSY", "inbox scan deferred by {}s: {e}", LOCK_RETRY.as_secs());
+                self.note_lock_busy(agent, &format!("inbox scan deferred: {e}"));
                 let at =
                     self.clock.now() + chrono::Duration::from_std(LOCK_RETRY).unwrap_or_default();
                 self.settle_at.insert(agent.clone(), at);
@@ -1013,7 +1023,7 @@ impl Daemon {
             Err(e @ Error::LockBusy { .. }) => {
                 // Somebody holds the agent's lock: try again shortly, not
                 // a failure of the agent.
-                tracing::warn!(agent = %agent, error_code = "LOCK_BUSY", "{} wake deferred by {}s: {e}", reason.as_str(), LOCK_RETRY.as_secs());
+                self.note_lock_busy(agent, &format!("{} wake deferred: {e}", reason.as_str()));
                 self.defer_wake(agent, reason, LOCK_RETRY);
                 return;
             }
@@ -1117,6 +1127,23 @@ impl Daemon {
                 output: Box::new(output),
             });
         });
+    }
+
+    /// Log that `agent`'s work waits for its lock: at warning level once,
+    /// then quietly at every retry (every [`LOCK_RETRY`]).
+    fn note_lock_busy(&mut self, agent: &AgentName, what: &str) {
+        if self.lock_busy.insert(agent.clone()) {
+            tracing::warn!(agent = %agent, error_code = "LOCK_BUSY", "{what}; retried every {}s, every other agent is served meanwhile", LOCK_RETRY.as_secs());
+        } else {
+            tracing::debug!(agent = %agent, error_code = "LOCK_BUSY", "{what}");
+        }
+    }
+
+    /// `agent`'s lock was had: say so if it had been busy.
+    fn note_lock_free(&mut self, agent: &AgentName) {
+        if self.lock_busy.remove(agent) {
+            tracing::info!(agent = %agent, "its lock is free again; deferred work goes on");
+        }
     }
 
     /// Put a wake that cannot be served now back, to be tried after `delay`.

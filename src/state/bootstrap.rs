@@ -45,7 +45,6 @@ pub fn agent(config: &AgentConfig, dir: &AgentDir, now: Timestamp) -> Result<Vec
             created.push(relative(dir, &d) + "/");
         }
     }
-    let lock = dir.lock()?;
     let name = dir.name.as_str();
     let json = |value: serde_json::Value| {
         let mut b = serde_json::to_vec_pretty(&value).unwrap_or_default();
@@ -80,12 +79,24 @@ pub fn agent(config: &AgentConfig, dir: &AgentDir, now: Timestamp) -> Result<Vec
         ));
         files.push((dir.memory(), memory::template(&dir.name).into_bytes()));
     }
+    // Complete (every start after the first): nothing to lock or write, so
+    // a `.lock` somebody else holds does not keep the agent from being
+    // served by what needs no lock.
+    let missing = |p: &std::path::Path| !crate::fsx::exists(p);
+    if created.is_empty()
+        && !files.iter().any(|(p, _)| missing(p))
+        && !missing(&dir.journal())
+        && !missing(&dir.lock_file())
+    {
+        return Ok(created);
+    }
+    let lock = dir.lock()?;
     for (path, bytes) in files {
         if atomic::create_new(&path, &bytes, STATE_FILE_MODE)? {
             created.push(relative(dir, &path));
         }
     }
-    let journal_missing = !dir.journal().exists();
+    let journal_missing = !crate::fsx::exists(&dir.journal());
     if journal_missing {
         created.push("journal.jsonl".into());
     }

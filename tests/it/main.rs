@@ -14,6 +14,7 @@ mod daemon;
 mod diskfaults;
 mod events;
 mod faults;
+mod filesafety;
 mod health;
 mod hooks;
 mod hostile;

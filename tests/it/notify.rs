@@ -25,7 +25,7 @@ const WATCHDOG_USEC: &str = "200000";
 /// The systemd end of the notification socket. A thread reads every
 /// datagram as it comes (so the daemon never blocks on a full socket queue)
 /// and hands it over with the time it arrived.
-struct NotifySocket {
+pub struct NotifySocket {
     path: PathBuf,
     rx: mpsc::Receiver<(Instant, String)>,
     /// Every datagram so far, in order of arrival.
@@ -35,7 +35,7 @@ struct NotifySocket {
 }
 
 impl NotifySocket {
-    fn bind(env: &Env) -> NotifySocket {
+    pub fn bind(env: &Env) -> NotifySocket {
         let path = env.tmp("notify.sock");
         let socket = UnixDatagram::bind(&path).expect("bind the notify socket");
         socket
@@ -75,7 +75,7 @@ impl NotifySocket {
     }
 
     /// The environment that points the daemon at this socket.
-    fn vars(&self) -> Vec<(&'static str, String)> {
+    pub fn vars(&self) -> Vec<(&'static str, String)> {
         vec![
             ("NOTIFY_SOCKET", self.path.display().to_string()),
             ("WATCHDOG_USEC", WATCHDOG_USEC.to_string()),
@@ -83,7 +83,7 @@ impl NotifySocket {
     }
 
     /// Take what has arrived; returns how many datagrams there are now.
-    fn drain(&mut self) -> usize {
+    pub fn drain(&mut self) -> usize {
         while let Ok(d) = self.rx.try_recv() {
             self.got.push(d);
         }
@@ -92,7 +92,7 @@ impl NotifySocket {
 
     /// Everything received so far, one datagram per paragraph, for failure
     /// messages (WATCHDOG=1 pings are counted, not listed).
-    fn transcript(&mut self) -> String {
+    pub fn transcript(&mut self) -> String {
         self.drain();
         let pings = self.got.iter().filter(|(_, d)| is_ping(d)).count();
         let mut out = format!("{} datagrams ({pings} WATCHDOG=1 pings):\n", self.got.len());
@@ -105,13 +105,13 @@ impl NotifySocket {
     /// Wait for the first datagram at index `from` or later that has the
     /// line `line` (`READY=1`) or, if `line` ends with `=`, a line starting
     /// with it (`STATUS=`); returns its index. Fails with the transcript.
-    fn wait_for(&mut self, from: usize, line: &str, timeout: Duration) -> usize {
+    pub fn wait_for(&mut self, from: usize, line: &str, timeout: Duration) -> usize {
         self.wait_until(from, line, timeout, |d| has_line(d, line))
     }
 
     /// Wait for the first datagram at index `from` or later for which
     /// `pred` holds; returns its index. Fails naming `what`.
-    fn wait_until(
+    pub fn wait_until(
         &mut self,
         from: usize,
         what: &str,
@@ -158,7 +158,7 @@ impl NotifySocket {
     }
 
     /// WATCHDOG=1 pings that arrived in the next `window`.
-    fn pings_during(&mut self, window: Duration) -> usize {
+    pub fn pings_during(&mut self, window: Duration) -> usize {
         let from = self.drain();
         std::thread::sleep(window);
         self.drain();
