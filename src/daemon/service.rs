@@ -825,7 +825,8 @@ impl Daemon {
     fn receive(&mut self, agent: &AgentName) -> Option<InboxSummary> {
         let dir = self.dir(agent);
         let now = Timestamp::now();
-        let result = dir.lock().and_then(|lock| {
+        let wait = self.lock_wait(agent);
+        let result = crate::state::lock::with_wait(wait, || dir.lock()).and_then(|lock| {
             let received = inbox::receive(&dir, now)?;
             let mut notes = Vec::new();
             hooks::add_tasks_from_messages(&dir, &lock, &received.tasks, now, &mut notes)?;
@@ -1004,8 +1005,14 @@ impl Daemon {
                 return;
             }
         }
-        let prepared = match session::prepare(&self.config, &cfg, &self.root, now) {
-            Ok(p) => p,
+        let wait = self.lock_wait(agent);
+        let prepared = match crate::state::lock::with_wait(wait, || {
+            session::prepare(&self.config, &cfg, &self.root, now)
+        }) {
+            Ok(p) => {
+                self.note_lock_free(agent);
+                p
+            }
             Err(Error::SessionBusy { session, pid, .. }) => {
                 // A session script run by something else (cron) holds it.
                 tracing::info!(agent = %agent, session_id = %session, "{} wake skipped: session {session} is running (pid {pid}) outside the daemon", reason.as_str());
@@ -1136,6 +1143,16 @@ impl Daemon {
             tracing::warn!(agent = %agent, error_code = "LOCK_BUSY", "{what}; retried every {}s, every other agent is served meanwhile", LOCK_RETRY.as_secs());
         } else {
             tracing::debug!(agent = %agent, error_code = "LOCK_BUSY", "{what}");
+        }
+    }
+
+    /// How long to wait for `agent`'s lock: not at all if it was busy at
+    /// the last try (a lock held for good must cost the loop nothing).
+    fn lock_wait(&self, agent: &AgentName) -> Duration {
+        if self.lock_busy.contains(agent) {
+            Duration::ZERO
+        } else {
+            crate::state::lock::DAEMON_WAIT
         }
     }
 

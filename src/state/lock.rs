@@ -26,8 +26,10 @@ use crate::error::{Error, Result};
 /// any state change holds it (milliseconds), short enough that a script is
 /// not hung by somebody holding it.
 pub const CLI_WAIT: Duration = Duration::from_secs(10);
-/// How long the daemon's loop waits before deferring that agent's work.
-pub const DAEMON_WAIT: Duration = Duration::from_millis(100);
+/// How long the daemon's loop waits before deferring that agent's work:
+/// far longer than a state change holds the lock, even on a loaded machine,
+/// and paid once (see [`with_wait`]).
+pub const DAEMON_WAIT: Duration = Duration::from_millis(250);
 
 static WAIT_MS: AtomicU64 = AtomicU64::new(CLI_WAIT.as_millis() as u64);
 
@@ -37,8 +39,25 @@ pub fn set_wait(wait: Duration) {
     WAIT_MS.store(wait.as_millis() as u64, Ordering::Relaxed);
 }
 
+thread_local! {
+    /// A bound for this thread only, set by [`with_wait`].
+    static OVERRIDE: std::cell::Cell<Option<Duration>> = const { std::cell::Cell::new(None) };
+}
+
+/// Run `f` with this thread's locks waiting at most `wait` (the daemon
+/// tries a lock that was busy last time without waiting at all, so a lock
+/// held for good costs its loop nothing).
+pub fn with_wait<T>(wait: Duration, f: impl FnOnce() -> T) -> T {
+    let before = OVERRIDE.with(|o| o.replace(Some(wait)));
+    let out = f();
+    OVERRIDE.with(|o| o.set(before));
+    out
+}
+
 fn wait() -> Duration {
-    Duration::from_millis(WAIT_MS.load(Ordering::Relaxed))
+    OVERRIDE
+        .with(|o| o.get())
+        .unwrap_or_else(|| Duration::from_millis(WAIT_MS.load(Ordering::Relaxed)))
 }
 
 /// Held while alive; dropping it releases the lock.
