@@ -256,6 +256,26 @@ pub fn open_append(path: &Path, mode: u32) -> Result<File> {
     }
 }
 
+/// Create a regular file for writing with `mode` (only if it does not exist
+/// when `exclusive`, else appending to it), never through a link.
+pub fn open_create(path: &Path, mode: u32, exclusive: bool) -> Result<File> {
+    let mut flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_NONBLOCK;
+    flags |= if exclusive {
+        OFlag::O_EXCL
+    } else {
+        OFlag::O_APPEND
+    };
+    match open_raw(path, flags, Mode::from_bits_truncate(mode)) {
+        Ok(fd) => regular(path, fd),
+        Err(Errno::EEXIST) => Err(Error::io(
+            "creating",
+            path,
+            io::Error::from(io::ErrorKind::AlreadyExists),
+        )),
+        Err(e) => Err(open_error("creating", path, e, Kind::File)),
+    }
+}
+
 /// Open (creating it with `mode` if missing) a regular file that exists to
 /// be flocked, for reading only.
 pub fn open_lock(path: &Path, mode: u32) -> Result<File> {
