@@ -144,7 +144,7 @@ fn follow(ctx: &Context, reader: &mut Reader, printer: &mut Printer<impl Write>)
         })
         .map_err(|e| Error::Data(format!("cannot start the file watcher: {e}")))?
     };
-    if !root.is_dir() {
+    if !crate::fsx::is_dir(&root) {
         return Err(Error::NotFound(format!(
             "the state root {} does not exist; run `agent-state bootstrap` first",
             root.display()
@@ -183,7 +183,7 @@ fn follow(ctx: &Context, reader: &mut Reader, printer: &mut Printer<impl Write>)
                         // removed and made anew lost its watch. It may be
                         // gone again, or be a file: then nothing.
                         if !sources.is_empty()
-                            && path.is_dir()
+                            && crate::fsx::is_dir(&path)
                             && watcher.watch(&path, RecursiveMode::NonRecursive).is_ok()
                         {
                             watched.insert(path);
@@ -220,13 +220,13 @@ fn watch_sources(
     watched: &mut BTreeSet<PathBuf>,
 ) -> Result<()> {
     let daemon = ctx.root.daemon_dir();
-    if daemon.is_dir() {
+    if crate::fsx::is_dir(&daemon) {
         let _ = watch(watcher, watched, &daemon);
     }
     for source in reader.sources()? {
         if let SourceId::Agent(a) = &source {
             let dir = ctx.root.agent(a).path;
-            if dir.is_dir() {
+            if crate::fsx::is_dir(&dir) {
                 let _ = watch(watcher, watched, &dir);
             }
         }
