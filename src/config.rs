@@ -497,7 +497,10 @@ impl fmt::Display for Fallback {
 /// Where the daemon keeps the text of the configuration it last accepted
 /// (at start and at every accepted reload): `.daemon/config.accepted.toml`.
 pub fn accepted_copy(state_root: &Path) -> PathBuf {
-    state_root.join(".daemon").join("config.accepted.toml")
+    // The root resolved as StateRoot resolves it: only it may be behind a link.
+    crate::fsx::trusted(state_root)
+        .join(".daemon")
+        .join("config.accepted.toml")
 }
 
 /// The state root a config file names, read even when the rest of the file

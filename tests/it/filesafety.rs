@@ -625,3 +625,28 @@ fn a_fifo_journal_with_a_writer_blocks_neither_a_hook_nor_the_daemon() {
     let _ = writer.kill();
     let _ = writer.wait();
 }
+
+#[test]
+fn the_state_root_itself_may_sit_behind_a_link() {
+    // The operator's choice (`/opt` → `/srv/opt`): resolved once, trusted.
+    let env = Env::with_config(crate::support::STANDARD_AGENTS);
+    let real = env.tmp("real-root");
+    std::fs::create_dir(&real).unwrap();
+    symlink(&real, &env.root).unwrap();
+    env.ok(&["bootstrap"]);
+    assert!(real.join("rio/report.json").is_file());
+    env.send("leo", "rio", &[]);
+    let id = env.ok(&["session", "begin", "rio"]).trim().to_string();
+    env.ok(&[
+        "session",
+        "end",
+        "rio",
+        "--session",
+        &id,
+        "--outcome",
+        "completed",
+    ]);
+    assert_eq!(env.files("rio", "inbox/processed").len(), 1);
+    let check = env.run(&["check"]);
+    assert_eq!(check.status.code(), Some(0), "{}", text(&check));
+}
