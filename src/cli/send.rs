@@ -2,7 +2,7 @@
 //! agent's with `--to all`.
 
 use std::io::Read;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::agent_name::AgentName;
 use crate::cli::{Context, print_notes};
@@ -62,13 +62,12 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
     let body = match (&args.body, &args.body_file) {
         (Some(b), _) => b.clone(),
         (None, Some(p)) if p.as_os_str() == "-" => {
-            let mut s = String::new();
-            std::io::stdin()
-                .read_to_string(&mut s)
-                .at("reading the body from", "standard input")?;
-            s
+            read_body(std::io::stdin().lock(), Path::new("standard input"))?
         }
-        (None, Some(p)) => std::fs::read_to_string(p).at("reading the body from", p)?,
+        (None, Some(p)) => {
+            let file = std::fs::File::open(p).at("reading the body from", p)?;
+            read_body(file, p)?
+        }
         (None, None) => String::new(),
     };
     let outgoing = Outgoing {
@@ -157,4 +156,26 @@ fn count_sent(
 
 fn is_permission_denied(e: &Error) -> bool {
     matches!(e, Error::Io { source, .. } if source.kind() == std::io::ErrorKind::PermissionDenied)
+}
+
+/// Read a message body: at most the message limit plus one byte (a body from
+/// `/dev/zero` or an endless pipe is refused after 1 MiB, not read forever).
+fn read_body(from: impl Read, what: &Path) -> Result<String> {
+    let mut bytes = Vec::new();
+    from.take(inbox::MAX_MESSAGE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .at("reading the body from", what)?;
+    if bytes.len() as u64 > inbox::MAX_MESSAGE_BYTES {
+        return Err(Error::Data(format!(
+            "the body from {} is over the message limit of {} bytes (1 MiB): put large content in a file and name it with --source-ref",
+            what.display(),
+            inbox::MAX_MESSAGE_BYTES
+        )));
+    }
+    String::from_utf8(bytes).map_err(|_| {
+        Error::Data(format!(
+            "the body from {} is not UTF-8 text; messages are JSON text",
+            what.display()
+        ))
+    })
 }

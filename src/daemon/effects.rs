@@ -35,7 +35,15 @@ pub struct Origin<'a> {
     pub agent: &'a AgentName,
     pub session_id: &'a str,
     pub instance: &'a str,
+    /// Whether a `DISCOVERY_GLOBAL` may still go to every agent: a session
+    /// shares at most [`GLOBAL_DISCOVERIES_PER_SESSION`]; the rest are kept
+    /// in its own memory.md, so an agent printing them in a loop cannot
+    /// flood every inbox (and the daemon's loop with the writes).
+    pub may_fan_out: bool,
 }
+
+/// How many `DISCOVERY_GLOBAL` signals of one session go to every agent.
+pub const GLOBAL_DISCOVERIES_PER_SESSION: u32 = 10;
 
 /// `.daemon/signals.jsonl`.
 pub fn signals_log(root: &StateRoot) -> PathBuf {
@@ -95,8 +103,12 @@ pub fn apply(
         }
         SignalType::DiscoveryLocal | SignalType::DiscoveryGlobal => {
             let (scope, text) = signal.discovery().unwrap_or((DiscoveryScope::Local, ""));
-            match scope {
-                DiscoveryScope::Local => {
+            let over = scope == DiscoveryScope::Global && !origin.may_fan_out;
+            if scope == DiscoveryScope::Global && !over {
+                let n = share_discovery(root, config, origin, text, now)?;
+                format!("flag sent to {n} agent(s)")
+            } else {
+                {
                     let lock = dir.lock()?;
                     let line = format!(
                         "- {} ({}): {}",
@@ -106,11 +118,13 @@ pub fn apply(
                     );
                     memory::append_entries(&dir.memory(), DISCOVERIES_SECTION, &[line])?;
                     drop(lock);
-                    "memory.md: added under Discoveries".to_string()
-                }
-                DiscoveryScope::Global => {
-                    let n = share_discovery(root, config, origin, text, now)?;
-                    format!("flag sent to {n} agent(s)")
+                    if over {
+                        format!(
+                            "memory.md: added under Discoveries, not shared: this session already shared {GLOBAL_DISCOVERIES_PER_SESSION} discoveries with every agent"
+                        )
+                    } else {
+                        "memory.md: added under Discoveries".to_string()
+                    }
                 }
             }
         }

@@ -110,6 +110,8 @@ struct Running {
     /// an agent that prints signals in a loop must not turn the daemon's
     /// loop into a stream of fsyncs.
     signals_seen: u32,
+    /// `DISCOVERY_GLOBAL` signals shared with every agent so far.
+    global_discoveries: u32,
     last_progress: Option<u8>,
 }
 
@@ -1091,6 +1093,7 @@ impl Daemon {
                 stop_note: stop_note.clone(),
                 completed_by_signal: false,
                 signals_seen: 0,
+                global_discoveries: 0,
                 last_progress: None,
             },
         );
@@ -1610,7 +1613,13 @@ impl Daemon {
             }
             return;
         }
+        let may_fan_out = running.global_discoveries < effects::GLOBAL_DISCOVERIES_PER_SESSION;
+        if matches!(&signal, Ok(s) if s.kind() == crate::protocol::signals::SignalType::DiscoveryGlobal)
+        {
+            running.global_discoveries += 1;
+        }
         let origin = effects::Origin {
+            may_fan_out,
             agent,
             session_id: &session_id,
             instance: &instance,

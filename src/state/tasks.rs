@@ -220,6 +220,17 @@ pub fn add(
     notes: &mut Vec<String>,
 ) -> Result<Task> {
     let mut file: TaskFile = dir.load(lock, now, notes)?;
+    // A task from a message is added once, whoever adds it first (`send`,
+    // or the daemon receiving the message, or a session claiming it): the
+    // check is under the lock, so two adders never both add it.
+    if let Some(source) = &new.source_message
+        && let Some(existing) = file
+            .tasks
+            .iter()
+            .find(|t| t.source_message.as_ref() == Some(source))
+    {
+        return Ok(existing.clone());
+    }
     let task = Task {
         id: file.next_id(),
         kind: new.kind,

@@ -319,3 +319,39 @@ fn a_flood_of_signals_is_capped_and_the_daemon_stays_responsive() {
         state(&env, "theseus", "session.json")["status"] == "completed"
     });
 }
+
+#[test]
+fn global_discoveries_reach_every_agent_at_most_ten_times_a_session() {
+    // 1000 DISCOVERY_GLOBAL signals: without a bound, 1000 flags to every
+    // other agent and the daemon's loop busy writing them.
+    let env = setup(
+        "echo starting\ni=0\nwhile [ $i -lt 1000 ]; do echo \"<axiom>DISCOVERY_GLOBAL:finding $i</axiom>\"; i=$((i+1)); done\n\
+         echo '<axiom>COMPLETE</axiom>'",
+    );
+    let d = env.daemon();
+    env.ok(&["wake", "rio"]);
+    d.wait_until(secs(60.0), "the session ended", || {
+        state(&env, "rio", "session.json")["status"] == "completed"
+    });
+    for other in ["theseus", "clay"] {
+        let got = waiting_subjects(&env, other);
+        assert_eq!(got.len(), 10, "{other} got {} flags: {got:?}", got.len());
+    }
+    // The rest are kept in rio's own memory, and the journal says why.
+    let memory = env.read("rio", "memory.md");
+    assert!(memory.contains("finding 999"), "{memory}");
+    let not_shared = journal(&env, "rio")
+        .iter()
+        .filter(|e| e["event"] == "signal")
+        .filter(|e| {
+            e["effect"]
+                .as_str()
+                .is_some_and(|x| x.contains("not shared"))
+        })
+        .count();
+    assert_eq!(not_shared, 990);
+    env.ok(&["wake", "theseus"]);
+    d.wait_until(secs(5.0), "theseus ran", || {
+        state(&env, "theseus", "session.json")["status"] == "completed"
+    });
+}
