@@ -263,8 +263,12 @@ fn check_agent(
         );
     }
     let sys_now = std::time::SystemTime::now();
+    let settle = config
+        .agent(&dir.name)
+        .map(|a| a.session.inbox_settle)
+        .unwrap_or(inbox::SETTLE_TIME);
     for name in inbox::waiting_names(dir)? {
-        match inbox::inspect(dir, &name, sys_now) {
+        match inbox::inspect(dir, &name, sys_now, inbox::Intake::settle(settle)) {
             Verdict::Valid(_) => {}
             Verdict::Unsettled(why) => notes.push(format!(
                 "{}: inbox/{name} does not parse yet ({why}); it was written moments ago, so it is left to settle",

@@ -134,6 +134,9 @@ pub struct SessionSettings {
     pub session_type: SessionType,
     pub wake_on_inbox: WakeOnInbox,
     pub inbox_debounce: Duration,
+    /// How long a message file that does not parse yet (or still has a
+    /// second link) may still be being written before it is judged.
+    pub inbox_settle: Duration,
     pub max_output: u64,
     pub jitter: Duration,
     pub retries: RetrySettings,
@@ -254,6 +257,7 @@ struct RawSession {
     session_type: Option<String>,
     wake_on_inbox: Option<String>,
     inbox_debounce: Option<String>,
+    inbox_settle: Option<String>,
     max_output: Option<String>,
     jitter: Option<String>,
     timeout_retries: Option<i64>,
@@ -287,6 +291,7 @@ struct RawAgent {
     session_type: Option<String>,
     wake_on_inbox: Option<String>,
     inbox_debounce: Option<String>,
+    inbox_settle: Option<String>,
     max_output: Option<String>,
     jitter: Option<String>,
     timeout_retries: Option<i64>,
@@ -313,6 +318,7 @@ impl RawAgent {
             session_type: self.session_type.clone(),
             wake_on_inbox: self.wake_on_inbox.clone(),
             inbox_debounce: self.inbox_debounce.clone(),
+            inbox_settle: self.inbox_settle.clone(),
             max_output: self.max_output.clone(),
             jitter: self.jitter.clone(),
             timeout_retries: self.timeout_retries,
@@ -925,6 +931,13 @@ impl Validator {
             base.map(|b| b.inbox_debounce),
             "30s",
         );
+        let inbox_settle = dur(
+            self,
+            "inbox_settle",
+            &raw.inbox_settle,
+            base.map(|b| b.inbox_settle),
+            "60s",
+        );
         let jitter = dur(self, "jitter", &raw.jitter, base.map(|b| b.jitter), "0s");
         let model = match &raw.model {
             Some(m) if !m.trim().is_empty() => m.clone(),
@@ -1086,6 +1099,7 @@ impl Validator {
             session_type,
             wake_on_inbox,
             inbox_debounce,
+            inbox_settle,
             max_output,
             jitter,
             retries,

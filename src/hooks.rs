@@ -250,6 +250,9 @@ pub struct BeginRequest {
     pub owner: Option<Owner>,
     /// The instance id of the spawn (set by the daemon).
     pub instance: Option<String>,
+    /// Inbox files a writer still has open (the daemon knows from its
+    /// watch): left waiting, never claimed half-written.
+    pub writing: inbox::Writing,
 }
 
 #[derive(Debug, Default)]
@@ -359,7 +362,13 @@ pub fn begin(
         instance,
         ..req.clone()
     };
-    let claim = inbox::claim(dir, &session_id, now)?;
+    let claim = inbox::claim(
+        dir,
+        &session_id,
+        now,
+        agent.session.inbox_settle,
+        &req.writing,
+    )?;
     let message_ids: Vec<String> = claim.claimed.iter().map(|m| m.id.clone()).collect();
     let model = Args::text(req.model.as_deref()).unwrap_or_else(|| agent.session.model.clone());
     let disconfirmation_target = Args::text(req.disconfirmation_target.as_deref());

@@ -33,8 +33,9 @@ use crate::state::{AgentDir, atomic};
 pub const MAX_MESSAGE_BYTES: u64 = 1 << 20;
 /// Failed deliveries after which a message is set aside as undeliverable.
 pub const MAX_ATTEMPTS: u32 = 3;
-/// How long a `.json` that does not parse yet may still be being written.
-pub const SETTLE_TIME: Duration = Duration::from_secs(5);
+/// Default of `inbox_settle`: how long a `.json` that does not parse yet
+/// may still be being written (long enough for a person typing into `cat >`).
+pub const SETTLE_TIME: Duration = Duration::from_secs(60);
 /// Mode of message files: the inbox group (e.g. `teleo`) may read them.
 pub const MESSAGE_MODE: u32 = 0o660;
 
@@ -103,6 +104,8 @@ impl Message {
 pub struct Rejection {
     pub field: Option<&'static str>,
     pub reason: String,
+    /// It did not parse (perhaps unfinished): retried if completed later.
+    pub incomplete: bool,
 }
 
 impl Rejection {
@@ -110,12 +113,14 @@ impl Rejection {
         Rejection {
             field: Some(field),
             reason: format!("field `{field}` {}", reason.into()),
+            incomplete: false,
         }
     }
     fn file(reason: impl Into<String>) -> Self {
         Rejection {
             field: None,
             reason: reason.into(),
+            incomplete: false,
         }
     }
 }
@@ -130,8 +135,10 @@ pub fn validate(
     owner: &AgentName,
     mtime: Timestamp,
 ) -> Result<Message, Rejection> {
-    let value: Value = serde_json::from_slice(bytes)
-        .map_err(|e| Rejection::file(format!("not valid JSON: {e}")))?;
+    let value: Value = serde_json::from_slice(bytes).map_err(|e| Rejection {
+        incomplete: true,
+        ..Rejection::file(format!("not valid JSON: {e}"))
+    })?;
     let Value::Object(mut map) = value else {
         return Err(Rejection::file("the top level must be a JSON object"));
     };
@@ -285,7 +292,69 @@ pub fn is_message_name(name: &str) -> bool {
 }
 
 /// Look at one waiting file without moving it.
-pub fn inspect(agent: &AgentDir, name: &str, now: SystemTime) -> Verdict {
+/// What the caller knows of a waiting file beyond its content.
+#[derive(Debug, Clone, Copy)]
+pub struct Intake {
+    /// The agent's `inbox_settle`.
+    pub settle: Duration,
+    /// A writer still has the file open (the daemon's inotify watch saw it
+    /// written and not yet closed).
+    pub writer_open: bool,
+}
+
+impl Intake {
+    pub fn settle(settle: Duration) -> Intake {
+        Intake {
+            settle,
+            writer_open: false,
+        }
+    }
+}
+
+/// How long a file seen open for writing is waited for without a change
+/// before its writer is taken to be gone (a close missed in an overflow).
+pub fn writer_patience(settle: Duration) -> Duration {
+    (settle * 10).max(Duration::from_secs(600))
+}
+
+/// Whether a waiting file must be left to settle, and why; `None` when it
+/// is to be judged now. Pure: `parsed` is whether its bytes are a valid
+/// message, `extra_links` whether another name links to it, `quiet_for` how
+/// long since it last changed.
+pub fn settle_decision(
+    parsed: bool,
+    extra_links: bool,
+    quiet_for: Duration,
+    intake: Intake,
+) -> Option<String> {
+    let secs =
+        |d: Duration| humantime::format_duration(Duration::from_secs(d.as_secs())).to_string();
+    if intake.writer_open && quiet_for < writer_patience(intake.settle) {
+        return Some(format!(
+            "still open for writing (last change {} ago); looked at again when it is closed",
+            secs(quiet_for)
+        ));
+    }
+    if quiet_for >= intake.settle {
+        return None;
+    }
+    if extra_links {
+        return Some(format!(
+            "has another link (a sender linking it in and removing its temp name?); judged if it still has one {} after its last change",
+            secs(intake.settle)
+        ));
+    }
+    if !parsed {
+        return Some(format!(
+            "does not parse yet, last changed {} ago: it may still be being written; judged {} after its last change",
+            secs(quiet_for),
+            secs(intake.settle)
+        ));
+    }
+    None
+}
+
+pub fn inspect(agent: &AgentDir, name: &str, now: SystemTime, intake: Intake) -> Verdict {
     let path = agent.inbox().join(name);
     // Looked at through a handle: never through a link, never blocking on a
     // FIFO, and what is read is what was checked.
@@ -319,9 +388,16 @@ pub fn inspect(agent: &AgentDir, name: &str, now: SystemTime) -> Verdict {
         Ok(m) => m,
         Err(e) => return Verdict::Invalid(Rejection::file(format!("cannot stat: {e}"))),
     };
+    let mtime = meta.modified().unwrap_or(now);
+    let quiet_for = now.duration_since(mtime).unwrap_or_default();
     // A hard link to a file the sender may not read (the daemon reads with
     // its own rights and quotes what it reads into a prompt): never read.
+    // A sender that links a file in and then removes its temp name is given
+    // the settle time to do so.
     if meta.nlink() > 1 {
+        if let Some(why) = settle_decision(false, true, quiet_for, intake) {
+            return Verdict::Unsettled(why);
+        }
         return Verdict::Invalid(Rejection::file(format!(
             "has {} hard links; a message must be a file of its own (write it, then rename it in), so it was not read",
             meta.nlink()
@@ -333,7 +409,6 @@ pub fn inspect(agent: &AgentDir, name: &str, now: SystemTime) -> Verdict {
             meta.len()
         )));
     }
-    let mtime = meta.modified().unwrap_or(now);
     let mut bytes = Vec::new();
     if let Err(e) = file.take(MAX_MESSAGE_BYTES + 1).read_to_end(&mut bytes) {
         return Verdict::Invalid(Rejection::file(format!("cannot read: {e}")));
@@ -347,17 +422,16 @@ pub fn inspect(agent: &AgentDir, name: &str, now: SystemTime) -> Verdict {
     let stem = name.trim_end_matches(".json");
     let owner = &agent.name;
     let mtime_ts = Timestamp::from_datetime(chrono::DateTime::<chrono::Utc>::from(mtime));
-    match validate(&bytes, stem, owner, mtime_ts) {
+    let result = validate(&bytes, stem, owner, mtime_ts);
+    // Only a file that does not parse at all may be unfinished; one that
+    // parses but has a wrong field is judged at once (unless still open).
+    let parsed = !matches!(&result, Err(r) if r.field.is_none());
+    if let Some(why) = settle_decision(parsed, false, quiet_for, intake) {
+        return Verdict::Unsettled(why);
+    }
+    match result {
         Ok(m) => Verdict::Valid(Box::new(m)),
-        Err(r) => {
-            let fresh = now.duration_since(mtime).unwrap_or_default() < SETTLE_TIME;
-            let unparsable = r.field.is_none();
-            if fresh && unparsable {
-                Verdict::Unsettled(r.reason)
-            } else {
-                Verdict::Invalid(r)
-            }
-        }
+        Err(r) => Verdict::Invalid(r),
     }
 }
 
@@ -416,6 +490,18 @@ fn move_unique(from: &Path, dir: &Path, name: &str) -> Result<PathBuf> {
 /// Move `source` (a file in one of `agent`'s inbox directories) to
 /// `rejected/`, write the reason beside it and journal it. Returns the new path.
 pub fn reject(agent: &AgentDir, source: &Path, reason: &str, now: Timestamp) -> Result<PathBuf> {
+    reject_marked(agent, source, reason, now, false)
+}
+
+/// [`reject`]; `retry_when_valid` marks a file that did not parse, to be
+/// moved back if it is completed later ([`retry_completed`]).
+fn reject_marked(
+    agent: &AgentDir,
+    source: &Path,
+    reason: &str,
+    now: Timestamp,
+    retry_when_valid: bool,
+) -> Result<PathBuf> {
     let rejected = agent.rejected();
     atomic::create_dir(&rejected, 0o2770)?;
     let raw_name = source.file_name().unwrap_or_default();
@@ -437,6 +523,14 @@ pub fn reject(agent: &AgentDir, source: &Path, reason: &str, now: Timestamp) -> 
         "code": "INBOX_REJECTED",
         "reason": reason,
     });
+    if retry_when_valid {
+        reason_doc["retry_when_valid"] = Value::Bool(true);
+        // What it was when judged: a change after this is a writer coming
+        // back to finish it.
+        if let Ok(Some(st)) = fsx::metadata(source) {
+            reason_doc["judged_version"] = Value::String(file_version(&st));
+        }
+    }
     if raw_name.to_str().is_none() {
         let hex: String = raw_name
             .as_bytes()
@@ -496,7 +590,16 @@ pub struct Claim {
 
 /// Validate every waiting message and move the valid ones to
 /// `.claimed/{session_id}/`. Call with the agent lock held.
-pub fn claim(agent: &AgentDir, session_id: &str, now: Timestamp) -> Result<Claim> {
+/// Names a writer still has open (known to the daemon's watch).
+pub type Writing = std::collections::BTreeSet<String>;
+
+pub fn claim(
+    agent: &AgentDir,
+    session_id: &str,
+    now: Timestamp,
+    settle: Duration,
+    writing: &Writing,
+) -> Result<Claim> {
     let mut out = Claim::default();
     out.rejected.extend(reject_undecodable(agent, now)?);
     let names = waiting_names(agent)?;
@@ -509,11 +612,15 @@ pub fn claim(agent: &AgentDir, session_id: &str, now: Timestamp) -> Result<Claim
     let settle_now = SystemTime::now().max(now_sys);
     for name in names {
         let path = agent.inbox().join(&name);
-        match inspect(agent, &name, settle_now) {
+        let intake = Intake {
+            settle,
+            writer_open: writing.contains(&name),
+        };
+        match inspect(agent, &name, settle_now, intake) {
             Verdict::Unsettled(_) => out.unsettled.push(name),
             Verdict::Invalid(r) => {
-                reject(agent, &path, &r.reason, now)?;
-                out.rejected.push((name, r.reason));
+                let kept = reject_as(agent, &path, &r, now)?;
+                out.rejected.push((kept_as(&name, &kept), r.reason));
             }
             Verdict::Valid(m) if m.attempts >= MAX_ATTEMPTS => {
                 let reason = format!("undeliverable: {} failed delivery attempts", m.attempts);
@@ -849,6 +956,36 @@ pub fn count_files(dir: &Path) -> usize {
 mod tests {
     use super::*;
 
+    #[test]
+    fn settling_waits_for_writers_and_for_unfinished_files_only() {
+        let s = |secs| Duration::from_secs(secs);
+        let intake = |open| Intake {
+            settle: s(60),
+            writer_open: open,
+        };
+        // (parsed, extra links, quiet for, writer open) → waits?
+        let table = [
+            (true, false, 0, false, false),   // valid, closed: judged at once
+            (true, false, 0, true, true),     // valid but still open: waits
+            (false, false, 8, true, true),    // a person typing, paused 8 s
+            (false, false, 90, true, true),   // paused longer than settle, still open
+            (false, false, 900, true, false), // open 15 min without a change: writer gone
+            (false, false, 30, false, true),  // closed, broken, 30 s old: may be rewritten
+            (false, false, 60, false, false), // closed, broken, settled: rejected
+            (true, true, 5, false, true),     // linked in, temp name not yet removed
+            (true, true, 61, false, false),   // still two links after settle: rejected
+            (true, false, 61, false, false),
+        ];
+        for (parsed, links, quiet, open, waits) in table {
+            let got = settle_decision(parsed, links, s(quiet), intake(open));
+            assert_eq!(
+                got.is_some(),
+                waits,
+                "parsed {parsed}, links {links}, quiet {quiet}s, open {open}: {got:?}"
+            );
+        }
+    }
+
     fn owner() -> AgentName {
         AgentName::parse("rio").unwrap()
     }
@@ -969,12 +1106,21 @@ pub struct Received {
 /// Look at every waiting file as the daemon receives it: settled invalid
 /// files go to `rejected/`, valid ones are counted and left waiting for the
 /// next session to claim. Call with the agent lock held.
-pub fn receive(agent: &AgentDir, now: Timestamp) -> Result<Received> {
+pub fn receive(
+    agent: &AgentDir,
+    now: Timestamp,
+    settle: Duration,
+    writing: &Writing,
+) -> Result<Received> {
     let mut out = Received::default();
     let sys_now = SystemTime::now();
     out.rejected.extend(reject_undecodable(agent, now)?);
     for name in waiting_names(agent)? {
-        match inspect(agent, &name, sys_now) {
+        let intake = Intake {
+            settle,
+            writer_open: writing.contains(&name),
+        };
+        match inspect(agent, &name, sys_now, intake) {
             Verdict::Valid(m) if m.is_expired(now) => {}
             Verdict::Valid(m) => {
                 match m.priority {
@@ -987,10 +1133,106 @@ pub fn receive(agent: &AgentDir, now: Timestamp) -> Result<Received> {
             }
             Verdict::Unsettled(_) => out.unsettled = true,
             Verdict::Invalid(r) => {
-                reject(agent, &agent.inbox().join(&name), &r.reason, now)?;
-                out.rejected.push((name, r.reason));
+                let kept = reject_as(agent, &agent.inbox().join(&name), &r, now)?;
+                out.rejected.push((kept_as(&name, &kept), r.reason));
             }
         }
+    }
+    Ok(out)
+}
+
+/// A file's content version as far as stat tells: size and mtime to the
+/// nanosecond.
+fn file_version(st: &nix::sys::stat::FileStat) -> String {
+    format!("{}:{}.{:09}", st.st_size, st.st_mtime, st.st_mtime_nsec)
+}
+
+/// `name`, and where it was really kept if that is another name.
+fn kept_as(name: &str, kept: &Path) -> String {
+    let kept = kept.file_name().unwrap_or_default().to_string_lossy();
+    if kept == name {
+        name.to_string()
+    } else {
+        format!("{name} (kept as inbox/rejected/{kept})")
+    }
+}
+
+/// Reject for `r`: a file that did not parse is marked to be retried if it
+/// is completed later (a writer that paused longer than the settle time).
+fn reject_as(agent: &AgentDir, path: &Path, r: &Rejection, now: Timestamp) -> Result<PathBuf> {
+    reject_marked(agent, path, &r.reason, now, r.incomplete)
+}
+
+/// Files rejected because they did not parse, changed since and valid now:
+/// moved back to the inbox (journaled), so a message a person finished
+/// after it was judged is delivered, not lost. Returns their new names.
+/// Call with the agent lock held.
+pub fn retry_completed(agent: &AgentDir, now: Timestamp) -> Result<Vec<String>> {
+    let dir = agent.rejected();
+    let mut out = Vec::new();
+    for reason_name in fsx::list(&dir)? {
+        let Some(reason_name) = reason_name.to_str() else {
+            continue;
+        };
+        let Some(file) = reason_name.strip_suffix(".reason.json") else {
+            continue;
+        };
+        let reason_path = dir.join(reason_name);
+        let Ok(Some((bytes, _))) = fsx::read_limited(&reason_path, MAX_MESSAGE_BYTES) else {
+            continue;
+        };
+        let Ok(doc) = serde_json::from_slice::<Value>(&bytes) else {
+            continue;
+        };
+        if doc["retry_when_valid"] != Value::Bool(true) {
+            continue;
+        }
+        let path = dir.join(file);
+        let Ok(Some(st)) = fsx::metadata(&path) else {
+            continue;
+        };
+        if doc["judged_version"].as_str() == Some(file_version(&st).as_str()) {
+            continue;
+        }
+        let Ok(Some(f)) = fsx::open_read(&path) else {
+            continue;
+        };
+        let Ok(meta) = f.metadata() else { continue };
+        if meta.nlink() > 1 || meta.len() > MAX_MESSAGE_BYTES {
+            continue;
+        }
+        let mut content = Vec::new();
+        if (&f)
+            .take(MAX_MESSAGE_BYTES + 1)
+            .read_to_end(&mut content)
+            .is_err()
+        {
+            continue;
+        }
+        let stem = file.trim_end_matches(".json");
+        if validate(&content, stem, &agent.name, now).is_err() {
+            continue;
+        }
+        let original = doc["original_name"].as_str().unwrap_or(file).to_string();
+        let back = move_unique(&path, &agent.inbox(), &original)?;
+        fsx::remove_file(&reason_path)?;
+        let back_name = back
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .to_string();
+        journal::append(
+            &agent.journal(),
+            &Entry::new(
+                now,
+                Event::MessageRetried(crate::state::journal::MessageRetried {
+                    file: back_name.clone(),
+                    from: format!("inbox/rejected/{file}"),
+                    reason: "completed after it was rejected as unparsable: delivered".into(),
+                }),
+            ),
+        )?;
+        out.push(back_name);
     }
     Ok(out)
 }

@@ -92,6 +92,8 @@ pub struct PromptOptions {
     pub budget_bytes: usize,
     /// Replaces the identity section while the agent is hatching.
     pub birth_prompt: Option<String>,
+    /// The agent's `inbox_settle` (for the waiting messages a preview shows).
+    pub inbox_settle: std::time::Duration,
 }
 
 impl Default for PromptOptions {
@@ -99,6 +101,7 @@ impl Default for PromptOptions {
         PromptOptions {
             budget_bytes: DEFAULT_BUDGET_BYTES,
             birth_prompt: None,
+            inbox_settle: inbox::SETTLE_TIME,
         }
     }
 }
@@ -112,6 +115,7 @@ impl PromptOptions {
         PromptOptions {
             budget_bytes: usize::try_from(agent.session.prompt_budget).unwrap_or(usize::MAX),
             birth_prompt: Some(agent.session.birth_prompt.clone()),
+            inbox_settle: agent.session.inbox_settle,
         }
     }
 }
@@ -274,7 +278,7 @@ pub fn assemble_with(
     }
 
     let session: Session = agent.read_or_repair()?;
-    let (messages, waiting) = messages_for_prompt(agent, &session)?;
+    let (messages, waiting) = messages_for_prompt(agent, &session, options.inbox_settle)?;
     if !messages.is_empty() {
         let n = messages.len();
         let mut pieces = vec![Piece::fixed(format!(
@@ -763,7 +767,11 @@ fn message_text(i: usize, n: usize, m: &Message) -> String {
 
 /// The running session's claimed messages; with no session running, the
 /// valid waiting ones (what the next `begin` would claim). The flag says which.
-fn messages_for_prompt(agent: &AgentDir, session: &Session) -> Result<(Vec<Message>, bool)> {
+fn messages_for_prompt(
+    agent: &AgentDir,
+    session: &Session,
+    settle: std::time::Duration,
+) -> Result<(Vec<Message>, bool)> {
     if session.is_running() {
         return Ok((
             inbox::claimed(agent, &session.session_id)?
@@ -778,7 +786,8 @@ fn messages_for_prompt(agent: &AgentDir, session: &Session) -> Result<(Vec<Messa
     let settle_now = std::time::SystemTime::now().max(now_sys);
     let mut waiting = Vec::new();
     for name in inbox::waiting_names(agent)? {
-        if let Verdict::Valid(m) = inbox::inspect(agent, &name, settle_now)
+        if let Verdict::Valid(m) =
+            inbox::inspect(agent, &name, settle_now, inbox::Intake::settle(settle))
             && m.attempts < inbox::MAX_ATTEMPTS
             && !m.is_expired(now)
         {
@@ -1000,6 +1009,7 @@ mod tests {
             let options = PromptOptions {
                 budget_bytes: budget,
                 birth_prompt: birth.map(str::to_string),
+                ..PromptOptions::default()
             };
             assemble_with(&self.root, &self.dir, &options).unwrap()
         }

@@ -41,12 +41,13 @@ struct Claimed {
 }
 
 pub fn run(ctx: &Context, args: Args) -> Result<u8> {
-    let (_, dir) = ctx.agent(&args.agent)?;
+    let (agent, dir) = ctx.agent(&args.agent)?;
     dir.require()?;
     let now = std::time::SystemTime::now();
+    let intake = inbox::Intake::settle(agent.session.inbox_settle);
     let mut waiting = Vec::new();
     for name in inbox::waiting_names(&dir)? {
-        let w = match inbox::inspect(&dir, &name, now) {
+        let w = match inbox::inspect(&dir, &name, now, intake) {
             Verdict::Valid(m) => Waiting {
                 file: name,
                 state: "valid",

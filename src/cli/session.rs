@@ -129,6 +129,7 @@ pub fn run(ctx: &Context, command: Command) -> Result<u8> {
                 join: a.join,
                 owner: Some(a.owner_pid.map(Owner::of).unwrap_or_else(Owner::parent)),
                 instance: None,
+                writing: Default::default(),
             };
             let r = hooks::begin(agent, &dir, &req, ctx.now)?;
             print_notes(&r.notes);

@@ -134,6 +134,8 @@ impl Running {
 const SIGNALS_PER_SESSION: u32 = 1000;
 
 struct Daemon {
+    /// Inbox files a writer has open (written, not yet closed), per agent.
+    writing: BTreeMap<AgentName, inbox::Writing>,
     /// Agents whose lock was busy at the last try: logged once when that
     /// starts and once when it ends, not at every retry.
     lock_busy: std::collections::BTreeSet<AgentName>,
@@ -204,6 +206,7 @@ pub async fn run(config_path: &Path) -> Result<()> {
         crate::state::atomic::set_reclaimer(move || prune_all(&root, &config, &[]).bytes);
     }
     let mut daemon = Daemon {
+        writing: BTreeMap::new(),
         lock_busy: Default::default(),
         alerts: Alerts::new(&config),
         escalated: EscalationMemory::load(&root),
@@ -770,9 +773,30 @@ impl Daemon {
             LoopEvent::Watch(WatchEvent::Inbox(agent)) => {
                 self.dirty.insert(agent);
             }
+            LoopEvent::Watch(WatchEvent::Writing(agent, name)) => {
+                self.writing.entry(agent).or_default().insert(name);
+            }
+            LoopEvent::Watch(WatchEvent::Closed(agent, name)) => {
+                if let Some(w) = self.writing.get_mut(&agent) {
+                    w.remove(&name);
+                }
+                self.dirty.insert(agent);
+            }
+            LoopEvent::Watch(WatchEvent::Rejected(agent)) => self.retry_rejected(&agent),
+            LoopEvent::Watch(WatchEvent::Lost(agent)) => {
+                if self.watcher.is_watching(&agent) {
+                    tracing::warn!(agent = %agent, "its inbox directory was removed or moved away; watching it again when it is back (or recreated)");
+                    self.watcher.forget(&agent);
+                    let at = self.clock.now() + chrono::Duration::seconds(1);
+                    self.settle_at.insert(agent, at);
+                }
+            }
             LoopEvent::Watch(WatchEvent::Wake(agent)) => self.take_wake_requests(&agent),
             LoopEvent::Watch(WatchEvent::Rescan(why)) => {
                 tracing::warn!("rescanning every inbox: {why}");
+                // What was being written is not known any more: each file
+                // is judged by its age again.
+                self.writing.clear();
                 self.scan_all_inboxes();
             }
             LoopEvent::SessionPid { agent, pid } => {
@@ -792,10 +816,32 @@ impl Daemon {
         }
     }
 
+    /// Move back to the inbox what was rejected as unfinished and has been
+    /// finished since.
+    fn retry_rejected(&mut self, agent: &AgentName) {
+        let dir = self.dir(agent);
+        let wait = self.lock_wait(agent);
+        let result = crate::state::lock::with_wait(wait, || dir.lock())
+            .and_then(|_lock| inbox::retry_completed(&dir, Timestamp::now()));
+        match result {
+            Ok(back) if !back.is_empty() => {
+                for name in &back {
+                    tracing::info!(agent = %agent, "inbox/{name}: rejected as unfinished, completed since: back in the inbox");
+                }
+                self.dirty.insert(agent.clone());
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(agent = %agent, error_code = e.code().as_str(), "cannot look at rejected messages: {e}")
+            }
+        }
+    }
+
     fn scan_all_inboxes(&mut self) {
         let agents: Vec<AgentName> = self.core.agents.keys().cloned().collect();
         for agent in agents {
             self.take_wake_requests(&agent);
+            self.retry_rejected(&agent);
             self.scan_inbox(&agent);
         }
     }
@@ -803,6 +849,21 @@ impl Daemon {
     /// Receive what waits in `agent`'s inbox: reject settled junk, add tasks
     /// for task messages, and tell the core what waits.
     fn scan_inbox(&mut self, agent: &AgentName) {
+        // An inbox replaced under us (rm -r + mkdir, mv away and back) lost
+        // its watch: watched again (recreated if it is missing), then read.
+        if !self.watcher.is_watching(agent)
+            && let Some(cfg) = self.agent_config(agent).cloned()
+        {
+            let dir = self.dir(agent);
+            if !crate::fsx::exists(&dir.inbox()) {
+                let _ = bootstrap::agent(&cfg, &dir, Timestamp::now());
+            }
+            match self.watcher.watch(agent, &dir.inbox()) {
+                Ok(()) => tracing::info!(agent = %agent, "its inbox is watched again"),
+                Err(e) => tracing::warn!(agent = %agent, "cannot watch its inbox: {e}"),
+            }
+            self.retry_rejected(agent);
+        }
         let Some(summary) = self.receive(agent) else {
             return;
         };
@@ -828,8 +889,13 @@ impl Daemon {
         let dir = self.dir(agent);
         let now = Timestamp::now();
         let wait = self.lock_wait(agent);
+        let settle = self
+            .agent_config(agent)
+            .map(|a| a.session.inbox_settle)
+            .unwrap_or(inbox::SETTLE_TIME);
+        let writing = self.writing.get(agent).cloned().unwrap_or_default();
         let result = crate::state::lock::with_wait(wait, || dir.lock()).and_then(|lock| {
-            let received = inbox::receive(&dir, now)?;
+            let received = inbox::receive(&dir, now, settle, &writing)?;
             let mut notes = Vec::new();
             hooks::add_tasks_from_messages(&dir, &lock, &received.tasks, now, &mut notes)?;
             Ok(received)
@@ -841,8 +907,11 @@ impl Daemon {
                     self.raise(rejected(agent, name, reason), false);
                 }
                 if r.unsettled {
-                    let at = self.clock.now()
-                        + chrono::Duration::from_std(inbox::SETTLE_TIME).unwrap_or_default();
+                    // Looked at again soon: a file settles `inbox_settle`
+                    // after its last change, a closed writer wakes us anyway.
+                    let again = (settle / 4).clamp(Duration::from_secs(1), Duration::from_secs(15));
+                    let at =
+                        self.clock.now() + chrono::Duration::from_std(again).unwrap_or_default();
                     self.settle_at.insert(agent.clone(), at);
                 }
                 Some(InboxSummary {
@@ -1008,8 +1077,9 @@ impl Daemon {
             }
         }
         let wait = self.lock_wait(agent);
+        let writing = self.writing.get(agent).cloned().unwrap_or_default();
         let prepared = match crate::state::lock::with_wait(wait, || {
-            session::prepare(&self.config, &cfg, &self.root, now)
+            session::prepare(&self.config, &cfg, &self.root, now, &writing)
         }) {
             Ok(p) => {
                 self.note_lock_free(agent);
@@ -2216,12 +2286,18 @@ impl Daemon {
 }
 
 /// The record of an inbox file rejected as a message.
+/// `name` is the file's name, or `NAME (kept as inbox/rejected/KEPT)` when
+/// it was kept under another name (de-duplicated, shortened, not UTF-8).
 fn rejected(agent: &AgentName, name: &str, reason: &str) -> ErrorRecord {
+    let (file, kept) = match name.split_once(" (kept as ") {
+        Some((file, kept)) => (file, kept.trim_end_matches(')').to_string()),
+        None => (name, format!("inbox/rejected/{name}")),
+    };
     ErrorRecord::new(
         Code::InboxRejected,
-        format!("{agent}: inbox/{name} rejected: {reason}"),
+        format!("{agent}: inbox/{file} rejected: {reason}"),
     )
-    .details(format!("kept as inbox/rejected/{name}"))
+    .details(format!("kept as {kept}"))
     .agent(agent)
 }
 

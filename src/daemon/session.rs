@@ -33,12 +33,14 @@ pub fn prepare(
     agent: &AgentConfig,
     root: &StateRoot,
     now: Timestamp,
+    writing: &crate::inbox::Writing,
 ) -> Result<Prepared> {
     let dir = root.agent(&agent.name);
     let instance = files::next_instance(root, agent.name.as_str(), || highest_instance(&dir))?;
     let req = BeginRequest {
         owner: Some(Owner::of(std::process::id() as i32)),
         instance: Some(instance.clone()),
+        writing: writing.clone(),
         ..BeginRequest::default()
     };
     let begun = hooks::begin(agent, &dir, &req, now)?;

@@ -43,6 +43,7 @@ pub enum Event {
     TaskUpdated(TaskUpdated),
     MessageSent(MessageSent),
     MessageRejected(MessageRejected),
+    MessageRetried(MessageRetried),
     MessageExpired(MessageExpired),
     Record(Record),
     StateRepaired(StateRepaired),
@@ -221,6 +222,14 @@ pub struct MessageRejected {
     pub file: String,
     pub reason: String,
     pub moved_to: String,
+}
+
+/// A rejected file was completed and became valid: moved back to the inbox.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct MessageRetried {
+    pub file: String,
+    pub from: String,
+    pub reason: String,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

@@ -315,6 +315,9 @@ fn a_hard_link_in_the_inbox_is_rejected_unread() {
     let (env, outside) = hostile_env();
     let secret = outside.join("secret.json");
     std::fs::hard_link(&secret, env.path("rio", "inbox/linked.json")).unwrap();
+    // A fresh second link is given the settle time (a sender that links a
+    // file in removes its temp name right after); this one is old.
+    settle(&secret);
     let begin = run_bounded(&env, &["session", "begin", "rio"]);
     assert_eq!(begin.status.code(), Some(0), "{}", text(&begin));
     let id = String::from_utf8_lossy(&begin.stdout).trim().to_string();

@@ -26,3 +26,4 @@ mod prompt;
 mod scripts;
 mod signals;
 mod systemd;
+mod typed;
