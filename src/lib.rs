@@ -35,6 +35,7 @@ pub mod events;
 pub mod fsx;
 pub mod hooks;
 pub mod inbox;
+pub mod owner;
 pub mod prompt;
 pub mod protocol;
 pub mod schedule;
