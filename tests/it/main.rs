@@ -20,6 +20,7 @@ mod hostile;
 mod identity;
 mod messages;
 mod notify;
+mod permissions;
 mod prompt;
 mod scripts;
 mod signals;
