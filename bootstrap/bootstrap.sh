@@ -12,9 +12,11 @@
 #      creates every configured agent's directory and initial state and never
 #      overwrites a file
 #   5. ownership and modes: everything agent-state:GROUP; the root, .shared and
-#      agent directories 0755; .daemon 0750; inbox directories 2770
-#      (group-writable, setgid so delivered files keep the group) and the
-#      messages in them 0660; .lock 0660;
+#      agent directories 0755; .daemon 0750; inbox/ and inbox/.tmp 3770
+#      (group-writable; setgid so delivered files keep the group; sticky so
+#      a member can rename or remove only its own entries), the daemon's
+#      processed/, rejected/, .claimed/ (and its session directories) 2750
+#      (the group reads, only the user writes), messages 0640; .lock 0660;
 #      state files (report, tasks, session, metrics .json, memory.md,
 #      journal.jsonl, identity/rules/prompt .md) 0644
 #
@@ -218,7 +220,8 @@ say "5. ownership $AGENT_USER:$GROUP and modes"
 if [[ $DRY_RUN == 1 ]]; then
     echo "  would run: chown -hR $AGENT_USER:$GROUP $STATE_ROOT"
     echo "  would set: $STATE_ROOT, .shared/, .shared/rules/, each agent directory and its sessions/ 0755;"
-    echo "             .daemon/ 0750; each agent's inbox/ and every directory in it 2770, messages 0660;"
+    echo "             .daemon/ 0750; each agent's inbox/ and inbox/.tmp/ 3770; inbox/processed/,"
+    echo "             inbox/rejected/, inbox/.claimed/ and the directories in it 2750; messages 0640;"
     echo "             .lock 0660; report/tasks/session/metrics .json, memory.md, journal.jsonl,"
     echo "             identity.md, rules.md, prompt.md 0644"
 else
@@ -233,9 +236,13 @@ else
         [[ -d $agent_dir && ! -L $agent_dir ]] || continue
         run chmod 0755 "$agent_dir"
         [[ ! -d $agent_dir/sessions ]] || run chmod 0755 "$agent_dir/sessions"
-        if [[ -d $agent_dir/inbox ]]; then
-            echo "  + find $agent_dir/inbox -type d -exec chmod 2770 {} + -o -type f -exec chmod 0660 {} +"
-            find "$agent_dir/inbox" -type d -exec chmod 2770 {} + -o -type f -exec chmod 0660 {} +
+        if [[ -d $agent_dir/inbox && ! -L $agent_dir/inbox ]]; then
+            # (find never follows links: -P is its default.)
+            inbox=$agent_dir/inbox
+            echo "  + find $inbox -type d -exec chmod 2750 {} + -o -type f -exec chmod 0640 {} +"
+            find "$inbox" -type d -exec chmod 2750 {} + -o -type f -exec chmod 0640 {} +
+            run chmod 3770 "$inbox"
+            [[ ! -d $inbox/.tmp || -L $inbox/.tmp ]] || run chmod 3770 "$inbox/.tmp"
         fi
         [[ ! -f $agent_dir/.lock ]] || run chmod 0660 "$agent_dir/.lock"
         files=()

@@ -176,6 +176,19 @@ fn check_agent(
     if unsafe_paths.contains(&dir.path) {
         return Ok(());
     }
+    // Inbox directories with another mode (an install from before the
+    // sticky bit, a hand-made directory): --repair sets it.
+    for fix in bootstrap::wrong_modes(dir) {
+        finding(
+            found,
+            dir,
+            fix.dir,
+            format!(
+                "{MODE_PROBLEM}{:o}, should be {:o} (see the README's permission model)",
+                fix.was, fix.wanted
+            ),
+        );
+    }
     if kind == AgentKind::Agent {
         for k in StateFileKind::ALL {
             let path = dir.file(k.file_name());
@@ -317,6 +330,8 @@ fn check_agent(
 const CLAIMED_PROBLEM: &str = "messages claimed by a session that is not running";
 
 const UNDECODABLE_PROBLEM: &str = "a message whose name is not UTF-8 (shown escaped): --repair rejects it under a safe name, its bytes recorded";
+/// The start of the problem of an inbox directory with the wrong mode.
+const MODE_PROBLEM: &str = "mode ";
 
 /// The start of the problem of a path that is not what it should be.
 const UNSAFE_PROBLEM: &str = "unsafe: ";
@@ -387,6 +402,19 @@ fn repair_agent(
             .filter(|f| (f.problem.starts_with("missing") || f.file == ".") && f.repaired.is_none())
         {
             f.repaired = Some(format!("created ({} item(s) in all)", created.len()));
+        }
+    }
+    if found.iter().any(|f| f.problem.starts_with(MODE_PROBLEM)) {
+        // (Bootstrapping above may have set them already.)
+        bootstrap::repair_modes(dir)?;
+        let still = bootstrap::wrong_modes(dir);
+        for f in found
+            .iter_mut()
+            .filter(|f| f.problem.starts_with(MODE_PROBLEM))
+        {
+            if !still.iter().any(|x| x.dir == f.file) {
+                f.repaired = Some("mode set".into());
+            }
         }
     }
     if found.iter().any(|f| f.problem == TEMP_PROBLEM) {

@@ -25,6 +25,7 @@ use crate::agent_name::{self, AgentName};
 use crate::clock::Timestamp;
 use crate::error::{Error, IoContext, Result};
 use crate::fsx;
+use crate::state::bootstrap::{INBOX_DIR_MODE, INBOX_PRIVATE_DIR_MODE};
 use crate::state::journal::{self, Entry, Event, MessageExpired, MessageRejected};
 use crate::state::tasks::string_enum;
 use crate::state::{AgentDir, atomic};
@@ -36,8 +37,9 @@ pub const MAX_ATTEMPTS: u32 = 3;
 /// Default of `inbox_settle`: how long a `.json` that does not parse yet
 /// may still be being written (long enough for a person typing into `cat >`).
 pub const SETTLE_TIME: Duration = Duration::from_secs(60);
-/// Mode of message files: the inbox group (e.g. `teleo`) may read them.
-pub const MESSAGE_MODE: u32 = 0o660;
+/// Mode of message files: the inbox group (e.g. `teleo`, the daemon's
+/// group) may read them, and only their owner may change them.
+pub const MESSAGE_MODE: u32 = 0o640;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Message {
@@ -503,7 +505,7 @@ fn reject_marked(
     retry_when_valid: bool,
 ) -> Result<PathBuf> {
     let rejected = agent.rejected();
-    atomic::create_dir(&rejected, 0o2770)?;
+    atomic::create_dir(&rejected, INBOX_PRIVATE_DIR_MODE)?;
     let raw_name = source.file_name().unwrap_or_default();
     let name = match raw_name.to_str() {
         Some(n) => n.to_string(),
@@ -628,7 +630,7 @@ pub fn claim(
                 out.rejected.push((name, reason));
             }
             Verdict::Valid(m) if m.is_expired(now) => {
-                atomic::create_dir(&agent.processed(), 0o2770)?;
+                atomic::create_dir(&agent.processed(), INBOX_PRIVATE_DIR_MODE)?;
                 move_unique(&path, &agent.processed(), &name)?;
                 journal::append(
                     &agent.journal(),
@@ -643,7 +645,7 @@ pub fn claim(
                 out.expired.push(m.id.clone());
             }
             Verdict::Valid(m) => {
-                atomic::create_dir(&claimed_dir, 0o2770)?;
+                atomic::create_dir(&claimed_dir, INBOX_PRIVATE_DIR_MODE)?;
                 let to = claimed_dir.join(&name);
                 fsx::rename(&path, &to, false)?;
                 out.claimed.push(*m);
@@ -705,7 +707,7 @@ pub fn claimed(agent: &AgentDir, session_id: &str) -> Result<Vec<(PathBuf, Messa
 pub fn acknowledge(agent: &AgentDir, session_id: &str) -> Result<Vec<Message>> {
     let claimed = claimed(agent, session_id)?;
     if !claimed.is_empty() {
-        atomic::create_dir(&agent.processed(), 0o2770)?;
+        atomic::create_dir(&agent.processed(), INBOX_PRIVATE_DIR_MODE)?;
     }
     let mut out = Vec::new();
     for (path, m) in claimed {
@@ -874,7 +876,7 @@ pub fn deliver(to: &AgentDir, out: &Outgoing, now: Timestamp) -> Result<Message>
         )));
     }
     let tmp_dir = to.inbox_tmp();
-    atomic::create_dir(&tmp_dir, 0o2770)?;
+    atomic::create_dir(&tmp_dir, INBOX_DIR_MODE)?;
     // Written under a new name in inbox/.tmp/ (O_EXCL, never through a link,
     // its mode set exactly whatever the umask), fsynced, renamed in without
     // replacing anything.

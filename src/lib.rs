@@ -23,6 +23,7 @@
 //! [`errors`] is the error catalogue; [`protocol`] parses what agents say; [`events`] streams every journal; [`daemon`] runs the
 //! service; [`cli`] is one module per subcommand.
 
+pub mod access;
 pub mod agent_name;
 pub mod check;
 pub mod cli;

@@ -20,6 +20,9 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("agent-state: error: {e}");
+            if let Some(hint) = agent_state::access::hint(&e) {
+                eprintln!("  {hint}");
+            }
             let mut source = std::error::Error::source(&e);
             while let Some(s) = source {
                 // Io errors already print their source in the message.

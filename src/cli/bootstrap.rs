@@ -25,11 +25,15 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
     }
     for agent in agents {
         let dir = ctx.root.agent(&agent.name);
-        let created = bootstrap::agent(agent, &dir, ctx.now)?;
-        if created.is_empty() {
+        let done = bootstrap::agent_and_modes(agent, &dir, ctx.now)?;
+        if done.created.is_empty() && done.modes.is_empty() {
             println!("{}: complete, nothing to do", agent.name);
-        } else {
-            println!("{}: created {}", agent.name, created.join(", "));
+        }
+        if !done.created.is_empty() {
+            println!("{}: created {}", agent.name, done.created.join(", "));
+        }
+        for fix in &done.modes {
+            println!("{}: {fix}", agent.name);
         }
     }
     Ok(exit::OK)

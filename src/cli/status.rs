@@ -2,6 +2,7 @@
 
 use serde::Serialize;
 
+use crate::access;
 use crate::cli::{Context, print_json};
 use crate::clock::{Timestamp, ago, in_time};
 use crate::config::{AgentConfig, AgentKind};
@@ -32,13 +33,15 @@ struct Line {
     next_wake_at: Option<Timestamp>,
     tasks_pending: usize,
     tasks_active: usize,
-    inbox_waiting: usize,
+    /// Messages waiting; null when this user may not read the inbox.
+    inbox_waiting: Option<usize>,
     sessions_30d: u64,
     /// Sessions that ended in error in the last 30 days (the journal).
     errors_30d: u64,
     timeouts_30d: u64,
-    /// Error records of this agent in `.daemon/errors.jsonl`, 30 days.
-    error_records_30d: u64,
+    /// Error records of this agent in `.daemon/errors.jsonl`, 30 days;
+    /// null when this user may not read it.
+    error_records_30d: Option<u64>,
     /// The latest of them.
     last_error: Option<LastError>,
     /// report.json `error`: retrying, backing off or disabled, and why.
@@ -63,15 +66,26 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         None => ctx.config.agents.iter().collect(),
     };
     let since = ctx.now.minus(ROLLING_WINDOW);
-    let records = errors::read_since(&errors::log_path(&ctx.root), since).unwrap_or_default();
+    // Read-only: a user who may read the agent directories but not the
+    // daemon's (or an inbox) gets the rest, with `?` and a note on stderr.
+    let records = match errors::read_since(&errors::log_path(&ctx.root), since) {
+        Ok(r) => Some(r),
+        Err(e) if access::is_denied(&e) => {
+            unreadable(&e);
+            None
+        }
+        Err(_) => Some(Vec::new()),
+    };
     let mut lines = Vec::new();
     for agent in agents {
         let mut l = line(ctx, agent)?;
+        l.error_records_30d = records.as_ref().map(|_| 0);
         for r in records
             .iter()
+            .flatten()
             .filter(|r| r.context.agent.as_deref() == Some(l.agent.as_str()))
         {
-            l.error_records_30d += 1;
+            *l.error_records_30d.get_or_insert(0) += 1;
             l.last_error = Some(LastError {
                 ts: r.ts,
                 code: r.code.clone(),
@@ -113,7 +127,7 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
     ]);
     let now = ctx.now;
     for l in &lines {
-        let inbox = l.inbox_waiting.to_string();
+        let inbox = count(l.inbox_waiting);
         if l.kind == "human" || l.status == "missing" {
             row([
                 &l.agent, &l.status, "-", "-", &inbox, "-", "-", "-", "-", "-",
@@ -143,7 +157,7 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
             &l.sessions_30d.to_string(),
             &l.errors_30d.to_string(),
             &l.timeouts_30d.to_string(),
-            &l.error_records_30d.to_string(),
+            &count(l.error_records_30d),
             &next,
         ]);
     }
@@ -170,6 +184,7 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
     }
     let daemon_wide: Vec<&errors::ErrorRecord> = records
         .iter()
+        .flatten()
         .filter(|r| r.context.agent.is_none())
         .collect();
     if let Some(last) = daemon_wide.last() {
@@ -182,6 +197,17 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         );
     }
     Ok(exit::OK)
+}
+
+/// A count, or `?` when it could not be read.
+fn count<T: ToString>(n: Option<T>) -> String {
+    n.map(|n| n.to_string()).unwrap_or_else(|| "?".into())
+}
+
+/// Say on stderr what this user may not read, and who may.
+fn unreadable(e: &crate::error::Error) {
+    let who = access::hint(e).unwrap_or_default();
+    crate::cli::warn(format!("{e}; shown as ?. {who}"));
 }
 
 fn line(ctx: &Context, agent: &AgentConfig) -> Result<Line> {
@@ -199,11 +225,11 @@ fn line(ctx: &Context, agent: &AgentConfig) -> Result<Line> {
         next_wake_at: None,
         tasks_pending: 0,
         tasks_active: 0,
-        inbox_waiting: 0,
+        inbox_waiting: None,
         sessions_30d: 0,
         errors_30d: 0,
         timeouts_30d: 0,
-        error_records_30d: 0,
+        error_records_30d: None,
         last_error: None,
         failing: None,
         lifecycle: None,
@@ -213,7 +239,14 @@ fn line(ctx: &Context, agent: &AgentConfig) -> Result<Line> {
         l.status = "missing".into();
         return Ok(l);
     }
-    l.inbox_waiting = inbox::waiting_names(&dir)?.len();
+    l.inbox_waiting = match inbox::waiting_names(&dir) {
+        Ok(names) => Some(names.len()),
+        Err(e) if access::is_denied(&e) => {
+            unreadable(&e);
+            None
+        }
+        Err(e) => return Err(e),
+    };
     if agent.kind == AgentKind::Human {
         l.status = "mailbox".into();
         return Ok(l);

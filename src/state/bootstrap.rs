@@ -1,6 +1,11 @@
 //! Creating an agent's directory and initial state. Idempotent: an existing
 //! file is never overwritten; whatever is missing is created.
 
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+
+use nix::sys::stat::{FileStat, Mode, SFlag};
+
 use super::journal::{Bootstrap, Event};
 use super::metrics::Metrics;
 use super::report::Report;
@@ -10,11 +15,28 @@ use crate::clock::Timestamp;
 use crate::config::{AgentConfig, AgentKind};
 use crate::error::Result;
 
-/// Modes: agent directories are readable by pipelines; inbox directories are
-/// group-writable with setgid, so every sender in the group can deliver and
-/// new files keep the group.
+/// Agent directories: readable by pipelines and anyone on the host.
 pub const AGENT_DIR_MODE: u32 = 0o755;
-pub const INBOX_DIR_MODE: u32 = 0o2770;
+/// `inbox/` and `inbox/.tmp/`: the inbox group may create entries (setgid:
+/// they keep the group), and the sticky bit lets only an entry's owner (or
+/// the directory's, the service user) rename, replace or remove it, so a
+/// sender can neither take away another's mail nor put a link in the place
+/// of `processed/`, `rejected/` or `.claimed/`.
+pub const INBOX_DIR_MODE: u32 = 0o3770;
+/// `processed/`, `rejected/`, `.claimed/` and its per-session directories:
+/// written by the service user only; the group may list and read them.
+pub const INBOX_PRIVATE_DIR_MODE: u32 = 0o2750;
+
+/// The mode a directory of `dir` must have.
+pub fn dir_mode(dir: &AgentDir, path: &Path) -> u32 {
+    if path == dir.inbox() || path == dir.inbox_tmp() {
+        INBOX_DIR_MODE
+    } else if path.starts_with(dir.inbox()) {
+        INBOX_PRIVATE_DIR_MODE
+    } else {
+        AGENT_DIR_MODE
+    }
+}
 
 /// Create the root's own directories. Returns what was created.
 pub fn root(root: &StateRoot) -> Result<Vec<String>> {
@@ -31,17 +53,38 @@ pub fn root(root: &StateRoot) -> Result<Vec<String>> {
     Ok(created)
 }
 
-/// Create whatever `agent` is missing. Returns the paths created, relative to
-/// the agent's directory; empty if it was complete.
+/// Create whatever `agent` is missing, and set the inbox directories' modes
+/// (an install from before the sticky bit is mended here, each change
+/// logged). Returns the paths created, relative to the agent's directory;
+/// empty if it was complete.
 pub fn agent(config: &AgentConfig, dir: &AgentDir, now: Timestamp) -> Result<Vec<String>> {
+    let done = agent_and_modes(config, dir, now)?;
+    for fix in &done.modes {
+        tracing::info!(agent = %dir.name, "{fix}");
+    }
+    Ok(done.created)
+}
+
+/// What [`agent_and_modes`] did.
+#[derive(Debug, Default)]
+pub struct Done {
+    /// Paths created, relative to the agent's directory.
+    pub created: Vec<String>,
+    /// Inbox directories whose mode was set.
+    pub modes: Vec<ModeFix>,
+}
+
+/// [`agent`], saying which modes it set.
+pub fn agent_and_modes(config: &AgentConfig, dir: &AgentDir, now: Timestamp) -> Result<Done> {
+    let created = create(config, dir, now)?;
+    let modes = repair_modes(dir)?;
+    Ok(Done { created, modes })
+}
+
+fn create(config: &AgentConfig, dir: &AgentDir, now: Timestamp) -> Result<Vec<String>> {
     let mut created = Vec::new();
     for d in dir.directories() {
-        let mode = if d.starts_with(dir.inbox()) {
-            INBOX_DIR_MODE
-        } else {
-            AGENT_DIR_MODE
-        };
-        if atomic::create_dir(&d, mode)? {
+        if atomic::create_dir(&d, dir_mode(dir, &d))? {
             created.push(relative(dir, &d) + "/");
         }
     }
@@ -112,11 +155,197 @@ pub fn agent(config: &AgentConfig, dir: &AgentDir, now: Timestamp) -> Result<Vec
     Ok(created)
 }
 
+/// An inbox directory whose mode is not [`dir_mode`]'s.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModeFix {
+    /// Relative to the agent's directory, with a trailing `/`.
+    pub dir: String,
+    pub was: u32,
+    pub wanted: u32,
+}
+
+impl std::fmt::Display for ModeFix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} set to mode {:o} (was {:o})",
+            self.dir, self.wanted, self.was
+        )
+    }
+}
+
+/// The inbox directories every agent has: `inbox/`, `.tmp/`, `.claimed/`,
+/// `processed/`, `rejected/`.
+fn inbox_dirs(dir: &AgentDir) -> Vec<PathBuf> {
+    vec![
+        dir.inbox(),
+        dir.inbox_tmp(),
+        dir.claimed_root(),
+        dir.processed(),
+        dir.rejected(),
+    ]
+}
+
+/// [`inbox_dirs`] and the per-session directories in `.claimed/` (made by
+/// the daemon, gone when their session ends).
+fn inbox_dirs_and_sessions(dir: &AgentDir) -> Vec<PathBuf> {
+    let mut out = inbox_dirs(dir);
+    if let Ok(names) = crate::fsx::list(&dir.claimed_root()) {
+        let mut sessions: Vec<PathBuf> = names
+            .into_iter()
+            .map(|n| dir.claimed_root().join(n))
+            .filter(|p| crate::fsx::is_dir(p))
+            .collect();
+        sessions.sort();
+        out.extend(sessions);
+    }
+    out
+}
+
+fn permission_bits(st: &FileStat) -> u32 {
+    st.st_mode & 0o7777
+}
+
+/// The inbox directories whose mode is wrong (looked at, never changed;
+/// links and other non-directories are `check`'s "unsafe:" findings, not
+/// these). A session's directory in `.claimed/` is not looked at: it goes
+/// with its session, and [`repair_modes`] sets it meanwhile.
+pub fn wrong_modes(dir: &AgentDir) -> Vec<ModeFix> {
+    inbox_dirs(dir)
+        .into_iter()
+        .filter_map(|path| {
+            let st = crate::fsx::metadata(&path).ok().flatten()?;
+            let wanted = dir_mode(dir, &path);
+            (crate::fsx::file_type(&st) == SFlag::S_IFDIR && permission_bits(&st) != wanted).then(
+                || ModeFix {
+                    dir: relative(dir, &path) + "/",
+                    was: permission_bits(&st),
+                    wanted,
+                },
+            )
+        })
+        .collect()
+}
+
+/// Set every inbox directory that this user owns (root: every one) to its
+/// mode, through a handle opened without following links (`fchmod`, never
+/// `chmod` on a path). Run as root, an inbox directory not owned by the
+/// agent directory's owner is given to it too: a `check --repair` by root
+/// must not leave the daemon a directory it cannot write. Returns what was
+/// changed; a directory this user may not change is left as it is.
+pub fn repair_modes(dir: &AgentDir) -> Result<Vec<ModeFix>> {
+    let euid = nix::unistd::geteuid();
+    let owner = crate::fsx::metadata(&dir.path)?.map(|st| st.st_uid);
+    let mut fixed = Vec::new();
+    for path in inbox_dirs_and_sessions(dir) {
+        // A link or a file in its place is refused by open_dir: check's
+        // "unsafe:" findings deal with it.
+        let Ok(Some(fd)) = crate::fsx::open_dir(&path) else {
+            continue;
+        };
+        let st = nix::sys::stat::fstat(fd.as_fd())
+            .map_err(|e| crate::error::Error::io("inspecting", &path, e.into()))?;
+        if euid.is_root()
+            && let Some(uid) = owner
+            && st.st_uid != uid
+        {
+            nix::unistd::fchown(fd.as_fd(), Some(uid.into()), None)
+                .map_err(|e| crate::error::Error::io("setting the owner of", &path, e.into()))?;
+        }
+        let wanted = dir_mode(dir, &path);
+        if permission_bits(&st) == wanted || !(euid.is_root() || st.st_uid == euid.as_raw()) {
+            continue;
+        }
+        nix::sys::stat::fchmod(fd.as_fd(), Mode::from_bits_truncate(wanted))
+            .map_err(|e| crate::error::Error::io("setting the mode of", &path, e.into()))?;
+        fixed.push(ModeFix {
+            dir: relative(dir, &path) + "/",
+            was: permission_bits(&st),
+            wanted,
+        });
+    }
+    Ok(fixed)
+}
+
 fn relative(dir: &AgentDir, path: &std::path::Path) -> String {
     let rel = path.strip_prefix(&dir.path).unwrap_or(path);
     if rel.as_os_str().is_empty() {
         ".".to_string()
     } else {
         rel.display().to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{PermissionsExt, symlink};
+
+    fn mode_of(path: &Path) -> u32 {
+        std::fs::symlink_metadata(path)
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777
+    }
+
+    #[test]
+    fn an_old_install_gets_the_sticky_inbox_and_private_daemon_directories() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = StateRoot::new(tmp.path());
+        let dir = root.agent(&crate::agent_name::AgentName::parse("rio").unwrap());
+        for d in dir.directories() {
+            std::fs::create_dir(&d).unwrap();
+            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o2770)).unwrap();
+        }
+        std::fs::create_dir(dir.claimed("s1")).unwrap();
+        std::fs::set_permissions(dir.claimed("s1"), std::fs::Permissions::from_mode(0o2770))
+            .unwrap();
+        std::fs::set_permissions(&dir.path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(dir.sessions_dir(), std::fs::Permissions::from_mode(0o755))
+            .unwrap();
+
+        let wrong: Vec<String> = wrong_modes(&dir).iter().map(|f| f.to_string()).collect();
+        assert_eq!(
+            wrong,
+            [
+                "inbox/ set to mode 3770 (was 2770)",
+                "inbox/.tmp/ set to mode 3770 (was 2770)",
+                "inbox/.claimed/ set to mode 2750 (was 2770)",
+                "inbox/processed/ set to mode 2750 (was 2770)",
+                "inbox/rejected/ set to mode 2750 (was 2770)",
+            ]
+        );
+        let fixed = repair_modes(&dir).unwrap();
+        assert_eq!(fixed.len(), 6, "{fixed:?}");
+        assert_eq!(mode_of(&dir.inbox()), 0o3770);
+        assert_eq!(mode_of(&dir.inbox_tmp()), 0o3770);
+        for d in [
+            dir.processed(),
+            dir.rejected(),
+            dir.claimed_root(),
+            dir.claimed("s1"),
+        ] {
+            assert_eq!(mode_of(&d), 0o2750, "{}", d.display());
+        }
+        assert_eq!(mode_of(&dir.sessions_dir()), 0o755);
+        assert!(wrong_modes(&dir).is_empty());
+        assert!(repair_modes(&dir).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_link_in_place_of_an_inbox_directory_is_never_chmodded_through() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = StateRoot::new(tmp.path().join("state"));
+        let dir = root.agent(&crate::agent_name::AgentName::parse("rio").unwrap());
+        std::fs::create_dir_all(dir.inbox()).unwrap();
+        std::fs::set_permissions(dir.inbox(), std::fs::Permissions::from_mode(0o3770)).unwrap();
+        let outside = tmp.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o700)).unwrap();
+        symlink(&outside, dir.processed()).unwrap();
+        assert!(wrong_modes(&dir).is_empty());
+        assert!(repair_modes(&dir).unwrap().is_empty());
+        assert_eq!(mode_of(&outside), 0o700);
     }
 }

@@ -227,10 +227,20 @@ impl AgentDir {
     /// Read a state document for display or a prompt: like [`read`](Self::read),
     /// but a corrupt file is set aside and rebuilt (under the lock) rather
     /// than failing the reader; a missing one reads as its lazy default.
+    /// A user who may not write the agent's directory (a reader of the
+    /// state, not its owner) gets the document rebuilt in memory, said on
+    /// stderr, and nothing is written, locked or created.
     pub fn read_or_repair<T: StateDoc>(&self) -> Result<T> {
         match self.read::<T>() {
             Ok(Some(doc)) => Ok(doc),
             Ok(None) => Ok(T::fresh(self.name.as_str())),
+            Err(e @ Error::Corrupt { .. }) if !self.writable() => {
+                eprintln!(
+                    "agent-state: warning: {e}; shown as rebuilt from the journal, not repaired (this user may not write {})",
+                    self.path.display()
+                );
+                self.rebuilt_in_memory()
+            }
             Err(Error::Corrupt { .. }) => {
                 let lock = self.lock()?;
                 let mut notes = Vec::new();
@@ -238,6 +248,37 @@ impl AgentDir {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// Whether this user may create and replace files in the directory.
+    fn writable(&self) -> bool {
+        nix::unistd::access(&self.path, nix::unistd::AccessFlags::W_OK).is_ok()
+    }
+
+    /// A state document rebuilt from the journal, written nowhere.
+    fn rebuilt_in_memory<T: StateDoc>(&self) -> Result<T> {
+        let entries = journal::read(&self.journal())?.entries;
+        let name = self.name.as_str();
+        let value = match T::KIND {
+            StateFileKind::Report => {
+                serde_json::to_value(rebuild::report_from_journal(name, &entries))
+            }
+            StateFileKind::Tasks => {
+                serde_json::to_value(rebuild::tasks_from_journal(name, &entries))
+            }
+            StateFileKind::Metrics => serde_json::to_value(rebuild::metrics_from_journal(
+                name,
+                &entries,
+                Timestamp::now(),
+            )),
+            StateFileKind::Session => match rebuild::session_from_journal(name, &entries) {
+                Some(s) => serde_json::to_value(s),
+                None => return Ok(T::fresh(name)),
+            },
+        };
+        value
+            .and_then(serde_json::from_value)
+            .map_err(|e| Error::Data(format!("{name}: rebuilding from the journal: {e}")))
     }
 
     /// Read a state document for a read-modify-write. A missing file reads as

@@ -104,20 +104,21 @@ fn bootstrap_writes_the_seed_files() {
     // No session yet: session.json appears with the first session.
     assert!(!env.path("rio", "session.json").exists());
 
-    // Inboxes are group-writable with setgid, whatever the umask.
-    for d in [
-        "inbox",
-        "inbox/.tmp",
-        "inbox/processed",
-        "inbox/rejected",
-        "inbox/.claimed",
+    // Whatever the umask: inbox/ and .tmp/ are group-writable, setgid and
+    // sticky; the daemon's own inbox directories are read-only to the group.
+    for (d, wanted) in [
+        ("inbox", 0o3770),
+        ("inbox/.tmp", 0o3770),
+        ("inbox/processed", 0o2750),
+        ("inbox/rejected", 0o2750),
+        ("inbox/.claimed", 0o2750),
     ] {
         let mode = std::fs::metadata(env.path("rio", d))
             .unwrap()
             .permissions()
             .mode()
             & 0o7777;
-        assert_eq!(mode, 0o2770, "{d}: {mode:o}");
+        assert_eq!(mode, wanted, "{d}: {mode:o}");
     }
     assert!(env.root.join(".daemon").is_dir());
     assert!(env.root.join(".shared/rules").is_dir());

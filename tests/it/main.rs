@@ -22,6 +22,7 @@ mod identity;
 mod messages;
 mod notify;
 mod ownership;
+mod permissions;
 mod promises;
 mod prompt;
 mod scripts;

@@ -48,7 +48,7 @@ fn send_delivers_one_complete_file_in_the_seed_shape() {
     // Readable by the inbox group, nothing left behind in .tmp.
     assert_eq!(
         std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
-        0o660
+        0o640
     );
     assert!(env.files("rio", "inbox/.tmp").is_empty());
     // The sender's flag is counted and journaled.

@@ -95,7 +95,7 @@ fn script(env: &Env, sleep: u32) -> (Child, String) {
     let mut child = Command::new("bash")
         .arg("-c")
         .arg(format!(
-            "SID=$('{BIN}' --config '{cfg}' session begin rio) || exit 9; echo \"$SID\"; sleep {sleep}; '{BIN}' --config '{cfg}' session end rio --session \"$SID\" --outcome completed",
+            "SID=$('{BIN}' --config '{cfg}' session begin rio) || exit 9; echo \"$SID\"; sleep {sleep}; '{BIN}' --config '{cfg}' session end rio --session \"$SID\" --outcome completed >/dev/null",
             cfg = env.config.display()
         ))
         .stdout(Stdio::piped())

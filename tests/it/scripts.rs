@@ -674,7 +674,8 @@ fn bootstrap_dry_run_prints_the_plan_and_changes_nothing() {
         "config.toml",
         "bootstrap",
         "chown -hR agent-state:teleo",
-        "2770",
+        "3770",
+        "2750",
         "0644",
         "rio clay theseus vida astra leo marcus",
     ] {
@@ -833,7 +834,12 @@ fn bootstrap_as_root_creates_the_accounts_and_sets_modes() {
             "inbox/processed",
             "inbox/rejected",
         ] {
-            assert_eq!(mode(&a.join(d)), 0o2770, "{agent}/{d}");
+            let wanted = if d == "inbox" || d == "inbox/.tmp" {
+                0o3770
+            } else {
+                0o2750
+            };
+            assert_eq!(mode(&a.join(d)), wanted, "{agent}/{d}");
             assert_eq!(
                 std::fs::metadata(a.join(d)).unwrap().gid(),
                 gid,
@@ -869,7 +875,7 @@ fn bootstrap_as_root_creates_the_accounts_and_sets_modes() {
             .unwrap()
             .contains("# edited by the operator")
     );
-    assert_eq!(mode(&root.join("rio/inbox")), 0o2770);
+    assert_eq!(mode(&root.join("rio/inbox")), 0o3770);
     let check = Command::new(BIN)
         .arg("--config")
         .arg(&config)

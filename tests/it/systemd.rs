@@ -775,7 +775,7 @@ fn under_systemd_the_unit_starts_ready_logs_reloads_stops_and_is_restarted_by_th
     let inbox = format!("{STATE}/rio/inbox");
     assert_eq!(
         sdbox.ok(&["stat", "-c", "%n %U:%G %a", &daemon_dir, &inbox]),
-        format!("{daemon_dir} agent-state:teleo 750\n{inbox} agent-state:teleo 2770\n")
+        format!("{daemon_dir} agent-state:teleo 750\n{inbox} agent-state:teleo 3770\n")
     );
     let journal = sdbox.journal(&[]);
     assert!(!journal.contains("cannot bootstrap"), "{journal}");
