@@ -237,7 +237,7 @@ fn check_agent(
         .filter(|s| s.is_running())
         .map(|s| s.session_id.clone());
     if let Some(s) = &session
-        && hooks::is_stale(dir, s, now)
+        && hooks::is_stale(s, now)
     {
         finding(
             found,

@@ -78,15 +78,6 @@ pub enum Error {
         pid: i32,
     },
 
-    #[error(
-        "{agent}: session {session} is running and belongs to another live process (pid {pid}); no session was named, so nothing was ended. Name it with `--session {session}` (or set AGENT_STATE_SESSION_ID) if it is yours"
-    )]
-    NotOwner {
-        agent: String,
-        session: String,
-        pid: i32,
-    },
-
     #[error("{0}")]
     NoSession(String),
 
@@ -164,9 +155,7 @@ impl Error {
             Error::NotBootstrapped { .. } | Error::NotFound(_) | Error::NoSession(_) => {
                 exit::NOINPUT
             }
-            Error::SessionBusy { .. } | Error::LockBusy { .. } | Error::NotOwner { .. } => {
-                exit::TEMPFAIL
-            }
+            Error::SessionBusy { .. } | Error::LockBusy { .. } => exit::TEMPFAIL,
             Error::Unsafe { .. } => exit::IOERR,
             Error::Unavailable(_) => exit::UNAVAILABLE,
         }

@@ -258,9 +258,6 @@ pub struct BeginRequest {
 #[derive(Debug, Default)]
 pub struct BeginResult {
     pub session_id: String,
-    /// The new session's owner lock, for the owner to hold for the
-    /// session's life (`None` when joining).
-    pub owner_lock: Option<crate::owner::OwnerLock>,
     pub joined: bool,
     pub claim: Claim,
     pub bad_arguments: Vec<BadArgument>,
@@ -311,7 +308,7 @@ pub fn begin(
                 notes,
             );
         }
-        if let Some(reason) = still_running(dir, &current, now) {
+        if let Some(reason) = still_running(&current, now) {
             return Err(reason);
         }
         let pid = current
@@ -424,9 +421,6 @@ pub fn begin(
     report.lifecycle = Some(Lifecycle::Alive);
     // Both files are on disk before the journal says the session started;
     // renamed in after it (journal first, for readers).
-    // Its owner lock first: whoever asks while the session runs can tell
-    // whether its owner lives, from any namespace (crate::owner).
-    let owner_lock = crate::owner::take(dir, &session_id)?;
     let staged_session = dir.stage(&lock, &session)?;
     let staged_report = dir.stage(&lock, &report)?;
     dir.journal_append(&lock, now, start.clone())?;
@@ -438,7 +432,6 @@ pub fn begin(
 
     Ok(BeginResult {
         session_id,
-        owner_lock: Some(owner_lock),
         joined: false,
         claim,
         bad_arguments: args.bad,
@@ -459,20 +452,12 @@ pub fn refuse_human(agent: &AgentConfig) -> Result<()> {
 
 /// `None` if `session` (recorded as running) has no live owner any more;
 /// otherwise the error to refuse a second session with.
-/// Liveness comes from the session's owner lock (crate::owner), never from
-/// whether its pid can be seen; an owner that cannot be known is trusted
-/// until the session's timeout has passed.
-fn still_running(dir: &AgentDir, session: &Session, now: Timestamp) -> Option<Error> {
-    let state = crate::owner::state(
-        dir,
-        &session.session_id,
-        session.owner_pid,
-        session.owner_start,
-    );
-    let alive = match state {
-        crate::owner::State::Alive => true,
-        crate::owner::State::Gone => false,
-        crate::owner::State::Unknown => match (session.started_at, session.timeout_seconds) {
+fn still_running(session: &Session, now: Timestamp) -> Option<Error> {
+    let alive = match session.owner_pid {
+        Some(pid) => owner_alive(pid, session.owner_start),
+        // No owner recorded (another tool wrote it): trust it until its
+        // timeout has passed.
+        None => match (session.started_at, session.timeout_seconds) {
             (Some(start), Some(t)) => now.seconds_since(&start) < t as i64,
             _ => false,
         },
@@ -539,7 +524,6 @@ fn join(
     }
     Ok(BeginResult {
         session_id: session.session_id.clone(),
-        owner_lock: None,
         joined: true,
         claim: Claim::default(),
         bad_arguments: std::mem::take(&mut args.bad),
@@ -621,9 +605,6 @@ pub fn task_from_message(m: &Message) -> NewTask {
 #[derive(Debug, Clone, Default)]
 pub struct EndRequest {
     pub session: Option<String>,
-    /// The process asking (a script's hook): without `session`, it may end
-    /// only a session it owns, or one whose owner is gone.
-    pub caller: Option<Owner>,
     pub outcome: Option<String>,
     pub sources_archived: Option<String>,
     pub branch: Option<String>,
@@ -638,8 +619,6 @@ pub struct EndRequest {
 #[derive(Debug, Clone, Default)]
 pub struct FailRequest {
     pub session: Option<String>,
-    /// As [`EndRequest::caller`].
-    pub caller: Option<Owner>,
     pub outcome: String,
     pub reason: String,
 }
@@ -724,15 +703,7 @@ pub fn end(
             Ending::Completed(completion)
         }
     };
-    finish_request(
-        agent,
-        dir,
-        req.session.as_deref(),
-        req.caller,
-        ending,
-        args,
-        now,
-    )
+    finish_request(agent, dir, req.session.as_deref(), ending, args, now)
 }
 
 /// The error hook.
@@ -763,7 +734,6 @@ pub fn fail(
         agent,
         dir,
         req.session.as_deref(),
-        req.caller,
         Ending::Failed {
             outcome,
             reason,
@@ -880,12 +850,10 @@ pub fn amend_failure_reason(
     Ok(true)
 }
 
-#[allow(clippy::too_many_arguments)]
 fn finish_request(
     agent: &AgentConfig,
     dir: &AgentDir,
     wanted: Option<&str>,
-    caller: Option<Owner>,
     ending: Ending,
     mut args: Args,
     now: Timestamp,
@@ -902,21 +870,6 @@ fn finish_request(
     let wanted = wanted.map(str::trim).filter(|s| !s.is_empty());
     let matches = wanted.is_none_or(|w| w == current.session_id);
 
-    // Naming no session (a script that lost `$SESSION`) ends only the
-    // caller's own session, or one whose owner is gone: never a session
-    // another live process owns (the daemon's, another script's).
-    if current.is_running()
-        && wanted.is_none()
-        && let Some(caller) = caller
-        && current.owner_pid != Some(caller.pid)
-        && still_running(dir, &current, now).is_some()
-    {
-        return Err(Error::NotOwner {
-            agent: dir.name.to_string(),
-            session: current.session_id.clone(),
-            pid: current.owner_pid.unwrap_or(0),
-        });
-    }
     if current.is_running() && !matches {
         return Err(Error::NoSession(format!(
             "{}: session {} is not running; the running session is {} (see {})",
@@ -1171,8 +1124,6 @@ fn finish_with(
 
     result.outcome = session.status;
     result.bad_arguments = std::mem::take(&mut args.bad);
-    // Ended: its owner lock is of no more use (a keeper holding it exits).
-    crate::owner::release(dir, &id);
     Ok(result)
 }
 
@@ -1202,7 +1153,7 @@ pub fn recover_stale(
         }
         return Ok(None);
     }
-    if still_running(dir, &current, now).is_some() {
+    if still_running(&current, now).is_some() {
         return Ok(None);
     }
     // Its end was journaled before a crash: complete that end, do not
@@ -1427,8 +1378,8 @@ fn replay_end(
 }
 
 /// Is `session` recorded as running with an owner that is gone?
-pub fn is_stale(dir: &AgentDir, session: &Session, now: Timestamp) -> bool {
-    session.is_running() && still_running(dir, session, now).is_none()
+pub fn is_stale(session: &Session, now: Timestamp) -> bool {
+    session.is_running() && still_running(session, now).is_none()
 }
 
 #[cfg(test)]

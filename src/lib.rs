@@ -36,7 +36,6 @@ pub mod events;
 pub mod fsx;
 pub mod hooks;
 pub mod inbox;
-pub mod owner;
 pub mod prompt;
 pub mod protocol;
 pub mod schedule;

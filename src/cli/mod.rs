@@ -148,10 +148,6 @@ pub fn run(cli: Cli) -> Result<u8> {
             Context::load(&cli.config)?
         }
         Command::Reload(a) => return reload::run(&cli.config, a),
-        // The owner-lock keeper needs no config: it only holds a lock.
-        Command::Session(session::Command::Keep(k)) => {
-            return Ok(crate::owner::keep(k.fd, k.pid));
-        }
         _ => Context::load_or_accepted(&cli.config)?,
     };
     match cli.command {

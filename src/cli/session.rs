@@ -19,46 +19,30 @@ pub enum Command {
     End(EndArgs),
     /// Error hook: record an error or timeout and return the session's messages to the inbox
     Fail(FailArgs),
-    /// (internal) Hold a session's owner lock while its script runs; started by `begin`
-    #[command(hide = true)]
-    Keep(KeepArgs),
-}
-
-#[derive(clap::Args, Debug)]
-pub struct KeepArgs {
-    /// The locked owner lock, inherited
-    #[arg(long)]
-    pub fd: i32,
-    /// The script that owns the session
-    #[arg(long)]
-    pub pid: i32,
-    /// The lock file (shown by ps)
-    #[arg(long)]
-    pub lock: Option<std::path::PathBuf>,
 }
 
 #[derive(clap::Args, Debug)]
 pub struct BeginArgs {
     pub agent: String,
     /// Session type: research, extract, evaluate or ad-hoc (default: the agent's session_type)
-    #[arg(long = "type", value_name = "T", allow_hyphen_values = true)]
+    #[arg(long = "type", value_name = "T")]
     pub session_type: Option<String>,
     /// The git branch the session works on
-    #[arg(long, value_name = "B", allow_hyphen_values = true)]
+    #[arg(long, value_name = "B")]
     pub branch: Option<String>,
     /// The model (default: the agent's configured model)
-    #[arg(long, value_name = "M", allow_hyphen_values = true)]
+    #[arg(long, value_name = "M")]
     pub model: Option<String>,
     /// Session timeout, e.g. 90m or 5400 (seconds)
-    #[arg(long, value_name = "DUR", allow_hyphen_values = true)]
+    #[arg(long, value_name = "DUR")]
     pub timeout: Option<String>,
-    #[arg(long, value_name = "Q", allow_hyphen_values = true)]
+    #[arg(long, value_name = "Q")]
     pub research_question: Option<String>,
-    #[arg(long, value_name = "X", allow_hyphen_values = true)]
+    #[arg(long, value_name = "X")]
     pub belief_targeted: Option<String>,
-    #[arg(long, value_name = "X", allow_hyphen_values = true)]
+    #[arg(long, value_name = "X")]
     pub disconfirmation_target: Option<String>,
-    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    #[arg(long, value_name = "N")]
     pub sources_expected: Option<String>,
     /// Join this session if it is the one running (set by the daemon)
     #[arg(
@@ -85,28 +69,28 @@ pub struct EndArgs {
     )]
     pub session: Option<String>,
     /// completed (timeout or error are recorded as with `session fail`)
-    #[arg(long, value_name = "OUTCOME", allow_hyphen_values = true)]
+    #[arg(long, value_name = "OUTCOME")]
     pub outcome: Option<String>,
     /// Sources archived in the session
-    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    #[arg(long, value_name = "N")]
     pub sources_archived: Option<String>,
-    #[arg(long, value_name = "B", allow_hyphen_values = true)]
+    #[arg(long, value_name = "B")]
     pub branch: Option<String>,
     /// PR number: 247, #247 or a …/pull/247 URL
-    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    #[arg(long, value_name = "N")]
     pub pr: Option<String>,
     /// One line for report.json (default: "Session ID completed — N sources archived")
-    #[arg(long, value_name = "S", allow_hyphen_values = true)]
+    #[arg(long, value_name = "S")]
     pub summary: Option<String>,
     /// What the agent should do next (report.json next_priority)
-    #[arg(long, value_name = "P", allow_hyphen_values = true)]
+    #[arg(long, value_name = "P")]
     pub next_priority: Option<String>,
     /// Notes for the next session; they end its prompt
-    #[arg(long, value_name = "H", allow_hyphen_values = true)]
+    #[arg(long, value_name = "H")]
     pub handoff_notes: Option<String>,
-    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    #[arg(long, value_name = "N")]
     pub tokens_used: Option<String>,
-    #[arg(long, value_name = "X", allow_hyphen_values = true)]
+    #[arg(long, value_name = "X")]
     pub cost_usd: Option<String>,
 }
 
@@ -122,10 +106,10 @@ pub struct FailArgs {
     )]
     pub session: Option<String>,
     /// error or timeout
-    #[arg(long, value_name = "OUTCOME", allow_hyphen_values = true)]
+    #[arg(long, value_name = "OUTCOME")]
     pub outcome: String,
     /// What went wrong, in a sentence
-    #[arg(long, value_name = "TEXT", allow_hyphen_values = true)]
+    #[arg(long, value_name = "TEXT")]
     pub reason: String,
 }
 
@@ -147,22 +131,7 @@ pub fn run(ctx: &Context, command: Command) -> Result<u8> {
                 instance: None,
                 writing: Default::default(),
             };
-            let owner = req.owner;
-            let mut r = hooks::begin(agent, &dir, &req, ctx.now)?;
-            // The session's owner lock outlives this command: a keeper holds
-            // it while the script runs (crate::owner). An owner already gone
-            // gets none: its lock is free, so its session reads as stale.
-            if let (Some(lock), Some(owner)) = (r.owner_lock.take(), owner)
-                && owner.start.is_some()
-            {
-                let path = crate::owner::lock_path(&dir, &r.session_id);
-                if let Err(e) = crate::owner::spawn_keeper(lock, owner.pid, &path) {
-                    warn(format!(
-                        "{}: cannot start the keeper of session {}'s owner lock ({e}); the session is trusted until its timeout",
-                        dir.name, r.session_id
-                    ));
-                }
-            }
+            let r = hooks::begin(agent, &dir, &req, ctx.now)?;
             print_notes(&r.notes);
             for (name, reason) in &r.claim.rejected {
                 warn(format!("{}: inbox/{name} rejected: {reason}", dir.name));
@@ -180,7 +149,6 @@ pub fn run(ctx: &Context, command: Command) -> Result<u8> {
             let (agent, dir) = ctx.agent(&a.agent)?;
             let req = EndRequest {
                 session: a.session,
-                caller: Some(caller()),
                 outcome: a.outcome,
                 sources_archived: a.sources_archived,
                 branch: a.branch,
@@ -194,12 +162,10 @@ pub fn run(ctx: &Context, command: Command) -> Result<u8> {
             let r = hooks::end(agent, &dir, &req, ctx.now)?;
             finished(&dir.name, &r)
         }
-        Command::Keep(a) => Ok(crate::owner::keep(a.fd, a.pid)),
         Command::Fail(a) => {
             let (agent, dir) = ctx.agent(&a.agent)?;
             let req = FailRequest {
                 session: a.session,
-                caller: Some(caller()),
                 outcome: a.outcome,
                 reason: a.reason,
             };
@@ -250,14 +216,4 @@ fn bad_arguments(agent: &crate::agent_name::AgentName, bad: &[BadArgument]) -> u
     } else {
         exit::DATAERR
     }
-}
-
-/// The script a hook runs for: `AGENT_STATE_OWNER_PID` if set (as `begin
-/// --owner-pid` takes it), else the parent (through subshell forks).
-fn caller() -> Owner {
-    std::env::var("AGENT_STATE_OWNER_PID")
-        .ok()
-        .and_then(|p| p.trim().parse::<i32>().ok())
-        .map(Owner::of)
-        .unwrap_or_else(Owner::parent)
 }

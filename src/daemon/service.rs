@@ -110,8 +110,6 @@ struct Running {
     /// an agent that prints signals in a loop must not turn the daemon's
     /// loop into a stream of fsyncs.
     signals_seen: u32,
-    /// The session's owner lock, released when the session is done.
-    _owner_lock: Option<crate::owner::OwnerLock>,
     /// `DISCOVERY_GLOBAL` signals shared with every agent so far.
     global_discoveries: u32,
     last_progress: Option<u8>,
@@ -528,7 +526,7 @@ impl Daemon {
             // processes running: end them before their session is recorded,
             // or the agent would run twice.
             if let Ok(Some(s)) = dir.read::<Session>()
-                && hooks::is_stale(&dir, &s, now)
+                && hooks::is_stale(&s, now)
                 && let Some(owner) = s.owner_pid
             {
                 let marker = (
@@ -1165,7 +1163,6 @@ impl Daemon {
                 stop_note: stop_note.clone(),
                 completed_by_signal: false,
                 signals_seen: 0,
-                _owner_lock: prepared.owner_lock,
                 global_discoveries: 0,
                 last_progress: None,
             },
@@ -1750,7 +1747,6 @@ impl Daemon {
     fn finish_orphan(&mut self, agent: &AgentConfig, session_id: &str, now: Timestamp) {
         let dir = self.root.agent(&agent.name);
         let req = hooks::FailRequest {
-            caller: None,
             session: Some(session_id.to_string()),
             outcome: "error".into(),
             reason: "interrupted: its end could not be recorded when it ended (see errors.jsonl)"
@@ -1968,7 +1964,7 @@ impl Daemon {
                 self.finish_orphan(&agent, &s.session_id, now);
                 continue;
             }
-            if hooks::is_stale(&dir, &s, now) {
+            if hooks::is_stale(&s, now) {
                 let result =
                     hooks::recover_stale(&agent, &dir, "interrupted: its process is gone", now);
                 if let Some(record) = recovered(&agent, result, "its process is gone") {

@@ -26,8 +26,6 @@ pub struct Prepared {
     pub spec: SessionSpec,
     /// Inbox files the claim rejected: (name, reason).
     pub rejected: Vec<(String, String)>,
-    /// The session's owner lock: held by the daemon while the session runs.
-    pub owner_lock: Option<crate::owner::OwnerLock>,
 }
 
 pub fn prepare(
@@ -45,8 +43,7 @@ pub fn prepare(
         writing: writing.clone(),
         ..BeginRequest::default()
     };
-    let mut begun = hooks::begin(agent, &dir, &req, now)?;
-    let owner_lock = begun.owner_lock.take();
+    let begun = hooks::begin(agent, &dir, &req, now)?;
     let rejected = begun.claim.rejected.clone();
     let session_id = begun.session_id;
     // The session has begun: if what follows fails, it must end (as an
@@ -88,7 +85,6 @@ pub fn prepare(
                 agent,
                 &dir,
                 &FailRequest {
-                    caller: None,
                     session: Some(session_id.clone()),
                     outcome: "error".into(),
                     reason: format!("the session could not start: {e}"),
@@ -151,7 +147,6 @@ pub fn prepare(
         instance,
         spec,
         rejected,
-        owner_lock,
     })
 }
 
@@ -294,7 +289,6 @@ pub fn finish(
             agent,
             dir,
             &FailRequest {
-                caller: None,
                 session: Some(session_id.to_string()),
                 outcome: outcome.to_string(),
                 reason: text.clone(),

@@ -21,7 +21,6 @@ mod hostile;
 mod identity;
 mod messages;
 mod notify;
-mod ownership;
 mod permissions;
 mod promises;
 mod prompt;
