@@ -34,6 +34,7 @@ pub mod errors;
 pub mod events;
 pub mod hooks;
 pub mod inbox;
+pub mod owner;
 pub mod prompt;
 pub mod protocol;
 pub mod schedule;

@@ -123,6 +123,10 @@ pub fn run(cli: Cli) -> Result<u8> {
     {
         return Ok(errors::catalogue());
     }
+    // The owner keeper needs no config: it only holds a lock.
+    if let Command::Session(session::Command::Keep(a)) = &cli.command {
+        return Ok(session::keep(a));
+    }
     let ctx = Context::load(&cli.config)?;
     match cli.command {
         Command::Bootstrap(a) => bootstrap::run(&ctx, a),

@@ -374,6 +374,8 @@ fn stale_cutoff(older_than: SystemTime) -> SystemTime {
 fn session_file_id(name: &str) -> Option<&str> {
     name.strip_suffix(".prompt.md")
         .or_else(|| name.strip_suffix(".log"))
+        // Owner locks left by a `begin` that failed half-way.
+        .or_else(|| name.strip_suffix(".owner"))
 }
 
 /// `YYYYMMDD-HHMMSS[-N]` in start order (`-10` after `-9`; no suffix is 1).
