@@ -19,6 +19,7 @@ mod hostile;
 mod identity;
 mod messages;
 mod notify;
+mod ownership;
 mod prompt;
 mod scripts;
 mod signals;
