@@ -236,15 +236,22 @@ fn check_agent(
         .as_ref()
         .filter(|s| s.is_running())
         .map(|s| s.session_id.clone());
+    let timeout = config
+        .agents
+        .iter()
+        .find(|a| a.name == dir.name)
+        .map(|a| a.session.timeout)
+        // An agent no longer configured: the default timeout (90m).
+        .unwrap_or(std::time::Duration::from_secs(90 * 60));
     if let Some(s) = &session
-        && hooks::is_stale(s, now)
+        && let Some(why) = hooks::stale(dir, s, timeout, now)
     {
         finding(
             found,
             dir,
             "session.json",
             format!(
-                "session {} is recorded as running, but its owner (pid {}) is gone",
+                "session {} is recorded as running, but its owner (pid {}) is gone: {why}",
                 s.session_id,
                 s.owner_pid
                     .map(|p| p.to_string())

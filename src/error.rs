@@ -78,6 +78,15 @@ pub enum Error {
         pid: i32,
     },
 
+    #[error(
+        "{agent}: session {session} is running and belongs to another process (owner pid {pid}) that is still alive; `session end` or `session fail` without --session ends only a session this script began, so nothing was changed. If $SESSION was lost, pass the id: --session {session}"
+    )]
+    NotOwner {
+        agent: String,
+        session: String,
+        pid: i32,
+    },
+
     #[error("{0}")]
     NoSession(String),
 
@@ -157,6 +166,7 @@ impl Error {
             }
             Error::SessionBusy { .. } | Error::LockBusy { .. } => exit::TEMPFAIL,
             Error::Unsafe { .. } => exit::IOERR,
+            Error::NotOwner { .. } => exit::NOPERM,
             Error::Unavailable(_) => exit::UNAVAILABLE,
         }
     }

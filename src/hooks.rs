@@ -63,6 +63,10 @@ impl Args {
         let raw = value?;
         match raw.trim().parse::<u64>() {
             Ok(n) => Some(n),
+            Err(_) if raw.trim().parse::<i64>().is_ok() => {
+                self.note(flag, raw, "a negative count; the field was left unset");
+                None
+            }
             Err(_) => {
                 self.note(flag, raw, "not a whole number; the field was left unset");
                 None
@@ -95,6 +99,10 @@ impl Args {
         let raw = value?;
         match raw.trim().trim_start_matches('$').parse::<f64>() {
             Ok(n) if n.is_finite() && n >= 0.0 => Some(n),
+            Ok(n) if n < 0.0 => {
+                self.note(flag, raw, "a negative amount; the field was left unset");
+                None
+            }
             _ => {
                 self.note(
                     flag,
@@ -167,71 +175,8 @@ impl Args {
     }
 }
 
-/// The process that owns a session: its pid and start time (clock ticks since
-/// boot, from /proc), so that a reused pid is not taken for the owner.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Owner {
-    pub pid: i32,
-    pub start: Option<u64>,
-}
-
-impl Owner {
-    pub fn of(pid: i32) -> Owner {
-        Owner {
-            pid,
-            start: process_start(pid),
-        }
-    }
-
-    /// The session script that ran this hook. That is our parent, unless the
-    /// parent is a subshell the script forked to run us (`ID=$(agent-state
-    /// session begin …)` under `set -E`, or with a pipe): a subshell is a
-    /// fork, with the same program and command line as the script, and it
-    /// exits at once, so we walk up through such forks to the script itself.
-    pub fn parent() -> Owner {
-        let mut pid = nix::unistd::getppid().as_raw();
-        while let Some(up) = parent_pid(pid) {
-            if up <= 1 || !same_program(pid, up) {
-                break;
-            }
-            pid = up;
-        }
-        Owner::of(pid)
-    }
-}
-
-/// The parent of `pid` (field 4 of /proc/PID/stat).
-fn parent_pid(pid: i32) -> Option<i32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(1)?.parse().ok()
-}
-
-/// Are two processes the same program with the same arguments (one a fork
-/// of the other that did not exec)?
-fn same_program(a: i32, b: i32) -> bool {
-    let exe = |p: i32| std::fs::read_link(format!("/proc/{p}/exe")).ok();
-    let cmdline = |p: i32| std::fs::read(format!("/proc/{p}/cmdline")).ok();
-    let (ea, eb) = (exe(a), exe(b));
-    ea.is_some() && ea == eb && cmdline(a) == cmdline(b)
-}
-
-/// Start time of `pid` in clock ticks since boot (field 22 of /proc/PID/stat).
-pub fn process_start(pid: i32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) may contain spaces and parentheses; the
-    // fields after the last ')' are plain.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
-}
-
-/// Is the owner of a session still running?
-pub fn owner_alive(pid: i32, start: Option<u64>) -> bool {
-    match process_start(pid) {
-        None => false,
-        Some(now_start) => start.is_none_or(|s| s == now_start),
-    }
-}
+pub use crate::owner::Owner;
+use crate::owner::{self, Liveness};
 
 // ---- begin ---------------------------------------------------------------
 
@@ -263,6 +208,9 @@ pub struct BeginResult {
     pub bad_arguments: Vec<BadArgument>,
     /// Repairs and other things the caller should tell the user.
     pub notes: Vec<String>,
+    /// The new session's owner lock, held for as long as this lives: the
+    /// caller keeps it (the daemon) or hands it to a keeper (a script).
+    pub owner_lock: Option<owner::OwnerLock>,
 }
 
 /// The pre-session hook.
@@ -292,10 +240,9 @@ pub fn begin(
     let last_id = current.session_id.clone();
     let extra = current.extra.clone();
     if current.is_running() {
-        let same_owner = req.owner.is_some_and(|o| {
-            current.owner_pid == Some(o.pid)
-                && (current.owner_start.is_none() || current.owner_start == o.start)
-        });
+        let same_owner = req
+            .owner
+            .is_some_and(|o| o.is(current.owner_pid, current.owner_start));
         if req.join.as_deref() == Some(current.session_id.as_str()) || same_owner {
             return join(
                 dir,
@@ -308,9 +255,10 @@ pub fn begin(
                 notes,
             );
         }
-        if let Some(reason) = still_running(&current, now) {
-            return Err(reason);
-        }
+        let why = match owner_liveness(dir, &current, agent.session.timeout, now) {
+            Liveness::Alive => return Err(busy(&current)),
+            Liveness::Gone(why) => why,
+        };
         let pid = current
             .owner_pid
             .map(|p| p.to_string())
@@ -324,7 +272,7 @@ pub fn begin(
             Ending::Failed {
                 outcome: SessionStatus::Error,
                 reason: format!(
-                    "interrupted: owner process {pid} exited without calling `session end` or `session fail`"
+                    "interrupted: owner process {pid} is gone without calling `session end` or `session fail` ({why})"
                 ),
                 // The script died: that may be the agent failing on a message.
                 count_attempts: true,
@@ -423,7 +371,23 @@ pub fn begin(
     // renamed in after it (journal first, for readers).
     let staged_session = dir.stage(&lock, &session)?;
     let staged_report = dir.stage(&lock, &report)?;
-    dir.journal_append(&lock, now, start.clone())?;
+    // The owner takes its lock before the session is recorded as running,
+    // so nobody ever sees it running with its lock free.
+    let owner_lock = req.owner.and_then(|o| match owner::acquire(dir, &session_id, &o) {
+        Ok(l) => Some(l),
+        Err(e) => {
+            notes.push(format!(
+                "{}: session {session_id} has no owner lock ({e}); it counts as running until its timeout of {}",
+                dir.name,
+                humantime::format_duration(timeout)
+            ));
+            None
+        }
+    });
+    if let Err(e) = dir.journal_append(&lock, now, start.clone()) {
+        let _ = owner::release(dir, &session_id);
+        return Err(e);
+    }
     staged_session.commit()?;
     staged_report.commit()?;
 
@@ -436,6 +400,7 @@ pub fn begin(
         claim,
         bad_arguments: args.bad,
         notes,
+        owner_lock,
     })
 }
 
@@ -450,23 +415,31 @@ pub fn refuse_human(agent: &AgentConfig) -> Result<()> {
     Ok(())
 }
 
-/// `None` if `session` (recorded as running) has no live owner any more;
-/// otherwise the error to refuse a second session with.
-fn still_running(session: &Session, now: Timestamp) -> Option<Error> {
-    let alive = match session.owner_pid {
-        Some(pid) => owner_alive(pid, session.owner_start),
-        // No owner recorded (another tool wrote it): trust it until its
-        // timeout has passed.
-        None => match (session.started_at, session.timeout_seconds) {
-            (Some(start), Some(t)) => now.seconds_since(&start) < t as i64,
-            _ => false,
-        },
-    };
-    alive.then(|| Error::SessionBusy {
+/// Is the owner of `session` (recorded as running) still there? From its
+/// owner lock, never from its pid (see [`crate::owner`]); a session whose
+/// lock cannot be checked is alive until its timeout (its own, or the
+/// agent's `fallback` timeout when it recorded none).
+pub fn owner_liveness(
+    dir: &AgentDir,
+    session: &Session,
+    fallback: Duration,
+    now: Timestamp,
+) -> Liveness {
+    let timeout = session
+        .timeout_seconds
+        .map(Duration::from_secs)
+        .unwrap_or(fallback);
+    let probe = owner::probe(dir, &session.session_id);
+    owner::judge(&probe, session.started_at, timeout, now)
+}
+
+/// The error that refuses a second session while `session` runs.
+fn busy(session: &Session) -> Error {
+    Error::SessionBusy {
         agent: session.agent.clone(),
         session: session.session_id.clone(),
         pid: session.owner_pid.unwrap_or(0),
-    })
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -528,24 +501,57 @@ fn join(
         claim: Claim::default(),
         bad_arguments: std::mem::take(&mut args.bad),
         notes,
+        owner_lock: None,
     })
 }
 
 /// `YYYYMMDD-HHMMSS`, with `-2`, `-3`, … for a second session in one second.
+/// Never an id already used: ids only grow past the last one (a clock that
+/// stepped back continues from the last id with a suffix), and an id whose
+/// claim directory, log, prompt or owner lock exists is skipped.
 fn new_session_id(dir: &AgentDir, last: &str, now: Timestamp) -> String {
-    let base = now.session_id();
-    let taken = |id: &str| last == id || dir.claimed(id).exists();
-    if !taken(&base) && !last.starts_with(&format!("{base}-")) {
-        return base;
-    }
-    let last_suffix = last
-        .strip_prefix(&format!("{base}-"))
-        .and_then(|n| n.parse::<u32>().ok())
-        .unwrap_or(1);
-    (last_suffix + 1..)
-        .map(|n| format!("{base}-{n}"))
+    let sessions = dir.sessions_dir();
+    let taken = |id: &str| {
+        last == id
+            || dir.claimed(id).exists()
+            || ["log", "prompt.md", "owner"].iter().any(|ext| {
+                sessions
+                    .join(format!("{id}.{ext}"))
+                    .symlink_metadata()
+                    .is_ok()
+            })
+    };
+    let (base, first) = next_id_base(last, &now.session_id());
+    (first..)
+        .map(|n| match n {
+            1 => base.clone(),
+            n => format!("{base}-{n}"),
+        })
         .find(|id| !taken(id))
         .expect("a free session id")
+}
+
+/// The second the next id is in, and the first suffix to try (1: none):
+/// `now`'s, unless the last id is of that second or later (the clock went
+/// back, or a second session in one second), then the last id's, after its
+/// suffix. Pure.
+fn next_id_base(last: &str, now_id: &str) -> (String, u32) {
+    let (last_base, last_n) = match last.get(..15) {
+        Some(b) if last.len() == 15 => (b, 1),
+        Some(b) => match last[15..]
+            .strip_prefix('-')
+            .and_then(|n| n.parse::<u32>().ok())
+        {
+            Some(n) => (b, n),
+            None => return (now_id.to_string(), 1),
+        },
+        None => return (now_id.to_string(), 1),
+    };
+    if last_base < now_id {
+        (now_id.to_string(), 1)
+    } else {
+        (last_base.to_string(), last_n + 1)
+    }
 }
 
 /// Task messages add a pending task when received (once per message).
@@ -614,6 +620,8 @@ pub struct EndRequest {
     pub handoff_notes: Option<String>,
     pub tokens_used: Option<String>,
     pub cost_usd: Option<String>,
+    /// The processes the hook was called from (see [`Caller`]).
+    pub caller: Caller,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -621,6 +629,33 @@ pub struct FailRequest {
     pub session: Option<String>,
     pub outcome: String,
     pub reason: String,
+    /// The processes the hook was called from (see [`Caller`]).
+    pub caller: Caller,
+}
+
+/// Who called `end` or `fail`: the processes it was called from, nearest
+/// first (a script, its parents), as far as the caller can see them. An
+/// `end` that names no session ends the running one only if one of these
+/// owns it (or its owner is gone): a script whose `$SESSION` was lost must
+/// not end a session another live process owns.
+#[derive(Debug, Clone, Default)]
+pub struct Caller {
+    pub ancestors: Vec<Owner>,
+}
+
+impl Caller {
+    /// The processes this process was started from.
+    pub fn this_process() -> Caller {
+        Caller {
+            ancestors: Owner::ancestors(),
+        }
+    }
+
+    fn owns(&self, session: &Session) -> bool {
+        self.ancestors
+            .iter()
+            .any(|o| o.is(session.owner_pid, session.owner_start))
+    }
 }
 
 #[derive(Debug, Default)]
@@ -703,7 +738,14 @@ pub fn end(
             Ending::Completed(completion)
         }
     };
-    finish_request(agent, dir, req.session.as_deref(), ending, args, now)
+    finish_request(
+        agent,
+        dir,
+        (req.session.as_deref(), &req.caller),
+        ending,
+        args,
+        now,
+    )
 }
 
 /// The error hook.
@@ -733,7 +775,7 @@ pub fn fail(
     finish_request(
         agent,
         dir,
-        req.session.as_deref(),
+        (req.session.as_deref(), &req.caller),
         Ending::Failed {
             outcome,
             reason,
@@ -853,7 +895,7 @@ pub fn amend_failure_reason(
 fn finish_request(
     agent: &AgentConfig,
     dir: &AgentDir,
-    wanted: Option<&str>,
+    (wanted, caller): (Option<&str>, &Caller),
     ending: Ending,
     mut args: Args,
     now: Timestamp,
@@ -869,6 +911,20 @@ fn finish_request(
     };
     let wanted = wanted.map(str::trim).filter(|s| !s.is_empty());
     let matches = wanted.is_none_or(|w| w == current.session_id);
+
+    // Naming no session ends the running one only for its owner (or when
+    // its owner is gone): never another live process's session.
+    if current.is_running()
+        && wanted.is_none()
+        && !caller.owns(&current)
+        && owner_liveness(dir, &current, agent.session.timeout, now) == Liveness::Alive
+    {
+        return Err(Error::NotOwner {
+            agent: dir.name.to_string(),
+            session: current.session_id.clone(),
+            pid: current.owner_pid.unwrap_or(0),
+        });
+    }
 
     if current.is_running() && !matches {
         return Err(Error::NoSession(format!(
@@ -1120,6 +1176,10 @@ fn finish_with(
     }
     staged_session.commit()?;
     staged_report.commit()?;
+    // Ended: its owner lock goes (a keeper holding it sees that and exits).
+    if let Err(e) = owner::release(dir, &id) {
+        notes.push(e.to_string());
+    }
     metrics::apply(dir, lock, &event, now, notes)?;
 
     result.outcome = session.status;
@@ -1153,9 +1213,10 @@ pub fn recover_stale(
         }
         return Ok(None);
     }
-    if still_running(&current, now).is_some() {
-        return Ok(None);
-    }
+    let why = match owner_liveness(dir, &current, agent.session.timeout, now) {
+        Liveness::Alive => return Ok(None),
+        Liveness::Gone(why) => why,
+    };
     // Its end was journaled before a crash: complete that end, do not
     // record another.
     if let Some(entry) = journaled_end(dir, &current.session_id)? {
@@ -1170,7 +1231,7 @@ pub fn recover_stale(
         current,
         Ending::Failed {
             outcome: SessionStatus::Error,
-            reason: reason.to_string(),
+            reason: format!("{reason} ({why})"),
             // Its owner (the daemon, a script) was killed under it: not a
             // failure of its messages.
             count_attempts: false,
@@ -1377,14 +1438,44 @@ fn replay_end(
     Ok(result)
 }
 
-/// Is `session` recorded as running with an owner that is gone?
-pub fn is_stale(session: &Session, now: Timestamp) -> bool {
-    session.is_running() && still_running(session, now).is_none()
+/// Is `session` recorded as running with an owner that is gone? Why, if so.
+pub fn stale(
+    dir: &AgentDir,
+    session: &Session,
+    fallback: Duration,
+    now: Timestamp,
+) -> Option<String> {
+    if !session.is_running() {
+        return None;
+    }
+    match owner_liveness(dir, session, fallback, now) {
+        Liveness::Alive => None,
+        Liveness::Gone(why) => Some(why),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn session_ids_never_go_back() {
+        let now = "20260101-100000";
+        assert_eq!(next_id_base("", now), (now.to_string(), 1));
+        assert_eq!(next_id_base("20260101-090000", now), (now.to_string(), 1));
+        // A second session in the same second.
+        assert_eq!(next_id_base(now, now), (now.to_string(), 2));
+        assert_eq!(next_id_base("20260101-100000-7", now), (now.to_string(), 8));
+        // The clock stepped back an hour: continue after the last id.
+        assert_eq!(
+            next_id_base("20260101-110000", now),
+            ("20260101-110000".to_string(), 2)
+        );
+        assert_eq!(
+            next_id_base("20260101-110000-3", now),
+            ("20260101-110000".to_string(), 4)
+        );
+    }
 
     #[test]
     fn shell_style_arguments() {
@@ -1408,14 +1499,5 @@ mod tests {
         assert_eq!(a.money("--cost-usd", Some("$0.42")), Some(0.42));
         let flags: Vec<_> = a.bad.iter().map(|b| b.flag).collect();
         assert_eq!(flags, ["--sources-archived", "--pr"]);
-    }
-
-    #[test]
-    fn our_own_process_has_a_start_time() {
-        let me = std::process::id() as i32;
-        let start = process_start(me);
-        assert!(start.is_some());
-        assert!(owner_alive(me, start));
-        assert!(!owner_alive(me, start.map(|s| s + 1)));
     }
 }

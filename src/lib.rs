@@ -12,13 +12,13 @@
 //!     ├── memory.md                                              (append under a section)
 //!     ├── inbox/{uuid}.json  inbox/.tmp/  inbox/.claimed/{session}/
 //!     │   inbox/processed/  inbox/rejected/ (+ .reason.json)
-//!     ├── sessions/{id}.log  sessions/{id}.prompt.md
+//!     ├── sessions/{id}.log  sessions/{id}.prompt.md  sessions/{id}.owner (owner lock)
 //!     └── .lock                                                  (flock for read-modify-write)
 //! ```
 //!
 //! Module map: [`config`] reads the TOML file; [`state`] owns every file
 //! shape and the one way each is written; [`inbox`] validates, delivers and
-//! claims messages; [`hooks`] are `session begin|end|fail`; [`prompt`]
+//! claims messages; [`hooks`] are `session begin|end|fail`; [`owner`] knows who owns a running session; [`prompt`]
 //! assembles the rehydration prompt; [`check`] finds and repairs damage; [`fsx`] is every file access below the root (no links followed, no special file opened);
 //! [`errors`] is the error catalogue; [`protocol`] parses what agents say; [`events`] streams every journal; [`daemon`] runs the
 //! service; [`cli`] is one module per subcommand.
@@ -36,6 +36,7 @@ pub mod events;
 pub mod fsx;
 pub mod hooks;
 pub mod inbox;
+pub mod owner;
 pub mod prompt;
 pub mod protocol;
 pub mod schedule;

@@ -140,6 +140,10 @@ pub fn run(cli: Cli) -> Result<u8> {
     {
         return Ok(errors::catalogue());
     }
+    // The owner keeper needs no config: it only holds a lock.
+    if let Command::Session(session::Command::Keep(a)) = &cli.command {
+        return Ok(session::keep(a));
+    }
     // What sets up state, runs from the config or installs it needs the file
     // itself to be valid; everything else works on the daemon's last
     // accepted config when the file has a typo.

@@ -2,14 +2,20 @@
 //!
 //! All value arguments are taken as text and parsed leniently by the hooks,
 //! so a bad optional value is recorded as such instead of losing the session
-//! record. Exit status: 0, or 65 when an argument was bad (everything else
-//! was still recorded).
+//! record (negative numbers too: `--cost-usd -1` is a bad value, not an
+//! unknown flag). Exit status: 0, or 65 when an argument was bad (everything
+//! else was still recorded); 77 when `end` or `fail` names no session and
+//! the running one belongs to another live process (nothing changed).
 
 use clap::Subcommand;
 
 use crate::cli::{Context, print_notes, warn};
-use crate::error::{Result, exit};
-use crate::hooks::{self, BadArgument, BeginRequest, EndRequest, FailRequest, FinishResult, Owner};
+use crate::error::{Error, Result, exit};
+use crate::hooks::{
+    self, BadArgument, BeginRequest, Caller, EndRequest, FailRequest, FinishResult, Owner,
+};
+use crate::owner::{self, OwnerLock};
+use crate::state::AgentDir;
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
@@ -19,9 +25,23 @@ pub enum Command {
     End(EndArgs),
     /// Error hook: record an error or timeout and return the session's messages to the inbox
     Fail(FailArgs),
+    /// (internal) Hold a session's owner lock until its script exits; started by `begin`
+    #[command(hide = true)]
+    Keep(KeepArgs),
 }
 
 #[derive(clap::Args, Debug)]
+pub struct KeepArgs {
+    /// The session (for people reading `ps`)
+    pub session: String,
+    #[arg(long, value_name = "PID")]
+    pub owner_pid: i32,
+    #[arg(long, value_name = "TICKS")]
+    pub owner_start: Option<u64>,
+}
+
+#[derive(clap::Args, Debug)]
+#[command(allow_negative_numbers = true)]
 pub struct BeginArgs {
     pub agent: String,
     /// Session type: research, extract, evaluate or ad-hoc (default: the agent's session_type)
@@ -58,6 +78,7 @@ pub struct BeginArgs {
 }
 
 #[derive(clap::Args, Debug)]
+#[command(allow_negative_numbers = true)]
 pub struct EndArgs {
     pub agent: String,
     /// The session to end (default: the running one)
@@ -95,6 +116,7 @@ pub struct EndArgs {
 }
 
 #[derive(clap::Args, Debug)]
+#[command(allow_negative_numbers = true)]
 pub struct FailArgs {
     pub agent: String,
     /// The session that failed (default: the running one; with none running, a failed run is still recorded)
@@ -117,6 +139,15 @@ pub fn run(ctx: &Context, command: Command) -> Result<u8> {
     match command {
         Command::Begin(a) => {
             let (agent, dir) = ctx.agent(&a.agent)?;
+            let owner = match a.owner_pid {
+                Some(pid) if pid <= 1 => {
+                    return Err(Error::Usage(format!(
+                        "--owner-pid {pid}: not a process that can own a session; give the pid of the script that runs it"
+                    )));
+                }
+                Some(pid) => Owner::of(pid),
+                None => Owner::parent(),
+            };
             let req = BeginRequest {
                 session_type: a.session_type,
                 branch: a.branch,
@@ -127,12 +158,15 @@ pub fn run(ctx: &Context, command: Command) -> Result<u8> {
                 disconfirmation_target: a.disconfirmation_target,
                 sources_expected: a.sources_expected,
                 join: a.join,
-                owner: Some(a.owner_pid.map(Owner::of).unwrap_or_else(Owner::parent)),
+                owner: Some(owner),
                 instance: None,
                 writing: Default::default(),
             };
-            let r = hooks::begin(agent, &dir, &req, ctx.now)?;
+            let mut r = hooks::begin(agent, &dir, &req, ctx.now)?;
             print_notes(&r.notes);
+            if let Some(lock) = r.owner_lock.take() {
+                hand_to_keeper(&dir, lock, &owner, agent.session.timeout);
+            }
             for (name, reason) in &r.claim.rejected {
                 warn(format!("{}: inbox/{name} rejected: {reason}", dir.name));
             }
@@ -158,6 +192,7 @@ pub fn run(ctx: &Context, command: Command) -> Result<u8> {
                 handoff_notes: a.handoff_notes,
                 tokens_used: a.tokens_used,
                 cost_usd: a.cost_usd,
+                caller: Caller::this_process(),
             };
             let r = hooks::end(agent, &dir, &req, ctx.now)?;
             finished(&dir.name, &r)
@@ -168,10 +203,41 @@ pub fn run(ctx: &Context, command: Command) -> Result<u8> {
                 session: a.session,
                 outcome: a.outcome,
                 reason: a.reason,
+                caller: Caller::this_process(),
             };
             let r = hooks::fail(agent, &dir, &req, ctx.now)?;
             finished(&dir.name, &r)
         }
+        Command::Keep(a) => Ok(keep(&a)),
+    }
+}
+
+/// `session keep`: run by `begin` only, with the lock on fd 3.
+pub fn keep(a: &KeepArgs) -> u8 {
+    owner::keep(a.owner_pid, a.owner_start);
+    exit::OK
+}
+
+/// Hand a new session's owner lock to a keeper that holds it while the
+/// script runs. An owner this process cannot watch (an `--owner-pid` it
+/// cannot see) gets no keeper: its lock file goes, and the session counts
+/// as running until its timeout.
+fn hand_to_keeper(dir: &AgentDir, lock: OwnerLock, owner: &Owner, timeout: std::time::Duration) {
+    let session = lock.session_id.clone();
+    let failed = if owner.start.is_none() {
+        Some(format!("pid {} is not visible to this process", owner.pid))
+    } else {
+        owner::spawn_keeper(lock, owner)
+            .err()
+            .map(|e| e.to_string())
+    };
+    if let Some(why) = failed {
+        let _ = owner::release(dir, &session);
+        warn(format!(
+            "{}: session {session}: its owner cannot be watched ({why}); it counts as running until its timeout of {}",
+            dir.name,
+            humantime::format_duration(timeout)
+        ));
     }
 }
 

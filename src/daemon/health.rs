@@ -382,6 +382,8 @@ fn session_file_id(name: &str) -> Option<&str> {
         .or_else(|| name.strip_suffix(".log"))
         .or_else(|| name.strip_suffix(".claude.json"))
         .or_else(|| name.strip_suffix(".claude.stderr"))
+        // Owner locks left by a `begin` that failed half-way.
+        .or_else(|| name.strip_suffix(".owner"))
 }
 
 /// `YYYYMMDD-HHMMSS[-N]` in start order (`-10` after `-9`; no suffix is 1).

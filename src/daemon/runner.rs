@@ -668,8 +668,10 @@ fn check_cwd(cwd: &Path) -> Result<(), String> {
 }
 
 fn open_log(path: &Path) -> io::Result<tokio::fs::File> {
+    // A new file, always: a session id is never reused, so an existing log
+    // is another session's, and it is never appended to.
     let file = std::fs::OpenOptions::new()
-        .create(true)
+        .create_new(true)
         .append(true)
         .mode(0o640)
         // The log is ours to write; never follow a link planted in its place.
@@ -1070,7 +1072,6 @@ mod tests {
     async fn exit_zero_with_output_is_logged_and_observed() {
         let dir = tempfile::tempdir().unwrap();
         let spec = spec(&dir, "exits.sh", &["0"]);
-        std::fs::write(&spec.log_path, "earlier line\n").unwrap();
         let (pid_tx, pid_rx) = oneshot::channel();
         let mut seen = Collect::default();
         let report = run(spec.clone(), &mut seen, no_stop(), Some(pid_tx)).await;
@@ -1085,10 +1086,6 @@ mod tests {
         );
         let log = log_of(&spec);
         assert!(
-            log.starts_with("earlier line\n"),
-            "the log is appended to: {log:?}"
-        );
-        assert!(
             log.contains("to stdout\n") && log.contains("to stderr\n"),
             "{log:?}"
         );
@@ -1099,6 +1096,20 @@ mod tests {
         assert!(!report.truncated);
         assert_eq!(report.leftovers_killed, 0);
         assert_eq!(report.log_error, None);
+    }
+
+    #[tokio::test]
+    async fn an_existing_log_is_never_appended_to() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = spec(&dir, "exits.sh", &["0"]);
+        std::fs::write(&spec.log_path, "another session's line\n").unwrap();
+        let (report, _) = run_spec(spec.clone()).await;
+        assert!(
+            matches!(&report.ending, Ending::SpawnFailed { reason, .. } if reason.contains("session log")),
+            "{:?}",
+            report.ending
+        );
+        assert_eq!(log_of(&spec), "another session's line\n");
     }
 
     #[tokio::test]

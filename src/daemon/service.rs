@@ -113,6 +113,8 @@ struct Running {
     /// `DISCOVERY_GLOBAL` signals shared with every agent so far.
     global_discoveries: u32,
     last_progress: Option<u8>,
+    /// The session's owner lock: held while the daemon owns the session.
+    owner_lock: Option<crate::owner::OwnerLock>,
 }
 
 /// Why the daemon stops a session, shared with its [`Observer`].
@@ -175,6 +177,9 @@ struct Daemon {
     served_wakes: std::collections::BTreeSet<PathBuf>,
     /// daemon.json could not be written (said once per outage).
     heartbeat_failing: bool,
+    /// Owner locks of sessions that ended but whose end could not be
+    /// recorded: still ours until `finish_orphan` records it.
+    orphan_locks: BTreeMap<AgentName, crate::owner::OwnerLock>,
 }
 
 /// Run the daemon until SIGTERM/SIGINT. Returns once every session has
@@ -216,6 +221,7 @@ pub async fn run(config_path: &Path) -> Result<()> {
         published_wake: Default::default(),
         served_wakes: Default::default(),
         heartbeat_failing: false,
+        orphan_locks: BTreeMap::new(),
         core: Core::new(config.daemon.max_concurrent_sessions),
         config_path: config_path.to_path_buf(),
         schedule_state: files::read_schedule_state(&root),
@@ -526,7 +532,7 @@ impl Daemon {
             // processes running: end them before their session is recorded,
             // or the agent would run twice.
             if let Ok(Some(s)) = dir.read::<Session>()
-                && hooks::is_stale(&s, now)
+                && hooks::stale(&dir, &s, agent.session.timeout, now).is_some()
                 && let Some(owner) = s.owner_pid
             {
                 let marker = (
@@ -699,11 +705,18 @@ impl Daemon {
             }
         }
         // A new agent's schedule counts from now: nothing before it was missed.
-        self.schedule_state
+        let last = self
+            .schedule_state
             .last_fire
             .entry(name.to_string())
-            .or_insert_with(|| Timestamp::from_datetime(now));
-        let next = sched.next_after(now, agent.timezone);
+            .or_insert_with(|| Timestamp::from_datetime(now))
+            .0;
+        // After the last fire, even if the clock stepped back behind it (NTP,
+        // a VM resumed): a run that fired never fires again.
+        let next = sched.next_after(now.max(last), agent.timezone);
+        if last > now {
+            tracing::warn!(agent = %name, "the clock is behind this agent's last scheduled run ({last}); its next run is the one after that");
+        }
         self.set_fire(agent, next);
     }
 
@@ -1067,7 +1080,7 @@ impl Daemon {
         // Never join a session of our own whose end was not recorded.
         if let Ok(Some(s)) = self.dir(agent).read::<Session>()
             && s.is_running()
-            && s.owner_pid == Some(std::process::id() as i32)
+            && began_here(&s)
         {
             self.finish_orphan(&cfg, &s.session_id, now);
             if matches!(self.dir(agent).read::<Session>(), Ok(Some(s)) if s.is_running()) {
@@ -1165,6 +1178,7 @@ impl Daemon {
                 signals_seen: 0,
                 global_discoveries: 0,
                 last_progress: None,
+                owner_lock: prepared.owner_lock,
             },
         );
         let tx = self.tx.clone();
@@ -1369,6 +1383,13 @@ impl Daemon {
                     .session(&sid),
                 false,
             );
+        }
+        // Its end not recorded (a full disk): it stays ours, lock and all,
+        // until `finish_orphan` records it.
+        if let Some(lock) = running.owner_lock
+            && matches!(dir.read::<Session>(), Ok(Some(s)) if s.is_running() && s.session_id == sid)
+        {
+            self.orphan_locks.insert(agent.clone(), lock);
         }
         let waiting = self.receive(&agent).unwrap_or_default();
         self.core.session_ended(&agent, waiting, self.clock.now());
@@ -1751,9 +1772,12 @@ impl Daemon {
             outcome: "error".into(),
             reason: "interrupted: its end could not be recorded when it ended (see errors.jsonl)"
                 .into(),
+            ..hooks::FailRequest::default()
         };
         match hooks::fail(agent, &dir, &req, now) {
-            Ok(r) => self.raise(
+            Ok(r) => {
+                self.orphan_locks.remove(&agent.name);
+                self.raise(
                 ErrorRecord::new(
                     Code::SessionInterrupted,
                     format!(
@@ -1765,8 +1789,11 @@ impl Daemon {
                 .agent(&agent.name)
                 .session(session_id.to_string()),
                 false,
-            ),
-            Err(e) => tracing::warn!(agent = %agent.name, session_id, "cannot record the end of session {session_id} yet: {e}"),
+            )
+            }
+            Err(e) => {
+                tracing::warn!(agent = %agent.name, session_id, "cannot record the end of session {session_id} yet: {e}")
+            }
         }
     }
 
@@ -1958,13 +1985,15 @@ impl Daemon {
             if !s.is_running() {
                 continue;
             }
-            if s.owner_pid == Some(std::process::id() as i32) {
+            if began_here(&s) {
                 // Ours, but not running: its end could not be recorded (a
                 // full disk). Record it now.
                 self.finish_orphan(&agent, &s.session_id, now);
                 continue;
             }
-            if hooks::is_stale(&s, now) {
+            // Its owner's lock says whether it is alive, wherever it runs
+            // (a script in another PID namespace is invisible to us).
+            if hooks::stale(&dir, &s, agent.session.timeout, now).is_some() {
                 let result =
                     hooks::recover_stale(&agent, &dir, "interrupted: its process is gone", now);
                 if let Some(record) = recovered(&agent, result, "its process is gone") {
@@ -1982,7 +2011,13 @@ impl Daemon {
                 && self.overdue_reported.insert(s.session_id.clone())
             {
                 let mut details = "its owner is alive".to_string();
-                if let Some(pid) = s.owner_pid {
+                // Only a process we can see, and that is the owner (its
+                // start time matches): a pid from another PID namespace
+                // may name an unrelated process of ours.
+                if let Some(pid) = s.owner_pid
+                    && s.owner_start.is_some()
+                    && hooks::Owner::of(pid).start == s.owner_start
+                {
                     let sent = nix::sys::signal::kill(
                         nix::unistd::Pid::from_raw(pid),
                         nix::sys::signal::Signal::SIGTERM,
@@ -1993,6 +2028,11 @@ impl Daemon {
                         ),
                         Err(e) => format!("cannot signal its owner, pid {pid}: {e}"),
                     };
+                } else if let Some(pid) = s.owner_pid {
+                    details = format!(
+                        "its owner (pid {pid}) holds its lock but is not visible to the daemon (another PID namespace or user); end it with `agent-state session fail {} --session {} --outcome timeout --reason ...`",
+                        agent.name, s.session_id
+                    );
                 }
                 self.raise(
                     ErrorRecord::new(
@@ -2304,6 +2344,13 @@ fn rejected(agent: &AgentName, name: &str, reason: &str) -> ErrorRecord {
 /// What recovering `agent`'s stale session came to: the error to raise (the
 /// session was interrupted, or the recovery failed), or nothing when there
 /// was nothing to do or its end had been journaled and was completed.
+/// Did this daemon process begin `session`? By pid and start time: a
+/// script in another PID namespace can have the daemon's pid, not also
+/// its start time.
+fn began_here(session: &Session) -> bool {
+    hooks::Owner::me().is(session.owner_pid, session.owner_start) && session.owner_start.is_some()
+}
+
 fn recovered(
     agent: &AgentConfig,
     result: Result<Option<hooks::FinishResult>>,

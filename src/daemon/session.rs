@@ -1,8 +1,9 @@
 //! Starting and finishing one daemon session: the glue between the hooks
 //! (the same code session scripts call), the prompt, and the runner.
 //!
-//! Start: instance id, `session begin` (owned by the daemon's pid, so a
-//! script calling the hook with `AGENT_STATE_SESSION_ID` joins it), the prompt
+//! Start: instance id, `session begin` (owned by the daemon, which holds
+//! the session's owner lock; a script calling the hook with
+//! `AGENT_STATE_SESSION_ID` joins it), the prompt
 //! written to `sessions/{id}.prompt.md`, the command with its placeholders
 //! filled in. Finish: the runner's ending mapped onto `session end` or
 //! `session fail`, which update every file exactly as for a script.
@@ -15,6 +16,7 @@ use crate::clock::Timestamp;
 use crate::config::{AgentConfig, Config};
 use crate::error::Result;
 use crate::hooks::{self, BeginRequest, EndRequest, FailRequest, Owner};
+use crate::owner::OwnerLock;
 use crate::prompt;
 use crate::state::journal;
 use crate::state::{AgentDir, StateRoot, atomic};
@@ -26,6 +28,9 @@ pub struct Prepared {
     pub spec: SessionSpec,
     /// Inbox files the claim rejected: (name, reason).
     pub rejected: Vec<(String, String)>,
+    /// The daemon's owner lock on the session, held until its end is
+    /// recorded (see [`crate::owner`]).
+    pub owner_lock: Option<OwnerLock>,
 }
 
 pub fn prepare(
@@ -44,6 +49,7 @@ pub fn prepare(
         ..BeginRequest::default()
     };
     let begun = hooks::begin(agent, &dir, &req, now)?;
+    let owner_lock = begun.owner_lock;
     let rejected = begun.claim.rejected.clone();
     let session_id = begun.session_id;
     // The session has begun: if what follows fails, it must end (as an
@@ -88,6 +94,7 @@ pub fn prepare(
                     session: Some(session_id.clone()),
                     outcome: "error".into(),
                     reason: format!("the session could not start: {e}"),
+                    ..FailRequest::default()
                 },
                 now,
             );
@@ -147,6 +154,7 @@ pub fn prepare(
         instance,
         spec,
         rejected,
+        owner_lock,
     })
 }
 
@@ -292,6 +300,7 @@ pub fn finish(
                 session: Some(session_id.to_string()),
                 outcome: outcome.to_string(),
                 reason: text.clone(),
+                ..FailRequest::default()
             },
             now,
         )?,

@@ -118,15 +118,18 @@ fn filled_temp(path: &Path, bytes: &[u8], mode: u32, sync: bool) -> Result<Temp>
     let dir_path = parent(path);
     let dir = fsx::dir(dir_path)?;
     let (mut file, name) = fsx::create_temp(dir.as_fd(), dir_path, mode)?;
-    let tmp_path = dir_path.join(&name);
     let temp = Temp {
         dir,
         name: Some(name),
         target: path.to_path_buf(),
     };
-    file.write_all(bytes).at("writing", &tmp_path)?;
+    // Errors name the file being replaced (the temp name means nothing to
+    // an operator), and the temp file beside it.
+    file.write_all(bytes)
+        .at("writing the new version (a temp file beside it) of", path)?;
     if sync {
-        file.sync_all().at("syncing", &tmp_path)?;
+        file.sync_all()
+            .at("syncing the new version (a temp file beside it) of", path)?;
     }
     Ok(temp)
 }

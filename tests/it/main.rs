@@ -21,6 +21,7 @@ mod hostile;
 mod identity;
 mod messages;
 mod notify;
+mod ownership;
 mod permissions;
 mod promises;
 mod prompt;

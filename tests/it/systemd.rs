@@ -323,6 +323,13 @@ impl SdBox {
             .collect()
     }
 
+    /// One property of another unit.
+    fn prop_of(&self, unit: &str, name: &str) -> String {
+        self.ok(&["systemctl", "show", unit, "-p", name, "--value"])
+            .trim()
+            .to_string()
+    }
+
     fn prop(&self, name: &str) -> String {
         self.show(&[name]).remove(name).unwrap_or_default()
     }
@@ -1062,4 +1069,148 @@ fn under_systemd_a_refused_reload_fails_systemctl_reload_with_the_reasons() {
         "the reload had taken effect when systemctl reload returned"
     );
     assert_eq!(sdbox.prop("MainPID"), main_pid, "a reload is not a restart");
+}
+
+/// A session script started outside the unit, as cron would start it (a
+/// transient unit of its own, as root): the daemon under the shipped
+/// sandbox (`ProtectProc=invisible`, `PrivateUsers=`) cannot see its
+/// process, and still a `wake` neither interrupts its session nor starts a
+/// second one, and the script's own `session end` succeeds (issue 9 §3).
+#[test]
+fn under_systemd_a_script_session_started_outside_the_unit_survives_a_wake() {
+    let Some(tool) = sdbox_tool() else {
+        return;
+    };
+    let sdbox = SdBox::up(tool);
+    sdbox.install(Path::new(BIN), UNIT_BIN, 0o755);
+    sdbox.install(
+        &repo_file(UNIT),
+        "/usr/lib/systemd/system/agent-state.service",
+        0o644,
+    );
+    sdbox.install(
+        &repo_file("packaging/sysusers.d/agent-state.conf"),
+        "/usr/lib/sysusers.d/agent-state.conf",
+        0o644,
+    );
+    sdbox.install(
+        &repo_file("packaging/tmpfiles.d/agent-state.conf"),
+        "/usr/lib/tmpfiles.d/agent-state.conf",
+        0o644,
+    );
+    sdbox.install(
+        &repo_file("ops/demo-agent.sh"),
+        "/opt/teleo-eval/demo-agent.sh",
+        0o755,
+    );
+    sdbox.write(CONFIG, &box_config(None), 0o644);
+    sdbox.ok(&["systemd-sysusers"]);
+    sdbox.ok(&["systemd-tmpfiles", "--create", "agent-state.conf"]);
+    sdbox.write(
+        "/etc/systemd/system/agent-state.service.d/10-test.conf",
+        TEST_DROP_IN,
+        0o644,
+    );
+    sdbox.ok(&["systemctl", "daemon-reload"]);
+    sdbox.ok(&["systemctl", "start", "agent-state.service"]);
+
+    let dir = "/opt/teleo-eval/cron";
+    sdbox.write(
+        "/opt/teleo-eval/cron-session.sh",
+        &format!(
+            r#"#!/bin/sh
+S=$({UNIT_BIN} --config {CONFIG} session begin rio) || exit 9
+echo "$S" > {dir}/id
+while [ ! -e {dir}/go ]; do sleep 0.1; done
+{UNIT_BIN} --config {CONFIG} session end rio --session "$S" --sources-archived 1 >/dev/null 2>{dir}/end.err
+echo "end=$?" > {dir}/status
+"#
+        ),
+        0o755,
+    );
+    // The service user's cron job: its own transient unit, outside
+    // agent-state.service, as the user that owns the state.
+    sdbox.ok(&["install", "-d", "-o", "agent-state", "-g", "teleo", dir]);
+    sdbox.ok(&[
+        "systemd-run",
+        "--unit",
+        "cron-session",
+        "--uid",
+        "agent-state",
+        "--gid",
+        "teleo",
+        "--quiet",
+        "/opt/teleo-eval/cron-session.sh",
+    ]);
+    let id_file = format!("{dir}/id");
+    sdbox.wait_until(
+        Duration::from_secs(20),
+        "the script's session has begun",
+        || !sdbox.read(&id_file).trim().is_empty(),
+    );
+    let sid = sdbox.read(&id_file).trim().to_string();
+    let script_pid = sdbox.prop_of("cron-session.service", "MainPID");
+    // Whether the daemon could see the script at all: its /proc, as the
+    // daemon's user in the daemon's namespaces.
+    let daemon_pid = sdbox.prop("MainPID");
+    let uid = sdbox.ok(&["id", "-u", "agent-state"]).trim().to_string();
+    let gid = sdbox.ok(&["id", "-g", "agent-state"]).trim().to_string();
+    let seen = sdbox.exec(&[
+        "nsenter",
+        "-t",
+        &daemon_pid,
+        "-m",
+        "-U",
+        "-S",
+        &uid,
+        "-G",
+        &gid,
+        "--",
+        "test",
+        "-e",
+        &format!("/proc/{script_pid}"),
+    ]);
+    eprintln!(
+        "the script's session {sid}, script pid {script_pid} (outside the unit); visible to the daemon: {} ({})",
+        seen.status.success(),
+        text(&seen.stderr).trim()
+    );
+
+    let journal_of = || -> Vec<Value> {
+        sdbox
+            .read(&format!("{STATE}/rio/journal.jsonl"))
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    };
+    let count = |event: &str| journal_of().iter().filter(|e| e["event"] == event).count();
+    let out = sdbox.agent_state(&["wake", "rio"]);
+    assert!(out.status.success(), "wake:\n{}", describe(&out));
+    sdbox.wait_until(
+        Duration::from_secs(20),
+        "the daemon skipped the wake: the script's session runs",
+        || count("wake_skipped") == 1,
+    );
+    assert_eq!(count("session_start"), 1, "{:#?}", journal_of());
+    assert_eq!(count("error"), 0, "not interrupted: {:#?}", journal_of());
+    let session = sdbox.json(&format!("{STATE}/rio/session.json"));
+    assert_eq!(session["session_id"], sid.as_str());
+    assert_eq!(session["status"], "running");
+
+    sdbox.write(&format!("{dir}/go"), "", 0o644);
+    let status_file = format!("{dir}/status");
+    sdbox.wait_until(Duration::from_secs(20), "the script has ended", || {
+        !sdbox.read(&status_file).is_empty()
+    });
+    assert_eq!(
+        sdbox.read(&status_file).trim(),
+        "end=0",
+        "{}",
+        sdbox.read(&format!("{dir}/end.err"))
+    );
+    let session = sdbox.json(&format!("{STATE}/rio/session.json"));
+    assert_eq!(session["session_id"], sid.as_str());
+    assert_eq!(session["status"], "completed", "{session:#}");
+    assert_eq!(count("session_end"), 1);
+    assert_eq!(sdbox.prop("ActiveState"), "active");
 }
