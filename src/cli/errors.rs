@@ -2,6 +2,7 @@
 //! or with `--catalogue` every error code with its severity, recovery and
 //! escalation (the table of docs/errors.md).
 
+use crate::cli::display::say;
 use std::time::Duration;
 
 use crate::cli::{Context, print_json};
@@ -72,7 +73,7 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         return print_json(&records);
     }
     if records.is_empty() {
-        println!("no errors in {}", path.display());
+        say!("no errors in {}", path.display());
         return Ok(exit::OK);
     }
     for r in &records {
@@ -82,7 +83,7 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
             (Some(a), None, _) => format!(" [{a}]"),
             _ => String::new(),
         };
-        println!(
+        say!(
             "{} ({}) {:<8} {}{ctx_text}{} {}",
             r.ts,
             ago(&r.ts, &ctx.now),
@@ -92,7 +93,7 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
             r.message
         );
         if let Some(d) = &r.details {
-            println!("    {d}");
+            say!("    {d}");
         }
     }
     Ok(exit::OK)

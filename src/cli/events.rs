@@ -338,13 +338,13 @@ impl<W: Write> Printer<W> {
         } else {
             let summary = e.summary();
             let gap = if summary.is_empty() { "" } else { "  " };
-            writeln!(
-                self.out,
+            let line = format!(
                 "{}  {:<8}  {:<15}  {summary}{gap}[{cursor}]",
                 e.ts_text,
                 e.source.label(),
                 e.kind
-            )
+            );
+            writeln!(self.out, "{}", crate::cli::display::clean(&line))
         }
     }
 }

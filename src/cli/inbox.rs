@@ -1,5 +1,6 @@
 //! `agent-state inbox AGENT`: waiting, claimed and rejected messages.
 
+use crate::cli::display::say;
 use serde::Serialize;
 
 use crate::cli::{Context, print_json};
@@ -116,7 +117,7 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
             m.id
         )
     };
-    println!(
+    say!(
         "{}: {} waiting, {} claimed, {} rejected, {} processed",
         listing.agent,
         listing.waiting.len(),
@@ -125,25 +126,25 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         listing.processed
     );
     if !listing.waiting.is_empty() {
-        println!("\nwaiting:");
+        say!("\nwaiting:");
         for w in &listing.waiting {
             match (&w.message, &w.problem) {
-                (Some(m), _) => println!("  {}", line(m)),
-                (None, Some(p)) => println!("  {:<8} {}: {p}", w.state, w.file),
+                (Some(m), _) => say!("  {}", line(m)),
+                (None, Some(p)) => say!("  {:<8} {}: {p}", w.state, w.file),
                 (None, None) => {}
             }
         }
     }
     if !listing.claimed.is_empty() {
-        println!("\nclaimed:");
+        say!("\nclaimed:");
         for c in &listing.claimed {
-            println!("  [{}] {}", c.session_id, line(&c.message));
+            say!("  [{}] {}", c.session_id, line(&c.message));
         }
     }
     if !listing.rejected.is_empty() {
-        println!("\nrejected (in inbox/rejected/):");
+        say!("\nrejected (in inbox/rejected/):");
         for r in &listing.rejected {
-            println!(
+            say!(
                 "  {}: {}",
                 r.file,
                 r.reason.as_deref().unwrap_or("no reason recorded")

@@ -5,6 +5,7 @@
 mod bootstrap;
 mod check;
 mod daemon;
+pub(crate) mod display;
 mod errors;
 mod events;
 mod inbox;
@@ -174,7 +175,10 @@ pub fn run(cli: Cli) -> Result<u8> {
 }
 
 pub fn warn(message: impl std::fmt::Display) {
-    eprintln!("agent-state: warning: {message}");
+    eprintln!(
+        "agent-state: warning: {}",
+        display::clean(&message.to_string())
+    );
 }
 
 /// Print repair notes and the like on stderr.

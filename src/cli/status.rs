@@ -1,5 +1,6 @@
 //! `agent-state status [AGENT]`: one line per agent.
 
+use crate::cli::display::say;
 use serde::Serialize;
 
 use crate::access;
@@ -99,7 +100,7 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         return print_json(&lines);
     }
     let row = |cells: [&str; 10]| {
-        println!(
+        say!(
             "{:<12} {:<12} {:<44} {:>5} {:>5} {:>8} {:>8} {:>11} {:>10}  {}",
             cells[0],
             cells[1],
@@ -168,12 +169,16 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
                 .until
                 .map(|t| format!(" until {}", in_time(&t, &now)))
                 .unwrap_or_default();
-            println!(
+            say!(
                 "{}: {} ({} failure(s) in a row, {}{until}): {}",
-                l.agent, f.code, f.failures, f.state, f.message
+                l.agent,
+                f.code,
+                f.failures,
+                f.state,
+                f.message
             );
         } else if let Some(e) = &l.last_error {
-            println!(
+            say!(
                 "{}: last error {} {}: {}",
                 l.agent,
                 e.code,
@@ -188,7 +193,7 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         .filter(|r| r.context.agent.is_none())
         .collect();
     if let Some(last) = daemon_wide.last() {
-        println!(
+        say!(
             "daemon: {} error(s) in 30 days; last {} {}: {}",
             daemon_wide.len(),
             last.code,

@@ -1,5 +1,6 @@
 //! `agent-state task add|list|set`
 
+use crate::cli::display::say;
 use clap::Subcommand;
 
 use crate::cli::{Context, print_json, print_notes};
@@ -78,7 +79,7 @@ pub fn run(ctx: &Context, command: Command) -> Result<u8> {
                 &mut notes,
             )?;
             print_notes(&notes);
-            println!("{}", task.id);
+            say!("{}", task.id);
             Ok(exit::OK)
         }
         Command::List(a) => {
@@ -91,10 +92,10 @@ pub fn run(ctx: &Context, command: Command) -> Result<u8> {
                 return print_json(&file.tasks);
             }
             if file.tasks.is_empty() {
-                println!("{}: no tasks", dir.name);
+                say!("{}: no tasks", dir.name);
             }
             for t in &file.tasks {
-                println!(
+                say!(
                     "{:<9} {:<9} {:<6} {:<10} {}{}",
                     t.id,
                     t.status,
@@ -115,7 +116,7 @@ pub fn run(ctx: &Context, command: Command) -> Result<u8> {
             let mut notes = Vec::new();
             let task = tasks::update(&dir, &lock, &a.id, a.status, a.outcome, ctx.now, &mut notes)?;
             print_notes(&notes);
-            println!("{} {}", task.id, task.status);
+            say!("{} {}", task.id, task.status);
             Ok(exit::OK)
         }
     }

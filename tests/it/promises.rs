@@ -134,3 +134,86 @@ fn task_text_from_a_message_is_quoted_in_the_prompt() {
         "{tasks}"
     );
 }
+
+#[test]
+fn control_characters_from_agents_and_senders_never_reach_the_terminal_raw() {
+    const EVIL: &str = "\u{1b}]0;pwned\u{7}\u{1b}[2J\u{9b}31m";
+    let env = Env::standard();
+    // A message (subject, body), a task, a session summary and reason, and
+    // a rejected file's reason: all carrying escapes.
+    env.ok(&[
+        "send",
+        "--from",
+        "leo",
+        "--to",
+        "rio",
+        "--subject",
+        &format!("hi {EVIL}"),
+        "--body",
+        EVIL,
+    ]);
+    env.ok(&[
+        "task",
+        "add",
+        "rio",
+        "--description",
+        &format!("task {EVIL}"),
+    ]);
+    let sid = env.ok(&["session", "begin", "rio"]).trim().to_string();
+    env.ok(&[
+        "session",
+        "end",
+        "rio",
+        "--session",
+        &sid,
+        "--outcome",
+        "completed",
+        "--summary",
+        &format!("done {EVIL}"),
+    ]);
+    env.ok(&[
+        "send",
+        "--from",
+        "leo",
+        "--to",
+        "rio",
+        "--subject",
+        &format!("waiting {EVIL}"),
+    ]);
+    env.ok(&[
+        "session",
+        "fail",
+        "rio",
+        "--outcome",
+        "error",
+        "--reason",
+        &format!("broke {EVIL}"),
+    ]);
+    for args in [
+        vec!["status"],
+        vec!["status", "rio"],
+        vec!["inbox", "rio"],
+        vec!["events"],
+        vec!["errors"],
+        vec!["task", "list", "rio"],
+    ] {
+        let out = env.run(&args);
+        for (stream, bytes) in [("stdout", &out.stdout), ("stderr", &out.stderr)] {
+            let text = String::from_utf8_lossy(bytes);
+            assert!(
+                !text.contains('\u{1b}') && !text.contains('\u{7}') && !text.contains('\u{9b}'),
+                "{args:?} wrote a raw control character to {stream}: {text:?}"
+            );
+        }
+        if args == ["inbox", "rio"] || args == ["task", "list", "rio"] {
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                text.contains("\\x1b]0;pwned\\x07"),
+                "{args:?} shows it escaped: {text}"
+            );
+        }
+    }
+    // Stored as data, unchanged.
+    let tasks = env.json("rio", "tasks.json");
+    assert!(tasks.to_string().contains("\\u001b]0;pwned"), "{tasks}");
+}
