@@ -13,7 +13,8 @@
 #   STATE_ROOT  put the state elsewhere: the demo then uses a copy of CONFIG
 #               with this state_root (kept beside the root as demo-config.toml)
 #
-# The state root is removed and re-created on every run.
+# The state root is removed and re-created on every run; the demo refuses to
+# run while a daemon runs on it.
 
 set -euo pipefail
 
@@ -92,6 +93,22 @@ case $STATE_ROOT in
 esac
 if [[ -e $STATE_ROOT && ! -d $STATE_ROOT/.daemon && -n $(ls -A "$STATE_ROOT" 2>/dev/null) ]]; then
     die "$STATE_ROOT is not empty and does not look like a state root (no .daemon/); not removing it"
+fi
+
+# A daemon running on the root would be left watching a removed directory
+# (and a second one could start on the new root): refuse while one runs.
+daemon_lock=$STATE_ROOT/.daemon/lock
+if [[ -e $daemon_lock ]]; then
+    running=""
+    if command -v flock >/dev/null; then
+        flock --nonblock --shared "$daemon_lock" true 2>/dev/null || running=yes
+    else
+        pid=$(sed -n 's/.*"pid"[[:space:]]*:[[:space:]]*\([0-9]*\).*/\1/p' "$STATE_ROOT/.daemon/daemon.json" 2>/dev/null | head -n 1)
+        [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null && running=yes
+    fi
+    if [[ -n $running ]]; then
+        die "an agent-state daemon is running on $STATE_ROOT; stop it first (Ctrl-C in its terminal, or kill the pid in $STATE_ROOT/.daemon/daemon.json): the demo removes and re-creates the state root"
+    fi
 fi
 
 heading "A fresh state root"

@@ -12,19 +12,56 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::clock::Timestamp;
-use crate::error::{Error, Result};
+use std::os::unix::fs::OpenOptionsExt;
+
+use crate::error::{Error, IoContext, Result};
 use crate::state::lock::open_lock_file;
 use crate::state::{StateRoot, atomic};
 
 /// Held for the daemon's whole life: a second daemon on the same root finds
 /// it taken and exits.
+///
+/// `.daemon/lock` alone does not survive the root being removed and made
+/// again (`rm -rf` and `bootstrap`, as a demo or an operator may do): the
+/// new root has a new lock file that nobody holds. So the daemon also holds
+/// a lock keyed by the root's canonical path in the runtime directory
+/// (`$XDG_RUNTIME_DIR/agent-state/`, or `/run/agent-state/` for root), which
+/// the new root does not reset, and it checks ([`DaemonLock::check`]) that
+/// `.daemon/lock` is still the file it locked, to stop when it is not.
 pub struct DaemonLock {
-    _lock: Flock<File>,
+    lock: Flock<File>,
+    path: PathBuf,
+    _runtime: Option<RuntimeLock>,
+}
+
+impl DaemonLock {
+    /// Err(why) once `.daemon/lock` is no longer the file this daemon
+    /// locked: the root (or its `.daemon/`) was removed or replaced, and
+    /// the daemon no longer owns what is at its path.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        let held = nix::sys::stat::fstat(&*self.lock)
+            .ok()
+            .map(|s| (s.st_dev, s.st_ino));
+        let now = nix::sys::stat::stat(&self.path)
+            .ok()
+            .map(|s| (s.st_dev, s.st_ino));
+        if held.is_some() && held == now {
+            return Ok(());
+        }
+        Err(format!(
+            "{} is no longer the lock this daemon took (the state root was removed or replaced \
+             under it): the daemon stops rather than run on a root it does not own; start it again",
+            self.path.display()
+        ))
+    }
 }
 
 pub fn lock_root(root: &StateRoot) -> Result<DaemonLock> {
     let dir = root.daemon_dir();
     atomic::create_dir(&dir, 0o750)?;
+    // The runtime lock first: it still stands when the root was made again
+    // under a daemon that runs on it.
+    let runtime = RuntimeLock::take(root)?;
     let path = dir.join("lock");
     let mut file = open_lock_file(&path, 0o640)?;
     // `agent-state wake` and `status` probe the lock with a shared lock held
@@ -42,20 +79,132 @@ pub fn lock_root(root: &StateRoot) -> Result<DaemonLock> {
         }
     };
     match result {
-        Ok(lock) => Ok(DaemonLock { _lock: lock }),
-        Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
-            let pid = read_heartbeat(root)
-                .ok()
-                .flatten()
-                .map(|h| h.pid.to_string());
-            Err(Error::Usage(format!(
-                "another agent-state daemon is already running on {} (pid {}); one daemon per state root",
-                root.path.display(),
-                pid.unwrap_or_else(|| "unknown".into())
-            )))
-        }
+        Ok(lock) => Ok(DaemonLock {
+            lock,
+            path,
+            _runtime: runtime,
+        }),
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Err(already_running(root)),
         Err((_, errno)) => Err(Error::io("locking", &path, errno.into())),
     }
+}
+
+fn already_running(root: &StateRoot) -> Error {
+    let pid = read_heartbeat(root)
+        .ok()
+        .flatten()
+        .map(|h| h.pid.to_string());
+    Error::Usage(format!(
+        "another agent-state daemon is already running on {} (pid {}); one daemon per state root",
+        root.path.display(),
+        pid.unwrap_or_else(|| "unknown".into())
+    ))
+}
+
+/// The lock keyed by the root's canonical path in the runtime directory.
+/// Its file is removed when the daemon ends (under the lock, and a taker
+/// checks that the file it locked is still the one at the path).
+struct RuntimeLock {
+    _lock: Flock<File>,
+    path: PathBuf,
+}
+
+impl RuntimeLock {
+    /// None when there is no runtime directory we may use (a system service
+    /// without `RuntimeDirectory=`): `.daemon/lock` and the check remain.
+    fn take(root: &StateRoot) -> Result<Option<RuntimeLock>> {
+        let Some(base) = runtime_dir(
+            std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from),
+            nix::unistd::geteuid().is_root(),
+        ) else {
+            return Ok(None);
+        };
+        let canonical = std::fs::canonicalize(&root.path).at("resolving", &root.path)?;
+        let dir = base.join("agent-state");
+        if let Err(e) = std::fs::create_dir(&dir)
+            && e.kind() != std::io::ErrorKind::AlreadyExists
+        {
+            tracing::debug!("no runtime lock in {}: {e}", dir.display());
+            return Ok(None);
+        }
+        let path = dir.join(runtime_lock_name(&canonical));
+        for _ in 0..50 {
+            let file = match std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600)
+                .open(&path)
+            {
+                Ok(f) => f,
+                Err(e) => {
+                    tracing::debug!("no runtime lock at {}: {e}", path.display());
+                    return Ok(None);
+                }
+            };
+            match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+                Ok(lock) => {
+                    // The previous holder may have removed the file between
+                    // our open and our lock: then lock the new one.
+                    let held = nix::sys::stat::fstat(&*lock).map(|s| (s.st_dev, s.st_ino));
+                    let now = nix::sys::stat::stat(&path).map(|s| (s.st_dev, s.st_ino));
+                    if held.is_ok() && held == now {
+                        use std::io::Write;
+                        let _ = lock.set_len(0);
+                        let _ = writeln!(&*lock, "{}", canonical.display());
+                        return Ok(Some(RuntimeLock { _lock: lock, path }));
+                    }
+                }
+                Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+                    return Err(Error::Usage(format!(
+                        "another agent-state daemon is already running on {} (it holds {}, \
+                         taken when it started on that root, which has been removed or made \
+                         again since); stop it first: one daemon per state root",
+                        canonical.display(),
+                        path.display()
+                    )));
+                }
+                Err((_, errno)) => return Err(Error::io("locking", &path, errno.into())),
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        Err(Error::Unavailable(format!(
+            "{} keeps being replaced while this daemon tries to lock it; try again",
+            path.display()
+        )))
+    }
+}
+
+impl Drop for RuntimeLock {
+    fn drop(&mut self) {
+        // Removed while still held, so a daemon that locks it next checks
+        // that the file is gone and makes a new one.
+        // (`_lock` is released after this, when the fields are dropped.)
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Where the runtime lock goes: `$XDG_RUNTIME_DIR` if set, else `/run` for
+/// root, else nowhere.
+fn runtime_dir(xdg: Option<PathBuf>, is_root: bool) -> Option<PathBuf> {
+    match xdg {
+        Some(dir) if dir.is_absolute() => Some(dir),
+        _ if is_root => Some(PathBuf::from("/run")),
+        _ => None,
+    }
+}
+
+/// `root-<FNV-1a 64 of the canonical path>.lock`: short, fixed length, and
+/// the same in every version of the program.
+fn runtime_lock_name(canonical: &Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in canonical.as_os_str().as_bytes() {
+        hash ^= u64::from(*b);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("root-{hash:016x}.lock")
 }
 
 /// Is a daemon running on this root (is its lock held)?
@@ -271,4 +420,31 @@ pub fn record_reload_verdict(
     };
     atomic::write_json(&reload_verdict_path(root), &verdict)?;
     Ok(verdict)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_runtime_lock_goes_to_the_runtime_dir_or_to_run_for_root() {
+        let xdg = Some(PathBuf::from("/run/user/1000"));
+        assert_eq!(runtime_dir(xdg.clone(), false), xdg);
+        assert_eq!(runtime_dir(None, true), Some(PathBuf::from("/run")));
+        assert_eq!(runtime_dir(Some("relative".into()), false), None);
+        assert_eq!(runtime_dir(None, false), None);
+    }
+
+    #[test]
+    fn the_runtime_lock_name_is_fixed_per_root() {
+        let a = runtime_lock_name(Path::new("/var/lib/agent-state"));
+        assert_eq!(a, runtime_lock_name(Path::new("/var/lib/agent-state")));
+        assert_ne!(a, runtime_lock_name(Path::new("/var/lib/agent-state2")));
+        assert_eq!(a.len(), "root-.lock".len() + 16);
+        // FNV-1a's published value for the empty input.
+        assert_eq!(
+            runtime_lock_name(Path::new("")),
+            "root-cbf29ce484222325.lock"
+        );
+    }
 }

@@ -42,6 +42,8 @@ use crate::state::{AgentDir, StateRoot, bootstrap};
 /// How often the reconcile scan looks at every inbox, as a backstop to the
 /// watcher. It also refreshes the heartbeat.
 const RECONCILE_EVERY: Duration = Duration::from_secs(300);
+/// How often the daemon checks that its root's lock is still its own.
+const ROOT_CHECK_EVERY: Duration = Duration::from_secs(5);
 
 /// A session whose process has not started after this long expires.
 const HATCH_EXPIRY: Duration = Duration::from_secs(300);
@@ -191,7 +193,7 @@ pub async fn run(config_path: &Path) -> Result<()> {
     let (config, config_text) = Config::load_with_text(config_path)?;
     let root = StateRoot::new(&config.state_root);
     bootstrap::root(&root)?;
-    let _lock = files::lock_root(&root)?;
+    let lock = files::lock_root(&root)?;
     // The loop never waits long for an agent's lock: anyone who can read
     // `.lock` can hold it. Work that cannot have it is deferred.
     crate::state::lock::set_wait(crate::state::lock::DAEMON_WAIT);
@@ -287,6 +289,10 @@ pub async fn run(config_path: &Path) -> Result<()> {
     let mut health_tick = tokio::time::interval(health_every);
     health_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     health_tick.tick().await;
+    // Is `.daemon/lock` still ours (the root not removed and made again)?
+    let mut root_check = tokio::time::interval(ROOT_CHECK_EVERY);
+    root_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut root_lost: Option<String> = None;
 
     loop {
         if daemon.stopping.is_some() && daemon.running.is_empty() {
@@ -338,6 +344,13 @@ pub async fn run(config_path: &Path) -> Result<()> {
                     health_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 }
             }
+            _ = root_check.tick(), if root_lost.is_none() => {
+                if let Err(why) = lock.check() {
+                    daemon.raise(ErrorRecord::new(Code::IoError, why.clone()), false);
+                    daemon.shutdown("the state root was replaced");
+                    root_lost = Some(why);
+                }
+            }
             _ = sigusr2.recv(), if stall_allowed => {
                 tracing::warn!("SIGUSR2 with AGENT_STATE_TEST_STALL=1: blocking the main loop (test hook)");
                 std::thread::sleep(Duration::from_secs(3600));
@@ -348,7 +361,10 @@ pub async fn run(config_path: &Path) -> Result<()> {
     daemon.last_heartbeat.clear();
     daemon.write_heartbeat();
     tracing::info!("stopped: every session has ended");
-    Ok(())
+    match root_lost {
+        Some(why) => Err(Error::Unavailable(why)),
+        None => Ok(()),
+    }
 }
 
 /// The session's output as it streams: analysed by [`SessionOutput`]

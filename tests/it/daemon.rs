@@ -1124,3 +1124,40 @@ fn a_message_claimed_by_a_manual_wake_does_not_start_a_second_empty_session() {
         "a second session started with an empty inbox: {starts:?}"
     );
 }
+
+#[test]
+fn a_root_removed_and_made_again_under_a_daemon_still_has_one_daemon() {
+    let env = Env::standard();
+    // The runtime lock's directory, the test's own (as $XDG_RUNTIME_DIR).
+    let runtime = env.tmp("runtime");
+    std::fs::create_dir(&runtime).unwrap();
+    let xdg = [("XDG_RUNTIME_DIR", runtime.to_str().unwrap())];
+    let mut first = Daemon::start(&env, &xdg);
+    // As ops/demo.sh did: remove the root and bootstrap it again.
+    std::fs::remove_dir_all(&env.root).unwrap();
+    env.ok(&["bootstrap"]);
+    // A second daemon on the new root is refused: the first still runs on it.
+    let second = env
+        .command(&["daemon"])
+        .env("XDG_RUNTIME_DIR", &runtime)
+        .env_remove("NOTIFY_SOCKET")
+        .output()
+        .unwrap();
+    assert_eq!(second.status.code(), Some(64));
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        err.contains("another agent-state daemon is already running"),
+        "{err}"
+    );
+    // The first notices that the root it locked is gone and stops (not 0:
+    // systemd restarts it on the new root).
+    let status = first.wait_exit(secs(20.0));
+    assert_eq!(status.code(), Some(69), "{}", first.log_text());
+    assert!(
+        first
+            .log_text()
+            .contains("no longer the lock this daemon took")
+    );
+    // Now one daemon starts on the new root.
+    let _again = Daemon::start(&env, &xdg);
+}

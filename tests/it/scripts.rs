@@ -1186,3 +1186,30 @@ fn under_the_daemon_its_timeout_wins_over_the_scripts_trap() {
     );
     assert_eq!(lab.env.waiting("rio"), vec![format!("{message}.json")]);
 }
+
+#[test]
+fn demo_refuses_to_run_while_a_daemon_runs_on_its_root() {
+    if !have(&["bash", "realpath"]) {
+        return;
+    }
+    let env = Env::standard();
+    let _daemon = env.daemon();
+    let out = Command::new(repo_file("ops/demo.sh"))
+        .env("BIN", BIN)
+        .env("STATE_ROOT", &env.root)
+        .env_remove("CONFIG")
+        .env_remove("AGENT_STATE_CONFIG")
+        .env_remove("AGENT_STATE_SESSION_ID")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
+    assert!(
+        text(&out.stderr).contains("daemon is running on"),
+        "{}",
+        describe(&out)
+    );
+    // Nothing removed.
+    assert!(env.root.join("rio/journal.jsonl").exists());
+    assert!(env.root.join(".daemon/daemon.json").exists());
+}
