@@ -21,6 +21,7 @@ use crate::config::AgentConfig;
 use crate::error::{Error, Result};
 use crate::inbox::{self, Claim, Message, MessageType};
 use crate::state::AgentDir;
+use crate::state::caps::{self, Field};
 use crate::state::journal::{Event, SessionEnd, SessionFailed, SessionStart, SessionUpdated};
 use crate::state::lock::AgentLock;
 use crate::state::memory;
@@ -687,6 +688,30 @@ enum Ending {
     },
 }
 
+impl Ending {
+    /// Its texts within their documented caps (see `state::caps`).
+    fn capped(self) -> Ending {
+        match self {
+            Ending::Completed(c) => Ending::Completed(Completion {
+                branch: caps::cap_opt(Field::Branch, c.branch),
+                summary: caps::cap_opt(Field::Summary, c.summary),
+                next_priority: caps::cap_opt(Field::NextPriority, c.next_priority),
+                handoff_notes: caps::cap_opt(Field::HandoffNotes, c.handoff_notes),
+                ..c
+            }),
+            Ending::Failed {
+                outcome,
+                reason,
+                count_attempts,
+            } => Ending::Failed {
+                outcome,
+                reason: caps::cap(Field::Reason, reason),
+                count_attempts,
+            },
+        }
+    }
+}
+
 #[derive(Default)]
 struct Completion {
     sources_archived: Option<u64>,
@@ -901,6 +926,7 @@ fn finish_request(
     now: Timestamp,
 ) -> Result<FinishResult> {
     refuse_human(agent)?;
+    let ending = ending.capped();
     let lock = dir.lock()?;
     let mut notes = Vec::new();
     let current: Session = dir.load(&lock, now, &mut notes)?;
@@ -1288,7 +1314,7 @@ pub fn record_usage(
 
 /// What the end of a session's output said about it (the Context Summary
 /// Block and the signal block, seed 004).
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct OutputSummary {
     pub summary: Option<String>,
     /// `Some(None)`: the block says there is no blocker (clears one).
@@ -1300,6 +1326,22 @@ pub struct OutputSummary {
     pub signal_block: Option<serde_json::Value>,
 }
 
+impl OutputSummary {
+    /// Its texts within their documented caps (see `state::caps`).
+    fn capped(&self) -> OutputSummary {
+        OutputSummary {
+            summary: caps::cap_opt(Field::Summary, self.summary.clone()),
+            blocked_by: self
+                .blocked_by
+                .clone()
+                .map(|b| caps::cap_opt(Field::NextPriority, b)),
+            next_priority: caps::cap_opt(Field::NextPriority, self.next_priority.clone()),
+            handoff_notes: caps::cap_opt(Field::HandoffNotes, self.handoff_notes.clone()),
+            ..self.clone()
+        }
+    }
+}
+
 /// Fill report.json and session.json from the session's own summary, for
 /// the session `session_id` that has ended, except what the session script
 /// set itself through `session end` (its values win).
@@ -1309,6 +1351,7 @@ pub fn record_output_summary(
     from_output: &OutputSummary,
     now: Timestamp,
 ) -> Result<bool> {
+    let from_output = &from_output.capped();
     let lock = dir.lock()?;
     let mut notes = Vec::new();
     let mut session: Session = dir.load(&lock, now, &mut notes)?;

@@ -15,6 +15,7 @@
 
 pub mod atomic;
 pub mod bootstrap;
+pub mod caps;
 pub mod journal;
 pub mod lock;
 pub mod memory;

@@ -196,6 +196,7 @@ mod tests {
 }
 
 use super::AgentDir;
+use super::caps::{self, Field};
 use super::journal::{Event, TaskAdded, TaskUpdated};
 use super::lock::AgentLock;
 use crate::error::{Error, Result};
@@ -234,11 +235,11 @@ pub fn add(
     let task = Task {
         id: file.next_id(),
         kind: new.kind,
-        description: new.description,
+        description: caps::cap(Field::TaskDescription, new.description),
         status: TaskStatus::Pending,
         priority: new.priority,
         created_at: Some(now),
-        context: new.context,
+        context: caps::cap_opt(Field::TaskContext, new.context),
         follow_up_from: new.follow_up_from,
         completed_at: None,
         outcome: None,
@@ -276,6 +277,7 @@ pub fn update(
     now: Timestamp,
     notes: &mut Vec<String>,
 ) -> Result<Task> {
+    let outcome = caps::cap_opt(Field::TaskOutcome, outcome);
     let mut file: TaskFile = dir.load(lock, now, notes)?;
     let known: Vec<String> = file.tasks.iter().map(|t| t.id.clone()).collect();
     let Some(task) = file.find_mut(id) else {

@@ -6,6 +6,7 @@
 mod support;
 
 mod bootstrap;
+mod caps;
 mod check;
 mod concurrency;
 mod config_edits;
