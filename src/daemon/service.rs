@@ -186,6 +186,9 @@ struct Daemon {
 
 /// Run the daemon until SIGTERM/SIGINT. Returns once every session has
 /// ended and every file is consistent.
+/// How long recovery at start waits for an agent's lock.
+const RECOVERY_WAIT: Duration = Duration::from_secs(5);
+
 /// How long work deferred by a busy agent lock waits before it is tried again.
 const LOCK_RETRY: Duration = Duration::from_secs(2);
 
@@ -560,7 +563,13 @@ impl Daemon {
                     tracing::warn!(agent = %agent.name, session_id = %s.session_id, "killed {killed} process(es) left running by the session of a daemon that died (pid {owner})");
                 }
             }
-            let result = hooks::recover_stale(agent, &dir, "interrupted: daemon restarted", now);
+            // Recovery at start may wait longer for a lock than the loop
+            // does (a hook of a script still finishing on a loaded machine),
+            // but never without a bound: a lock held for good still lets the
+            // daemon start, and that agent's recovery is retried later.
+            let result = crate::state::lock::with_wait(RECOVERY_WAIT, || {
+                hooks::recover_stale(agent, &dir, "interrupted: daemon restarted", now)
+            });
             records.extend(recovered(agent, result, "the daemon restarted"));
             // Messages claimed by sessions that are not running go back.
             let running: Option<Session> = dir
