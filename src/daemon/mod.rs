@@ -2,6 +2,7 @@
 //! their sessions. (Being built; see the submodules.)
 
 pub mod alerts;
+pub mod cgroup;
 pub mod clock;
 pub mod core;
 pub mod effects;

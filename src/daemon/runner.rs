@@ -11,7 +11,11 @@
 //! sweep after the main process exits: the process group and every process
 //! that carries the session's marker in its environment (which finds
 //! grandchildren that left the group with `setsid` or a double fork) get
-//! SIGKILL.
+//! SIGKILL. Under systemd with a delegated cgroup (`Delegate=yes`), each
+//! session also runs in a cgroup of its own ([`super::cgroup`]), killed
+//! whole after the sweep: that catches even a grandchild that cleared its
+//! environment *and* left the group. Without one (the embedded default),
+//! the process group and the marker are all there is.
 //!
 //! It decides nothing about the session (that is the daemon core's job) and
 //! never touches state files. It never reaps processes that are not its own
@@ -35,6 +39,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
 use tokio::sync::{oneshot, watch};
 use tokio::time::Sleep;
+
+use super::cgroup::{self, SessionCgroup};
 
 /// How much is read from a pipe at a time. Output is handled chunk by chunk
 /// and never accumulated, so this (twice, for stdout and stderr) plus the
@@ -322,18 +328,45 @@ pub async fn run(
         }
     };
 
-    let mut child = match command(&spec).spawn() {
+    let cgroup = session_cgroup(&spec.marker);
+    let mut cmd = command(&spec);
+    if let Some(cgroup) = &cgroup {
+        let procs = cgroup.procs_path().to_owned();
+        // SAFETY: the closure only opens, writes and closes a file (see
+        // `cgroup::join_self`), which is async-signal-safe. A failure is
+        // ignored: the parent moves the child below as well.
+        unsafe {
+            cmd.pre_exec(move || {
+                let _ = cgroup::join_self(&procs);
+                Ok(())
+            });
+        }
+    }
+    let mut child = match cmd.spawn() {
         Ok(child) => child,
-        Err(e) => return RunReport::not_run(spawn_failure(program, &e)),
+        Err(e) => {
+            if let Some(cgroup) = &cgroup {
+                cgroup.remove();
+            }
+            return RunReport::not_run(spawn_failure(program, &e));
+        }
     };
     let started = Instant::now();
     let pid = child.id().expect("a child that was just spawned has a pid");
+    // (ESRCH: it has exited already, from inside the cgroup or not.)
+    if let Some(cgroup) = &cgroup
+        && let Err(e) = cgroup.add(pid)
+        && e.raw_os_error() != Some(nix::libc::ESRCH)
+    {
+        tracing::warn!(pid, cgroup = %cgroup.dir.display(), "cannot move the session into its cgroup: {e}");
+    }
     // Declared after `child`, so dropped before it: on cancellation the group
     // is killed while the child is not yet reaped and its pid (the group id)
     // cannot have been reused.
     let mut guard = SessionGuard {
         pgid: pid as i32,
         marker: spec.marker.clone(),
+        cgroup,
         armed: true,
     };
     tracing::debug!(pid, command = ?spec.argv, "session process started");
@@ -356,7 +389,8 @@ pub async fn run(
     .await;
     let duration = started.elapsed();
 
-    let leftovers_killed = sweep(pid as i32, &spec.marker).await;
+    let leftovers_killed =
+        sweep(pid as i32, &spec.marker).await + kill_cgroup(guard.cgroup.take()).await;
     guard.armed = false;
     if leftovers_killed > 0 {
         tracing::warn!(
@@ -810,6 +844,7 @@ impl<'a> Output<'a> {
 struct SessionGuard {
     pgid: i32,
     marker: (String, String),
+    cgroup: Option<SessionCgroup>,
     armed: bool,
 }
 
@@ -817,12 +852,51 @@ impl Drop for SessionGuard {
     fn drop(&mut self) {
         if self.armed {
             // Blocking, but only on cancellation, and a /proc scan is quick.
-            let killed = sweep_blocking(Some(self.pgid), &self.marker);
+            let mut killed = sweep_blocking(Some(self.pgid), &self.marker);
+            if let Some(cgroup) = self.cgroup.take() {
+                killed += cgroup.kill();
+                cgroup.remove();
+            }
             tracing::warn!(
                 pid = self.pgid,
                 killed,
                 "session run cancelled; killed its processes"
             );
+        }
+    }
+}
+
+/// The session's own cgroup, when the daemon runs in a delegated one; None
+/// (the process-group path alone) otherwise, or if it cannot be made.
+fn session_cgroup(marker: &(String, String)) -> Option<SessionCgroup> {
+    let cgroups = cgroup::available()?;
+    match cgroups.session(&marker.1) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            tracing::warn!(
+                "cannot create the session's cgroup (its process group is still swept): {e}"
+            );
+            None
+        }
+    }
+}
+
+/// Kill what is left in the session's cgroup and remove it, off the async
+/// threads. Returns how many processes it held.
+async fn kill_cgroup(cgroup: Option<SessionCgroup>) -> usize {
+    let Some(cgroup) = cgroup else {
+        return 0;
+    };
+    let done = tokio::task::spawn_blocking(move || {
+        let killed = cgroup.kill();
+        cgroup.remove();
+        killed
+    });
+    match done.await {
+        Ok(killed) => killed,
+        Err(e) => {
+            tracing::error!("the cgroup kill task failed: {e}");
+            0
         }
     }
 }

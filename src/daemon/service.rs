@@ -204,6 +204,8 @@ pub async fn run(config_path: &Path) -> Result<()> {
     if let Err(e) = files::record_reload_verdict(&root, config_path, Some(&config_text), vec![]) {
         tracing::warn!("cannot keep a copy of the accepted config: {e}");
     }
+    // Per-session cgroups when systemd delegated ours (logged either way).
+    super::cgroup::available();
     let clock = Clock::from_env();
     let (tx, mut rx) = mpsc::unbounded_channel::<LoopEvent>();
     let (watch_tx, mut watch_rx) = mpsc::unbounded_channel::<WatchEvent>();

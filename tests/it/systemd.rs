@@ -1214,3 +1214,95 @@ echo "end=$?" > {dir}/status
     assert_eq!(count("session_end"), 1);
     assert_eq!(sdbox.prop("ActiveState"), "active");
 }
+
+/// A session command that leaves a grandchild behind, double-forked, which
+/// starts a session of its own and clears its environment (so neither the
+/// process group nor the `AGENT_STATE_SESSION_ID` marker finds it), then
+/// exits once the grandchild has become `sleep 1000`.
+const ESCAPING_AGENT: &str = r#"#!/bin/sh
+(setsid sh -c 'exec env -i sleep 1000' </dev/null >/dev/null 2>&1 &)
+sleep 1
+echo "left an escaped grandchild behind <axiom>COMPLETE</axiom>"
+exit 0
+"#;
+
+/// Processes in the box whose command line is `sleep 1000`.
+fn escaped_sleeps(sdbox: &SdBox) -> Vec<String> {
+    let out = sdbox.ok(&[
+        "sh",
+        "-c",
+        r#"for p in /proc/[0-9]*; do c=$(tr '\0' ' ' < "$p/cmdline" 2>/dev/null); [ "$c" = "sleep 1000 " ] && echo "${p#/proc/}"; done; true"#,
+    ]);
+    out.lines().map(str::to_string).collect()
+}
+
+#[test]
+fn under_systemd_a_session_s_escaped_grandchild_dies_with_its_cgroup() {
+    let Some(tool) = sdbox_tool() else {
+        return;
+    };
+    let sdbox = SdBox::up(tool);
+    sdbox.install(Path::new(BIN), UNIT_BIN, 0o755);
+    sdbox.install(
+        &repo_file(UNIT),
+        "/usr/lib/systemd/system/agent-state.service",
+        0o644,
+    );
+    sdbox.install(
+        &repo_file("packaging/sysusers.d/agent-state.conf"),
+        "/usr/lib/sysusers.d/agent-state.conf",
+        0o644,
+    );
+    sdbox.install(
+        &repo_file("packaging/tmpfiles.d/agent-state.conf"),
+        "/usr/lib/tmpfiles.d/agent-state.conf",
+        0o644,
+    );
+    sdbox.write("/opt/teleo-eval/escaping-agent.sh", ESCAPING_AGENT, 0o755);
+    sdbox.write(
+        CONFIG,
+        &box_config(None).replace(
+            r#"command = ["/opt/teleo-eval/demo-agent.sh", "{agent}"]"#,
+            r#"command = ["/opt/teleo-eval/escaping-agent.sh", "{agent}"]"#,
+        ),
+        0o644,
+    );
+    sdbox.ok(&["systemd-sysusers"]);
+    sdbox.ok(&["systemd-tmpfiles", "--create", "agent-state.conf"]);
+    sdbox.ok(&["systemctl", "daemon-reload"]);
+    sdbox.ok(&["systemctl", "start", "agent-state.service"]);
+    assert!(
+        sdbox
+            .journal(&[])
+            .contains("sessions run in cgroups of their own"),
+        "the daemon found its delegated cgroup:\n{}",
+        sdbox.journal(&[])
+    );
+    assert!(escaped_sleeps(&sdbox).is_empty());
+
+    for _ in 0..2 {
+        run_session(&sdbox, "rio");
+        // The session's end is recorded after its cgroup was killed.
+        let left = escaped_sleeps(&sdbox);
+        assert!(
+            left.is_empty(),
+            "the escaped `sleep 1000` survived the session: pids {left:?}\n{}",
+            sdbox.ok(&[
+                "sh",
+                "-c",
+                "cat /proc/[0-9]*/cgroup 2>/dev/null | sort | uniq -c"
+            ])
+        );
+    }
+    // Nothing of the sessions is left in the unit's cgroup tree.
+    let tree = sdbox.ok(&[
+        "sh",
+        "-c",
+        "ls /sys/fs/cgroup/system.slice/agent-state.service /sys/fs/cgroup/unified/system.slice/agent-state.service 2>/dev/null; true",
+    ]);
+    assert!(tree.contains("daemon"), "the daemon's own cgroup:\n{tree}");
+    assert!(
+        !tree.contains("session-"),
+        "session cgroups removed:\n{tree}"
+    );
+}
