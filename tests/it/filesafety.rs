@@ -80,7 +80,8 @@ enum Replacement {
 }
 
 /// What an agent has, and whether it is a directory.
-const TARGETS: [(&str, bool); 10] = [
+const TARGETS: [(&str, bool); 11] = [
+    ("", true),
     ("inbox", true),
     ("inbox/.tmp", true),
     ("inbox/.claimed", true),
@@ -155,13 +156,19 @@ fn a_link_fifo_or_wrong_kind_in_place_of_any_agent_path_is_refused_and_nothing_o
         for how in [Replacement::Link, Replacement::Fifo, Replacement::WrongKind] {
             let (env, outside) = hostile_env();
             let before = snapshot(&outside);
-            let path = env.path("rio", rel);
+            let path = if rel.is_empty() {
+                env.agent("rio")
+            } else {
+                env.path("rio", rel)
+            };
             replace(&path, is_dir, how, &outside);
             let case = format!("rio/{rel} replaced by {how:?}");
 
             // Everything a script, a sender and an operator would run.
             let mut outs = Vec::new();
-            settled_broken_message_if_possible(&env);
+            if !rel.is_empty() {
+                settled_broken_message_if_possible(&env);
+            }
             outs.push(run_bounded(
                 &env,
                 &["send", "--from", "leo", "--to", "rio", "--subject", "s"],
@@ -213,9 +220,14 @@ fn a_link_fifo_or_wrong_kind_in_place_of_any_agent_path_is_refused_and_nothing_o
             );
 
             // Refused with the path and the fix, unless nothing needed it.
+            let shown = if rel.is_empty() {
+                "rio ".to_string()
+            } else {
+                format!("rio/{rel}")
+            };
             let named = outs.iter().any(|o| {
                 let e = String::from_utf8_lossy(&o.stderr);
-                e.contains(&format!("rio/{rel}")) && e.contains("never follows a link")
+                e.contains(&shown) && e.contains("never follows a link")
             });
             let check = run_bounded(&env, &["check"]);
             let report = String::from_utf8_lossy(&check.stdout).to_string()
