@@ -316,10 +316,7 @@ fn check_agent(
                 .ok()
                 .flatten()
                 .filter(|st| crate::fsx::file_type(st) == nix::sys::stat::SFlag::S_IFREG)
-                .map(|st| {
-                    std::time::SystemTime::UNIX_EPOCH
-                        + std::time::Duration::from_secs(st.st_mtime.max(0) as u64)
-                })
+                .map(|st| crate::fsx::modified(&st))
                 .is_some_and(|t| t < cutoff);
             if old && (in_tmp || health::is_atomic_temp_name(&name)) {
                 let rel = path

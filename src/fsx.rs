@@ -352,6 +352,15 @@ pub fn file_type(st: &FileStat) -> SFlag {
     SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits())
 }
 
+/// The modification time of a stat, to the nanosecond.
+pub fn modified(st: &FileStat) -> std::time::SystemTime {
+    std::time::SystemTime::UNIX_EPOCH
+        + std::time::Duration::new(
+            st.st_mtime.max(0) as u64,
+            st.st_mtime_nsec.clamp(0, 999_999_999) as u32,
+        )
+}
+
 /// What a stat says the thing is ("a FIFO", "a symbolic link", ...).
 pub fn describe_stat(st: &FileStat) -> &'static str {
     describe(file_type(st))

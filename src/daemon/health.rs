@@ -436,11 +436,7 @@ fn remove_if_older(path: &Path, older_than: SystemTime, stats: &mut PruneStats) 
     if crate::fsx::file_type(&st) != nix::sys::stat::SFlag::S_IFREG {
         return;
     }
-    let mtime = SystemTime::UNIX_EPOCH
-        + std::time::Duration::new(
-            st.st_mtime.max(0) as u64,
-            st.st_mtime_nsec.clamp(0, 999_999_999) as u32,
-        );
+    let mtime = crate::fsx::modified(&st);
     if mtime >= older_than {
         return;
     }

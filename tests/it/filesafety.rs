@@ -139,15 +139,7 @@ fn hostile_env() -> (Env, PathBuf) {
 fn settled_broken_message(env: &Env) {
     let bad = env.path("rio", "inbox/broken.json");
     std::fs::write(&bad, "{ not json").unwrap();
-    let old = nix::sys::time::TimeSpec::new(1_000_000_000, 0);
-    nix::sys::stat::utimensat(
-        nix::fcntl::AT_FDCWD,
-        &bad,
-        &old,
-        &old,
-        nix::sys::stat::UtimensatFlags::NoFollowSymlink,
-    )
-    .unwrap();
+    settle(&bad);
 }
 
 #[test]
