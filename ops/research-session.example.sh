@@ -251,6 +251,8 @@ mkdir -p "$LOG_DIR"
 # `{id}.claude.json`: the daemon prunes these with the session's log.
 OUT="$LOG_DIR/$SESSION_ID.claude.json"
 ERR_LOG="$LOG_DIR/$SESSION_ID.claude.stderr"
+# Readable by the group, as the daemon's own session logs are: not by everyone.
+(umask 027 && : >"$OUT" && : >"$ERR_LOG")
 log "running $CLAUDE (model $MODEL, timeout $TIMEOUT); output in $OUT"
 started=$SECONDS
 # In the background and waited for, so that a SIGTERM to this script is acted

@@ -246,12 +246,51 @@ pub fn read_limited(path: &Path, limit: u64) -> Result<Option<(Vec<u8>, bool)>> 
     Ok(Some((buf, more)))
 }
 
+/// Run as root (a cron-era script, an operator's shell), a file or directory
+/// this process creates below the state root is given the owner and group of
+/// the directory it is in: the service user must go on appending to a
+/// journal, taking a lock or replacing a file that root made. For any other
+/// user, and in a directory root owns, nothing changes.
+fn adopt(fd: BorrowedFd<'_>, dir: BorrowedFd<'_>, path: &Path) -> Result<()> {
+    if !as_root() {
+        return Ok(());
+    }
+    let st = nix::sys::stat::fstat(fd).map_err(|e| Error::io("inspecting", path, e.into()))?;
+    if st.st_uid != 0 {
+        return Ok(());
+    }
+    let d = nix::sys::stat::fstat(dir).map_err(|e| Error::io("inspecting", path, e.into()))?;
+    if d.st_uid == 0 {
+        return Ok(());
+    }
+    nix::unistd::fchown(fd, Some(d.st_uid.into()), Some(d.st_gid.into()))
+        .map_err(|e| Error::io("giving the service user", path, e.into()))
+}
+
+fn as_root() -> bool {
+    static ROOT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ROOT.get_or_init(|| nix::unistd::geteuid().is_root())
+}
+
+/// [`adopt`] for a file opened by path.
+fn adopt_path(fd: BorrowedFd<'_>, path: &Path) -> Result<()> {
+    if !as_root() {
+        return Ok(());
+    }
+    let (dir, _) = parent(path)?;
+    adopt(fd, dir.as_fd(), path)
+}
+
 /// Open a regular file for appending (and reading), creating it with `mode`
 /// if missing.
 pub fn open_append(path: &Path, mode: u32) -> Result<File> {
     let flags = OFlag::O_RDWR | OFlag::O_APPEND | OFlag::O_CREAT | OFlag::O_NONBLOCK;
     match open_raw(path, flags, Mode::from_bits_truncate(mode)) {
-        Ok(fd) => regular(path, fd),
+        Ok(fd) => {
+            let file = regular(path, fd)?;
+            adopt_path(file.as_fd(), path)?;
+            Ok(file)
+        }
         Err(e) => Err(open_error("opening for append", path, e, Kind::File)),
     }
 }
@@ -266,7 +305,11 @@ pub fn open_create(path: &Path, mode: u32, exclusive: bool) -> Result<File> {
         OFlag::O_APPEND
     };
     match open_raw(path, flags, Mode::from_bits_truncate(mode)) {
-        Ok(fd) => regular(path, fd),
+        Ok(fd) => {
+            let file = regular(path, fd)?;
+            adopt_path(file.as_fd(), path)?;
+            Ok(file)
+        }
         Err(Errno::EEXIST) => Err(Error::io(
             "creating",
             path,
@@ -287,7 +330,10 @@ pub fn open_lock(path: &Path, mode: u32) -> Result<File> {
     }
     let create = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_NONBLOCK;
     match open_raw(path, create, Mode::from_bits_truncate(mode)) {
-        Ok(fd) => drop(regular(path, fd)?),
+        Ok(fd) => {
+            let file = regular(path, fd)?;
+            adopt_path(file.as_fd(), path)?;
+        }
         Err(e) => return Err(open_error("creating lock file", path, e, Kind::File)),
     }
     match open_raw(path, flags, Mode::empty()) {
@@ -400,8 +446,10 @@ pub fn create_dir_all(path: &Path, mode: u32) -> Result<bool> {
         }
         Err(e) => return Err(Error::io("creating directory", path, e.into())),
     }
-    // The umask narrows mkdir's mode; set it exactly through the new handle.
+    // The umask narrows mkdir's mode; set it exactly through the new handle
+    // (after a change of owner, which may clear the setgid bit).
     let fd = self::dir(path)?;
+    adopt(fd.as_fd(), dir.as_fd(), path)?;
     nix::sys::stat::fchmod(&fd, Mode::from_bits_truncate(mode))
         .map_err(|e| Error::io("setting the mode of", path, e.into()))?;
     Ok(true)
@@ -530,6 +578,7 @@ pub fn create_temp(dir: BorrowedFd<'_>, dir_path: &Path, mode: u32) -> Result<(F
             OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
         match nix::fcntl::openat(dir, name.as_os_str(), flags, Mode::from_bits_truncate(mode)) {
             Ok(fd) => {
+                adopt(fd.as_fd(), dir, &dir_path.join(&name))?;
                 nix::sys::stat::fchmod(&fd, Mode::from_bits_truncate(mode)).map_err(|e| {
                     Error::io("setting the mode of", dir_path.join(&name), e.into())
                 })?;

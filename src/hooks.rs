@@ -239,7 +239,12 @@ pub fn begin(
 
     let current: Session = dir.load(&lock, now, &mut notes)?;
     let last_id = current.session_id.clone();
-    let extra = current.extra.clone();
+    // Fields other tools added are kept; what this program recorded about the
+    // last session (its usage, its signal block) is not the new one's.
+    let mut extra = current.extra.clone();
+    for key in PER_SESSION_EXTRA {
+        extra.remove(key);
+    }
     if current.is_running() {
         let same_owner = req
             .owner
@@ -816,6 +821,10 @@ pub fn fail(
 /// The session.json key under which the daemon notes, before it sends SIGTERM,
 /// that it is ending the session itself (its timeout, a stall, a stop).
 pub const DAEMON_ENDING: &str = "ending_by_daemon";
+
+/// Fields of session.json beyond the schema that describe one session only:
+/// a new session does not inherit them from the last one.
+const PER_SESSION_EXTRA: [&str; 3] = ["usage", "signal_block", DAEMON_ENDING];
 
 /// What the daemon noted in session.json (under [`DAEMON_ENDING`]) just
 /// before it signalled the session to end.

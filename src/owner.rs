@@ -21,15 +21,19 @@
 //! it could not create), the session counts as alive until its timeout.
 
 use std::ffi::CString;
+use std::fs::File;
+use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use nix::libc;
 
 use crate::clock::Timestamp;
 use crate::error::{Error, IoContext, Result};
+use crate::fsx;
 use crate::state::{AgentDir, atomic};
 
 // ---- the owning process ------------------------------------------------------
@@ -141,31 +145,10 @@ pub struct OwnerLock {
     fd: OwnedFd,
 }
 
-/// Open `sessions/` without following a link in its place.
-fn open_sessions_dir(dir: &AgentDir) -> Result<OwnedFd> {
-    let path = dir.sessions_dir();
-    let fd = nix::fcntl::open(
-        &path,
-        nix::fcntl::OFlag::O_RDONLY
-            | nix::fcntl::OFlag::O_DIRECTORY
-            | nix::fcntl::OFlag::O_NOFOLLOW
-            | nix::fcntl::OFlag::O_CLOEXEC,
-        nix::sys::stat::Mode::empty(),
-    )
-    .map_err(|e| Error::io("opening", &path, e.into()))?;
-    Ok(fd)
-}
-
-fn c_name(name: &str) -> CString {
-    CString::new(name).expect("session ids have no NUL")
-}
-
-/// Is `fd` a regular file with exactly one name (not a FIFO, a device, a
-/// directory, or a hard link to something else)?
-fn plain_file(fd: RawFd) -> std::result::Result<bool, std::io::Error> {
-    let st = nix::sys::stat::fstat(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) })
-        .map_err(std::io::Error::from)?;
-    Ok((st.st_mode & libc::S_IFMT) == libc::S_IFREG && st.st_nlink == 1)
+/// Is `file` a regular file with exactly one name (a hard link to something
+/// else is not an owner lock)?
+fn single_link(file: &File, path: &Path) -> Result<bool> {
+    Ok(file.metadata().at("checking", path)?.nlink() == 1)
 }
 
 /// Create `sessions/{id}.owner` and take its exclusive lock, for `owner`.
@@ -173,35 +156,15 @@ fn plain_file(fd: RawFd) -> std::result::Result<bool, std::io::Error> {
 pub fn acquire(dir: &AgentDir, session_id: &str, owner: &Owner) -> Result<OwnerLock> {
     atomic::create_dir(&dir.sessions_dir(), 0o750)?;
     let path = lock_path(dir, session_id);
-    let sessions = open_sessions_dir(dir)?;
-    let name = c_name(&lock_name(session_id));
-    // SAFETY: plain syscalls on a valid directory fd and a NUL-terminated
-    // name; the returned fd is owned below.
-    let raw = unsafe {
-        libc::openat(
-            sessions.as_raw_fd(),
-            name.as_ptr(),
-            libc::O_RDWR | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK,
-            0o644 as libc::c_uint,
-        )
-    };
-    if raw < 0 {
-        return Err(Error::io(
-            "creating the owner lock",
+    let mut file = fsx::open_create(&path, 0o644, false)?;
+    if !single_link(&file, &path)? {
+        return Err(fsx::unsafe_path(
             &path,
-            std::io::Error::last_os_error(),
+            "has more than one name (a hard link)",
         ));
     }
-    // SAFETY: `raw` is a new fd that nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-    if !plain_file(fd.as_raw_fd()).at("checking", &path)? {
-        return Err(Error::Data(format!(
-            "{} is not a plain file (a link, a FIFO or a directory in its place); remove it",
-            path.display()
-        )));
-    }
     // SAFETY: flock on an fd we own; LOCK_NB never waits.
-    if unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         return Err(Error::io("locking", &path, std::io::Error::last_os_error()));
     }
     // For people: who holds it. Nobody reads it to decide anything.
@@ -213,36 +176,19 @@ pub fn acquire(dir: &AgentDir, session_id: &str, owner: &Owner) -> Result<OwnerL
             .map(|s| s.to_string())
             .unwrap_or_else(|| "null".into())
     );
-    // SAFETY: writes a buffer we own to an fd we own.
-    unsafe {
-        libc::ftruncate(fd.as_raw_fd(), 0);
-        libc::write(fd.as_raw_fd(), text.as_ptr().cast(), text.len());
-    }
+    let _ = file
+        .set_len(0)
+        .and_then(|()| file.write_all(text.as_bytes()));
     Ok(OwnerLock {
         session_id: session_id.to_string(),
-        fd,
+        fd: OwnedFd::from(file),
     })
 }
 
 /// Remove `sessions/{id}.owner` once the session has ended (its keeper, if
 /// any, sees the file go and exits). A missing file is fine.
 pub fn release(dir: &AgentDir, session_id: &str) -> Result<()> {
-    let Ok(sessions) = open_sessions_dir(dir) else {
-        return Ok(());
-    };
-    let name = c_name(&lock_name(session_id));
-    // SAFETY: unlinkat on a valid directory fd and a NUL-terminated name.
-    if unsafe { libc::unlinkat(sessions.as_raw_fd(), name.as_ptr(), 0) } != 0 {
-        let e = std::io::Error::last_os_error();
-        if e.kind() != std::io::ErrorKind::NotFound {
-            return Err(Error::io(
-                "removing the owner lock",
-                lock_path(dir, session_id),
-                e,
-            ));
-        }
-    }
-    Ok(())
+    fsx::remove_file(&lock_path(dir, session_id)).map(|_| ())
 }
 
 /// What the owner lock of a session says.
@@ -259,36 +205,20 @@ pub enum Probe {
 /// Try a shared lock on `sessions/{id}.owner`, without waiting, and let go
 /// at once.
 pub fn probe(dir: &AgentDir, session_id: &str) -> Probe {
-    let sessions = match open_sessions_dir(dir) {
-        Ok(fd) => fd,
-        Err(e) => return Probe::Unknown(format!("cannot open sessions/: {e}")),
+    let path = lock_path(dir, session_id);
+    let file = match fsx::open_read(&path) {
+        Ok(Some(file)) => file,
+        Ok(None) => return Probe::Unknown("it has no owner lock".into()),
+        Err(e) => return Probe::Unknown(format!("cannot open its owner lock: {e}")),
     };
-    let name = c_name(&lock_name(session_id));
-    // SAFETY: see `acquire`.
-    let raw = unsafe {
-        libc::openat(
-            sessions.as_raw_fd(),
-            name.as_ptr(),
-            libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK,
-        )
-    };
-    if raw < 0 {
-        let e = std::io::Error::last_os_error();
-        return Probe::Unknown(match e.kind() {
-            std::io::ErrorKind::NotFound => "it has no owner lock".to_string(),
-            _ => format!("cannot open its owner lock: {e}"),
-        });
-    }
-    // SAFETY: `raw` is a new fd that nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-    match plain_file(fd.as_raw_fd()) {
+    match single_link(&file, &path) {
         Ok(true) => {}
         Ok(false) => return Probe::Unknown("its owner lock is not a plain file".into()),
         Err(e) => return Probe::Unknown(format!("cannot check its owner lock: {e}")),
     }
-    // SAFETY: flock on an fd we own; LOCK_NB never waits. Closing the fd
+    // SAFETY: flock on an fd we own; LOCK_NB never waits. Closing the file
     // (on drop) releases a lock we were granted.
-    if unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0 {
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0 {
         return Probe::Free;
     }
     let e = std::io::Error::last_os_error();

@@ -24,9 +24,9 @@ use crate::state::{StateRoot, atomic};
 /// `.daemon/lock` alone does not survive the root being removed and made
 /// again (`rm -rf` and `bootstrap`, as a demo or an operator may do): the
 /// new root has a new lock file that nobody holds. So the daemon also holds
-/// a lock keyed by the root's canonical path in the runtime directory
-/// (`$XDG_RUNTIME_DIR/agent-state/`, or `/run/agent-state/` for root), which
-/// the new root does not reset, and it checks ([`DaemonLock::check`]) that
+/// a lock keyed by the root's canonical path in the runtime directory (the
+/// unit's `RuntimeDirectory=`, `$XDG_RUNTIME_DIR/agent-state/`, or
+/// `/run/agent-state/` for root), which the new root does not reset, and it checks ([`DaemonLock::check`]) that
 /// `.daemon/lock` is still the file it locked, to stop when it is not.
 pub struct DaemonLock {
     lock: Flock<File>,
@@ -113,14 +113,14 @@ impl RuntimeLock {
     /// None when there is no runtime directory we may use (a system service
     /// without `RuntimeDirectory=`): `.daemon/lock` and the check remain.
     fn take(root: &StateRoot) -> Result<Option<RuntimeLock>> {
-        let Some(base) = runtime_dir(
+        let Some(dir) = runtime_dir(
+            std::env::var_os("RUNTIME_DIRECTORY").map(PathBuf::from),
             std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from),
             nix::unistd::geteuid().is_root(),
         ) else {
             return Ok(None);
         };
         let canonical = std::fs::canonicalize(&root.path).at("resolving", &root.path)?;
-        let dir = base.join("agent-state");
         if let Err(e) = std::fs::create_dir(&dir)
             && e.kind() != std::io::ErrorKind::AlreadyExists
         {
@@ -185,12 +185,22 @@ impl Drop for RuntimeLock {
     }
 }
 
-/// Where the runtime lock goes: `$XDG_RUNTIME_DIR` if set, else `/run` for
-/// root, else nowhere.
-fn runtime_dir(xdg: Option<PathBuf>, is_root: bool) -> Option<PathBuf> {
+/// Where the runtime lock goes: the unit's `RuntimeDirectory=` (systemd
+/// names it in `$RUNTIME_DIRECTORY`), else `$XDG_RUNTIME_DIR/agent-state`,
+/// else `/run/agent-state` for root, else nowhere.
+fn runtime_dir(unit: Option<PathBuf>, xdg: Option<PathBuf>, is_root: bool) -> Option<PathBuf> {
+    // systemd may list several, separated by ':'; the first is ours.
+    if let Some(first) = unit.as_ref().and_then(|u| {
+        u.to_str()
+            .and_then(|s| s.split(':').next())
+            .map(PathBuf::from)
+    }) && first.is_absolute()
+    {
+        return Some(first);
+    }
     match xdg {
-        Some(dir) if dir.is_absolute() => Some(dir),
-        _ if is_root => Some(PathBuf::from("/run")),
+        Some(dir) if dir.is_absolute() => Some(dir.join("agent-state")),
+        _ if is_root => Some(PathBuf::from("/run/agent-state")),
         _ => None,
     }
 }
@@ -429,10 +439,21 @@ mod tests {
     #[test]
     fn the_runtime_lock_goes_to_the_runtime_dir_or_to_run_for_root() {
         let xdg = Some(PathBuf::from("/run/user/1000"));
-        assert_eq!(runtime_dir(xdg.clone(), false), xdg);
-        assert_eq!(runtime_dir(None, true), Some(PathBuf::from("/run")));
-        assert_eq!(runtime_dir(Some("relative".into()), false), None);
-        assert_eq!(runtime_dir(None, false), None);
+        assert_eq!(
+            runtime_dir(None, xdg.clone(), false),
+            xdg.map(|x| x.join("agent-state"))
+        );
+        assert_eq!(
+            runtime_dir(None, None, true),
+            Some(PathBuf::from("/run/agent-state"))
+        );
+        assert_eq!(runtime_dir(None, Some("relative".into()), false), None);
+        assert_eq!(runtime_dir(None, None, false), None);
+        let unit = Some(PathBuf::from("/run/agent-state:/run/other"));
+        assert_eq!(
+            runtime_dir(unit, None, false),
+            Some(PathBuf::from("/run/agent-state"))
+        );
     }
 
     #[test]

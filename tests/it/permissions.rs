@@ -540,3 +540,82 @@ fn outsiders_and_members_read_the_state_without_writing_a_byte() {
     assert_eq!(mode(&w.inbox("rio")), 0o3770);
     assert_eq!(mode(&w.inbox("rio").join("processed")), 0o2750);
 }
+
+/// Every path below `root` that root owns.
+fn owned_by_root(root: &Path) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        let m = std::fs::symlink_metadata(&p).unwrap();
+        if m.uid() == 0 || m.gid() == 0 {
+            found.push(format!("{} {}:{}", p.display(), m.uid(), m.gid()));
+        }
+        if m.is_dir() {
+            for e in std::fs::read_dir(&p).unwrap() {
+                stack.push(e.unwrap().path());
+            }
+        }
+    }
+    found
+}
+
+/// A cron-era session script run by root (as crontabs often do) beside the
+/// daemon, after root bootstrapped a new agent: everything they create in
+/// the state root — the agent's directory, its journal and lock, the counters' lock, the session's owner
+/// lock, every state file it replaces — belongs to the service user
+/// afterwards, so the service user's next session, task and record work.
+#[test]
+fn a_session_script_run_as_root_leaves_state_the_service_user_can_use() {
+    if !enabled("a_session_script_run_as_root_leaves_state_the_service_user_can_use") {
+        return;
+    }
+    let w = World::new("r");
+    // As on a first day: the agent's directory and the counters' lock do not
+    // exist yet when root's script runs.
+    std::fs::remove_dir_all(w.root.join("rio")).unwrap();
+    let _ = std::fs::remove_file(w.root.join(".daemon/counters.lock"));
+    let _ = std::fs::remove_file(w.root.join(".daemon/counters.json"));
+
+    let boot = w.run("root", &["bootstrap", "rio"]);
+    assert!(boot.status.success(), "{}", show(&boot));
+    let begin = w.run("root", &["session", "begin", "rio"]);
+    assert!(begin.status.success(), "{}", show(&begin));
+    let sid = String::from_utf8_lossy(&begin.stdout).trim().to_string();
+    let end = w.run(
+        "root",
+        &[
+            "session",
+            "end",
+            "rio",
+            "--session",
+            &sid,
+            "--summary",
+            "by root",
+        ],
+    );
+    assert!(end.status.success(), "{}", show(&end));
+    let task = w.run(
+        "root",
+        &["task", "add", "rio", "--description", "root's task"],
+    );
+    assert!(task.status.success(), "{}", show(&task));
+    assert_eq!(owned_by_root(&w.root), Vec::<String>::new());
+    assert_eq!(mode(&w.inbox("rio")), 0o3770, "the inbox keeps its mode");
+
+    // The service user carries on where root left off.
+    let begin = w.run(&w.acc.svc, &["session", "begin", "rio"]);
+    assert!(begin.status.success(), "{}", show(&begin));
+    let sid2 = String::from_utf8_lossy(&begin.stdout).trim().to_string();
+    assert_ne!(sid, sid2);
+    let end = w.run(&w.acc.svc, &["session", "end", "rio", "--session", &sid2]);
+    assert!(end.status.success(), "{}", show(&end));
+    let task = w.run(
+        &w.acc.svc,
+        &["task", "add", "rio", "--description", "the service's task"],
+    );
+    assert!(task.status.success(), "{}", show(&task));
+    let status = w.run(&w.acc.svc, &["status", "--json"]);
+    assert!(status.status.success(), "{}", show(&status));
+    let journal = std::fs::read_to_string(w.root.join("rio/journal.jsonl")).unwrap();
+    assert_eq!(journal.matches("\"session_end\"").count(), 2, "{journal}");
+}

@@ -1153,6 +1153,17 @@ fn under_the_daemon_the_script_passes_signals_summary_and_cost_through() {
             .contains("git commit"),
         "{session:#}"
     );
+    assert!(session.get("usage").is_some(), "{session:#}");
+    drop(d);
+
+    // A session begun by hand afterwards starts with nothing of that one's
+    // usage or signals.
+    let id = lab.env.ok(&["session", "begin", "rio"]).trim().to_string();
+    let begun = lab.env.json("rio", "session.json");
+    assert_eq!(begun["session_id"], id.as_str(), "{begun:#}");
+    assert!(begun.get("usage").is_none(), "{begun:#}");
+    assert!(begun.get("signal_block").is_none(), "{begun:#}");
+    assert!(begun["cost_usd"].is_null(), "{begun:#}");
 }
 
 /// The daemon's timeout ends the script, whose trap records the failure
