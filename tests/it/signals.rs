@@ -80,8 +80,11 @@ exit 1"#,
     );
     let d = env.daemon();
     env.ok(&["wake", "rio"]);
+    // session.json and report.json are two files written one after the
+    // other: wait for both.
     d.wait_until(secs(8.0), "the session ended", || {
         state(&env, "rio", "session.json")["status"] == "completed"
+            && !state(&env, "rio", "report.json")["last_session"].is_null()
     });
     // COMPLETE: completed although the command exited 1.
     let report = state(&env, "rio", "report.json");
