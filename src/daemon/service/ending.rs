@@ -1,0 +1,469 @@
+//! A session's end: the runner's report and the output's summary judged by
+//! the error matrix (`failure`), recorded through the hooks, and the verdict
+//! carried out (retry, backoff, disable). Also what streams in while it runs:
+//! signals and stalls.
+
+use super::*;
+
+/// Signals handled per session; the rest are counted and ignored.
+pub(super) const SIGNALS_PER_SESSION: u32 = 1000;
+
+impl Daemon {
+    pub(super) fn session_done(
+        &mut self,
+        agent: AgentName,
+        mut report: RunReport,
+        output: OutputSummary,
+    ) {
+        let Some(running) = self.running.remove(&agent) else {
+            return;
+        };
+        if running.completed_by_signal
+            && !report.ending.is_success()
+            && !matches!(report.ending, Ending::SpawnFailed { .. })
+        {
+            // The agent said it finished its work: that counts, whatever
+            // became of the process afterwards.
+            tracing::warn!(
+                agent = %agent, session_id = %running.session_id,
+                "the session signalled COMPLETE; counted as completed although the command {}",
+                report.ending
+            );
+            report.ending = Ending::Exited { code: 0 };
+        }
+        let now = Timestamp::from_datetime(self.clock.now());
+        let dir = self.dir(&agent);
+        let cfg = self.agent_config(&agent).cloned();
+        let sid = running.session_id.clone();
+        let claude_failure = output.claude.as_ref().and_then(output::classify);
+        let ended_by_script = session::ended_by_script(&dir, &sid);
+        let retries = cfg.as_ref().map(|c| c.session.retries).unwrap_or_default();
+        let streak = self.streaks.entry(agent.clone()).or_default();
+        let verdict = failure::judge(
+            &Observed {
+                ending: &report.ending,
+                empty: output.empty,
+                fingerprint: output.fingerprint,
+                claude: claude_failure.as_ref(),
+                ended_by_script,
+            },
+            streak,
+            &retries,
+        );
+        // What session.json and the journal say, where the daemon knows
+        // better than the exit status.
+        // A timeout, a stall or a stop was noted in session.json before the
+        // session was signalled (EndingNote), so the script's trap records it.
+        let override_reason = match (&report.ending, &running.stop_reason) {
+            (Ending::Stopped, Some(why)) => Some(why.clone()),
+            (e, _) if e.is_success() && verdict.code.is_some() => Some(verdict.message.clone()),
+            // What the error matrix made of it ("Claude Code is not logged
+            // in: ..."), not only the exit status.
+            (Ending::Exited { .. } | Ending::Signaled { .. }, _)
+                if claude_failure.is_some()
+                    || verdict.code.is_some_and(|c| c != Code::SessionFailed) =>
+            {
+                Some(verdict.message.clone())
+            }
+            _ => None,
+        };
+        let outcome = match &cfg {
+            Some(cfg) => session::finish(cfg, &dir, &sid, &report, override_reason.as_deref(), now),
+            // Removed from the config while it ran: record it all the same.
+            None => Err(Error::Usage("agent no longer configured".into())),
+        };
+        match &outcome {
+            Ok(text) if text.starts_with("completed") => tracing::info!(
+                agent = %agent, session_id = %sid, instance = %running.instance,
+                "session {sid} {text}"
+            ),
+            Ok(text) => tracing::warn!(
+                agent = %agent, session_id = %sid, instance = %running.instance,
+                "session {sid} {text}"
+            ),
+            Err(e) => self.raise(
+                ErrorRecord::new(e.code(), format!("cannot record the end of session {sid}"))
+                    .details(e.to_string())
+                    .agent(&agent)
+                    .session(&sid),
+                false,
+            ),
+        }
+        // The script's trap recorded the failure first, in its own words.
+        if let (Some(decided), Ok(_)) = (&override_reason, &outcome)
+            && matches!(
+                report.ending,
+                Ending::Exited { .. } | Ending::Signaled { .. }
+            )
+            && let Err(e) = hooks::amend_failure_reason(&dir, &sid, decided, now)
+        {
+            tracing::warn!(agent = %agent, session_id = %sid, "cannot record the daemon's reason for the session's failure: {e}");
+        }
+        if let Some(result) = &output.claude {
+            let usage = result.usage.and_then(|u| serde_json::to_value(u).ok());
+            if let Err(e) = hooks::record_usage(
+                &dir,
+                &sid,
+                result.total_cost_usd,
+                result.tokens_total(),
+                usage,
+                now,
+            ) {
+                tracing::warn!(agent = %agent, session_id = %sid, "cannot record the session's cost: {e}");
+            }
+        }
+        self.record_output_summary(&agent, &running, &output, now);
+        if report.truncated {
+            self.raise(
+                ErrorRecord::new(
+                    Code::OutputTruncated,
+                    format!(
+                        "session output truncated at {} bytes ({} printed)",
+                        report.logged_bytes, report.output_bytes
+                    ),
+                )
+                .agent(&agent)
+                .session(&sid),
+                false,
+            );
+        }
+        if let Some(e) = &report.log_error {
+            // The code of any I/O error (ENOSPC → DISK_FULL, EROFS → FS_READONLY).
+            let code = Error::io("writing", "the session log", std::io::Error::from(e.kind)).code();
+            self.raise(
+                ErrorRecord::new(code, "the session log could not be written".to_string())
+                    .details(e.message.clone())
+                    .agent(&agent)
+                    .session(&sid),
+                false,
+            );
+        }
+        // Its end not recorded (a full disk): it stays ours, lock and all,
+        // until `finish_orphan` records it.
+        if let Some(lock) = running.owner_lock
+            && matches!(dir.read::<Session>(), Ok(Some(s)) if s.is_running() && s.session_id == sid)
+        {
+            self.orphan_locks.insert(agent.clone(), lock);
+        }
+        let waiting = self.receive(&agent).unwrap_or_default();
+        self.core.session_ended(&agent, waiting, self.clock.now());
+        if let Some(cfg) = &cfg {
+            self.apply_verdict(&agent, cfg, Some(&sid), verdict, &report);
+        }
+        self.refresh_rank(&agent);
+        if !self
+            .config
+            .agents
+            .iter()
+            .any(|a| a.name == agent && a.kind == AgentKind::Agent)
+        {
+            self.core.agents.remove(&agent);
+        }
+    }
+
+    /// Judge a session that never ran (nothing to finish) and apply the verdict.
+    pub(super) fn judge_and_apply(
+        &mut self,
+        agent: &AgentName,
+        cfg: &AgentConfig,
+        session_id: Option<&str>,
+        ending: &Ending,
+        output: &OutputSummary,
+        code: Option<Code>,
+    ) {
+        let streak = self.streaks.entry(agent.clone()).or_default();
+        let mut verdict = failure::judge(
+            &Observed {
+                ending,
+                empty: output.empty,
+                fingerprint: output.fingerprint,
+                claude: None,
+                ended_by_script: false,
+            },
+            streak,
+            &cfg.session.retries,
+        );
+        if let (Some(c), Some(_)) = (code, verdict.code) {
+            verdict.code = Some(c);
+        }
+        let report = RunReport::not_run(ending.clone());
+        self.apply_verdict(agent, cfg, session_id, verdict, &report);
+    }
+
+    /// Raise the verdict's error and carry out what it decided: a retry, a
+    /// backoff, disabling the agent, or clearing its failures.
+    pub(super) fn apply_verdict(
+        &mut self,
+        agent: &AgentName,
+        cfg: &AgentConfig,
+        session_id: Option<&str>,
+        verdict: failure::Verdict,
+        report: &RunReport,
+    ) {
+        let now = self.clock.now();
+        if let Some(code) = verdict.code {
+            let mut record = ErrorRecord::new(code, format!("{agent}: {}", verdict.message))
+                .agent(agent)
+                .attempt(verdict.attempt)
+                .details(format!(
+                    "{}; {} bytes of output",
+                    report.ending, report.output_bytes
+                ));
+            if let Some(sid) = session_id {
+                record = record.session(sid);
+            }
+            if let (Some(sid), Some(_)) = (session_id, report.pid) {
+                record = record.suggest(format!(
+                    "Read the session log: {}",
+                    self.dir(agent)
+                        .sessions_dir()
+                        .join(format!("{sid}.log"))
+                        .display()
+                ));
+            }
+            self.raise(record, verdict.escalate);
+        }
+        let failures = self.streaks.get(agent).map(|s| s.failures).unwrap_or(0);
+        let Some(slot) = self.core.agents.get_mut(agent) else {
+            return;
+        };
+        let (state, until) = match verdict.next {
+            Next::Nothing => return,
+            Next::Clear => {
+                slot.backoff_until = None;
+                self.escalated.clear(Some(agent));
+                self.publish_agent(agent, None);
+                return;
+            }
+            Next::Retry { after } => {
+                let at = now + chrono::Duration::from_std(after).unwrap_or_default();
+                slot.backoff_until = Some(at);
+                self.core
+                    .request(agent, WakeReason::Retry, Priority::Normal, now);
+                tracing::info!(agent = %agent, "retrying in {}", humantime::format_duration(after));
+                ("retrying", Some(at))
+            }
+            Next::Backoff { hold } => {
+                let at = now + chrono::Duration::from_std(hold).unwrap_or_default();
+                slot.backoff_until = Some(at);
+                tracing::warn!(agent = %agent, "{failures} failed session(s) in a row: automatic wakes held back until {}", Timestamp::from_datetime(at));
+                ("backoff", Some(at))
+            }
+            Next::Disable => {
+                slot.disabled = Some(verdict.message.clone());
+                tracing::error!(agent = %agent, "disabled until the config is reloaded or `agent-state wake {agent}` is run: {}", verdict.message);
+                ("disabled", None)
+            }
+        };
+        let since = self.report_error_since(agent);
+        let error = ReportError {
+            code: verdict
+                .code
+                .map(|c| c.as_str().to_string())
+                .unwrap_or_default(),
+            message: verdict.message,
+            failures,
+            state: state.to_string(),
+            until: until.map(Timestamp::from_datetime),
+            since: Some(since.unwrap_or_else(|| Timestamp::from_datetime(now))),
+        };
+        let _ = cfg;
+        self.publish_agent(agent, Some(error));
+    }
+
+    /// The Context Summary Block and the signal block at the end of the
+    /// output (in Claude Code's result text when there is one): into
+    /// report.json and session.json; malformed ones to signals.jsonl.
+    pub(super) fn record_output_summary(
+        &self,
+        agent: &AgentName,
+        running: &Running,
+        output: &OutputSummary,
+        now: Timestamp,
+    ) {
+        let text = output
+            .claude
+            .as_ref()
+            .and_then(|c| c.result.clone())
+            .unwrap_or_else(|| output.tail.clone());
+        let mut found = hooks::OutputSummary::default();
+        let mut problems = Vec::new();
+        let mut any = false;
+        match crate::protocol::summary::parse_context_summary(&text) {
+            Some(Ok(cs)) => {
+                any = true;
+                found.summary = cs.summary_text();
+                if cs.blockers.is_some() {
+                    found.blocked_by = Some(cs.blocked_by());
+                }
+                found.next_priority = cs.next_priority();
+                found.handoff_notes = cs.handoff_notes();
+                found.confidence = cs.report_confidence();
+                found.risk = cs
+                    .report_risk()
+                    .and_then(|r| serde_json::to_value(r).ok())
+                    .and_then(|v| v.as_str().map(str::to_string));
+            }
+            Some(Err(p)) => problems.push(p),
+            None => {}
+        }
+        match crate::protocol::summary::parse_signal_block(&text) {
+            Some(Ok(block)) => {
+                any = true;
+                found.signal_block = serde_json::to_value(&block).ok();
+            }
+            Some(Err(p)) => problems.push(p),
+            None => {}
+        }
+        for p in problems {
+            tracing::warn!(agent = %agent, session_id = %running.session_id, "{}: {}", p.code.as_str(), p.message);
+            let record = crate::protocol::signals::SignalRecord {
+                ts: now,
+                level: "warn".into(),
+                code: p.code.as_str().to_string(),
+                agent: agent.to_string(),
+                task: None,
+                session: Some(running.session_id.clone()),
+                raw: p.raw.clone(),
+                kind: p.field.clone(),
+                message: Some(p.message.clone()),
+            };
+            if let Err(e) =
+                crate::protocol::signals::append(&effects::signals_log(&self.root), &record)
+            {
+                tracing::warn!("cannot append to signals.jsonl: {e}");
+            }
+        }
+        if any
+            && let Err(e) =
+                hooks::record_output_summary(&self.dir(agent), &running.session_id, &found, now)
+        {
+            tracing::warn!(agent = %agent, session_id = %running.session_id, "cannot record the session's summary: {e}");
+        }
+    }
+
+    /// A signal from a running session: carry it out, or log it as invalid.
+    pub(super) fn signal(
+        &mut self,
+        agent: &AgentName,
+        signal: crate::protocol::signals::SignalResult,
+    ) {
+        let Some(running) = self.running.get_mut(agent) else {
+            return;
+        };
+        let (session_id, instance) = (running.session_id.clone(), running.instance.clone());
+        if let Ok(s) = &signal {
+            if s.kind() == crate::protocol::signals::SignalType::Complete {
+                running.completed_by_signal = true;
+            }
+            // The same progress again changes nothing.
+            if s.kind() == crate::protocol::signals::SignalType::Progress {
+                if s.progress() == running.last_progress {
+                    return;
+                }
+                running.last_progress = s.progress();
+            }
+        }
+        running.signals_seen += 1;
+        if running.signals_seen > SIGNALS_PER_SESSION {
+            if running.signals_seen == SIGNALS_PER_SESSION + 1 {
+                tracing::warn!(
+                    agent = %agent, session_id = %session_id,
+                    "more than {SIGNALS_PER_SESSION} signals in one session: the rest are ignored (COMPLETE still counts)"
+                );
+            }
+            return;
+        }
+        let may_fan_out = running.global_discoveries < effects::GLOBAL_DISCOVERIES_PER_SESSION;
+        if matches!(&signal, Ok(s) if s.kind() == crate::protocol::signals::SignalType::DiscoveryGlobal)
+        {
+            running.global_discoveries += 1;
+        }
+        let origin = effects::Origin {
+            may_fan_out,
+            agent,
+            session_id: &session_id,
+            instance: &instance,
+        };
+        let now = Timestamp::now();
+        match signal {
+            Err(e) => effects::record_invalid(&self.root, &origin, &e, now),
+            Ok(s) => match effects::apply(&self.root, &self.config, &origin, &s, now) {
+                Ok(effect) => tracing::info!(
+                    agent = %agent, session_id = %session_id,
+                    "signal {}: {effect}", s.raw()
+                ),
+                Err(e) => self.raise(
+                    ErrorRecord::new(
+                        e.code(),
+                        format!("{agent}: cannot carry out the signal {}", s.raw()),
+                    )
+                    .details(e.to_string())
+                    .agent(agent)
+                    .session(session_id.clone()),
+                    false,
+                ),
+            },
+        }
+    }
+
+    /// A session printed nothing for `stall_timeout`.
+    pub(super) fn session_stalled(&mut self, agent: &AgentName, silent_for: Duration) {
+        let Some(running) = self.running.get(agent) else {
+            return;
+        };
+        let action = self
+            .agent_config(agent)
+            .map(|c| c.session.stall_action)
+            .unwrap_or_default();
+        let then = match action {
+            crate::config::StallAction::Warn => "it goes on (stall_action = \"warn\")",
+            crate::config::StallAction::Stop => "ending it (stall_action = \"stop\")",
+        };
+        let record = ErrorRecord::new(
+            Code::SessionStalled,
+            format!(
+                "{agent}: session {} printed nothing for {}; {then}",
+                running.session_id,
+                humantime::format_duration(silent_for)
+            ),
+        )
+        .agent(agent)
+        .session(running.session_id.clone());
+        self.raise(record, false);
+    }
+
+    /// A session this daemon began that is not running (its end could not
+    /// be written): recorded as an error now, its messages returned.
+    pub(super) fn finish_orphan(&mut self, agent: &AgentConfig, session_id: &str, now: Timestamp) {
+        let dir = self.root.agent(&agent.name);
+        let req = hooks::FailRequest {
+            session: Some(session_id.to_string()),
+            outcome: "error".into(),
+            reason: "interrupted: its end could not be recorded when it ended (see errors.jsonl)"
+                .into(),
+            ..hooks::FailRequest::default()
+        };
+        match hooks::fail(agent, &dir, &req, now) {
+            Ok(r) => {
+                self.orphan_locks.remove(&agent.name);
+                self.raise(
+                ErrorRecord::new(
+                    Code::SessionInterrupted,
+                    format!(
+                        "{}: session {session_id} ended while its end could not be written; recorded now, {} message(s) returned",
+                        agent.name,
+                        r.returned.len()
+                    ),
+                )
+                .agent(&agent.name)
+                .session(session_id.to_string()),
+                false,
+            )
+            }
+            Err(e) => {
+                tracing::warn!(agent = %agent.name, session_id, "cannot record the end of session {session_id} yet: {e}")
+            }
+        }
+    }
+}

@@ -1,0 +1,203 @@
+//! Inbox intake: what the watcher and the reconcile scan found in an inbox
+//! becomes claimable mail, rejected junk, tasks and wake requests, and the
+//! core learns what waits. Owns nothing but what it reads; the files that
+//! are being written (`writing`, `settle_at`) and the inboxes not yet
+//! scanned (`dirty`) are the loop's.
+
+use super::*;
+
+/// What intake keeps between events.
+#[derive(Default)]
+pub(super) struct Intake {
+    /// Inbox files a writer has open (written, not yet closed), per agent.
+    pub(super) writing: BTreeMap<AgentName, inbox::Writing>,
+    /// Inboxes with a file still being written: look again at this time.
+    pub(super) settle_at: BTreeMap<AgentName, DateTime<Utc>>,
+    /// Inboxes with events not yet scanned.
+    pub(super) dirty: std::collections::BTreeSet<AgentName>,
+    /// Wake request files already served that could not be removed (a
+    /// read-only disk): not served again, removed when possible.
+    pub(super) served_wakes: std::collections::BTreeSet<PathBuf>,
+}
+
+impl Daemon {
+    /// Move back to the inbox what was rejected as unfinished and has been
+    /// finished since.
+    pub(super) fn retry_rejected(&mut self, agent: &AgentName) {
+        let dir = self.dir(agent);
+        let wait = self.lock_wait(agent);
+        let result = crate::state::lock::with_wait(wait, || dir.lock())
+            .and_then(|_lock| inbox::retry_completed(&dir, Timestamp::now()));
+        match result {
+            Ok(back) if !back.is_empty() => {
+                for name in &back {
+                    tracing::info!(agent = %agent, "inbox/{name}: rejected as unfinished, completed since: back in the inbox");
+                }
+                self.intake.dirty.insert(agent.clone());
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(agent = %agent, error_code = e.code().as_str(), "cannot look at rejected messages: {e}")
+            }
+        }
+    }
+
+    pub(super) fn scan_all_inboxes(&mut self) {
+        let agents: Vec<AgentName> = self.core.agents.keys().cloned().collect();
+        for agent in agents {
+            self.take_wake_requests(&agent);
+            self.retry_rejected(&agent);
+            self.scan_inbox(&agent);
+        }
+    }
+
+    /// Receive what waits in `agent`'s inbox: reject settled junk, add tasks
+    /// for task messages, and tell the core what waits.
+    pub(super) fn scan_inbox(&mut self, agent: &AgentName) {
+        // An inbox replaced under us (rm -r + mkdir, mv away and back) lost
+        // its watch: watched again (recreated if it is missing), then read.
+        if !self.watcher.is_watching(agent)
+            && let Some(cfg) = self.agent_config(agent).cloned()
+        {
+            let dir = self.dir(agent);
+            if !crate::fsx::exists(&dir.inbox()) {
+                let _ = bootstrap::agent(&cfg, &dir, Timestamp::now());
+            }
+            match self.watcher.watch(agent, &dir.inbox()) {
+                Ok(()) => tracing::info!(agent = %agent, "its inbox is watched again"),
+                Err(e) => tracing::warn!(agent = %agent, "cannot watch its inbox: {e}"),
+            }
+            self.retry_rejected(agent);
+        }
+        let Some(summary) = self.receive(agent) else {
+            return;
+        };
+        let now = self.clock.now();
+        if self.running.contains_key(agent)
+            && summary
+                .wants_wake(self.core.agents[agent].wake_on_inbox)
+                .is_some()
+        {
+            // Remembered for a follow-up after the running session.
+            if let Some(s) = self
+                .core
+                .request(agent, WakeReason::Inbox, Priority::Normal, now)
+            {
+                self.skipped(s);
+            }
+            return;
+        }
+        self.core.inbox_scanned(agent, summary, now);
+    }
+
+    pub(super) fn receive(&mut self, agent: &AgentName) -> Option<InboxSummary> {
+        let dir = self.dir(agent);
+        let now = Timestamp::now();
+        let wait = self.lock_wait(agent);
+        let settle = self
+            .agent_config(agent)
+            .map(|a| a.session.inbox_settle)
+            .unwrap_or(inbox::SETTLE_TIME);
+        let writing = self.intake.writing.get(agent).cloned().unwrap_or_default();
+        let result = crate::state::lock::with_wait(wait, || dir.lock()).and_then(|lock| {
+            let received = inbox::receive(&dir, now, settle, &writing)?;
+            let mut notes = Vec::new();
+            hooks::add_tasks_from_messages(&dir, &lock, &received.tasks, now, &mut notes)?;
+            Ok(received)
+        });
+        match result {
+            Ok(r) => {
+                self.note_lock_free(agent);
+                for (name, reason) in &r.rejected {
+                    self.raise(rejected(agent, name, reason), false);
+                }
+                if r.unsettled {
+                    // Looked at again soon: a file settles `inbox_settle`
+                    // after its last change, a closed writer wakes us anyway.
+                    let again = (settle / 4).clamp(Duration::from_secs(1), Duration::from_secs(15));
+                    let at =
+                        self.clock.now() + chrono::Duration::from_std(again).unwrap_or_default();
+                    self.intake.settle_at.insert(agent.clone(), at);
+                }
+                Some(InboxSummary {
+                    high: r.high,
+                    normal: r.normal,
+                })
+            }
+            Err(e @ Error::LockBusy { .. }) => {
+                // Looked at again shortly; every other agent is served.
+                self.note_lock_busy(agent, &format!("inbox scan deferred: {e}"));
+                let at = self.clock.now()
+                    + chrono::Duration::from_std(super::start::LOCK_RETRY).unwrap_or_default();
+                self.intake.settle_at.insert(agent.clone(), at);
+                None
+            }
+            Err(e) => {
+                self.raise(
+                    ErrorRecord::new(e.code(), format!("{agent}: cannot scan the inbox"))
+                        .details(e.to_string())
+                        .agent(agent),
+                    false,
+                );
+                None
+            }
+        }
+    }
+
+    pub(super) fn take_wake_requests(&mut self, agent: &AgentName) {
+        let inbox_dir = self.dir(agent).inbox();
+        // Never through a link: a wake request is a name, its removal an
+        // unlink in the inbox itself.
+        let Ok(names) = crate::fsx::list(&inbox_dir) else {
+            return;
+        };
+        let mut found = false;
+        for name in names {
+            let Some(name) = name.to_str() else {
+                continue;
+            };
+            if files::is_wake_request(name) {
+                let path = inbox_dir.join(name);
+                let served = self.intake.served_wakes.contains(&path);
+                match crate::fsx::remove_file(&path) {
+                    Ok(_) => {
+                        self.intake.served_wakes.remove(&path);
+                    }
+                    Err(e) => {
+                        if !served {
+                            tracing::warn!(agent = %agent, "cannot remove the wake request {}: {e}; it is served once", path.display());
+                        }
+                        self.intake.served_wakes.insert(path);
+                    }
+                }
+                found |= !served;
+            }
+        }
+        if found {
+            tracing::info!(agent = %agent, "wake requested");
+            let now = self.clock.now();
+            if let Some(s) = self
+                .core
+                .request(agent, WakeReason::Manual, Priority::High, now)
+            {
+                self.skipped(s);
+            }
+        }
+    }
+}
+
+/// The record of an inbox file rejected as a message.
+/// `name` is the file's name, or `NAME (kept as inbox/rejected/KEPT)` when
+/// it was kept under another name (de-duplicated, shortened, not UTF-8).
+pub(super) fn rejected(agent: &AgentName, name: &str, reason: &str) -> ErrorRecord {
+    let (file, kept) = match name.split_once(" (kept as ") {
+        Some((file, kept)) => (file, kept.trim_end_matches(')').to_string()),
+        None => (name, format!("inbox/rejected/{name}")),
+    };
+    ErrorRecord::new(
+        Code::InboxRejected,
+        format!("{agent}: inbox/{file} rejected: {reason}"),
+    )
+    .details(format!("kept as {kept}"))
+    .agent(agent)
+}

@@ -1,0 +1,315 @@
+//! The health monitor: the disk, pruning by retention, sessions that
+//! outlived their owner or their timeout; and `raise`, the one way an error
+//! leaves the loop (errors.jsonl, journald, hook, escalation).
+
+use super::*;
+
+/// A session whose process has not started after this long expires.
+pub(super) const HATCH_EXPIRY: Duration = Duration::from_secs(300);
+
+/// How often stale temp files, old processed messages and old session logs
+/// are pruned when the disk is fine (below `disk_pause`: every health check).
+pub(super) const ROUTINE_PRUNE_EVERY: Duration = Duration::from_secs(3600);
+
+/// What the health monitor keeps between checks.
+#[derive(Default)]
+pub(super) struct Monitor {
+    pub(super) health: Option<HealthState>,
+    pub(super) last_routine_prune: Option<std::time::Instant>,
+    /// External sessions past their timeout already reported.
+    pub(super) overdue_reported: std::collections::BTreeSet<String>,
+}
+
+impl Daemon {
+    /// Raise an error through [`Alerts`], escalating each code once per
+    /// agent's failure streak.
+    pub(super) fn raise(&mut self, record: ErrorRecord, escalate: bool) {
+        let agent = record
+            .context
+            .agent
+            .as_deref()
+            .and_then(|a| AgentName::parse(a).ok());
+        let escalate = escalate
+            && record
+                .code()
+                .is_some_and(|c| self.escalated.first(agent.as_ref(), c));
+        self.alerts.raise(record, escalate);
+    }
+
+    /// The health monitor: the disk (free space, read-only), pruning, and
+    /// sessions that outlived their owner or their timeout.
+    pub(super) fn health_check(&mut self) {
+        let now = Timestamp::now();
+        let probe = match health::probe(&self.root.path) {
+            Ok(p) => p,
+            Err(e) => {
+                self.raise(
+                    ErrorRecord::new(Code::IoError, "cannot check free space on the state root")
+                        .details(format!("statvfs {}: {e}", self.root.path.display())),
+                    false,
+                );
+                return;
+            }
+        };
+        let prev = self.monitor.health.clone();
+        let mut state = HealthState::observe(
+            prev.as_ref(),
+            probe,
+            &Thresholds::from(&self.config.health),
+            now,
+        );
+        let was_ro = prev.as_ref().is_some_and(|p| p.read_only);
+        let mut recovered = false;
+        let old = prev.as_ref().map(|p| p.level).unwrap_or_default();
+        let fragment = state.status_fragment();
+        if state.read_only && !was_ro {
+            self.raise(
+                ErrorRecord::new(
+                    Code::FsReadonly,
+                    format!(
+                        "the state root {} is on a read-only file system: no writes, no wakes",
+                        self.root.path.display()
+                    ),
+                ),
+                false,
+            );
+        } else if !state.read_only && state.level > old {
+            let (code, escalate) = match state.level {
+                DiskLevel::Low => (Code::DiskLow, false),
+                DiskLevel::Paused => (Code::DiskCritical, true),
+                _ => (Code::DiskFull, false),
+            };
+            if state.level != DiskLevel::Ok {
+                self.raise(
+                    ErrorRecord::new(code, fragment.clone()).details(format!(
+                        "{} free of {} on {}",
+                        health::format_bytes(state.free),
+                        health::format_bytes(state.total),
+                        self.root.path.display()
+                    )),
+                    escalate,
+                );
+            }
+        }
+        if (state.level < old || (was_ro && !state.read_only)) && state.level.allows_new_sessions()
+        {
+            tracing::info!("disk recovered ({fragment}): waking agents again");
+            for code in [Code::DiskCritical, Code::DiskFull, Code::FsReadonly] {
+                self.escalated.clear_code(code);
+            }
+            recovered = true;
+        }
+        if state.level.stops_sessions() {
+            let why = format!("ended by the health monitor: {fragment}");
+            for r in self.running.values_mut() {
+                if r.stop_reason.is_none() {
+                    tracing::warn!(session_id = %r.session_id, "{why}");
+                    r.stop_for(why.clone());
+                }
+            }
+        }
+        let routine_due = self
+            .monitor
+            .last_routine_prune
+            .is_none_or(|t| t.elapsed() >= ROUTINE_PRUNE_EVERY);
+        if state.should_prune() || (routine_due && !state.read_only) {
+            self.monitor.last_routine_prune = Some(std::time::Instant::now());
+            let running: Vec<(AgentName, String)> = self
+                .running
+                .iter()
+                .map(|(a, r)| (a.clone(), r.session_id.clone()))
+                .collect();
+            let stats = prune_all(&self.root, &self.config, &running);
+            if !stats.is_empty() {
+                tracing::info!(
+                    "pruned {} file(s), {} (processed messages and session logs past retention, stale temp files)",
+                    stats.files,
+                    health::format_bytes(stats.bytes)
+                );
+                state.record_prune(stats, now);
+            }
+        }
+        self.monitor.health = Some(state);
+        if !self.monitor.health.as_ref().is_some_and(|h| h.read_only) {
+            self.alerts.flush();
+        }
+        self.core.waking_stopped = self.stopping.is_some()
+            || self
+                .monitor
+                .health
+                .as_ref()
+                .is_some_and(|h| !h.level.allows_new_sessions());
+        if !self.monitor.health.as_ref().is_some_and(|h| h.read_only) {
+            self.check_sessions(now);
+        }
+        if recovered {
+            // Scans and writes that failed during the outage: look again
+            // now rather than at the next reconcile.
+            self.scan_all_inboxes();
+        }
+        self.after_change();
+    }
+
+    /// Sessions recorded as running that the daemon does not run: finished
+    /// when their owner is gone; their owner is told to stop when they ran
+    /// past their timeout. The daemon's own sessions past their timeout
+    /// (which the runner should have ended) are stopped.
+    pub(super) fn check_sessions(&mut self, now: Timestamp) {
+        let agents: Vec<AgentConfig> = self.config.working_agents().cloned().collect();
+        for agent in agents {
+            if let Some(r) = self.running.get_mut(&agent.name) {
+                let started = r.started_at.0;
+                // Seed 003's placeholder expiry: a session whose process
+                // never started within 5 minutes is given up (a hatching
+                // agent stays hatching for its next wake).
+                if r.pid.is_none()
+                    && r.stop_reason.is_none()
+                    && now.seconds_since(&r.started_at) >= HATCH_EXPIRY.as_secs() as i64
+                {
+                    r.stop_for(format!(
+                        "expired: its process did not start within {}",
+                        humantime::format_duration(HATCH_EXPIRY)
+                    ));
+                    continue;
+                }
+                if health::overdue(
+                    started,
+                    agent.session.timeout,
+                    agent.session.kill_grace,
+                    now.0,
+                ) && r.stop_reason.is_none()
+                {
+                    r.stop_for("ran past its timeout; stopped by the health monitor".into());
+                    let sid = r.session_id.clone();
+                    self.raise(
+                        ErrorRecord::new(
+                            Code::SessionTimeout,
+                            format!("{}: session {sid} ran past its timeout and was not ended; stopping it", agent.name),
+                        )
+                        .agent(&agent.name)
+                        .session(sid),
+                        false,
+                    );
+                }
+                continue;
+            }
+            let dir = self.root.agent(&agent.name);
+            let Ok(Some(s)) = dir.read::<Session>() else {
+                continue;
+            };
+            if !s.is_running() {
+                continue;
+            }
+            if began_here(&s) {
+                // Ours, but not running: its end could not be recorded (a
+                // full disk). Record it now.
+                self.finish_orphan(&agent, &s.session_id, now);
+                continue;
+            }
+            // Its owner's lock says whether it is alive, wherever it runs
+            // (a script in another PID namespace is invisible to us).
+            if hooks::stale(&dir, &s, agent.session.timeout, now).is_some() {
+                let result =
+                    hooks::recover_stale(&agent, &dir, "interrupted: its process is gone", now);
+                if let Some(record) = recovered(&agent, result, "its process is gone") {
+                    self.raise(record, false);
+                }
+                continue;
+            }
+            if let Some(started) = s.started_at
+                && health::overdue(
+                    started.0,
+                    agent.session.timeout,
+                    agent.session.kill_grace,
+                    now.0,
+                )
+                && self.monitor.overdue_reported.insert(s.session_id.clone())
+            {
+                let mut details = "its owner is alive".to_string();
+                // Only a process we can see, and that is the owner (its
+                // start time matches): a pid from another PID namespace
+                // may name an unrelated process of ours.
+                if let Some(pid) = s.owner_pid
+                    && s.owner_start.is_some()
+                    && hooks::Owner::of(pid).start == s.owner_start
+                {
+                    let sent = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(pid),
+                        nix::sys::signal::Signal::SIGTERM,
+                    );
+                    details = match sent {
+                        Ok(()) => format!(
+                            "sent SIGTERM to its owner, pid {pid}; it is finished once that exits"
+                        ),
+                        Err(e) => format!("cannot signal its owner, pid {pid}: {e}"),
+                    };
+                } else if let Some(pid) = s.owner_pid {
+                    details = format!(
+                        "its owner (pid {pid}) holds its lock but is not visible to the daemon (another PID namespace or user); end it with `agent-state session fail {} --session {} --outcome timeout --reason ...`",
+                        agent.name, s.session_id
+                    );
+                }
+                self.raise(
+                    ErrorRecord::new(
+                        Code::SessionTimeout,
+                        format!(
+                            "{}: session {} (run outside the daemon) is past its timeout of {}",
+                            agent.name,
+                            s.session_id,
+                            humantime::format_duration(agent.session.timeout)
+                        ),
+                    )
+                    .details(details)
+                    .agent(&agent.name)
+                    .session(s.session_id.clone()),
+                    false,
+                );
+            }
+        }
+    }
+}
+
+/// Prune every agent's old processed messages, old session logs and stale
+/// temp files, as the config's retention allows; never the files of the
+/// `running` sessions.
+pub(super) fn prune_all(
+    root: &StateRoot,
+    config: &Config,
+    running: &[(AgentName, String)],
+) -> PruneStats {
+    let now = std::time::SystemTime::now();
+    let h = &config.health;
+    let mut total = PruneStats::default();
+    for agent in &config.agents {
+        let dir = root.agent(&agent.name);
+        if !crate::fsx::is_dir(&dir.path) {
+            continue;
+        }
+        let protect = running
+            .iter()
+            .find(|(a, _)| *a == agent.name)
+            .map(|(_, s)| s.as_str());
+        let results = [
+            health::prune_processed(&dir, now - h.processed_retention),
+            health::prune_sessions(
+                &dir,
+                now - h.session_log_retention,
+                h.keep_sessions,
+                protect,
+            ),
+            health::prune_stale_temps(&dir, now - Duration::from_secs(3600)),
+        ];
+        for r in results {
+            match r {
+                Ok(stats) => total += stats,
+                Err(e) => tracing::warn!(agent = %agent.name, "pruning: {e}"),
+            }
+        }
+    }
+    // Temp files of the daemon's own writes interrupted by a crash.
+    match health::prune_atomic_temps(&root.daemon_dir(), now - health::STALE_TEMP_AGE) {
+        Ok(stats) => total += stats,
+        Err(e) => tracing::warn!("pruning .daemon/: {e}"),
+    }
+    total
+}

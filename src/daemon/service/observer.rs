@@ -1,0 +1,128 @@
+//! A session's output as it streams, on the runner's side: analysed with
+//! bounded memory, signals and stalls passed to the loop as they happen,
+//! and summarised for the session's end.
+
+use super::*;
+
+/// What the daemon keeps of a session's output once it ended.
+pub(super) struct OutputSummary {
+    pub(super) empty: bool,
+    pub(super) fingerprint: Option<u64>,
+    pub(super) claude: Option<ClaudeResult>,
+    /// The end of stdout (at most 256 KiB), where the summary blocks are.
+    pub(super) tail: String,
+}
+
+impl OutputSummary {
+    /// For a session that never ran.
+    pub(super) fn none() -> OutputSummary {
+        OutputSummary {
+            empty: false,
+            fingerprint: None,
+            claude: None,
+            tail: String::new(),
+        }
+    }
+}
+
+/// The session's output as it streams: analysed by [`SessionOutput`]
+/// (bounded memory), with stalls reported to the loop as they happen.
+pub(super) struct Observer {
+    pub(super) output: SessionOutput,
+    pub(super) agent: AgentName,
+    pub(super) tx: mpsc::UnboundedSender<LoopEvent>,
+    /// One signal scanner per stream: chunks of the two interleave.
+    pub(super) scanners: [crate::protocol::signals::SignalScanner; 2],
+    pub(super) ending: EndingNote,
+}
+
+impl OutputObserver for Observer {
+    fn on_output(&mut self, chunk: &[u8]) {
+        self.on_stream_output(OutputStream::Stdout, chunk);
+    }
+
+    fn on_stream_output(&mut self, stream: OutputStream, chunk: &[u8]) {
+        self.output.on_stream_output(stream, chunk);
+        let i = match stream {
+            OutputStream::Stdout => 0,
+            OutputStream::Stderr => 1,
+        };
+        for signal in self.scanners[i].feed(chunk) {
+            self.send_signal(signal);
+        }
+    }
+
+    fn on_stall(&mut self, silent_for: Duration) {
+        let _ = self.tx.send(LoopEvent::SessionStalled {
+            agent: self.agent.clone(),
+            silent_for,
+        });
+    }
+
+    fn on_terminate(&mut self, why: &Ending) {
+        self.ending.note(why);
+    }
+}
+
+/// What an [`Observer`] needs to note in session.json that the daemon is
+/// ending the session, before the runner's SIGTERM reaches its script.
+pub(super) struct EndingNote {
+    pub(super) agent: AgentConfig,
+    pub(super) dir: AgentDir,
+    pub(super) session_id: String,
+    pub(super) stop_note: StopNote,
+}
+
+impl EndingNote {
+    pub(super) fn note(&self, why: &Ending) {
+        let now = Timestamp::now();
+        let stop_reason = self.stop_note.lock().ok().and_then(|n| n.clone());
+        let result = match (why, stop_reason) {
+            // A stop for a reason (not a shutdown) is recorded as an error.
+            (Ending::Stopped, Some(reason)) => hooks::note_daemon_ending(
+                &self.dir,
+                &self.session_id,
+                &hooks::DaemonEnding {
+                    outcome: "error".into(),
+                    reason,
+                    by_pid: std::process::id(),
+                    at: now,
+                },
+                now,
+            ),
+            _ => session::note_ending(&self.agent, &self.dir, &self.session_id, why, now),
+        };
+        if let Err(e) = result {
+            tracing::warn!(agent = %self.agent.name, session_id = %self.session_id, "cannot note in session.json that the daemon ends the session: {e}");
+        }
+    }
+}
+
+impl Observer {
+    pub(super) fn send_signal(&self, signal: crate::protocol::signals::SignalResult) {
+        let _ = self.tx.send(LoopEvent::Signal {
+            agent: self.agent.clone(),
+            signal: Box::new(signal),
+        });
+    }
+
+    /// The end of the output: an unterminated signal is reported.
+    pub(super) fn finish(&mut self) {
+        let mut rest = Vec::new();
+        for scanner in &mut self.scanners {
+            rest.extend(scanner.finish());
+        }
+        for signal in rest {
+            self.send_signal(signal);
+        }
+    }
+
+    pub(super) fn summary(&self) -> OutputSummary {
+        OutputSummary {
+            empty: self.output.is_empty(),
+            fingerprint: self.output.fingerprint(),
+            claude: self.output.claude_result(),
+            tail: String::from_utf8_lossy(&self.output.stdout_tail()).into_owned(),
+        }
+    }
+}

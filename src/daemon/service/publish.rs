@@ -1,0 +1,249 @@
+//! Publishing state for readers: report.json's lifecycle, rank and next
+//! wake, the journal lines the loop writes, the status line for systemd and
+//! the heartbeat (`.daemon/daemon.json`), each written only when it changed.
+
+use super::*;
+
+/// What was last published, so that nothing is rewritten unchanged.
+#[derive(Default)]
+pub(super) struct Published {
+    /// The last heartbeat written, without its time: rewritten only when
+    /// something in it changed (and by the reconcile scan), not per event.
+    pub(super) last_heartbeat: String,
+    pub(super) last_status: String,
+    /// daemon.json could not be written (said once per outage).
+    pub(super) heartbeat_failing: bool,
+    /// report.json `next_wake_at` as last written, per agent.
+    pub(super) published_wake: std::cell::RefCell<BTreeMap<AgentName, Option<Timestamp>>>,
+}
+
+impl Daemon {
+    pub(super) fn journal(&self, agent: &AgentName, event: Event) {
+        let dir = self.dir(agent);
+        if let Err(e) = dir.lock().and_then(|lock| {
+            dir.journal_append(&lock, Timestamp::now(), event)
+                .map(|_| ())
+        }) {
+            tracing::error!(agent = %agent, error_code = "IO_ERROR", "cannot write the journal: {e}");
+        }
+    }
+
+    /// Set report.json `lifecycle` to `f(current)` (written only if it changes).
+    pub(super) fn set_lifecycle(
+        &self,
+        agent: &AgentName,
+        f: impl FnOnce(Option<Lifecycle>) -> Option<Lifecycle>,
+    ) {
+        let dir = self.dir(agent);
+        if !crate::fsx::is_dir(&dir.path) {
+            return;
+        }
+        let result = dir.update(Timestamp::now(), |report: &mut Report| {
+            let next = f(report.lifecycle);
+            if next != report.lifecycle {
+                tracing::info!(agent = %agent, "lifecycle: {}", next.map(|l| l.as_str()).unwrap_or("-"));
+                report.lifecycle = next;
+            }
+        });
+        if let Err(e) = result {
+            tracing::warn!(agent = %agent, "cannot update the lifecycle in report.json: {e}");
+        }
+    }
+
+    /// Rank the agent by its 30-day error rate (metrics.json): at 50 % or
+    /// more over at least 3 sessions it waits behind healthy agents.
+    pub(super) fn refresh_rank(&mut self, agent: &AgentName) {
+        let rolling = self
+            .dir(agent)
+            .read::<crate::state::metrics::Metrics>()
+            .ok()
+            .flatten()
+            .map(|m| m.rolling_30d);
+        if let (Some(slot), Some(r)) = (self.core.agents.get_mut(agent), rolling) {
+            slot.unhealthy = r.sessions >= 3 && r.error_rate >= 0.5;
+        }
+    }
+
+    pub(super) fn report_error_since(&self, agent: &AgentName) -> Option<Timestamp> {
+        self.dir(agent)
+            .read::<Report>()
+            .ok()
+            .flatten()
+            .and_then(|r| r.error)
+            .and_then(|e| e.since)
+    }
+
+    /// report.json: the error state (`None` clears it) and the next wake.
+    pub(super) fn publish_agent(&self, agent: &AgentName, error: Option<ReportError>) {
+        let wake = self.effective_wake(agent).map(Timestamp::from_datetime);
+        let result = self
+            .dir(agent)
+            .update(Timestamp::now(), |report: &mut Report| {
+                match &error {
+                    Some(e) => {
+                        // A retry on its way is not yet an agent in error (a
+                        // timeout stays distinguishable from an error): the
+                        // status changes when the retries are spent.
+                        if report.current_session.is_none() && e.state != "retrying" {
+                            report.status = AgentStatus::Error;
+                        }
+                        report.error = Some(e.clone());
+                    }
+                    None => report.error = None,
+                }
+                report.next_wake_at = wake;
+            });
+        if result.is_ok() {
+            self.published
+                .published_wake
+                .borrow_mut()
+                .insert(agent.clone(), wake);
+        }
+        if let Err(e) = result {
+            tracing::warn!(agent = %agent, "cannot update report.json: {e}");
+        }
+    }
+
+    pub(super) fn status_line(&self) -> String {
+        let running: Vec<String> = self.running.keys().map(|a| a.to_string()).collect();
+        let next = self
+            .core
+            .agents
+            .iter()
+            .filter_map(|(n, s)| s.next_fire.map(|t| (t, n)))
+            .min()
+            .map(|(t, n)| format!("; next: {n} at {}", Timestamp::from_datetime(t)))
+            .unwrap_or_default();
+        let mut state = if self.stopping.is_some() {
+            "stopping; ".to_string()
+        } else {
+            String::new()
+        };
+        if let Some(h) = &self.monitor.health
+            && (h.level != DiskLevel::Ok || h.read_only)
+        {
+            state.push_str(&h.status_fragment());
+            state.push_str("; ");
+        }
+        let failing = self
+            .core
+            .agents
+            .iter()
+            .filter(|(a, slot)| {
+                slot.disabled.is_some() || self.streaks.get(*a).is_some_and(|s| s.failures > 0)
+            })
+            .count();
+        if failing > 0 {
+            state.push_str(&format!("{failing} failing; "));
+        }
+        format!(
+            "{state}{} agents, {} running{}, {} waiting{next}",
+            self.core.agents.len(),
+            running.len(),
+            if running.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", running.join(", "))
+            },
+            self.core.waiting_count()
+        )
+    }
+
+    pub(super) fn write_heartbeat(&mut self) {
+        let mut hb = Heartbeat {
+            pid: std::process::id(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            started_at: self.started_at,
+            updated_at: Timestamp::now(),
+            state_root: self.root.path.display().to_string(),
+            config: self.config_path.display().to_string(),
+            agents: self.core.agents.keys().map(|a| a.to_string()).collect(),
+            running: self
+                .running
+                .iter()
+                .map(|(a, r)| RunningEntry {
+                    agent: a.to_string(),
+                    session_id: r.session_id.clone(),
+                    instance: r.instance.clone(),
+                    pid: r.pid,
+                    started_at: r.started_at,
+                })
+                .collect(),
+            waiting: self
+                .core
+                .agents
+                .iter()
+                .filter(|(_, s)| s.pending.is_some())
+                .map(|(a, _)| a.to_string())
+                .collect(),
+            next_wakes: self
+                .core
+                .agents
+                .iter()
+                .filter_map(|(a, s)| {
+                    s.next_fire
+                        .map(|t| (a.to_string(), Timestamp::from_datetime(t)))
+                })
+                .collect(),
+            paused: self
+                .monitor
+                .health
+                .as_ref()
+                .filter(|h| !h.level.allows_new_sessions())
+                .map(|h| h.status_fragment()),
+            stopping: self.stopping.is_some(),
+            health: self.monitor.health.clone(),
+            failing: self
+                .core
+                .agents
+                .iter()
+                .filter_map(|(a, slot)| {
+                    let failures = self.streaks.get(a).map(|s| s.failures).unwrap_or(0);
+                    if let Some(why) = &slot.disabled {
+                        Some((a.to_string(), format!("disabled: {why}")))
+                    } else if failures > 0 {
+                        let until = slot
+                            .backoff_until
+                            .map(|t| format!(" until {}", Timestamp::from_datetime(t)))
+                            .unwrap_or_default();
+                        Some((
+                            a.to_string(),
+                            format!("{failures} failure(s) in a row; held back{until}"),
+                        ))
+                    } else {
+                        None
+                    }
+                })
+                .collect(),
+        };
+        // Compared without the times that change at every look: written
+        // when something a reader cares about changed.
+        let updated_at = hb.updated_at;
+        hb.updated_at = self.started_at;
+        let checked_at = hb.health.as_ref().map(|h| h.checked_at);
+        if let Some(h) = hb.health.as_mut() {
+            h.checked_at = self.started_at;
+        }
+        let content = serde_json::to_string(&hb).unwrap_or_default();
+        if content == self.published.last_heartbeat {
+            return;
+        }
+        hb.updated_at = updated_at;
+        if let (Some(h), Some(t)) = (hb.health.as_mut(), checked_at) {
+            h.checked_at = t;
+        }
+        match files::write_heartbeat(&self.root, &hb) {
+            Ok(()) => {
+                self.published.last_heartbeat = content;
+                if std::mem::take(&mut self.published.heartbeat_failing) {
+                    tracing::info!("daemon.json is written again");
+                }
+            }
+            Err(e) => {
+                if !std::mem::replace(&mut self.published.heartbeat_failing, true) {
+                    tracing::error!(error_code = %e.code(), "cannot write daemon.json (said once until it works again): {e}");
+                }
+            }
+        }
+    }
+}

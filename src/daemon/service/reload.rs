@@ -1,0 +1,163 @@
+//! The configuration: applying the agents at start and on SIGHUP (watches,
+//! schedules, the core's slots), and the reload's verdict.
+
+use super::*;
+
+impl Daemon {
+    /// Make the core, the watches and the schedules match the config.
+    pub(super) fn apply_agents(&mut self, at_start: bool) {
+        let now = self.clock.now();
+        let wanted: Vec<AgentConfig> = self.config.agents.clone();
+        // Removed agents: unwatch; their directories stay (never deleted).
+        let removed: Vec<AgentName> = self
+            .core
+            .agents
+            .keys()
+            .filter(|n| {
+                !wanted
+                    .iter()
+                    .any(|a| &a.name == *n && a.kind == AgentKind::Agent)
+            })
+            .cloned()
+            .collect();
+        if at_start {
+            // Directories of agents removed while the daemon was down.
+            let configured: std::collections::BTreeSet<String> =
+                wanted.iter().map(|a| a.name.to_string()).collect();
+            let gone: Vec<AgentName> = crate::fsx::list(&self.root.path)
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|n| AgentName::parse(n.to_str()?).ok())
+                .filter(|n| !configured.contains(n.as_str()))
+                .filter(|n| crate::fsx::is_dir(&self.root.agent(n).path))
+                .filter(|n| crate::fsx::exists(&self.root.agent(n).report()))
+                .collect();
+            for name in gone {
+                self.set_lifecycle(&name, |_| Some(Lifecycle::Expired));
+            }
+        }
+        for name in removed {
+            self.set_lifecycle(&name, |_| Some(Lifecycle::Expired));
+            self.watcher.unwatch(&name);
+            if !self.running.contains_key(&name) {
+                self.core.agents.remove(&name);
+            }
+            self.schedules.next_scheduled.remove(&name);
+            tracing::info!(agent = %name, "agent removed from the config: no longer woken (its directory is kept)");
+        }
+        for agent in wanted.iter().filter(|a| a.kind == AgentKind::Agent) {
+            let dir = self.root.agent(&agent.name);
+            if let Err(e) = bootstrap::agent(agent, &dir, Timestamp::now()) {
+                let code = e.code();
+                tracing::error!(agent = %agent.name, error_code = code.as_str(), "cannot bootstrap: {e}");
+                // A busy lock or a bad path: the agent stays configured and
+                // its work is deferred or refused with the reason each time.
+                if !matches!(e, Error::LockBusy { .. } | Error::Unsafe { .. }) {
+                    continue;
+                }
+            }
+            if let Err(e) = self.watcher.watch(&agent.name, &dir.inbox()) {
+                tracing::error!(agent = %agent.name, error_code = "IO_ERROR", "{e}");
+            }
+            let slot = self
+                .core
+                .agents
+                .entry(agent.name.clone())
+                .or_insert_with(|| {
+                    AgentSlot::new(agent.session.wake_on_inbox, agent.session.inbox_debounce)
+                });
+            slot.wake_on_inbox = agent.session.wake_on_inbox;
+            slot.inbox_debounce = agent.session.inbox_debounce;
+            self.refresh_rank(&agent.name);
+            // New, or configured again after it expired: hatching or
+            // sleeping (a running session keeps `alive`).
+            let dir = self.root.agent(&agent.name);
+            self.set_lifecycle(&agent.name, |current| match current {
+                None | Some(Lifecycle::Expired) => Some(Lifecycle::at_rest(&dir)),
+                Some(Lifecycle::Hatching) => Some(Lifecycle::at_rest(&dir)),
+                other => other,
+            });
+            self.plan_schedule(agent, now, at_start);
+        }
+        // Human mailboxes: bootstrapped, never woken.
+        for agent in wanted.iter().filter(|a| a.kind == AgentKind::Human) {
+            let _ = bootstrap::agent(agent, &self.root.agent(&agent.name), Timestamp::now());
+        }
+        self.save_schedule_state();
+    }
+
+    /// Settings that took their default: one `CONFIG_DEFAULTED` each.
+    pub(super) fn config_warnings(&mut self) {
+        for w in self.config.warnings.clone() {
+            self.raise(
+                ErrorRecord::new(Code::ConfigDefaulted, format!("{}: {}", w.field, w.message))
+                    .details(self.config_path.display().to_string()),
+                false,
+            );
+        }
+    }
+
+    pub(super) fn reload(&mut self) {
+        systemd::reloading();
+        let verdict = match Config::load_with_text(&self.config_path) {
+            Ok((config, text)) => {
+                if config.state_root != self.config.state_root {
+                    let why = "state_root cannot change while the daemon runs (restart it instead)";
+                    self.raise(
+                        ErrorRecord::new(
+                            Code::ConfigInvalid,
+                            format!("config reload refused: {why}"),
+                        )
+                        .details(self.config_path.display().to_string()),
+                        false,
+                    );
+                    (None, vec![format!("state_root: {why}")])
+                } else {
+                    self.core.max_concurrent = config.daemon.max_concurrent_sessions.max(1);
+                    let old = std::mem::replace(&mut self.alerts, Alerts::new(&config));
+                    self.alerts.adopt(&old);
+                    self.config = config;
+                    // A reload is the operator's action a disabled agent waits for.
+                    for slot in self.core.agents.values_mut() {
+                        if slot.disabled.take().is_some() {
+                            slot.backoff_until = None;
+                        }
+                    }
+                    self.config_warnings();
+                    self.apply_agents(false);
+                    self.scan_all_inboxes();
+                    tracing::info!("config reloaded: {} agents", self.config.agents.len());
+                    (Some(text), vec![])
+                }
+            }
+            Err(e) => {
+                let reasons = match &e {
+                    crate::config::ConfigError::Invalid { problems, .. } => {
+                        problems.iter().map(|p| p.to_string()).collect()
+                    }
+                    other => vec![other.to_string()],
+                };
+                self.raise(
+                    ErrorRecord::new(
+                        Code::ConfigInvalid,
+                        "config reload refused, the old config stays in force",
+                    )
+                    .details(e.to_string()),
+                    false,
+                );
+                (None, reasons)
+            }
+        };
+        // The verdict `agent-state reload` (ExecReload=) waits for.
+        let (accepted, reasons) = verdict;
+        if let Err(e) = files::record_reload_verdict(
+            &self.root,
+            &self.config_path,
+            accepted.as_deref(),
+            reasons,
+        ) {
+            tracing::warn!("cannot record the verdict on the reloaded config: {e}");
+        }
+        systemd::ready(&self.status_line());
+    }
+}

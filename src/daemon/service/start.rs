@@ -1,0 +1,322 @@
+//! Starting sessions: recovery of sessions left running at start, a wake
+//! turned into a begun session and a spawned runner, and the bounded wait
+//! for an agent's lock (busy: the agent's work is deferred, never the loop).
+
+use super::*;
+
+/// How long recovery at start waits for an agent's lock.
+pub(super) const RECOVERY_WAIT: Duration = Duration::from_secs(5);
+
+/// How long work deferred by a busy agent lock waits before it is tried again.
+pub(super) const LOCK_RETRY: Duration = Duration::from_secs(2);
+
+impl Daemon {
+    /// Sessions left `running` by a process that is gone (a previous daemon
+    /// killed, a crashed script) become errors; their messages go back.
+    pub(super) fn recover(&mut self) {
+        let now = Timestamp::now();
+        let mut records = Vec::new();
+        for agent in self.config.working_agents() {
+            let dir = self.root.agent(&agent.name);
+            if !crate::fsx::is_dir(&dir.path) {
+                continue;
+            }
+            // A crash in the middle of an append leaves a torn last line:
+            // readers skip it and the next append starts on a fresh line.
+            if crate::state::journal::ends_torn(&dir.journal()) {
+                records.push(
+                    ErrorRecord::new(
+                        Code::JournalTorn,
+                        format!(
+                            "{}: the journal's last line is incomplete (a crash mid-append); it is skipped",
+                            agent.name
+                        ),
+                    )
+                    .details(dir.journal().display().to_string())
+                    .agent(&agent.name),
+                );
+            }
+            // A daemon killed outright (SIGKILL, OOM) leaves its sessions'
+            // processes running: end them before their session is recorded,
+            // or the agent would run twice.
+            if let Ok(Some(s)) = dir.read::<Session>()
+                && hooks::stale(&dir, &s, agent.session.timeout, now).is_some()
+                && let Some(owner) = s.owner_pid
+            {
+                let marker = (
+                    "AGENT_STATE_RUN".to_string(),
+                    format!("{owner}:{}:{}", agent.name, s.session_id),
+                );
+                let killed = runner::kill_marked(&marker);
+                if killed > 0 {
+                    tracing::warn!(agent = %agent.name, session_id = %s.session_id, "killed {killed} process(es) left running by the session of a daemon that died (pid {owner})");
+                }
+            }
+            // Recovery at start may wait longer for a lock than the loop
+            // does (a hook of a script still finishing on a loaded machine),
+            // but never without a bound: a lock held for good still lets the
+            // daemon start, and that agent's recovery is retried later.
+            let result = crate::state::lock::with_wait(RECOVERY_WAIT, || {
+                hooks::recover_stale(agent, &dir, "interrupted: daemon restarted", now)
+            });
+            records.extend(recovered(agent, result, "the daemon restarted"));
+            // Messages claimed by sessions that are not running go back.
+            let running: Option<Session> = dir
+                .read()
+                .ok()
+                .flatten()
+                .filter(|s: &Session| s.is_running());
+            if let Ok(claimed) = inbox::claimed_sessions(&dir) {
+                for sid in claimed {
+                    if running.as_ref().is_some_and(|s| s.session_id == sid) {
+                        continue;
+                    }
+                    if let Ok(lock) = dir.lock() {
+                        let _ = inbox::return_claimed_counting(&dir, &sid, now, false);
+                        drop(lock);
+                    }
+                }
+            }
+        }
+        for record in records {
+            self.raise(record, false);
+        }
+    }
+
+    pub(super) fn start(&mut self, agent: &AgentName, reason: WakeReason) {
+        let Some(cfg) = self.agent_config(agent).cloned() else {
+            self.core
+                .session_ended(agent, InboxSummary::default(), self.clock.now());
+            return;
+        };
+        let now = Timestamp::from_datetime(self.clock.now());
+        // Never join a session of our own whose end was not recorded.
+        if let Ok(Some(s)) = self.dir(agent).read::<Session>()
+            && s.is_running()
+            && began_here(&s)
+        {
+            self.finish_orphan(&cfg, &s.session_id, now);
+            if matches!(self.dir(agent).read::<Session>(), Ok(Some(s)) if s.is_running()) {
+                tracing::warn!(agent = %agent, "{} wake deferred: the end of session {} is not recorded yet", reason.as_str(), s.session_id);
+                self.defer_wake(agent, reason, self.config.health.interval);
+                return;
+            }
+        }
+        let wait = self.lock_wait(agent);
+        let writing = self.intake.writing.get(agent).cloned().unwrap_or_default();
+        let prepared = match crate::state::lock::with_wait(wait, || {
+            session::prepare(&self.config, &cfg, &self.root, now, &writing)
+        }) {
+            Ok(p) => {
+                self.note_lock_free(agent);
+                p
+            }
+            Err(Error::SessionBusy { session, pid, .. }) => {
+                // A session script run by something else (cron) holds it.
+                tracing::info!(agent = %agent, session_id = %session, "{} wake skipped: session {session} is running (pid {pid}) outside the daemon", reason.as_str());
+                self.journal(
+                    agent,
+                    Event::WakeSkipped(WakeSkipped {
+                        reason: reason.as_str().to_string(),
+                        running_session: session,
+                    }),
+                );
+                self.core
+                    .session_ended(agent, InboxSummary::default(), self.clock.now());
+                return;
+            }
+            Err(e @ Error::LockBusy { .. }) => {
+                // Somebody holds the agent's lock: try again shortly, not
+                // a failure of the agent.
+                self.note_lock_busy(agent, &format!("{} wake deferred: {e}", reason.as_str()));
+                self.defer_wake(agent, reason, LOCK_RETRY);
+                return;
+            }
+            Err(e) => {
+                // Nothing ran: judged like a failed spawn (retried with
+                // backoff), recorded under the code of what went wrong.
+                let code = match e.code() {
+                    Code::IoError | Code::StateCorrupt => Code::AgentSpawnFailed,
+                    other => other,
+                };
+                let ending = Ending::SpawnFailed {
+                    reason: format!("cannot begin a session: {e}"),
+                    kind: runner::SpawnFailure::Other,
+                };
+                self.core
+                    .session_ended(agent, InboxSummary::default(), self.clock.now());
+                self.judge_and_apply(
+                    agent,
+                    &cfg,
+                    None,
+                    &ending,
+                    &OutputSummary::none(),
+                    Some(code),
+                );
+                if matches!(code, Code::DiskFull | Code::FsReadonly) {
+                    self.health_check();
+                }
+                return;
+            }
+        };
+        tracing::info!(
+            agent = %agent,
+            session_id = %prepared.session_id,
+            instance = %prepared.instance,
+            "session {} started ({}), instance {}",
+            prepared.session_id,
+            reason.as_str(),
+            prepared.instance
+        );
+        for (name, reason) in &prepared.rejected {
+            self.raise(
+                rejected(agent, name, reason).session(prepared.session_id.clone()),
+                false,
+            );
+        }
+        self.core.session_started(agent, &prepared.session_id);
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let stop_note = StopNote::default();
+        self.running.insert(
+            agent.clone(),
+            Running {
+                session_id: prepared.session_id.clone(),
+                instance: prepared.instance.clone(),
+                pid: None,
+                started_at: now,
+                stop: stop_tx,
+                stop_reason: None,
+                stop_note: stop_note.clone(),
+                completed_by_signal: false,
+                signals_seen: 0,
+                global_discoveries: 0,
+                last_progress: None,
+                owner_lock: prepared.owner_lock,
+            },
+        );
+        let tx = self.tx.clone();
+        let name = agent.clone();
+        let spec = prepared.spec;
+        let dir = self.dir(agent);
+        let session_id = prepared.session_id.clone();
+        tokio::spawn(async move {
+            let (pid_tx, pid_rx) = tokio::sync::oneshot::channel::<u32>();
+            let pid_forward = {
+                let tx = tx.clone();
+                let name = name.clone();
+                async move {
+                    if let Ok(pid) = pid_rx.await {
+                        let _ = tx.send(LoopEvent::SessionPid { agent: name, pid });
+                    }
+                }
+            };
+            let mut observer = Observer {
+                output: SessionOutput::new(),
+                agent: name.clone(),
+                tx: tx.clone(),
+                scanners: Default::default(),
+                ending: EndingNote {
+                    agent: cfg,
+                    dir,
+                    session_id,
+                    stop_note,
+                },
+            };
+            let (report, ()) = tokio::join!(
+                runner::run(spec, &mut observer, stop_rx, Some(pid_tx)),
+                pid_forward
+            );
+            observer.finish();
+            let output = observer.summary();
+            let _ = tx.send(LoopEvent::SessionDone {
+                agent: name,
+                report: Box::new(report),
+                output: Box::new(output),
+            });
+        });
+    }
+
+    /// Log that `agent`'s work waits for its lock: at warning level once,
+    /// then quietly at every retry (every [`LOCK_RETRY`]).
+    pub(super) fn note_lock_busy(&mut self, agent: &AgentName, what: &str) {
+        if self.lock_busy.insert(agent.clone()) {
+            tracing::warn!(agent = %agent, error_code = "LOCK_BUSY", "{what}; retried every {}s, every other agent is served meanwhile", LOCK_RETRY.as_secs());
+        } else {
+            tracing::debug!(agent = %agent, error_code = "LOCK_BUSY", "{what}");
+        }
+    }
+
+    /// How long to wait for `agent`'s lock: not at all if it was busy at
+    /// the last try (a lock held for good must cost the loop nothing).
+    pub(super) fn lock_wait(&self, agent: &AgentName) -> Duration {
+        if self.lock_busy.contains(agent) {
+            Duration::ZERO
+        } else {
+            crate::state::lock::DAEMON_WAIT
+        }
+    }
+
+    /// `agent`'s lock was had: say so if it had been busy.
+    pub(super) fn note_lock_free(&mut self, agent: &AgentName) {
+        if self.lock_busy.remove(agent) {
+            tracing::info!(agent = %agent, "its lock is free again; deferred work goes on");
+        }
+    }
+
+    /// Put a wake that cannot be served now back, to be tried after `delay`.
+    pub(super) fn defer_wake(&mut self, agent: &AgentName, reason: WakeReason, delay: Duration) {
+        let now = self.clock.now();
+        self.core.session_ended(agent, InboxSummary::default(), now);
+        self.core.request(agent, reason, Priority::Normal, now);
+        if let Some(slot) = self.core.agents.get_mut(agent) {
+            slot.backoff_until = Some(now + chrono::Duration::from_std(delay).unwrap_or_default());
+        }
+    }
+}
+
+/// Did this daemon process begin `session`? By pid and start time: a
+/// script in another PID namespace can have the daemon's pid, not also
+/// its start time.
+pub(super) fn began_here(session: &Session) -> bool {
+    hooks::Owner::me().is(session.owner_pid, session.owner_start) && session.owner_start.is_some()
+}
+
+/// What recovering `agent`'s stale session came to: the error to raise (the
+/// session was interrupted, or the recovery failed), or nothing when there
+/// was nothing to do or its end had been journaled and was completed.
+pub(super) fn recovered(
+    agent: &AgentConfig,
+    result: Result<Option<hooks::FinishResult>>,
+    why: &str,
+) -> Option<ErrorRecord> {
+    match result {
+        Ok(None) => None,
+        Ok(Some(r)) if r.replayed => {
+            tracing::warn!(
+                agent = %agent.name,
+                session_id = %r.session_id,
+                "session {}: its end was journaled but not fully recorded ({why}); completed from the journal",
+                r.session_id
+            );
+            None
+        }
+        Ok(Some(r)) => Some(
+            ErrorRecord::new(
+                Code::SessionInterrupted,
+                format!(
+                    "{}: session {} was left running ({why}); recorded as an error, {} message(s) returned to the inbox",
+                    agent.name,
+                    r.session_id,
+                    r.returned.len()
+                ),
+            )
+            .agent(&agent.name)
+            .session(r.session_id.clone()),
+        ),
+        Err(e) => Some(
+            ErrorRecord::new(e.code(), format!("{}: cannot finish a stale session ({why})", agent.name))
+                .details(e.to_string())
+                .agent(&agent.name),
+        ),
+    }
+}

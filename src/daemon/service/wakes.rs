@@ -1,0 +1,256 @@
+//! Schedules: when each agent's cron schedule next fires (with its jitter),
+//! what a missed run comes to at start, and the tick that turns due
+//! schedules and waiting inboxes into wakes (the decisions are `core`'s).
+
+use super::*;
+
+/// What the schedules keep between events.
+pub(super) struct Schedules {
+    /// `.daemon/schedule.json`: each agent's last fire, for catch-up.
+    pub(super) schedule_state: ScheduleState,
+    /// The scheduled (un-jittered) time each agent's schedule next fires.
+    pub(super) next_scheduled: BTreeMap<AgentName, DateTime<Utc>>,
+}
+
+impl Schedules {
+    pub(super) fn new(schedule_state: ScheduleState) -> Schedules {
+        Schedules {
+            schedule_state,
+            next_scheduled: BTreeMap::new(),
+        }
+    }
+}
+
+impl Daemon {
+    /// Compute the next fire time of `agent`'s schedule, and at start-up
+    /// decide about runs missed while the daemon was down.
+    pub(super) fn plan_schedule(
+        &mut self,
+        agent: &AgentConfig,
+        now: DateTime<Utc>,
+        at_start: bool,
+    ) {
+        let name = agent.name.clone();
+        let Some(sched) = &agent.schedule else {
+            self.schedules.next_scheduled.remove(&name);
+            if let Some(slot) = self.core.agents.get_mut(&name) {
+                slot.next_fire = None;
+            }
+            self.set_next_wake(&name, None);
+            return;
+        };
+        let last = self
+            .schedules
+            .schedule_state
+            .last_fire
+            .get(name.as_str())
+            .map(|t| t.0);
+        if at_start {
+            match schedule::missed_runs(
+                sched,
+                agent.timezone,
+                last,
+                now,
+                self.config.daemon.catch_up_window,
+            ) {
+                Missed::Nothing => {}
+                Missed::CatchUp { scheduled } => {
+                    tracing::info!(agent = %name, "catching up the run scheduled at {scheduled} (missed while the daemon was down)");
+                    self.core
+                        .request(&name, WakeReason::CatchUp, Priority::Normal, now);
+                    self.schedules
+                        .schedule_state
+                        .last_fire
+                        .insert(name.to_string(), Timestamp::from_datetime(scheduled));
+                }
+                Missed::TooLate { scheduled, count } => {
+                    tracing::warn!(agent = %name, "{count} scheduled run(s) missed while the daemon was down, the last at {scheduled}: outside catch_up_window, not run");
+                    self.journal(
+                        &name,
+                        Event::ScheduleMissed(ScheduleMissed {
+                            scheduled: Timestamp::from_datetime(scheduled),
+                            count,
+                            catch_up_window: humantime::format_duration(
+                                self.config.daemon.catch_up_window,
+                            )
+                            .to_string(),
+                        }),
+                    );
+                    self.schedules
+                        .schedule_state
+                        .last_fire
+                        .insert(name.to_string(), Timestamp::from_datetime(scheduled));
+                }
+            }
+        }
+        // A new agent's schedule counts from now: nothing before it was missed.
+        let last = self
+            .schedules
+            .schedule_state
+            .last_fire
+            .entry(name.to_string())
+            .or_insert_with(|| Timestamp::from_datetime(now))
+            .0;
+        // After the last fire, even if the clock stepped back behind it (NTP,
+        // a VM resumed): a run that fired never fires again.
+        let next = sched.next_after(now.max(last), agent.timezone);
+        if last > now {
+            tracing::warn!(agent = %name, "the clock is behind this agent's last scheduled run ({last}); its next run is the one after that");
+        }
+        self.set_fire(agent, next);
+    }
+
+    pub(super) fn set_fire(&mut self, agent: &AgentConfig, scheduled: Option<DateTime<Utc>>) {
+        let wake = scheduled.map(|t| wake_at(agent, t));
+        if let Some(slot) = self.core.agents.get_mut(&agent.name) {
+            slot.next_fire = wake;
+        }
+        self.record_next_fire(&agent.name, scheduled, wake);
+    }
+
+    /// Remember the scheduled time of the next fire and publish its wake time
+    /// (report.json `next_wake_at`).
+    pub(super) fn record_next_fire(
+        &mut self,
+        agent: &AgentName,
+        scheduled: Option<DateTime<Utc>>,
+        wake: Option<DateTime<Utc>>,
+    ) {
+        match scheduled {
+            Some(t) => self.schedules.next_scheduled.insert(agent.clone(), t),
+            None => self.schedules.next_scheduled.remove(agent),
+        };
+        self.set_next_wake(agent, wake);
+    }
+
+    /// report.json `next_wake_at`.
+    pub(super) fn set_next_wake(&self, agent: &AgentName, wake: Option<DateTime<Utc>>) {
+        // Pushed past a backoff, or none while disabled.
+        let wake = if self.core.agents.contains_key(agent) {
+            self.effective_wake(agent)
+        } else {
+            wake
+        };
+        let wake = wake.map(Timestamp::from_datetime);
+        let result = self
+            .dir(agent)
+            .update(Timestamp::now(), |report: &mut Report| {
+                report.next_wake_at = wake;
+            });
+        if result.is_ok() {
+            self.published
+                .published_wake
+                .borrow_mut()
+                .insert(agent.clone(), wake);
+        }
+        if let Err(e) = result {
+            tracing::warn!(agent = %agent, "cannot update next_wake_at: {e}");
+        }
+    }
+
+    pub(super) fn save_schedule_state(&self) {
+        if let Err(e) = files::write_schedule_state(&self.root, &self.schedules.schedule_state) {
+            tracing::error!(error_code = "IO_ERROR", "cannot write schedule.json: {e}");
+        }
+    }
+
+    pub(super) fn skipped(&self, s: Skipped) {
+        tracing::info!(agent = %s.agent, session_id = %s.running, "{} wake skipped: session {} is running", s.reason.as_str(), s.running);
+        self.journal(
+            &s.agent,
+            Event::WakeSkipped(WakeSkipped {
+                reason: s.reason.as_str().to_string(),
+                running_session: s.running,
+            }),
+        );
+    }
+
+    /// Everything that is due now: schedules, debounces, settling files,
+    /// then start what can start.
+    pub(super) fn tick(&mut self) {
+        for agent in std::mem::take(&mut self.intake.dirty) {
+            self.scan_inbox(&agent);
+        }
+        let now = self.clock.now();
+        let settled: Vec<AgentName> = self
+            .intake
+            .settle_at
+            .iter()
+            .filter(|(_, t)| **t <= now)
+            .map(|(a, _)| a.clone())
+            .collect();
+        for agent in settled {
+            self.intake.settle_at.remove(&agent);
+            self.scan_inbox(&agent);
+        }
+        // The core advances each due schedule through this closure, which
+        // computes the next fire once; it is recorded right after.
+        let config = &self.config;
+        let next_scheduled = &self.schedules.next_scheduled;
+        let mut advanced: Vec<(AgentName, DateTime<Utc>, Option<DateTime<Utc>>)> = Vec::new();
+        let (_, skipped) = self.core.fire_due_schedules(now, |name, _wake| {
+            let scheduled = next_scheduled.get(name).copied()?;
+            let cfg = config.agents.iter().find(|a| &a.name == name)?;
+            let next = cfg.schedule.as_ref()?.next_after(scheduled, cfg.timezone);
+            advanced.push((name.clone(), scheduled, next));
+            next.map(|t| wake_at(cfg, t))
+        });
+        for s in skipped {
+            self.skipped(s);
+        }
+        if !advanced.is_empty() {
+            for (name, fired, next) in advanced {
+                self.schedules
+                    .schedule_state
+                    .last_fire
+                    .insert(name.to_string(), Timestamp::from_datetime(fired));
+                let wake = self.core.agents.get(&name).and_then(|slot| slot.next_fire);
+                self.record_next_fire(&name, next, wake);
+            }
+            self.save_schedule_state();
+        }
+        for s in self.core.fire_due_inbox(now) {
+            self.skipped(s);
+        }
+        let startable = self.core.take_startable(now);
+        for (agent, wake) in startable {
+            self.start(&agent, wake.reason);
+        }
+        // Wakes held back by a backoff: report.json says when they will run.
+        let held: Vec<AgentName> = self
+            .core
+            .agents
+            .iter()
+            .filter(|(_, s)| s.pending.is_some() && s.backoff_until.is_some_and(|t| t > now))
+            .map(|(a, _)| a.clone())
+            .collect();
+        for agent in held {
+            let wake = self.effective_wake(&agent).map(Timestamp::from_datetime);
+            if self.published.published_wake.borrow().get(&agent) != Some(&wake) {
+                self.set_next_wake(&agent, None);
+            }
+        }
+        self.after_change();
+    }
+
+    /// When the agent will next be woken automatically: its schedule's next
+    /// fire, or a waiting retry, pushed past any backoff; never if disabled.
+    pub(super) fn effective_wake(&self, agent: &AgentName) -> Option<DateTime<Utc>> {
+        let slot = self.core.agents.get(agent)?;
+        if slot.disabled.is_some() {
+            return None;
+        }
+        let now = self.clock.now();
+        let backoff = slot.backoff_until.filter(|t| *t > now);
+        match (slot.pending.is_some(), backoff) {
+            (true, Some(b)) => Some(b),
+            _ => slot.next_fire.map(|w| backoff.map_or(w, |b| w.max(b))),
+        }
+    }
+}
+
+/// When `agent` wakes for the fire scheduled at `scheduled`: plus its jitter.
+pub(super) fn wake_at(agent: &AgentConfig, scheduled: DateTime<Utc>) -> DateTime<Utc> {
+    let jitter = schedule::jitter_offset(agent.name.as_str(), scheduled, agent.session.jitter);
+    scheduled + chrono::Duration::from_std(jitter).unwrap_or_default()
+}
