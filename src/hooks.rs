@@ -199,6 +199,9 @@ pub struct BeginRequest {
     /// Inbox files a writer still has open (the daemon knows from its
     /// watch): left waiting, never claimed half-written.
     pub writing: inbox::Writing,
+    /// What the daemon already read of the inbox's files: claimed without
+    /// being read again.
+    pub known: Option<std::sync::Arc<inbox::Known>>,
 }
 
 #[derive(Debug, Default)]
@@ -322,6 +325,7 @@ pub fn begin(
         now,
         agent.session.inbox_settle,
         &req.writing,
+        req.known.as_deref(),
     )?;
     let message_ids: Vec<String> = claim.claimed.iter().map(|m| m.id.clone()).collect();
     let model = Args::text(req.model.as_deref()).unwrap_or_else(|| agent.session.model.clone());

@@ -356,39 +356,173 @@ pub fn settle_decision(
     None
 }
 
+/// What has been learned of message files: a file read and validated once
+/// is not read again while it is the same file (device and inode) with the
+/// same size, mtime and ctime. The daemon keeps one per agent,
+/// so a message is read once when it arrives; the scans that follow, and the
+/// claim, only stat it. Bounded: at most [`KNOWN_MAX`] files, bodies of at
+/// most [`KNOWN_BODY_MAX`] bytes (a bigger one is simply read again).
+#[derive(Debug, Default, Clone)]
+pub struct Known {
+    files: std::collections::HashMap<(u64, u64), (Stamp, Message)>,
+}
+
+/// The most files a [`Known`] remembers.
+pub const KNOWN_MAX: usize = 200_000;
+/// The longest body a [`Known`] keeps.
+pub const KNOWN_BODY_MAX: usize = 16 * 1024;
+
+/// A file's identity and version, as stat tells them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    dev: u64,
+    ino: u64,
+    size: i64,
+    mtime: (i64, i64),
+    /// Changed by every write and by no one at will (unlike the mtime): a
+    /// file rewritten in place with its old size and mtime is read again.
+    ctime: (i64, i64),
+}
+
+impl Stamp {
+    fn of_stat(st: &nix::sys::stat::FileStat) -> Stamp {
+        Stamp {
+            dev: st.st_dev,
+            ino: st.st_ino,
+            size: st.st_size,
+            mtime: (st.st_mtime, st.st_mtime_nsec),
+            ctime: (st.st_ctime, st.st_ctime_nsec),
+        }
+    }
+
+    fn of_meta(m: &std::fs::Metadata) -> Stamp {
+        Stamp {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size() as i64,
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        }
+    }
+}
+
+impl Known {
+    fn get(&self, st: &Stamp) -> Option<&Message> {
+        self.files
+            .get(&(st.dev, st.ino))
+            .filter(|(known, _)| known == st)
+            .map(|(_, m)| m)
+    }
+
+    fn learn(&mut self, st: Stamp, m: &Message) {
+        if self.get(&st).is_some() {
+            return;
+        }
+        if m.body.len() <= KNOWN_BODY_MAX
+            && (self.files.len() < KNOWN_MAX || self.files.contains_key(&(st.dev, st.ino)))
+        {
+            self.files.insert((st.dev, st.ino), (st, m.clone()));
+        }
+    }
+
+    /// Forget every file not in `seen` (gone from the inbox: claimed,
+    /// rejected or removed).
+    fn keep_only(&mut self, seen: &std::collections::HashSet<(u64, u64)>) {
+        self.files.retain(|k, _| seen.contains(k));
+    }
+
+    pub fn len(&self) -> usize {
+        self.files.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.files.is_empty()
+    }
+}
+
 pub fn inspect(agent: &AgentDir, name: &str, now: SystemTime, intake: Intake) -> Verdict {
+    inspect_with(agent, name, now, intake, None).0
+}
+
+/// [`inspect`], answering from `known` when the file is one already read
+/// (no open, no read), and returning the stamp of a valid file (to be
+/// learned, or kept).
+fn inspect_with(
+    agent: &AgentDir,
+    name: &str,
+    now: SystemTime,
+    intake: Intake,
+    known: Option<&Known>,
+) -> (Verdict, Option<Stamp>) {
+    let verdict = |v: Verdict| (v, None);
     let path = agent.inbox().join(name);
     // Looked at through a handle: never through a link, never blocking on a
     // FIFO, and what is read is what was checked.
     let (dir, _) = match fsx::parent(&path) {
         Ok(d) => d,
-        Err(e) => return Verdict::Invalid(Rejection::file(format!("cannot open the inbox: {e}"))),
+        Err(e) => {
+            return verdict(Verdict::Invalid(Rejection::file(format!(
+                "cannot open the inbox: {e}"
+            ))));
+        }
     };
     let st = match fsx::stat_at(dir.as_fd(), OsStr::new(name), &path) {
         Ok(Some(st)) => st,
-        Ok(None) => return Verdict::Invalid(Rejection::file("vanished while being looked at")),
-        Err(e) => return Verdict::Invalid(Rejection::file(format!("cannot stat: {e}"))),
+        Ok(None) => {
+            return verdict(Verdict::Invalid(Rejection::file(
+                "vanished while being looked at",
+            )));
+        }
+        Err(e) => {
+            return verdict(Verdict::Invalid(Rejection::file(format!(
+                "cannot stat: {e}"
+            ))));
+        }
     };
     let kind = fsx::file_type(&st);
     if kind == SFlag::S_IFLNK {
-        return Verdict::Invalid(Rejection::file(
+        return verdict(Verdict::Invalid(Rejection::file(
             "is a symbolic link; messages must be regular files (the link was moved, its target left untouched)",
-        ));
+        )));
     }
     if kind != SFlag::S_IFREG {
-        return Verdict::Invalid(Rejection::file(format!(
+        return verdict(Verdict::Invalid(Rejection::file(format!(
             "is {}; messages must be regular files",
             fsx::describe_stat(&st)
-        )));
+        ))));
+    }
+    if let Some(m) = known.and_then(|k| k.get(&Stamp::of_stat(&st)))
+        && st.st_nlink == 1
+    {
+        let quiet_for = now.duration_since(fsx::modified(&st)).unwrap_or_default();
+        if let Some(why) = settle_decision(true, false, quiet_for, intake) {
+            return verdict(Verdict::Unsettled(why));
+        }
+        return (
+            Verdict::Valid(Box::new(m.clone())),
+            Some(Stamp::of_stat(&st)),
+        );
     }
     let file = match fsx::open_read(&path) {
         Ok(Some(f)) => f,
-        Ok(None) => return Verdict::Invalid(Rejection::file("vanished while being looked at")),
-        Err(e) => return Verdict::Invalid(Rejection::file(format!("cannot open: {e}"))),
+        Ok(None) => {
+            return verdict(Verdict::Invalid(Rejection::file(
+                "vanished while being looked at",
+            )));
+        }
+        Err(e) => {
+            return verdict(Verdict::Invalid(Rejection::file(format!(
+                "cannot open: {e}"
+            ))));
+        }
     };
     let meta = match file.metadata() {
         Ok(m) => m,
-        Err(e) => return Verdict::Invalid(Rejection::file(format!("cannot stat: {e}"))),
+        Err(e) => {
+            return verdict(Verdict::Invalid(Rejection::file(format!(
+                "cannot stat: {e}"
+            ))));
+        }
     };
     let mtime = meta.modified().unwrap_or(now);
     let quiet_for = now.duration_since(mtime).unwrap_or_default();
@@ -398,28 +532,30 @@ pub fn inspect(agent: &AgentDir, name: &str, now: SystemTime, intake: Intake) ->
     // the settle time to do so.
     if meta.nlink() > 1 {
         if let Some(why) = settle_decision(false, true, quiet_for, intake) {
-            return Verdict::Unsettled(why);
+            return verdict(Verdict::Unsettled(why));
         }
-        return Verdict::Invalid(Rejection::file(format!(
+        return verdict(Verdict::Invalid(Rejection::file(format!(
             "has {} hard links; a message must be a file of its own (write it, then rename it in), so it was not read",
             meta.nlink()
-        )));
+        ))));
     }
     if meta.len() > MAX_MESSAGE_BYTES {
-        return Verdict::Invalid(Rejection::file(format!(
+        return verdict(Verdict::Invalid(Rejection::file(format!(
             "is {} bytes; the limit is {MAX_MESSAGE_BYTES} bytes (1 MiB): put large content in a file and name it in `source_ref`",
             meta.len()
-        )));
+        ))));
     }
     let mut bytes = Vec::new();
     if let Err(e) = file.take(MAX_MESSAGE_BYTES + 1).read_to_end(&mut bytes) {
-        return Verdict::Invalid(Rejection::file(format!("cannot read: {e}")));
+        return verdict(Verdict::Invalid(Rejection::file(format!(
+            "cannot read: {e}"
+        ))));
     }
     let more = bytes.len() as u64 > MAX_MESSAGE_BYTES;
     if more {
-        return Verdict::Invalid(Rejection::file(format!(
+        return verdict(Verdict::Invalid(Rejection::file(format!(
             "grew past the limit of {MAX_MESSAGE_BYTES} bytes while being read"
-        )));
+        ))));
     }
     let stem = name.trim_end_matches(".json");
     let owner = &agent.name;
@@ -429,11 +565,11 @@ pub fn inspect(agent: &AgentDir, name: &str, now: SystemTime, intake: Intake) ->
     // parses but has a wrong field is judged at once (unless still open).
     let parsed = !matches!(&result, Err(r) if r.field.is_none());
     if let Some(why) = settle_decision(parsed, false, quiet_for, intake) {
-        return Verdict::Unsettled(why);
+        return verdict(Verdict::Unsettled(why));
     }
     match result {
-        Ok(m) => Verdict::Valid(Box::new(m)),
-        Err(r) => Verdict::Invalid(r),
+        Ok(m) => (Verdict::Valid(Box::new(m)), Some(Stamp::of_meta(&meta))),
+        Err(r) => verdict(Verdict::Invalid(r)),
     }
 }
 
@@ -476,6 +612,27 @@ fn unique_in(dir: &Path, name: &str) -> PathBuf {
         .map(|n| dir.join(format!("{stem}-{n}{ext}")))
         .find(|p| !fsx::exists(p))
         .expect("an unused name")
+}
+
+/// [`move_unique`] without the directory fsyncs: for a batch of moves, the
+/// caller syncs both directories once after the last one. Tries the name as
+/// it is first (no stat): only a name already taken costs a search.
+fn move_unique_unsynced(from: &Path, dir: &Path, name: &str) -> Result<PathBuf> {
+    let first = dir.join(keepable_name(name));
+    match fsx::rename(from, &first, false) {
+        Ok(()) => return Ok(first),
+        Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    loop {
+        let target = unique_in(dir, name);
+        match fsx::rename(from, &target, false) {
+            Ok(()) => return Ok(target),
+            Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::AlreadyExists => {
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// Move `from` to a unique name in `dir` (never replacing anything, never
@@ -601,6 +758,7 @@ pub fn claim(
     now: Timestamp,
     settle: Duration,
     writing: &Writing,
+    known: Option<&Known>,
 ) -> Result<Claim> {
     let mut out = Claim::default();
     out.rejected.extend(reject_undecodable(agent, now)?);
@@ -618,7 +776,7 @@ pub fn claim(
             settle,
             writer_open: writing.contains(&name),
         };
-        match inspect(agent, &name, settle_now, intake) {
+        match inspect_with(agent, &name, settle_now, intake, known).0 {
             Verdict::Unsettled(_) => out.unsettled.push(name),
             Verdict::Invalid(r) => {
                 let kept = reject_as(agent, &path, &r, now)?;
@@ -631,7 +789,7 @@ pub fn claim(
             }
             Verdict::Valid(m) if m.is_expired(now) => {
                 atomic::create_dir(&agent.processed(), INBOX_PRIVATE_DIR_MODE)?;
-                move_unique(&path, &agent.processed(), &name)?;
+                move_unique_unsynced(&path, &agent.processed(), &name)?;
                 journal::append(
                     &agent.journal(),
                     &Entry::new(
@@ -652,9 +810,14 @@ pub fn claim(
             }
         }
     }
-    if !out.claimed.is_empty() {
+    if !out.claimed.is_empty() || !out.expired.is_empty() {
         atomic::sync_dir(&agent.inbox())?;
+    }
+    if !out.claimed.is_empty() {
         atomic::sync_dir(&claimed_dir)?;
+    }
+    if !out.expired.is_empty() {
+        atomic::sync_dir(&agent.processed())?;
     }
     out.claimed.sort_by(Message::delivery_order);
     Ok(out)
@@ -702,29 +865,33 @@ pub fn claimed(agent: &AgentDir, session_id: &str) -> Result<Vec<(PathBuf, Messa
     Ok(out)
 }
 
-/// Session succeeded: move its claimed messages to `processed/`.
-/// Returns them. Call with the agent lock held.
-pub fn acknowledge(agent: &AgentDir, session_id: &str) -> Result<Vec<Message>> {
-    let claimed = claimed(agent, session_id)?;
-    if !claimed.is_empty() {
+/// Session succeeded: move its claimed messages to `processed/`, without
+/// reading them again (what they say was read when they were claimed and
+/// when the session's end was journaled). One fsync of each directory for
+/// the whole batch, after the last rename. Returns how many moved. Call with
+/// the agent lock held.
+pub fn acknowledge(agent: &AgentDir, session_id: &str) -> Result<usize> {
+    let dir = agent.claimed(session_id);
+    let names: Vec<String> = match fsx::open_dir(&dir)? {
+        None => Vec::new(),
+        Some(_) => fsx::list(&dir)?
+            .into_iter()
+            .filter_map(|n| n.into_string().ok())
+            .filter(|n| is_message_name(n))
+            .collect(),
+    };
+    if !names.is_empty() {
         atomic::create_dir(&agent.processed(), INBOX_PRIVATE_DIR_MODE)?;
     }
-    let mut out = Vec::new();
-    for (path, m) in claimed {
-        let name = path
-            .file_name()
-            .unwrap_or_default()
-            .to_string_lossy()
-            .to_string();
-        move_unique(&path, &agent.processed(), &name)?;
-        out.push(m);
+    for name in &names {
+        move_unique_unsynced(&dir.join(name), &agent.processed(), name)?;
     }
-    if !out.is_empty() {
+    if !names.is_empty() {
         atomic::sync_dir(&agent.processed())?;
-        atomic::sync_dir(&agent.claimed(session_id))?;
+        atomic::sync_dir(&dir)?;
     }
     finish_claim_dir(agent, session_id)?;
-    Ok(out)
+    Ok(names.len())
 }
 
 /// Session failed: put its claimed messages back in the inbox with one more
@@ -784,7 +951,7 @@ pub fn return_claimed_counting(
                     if count {
                         write_message(&path, &m)?;
                     }
-                    move_unique(&path, &agent.inbox(), &name)?;
+                    move_unique_unsynced(&path, &agent.inbox(), &name)?;
                     returned.push(m.id);
                 }
             }
@@ -992,6 +1159,67 @@ mod tests {
         AgentName::parse("rio").unwrap()
     }
 
+    /// A message read once is served from [`Known`] while it is the same
+    /// file; rewritten in place with its old size and mtime (the ctime
+    /// changes), it is read again; gone from the inbox, it is forgotten.
+    #[test]
+    fn a_known_message_is_read_once_and_a_rewritten_one_again() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = crate::state::StateRoot::new(tmp.path());
+        let agent = root.agent(&owner());
+        std::fs::create_dir_all(agent.inbox()).unwrap();
+        let path = agent.inbox().join("m1.json");
+        let write = |subject: &str| {
+            std::fs::write(&path, format!(r#"{{"from":"leo","subject":"{subject}"}}"#)).unwrap();
+        };
+        write("aaaa");
+        let old = std::fs::metadata(&path).unwrap().modified().unwrap();
+        let past = SystemTime::now() + Duration::from_secs(1);
+        let mut known = Known::default();
+        let writing = Writing::new();
+        let settle = Duration::ZERO;
+        let first = receive(&agent, Timestamp::now(), settle, &writing, &mut known).unwrap();
+        assert_eq!(first.normal, 1);
+        assert_eq!(known.len(), 1);
+        let (v, stamp) = inspect_with(
+            &agent,
+            "m1.json",
+            past,
+            Intake::settle(settle),
+            Some(&known),
+        );
+        assert!(
+            matches!(&v, Verdict::Valid(m) if m.subject == "aaaa"),
+            "{v:?}"
+        );
+        assert!(
+            known.get(&stamp.unwrap()).is_some(),
+            "served from what is known"
+        );
+        // Same size, same mtime, new content: read again.
+        write("bbbb");
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        let (v, _) = inspect_with(
+            &agent,
+            "m1.json",
+            past,
+            Intake::settle(settle),
+            Some(&known),
+        );
+        assert!(
+            matches!(&v, Verdict::Valid(m) if m.subject == "bbbb"),
+            "{v:?}"
+        );
+        std::fs::remove_file(&path).unwrap();
+        receive(&agent, Timestamp::now(), settle, &writing, &mut known).unwrap();
+        assert!(known.is_empty());
+    }
+
     fn check(json: &str, expect: Result<(), &str>) {
         let mtime = Timestamp::parse("2026-03-31T18:00:00Z").unwrap();
         let got = validate(json.as_bytes(), "abc", &owner(), mtime);
@@ -1113,16 +1341,23 @@ pub fn receive(
     now: Timestamp,
     settle: Duration,
     writing: &Writing,
+    known: &mut Known,
 ) -> Result<Received> {
     let mut out = Received::default();
     let sys_now = SystemTime::now();
     out.rejected.extend(reject_undecodable(agent, now)?);
+    let mut seen = std::collections::HashSet::new();
     for name in waiting_names(agent)? {
         let intake = Intake {
             settle,
             writer_open: writing.contains(&name),
         };
-        match inspect(agent, &name, sys_now, intake) {
+        let (verdict, stamp) = inspect_with(agent, &name, sys_now, intake, Some(known));
+        if let (Verdict::Valid(m), Some(stamp)) = (&verdict, stamp) {
+            known.learn(stamp, m);
+            seen.insert((stamp.dev, stamp.ino));
+        }
+        match verdict {
             Verdict::Valid(m) if m.is_expired(now) => {}
             Verdict::Valid(m) => {
                 match m.priority {
@@ -1140,6 +1375,7 @@ pub fn receive(
             }
         }
     }
+    known.keep_only(&seen);
     Ok(out)
 }
 

@@ -85,7 +85,7 @@ use crate::state::{AgentDir, StateRoot};
 pub const DEFAULT_BUDGET_BYTES: usize = 200 * 1024;
 
 /// How a prompt is assembled.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct PromptOptions {
     /// The most bytes the prompt may have (see the module docs for what is
     /// cut, in which order, to stay under it).
@@ -94,6 +94,9 @@ pub struct PromptOptions {
     pub birth_prompt: Option<String>,
     /// The agent's `inbox_settle` (for the waiting messages a preview shows).
     pub inbox_settle: std::time::Duration,
+    /// The running session's claimed messages, when the caller has them
+    /// (the daemon, right after its claim): not read from disk again.
+    pub claimed: Option<Vec<Message>>,
 }
 
 impl Default for PromptOptions {
@@ -102,6 +105,7 @@ impl Default for PromptOptions {
             budget_bytes: DEFAULT_BUDGET_BYTES,
             birth_prompt: None,
             inbox_settle: inbox::SETTLE_TIME,
+            claimed: None,
         }
     }
 }
@@ -116,6 +120,7 @@ impl PromptOptions {
             budget_bytes: usize::try_from(agent.session.prompt_budget).unwrap_or(usize::MAX),
             birth_prompt: Some(agent.session.birth_prompt.clone()),
             inbox_settle: agent.session.inbox_settle,
+            claimed: None,
         }
     }
 }
@@ -278,7 +283,10 @@ pub fn assemble_with(
     }
 
     let session: Session = agent.read_or_repair()?;
-    let (messages, waiting) = messages_for_prompt(agent, &session, options.inbox_settle)?;
+    let (messages, waiting) = match &options.claimed {
+        Some(claimed) if session.is_running() => (claimed.clone(), false),
+        _ => messages_for_prompt(agent, &session, options.inbox_settle)?,
+    };
     if !messages.is_empty() {
         let n = messages.len();
         let mut pieces = vec![Piece::fixed(format!(

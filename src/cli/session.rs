@@ -161,6 +161,7 @@ pub fn run(ctx: &Context, command: Command) -> Result<u8> {
                 owner: Some(owner),
                 instance: None,
                 writing: Default::default(),
+                known: None,
             };
             let mut r = hooks::begin(agent, &dir, &req, ctx.now)?;
             print_notes(&r.notes);

@@ -39,6 +39,7 @@ pub fn prepare(
     root: &StateRoot,
     now: Timestamp,
     writing: &crate::inbox::Writing,
+    known: Option<std::sync::Arc<crate::inbox::Known>>,
 ) -> Result<Prepared> {
     let dir = root.agent(&agent.name);
     let instance = files::next_instance(root, agent.name.as_str(), || highest_instance(&dir))?;
@@ -46,16 +47,22 @@ pub fn prepare(
         owner: Some(Owner::of(std::process::id() as i32)),
         instance: Some(instance.clone()),
         writing: writing.clone(),
+        known,
         ..BeginRequest::default()
     };
     let begun = hooks::begin(agent, &dir, &req, now)?;
+    // The known files are not needed again until the next scan: let go of
+    // them so that scan can update them in place.
+    drop(req);
     let owner_lock = begun.owner_lock;
     let rejected = begun.claim.rejected.clone();
     let session_id = begun.session_id;
     // The session has begun: if what follows fails, it must end (as an
     // error, its messages returned), or it would stay `running` and block
     // the agent.
-    let options = prompt::PromptOptions::for_agent(config, agent);
+    let mut options = prompt::PromptOptions::for_agent(config, agent);
+    // What the claim read: the prompt quotes it without reading it again.
+    options.claimed = Some(begun.claim.claimed.clone());
     let written = prompt::assemble_with(root, &dir, &options).and_then(|assembled| {
         if assembled.over_budget {
             tracing::warn!(agent = %agent.name, session_id, "the parts of the prompt that are never cut (rules, identity) are over prompt_budget");

@@ -18,6 +18,9 @@ pub(super) struct Intake {
     /// Wake request files already served that could not be removed (a
     /// read-only disk): not served again, removed when possible.
     pub(super) served_wakes: std::collections::BTreeSet<PathBuf>,
+    /// What has been read of each inbox's files: a message is read once,
+    /// when it arrives; later scans and the claim only stat it.
+    pub(super) known: BTreeMap<AgentName, std::sync::Arc<inbox::Known>>,
 }
 
 impl Daemon {
@@ -99,8 +102,9 @@ impl Daemon {
             .map(|a| a.session.inbox_settle)
             .unwrap_or(inbox::SETTLE_TIME);
         let writing = self.intake.writing.get(agent).cloned().unwrap_or_default();
+        let known = std::sync::Arc::make_mut(self.intake.known.entry(agent.clone()).or_default());
         let result = crate::state::lock::with_wait(wait, || dir.lock()).and_then(|lock| {
-            let received = inbox::receive(&dir, now, settle, &writing)?;
+            let received = inbox::receive(&dir, now, settle, &writing, known)?;
             let mut notes = Vec::new();
             hooks::add_tasks_from_messages(&dir, &lock, &received.tasks, now, &mut notes)?;
             Ok(received)

@@ -105,7 +105,14 @@ impl Daemon {
         let wait = self.lock_wait(agent);
         let writing = self.intake.writing.get(agent).cloned().unwrap_or_default();
         let prepared = match crate::state::lock::with_wait(wait, || {
-            session::prepare(&self.config, &cfg, &self.root, now, &writing)
+            session::prepare(
+                &self.config,
+                &cfg,
+                &self.root,
+                now,
+                &writing,
+                self.intake.known.get(agent).cloned(),
+            )
         }) {
             Ok(p) => {
                 self.note_lock_free(agent);
