@@ -301,9 +301,7 @@ pub fn begin(
         Some(i) => Some(i.clone()),
         None => {
             let root = crate::state::StateRoot::new(dir.path.parent().unwrap_or(&dir.path));
-            match crate::daemon::files::next_instance(&root, dir.name.as_str(), || {
-                crate::daemon::session::highest_instance(dir)
-            }) {
+            match crate::state::counters::next_instance(&root, dir) {
                 Ok(i) => Some(i),
                 Err(e) => {
                     notes.push(format!("no instance id for this session: {e}"));
