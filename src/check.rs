@@ -10,7 +10,6 @@ use serde::Serialize;
 
 use crate::clock::Timestamp;
 use crate::config::{AgentKind, Config};
-use crate::daemon::health;
 use crate::error::IoContext;
 use crate::error::Result;
 use crate::hooks;
@@ -18,7 +17,7 @@ use crate::inbox::{self, Verdict};
 use crate::state::journal;
 use crate::state::rebuild::{self, StateFileKind};
 use crate::state::session::Session;
-use crate::state::{AgentDir, StateRoot, atomic, bootstrap, set_aside_name};
+use crate::state::{AgentDir, StateRoot, atomic, bootstrap, prune, set_aside_name};
 
 #[derive(Debug, Serialize)]
 pub struct Finding {
@@ -298,7 +297,7 @@ fn check_agent(
         }
     }
     // Temp files of writes a crash interrupted (the old file is intact).
-    let cutoff = std::time::SystemTime::now() - health::STALE_TEMP_AGE;
+    let cutoff = std::time::SystemTime::now() - prune::STALE_TEMP_AGE;
     for sub in [
         dir.path.clone(),
         dir.inbox(),
@@ -318,7 +317,7 @@ fn check_agent(
                 .filter(|st| crate::fsx::file_type(st) == nix::sys::stat::SFlag::S_IFREG)
                 .map(|st| crate::fsx::modified(&st))
                 .is_some_and(|t| t < cutoff);
-            if old && (in_tmp || health::is_atomic_temp_name(&name)) {
+            if old && (in_tmp || prune::is_atomic_temp_name(&name)) {
                 let rel = path
                     .strip_prefix(&dir.path)
                     .map(|p| p.display().to_string())
@@ -423,7 +422,7 @@ fn repair_agent(
     }
     if found.iter().any(|f| f.problem == TEMP_PROBLEM) {
         let stats =
-            health::prune_stale_temps(dir, std::time::SystemTime::now() - health::STALE_TEMP_AGE)
+            prune::prune_stale_temps(dir, std::time::SystemTime::now() - prune::STALE_TEMP_AGE)
                 .at("removing temp files in", &dir.path)?;
         for f in found.iter_mut().filter(|f| f.problem == TEMP_PROBLEM) {
             f.repaired = Some(format!("removed ({} temp file(s) in all)", stats.files));

@@ -7,7 +7,6 @@
 
 use std::collections::BTreeSet;
 use std::fmt;
-use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -27,66 +26,9 @@ pub const DEFAULT_STATE_ROOT: &str = "/opt/teleo-eval/agent-state";
 pub const COMMAND_PLACEHOLDERS: &[&str] =
     &["agent", "session_id", "model", "prompt_file", "instance"];
 
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("cannot read config {path}: {source}; pass --config PATH or set AGENT_STATE_CONFIG")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
-    #[error("config {path} is not valid TOML: {message}")]
-    Syntax { path: PathBuf, message: String },
-    #[error("config {path} has {} problem{}:\n{}", problems.len(), if problems.len() == 1 { "" } else { "s" }, list(problems))]
-    Invalid {
-        path: PathBuf,
-        problems: Vec<Problem>,
-    },
-    #[error("the daemon refused config {path}; the old config stays in force:\n{}", reasons.iter().map(|r| format!("  - {r}")).collect::<Vec<_>>().join("\n"))]
-    Refused { path: PathBuf, reasons: Vec<String> },
-}
-
-impl ConfigError {
-    /// One line for a warning: the first problem, and how many more.
-    pub fn brief(&self) -> String {
-        match self {
-            ConfigError::Read { source, .. } => source.to_string(),
-            ConfigError::Syntax { message, .. } => {
-                format!(
-                    "not valid TOML: {}",
-                    message.lines().next().unwrap_or_default()
-                )
-            }
-            ConfigError::Invalid { problems, .. } => match problems.as_slice() {
-                [one] => one.to_string(),
-                [first, rest @ ..] => format!("{first}; and {} more", rest.len()),
-                [] => "invalid".into(),
-            },
-            ConfigError::Refused { reasons, .. } => reasons.join("; "),
-        }
-    }
-}
-
-/// One bad field: where it is and what is wrong with it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Problem {
-    pub field: String,
-    pub message: String,
-}
-
-impl fmt::Display for Problem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.field, self.message)
-    }
-}
-
-fn list(problems: &[Problem]) -> String {
-    problems
-        .iter()
-        .map(|p| format!("  - {p}"))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
+/// The config's errors live with the crate's error type (the base layer),
+/// which every layer may use; see ARCHITECTURE.md, "Layers".
+pub use crate::error::{ConfigError, Problem};
 
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -110,12 +52,14 @@ pub struct DaemonSettings {
     pub shutdown_grace: Duration,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AgentKind {
-    /// A research agent: has sessions, may be scheduled and woken.
-    Agent,
-    /// A human's mailbox: receives messages, is never woken.
-    Human,
+/// An agent's `kind`: defined in the store, which creates a directory
+/// according to it.
+pub use crate::state::bootstrap::AgentKind;
+
+impl From<&AgentConfig> for AgentKind {
+    fn from(agent: &AgentConfig) -> AgentKind {
+        agent.kind
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,10 +4,9 @@
 //! there is one, the command that fixes it, because the reader of these
 //! messages is an operator looking at a cron mail or a journal line.
 
+use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
-
-use crate::config::ConfigError;
 
 /// sysexits(3) codes, as `main` returns them.
 pub mod exit {
@@ -182,4 +181,69 @@ impl<T> IoContext<T> for io::Result<T> {
     fn at(self, op: &'static str, path: impl AsRef<Path>) -> Result<T> {
         self.map_err(|e| Error::io(op, path, e))
     }
+}
+
+// ---- config errors --------------------------------------------------------------
+
+/// What is wrong with a config file (re-exported as `config::ConfigError`).
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config {path}: {source}; pass --config PATH or set AGENT_STATE_CONFIG")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("config {path} is not valid TOML: {message}")]
+    Syntax { path: PathBuf, message: String },
+    #[error("config {path} has {} problem{}:\n{}", problems.len(), if problems.len() == 1 { "" } else { "s" }, list(problems))]
+    Invalid {
+        path: PathBuf,
+        problems: Vec<Problem>,
+    },
+    #[error("the daemon refused config {path}; the old config stays in force:\n{}", reasons.iter().map(|r| format!("  - {r}")).collect::<Vec<_>>().join("\n"))]
+    Refused { path: PathBuf, reasons: Vec<String> },
+}
+
+impl ConfigError {
+    /// One line for a warning: the first problem, and how many more.
+    pub fn brief(&self) -> String {
+        match self {
+            ConfigError::Read { source, .. } => source.to_string(),
+            ConfigError::Syntax { message, .. } => {
+                format!(
+                    "not valid TOML: {}",
+                    message.lines().next().unwrap_or_default()
+                )
+            }
+            ConfigError::Invalid { problems, .. } => match problems.as_slice() {
+                [one] => one.to_string(),
+                [first, rest @ ..] => format!("{first}; and {} more", rest.len()),
+                [] => "invalid".into(),
+            },
+            ConfigError::Refused { reasons, .. } => reasons.join("; "),
+        }
+    }
+}
+
+/// One bad field: where it is and what is wrong with it (re-exported as
+/// `config::Problem`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub field: String,
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+fn list(problems: &[Problem]) -> String {
+    problems
+        .iter()
+        .map(|p| format!("  - {p}"))
+        .collect::<Vec<_>>()
+        .join("\n")
 }

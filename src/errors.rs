@@ -5,19 +5,16 @@
 //! two equal.
 //!
 //! An [`ErrorRecord`] is one occurrence, in the seed's error format. The
-//! daemon's [`crate::daemon::alerts`] appends it to `.daemon/errors.jsonl`,
-//! logs it with `ERROR_CODE` and a priority that follows the severity, runs
-//! the on-error hook and escalates; this module is only data.
+//! daemon's alerts append it to `.daemon/errors.jsonl` (through
+//! [`crate::state::error_log`]), log it with `ERROR_CODE` and a priority
+//! that follows the severity, run the on-error hook and escalate; this
+//! module is only data.
 
 use std::fmt;
-use std::ops::ControlFlow;
-use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use crate::clock::Timestamp;
-use crate::error::Result;
-use crate::state::StateRoot;
 
 /// How bad an error is. Ordered: `Low < Medium < High < Critical`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -518,37 +515,6 @@ pub fn truncate_on_char(s: &mut String, max: usize) {
     }
 }
 
-/// `.daemon/errors.jsonl`.
-pub fn log_path(root: &StateRoot) -> PathBuf {
-    root.daemon_dir().join("errors.jsonl")
-}
-
-/// Append one record (one fsynced line, as the journal does).
-pub fn append(path: &Path, record: &ErrorRecord) -> Result<()> {
-    let mut line = serde_json::to_vec(record).unwrap_or_default();
-    line.push(b'\n');
-    crate::state::journal::append_lines(path, &line)
-}
-
-/// The records since `since`, oldest first. Reads backwards from the end,
-/// so a long log costs only the window asked for. Lines that do not parse
-/// are skipped. A missing log is empty.
-pub fn read_since(path: &Path, since: Timestamp) -> Result<Vec<ErrorRecord>> {
-    let mut out = Vec::new();
-    crate::state::journal::scan_lines_backwards(path, |line| {
-        let Ok(record) = serde_json::from_slice::<ErrorRecord>(line) else {
-            return ControlFlow::Continue(());
-        };
-        if record.ts < since {
-            return ControlFlow::Break(());
-        }
-        out.push(record);
-        ControlFlow::Continue(())
-    })?;
-    out.reverse();
-    Ok(out)
-}
-
 /// The catalogue as the Markdown table in `docs/errors.md`.
 pub fn markdown_table() -> String {
     let mut out = String::from(
@@ -656,37 +622,6 @@ mod tests {
         assert!(v["suggestions"].as_array().is_some_and(|s| !s.is_empty()));
         let back: ErrorRecord = serde_json::from_value(v).unwrap();
         assert_eq!(back, r);
-    }
-
-    #[test]
-    fn log_reads_back_a_window() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("errors.jsonl");
-        for (i, ts) in [
-            "2026-01-01T00:00:00Z",
-            "2026-02-01T00:00:00Z",
-            "2026-03-01T00:00:00Z",
-        ]
-        .iter()
-        .enumerate()
-        {
-            let r = ErrorRecord::new(Code::SessionTimeout, format!("n{i}"))
-                .at(Timestamp::parse(ts).unwrap());
-            append(&path, &r).unwrap();
-        }
-        std::fs::OpenOptions::new()
-            .append(true)
-            .open(&path)
-            .and_then(|mut f| std::io::Write::write_all(&mut f, b"{torn"))
-            .unwrap();
-        let got = read_since(&path, Timestamp::parse("2026-01-15T00:00:00Z").unwrap()).unwrap();
-        let messages: Vec<&str> = got.iter().map(|r| r.message.as_str()).collect();
-        assert_eq!(messages, ["n1", "n2"]);
-        assert!(
-            read_since(&dir.path().join("missing"), Timestamp::now())
-                .unwrap()
-                .is_empty()
-        );
     }
 
     #[test]

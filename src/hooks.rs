@@ -28,7 +28,7 @@ use crate::state::memory;
 use crate::state::metrics;
 use crate::state::report::{AgentStatus, LastSession, Lifecycle, Report};
 use crate::state::session::{Session, SessionStatus, SessionType};
-use crate::state::tasks::{self, NewTask, TaskFile, TaskPriority, TaskType};
+use crate::state::tasks::{self, NewTask, TaskPriority, TaskType};
 
 /// A hook argument that could not be used, and why.
 #[derive(Debug, Clone, PartialEq)]
@@ -304,9 +304,7 @@ pub fn begin(
         Some(i) => Some(i.clone()),
         None => {
             let root = crate::state::StateRoot::new(dir.path.parent().unwrap_or(&dir.path));
-            match crate::daemon::files::next_instance(&root, dir.name.as_str(), || {
-                crate::daemon::session::highest_instance(dir)
-            }) {
+            match crate::state::counters::next_instance(&root, dir) {
                 Ok(i) => Some(i),
                 Err(e) => {
                     notes.push(format!("no instance id for this session: {e}"));
@@ -572,22 +570,9 @@ pub(crate) fn add_tasks_from_messages(
     now: Timestamp,
     notes: &mut Vec<String>,
 ) -> Result<()> {
-    let tasks_wanted: Vec<&Message> = messages
-        .iter()
-        .filter(|m| m.kind == MessageType::Task)
-        .collect();
-    if tasks_wanted.is_empty() {
-        return Ok(());
-    }
-    let existing: TaskFile = dir.load(lock, now, notes)?;
-    for m in tasks_wanted {
-        if existing
-            .tasks
-            .iter()
-            .any(|t| t.source_message.as_deref() == Some(m.id.as_str()))
-        {
-            continue;
-        }
+    // `tasks::add` adds a message's task once (it looks for its source
+    // message under the lock), so a message seen twice adds nothing.
+    for m in messages.iter().filter(|m| m.kind == MessageType::Task) {
         tasks::add(dir, lock, task_from_message(m), now, notes)?;
     }
     Ok(())

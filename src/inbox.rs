@@ -65,22 +65,8 @@ fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum MessageType {
-    Flag,
-    Task,
-    Question,
-    Cascade,
-}
-string_enum!(
-    MessageType,
-    "message type",
-    Flag = "flag",
-    Task = "task",
-    Question = "question",
-    Cascade = "cascade"
-);
+/// A message's `type`: defined in the store, whose journal records it.
+pub use crate::state::journal::MessageType;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

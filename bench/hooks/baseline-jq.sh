@@ -12,7 +12,7 @@
 #
 #   * the whole hook holds `flock` on {agent}/.lock (fd 9, kept by this shell);
 #   * begin takes the session's instance id (rio-001, rio-002, …) as
-#     src/daemon/files.rs next_instance() does: `flock` on
+#     src/state/counters.rs next_instance() does: `flock` on
 #     {root}/.daemon/counters.lock (fd 8, created 0640), jq increments the
 #     agent's counter in {root}/.daemon/counters.json (a missing one starts
 #     above the highest instance in the agent's journal, which is then read),
@@ -274,7 +274,7 @@ read_session() { # sets cur_status cur_id
 }
 
 # next_instance: sets $instance to the session's instance id (rio-047), as
-# src/daemon/files.rs next_instance() takes it. The journal is passed to jq
+# src/state/counters.rs next_instance() takes it. The journal is passed to jq
 # only when the agent has no counter yet (as Rust reads it only then).
 next_instance() {
     local dir=$state_root/.daemon text='' re="\"$agent\": ([0-9]+)" from_journal

@@ -16,7 +16,7 @@ same JSON shapes:
   flock(LOCK_EX) on {root}/.daemon/counters.lock (created 0640), the agent's
   counter in {root}/.daemon/counters.json is incremented (a missing one starts
   above the highest instance in the agent's journal) and written back like the
-  other state files (src/daemon/files.rs next_instance);
+  other state files (src/state/counters.rs next_instance);
 * journal.jsonl: one line per event, one write(2) on an O_APPEND fd, fdatasync
   (and a directory fsync when the journal was empty), a leading newline if the
   last line is torn (src/state/journal.rs append_lines);
@@ -445,7 +445,7 @@ def acknowledge(agent_dir, session_id, messages):
         pass
 
 
-# ---- instance ids (src/daemon/files.rs next_instance) ------------------------
+# ---- instance ids (src/state/counters.rs next_instance) ----------------------
 
 def highest_instance(agent_dir, name):
     """The highest `{name}-N` instance of the journal's session starts, else 0."""

@@ -9,6 +9,7 @@ use crate::cli::{Context, print_json};
 use crate::clock::ago;
 use crate::error::{Error, Result, exit};
 use crate::errors::{self, Severity};
+use crate::state::error_log;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -62,13 +63,14 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
             )));
         }
     };
-    let path = errors::log_path(&ctx.root);
-    let records: Vec<errors::ErrorRecord> = errors::read_since(&path, ctx.now.minus(args.since))?
-        .into_iter()
-        .filter(|r| args.agent.is_none() || r.context.agent == args.agent)
-        .filter(|r| args.code.as_ref().is_none_or(|c| &r.code == c))
-        .filter(|r| r.severity >= min)
-        .collect();
+    let path = error_log::log_path(&ctx.root);
+    let records: Vec<errors::ErrorRecord> =
+        error_log::read_since(&path, ctx.now.minus(args.since))?
+            .into_iter()
+            .filter(|r| args.agent.is_none() || r.context.agent == args.agent)
+            .filter(|r| args.code.as_ref().is_none_or(|c| &r.code == c))
+            .filter(|r| r.severity >= min)
+            .collect();
     if args.json {
         return print_json(&records);
     }

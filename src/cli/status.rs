@@ -10,6 +10,7 @@ use crate::config::{AgentConfig, AgentKind};
 use crate::error::{Result, exit};
 use crate::errors;
 use crate::inbox;
+use crate::state::error_log;
 use crate::state::journal::{self, Event};
 use crate::state::metrics::ROLLING_WINDOW;
 use crate::state::report::{LastSession, Report};
@@ -69,7 +70,7 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
     let since = ctx.now.minus(ROLLING_WINDOW);
     // Read-only: a user who may read the agent directories but not the
     // daemon's (or an inbox) gets the rest, with `?` and a note on stderr.
-    let records = match errors::read_since(&errors::log_path(&ctx.root), since) {
+    let records = match error_log::read_since(&error_log::log_path(&ctx.root), since) {
         Ok(r) => Some(r),
         Err(e) if access::is_denied(&e) => {
             unreadable(&e);

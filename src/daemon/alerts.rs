@@ -22,7 +22,7 @@ use crate::agent_name::AgentName;
 use crate::config::Config;
 use crate::errors::{self, Code, ErrorRecord, Severity};
 use crate::inbox::{self, MessageType, Outgoing, Priority};
-use crate::state::StateRoot;
+use crate::state::{StateRoot, error_log};
 
 /// Hooks running at once; more wait their turn.
 const HOOKS_AT_ONCE: usize = 4;
@@ -58,7 +58,7 @@ impl Alerts {
         let root = StateRoot::new(&config.state_root);
         Alerts {
             inner: Arc::new(Inner {
-                log: errors::log_path(&root),
+                log: error_log::log_path(&root),
                 root,
                 hook: config.hooks.on_error.clone(),
                 hook_timeout: config.hooks.timeout,
@@ -96,7 +96,7 @@ impl Alerts {
         };
         waiting.push_back(record.clone());
         while let Some(first) = waiting.front() {
-            match errors::append(&self.inner.log, first) {
+            match error_log::append(&self.inner.log, first) {
                 Ok(()) => {
                     waiting.pop_front();
                 }
@@ -137,7 +137,7 @@ impl Alerts {
             return;
         };
         while let Some(first) = waiting.front() {
-            if errors::append(&self.inner.log, first).is_err() {
+            if error_log::append(&self.inner.log, first).is_err() {
                 return;
             }
             waiting.pop_front();

@@ -1,6 +1,7 @@
 //! Daemon-wide files under `{state_root}/.daemon/`: the lock that keeps one
-//! daemon per root, the instance counters, the last fire time of every
-//! schedule, and the `daemon.json` heartbeat. JSON files are written through
+//! daemon per root, the last fire time of every schedule, and the
+//! `daemon.json` heartbeat (the instance counters, which session scripts
+//! take too, are the store's: [`crate::state::counters`]). JSON files are written through
 //! `state::atomic` like every other state file.
 
 use std::collections::BTreeMap;
@@ -227,58 +228,6 @@ pub fn daemon_running(root: &StateRoot) -> bool {
         Ok(_) => false,
         Err((_, errno)) => errno == nix::errno::Errno::EWOULDBLOCK,
     }
-}
-
-// ---- instance counters -------------------------------------------------------
-
-#[derive(Debug, Default, Serialize, Deserialize)]
-struct Counters {
-    #[serde(default)]
-    counters: BTreeMap<String, u64>,
-    #[serde(flatten)]
-    extra: Map<String, Value>,
-}
-
-/// The next instance id of `agent` (`rio-047`): one counter per agent in
-/// `.daemon/counters.json`, incremented under `.daemon/counters.lock`, never
-/// reset. A corrupt file is set aside and the count restarts above the
-/// highest instance recorded in any journal (see `highest_instance`).
-pub fn next_instance(
-    root: &StateRoot,
-    agent: &str,
-    highest_seen: impl FnOnce() -> u64,
-) -> Result<String> {
-    let dir = root.daemon_dir();
-    atomic::create_dir(&dir, 0o750)?;
-    let lock_path = dir.join("counters.lock");
-    let file = open_lock_file(&lock_path, 0o640)?;
-    let _lock = crate::state::lock::flock_bounded(file, &lock_path)?;
-    let path = dir.join("counters.json");
-    let mut counters = match atomic::read_json::<Counters>(&path) {
-        Ok(c) => c.unwrap_or_default(),
-        Err(Error::Corrupt { .. }) => {
-            let aside = crate::state::set_aside_name(&path, "corrupt", &Timestamp::now().compact());
-            atomic::rename(&path, &aside)?;
-            crate::state::note_repair(
-                "",
-                &format!(
-                    "{} was corrupt: set aside as {}; instance counters continue from the highest ids in the journals",
-                    path.display(),
-                    aside.display()
-                ),
-            );
-            Counters::default()
-        }
-        Err(e) => return Err(e),
-    };
-    let entry = counters.counters.entry(agent.to_string()).or_insert(0);
-    if *entry == 0 {
-        *entry = highest_seen();
-    }
-    *entry += 1;
-    let n = *entry;
-    atomic::write_json(&path, &counters)?;
-    Ok(format!("{agent}-{n:03}"))
 }
 
 // ---- schedule state ------------------------------------------------------------

@@ -18,8 +18,7 @@ use crate::error::Result;
 use crate::hooks::{self, BeginRequest, EndRequest, FailRequest, Owner};
 use crate::owner::OwnerLock;
 use crate::prompt;
-use crate::state::journal;
-use crate::state::{AgentDir, StateRoot, atomic};
+use crate::state::{AgentDir, StateRoot, atomic, counters};
 
 /// A session that has begun and is ready to run.
 pub struct Prepared {
@@ -42,7 +41,7 @@ pub fn prepare(
     known: Option<std::sync::Arc<crate::inbox::Known>>,
 ) -> Result<Prepared> {
     let dir = root.agent(&agent.name);
-    let instance = files::next_instance(root, agent.name.as_str(), || highest_instance(&dir))?;
+    let instance = counters::next_instance(root, &dir)?;
     let req = BeginRequest {
         owner: Some(Owner::of(std::process::id() as i32)),
         instance: Some(instance.clone()),
@@ -323,29 +322,6 @@ pub fn finish(
         Some(o) => format!("{}: {text}", o.as_str()),
         None => text,
     })
-}
-
-/// The highest instance number in an agent's journal, so a lost
-/// counters.json never restarts the count at 1.
-pub fn highest_instance(dir: &AgentDir) -> u64 {
-    let prefix = format!("{}-", dir.name);
-    journal::read(&dir.journal())
-        .map(|scan| {
-            scan.entries
-                .iter()
-                .filter_map(|e| match &e.event {
-                    journal::Event::SessionStart(s) => s
-                        .instance
-                        .as_deref()?
-                        .strip_prefix(&prefix)?
-                        .parse::<u64>()
-                        .ok(),
-                    _ => None,
-                })
-                .max()
-                .unwrap_or(0)
-        })
-        .unwrap_or(0)
 }
 
 /// Write a wake request for the running daemon: a `.wake-{uuid}` file in

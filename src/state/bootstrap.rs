@@ -12,7 +12,6 @@ use super::report::Report;
 use super::tasks::TaskFile;
 use super::{AgentDir, STATE_FILE_MODE, StateRoot, atomic, memory};
 use crate::clock::Timestamp;
-use crate::config::{AgentConfig, AgentKind};
 use crate::error::Result;
 
 /// Agent directories: readable by pipelines and anyone on the host.
@@ -53,12 +52,23 @@ pub fn root(root: &StateRoot) -> Result<Vec<String>> {
     Ok(created)
 }
 
+/// What an agent directory holds: an agent's has its state files (report,
+/// tasks, metrics, memory); a human's mailbox only its inbox and journal.
+/// (The config's `kind`; `config::AgentKind` is this type.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AgentKind {
+    /// A research agent: has sessions, may be scheduled and woken.
+    Agent,
+    /// A human's mailbox: receives messages, is never woken.
+    Human,
+}
+
 /// Create whatever `agent` is missing, and set the inbox directories' modes
 /// (an install from before the sticky bit is mended here, each change
 /// logged). Returns the paths created, relative to the agent's directory;
 /// empty if it was complete.
-pub fn agent(config: &AgentConfig, dir: &AgentDir, now: Timestamp) -> Result<Vec<String>> {
-    let done = agent_and_modes(config, dir, now)?;
+pub fn agent(kind: impl Into<AgentKind>, dir: &AgentDir, now: Timestamp) -> Result<Vec<String>> {
+    let done = agent_and_modes(kind, dir, now)?;
     for fix in &done.modes {
         tracing::info!(agent = %dir.name, "{fix}");
     }
@@ -75,13 +85,13 @@ pub struct Done {
 }
 
 /// [`agent`], saying which modes it set.
-pub fn agent_and_modes(config: &AgentConfig, dir: &AgentDir, now: Timestamp) -> Result<Done> {
-    let created = create(config, dir, now)?;
+pub fn agent_and_modes(kind: impl Into<AgentKind>, dir: &AgentDir, now: Timestamp) -> Result<Done> {
+    let created = create(kind.into(), dir, now)?;
     let modes = repair_modes(dir)?;
     Ok(Done { created, modes })
 }
 
-fn create(config: &AgentConfig, dir: &AgentDir, now: Timestamp) -> Result<Vec<String>> {
+fn create(kind: AgentKind, dir: &AgentDir, now: Timestamp) -> Result<Vec<String>> {
     let mut created = Vec::new();
     for d in dir.directories() {
         if atomic::create_dir(&d, dir_mode(dir, &d))? {
@@ -95,7 +105,7 @@ fn create(config: &AgentConfig, dir: &AgentDir, now: Timestamp) -> Result<Vec<St
         b
     };
     let mut files: Vec<(std::path::PathBuf, Vec<u8>)> = vec![];
-    if config.kind == AgentKind::Agent {
+    if kind == AgentKind::Agent {
         let report = Report {
             updated_at: Some(now),
             ..Report::new(name)

@@ -14,10 +14,28 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::session::SessionType;
-use super::tasks::{TaskPriority, TaskStatus, TaskType};
+use super::tasks::{TaskPriority, TaskStatus, TaskType, string_enum};
 use crate::clock::Timestamp;
 use crate::error::{IoContext, Result};
-use crate::inbox::MessageType;
+
+/// The `type` of an inbox message (`inbox::MessageType`), as messages
+/// and the journal's `message_sent` events record it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MessageType {
+    Flag,
+    Task,
+    Question,
+    Cascade,
+}
+string_enum!(
+    MessageType,
+    "message type",
+    Flag = "flag",
+    Task = "task",
+    Question = "question",
+    Cascade = "cascade"
+);
 
 /// One journal line: a time and an event.
 #[derive(Debug, Clone, Serialize, Deserialize)]

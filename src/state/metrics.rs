@@ -104,7 +104,7 @@ impl Lifetime {
                 self.claims_rejected += r.claims_rejected;
                 self.disconfirmation_hits += r.disconfirmation_hits;
             }
-            Event::MessageSent(m) if m.kind == crate::inbox::MessageType::Flag => {
+            Event::MessageSent(m) if m.kind == super::journal::MessageType::Flag => {
                 self.cross_agent_flags_sent += 1
             }
             _ => {}

@@ -16,10 +16,13 @@
 pub mod atomic;
 pub mod bootstrap;
 pub mod caps;
+pub mod counters;
+pub mod error_log;
 pub mod journal;
 pub mod lock;
 pub mod memory;
 pub mod metrics;
+pub mod prune;
 pub mod rebuild;
 pub mod report;
 pub mod session;

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
-use crate::support::{Daemon, Env, list, poll_until, process_alive, read_json};
+use crate::support::{Daemon, Env, daemon_config, list, poll_until, process_alive, read_json};
 
 fn secs(s: f64) -> Duration {
     Duration::from_secs_f64(s)
@@ -25,54 +25,6 @@ const RIO_AT_22: &str = "[[agent]]\nname = \"rio\"\nschedule = \"0 22 * * *\"\n"
 const CLAY: &str = "[[agent]]\nname = \"clay\"\n";
 const LEO: &str = "[[agent]]\nname = \"leo\"\n";
 const MARCUS: &str = "[[agent]]\nname = \"marcus\"\nkind = \"human\"\n";
-
-/// A config: `[daemon]` and `[defaults]` with test-friendly values (short
-/// grace periods, inbox wakes on any message after 200 ms) overridden by
-/// `daemon` and `defaults` (`key`, TOML value), then the `agents` tables.
-fn config(
-    command: &Path,
-    daemon: &[(&str, &str)],
-    defaults: &[(&str, &str)],
-    agents: &str,
-) -> String {
-    fn section(name: &str, base: &[(&str, String)], over: &[(&str, &str)]) -> String {
-        let mut out = format!("[{name}]\n");
-        for (k, v) in base {
-            let v = over
-                .iter()
-                .find(|(o, _)| o == k)
-                .map(|(_, v)| v.to_string())
-                .unwrap_or_else(|| v.clone());
-            out.push_str(&format!("{k} = {v}\n"));
-        }
-        for (k, v) in over {
-            if !base.iter().any(|(b, _)| b == k) {
-                out.push_str(&format!("{k} = {v}\n"));
-            }
-        }
-        out
-    }
-    let daemon_base = [
-        ("max_concurrent_sessions", "2".to_string()),
-        ("catch_up_window", "\"2h\"".to_string()),
-        ("shutdown_grace", "\"2s\"".to_string()),
-    ];
-    let defaults_base = [
-        (
-            "command",
-            format!("[{:?}, \"{{agent}}\"]", command.display().to_string()),
-        ),
-        ("timeout", "\"30s\"".to_string()),
-        ("kill_grace", "\"1s\"".to_string()),
-        ("wake_on_inbox", "\"any\"".to_string()),
-        ("inbox_debounce", "\"200ms\"".to_string()),
-    ];
-    format!(
-        "{}\n{}\n{agents}",
-        section("daemon", &daemon_base, daemon),
-        section("defaults", &defaults_base, defaults)
-    )
-}
 
 /// The usual fake agent: appends `start AGENT SESSION INSTANCE TIME` to
 /// `runs`, runs `middle`, appends `end AGENT SESSION INSTANCE TIME`.
@@ -93,11 +45,11 @@ echo "end $AGENT_STATE_AGENT $AGENT_STATE_SESSION_ID $AGENT_STATE_INSTANCE $(dat
 }
 
 /// An environment whose agents run `agent_script(middle)` under the config
-/// built by [`config`].
+/// built by [`daemon_config`].
 fn setup(middle: &str, daemon: &[(&str, &str)], defaults: &[(&str, &str)], agents: &str) -> Env {
     let env = Env::with_config("");
     let script = agent_script(&env, middle);
-    env.set_config(&config(&script, daemon, defaults, agents));
+    env.set_config(&daemon_config(&script, daemon, defaults, agents));
     env
 }
 
@@ -556,7 +508,7 @@ fn a_hanging_agent_is_timed_out_and_its_escaped_grandchild_killed() {
             gc_file.display().to_string()
         ),
     );
-    env.set_config(&config(
+    env.set_config(&daemon_config(
         &script,
         &[],
         &[("timeout", "\"2s\""), ("kill_grace", "\"1s\"")],
@@ -609,7 +561,7 @@ fn a_hanging_agent_is_timed_out_and_its_escaped_grandchild_killed() {
 #[test]
 fn a_command_that_does_not_exist_is_a_session_error() {
     let env = Env::with_config("");
-    env.set_config(&config(
+    env.set_config(&daemon_config(
         Path::new("/nonexistent/agent-state-test-agent"),
         &[],
         &[],
@@ -645,7 +597,7 @@ fn a_command_that_does_not_exist_is_a_session_error() {
 #[test]
 fn failing_sessions_back_off_instead_of_burning_the_messages() {
     let env = Env::with_config("");
-    env.set_config(&config(
+    env.set_config(&daemon_config(
         Path::new("/nonexistent/agent-state-test-agent"),
         &[],
         &[("wake_on_inbox", "\"any\""), ("inbox_debounce", "\"0s\"")],
@@ -688,7 +640,7 @@ fn a_daemon_killed_mid_session_recovers_on_restart_and_loses_no_message() {
             pid = agent_pid.display().to_string()
         ),
     );
-    env.set_config(&config(&script, &[], &[], RIO));
+    env.set_config(&daemon_config(&script, &[], &[], RIO));
     std::fs::write(&slow, "").unwrap();
     let mut d1 = env.daemon();
     let id = env.send("leo", "rio", &[]);
@@ -757,7 +709,7 @@ fn sigterm_waits_shutdown_grace_then_stops_the_session() {
         &env,
         &format!("touch {:?}\nsleep 30", started.display().to_string()),
     );
-    env.set_config(&config(
+    env.set_config(&daemon_config(
         &script,
         &[("shutdown_grace", "\"1s\"")],
         &[("kill_grace", "\"1s\"")],
@@ -816,7 +768,12 @@ fn sigterm_lets_a_short_session_complete() {
         &env,
         &format!("touch {:?}\nsleep 1", started.display().to_string()),
     );
-    env.set_config(&config(&script, &[("shutdown_grace", "\"10s\"")], &[], RIO));
+    env.set_config(&daemon_config(
+        &script,
+        &[("shutdown_grace", "\"10s\"")],
+        &[],
+        RIO,
+    ));
     let mut d = env.daemon();
     env.ok(&["wake", "rio"]);
     d.wait_until(secs(5.0), "the agent is running", || started.exists());
@@ -839,11 +796,11 @@ fn sigterm_lets_a_short_session_complete() {
 fn sighup_adds_a_new_agent_and_refuses_an_invalid_config() {
     let env = Env::with_config("");
     let script = agent_script(&env, "");
-    env.set_config(&config(&script, &[], &[], RIO));
+    env.set_config(&daemon_config(&script, &[], &[], RIO));
     let mut d = env.daemon();
     assert_eq!(d.heartbeat()["agents"], serde_json::json!(["rio"]));
 
-    env.set_config(&config(&script, &[], &[], &format!("{RIO}{CLAY}")));
+    env.set_config(&daemon_config(&script, &[], &[], &format!("{RIO}{CLAY}")));
     d.signal(Signal::SIGHUP);
     d.wait_until(secs(5.0), "daemon.json lists clay", || {
         d.heartbeat()["agents"] == serde_json::json!(["clay", "rio"])
@@ -854,7 +811,7 @@ fn sighup_adds_a_new_agent_and_refuses_an_invalid_config() {
     });
 
     // A broken config is refused; the old one stays in force.
-    env.set_config(&config(
+    env.set_config(&daemon_config(
         &script,
         &[("max_concurrent_sessions", "0")],
         &[],
@@ -936,7 +893,7 @@ fn wakes_while_running_are_skipped_and_coalesced_into_one_follow_up() {
             f = first.display().to_string()
         ),
     );
-    env.set_config(&config(&script, &[], &[], RIO));
+    env.set_config(&daemon_config(&script, &[], &[], RIO));
     let d = env.daemon();
     env.ok(&["wake", "rio"]);
     d.wait_until(secs(5.0), "the first session runs", || {

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::notify::NotifySocket;
-use crate::support::{Daemon, Env, poll_until, read_json};
+use crate::support::{Daemon, Env, daemon_config, poll_until, read_json};
 
 /// Longer than any command takes; a command still running then is blocked.
 const LIMIT: Duration = Duration::from_secs(15);
@@ -456,25 +456,12 @@ fn daemon_env() -> Env {
             marks.display().to_string()
         ),
     );
-    env.set_config(&format!(
-        r#"[defaults]
-command = [{script:?}, "{{agent}}"]
-timeout = "30s"
-kill_grace = "1s"
-wake_on_inbox = "any"
-inbox_debounce = "100ms"
-
-[[agent]]
-name = "rio"
-
-[[agent]]
-name = "theseus"
-
-[[agent]]
-name = "marcus"
-kind = "human"
-"#,
-        script = script.display().to_string()
+    env.set_config(&daemon_config(
+        &script,
+        &[],
+        &[("inbox_debounce", "\"100ms\"")],
+        "[[agent]]\nname = \"rio\"\n\n[[agent]]\nname = \"theseus\"\n\n\
+         [[agent]]\nname = \"marcus\"\nkind = \"human\"\n",
     ));
     env.ok(&["bootstrap"]);
     env

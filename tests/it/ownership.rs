@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::support::{BIN, Daemon, Env, list, poll_until, read_json};
+use crate::support::{BIN, Daemon, Env, daemon_config, list, poll_until, read_json};
 
 fn secs(s: f64) -> Duration {
     Duration::from_secs_f64(s)
@@ -46,9 +46,11 @@ fn env_with(agents: &str) -> Env {
             runs.display()
         ),
     );
-    env.set_config(&format!(
-        "[daemon]\nshutdown_grace = \"2s\"\n[defaults]\ncommand = [{:?}, \"{{agent}}\"]\ntimeout = \"30s\"\nkill_grace = \"1s\"\nwake_on_inbox = \"never\"\n{agents}",
-        script.display().to_string()
+    env.set_config(&daemon_config(
+        &script,
+        &[],
+        &[("wake_on_inbox", "\"never\"")],
+        agents,
     ));
     env.ok(&["bootstrap"]);
     env

@@ -4,10 +4,11 @@
 //! prompt quoted like a message.
 
 use std::io::Write;
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use crate::support::{Env, poll_until};
+use crate::support::{Env, STANDARD_AGENTS, daemon_config, poll_until};
 
 #[test]
 fn a_body_from_dev_zero_or_an_endless_pipe_is_refused_after_the_limit() {
@@ -66,9 +67,11 @@ fn a_body_from_dev_zero_or_an_endless_pipe_is_refused_after_the_limit() {
 
 #[test]
 fn a_task_message_adds_its_task_once_with_the_daemon_running() {
-    let env = Env::with_config(&format!(
-        "[defaults]\ncommand = [\"/bin/true\"]\nwake_on_inbox = \"never\"\n{}",
-        crate::support::STANDARD_AGENTS
+    let env = Env::with_config(&daemon_config(
+        Path::new("/bin/true"),
+        &[],
+        &[("wake_on_inbox", "\"never\"")],
+        STANDARD_AGENTS,
     ));
     env.ok(&["bootstrap"]);
     let d = env.daemon();

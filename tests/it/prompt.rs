@@ -205,8 +205,10 @@ fn a_daemon_session_over_budget_journals_what_was_cut() {
         env.send("leo", "rio", &["--body", &format!("m{i} {big}")]);
     }
     let d = env.daemon();
+    // `during.txt` is made once `cat` has written all of `stdin.txt` (which
+    // the shell creates before `cat` reads a byte).
     d.wait_until(Duration::from_secs(10), "a session ran", || {
-        env.tmp("stdin.txt").exists()
+        env.tmp("during.txt").exists()
     });
     let stdin = std::fs::read_to_string(env.tmp("stdin.txt")).unwrap();
     assert!(stdin.len() <= 8 * 1024, "{} bytes", stdin.len());

@@ -32,6 +32,55 @@ name = "marcus"
 kind = "human"
 "#;
 
+/// A config for a daemon under test: `[daemon]` and `[defaults]` with
+/// test-friendly values (agents run `command AGENT`, short grace periods,
+/// inbox wakes on any message after 200 ms) overridden by `daemon` and
+/// `defaults` (`key`, TOML value), then the `agents` tables.
+pub fn daemon_config(
+    command: &Path,
+    daemon: &[(&str, &str)],
+    defaults: &[(&str, &str)],
+    agents: &str,
+) -> String {
+    fn section(name: &str, base: &[(&str, String)], over: &[(&str, &str)]) -> String {
+        let mut out = format!("[{name}]\n");
+        for (k, v) in base {
+            let v = over
+                .iter()
+                .find(|(o, _)| o == k)
+                .map(|(_, v)| v.to_string())
+                .unwrap_or_else(|| v.clone());
+            out.push_str(&format!("{k} = {v}\n"));
+        }
+        for (k, v) in over {
+            if !base.iter().any(|(b, _)| b == k) {
+                out.push_str(&format!("{k} = {v}\n"));
+            }
+        }
+        out
+    }
+    let daemon_base = [
+        ("max_concurrent_sessions", "2".to_string()),
+        ("catch_up_window", "\"2h\"".to_string()),
+        ("shutdown_grace", "\"2s\"".to_string()),
+    ];
+    let defaults_base = [
+        (
+            "command",
+            format!("[{:?}, \"{{agent}}\"]", command.display().to_string()),
+        ),
+        ("timeout", "\"30s\"".to_string()),
+        ("kill_grace", "\"1s\"".to_string()),
+        ("wake_on_inbox", "\"any\"".to_string()),
+        ("inbox_debounce", "\"200ms\"".to_string()),
+    ];
+    format!(
+        "{}\n{}\n{agents}",
+        section("daemon", &daemon_base, daemon),
+        section("defaults", &defaults_base, defaults)
+    )
+}
+
 pub struct Env {
     pub dir: TempDir,
     pub config: PathBuf,

@@ -10,29 +10,17 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::support::{Daemon, Env, read_json};
+use crate::support::{Daemon, Env, daemon_config, read_json};
 
 /// rio runs a script that says it is at work; settle time 3 s.
 fn setup() -> Env {
     let env = Env::with_config("");
     let script = env.script("agent.sh", "echo \"$1 at work\"");
-    env.set_config(&format!(
-        r#"[defaults]
-command = [{script:?}, "{{agent}}"]
-timeout = "30s"
-kill_grace = "1s"
-wake_on_inbox = "any"
-inbox_debounce = "100ms"
-inbox_settle = "3s"
-
-[[agent]]
-name = "rio"
-
-[[agent]]
-name = "marcus"
-kind = "human"
-"#,
-        script = script.display().to_string()
+    env.set_config(&daemon_config(
+        &script,
+        &[],
+        &[("inbox_debounce", "\"100ms\""), ("inbox_settle", "\"3s\"")],
+        "[[agent]]\nname = \"rio\"\n\n[[agent]]\nname = \"marcus\"\nkind = \"human\"\n",
     ));
     env.ok(&["bootstrap"]);
     env

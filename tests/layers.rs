@@ -1,0 +1,709 @@
+//! The layers of `src/` (ARCHITECTURE.md, "Layers"), kept by a scan of the
+//! source: every `crate::`, `super::` and `self::` path in every file, in
+//! code (comments and string literals are skipped), `use` trees included.
+//!
+//! Rules:
+//!
+//! 1. every top-level module of `src/` is in exactly one layer of [`LAYERS`];
+//! 2. a module uses only modules of its own layer or of the layers below
+//!    (so nothing below the daemon reaches into `crate::daemon` or
+//!    `crate::cli`, and the daemon never into the CLI);
+//! 3. there is no circle between modules: the nodes are the top-level
+//!    modules of `src/` and, because the daemon is the part that grows, each
+//!    module of `src/daemon/` on its own.
+//!
+//! The scanner is tested on its own below, and on the real tree it must find
+//! the dependencies we know of, so it cannot silently stop seeing them.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::path::{Path, PathBuf};
+
+/// The layers, lowest first: the one place their order is written down.
+const LAYERS: &[(&str, &[&str])] = &[
+    // Values, errors and file access that everything uses.
+    (
+        "base",
+        &["clock", "errors", "error", "agent_name", "fsx", "access"],
+    ),
+    // Every file shape and the one way each is written.
+    ("store", &["state"]),
+    // What the operator wrote.
+    ("config", &["config", "schedule"]),
+    // What scripts use without a daemon: the hooks, the inbox, the protocol
+    // parsers, the prompt, the event stream, check.
+    (
+        "domain",
+        &[
+            "inbox", "owner", "protocol", "prompt", "hooks", "events", "check",
+        ],
+    ),
+    ("daemon", &["daemon"]),
+    ("cli", &["cli"]),
+];
+
+const RULE_LAYERS: &str = "a module uses only modules of its own layer and of the layers below \
+     (LAYERS in tests/layers.rs; ARCHITECTURE.md, \"Layers\")";
+const RULE_CIRCLES: &str = "no circle between modules (the top-level modules of src/ and each \
+     module of src/daemon/; ARCHITECTURE.md, \"Layers\")";
+
+// ---- the source tree -----------------------------------------------------------
+
+/// One `.rs` file: its path (for messages) and its module path
+/// (`src/daemon/session.rs` is `["daemon", "session"]`, `src/state/mod.rs`
+/// is `["state"]`).
+struct SourceFile {
+    path: String,
+    module: Vec<String>,
+    text: String,
+}
+
+fn source_tree() -> Vec<SourceFile> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    walk(&src, &mut files);
+    files.sort();
+    files
+        .into_iter()
+        .filter_map(|path| {
+            let rel = path.strip_prefix(&src).ok()?.to_str()?.to_string();
+            // The binary is its own crate: it uses `agent_state::`.
+            if rel == "main.rs" {
+                return None;
+            }
+            let text = std::fs::read_to_string(&path).expect("read a source file");
+            Some(SourceFile {
+                path: format!("src/{rel}"),
+                module: module_path(&rel),
+                text,
+            })
+        })
+        .collect()
+}
+
+fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("read src/") {
+        let path = entry.expect("a directory entry").path();
+        if path.is_dir() {
+            walk(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+fn module_path(rel: &str) -> Vec<String> {
+    let mut parts: Vec<String> = rel
+        .trim_end_matches(".rs")
+        .split('/')
+        .map(String::from)
+        .collect();
+    if matches!(parts.last().map(String::as_str), Some("mod" | "lib")) {
+        parts.pop();
+    }
+    parts
+}
+
+// ---- the scanner ---------------------------------------------------------------
+
+#[derive(Debug, Clone, PartialEq)]
+enum Tok {
+    Ident(String),
+    PathSep,
+    Punct(char),
+}
+
+/// Rust's tokens as far as paths need them, with their line numbers:
+/// comments, string, byte and raw string literals, char literals and
+/// lifetimes produce nothing.
+fn lex(text: &str) -> Vec<(Tok, usize)> {
+    let c: Vec<char> = text.chars().collect();
+    let mut out = Vec::new();
+    let (mut i, mut line) = (0, 1);
+    let at = |i: usize| c.get(i).copied().unwrap_or('\0');
+    while i < c.len() {
+        let ch = c[i];
+        if ch == '\n' {
+            line += 1;
+            i += 1;
+        } else if ch.is_whitespace() {
+            i += 1;
+        } else if ch == '/' && at(i + 1) == '/' {
+            while i < c.len() && c[i] != '\n' {
+                i += 1;
+            }
+        } else if ch == '/' && at(i + 1) == '*' {
+            let mut depth = 0;
+            while i < c.len() {
+                if c[i] == '/' && at(i + 1) == '*' {
+                    depth += 1;
+                    i += 2;
+                } else if c[i] == '*' && at(i + 1) == '/' {
+                    depth -= 1;
+                    i += 2;
+                    if depth == 0 {
+                        break;
+                    }
+                } else {
+                    line += usize::from(c[i] == '\n');
+                    i += 1;
+                }
+            }
+        } else if ch == '"' {
+            i = skip_string(&c, i + 1, &mut line);
+        } else if ch == '\'' {
+            // A char literal ('x', '\n', '\u{1F600}') or a lifetime ('a).
+            if at(i + 1) == '\\' {
+                // Past the quote, the backslash and the escaped character.
+                i += 3;
+                while i < c.len() && c[i] != '\'' {
+                    i += 1;
+                }
+                i += 1;
+            } else if at(i + 2) == '\'' {
+                i += 3;
+            } else {
+                i += 1;
+            }
+        } else if ch.is_alphanumeric() || ch == '_' {
+            let start = i;
+            while i < c.len() && (c[i].is_alphanumeric() || c[i] == '_') {
+                i += 1;
+            }
+            let word: String = c[start..i].iter().collect();
+            match (word.as_str(), at(i)) {
+                ("r" | "br" | "cr", '"' | '#') => {
+                    let mut hashes = 0;
+                    while at(i) == '#' {
+                        hashes += 1;
+                        i += 1;
+                    }
+                    if at(i) != '"' {
+                        // `r#ident`: a raw identifier.
+                        continue;
+                    }
+                    i += 1;
+                    while i < c.len() {
+                        if c[i] == '"' && (1..=hashes).all(|k| at(i + k) == '#') {
+                            i += 1 + hashes;
+                            break;
+                        }
+                        line += usize::from(c[i] == '\n');
+                        i += 1;
+                    }
+                }
+                ("b" | "c", '"') => i = skip_string(&c, i + 1, &mut line),
+                ("b", '\'') => {
+                    i += 1;
+                    while i < c.len() && c[i] != '\'' {
+                        i += if c[i] == '\\' { 2 } else { 1 };
+                    }
+                    i += 1;
+                }
+                _ => out.push((Tok::Ident(word), line)),
+            }
+        } else if ch == ':' && at(i + 1) == ':' {
+            out.push((Tok::PathSep, line));
+            i += 2;
+        } else {
+            out.push((Tok::Punct(ch), line));
+            i += 1;
+        }
+    }
+    out
+}
+
+/// Past the closing quote of a string whose opening quote is before `i`.
+fn skip_string(c: &[char], mut i: usize, line: &mut usize) -> usize {
+    while i < c.len() && c[i] != '"' {
+        if c[i] == '\\' {
+            i += 1;
+        }
+        if c.get(i) == Some(&'\n') {
+            *line += 1;
+        }
+        i += 1;
+    }
+    i + 1
+}
+
+/// One path a file uses: where, as written, and resolved from the crate root.
+#[derive(Debug, Clone)]
+struct Reference {
+    line: usize,
+    written: String,
+    resolved: Vec<String>,
+}
+
+/// Every `crate::`, `super::` and `self::` path in `text`, a file of module
+/// `module`, with `use` trees (`use crate::{a, b::{c, d}}`) expanded and
+/// `super` resolved through inline modules (`mod tests { use super::*; }`).
+fn references(module: &[String], text: &str) -> Vec<Reference> {
+    let toks = lex(text);
+    let tok = |i: usize| toks.get(i).map(|(t, _)| t);
+    let mut out = Vec::new();
+    // The inline modules around the current token (None: another brace).
+    let mut braces: Vec<Option<String>> = Vec::new();
+    let mut i = 0;
+    while i < toks.len() {
+        match &toks[i].0 {
+            Tok::Punct('{') => {
+                let inline = match (
+                    i.checked_sub(2).and_then(tok),
+                    i.checked_sub(1).and_then(tok),
+                ) {
+                    (Some(Tok::Ident(m)), Some(Tok::Ident(name))) if m == "mod" => {
+                        Some(name.clone())
+                    }
+                    _ => None,
+                };
+                braces.push(inline);
+                i += 1;
+            }
+            Tok::Punct('}') => {
+                braces.pop();
+                i += 1;
+            }
+            Tok::Ident(w)
+                if matches!(w.as_str(), "crate" | "super" | "self")
+                    && tok(i + 1) == Some(&Tok::PathSep)
+                    && !matches!(
+                        i.checked_sub(1).and_then(tok),
+                        Some(Tok::PathSep | Tok::Punct('$'))
+                    ) =>
+            {
+                let line = toks[i].1;
+                let mut paths = Vec::new();
+                i = path_tree(&toks, i, Vec::new(), &mut paths);
+                let mut here: Vec<String> = module.to_vec();
+                here.extend(braces.iter().flatten().cloned());
+                for mut segs in paths {
+                    let resolved = resolve(&here, &segs);
+                    // `use crate::a::{self, B}` uses `crate::a`.
+                    if segs.len() > 1 && segs.last().is_some_and(|s| s == "self") {
+                        segs.pop();
+                    }
+                    out.push(Reference {
+                        line,
+                        written: segs.join("::"),
+                        resolved,
+                    });
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    out
+}
+
+/// Reads a path or a `use` tree from `i`; pushes every full path to `out`.
+/// Returns the index after it.
+fn path_tree(
+    toks: &[(Tok, usize)],
+    mut i: usize,
+    mut segs: Vec<String>,
+    out: &mut Vec<Vec<String>>,
+) -> usize {
+    loop {
+        match toks.get(i).map(|(t, _)| t) {
+            Some(Tok::Ident(s)) => {
+                segs.push(s.clone());
+                i += 1;
+                if toks.get(i).map(|(t, _)| t) == Some(&Tok::PathSep) {
+                    i += 1;
+                    continue;
+                }
+                out.push(segs);
+                return i;
+            }
+            Some(Tok::Punct('{')) => {
+                i += 1;
+                loop {
+                    match toks.get(i).map(|(t, _)| t) {
+                        None => return i,
+                        Some(Tok::Punct('}')) => return i + 1,
+                        Some(Tok::Punct(',')) => i += 1,
+                        Some(_) => {
+                            let before = i;
+                            i = path_tree(toks, i, segs.clone(), out);
+                            if i == before {
+                                i += 1;
+                            }
+                        }
+                    }
+                }
+            }
+            Some(Tok::Punct('*')) => {
+                out.push(segs);
+                return i + 1;
+            }
+            _ => {
+                if !segs.is_empty() {
+                    out.push(segs);
+                }
+                return i;
+            }
+        }
+    }
+}
+
+/// `segs` (starting with `crate`, `super` or `self`) from the crate root,
+/// as seen from module `here`.
+fn resolve(here: &[String], segs: &[String]) -> Vec<String> {
+    let mut rest = segs.iter().peekable();
+    let mut base: Vec<String> = if segs.first().map(String::as_str) == Some("crate") {
+        rest.next();
+        Vec::new()
+    } else {
+        here.to_vec()
+    };
+    while let Some(s) = rest.peek() {
+        match s.as_str() {
+            "super" => {
+                base.pop();
+            }
+            "self" => {}
+            _ => break,
+        }
+        rest.next();
+    }
+    base.extend(rest.filter(|s| *s != "self").cloned());
+    base
+}
+
+// ---- the graph -----------------------------------------------------------------
+
+/// An edge of the module graph: `from` uses `to` at `file:line` by `written`.
+#[derive(Debug, Clone)]
+struct Edge {
+    from: String,
+    to: String,
+    file: String,
+    line: usize,
+    written: String,
+}
+
+impl Edge {
+    fn at(&self) -> String {
+        format!("{}:{}: `{}`", self.file, self.line, self.written)
+    }
+}
+
+struct Graph {
+    /// Top-level modules of src/ (files and directories).
+    top: BTreeSet<String>,
+    /// Modules of src/daemon/.
+    daemon: BTreeSet<String>,
+    edges: Vec<Edge>,
+}
+
+/// The node of a module path: its top-level module, or `daemon::x` for
+/// `daemon::x::...`. None for the crate root and for what is not a module.
+fn node(g_top: &BTreeSet<String>, g_daemon: &BTreeSet<String>, path: &[String]) -> Option<String> {
+    let top = path.first()?;
+    if !g_top.contains(top) {
+        return None;
+    }
+    match path.get(1) {
+        Some(sub) if top == "daemon" && g_daemon.contains(sub) => Some(format!("daemon::{sub}")),
+        _ => Some(top.clone()),
+    }
+}
+
+fn top_of(node: &str) -> &str {
+    node.split("::").next().unwrap_or(node)
+}
+
+fn graph(files: &[SourceFile]) -> Graph {
+    let mut top = BTreeSet::new();
+    let mut daemon = BTreeSet::new();
+    for f in files {
+        if let Some(t) = f.module.first() {
+            top.insert(t.clone());
+        }
+        if f.module.len() >= 2 && f.module[0] == "daemon" {
+            daemon.insert(f.module[1].clone());
+        }
+    }
+    let mut edges = Vec::new();
+    for f in files {
+        let Some(from) = node(&top, &daemon, &f.module) else {
+            continue;
+        };
+        for r in references(&f.module, &f.text) {
+            let Some(to) = node(&top, &daemon, &r.resolved) else {
+                continue;
+            };
+            if to != from {
+                edges.push(Edge {
+                    from: from.clone(),
+                    to,
+                    file: f.path.clone(),
+                    line: r.line,
+                    written: r.written,
+                });
+            }
+        }
+    }
+    Graph { top, daemon, edges }
+}
+
+fn layer_of(module: &str) -> Option<(usize, &'static str)> {
+    LAYERS
+        .iter()
+        .enumerate()
+        .find(|(_, (_, modules))| modules.contains(&module))
+        .map(|(i, (name, _))| (i, *name))
+}
+
+// ---- the rules -----------------------------------------------------------------
+
+fn unplaced_modules(g: &Graph) -> Vec<String> {
+    let mut problems = Vec::new();
+    for m in &g.top {
+        let n = LAYERS
+            .iter()
+            .filter(|(_, ms)| ms.contains(&m.as_str()))
+            .count();
+        if n != 1 {
+            problems.push(format!(
+                "src/{m}: module `{m}` is in {n} layers of LAYERS (tests/layers.rs); put it in exactly one"
+            ));
+        }
+    }
+    for (layer, modules) in LAYERS {
+        for m in *modules {
+            if !g.top.contains(*m) {
+                problems.push(format!(
+                    "LAYERS (tests/layers.rs), layer \"{layer}\": there is no module `{m}` in src/; remove it"
+                ));
+            }
+        }
+    }
+    problems
+}
+
+fn upward_uses(g: &Graph) -> Vec<String> {
+    let mut problems = Vec::new();
+    for e in &g.edges {
+        let (from, to) = (top_of(&e.from), top_of(&e.to));
+        let (Some((lf, nf)), Some((lt, nt))) = (layer_of(from), layer_of(to)) else {
+            continue;
+        };
+        if lt > lf {
+            problems.push(format!(
+                "{}: `{from}` (layer \"{nf}\") may not use `{to}` (layer \"{nt}\", above it); rule: {RULE_LAYERS}",
+                e.at()
+            ));
+        }
+    }
+    problems
+}
+
+/// A shortest circle from each module that no circle reported yet passes
+/// through (so every tangle is named, with at least one of its circles).
+fn circles(g: &Graph) -> Vec<String> {
+    let mut next: BTreeMap<&str, BTreeMap<&str, &Edge>> = BTreeMap::new();
+    for e in &g.edges {
+        next.entry(&e.from).or_default().entry(&e.to).or_insert(e);
+    }
+    let mut reported: BTreeSet<String> = BTreeSet::new();
+    let mut problems = Vec::new();
+    for start in next.keys().copied() {
+        if reported.contains(start) {
+            continue;
+        }
+        // Breadth-first from `start` back to itself: a shortest circle.
+        let mut came_from: BTreeMap<&str, &Edge> = BTreeMap::new();
+        let mut queue = VecDeque::from([start]);
+        let mut closing = None;
+        while let Some(n) = queue.pop_front() {
+            for (to, e) in next.get(n).into_iter().flatten() {
+                if *to == start {
+                    closing = Some(*e);
+                    break;
+                }
+                if !came_from.contains_key(to) {
+                    came_from.insert(to, e);
+                    queue.push_back(to);
+                }
+            }
+            if closing.is_some() {
+                break;
+            }
+        }
+        let Some(last) = closing else { continue };
+        let mut path = vec![last];
+        let mut at = last.from.as_str();
+        while at != start {
+            let e = came_from[at];
+            path.push(e);
+            at = e.from.as_str();
+        }
+        path.reverse();
+        reported.extend(path.iter().map(|e| e.from.clone()));
+        let mut text = format!("a circle between modules: {start}");
+        for e in &path {
+            text.push_str(&format!(" -> {} ({})", e.to, e.at()));
+        }
+        problems.push(format!("{text}; rule: {RULE_CIRCLES}"));
+    }
+    problems
+}
+
+fn assert_none(what: &str, problems: &[String]) {
+    assert!(
+        problems.is_empty(),
+        "{what}:\n{}",
+        problems
+            .iter()
+            .map(|p| format!("  - {p}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+// ---- the tests -----------------------------------------------------------------
+
+#[test]
+fn every_module_of_src_is_in_one_layer() {
+    assert_none(
+        "modules and LAYERS disagree",
+        &unplaced_modules(&graph(&source_tree())),
+    );
+}
+
+#[test]
+fn no_module_uses_a_layer_above_its_own() {
+    assert_none(
+        "modules reach up into a higher layer",
+        &upward_uses(&graph(&source_tree())),
+    );
+}
+
+#[test]
+fn no_circle_between_modules() {
+    assert_none(
+        "modules use each other in a circle",
+        &circles(&graph(&source_tree())),
+    );
+}
+
+/// If the scanner stopped seeing paths, the rules above would pass on
+/// anything: on the real tree it must see dependencies we know exist.
+#[test]
+fn the_scan_sees_the_dependencies_we_know_of() {
+    let g = graph(&source_tree());
+    assert!(g.top.len() >= 15, "too few modules found: {:?}", g.top);
+    assert!(
+        ["service", "session", "files", "health"]
+            .iter()
+            .all(|m| g.daemon.contains(*m)),
+        "the daemon's modules were not found: {:?}",
+        g.daemon
+    );
+    for (from, to) in [
+        ("daemon::session", "hooks"),         // use crate::hooks::{self, ...}
+        ("daemon::session", "daemon::files"), // use super::files
+        ("hooks", "state"),                   // use crate::state::...
+        ("cli", "daemon::files"),             // use crate::daemon::{files, session}
+        ("check", "fsx"),                     // crate::fsx::is_dir(..) in code
+        ("error", "errors"),                  // crate::errors::Code in a return type
+    ] {
+        assert!(
+            g.edges.iter().any(|e| e.from == from && e.to == to),
+            "the scan did not see that `{from}` uses `{to}`"
+        );
+    }
+}
+
+#[test]
+fn the_scanner_reads_paths_as_rustc_does() {
+    let text = r####"
+use crate::{clock::Timestamp, state::{self, journal::Event}};
+use super::files;
+// use crate::cli::Cli;   a comment
+/* use crate::cli::Nested; /* nested */ still a comment */
+/// Docs may link [`crate::cli`].
+const S: &str = "crate::cli::in_a_string \" crate::cli::escaped";
+const R: &str = r#"crate::cli::raw " crate::cli::still_raw"#;
+const B: &[u8] = b"crate::cli::bytes";
+const C: char = '"';
+const Q: char = '\'';
+fn f<'a>(x: &'a str) -> crate::error::Result<&'a str> { Ok(x) }
+macro_rules! m { () => { $crate::cli::from_a_macro() }; }
+pub(crate) fn g() { crate::fsx::exists(std::path::Path::new("/")); }
+mod tests {
+    use super::*;
+    use super::super::health;
+}
+"####;
+    let module = vec!["daemon".to_string(), "session".to_string()];
+    let refs = references(&module, text);
+    let found: Vec<(usize, String, String)> = refs
+        .iter()
+        .map(|r| (r.line, r.written.clone(), r.resolved.join("::")))
+        .collect();
+    let want = [
+        (2, "crate::clock::Timestamp", "clock::Timestamp"),
+        (2, "crate::state", "state"),
+        (2, "crate::state::journal::Event", "state::journal::Event"),
+        (3, "super::files", "daemon::files"),
+        (12, "crate::error::Result", "error::Result"),
+        (14, "crate::fsx::exists", "fsx::exists"),
+        (16, "super", "daemon::session"),
+        (17, "super::super::health", "daemon::health"),
+    ];
+    let want: Vec<(usize, String, String)> = want
+        .iter()
+        .map(|(l, w, r)| (*l, w.to_string(), r.to_string()))
+        .collect();
+    assert_eq!(found, want);
+}
+
+#[test]
+fn a_broken_rule_names_the_file_the_path_and_the_rule() {
+    let file = |path: &str, text: &str| SourceFile {
+        path: path.into(),
+        module: module_path(path.trim_start_matches("src/")),
+        text: text.into(),
+    };
+    let files = [
+        file(
+            "src/hooks.rs",
+            "fn f() { crate::daemon::session::highest_instance(dir); }",
+        ),
+        file(
+            "src/daemon/session.rs",
+            "use crate::hooks::{self, BeginRequest};",
+        ),
+        file("src/state/mod.rs", "use crate::cli::Cli;"),
+        file("src/cli/mod.rs", ""),
+    ];
+    let g = graph(&files);
+    let up = upward_uses(&g);
+    assert_eq!(up.len(), 2, "{up:#?}");
+    assert!(
+        up[0].starts_with(
+            "src/hooks.rs:1: `crate::daemon::session::highest_instance`: `hooks` (layer \"domain\") \
+             may not use `daemon` (layer \"daemon\", above it); rule: a module uses only"
+        ),
+        "{}",
+        up[0]
+    );
+    assert!(
+        up[1].starts_with(
+            "src/state/mod.rs:1: `crate::cli::Cli`: `state` (layer \"store\") may not use `cli`"
+        ),
+        "{}",
+        up[1]
+    );
+    let circles = circles(&g);
+    assert_eq!(
+        circles,
+        [format!(
+            "a circle between modules: daemon::session -> hooks (src/daemon/session.rs:1: \
+             `crate::hooks`) -> daemon::session (src/hooks.rs:1: \
+             `crate::daemon::session::highest_instance`); rule: {RULE_CIRCLES}"
+        )]
+    );
+}
