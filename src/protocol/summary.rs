@@ -17,7 +17,7 @@
 //! The *last* block wins: the seed puts it at the end of every response, and
 //! agents often quote the template or draft a block earlier on.
 //!
-//! How: each line is classified once ([`Line`]: blank, heading, wrapping,
+//! How: each line is classified once (`Line`: blank, heading, wrapping,
 //! or text with maybe a `Key: value`), then a small state machine walks the
 //! classified lines. Agents' Markdown is loose (fields inside code fences,
 //! `Key: value` lines without the blank lines Markdown needs between list
