@@ -9,7 +9,14 @@
 //!
 //! The `cron` crate was considered and not used: it wants a seconds field and
 //! ANDs the two day fields, which silently changes what an existing crontab
-//! line means.
+//! line means. `croner` (4.0) was compared over these tests and a sweep of
+//! daylight-saving days (issue 10) and not used either: it ORs the day fields
+//! even when one starts with `*` (`0 0 */2 * fri` fires every Friday),
+//! rejects cronie's `5/10`, accepts `L`, `W`, `#`, `?` and `+`, which
+//! crontab(5) does not, names no field in its errors, and a fixed-time
+//! schedule listing several hours around a change (`0 2,3 * * *`,
+//! `0,30 1,2 * * *`) fires twice in a repeated hour or loses the runs of a
+//! skipped one.
 //!
 //! # When a schedule fires
 //!

@@ -17,6 +17,12 @@
 //! The *last* block wins: the seed puts it at the end of every response, and
 //! agents often quote the template or draft a block earlier on.
 //!
+//! How: each line is classified once (`Line`: blank, heading, wrapping,
+//! or text with maybe a `Key: value`), then a small state machine walks the
+//! classified lines. Agents' Markdown is loose (fields inside code fences,
+//! `Key: value` lines without the blank lines Markdown needs between list
+//! items and paragraphs), so this is a line scanner, not a Markdown parser.
+//!
 //! What this module must never do: read or write a file, or invent a value
 //! the agent did not write. [`ContextSummary`]'s mapping helpers say how a
 //! block becomes `report.json` (`summary`, `blocked_by`, `next_priority`,
@@ -39,50 +45,89 @@ pub const HANDOFF_NOTES_LIMIT: usize = 2000;
 
 /// A run of `Key: value` lines without a Context Summary heading counts as a
 /// block only with this many of the six fields: two could be any prose.
-const HEADLESS_MIN_FIELDS: usize = 3;
+const HEADLESS_MIN_FIELDS: u32 = 3;
 const KEY_MAX_CHARS: usize = 40;
 const KEY_MAX_WORDS: usize = 6;
 
-// ---------------------------------------------------------------------------
-// Problems
-// ---------------------------------------------------------------------------
+/// A closed set of names: the enum, `ALL` in order, and `$method` giving each
+/// one's name as written.
+macro_rules! names {
+    ($(#[$meta:meta])* $name:ident, $method:ident { $($(#[$vmeta:meta])* $variant:ident = $text:literal,)+ }) => {
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        $(#[$meta])*
+        pub enum $name { $($(#[$vmeta])* $variant,)+ }
 
-/// Why a block was not accepted. Named in the style of seed 000's signal
-/// errors (`SIGNAL_MALFORMED`, `SIGNAL_INVALID_PAYLOAD`, ...), with which they
-/// share `signals.jsonl`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum ProblemCode {
-    /// A Context Summary heading with none of the six fields under it.
-    SummaryMalformed,
-    /// One of the six fields (or Next Steps) given twice in one block.
-    SummaryDuplicateField,
-    /// Confidence is not a whole number from 1 to 5.
-    SummaryInvalidConfidence,
-    /// Risk Level is not one of low, medium, high.
-    SummaryInvalidRisk,
-    /// A signal block line with a part that is not `Key=value`.
-    SignalBlockMalformed,
-    /// A key given twice in one signal block line.
-    SignalBlockDuplicateField,
-    /// `Confidence=` is not a whole number from 1 to 5.
-    SignalBlockInvalidConfidence,
-    /// `Risk=` is not one of low, medium, high.
-    SignalBlockInvalidRisk,
+        impl $name {
+            pub const ALL: [$name; [$($text),+].len()] = [$($name::$variant),+];
+
+            pub fn $method(self) -> &'static str {
+                match self { $($name::$variant => $text,)+ }
+            }
+        }
+    };
+}
+
+names! {
+    /// Why a block was not accepted. Named in the style of seed 000's signal
+    /// errors (`SIGNAL_MALFORMED`, `SIGNAL_INVALID_PAYLOAD`, ...), with which
+    /// they share `signals.jsonl`.
+    #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+    ProblemCode, as_str {
+        /// A Context Summary heading with none of the six fields under it.
+        SummaryMalformed = "SUMMARY_MALFORMED",
+        /// One of the six fields (or Next Steps) given twice in one block.
+        SummaryDuplicateField = "SUMMARY_DUPLICATE_FIELD",
+        /// Confidence is not a whole number from 1 to 5.
+        SummaryInvalidConfidence = "SUMMARY_INVALID_CONFIDENCE",
+        /// Risk Level is not one of low, medium, high.
+        SummaryInvalidRisk = "SUMMARY_INVALID_RISK",
+        /// A signal block line with a part that is not `Key=value`.
+        SignalBlockMalformed = "SIGNAL_BLOCK_MALFORMED",
+        /// A key given twice in one signal block line.
+        SignalBlockDuplicateField = "SIGNAL_BLOCK_DUPLICATE_FIELD",
+        /// `Confidence=` is not a whole number from 1 to 5.
+        SignalBlockInvalidConfidence = "SIGNAL_BLOCK_INVALID_CONFIDENCE",
+        /// `Risk=` is not one of low, medium, high.
+        SignalBlockInvalidRisk = "SIGNAL_BLOCK_INVALID_RISK",
+    }
+}
+
+names! {
+    /// The parties of seed 004's loop: `[Planner | Actor | Judge | Human]`.
+    Role, as_str { Planner = "Planner", Actor = "Actor", Judge = "Judge", Human = "Human", }
+}
+
+names! {
+    /// `[low | medium | high]`; written lowercase, as the seed writes it.
+    #[serde(rename_all = "lowercase")]
+    RiskLevel, as_str { Low = "low", Medium = "medium", High = "high", }
+}
+
+names! {
+    /// The six fields of the seed's Context Summary Block, in its order, as
+    /// the seed writes them.
+    #[serde(rename_all = "snake_case")]
+    SummaryField, label {
+        Goal = "Goal",
+        CurrentState = "Current State",
+        NextAgent = "Next Agent",
+        Confidence = "Confidence",
+        RiskLevel = "Risk Level",
+        Blockers = "Blockers",
+    }
+}
+
+names! {
+    /// The six keys of the seed's signal block, in its order, as the seed
+    /// writes them.
+    #[serde(rename_all = "lowercase")]
+    SignalField, label {
+        Agent = "Agent", Cycle = "Cycle", Step = "Step",
+        Confidence = "Confidence", Risk = "Risk", Next = "Next",
+    }
 }
 
 impl ProblemCode {
-    pub const ALL: [ProblemCode; 8] = [
-        ProblemCode::SummaryMalformed,
-        ProblemCode::SummaryDuplicateField,
-        ProblemCode::SummaryInvalidConfidence,
-        ProblemCode::SummaryInvalidRisk,
-        ProblemCode::SignalBlockMalformed,
-        ProblemCode::SignalBlockDuplicateField,
-        ProblemCode::SignalBlockInvalidConfidence,
-        ProblemCode::SignalBlockInvalidRisk,
-    ];
-
     pub fn parse(text: &str) -> Option<ProblemCode> {
         ProblemCode::ALL.into_iter().find(|c| c.as_str() == text)
     }
@@ -92,24 +137,30 @@ impl ProblemCode {
     pub fn level(self) -> &'static str {
         "warn"
     }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ProblemCode::SummaryMalformed => "SUMMARY_MALFORMED",
-            ProblemCode::SummaryDuplicateField => "SUMMARY_DUPLICATE_FIELD",
-            ProblemCode::SummaryInvalidConfidence => "SUMMARY_INVALID_CONFIDENCE",
-            ProblemCode::SummaryInvalidRisk => "SUMMARY_INVALID_RISK",
-            ProblemCode::SignalBlockMalformed => "SIGNAL_BLOCK_MALFORMED",
-            ProblemCode::SignalBlockDuplicateField => "SIGNAL_BLOCK_DUPLICATE_FIELD",
-            ProblemCode::SignalBlockInvalidConfidence => "SIGNAL_BLOCK_INVALID_CONFIDENCE",
-            ProblemCode::SignalBlockInvalidRisk => "SIGNAL_BLOCK_INVALID_RISK",
-        }
-    }
 }
 
 impl fmt::Display for ProblemCode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+impl Role {
+    /// The role a value names by its first word, in any case (`Judge`,
+    /// `judge (for review)`); `None` for anything else, such as an agent's
+    /// own name (`leo`).
+    pub fn from_value(value: &str) -> Option<Role> {
+        let word = first_word(value)?.to_lowercase();
+        Role::ALL
+            .into_iter()
+            .find(|r| r.as_str().to_lowercase() == word)
+    }
+}
+
+impl RiskLevel {
+    fn from_word(word: &str) -> Option<RiskLevel> {
+        let word = word.to_lowercase();
+        RiskLevel::ALL.into_iter().find(|r| r.as_str() == word)
     }
 }
 
@@ -129,6 +180,17 @@ pub struct BlockProblem {
     pub raw: String,
 }
 
+impl BlockProblem {
+    fn new(code: ProblemCode, field: Option<&str>, message: String, raw: &str) -> BlockProblem {
+        BlockProblem {
+            code,
+            message,
+            field: field.map(str::to_string),
+            raw: truncate_chars(raw, PROBLEM_RAW_LIMIT),
+        }
+    }
+}
+
 impl fmt::Display for BlockProblem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: {}", self.code, self.message)
@@ -136,72 +198,6 @@ impl fmt::Display for BlockProblem {
 }
 
 impl std::error::Error for BlockProblem {}
-
-// ---------------------------------------------------------------------------
-// Values with a domain in the seed
-// ---------------------------------------------------------------------------
-
-/// The parties of seed 004's loop: `[Planner | Actor | Judge | Human]`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum Role {
-    Planner,
-    Actor,
-    Judge,
-    Human,
-}
-
-impl Role {
-    /// The role a value names by its first word, in any case (`Judge`,
-    /// `judge (for review)`); `None` for anything else, such as an agent's
-    /// own name (`leo`).
-    pub fn from_value(value: &str) -> Option<Role> {
-        let word = first_word(value)?.to_lowercase();
-        match word.as_str() {
-            "planner" => Some(Role::Planner),
-            "actor" => Some(Role::Actor),
-            "judge" => Some(Role::Judge),
-            "human" => Some(Role::Human),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Planner => "Planner",
-            Role::Actor => "Actor",
-            Role::Judge => "Judge",
-            Role::Human => "Human",
-        }
-    }
-}
-
-/// `[low | medium | high]`; written lowercase, as the seed writes it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RiskLevel {
-    Low,
-    Medium,
-    High,
-}
-
-impl RiskLevel {
-    fn from_word(word: &str) -> Option<RiskLevel> {
-        match word.to_lowercase().as_str() {
-            "low" => Some(RiskLevel::Low),
-            "medium" => Some(RiskLevel::Medium),
-            "high" => Some(RiskLevel::High),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RiskLevel::Low => "low",
-            RiskLevel::Medium => "medium",
-            RiskLevel::High => "high",
-        }
-    }
-}
 
 /// Confidence on the seed's scale (`1-5 scale: 1=uncertain, 5=verified`),
 /// with the text it was read from (`4/5 — tests pass`).
@@ -242,76 +238,6 @@ impl Blockers {
     /// The agent said there is nothing blocking it.
     pub fn is_none(&self) -> bool {
         self.items.is_empty()
-    }
-}
-
-/// The six fields of the seed's Context Summary Block, in its order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SummaryField {
-    Goal,
-    CurrentState,
-    NextAgent,
-    Confidence,
-    RiskLevel,
-    Blockers,
-}
-
-impl SummaryField {
-    pub const ALL: [SummaryField; 6] = [
-        SummaryField::Goal,
-        SummaryField::CurrentState,
-        SummaryField::NextAgent,
-        SummaryField::Confidence,
-        SummaryField::RiskLevel,
-        SummaryField::Blockers,
-    ];
-
-    /// The name as the seed writes it.
-    pub fn label(self) -> &'static str {
-        match self {
-            SummaryField::Goal => "Goal",
-            SummaryField::CurrentState => "Current State",
-            SummaryField::NextAgent => "Next Agent",
-            SummaryField::Confidence => "Confidence",
-            SummaryField::RiskLevel => "Risk Level",
-            SummaryField::Blockers => "Blockers",
-        }
-    }
-}
-
-/// The six keys of the seed's signal block, in its order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SignalField {
-    Agent,
-    Cycle,
-    Step,
-    Confidence,
-    Risk,
-    Next,
-}
-
-impl SignalField {
-    pub const ALL: [SignalField; 6] = [
-        SignalField::Agent,
-        SignalField::Cycle,
-        SignalField::Step,
-        SignalField::Confidence,
-        SignalField::Risk,
-        SignalField::Next,
-    ];
-
-    /// The key as the seed writes it.
-    pub fn label(self) -> &'static str {
-        match self {
-            SignalField::Agent => "Agent",
-            SignalField::Cycle => "Cycle",
-            SignalField::Step => "Step",
-            SignalField::Confidence => "Confidence",
-            SignalField::Risk => "Risk",
-            SignalField::Next => "Next",
-        }
     }
 }
 
@@ -361,25 +287,26 @@ pub struct ContextSummary {
 /// blank line followed by prose, another heading, a code fence, a rule or
 /// a signal block line.
 pub fn parse_context_summary(output: &str) -> Option<Result<ContextSummary, BlockProblem>> {
-    let lines = split_lines(output);
-    let mut last: Option<Scan> = None;
+    let lines: Vec<Line> = split_lines(output).into_iter().map(Line::new).collect();
+    let mut last = None;
     let mut i = 0;
     while i < lines.len() {
-        if let Some(Heading::ContextSummary) = heading(lines[i]) {
-            let (scan, end) = scan_block(&lines, Some(i), i + 1);
+        let headed = lines[i].kind == Kind::Heading { summary: true };
+        let starts_field = lines[i].kind != Kind::Blank
+            && !matches!(lines[i].kind, Kind::Heading { .. })
+            && matches!(lines[i].pair, Some((Slot::Field(_), ..)));
+        if !headed && !starts_field {
+            i += 1;
+            continue;
+        }
+        let scan = match headed {
+            true => scan_block(&lines, Some(i), i + 1),
+            false => scan_block(&lines, None, i),
+        };
+        i = scan.end.max(i + 1);
+        if headed || scan.distinct_fields() >= HEADLESS_MIN_FIELDS {
             last = Some(scan);
-            i = end.max(i + 1);
-            continue;
         }
-        if starts_summary_field(lines[i]) {
-            let (scan, end) = scan_block(&lines, None, i);
-            if scan.distinct_fields() >= HEADLESS_MIN_FIELDS {
-                last = Some(scan);
-            }
-            i = end.max(i + 1);
-            continue;
-        }
-        i += 1;
     }
     last.map(|scan| build_summary(&lines, &scan))
 }
@@ -389,14 +316,7 @@ impl ContextSummary {
     /// `"{Current State} (goal: {Goal})"`, or whichever of the two is there,
     /// on one line, at most [`SUMMARY_TEXT_LIMIT`] characters.
     pub fn summary_text(&self) -> Option<String> {
-        let goal = self.goal.as_deref().map(one_line);
-        let state = self.current_state.as_deref().map(one_line);
-        let text = match (state, goal) {
-            (Some(state), Some(goal)) => format!("{state} (goal: {goal})"),
-            (Some(state), None) => state,
-            (None, Some(goal)) => format!("Goal: {goal}"),
-            (None, None) => return None,
-        };
+        let text = with_aside(&self.current_state, &self.goal, "goal")?;
         Some(truncate_chars(&text, SUMMARY_TEXT_LIMIT))
     }
 
@@ -412,14 +332,8 @@ impl ContextSummary {
     /// For `report.json` `next_priority`: the next steps when the block has
     /// them (with the next agent in parentheses), else `Next agent: {name}`.
     pub fn next_priority(&self) -> Option<String> {
-        let steps = self.next_steps.as_deref().map(one_line);
-        let agent = self.next_agent.as_ref().map(|a| one_line(&a.name));
-        let text = match (steps, agent) {
-            (Some(steps), Some(agent)) => format!("{steps} (next agent: {agent})"),
-            (Some(steps), None) => steps,
-            (None, Some(agent)) => format!("Next agent: {agent}"),
-            (None, None) => return None,
-        };
+        let agent = self.next_agent.as_ref().map(|a| a.name.clone());
+        let text = with_aside(&self.next_steps, &agent, "next agent")?;
         Some(truncate_chars(&text, FIELD_TEXT_LIMIT))
     }
 
@@ -427,41 +341,39 @@ impl ContextSummary {
     /// markdown, one `Field: value` line per field present (values on one
     /// line), at most [`HANDOFF_NOTES_LIMIT`] characters.
     pub fn handoff_notes(&self) -> Option<String> {
-        let mut lines: Vec<String> = Vec::new();
-        let mut add = |label: &str, value: &str| {
-            let value = one_line(value);
-            if !value.is_empty() {
-                lines.push(format!("{label}: {value}"));
-            }
-        };
-        if let Some(goal) = &self.goal {
-            add("Goal", goal);
-        }
-        if let Some(state) = &self.current_state {
-            add("Current State", state);
-        }
-        if let Some(next) = &self.next_agent {
-            add("Next Agent", &next.name);
-        }
-        if let Some(confidence) = &self.confidence {
-            add("Confidence", &format!("{}/5", confidence.level));
-        }
-        if let Some(risk) = &self.risk_level {
-            add("Risk Level", risk.level.as_str());
-        }
-        if let Some(blockers) = &self.blockers {
-            if blockers.is_none() {
-                add("Blockers", "none");
-            } else {
-                add("Blockers", &blockers.items.join("; "));
-            }
-        }
-        if let Some(steps) = &self.next_steps {
-            add("Next Steps", steps);
-        }
-        for (key, value) in &self.extra {
-            add(key, value);
-        }
+        let blockers = self.blockers.as_ref().map(|b| match b.is_none() {
+            true => "none".to_string(),
+            false => b.items.join("; "),
+        });
+        let fields = [
+            ("Goal", self.goal.clone()),
+            ("Current State", self.current_state.clone()),
+            (
+                "Next Agent",
+                self.next_agent.as_ref().map(|n| n.name.clone()),
+            ),
+            (
+                "Confidence",
+                self.confidence.as_ref().map(|c| format!("{}/5", c.level)),
+            ),
+            (
+                "Risk Level",
+                self.report_risk().map(|r| r.as_str().to_string()),
+            ),
+            ("Blockers", blockers),
+            ("Next Steps", self.next_steps.clone()),
+        ];
+        let extra = self
+            .extra
+            .iter()
+            .map(|(k, v)| (k.as_str(), Some(v.clone())));
+        let lines: Vec<String> = fields
+            .into_iter()
+            .chain(extra)
+            .filter_map(|(label, value)| Some((label, one_line(&value?))))
+            .filter(|(_, value)| !value.is_empty())
+            .map(|(label, value)| format!("{label}: {value}"))
+            .collect();
         (!lines.is_empty()).then(|| truncate_chars(&lines.join("\n"), HANDOFF_NOTES_LIMIT))
     }
 
@@ -481,7 +393,27 @@ impl ContextSummary {
     }
 }
 
-/// What a line of a block holds, for the six fields and the rest.
+/// `"{main} ({name}: {aside})"` on one line, or whichever of the two is
+/// there (`"{Name}: {aside}"` alone).
+fn with_aside(main: &Option<String>, aside: &Option<String>, name: &str) -> Option<String> {
+    let (main, aside) = (
+        main.as_deref().map(one_line),
+        aside.as_deref().map(one_line),
+    );
+    match (main, aside) {
+        (Some(main), Some(aside)) => Some(format!("{main} ({name}: {aside})")),
+        (Some(main), None) => Some(main),
+        (None, Some(aside)) => Some(format!(
+            "{}{}: {aside}",
+            name[..1].to_uppercase(),
+            &name[1..]
+        )),
+        (None, None) => None,
+    }
+}
+
+/// What a `Key: value` of a block holds: one of the six fields, the next
+/// steps, or anything else.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Slot {
     Field(SummaryField),
@@ -489,41 +421,97 @@ enum Slot {
     Extra,
 }
 
-fn summary_slot(key: &str) -> Slot {
-    match normalize_key(key).as_str() {
-        "goal" => Slot::Field(SummaryField::Goal),
-        "current state" => Slot::Field(SummaryField::CurrentState),
-        "next agent" => Slot::Field(SummaryField::NextAgent),
-        "confidence" | "confidence level" => Slot::Field(SummaryField::Confidence),
-        "risk level" | "risk" => Slot::Field(SummaryField::RiskLevel),
-        "blockers" | "blocker" | "blocked by" => Slot::Field(SummaryField::Blockers),
-        // A bare `Next:` in prose form is what to do, not who does it (the
-        // signal block's `Next=` is the agent; there the form says so).
-        "next steps" | "next step" | "next" | "next priority" | "next action" | "next actions" => {
-            Slot::NextSteps
+impl Slot {
+    fn of(key: &str) -> Slot {
+        use SummaryField::*;
+        match normalize_key(key).as_str() {
+            "goal" => Slot::Field(Goal),
+            "current state" => Slot::Field(CurrentState),
+            "next agent" => Slot::Field(NextAgent),
+            "confidence" | "confidence level" => Slot::Field(Confidence),
+            "risk level" | "risk" => Slot::Field(RiskLevel),
+            "blockers" | "blocker" | "blocked by" => Slot::Field(Blockers),
+            // A bare `Next:` in prose form is what to do, not who does it (the
+            // signal block's `Next=` is the agent; there the form says so).
+            "next steps" | "next step" | "next" | "next priority" | "next action"
+            | "next actions" => Slot::NextSteps,
+            _ => Slot::Extra,
         }
-        _ => Slot::Extra,
     }
 }
 
-/// One `Key: value` of a block, with the list lines under it.
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Blank,
+    /// A `#` heading, or a line that is only the words Context Summary.
+    Heading {
+        summary: bool,
+    },
+    /// A code fence, a rule or a signal block line: the wrapping of a block
+    /// before its first field, its end after.
+    Wrapping,
+    Text,
+}
+
+/// One line of output, classified once.
+struct Line<'a> {
+    /// As written, without its line ending.
+    text: &'a str,
+    kind: Kind,
+    /// Without indentation, blockquote markers and list marker.
+    body: &'a str,
+    /// A list item or an indented line: a continuation of the field above.
+    item: bool,
+    /// The line as `Key: value`, if it is one.
+    pair: Option<(Slot, String, &'a str)>,
+}
+
+impl<'a> Line<'a> {
+    fn new(text: &'a str) -> Line<'a> {
+        let trimmed = text.trim();
+        let kind = if trimmed.is_empty() {
+            Kind::Blank
+        } else if let Some(summary) = heading(trimmed) {
+            Kind::Heading { summary }
+        } else if is_fence(trimmed) || is_rule(trimmed) {
+            Kind::Wrapping
+        } else {
+            Kind::Text
+        };
+        let mut body = trimmed;
+        while let Some(rest) = body.strip_prefix('>') {
+            body = rest.trim_start();
+        }
+        let listed = strip_list_marker(body).map(|rest| body = rest.trim());
+        let pair = key_value(body).map(|(key, value)| (Slot::of(&key), key, value));
+        Line {
+            text,
+            kind,
+            body,
+            item: listed.is_some() || text.starts_with([' ', '\t']),
+            pair,
+        }
+    }
+}
+
+/// One `Key: value` of a block, with the lines under it.
 struct Entry<'a> {
     slot: Slot,
     key: String,
-    inline: &'a str,
-    more: Vec<&'a str>,
+    lines: Vec<&'a str>,
 }
 
 impl Entry<'_> {
+    /// The value so far is empty: the lines under it are its value.
+    fn open(&self) -> bool {
+        self.lines[0].is_empty()
+    }
+
     /// The value's lines, each without its markdown wrapping, empty ones
     /// dropped.
     fn parts(&self) -> Vec<&str> {
-        std::iter::once(self.inline)
-            .chain(self.more.iter().copied())
-            .map(unwrap_value)
-            .filter(|p| !p.is_empty())
-            .collect()
+        let parts = self.lines.iter().map(|l| unwrap_value(l));
+        parts.filter(|p| !p.is_empty()).collect()
     }
 
     fn value(&self) -> String {
@@ -531,254 +519,207 @@ impl Entry<'_> {
     }
 }
 
-/// Where a candidate block is in the output, and what it holds.
-#[derive(Debug)]
+/// A candidate block: its first line (the heading, or the first field), its
+/// last, what it holds, and the line where the scan stopped.
 struct Scan<'a> {
-    /// The heading line, or the first field's line.
     start: usize,
-    /// The last line that belongs to the block.
     last: usize,
+    end: usize,
     entries: Vec<Entry<'a>>,
 }
 
 impl Scan<'_> {
-    fn distinct_fields(&self) -> usize {
-        let mut seen: Vec<SummaryField> = Vec::new();
-        for entry in &self.entries {
-            if let Slot::Field(field) = entry.slot
-                && !seen.contains(&field)
-            {
-                seen.push(field);
-            }
-        }
-        seen.len()
+    fn distinct_fields(&self) -> u32 {
+        let fields = self.entries.iter().filter_map(|e| match e.slot {
+            Slot::Field(field) => Some(1u8 << field as u8),
+            _ => None,
+        });
+        fields.fold(0, |seen, field| seen | field).count_ones()
     }
 }
 
-/// Reads one block from line `from` on; returns it and the index of the
-/// first line after it.
-fn scan_block<'a>(lines: &[&'a str], heading_at: Option<usize>, from: usize) -> (Scan<'a>, usize) {
+/// Reads one block from line `from` on, stopping at the first line that is
+/// not part of it.
+fn scan_block<'a>(lines: &[Line<'a>], heading_at: Option<usize>, from: usize) -> Scan<'a> {
     let start = heading_at.unwrap_or(from);
-    let mut scan = Scan {
-        start,
-        last: start,
-        entries: Vec::new(),
-    };
-    let mut blank_since_entry = false;
+    let mut entries: Vec<Entry<'a>> = Vec::new();
+    let mut last = start;
+    let mut blank_since = false;
     let mut i = from;
     while i < lines.len() {
-        let line = lines[i];
-        let trimmed = line.trim();
-        let started = !scan.entries.is_empty();
-        if trimmed.is_empty() {
-            blank_since_entry = true;
-            i += 1;
-            continue;
-        }
-        if heading(line).is_some() {
-            break;
-        }
-        if is_fence(trimmed) || is_rule(trimmed) || split_signal_line(line).is_some() {
-            // Before the first field these are the wrapping of the block
-            // (a fence opened under the heading); after it, its end.
-            if started {
-                break;
-            }
-            i += 1;
-            continue;
-        }
-        let shape = shape(line);
-        let key_value = key_value(shape.body);
-        let slot = key_value.as_ref().map(|(key, _)| summary_slot(key));
-        // A field whose value is empty so far takes the lines under it.
-        let (open, bare) = scan.entries.last().map_or((false, false), |e| {
-            (
-                e.inline.is_empty(),
-                e.inline.is_empty() && e.more.is_empty(),
-            )
-        });
-        let item = shape.listed || shape.indented;
-        match (key_value, slot) {
-            (Some((key, value)), Some(slot)) if slot != Slot::Extra => {
-                scan.entries.push(Entry {
-                    slot,
-                    key,
-                    inline: value,
-                    more: Vec::new(),
+        let line = &lines[i];
+        let started = !entries.is_empty();
+        // A signal block line is wrapping too; looked for only here, as few
+        // lines are inside a block.
+        let kind = match line.kind {
+            Kind::Text if split_signal_line(line.text).is_some() => Kind::Wrapping,
+            kind => kind,
+        };
+        match kind {
+            Kind::Blank => blank_since = true,
+            Kind::Heading { .. } => break,
+            Kind::Wrapping if started => break,
+            Kind::Wrapping => {}
+            Kind::Text => {
+                let (open, bare) = entries.last().map_or((false, false), |e| {
+                    (e.open(), e.open() && e.lines.len() == 1)
                 });
-            }
-            _ if open && (item || (bare && !blank_since_entry)) => {
-                if let Some(entry) = scan.entries.last_mut() {
-                    entry.more.push(shape.body);
+                let entry = |(slot, key, value): &(Slot, String, &'a str)| Entry {
+                    slot: *slot,
+                    key: key.clone(),
+                    lines: vec![*value],
+                };
+                match &line.pair {
+                    Some(pair) if pair.0 != Slot::Extra => entries.push(entry(pair)),
+                    // A field whose value is empty so far takes the lines under it.
+                    _ if open && (line.item || (bare && !blank_since)) => {
+                        entries.last_mut().unwrap().lines.push(line.body);
+                    }
+                    // Another key inside the block. A bare `Then:` after a
+                    // blank line is a lead-in to what follows, not part of it.
+                    Some(pair)
+                        if (started || heading_at.is_some())
+                            && (!pair.2.is_empty() || (started && !blank_since)) =>
+                    {
+                        entries.push(entry(pair));
+                    }
+                    _ if started && line.item && !blank_since => {
+                        entries.last_mut().unwrap().lines.push(line.body);
+                    }
+                    _ if started => break,
+                    // Prose between the heading and the first field.
+                    _ => {}
+                }
+                if !entries.is_empty() {
+                    last = i;
+                    blank_since = false;
                 }
             }
-            // Another key inside the block. A bare `Then:` after a blank
-            // line is a lead-in to what follows, not part of the block.
-            (Some((key, value)), Some(slot))
-                if (started || heading_at.is_some())
-                    && (!value.is_empty() || (started && !blank_since_entry)) =>
-            {
-                scan.entries.push(Entry {
-                    slot,
-                    key,
-                    inline: value,
-                    more: Vec::new(),
-                });
-            }
-            _ if started && item && !blank_since_entry => {
-                if let Some(entry) = scan.entries.last_mut() {
-                    entry.more.push(shape.body);
-                }
-            }
-            _ if started => break,
-            _ => {
-                // Prose between the heading and the first field.
-                i += 1;
-                continue;
-            }
         }
-        scan.last = i;
-        blank_since_entry = false;
         i += 1;
     }
-    (scan, i)
-}
-
-fn starts_summary_field(line: &str) -> bool {
-    let trimmed = line.trim();
-    if trimmed.is_empty() || heading(line).is_some() {
-        return false;
+    Scan {
+        start,
+        last,
+        end: i,
+        entries,
     }
-    key_value(shape(line).body).is_some_and(|(key, _)| matches!(summary_slot(&key), Slot::Field(_)))
 }
 
-fn build_summary(lines: &[&str], scan: &Scan<'_>) -> Result<ContextSummary, BlockProblem> {
-    let raw = lines[scan.start..=scan.last].join("\n");
-    let problem = |code: ProblemCode, field: Option<&str>, message: String| BlockProblem {
-        code,
-        message,
-        field: field.map(str::to_string),
-        raw: truncate_chars(&raw, PROBLEM_RAW_LIMIT),
-    };
+fn build_summary(lines: &[Line], scan: &Scan) -> Result<ContextSummary, BlockProblem> {
+    let raw: Vec<&str> = lines[scan.start..=scan.last]
+        .iter()
+        .map(|l| l.text)
+        .collect();
+    let raw = raw.join("\n");
+    let problem = |code, field, message| BlockProblem::new(code, field, message, &raw);
+    let none_of =
+        "none of the fields Goal, Current State, Next Agent, Confidence, Risk Level, Blockers";
     if scan.distinct_fields() == 0 {
-        let title = lines[scan.start].trim();
-        return Err(problem(
-            ProblemCode::SummaryMalformed,
-            None,
-            format!(
-                "`{}` is followed by none of the fields Goal, Current State, Next Agent, \
-                 Confidence, Risk Level, Blockers",
-                truncate_chars(title, 80)
-            ),
-        ));
+        let title = truncate_chars(lines[scan.start].text.trim(), 80);
+        let message = format!("`{title}` is followed by {none_of}");
+        return Err(problem(ProblemCode::SummaryMalformed, None, message));
     }
-    let mut summary = ContextSummary::default();
-    let mut seen: Vec<Slot> = Vec::new();
+    // The six fields in the seed's order, then the next steps.
+    let mut values: [Option<String>; 7] = Default::default();
+    let mut seen = [false; 7];
+    let (mut confidence, mut risk) = (None, None);
+    let mut extra: Vec<(String, String)> = Vec::new();
     for entry in &scan.entries {
-        let label = match entry.slot {
-            Slot::Field(field) => field.label(),
-            Slot::NextSteps => "Next Steps",
-            Slot::Extra => "",
-        };
-        if entry.slot != Slot::Extra {
-            if seen.contains(&entry.slot) {
-                return Err(problem(
-                    ProblemCode::SummaryDuplicateField,
-                    Some(label),
-                    format!("{label} is given more than once (as `{}`)", entry.key),
-                ));
-            }
-            seen.push(entry.slot);
-        }
         let value = entry.value();
-        if value.is_empty() && entry.slot != Slot::Extra {
-            continue;
-        }
-        match entry.slot {
-            Slot::Field(SummaryField::Goal) => summary.goal = Some(value),
-            Slot::Field(SummaryField::CurrentState) => summary.current_state = Some(value),
-            Slot::Field(SummaryField::NextAgent) => {
-                summary.next_agent = Some(NextAgent {
-                    role: Role::from_value(&value),
-                    name: value,
-                });
-            }
-            Slot::Field(SummaryField::Confidence) => {
-                let Some(level) = parse_confidence(&value) else {
-                    return Err(problem(
-                        ProblemCode::SummaryInvalidConfidence,
-                        Some(label),
-                        format!(
-                            "Confidence `{}` is not a whole number from 1 (uncertain) to 5 (verified)",
-                            truncate_chars(&value, 80)
-                        ),
-                    ));
-                };
-                summary.confidence = Some(Confidence { level, raw: value });
-            }
-            Slot::Field(SummaryField::RiskLevel) => {
-                let Some(level) = parse_risk(&value) else {
-                    return Err(problem(
-                        ProblemCode::SummaryInvalidRisk,
-                        Some(label),
-                        format!(
-                            "Risk Level `{}` is not one of low, medium, high",
-                            truncate_chars(&value, 80)
-                        ),
-                    ));
-                };
-                summary.risk_level = Some(Risk { level, raw: value });
-            }
-            Slot::Field(SummaryField::Blockers) => {
-                let parts = entry.parts();
-                let items = if parts.iter().all(|p| is_no_blocker(p)) {
-                    Vec::new()
-                } else {
-                    parts.iter().map(|p| p.to_string()).collect()
-                };
-                summary.blockers = Some(Blockers { items, raw: value });
-            }
-            Slot::NextSteps => summary.next_steps = Some(value),
+        let (index, label) = match entry.slot {
+            Slot::Field(field) => (field as usize, field.label()),
+            Slot::NextSteps => (6, "Next Steps"),
             Slot::Extra => {
-                let existing = summary
-                    .extra
-                    .iter_mut()
-                    .find(|(key, _)| normalize_key(key) == normalize_key(&entry.key));
-                match existing {
+                let key = normalize_key(&entry.key);
+                match extra.iter_mut().find(|(k, _)| normalize_key(k) == key) {
+                    None => extra.push((entry.key.clone(), value)),
                     Some((_, old)) if !value.is_empty() => {
-                        if !old.is_empty() {
-                            old.push('\n');
-                        }
+                        old.extend((!old.is_empty()).then_some('\n'));
                         old.push_str(&value);
                     }
                     Some(_) => {}
-                    None => summary.extra.push((entry.key.clone(), value)),
                 }
+                continue;
             }
+        };
+        if std::mem::replace(&mut seen[index], true) {
+            let message = format!("{label} is given more than once (as `{}`)", entry.key);
+            return Err(problem(
+                ProblemCode::SummaryDuplicateField,
+                Some(label),
+                message,
+            ));
         }
+        if value.is_empty() {
+            continue;
+        }
+        let short = || truncate_chars(&value, 80);
+        match entry.slot {
+            Slot::Field(SummaryField::Confidence) => {
+                confidence = Some(parse_confidence(&value).ok_or_else(|| {
+                    let message = format!(
+                        "Confidence `{}` is not a whole number from 1 (uncertain) to 5 (verified)",
+                        short()
+                    );
+                    problem(ProblemCode::SummaryInvalidConfidence, Some(label), message)
+                })?);
+            }
+            Slot::Field(SummaryField::RiskLevel) => {
+                risk = Some(parse_risk(&value).ok_or_else(|| {
+                    let message =
+                        format!("Risk Level `{}` is not one of low, medium, high", short());
+                    problem(ProblemCode::SummaryInvalidRisk, Some(label), message)
+                })?);
+            }
+            _ => {}
+        }
+        values[index] = Some(value);
     }
-    summary.missing = SummaryField::ALL
-        .into_iter()
-        .filter(|field| match field {
-            SummaryField::Goal => summary.goal.is_none(),
-            SummaryField::CurrentState => summary.current_state.is_none(),
-            SummaryField::NextAgent => summary.next_agent.is_none(),
-            SummaryField::Confidence => summary.confidence.is_none(),
-            SummaryField::RiskLevel => summary.risk_level.is_none(),
-            SummaryField::Blockers => summary.blockers.is_none(),
-        })
-        .collect();
-    if summary.missing.len() == SummaryField::ALL.len() {
-        return Err(problem(
-            ProblemCode::SummaryMalformed,
-            None,
-            "none of the fields Goal, Current State, Next Agent, Confidence, Risk Level, \
-             Blockers has a value"
-                .to_string(),
-        ));
+    let missing = missing(SummaryField::ALL, values.iter().map(Option::is_some));
+    if missing.len() == SummaryField::ALL.len() {
+        let message = format!("{none_of} has a value");
+        return Err(problem(ProblemCode::SummaryMalformed, None, message));
     }
-    summary.raw = raw;
-    Ok(summary)
+    let [
+        goal,
+        current_state,
+        next_agent,
+        confidence_raw,
+        risk_raw,
+        blockers,
+        next_steps,
+    ] = values;
+    Ok(ContextSummary {
+        goal,
+        current_state,
+        next_agent: next_agent.map(|name| NextAgent {
+            role: Role::from_value(&name),
+            name,
+        }),
+        confidence: (confidence.zip(confidence_raw)).map(|(level, raw)| Confidence { level, raw }),
+        risk_level: risk.zip(risk_raw).map(|(level, raw)| Risk { level, raw }),
+        blockers: blockers.map(|raw| {
+            let items = match raw.split('\n').all(is_no_blocker) {
+                true => Vec::new(),
+                false => raw.split('\n').map(str::to_string).collect(),
+            };
+            Blockers { items, raw }
+        }),
+        next_steps,
+        extra,
+        missing,
+        raw,
+    })
+}
+
+/// The fields not `present`, in order.
+fn missing<F>(all: impl IntoIterator<Item = F>, present: impl Iterator<Item = bool>) -> Vec<F> {
+    all.into_iter()
+        .zip(present)
+        .filter(|(_, p)| !p)
+        .map(|(f, _)| f)
+        .collect()
 }
 
 // ---------------------------------------------------------------------------
@@ -841,14 +782,12 @@ pub fn parse_signal_block(output: &str) -> Option<Result<SignalBlock, BlockProbl
     split_lines(output)
         .into_iter()
         .rev()
-        .find_map(|line| split_signal_line(line).map(|segments| build_signal(line, segments)))
+        .find_map(|line| split_signal_line(line).map(|parts| build_signal(line, parts)))
 }
 
-#[derive(Debug)]
-enum Segment {
-    Pair { key: String, value: String },
-    NotAPair(String),
-}
+/// One `|`-separated part of a signal block line: `Ok((key, value))`, or
+/// `Err(text)` when it is not `Key=value`.
+type Part = Result<(String, String), String>;
 
 fn signal_slot(key: &str) -> Option<SignalField> {
     match normalize_key(key).as_str() {
@@ -866,159 +805,123 @@ fn is_signal_key_char(c: char) -> bool {
     c.is_alphanumeric() || matches!(c, ' ' | '\t' | '_' | '-')
 }
 
-fn signal_key_ok(key: &str) -> bool {
-    let n = key.chars().count();
-    (1..=KEY_MAX_CHARS).contains(&n)
-        && key.chars().next().is_some_and(char::is_alphabetic)
-        && key.chars().all(is_signal_key_char)
-}
-
 /// The key of the first part: the words just before `=`, after any label
 /// (`SIGNAL BLOCK: Agent`, `` `Agent ``).
-fn first_key(text: &str) -> Option<&str> {
+fn first_key(text: &str) -> &str {
     let text = text.trim_end().trim_end_matches(['*', '`']).trim_end();
     let start = text
         .char_indices()
         .rev()
         .take_while(|(_, c)| is_signal_key_char(*c))
         .last()
-        .map(|(i, _)| i)?;
+        .map_or(text.len(), |(i, _)| i);
     let run = text[start..].trim();
-    if run.is_empty() {
-        return None;
-    }
-    if signal_slot(run).is_some() {
-        return Some(run);
-    }
     match run.rsplit(char::is_whitespace).next() {
-        Some(word) if signal_slot(word).is_some() => Some(word),
-        _ => Some(run),
+        Some(word) if signal_slot(run).is_none() && signal_slot(word).is_some() => word,
+        _ => run,
     }
 }
 
 /// The parts of a signal block line, or `None` if the line is not one.
-fn split_signal_line(line: &str) -> Option<Vec<Segment>> {
+fn split_signal_line(line: &str) -> Option<Vec<Part>> {
     if !line.contains('|') || !line.contains('=') {
         return None;
     }
-    let body = shape(line)
-        .body
-        .trim_matches(|c: char| c == '|' || c.is_whitespace());
-    let mut segments = Vec::new();
-    let mut known = 0;
-    for (n, part) in body.split('|').enumerate() {
-        let part = part.trim();
-        let Some(eq) = part.find('=') else {
-            segments.push(Segment::NotAPair(part.to_string()));
-            continue;
-        };
-        let key = if n == 0 {
-            first_key(&part[..eq])
-        } else {
-            Some(part[..eq].trim().trim_matches(['*', '`']).trim())
-        };
-        match key.filter(|k| signal_key_ok(k)) {
-            Some(key) => {
-                if signal_slot(key).is_some() {
-                    known += 1;
-                }
-                let value = part[eq + 1..].trim().trim_matches(['`', '*', '"']).trim();
-                segments.push(Segment::Pair {
-                    key: key.to_string(),
-                    value: unwrap_value(value).to_string(),
-                });
-            }
-            None => segments.push(Segment::NotAPair(part.to_string())),
-        }
+    let mut body = line.trim();
+    while let Some(rest) = body.strip_prefix('>') {
+        body = rest.trim_start();
     }
-    (segments.len() >= 2 && known >= 2).then_some(segments)
+    let body = strip_list_marker(body).map_or(body, str::trim);
+    let body = body.trim_matches(|c: char| c == '|' || c.is_whitespace());
+    let mut known = 0;
+    let parts: Vec<Part> = (body.split('|').enumerate())
+        .map(|(n, part)| {
+            let part = part.trim();
+            let (key, value) = part.split_once('=').ok_or_else(|| part.to_string())?;
+            let key = match n {
+                0 => first_key(key),
+                _ => key.trim().trim_matches(['*', '`']).trim(),
+            };
+            let key_ok = (1..=KEY_MAX_CHARS).contains(&key.chars().count())
+                && key.starts_with(char::is_alphabetic)
+                && key.chars().all(is_signal_key_char);
+            if !key_ok {
+                return Err(part.to_string());
+            }
+            known += usize::from(signal_slot(key).is_some());
+            let value = value.trim().trim_matches(['`', '*', '"']).trim();
+            Ok((key.to_string(), unwrap_value(value).to_string()))
+        })
+        .collect();
+    (parts.len() >= 2 && known >= 2).then_some(parts)
 }
 
-fn build_signal(line: &str, segments: Vec<Segment>) -> Result<SignalBlock, BlockProblem> {
-    let raw = line.trim().to_string();
-    let problem = |code: ProblemCode, field: Option<&str>, message: String| BlockProblem {
-        code,
-        message,
-        field: field.map(str::to_string),
-        raw: truncate_chars(&raw, PROBLEM_RAW_LIMIT),
-    };
-    let mut block = SignalBlock::default();
+fn build_signal(line: &str, parts: Vec<Part>) -> Result<SignalBlock, BlockProblem> {
+    let raw = line.trim();
+    let problem = |code, field, message| BlockProblem::new(code, field, message, raw);
+    let mut values: [Option<String>; 6] = Default::default();
+    let (mut confidence, mut risk) = (None, None);
+    let mut extra = Vec::new();
     let mut seen: Vec<String> = Vec::new();
-    for segment in segments {
-        let (key, value) = match segment {
-            Segment::Pair { key, value } => (key, value),
-            Segment::NotAPair(text) => {
-                return Err(problem(
-                    ProblemCode::SignalBlockMalformed,
-                    None,
-                    format!(
-                        "`{}` is not Key=value (expected Agent=… | Cycle=… | Step=… | \
-                         Confidence=… | Risk=… | Next=…)",
-                        truncate_chars(&text, 80)
-                    ),
-                ));
-            }
-        };
+    for part in parts {
+        let (key, value) = part.map_err(|text| {
+            let message = format!(
+                "`{}` is not Key=value (expected Agent=… | Cycle=… | Step=… | \
+                 Confidence=… | Risk=… | Next=…)",
+                truncate_chars(&text, 80)
+            );
+            problem(ProblemCode::SignalBlockMalformed, None, message)
+        })?;
         let slot = signal_slot(&key);
         let identity = slot.map_or_else(|| normalize_key(&key), |s| s.label().to_string());
         if seen.contains(&identity) {
-            return Err(problem(
-                ProblemCode::SignalBlockDuplicateField,
-                Some(&identity),
-                format!("{identity} is given more than once (as `{key}`)"),
-            ));
+            let message = format!("{identity} is given more than once (as `{key}`)");
+            let code = ProblemCode::SignalBlockDuplicateField;
+            return Err(problem(code, Some(&identity), message));
         }
         seen.push(identity);
         if value.is_empty() {
             continue;
         }
+        let short = || truncate_chars(&value, 80);
         match slot {
-            Some(SignalField::Agent) => block.agent = Some(value),
-            Some(SignalField::Cycle) => block.cycle = Some(value),
-            Some(SignalField::Step) => block.step = Some(value),
-            Some(SignalField::Next) => block.next = Some(value),
-            Some(SignalField::Confidence) => match parse_confidence(&value) {
-                Some(level) => block.confidence = Some(level),
-                None => {
-                    return Err(problem(
+            Some(SignalField::Confidence) => {
+                confidence = Some(parse_confidence(&value).ok_or_else(|| {
+                    let message =
+                        format!("Confidence={} is not a whole number from 1 to 5", short());
+                    problem(
                         ProblemCode::SignalBlockInvalidConfidence,
                         Some("Confidence"),
-                        format!(
-                            "Confidence={} is not a whole number from 1 to 5",
-                            truncate_chars(&value, 80)
-                        ),
-                    ));
-                }
-            },
-            Some(SignalField::Risk) => match parse_risk(&value) {
-                Some(level) => block.risk = Some(level),
-                None => {
-                    return Err(problem(
-                        ProblemCode::SignalBlockInvalidRisk,
-                        Some("Risk"),
-                        format!(
-                            "Risk={} is not one of low, medium, high",
-                            truncate_chars(&value, 80)
-                        ),
-                    ));
-                }
-            },
-            None => block.extra.push((key, value)),
+                        message,
+                    )
+                })?);
+            }
+            Some(SignalField::Risk) => {
+                risk = Some(parse_risk(&value).ok_or_else(|| {
+                    let message = format!("Risk={} is not one of low, medium, high", short());
+                    problem(ProblemCode::SignalBlockInvalidRisk, Some("Risk"), message)
+                })?);
+            }
+            _ => {}
+        }
+        match slot {
+            Some(field) => values[field as usize] = Some(value),
+            None => extra.push((key, value)),
         }
     }
-    block.missing = SignalField::ALL
-        .into_iter()
-        .filter(|field| match field {
-            SignalField::Agent => block.agent.is_none(),
-            SignalField::Cycle => block.cycle.is_none(),
-            SignalField::Step => block.step.is_none(),
-            SignalField::Confidence => block.confidence.is_none(),
-            SignalField::Risk => block.risk.is_none(),
-            SignalField::Next => block.next.is_none(),
-        })
-        .collect();
-    block.raw = raw;
-    Ok(block)
+    let missing = missing(SignalField::ALL, values.iter().map(Option::is_some));
+    let [agent, cycle, step, _, _, next] = values;
+    Ok(SignalBlock {
+        agent,
+        cycle,
+        step,
+        confidence,
+        risk,
+        next,
+        extra,
+        missing,
+        raw: raw.to_string(),
+    })
 }
 
 // ---------------------------------------------------------------------------
@@ -1063,49 +966,53 @@ fn parse_confidence(value: &str) -> Option<u8> {
 /// high`, `low/medium`, `low or medium`) are not a level.
 fn parse_risk(value: &str) -> Option<RiskLevel> {
     let value = unwrap_value(value).trim_start_matches(|c: char| !c.is_alphabetic());
-    let end = value
-        .find(|c: char| !c.is_alphabetic())
-        .unwrap_or(value.len());
-    let level = RiskLevel::from_word(&value[..end])?;
-    let rest = value[end..].trim_start();
+    let (word, rest) = split_word(value);
+    let level = RiskLevel::from_word(word)?;
+    let rest = rest.trim_start();
     let separated = rest.trim_start_matches(['|', '/', '-', '–', ',']);
-    let had_separator = separated.len() < rest.len();
-    let separated = separated.trim_start();
-    let (had_separator, next) = match separated.get(..3) {
-        Some(or) if or.eq_ignore_ascii_case("or ") => (true, separated[3..].trim_start()),
-        _ => (had_separator, separated),
-    };
-    let next_end = next
-        .find(|c: char| !c.is_alphabetic())
-        .unwrap_or(next.len());
-    if had_separator && RiskLevel::from_word(&next[..next_end]).is_some() {
-        return None;
+    let mut alternative = separated.len() < rest.len();
+    let mut next = separated.trim_start();
+    if next
+        .get(..3)
+        .is_some_and(|or| or.eq_ignore_ascii_case("or "))
+    {
+        (alternative, next) = (true, next[3..].trim_start());
     }
-    Some(level)
+    let offers_two = alternative && RiskLevel::from_word(split_word(next).0).is_some();
+    (!offers_two).then_some(level)
+}
+
+/// The letters at the start of `text`, and the rest.
+fn split_word(text: &str) -> (&str, &str) {
+    text.split_at(
+        text.find(|c: char| !c.is_alphabetic())
+            .unwrap_or(text.len()),
+    )
 }
 
 /// `None`, `-`, `N/A`, `No blockers`, `None identified`, `None (all green)`:
 /// nothing blocks. `None of the keys work` is a blocker.
 fn is_no_blocker(value: &str) -> bool {
-    let lower = unwrap_value(value)
+    let value = unwrap_value(value)
         .trim()
         .trim_end_matches(['.', '!'])
-        .trim()
-        .to_lowercase();
-    if matches!(
-        lower.as_str(),
-        "" | "-"
-            | "–"
-            | "—"
-            | "n/a"
-            | "na"
-            | "nil"
-            | "null"
-            | "nothing"
-            | "no"
-            | "no blocker"
-            | "no blockers"
-    ) {
+        .trim();
+    let lower = value.to_lowercase();
+    const NONE: [&str; 12] = [
+        "",
+        "-",
+        "–",
+        "—",
+        "n/a",
+        "na",
+        "nil",
+        "null",
+        "nothing",
+        "no",
+        "no blocker",
+        "no blockers",
+    ];
+    if NONE.contains(&lower.as_str()) {
         return true;
     }
     let words: Vec<&str> = lower
@@ -1114,8 +1021,7 @@ fn is_no_blocker(value: &str) -> bool {
         .collect();
     match words.as_slice() {
         ["none", "of", ..] => false,
-        ["none", ..] | ["n/a", ..] => true,
-        ["no", "blocker" | "blockers", ..] => true,
+        ["none", ..] | ["n/a", ..] | ["no", "blocker" | "blockers", ..] => true,
         [
             "no",
             "known" | "current" | "critical",
@@ -1129,41 +1035,30 @@ fn is_no_blocker(value: &str) -> bool {
 /// A value without the markdown around it: bold, italics, code, and the
 /// seed template's `[...]` (`**4**`, `` `low` ``, `[None]`).
 fn unwrap_value(value: &str) -> &str {
+    const WRAPS: [(&str, &str); 5] = [
+        ("**", "**"),
+        ("__", "__"),
+        ("`", "`"),
+        ("*", "*"),
+        ("[", "]"),
+    ];
     let mut value = value.trim();
     for _ in 0..4 {
-        let before = value;
-        for (open, close) in [
-            ("**", "**"),
-            ("__", "__"),
-            ("`", "`"),
-            ("*", "*"),
-            ("[", "]"),
-        ] {
-            if value.len() >= open.len() + close.len()
-                && value.starts_with(open)
-                && value.ends_with(close)
-            {
-                let inner = &value[open.len()..value.len() - close.len()];
-                if open == "[" && inner.contains(['[', ']']) {
-                    continue;
-                }
-                value = inner.trim();
-                break;
-            }
-        }
-        if value == before {
-            break;
+        let inner = WRAPS.iter().find_map(|(open, close)| {
+            let inner = value.strip_prefix(open)?.strip_suffix(close)?;
+            (*open != "[" || !inner.contains(['[', ']'])).then_some(inner)
+        });
+        match inner {
+            Some(inner) => value = inner.trim(),
+            None => break,
         }
     }
     value
 }
 
 fn first_word(value: &str) -> Option<&str> {
-    let value = value.trim_start_matches(|c: char| !c.is_alphabetic());
-    let end = value
-        .find(|c: char| !c.is_alphabetic())
-        .unwrap_or(value.len());
-    (end > 0).then(|| &value[..end])
+    let word = split_word(value.trim_start_matches(|c: char| !c.is_alphabetic())).0;
+    (!word.is_empty()).then_some(word)
 }
 
 // ---------------------------------------------------------------------------
@@ -1177,77 +1072,29 @@ fn split_lines(text: &str) -> Vec<&str> {
         .collect()
 }
 
-/// A line without its indentation, blockquote markers and list marker.
-struct Shape<'a> {
-    body: &'a str,
-    listed: bool,
-    indented: bool,
-}
-
-fn shape(line: &str) -> Shape<'_> {
-    let indented = line.starts_with([' ', '\t']);
-    let mut body = line.trim();
-    while let Some(rest) = body.strip_prefix('>') {
-        body = rest.trim_start();
-    }
-    match strip_list_marker(body) {
-        Some(rest) => Shape {
-            body: rest.trim(),
-            listed: true,
-            indented,
-        },
-        None => Shape {
-            body,
-            listed: false,
-            indented,
-        },
-    }
-}
-
+/// `s` without a leading list marker (`-`, `*`, `+`, `•`, `1.`, `1)`), if it
+/// has one.
 fn strip_list_marker(s: &str) -> Option<&str> {
-    for marker in ['-', '*', '+', '•'] {
-        if let Some(rest) = s.strip_prefix(marker)
-            && (rest.is_empty() || rest.starts_with([' ', '\t']))
-        {
-            return Some(rest);
-        }
-    }
     let digits = s.bytes().take_while(u8::is_ascii_digit).count();
-    if (1..=3).contains(&digits) {
-        let rest = &s[digits..];
-        if let Some(rest) = rest.strip_prefix(['.', ')'])
-            && (rest.is_empty() || rest.starts_with([' ', '\t']))
-        {
-            return Some(rest);
-        }
-    }
-    None
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Heading {
-    ContextSummary,
-    Other,
+    let rest = match s.strip_prefix(['-', '*', '+', '•']) {
+        Some(rest) => rest,
+        None if (1..=3).contains(&digits) => s[digits..].strip_prefix(['.', ')'])?,
+        None => return None,
+    };
+    (rest.is_empty() || rest.starts_with([' ', '\t'])).then_some(rest)
 }
 
 /// A markdown heading (`## …`), or a line that is only the words Context
-/// Summary (bold, with a colon, with `Block`).
-fn heading(line: &str) -> Option<Heading> {
-    let trimmed = line.trim();
+/// Summary (bold, with a colon, with `Block`): `Some(true)` when it names the
+/// Context Summary.
+fn heading(trimmed: &str) -> Option<bool> {
     let hashes = trimmed.bytes().take_while(|&b| b == b'#').count();
-    if hashes > 0 {
-        let title = &trimmed[hashes..];
-        if hashes > 6 || !(title.is_empty() || title.starts_with([' ', '\t'])) {
-            return None;
-        }
-        return Some(if names_context_summary(title, true) {
-            Heading::ContextSummary
-        } else {
-            Heading::Other
-        });
+    if hashes == 0 {
+        return (trimmed.len() <= 80 && names_context_summary(trimmed, false)).then_some(true);
     }
-    (trimmed.len() <= 80 && names_context_summary(trimmed, false))
-        .then_some(Heading::ContextSummary)
+    let title = &trimmed[hashes..];
+    let ok = hashes <= 6 && (title.is_empty() || title.starts_with([' ', '\t']));
+    ok.then(|| names_context_summary(title, true))
 }
 
 /// The words of `title` are "context summary" (then anything, when it is a
@@ -1265,7 +1112,7 @@ fn names_context_summary(title: &str, then_anything: bool) -> bool {
         .collect();
     match words.as_slice() {
         [context, summary, rest @ ..] if context == "context" && summary == "summary" => {
-            then_anything || rest.is_empty() || (rest.len() == 1 && rest[0] == "block")
+            then_anything || rest.is_empty() || rest == ["block"]
         }
         _ => false,
     }
@@ -1278,49 +1125,35 @@ fn is_fence(trimmed: &str) -> bool {
 /// A thematic break: `---`, `***`, `___`, `- - -`.
 fn is_rule(trimmed: &str) -> bool {
     let mut marks = trimmed.chars().filter(|c| !c.is_whitespace());
-    let Some(first) = marks.next() else {
-        return false;
-    };
-    matches!(first, '-' | '*' | '_') && {
-        let mut count = 1;
-        marks.all(|c| {
-            count += 1;
-            c == first
-        }) && count >= 3
-    }
+    let first = marks.next();
+    matches!(first, Some('-' | '*' | '_'))
+        && marks
+            .try_fold(1, |n, c| (Some(c) == first).then_some(n + 1))
+            .is_some_and(|n| n >= 3)
 }
 
 /// `Key: value` with the key bold or plain: `**Goal**: x`, `**Goal:** x`,
 /// `Goal: x`. A plain key needs a space after the colon, so that `10:30`
 /// and `https://` are not keys.
 fn key_value(body: &str) -> Option<(String, &str)> {
-    let colon = body.find(':')?;
-    let before = &body[..colon];
-    let mut after = &body[colon + 1..];
+    let (before, mut after) = body.split_once(':')?;
     let marker = ["**", "__", "*", "_", "`"]
         .into_iter()
         .find(|m| before.trim_start().starts_with(m));
-    if let Some(marker) = marker
-        && let Some(rest) = after.strip_prefix(marker)
-    {
-        after = rest;
-    }
-    if marker.is_none() && !(after.is_empty() || after.starts_with(char::is_whitespace)) {
-        return None;
+    match marker {
+        Some(marker) => after = after.strip_prefix(marker).unwrap_or(after),
+        None if !(after.is_empty() || after.starts_with(char::is_whitespace)) => return None,
+        None => {}
     }
     let key: String = before.chars().filter(|c| !matches!(c, '*' | '`')).collect();
     let key = key.trim().trim_matches('_').trim();
-    valid_key(key).then(|| (key.to_string(), after.trim()))
-}
-
-fn valid_key(key: &str) -> bool {
-    let n = key.chars().count();
-    (1..=KEY_MAX_CHARS).contains(&n)
-        && key.chars().next().is_some_and(char::is_alphabetic)
+    let key_ok = (1..=KEY_MAX_CHARS).contains(&key.chars().count())
+        && key.starts_with(char::is_alphabetic)
         && key.chars().all(|c| {
             c.is_alphanumeric() || matches!(c, ' ' | '_' | '-' | '/' | '(' | ')' | '&' | '\'' | '.')
         })
-        && key.split_whitespace().count() <= KEY_MAX_WORDS
+        && key.split_whitespace().count() <= KEY_MAX_WORDS;
+    key_ok.then(|| (key.to_string(), after.trim()))
 }
 
 /// `Current_State`, `current-state`, `Confidence (1-5)` → `current state`,
@@ -1374,27 +1207,23 @@ mod pairs {
     use serde::{Deserialize, Deserializer, Serializer};
     use serde_json::{Map, Value};
 
-    pub fn serialize<S: Serializer>(
-        pairs: &[(String, String)],
-        serializer: S,
-    ) -> Result<S::Ok, S::Error> {
-        let mut map = serializer.serialize_map(Some(pairs.len()))?;
+    pub fn serialize<S: Serializer>(pairs: &[(String, String)], s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(pairs.len()))?;
         for (key, value) in pairs {
             map.serialize_entry(key, value)?;
         }
         map.end()
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(
-        deserializer: D,
-    ) -> Result<Vec<(String, String)>, D::Error> {
-        let map = Map::<String, Value>::deserialize(deserializer)?;
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<(String, String)>, D::Error> {
+        let map = Map::<String, Value>::deserialize(d)?;
+        let text = |value| match value {
+            Value::String(text) => text,
+            other => other.to_string(),
+        };
         Ok(map
             .into_iter()
-            .map(|(key, value)| match value {
-                Value::String(text) => (key, text),
-                other => (key, other.to_string()),
-            })
+            .map(|(key, value)| (key, text(value)))
             .collect())
     }
 }
