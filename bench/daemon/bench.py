@@ -7,6 +7,7 @@
     bench.py startup  --out R.json --agents N [--wakes-after 0]
     bench.py idle     --out R.json [--agents 100] [--seconds 60] [--strace 1]
     bench.py summary  R.json...
+    bench.py table    R.json... [hooks.json]   (the issue's table; see bench/table.sh)
 
 Common options: --bin (agent-state), --fake-agent (fake_agent), --work (a directory
 on a real disk; each benchmark makes its own subdirectory), --pids (a file the
@@ -1099,6 +1100,64 @@ def cmd_summary(args):
         print(f"{a.ljust(w)} | {b}")
 
 
+def cmd_table(args):
+    """The issue's benchmark table from the JSON files of one run (bench/table.sh)."""
+    res = {}
+    for path in args.results:
+        try:
+            with open(path) as f:
+                r = json.load(f)
+        except (FileNotFoundError, ValueError):
+            continue
+        if "ratio_median" in r:
+            res["hooks"] = r
+        elif r.get("bench") == "latency" and r.get("label") == "default":
+            res["latency"] = r
+        elif r.get("bench") == "burst":
+            res["burst"] = r
+        elif r.get("bench") == "startup":
+            res.setdefault("startup", {})[r["agents"]] = r
+    rows = []
+    missing = "(not run)"
+    l = res.get("latency")
+    rows.append(("wake latency, rename -> agent running, p50 / p99",
+                 f"{l['latency_ms']['p50']:.1f} / {l['latency_ms']['p99']:.1f} ms ({l['wakes']} wakes, "
+                 f"{l['agents']} agents; exactly once {once(l.get('check'))})" if l else missing))
+    b = res.get("burst")
+    rows.append((f"burst, {b['messages'] if b else '?'} messages / {b['agents'] if b else '?'} agents",
+                 f"{b['msgs_per_s'] / 1000:.1f}k msg/s, exactly once {once(b['check'])}" if b else missing))
+    st = res.get("startup", {})
+    big = st[max(st)] if st else None
+    small = st[min(st)] if len(st) > 1 else None
+    n = f"{big['agents']} agents" if big else "? agents"
+    if big:
+        sec = big["second"]
+        rows.append((f"start-up, {n}, second start", f"{sec['ready_ms'] / 1000:.2f} s (first start "
+                     f"{big['first']['ready_ms'] / 1000:.1f} s)"))
+        rows.append((f"RSS, {n}", f"{sec['mem_settled']['VmRSS_kib'] / 1024:.0f} MiB at READY + 2 s"
+                     + (f", {sec['mem_after_wakes']['VmRSS_kib'] / 1024:.0f} MiB after the wakes"
+                        if sec.get("mem_after_wakes") else "")))
+        rows.append((f"SIGHUP reload, {n}", f"{sec['reload_ms'] / 1000:.2f} s"))
+        wa = sec.get("wakes_after")
+        swa = small["second"].get("wakes_after") if small else None
+        rows.append((f"wakes after start at {n}, p99 (vs at {small['agents'] if small else '?'} agents)",
+                     (f"{wa['p99']:.1f} ms vs {swa['p99']:.1f} ms" if swa else f"{wa['p99']:.1f} ms vs (not run)")
+                     + f" ({wa['n']} wakes each; exactly once {once(wa.get('check'))})" if wa else missing))
+    else:
+        for k in ("start-up, second start", "RSS", "SIGHUP reload", "wakes after start, p99"):
+            rows.append((k, missing))
+    h = res.get("hooks")
+    rows.append(("hook pair `session begin`+`end` vs Python baseline",
+                 f"{h['ratio_median']['python']:.1f}x ({h['median_ms']['rust']:.1f} ms vs "
+                 f"{h['median_ms']['python']:.1f} ms; precompiled Python {h['ratio_median']['python-pyc']:.1f}x; "
+                 f"medians of {h['pairs']} pairs; same files: {'yes' if h['equivalent'] else 'NO'})" if h else missing))
+    w = max(len(a) for a, _ in rows)
+    print(f"| {'figure'.ljust(w)} | measured |")
+    print(f"|{'-' * (w + 2)}|----------|")
+    for a, v in rows:
+        print(f"| {a.ljust(w)} | {v} |")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bin", default="target/release/agent-state")
@@ -1152,8 +1211,11 @@ def main():
     s = sub.add_parser("summary")
     s.add_argument("results", nargs="*")
 
+    s = sub.add_parser("table")
+    s.add_argument("results", nargs="*")
+
     for sp in sub.choices.values():
-        if sp.prog.endswith("summary"):
+        if sp.prog.endswith(("summary", "table")):
             continue
         sp.add_argument("--out", required=True)
 
@@ -1162,6 +1224,8 @@ def main():
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.cmd == "summary":
         return cmd_summary(args)
+    if args.cmd == "table":
+        return cmd_table(args)
     fn = {"latency": cmd_latency, "wakecli": cmd_wakecli, "burst": cmd_burst,
           "startup": cmd_startup, "idle": cmd_idle}[args.cmd]
     name = getattr(args, "name", None) or args.cmd

@@ -32,6 +32,7 @@
 #   START_TIMEOUT [900, QUICK 120]  seconds to wait for READY=1 at a start or a SIGHUP
 #   BENCH_TMPDIR [/var/tmp]  where the state roots go; must be a real disk (fsync must cost)
 #   KEEP [0]           1 keeps the work directory (roots, daemon logs, perf data, raw JSON)
+#   OUT_DIR            copy the results (one JSON per benchmark, build.txt) here at the end
 #   SKIP_BUILD [0]     1 skips `cargo build --release`
 #   AGENT_STATE_BIN    [target/release/agent-state]  another binary (then nothing is built)
 #
@@ -114,6 +115,9 @@ cleanup() {
             kill -KILL "$pid" 2>/dev/null || true
         fi
     done <"$PIDS"
+    if [[ -n ${OUT_DIR:-} && -d $WORK/results ]]; then
+        mkdir -p "$OUT_DIR" && cp "$WORK"/results/* "$OUT_DIR"/ 2>/dev/null || true
+    fi
     if [[ ${KEEP:-0} == 1 ]]; then
         echo "kept $WORK" >&2
     else
@@ -141,7 +145,11 @@ DRIVER=(python3 "$HERE/bench.py" --bin "$BIN" --fake-agent "$FAKE" --work "$WORK
     --max-seconds "$BENCH_MAX_SECONDS" --start-timeout "$START_TIMEOUT")
 {
     echo "binary: $BIN ($(stat -c '%y' "$BIN" | cut -d. -f1), sha256 $(sha256sum "$BIN" | cut -c1-16))"
-    echo "source: $(cd "$REPO" && git rev-parse --short HEAD 2>/dev/null || echo '?')$(cd "$REPO" && git status --porcelain -- src Cargo.toml Cargo.lock 2>/dev/null | grep -q . && echo ' + uncommitted changes in src/')"
+    if [[ -n ${AGENT_STATE_BIN:-} ]]; then
+        echo "source: ${BIN_SOURCE:-AGENT_STATE_BIN, not built here (BIN_SOURCE=... names its commit)}"
+    else
+        echo "source: $(cd "$REPO" && git rev-parse --short HEAD 2>/dev/null || echo '?')$(cd "$REPO" && git status --porcelain -- src Cargo.toml Cargo.lock 2>/dev/null | grep -q . && echo ' + uncommitted changes in src/')"
+    fi
     echo "machine: $(nproc) CPUs, $(uname -r), $BENCH_TMPDIR on $fstype ($(df -P "$BENCH_TMPDIR" | awk 'NR==2 {print $1}')), load $(cut -d' ' -f1-3 /proc/loadavg)"
 } >"$RESULTS/build.txt"
 cat "$RESULTS/build.txt" >&2
