@@ -7,6 +7,7 @@
     bench.py startup  --out R.json --agents N [--wakes-after 0]
     bench.py idle     --out R.json [--agents 100] [--seconds 60] [--strace 1]
     bench.py summary  R.json...
+    bench.py table    R.json... [hooks.json]   (the issue's table; see bench/table.sh)
 
 Common options: --bin (agent-state), --fake-agent (fake_agent), --work (a directory
 on a real disk; each benchmark makes its own subdirectory), --pids (a file the
@@ -40,8 +41,30 @@ MSG = b'{"from":"bench","subject":"s","priority":"high"}\n'
 # ---- small helpers -----------------------------------------------------------
 
 
+class BenchFailed(Exception):
+    """The benchmark cannot complete: said in one line, and the driver exits 1."""
+
+
 def log(*a):
     print(*a, file=sys.stderr, flush=True)
+
+
+def wait_or_kill(proc, timeout, what):
+    """Wait for a helper process (strace, perf) we asked to stop; SIGKILL it after `timeout` s."""
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        log(f"  {what} (pid {proc.pid}) did not stop within {timeout} s; SIGKILL")
+        proc.kill()
+        return proc.wait(10)
+
+
+def tail(path, n=15):
+    try:
+        with open(path, errors="replace") as f:
+            return f.readlines()[-n:]
+    except OSError:
+        return []
 
 
 def pct(values, p):
@@ -298,9 +321,9 @@ class Bench:
         deadline = time.monotonic() + self.args.start_timeout
         while not ready_evt.wait(0.5):
             if self.proc.poll() is not None:
-                raise RuntimeError(f"the daemon exited with {self.proc.returncode}; see {self.logf.name}")
+                raise BenchFailed(f"the daemon exited with {self.proc.returncode} before READY=1")
             if time.monotonic() > deadline:
-                raise RuntimeError("no READY=1 within --start-timeout")
+                raise BenchFailed(f"no READY=1 within --start-timeout ({self.args.start_timeout:g} s)")
         ready = self.ready_ns
         hb = os.path.join(self.root, ".daemon", "daemon.json")
         hb_ns = os.stat(hb).st_mtime_ns - t0_rt if os.path.exists(hb) else None
@@ -328,7 +351,7 @@ class Bench:
             except subprocess.TimeoutExpired:
                 log(f"daemon {self.proc.pid} did not stop within {timeout}s; SIGKILL")
                 self.proc.kill()
-                rc = self.proc.wait()
+                rc = self.proc.wait(30)
         else:
             rc = self.proc.returncode
         self.proc = None
@@ -437,10 +460,12 @@ def cmd_latency(args):
         cpu0 = proc_cpu(b.pid)
         offset = 0
         samples = []
+        expected = {}
         total = args.warmup + args.wakes
         for i in range(total):
             agent = names[i % len(names)]
             name = f"lat{i:06d}.json"
+            expected.setdefault(agent, []).append(name)
             tmp = b.write_tmp(agent, name, fsync=True)
             dst = os.path.join(b.inbox(agent), name)
             t_rt = time.time_ns()
@@ -455,10 +480,10 @@ def cmd_latency(args):
                 return bool(got)
 
             if not ino.until(stamped, 30, poll=0.05):
-                raise RuntimeError(f"wake {i}: no session started within 30 s")
+                raise BenchFailed(f"wake {i} ({agent}): no session started within 30 s")
             s = got[0]
             if len(got) != 1 or s["agent"] != agent:
-                raise RuntimeError(f"wake {i}: unexpected sessions {got}")
+                raise BenchFailed(f"wake {i} ({agent}): unexpected sessions {got}")
             processed = os.path.join(b.inbox(agent), "processed", name)
 
             def ended():
@@ -468,7 +493,8 @@ def cmd_latency(args):
                 return hb is not None and not hb["running"] and not hb["waiting"]
 
             if not ino.until(ended, 30, poll=0.05):
-                raise RuntimeError(f"wake {i}: session {s['sid']} did not end within 30 s")
+                raise BenchFailed(f"wake {i} ({agent}): session {s['sid']} did not end within 30 s "
+                                  f"(message not in processed/, or daemon.json still shows it running)")
             t_end = time.monotonic_ns()
             if i >= args.warmup:
                 samples.append(
@@ -484,10 +510,11 @@ def cmd_latency(args):
         notify = b.notify_count
         if tracer:
             tracer.send_signal(signal.SIGINT)
-            tracer.wait(30)
+            wait_or_kill(tracer, 30, "strace")
     finally:
         ino.close()
         rc = b.stop()
+    check, _ = verify_delivery(b, expected)
     started, spawned, counts = log_events(os.path.join(b.dir, "daemon.log"))
     to_started, started_to_agent, to_spawned, spawned_to_agent = [], [], [], []
     for s in samples:
@@ -524,6 +551,7 @@ def cmd_latency(args):
         "notify_datagrams": notify,
         "log_warn_error": counts,
         "daemon_exit": rc,
+        "check": check,
         "dir": b.dir,
     }
     if args.strace_counts:
@@ -566,11 +594,15 @@ def cmd_wakecli(args):
         for i in range(args.warmup + args.wakes):
             agent = names[i % len(names)]
             t0 = time.monotonic_ns()
-            r = subprocess.run([b.bin, "--config", b.config, "wake", agent, "--wait", "10s"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            try:
+                r = subprocess.run([b.bin, "--config", b.config, "wake", agent, "--wait", "10s"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30)
+            except subprocess.TimeoutExpired:
+                raise BenchFailed(f"wake {i} ({agent}): `agent-state wake --wait 10s` did not exit within 30 s")
             t1 = time.monotonic_ns()
             if r.returncode != 0:
-                raise RuntimeError(f"wake --wait failed: {r.stderr.decode()}")
+                raise BenchFailed(f"wake {i} ({agent}): `agent-state wake --wait` exited {r.returncode}: "
+                                  f"{r.stderr.decode(errors='replace').strip()}")
             new, offset2 = read_stamps(b.stamps, offset)
             deadline = time.monotonic() + 10
             while not new and time.monotonic() < deadline:
@@ -578,13 +610,14 @@ def cmd_wakecli(args):
                 new, offset2 = read_stamps(b.stamps, offset)
             offset = offset2
             if not new:
-                raise RuntimeError("no stamp after wake --wait")
+                raise BenchFailed(f"wake {i} ({agent}): `wake --wait` returned but the agent never ran")
 
             def ended():
                 hb = b.heartbeat()
                 return hb is not None and not hb["running"] and not hb["waiting"]
 
-            ino.until(ended, 30)
+            if not ino.until(ended, 30):
+                raise BenchFailed(f"wake {i} ({agent}): the session did not end within 30 s")
             if i >= args.warmup:
                 walls.append(t1 - t0)
                 to_agent.append(new[0]["mono"] - t0)
@@ -693,57 +726,17 @@ def cmd_burst(args):
     mem = proc_mem_kib(pid)
     if perf:
         perf.send_signal(signal.SIGINT)
-        perf.wait()
+        wait_or_kill(perf, 120, "perf record")
     rc = b.stop()
 
     # The end: the last rename into any processed/ (directory mtimes).
     last_processed_rt = max(os.stat(d).st_mtime_ns for d in processed_dirs if os.path.isdir(d))
     elapsed = (last_processed_rt - t_first_rt) / 1e9
 
-    # ---- verification: every message in exactly one processed/, nothing else anywhere.
-    missing = extra = left_inbox = left_claimed = rejected = 0
-    examples = []
-    for a in names:
-        ib = b.inbox(a)
-        got = set(dir_names(os.path.join(ib, "processed")))
-        want = set(expected[a])
-        missing += len(want - got)
-        extra += len(got - want)
-        if got != want and len(examples) < 5:
-            examples.append({"agent": a, "missing": sorted(want - got)[:3], "extra": sorted(got - want)[:3]})
-        left_inbox += sum(1 for n in dir_names(ib) if n.endswith(".json"))
-        for sd in dir_names(os.path.join(ib, ".claimed")):
-            left_claimed += len(dir_names(os.path.join(ib, ".claimed", sd)))
-        rejected += len(dir_names(os.path.join(ib, "rejected")))
-    # ... and claimed by exactly one session (the journal's session_start `messages`).
-    claims = {}
-    sessions = 0
-    outcomes = {}
-    per_session = []
-    for a in names:
-        try:
-            with open(os.path.join(b.root, a, "journal.jsonl")) as f:
-                for line in f:
-                    try:
-                        e = json.loads(line)
-                    except ValueError:
-                        continue
-                    ev = e.get("event")
-                    if ev == "session_start":
-                        sessions += 1
-                        ms = e.get("messages", [])
-                        per_session.append(len(ms))
-                        for m in ms:
-                            claims[(a, m)] = claims.get((a, m), 0) + 1
-                    elif ev in ("session_end", "error", "timeout"):
-                        k = e.get("outcome", ev) if ev == "session_end" else ev
-                        outcomes[k] = outcomes.get(k, 0) + 1
-        except FileNotFoundError:
-            pass
-    claimed_twice = sum(1 for v in claims.values() if v > 1)
-    never_claimed = sum(1 for a in names for n in expected[a] if (a, n[:-5]) not in claims)
-    ok = (not timed_out and missing == 0 and extra == 0 and left_inbox == 0 and left_claimed == 0
-          and rejected == 0 and claimed_twice == 0 and never_claimed == 0)
+    check, journal = verify_delivery(b, expected)
+    if timed_out:
+        check["ok"] = False
+    sessions, outcomes, per_session = journal["sessions"], journal["outcomes"], journal["per_session"]
     _, _, counts = log_events(os.path.join(b.dir, "daemon.log"))
     with open(os.path.join(b.dir, "timeline.json"), "w") as f:
         json.dump(timeline, f)
@@ -764,14 +757,74 @@ def cmd_burst(args):
         "outcomes": outcomes,
         "daemon_cpu_s": round(cpu_used, 2),
         "daemon_VmHWM_kib": max(max_hwm, mem["VmHWM_kib"]),
-        "check": {"ok": ok, "missing": missing, "extra_or_duplicate": extra, "left_in_inbox": left_inbox,
-                  "left_in_claimed": left_claimed, "rejected": rejected, "claimed_twice": claimed_twice,
-                  "never_claimed": never_claimed, "examples": examples},
+        "check": check,
         "log_warn_error": counts,
         "daemon_exit": rc,
         "dir": b.dir,
     }
     return result
+
+
+def verify_delivery(b, expected):
+    """The exactly-once check: every message of `expected` ({agent: [file names]})
+    is in its agent's processed/ exactly once, nothing else is there, nothing is
+    left in inbox/, .claimed/ or rejected/, and every message id appears in
+    exactly one session_start `messages` of the agent's journal.
+    Returns (check, journal stats)."""
+    missing = extra = left_inbox = left_claimed = rejected = 0
+    examples = []
+    for a in expected:
+        ib = b.inbox(a)
+        got = set(dir_names(os.path.join(ib, "processed")))
+        want = set(expected[a])
+        missing += len(want - got)
+        extra += len(got - want)
+        if got != want and len(examples) < 5:
+            examples.append({"agent": a, "missing": sorted(want - got)[:3], "extra": sorted(got - want)[:3]})
+        left_inbox += sum(1 for n in dir_names(ib) if n.endswith(".json"))
+        for sd in dir_names(os.path.join(ib, ".claimed")):
+            left_claimed += len(dir_names(os.path.join(ib, ".claimed", sd)))
+        rejected += len(dir_names(os.path.join(ib, "rejected")))
+    # ... and claimed by exactly one session (the journal's session_start `messages`).
+    claims = {}
+    sessions = 0
+    outcomes = {}
+    per_session = []
+    for a in expected:
+        try:
+            with open(os.path.join(b.root, a, "journal.jsonl")) as f:
+                for line in f:
+                    try:
+                        e = json.loads(line)
+                    except ValueError:
+                        continue
+                    ev = e.get("event")
+                    if ev == "session_start":
+                        sessions += 1
+                        ms = e.get("messages", [])
+                        per_session.append(len(ms))
+                        for m in ms:
+                            claims[(a, m)] = claims.get((a, m), 0) + 1
+                    elif ev in ("session_end", "error", "timeout"):
+                        k = e.get("outcome", ev) if ev == "session_end" else ev
+                        outcomes[k] = outcomes.get(k, 0) + 1
+        except FileNotFoundError:
+            pass
+    claimed_twice = sum(1 for v in claims.values() if v > 1)
+    never_claimed = sum(1 for a in expected for n in expected[a] if (a, n[:-5]) not in claims)
+    ok = (missing == 0 and extra == 0 and left_inbox == 0 and left_claimed == 0
+          and rejected == 0 and claimed_twice == 0 and never_claimed == 0)
+    check = {"ok": ok, "messages": sum(len(v) for v in expected.values()), "missing": missing,
+             "extra_or_duplicate": extra, "left_in_inbox": left_inbox, "left_in_claimed": left_claimed,
+             "rejected": rejected, "claimed_twice": claimed_twice, "never_claimed": never_claimed,
+             "examples": examples}
+    return check, {"sessions": sessions, "outcomes": outcomes, "per_session": per_session}
+
+
+def check_text(c):
+    return (f"{'OK' if c['ok'] else 'FAILED'} (missing {c['missing']}, dup/extra {c['extra_or_duplicate']}, "
+            f"inbox {c['left_in_inbox']}, claimed {c['left_in_claimed']}, rejected {c['rejected']}, "
+            f"twice {c['claimed_twice']}, never claimed {c['never_claimed']})")
 
 
 # ---- 3. start-up and RSS --------------------------------------------------------------
@@ -806,7 +859,9 @@ def cmd_startup(args):
                         reloaded = t
                         break
                 time.sleep(0.01)
-            r["reload_ms"] = round((reloaded - t0) / 1e6, 1) if reloaded else None
+            if reloaded is None:
+                raise BenchFailed(f"no READY=1 after SIGHUP within --start-timeout ({args.start_timeout:g} s)")
+            r["reload_ms"] = round((reloaded - t0) / 1e6, 1)
         if which == "second" and args.wakes_after:
             perf = None
             if args.perf:
@@ -817,7 +872,7 @@ def cmd_startup(args):
             r["wakes_after"] = small_latency(b, names, args.wakes_after)
             if perf:
                 perf.send_signal(signal.SIGINT)
-                perf.wait()
+                wait_or_kill(perf, 120, "perf record")
             r["mem_after_wakes"] = proc_mem_kib(b.pid)
         t = time.monotonic()
         r["exit"] = b.stop()
@@ -842,11 +897,13 @@ def small_latency(b, names, n):
     lat = []
     cpu0 = proc_cpu(b.pid)
     step = max(1, len(names) // n)
+    expected = {}
     try:
         for i in range(n):
             agent = names[(i * step) % len(names)]
             os.makedirs(os.path.join(b.inbox(agent), ".tmp"), exist_ok=True)
             name = f"lat{i:06d}.json"
+            expected.setdefault(agent, []).append(name)
             tmp = b.write_tmp(agent, name, fsync=True)
             t0 = time.monotonic_ns()
             os.rename(tmp, os.path.join(b.inbox(agent), name))
@@ -859,7 +916,7 @@ def small_latency(b, names, n):
                 return bool(got)
 
             if not ino.until(stamped, 30):
-                raise RuntimeError("no session within 30 s")
+                raise BenchFailed(f"wake {i} ({agent}): no session started within 30 s")
             lat.append(got[0]["mono"] - t0)
             processed = os.path.join(b.inbox(agent), "processed", name)
 
@@ -869,12 +926,15 @@ def small_latency(b, names, n):
                 hb = b.heartbeat()
                 return hb is not None and not hb["running"] and not hb["waiting"]
 
-            ino.until(ended, 30, poll=0.01)
+            if not ino.until(ended, 30, poll=0.01):
+                raise BenchFailed(f"wake {i} ({agent}): the session did not end within 30 s "
+                                  f"(message not in processed/, or daemon.json still shows it running)")
             time.sleep(0.05)
     finally:
         ino.close()
     d = dist(lat)
     d["daemon_cpu_ms_per_wake"] = round((proc_cpu(b.pid) - cpu0) * 1000 / n, 2)
+    d["check"], _ = verify_delivery(b, expected)
     return d
 
 
@@ -923,7 +983,7 @@ def cmd_idle(args):
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(args.seconds)
             st.send_signal(signal.SIGINT)
-            st.wait(30)
+            wait_or_kill(st, 30, "strace")
             calls = {}
             lines = []
             with open(trace, errors="replace") as f:
@@ -948,6 +1008,25 @@ def cmd_idle(args):
 # ---- summary -------------------------------------------------------------------------------
 
 
+def once(check):
+    """The exactly-once verdict in a summary row (results from before the check say so)."""
+    if check is None:
+        return "not checked"
+    return "OK" if check["ok"] else check_text(check)
+
+
+def failed_checks(result):
+    """The exactly-once checks of a result that failed, as (where, check)."""
+    out = []
+    if result.get("check") and not result["check"]["ok"]:
+        out.append((result["bench"], result["check"]))
+    for w in ("first", "second"):
+        wa = (result.get(w) or {}).get("wakes_after") or {}
+        if wa.get("check") and not wa["check"]["ok"]:
+            out.append((f"{result['bench']} {w} start, wakes after", wa["check"]))
+    return out
+
+
 def cmd_summary(args):
     rows = []
     loaded = []
@@ -966,14 +1045,15 @@ def cmd_summary(args):
             sc = r["syscalls_per_wake"]
             top = ", ".join(f"{n} {sc[n]:g}" for n in ("fsync", "fdatasync", "renameat", "rename", "openat", "read", "statx", "getdents64") if n in sc)
             rows.append((f"syscalls per wake (strace -f -c, {r['wakes']} wakes)",
-                         f"{top}; all: {sum(sc.values()):.0f} (one wake = begin + run + end)"))
+                         f"{top}; all: {sum(sc.values()):.0f} (one wake = begin + run + end); "
+                         f"exactly once: {once(r.get('check'))}"))
         elif k == "latency":
             l = r["latency_ms"]
             bd = r["breakdown_ms"]["rename_to_session_started_log"]
             rows.append((f"wake latency ({r['label']}, {r['wakes']} wakes, {r['agents']} agents)",
                          f"p50 {l['p50']:.2f} ms, p90 {l['p90']:.2f}, p99 {l['p99']:.2f}, max {l['max']:.2f}; "
                          f">20 ms: {r['over_20ms']}; rename->'started' log p50 {bd['p50'] if bd else '?'} ms; "
-                         f"daemon CPU {r['daemon_cpu_ms_per_wake']} ms/wake"))
+                         f"daemon CPU {r['daemon_cpu_ms_per_wake']} ms/wake; exactly once: {once(r.get('check'))}"))
         elif k == "wakecli":
             rows.append((f"agent-state wake --wait ({r['wakes']})",
                          f"CLI wall p50 {r['cli_wall_ms']['p50']:.1f} ms, p99 {r['cli_wall_ms']['p99']:.1f}; "
@@ -983,9 +1063,7 @@ def cmd_summary(args):
             c = r["check"]
             rows.append((f"burst {r['messages']} msgs / {r['agents']} agents, max_concurrent {r['max_concurrent']}",
                          f"{r['msgs_per_s']} msgs/s end to end ({r['first_rename_to_last_processed_s']} s; renames "
-                         f"{r['rename_s']} s); {r['sessions']} sessions; check {'OK' if c['ok'] else 'FAILED'} "
-                         f"(missing {c['missing']}, dup/extra {c['extra_or_duplicate']}, inbox {c['left_in_inbox']}, "
-                         f"claimed {c['left_in_claimed']}, rejected {c['rejected']}, twice {c['claimed_twice']})"
+                         f"{r['rename_s']} s); {r['sessions']} sessions; exactly once: {check_text(c)}"
                          f"{' TIMED OUT' if r['timed_out'] else ''}; daemon CPU {r['daemon_cpu_s']} s, "
                          f"VmHWM {r['daemon_VmHWM_kib'] / 1024:.1f} MiB"))
         elif k == "startup":
@@ -994,7 +1072,8 @@ def cmd_summary(args):
                 extra = ""
                 if s.get("wakes_after"):
                     wa = s["wakes_after"]
-                    extra = f"; {wa['n']} wakes after: p50 {wa['p50']:.2f} ms, p99 {wa['p99']:.2f}"
+                    extra = (f"; {wa['n']} wakes after: p50 {wa['p50']:.2f} ms, p99 {wa['p99']:.2f}, "
+                             f"exactly once: {once(wa.get('check'))}")
                 if s.get("reload_ms") is not None:
                     extra += f"; SIGHUP reload: READY again in {s['reload_ms']:.0f} ms"
                 rows.append((f"start-up, {r['agents']} agents, {w} start",
@@ -1021,6 +1100,64 @@ def cmd_summary(args):
         print(f"{a.ljust(w)} | {b}")
 
 
+def cmd_table(args):
+    """The issue's benchmark table from the JSON files of one run (bench/table.sh)."""
+    res = {}
+    for path in args.results:
+        try:
+            with open(path) as f:
+                r = json.load(f)
+        except (FileNotFoundError, ValueError):
+            continue
+        if "ratio_median" in r:
+            res["hooks"] = r
+        elif r.get("bench") == "latency" and r.get("label") == "default":
+            res["latency"] = r
+        elif r.get("bench") == "burst":
+            res["burst"] = r
+        elif r.get("bench") == "startup":
+            res.setdefault("startup", {})[r["agents"]] = r
+    rows = []
+    missing = "(not run)"
+    l = res.get("latency")
+    rows.append(("wake latency, rename -> agent running, p50 / p99",
+                 f"{l['latency_ms']['p50']:.1f} / {l['latency_ms']['p99']:.1f} ms ({l['wakes']} wakes, "
+                 f"{l['agents']} agents; exactly once {once(l.get('check'))})" if l else missing))
+    b = res.get("burst")
+    rows.append((f"burst, {b['messages'] if b else '?'} messages / {b['agents'] if b else '?'} agents",
+                 f"{b['msgs_per_s'] / 1000:.1f}k msg/s, exactly once {once(b['check'])}" if b else missing))
+    st = res.get("startup", {})
+    big = st[max(st)] if st else None
+    small = st[min(st)] if len(st) > 1 else None
+    n = f"{big['agents']} agents" if big else "? agents"
+    if big:
+        sec = big["second"]
+        rows.append((f"start-up, {n}, second start", f"{sec['ready_ms'] / 1000:.2f} s (first start "
+                     f"{big['first']['ready_ms'] / 1000:.1f} s)"))
+        rows.append((f"RSS, {n}", f"{sec['mem_settled']['VmRSS_kib'] / 1024:.0f} MiB at READY + 2 s"
+                     + (f", {sec['mem_after_wakes']['VmRSS_kib'] / 1024:.0f} MiB after the wakes"
+                        if sec.get("mem_after_wakes") else "")))
+        rows.append((f"SIGHUP reload, {n}", f"{sec['reload_ms'] / 1000:.2f} s"))
+        wa = sec.get("wakes_after")
+        swa = small["second"].get("wakes_after") if small else None
+        rows.append((f"wakes after start at {n}, p99 (vs at {small['agents'] if small else '?'} agents)",
+                     (f"{wa['p99']:.1f} ms vs {swa['p99']:.1f} ms" if swa else f"{wa['p99']:.1f} ms vs (not run)")
+                     + f" ({wa['n']} wakes each; exactly once {once(wa.get('check'))})" if wa else missing))
+    else:
+        for k in ("start-up, second start", "RSS", "SIGHUP reload", "wakes after start, p99"):
+            rows.append((k, missing))
+    h = res.get("hooks")
+    rows.append(("hook pair `session begin`+`end` vs Python baseline",
+                 f"{h['ratio_median']['python']:.1f}x ({h['median_ms']['rust']:.1f} ms vs "
+                 f"{h['median_ms']['python']:.1f} ms; precompiled Python {h['ratio_median']['python-pyc']:.1f}x; "
+                 f"medians of {h['pairs']} pairs; same files: {'yes' if h['equivalent'] else 'NO'})" if h else missing))
+    w = max(len(a) for a, _ in rows)
+    print(f"| {'figure'.ljust(w)} | measured |")
+    print(f"|{'-' * (w + 2)}|----------|")
+    for a, v in rows:
+        print(f"| {a.ljust(w)} | {v} |")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bin", default="target/release/agent-state")
@@ -1028,6 +1165,8 @@ def main():
     p.add_argument("--work", default="/var/tmp")
     p.add_argument("--pids")
     p.add_argument("--start-timeout", type=float, default=900)
+    p.add_argument("--max-seconds", type=int, default=3600,
+                   help="fail the benchmark (and stop its daemon) if it has not completed after this long; 0 = no bound")
     p.add_argument("--quiet-wait", type=float, default=0,
                    help="wait up to this many seconds for the machine to be idle before measuring")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -1072,8 +1211,11 @@ def main():
     s = sub.add_parser("summary")
     s.add_argument("results", nargs="*")
 
+    s = sub.add_parser("table")
+    s.add_argument("results", nargs="*")
+
     for sp in sub.choices.values():
-        if sp.prog.endswith("summary"):
+        if sp.prog.endswith(("summary", "table")):
             continue
         sp.add_argument("--out", required=True)
 
@@ -1082,8 +1224,43 @@ def main():
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.cmd == "summary":
         return cmd_summary(args)
+    if args.cmd == "table":
+        return cmd_table(args)
     fn = {"latency": cmd_latency, "wakecli": cmd_wakecli, "burst": cmd_burst,
           "startup": cmd_startup, "idle": cmd_idle}[args.cmd]
+    name = getattr(args, "name", None) or args.cmd
+    # Every wait in here has its own bound; this one bounds the whole benchmark
+    # (quiet wait included), so that nothing can hang a CI run.
+    if args.max_seconds > 0:
+        def overtime(*_):
+            raise BenchFailed(f"did not complete within --max-seconds ({args.max_seconds} s)")
+
+        signal.signal(signal.SIGALRM, overtime)
+        signal.alarm(args.max_seconds)
+    try:
+        result = measure(args, fn)
+    except BenchFailed as e:
+        signal.alarm(0)
+        log(f"bench.py {name}: FAILED: {e}")
+        bench_dir = os.path.join(os.path.abspath(args.work), name)
+        logs = sorted(n for n in dir_names(bench_dir) if n.startswith("daemon") and n.endswith(".log"))
+        if logs:
+            log(f"  last lines of {os.path.join(bench_dir, logs[-1])}:")
+            for line in tail(os.path.join(bench_dir, logs[-1])):
+                log("  | " + line.rstrip())
+        sys.exit(1)
+    signal.alarm(0)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(json.dumps(result, indent=1))
+    bad = failed_checks(result)
+    for where, c in bad:
+        log(f"bench.py {name}: FAILED: exactly-once check of {where}: {check_text(c)}; see {args.out}")
+    if bad:
+        sys.exit(1)
+
+
+def measure(args, fn):
     waited, busy0 = (0, None)
     if args.quiet_wait > 0:
         waited, busy0 = wait_quiet(args.quiet_wait)
@@ -1097,9 +1274,7 @@ def main():
     result["loadavg_before"] = load0
     result["loadavg_after"] = open("/proc/loadavg").read().split()[:3]
     result["machine"] = {"cpus": os.cpu_count(), "kernel": os.uname().release}
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
-    print(json.dumps(result, indent=1))
+    return result
 
 
 if __name__ == "__main__":

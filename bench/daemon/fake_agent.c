@@ -1,5 +1,6 @@
 /*
- * The benchmark's session command: records when it started and exits.
+ * The benchmark's session command: records when it started, prints one line
+ * and exits.
  *
  *   fake_agent STAMP_FILE {agent} {session_id}
  *
@@ -9,6 +10,12 @@
  * never interleave):
  *
  *   AGENT SESSION_ID REALTIME_NS MONOTONIC_NS PID
+ *
+ * Only then does it print one line on stdout ("fake_agent: AGENT SESSION_ID
+ * done"): a session that prints nothing is a failure to the daemon
+ * (SESSION_EMPTY_OUTPUT, retried), so a silent fake agent would never let a
+ * message reach processed/. The line comes after the stamp, so the measured
+ * latency does not include it.
  *
  * It does not read its stdin (the prompt): the daemon's runner copes with a
  * child that never reads it (tested in src/daemon/runner.rs). It exits 0, so
@@ -44,6 +51,9 @@ int main(int argc, char **argv)
     if (fd < 0 || write(fd, line, (size_t)n) != n)
         return 74;
     close(fd);
+    n = snprintf(line, sizeof line, "fake_agent: %s %s done\n", argv[2], argv[3]);
+    if (n <= 0 || n >= (int)sizeof line || write(STDOUT_FILENO, line, (size_t)n) != n)
+        return 74;
     const char *sleep_ms = getenv("FAKE_AGENT_SLEEP_MS");
     if (sleep_ms && *sleep_ms) {
         long ms = strtol(sleep_ms, NULL, 10);

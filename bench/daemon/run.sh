@@ -27,12 +27,17 @@
 #   IDLE_AGENTS [100]  IDLE_SECONDS [60*]  IDLE_STRACE [1]
 #   QUIET_WAIT [120]   before each benchmark, wait up to this many seconds for the machine
 #                      to be idle (3 s under 20% CPU); 0 = do not wait. Busy figures are recorded.
+#   BENCH_MAX_SECONDS [3600, QUICK 600]  a benchmark not done after this long fails (and its
+#                      daemon is stopped): no benchmark can hang
+#   START_TIMEOUT [900, QUICK 120]  seconds to wait for READY=1 at a start or a SIGHUP
 #   BENCH_TMPDIR [/var/tmp]  where the state roots go; must be a real disk (fsync must cost)
 #   KEEP [0]           1 keeps the work directory (roots, daemon logs, perf data, raw JSON)
+#   OUT_DIR            copy the results (one JSON per benchmark, build.txt) here at the end
 #   SKIP_BUILD [0]     1 skips `cargo build --release`
-#   AGENT_STATE_BIN    [target/release/agent-state]
+#   AGENT_STATE_BIN    [target/release/agent-state]  another binary (then nothing is built)
 #
-# Exit status: 0, or 1 if a benchmark failed or the burst's exactly-once check failed.
+# Exit status: 0, or 1 if a benchmark failed (could not complete within its bounds, or an
+# exactly-once check failed: the burst's, and the latency runs' over every message they sent).
 
 set -euo pipefail
 
@@ -62,6 +67,8 @@ IDLE_SECONDS=${IDLE_SECONDS:-$(q 60 10)}
 IDLE_STRACE=${IDLE_STRACE:-1}
 BENCH_TMPDIR=${BENCH_TMPDIR:-/var/tmp}
 QUIET_WAIT=${QUIET_WAIT:-120}
+BENCH_MAX_SECONDS=${BENCH_MAX_SECONDS:-$(q 3600 600)}
+START_TIMEOUT=${START_TIMEOUT:-$(q 900 120)}
 
 has() { [[ ,$BENCHES, == *,$1,* ]]; }
 say() { printf '\n== %s\n' "$*" >&2; }
@@ -82,7 +89,7 @@ if [[ $fstype == tmpfs || $fstype == ramfs ]]; then
     exit 64
 fi
 
-if [[ ${SKIP_BUILD:-0} != 1 ]]; then
+if [[ ${SKIP_BUILD:-0} != 1 && -z ${AGENT_STATE_BIN:-} ]]; then
     say "cargo build --release"
     (cd "$REPO" && cargo build --release)
 fi
@@ -108,6 +115,9 @@ cleanup() {
             kill -KILL "$pid" 2>/dev/null || true
         fi
     done <"$PIDS"
+    if [[ -n ${OUT_DIR:-} && -d $WORK/results ]]; then
+        mkdir -p "$OUT_DIR" && cp "$WORK"/results/* "$OUT_DIR"/ 2>/dev/null || true
+    fi
     if [[ ${KEEP:-0} == 1 ]]; then
         echo "kept $WORK" >&2
     else
@@ -131,10 +141,15 @@ gcc -O2 -shared -fPIC -o "$WORK/slowsync.so" "$HERE/slowsync.c" -ldl
 
 RESULTS=$WORK/results
 mkdir -p "$RESULTS"
-DRIVER=(python3 "$HERE/bench.py" --bin "$BIN" --fake-agent "$FAKE" --work "$WORK" --pids "$PIDS" --quiet-wait "$QUIET_WAIT")
+DRIVER=(python3 "$HERE/bench.py" --bin "$BIN" --fake-agent "$FAKE" --work "$WORK" --pids "$PIDS" --quiet-wait "$QUIET_WAIT"
+    --max-seconds "$BENCH_MAX_SECONDS" --start-timeout "$START_TIMEOUT")
 {
     echo "binary: $BIN ($(stat -c '%y' "$BIN" | cut -d. -f1), sha256 $(sha256sum "$BIN" | cut -c1-16))"
-    echo "source: $(cd "$REPO" && git rev-parse --short HEAD 2>/dev/null || echo '?')$(cd "$REPO" && git status --porcelain -- src Cargo.toml Cargo.lock 2>/dev/null | grep -q . && echo ' + uncommitted changes in src/')"
+    if [[ -n ${AGENT_STATE_BIN:-} ]]; then
+        echo "source: ${BIN_SOURCE:-AGENT_STATE_BIN, not built here (BIN_SOURCE=... names its commit)}"
+    else
+        echo "source: $(cd "$REPO" && git rev-parse --short HEAD 2>/dev/null || echo '?')$(cd "$REPO" && git status --porcelain -- src Cargo.toml Cargo.lock 2>/dev/null | grep -q . && echo ' + uncommitted changes in src/')"
+    fi
     echo "machine: $(nproc) CPUs, $(uname -r), $BENCH_TMPDIR on $fstype ($(df -P "$BENCH_TMPDIR" | awk 'NR==2 {print $1}')), load $(cut -d' ' -f1-3 /proc/loadavg)"
 } >"$RESULTS/build.txt"
 cat "$RESULTS/build.txt" >&2
@@ -148,7 +163,7 @@ run() { # NAME ARGS...: one benchmark; its JSON goes to $RESULTS/NAME.json
     "${DRIVER[@]}" "$@" --out "$RESULTS/$name.json" >/dev/null &
     DRIVER_PID=$!
     if ! wait "$DRIVER_PID"; then
-        echo "run.sh: benchmark $name failed (KEEP=1 keeps its logs)" >&2
+        echo "run.sh: benchmark $name FAILED (its reason is above; KEEP=1 keeps its logs)" >&2
         failed=1
     fi
     DRIVER_PID=
@@ -159,13 +174,7 @@ has nosync && run latency-nosync latency --name latency-nosync --wakes "$LAT_WAK
 has slowsync && run latency-slowsync latency --name latency-slowsync --label "slowsync +${SLOWSYNC_US}us per sync" --wakes "$SLOWSYNC_WAKES" --agents "$LAT_AGENTS" --gap "$LAT_GAP" --preload "$WORK/slowsync.so" --env "SLOWSYNC_US=$SLOWSYNC_US"
 has strace && run latency-strace latency --name latency-strace --wakes "$STRACE_WAKES" --warmup 0 --agents "$LAT_AGENTS" --gap "$LAT_GAP" --strace-counts 1
 has wakecli && run wakecli wakecli --wakes "$WAKECLI_WAKES" --agents "$LAT_AGENTS"
-if has burst; then
-    run burst burst --agents "$BURST_AGENTS" --per-agent "$BURST_PER_AGENT" --max-concurrent "$BURST_MAX_CONCURRENT" --timeout "$BURST_TIMEOUT" --perf "$BURST_PERF"
-    if [[ -f $RESULTS/burst.json ]] && ! python3 -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1]))["check"]["ok"] else 1)' "$RESULTS/burst.json"; then
-        echo "run.sh: the burst's exactly-once check FAILED; see $RESULTS/burst.json" >&2
-        failed=1
-    fi
-fi
+has burst && run burst burst --agents "$BURST_AGENTS" --per-agent "$BURST_PER_AGENT" --max-concurrent "$BURST_MAX_CONCURRENT" --timeout "$BURST_TIMEOUT" --perf "$BURST_PERF"
 if has startup; then
     for n in $STARTUP_AGENTS; do
         run "startup-$n" startup --agents "$n" --wakes-after "$STARTUP_WAKES_AFTER"

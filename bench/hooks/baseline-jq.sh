@@ -31,6 +31,10 @@
 #   * begin globs inbox/*.json for messages to claim, end lists
 #     inbox/.claimed/{session}/ before the journal line and, after it, moves
 #     the messages to processed/ and removes the directory;
+#   * the owner lock (src/owner.rs): begin creates sessions/{id}.owner (0644),
+#     takes `flock -xn` on it (fd 7) before the journal line and hands it to a
+#     detached keeper (`setsid bash`, polling) that holds it until the script
+#     exits or the file goes; end removes the file after its renames;
 #   * metrics.json: lifetime counters incremented, a session's end counted
 #     once (counted_session); at end the rolling 30-day window is recomputed
 #     from the whole journal (jq --rawfile); a plain session start changes no
@@ -411,6 +415,18 @@ begin() {
         | report_doc' "$(input_of "$R")"
     staged_r=$staged
 
+    # The owner lock, taken before the session is recorded as running.
+    local owner_lock=$D/sessions/$sid.owner have_owner_lock=0
+    [[ -d $D/sessions ]] || mkdir -m 0750 "$D/sessions"
+    exec 7<>"$owner_lock"
+    if flock -xn 7; then
+        have_owner_lock=1
+        printf '{"session_id":"%s","owner_pid":%s,"owner_start":%s}\n' "$sid" "$owner_pid" "$owner_start" >&7
+    else
+        echo "baseline: note: session $sid has no owner lock" >&2
+        exec 7<&-
+    fi
+
     journal_append "$(jq -nc "${common[@]}" "$JQ_DEFS"'
         ($msgs | split("\n") | map(select(length > 0))) as $m
         | {ts: $now, event: "session_start", session_id: $sid, type: $type, model: $model}
@@ -433,6 +449,14 @@ begin() {
             | (if $dt == "" then . else .lifetime.disconfirmation_attempts += 1 end)
             | .updated_at = $now' "$(input_of "$M")"
     fi
+
+    # The keeper: holds fd 7 (not the agent lock, fd 9, nor fd 8) until the
+    # owner exits or the session's end removes the lock file.
+    if ((have_owner_lock)) && [[ $owner_start != null ]]; then
+        setsid bash -c 'while [[ -e $1 ]] && kill -0 "$2" 2>/dev/null; do sleep 0.05; done' \
+            keeper "$owner_lock" "$owner_pid" </dev/null >/dev/null 2>&1 8<&- 9<&- &
+    fi
+    if ((have_owner_lock)); then exec 7<&-; fi
 
     printf '%s\n' "$sid"
     [[ -z $bad_se ]] || return 65
@@ -541,6 +565,7 @@ end_() {
     # (flag messages would be appended to memory.md here; none in the benchmark)
     commit "$staged_s" "$S"
     commit "$staged_r" "$R"
+    rm -f "$D/sessions/$sid.owner"
 
     write_json "$M" -n "${common[@]}" --rawfile journal "$J" "$JQ_DEFS"'
         (try input catch {}) | metrics_doc

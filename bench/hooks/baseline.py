@@ -30,6 +30,11 @@ same JSON shapes:
   inbox/.claimed/{session}/; end lists the claimed ones before the journal
   line, moves them to inbox/processed/ after it and removes the claimed
   directory (src/inbox.rs claim/claimed/acknowledge);
+* the owner lock: begin creates sessions/{id}.owner (0644), takes flock(LOCK_EX)
+  on it before the journal line and hands it to a detached keeper that holds
+  it until the script exits or the lock file goes; end removes the file after
+  its renames (src/owner.rs acquire/spawn_keeper/keep/release). Rust's keeper
+  is an exec of `agent-state session keep`; this one is a fork;
 * metrics.json: lifetime counters incremented for the event, and a session's
   end is counted once (counted_session); at end the rolling 30-day window is
   recomputed by reading the whole journal; a plain session start changes no
@@ -46,6 +51,7 @@ import json
 import math
 import os
 import re
+import select
 import sys
 import tomllib
 from datetime import datetime, timedelta, timezone
@@ -543,6 +549,74 @@ def process_start(pid):
         return None
 
 
+def acquire_owner_lock(agent_dir, session_id, owner, start):
+    """src/owner.rs acquire: sessions/{id}.owner (0644, one name), flock(LOCK_EX|LOCK_NB),
+    who holds it written in for people. Returns the fd, or None (Rust notes that and goes on)."""
+    sessions = os.path.join(agent_dir, "sessions")
+    try:
+        os.mkdir(sessions, 0o750)
+    except FileExistsError:
+        pass
+    path = os.path.join(sessions, f"{session_id}.owner")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        if os.fstat(fd).st_nlink != 1:
+            raise OSError(f"{path} has more than one name (a hard link)")
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        os.close(fd)
+        print(f"baseline: note: session {session_id} has no owner lock ({e})", file=sys.stderr)
+        return None
+    os.ftruncate(fd, 0)
+    start_text = "null" if start is None else str(start)
+    os.write(fd, f'{{"session_id":"{session_id}","owner_pid":{owner},"owner_start":{start_text}}}\n'.encode())
+    return fd
+
+
+def spawn_keeper(fd, owner, start):
+    """src/owner.rs spawn_keeper + keep: a detached process (no stdio, its own session)
+    holds the owner lock until the owner exits (pidfd) or the session's end removes the
+    lock file. Rust execs `agent-state session keep`; Python forks, its cheapest way."""
+    if start is None:
+        os.close(fd)
+        return
+    if os.fork():
+        os.close(fd)  # the keeper shares the open file: its lock stays
+        return
+    try:
+        # Like Rust's exec: the lock on fd 3, nothing else (the agent lock's fd
+        # must not outlive this hook in the keeper).
+        if fd != 3:
+            os.dup2(fd, 3)
+            fd = 3
+        os.closerange(4, os.sysconf("SC_OPEN_MAX"))
+        os.setsid()
+        null = os.open("/dev/null", os.O_RDWR)
+        for i in (0, 1, 2):
+            os.dup2(null, i)
+        if null > 2:
+            os.close(null)
+        os.chdir("/")
+        try:
+            pidfd = [os.pidfd_open(owner)]
+        except OSError:
+            pidfd = []
+        # inotify is not in the standard library: the lock file is polled.
+        while os.fstat(fd).st_nlink > 0 and process_start(owner) == start:
+            if select.select(pidfd, [], [], 0.05)[0]:
+                break
+    finally:
+        os._exit(0)
+
+
+def release_owner_lock(agent_dir, session_id):
+    """src/owner.rs release: the session ended, its owner lock goes (a missing one is fine)."""
+    try:
+        os.unlink(os.path.join(agent_dir, "sessions", f"{session_id}.owner"))
+    except FileNotFoundError:
+        pass
+
+
 def bad_count(errors, flag, raw, now):
     errors.append({"at": fmt_ts(now), "code": "BAD_ARGUMENT", "argument": flag, "value": raw,
                    "message": "not a whole number; the field was left unset"})
@@ -610,11 +684,15 @@ def begin(root, agent_dir, name, cfg, opts, now):
 
     # Both files on disk before the journal line, renamed in after it.
     staged = [stage_json(path, session), stage_json(rpath, report_doc(report))]
+    # The owner lock is taken before the session is recorded as running.
+    owner_fd = acquire_owner_lock(agent_dir, session_id, owner, session["owner_start"])
     journal_append(agent_dir, entry)
     for s in staged:
         commit(s)
 
     apply_metrics(agent_dir, name, entry, now)
+    if owner_fd is not None:
+        spawn_keeper(owner_fd, owner, session["owner_start"])
     print(session_id)
     return 65 if errors else 0
 
@@ -709,6 +787,7 @@ def end(agent_dir, name, opts, now):
     # (flag messages would be appended to memory.md here; none in the benchmark)
     for s in staged:
         commit(s)
+    release_owner_lock(agent_dir, sid)
 
     apply_metrics(agent_dir, name, entry, now)
     print(f"{sid} completed")

@@ -4,9 +4,12 @@
 # jq + mv shell script (baseline-jq.sh). See README.md.
 #
 #   bench/hooks/run.sh [PAIRS]          (default 200 timed pairs per implementation)
+#   QUICK=1 bench/hooks/run.sh          a smoke run: 20 pairs in 2 rounds after 2 warm-up pairs
 #
 # Environment:
 #   WARMUP=10            untimed pairs before the timed ones (per implementation)
+#   ROUNDS=5             the pairs are split into rounds, the order of the implementations
+#                        rotating each round
 #   PYTHON=/usr/bin/python3
 #                        interpreter the Python baseline runs on (default: /usr/bin/python3
 #                        if present, else python3 from PATH, pyenv shims resolved)
@@ -17,20 +20,43 @@
 #   BENCH_TMPDIR=/tmp    where the state roots go (must be a real disk for fsync to count)
 #   KEEP=1               keep the temp directory
 #   SKIP_BUILD=1         do not run cargo build
+#   AGENT_STATE_BIN=PATH time this binary instead of target/release/agent-state (nothing is built)
+#   OUT=PATH             also write the medians (ms) and the ratios to Rust as JSON to PATH
+#   STEP_TIMEOUT=600     a step (one hyperfine round, one checked pair) not done after this many
+#                        seconds fails the run: nothing can hang
 #
 # Exit status: 0, or 1 if a baseline's files are not equivalent to the Rust ones.
 
 set -euo pipefail
 
+QUICK=${QUICK:-0}
+if [[ $QUICK == 1 ]]; then
+    PAIRS=${1:-${PAIRS:-20}}
+    WARMUP=${WARMUP:-2}
+    ROUNDS=${ROUNDS:-2}
+fi
 PAIRS=${1:-${PAIRS:-200}}
 WARMUP=${WARMUP:-10}
+STEP_TIMEOUT=${STEP_TIMEOUT:-600}
 [[ $PAIRS =~ ^[1-9][0-9]*$ && $WARMUP =~ ^[0-9]+$ ]] || { echo "usage: $0 [PAIRS]" >&2; exit 64; }
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
-BIN=$REPO/target/release/agent-state
+BIN=${AGENT_STATE_BIN:-$REPO/target/release/agent-state}
 
 say() { printf '\n== %s\n' "$*"; }
+# bounded WHAT CMD...: run CMD, but fail the whole run with a clear message if it
+# takes longer than STEP_TIMEOUT seconds (a hook blocked on a lock, a stuck disk).
+bounded() {
+    local what=$1 rc=0
+    shift
+    timeout --kill-after=10 "$STEP_TIMEOUT" "$@" || rc=$?
+    if ((rc == 124 || rc == 137)); then
+        echo "run.sh: FAILED: $what did not complete within STEP_TIMEOUT=${STEP_TIMEOUT}s" >&2
+        exit 1
+    fi
+    return "$rc"
+}
 
 # ---- tools ---------------------------------------------------------------------
 
@@ -45,11 +71,12 @@ if ((${#missing[@]})); then
     $SUDO apt-get install -y "${pkgs[@]}" >/dev/null ||
         { $SUDO apt-get update >/dev/null && $SUDO apt-get install -y "${pkgs[@]}" >/dev/null; }
 fi
-for tool in hyperfine jq flock sync mv tail cargo; do
+for tool in hyperfine jq flock sync mv tail timeout; do
     command -v "$tool" >/dev/null || { echo "run.sh: $tool is required" >&2; exit 69; }
 done
 
-if [[ ${SKIP_BUILD:-0} != 1 ]]; then
+if [[ ${SKIP_BUILD:-0} != 1 && -z ${AGENT_STATE_BIN:-} ]]; then
+    command -v cargo >/dev/null || { echo "run.sh: cargo is required (or SKIP_BUILD=1)" >&2; exit 69; }
     say "cargo build --release"
     (cd "$REPO" && cargo build --release)
 fi
@@ -141,13 +168,15 @@ snapshot() { # snapshot STATE_DIR → a normalised text dump of the agent's file
     echo "--- leftovers"
     find "$d" "$1/.daemon" -name '.*.tmp' | sed "s#$1/##"
     find "$d/inbox/.claimed" -mindepth 1 | sed "s#$1/##"
+    find "$d/sessions" -name '*.owner' 2>/dev/null | sed "s#$1/##"
+    echo "--- sessions/ (owner locks): $(stat -c '%a' "$d/sessions" 2>/dev/null || echo absent)"
 }
 
 mismatch=0
 say "equivalence: 2 pairs on fresh roots, files compared with Rust's"
 for impl in rust python python-pyc jq; do
     cfg=$(mkroot "check-$impl")
-    for _ in 1 2; do bash -c "$(pair_cmd "$impl" "$cfg")"; done
+    for _ in 1 2; do bounded "a $impl pair" bash -c "$(pair_cmd "$impl" "$cfg")"; done
     snapshot "$WORK/check-$impl/state" >"$WORK/check-$impl.txt"
 done
 for impl in python python-pyc jq; do
@@ -167,7 +196,7 @@ if command -v strace >/dev/null; then
     printf '%-11s %6s %10s %8s %6s %8s\n' impl fsync fdatasync renames flock execve
     for impl in rust python python-pyc jq; do
         cfg=$(mkroot "strace-$impl")
-        strace -f -qq -o "$WORK/strace-$impl.txt" \
+        bounded "a $impl pair under strace" strace -f -qq -o "$WORK/strace-$impl.txt" \
             -e trace=fsync,fdatasync,rename,renameat,renameat2,flock,execve \
             bash -c "$(pair_cmd "$impl" "$cfg")"
         t=$WORK/strace-$impl.txt
@@ -208,7 +237,7 @@ for ((round = 0; round < ROUNDS; round++)); do
         args+=(-n "$impl" "$(pair_cmd "$impl" "${!cfg_var}")")
     done
     echo "-- round $((round + 1))/$ROUNDS: $runs pairs each (+$warm warm-up)"
-    hyperfine --shell=bash --warmup "$warm" --runs "$runs" --style "${HYPERFINE_STYLE:-basic}" \
+    bounded "timing round $((round + 1))" hyperfine --shell=bash --warmup "$warm" --runs "$runs" --style "${HYPERFINE_STYLE:-basic}" \
         --export-json "$WORK/round-$round.json" "${args[@]}"
 done
 jq -s '{results: ([.[].results[]] | group_by(.command)
@@ -217,7 +246,7 @@ jq -s '{results: ([.[].results[]] | group_by(.command)
 
 FLOOR_RUNS=$((PAIRS < 100 ? PAIRS : 100))
 say "start-up floor: two bare process starts, no state touched ($FLOOR_RUNS runs)"
-hyperfine --shell=bash --warmup 5 --runs "$FLOOR_RUNS" --style basic \
+bounded "the start-up floor" hyperfine --shell=bash --warmup 5 --runs "$FLOOR_RUNS" --style basic \
     --export-json "$WORK/floor.json" \
     -n "rust: 2x agent-state --version" "$(printf '%q' "$BIN") --version >/dev/null && $(printf '%q' "$BIN") --version >/dev/null" \
     -n "python: 2x python3 -c pass" "$(printf '%q' "$PY") -c pass && $(printf '%q' "$PY") -c pass" \
@@ -259,6 +288,17 @@ jq -r "$STATS"' | (map({(.name): .}) | add) as $r
 echo
 echo "start-up floor (ms, median):"
 jq -r '.results[] | "  \(.command): \(.median * 1000 * 100 | round / 100)"' "$WORK/floor.json"
+if [[ -n ${OUT:-} ]]; then
+    jq "$STATS"' | (map({(.name): .}) | add) as $r
+      | {pairs: $pairs, equivalent: ($mismatch == 0),
+         median_ms: ($r | map_values(.median)), p90_ms: ($r | map_values(.p90)),
+         ratio_median: {python: ($r.python.median / $r.rust.median),
+                        "python-pyc": ($r["python-pyc"].median / $r.rust.median),
+                        jq: ($r.jq.median / $r.rust.median)},
+         floor_median_ms: ($f[0].results | map({(.command): (.median * 1000)}) | add)}' \
+        --argjson pairs "$PAIRS" --argjson mismatch "$mismatch" --slurpfile f "$WORK/floor.json" \
+        "$WORK/pairs.json" >"$OUT"
+fi
 
 if ((mismatch)); then
     echo
