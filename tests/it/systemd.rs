@@ -154,6 +154,9 @@ fn sdbox_tool() -> Option<PathBuf> {
     Some(tool)
 }
 
+/// Numbers boxes, so each has a name of its own.
+static NEXT_BOX: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
 /// A container with systemd as PID 1. Dropping it halts it and deletes its
 /// root (`sdbox down`), after printing the unit's journal if the test failed.
 struct SdBox {
@@ -171,7 +174,13 @@ impl SdBox {
             // removed too.
             let mut sdbox = SdBox {
                 tool: tool.clone(),
-                name: format!("agent-state-it-{}-{attempt}", std::process::id()),
+                // Unique per box: tests run in parallel, and a box of the
+                // same name would be halted by the other test's `down`.
+                name: format!(
+                    "agent-state-it-{}-{}-{attempt}",
+                    std::process::id(),
+                    NEXT_BOX.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                ),
                 root: PathBuf::new(),
             };
             let t0 = Instant::now();
