@@ -125,6 +125,8 @@ impl Running {
 /// read (the config, the core, the running sessions) is here.
 struct Daemon {
     config: Config,
+    /// Position of each agent in `config.agents`.
+    agent_index: std::collections::HashMap<AgentName, usize>,
     config_path: PathBuf,
     root: StateRoot,
     clock: Clock,
@@ -187,6 +189,7 @@ pub async fn run(config_path: &Path) -> Result<()> {
         config_path: config_path.to_path_buf(),
         schedules: wakes::Schedules::new(files::read_schedule_state(&root)),
         intake: Default::default(),
+        agent_index: Default::default(),
         monitor: Default::default(),
         published: Default::default(),
         config,
@@ -218,16 +221,16 @@ pub async fn run(config_path: &Path) -> Result<()> {
         systemd::extend_start(Duration::from_secs(60) + Duration::from_millis(50 * agents));
     }
     crate::state::record_repairs();
+    daemon.index_agents();
     daemon.config_warnings();
     daemon.recover();
     daemon.apply_agents(true);
-    // Files that arrived while the daemon was down: scanned only now that the
-    // watches are in place, so nothing can fall between scan and watch.
-    daemon.scan_all_inboxes();
     // The disk before any session starts (a full or read-only one holds them).
     daemon.health_check();
-    // Start what is due already (a catch-up run) before waiting for anything.
-    daemon.tick();
+    // Ready once the state is recovered and the watches are in place: what
+    // the inboxes hold, and what is due, is work like any other. A backlog
+    // of thousands of messages never holds READY (nor systemd's start job).
+    daemon.write_heartbeat();
     systemd::ready(&daemon.status_line());
     tracing::info!(
         "agent-state {} ready: {} agents on {}",
@@ -235,6 +238,11 @@ pub async fn run(config_path: &Path) -> Result<()> {
         daemon.config.agents.len(),
         daemon.root.path.display()
     );
+    // Files that arrived while the daemon was down: scanned only now that the
+    // watches are in place, so nothing can fall between scan and watch.
+    daemon.scan_all_inboxes();
+    // Start what is due already (a catch-up run) before waiting for anything.
+    daemon.tick();
 
     let watchdog_every = systemd::watchdog_interval();
     let mut watchdog = tokio::time::interval(watchdog_every.unwrap_or(Duration::from_secs(3600)));
@@ -329,8 +337,28 @@ impl Daemon {
         self.root.agent(agent)
     }
 
+    /// An agent's config: by the index built at start and reload (checked,
+    /// so a stale index can only cost a search), not a search of every agent
+    /// (at 10k agents, per-agent work at start was quadratic).
     fn agent_config(&self, agent: &AgentName) -> Option<&AgentConfig> {
+        if let Some(&i) = self.agent_index.get(agent)
+            && let Some(a) = self.config.agents.get(i)
+            && &a.name == agent
+        {
+            return Some(a);
+        }
         self.config.agents.iter().find(|a| &a.name == agent)
+    }
+
+    /// Rebuild the index of [`Daemon::agent_config`] after the config changed.
+    fn index_agents(&mut self) {
+        self.agent_index = self
+            .config
+            .agents
+            .iter()
+            .enumerate()
+            .map(|(i, a)| (a.name.clone(), i))
+            .collect();
     }
 
     fn handle(&mut self, event: LoopEvent) {

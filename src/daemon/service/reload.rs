@@ -6,6 +6,7 @@ use super::*;
 impl Daemon {
     /// Make the core, the watches and the schedules match the config.
     pub(super) fn apply_agents(&mut self, at_start: bool) {
+        self.index_agents();
         let now = self.clock.now();
         let wanted: Vec<AgentConfig> = self.config.agents.clone();
         // Removed agents: unwatch; their directories stay (never deleted).
