@@ -6,6 +6,8 @@ pub mod cgroup;
 pub mod clock;
 pub mod core;
 pub mod effects;
+pub mod exporter;
+pub mod exposition;
 pub mod failure;
 pub mod files;
 pub mod health;
