@@ -40,6 +40,7 @@ pub struct Config {
     pub agents: Vec<AgentConfig>,
     pub health: HealthSettings,
     pub hooks: HookSettings,
+    pub metrics: MetricsSettings,
     /// Settings that were missing or unusable and took their default: the
     /// daemon logs them as `CONFIG_DEFAULTED`, `check` prints them.
     pub warnings: Vec<Problem>,
@@ -181,6 +182,34 @@ pub struct HookSettings {
     pub escalate_to: Option<AgentName>,
 }
 
+/// `[metrics]`: where the daemon publishes its Prometheus metrics. Both
+/// are off unless configured.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricsSettings {
+    /// A plain-HTTP listener answering `GET /metrics`.
+    pub listen: Option<std::net::SocketAddr>,
+    /// A node_exporter textfile (`*.prom`), replaced atomically.
+    pub textfile: Option<PathBuf>,
+    /// How often the metrics are rendered (and the textfile written).
+    pub interval: Duration,
+}
+
+impl Default for MetricsSettings {
+    fn default() -> Self {
+        MetricsSettings {
+            listen: None,
+            textfile: None,
+            interval: Duration::from_secs(15),
+        }
+    }
+}
+
+impl MetricsSettings {
+    pub fn enabled(&self) -> bool {
+        self.listen.is_some() || self.textfile.is_some()
+    }
+}
+
 // ---- raw shapes, as written in the file ------------------------------------
 
 #[derive(Deserialize, Default)]
@@ -301,6 +330,14 @@ struct RawHooks {
     escalate_to: Option<String>,
 }
 
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawMetrics {
+    listen: Option<String>,
+    textfile: Option<String>,
+    interval: Option<String>,
+}
+
 const TOP_LEVEL: &[&str] = &[
     "state_root",
     "group",
@@ -309,6 +346,7 @@ const TOP_LEVEL: &[&str] = &[
     "agent",
     "health",
     "hooks",
+    "metrics",
 ];
 
 impl Config {
@@ -742,6 +780,9 @@ impl Validator {
             },
         };
 
+        let raw_metrics: RawMetrics = self.section(table, "metrics");
+        let metrics = self.metrics(&raw_metrics);
+
         Some(Config {
             source: path.to_path_buf(),
             state_root,
@@ -750,8 +791,64 @@ impl Validator {
             agents,
             health,
             hooks,
+            metrics,
             warnings: std::mem::take(&mut self.warnings),
         })
+    }
+
+    fn metrics(&mut self, raw: &RawMetrics) -> MetricsSettings {
+        let listen = raw.listen.as_deref().and_then(|text| {
+            match text.parse::<std::net::SocketAddr>() {
+                Ok(addr) => {
+                    if !addr.ip().is_loopback() {
+                        self.warn(
+                            "metrics.listen",
+                            format!(
+                                "{text:?} is reachable from other machines and the listener has no authentication; prefer \"127.0.0.1:9464\" behind a proxy or a firewall"
+                            ),
+                        );
+                    }
+                    Some(addr)
+                }
+                Err(_) => {
+                    self.problem(
+                        "metrics.listen",
+                        format!(
+                            "{text:?} is not an address and port; write e.g. \"127.0.0.1:9464\" (or \"[::1]:9464\")"
+                        ),
+                    );
+                    None
+                }
+            }
+        });
+        let textfile = raw.textfile.as_deref().and_then(|text| {
+            let path = PathBuf::from(text);
+            if !path.is_absolute() || path.file_name().is_none() {
+                self.problem(
+                    "metrics.textfile",
+                    format!(
+                        "{text:?} must be an absolute file path, e.g. \"/var/lib/prometheus/node-exporter/agent-state.prom\""
+                    ),
+                );
+                return None;
+            }
+            if path.extension().and_then(|e| e.to_str()) != Some("prom") {
+                self.warn(
+                    "metrics.textfile",
+                    format!("{text:?} does not end in .prom: node_exporter's textfile collector reads only *.prom files"),
+                );
+            }
+            Some(path)
+        });
+        let interval = self.duration("metrics.interval", raw.interval.as_deref(), "15s");
+        if interval < Duration::from_secs(1) {
+            self.problem("metrics.interval", "must be at least 1s, e.g. \"15s\"");
+        }
+        MetricsSettings {
+            listen,
+            textfile,
+            interval: interval.max(Duration::from_secs(1)),
+        }
     }
 
     fn agent(
@@ -1223,6 +1320,59 @@ on_error = "/etc/agent-state/on-error.sh"
         assert_eq!(rio.session.max_output, 10 << 20);
         assert_eq!(c.agents[1].kind, AgentKind::Human);
         assert_eq!(c.health.disk_pause, 500 << 20);
+    }
+
+    #[test]
+    fn metrics_are_off_by_default_and_checked_when_configured() {
+        let c = Config::parse("", Path::new("/x/c.toml")).unwrap();
+        assert!(!c.metrics.enabled());
+        assert_eq!(c.metrics.interval, Duration::from_secs(15));
+        let c = Config::parse(
+            "[metrics]\nlisten = \"127.0.0.1:9464\"\ntextfile = \"/var/lib/prometheus/node-exporter/agent-state.prom\"\ninterval = \"5s\"\n",
+            Path::new("/x/c.toml"),
+        )
+        .unwrap();
+        assert_eq!(c.metrics.listen, Some("127.0.0.1:9464".parse().unwrap()));
+        assert!(c.warnings.iter().all(|w| !w.field.starts_with("metrics")));
+        assert_eq!(c.metrics.interval, Duration::from_secs(5));
+        let c = Config::parse(
+            "[metrics]\nlisten = \"0.0.0.0:9464\"\ntextfile = \"/tmp/x.txt\"\n",
+            Path::new("/x/c.toml"),
+        )
+        .unwrap();
+        let warned: Vec<_> = c.warnings.iter().map(|w| w.to_string()).collect();
+        assert!(
+            warned
+                .iter()
+                .any(|w| w.contains("metrics.listen") && w.contains("no authentication")),
+            "{warned:?}"
+        );
+        assert!(
+            warned
+                .iter()
+                .any(|w| w.contains("metrics.textfile") && w.contains(".prom")),
+            "{warned:?}"
+        );
+        let p = problems(
+            "[metrics]\nlisten = \"localhost\"\ntextfile = \"rel.prom\"\ninterval = \"0s\"\n",
+        );
+        assert!(
+            p.iter()
+                .any(|p| p.contains("metrics.listen") && p.contains("127.0.0.1:9464")),
+            "{p:?}"
+        );
+        assert!(
+            p.iter()
+                .any(|p| p.contains("metrics.textfile") && p.contains("absolute")),
+            "{p:?}"
+        );
+        assert!(p.iter().any(|p| p.contains("metrics.interval")), "{p:?}");
+        let p = problems("[metrics]\nport = 9464\n");
+        assert!(
+            p.iter()
+                .any(|p| p.contains("[metrics]") && p.contains("port")),
+            "{p:?}"
+        );
     }
 
     #[test]
