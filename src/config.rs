@@ -171,6 +171,9 @@ pub struct HealthSettings {
     pub session_log_retention: Duration,
     /// ...except those of each agent's newest sessions.
     pub keep_sessions: usize,
+    /// `agent-state health` warns about a scheduled agent without a
+    /// successful session for this long (`None`: never).
+    pub success_within: Option<Duration>,
 }
 
 #[derive(Debug, Clone)]
@@ -320,6 +323,7 @@ struct RawHealth {
     processed_retention: Option<String>,
     session_log_retention: Option<String>,
     keep_sessions: Option<i64>,
+    success_within: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -718,6 +722,10 @@ impl Validator {
                 20,
                 0..=1_000_000,
             ) as usize,
+            success_within: match raw_health.success_within.as_deref() {
+                Some("off" | "none") => None,
+                other => Some(self.duration("health.success_within", other, "2d")),
+            },
         };
         if health.interval.is_zero() {
             self.problem("health.interval", "must be longer than 0s, e.g. \"60s\"");

@@ -8,6 +8,7 @@ mod daemon;
 pub(crate) mod display;
 mod errors;
 mod events;
+mod health;
 mod inbox;
 mod metrics;
 mod prompt;
@@ -66,6 +67,8 @@ pub enum Command {
     Task(task::Command),
     /// One line per agent: status, last session, tasks, inbox, 30-day counts
     Status(status::Args),
+    /// One line and an exit status for monitoring: 0 ok, 1 warning, 2 critical, 3 unknown
+    Health(health::Args),
     /// Print the rehydration prompt the agent's next session gets
     Prompt(prompt::Args),
     /// Record review outcomes learned after a session (claims, disconfirmations)
@@ -162,6 +165,7 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Inbox(a) => inbox::run(&ctx, a),
         Command::Task(c) => task::run(&ctx, c),
         Command::Status(a) => status::run(&ctx, a),
+        Command::Health(a) => health::run(&ctx, a),
         Command::Prompt(a) => prompt::run(&ctx, a),
         Command::Record(a) => record::run(&ctx, a),
         Command::Check(a) => check::run(&ctx, a),

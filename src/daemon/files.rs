@@ -218,6 +218,17 @@ fn runtime_lock_name(canonical: &Path) -> String {
     format!("root-{hash:016x}.lock")
 }
 
+/// Is the daemon's lock on this root held? `None` if this user cannot open
+/// the lock file (a monitoring user outside the group).
+pub fn daemon_lock_state(root: &StateRoot) -> Option<bool> {
+    let path = root.daemon_dir().join("lock");
+    let file = open_lock_file(&path, 0o640).ok()?;
+    match Flock::lock(file, FlockArg::LockSharedNonblock) {
+        Ok(_) => Some(false),
+        Err((_, errno)) => (errno == nix::errno::Errno::EWOULDBLOCK).then_some(true),
+    }
+}
+
 /// Is a daemon running on this root (is its lock held)?
 pub fn daemon_running(root: &StateRoot) -> bool {
     let path = root.daemon_dir().join("lock");

@@ -21,6 +21,7 @@ mod hooks;
 mod hostile;
 mod identity;
 mod messages;
+mod monitoring;
 mod notify;
 mod ownership;
 mod permissions;
