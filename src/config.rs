@@ -19,6 +19,10 @@ use crate::error::Error;
 use crate::schedule::Schedule;
 use crate::state::session::SessionType;
 
+mod economy;
+pub use economy::{Budget, BudgetAction, FleetBudget, SessionBudget};
+use economy::{RawBudget, RawFleetBudget, RawSessionBudget};
+
 pub const DEFAULT_PATH: &str = "/etc/agent-state/config.toml";
 pub const DEFAULT_STATE_ROOT: &str = "/opt/teleo-eval/agent-state";
 
@@ -41,6 +45,8 @@ pub struct Config {
     pub health: HealthSettings,
     pub hooks: HookSettings,
     pub metrics: MetricsSettings,
+    /// `[budget]`: the fleet's daily limits and the time zone of days.
+    pub budget: FleetBudget,
     /// Settings that were missing or unusable and took their default: the
     /// daemon logs them as `CONFIG_DEFAULTED`, `check` prints them.
     pub warnings: Vec<Problem>,
@@ -92,6 +98,11 @@ pub struct SessionSettings {
     pub prompt_budget: u64,
     /// What a hatching agent's first session gets instead of its identity.
     pub birth_prompt: String,
+    /// Daily limits of this agent (`budget = { ... }`).
+    pub budget: Budget,
+    /// Limits of one session, as its usage streams.
+    pub session_budget: SessionBudget,
+    pub budget_action: BudgetAction,
 }
 
 /// The default birth prompt: the first session of an agent without an
@@ -248,6 +259,9 @@ struct RawSession {
     stall_action: Option<String>,
     prompt_budget: Option<String>,
     birth_prompt: Option<String>,
+    budget: Option<RawBudget>,
+    session_budget: Option<RawSessionBudget>,
+    budget_action: Option<String>,
 }
 
 /// An `[[agent]]` table. serde cannot combine `flatten` with
@@ -282,6 +296,9 @@ struct RawAgent {
     stall_action: Option<String>,
     prompt_budget: Option<String>,
     birth_prompt: Option<String>,
+    budget: Option<RawBudget>,
+    session_budget: Option<RawSessionBudget>,
+    budget_action: Option<String>,
 }
 
 impl RawAgent {
@@ -309,6 +326,9 @@ impl RawAgent {
             stall_action: self.stall_action.clone(),
             prompt_budget: self.prompt_budget.clone(),
             birth_prompt: self.birth_prompt.clone(),
+            budget: self.budget.clone(),
+            session_budget: self.session_budget.clone(),
+            budget_action: self.budget_action.clone(),
         }
     }
 }
@@ -351,6 +371,7 @@ const TOP_LEVEL: &[&str] = &[
     "health",
     "hooks",
     "metrics",
+    "budget",
 ];
 
 impl Config {
@@ -790,6 +811,8 @@ impl Validator {
 
         let raw_metrics: RawMetrics = self.section(table, "metrics");
         let metrics = self.metrics(&raw_metrics);
+        let raw_budget: RawFleetBudget = self.section(table, "budget");
+        let budget = self.fleet_budget(&raw_budget);
 
         Some(Config {
             source: path.to_path_buf(),
@@ -800,6 +823,7 @@ impl Validator {
             health,
             hooks,
             metrics,
+            budget,
             warnings: std::mem::take(&mut self.warnings),
         })
     }
@@ -1138,7 +1162,21 @@ impl Validator {
             (None, Some(b)) => b.birth_prompt.clone(),
             (None, None) => DEFAULT_BIRTH_PROMPT.to_string(),
         };
+        let budget = self.budget(&f("budget"), raw.budget.as_ref(), base.map(|b| b.budget));
+        let session_budget = self.session_budget(
+            &f("session_budget"),
+            raw.session_budget.as_ref(),
+            base.map(|b| b.session_budget),
+        );
+        let budget_action = self.budget_action(
+            &f("budget_action"),
+            raw.budget_action.as_deref(),
+            base.map(|b| b.budget_action),
+        );
         SessionSettings {
+            budget,
+            session_budget,
+            budget_action,
             prompt_budget,
             birth_prompt,
             command,
@@ -1381,6 +1419,68 @@ on_error = "/etc/agent-state/on-error.sh"
                 .any(|p| p.contains("[metrics]") && p.contains("port")),
             "{p:?}"
         );
+    }
+
+    #[test]
+    fn budgets_merge_field_by_field_and_name_the_field_that_is_wrong() {
+        let text = r#"
+[budget]
+timezone = "Europe/Lisbon"
+max_sessions = 40
+max_cost_usd = 50.0
+
+[defaults]
+budget = { max_sessions = 10, max_runtime = "6h" }
+session_budget = { max_tokens = 2000000 }
+
+[[agent]]
+name = "rio"
+budget = { max_sessions = 4 }
+budget_action = "finish"
+
+[[agent]]
+name = "leo"
+"#;
+        let c = Config::parse(text, Path::new("/x/c.toml")).unwrap();
+        assert_eq!(c.budget.timezone, chrono_tz::Europe::Lisbon);
+        assert_eq!(c.budget.limits.max_sessions, Some(40));
+        assert_eq!(c.budget.limits.max_cost_usd, Some(50.0));
+        let rio = &c.agents[0].session;
+        assert_eq!(rio.budget.max_sessions, Some(4));
+        assert_eq!(rio.budget.max_runtime, Some(Duration::from_secs(6 * 3600)));
+        assert_eq!(rio.session_budget.max_tokens, Some(2_000_000));
+        assert_eq!(rio.budget_action, BudgetAction::Finish);
+        let leo = &c.agents[1].session;
+        assert_eq!(leo.budget.max_sessions, Some(10));
+        assert_eq!(leo.budget_action, BudgetAction::Stop);
+        assert!(
+            Config::parse("", Path::new("/x/c.toml"))
+                .unwrap()
+                .agents
+                .is_empty()
+        );
+
+        let p = problems(
+            "[budget]\ntimezone = \"Mars/Olympus\"\nmax_tokens = -1\n[[agent]]\nname = \"rio\"\nbudget = { max_cost_usd = -3.0 }\nbudget_action = \"explode\"\n",
+        );
+        assert!(p.iter().any(|p| p.contains("budget.timezone")), "{p:?}");
+        assert!(
+            p.iter()
+                .any(|p| p.contains("budget.max_tokens") && p.contains("negative")),
+            "{p:?}"
+        );
+        assert!(
+            p.iter()
+                .any(|p| p.contains("agent[0] (rio).budget.max_cost_usd")),
+            "{p:?}"
+        );
+        assert!(
+            p.iter()
+                .any(|p| p.contains("agent[0] (rio).budget_action") && p.contains("\"finish\"")),
+            "{p:?}"
+        );
+        let p = problems("[defaults]\nbudget = { max_session = 3 }\n");
+        assert!(p.iter().any(|p| p.contains("max_session")), "{p:?}");
     }
 
     #[test]

@@ -1305,6 +1305,25 @@ pub fn record_usage(
         changed = true;
     }
     if changed {
+        // The journal keeps what each session used (`agent-state usage`,
+        // the budgets); session.json shows the last session's.
+        let count = |k: &str| {
+            session
+                .extra
+                .get("usage")
+                .and_then(|u| u.get(k))
+                .and_then(serde_json::Value::as_u64)
+        };
+        let record = crate::state::journal::SessionUsage {
+            session_id: session_id.to_string(),
+            input_tokens: count("input_tokens"),
+            output_tokens: count("output_tokens"),
+            cache_creation_input_tokens: count("cache_creation_input_tokens"),
+            cache_read_input_tokens: count("cache_read_input_tokens"),
+            tokens_used: session.tokens_used,
+            cost_usd: session.cost_usd,
+        };
+        dir.journal_append(&lock, now, Event::SessionUsage(record))?;
         dir.save(&lock, &session)?;
     }
     Ok(changed)

@@ -41,3 +41,4 @@ pub mod prompt;
 pub mod protocol;
 pub mod schedule;
 pub mod state;
+pub mod usage;

@@ -34,7 +34,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "domain",
         &[
-            "inbox", "owner", "protocol", "prompt", "hooks", "events", "check",
+            "inbox", "owner", "protocol", "prompt", "hooks", "events", "check", "usage",
         ],
     ),
     ("daemon", &["daemon"]),

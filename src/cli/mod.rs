@@ -18,6 +18,7 @@ mod send;
 mod session;
 mod status;
 mod task;
+mod usage;
 mod wake;
 
 use std::path::PathBuf;
@@ -69,6 +70,8 @@ pub enum Command {
     Status(status::Args),
     /// One line and an exit status for monitoring: 0 ok, 1 warning, 2 critical, 3 unknown
     Health(health::Args),
+    /// Sessions, runtime, tokens and cost per agent per day, and today's budget left
+    Usage(usage::Args),
     /// Print the rehydration prompt the agent's next session gets
     Prompt(prompt::Args),
     /// Record review outcomes learned after a session (claims, disconfirmations)
@@ -166,6 +169,7 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Task(c) => task::run(&ctx, c),
         Command::Status(a) => status::run(&ctx, a),
         Command::Health(a) => health::run(&ctx, a),
+        Command::Usage(a) => usage::run(&ctx, a),
         Command::Prompt(a) => prompt::run(&ctx, a),
         Command::Record(a) => record::run(&ctx, a),
         Command::Check(a) => check::run(&ctx, a),

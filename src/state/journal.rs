@@ -69,8 +69,34 @@ pub enum Event {
     ScheduleMissed(ScheduleMissed),
     Signal(SignalSeen),
     PromptCut(PromptCut),
+    SessionUsage(SessionUsage),
     #[serde(other)]
     Other,
+}
+
+/// What a session used, as its agent's output reported it (Claude Code's
+/// result: tokens by kind, cost), journaled by the daemon after the end.
+/// `agent-state usage` and the budgets add these up; a session whose
+/// `session_end` carries `tokens_used`/`cost_usd` (from the script) and has
+/// no `session_usage` line is counted from those.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SessionUsage {
+    pub session_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_creation_input_tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_read_input_tokens: Option<u64>,
+    /// Every token of the session (the four above added up).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_used: Option<u64>,
+    /// What the output reported (for a subscription login, what the same
+    /// use would cost through the API: nothing is billed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<f64>,
 }
 
 /// The prompt of a session was over its budget: what was left out.

@@ -13,6 +13,7 @@ mod config_edits;
 mod crash;
 mod daemon;
 mod diskfaults;
+mod economy;
 mod events;
 mod faults;
 mod filesafety;

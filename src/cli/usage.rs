@@ -1,0 +1,227 @@
+//! `agent-state usage [--agent A] [--days N] [--json]`: sessions, runtime,
+//! tokens and cost per agent per day, from the journals, and what is left
+//! of today's budgets. Days are counted in `[budget] timezone`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use chrono::NaiveDate;
+use serde::Serialize;
+
+use crate::access;
+use crate::cli::display::say;
+use crate::cli::{Context, print_json};
+use crate::config::AgentConfig;
+use crate::error::Result;
+use crate::usage::{self, DayUse, Left};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// One agent (default: every working agent)
+    #[arg(long)]
+    pub agent: Option<String>,
+    /// How many days, today included
+    #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u32).range(1..=366))]
+    pub days: u32,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Serialize)]
+struct Report {
+    timezone: String,
+    /// `YYYY-MM-DD`.
+    today: String,
+    days: Vec<Day>,
+    budgets: Vec<BudgetToday>,
+    /// Agents whose journal this user may not read.
+    unreadable: Vec<String>,
+}
+
+#[derive(Serialize)]
+struct Day {
+    /// `YYYY-MM-DD`.
+    date: String,
+    agents: BTreeMap<String, DayUse>,
+    total: DayUse,
+}
+
+#[derive(Serialize)]
+struct BudgetToday {
+    /// An agent's name, or `fleet`.
+    scope: String,
+    used: DayUse,
+    left: Left,
+    /// The limit reached, if one is.
+    exceeded: Option<String>,
+}
+
+pub fn run(ctx: &Context, args: Args) -> Result<u8> {
+    let agents: Vec<&AgentConfig> = match &args.agent {
+        Some(a) => vec![ctx.working_agent(a)?.0],
+        None => ctx.config.working_agents().collect(),
+    };
+    let tz = ctx.config.budget.timezone;
+    let today = usage::day_of(ctx.now, tz);
+    let first = today - chrono::Days::new(u64::from(args.days - 1));
+    // Read a day more than asked: the zone's offset moves the day's start.
+    let since = ctx
+        .now
+        .minus(Duration::from_secs(86_400 * (u64::from(args.days) + 1)));
+    let mut days: BTreeMap<NaiveDate, Day> = BTreeMap::new();
+    let mut unreadable = Vec::new();
+    let mut today_by_agent: Vec<(&AgentConfig, DayUse)> = Vec::new();
+    for agent in &agents {
+        let dir = ctx.root.agent(&agent.name);
+        let sessions = match usage::read(&dir.journal(), since) {
+            Ok(s) => s,
+            Err(e) if access::is_denied(&e) => {
+                unreadable.push(agent.name.to_string());
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let per_day = usage::by_day(&sessions, tz);
+        for (date, used) in &per_day {
+            if *date < first || *date > today {
+                continue;
+            }
+            let day = days.entry(*date).or_insert_with(|| Day {
+                date: date.to_string(),
+                agents: BTreeMap::new(),
+                total: DayUse::default(),
+            });
+            day.agents.insert(agent.name.to_string(), *used);
+            day.total.add(used);
+        }
+        today_by_agent.push((agent, per_day.get(&today).copied().unwrap_or_default()));
+    }
+    let mut budgets = Vec::new();
+    for (agent, used) in &today_by_agent {
+        let b = agent.session.budget;
+        if b.is_unlimited() {
+            continue;
+        }
+        budgets.push(BudgetToday {
+            scope: agent.name.to_string(),
+            used: *used,
+            left: b.left(used),
+            exceeded: b.first_exceeded(used).map(|e| e.to_string()),
+        });
+    }
+    let fleet = ctx.config.budget.limits;
+    if !fleet.is_unlimited() && args.agent.is_none() {
+        let used = days.get(&today).map(|d| d.total).unwrap_or_default();
+        budgets.push(BudgetToday {
+            scope: "fleet".into(),
+            used,
+            left: fleet.left(&used),
+            exceeded: fleet.first_exceeded(&used).map(|e| e.to_string()),
+        });
+    }
+    let report = Report {
+        timezone: tz.name().to_string(),
+        today: today.to_string(),
+        days: days.into_values().rev().collect(),
+        budgets,
+        unreadable,
+    };
+    if args.json {
+        return print_json(&report);
+    }
+    print_text(&report, args.days);
+    Ok(crate::error::exit::OK)
+}
+
+fn print_text(r: &Report, days: u32) {
+    say!(
+        "usage, the last {days} day(s) (days in {}; cost as reported: for a subscription login, what the API would charge)",
+        r.timezone
+    );
+    let row = |c: [&str; 9]| {
+        say!(
+            "{:<10}  {:<12} {:>8} {:>9} {:>9} {:>9} {:>11} {:>11} {:>9}",
+            c[0],
+            c[1],
+            c[2],
+            c[3],
+            c[4],
+            c[5],
+            c[6],
+            c[7],
+            c[8]
+        )
+    };
+    row([
+        "DAY", "AGENT", "SESSIONS", "RUNTIME", "INPUT", "OUTPUT", "CACHE W", "CACHE R", "COST",
+    ]);
+    for day in &r.days {
+        let date = &day.date;
+        for (agent, u) in &day.agents {
+            row(cells(date, agent, u).each_ref().map(String::as_str));
+        }
+        if day.agents.len() > 1 {
+            row(cells(date, "(all)", &day.total)
+                .each_ref()
+                .map(String::as_str));
+        }
+    }
+    if r.days.is_empty() {
+        say!("(no sessions)");
+    }
+    for b in &r.budgets {
+        let mut parts = Vec::new();
+        if let Some(n) = b.left.sessions {
+            parts.push(format!("{n} session(s)"));
+        }
+        if let Some(s) = b.left.runtime_seconds {
+            parts.push(format!("{} runtime", runtime(s)));
+        }
+        if let Some(t) = b.left.tokens {
+            parts.push(format!("{} tokens", tokens(t)));
+        }
+        if let Some(c) = b.left.cost_usd {
+            parts.push(format!("${c:.2}"));
+        }
+        let state = match &b.exceeded {
+            Some(e) => format!("exhausted ({e}); no wakes until tomorrow"),
+            None => format!("left today: {}", parts.join(", ")),
+        };
+        say!("budget {}: {state}", b.scope);
+    }
+    for a in &r.unreadable {
+        say!("{a}: ? (this user may not read its journal)");
+    }
+}
+
+fn cells(date: &str, agent: &str, u: &DayUse) -> [String; 9] {
+    [
+        date.to_string(),
+        agent.to_string(),
+        u.sessions.to_string(),
+        runtime(u.runtime_seconds),
+        tokens(u.tokens.input),
+        tokens(u.tokens.output),
+        tokens(u.tokens.cache_creation),
+        tokens(u.tokens.cache_read),
+        format!("${:.2}", u.cost_usd),
+    ]
+}
+
+/// `2h05m`, `45m`, `30s`.
+fn runtime(secs: u64) -> String {
+    match secs {
+        s if s < 60 => format!("{s}s"),
+        s if s < 3600 => format!("{}m", s / 60),
+        s => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+    }
+}
+
+/// `950`, `12.3k`, `4.56M`.
+fn tokens(n: u64) -> String {
+    match n {
+        n if n < 1000 => n.to_string(),
+        n if n < 1_000_000 => format!("{:.1}k", n as f64 / 1e3),
+        n => format!("{:.2}M", n as f64 / 1e6),
+    }
+}
