@@ -227,7 +227,14 @@ pub struct ClaudeResult {
     /// The HTTP status of the API error that ended the session, when Claude
     /// Code reports one (`null` counts as absent).
     pub api_error_status: Option<u16>,
+    /// `permission_denials`: the tools the session was refused, by name (at
+    /// most [`DENIALS_KEPT`]; `denied` counts them all).
+    pub denied_tools: Vec<String>,
+    pub denied: usize,
 }
+
+/// How many denied tools' names a result keeps.
+pub const DENIALS_KEPT: usize = 10;
 
 /// Token counts of a session; absent counts are 0.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -271,6 +278,11 @@ impl ClaudeResult {
                 cache_read_input_tokens: count("cache_read_input_tokens"),
             }
         });
+        let denials = object
+            .get("permission_denials")
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
         Some(ClaudeResult {
             is_error: object
                 .get("is_error")
@@ -284,6 +296,13 @@ impl ClaudeResult {
             duration_ms: number("duration_ms"),
             session_id: string("session_id"),
             api_error_status: number("api_error_status").and_then(|s| u16::try_from(s).ok()),
+            denied_tools: denials
+                .iter()
+                .filter_map(|d| d.get("tool_name").and_then(Value::as_str))
+                .take(DENIALS_KEPT)
+                .map(|n| truncate(n, 64))
+                .collect(),
+            denied: denials.len(),
         })
     }
 }
@@ -398,7 +417,29 @@ const REFUSED_PHRASES: &[&str] = &["prompt is too long", "credit balance is too 
 /// says to log in). Without a status the text decides, case-insensitively.
 pub fn classify(result: &ClaudeResult) -> Option<ClaudeFailure> {
     if !result.is_error {
-        return None;
+        // Claude Code also ends runs that did not do the work with exit 0
+        // and `is_error: false`: a turn or budget limit, an error during
+        // execution, or no turn at all.
+        return match result.subtype.as_deref() {
+            Some(sub) if sub.starts_with("error") => Some(ClaudeFailure::Other {
+                message: stopped_by(sub),
+            }),
+            _ if result.num_turns == Some(0) => Some(ClaudeFailure::Other {
+                message: "Claude Code reported success after no turn at all: nothing was done"
+                    .into(),
+            }),
+            _ => None,
+        };
+    }
+    if let Some(sub) = result
+        .subtype
+        .as_deref()
+        .filter(|s| s.starts_with("error_"))
+        && result.result.as_deref().is_none_or(|r| r.trim().is_empty())
+    {
+        return Some(ClaudeFailure::Other {
+            message: stopped_by(sub),
+        });
     }
     let text = result
         .result
@@ -435,6 +476,34 @@ pub fn classify(result: &ClaudeResult) -> Option<ClaudeFailure> {
         _ => ClaudeFailure::Other { message },
     };
     Some(failure)
+}
+
+/// What an error subtype means, for the error record.
+fn stopped_by(subtype: &str) -> String {
+    let what = match subtype {
+        "error_max_turns" => "it reached its turn limit (--max-turns) before finishing",
+        "error_max_budget_usd" => "it reached its spending limit (--max-budget-usd)",
+        "error_during_execution" => "an error during execution ended the run",
+        _ => "it reported an error",
+    };
+    format!("Claude Code stopped ({}): {what}", truncate(subtype, 64))
+}
+
+/// Why a session that ended well is still doubtful: tools it was refused
+/// (its work may be half done). Empty if nothing is.
+pub fn doubts(result: &ClaudeResult) -> Option<String> {
+    if result.denied == 0 || result.is_error {
+        return None;
+    }
+    let more = result.denied.saturating_sub(result.denied_tools.len());
+    let mut names = result.denied_tools.join(", ");
+    if more > 0 {
+        names.push_str(&format!(" and {more} more"));
+    }
+    Some(format!(
+        "the session was refused {} tool use(s) ({names}): its work may be incomplete",
+        result.denied
+    ))
 }
 
 /// The status in `api error: 429 …` or `api error (529 …)` (lower case).
@@ -521,6 +590,8 @@ mod tests {
             duration_ms: Some(2817),
             session_id: Some("abc-123".into()),
             api_error_status: None,
+            denied_tools: vec![],
+            denied: 0,
         }
     }
 
@@ -879,7 +950,7 @@ mod tests {
                     ..ClaudeResult::default()
                 },
                 Some(ClaudeFailure::Other {
-                    message: "error_max_turns".into(),
+                    message: "Claude Code stopped (error_max_turns): it reached its turn limit (--max-turns) before finishing".into(),
                 }),
             ),
             (
@@ -896,6 +967,51 @@ mod tests {
         for (result, want) in cases {
             assert_eq!(classify(&result), want, "{result:?}");
         }
+    }
+
+    #[test]
+    fn runs_that_exit_well_without_doing_the_work_are_failures_or_doubts() {
+        let parse = |json: &str| parse_claude_result(json.as_bytes()).expect(json);
+        // Exit 0, `is_error: false`, but stopped by a limit or an error.
+        for (sub, says) in [
+            ("error_max_turns", "turn limit"),
+            ("error_max_budget_usd", "spending limit"),
+            ("error_during_execution", "error during execution"),
+        ] {
+            let r = parse(&format!(
+                r#"{{"type":"result","subtype":"{sub}","is_error":false,"num_turns":10}}"#
+            ));
+            let f = classify(&r).expect(sub);
+            assert!(!f.is_retryable(), "{sub}");
+            assert!(
+                f.message().contains(says) && f.message().contains(sub),
+                "{f:?}"
+            );
+        }
+        // Success after no turn at all.
+        let r = parse(
+            r#"{"type":"result","subtype":"success","is_error":false,"num_turns":0,"result":""}"#,
+        );
+        assert!(classify(&r).unwrap().message().contains("no turn"));
+        // Success with refused tools: not a failure, a doubt naming them.
+        let r = parse(
+            r#"{"type":"result","subtype":"success","is_error":false,"num_turns":4,"result":"ok","permission_denials":[{"tool_name":"Bash","tool_use_id":"t1","tool_input":{"command":"rm -rf /"}},{"tool_name":"Write","tool_use_id":"t2"},{"tool_use_id":"t3"}]}"#,
+        );
+        assert_eq!(classify(&r), None);
+        assert_eq!(r.denied, 3);
+        assert_eq!(
+            doubts(&r).unwrap(),
+            "the session was refused 3 tool use(s) (Bash, Write and 1 more): its work may be incomplete"
+        );
+        assert_eq!(doubts(&success()), None);
+        // `is_error: true` with `subtype: "success"` is judged by its text.
+        let r = parse(
+            r#"{"type":"result","subtype":"success","is_error":true,"result":"Not logged in · Please run /login"}"#,
+        );
+        assert!(matches!(
+            classify(&r),
+            Some(ClaudeFailure::LoginRequired { .. })
+        ));
     }
 
     #[test]
