@@ -8,6 +8,7 @@
 
 mod ending;
 mod intake;
+mod metrics;
 mod monitor;
 mod observer;
 mod publish;
@@ -127,6 +128,9 @@ struct Daemon {
     config: Config,
     /// Position of each agent in `config.agents`.
     agent_index: std::collections::HashMap<AgentName, usize>,
+    /// What the metrics count, and where they go (`None`: `[metrics]` off).
+    tally: metrics::Tally,
+    metrics_out: Option<metrics::Publishing>,
     config_path: PathBuf,
     root: StateRoot,
     clock: Clock,
@@ -190,6 +194,8 @@ pub async fn run(config_path: &Path) -> Result<()> {
         schedules: wakes::Schedules::new(files::read_schedule_state(&root)),
         intake: Default::default(),
         agent_index: Default::default(),
+        tally: Default::default(),
+        metrics_out: None,
         monitor: Default::default(),
         published: Default::default(),
         config,
@@ -227,6 +233,24 @@ pub async fn run(config_path: &Path) -> Result<()> {
     daemon.apply_agents(true);
     // The disk before any session starts (a full or read-only one holds them).
     daemon.health_check();
+    // The metrics listener is bound before READY: an address in use fails
+    // the start, with the reason, instead of a daemon without its metrics.
+    let metrics = daemon.config.metrics.clone();
+    if metrics.enabled() {
+        let publishing = metrics::Publishing::new(metrics.textfile.clone());
+        if let Some(addr) = metrics.listen {
+            let listener = super::exporter::bind(addr).await.map_err(|e| {
+                Error::Unavailable(format!(
+                    "cannot listen for metrics on {addr} ([metrics] listen in {}): {e}",
+                    config_path.display()
+                ))
+            })?;
+            tracing::info!("metrics at http://{addr}/metrics");
+            tokio::spawn(super::exporter::serve(listener, publishing.board.clone()));
+        }
+        daemon.metrics_out = Some(publishing);
+        daemon.publish_metrics();
+    }
     // Ready once the state is recovered and the watches are in place: what
     // the inboxes hold, and what is due, is work like any other. A backlog
     // of thousands of messages never holds READY (nor systemd's start job).
@@ -258,6 +282,8 @@ pub async fn run(config_path: &Path) -> Result<()> {
     let mut root_check = tokio::time::interval(ROOT_CHECK_EVERY);
     root_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut root_lost: Option<String> = None;
+    let mut metrics_tick = tokio::time::interval(metrics.interval);
+    metrics_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
     loop {
         if daemon.stopping.is_some() && daemon.running.is_empty() {
@@ -267,6 +293,7 @@ pub async fn run(config_path: &Path) -> Result<()> {
             .next_deadline()
             .map(|t| daemon.clock.until(t))
             .unwrap_or(Duration::from_secs(86_400));
+        let deadline = tokio::time::Instant::now() + sleep_for;
         tokio::select! {
             Some(event) = rx.recv() => {
                 daemon.handle(event);
@@ -286,7 +313,10 @@ pub async fn run(config_path: &Path) -> Result<()> {
                     daemon.handle(event);
                 }
             }
-            _ = tokio::time::sleep(sleep_for) => {}
+            _ = tokio::time::sleep_until(deadline) => {
+                daemon.tally.loop_lag = tokio::time::Instant::now().saturating_duration_since(deadline);
+            }
+            _ = metrics_tick.tick(), if metrics.enabled() => daemon.publish_metrics(),
             _ = sigterm.recv() => daemon.shutdown("SIGTERM"),
             _ = sigint.recv() => daemon.shutdown("SIGINT"),
             _ = sighup.recv() => daemon.reload(),

@@ -36,6 +36,9 @@ impl Daemon {
         let cfg = self.agent_config(&agent).cloned();
         let sid = running.session_id.clone();
         let claude_failure = output.claude.as_ref().and_then(output::classify);
+        if let Some(result) = &output.claude {
+            self.tally.usage(&agent, result);
+        }
         let ended_by_script = session::ended_by_script(&dir, &sid);
         let retries = cfg.as_ref().map(|c| c.session.retries).unwrap_or_default();
         let streak = self.streaks.entry(agent.clone()).or_default();
@@ -49,6 +52,12 @@ impl Daemon {
             },
             streak,
             &retries,
+        );
+        let succeeded = verdict.code.is_none() && report.ending.is_success();
+        self.tally.session_ended(
+            &agent,
+            report.duration.as_secs_f64(),
+            succeeded.then_some(now),
         );
         // What session.json and the journal say, where the daemon knows
         // better than the exit status.

@@ -112,6 +112,8 @@ impl Daemon {
         match result {
             Ok(r) => {
                 self.note_lock_free(agent);
+                self.tally.waiting.insert(agent.clone(), r.high + r.normal);
+                *self.tally.rejected.entry(agent.clone()).or_default() += r.rejected.len() as u64;
                 for (name, reason) in &r.rejected {
                     self.raise(rejected(agent, name, reason), false);
                 }

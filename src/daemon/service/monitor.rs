@@ -33,6 +33,11 @@ impl Daemon {
             && record
                 .code()
                 .is_some_and(|c| self.escalated.first(agent.as_ref(), c));
+        *self
+            .tally
+            .errors
+            .entry((record.code.clone(), record.severity.to_string()))
+            .or_default() += 1;
         self.alerts.raise(record, escalate);
     }
 

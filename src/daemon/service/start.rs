@@ -175,7 +175,13 @@ impl Daemon {
             reason.as_str(),
             prepared.instance
         );
+        *self
+            .tally
+            .wakes
+            .entry((agent.clone(), reason.as_str()))
+            .or_default() += 1;
         for (name, reason) in &prepared.rejected {
+            *self.tally.rejected.entry(agent.clone()).or_default() += 1;
             self.raise(
                 rejected(agent, name, reason).session(prepared.session_id.clone()),
                 false,

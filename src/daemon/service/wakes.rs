@@ -154,7 +154,12 @@ impl Daemon {
         }
     }
 
-    pub(super) fn skipped(&self, s: Skipped) {
+    pub(super) fn skipped(&mut self, s: Skipped) {
+        *self
+            .tally
+            .skips
+            .entry((s.agent.clone(), "running".to_string()))
+            .or_default() += 1;
         tracing::info!(agent = %s.agent, session_id = %s.running, "{} wake skipped: session {} is running", s.reason.as_str(), s.running);
         self.journal(
             &s.agent,

@@ -1,0 +1,378 @@
+//! The daemon's Prometheus metrics: what it counted since it started
+//! (`Tally`) and what it knows now (sessions, schedules, backoff, the disk),
+//! rendered into the exposition format (`daemon::exposition`) and handed to
+//! the listener and the textfile (`daemon::exporter`).
+//!
+//! Counters are since the daemon started, as Prometheus expects of a
+//! process (a restart is a counter reset, which `rate()` handles), except
+//! `agent_state_sessions_total`, which is each agent's lifetime count from
+//! metrics.json (scripts' sessions included). Names and units follow the
+//! Prometheus conventions (`_total`, `_seconds`, `_bytes`, base units).
+
+use super::*;
+
+use crate::daemon::exporter::{self, Board};
+use crate::daemon::exposition::{Exposition, Histogram, Kind};
+use crate::daemon::health::DiskLevel;
+
+/// Session durations, in seconds: a minute to a day.
+const DURATION_BUCKETS: &[f64] = &[
+    60.0, 300.0, 600.0, 1800.0, 3600.0, 5400.0, 7200.0, 14_400.0, 43_200.0, 86_400.0,
+];
+
+/// What the daemon counts as it goes, per agent.
+#[derive(Default)]
+pub(super) struct Tally {
+    pub(super) wakes: BTreeMap<(AgentName, &'static str), u64>,
+    pub(super) skips: BTreeMap<(AgentName, String), u64>,
+    pub(super) durations: BTreeMap<AgentName, Histogram>,
+    pub(super) tokens: BTreeMap<(AgentName, &'static str), u64>,
+    pub(super) cost_usd: BTreeMap<AgentName, f64>,
+    pub(super) errors: BTreeMap<(String, String), u64>,
+    pub(super) rejected: BTreeMap<AgentName, u64>,
+    /// Messages waiting at the last scan.
+    pub(super) waiting: BTreeMap<AgentName, usize>,
+    /// The end of each agent's last successful session, as far as known.
+    pub(super) last_success: BTreeMap<AgentName, Timestamp>,
+    /// How late the loop woke for its last deadline.
+    pub(super) loop_lag: Duration,
+    /// report.json read once per agent for its last success (at the first
+    /// render after start or after the agent was added).
+    probed: std::collections::BTreeSet<AgentName>,
+    /// metrics.json lifetime counters, by the file's mtime.
+    lifetime: BTreeMap<AgentName, ((i64, i64), [u64; 3])>,
+}
+
+impl Tally {
+    pub(super) fn session_ended(
+        &mut self,
+        agent: &AgentName,
+        seconds: f64,
+        success_at: Option<Timestamp>,
+    ) {
+        self.durations
+            .entry(agent.clone())
+            .or_insert_with(|| Histogram::new(DURATION_BUCKETS))
+            .observe(seconds);
+        if let Some(t) = success_at {
+            self.last_success.insert(agent.clone(), t);
+        }
+    }
+
+    pub(super) fn usage(&mut self, agent: &AgentName, result: &output::ClaudeResult) {
+        if let Some(u) = result.usage {
+            for (kind, n) in [
+                ("input", u.input_tokens),
+                ("output", u.output_tokens),
+                ("cache_creation", u.cache_creation_input_tokens),
+                ("cache_read", u.cache_read_input_tokens),
+            ] {
+                *self.tokens.entry((agent.clone(), kind)).or_default() += n;
+            }
+        }
+        if let Some(c) = result.total_cost_usd.filter(|c| c.is_finite() && *c >= 0.0) {
+            *self.cost_usd.entry(agent.clone()).or_default() += c;
+        }
+    }
+}
+
+/// Where the metrics go while the daemon runs.
+pub(super) struct Publishing {
+    pub(super) board: Board,
+    pub(super) textfile: Option<PathBuf>,
+    textfile_failing: bool,
+}
+
+impl Publishing {
+    pub(super) fn new(textfile: Option<PathBuf>) -> Publishing {
+        Publishing {
+            board: Board::new(),
+            textfile,
+            textfile_failing: false,
+        }
+    }
+}
+
+fn agent_label(agent: &AgentName) -> Vec<(&'static str, String)> {
+    vec![("agent", agent.to_string())]
+}
+
+fn seconds(t: &Timestamp) -> f64 {
+    t.0.timestamp_millis() as f64 / 1000.0
+}
+
+impl Daemon {
+    /// Render the metrics and publish them (listener and textfile).
+    pub(super) fn publish_metrics(&mut self) {
+        let Some(publishing) = self.metrics_out.as_ref() else {
+            return;
+        };
+        let textfile = publishing.textfile.clone();
+        let text = self.render_metrics();
+        let publishing = self.metrics_out.as_mut().expect("checked above");
+        publishing.board.publish(text.clone());
+        if let Some(path) = textfile {
+            match exporter::write_textfile(&path, &text) {
+                Ok(()) => {
+                    if std::mem::take(&mut publishing.textfile_failing) {
+                        tracing::info!("metrics textfile {} is written again", path.display());
+                    }
+                }
+                Err(e) => {
+                    if !std::mem::replace(&mut publishing.textfile_failing, true) {
+                        tracing::warn!(
+                            "cannot write the metrics textfile {} (said once until it works again): {e}; check [metrics] textfile and that the directory is writable by the service user",
+                            path.display()
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    fn lifetime_counts(&mut self, agent: &AgentName) -> Option<[u64; 3]> {
+        let dir = self.dir(agent);
+        let path =
+            dir.file(<crate::state::metrics::Metrics as crate::state::StateDoc>::KIND.file_name());
+        let st = crate::fsx::metadata(&path).ok()??;
+        let mtime = (st.st_mtime, st.st_mtime_nsec);
+        if let Some((seen, counts)) = self.tally.lifetime.get(agent)
+            && *seen == mtime
+        {
+            return Some(*counts);
+        }
+        let m: crate::state::metrics::Metrics = dir.read().ok()??;
+        let counts = [
+            m.lifetime.sessions_completed,
+            m.lifetime.sessions_error,
+            m.lifetime.sessions_timeout,
+        ];
+        self.tally.lifetime.insert(agent.clone(), (mtime, counts));
+        Some(counts)
+    }
+
+    fn render_metrics(&mut self) -> String {
+        let mut e = Exposition::new();
+        let now = self.clock.now();
+        e.gauge(
+            "agent_state_build_info",
+            "The running agent-state's version (always 1).",
+            vec![("version", env!("CARGO_PKG_VERSION").to_string())],
+            1.0,
+        );
+        e.gauge(
+            "agent_state_start_time_seconds",
+            "When the daemon started (Unix time).",
+            vec![],
+            seconds(&self.started_at),
+        );
+        e.gauge(
+            "agent_state_agents",
+            "Agents configured (human mailboxes excluded).",
+            vec![],
+            self.core.agents.len() as f64,
+        );
+        e.gauge(
+            "agent_state_sessions_running",
+            "Sessions running now.",
+            vec![],
+            self.running.len() as f64,
+        );
+        e.gauge(
+            "agent_state_loop_lag_seconds",
+            "How late the daemon's loop woke for its last deadline.",
+            vec![],
+            self.tally.loop_lag.as_secs_f64(),
+        );
+        if let Some(h) = &self.monitor.health {
+            e.gauge(
+                "agent_state_disk_free_bytes",
+                "Free space on the state root's file system.",
+                vec![],
+                h.free as f64,
+            );
+            for (state, level) in [
+                ("ok", DiskLevel::Ok),
+                ("low", DiskLevel::Low),
+                ("paused", DiskLevel::Paused),
+                ("stopped", DiskLevel::Stopped),
+            ] {
+                e.gauge(
+                    "agent_state_disk_state",
+                    "The health monitor's disk state (1 for the current one).",
+                    vec![("state", state.to_string())],
+                    f64::from(u8::from(h.level == level)),
+                );
+            }
+        }
+        e.declare(
+            "agent_state_errors_total",
+            "Errors raised, by catalogue code and severity (docs/errors.md).",
+            Kind::Counter,
+        );
+        for ((code, severity), n) in &self.tally.errors {
+            e.counter(
+                "agent_state_errors_total",
+                "",
+                vec![("code", code.clone()), ("severity", severity.clone())],
+                *n as f64,
+            );
+        }
+
+        let agents: Vec<AgentName> = self.core.agents.keys().cloned().collect();
+        for agent in &agents {
+            if self.tally.probed.insert(agent.clone())
+                && !self.tally.last_success.contains_key(agent)
+                && let Ok(Some(report)) = self.dir(agent).read::<Report>()
+                && let Some(last) = report.last_session
+                && last.outcome == Some(crate::state::session::SessionStatus::Completed)
+                && let Some(t) = last.ended_at
+            {
+                self.tally.last_success.insert(agent.clone(), t);
+            }
+            if let Some([completed, error, timeout]) = self.lifetime_counts(agent) {
+                for (outcome, n) in [
+                    ("completed", completed),
+                    ("error", error),
+                    ("timeout", timeout),
+                ] {
+                    e.counter(
+                        "agent_state_sessions_total",
+                        "Sessions ended, by agent and outcome (metrics.json's lifetime counts: scripts' sessions included).",
+                        vec![("agent", agent.to_string()), ("outcome", outcome.to_string())],
+                        n as f64,
+                    );
+                }
+            }
+        }
+        for agent in &agents {
+            let slot = &self.core.agents[agent];
+            e.gauge(
+                "agent_state_session_running",
+                "1 while the agent has a session running.",
+                agent_label(agent),
+                f64::from(u8::from(self.running.contains_key(agent))),
+            );
+            e.gauge(
+                "agent_state_agent_disabled",
+                "1 while the agent gets no automatic wakes (a failure that needs a human).",
+                agent_label(agent),
+                f64::from(u8::from(slot.disabled.is_some())),
+            );
+            e.gauge(
+                "agent_state_backoff_until_timestamp_seconds",
+                "Until when automatic wakes are held back after failures (0: not backing off).",
+                agent_label(agent),
+                slot.backoff_until
+                    .filter(|t| *t > now)
+                    .map_or(0.0, |t| t.timestamp_millis() as f64 / 1000.0),
+            );
+            e.gauge(
+                "agent_state_failures_in_a_row",
+                "Failed sessions in a row.",
+                agent_label(agent),
+                self.streaks
+                    .get(agent)
+                    .map_or(0.0, |s| f64::from(s.failures)),
+            );
+            if let Some(next) = slot.next_fire {
+                e.gauge(
+                    "agent_state_next_wake_timestamp_seconds",
+                    "The agent's next scheduled wake (Unix time).",
+                    agent_label(agent),
+                    next.timestamp_millis() as f64 / 1000.0,
+                );
+            }
+            if let Some(n) = self.tally.waiting.get(agent) {
+                e.gauge(
+                    "agent_state_inbox_waiting_messages",
+                    "Valid messages waiting in the agent's inbox at the last scan.",
+                    agent_label(agent),
+                    *n as f64,
+                );
+            }
+            if let Some(t) = self.tally.last_success.get(agent) {
+                e.gauge(
+                    "agent_state_last_success_timestamp_seconds",
+                    "When the agent's last successful session ended (Unix time; known from the daemon's sessions and report.json).",
+                    agent_label(agent),
+                    seconds(t),
+                );
+            }
+        }
+        e.declare(
+            "agent_state_inbox_rejected_total",
+            "Inbox files rejected (moved to inbox/rejected/).",
+            Kind::Counter,
+        );
+        for (agent, n) in &self.tally.rejected {
+            e.counter(
+                "agent_state_inbox_rejected_total",
+                "",
+                agent_label(agent),
+                *n as f64,
+            );
+        }
+        e.declare(
+            "agent_state_wakes_total",
+            "Sessions the daemon started, by agent and reason.",
+            Kind::Counter,
+        );
+        for ((agent, reason), n) in &self.tally.wakes {
+            e.counter(
+                "agent_state_wakes_total",
+                "",
+                vec![("agent", agent.to_string()), ("reason", reason.to_string())],
+                *n as f64,
+            );
+        }
+        e.declare(
+            "agent_state_wakes_skipped_total",
+            "Wakes not started, by agent and cause.",
+            Kind::Counter,
+        );
+        for ((agent, cause), n) in &self.tally.skips {
+            e.counter(
+                "agent_state_wakes_skipped_total",
+                "",
+                vec![("agent", agent.to_string()), ("cause", cause.clone())],
+                *n as f64,
+            );
+        }
+        e.declare(
+            "agent_state_session_duration_seconds",
+            "How long the daemon's sessions ran.",
+            Kind::Histogram,
+        );
+        for (agent, h) in &self.tally.durations {
+            e.histogram(
+                "agent_state_session_duration_seconds",
+                "",
+                agent_label(agent),
+                h.clone(),
+            );
+        }
+        e.declare(
+            "agent_state_tokens_total",
+            "Tokens the daemon's sessions used (Claude Code's result), by agent and kind.",
+            Kind::Counter,
+        );
+        for ((agent, kind), n) in &self.tally.tokens {
+            e.counter(
+                "agent_state_tokens_total",
+                "",
+                vec![("agent", agent.to_string()), ("kind", kind.to_string())],
+                *n as f64,
+            );
+        }
+        e.declare(
+            "agent_state_cost_usd_total",
+            "What the daemon's sessions reported they cost (for a subscription login, what the API would charge).",
+            Kind::Counter,
+        );
+        for (agent, c) in &self.tally.cost_usd {
+            e.counter("agent_state_cost_usd_total", "", agent_label(agent), *c);
+        }
+        e.render()
+    }
+}
