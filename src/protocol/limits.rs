@@ -72,7 +72,7 @@
 use std::fmt;
 
 use chrono::{
-    DateTime, Datelike, Days, LocalResult, NaiveDate, NaiveDateTime, NaiveTime, TimeDelta,
+    DateTime, Datelike, Days, LocalResult, NaiveDate, NaiveDateTime, NaiveTime, Offset, TimeDelta,
     TimeZone, Utc, Weekday,
 };
 use chrono_tz::Tz;
@@ -267,7 +267,7 @@ pub fn scan_output(stdout: &[u8], stderr: &[u8], now: DateTime<Utc>) -> Option<L
     let mut verdict = Verdict::default();
     for stream in [stdout, stderr] {
         let tail = &stream[stream.len().saturating_sub(MAX_SCAN_BYTES)..];
-        // `--output-format json` (pretty-printed or, with --verbose, an
+        // `--output-format json` pretty-printed (or, with --verbose, an
         // array of records) is one document, not one record per line.
         let whole = tail.trim_ascii();
         if whole.first().is_some_and(|&b| b == b'{' || b == b'[')
@@ -481,13 +481,66 @@ fn any_line(line: &[u8], now: DateTime<Utc>) -> Option<Found> {
     // the model's own words. A line that only looks like JSON (or is too
     // long to parse) is read as text: a bare API error body such as
     // `{"type":"error","error":{"type":"rate_limit_error",…}}` cut off.
-    if trimmed.starts_with(b"{")
-        && trimmed.len() <= MAX_JSON_LINE_BYTES
-        && let Ok(value) = serde_json::from_slice::<Value>(trimmed)
-    {
-        return record(&value, now);
+    if trimmed.starts_with(b"{") || trimmed.starts_with(b"[") {
+        // Most stream-json lines are the model's turns and tool results:
+        // not parsed unless they carry a field a limit record has.
+        if !mentions_any(trimmed, JSON_MARKERS, false) {
+            return None;
+        }
+        if trimmed.len() <= MAX_JSON_LINE_BYTES
+            && let Ok(value) = serde_json::from_slice::<Value>(trimmed)
+        {
+            return match &value {
+                // `--output-format json --verbose`, compact: one array.
+                Value::Array(items) => {
+                    let mut verdict = Verdict::default();
+                    let mut warning = None;
+                    for item in items {
+                        match record(item, now) {
+                            Some(Found::Limit(candidate)) => verdict.add(candidate),
+                            Some(Found::Warning(w)) => warning = Some(w),
+                            None => {}
+                        }
+                    }
+                    verdict
+                        .best
+                        .map(Found::Limit)
+                        .or(warning.map(Found::Warning))
+                }
+                _ => record(&value, now),
+            };
+        }
     }
     text_line(&String::from_utf8_lossy(head(trimmed)), now)
+}
+
+/// Fields without one of which a JSON line is no limit record.
+const JSON_MARKERS: &[&[u8]] = &[b"rate_limit", b"is_error", b"<synthetic>", b"\"error\""];
+
+/// Words without one of which a text line is no limit (compared ASCII-case-
+/// insensitively): every form above has one.
+const TEXT_MARKERS: &[&[u8]] = &[
+    b"limit",
+    b"usage",
+    b"rate",
+    b"429",
+    b"seat",
+    b"service",
+    b"too many",
+];
+
+/// Whether `haystack` contains one of `needles` (`any_case`: ASCII letters
+/// compared case-insensitively). A cheap filter before any allocation.
+fn mentions_any(haystack: &[u8], needles: &[&[u8]], any_case: bool) -> bool {
+    needles.iter().any(|needle| {
+        haystack.windows(needle.len()).any(|window| {
+            if any_case {
+                window.eq_ignore_ascii_case(needle)
+            } else {
+                window == *needle
+            }
+        })
+    })
 }
 
 /// The first [`MAX_TEXT_LINE_BYTES`] of a line (a cut character becomes
@@ -718,6 +771,9 @@ const DECORATIONS: &[char] = &['⎿', '●', '⏺', '│', '>', '❯', '✗', '�
 /// One line of text.
 fn text_line(line: &str, now: DateTime<Utc>) -> Option<Found> {
     let line = cut(line, MAX_TEXT_LINE_BYTES);
+    if !mentions_any(line.as_bytes(), TEXT_MARKERS, true) {
+        return None;
+    }
     // Typographic apostrophes (`You’ve`) as ASCII ones.
     let normal: String = line
         .chars()
@@ -796,17 +852,9 @@ fn text_line(line: &str, now: DateTime<Utc>) -> Option<Found> {
         && !lower[..at].contains("usage")
     {
         let name = &lower[..at];
-        let window = if name.contains("opus") {
-            Some("seven_day_opus")
-        } else if name.contains("sonnet") {
-            Some("seven_day_sonnet")
-        } else if name.contains("hour") {
-            Some("five_hour")
-        } else if name.contains("week") {
-            Some("seven_day")
-        } else {
-            None
-        };
+        let window = window_of(name)
+            .or_else(|| name.contains("hour").then_some("five_hour"))
+            .or_else(|| name.contains("week").then_some("seven_day"));
         if window.is_some() {
             return limit(
                 LimitKind::UsageLimit,
@@ -1052,7 +1100,9 @@ impl ClockSpec {
 
     /// The instant it names in `tz`, seen at `now` (see the module docs).
     fn resolve(self, tz: Tz, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
-        let today = now.with_timezone(&tz).date_naive();
+        // `now.with_timezone(&tz)` would panic at the ends of time.
+        let offset = tz.offset_from_utc_datetime(&now.naive_utc()).fix();
+        let today = now.naive_utc().checked_add_offset(offset)?.date();
         if let Some((month, day)) = self.date {
             return [-1, 0, 1]
                 .iter()
@@ -1161,7 +1211,9 @@ fn weekday_of(token: &str) -> Option<Weekday> {
 fn localize(tz: Tz, wall: NaiveDateTime) -> Option<DateTime<Utc>> {
     match tz.from_local_datetime(&wall) {
         LocalResult::Single(t) | LocalResult::Ambiguous(t, _) => Some(t.with_timezone(&Utc)),
-        LocalResult::None => match tz.from_local_datetime(&(wall + TimeDelta::hours(1))) {
+        LocalResult::None => match tz
+            .from_local_datetime(&wall.checked_add_signed(TimeDelta::hours(1))?)
+        {
             LocalResult::Single(t) | LocalResult::Ambiguous(t, _) => Some(t.with_timezone(&Utc)),
             LocalResult::None => None,
         },
@@ -1788,6 +1840,60 @@ mod tests {
         let limit = scan_output(verbose.as_bytes(), b"", now).unwrap();
         assert_eq!(limit.window.as_deref(), Some("seven_day"));
         assert_eq!(limit.resets_at, Some(utc(2026, 11, 24, 18, 30)));
+        // The same array printed compactly, on one line, as it streams.
+        let compact: String = verbose.lines().map(str::trim).collect();
+        let mut scanner = LineScanner::new();
+        scanner.push(compact.as_bytes(), now);
+        assert!(matches!(scanner.finish(now), Some(Finding::Limit(_))));
+        assert_eq!(scanner.into_limit(), Some(limit));
+    }
+
+    #[test]
+    fn the_first_versions_wordings_are_read() {
+        let now = fixture_now();
+        for (line, window) in [
+            ("5 hour limit reached", Some("five_hour")),
+            (
+                "Weekly limit reached · resets Nov 27, 9am (America/New_York)",
+                Some("seven_day"),
+            ),
+            (
+                "Opus weekly limit reached ∙ resets Mon 9am (UTC)",
+                Some("seven_day_opus"),
+            ),
+            ("Session limit reached", Some("five_hour")),
+        ] {
+            let limit = limit_in_text(line, now);
+            assert_eq!(
+                (limit.kind, limit.window.as_deref()),
+                (LimitKind::UsageLimit, window),
+                "{line}"
+            );
+        }
+        let weekly = limit_in_text(
+            "Weekly limit reached · resets Nov 27, 9am (America/New_York)",
+            now,
+        );
+        assert_eq!(weekly.resets_at, Some(utc(2026, 11, 27, 14, 0)));
+        assert_eq!(from_text("Context limit reached", now), None);
+    }
+
+    #[test]
+    fn extreme_clocks_do_not_panic() {
+        let lines = [
+            "You've hit your limit · resets 1pm (Europe/Lisbon)",
+            "You've hit your limit · resets Dec 31, 11:59pm (Pacific/Kiritimati)",
+            "You've hit your limit · resets Jan 1, 12am (Etc/GMT+12)",
+            "You've hit your limit · resets Sun 2:30am (America/New_York)",
+            "Claude AI usage limit reached|99999999999999",
+        ];
+        for now in [DateTime::<Utc>::MIN_UTC, DateTime::<Utc>::MAX_UTC] {
+            for line in lines {
+                if let Some(Finding::Limit(limit)) = from_text(line, now) {
+                    let _ = hold_until(&limit, now, u64::MAX);
+                }
+            }
+        }
     }
 
     // ---- reset times ----
