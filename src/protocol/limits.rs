@@ -13,7 +13,7 @@
 //! | form | kind | reset | seen in |
 //! |---|---|---|---|
 //! | stream-json `{"type":"rate_limit_event","rate_limit_info":{"status":"rejected","resetsAt":1784399400,"rateLimitType":"five_hour",...}}` | [`LimitKind::UsageLimit`] (`rateLimitType` `overage`: [`LimitKind::ExtraUsageExhausted`]) | `resetsAt`, epoch seconds | captured logs quoted in paperclipai/paperclip#5776, unfence-labs/hive#87, framework/the-framework#517, anthropics/claude-code#38673 |
-//! | the same with `"status":"allowed_warning"` (`utilization`, `surpassedThreshold`) | a [`Warning`], not a limit | `resetsAt` | openclaw/openclaw#80528 (a request that was served) |
+//! | the same with `"status":"allowed_warning"` (`utilization`, `surpassedThreshold`), or `rejected` while `isUsingOverage` (the session goes on with extra usage) | a [`Warning`], not a limit | `resetsAt` | openclaw/openclaw#80528 (a request that was served); Claude Code's own message logic as quoted by launchers |
 //! | the synthetic assistant turn `{"type":"assistant","message":{"model":"<synthetic>",...,"content":[{"type":"text","text":"You've hit your session limit · resets 6:30pm (UTC)"}]},"error":"rate_limit",...}` and the result `{"type":"result","subtype":"success","is_error":true,"api_error_status":429,"result":"You've hit your session limit · resets 6:30pm (UTC)",...}` | from the text | from the text | gptme/gptme-contrib#1582; the same captured sequence in several launchers' tests |
 //! | `You've hit your limit · resets 1pm (Europe/Lisbon)`, `… your session limit …`, `… weekly limit …`, `… Opus limit …`, `… Sonnet limit …`; `resets Jan 30, 11:30am (Asia/Calcutta)`, `resets Apr 23 at 4pm (America/Recife)`; `-` for `·`, `/login …` glued after the zone | [`LimitKind::UsageLimit`] | the next such wall-clock time in that zone | anthropics/claude-code#18190, #21562, #22976, #51981, #54698, #74079, #79136, #94390 |
 //! | `You're out of extra usage · resets 5pm (America/Los_Angeles)`, `You're out of extra usage · resets Feb 4, 8pm (Europe/Budapest)`, `You're out of usage credits` | [`LimitKind::ExtraUsageExhausted`] | from the text, when it names one | anthropics/claude-code#22603, #29741, #42654, #55417; frankbria/ralph-claude-code#100 (no zone: `resets 9pm`) |
@@ -67,7 +67,13 @@
 //! line longer than [`MAX_JSON_LINE_BYTES`] is not parsed (a limit record is
 //! a few hundred bytes), and [`scan_output`] reads the last
 //! [`MAX_SCAN_BYTES`] of each stream (a limit ends a session). The streaming
-//! [`LineScanner`] keeps at most [`MAX_JSON_LINE_BYTES`] of a line.
+//! [`LineScanner`] keeps at most [`MAX_JSON_LINE_BYTES`] of a line (so it
+//! reads `--output-format stream-json` and text, while a whole
+//! `--output-format json --verbose` array is for [`scan_output`]). A line
+//! with none of the words every form has (`limit`, `usage`, `rate`, `429`,
+//! …; for JSON `rate_limit`, `"is_error":true`, `<synthetic>`, `"error"`)
+//! is dropped before it is copied or parsed: on this machine the scanner
+//! reads ordinary stream-json at about 200 MB/s.
 
 use std::fmt;
 
@@ -262,7 +268,14 @@ pub fn from_stream_value(value: &Value, now: DateTime<Utc>) -> Option<Finding> {
 
 /// The most specific limit in a whole session's output, stdout and stderr,
 /// in any output format: `None` if there is none. Reads the last
-/// [`MAX_SCAN_BYTES`] of each stream. See [`Verdict`] for "most specific".
+/// [`MAX_SCAN_BYTES`] of each stream.
+///
+/// Most specific: [`LimitKind::AdminDisabled`] beats everything (it is
+/// never waited on); otherwise the kind is the most specific one seen (extra
+/// usage over the plan's limit over an API rate limit) and the reset the
+/// most precise known one of any usage limit seen (an epoch from a
+/// `rate_limit_event` over an epoch in text over a wall-clock time), so a
+/// known reset beats an unknown one. An API rate limit lends no reset.
 pub fn scan_output(stdout: &[u8], stderr: &[u8], now: DateTime<Utc>) -> Option<Limit> {
     let mut verdict = Verdict::default();
     for stream in [stdout, stderr] {
@@ -515,7 +528,13 @@ fn any_line(line: &[u8], now: DateTime<Utc>) -> Option<Found> {
 }
 
 /// Fields without one of which a JSON line is no limit record.
-const JSON_MARKERS: &[&[u8]] = &[b"rate_limit", b"is_error", b"<synthetic>", b"\"error\""];
+const JSON_MARKERS: &[&[u8]] = &[
+    b"rate_limit",
+    b"\"is_error\":true",
+    b"\"is_error\": true",
+    b"<synthetic>",
+    b"\"error\"",
+];
 
 /// Words without one of which a text line is no limit (compared ASCII-case-
 /// insensitively): every form above has one.
@@ -671,7 +690,22 @@ fn rate_limit_event(info: &Map<String, Value>, now: DateTime<Utc>) -> Option<Fou
     }
     let evidence = truncate(&evidence);
     let using_overage = info.get("isUsingOverage").and_then(Value::as_bool) == Some(true);
+    let overage_status = str_field("overageStatus");
+    let overage_warning = || {
+        Some(Found::Warning(Warning {
+            window: Some("overage".into()),
+            resets_at: info
+                .get("overageResetsAt")
+                .and_then(epoch_value)
+                .and_then(|at| believe(at, now).0),
+            utilization: None,
+            evidence: evidence.clone(),
+        }))
+    };
     match status {
+        // The plan's window is spent but the session goes on with extra
+        // usage ("You're now using extra usage"): worth a log line only.
+        "rejected" if using_overage && overage_status != Some("rejected") => overage_warning(),
         "rejected" => {
             let reason = str_field("overageDisabledReason").unwrap_or("");
             let kind = if ADMIN_DISABLED_REASONS.contains(&reason) {
@@ -706,16 +740,8 @@ fn rate_limit_event(info: &Map<String, Value>, now: DateTime<Utc>) -> Option<Fou
             utilization: info.get("utilization").and_then(Value::as_f64),
             evidence,
         })),
-        "allowed" if using_overage && str_field("overageStatus") == Some("allowed_warning") => {
-            Some(Found::Warning(Warning {
-                window: Some("overage".into()),
-                resets_at: info
-                    .get("overageResetsAt")
-                    .and_then(epoch_value)
-                    .and_then(|at| believe(at, now).0),
-                utilization: None,
-                evidence,
-            }))
+        "allowed" if using_overage && overage_status == Some("allowed_warning") => {
+            overage_warning()
         }
         _ => None,
     }
@@ -1574,6 +1600,18 @@ mod tests {
         assert_eq!(from_stream_line(allowed, now), None);
         let bare = br#"{"type":"rate_limit_event"}"#;
         assert_eq!(from_stream_line(bare, now), None);
+
+        // The window is spent, but the session goes on with extra usage.
+        let on_overage = br#"{"type":"rate_limit_event","rate_limit_info":{"status":"rejected","resetsAt":1795545000,"rateLimitType":"five_hour","overageStatus":"allowed","isUsingOverage":true}}"#;
+        match from_stream_line(on_overage, now) {
+            Some(Finding::Warning(w)) => assert_eq!(w.window.as_deref(), Some("overage")),
+            other => panic!("{other:?}"),
+        }
+        let overage_spent = br#"{"type":"rate_limit_event","rate_limit_info":{"status":"rejected","resetsAt":1795545000,"rateLimitType":"five_hour","overageStatus":"rejected","overageDisabledReason":"out_of_credits","isUsingOverage":true}}"#;
+        let limit = from_stream_line(overage_spent, now)
+            .and_then(Finding::limit)
+            .unwrap();
+        assert_eq!(limit.kind, LimitKind::ExtraUsageExhausted);
     }
 
     #[test]
