@@ -1532,7 +1532,7 @@ mod tests {
     }
 
     #[test]
-    fn a_fast_limit_and_an_upsell_line_are_no_limit() {
+    fn a_fast_limit_an_upsell_line_and_other_api_errors_are_no_limit() {
         let now = fixture_now();
         for line in [
             "You've hit your fast limit · resets 2pm (UTC)",
@@ -1540,6 +1540,11 @@ mod tests {
             "/extra-usage to request more usage from your admin",
             "Rate limit reached",
             "the API said rate_limit_error and 429",
+            // Other API errors stay output.rs's: overload, network, login.
+            r#"API Error: 529 {"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
+            "API Error: Unable to connect to API (ENOTFOUND)",
+            "Invalid API key · Please run /login",
+            "Prompt is too long",
         ] {
             assert_eq!(from_text(line, now), None, "{line}");
         }
