@@ -5,6 +5,9 @@
 //! - [`signals`]: seed 000's `<axiom>TYPE:payload</axiom>` signals, found as
 //!   the output streams.
 //! - [`summary`]: seed 004's Context Summary Block and signal block line.
+//! - [`limits`]: Claude Code's usage and rate limits (every form it prints,
+//!   text and stream-json) and when they reset.
 
+pub mod limits;
 pub mod signals;
 pub mod summary;
