@@ -20,8 +20,11 @@ use crate::schedule::Schedule;
 use crate::state::session::SessionType;
 
 mod economy;
-pub use economy::{Budget, BudgetAction, FleetBudget, SessionBudget};
-use economy::{RawBudget, RawFleetBudget, RawSessionBudget};
+pub use economy::{
+    Budget, BudgetAction, CredentialSettings, DEFAULT_CREDENTIAL, FleetBudget, SessionBudget,
+    UsageLimitSettings, WakeIf,
+};
+use economy::{RawBudget, RawFleetBudget, RawSessionBudget, RawUsageLimits, RawWakeIf};
 
 pub const DEFAULT_PATH: &str = "/etc/agent-state/config.toml";
 pub const DEFAULT_STATE_ROOT: &str = "/opt/teleo-eval/agent-state";
@@ -47,6 +50,9 @@ pub struct Config {
     pub metrics: MetricsSettings,
     /// `[budget]`: the fleet's daily limits and the time zone of days.
     pub budget: FleetBudget,
+    /// `[credential.NAME]`: logins agents share (see `AgentConfig::credential`).
+    pub credentials: std::collections::BTreeMap<String, CredentialSettings>,
+    pub usage_limits: UsageLimitSettings,
     /// Settings that were missing or unusable and took their default: the
     /// daemon logs them as `CONFIG_DEFAULTED`, `check` prints them.
     pub warnings: Vec<Problem>,
@@ -103,6 +109,12 @@ pub struct SessionSettings {
     /// Limits of one session, as its usage streams.
     pub session_budget: SessionBudget,
     pub budget_action: BudgetAction,
+    /// The credential group (`[credential.NAME]`) this agent's sessions use.
+    pub credential: String,
+    /// Whether a scheduled wake starts a session.
+    pub wake_if: WakeIf,
+    /// An exit 0 without a COMPLETE signal is a failure (SESSION_INCOMPLETE).
+    pub require_complete: bool,
 }
 
 /// The default birth prompt: the first session of an agent without an
@@ -262,6 +274,9 @@ struct RawSession {
     budget: Option<RawBudget>,
     session_budget: Option<RawSessionBudget>,
     budget_action: Option<String>,
+    credential: Option<String>,
+    wake_if: Option<RawWakeIf>,
+    require_complete: Option<bool>,
 }
 
 /// An `[[agent]]` table. serde cannot combine `flatten` with
@@ -299,6 +314,9 @@ struct RawAgent {
     budget: Option<RawBudget>,
     session_budget: Option<RawSessionBudget>,
     budget_action: Option<String>,
+    credential: Option<String>,
+    wake_if: Option<RawWakeIf>,
+    require_complete: Option<bool>,
 }
 
 impl RawAgent {
@@ -329,6 +347,9 @@ impl RawAgent {
             budget: self.budget.clone(),
             session_budget: self.session_budget.clone(),
             budget_action: self.budget_action.clone(),
+            credential: self.credential.clone(),
+            wake_if: self.wake_if.clone(),
+            require_complete: self.require_complete,
         }
     }
 }
@@ -372,6 +393,8 @@ const TOP_LEVEL: &[&str] = &[
     "hooks",
     "metrics",
     "budget",
+    "credential",
+    "usage_limits",
 ];
 
 impl Config {
@@ -813,6 +836,22 @@ impl Validator {
         let metrics = self.metrics(&raw_metrics);
         let raw_budget: RawFleetBudget = self.section(table, "budget");
         let budget = self.fleet_budget(&raw_budget);
+        let credentials = self.credentials(table);
+        let raw_usage_limits: RawUsageLimits = self.section(table, "usage_limits");
+        let usage_limits = self.usage_limits(&raw_usage_limits);
+        for a in &agents {
+            if a.session.credential != DEFAULT_CREDENTIAL
+                && !credentials.contains_key(&a.session.credential)
+            {
+                self.problem(
+                    format!("agent ({}).credential", a.name),
+                    format!(
+                        "{:?} is not configured; add [credential.{}] (it may be empty) or use the default",
+                        a.session.credential, a.session.credential
+                    ),
+                );
+            }
+        }
 
         Some(Config {
             source: path.to_path_buf(),
@@ -824,6 +863,8 @@ impl Validator {
             hooks,
             metrics,
             budget,
+            credentials,
+            usage_limits,
             warnings: std::mem::take(&mut self.warnings),
         })
     }
@@ -1173,7 +1214,32 @@ impl Validator {
             raw.budget_action.as_deref(),
             base.map(|b| b.budget_action),
         );
+        let credential = match &raw.credential {
+            Some(c) if valid_group(c) => c.clone(),
+            Some(c) => {
+                self.problem(
+                    f("credential"),
+                    format!("{c:?} is not a credential name (letters, digits, - and _)"),
+                );
+                DEFAULT_CREDENTIAL.to_string()
+            }
+            None => base
+                .map(|b| b.credential.clone())
+                .unwrap_or_else(|| DEFAULT_CREDENTIAL.to_string()),
+        };
+        let wake_if = self.wake_if(
+            &f("wake_if"),
+            raw.wake_if.as_ref(),
+            base.map(|b| &b.wake_if),
+        );
+        let require_complete = raw
+            .require_complete
+            .or(base.map(|b| b.require_complete))
+            .unwrap_or(false);
         SessionSettings {
+            credential,
+            wake_if,
+            require_complete,
             budget,
             session_budget,
             budget_action,
@@ -1250,7 +1316,7 @@ impl Validator {
     }
 }
 
-fn valid_group(g: &str) -> bool {
+pub(crate) fn valid_group(g: &str) -> bool {
     !g.is_empty()
         && g.len() <= 32
         && g.chars()
@@ -1481,6 +1547,67 @@ name = "leo"
         );
         let p = problems("[defaults]\nbudget = { max_session = 3 }\n");
         assert!(p.iter().any(|p| p.contains("max_session")), "{p:?}");
+    }
+
+    #[test]
+    fn credentials_wake_conditions_and_usage_limits_are_read_and_checked() {
+        let text = r#"
+[credential.default]
+check = ["claude", "auth", "status", "--json"]
+[credential.team-b]
+kind = "api_key"
+check_every = "5m"
+[usage_limits]
+wait = "10m"
+[defaults]
+wake_if = "work"
+[[agent]]
+name = "rio"
+[[agent]]
+name = "leo"
+credential = "team-b"
+wake_if = ["/usr/local/bin/has-work", "{agent}"]
+require_complete = true
+"#;
+        let c = Config::parse(text, Path::new("/x/c.toml")).unwrap();
+        let rio = &c.agents[0].session;
+        assert_eq!(rio.credential, "default");
+        assert_eq!(rio.wake_if, WakeIf::Work);
+        assert!(!rio.require_complete);
+        let leo = &c.agents[1].session;
+        assert_eq!(leo.credential, "team-b");
+        assert_eq!(
+            leo.wake_if,
+            WakeIf::Command(vec!["/usr/local/bin/has-work".into(), "{agent}".into()])
+        );
+        assert!(leo.require_complete);
+        assert!(c.credentials["team-b"].api_key);
+        assert_eq!(
+            c.credentials["team-b"].check_every,
+            Duration::from_secs(300)
+        );
+        assert_eq!(
+            c.credentials["default"].check.as_ref().unwrap()[0],
+            "claude"
+        );
+        assert_eq!(c.usage_limits.wait, Duration::from_secs(600));
+        assert_eq!(c.usage_limits.max_wait, Duration::from_secs(4 * 3600));
+
+        let p = problems(
+            "[credential.x]\nkind = \"card\"\n[usage_limits]\nwait = \"5s\"\n[[agent]]\nname = \"rio\"\ncredential = \"nope\"\nwake_if = \"sometimes\"\n",
+        );
+        assert!(p.iter().any(|p| p.contains("credential.x.kind")), "{p:?}");
+        assert!(p.iter().any(|p| p.contains("usage_limits.wait")), "{p:?}");
+        assert!(
+            p.iter()
+                .any(|p| p.contains("(rio).credential") && p.contains("[credential.nope]")),
+            "{p:?}"
+        );
+        assert!(
+            p.iter()
+                .any(|p| p.contains("(rio).wake_if") && p.contains("\"work\"")),
+            "{p:?}"
+        );
     }
 
     #[test]

@@ -105,6 +105,12 @@ codes! {
     SessionStalled = "SESSION_STALLED",
     SessionLoop = "SESSION_LOOP",
     SessionInterrupted = "SESSION_INTERRUPTED",
+    SessionIncomplete = "SESSION_INCOMPLETE",
+    SessionSuspect = "SESSION_SUSPECT",
+    UsageLimit = "USAGE_LIMIT",
+    UsageDisabled = "USAGE_DISABLED",
+    BudgetExhausted = "BUDGET_EXHAUSTED",
+    CredentialFailed = "CREDENTIAL_FAILED",
     InboxRejected = "INBOX_REJECTED",
     StateCorrupt = "STATE_CORRUPT",
     JournalTorn = "JOURNAL_TORN",
@@ -278,6 +284,79 @@ pub static CATALOGUE: &[CodeInfo] = &[
         recovery: "Recorded as `error`; its claimed messages go back to the inbox; leftover processes are killed.",
         escalation: "Never.",
         suggestions: &["Look for why the daemon or script died: `journalctl -u agent-state`"],
+    },
+    CodeInfo {
+        code: Code::SessionIncomplete,
+        severity: Severity::Medium,
+        recoverable: true,
+        cause: "The session exited 0 without a COMPLETE signal, and the agent's config says `require_complete = true`.",
+        recovery: "Recorded as `error`; automatic wakes back off like any failure.",
+        escalation: "After `escalate_after` failures in a row (default 3).",
+        suggestions: &[
+            "Read the session log: did the agent stop early, or forget to print COMPLETE?",
+            "Check that the agent's instructions ask for the COMPLETE signal",
+        ],
+    },
+    CodeInfo {
+        code: Code::SessionSuspect,
+        severity: Severity::Low,
+        recoverable: true,
+        cause: "The session ended well, but Claude Code was refused tool uses (`permission_denials`): its work may be half done.",
+        recovery: "The session counts as completed; the refused tools are named.",
+        escalation: "Never.",
+        suggestions: &[
+            "Allow the tools the agent needs (`--allowedTools`, or settings.json permissions)",
+            "Or tell the agent in its instructions which tools it may not use",
+        ],
+    },
+    // The subscription.
+    CodeInfo {
+        code: Code::UsageLimit,
+        severity: Severity::Low,
+        recoverable: true,
+        cause: "Claude Code hit a usage or rate limit (the 5-hour or weekly window, extra usage, the API's rate limit).",
+        recovery: "Not a failure: every agent of the credential is held until the limit resets (plus up to two minutes), then the session is run again. Without a known reset: `[usage_limits] wait`, then one probe session, doubling up to `max_wait`.",
+        escalation: "One notice per hold (this record); never the human mailbox.",
+        suggestions: &[
+            "Nothing to do: the agents resume at the reset",
+            "Lower `max_sessions` or `max_tokens` budgets if the limit is hit every day",
+        ],
+    },
+    CodeInfo {
+        code: Code::UsageDisabled,
+        severity: Severity::Critical,
+        recoverable: false,
+        cause: "The account's usage is disabled or capped by an admin (allocation disabled, spend limit, seat); it does not reset by itself.",
+        recovery: "Every agent of the credential is held until a session succeeds again (`agent-state wake` tries one).",
+        escalation: "At once: human mailbox and on-error hook.",
+        suggestions: &[
+            "Ask the organisation's admin to restore the allocation or raise the spend limit",
+            "Then `agent-state wake AGENT` to try again",
+        ],
+    },
+    CodeInfo {
+        code: Code::BudgetExhausted,
+        severity: Severity::Low,
+        recoverable: true,
+        cause: "A daily budget (`budget` or `[budget]`: sessions, runtime, tokens or cost) is used up.",
+        recovery: "Scheduled wakes are skipped (`wake_skipped` names the budget); inbox and manual wakes wait for the next day in `[budget] timezone`.",
+        escalation: "Once a day per agent (or the fleet): a message to the human mailbox.",
+        suggestions: &[
+            "See what was used: `agent-state usage`",
+            "Raise the budget in the config and `agent-state reload`",
+        ],
+    },
+    CodeInfo {
+        code: Code::CredentialFailed,
+        severity: Severity::High,
+        recoverable: true,
+        cause: "The credential's check (`[credential.NAME] check`, e.g. `claude auth status --json`) failed, or a session found it logged out.",
+        recovery: "Every agent of the credential is held; the check runs again every `check_every` and releases them when it passes.",
+        escalation: "At once, once per failure: human mailbox (with the runbook) and on-error hook.",
+        suggestions: &[
+            "Log in as the service user: `sudo -u agent-state -H claude` then /login",
+            "Check the credential by hand: `sudo -u agent-state -H claude auth status`",
+        ],
     },
     // State.
     CodeInfo {
@@ -565,6 +644,12 @@ mod tests {
             "SESSION_STALLED",
             "SESSION_LOOP",
             "SESSION_INTERRUPTED",
+            "SESSION_INCOMPLETE",
+            "SESSION_SUSPECT",
+            "USAGE_LIMIT",
+            "USAGE_DISABLED",
+            "BUDGET_EXHAUSTED",
+            "CREDENTIAL_FAILED",
             "INBOX_REJECTED",
             "STATE_CORRUPT",
             "JOURNAL_TORN",
@@ -583,7 +668,7 @@ mod tests {
             let code = Code::parse(text).unwrap_or_else(|| panic!("{text} is not a code"));
             let _ = code.info();
         }
-        assert_eq!(seen.len(), 26);
+        assert_eq!(seen.len(), 32);
     }
 
     #[test]

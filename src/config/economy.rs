@@ -1,9 +1,13 @@
 //! The economy's settings: daily budgets per agent (`budget`, in
 //! `[defaults]` or an `[[agent]]`) and for the fleet (`[budget]`), the
 //! per-session budget enforced while a session streams (`session_budget`,
-//! `budget_action`). Read here, checked by `usage` (what was used) and the
-//! daemon (before each wake, and as usage streams).
+//! `budget_action`), the credential groups usage limits and login checks
+//! hold together (`credential`, `[credential.NAME]`, `[usage_limits]`), and
+//! whether a scheduled wake needs work waiting (`wake_if`). Read here,
+//! checked by `usage` (what was used) and the daemon (before each wake, and
+//! as usage streams).
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono_tz::Tz;
@@ -206,5 +210,195 @@ impl Validator {
             None,
         );
         FleetBudget { timezone, limits }
+    }
+}
+
+/// Whether a scheduled wake starts a session (inbox and manual wakes always
+/// do: they are work).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum WakeIf {
+    #[default]
+    Always,
+    /// Messages waiting, or tasks pending or active.
+    Work,
+    /// This command exits 0 (run in the agent's directory with a short
+    /// timeout, no prompt).
+    Command(Vec<String>),
+}
+
+/// The credential every agent shares unless it names another.
+pub const DEFAULT_CREDENTIAL: &str = "default";
+
+/// `[credential.NAME]`: a login several agents share. A usage limit seen by
+/// one holds them all; a failed check holds them all.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CredentialSettings {
+    /// Checked on a timer and before scheduled wakes: exit 0 = usable
+    /// (e.g. `["claude", "auth", "status", "--json"]`). `None`: no check.
+    pub check: Option<Vec<String>>,
+    pub check_every: Duration,
+    /// An API key is billed by cost (`{max_budget_usd}` is filled);
+    /// a subscription is not.
+    pub api_key: bool,
+}
+
+impl Default for CredentialSettings {
+    fn default() -> Self {
+        CredentialSettings {
+            check: None,
+            check_every: Duration::from_secs(1800),
+            api_key: false,
+        }
+    }
+}
+
+/// `[usage_limits]`: how long to wait on a usage limit whose reset time is
+/// not known, before one probe session (doubling up to `max_wait`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UsageLimitSettings {
+    pub wait: Duration,
+    pub max_wait: Duration,
+}
+
+impl Default for UsageLimitSettings {
+    fn default() -> Self {
+        UsageLimitSettings {
+            wait: Duration::from_secs(1800),
+            max_wait: Duration::from_secs(4 * 3600),
+        }
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawCredential {
+    check: Option<Vec<String>>,
+    check_every: Option<String>,
+    kind: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawUsageLimits {
+    wait: Option<String>,
+    max_wait: Option<String>,
+}
+
+/// `wake_if` as written: a word or a command.
+#[derive(Deserialize, Clone, Debug)]
+#[serde(untagged)]
+pub(super) enum RawWakeIf {
+    Word(String),
+    Command(Vec<String>),
+}
+
+impl Validator {
+    pub(super) fn wake_if(
+        &mut self,
+        field: &str,
+        raw: Option<&RawWakeIf>,
+        base: Option<&WakeIf>,
+    ) -> WakeIf {
+        match raw {
+            None => base.cloned().unwrap_or_default(),
+            Some(RawWakeIf::Word(w)) if w == "always" => WakeIf::Always,
+            Some(RawWakeIf::Word(w)) if w == "work" => WakeIf::Work,
+            Some(RawWakeIf::Command(cmd)) if !cmd.is_empty() && !cmd[0].is_empty() => {
+                WakeIf::Command(cmd.clone())
+            }
+            Some(other) => {
+                self.problem(
+                    field.to_string(),
+                    format!("{other:?} is not a condition; use \"always\", \"work\" or a command such as [\"/usr/local/bin/has-work\", \"{{agent}}\"]"),
+                );
+                WakeIf::Always
+            }
+        }
+    }
+
+    pub(super) fn credentials(
+        &mut self,
+        table: &toml::Table,
+    ) -> BTreeMap<String, CredentialSettings> {
+        let mut out = BTreeMap::new();
+        let Some(value) = table.get("credential") else {
+            return out;
+        };
+        let Some(groups) = value.as_table() else {
+            self.problem(
+                "credential",
+                "must be tables: write [credential.NAME] (e.g. [credential.default])",
+            );
+            return out;
+        };
+        for (name, raw) in groups {
+            let field = format!("credential.{name}");
+            if !crate::config::valid_group(name) {
+                self.problem(
+                    field.clone(),
+                    "a credential name is letters, digits, - and _ (e.g. \"default\", \"team-b\")",
+                );
+            }
+            let raw: RawCredential = self.value(raw.clone(), &field);
+            let check = match raw.check {
+                Some(cmd) if cmd.is_empty() || cmd[0].is_empty() => {
+                    self.problem(
+                        format!("{field}.check"),
+                        "must be a command, e.g. [\"claude\", \"auth\", \"status\", \"--json\"]",
+                    );
+                    None
+                }
+                other => other,
+            };
+            let check_every = self.duration(
+                &format!("{field}.check_every"),
+                raw.check_every.as_deref(),
+                "30m",
+            );
+            if check_every < Duration::from_secs(10) {
+                self.problem(
+                    format!("{field}.check_every"),
+                    "must be at least 10s, e.g. \"30m\"",
+                );
+            }
+            let api_key = match raw.kind.as_deref() {
+                None | Some("subscription") => false,
+                Some("api_key") => true,
+                Some(other) => {
+                    self.problem(
+                        format!("{field}.kind"),
+                        format!("{other:?} is not a kind; use \"subscription\" or \"api_key\""),
+                    );
+                    false
+                }
+            };
+            out.insert(
+                name.clone(),
+                CredentialSettings {
+                    check,
+                    check_every,
+                    api_key,
+                },
+            );
+        }
+        out
+    }
+
+    pub(super) fn usage_limits(&mut self, raw: &RawUsageLimits) -> UsageLimitSettings {
+        let wait = self.duration("usage_limits.wait", raw.wait.as_deref(), "30m");
+        let max_wait = self.duration("usage_limits.max_wait", raw.max_wait.as_deref(), "4h");
+        if wait < Duration::from_secs(60) {
+            self.problem(
+                "usage_limits.wait",
+                "must be at least 1m (a probe session costs quota too)",
+            );
+        }
+        if max_wait < wait {
+            self.problem(
+                "usage_limits.max_wait",
+                "must be at least usage_limits.wait",
+            );
+        }
+        UsageLimitSettings { wait, max_wait }
     }
 }
