@@ -170,14 +170,19 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
                 .until
                 .map(|t| format!(" until {}", in_time(&t, &now)))
                 .unwrap_or_default();
-            say!(
-                "{}: {} ({} failure(s) in a row, {}{until}): {}",
-                l.agent,
-                f.code,
-                f.failures,
-                f.state,
-                f.message
-            );
+            if f.state == "held" {
+                // Not a failure: a usage limit or a login check holds it.
+                say!("{}: {} (held{until}): {}", l.agent, f.code, f.message);
+            } else {
+                say!(
+                    "{}: {} ({} failure(s) in a row, {}{until}): {}",
+                    l.agent,
+                    f.code,
+                    f.failures,
+                    f.state,
+                    f.message
+                );
+            }
         } else if let Some(e) = &l.last_error {
             say!(
                 "{}: last error {} {}: {}",

@@ -258,6 +258,9 @@ impl Default for CredentialSettings {
 pub struct UsageLimitSettings {
     pub wait: Duration,
     pub max_wait: Duration,
+    /// The longest wait after a known reset (between a quarter of it and
+    /// it, so the agents of a group do not all start at the reset).
+    pub jitter: Duration,
 }
 
 impl Default for UsageLimitSettings {
@@ -265,6 +268,7 @@ impl Default for UsageLimitSettings {
         UsageLimitSettings {
             wait: Duration::from_secs(1800),
             max_wait: Duration::from_secs(4 * 3600),
+            jitter: Duration::from_secs(120),
         }
     }
 }
@@ -282,6 +286,7 @@ pub(super) struct RawCredential {
 pub(super) struct RawUsageLimits {
     wait: Option<String>,
     max_wait: Option<String>,
+    jitter: Option<String>,
 }
 
 /// `wake_if` as written: a word or a command.
@@ -387,10 +392,10 @@ impl Validator {
     pub(super) fn usage_limits(&mut self, raw: &RawUsageLimits) -> UsageLimitSettings {
         let wait = self.duration("usage_limits.wait", raw.wait.as_deref(), "30m");
         let max_wait = self.duration("usage_limits.max_wait", raw.max_wait.as_deref(), "4h");
-        if wait < Duration::from_secs(60) {
+        if wait < Duration::from_secs(10) {
             self.problem(
                 "usage_limits.wait",
-                "must be at least 1m (a probe session costs quota too)",
+                "must be at least 10s (a probe session costs quota too; the default is 30m)",
             );
         }
         if max_wait < wait {
@@ -399,6 +404,14 @@ impl Validator {
                 "must be at least usage_limits.wait",
             );
         }
-        UsageLimitSettings { wait, max_wait }
+        let jitter = self.duration("usage_limits.jitter", raw.jitter.as_deref(), "2m");
+        if jitter > Duration::from_secs(3600) {
+            self.problem("usage_limits.jitter", "must be at most 1h");
+        }
+        UsageLimitSettings {
+            wait,
+            max_wait,
+            jitter,
+        }
     }
 }

@@ -106,7 +106,7 @@ impl Holds {
                 ),
                 probe: None,
             }
-        } else if let Some(until) = hold_until(limit, now, seed) {
+        } else if let Some(until) = hold_until(limit, now, seed, settings.jitter) {
             self.unknown_in_a_row.remove(group);
             Hold {
                 cause: Cause::UsageLimit,
@@ -297,6 +297,7 @@ mod tests {
     const SETTINGS: UsageLimitSettings = UsageLimitSettings {
         wait: Duration::from_secs(1800),
         max_wait: Duration::from_secs(4 * 3600),
+        jitter: Duration::from_secs(120),
     };
 
     #[test]

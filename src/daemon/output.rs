@@ -396,7 +396,6 @@ const LOGIN_PHRASES: &[&str] = &[
 const RETRYABLE_PHRASES: &[&str] = &[
     "rate_limit",
     "rate limit",
-    "usage limit reached",
     "overloaded",
     "request timed out",
     "connection error",
@@ -856,7 +855,9 @@ mod tests {
                 Retry,
             ),
             ("Rate limit exceeded", Retry),
-            ("Claude AI usage limit reached|1764000000", Retry),
+            // A usage limit is protocol::limits' (the daemon holds the
+            // credential instead of spending retries on it).
+            ("Claude AI usage limit reached|1764000000", Other),
             (
                 r#"API Error: 529 {"type":"error","error":{"type":"overloaded_error"}}"#,
                 Retry,

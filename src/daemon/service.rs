@@ -6,6 +6,7 @@
 //! interval, and the reconcile scan (a backstop, every few minutes). Each is
 //! handed to the pure `core`, and what it decides is carried out here.
 
+mod economy;
 mod ending;
 mod intake;
 mod metrics;
@@ -130,6 +131,7 @@ struct Daemon {
     agent_index: std::collections::HashMap<AgentName, usize>,
     /// What the metrics count, and where they go (`None`: `[metrics]` off).
     tally: metrics::Tally,
+    economy: economy::Economy,
     metrics_out: Option<metrics::Publishing>,
     config_path: PathBuf,
     root: StateRoot,
@@ -195,6 +197,7 @@ pub async fn run(config_path: &Path) -> Result<()> {
         intake: Default::default(),
         agent_index: Default::default(),
         tally: Default::default(),
+        economy: Default::default(),
         metrics_out: None,
         monitor: Default::default(),
         published: Default::default(),
@@ -229,6 +232,7 @@ pub async fn run(config_path: &Path) -> Result<()> {
     crate::state::record_repairs();
     daemon.index_agents();
     daemon.config_warnings();
+    daemon.load_economy();
     daemon.recover();
     daemon.apply_agents(true);
     // The disk before any session starts (a full or read-only one holds them).

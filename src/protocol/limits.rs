@@ -109,6 +109,9 @@ pub const EVIDENCE_CHARS: usize = 300;
 /// agents that share a credential do not all start in the same second.
 pub const JITTER_SECONDS: (u64, u64) = (30, 120);
 
+/// The default longest jitter after a reset (`JITTER_SECONDS.1`).
+pub const DEFAULT_JITTER: std::time::Duration = std::time::Duration::from_secs(JITTER_SECONDS.1);
+
 /// What kind of limit stopped the session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -306,17 +309,24 @@ pub fn scan_output(stdout: &[u8], stderr: &[u8], now: DateTime<Utc>) -> Option<L
     verdict.into_limit()
 }
 
-/// When to try again after `limit`: its reset plus a jitter of
-/// [`JITTER_SECONDS`], the same for the same `jitter_seed` (e.g. a hash of
-/// the agent's name). `None` for a limit without a known reset (the caller
+/// When to try again after `limit`: its reset plus a jitter between a
+/// quarter of `max_jitter` and `max_jitter` ([`JITTER_SECONDS`] by default,
+/// `[usage_limits] jitter`), the same for the same `jitter_seed` (e.g. a
+/// hash of the agent's name). `None` for a limit without a known reset (the caller
 /// waits a capped time, then probes) and for [`LimitKind::AdminDisabled`]
 /// (never waited on). A reset already past counts from `now`.
-pub fn hold_until(limit: &Limit, now: DateTime<Utc>, jitter_seed: u64) -> Option<DateTime<Utc>> {
+pub fn hold_until(
+    limit: &Limit,
+    now: DateTime<Utc>,
+    jitter_seed: u64,
+    max_jitter: std::time::Duration,
+) -> Option<DateTime<Utc>> {
     if !limit.kind.is_timed() {
         return None;
     }
     let reset = limit.resets_at?.max(now);
-    let (low, high) = JITTER_SECONDS;
+    let high = max_jitter.as_secs().min(3600);
+    let low = high / 4;
     let jitter = low + splitmix64(jitter_seed) % (high - low + 1);
     reset.checked_add_signed(TimeDelta::seconds(i64::try_from(jitter).ok()?))
 }
@@ -1933,7 +1943,7 @@ mod tests {
         for now in [DateTime::<Utc>::MIN_UTC, DateTime::<Utc>::MAX_UTC] {
             for line in lines {
                 if let Some(Finding::Limit(limit)) = from_text(line, now) {
-                    let _ = hold_until(&limit, now, u64::MAX);
+                    let _ = hold_until(&limit, now, u64::MAX, DEFAULT_JITTER);
                 }
             }
         }
@@ -2088,26 +2098,30 @@ mod tests {
         let reset = limit.resets_at.unwrap();
         let mut seen = std::collections::BTreeSet::new();
         for seed in 0..500u64 {
-            let until = hold_until(&limit, now, seed).unwrap();
+            let until = hold_until(&limit, now, seed, DEFAULT_JITTER).unwrap();
             let jitter = (until - reset).num_seconds();
             assert!((30..=120).contains(&jitter), "{seed}: {jitter}");
-            assert_eq!(hold_until(&limit, now, seed), Some(until), "deterministic");
+            assert_eq!(
+                hold_until(&limit, now, seed, DEFAULT_JITTER),
+                Some(until),
+                "deterministic"
+            );
             seen.insert(jitter);
         }
         assert!(seen.len() > 40, "the jitter spreads: {}", seen.len());
         // A reset already past (the daemon decided late) counts from now.
         let late = reset + TimeDelta::minutes(5);
-        let until = hold_until(&limit, late, 7).unwrap();
+        let until = hold_until(&limit, late, 7, DEFAULT_JITTER).unwrap();
         assert!(until > late && until - late <= TimeDelta::seconds(120));
         // No known reset, or an admin's: no hold time.
         let unknown = limit_in_text("API Error: Rate limit reached", now);
-        assert_eq!(hold_until(&unknown, now, 1), None);
+        assert_eq!(hold_until(&unknown, now, 1, DEFAULT_JITTER), None);
         let admin = Limit {
             kind: LimitKind::AdminDisabled,
             resets_at: Some(reset),
             ..limit
         };
-        assert_eq!(hold_until(&admin, now, 1), None);
+        assert_eq!(hold_until(&admin, now, 1, DEFAULT_JITTER), None);
     }
 
     #[test]
@@ -2236,7 +2250,7 @@ mod tests {
             let _ = from_text(&text, now);
             let _ = from_stream_line(&input, now);
             if let Some(limit) = scan_output(&input, &input, now) {
-                let _ = hold_until(&limit, now, rng.next());
+                let _ = hold_until(&limit, now, rng.next(), DEFAULT_JITTER);
                 assert!(limit.evidence.chars().count() <= EVIDENCE_CHARS + 1);
                 if let Some(at) = limit.resets_at {
                     assert!(at > now && at - now <= MAX_RESET_AHEAD, "{text:?}");

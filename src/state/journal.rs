@@ -70,6 +70,7 @@ pub enum Event {
     Signal(SignalSeen),
     PromptCut(PromptCut),
     SessionUsage(SessionUsage),
+    UsageLimit(UsageLimitHit),
     #[serde(other)]
     Other,
 }
@@ -139,7 +140,35 @@ pub struct SignalSeen {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct WakeSkipped {
     pub reason: String,
+    /// The session that was running (empty when another cause skipped it).
+    #[serde(default)]
     pub running_session: String,
+    /// Why, when it was not a running session: `budget`, `no_work`,
+    /// `usage_limit`, `credential`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<String>,
+    /// The budget or condition, in words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// A session hit a usage or rate limit: the agents of its credential are
+/// held (`hold_until`), or, for an admin's cap, until a session succeeds.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct UsageLimitHit {
+    pub session_id: String,
+    /// `usage_limit`, `extra_usage_exhausted`, `api_rate_limit`, `admin_disabled`.
+    pub kind: String,
+    pub credential: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resets_at: Option<Timestamp>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold_until: Option<Timestamp>,
+    pub evidence: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// Scheduled runs missed while the daemon was down, too long ago to catch up.

@@ -94,3 +94,188 @@ fn usage_adds_up_what_each_session_recorded_and_shows_the_budget_left() {
     let err = env.fails(&["usage", "--days", "0"], 2);
     assert!(err.contains("--days"), "{err}");
 }
+
+// ---- usage limits: wait, don't fail ------------------------------------------------------------
+
+const MARCUS: &str = "\n[[agent]]\nname = \"marcus\"\nkind = \"human\"\n";
+
+/// A fake agent: rio prints `fixture` (to stdout, or stderr for
+/// `*.stderr.txt`) and exits 1 the first time, then works; every other
+/// agent works at once.
+fn limit_env(fixture: &str, usage_limits: &str) -> Env {
+    let env = Env::with_config("");
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/claude/limits")
+        .join(fixture);
+    let marker = env.tmp("rio-limited");
+    let to = if fixture.to_string_lossy().ends_with(".stderr.txt") {
+        ">&2"
+    } else {
+        ""
+    };
+    let script = env.script(
+        "agent.sh",
+        &format!(
+            "#!/bin/sh\ncat >/dev/null\nif [ \"$1\" = rio ] && [ ! -e {m:?} ]; then touch {m:?}; cat {f:?} {to}; exit 1; fi\nprintf '%s\\n' '{RESULT}'\n",
+            m = marker.display().to_string(),
+            f = fixture.display().to_string(),
+        ),
+    );
+    let mut config = daemon_config(
+        &script,
+        &[],
+        &[],
+        &format!("[[agent]]\nname = \"rio\"\n\n[[agent]]\nname = \"leo\"\n{MARCUS}"),
+    );
+    config.push_str(&format!("\n[usage_limits]\n{usage_limits}\n"));
+    env.set_config(&config);
+    env.ok(&["bootstrap"]);
+    env
+}
+
+fn error_codes(env: &Env) -> Vec<String> {
+    std::fs::read_to_string(env.root.join(".daemon/errors.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|r| r["code"].as_str().map(str::to_string))
+        .collect()
+}
+
+#[test]
+fn a_usage_limit_holds_every_agent_of_the_credential_until_its_reset_without_a_failure() {
+    // "You've hit your limit · resets 1pm (Europe/Lisbon)", ten seconds
+    // before 1pm; no jitter, so the hold ends at 13:00:00.
+    let env = limit_env("hit-your-limit.txt", "jitter = \"0s\"");
+    let d = Daemon::start(&env, &[("AGENT_STATE_FAKE_NOW", "2026-11-24T12:59:50Z")]);
+    env.ok(&["wake", "rio", "--wait", "5s"]);
+    d.wait_until(Duration::from_secs(10), "the limit is journaled", || {
+        env.events("rio", "usage_limit").len() == 1
+    });
+    let hit = &env.events("rio", "usage_limit")[0];
+    assert_eq!(hit["kind"], "usage_limit", "{hit}");
+    assert_eq!(hit["credential"], "default", "{hit}");
+    assert_eq!(hit["resets_at"], "2026-11-24T13:00:00Z", "{hit}");
+    d.wait_until(
+        Duration::from_secs(5),
+        "rio's report says it is held",
+        || env.json("rio", "report.json")["error"]["state"] == "held",
+    );
+    let report = env.json("rio", "report.json");
+    assert_eq!(report["error"]["code"], "USAGE_LIMIT", "{report}");
+    assert_eq!(report["error"]["failures"], 0, "not a failure: {report}");
+    let status = env.ok(&["status"]);
+    assert!(
+        status.contains("rio: USAGE_LIMIT (held")
+            && status.contains("waiting for the usage limit to reset at 13:00 UTC"),
+        "{status}"
+    );
+
+    // leo shares the credential: its wake waits, no session starts.
+    env.ok(&["wake", "leo"]);
+    d.wait_until(Duration::from_secs(5), "leo's wake is held", || {
+        env.events("leo", "wake_skipped")
+            .iter()
+            .any(|e| e["cause"] == "usage_limit")
+    });
+    assert!(env.events("leo", "session_start").is_empty());
+
+    // At the reset both run (rio's session again, leo's deferred wake).
+    d.wait_until(
+        Duration::from_secs(30),
+        "both sessions completed after the reset",
+        || {
+            env.events("rio", "session_end").len() == 1
+                && env.events("leo", "session_end").len() == 1
+        },
+    );
+    let leo_start = env.events("leo", "session_start")[0]["ts"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        leo_start.as_str() >= "2026-11-24T13:00:00Z",
+        "leo started at {leo_start}"
+    );
+    // One notice, at low severity; nothing escalated; no backoff.
+    let codes = error_codes(&env);
+    assert_eq!(
+        codes.iter().filter(|c| *c == "USAGE_LIMIT").count(),
+        1,
+        "{codes:?}"
+    );
+    assert!(
+        !codes
+            .iter()
+            .any(|c| c == "SESSION_FAILED" || c == "AGENT_API_ERROR"),
+        "{codes:?}"
+    );
+    assert!(env.waiting("marcus").is_empty(), "no message to the human");
+    d.wait_until(Duration::from_secs(5), "rio's report is clear", || {
+        env.json("rio", "report.json")["error"].is_null()
+    });
+}
+
+#[test]
+fn an_unknown_reset_waits_then_one_probe_session_runs_before_the_others() {
+    let env = limit_env("api-429.stderr.txt", "wait = \"10s\"");
+    let d = env.daemon();
+    env.ok(&["wake", "rio", "--wait", "5s"]);
+    d.wait_until(Duration::from_secs(10), "the limit is journaled", || {
+        env.events("rio", "usage_limit").len() == 1
+    });
+    let hit = &env.events("rio", "usage_limit")[0];
+    assert_eq!(hit["kind"], "api_rate_limit", "{hit}");
+    assert!(hit["resets_at"].is_null(), "{hit}");
+    env.ok(&["wake", "leo"]);
+    // After the wait rio's retry is the probe; leo waits for its result.
+    d.wait_until(Duration::from_secs(30), "both completed", || {
+        env.events("rio", "session_end").len() == 1 && env.events("leo", "session_end").len() == 1
+    });
+    let rio_end = env.events("rio", "session_end")[0]["ts"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let leo_start = env.events("leo", "session_start")[0]["ts"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        leo_start >= rio_end,
+        "leo started ({leo_start}) after the probe ended ({rio_end})"
+    );
+    assert!(d.log_text().contains("is the probe"), "{}", d.log_text());
+}
+
+#[test]
+fn an_admin_cap_is_escalated_and_never_waited_out() {
+    let env = limit_env("admin-disabled.txt", "");
+    let d = env.daemon();
+    env.ok(&["wake", "rio", "--wait", "5s"]);
+    d.wait_until(Duration::from_secs(10), "the cap is journaled", || {
+        env.events("rio", "usage_limit").len() == 1
+    });
+    assert_eq!(
+        env.events("rio", "usage_limit")[0]["kind"],
+        "admin_disabled"
+    );
+    d.wait_until(Duration::from_secs(10), "the human is told", || {
+        !env.waiting("marcus").is_empty()
+    });
+    assert!(error_codes(&env).contains(&"USAGE_DISABLED".to_string()));
+    env.ok(&["wake", "leo"]);
+    d.wait_until(Duration::from_secs(5), "leo is held", || {
+        env.events("leo", "wake_skipped")
+            .iter()
+            .any(|e| e["cause"] == "usage_limit")
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        env.events("leo", "session_start").is_empty(),
+        "held, not waited out"
+    );
+    assert_eq!(
+        env.json("leo", "report.json")["error"]["code"],
+        "USAGE_DISABLED"
+    );
+}

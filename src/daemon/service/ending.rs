@@ -41,18 +41,23 @@ impl Daemon {
         }
         let ended_by_script = session::ended_by_script(&dir, &sid);
         let retries = cfg.as_ref().map(|c| c.session.retries).unwrap_or_default();
-        let streak = self.streaks.entry(agent.clone()).or_default();
-        let verdict = failure::judge(
-            &Observed {
-                ending: &report.ending,
-                empty: output.empty,
-                fingerprint: output.fingerprint,
-                claude: claude_failure.as_ref(),
-                ended_by_script,
-            },
-            streak,
-            &retries,
-        );
+        let claude_failed = output.claude.as_ref().is_some_and(|r| r.is_error);
+        // A usage limit is not the agent's failure: its credential waits.
+        let limit = self.limit_in(&report, &output, claude_failed || claude_failure.is_some());
+        let verdict = match &limit {
+            Some(l) => self.usage_limit_hit(&agent, cfg.as_ref(), &sid, l),
+            None => failure::judge(
+                &Observed {
+                    ending: &report.ending,
+                    empty: output.empty,
+                    fingerprint: output.fingerprint,
+                    claude: claude_failure.as_ref(),
+                    ended_by_script,
+                },
+                self.streaks.entry(agent.clone()).or_default(),
+                &retries,
+            ),
+        };
         let succeeded = verdict.code.is_none() && report.ending.is_success();
         self.tally.session_ended(
             &agent,
@@ -156,8 +161,13 @@ impl Daemon {
         }
         let waiting = self.receive(&agent).unwrap_or_default();
         self.core.session_ended(&agent, waiting, self.clock.now());
-        if let Some(cfg) = &cfg {
-            self.apply_verdict(&agent, cfg, Some(&sid), verdict, &report);
+        match (&cfg, &limit) {
+            (Some(cfg), Some(_)) => self.after_usage_limit(&agent, cfg),
+            (Some(cfg), None) => {
+                self.economy_session_ended(&agent, Some(cfg), succeeded);
+                self.apply_verdict(&agent, cfg, Some(&sid), verdict, &report);
+            }
+            (None, _) => {}
         }
         self.refresh_rank(&agent);
         if !self

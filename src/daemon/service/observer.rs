@@ -11,6 +11,8 @@ pub(super) struct OutputSummary {
     pub(super) claude: Option<ClaudeResult>,
     /// The end of stdout (at most 256 KiB), where the summary blocks are.
     pub(super) tail: String,
+    /// The end of stderr, where a CLI prints a usage limit in text.
+    pub(super) stderr_tail: Vec<u8>,
 }
 
 impl OutputSummary {
@@ -21,6 +23,7 @@ impl OutputSummary {
             fingerprint: None,
             claude: None,
             tail: String::new(),
+            stderr_tail: Vec::new(),
         }
     }
 }
@@ -123,6 +126,7 @@ impl Observer {
             fingerprint: self.output.fingerprint(),
             claude: self.output.claude_result(),
             tail: String::from_utf8_lossy(&self.output.stdout_tail()).into_owned(),
+            stderr_tail: self.output.stderr_tail(),
         }
     }
 }

@@ -89,6 +89,9 @@ impl Daemon {
                 .session_ended(agent, InboxSummary::default(), self.clock.now());
             return;
         };
+        if !self.economy_allows(agent, &cfg, reason) {
+            return;
+        }
         let now = Timestamp::from_datetime(self.clock.now());
         // Never join a session of our own whose end was not recorded.
         if let Ok(Some(s)) = self.dir(agent).read::<Session>()
@@ -126,6 +129,7 @@ impl Daemon {
                     Event::WakeSkipped(WakeSkipped {
                         reason: reason.as_str().to_string(),
                         running_session: session,
+                        ..Default::default()
                     }),
                 );
                 self.core

@@ -166,6 +166,7 @@ impl Daemon {
             Event::WakeSkipped(WakeSkipped {
                 reason: s.reason.as_str().to_string(),
                 running_session: s.running,
+                ..Default::default()
             }),
         );
     }
