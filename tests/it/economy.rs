@@ -279,3 +279,63 @@ fn an_admin_cap_is_escalated_and_never_waited_out() {
         "USAGE_DISABLED"
     );
 }
+
+// ---- budgets and wake_if -----------------------------------------------------------------------
+
+#[test]
+fn budgets_refuse_wakes_until_the_day_ends_in_their_zone_and_wake_if_work_skips_idle_schedules() {
+    let env = Env::with_config("");
+    let script = env.script(
+        "agent.sh",
+        &format!("#!/bin/sh\ncat >/dev/null\nprintf '%s\\n' '{RESULT}'\n"),
+    );
+    // Days in New York (UTC-5): the 24th ends at 2026-11-25T05:00:00Z.
+    let agents = format!(
+        "[[agent]]\nname = \"rio\"\nschedule = \"59 4 * * *\"\nbudget = {{ max_tokens = 100 }}\n\n[[agent]]\nname = \"leo\"\nschedule = \"59 4 * * *\"\nwake_if = \"work\"\n{MARCUS}"
+    );
+    let mut config = daemon_config(&script, &[], &[("wake_on_inbox", "\"never\"")], &agents);
+    config.push_str("\n[budget]\ntimezone = \"America/New_York\"\n");
+    env.set_config(&config);
+    env.ok(&["bootstrap"]);
+
+    // 04:58:56Z: one session (17,262 tokens), then the 04:59 schedule.
+    let mut d = Daemon::start(&env, &[("AGENT_STATE_FAKE_NOW", "2026-11-25T04:58:56Z")]);
+    env.ok(&["wake", "rio", "--wait", "5s"]);
+    d.wait_until(Duration::from_secs(15), "the scheduled wakes are skipped", || {
+        env.events("rio", "wake_skipped").iter().any(|e| e["cause"] == "budget")
+            && env.events("leo", "wake_skipped").iter().any(|e| e["cause"] == "no_work")
+    });
+    let skipped = env.events("rio", "wake_skipped");
+    let skipped = skipped.iter().find(|e| e["cause"] == "budget").unwrap();
+    assert_eq!(skipped["reason"], "schedule", "{skipped}");
+    assert!(
+        skipped["detail"].as_str().unwrap().contains("max_tokens reached: 17262 of 100"),
+        "{skipped}"
+    );
+    assert_eq!(env.events("rio", "session_start").len(), 1);
+    assert!(env.events("leo", "session_start").is_empty(), "no work, no session");
+    d.wait_until(Duration::from_secs(5), "the human is told once", || {
+        env.waiting("marcus").len() == 1
+    });
+    d.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(d.wait_exit(Duration::from_secs(10)).code(), Some(0));
+
+    // 04:59:52Z, still the 24th in New York: a manual wake waits for the
+    // next day, and the human is not told again.
+    let d = Daemon::start(&env, &[("AGENT_STATE_FAKE_NOW", "2026-11-25T04:59:52Z")]);
+    env.ok(&["wake", "rio"]);
+    d.wait_until(Duration::from_secs(5), "the manual wake waits", || {
+        env.events("rio", "wake_skipped")
+            .iter()
+            .any(|e| e["cause"] == "budget" && e["reason"] == "manual")
+    });
+    d.wait_until(Duration::from_secs(30), "it runs when the day ends", || {
+        env.events("rio", "session_end").len() == 2
+    });
+    let second = env.events("rio", "session_start")[1]["ts"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(second.as_str() >= "2026-11-25T05:00:00Z", "started at {second}");
+    assert_eq!(env.waiting("marcus").len(), 1, "told once a day");
+}
