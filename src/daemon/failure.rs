@@ -24,6 +24,8 @@ pub struct Observed<'a> {
     /// then its silence is its business (it may send claude's output to a
     /// file of its own).
     pub ended_by_script: bool,
+    /// The agent must signal COMPLETE (`require_complete`) and did not.
+    pub incomplete: bool,
 }
 
 /// An agent's run of failures, carried from one session to the next.
@@ -170,7 +172,7 @@ pub fn judge(obs: &Observed<'_>, streak: &mut Streak, r: &RetrySettings) -> Verd
     let exhausted = limit > 0;
     let escalate = match code {
         Code::AgentNotFound | Code::AgentLoginRequired => true,
-        Code::SessionFailed => streak.failures >= r.escalate_after,
+        Code::SessionFailed | Code::SessionIncomplete => streak.failures >= r.escalate_after,
         _ => exhausted,
     };
     let message = if exhausted {
@@ -243,6 +245,10 @@ fn classify(obs: &Observed<'_>) -> Classified {
         );
     }
     match obs.ending {
+        Ending::Exited { code: 0 } if obs.incomplete => Failure(
+            Code::SessionIncomplete,
+            "the session exited 0 without a COMPLETE signal (require_complete = true)".into(),
+        ),
         Ending::Exited { code: 0 } => Success,
         other => Failure(Code::SessionFailed, format!("the session command {other}")),
     }
@@ -259,6 +265,7 @@ mod tests {
             fingerprint: Some(1),
             claude: None,
             ended_by_script: false,
+            incomplete: false,
         }
     }
 
@@ -279,6 +286,26 @@ mod tests {
         assert_eq!(v.code, None);
         assert_eq!(v.attempt, 2);
         assert_eq!(s, Streak::default());
+    }
+
+    #[test]
+    fn an_exit_0_without_complete_fails_where_complete_is_required() {
+        let ok = Ending::Exited { code: 0 };
+        let mut s = Streak::default();
+        let mut o = obs(&ok);
+        o.incomplete = true;
+        for n in 1..=r().escalate_after {
+            let v = judge(&o, &mut s, &r());
+            assert_eq!(v.code, Some(Code::SessionIncomplete));
+            assert!(matches!(v.next, Next::Backoff { .. }));
+            assert!(
+                v.message.contains("without a COMPLETE signal"),
+                "{}",
+                v.message
+            );
+            assert_eq!(v.escalate, n == r().escalate_after, "failure {n}");
+        }
+        assert_eq!(judge(&obs(&ok), &mut s, &r()).next, Next::Clear);
     }
 
     #[test]

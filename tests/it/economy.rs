@@ -301,19 +301,34 @@ fn budgets_refuse_wakes_until_the_day_ends_in_their_zone_and_wake_if_work_skips_
     // 04:58:56Z: one session (17,262 tokens), then the 04:59 schedule.
     let mut d = Daemon::start(&env, &[("AGENT_STATE_FAKE_NOW", "2026-11-25T04:58:56Z")]);
     env.ok(&["wake", "rio", "--wait", "5s"]);
-    d.wait_until(Duration::from_secs(15), "the scheduled wakes are skipped", || {
-        env.events("rio", "wake_skipped").iter().any(|e| e["cause"] == "budget")
-            && env.events("leo", "wake_skipped").iter().any(|e| e["cause"] == "no_work")
-    });
+    d.wait_until(
+        Duration::from_secs(15),
+        "the scheduled wakes are skipped",
+        || {
+            env.events("rio", "wake_skipped")
+                .iter()
+                .any(|e| e["cause"] == "budget")
+                && env
+                    .events("leo", "wake_skipped")
+                    .iter()
+                    .any(|e| e["cause"] == "no_work")
+        },
+    );
     let skipped = env.events("rio", "wake_skipped");
     let skipped = skipped.iter().find(|e| e["cause"] == "budget").unwrap();
     assert_eq!(skipped["reason"], "schedule", "{skipped}");
     assert!(
-        skipped["detail"].as_str().unwrap().contains("max_tokens reached: 17262 of 100"),
+        skipped["detail"]
+            .as_str()
+            .unwrap()
+            .contains("max_tokens reached: 17262 of 100"),
         "{skipped}"
     );
     assert_eq!(env.events("rio", "session_start").len(), 1);
-    assert!(env.events("leo", "session_start").is_empty(), "no work, no session");
+    assert!(
+        env.events("leo", "session_start").is_empty(),
+        "no work, no session"
+    );
     d.wait_until(Duration::from_secs(5), "the human is told once", || {
         env.waiting("marcus").len() == 1
     });
@@ -336,6 +351,95 @@ fn budgets_refuse_wakes_until_the_day_ends_in_their_zone_and_wake_if_work_skips_
         .as_str()
         .unwrap()
         .to_string();
-    assert!(second.as_str() >= "2026-11-25T05:00:00Z", "started at {second}");
+    assert!(
+        second.as_str() >= "2026-11-25T05:00:00Z",
+        "started at {second}"
+    );
     assert_eq!(env.waiting("marcus").len(), 1, "told once a day");
+}
+
+// ---- outcomes judged by more than the exit code --------------------------------------------------
+
+#[test]
+fn exit_0_is_not_taken_at_its_word() {
+    let env = Env::with_config("");
+    let script = env.script(
+        "agent.sh",
+        r#"#!/bin/sh
+cat >/dev/null
+case "$1" in
+  rio) echo '{"type":"result","subtype":"error_max_turns","is_error":false,"num_turns":10,"result":""}' ;;
+  leo) echo '{"type":"result","subtype":"success","is_error":false,"num_turns":3,"result":"done","permission_denials":[{"tool_name":"Bash","tool_use_id":"t1"}]}' ;;
+  vida) echo "done, but no signal" ;;
+  clay) echo "done"; echo "<axiom>COMPLETE</axiom>" ;;
+esac
+exit 0
+"#,
+    );
+    let agents = "[[agent]]\nname = \"rio\"\n\n[[agent]]\nname = \"leo\"\n\n[[agent]]\nname = \"vida\"\nrequire_complete = true\n\n[[agent]]\nname = \"clay\"\nrequire_complete = true\n";
+    env.set_config(&daemon_config(
+        &script,
+        &[("max_concurrent_sessions", "4")],
+        &[],
+        agents,
+    ));
+    env.ok(&["bootstrap"]);
+    let d = env.daemon();
+    for a in ["rio", "leo", "vida", "clay"] {
+        env.ok(&["wake", a, "--wait", "5s"]);
+    }
+    d.wait_until(Duration::from_secs(15), "four sessions ended", || {
+        ["rio", "leo", "vida", "clay"]
+            .iter()
+            .all(|a| env.events(a, "session_end").len() + env.events(a, "error").len() == 1)
+    });
+    let records: Vec<Value> = std::fs::read_to_string(env.root.join(".daemon/errors.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let of = |agent: &str| -> Vec<(String, String)> {
+        records
+            .iter()
+            .filter(|r| r["context"]["agent"] == agent)
+            .map(|r| {
+                (
+                    r["code"].as_str().unwrap().to_string(),
+                    r["message"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    };
+    // The turn limit: a failure although the command exited 0.
+    assert_eq!(
+        env.events("rio", "error").len(),
+        1,
+        "{:?}",
+        env.journal("rio")
+    );
+    assert!(
+        of("rio")
+            .iter()
+            .any(|(c, m)| c == "SESSION_FAILED" && m.contains("turn limit")),
+        "{:?}",
+        of("rio")
+    );
+    // Refused tools: completed, with a doubt naming them.
+    assert_eq!(env.events("leo", "session_end").len(), 1);
+    assert!(
+        of("leo")
+            .iter()
+            .any(|(c, m)| c == "SESSION_SUSPECT" && m.contains("Bash")),
+        "{:?}",
+        of("leo")
+    );
+    // require_complete: no COMPLETE is a failure, COMPLETE is a success.
+    assert_eq!(env.events("vida", "error").len(), 1);
+    assert!(
+        of("vida").iter().any(|(c, _)| c == "SESSION_INCOMPLETE"),
+        "{:?}",
+        of("vida")
+    );
+    assert_eq!(env.events("clay", "session_end").len(), 1);
+    assert!(of("clay").is_empty(), "{:?}", of("clay"));
 }

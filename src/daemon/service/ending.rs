@@ -53,12 +53,22 @@ impl Daemon {
                     fingerprint: output.fingerprint,
                     claude: claude_failure.as_ref(),
                     ended_by_script,
+                    incomplete: cfg.as_ref().is_some_and(|c| c.session.require_complete)
+                        && !running.completed_by_signal,
                 },
                 self.streaks.entry(agent.clone()).or_default(),
                 &retries,
             ),
         };
         let succeeded = verdict.code.is_none() && report.ending.is_success();
+        if succeeded && let Some(doubt) = output.claude.as_ref().and_then(output::doubts) {
+            self.raise(
+                ErrorRecord::new(Code::SessionSuspect, format!("{agent}: {doubt}"))
+                    .agent(&agent)
+                    .session(&sid),
+                false,
+            );
+        }
         self.tally.session_ended(
             &agent,
             report.duration.as_secs_f64(),
@@ -198,6 +208,7 @@ impl Daemon {
                 fingerprint: output.fingerprint,
                 claude: None,
                 ended_by_script: false,
+                incomplete: false,
             },
             streak,
             &cfg.session.retries,
