@@ -157,8 +157,16 @@ impl Holds {
     }
 
     /// The group's login check failed (or a session found it logged out).
-    /// Returns whether it was not held for that before.
-    pub fn credential_failed(&mut self, group: &str, why: &str, now: DateTime<Utc>) -> bool {
+    /// Held until the check passes, or, for a group without a check, until
+    /// `retry_at`, when one probe session tries. Returns whether it was not
+    /// held for that before.
+    pub fn credential_failed(
+        &mut self,
+        group: &str,
+        why: &str,
+        now: DateTime<Utc>,
+        retry_at: Option<DateTime<Utc>>,
+    ) -> bool {
         let fresh = self
             .groups
             .get(group)
@@ -169,11 +177,17 @@ impl Holds {
                 Hold {
                     cause: Cause::Credential,
                     since: Timestamp::from_datetime(now),
-                    until: None,
+                    until: retry_at.map(Timestamp::from_datetime),
                     known_reset: false,
-                    reason: format!(
-                        "the credential is not usable ({why}): held until its check passes"
-                    ),
+                    reason: match retry_at {
+                        None => format!(
+                            "the credential is not usable ({why}): held until its check passes"
+                        ),
+                        Some(t) => format!(
+                            "the credential is not usable ({why}): held; one session tries again at {}",
+                            when(t, now)
+                        ),
+                    },
                     probe: None,
                 },
             );
@@ -416,9 +430,9 @@ mod tests {
         assert!(h.session_ended("default", &name("rio"), false).is_none());
         assert!(h.session_ended("default", &name("rio"), true).is_some());
 
-        assert!(h.credential_failed("team", "not logged in", now));
+        assert!(h.credential_failed("team", "not logged in", now, None));
         assert!(
-            !h.credential_failed("team", "not logged in", now),
+            !h.credential_failed("team", "not logged in", now, None),
             "said once"
         );
         assert!(

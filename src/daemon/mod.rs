@@ -5,6 +5,7 @@ pub mod alerts;
 pub mod cgroup;
 pub mod clock;
 pub mod core;
+pub mod credential;
 pub mod economy;
 pub mod effects;
 pub mod exporter;

@@ -76,6 +76,11 @@ enum LoopEvent {
         agent: AgentName,
         signal: Box<crate::protocol::signals::SignalResult>,
     },
+    /// A credential's login check came back.
+    CredentialChecked {
+        group: String,
+        result: std::result::Result<(), String>,
+    },
     SessionDone {
         agent: AgentName,
         report: Box<RunReport>,
@@ -286,6 +291,8 @@ pub async fn run(config_path: &Path) -> Result<()> {
     let mut root_check = tokio::time::interval(ROOT_CHECK_EVERY);
     root_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut root_lost: Option<String> = None;
+    let mut credential_tick = tokio::time::interval(Duration::from_secs(5));
+    credential_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut metrics_tick = tokio::time::interval(metrics.interval);
     metrics_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
@@ -321,6 +328,7 @@ pub async fn run(config_path: &Path) -> Result<()> {
                 daemon.tally.loop_lag = tokio::time::Instant::now().saturating_duration_since(deadline);
             }
             _ = metrics_tick.tick(), if metrics.enabled() => daemon.publish_metrics(),
+            _ = credential_tick.tick(), if daemon.has_credential_checks() => daemon.credential_checks_due(),
             _ = sigterm.recv() => daemon.shutdown("SIGTERM"),
             _ = sigint.recv() => daemon.shutdown("SIGINT"),
             _ = sighup.recv() => daemon.reload(),
@@ -430,6 +438,9 @@ impl Daemon {
                 if let Some(r) = self.running.get_mut(&agent) {
                     r.pid = Some(pid);
                 }
+            }
+            LoopEvent::CredentialChecked { group, result } => {
+                self.credential_checked(&group, result)
             }
             LoopEvent::SessionStalled { agent, silent_for } => {
                 self.session_stalled(&agent, silent_for)

@@ -172,7 +172,7 @@ fn a_usage_limit_holds_every_agent_of_the_credential_until_its_reset_without_a_f
     );
 
     // leo shares the credential: its wake waits, no session starts.
-    env.ok(&["wake", "leo"]);
+    env.send("marcus", "leo", &[]);
     d.wait_until(Duration::from_secs(5), "leo's wake is held", || {
         env.events("leo", "wake_skipped")
             .iter()
@@ -227,7 +227,7 @@ fn an_unknown_reset_waits_then_one_probe_session_runs_before_the_others() {
     let hit = &env.events("rio", "usage_limit")[0];
     assert_eq!(hit["kind"], "api_rate_limit", "{hit}");
     assert!(hit["resets_at"].is_null(), "{hit}");
-    env.ok(&["wake", "leo"]);
+    env.send("marcus", "leo", &[]);
     // After the wait rio's retry is the probe; leo waits for its result.
     d.wait_until(Duration::from_secs(30), "both completed", || {
         env.events("rio", "session_end").len() == 1 && env.events("leo", "session_end").len() == 1
@@ -263,7 +263,7 @@ fn an_admin_cap_is_escalated_and_never_waited_out() {
         !env.waiting("marcus").is_empty()
     });
     assert!(error_codes(&env).contains(&"USAGE_DISABLED".to_string()));
-    env.ok(&["wake", "leo"]);
+    env.send("marcus", "leo", &[]);
     d.wait_until(Duration::from_secs(5), "leo is held", || {
         env.events("leo", "wake_skipped")
             .iter()
@@ -442,4 +442,120 @@ exit 0
     );
     assert_eq!(env.events("clay", "session_end").len(), 1);
     assert!(of("clay").is_empty(), "{:?}", of("clay"));
+}
+
+// ---- the credential check -----------------------------------------------------------------------
+
+#[test]
+fn a_failed_credential_check_holds_its_agents_until_it_passes() {
+    let env = Env::with_config("");
+    let script = env.script(
+        "agent.sh",
+        &format!("#!/bin/sh\ncat >/dev/null\nprintf '%s\\n' '{RESULT}'\n"),
+    );
+    let ok = env.tmp("logged-in");
+    // Claude Code's own answer when logged out, until the file exists.
+    let check = env.script(
+        "check.sh",
+        &format!(
+            "#!/bin/sh\nif [ -e {ok:?} ]; then echo '{{\"loggedIn\": true, \"authMethod\": \"claude.ai\"}}'; exit 0; fi\necho '{{\"loggedIn\": false, \"authMethod\": \"none\"}}'; exit 1\n",
+            ok = ok.display().to_string()
+        ),
+    );
+    let mut config = daemon_config(
+        &script,
+        &[],
+        &[],
+        &format!("[[agent]]\nname = \"rio\"\n{MARCUS}"),
+    );
+    config.push_str(&format!(
+        "\n[credential.default]\ncheck = [{:?}]\ncheck_every = \"10s\"\n",
+        check.display().to_string()
+    ));
+    env.set_config(&config);
+    env.ok(&["bootstrap"]);
+    let d = env.daemon();
+    d.wait_until(
+        Duration::from_secs(15),
+        "the failed check is escalated",
+        || {
+            error_codes(&env).contains(&"CREDENTIAL_FAILED".to_string())
+                && !env.waiting("marcus").is_empty()
+        },
+    );
+    let told = env.waiting("marcus");
+    assert_eq!(told.len(), 1, "one message: {told:?}");
+    env.send("marcus", "rio", &[]);
+    d.wait_until(Duration::from_secs(5), "rio's wake is held", || {
+        env.events("rio", "wake_skipped")
+            .iter()
+            .any(|e| e["cause"] == "credential")
+    });
+    let status = env.ok(&["status"]);
+    assert!(
+        status.contains("not logged in (authMethod: none)"),
+        "{status}"
+    );
+    assert!(env.events("rio", "session_start").is_empty());
+    // Logged in: the next check (10 s) releases the group.
+    std::fs::write(&ok, "").unwrap();
+    d.wait_until(
+        Duration::from_secs(30),
+        "rio ran after the check passed",
+        || env.events("rio", "session_end").len() == 1,
+    );
+    assert!(
+        d.log_text().contains("its check passes again"),
+        "{}",
+        d.log_text()
+    );
+    assert_eq!(
+        error_codes(&env)
+            .iter()
+            .filter(|c| *c == "CREDENTIAL_FAILED")
+            .count(),
+        1,
+        "said once"
+    );
+}
+
+#[test]
+fn the_real_claude_cli_without_credentials_fails_the_check() {
+    let Ok(claude) = std::env::var("AGENT_STATE_CLAUDE_BIN") else {
+        eprintln!(
+            "SKIPPED: set AGENT_STATE_CLAUDE_BIN to the Claude Code CLI (npm install @anthropic-ai/claude-code)"
+        );
+        return;
+    };
+    let env = Env::with_config("");
+    let script = agent_ok(&env);
+    let mut config = daemon_config(
+        &script,
+        &[],
+        &[],
+        &format!("[[agent]]\nname = \"rio\"\n{MARCUS}"),
+    );
+    config.push_str(&format!(
+        "\n[credential.default]\ncheck = [{claude:?}, \"auth\", \"status\", \"--json\"]\n"
+    ));
+    env.set_config(&config);
+    env.ok(&["bootstrap"]);
+    let home = env.tmp("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let d = Daemon::start(&env, &[("HOME", home.to_str().unwrap())]);
+    d.wait_until(Duration::from_secs(60), "the check failed", || {
+        error_codes(&env).contains(&"CREDENTIAL_FAILED".to_string())
+    });
+    let errors = std::fs::read_to_string(env.root.join(".daemon/errors.jsonl")).unwrap();
+    assert!(
+        errors.contains("not logged in (authMethod: none)"),
+        "{errors}"
+    );
+}
+
+fn agent_ok(env: &Env) -> std::path::PathBuf {
+    env.script(
+        "agent.sh",
+        &format!("#!/bin/sh\ncat >/dev/null\nprintf '%s\\n' '{RESULT}'\n"),
+    )
 }

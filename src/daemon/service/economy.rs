@@ -23,7 +23,17 @@ pub(super) struct Economy {
     today: BTreeMap<AgentName, Today>,
     /// Wakes already said to be held (agent, hold reason): said once.
     said_held: std::collections::BTreeSet<(AgentName, String)>,
+    /// Credential checks: when each is next due, which are running, and
+    /// when each last passed.
+    next_check: BTreeMap<String, DateTime<Utc>>,
+    checking: std::collections::BTreeSet<String>,
+    checked_ok: BTreeMap<String, DateTime<Utc>>,
 }
+
+/// A check older than this is run again before a scheduled wake.
+const CHECK_FRESH: Duration = Duration::from_secs(600);
+/// A failing credential is checked again at least this often.
+const CHECK_WHILE_FAILING: Duration = Duration::from_secs(300);
 
 /// One agent's use on one day, and the journal's (size, mtime) it was read at.
 type Today = (chrono::NaiveDate, (i64, i64, i64), DayUse);
@@ -130,15 +140,22 @@ impl Daemon {
                 self.save_economy();
                 tracing::info!(agent = %agent, "credential {group}: this session is the probe of whether the usage limit has reset");
             }
+            Gate::Held { reason: why, .. } if reason == WakeReason::Manual => {
+                tracing::info!(agent = %agent, "manual wake runs despite the hold: {why}");
+            }
             Gate::Held { until, reason: why } => {
                 if self.economy.said_held.insert((agent.clone(), why.clone())) {
                     self.publish_held(agent, cfg);
                     tracing::info!(agent = %agent, "{} wake held: {why}", reason.as_str());
+                    let cause = match self.economy.holds.groups.get(&group).map(|h| h.cause) {
+                        Some(Cause::Credential) => "credential",
+                        _ => "usage_limit",
+                    };
                     self.journal(
                         agent,
                         Event::WakeSkipped(WakeSkipped {
                             reason: reason.as_str().to_string(),
-                            cause: Some("usage_limit".into()),
+                            cause: Some(cause.into()),
                             detail: Some(why),
                             ..Default::default()
                         }),
@@ -153,6 +170,22 @@ impl Daemon {
             }
         }
         let scheduled = matches!(reason, WakeReason::Schedule | WakeReason::CatchUp);
+        // A scheduled wake of a checked credential: the check first, if the
+        // last one is not fresh (the wake is tried again in a moment).
+        if scheduled
+            && self.credential_check_of(&group).is_some()
+            && self
+                .economy
+                .checked_ok
+                .get(&group)
+                .is_none_or(|t| decide::until(now, *t) > CHECK_FRESH)
+        {
+            if !self.economy.checking.contains(&group) {
+                self.start_check(&group);
+            }
+            self.defer_wake(agent, reason, Duration::from_secs(2));
+            return false;
+        }
         if scheduled && cfg.session.wake_if == WakeIf::Work {
             let dir = self.dir(agent);
             let waiting = self.tally.waiting.get(agent).copied().unwrap_or(0);
@@ -396,10 +429,170 @@ impl Daemon {
                 .session_ended(&cfg.session.credential, agent, succeeded)
         {
             tracing::info!(agent = %agent, "credential {}: the hold is over ({}: {})", cfg.session.credential, if succeeded { "a session succeeded" } else { "the probe ended" }, hold.reason);
-            self.economy.said_held.clear();
-            self.save_economy();
+            self.released(&cfg.session.credential.clone());
         }
         self.economy.today.remove(agent);
+    }
+
+    /// `group`'s hold ended: its held wakes go now (not at their deferral's
+    /// end), and report.json no longer says they are held.
+    fn released(&mut self, group: &str) {
+        self.save_economy();
+        let now = self.clock.now();
+        let held: Vec<AgentName> = self
+            .economy
+            .said_held
+            .iter()
+            .map(|(a, _)| a.clone())
+            .filter(|a| {
+                self.agent_config(a)
+                    .is_some_and(|c| c.session.credential == group)
+            })
+            .collect();
+        self.economy.said_held.retain(|(a, _)| !held.contains(a));
+        for agent in held {
+            if let Some(slot) = self.core.agents.get_mut(&agent) {
+                slot.backoff_until = Some(now);
+            }
+            let still_held = self
+                .dir(&agent)
+                .read::<Report>()
+                .ok()
+                .flatten()
+                .and_then(|r| r.error)
+                .is_some_and(|e| e.state == "held");
+            if still_held {
+                self.publish_agent(&agent, None);
+            }
+        }
+    }
+
+    fn credential_check_of(&self, group: &str) -> Option<Vec<String>> {
+        self.config
+            .credentials
+            .get(group)
+            .and_then(|c| c.check.clone())
+    }
+
+    pub(super) fn has_credential_checks(&self) -> bool {
+        self.config.credentials.values().any(|c| c.check.is_some())
+    }
+
+    /// Start the checks that are due (on the loop's credential timer).
+    pub(super) fn credential_checks_due(&mut self) {
+        let now = self.clock.now();
+        let due: Vec<String> = self
+            .config
+            .credentials
+            .iter()
+            .filter(|(g, c)| {
+                c.check.is_some()
+                    && !self.economy.checking.contains(*g)
+                    && self.economy.next_check.get(*g).is_none_or(|t| *t <= now)
+            })
+            .map(|(g, _)| g.clone())
+            .collect();
+        for group in due {
+            self.start_check(&group);
+        }
+    }
+
+    fn start_check(&mut self, group: &str) {
+        let Some(command) = self.credential_check_of(group) else {
+            return;
+        };
+        self.economy.checking.insert(group.to_string());
+        let tx = self.tx.clone();
+        let dir = self.root.path.clone();
+        let group = group.to_string();
+        tokio::spawn(async move {
+            let result = crate::daemon::credential::check(
+                &command,
+                &dir,
+                crate::daemon::credential::CHECK_TIMEOUT,
+            )
+            .await;
+            let _ = tx.send(LoopEvent::CredentialChecked { group, result });
+        });
+    }
+
+    /// A check came back: a pass lifts a credential hold, a failure holds
+    /// the group (escalated once, with the runbook) until one passes.
+    pub(super) fn credential_checked(
+        &mut self,
+        group: &str,
+        result: std::result::Result<(), String>,
+    ) {
+        let now = self.clock.now();
+        self.economy.checking.remove(group);
+        let every = self
+            .config
+            .credentials
+            .get(group)
+            .map_or(CHECK_WHILE_FAILING, |c| c.check_every);
+        match result {
+            Ok(()) => {
+                self.economy.checked_ok.insert(group.to_string(), now);
+                self.economy.next_check.insert(
+                    group.to_string(),
+                    now + chrono::Duration::from_std(every).unwrap_or_default(),
+                );
+                if let Some(hold) = self.economy.holds.credential_ok(group) {
+                    tracing::info!(
+                        "credential {group}: its check passes again; its agents are released ({})",
+                        hold.reason
+                    );
+                    self.released(group);
+                }
+            }
+            Err(why) => {
+                self.economy.checked_ok.remove(group);
+                let again = every.min(CHECK_WHILE_FAILING);
+                self.economy.next_check.insert(
+                    group.to_string(),
+                    now + chrono::Duration::from_std(again).unwrap_or_default(),
+                );
+                if self.economy.holds.credential_failed(group, &why, now, None) {
+                    self.save_economy();
+                    let record = ErrorRecord::new(
+                        Code::CredentialFailed,
+                        format!("credential {group}: its check failed ({why}); its agents are held until it passes"),
+                    )
+                    .details(format!(
+                        "checked again every {}",
+                        humantime::format_duration(again)
+                    ));
+                    self.raise(record, true);
+                } else {
+                    tracing::info!("credential {group}: the check still fails: {why}");
+                }
+            }
+        }
+    }
+
+    /// A session found its credential logged out: hold the group like a
+    /// failed check (and check it now), or, without a check, until one
+    /// session tries again after `[usage_limits] wait`.
+    pub(super) fn login_failed(&mut self, agent: &AgentName, cfg: &AgentConfig) {
+        let now = self.clock.now();
+        let group = cfg.session.credential.clone();
+        let has_check = self.credential_check_of(&group).is_some();
+        let retry_at = (!has_check).then(|| {
+            now + chrono::Duration::from_std(self.config.usage_limits.wait).unwrap_or_default()
+        });
+        let why = format!("a session of {agent} found Claude Code logged out");
+        if self
+            .economy
+            .holds
+            .credential_failed(&group, &why, now, retry_at)
+        {
+            self.save_economy();
+            tracing::warn!(agent = %agent, "credential {group}: {why}; its agents are held");
+        }
+        if has_check && !self.economy.checking.contains(&group) {
+            self.economy.checked_ok.remove(&group);
+            self.start_check(&group);
+        }
     }
 
     /// report.json `error` of a held agent (status shows it): the hold's

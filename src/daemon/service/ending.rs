@@ -175,7 +175,11 @@ impl Daemon {
             (Some(cfg), Some(_)) => self.after_usage_limit(&agent, cfg),
             (Some(cfg), None) => {
                 self.economy_session_ended(&agent, Some(cfg), succeeded);
+                let login = verdict.code == Some(Code::AgentLoginRequired);
                 self.apply_verdict(&agent, cfg, Some(&sid), verdict, &report);
+                if login {
+                    self.login_failed(&agent, cfg);
+                }
             }
             (None, _) => {}
         }
