@@ -30,8 +30,15 @@ pub const DEFAULT_PATH: &str = "/etc/agent-state/config.toml";
 pub const DEFAULT_STATE_ROOT: &str = "/opt/teleo-eval/agent-state";
 
 /// Placeholders a session command may use.
-pub const COMMAND_PLACEHOLDERS: &[&str] =
-    &["agent", "session_id", "model", "prompt_file", "instance"];
+pub const COMMAND_PLACEHOLDERS: &[&str] = &[
+    "agent",
+    "session_id",
+    "model",
+    "prompt_file",
+    "instance",
+    "max_turns",
+    "max_budget_usd",
+];
 
 /// The config's errors live with the crate's error type (the base layer),
 /// which every layer may use; see ARCHITECTURE.md, "Layers".
@@ -115,6 +122,8 @@ pub struct SessionSettings {
     pub wake_if: WakeIf,
     /// An exit 0 without a COMPLETE signal is a failure (SESSION_INCOMPLETE).
     pub require_complete: bool,
+    /// `{max_turns}` in the command.
+    pub max_turns: u32,
 }
 
 /// The default birth prompt: the first session of an agent without an
@@ -277,6 +286,7 @@ struct RawSession {
     credential: Option<String>,
     wake_if: Option<RawWakeIf>,
     require_complete: Option<bool>,
+    max_turns: Option<i64>,
 }
 
 /// An `[[agent]]` table. serde cannot combine `flatten` with
@@ -317,6 +327,7 @@ struct RawAgent {
     credential: Option<String>,
     wake_if: Option<RawWakeIf>,
     require_complete: Option<bool>,
+    max_turns: Option<i64>,
 }
 
 impl RawAgent {
@@ -350,6 +361,7 @@ impl RawAgent {
             credential: self.credential.clone(),
             wake_if: self.wake_if.clone(),
             require_complete: self.require_complete,
+            max_turns: self.max_turns,
         }
     }
 }
@@ -1236,7 +1248,15 @@ impl Validator {
             .require_complete
             .or(base.map(|b| b.require_complete))
             .unwrap_or(false);
+        let max_turns = self.count(
+            &f("max_turns"),
+            raw.max_turns,
+            base.map(|b| b.max_turns),
+            100,
+            1..=100_000,
+        );
         SessionSettings {
+            max_turns,
             credential,
             wake_if,
             require_complete,

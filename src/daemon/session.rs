@@ -175,14 +175,36 @@ pub fn command_line(
     model: &str,
     prompt_file: &Path,
 ) -> Vec<String> {
+    // `{max_budget_usd}` only for a billed API key with a session cost
+    // limit: a subscription reports no real cost, and `--max-budget-usd`
+    // stops its runs that cost nothing. Otherwise the argument goes (and
+    // the option before it, when the placeholder is a whole argument).
+    let budget = config
+        .credentials
+        .get(&agent.session.credential)
+        .filter(|c| c.api_key)
+        .and(agent.session.session_budget.max_cost_usd)
+        .map(|usd| format!("{usd:.2}"));
     let fill = |arg: &str| {
         arg.replace("{agent}", agent.name.as_str())
             .replace("{session_id}", session_id)
             .replace("{model}", model)
             .replace("{prompt_file}", &prompt_file.display().to_string())
             .replace("{instance}", instance)
+            .replace("{max_turns}", &agent.session.max_turns.to_string())
+            .replace("{max_budget_usd}", budget.as_deref().unwrap_or(""))
     };
-    let mut argv: Vec<String> = agent.session.command.iter().map(|a| fill(a)).collect();
+    let mut argv: Vec<String> = Vec::new();
+    for arg in &agent.session.command {
+        if budget.is_none() && arg.contains("{max_budget_usd}") {
+            let option_before = argv.len() > 1 && argv.last().is_some_and(|a| a.starts_with('-'));
+            if arg == "{max_budget_usd}" && option_before {
+                argv.pop();
+            }
+            continue;
+        }
+        argv.push(fill(arg));
+    }
     if let Some(program) = argv.first_mut() {
         let p = PathBuf::from(&*program);
         if p.is_relative() && program.contains('/') {
@@ -336,4 +358,56 @@ pub fn request_wake(dir: &AgentDir) -> Result<PathBuf> {
         crate::inbox::MESSAGE_MODE,
     )?;
     Ok(target)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv(config_text: &str, agent: usize) -> Vec<String> {
+        let config = Config::parse(config_text, Path::new("/etc/agent-state/config.toml")).unwrap();
+        command_line(
+            &config,
+            &config.agents[agent],
+            "20261124-130000",
+            "rio-007",
+            "opus",
+            Path::new("/s/rio/sessions/p.md"),
+        )
+    }
+
+    #[test]
+    fn max_budget_usd_is_filled_for_a_billed_key_only_and_max_turns_always() {
+        let text = r#"
+[credential.billed]
+kind = "api_key"
+[defaults]
+command = ["claude", "-p", "--max-turns", "{max_turns}", "--max-budget-usd", "{max_budget_usd}", "--model={model}", "--x={max_budget_usd}"]
+session_budget = { max_cost_usd = 2.5 }
+[[agent]]
+name = "rio"
+credential = "billed"
+max_turns = 30
+[[agent]]
+name = "leo"
+"#;
+        assert_eq!(
+            argv(text, 0),
+            [
+                "claude",
+                "-p",
+                "--max-turns",
+                "30",
+                "--max-budget-usd",
+                "2.50",
+                "--model=opus",
+                "--x=2.50"
+            ]
+        );
+        // A subscription: the budget option is left out, the turns are not.
+        assert_eq!(
+            argv(text, 1),
+            ["claude", "-p", "--max-turns", "100", "--model=opus"]
+        );
+    }
 }
