@@ -14,6 +14,7 @@ pub mod failure;
 pub mod files;
 pub mod health;
 pub mod logging;
+pub mod meter;
 pub mod output;
 pub mod runner;
 pub mod service;

@@ -76,6 +76,11 @@ enum LoopEvent {
         agent: AgentName,
         signal: Box<crate::protocol::signals::SignalResult>,
     },
+    /// A session's streamed usage reached its `session_budget.max_tokens`.
+    SessionOverBudget {
+        agent: AgentName,
+        tokens: u64,
+    },
     /// A credential's login check came back.
     CredentialChecked {
         group: String,
@@ -438,6 +443,9 @@ impl Daemon {
                 if let Some(r) = self.running.get_mut(&agent) {
                     r.pid = Some(pid);
                 }
+            }
+            LoopEvent::SessionOverBudget { agent, tokens } => {
+                self.session_over_budget(&agent, tokens)
             }
             LoopEvent::CredentialChecked { group, result } => {
                 self.credential_checked(&group, result)

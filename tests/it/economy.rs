@@ -559,3 +559,54 @@ fn agent_ok(env: &Env) -> std::path::PathBuf {
         &format!("#!/bin/sh\ncat >/dev/null\nprintf '%s\\n' '{RESULT}'\n"),
     )
 }
+
+#[test]
+fn a_session_over_its_token_budget_is_stopped_as_it_streams_or_let_finish() {
+    let env = Env::with_config("");
+    // stream-json: one API call of 1,500 tokens (printed as two content
+    // blocks of the same message), then a long think.
+    let script = env.script(
+        "agent.sh",
+        r#"#!/bin/sh
+cat >/dev/null
+m='{"type":"assistant","message":{"id":"msg_1","content":[{"type":"text","text":"hi"}],"usage":{"input_tokens":500,"cache_read_input_tokens":500,"output_tokens":500}}}'
+echo "$m"; echo "$m"
+if [ "$1" = rio ]; then sleep 30; else sleep 2; fi
+echo '{"type":"result","subtype":"success","is_error":false,"num_turns":1,"result":"done"}'
+"#,
+    );
+    let agents = "[[agent]]\nname = \"rio\"\nsession_budget = { max_tokens = 1200 }\n\n[[agent]]\nname = \"leo\"\nsession_budget = { max_tokens = 1200 }\nbudget_action = \"finish\"\n\n[[agent]]\nname = \"vida\"\nsession_budget = { max_tokens = 1600 }\n";
+    env.set_config(&daemon_config(
+        &script,
+        &[("max_concurrent_sessions", "3")],
+        &[],
+        agents,
+    ));
+    env.ok(&["bootstrap"]);
+    let d = env.daemon();
+    for a in ["rio", "leo", "vida"] {
+        env.ok(&["wake", a, "--wait", "5s"]);
+    }
+    d.wait_until(
+        Duration::from_secs(3),
+        "rio is stopped before its command ends",
+        || env.events("rio", "error").len() == 1,
+    );
+    let reason = env.events("rio", "error")[0]["reason"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        reason.contains("max_tokens reached: 1500 of 1200"),
+        "{reason}"
+    );
+    d.wait_until(Duration::from_secs(10), "leo and vida finish", || {
+        env.events("leo", "session_end").len() == 1 && env.events("vida", "session_end").len() == 1
+    });
+    assert!(
+        d.log_text()
+            .contains("it may finish (budget_action = \"finish\")"),
+        "{}",
+        d.log_text()
+    );
+}

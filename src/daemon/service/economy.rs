@@ -7,7 +7,7 @@
 
 use super::*;
 
-use crate::config::{DEFAULT_CREDENTIAL, WakeIf};
+use crate::config::{BudgetAction, DEFAULT_CREDENTIAL, WakeIf};
 use crate::daemon::economy::{self as decide, Cause, Gate, Holds};
 use crate::protocol::limits::{self, Limit, LimitKind};
 use crate::state::journal::UsageLimitHit;
@@ -592,6 +592,28 @@ impl Daemon {
         if has_check && !self.economy.checking.contains(&group) {
             self.economy.checked_ok.remove(&group);
             self.start_check(&group);
+        }
+    }
+
+    /// A running session's streamed usage reached its session budget: stop
+    /// it (`budget_action = "stop"`, recorded as an error naming the budget)
+    /// or let it finish, said once.
+    pub(super) fn session_over_budget(&mut self, agent: &AgentName, tokens: u64) {
+        let Some(cfg) = self.agent_config(agent).cloned() else {
+            return;
+        };
+        let limit = cfg.session.session_budget.max_tokens.unwrap_or(0);
+        let why = format!("its session_budget is spent: max_tokens reached: {tokens} of {limit}");
+        match cfg.session.budget_action {
+            BudgetAction::Stop => {
+                if let Some(r) = self.running.get_mut(agent) {
+                    tracing::warn!(agent = %agent, session_id = %r.session_id, "stopping the session: {why}");
+                    r.stop_for(format!("the daemon stopped the session: {why}"));
+                }
+            }
+            BudgetAction::Finish => {
+                tracing::warn!(agent = %agent, "{why}; it may finish (budget_action = \"finish\")");
+            }
         }
     }
 

@@ -37,6 +37,8 @@ pub(super) struct Observer {
     /// One signal scanner per stream: chunks of the two interleave.
     pub(super) scanners: [crate::protocol::signals::SignalScanner; 2],
     pub(super) ending: EndingNote,
+    /// Tokens used so far (stream-json), against `session_budget.max_tokens`.
+    pub(super) meter: crate::daemon::meter::Meter,
 }
 
 impl OutputObserver for Observer {
@@ -50,6 +52,14 @@ impl OutputObserver for Observer {
             OutputStream::Stdout => 0,
             OutputStream::Stderr => 1,
         };
+        if i == 0
+            && let Some(tokens) = self.meter.push(chunk)
+        {
+            let _ = self.tx.send(LoopEvent::SessionOverBudget {
+                agent: self.agent.clone(),
+                tokens,
+            });
+        }
         for signal in self.scanners[i].feed(chunk) {
             self.send_signal(signal);
         }

@@ -227,7 +227,9 @@ impl Daemon {
                     }
                 }
             };
+            let meter = crate::daemon::meter::Meter::new(cfg.session.session_budget.max_tokens);
             let mut observer = Observer {
+                meter,
                 output: SessionOutput::new(),
                 agent: name.clone(),
                 tx: tx.clone(),
