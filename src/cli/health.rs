@@ -171,6 +171,14 @@ pub fn assess(
             if let Some(why) = &hb.paused {
                 add(Level::Warning, format!("waking is paused: {why}"));
             }
+            for (credential, held) in &hb.held {
+                let level = if held.cause == "usage_limit" {
+                    Level::Warning
+                } else {
+                    Level::Critical
+                };
+                add(level, format!("credential {credential}: {}", held.reason));
+            }
             for (agent, why) in &hb.failing {
                 let level = if why.contains("disabled") {
                     Level::Critical

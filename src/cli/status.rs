@@ -52,6 +52,12 @@ struct Line {
     lifecycle: Option<&'static str>,
     /// report.json `progress` (the agent's last PROGRESS signal).
     progress: Option<u64>,
+    /// What it used today (days in `[budget] timezone`).
+    today: crate::usage::DayUse,
+    /// What is left of its daily budget, if it has one.
+    budget_left: Option<crate::usage::Left>,
+    /// The budget limit reached, if one is.
+    budget_exceeded: Option<String>,
 }
 
 #[derive(Serialize, Clone)]
@@ -163,6 +169,40 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
             &next,
         ]);
     }
+    // What each agent used today, and what is left of its budget.
+    for l in &lines {
+        if l.today.sessions == 0 && l.budget_left.is_none() {
+            continue;
+        }
+        let u = &l.today;
+        let mut text = format!(
+            "{}: today {} session(s), {}, {} tokens, ${:.2}",
+            l.agent,
+            u.sessions,
+            crate::cli::usage::runtime(u.runtime_seconds),
+            crate::cli::usage::tokens(u.tokens.total),
+            u.cost_usd
+        );
+        if let Some(e) = &l.budget_exceeded {
+            text.push_str(&format!("; budget exhausted ({e})"));
+        } else if let Some(left) = &l.budget_left {
+            let mut parts = Vec::new();
+            if let Some(n) = left.sessions {
+                parts.push(format!("{n} session(s)"));
+            }
+            if let Some(s) = left.runtime_seconds {
+                parts.push(crate::cli::usage::runtime(s));
+            }
+            if let Some(t) = left.tokens {
+                parts.push(format!("{} tokens", crate::cli::usage::tokens(t)));
+            }
+            if let Some(c) = left.cost_usd {
+                parts.push(format!("${c:.2}"));
+            }
+            text.push_str(&format!("; budget left: {}", parts.join(", ")));
+        }
+        say!("{text}");
+    }
     // Why agents fail, and errors that are not about one agent.
     for l in &lines {
         if let Some(f) = &l.failing {
@@ -245,6 +285,9 @@ fn line(ctx: &Context, agent: &AgentConfig) -> Result<Line> {
         failing: None,
         lifecycle: None,
         progress: None,
+        today: Default::default(),
+        budget_left: None,
+        budget_exceeded: None,
     };
     if !crate::fsx::is_dir(&dir.path) {
         l.status = "missing".into();
@@ -294,7 +337,18 @@ fn line(ctx: &Context, agent: &AgentConfig) -> Result<Line> {
             .count();
     }
     let since: Timestamp = ctx.now.minus(ROLLING_WINDOW);
-    for e in journal::read_since(&dir.journal(), since)?.iter() {
+    let entries = journal::read_since(&dir.journal(), since)?;
+    let tz = ctx.config.budget.timezone;
+    l.today = crate::usage::by_day(&crate::usage::sessions(&entries), tz)
+        .get(&crate::usage::day_of(ctx.now, tz))
+        .copied()
+        .unwrap_or_default();
+    let budget = agent.session.budget;
+    if !budget.is_unlimited() {
+        l.budget_left = Some(budget.left(&l.today));
+        l.budget_exceeded = budget.first_exceeded(&l.today).map(|e| e.to_string());
+    }
+    for e in entries.iter() {
         match e.event {
             Event::SessionEnd(_) => l.sessions_30d += 1,
             Event::Error(_) => {

@@ -209,7 +209,7 @@ fn cells(date: &str, agent: &str, u: &DayUse) -> [String; 9] {
 }
 
 /// `2h05m`, `45m`, `30s`.
-fn runtime(secs: u64) -> String {
+pub(super) fn runtime(secs: u64) -> String {
     match secs {
         s if s < 60 => format!("{s}s"),
         s if s < 3600 => format!("{}m", s / 60),
@@ -218,7 +218,7 @@ fn runtime(secs: u64) -> String {
 }
 
 /// `950`, `12.3k`, `4.56M`.
-fn tokens(n: u64) -> String {
+pub(super) fn tokens(n: u64) -> String {
     match n {
         n if n < 1000 => n.to_string(),
         n if n < 1_000_000 => format!("{:.1}k", n as f64 / 1e3),

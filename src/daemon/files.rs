@@ -297,6 +297,19 @@ pub struct Heartbeat {
     /// Agents whose sessions fail: retrying, backing off or disabled.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub failing: BTreeMap<String, String>,
+    /// Credentials whose agents are held (a usage limit, an admin's cap, a
+    /// failed login check), by credential name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub held: BTreeMap<String, HeldEntry>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HeldEntry {
+    /// `usage_limit`, `disabled` or `credential`.
+    pub cause: String,
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<Timestamp>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

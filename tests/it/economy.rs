@@ -91,6 +91,21 @@ fn usage_adds_up_what_each_session_recorded_and_shows_the_budget_left() {
         text.contains("budget rio: left today: 4 session(s), 82.7k tokens"),
         "{text}"
     );
+    let status = env.ok(&["status"]);
+    assert!(
+        status.contains("rio: today 1 session(s)")
+            && status.contains("17.3k tokens, $0.04; budget left: 4 session(s), 82.7k tokens"),
+        "{status}"
+    );
+    let status: Value = serde_json::from_str(&env.ok(&["status", "--json"])).unwrap();
+    let rio = status
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["agent"] == "rio")
+        .unwrap();
+    assert_eq!(rio["today"]["tokens"]["total"], 17262, "{rio}");
+    assert_eq!(rio["budget_left"]["sessions"], 4, "{rio}");
     let err = env.fails(&["usage", "--days", "0"], 2);
     assert!(err.contains("--days"), "{err}");
 }
@@ -171,6 +186,24 @@ fn a_usage_limit_holds_every_agent_of_the_credential_until_its_reset_without_a_f
         "{status}"
     );
 
+    d.wait_until(
+        Duration::from_secs(5),
+        "health warns about the hold",
+        || {
+            env.run(&["health", "--success-within", "off"])
+                .status
+                .code()
+                == Some(1)
+        },
+    );
+    let health = env.run(&["health", "--success-within", "off"]);
+    let line = String::from_utf8_lossy(&health.stdout);
+    assert!(
+        line.contains(
+            "WARNING: credential default: waiting for the usage limit to reset at 13:00 UTC"
+        ),
+        "{line}"
+    );
     // leo shares the credential: its wake waits, no session starts.
     env.send("marcus", "leo", &[]);
     d.wait_until(Duration::from_secs(5), "leo's wake is held", || {

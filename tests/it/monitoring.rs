@@ -243,7 +243,7 @@ fn a_real_prometheus_scrapes_the_sessions_the_daemon_ran() {
         &script,
         &[],
         &[],
-        "[[agent]]\nname = \"rio\"\nschedule = \"0 3 * * *\"\n\n[[agent]]\nname = \"leo\"\n",
+        "[[agent]]\nname = \"rio\"\nschedule = \"0 3 * * *\"\nbudget = { max_sessions = 5 }\n\n[[agent]]\nname = \"leo\"\n",
     );
     config.push_str(&format!(
         "\n[metrics]\nlisten = \"127.0.0.1:{port}\"\ntextfile = {:?}\ninterval = \"1s\"\n",
@@ -316,6 +316,10 @@ fn a_real_prometheus_scrapes_the_sessions_the_daemon_ran() {
     prom.wait_for("agent_state_failures_in_a_row{agent=\"rio\"}", 0.0);
     prom.wait_for("agent_state_errors_total{code=\"SESSION_FAILED\"}", 1.0);
     prom.wait_for("agent_state_session_running{agent=\"rio\"}", 0.0);
+    prom.wait_for(
+        "agent_state_budget_remaining{scope=\"rio\",limit=\"sessions\"}",
+        4.0,
+    );
     let next = prom
         .value("agent_state_next_wake_timestamp_seconds{agent=\"rio\"}")
         .expect("rio's next wake");

@@ -95,7 +95,7 @@ impl Daemon {
 
     /// Today's use of `agent`, in the budget's time zone: read from its
     /// journal again only when the journal changed.
-    fn used_today(&mut self, agent: &AgentName) -> DayUse {
+    pub(super) fn used_today(&mut self, agent: &AgentName) -> DayUse {
         let tz = self.config.budget.timezone;
         let now = Timestamp::from_datetime(self.clock.now());
         let day = usage::day_of(now, tz);

@@ -93,6 +93,25 @@ impl Publishing {
     }
 }
 
+/// What is left of a daily budget, one sample per configured limit.
+fn budget_gauges(e: &mut Exposition, scope: &str, left: &crate::usage::Left) {
+    for (limit, value) in [
+        ("sessions", left.sessions.map(|n| n as f64)),
+        ("runtime_seconds", left.runtime_seconds.map(|n| n as f64)),
+        ("tokens", left.tokens.map(|n| n as f64)),
+        ("cost_usd", left.cost_usd),
+    ] {
+        if let Some(v) = value {
+            e.gauge(
+                "agent_state_budget_remaining",
+                "What is left today of a daily budget, by scope (an agent, or fleet) and limit.",
+                vec![("scope", scope.to_string()), ("limit", limit.to_string())],
+                v,
+            );
+        }
+    }
+}
+
 fn agent_label(agent: &AgentName) -> Vec<(&'static str, String)> {
     vec![("agent", agent.to_string())]
 }
@@ -205,6 +224,27 @@ impl Daemon {
                 );
             }
         }
+        for (group, hold) in &self.economy.holds.groups {
+            let cause = match hold.cause {
+                crate::daemon::economy::Cause::UsageLimit => "usage_limit",
+                crate::daemon::economy::Cause::Disabled => "disabled",
+                crate::daemon::economy::Cause::Credential => "credential",
+            };
+            e.gauge(
+                "agent_state_credential_held",
+                "1 while a credential's agents are held (a usage limit, an admin's cap, a failed login check).",
+                vec![("credential", group.clone()), ("cause", cause.to_string())],
+                1.0,
+            );
+            if let Some(t) = &hold.until {
+                e.gauge(
+                    "agent_state_credential_hold_until_timestamp_seconds",
+                    "When a credential's hold ends by itself (a usage limit's reset plus jitter, or the probe's time).",
+                    vec![("credential", group.clone())],
+                    seconds(t),
+                );
+            }
+        }
         e.declare(
             "agent_state_errors_total",
             "Errors raised, by catalogue code and severity (docs/errors.md).",
@@ -299,6 +339,24 @@ impl Daemon {
                     seconds(t),
                 );
             }
+        }
+        let mut fleet_used = crate::usage::DayUse::default();
+        let fleet = self.config.budget.limits;
+        for agent in &agents {
+            let Some(budget) = self.agent_config(agent).map(|c| c.session.budget) else {
+                continue;
+            };
+            if budget.is_unlimited() && fleet.is_unlimited() {
+                continue;
+            }
+            let used = self.used_today(agent);
+            fleet_used.add(&used);
+            if !budget.is_unlimited() {
+                budget_gauges(&mut e, agent.as_str(), &budget.left(&used));
+            }
+        }
+        if !fleet.is_unlimited() {
+            budget_gauges(&mut e, "fleet", &fleet.left(&fleet_used));
         }
         e.declare(
             "agent_state_inbox_rejected_total",

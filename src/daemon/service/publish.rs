@@ -215,6 +215,27 @@ impl Daemon {
                     }
                 })
                 .collect(),
+            held: self
+                .economy
+                .holds
+                .groups
+                .iter()
+                .map(|(g, h)| {
+                    let cause = match h.cause {
+                        crate::daemon::economy::Cause::UsageLimit => "usage_limit",
+                        crate::daemon::economy::Cause::Disabled => "disabled",
+                        crate::daemon::economy::Cause::Credential => "credential",
+                    };
+                    (
+                        g.clone(),
+                        files::HeldEntry {
+                            cause: cause.to_string(),
+                            reason: h.reason.clone(),
+                            until: h.until,
+                        },
+                    )
+                })
+                .collect(),
         };
         // Compared without the times that change at every look: written
         // when something a reader cares about changed.
