@@ -331,6 +331,45 @@ fn a_real_prometheus_scrapes_the_sessions_the_daemon_ran() {
         next > now && next < now + 86_400.0,
         "next wake {next} vs now {now}"
     );
+    // The Grafana dashboard in ops/: every query parses in this Prometheus
+    // and every metric it names is one the daemon serves.
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/ops/grafana-dashboard.json"
+        ))
+        .expect("ops/grafana-dashboard.json"),
+    )
+    .expect("the dashboard is JSON");
+    let mut exprs = Vec::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for t in panel["targets"].as_array().into_iter().flatten() {
+            exprs.push(t["expr"].as_str().unwrap().to_string());
+        }
+    }
+    assert!(exprs.len() >= 15, "{exprs:?}");
+    for expr in &exprs {
+        let q = expr.replace("$job", ".*").replace("$agent", ".*");
+        let (status, answer) = http_get(
+            prom.port,
+            &format!("/api/v1/query?query={}", percent_encode(&q)),
+        )
+        .expect("prometheus answers");
+        assert_eq!(status, 200, "{q}: {answer}");
+        let mut rest = expr.as_str();
+        while let Some(at) = rest.find("agent_state_") {
+            let name: String = rest[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            let family = name.trim_end_matches("_bucket");
+            assert!(
+                body.contains(&format!("# TYPE {family} ")),
+                "the dashboard uses {name}, which the daemon does not serve"
+            );
+            rest = &rest[at + name.len()..];
+        }
+    }
     let success = prom
         .value("agent_state_last_success_timestamp_seconds{agent=\"rio\"}")
         .expect("rio's last success");

@@ -224,6 +224,36 @@ impl Daemon {
                 );
             }
         }
+        // Every family is declared even while it has no sample, so a
+        // dashboard or an alert rule can rely on its name.
+        for (name, help) in [
+            (
+                "agent_state_credential_held",
+                "1 while a credential's agents are held (a usage limit, an admin's cap, a failed login check).",
+            ),
+            (
+                "agent_state_credential_hold_until_timestamp_seconds",
+                "When a credential's hold ends by itself (a usage limit's reset plus jitter, or the probe's time).",
+            ),
+            (
+                "agent_state_budget_remaining",
+                "What is left today of a daily budget, by scope (an agent, or fleet) and limit.",
+            ),
+            (
+                "agent_state_next_wake_timestamp_seconds",
+                "The agent's next scheduled wake (Unix time).",
+            ),
+            (
+                "agent_state_last_success_timestamp_seconds",
+                "When the agent's last successful session ended (Unix time; known from the daemon's sessions and report.json).",
+            ),
+            (
+                "agent_state_inbox_waiting_messages",
+                "Valid messages waiting in the agent's inbox at the last scan.",
+            ),
+        ] {
+            e.declare(name, help, Kind::Gauge);
+        }
         for (group, hold) in &self.economy.holds.groups {
             let cause = match hold.cause {
                 crate::daemon::economy::Cause::UsageLimit => "usage_limit",
