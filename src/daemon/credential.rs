@@ -56,6 +56,36 @@ pub async fn check(
     dir: &std::path::Path,
     limit: Duration,
 ) -> Result<(), String> {
+    let (ok, stdout, stderr) = run(command, dir, limit).await?;
+    judge(ok, &stdout, &stderr)
+}
+
+/// A `wake_if` command: exit 0 means wake; otherwise why not.
+pub async fn condition(
+    command: &[String],
+    dir: &std::path::Path,
+    limit: Duration,
+) -> Result<(), String> {
+    let (ok, _, stderr) = run(command, dir, limit).await?;
+    if ok {
+        return Ok(());
+    }
+    let said = String::from_utf8_lossy(&stderr)
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .map(|l| format!(": {}", l.chars().take(200).collect::<String>()))
+        .unwrap_or_default();
+    Err(format!("{} exited non-zero{said}", command[0]))
+}
+
+/// Run `command` as [`check`] does: whether it exited 0, and the first
+/// [`OUTPUT_LIMIT`] bytes of its stdout and stderr.
+pub async fn run(
+    command: &[String],
+    dir: &std::path::Path,
+    limit: Duration,
+) -> Result<(bool, Vec<u8>, Vec<u8>), String> {
     let Some((program, args)) = command.split_first() else {
         return Err("no check command".into());
     };
@@ -86,7 +116,7 @@ pub async fn check(
         (status, stdout, stderr)
     };
     match tokio::time::timeout(limit, run).await {
-        Ok((Ok(status), stdout, stderr)) => judge(status.success(), &stdout, &stderr),
+        Ok((Ok(status), stdout, stderr)) => Ok((status.success(), stdout, stderr)),
         Ok((Err(e), _, _)) => Err(format!("waiting for {program}: {e}")),
         Err(_) => Err(format!(
             "{program} did not answer within {}",

@@ -81,6 +81,11 @@ enum LoopEvent {
         agent: AgentName,
         tokens: u64,
     },
+    /// A `wake_if` command came back.
+    WakeCondition {
+        agent: AgentName,
+        result: std::result::Result<(), String>,
+    },
     /// A credential's login check came back.
     CredentialChecked {
         group: String,
@@ -446,6 +451,11 @@ impl Daemon {
             }
             LoopEvent::SessionOverBudget { agent, tokens } => {
                 self.session_over_budget(&agent, tokens)
+            }
+            LoopEvent::WakeCondition { agent, result } => {
+                self.economy.conditions_running.remove(&agent);
+                let now = self.clock.now();
+                self.economy.condition_result.insert(agent, (now, result));
             }
             LoopEvent::CredentialChecked { group, result } => {
                 self.credential_checked(&group, result)

@@ -27,6 +27,8 @@ pub struct Prepared {
     pub spec: SessionSpec,
     /// Inbox files the claim rejected: (name, reason).
     pub rejected: Vec<(String, String)>,
+    /// How many messages the session claimed.
+    pub claimed: usize,
     /// The daemon's owner lock on the session, held until its end is
     /// recorded (see [`crate::owner`]).
     pub owner_lock: Option<OwnerLock>,
@@ -55,6 +57,7 @@ pub fn prepare(
     drop(req);
     let owner_lock = begun.owner_lock;
     let rejected = begun.claim.rejected.clone();
+    let claimed = begun.claim.claimed.len();
     let session_id = begun.session_id;
     // The session has begun: if what follows fails, it must end (as an
     // error, its messages returned), or it would stay `running` and block
@@ -160,6 +163,7 @@ pub fn prepare(
         instance,
         spec,
         rejected,
+        claimed,
         owner_lock,
     })
 }

@@ -643,3 +643,165 @@ echo '{"type":"result","subtype":"success","is_error":false,"num_turns":1,"resul
         d.log_text()
     );
 }
+
+#[test]
+fn a_wake_if_command_decides_whether_a_scheduled_wake_runs() {
+    let env = Env::with_config("");
+    let script = agent_ok(&env);
+    let cond = env.script(
+        "has-work.sh",
+        "#!/bin/sh\n[ \"$1\" = leo ] && exit 0\necho \"nothing for $1\" >&2\nexit 1\n",
+    );
+    let agents = format!(
+        "[[agent]]\nname = \"leo\"\nschedule = \"0 13 * * *\"\nwake_if = [{c:?}, \"{{agent}}\"]\n\n[[agent]]\nname = \"vida\"\nschedule = \"0 13 * * *\"\nwake_if = [{c:?}, \"{{agent}}\"]\n",
+        c = cond.display().to_string()
+    );
+    env.set_config(&daemon_config(&script, &[], &[], &agents));
+    env.ok(&["bootstrap"]);
+    let d = Daemon::start(&env, &[("AGENT_STATE_FAKE_NOW", "2026-11-24T12:59:58Z")]);
+    d.wait_until(
+        Duration::from_secs(15),
+        "leo ran and vida was skipped",
+        || {
+            env.events("leo", "session_end").len() == 1
+                && env
+                    .events("vida", "wake_skipped")
+                    .iter()
+                    .any(|e| e["cause"] == "no_work")
+        },
+    );
+    let skipped = env.events("vida", "wake_skipped");
+    let detail = skipped[0]["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("exited non-zero: nothing for vida"),
+        "{detail}"
+    );
+    assert!(env.events("vida", "session_start").is_empty());
+}
+
+#[test]
+fn every_limit_form_claude_code_prints_holds_the_credential_with_its_reset() {
+    // (fixture, kind, resets_at) as tests/fixtures/claude/limits/README.md
+    // reads them at 2026-11-24T12:00:00Z.
+    let cases = [
+        (
+            "hit-your-limit.txt",
+            "usage_limit",
+            Some("2026-11-24T13:00:00Z"),
+        ),
+        (
+            "hit-your-limit.json",
+            "usage_limit",
+            Some("2026-11-24T13:00:00Z"),
+        ),
+        (
+            "session-limit.stream.jsonl",
+            "usage_limit",
+            Some("2026-11-24T18:30:00Z"),
+        ),
+        (
+            "weekly-limit-dated.txt",
+            "usage_limit",
+            Some("2026-11-27T14:00:00Z"),
+        ),
+        (
+            "extra-usage.txt",
+            "extra_usage_exhausted",
+            Some("2026-11-25T01:00:00Z"),
+        ),
+        (
+            "usage-limit-epoch.json",
+            "usage_limit",
+            Some("2026-11-24T15:00:00Z"),
+        ),
+        ("api-rate-limit.txt", "api_rate_limit", None),
+        ("api-429.stderr.txt", "api_rate_limit", None),
+        ("api-429.json", "api_rate_limit", None),
+        ("admin-disabled.txt", "admin_disabled", None),
+        ("admin-disabled.stream.jsonl", "admin_disabled", None),
+    ];
+    for (fixture, kind, resets_at) in cases {
+        let env = limit_env(fixture, "");
+        let d = Daemon::start(&env, &[("AGENT_STATE_FAKE_NOW", "2026-11-24T12:00:00Z")]);
+        env.ok(&["wake", "rio", "--wait", "5s"]);
+        d.wait_until(
+            Duration::from_secs(10),
+            &format!("{fixture}: the limit is journaled"),
+            || env.events("rio", "usage_limit").len() == 1,
+        );
+        let hit = &env.events("rio", "usage_limit")[0];
+        assert_eq!(hit["kind"], kind, "{fixture}: {hit}");
+        match resets_at {
+            Some(t) => assert_eq!(hit["resets_at"], t, "{fixture}: {hit}"),
+            None => assert!(hit["resets_at"].is_null(), "{fixture}: {hit}"),
+        }
+        if kind == "admin_disabled" {
+            assert!(
+                hit["hold_until"].is_null(),
+                "{fixture}: never waited out: {hit}"
+            );
+        } else {
+            assert!(hit["hold_until"].as_str().is_some(), "{fixture}: {hit}");
+        }
+        // Not the agent's failure.
+        let codes = error_codes(&env);
+        assert!(
+            !codes
+                .iter()
+                .any(|c| c == "SESSION_FAILED" || c == "AGENT_API_ERROR"),
+            "{fixture}: {codes:?}"
+        );
+    }
+    // Warnings and an agent merely talking about limits hold nothing.
+    for fixture in ["warning.stream.jsonl", "self-mention.stream.jsonl"] {
+        let env = limit_env(fixture, "");
+        let d = Daemon::start(&env, &[("AGENT_STATE_FAKE_NOW", "2026-11-24T12:00:00Z")]);
+        env.ok(&["wake", "rio", "--wait", "5s"]);
+        d.wait_until(Duration::from_secs(10), "the session ended", || {
+            env.events("rio", "error").len() + env.events("rio", "session_end").len() == 1
+        });
+        assert!(env.events("rio", "usage_limit").is_empty(), "{fixture}");
+    }
+}
+
+#[test]
+fn each_daily_budget_refuses_the_next_scheduled_wake() {
+    // One session of RESULT: 1 session, 17,262 tokens, $0.0421, and its
+    // runtime (at least 0 s: a max_runtime of 0s is reached at once).
+    for (budget, limit) in [
+        ("max_sessions = 1", "max_sessions"),
+        ("max_tokens = 17000", "max_tokens"),
+        ("max_cost_usd = 0.04", "max_cost_usd"),
+        ("max_runtime = \"0s\"", "max_runtime"),
+    ] {
+        let env = Env::with_config("");
+        let script = agent_ok(&env);
+        let agents = format!(
+            "[[agent]]\nname = \"rio\"\nschedule = \"0 13 * * *\"\nbudget = {{ {budget} }}\n"
+        );
+        env.set_config(&daemon_config(&script, &[], &[], &agents));
+        env.ok(&["bootstrap"]);
+        let d = Daemon::start(&env, &[("AGENT_STATE_FAKE_NOW", "2026-11-24T12:59:56Z")]);
+        if limit != "max_runtime" {
+            env.ok(&["wake", "rio", "--wait", "3s"]);
+            d.wait_until(Duration::from_secs(5), "the first session ended", || {
+                env.events("rio", "session_end").len() == 1
+            });
+        }
+        d.wait_until(
+            Duration::from_secs(15),
+            &format!("{limit}: the scheduled wake is skipped"),
+            || {
+                env.events("rio", "wake_skipped")
+                    .iter()
+                    .any(|e| e["cause"] == "budget")
+            },
+        );
+        let skipped = env.events("rio", "wake_skipped");
+        let detail = skipped[0]["detail"].as_str().unwrap();
+        assert!(
+            detail.contains(&format!("{limit} reached")),
+            "{limit}: {detail}"
+        );
+    }
+}

@@ -28,7 +28,16 @@ pub(super) struct Economy {
     next_check: BTreeMap<String, DateTime<Utc>>,
     checking: std::collections::BTreeSet<String>,
     checked_ok: BTreeMap<String, DateTime<Utc>>,
+    /// `wake_if` commands running, and their answers (taken by the wake).
+    pub(super) conditions_running: std::collections::BTreeSet<AgentName>,
+    pub(super) condition_result: BTreeMap<AgentName, Answer>,
 }
+
+/// A `wake_if` command's answer, and when it came.
+type Answer = (DateTime<Utc>, std::result::Result<(), String>);
+
+/// A `wake_if` command's answer counts for this long.
+const CONDITION_FRESH: Duration = Duration::from_secs(60);
 
 /// A check older than this is run again before a scheduled wake.
 const CHECK_FRESH: Duration = Duration::from_secs(600);
@@ -202,6 +211,41 @@ impl Daemon {
                     "wake_if = \"work\": no message waiting and no task open".into(),
                 );
                 return false;
+            }
+        }
+        if scheduled && let WakeIf::Command(command) = &cfg.session.wake_if {
+            match self.economy.condition_result.remove(agent) {
+                Some((at, answer)) if decide::until(now, at) <= CONDITION_FRESH => {
+                    if let Err(why) = answer {
+                        self.skip_wake(agent, reason, "no_work", format!("wake_if command: {why}"));
+                        return false;
+                    }
+                }
+                _ => {
+                    if self.economy.conditions_running.insert(agent.clone()) {
+                        let command: Vec<String> = command
+                            .iter()
+                            .map(|a| a.replace("{agent}", agent.as_str()))
+                            .collect();
+                        let tx = self.tx.clone();
+                        let dir = self.dir(agent).path;
+                        let name = agent.clone();
+                        tokio::spawn(async move {
+                            let result = crate::daemon::credential::condition(
+                                &command,
+                                &dir,
+                                crate::daemon::credential::CHECK_TIMEOUT,
+                            )
+                            .await;
+                            let _ = tx.send(LoopEvent::WakeCondition {
+                                agent: name,
+                                result,
+                            });
+                        });
+                    }
+                    self.defer_wake(agent, reason, Duration::from_secs(1));
+                    return false;
+                }
             }
         }
         if let Some((scope, exceeded)) = self.over_budget(agent, cfg) {

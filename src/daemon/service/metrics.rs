@@ -32,6 +32,8 @@ pub(super) struct Tally {
     pub(super) rejected: BTreeMap<AgentName, u64>,
     /// Messages waiting at the last scan.
     pub(super) waiting: BTreeMap<AgentName, usize>,
+    /// Messages claimed by each running session.
+    pub(super) claimed: BTreeMap<AgentName, usize>,
     /// The end of each agent's last successful session, as far as known.
     pub(super) last_success: BTreeMap<AgentName, Timestamp>,
     /// How late the loop woke for its last deadline.
@@ -353,6 +355,16 @@ impl Daemon {
                     next.timestamp_millis() as f64 / 1000.0,
                 );
             }
+            e.gauge(
+                "agent_state_inbox_claimed_messages",
+                "Messages claimed by the agent's running session (0 when none runs).",
+                agent_label(agent),
+                if self.running.contains_key(agent) {
+                    self.tally.claimed.get(agent).copied().unwrap_or(0) as f64
+                } else {
+                    0.0
+                },
+            );
             if let Some(n) = self.tally.waiting.get(agent) {
                 e.gauge(
                     "agent_state_inbox_waiting_messages",

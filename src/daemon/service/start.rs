@@ -184,6 +184,7 @@ impl Daemon {
             .wakes
             .entry((agent.clone(), reason.as_str()))
             .or_default() += 1;
+        self.tally.claimed.insert(agent.clone(), prepared.claimed);
         for (name, reason) in &prepared.rejected {
             *self.tally.rejected.entry(agent.clone()).or_default() += 1;
             self.raise(
