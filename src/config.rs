@@ -141,7 +141,7 @@ pub struct RetrySettings {
     pub timeout: u32,
     /// Retries after a session that printed nothing.
     pub empty_output: u32,
-    /// Retries after an API error (rate limit, overload, 5xx).
+    /// Retries after an API error (overload, 5xx; a usage limit is waited out).
     pub api: u32,
     /// Retries after a spawn failure other than not-found / permission.
     pub spawn: u32,

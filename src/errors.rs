@@ -251,7 +251,7 @@ pub static CATALOGUE: &[CodeInfo] = &[
         code: Code::AgentApiError,
         severity: Severity::Medium,
         recoverable: true,
-        cause: "Claude Code's JSON result reports an API error: rate limit, overload, 5xx, connection failure.",
+        cause: "Claude Code's JSON result reports an API error: overload, 5xx, connection failure (a usage or rate limit is `USAGE_LIMIT`: the credential waits instead).",
         recovery: "Retried with exponential backoff (`retry_delay` doubling) up to `api_retries` times (default 5).",
         escalation: "When the retries are exhausted.",
         suggestions: &["Check https://status.anthropic.com and the account's rate limits"],

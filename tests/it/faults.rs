@@ -756,11 +756,13 @@ fn fake_claude(env: &Env, result: &str, code: i32) -> PathBuf {
 }
 
 #[test]
-fn an_api_rate_limit_is_retried_with_backoff_then_escalated() {
+fn an_api_overload_is_retried_with_backoff_then_escalated() {
+    // (A 429 rate limit is not retried: it holds the credential, see
+    // tests/it/economy.rs.)
     let env = Env::with_config("");
     let script = fake_claude(
         &env,
-        r#""subtype":"success","is_error":true,"api_error_status":429,"result":"API Error: 429 rate_limit_error","total_cost_usd":0"#,
+        r#""subtype":"success","is_error":true,"api_error_status":529,"result":"API Error: 529 overloaded_error","total_cost_usd":0"#,
         1,
     );
     env.set_config(&config(&script, "api_retries = 2", ""));
@@ -778,7 +780,7 @@ fn an_api_rate_limit_is_retried_with_backoff_then_escalated() {
         .collect();
     assert_eq!(recs[2]["escalated"], true);
     assert!(
-        recs[0]["message"].as_str().unwrap().contains("429"),
+        recs[0]["message"].as_str().unwrap().contains("529"),
         "{}",
         recs[0]
     );
