@@ -177,8 +177,9 @@ pub async fn run(config_path: &Path) -> Result<()> {
         // A write that fails with ENOSPC prunes what retention allows and
         // tries once more (state::atomic::retrying).
         let root = root.clone();
-        let config = config.clone();
-        crate::state::atomic::set_reclaimer(move || prune_all(&root, &config, &[]).bytes);
+        let health = config.health.clone();
+        let agents: Vec<AgentName> = config.agents.iter().map(|a| a.name.clone()).collect();
+        crate::state::atomic::set_reclaimer(move || prune_all(&root, &health, &agents, &[]).bytes);
     }
     let mut daemon = Daemon {
         lock_busy: Default::default(),
@@ -226,7 +227,7 @@ pub async fn run(config_path: &Path) -> Result<()> {
     daemon.recover();
     daemon.apply_agents(true);
     // The disk before any session starts (a full or read-only one holds them).
-    daemon.health_check();
+    daemon.health_check_at_start();
     // Ready once the state is recovered and the watches are in place: what
     // the inboxes hold, and what is due, is work like any other. A backlog
     // of thousands of messages never holds READY (nor systemd's start job).
@@ -243,6 +244,7 @@ pub async fn run(config_path: &Path) -> Result<()> {
     daemon.scan_all_inboxes();
     // Start what is due already (a catch-up run) before waiting for anything.
     daemon.tick();
+    reload::give_back_memory();
 
     let watchdog_every = systemd::watchdog_interval();
     let mut watchdog = tokio::time::interval(watchdog_every.unwrap_or(Duration::from_secs(3600)));

@@ -32,11 +32,16 @@ impl Daemon {
     pub(super) fn set_lifecycle(
         &self,
         agent: &AgentName,
-        f: impl FnOnce(Option<Lifecycle>) -> Option<Lifecycle>,
+        f: impl Fn(Option<Lifecycle>) -> Option<Lifecycle>,
     ) {
         let dir = self.dir(agent);
-        if !crate::fsx::is_dir(&dir.path) {
-            return;
+        // Unchanged (every agent at every start and reload): decided on a
+        // read without the lock, which is safe as report.json is replaced
+        // whole; only a change takes the lock and reads it again.
+        match dir.read::<Report>() {
+            Ok(Some(report)) if f(report.lifecycle) == report.lifecycle => return,
+            _ if !crate::fsx::is_dir(&dir.path) => return,
+            _ => {}
         }
         let result = dir.update(Timestamp::now(), |report: &mut Report| {
             let next = f(report.lifecycle);
