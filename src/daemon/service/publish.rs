@@ -10,6 +10,10 @@ pub(super) struct Published {
     /// The last heartbeat written, without its time: rewritten only when
     /// something in it changed (and by the reconcile scan), not per event.
     pub(super) last_heartbeat: String,
+    /// [`Daemon::heartbeat_key`] of `last_heartbeat`.
+    pub(super) last_heartbeat_key: u64,
+    /// Counts the changes to the set of agents (apply_agents), for the key.
+    pub(super) agents_generation: u64,
     pub(super) last_status: String,
     /// daemon.json could not be written (said once per outage).
     pub(super) heartbeat_failing: bool,
@@ -154,7 +158,42 @@ impl Daemon {
         )
     }
 
+    /// What daemon.json says that a reader cares about (not its times), as
+    /// a hash computed without building it. At 10,000 agents, building,
+    /// serializing (150 KB) and comparing the heartbeat at every tick was a
+    /// large part of a wake's CPU; now that is done only when this changes.
+    fn heartbeat_key(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (self.published.agents_generation, self.core.agents.len()).hash(&mut h);
+        for (a, r) in &self.running {
+            (a, &r.session_id, &r.instance, r.pid, r.started_at.0).hash(&mut h);
+        }
+        for (a, slot) in &self.core.agents {
+            if slot.pending.is_some() || slot.next_fire.is_some() || slot.disabled.is_some() {
+                (a, slot.pending.is_some(), slot.next_fire, &slot.disabled).hash(&mut h);
+            }
+        }
+        for (a, streak) in self.streaks.iter().filter(|(_, s)| s.failures > 0) {
+            let backoff = self.core.agents.get(a).map(|s| s.backoff_until);
+            (a, streak.failures, backoff).hash(&mut h);
+        }
+        self.stopping.is_some().hash(&mut h);
+        if let Some(health) = &self.monitor.health {
+            let mut health = health.clone();
+            health.checked_at = self.started_at;
+            serde_json::to_string(&health)
+                .unwrap_or_default()
+                .hash(&mut h);
+        }
+        h.finish()
+    }
+
     pub(super) fn write_heartbeat(&mut self) {
+        let key = self.heartbeat_key();
+        if key == self.published.last_heartbeat_key && !self.published.last_heartbeat.is_empty() {
+            return;
+        }
         let mut hb = Heartbeat {
             pid: std::process::id(),
             version: env!("CARGO_PKG_VERSION").to_string(),
@@ -231,6 +270,7 @@ impl Daemon {
         }
         let content = serde_json::to_string(&hb).unwrap_or_default();
         if content == self.published.last_heartbeat {
+            self.published.last_heartbeat_key = key;
             return;
         }
         hb.updated_at = updated_at;
@@ -240,6 +280,7 @@ impl Daemon {
         match files::write_heartbeat(&self.root, &hb) {
             Ok(()) => {
                 self.published.last_heartbeat = content;
+                self.published.last_heartbeat_key = key;
                 if std::mem::take(&mut self.published.heartbeat_failing) {
                     tracing::info!("daemon.json is written again");
                 }

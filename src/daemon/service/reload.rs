@@ -16,6 +16,7 @@ impl Daemon {
     /// agents costs a comparison for each agent it does not change.
     fn apply_agents_except(&mut self, at_start: bool, unchanged: &HashSet<AgentName>) {
         self.index_agents();
+        self.published.agents_generation += 1;
         let now = self.clock.now();
         // Removed agents: unwatch; their directories stay (never deleted).
         let working: HashSet<&AgentName> = self
