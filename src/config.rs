@@ -89,7 +89,7 @@ pub enum WakeOnInbox {
     Never,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct SessionSettings {
     pub command: Vec<String>,
     pub timeout: Duration,
@@ -181,7 +181,7 @@ pub enum StallAction {
     Stop,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct AgentConfig {
     pub name: AgentName,
     pub kind: AgentKind,

@@ -198,8 +198,9 @@ pub async fn run(config_path: &Path) -> Result<()> {
         // A write that fails with ENOSPC prunes what retention allows and
         // tries once more (state::atomic::retrying).
         let root = root.clone();
-        let config = config.clone();
-        crate::state::atomic::set_reclaimer(move || prune_all(&root, &config, &[]).bytes);
+        let health = config.health.clone();
+        let agents: Vec<AgentName> = config.agents.iter().map(|a| a.name.clone()).collect();
+        crate::state::atomic::set_reclaimer(move || prune_all(&root, &health, &agents, &[]).bytes);
     }
     let mut daemon = Daemon {
         lock_busy: Default::default(),
@@ -251,7 +252,7 @@ pub async fn run(config_path: &Path) -> Result<()> {
     daemon.recover();
     daemon.apply_agents(true);
     // The disk before any session starts (a full or read-only one holds them).
-    daemon.health_check();
+    daemon.health_check_at_start();
     // The metrics listener is bound before READY: an address in use fails
     // the start, with the reason, instead of a daemon without its metrics.
     let metrics = daemon.config.metrics.clone();
@@ -286,6 +287,7 @@ pub async fn run(config_path: &Path) -> Result<()> {
     daemon.scan_all_inboxes();
     // Start what is due already (a catch-up run) before waiting for anything.
     daemon.tick();
+    reload::give_back_memory();
 
     let watchdog_every = systemd::watchdog_interval();
     let mut watchdog = tokio::time::interval(watchdog_every.unwrap_or(Duration::from_secs(3600)));

@@ -86,7 +86,11 @@ pub struct Done {
 
 /// [`agent`], saying which modes it set.
 pub fn agent_and_modes(kind: impl Into<AgentKind>, dir: &AgentDir, now: Timestamp) -> Result<Done> {
-    let created = create(kind.into(), dir, now)?;
+    let kind = kind.into();
+    if complete(kind, dir) {
+        return Ok(Done::default());
+    }
+    let created = create(kind, dir, now)?;
     let modes = repair_modes(dir)?;
     Ok(Done { created, modes })
 }
@@ -163,6 +167,62 @@ fn create(kind: AgentKind, dir: &AgentDir, now: Timestamp) -> Result<Vec<String>
         )?;
     }
     Ok(created)
+}
+
+/// Whether `dir` has everything [`create`] makes, and every inbox directory
+/// the mode (and, for root, the owner) [`repair_modes`] would give it, with
+/// no session directory in `.claimed/` to look at: two directory handles
+/// and one `fstatat` per entry, no lock, no write. This is every agent at
+/// every start and reload after the first (at 10,000 agents the full
+/// look took about 60 ms per thousand agents). `false` whenever in doubt:
+/// the full look then decides.
+fn complete(kind: AgentKind, dir: &AgentDir) -> bool {
+    let (Ok(Some(top)), Ok(Some(inbox))) = (
+        crate::fsx::open_dir(&dir.path),
+        crate::fsx::open_dir(&dir.inbox()),
+    ) else {
+        return false;
+    };
+    let stat = |fd: &std::os::fd::OwnedFd, path: &Path| -> Option<FileStat> {
+        let name = path.file_name()?;
+        crate::fsx::stat_at(fd.as_fd(), name, path).ok().flatten()
+    };
+    let Ok(top_st) = nix::sys::stat::fstat(top.as_fd()) else {
+        return false;
+    };
+    let root = nix::unistd::geteuid().is_root();
+    let inbox_dir_ok = |path: &Path, st: Option<FileStat>| {
+        st.is_some_and(|st| {
+            crate::fsx::file_type(&st) == SFlag::S_IFDIR
+                && permission_bits(&st) == dir_mode(dir, path)
+                && (!root || st.st_uid == top_st.st_uid)
+        })
+    };
+    let inbox_st = nix::sys::stat::fstat(inbox.as_fd()).ok();
+    if !inbox_dir_ok(&dir.inbox(), inbox_st) {
+        return false;
+    }
+    for path in [dir.inbox_tmp(), dir.processed(), dir.rejected()] {
+        if !inbox_dir_ok(&path, stat(&inbox, &path)) {
+            return false;
+        }
+    }
+    // A directory's link count is 2 plus its subdirectories on the file
+    // systems that count them (ext4, xfs, tmpfs; btrfs says 1): 2 means
+    // no session directory in `.claimed/`.
+    let claimed = stat(&inbox, &dir.claimed_root());
+    if !inbox_dir_ok(&dir.claimed_root(), claimed) || claimed.is_some_and(|st| st.st_nlink != 2) {
+        return false;
+    }
+    if stat(&top, &dir.sessions_dir()).is_none_or(|st| crate::fsx::file_type(&st) != SFlag::S_IFDIR)
+    {
+        return false;
+    }
+    let mut files = vec![dir.journal(), dir.lock_file()];
+    if kind == AgentKind::Agent {
+        files.extend([dir.report(), dir.tasks(), dir.metrics(), dir.memory()]);
+    }
+    files.iter().all(|f| stat(&top, f).is_some())
 }
 
 /// An inbox directory whose mode is not [`dir_mode`]'s.
@@ -297,6 +357,28 @@ mod tests {
             .permissions()
             .mode()
             & 0o7777
+    }
+
+    #[test]
+    fn only_a_complete_agent_skips_the_full_look() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = StateRoot::new(tmp.path());
+        let dir = root.agent(&crate::agent_name::AgentName::parse("rio").unwrap());
+        assert!(!complete(AgentKind::Agent, &dir));
+        agent(AgentKind::Agent, &dir, Timestamp::now()).unwrap();
+        assert!(complete(AgentKind::Agent, &dir));
+        // A session's directory in .claimed/: its mode is the full look's.
+        std::fs::create_dir(dir.claimed_root().join("s1")).unwrap();
+        assert!(!complete(AgentKind::Agent, &dir));
+        std::fs::remove_dir(dir.claimed_root().join("s1")).unwrap();
+        // A wrong mode, a missing file: the full look mends them.
+        std::fs::set_permissions(dir.rejected(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(!complete(AgentKind::Agent, &dir));
+        std::fs::remove_file(dir.tasks()).unwrap();
+        let created = agent(AgentKind::Agent, &dir, Timestamp::now()).unwrap();
+        assert_eq!(created, vec!["tasks.json".to_string()]);
+        assert_eq!(mode_of(&dir.rejected()), INBOX_PRIVATE_DIR_MODE);
+        assert!(complete(AgentKind::Agent, &dir));
     }
 
     #[test]

@@ -44,6 +44,20 @@ impl Daemon {
     /// The health monitor: the disk (free space, read-only), pruning, and
     /// sessions that outlived their owner or their timeout.
     pub(super) fn health_check(&mut self) {
+        self.check_health(true);
+    }
+
+    /// The health check before READY: the disk only (a full or read-only
+    /// one holds every session). The routine prune and the look at every
+    /// agent's session (which recovery has just done) cost a few syscalls
+    /// per agent, seconds at 10,000 agents: the first periodic check does
+    /// them, one `health.interval` later. A disk under pressure is pruned
+    /// now all the same.
+    pub(super) fn health_check_at_start(&mut self) {
+        self.check_health(false);
+    }
+
+    fn check_health(&mut self, full: bool) {
         let now = Timestamp::now();
         let probe = match health::probe(&self.root.path) {
             Ok(p) => p,
@@ -117,14 +131,15 @@ impl Daemon {
             .monitor
             .last_routine_prune
             .is_none_or(|t| t.elapsed() >= ROUTINE_PRUNE_EVERY);
-        if state.should_prune() || (routine_due && !state.read_only) {
+        if state.should_prune() || (full && routine_due && !state.read_only) {
             self.monitor.last_routine_prune = Some(std::time::Instant::now());
             let running: Vec<(AgentName, String)> = self
                 .running
                 .iter()
                 .map(|(a, r)| (a.clone(), r.session_id.clone()))
                 .collect();
-            let stats = prune_all(&self.root, &self.config, &running);
+            let agents: Vec<&AgentName> = self.config.agents.iter().map(|a| &a.name).collect();
+            let stats = prune_all(&self.root, &self.config.health, &agents, &running);
             if !stats.is_empty() {
                 tracing::info!(
                     "pruned {} file(s), {} (processed messages and session logs past retention, stale temp files)",
@@ -144,7 +159,7 @@ impl Daemon {
                 .health
                 .as_ref()
                 .is_some_and(|h| !h.level.allows_new_sessions());
-        if !self.monitor.health.as_ref().is_some_and(|h| h.read_only) {
+        if full && !self.monitor.health.as_ref().is_some_and(|h| h.read_only) {
             self.check_sessions(now);
         }
         if recovered {
@@ -279,20 +294,21 @@ impl Daemon {
 /// `running` sessions.
 pub(super) fn prune_all(
     root: &StateRoot,
-    config: &Config,
+    h: &crate::config::HealthSettings,
+    agents: &[impl std::borrow::Borrow<AgentName>],
     running: &[(AgentName, String)],
 ) -> PruneStats {
     let now = std::time::SystemTime::now();
-    let h = &config.health;
     let mut total = PruneStats::default();
-    for agent in &config.agents {
-        let dir = root.agent(&agent.name);
+    for name in agents {
+        let name = name.borrow();
+        let dir = root.agent(name);
         if !crate::fsx::is_dir(&dir.path) {
             continue;
         }
         let protect = running
             .iter()
-            .find(|(a, _)| *a == agent.name)
+            .find(|(a, _)| a == name)
             .map(|(_, s)| s.as_str());
         let results = [
             health::prune_processed(&dir, now - h.processed_retention),
@@ -307,7 +323,7 @@ pub(super) fn prune_all(
         for r in results {
             match r {
                 Ok(stats) => total += stats,
-                Err(e) => tracing::warn!(agent = %agent.name, "pruning: {e}"),
+                Err(e) => tracing::warn!(agent = %name, "pruning: {e}"),
             }
         }
     }

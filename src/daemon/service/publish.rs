@@ -10,6 +10,10 @@ pub(super) struct Published {
     /// The last heartbeat written, without its time: rewritten only when
     /// something in it changed (and by the reconcile scan), not per event.
     pub(super) last_heartbeat: String,
+    /// [`Daemon::heartbeat_key`] of `last_heartbeat`.
+    pub(super) last_heartbeat_key: u64,
+    /// Counts the changes to the set of agents (apply_agents), for the key.
+    pub(super) agents_generation: u64,
     pub(super) last_status: String,
     /// daemon.json could not be written (said once per outage).
     pub(super) heartbeat_failing: bool,
@@ -32,11 +36,16 @@ impl Daemon {
     pub(super) fn set_lifecycle(
         &self,
         agent: &AgentName,
-        f: impl FnOnce(Option<Lifecycle>) -> Option<Lifecycle>,
+        f: impl Fn(Option<Lifecycle>) -> Option<Lifecycle>,
     ) {
         let dir = self.dir(agent);
-        if !crate::fsx::is_dir(&dir.path) {
-            return;
+        // Unchanged (every agent at every start and reload): decided on a
+        // read without the lock, which is safe as report.json is replaced
+        // whole; only a change takes the lock and reads it again.
+        match dir.read::<Report>() {
+            Ok(Some(report)) if f(report.lifecycle) == report.lifecycle => return,
+            _ if !crate::fsx::is_dir(&dir.path) => return,
+            _ => {}
         }
         let result = dir.update(Timestamp::now(), |report: &mut Report| {
             let next = f(report.lifecycle);
@@ -125,12 +134,13 @@ impl Daemon {
             state.push_str(&h.status_fragment());
             state.push_str("; ");
         }
+        let streaks = self.failing_streaks();
         let failing = self
             .core
             .agents
             .iter()
             .filter(|(a, slot)| {
-                slot.disabled.is_some() || self.streaks.get(*a).is_some_and(|s| s.failures > 0)
+                slot.disabled.is_some() || (!streaks.is_empty() && streaks.contains_key(a))
             })
             .count();
         if failing > 0 {
@@ -149,7 +159,54 @@ impl Daemon {
         )
     }
 
+    /// The agents with failures in a row, and how many: looked up among
+    /// these, not in every agent's streak (at 10,000 agents a lookup per
+    /// agent in `status_line` and the heartbeat was a large part of a wake).
+    fn failing_streaks(&self) -> BTreeMap<&AgentName, u32> {
+        self.streaks
+            .iter()
+            .filter(|(_, s)| s.failures > 0)
+            .map(|(a, s)| (a, s.failures))
+            .collect()
+    }
+
+    /// What daemon.json says that a reader cares about (not its times), as
+    /// a hash computed without building it. At 10,000 agents, building,
+    /// serializing (150 KB) and comparing the heartbeat at every tick was a
+    /// large part of a wake's CPU; now that is done only when this changes.
+    fn heartbeat_key(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (self.published.agents_generation, self.core.agents.len()).hash(&mut h);
+        for (a, r) in &self.running {
+            (a, &r.session_id, &r.instance, r.pid, r.started_at.0).hash(&mut h);
+        }
+        for (a, slot) in &self.core.agents {
+            if slot.pending.is_some() || slot.next_fire.is_some() || slot.disabled.is_some() {
+                (a, slot.pending.is_some(), slot.next_fire, &slot.disabled).hash(&mut h);
+            }
+        }
+        for (a, streak) in self.streaks.iter().filter(|(_, s)| s.failures > 0) {
+            let backoff = self.core.agents.get(a).map(|s| s.backoff_until);
+            (a, streak.failures, backoff).hash(&mut h);
+        }
+        self.stopping.is_some().hash(&mut h);
+        if let Some(health) = &self.monitor.health {
+            let mut health = health.clone();
+            health.checked_at = self.started_at;
+            serde_json::to_string(&health)
+                .unwrap_or_default()
+                .hash(&mut h);
+        }
+        h.finish()
+    }
+
     pub(super) fn write_heartbeat(&mut self) {
+        let key = self.heartbeat_key();
+        if key == self.published.last_heartbeat_key && !self.published.last_heartbeat.is_empty() {
+            return;
+        }
+        let streaks = self.failing_streaks();
         let mut hb = Heartbeat {
             pid: std::process::id(),
             version: env!("CARGO_PKG_VERSION").to_string(),
@@ -198,7 +255,10 @@ impl Daemon {
                 .agents
                 .iter()
                 .filter_map(|(a, slot)| {
-                    let failures = self.streaks.get(a).map(|s| s.failures).unwrap_or(0);
+                    let failures = match streaks.is_empty() {
+                        true => 0,
+                        false => streaks.get(a).copied().unwrap_or(0),
+                    };
                     if let Some(why) = &slot.disabled {
                         Some((a.to_string(), format!("disabled: {why}")))
                     } else if failures > 0 {
@@ -247,6 +307,7 @@ impl Daemon {
         }
         let content = serde_json::to_string(&hb).unwrap_or_default();
         if content == self.published.last_heartbeat {
+            self.published.last_heartbeat_key = key;
             return;
         }
         hb.updated_at = updated_at;
@@ -256,6 +317,7 @@ impl Daemon {
         match files::write_heartbeat(&self.root, &hb) {
             Ok(()) => {
                 self.published.last_heartbeat = content;
+                self.published.last_heartbeat_key = key;
                 if std::mem::take(&mut self.published.heartbeat_failing) {
                     tracing::info!("daemon.json is written again");
                 }

@@ -132,6 +132,15 @@ impl Daemon {
             wake
         };
         let wake = wake.map(Timestamp::from_datetime);
+        // Unchanged on disk (every agent at every start): decided on a read
+        // without the lock, report.json being replaced whole.
+        if matches!(self.dir(agent).read::<Report>(), Ok(Some(r)) if r.next_wake_at == wake) {
+            self.published
+                .published_wake
+                .borrow_mut()
+                .insert(agent.clone(), wake);
+            return;
+        }
         let result = self
             .dir(agent)
             .update(Timestamp::now(), |report: &mut Report| {
