@@ -359,6 +359,15 @@ fn a_filling_disk_warns_pauses_stops_and_recovers_by_itself() {
     let root = env.root.clone();
     assert_eq!(level(&d), "ok", "{}", d.heartbeat());
     assert!(d.heartbeat()["paused"].is_null());
+    // The start-up prune is done by the first periodic health check (not
+    // before READY, which must not wait on a walk of every agent): an old
+    // processed message placed now is gone once it has run.
+    let sentinel = env.agent("leo").join("inbox/processed/before-start.json");
+    std::fs::write(&sentinel, message("rio", "done long ago")).unwrap();
+    age(&sentinel, Duration::from_secs(3600));
+    d.wait_until(secs(5.0), "the start-up prune has run", || {
+        !sentinel.exists()
+    });
 
     // rio's session runs (and sleeps) through the whole fill.
     env.ok(&["wake", "rio"]);
