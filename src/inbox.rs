@@ -584,7 +584,8 @@ fn inspect_with(
             meta.len()
         ))));
     }
-    let mut bytes = Vec::new();
+    // Sized by the stat: one read(2) for the file, one for its end.
+    let mut bytes = Vec::with_capacity(meta.len() as usize + 1);
     if let Err(e) = file.take(MAX_MESSAGE_BYTES + 1).read_to_end(&mut bytes) {
         return verdict(Verdict::Invalid(Rejection::file(format!(
             "cannot read: {e}"
@@ -884,7 +885,14 @@ pub fn claim(
 pub fn claimed(agent: &AgentDir, session_id: &str) -> Result<Vec<(PathBuf, Message)>> {
     let dir = agent.claimed(session_id);
     let mut out = Vec::new();
-    for name in fsx::list(&dir)? {
+    // One handle for the directory: each file is opened by name in it.
+    let Some(handle) = fsx::open_dir(&dir)? else {
+        return Ok(out);
+    };
+    let listed = handle
+        .try_clone()
+        .map_err(|e| Error::io("listing", &dir, e))?;
+    for name in fsx::list_fd(listed, &dir)? {
         let path = dir.join(&name);
         let Some(name) = name.to_str().map(str::to_string) else {
             continue;
@@ -893,23 +901,25 @@ pub fn claimed(agent: &AgentDir, session_id: &str) -> Result<Vec<(PathBuf, Messa
             continue;
         }
         let stem = name.trim_end_matches(".json");
-        let Some(file) = fsx::open_read(&path)? else {
+        let Some(file) = fsx::open_read_at(handle.as_fd(), OsStr::new(&name), &path)? else {
+            continue;
+        };
+        let Ok(meta) = file.metadata() else {
             continue;
         };
         // Swapped for a hard link since it was claimed: never read.
-        if file.metadata().map(|m| m.nlink() > 1).unwrap_or(true) {
+        if meta.nlink() > 1 {
             continue;
         }
-        let mut bytes = Vec::new();
+        let mut bytes = Vec::with_capacity(meta.len().min(MAX_MESSAGE_BYTES) as usize + 1);
         (&file)
             .take(MAX_MESSAGE_BYTES + 1)
             .read_to_end(&mut bytes)
             .at("reading", &path)?;
         // The file's mtime (kept by the renames), as for a waiting message:
         // a message without `created_at` keeps the same sent time and order.
-        let mtime = file
-            .metadata()
-            .and_then(|m| m.modified())
+        let mtime = meta
+            .modified()
             .map(|t| Timestamp::from_datetime(chrono::DateTime::<chrono::Utc>::from(t)))
             .unwrap_or_else(|_| Timestamp::now());
         // A claimed file was valid when claimed; if someone edited it since,
