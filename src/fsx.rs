@@ -205,6 +205,18 @@ pub fn open_read(path: &Path) -> Result<Option<File>> {
     }
 }
 
+/// [`open_read`] of `name` (one component) in an open directory: for a
+/// pass over many files of one directory, which is opened once. No link is
+/// followed, no FIFO blocked on. `path` is for messages only.
+pub fn open_read_at(dir: BorrowedFd<'_>, name: &OsStr, path: &Path) -> Result<Option<File>> {
+    let flags = OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    match nix::fcntl::openat(dir, name, flags, Mode::empty()) {
+        Ok(fd) => Ok(Some(regular(path, fd)?)),
+        Err(Errno::ENOENT) => Ok(None),
+        Err(e) => Err(open_error("opening", path, e, Kind::File)),
+    }
+}
+
 /// A checked regular file with `O_NONBLOCK` cleared again.
 fn regular(path: &Path, fd: OwnedFd) -> Result<File> {
     let st = nix::sys::stat::fstat(&fd).map_err(|e| Error::io("inspecting", path, e.into()))?;

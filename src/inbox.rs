@@ -266,8 +266,61 @@ pub fn escaped_name(name: &OsStr) -> String {
 
 /// Reject every waiting name that is not UTF-8. Returns (shown name, reason).
 pub fn reject_undecodable(agent: &AgentDir, now: Timestamp) -> Result<Vec<(String, String)>> {
+    reject_names(agent, undecodable_names(agent)?, now)
+}
+
+/// An inbox opened once for a pass over its files (a scan, a claim): its
+/// handle, through which every file is looked at and moved, and its names,
+/// listed once.
+struct Listing {
+    dir: std::os::fd::OwnedFd,
+    /// Message names ([`is_message_name`]), sorted.
+    names: Vec<String>,
+    /// Would-be message names that are not UTF-8, sorted.
+    undecodable: Vec<OsString>,
+}
+
+impl Listing {
+    /// `None` when the inbox is missing.
+    fn open(agent: &AgentDir) -> Result<Option<Listing>> {
+        let path = agent.inbox();
+        let Some(dir) = fsx::open_dir(&path)? else {
+            return Ok(None);
+        };
+        let listed = dir
+            .try_clone()
+            .map_err(|e| Error::io("listing", &path, e))?;
+        let mut names = Vec::new();
+        let mut undecodable = Vec::new();
+        for n in fsx::list_fd(listed, &path)? {
+            match n.into_string() {
+                Ok(n) if is_message_name(&n) => names.push(n),
+                Ok(_) => {}
+                Err(n) => {
+                    let b = n.as_bytes();
+                    if !b.starts_with(b".") && b.ends_with(b".json") {
+                        undecodable.push(n);
+                    }
+                }
+            }
+        }
+        names.sort();
+        undecodable.sort();
+        Ok(Some(Listing {
+            dir,
+            names,
+            undecodable,
+        }))
+    }
+}
+
+fn reject_names(
+    agent: &AgentDir,
+    names: Vec<OsString>,
+    now: Timestamp,
+) -> Result<Vec<(String, String)>> {
     let mut out = Vec::new();
-    for name in undecodable_names(agent)? {
+    for name in names {
         let reason = "its name is not UTF-8; the original bytes are in `original_name_bytes` of the .reason.json (hex). Send it again under a UTF-8 name".to_string();
         reject(agent, &agent.inbox().join(&name), &reason, now)?;
         out.push((escaped_name(&name), reason));
@@ -427,14 +480,24 @@ impl Known {
 }
 
 pub fn inspect(agent: &AgentDir, name: &str, now: SystemTime, intake: Intake) -> Verdict {
-    inspect_with(agent, name, now, intake, None).0
+    // Looked at through a handle: never through a link, never blocking on a
+    // FIFO, and what is read is what was checked.
+    let dir = match fsx::dir(&agent.inbox()) {
+        Ok(d) => d,
+        Err(e) => {
+            return Verdict::Invalid(Rejection::file(format!("cannot open the inbox: {e}")));
+        }
+    };
+    inspect_with(agent, dir.as_fd(), name, now, intake, None).0
 }
 
 /// [`inspect`], answering from `known` when the file is one already read
 /// (no open, no read), and returning the stamp of a valid file (to be
 /// learned, or kept).
+/// `dir` is the inbox's handle, opened once for a whole pass.
 fn inspect_with(
     agent: &AgentDir,
+    dir: std::os::fd::BorrowedFd<'_>,
     name: &str,
     now: SystemTime,
     intake: Intake,
@@ -442,17 +505,7 @@ fn inspect_with(
 ) -> (Verdict, Option<Stamp>) {
     let verdict = |v: Verdict| (v, None);
     let path = agent.inbox().join(name);
-    // Looked at through a handle: never through a link, never blocking on a
-    // FIFO, and what is read is what was checked.
-    let (dir, _) = match fsx::parent(&path) {
-        Ok(d) => d,
-        Err(e) => {
-            return verdict(Verdict::Invalid(Rejection::file(format!(
-                "cannot open the inbox: {e}"
-            ))));
-        }
-    };
-    let st = match fsx::stat_at(dir.as_fd(), OsStr::new(name), &path) {
+    let st = match fsx::stat_at(dir, OsStr::new(name), &path) {
         Ok(Some(st)) => st,
         Ok(None) => {
             return verdict(Verdict::Invalid(Rejection::file(
@@ -489,7 +542,7 @@ fn inspect_with(
             Some(Stamp::of_stat(&st)),
         );
     }
-    let file = match fsx::open_read(&path) {
+    let file = match fsx::open_read_at(dir, OsStr::new(name), &path) {
         Ok(Some(f)) => f,
         Ok(None) => {
             return verdict(Verdict::Invalid(Rejection::file(
@@ -531,7 +584,8 @@ fn inspect_with(
             meta.len()
         ))));
     }
-    let mut bytes = Vec::new();
+    // Sized by the stat: one read(2) for the file, one for its end.
+    let mut bytes = Vec::with_capacity(meta.len() as usize + 1);
     if let Err(e) = file.take(MAX_MESSAGE_BYTES + 1).read_to_end(&mut bytes) {
         return verdict(Verdict::Invalid(Rejection::file(format!(
             "cannot read: {e}"
@@ -747,22 +801,28 @@ pub fn claim(
     known: Option<&Known>,
 ) -> Result<Claim> {
     let mut out = Claim::default();
-    out.rejected.extend(reject_undecodable(agent, now)?);
-    let names = waiting_names(agent)?;
-    if names.is_empty() {
+    let Some(listing) = Listing::open(agent)? else {
+        return Ok(out);
+    };
+    out.rejected
+        .extend(reject_names(agent, listing.undecodable, now)?);
+    if listing.names.is_empty() {
         return Ok(out);
     }
+    let inbox_dir = listing.dir.as_fd();
     let claimed_dir = agent.claimed(session_id);
+    // Opened once, at the first message claimed.
+    let mut claimed_fd: Option<std::os::fd::OwnedFd> = None;
     let now_sys: SystemTime = now.0.into();
     // Use the real clock for settling: `now` is whole seconds.
     let settle_now = SystemTime::now().max(now_sys);
-    for name in names {
+    for name in listing.names {
         let path = agent.inbox().join(&name);
         let intake = Intake {
             settle,
             writer_open: writing.contains(&name),
         };
-        match inspect_with(agent, &name, settle_now, intake, known).0 {
+        match inspect_with(agent, inbox_dir, &name, settle_now, intake, known).0 {
             Verdict::Unsettled(_) => out.unsettled.push(name),
             Verdict::Invalid(r) => {
                 let kept = reject_as(agent, &path, &r, now)?;
@@ -789,18 +849,30 @@ pub fn claim(
                 out.expired.push(m.id.clone());
             }
             Verdict::Valid(m) => {
-                atomic::create_dir(&claimed_dir, INBOX_PRIVATE_DIR_MODE)?;
-                let to = claimed_dir.join(&name);
-                fsx::rename(&path, &to, false)?;
+                if claimed_fd.is_none() {
+                    atomic::create_dir(&claimed_dir, INBOX_PRIVATE_DIR_MODE)?;
+                    claimed_fd = Some(fsx::dir(&claimed_dir)?);
+                }
+                let to = claimed_fd.as_ref().expect("opened above").as_fd();
+                fsx::rename_at(inbox_dir, name.as_ref(), to, name.as_ref(), false).map_err(
+                    |e| {
+                        let to = claimed_dir.join(&name);
+                        Error::io(
+                            "renaming",
+                            &path,
+                            std::io::Error::new(e.kind(), format!("to {}: {e}", to.display())),
+                        )
+                    },
+                )?;
                 out.claimed.push(*m);
             }
         }
     }
     if !out.claimed.is_empty() || !out.expired.is_empty() {
-        atomic::sync_dir(&agent.inbox())?;
+        fsx::sync_fd(inbox_dir, &agent.inbox())?;
     }
-    if !out.claimed.is_empty() {
-        atomic::sync_dir(&claimed_dir)?;
+    if let Some(fd) = &claimed_fd {
+        fsx::sync_fd(fd, &claimed_dir)?;
     }
     if !out.expired.is_empty() {
         atomic::sync_dir(&agent.processed())?;
@@ -813,7 +885,14 @@ pub fn claim(
 pub fn claimed(agent: &AgentDir, session_id: &str) -> Result<Vec<(PathBuf, Message)>> {
     let dir = agent.claimed(session_id);
     let mut out = Vec::new();
-    for name in fsx::list(&dir)? {
+    // One handle for the directory: each file is opened by name in it.
+    let Some(handle) = fsx::open_dir(&dir)? else {
+        return Ok(out);
+    };
+    let listed = handle
+        .try_clone()
+        .map_err(|e| Error::io("listing", &dir, e))?;
+    for name in fsx::list_fd(listed, &dir)? {
         let path = dir.join(&name);
         let Some(name) = name.to_str().map(str::to_string) else {
             continue;
@@ -822,23 +901,25 @@ pub fn claimed(agent: &AgentDir, session_id: &str) -> Result<Vec<(PathBuf, Messa
             continue;
         }
         let stem = name.trim_end_matches(".json");
-        let Some(file) = fsx::open_read(&path)? else {
+        let Some(file) = fsx::open_read_at(handle.as_fd(), OsStr::new(&name), &path)? else {
+            continue;
+        };
+        let Ok(meta) = file.metadata() else {
             continue;
         };
         // Swapped for a hard link since it was claimed: never read.
-        if file.metadata().map(|m| m.nlink() > 1).unwrap_or(true) {
+        if meta.nlink() > 1 {
             continue;
         }
-        let mut bytes = Vec::new();
+        let mut bytes = Vec::with_capacity(meta.len().min(MAX_MESSAGE_BYTES) as usize + 1);
         (&file)
             .take(MAX_MESSAGE_BYTES + 1)
             .read_to_end(&mut bytes)
             .at("reading", &path)?;
         // The file's mtime (kept by the renames), as for a waiting message:
         // a message without `created_at` keeps the same sent time and order.
-        let mtime = file
-            .metadata()
-            .and_then(|m| m.modified())
+        let mtime = meta
+            .modified()
             .map(|t| Timestamp::from_datetime(chrono::DateTime::<chrono::Utc>::from(t)))
             .unwrap_or_else(|_| Timestamp::now());
         // A claimed file was valid when claimed; if someone edited it since,
@@ -858,23 +939,52 @@ pub fn claimed(agent: &AgentDir, session_id: &str) -> Result<Vec<(PathBuf, Messa
 /// the agent lock held.
 pub fn acknowledge(agent: &AgentDir, session_id: &str) -> Result<usize> {
     let dir = agent.claimed(session_id);
-    let names: Vec<String> = match fsx::open_dir(&dir)? {
-        None => Vec::new(),
-        Some(_) => fsx::list(&dir)?
-            .into_iter()
-            .filter_map(|n| n.into_string().ok())
-            .filter(|n| is_message_name(n))
-            .collect(),
+    let Some(from) = fsx::open_dir(&dir)? else {
+        finish_claim_dir(agent, session_id)?;
+        return Ok(0);
     };
+    let listed = from
+        .try_clone()
+        .map_err(|e| Error::io("listing", &dir, e))?;
+    let names: Vec<String> = fsx::list_fd(listed, &dir)?
+        .into_iter()
+        .filter_map(|n| n.into_string().ok())
+        .filter(|n| is_message_name(n))
+        .collect();
     if !names.is_empty() {
-        atomic::create_dir(&agent.processed(), INBOX_PRIVATE_DIR_MODE)?;
-    }
-    for name in &names {
-        move_unique_unsynced(&dir.join(name), &agent.processed(), name)?;
-    }
-    if !names.is_empty() {
-        atomic::sync_dir(&agent.processed())?;
-        atomic::sync_dir(&dir)?;
+        let processed = agent.processed();
+        atomic::create_dir(&processed, INBOX_PRIVATE_DIR_MODE)?;
+        let to = fsx::dir(&processed)?;
+        for name in &names {
+            // By the two handles, under its own name; a name already taken
+            // in processed/ (a message sent twice under one name) costs a
+            // search for a free one.
+            let kept = keepable_name(name);
+            match fsx::rename_at(
+                from.as_fd(),
+                name.as_ref(),
+                to.as_fd(),
+                kept.as_ref(),
+                false,
+            ) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    move_unique_unsynced(&dir.join(name), &processed, name)?;
+                }
+                Err(e) => {
+                    return Err(Error::io(
+                        "renaming",
+                        dir.join(name),
+                        std::io::Error::new(
+                            e.kind(),
+                            format!("to {}: {e}", processed.join(&kept).display()),
+                        ),
+                    ));
+                }
+            }
+        }
+        fsx::sync_fd(&to, &processed)?;
+        fsx::sync_fd(&from, &dir)?;
     }
     finish_claim_dir(agent, session_id)?;
     Ok(names.len())
@@ -1167,8 +1277,10 @@ mod tests {
         let first = receive(&agent, Timestamp::now(), settle, &writing, &mut known).unwrap();
         assert_eq!(first.normal, 1);
         assert_eq!(known.len(), 1);
+        let inbox_dir = fsx::dir(&agent.inbox()).unwrap();
         let (v, stamp) = inspect_with(
             &agent,
+            inbox_dir.as_fd(),
             "m1.json",
             past,
             Intake::settle(settle),
@@ -1192,6 +1304,7 @@ mod tests {
             .unwrap();
         let (v, _) = inspect_with(
             &agent,
+            inbox_dir.as_fd(),
             "m1.json",
             past,
             Intake::settle(settle),
@@ -1331,14 +1444,26 @@ pub fn receive(
 ) -> Result<Received> {
     let mut out = Received::default();
     let sys_now = SystemTime::now();
-    out.rejected.extend(reject_undecodable(agent, now)?);
+    let Some(listing) = Listing::open(agent)? else {
+        known.keep_only(&Default::default());
+        return Ok(out);
+    };
+    out.rejected
+        .extend(reject_names(agent, listing.undecodable, now)?);
     let mut seen = std::collections::HashSet::new();
-    for name in waiting_names(agent)? {
+    for name in listing.names {
         let intake = Intake {
             settle,
             writer_open: writing.contains(&name),
         };
-        let (verdict, stamp) = inspect_with(agent, &name, sys_now, intake, Some(known));
+        let (verdict, stamp) = inspect_with(
+            agent,
+            listing.dir.as_fd(),
+            &name,
+            sys_now,
+            intake,
+            Some(known),
+        );
         if let (Verdict::Valid(m), Some(stamp)) = (&verdict, stamp) {
             known.learn(stamp, m);
             seen.insert((stamp.dev, stamp.ino));

@@ -454,7 +454,11 @@ def cmd_latency(args):
         tracer = None
         if args.strace_counts:
             # Counting run: strace slows every syscall, so its latencies are not the figures.
-            tracer = subprocess.Popen(["strace", "-f", "-c", "-o", os.path.join(b.dir, "strace-c.txt"),
+            # STRACE_TT=1: every call with its time (-tt -T) in strace.txt instead, to
+            # read the critical path of one wake (KEEP=1 keeps it); no counts then.
+            how = (["-tt", "-T", "-o", os.path.join(b.dir, "strace.txt")] if os.environ.get("STRACE_TT") == "1"
+                   else ["-c", "-o", os.path.join(b.dir, "strace-c.txt")])
+            tracer = subprocess.Popen(["strace", "-f", *how,
                                        "-p", str(b.pid)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(1.0)
         cpu0 = proc_cpu(b.pid)
@@ -554,7 +558,7 @@ def cmd_latency(args):
         "check": check,
         "dir": b.dir,
     }
-    if args.strace_counts:
+    if args.strace_counts and os.environ.get("STRACE_TT") != "1":
         result["syscalls_per_wake"] = strace_counts(os.path.join(b.dir, "strace-c.txt"), total)
     with open(os.path.join(b.dir, "samples.json"), "w") as f:
         json.dump(samples, f)

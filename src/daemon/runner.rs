@@ -294,37 +294,67 @@ impl RunReport {
 /// Dropping the returned future (cancelling the run) kills the process group
 /// and the marked processes too, but only `run` returning gives a report.
 pub async fn run(
-    mut spec: SessionSpec,
+    spec: SessionSpec,
     observer: &mut dyn OutputObserver,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
     spawned: Option<oneshot::Sender<u32>>,
 ) -> RunReport {
+    let mut stop = stop;
+    match launch(spec, &mut stop) {
+        Ok(launched) => launched.run(observer, stop, spawned).await,
+        Err(report) => *report,
+    }
+}
+
+/// A session process just spawned by [`launch`], not yet supervised.
+pub struct Launched {
+    // Fields drop in order: the guard (killing the group) before the child,
+    // which is not reaped yet, so its pid (the group id) cannot be reused.
+    guard: SessionGuard,
+    child: Child,
+    spec: SessionSpec,
+    log: tokio::fs::File,
+    started: Instant,
+    pid: u32,
+}
+
+/// The first half of [`run`], which never waits: the checks, the log, the
+/// spawn. The daemon calls it in the loop itself, so the agent starts before
+/// the loop goes on to publish its state (daemon.json, STATUS=) and to other
+/// agents; [`Launched::run`] then supervises it in a task. Needs a tokio
+/// runtime (the child's pipes). On failure, the report of a session that
+/// did not run.
+pub fn launch(
+    spec: SessionSpec,
+    stop: &mut watch::Receiver<bool>,
+) -> std::result::Result<Launched, Box<RunReport>> {
     ignore_sigpipe();
+    let not_run = |ending: Ending| Box::new(RunReport::not_run(ending));
     if *stop.borrow_and_update() {
-        return RunReport::not_run(Ending::Stopped);
+        return Err(not_run(Ending::Stopped));
     }
     let Some(program) = spec.argv.first() else {
-        return RunReport::not_run(Ending::SpawnFailed {
+        return Err(not_run(Ending::SpawnFailed {
             reason: "the session command is empty".into(),
             kind: SpawnFailure::Other,
-        });
+        }));
     };
     if let Err(reason) = check_cwd(&spec.cwd) {
-        return RunReport::not_run(Ending::SpawnFailed {
+        return Err(not_run(Ending::SpawnFailed {
             reason,
             kind: SpawnFailure::Other,
-        });
+        }));
     }
     let log = match open_log(&spec.log_path) {
         Ok(file) => file,
         Err(e) => {
-            return RunReport::not_run(Ending::SpawnFailed {
+            return Err(not_run(Ending::SpawnFailed {
                 reason: format!(
                     "cannot open the session log {}: {e}",
                     spec.log_path.display()
                 ),
                 kind: SpawnFailure::Other,
-            });
+            }));
         }
     };
 
@@ -342,13 +372,13 @@ pub async fn run(
             });
         }
     }
-    let mut child = match cmd.spawn() {
+    let child = match cmd.spawn() {
         Ok(child) => child,
         Err(e) => {
             if let Some(cgroup) = &cgroup {
                 cgroup.remove();
             }
-            return RunReport::not_run(spawn_failure(program, &e));
+            return Err(Box::new(RunReport::not_run(spawn_failure(program, &e))));
         }
     };
     let started = Instant::now();
@@ -360,16 +390,63 @@ pub async fn run(
     {
         tracing::warn!(pid, cgroup = %cgroup.dir.display(), "cannot move the session into its cgroup: {e}");
     }
-    // Declared after `child`, so dropped before it: on cancellation the group
-    // is killed while the child is not yet reaped and its pid (the group id)
-    // cannot have been reused.
-    let mut guard = SessionGuard {
+    let guard = SessionGuard {
         pgid: pid as i32,
         marker: spec.marker.clone(),
         cgroup,
         armed: true,
     };
     tracing::debug!(pid, command = ?spec.argv, "session process started");
+    Ok(Launched {
+        spec,
+        child,
+        log,
+        started,
+        pid,
+        guard,
+    })
+}
+
+impl Launched {
+    /// The second half of [`run`]: supervise the process to its end, and
+    /// kill whatever it left behind.
+    pub async fn run(
+        self,
+        observer: &mut dyn OutputObserver,
+        mut stop: watch::Receiver<bool>,
+        spawned: Option<oneshot::Sender<u32>>,
+    ) -> RunReport {
+        // Fields in this order: `guard` dropped before `child` on
+        // cancellation, so the group is killed while the child is not yet
+        // reaped and its pid (the group id) cannot have been reused.
+        let Launched {
+            mut spec,
+            mut child,
+            log,
+            started,
+            pid,
+            guard,
+        } = self;
+        let mut guard = guard;
+        supervised(
+            &mut spec, &mut child, log, started, pid, &mut guard, observer, &mut stop, spawned,
+        )
+        .await
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn supervised(
+    spec: &mut SessionSpec,
+    child: &mut Child,
+    log: tokio::fs::File,
+    started: Instant,
+    pid: u32,
+    guard: &mut SessionGuard,
+    observer: &mut dyn OutputObserver,
+    stop: &mut watch::Receiver<bool>,
+    spawned: Option<oneshot::Sender<u32>>,
+) -> RunReport {
     if let Some(spawned) = spawned {
         // The caller may have stopped listening; the run goes on regardless.
         let _ = spawned.send(pid);
@@ -377,16 +454,9 @@ pub async fn run(
 
     let prompt = std::mem::take(&mut spec.stdin);
     let mut output = Output::new(log, &spec.log_path, spec.max_output, observer);
-    let mut pipes = Pipes::new(&mut child);
-    let (status, ending_by_us) = supervise(
-        &mut child,
-        &spec,
-        prompt,
-        &mut pipes,
-        &mut output,
-        &mut stop,
-    )
-    .await;
+    let mut pipes = Pipes::new(child);
+    let (status, ending_by_us) =
+        supervise(child, spec, prompt, &mut pipes, &mut output, stop).await;
     let duration = started.elapsed();
 
     let leftovers_killed =

@@ -1,18 +1,26 @@
-//! Watches every agent's `inbox/` (inotify through the notify crate) and
-//! turns what happens there into loop events. It never reads a message: it
-//! only says "look at rio's inbox" — the scan decides.
+//! Watches every agent's `inbox/` (inotify, with exactly the events acted
+//! on) and turns what happens there into loop events. It never reads a
+//! message: it only says "look at rio's inbox" — the scan decides.
 //!
-//! Acted on: a file closed after writing, a file moved in (the senders'
-//! rename from `inbox/.tmp/`), a file created (a hard link, as Maildir
-//! delivery makes). A `.wake-*` dotfile is a wake request. Anything the
-//! watcher cannot account for (queue overflow, an error) asks for a full
-//! rescan of every inbox.
+//! Acted on: a file closed after writing (`IN_CLOSE_WRITE`), a file moved in
+//! (`IN_MOVED_TO`: the senders' rename from `inbox/.tmp/`), a file created
+//! (`IN_CREATE`: a hard link, as Maildir delivery makes), a file written to
+//! and not yet closed (`IN_MODIFY`: a writer has it open), and the inbox
+//! itself removed or moved away (`IN_DELETE_SELF`, `IN_MOVE_SELF`). A
+//! `.wake-*` dotfile is a wake request. Anything the watcher cannot account
+//! for (queue overflow, a read error) asks for a full rescan of every inbox.
+//!
+//! Nothing else is asked of the kernel: no `IN_OPEN`, `IN_ATTRIB`,
+//! `IN_DELETE` or `IN_MOVED_FROM`, so the daemon's own reads and claims
+//! (every message opened, every rename out of the inbox) queue no event and
+//! wake no thread. (The `notify` crate always asks for `IN_OPEN` and more.)
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
-use notify::event::{AccessKind, AccessMode, CreateKind, ModifyKind, RenameMode};
-use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
+use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask, Watches};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::files::is_wake_request;
@@ -39,22 +47,99 @@ pub enum WatchEvent {
     Rescan(String),
 }
 
+/// What a watch descriptor watches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Watched {
+    Inbox,
+    Rejected,
+}
+
+type ByWatch = Arc<Mutex<HashMap<WatchDescriptor, (AgentName, Watched)>>>;
+
 pub struct InboxWatcher {
-    watcher: RecommendedWatcher,
-    watched: BTreeMap<AgentName, PathBuf>,
+    watches: Watches,
+    by_watch: ByWatch,
+    watched: BTreeMap<AgentName, (PathBuf, WatchDescriptor, Option<WatchDescriptor>)>,
+}
+
+/// An inbox: what arrives, what is written, the directory itself going.
+fn inbox_mask() -> WatchMask {
+    WatchMask::CLOSE_WRITE
+        | WatchMask::MOVED_TO
+        | WatchMask::CREATE
+        | WatchMask::MODIFY
+        | WatchMask::DELETE_SELF
+        | WatchMask::MOVE_SELF
+        | WatchMask::ONLYDIR
+        | WatchMask::DONT_FOLLOW
+        | WatchMask::EXCL_UNLINK
+}
+
+/// `inbox/rejected/`: a file written to there.
+fn rejected_mask() -> WatchMask {
+    WatchMask::CLOSE_WRITE
+        | WatchMask::MODIFY
+        | WatchMask::ONLYDIR
+        | WatchMask::DONT_FOLLOW
+        | WatchMask::EXCL_UNLINK
 }
 
 impl InboxWatcher {
+    /// Start the watcher's thread, which reads the kernel's events and
+    /// sends what they mean on `tx`.
     pub fn new(tx: UnboundedSender<WatchEvent>) -> Result<InboxWatcher> {
-        let watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-            for event in classify(res) {
-                // The loop is gone only when the daemon is shutting down.
-                let _ = tx.send(event);
-            }
-        })
-        .map_err(|e| Error::Data(format!("cannot start the inbox watcher: {e}")))?;
+        let start = |e: std::io::Error| Error::Data(format!("cannot start the inbox watcher: {e}"));
+        let mut inotify = Inotify::init().map_err(start)?;
+        let watches = inotify.watches();
+        let by_watch: ByWatch = Default::default();
+        let map = by_watch.clone();
+        std::thread::Builder::new()
+            .name("inbox-watch".into())
+            .spawn(move || {
+                let mut buffer = vec![0u8; 64 * 1024];
+                loop {
+                    let events = match inotify.read_events_blocking(&mut buffer) {
+                        Ok(events) => events,
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                        Err(e) => {
+                            if tx
+                                .send(WatchEvent::Rescan(format!("watcher error: {e}")))
+                                .is_err()
+                            {
+                                return;
+                            }
+                            // Not a busy loop on an error that stays.
+                            std::thread::sleep(std::time::Duration::from_secs(1));
+                            continue;
+                        }
+                    };
+                    let mut out = Vec::new();
+                    {
+                        let mut map = map.lock().unwrap_or_else(|p| p.into_inner());
+                        for event in events {
+                            let what = map.get(&event.wd).cloned();
+                            if event.mask.contains(EventMask::IGNORED) {
+                                map.remove(&event.wd);
+                            }
+                            for e in classify(event.mask, what.as_ref(), event.name) {
+                                if !out.contains(&e) {
+                                    out.push(e);
+                                }
+                            }
+                        }
+                    }
+                    for e in out {
+                        // The loop is gone only when the daemon is shutting down.
+                        if tx.send(e).is_err() {
+                            return;
+                        }
+                    }
+                }
+            })
+            .map_err(start)?;
         Ok(InboxWatcher {
-            watcher,
+            watches,
+            by_watch,
             watched: BTreeMap::new(),
         })
     }
@@ -66,14 +151,25 @@ impl InboxWatcher {
             return Ok(());
         }
         crate::fsx::dir(inbox)?;
-        self.watcher
-            .watch(inbox, RecursiveMode::NonRecursive)
+        // Registered under the lock the reader takes: no event of a new
+        // watch is read before it is known whose it is.
+        let mut map = self.by_watch.lock().unwrap_or_else(|p| p.into_inner());
+        let wd = self
+            .watches
+            .add(inbox, inbox_mask())
             .map_err(|e| Error::Data(format!("cannot watch {}: {e}", inbox.display())))?;
+        map.insert(wd.clone(), (agent.clone(), Watched::Inbox));
         let rejected = inbox.join("rejected");
-        if crate::fsx::is_dir(&rejected) {
-            let _ = self.watcher.watch(&rejected, RecursiveMode::NonRecursive);
+        let rejected_wd = if crate::fsx::is_dir(&rejected) {
+            self.watches.add(&rejected, rejected_mask()).ok()
+        } else {
+            None
+        };
+        if let Some(r) = &rejected_wd {
+            map.insert(r.clone(), (agent.clone(), Watched::Rejected));
         }
-        self.watched.insert(agent.clone(), inbox.to_path_buf());
+        self.watched
+            .insert(agent.clone(), (inbox.to_path_buf(), wd, rejected_wd));
         Ok(())
     }
 
@@ -84,9 +180,12 @@ impl InboxWatcher {
 
     /// Forget a watch the kernel dropped (its directory is gone).
     pub fn forget(&mut self, agent: &AgentName) {
-        if let Some(path) = self.watched.remove(agent) {
-            let _ = self.watcher.unwatch(&path);
-            let _ = self.watcher.unwatch(&path.join("rejected"));
+        if let Some((_, wd, rejected)) = self.watched.remove(agent) {
+            let mut map = self.by_watch.lock().unwrap_or_else(|p| p.into_inner());
+            for wd in std::iter::once(wd).chain(rejected) {
+                map.remove(&wd);
+                let _ = self.watches.remove(wd);
+            }
         }
     }
 
@@ -99,152 +198,136 @@ impl InboxWatcher {
     }
 }
 
-/// What one notify callback means for the loop.
-fn classify(res: notify::Result<notify::Event>) -> Vec<WatchEvent> {
-    let event = match res {
-        Ok(e) => e,
-        Err(e) => return vec![WatchEvent::Rescan(format!("watcher error: {e}"))],
-    };
-    if event.need_rescan() {
+/// What one inotify event means for the loop. `what` is what its watch
+/// watches (`None`: a watch already forgotten), `name` the file's name in
+/// that directory (`None`: the directory itself).
+fn classify(
+    mask: EventMask,
+    what: Option<&(AgentName, Watched)>,
+    name: Option<&OsStr>,
+) -> Vec<WatchEvent> {
+    if mask.contains(EventMask::Q_OVERFLOW) {
         return vec![WatchEvent::Rescan(
             "the watcher's event queue overflowed".into(),
         )];
     }
-    let closed = matches!(
-        event.kind,
-        EventKind::Access(AccessKind::Close(AccessMode::Write))
-    );
-    let written = matches!(event.kind, EventKind::Modify(ModifyKind::Data(_)));
-    let arrived = closed
-        || matches!(
-            event.kind,
-            EventKind::Modify(ModifyKind::Name(
-                RenameMode::To | RenameMode::Both | RenameMode::Any
-            )) | EventKind::Create(CreateKind::File | CreateKind::Any)
-        );
-    // The watched inbox itself removed or moved away (IN_DELETE_SELF,
-    // IN_MOVE_SELF): its watch is gone with it.
-    let self_gone = matches!(
-        event.kind,
-        EventKind::Remove(_)
-            | EventKind::Modify(ModifyKind::Name(RenameMode::From | RenameMode::Any))
-    );
-    let mut out = Vec::new();
-    let mut push = |e: WatchEvent| {
-        if !out.contains(&e) {
-            out.push(e);
-        }
+    let Some((agent, watched)) = what else {
+        return Vec::new();
     };
-    for path in &event.paths {
-        if self_gone && let Some(agent) = inbox_itself(path) {
-            push(WatchEvent::Lost(agent));
-            continue;
-        }
-        if (closed || written)
-            && let Some(agent) = rejected_of(path)
-        {
-            push(WatchEvent::Rejected(agent));
-            continue;
-        }
-        let Some(agent) = agent_of(path) else {
-            continue;
-        };
-        // A name that is not UTF-8 is looked at too (to be rejected under a
-        // safe name), never skipped forever.
-        let name = match path.file_name() {
-            Some(n) => n.to_string_lossy().into_owned(),
-            None => continue,
-        };
-        let message = !name.starts_with('.') && name.ends_with(".json");
-        if is_wake_request(&name) && arrived {
-            push(WatchEvent::Wake(agent));
-        } else if message && written && !closed {
-            push(WatchEvent::Writing(agent, name));
-        } else if message && closed {
-            push(WatchEvent::Closed(agent, name));
-        } else if (is_message_name(&name) || message) && arrived {
-            push(WatchEvent::Inbox(agent));
-        }
+    let agent = agent.clone();
+    let closed = mask.contains(EventMask::CLOSE_WRITE);
+    let written = mask.contains(EventMask::MODIFY);
+    let arrived = closed || mask.intersects(EventMask::MOVED_TO | EventMask::CREATE);
+    match watched {
+        Watched::Rejected if closed || written => return vec![WatchEvent::Rejected(agent)],
+        Watched::Rejected => return Vec::new(),
+        Watched::Inbox => {}
     }
-    out
-}
-
-/// `{root}/{agent}/inbox` itself → the agent.
-fn inbox_itself(path: &Path) -> Option<AgentName> {
-    if path.file_name()? != "inbox" {
-        return None;
+    // The watched inbox itself removed or moved away: its watch is gone
+    // with it.
+    if mask.intersects(EventMask::DELETE_SELF | EventMask::MOVE_SELF) {
+        return vec![WatchEvent::Lost(agent)];
     }
-    AgentName::parse(path.parent()?.file_name()?.to_str()?).ok()
-}
-
-/// `{root}/{agent}/inbox/rejected/{file}` → the agent.
-fn rejected_of(path: &Path) -> Option<AgentName> {
-    let rejected = path.parent()?;
-    if rejected.file_name()? != "rejected" {
-        return None;
+    if mask.contains(EventMask::ISDIR) {
+        return Vec::new();
     }
-    inbox_itself(rejected.parent()?)
-}
-
-/// `{root}/{agent}/inbox/{file}` → the agent.
-fn agent_of(path: &Path) -> Option<AgentName> {
-    let inbox = path.parent()?;
-    if inbox.file_name()? != "inbox" {
-        return None;
-    }
-    AgentName::parse(inbox.parent()?.file_name()?.to_str()?).ok()
+    // A name that is not UTF-8 is looked at too (to be rejected under a
+    // safe name), never skipped forever.
+    let Some(name) = name.map(|n| n.to_string_lossy().into_owned()) else {
+        return Vec::new();
+    };
+    let message = !name.starts_with('.') && name.ends_with(".json");
+    let event = if is_wake_request(&name) && arrived {
+        WatchEvent::Wake(agent)
+    } else if message && written && !closed {
+        WatchEvent::Writing(agent, name)
+    } else if message && closed {
+        WatchEvent::Closed(agent, name)
+    } else if (is_message_name(&name) || message) && arrived {
+        WatchEvent::Inbox(agent)
+    } else {
+        return Vec::new();
+    };
+    vec![event]
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use notify::Event;
 
-    fn ev(kind: EventKind, path: &str) -> Vec<WatchEvent> {
-        classify(Ok(Event::new(kind).add_path(PathBuf::from(path))))
+    fn ev(mask: EventMask, watched: Watched, name: Option<&str>) -> Vec<WatchEvent> {
+        let rio = AgentName::parse("rio").unwrap();
+        classify(mask, Some(&(rio, watched)), name.map(OsStr::new))
     }
 
     #[test]
     fn what_counts_as_arrival() {
         let rio = AgentName::parse("rio").unwrap();
-        let closed = EventKind::Access(AccessKind::Close(AccessMode::Write));
-        let moved = EventKind::Modify(ModifyKind::Name(RenameMode::To));
+        let inbox = Watched::Inbox;
+        let closed = EventMask::CLOSE_WRITE;
+        let moved = EventMask::MOVED_TO;
         assert_eq!(
-            ev(closed, "/s/rio/inbox/a.json"),
+            ev(closed, inbox, Some("a.json")),
             [WatchEvent::Closed(rio.clone(), "a.json".into())]
         );
         assert_eq!(
-            ev(moved, "/s/rio/inbox/a.json"),
+            ev(moved, inbox, Some("a.json")),
             [WatchEvent::Inbox(rio.clone())]
         );
         assert_eq!(
-            ev(moved, "/s/rio/inbox/.wake-1"),
+            ev(EventMask::CREATE, inbox, Some("a.json")),
+            [WatchEvent::Inbox(rio.clone())]
+        );
+        assert_eq!(
+            ev(moved, inbox, Some(".wake-1")),
             [WatchEvent::Wake(rio.clone())]
         );
-        // Editor leftovers, dotfiles, data writes in progress: nothing.
-        assert!(ev(closed, "/s/rio/inbox/.a.json.swp").is_empty());
-        assert!(ev(closed, "/s/rio/inbox/a.json~").is_empty());
-        assert!(ev(closed, "/s/rio/inbox/4913").is_empty());
-        assert!(ev(EventKind::Modify(ModifyKind::Any), "/s/rio/inbox/a.json").is_empty());
+        // Editor leftovers, dotfiles, directories: nothing.
+        assert!(ev(closed, inbox, Some(".a.json.swp")).is_empty());
+        assert!(ev(closed, inbox, Some("a.json~")).is_empty());
+        assert!(ev(closed, inbox, Some("4913")).is_empty());
+        assert!(ev(EventMask::CREATE | EventMask::ISDIR, inbox, Some("x.json")).is_empty());
         // Written and not yet closed: a writer has it open.
-        let data = EventKind::Modify(ModifyKind::Data(notify::event::DataChange::Any));
         assert_eq!(
-            ev(data, "/s/rio/inbox/a.json"),
+            ev(EventMask::MODIFY, inbox, Some("a.json")),
             [WatchEvent::Writing(rio.clone(), "a.json".into())]
         );
         assert_eq!(
-            ev(closed, "/s/rio/inbox/rejected/a.json"),
+            ev(closed, Watched::Rejected, Some("a.json")),
             [WatchEvent::Rejected(rio.clone())]
         );
-        let gone = EventKind::Remove(notify::event::RemoveKind::Folder);
-        assert_eq!(ev(gone, "/s/rio/inbox"), [WatchEvent::Lost(rio.clone())]);
-        // Not an inbox.
-        assert!(ev(closed, "/s/rio/a.json").is_empty());
+        assert!(ev(moved, Watched::Rejected, Some("a.json")).is_empty());
+        assert_eq!(
+            ev(EventMask::DELETE_SELF, inbox, None),
+            [WatchEvent::Lost(rio.clone())]
+        );
+        assert_eq!(
+            ev(EventMask::MOVE_SELF, inbox, None),
+            [WatchEvent::Lost(rio.clone())]
+        );
+        // A watch already forgotten.
+        assert!(classify(closed, None, Some(OsStr::new("a.json"))).is_empty());
     }
 
     #[test]
     fn overflow_asks_for_a_rescan() {
-        let e = Event::new(EventKind::Other).set_flag(notify::event::Flag::Rescan);
-        assert!(matches!(classify(Ok(e))[..], [WatchEvent::Rescan(_)]));
+        assert!(matches!(
+            classify(EventMask::Q_OVERFLOW, None, None)[..],
+            [WatchEvent::Rescan(_)]
+        ));
+    }
+
+    #[test]
+    fn the_kernel_is_asked_for_no_open_or_access() {
+        for mask in [inbox_mask(), rejected_mask()] {
+            assert!(!mask.intersects(
+                WatchMask::OPEN
+                    | WatchMask::ACCESS
+                    | WatchMask::ATTRIB
+                    | WatchMask::CLOSE_NOWRITE
+                    | WatchMask::MOVED_FROM
+                    | WatchMask::DELETE
+            ));
+        }
     }
 }

@@ -57,6 +57,12 @@ impl Daemon {
     /// Receive what waits in `agent`'s inbox: reject settled junk, add tasks
     /// for task messages, and tell the core what waits.
     pub(super) fn scan_inbox(&mut self, agent: &AgentName) {
+        if self.scan_can_wait(agent) {
+            // Looked at by the claim when its session starts; still dirty
+            // (looked at again by the next tick) should that start not come.
+            self.intake.dirty.insert(agent.clone());
+            return;
+        }
         // An inbox replaced under us (rm -r + mkdir, mv away and back) lost
         // its watch: watched again (recreated if it is missing), then read.
         if !self.watcher.is_watching(agent)
@@ -91,6 +97,29 @@ impl Daemon {
             return;
         }
         self.core.inbox_scanned(agent, summary, now);
+    }
+
+    /// Coalescing: an agent waiting for a free slot with a high-priority
+    /// wake learns nothing from a scan that could change its wake (nothing
+    /// is more urgent, and a wake once requested stays), and the claim at
+    /// its start looks at every file (rejects junk, adds tasks). In a burst
+    /// this spares a scan of a growing inbox per agent per loop turn. Not
+    /// while it is held back (a backoff, disabled): then the scan is all that
+    /// looks at its inbox.
+    fn scan_can_wait(&self, agent: &AgentName) -> bool {
+        if self.running.contains_key(agent) || !self.watcher.is_watching(agent) {
+            return false;
+        }
+        let now = self.clock.now();
+        self.core.agents.get(agent).is_some_and(|slot| {
+            slot.running.is_none()
+                && slot.disabled.is_none()
+                && slot.backoff_until.is_none_or(|t| t <= now)
+                && slot
+                    .pending
+                    .as_ref()
+                    .is_some_and(|p| p.priority == Priority::High)
+        })
     }
 
     pub(super) fn receive(&mut self, agent: &AgentName) -> Option<InboxSummary> {

@@ -219,9 +219,13 @@ impl Daemon {
         );
         let tx = self.tx.clone();
         let name = agent.clone();
-        let spec = prepared.spec;
         let dir = self.dir(agent);
         let session_id = prepared.session_id.clone();
+        // Spawned here, in the loop: the agent runs before the loop goes on
+        // to other agents and to publishing (daemon.json, STATUS=). Its
+        // start is committed already (the journal line of `session begin`).
+        let mut stop_rx = stop_rx;
+        let launched = runner::launch(prepared.spec, &mut stop_rx);
         tokio::spawn(async move {
             let (pid_tx, pid_rx) = tokio::sync::oneshot::channel::<u32>();
             let pid_forward = {
@@ -247,10 +251,13 @@ impl Daemon {
                     stop_note,
                 },
             };
-            let (report, ()) = tokio::join!(
-                runner::run(spec, &mut observer, stop_rx, Some(pid_tx)),
-                pid_forward
-            );
+            let run = async {
+                match launched {
+                    Ok(l) => l.run(&mut observer, stop_rx, Some(pid_tx)).await,
+                    Err(report) => *report,
+                }
+            };
+            let (report, ()) = tokio::join!(run, pid_forward);
             observer.finish();
             let output = observer.summary();
             let _ = tx.send(LoopEvent::SessionDone {
