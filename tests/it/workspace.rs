@@ -126,7 +126,10 @@ fn workspace_held_index_lock_is_waited_out() {
         std::fs::remove_file(l1).unwrap();
         std::fs::remove_file(l2).unwrap();
     });
+    let started = std::time::Instant::now();
     let ws = workspace::create(&spec(dir.path(), &repo, "a", "locked")).unwrap();
+    // It could only succeed once the locks were gone: it waited and retried.
+    assert!(started.elapsed() >= Duration::from_millis(1900));
     t.join().unwrap();
     assert!(ws.path.join("a.txt").exists());
 }
@@ -233,4 +236,17 @@ fn workspace_prune_removes_orphans_keeps_unpushed_work() {
         !git(&repo, &["rev-parse", "rio/ahead"]).is_empty(),
         "the branch (the work) stays"
     );
+}
+
+#[test]
+fn workspace_lock_held_for_good_is_workspace_locked() {
+    let (dir, repo) = repo();
+    std::fs::write(repo.join(".git/refs/heads/stuck.lock"), "").unwrap();
+    let err = workspace::create(&spec(dir.path(), &repo, "a", "stuck")).unwrap_err();
+    assert_eq!(err.code(), "WORKSPACE_LOCKED", "{err}");
+    assert!(
+        err.to_string().contains("git worktree add -b stuck"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("stuck.lock"), "{err}");
 }
