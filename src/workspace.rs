@@ -1,7 +1,7 @@
 //! Git worktrees as sessions' workspaces (issue 12, "Workspaces"; seed 002's git rows).
 //!
 //! Every git call goes through [`git`]: `std::process::Command` with arguments (never a
-//! shell), `GIT_TERMINAL_PROMPT=0`, stdin closed, a time limit ([`GIT_TIMEOUT`], killed
+//! shell), `GIT_TERMINAL_PROMPT=0`, `LC_ALL=C` (the lock is recognised by its English message), stdin closed, a time limit ([`GIT_TIMEOUT`], killed
 //! past it) and bounded captured output. Every failure names the exact command line and
 //! its (trimmed, bounded) stderr.
 //!
@@ -199,6 +199,7 @@ fn run_env(
         .args(args)
         .current_dir(dir)
         .env("GIT_TERMINAL_PROMPT", "0")
+        .env("LC_ALL", "C")
         .env("GIT_OPTIONAL_LOCKS", "0")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
