@@ -1,8 +1,8 @@
 //! Git worktrees as sessions' workspaces (issue 12, "Workspaces"; seed 002's git rows).
 //!
 //! Every git call goes through [`git`]: `std::process::Command` with arguments (never a
-//! shell), `GIT_TERMINAL_PROMPT=0`, `LC_ALL=C` (the lock is recognised by its English message), stdin closed, a time limit ([`GIT_TIMEOUT`], killed
-//! past it) and bounded captured output. Every failure names the exact command line and
+//! shell), `GIT_TERMINAL_PROMPT=0`, `LC_ALL=C` (a held lock is recognised by git's
+//! English message), stdin closed, a time limit ([`GIT_TIMEOUT`], killed past it) and bounded captured output. Every failure names the exact command line and
 //! its (trimmed, bounded) stderr.
 //!
 //! Designed paths: not a repository → [`WorkspaceError::NotARepo`] (the session is not
@@ -591,7 +591,10 @@ pub fn fingerprint(path: &Path) -> Result<String, WorkspaceError> {
     .map(|o| o.stdout.trim().to_string())
     .unwrap_or_else(|_| "unmerged".into());
     let tmp_index = git_dir.join(format!("agent-state-fingerprint.{}", std::process::id()));
-    let _ = std::fs::copy(git_dir.join("index"), &tmp_index);
+    // An empty temporary index, not a copy of the real one: a copy gets a new mtime, which
+    // hides git's "racily clean" entries (a same-size edit in the same second would be
+    // missed). Every file is hashed, which is the price of never missing a change.
+    let _ = std::fs::remove_file(&tmp_index);
     let result = (|| {
         let (ok, _, stderr) = run_env(path, &["add", "-A"], Some(&tmp_index))?;
         if !ok {
