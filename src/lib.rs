@@ -42,3 +42,4 @@ pub mod protocol;
 pub mod schedule;
 pub mod state;
 pub mod usage;
+pub mod workspace;

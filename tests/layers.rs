@@ -34,7 +34,15 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "domain",
         &[
-            "inbox", "owner", "protocol", "prompt", "hooks", "events", "check", "usage",
+            "inbox",
+            "owner",
+            "protocol",
+            "prompt",
+            "hooks",
+            "events",
+            "check",
+            "usage",
+            "workspace",
         ],
     ),
     ("daemon", &["daemon"]),

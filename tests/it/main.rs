@@ -32,3 +32,4 @@ mod scripts;
 mod signals;
 mod systemd;
 mod typed;
+mod workspace;

@@ -1,0 +1,737 @@
+//! Git worktrees as sessions' workspaces (issue 12, "Workspaces"; seed 002's git rows).
+//!
+//! Every git call goes through [`git`]: `std::process::Command` with arguments (never a
+//! shell), `GIT_TERMINAL_PROMPT=0`, `LC_ALL=C` (a held lock is recognised by git's
+//! English message), stdin closed, a time limit ([`GIT_TIMEOUT`], killed past it) and bounded captured output. Every failure names the exact command line and
+//! its (trimmed, bounded) stderr.
+//!
+//! Designed paths: not a repository → [`WorkspaceError::NotARepo`] (the session is not
+//! started; user action); the path exists (orphaned worktree or plain directory inside the
+//! workspaces root) → removed and recreated; the branch exists → deleted and retried once,
+//! unless it is checked out elsewhere or has commits not on the base, in which case a new
+//! name with a `-N` suffix is used (work is never lost); a `*.lock` held → wait 1 s, up to
+//! [`LOCK_RETRIES`] times, then [`WorkspaceError::Locked`].
+
+use std::fmt;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Time limit of one git command.
+pub const GIT_TIMEOUT: Duration = Duration::from_secs(60);
+/// How many times a command refused for a held `*.lock` is retried (1 s apart).
+pub const LOCK_RETRIES: u32 = 5;
+const MAX_OUTPUT: usize = 1 << 20;
+const MAX_STDERR_SHOWN: usize = 2000;
+
+/// The default branch template: `rio/research-2026-11-24`.
+pub const DEFAULT_BRANCH_TEMPLATE: &str = "{agent}/{type}-{date}";
+
+/// What to create.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkspaceSpec {
+    pub repo: PathBuf,
+    pub base: String,
+    pub path: PathBuf,
+    pub branch: String,
+}
+
+/// A created workspace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Workspace {
+    pub path: PathBuf,
+    pub branch: String,
+    pub base_commit: String,
+}
+
+/// A workspace's state at the end of a session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finished {
+    pub head_commit: String,
+    pub dirty: bool,
+    pub commits_ahead: u32,
+}
+
+/// One entry of `git worktree list --porcelain`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct WorktreeInfo {
+    pub path: PathBuf,
+    pub branch: Option<String>,
+    pub head: String,
+    pub locked: bool,
+    pub prunable: bool,
+}
+
+/// The errors, each with a catalogue-style code.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WorkspaceError {
+    /// The repository is not a git repository: the session is not started.
+    NotARepo {
+        repo: PathBuf,
+        command: String,
+        stderr: String,
+    },
+    /// A `*.lock` stayed held through every retry.
+    Locked { command: String, stderr: String },
+    /// Any other failure (base not found, timeout, refused path, ...).
+    Failed {
+        command: String,
+        stderr: String,
+        fix: String,
+    },
+}
+
+impl WorkspaceError {
+    /// The catalogue code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            WorkspaceError::NotARepo { .. } => "WORKSPACE_NOT_A_REPO",
+            WorkspaceError::Locked { .. } => "WORKSPACE_LOCKED",
+            WorkspaceError::Failed { .. } => "WORKSPACE_FAILED",
+        }
+    }
+}
+
+impl fmt::Display for WorkspaceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WorkspaceError::NotARepo {
+                repo,
+                command,
+                stderr,
+            } => write!(
+                f,
+                "{}: {} is not a git repository (`{command}`: {stderr}); fix: set the agent's \
+                 workspace repo to a git repository (git init, or correct the path)",
+                self.code(),
+                repo.display()
+            ),
+            WorkspaceError::Locked { command, stderr } => write!(
+                f,
+                "{}: `{command}` found a git lock held after {LOCK_RETRIES} retries: {stderr}; \
+                 fix: check no git process is running in that repository, then remove the \
+                 stale .lock file",
+                self.code()
+            ),
+            WorkspaceError::Failed {
+                command,
+                stderr,
+                fix,
+            } => {
+                write!(
+                    f,
+                    "{}: `{command}` failed: {stderr}; fix: {fix}",
+                    self.code()
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for WorkspaceError {}
+
+/// The output of a git command that exited 0.
+struct Out {
+    stdout: String,
+}
+
+fn quote(args: &[&str]) -> String {
+    let mut s = String::from("git");
+    for a in args {
+        s.push(' ');
+        if a.is_empty() || a.contains(|c: char| c.is_whitespace() || c == '\'' || c == '"') {
+            s.push_str(&format!("{a:?}"));
+        } else {
+            s.push_str(a);
+        }
+    }
+    s
+}
+
+fn bounded(s: &[u8]) -> String {
+    let t = String::from_utf8_lossy(s);
+    let t = t.trim();
+    if t.len() > MAX_STDERR_SHOWN {
+        let mut end = MAX_STDERR_SHOWN;
+        while !t.is_char_boundary(end) {
+            end -= 1;
+        }
+        format!("{}…", &t[..end])
+    } else {
+        t.to_string()
+    }
+}
+
+fn read_bounded(mut r: impl Read + Send + 'static) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 8192];
+        while let Ok(n) = r.read(&mut chunk) {
+            if n == 0 {
+                break;
+            }
+            if buf.len() < MAX_OUTPUT {
+                buf.extend_from_slice(&chunk[..n.min(MAX_OUTPUT - buf.len())]);
+            }
+        }
+        buf
+    })
+}
+
+/// Raw git run: Ok((status_ok, stdout, stderr)) or Err on spawn failure / timeout.
+fn run(dir: &Path, args: &[&str]) -> Result<(bool, Vec<u8>, String), WorkspaceError> {
+    run_env(dir, args, None)
+}
+
+/// [`run`] with an optional `GIT_INDEX_FILE` (the fingerprint's temporary index).
+fn run_env(
+    dir: &Path,
+    args: &[&str],
+    index: Option<&Path>,
+) -> Result<(bool, Vec<u8>, String), WorkspaceError> {
+    let command = quote(args);
+    let mut cmd = Command::new("git");
+    if let Some(index) = index {
+        cmd.env("GIT_INDEX_FILE", index);
+    }
+    let mut child = cmd
+        .args(args)
+        .current_dir(dir)
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .env("LC_ALL", "C")
+        .env("GIT_OPTIONAL_LOCKS", "0")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| WorkspaceError::Failed {
+            command: command.clone(),
+            stderr: e.to_string(),
+            fix: "install git and make it reachable on PATH".into(),
+        })?;
+    let out = read_bounded(child.stdout.take().expect("piped"));
+    let err = read_bounded(child.stderr.take().expect("piped"));
+    let start = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(s)) => break s,
+            Ok(None) if start.elapsed() > GIT_TIMEOUT => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(WorkspaceError::Failed {
+                    command,
+                    stderr: format!("killed after {} s", GIT_TIMEOUT.as_secs()),
+                    fix: "check the repository (network remote, huge tree, hung hook)".into(),
+                });
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+            Err(e) => {
+                return Err(WorkspaceError::Failed {
+                    command,
+                    stderr: e.to_string(),
+                    fix: "retry".into(),
+                });
+            }
+        }
+    };
+    let stdout = out.join().unwrap_or_default();
+    let stderr = bounded(&err.join().unwrap_or_default());
+    Ok((status.success(), stdout, stderr))
+}
+
+fn is_lock_error(stderr: &str) -> bool {
+    stderr.contains(".lock")
+        && (stderr.contains("File exists") || stderr.contains("Unable to create"))
+}
+
+/// Run git in `dir`, retrying on a held lock; a failure is `Failed` with `fix`.
+fn git(dir: &Path, args: &[&str], fix: &str) -> Result<Out, WorkspaceError> {
+    let mut tries = 0;
+    loop {
+        let (ok, stdout, stderr) = run(dir, args)?;
+        if ok {
+            return Ok(Out {
+                stdout: String::from_utf8_lossy(&stdout).into_owned(),
+            });
+        }
+        if is_lock_error(&stderr) {
+            if tries < LOCK_RETRIES {
+                tries += 1;
+                std::thread::sleep(Duration::from_secs(1));
+                continue;
+            }
+            return Err(WorkspaceError::Locked {
+                command: quote(args),
+                stderr,
+            });
+        }
+        return Err(WorkspaceError::Failed {
+            command: quote(args),
+            stderr,
+            fix: fix.to_string(),
+        });
+    }
+}
+
+/// Did git exit 0? (For questions like "does this ref exist".)
+fn git_ok(dir: &Path, args: &[&str]) -> Result<bool, WorkspaceError> {
+    Ok(run(dir, args)?.0)
+}
+
+fn rev(dir: &Path, what: &str) -> Result<String, WorkspaceError> {
+    let spec = format!("{what}^{{commit}}");
+    Ok(git(
+        dir,
+        &["rev-parse", "--verify", "--quiet", &spec],
+        &format!("check that `{what}` names a commit (branch, tag or hash) in the repository"),
+    )?
+    .stdout
+    .trim()
+    .to_string())
+}
+
+/// Check that `repo` is a git repository (the work tree's top or any directory in it).
+pub fn check_repo(repo: &Path) -> Result<(), WorkspaceError> {
+    let args = ["rev-parse", "--git-dir"];
+    if !repo.is_dir() {
+        return Err(WorkspaceError::NotARepo {
+            repo: repo.to_path_buf(),
+            command: quote(&args),
+            stderr: "no such directory".into(),
+        });
+    }
+    let (ok, _, stderr) = run(repo, &args)?;
+    if ok {
+        Ok(())
+    } else {
+        Err(WorkspaceError::NotARepo {
+            repo: repo.to_path_buf(),
+            command: quote(&args),
+            stderr,
+        })
+    }
+}
+
+/// The branch name from a template: `{agent}`, `{instance}`, `{type}`, `{date}`.
+/// The caller passes it to [`create`], which appends `-2`, `-3`, ... when the name is
+/// taken by a branch it must not delete (see the module doc).
+pub fn branch_name(
+    template: &str,
+    agent: &str,
+    instance: u32,
+    session_type: &str,
+    date: &str,
+) -> String {
+    template
+        .replace("{agent}", agent)
+        .replace("{instance}", &instance.to_string())
+        .replace("{type}", session_type)
+        .replace("{date}", date)
+}
+
+/// Validate a branch name by git's check-ref-format rules (checked here, without git).
+pub fn validate_branch(name: &str) -> Result<(), String> {
+    let bad = |why: &str| Err(format!("branch name {name:?} is not valid: {why}"));
+    if name.is_empty() {
+        return bad("empty");
+    }
+    if name == "@" {
+        return bad("`@` alone");
+    }
+    if name.starts_with('-') {
+        return bad("starts with `-`");
+    }
+    if name.contains("..") || name.contains("@{") || name.contains("//") {
+        return bad("contains `..`, `@{` or `//`");
+    }
+    if name.starts_with('/') || name.ends_with('/') || name.ends_with('.') {
+        return bad("starts or ends with `/`, or ends with `.`");
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| c.is_control() || c.is_whitespace() || "~^:?*[\\\u{7f}".contains(*c))
+    {
+        return bad(&format!("contains {c:?}"));
+    }
+    for comp in name.split('/') {
+        if comp.starts_with('.') || comp.ends_with(".lock") {
+            return bad("a component starts with `.` or ends with `.lock`");
+        }
+    }
+    Ok(())
+}
+
+fn branch_exists(repo: &Path, branch: &str) -> Result<bool, WorkspaceError> {
+    git_ok(
+        repo,
+        &[
+            "show-ref",
+            "--verify",
+            "--quiet",
+            &format!("refs/heads/{branch}"),
+        ],
+    )
+}
+
+/// Remove whatever is at `path` so a worktree can be created there: a registered worktree
+/// through git, a plain directory only if it is inside `root` (its parent) and not a link.
+fn clear_path(repo: &Path, path: &Path) -> Result<(), WorkspaceError> {
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(_) => {
+            git(
+                repo,
+                &["worktree", "prune"],
+                "run `git worktree prune` by hand",
+            )?;
+            return Ok(());
+        }
+    };
+    let p = path.to_string_lossy().into_owned();
+    let registered = list(repo)?.iter().any(|w| same(&w.path, path));
+    if !registered && std::fs::symlink_metadata(path.join(".git")).is_ok_and(|m| m.is_dir()) {
+        return Err(WorkspaceError::Failed {
+            command: format!("remove {}", path.display()),
+            stderr: "it is a repository of its own, not an orphaned worktree".into(),
+            fix: "move it away or choose another workspaces root".into(),
+        });
+    }
+    if registered {
+        git(
+            repo,
+            &["worktree", "remove", "--force", "--force", &p],
+            "remove the worktree by hand",
+        )?;
+    }
+    git(
+        repo,
+        &["worktree", "prune"],
+        "run `git worktree prune` by hand",
+    )?;
+    if std::fs::symlink_metadata(path).is_ok() {
+        if meta.file_type().is_symlink() {
+            // Never follow a link out of the root: remove the link itself only.
+            std::fs::remove_file(path).map_err(|e| io_fail("remove link", path, e))?;
+        } else if meta.is_dir() {
+            std::fs::remove_dir_all(path).map_err(|e| io_fail("remove directory", path, e))?;
+        } else {
+            std::fs::remove_file(path).map_err(|e| io_fail("remove file", path, e))?;
+        }
+    }
+    Ok(())
+}
+
+fn io_fail(what: &str, path: &Path, e: std::io::Error) -> WorkspaceError {
+    WorkspaceError::Failed {
+        command: format!("{what} {}", path.display()),
+        stderr: e.to_string(),
+        fix: "remove it by hand".into(),
+    }
+}
+
+fn same(a: &Path, b: &Path) -> bool {
+    let ca = std::fs::canonicalize(a).unwrap_or_else(|_| a.to_path_buf());
+    let cb = std::fs::canonicalize(b).unwrap_or_else(|_| b.to_path_buf());
+    ca == cb || a == b
+}
+
+/// May this branch be deleted? Not if checked out in a worktree or ahead of `base`.
+fn branch_deletable(repo: &Path, branch: &str, base: &str) -> Result<bool, WorkspaceError> {
+    let checked_out = list(repo)?
+        .iter()
+        .any(|w| w.branch.as_deref() == Some(branch) && !w.prunable);
+    if checked_out {
+        return Ok(false);
+    }
+    let range = format!("{base}..refs/heads/{branch}");
+    let n = git(repo, &["rev-list", "--count", &range], "check the base")?;
+    Ok(n.stdout.trim() == "0")
+}
+
+/// Create the worktree of `spec` (see the module doc for the designed paths).
+pub fn create(spec: &WorkspaceSpec) -> Result<Workspace, WorkspaceError> {
+    check_repo(&spec.repo)?;
+    validate_branch(&spec.branch).map_err(|e| WorkspaceError::Failed {
+        command: "git check-ref-format".into(),
+        stderr: e,
+        fix: "change the workspace branch template".into(),
+    })?;
+    let repo = spec.repo.as_path();
+    let base_commit = rev(repo, &spec.base)?;
+    clear_path(repo, &spec.path)?;
+    let mut branch = spec.branch.clone();
+    if branch_exists(repo, &branch)? {
+        if branch_deletable(repo, &branch, &base_commit)? {
+            git(
+                repo,
+                &["branch", "-D", &branch],
+                "delete the branch by hand",
+            )?;
+        } else {
+            let mut n = 2;
+            while branch_exists(repo, &format!("{}-{n}", spec.branch))? {
+                n += 1;
+            }
+            branch = format!("{}-{n}", spec.branch);
+        }
+    }
+    if let Some(parent) = spec.path.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| io_fail("create directory", parent, e))?;
+    }
+    let p = spec.path.to_string_lossy().into_owned();
+    git(
+        repo,
+        &["worktree", "add", "-b", &branch, &p, &base_commit],
+        "check the workspaces root is writable and the repository healthy",
+    )?;
+    Ok(Workspace {
+        path: spec.path.clone(),
+        branch,
+        base_commit,
+    })
+}
+
+/// The workspace's state at the end of a session, against `base` (a commit or ref).
+pub fn finish(ws: &Workspace, base: &str) -> Result<Finished, WorkspaceError> {
+    let head_commit = rev(&ws.path, "HEAD")?;
+    let status = git(
+        &ws.path,
+        &["status", "--porcelain=v1", "-uall"],
+        "check the worktree",
+    )?;
+    let range = format!("{base}..HEAD");
+    let ahead = git(&ws.path, &["rev-list", "--count", &range], "check the base")?;
+    Ok(Finished {
+        head_commit,
+        dirty: !status.stdout.trim().is_empty(),
+        commits_ahead: ahead.stdout.trim().parse().unwrap_or(0),
+    })
+}
+
+/// After a session: remove the worktree (and its branch) if clean and not ahead of the
+/// base; otherwise keep it. Returns whether it was removed.
+pub fn remove_if_clean(repo: &Path, ws: &Workspace) -> Result<bool, WorkspaceError> {
+    let f = finish(ws, &ws.base_commit)?;
+    if f.dirty || f.commits_ahead > 0 {
+        return Ok(false);
+    }
+    remove(repo, ws)?;
+    Ok(true)
+}
+
+/// Remove the worktree, and its branch if it has nothing not on the base.
+pub fn remove(repo: &Path, ws: &Workspace) -> Result<(), WorkspaceError> {
+    clear_path(repo, &ws.path)?;
+    if branch_exists(repo, &ws.branch)? && branch_deletable(repo, &ws.branch, &ws.base_commit)? {
+        git(
+            repo,
+            &["branch", "-D", &ws.branch],
+            "delete the branch by hand",
+        )?;
+    }
+    Ok(())
+}
+
+/// The worktrees of `repo` (`git worktree list --porcelain`).
+pub fn list(repo: &Path) -> Result<Vec<WorktreeInfo>, WorkspaceError> {
+    let out = git(
+        repo,
+        &["worktree", "list", "--porcelain"],
+        "check the repository",
+    )?;
+    Ok(parse_worktree_list(&out.stdout))
+}
+
+/// Parse `git worktree list --porcelain` (pure).
+pub fn parse_worktree_list(text: &str) -> Vec<WorktreeInfo> {
+    let mut all = Vec::new();
+    let mut cur: Option<WorktreeInfo> = None;
+    for line in text.lines() {
+        if let Some(p) = line.strip_prefix("worktree ") {
+            if let Some(w) = cur.take() {
+                all.push(w);
+            }
+            cur = Some(WorktreeInfo {
+                path: PathBuf::from(p),
+                ..Default::default()
+            });
+        } else if let Some(w) = cur.as_mut() {
+            if let Some(h) = line.strip_prefix("HEAD ") {
+                w.head = h.to_string();
+            } else if let Some(b) = line.strip_prefix("branch ") {
+                w.branch = Some(b.strip_prefix("refs/heads/").unwrap_or(b).to_string());
+            } else if line == "locked" || line.starts_with("locked ") {
+                w.locked = true;
+            } else if line == "prunable" || line.starts_with("prunable ") {
+                w.prunable = true;
+            }
+        }
+    }
+    all.extend(cur);
+    all
+}
+
+/// A stable id of the working tree's content: HEAD, the index, and every tracked or
+/// untracked (not ignored) file's content as git would hash it. Uses a temporary index so
+/// the real one is untouched.
+pub fn fingerprint(path: &Path) -> Result<String, WorkspaceError> {
+    let head = rev(path, "HEAD").unwrap_or_default();
+    let git_dir = git(
+        path,
+        &["rev-parse", "--absolute-git-dir"],
+        "check the worktree",
+    )?;
+    let git_dir = PathBuf::from(git_dir.stdout.trim());
+    let staged = git(
+        path,
+        &["write-tree"],
+        "resolve the conflicts in the worktree",
+    )
+    .map(|o| o.stdout.trim().to_string())
+    .unwrap_or_else(|_| "unmerged".into());
+    let tmp_index = git_dir.join(format!("agent-state-fingerprint.{}", std::process::id()));
+    // An empty temporary index, not a copy of the real one: a copy gets a new mtime, which
+    // hides git's "racily clean" entries (a same-size edit in the same second would be
+    // missed). Every file is hashed, which is the price of never missing a change.
+    let _ = std::fs::remove_file(&tmp_index);
+    let result = (|| {
+        let (ok, _, stderr) = run_env(path, &["add", "-A"], Some(&tmp_index))?;
+        if !ok {
+            return Err(WorkspaceError::Failed {
+                command: "git add -A (temporary index)".into(),
+                stderr,
+                fix: "check the worktree is readable".into(),
+            });
+        }
+        let (ok, out, stderr) = run_env(path, &["write-tree"], Some(&tmp_index))?;
+        if !ok {
+            return Err(WorkspaceError::Failed {
+                command: "git write-tree (temporary index)".into(),
+                stderr,
+                fix: "check the worktree".into(),
+            });
+        }
+        Ok(String::from_utf8_lossy(&out).trim().to_string())
+    })();
+    let _ = std::fs::remove_file(&tmp_index);
+    let tree = result?;
+    Ok(format!("{head}:{staged}:{tree}"))
+}
+
+/// What [`prune`] did, one line per worktree under the root that is not live.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PruneReport {
+    pub removed: Vec<(PathBuf, String)>,
+    pub kept: Vec<(PathBuf, String)>,
+}
+
+/// Remove worktrees under `root` whose session is gone (not in `live`): clean ones at
+/// once; kept ones (dirty or ahead of their base) only past `retention` (by the
+/// directory's modification time against `now`), and never one with commits no remote
+/// branch contains unless `force_unpushed`. `base` is the ref "ahead" is counted against.
+pub fn prune(
+    repo: &Path,
+    root: &Path,
+    base: &str,
+    live: &[PathBuf],
+    retention: Duration,
+    now: std::time::SystemTime,
+    force_unpushed: bool,
+) -> Result<PruneReport, WorkspaceError> {
+    let mut report = PruneReport::default();
+    let root_c = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
+    for w in list(repo)? {
+        let inside = w.path.starts_with(&root_c) || w.path.starts_with(root);
+        if !inside || live.iter().any(|l| same(l, &w.path)) || w.locked {
+            continue;
+        }
+        let Some(branch) = w.branch.clone() else {
+            continue;
+        };
+        let ws = Workspace {
+            path: w.path.clone(),
+            branch,
+            base_commit: rev(repo, base)?,
+        };
+        if w.prunable {
+            git(
+                repo,
+                &["worktree", "prune"],
+                "run `git worktree prune` by hand",
+            )?;
+            report
+                .removed
+                .push((w.path, "directory gone; pruned".into()));
+            continue;
+        }
+        let f = finish(&ws, &ws.base_commit)?;
+        if !f.dirty && f.commits_ahead == 0 {
+            remove(repo, &ws)?;
+            report.removed.push((w.path, "session gone, clean".into()));
+            continue;
+        }
+        let age = std::fs::metadata(&w.path)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|m| now.duration_since(m).ok())
+            .unwrap_or_default();
+        if age < retention {
+            report
+                .kept
+                .push((w.path, "dirty or ahead, within retention".into()));
+            continue;
+        }
+        if f.commits_ahead > 0 && !force_unpushed {
+            let remotes = git(
+                repo,
+                &["branch", "-r", "--contains", &f.head_commit],
+                "check remotes",
+            )?;
+            if remotes.stdout.trim().is_empty() {
+                report
+                    .kept
+                    .push((w.path, "past retention but has unpushed commits".into()));
+                continue;
+            }
+        }
+        clear_path(repo, &w.path)?;
+        report.removed.push((w.path, "past retention".into()));
+    }
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workspace_parses_worktree_list() {
+        let text = "worktree /r\nHEAD abc\nbranch refs/heads/main\n\nworktree /w/a\nHEAD def\n\
+                    branch refs/heads/rio/x\nlocked\n\nworktree /w/b\nHEAD 123\ndetached\nprunable gone\n";
+        let l = parse_worktree_list(text);
+        assert_eq!(l.len(), 3);
+        assert_eq!(l[1].branch.as_deref(), Some("rio/x"));
+        assert!(l[1].locked && !l[1].prunable);
+        assert!(l[2].branch.is_none() && l[2].prunable);
+    }
+
+    #[test]
+    fn workspace_errors_name_command_and_code() {
+        assert_eq!(
+            quote(&["worktree", "add", "a b"]),
+            "git worktree add \"a b\""
+        );
+        let e = WorkspaceError::Locked {
+            command: "git branch -D x".into(),
+            stderr: "index.lock: File exists".into(),
+        };
+        assert!(
+            e.to_string()
+                .starts_with("WORKSPACE_LOCKED: `git branch -D x`")
+        );
+        assert!(is_lock_error(
+            "fatal: Unable to create '/r/.git/index.lock': File exists."
+        ));
+    }
+}
