@@ -11,6 +11,7 @@ pub mod effects;
 pub mod exporter;
 pub mod exposition;
 pub mod failure;
+pub mod fanout;
 pub mod files;
 pub mod health;
 pub mod logging;

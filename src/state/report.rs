@@ -71,12 +71,17 @@ impl Lifecycle {
     /// Between sessions: `hatching` until the agent has an identity
     /// (identity.md or prompt.md) or has completed a session.
     pub fn at_rest(dir: &super::AgentDir) -> Lifecycle {
+        let metrics = dir.read::<super::metrics::Metrics>().ok().flatten();
+        Lifecycle::at_rest_given(dir, metrics.as_ref())
+    }
+
+    /// [`Lifecycle::at_rest`] with metrics.json already read.
+    pub fn at_rest_given(
+        dir: &super::AgentDir,
+        metrics: Option<&super::metrics::Metrics>,
+    ) -> Lifecycle {
         let has_identity = dir.file("identity.md").is_file() || dir.file("prompt.md").is_file();
-        let completed = dir
-            .read::<super::metrics::Metrics>()
-            .ok()
-            .flatten()
-            .is_some_and(|m| m.lifetime.sessions_completed > 0);
+        let completed = metrics.is_some_and(|m| m.lifetime.sessions_completed > 0);
         if has_identity || completed {
             Lifecycle::Sleeping
         } else {

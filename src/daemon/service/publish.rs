@@ -19,6 +19,10 @@ pub(super) struct Published {
     pub(super) heartbeat_failing: bool,
     /// report.json `next_wake_at` as last written, per agent.
     pub(super) published_wake: std::cell::RefCell<BTreeMap<AgentName, Option<Timestamp>>>,
+    /// report.json `next_wake_at` as read by the survey of the agents being
+    /// applied (start, reload): spares [`Daemon::set_next_wake`] a read.
+    /// Taken once per agent; emptied at the end of the apply.
+    pub(super) surveyed_wake: std::cell::RefCell<BTreeMap<AgentName, Option<Timestamp>>>,
 }
 
 impl Daemon {
@@ -38,12 +42,24 @@ impl Daemon {
         agent: &AgentName,
         f: impl Fn(Option<Lifecycle>) -> Option<Lifecycle>,
     ) {
+        let seen = self.dir(agent).read::<Report>().ok().flatten();
+        self.set_lifecycle_seen(agent, seen.map(|r| r.lifecycle), f);
+    }
+
+    /// [`Daemon::set_lifecycle`] with report.json's lifecycle as just read
+    /// (`None`: no readable report.json).
+    pub(super) fn set_lifecycle_seen(
+        &self,
+        agent: &AgentName,
+        seen: Option<Option<Lifecycle>>,
+        f: impl Fn(Option<Lifecycle>) -> Option<Lifecycle>,
+    ) {
         let dir = self.dir(agent);
         // Unchanged (every agent at every start and reload): decided on a
         // read without the lock, which is safe as report.json is replaced
         // whole; only a change takes the lock and reads it again.
-        match dir.read::<Report>() {
-            Ok(Some(report)) if f(report.lifecycle) == report.lifecycle => return,
+        match seen {
+            Some(lifecycle) if f(lifecycle) == lifecycle => return,
             _ if !crate::fsx::is_dir(&dir.path) => return,
             _ => {}
         }
@@ -62,12 +78,20 @@ impl Daemon {
     /// Rank the agent by its 30-day error rate (metrics.json): at 50 % or
     /// more over at least 3 sessions it waits behind healthy agents.
     pub(super) fn refresh_rank(&mut self, agent: &AgentName) {
-        let rolling = self
+        let metrics = self
             .dir(agent)
             .read::<crate::state::metrics::Metrics>()
             .ok()
-            .flatten()
-            .map(|m| m.rolling_30d);
+            .flatten();
+        self.rank(agent, metrics.map(|m| m.rolling_30d).as_ref());
+    }
+
+    /// [`Daemon::refresh_rank`] with metrics.json's 30 days already read.
+    pub(super) fn rank(
+        &mut self,
+        agent: &AgentName,
+        rolling: Option<&crate::state::metrics::Rolling>,
+    ) {
         if let (Some(slot), Some(r)) = (self.core.agents.get_mut(agent), rolling) {
             slot.unhealthy = r.sessions >= 3 && r.error_rate >= 0.5;
         }

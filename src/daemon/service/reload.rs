@@ -63,20 +63,31 @@ impl Daemon {
             self.schedules.next_scheduled.remove(&name);
             tracing::info!(agent = %name, "agent removed from the config: no longer woken (its directory is kept)");
         }
-        // One agent's config copied at a time (not the whole list: at 10,000
-        // agents a copy of every agent's config was 7 MiB of the peak).
-        for i in 0..self.config.agents.len() {
-            let agent = &self.config.agents[i];
-            if agent.kind != AgentKind::Agent
-                || (unchanged.contains(&agent.name)
-                    && self.core.agents.contains_key(&agent.name)
-                    && self.watcher.is_watching(&agent.name))
-            {
-                continue;
-            }
-            let agent = &agent.clone();
+        // The agents to set up, and what is on disk for each: surveyed on a
+        // few threads (each agent's own files; at 10,000 agents this was
+        // most of a start), then applied here one by one.
+        let todo: Vec<usize> = (0..self.config.agents.len())
+            .filter(|&i| {
+                let agent = &self.config.agents[i];
+                agent.kind == AgentKind::Agent
+                    && !(unchanged.contains(&agent.name)
+                        && self.core.agents.contains_key(&agent.name)
+                        && self.watcher.is_watching(&agent.name))
+            })
+            .collect();
+        let surveys = {
+            let (agents, root) = (&self.config.agents, &self.root);
+            crate::daemon::fanout::map(&todo, |&i| {
+                Survey::of(&agents[i], &root.agent(&agents[i].name))
+            })
+        };
+        for (i, survey) in todo.into_iter().zip(surveys) {
+            // One agent's config copied at a time (not the whole list: at
+            // 10,000 agents a copy of every agent's config was 7 MiB of the
+            // peak).
+            let agent = &self.config.agents[i].clone();
             let dir = self.root.agent(&agent.name);
-            if let Err(e) = bootstrap::agent(agent, &dir, Timestamp::now()) {
+            if let Err(e) = survey.bootstrapped {
                 let code = e.code();
                 tracing::error!(agent = %agent.name, error_code = code.as_str(), "cannot bootstrap: {e}");
                 // A busy lock or a bad path: the agent stays configured and
@@ -97,17 +108,25 @@ impl Daemon {
                 });
             slot.wake_on_inbox = agent.session.wake_on_inbox;
             slot.inbox_debounce = agent.session.inbox_debounce;
-            self.refresh_rank(&agent.name);
+            self.rank(&agent.name, survey.rolling.as_ref());
             // New, or configured again after it expired: hatching or
             // sleeping (a running session keeps `alive`).
-            let dir = self.root.agent(&agent.name);
-            self.set_lifecycle(&agent.name, |current| match current {
-                None | Some(Lifecycle::Expired) => Some(Lifecycle::at_rest(&dir)),
-                Some(Lifecycle::Hatching) => Some(Lifecycle::at_rest(&dir)),
+            let at_rest = survey.at_rest;
+            self.set_lifecycle_seen(&agent.name, survey.lifecycle, |current| match current {
+                None | Some(Lifecycle::Expired) | Some(Lifecycle::Hatching) => {
+                    Some(at_rest.unwrap_or_else(|| Lifecycle::at_rest(&dir)))
+                }
                 other => other,
             });
+            if let Some(wake) = survey.next_wake {
+                self.published
+                    .surveyed_wake
+                    .borrow_mut()
+                    .insert(agent.name.clone(), wake);
+            }
             self.plan_schedule(agent, now, at_start);
         }
+        self.published.surveyed_wake.borrow_mut().clear();
         // Human mailboxes: bootstrapped, never woken.
         for agent in self
             .config
@@ -230,5 +249,41 @@ pub(super) fn give_back_memory() {
     // SAFETY: malloc_trim only releases free memory of the allocator.
     unsafe {
         nix::libc::malloc_trim(0);
+    }
+}
+
+/// What is on disk for one agent being applied, read off the loop's thread;
+/// only what the apply uses is kept (10,000 of these live at once).
+struct Survey {
+    /// `bootstrap::agent`: its directory complete (created where missing).
+    bootstrapped: Result<Vec<String>>,
+    /// report.json's `lifecycle` and `next_wake_at` (`None`: unreadable).
+    lifecycle: Option<Option<Lifecycle>>,
+    next_wake: Option<Option<Timestamp>>,
+    /// metrics.json's 30 days, for the rank.
+    rolling: Option<crate::state::metrics::Rolling>,
+    /// Its lifecycle between sessions, when report.json's needs deciding.
+    at_rest: Option<Lifecycle>,
+}
+
+impl Survey {
+    fn of(agent: &AgentConfig, dir: &AgentDir) -> Survey {
+        let bootstrapped = bootstrap::agent(agent, dir, Timestamp::now());
+        let report: Option<Report> = dir.read().ok().flatten();
+        let metrics: Option<crate::state::metrics::Metrics> = dir.read().ok().flatten();
+        let lifecycle = report.as_ref().map(|r| r.lifecycle);
+        let at_rest = match lifecycle.flatten() {
+            None | Some(Lifecycle::Expired) | Some(Lifecycle::Hatching) => {
+                Some(Lifecycle::at_rest_given(dir, metrics.as_ref()))
+            }
+            Some(_) => None,
+        };
+        Survey {
+            bootstrapped,
+            lifecycle,
+            next_wake: report.map(|r| r.next_wake_at),
+            rolling: metrics.map(|m| m.rolling_30d),
+            at_rest,
+        }
     }
 }

@@ -15,74 +15,16 @@ impl Daemon {
     /// killed, a crashed script) become errors; their messages go back.
     pub(super) fn recover(&mut self) {
         let now = Timestamp::now();
-        let mut records = Vec::new();
-        for agent in self.config.working_agents() {
-            let dir = self.root.agent(&agent.name);
-            if !crate::fsx::is_dir(&dir.path) {
-                continue;
-            }
-            // A crash in the middle of an append leaves a torn last line:
-            // readers skip it and the next append starts on a fresh line.
-            if crate::state::journal::ends_torn(&dir.journal()) {
-                records.push(
-                    ErrorRecord::new(
-                        Code::JournalTorn,
-                        format!(
-                            "{}: the journal's last line is incomplete (a crash mid-append); it is skipped",
-                            agent.name
-                        ),
-                    )
-                    .details(dir.journal().display().to_string())
-                    .agent(&agent.name),
-                );
-            }
-            // A daemon killed outright (SIGKILL, OOM) leaves its sessions'
-            // processes running: end them before their session is recorded,
-            // or the agent would run twice.
-            let session = dir.read::<Session>();
-            if let Ok(Some(s)) = &session
-                && hooks::stale(&dir, s, agent.session.timeout, now).is_some()
-                && let Some(owner) = s.owner_pid
-            {
-                let marker = (
-                    "AGENT_STATE_RUN".to_string(),
-                    format!("{owner}:{}:{}", agent.name, s.session_id),
-                );
-                let killed = runner::kill_marked(&marker);
-                if killed > 0 {
-                    tracing::warn!(agent = %agent.name, session_id = %s.session_id, "killed {killed} process(es) left running by the session of a daemon that died (pid {owner})");
-                }
-            }
-            // Recovery at start may wait longer for a lock than the loop
-            // does (a hook of a script still finishing on a loaded machine),
-            // but never without a bound: a lock held for good still lets the
-            // daemon start, and that agent's recovery is retried later.
-            // Nothing to recover (nearly every agent): no lock at all.
-            let running: Option<Session> = if nothing_to_recover(&dir, session) {
-                None
-            } else {
-                let result = crate::state::lock::with_wait(RECOVERY_WAIT, || {
-                    hooks::recover_stale(agent, &dir, "interrupted: daemon restarted", now)
-                });
-                records.extend(recovered(agent, result, "the daemon restarted"));
-                dir.read()
-                    .ok()
-                    .flatten()
-                    .filter(|s: &Session| s.is_running())
-            };
-            // Messages claimed by sessions that are not running go back.
-            if let Ok(claimed) = inbox::claimed_sessions(&dir) {
-                for sid in claimed {
-                    if running.as_ref().is_some_and(|s| s.session_id == sid) {
-                        continue;
-                    }
-                    if let Ok(lock) = dir.lock() {
-                        let _ = inbox::return_claimed_counting(&dir, &sid, now, false);
-                        drop(lock);
-                    }
-                }
-            }
-        }
+        // Each agent's recovery touches its own files only: on a few
+        // threads (at 10,000 agents this was a fifth of a start).
+        let agents: Vec<&AgentConfig> = self.config.working_agents().collect();
+        let root = &self.root;
+        let records: Vec<ErrorRecord> = crate::daemon::fanout::map(&agents, |agent| {
+            recover_agent(agent, &root.agent(&agent.name), now)
+        })
+        .into_iter()
+        .flatten()
+        .collect();
         for record in records {
             self.raise(record, false);
         }
@@ -304,6 +246,78 @@ impl Daemon {
             slot.backoff_until = Some(now + chrono::Duration::from_std(delay).unwrap_or_default());
         }
     }
+}
+
+/// An agent's recovery at start: a torn journal noted, the processes of a
+/// session of a daemon that died ended, a session left running recorded,
+/// messages claimed by no running session returned. The errors to raise.
+fn recover_agent(agent: &AgentConfig, dir: &AgentDir, now: Timestamp) -> Vec<ErrorRecord> {
+    let mut records = Vec::new();
+    if !crate::fsx::is_dir(&dir.path) {
+        return records;
+    }
+    // A crash in the middle of an append leaves a torn last line:
+    // readers skip it and the next append starts on a fresh line.
+    if crate::state::journal::ends_torn(&dir.journal()) {
+        records.push(
+            ErrorRecord::new(
+                Code::JournalTorn,
+                format!(
+                    "{}: the journal's last line is incomplete (a crash mid-append); it is skipped",
+                    agent.name
+                ),
+            )
+            .details(dir.journal().display().to_string())
+            .agent(&agent.name),
+        );
+    }
+    // A daemon killed outright (SIGKILL, OOM) leaves its sessions'
+    // processes running: end them before their session is recorded,
+    // or the agent would run twice.
+    let session = dir.read::<Session>();
+    if let Ok(Some(s)) = &session
+        && hooks::stale(dir, s, agent.session.timeout, now).is_some()
+        && let Some(owner) = s.owner_pid
+    {
+        let marker = (
+            "AGENT_STATE_RUN".to_string(),
+            format!("{owner}:{}:{}", agent.name, s.session_id),
+        );
+        let killed = runner::kill_marked(&marker);
+        if killed > 0 {
+            tracing::warn!(agent = %agent.name, session_id = %s.session_id, "killed {killed} process(es) left running by the session of a daemon that died (pid {owner})");
+        }
+    }
+    // Recovery at start may wait longer for a lock than the loop
+    // does (a hook of a script still finishing on a loaded machine),
+    // but never without a bound: a lock held for good still lets the
+    // daemon start, and that agent's recovery is retried later.
+    // Nothing to recover (nearly every agent): no lock at all.
+    let running: Option<Session> = if nothing_to_recover(dir, session) {
+        None
+    } else {
+        let result = crate::state::lock::with_wait(RECOVERY_WAIT, || {
+            hooks::recover_stale(agent, dir, "interrupted: daemon restarted", now)
+        });
+        records.extend(recovered(agent, result, "the daemon restarted"));
+        dir.read()
+            .ok()
+            .flatten()
+            .filter(|s: &Session| s.is_running())
+    };
+    // Messages claimed by sessions that are not running go back.
+    if let Ok(claimed) = inbox::claimed_sessions(dir) {
+        for sid in claimed {
+            if running.as_ref().is_some_and(|s| s.session_id == sid) {
+                continue;
+            }
+            if let Ok(lock) = dir.lock() {
+                let _ = inbox::return_claimed_counting(dir, &sid, now, false);
+                drop(lock);
+            }
+        }
+    }
+    records
 }
 
 /// Whether [`hooks::recover_stale`] would find nothing to do for `dir`,

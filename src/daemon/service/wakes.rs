@@ -133,8 +133,18 @@ impl Daemon {
         };
         let wake = wake.map(Timestamp::from_datetime);
         // Unchanged on disk (every agent at every start): decided on a read
-        // without the lock, report.json being replaced whole.
-        if matches!(self.dir(agent).read::<Report>(), Ok(Some(r)) if r.next_wake_at == wake) {
+        // without the lock, report.json being replaced whole (the survey's,
+        // at a start or reload).
+        let on_disk = match self.published.surveyed_wake.borrow_mut().remove(agent) {
+            Some(seen) => Some(seen),
+            None => self
+                .dir(agent)
+                .read::<Report>()
+                .ok()
+                .flatten()
+                .map(|r| r.next_wake_at),
+        };
+        if on_disk == Some(wake) {
             self.published
                 .published_wake
                 .borrow_mut()
