@@ -177,7 +177,7 @@ has wakecli && run wakecli wakecli --wakes "$WAKECLI_WAKES" --agents "$LAT_AGENT
 has burst && run burst burst --agents "$BURST_AGENTS" --per-agent "$BURST_PER_AGENT" --max-concurrent "$BURST_MAX_CONCURRENT" --timeout "$BURST_TIMEOUT" --perf "$BURST_PERF"
 if has startup; then
     for n in $STARTUP_AGENTS; do
-        run "startup-$n" startup --agents "$n" --wakes-after "$STARTUP_WAKES_AFTER"
+        run "startup-$n" startup --agents "$n" --wakes-after "$STARTUP_WAKES_AFTER" --perf "${STARTUP_PERF:-0}"
     done
 fi
 has idle && run idle idle --agents "$IDLE_AGENTS" --seconds "$IDLE_SECONDS" --strace "$IDLE_STRACE"

@@ -321,13 +321,63 @@ pub struct RunningEntry {
     pub started_at: Timestamp,
 }
 
+/// [`Heartbeat`] as the daemon writes it: the two lists that can hold every
+/// agent (`agents`, `next_wakes`) are JSON made once and kept while they do
+/// not change. At 10,000 agents, building and serializing them at every
+/// session start and end was most of the daemon's CPU per wake. They are
+/// written on one line each; the file reads back as a [`Heartbeat`].
+#[derive(Debug, Serialize)]
+pub struct HeartbeatOut<'a> {
+    pub pid: u32,
+    pub version: &'a str,
+    pub started_at: Timestamp,
+    pub updated_at: Timestamp,
+    pub state_root: &'a str,
+    pub config: &'a str,
+    pub agents: &'a serde_json::value::RawValue,
+    pub running: Vec<RunningEntry>,
+    pub waiting: Vec<String>,
+    pub next_wakes: &'a serde_json::value::RawValue,
+    pub paused: Option<String>,
+    pub stopping: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub health: Option<&'a super::health::HealthState>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub failing: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub held: BTreeMap<String, HeldEntry>,
+}
+
+/// JSON text kept with the key it was made for: made again only when the
+/// key changes.
+#[derive(Debug, Default)]
+pub struct CachedJson {
+    key: Option<u64>,
+    json: Option<Box<serde_json::value::RawValue>>,
+}
+
+impl CachedJson {
+    pub fn get(&mut self, key: u64, make: impl FnOnce() -> String) -> &serde_json::value::RawValue {
+        if self.key != Some(key) || self.json.is_none() {
+            let text = make();
+            self.json = Some(
+                serde_json::value::RawValue::from_string(text).unwrap_or_else(|_| {
+                    serde_json::value::RawValue::from_string("null".into()).expect("valid JSON")
+                }),
+            );
+            self.key = Some(key);
+        }
+        self.json.as_deref().expect("set above")
+    }
+}
+
 pub fn heartbeat_path(root: &StateRoot) -> PathBuf {
     root.daemon_dir().join("daemon.json")
 }
 
 /// The heartbeat is a status snapshot, rewritten at every change: replaced
 /// atomically but not fsynced (after a crash an old one is harmless).
-pub fn write_heartbeat(root: &StateRoot, hb: &Heartbeat) -> Result<()> {
+pub fn write_heartbeat(root: &StateRoot, hb: &HeartbeatOut) -> Result<()> {
     atomic::write_json_unsynced(&heartbeat_path(root), hb)
 }
 
@@ -408,6 +458,54 @@ pub fn record_reload_verdict(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_heartbeat_as_written_reads_back_and_its_lists_are_made_once() {
+        let mut agents = CachedJson::default();
+        let mut made = 0;
+        for _ in 0..3 {
+            agents.get(7, || {
+                made += 1;
+                r#"["clay","rio"]"#.to_string()
+            });
+        }
+        assert_eq!(made, 1, "made again although its key did not change");
+        let wakes = r#"{"rio":"2026-11-24T12:00:00Z"}"#.to_string();
+        let mut wakes_json = CachedJson::default();
+        let t = Timestamp::parse("2026-11-24T10:00:00Z").unwrap();
+        let out = HeartbeatOut {
+            pid: 42,
+            version: "0.1.0",
+            started_at: t,
+            updated_at: t,
+            state_root: "/var/lib/x",
+            config: "/etc/x.toml",
+            agents: agents.get(7, String::new),
+            running: vec![RunningEntry {
+                agent: "rio".into(),
+                session_id: "20261124-100000".into(),
+                instance: "rio-001".into(),
+                pid: Some(9),
+                started_at: t,
+            }],
+            waiting: vec!["clay".into()],
+            next_wakes: wakes_json.get(1, || wakes),
+            paused: None,
+            stopping: false,
+            health: None,
+            failing: BTreeMap::from([("clay".to_string(), "disabled: x".to_string())]),
+            held: BTreeMap::new(),
+        };
+        let text = serde_json::to_string_pretty(&out).unwrap();
+        let back: Heartbeat = serde_json::from_str(&text).unwrap();
+        assert_eq!(back.agents, ["clay", "rio"]);
+        assert_eq!(back.next_wakes["rio"].to_string(), "2026-11-24T12:00:00Z");
+        assert_eq!(back.running[0].instance, "rio-001");
+        assert_eq!(back.waiting, ["clay"]);
+        assert_eq!(back.failing["clay"], "disabled: x");
+        // Changed key: made again.
+        assert_eq!(agents.get(8, || "[]".into()).get(), "[]");
+    }
 
     #[test]
     fn the_runtime_lock_goes_to_the_runtime_dir_or_to_run_for_root() {

@@ -35,7 +35,7 @@ use super::clock::Clock;
 use super::core::{AgentSlot, Core, InboxSummary, Priority, Skipped, WakeReason};
 use super::effects;
 use super::failure::{self, Next, Observed, Streak};
-use super::files::{self, Heartbeat, RunningEntry, ScheduleState};
+use super::files::{self, HeartbeatOut, RunningEntry, ScheduleState};
 use super::health::{self, DiskLevel, HealthState, PruneStats, Thresholds};
 use super::output::{self, ClaudeResult, SessionOutput};
 use super::runner::{self, Ending, OutputObserver, OutputStream, RunReport};
@@ -350,7 +350,7 @@ pub async fn run(config_path: &Path) -> Result<()> {
             }
             _ = reconcile.tick() => {
                 daemon.scan_all_inboxes();
-                daemon.published.last_heartbeat.clear();
+                daemon.published.heartbeat_written = false;
             }
             _ = health_tick.tick() => {
                 daemon.health_check();
@@ -377,7 +377,7 @@ pub async fn run(config_path: &Path) -> Result<()> {
         }
         daemon.tick();
     }
-    daemon.published.last_heartbeat.clear();
+    daemon.published.heartbeat_written = false;
     daemon.write_heartbeat();
     tracing::info!("stopped: every session has ended");
     match root_lost {

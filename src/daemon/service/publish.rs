@@ -7,11 +7,14 @@ use super::*;
 /// What was last published, so that nothing is rewritten unchanged.
 #[derive(Default)]
 pub(super) struct Published {
-    /// The last heartbeat written, without its time: rewritten only when
-    /// something in it changed (and by the reconcile scan), not per event.
-    pub(super) last_heartbeat: String,
-    /// [`Daemon::heartbeat_key`] of `last_heartbeat`.
+    /// daemon.json is written and says what [`Daemon::heartbeat_key`] of
+    /// `last_heartbeat_key` describes; false makes the next look rewrite it
+    /// (the reconcile scan, the end).
+    pub(super) heartbeat_written: bool,
     pub(super) last_heartbeat_key: u64,
+    /// daemon.json's `agents` and `next_wakes`, kept as JSON.
+    pub(super) agents_json: files::CachedJson,
+    pub(super) wakes_json: files::CachedJson,
     /// Counts the changes to the set of agents (apply_agents), for the key.
     pub(super) agents_generation: u64,
     pub(super) last_status: String,
@@ -205,14 +208,19 @@ impl Daemon {
         for (a, r) in &self.running {
             (a, &r.session_id, &r.instance, r.pid, r.started_at.0).hash(&mut h);
         }
+        self.wakes_key().hash(&mut h);
         for (a, slot) in &self.core.agents {
-            if slot.pending.is_some() || slot.next_fire.is_some() || slot.disabled.is_some() {
-                (a, slot.pending.is_some(), slot.next_fire, &slot.disabled).hash(&mut h);
+            if slot.pending.is_some() || slot.disabled.is_some() {
+                (a, slot.pending.is_some(), &slot.disabled).hash(&mut h);
             }
         }
         for (a, streak) in self.streaks.iter().filter(|(_, s)| s.failures > 0) {
             let backoff = self.core.agents.get(a).map(|s| s.backoff_until);
             (a, streak.failures, backoff).hash(&mut h);
+        }
+        for (g, hold) in &self.economy.holds.groups {
+            (g, &hold.reason, hold.until.map(|t| t.0)).hash(&mut h);
+            std::mem::discriminant(&hold.cause).hash(&mut h);
         }
         self.stopping.is_some().hash(&mut h);
         if let Some(health) = &self.monitor.health {
@@ -225,20 +233,59 @@ impl Daemon {
         h.finish()
     }
 
+    /// The agents' next scheduled wakes, as a hash.
+    fn wakes_key(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        for (a, slot) in &self.core.agents {
+            if let Some(t) = slot.next_fire {
+                (a, t).hash(&mut h);
+            }
+        }
+        h.finish()
+    }
+
     pub(super) fn write_heartbeat(&mut self) {
         let key = self.heartbeat_key();
-        if key == self.published.last_heartbeat_key && !self.published.last_heartbeat.is_empty() {
+        if key == self.published.last_heartbeat_key && self.published.heartbeat_written {
             return;
         }
-        let streaks = self.failing_streaks();
-        let mut hb = Heartbeat {
+        let wakes_key = self.wakes_key();
+        // Field by field (not `failing_streaks`): the JSON caches below
+        // are borrowed mutably alongside.
+        let streaks: BTreeMap<&AgentName, u32> = self
+            .streaks
+            .iter()
+            .filter(|(_, s)| s.failures > 0)
+            .map(|(a, s)| (a, s.failures))
+            .collect();
+        let agents_key = self.published.agents_generation ^ (self.core.agents.len() as u64) << 32;
+        let core = &self.core;
+        let agents = self.published.agents_json.get(agents_key, || {
+            let names: Vec<&str> = core.agents.keys().map(|a| a.as_str()).collect();
+            serde_json::to_string(&names).unwrap_or_default()
+        });
+        let next_wakes = self.published.wakes_json.get(wakes_key, || {
+            let wakes: BTreeMap<&str, Timestamp> = core
+                .agents
+                .iter()
+                .filter_map(|(a, s)| {
+                    s.next_fire
+                        .map(|t| (a.as_str(), Timestamp::from_datetime(t)))
+                })
+                .collect();
+            serde_json::to_string(&wakes).unwrap_or_default()
+        });
+        let state_root = self.root.path.display().to_string();
+        let config = self.config_path.display().to_string();
+        let hb = HeartbeatOut {
             pid: std::process::id(),
-            version: env!("CARGO_PKG_VERSION").to_string(),
+            version: env!("CARGO_PKG_VERSION"),
             started_at: self.started_at,
             updated_at: Timestamp::now(),
-            state_root: self.root.path.display().to_string(),
-            config: self.config_path.display().to_string(),
-            agents: self.core.agents.keys().map(|a| a.to_string()).collect(),
+            state_root: &state_root,
+            config: &config,
+            agents,
             running: self
                 .running
                 .iter()
@@ -257,15 +304,7 @@ impl Daemon {
                 .filter(|(_, s)| s.pending.is_some())
                 .map(|(a, _)| a.to_string())
                 .collect(),
-            next_wakes: self
-                .core
-                .agents
-                .iter()
-                .filter_map(|(a, s)| {
-                    s.next_fire
-                        .map(|t| (a.to_string(), Timestamp::from_datetime(t)))
-                })
-                .collect(),
+            next_wakes,
             paused: self
                 .monitor
                 .health
@@ -273,7 +312,7 @@ impl Daemon {
                 .filter(|h| !h.level.allows_new_sessions())
                 .map(|h| h.status_fragment()),
             stopping: self.stopping.is_some(),
-            health: self.monitor.health.clone(),
+            health: self.monitor.health.as_ref(),
             failing: self
                 .core
                 .agents
@@ -321,26 +360,9 @@ impl Daemon {
                 })
                 .collect(),
         };
-        // Compared without the times that change at every look: written
-        // when something a reader cares about changed.
-        let updated_at = hb.updated_at;
-        hb.updated_at = self.started_at;
-        let checked_at = hb.health.as_ref().map(|h| h.checked_at);
-        if let Some(h) = hb.health.as_mut() {
-            h.checked_at = self.started_at;
-        }
-        let content = serde_json::to_string(&hb).unwrap_or_default();
-        if content == self.published.last_heartbeat {
-            self.published.last_heartbeat_key = key;
-            return;
-        }
-        hb.updated_at = updated_at;
-        if let (Some(h), Some(t)) = (hb.health.as_mut(), checked_at) {
-            h.checked_at = t;
-        }
         match files::write_heartbeat(&self.root, &hb) {
             Ok(()) => {
-                self.published.last_heartbeat = content;
+                self.published.heartbeat_written = true;
                 self.published.last_heartbeat_key = key;
                 if std::mem::take(&mut self.published.heartbeat_failing) {
                     tracing::info!("daemon.json is written again");
