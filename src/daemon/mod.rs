@@ -21,4 +21,5 @@ pub mod runner;
 pub mod service;
 pub mod session;
 pub mod systemd;
+pub mod verify;
 pub mod watcher;
