@@ -5,7 +5,7 @@
 //! an inbox scan, `agent-state wake`, a session ending — into calls here, and
 //! carries out what comes back: sessions to start, journal lines to write.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -124,6 +124,17 @@ impl AgentSlot {
         }
     }
 
+    /// Anything going on that a loop turn looks at (a wake, a debounce, a
+    /// session, a backoff, disabled): such agents are in [`Core`]'s busy set.
+    fn is_busy(&self) -> bool {
+        self.running.is_some()
+            || self.pending.is_some()
+            || self.inbox_due.is_some()
+            || self.backoff_until.is_some()
+            || self.disabled.is_some()
+            || self.skipped_while_running
+    }
+
     fn held_back(&self, wake: &PendingWake, now: DateTime<Utc>) -> bool {
         wake.reason != WakeReason::Manual
             && (self.disabled.is_some() || self.backoff_until.is_some_and(|t| t > now))
@@ -138,25 +149,156 @@ pub struct Skipped {
     pub running: String,
 }
 
+/// The slots of every working agent, with two indexes kept by every change
+/// (through [`SlotMut`]): the agents with anything going on, and the
+/// scheduled fires in time order. A loop turn's questions (what is due,
+/// what waits, the next deadline, what daemon.json and `STATUS=` say) walk
+/// these, not every agent: at 10,000 agents a dozen walks of all of them
+/// per turn were a large part of a wake.
 #[derive(Debug, Default)]
 pub struct Core {
-    pub agents: BTreeMap<AgentName, AgentSlot>,
+    agents: BTreeMap<AgentName, AgentSlot>,
+    busy: BTreeSet<AgentName>,
+    fires: BTreeSet<(DateTime<Utc>, AgentName)>,
+    fires_generation: u64,
     pub max_concurrent: usize,
     /// No new sessions (shutting down, or paused by the health monitor).
     pub waking_stopped: bool,
 }
 
+/// A slot borrowed for a change: the indexes follow it when it is dropped.
+pub struct SlotMut<'a> {
+    name: AgentName,
+    slot: &'a mut AgentSlot,
+    busy: &'a mut BTreeSet<AgentName>,
+    fires: &'a mut BTreeSet<(DateTime<Utc>, AgentName)>,
+    fires_generation: &'a mut u64,
+    fire_before: Option<DateTime<Utc>>,
+}
+
+impl std::ops::Deref for SlotMut<'_> {
+    type Target = AgentSlot;
+    fn deref(&self) -> &AgentSlot {
+        self.slot
+    }
+}
+
+impl std::ops::DerefMut for SlotMut<'_> {
+    fn deref_mut(&mut self) -> &mut AgentSlot {
+        self.slot
+    }
+}
+
+impl Drop for SlotMut<'_> {
+    fn drop(&mut self) {
+        if self.slot.next_fire != self.fire_before {
+            if let Some(t) = self.fire_before {
+                self.fires.remove(&(t, self.name.clone()));
+            }
+            if let Some(t) = self.slot.next_fire {
+                self.fires.insert((t, self.name.clone()));
+            }
+            *self.fires_generation += 1;
+        }
+        if self.slot.is_busy() {
+            if !self.busy.contains(&self.name) {
+                self.busy.insert(self.name.clone());
+            }
+        } else {
+            self.busy.remove(&self.name);
+        }
+    }
+}
+
 impl Core {
     pub fn new(max_concurrent: usize) -> Core {
         Core {
-            agents: BTreeMap::new(),
             max_concurrent: max_concurrent.max(1),
-            waking_stopped: false,
+            ..Core::default()
         }
     }
 
+    pub fn slot(&self, agent: &AgentName) -> Option<&AgentSlot> {
+        self.agents.get(agent)
+    }
+
+    /// The slot of `agent`, to change (the indexes follow on drop).
+    pub fn slot_mut(&mut self, agent: &AgentName) -> Option<SlotMut<'_>> {
+        let slot = self.agents.get_mut(agent)?;
+        Some(SlotMut {
+            name: agent.clone(),
+            fire_before: slot.next_fire,
+            slot,
+            busy: &mut self.busy,
+            fires: &mut self.fires,
+            fires_generation: &mut self.fires_generation,
+        })
+    }
+
+    /// The slot of `agent`, made by `make` if it has none.
+    pub fn slot_or_insert(
+        &mut self,
+        agent: &AgentName,
+        make: impl FnOnce() -> AgentSlot,
+    ) -> SlotMut<'_> {
+        if !self.agents.contains_key(agent) {
+            self.agents.insert(agent.clone(), make());
+        }
+        self.slot_mut(agent).expect("inserted above")
+    }
+
+    pub fn remove(&mut self, agent: &AgentName) -> Option<AgentSlot> {
+        let slot = self.agents.remove(agent)?;
+        self.busy.remove(agent);
+        if let Some(t) = slot.next_fire {
+            self.fires.remove(&(t, agent.clone()));
+            self.fires_generation += 1;
+        }
+        Some(slot)
+    }
+
+    pub fn contains(&self, agent: &AgentName) -> bool {
+        self.agents.contains_key(agent)
+    }
+
+    pub fn len(&self) -> usize {
+        self.agents.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.agents.is_empty()
+    }
+
+    /// Every agent, in name order.
+    pub fn slots(&self) -> impl Iterator<Item = (&AgentName, &AgentSlot)> {
+        self.agents.iter()
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &AgentName> {
+        self.agents.keys()
+    }
+
+    /// The agents with anything going on (a wake waiting, a debounce, a
+    /// session, a backoff, disabled), in name order. Every other agent has
+    /// none of these.
+    pub fn busy(&self) -> impl Iterator<Item = (&AgentName, &AgentSlot)> {
+        self.busy
+            .iter()
+            .filter_map(|n| self.agents.get(n).map(|s| (n, s)))
+    }
+
+    /// Scheduled fires, earliest first.
+    pub fn fires(&self) -> impl Iterator<Item = (DateTime<Utc>, &AgentName)> {
+        self.fires.iter().map(|(t, n)| (*t, n))
+    }
+
+    /// Changes with every change to a scheduled fire.
+    pub fn fires_generation(&self) -> u64 {
+        self.fires_generation
+    }
+
     pub fn running_count(&self) -> usize {
-        self.agents.values().filter(|a| a.running.is_some()).count()
+        self.busy().filter(|(_, a)| a.running.is_some()).count()
     }
 
     /// Ask for a session of `agent`. If it is running, the wake is skipped
@@ -169,18 +311,18 @@ impl Core {
         priority: Priority,
         now: DateTime<Utc>,
     ) -> Option<Skipped> {
-        let slot = self.agents.get_mut(agent)?;
+        let mut slot = self.slot_mut(agent)?;
         if reason == WakeReason::Manual {
             // An operator asked: that is the "user action" a disabled agent
             // waits for.
             slot.disabled = None;
         }
-        if let Some(running) = &slot.running {
+        if let Some(running) = slot.running.clone() {
             slot.skipped_while_running = true;
             return Some(Skipped {
                 agent: agent.clone(),
                 reason,
-                running: running.clone(),
+                running,
             });
         }
         let wake = PendingWake {
@@ -215,13 +357,9 @@ impl Core {
         mut advance: impl FnMut(&AgentName, DateTime<Utc>) -> Option<DateTime<Utc>>,
     ) -> (Vec<(AgentName, DateTime<Utc>)>, Vec<Skipped>) {
         let due: Vec<(AgentName, DateTime<Utc>)> = self
-            .agents
-            .iter()
-            .filter_map(|(name, slot)| {
-                slot.next_fire
-                    .filter(|t| *t <= now)
-                    .map(|t| (name.clone(), t))
-            })
+            .fires()
+            .take_while(|(t, _)| *t <= now)
+            .map(|(t, name)| (name.clone(), t))
             .collect();
         let mut skipped = Vec::new();
         for (name, fired) in &due {
@@ -229,7 +367,7 @@ impl Core {
                 skipped.push(s);
             }
             let next = advance(name, *fired);
-            if let Some(slot) = self.agents.get_mut(name) {
+            if let Some(mut slot) = self.slot_mut(name) {
                 slot.next_fire = next;
             }
         }
@@ -240,7 +378,7 @@ impl Core {
     /// if the policy wants a wake and none is timing yet; a burst of
     /// messages within the debounce becomes one wake.
     pub fn inbox_scanned(&mut self, agent: &AgentName, summary: InboxSummary, now: DateTime<Utc>) {
-        let Some(slot) = self.agents.get_mut(agent) else {
+        let Some(mut slot) = self.slot_mut(agent) else {
             return;
         };
         let Some(priority) = summary.wants_wake(slot.wake_on_inbox) else {
@@ -257,8 +395,7 @@ impl Core {
     /// Inbox debounces that have run out: request their wakes.
     pub fn fire_due_inbox(&mut self, now: DateTime<Utc>) -> Vec<Skipped> {
         let due: Vec<(AgentName, Priority)> = self
-            .agents
-            .iter()
+            .busy()
             .filter_map(|(n, s)| {
                 s.inbox_due
                     .filter(|(t, _)| *t <= now)
@@ -267,7 +404,7 @@ impl Core {
             .collect();
         let mut skipped = Vec::new();
         for (name, priority) in due {
-            if let Some(slot) = self.agents.get_mut(&name) {
+            if let Some(mut slot) = self.slot_mut(&name) {
                 slot.inbox_due = None;
             }
             if let Some(s) = self.request(&name, WakeReason::Inbox, priority, now) {
@@ -285,8 +422,7 @@ impl Core {
         }
         let free = self.max_concurrent.saturating_sub(self.running_count());
         let mut waiting: Vec<(AgentName, PendingWake)> = self
-            .agents
-            .iter()
+            .busy()
             .filter(|(_, s)| s.running.is_none())
             .filter_map(|(n, s)| {
                 s.pending
@@ -306,7 +442,7 @@ impl Core {
         });
         waiting.truncate(free);
         for (name, _) in &waiting {
-            if let Some(slot) = self.agents.get_mut(name) {
+            if let Some(mut slot) = self.slot_mut(name) {
                 slot.pending = None;
                 slot.running = Some(String::new());
                 slot.skipped_while_running = false;
@@ -319,7 +455,7 @@ impl Core {
     }
 
     pub fn session_started(&mut self, agent: &AgentName, session_id: &str) {
-        if let Some(slot) = self.agents.get_mut(agent) {
+        if let Some(mut slot) = self.slot_mut(agent) {
             slot.running = Some(session_id.to_string());
         }
     }
@@ -327,11 +463,12 @@ impl Core {
     /// The session of `agent` ended (or never started). If wakes were
     /// skipped while it ran and messages wait, one follow-up is requested.
     pub fn session_ended(&mut self, agent: &AgentName, waiting: InboxSummary, now: DateTime<Utc>) {
-        let Some(slot) = self.agents.get_mut(agent) else {
+        let Some(mut slot) = self.slot_mut(agent) else {
             return;
         };
         slot.running = None;
         let follow_up = std::mem::take(&mut slot.skipped_while_running) && waiting.total() > 0;
+        drop(slot);
         if follow_up {
             let priority = if waiting.high > 0 {
                 Priority::High
@@ -347,8 +484,9 @@ impl Core {
     /// waits for a slot (or the end of a pause), which something else
     /// announces; returning it would make the loop spin.
     pub fn next_deadline(&self, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
-        self.agents
-            .values()
+        let first_fire = self.fires().next().map(|(t, _)| t);
+        self.busy()
+            .map(|(_, s)| s)
             .flat_map(|s| {
                 let backoff_ends = s
                     .pending
@@ -356,14 +494,38 @@ impl Core {
                     .filter(|_| s.disabled.is_none())
                     .and(s.backoff_until)
                     .filter(|t| *t > now);
-                [s.next_fire, s.inbox_due.map(|(t, _)| t), backoff_ends]
+                [s.inbox_due.map(|(t, _)| t), backoff_ends]
             })
             .flatten()
+            .chain(first_fire)
             .min()
     }
 
     pub fn waiting_count(&self) -> usize {
-        self.agents.values().filter(|s| s.pending.is_some()).count()
+        self.busy().filter(|(_, s)| s.pending.is_some()).count()
+    }
+
+    /// The indexes agree with the slots (tests).
+    #[cfg(test)]
+    fn check_indexes(&self) {
+        for (n, s) in &self.agents {
+            assert_eq!(
+                self.busy.contains(n),
+                s.is_busy(),
+                "busy index of {n}: {s:?}"
+            );
+            if let Some(t) = s.next_fire {
+                assert!(self.fires.contains(&(t, n.clone())), "fire of {n}");
+            }
+        }
+        assert_eq!(
+            self.fires.len(),
+            self.agents
+                .values()
+                .filter(|s| s.next_fire.is_some())
+                .count()
+        );
+        assert!(self.busy.iter().all(|n| self.agents.contains_key(n)));
     }
 }
 
@@ -380,18 +542,70 @@ mod tests {
     fn core(names: &[&str], max: usize) -> Core {
         let mut c = Core::new(max);
         for n in names {
-            c.agents.insert(
-                name(n),
-                AgentSlot::new(WakeOnInbox::High, Duration::from_secs(30)),
-            );
+            c.slot_or_insert(&name(n), || {
+                AgentSlot::new(WakeOnInbox::High, Duration::from_secs(30))
+            });
         }
         c
     }
     fn started(c: &mut Core) -> Vec<String> {
-        c.take_startable(t("2026-01-01T00:00:00Z"))
+        let out = c
+            .take_startable(t("2026-01-01T00:00:00Z"))
             .into_iter()
             .map(|(n, _)| n.to_string())
-            .collect()
+            .collect();
+        c.check_indexes();
+        out
+    }
+
+    #[test]
+    fn the_indexes_follow_every_change_and_the_walks_use_them() {
+        let mut c = core(&["a", "b", "c", "d"], 2);
+        let t0 = t("2026-01-01T00:00:00Z");
+        c.check_indexes();
+        assert_eq!(c.busy().count(), 0, "idle agents are not busy");
+        assert_eq!(c.next_deadline(t0), None);
+        // Schedules, in time order whatever the name order.
+        c.slot_mut(&name("d")).unwrap().next_fire = Some(t("2026-01-01T01:00:00Z"));
+        c.slot_mut(&name("b")).unwrap().next_fire = Some(t("2026-01-01T02:00:00Z"));
+        c.check_indexes();
+        let fires: Vec<String> = c.fires().map(|(_, n)| n.to_string()).collect();
+        assert_eq!(fires, ["d", "b"]);
+        assert_eq!(c.next_deadline(t0), Some(t("2026-01-01T01:00:00Z")));
+        let generation = c.fires_generation();
+        // Due at 01:30: d fires and moves to 03:00; b is not due.
+        let (due, _) = c.fire_due_schedules(t("2026-01-01T01:30:00Z"), |_, _| {
+            Some(t("2026-01-01T03:00:00Z"))
+        });
+        c.check_indexes();
+        assert_eq!(due.len(), 1);
+        assert_eq!(due[0].0.as_str(), "d");
+        assert!(c.fires_generation() > generation);
+        let fires: Vec<String> = c.fires().map(|(_, n)| n.to_string()).collect();
+        assert_eq!(fires, ["b", "d"]);
+        assert_eq!(c.waiting_count(), 1);
+        // A debounce, a start, an end.
+        c.inbox_scanned(&name("a"), InboxSummary { high: 1, normal: 0 }, t0);
+        c.check_indexes();
+        assert!(c.busy().any(|(n, _)| n.as_str() == "a"));
+        c.fire_due_inbox(t("2026-01-01T00:01:00Z"));
+        c.check_indexes();
+        assert_eq!(started(&mut c), ["a", "d"]);
+        assert_eq!(c.running_count(), 2);
+        c.session_started(&name("a"), "s1");
+        c.session_ended(&name("a"), InboxSummary::default(), t0);
+        c.session_ended(&name("d"), InboxSummary::default(), t0);
+        c.check_indexes();
+        assert_eq!(c.busy().count(), 0, "nothing going on after both ended");
+        // A backoff and a removal.
+        c.slot_mut(&name("c")).unwrap().backoff_until = Some(t("2026-01-01T05:00:00Z"));
+        c.check_indexes();
+        assert_eq!(c.busy().count(), 1);
+        c.remove(&name("c"));
+        c.remove(&name("b"));
+        c.check_indexes();
+        assert_eq!(c.busy().count(), 0);
+        assert_eq!(c.fires().count(), 1);
     }
 
     #[test]
@@ -434,7 +648,7 @@ mod tests {
     #[test]
     fn unhealthy_agents_go_after_healthy_ones_of_the_same_priority() {
         let mut c = core(&["a", "b", "c"], 1);
-        c.agents.get_mut(&name("a")).unwrap().unhealthy = true;
+        c.slot_mut(&name("a")).unwrap().unhealthy = true;
         for (n, p, at) in [
             ("a", Priority::Normal, "2026-01-01T00:00:00Z"),
             ("b", Priority::Normal, "2026-01-01T00:00:05Z"),
@@ -461,7 +675,7 @@ mod tests {
     fn a_disabled_agent_waits_for_a_manual_wake() {
         let mut c = core(&["rio"], 1);
         let now = t("2026-01-01T00:00:00Z");
-        c.agents.get_mut(&name("rio")).unwrap().disabled = Some("not executable".into());
+        c.slot_mut(&name("rio")).unwrap().disabled = Some("not executable".into());
         c.request(&name("rio"), WakeReason::Schedule, Priority::Normal, now);
         assert!(started(&mut c).is_empty());
         assert_eq!(c.next_deadline(now), None, "nothing to wait for");
@@ -474,7 +688,7 @@ mod tests {
         let mut c = core(&["rio"], 1);
         let now = t("2026-01-01T00:00:00Z");
         let until = t("2026-01-01T00:00:30Z");
-        c.agents.get_mut(&name("rio")).unwrap().backoff_until = Some(until);
+        c.slot_mut(&name("rio")).unwrap().backoff_until = Some(until);
         c.request(&name("rio"), WakeReason::Retry, Priority::Normal, now);
         assert!(c.take_startable(now).is_empty());
         assert_eq!(c.next_deadline(now), Some(until));
@@ -486,8 +700,7 @@ mod tests {
     fn a_manual_wake_merged_into_a_held_back_one_is_still_served() {
         let mut c = core(&["rio"], 1);
         let t0 = t("2026-01-01T00:00:00Z");
-        c.agents.get_mut(&name("rio")).unwrap().backoff_until =
-            Some(t0 + chrono::Duration::hours(1));
+        c.slot_mut(&name("rio")).unwrap().backoff_until = Some(t0 + chrono::Duration::hours(1));
         c.request(&name("rio"), WakeReason::Inbox, Priority::High, t0);
         assert!(c.take_startable(t0).is_empty(), "held back");
         c.request(&name("rio"), WakeReason::Manual, Priority::High, t0);
@@ -500,7 +713,7 @@ mod tests {
     fn an_ended_backoff_is_no_deadline_while_nothing_can_start() {
         let mut c = core(&["rio"], 1);
         let t0 = t("2026-01-01T00:00:00Z");
-        c.agents.get_mut(&name("rio")).unwrap().backoff_until = Some(t0);
+        c.slot_mut(&name("rio")).unwrap().backoff_until = Some(t0);
         c.request(&name("rio"), WakeReason::Retry, Priority::Normal, t0);
         c.waking_stopped = true;
         let later = t("2026-01-01T00:00:05Z");
@@ -597,8 +810,8 @@ mod tests {
         let mut c = core(&["rio", "leo"], 2);
         let t0 = t("2026-01-01T00:00:00Z");
         let until = t0 + chrono::Duration::seconds(60);
-        c.agents.get_mut(&name("rio")).unwrap().backoff_until = Some(until);
-        c.agents.get_mut(&name("leo")).unwrap().backoff_until = Some(until);
+        c.slot_mut(&name("rio")).unwrap().backoff_until = Some(until);
+        c.slot_mut(&name("leo")).unwrap().backoff_until = Some(until);
         c.request(&name("rio"), WakeReason::Inbox, Priority::High, t0);
         c.request(&name("leo"), WakeReason::Manual, Priority::High, t0);
         let now: Vec<String> = c
@@ -633,14 +846,14 @@ mod tests {
     #[test]
     fn due_schedules_fire_once_and_advance() {
         let mut c = core(&["rio", "leo"], 2);
-        c.agents.get_mut(&name("rio")).unwrap().next_fire = Some(t("2026-01-01T22:00:00Z"));
-        c.agents.get_mut(&name("leo")).unwrap().next_fire = Some(t("2026-01-02T05:30:00Z"));
+        c.slot_mut(&name("rio")).unwrap().next_fire = Some(t("2026-01-01T22:00:00Z"));
+        c.slot_mut(&name("leo")).unwrap().next_fire = Some(t("2026-01-02T05:30:00Z"));
         let (due, _) = c.fire_due_schedules(t("2026-01-01T22:00:00Z"), |_, fired| {
             Some(fired + chrono::Duration::days(1))
         });
         assert_eq!(due.len(), 1);
         assert_eq!(
-            c.agents[&name("rio")].next_fire,
+            c.slot(&name("rio")).unwrap().next_fire,
             Some(t("2026-01-02T22:00:00Z"))
         );
         assert_eq!(

@@ -495,7 +495,7 @@ impl Daemon {
             .collect();
         self.economy.said_held.retain(|(a, _)| !held.contains(a));
         for agent in held {
-            if let Some(slot) = self.core.agents.get_mut(&agent) {
+            if let Some(mut slot) = self.core.slot_mut(&agent) {
                 slot.backoff_until = Some(now);
             }
             let still_held = self

@@ -190,7 +190,7 @@ impl Daemon {
             .iter()
             .any(|a| a.name == agent && a.kind == AgentKind::Agent)
         {
-            self.core.agents.remove(&agent);
+            self.core.remove(&agent);
         }
     }
 
@@ -258,20 +258,25 @@ impl Daemon {
             self.raise(record, verdict.escalate);
         }
         let failures = self.streaks.get(agent).map(|s| s.failures).unwrap_or(0);
-        let Some(slot) = self.core.agents.get_mut(agent) else {
+        if !self.core.contains(agent) {
             return;
+        }
+        let mut set = |f: &dyn Fn(&mut crate::daemon::core::AgentSlot)| {
+            if let Some(mut slot) = self.core.slot_mut(agent) {
+                f(&mut slot);
+            }
         };
         let (state, until) = match verdict.next {
             Next::Nothing => return,
             Next::Clear => {
-                slot.backoff_until = None;
+                set(&|s| s.backoff_until = None);
                 self.escalated.clear(Some(agent));
                 self.publish_agent(agent, None);
                 return;
             }
             Next::Retry { after } => {
                 let at = now + chrono::Duration::from_std(after).unwrap_or_default();
-                slot.backoff_until = Some(at);
+                set(&|s| s.backoff_until = Some(at));
                 self.core
                     .request(agent, WakeReason::Retry, Priority::Normal, now);
                 tracing::info!(agent = %agent, "retrying in {}", humantime::format_duration(after));
@@ -279,12 +284,13 @@ impl Daemon {
             }
             Next::Backoff { hold } => {
                 let at = now + chrono::Duration::from_std(hold).unwrap_or_default();
-                slot.backoff_until = Some(at);
+                set(&|s| s.backoff_until = Some(at));
                 tracing::warn!(agent = %agent, "{failures} failed session(s) in a row: automatic wakes held back until {}", Timestamp::from_datetime(at));
                 ("backoff", Some(at))
             }
             Next::Disable => {
-                slot.disabled = Some(verdict.message.clone());
+                let why = verdict.message.clone();
+                set(&|s| s.disabled = Some(why.clone()));
                 tracing::error!(agent = %agent, "disabled until the config is reloaded or `agent-state wake {agent}` is run: {}", verdict.message);
                 ("disabled", None)
             }

@@ -46,7 +46,7 @@ impl Daemon {
     }
 
     pub(super) fn scan_all_inboxes(&mut self) {
-        let agents: Vec<AgentName> = self.core.agents.keys().cloned().collect();
+        let agents: Vec<AgentName> = self.core.names().cloned().collect();
         for agent in agents {
             self.take_wake_requests(&agent);
             self.retry_rejected(&agent);
@@ -84,7 +84,12 @@ impl Daemon {
         let now = self.clock.now();
         if self.running.contains_key(agent)
             && summary
-                .wants_wake(self.core.agents[agent].wake_on_inbox)
+                .wants_wake(
+                    self.core
+                        .slot(agent)
+                        .map(|s| s.wake_on_inbox)
+                        .unwrap_or(crate::config::WakeOnInbox::Never),
+                )
                 .is_some()
         {
             // Remembered for a follow-up after the running session.
@@ -111,7 +116,7 @@ impl Daemon {
             return false;
         }
         let now = self.clock.now();
-        self.core.agents.get(agent).is_some_and(|slot| {
+        self.core.slot(agent).is_some_and(|slot| {
             slot.running.is_none()
                 && slot.disabled.is_none()
                 && slot.backoff_until.is_none_or(|t| t <= now)

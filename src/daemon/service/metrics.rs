@@ -191,7 +191,7 @@ impl Daemon {
             "agent_state_agents",
             "Agents configured (human mailboxes excluded).",
             vec![],
-            self.core.agents.len() as f64,
+            self.core.len() as f64,
         );
         e.gauge(
             "agent_state_sessions_running",
@@ -291,7 +291,7 @@ impl Daemon {
             );
         }
 
-        let agents: Vec<AgentName> = self.core.agents.keys().cloned().collect();
+        let agents: Vec<AgentName> = self.core.names().cloned().collect();
         for agent in &agents {
             if self.tally.probed.insert(agent.clone())
                 && !self.tally.last_success.contains_key(agent)
@@ -318,7 +318,9 @@ impl Daemon {
             }
         }
         for agent in &agents {
-            let slot = &self.core.agents[agent];
+            let Some(slot) = self.core.slot(agent) else {
+                continue;
+            };
             e.gauge(
                 "agent_state_session_running",
                 "1 while the agent has a session running.",

@@ -95,7 +95,7 @@ impl Daemon {
         agent: &AgentName,
         rolling: Option<&crate::state::metrics::Rolling>,
     ) {
-        if let (Some(slot), Some(r)) = (self.core.agents.get_mut(agent), rolling) {
+        if let (Some(mut slot), Some(r)) = (self.core.slot_mut(agent), rolling) {
             slot.unhealthy = r.sessions >= 3 && r.error_rate >= 0.5;
         }
     }
@@ -144,10 +144,8 @@ impl Daemon {
         let running: Vec<String> = self.running.keys().map(|a| a.to_string()).collect();
         let next = self
             .core
-            .agents
-            .iter()
-            .filter_map(|(n, s)| s.next_fire.map(|t| (t, n)))
-            .min()
+            .fires()
+            .next()
             .map(|(t, n)| format!("; next: {n} at {}", Timestamp::from_datetime(t)))
             .unwrap_or_default();
         let mut state = if self.stopping.is_some() {
@@ -162,20 +160,13 @@ impl Daemon {
             state.push_str("; ");
         }
         let streaks = self.failing_streaks();
-        let failing = self
-            .core
-            .agents
-            .iter()
-            .filter(|(a, slot)| {
-                slot.disabled.is_some() || (!streaks.is_empty() && streaks.contains_key(a))
-            })
-            .count();
+        let failing = failing_agents(&self.core, &streaks).len();
         if failing > 0 {
             state.push_str(&format!("{failing} failing; "));
         }
         format!(
             "{state}{} agents, {} running{}, {} waiting{next}",
-            self.core.agents.len(),
+            self.core.len(),
             running.len(),
             if running.is_empty() {
                 String::new()
@@ -204,18 +195,18 @@ impl Daemon {
     fn heartbeat_key(&self) -> u64 {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
-        (self.published.agents_generation, self.core.agents.len()).hash(&mut h);
+        (self.published.agents_generation, self.core.len()).hash(&mut h);
         for (a, r) in &self.running {
             (a, &r.session_id, &r.instance, r.pid, r.started_at.0).hash(&mut h);
         }
         self.wakes_key().hash(&mut h);
-        for (a, slot) in &self.core.agents {
+        for (a, slot) in self.core.busy() {
             if slot.pending.is_some() || slot.disabled.is_some() {
                 (a, slot.pending.is_some(), &slot.disabled).hash(&mut h);
             }
         }
         for (a, streak) in self.streaks.iter().filter(|(_, s)| s.failures > 0) {
-            let backoff = self.core.agents.get(a).map(|s| s.backoff_until);
+            let backoff = self.core.slot(a).map(|s| s.backoff_until);
             (a, streak.failures, backoff).hash(&mut h);
         }
         for (g, hold) in &self.economy.holds.groups {
@@ -233,16 +224,9 @@ impl Daemon {
         h.finish()
     }
 
-    /// The agents' next scheduled wakes, as a hash.
+    /// The agents' next scheduled wakes, as a key: it changes with them.
     fn wakes_key(&self) -> u64 {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        for (a, slot) in &self.core.agents {
-            if let Some(t) = slot.next_fire {
-                (a, t).hash(&mut h);
-            }
-        }
-        h.finish()
+        self.core.fires_generation()
     }
 
     pub(super) fn write_heartbeat(&mut self) {
@@ -259,20 +243,16 @@ impl Daemon {
             .filter(|(_, s)| s.failures > 0)
             .map(|(a, s)| (a, s.failures))
             .collect();
-        let agents_key = self.published.agents_generation ^ (self.core.agents.len() as u64) << 32;
+        let agents_key = self.published.agents_generation ^ (self.core.len() as u64) << 32;
         let core = &self.core;
         let agents = self.published.agents_json.get(agents_key, || {
-            let names: Vec<&str> = core.agents.keys().map(|a| a.as_str()).collect();
+            let names: Vec<&str> = core.names().map(|a| a.as_str()).collect();
             serde_json::to_string(&names).unwrap_or_default()
         });
         let next_wakes = self.published.wakes_json.get(wakes_key, || {
             let wakes: BTreeMap<&str, Timestamp> = core
-                .agents
-                .iter()
-                .filter_map(|(a, s)| {
-                    s.next_fire
-                        .map(|t| (a.as_str(), Timestamp::from_datetime(t)))
-                })
+                .fires()
+                .map(|(t, a)| (a.as_str(), Timestamp::from_datetime(t)))
                 .collect();
             serde_json::to_string(&wakes).unwrap_or_default()
         });
@@ -299,8 +279,7 @@ impl Daemon {
                 .collect(),
             waiting: self
                 .core
-                .agents
-                .iter()
+                .busy()
                 .filter(|(_, s)| s.pending.is_some())
                 .map(|(a, _)| a.to_string())
                 .collect(),
@@ -313,31 +292,7 @@ impl Daemon {
                 .map(|h| h.status_fragment()),
             stopping: self.stopping.is_some(),
             health: self.monitor.health.as_ref(),
-            failing: self
-                .core
-                .agents
-                .iter()
-                .filter_map(|(a, slot)| {
-                    let failures = match streaks.is_empty() {
-                        true => 0,
-                        false => streaks.get(a).copied().unwrap_or(0),
-                    };
-                    if let Some(why) = &slot.disabled {
-                        Some((a.to_string(), format!("disabled: {why}")))
-                    } else if failures > 0 {
-                        let until = slot
-                            .backoff_until
-                            .map(|t| format!(" until {}", Timestamp::from_datetime(t)))
-                            .unwrap_or_default();
-                        Some((
-                            a.to_string(),
-                            format!("{failures} failure(s) in a row; held back{until}"),
-                        ))
-                    } else {
-                        None
-                    }
-                })
-                .collect(),
+            failing: failing_agents(&self.core, &streaks),
             held: self
                 .economy
                 .holds
@@ -375,4 +330,35 @@ impl Daemon {
             }
         }
     }
+}
+
+/// daemon.json's `failing`: disabled agents (busy in the core) and agents
+/// with failures in a row, by name.
+fn failing_agents(
+    core: &crate::daemon::core::Core,
+    streaks: &BTreeMap<&AgentName, u32>,
+) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for (a, slot) in core.busy() {
+        if let Some(why) = &slot.disabled {
+            out.insert(a.to_string(), format!("disabled: {why}"));
+        }
+    }
+    for (a, failures) in streaks {
+        let Some(slot) = core.slot(a) else {
+            continue;
+        };
+        if slot.disabled.is_some() {
+            continue;
+        }
+        let until = slot
+            .backoff_until
+            .map(|t| format!(" until {}", Timestamp::from_datetime(t)))
+            .unwrap_or_default();
+        out.insert(
+            a.to_string(),
+            format!("{failures} failure(s) in a row; held back{until}"),
+        );
+    }
+    out
 }

@@ -28,8 +28,7 @@ impl Daemon {
             .collect();
         let removed: Vec<AgentName> = self
             .core
-            .agents
-            .keys()
+            .names()
             .filter(|n| !working.contains(n))
             .cloned()
             .collect();
@@ -58,7 +57,7 @@ impl Daemon {
             self.set_lifecycle(&name, |_| Some(Lifecycle::Expired));
             self.watcher.unwatch(&name);
             if !self.running.contains_key(&name) {
-                self.core.agents.remove(&name);
+                self.core.remove(&name);
             }
             self.schedules.next_scheduled.remove(&name);
             tracing::info!(agent = %name, "agent removed from the config: no longer woken (its directory is kept)");
@@ -71,7 +70,7 @@ impl Daemon {
                 let agent = &self.config.agents[i];
                 agent.kind == AgentKind::Agent
                     && !(unchanged.contains(&agent.name)
-                        && self.core.agents.contains_key(&agent.name)
+                        && self.core.contains(&agent.name)
                         && self.watcher.is_watching(&agent.name))
             })
             .collect();
@@ -99,15 +98,12 @@ impl Daemon {
             if let Err(e) = self.watcher.watch(&agent.name, &dir.inbox()) {
                 tracing::error!(agent = %agent.name, error_code = "IO_ERROR", "{e}");
             }
-            let slot = self
-                .core
-                .agents
-                .entry(agent.name.clone())
-                .or_insert_with(|| {
-                    AgentSlot::new(agent.session.wake_on_inbox, agent.session.inbox_debounce)
-                });
+            let mut slot = self.core.slot_or_insert(&agent.name, || {
+                AgentSlot::new(agent.session.wake_on_inbox, agent.session.inbox_debounce)
+            });
             slot.wake_on_inbox = agent.session.wake_on_inbox;
             slot.inbox_debounce = agent.session.inbox_debounce;
+            drop(slot);
             self.rank(&agent.name, survey.rolling.as_ref());
             // New, or configured again after it expired: hatching or
             // sleeping (a running session keeps `alive`).
@@ -179,11 +175,18 @@ impl Daemon {
                         .collect();
                     self.config = config;
                     // A reload is the operator's action a disabled agent waits for.
-                    for (name, slot) in self.core.agents.iter_mut() {
-                        if slot.disabled.take().is_some() {
+                    let disabled: Vec<AgentName> = self
+                        .core
+                        .busy()
+                        .filter(|(_, s)| s.disabled.is_some())
+                        .map(|(a, _)| a.clone())
+                        .collect();
+                    for name in disabled {
+                        if let Some(mut slot) = self.core.slot_mut(&name) {
+                            slot.disabled = None;
                             slot.backoff_until = None;
-                            unchanged.remove(name);
                         }
+                        unchanged.remove(&name);
                     }
                     self.config_warnings();
                     self.apply_agents_except(false, &unchanged);
@@ -192,8 +195,7 @@ impl Daemon {
                     // looks at every inbox anyway).
                     let changed: Vec<AgentName> = self
                         .core
-                        .agents
-                        .keys()
+                        .names()
                         .filter(|a| !unchanged.contains(*a))
                         .cloned()
                         .collect();

@@ -242,7 +242,7 @@ impl Daemon {
         let now = self.clock.now();
         self.core.session_ended(agent, InboxSummary::default(), now);
         self.core.request(agent, reason, Priority::Normal, now);
-        if let Some(slot) = self.core.agents.get_mut(agent) {
+        if let Some(mut slot) = self.core.slot_mut(agent) {
             slot.backoff_until = Some(now + chrono::Duration::from_std(delay).unwrap_or_default());
         }
     }

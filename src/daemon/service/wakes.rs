@@ -33,7 +33,7 @@ impl Daemon {
         let name = agent.name.clone();
         let Some(sched) = &agent.schedule else {
             self.schedules.next_scheduled.remove(&name);
-            if let Some(slot) = self.core.agents.get_mut(&name) {
+            if let Some(mut slot) = self.core.slot_mut(&name) {
                 slot.next_fire = None;
             }
             self.set_next_wake(&name, None);
@@ -102,7 +102,7 @@ impl Daemon {
 
     pub(super) fn set_fire(&mut self, agent: &AgentConfig, scheduled: Option<DateTime<Utc>>) {
         let wake = scheduled.map(|t| wake_at(agent, t));
-        if let Some(slot) = self.core.agents.get_mut(&agent.name) {
+        if let Some(mut slot) = self.core.slot_mut(&agent.name) {
             slot.next_fire = wake;
         }
         self.record_next_fire(&agent.name, scheduled, wake);
@@ -126,7 +126,7 @@ impl Daemon {
     /// report.json `next_wake_at`.
     pub(super) fn set_next_wake(&self, agent: &AgentName, wake: Option<DateTime<Utc>>) {
         // Pushed past a backoff, or none while disabled.
-        let wake = if self.core.agents.contains_key(agent) {
+        let wake = if self.core.contains(agent) {
             self.effective_wake(agent)
         } else {
             wake
@@ -229,7 +229,7 @@ impl Daemon {
                     .schedule_state
                     .last_fire
                     .insert(name.to_string(), Timestamp::from_datetime(fired));
-                let wake = self.core.agents.get(&name).and_then(|slot| slot.next_fire);
+                let wake = self.core.slot(&name).and_then(|slot| slot.next_fire);
                 self.record_next_fire(&name, next, wake);
             }
             self.save_schedule_state();
@@ -244,8 +244,7 @@ impl Daemon {
         // Wakes held back by a backoff: report.json says when they will run.
         let held: Vec<AgentName> = self
             .core
-            .agents
-            .iter()
+            .busy()
             .filter(|(_, s)| s.pending.is_some() && s.backoff_until.is_some_and(|t| t > now))
             .map(|(a, _)| a.clone())
             .collect();
@@ -261,7 +260,7 @@ impl Daemon {
     /// When the agent will next be woken automatically: its schedule's next
     /// fire, or a waiting retry, pushed past any backoff; never if disabled.
     pub(super) fn effective_wake(&self, agent: &AgentName) -> Option<DateTime<Utc>> {
-        let slot = self.core.agents.get(agent)?;
+        let slot = self.core.slot(agent)?;
         if slot.disabled.is_some() {
             return None;
         }
