@@ -616,6 +616,10 @@ pub struct EndRequest {
     pub tokens_used: Option<String>,
     pub cost_usd: Option<String>,
     /// The processes the hook was called from (see [`Caller`]).
+    /// The messages the session's claim read, when its caller kept them
+    /// (the daemon, bodies dropped): the end lists them from here instead
+    /// of reading `.claimed/` again. `None`: read from `.claimed/`.
+    pub claimed: Option<Vec<Message>>,
     pub caller: Caller,
 }
 
@@ -708,6 +712,8 @@ impl Ending {
 
 #[derive(Default)]
 struct Completion {
+    /// What the claim read (see [`EndRequest::claimed`]).
+    claimed: Option<Vec<Message>>,
     sources_archived: Option<u64>,
     branch: Option<String>,
     pr_number: Option<u64>,
@@ -727,6 +733,7 @@ pub fn end(
 ) -> Result<FinishResult> {
     let mut args = Args::default();
     let completion = Completion {
+        claimed: req.claimed.clone(),
         sources_archived: args.count("--sources-archived", req.sources_archived.as_deref()),
         branch: Args::text(req.branch.as_deref()),
         pr_number: args.pr("--pr", req.pr.as_deref()),
@@ -1059,11 +1066,16 @@ fn finish_with(
     let event = match ending {
         Ending::Completed(c) => {
             // Listed, not yet moved: they move to processed/ only after the
-            // journal says so.
-            let processed: Vec<Message> = inbox::claimed(dir, &id)?
-                .into_iter()
-                .map(|(_, m)| m)
-                .collect();
+            // journal says so. As the claim read them when the caller kept
+            // them (one read per message); from `.claimed/` otherwise (a
+            // script's `session end`, a replay after a crash).
+            let processed: Vec<Message> = match c.claimed {
+                Some(m) => m,
+                None => inbox::claimed(dir, &id)?
+                    .into_iter()
+                    .map(|(_, m)| m)
+                    .collect(),
+            };
             let flags: Vec<&Message> = processed
                 .iter()
                 .filter(|m| m.kind == MessageType::Flag)
@@ -1454,6 +1466,7 @@ fn replay_end(
 ) -> Result<FinishResult> {
     let ending = match &entry.event {
         Event::SessionEnd(e) => Ending::Completed(Completion {
+            claimed: None,
             sources_archived: e.sources_archived,
             branch: e.branch.clone(),
             pr_number: e.pr_number,

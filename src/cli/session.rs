@@ -193,6 +193,7 @@ pub fn run(ctx: &Context, command: Command) -> Result<u8> {
                 handoff_notes: a.handoff_notes,
                 tokens_used: a.tokens_used,
                 cost_usd: a.cost_usd,
+                claimed: None,
                 caller: Caller::this_process(),
             };
             let r = hooks::end(agent, &dir, &req, ctx.now)?;

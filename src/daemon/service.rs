@@ -120,6 +120,8 @@ struct Running {
     last_progress: Option<u8>,
     /// The session's owner lock: held while the daemon owns the session.
     owner_lock: Option<crate::owner::OwnerLock>,
+    /// What the claim read (bodies dropped), for the end.
+    claimed: Vec<crate::inbox::Message>,
 }
 
 /// Why the daemon stops a session, shared with its [`Observer`].

@@ -27,8 +27,9 @@ pub struct Prepared {
     pub spec: SessionSpec,
     /// Inbox files the claim rejected: (name, reason).
     pub rejected: Vec<(String, String)>,
-    /// How many messages the session claimed.
-    pub claimed: usize,
+    /// The messages the session claimed, bodies dropped: what its end
+    /// records (ids, flags) without reading them again.
+    pub claimed: Vec<crate::inbox::Message>,
     /// The daemon's owner lock on the session, held until its end is
     /// recorded (see [`crate::owner`]).
     pub owner_lock: Option<OwnerLock>,
@@ -57,7 +58,16 @@ pub fn prepare(
     drop(req);
     let owner_lock = begun.owner_lock;
     let rejected = begun.claim.rejected.clone();
-    let claimed = begun.claim.claimed.len();
+    let claimed: Vec<crate::inbox::Message> = begun
+        .claim
+        .claimed
+        .iter()
+        .map(|m| crate::inbox::Message {
+            body: String::new(),
+            extra: Default::default(),
+            ..m.clone()
+        })
+        .collect();
     let session_id = begun.session_id;
     // The session has begun: if what follows fails, it must end (as an
     // error, its messages returned), or it would stay `running` and block
@@ -308,6 +318,7 @@ pub fn finish(
     session_id: &str,
     report: &RunReport,
     judged_failed: Option<&str>,
+    claimed: Option<Vec<crate::inbox::Message>>,
     now: Timestamp,
 ) -> Result<String> {
     let (mut failure, mut text) = describe(report, agent);
@@ -321,6 +332,7 @@ pub fn finish(
             dir,
             &EndRequest {
                 session: Some(session_id.to_string()),
+                claimed,
                 ..EndRequest::default()
             },
             now,

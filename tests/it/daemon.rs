@@ -1129,3 +1129,42 @@ fn a_root_removed_and_made_again_under_a_daemon_still_has_one_daemon() {
     // Now one daemon starts on the new root.
     let _again = Daemon::start(&env, &xdg);
 }
+
+/// One pass per message: the end records what the claim read and the
+/// session was given, not what the claimed file says by then.
+#[test]
+fn the_end_records_the_messages_as_the_session_was_given_them() {
+    let middle = r#"for f in "$AGENT_STATE_DIR"/inbox/.claimed/"$AGENT_STATE_SESSION_ID"/*.json; do
+  sed -i 's/the original subject/an edited subject/' "$f"
+done"#;
+    let env = setup(middle, &[], &[("inbox_debounce", "\"0s\"")], RIO);
+    let d = env.daemon();
+    let flag = serde_json::json!({
+        "from": "leo",
+        "type": "flag",
+        "priority": "high",
+        "subject": "Flag: the original subject",
+        "body": "see the claim",
+    })
+    .to_string();
+    drop_message(&env, "rio", "m-flag.json", &flag);
+    d.wait_until(secs(10.0), "the session has completed", || {
+        ended(&env, "rio", "completed")
+    });
+    d.wait_until(secs(2.0), "the message is in processed/", || {
+        processed(&env, "rio") == ["m-flag.json"]
+    });
+    let end = events(&env, "rio", "session_end");
+    assert_eq!(end.len(), 1);
+    assert_eq!(end[0]["messages_processed"], serde_json::json!(["m-flag"]));
+    assert_eq!(end[0]["flags_received"], 1);
+    let memory = std::fs::read_to_string(env.path("rio", "memory.md")).unwrap();
+    assert!(
+        memory.contains("Flag: the original subject"),
+        "memory.md records the flag as the session was given it:\n{memory}"
+    );
+    assert!(!memory.contains("an edited subject"), "{memory}");
+    // The file itself went to processed/ as it was left.
+    let kept = std::fs::read_to_string(env.path("rio", "inbox/processed/m-flag.json")).unwrap();
+    assert!(kept.contains("an edited subject"), "{kept}");
+}

@@ -15,7 +15,7 @@ impl Daemon {
         mut report: RunReport,
         output: OutputSummary,
     ) {
-        let Some(running) = self.running.remove(&agent) else {
+        let Some(mut running) = self.running.remove(&agent) else {
             return;
         };
         if running.completed_by_signal
@@ -92,7 +92,15 @@ impl Daemon {
             _ => None,
         };
         let outcome = match &cfg {
-            Some(cfg) => session::finish(cfg, &dir, &sid, &report, override_reason.as_deref(), now),
+            Some(cfg) => session::finish(
+                cfg,
+                &dir,
+                &sid,
+                &report,
+                override_reason.as_deref(),
+                Some(std::mem::take(&mut running.claimed)),
+                now,
+            ),
             // Removed from the config while it ran: record it all the same.
             None => Err(Error::Usage("agent no longer configured".into())),
         };

@@ -131,7 +131,9 @@ impl Daemon {
             .wakes
             .entry((agent.clone(), reason.as_str()))
             .or_default() += 1;
-        self.tally.claimed.insert(agent.clone(), prepared.claimed);
+        self.tally
+            .claimed
+            .insert(agent.clone(), prepared.claimed.len());
         for (name, reason) in &prepared.rejected {
             *self.tally.rejected.entry(agent.clone()).or_default() += 1;
             self.raise(
@@ -157,6 +159,7 @@ impl Daemon {
                 global_discoveries: 0,
                 last_progress: None,
                 owner_lock: prepared.owner_lock,
+                claimed: prepared.claimed,
             },
         );
         let tx = self.tx.clone();
