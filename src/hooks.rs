@@ -21,6 +21,7 @@ use crate::config::AgentConfig;
 use crate::error::{Error, Result};
 use crate::inbox::{self, Claim, Message, MessageType};
 use crate::state::AgentDir;
+use crate::state::atomic;
 use crate::state::caps::{self, Field};
 use crate::state::journal::{Event, SessionEnd, SessionFailed, SessionStart, SessionUpdated};
 use crate::state::lock::AgentLock;
@@ -396,8 +397,8 @@ pub fn begin(
         let _ = owner::release(dir, &session_id);
         return Err(e);
     }
-    staged_session.commit()?;
-    staged_report.commit()?;
+    // One directory sync for both renames (the journal line is the commit).
+    atomic::commit_all([staged_session, staged_report])?;
 
     metrics::apply(dir, &lock, &start, now, &mut notes)?;
     add_tasks_from_messages(dir, &lock, &claim.claimed, now, &mut notes)?;
@@ -1210,13 +1211,20 @@ fn finish_with(
         inbox::acknowledge(dir, &id)?;
         memory::append_entries(&dir.memory(), memory::FLAGS_SECTION, &memory_lines)?;
     }
-    staged_session.commit()?;
-    staged_report.commit()?;
+    // metrics.json from the journal as it is now, staged with the others:
+    // the three renames into the agent's directory share one directory
+    // sync. A crash before it is recovered from the journal line (the end
+    // replayed, the metrics caught up by `counted_session`).
+    let (_, staged_metrics) = metrics::stage(dir, lock, &event, now, notes)?;
+    atomic::commit_all(
+        [staged_session, staged_report]
+            .into_iter()
+            .chain(staged_metrics),
+    )?;
     // Ended: its owner lock goes (a keeper holding it sees that and exits).
     if let Err(e) = owner::release(dir, &id) {
         notes.push(e.to_string());
     }
-    metrics::apply(dir, lock, &event, now, notes)?;
 
     result.outcome = session.status;
     result.bad_arguments = std::mem::take(&mut args.bad);

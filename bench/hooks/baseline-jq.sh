@@ -182,6 +182,17 @@ commit() {
     sync "${2%/*}"
 }
 
+# commit_all TMP TARGET [TMP TARGET...]: rename each → one fsync of their
+# directory (all in the agent's directory here)
+commit_all() {
+    local dir=${2%/*}
+    while (($#)); do
+        mv -f "$1" "$2"
+        shift 2
+    done
+    sync "$dir"
+}
+
 # write_json TARGET JQ-ARGS...: jq → O_EXCL temp → fsync → rename → fsync(dir)
 write_json() {
     stage_json "$@"
@@ -437,8 +448,7 @@ begin() {
         + (if $m == [] then {} else {messages: $m} end)
         + {owner_pid: $pid}
         + (if $inst == "" then {} else {instance: $inst} end)')"
-    commit "$staged_s" "$S"
-    commit "$staged_r" "$R"
+    commit_all "$staged_s" "$S" "$staged_r" "$R"
 
     # metrics.rs apply(): a session start changes a counter only with a
     # disconfirmation target; otherwise an existing metrics.json is not rewritten.
@@ -563,11 +573,8 @@ end_() {
     fi
     if [[ -d $CLAIMED/$sid ]] && rmdir "$CLAIMED/$sid" 2>/dev/null; then sync "$CLAIMED"; fi
     # (flag messages would be appended to memory.md here; none in the benchmark)
-    commit "$staged_s" "$S"
-    commit "$staged_r" "$R"
-    rm -f "$D/sessions/$sid.owner"
-
-    write_json "$M" -n "${common[@]}" --rawfile journal "$J" "$JQ_DEFS"'
+    # metrics.json staged with the others: three renames, one directory fsync.
+    stage_json "$M" -n "${common[@]}" --rawfile journal "$J" "$JQ_DEFS"'
         (try input catch {}) | metrics_doc
         | .agent = $agent
         | (if .counted_session == $sid then .   # an end is counted once
@@ -581,6 +588,8 @@ end_() {
                           + (.rolling_30d | delpaths([rolling_keys[] | [.]])))
         | .updated_at = $now
         | metrics_doc' "$(input_of "$M")"
+    commit_all "$staged_s" "$S" "$staged_r" "$R" "$staged" "$M"
+    rm -f "$D/sessions/$sid.owner"
 
     printf '%s completed\n' "$sid"
     [[ -z $bad_sa ]] || return 65

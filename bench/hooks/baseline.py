@@ -233,6 +233,25 @@ def commit(staged):
     fsync_dir(os.path.dirname(path))
 
 
+def commit_all(staged):
+    """rename each → fsync each directory once (atomic.rs commit_all)."""
+    dirs = []
+    for tmp, path in staged:
+        try:
+            os.rename(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        d = os.path.dirname(path)
+        if d not in dirs:
+            dirs.append(d)
+    for d in dirs:
+        fsync_dir(d)
+
+
 def write_file(path, data, mode=STATE_FILE_MODE):
     """temp file (O_EXCL) → write → fchmod → fsync → rename → fsync(dir)."""
     commit(stage_file(path, data, mode))
@@ -377,6 +396,13 @@ def rolling(entries, now):
 
 
 def apply_metrics(agent_dir, name, entry, now):
+    staged = stage_metrics(agent_dir, name, entry, now)
+    if staged is not None:
+        commit(staged)
+
+
+def stage_metrics(agent_dir, name, entry, now):
+    """metrics.rs stage(): the new metrics.json staged, or None if unchanged."""
     path = os.path.join(agent_dir, "metrics.json")
     raw = read_json(path)
     m = metrics_doc(raw or {"agent": name})
@@ -389,13 +415,13 @@ def apply_metrics(agent_dir, name, entry, now):
         m["counted_session"] = ended
     window_changes = entry["event"] in ("session_end", "error", "timeout", "record")
     if m["lifetime"] == before and not window_changes and raw is not None:
-        return  # a plain session start changes no counter: no write (as in Rust)
+        return None  # a plain session start changes no counter: no write (as in Rust)
     if window_changes:
         fresh = rolling(read_journal(agent_dir), now)
         extra = {k: v for k, v in m["rolling_30d"].items() if k not in ROLLING_KEYS}
         m["rolling_30d"] = {**fresh, **extra}
     m["updated_at"] = fmt_ts(now)
-    write_json(path, metrics_doc(m))
+    return stage_json(path, metrics_doc(m))
 
 
 # ---- inbox (src/inbox.rs, simplified: no validation) ------------------------
@@ -687,8 +713,7 @@ def begin(root, agent_dir, name, cfg, opts, now):
     # The owner lock is taken before the session is recorded as running.
     owner_fd = acquire_owner_lock(agent_dir, session_id, owner, session["owner_start"])
     journal_append(agent_dir, entry)
-    for s in staged:
-        commit(s)
+    commit_all(staged)  # one directory fsync for both renames
 
     apply_metrics(agent_dir, name, entry, now)
     if owner_fd is not None:
@@ -785,11 +810,12 @@ def end(agent_dir, name, opts, now):
     journal_append(agent_dir, entry)
     acknowledge(agent_dir, sid, messages)
     # (flag messages would be appended to memory.md here; none in the benchmark)
-    for s in staged:
-        commit(s)
+    # metrics.json staged with the others: three renames, one directory fsync.
+    m = stage_metrics(agent_dir, name, entry, now)
+    if m is not None:
+        staged.append(m)
+    commit_all(staged)
     release_owner_lock(agent_dir, sid)
-
-    apply_metrics(agent_dir, name, entry, now)
     print(f"{sid} completed")
     return 65 if errors else 0
 

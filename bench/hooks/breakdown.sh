@@ -95,7 +95,7 @@ jq -r --arg rel "${rel:-?}" '
     "",
     "where a pair goes (ms)            begin    end   pair",
     "  process start (--version)      \($m.version | f)   \($m.version | f)   \(2 * $m.version | f)   of which /bin/true \(2 * $m.true | f), the rest \(2 * $extra | f) (\($rel) relative relocations per start)",
-    "  syncs (7 per hook)             \($bs | f)   \($es | f)   \($bs + $es | f)",
+    "  syncs (6 begin, 5 end)         \($bs | f)   \($es | f)   \($bs + $es | f)",
     "  keeper (fork + exec)           \($keeper | f)      -   \($keeper | f)",
     "  the rest                       \($brest | f)   \($erest | f)   \($brest + $erest | f)   config, JSON, journal, renames, /proc",
     "  total                          \($m.begin | f)   \($m.end | f)   \($m.begin + $m.end | f)"

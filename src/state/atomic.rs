@@ -147,6 +147,26 @@ impl Staged {
     }
 }
 
+/// Rename every staged file into place, then fsync each directory once
+/// (after its last rename): a change that replaces several files of one
+/// directory (a session's begin or end) pays one directory sync, not one per
+/// file. Until that sync any subset of the renames may be lost by a power
+/// failure, exactly as between two [`Staged::commit`]s; callers commit after
+/// the journal line that makes the change recoverable.
+pub fn commit_all(staged: impl IntoIterator<Item = Staged>) -> Result<()> {
+    let mut dirs: Vec<Temp> = Vec::new();
+    for Staged(mut temp) in staged {
+        temp.rename(true)?;
+        if !dirs.iter().any(|d| d.dir_path() == temp.dir_path()) {
+            dirs.push(temp);
+        }
+    }
+    for d in &dirs {
+        fsx::sync_fd(&d.dir, d.dir_path())?;
+    }
+    Ok(())
+}
+
 /// Stage `value` as pretty JSON for `path` (see [`Staged`]).
 pub fn stage_json<T: Serialize>(path: &Path, value: &T) -> Result<Staged> {
     let mut bytes = serde_json::to_vec_pretty(value)

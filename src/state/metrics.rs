@@ -219,6 +219,23 @@ pub fn apply(
     now: Timestamp,
     notes: &mut Vec<String>,
 ) -> Result<Metrics> {
+    let (metrics, staged) = stage(dir, lock, event, now, notes)?;
+    if let Some(s) = staged {
+        s.commit()?;
+    }
+    Ok(metrics)
+}
+
+/// [`apply`], with the new metrics.json staged (written and fsynced, not
+/// yet renamed in; `None` when nothing changed) for the caller to commit
+/// with the other files of its change (`atomic::commit_all`).
+pub fn stage(
+    dir: &AgentDir,
+    lock: &AgentLock,
+    event: &Event,
+    now: Timestamp,
+    notes: &mut Vec<String>,
+) -> Result<(Metrics, Option<super::atomic::Staged>)> {
     let (mut metrics, origin): (Metrics, _) = dir.load_with_origin(lock, now, notes)?;
     let before = metrics.lifetime.clone();
     metrics.agent = dir.name.to_string();
@@ -237,7 +254,7 @@ pub fn apply(
     );
     if metrics.lifetime == before && !window_changes && origin == super::Origin::File {
         // Most events (a plain session start) change no counter: skip the write.
-        return Ok(metrics);
+        return Ok((metrics, None));
     }
     if window_changes {
         let recent = journal::read_since(&dir.journal(), now.minus(ROLLING_WINDOW))?;
@@ -248,6 +265,6 @@ pub fn apply(
         };
     }
     metrics.updated_at = Some(now);
-    dir.save(lock, &metrics)?;
-    Ok(metrics)
+    let staged = dir.stage(lock, &metrics)?;
+    Ok((metrics, Some(staged)))
 }
