@@ -20,7 +20,9 @@
 # started from cron or by hand, `session begin` starts the session.
 #
 # Settings (environment):
-#   REPO_DIR          git work tree the agent works in   (default /opt/teleo-eval/workspaces/AGENT)
+#   REPO_DIR          git work tree the agent works in   (default /opt/teleo-eval/workspaces/AGENT;
+#                     when the daemon gives the session its own worktree, AGENT_STATE_WORKSPACE,
+#                     that worktree and the branch the daemon made in it)
 #   BASE_BRANCH       branch the research branch starts from and the PR targets (default main)
 #   MODEL             model for claude and session.json   (default sonnet)
 #   TIMEOUT           session timeout, as timeout(1) takes it: 5400, 90m, 2h (default 5400)
@@ -56,7 +58,11 @@ set -E # the ERR trap also fires inside functions
 
 readonly SCRIPT=${0##*/}
 AGENT=${1:?usage: $SCRIPT AGENT}
-REPO_DIR=${REPO_DIR:-/opt/teleo-eval/workspaces/$AGENT}
+if [[ -n ${AGENT_STATE_WORKSPACE:-} ]]; then
+    REPO_DIR=$AGENT_STATE_WORKSPACE
+else
+    REPO_DIR=${REPO_DIR:-/opt/teleo-eval/workspaces/$AGENT}
+fi
 BASE_BRANCH=${BASE_BRANCH:-main}
 MODEL=${MODEL:-sonnet}
 TIMEOUT=${TIMEOUT:-5400}
@@ -112,7 +118,12 @@ fi
 # Before `session begin`: if this fails there is no session to record yet; the
 # non-zero exit reaches cron (or the daemon, which records it).
 cd "$REPO_DIR"
-if git remote get-url origin >/dev/null 2>&1; then
+if [[ -n ${AGENT_STATE_WORKSPACE:-} ]]; then
+    # The daemon made this worktree on a new branch from the base: use it.
+    BRANCH=$(git branch --show-current)
+    HAVE_REMOTE=0
+    git remote get-url origin >/dev/null 2>&1 && HAVE_REMOTE=1
+elif git remote get-url origin >/dev/null 2>&1; then
     HAVE_REMOTE=1
     git fetch --quiet origin "$BASE_BRANCH" || log "warning: could not fetch origin/$BASE_BRANCH; branching from the local $BASE_BRANCH"
 else
@@ -122,7 +133,9 @@ BASE_REF=$BASE_BRANCH
 if [[ $HAVE_REMOTE == 1 ]] && git rev-parse --verify --quiet "refs/remotes/origin/$BASE_BRANCH" >/dev/null; then
     BASE_REF=origin/$BASE_BRANCH
 fi
-if git rev-parse --verify --quiet "refs/heads/$BRANCH" >/dev/null; then
+if [[ -n ${AGENT_STATE_WORKSPACE:-} ]]; then
+    log "working in the daemon's worktree $REPO_DIR on branch $BRANCH"
+elif git rev-parse --verify --quiet "refs/heads/$BRANCH" >/dev/null; then
     log "continuing today's branch $BRANCH"
     git checkout --quiet "$BRANCH"
 else

@@ -25,6 +25,9 @@ pub use economy::{
     UsageLimitSettings, WakeIf,
 };
 use economy::{RawBudget, RawFleetBudget, RawSessionBudget, RawUsageLimits, RawWakeIf};
+pub mod workspace;
+use workspace::RawWorkspace;
+pub use workspace::WorkspaceSettings;
 
 pub const DEFAULT_PATH: &str = "/etc/agent-state/config.toml";
 pub const DEFAULT_STATE_ROOT: &str = "/opt/teleo-eval/agent-state";
@@ -38,6 +41,7 @@ pub const COMMAND_PLACEHOLDERS: &[&str] = &[
     "instance",
     "max_turns",
     "max_budget_usd",
+    "workspace",
 ];
 
 /// The config's errors live with the crate's error type (the base layer),
@@ -124,6 +128,8 @@ pub struct SessionSettings {
     pub require_complete: bool,
     /// `{max_turns}` in the command.
     pub max_turns: u32,
+    /// Each daemon session in its own git worktree (`workspace = {...}`).
+    pub workspace: Option<WorkspaceSettings>,
 }
 
 /// The default birth prompt: the first session of an agent without an
@@ -287,6 +293,7 @@ struct RawSession {
     wake_if: Option<RawWakeIf>,
     require_complete: Option<bool>,
     max_turns: Option<i64>,
+    workspace: Option<RawWorkspace>,
 }
 
 /// An `[[agent]]` table. serde cannot combine `flatten` with
@@ -328,6 +335,7 @@ struct RawAgent {
     wake_if: Option<RawWakeIf>,
     require_complete: Option<bool>,
     max_turns: Option<i64>,
+    workspace: Option<RawWorkspace>,
 }
 
 impl RawAgent {
@@ -362,6 +370,7 @@ impl RawAgent {
             wake_if: self.wake_if.clone(),
             require_complete: self.require_complete,
             max_turns: self.max_turns,
+            workspace: self.workspace.clone(),
         }
     }
 }
@@ -1255,7 +1264,13 @@ impl Validator {
             100,
             1..=100_000,
         );
+        let workspace = self.workspace(
+            &f("workspace"),
+            raw.workspace.as_ref(),
+            base.and_then(|b| b.workspace.as_ref()),
+        );
         SessionSettings {
+            workspace,
             max_turns,
             credential,
             wake_if,

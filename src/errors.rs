@@ -96,6 +96,9 @@ codes! {
     AgentNotFound = "AGENT_NOT_FOUND",
     AgentPermissionDenied = "AGENT_PERMISSION_DENIED",
     AgentSpawnFailed = "AGENT_SPAWN_FAILED",
+    WorkspaceNotARepo = "WORKSPACE_NOT_A_REPO",
+    WorkspaceLocked = "WORKSPACE_LOCKED",
+    WorkspaceFailed = "WORKSPACE_FAILED",
     SessionTimeout = "SESSION_TIMEOUT",
     SessionFailed = "SESSION_FAILED",
     SessionEmptyOutput = "SESSION_EMPTY_OUTPUT",
@@ -190,6 +193,43 @@ pub static CATALOGUE: &[CodeInfo] = &[
         suggestions: &[
             "Read the details: they name the path",
             "Run `agent-state check` for the agent's directory",
+        ],
+    },
+    // Agent: the session's workspace (a git worktree, `workspace = {...}`).
+    CodeInfo {
+        code: Code::WorkspaceNotARepo,
+        severity: Severity::High,
+        recoverable: false,
+        cause: "The agent's `workspace.repo` is not a git repository (or does not exist): its session cannot get a worktree.",
+        recovery: "The session is not started; the agent is disabled until its config changes (reload with SIGHUP) or `agent-state wake` is run.",
+        escalation: "At once: human mailbox and on-error hook.",
+        suggestions: &[
+            "Point `workspace.repo` at a git repository the service user can read and write",
+            "`git init` it, or clone it there, then `systemctl reload agent-state`",
+        ],
+    },
+    CodeInfo {
+        code: Code::WorkspaceLocked,
+        severity: Severity::Medium,
+        recoverable: true,
+        cause: "A git lock (`index.lock`, a ref's `.lock`) in the repository stayed held through 5 retries 1 s apart while the session's worktree was made.",
+        recovery: "Retried like a failed spawn (`spawn_retries`, `spawn_retry_delay`, doubling).",
+        escalation: "When the retries are exhausted.",
+        suggestions: &[
+            "Check that no git process is still running in the repository",
+            "Remove the stale `.lock` file the details name",
+        ],
+    },
+    CodeInfo {
+        code: Code::WorkspaceFailed,
+        severity: Severity::Medium,
+        recoverable: true,
+        cause: "Any other failure making the session's worktree: the base does not exist, the workspaces root is not writable, git failed or timed out.",
+        recovery: "Retried like a failed spawn (`spawn_retries`, `spawn_retry_delay`, doubling).",
+        escalation: "When the retries are exhausted.",
+        suggestions: &[
+            "Read the details: they name the git command and its error",
+            "Check `workspace.base` names a branch, tag or commit of the repository",
         ],
     },
     // Agent: how the session ended.
@@ -635,6 +675,9 @@ mod tests {
             "AGENT_NOT_FOUND",
             "AGENT_PERMISSION_DENIED",
             "AGENT_SPAWN_FAILED",
+            "WORKSPACE_NOT_A_REPO",
+            "WORKSPACE_LOCKED",
+            "WORKSPACE_FAILED",
             "SESSION_TIMEOUT",
             "SESSION_FAILED",
             "SESSION_EMPTY_OUTPUT",
@@ -668,7 +711,7 @@ mod tests {
             let code = Code::parse(text).unwrap_or_else(|| panic!("{text} is not a code"));
             let _ = code.info();
         }
-        assert_eq!(seen.len(), 32);
+        assert_eq!(seen.len(), 35);
     }
 
     #[test]

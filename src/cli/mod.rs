@@ -20,6 +20,7 @@ mod status;
 mod task;
 mod usage;
 mod wake;
+mod workspaces;
 
 use std::path::PathBuf;
 
@@ -72,6 +73,8 @@ pub enum Command {
     Health(health::Args),
     /// Sessions, runtime, tokens and cost per agent per day, and today's budget left
     Usage(usage::Args),
+    /// The git worktrees of sessions that are kept (uncommitted changes or commits not on the base)
+    Workspaces(workspaces::Args),
     /// Print the rehydration prompt the agent's next session gets
     Prompt(prompt::Args),
     /// Record review outcomes learned after a session (claims, disconfirmations)
@@ -170,6 +173,7 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Status(a) => status::run(&ctx, a),
         Command::Health(a) => health::run(&ctx, a),
         Command::Usage(a) => usage::run(&ctx, a),
+        Command::Workspaces(a) => workspaces::run(&ctx, a),
         Command::Prompt(a) => prompt::run(&ctx, a),
         Command::Record(a) => record::run(&ctx, a),
         Command::Check(a) => check::run(&ctx, a),

@@ -86,7 +86,9 @@ fn doubling(base: Duration, n: u32) -> Duration {
 /// How a code is retried: how many times, and the first delay (doubling).
 fn retry_policy(code: Code, r: &RetrySettings) -> (u32, Duration) {
     match code {
-        Code::AgentSpawnFailed => (r.spawn, r.spawn_retry_delay),
+        Code::AgentSpawnFailed | Code::WorkspaceLocked | Code::WorkspaceFailed => {
+            (r.spawn, r.spawn_retry_delay)
+        }
         Code::SessionTimeout | Code::SessionStalled => (r.timeout, r.retry_delay),
         Code::SessionEmptyOutput => (r.empty_output, r.retry_delay),
         Code::AgentApiError => (r.api, r.retry_delay),
@@ -147,7 +149,7 @@ pub fn judge(obs: &Observed<'_>, streak: &mut Streak, r: &RetrySettings) -> Verd
         streak.retries = 0;
     }
     let (limit, first_delay) = retry_policy(code, r);
-    if code == Code::AgentPermissionDenied {
+    if matches!(code, Code::AgentPermissionDenied | Code::WorkspaceNotARepo) {
         streak.retrying = None;
         streak.retries = 0;
         return Verdict {
@@ -209,6 +211,7 @@ fn classify(obs: &Observed<'_>) -> Classified {
                     SpawnFailure::NotFound => Code::AgentNotFound,
                     SpawnFailure::PermissionDenied => Code::AgentPermissionDenied,
                     SpawnFailure::Other => Code::AgentSpawnFailed,
+                    SpawnFailure::Workspace(code) => *code,
                 },
                 reason.clone(),
             );

@@ -23,3 +23,4 @@ pub mod session;
 pub mod systemd;
 pub mod verify;
 pub mod watcher;
+pub mod workspaces;

@@ -180,6 +180,8 @@ pub enum SpawnFailure {
     /// Anything else: an empty command, a missing working directory, a log
     /// that cannot be opened; the reason says which.
     Other,
+    /// The session's git worktree could not be made (its code says why).
+    Workspace(crate::errors::Code),
 }
 
 /// How the session's main process ended.

@@ -42,6 +42,7 @@ use super::runner::{self, Ending, OutputObserver, OutputStream, RunReport};
 use super::session;
 use super::systemd;
 use super::watcher::{InboxWatcher, WatchEvent};
+use super::workspaces;
 use crate::agent_name::AgentName;
 use crate::clock::Timestamp;
 use crate::config::{AgentConfig, AgentKind, Config};
@@ -95,6 +96,13 @@ enum LoopEvent {
         agent: AgentName,
         report: Box<RunReport>,
         output: Box<OutputSummary>,
+        /// What became of its worktree, with a `workspace`.
+        workspace: Option<Box<super::workspaces::Outcome>>,
+    },
+    /// The monitor's pruning of worktrees ended: what it removed, errors.
+    WorkspacesPruned {
+        removed: Vec<String>,
+        errors: Vec<String>,
     },
 }
 
@@ -472,7 +480,11 @@ impl Daemon {
                 agent,
                 report,
                 output,
-            } => self.session_done(agent, *report, *output),
+                workspace,
+            } => self.session_done(agent, *report, *output, workspace.map(|w| *w)),
+            LoopEvent::WorkspacesPruned { removed, errors } => {
+                self.workspaces_pruned(removed, errors)
+            }
         }
     }
 

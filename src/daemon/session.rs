@@ -33,6 +33,9 @@ pub struct Prepared {
     /// The daemon's owner lock on the session, held until its end is
     /// recorded (see [`crate::owner`]).
     pub owner_lock: Option<OwnerLock>,
+    /// The git worktree to make before the command runs (it is the
+    /// command's working directory), with an agent's `workspace`.
+    pub workspace: Option<crate::workspace::WorkspaceSpec>,
 }
 
 pub fn prepare(
@@ -124,8 +127,22 @@ pub fn prepare(
         }
     };
     let model = agent.session.model.clone();
-    let argv = command_line(config, agent, &session_id, &instance, &model, &prompt_file);
-    let env = vec![
+    let workspace = agent
+        .session
+        .workspace
+        .as_ref()
+        .map(|w| super::workspaces::plan(w, agent, &dir, &session_id, &instance, now));
+    // The command runs in its worktree, or in the agent's directory.
+    let cwd = workspace
+        .as_ref()
+        .map(|w| w.path.clone())
+        .unwrap_or_else(|| dir.path.clone());
+    let argv: Vec<String> =
+        command_line(config, agent, &session_id, &instance, &model, &prompt_file)
+            .into_iter()
+            .map(|a| a.replace("{workspace}", &cwd.display().to_string()))
+            .collect();
+    let mut env = vec![
         ("AGENT_STATE_AGENT".to_string(), agent.name.to_string()),
         ("AGENT_STATE_SESSION_ID".to_string(), session_id.clone()),
         ("AGENT_STATE_INSTANCE".to_string(), instance.clone()),
@@ -142,6 +159,12 @@ pub fn prepare(
             config.source.display().to_string(),
         ),
     ];
+    if let Some(w) = &workspace {
+        env.push((
+            "AGENT_STATE_WORKSPACE".to_string(),
+            w.path.display().to_string(),
+        ));
+    }
     let spec = SessionSpec {
         argv,
         env,
@@ -152,7 +175,7 @@ pub fn prepare(
             "LISTEN_FDS".into(),
             "LISTEN_PID".into(),
         ],
-        cwd: dir.path.clone(),
+        cwd,
         stdin: prompt_text.into_bytes(),
         log_path: dir.sessions_dir().join(format!("{session_id}.log")),
         max_output: agent.session.max_output,
@@ -175,6 +198,7 @@ pub fn prepare(
         rejected,
         claimed,
         owner_lock,
+        workspace,
     })
 }
 

@@ -33,3 +33,4 @@ mod signals;
 mod systemd;
 mod typed;
 mod workspace;
+mod workspaces_daemon;

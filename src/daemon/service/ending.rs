@@ -14,6 +14,7 @@ impl Daemon {
         agent: AgentName,
         mut report: RunReport,
         output: OutputSummary,
+        workspace: Option<workspaces::Outcome>,
     ) {
         let Some(mut running) = self.running.remove(&agent) else {
             return;
@@ -120,6 +121,9 @@ impl Daemon {
                     .session(&sid),
                 false,
             ),
+        }
+        if let Some(ws) = &workspace {
+            self.record_workspace(&agent, &dir, &sid, ws, now);
         }
         // The script's trap recorded the failure first, in its own words.
         if let (Some(decided), Ok(_)) = (&override_reason, &outcome)
@@ -512,6 +516,60 @@ impl Daemon {
             Err(e) => {
                 tracing::warn!(agent = %agent.name, session_id, "cannot record the end of session {session_id} yet: {e}")
             }
+        }
+    }
+
+    /// session.json's `workspace` (path, branch, base and head commits,
+    /// kept or removed), and a log line; a worktree that could not be
+    /// judged is an error to raise (it is kept).
+    pub(super) fn record_workspace(
+        &mut self,
+        agent: &AgentName,
+        dir: &AgentDir,
+        sid: &str,
+        ws: &workspaces::Outcome,
+        now: Timestamp,
+    ) {
+        match ws.state {
+            "kept" => {
+                tracing::info!(agent = %agent, session_id = %sid, "workspace kept: {} on {} ({}{} commit(s) not on the base)", ws.path.display(), ws.branch, if ws.dirty { "uncommitted changes, " } else { "" }, ws.commits_ahead)
+            }
+            "removed" => {
+                tracing::info!(agent = %agent, session_id = %sid, "workspace removed (nothing changed): {}", ws.path.display())
+            }
+            _ => self.raise(
+                ErrorRecord::new(
+                    Code::WorkspaceFailed,
+                    format!("{agent}: cannot judge the workspace of session {sid}; it is kept"),
+                )
+                .details(ws.error.clone().unwrap_or_default())
+                .agent(agent)
+                .session(sid),
+                false,
+            ),
+        }
+        let value = serde_json::to_value(ws).unwrap_or_default();
+        let result = dir.update(now, |s: &mut Session| {
+            if s.session_id == sid {
+                s.extra.insert("workspace".into(), value.clone());
+            }
+        });
+        if let Err(e) = result {
+            tracing::warn!(agent = %agent, session_id = %sid, "cannot record the workspace in session.json: {e}");
+        }
+    }
+
+    /// The monitor's pruning of worktrees came back.
+    pub(super) fn workspaces_pruned(&mut self, removed: Vec<String>, errors: Vec<String>) {
+        self.monitor.workspace_prune_running = false;
+        for line in removed {
+            tracing::info!("workspace pruned: {line}");
+        }
+        for e in errors {
+            self.raise(
+                ErrorRecord::new(Code::WorkspaceFailed, "cannot prune workspaces").details(e),
+                false,
+            );
         }
     }
 }

@@ -18,6 +18,9 @@ pub(super) struct Monitor {
     pub(super) last_routine_prune: Option<std::time::Instant>,
     /// External sessions past their timeout already reported.
     pub(super) overdue_reported: std::collections::BTreeSet<String>,
+    /// Worktrees are being pruned (off the loop; one pruning at a time).
+    pub(super) workspace_prune_running: bool,
+    pub(super) last_workspace_prune: Option<std::time::Instant>,
 }
 
 impl Daemon {
@@ -148,6 +151,9 @@ impl Daemon {
                 );
                 state.record_prune(stats, now);
             }
+        }
+        if full {
+            self.prune_workspaces(state.level != DiskLevel::Ok);
         }
         self.monitor.health = Some(state);
         if !self.monitor.health.as_ref().is_some_and(|h| h.read_only) {
@@ -286,6 +292,48 @@ impl Daemon {
                 );
             }
         }
+    }
+
+    /// Worktrees of sessions that are gone: pruned off the loop, once an
+    /// hour (every five minutes while the disk is low), one pruning at a
+    /// time. What it did comes back as `LoopEvent::WorkspacesPruned`.
+    fn prune_workspaces(&mut self, disk_low: bool) {
+        let every = if disk_low {
+            Duration::from_secs(300)
+        } else {
+            Duration::from_secs(3600)
+        };
+        if self.monitor.workspace_prune_running
+            || self
+                .monitor
+                .last_workspace_prune
+                .is_some_and(|t| t.elapsed() < every)
+        {
+            return;
+        }
+        let root = self.root.clone();
+        let jobs = workspaces::prune_jobs(self.config.working_agents(), |a: &AgentConfig| {
+            root.agent(&a.name)
+        });
+        if jobs.is_empty() {
+            return;
+        }
+        let live: Vec<PathBuf> = self
+            .running
+            .iter()
+            .filter_map(|(a, r)| {
+                let cfg = self.agent_config(a)?;
+                let w = cfg.session.workspace.as_ref()?;
+                Some(workspaces::root_of(w, cfg, &self.dir(a)).join(&r.session_id))
+            })
+            .collect();
+        self.monitor.workspace_prune_running = true;
+        self.monitor.last_workspace_prune = Some(std::time::Instant::now());
+        let tx = self.tx.clone();
+        tokio::task::spawn_blocking(move || {
+            let (removed, errors) = workspaces::prune(&jobs, &live);
+            let _ = tx.send(LoopEvent::WorkspacesPruned { removed, errors });
+        });
     }
 }
 

@@ -169,8 +169,14 @@ impl Daemon {
         // Spawned here, in the loop: the agent runs before the loop goes on
         // to other agents and to publishing (daemon.json, STATUS=). Its
         // start is committed already (the journal line of `session begin`).
+        // With a workspace, its worktree is made first, in the session's
+        // task (git may wait seconds for a lock; the loop never does).
         let mut stop_rx = stop_rx;
-        let launched = runner::launch(prepared.spec, &mut stop_rx);
+        let planned = prepared.workspace;
+        let (launched, spec) = match planned {
+            None => (Some(runner::launch(prepared.spec, &mut stop_rx)), None),
+            Some(_) => (None, Some(prepared.spec)),
+        };
         tokio::spawn(async move {
             let (pid_tx, pid_rx) = tokio::sync::oneshot::channel::<u32>();
             let pid_forward = {
@@ -182,7 +188,31 @@ impl Daemon {
                     }
                 }
             };
+            let mut made: Option<crate::workspace::Workspace> = None;
+            let launched = match (launched, spec, planned) {
+                (Some(l), _, _) => l,
+                (None, Some(spec), Some(plan)) => {
+                    let repo = plan.repo.clone();
+                    match tokio::task::spawn_blocking(move || workspaces::create(&plan)).await {
+                        Ok(Ok(ws)) => {
+                            tracing::info!(agent = %name, session_id = %session_id, "workspace {} on branch {} (from {} of {})", ws.path.display(), ws.branch, &ws.base_commit[..ws.base_commit.len().min(12)], repo.display());
+                            made = Some(ws);
+                            runner::launch(spec, &mut stop_rx)
+                        }
+                        Ok(Err(e)) => Err(Box::new(RunReport::not_run(Ending::SpawnFailed {
+                            reason: format!("the session's workspace could not be made: {e}"),
+                            kind: runner::SpawnFailure::Workspace(workspaces::code_of(&e)),
+                        }))),
+                        Err(e) => Err(Box::new(RunReport::not_run(Ending::SpawnFailed {
+                            reason: format!("the session's workspace could not be made: {e}"),
+                            kind: runner::SpawnFailure::Workspace(Code::WorkspaceFailed),
+                        }))),
+                    }
+                }
+                _ => unreachable!("a session is launched now or has a workspace plan"),
+            };
             let meter = crate::daemon::meter::Meter::new(cfg.session.session_budget.max_tokens);
+            let repo = cfg.session.workspace.as_ref().map(|w| w.repo.clone());
             let mut observer = Observer {
                 meter,
                 output: SessionOutput::new(),
@@ -205,10 +235,21 @@ impl Daemon {
             let (report, ()) = tokio::join!(run, pid_forward);
             observer.finish();
             let output = observer.summary();
+            // Its worktree judged (and removed when it holds nothing).
+            let workspace = match (made, repo) {
+                (Some(ws), Some(repo)) => {
+                    tokio::task::spawn_blocking(move || workspaces::finish(&repo, &ws))
+                        .await
+                        .ok()
+                        .map(Box::new)
+                }
+                _ => None,
+            };
             let _ = tx.send(LoopEvent::SessionDone {
                 agent: name,
                 report: Box::new(report),
                 output: Box::new(output),
+                workspace,
             });
         });
     }
