@@ -25,7 +25,9 @@ pub use economy::{
     UsageLimitSettings, WakeIf,
 };
 use economy::{RawBudget, RawFleetBudget, RawSessionBudget, RawUsageLimits, RawWakeIf};
+pub mod iteration;
 pub mod workspace;
+pub use iteration::IterationSettings;
 use workspace::RawWorkspace;
 pub use workspace::WorkspaceSettings;
 
@@ -130,6 +132,8 @@ pub struct SessionSettings {
     pub max_turns: u32,
     /// Each daemon session in its own git worktree (`workspace = {...}`).
     pub workspace: Option<WorkspaceSettings>,
+    /// The iteration loop: `verify`, `max_iterations`, ...
+    pub iteration: IterationSettings,
 }
 
 /// The default birth prompt: the first session of an agent without an
@@ -294,6 +298,10 @@ struct RawSession {
     require_complete: Option<bool>,
     max_turns: Option<i64>,
     workspace: Option<RawWorkspace>,
+    verify: Option<Vec<Vec<String>>>,
+    verify_timeout: Option<String>,
+    max_iterations: Option<i64>,
+    stuck_threshold: Option<i64>,
 }
 
 /// An `[[agent]]` table. serde cannot combine `flatten` with
@@ -336,6 +344,10 @@ struct RawAgent {
     require_complete: Option<bool>,
     max_turns: Option<i64>,
     workspace: Option<RawWorkspace>,
+    verify: Option<Vec<Vec<String>>>,
+    verify_timeout: Option<String>,
+    max_iterations: Option<i64>,
+    stuck_threshold: Option<i64>,
 }
 
 impl RawAgent {
@@ -371,6 +383,10 @@ impl RawAgent {
             require_complete: self.require_complete,
             max_turns: self.max_turns,
             workspace: self.workspace.clone(),
+            verify: self.verify.clone(),
+            verify_timeout: self.verify_timeout.clone(),
+            max_iterations: self.max_iterations,
+            stuck_threshold: self.stuck_threshold,
         }
     }
 }
@@ -1269,7 +1285,18 @@ impl Validator {
             raw.workspace.as_ref(),
             base.and_then(|b| b.workspace.as_ref()),
         );
+        let iteration = self.iteration(
+            &f,
+            iteration::RawIteration {
+                verify: raw.verify.as_ref(),
+                verify_timeout: raw.verify_timeout.as_deref(),
+                max_iterations: raw.max_iterations,
+                stuck_threshold: raw.stuck_threshold,
+            },
+            base.map(|b| &b.iteration),
+        );
         SessionSettings {
+            iteration,
             workspace,
             max_turns,
             credential,

@@ -110,6 +110,8 @@ codes! {
     SessionInterrupted = "SESSION_INTERRUPTED",
     SessionIncomplete = "SESSION_INCOMPLETE",
     SessionSuspect = "SESSION_SUSPECT",
+    VerifyFailed = "VERIFY_FAILED",
+    SessionStuck = "SESSION_STUCK",
     UsageLimit = "USAGE_LIMIT",
     UsageDisabled = "USAGE_DISABLED",
     BudgetExhausted = "BUDGET_EXHAUSTED",
@@ -347,6 +349,30 @@ pub static CATALOGUE: &[CodeInfo] = &[
         suggestions: &[
             "Allow the tools the agent needs (`--allowedTools`, or settings.json permissions)",
             "Or tell the agent in its instructions which tools it may not use",
+        ],
+    },
+    CodeInfo {
+        code: Code::VerifyFailed,
+        severity: Severity::High,
+        recoverable: true,
+        cause: "The agent's `verify` commands still failed after `max_iterations` iterations of the session (each iteration was given the last failure).",
+        recovery: "The session is recorded as `error` with the last failure (command, exit, output tail); automatic wakes back off.",
+        escalation: "At once: human mailbox and on-error hook, with the last failure.",
+        suggestions: &[
+            "Read the failure and the session's logs (`sessions/ID.log`, `ID.iter-N.log`)",
+            "Raise `max_iterations`, or fix what the agent cannot",
+        ],
+    },
+    CodeInfo {
+        code: Code::SessionStuck,
+        severity: Severity::High,
+        recoverable: true,
+        cause: "Iterations in a row changed nothing in the workspace (same tree): `stuck_threshold` reached, a nudge given, and the next changed nothing either.",
+        recovery: "The loop stops; the session is recorded as `error`; automatic wakes back off.",
+        escalation: "At once: human mailbox and on-error hook.",
+        suggestions: &[
+            "Read the last iteration's log: the agent may lack a tool or a permission",
+            "Check the task is possible in the workspace",
         ],
     },
     // The subscription.
@@ -689,6 +715,8 @@ mod tests {
             "SESSION_INTERRUPTED",
             "SESSION_INCOMPLETE",
             "SESSION_SUSPECT",
+            "VERIFY_FAILED",
+            "SESSION_STUCK",
             "USAGE_LIMIT",
             "USAGE_DISABLED",
             "BUDGET_EXHAUSTED",
@@ -711,7 +739,7 @@ mod tests {
             let code = Code::parse(text).unwrap_or_else(|| panic!("{text} is not a code"));
             let _ = code.info();
         }
-        assert_eq!(seen.len(), 35);
+        assert_eq!(seen.len(), 37);
     }
 
     #[test]

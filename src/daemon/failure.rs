@@ -96,6 +96,24 @@ fn retry_policy(code: Code, r: &RetrySettings) -> (u32, Duration) {
     }
 }
 
+/// The iteration loop gave up (`VERIFY_FAILED`, `SESSION_STUCK`): a
+/// failure of the agent, not retried (the loop was the retrying), escalated
+/// at once with the last failure; automatic wakes back off.
+pub fn gave_up(streak: &mut Streak, r: &RetrySettings, code: Code, message: String) -> Verdict {
+    streak.failures += 1;
+    streak.retrying = None;
+    streak.retries = 0;
+    Verdict {
+        code: Some(code),
+        message,
+        attempt: 1,
+        next: Next::Backoff {
+            hold: backoff(streak.failures, r),
+        },
+        escalate: true,
+    }
+}
+
 /// Judge one ended session and advance the agent's streak.
 pub fn judge(obs: &Observed<'_>, streak: &mut Streak, r: &RetrySettings) -> Verdict {
     let attempt = streak.retries + 1;

@@ -9,6 +9,7 @@
 mod economy;
 mod ending;
 mod intake;
+mod iterations;
 mod metrics;
 mod monitor;
 mod observer;
@@ -98,6 +99,15 @@ enum LoopEvent {
         output: Box<OutputSummary>,
         /// What became of its worktree, with a `workspace`.
         workspace: Option<Box<super::workspaces::Outcome>>,
+        /// How its iterations went.
+        iterations: iterations::Tally,
+    },
+    /// A session's iteration `n` (of at most `of`) is executing or verifying.
+    Iteration {
+        agent: AgentName,
+        n: u32,
+        of: u32,
+        phase: &'static str,
     },
     /// The monitor's pruning of worktrees ended: what it removed, errors.
     WorkspacesPruned {
@@ -481,7 +491,14 @@ impl Daemon {
                 report,
                 output,
                 workspace,
-            } => self.session_done(agent, *report, *output, workspace.map(|w| *w)),
+                iterations,
+            } => self.session_done(agent, *report, *output, workspace.map(|w| *w), iterations),
+            LoopEvent::Iteration {
+                agent,
+                n,
+                of,
+                phase,
+            } => self.iteration(&agent, n, of, phase),
             LoopEvent::WorkspacesPruned { removed, errors } => {
                 self.workspaces_pruned(removed, errors)
             }

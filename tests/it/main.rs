@@ -21,6 +21,7 @@ mod health;
 mod hooks;
 mod hostile;
 mod identity;
+mod iterations;
 mod messages;
 mod monitoring;
 mod notify;

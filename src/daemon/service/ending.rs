@@ -15,6 +15,7 @@ impl Daemon {
         mut report: RunReport,
         output: OutputSummary,
         workspace: Option<workspaces::Outcome>,
+        iterations: iterations::Tally,
     ) {
         let Some(mut running) = self.running.remove(&agent) else {
             return;
@@ -60,6 +61,17 @@ impl Daemon {
                 self.streaks.entry(agent.clone()).or_default(),
                 &retries,
             ),
+        };
+        // The iteration loop gave up: the last run ended well, its
+        // verification did not.
+        let verdict = match (&iterations.failed, &limit) {
+            (Some((code, why)), None) if verdict.code.is_none() => failure::gave_up(
+                self.streaks.entry(agent.clone()).or_default(),
+                &retries,
+                *code,
+                why.clone(),
+            ),
+            _ => verdict,
         };
         let succeeded = verdict.code.is_none() && report.ending.is_success();
         if succeeded && let Some(doubt) = output.claude.as_ref().and_then(output::doubts) {
@@ -124,6 +136,12 @@ impl Daemon {
         }
         if let Some(ws) = &workspace {
             self.record_workspace(&agent, &dir, &sid, ws, now);
+        }
+        if cfg
+            .as_ref()
+            .is_some_and(|c| !c.session.iteration.verify.is_empty())
+        {
+            self.record_iterations(&agent, &dir, &sid, &iterations, now);
         }
         // The script's trap recorded the failure first, in its own words.
         if let (Some(decided), Ok(_)) = (&override_reason, &outcome)

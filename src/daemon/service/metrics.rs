@@ -20,12 +20,20 @@ const DURATION_BUCKETS: &[f64] = &[
     60.0, 300.0, 600.0, 1800.0, 3600.0, 5400.0, 7200.0, 14_400.0, 43_200.0, 86_400.0,
 ];
 
+/// Iterations per session (issue 12's loop).
+const ITERATION_BUCKETS: &[f64] = &[1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 50.0, 100.0];
+
 /// What the daemon counts as it goes, per agent.
 #[derive(Default)]
 pub(super) struct Tally {
     pub(super) wakes: BTreeMap<(AgentName, &'static str), u64>,
     pub(super) skips: BTreeMap<(AgentName, String), u64>,
     pub(super) durations: BTreeMap<AgentName, Histogram>,
+    /// Iterations per session of agents with `verify`; the most in one
+    /// session; verification failures.
+    pub(super) iterations: BTreeMap<AgentName, Histogram>,
+    pub(super) iterations_max: BTreeMap<AgentName, u32>,
+    pub(super) verify_failures: BTreeMap<AgentName, u64>,
     pub(super) tokens: BTreeMap<(AgentName, &'static str), u64>,
     pub(super) cost_usd: BTreeMap<AgentName, f64>,
     pub(super) errors: BTreeMap<(String, String), u64>,
@@ -59,6 +67,16 @@ impl Tally {
         if let Some(t) = success_at {
             self.last_success.insert(agent.clone(), t);
         }
+    }
+
+    pub(super) fn iterations(&mut self, agent: &AgentName, count: u32, verify_failures: u32) {
+        self.iterations
+            .entry(agent.clone())
+            .or_insert_with(|| Histogram::new(ITERATION_BUCKETS))
+            .observe(f64::from(count));
+        let max = self.iterations_max.entry(agent.clone()).or_default();
+        *max = (*max).max(count);
+        *self.verify_failures.entry(agent.clone()).or_default() += u64::from(verify_failures);
     }
 
     pub(super) fn usage(&mut self, agent: &AgentName, result: &output::ClaudeResult) {
@@ -452,6 +470,45 @@ impl Daemon {
                 "",
                 agent_label(agent),
                 h.clone(),
+            );
+        }
+        e.declare(
+            "agent_state_session_iterations",
+            "Iterations per session of agents with verify (sum/count is the average).",
+            Kind::Histogram,
+        );
+        for (agent, h) in &self.tally.iterations {
+            e.histogram(
+                "agent_state_session_iterations",
+                "",
+                agent_label(agent),
+                h.clone(),
+            );
+        }
+        e.declare(
+            "agent_state_session_iterations_max",
+            "The most iterations one session of the agent took.",
+            Kind::Gauge,
+        );
+        for (agent, n) in &self.tally.iterations_max {
+            e.gauge(
+                "agent_state_session_iterations_max",
+                "",
+                agent_label(agent),
+                f64::from(*n),
+            );
+        }
+        e.declare(
+            "agent_state_verify_failures_total",
+            "Verification runs that failed (each started another iteration or ended the loop).",
+            Kind::Counter,
+        );
+        for (agent, n) in &self.tally.verify_failures {
+            e.counter(
+                "agent_state_verify_failures_total",
+                "",
+                agent_label(agent),
+                *n as f64,
             );
         }
         e.declare(

@@ -173,6 +173,8 @@ impl Daemon {
         // task (git may wait seconds for a lock; the loop never does).
         let mut stop_rx = stop_rx;
         let planned = prepared.workspace;
+        // With `verify`, later iterations start from the first one's spec.
+        let again = (!cfg.session.iteration.verify.is_empty()).then(|| prepared.spec.clone());
         let (launched, spec) = match planned {
             None => (Some(runner::launch(prepared.spec, &mut stop_rx)), None),
             Some(_) => (None, Some(prepared.spec)),
@@ -189,12 +191,22 @@ impl Daemon {
                 }
             };
             let mut made: Option<crate::workspace::Workspace> = None;
+            let mut fp0: Option<String> = None;
             let launched = match (launched, spec, planned) {
                 (Some(l), _, _) => l,
                 (None, Some(spec), Some(plan)) => {
                     let repo = plan.repo.clone();
                     match tokio::task::spawn_blocking(move || workspaces::create(&plan)).await {
                         Ok(Ok(ws)) => {
+                            if again.is_some() {
+                                let p = ws.path.clone();
+                                fp0 = tokio::task::spawn_blocking(move || {
+                                    crate::workspace::fingerprint(&p).ok()
+                                })
+                                .await
+                                .ok()
+                                .flatten();
+                            }
                             tracing::info!(agent = %name, session_id = %session_id, "workspace {} on branch {} (from {} of {})", ws.path.display(), ws.branch, &ws.base_commit[..ws.base_commit.len().min(12)], repo.display());
                             made = Some(ws);
                             runner::launch(spec, &mut stop_rx)
@@ -212,6 +224,7 @@ impl Daemon {
                 _ => unreachable!("a session is launched now or has a workspace plan"),
             };
             let meter = crate::daemon::meter::Meter::new(cfg.session.session_budget.max_tokens);
+            let settings = cfg.session.iteration.clone();
             let repo = cfg.session.workspace.as_ref().map(|w| w.repo.clone());
             let mut observer = Observer {
                 meter,
@@ -226,13 +239,29 @@ impl Daemon {
                     stop_note,
                 },
             };
+            let stop_again = stop_rx.clone();
             let run = async {
                 match launched {
                     Ok(l) => l.run(&mut observer, stop_rx, Some(pid_tx)).await,
                     Err(report) => *report,
                 }
             };
-            let (report, ()) = tokio::join!(run, pid_forward);
+            let (mut report, ()) = tokio::join!(run, pid_forward);
+            let mut tally = iterations::Tally {
+                count: 1,
+                ..Default::default()
+            };
+            if let Some(spec) = again {
+                let plan = iterations::Plan {
+                    settings: &settings,
+                    spec,
+                    agent: &name,
+                    tx: &tx,
+                    workspace: made.as_ref().map(|w| (w.path.clone(), fp0.clone())),
+                };
+                report =
+                    iterations::more(report, plan, &mut observer, stop_again, &mut tally).await;
+            }
             observer.finish();
             let output = observer.summary();
             // Its worktree judged (and removed when it holds nothing).
@@ -250,6 +279,7 @@ impl Daemon {
                 report: Box::new(report),
                 output: Box::new(output),
                 workspace,
+                iterations: tally,
             });
         });
     }

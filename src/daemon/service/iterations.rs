@@ -1,0 +1,227 @@
+//! The iteration loop of a session (issue 12, seed 000): after a run that
+//! ended well, the agent's `verify` commands run in its working directory;
+//! a failure starts the next iteration at once with the failure in its
+//! prompt, until they pass, `max_iterations` is reached (`VERIFY_FAILED`)
+//! or iterations stop changing the workspace (`SESSION_STUCK`, after one
+//! nudge). Runs in the session's task, never on the loop; tells the loop
+//! which iteration and phase it is in (`LoopEvent::Iteration`).
+
+use std::path::{Path, PathBuf};
+
+use super::*;
+use crate::config::IterationSettings;
+use crate::daemon::runner::SessionSpec;
+use crate::daemon::verify;
+
+/// Said to an agent whose iterations changed nothing.
+pub(super) const NUDGE: &str = "\nYour last iterations changed nothing in the workspace. \
+Do not repeat them: find what you have not tried (read the failing output again, check \
+your assumptions), make a change, or say why you cannot.\n";
+
+/// How a session's iterations went.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Tally {
+    /// Iterations run (1 without `verify`).
+    pub count: u32,
+    pub verify_failures: u32,
+    /// The loop gave up: the code and the last failure.
+    pub failed: Option<(Code, String)>,
+}
+
+/// What `more` needs besides the first run's report.
+pub(super) struct Plan<'a> {
+    pub settings: &'a IterationSettings,
+    /// The first iteration's spec (prompt, log, cwd): later ones derive.
+    pub spec: SessionSpec,
+    pub agent: &'a AgentName,
+    pub tx: &'a mpsc::UnboundedSender<LoopEvent>,
+    /// The session's worktree, for stuck detection, and its fingerprint
+    /// before the first iteration.
+    pub workspace: Option<(PathBuf, Option<String>)>,
+}
+
+/// The log of iteration `n`: `sessions/ID.log`, then `ID.iter-N.log`.
+pub(super) fn log_of(first: &Path, n: u32) -> PathBuf {
+    if n <= 1 {
+        return first.to_path_buf();
+    }
+    let name = first
+        .file_name()
+        .map(|f| f.to_string_lossy().trim_end_matches(".log").to_string())
+        .unwrap_or_default();
+    first.with_file_name(format!("{name}.iter-{n}.log"))
+}
+
+async fn fingerprint(path: &Path) -> Option<String> {
+    let path = path.to_path_buf();
+    tokio::task::spawn_blocking(move || crate::workspace::fingerprint(&path).ok())
+        .await
+        .ok()
+        .flatten()
+}
+
+/// After the first run: verify, and iterate while it fails. Returns the
+/// last run's report; `tally` says how it went.
+pub(super) async fn more(
+    mut report: RunReport,
+    plan: Plan<'_>,
+    observer: &mut Observer,
+    stop: watch::Receiver<bool>,
+    tally: &mut Tally,
+) -> RunReport {
+    let s = plan.settings;
+    let (ws_path, mut last_fp) = match plan.workspace {
+        Some((p, fp)) => (Some(p), fp),
+        None => (None, None),
+    };
+    let mut n = 1u32;
+    let mut stuck = 0u32;
+    loop {
+        tally.count = n;
+        if s.verify.is_empty() || !report.ending.is_success() || *stop.borrow() {
+            return report;
+        }
+        let _ = plan.tx.send(LoopEvent::Iteration {
+            agent: plan.agent.clone(),
+            n,
+            of: s.max_iterations,
+            phase: "verifying",
+        });
+        let v = verify::run(&verify::Plan {
+            commands: s.verify.clone(),
+            cwd: plan.spec.cwd.clone(),
+            timeout: s.verify_timeout,
+            kill_grace: plan.spec.kill_grace,
+            env: plan.spec.env.clone(),
+            log: Some(log_of(&plan.spec.log_path, n)),
+        })
+        .await;
+        let Some(failed) = v.failure().cloned() else {
+            tracing::info!(agent = %plan.agent, "iteration {n}: verification passed");
+            return report;
+        };
+        tally.verify_failures += 1;
+        tracing::warn!(agent = %plan.agent, "iteration {n}: verification failed: {}", failed.describe());
+        if let Some(p) = &ws_path {
+            let fp = fingerprint(p).await;
+            stuck = if fp.is_some() && fp == last_fp {
+                stuck + 1
+            } else {
+                0
+            };
+            last_fp = fp;
+        }
+        let tail: String = {
+            let t = failed.tail.trim_end();
+            let start = t.len().saturating_sub(600);
+            let start = (start..t.len())
+                .find(|i| t.is_char_boundary(*i))
+                .unwrap_or(t.len());
+            t[start..].to_string()
+        };
+        if stuck > s.stuck_threshold {
+            tally.failed = Some((
+                Code::SessionStuck,
+                format!(
+                    "{stuck} iterations in a row changed nothing in the workspace, the last after a nudge; last verification: {}",
+                    failed.describe()
+                ),
+            ));
+            return report;
+        }
+        if n >= s.max_iterations {
+            tally.failed = Some((
+                Code::VerifyFailed,
+                format!(
+                    "verification still failed after {n} iteration(s): {}; its output ends: {tail}",
+                    failed.describe()
+                ),
+            ));
+            return report;
+        }
+        n += 1;
+        let mut feedback = verify::feedback(&v, n - 1, s.max_iterations);
+        if stuck == s.stuck_threshold && ws_path.is_some() {
+            feedback.push_str(NUDGE);
+        }
+        let mut spec = plan.spec.clone();
+        spec.stdin = [plan.spec.stdin.as_slice(), b"\n\n", feedback.as_bytes()].concat();
+        spec.log_path = log_of(&plan.spec.log_path, n);
+        // A command that reads {prompt_file} sees this iteration's prompt.
+        if let Some((_, file)) = spec
+            .env
+            .iter()
+            .find(|(k, _)| k == "AGENT_STATE_PROMPT_FILE")
+            && let Err(e) =
+                crate::state::atomic::write_file_unsynced(Path::new(file), &spec.stdin, 0o640)
+        {
+            tracing::warn!(agent = %plan.agent, "cannot write iteration {n}'s prompt file: {e}");
+        }
+        let _ = plan.tx.send(LoopEvent::Iteration {
+            agent: plan.agent.clone(),
+            n,
+            of: s.max_iterations,
+            phase: "executing",
+        });
+        tracing::info!(agent = %plan.agent, "iteration {n} of {} starts with the verification feedback", s.max_iterations);
+        report = runner::run(spec, observer, stop.clone(), None).await;
+    }
+}
+
+impl Daemon {
+    /// report.json says which iteration runs and whether it is executing or
+    /// verifying (seed 000's states).
+    pub(super) fn iteration(&mut self, agent: &AgentName, n: u32, of: u32, phase: &str) {
+        let value = serde_json::json!({"n": n, "of": of, "phase": phase});
+        let result = self.dir(agent).update(Timestamp::now(), |r: &mut Report| {
+            r.extra.insert("iteration".into(), value.clone());
+        });
+        if let Err(e) = result {
+            tracing::warn!(agent = %agent, "cannot record the iteration in report.json: {e}");
+        }
+    }
+
+    /// At the end: session.json's `iterations` (how many, verification
+    /// failures), report.json's `iteration` gone.
+    pub(super) fn record_iterations(
+        &mut self,
+        agent: &AgentName,
+        dir: &AgentDir,
+        sid: &str,
+        tally: &Tally,
+        now: Timestamp,
+    ) {
+        let value = serde_json::json!({
+            "count": tally.count,
+            "verify_failures": tally.verify_failures,
+        });
+        // report.json first: once session.json says how the iterations
+        // went, report.json no longer names one.
+        let report = dir.update(now, |r: &mut Report| {
+            r.extra.remove("iteration");
+        });
+        let session = dir.update(now, |s: &mut Session| {
+            if s.session_id == sid {
+                s.extra.insert("iterations".into(), value.clone());
+            }
+        });
+        if let Err(e) = session.and(report) {
+            tracing::warn!(agent = %agent, session_id = %sid, "cannot record the iterations: {e}");
+        }
+        self.tally
+            .iterations(agent, tally.count, tally.verify_failures);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn each_iteration_has_its_own_log() {
+        let first = std::path::Path::new("/s/rio/sessions/20261124-100000.log");
+        assert_eq!(super::log_of(first, 1), first);
+        assert_eq!(
+            super::log_of(first, 3),
+            std::path::Path::new("/s/rio/sessions/20261124-100000.iter-3.log")
+        );
+    }
+}
