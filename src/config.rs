@@ -44,6 +44,8 @@ pub const COMMAND_PLACEHOLDERS: &[&str] = &[
     "max_turns",
     "max_budget_usd",
     "workspace",
+    "claude_session",
+    "claude_session_id",
 ];
 
 /// The config's errors live with the crate's error type (the base layer),
@@ -302,6 +304,7 @@ struct RawSession {
     verify_timeout: Option<String>,
     max_iterations: Option<i64>,
     stuck_threshold: Option<i64>,
+    resume: Option<bool>,
 }
 
 /// An `[[agent]]` table. serde cannot combine `flatten` with
@@ -348,6 +351,7 @@ struct RawAgent {
     verify_timeout: Option<String>,
     max_iterations: Option<i64>,
     stuck_threshold: Option<i64>,
+    resume: Option<bool>,
 }
 
 impl RawAgent {
@@ -387,6 +391,7 @@ impl RawAgent {
             verify_timeout: self.verify_timeout.clone(),
             max_iterations: self.max_iterations,
             stuck_threshold: self.stuck_threshold,
+            resume: self.resume,
         }
     }
 }
@@ -1292,6 +1297,7 @@ impl Validator {
                 verify_timeout: raw.verify_timeout.as_deref(),
                 max_iterations: raw.max_iterations,
                 stuck_threshold: raw.stuck_threshold,
+                resume: raw.resume,
             },
             base.map(|b| &b.iteration),
         );

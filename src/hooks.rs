@@ -821,7 +821,15 @@ pub const DAEMON_ENDING: &str = "ending_by_daemon";
 
 /// Fields of session.json beyond the schema that describe one session only:
 /// a new session does not inherit them from the last one.
-const PER_SESSION_EXTRA: [&str; 4] = ["usage", "signal_block", "workspace", DAEMON_ENDING];
+const PER_SESSION_EXTRA: [&str; 7] = [
+    "usage",
+    "signal_block",
+    "workspace",
+    "iterations",
+    "claude_session_id",
+    "claude_resumed",
+    DAEMON_ENDING,
+];
 
 /// What the daemon noted in session.json (under [`DAEMON_ENDING`]) just
 /// before it signalled the session to end.

@@ -18,6 +18,9 @@ pub struct IterationSettings {
     /// Iterations in a row that change nothing in the workspace before the
     /// next gets a nudge; one more and the loop stops.
     pub stuck_threshold: u32,
+    /// Continue Claude Code's conversation (`{claude_session}` becomes
+    /// `--resume ID`) in a verification retry and a timeout retry.
+    pub resume: bool,
 }
 
 impl Default for IterationSettings {
@@ -27,6 +30,7 @@ impl Default for IterationSettings {
             verify_timeout: Duration::from_secs(600),
             max_iterations: 3,
             stuck_threshold: 2,
+            resume: false,
         }
     }
 }
@@ -37,6 +41,7 @@ pub(super) struct RawIteration<'a> {
     pub verify_timeout: Option<&'a str>,
     pub max_iterations: Option<i64>,
     pub stuck_threshold: Option<i64>,
+    pub resume: Option<bool>,
 }
 
 impl Validator {
@@ -84,6 +89,7 @@ impl Validator {
             verify_timeout,
             max_iterations,
             stuck_threshold,
+            resume: raw.resume.unwrap_or(base.resume),
         }
     }
 }

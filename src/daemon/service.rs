@@ -140,6 +140,8 @@ struct Running {
     owner_lock: Option<crate::owner::OwnerLock>,
     /// What the claim read (bodies dropped), for the end.
     claimed: Vec<crate::inbox::Message>,
+    /// Claude Code's conversation id, and whether the session continued it.
+    conversation: Option<(String, bool)>,
 }
 
 /// Why the daemon stops a session, shared with its [`Observer`].

@@ -36,6 +36,12 @@ pub struct Prepared {
     /// The git worktree to make before the command runs (it is the
     /// command's working directory), with an agent's `workspace`.
     pub workspace: Option<crate::workspace::WorkspaceSpec>,
+    /// Claude Code's conversation: its id and whether this session
+    /// continues it (`{claude_session}`).
+    pub conversation: (String, bool),
+    /// With `resume`: the command line that continues the conversation
+    /// (later iterations use it).
+    pub resume_argv: Option<Vec<String>>,
 }
 
 pub fn prepare(
@@ -45,6 +51,7 @@ pub fn prepare(
     now: Timestamp,
     writing: &crate::inbox::Writing,
     known: Option<std::sync::Arc<crate::inbox::Known>>,
+    continue_conversation: Option<String>,
 ) -> Result<Prepared> {
     let dir = root.agent(&agent.name);
     let instance = counters::next_instance(root, &dir)?;
@@ -137,11 +144,18 @@ pub fn prepare(
         .as_ref()
         .map(|w| w.path.clone())
         .unwrap_or_else(|| dir.path.clone());
-    let argv: Vec<String> =
+    let template: Vec<String> =
         command_line(config, agent, &session_id, &instance, &model, &prompt_file)
             .into_iter()
             .map(|a| a.replace("{workspace}", &cwd.display().to_string()))
             .collect();
+    let resume = agent.session.iteration.resume;
+    let conversation = match continue_conversation.filter(|_| resume) {
+        Some(id) => (id, true),
+        None => (uuid::Uuid::new_v4().to_string(), false),
+    };
+    let argv = conversation_args(&template, &conversation.0, conversation.1);
+    let resume_argv = resume.then(|| conversation_args(&template, &conversation.0, true));
     let mut env = vec![
         ("AGENT_STATE_AGENT".to_string(), agent.name.to_string()),
         ("AGENT_STATE_SESSION_ID".to_string(), session_id.clone()),
@@ -199,6 +213,8 @@ pub fn prepare(
         claimed,
         owner_lock,
         workspace,
+        conversation,
+        resume_argv,
     })
 }
 
@@ -251,6 +267,25 @@ pub fn command_line(
         }
     }
     argv
+}
+
+/// Claude Code's conversation in a command line: a whole argument
+/// `{claude_session}` becomes `--session-id ID` (a new conversation) or
+/// `--resume ID` (continuing one); `{claude_session_id}` is the id.
+pub fn conversation_args(argv: &[String], id: &str, resume: bool) -> Vec<String> {
+    let mut out = Vec::with_capacity(argv.len() + 1);
+    for arg in argv {
+        if arg == "{claude_session}" {
+            out.push(if resume { "--resume" } else { "--session-id" }.to_string());
+            out.push(id.to_string());
+        } else {
+            out.push(
+                arg.replace("{claude_session_id}", id)
+                    .replace("{claude_session}", id),
+            );
+        }
+    }
+    out
 }
 
 /// How the run ended, in the words session.json and the journal use.

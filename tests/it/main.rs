@@ -29,6 +29,7 @@ mod ownership;
 mod permissions;
 mod promises;
 mod prompt;
+mod resume;
 mod scripts;
 mod signals;
 mod systemd;

@@ -137,6 +137,25 @@ impl Daemon {
         if let Some(ws) = &workspace {
             self.record_workspace(&agent, &dir, &sid, ws, now);
         }
+        if let Some((id, resumed)) = &running.conversation
+            && cfg.as_ref().is_some_and(|c| {
+                c.session
+                    .command
+                    .iter()
+                    .any(|a| a.contains("{claude_session"))
+            })
+        {
+            let (id, resumed) = (id.clone(), *resumed);
+            if let Err(e) = dir.update(now, |s: &mut Session| {
+                if s.session_id == sid {
+                    s.extra
+                        .insert("claude_session_id".into(), id.clone().into());
+                    s.extra.insert("claude_resumed".into(), resumed.into());
+                }
+            }) {
+                tracing::warn!(agent = %agent, session_id = %sid, "cannot record the conversation id: {e}");
+            }
+        }
         if cfg
             .as_ref()
             .is_some_and(|c| !c.session.iteration.verify.is_empty())

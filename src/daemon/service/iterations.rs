@@ -38,6 +38,8 @@ pub(super) struct Plan<'a> {
     /// The session's worktree, for stuck detection, and its fingerprint
     /// before the first iteration.
     pub workspace: Option<(PathBuf, Option<String>)>,
+    /// With `resume`: later iterations continue the conversation.
+    pub resume_argv: Option<Vec<String>>,
 }
 
 /// The log of iteration `n`: `sessions/ID.log`, then `ID.iter-N.log`.
@@ -147,6 +149,9 @@ pub(super) async fn more(
         let mut spec = plan.spec.clone();
         spec.stdin = [plan.spec.stdin.as_slice(), b"\n\n", feedback.as_bytes()].concat();
         spec.log_path = log_of(&plan.spec.log_path, n);
+        if let Some(argv) = &plan.resume_argv {
+            spec.argv = argv.clone();
+        }
         // A command that reads {prompt_file} sees this iteration's prompt.
         if let Some((_, file)) = spec
             .env

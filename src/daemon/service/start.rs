@@ -54,6 +54,7 @@ impl Daemon {
         }
         let wait = self.lock_wait(agent);
         let writing = self.intake.writing.get(agent).cloned().unwrap_or_default();
+        let continue_conversation = self.conversation_to_continue(agent, &cfg, reason);
         let prepared = match crate::state::lock::with_wait(wait, || {
             session::prepare(
                 &self.config,
@@ -62,6 +63,7 @@ impl Daemon {
                 now,
                 &writing,
                 self.intake.known.get(agent).cloned(),
+                continue_conversation.clone(),
             )
         }) {
             Ok(p) => {
@@ -160,6 +162,7 @@ impl Daemon {
                 last_progress: None,
                 owner_lock: prepared.owner_lock,
                 claimed: prepared.claimed,
+                conversation: Some(prepared.conversation.clone()),
             },
         );
         let tx = self.tx.clone();
@@ -175,6 +178,7 @@ impl Daemon {
         let planned = prepared.workspace;
         // With `verify`, later iterations start from the first one's spec.
         let again = (!cfg.session.iteration.verify.is_empty()).then(|| prepared.spec.clone());
+        let resume_argv = prepared.resume_argv.clone();
         let (launched, spec) = match planned {
             None => (Some(runner::launch(prepared.spec, &mut stop_rx)), None),
             Some(_) => (None, Some(prepared.spec)),
@@ -258,6 +262,7 @@ impl Daemon {
                     agent: &name,
                     tx: &tx,
                     workspace: made.as_ref().map(|w| (w.path.clone(), fp0.clone())),
+                    resume_argv,
                 };
                 report =
                     iterations::more(report, plan, &mut observer, stop_again, &mut tally).await;
@@ -282,6 +287,30 @@ impl Daemon {
                 iterations: tally,
             });
         });
+    }
+
+    /// With `resume`, a retry after a timeout continues the timed-out
+    /// session's conversation (never after a login or usage-limit failure:
+    /// those are not retried as `Retry`, and the conversation is only taken
+    /// from a session that timed out).
+    fn conversation_to_continue(
+        &self,
+        agent: &AgentName,
+        cfg: &AgentConfig,
+        reason: WakeReason,
+    ) -> Option<String> {
+        if !cfg.session.iteration.resume || reason != WakeReason::Retry {
+            return None;
+        }
+        let last = self.dir(agent).read::<Session>().ok().flatten()?;
+        (last.status == Some(crate::state::session::SessionStatus::Timeout))
+            .then(|| {
+                last.extra
+                    .get("claude_session_id")?
+                    .as_str()
+                    .map(str::to_string)
+            })
+            .flatten()
     }
 
     /// Log that `agent`'s work waits for its lock: at warning level once,
