@@ -58,6 +58,9 @@ struct Line {
     budget_left: Option<crate::usage::Left>,
     /// The budget limit reached, if one is.
     budget_exceeded: Option<String>,
+    /// With a `workspace`: the git worktrees under its workspaces root
+    /// (kept after their session, or a running session's).
+    worktrees: Option<usize>,
 }
 
 #[derive(Serialize, Clone)]
@@ -203,6 +206,16 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         }
         say!("{text}");
     }
+    // Worktrees kept after their sessions (agent-state workspaces lists them).
+    for l in &lines {
+        if let Some(n) = l.worktrees.filter(|n| *n > 0) {
+            say!(
+                "{}: {n} worktree(s) kept or in use (agent-state workspaces --agent {})",
+                l.agent,
+                l.agent
+            );
+        }
+    }
     // Why agents fail, and errors that are not about one agent.
     for l in &lines {
         if let Some(f) = &l.failing {
@@ -288,7 +301,17 @@ fn line(ctx: &Context, agent: &AgentConfig) -> Result<Line> {
         today: Default::default(),
         budget_left: None,
         budget_exceeded: None,
+        worktrees: None,
     };
+    if let Some(w) = &agent.session.workspace {
+        let root = crate::daemon::workspaces::root_of(w, agent, &dir);
+        let root_real = std::fs::canonicalize(&root).unwrap_or_else(|_| root.clone());
+        l.worktrees = crate::workspace::list(&w.repo).ok().map(|all| {
+            all.iter()
+                .filter(|t| t.path.starts_with(&root) || t.path.starts_with(&root_real))
+                .count()
+        });
+    }
     if !crate::fsx::is_dir(&dir.path) {
         l.status = "missing".into();
         return Ok(l);

@@ -228,6 +228,13 @@ fn workspace_with_work_is_kept_and_listed_and_a_clean_one_removed() {
     assert_eq!(listed.as_array().unwrap().len(), 1, "{listed}");
     assert_eq!(listed[0]["agent"], "rio");
     assert_eq!(listed[0]["commits_ahead"], 1);
+    // status says so too.
+    let status = env.ok(&["status"]);
+    assert!(
+        status.contains("rio: 1 worktree(s) kept or in use"),
+        "{status}"
+    );
+    assert!(!status.contains("clay: 1 worktree"), "{status}");
     drop(d);
 }
 
