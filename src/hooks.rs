@@ -821,13 +821,14 @@ pub const DAEMON_ENDING: &str = "ending_by_daemon";
 
 /// Fields of session.json beyond the schema that describe one session only:
 /// a new session does not inherit them from the last one.
-const PER_SESSION_EXTRA: [&str; 7] = [
+const PER_SESSION_EXTRA: [&str; 8] = [
     "usage",
     "signal_block",
     "workspace",
     "iterations",
     "claude_session_id",
     "claude_resumed",
+    "claude_resumable",
     DAEMON_ENDING,
 ];
 

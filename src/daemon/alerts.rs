@@ -181,9 +181,15 @@ impl Alerts {
             }
         }
         if let Some(agent) = &record.context.agent {
-            body.push_str(&format!(
-                "\nAnswer with `agent-state send --from {to} --to {agent} ...`; `agent-state wake {agent}` runs a session now.\n"
-            ));
+            match &record.context.session {
+                Some(s) => body.push_str(&format!(
+                    "\nAnswer with `agent-state send --from {to} --to {agent} --source-ref {} ...` (a reply to this session: with `resume`, the session it wakes continues this one's conversation); `agent-state wake {agent}` runs a session now.\n",
+                    reply_ref(s)
+                )),
+                None => body.push_str(&format!(
+                    "\nAnswer with `agent-state send --from {to} --to {agent} ...`; `agent-state wake {agent}` runs a session now.\n"
+                )),
+            }
         }
         let out = Outgoing {
             from,
@@ -191,7 +197,10 @@ impl Alerts {
             priority: Priority::High,
             subject,
             body,
-            source_ref: Some(format!("agent-state/errors/{}", record.code)),
+            source_ref: Some(match &record.context.session {
+                Some(s) => reply_ref(s),
+                None => format!("agent-state/errors/{}", record.code),
+            }),
             expires_at: None,
         };
         let dir = self.inner.root.agent(to);
@@ -441,4 +450,10 @@ impl EscalationMemory {
             tracing::warn!("cannot write {}: {e}", path.display());
         }
     }
+}
+
+/// The `source_ref` of an escalation about session `sid`, and of a reply
+/// to it (`agent-state send --source-ref ...`).
+pub fn reply_ref(sid: &str) -> String {
+    format!("agent-state/session/{sid}")
 }

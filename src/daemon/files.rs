@@ -129,7 +129,11 @@ impl RuntimeLock {
             return Ok(None);
         }
         let path = dir.join(runtime_lock_name(&canonical));
-        for _ in 0..50 {
+        // Held only for a moment by something else (a child forked by a
+        // daemon SIGKILLed an instant ago keeps the descriptor until its
+        // exec closes it): tried for a second before concluding.
+        let mut busy = 0;
+        for _ in 0..150 {
             let file = match std::fs::OpenOptions::new()
                 .read(true)
                 .write(true)
@@ -157,6 +161,7 @@ impl RuntimeLock {
                         return Ok(Some(RuntimeLock { _lock: lock, path }));
                     }
                 }
+                Err((_, nix::errno::Errno::EWOULDBLOCK)) if busy < 100 => busy += 1,
                 Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
                     return Err(Error::Usage(format!(
                         "another agent-state daemon is already running on {} (it holds {}, \

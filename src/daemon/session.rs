@@ -20,6 +20,16 @@ use crate::owner::OwnerLock;
 use crate::prompt;
 use crate::state::{AgentDir, StateRoot, atomic, counters};
 
+/// Which Claude Code conversation a session may continue (with `resume`).
+#[derive(Debug, Clone, Default)]
+pub struct Continuation {
+    /// A retry after a timeout: that session's conversation.
+    pub retry: Option<String>,
+    /// The last session and its conversation: continued when a claimed
+    /// message replies to that session's escalation.
+    pub reply: Option<(String, String)>,
+}
+
 /// A session that has begun and is ready to run.
 pub struct Prepared {
     pub session_id: String,
@@ -51,7 +61,7 @@ pub fn prepare(
     now: Timestamp,
     writing: &crate::inbox::Writing,
     known: Option<std::sync::Arc<crate::inbox::Known>>,
-    continue_conversation: Option<String>,
+    continuation: Continuation,
 ) -> Result<Prepared> {
     let dir = root.agent(&agent.name);
     let instance = counters::next_instance(root, &dir)?;
@@ -150,9 +160,15 @@ pub fn prepare(
             .map(|a| a.replace("{workspace}", &cwd.display().to_string()))
             .collect();
     let resume = agent.session.iteration.resume;
-    let conversation = match continue_conversation.filter(|_| resume) {
-        Some(id) => (id, true),
-        None => (uuid::Uuid::new_v4().to_string(), false),
+    let replied = continuation.reply.filter(|(sid, _)| {
+        let reference = super::alerts::reply_ref(sid);
+        claimed
+            .iter()
+            .any(|m| m.source_ref.as_deref() == Some(reference.as_str()))
+    });
+    let conversation = match continuation.retry.or(replied.map(|(_, c)| c)) {
+        Some(id) if resume => (id, true),
+        _ => (uuid::Uuid::new_v4().to_string(), false),
     };
     let argv = conversation_args(&template, &conversation.0, conversation.1);
     let resume_argv = resume.then(|| conversation_args(&template, &conversation.0, true));

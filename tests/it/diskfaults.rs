@@ -462,11 +462,14 @@ fn a_filling_disk_warns_pauses_stops_and_recovers_by_itself() {
     // Below disk_stop: DISK_FULL; rio's session is ended cleanly.
     fill_to(&root, &env.tmp("state/ballast-3"), MIB);
     d.wait_until(secs(3.0), "the level is stopped", || level(&d) == "stopped");
+    // session.json is renamed in before report.json (one directory sync
+    // after both): wait for the second.
     d.wait_until(secs(5.0), "rio's session is no longer running", || {
         let s = session(&env, "rio");
         s["session_id"] == rio_session.as_str()
             && s["status"].is_string()
             && s["status"] != "running"
+            && env.json("rio", "report.json")["current_session"].is_null()
     });
     let s = session(&env, "rio");
     assert!(
@@ -752,7 +755,10 @@ fn a_session_ended_on_a_full_disk_is_recorded_once_there_is_room() {
     d.wait_until(secs(3.0), "the level is ok", || level(&d) == "ok");
     let recorded = poll_until(secs(3.0), || {
         let s = session(&env, "rio");
-        s["session_id"] == sid.as_str() && s["status"].is_string() && s["status"] != "running"
+        s["session_id"] == sid.as_str()
+            && s["status"].is_string()
+            && s["status"] != "running"
+            && env.json("rio", "report.json")["current_session"].is_null()
     });
     let s = session(&env, "rio");
     assert!(

@@ -49,6 +49,8 @@ case {mode:?} in
         [ $N -ge 3 ] && touch fixed ;;
   never) echo "attempt $N" > "attempt-$N" ;;
   nothing) ;;
+  complete) echo "attempt $N" > "attempt-$N"; [ $N -ge 2 ] && touch fixed
+            echo "<axiom>COMPLETE</axiom>"; echo "run $N done"; exit 1 ;;
 esac
 echo "run $N done"
 "#
@@ -234,4 +236,21 @@ fn iterations_that_change_nothing_are_nudged_then_stopped() {
         || escalated(&env, "SESSION_STUCK"),
     );
     assert_eq!(s["workspace"]["state"], "removed", "nothing in it: {s}");
+}
+
+#[test]
+fn iterations_a_run_that_signals_complete_is_verified_whatever_its_exit() {
+    let (env, _repo) = setup("complete", 3, 2);
+    let d = env.daemon();
+    env.ok(&["wake", "rio"]);
+    d.wait_until(Duration::from_secs(20), "the session ended", || {
+        ended(&env).is_some()
+    });
+    let s = ended(&env).unwrap();
+    // Run 1 said COMPLETE (exit 1) but its test failed: verified, retried;
+    // run 2 fixed it and said COMPLETE: completed.
+    assert_eq!(s["status"], "completed", "{s}");
+    assert_eq!(s["iterations"]["count"], 2, "{s}");
+    assert_eq!(runs(&env), 2);
+    assert!(prompt(&env, 2).contains("## Verification feedback (iteration 1 of 3)"));
 }

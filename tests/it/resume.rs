@@ -15,12 +15,14 @@ fn setup(mode: &str) -> Env {
         "claude.sh",
         &format!(
             r#"D={d:?}
-N=$(( $(cat "$D/runs" 2>/dev/null || echo 0) + 1 )); echo $N > "$D/runs"
+N=$(( $(cat "$D/runs" 2>/dev/null || echo 0) + 1 ))
 echo "$@" > "$D/args-$N"
+echo $N > "$D/runs"
 cat > /dev/null
 case {mode:?} in
   verify) [ $N -ge 2 ] && touch "$D/fixed" ;;
   timeout) [ $N = 1 ] && sleep 5 ;;
+  fail1) if [ $N = 1 ]; then echo "it broke"; exit 1; fi ;;
   login) if [ $N = 1 ]; then
            echo '{{"type":"result","subtype":"success","is_error":true,"result":"Not logged in · Please run /login"}}'
            exit 1
@@ -48,12 +50,15 @@ echo '{{"type":"result","subtype":"success","is_error":false,"result":"done","nu
     if mode == "verify" {
         defaults.push(("verify", verify));
     }
+    if mode == "fail1" {
+        defaults.push(("escalate_after", "1".to_string()));
+    }
     let defaults: Vec<(&str, &str)> = defaults.iter().map(|(k, v)| (*k, v.as_str())).collect();
     env.set_config(&daemon_config(
         &script,
         &[],
         &defaults,
-        "[[agent]]\nname = \"rio\"\n",
+        "[[agent]]\nname = \"rio\"\n\n[[agent]]\nname = \"marcus\"\nkind = \"human\"\n",
     ));
     env
 }
@@ -82,6 +87,7 @@ fn resume_a_verification_retry_continues_the_conversation() {
         p.exists()
             && read_json(&p)["status"] == "completed"
             && read_json(&p)["claude_session_id"].is_string()
+            && read_json(&p)["iterations"].is_object()
     });
     let first = args(&env, 1);
     assert_eq!(first[..2], ["-p", "--session-id"], "{first:?}");
@@ -129,4 +135,78 @@ fn resume_a_retry_after_a_timeout_continues_and_a_login_failure_does_not() {
     let second = args(&env, 2);
     assert_eq!(second[1], "--session-id", "a new conversation: {second:?}");
     assert_ne!(second[2], first[2]);
+}
+
+#[test]
+fn resume_a_reply_to_a_sessions_escalation_continues_its_conversation() {
+    let env = setup("fail1");
+    let d = env.daemon();
+    env.ok(&["wake", "rio"]);
+    // The failure is escalated to marcus, naming the session.
+    let mut escalation = serde_json::Value::Null;
+    d.wait_until(
+        Duration::from_secs(10),
+        "the failure reached marcus",
+        || {
+            let inbox = env.path("marcus", "inbox");
+            std::fs::read_dir(inbox).is_ok_and(|dir| {
+                dir.filter_map(|e| e.ok())
+                    .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
+                    .any(|e| {
+                        escalation = read_json(&e.path());
+                        true
+                    })
+            })
+        },
+    );
+    let sid = read_json(&env.path("rio", "session.json"))["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let reference = format!("agent-state/session/{sid}");
+    assert_eq!(escalation["source_ref"], reference.as_str(), "{escalation}");
+    assert!(
+        escalation["body"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("--source-ref {reference}")),
+        "the escalation says how to reply: {escalation}"
+    );
+    let first = args(&env, 1);
+    assert_eq!(first[1], "--session-id", "{first:?}");
+    // marcus replies; the session it wakes continues the failed one's conversation.
+    env.ok(&[
+        "send",
+        "--from",
+        "marcus",
+        "--to",
+        "rio",
+        "--subject",
+        "Re: try the other source",
+        "--source-ref",
+        &reference,
+    ]);
+    d.wait_until(Duration::from_secs(10), "the reply woke rio", || {
+        runs(&env) >= 2
+    });
+    assert_eq!(args(&env, 2), ["-p", "--resume", first[2].as_str()]);
+    d.wait_until(Duration::from_secs(10), "it completed", || {
+        read_json(&env.path("rio", "session.json"))["claude_resumed"] == true
+    });
+    // A message that is not a reply starts a new conversation.
+    env.ok(&[
+        "send",
+        "--from",
+        "marcus",
+        "--to",
+        "rio",
+        "--subject",
+        "something else",
+    ]);
+    d.wait_until(Duration::from_secs(10), "a third session ran", || {
+        runs(&env) >= 3
+    });
+    let third = args(&env, 3);
+    assert_eq!(third[1], "--session-id", "{third:?}");
+    assert_ne!(third[2], first[2]);
 }

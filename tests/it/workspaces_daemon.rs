@@ -47,7 +47,8 @@ fn agent(env: &Env) -> PathBuf {
             r#"D={d:?}
 A="$AGENT_STATE_AGENT"
 {{ echo "cwd=$(pwd -P)"; echo "ws=$AGENT_STATE_WORKSPACE"; echo "arg=$2";
-   echo "branch=$(git branch --show-current)"; ls -A | grep -v '^.git$' | sed 's/^/file=/'; }} > "$D/seen-$A-$AGENT_STATE_SESSION_ID"
+   echo "branch=$(git branch --show-current)"; ls -A | grep -v '^.git$' | sed 's/^/file=/'; }} > "$D/.seen-$A"
+mv "$D/.seen-$A" "$D/seen-$A-$AGENT_STATE_SESSION_ID"
 echo "mine: $A" > "own-$A.txt"
 case "$(cat "$D/ACTION-$A" 2>/dev/null)" in
   dirty) ;;

@@ -146,11 +146,15 @@ impl Daemon {
             })
         {
             let (id, resumed) = (id.clone(), *resumed);
+            // A conversation that ended in a login or usage-limit failure
+            // is never continued.
+            let resumable = limit.is_none() && verdict.code != Some(Code::AgentLoginRequired);
             if let Err(e) = dir.update(now, |s: &mut Session| {
                 if s.session_id == sid {
                     s.extra
                         .insert("claude_session_id".into(), id.clone().into());
                     s.extra.insert("claude_resumed".into(), resumed.into());
+                    s.extra.insert("claude_resumable".into(), resumable.into());
                 }
             }) {
                 tracing::warn!(agent = %agent, session_id = %sid, "cannot record the conversation id: {e}");

@@ -80,7 +80,11 @@ pub(super) async fn more(
     let mut stuck = 0u32;
     loop {
         tally.count = n;
-        if s.verify.is_empty() || !report.ending.is_success() || *stop.borrow() {
+        // Verified after a run that ended well or signalled COMPLETE.
+        let done = report.ending.is_success()
+            || (observer.completed
+                && !matches!(report.ending, Ending::Stopped | Ending::SpawnFailed { .. }));
+        if s.verify.is_empty() || !done || *stop.borrow() {
             return report;
         }
         let _ = plan.tx.send(LoopEvent::Iteration {
@@ -169,6 +173,7 @@ pub(super) async fn more(
             phase: "executing",
         });
         tracing::info!(agent = %plan.agent, "iteration {n} of {} starts with the verification feedback", s.max_iterations);
+        observer.completed = false;
         report = runner::run(spec, observer, stop.clone(), None).await;
     }
 }
@@ -177,6 +182,12 @@ impl Daemon {
     /// report.json says which iteration runs and whether it is executing or
     /// verifying (seed 000's states).
     pub(super) fn iteration(&mut self, agent: &AgentName, n: u32, of: u32, phase: &str) {
+        // A new run: what the last one signalled does not count for it.
+        if phase == "executing"
+            && let Some(r) = self.running.get_mut(agent)
+        {
+            r.completed_by_signal = false;
+        }
         let value = serde_json::json!({"n": n, "of": of, "phase": phase});
         let result = self.dir(agent).update(Timestamp::now(), |r: &mut Report| {
             r.extra.insert("iteration".into(), value.clone());

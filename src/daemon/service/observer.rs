@@ -39,6 +39,9 @@ pub(super) struct Observer {
     pub(super) ending: EndingNote,
     /// Tokens used so far (stream-json), against `session_budget.max_tokens`.
     pub(super) meter: crate::daemon::meter::Meter,
+    /// The run signalled COMPLETE (the iteration loop verifies it then,
+    /// whatever its exit status).
+    pub(super) completed: bool,
 }
 
 impl OutputObserver for Observer {
@@ -112,7 +115,13 @@ impl EndingNote {
 }
 
 impl Observer {
-    pub(super) fn send_signal(&self, signal: crate::protocol::signals::SignalResult) {
+    pub(super) fn send_signal(&mut self, signal: crate::protocol::signals::SignalResult) {
+        if signal
+            .as_ref()
+            .is_ok_and(|s| s.kind() == crate::protocol::signals::SignalType::Complete)
+        {
+            self.completed = true;
+        }
         let _ = self.tx.send(LoopEvent::Signal {
             agent: self.agent.clone(),
             signal: Box::new(signal),

@@ -236,6 +236,7 @@ impl Daemon {
                 agent: name.clone(),
                 tx: tx.clone(),
                 scanners: Default::default(),
+                completed: false,
                 ending: EndingNote {
                     agent: cfg,
                     dir,
@@ -289,28 +290,46 @@ impl Daemon {
         });
     }
 
-    /// With `resume`, a retry after a timeout continues the timed-out
-    /// session's conversation (never after a login or usage-limit failure:
-    /// those are not retried as `Retry`, and the conversation is only taken
-    /// from a session that timed out).
+    /// With `resume`, what the next session may continue: a retry after a
+    /// timeout continues the timed-out session's conversation; a reply to
+    /// the last session's escalation (a message whose `source_ref` names
+    /// it, seen at the claim) continues that session's. Never one that
+    /// ended in a login or usage-limit failure (`claude_resumable`).
     fn conversation_to_continue(
         &self,
         agent: &AgentName,
         cfg: &AgentConfig,
         reason: WakeReason,
-    ) -> Option<String> {
-        if !cfg.session.iteration.resume || reason != WakeReason::Retry {
-            return None;
+    ) -> session::Continuation {
+        let mut c = session::Continuation::default();
+        if !cfg.session.iteration.resume {
+            return c;
         }
-        let last = self.dir(agent).read::<Session>().ok().flatten()?;
-        (last.status == Some(crate::state::session::SessionStatus::Timeout))
-            .then(|| {
-                last.extra
-                    .get("claude_session_id")?
-                    .as_str()
-                    .map(str::to_string)
-            })
-            .flatten()
+        let Some(last) = self.dir(agent).read::<Session>().ok().flatten() else {
+            return c;
+        };
+        let resumable = last
+            .extra
+            .get("claude_resumable")
+            .and_then(|v| v.as_bool())
+            .unwrap_or(true);
+        let Some(conversation) = last
+            .extra
+            .get("claude_session_id")
+            .and_then(|v| v.as_str())
+            .map(str::to_string)
+            .filter(|_| resumable)
+        else {
+            return c;
+        };
+        if reason == WakeReason::Retry
+            && last.status == Some(crate::state::session::SessionStatus::Timeout)
+        {
+            c.retry = Some(conversation);
+        } else {
+            c.reply = Some((last.session_id.clone(), conversation));
+        }
+        c
     }
 
     /// Log that `agent`'s work waits for its lock: at warning level once,
