@@ -63,6 +63,9 @@ impl CommandResult {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Verification {
     pub results: Vec<CommandResult>,
+    /// Ended by the daemon stopping (its command's group killed): not a
+    /// verdict on the work.
+    pub stopped: bool,
 }
 
 impl Verification {
@@ -85,15 +88,27 @@ pub struct Plan {
     pub env: Vec<(String, String)>,
     /// The session's log: each command's output is appended under a header.
     pub log: Option<PathBuf>,
+    /// The session's stop: when it turns true the running command's group
+    /// is ended (TERM, then KILL after `kill_grace`) and nothing else runs.
+    pub stop: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 /// Run the plan's commands in order; stop at the first failure.
 pub async fn run(plan: &Plan) -> Verification {
     let mut out = Verification::default();
+    let mut stop = plan.stop.clone();
     for argv in &plan.commands {
-        let result = run_one(plan, argv).await;
+        if stop.as_ref().is_some_and(|s| *s.borrow()) {
+            out.stopped = true;
+            break;
+        }
+        let (result, stopped) = run_one(plan, argv, stop.as_mut()).await;
         let passed = result.passed();
         out.results.push(result);
+        if stopped {
+            out.stopped = true;
+            break;
+        }
         if !passed {
             break;
         }
@@ -101,7 +116,22 @@ pub async fn run(plan: &Plan) -> Verification {
     out
 }
 
-async fn run_one(plan: &Plan, argv: &[String]) -> CommandResult {
+/// Resolves once `stop` says stop (never without one).
+async fn stopping(stop: Option<&mut tokio::sync::watch::Receiver<bool>>) {
+    match stop {
+        Some(s) => {
+            let _ = s.wait_for(|v| *v).await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+async fn run_one(
+    plan: &Plan,
+    argv: &[String],
+    mut stop: Option<&mut tokio::sync::watch::Receiver<bool>>,
+) -> (CommandResult, bool) {
+    let mut stopped = false;
     let started = Instant::now();
     let mut result = CommandResult {
         argv: argv.to_vec(),
@@ -117,7 +147,7 @@ async fn run_one(plan: &Plan, argv: &[String]) -> CommandResult {
     }
     let Some((program, args)) = argv.split_first() else {
         result.spawn_error = Some("an empty command".into());
-        return result;
+        return (result, false);
     };
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(args)
@@ -137,7 +167,7 @@ async fn run_one(plan: &Plan, argv: &[String]) -> CommandResult {
             if let Some(f) = log.as_mut() {
                 let _ = writeln!(f, "could not start: {e}");
             }
-            return result;
+            return (result, false);
         }
     };
     let pgid = child.id().map(|p| Pid::from_raw(p as i32));
@@ -188,6 +218,22 @@ async fn run_one(plan: &Plan, argv: &[String]) -> CommandResult {
                 None => output_open = false,
             },
             status = child.wait() => break status.ok(),
+            _ = stopping(stop.as_deref_mut()) => {
+                stopped = true;
+                if let Some(pg) = pgid {
+                    let _ = killpg(pg, Signal::SIGTERM);
+                }
+                let status = match tokio::time::timeout(plan.kill_grace, child.wait()).await {
+                    Ok(s) => s.ok(),
+                    Err(_) => {
+                        if let Some(pg) = pgid {
+                            let _ = killpg(pg, Signal::SIGKILL);
+                        }
+                        child.wait().await.ok()
+                    }
+                };
+                break status;
+            }
             _ = tokio::time::sleep_until(deadline) => {
                 result.timed_out = true;
                 if let Some(pg) = pgid {
@@ -220,9 +266,14 @@ async fn run_one(plan: &Plan, argv: &[String]) -> CommandResult {
     let start = tail.len().saturating_sub(TAIL_BYTES);
     result.tail = String::from_utf8_lossy(&tail[start..]).into_owned();
     if let Some(f) = log.as_mut() {
-        let _ = writeln!(f, "\n--- agent-state: verify: {} ---", result.describe());
+        let what = if stopped {
+            format!("{}: stopped (the daemon is stopping)", argv.join(" "))
+        } else {
+            result.describe()
+        };
+        let _ = writeln!(f, "\n--- agent-state: verify: {what} ---");
     }
-    result
+    (result, stopped)
 }
 
 /// The session's log, appended to; never through a link (it is below the
@@ -286,6 +337,7 @@ mod tests {
             kill_grace: Duration::from_millis(300),
             env: vec![("VERIFY_MARK".into(), "x".into())],
             log: Some(dir.join("session.log")),
+            stop: None,
         }
     }
 
@@ -356,6 +408,39 @@ mod tests {
         assert!(!v.passed());
         assert!(v.results[0].spawn_error.is_some());
         assert!(v.results[0].describe().contains("could not start"));
+    }
+
+    #[test]
+    fn a_stop_ends_the_running_command_and_runs_nothing_after_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = plan(
+            dir.path(),
+            &[
+                &["sh", "-c", "echo started; sleep 30"],
+                &["touch", "never-ran"],
+            ],
+            60_000,
+        );
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        p.stop = Some(rx);
+        let started = std::time::Instant::now();
+        let v = rt().block_on(async {
+            let stopper = tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let _ = tx.send(true);
+                tx
+            });
+            let v = run(&p).await;
+            drop(stopper.await);
+            v
+        });
+        assert!(v.stopped, "{v:?}");
+        assert_eq!(v.results.len(), 1);
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the stop was not prompt"
+        );
+        assert!(!dir.path().join("never-ran").exists());
     }
 
     #[test]

@@ -254,3 +254,41 @@ fn iterations_a_run_that_signals_complete_is_verified_whatever_its_exit() {
     assert_eq!(runs(&env), 2);
     assert!(prompt(&env, 2).contains("## Verification feedback (iteration 1 of 3)"));
 }
+
+#[test]
+fn iterations_a_stop_during_verification_ends_it_and_the_daemon_exits() {
+    let (env, _repo) = setup("never", 3, 2);
+    let config = std::fs::read_to_string(&env.config).unwrap();
+    let verify_line = config
+        .lines()
+        .find(|l| l.starts_with("verify = "))
+        .unwrap()
+        .to_string();
+    let marker = env.tmp("verify-started");
+    std::fs::write(
+        &env.config,
+        config.replace(
+            &verify_line,
+            &format!(
+                r#"verify = [["sh", "-c", "touch {}; sleep 60"]]"#,
+                marker.display()
+            ),
+        ),
+    )
+    .unwrap();
+    let mut d = env.daemon();
+    env.ok(&["wake", "rio"]);
+    d.wait_until(Duration::from_secs(15), "the verification runs", || {
+        marker.exists()
+    });
+    assert_eq!(
+        env.json("rio", "report.json")["iteration"]["phase"],
+        "verifying"
+    );
+    d.signal(nix::sys::signal::Signal::SIGTERM);
+    let status = d.wait_exit(Duration::from_secs(20));
+    assert!(status.success(), "{status:?}\n{}", d.log_text());
+    let s = read_json(&env.path("rio", "session.json"));
+    assert_ne!(s["status"], "running", "{s}");
+    assert_eq!(runs(&env), 1, "no second iteration after the stop");
+}

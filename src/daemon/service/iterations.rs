@@ -100,8 +100,14 @@ pub(super) async fn more(
             kill_grace: plan.spec.kill_grace,
             env: plan.spec.env.clone(),
             log: Some(log_of(&plan.spec.log_path, n)),
+            stop: Some(stop.clone()),
         })
         .await;
+        if v.stopped {
+            // The daemon is stopping: the session ends as a stopped one.
+            report.ending = Ending::Stopped;
+            return report;
+        }
         let Some(failed) = v.failure().cloned() else {
             tracing::info!(agent = %plan.agent, "iteration {n}: verification passed");
             return report;
