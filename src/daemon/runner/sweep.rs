@@ -1,0 +1,145 @@
+//! The sweep after a session: every process of its group or carrying its
+//! marker in its environment stopped, then killed, and waited for (the
+//! runner, after its main process exited; recovery, for the sessions of a
+//! daemon that was killed). Reads `/proc`; blocking, so the runner calls it
+//! through `spawn_blocking`.
+
+use std::collections::HashSet;
+use std::os::unix::ffi::OsStrExt;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::unistd::Pid;
+
+/// The sweep stops (SIGSTOP) every process it finds, then looks again, until
+/// a pass finds nothing new, so a process that forks in a loop cannot outrun
+/// it. This bounds the passes.
+const SWEEP_PASSES: usize = 32;
+
+/// How long the sweep waits for the processes it killed to be dead.
+const DEATH_WAIT: Duration = Duration::from_secs(1);
+
+/// SIGKILL to every live process in group `pgid` or with `name=value` of
+/// `marker` in its environment, except this process. Returns how many were
+/// killed.
+///
+/// First every match is stopped (SIGSTOP), pass after pass until a pass finds
+/// nothing new, so none can fork a new one between the scan and the kill;
+/// then all get SIGKILL, and the group too for anything the scan missed.
+///
+/// Limits: the environment checked is the one a process was started with
+/// (`/proc/PID/environ`), so a descendant that cleared its environment when it
+/// exec'd (`env -i`, sudo) *and* left the group escapes. Processes of other
+/// users are not readable and not killable. The group id is the main
+/// process's pid, which is reaped by now; while any member lives the kernel
+/// does not reuse it, and when none does, a reuse within the microseconds
+/// before the final `killpg` would need the pid space to wrap.
+/// Kill every process whose environment holds `marker` (no process group):
+/// used at start-up for the sessions of a daemon that was killed, whose
+/// processes outlived it.
+pub fn kill_marked(marker: &(String, String)) -> usize {
+    sweep_blocking(None, marker)
+}
+
+pub(super) fn sweep_blocking(pgid: Option<i32>, marker: &(String, String)) -> usize {
+    let needle: Option<Vec<u8>> =
+        (!marker.0.is_empty()).then(|| format!("{}={}", marker.0, marker.1).into_bytes());
+    let own = std::process::id() as i32;
+    let mut stopped: HashSet<i32> = HashSet::new();
+    for _ in 0..SWEEP_PASSES {
+        let new: Vec<i32> = session_processes(pgid, needle.as_deref(), own)
+            .into_iter()
+            .filter(|pid| !stopped.contains(pid))
+            .collect();
+        if new.is_empty() {
+            break;
+        }
+        for pid in new {
+            if kill(Pid::from_raw(pid), Signal::SIGSTOP).is_ok() {
+                stopped.insert(pid);
+            }
+        }
+    }
+    let mut killed = 0;
+    for &pid in &stopped {
+        if kill(Pid::from_raw(pid), Signal::SIGKILL).is_ok() {
+            killed += 1;
+        }
+    }
+    if let Some(pgid) = pgid {
+        let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
+    }
+    // SIGKILL is delivered asynchronously; wait (briefly: only a process
+    // stuck in the kernel takes longer) until they are really dead, so that
+    // nothing of the session runs once `run` has returned.
+    let deadline = Instant::now() + DEATH_WAIT;
+    let mut dying: Vec<i32> = stopped.into_iter().collect();
+    loop {
+        dying.retain(|&pid| stat_of(pid).is_some_and(|(state, _)| !is_dead(state)));
+        if dying.is_empty() || Instant::now() >= deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    if !dying.is_empty() {
+        tracing::warn!(pids = ?dying, "session processes got SIGKILL but are not dead yet");
+    }
+    killed
+}
+
+/// `Z`ombie (dead, waiting for its parent to reap it) or `X` (being reaped).
+pub(super) fn is_dead(state: u8) -> bool {
+    state == b'Z' || state == b'X'
+}
+
+/// Live (not zombie) processes in group `pgid` or whose environment holds
+/// `needle` as a whole entry.
+fn session_processes(pgid: Option<i32>, needle: Option<&[u8]>, own: i32) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    for entry in entries.flatten() {
+        let Some(pid) = std::str::from_utf8(entry.file_name().as_bytes())
+            .ok()
+            .and_then(|name| name.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if pid <= 1 || pid == own {
+            continue;
+        }
+        // Gone already, or dead and waiting to be reaped: nothing to kill.
+        let Some((state, pgrp)) = stat_of(pid) else {
+            continue;
+        };
+        if is_dead(state) {
+            continue;
+        }
+        if pgid == Some(pgrp) || needle.is_some_and(|needle| environ_holds(pid, needle)) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// State letter and process group from `/proc/PID/stat`.
+pub(super) fn stat_of(pid: i32) -> Option<(u8, i32)> {
+    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold anything,
+    // spaces and parentheses included; the fields after the last ')' are
+    // plain: state, ppid, pgrp, ...
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    let rest = std::str::from_utf8(&stat[close + 1..]).ok()?;
+    let mut fields = rest.split_ascii_whitespace();
+    let state = fields.next()?.bytes().next()?;
+    let _ppid = fields.next()?;
+    let pgrp = fields.next()?.parse().ok()?;
+    Some((state, pgrp))
+}
+
+fn environ_holds(pid: i32, needle: &[u8]) -> bool {
+    std::fs::read(format!("/proc/{pid}/environ"))
+        .map(|environ| environ.split(|&b| b == 0).any(|entry| entry == needle))
+        .unwrap_or(false)
+}

@@ -1,0 +1,234 @@
+//! What the runner is given and what it gives back: the session's spec,
+//! the observer of its output, and the report of how it ended.
+
+use std::fmt;
+use std::io;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+
+/// What to run, and where its output goes.
+#[derive(Debug, Clone)]
+pub struct SessionSpec {
+    /// Program and arguments, placeholders already substituted. A program
+    /// without a `/` is looked up in `PATH` (the one in `env` if it sets one).
+    pub argv: Vec<String>,
+    /// Variables set on top of the daemon's environment. They win over
+    /// `env_remove`.
+    pub env: Vec<(String, String)>,
+    /// Variables of the daemon's environment the child must not inherit
+    /// (`NOTIFY_SOCKET`: a session must never talk to systemd as if it were
+    /// the daemon).
+    pub env_remove: Vec<String>,
+    /// Working directory; it must exist and be searchable.
+    pub cwd: PathBuf,
+    /// Written to the child's stdin, which is then closed.
+    pub stdin: Vec<u8>,
+    /// `sessions/{id}.log`: created with mode 0640 if missing, appended to.
+    pub log_path: PathBuf,
+    /// At most this many bytes of output go to the log; the rest is read and
+    /// dropped, with a one-line notice in the log.
+    pub max_output: u64,
+    /// From spawn; then the group gets SIGTERM.
+    pub timeout: Duration,
+    /// Between SIGTERM and SIGKILL.
+    pub kill_grace: Duration,
+    /// A session that prints nothing (on either stream) for this long, from
+    /// spawn or from its last output, is stalled: the observer's
+    /// [`on_stall`](OutputObserver::on_stall) is called, once per silence,
+    /// and `stall_action` applies. `None`: silence is never a stall.
+    pub stall_timeout: Option<Duration>,
+    /// What a stall does besides telling the observer.
+    pub stall_action: StallAction,
+    /// `(name, value)` of a variable set on the child (and so inherited by
+    /// every descendant that keeps its environment), e.g.
+    /// `("AGENT_STATE_SESSION_ID", "rio/20261122-120000")`. The value must be
+    /// unique to this session: every process whose environment holds exactly
+    /// `name=value` is killed when the session ends. An empty name disables
+    /// the environment sweep (the process group is still killed).
+    pub marker: (String, String),
+}
+
+/// What the runner does when a session stalls (see
+/// [`SessionSpec::stall_timeout`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StallAction {
+    /// Tell the observer, count it in [`RunReport::stalls`], let the session
+    /// run on.
+    #[default]
+    Warn,
+    /// Also terminate it like at the timeout (SIGTERM to the group, SIGKILL
+    /// after the grace); it ends as [`Ending::Stalled`].
+    Stop,
+}
+
+/// Which pipe a chunk of output came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputStream {
+    Stdout,
+    Stderr,
+}
+
+/// The parsing seam: sees the session's output as it streams.
+///
+/// The observer sees **all** output, including what the log cap dropped:
+/// the parts worth parsing (Claude Code's JSON result, the last signals and
+/// the context summary) come at the end, which is exactly what a cap cuts
+/// off. So the observer must keep its own memory bounded (stream line by
+/// line, cap its line buffer); the runner gives it borrowed chunks of at most
+/// 64 KiB and keeps nothing.
+pub trait OutputObserver: Send {
+    /// A chunk of stdout or stderr, in the order the runner read them.
+    fn on_output(&mut self, chunk: &[u8]);
+
+    /// What the runner calls. Chunks of the two streams interleave (a stderr
+    /// chunk may arrive in the middle of a stdout line); a parser that splits
+    /// lines should override this and keep one line buffer per stream. The
+    /// default forwards to [`on_output`](Self::on_output).
+    fn on_stream_output(&mut self, stream: OutputStream, chunk: &[u8]) {
+        let _ = stream;
+        self.on_output(chunk);
+    }
+
+    /// The session printed nothing for `silent_for` (its
+    /// [`stall_timeout`](SessionSpec::stall_timeout)). Called once per
+    /// silence: the next output re-arms it. Called before the runner acts on
+    /// [`StallAction::Stop`]. The default does nothing.
+    fn on_stall(&mut self, silent_for: Duration) {
+        let _ = silent_for;
+    }
+
+    /// The runner is about to end the session (`why`: the timeout, a stall,
+    /// a stop request) and sends SIGTERM right after this returns: the last
+    /// moment to record that the ending is the runner's, before the
+    /// session's own traps react to the signal. The default does nothing.
+    fn on_terminate(&mut self, why: &Ending) {
+        let _ = why;
+    }
+}
+
+/// An observer for sessions whose output nobody parses.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct DiscardOutput;
+
+impl OutputObserver for DiscardOutput {
+    fn on_output(&mut self, _chunk: &[u8]) {}
+}
+
+/// Why a spawn failed, for the caller's error code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpawnFailure {
+    /// The command (or the interpreter on its `#!` line) does not exist.
+    NotFound,
+    /// The command is not executable (or a directory on its path is not
+    /// searchable).
+    PermissionDenied,
+    /// Anything else: an empty command, a missing working directory, a log
+    /// that cannot be opened; the reason says which.
+    Other,
+    /// The session's git worktree could not be made (its code says why).
+    Workspace(crate::errors::Code),
+}
+
+/// How the session's main process ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ending {
+    /// It exited by itself with this code.
+    Exited { code: i32 },
+    /// A signal killed it, not sent by the runner.
+    Signaled { signal: i32 },
+    /// It was still running at the timeout; the runner terminated it (however
+    /// it then exited).
+    TimedOut,
+    /// The stop channel asked the runner to end it (daemon shutdown); the
+    /// runner terminated it. Also returned, without spawning, when the stop
+    /// was already requested before the start.
+    Stopped,
+    /// It printed nothing for `silent_for` (the stall timeout) and the stall
+    /// action was [`StallAction::Stop`]; the runner terminated it.
+    Stalled { silent_for: Duration },
+    /// It never ran. `reason` is a sentence for an operator, naming the path.
+    SpawnFailed { reason: String, kind: SpawnFailure },
+}
+
+impl Ending {
+    /// Exited by itself with code 0.
+    pub fn is_success(&self) -> bool {
+        matches!(self, Ending::Exited { code: 0 })
+    }
+}
+
+impl fmt::Display for Ending {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Ending::Exited { code } => write!(f, "exited with code {code}"),
+            Ending::Signaled { signal } => match Signal::try_from(*signal) {
+                Ok(name) => write!(f, "killed by signal {signal} ({name})"),
+                Err(_) => write!(f, "killed by signal {signal}"),
+            },
+            Ending::TimedOut => write!(f, "timed out"),
+            Ending::Stopped => write!(f, "stopped by the daemon"),
+            Ending::Stalled { silent_for } => write!(
+                f,
+                "stalled: no output for {}",
+                humantime::format_duration(*silent_for)
+            ),
+            Ending::SpawnFailed { reason, .. } => write!(f, "{reason}"),
+        }
+    }
+}
+
+/// Why the session log could not be written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogError {
+    /// A sentence naming the log file.
+    pub message: String,
+    /// What kind of failure (a full disk, a read-only file system, ...).
+    pub kind: io::ErrorKind,
+}
+
+/// What happened, for session.json, the journal and metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunReport {
+    pub ending: Ending,
+    /// The main process's pid (also the process group id); `None` if it
+    /// never ran.
+    pub pid: Option<u32>,
+    /// Bytes the session printed (stdout + stderr), all of them.
+    pub output_bytes: u64,
+    /// Bytes of that output written to the log (at most `max_output`; the
+    /// truncation notice is not counted).
+    pub logged_bytes: u64,
+    /// Output was dropped because of the cap.
+    pub truncated: bool,
+    /// From spawn to the main process's exit.
+    pub duration: Duration,
+    /// Processes of the session still alive after the main process exited,
+    /// killed by the sweep.
+    pub leftovers_killed: usize,
+    /// Writing the log failed (disk full, ...): the first error. The session
+    /// kept running; its output was still read and observed.
+    pub log_error: Option<LogError>,
+    /// How many times the session stalled (silences of at least the stall
+    /// timeout), whatever the stall action.
+    pub stalls: u32,
+}
+
+impl RunReport {
+    /// The report of a session that never ran (spawn failed, or stopped
+    /// before the start).
+    pub fn not_run(ending: Ending) -> RunReport {
+        RunReport {
+            ending,
+            pid: None,
+            output_bytes: 0,
+            logged_bytes: 0,
+            truncated: false,
+            duration: Duration::ZERO,
+            leftovers_killed: 0,
+            log_error: None,
+            stalls: 0,
+        }
+    }
+}
