@@ -1,0 +1,773 @@
+//! `session end` and `session fail`: the end recorded in every file (journal first), the daemon's word on how its session ended, recovery of a session left running, and the replay of an end journaled before a crash.
+
+use super::*;
+
+// ---- end / fail ------------------------------------------------------------
+
+#[derive(Debug, Clone, Default)]
+pub struct EndRequest {
+    pub session: Option<String>,
+    pub outcome: Option<String>,
+    pub sources_archived: Option<String>,
+    pub branch: Option<String>,
+    pub pr: Option<String>,
+    pub summary: Option<String>,
+    pub next_priority: Option<String>,
+    pub handoff_notes: Option<String>,
+    pub tokens_used: Option<String>,
+    pub cost_usd: Option<String>,
+    /// The processes the hook was called from (see [`Caller`]).
+    /// The messages the session's claim read, when its caller kept them
+    /// (the daemon, bodies dropped): the end lists them from here instead
+    /// of reading `.claimed/` again. `None`: read from `.claimed/`.
+    pub claimed: Option<Vec<Message>>,
+    pub caller: Caller,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct FailRequest {
+    pub session: Option<String>,
+    pub outcome: String,
+    pub reason: String,
+    /// The processes the hook was called from (see [`Caller`]).
+    pub caller: Caller,
+}
+
+/// Who called `end` or `fail`: the processes it was called from, nearest
+/// first (a script, its parents), as far as the caller can see them. An
+/// `end` that names no session ends the running one only if one of these
+/// owns it (or its owner is gone): a script whose `$SESSION` was lost must
+/// not end a session another live process owns.
+#[derive(Debug, Clone, Default)]
+pub struct Caller {
+    pub ancestors: Vec<Owner>,
+}
+
+impl Caller {
+    /// The processes this process was started from.
+    pub fn this_process() -> Caller {
+        Caller {
+            ancestors: Owner::ancestors(),
+        }
+    }
+
+    fn owns(&self, session: &Session) -> bool {
+        self.ancestors
+            .iter()
+            .any(|o| o.is(session.owner_pid, session.owner_start))
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct FinishResult {
+    pub session_id: String,
+    pub outcome: Option<SessionStatus>,
+    /// The session had already ended: nothing was changed.
+    pub already_ended: bool,
+    pub processed: Vec<String>,
+    pub returned: Vec<String>,
+    pub undeliverable: Vec<String>,
+    pub bad_arguments: Vec<BadArgument>,
+    pub notes: Vec<String>,
+    /// The end had been journaled before a crash and was completed from it.
+    pub replayed: bool,
+}
+
+/// What ended a session.
+pub(super) enum Ending {
+    Completed(Completion),
+    Failed {
+        outcome: SessionStatus,
+        reason: String,
+        /// Count this as a failed delivery attempt of its messages. Not when
+        /// the session was interrupted (its process or the daemon killed
+        /// under it): a crash-looping daemon must not make messages
+        /// undeliverable.
+        count_attempts: bool,
+    },
+}
+
+impl Ending {
+    /// Its texts within their documented caps (see `state::caps`).
+    fn capped(self) -> Ending {
+        match self {
+            Ending::Completed(c) => Ending::Completed(Completion {
+                branch: caps::cap_opt(Field::Branch, c.branch),
+                summary: caps::cap_opt(Field::Summary, c.summary),
+                next_priority: caps::cap_opt(Field::NextPriority, c.next_priority),
+                handoff_notes: caps::cap_opt(Field::HandoffNotes, c.handoff_notes),
+                ..c
+            }),
+            Ending::Failed {
+                outcome,
+                reason,
+                count_attempts,
+            } => Ending::Failed {
+                outcome,
+                reason: caps::cap(Field::Reason, reason),
+                count_attempts,
+            },
+        }
+    }
+}
+
+#[derive(Default)]
+pub(super) struct Completion {
+    /// What the claim read (see [`EndRequest::claimed`]).
+    claimed: Option<Vec<Message>>,
+    sources_archived: Option<u64>,
+    branch: Option<String>,
+    pr_number: Option<u64>,
+    summary: Option<String>,
+    next_priority: Option<String>,
+    handoff_notes: Option<String>,
+    tokens_used: Option<u64>,
+    cost_usd: Option<f64>,
+}
+
+/// The post-session hook.
+pub fn end(
+    agent: &AgentConfig,
+    dir: &AgentDir,
+    req: &EndRequest,
+    now: Timestamp,
+) -> Result<FinishResult> {
+    let mut args = Args::default();
+    let completion = Completion {
+        claimed: req.claimed.clone(),
+        sources_archived: args.count("--sources-archived", req.sources_archived.as_deref()),
+        branch: Args::text(req.branch.as_deref()),
+        pr_number: args.pr("--pr", req.pr.as_deref()),
+        summary: Args::text(req.summary.as_deref()),
+        next_priority: Args::text(req.next_priority.as_deref()),
+        handoff_notes: Args::text(req.handoff_notes.as_deref()),
+        tokens_used: args.count("--tokens-used", req.tokens_used.as_deref()),
+        cost_usd: args.money("--cost-usd", req.cost_usd.as_deref()),
+    };
+    let ending = match req.outcome.as_deref().map(str::trim) {
+        None | Some("completed") => Ending::Completed(completion),
+        Some("timeout") => Ending::Failed {
+            outcome: SessionStatus::Timeout,
+            reason: "reported as timeout by `session end`".into(),
+            count_attempts: true,
+        },
+        Some("error") => Ending::Failed {
+            outcome: SessionStatus::Error,
+            reason: "reported as error by `session end`".into(),
+            count_attempts: true,
+        },
+        Some(other) => {
+            args.note(
+                "--outcome",
+                other,
+                "not completed, timeout or error; recorded as completed",
+            );
+            Ending::Completed(completion)
+        }
+    };
+    finish_request(
+        agent,
+        dir,
+        (req.session.as_deref(), &req.caller),
+        ending,
+        args,
+        now,
+    )
+}
+
+/// The error hook.
+pub fn fail(
+    agent: &AgentConfig,
+    dir: &AgentDir,
+    req: &FailRequest,
+    now: Timestamp,
+) -> Result<FinishResult> {
+    let mut args = Args::default();
+    let outcome = match req.outcome.trim() {
+        "timeout" => SessionStatus::Timeout,
+        "error" => SessionStatus::Error,
+        other => {
+            args.note(
+                "--outcome",
+                other,
+                "not error or timeout; recorded as error",
+            );
+            SessionStatus::Error
+        }
+    };
+    let reason = match req.reason.trim() {
+        "" => "no reason given".to_string(),
+        r => r.to_string(),
+    };
+    finish_request(
+        agent,
+        dir,
+        (req.session.as_deref(), &req.caller),
+        Ending::Failed {
+            outcome,
+            reason,
+            count_attempts: true,
+        },
+        args,
+        now,
+    )
+}
+
+// ---- the daemon's word on how its session ended ------------------------------
+
+/// The session.json key under which the daemon notes, before it sends SIGTERM,
+/// that it is ending the session itself (its timeout, a stall, a stop).
+pub const DAEMON_ENDING: &str = "ending_by_daemon";
+
+/// Fields of session.json beyond the schema that describe one session only:
+/// a new session does not inherit them from the last one.
+pub(super) const PER_SESSION_EXTRA: [&str; 8] = [
+    "usage",
+    "signal_block",
+    "workspace",
+    "iterations",
+    "claude_session_id",
+    "claude_resumed",
+    "claude_resumable",
+    DAEMON_ENDING,
+];
+
+/// What the daemon noted in session.json (under [`DAEMON_ENDING`]) just
+/// before it signalled the session to end.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct DaemonEnding {
+    /// `timeout` or `error`.
+    pub outcome: String,
+    pub reason: String,
+    /// The daemon's pid: the daemon's own `fail` is not merged with itself.
+    pub by_pid: u32,
+    pub at: Timestamp,
+}
+
+/// Note in session.json that the daemon is ending the running session
+/// `session_id` (see [`DaemonEnding`]): whatever its script's trap records
+/// next (`session fail`, `session end`), the outcome is the daemon's, and the
+/// reason keeps both. Returns whether the note was written (not if the
+/// session is no longer running).
+pub fn note_daemon_ending(
+    dir: &AgentDir,
+    session_id: &str,
+    ending: &DaemonEnding,
+    now: Timestamp,
+) -> Result<bool> {
+    let value = serde_json::to_value(ending).map_err(|e| Error::Data(e.to_string()))?;
+    dir.update::<Session>(now, |s| {
+        if s.session_id == session_id && s.is_running() {
+            s.extra.insert(DAEMON_ENDING.into(), value);
+        }
+    })
+}
+
+/// A script's ending of a session the daemon is ending itself: the daemon's
+/// outcome, and both reasons. `None` if the daemon noted nothing, or if this
+/// is the daemon's own call.
+pub(super) fn daemon_wins(current: &Session, ending: &Ending) -> Option<Ending> {
+    let noted: DaemonEnding =
+        serde_json::from_value(current.extra.get(DAEMON_ENDING)?.clone()).ok()?;
+    if noted.by_pid == std::process::id() {
+        return None;
+    }
+    let outcome = match noted.outcome.as_str() {
+        "timeout" => SessionStatus::Timeout,
+        _ => SessionStatus::Error,
+    };
+    let said = match ending {
+        Ending::Completed(_) => "it completed".to_string(),
+        Ending::Failed { reason, .. } => reason.clone(),
+    };
+    Some(Ending::Failed {
+        outcome,
+        reason: format!("{}; the session script reported: {said}", noted.reason),
+        count_attempts: true,
+    })
+}
+
+/// Put what the daemon decided in front of the reason of an ended, failed
+/// session `session_id` that its script recorded first (session.json
+/// `reason`, report.json `last_session.reason` and `summary`), unless the
+/// reason says it already. The journal keeps what was recorded first.
+pub fn amend_failure_reason(
+    dir: &AgentDir,
+    session_id: &str,
+    decided: &str,
+    now: Timestamp,
+) -> Result<bool> {
+    let lock = dir.lock()?;
+    let mut notes = Vec::new();
+    let mut session: Session = dir.load(&lock, now, &mut notes)?;
+    let failed = matches!(
+        session.status,
+        Some(SessionStatus::Error | SessionStatus::Timeout)
+    );
+    let recorded = session.reason.clone().unwrap_or_default();
+    if session.session_id != session_id || !failed || recorded.contains(decided) {
+        return Ok(false);
+    }
+    let reason = if recorded.is_empty() {
+        decided.to_string()
+    } else {
+        format!("{decided}; the session script reported: {recorded}")
+    };
+    session.reason = Some(reason.clone());
+    let mut report: Report = dir.load(&lock, now, &mut notes)?;
+    if let Some(last) = report.last_session.as_mut().filter(|l| l.id == session_id) {
+        last.reason = Some(reason.clone());
+        if report.current_session.is_none()
+            && let Some(summary) = report.summary.as_mut()
+            && summary.ends_with(&recorded)
+            && summary.starts_with(&format!("Session {session_id} "))
+        {
+            let head = summary.len() - recorded.len();
+            summary.truncate(head);
+            summary.push_str(&reason);
+        }
+    }
+    dir.save(&lock, &session)?;
+    dir.save(&lock, &report)?;
+    Ok(true)
+}
+
+pub(super) fn finish_request(
+    agent: &AgentConfig,
+    dir: &AgentDir,
+    (wanted, caller): (Option<&str>, &Caller),
+    ending: Ending,
+    mut args: Args,
+    now: Timestamp,
+) -> Result<FinishResult> {
+    refuse_human(agent)?;
+    let ending = ending.capped();
+    let lock = dir.lock()?;
+    let mut notes = Vec::new();
+    let current: Session = dir.load(&lock, now, &mut notes)?;
+    let ending = if current.is_running() {
+        daemon_wins(&current, &ending).unwrap_or(ending)
+    } else {
+        ending
+    };
+    let wanted = wanted.map(str::trim).filter(|s| !s.is_empty());
+    let matches = wanted.is_none_or(|w| w == current.session_id);
+
+    // Naming no session ends the running one only for its owner (or when
+    // its owner is gone): never another live process's session.
+    if current.is_running()
+        && wanted.is_none()
+        && !caller.owns(&current)
+        && owner_liveness(dir, &current, agent.session.timeout, now) == Liveness::Alive
+    {
+        return Err(Error::NotOwner {
+            agent: dir.name.to_string(),
+            session: current.session_id.clone(),
+            pid: current.owner_pid.unwrap_or(0),
+        });
+    }
+
+    if current.is_running() && !matches {
+        return Err(Error::NoSession(format!(
+            "{}: session {} is not running; the running session is {} (see {})",
+            dir.name,
+            wanted.unwrap_or_default(),
+            current.session_id,
+            dir.session().display()
+        )));
+    }
+    // Hooks are idempotent: ending an ended session changes nothing. A
+    // `fail` that names no session while none runs is not a repeat, though:
+    // it is a run that died before `begin`, and it is recorded below.
+    let repeat = match (wanted, &ending) {
+        (Some(_), _) | (None, Ending::Completed(_)) => matches,
+        (None, Ending::Failed { .. }) => false,
+    };
+    if !current.is_running() && repeat && !current.session_id.is_empty() {
+        return Ok(FinishResult {
+            session_id: current.session_id.clone(),
+            outcome: current.status,
+            already_ended: true,
+            bad_arguments: args.bad,
+            notes,
+            ..FinishResult::default()
+        });
+    }
+    let session = if current.is_running() {
+        current
+    } else {
+        match ending {
+            Ending::Completed(_) => {
+                return Err(Error::NoSession(format!(
+                    "{}: no session is running, so there is nothing to end{}; start one with `agent-state session begin {}`",
+                    dir.name,
+                    if current.session_id.is_empty() {
+                        String::new()
+                    } else {
+                        format!(
+                            " (the last one, {}, ended {})",
+                            current.session_id,
+                            current.status.map(|s| s.as_str()).unwrap_or("unrecorded")
+                        )
+                    },
+                    dir.name
+                )));
+            }
+            // A failure with no session running (the script died before
+            // `begin`, say) is still recorded, so no failed run goes unseen.
+            Ending::Failed { .. } => Session {
+                agent: dir.name.to_string(),
+                session_id: new_session_id(dir, &current.session_id, now),
+                started_at: Some(now),
+                kind: agent.session.session_type,
+                domain: agent.domain.clone(),
+                status: Some(SessionStatus::Running),
+                model: Some(agent.session.model.clone()),
+                extra: current.extra,
+                ..Session::default()
+            },
+        }
+    };
+    let mut result = finish(
+        agent, dir, &lock, session, ending, &mut args, now, &mut notes,
+    )?;
+    result.notes = notes;
+    Ok(result)
+}
+
+/// Record the end of `session` in every file. Call with the lock held.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn finish(
+    _agent: &AgentConfig,
+    dir: &AgentDir,
+    lock: &AgentLock,
+    session: Session,
+    ending: Ending,
+    args: &mut Args,
+    now: Timestamp,
+    notes: &mut Vec<String>,
+) -> Result<FinishResult> {
+    finish_with(dir, lock, session, ending, None, args, now, notes)
+}
+
+/// [`finish`], or with `journaled` the completion of an end whose journal
+/// line was written before a crash: the journal is the commit record of a
+/// session's end, and what follows it (moving messages, session.json,
+/// report.json, metrics) is replayed from it, never journaled twice.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn finish_with(
+    dir: &AgentDir,
+    lock: &AgentLock,
+    mut session: Session,
+    ending: Ending,
+    journaled: Option<&Event>,
+    args: &mut Args,
+    now: Timestamp,
+    notes: &mut Vec<String>,
+) -> Result<FinishResult> {
+    let id = session.session_id.clone();
+    let duration = session.started_at.map(|s| now.seconds_since(&s));
+    let mut result = FinishResult {
+        session_id: id.clone(),
+        ..FinishResult::default()
+    };
+    let mut report: Report = dir.load(lock, now, notes)?;
+    let mut memory_lines: Vec<String> = Vec::new();
+    let event = match ending {
+        Ending::Completed(c) => {
+            // Listed, not yet moved: they move to processed/ only after the
+            // journal says so. As the claim read them when the caller kept
+            // them (one read per message); from `.claimed/` otherwise (a
+            // script's `session end`, a replay after a crash).
+            let processed: Vec<Message> = match c.claimed {
+                Some(m) => m,
+                None => inbox::claimed(dir, &id)?
+                    .into_iter()
+                    .map(|(_, m)| m)
+                    .collect(),
+            };
+            let flags: Vec<&Message> = processed
+                .iter()
+                .filter(|m| m.kind == MessageType::Flag)
+                .collect();
+            let flag_lines: Vec<String> = flags
+                .iter()
+                .map(|m| {
+                    format!(
+                        "- {} ({}): \"{}\"",
+                        title_case(&m.from),
+                        m.created_at.date(),
+                        m.subject.replace(['\n', '\r'], " ").trim()
+                    )
+                })
+                .collect();
+            result.processed = processed.iter().map(|m| m.id.clone()).collect();
+            let event = Event::SessionEnd(SessionEnd {
+                session_id: id.clone(),
+                outcome: "completed".into(),
+                sources_archived: c.sources_archived,
+                handoff: c.handoff_notes.clone(),
+                summary: c.summary.clone(),
+                next_priority: c.next_priority.clone(),
+                branch: c.branch.clone().or(session.branch.clone()),
+                pr_number: c.pr_number,
+                tokens_used: c.tokens_used,
+                cost_usd: c.cost_usd,
+                messages_processed: result.processed.clone(),
+                flags_received: flags.len() as u64,
+                duration_seconds: duration,
+            });
+            memory_lines = flag_lines;
+
+            session.status = Some(SessionStatus::Completed);
+            session.sources_archived = c.sources_archived.or(session.sources_archived);
+            session.branch = c.branch.or(session.branch.take());
+            session.pr_number = c.pr_number.or(session.pr_number);
+            session.tokens_used = c.tokens_used.or(session.tokens_used);
+            session.cost_usd = c.cost_usd.or(session.cost_usd);
+            session.handoff_notes = c.handoff_notes.or(session.handoff_notes.take());
+
+            report.status = AgentStatus::Idle;
+            report.summary = Some(c.summary.unwrap_or_else(|| {
+                format!(
+                    "Session {id} completed{}",
+                    session
+                        .sources_archived
+                        .map(|n| format!(" — {n} sources archived"))
+                        .unwrap_or_default()
+                )
+            }));
+            if c.next_priority.is_some() {
+                report.next_priority = c.next_priority;
+            }
+            event
+        }
+        Ending::Failed {
+            outcome,
+            reason,
+            count_attempts,
+        } => {
+            let (returned, undeliverable) =
+                inbox::return_claimed_counting(dir, &id, now, count_attempts)?;
+            let failed = SessionFailed {
+                session_id: id.clone(),
+                reason: reason.clone(),
+                messages_returned: returned.clone(),
+                messages_undeliverable: undeliverable.clone(),
+                duration_seconds: duration,
+            };
+            let event = match outcome {
+                SessionStatus::Timeout => Event::Timeout(failed),
+                _ => Event::Error(failed),
+            };
+            result.returned = returned;
+            result.undeliverable = undeliverable;
+
+            session.status = Some(outcome);
+            session.reason = Some(reason.clone());
+            // A timeout is not a fault of the agent: it goes back to idle,
+            // and last_session says how the session ended and why.
+            let (status, verb) = match outcome {
+                SessionStatus::Timeout => (AgentStatus::Idle, "timed out"),
+                _ => (AgentStatus::Error, "failed"),
+            };
+            report.status = status;
+            report.summary = Some(format!("Session {id} {verb}: {reason}"));
+            event
+        }
+    };
+    session.ended_at = Some(now);
+    session.owner_pid = None;
+    session.owner_start = None;
+    session.extra.remove(DAEMON_ENDING);
+    session.errors.extend(args.as_errors(now));
+
+    report.agent = dir.name.to_string();
+    report.current_session = None;
+    report.updated_at = Some(now);
+    report.lifecycle = Some(if matches!(event, Event::SessionEnd(_)) {
+        Lifecycle::Sleeping
+    } else {
+        Lifecycle::at_rest(dir)
+    });
+    report.last_session = Some(LastSession {
+        id: id.clone(),
+        started_at: session.started_at,
+        ended_at: session.ended_at,
+        outcome: session.status,
+        sources_archived: session.sources_archived,
+        branch: session.branch.clone(),
+        pr_number: session.pr_number,
+        reason: session.reason.clone(),
+        extra: report
+            .last_session
+            .take()
+            .map(|l| l.extra)
+            .unwrap_or_default(),
+    });
+    // Both files are on disk before the journal records the end, renamed
+    // in after it: a full disk fails the whole end, which can be retried.
+    let staged_session = dir.stage(lock, &session)?;
+    let staged_report = dir.stage(lock, &report)?;
+    let event = match journaled {
+        Some(e) => e.clone(),
+        None => {
+            dir.journal_append(lock, now, event.clone())?;
+            event
+        }
+    };
+    if matches!(event, Event::SessionEnd(_)) {
+        inbox::acknowledge(dir, &id)?;
+        memory::append_entries(&dir.memory(), memory::FLAGS_SECTION, &memory_lines)?;
+    }
+    // metrics.json from the journal as it is now, staged with the others:
+    // the three renames into the agent's directory share one directory
+    // sync. A crash before it is recovered from the journal line (the end
+    // replayed, the metrics caught up by `counted_session`).
+    let (_, staged_metrics) = metrics::stage(dir, lock, &event, now, notes)?;
+    atomic::commit_all(
+        [staged_session, staged_report]
+            .into_iter()
+            .chain(staged_metrics),
+    )?;
+    // Ended: its owner lock goes (a keeper holding it sees that and exits).
+    if let Err(e) = owner::release(dir, &id) {
+        notes.push(e.to_string());
+    }
+
+    result.outcome = session.status;
+    result.bad_arguments = std::mem::take(&mut args.bad);
+    Ok(result)
+}
+
+/// If `agent`'s session.json says a session is running but its owner is gone,
+/// record it as an error ("interrupted") and return its messages to the inbox.
+/// Used by `check --repair` (and, later, by the daemon at start-up).
+pub fn recover_stale(
+    agent: &AgentConfig,
+    dir: &AgentDir,
+    reason: &str,
+    now: Timestamp,
+) -> Result<Option<FinishResult>> {
+    let lock = dir.lock()?;
+    let mut notes = Vec::new();
+    let current: Session = dir.load(&lock, now, &mut notes)?;
+    if !current.is_running() {
+        metrics::catch_up(dir, &lock, now, &mut notes)?;
+        // Ended, but report.json may not say so yet (a crash between the
+        // two commits): complete it from the journal.
+        let report: Report = dir.load(&lock, now, &mut notes)?;
+        if report.current_session.as_deref() == Some(current.session_id.as_str())
+            && let Some(entry) = journaled_end(dir, &current.session_id)?
+        {
+            let mut result = replay_end(dir, &lock, current, &entry, &mut notes)?;
+            result.notes = notes;
+            return Ok(Some(result));
+        }
+        return Ok(None);
+    }
+    let why = match owner_liveness(dir, &current, agent.session.timeout, now) {
+        Liveness::Alive => return Ok(None),
+        Liveness::Gone(why) => why,
+    };
+    // Its end was journaled before a crash: complete that end, do not
+    // record another.
+    if let Some(entry) = journaled_end(dir, &current.session_id)? {
+        let mut result = replay_end(dir, &lock, current, &entry, &mut notes)?;
+        result.notes = notes;
+        return Ok(Some(result));
+    }
+    let mut result = finish(
+        agent,
+        dir,
+        &lock,
+        current,
+        Ending::Failed {
+            outcome: SessionStatus::Error,
+            reason: format!("{reason} ({why})"),
+            // Its owner (the daemon, a script) was killed under it: not a
+            // failure of its messages.
+            count_attempts: false,
+        },
+        &mut Args::default(),
+        now,
+        &mut notes,
+    )?;
+    result.notes = notes;
+    Ok(Some(result))
+}
+
+/// The journal entry that ended session `id`, if its end was journaled
+/// (searched back to its start).
+pub(super) fn journaled_end(
+    dir: &AgentDir,
+    id: &str,
+) -> Result<Option<crate::state::journal::Entry>> {
+    let mut found = None;
+    crate::state::journal::scan_backwards(&dir.journal(), |e| {
+        if e.event.ended_session() == Some(id) {
+            found = Some(e);
+            return std::ops::ControlFlow::Break(());
+        }
+        match &e.event {
+            Event::SessionStart(s) if s.session_id == id => std::ops::ControlFlow::Break(()),
+            _ => std::ops::ControlFlow::Continue(()),
+        }
+    })?;
+    Ok(found)
+}
+
+/// Complete a journaled end (see [`finish_with`]), at the time it was journaled.
+pub(super) fn replay_end(
+    dir: &AgentDir,
+    lock: &AgentLock,
+    session: Session,
+    entry: &crate::state::journal::Entry,
+    notes: &mut Vec<String>,
+) -> Result<FinishResult> {
+    let ending = match &entry.event {
+        Event::SessionEnd(e) => Ending::Completed(Completion {
+            claimed: None,
+            sources_archived: e.sources_archived,
+            branch: e.branch.clone(),
+            pr_number: e.pr_number,
+            summary: e.summary.clone(),
+            next_priority: e.next_priority.clone(),
+            handoff_notes: e.handoff.clone(),
+            tokens_used: e.tokens_used,
+            cost_usd: e.cost_usd,
+        }),
+        Event::Timeout(f) => Ending::Failed {
+            outcome: SessionStatus::Timeout,
+            reason: f.reason.clone(),
+            count_attempts: true,
+        },
+        Event::Error(f) => Ending::Failed {
+            outcome: SessionStatus::Error,
+            reason: f.reason.clone(),
+            count_attempts: true,
+        },
+        _ => {
+            return Err(Error::Data(format!(
+                "{}: journal entry is not a session end",
+                dir.name
+            )));
+        }
+    };
+    let mut result = finish_with(
+        dir,
+        lock,
+        session,
+        ending,
+        Some(&entry.event),
+        &mut Args::default(),
+        entry.ts,
+        notes,
+    )?;
+    result.replayed = true;
+    notes.push(format!(
+        "session {}: its end was journaled at {} but not fully recorded (a crash); completed from the journal",
+        result.session_id, entry.ts
+    ));
+    Ok(result)
+}
