@@ -1,0 +1,324 @@
+//! A session's messages: the claim into `.claimed/ID/`, reading them back, acknowledging them into `processed/`, returning them to the inbox.
+
+use super::*;
+
+/// What claiming found.
+#[derive(Debug, Default)]
+pub struct Claim {
+    /// In delivery order.
+    pub claimed: Vec<Message>,
+    pub rejected: Vec<(String, String)>,
+    pub expired: Vec<String>,
+    pub unsettled: Vec<String>,
+}
+
+/// Validate every waiting message and move the valid ones to
+/// `.claimed/{session_id}/`. Call with the agent lock held.
+/// Names a writer still has open (known to the daemon's watch).
+pub type Writing = std::collections::BTreeSet<String>;
+
+pub fn claim(
+    agent: &AgentDir,
+    session_id: &str,
+    now: Timestamp,
+    settle: Duration,
+    writing: &Writing,
+    known: Option<&Known>,
+) -> Result<Claim> {
+    let mut out = Claim::default();
+    let Some(listing) = Listing::open(agent)? else {
+        return Ok(out);
+    };
+    out.rejected
+        .extend(reject_names(agent, listing.undecodable, now)?);
+    if listing.names.is_empty() {
+        return Ok(out);
+    }
+    let inbox_dir = listing.dir.as_fd();
+    let claimed_dir = agent.claimed(session_id);
+    // Opened once, at the first message claimed.
+    let mut claimed_fd: Option<std::os::fd::OwnedFd> = None;
+    let now_sys: SystemTime = now.0.into();
+    // Use the real clock for settling: `now` is whole seconds.
+    let settle_now = SystemTime::now().max(now_sys);
+    for name in listing.names {
+        let path = agent.inbox().join(&name);
+        let intake = Intake {
+            settle,
+            writer_open: writing.contains(&name),
+        };
+        match inspect_with(agent, inbox_dir, &name, settle_now, intake, known).0 {
+            Verdict::Unsettled(_) => out.unsettled.push(name),
+            Verdict::Invalid(r) => {
+                let kept = reject_as(agent, &path, &r, now)?;
+                out.rejected.push((kept_as(&name, &kept), r.reason));
+            }
+            Verdict::Valid(m) if m.attempts >= MAX_ATTEMPTS => {
+                let reason = format!("undeliverable: {} failed delivery attempts", m.attempts);
+                reject(agent, &path, &reason, now)?;
+                out.rejected.push((name, reason));
+            }
+            Verdict::Valid(m) if m.is_expired(now) => {
+                atomic::create_dir(&agent.processed(), INBOX_PRIVATE_DIR_MODE)?;
+                move_unique_unsynced(&path, &agent.processed(), &name)?;
+                journal::append(
+                    &agent.journal(),
+                    &Entry::new(
+                        now,
+                        Event::MessageExpired(MessageExpired {
+                            message_id: m.id.clone(),
+                            file: name.clone(),
+                        }),
+                    ),
+                )?;
+                out.expired.push(m.id.clone());
+            }
+            Verdict::Valid(m) => {
+                if claimed_fd.is_none() {
+                    atomic::create_dir(&claimed_dir, INBOX_PRIVATE_DIR_MODE)?;
+                    claimed_fd = Some(fsx::dir(&claimed_dir)?);
+                }
+                let to = claimed_fd.as_ref().expect("opened above").as_fd();
+                fsx::rename_at(inbox_dir, name.as_ref(), to, name.as_ref(), false).map_err(
+                    |e| {
+                        let to = claimed_dir.join(&name);
+                        Error::io(
+                            "renaming",
+                            &path,
+                            std::io::Error::new(e.kind(), format!("to {}: {e}", to.display())),
+                        )
+                    },
+                )?;
+                out.claimed.push(*m);
+            }
+        }
+    }
+    if !out.claimed.is_empty() || !out.expired.is_empty() {
+        fsx::sync_fd(inbox_dir, &agent.inbox())?;
+    }
+    if let Some(fd) = &claimed_fd {
+        fsx::sync_fd(fd, &claimed_dir)?;
+    }
+    if !out.expired.is_empty() {
+        atomic::sync_dir(&agent.processed())?;
+    }
+    out.claimed.sort_by(Message::delivery_order);
+    Ok(out)
+}
+
+/// The messages claimed by `session_id`, in delivery order, with their files.
+pub fn claimed(agent: &AgentDir, session_id: &str) -> Result<Vec<(PathBuf, Message)>> {
+    let dir = agent.claimed(session_id);
+    let mut out = Vec::new();
+    // One handle for the directory: each file is opened by name in it.
+    let Some(handle) = fsx::open_dir(&dir)? else {
+        return Ok(out);
+    };
+    let listed = handle
+        .try_clone()
+        .map_err(|e| Error::io("listing", &dir, e))?;
+    for name in fsx::list_fd(listed, &dir)? {
+        let path = dir.join(&name);
+        let Some(name) = name.to_str().map(str::to_string) else {
+            continue;
+        };
+        if !is_message_name(&name) {
+            continue;
+        }
+        let stem = name.trim_end_matches(".json");
+        let Some(file) = fsx::open_read_at(handle.as_fd(), OsStr::new(&name), &path)? else {
+            continue;
+        };
+        let Ok(meta) = file.metadata() else {
+            continue;
+        };
+        // Swapped for a hard link since it was claimed: never read.
+        if meta.nlink() > 1 {
+            continue;
+        }
+        let mut bytes = Vec::with_capacity(meta.len().min(MAX_MESSAGE_BYTES) as usize + 1);
+        (&file)
+            .take(MAX_MESSAGE_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .at("reading", &path)?;
+        // The file's mtime (kept by the renames), as for a waiting message:
+        // a message without `created_at` keeps the same sent time and order.
+        let mtime = meta
+            .modified()
+            .map(|t| Timestamp::from_datetime(chrono::DateTime::<chrono::Utc>::from(t)))
+            .unwrap_or_else(|_| Timestamp::now());
+        // A claimed file was valid when claimed; if someone edited it since,
+        // keep it in the session anyway with what can be read.
+        if let Ok(m) = validate(&bytes, stem, &agent.name, mtime) {
+            out.push((path, m));
+        }
+    }
+    out.sort_by(|a, b| Message::delivery_order(&a.1, &b.1));
+    Ok(out)
+}
+
+/// Session succeeded: move its claimed messages to `processed/`, without
+/// reading them again (what they say was read when they were claimed and
+/// when the session's end was journaled). One fsync of each directory for
+/// the whole batch, after the last rename. Returns how many moved. Call with
+/// the agent lock held.
+pub fn acknowledge(agent: &AgentDir, session_id: &str) -> Result<usize> {
+    let dir = agent.claimed(session_id);
+    let Some(from) = fsx::open_dir(&dir)? else {
+        finish_claim_dir(agent, session_id)?;
+        return Ok(0);
+    };
+    let listed = from
+        .try_clone()
+        .map_err(|e| Error::io("listing", &dir, e))?;
+    let names: Vec<String> = fsx::list_fd(listed, &dir)?
+        .into_iter()
+        .filter_map(|n| n.into_string().ok())
+        .filter(|n| is_message_name(n))
+        .collect();
+    if !names.is_empty() {
+        let processed = agent.processed();
+        atomic::create_dir(&processed, INBOX_PRIVATE_DIR_MODE)?;
+        let to = fsx::dir(&processed)?;
+        for name in &names {
+            // By the two handles, under its own name; a name already taken
+            // in processed/ (a message sent twice under one name) costs a
+            // search for a free one.
+            let kept = keepable_name(name);
+            match fsx::rename_at(
+                from.as_fd(),
+                name.as_ref(),
+                to.as_fd(),
+                kept.as_ref(),
+                false,
+            ) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    move_unique_unsynced(&dir.join(name), &processed, name)?;
+                }
+                Err(e) => {
+                    return Err(Error::io(
+                        "renaming",
+                        dir.join(name),
+                        std::io::Error::new(
+                            e.kind(),
+                            format!("to {}: {e}", processed.join(&kept).display()),
+                        ),
+                    ));
+                }
+            }
+        }
+        fsx::sync_fd(&to, &processed)?;
+        fsx::sync_fd(&from, &dir)?;
+    }
+    finish_claim_dir(agent, session_id)?;
+    Ok(names.len())
+}
+
+/// Session failed: put its claimed messages back in the inbox with one more
+/// attempt counted, or in `rejected/` once they reach [`MAX_ATTEMPTS`].
+/// Returns (returned ids, undeliverable ids). Call with the agent lock held.
+pub fn return_claimed(
+    agent: &AgentDir,
+    session_id: &str,
+    now: Timestamp,
+) -> Result<(Vec<String>, Vec<String>)> {
+    return_claimed_counting(agent, session_id, now, true)
+}
+
+/// [`return_claimed`]; with `count = false` the attempt is not counted: the
+/// session did not fail on its messages, its process (or the daemon) was
+/// killed under it, and a crash-looping daemon must not make messages
+/// undeliverable.
+pub fn return_claimed_counting(
+    agent: &AgentDir,
+    session_id: &str,
+    now: Timestamp,
+    count: bool,
+) -> Result<(Vec<String>, Vec<String>)> {
+    let mut returned = Vec::new();
+    let mut undeliverable = Vec::new();
+    let dir = agent.claimed(session_id);
+    if fsx::open_dir(&dir)?.is_none() {
+        return Ok((returned, undeliverable));
+    }
+    for raw in fsx::list(&dir)? {
+        let path = dir.join(&raw);
+        let name = raw.to_string_lossy().to_string();
+        let bytes = match fsx::read_limited(&path, MAX_MESSAGE_BYTES)? {
+            Some((b, _)) => b,
+            None => continue,
+        };
+        let stem = name.trim_end_matches(".json");
+        match validate(&bytes, stem, &agent.name, now) {
+            Ok(mut m) => {
+                if count {
+                    m.attempts += 1;
+                }
+                if m.attempts >= MAX_ATTEMPTS {
+                    // Record the count in the file first, so the rejected
+                    // copy says how many times it was tried.
+                    write_message(&path, &m)?;
+                    let reason = format!(
+                        "undeliverable: {} sessions that claimed it failed (last: {session_id})",
+                        m.attempts
+                    );
+                    reject(agent, &path, &reason, now)?;
+                    undeliverable.push(m.id);
+                } else {
+                    // Only a counted attempt changes the file: an uncounted
+                    // return is a rename (no rewrite, no fsync per message:
+                    // thousands of messages go back after a crash).
+                    if count {
+                        write_message(&path, &m)?;
+                    }
+                    move_unique_unsynced(&path, &agent.inbox(), &name)?;
+                    returned.push(m.id);
+                }
+            }
+            Err(r) => {
+                reject(
+                    agent,
+                    &path,
+                    &format!("edited while claimed: {}", r.reason),
+                    now,
+                )?;
+                undeliverable.push(stem.to_string());
+            }
+        }
+    }
+    atomic::sync_dir(&agent.inbox())?;
+    finish_claim_dir(agent, session_id)?;
+    Ok((returned, undeliverable))
+}
+
+pub(super) fn finish_claim_dir(agent: &AgentDir, session_id: &str) -> Result<()> {
+    let dir = agent.claimed(session_id);
+    match fsx::remove_dir(&dir) {
+        Ok(true) => atomic::sync_dir(&agent.claimed_root()),
+        Ok(false) => Ok(()),
+        // Something unexpected is left in it: keep it for a human.
+        Err(_) => Ok(()),
+    }
+}
+
+/// Sessions with a `.claimed/` directory.
+pub fn claimed_sessions(agent: &AgentDir) -> Result<Vec<String>> {
+    let dir = agent.claimed_root();
+    let mut out = Vec::new();
+    for name in fsx::list(&dir)? {
+        if let Some(name) = name.to_str()
+            && fsx::is_dir(&dir.join(name))
+        {
+            out.push(name.to_string());
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+pub(super) fn write_message(path: &Path, m: &Message) -> Result<()> {
+    let mut bytes = serde_json::to_vec_pretty(m).unwrap_or_default();
+    bytes.push(b'\n');
+    atomic::write_file(path, &bytes, MESSAGE_MODE)
+}

@@ -1,0 +1,81 @@
+//! Writing a message into an inbox (`send`, escalations): `inbox/.tmp/`, fsync, rename in, directory fsync.
+
+use super::*;
+
+/// A message to send.
+#[derive(Debug, Clone)]
+pub struct Outgoing {
+    pub from: AgentName,
+    pub kind: MessageType,
+    pub priority: Priority,
+    pub subject: String,
+    pub body: String,
+    pub source_ref: Option<String>,
+    pub expires_at: Option<Timestamp>,
+}
+
+/// Deliver `out` into `to`'s inbox: written in `inbox/.tmp/`, fsynced, renamed
+/// in, directory fsynced. Returns the message as delivered.
+pub fn deliver(to: &AgentDir, out: &Outgoing, now: Timestamp) -> Result<Message> {
+    to.require()?;
+    let id = uuid::Uuid::new_v4().to_string();
+    let message = Message {
+        id: id.clone(),
+        from: out.from.to_string(),
+        to: to.name.to_string(),
+        created_at: now,
+        kind: out.kind,
+        priority: out.priority,
+        subject: out.subject.clone(),
+        body: out.body.clone(),
+        source_ref: out.source_ref.clone(),
+        expires_at: out.expires_at,
+        attempts: 0,
+        extra: Map::new(),
+    };
+    let mut bytes = serde_json::to_vec_pretty(&message).unwrap_or_default();
+    bytes.push(b'\n');
+    if bytes.len() as u64 > MAX_MESSAGE_BYTES {
+        return Err(Error::Data(format!(
+            "the message to {} would be {} bytes; the limit is {MAX_MESSAGE_BYTES} (1 MiB): put large content in a file and name it with --source-ref",
+            to.name,
+            bytes.len()
+        )));
+    }
+    let tmp_dir = to.inbox_tmp();
+    atomic::create_dir(&tmp_dir, INBOX_DIR_MODE)?;
+    // Written under a new name in inbox/.tmp/ (O_EXCL, never through a link,
+    // its mode set exactly whatever the umask), fsynced, renamed in without
+    // replacing anything.
+    let tmp_fd = fsx::dir(&tmp_dir)?;
+    let (mut f, tmp_name) = fsx::create_temp(tmp_fd.as_fd(), &tmp_dir, MESSAGE_MODE)?;
+    let tmp = tmp_dir.join(&tmp_name);
+    let written = f
+        .write_all(&bytes)
+        .and_then(|()| f.sync_all())
+        .at("writing", &tmp);
+    if let Err(e) = written {
+        fsx::discard_at(tmp_fd.as_fd(), &tmp_name);
+        return Err(e);
+    }
+    let target = to.inbox().join(format!("{id}.json"));
+    if let Err(e) = atomic::rename_new(&tmp, &target) {
+        fsx::discard_at(tmp_fd.as_fd(), &tmp_name);
+        return Err(e);
+    }
+    Ok(message)
+}
+
+/// Count of regular entries in a directory (0 if it does not exist).
+pub fn count_files(dir: &Path) -> usize {
+    fsx::list(dir)
+        .map(|names| {
+            names
+                .iter()
+                .filter(|n| {
+                    matches!(fsx::metadata(&dir.join(n)), Ok(Some(st)) if fsx::file_type(&st) == SFlag::S_IFREG)
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
