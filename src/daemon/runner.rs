@@ -25,8 +25,8 @@
 
 mod sweep;
 mod types;
-pub use sweep::kill_marked;
 use sweep::sweep_blocking;
+pub use sweep::{kill_marked, kill_marked_all};
 pub use types::*;
 
 use std::io;

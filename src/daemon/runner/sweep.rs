@@ -41,13 +41,32 @@ pub fn kill_marked(marker: &(String, String)) -> usize {
     sweep_blocking(None, marker)
 }
 
+/// [`kill_marked`] for several markers in one pass over `/proc`.
+pub fn kill_marked_all(markers: &[(String, String)]) -> usize {
+    let needles: Vec<Vec<u8>> = markers
+        .iter()
+        .filter(|m| !m.0.is_empty())
+        .map(|m| format!("{}={}", m.0, m.1).into_bytes())
+        .collect();
+    if needles.is_empty() {
+        return 0;
+    }
+    sweep_needles(None, &needles)
+}
+
 pub(super) fn sweep_blocking(pgid: Option<i32>, marker: &(String, String)) -> usize {
-    let needle: Option<Vec<u8>> =
-        (!marker.0.is_empty()).then(|| format!("{}={}", marker.0, marker.1).into_bytes());
+    let needles: Vec<Vec<u8>> = (!marker.0.is_empty())
+        .then(|| format!("{}={}", marker.0, marker.1).into_bytes())
+        .into_iter()
+        .collect();
+    sweep_needles(pgid, &needles)
+}
+
+fn sweep_needles(pgid: Option<i32>, needles: &[Vec<u8>]) -> usize {
     let own = std::process::id() as i32;
     let mut stopped: HashSet<i32> = HashSet::new();
     for _ in 0..SWEEP_PASSES {
-        let new: Vec<i32> = session_processes(pgid, needle.as_deref(), own)
+        let new: Vec<i32> = session_processes(pgid, needles, own)
             .into_iter()
             .filter(|pid| !stopped.contains(pid))
             .collect();
@@ -93,8 +112,8 @@ pub(super) fn is_dead(state: u8) -> bool {
 }
 
 /// Live (not zombie) processes in group `pgid` or whose environment holds
-/// `needle` as a whole entry.
-fn session_processes(pgid: Option<i32>, needle: Option<&[u8]>, own: i32) -> Vec<i32> {
+/// one of `needles` as a whole entry.
+fn session_processes(pgid: Option<i32>, needles: &[Vec<u8>], own: i32) -> Vec<i32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -116,7 +135,7 @@ fn session_processes(pgid: Option<i32>, needle: Option<&[u8]>, own: i32) -> Vec<
         if is_dead(state) {
             continue;
         }
-        if pgid == Some(pgrp) || needle.is_some_and(|needle| environ_holds(pid, needle)) {
+        if pgid == Some(pgrp) || (!needles.is_empty() && environ_holds_any(pid, needles)) {
             found.push(pid);
         }
     }
@@ -138,8 +157,12 @@ pub(super) fn stat_of(pid: i32) -> Option<(u8, i32)> {
     Some((state, pgrp))
 }
 
-fn environ_holds(pid: i32, needle: &[u8]) -> bool {
+fn environ_holds_any(pid: i32, needles: &[Vec<u8>]) -> bool {
     std::fs::read(format!("/proc/{pid}/environ"))
-        .map(|environ| environ.split(|&b| b == 0).any(|entry| entry == needle))
+        .map(|environ| {
+            environ
+                .split(|&b| b == 0)
+                .any(|entry| needles.iter().any(|n| entry == n.as_slice()))
+        })
         .unwrap_or(false)
 }

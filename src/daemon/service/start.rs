@@ -19,12 +19,32 @@ impl Daemon {
         // threads (at 10,000 agents this was a fifth of a start).
         let agents: Vec<&AgentConfig> = self.config.working_agents().collect();
         let root = &self.root;
-        let records: Vec<ErrorRecord> = crate::daemon::fanout::map(&agents, |agent| {
-            recover_agent(agent, &root.agent(&agent.name), now)
-        })
-        .into_iter()
-        .flatten()
-        .collect();
+        let recovered: Vec<(Vec<ErrorRecord>, Option<Marker>)> =
+            crate::daemon::fanout::map(&agents, |agent| {
+                recover_agent(agent, &root.agent(&agent.name), now)
+            });
+        let mut records = Vec::new();
+        let mut markers = Vec::new();
+        for (r, m) in recovered {
+            records.extend(r);
+            markers.extend(m);
+        }
+        // A child the dead daemon forked an instant before it died carries
+        // its marker only once it has exec'd (until then /proc shows the
+        // daemon's environment): every marker is swept again a little later,
+        // twice, in one pass over /proc each.
+        if !markers.is_empty() {
+            let mut killed = 0;
+            for pause in [30, 100] {
+                std::thread::sleep(Duration::from_millis(pause));
+                killed += runner::kill_marked_all(&markers);
+            }
+            if killed > 0 {
+                tracing::warn!(
+                    "killed {killed} more process(es) of sessions of a daemon that died (they started late)"
+                );
+            }
+        }
         for record in records {
             self.raise(record, false);
         }
@@ -370,13 +390,21 @@ impl Daemon {
     }
 }
 
+/// A session's marker in its processes' environment (`AGENT_STATE_RUN`).
+type Marker = (String, String);
+
 /// An agent's recovery at start: a torn journal noted, the processes of a
 /// session of a daemon that died ended, a session left running recorded,
 /// messages claimed by no running session returned. The errors to raise.
-fn recover_agent(agent: &AgentConfig, dir: &AgentDir, now: Timestamp) -> Vec<ErrorRecord> {
+fn recover_agent(
+    agent: &AgentConfig,
+    dir: &AgentDir,
+    now: Timestamp,
+) -> (Vec<ErrorRecord>, Option<Marker>) {
     let mut records = Vec::new();
+    let mut swept = None;
     if !crate::fsx::is_dir(&dir.path) {
-        return records;
+        return (records, swept);
     }
     // A crash in the middle of an append leaves a torn last line:
     // readers skip it and the next append starts on a fresh line.
@@ -409,6 +437,7 @@ fn recover_agent(agent: &AgentConfig, dir: &AgentDir, now: Timestamp) -> Vec<Err
         if killed > 0 {
             tracing::warn!(agent = %agent.name, session_id = %s.session_id, "killed {killed} process(es) left running by the session of a daemon that died (pid {owner})");
         }
+        swept = Some(marker);
     }
     // Recovery at start may wait longer for a lock than the loop
     // does (a hook of a script still finishing on a loaded machine),
@@ -439,7 +468,7 @@ fn recover_agent(agent: &AgentConfig, dir: &AgentDir, now: Timestamp) -> Vec<Err
             }
         }
     }
-    records
+    (records, swept)
 }
 
 /// Whether [`hooks::recover_stale`] would find nothing to do for `dir`,
