@@ -3,12 +3,13 @@
 # shape of the origin server's research-session.sh, with the agent-state hooks
 # of seed 001 ("Integration Points") at their documented places:
 #
-#   HOOK 1  pre-session   `agent-state session begin`  after the branch exists, before Claude
+#   HOOK 1  pre-session   `agent-state session begin`  before the work tree is touched
 #   HOOK 2  post-session  `agent-state session end`    after commit, push and PR
 #   HOOK 3  on error      `agent-state session fail`   from the EXIT trap, on any early exit
 #
-# What it does: take a lock (flock, one session per agent), create the branch
-# AGENT/research-YYYY-MM-DD in the work tree, begin the session, run
+# What it does: take a lock (flock), begin the session (agent-state's own
+# guard: one session per agent, whoever started it), create the branch
+# AGENT/research-YYYY-MM-DD in the work tree, run
 # `claude -p` under `timeout`, commit what the agent wrote, push, open a PR,
 # end the session. Any exit after `session begin` that is not the successful
 # `session end` (a failing command under `set -e`, SIGTERM/SIGINT/SIGHUP, the
@@ -23,6 +24,7 @@
 #   REPO_DIR          git work tree the agent works in   (default /opt/teleo-eval/workspaces/AGENT;
 #                     when the daemon gives the session its own worktree, AGENT_STATE_WORKSPACE,
 #                     that worktree and the branch the daemon made in it)
+#   BRANCH            the research branch                 (default AGENT/research-YYYY-MM-DD, UTC)
 #   BASE_BRANCH       branch the research branch starts from and the PR targets (default main)
 #   MODEL             model for claude and session.json   (default sonnet)
 #   TIMEOUT           session timeout, as timeout(1) takes it: 5400, 90m, 2h (default 5400)
@@ -30,7 +32,9 @@
 #   CLAUDE            the claude program                  (default claude)
 #   AGENT_STATE_BIN   the agent-state program             (default agent-state)
 #   AGENT_STATE_CONFIG  config file for agent-state       (default /etc/agent-state/config.toml)
-#   LOCK_DIR          where the per-agent lock file lives (default /tmp)
+#   LOCK_DIR          where the per-agent lock file lives (default /tmp; under the daemon's
+#                     unit /tmp is private, so this lock does not see a cron run: `session
+#                     begin` is what keeps one session per agent across both)
 #   LOG_DIR           where Claude's output is kept: the daemon's sessions/ directory of
 #                     the agent when the daemon started us (AGENT_STATE_DIR; pruned with the
 #                     session's log), else ${XDG_STATE_HOME:-$HOME/.local/state}/research-session.
@@ -82,7 +86,7 @@ SKIP_PR=${SKIP_PR:-0}
 JQ=${JQ:-jq}
 
 DATE=$(date -u +%Y-%m-%d)
-BRANCH="$AGENT/research-$DATE"
+BRANCH=${BRANCH:-$AGENT/research-$DATE}
 
 log() { printf '%s %s[%s]: %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$SCRIPT" "$AGENT" "$*" >&2; }
 
@@ -105,7 +109,10 @@ to_seconds() {
 # ---- lock: one session per agent -------------------------------------------
 # flock on a lock file (the kernel drops it when we die, so no stale pid file).
 # Children inherit the descriptor: an orphaned Claude keeps the lock until it
-# is gone, so a new session cannot start beside it.
+# is gone, so a new session cannot start beside it. Between this script run
+# from cron and run by the daemon it may not be the same file (see LOCK_DIR);
+# `session begin` refuses a second session in either case, and nothing
+# touches the work tree before it.
 mkdir -p "$LOCK_DIR"
 LOCK_FILE="$LOCK_DIR/research-session-$AGENT.lock"
 exec {LOCK_FD}>>"$LOCK_FILE"
@@ -114,32 +121,15 @@ if ! flock -n "$LOCK_FD"; then
     exit 75
 fi
 
-# ---- branch -----------------------------------------------------------------
-# Before `session begin`: if this fails there is no session to record yet; the
-# non-zero exit reaches cron (or the daemon, which records it).
+# ---- the work tree (read only until the session is ours) --------------------
+# Nothing here changes the work tree: another session of this agent (the
+# daemon's, under its unit, where this lock file is not the same file) may be
+# working in it, and only `session begin` below knows. The branch is made
+# after it.
 cd "$REPO_DIR"
 if [[ -n ${AGENT_STATE_WORKSPACE:-} ]]; then
     # The daemon made this worktree on a new branch from the base: use it.
     BRANCH=$(git branch --show-current)
-    HAVE_REMOTE=0
-    git remote get-url origin >/dev/null 2>&1 && HAVE_REMOTE=1
-elif git remote get-url origin >/dev/null 2>&1; then
-    HAVE_REMOTE=1
-    git fetch --quiet origin "$BASE_BRANCH" || log "warning: could not fetch origin/$BASE_BRANCH; branching from the local $BASE_BRANCH"
-else
-    HAVE_REMOTE=0
-fi
-BASE_REF=$BASE_BRANCH
-if [[ $HAVE_REMOTE == 1 ]] && git rev-parse --verify --quiet "refs/remotes/origin/$BASE_BRANCH" >/dev/null; then
-    BASE_REF=origin/$BASE_BRANCH
-fi
-if [[ -n ${AGENT_STATE_WORKSPACE:-} ]]; then
-    log "working in the daemon's worktree $REPO_DIR on branch $BRANCH"
-elif git rev-parse --verify --quiet "refs/heads/$BRANCH" >/dev/null; then
-    log "continuing today's branch $BRANCH"
-    git checkout --quiet "$BRANCH"
-else
-    git checkout --quiet --no-track -b "$BRANCH" "$BASE_REF"
 fi
 
 # ---- the exit trap (HOOK 3) -------------------------------------------------
@@ -244,6 +234,31 @@ if [[ $begin_rc != 0 ]]; then
     fi
 fi
 log "session $SESSION_ID on branch $BRANCH"
+
+# ---- branch -----------------------------------------------------------------
+# Only now that the session is ours: a failure here is recorded as the
+# session's failure by the exit trap.
+STEP="creating the branch $BRANCH"
+if git remote get-url origin >/dev/null 2>&1; then
+    HAVE_REMOTE=1
+else
+    HAVE_REMOTE=0
+fi
+if [[ $HAVE_REMOTE == 1 && -z ${AGENT_STATE_WORKSPACE:-} ]]; then
+    git fetch --quiet origin "$BASE_BRANCH" || log "warning: could not fetch origin/$BASE_BRANCH; branching from the local $BASE_BRANCH"
+fi
+BASE_REF=$BASE_BRANCH
+if [[ $HAVE_REMOTE == 1 ]] && git rev-parse --verify --quiet "refs/remotes/origin/$BASE_BRANCH" >/dev/null; then
+    BASE_REF=origin/$BASE_BRANCH
+fi
+if [[ -n ${AGENT_STATE_WORKSPACE:-} ]]; then
+    log "working in the daemon's worktree $REPO_DIR on branch $BRANCH"
+elif git rev-parse --verify --quiet "refs/heads/$BRANCH" >/dev/null; then
+    log "continuing today's branch $BRANCH"
+    git checkout --quiet "$BRANCH"
+else
+    git checkout --quiet --no-track -b "$BRANCH" "$BASE_REF"
+fi
 
 # The prompt: identity, rules, memory.md, tasks, the claimed inbox messages and
 # the last handoff notes, as agent-state assembles them (the daemon has already

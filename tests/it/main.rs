@@ -31,6 +31,7 @@ mod promises;
 mod prompt;
 mod resume;
 mod scripts;
+mod sdbox;
 mod signals;
 mod systemd;
 mod typed;

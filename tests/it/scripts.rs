@@ -613,11 +613,34 @@ fn session_script_joins_the_session_a_daemon_began() {
 fn session_script_leaves_another_running_session_alone() {
     let Some(lab) = Lab::new() else { return };
     let env = &lab.env;
-    // A session of rio that someone else (this test process) is running.
+    // A session of rio that someone else (this test process, as the daemon
+    // under its unit would) is running, on a branch of its own, with work not
+    // yet committed.
     let id = env.ok(&["session", "begin", "rio"]).trim().to_string();
+    lab.git(&["checkout", "-q", "-b", "rio/the-other-session"]);
+    std::fs::write(lab.repo.join("draft.md"), "half written\n").unwrap();
 
-    let out = lab.run(&mut lab.script("rio"));
+    // A cron run of the script whose lock file is not the other session's
+    // (the unit's /tmp is private): `session begin` must stop it before it
+    // touches the work tree.
+    let own_locks = lab.base().join("cron-locks");
+    let out = lab.run(lab.script("rio").env("LOCK_DIR", &own_locks));
     assert_eq!(out.status.code(), Some(75), "{}", describe(&out));
+    assert_eq!(
+        lab.git(&["branch", "--show-current"]).trim(),
+        "rio/the-other-session",
+        "the script switched the other session's work tree: {}",
+        describe(&out)
+    );
+    assert_eq!(
+        lab.git(&["branch", "--list", "rio/research-*"]).trim(),
+        "",
+        "no branch of its own before the session is its own"
+    );
+    assert_eq!(
+        std::fs::read_to_string(lab.repo.join("draft.md")).unwrap(),
+        "half written\n"
+    );
 
     let session = env.json("rio", "session.json");
     assert_eq!(session["session_id"], id.as_str());
