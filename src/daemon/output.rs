@@ -526,6 +526,28 @@ fn truncate(text: &str, limit: usize) -> String {
     }
 }
 
+/// The most a reason quotes of a failed command's last line on stderr.
+pub const LAST_WORDS_CHARS: usize = 300;
+
+/// The last non-blank line a failed command printed on stderr (lossy
+/// UTF-8, trimmed, control characters dropped, at most
+/// [`LAST_WORDS_CHARS`]): what an operator needs in session.json's reason
+/// when nothing better is known ("cd: /opt/…/leo: No such file or
+/// directory").
+pub fn last_words(stderr_tail: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(stderr_tail);
+    let line = text.lines().rev().map(str::trim).find(|l| !l.is_empty())?;
+    let clean: String = line.chars().filter(|c| !c.is_control()).collect();
+    let clean = clean.trim();
+    if clean.is_empty() {
+        return None;
+    }
+    Some(match clean.char_indices().nth(LAST_WORDS_CHARS) {
+        Some((i, _)) => format!("{}…", &clean[..i]),
+        None => clean.to_string(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1117,5 +1139,25 @@ mod tests {
             "{failure:?} from {stdout:?}"
         );
         assert!(out.fingerprint().is_some() && !out.is_empty());
+    }
+
+    #[test]
+    fn last_words_are_the_last_line_on_stderr_clean_and_short() {
+        assert_eq!(
+            last_words(
+                b"warming up\nscript: line 9: cd: /opt/x: No such file or directory\n\n  \n"
+            ),
+            Some("script: line 9: cd: /opt/x: No such file or directory".into())
+        );
+        assert_eq!(
+            last_words(b"\x1b[31mred\x1b[0m\n"),
+            Some("[31mred[0m".into())
+        );
+        assert_eq!(last_words(b"\n \n"), None);
+        assert_eq!(last_words(b""), None);
+        let long = "é".repeat(LAST_WORDS_CHARS + 10);
+        let cut = last_words(long.as_bytes()).unwrap();
+        assert_eq!(cut.chars().count(), LAST_WORDS_CHARS + 1);
+        assert!(cut.ends_with('…'));
     }
 }

@@ -375,7 +375,9 @@ fn a_flood_of_gigabytes_is_truncated_and_recorded_low() {
 fn plain_failures_back_off_escalate_after_three_and_a_success_clears_them() {
     let flag = "fail-flag";
     let (env, runs) = setup(
-        &format!("echo trying\n[ -e {flag} ] && exit 3\necho fine"),
+        &format!(
+            "echo trying\n[ -e {flag} ] && {{ echo 'cd: /work/rio: No such file or directory' >&2; echo >&2; exit 3; }}\necho fine"
+        ),
         "",
         "",
     );
@@ -395,6 +397,13 @@ fn plain_failures_back_off_escalate_after_three_and_a_success_clears_them() {
         .collect();
     let escalated: Vec<bool> = recs.iter().map(|r| r["escalated"] == true).collect();
     assert_eq!(escalated, [false, false, true]);
+    // session.json says why in the command's own last words on stderr.
+    let session = state(&env, "rio", "session.json");
+    assert_eq!(
+        session["reason"],
+        "the session command exited with status 3; its stderr ends: cd: /work/rio: No such file or directory",
+        "{session:#}"
+    );
     let report = state(&env, "rio", "report.json");
     assert_eq!(report["error"]["failures"], 3);
     assert_eq!(report["error"]["state"], "backoff");

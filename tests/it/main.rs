@@ -34,6 +34,7 @@ mod scripts;
 mod sdbox;
 mod signals;
 mod systemd;
+mod trial;
 mod typed;
 mod workspace;
 mod workspaces_daemon;

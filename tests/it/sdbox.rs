@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::support::poll_until;
+use crate::support::{BIN, poll_until};
 
 pub const UNIT: &str = "systemd/agent-state.service";
 /// Where the unit starts the program from (where a package installs it).
@@ -198,6 +198,24 @@ impl SdBox {
         ];
         all.extend_from_slice(args);
         self.exec(&all)
+    }
+
+    /// What a package installs: the binary built for these tests, the unit,
+    /// and the sysusers.d and tmpfiles.d files (not yet applied).
+    pub fn install_package_files(&self) {
+        self.install(Path::new(BIN), UNIT_BIN, 0o755);
+        self.install(
+            &repo_file(UNIT),
+            "/usr/lib/systemd/system/agent-state.service",
+            0o644,
+        );
+        for kind in ["sysusers.d", "tmpfiles.d"] {
+            self.install(
+                &repo_file(&format!("packaging/{kind}/agent-state.conf")),
+                &format!("/usr/lib/{kind}/agent-state.conf"),
+                0o644,
+            );
+        }
     }
 
     /// The host path of a path inside the box.

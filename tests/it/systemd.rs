@@ -17,7 +17,7 @@
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -380,22 +380,7 @@ fn under_systemd_the_unit_starts_ready_logs_reloads_stops_and_is_restarted_by_th
     let sdbox = SdBox::up(tool);
 
     // ---- installed as a package would install it ----
-    sdbox.install(Path::new(BIN), UNIT_BIN, 0o755);
-    sdbox.install(
-        &repo_file(UNIT),
-        "/usr/lib/systemd/system/agent-state.service",
-        0o644,
-    );
-    sdbox.install(
-        &repo_file("packaging/sysusers.d/agent-state.conf"),
-        "/usr/lib/sysusers.d/agent-state.conf",
-        0o644,
-    );
-    sdbox.install(
-        &repo_file("packaging/tmpfiles.d/agent-state.conf"),
-        "/usr/lib/tmpfiles.d/agent-state.conf",
-        0o644,
-    );
+    sdbox.install_package_files();
     sdbox.install(
         &repo_file("ops/demo-agent.sh"),
         "/opt/teleo-eval/demo-agent.sh",
@@ -729,22 +714,7 @@ fn under_systemd_a_refused_reload_fails_systemctl_reload_with_the_reasons() {
         return;
     };
     let sdbox = SdBox::up(tool);
-    sdbox.install(Path::new(BIN), UNIT_BIN, 0o755);
-    sdbox.install(
-        &repo_file(UNIT),
-        "/usr/lib/systemd/system/agent-state.service",
-        0o644,
-    );
-    sdbox.install(
-        &repo_file("packaging/sysusers.d/agent-state.conf"),
-        "/usr/lib/sysusers.d/agent-state.conf",
-        0o644,
-    );
-    sdbox.install(
-        &repo_file("packaging/tmpfiles.d/agent-state.conf"),
-        "/usr/lib/tmpfiles.d/agent-state.conf",
-        0o644,
-    );
+    sdbox.install_package_files();
     sdbox.install(
         &repo_file("ops/demo-agent.sh"),
         "/opt/teleo-eval/demo-agent.sh",
@@ -812,22 +782,7 @@ fn under_systemd_a_script_session_started_outside_the_unit_survives_a_wake() {
         return;
     };
     let sdbox = SdBox::up(tool);
-    sdbox.install(Path::new(BIN), UNIT_BIN, 0o755);
-    sdbox.install(
-        &repo_file(UNIT),
-        "/usr/lib/systemd/system/agent-state.service",
-        0o644,
-    );
-    sdbox.install(
-        &repo_file("packaging/sysusers.d/agent-state.conf"),
-        "/usr/lib/sysusers.d/agent-state.conf",
-        0o644,
-    );
-    sdbox.install(
-        &repo_file("packaging/tmpfiles.d/agent-state.conf"),
-        "/usr/lib/tmpfiles.d/agent-state.conf",
-        0o644,
-    );
+    sdbox.install_package_files();
     sdbox.install(
         &repo_file("ops/demo-agent.sh"),
         "/opt/teleo-eval/demo-agent.sh",
@@ -972,22 +927,7 @@ fn under_systemd_a_session_s_escaped_grandchild_dies_with_its_cgroup() {
         return;
     };
     let sdbox = SdBox::up(tool);
-    sdbox.install(Path::new(BIN), UNIT_BIN, 0o755);
-    sdbox.install(
-        &repo_file(UNIT),
-        "/usr/lib/systemd/system/agent-state.service",
-        0o644,
-    );
-    sdbox.install(
-        &repo_file("packaging/sysusers.d/agent-state.conf"),
-        "/usr/lib/sysusers.d/agent-state.conf",
-        0o644,
-    );
-    sdbox.install(
-        &repo_file("packaging/tmpfiles.d/agent-state.conf"),
-        "/usr/lib/tmpfiles.d/agent-state.conf",
-        0o644,
-    );
+    sdbox.install_package_files();
     sdbox.write("/opt/teleo-eval/escaping-agent.sh", ESCAPING_AGENT, 0o755);
     sdbox.write(
         CONFIG,

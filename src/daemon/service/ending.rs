@@ -102,6 +102,17 @@ impl Daemon {
             {
                 Some(verdict.message.clone())
             }
+            // A plain failure the session did not record itself: its last
+            // words on stderr say more than the exit status.
+            (Ending::Exited { .. } | Ending::Signaled { .. }, _) if !ended_by_script => cfg
+                .as_ref()
+                .zip(output::last_words(&output.stderr_tail))
+                .map(|(c, words)| {
+                    format!(
+                        "{}; its stderr ends: {words}",
+                        session::describe(&report, c).1
+                    )
+                }),
             _ => None,
         };
         let outcome = match &cfg {
