@@ -25,8 +25,10 @@ pub use economy::{
     UsageLimitSettings, WakeIf,
 };
 use economy::{RawBudget, RawFleetBudget, RawSessionBudget, RawUsageLimits, RawWakeIf};
+pub mod flow;
 pub mod iteration;
 pub mod workspace;
+pub use flow::{FlowSettings, Gate};
 pub use iteration::IterationSettings;
 use workspace::RawWorkspace;
 pub use workspace::WorkspaceSettings;
@@ -68,6 +70,8 @@ pub struct Config {
     /// `[credential.NAME]`: logins agents share (see `AgentConfig::credential`).
     pub credentials: std::collections::BTreeMap<String, CredentialSettings>,
     pub usage_limits: UsageLimitSettings,
+    /// `[[flow]]`: Planner → Actor → Judge loops between agents.
+    pub flows: Vec<FlowSettings>,
     /// Settings that were missing or unusable and took their default: the
     /// daemon logs them as `CONFIG_DEFAULTED`, `check` prints them.
     pub warnings: Vec<Problem>,
@@ -437,6 +441,7 @@ const TOP_LEVEL: &[&str] = &[
     "budget",
     "credential",
     "usage_limits",
+    "flow",
 ];
 
 impl Config {
@@ -895,6 +900,8 @@ impl Validator {
             }
         }
 
+        let flows = self.flows(table, &agents, hooks.escalate_to.as_ref());
+
         Some(Config {
             source: path.to_path_buf(),
             state_root,
@@ -907,6 +914,7 @@ impl Validator {
             budget,
             credentials,
             usage_limits,
+            flows,
             warnings: std::mem::take(&mut self.warnings),
         })
     }

@@ -33,6 +33,7 @@ pub mod daemon;
 pub mod error;
 pub mod errors;
 pub mod events;
+pub mod flow;
 pub mod fsx;
 pub mod hooks;
 pub mod inbox;

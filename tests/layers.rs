@@ -43,6 +43,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "check",
             "usage",
             "workspace",
+            "flow",
         ],
     ),
     ("daemon", &["daemon"]),

@@ -8,6 +8,7 @@ mod daemon;
 pub(crate) mod display;
 mod errors;
 mod events;
+mod flow;
 mod health;
 mod inbox;
 mod metrics;
@@ -75,6 +76,9 @@ pub enum Command {
     Usage(usage::Args),
     /// The git worktrees of sessions that are kept (uncommitted changes or commits not on the base)
     Workspaces(workspaces::Args),
+    /// Planner → Actor → Judge flows: start a cycle, see them, approve, reject or stop one
+    #[command(subcommand)]
+    Flow(flow::Command),
     /// Print the rehydration prompt the agent's next session gets
     Prompt(prompt::Args),
     /// Record review outcomes learned after a session (claims, disconfirmations)
@@ -174,6 +178,7 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Health(a) => health::run(&ctx, a),
         Command::Usage(a) => usage::run(&ctx, a),
         Command::Workspaces(a) => workspaces::run(&ctx, a),
+        Command::Flow(c) => flow::run(&ctx, c),
         Command::Prompt(a) => prompt::run(&ctx, a),
         Command::Record(a) => record::run(&ctx, a),
         Command::Check(a) => check::run(&ctx, a),

@@ -8,6 +8,7 @@
 
 mod economy;
 mod ending;
+mod flows;
 mod intake;
 mod iterations;
 mod metrics;
@@ -272,6 +273,9 @@ pub async fn run(config_path: &Path) -> Result<()> {
     daemon.config_warnings();
     daemon.load_economy();
     daemon.recover();
+    // What a crash left of the flows: answers not applied, messages not sent.
+    let flows: Vec<AgentName> = daemon.config.flows.iter().map(|f| f.name.clone()).collect();
+    daemon.apply_flows(&flows);
     daemon.apply_agents(true);
     // The disk before any session starts (a full or read-only one holds them).
     daemon.health_check_at_start();

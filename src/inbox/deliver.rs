@@ -17,8 +17,32 @@ pub struct Outgoing {
 /// Deliver `out` into `to`'s inbox: written in `inbox/.tmp/`, fsynced, renamed
 /// in, directory fsynced. Returns the message as delivered.
 pub fn deliver(to: &AgentDir, out: &Outgoing, now: Timestamp) -> Result<Message> {
+    deliver_with_id(to, out, uuid::Uuid::new_v4().to_string(), now)
+}
+
+/// [`deliver`] under a fixed id, once: `Ok(None)` if a message of that id
+/// is already in the inbox, claimed, processed or rejected (a sender that
+/// retries after a crash, such as the flow router, delivers it only once).
+pub fn deliver_once(
+    to: &AgentDir,
+    out: &Outgoing,
+    id: &str,
+    now: Timestamp,
+) -> Result<Option<Message>> {
     to.require()?;
-    let id = uuid::Uuid::new_v4().to_string();
+    let name = format!("{id}.json");
+    let mut places = vec![to.inbox(), to.processed(), to.rejected()];
+    if let Ok(entries) = fsx::list(&to.claimed_root()) {
+        places.extend(entries.into_iter().map(|e| to.claimed_root().join(e)));
+    }
+    if places.iter().any(|dir| fsx::exists(&dir.join(&name))) {
+        return Ok(None);
+    }
+    deliver_with_id(to, out, id.to_string(), now).map(Some)
+}
+
+fn deliver_with_id(to: &AgentDir, out: &Outgoing, id: String, now: Timestamp) -> Result<Message> {
+    to.require()?;
     let message = Message {
         id: id.clone(),
         from: out.from.to_string(),

@@ -17,6 +17,7 @@ mod economy;
 mod events;
 mod faults;
 mod filesafety;
+mod flows;
 mod health;
 mod hooks;
 mod hostile;

@@ -115,6 +115,12 @@ impl Daemon {
                 }),
             _ => None,
         };
+        // A flow's hand-off answered: kept before the end acknowledges it.
+        let flows = if succeeded {
+            self.keep_flow_answers(&agent, &running, &output, workspace.as_ref(), now)
+        } else {
+            Vec::new()
+        };
         let outcome = match &cfg {
             Some(cfg) => session::finish(
                 cfg,
@@ -201,6 +207,7 @@ impl Daemon {
             }
         }
         self.record_output_summary(&agent, &running, &output, now);
+        self.apply_flows(&flows);
         if report.truncated {
             self.raise(
                 ErrorRecord::new(

@@ -1,0 +1,182 @@
+//! `agent-state flow start|status|approve|reject|stop`: a human's side of a
+//! Planner → Actor → Judge flow (`crate::flow`). The daemon routes between
+//! the roles; these commands open a cycle and answer it.
+
+use serde::Serialize;
+
+use crate::cli::{Context, display, print_json};
+use crate::error::{Result, exit};
+use crate::flow::{self, Applied, FlowState};
+
+#[derive(clap::Subcommand, Debug)]
+pub enum Command {
+    /// Open a cycle: its file, and a task to the Planner
+    Start {
+        flow: String,
+        /// What the cycle is for (one line)
+        #[arg(long)]
+        goal: String,
+        /// Who opens it (default: the flow's human mailbox)
+        #[arg(long)]
+        by: Option<String>,
+    },
+    /// Each flow's open cycle: its step, the role at work, the INSUFFICIENT streak, what waits for a human
+    Status {
+        flow: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Approve a cycle the Judge passed (awaiting approval, or blocked): archived, on_approve run
+    Approve {
+        cycle: String,
+        #[arg(long)]
+        by: Option<String>,
+    },
+    /// Send a cycle back to the Planner with your feedback (awaiting approval, blocked or paused)
+    Reject {
+        cycle: String,
+        #[arg(long)]
+        feedback: String,
+        #[arg(long)]
+        by: Option<String>,
+    },
+    /// Stop a cycle, whatever its state: archived as stopped
+    Stop {
+        cycle: String,
+        #[arg(long)]
+        by: Option<String>,
+    },
+}
+
+pub fn run(ctx: &Context, command: Command) -> Result<u8> {
+    match command {
+        Command::Start { flow, goal, by } => {
+            let settings = flow::settings(&ctx.config, &flow)?;
+            let by = by.unwrap_or_else(|| settings.human.to_string());
+            let (cycle, applied) = flow::start(&ctx.root, settings, &goal, &by, ctx.now)?;
+            print_lines(&applied);
+            println!("{}", cycle.id);
+            Ok(exit::OK)
+        }
+        Command::Status { flow, json } => status(ctx, flow.as_deref(), json),
+        Command::Approve { cycle, by } => {
+            let settings = flow::flow_of_cycle(&ctx.root, &ctx.config, &cycle)?;
+            let by = by.unwrap_or_else(|| settings.human.to_string());
+            print_lines(&flow::approve(&ctx.root, settings, &cycle, &by, ctx.now)?);
+            Ok(exit::OK)
+        }
+        Command::Reject {
+            cycle,
+            feedback,
+            by,
+        } => {
+            let settings = flow::flow_of_cycle(&ctx.root, &ctx.config, &cycle)?;
+            let by = by.unwrap_or_else(|| settings.human.to_string());
+            print_lines(&flow::reject(
+                &ctx.root, settings, &cycle, &feedback, &by, ctx.now,
+            )?);
+            Ok(exit::OK)
+        }
+        Command::Stop { cycle, by } => {
+            let settings = flow::flow_of_cycle(&ctx.root, &ctx.config, &cycle)?;
+            let by = by.unwrap_or_else(|| settings.human.to_string());
+            print_lines(&flow::stop(&ctx.root, settings, &cycle, &by, ctx.now)?);
+            Ok(exit::OK)
+        }
+    }
+}
+
+fn print_lines(applied: &Applied) {
+    for line in &applied.lines {
+        eprintln!("{}", display::clean(line));
+    }
+}
+
+#[derive(Serialize)]
+struct Row<'a> {
+    flow: &'a str,
+    planner: &'a str,
+    actor: &'a str,
+    judge: &'a str,
+    human: &'a str,
+    max_insufficient: u32,
+    state: Option<&'a FlowState>,
+}
+
+fn status(ctx: &Context, only: Option<&str>, json: bool) -> Result<u8> {
+    if let Some(name) = only {
+        flow::settings(&ctx.config, name)?;
+    }
+    let all = flow::status_of(&ctx.root, &ctx.config)?;
+    let all: Vec<_> = all
+        .iter()
+        .filter(|(f, _)| only.is_none_or(|n| f.name.as_str() == n))
+        .collect();
+    if json {
+        let rows: Vec<Row> = all
+            .iter()
+            .map(|(f, s)| Row {
+                flow: f.name.as_str(),
+                planner: f.planner.as_str(),
+                actor: f.actor.as_str(),
+                judge: f.judge.as_str(),
+                human: f.human.as_str(),
+                max_insufficient: f.max_insufficient,
+                state: s.as_ref(),
+            })
+            .collect();
+        print_json(&rows)?;
+        return Ok(exit::OK);
+    }
+    if all.is_empty() {
+        println!("no flows configured (add a [[flow]] to the config)");
+        return Ok(exit::OK);
+    }
+    println!(
+        "{:<12} {:<16} {:<18} {:>4}  {:<22} {:>12}  GOAL",
+        "FLOW", "CYCLE", "STATUS", "STEP", "AT WORK", "INSUFFICIENT"
+    );
+    for (f, s) in &all {
+        let current = s.as_ref().and_then(|s| s.current.as_ref());
+        match current {
+            Some(c) => {
+                let at_work = c
+                    .awaiting
+                    .as_ref()
+                    .map(|w| format!("{} ({})", w.role.as_str(), w.agent))
+                    .unwrap_or_else(|| format!("human ({})", f.human));
+                println!(
+                    "{:<12} {:<16} {:<18} {:>4}  {:<22} {:>12}  {}",
+                    f.name.as_str(),
+                    c.id,
+                    c.status.as_str(),
+                    c.step,
+                    display::clean(&at_work),
+                    format!("{}/{}", c.insufficient, f.max_insufficient),
+                    display::clean(&flow::route::one_line(&c.goal, 60))
+                );
+                if let Some(r) = &c.reason {
+                    println!("{:<12} {}", "", display::clean(r));
+                }
+            }
+            None => {
+                let last = s
+                    .as_ref()
+                    .and_then(|s| s.closed.last())
+                    .map(|l| format!("last: {} {}", l.id, l.outcome))
+                    .unwrap_or_else(|| "no cycle yet".into());
+                println!(
+                    "{:<12} {:<16} {:<18} {:>4}  {:<22} {:>12}  ({last}; `agent-state flow start {} --goal ...`)",
+                    f.name.as_str(),
+                    "-",
+                    "idle",
+                    "-",
+                    "-",
+                    "-",
+                    f.name
+                );
+            }
+        }
+    }
+    Ok(exit::OK)
+}

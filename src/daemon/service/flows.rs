@@ -1,0 +1,100 @@
+//! The daemon as the flows' router (`crate::flow`): when a session that
+//! claimed a flow's hand-off ends well, its answer is kept (durably, before
+//! the session's end acknowledges the message), then applied off the loop;
+//! at start-up every flow's leftover answers and outbox are applied.
+//! A session that did not end well answers nothing: its messages go back to
+//! the inbox and the role's next session gets the hand-off again.
+
+use super::*;
+
+impl Daemon {
+    /// Keep the answers of a session that ended well to the flows' hand-offs
+    /// it claimed; returns the flows to apply.
+    pub(super) fn keep_flow_answers(
+        &mut self,
+        agent: &AgentName,
+        running: &Running,
+        output: &OutputSummary,
+        workspace: Option<&workspaces::Outcome>,
+        now: Timestamp,
+    ) -> Vec<AgentName> {
+        let mut flows = Vec::new();
+        for m in &running.claimed {
+            let Some((flow, cycle, step)) = m
+                .source_ref
+                .as_deref()
+                .and_then(crate::flow::parse_source_ref)
+            else {
+                continue;
+            };
+            let Some(settings) = self.config.flows.iter().find(|f| f.name.as_str() == flow) else {
+                tracing::warn!(agent = %agent, "a hand-off of flow {flow:?}, which is not configured, was claimed; ignored");
+                continue;
+            };
+            let text = output
+                .claude
+                .as_ref()
+                .and_then(|c| c.result.clone())
+                .unwrap_or_else(|| output.tail.clone());
+            let answer = crate::flow::Answer {
+                flow: flow.clone(),
+                cycle,
+                step,
+                message_id: m.id.clone(),
+                agent: agent.to_string(),
+                session_id: running.session_id.clone(),
+                text,
+                workspace: workspace.map(|w| crate::flow::AnswerWorkspace {
+                    path: w.path.display().to_string(),
+                    branch: w.branch.clone(),
+                    base_commit: w.base_commit.clone(),
+                }),
+                ended_at: now,
+            };
+            match crate::flow::record_answer(&self.root, &answer) {
+                Ok(_) => {
+                    if !flows.contains(&settings.name) {
+                        flows.push(settings.name.clone());
+                    }
+                }
+                Err(e) => self.raise(
+                    ErrorRecord::new(
+                        e.code(),
+                        format!(
+                            "flow {flow}: cannot keep the answer of {agent}'s session {}",
+                            running.session_id
+                        ),
+                    )
+                    .details(e.to_string())
+                    .agent(agent)
+                    .session(&running.session_id),
+                    false,
+                ),
+            }
+        }
+        flows
+    }
+
+    /// Apply the flows' answers off the loop (git and files), one task per
+    /// flow; the flow's lock orders them with the CLI's commands.
+    pub(super) fn apply_flows(&self, names: &[AgentName]) {
+        for name in names {
+            let Some(settings) = self.config.flows.iter().find(|f| &f.name == name).cloned() else {
+                continue;
+            };
+            let root = self.root.clone();
+            let config = self.config.clone();
+            let now = Timestamp::from_datetime(self.clock.now());
+            tokio::task::spawn_blocking(move || {
+                match crate::flow::apply_answers(&root, &config, &settings, now) {
+                    Ok(applied) => {
+                        for line in applied.lines {
+                            tracing::info!(flow = %settings.name, "{line}");
+                        }
+                    }
+                    Err(e) => tracing::warn!(flow = %settings.name, "flow {}: {e}", settings.name),
+                }
+            });
+        }
+    }
+}

@@ -1,0 +1,693 @@
+//! Changing a flow's files, under its `.lock`: a cycle started, an answer
+//! applied (the daemon), a human's approval, rejection or stop (the CLI),
+//! and the delivery of the messages decided. The order of the writes is
+//! the crash-safety argument of the module docs (`crate::flow`).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use super::cycle::{self, Contribution};
+use super::route::{self, Context, Decision, Next};
+use super::{
+    ActorWork, Answer, Closed, Cycle, CycleStatus, FlowDir, FlowState, Pending, archive_name, load,
+    next_cycle_id,
+};
+use crate::agent_name::AgentName;
+use crate::clock::Timestamp;
+use crate::config::{Config, FlowSettings};
+use crate::error::{Error, Result};
+use crate::inbox::{MessageType, Outgoing, Priority};
+use crate::protocol::summary::{self as blocks, Role};
+use crate::state::{StateRoot, atomic, lock};
+
+/// Directories of a flow: readable by everyone who may read the state root.
+const DIR_MODE: u32 = 0o755;
+/// The answers (raw session output): the service user and its group only.
+const ANSWERS_MODE: u32 = 0o750;
+
+/// What was done, in lines for the log or the terminal.
+#[derive(Debug, Default)]
+pub struct Applied {
+    pub lines: Vec<String>,
+}
+
+struct Locked {
+    dir: FlowDir,
+    state: FlowState,
+    _lock: nix::fcntl::Flock<std::fs::File>,
+}
+
+fn open(root: &StateRoot, flow: &FlowSettings) -> Result<Locked> {
+    let dir = FlowDir::new(root, &flow.name);
+    atomic::create_dir(&dir.path, DIR_MODE)?;
+    let path = dir.lock_path();
+    let file = lock::open_lock_file(&path, 0o660)?;
+    let guard = lock::flock_bounded(file, &path)?;
+    let state = load(&dir)?.unwrap_or_else(|| FlowState {
+        flow: flow.name.to_string(),
+        ..FlowState::default()
+    });
+    Ok(Locked {
+        dir,
+        state,
+        _lock: guard,
+    })
+}
+
+impl Locked {
+    fn save(&self) -> Result<()> {
+        atomic::write_json(&self.dir.state(), &self.state)
+    }
+
+    fn journal(&self, now: Timestamp, event: &str, cycle: &str, detail: serde_json::Value) {
+        let mut line = json!({"ts": now, "event": event, "flow": self.state.flow, "cycle": cycle});
+        if let (Some(obj), Some(extra)) = (line.as_object_mut(), detail.as_object()) {
+            obj.extend(extra.clone());
+        }
+        let _ = append(&self.dir.journal(), &format!("{line}\n"));
+    }
+
+    /// Deliver what the outbox holds (each once), then empty it.
+    fn deliver(&mut self, root: &StateRoot, now: Timestamp, out: &mut Applied) -> Result<()> {
+        if self.state.outbox.is_empty() {
+            return Ok(());
+        }
+        for p in &self.state.outbox {
+            match send(root, p, now) {
+                Ok(true) => out
+                    .lines
+                    .push(format!("sent {} to {}: {}", p.kind, p.to, p.subject)),
+                Ok(false) => {}
+                Err(e) => {
+                    // Kept in the outbox: delivered at the next pass.
+                    return Err(e);
+                }
+            }
+        }
+        self.state.outbox.clear();
+        self.save()
+    }
+
+    fn cycle_file_text(&self) -> String {
+        crate::fsx::read_limited(&self.dir.cycle_file(), 64 << 20)
+            .ok()
+            .flatten()
+            .map(|(b, _)| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default()
+    }
+
+    /// Append `section` (marked `key`) to the cycle file, unless it is there.
+    fn add_section(&self, key: &str, section: &str) -> Result<()> {
+        if cycle::has(&self.cycle_file_text(), key) {
+            return Ok(());
+        }
+        append(&self.dir.cycle_file(), section)
+    }
+}
+
+fn append(path: &Path, text: &str) -> Result<()> {
+    let mut f = crate::fsx::open_append(path, 0o644)?;
+    f.write_all(text.as_bytes())
+        .and_then(|()| f.sync_data())
+        .map_err(|e| Error::io("appending to", path, e))
+}
+
+fn send(root: &StateRoot, p: &Pending, now: Timestamp) -> Result<bool> {
+    let to = root.agent(&AgentName::parse(&p.to)?);
+    let out = Outgoing {
+        from: AgentName::parse(&p.from)?,
+        kind: match p.kind.as_str() {
+            "flag" => MessageType::Flag,
+            "question" => MessageType::Question,
+            _ => MessageType::Task,
+        },
+        priority: if p.high {
+            Priority::High
+        } else {
+            Priority::Normal
+        },
+        subject: p.subject.clone(),
+        body: p.body.clone(),
+        source_ref: Some(p.source_ref.clone()),
+        expires_at: None,
+    };
+    crate::inbox::deliver_once(&to, &out, &p.id, now).map(|m| m.is_some())
+}
+
+fn context<'a>(
+    flow: &'a FlowSettings,
+    file: &'a str,
+    summary: Option<String>,
+    now: Timestamp,
+) -> Context<'a> {
+    Context {
+        flow,
+        cycle_file: file,
+        summary,
+        now,
+    }
+}
+
+/// `flow start FLOW --goal TEXT`: a new cycle, its file, and the Planner's
+/// task. Refused while the flow has an open cycle.
+pub fn start(
+    root: &StateRoot,
+    flow: &FlowSettings,
+    goal: &str,
+    by: &str,
+    now: Timestamp,
+) -> Result<(Cycle, Applied)> {
+    let goal = goal.trim();
+    if goal.is_empty() {
+        return Err(Error::Usage(
+            "--goal is empty: say what the cycle is for".into(),
+        ));
+    }
+    let mut l = open(root, flow)?;
+    if let Some(c) = &l.state.current {
+        return Err(Error::Usage(format!(
+            "flow {} has an open cycle, {} ({}); finish it first (`agent-state flow approve|reject|stop {}`)",
+            flow.name,
+            c.id,
+            c.status.as_str(),
+            c.id
+        )));
+    }
+    let mut out = Applied::default();
+    let (id, numbers) = next_cycle_id(&l.state.numbers, &now.date());
+    let mut c = Cycle {
+        id: id.clone(),
+        goal: goal.to_string(),
+        started_at: now,
+        started_by: by.to_string(),
+        status: CycleStatus::Running,
+        step: 0,
+        awaiting: None,
+        insufficient: 0,
+        risk: None,
+        reason: None,
+        actor_work: None,
+        updated_at: now,
+    };
+    atomic::write_file(
+        &l.dir.cycle_file(),
+        cycle::opening(flow.name.as_str(), &c).as_bytes(),
+        crate::state::STATE_FILE_MODE,
+    )?;
+    let file = l.dir.cycle_file().display().to_string();
+    let note = format!("The human ({by}) opened this cycle with the goal above.");
+    let plan = route::hand_to(
+        &mut c,
+        Role::Planner,
+        by,
+        &note,
+        &context(flow, &file, None, now),
+    );
+    l.state.current = Some(c.clone());
+    l.state.numbers = numbers;
+    l.state.outbox.extend(plan.messages);
+    l.save()?;
+    l.journal(now, "cycle_started", &id, json!({"goal": goal, "by": by}));
+    out.lines
+        .push(format!("cycle {id} started: {}", plan.verdict));
+    l.deliver(root, now, &mut out)?;
+    Ok((c, out))
+}
+
+/// Keep what a role's session answered, durably, before its end is
+/// recorded (the daemon calls this, then [`apply_answers`]).
+pub fn record_answer(root: &StateRoot, answer: &Answer) -> Result<PathBuf> {
+    let name = AgentName::parse(&answer.flow)?;
+    let dir = FlowDir::new(root, &name);
+    atomic::create_dir(&dir.path, DIR_MODE)?;
+    atomic::create_dir(&dir.answers(), ANSWERS_MODE)?;
+    let path = dir
+        .answers()
+        .join(format!("{}-{}.json", answer.agent, answer.session_id));
+    atomic::write_json(&path, answer)?;
+    Ok(path)
+}
+
+/// Apply every answer waiting in the flow's `answers/` (and deliver what a
+/// crash left in the outbox): the daemon, after a role's session ended and
+/// at start-up.
+pub fn apply_answers(
+    root: &StateRoot,
+    config: &Config,
+    flow: &FlowSettings,
+    now: Timestamp,
+) -> Result<Applied> {
+    let mut out = Applied::default();
+    let dir = FlowDir::new(root, &flow.name);
+    let pending = !crate::fsx::list(&dir.answers())?.is_empty();
+    if !pending && !crate::fsx::exists(&dir.state()) {
+        return Ok(out);
+    }
+    let mut l = open(root, flow)?;
+    l.deliver(root, now, &mut out)?;
+    finish_interrupted_approvals(&mut l, now, &mut out)?;
+    let mut names: Vec<String> = crate::fsx::list(&l.dir.answers())?
+        .into_iter()
+        .filter_map(|n| n.into_string().ok())
+        .filter(|n| n.ends_with(".json") && !crate::fsx::is_temp_name(n))
+        .collect();
+    names.sort();
+    for name in names {
+        let path = l.dir.answers().join(&name);
+        let answer: Option<Answer> = match atomic::read_json(&path) {
+            Ok(a) => a,
+            Err(e) => {
+                out.lines.push(format!(
+                    "{}: unreadable answer set aside: {e}",
+                    path.display()
+                ));
+                let _ = atomic::rename(&path, &path.with_extension("corrupt"));
+                continue;
+            }
+        };
+        if let Some(answer) = answer {
+            apply_one(config, flow, &mut l, &answer, now, &mut out)?;
+        }
+        crate::fsx::remove_file(&path)?;
+        atomic::sync_dir(&l.dir.answers())?;
+        l.deliver(root, now, &mut out)?;
+    }
+    Ok(out)
+}
+
+fn apply_one(
+    _config: &Config,
+    flow: &FlowSettings,
+    l: &mut Locked,
+    a: &Answer,
+    now: Timestamp,
+    out: &mut Applied,
+) -> Result<()> {
+    let Some(c) = l.state.current.clone() else {
+        out.lines.push(format!(
+            "answer of {} (session {}) for cycle {} ignored: the flow has no open cycle",
+            a.agent, a.session_id, a.cycle
+        ));
+        return Ok(());
+    };
+    let awaited = c
+        .awaiting
+        .as_ref()
+        .is_some_and(|w| w.message_id == a.message_id && c.status == CycleStatus::Running);
+    if !awaited {
+        out.lines.push(format!(
+            "answer of {} (session {}) to step {} of cycle {} ignored: that step is not awaited (already answered)",
+            a.agent, a.session_id, a.step, a.cycle
+        ));
+        return Ok(());
+    }
+    let role = c.awaiting.as_ref().map(|w| w.role).unwrap_or(Role::Planner);
+    let block = blocks::parse_signal_block(&a.text);
+    let summary = blocks::parse_context_summary(&a.text).and_then(|r| r.ok());
+    let measured = match (role, &a.workspace) {
+        (Role::Actor, Some(ws)) => {
+            Some(super::scope::measure(Path::new(&ws.path), &ws.base_commit))
+        }
+        (Role::Actor, None) => Some(Err(
+            "the Actor's session had no worktree (does its agent have a workspace?)".to_string(),
+        )),
+        _ => None,
+    };
+    let decision = route::decide(&route::Answered {
+        flow,
+        cycle: &c,
+        agent: &a.agent,
+        session_id: &a.session_id,
+        block: block.clone(),
+        summary: summary.clone(),
+        scope: measured
+            .as_ref()
+            .map(|m| m.as_ref().map(|m| m.scope).map_err(Clone::clone)),
+    });
+    let file = l.dir.cycle_file().display().to_string();
+    let summary_text = summary.as_ref().and_then(|s| s.summary_text());
+    let plan = route::plan(&c, &decision, &context(flow, &file, summary_text, now));
+    let signal_line = block
+        .as_ref()
+        .and_then(|b| b.as_ref().ok())
+        .map(|b| b.raw.clone());
+    let diff = match (&measured, &a.workspace) {
+        (Some(Ok(m)), Some(ws)) => Some((
+            m.scope.lines,
+            m.scope.files,
+            ws.base_commit.as_str(),
+            m.diff.as_str(),
+        )),
+        _ => None,
+    };
+    l.add_section(
+        &format!("step {} {}", c.step, a.session_id),
+        &cycle::contribution(&Contribution {
+            step: c.step,
+            role,
+            agent: &a.agent,
+            session_id: &a.session_id,
+            at: a.ended_at,
+            summary: summary.as_ref(),
+            signal_line: signal_line.as_deref(),
+            answer: &a.text,
+            diff,
+            verdict: &plan.verdict,
+        }),
+    )?;
+    let event = match &decision {
+        Decision::Handoff { .. } => "step_handed_over",
+        Decision::Insufficient { .. } => "insufficient",
+        Decision::Pass { .. } => "passed",
+        Decision::AskHuman { .. } => "asked_human",
+        Decision::Stop { .. } => "stopped",
+    };
+    l.journal(
+        now,
+        event,
+        &c.id,
+        json!({"step": c.step, "role": role.as_str(), "agent": a.agent, "session_id": a.session_id, "verdict": plan.verdict}),
+    );
+    out.lines.push(format!(
+        "flow {} cycle {} step {}: {}",
+        flow.name, c.id, c.step, plan.verdict
+    ));
+    l.state.outbox.extend(plan.messages.clone());
+    match plan.next {
+        Next::Open(mut next) => {
+            if let (Some(Ok(m)), Some(ws)) = (&measured, &a.workspace) {
+                next.actor_work = Some(ActorWork {
+                    worktree: ws.path.clone(),
+                    branch: ws.branch.clone(),
+                    base_commit: ws.base_commit.clone(),
+                    lines: m.scope.lines,
+                    files: m.scope.files,
+                });
+            }
+            l.state.current = Some(*next);
+            l.save()?;
+        }
+        Next::Approve => close(
+            l,
+            flow,
+            "approved",
+            None,
+            "the Judge's PASS at low risk (auto)",
+            now,
+            out,
+        )?,
+        Next::Stop(reason) => close(l, flow, "stopped", Some(reason), "the daemon", now, out)?,
+    }
+    Ok(())
+}
+
+/// Archive the open cycle as `outcome` (approved: then run `on_approve`).
+fn close(
+    l: &mut Locked,
+    flow: &FlowSettings,
+    outcome: &str,
+    reason: Option<String>,
+    by: &str,
+    now: Timestamp,
+    out: &mut Applied,
+) -> Result<()> {
+    let Some(c) = l.state.current.clone() else {
+        return Ok(());
+    };
+    let stopped = outcome != "approved";
+    let title = if stopped { "Stopped" } else { "Approved" };
+    let text = match &reason {
+        Some(r) => format!("{title} by {by}: {r}"),
+        None => format!("{title} by {by}."),
+    };
+    l.add_section(outcome, &cycle::note(outcome, title, now, &text))?;
+    atomic::create_dir(&l.dir.archive(), DIR_MODE)?;
+    let archive = l.dir.archive().join(archive_name(&c.id, stopped));
+    if crate::fsx::exists(&l.dir.cycle_file()) && !crate::fsx::exists(&archive) {
+        atomic::rename(&l.dir.cycle_file(), &archive)?;
+    }
+    let run_approval = !stopped && !flow.on_approve.is_empty();
+    l.state.current = None;
+    l.state.closed.push(Closed {
+        id: c.id.clone(),
+        outcome: outcome.to_string(),
+        closed_at: now,
+        archive: archive.display().to_string(),
+        reason: reason.clone(),
+    });
+    if run_approval {
+        // Noted before it runs: a crash while it runs is never followed by
+        // a second run (the next pass records it as interrupted).
+        l.state
+            .extra
+            .insert("approving".into(), json!({"cycle": c.id, "since": now}));
+    }
+    let keep = l.state.closed.len().saturating_sub(super::CLOSED_KEPT);
+    l.state.closed.drain(..keep);
+    l.save()?;
+    l.journal(
+        now,
+        outcome,
+        &c.id,
+        json!({"by": by, "reason": reason, "archive": archive.display().to_string()}),
+    );
+    out.lines.push(format!(
+        "cycle {} {outcome}; archived as {}",
+        c.id,
+        archive.display()
+    ));
+    if run_approval {
+        let result = run_on_approve(flow, &c, now);
+        let _ = append(
+            &archive,
+            &cycle::note("on_approve", "on_approve", now, &result),
+        );
+        l.journal(now, "on_approve", &c.id, json!({"result": result}));
+        out.lines.push(format!("on_approve: {result}"));
+        l.state.extra.remove("approving");
+        l.save()?;
+    }
+    Ok(())
+}
+
+/// An approval command that a crash interrupted: recorded, never rerun.
+fn finish_interrupted_approvals(l: &mut Locked, now: Timestamp, out: &mut Applied) -> Result<()> {
+    if let Some(v) = l.state.extra.remove("approving") {
+        let cycle = v["cycle"].as_str().unwrap_or("?").to_string();
+        l.journal(now, "on_approve", &cycle, json!({"result": "interrupted (the daemon stopped while it ran); not run again: check the Actor's branch"}));
+        out.lines.push(format!(
+            "on_approve of cycle {cycle} was interrupted; not run again"
+        ));
+        l.save()?;
+    }
+    Ok(())
+}
+
+/// Run `on_approve` in the Actor's last worktree, under its timeout.
+fn run_on_approve(flow: &FlowSettings, c: &Cycle, _now: Timestamp) -> String {
+    let Some(work) = &c.actor_work else {
+        return "not run: the cycle has no Actor worktree".into();
+    };
+    let argv: Vec<String> = flow
+        .on_approve
+        .iter()
+        .map(|a| {
+            a.replace("{flow}", flow.name.as_str())
+                .replace("{cycle}", &c.id)
+                .replace("{branch}", &work.branch)
+                .replace("{worktree}", &work.worktree)
+        })
+        .collect();
+    let dir = if Path::new(&work.worktree).is_dir() {
+        PathBuf::from(&work.worktree)
+    } else {
+        return format!("not run: the worktree {} is gone", work.worktree);
+    };
+    let mut child = match Command::new(&argv[0])
+        .args(&argv[1..])
+        .current_dir(&dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => return format!("`{}` could not be started: {e}", argv.join(" ")),
+    };
+    let deadline = Instant::now() + flow.on_approve_timeout;
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if Instant::now() >= deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return format!(
+                    "`{}` killed after {}",
+                    argv.join(" "),
+                    humantime::format_duration(flow.on_approve_timeout)
+                );
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+            Err(e) => return format!("waiting for `{}`: {e}", argv.join(" ")),
+        }
+    }
+    match child.wait_with_output() {
+        Ok(o) => {
+            let mut text = String::from_utf8_lossy(&o.stdout).into_owned();
+            text.push_str(&String::from_utf8_lossy(&o.stderr));
+            let tail: String = text
+                .chars()
+                .rev()
+                .take(2000)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            format!(
+                "`{}` exited with {}: {}",
+                argv.join(" "),
+                o.status,
+                tail.trim()
+            )
+        }
+        Err(e) => format!("`{}`: {e}", argv.join(" ")),
+    }
+}
+
+fn open_cycle<'a>(l: &'a Locked, cycle_id: &str) -> Result<&'a Cycle> {
+    l.state
+        .current
+        .as_ref()
+        .filter(|c| c.id == cycle_id)
+        .ok_or_else(|| {
+            Error::Usage(format!(
+                "no open cycle {cycle_id:?}; `agent-state flow status` lists them"
+            ))
+        })
+}
+
+/// `flow approve CYCLE`: a cycle waiting for approval (or blocked) is
+/// approved by `by`, archived, and `on_approve` runs.
+pub fn approve(
+    root: &StateRoot,
+    flow: &FlowSettings,
+    cycle_id: &str,
+    by: &str,
+    now: Timestamp,
+) -> Result<Applied> {
+    let mut l = open(root, flow)?;
+    let c = open_cycle(&l, cycle_id)?;
+    if !matches!(
+        c.status,
+        CycleStatus::AwaitingApproval | CycleStatus::Blocked
+    ) {
+        return Err(Error::Usage(format!(
+            "cycle {cycle_id} is {}: only a cycle the Judge passed (awaiting approval, or blocked) can be approved",
+            c.status.as_str()
+        )));
+    }
+    let mut out = Applied::default();
+    close(&mut l, flow, "approved", None, by, now, &mut out)?;
+    Ok(out)
+}
+
+/// `flow reject CYCLE --feedback TEXT`: back to the Planner with the
+/// feedback (from a cycle awaiting approval, blocked or paused).
+pub fn reject(
+    root: &StateRoot,
+    flow: &FlowSettings,
+    cycle_id: &str,
+    feedback: &str,
+    by: &str,
+    now: Timestamp,
+) -> Result<Applied> {
+    if feedback.trim().is_empty() {
+        return Err(Error::Usage(
+            "--feedback is empty: tell the Planner what to change".into(),
+        ));
+    }
+    let mut l = open(root, flow)?;
+    let c = open_cycle(&l, cycle_id)?.clone();
+    if c.status == CycleStatus::Running {
+        return Err(Error::Usage(format!(
+            "cycle {cycle_id} is running (the {} works on step {}); reject it once it waits for you, or stop it",
+            c.awaiting.as_ref().map(|w| w.role.as_str()).unwrap_or("?"),
+            c.step
+        )));
+    }
+    let mut out = Applied::default();
+    let key = format!("rejected {} {}", c.step, now.compact());
+    l.add_section(
+        &key,
+        &cycle::note(&key, &format!("Rejected by {by}"), now, feedback.trim()),
+    )?;
+    let mut next = c.clone();
+    next.insufficient = 0;
+    next.reason = None;
+    let file = l.dir.cycle_file().display().to_string();
+    let note = format!(
+        "The human ({by}) sent the cycle back with this feedback: {}",
+        feedback.trim()
+    );
+    let plan = route::hand_to(
+        &mut next,
+        Role::Planner,
+        by,
+        &note,
+        &context(flow, &file, None, now),
+    );
+    l.state.current = Some(next);
+    l.state.outbox.extend(plan.messages);
+    l.save()?;
+    l.journal(
+        now,
+        "rejected",
+        cycle_id,
+        json!({"by": by, "feedback": feedback.trim()}),
+    );
+    out.lines.push(format!(
+        "cycle {cycle_id} sent back to the Planner: {}",
+        plan.verdict
+    ));
+    l.deliver(root, now, &mut out)?;
+    Ok(out)
+}
+
+/// `flow stop CYCLE`: archived as stopped, whatever its state.
+pub fn stop(
+    root: &StateRoot,
+    flow: &FlowSettings,
+    cycle_id: &str,
+    by: &str,
+    now: Timestamp,
+) -> Result<Applied> {
+    let mut l = open(root, flow)?;
+    open_cycle(&l, cycle_id)?;
+    let mut out = Applied::default();
+    close(
+        &mut l,
+        flow,
+        "stopped",
+        Some(format!("stopped by {by}")),
+        by,
+        now,
+        &mut out,
+    )?;
+    Ok(out)
+}
+
+/// Each configured flow and its state (`None` before its first cycle).
+pub fn status_of(
+    root: &StateRoot,
+    config: &Config,
+) -> Result<Vec<(FlowSettings, Option<FlowState>)>> {
+    config
+        .flows
+        .iter()
+        .map(|f| Ok((f.clone(), load(&FlowDir::new(root, &f.name))?)))
+        .collect()
+}
