@@ -38,7 +38,10 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-pub use apply::{Applied, apply_answers, approve, record_answer, reject, start, status_of, stop};
+pub use apply::{
+    Applied, ReplyCommand, apply_answers, approve, cycle_of_message, record_answer, reject, reply,
+    reply_command, start, status_of, stop,
+};
 
 use crate::agent_name::AgentName;
 use crate::clock::Timestamp;
@@ -362,6 +365,44 @@ pub fn role_of(flow: &crate::config::FlowSettings, agent: &str) -> Option<Role> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn replies_say_approve_reject_or_stop() {
+        assert_eq!(
+            reply_command("Re: approve", ""),
+            Some(ReplyCommand::Approve)
+        );
+        assert_eq!(
+            reply_command("RE: Re: Approved.", ""),
+            Some(ReplyCommand::Approve)
+        );
+        assert_eq!(reply_command("Stop", "no more"), Some(ReplyCommand::Stop));
+        assert_eq!(
+            reply_command("reject: use the FAQ format", ""),
+            Some(ReplyCommand::Reject("use the FAQ format".into()))
+        );
+        assert_eq!(
+            reply_command("Re: your question", "reject\nshorter please"),
+            Some(ReplyCommand::Reject("shorter please".into()))
+        );
+        assert_eq!(
+            reply_command("Reject", "two files at most"),
+            Some(ReplyCommand::Reject("two files at most".into()))
+        );
+        assert_eq!(reply_command("thanks", "looks good"), None);
+        assert_eq!(
+            cycle_of_message("my-flow", "flow-my-flow-2026-11-24-003-7-approve"),
+            Some("2026-11-24-003".into())
+        );
+        assert_eq!(
+            cycle_of_message("my-flow", "flow-other-2026-11-24-003-7-approve"),
+            None
+        );
+        assert_eq!(
+            cycle_of_message("my", "flow-my-flow-2026-11-24-003-7-approve"),
+            None
+        );
+    }
 
     #[test]
     fn ids_refs_and_archive_names() {

@@ -691,3 +691,131 @@ pub fn status_of(
         .map(|f| Ok((f.clone(), load(&FlowDir::new(root, &f.name))?)))
         .collect()
 }
+
+/// What a human's reply to one of the flow's messages asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplyCommand {
+    Approve,
+    Reject(String),
+    Stop,
+}
+
+/// Read a reply's words: its subject's first word (after `Re:`), else its
+/// body's: `approve`, `reject` (the rest is the feedback) or `stop`.
+pub fn reply_command(subject: &str, body: &str) -> Option<ReplyCommand> {
+    let strip = |t: &str| -> String {
+        let mut t = t.trim();
+        while let Some(rest) = t
+            .strip_prefix("Re:")
+            .or_else(|| t.strip_prefix("RE:"))
+            .or_else(|| t.strip_prefix("re:"))
+        {
+            t = rest.trim_start();
+        }
+        t.to_string()
+    };
+    for (i, text) in [strip(subject), strip(body)].iter().enumerate() {
+        let mut words = text.splitn(2, char::is_whitespace);
+        let first = words
+            .next()
+            .unwrap_or("")
+            .trim_end_matches([':', '.', ',', '!'])
+            .to_ascii_lowercase();
+        let rest = words.next().unwrap_or("").trim();
+        match first.as_str() {
+            "approve" | "approved" => return Some(ReplyCommand::Approve),
+            "stop" => return Some(ReplyCommand::Stop),
+            "reject" | "rejected" => {
+                // Said in the subject: the body is feedback too.
+                let body = if i == 0 { body.trim() } else { "" };
+                let feedback: Vec<&str> =
+                    [rest, body].into_iter().filter(|t| !t.is_empty()).collect();
+                return Some(ReplyCommand::Reject(feedback.join("\n")));
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The cycle a flow message id names: `flow-FLOW-CYCLE-STEP-WHAT`.
+pub fn cycle_of_message(flow: &str, id: &str) -> Option<String> {
+    let rest = id.strip_prefix(&format!("flow-{flow}-"))?;
+    // A cycle id is `YYYY-MM-DD-NNN`: 14 characters.
+    let cycle = rest.get(..14)?;
+    rest[14..].starts_with('-').then(|| cycle.to_string())
+}
+
+/// A human's reply to one of the flow's messages (`source_ref` = its id),
+/// found by the daemon in `agent`'s inbox: carried out as the command
+/// would be, then moved to `processed/`. `Ok(None)` when it is not the
+/// flow human's or says none of the words (left for the agent). A command
+/// that cannot be carried out is told to the human.
+pub fn reply(
+    root: &StateRoot,
+    flow: &FlowSettings,
+    agent: &AgentName,
+    name: &str,
+    message: &crate::inbox::Message,
+    now: Timestamp,
+) -> Result<Option<Applied>> {
+    let Some(reference) = message.source_ref.as_deref() else {
+        return Ok(None);
+    };
+    let Some(cycle) = cycle_of_message(flow.name.as_str(), reference) else {
+        return Ok(None);
+    };
+    if message.from != flow.human.as_str() {
+        return Ok(None);
+    }
+    let Some(command) = reply_command(&message.subject, &message.body) else {
+        return Ok(None);
+    };
+    let by = message.from.clone();
+    let done = match &command {
+        ReplyCommand::Approve => approve(root, flow, &cycle, &by, now),
+        ReplyCommand::Reject(feedback) => reject(root, flow, &cycle, feedback, &by, now),
+        ReplyCommand::Stop => stop(root, flow, &cycle, &by, now),
+    };
+    let dir = root.agent(agent);
+    {
+        let _lock = dir.lock()?;
+        crate::inbox::process_waiting(&dir, name)?;
+    }
+    match done {
+        Ok(mut applied) => {
+            applied.lines.insert(
+                0,
+                format!(
+                    "{by}'s reply {:?} to cycle {cycle}: {command:?}",
+                    message.subject
+                ),
+            );
+            Ok(Some(applied))
+        }
+        Err(e) => {
+            let p = Pending {
+                id: format!("flow-{}-{cycle}-reply-{}", flow.name, message.id),
+                to: flow.human.to_string(),
+                from: agent.to_string(),
+                kind: "flag".into(),
+                high: false,
+                subject: format!(
+                    "Flow {}: your reply to cycle {cycle} was not carried out",
+                    flow.name
+                ),
+                body: format!(
+                    "Your reply {:?} could not be carried out: {e}",
+                    message.subject
+                ),
+                source_ref: reference.to_string(),
+            };
+            send(root, &p, now)?;
+            Ok(Some(Applied {
+                lines: vec![format!(
+                    "{by}'s reply to cycle {cycle} not carried out: {e}"
+                )],
+            }))
+        }
+    }
+}

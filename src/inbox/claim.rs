@@ -215,6 +215,25 @@ pub fn acknowledge(agent: &AgentDir, session_id: &str) -> Result<usize> {
     Ok(names.len())
 }
 
+/// A waiting message handled without a session (a human's reply that the
+/// flow router acted on): moved to `processed/` as a session's would be.
+/// `Ok(false)` if it is no longer waiting. Call with the agent lock held.
+pub fn process_waiting(agent: &AgentDir, name: &str) -> Result<bool> {
+    if !is_message_name(name) {
+        return Ok(false);
+    }
+    let from = agent.inbox().join(name);
+    if !fsx::exists(&from) {
+        return Ok(false);
+    }
+    let processed = agent.processed();
+    atomic::create_dir(&processed, INBOX_PRIVATE_DIR_MODE)?;
+    move_unique_unsynced(&from, &processed, name)?;
+    atomic::sync_dir(&processed)?;
+    atomic::sync_dir(&agent.inbox())?;
+    Ok(true)
+}
+
 /// Session failed: put its claimed messages back in the inbox with one more
 /// attempt counted, or in `rejected/` once they reach [`MAX_ATTEMPTS`].
 /// Returns (returned ids, undeliverable ids). Call with the agent lock held.

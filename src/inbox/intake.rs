@@ -293,6 +293,10 @@ pub struct Received {
     pub rejected: Vec<(String, String)>,
     /// Valid `task` messages (their tasks are added by the caller).
     pub tasks: Vec<Message>,
+    /// Valid messages answering one of a flow's messages (`source_ref`
+    /// `flow-…`, the flow router's ids), with their file names: the
+    /// router acts on a human's reply ("approve", "reject …", "stop").
+    pub replies: Vec<(String, Message)>,
 }
 
 /// Look at every waiting file as the daemon receives it: settled invalid
@@ -337,6 +341,12 @@ pub fn receive(
                 match m.priority {
                     Priority::High => out.high += 1,
                     Priority::Normal => out.normal += 1,
+                }
+                if m.source_ref
+                    .as_deref()
+                    .is_some_and(|r| r.starts_with("flow-"))
+                {
+                    out.replies.push((name.clone(), (*m).clone()));
                 }
                 if m.kind == MessageType::Task {
                     out.tasks.push(*m);

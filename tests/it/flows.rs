@@ -270,9 +270,14 @@ fn a_medium_risk_pass_waits_for_flow_approve_and_a_high_one_is_blocked_and_escal
     lab.script("leo", &["* pass-medium"]);
     let d = lab.env.daemon();
     let cycle = lab.start("Medium first");
-    d.wait_until(LONG, "the cycle awaits approval", || {
-        lab.current()["status"] == "awaiting_approval"
-    });
+    d.wait_until(
+        LONG,
+        "the cycle awaits approval and the human is asked",
+        || {
+            lab.current()["status"] == "awaiting_approval"
+                && lab.mail().iter().any(|m| m["type"] == "question")
+        },
+    );
     let asked: Vec<Value> = lab
         .mail()
         .into_iter()
@@ -300,8 +305,8 @@ fn a_medium_risk_pass_waits_for_flow_approve_and_a_high_one_is_blocked_and_escal
 
     lab.script("leo", &["* pass-high"]);
     let second = lab.start("Then high");
-    d.wait_until(LONG, "the second cycle is blocked", || {
-        lab.current()["status"] == "blocked"
+    d.wait_until(LONG, "the second cycle is blocked and escalated", || {
+        lab.current()["status"] == "blocked" && lab.mail().iter().any(|m| m["type"] == "flag")
     });
     let flags: Vec<Value> = lab
         .mail()
@@ -328,9 +333,17 @@ fn five_insufficient_results_in_a_row_pause_the_cycle_and_tell_the_human() {
     lab.script("leo", &["* insufficient"]);
     let d = lab.env.daemon();
     let cycle = lab.start("Never good enough");
-    d.wait_until(Duration::from_secs(120), "the cycle is paused", || {
-        lab.current()["status"] == "paused"
-    });
+    d.wait_until(
+        Duration::from_secs(120),
+        "the cycle is paused and the human told",
+        || {
+            lab.current()["status"] == "paused"
+                && lab
+                    .mail()
+                    .iter()
+                    .any(|m| m["subject"].as_str().unwrap_or("").contains("paused"))
+        },
+    );
     assert_eq!(lab.current()["insufficient"], 5);
     assert_eq!(lab.played("leo").len(), 5);
     assert_eq!(lab.played("theseus").len(), 5, "no sixth plan");
@@ -399,8 +412,12 @@ fn a_malformed_or_missing_signal_block_stops_the_cycle_with_the_reason() {
     let d = lab.env.daemon();
     let cycle = lab.start("A judge who cannot count");
     let stopped = archive_name(&cycle, true);
-    d.wait_until(LONG, "the cycle is stopped", || {
+    d.wait_until(LONG, "the cycle is stopped and the human told", || {
         !lab.archived(&stopped).is_empty()
+            && lab
+                .mail()
+                .iter()
+                .any(|m| m["subject"].as_str().unwrap_or("").contains("stopped"))
     });
     let file = lab.archived(&stopped);
     assert!(file.contains("malformed SIGNAL BLOCK"), "{file}");
@@ -511,4 +528,76 @@ fn a_daemon_killed_at_every_step_neither_loses_nor_repeats_one() {
     planned.dedup();
     assert_eq!(planned, ["1 plan", "4 plan"]);
     drop(d);
+}
+
+#[test]
+fn the_human_may_answer_by_replying_to_the_approval_message() {
+    let lab = lab("");
+    lab.script("theseus", &["* plan"]);
+    lab.script("rio", &["* small"]);
+    lab.script("leo", &["* pass-medium"]);
+    let d = lab.env.daemon();
+    let cycle = lab.start("Reply by mail");
+    d.wait_until(LONG, "the approval question arrived", || {
+        lab.mail().iter().any(|m| m["type"] == "question")
+    });
+    let question = lab
+        .mail()
+        .into_iter()
+        .find(|m| m["type"] == "question")
+        .expect("the approval question");
+    // A reply from someone else is an ordinary message for the agent.
+    let from = question["from"].as_str().unwrap().to_string();
+    lab.env.ok(&[
+        "send",
+        "--from",
+        "theseus",
+        "--to",
+        &from,
+        "--subject",
+        "approve",
+        "--source-ref",
+        question["id"].as_str().unwrap(),
+    ]);
+    // The human's reply, in the same words as the command.
+    let reply = lab.env.ok(&[
+        "send",
+        "--from",
+        "marcus",
+        "--to",
+        &from,
+        "--subject",
+        "Re: approve",
+        "--body",
+        "Looks right.",
+        "--source-ref",
+        question["id"].as_str().unwrap(),
+    ]);
+    let reply = reply
+        .split_whitespace()
+        .nth(1)
+        .expect("sent ID")
+        .to_string();
+    d.wait_until(LONG, "the reply approved the cycle", || {
+        !lab.archived(&archive_name(&cycle, false)).is_empty()
+    });
+    assert!(
+        lab.archived(&archive_name(&cycle, false))
+            .contains("Approved by marcus")
+    );
+    d.wait_until(LONG, "the reply was moved to processed/", || {
+        list(&lab.env.agent(&from).join("inbox/processed"))
+            .iter()
+            .any(|n| n.contains(&reply))
+    });
+    let waiting = lab.env.waiting(&from);
+    let subjects: Vec<String> = waiting
+        .iter()
+        .map(|n| read_json(&lab.env.agent(&from).join("inbox").join(n))["subject"].to_string())
+        .collect();
+    assert_eq!(
+        subjects,
+        ["\"approve\""],
+        "only theseus's message waits: {waiting:?}"
+    );
 }

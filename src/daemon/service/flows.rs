@@ -97,4 +97,41 @@ impl Daemon {
             });
         }
     }
+
+    /// Humans' replies to a flow's messages, found in `agent`'s inbox: each
+    /// handed once to the router, which carries out "approve", "reject …"
+    /// or "stop" and moves the reply to `processed/` (or leaves it for the
+    /// agent if it says none of them).
+    pub(super) fn flow_replies(&mut self, agent: &AgentName, replies: &[(String, inbox::Message)]) {
+        for (name, message) in replies {
+            if self.intake.flow_replies.contains(&message.id) {
+                continue;
+            }
+            let Some(settings) = self.config.flows.iter().find(|f| {
+                message
+                    .source_ref
+                    .as_deref()
+                    .is_some_and(|r| crate::flow::cycle_of_message(f.name.as_str(), r).is_some())
+            }) else {
+                continue;
+            };
+            self.intake.flow_replies.insert(message.id.clone());
+            let (root, settings, agent) = (self.root.clone(), settings.clone(), agent.clone());
+            let (name, message) = (name.clone(), message.clone());
+            let now = Timestamp::from_datetime(self.clock.now());
+            tokio::task::spawn_blocking(move || {
+                match crate::flow::reply(&root, &settings, &agent, &name, &message, now) {
+                    Ok(Some(applied)) => {
+                        for line in applied.lines {
+                            tracing::info!(flow = %settings.name, "{line}");
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::warn!(flow = %settings.name, "flow {}: a reply in {agent}'s inbox: {e}", settings.name)
+                    }
+                }
+            });
+        }
+    }
 }

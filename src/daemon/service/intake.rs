@@ -21,6 +21,9 @@ pub(super) struct Intake {
     /// What has been read of each inbox's files: a message is read once,
     /// when it arrives; later scans and the claim only stat it.
     pub(super) known: BTreeMap<AgentName, std::sync::Arc<inbox::Known>>,
+    /// Humans' replies to flows already handed to the router (by message
+    /// id): not handed again while the router moves them.
+    pub(super) flow_replies: std::collections::BTreeSet<String>,
 }
 
 impl Daemon {
@@ -151,6 +154,7 @@ impl Daemon {
                 for (name, reason) in &r.rejected {
                     self.raise(rejected(agent, name, reason), false);
                 }
+                self.flow_replies(agent, &r.replies);
                 if r.unsettled {
                     // Looked at again soon: a file settles `inbox_settle`
                     // after its last change, a closed writer wakes us anyway.
