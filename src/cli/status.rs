@@ -61,6 +61,21 @@ struct Line {
     /// With a `workspace`: the git worktrees under its workspaces root
     /// (kept after their session, or a running session's).
     worktrees: Option<usize>,
+    /// The flows' open cycles this agent works for, or (a human) that wait
+    /// for it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    flows: Vec<FlowWork>,
+}
+
+#[derive(Serialize, Clone)]
+struct FlowWork {
+    flow: String,
+    cycle: String,
+    step: u32,
+    /// The role at work (Planner, Actor, Judge), or `Human`.
+    role: String,
+    /// The cycle's status (running, awaiting_approval, blocked, paused).
+    status: String,
 }
 
 #[derive(Serialize, Clone)]
@@ -87,9 +102,15 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         }
         Err(_) => Some(Vec::new()),
     };
+    let work = flow_work(ctx);
     let mut lines = Vec::new();
     for agent in agents {
         let mut l = line(ctx, agent)?;
+        l.flows = work
+            .iter()
+            .filter(|(a, _)| a == &l.agent)
+            .map(|(_, w)| w.clone())
+            .collect();
         l.error_records_30d = records.as_ref().map(|_| 0);
         for r in records
             .iter()
@@ -206,6 +227,30 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         }
         say!("{text}");
     }
+    // Busy for a flow, or waited for by one (agent-state flow status).
+    for l in &lines {
+        for w in &l.flows {
+            if w.role == "Human" {
+                say!(
+                    "{}: flow {} cycle {} waits for you ({}): agent-state flow status {}",
+                    l.agent,
+                    w.flow,
+                    w.cycle,
+                    w.status,
+                    w.flow
+                );
+            } else {
+                say!(
+                    "{}: busy for flow {}: cycle {} step {} ({})",
+                    l.agent,
+                    w.flow,
+                    w.cycle,
+                    w.step,
+                    w.role
+                );
+            }
+        }
+    }
     // Worktrees kept after their sessions (agent-state workspaces lists them).
     for l in &lines {
         if let Some(n) = l.worktrees.filter(|n| *n > 0) {
@@ -300,6 +345,7 @@ fn line(ctx: &Context, agent: &AgentConfig) -> Result<Line> {
         progress: None,
         today: Default::default(),
         budget_left: None,
+        flows: Vec::new(),
         budget_exceeded: None,
         worktrees: None,
     };
@@ -386,4 +432,34 @@ fn line(ctx: &Context, agent: &AgentConfig) -> Result<Line> {
         }
     }
     Ok(l)
+}
+
+/// Which agent each flow's open cycle waits for (the role at work, or the
+/// human when it waits for approval, is blocked or paused). Unreadable
+/// flow state is left out: `status` stays read-only and lenient.
+fn flow_work(ctx: &Context) -> Vec<(String, FlowWork)> {
+    let Ok(all) = crate::flow::status_of(&ctx.root, &ctx.config) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for (settings, state) in all {
+        let Some(c) = state.and_then(|s| s.current) else {
+            continue;
+        };
+        let (agent, role) = match &c.awaiting {
+            Some(w) => (w.agent.clone(), w.role.as_str().to_string()),
+            None => (settings.human.to_string(), "Human".to_string()),
+        };
+        out.push((
+            agent,
+            FlowWork {
+                flow: settings.name.to_string(),
+                cycle: c.id.clone(),
+                step: c.step,
+                role,
+                status: c.status.as_str().to_string(),
+            },
+        ));
+    }
+    out
 }

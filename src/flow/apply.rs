@@ -167,6 +167,10 @@ pub fn start(
             "--goal is empty: say what the cycle is for".into(),
         ));
     }
+    // Every role's directory first: nothing is opened that cannot be sent.
+    for agent in [&flow.planner, &flow.actor, &flow.judge, &flow.human] {
+        root.agent(agent).require()?;
+    }
     let mut l = open(root, flow)?;
     if let Some(c) = &l.state.current {
         return Err(Error::Usage(format!(
@@ -271,6 +275,13 @@ pub fn apply_answers(
         };
         if let Some(answer) = answer {
             apply_one(config, flow, &mut l, &answer, now, &mut out)?;
+            // The hand-off became a task in the role's tasks.json: done.
+            if let Err(e) = complete_task(root, &answer, now) {
+                out.lines.push(format!(
+                    "{}: cannot mark the hand-off's task completed: {e}",
+                    answer.agent
+                ));
+            }
         }
         crate::fsx::remove_file(&path)?;
         atomic::sync_dir(&l.dir.answers())?;
@@ -402,6 +413,35 @@ fn apply_one(
         )?,
         Next::Stop(reason) => close(l, flow, "stopped", Some(reason), "the daemon", now, out)?,
     }
+    Ok(())
+}
+
+/// Mark the task that a hand-off added to the role's tasks.json completed.
+fn complete_task(root: &StateRoot, a: &Answer, now: Timestamp) -> Result<()> {
+    use crate::state::tasks::{self, TaskFile, TaskStatus};
+    let dir = root.agent(&AgentName::parse(&a.agent)?);
+    let lock = dir.lock()?;
+    let mut notes = Vec::new();
+    let file: TaskFile = dir.load(&lock, now, &mut notes)?;
+    let Some(task) = file.tasks.iter().find(|t| {
+        t.source_message.as_deref() == Some(a.message_id.as_str())
+            && matches!(t.status, TaskStatus::Pending | TaskStatus::Active)
+    }) else {
+        return Ok(());
+    };
+    let outcome = format!(
+        "answered in session {} (flow {}, cycle {})",
+        a.session_id, a.flow, a.cycle
+    );
+    tasks::update(
+        &dir,
+        &lock,
+        &task.id.clone(),
+        TaskStatus::Completed,
+        Some(outcome),
+        now,
+        &mut notes,
+    )?;
     Ok(())
 }
 

@@ -255,6 +255,23 @@ fn a_low_risk_cycle_passes_is_approved_and_archived_as_seed_004_reads() {
             "approved"
         ]
     );
+    // Each hand-off's task is done once answered (the Judge's just after
+    // the archive).
+    let statuses = |agent: &str| -> Vec<String> {
+        lab.env.json(agent, "tasks.json")["tasks"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|t| t["status"].as_str().unwrap_or("").to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    d.wait_until(LONG, "every hand-off's task is completed", || {
+        ["theseus", "rio", "leo"]
+            .iter()
+            .all(|a| statuses(a) == ["completed"])
+    });
     assert_eq!(lab.played("theseus"), ["1 plan"]);
     assert_eq!(lab.played("rio"), ["2 small"]);
     assert_eq!(lab.played("leo"), ["3 pass-low"]);
@@ -599,5 +616,108 @@ fn the_human_may_answer_by_replying_to_the_approval_message() {
         subjects,
         ["\"approve\""],
         "only theseus's message waits: {waiting:?}"
+    );
+}
+
+#[test]
+fn status_shows_who_works_for_a_flow_and_flow_status_what_waits() {
+    let lab = lab("");
+    // No daemon: the cycle opens and its task waits in the Planner's inbox.
+    let refused = lab
+        .env
+        .fails(&["flow", "start", "notes", "--goal", "too early"], 66);
+    assert!(refused.contains("bootstrap"), "{refused}");
+    assert!(
+        !lab.flow_dir().join("state.json").exists(),
+        "nothing opened"
+    );
+    lab.env.ok(&["bootstrap"]);
+    let cycle = lab.start("Seen from status");
+    let waiting = lab.env.waiting("theseus");
+    assert_eq!(waiting.len(), 1, "{waiting:?}");
+    let task = read_json(&lab.env.agent("theseus").join("inbox").join(&waiting[0]));
+    assert_eq!(task["type"], "task");
+    assert_eq!(task["priority"], "high");
+    assert_eq!(
+        task["source_ref"],
+        format!("agent-state/flow/notes/{cycle}/1").as_str()
+    );
+    assert!(
+        task["body"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("Agent=Planner | Cycle={cycle} | Step=1")),
+        "{task:#}"
+    );
+    let text = lab.env.ok(&["status"]);
+    assert!(
+        text.contains(&format!(
+            "theseus: busy for flow notes: cycle {cycle} step 1 (Planner)"
+        )),
+        "{text}"
+    );
+    let json: Value = serde_json::from_str(&lab.env.ok(&["status", "--json"])).unwrap();
+    let theseus = json
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["agent"] == "theseus")
+        .unwrap();
+    assert_eq!(theseus["flows"][0]["role"], "Planner", "{theseus:#}");
+    let flows = lab.env.ok(&["flow", "status"]);
+    assert!(
+        flows.contains(&cycle) && flows.contains("Planner (theseus)") && flows.contains("0/5"),
+        "{flows}"
+    );
+    // A second cycle waits for the first to end.
+    let refused = lab
+        .env
+        .fails(&["flow", "start", "notes", "--goal", "another"], 64);
+    assert!(refused.contains("has an open cycle"), "{refused}");
+    // Stopped by the human: archived, the flow idle again.
+    lab.env.ok(&["flow", "stop", &cycle]);
+    let flows = lab.env.ok(&["flow", "status", "notes"]);
+    assert!(
+        flows.contains("idle") && flows.contains("stopped"),
+        "{flows}"
+    );
+    assert!(
+        lab.archived(&archive_name(&cycle, true))
+            .contains("Stopped by marcus")
+    );
+    let unknown = lab.env.fails(&["flow", "start", "nope", "--goal", "x"], 64);
+    assert!(unknown.contains("configured: notes"), "{unknown}");
+}
+
+#[test]
+fn on_approval_the_configured_command_runs_in_the_actors_worktree_and_its_outcome_is_kept() {
+    let lab = lab(
+        r#"on_approve = ["sh", "-c", "git add -A && git -c user.name=a -c user.email=a@x commit -qm 'flow {flow} cycle {cycle}' && echo merged {branch}"]"#,
+    );
+    lab.script("theseus", &["* plan"]);
+    lab.script("rio", &["* small"]);
+    lab.script("leo", &["* pass-low"]);
+    let d = lab.env.daemon();
+    let cycle = lab.start("Commit on approval");
+    let name = archive_name(&cycle, false);
+    d.wait_until(LONG, "the approval command ran", || {
+        lab.archived(&name).contains("## on_approve")
+    });
+    let file = lab.archived(&name);
+    assert!(file.contains("exited with exit status: 0"), "{file}");
+    assert!(file.contains("merged rio/"), "{file}");
+    let log = git(&lab.repo, &["log", "--all", "--format=%s"]);
+    assert!(
+        log.contains(&format!("flow notes cycle {cycle}")),
+        "the Actor's branch has the commit: {log}"
+    );
+    let events: Vec<Value> = lab.journal();
+    assert!(
+        events.iter().any(|e| e["event"] == "on_approve"
+            && e["result"]
+                .as_str()
+                .unwrap_or("")
+                .contains("exit status: 0")),
+        "{events:#?}"
     );
 }
