@@ -1626,6 +1626,114 @@ name = "leo"
     }
 
     #[test]
+    fn flows_are_read_with_their_defaults_and_checked_against_the_agents() {
+        let text = r#"
+[[agent]]
+name = "theseus"
+[[agent]]
+name = "rio"
+workspace = { repo = "/srv/repo" }
+[[agent]]
+name = "leo"
+[[agent]]
+name = "marcus"
+kind = "human"
+[[flow]]
+name = "docs"
+planner = "theseus"
+actor = "rio"
+judge = "leo"
+[[flow]]
+name = "strict"
+planner = "theseus"
+actor = "rio"
+judge = "leo"
+human = "marcus"
+max_insufficient = 2
+scope = { max_lines = 40, max_files = 1 }
+risk = { low = "approve", high = "block" }
+on_approve = ["gh", "pr", "create", "--head", "{branch}"]
+"#;
+        let c = Config::parse(text, Path::new("/x/c.toml")).unwrap();
+        let docs = &c.flows[0];
+        assert_eq!(docs.human.as_str(), "marcus", "the first human by default");
+        assert_eq!(
+            (docs.max_insufficient, docs.max_lines, docs.max_files),
+            (5, 150, 2)
+        );
+        assert_eq!(
+            (docs.low, docs.medium, docs.high),
+            (Gate::Auto, Gate::Approve, Gate::Block)
+        );
+        assert!(docs.on_approve.is_empty());
+        let strict = &c.flows[1];
+        assert_eq!(
+            (strict.max_insufficient, strict.max_lines, strict.max_files),
+            (2, 40, 1)
+        );
+        assert_eq!(strict.low, Gate::Approve);
+        assert_eq!(strict.on_approve[0], "gh");
+
+        let p = problems(
+            r#"
+[[agent]]
+name = "rio"
+[[agent]]
+name = "marcus"
+kind = "human"
+[[flow]]
+name = "Bad Name"
+planner = "nobody"
+actor = "rio"
+judge = "marcus"
+risk = { medium = "maybe" }
+max_insufficient = 0
+[[flow]]
+name = "twice"
+planner = "rio"
+actor = "rio"
+judge = "rio"
+[[flow]]
+name = "twice"
+planner = "rio"
+actor = "rio"
+judge = "rio"
+colour = "red"
+"#,
+        );
+        let has = |a: &str, b: &str| p.iter().any(|p| p.contains(a) && p.contains(b));
+        assert!(has("flow[0] (Bad Name).name", ""), "{p:?}");
+        assert!(
+            has(
+                "flow[0] (Bad Name).planner",
+                "\"nobody\" is not a configured agent"
+            ),
+            "{p:?}"
+        );
+        assert!(has("flow[0] (Bad Name).judge", "human mailbox"), "{p:?}");
+        assert!(has("flow[0] (Bad Name).actor", "no workspace"), "{p:?}");
+        assert!(has("flow[0] (Bad Name).risk.medium", "\"maybe\""), "{p:?}");
+        assert!(
+            has("flow[0] (Bad Name).max_insufficient", "between 1 and"),
+            "{p:?}"
+        );
+        assert!(has("flow[2] (twice)", "colour"), "{p:?}");
+        let p = problems(
+            "[[agent]]\nname = \"rio\"\nworkspace = { repo = \"/r\" }\n[[flow]]\nname = \"a\"\nplanner = \"rio\"\nactor = \"rio\"\njudge = \"rio\"\n[[flow]]\nname = \"a\"\nplanner = \"rio\"\nactor = \"rio\"\njudge = \"rio\"\nhuman = \"rio\"\n",
+        );
+        assert!(
+            p.iter()
+                .any(|p| p.contains("flow[0] (a).human") && p.contains("no human mailbox")),
+            "{p:?}"
+        );
+        assert!(
+            p.iter()
+                .any(|p| p.contains("flow[1] (a).human") && p.contains("not a human mailbox")),
+            "{p:?}"
+        );
+    }
+
+    #[test]
     fn credentials_wake_conditions_and_usage_limits_are_read_and_checked() {
         let text = r#"
 [credential.default]

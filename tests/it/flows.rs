@@ -721,3 +721,99 @@ fn on_approval_the_configured_command_runs_in_the_actors_worktree_and_its_outcom
         "{events:#?}"
     );
 }
+
+/// The flows' crash harness: SIGKILLs at random moments (during sessions,
+/// while answers are applied, while messages are delivered) until each
+/// cycle is archived; every step must be in the cycle file exactly once,
+/// nothing left unapplied or undelivered. Cycles: 2, or 6 when
+/// AGENT_STATE_CRASH_ITERATIONS asks for a long crash run (as `.ci/run`
+/// does). The seed is printed; AGENT_STATE_CRASH_SEED replays one.
+#[test]
+fn a_daemon_killed_at_random_moments_neither_loses_nor_repeats_a_step() {
+    let seed: u64 = std::env::var("AGENT_STATE_CRASH_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        });
+    eprintln!("flows crash harness: seed {seed}");
+    let mut x = seed | 1;
+    let mut rand = move |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    let cycles = match std::env::var("AGENT_STATE_CRASH_ITERATIONS")
+        .ok()
+        .and_then(|s| s.parse::<u32>().ok())
+    {
+        Some(n) if n >= 100 => 6,
+        _ => 2,
+    };
+    let lab = lab("");
+    lab.script("theseus", &["* plan"]);
+    lab.script("rio", &["* small"]);
+    lab.script("leo", &["3 insufficient", "6 pass-low"]);
+    let mut kills = 0;
+    for _ in 0..cycles {
+        let mut d = lab.env.daemon();
+        let cycle = lab.start("Survive anything");
+        let name = archive_name(&cycle, false);
+        // Kills come at random within a window that widens while nothing
+        // moves (the Actor's step, with its worktree made and measured by
+        // git, takes longer than the others), and narrows again after.
+        let mut window = 250;
+        let mut last = String::new();
+        while lab.archived(&name).is_empty() {
+            let now = format!("{}", lab.state()["current"]);
+            if now == last {
+                window += 100;
+            } else {
+                window = 250;
+                last = now;
+            }
+            std::thread::sleep(Duration::from_millis(rand(window)));
+            if !lab.archived(&name).is_empty() {
+                break;
+            }
+            d.kill9();
+            kills += 1;
+            assert!(kills < 400, "no progress (seed {seed})");
+            d = lab.env.daemon();
+        }
+        // What a kill left is applied at the next start.
+        d.kill9();
+        let d = lab.env.daemon();
+        d.wait_until(
+            LONG,
+            "no answer left to apply, nothing left to send",
+            || {
+                list(&lab.flow_dir().join("answers")).is_empty()
+                    && lab.state()["outbox"]
+                        .as_array()
+                        .is_some_and(|o| o.is_empty())
+            },
+        );
+        let file = lab.archived(&name);
+        for step in 1..=6 {
+            assert_eq!(
+                file.matches(&format!("## Step {step} — ")).count(),
+                1,
+                "step {step} once (seed {seed}):\n{file}"
+            );
+        }
+        assert_eq!(file.matches("## Step 7").count(), 0, "seed {seed}");
+        assert_eq!(file.matches("## Approved").count(), 1, "seed {seed}");
+        drop(d);
+    }
+    eprintln!("flows crash harness: {cycles} cycle(s), {kills} SIGKILLs");
+    let mut judged = lab.played("leo");
+    judged.sort();
+    judged.dedup();
+    assert_eq!(judged, ["3 insufficient", "6 pass-low"], "seed {seed}");
+    assert_eq!(lab.state()["closed"].as_array().unwrap().len(), cycles);
+}
