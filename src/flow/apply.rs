@@ -148,6 +148,7 @@ fn context<'a>(
         flow,
         cycle_file: file,
         summary,
+        earlier_blockers: Vec::new(),
         now,
     }
 }
@@ -341,7 +342,9 @@ fn apply_one(
     });
     let file = l.dir.cycle_file().display().to_string();
     let summary_text = summary.as_ref().and_then(|s| s.summary_text());
-    let plan = route::plan(&c, &decision, &context(flow, &file, summary_text, now));
+    let mut cx = context(flow, &file, summary_text, now);
+    cx.earlier_blockers = cycle::insufficient_verdicts(&l.cycle_file_text());
+    let plan = route::plan(&c, &decision, &cx);
     let signal_line = block
         .as_ref()
         .and_then(|b| b.as_ref().ok())

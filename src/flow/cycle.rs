@@ -90,6 +90,14 @@ pub fn contribution(c: &Contribution) -> String {
     out
 }
 
+/// The diagnostics of each INSUFFICIENT verdict in a cycle file, in order.
+pub fn insufficient_verdicts(text: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("**Daemon**: INSUFFICIENT: "))
+        .map(str::to_string)
+        .collect()
+}
+
 /// A note from the human or the daemon (approval, rejection, stop).
 pub fn note(key: &str, title: &str, at: Timestamp, text: &str) -> String {
     format!(

@@ -235,6 +235,9 @@ pub struct Context<'a> {
     pub cycle_file: &'a str,
     /// The answering role's summary (Context Summary's Current State…).
     pub summary: Option<String>,
+    /// The diagnostics of the INSUFFICIENT results so far in this cycle, in
+    /// order (from the cycle file), for the human when the cycle pauses.
+    pub earlier_blockers: Vec<String>,
     pub now: Timestamp,
 }
 
@@ -268,8 +271,16 @@ pub fn plan(cycle: &Cycle, decision: &Decision, cx: &Context) -> Plan {
                     c.insufficient, cx.flow.max_insufficient
                 );
                 c.reason = Some(why.clone());
+                let blockers: String = cx
+                    .earlier_blockers
+                    .iter()
+                    .map(String::as_str)
+                    .chain(std::iter::once(diagnostics.as_str()))
+                    .enumerate()
+                    .map(|(i, b)| format!("{}. {b}\n", i + 1))
+                    .collect();
                 let body = format!(
-                    "Flow {flow}, cycle {id} is paused: {why}.\n\nGoal: {goal}\n\nThe last diagnostics: {diagnostics}\n\nThe blockers of each step are in the cycle file: {file}\n\nAnswer with `agent-state flow reject {id} --feedback \"...\"` (back to the Planner with your feedback) or `agent-state flow stop {id}`.",
+                    "Flow {flow}, cycle {id} is paused: {why}.\n\nGoal: {goal}\n\nThe blockers, from the cycle file:\n{blockers}\nThe cycle file: {file}\n\nAnswer with `agent-state flow reject {id} --feedback \"...\"` (back to the Planner with your feedback) or `agent-state flow stop {id}`.",
                     flow = cx.flow.name,
                     id = c.id,
                     goal = c.goal,
@@ -803,6 +814,7 @@ mod tests {
             flow: &f,
             cycle_file: "/x/current_cycle.md",
             summary: Some("done".into()),
+            earlier_blockers: vec!["first".into(), "second".into()],
             now,
         };
         let judge = cycle(Role::Judge, 3);
@@ -867,6 +879,11 @@ mod tests {
                 assert_eq!(next.status, CycleStatus::Paused);
                 assert!(next.awaiting.is_none());
                 assert_eq!(p.messages[0].to, "marcus");
+                assert!(
+                    p.messages[0].body.contains("1. first\n2. second\n3. why\n"),
+                    "{}",
+                    p.messages[0].body
+                );
             }
         }
         // A PASS ends the streak.

@@ -371,7 +371,13 @@ fn five_insufficient_results_in_a_row_pause_the_cycle_and_tell_the_human() {
         .collect();
     assert_eq!(paused.len(), 1);
     let body = paused[0]["body"].as_str().unwrap();
-    assert!(body.contains("missing test for the empty note"), "{body}");
+    // Each step's blockers, from the cycle file, in order.
+    for n in 1..=5 {
+        assert!(
+            body.contains(&format!("{n}. missing test for the empty note")),
+            "{body}"
+        );
+    }
     assert!(body.contains(&format!("flow reject {cycle}")), "{body}");
     // The Planner heard the Judge's diagnostics each time.
     let prompts: Vec<String> = std::fs::read_dir(lab.env.dir.path())
