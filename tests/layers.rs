@@ -75,8 +75,8 @@ fn source_tree() -> Vec<SourceFile> {
         .into_iter()
         .filter_map(|path| {
             let rel = path.strip_prefix(&src).ok()?.to_str()?.to_string();
-            // The binary is its own crate: it uses `agent_state::`.
-            if rel == "main.rs" {
+            // The binaries are crates of their own: they use `agent_state::`.
+            if rel == "main.rs" || rel.starts_with("bin/") {
                 return None;
             }
             let text = std::fs::read_to_string(&path).expect("read a source file");

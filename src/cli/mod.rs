@@ -32,6 +32,14 @@ use crate::config::{AgentConfig, Config, DEFAULT_PATH};
 use crate::error::{Result, exit};
 use crate::state::{AgentDir, StateRoot};
 
+/// `agent-state --version`: the version and the commit it was built from.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("AGENT_STATE_COMMIT"),
+    ")"
+);
+
 const ABOUT: &str = "Durable state, session hooks and messaging for headless LLM agents";
 
 const LONG_ABOUT: &str = "\
@@ -44,7 +52,7 @@ shows everyone at a glance. Exit codes follow sysexits(3): 64 usage, 65 bad
 data, 66 missing input, 67 unknown agent, 74 I/O, 75 try again, 78 config.";
 
 #[derive(Parser, Debug)]
-#[command(name = "agent-state", version, about = ABOUT, long_about = LONG_ABOUT)]
+#[command(name = "agent-state", version = VERSION, about = ABOUT, long_about = LONG_ABOUT)]
 pub struct Cli {
     /// Configuration file.
     #[arg(long, global = true, env = "AGENT_STATE_CONFIG", default_value = DEFAULT_PATH, value_name = "PATH")]

@@ -27,6 +27,7 @@ mod messages;
 mod monitoring;
 mod notify;
 mod ownership;
+mod package;
 mod permissions;
 mod promises;
 mod prompt;
