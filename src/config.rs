@@ -25,6 +25,7 @@ pub use economy::{
     UsageLimitSettings, WakeIf,
 };
 use economy::{RawBudget, RawFleetBudget, RawSessionBudget, RawUsageLimits, RawWakeIf};
+pub mod crontab;
 pub mod flow;
 pub mod iteration;
 pub mod workspace;

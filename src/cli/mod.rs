@@ -12,6 +12,7 @@ mod flow;
 mod health;
 mod inbox;
 mod metrics;
+mod migrate;
 mod prompt;
 mod record;
 mod reload;
@@ -84,6 +85,8 @@ pub enum Command {
     Usage(usage::Args),
     /// The git worktrees of sessions that are kept (uncommitted changes or commits not on the base)
     Workspaces(workspaces::Args),
+    /// Read a cron-era crontab's research-session.sh lines as [[agent]] entries; --apply writes them into the config and comments the lines out
+    MigrateCrontab(migrate::Args),
     /// Planner → Actor → Judge flows: start a cycle, see them, approve, reject or stop one
     #[command(subcommand)]
     Flow(flow::Command),
@@ -174,6 +177,7 @@ pub fn run(cli: Cli) -> Result<u8> {
             Context::load(&cli.config)?
         }
         Command::Reload(a) => return reload::run(&cli.config, a),
+        Command::MigrateCrontab(a) => return migrate::run(&cli.config, a),
         _ => Context::load_or_accepted(&cli.config)?,
     };
     match cli.command {
@@ -194,6 +198,7 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Daemon(a) => daemon::run(&ctx, a),
         Command::Wake(a) => wake::run(&ctx, a),
         Command::Reload(a) => reload::run(&cli.config, &a),
+        Command::MigrateCrontab(_) => unreachable!("run before the config is loaded"),
         Command::Errors(a) => errors::run(&ctx, a),
         Command::Events(a) => events::run(&ctx, a),
     }

@@ -24,6 +24,7 @@ mod hostile;
 mod identity;
 mod iterations;
 mod messages;
+mod migrate;
 mod monitoring;
 mod notify;
 mod ownership;

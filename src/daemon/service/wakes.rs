@@ -39,12 +39,18 @@ impl Daemon {
             self.set_next_wake(&name, None);
             return;
         };
-        let last = self
+        let mut last = self
             .schedules
             .schedule_state
             .last_fire
             .get(name.as_str())
             .map(|t| t.0);
+        if at_start && last.is_none() {
+            // The first start after a move from cron (no schedule.json yet):
+            // the agent's last session, run by its cron script, stands for
+            // its last fire, so a run missed earlier today is caught up.
+            last = last_session_start(&self.dir(&name));
+        }
         if at_start {
             match schedule::missed_runs(
                 sched,
@@ -277,4 +283,18 @@ impl Daemon {
 pub(super) fn wake_at(agent: &AgentConfig, scheduled: DateTime<Utc>) -> DateTime<Utc> {
     let jitter = schedule::jitter_offset(agent.name.as_str(), scheduled, agent.session.jitter);
     scheduled + chrono::Duration::from_std(jitter).unwrap_or_default()
+}
+
+/// When the agent's last session began, from the end of its journal.
+fn last_session_start(dir: &crate::state::AgentDir) -> Option<DateTime<Utc>> {
+    let mut found = None;
+    let _ = crate::state::journal::scan_backwards(&dir.journal(), |e| {
+        if matches!(e.event, Event::SessionStart(_)) {
+            found = Some(e.ts.0);
+            std::ops::ControlFlow::Break(())
+        } else {
+            std::ops::ControlFlow::Continue(())
+        }
+    });
+    found
 }

@@ -1,0 +1,260 @@
+//! `agent-state migrate-crontab [FILE|-] [--apply] [--user U]`: the
+//! cron-era crontab's `research-session.sh AGENT` lines as `[[agent]]`
+//! entries (schedule, time zone, command), and the lines to remove. With
+//! `--apply`, the entries go into the config (refused if the result is not a
+//! valid config) and the lines are commented out in the crontab, each file
+//! first kept as `NAME.bak-STAMP`. Without FILE, the user's own crontab
+//! (`crontab -l`, installed back with `crontab`).
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use crate::cli::warn;
+use crate::clock::Timestamp;
+use crate::config::Config;
+use crate::config::crontab::{self, Entry};
+use crate::error::{Error, Result, exit};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The crontab: a file, `-` for standard input; default: `crontab -l`
+    pub file: Option<PathBuf>,
+    /// Write the entries into the config and comment the lines out in the
+    /// crontab (both backed up first)
+    #[arg(long)]
+    pub apply: bool,
+    /// Whose crontab, without FILE (`crontab -u USER`; root only)
+    #[arg(long)]
+    pub user: Option<String>,
+}
+
+/// The machine's time zone, as cron uses it for lines with no `CRON_TZ`.
+fn system_zone() -> String {
+    if let Ok(tz) = std::env::var("TZ")
+        && tz.parse::<chrono_tz::Tz>().is_ok()
+    {
+        return tz;
+    }
+    if let Ok(text) = std::fs::read_to_string("/etc/timezone") {
+        let tz = text.trim();
+        if tz.parse::<chrono_tz::Tz>().is_ok() {
+            return tz.to_string();
+        }
+    }
+    if let Ok(target) = std::fs::read_link("/etc/localtime") {
+        let s = target.display().to_string();
+        if let Some((_, zone)) = s.split_once("zoneinfo/")
+            && zone.parse::<chrono_tz::Tz>().is_ok()
+        {
+            return zone.to_string();
+        }
+    }
+    "UTC".to_string()
+}
+
+fn crontab_command(user: Option<&str>) -> Command {
+    let mut cmd = Command::new("crontab");
+    if let Some(u) = user {
+        cmd.args(["-u", u]);
+    }
+    cmd
+}
+
+fn read_input(args: &Args) -> Result<String> {
+    match args.file.as_deref() {
+        Some(p) if p == Path::new("-") => {
+            let mut text = String::new();
+            std::io::stdin()
+                .take(16 << 20)
+                .read_to_string(&mut text)
+                .map_err(|e| Error::io("reading", Path::new("standard input"), e))?;
+            Ok(text)
+        }
+        Some(p) => std::fs::read_to_string(p).map_err(|e| Error::io("reading", p, e)),
+        None => {
+            let out = crontab_command(args.user.as_deref())
+                .arg("-l")
+                .stdin(Stdio::null())
+                .output()
+                .map_err(|e| {
+                    Error::Unavailable(format!(
+                        "cannot run `crontab -l`: {e}; give the crontab as a FILE"
+                    ))
+                })?;
+            if !out.status.success() {
+                return Err(Error::Unavailable(format!(
+                    "`crontab -l` failed: {}; give the crontab as a FILE",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                )));
+            }
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        }
+    }
+}
+
+pub fn run(config_path: &Path, args: &Args) -> Result<u8> {
+    let text = read_input(args)?;
+    let m = crontab::parse(&text, &system_zone());
+    for n in &m.notes {
+        warn(n);
+    }
+    for p in &m.problems {
+        eprintln!("agent-state: crontab {p}");
+    }
+    if m.entries.is_empty() {
+        if m.problems.is_empty() {
+            println!("# no `{}` lines to migrate", crontab::SCRIPT);
+            return Ok(exit::OK);
+        }
+        return Err(Error::Data(format!(
+            "{} line(s) could not be migrated (above); nothing was changed",
+            m.problems.len()
+        )));
+    }
+    if !args.apply {
+        println!(
+            "# [[agent]] entries for {}, from the crontab:",
+            config_path.display()
+        );
+        print!("{}", crontab::to_toml(&m.entries));
+        println!("\n# crontab lines to remove (the daemon runs them now):");
+        for e in &m.entries {
+            let line = text.lines().nth(e.line - 1).unwrap_or("");
+            println!("#   {}: {line}", e.line);
+        }
+        println!("# `agent-state migrate-crontab --apply` writes both (with backups).");
+        return Ok(if m.problems.is_empty() {
+            exit::OK
+        } else {
+            exit::DATAERR
+        });
+    }
+    if !m.problems.is_empty() {
+        return Err(Error::Data(format!(
+            "{} line(s) could not be migrated (above); fix them or migrate them by hand first: nothing was changed",
+            m.problems.len()
+        )));
+    }
+    apply(config_path, args, &text, &m.entries)
+}
+
+fn apply(config_path: &Path, args: &Args, text: &str, entries: &[Entry]) -> Result<u8> {
+    if args.file.as_deref() == Some(Path::new("-")) {
+        return Err(Error::Usage(
+            "--apply needs the crontab as a FILE (or none, for `crontab -l`): a crontab on standard input cannot be rewritten".into(),
+        ));
+    }
+    let config_text =
+        std::fs::read_to_string(config_path).map_err(|e| Error::io("reading", config_path, e))?;
+    let config = Config::parse(&config_text, config_path)?;
+    let (new, known): (Vec<Entry>, Vec<Entry>) = entries
+        .iter()
+        .cloned()
+        .partition(|e| !config.agents.iter().any(|a| a.name.as_str() == e.agent));
+    for e in &known {
+        warn(format!(
+            "{} is configured already in {}: its entry is left as it is (check its schedule: crontab line {} says `{}` in {})",
+            e.agent,
+            config_path.display(),
+            e.line,
+            e.schedule,
+            e.timezone
+        ));
+    }
+    let stamp = Timestamp::now().compact();
+    if !new.is_empty() {
+        let updated = format!("{}\n{}", config_text.trim_end(), crontab::to_toml(&new));
+        // Refused before anything is written if the result is not valid.
+        Config::parse(&updated, config_path)?;
+        let backup = backup_name(config_path, &stamp);
+        std::fs::copy(config_path, &backup).map_err(|e| Error::io("backing up", config_path, e))?;
+        replace(config_path, &updated)?;
+        println!(
+            "{}: {} agent(s) added ({}); the old file is {}",
+            config_path.display(),
+            new.len(),
+            new.iter()
+                .map(|e| e.agent.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            backup.display()
+        );
+    }
+    let edited = crontab::comment_out(text, entries, &Timestamp::now().date());
+    match args.file.as_deref() {
+        Some(file) => {
+            let backup = backup_name(file, &stamp);
+            std::fs::copy(file, &backup).map_err(|e| Error::io("backing up", file, e))?;
+            replace(file, &edited)?;
+            println!(
+                "{}: {} line(s) commented out; the old file is {}",
+                file.display(),
+                entries.len(),
+                backup.display()
+            );
+        }
+        None => {
+            let dir = config_path.parent().unwrap_or(Path::new("."));
+            let backup = dir.join(format!("crontab.bak-{stamp}"));
+            std::fs::write(&backup, text).map_err(|e| Error::io("writing", &backup, e))?;
+            let mut child = crontab_command(args.user.as_deref())
+                .arg("-")
+                .stdin(Stdio::piped())
+                .spawn()
+                .map_err(|e| Error::Unavailable(format!("cannot run `crontab -`: {e}")))?;
+            if let Some(mut stdin) = child.stdin.take() {
+                use std::io::Write;
+                stdin
+                    .write_all(edited.as_bytes())
+                    .map_err(|e| Error::io("writing to", Path::new("crontab -"), e))?;
+            }
+            let status = child
+                .wait()
+                .map_err(|e| Error::io("waiting for", Path::new("crontab -"), e))?;
+            if !status.success() {
+                return Err(Error::Unavailable(format!(
+                    "`crontab -` refused the edited crontab; the old one is unchanged and kept in {}",
+                    backup.display()
+                )));
+            }
+            println!(
+                "crontab: {} line(s) commented out; the old crontab is {}",
+                entries.len(),
+                backup.display()
+            );
+        }
+    }
+    println!(
+        "next: `agent-state check`, then `systemctl reload agent-state` (or start it); a run missed earlier today within catch_up_window is caught up"
+    );
+    Ok(exit::OK)
+}
+
+fn backup_name(path: &Path, stamp: &str) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    path.with_file_name(format!("{name}.bak-{stamp}"))
+}
+
+/// Replace `path` with `text` through a temp file in its directory, keeping
+/// its mode, owner and group.
+fn replace(path: &Path, text: &str) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).map_err(|e| Error::io("inspecting", path, e))?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut tmp =
+        tempfile::NamedTempFile::new_in(dir).map_err(|e| Error::io("writing in", dir, e))?;
+    use std::io::Write;
+    tmp.write_all(text.as_bytes())
+        .and_then(|()| tmp.as_file().sync_all())
+        .map_err(|e| Error::io("writing", tmp.path(), e))?;
+    std::fs::set_permissions(tmp.path(), meta.permissions())
+        .map_err(|e| Error::io("setting the mode of", tmp.path(), e))?;
+    let _ = nix::unistd::chown(tmp.path(), Some(meta.uid().into()), Some(meta.gid().into()));
+    tmp.persist(path)
+        .map_err(|e| Error::io("replacing", path, e.error))?;
+    Ok(())
+}

@@ -1,0 +1,376 @@
+//! Reading a cron-era crontab (the origin server's: one `research-session.sh
+//! AGENT` line per agent) into `[[agent]]` entries for the config (issue 14,
+//! `agent-state migrate-crontab`). Pure: text in, entries, problems and the
+//! edited crontab out; the CLI reads and writes the files.
+//!
+//! A line is migrated when its command runs a script named
+//! `research-session.sh` (any directory, `./` after a `cd DIR &&`, behind
+//! `timeout`, `flock` or `nice`), and the next word is the agent. `CRON_TZ=`
+//! and `TZ=` lines set the zone of the lines after them (cron's own rule);
+//! without one, the zone is the machine's (cron runs in local time). Every
+//! other line — comments, environment, other jobs — is left as it is.
+
+fn valid_agent_name(name: &str) -> bool {
+    crate::agent_name::AgentName::parse(name).is_ok()
+}
+
+/// The script a migrated line runs.
+pub const SCRIPT: &str = "research-session.sh";
+
+/// One agent found in the crontab.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub agent: String,
+    pub schedule: String,
+    pub timezone: String,
+    /// The script's absolute path (the `command`'s program).
+    pub script: String,
+    /// Arguments after the agent on the line, kept in `command`.
+    pub args: Vec<String>,
+    /// 1-based line number in the crontab.
+    pub line: usize,
+}
+
+/// What a crontab comes to.
+#[derive(Debug, Default)]
+pub struct Migration {
+    pub entries: Vec<Entry>,
+    /// Lines that look like a session line but cannot be migrated, with why.
+    pub problems: Vec<String>,
+    /// Notes: what is dropped (redirections) and why.
+    pub notes: Vec<String>,
+}
+
+/// Read `text`; `system_tz` is the zone of lines with no `CRON_TZ`/`TZ`.
+pub fn parse(text: &str, system_tz: &str) -> Migration {
+    let mut m = Migration::default();
+    let mut tz = system_tz.to_string();
+    for (i, raw) in text.lines().enumerate() {
+        let n = i + 1;
+        let line = raw.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        if let Some((name, value)) = env_assignment(line) {
+            if name == "CRON_TZ" || name == "TZ" {
+                tz = value;
+            }
+            continue;
+        }
+        let (schedule, command) = match split_job(line) {
+            Some(x) => x,
+            None => continue,
+        };
+        let words = shell_words(command);
+        let Some(at) = words.iter().position(|w| basename(w) == SCRIPT) else {
+            continue;
+        };
+        let mut script = words[at].clone();
+        if !script.starts_with('/') {
+            // `cd /opt/teleo-eval && ./research-session.sh rio`
+            let dir = words
+                .windows(2)
+                .take_while(|w| w[0] != words[at])
+                .filter(|w| w[0] == "cd" && w[1].starts_with('/'))
+                .map(|w| w[1].clone())
+                .last();
+            match dir {
+                Some(d) => {
+                    script = format!(
+                        "{}/{}",
+                        d.trim_end_matches('/'),
+                        script.trim_start_matches("./")
+                    )
+                }
+                None => {
+                    m.problems.push(format!(
+                        "line {n}: the script `{script}` is a relative path with no `cd DIR &&` before it; write its full path in the crontab first"
+                    ));
+                    continue;
+                }
+            }
+        }
+        let Some(agent) = words.get(at + 1).filter(|a| valid_agent_name(a)) else {
+            m.problems.push(format!(
+                "line {n}: cannot tell the agent: `{}` must be followed by the agent's name",
+                words[at]
+            ));
+            continue;
+        };
+        if let Err(e) = crate::schedule::Schedule::parse(&schedule) {
+            m.problems
+                .push(format!("line {n}: schedule `{schedule}`: {e}"));
+            continue;
+        }
+        if tz.parse::<chrono_tz::Tz>().is_err() {
+            m.problems.push(format!(
+                "line {n}: time zone {tz:?} (from CRON_TZ/TZ) is not an IANA zone such as \"Europe/Lisbon\""
+            ));
+            continue;
+        }
+        if let Some(first) = m.entries.iter().find(|e| &e.agent == agent) {
+            m.problems.push(format!(
+                "line {n}: {agent} is also started on line {}: agent-state takes one schedule per agent; combine them (e.g. \"0 10,22 * * *\") by hand",
+                first.line
+            ));
+            continue;
+        }
+        let mut args = Vec::new();
+        for w in &words[at + 2..] {
+            if is_redirection(w) || matches!(w.as_str(), "&&" | "||" | ";" | "|") {
+                m.notes.push(format!(
+                    "line {n}: `{}` and what follows are left out: the daemon keeps each session's output in sessions/ID.log and journald",
+                    w
+                ));
+                break;
+            }
+            args.push(w.clone());
+        }
+        m.entries.push(Entry {
+            agent: agent.clone(),
+            schedule,
+            timezone: tz.clone(),
+            script,
+            args,
+            line: n,
+        });
+    }
+    m
+}
+
+/// The `[[agent]]` entries as TOML.
+pub fn to_toml(entries: &[Entry]) -> String {
+    let mut out = String::new();
+    for e in entries {
+        let mut command = vec![toml_str(&e.script), toml_str("{agent}")];
+        command.extend(e.args.iter().map(|a| toml_str(a)));
+        out.push_str(&format!(
+            "\n# migrated from crontab line {}\n[[agent]]\nname = {}\nschedule = {}\ntimezone = {}\ncommand = [{}]\n",
+            e.line,
+            toml_str(&e.agent),
+            toml_str(&e.schedule),
+            toml_str(&e.timezone),
+            command.join(", ")
+        ));
+    }
+    out
+}
+
+/// The crontab with the migrated lines commented out (each says why).
+pub fn comment_out(text: &str, entries: &[Entry], date: &str) -> String {
+    let mut out = String::new();
+    for (i, line) in text.lines().enumerate() {
+        match entries.iter().find(|e| e.line == i + 1) {
+            Some(e) => out.push_str(&format!(
+                "# agent-state migrate-crontab {date}: the daemon runs {} now ([[agent]] in its config): {line}\n",
+                e.agent
+            )),
+            None => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
+fn toml_str(s: &str) -> String {
+    toml::Value::String(s.to_string()).to_string()
+}
+
+fn basename(word: &str) -> &str {
+    word.rsplit('/').next().unwrap_or(word)
+}
+
+fn is_redirection(w: &str) -> bool {
+    w.starts_with('>')
+        || w.starts_with("2>")
+        || w.starts_with("1>")
+        || w.starts_with('<')
+        || w.starts_with("&>")
+}
+
+/// `NAME=value` or `NAME = value` (cron's environment lines), quotes removed.
+fn env_assignment(line: &str) -> Option<(String, String)> {
+    let (name, value) = line.split_once('=')?;
+    let name = name.trim();
+    if name.is_empty()
+        || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        || name.chars().next().is_some_and(|c| c.is_ascii_digit())
+    {
+        return None;
+    }
+    let value = value.trim().trim_matches(|c| c == '"' || c == '\'');
+    Some((name.to_string(), value.to_string()))
+}
+
+/// A job line: its schedule (five fields or a `@` macro) and its command.
+fn split_job(line: &str) -> Option<(String, &str)> {
+    let fields = if line.starts_with('@') { 1 } else { 5 };
+    let mut rest = line;
+    let mut schedule = Vec::new();
+    for _ in 0..fields {
+        rest = rest.trim_start();
+        let end = rest.find(char::is_whitespace)?;
+        schedule.push(&rest[..end]);
+        rest = &rest[end..];
+    }
+    Some((schedule.join(" "), rest.trim()))
+}
+
+/// Words of a command line, as a shell would split the simple cases
+/// (quotes kept together, `;` and `&&` as words).
+fn shell_words(command: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut cur = String::new();
+    let mut quote: Option<char> = None;
+    for c in command.chars() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), c) => cur.push(c),
+            (None, '"' | '\'') => quote = Some(c),
+            (None, c) if c.is_whitespace() => {
+                if !cur.is_empty() {
+                    words.push(std::mem::take(&mut cur));
+                }
+            }
+            (None, ';') => {
+                if !cur.is_empty() {
+                    words.push(std::mem::take(&mut cur));
+                }
+                words.push(";".into());
+            }
+            (None, c) => cur.push(c),
+        }
+    }
+    if !cur.is_empty() {
+        words.push(cur);
+    }
+    words
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ORIGIN: &str = "\
+# m h dom mon dow command
+MAILTO=\"\"
+SHELL=/bin/bash
+0 22 * * * /opt/teleo-eval/research-session.sh rio >> /opt/teleo-eval/logs/rio.log 2>&1
+30 23 * * * /opt/teleo-eval/research-session.sh clay >> /opt/teleo-eval/logs/clay.log 2>&1
+0 1 * * * /opt/teleo-eval/research-session.sh theseus >> /opt/teleo-eval/logs/theseus.log 2>&1
+CRON_TZ=Europe/Lisbon
+30 2 * * * cd /opt/teleo-eval && timeout 6000 ./research-session.sh vida >> logs/vida.log 2>&1
+0 4 * * 1-5 /opt/teleo-eval/research-session.sh astra --fast
+@daily /opt/teleo-eval/research-session.sh leo
+*/10 * * * * /usr/local/bin/backup-db.sh
+";
+
+    #[test]
+    fn the_origin_crontab_becomes_six_agents_and_other_jobs_stay() {
+        let m = parse(ORIGIN, "UTC");
+        assert_eq!(m.problems, Vec::<String>::new());
+        let got: Vec<(&str, &str, &str, &str, usize)> = m
+            .entries
+            .iter()
+            .map(|e| {
+                (
+                    e.agent.as_str(),
+                    e.schedule.as_str(),
+                    e.timezone.as_str(),
+                    e.script.as_str(),
+                    e.line,
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (
+                    "rio",
+                    "0 22 * * *",
+                    "UTC",
+                    "/opt/teleo-eval/research-session.sh",
+                    4
+                ),
+                (
+                    "clay",
+                    "30 23 * * *",
+                    "UTC",
+                    "/opt/teleo-eval/research-session.sh",
+                    5
+                ),
+                (
+                    "theseus",
+                    "0 1 * * *",
+                    "UTC",
+                    "/opt/teleo-eval/research-session.sh",
+                    6
+                ),
+                (
+                    "vida",
+                    "30 2 * * *",
+                    "Europe/Lisbon",
+                    "/opt/teleo-eval/research-session.sh",
+                    8
+                ),
+                (
+                    "astra",
+                    "0 4 * * 1-5",
+                    "Europe/Lisbon",
+                    "/opt/teleo-eval/research-session.sh",
+                    9
+                ),
+                (
+                    "leo",
+                    "@daily",
+                    "Europe/Lisbon",
+                    "/opt/teleo-eval/research-session.sh",
+                    10
+                ),
+            ]
+        );
+        assert_eq!(m.entries[4].args, ["--fast"]);
+        assert!(
+            m.notes.iter().any(|n| n.starts_with("line 4: `>>`")),
+            "{:?}",
+            m.notes
+        );
+        let edited = comment_out(ORIGIN, &m.entries, "2026-11-24");
+        assert!(edited.contains("*/10 * * * * /usr/local/bin/backup-db.sh\n"));
+        assert!(edited.contains("MAILTO=\"\"\n"));
+        assert_eq!(
+            edited
+                .matches("# agent-state migrate-crontab 2026-11-24:")
+                .count(),
+            6
+        );
+        let toml = to_toml(&m.entries);
+        assert!(toml.contains("name = \"vida\"\nschedule = \"30 2 * * *\"\ntimezone = \"Europe/Lisbon\"\ncommand = [\"/opt/teleo-eval/research-session.sh\", \"{agent}\"]"), "{toml}");
+        assert!(
+            toml.contains(
+                "command = [\"/opt/teleo-eval/research-session.sh\", \"{agent}\", \"--fast\"]"
+            ),
+            "{toml}"
+        );
+    }
+
+    #[test]
+    fn lines_that_cannot_be_migrated_are_named() {
+        let m = parse(
+            "0 1 * * * research-session.sh rio\n0 2 * * * /x/research-session.sh $AGENT\n61 1 * * * /x/research-session.sh clay\n0 3 * * * /x/research-session.sh leo\n0 4 * * * /x/research-session.sh leo\nCRON_TZ=Mars/Base\n0 5 * * * /x/research-session.sh vida\n",
+            "UTC",
+        );
+        let p = m.problems.join("\n");
+        assert!(
+            p.contains("line 1: the script `research-session.sh` is a relative path"),
+            "{p}"
+        );
+        assert!(p.contains("line 2: cannot tell the agent"), "{p}");
+        assert!(p.contains("line 3: schedule `61 1 * * *`"), "{p}");
+        assert!(p.contains("line 5: leo is also started on line 4"), "{p}");
+        assert!(p.contains("line 7: time zone \"Mars/Base\""), "{p}");
+        assert_eq!(m.entries.len(), 1);
+    }
+}
