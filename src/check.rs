@@ -49,6 +49,16 @@ impl CheckReport {
 pub fn check(config: &Config, repair: bool, now: Timestamp) -> Result<CheckReport> {
     let root = StateRoot::new(&config.state_root);
     let mut report = CheckReport::default();
+    // Before the daemon's first start (it leaves a heartbeat), what it will
+    // create is not missing yet: said, not counted as a problem.
+    let before_first_start = !crate::fsx::exists(&root.daemon_dir().join("daemon.json"));
+    if !crate::fsx::is_dir(&root.path) && before_first_start && !repair {
+        report.notes.push(format!(
+            "{}: the state root does not exist yet; the daemon creates it and every agent's directory at its first start (or run `agent-state bootstrap`)",
+            root.path.display()
+        ));
+        return Ok(report);
+    }
     if !crate::fsx::is_dir(&root.path) {
         report.findings.push(Finding {
             agent: "-".into(),
@@ -64,6 +74,13 @@ pub fn check(config: &Config, repair: bool, now: Timestamp) -> Result<CheckRepor
     }
     for agent in &config.agents {
         let dir = root.agent(&agent.name);
+        if before_first_start && !repair && !crate::fsx::exists(&dir.path) {
+            report.notes.push(format!(
+                "{}: not bootstrapped yet; the daemon creates its directory at its first start (or run `agent-state bootstrap {}`)",
+                agent.name, agent.name
+            ));
+            continue;
+        }
         let mut found = Vec::new();
         check_agent(config, agent.kind, &dir, &mut found, &mut report.notes, now)?;
         if repair && !found.is_empty() {

@@ -636,3 +636,35 @@ fn check_finds_old_temp_files_of_interrupted_writes_and_repair_removes_them() {
     assert!(fresh.exists(), "never a write that may be in progress");
     env.ok(&["check"]);
 }
+
+/// Before the daemon's first start, the state root and the agents'
+/// directories it will create are not problems: `check` says so and exits 0;
+/// once the daemon has run, a missing directory is a problem again.
+#[test]
+fn check_before_the_first_daemon_start_does_not_count_what_the_daemon_will_create() {
+    let env = Env::with_config(crate::support::STANDARD_AGENTS);
+    assert!(!env.root.exists());
+    let out = env.run(&["check"]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains("does not exist yet; the daemon creates it"),
+        "{said}"
+    );
+    assert!(said.contains("no problems found"), "{said}");
+    // Bootstrapped but for one agent, still before the first start.
+    env.ok(&["bootstrap"]);
+    std::fs::remove_dir_all(env.agent("rio")).unwrap();
+    let said = env.ok(&["check"]);
+    assert!(said.contains("rio: not bootstrapped yet"), "{said}");
+    assert!(said.contains("no problems found"), "{said}");
+    // After a daemon has run here, a missing directory is damage.
+    {
+        let _d = env.daemon();
+    }
+    std::fs::remove_dir_all(env.agent("rio")).unwrap();
+    let out = env.run(&["check"]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("PROBLEM  rio: .: not bootstrapped"), "{said}");
+}
