@@ -335,10 +335,12 @@ pub fn is_message_name(name: &str) -> bool {
 mod claim;
 mod deliver;
 mod intake;
+mod manual;
 mod reject;
 pub use claim::*;
 pub use deliver::*;
 pub use intake::*;
+pub use manual::*;
 pub use reject::*;
 
 #[cfg(test)]

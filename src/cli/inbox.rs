@@ -1,4 +1,7 @@
-//! `agent-state inbox AGENT`: waiting, claimed and rejected messages.
+//! `agent-state inbox AGENT`: waiting, claimed and rejected messages; and
+//! the mailbox as a workflow: `inbox show AGENT MSG` (the whole message),
+//! `inbox ack AGENT MSG...` (handled: to processed/, journaled), `inbox
+//! redeliver AGENT MSG` (a rejected message back, once valid).
 
 use crate::cli::display::say;
 use serde::Serialize;
@@ -9,10 +12,42 @@ use crate::error::{Result, exit};
 use crate::inbox::{self, Message, RejectedFile, Verdict};
 
 #[derive(clap::Args, Debug)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct Args {
-    pub agent: String,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// The agent (or human mailbox) whose inbox to list
+    #[arg(required = true)]
+    pub agent: Option<String>,
+    /// As JSON
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum Command {
+    /// Print one whole message, wherever it lies (waiting, claimed, processed, rejected)
+    Show {
+        agent: String,
+        /// Its id or file name
+        message: String,
+        /// The message file as it is (JSON)
+        #[arg(long)]
+        json: bool,
+    },
+    /// Mark waiting messages handled: moved to processed/ and journaled (the service user or root)
+    Ack {
+        agent: String,
+        /// Their ids or file names
+        #[arg(required = true)]
+        messages: Vec<String>,
+    },
+    /// Move a rejected message back to the inbox once it is valid; its reason file is removed (the service user or root)
+    Redeliver {
+        agent: String,
+        /// Its id or file name in rejected/
+        message: String,
+    },
 }
 
 #[derive(Serialize)]
@@ -42,7 +77,96 @@ struct Claimed {
 }
 
 pub fn run(ctx: &Context, args: Args) -> Result<u8> {
-    let (agent, dir) = ctx.agent(&args.agent)?;
+    match args.command {
+        Some(Command::Show {
+            agent,
+            message,
+            json,
+        }) => show(ctx, &agent, &message, json),
+        Some(Command::Ack { agent, messages }) => {
+            let (_, dir) = ctx.agent(&agent)?;
+            dir.require()?;
+            let lock = dir.lock()?;
+            let mut failed = 0;
+            for m in &messages {
+                match inbox::acknowledge_waiting(&dir, m, ctx.now) {
+                    Ok(id) => say!("{agent}: {id} acknowledged (moved to processed/)"),
+                    Err(e) => {
+                        failed += 1;
+                        crate::cli::warn(e);
+                    }
+                }
+            }
+            drop(lock);
+            Ok(if failed == 0 { exit::OK } else { exit::DATAERR })
+        }
+        Some(Command::Redeliver { agent, message }) => {
+            let (_, dir) = ctx.agent(&agent)?;
+            dir.require()?;
+            let _lock = dir.lock()?;
+            let back = inbox::redeliver(&dir, &message, ctx.now)?;
+            say!("{agent}: {message} is back in the inbox as {back}");
+            Ok(exit::OK)
+        }
+        None => list(ctx, args.agent.as_deref().unwrap_or_default(), args.json),
+    }
+}
+
+fn show(ctx: &Context, agent: &str, wanted: &str, json: bool) -> Result<u8> {
+    let (_, dir) = ctx.agent(agent)?;
+    dir.require()?;
+    let Some(found) = inbox::find(&dir, wanted)? else {
+        return Err(crate::error::Error::NotFound(format!(
+            "{agent}: no message {wanted:?} waiting, claimed, processed or rejected (`agent-state inbox {agent}` lists them)"
+        )));
+    };
+    if json {
+        say!("{}", String::from_utf8_lossy(&found.bytes).trim_end());
+        return Ok(exit::OK);
+    }
+    let v: serde_json::Value = serde_json::from_slice(&found.bytes).unwrap_or_default();
+    let field = |k: &str| v[k].as_str().unwrap_or("").to_string();
+    say!("Message:    {}", field("id"));
+    say!(
+        "Where:      {} ({})",
+        found.place.as_str(),
+        found.path.display()
+    );
+    say!("From:       {}", field("from"));
+    say!("To:         {}", field("to"));
+    say!("Date:       {}", field("created_at"));
+    say!(
+        "Type:       {} ({} priority)",
+        field("type"),
+        field("priority")
+    );
+    if !field("source_ref").is_empty() {
+        say!("Reference:  {}", field("source_ref"));
+    }
+    if !field("expires_at").is_empty() {
+        say!("Expires:    {}", field("expires_at"));
+    }
+    say!("Subject:    {}", field("subject"));
+    if found.place == inbox::Place::Rejected {
+        let reason = found.path.with_file_name(format!(
+            "{}.reason.json",
+            found.path.file_name().unwrap_or_default().to_string_lossy()
+        ));
+        if let Ok(Some((bytes, _))) = crate::fsx::read_limited(&reason, 1 << 20) {
+            let r: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+            say!("Rejected:   {}", r["reason"].as_str().unwrap_or("?"));
+        }
+    }
+    if v.is_null() {
+        say!("\n{}", String::from_utf8_lossy(&found.bytes));
+    } else {
+        say!("\n{}", field("body"));
+    }
+    Ok(exit::OK)
+}
+
+fn list(ctx: &Context, agent: &str, json: bool) -> Result<u8> {
+    let (agent, dir) = ctx.agent(agent)?;
     dir.require()?;
     let now = std::time::SystemTime::now();
     let intake = inbox::Intake::settle(agent.session.inbox_settle);
@@ -102,7 +226,7 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         rejected: inbox::rejected_files(&dir)?,
         processed: inbox::count_files(&dir.processed()),
     };
-    if args.json {
+    if json {
         return print_json(&listing);
     }
     let now = Timestamp::now();

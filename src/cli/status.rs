@@ -61,6 +61,10 @@ struct Line {
     /// With a `workspace`: the git worktrees under its workspaces root
     /// (kept after their session, or a running session's).
     worktrees: Option<usize>,
+    /// A human mailbox: escalations (the daemon's and the flows' high
+    /// priority flags and questions) waiting, not yet acknowledged.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    escalations_waiting: Option<usize>,
     /// The flows' open cycles this agent works for, or (a human) that wait
     /// for it.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -227,6 +231,16 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         }
         say!("{text}");
     }
+    // Escalations a human has not acknowledged yet.
+    for l in &lines {
+        if let Some(n) = l.escalations_waiting.filter(|n| *n > 0) {
+            say!(
+                "{}: {n} escalation(s) not acknowledged (agent-state inbox {}; inbox show / ack)",
+                l.agent,
+                l.agent
+            );
+        }
+    }
     // Busy for a flow, or waited for by one (agent-state flow status).
     for l in &lines {
         for w in &l.flows {
@@ -346,6 +360,7 @@ fn line(ctx: &Context, agent: &AgentConfig) -> Result<Line> {
         today: Default::default(),
         budget_left: None,
         flows: Vec::new(),
+        escalations_waiting: None,
         budget_exceeded: None,
         worktrees: None,
     };
@@ -372,6 +387,7 @@ fn line(ctx: &Context, agent: &AgentConfig) -> Result<Line> {
     };
     if agent.kind == AgentKind::Human {
         l.status = "mailbox".into();
+        l.escalations_waiting = l.inbox_waiting.map(|_| escalations_waiting(agent, &dir));
         return Ok(l);
     }
     // A corrupt file is shown as such rather than failing the whole listing.
@@ -462,4 +478,24 @@ fn flow_work(ctx: &Context) -> Vec<(String, FlowWork)> {
         ));
     }
     out
+}
+
+/// Waiting messages of a human mailbox that the daemon or a flow sent to get
+/// a human's attention: flags and questions whose `source_ref` is one of
+/// agent-state's (`agent-state/session/…`, `agent-state/errors/…`,
+/// `agent-state/flow/…`).
+fn escalations_waiting(agent: &AgentConfig, dir: &crate::state::AgentDir) -> usize {
+    let now = std::time::SystemTime::now();
+    let intake = inbox::Intake::settle(agent.session.inbox_settle);
+    inbox::waiting_names(dir)
+        .unwrap_or_default()
+        .iter()
+        .filter(|name| match inbox::inspect(dir, name, now, intake) {
+            inbox::Verdict::Valid(m) => m
+                .source_ref
+                .as_deref()
+                .is_some_and(|r| r.starts_with("agent-state/")),
+            _ => false,
+        })
+        .count()
 }

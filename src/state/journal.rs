@@ -63,6 +63,7 @@ pub enum Event {
     MessageRejected(MessageRejected),
     MessageRetried(MessageRetried),
     MessageExpired(MessageExpired),
+    MessageAcknowledged(MessageAcknowledged),
     Record(Record),
     StateRepaired(StateRepaired),
     WakeSkipped(WakeSkipped),
@@ -303,6 +304,14 @@ pub struct MessageRetried {
     pub file: String,
     pub from: String,
     pub reason: String,
+}
+
+/// A waiting message a person marked handled (`inbox ack`): moved to
+/// `processed/` without a session.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct MessageAcknowledged {
+    pub message_id: String,
+    pub file: String,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

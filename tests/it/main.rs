@@ -23,6 +23,7 @@ mod hooks;
 mod hostile;
 mod identity;
 mod iterations;
+mod mailbox;
 mod messages;
 mod migrate;
 mod monitoring;
