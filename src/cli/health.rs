@@ -308,7 +308,7 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
 }
 
 /// `512 MiB`, `3.2 GiB`.
-fn bytes(n: u64) -> String {
+pub(crate) fn bytes(n: u64) -> String {
     const GIB: f64 = (1u64 << 30) as f64;
     if n >= 1 << 30 {
         format!("{:.1} GiB", n as f64 / GIB)

@@ -6,6 +6,7 @@ mod bootstrap;
 mod check;
 mod daemon;
 pub(crate) mod display;
+mod doctor;
 mod errors;
 mod events;
 mod flow;
@@ -85,6 +86,8 @@ pub enum Command {
     Usage(usage::Args),
     /// The git worktrees of sessions that are kept (uncommitted changes or commits not on the base)
     Workspaces(workspaces::Args),
+    /// Check everything a first session needs (user, group, modes, commands, login, git, disk, the daemon), each failure with its fix
+    Doctor(doctor::Args),
     /// Read a cron-era crontab's research-session.sh lines as [[agent]] entries; --apply writes them into the config and comments the lines out
     MigrateCrontab(migrate::Args),
     /// Planner → Actor → Judge flows: start a cycle, see them, approve, reject or stop one
@@ -191,6 +194,7 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Usage(a) => usage::run(&ctx, a),
         Command::Workspaces(a) => workspaces::run(&ctx, a),
         Command::Flow(c) => flow::run(&ctx, c),
+        Command::Doctor(a) => doctor::run(&ctx, a),
         Command::Prompt(a) => prompt::run(&ctx, a),
         Command::Record(a) => record::run(&ctx, a),
         Command::Check(a) => check::run(&ctx, a),

@@ -13,6 +13,7 @@ mod config_edits;
 mod crash;
 mod daemon;
 mod diskfaults;
+mod doctor;
 mod economy;
 mod events;
 mod faults;

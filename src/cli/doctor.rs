@@ -1,0 +1,497 @@
+//! `agent-state doctor [--user U]`: everything a first session needs,
+//! checked as the operator would, each failure with its fix: the service
+//! user and the inbox group, the state root's owner and modes, every
+//! agent's command (there, executable by the service user, not hidden by the
+//! unit's sandbox), Claude Code's login for the service user, git identity
+//! and the remote of each workspace repository, free disk, and a running
+//! daemon with a fresh heartbeat. Read-only; exit 1 if anything fails.
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use nix::unistd::{Group, User};
+
+use crate::cli::Context;
+use crate::cli::display::say;
+use crate::config::{AgentConfig, AgentKind};
+use crate::error::Result;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The service user (the unit's User=)
+    #[arg(long, default_value = "agent-state")]
+    pub user: String,
+    /// A heartbeat older than this means the daemon is stuck
+    #[arg(long, value_name = "DUR", value_parser = humantime::parse_duration, default_value = "15m")]
+    pub max_age: Duration,
+}
+
+/// The directories the shipped unit lets the service write (ReadWritePaths=,
+/// StateDirectory=, PrivateTmp=); a drop-in may add more.
+const UNIT_WRITABLE: &[&str] = &[
+    "/opt/teleo-eval",
+    "/var/lib/agent-state",
+    "/tmp",
+    "/var/tmp",
+];
+/// Hidden from the service by the unit's ProtectHome=yes.
+const UNIT_HIDDEN: &[&str] = &["/home", "/root", "/run/user"];
+
+#[derive(Default)]
+struct Report {
+    failed: usize,
+    warned: usize,
+}
+
+impl Report {
+    fn ok(&mut self, what: &str, detail: impl AsRef<str>) {
+        say!("ok    {what}: {}", detail.as_ref());
+    }
+    fn fail(&mut self, what: &str, problem: impl AsRef<str>, fix: impl AsRef<str>) {
+        self.failed += 1;
+        say!(
+            "FAIL  {what}: {}\n      fix: {}",
+            problem.as_ref(),
+            fix.as_ref()
+        );
+    }
+    fn warn(&mut self, what: &str, problem: impl AsRef<str>, fix: impl AsRef<str>) {
+        self.warned += 1;
+        say!(
+            "warn  {what}: {}\n      fix: {}",
+            problem.as_ref(),
+            fix.as_ref()
+        );
+    }
+}
+
+pub fn run(ctx: &Context, args: Args) -> Result<u8> {
+    let mut r = Report::default();
+    let config = &ctx.config;
+    r.ok(
+        "config",
+        format!(
+            "{} ({} agents, {} flows)",
+            config.source.display(),
+            config.agents.len(),
+            config.flows.len()
+        ),
+    );
+
+    // The service user and the inbox group.
+    let user = User::from_name(&args.user).ok().flatten();
+    match &user {
+        Some(u) => r.ok("service user", format!("{} (uid {}, home {})", u.name, u.uid, u.dir.display())),
+        None => r.fail(
+            "service user",
+            format!("there is no user {:?}", args.user),
+            "create it: systemd-sysusers agent-state.conf (the package does), or bootstrap/bootstrap.sh; --user names another",
+        ),
+    }
+    let group = config
+        .group
+        .as_deref()
+        .and_then(|g| Group::from_name(g).ok().flatten());
+    match (&config.group, &group) {
+        (None, _) => r.warn(
+            "inbox group",
+            "the config names no `group`: only the service user can deliver mail",
+            "set group = \"teleo\" and add the senders to it",
+        ),
+        (Some(g), None) => r.fail(
+            "inbox group",
+            format!("there is no group {g:?}"),
+            format!("groupadd --system {g} (systemd-sysusers agent-state.conf creates teleo)"),
+        ),
+        (Some(g), Some(grp)) => {
+            let in_group = user
+                .as_ref()
+                .is_some_and(|u| u.gid == grp.gid || grp.mem.contains(&u.name));
+            if user.is_some() && !in_group {
+                r.fail(
+                    "inbox group",
+                    format!(
+                        "{} is not in group {g}: it cannot read what senders deliver",
+                        args.user
+                    ),
+                    format!("usermod -aG {g} {}", args.user),
+                );
+            } else {
+                r.ok("inbox group", format!("{g} (gid {})", grp.gid))
+            }
+        }
+    }
+
+    // The state root: there, the service user's, the modes of the model.
+    let root = &ctx.root.path;
+    match std::fs::symlink_metadata(root) {
+        Err(_) => r.fail(
+            "state root",
+            format!("{} does not exist", root.display()),
+            "systemd-tmpfiles --create agent-state.conf, or agent-state bootstrap (as the service user)",
+        ),
+        Ok(m) => {
+            let owner_ok = user.as_ref().is_none_or(|u| u.uid.as_raw() == m.uid());
+            if !owner_ok {
+                r.fail(
+                    "state root",
+                    format!("{} is owned by uid {}, not {}", root.display(), m.uid(), args.user),
+                    format!("chown -R {}: {}", args.user, root.display()),
+                );
+            } else {
+                r.ok("state root", format!("{} (mode {:o})", root.display(), m.permissions().mode() & 0o7777));
+            }
+            for agent in &config.agents {
+                let inbox = ctx.root.agent(&agent.name).inbox();
+                match std::fs::symlink_metadata(&inbox) {
+                    Err(_) => r.warn(
+                        &format!("{} inbox", agent.name),
+                        format!("{} does not exist yet", inbox.display()),
+                        "the daemon creates it at its start (or agent-state bootstrap)",
+                    ),
+                    Ok(m) if m.permissions().mode() & 0o7777 != 0o3770 => r.fail(
+                        &format!("{} inbox", agent.name),
+                        format!("{} has mode {:o}, not 3770 (group-writable, setgid, sticky)", inbox.display(), m.permissions().mode() & 0o7777),
+                        "agent-state check --repair (as the service user or root)",
+                    ),
+                    Ok(m) if group.as_ref().is_some_and(|g| g.gid.as_raw() != m.gid()) => r.fail(
+                        &format!("{} inbox", agent.name),
+                        format!("{} belongs to gid {}, not the inbox group", inbox.display(), m.gid()),
+                        format!("chgrp -R {} {}", config.group.as_deref().unwrap_or("teleo"), inbox.display()),
+                    ),
+                    Ok(_) => {}
+                }
+            }
+        }
+    }
+
+    // Every agent's command.
+    let sandboxed = unit_installed();
+    for agent in config.agents.iter().filter(|a| a.kind == AgentKind::Agent) {
+        let dir = config.source.parent().unwrap_or(Path::new("/"));
+        check_command(&mut r, agent, dir, user.as_ref(), sandboxed);
+    }
+
+    // Claude Code's login, when a command runs it.
+    let runs_claude = config.agents.iter().any(|a| {
+        a.kind == AgentKind::Agent
+            && a.session
+                .command
+                .iter()
+                .any(|w| w.contains("claude") || w.contains("research-session"))
+    });
+    if runs_claude {
+        let home = user.as_ref().map(|u| u.dir.clone()).unwrap_or_default();
+        let credentials = home.join(".claude/.credentials.json");
+        let key = std::fs::read_to_string("/etc/agent-state/environment").is_ok_and(|t| {
+            t.lines()
+                .any(|l| l.trim_start().starts_with("ANTHROPIC_API_KEY="))
+        });
+        if credentials.is_file() || key {
+            r.ok(
+                "Claude Code login",
+                if key {
+                    "ANTHROPIC_API_KEY in /etc/agent-state/environment".to_string()
+                } else {
+                    credentials.display().to_string()
+                },
+            );
+        } else {
+            r.fail(
+                "Claude Code login",
+                format!("{} has no Claude Code credentials ({} is missing) and no API key is set", args.user, credentials.display()),
+                format!("sudo -u {} HOME={} claude   (log in once), or ANTHROPIC_API_KEY=… in /etc/agent-state/environment", args.user, home.display()),
+            );
+        }
+    }
+
+    // Workspace repositories: a repository, a git identity, the remote.
+    let mut repos: Vec<&Path> = Vec::new();
+    for a in &config.agents {
+        if let Some(w) = &a.session.workspace
+            && !repos.contains(&w.repo.as_path())
+        {
+            repos.push(&w.repo);
+        }
+    }
+    for repo in repos {
+        check_repo(&mut r, repo, user.as_ref());
+        if sandboxed && !under_any(repo, UNIT_WRITABLE) {
+            r.fail(
+                "unit sandbox",
+                format!(
+                    "{} is not writable under the unit (ProtectSystem=strict)",
+                    repo.display()
+                ),
+                "add it with a drop-in: systemctl edit agent-state → [Service] ReadWritePaths=…",
+            );
+        }
+    }
+    if sandboxed && !under_any(root, UNIT_WRITABLE) {
+        r.fail(
+            "unit sandbox",
+            format!(
+                "the state root {} is not writable under the unit",
+                root.display()
+            ),
+            "systemctl edit agent-state → [Service] ReadWritePaths=… (packaging/README.md)",
+        );
+    }
+
+    // Free disk.
+    match crate::daemon::health::probe(root) {
+        Ok(p) if p.read_only => r.fail("disk", format!("{} is on a read-only file system", root.display()), "remount it read-write"),
+        Ok(p) if p.free < config.health.disk_pause => r.fail(
+            "disk",
+            format!("{} free; waking pauses below {}", human(p.free), human(config.health.disk_pause)),
+            "free some space (old sessions/ logs, processed/ messages: agent-state check --repair prunes by retention)",
+        ),
+        Ok(p) if p.free < config.health.disk_warn => r.warn("disk", format!("{} free, below disk_warn ({})", human(p.free), human(config.health.disk_warn)), "free some space"),
+        Ok(p) => r.ok("disk", format!("{} free of {}", human(p.free), human(p.total))),
+        Err(_) => {}
+    }
+
+    // The daemon.
+    let running = crate::daemon::files::daemon_running(&ctx.root);
+    let heartbeat = crate::daemon::files::read_heartbeat(&ctx.root)
+        .ok()
+        .flatten();
+    match (running, heartbeat) {
+        (false, _) => r.fail(
+            "daemon",
+            format!("no daemon runs on {}", root.display()),
+            "systemctl start agent-state (journalctl -u agent-state says why it stopped)",
+        ),
+        (true, Some(h)) => {
+            let age = ctx.now.seconds_since(&h.updated_at).max(0) as u64;
+            if age > args.max_age.as_secs() {
+                r.fail(
+                    "daemon",
+                    format!(
+                        "its heartbeat is {age}s old (pid {}): the loop may be stuck",
+                        h.pid
+                    ),
+                    "systemctl restart agent-state; journalctl -u agent-state",
+                );
+            } else {
+                r.ok(
+                    "daemon",
+                    format!("pid {}, version {}, heartbeat {age}s ago", h.pid, h.version),
+                );
+            }
+        }
+        (true, None) => r.warn(
+            "daemon",
+            "it runs but has written no heartbeat yet (starting?)",
+            "wait, then run doctor again",
+        ),
+    }
+
+    say!("\n{} failed, {} warning(s)", r.failed, r.warned);
+    Ok(if r.failed > 0 { 1 } else { 0 })
+}
+
+fn human(bytes: u64) -> String {
+    crate::cli::health::bytes(bytes)
+}
+
+fn under_any(path: &Path, dirs: &[&str]) -> bool {
+    dirs.iter().any(|d| path.starts_with(d))
+}
+
+/// The shipped unit is installed (so its sandbox applies).
+fn unit_installed() -> bool {
+    [
+        "/usr/lib/systemd/system/agent-state.service",
+        "/lib/systemd/system/agent-state.service",
+        "/etc/systemd/system/agent-state.service",
+    ]
+    .iter()
+    .any(|p| Path::new(p).is_file())
+}
+
+/// The program of a command: absolute, relative to the config, or on the PATH
+/// the unit gives (`/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin`).
+fn resolve(program: &str, config_dir: &Path) -> Option<PathBuf> {
+    if program.contains('/') {
+        // Relative to the config file's directory, as the daemon runs it.
+        return Some(config_dir.join(program));
+    }
+    [
+        "/usr/local/sbin",
+        "/usr/local/bin",
+        "/usr/sbin",
+        "/usr/bin",
+        "/sbin",
+        "/bin",
+    ]
+    .iter()
+    .map(|d| Path::new(d).join(program))
+    .find(|p| p.is_file())
+}
+
+/// Whether `user` may execute `path` by its mode bits (as the kernel would
+/// judge the file itself; root's own any-x rule included).
+fn executable_by(path: &Path, user: Option<&User>) -> bool {
+    let Ok(m) = std::fs::metadata(path) else {
+        return false;
+    };
+    let mode = m.permissions().mode();
+    let Some(u) = user else {
+        return mode & 0o111 != 0;
+    };
+    if u.uid.is_root() {
+        return mode & 0o111 != 0;
+    }
+    if m.uid() == u.uid.as_raw() {
+        return mode & 0o100 != 0;
+    }
+    let groups = nix::unistd::getgrouplist(
+        &std::ffi::CString::new(u.name.clone()).unwrap_or_default(),
+        u.gid,
+    )
+    .unwrap_or_default();
+    if groups.iter().any(|g| g.as_raw() == m.gid()) {
+        return mode & 0o010 != 0;
+    }
+    mode & 0o001 != 0
+}
+
+fn check_command(
+    r: &mut Report,
+    agent: &AgentConfig,
+    config_dir: &Path,
+    user: Option<&User>,
+    sandboxed: bool,
+) {
+    let what = format!("{} command", agent.name);
+    let Some(program) = agent.session.command.first() else {
+        return;
+    };
+    let Some(path) = resolve(program, config_dir) else {
+        r.fail(
+            &what,
+            format!("`{program}` is not on the unit's PATH"),
+            "give its absolute path in `command`",
+        );
+        return;
+    };
+    if !path.is_file() {
+        r.fail(
+            &what,
+            format!("{} does not exist", path.display()),
+            "install it, or fix `command` in the config",
+        );
+        return;
+    }
+    if sandboxed && under_any(&path, UNIT_HIDDEN) {
+        r.fail(
+            &what,
+            format!(
+                "{} is under a directory the unit hides (ProtectHome=yes)",
+                path.display()
+            ),
+            "move it, e.g. to /opt/teleo-eval/ or /usr/local/bin/",
+        );
+        return;
+    }
+    if !executable_by(&path, user) {
+        r.fail(
+            &what,
+            format!(
+                "{} is not executable by {}",
+                path.display(),
+                user.map(|u| u.name.as_str()).unwrap_or("the service user")
+            ),
+            format!("chmod 755 {}", path.display()),
+        );
+        return;
+    }
+    r.ok(&what, normalised(&path).display().to_string());
+}
+
+/// `a/b/../c` as `a/c` (lexically: for showing a path, not resolving links).
+fn normalised(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            std::path::Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+fn git(repo: &Path, user: Option<&User>, args: &[&str]) -> Option<(bool, String)> {
+    let mut cmd = Command::new("git");
+    cmd.arg("-C")
+        .arg(repo)
+        .args(args)
+        .stdin(Stdio::null())
+        .env("GIT_TERMINAL_PROMPT", "0");
+    if let Some(u) = user {
+        cmd.env("HOME", &u.dir);
+    }
+    let out = cmd.output().ok()?;
+    Some((
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+            + String::from_utf8_lossy(&out.stderr).trim(),
+    ))
+}
+
+fn check_repo(r: &mut Report, repo: &Path, user: Option<&User>) {
+    let what = format!("repository {}", repo.display());
+    match git(repo, user, &["rev-parse", "--git-dir"]) {
+        None => {
+            r.fail(&what, "git is not installed", "apt install git");
+            return;
+        }
+        Some((false, why)) => {
+            r.fail(
+                &what,
+                format!("not a git repository: {why}"),
+                format!("git init {} (or fix `workspace.repo`)", repo.display()),
+            );
+            return;
+        }
+        Some((true, _)) => {}
+    }
+    let name = git(repo, user, &["config", "user.name"])
+        .filter(|(ok, _)| *ok)
+        .map(|(_, v)| v);
+    let email = git(repo, user, &["config", "user.email"])
+        .filter(|(ok, _)| *ok)
+        .map(|(_, v)| v);
+    let home = user
+        .map(|u| u.dir.display().to_string())
+        .unwrap_or_else(|| "~".into());
+    match (name, email) {
+        (Some(n), Some(e)) => r.ok(&what, format!("git identity {n} <{e}>")),
+        _ => r.fail(
+            &what,
+            "the service user has no git identity: its sessions cannot commit",
+            format!("sudo -u {0} HOME={home} git config --global user.name \"…\" && sudo -u {0} HOME={home} git config --global user.email …", user.map(|u| u.name.as_str()).unwrap_or("agent-state")),
+        ),
+    }
+    match git(repo, user, &["remote", "get-url", "origin"]) {
+        Some((true, url)) => match git(repo, user, &["ls-remote", "--heads", "origin"]) {
+            Some((true, _)) => r.ok(&what, format!("remote origin {url} reachable")),
+            _ => r.fail(
+                &what,
+                format!("remote origin {url} cannot be read"),
+                "check the service user's key or token (~/.ssh, ~/.config/gh) and the network",
+            ),
+        },
+        _ => r.warn(
+            &what,
+            "no remote `origin`: sessions commit but cannot push",
+            "git remote add origin URL",
+        ),
+    }
+}
