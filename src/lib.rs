@@ -25,6 +25,7 @@
 
 pub mod access;
 pub mod agent_name;
+pub mod backup;
 pub mod check;
 pub mod cli;
 pub mod clock;

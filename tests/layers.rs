@@ -44,6 +44,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "usage",
             "workspace",
             "flow",
+            "backup",
         ],
     ),
     ("daemon", &["daemon"]),

@@ -2,6 +2,7 @@
 //! subcommand. Commands print results on stdout and warnings on stderr, and
 //! return a sysexits code; `main` prints errors.
 
+mod backup;
 mod bootstrap;
 mod check;
 mod daemon;
@@ -86,6 +87,10 @@ pub enum Command {
     Usage(usage::Args),
     /// The git worktrees of sessions that are kept (uncommitted changes or commits not on the base)
     Workspaces(workspaces::Args),
+    /// Write a consistent snapshot of the state root (each agent's files under its lock) to DEST.tar.zst
+    Backup(backup::BackupArgs),
+    /// Restore a backup into an empty state root, then check it
+    Restore(backup::RestoreArgs),
     /// Check everything a first session needs (user, group, modes, commands, login, git, disk, the daemon), each failure with its fix
     Doctor(doctor::Args),
     /// Read a cron-era crontab's research-session.sh lines as [[agent]] entries; --apply writes them into the config and comments the lines out
@@ -195,6 +200,8 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Workspaces(a) => workspaces::run(&ctx, a),
         Command::Flow(c) => flow::run(&ctx, c),
         Command::Doctor(a) => doctor::run(&ctx, a),
+        Command::Backup(a) => backup::backup(&ctx, a),
+        Command::Restore(a) => backup::restore(&ctx, a),
         Command::Prompt(a) => prompt::run(&ctx, a),
         Command::Record(a) => record::run(&ctx, a),
         Command::Check(a) => check::run(&ctx, a),

@@ -5,6 +5,7 @@
 
 mod support;
 
+mod backup;
 mod bootstrap;
 mod caps;
 mod check;

@@ -1,0 +1,333 @@
+//! `agent-state backup DEST.tar.zst` and `agent-state restore ARCHIVE`
+//! (issue 14): a consistent snapshot of the state root, and putting one back
+//! into an empty root.
+//!
+//! A backup takes each agent's files under that agent's lock (so no session
+//! begins or ends, and no message is claimed or acknowledged, halfway
+//! through its agent's part), each flow's under the flow's lock, and the
+//! daemon's and shared files as they are (each is replaced atomically). It
+//! stores directories and regular files with their modes and owners; it
+//! leaves out lock files, temp files, links and special files (never
+//! followed: they are somebody's input), and the agents' git worktrees
+//! (`workspaces/`: their repositories are backed up as repositories). The
+//! archive is written as `DEST.partial` and renamed into place when whole.
+//!
+//! A restore goes into a root that does not exist or is empty: everything is
+//! unpacked beside it (`ROOT.restoring-STAMP`) and renamed into place at the
+//! end, so a failure leaves nothing half restored. An entry that is not a
+//! plain relative path to a directory or a regular file refuses the whole
+//! archive, naming it.
+
+use std::fs::File;
+use std::io::{BufWriter, Read, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Component, Path, PathBuf};
+
+use crate::clock::Timestamp;
+use crate::error::{Error, Result};
+use crate::state::StateRoot;
+
+/// What a backup or a restore did.
+#[derive(Debug, Default)]
+pub struct Summary {
+    pub files: u64,
+    pub dirs: u64,
+    pub bytes: u64,
+    /// Left out, with why (links, special files, worktrees).
+    pub skipped: Vec<String>,
+}
+
+/// The most one file of the state root may be to go into a backup (a state
+/// file is far smaller; a huge planted file is somebody's input).
+pub const MAX_FILE: u64 = 4 << 30;
+
+fn is_skipped_name(name: &str) -> bool {
+    name == ".lock"
+        || name.ends_with(".lock")
+        || crate::fsx::is_temp_name(name)
+        || name.ends_with(".partial")
+}
+
+struct Writer {
+    tar: tar::Builder<zstd::stream::write::Encoder<'static, BufWriter<File>>>,
+    summary: Summary,
+    root: PathBuf,
+}
+
+impl Writer {
+    fn add_dir(&mut self, rel: &Path, meta: &std::fs::Metadata) -> Result<()> {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Directory);
+        h.set_mode(meta.permissions().mode() & 0o7777);
+        h.set_uid(meta.uid() as u64);
+        h.set_gid(meta.gid() as u64);
+        h.set_mtime(meta.mtime().max(0) as u64);
+        h.set_size(0);
+        self.tar
+            .append_data(&mut h, rel, std::io::empty())
+            .map_err(|e| Error::io("writing the archive entry", self.root.join(rel), e))?;
+        self.summary.dirs += 1;
+        Ok(())
+    }
+
+    fn add_file(&mut self, rel: &Path) -> Result<()> {
+        let path = self.root.join(rel);
+        // Never through a link, never blocking on a FIFO.
+        let Some(file) = crate::fsx::open_read(&path)? else {
+            return Ok(());
+        };
+        let meta = file
+            .metadata()
+            .map_err(|e| Error::io("inspecting", &path, e))?;
+        if meta.len() > MAX_FILE {
+            self.summary.skipped.push(format!(
+                "{}: {} bytes, larger than any state file",
+                rel.display(),
+                meta.len()
+            ));
+            return Ok(());
+        }
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_mode(meta.permissions().mode() & 0o7777);
+        h.set_uid(meta.uid() as u64);
+        h.set_gid(meta.gid() as u64);
+        h.set_mtime(meta.mtime().max(0) as u64);
+        h.set_size(meta.len());
+        self.tar
+            .append_data(&mut h, rel, file.take(meta.len()))
+            .map_err(|e| Error::io("archiving", &path, e))?;
+        self.summary.files += 1;
+        self.summary.bytes += meta.len();
+        Ok(())
+    }
+
+    /// `rel` and everything below it (directories and regular files).
+    fn add_tree(&mut self, rel: &Path) -> Result<()> {
+        let path = self.root.join(rel);
+        let Some(st) = crate::fsx::metadata(&path)? else {
+            return Ok(());
+        };
+        match crate::fsx::file_type(&st) {
+            nix::sys::stat::SFlag::S_IFDIR => {
+                let meta = std::fs::symlink_metadata(&path)
+                    .map_err(|e| Error::io("inspecting", &path, e))?;
+                self.add_dir(rel, &meta)?;
+                let mut names: Vec<String> = crate::fsx::list(&path)?
+                    .into_iter()
+                    .filter_map(|n| n.into_string().ok())
+                    .collect();
+                names.sort();
+                for name in names {
+                    if is_skipped_name(&name) {
+                        continue;
+                    }
+                    let child = rel.join(&name);
+                    if name == "workspaces"
+                        && rel.components().count() == 1
+                        && !rel.starts_with(".")
+                    {
+                        self.summary.skipped.push(format!(
+                            "{}: the agent's git worktrees (back up their repositories)",
+                            child.display()
+                        ));
+                        continue;
+                    }
+                    self.add_tree(&child)?;
+                }
+                Ok(())
+            }
+            nix::sys::stat::SFlag::S_IFREG => self.add_file(rel),
+            _ => {
+                self.summary.skipped.push(format!(
+                    "{}: {}, not a file or directory",
+                    rel.display(),
+                    crate::fsx::describe_stat(&st)
+                ));
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Write a snapshot of the state root to `dest` (`.tar.zst`).
+pub fn backup(root: &StateRoot, dest: &Path) -> Result<Summary> {
+    if !crate::fsx::is_dir(&root.path) {
+        return Err(Error::NotFound(format!(
+            "the state root {} does not exist: nothing to back up",
+            root.path.display()
+        )));
+    }
+    if dest.starts_with(&root.path) {
+        return Err(Error::Usage(format!(
+            "{} is inside the state root: write the backup elsewhere",
+            dest.display()
+        )));
+    }
+    let partial = PathBuf::from(format!("{}.partial", dest.display()));
+    let file = File::create(&partial).map_err(|e| Error::io("creating", &partial, e))?;
+    let encoder = zstd::stream::write::Encoder::new(BufWriter::new(file), 3)
+        .map_err(|e| Error::io("compressing to", &partial, e))?;
+    let mut w = Writer {
+        tar: tar::Builder::new(encoder),
+        summary: Summary::default(),
+        root: root.path.clone(),
+    };
+    w.tar.mode(tar::HeaderMode::Complete);
+    let top = std::fs::symlink_metadata(&root.path)
+        .map_err(|e| Error::io("inspecting", &root.path, e))?;
+    w.add_dir(Path::new("."), &top)?;
+    let mut names: Vec<String> = crate::fsx::list(&root.path)?
+        .into_iter()
+        .filter_map(|n| n.into_string().ok())
+        .collect();
+    names.sort();
+    for name in names {
+        if is_skipped_name(&name) {
+            continue;
+        }
+        let rel = PathBuf::from(&name);
+        let path = root.path.join(&name);
+        if name == ".flows" && crate::fsx::is_dir(&path) {
+            let meta =
+                std::fs::symlink_metadata(&path).map_err(|e| Error::io("inspecting", &path, e))?;
+            w.add_dir(&rel, &meta)?;
+            let mut flows: Vec<String> = crate::fsx::list(&path)?
+                .into_iter()
+                .filter_map(|n| n.into_string().ok())
+                .collect();
+            flows.sort();
+            for flow in flows {
+                let lock_path = path.join(&flow).join(".lock");
+                let guard = match crate::state::lock::open_lock_file(&lock_path, 0o660) {
+                    Ok(f) => Some(crate::state::lock::flock_bounded(f, &lock_path)?),
+                    Err(_) => None,
+                };
+                w.add_tree(&rel.join(&flow))?;
+                drop(guard);
+            }
+            continue;
+        }
+        let agent = crate::agent_name::AgentName::parse(&name).ok();
+        match agent {
+            Some(a) if !name.starts_with('.') && crate::fsx::is_dir(&path) => {
+                let dir = root.agent(&a);
+                let lock = dir.lock()?;
+                w.add_tree(&rel)?;
+                drop(lock);
+            }
+            _ => w.add_tree(&rel)?,
+        }
+    }
+    let encoder = w
+        .tar
+        .into_inner()
+        .map_err(|e| Error::io("finishing", &partial, e))?;
+    let mut out = encoder
+        .finish()
+        .map_err(|e| Error::io("finishing", &partial, e))?;
+    out.flush().map_err(|e| Error::io("writing", &partial, e))?;
+    out.get_ref()
+        .sync_all()
+        .map_err(|e| Error::io("syncing", &partial, e))?;
+    std::fs::rename(&partial, dest).map_err(|e| Error::io("renaming", &partial, e))?;
+    Ok(w.summary)
+}
+
+/// Unpack `archive` into `root`, which must not exist or be empty.
+pub fn restore(archive: &Path, root: &Path, now: Timestamp) -> Result<Summary> {
+    if let Ok(mut entries) = std::fs::read_dir(root)
+        && entries.next().is_some()
+    {
+        return Err(Error::Usage(format!(
+            "{} is not empty: a backup is restored into an empty state root (move this one aside first)",
+            root.display()
+        )));
+    }
+    let file = File::open(archive).map_err(|e| Error::io("opening", archive, e))?;
+    let decoder =
+        zstd::stream::read::Decoder::new(file).map_err(|e| Error::io("reading", archive, e))?;
+    let mut tar = tar::Archive::new(decoder);
+    tar.set_preserve_permissions(true);
+    tar.set_preserve_ownerships(nix::unistd::geteuid().is_root());
+    tar.set_unpack_xattrs(false);
+    let parent = root.parent().unwrap_or(Path::new("/"));
+    let staging = parent.join(format!(
+        ".{}.restoring-{}",
+        root.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        now.compact()
+    ));
+    std::fs::create_dir_all(&staging).map_err(|e| Error::io("creating", &staging, e))?;
+    let result = unpack(&mut tar, archive, &staging);
+    let summary = match result {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&staging);
+            return Err(e);
+        }
+    };
+    if root.exists() {
+        std::fs::remove_dir(root).map_err(|e| Error::io("replacing the empty", root, e))?;
+    }
+    std::fs::rename(&staging, root).map_err(|e| Error::io("moving into place", &staging, e))?;
+    Ok(summary)
+}
+
+fn unpack<R: Read>(tar: &mut tar::Archive<R>, archive: &Path, into: &Path) -> Result<Summary> {
+    let mut summary = Summary::default();
+    let entries = tar
+        .entries()
+        .map_err(|e| Error::io("reading", archive, e))?;
+    for entry in entries {
+        let mut entry = entry.map_err(|e| Error::io("reading", archive, e))?;
+        let path = entry
+            .path()
+            .map_err(|e| Error::io("reading", archive, e))?
+            .into_owned();
+        let plain = path
+            .components()
+            .all(|c| matches!(c, Component::Normal(_) | Component::CurDir));
+        if !plain {
+            return Err(Error::Data(format!(
+                "{}: the entry {} is not a plain relative path: not a state-root backup, nothing restored",
+                archive.display(),
+                path.display()
+            )));
+        }
+        let kind = entry.header().entry_type();
+        if !(kind.is_dir() || kind.is_file()) {
+            return Err(Error::Data(format!(
+                "{}: the entry {} is a {:?}, not a file or directory: nothing restored",
+                archive.display(),
+                path.display(),
+                kind
+            )));
+        }
+        if kind.is_file() {
+            summary.files += 1;
+            summary.bytes += entry.header().size().unwrap_or(0);
+        } else {
+            summary.dirs += 1;
+        }
+        let mode = entry.header().mode().unwrap_or(0o644);
+        let unpacked = entry
+            .unpack_in(into)
+            .map_err(|e| Error::io("restoring", into.join(&path), e))?;
+        // Setuid never comes back from an archive.
+        if unpacked && mode & 0o4000 != 0 {
+            let target = into.join(&path);
+            std::fs::set_permissions(&target, std::fs::Permissions::from_mode(mode & 0o3777))
+                .map_err(|e| Error::io("setting the mode of", &target, e))?;
+        }
+        if !unpacked {
+            return Err(Error::Data(format!(
+                "{}: the entry {} would land outside the root: nothing restored",
+                archive.display(),
+                path.display()
+            )));
+        }
+    }
+    Ok(summary)
+}
