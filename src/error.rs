@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 /// sysexits(3) codes, as `main` returns them.
 pub mod exit {
     pub const OK: u8 = 0;
+    /// A check or a waited-for session failed (`doctor`, `wake --wait`).
+    pub const FAILED: u8 = 1;
     pub const USAGE: u8 = 64;
     pub const DATAERR: u8 = 65;
     pub const NOINPUT: u8 = 66;

@@ -9,6 +9,7 @@ pub struct Args {
     /// Set corrupt files aside and rebuild them, recover abandoned sessions, reject malformed messages
     #[arg(long)]
     pub repair: bool,
+    /// Print JSON instead of text
     #[arg(long)]
     pub json: bool,
 }

@@ -25,6 +25,7 @@ pub struct Args {
     /// How far back to look
     #[arg(long, default_value = "30d", value_parser = humantime::parse_duration, value_name = "DUR")]
     pub since: Duration,
+    /// Print JSON instead of text
     #[arg(long)]
     pub json: bool,
     /// Print the catalogue of error codes (Markdown) instead; needs no config
@@ -75,9 +76,19 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         return print_json(&records);
     }
     if records.is_empty() {
-        say!("no errors in {}", path.display());
+        say!(
+            "no errors in {} (the last {})",
+            path.display(),
+            humantime::format_duration(args.since)
+        );
         return Ok(exit::OK);
     }
+    say!(
+        "{} error(s) in {} (the last {}):",
+        records.len(),
+        path.display(),
+        humantime::format_duration(args.since)
+    );
     for r in &records {
         let ctx_text = match (&r.context.agent, &r.context.session, r.context.attempt) {
             (Some(a), Some(s), Some(n)) => format!(" [{a} {s} attempt {n}]"),

@@ -35,6 +35,25 @@ pub struct Args {
     /// Stop after N events (the last one's cursor resumes the stream)
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub limit: Option<u64>,
+    /// Of the events there are now, only the last N (then, with --follow, every new one)
+    #[arg(long, value_name = "N")]
+    pub tail: Option<u64>,
+    /// Only events at or after this time: an RFC 3339 time, or a duration ago (`2h`, `30m`)
+    #[arg(long, value_name = "TIME")]
+    pub since: Option<String>,
+}
+
+/// `--since`: an RFC 3339 time, or a duration before `now`.
+fn since(text: &str, now: crate::clock::Timestamp) -> Result<chrono::DateTime<chrono::Utc>> {
+    if let Ok(t) = crate::clock::Timestamp::parse(text) {
+        return Ok(t.0);
+    }
+    match humantime::parse_duration(text) {
+        Ok(d) => Ok(now.minus(d).0),
+        Err(_) => Err(Error::Usage(format!(
+            "--since {text:?}: give a time like 2026-11-24T08:00:00Z or a duration like 2h"
+        ))),
+    }
 }
 
 pub fn run(ctx: &Context, args: Args) -> Result<u8> {
@@ -55,12 +74,18 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
             nix::sys::signal::SigHandler::SigIgn,
         )
     };
+    let since = match &args.since {
+        Some(t) => Some(since(t, ctx.now)?),
+        None => None,
+    };
     let mut printer = Printer {
         out: BufWriter::new(io::stdout().lock()),
         json: args.json,
         limit: args.limit,
         printed: 0,
         last: None,
+        since,
+        tail: args.tail,
     };
     let mut reader = Reader::new(ctx.root.clone(), after, agent);
     let result = if args.follow {
@@ -290,6 +315,10 @@ struct Printer<W: Write> {
     printed: u64,
     /// The cursor of the last event printed.
     last: Option<String>,
+    /// Events before this are not printed.
+    since: Option<chrono::DateTime<chrono::Utc>>,
+    /// Of the first batch (what exists now), only the last N; then taken.
+    tail: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -310,7 +339,20 @@ impl<W: Write> Printer<W> {
         }
         let stopped = || stop.is_some_and(|s| s.load(Ordering::SeqCst));
         let mut done = false;
+        let since = self.since;
+        let shown = |e: &StreamEvent| since.is_none_or(|t| e.ts >= t);
+        let mut skip = match self.tail.take() {
+            Some(n) => (batch.events.iter().filter(|e| shown(e)).count() as u64).saturating_sub(n),
+            None => 0,
+        };
         for (event, cursor) in batch.cursors() {
+            if !shown(event) {
+                continue;
+            }
+            if skip > 0 {
+                skip -= 1;
+                continue;
+            }
             if self.limit.is_some_and(|l| self.printed >= l) || stopped() {
                 done = true;
                 break;

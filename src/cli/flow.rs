@@ -12,6 +12,7 @@ use crate::flow::{self, Applied, FlowState};
 pub enum Command {
     /// Open a cycle: its file, and a task to the Planner
     Start {
+        /// The flow (its [[flow]] name)
         flow: String,
         /// What the cycle is for (one line)
         #[arg(long)]
@@ -22,27 +23,36 @@ pub enum Command {
     },
     /// Each flow's open cycle: its step, the role at work, the INSUFFICIENT streak, what waits for a human
     Status {
+        /// One flow (default: every flow)
         flow: Option<String>,
+        /// Print JSON instead of text
         #[arg(long)]
         json: bool,
     },
     /// Approve a cycle the Judge passed (awaiting approval, or blocked): archived, on_approve run
     Approve {
+        /// The cycle (2026-11-24-001)
         cycle: String,
+        /// Who answers (default: the flow's human mailbox)
         #[arg(long)]
         by: Option<String>,
     },
     /// Send a cycle back to the Planner with your feedback (awaiting approval, blocked or paused)
     Reject {
+        /// The cycle (2026-11-24-001)
         cycle: String,
+        /// What the Planner should change (it reaches its next prompt)
         #[arg(long)]
         feedback: String,
+        /// Who answers (default: the flow's human mailbox)
         #[arg(long)]
         by: Option<String>,
     },
     /// Stop a cycle, whatever its state: archived as stopped
     Stop {
+        /// The cycle (2026-11-24-001)
         cycle: String,
+        /// Who answers (default: the flow's human mailbox)
         #[arg(long)]
         by: Option<String>,
     },

@@ -28,6 +28,7 @@ pub struct Args {
 pub enum Command {
     /// Print one whole message, wherever it lies (waiting, claimed, processed, rejected)
     Show {
+        /// The agent (or human mailbox)
         agent: String,
         /// Its id or file name
         message: String,
@@ -37,6 +38,7 @@ pub enum Command {
     },
     /// Mark waiting messages handled: moved to processed/ and journaled (the service user or root)
     Ack {
+        /// The agent (or human mailbox)
         agent: String,
         /// Their ids or file names
         #[arg(required = true)]
@@ -44,6 +46,7 @@ pub enum Command {
     },
     /// Move a rejected message back to the inbox once it is valid; its reason file is removed (the service user or root)
     Redeliver {
+        /// The agent (or human mailbox)
         agent: String,
         /// Its id or file name in rejected/
         message: String,

@@ -51,8 +51,24 @@ Durable state, session hooks and messaging for headless LLM agents.
 Every agent has a directory under the state root (report.json, tasks.json,
 session.json, memory.md, journal.jsonl, metrics.json, inbox/). Session scripts
 call `session begin|end|fail`; pipelines and people `send` messages; `status`
-shows everyone at a glance. Exit codes follow sysexits(3): 64 usage, 65 bad
-data, 66 missing input, 67 unknown agent, 74 I/O, 75 try again, 78 config.";
+shows everyone at a glance.
+
+Exit codes (sysexits(3)):
+  0   success
+  1   `doctor`: something failed; `wake --wait`: the session failed at once;
+      `health`: WARNING (2 CRITICAL, 3 UNKNOWN)
+  64  usage: a bad command line, or a request that cannot be carried out
+  65  bad data: a value was refused (a hook records everything else)
+  66  missing input: no such file, message or agent directory
+  67  unknown agent: not in the config
+  69  unavailable: no daemon runs, or another runs on the same root
+  70  internal error
+  71  operating system error
+  73  cannot create a file
+  74  I/O error
+  75  try again: a session is running, or a lock is held
+  77  permission denied, or a session that another live owner holds
+  78  configuration error (every problem is printed)";
 
 #[derive(Parser, Debug)]
 #[command(name = "agent-state", version = VERSION, about = ABOUT, long_about = LONG_ABOUT)]
@@ -235,4 +251,65 @@ pub fn print_json<T: serde::Serialize>(value: &T) -> Result<u8> {
         .map_err(|e| crate::error::Error::Data(e.to_string()))?;
     println!("{text}");
     Ok(exit::OK)
+}
+
+#[cfg(test)]
+mod help_tests {
+    use clap::CommandFactory;
+
+    /// `--help` lists every exit code the program uses.
+    #[test]
+    fn the_help_lists_every_exit_code() {
+        use crate::error::exit;
+        for code in [
+            exit::OK,
+            exit::FAILED,
+            exit::USAGE,
+            exit::DATAERR,
+            exit::NOINPUT,
+            exit::NOUSER,
+            exit::UNAVAILABLE,
+            exit::SOFTWARE,
+            exit::OSERR,
+            exit::CANTCREAT,
+            exit::IOERR,
+            exit::TEMPFAIL,
+            exit::NOPERM,
+            exit::CONFIG,
+        ] {
+            assert!(
+                super::LONG_ABOUT.contains(&format!("\n  {code:<3} ")),
+                "exit code {code} is not in the help"
+            );
+        }
+    }
+
+    /// Every argument of every subcommand says what it is for.
+    #[test]
+    fn every_argument_has_a_help_line() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if matches!(id, "help" | "version") {
+                    continue;
+                }
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                if sub.get_about().is_none() && !sub.is_hide_set() {
+                    missing.push(format!("{path} {} (the subcommand)", sub.get_name()));
+                }
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&super::Cli::command(), "agent-state", &mut missing);
+        assert!(
+            missing.is_empty(),
+            "arguments without a help line:\n{}",
+            missing.join("\n")
+        );
+    }
 }

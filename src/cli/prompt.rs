@@ -8,6 +8,7 @@ use crate::prompt::{self, PromptOptions};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
+    /// The agent
     pub agent: String,
     /// Size budget instead of the configured one (`200KiB`, `1MiB`, `50000`)
     #[arg(long, value_name = "SIZE", value_parser = parse_budget)]

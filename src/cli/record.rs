@@ -7,15 +7,21 @@ use crate::state::metrics;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
+    /// The agent
     pub agent: String,
+    /// Claims the agent proposed, to add to metrics.json
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub claims_proposed: u64,
+    /// Of them, accepted by review
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub claims_accepted: u64,
+    /// Challenged by review
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub claims_challenged: u64,
+    /// Rejected by review
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub claims_rejected: u64,
+    /// Beliefs the agent found disconfirmed
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub disconfirmation_hits: u64,
 }

@@ -34,8 +34,10 @@ pub enum Command {
 pub struct KeepArgs {
     /// The session (for people reading `ps`)
     pub session: String,
+    /// The process whose life the session lasts (the script that began it)
     #[arg(long, value_name = "PID")]
     pub owner_pid: i32,
+    /// Its start time in clock ticks since boot (/proc/PID/stat), so a reused pid is not mistaken for it
     #[arg(long, value_name = "TICKS")]
     pub owner_start: Option<u64>,
 }
@@ -43,6 +45,7 @@ pub struct KeepArgs {
 #[derive(clap::Args, Debug)]
 #[command(allow_negative_numbers = true)]
 pub struct BeginArgs {
+    /// The agent
     pub agent: String,
     /// Session type: research, extract, evaluate or ad-hoc (default: the agent's session_type)
     #[arg(long = "type", value_name = "T")]
@@ -56,12 +59,16 @@ pub struct BeginArgs {
     /// Session timeout, e.g. 90m or 5400 (seconds)
     #[arg(long, value_name = "DUR")]
     pub timeout: Option<String>,
+    /// The question this session researches (session.json)
     #[arg(long, value_name = "Q")]
     pub research_question: Option<String>,
+    /// The belief it tests (session.json)
     #[arg(long, value_name = "X")]
     pub belief_targeted: Option<String>,
+    /// What would disconfirm it (session.json)
     #[arg(long, value_name = "X")]
     pub disconfirmation_target: Option<String>,
+    /// How many sources it expects to archive (a whole number)
     #[arg(long, value_name = "N")]
     pub sources_expected: Option<String>,
     /// Join this session if it is the one running (set by the daemon)
@@ -80,6 +87,7 @@ pub struct BeginArgs {
 #[derive(clap::Args, Debug)]
 #[command(allow_negative_numbers = true)]
 pub struct EndArgs {
+    /// The agent
     pub agent: String,
     /// The session to end (default: the running one)
     #[arg(
@@ -95,6 +103,7 @@ pub struct EndArgs {
     /// Sources archived in the session
     #[arg(long, value_name = "N")]
     pub sources_archived: Option<String>,
+    /// The git branch the session worked on
     #[arg(long, value_name = "B")]
     pub branch: Option<String>,
     /// PR number: 247, #247 or a …/pull/247 URL
@@ -109,8 +118,10 @@ pub struct EndArgs {
     /// Notes for the next session; they end its prompt
     #[arg(long, value_name = "H")]
     pub handoff_notes: Option<String>,
+    /// Tokens the session used (a whole number)
     #[arg(long, value_name = "N")]
     pub tokens_used: Option<String>,
+    /// What the session cost, in US dollars
     #[arg(long, value_name = "X")]
     pub cost_usd: Option<String>,
 }
@@ -118,6 +129,7 @@ pub struct EndArgs {
 #[derive(clap::Args, Debug)]
 #[command(allow_negative_numbers = true)]
 pub struct FailArgs {
+    /// The agent
     pub agent: String,
     /// The session that failed (default: the running one; with none running, a failed run is still recorded)
     #[arg(

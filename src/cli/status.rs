@@ -20,6 +20,7 @@ use crate::state::tasks::{TaskFile, TaskStatus};
 pub struct Args {
     /// One agent (default: all)
     pub agent: Option<String>,
+    /// Print JSON instead of text
     #[arg(long)]
     pub json: bool,
 }

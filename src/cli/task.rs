@@ -19,7 +19,9 @@ pub enum Command {
 
 #[derive(clap::Args, Debug)]
 pub struct AddArgs {
+    /// The agent
     pub agent: String,
+    /// What is to be done (one line)
     #[arg(long, value_name = "D")]
     pub description: String,
     /// research, extract, evaluate, follow-up or disconfirm
@@ -28,6 +30,7 @@ pub struct AddArgs {
     /// high, medium or low
     #[arg(long, default_value = "medium", value_name = "P")]
     pub priority: TaskPriority,
+    /// Background the agent needs
     #[arg(long, value_name = "C")]
     pub context: Option<String>,
     /// The task or session this follows up on
@@ -37,18 +40,23 @@ pub struct AddArgs {
 
 #[derive(clap::Args, Debug)]
 pub struct ListArgs {
+    /// The agent
     pub agent: String,
+    /// Print JSON instead of text
     #[arg(long)]
     pub json: bool,
 }
 
 #[derive(clap::Args, Debug)]
 pub struct SetArgs {
+    /// The agent
     pub agent: String,
+    /// The task (task-001, …)
     pub id: String,
     /// pending, active, completed or dropped
     #[arg(long, value_name = "S")]
     pub status: TaskStatus,
+    /// What came of it
     #[arg(long, value_name = "O")]
     pub outcome: Option<String>,
 }

@@ -23,6 +23,7 @@ pub struct Args {
     /// How many days, today included
     #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u32).range(1..=366))]
     pub days: u32,
+    /// Print JSON instead of text
     #[arg(long)]
     pub json: bool,
 }

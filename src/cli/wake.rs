@@ -13,6 +13,7 @@ use crate::state::session::Session;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
+    /// The agent
     pub agent: String,
     /// Wait up to this long for the session to start, and print its id
     #[arg(long, value_name = "DUR", value_parser = humantime::parse_duration)]
@@ -44,6 +45,28 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
             && Some(&s.session_id) != before_id.as_ref()
         {
             println!("{}", s.session_id);
+            // A session that fails at once (its command missing, not
+            // executable, refused) has ended within a moment: say so.
+            let settle = Instant::now() + Duration::from_millis(500);
+            let mut now = s;
+            while now.is_running() && Instant::now() < settle {
+                std::thread::sleep(Duration::from_millis(50));
+                match dir.read::<Session>() {
+                    Ok(Some(again)) if again.session_id == now.session_id => now = again,
+                    _ => break,
+                }
+            }
+            let status = now.status.map(|s| s.as_str()).unwrap_or("?");
+            if !now.is_running() && status != "completed" {
+                crate::cli::warn(format!(
+                    "{}: session {} failed at once ({}): {}",
+                    dir.name,
+                    now.session_id,
+                    status,
+                    now.reason.as_deref().unwrap_or("see `agent-state errors`")
+                ));
+                return Ok(exit::FAILED);
+            }
             return Ok(exit::OK);
         }
         std::thread::sleep(Duration::from_millis(50));

@@ -16,6 +16,7 @@ pub struct Args {
     /// One agent (default: every agent with a workspace)
     #[arg(long)]
     pub agent: Option<String>,
+    /// Print JSON instead of text
     #[arg(long)]
     pub json: bool,
 }

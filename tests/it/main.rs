@@ -33,6 +33,7 @@ mod notify;
 mod ownership;
 mod package;
 mod permissions;
+mod polish;
 mod promises;
 mod prompt;
 mod resume;
