@@ -620,7 +620,12 @@ impl ErrorRecord {
     }
 
     pub fn session(mut self, session: impl Into<String>) -> Self {
-        self.context.session = Some(session.into());
+        let session = session.into();
+        // The catalogue's `sessions/{id}.log` names this session's log.
+        for s in &mut self.suggestions {
+            *s = s.replace("{id}", &session);
+        }
+        self.context.session = Some(session);
         self
     }
 
@@ -636,8 +641,15 @@ impl ErrorRecord {
         self
     }
 
+    /// Put `first` first; a catalogue suggestion it makes precise (the same
+    /// words before the colon: "Read the session log: …") goes.
     pub fn suggest(mut self, first: impl Into<String>) -> Self {
-        self.suggestions.insert(0, first.into());
+        let first = first.into();
+        if let Some((head, _)) = first.split_once(": ") {
+            self.suggestions
+                .retain(|s| s.split_once(": ").is_none_or(|(h, _)| h != head));
+        }
+        self.suggestions.insert(0, first);
         self
     }
 

@@ -55,7 +55,7 @@ shows everyone at a glance.
 
 Exit codes (sysexits(3)):
   0   success
-  1   `doctor`: something failed; `wake --wait`: the session failed at once;
+  1   `doctor`: something failed; `wake --wait`: the session could not start;
       `health`: WARNING (2 CRITICAL, 3 UNKNOWN)
   64  usage: a bad command line, or a request that cannot be carried out
   65  bad data: a value was refused (a hook records everything else)

@@ -45,27 +45,43 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
             && Some(&s.session_id) != before_id.as_ref()
         {
             println!("{}", s.session_id);
-            // A session that fails at once (its command missing, not
-            // executable, refused) has ended within a moment: say so.
-            let settle = Instant::now() + Duration::from_millis(500);
-            let mut now = s;
-            while now.is_running() && Instant::now() < settle {
-                std::thread::sleep(Duration::from_millis(50));
-                match dir.read::<Session>() {
-                    Ok(Some(again)) if again.session_id == now.session_id => now = again,
-                    _ => break,
+            // A session that could not start at all (its command missing,
+            // not executable, its workspace refused) has ended within a
+            // moment, with the daemon's verdict in report.json: say so. A
+            // session that ran and failed is the daemon's to handle.
+            let settle = Instant::now() + Duration::from_millis(1000);
+            loop {
+                let report = dir.read::<crate::state::report::Report>().ok().flatten();
+                let code = report
+                    .as_ref()
+                    .and_then(|r| r.error.as_ref())
+                    .map(|e| e.code.clone())
+                    .unwrap_or_default();
+                let ended = dir
+                    .read::<Session>()
+                    .ok()
+                    .flatten()
+                    .filter(|now| now.session_id == s.session_id)
+                    .is_some_and(|now| !now.is_running());
+                let could_not_start = matches!(
+                    code.as_str(),
+                    "AGENT_NOT_FOUND" | "AGENT_PERMISSION_DENIED" | "AGENT_SPAWN_FAILED"
+                ) || code.starts_with("WORKSPACE_");
+                if ended && could_not_start {
+                    let message = report
+                        .and_then(|r| r.error)
+                        .map(|e| e.message)
+                        .unwrap_or_default();
+                    crate::cli::warn(format!(
+                        "{}: session {} could not start ({code}): {message}",
+                        dir.name, s.session_id
+                    ));
+                    return Ok(exit::FAILED);
                 }
-            }
-            let status = now.status.map(|s| s.as_str()).unwrap_or("?");
-            if !now.is_running() && status != "completed" {
-                crate::cli::warn(format!(
-                    "{}: session {} failed at once ({}): {}",
-                    dir.name,
-                    now.session_id,
-                    status,
-                    now.reason.as_deref().unwrap_or("see `agent-state errors`")
-                ));
-                return Ok(exit::FAILED);
+                if ended || Instant::now() >= settle {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
             }
             return Ok(exit::OK);
         }

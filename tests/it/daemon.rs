@@ -620,8 +620,11 @@ fn failing_sessions_back_off_instead_of_burning_the_messages() {
     assert_eq!(env.waiting("rio"), [format!("{id}.json")]);
     assert!(env.files("rio", "inbox/rejected").is_empty());
     assert!(d.log_text().contains("held back until"), "{}", d.log_text());
-    // A manual wake is still served during the backoff.
-    env.ok(&["wake", "rio", "--wait", "5s"]);
+    // A manual wake is still served during the backoff (and says that its
+    // session could not start: exit 1).
+    let out = env.run(&["wake", "rio", "--wait", "5s"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("could not start (AGENT_NOT_FOUND)"));
     assert_eq!(events(&env, "rio", "session_start").len(), 2);
 }
 

@@ -47,7 +47,7 @@ fn errors_names_its_log_and_wake_wait_fails_when_the_session_failed_at_once() {
     let out = env.run(&["wake", "rio", "--wait", "10s"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(err.contains("failed at once"), "{err}");
+    assert!(err.contains("could not start (AGENT_NOT_FOUND)"), "{err}");
     assert!(
         !String::from_utf8_lossy(&out.stdout).trim().is_empty(),
         "the id is printed"
