@@ -142,6 +142,14 @@ fn the_package_installs_upgrades_under_a_running_session_and_removes_keeping_the
         "{conffiles}"
     );
 
+    // doctor on the fresh install: the daemon is not running yet.
+    let doctor = sdbox.exec(&["agent-state", "doctor"]);
+    let said = text(&doctor.stdout);
+    assert_eq!(doctor.status.code(), Some(1), "{said}");
+    assert!(said.contains("ok    service user: agent-state"), "{said}");
+    assert!(said.contains("ok    inbox group: teleo"), "{said}");
+    assert!(said.contains("FAIL  daemon: no daemon runs"), "{said}");
+
     // ---- configured, started: a session runs -------------------------------
     sdbox.write("/etc/agent-state/config.toml", CONFIG, 0o644);
     sdbox.write(
@@ -170,6 +178,16 @@ fn the_package_installs_upgrades_under_a_running_session_and_removes_keeping_the
         let s = sdbox.json(&format!("{STATE}/rio/session.json"));
         s["session_id"] == rio.as_str() && s["status"] == "completed"
     });
+
+    // doctor, once configured and started: everything a session needs.
+    let doctor = sdbox.exec(&["agent-state", "doctor"]);
+    let said = text(&doctor.stdout);
+    assert!(doctor.status.success(), "{said}");
+    assert!(
+        said.contains("ok    rio command: /usr/share/agent-state/demo-agent.sh"),
+        "{said}"
+    );
+    assert!(said.contains("ok    daemon: pid"), "{said}");
 
     // ---- upgraded while clay's session runs --------------------------------
     let before = sdbox.prop("MainPID");
