@@ -255,6 +255,7 @@ pub fn apply_answers(
     let mut l = open(root, flow)?;
     l.deliver(root, now, &mut out)?;
     finish_interrupted_approvals(&mut l, now, &mut out)?;
+    remove_stale_temps(&l.dir.answers());
     let mut names: Vec<String> = crate::fsx::list(&l.dir.answers())?
         .into_iter()
         .filter_map(|n| n.into_string().ok())
@@ -289,6 +290,30 @@ pub fn apply_answers(
         l.deliver(root, now, &mut out)?;
     }
     Ok(out)
+}
+
+/// Temp files of answers whose writer died (a kill mid-write): removed once
+/// they are a minute old (a younger one may be a write in progress: the
+/// daemon keeps answers without the flow's lock).
+fn remove_stale_temps(dir: &Path) {
+    let Ok(names) = crate::fsx::list(dir) else {
+        return;
+    };
+    for name in names.into_iter().filter_map(|n| n.into_string().ok()) {
+        if !crate::fsx::is_temp_name(&name) {
+            continue;
+        }
+        let path = dir.join(&name);
+        let old = crate::fsx::metadata(&path)
+            .ok()
+            .flatten()
+            .map(|st| crate::fsx::modified(&st))
+            .and_then(|m| m.elapsed().ok())
+            .is_some_and(|age| age > Duration::from_secs(60));
+        if old {
+            let _ = crate::fsx::remove_file(&path);
+        }
+    }
 }
 
 fn apply_one(

@@ -777,7 +777,7 @@ fn a_daemon_killed_at_random_moments_neither_loses_nor_repeats_a_step() {
         while lab.archived(&name).is_empty() {
             let now = format!("{}", lab.state()["current"]);
             if now == last {
-                window += 100;
+                window += 200;
             } else {
                 window = 250;
                 last = now;
@@ -788,7 +788,7 @@ fn a_daemon_killed_at_random_moments_neither_loses_nor_repeats_a_step() {
             }
             d.kill9();
             kills += 1;
-            assert!(kills < 400, "no progress (seed {seed})");
+            assert!(kills < 1500, "no progress (seed {seed})");
             d = lab.env.daemon();
         }
         // What a kill left is applied at the next start.
@@ -798,7 +798,9 @@ fn a_daemon_killed_at_random_moments_neither_loses_nor_repeats_a_step() {
             LONG,
             "no answer left to apply, nothing left to send",
             || {
-                list(&lab.flow_dir().join("answers")).is_empty()
+                list(&lab.flow_dir().join("answers"))
+                    .iter()
+                    .all(|n| n.starts_with('.'))
                     && lab.state()["outbox"]
                         .as_array()
                         .is_some_and(|o| o.is_empty())
