@@ -212,8 +212,11 @@ fn a_low_risk_cycle_passes_is_approved_and_archived_as_seed_004_reads() {
     let cycle = lab.start("Add three notes to notes.md");
     assert!(cycle.ends_with("-001"), "{cycle}");
     let name = archive_name(&cycle, false);
-    d.wait_until(LONG, "the cycle is archived", || {
-        !lab.archived(&name).is_empty() && lab.current().is_null()
+    // The journal's line comes after the archive and state.json.
+    d.wait_until(LONG, "the cycle is archived and journaled", || {
+        !lab.archived(&name).is_empty()
+            && lab.current().is_null()
+            && lab.journal().iter().any(|e| e["event"] == "approved")
     });
     let file = lab.archived(&name);
     // Goal, each role's contribution in order, the Actor's diff, the verdict.
@@ -706,8 +709,9 @@ fn on_approval_the_configured_command_runs_in_the_actors_worktree_and_its_outcom
     let d = lab.env.daemon();
     let cycle = lab.start("Commit on approval");
     let name = archive_name(&cycle, false);
-    d.wait_until(LONG, "the approval command ran", || {
+    d.wait_until(LONG, "the approval command ran and is journaled", || {
         lab.archived(&name).contains("## on_approve")
+            && lab.journal().iter().any(|e| e["event"] == "on_approve")
     });
     let file = lab.archived(&name);
     assert!(file.contains("exited with exit status: 0"), "{file}");
