@@ -81,8 +81,27 @@ fn a_backup_under_a_running_daemon_restores_into_an_empty_root_as_it_was() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(said.contains("check: no problems found"), "{said}");
+    // Taken under the running daemon: the session it ran, whole.
+    let journal = std::fs::read_to_string(restored.join("rio/journal.jsonl")).unwrap();
+    assert!(journal.contains("\"session_end\""), "{journal}");
+    assert!(
+        std::fs::read_to_string(restored.join("theseus/tasks.json"))
+            .unwrap()
+            .contains("a task")
+    );
+    // Taken again with the daemon stopped (nothing changes the files any
+    // more): restored, every state file as it was, byte for byte.
+    let still = env.tmp("still.tar.zst");
+    env.ok(&["backup", still.to_str().unwrap()]);
+    let again = env.tmp("restored-again");
+    env.ok(&[
+        "restore",
+        still.to_str().unwrap(),
+        "--into",
+        again.to_str().unwrap(),
+    ]);
     assert_eq!(
-        files(&restored),
+        files(&again),
         files(&env.root),
         "every state file as it was"
     );
