@@ -54,15 +54,21 @@ struct Writer {
     root: PathBuf,
 }
 
+/// An archive entry's header with the mode, owner and time of `meta`.
+fn header(kind: tar::EntryType, meta: &std::fs::Metadata, size: u64) -> tar::Header {
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(kind);
+    h.set_mode(meta.permissions().mode() & 0o7777);
+    h.set_uid(meta.uid() as u64);
+    h.set_gid(meta.gid() as u64);
+    h.set_mtime(meta.mtime().max(0) as u64);
+    h.set_size(size);
+    h
+}
+
 impl Writer {
     fn add_dir(&mut self, rel: &Path, meta: &std::fs::Metadata) -> Result<()> {
-        let mut h = tar::Header::new_gnu();
-        h.set_entry_type(tar::EntryType::Directory);
-        h.set_mode(meta.permissions().mode() & 0o7777);
-        h.set_uid(meta.uid() as u64);
-        h.set_gid(meta.gid() as u64);
-        h.set_mtime(meta.mtime().max(0) as u64);
-        h.set_size(0);
+        let mut h = header(tar::EntryType::Directory, meta, 0);
         self.tar
             .append_data(&mut h, rel, std::io::empty())
             .map_err(|e| Error::io("writing the archive entry", self.root.join(rel), e))?;
@@ -87,13 +93,7 @@ impl Writer {
             ));
             return Ok(());
         }
-        let mut h = tar::Header::new_gnu();
-        h.set_entry_type(tar::EntryType::Regular);
-        h.set_mode(meta.permissions().mode() & 0o7777);
-        h.set_uid(meta.uid() as u64);
-        h.set_gid(meta.gid() as u64);
-        h.set_mtime(meta.mtime().max(0) as u64);
-        h.set_size(meta.len());
+        let mut h = header(tar::EntryType::Regular, &meta, meta.len());
         self.tar
             .append_data(&mut h, rel, file.take(meta.len()))
             .map_err(|e| Error::io("archiving", &path, e))?;
@@ -113,11 +113,7 @@ impl Writer {
                 let meta = std::fs::symlink_metadata(&path)
                     .map_err(|e| Error::io("inspecting", &path, e))?;
                 self.add_dir(rel, &meta)?;
-                let mut names: Vec<String> = crate::fsx::list(&path)?
-                    .into_iter()
-                    .filter_map(|n| n.into_string().ok())
-                    .collect();
-                names.sort();
+                let names = sorted_names(&path)?;
                 for name in names {
                     if is_skipped_name(&name) {
                         continue;
@@ -177,11 +173,7 @@ pub fn backup(root: &StateRoot, dest: &Path) -> Result<Summary> {
     let top = std::fs::symlink_metadata(&root.path)
         .map_err(|e| Error::io("inspecting", &root.path, e))?;
     w.add_dir(Path::new("."), &top)?;
-    let mut names: Vec<String> = crate::fsx::list(&root.path)?
-        .into_iter()
-        .filter_map(|n| n.into_string().ok())
-        .collect();
-    names.sort();
+    let names = sorted_names(&root.path)?;
     for name in names {
         if is_skipped_name(&name) {
             continue;
@@ -192,11 +184,7 @@ pub fn backup(root: &StateRoot, dest: &Path) -> Result<Summary> {
             let meta =
                 std::fs::symlink_metadata(&path).map_err(|e| Error::io("inspecting", &path, e))?;
             w.add_dir(&rel, &meta)?;
-            let mut flows: Vec<String> = crate::fsx::list(&path)?
-                .into_iter()
-                .filter_map(|n| n.into_string().ok())
-                .collect();
-            flows.sort();
+            let flows = sorted_names(&path)?;
             for flow in flows {
                 let lock_path = path.join(&flow).join(".lock");
                 let guard = match crate::state::lock::open_lock_file(&lock_path, 0o660) {
@@ -330,4 +318,15 @@ fn unpack<R: Read>(tar: &mut tar::Archive<R>, archive: &Path, into: &Path) -> Re
         }
     }
     Ok(summary)
+}
+
+/// The names in a directory that are UTF-8, sorted (an archive in a stable
+/// order; a name that is not UTF-8 is no state file's).
+fn sorted_names(dir: &Path) -> Result<Vec<String>> {
+    let mut names: Vec<String> = crate::fsx::list(dir)?
+        .into_iter()
+        .filter_map(|n| n.into_string().ok())
+        .collect();
+    names.sort();
+    Ok(names)
 }

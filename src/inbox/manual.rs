@@ -143,25 +143,14 @@ pub fn redeliver(agent: &AgentDir, wanted: &str, now: Timestamp) -> Result<Strin
             r.reason
         )));
     }
-    let back = move_unique(&found.path, &agent.inbox(), &name)?;
-    let reason = agent.rejected().join(format!("{name}.reason.json"));
-    fsx::remove_file(&reason)?;
-    atomic::sync_dir(&agent.rejected())?;
-    let back_name = back
-        .file_name()
-        .unwrap_or_default()
-        .to_string_lossy()
-        .to_string();
-    journal::append(
-        &agent.journal(),
-        &Entry::new(
-            now,
-            Event::MessageRetried(crate::state::journal::MessageRetried {
-                file: back_name.clone(),
-                from: format!("inbox/rejected/{name}"),
-                reason: "redelivered by hand (agent-state inbox redeliver)".into(),
-            }),
-        ),
+    // Its reason file goes with it; what it was is in the journal.
+    let back = move_back(
+        agent,
+        &name,
+        &name,
+        "redelivered by hand (agent-state inbox redeliver)",
+        now,
     )?;
-    Ok(back_name)
+    atomic::sync_dir(&agent.rejected())?;
+    Ok(back)
 }

@@ -279,25 +279,44 @@ pub fn retry_completed(agent: &AgentDir, now: Timestamp) -> Result<Vec<String>> 
             continue;
         }
         let original = doc["original_name"].as_str().unwrap_or(file).to_string();
-        let back = move_unique(&path, &agent.inbox(), &original)?;
-        fsx::remove_file(&reason_path)?;
-        let back_name = back
-            .file_name()
-            .unwrap_or_default()
-            .to_string_lossy()
-            .to_string();
-        journal::append(
-            &agent.journal(),
-            &Entry::new(
-                now,
-                Event::MessageRetried(crate::state::journal::MessageRetried {
-                    file: back_name.clone(),
-                    from: format!("inbox/rejected/{file}"),
-                    reason: "completed after it was rejected as unparsable: delivered".into(),
-                }),
-            ),
-        )?;
-        out.push(back_name);
+        out.push(move_back(
+            agent,
+            file,
+            &original,
+            "completed after it was rejected as unparsable: delivered",
+            now,
+        )?);
     }
     Ok(out)
+}
+
+/// Move `rejected/{file}` back to the inbox under `name` (a free one),
+/// remove its reason file and journal `message_retried` with `why`.
+/// Returns the name it has in the inbox. Call with the agent lock held.
+pub(super) fn move_back(
+    agent: &AgentDir,
+    file: &str,
+    name: &str,
+    why: &str,
+    now: Timestamp,
+) -> Result<String> {
+    let back = move_unique(&agent.rejected().join(file), &agent.inbox(), name)?;
+    fsx::remove_file(&agent.rejected().join(format!("{file}.reason.json")))?;
+    let back_name = back
+        .file_name()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .to_string();
+    journal::append(
+        &agent.journal(),
+        &Entry::new(
+            now,
+            Event::MessageRetried(crate::state::journal::MessageRetried {
+                file: back_name.clone(),
+                from: format!("inbox/rejected/{file}"),
+                reason: why.into(),
+            }),
+        ),
+    )?;
+    Ok(back_name)
 }

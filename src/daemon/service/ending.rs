@@ -392,11 +392,7 @@ impl Daemon {
         output: &OutputSummary,
         now: Timestamp,
     ) {
-        let text = output
-            .claude
-            .as_ref()
-            .and_then(|c| c.result.clone())
-            .unwrap_or_else(|| output.tail.clone());
+        let text = output.answer_text();
         let mut found = hooks::OutputSummary::default();
         let mut problems = Vec::new();
         let mut any = false;

@@ -31,11 +31,6 @@ impl Daemon {
                 tracing::warn!(agent = %agent, "a hand-off of flow {flow:?}, which is not configured, was claimed; ignored");
                 continue;
             };
-            let text = output
-                .claude
-                .as_ref()
-                .and_then(|c| c.result.clone())
-                .unwrap_or_else(|| output.tail.clone());
             let answer = crate::flow::Answer {
                 flow: flow.clone(),
                 cycle,
@@ -43,7 +38,7 @@ impl Daemon {
                 message_id: m.id.clone(),
                 agent: agent.to_string(),
                 session_id: running.session_id.clone(),
-                text,
+                text: output.answer_text(),
                 workspace: workspace.map(|w| crate::flow::AnswerWorkspace {
                     path: w.path.display().to_string(),
                     branch: w.branch.clone(),

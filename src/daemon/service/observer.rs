@@ -16,6 +16,15 @@ pub(super) struct OutputSummary {
 }
 
 impl OutputSummary {
+    /// What the session answered: Claude Code's result text when there is
+    /// one (the blocks sit inside it), else the end of stdout.
+    pub(super) fn answer_text(&self) -> String {
+        self.claude
+            .as_ref()
+            .and_then(|c| c.result.clone())
+            .unwrap_or_else(|| self.tail.clone())
+    }
+
     /// For a session that never ran.
     pub(super) fn none() -> OutputSummary {
         OutputSummary {
