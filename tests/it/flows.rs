@@ -7,26 +7,8 @@
 
 use crate::support::*;
 use serde_json::Value;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::time::Duration;
-
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .args(["-c", "user.name=t", "-c", "user.email=t@example.com"])
-        .args(args)
-        .current_dir(dir)
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
 
 /// The role player. Reads its role, cycle and step from the last hand-off in
 /// its prompt, takes its behaviour for that step from `SCRIPT-{agent}`
@@ -85,12 +67,7 @@ struct Lab {
 /// The three roles and marcus; `flow` is extra settings of the flow.
 fn lab(flow: &str) -> Lab {
     let env = Env::with_config("");
-    let repo = env.tmp("repo");
-    std::fs::create_dir(&repo).unwrap();
-    git(&repo, &["init", "-q", "-b", "main"]);
-    std::fs::write(repo.join("README"), "base\n").unwrap();
-    git(&repo, &["add", "README"]);
-    git(&repo, &["commit", "-q", "-m", "base"]);
+    let repo = git_repo(&env);
     let script = player(&env);
     let agents = format!(
         r#"

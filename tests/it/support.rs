@@ -475,3 +475,41 @@ pub fn state(env: &Env, agent: &str, file: &str) -> Value {
         .and_then(|t| serde_json::from_str(&t).ok())
         .unwrap_or(Value::Null)
 }
+
+/// `git ARGS` in `dir` with a fixed identity and no user or system config;
+/// it must succeed. Returns stdout, trimmed.
+pub fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .args([
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@example.com",
+            "-c",
+            "commit.gpgsign=false",
+        ])
+        .args(args)
+        .current_dir(dir)
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// A git repository at `{tmp}/repo` on branch main with one commit
+/// (`README`).
+pub fn git_repo(env: &Env) -> PathBuf {
+    let repo = env.tmp("repo");
+    std::fs::create_dir(&repo).unwrap();
+    git(&repo, &["init", "-q", "-b", "main"]);
+    std::fs::write(repo.join("README"), "base\n").unwrap();
+    git(&repo, &["add", "README"]);
+    git(&repo, &["commit", "-q", "-m", "base"]);
+    repo
+}

@@ -5,36 +5,8 @@
 
 use crate::support::*;
 use serde_json::Value;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::time::Duration;
-
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .args(["-c", "user.name=t", "-c", "user.email=t@example.com"])
-        .args(args)
-        .current_dir(dir)
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
-fn repo(env: &Env) -> PathBuf {
-    let repo = env.tmp("repo");
-    std::fs::create_dir(&repo).unwrap();
-    git(&repo, &["init", "-q", "-b", "main"]);
-    std::fs::write(repo.join("README"), "base\n").unwrap();
-    git(&repo, &["add", "README"]);
-    git(&repo, &["commit", "-q", "-m", "base"]);
-    repo
-}
 
 /// The fake agent: records where it ran and what it saw, then does what
 /// `ACTION-{agent}` in the temp dir says: `dirty` (an uncommitted file),
@@ -64,7 +36,7 @@ echo "$A: done"
 
 fn setup(workspace: &str, agents: &str) -> (Env, PathBuf) {
     let env = Env::with_config("");
-    let repo = repo(&env);
+    let repo = git_repo(&env);
     let script = agent(&env);
     let ws = workspace.replace("REPO", &repo.display().to_string());
     let body = daemon_config(
