@@ -28,9 +28,11 @@ use economy::{RawBudget, RawFleetBudget, RawSessionBudget, RawUsageLimits, RawWa
 pub mod crontab;
 pub mod flow;
 pub mod iteration;
+pub mod logs;
 pub mod workspace;
 pub use flow::{FlowSettings, Gate};
 pub use iteration::IterationSettings;
+pub use logs::LogSettings;
 use workspace::RawWorkspace;
 pub use workspace::WorkspaceSettings;
 
@@ -73,6 +75,8 @@ pub struct Config {
     pub usage_limits: UsageLimitSettings,
     /// `[[flow]]`: Planner → Actor → Judge loops between agents.
     pub flows: Vec<FlowSettings>,
+    /// `[logs]`: rotation of the append-only logs.
+    pub logs: LogSettings,
     /// Settings that were missing or unusable and took their default: the
     /// daemon logs them as `CONFIG_DEFAULTED`, `check` prints them.
     pub warnings: Vec<Problem>,
@@ -443,6 +447,7 @@ const TOP_LEVEL: &[&str] = &[
     "credential",
     "usage_limits",
     "flow",
+    "logs",
 ];
 
 impl Config {
@@ -902,6 +907,8 @@ impl Validator {
         }
 
         let flows = self.flows(table, &agents, hooks.escalate_to.as_ref());
+        let raw_logs: logs::RawLogs = self.section(table, "logs");
+        let logs = self.logs(&raw_logs);
 
         Some(Config {
             source: path.to_path_buf(),
@@ -916,6 +923,7 @@ impl Validator {
             credentials,
             usage_limits,
             flows,
+            logs,
             warnings: std::mem::take(&mut self.warnings),
         })
     }
@@ -1732,6 +1740,34 @@ colour = "red"
                 .any(|p| p.contains("flow[1] (a).human") && p.contains("not a human mailbox")),
             "{p:?}"
         );
+    }
+
+    #[test]
+    fn log_rotation_settings_are_read_and_checked() {
+        let c = Config::parse(FULL, Path::new("/c.toml")).unwrap();
+        assert_eq!(c.logs, LogSettings::default());
+        assert_eq!(c.logs.rotate_size, 16 << 20);
+        assert_eq!(c.logs.journal_retention, None, "journals kept for good");
+        let text = "[logs]\nrotate_size = \"1MiB\"\njournal_retention = \"365d\"\ndaemon_log_retention = \"forever\"\n";
+        let c = Config::parse(text, Path::new("/c.toml")).unwrap();
+        assert_eq!(c.logs.rotate_size, 1 << 20);
+        assert_eq!(
+            c.logs.journal_retention,
+            Some(Duration::from_secs(365 * 86_400))
+        );
+        assert_eq!(c.logs.daemon_log_retention, None);
+        let p = problems(
+            "[logs]\nrotate_size = \"10\"\njournal_retention = \"5m\"\ndaemon_log_retention = \"never\"\nkeep = 3\n",
+        );
+        let has = |field: &str, text: &str| p.iter().any(|p| p.contains(field) && p.contains(text));
+        assert!(has("[logs]", "keep"), "{p:?}");
+        let p = problems(
+            "[logs]\nrotate_size = \"10\"\njournal_retention = \"5m\"\ndaemon_log_retention = \"never\"\n",
+        );
+        let has = |field: &str, text: &str| p.iter().any(|p| p.contains(field) && p.contains(text));
+        assert!(has("logs.rotate_size", "between 1KiB and 256MiB"), "{p:?}");
+        assert!(has("logs.journal_retention", "at least 1h"), "{p:?}");
+        assert!(has("logs.daemon_log_retention", "not a duration"), "{p:?}");
     }
 
     #[test]

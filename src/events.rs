@@ -46,6 +46,7 @@ use serde_json::Value;
 use crate::agent_name::AgentName;
 use crate::error::{Error, Result};
 use crate::state::StateRoot;
+use crate::state::rotation;
 
 /// A daemon-wide log under `.daemon/`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -475,6 +476,9 @@ impl Reader {
                             .notes
                             .push(format!("{source} {why}: reading it again from the start"));
                     }
+                    for gap in read.gaps {
+                        batch.notes.push(format!("{source}: {gap}"));
+                    }
                     batch.start.set(&source, read.base);
                     batch.end.set(&source, read.end);
                     per_source.push(read.events);
@@ -549,6 +553,8 @@ pub fn merge(sources: Vec<Vec<StreamEvent>>) -> Vec<StreamEvent> {
 struct SourceRead {
     /// Why it was read from the start (truncated, replaced).
     restarted: Option<String>,
+    /// Events that could not be read (pruned or missing segments).
+    gaps: Vec<String>,
     /// Where its first event (or the end) starts.
     base: u64,
     /// After the last whole line.
@@ -556,9 +562,11 @@ struct SourceRead {
     events: Vec<StreamEvent>,
 }
 
-/// Read the whole lines of `path` after `from`. A missing file is empty
-/// (its offset kept); anything but a regular file is refused, and a FIFO
-/// never blocks the reader.
+/// Read the whole lines of the log at `path` after stream offset `from`:
+/// from its rotated segments where `from` is in them (see
+/// [`crate::state::rotation`]), then from the live file. A missing file is
+/// empty (its offset kept); anything but a regular file is refused, and a
+/// FIFO never blocks the reader.
 fn read_source(
     path: &Path,
     source: &SourceId,
@@ -581,34 +589,122 @@ fn read_source(
     if !meta.is_file() {
         return Err(io::Error::other("not a regular file"));
     }
-    let len = meta.len();
-    let mut from = from;
-    let mut restarted = None;
-    if len < from {
-        restarted = Some(format!(
-            "is shorter ({len} bytes) than the cursor's offset {from}: it was truncated or replaced"
-        ));
-        from = 0;
-    } else if from > 0 && !newline_at(&file, from - 1)? {
-        restarted = Some(format!(
-            "has no line ending just before the cursor's offset {from}: it was rewritten or replaced"
-        ));
-        from = 0;
-    }
-    let mut file = file;
-    file.seek(SeekFrom::Start(from))?;
-    let mut reader = BufReader::new(file.take(len - from));
+    // Where the live file starts in the stream, read from the open file
+    // itself, so a rotation between here and the reads cannot mislead.
+    let live_base = rotation::base_of(&file)?;
     let mut read = SourceRead {
-        restarted,
         base: from,
         end: from,
-        events: Vec::new(),
+        ..SourceRead::default()
     };
+    if from < live_base {
+        read_segments(path, source, from, live_base, keep, &mut read)?;
+    }
+    let len = meta.len();
+    let mut at = read.end - live_base;
+    if len < at {
+        read.restarted = Some(format!(
+            "is shorter ({len} bytes) than the cursor's offset {}: it was truncated or replaced",
+            read.end
+        ));
+        at = 0;
+    } else if at > 0 && !newline_at(&file, at - 1)? {
+        read.restarted = Some(format!(
+            "has no line ending just before the cursor's offset {}: it was rewritten or replaced",
+            read.end
+        ));
+        at = 0;
+    }
+    if read.restarted.is_some() {
+        read.base = live_base;
+        read.end = live_base;
+        read.events.clear();
+    }
+    let mut file = file;
+    file.seek(SeekFrom::Start(at))?;
+    let reader = BufReader::new(file.take(len - at));
+    read_lines(reader, source, keep, &mut read, false)?;
+    Ok(read)
+}
+
+/// The rotated part of a source, from `from` up to `live_base`: each
+/// segment that holds or follows `from`, decompressed, its lines read.
+/// A position older than every segment kept (pruned by retention) starts
+/// at the oldest, and says so.
+fn read_segments(
+    path: &Path,
+    source: &SourceId,
+    from: u64,
+    live_base: u64,
+    keep: &dyn Fn(&Value) -> bool,
+    read: &mut SourceRead,
+) -> io::Result<()> {
+    let segments = rotation::segments(path, live_base).map_err(io::Error::other)?;
+    let oldest = segments.first().map_or(live_base, |s| s.start);
+    let mut from = from;
+    if from < oldest {
+        // From the start, nothing is missed that a reader had seen.
+        if from > 0 {
+            read.gaps.push(format!(
+                "events between offsets {from} and {oldest} were removed by retention"
+            ));
+        }
+        from = oldest;
+        read.base = from;
+        read.end = from;
+    }
+    for (i, segment) in segments.iter().enumerate() {
+        let next = segments.get(i + 1).map_or(live_base, |s| s.start);
+        if next <= from {
+            continue;
+        }
+        let bytes = rotation::read_segment(segment).map_err(io::Error::other)?;
+        let mut skip = (from - segment.start) as usize;
+        if skip > bytes.len() {
+            skip = bytes.len();
+        } else if skip > 0 && bytes[skip - 1] != b'\n' {
+            // Not a line boundary: the cursor was not made by this log.
+            skip += bytes[skip..]
+                .iter()
+                .position(|b| *b == b'\n')
+                .map_or(bytes.len() - skip, |p| p + 1);
+        }
+        read.end = segment.start + skip as u64;
+        if read.events.is_empty() {
+            read.base = read.end;
+        }
+        read_lines(&bytes[skip..], source, keep, read, true)?;
+        if read.end != next {
+            read.gaps.push(format!(
+                "{} ends at offset {} but the next part starts at {next}: a segment is missing or damaged",
+                segment.path.display(),
+                read.end
+            ));
+            read.end = next;
+            if read.events.is_empty() {
+                read.base = next;
+            }
+        }
+        from = next;
+    }
+    Ok(())
+}
+
+/// Read whole lines into `read`, from `read.end` on. A last line without
+/// its newline (still being written, or torn) is not consumed, unless
+/// `to_the_end` (a rotated segment, which nothing writes to any more).
+fn read_lines(
+    mut reader: impl BufRead,
+    source: &SourceId,
+    keep: &dyn Fn(&Value) -> bool,
+    read: &mut SourceRead,
+    to_the_end: bool,
+) -> io::Result<()> {
     let mut raw = Vec::new();
     loop {
         raw.clear();
         let n = reader.read_until(b'\n', &mut raw)?;
-        if n == 0 || raw.last() != Some(&b'\n') {
+        if n == 0 || (raw.last() != Some(&b'\n') && !to_the_end) {
             // The end, or a line still being written (or torn): not consumed.
             break;
         }
@@ -630,7 +726,7 @@ fn read_source(
             },
         }
     }
-    Ok(read)
+    Ok(())
 }
 
 fn newline_at(file: &File, at: u64) -> io::Result<bool> {
@@ -645,6 +741,9 @@ pub fn parse_line(
     source: &SourceId,
     line: &[u8],
 ) -> Option<(DateTime<Utc>, String, String, Value)> {
+    if matches!(source, SourceId::Daemon(_)) && rotation::is_marker(line.trim_ascii_end()) {
+        return None;
+    }
     let value: Value = serde_json::from_slice(line).ok()?;
     let object = value.as_object()?;
     let ts_text = object.get("ts")?.as_str()?.to_string();
@@ -1106,6 +1205,74 @@ mod tests {
         assert_eq!(
             classify(root, Err(notify::Error::generic("boom"))),
             [Change::Rescan]
+        );
+    }
+
+    #[test]
+    fn a_cursor_survives_rotations_and_a_pruned_past_is_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = StateRoot::new(dir.path());
+        let rio = AgentName::parse("rio").unwrap();
+        std::fs::create_dir_all(dir.path().join("rio")).unwrap();
+        let journal = dir.path().join("rio/journal.jsonl");
+        let line = |n: u32| format!("{{\"ts\":\"2026-03-01T10:00:{n:02}Z\",\"event\":\"e{n}\"}}\n");
+        let ts = crate::clock::Timestamp::parse("2026-03-01T11:00:00Z").unwrap();
+        let read_from = |cursor: Cursor| {
+            let mut r = Reader::new(root.clone(), cursor, Some(rio.clone()));
+            let batch = r.read(None).unwrap();
+            let kinds: Vec<String> = batch
+                .events
+                .iter()
+                .filter(|e| e.source == SourceId::Agent(rio.clone()))
+                .map(|e| e.kind.clone())
+                .collect();
+            (
+                kinds,
+                batch.cursors().map(|(_, c)| c).collect::<Vec<_>>(),
+                batch.notes,
+            )
+        };
+        // Three segments and a live file: e0..e2 | marker e3..e5 | ...
+        let mut all = vec![];
+        for n in 0..9 {
+            crate::state::journal::append_lines(&journal, line(n).as_bytes()).unwrap();
+            all.push(format!("e{n}"));
+            if n % 3 == 2 {
+                crate::state::rotation::rotate_if_over(&journal, 1, ts).unwrap();
+                all.push("log_rotated".into());
+            }
+        }
+        let (kinds, cursors, notes) = read_from(Cursor::start());
+        assert_eq!(kinds, all);
+        assert!(notes.is_empty(), "{notes:?}");
+        // After each event, exactly the rest, wherever it now lies.
+        for (k, cursor) in cursors.iter().enumerate() {
+            let (rest, _, notes) = read_from(cursor.clone());
+            assert_eq!(rest, all[k + 1..], "after event {k}");
+            assert!(notes.is_empty(), "{notes:?}");
+        }
+        // Another rotation after a reader's position: nothing lost, nothing
+        // repeated.
+        let last = cursors.last().unwrap().clone();
+        crate::state::journal::append_lines(&journal, line(9).as_bytes()).unwrap();
+        crate::state::rotation::rotate_if_over(&journal, 1, ts).unwrap();
+        assert_eq!(read_from(last).0, ["e9", "log_rotated"]);
+        // The first segment pruned: a reader placed in it is told, and
+        // goes on from the oldest part kept.
+        let first = crate::state::rotation::segments(&journal, u64::MAX).unwrap()[0].clone();
+        std::fs::remove_file(&first.path).unwrap();
+        let (rest, _, notes) = read_from(cursors[0].clone());
+        assert_eq!(
+            rest,
+            all[3..]
+                .iter()
+                .cloned()
+                .chain(["e9".into(), "log_rotated".into()])
+                .collect::<Vec<_>>()
+        );
+        assert!(
+            notes.iter().any(|n| n.contains("removed by retention")),
+            "{notes:?}"
         );
     }
 }

@@ -115,6 +115,8 @@ enum LoopEvent {
         removed: Vec<String>,
         errors: Vec<String>,
     },
+    /// The monitor's rotation of the logs ended.
+    LogsRotated(Box<crate::daemon::rotation::Outcome>),
 }
 
 struct Running {
@@ -508,6 +510,7 @@ impl Daemon {
             LoopEvent::WorkspacesPruned { removed, errors } => {
                 self.workspaces_pruned(removed, errors)
             }
+            LoopEvent::LogsRotated(outcome) => self.logs_rotated(*outcome),
         }
     }
 

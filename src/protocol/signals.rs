@@ -687,6 +687,7 @@ impl SignalRecord {
 pub fn append(path: &Path, rec: &SignalRecord) -> Result<()> {
     let mut line = serde_json::to_vec(rec).unwrap_or_default();
     line.push(b'\n');
+    let _rotation = crate::state::rotation::daemon_logs();
     crate::state::journal::append_lines(path, &line)
 }
 

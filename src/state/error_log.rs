@@ -20,6 +20,7 @@ pub fn log_path(root: &StateRoot) -> PathBuf {
 pub fn append(path: &Path, record: &ErrorRecord) -> Result<()> {
     let mut line = serde_json::to_vec(record).unwrap_or_default();
     line.push(b'\n');
+    let _rotation = super::rotation::daemon_logs();
     crate::state::journal::append_lines(path, &line)
 }
 

@@ -423,27 +423,56 @@ pub struct TornLine {
     pub text: String,
 }
 
-/// Read every entry. A missing journal is an empty one.
+/// Read every entry of the journal's whole history: its rotated segments
+/// (see [`super::rotation`]), then the live file. Torn and unreadable lines
+/// are counted in the live file only (their line numbers are the live
+/// file's: what `check` reports and repairs); a segment's are skipped. A
+/// missing journal is an empty one.
 pub fn read(path: &Path) -> Result<Scan> {
     let Some(file) = crate::fsx::open_read(path)? else {
-        return Ok(Scan::default());
+        let mut scan = Scan::default();
+        for segment in super::rotation::segments(path, u64::MAX)? {
+            let bytes = super::rotation::read_segment(&segment)?;
+            scan_lines(&bytes[..], &mut scan, false).at("reading", &segment.path)?;
+        }
+        return Ok(scan);
     };
+    let base = super::rotation::base_of(&file).at("reading journal", path)?;
     let mut scan = Scan::default();
-    let mut reader = BufReader::new(file);
+    for segment in super::rotation::segments(path, base)? {
+        let bytes = super::rotation::read_segment(&segment)?;
+        scan_lines(&bytes[..], &mut scan, false).at("reading", &segment.path)?;
+    }
+    let mut live = Scan {
+        entries: std::mem::take(&mut scan.entries),
+        ..Scan::default()
+    };
+    scan_lines(BufReader::new(file), &mut live, true).at("reading journal", path)?;
+    Ok(live)
+}
+
+/// Parse the lines of `reader` into `scan`; with `count`, torn and
+/// unreadable lines are recorded with their line numbers.
+fn scan_lines(mut reader: impl BufRead, scan: &mut Scan, count: bool) -> io::Result<()> {
     let mut raw = Vec::new();
+    let mut line = 0;
     loop {
         raw.clear();
-        let (n, overlong) =
-            read_line_capped(&mut reader, &mut raw, MAX_LINE).at("reading journal", path)?;
+        let (n, overlong) = read_line_capped(&mut reader, &mut raw, MAX_LINE)?;
         if n == 0 {
             break;
         }
-        scan.lines += 1;
+        line += 1;
+        if count {
+            scan.lines += 1;
+        }
         if overlong {
-            scan.torn.push(TornLine {
-                line: scan.lines,
-                text: format!("(a line of {n} bytes, over the limit of {MAX_LINE})"),
-            });
+            if count {
+                scan.torn.push(TornLine {
+                    line,
+                    text: format!("(a line of {n} bytes, over the limit of {MAX_LINE})"),
+                });
+            }
             continue;
         }
         let text = String::from_utf8_lossy(&raw);
@@ -453,9 +482,10 @@ pub fn read(path: &Path) -> Result<Scan> {
         }
         match serde_json::from_str::<Entry>(text) {
             Ok(entry) => scan.entries.push(entry),
+            Err(_) if !count => {}
             Err(_) => {
                 let torn = TornLine {
-                    line: scan.lines,
+                    line,
                     text: text.chars().take(200).collect(),
                 };
                 if serde_json::from_str::<serde_json::Value>(text).is_ok() {
@@ -466,29 +496,65 @@ pub fn read(path: &Path) -> Result<Scan> {
             }
         }
     }
-    Ok(scan)
+    Ok(())
 }
 
 /// Visit entries from the newest back, until `visit` says stop. Reads the
 /// file backwards in blocks, so the cost is what is visited, not the size of
 /// the journal. Unreadable lines are skipped.
 pub fn scan_backwards(path: &Path, mut visit: impl FnMut(Entry) -> ControlFlow<()>) -> Result<()> {
-    scan_lines_backwards(path, |line| match serde_json::from_slice::<Entry>(line) {
-        Ok(entry) => visit(entry),
-        Err(_) => ControlFlow::Continue(()),
+    scan_lines_backwards(path, |line| {
+        if super::rotation::is_marker(line) {
+            // Where a rotation happened, not an event of the agent's.
+            return ControlFlow::Continue(());
+        }
+        match serde_json::from_slice::<Entry>(line) {
+            Ok(entry) => visit(entry),
+            Err(_) => ControlFlow::Continue(()),
+        }
     })
 }
 
-/// Visit the raw lines of a JSON-lines file from the last back (without
-/// their newline; empty lines included), until `visit` says stop.
+/// Visit the raw lines of a JSON-lines log from the last back (without
+/// their newline; empty lines included), until `visit` says stop: the live
+/// file, then its rotated segments newest first (see
+/// [`super::rotation`]; a segment is decompressed only when the visit
+/// reaches it).
 pub fn scan_lines_backwards(
     path: &Path,
     mut visit: impl FnMut(&[u8]) -> ControlFlow<()>,
 ) -> Result<()> {
-    const BLOCK: u64 = 64 * 1024;
-    let Some(file) = crate::fsx::open_read(path)? else {
-        return Ok(());
+    let base = match crate::fsx::open_read(path)? {
+        Some(file) => {
+            if scan_file_backwards(&file, path, &mut visit)?.is_break() {
+                return Ok(());
+            }
+            super::rotation::base_of(&file).at("reading journal", path)?
+        }
+        None => u64::MAX,
     };
+    for segment in super::rotation::segments(path, base)?.iter().rev() {
+        let bytes = super::rotation::read_segment(segment)?;
+        let body = bytes.strip_suffix(b"\n").unwrap_or(&bytes);
+        if body.is_empty() {
+            continue;
+        }
+        for line in body.split(|b| *b == b'\n').rev() {
+            if line.len() as u64 <= MAX_LINE && visit(line).is_break() {
+                return Ok(());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// [`scan_lines_backwards`] over one open file, in blocks from its end.
+fn scan_file_backwards(
+    file: &File,
+    path: &Path,
+    visit: &mut impl FnMut(&[u8]) -> ControlFlow<()>,
+) -> Result<ControlFlow<()>> {
+    const BLOCK: u64 = 64 * 1024;
     let mut pos = file.metadata().at("reading journal", path)?.len();
     // Bytes after `pos` that do not yet form a whole line (read, not visited).
     let mut carry: Vec<u8> = Vec::new();
@@ -521,12 +587,12 @@ pub fn scan_lines_backwards(
         };
         for line in lines.split(|b| *b == b'\n').rev() {
             if visit(line).is_break() {
-                return Ok(());
+                return Ok(ControlFlow::Break(()));
             }
         }
         carry = head.to_vec();
     }
-    Ok(())
+    Ok(ControlFlow::Continue(()))
 }
 
 /// The longest journal line read: far over any event this crate writes
@@ -674,5 +740,89 @@ mod tests {
             })
             .collect();
         assert_eq!(got, (4990..5000).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn every_reader_sees_the_history_across_rotations() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal.jsonl");
+        let base = Timestamp::parse("2026-01-01T00:00:00Z").unwrap();
+        let record = |i: u64| {
+            Entry::new(
+                base.plus(std::time::Duration::from_secs(i * 3600)),
+                Event::Record(Record {
+                    claims_proposed: i,
+                    ..Record::default()
+                }),
+            )
+        };
+        // 300 entries, rotated after every 100, the last segment closing
+        // a torn line.
+        for i in 0..300u64 {
+            append(&path, &record(i)).unwrap();
+            if i % 100 == 99 {
+                if i == 199 {
+                    std::fs::OpenOptions::new()
+                        .append(true)
+                        .open(&path)
+                        .unwrap()
+                        .write_all(b"{\"torn")
+                        .unwrap();
+                }
+                // Rotated long before the entries (a clock set back): the
+                // marker's time must not end a backward scan.
+                crate::state::rotation::rotate_if_over(
+                    &path,
+                    10,
+                    base.minus(std::time::Duration::from_secs(86_400 * 30)),
+                )
+                .unwrap();
+            }
+        }
+        append(&path, &record(300)).unwrap();
+        let numbers = |entries: &[Entry]| -> Vec<u64> {
+            entries
+                .iter()
+                .filter_map(|e| match &e.event {
+                    Event::Record(r) => Some(r.claims_proposed),
+                    _ => None,
+                })
+                .collect()
+        };
+        let scan = read(&path).unwrap();
+        assert_eq!(numbers(&scan.entries), (0..=300).collect::<Vec<_>>());
+        assert!(
+            scan.torn.is_empty(),
+            "a segment's torn line is not the live file's"
+        );
+        let mut back = Vec::new();
+        scan_backwards(&path, |e| {
+            back.push(e);
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+        assert_eq!(numbers(&back), (0..=300).rev().collect::<Vec<_>>());
+        // A window that reaches into the second segment.
+        let since = base.plus(std::time::Duration::from_secs(150 * 3600));
+        assert_eq!(
+            numbers(&read_since(&path, since).unwrap()),
+            (150..=300).collect::<Vec<_>>()
+        );
+        // Stopping early decompresses nothing it does not reach: the
+        // newest entry comes from the live file even with the segments gone.
+        for seg in crate::state::rotation::segments(&path, u64::MAX).unwrap() {
+            std::fs::write(&seg.path, b"not zstd").unwrap();
+        }
+        let mut newest = None;
+        scan_backwards(&path, |e| {
+            newest = Some(e);
+            ControlFlow::Break(())
+        })
+        .unwrap();
+        assert_eq!(numbers(&[newest.unwrap()]), [300]);
+        assert!(
+            read(&path).is_err(),
+            "a damaged segment is an error, not a shorter past"
+        );
     }
 }

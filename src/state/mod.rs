@@ -25,6 +25,7 @@ pub mod metrics;
 pub mod prune;
 pub mod rebuild;
 pub mod report;
+pub mod rotation;
 pub mod session;
 pub mod tasks;
 

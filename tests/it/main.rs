@@ -37,6 +37,7 @@ mod polish;
 mod promises;
 mod prompt;
 mod resume;
+mod rotation;
 mod scripts;
 mod sdbox;
 mod signals;

@@ -21,6 +21,9 @@ pub(super) struct Monitor {
     /// Worktrees are being pruned (off the loop; one pruning at a time).
     pub(super) workspace_prune_running: bool,
     pub(super) last_workspace_prune: Option<std::time::Instant>,
+    /// Logs are being rotated (off the loop; one round at a time).
+    pub(super) log_rotation_running: bool,
+    pub(super) last_segment_prune: Option<std::time::Instant>,
 }
 
 impl Daemon {
@@ -154,6 +157,9 @@ impl Daemon {
         }
         if full {
             self.prune_workspaces(state.level != DiskLevel::Ok);
+            if !state.read_only {
+                self.rotate_logs();
+            }
         }
         self.monitor.health = Some(state);
         if !self.monitor.health.as_ref().is_some_and(|h| h.read_only) {
@@ -334,6 +340,69 @@ impl Daemon {
             let (removed, errors) = workspaces::prune(&jobs, &live);
             let _ = tx.send(LoopEvent::WorkspacesPruned { removed, errors });
         });
+    }
+}
+
+impl Daemon {
+    /// The logs over `[logs] rotate_size` rotated, off the loop, at every
+    /// health check (a `stat` per agent); segments past retention pruned
+    /// hourly. What it did comes back as `LoopEvent::LogsRotated`.
+    fn rotate_logs(&mut self) {
+        if self.monitor.log_rotation_running {
+            return;
+        }
+        let prune = self
+            .monitor
+            .last_segment_prune
+            .is_none_or(|t| t.elapsed() >= ROUTINE_PRUNE_EVERY);
+        if prune {
+            self.monitor.last_segment_prune = Some(std::time::Instant::now());
+        }
+        let job = crate::daemon::rotation::Job {
+            agents: self
+                .config
+                .agents
+                .iter()
+                .map(|a| self.root.agent(&a.name))
+                .collect(),
+            daemon_logs: vec![
+                crate::state::error_log::log_path(&self.root),
+                effects::signals_log(&self.root),
+            ],
+            settings: self.config.logs.clone(),
+            prune,
+        };
+        self.monitor.log_rotation_running = true;
+        let tx = self.tx.clone();
+        tokio::task::spawn_blocking(move || {
+            let outcome = crate::daemon::rotation::run(&job);
+            let _ = tx.send(LoopEvent::LogsRotated(Box::new(outcome)));
+        });
+    }
+
+    pub(super) fn logs_rotated(&mut self, outcome: crate::daemon::rotation::Outcome) {
+        self.monitor.log_rotation_running = false;
+        for line in &outcome.rotated {
+            tracing::info!("log rotated: {line}");
+        }
+        if outcome.pruned.0 > 0 {
+            tracing::info!(
+                "removed {} rotated log segment(s), {}, past [logs] retention",
+                outcome.pruned.0,
+                health::format_bytes(outcome.pruned.1)
+            );
+        }
+        for shown in &outcome.deferred {
+            tracing::info!(
+                "{shown} is due for rotation but its agent's lock is busy: next health check"
+            );
+        }
+        for e in outcome.errors {
+            self.raise(
+                ErrorRecord::new(Code::IoError, "cannot rotate a log").details(e),
+                false,
+            );
+        }
     }
 }
 

@@ -1,0 +1,259 @@
+//! Log rotation (issue 14, "Retention"): journals and the daemon's logs
+//! rotated by size under a running daemon, while a reader follows them
+//! with `events --after`; every reader of the history (events, metrics
+//! rebuild, usage, errors, check) sees the same past before and after.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::support::*;
+
+fn segments(dir: &std::path::Path, log: &str) -> Vec<String> {
+    list(dir)
+        .into_iter()
+        .filter(|n| n.starts_with(&format!("{log}.")) && n.ends_with(".zst"))
+        .collect()
+}
+
+/// `events --json --after CURSOR` (from the start without one): the events
+/// and the cursor after the last.
+fn read_after(env: &Env, cursor: Option<&str>) -> (Vec<Value>, Option<String>) {
+    let mut args = vec!["events", "--json"];
+    if let Some(c) = cursor {
+        args.extend(["--after", c]);
+    }
+    let out = env.run(&args);
+    assert!(
+        out.status.success(),
+        "events failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("again from the start") && !stderr.contains("removed"),
+        "the reader was told it lost its place: {stderr}"
+    );
+    let events: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    let last = events
+        .last()
+        .and_then(|e| e["cursor"].as_str())
+        .map(str::to_string)
+        .or_else(|| cursor.map(str::to_string));
+    (events, last)
+}
+
+/// Every event's identity: its source and its line as written.
+fn identities(events: &[Value]) -> Vec<String> {
+    events
+        .iter()
+        .map(|e| format!("{} {}", e["source"], e["event"]))
+        .collect()
+}
+
+#[test]
+fn rotation_under_a_running_daemon_loses_and_repeats_nothing_for_a_reader() {
+    let env = Env::with_config("");
+    let agent = env.script("agent.sh", "echo \"worked on $1\"");
+    let sections = format!(
+        "[health]\ninterval = \"1s\"\n\n[logs]\nrotate_size = \"1KiB\"\n\n{STANDARD_AGENTS}"
+    );
+    env.set_config(&daemon_config(&agent, &[], &[], &sections));
+    env.ok(&["bootstrap"]);
+    // An error log over the size before the daemon starts: old records it
+    // must keep showing after the rotation.
+    let daemon_dir = env.root.join(".daemon");
+    std::fs::create_dir_all(&daemon_dir).unwrap();
+    let mut old_errors = String::new();
+    for n in 0..40 {
+        old_errors.push_str(&format!(
+            "{{\"ts\":\"2026-01-01T00:00:{n:02}Z\",\"severity\":\"low\",\"recoverable\":true,\"code\":\"IO_ERROR\",\"message\":\"old record {n}\",\"context\":{{}}}}\n"
+        ));
+    }
+    std::fs::write(daemon_dir.join("errors.jsonl"), &old_errors).unwrap();
+    let errors_before: Value =
+        serde_json::from_str(&env.ok(&["errors", "--since", "1000d", "--json"])).unwrap();
+    assert_eq!(
+        errors_before.as_array().map(Vec::len),
+        Some(40),
+        "{errors_before}"
+    );
+
+    let d = env.daemon();
+    // A reader following the stream while messages go out and sessions
+    // run, the daemon rotating the journals every second.
+    let (mut seen, mut cursor) = read_after(&env, None);
+    let mut sent = Vec::new();
+    let started = Instant::now();
+    for n in 0..40 {
+        sent.push(env.send(
+            "marcus",
+            "rio",
+            &["--body", &format!("note {n} {}", "x".repeat(200))],
+        ));
+        std::thread::sleep(Duration::from_millis(60));
+        if n % 3 == 0 {
+            let (more, c) = read_after(&env, cursor.as_deref());
+            seen.extend(more);
+            cursor = c;
+        }
+    }
+    d.wait_until(
+        Duration::from_secs(30),
+        "marcus's journal rotated 3 times",
+        || segments(&env.agent("marcus"), "journal.jsonl").len() >= 3,
+    );
+    d.wait_until(Duration::from_secs(30), "errors.jsonl rotated", || {
+        !segments(&daemon_dir, "errors.jsonl").is_empty()
+    });
+    d.wait_until(
+        Duration::from_secs(60),
+        "rio's messages all processed",
+        || env.waiting("rio").is_empty() && env.json("rio", "session.json")["status"] != "running",
+    );
+    let (more, cursor) = read_after(&env, cursor.as_deref());
+    seen.extend(more);
+    eprintln!(
+        "{} events read in {:?} across rotations",
+        seen.len(),
+        started.elapsed()
+    );
+
+    // Exactly once: every line of every log, rotated or live, read once:
+    // what the reader saw in pieces is, line for line and as often (two
+    // lines may be alike), what a reader from the start sees now.
+    let count = |events: &[Value]| {
+        let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+        for id in identities(events) {
+            *counts.entry(id).or_default() += 1;
+        }
+        counts
+    };
+    let from_scratch = read_after(&env, None).0;
+    let (seen_counts, all_counts) = (count(&seen), count(&from_scratch));
+    for (id, n) in &all_counts {
+        assert_eq!(
+            seen_counts.get(id),
+            Some(n),
+            "read a different number of times: {id}"
+        );
+    }
+    assert_eq!(
+        seen_counts.len(),
+        all_counts.len(),
+        "the reader saw lines that are not in the history"
+    );
+    for id in &sent {
+        let n = seen
+            .iter()
+            .filter(|e| e["kind"] == "message_sent" && e["event"]["message_id"] == id.as_str())
+            .count();
+        assert_eq!(n, 1, "message {id} was read {n} times");
+    }
+    assert!(
+        seen.iter().any(|e| e["kind"] == "log_rotated"),
+        "a journal's rotation shows in its stream"
+    );
+    let errors_seen = seen
+        .iter()
+        .filter(|e| {
+            e["source"] == "daemon"
+                && e["kind"] == "error"
+                && e["event"]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.starts_with("old record"))
+        })
+        .count();
+    assert_eq!(
+        errors_seen, 40,
+        "every old error record once, none of the markers"
+    );
+
+    // A rotation between two reads of a quiet stream: nothing new.
+    let segs = segments(&env.agent("marcus"), "journal.jsonl").len();
+    for n in 0..8 {
+        env.send(
+            "marcus",
+            "leo",
+            &["--body", &format!("quiet {n} {}", "y".repeat(300))],
+        );
+    }
+    let (fresh, cursor) = read_after(&env, cursor.as_deref());
+    d.wait_until(Duration::from_secs(30), "another rotation", || {
+        segments(&env.agent("marcus"), "journal.jsonl").len() > segs
+    });
+    let (after_rotation, _) = read_after(&env, cursor.as_deref());
+    assert!(
+        fresh.iter().filter(|e| e["kind"] == "message_sent").count() == 8,
+        "{fresh:?}"
+    );
+    let marcus_new: Vec<&Value> = after_rotation
+        .iter()
+        .filter(|e| e["source"] == "marcus")
+        .collect();
+    assert!(
+        !marcus_new.is_empty() && marcus_new.iter().all(|e| e["kind"] == "log_rotated"),
+        "only the rotation is new in marcus's stream: {marcus_new:?}"
+    );
+
+    // The old error records are still the error log's.
+    let errors_after = env.ok(&["errors", "--since", "1000d", "--json"]);
+    for n in 0..40 {
+        assert!(
+            errors_after.contains(&format!("old record {n}\"")),
+            "old record {n} lost: {errors_after}"
+        );
+    }
+    drop(d);
+
+    // Every reader of the history agrees with it.
+    let rio_segments = segments(&env.agent("rio"), "journal.jsonl");
+    assert!(!rio_segments.is_empty(), "rio's journal rotated too");
+    let metrics_before = env.json("rio", "metrics.json");
+    let rebuilt = env.ok(&["metrics", "rebuild", "rio"]);
+    let metrics_after = env.json("rio", "metrics.json");
+    assert_eq!(
+        metrics_before["lifetime"]["sessions_total"], metrics_after["lifetime"]["sessions_total"],
+        "{rebuilt}"
+    );
+    let sessions = metrics_after["lifetime"]["sessions_total"]
+        .as_u64()
+        .unwrap();
+    assert!(sessions >= 2, "{metrics_after}");
+    let usage: Value =
+        serde_json::from_str(&env.ok(&["usage", "--agent", "rio", "--json"])).unwrap();
+    let counted: u64 = usage["days"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["agents"]["rio"]["sessions"].as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(counted, sessions, "usage counts every session: {usage}");
+    let check = env.run(&["check"]);
+    assert!(
+        check.status.success(),
+        "check after rotations: {}{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
+    // The whole history is readable with standard tools, in order.
+    let listing = format!(
+        "cd {} && zstdcat $(ls journal.jsonl.*.zst) | cat - journal.jsonl | grep -c message_sent",
+        env.agent("marcus").display()
+    );
+    let out = std::process::Command::new("sh")
+        .args(["-c", &listing])
+        .output()
+        .expect("sh");
+    assert!(
+        out.status.success(),
+        "zstdcat (Debian's zstd, which .ci/run installs): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let n: usize = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    assert_eq!(n, 48, "zstdcat of the segments and the live file");
+}
