@@ -164,6 +164,14 @@ timeout = "10s"
 kill_grace = "1s"
 wake_on_inbox = "any"
 inbox_debounce = "50ms"
+
+# Journals and the error log rotated at every health check (5 a second)
+# past 1 KiB: the kills land in rotations too.
+[health]
+interval = "200ms"
+
+[logs]
+rotate_size = "1KiB"
 "#,
         agent = agent.display().to_string()
     );
@@ -559,15 +567,88 @@ fn session_processes(daemons: &BTreeSet<u32>) -> Vec<(i32, String, String)> {
     out
 }
 
-/// The bytes of `path` from `offset` on (none if it is missing).
-fn read_from(path: &Path, offset: u64) -> Vec<u8> {
-    use std::io::{Read, Seek, SeekFrom};
-    let mut bytes = Vec::new();
+/// The parts of a rotated log's history from stream offset `offset` on
+/// (README "Rotation": segments `NAME.OFFSET.zst` beside the live file,
+/// which starts with a `log_rotated` marker naming its offset): the
+/// segments' bytes from `offset` (whole lines: a rotation closes a torn
+/// line), then the live file's. Read independently of the daemon's code:
+/// one open of the live file, its base from its own first line, then the
+/// segments before that base, which must follow each other without a gap.
+struct History {
+    /// Each segment's part, then the live file's (`true`: a segment).
+    parts: Vec<(Vec<u8>, bool)>,
+}
+
+fn read_history(path: &Path, offset: u64) -> Result<History, String> {
+    use std::io::Read;
+    let mut live = Vec::new();
     if let Ok(mut f) = File::open(path) {
-        let _ = f.seek(SeekFrom::Start(offset));
-        let _ = f.read_to_end(&mut bytes);
+        f.read_to_end(&mut live)
+            .map_err(|e| format!("reading {}: {e}", path.display()))?;
     }
-    bytes
+    let first = live.split(|b| *b == b'\n').next().unwrap_or_default();
+    let base = serde_json::from_slice::<Value>(first)
+        .ok()
+        .filter(|v| v["event"] == "log_rotated")
+        .and_then(|v| v["offset"].as_u64())
+        .unwrap_or(0);
+    let end = base + live.len() as u64;
+    if offset > end {
+        return Err(format!(
+            "{} went back: its history ends at {end}, {offset} bytes were read before",
+            path.display()
+        ));
+    }
+    let mut parts = Vec::new();
+    if offset < base {
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        let dir = path.parent().unwrap();
+        let mut starts: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)
+            .map_err(|e| format!("listing {}: {e}", dir.display()))?
+            .filter_map(|e| {
+                let file = e.ok()?.file_name().to_string_lossy().to_string();
+                let digits = file
+                    .strip_prefix(&format!("{name}."))?
+                    .strip_suffix(".zst")?;
+                let start = digits.parse::<u64>().ok()?;
+                (digits.len() >= 12 && start < base).then(|| (start, dir.join(file)))
+            })
+            .collect();
+        starts.sort();
+        let mut at = starts.first().map_or(base, |s| s.0);
+        if at > offset {
+            return Err(format!(
+                "{}: bytes {offset}..{at} are in no segment",
+                path.display()
+            ));
+        }
+        for (start, file) in &starts {
+            let bytes = zstd::stream::decode_all(
+                File::open(file).map_err(|e| format!("{}: {e}", file.display()))?,
+            )
+            .map_err(|e| format!("decompressing {}: {e}", file.display()))?;
+            if *start != at {
+                return Err(format!(
+                    "{} starts at {start}, but the part before it ends at {at}",
+                    file.display()
+                ));
+            }
+            at += bytes.len() as u64;
+            if at > offset {
+                let skip = offset.saturating_sub(*start) as usize;
+                parts.push((bytes[skip..].to_vec(), true));
+            }
+        }
+        if at != base {
+            return Err(format!(
+                "{}'s segments end at {at}, but the live file starts at {base}",
+                path.display()
+            ));
+        }
+    }
+    let skip = offset.saturating_sub(base) as usize;
+    parts.push((live[skip..].to_vec(), false));
+    Ok(History { parts })
 }
 
 fn instance_number(agent: &str, instance: &str) -> Option<u64> {
@@ -768,27 +849,39 @@ impl Checker {
     fn read_journal(&mut self, agent: &str, bad: &mut Vec<String>) {
         let path = self.root.join(agent).join("journal.jsonl");
         let facts = self.journals.entry(agent.to_string()).or_default();
-        let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-        if len < facts.offset {
-            bad.push(format!(
-                "1: {agent}/journal.jsonl shrank from {} to {len} bytes",
-                facts.offset
-            ));
-            *facts = JournalFacts::default();
-        }
-        let bytes = read_from(&path, facts.offset);
-        // Whole lines only: what follows the last newline is a torn last
-        // line (or one being written), looked at again next time.
-        let whole = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
-        if whole < bytes.len() {
-            self.stats.torn_last_lines += 1;
-        }
+        let history = match read_history(&path, facts.offset) {
+            Ok(h) => h,
+            Err(e) => {
+                bad.push(format!("1: {agent}/journal.jsonl: {e}"));
+                *facts = JournalFacts::default();
+                return;
+            }
+        };
         let before = facts.instances.clone();
-        for line in String::from_utf8_lossy(&bytes[..whole]).lines() {
-            facts.lines += 1;
-            facts.line(agent, facts.lines, line, bad);
+        for (bytes, segment) in &history.parts {
+            // Whole lines only: what follows the last newline is a torn
+            // last line (or one being written), looked at again next time.
+            let whole = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+            if whole < bytes.len() {
+                self.stats.torn_last_lines += 1;
+            }
+            let lines: Vec<&str> = std::str::from_utf8(&bytes[..whole])
+                .unwrap_or_default()
+                .lines()
+                .collect();
+            for (i, line) in lines.iter().enumerate() {
+                facts.lines += 1;
+                // A segment's last line may be a torn line the rotation
+                // closed with a newline.
+                if *segment && i + 1 == lines.len() && serde_json::from_str::<Value>(line).is_err()
+                {
+                    self.stats.torn_last_lines += 1;
+                    continue;
+                }
+                facts.line(agent, facts.lines, line, bad);
+            }
+            facts.offset += whole as u64;
         }
-        facts.offset += whole as u64;
         for (inst, n) in &facts.instances {
             if *n > 1 && before.get(inst) != Some(n) {
                 bad.push(format!(
@@ -974,17 +1067,29 @@ impl Checker {
         }
         // The error log: every whole line parses (read incrementally).
         let (offset, lines) = &mut self.errors_log;
-        let tail = read_from(&daemon_dir.join("errors.jsonl"), *offset);
-        let whole = tail.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
-        for line in String::from_utf8_lossy(&tail[..whole]).lines() {
-            *lines += 1;
-            if !line.trim().is_empty() && serde_json::from_str::<Value>(line).is_err() {
-                bad.push(format!(
-                    "1: .daemon/errors.jsonl line {lines} does not parse, and it is not the last line: {line:?}"
-                ));
+        match read_history(&daemon_dir.join("errors.jsonl"), *offset) {
+            Err(e) => bad.push(format!("1: .daemon/errors.jsonl: {e}")),
+            Ok(history) => {
+                for (tail, segment) in history.parts {
+                    let whole = tail.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+                    let text = String::from_utf8_lossy(&tail[..whole]).to_string();
+                    let count = text.lines().count();
+                    for (i, line) in text.lines().enumerate() {
+                        *lines += 1;
+                        let closed_torn = segment && i + 1 == count;
+                        if !line.trim().is_empty()
+                            && !closed_torn
+                            && serde_json::from_str::<Value>(line).is_err()
+                        {
+                            bad.push(format!(
+                                "1: .daemon/errors.jsonl line {lines} does not parse, and it is not the last line: {line:?}"
+                            ));
+                        }
+                    }
+                    *offset += whole as u64;
+                }
             }
         }
-        *offset += whole as u64;
         match parse_file(&daemon_dir.join("daemon.json")) {
             Ok(Some(hb)) => {
                 if let Some(pid) = daemon
@@ -1428,6 +1533,18 @@ fn crash_consistency_under_random_sigkills() {
     }
     let s = &checker.stats;
     let delivered = lock(&shared.delivered).len();
+    let mut names = Vec::new();
+    walk(&env.root, "", &mut names);
+    let segments = names
+        .iter()
+        .filter(|n| n.contains(".jsonl.") && n.ends_with(".zst"))
+        .count();
+    if iterations >= 50 {
+        assert!(
+            segments > 0,
+            "no log was rotated in {iterations} iterations: the harness no longer kills rotations"
+        );
+    }
     let per = |d: Duration| d.as_secs_f64() * 1000.0 / iterations.max(1) as f64;
     eprintln!(
         "crash: seed {seed}, {iterations} iterations in {:.1}s: {} SIGKILLs ({} of them during start-up), {} checks passed; \
@@ -1435,7 +1552,7 @@ fn crash_consistency_under_random_sigkills() {
          crash: sessions seen {} (completed {}, error {} of which interrupted {}, timeout {}), schedule_missed {}\n\
          crash: messages delivered {delivered} ({} with `agent-state send`): processed {}, rejected as undeliverable {}, \
          waiting {}{} (+{} in the human mailbox); wake requests {} (+{} `agent-state wake`)\n\
-         crash: temp files left by killed writers: {}; torn last journal lines seen: {}",
+         crash: temp files left by killed writers: {}; torn last journal lines seen: {}; rotated log segments: {}",
         t0.elapsed().as_secs_f64(),
         s.kills + s.early_kills,
         s.early_kills,
@@ -1464,6 +1581,7 @@ fn crash_consistency_under_random_sigkills() {
         shared.cli_wakes.load(Ordering::Relaxed),
         s.temp_leftovers,
         s.torn_last_lines,
+        segments,
     );
     for (n, what) in EXTENDED {
         let seen = s.extended.get(&n);
