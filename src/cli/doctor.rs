@@ -3,8 +3,15 @@
 //! user and the inbox group, the state root's owner and modes, every
 //! agent's command (there, executable by the service user, not hidden by the
 //! unit's sandbox), Claude Code's login for the service user, git identity
-//! and the remote of each workspace repository, free disk, and a running
-//! daemon with a fresh heartbeat. Read-only; exit 1 if anything fails.
+//! and the remote of each workspace repository, the paths the service must
+//! write being writable under the unit, free disk, and a running daemon with
+//! a fresh heartbeat. Read-only; exit 1 if anything fails.
+//!
+//! The unit's user, environment and sandbox are the ones systemd runs
+//! (`systemctl show`, drop-ins included), or the shipped unit's when
+//! systemd is not there to ask ([`unit`]).
+
+mod unit;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -14,30 +21,19 @@ use std::time::Duration;
 use nix::unistd::{Group, User};
 
 use crate::cli::Context;
-use crate::cli::display::say;
+use crate::cli::display::{Line, Style, say};
 use crate::config::{AgentConfig, AgentKind};
 use crate::error::Result;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// The service user (the unit's User=)
-    #[arg(long, default_value = "agent-state")]
-    pub user: String,
+    /// The service user [default: the unit's User=, else agent-state]
+    #[arg(long, value_name = "USER")]
+    pub user: Option<String>,
     /// A heartbeat older than this means the daemon is stuck
     #[arg(long, value_name = "DUR", value_parser = humantime::parse_duration, default_value = "15m")]
     pub max_age: Duration,
 }
-
-/// The directories the shipped unit lets the service write (ReadWritePaths=,
-/// StateDirectory=, PrivateTmp=); a drop-in may add more.
-const UNIT_WRITABLE: &[&str] = &[
-    "/opt/teleo-eval",
-    "/var/lib/agent-state",
-    "/tmp",
-    "/var/tmp",
-];
-/// Hidden from the service by the unit's ProtectHome=yes.
-const UNIT_HIDDEN: &[&str] = &["/home", "/root", "/run/user"];
 
 #[derive(Default)]
 struct Report {
@@ -46,24 +42,30 @@ struct Report {
 }
 
 impl Report {
+    /// `WORD  what: detail` (the word coloured), and the fix below it.
+    fn say(word: &str, what: &str, detail: &str, fix: Option<&str>) {
+        Line::new()
+            .cell(Style::of(word), word, 6)
+            .text(format!("{what}: {detail}"))
+            .print();
+        if let Some(fix) = fix {
+            say!("      fix: {fix}");
+        }
+    }
     fn ok(&mut self, what: &str, detail: impl AsRef<str>) {
-        say!("ok    {what}: {}", detail.as_ref());
+        Report::say("ok", what, detail.as_ref(), None);
+    }
+    /// Not a finding: what the checks are based on.
+    fn note(&mut self, what: &str, detail: impl AsRef<str>) {
+        Report::say("note", what, detail.as_ref(), None);
     }
     fn fail(&mut self, what: &str, problem: impl AsRef<str>, fix: impl AsRef<str>) {
         self.failed += 1;
-        say!(
-            "FAIL  {what}: {}\n      fix: {}",
-            problem.as_ref(),
-            fix.as_ref()
-        );
+        Report::say("FAIL", what, problem.as_ref(), Some(fix.as_ref()));
     }
     fn warn(&mut self, what: &str, problem: impl AsRef<str>, fix: impl AsRef<str>) {
         self.warned += 1;
-        say!(
-            "warn  {what}: {}\n      fix: {}",
-            problem.as_ref(),
-            fix.as_ref()
-        );
+        Report::say("warn", what, problem.as_ref(), Some(fix.as_ref()));
     }
 }
 
@@ -80,16 +82,58 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         ),
     );
 
+    // The unit: what the checks below take its user, environment and
+    // sandbox from.
+    let unit = match unit::load() {
+        unit::Found::Unit(u) => {
+            match &u.source {
+                unit::Source::Systemd => r.ok(
+                    "unit",
+                    format!(
+                        "{} as systemd runs it (systemctl show, drop-ins included): {}",
+                        unit::NAME,
+                        u.summary()
+                    ),
+                ),
+                unit::Source::Shipped(why) => r.note(
+                    "unit",
+                    format!(
+                        "{why}: the shipped unit's settings are assumed (drop-ins not read): {}",
+                        u.summary()
+                    ),
+                ),
+            }
+            Some(*u)
+        }
+        unit::Found::NotInstalled(why) => {
+            r.note("unit", format!("{why}: the sandbox is not checked"));
+            None
+        }
+    };
+
     // The service user and the inbox group.
-    let user = User::from_name(&args.user).ok().flatten();
+    let user_name = args
+        .user
+        .clone()
+        .or_else(|| unit.as_ref().map(|u| u.user.clone()))
+        .unwrap_or_else(|| "agent-state".to_string());
+    let user = User::from_name(&user_name).ok().flatten();
     match &user {
         Some(u) => r.ok("service user", format!("{} (uid {}, home {})", u.name, u.uid, u.dir.display())),
         None => r.fail(
             "service user",
-            format!("there is no user {:?}", args.user),
+            format!("there is no user {user_name:?}"),
             "create it: systemd-sysusers agent-state.conf (the package does), or bootstrap/bootstrap.sh; --user names another",
         ),
     }
+    // Where the service's tools look for their credentials: the unit's
+    // HOME= (when the user checked is the unit's), else the user's home.
+    let home: Option<PathBuf> = unit
+        .as_ref()
+        .filter(|u| u.user == user_name)
+        .and_then(|u| u.env("HOME"))
+        .map(PathBuf::from)
+        .or_else(|| user.as_ref().map(|u| u.dir.clone()));
     let group = config
         .group
         .as_deref()
@@ -106,17 +150,22 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
             format!("groupadd --system {g} (systemd-sysusers agent-state.conf creates teleo)"),
         ),
         (Some(g), Some(grp)) => {
-            let in_group = user
+            // The unit's Group= is the service's group whatever
+            // /etc/group says.
+            let in_group = unit
                 .as_ref()
-                .is_some_and(|u| u.gid == grp.gid || grp.mem.contains(&u.name));
+                .is_some_and(|u| u.group.as_deref() == Some(g.as_str()))
+                || user
+                    .as_ref()
+                    .is_some_and(|u| u.gid == grp.gid || grp.mem.contains(&u.name));
             if user.is_some() && !in_group {
                 r.fail(
                     "inbox group",
                     format!(
                         "{} is not in group {g}: it cannot read what senders deliver",
-                        args.user
+                        user_name
                     ),
-                    format!("usermod -aG {g} {}", args.user),
+                    format!("usermod -aG {g} {user_name}"),
                 );
             } else {
                 r.ok("inbox group", format!("{g} (gid {})", grp.gid))
@@ -137,8 +186,8 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
             if !owner_ok {
                 r.fail(
                     "state root",
-                    format!("{} is owned by uid {}, not {}", root.display(), m.uid(), args.user),
-                    format!("chown -R {}: {}", args.user, root.display()),
+                    format!("{} is owned by uid {}, not {user_name}", root.display(), m.uid()),
+                    format!("chown -R {user_name}: {}", root.display()),
                 );
             } else {
                 r.ok("state root", format!("{} (mode {:o})", root.display(), m.permissions().mode() & 0o7777));
@@ -168,10 +217,9 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
     }
 
     // Every agent's command.
-    let sandboxed = unit_installed();
     for agent in config.agents.iter().filter(|a| a.kind == AgentKind::Agent) {
         let dir = config.source.parent().unwrap_or(Path::new("/"));
-        check_command(&mut r, agent, dir, user.as_ref(), sandboxed);
+        check_command(&mut r, agent, dir, user.as_ref(), unit.as_ref());
     }
 
     // Claude Code's login, when a command runs it.
@@ -183,26 +231,17 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
                 .any(|w| w.contains("claude") || w.contains("research-session"))
     });
     if runs_claude {
-        let home = user.as_ref().map(|u| u.dir.clone()).unwrap_or_default();
+        let home = home.clone().unwrap_or_default();
         let credentials = home.join(".claude/.credentials.json");
-        let key = std::fs::read_to_string("/etc/agent-state/environment").is_ok_and(|t| {
-            t.lines()
-                .any(|l| l.trim_start().starts_with("ANTHROPIC_API_KEY="))
-        });
-        if credentials.is_file() || key {
-            r.ok(
-                "Claude Code login",
-                if key {
-                    "ANTHROPIC_API_KEY in /etc/agent-state/environment".to_string()
-                } else {
-                    credentials.display().to_string()
-                },
-            );
+        if let Some(key) = api_key(unit.as_ref()) {
+            r.ok("Claude Code login", format!("ANTHROPIC_API_KEY in {key}"));
+        } else if credentials.is_file() {
+            r.ok("Claude Code login", credentials.display().to_string());
         } else {
             r.fail(
                 "Claude Code login",
-                format!("{} has no Claude Code credentials ({} is missing) and no API key is set", args.user, credentials.display()),
-                format!("sudo -u {} HOME={} claude   (log in once), or ANTHROPIC_API_KEY=… in /etc/agent-state/environment", args.user, home.display()),
+                format!("{user_name} has no Claude Code credentials ({} is missing) and no API key is set", credentials.display()),
+                format!("sudo -u {user_name} HOME={} claude   (log in once), or ANTHROPIC_API_KEY=… in /etc/agent-state/environment", home.display()),
             );
         }
     }
@@ -216,28 +255,26 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
             repos.push(&w.repo);
         }
     }
-    for repo in repos {
-        check_repo(&mut r, repo, user.as_ref());
-        if sandboxed && !under_any(repo, UNIT_WRITABLE) {
-            r.fail(
-                "unit sandbox",
-                format!(
-                    "{} is not writable under the unit (ProtectSystem=strict)",
-                    repo.display()
-                ),
-                "add it with a drop-in: systemctl edit agent-state → [Service] ReadWritePaths=…",
-            );
-        }
+    for repo in &repos {
+        check_repo(&mut r, repo, &user_name, home.as_deref());
     }
-    if sandboxed && !under_any(root, UNIT_WRITABLE) {
-        r.fail(
-            "unit sandbox",
-            format!(
-                "the state root {} is not writable under the unit",
-                root.display()
-            ),
-            "systemctl edit agent-state → [Service] ReadWritePaths=… (packaging/README.md)",
-        );
+
+    // What the service writes: the state root, the repositories (their
+    // .git), the worktree roots set apart from the state root.
+    if let Some(unit) = &unit {
+        let mut written: Vec<(String, &Path)> = vec![("the state root".into(), root.as_path())];
+        written.extend(repos.iter().map(|p| ("the repository".to_string(), *p)));
+        for a in &config.agents {
+            if let Some(w) = &a.session.workspace
+                && let Some(dir) = &w.root
+                && !written.iter().any(|(_, p)| *p == dir.as_path())
+            {
+                written.push((format!("{}'s worktree root", a.name), dir));
+            }
+        }
+        for (what, path) in written {
+            check_writable(&mut r, unit, &what, path);
+        }
     }
 
     // Free disk.
@@ -297,19 +334,46 @@ fn human(bytes: u64) -> String {
     crate::cli::health::bytes(bytes)
 }
 
-fn under_any(path: &Path, dirs: &[&str]) -> bool {
-    dirs.iter().any(|d| path.starts_with(d))
+/// Fail unless the unit lets the service write `path`.
+fn check_writable(r: &mut Report, unit: &unit::Unit, what: &str, path: &Path) {
+    let (access, setting) = unit.access(path);
+    if access != unit::Access::Writable {
+        let how = match access {
+            unit::Access::Hidden => "hidden from the service",
+            _ => "read-only for the service",
+        };
+        r.fail(
+            "unit sandbox",
+            format!("{what} {} is {how} ({setting})", path.display()),
+            format!(
+                "let the service write it with a drop-in: systemctl edit {} → [Service] ReadWritePaths={} (packaging/README.md)",
+                unit::NAME,
+                path.display()
+            ),
+        );
+    }
 }
 
-/// The shipped unit is installed (so its sandbox applies).
-fn unit_installed() -> bool {
-    [
-        "/usr/lib/systemd/system/agent-state.service",
-        "/lib/systemd/system/agent-state.service",
-        "/etc/systemd/system/agent-state.service",
-    ]
-    .iter()
-    .any(|p| Path::new(p).is_file())
+/// Where the service gets ANTHROPIC_API_KEY, if it does: the unit's
+/// Environment= or one of its environment files (without a unit,
+/// /etc/agent-state/environment, the shipped unit's).
+fn api_key(unit: Option<&unit::Unit>) -> Option<String> {
+    if unit.is_some_and(|u| u.env("ANTHROPIC_API_KEY").is_some_and(|k| !k.is_empty())) {
+        return Some(format!("the unit's Environment= ({})", unit::NAME));
+    }
+    let files = match unit {
+        Some(u) => u.environment_files.clone(),
+        None => vec![PathBuf::from("/etc/agent-state/environment")],
+    };
+    files
+        .into_iter()
+        .find(|f| {
+            std::fs::read_to_string(f).is_ok_and(|t| {
+                t.lines()
+                    .any(|l| l.trim_start().starts_with("ANTHROPIC_API_KEY="))
+            })
+        })
+        .map(|f| f.display().to_string())
 }
 
 /// The program of a command: absolute, relative to the config, or on the PATH
@@ -364,7 +428,7 @@ fn check_command(
     agent: &AgentConfig,
     config_dir: &Path,
     user: Option<&User>,
-    sandboxed: bool,
+    unit: Option<&unit::Unit>,
 ) {
     let what = format!("{} command", agent.name);
     let Some(program) = agent.session.command.first() else {
@@ -386,11 +450,13 @@ fn check_command(
         );
         return;
     }
-    if sandboxed && under_any(&path, UNIT_HIDDEN) {
+    if let Some(unit) = unit
+        && let (unit::Access::Hidden, setting) = unit.access(&path)
+    {
         r.fail(
             &what,
             format!(
-                "{} is under a directory the unit hides (ProtectHome=yes)",
+                "{} is under a directory the unit hides ({setting})",
                 path.display()
             ),
             "move it, e.g. to /opt/teleo-eval/ or /usr/local/bin/",
@@ -427,15 +493,16 @@ fn normalised(path: &Path) -> PathBuf {
     out
 }
 
-fn git(repo: &Path, user: Option<&User>, args: &[&str]) -> Option<(bool, String)> {
+/// `git -C repo ARGS` with the service's HOME (its git identity), if known.
+fn git(repo: &Path, home: Option<&Path>, args: &[&str]) -> Option<(bool, String)> {
     let mut cmd = Command::new("git");
     cmd.arg("-C")
         .arg(repo)
         .args(args)
         .stdin(Stdio::null())
         .env("GIT_TERMINAL_PROMPT", "0");
-    if let Some(u) = user {
-        cmd.env("HOME", &u.dir);
+    if let Some(home) = home {
+        cmd.env("HOME", home);
     }
     let out = cmd.output().ok()?;
     Some((
@@ -445,9 +512,9 @@ fn git(repo: &Path, user: Option<&User>, args: &[&str]) -> Option<(bool, String)
     ))
 }
 
-fn check_repo(r: &mut Report, repo: &Path, user: Option<&User>) {
+fn check_repo(r: &mut Report, repo: &Path, user: &str, home: Option<&Path>) {
     let what = format!("repository {}", repo.display());
-    match git(repo, user, &["rev-parse", "--git-dir"]) {
+    match git(repo, home, &["rev-parse", "--git-dir"]) {
         None => {
             r.fail(&what, "git is not installed", "apt install git");
             return;
@@ -462,25 +529,25 @@ fn check_repo(r: &mut Report, repo: &Path, user: Option<&User>) {
         }
         Some((true, _)) => {}
     }
-    let name = git(repo, user, &["config", "user.name"])
+    let name = git(repo, home, &["config", "user.name"])
         .filter(|(ok, _)| *ok)
         .map(|(_, v)| v);
-    let email = git(repo, user, &["config", "user.email"])
+    let email = git(repo, home, &["config", "user.email"])
         .filter(|(ok, _)| *ok)
         .map(|(_, v)| v);
-    let home = user
-        .map(|u| u.dir.display().to_string())
+    let shown_home = home
+        .map(|h| h.display().to_string())
         .unwrap_or_else(|| "~".into());
     match (name, email) {
         (Some(n), Some(e)) => r.ok(&what, format!("git identity {n} <{e}>")),
         _ => r.fail(
             &what,
             "the service user has no git identity: its sessions cannot commit",
-            format!("sudo -u {0} HOME={home} git config --global user.name \"…\" && sudo -u {0} HOME={home} git config --global user.email …", user.map(|u| u.name.as_str()).unwrap_or("agent-state")),
+            format!("sudo -u {user} HOME={shown_home} git config --global user.name \"…\" && sudo -u {user} HOME={shown_home} git config --global user.email …"),
         ),
     }
-    match git(repo, user, &["remote", "get-url", "origin"]) {
-        Some((true, url)) => match git(repo, user, &["ls-remote", "--heads", "origin"]) {
+    match git(repo, home, &["remote", "get-url", "origin"]) {
+        Some((true, url)) => match git(repo, home, &["ls-remote", "--heads", "origin"]) {
             Some((true, _)) => r.ok(&what, format!("remote origin {url} reachable")),
             _ => r.fail(
                 &what,

@@ -2,7 +2,7 @@
 //! or with `--catalogue` every error code with its severity, recovery and
 //! escalation (the table of docs/errors.md).
 
-use crate::cli::display::say;
+use crate::cli::display::{Line, Style, say};
 use std::time::Duration;
 
 use crate::cli::{Context, print_json};
@@ -96,15 +96,17 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
             (Some(a), None, _) => format!(" [{a}]"),
             _ => String::new(),
         };
-        say!(
-            "{} ({}) {:<8} {}{ctx_text}{} {}",
-            r.ts,
-            ago(&r.ts, &ctx.now),
-            r.severity,
-            r.code,
-            if r.escalated { " escalated" } else { "" },
-            r.message
-        );
+        Line::new()
+            .styled(Style::Dim, format!("{} ({})", r.ts, ago(&r.ts, &ctx.now)))
+            .text(" ")
+            .cell(Style::of(r.severity.as_str()), r.severity.as_str(), 8)
+            .text(" ")
+            .text(format!("{}{ctx_text}", r.code))
+            .styled(Style::Warn, if r.escalated { " escalated" } else { "" })
+            .text(" ")
+            .free(&r.message)
+            .print();
+        // The details in full, even on a terminal: they are what to read.
         if let Some(d) = &r.details {
             say!("    {d}");
         }

@@ -14,6 +14,7 @@ use notify::{RecursiveMode, Watcher};
 use serde::Serialize;
 
 use crate::agent_name::AgentName;
+use crate::cli::display::{Line, Style};
 use crate::cli::{Context, warn};
 use crate::error::{Error, Result, exit};
 use crate::events::{Batch, Change, Cursor, Reader, SourceId, StreamEvent, classify};
@@ -380,14 +381,34 @@ impl<W: Write> Printer<W> {
         } else {
             let summary = e.summary();
             let gap = if summary.is_empty() { "" } else { "  " };
-            let line = format!(
-                "{}  {:<8}  {:<15}  {summary}{gap}[{cursor}]",
-                e.ts_text,
-                e.source.label(),
-                e.kind
-            );
-            writeln!(self.out, "{}", crate::cli::display::clean(&line))
+            let source = match e.source {
+                SourceId::Agent(_) => Style::Bold,
+                SourceId::Daemon(_) => Style::Plain,
+            };
+            let line = Line::new()
+                .styled(Style::Dim, &e.ts_text)
+                .text("  ")
+                .cell(source, e.source.label(), 8)
+                .text("  ")
+                .cell(kind_style(&e.kind, &e.event), &e.kind, 15)
+                .text("  ")
+                .free(summary)
+                .text(gap)
+                .styled(Style::Dim, format!("[{cursor}]"));
+            writeln!(self.out, "{}", line.shown())
         }
+    }
+}
+
+/// How an event's kind looks: failures red, what recovers or needs a look
+/// yellow, a session that completed green.
+fn kind_style(kind: &str, event: &serde_json::Value) -> Style {
+    match kind {
+        "error" | "message_rejected" => Style::Bad,
+        "timeout" | "wake_skipped" | "schedule_missed" | "message_expired" | "usage_limit"
+        | "prompt_cut" | "state_repaired" => Style::Warn,
+        "session_end" => Style::of(event["outcome"].as_str().unwrap_or("")),
+        _ => Style::Plain,
     }
 }
 

@@ -13,6 +13,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::access;
+use crate::cli::display::{self, Style};
 use crate::cli::{Context, print_json};
 use crate::clock::{Timestamp, ago};
 use crate::daemon::files::{self, Heartbeat};
@@ -225,13 +226,32 @@ pub fn assess(
 impl Assessment {
     /// The one line: the level, the findings worst first, or the summary.
     pub fn line(&self) -> String {
+        format!("{}: {}", self.level.word(), self.what())
+    }
+
+    /// The line after its level word.
+    fn what(&self) -> String {
         if self.findings.is_empty() {
-            return format!("{}: {}", self.level.word(), self.summary);
+            return self.summary.clone();
         }
         let mut sorted: Vec<&Finding> = self.findings.iter().collect();
         sorted.sort_by_key(|f| std::cmp::Reverse(f.level));
         let what: Vec<&str> = sorted.iter().map(|f| f.what.as_str()).collect();
-        format!("{}: {}", self.level.word(), what.join("; "))
+        what.join("; ")
+    }
+
+    /// [`Assessment::line`] for a person: cleaned (the findings quote the
+    /// daemon's records), the level word coloured, never cut.
+    fn shown(&self) -> display::Line {
+        let style = match self.level {
+            Level::Ok => Style::Good,
+            Level::Warning => Style::Warn,
+            Level::Critical | Level::Unknown => Style::Bad,
+        };
+        display::Line::new()
+            .styled(style, self.level.word())
+            .text(": ")
+            .text(self.what())
     }
 }
 
@@ -302,7 +322,7 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
             findings: &verdict.findings,
         })?;
     } else {
-        println!("{}", verdict.line());
+        verdict.shown().print();
     }
     Ok(verdict.level.exit_code())
 }

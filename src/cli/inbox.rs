@@ -3,7 +3,7 @@
 //! `inbox ack AGENT MSG...` (handled: to processed/, journaled), `inbox
 //! redeliver AGENT MSG` (a rejected message back, once valid).
 
-use crate::cli::display::say;
+use crate::cli::display::{Line, Style, say};
 use serde::Serialize;
 
 use crate::cli::{Context, print_json};
@@ -233,31 +233,46 @@ fn list(ctx: &Context, agent: &str, json: bool) -> Result<u8> {
         return print_json(&listing);
     }
     let now = Timestamp::now();
-    let line = |m: &Message| {
-        format!(
-            "{:<8} {:<6} from {:<10} {:<8} {}  ({})",
-            m.kind.as_str(),
-            m.priority.as_str(),
-            m.from,
-            ago(&m.created_at, &now),
-            m.subject.replace('\n', " "),
-            m.id
-        )
+    // Kind, priority, sender, age, the subject (cut on a terminal), the id.
+    let line = |start: Line, m: &Message| {
+        let priority = match m.priority.as_str() {
+            "high" => Style::Warn,
+            _ => Style::Plain,
+        };
+        start
+            .cell(Style::Plain, m.kind.as_str(), 8)
+            .text(" ")
+            .cell(priority, m.priority.as_str(), 6)
+            .text(" from ")
+            .cell(Style::Bold, m.from.as_str(), 10)
+            .text(" ")
+            .cell(Style::Dim, ago(&m.created_at, &now), 8)
+            .text(" ")
+            .free(m.subject.replace('\n', " "))
+            .text("  ")
+            .styled(Style::Dim, format!("({})", m.id))
     };
-    say!(
-        "{}: {} waiting, {} claimed, {} rejected, {} processed",
-        listing.agent,
-        listing.waiting.len(),
-        listing.claimed.len(),
-        listing.rejected.len(),
-        listing.processed
-    );
+    Line::new()
+        .styled(Style::Bold, &listing.agent)
+        .text(format!(
+            ": {} waiting, {} claimed, {} rejected, {} processed",
+            listing.waiting.len(),
+            listing.claimed.len(),
+            listing.rejected.len(),
+            listing.processed
+        ))
+        .print();
     if !listing.waiting.is_empty() {
         say!("\nwaiting:");
         for w in &listing.waiting {
             match (&w.message, &w.problem) {
-                (Some(m), _) => say!("  {}", line(m)),
-                (None, Some(p)) => say!("  {:<8} {}: {p}", w.state, w.file),
+                (Some(m), _) => line(Line::new().text("  "), m).print(),
+                (None, Some(p)) => Line::new()
+                    .text("  ")
+                    .cell(Style::of(w.state), w.state, 8)
+                    .text(format!(" {}: ", w.file))
+                    .free(p)
+                    .print(),
                 (None, None) => {}
             }
         }
@@ -265,17 +280,20 @@ fn list(ctx: &Context, agent: &str, json: bool) -> Result<u8> {
     if !listing.claimed.is_empty() {
         say!("\nclaimed:");
         for c in &listing.claimed {
-            say!("  [{}] {}", c.session_id, line(&c.message));
+            line(
+                Line::new().text(format!("  [{}] ", c.session_id)),
+                &c.message,
+            )
+            .print();
         }
     }
     if !listing.rejected.is_empty() {
         say!("\nrejected (in inbox/rejected/):");
         for r in &listing.rejected {
-            say!(
-                "  {}: {}",
-                r.file,
-                r.reason.as_deref().unwrap_or("no reason recorded")
-            );
+            Line::new()
+                .text(format!("  {}: ", r.file))
+                .free(r.reason.as_deref().unwrap_or("no reason recorded"))
+                .print();
         }
     }
     Ok(exit::OK)

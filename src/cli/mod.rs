@@ -77,6 +77,10 @@ pub struct Cli {
     #[arg(long, global = true, env = "AGENT_STATE_CONFIG", default_value = DEFAULT_PATH, value_name = "PATH")]
     pub config: PathBuf,
 
+    /// When to colour the human-readable output
+    #[arg(long, global = true, value_enum, default_value_t = display::ColorChoice::Auto, value_name = "WHEN")]
+    pub color: display::ColorChoice,
+
     #[command(subcommand)]
     pub command: Command,
 }
@@ -184,6 +188,7 @@ impl Context {
 }
 
 pub fn run(cli: Cli) -> Result<u8> {
+    display::init(cli.color);
     if let Command::Errors(a) = &cli.command
         && a.catalogue
     {

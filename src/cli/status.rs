@@ -1,6 +1,6 @@
 //! `agent-state status [AGENT]`: one line per agent.
 
-use crate::cli::display::say;
+use crate::cli::display::{self, Style, say};
 use serde::Serialize;
 
 use crate::access;
@@ -135,22 +135,8 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
     if args.json {
         return print_json(&lines);
     }
-    let row = |cells: [&str; 10]| {
-        say!(
-            "{:<12} {:<12} {:<44} {:>5} {:>5} {:>8} {:>8} {:>11} {:>10}  {}",
-            cells[0],
-            cells[1],
-            cells[2],
-            cells[3],
-            cells[4],
-            cells[5],
-            cells[6],
-            cells[7],
-            cells[8],
-            cells[9]
-        )
-    };
-    row([
+    say!(
+        "{:<12} {:<12} {:<44} {:>5} {:>5} {:>8} {:>8} {:>11} {:>10}  {}",
         "AGENT",
         "STATUS",
         "LAST SESSION",
@@ -160,43 +146,77 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         "FAIL/30D",
         "TIMEOUT/30D",
         "ERRORS/30D",
-        "NEXT WAKE",
-    ]);
+        "NEXT WAKE"
+    );
+    // The counts and the next wake, right of the last session.
+    let numbers = |line: display::Line, cells: [&str; 6], next: &str| {
+        line.text(" ")
+            .cell_right(Style::Plain, cells[0], 5)
+            .text(" ")
+            .cell_right(Style::Plain, cells[1], 5)
+            .text(" ")
+            .cell_right(Style::Plain, cells[2], 8)
+            .text(" ")
+            .cell_right(Style::Plain, cells[3], 8)
+            .text(" ")
+            .cell_right(Style::Plain, cells[4], 11)
+            .text(" ")
+            .cell_right(Style::Plain, cells[5], 10)
+            .text("  ")
+            .text(next)
+    };
     let now = ctx.now;
     for l in &lines {
         let inbox = count(l.inbox_waiting);
+        let start = display::Line::new()
+            .cell(Style::Bold, &l.agent, 12)
+            .text(" ")
+            .cell(Style::of(&l.status), &l.status, 12)
+            .text(" ");
         if l.kind == "human" || l.status == "missing" {
-            row([
-                &l.agent, &l.status, "-", "-", &inbox, "-", "-", "-", "-", "-",
-            ]);
+            numbers(
+                start.cell(Style::Plain, "-", 44),
+                ["-", &inbox, "-", "-", "-", "-"],
+                "-",
+            )
+            .print();
             continue;
         }
-        let last = match (&l.current_session, &l.last_session) {
-            (Some(id), _) => format!("running ({id})"),
-            (None, Some(s)) => format!(
-                "{} {} ({})",
-                s.outcome.map(|o| o.as_str()).unwrap_or("?"),
-                s.ended_at.map(|t| ago(&t, &now)).unwrap_or_default(),
-                s.id
+        // The outcome word coloured, then when and which session.
+        let (outcome, rest) = match (&l.current_session, &l.last_session) {
+            (Some(id), _) => ("running".to_string(), format!(" ({id})")),
+            (None, Some(s)) => (
+                s.outcome.map(|o| o.as_str()).unwrap_or("?").to_string(),
+                format!(
+                    " {} ({})",
+                    s.ended_at.map(|t| ago(&t, &now)).unwrap_or_default(),
+                    s.id
+                ),
             ),
-            (None, None) => "-".into(),
+            (None, None) => ("-".to_string(), String::new()),
         };
         let next = l
             .next_wake_at
             .map(|t| in_time(&t, &now))
             .unwrap_or_else(|| "-".into());
-        row([
-            &l.agent,
-            &l.status,
-            &last,
-            &l.tasks_pending.to_string(),
-            &inbox,
-            &l.sessions_30d.to_string(),
-            &l.errors_30d.to_string(),
-            &l.timeouts_30d.to_string(),
-            &count(l.error_records_30d),
+        let last = start.styled(Style::of(&outcome), &outcome).cell(
+            Style::Plain,
+            &rest,
+            44usize.saturating_sub(outcome.chars().count()),
+        );
+        numbers(
+            last,
+            [
+                &l.tasks_pending.to_string(),
+                &inbox,
+                &l.sessions_30d.to_string(),
+                &l.errors_30d.to_string(),
+                &l.timeouts_30d.to_string(),
+                &count(l.error_records_30d),
+            ],
             &next,
-        ]);
+        )
+        .print();
     }
     // What each agent used today, and what is left of its budget.
     for l in &lines {
@@ -204,16 +224,20 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
             continue;
         }
         let u = &l.today;
-        let mut text = format!(
-            "{}: today {} session(s), {}, {} tokens, ${:.2}",
-            l.agent,
-            u.sessions,
-            crate::cli::usage::runtime(u.runtime_seconds),
-            crate::cli::usage::tokens(u.tokens.total),
-            u.cost_usd
-        );
+        let mut line = display::Line::new()
+            .styled(Style::Bold, &l.agent)
+            .text(format!(
+                ": today {} session(s), {}, {} tokens, ${:.2}",
+                u.sessions,
+                crate::cli::usage::runtime(u.runtime_seconds),
+                crate::cli::usage::tokens(u.tokens.total),
+                u.cost_usd
+            ));
         if let Some(e) = &l.budget_exceeded {
-            text.push_str(&format!("; budget exhausted ({e})"));
+            line = line
+                .text("; ")
+                .styled(Style::Bad, "budget exhausted")
+                .text(format!(" ({e})"));
         } else if let Some(left) = &l.budget_left {
             let mut parts = Vec::new();
             if let Some(n) = left.sessions {
@@ -228,52 +252,54 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
             if let Some(c) = left.cost_usd {
                 parts.push(format!("${c:.2}"));
             }
-            text.push_str(&format!("; budget left: {}", parts.join(", ")));
+            line = line.text(format!("; budget left: {}", parts.join(", ")));
         }
-        say!("{text}");
+        line.print();
     }
     // Escalations a human has not acknowledged yet.
     for l in &lines {
         if let Some(n) = l.escalations_waiting.filter(|n| *n > 0) {
-            say!(
-                "{}: {n} escalation(s) not acknowledged (agent-state inbox {}; inbox show / ack)",
-                l.agent,
-                l.agent
-            );
+            display::Line::new()
+                .styled(Style::Bold, &l.agent)
+                .text(format!(
+                    ": {n} escalation(s) not acknowledged (agent-state inbox {}; inbox show / ack)",
+                    l.agent
+                ))
+                .print();
         }
     }
     // Busy for a flow, or waited for by one (agent-state flow status).
     for l in &lines {
         for w in &l.flows {
             if w.role == "Human" {
-                say!(
-                    "{}: flow {} cycle {} waits for you ({}): agent-state flow status {}",
-                    l.agent,
-                    w.flow,
-                    w.cycle,
-                    w.status,
-                    w.flow
-                );
+                display::Line::new()
+                    .styled(Style::Bold, &l.agent)
+                    .text(format!(
+                        ": flow {} cycle {} waits for you ({}): agent-state flow status {}",
+                        w.flow, w.cycle, w.status, w.flow
+                    ))
+                    .print();
             } else {
-                say!(
-                    "{}: busy for flow {}: cycle {} step {} ({})",
-                    l.agent,
-                    w.flow,
-                    w.cycle,
-                    w.step,
-                    w.role
-                );
+                display::Line::new()
+                    .styled(Style::Bold, &l.agent)
+                    .text(format!(
+                        ": busy for flow {}: cycle {} step {} ({})",
+                        w.flow, w.cycle, w.step, w.role
+                    ))
+                    .print();
             }
         }
     }
     // Worktrees kept after their sessions (agent-state workspaces lists them).
     for l in &lines {
         if let Some(n) = l.worktrees.filter(|n| *n > 0) {
-            say!(
-                "{}: {n} worktree(s) kept or in use (agent-state workspaces --agent {})",
-                l.agent,
-                l.agent
-            );
+            display::Line::new()
+                .styled(Style::Bold, &l.agent)
+                .text(format!(
+                    ": {n} worktree(s) kept or in use (agent-state workspaces --agent {})",
+                    l.agent
+                ))
+                .print();
         }
     }
     // Why agents fail, and errors that are not about one agent.
@@ -283,27 +309,28 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
                 .until
                 .map(|t| format!(" until {}", in_time(&t, &now)))
                 .unwrap_or_default();
-            if f.state == "held" {
+            let line = display::Line::new()
+                .styled(Style::Bold, &l.agent)
+                .text(": ")
+                .styled(Style::of(&f.state), &f.code);
+            let line = if f.state == "held" {
                 // Not a failure: a usage limit or a login check holds it.
-                say!("{}: {} (held{until}): {}", l.agent, f.code, f.message);
+                line.text(format!(" (held{until}): "))
             } else {
-                say!(
-                    "{}: {} ({} failure(s) in a row, {}{until}): {}",
-                    l.agent,
-                    f.code,
-                    f.failures,
-                    f.state,
-                    f.message
-                );
-            }
+                line.text(format!(
+                    " ({} failure(s) in a row, {}{until}): ",
+                    f.failures, f.state
+                ))
+            };
+            line.free(&f.message).print();
         } else if let Some(e) = &l.last_error {
-            say!(
-                "{}: last error {} {}: {}",
-                l.agent,
-                e.code,
-                ago(&e.ts, &now),
-                e.message
-            );
+            display::Line::new()
+                .styled(Style::Bold, &l.agent)
+                .text(": last error ")
+                .styled(Style::of(&e.severity), &e.code)
+                .text(format!(" {}: ", ago(&e.ts, &now)))
+                .free(&e.message)
+                .print();
         }
     }
     let daemon_wide: Vec<&errors::ErrorRecord> = records
@@ -312,13 +339,15 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         .filter(|r| r.context.agent.is_none())
         .collect();
     if let Some(last) = daemon_wide.last() {
-        say!(
-            "daemon: {} error(s) in 30 days; last {} {}: {}",
-            daemon_wide.len(),
-            last.code,
-            ago(&last.ts, &now),
-            last.message
-        );
+        display::Line::new()
+            .text(format!(
+                "daemon: {} error(s) in 30 days; last ",
+                daemon_wide.len()
+            ))
+            .styled(Style::of(last.severity.as_str()), &last.code)
+            .text(format!(" {}: ", ago(&last.ts, &now)))
+            .free(&last.message)
+            .print();
     }
     Ok(exit::OK)
 }

@@ -1,6 +1,6 @@
 //! `agent-state task add|list|set`
 
-use crate::cli::display::say;
+use crate::cli::display::{Line, Style, say};
 use clap::Subcommand;
 
 use crate::cli::{Context, print_json, print_notes};
@@ -103,18 +103,22 @@ pub fn run(ctx: &Context, command: Command) -> Result<u8> {
                 say!("{}: no tasks", dir.name);
             }
             for t in &file.tasks {
-                say!(
-                    "{:<9} {:<9} {:<6} {:<10} {}{}",
-                    t.id,
-                    t.status,
-                    t.priority,
-                    t.kind,
-                    t.description,
-                    t.outcome
-                        .as_ref()
-                        .map(|o| format!(" → {o}"))
-                        .unwrap_or_default()
-                );
+                let outcome = t
+                    .outcome
+                    .as_ref()
+                    .map(|o| format!(" → {o}"))
+                    .unwrap_or_default();
+                Line::new()
+                    .cell(Style::Plain, &t.id, 9)
+                    .text(" ")
+                    .cell(Style::of(t.status.as_str()), t.status.as_str(), 9)
+                    .text(" ")
+                    .cell(Style::Plain, t.priority.as_str(), 6)
+                    .text(" ")
+                    .cell(Style::Plain, t.kind.as_str(), 10)
+                    .text(" ")
+                    .free(format!("{}{outcome}", t.description))
+                    .print();
             }
             Ok(exit::OK)
         }

@@ -2,6 +2,8 @@
 //! service user, its git identity, an executable command, the daemon; each
 //! failure named with its fix, exit 1, and exit 0 once all is in place.
 //! Creates a user, so it runs only as root with AGENT_STATE_ROOT_TESTS=1.
+//! Under a real systemd (sdbox, AGENT_STATE_SYSTEMD_TESTS=1): the unit's
+//! settings as systemd runs them, an operator's drop-in included.
 
 use crate::support::*;
 use std::os::unix::fs::PermissionsExt;
@@ -163,4 +165,75 @@ fn doctor_names_each_missing_prerequisite_with_its_fix() {
     assert!(ok, "{said}");
     assert!(said.contains("ok    daemon: pid"), "{said}");
     assert!(said.contains("0 failed"), "{said}");
+}
+
+/// Under systemd, doctor judges by the unit's effective settings (`systemctl
+/// show`): a repository outside the shipped ReadWritePaths= fails until a
+/// drop-in adds it, and a drop-in's User= is the service user doctor checks.
+#[test]
+fn under_systemd_doctor_judges_by_the_unit_with_its_drop_ins() {
+    use crate::sdbox::{CONFIG, STATE, SdBox, describe, sdbox_tool, text};
+    let Some(tool) = sdbox_tool() else {
+        return;
+    };
+    let sdbox = SdBox::up(tool);
+    sdbox.install_package_files();
+    sdbox.ok(&["systemd-sysusers"]);
+    sdbox.ok(&["systemd-tmpfiles", "--create", "agent-state.conf"]);
+    sdbox.ok(&["systemctl", "daemon-reload"]);
+    sdbox.write(
+        CONFIG,
+        &format!(
+            "state_root = \"{STATE}\"\ngroup = \"teleo\"\n\n[[agent]]\nname = \"rio\"\n\
+             command = [\"/bin/true\"]\nworkspace = {{ repo = \"/srv/extra/repo\" }}\n"
+        ),
+        0o644,
+    );
+    let doctor = || {
+        let out = sdbox.exec(&["agent-state", "doctor"]);
+        assert!(
+            matches!(out.status.code(), Some(0 | 1)),
+            "{}",
+            describe(&out)
+        );
+        text(&out.stdout)
+    };
+    let refused = "FAIL  unit sandbox: the repository /srv/extra/repo is read-only for the service (ProtectSystem=strict)";
+
+    let said = doctor();
+    assert!(
+        said.contains("ok    unit: agent-state.service as systemd runs it (systemctl show, drop-ins included): User=agent-state Group=teleo ProtectSystem=strict ProtectHome=yes; writable: /opt/teleo-eval, /var/lib/agent-state, /tmp, /var/tmp"),
+        "{said}"
+    );
+    assert!(said.contains(refused), "{said}");
+    assert!(
+        said.contains("fix: let the service write it with a drop-in: systemctl edit agent-state.service → [Service] ReadWritePaths=/srv/extra/repo"),
+        "{said}"
+    );
+    assert!(said.contains("ok    service user: agent-state"), "{said}");
+
+    // `systemctl edit agent-state`: the repository's directory writable, and
+    // another service user.
+    sdbox.write(
+        "/etc/systemd/system/agent-state.service.d/rw.conf",
+        "[Service]\nReadWritePaths=/srv/extra\nUser=daemon\n",
+        0o644,
+    );
+    sdbox.ok(&["systemctl", "daemon-reload"]);
+    let said = doctor();
+    assert!(!said.contains(refused), "{said}");
+    assert!(!said.contains("unit sandbox"), "{said}");
+    assert!(
+        said.contains("User=daemon Group=teleo")
+            && said.contains("writable: /opt/teleo-eval, /srv/extra,"),
+        "{said}"
+    );
+    assert!(said.contains("ok    service user: daemon"), "{said}");
+    // --user still names another.
+    let out = sdbox.exec(&["agent-state", "doctor", "--user", "agent-state"]);
+    assert!(
+        text(&out.stdout).contains("ok    service user: agent-state"),
+        "{}",
+        describe(&out)
+    );
 }
