@@ -89,6 +89,27 @@ pub fn in_time(then: &Timestamp, now: &Timestamp) -> String {
     }
 }
 
+/// A configured length of time for people, whole units from days down:
+/// `30d`, `1d 12h`, `1h 30m`, `45s`, `250ms` (humantime writes `30days`).
+pub fn length(d: std::time::Duration) -> String {
+    let secs = d.as_secs();
+    if secs == 0 {
+        return format!("{}ms", d.subsec_millis());
+    }
+    let parts = [
+        (secs / 86_400, "d"),
+        (secs % 86_400 / 3600, "h"),
+        (secs % 3600 / 60, "m"),
+        (secs % 60, "s"),
+    ];
+    parts
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, unit)| format!("{n}{unit}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// A length of time in its largest sensible unit: `45s`, `12m`, `5h`, `3d`.
 fn span(secs: i64) -> String {
     let (n, unit) = match secs {
@@ -103,6 +124,16 @@ fn span(secs: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lengths_read_like_the_config() {
+        let l = |secs: u64| length(std::time::Duration::from_secs(secs));
+        assert_eq!(l(30 * 86_400), "30d");
+        assert_eq!(l(86_400 + 12 * 3600), "1d 12h");
+        assert_eq!(l(5400), "1h 30m");
+        assert_eq!(l(45), "45s");
+        assert_eq!(length(std::time::Duration::from_millis(250)), "250ms");
+    }
 
     #[test]
     fn formats_like_the_seed() {

@@ -79,7 +79,7 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         say!(
             "no errors in {} (the last {})",
             path.display(),
-            humantime::format_duration(args.since)
+            crate::clock::length(args.since)
         );
         return Ok(exit::OK);
     }
@@ -87,7 +87,7 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         "{} error(s) in {} (the last {}):",
         records.len(),
         path.display(),
-        humantime::format_duration(args.since)
+        crate::clock::length(args.since)
     );
     for r in &records {
         let ctx_text = match (&r.context.agent, &r.context.session, r.context.attempt) {

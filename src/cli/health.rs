@@ -143,7 +143,7 @@ pub fn assess(
                         "the daemon (pid {}) last wrote its heartbeat {} (more than {} ago): stuck? journalctl -u agent-state",
                         hb.pid,
                         ago(&hb.updated_at, &now),
-                        humantime::format_duration(max_age)
+                        crate::clock::length(max_age)
                     ),
                 );
             }
@@ -209,7 +209,7 @@ pub fn assess(
                     Level::Warning,
                     format!(
                         "{agent}: no successful session in the last {}",
-                        humantime::format_duration(within)
+                        crate::clock::length(within)
                     ),
                 );
             }
@@ -437,7 +437,7 @@ mod tests {
         assert_eq!(a.level, Level::Warning);
         assert_eq!(
             a.line(),
-            "WARNING: rio: no successful session in the last 2days"
+            "WARNING: rio: no successful session in the last 2d"
         );
         assert_eq!(assess(&seen, now, MAX, None).level, Level::Ok);
         seen.agents[0].young = true;
