@@ -83,9 +83,29 @@ fn rotation_under_a_running_daemon_loses_and_repeats_nothing_for_a_reader() {
         "{errors_before}"
     );
 
+    // Two readers: one following the stream (`--follow`, inotify), one
+    // calling `events --after` again and again, while messages go out and
+    // sessions run, the daemon rotating the logs every second.
+    let follow_err = env.tmp("follow.stderr");
+    let mut follower = env
+        .command(&["events", "--json", "--follow"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&follow_err).unwrap())
+        .spawn()
+        .expect("spawn events --follow");
+    let followed = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Value>::new()));
+    let stdout = follower.stdout.take().unwrap();
+    let sink = followed.clone();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            sink.lock()
+                .unwrap()
+                .push(serde_json::from_str(&line).expect("a JSON line"));
+        }
+    });
     let d = env.daemon();
-    // A reader following the stream while messages go out and sessions
-    // run, the daemon rotating the journals every second.
     let (mut seen, mut cursor) = read_after(&env, None);
     let mut sent = Vec::new();
     let started = Instant::now();
@@ -115,6 +135,14 @@ fn rotation_under_a_running_daemon_loses_and_repeats_nothing_for_a_reader() {
         "rio's messages all processed",
         || env.waiting("rio").is_empty() && env.json("rio", "session.json")["status"] != "running",
     );
+    // Quiet: no new line (a rotation's marker included) for over a health
+    // interval, so every reader can be compared with the whole history.
+    let mut last_len = usize::MAX;
+    d.wait_until(Duration::from_secs(20), "the logs to go quiet", || {
+        std::thread::sleep(Duration::from_millis(1500));
+        let n = read_after(&env, None).0.len();
+        std::mem::replace(&mut last_len, n) == n
+    });
     let (more, cursor) = read_after(&env, cursor.as_deref());
     seen.extend(more);
     eprintln!(
