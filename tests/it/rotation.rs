@@ -10,6 +10,16 @@ use serde_json::Value;
 
 use crate::support::*;
 
+/// A child killed and reaped when dropped (a failed assertion included).
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn segments(dir: &std::path::Path, log: &str) -> Vec<String> {
     list(dir)
         .into_iter()
@@ -87,14 +97,15 @@ fn rotation_under_a_running_daemon_loses_and_repeats_nothing_for_a_reader() {
     // calling `events --after` again and again, while messages go out and
     // sessions run, the daemon rotating the logs every second.
     let follow_err = env.tmp("follow.stderr");
-    let mut follower = env
-        .command(&["events", "--json", "--follow"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::fs::File::create(&follow_err).unwrap())
-        .spawn()
-        .expect("spawn events --follow");
+    let mut follower = Reaped(
+        env.command(&["events", "--json", "--follow"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::fs::File::create(&follow_err).unwrap())
+            .spawn()
+            .expect("spawn events --follow"),
+    );
     let followed = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Value>::new()));
-    let stdout = follower.stdout.take().unwrap();
+    let stdout = follower.0.stdout.take().unwrap();
     let sink = followed.clone();
     std::thread::spawn(move || {
         use std::io::BufRead;
