@@ -133,6 +133,21 @@ codes! {
 }
 
 impl Code {
+    /// Does this code say a session never ran: its command could not be
+    /// started, or its workspace could not be made? (`wake --wait` fails
+    /// on these; a session that ran and failed is the daemon's to retry.)
+    pub fn prevents_start(self) -> bool {
+        matches!(
+            self,
+            Code::AgentNotFound
+                | Code::AgentPermissionDenied
+                | Code::AgentSpawnFailed
+                | Code::WorkspaceNotARepo
+                | Code::WorkspaceLocked
+                | Code::WorkspaceFailed
+        )
+    }
+
     pub fn info(self) -> &'static CodeInfo {
         CATALOGUE
             .iter()

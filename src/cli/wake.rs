@@ -63,10 +63,8 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
                     .flatten()
                     .filter(|now| now.session_id == s.session_id)
                     .is_some_and(|now| !now.is_running());
-                let could_not_start = matches!(
-                    code.as_str(),
-                    "AGENT_NOT_FOUND" | "AGENT_PERMISSION_DENIED" | "AGENT_SPAWN_FAILED"
-                ) || code.starts_with("WORKSPACE_");
+                let could_not_start =
+                    crate::errors::Code::parse(&code).is_some_and(|c| c.prevents_start());
                 if ended && could_not_start {
                     let message = report
                         .and_then(|r| r.error)
