@@ -64,6 +64,14 @@ wake_on_inbox = "any"
 inbox_debounce = "8s"
 inbox_settle = "10s"
 
+# Logs rotated at every health check past 1 KiB: the day's journals are
+# read through their rotations (events), as pipelines will.
+[health]
+interval = "2s"
+
+[logs]
+rotate_size = "1KiB"
+
 [[agent]]
 name = "rio"
 domain = "internet-finance"
@@ -116,11 +124,18 @@ impl Day {
         text(&out.stdout)
     }
 
+    /// The agent's whole journal, rotated segments included, as `events`
+    /// reads it for the service user.
     fn journal(&self, agent: &str) -> Vec<Value> {
-        self.sdbox
-            .read(&format!("{STATE}/{agent}/journal.jsonl"))
+        let out = self
+            .sdbox
+            .agent_state(&["events", "--agent", agent, "--json", "--color", "never"]);
+        assert!(out.status.success(), "events: {}", describe(&out));
+        text(&out.stdout)
             .lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|e| e["source"] == agent)
+            .map(|e| e["event"].clone())
             .collect()
     }
 
@@ -503,4 +518,17 @@ fn an_operators_first_day_under_the_shipped_unit() {
         "find", STATE, "(", "-user", "root", "-o", "-group", "root", ")",
     ]);
     assert_eq!(roots.trim(), "", "nothing below the state root is root's");
+
+    // ---- the journals rotated under the unit, and read whole by others ----
+    let segments = sdbox.ok(&["sh", "-c", &format!("ls {STATE}/rio/journal.jsonl.*.zst")]);
+    assert!(segments.contains(".zst"), "{segments}");
+    let by_pipeline = day.as_user_ok(
+        "pipeline",
+        &format!("{UNIT_BIN} events --agent rio --json | grep -c '\"kind\":\"session_end\"'"),
+    );
+    assert_eq!(
+        by_pipeline.trim(),
+        day.count("rio", "session_end").to_string(),
+        "a pipeline reads the rotated history as the service user does"
+    );
 }
