@@ -188,8 +188,15 @@ fn iterations_a_test_never_fixed_fails_at_max_iterations_and_is_escalated() {
         "VERIFY_FAILED reached the human",
         || escalated(&env, "VERIFY_FAILED"),
     );
-    let errors = std::fs::read_to_string(env.root.join(".daemon/errors.jsonl")).unwrap();
-    assert!(errors.contains("VERIFY_FAILED"), "{errors}");
+    // The record is written just after the escalation is delivered.
+    d.wait_until(
+        Duration::from_secs(5),
+        "VERIFY_FAILED in errors.jsonl",
+        || {
+            std::fs::read_to_string(env.root.join(".daemon/errors.jsonl"))
+                .is_ok_and(|t| t.contains("VERIFY_FAILED"))
+        },
+    );
 }
 
 #[test]

@@ -320,9 +320,13 @@ fn a_flood_of_signals_is_capped_and_the_daemon_stays_responsive() {
         state(&env, "rio", "report.json")["last_session"]["outcome"],
         "completed"
     );
-    // And the daemon answers at once.
+    // And the daemon answers at once: theseus's session starts (its own
+    // flood then takes as long as the machine needs).
     env.ok(&["wake", "theseus"]);
-    d.wait_until(secs(5.0), "theseus ran", || {
+    d.wait_until(secs(5.0), "theseus's session started", || {
+        state(&env, "theseus", "session.json")["session_id"].is_string()
+    });
+    d.wait_until(secs(60.0), "theseus's session ended", || {
         state(&env, "theseus", "session.json")["status"] == "completed"
     });
 }
