@@ -1,0 +1,117 @@
+//! The values the file writes as text or numbers: durations (`"90m"`),
+//! byte sizes (`"10MiB"`), bounded counts, group and credential names, and
+//! a command's `{placeholder}`s. Each is parsed here, once; a bad one is a
+//! problem with its field, and the default stands in so checking goes on.
+
+use std::time::Duration;
+
+use super::Validator;
+
+impl Validator {
+    /// A whole number in `range`: the value, else the inherited one, else
+    /// the default.
+    pub(super) fn count(
+        &mut self,
+        field: &str,
+        value: Option<i64>,
+        inherited: Option<u32>,
+        default: u32,
+        range: std::ops::RangeInclusive<i64>,
+    ) -> u32 {
+        match (value, inherited) {
+            (None, Some(n)) => n,
+            (None, None) => default,
+            (Some(n), _) if range.contains(&n) => n as u32,
+            (Some(n), _) => {
+                self.problem(
+                    field,
+                    format!("{n} is not between {} and {}", range.start(), range.end()),
+                );
+                default
+            }
+        }
+    }
+
+    pub(super) fn duration(&mut self, field: &str, value: Option<&str>, default: &str) -> Duration {
+        let text = value.unwrap_or(default);
+        match humantime::parse_duration(text) {
+            Ok(d) => d,
+            Err(e) => {
+                self.problem(
+                    field,
+                    format!(
+                        "{text:?} is not a duration ({e}); write e.g. \"90m\", \"30s\", \"2h\""
+                    ),
+                );
+                humantime::parse_duration(default).unwrap_or_default()
+            }
+        }
+    }
+
+    pub(super) fn size(&mut self, field: &str, value: Option<&str>, default: &str) -> u64 {
+        let text = value.unwrap_or(default);
+        match parse_size(text) {
+            Ok(n) => n,
+            Err(e) => {
+                self.problem(field, e);
+                parse_size(default).unwrap_or(0)
+            }
+        }
+    }
+}
+
+/// A Unix group or credential name: letters, digits, `-` and `_`, at most
+/// 32, not led by `-`.
+pub(crate) fn valid_group(g: &str) -> bool {
+    !g.is_empty()
+        && g.len() <= 32
+        && g.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        && !g.starts_with('-')
+}
+
+/// `{name}` placeholders in a command argument.
+pub fn placeholders(arg: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = arg;
+    while let Some(start) = rest.find('{') {
+        match rest[start..].find('}') {
+            Some(end) => {
+                out.push(rest[start + 1..start + end].to_string());
+                rest = &rest[start + end + 1..];
+            }
+            None => break,
+        }
+    }
+    out
+}
+
+/// Parse a byte size: `10MiB`, `500 MiB`, `1GiB`, `4096`, `1MB` (SI).
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let unit = unit.trim();
+    let multiplier: u64 = match unit {
+        "" | "B" => 1,
+        "K" | "KiB" | "k" => 1 << 10,
+        "M" | "MiB" => 1 << 20,
+        "G" | "GiB" => 1 << 30,
+        "T" | "TiB" => 1 << 40,
+        "KB" | "kB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        "TB" => 1_000_000_000_000,
+        _ => {
+            return Err(format!(
+                "{text:?} has an unknown unit {unit:?}; write e.g. \"10MiB\", \"1GiB\", \"500MiB\""
+            ));
+        }
+    };
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size; write e.g. \"10MiB\", \"1GiB\""))?;
+    Ok((value * multiplier as f64) as u64)
+}
