@@ -122,9 +122,7 @@ impl InboxWatcher {
                                 map.remove(&event.wd);
                             }
                             for e in classify(event.mask, what.as_ref(), event.name) {
-                                if !out.contains(&e) {
-                                    out.push(e);
-                                }
+                                coalesce(&mut out, e);
                             }
                         }
                     }
@@ -198,6 +196,18 @@ impl InboxWatcher {
     }
 }
 
+/// Add `e` to a batch of events once, where its last occurrence is: the
+/// loop must see a file's `Writing` and `Closed` in the order they last
+/// happened (a batch holding the close of one write, the next write and
+/// its close must end in `Closed`, or the file would count as still open
+/// for writing and wait out the writer's patience before it is claimed).
+fn coalesce(out: &mut Vec<WatchEvent>, e: WatchEvent) {
+    if let Some(i) = out.iter().position(|x| *x == e) {
+        out.remove(i);
+    }
+    out.push(e);
+}
+
 /// What one inotify event means for the loop. `what` is what its watch
 /// watches (`None`: a watch already forgotten), `name` the file's name in
 /// that directory (`None`: the directory itself).
@@ -254,6 +264,25 @@ fn classify(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_batch_keeps_the_last_order_of_writing_and_closed() {
+        let rio = AgentName::parse("rio").unwrap();
+        let writing = || WatchEvent::Writing(rio.clone(), "edited.json".into());
+        let closed = || WatchEvent::Closed(rio.clone(), "edited.json".into());
+        // `printf … > edited.json; printf … >> edited.json`, the first
+        // write read in an earlier batch: close, write, close.
+        let mut out = Vec::new();
+        for e in [closed(), writing(), closed()] {
+            coalesce(&mut out, e);
+        }
+        assert_eq!(out, [writing(), closed()]);
+        let mut out = Vec::new();
+        for e in [writing(), closed(), writing()] {
+            coalesce(&mut out, e);
+        }
+        assert_eq!(out, [closed(), writing()], "still being written");
+    }
 
     fn ev(mask: EventMask, watched: Watched, name: Option<&str>) -> Vec<WatchEvent> {
         let rio = AgentName::parse("rio").unwrap();

@@ -327,7 +327,14 @@ fn an_operators_first_day_under_the_shipped_unit() {
         .map(|m| m.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default();
     subjects.sort();
-    assert_eq!(subjects, ["copied", "edited", "typed"], "{session:#}");
+    if subjects != ["copied", "edited", "typed"] {
+        let inbox_now = sdbox.agent_state(&["inbox", "rio"]);
+        panic!(
+            "the first session claimed {subjects:?}, not the three messages\n{session:#}\n---- inbox rio ----\n{}\n---- ls -la --full-time ----\n{}",
+            describe(&inbox_now),
+            sdbox.ok(&["ls", "-la", "--full-time", &inbox])
+        );
+    }
     assert_eq!(
         session["cost_usd"], 0.25,
         "Claude's cost reached session.json"
