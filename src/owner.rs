@@ -80,10 +80,19 @@ impl Owner {
         let mut chain = Vec::new();
         let mut pid = nix::unistd::getppid().as_raw();
         while pid > 1 && chain.len() < 64 {
-            chain.push(Owner::of(pid));
-            match parent_pid(pid) {
-                Some(up) => pid = up,
-                None => break,
+            // One read of /proc/PID/stat gives both the start and the parent.
+            match stat_of(pid) {
+                Some(st) => {
+                    chain.push(Owner {
+                        pid,
+                        start: Some(st.start),
+                    });
+                    pid = st.ppid;
+                }
+                None => {
+                    chain.push(Owner { pid, start: None });
+                    break;
+                }
             }
         }
         chain
@@ -97,9 +106,43 @@ impl Owner {
 
 /// The parent of `pid` (field 4 of /proc/PID/stat).
 fn parent_pid(pid: i32) -> Option<i32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(1)?.parse().ok()
+    stat_of(pid).map(|st| st.ppid)
+}
+
+/// What a hook needs of /proc/PID/stat.
+struct ProcStat {
+    /// Field 4.
+    ppid: i32,
+    /// Field 22: the start time in clock ticks since boot.
+    start: u64,
+}
+
+/// /proc/PID/stat in one read into a fixed buffer (the file is a few
+/// hundred bytes; the kernel gives it whole to one read that can hold it),
+/// if this process can see `pid`.
+fn stat_of(pid: i32) -> Option<ProcStat> {
+    use std::io::Read;
+    if pid <= 0 {
+        return None;
+    }
+    let mut buf = [0u8; 4096];
+    let n = File::open(format!("/proc/{pid}/stat"))
+        .ok()?
+        .read(&mut buf)
+        .ok()?;
+    parse_stat(&buf[..n])
+}
+
+/// Fields 4 and 22 of a /proc/PID/stat line. The command name (field 2)
+/// may hold any bytes, spaces and parentheses included; the fields after
+/// the last `)` are plain. Pure.
+fn parse_stat(line: &[u8]) -> Option<ProcStat> {
+    let close = line.iter().rposition(|b| *b == b')')?;
+    let rest = std::str::from_utf8(&line[close + 1..]).ok()?;
+    let mut fields = rest.split_ascii_whitespace();
+    let ppid = fields.nth(1)?.parse().ok()?;
+    let start = fields.nth(17)?.parse().ok()?;
+    Some(ProcStat { ppid, start })
 }
 
 /// Are two processes the same program with the same arguments (one a fork
@@ -114,14 +157,7 @@ fn same_program(a: i32, b: i32) -> bool {
 /// Start time of `pid` in clock ticks since boot (field 22 of /proc/PID/stat),
 /// if this process can see it.
 pub fn process_start(pid: i32) -> Option<u64> {
-    if pid <= 0 {
-        return None;
-    }
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) may contain spaces and parentheses; the
-    // fields after the last ')' are plain.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
+    stat_of(pid).map(|st| st.start)
 }
 
 // ---- the lock file -------------------------------------------------------------
@@ -430,6 +466,20 @@ pub fn keep(owner_pid: i32, owner_start: Option<u64>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stat_line_gives_the_parent_and_the_start_whatever_the_name() {
+        // Field 2 with spaces, parentheses and a byte that is not UTF-8.
+        let mut line = b"4242 (we(ir) d\xff) S 17 4242 17 0 -1 4194560 90 0 0 0 1 2 0 0 20 0 1 0 987654 1000 200".to_vec();
+        line.push(b'\n');
+        let st = parse_stat(&line).unwrap();
+        assert_eq!(st.ppid, 17);
+        assert_eq!(st.start, 987654);
+        assert!(parse_stat(b"4242 (short) S 17").is_none());
+        let me = stat_of(std::process::id() as i32).unwrap();
+        assert_eq!(me.ppid, nix::unistd::getppid().as_raw());
+        assert_eq!(Some(me.start), process_start(std::process::id() as i32));
+    }
 
     fn at(s: &str) -> Timestamp {
         Timestamp::parse(s).unwrap()
