@@ -429,26 +429,20 @@ pub struct TornLine {
 /// file's: what `check` reports and repairs); a segment's are skipped. A
 /// missing journal is an empty one.
 pub fn read(path: &Path) -> Result<Scan> {
-    let Some(file) = crate::fsx::open_read(path)? else {
-        let mut scan = Scan::default();
-        for segment in super::rotation::segments(path, u64::MAX)? {
-            let bytes = super::rotation::read_segment(&segment)?;
-            scan_lines(&bytes[..], &mut scan, false).at("reading", &segment.path)?;
-        }
-        return Ok(scan);
+    let file = crate::fsx::open_read(path)?;
+    let base = match &file {
+        Some(f) => super::rotation::base_of(f).at("reading journal", path)?,
+        None => u64::MAX,
     };
-    let base = super::rotation::base_of(&file).at("reading journal", path)?;
     let mut scan = Scan::default();
     for segment in super::rotation::segments(path, base)? {
         let bytes = super::rotation::read_segment(&segment)?;
         scan_lines(&bytes[..], &mut scan, false).at("reading", &segment.path)?;
     }
-    let mut live = Scan {
-        entries: std::mem::take(&mut scan.entries),
-        ..Scan::default()
-    };
-    scan_lines(BufReader::new(file), &mut live, true).at("reading journal", path)?;
-    Ok(live)
+    if let Some(file) = file {
+        scan_lines(BufReader::new(file), &mut scan, true).at("reading journal", path)?;
+    }
+    Ok(scan)
 }
 
 /// Parse the lines of `reader` into `scan`; with `count`, torn and

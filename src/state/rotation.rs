@@ -191,12 +191,6 @@ pub fn read_segment(segment: &Segment) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-/// The whole history of a log as parts in stream order: `(start, bytes)`
-/// of each segment, then the live file's (its marker line included).
-pub struct History {
-    pub parts: Vec<(u64, Vec<u8>)>,
-}
-
 /// What one rotation did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rotated {
@@ -313,28 +307,6 @@ pub fn prune(path: &Path, older_than: SystemTime) -> Result<(usize, u64)> {
     Ok(removed)
 }
 
-/// Every part of the log at `path` in stream order, for readers of its
-/// whole history: `(start, bytes)` of each segment before the live file,
-/// then the live file's. A missing log has no parts.
-pub fn history(path: &Path) -> Result<History> {
-    let mut parts = Vec::new();
-    let live = match fsx::open_read(path)? {
-        Some(mut f) => {
-            let base = base_of(&f).at("reading", path)?;
-            let mut bytes = Vec::new();
-            f.read_to_end(&mut bytes).at("reading", path)?;
-            Some((base, bytes))
-        }
-        None => None,
-    };
-    let base = live.as_ref().map_or(u64::MAX, |(b, _)| *b);
-    for segment in segments(path, base)? {
-        parts.push((segment.start, read_segment(&segment)?));
-    }
-    parts.extend(live);
-    Ok(History { parts })
-}
-
 /// The daemon's own logs (errors.jsonl, signals.jsonl) have one writer,
 /// the daemon; its appends and their rotation (off the loop) take this
 /// lock so that no line is appended between a rotation's copy and its
@@ -352,10 +324,29 @@ mod tests {
         Timestamp::parse("2026-11-25T00:00:00Z").unwrap()
     }
 
+    /// Every part of the log at `path` in stream order: each segment
+    /// before the live file's base, then the live file (its marker included).
+    fn history(path: &Path) -> Vec<(u64, Vec<u8>)> {
+        let live = fsx::open_read(path).unwrap().map(|mut f| {
+            let base = base_of(&f).unwrap();
+            let mut bytes = Vec::new();
+            f.read_to_end(&mut bytes).unwrap();
+            (base, bytes)
+        });
+        let base = live.as_ref().map_or(u64::MAX, |(b, _)| *b);
+        let mut parts: Vec<(u64, Vec<u8>)> = segments(path, base)
+            .unwrap()
+            .iter()
+            .map(|s| (s.start, read_segment(s).unwrap()))
+            .collect();
+        parts.extend(live);
+        parts
+    }
+
     fn whole(path: &Path) -> Vec<u8> {
         let mut out = Vec::new();
         let mut expected = None;
-        for (start, bytes) in history(path).unwrap().parts {
+        for (start, bytes) in history(path) {
             if let Some(e) = expected {
                 assert_eq!(start, e, "parts are contiguous");
             }
@@ -434,7 +425,7 @@ mod tests {
         // the two steps. Not part of the history.
         std::fs::write(dir.path().join(segment_name("errors.jsonl", 15)), b"junk").unwrap();
         assert_eq!(segments(&path, 15).unwrap().len(), 1);
-        assert_eq!(history(&path).unwrap().parts.len(), 2);
+        assert_eq!(history(&path).len(), 2);
     }
 
     #[test]
