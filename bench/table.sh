@@ -4,6 +4,7 @@
 #
 #   wake latency, rename -> agent running, p50 / p99      bench/daemon latency (1000 wakes, 100 agents)
 #   burst, 100k messages / 100 agents (exactly once)      bench/daemon burst
+#   the burst's floor: the same with no daemon          bench/daemon floor (floor.c, 1 and 2 workers)
 #   start-up at 10k agents, second start; RSS; SIGHUP     bench/daemon startup 10000
 #   wakes after start at 10k agents, p99 vs 100 agents    bench/daemon startup 100 and 10000
 #   hook pair session begin + end vs the Python baseline  bench/hooks (200 pairs)
@@ -46,7 +47,7 @@ fi
 
 failed=0
 if [[ $QUICK == 1 ]]; then big=1000; else big=10000; fi
-BENCHES=latency,burst,startup STARTUP_AGENTS=${STARTUP_AGENTS:-"100 $big"} \
+BENCHES=latency,burst,floor,startup STARTUP_AGENTS=${STARTUP_AGENTS:-"100 $big"} \
     STARTUP_WAKES_AFTER=${STARTUP_WAKES_AFTER:-50} OUT_DIR=$out/daemon \
     "$HERE/daemon/run.sh" || failed=1
 OUT=$out/hooks.json "$HERE/hooks/run.sh" || failed=1

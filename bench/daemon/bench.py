@@ -831,6 +831,42 @@ def check_text(c):
             f"twice {c['claimed_twice']}, never claimed {c['never_claimed']})")
 
 
+# ---- 2b. the burst's floor ---------------------------------------------------------
+
+
+def cmd_floor(args):
+    """The burst without the daemon: floor.c does only the inbox protocol's own
+    system calls (the sender's rename; list, read, rename into .claimed/, rename
+    into processed/, a sync of each directory per batch), with 1 and 2 worker
+    processes. What no daemon on this disk can beat, whatever its code."""
+    b = Bench(args, "floor")
+    names = agent_names(args.agents)
+    runs = []
+    for workers in [int(w) for w in args.workers.split(",")]:
+        if os.path.exists(b.root):
+            shutil.rmtree(b.root)
+        for a in names:
+            os.makedirs(os.path.join(b.inbox(a), ".tmp"))
+            for j in range(args.per_agent):
+                b.write_tmp(a, f"m{j:05d}.json", fsync=False)
+        os.sync()
+        out = subprocess.run([os.path.abspath(args.floor), b.root, str(args.agents), str(args.per_agent), str(workers)],
+                             capture_output=True, text=True, timeout=args.timeout)
+        if out.returncode != 0:
+            raise BenchFailed(f"floor with {workers} worker(s) failed: {out.stderr.strip()}")
+        r = json.loads(out.stdout)
+        got = sum(len(dir_names(os.path.join(b.inbox(a), "processed"))) for a in names)
+        if got != args.agents * args.per_agent:
+            raise BenchFailed(f"floor with {workers} worker(s): {got} messages in processed/, not {args.agents * args.per_agent}")
+        r["msgs_per_s"] = round(got / r["seconds"], 1)
+        log(f"  floor: {workers} worker(s): {r['msgs_per_s']:.0f} msgs/s ({r['seconds']} s; the sender alone {r['sender_seconds']} s)")
+        runs.append(r)
+    shutil.rmtree(b.root, ignore_errors=True)
+    return {"bench": "floor", "agents": args.agents, "per_agent": args.per_agent,
+            "messages": args.agents * args.per_agent, "runs": runs,
+            "best_msgs_per_s": max(r["msgs_per_s"] for r in runs), "dir": b.dir}
+
+
 # ---- 3. start-up and RSS --------------------------------------------------------------
 
 
@@ -1040,7 +1076,7 @@ def cmd_summary(args):
                 loaded.append(json.load(f))
         except (FileNotFoundError, ValueError):
             continue
-    order = {"latency": 0, "wakecli": 1, "burst": 2, "startup": 3, "idle": 4}
+    order = {"latency": 0, "wakecli": 1, "burst": 2, "floor": 2.5, "startup": 3, "idle": 4}
     labels = {"default": 0, "nosync": 1, "strace": 3}
     loaded.sort(key=lambda r: (order.get(r["bench"], 9), labels.get(r.get("label"), 2), r.get("agents", 0)))
     for r in loaded:
@@ -1070,6 +1106,10 @@ def cmd_summary(args):
                          f"{r['rename_s']} s); {r['sessions']} sessions; exactly once: {check_text(c)}"
                          f"{' TIMED OUT' if r['timed_out'] else ''}; daemon CPU {r['daemon_cpu_s']} s, "
                          f"VmHWM {r['daemon_VmHWM_kib'] / 1024:.1f} MiB"))
+        elif k == "floor":
+            rows.append((f"burst floor, {r['messages']} msgs / {r['agents']} agents, no daemon (floor.c)",
+                         "; ".join(f"{x['workers']} worker(s): {x['msgs_per_s']:.0f} msgs/s ({x['seconds']} s, "
+                                   f"sender alone {x['sender_seconds']} s)" for x in r["runs"])))
         elif k == "startup":
             for w in ("first", "second"):
                 s = r[w]
@@ -1119,6 +1159,8 @@ def cmd_table(args):
             res["latency"] = r
         elif r.get("bench") == "burst":
             res["burst"] = r
+        elif r.get("bench") == "floor":
+            res["floor"] = r
         elif r.get("bench") == "startup":
             res.setdefault("startup", {})[r["agents"]] = r
     rows = []
@@ -1130,6 +1172,11 @@ def cmd_table(args):
     b = res.get("burst")
     rows.append((f"burst, {b['messages'] if b else '?'} messages / {b['agents'] if b else '?'} agents",
                  f"{b['msgs_per_s'] / 1000:.1f}k msg/s, exactly once {once(b['check'])}" if b else missing))
+    fl = res.get("floor")
+    if fl:
+        rows.append(("burst floor: the protocol's system calls alone, no daemon (floor.c)",
+                     f"{fl['best_msgs_per_s'] / 1000:.1f}k msg/s ("
+                     + ", ".join(f"{x['workers']} worker(s) {x['msgs_per_s'] / 1000:.1f}k" for x in fl["runs"]) + ")"))
     st = res.get("startup", {})
     big = st[max(st)] if st else None
     small = st[min(st)] if len(st) > 1 else None
@@ -1200,6 +1247,13 @@ def main():
     s.add_argument("--poll", type=float, default=0.5)
     s.add_argument("--perf", type=int, default=0)
 
+    s = sub.add_parser("floor")
+    s.add_argument("--agents", type=int, default=100)
+    s.add_argument("--per-agent", type=int, default=1000)
+    s.add_argument("--workers", default="1,2")
+    s.add_argument("--floor", required=True, help="floor.c, compiled")
+    s.add_argument("--timeout", type=float, default=600)
+
     s = sub.add_parser("startup")
     s.add_argument("--agents", type=int, required=True)
     s.add_argument("--settle", type=float, default=2.0)
@@ -1230,7 +1284,7 @@ def main():
         return cmd_summary(args)
     if args.cmd == "table":
         return cmd_table(args)
-    fn = {"latency": cmd_latency, "wakecli": cmd_wakecli, "burst": cmd_burst,
+    fn = {"latency": cmd_latency, "wakecli": cmd_wakecli, "burst": cmd_burst, "floor": cmd_floor,
           "startup": cmd_startup, "idle": cmd_idle}[args.cmd]
     name = getattr(args, "name", None) or args.cmd
     # Every wait in here has its own bound; this one bounds the whole benchmark

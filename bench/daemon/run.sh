@@ -14,6 +14,7 @@
 #   strace    the same under `strace -f -c`: syscalls per wake (its latencies are not figures)
 #   wakecli   `agent-state wake AGENT --wait` wall time
 #   burst     BURST_AGENTS x BURST_PER_AGENT messages renamed in at once; checks exactly-once
+#   floor     the same burst with no daemon: only the protocol's own system calls (floor.c), 1 and 2 workers
 #   startup   first and second start, RSS, at each of STARTUP_AGENTS
 #   idle      CPU and context switches of an idle daemon; strace of the same daemon
 #
@@ -47,7 +48,7 @@ BIN=${AGENT_STATE_BIN:-$REPO/target/release/agent-state}
 QUICK=${QUICK:-0}
 q() { if [[ $QUICK == 1 ]]; then echo "$2"; else echo "$1"; fi; }
 
-BENCHES=${BENCHES:-latency,nosync,slowsync,strace,wakecli,burst,startup,idle}
+BENCHES=${BENCHES:-latency,nosync,slowsync,strace,wakecli,burst,floor,startup,idle}
 LAT_WAKES=${LAT_WAKES:-$(q 1000 100)}
 LAT_AGENTS=${LAT_AGENTS:-100}
 LAT_GAP=${LAT_GAP:-0.02}
@@ -60,6 +61,7 @@ BURST_PER_AGENT=${BURST_PER_AGENT:-$(q 1000 100)}
 BURST_MAX_CONCURRENT=${BURST_MAX_CONCURRENT:-4}
 BURST_TIMEOUT=${BURST_TIMEOUT:-600}
 BURST_PERF=${BURST_PERF:-0}
+FLOOR_WORKERS=${FLOOR_WORKERS:-1,2}
 STARTUP_AGENTS=${STARTUP_AGENTS:-$(q "100 10000" "100 1000")}
 STARTUP_WAKES_AFTER=${STARTUP_WAKES_AFTER:-$(q 50 10)}
 IDLE_AGENTS=${IDLE_AGENTS:-100}
@@ -137,6 +139,7 @@ else
     echo "fake_agent: dynamic (no static libc here)" >&2
 fi
 gcc -O2 -shared -fPIC -o "$WORK/nosync.so" "$HERE/nosync.c"
+gcc -O2 -o "$WORK/floor_c" "$HERE/floor.c"
 gcc -O2 -shared -fPIC -o "$WORK/slowsync.so" "$HERE/slowsync.c" -ldl
 
 RESULTS=$WORK/results
@@ -175,6 +178,7 @@ has slowsync && run latency-slowsync latency --name latency-slowsync --label "sl
 has strace && run latency-strace latency --name latency-strace --wakes "$STRACE_WAKES" --warmup 0 --agents "$LAT_AGENTS" --gap "$LAT_GAP" --strace-counts 1
 has wakecli && run wakecli wakecli --wakes "$WAKECLI_WAKES" --agents "$LAT_AGENTS"
 has burst && run burst burst --agents "$BURST_AGENTS" --per-agent "$BURST_PER_AGENT" --max-concurrent "$BURST_MAX_CONCURRENT" --timeout "$BURST_TIMEOUT" --perf "$BURST_PERF"
+has floor && run floor floor --agents "$BURST_AGENTS" --per-agent "$BURST_PER_AGENT" --workers "$FLOOR_WORKERS" --floor "$WORK/floor_c" --timeout "$BURST_TIMEOUT"
 if has startup; then
     for n in $STARTUP_AGENTS; do
         run "startup-$n" startup --agents "$n" --wakes-after "$STARTUP_WAKES_AFTER" --perf "${STARTUP_PERF:-0}"

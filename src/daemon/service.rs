@@ -103,6 +103,8 @@ enum LoopEvent {
         /// How its iterations went.
         iterations: iterations::Tally,
     },
+    /// A session's end was recorded off the loop (`session::finish`).
+    EndRecorded(Box<ending::Recorded>),
     /// A session's iteration `n` (of at most `of`) is executing or verifying.
     Iteration {
         agent: AgentName,
@@ -145,6 +147,9 @@ struct Running {
     claimed: Vec<crate::inbox::Message>,
     /// Claude Code's conversation id, and whether the session continued it.
     conversation: Option<(String, bool)>,
+    /// Its runner ended; its end is being recorded off the loop
+    /// ([`LoopEvent::EndRecorded`] follows).
+    recording: bool,
 }
 
 /// Why the daemon stops a session, shared with its [`Observer`].
@@ -501,6 +506,7 @@ impl Daemon {
                 workspace,
                 iterations,
             } => self.session_done(agent, *report, *output, workspace.map(|w| *w), iterations),
+            LoopEvent::EndRecorded(recorded) => self.end_recorded(*recorded),
             LoopEvent::Iteration {
                 agent,
                 n,

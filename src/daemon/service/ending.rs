@@ -8,7 +8,35 @@ use super::*;
 /// Signals handled per session; the rest are counted and ignored.
 pub(super) const SIGNALS_PER_SESSION: u32 = 1000;
 
+/// A session's end between its judgement and what follows its record, both
+/// on the loop: what [`Daemon::session_done`] decided, carried to
+/// [`Daemon::end_recorded`] while `session::finish` records the end on a
+/// blocking thread. Recording is mostly renames of the claimed messages into
+/// `processed/` and their syncs (a thousand of them in a burst): off the
+/// loop, the loop claims other agents' messages and starts their sessions
+/// meanwhile.
+pub(super) struct Recorded {
+    agent: AgentName,
+    report: RunReport,
+    output: OutputSummary,
+    workspace: Option<workspaces::Outcome>,
+    iterations: iterations::Tally,
+    now: Timestamp,
+    dir: AgentDir,
+    cfg: Option<AgentConfig>,
+    sid: String,
+    limit: Option<crate::protocol::limits::Limit>,
+    verdict: failure::Verdict,
+    succeeded: bool,
+    override_reason: Option<String>,
+    flows: Vec<AgentName>,
+    outcome: Result<String>,
+}
+
 impl Daemon {
+    /// A session's runner ended: judge it, keep a flow's answer, and record
+    /// its end off the loop. The agent stays in `running` (its slot busy, a
+    /// shutdown waiting for it) until [`Daemon::end_recorded`].
     pub(super) fn session_done(
         &mut self,
         agent: AgentName,
@@ -20,6 +48,11 @@ impl Daemon {
         let Some(mut running) = self.running.remove(&agent) else {
             return;
         };
+        if running.recording {
+            // A runner ends once: never here.
+            self.running.insert(agent, running);
+            return;
+        }
         if running.completed_by_signal
             && !report.ending.is_success()
             && !matches!(report.ending, Ending::SpawnFailed { .. })
@@ -121,18 +154,70 @@ impl Daemon {
         } else {
             Vec::new()
         };
-        let outcome = match &cfg {
-            Some(cfg) => session::finish(
-                cfg,
-                &dir,
-                &sid,
-                &report,
-                override_reason.as_deref(),
-                Some(std::mem::take(&mut running.claimed)),
-                now,
-            ),
-            // Removed from the config while it ran: record it all the same.
-            None => Err(Error::Usage("agent no longer configured".into())),
+        let claimed = std::mem::take(&mut running.claimed);
+        running.recording = true;
+        self.running.insert(agent.clone(), running);
+        let mut recorded = Recorded {
+            agent,
+            report,
+            output,
+            workspace,
+            iterations,
+            now,
+            dir,
+            cfg,
+            sid,
+            limit,
+            verdict,
+            succeeded,
+            override_reason,
+            flows,
+            outcome: Ok(String::new()),
+        };
+        let tx = self.tx.clone();
+        tokio::task::spawn_blocking(move || {
+            let r = &recorded;
+            recorded.outcome = match &r.cfg {
+                Some(cfg) => session::finish(
+                    cfg,
+                    &r.dir,
+                    &r.sid,
+                    &r.report,
+                    r.override_reason.as_deref(),
+                    Some(claimed),
+                    r.now,
+                ),
+                // Removed from the config while it ran: record it all the same.
+                None => Err(Error::Usage("agent no longer configured".into())),
+            };
+            // The loop runs until `running` is empty: it is there to
+            // receive this.
+            let _ = tx.send(LoopEvent::EndRecorded(Box::new(recorded)));
+        });
+    }
+
+    /// A session's end is recorded (or could not be): say so, and carry out
+    /// the rest (workspace, conversation, cost, the verdict, the next wake).
+    pub(super) fn end_recorded(&mut self, recorded: Recorded) {
+        let Recorded {
+            agent,
+            report,
+            output,
+            workspace,
+            iterations,
+            now,
+            dir,
+            cfg,
+            sid,
+            limit,
+            verdict,
+            succeeded,
+            override_reason,
+            flows,
+            outcome,
+        } = recorded;
+        let Some(running) = self.running.remove(&agent) else {
+            return;
         };
         match &outcome {
             Ok(text) if text.starts_with("completed") => tracing::info!(
@@ -455,7 +540,9 @@ impl Daemon {
         agent: &AgentName,
         signal: crate::protocol::signals::SignalResult,
     ) {
-        let Some(running) = self.running.get_mut(agent) else {
+        // Late for a session whose end is being recorded: dropped, as
+        // once the session is gone.
+        let Some(running) = self.running.get_mut(agent).filter(|r| !r.recording) else {
             return;
         };
         let (session_id, instance) = (running.session_id.clone(), running.instance.clone());
@@ -516,7 +603,7 @@ impl Daemon {
 
     /// A session printed nothing for `stall_timeout`.
     pub(super) fn session_stalled(&mut self, agent: &AgentName, silent_for: Duration) {
-        let Some(running) = self.running.get(agent) else {
+        let Some(running) = self.running.get(agent).filter(|r| !r.recording) else {
             return;
         };
         let action = self

@@ -183,6 +183,7 @@ impl Daemon {
                 owner_lock: prepared.owner_lock,
                 claimed: prepared.claimed,
                 conversation: Some(prepared.conversation.clone()),
+                recording: false,
             },
         );
         let tx = self.tx.clone();
