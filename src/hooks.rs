@@ -183,9 +183,11 @@ use crate::owner::{self, Liveness};
 mod begin;
 mod finish;
 mod record;
+mod recover;
 pub use begin::*;
 pub use finish::*;
 pub use record::*;
+pub use recover::*;
 
 /// A human mailbox has no sessions.
 pub fn refuse_human(agent: &AgentConfig) -> Result<()> {

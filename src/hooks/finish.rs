@@ -1,4 +1,4 @@
-//! `session end` and `session fail`: the end recorded in every file (journal first), the daemon's word on how its session ended, recovery of a session left running, and the replay of an end journaled before a crash.
+//! `session end` and `session fail`: the end recorded in every file (journal first), and the daemon's word on how its session ended. Recovery of a session left running and the replay of an end journaled before a crash are in `recover.rs`.
 
 use super::*;
 
@@ -114,15 +114,15 @@ impl Ending {
 #[derive(Default)]
 pub(super) struct Completion {
     /// What the claim read (see [`EndRequest::claimed`]).
-    claimed: Option<Vec<Message>>,
-    sources_archived: Option<u64>,
-    branch: Option<String>,
-    pr_number: Option<u64>,
-    summary: Option<String>,
-    next_priority: Option<String>,
-    handoff_notes: Option<String>,
-    tokens_used: Option<u64>,
-    cost_usd: Option<f64>,
+    pub(super) claimed: Option<Vec<Message>>,
+    pub(super) sources_archived: Option<u64>,
+    pub(super) branch: Option<String>,
+    pub(super) pr_number: Option<u64>,
+    pub(super) summary: Option<String>,
+    pub(super) next_priority: Option<String>,
+    pub(super) handoff_notes: Option<String>,
+    pub(super) tokens_used: Option<u64>,
+    pub(super) cost_usd: Option<f64>,
 }
 
 /// The post-session hook.
@@ -637,137 +637,5 @@ pub(super) fn finish_with(
 
     result.outcome = session.status;
     result.bad_arguments = std::mem::take(&mut args.bad);
-    Ok(result)
-}
-
-/// If `agent`'s session.json says a session is running but its owner is gone,
-/// record it as an error ("interrupted") and return its messages to the inbox.
-/// Used by `check --repair` (and, later, by the daemon at start-up).
-pub fn recover_stale(
-    agent: &AgentConfig,
-    dir: &AgentDir,
-    reason: &str,
-    now: Timestamp,
-) -> Result<Option<FinishResult>> {
-    let lock = dir.lock()?;
-    let mut notes = Vec::new();
-    let current: Session = dir.load(&lock, now, &mut notes)?;
-    if !current.is_running() {
-        metrics::catch_up(dir, &lock, now, &mut notes)?;
-        // Ended, but report.json may not say so yet (a crash between the
-        // two commits): complete it from the journal.
-        let report: Report = dir.load(&lock, now, &mut notes)?;
-        if report.current_session.as_deref() == Some(current.session_id.as_str())
-            && let Some(entry) = journaled_end(dir, &current.session_id)?
-        {
-            let mut result = replay_end(dir, &lock, current, &entry, &mut notes)?;
-            result.notes = notes;
-            return Ok(Some(result));
-        }
-        return Ok(None);
-    }
-    let why = match owner_liveness(dir, &current, agent.session.timeout, now) {
-        Liveness::Alive => return Ok(None),
-        Liveness::Gone(why) => why,
-    };
-    // Its end was journaled before a crash: complete that end, do not
-    // record another.
-    if let Some(entry) = journaled_end(dir, &current.session_id)? {
-        let mut result = replay_end(dir, &lock, current, &entry, &mut notes)?;
-        result.notes = notes;
-        return Ok(Some(result));
-    }
-    let mut result = finish(
-        agent,
-        dir,
-        &lock,
-        current,
-        Ending::Failed {
-            outcome: SessionStatus::Error,
-            reason: format!("{reason} ({why})"),
-            // Its owner (the daemon, a script) was killed under it: not a
-            // failure of its messages.
-            count_attempts: false,
-        },
-        &mut Args::default(),
-        now,
-        &mut notes,
-    )?;
-    result.notes = notes;
-    Ok(Some(result))
-}
-
-/// The journal entry that ended session `id`, if its end was journaled
-/// (searched back to its start).
-pub(super) fn journaled_end(
-    dir: &AgentDir,
-    id: &str,
-) -> Result<Option<crate::state::journal::Entry>> {
-    let mut found = None;
-    crate::state::journal::scan_backwards(&dir.journal(), |e| {
-        if e.event.ended_session() == Some(id) {
-            found = Some(e);
-            return std::ops::ControlFlow::Break(());
-        }
-        match &e.event {
-            Event::SessionStart(s) if s.session_id == id => std::ops::ControlFlow::Break(()),
-            _ => std::ops::ControlFlow::Continue(()),
-        }
-    })?;
-    Ok(found)
-}
-
-/// Complete a journaled end (see [`finish_with`]), at the time it was journaled.
-pub(super) fn replay_end(
-    dir: &AgentDir,
-    lock: &AgentLock,
-    session: Session,
-    entry: &crate::state::journal::Entry,
-    notes: &mut Vec<String>,
-) -> Result<FinishResult> {
-    let ending = match &entry.event {
-        Event::SessionEnd(e) => Ending::Completed(Completion {
-            claimed: None,
-            sources_archived: e.sources_archived,
-            branch: e.branch.clone(),
-            pr_number: e.pr_number,
-            summary: e.summary.clone(),
-            next_priority: e.next_priority.clone(),
-            handoff_notes: e.handoff.clone(),
-            tokens_used: e.tokens_used,
-            cost_usd: e.cost_usd,
-        }),
-        Event::Timeout(f) => Ending::Failed {
-            outcome: SessionStatus::Timeout,
-            reason: f.reason.clone(),
-            count_attempts: true,
-        },
-        Event::Error(f) => Ending::Failed {
-            outcome: SessionStatus::Error,
-            reason: f.reason.clone(),
-            count_attempts: true,
-        },
-        _ => {
-            return Err(Error::Data(format!(
-                "{}: journal entry is not a session end",
-                dir.name
-            )));
-        }
-    };
-    let mut result = finish_with(
-        dir,
-        lock,
-        session,
-        ending,
-        Some(&entry.event),
-        &mut Args::default(),
-        entry.ts,
-        notes,
-    )?;
-    result.replayed = true;
-    notes.push(format!(
-        "session {}: its end was journaled at {} but not fully recorded (a crash); completed from the journal",
-        result.session_id, entry.ts
-    ));
     Ok(result)
 }

@@ -154,6 +154,84 @@ impl Rolling {
     }
 }
 
+/// What of a journal line the rolling window looks at first: its time and
+/// event name, borrowed, the rest of the line skipped unread.
+#[derive(Deserialize)]
+struct Head<'a> {
+    #[serde(borrow)]
+    ts: std::borrow::Cow<'a, str>,
+    #[serde(borrow)]
+    event: std::borrow::Cow<'a, str>,
+}
+
+/// `ts` against `than` (written by [`Timestamp`]'s `Display`): is it
+/// earlier? The journal's own times (`2026-11-26T03:15:08Z`) compare as
+/// text, in order; any other form is parsed. `None`: not a time.
+fn earlier(ts: &str, than: &str) -> Option<bool> {
+    let canonical = |t: &str| t.len() == 20 && t.ends_with('Z') && t.as_bytes()[10] == b'T';
+    if canonical(ts) && canonical(than) {
+        return Some(ts < than);
+    }
+    let ts = Timestamp::parse(ts).ok()?;
+    Some(ts < Timestamp::parse(than).ok()?)
+}
+
+impl Rolling {
+    /// [`Rolling::from_journal`] over the journal file's last 30 days (and
+    /// its segments), as `journal::read_since` gives them, without parsing
+    /// every line: a line's time is compared as text, and only a session's
+    /// end, failure or record is read whole. A session's end runs this over
+    /// 30 days of journal.
+    pub fn from_journal_file(path: &std::path::Path, now: Timestamp) -> Result<Rolling> {
+        let since = now.minus(ROLLING_WINDOW);
+        // As `read_since`: a day's slack for lines written out of order.
+        let stop_before = since
+            .minus(std::time::Duration::from_secs(86_400))
+            .to_string();
+        let since_text = since.to_string();
+        let mut entries = Vec::new();
+        journal::scan_lines_backwards(path, |line| {
+            let Ok(head) = serde_json::from_slice::<Head>(line) else {
+                return std::ops::ControlFlow::Continue(());
+            };
+            // The counted events, parsed as their own struct (the whole
+            // `Entry`, flattened and tagged, costs several times more).
+            let counted = match &*head.event {
+                "session_end" => serde_json::from_slice(line).map(Event::SessionEnd),
+                "error" => serde_json::from_slice(line).map(Event::Error),
+                "timeout" => serde_json::from_slice(line).map(Event::Timeout),
+                "record" => serde_json::from_slice(line).map(Event::Record),
+                // Where a rotation happened: not an event.
+                "log_rotated" if super::rotation::is_marker(line) => {
+                    return std::ops::ControlFlow::Continue(());
+                }
+                _ => {
+                    // Not counted: only its time may end the scan (if it
+                    // is a line `read_since` would have read).
+                    if earlier(&head.ts, &stop_before) == Some(true)
+                        && serde_json::from_slice::<Entry>(line).is_ok()
+                    {
+                        return std::ops::ControlFlow::Break(());
+                    }
+                    return std::ops::ControlFlow::Continue(());
+                }
+            };
+            let (Ok(event), Ok(ts)) = (counted, Timestamp::parse(&head.ts)) else {
+                return std::ops::ControlFlow::Continue(());
+            };
+            if earlier(&head.ts, &stop_before) == Some(true) {
+                return std::ops::ControlFlow::Break(());
+            }
+            if earlier(&head.ts, &since_text) == Some(false) {
+                entries.push(Entry { ts, event });
+            }
+            std::ops::ControlFlow::Continue(())
+        })?;
+        entries.reverse();
+        Ok(Rolling::from_journal(&entries, now))
+    }
+}
+
 /// `a / b` rounded to 4 places; 0 when there is nothing to divide by.
 fn ratio(a: u64, b: u64) -> f64 {
     if b == 0 {
@@ -257,8 +335,7 @@ pub fn stage(
         return Ok((metrics, None));
     }
     if window_changes {
-        let recent = journal::read_since(&dir.journal(), now.minus(ROLLING_WINDOW))?;
-        let fresh = Rolling::from_journal(&recent, now);
+        let fresh = Rolling::from_journal_file(&dir.journal(), now)?;
         metrics.rolling_30d = Rolling {
             extra: std::mem::take(&mut metrics.rolling_30d.extra),
             ..fresh
@@ -267,4 +344,101 @@ pub fn stage(
     metrics.updated_at = Some(now);
     let staged = dir.stage(lock, &metrics)?;
     Ok((metrics, Some(staged)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::journal::{Record, SessionEnd, SessionFailed, SessionStart};
+
+    /// The fast window reads what the whole parse reads: every kind of line,
+    /// old and new, torn, foreign, a rotation marker, across a segment.
+    #[test]
+    fn the_window_from_the_file_is_the_window_from_every_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal.jsonl");
+        let now = Timestamp::parse("2026-11-26T12:00:00Z").unwrap();
+        let mut lines: Vec<u8> = Vec::new();
+        for day in (0..45u64).rev() {
+            let ts = now.minus(std::time::Duration::from_secs(day * 86_400 + 3600));
+            let id = format!("s{day}");
+            let events = [
+                Event::SessionStart(SessionStart {
+                    session_id: id.clone(),
+                    ..Default::default()
+                }),
+                match day % 3 {
+                    0 => Event::SessionEnd(SessionEnd {
+                        session_id: id.clone(),
+                        sources_archived: Some(day),
+                        ..Default::default()
+                    }),
+                    1 => Event::Error(SessionFailed {
+                        session_id: id.clone(),
+                        ..Default::default()
+                    }),
+                    _ => Event::Timeout(SessionFailed {
+                        session_id: id.clone(),
+                        ..Default::default()
+                    }),
+                },
+                Event::Record(Record {
+                    claims_proposed: day + 1,
+                    claims_accepted: day / 2,
+                    ..Default::default()
+                }),
+            ];
+            for e in events {
+                lines.extend(Entry::new(ts, e).to_line());
+            }
+            lines.extend(
+                format!("{{\"ts\":\"{ts}\",\"event\":\"orient_complete\",\"files\":[1,2]}}\n")
+                    .as_bytes(),
+            );
+            if day == 20 {
+                lines.extend(b"{\"ts\":\"2026-11-0\n");
+            }
+            // Malformed for its kind (never counted), a time in another
+            // form (parsed, counted), a time that is none.
+            let odd = ts.plus(std::time::Duration::from_secs(60));
+            let fractional = odd.0.to_rfc3339_opts(chrono::SecondsFormat::Millis, false);
+            lines.extend(
+                format!(
+                    "{{\"ts\":\"{odd}\",\"event\":\"session_end\",\"session_id\":5}}\n\
+                     {{\"ts\":\"{fractional}\",\"event\":\"record\",\"claims_proposed\":7}}\n\
+                     {{\"ts\":\"yesterday\",\"event\":\"error\",\"session_id\":\"x\",\"reason\":\"r\"}}\n"
+                )
+                .as_bytes(),
+            );
+        }
+        // The oldest half rotated into a segment, the live file after it.
+        let half = lines.len() / 2;
+        let cut = half + lines[half..].iter().position(|b| *b == b'\n').unwrap() + 1;
+        std::fs::write(&path, &lines[..cut]).unwrap();
+        assert!(
+            crate::state::rotation::rotate_if_over(&path, 1, now)
+                .unwrap()
+                .is_some()
+        );
+        use std::io::Write;
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap()
+            .write_all(&lines[cut..])
+            .unwrap();
+        let all = journal::read_since(&path, now.minus(ROLLING_WINDOW)).unwrap();
+        let expected = Rolling::from_journal(&all, now);
+        assert!(expected.sessions >= 29, "{expected:?}");
+        assert!(expected.error_rate > 0.0 && expected.claims_proposed > 0);
+        assert_eq!(Rolling::from_journal_file(&path, now).unwrap(), expected);
+        // Later: the window moved, still the same as the whole parse.
+        let later = now.plus(std::time::Duration::from_secs(10 * 86_400));
+        let all = journal::read_since(&path, later.minus(ROLLING_WINDOW)).unwrap();
+        assert_eq!(
+            Rolling::from_journal_file(&path, later).unwrap(),
+            Rolling::from_journal(&all, later)
+        );
+        assert_ne!(Rolling::from_journal_file(&path, later).unwrap(), expected);
+    }
 }
