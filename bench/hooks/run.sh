@@ -215,9 +215,34 @@ fi
 
 # ---- timing ------------------------------------------------------------------------
 
+# HISTORY=N: each timed root's journal starts with N finished sessions spread
+# over the last 30 days (the same lines for every implementation): the cost of
+# a long history (`end` recomputes the rolling 30-day window from the journal).
+prefill() { # prefill CONFIG
+    local journal
+    journal=$(dirname "$1")/state/rio/journal.jsonl
+    "$PY" - "$journal" "$HISTORY" <<'PY'
+import datetime, json, sys
+path, n = sys.argv[1], int(sys.argv[2])
+now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+with open(path, "a") as f:
+    for i in range(n):
+        t = now - datetime.timedelta(seconds=(n - i) * 30 * 86400 // (n + 1))
+        ts = t.strftime("%Y-%m-%dT%H:%M:%SZ")
+        sid = f"history-{i:05d}"
+        f.write(json.dumps({"ts": ts, "event": "session_start", "session_id": sid, "type": "research"}, separators=(",", ":")) + "\n")
+        f.write(json.dumps({"ts": ts, "event": "session_end", "session_id": sid, "outcome": "completed",
+                            "sources_archived": 3, "summary": "Archived 3 sources", "duration_seconds": 600},
+                           separators=(",", ":")) + "\n")
+PY
+}
+HISTORY=${HISTORY:-0}
 for impl in rust python python-pyc jq; do
     declare "CFG_${impl//-/_}=$(mkroot "time-$impl")"
+    cfg_var=CFG_${impl//-/_}
+    ((HISTORY > 0)) && prefill "${!cfg_var}"
 done
+((HISTORY > 0)) && echo "history: $HISTORY finished sessions over the last 30 days in each timed root's journal"
 # The disk's fsync latency drifts (a VM's virtual disk, other tenants), so the
 # implementations are not timed one after the other: the pairs are split into
 # ROUNDS hyperfine runs, the order rotating each round, and the times merged.
