@@ -177,7 +177,7 @@ impl Daemon {
         let tx = self.tx.clone();
         tokio::task::spawn_blocking(move || {
             let r = &recorded;
-            recorded.outcome = match &r.cfg {
+            let record = || match &r.cfg {
                 Some(cfg) => session::finish(
                     cfg,
                     &r.dir,
@@ -190,6 +190,19 @@ impl Daemon {
                 // Removed from the config while it ran: record it all the same.
                 None => Err(Error::Usage("agent no longer configured".into())),
             };
+            // A panic here must still reach the loop: the agent would stay
+            // `recording` for good, and a shutdown would wait for it forever.
+            // Its end is then not recorded: the session stays running on
+            // disk, ours, until `finish_orphan` records it.
+            recorded.outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(record))
+                .unwrap_or_else(|panic| {
+                    let what = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_default();
+                    Err(Error::Data(format!("recording the end panicked: {what}")))
+                });
             // The loop runs until `running` is empty: it is there to
             // receive this.
             let _ = tx.send(LoopEvent::EndRecorded(Box::new(recorded)));
