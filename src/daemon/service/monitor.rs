@@ -190,6 +190,10 @@ impl Daemon {
         let agents: Vec<AgentConfig> = self.config.working_agents().cloned().collect();
         for agent in agents {
             if let Some(r) = self.running.get_mut(&agent.name) {
+                if r.recording {
+                    // Ended; its end is being recorded.
+                    continue;
+                }
                 let started = r.started_at.0;
                 // Seed 003's placeholder expiry: a session whose process
                 // never started within 5 minutes is given up (a hatching
