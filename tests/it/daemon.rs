@@ -793,6 +793,87 @@ fn sigterm_lets_a_short_session_complete() {
     assert_eq!(d.heartbeat()["running"], serde_json::json!([]));
 }
 
+/// A session's end is recorded off the loop (a thousand renames into
+/// `processed/`): a SIGTERM landing as it ends must wait for that record,
+/// whenever it lands. Every message is in `processed/` or back in the inbox,
+/// none in `.claimed/`, and the session is ended in every file.
+#[test]
+fn sigterm_as_a_big_session_ends_waits_for_its_end_to_be_recorded() {
+    let env = Env::with_config("");
+    let started = env.tmp("started");
+    let script = agent_script(&env, &format!("touch {:?}", started.display().to_string()));
+    env.set_config(&daemon_config(
+        &script,
+        &[("shutdown_grace", "\"10s\"")],
+        &[],
+        RIO,
+    ));
+    env.ok(&["bootstrap"]);
+    let inbox = env.path("rio", "inbox");
+    let total = 3000;
+    for i in 0..total {
+        std::fs::write(
+            inbox.join(format!("20261126T000000-{i:06}-bench.json")),
+            r#"{"from":"leo","subject":"s","priority":"high"}"#,
+        )
+        .unwrap();
+    }
+    let mut d = env.daemon();
+    d.wait_until(secs(20.0), "the agent ran", || started.exists());
+    d.signal(Signal::SIGTERM);
+    let status = d.wait_exit(secs(30.0));
+    assert_eq!(status.code(), Some(0), "{}", d.log_text());
+    let count = |rel: &str| {
+        std::fs::read_dir(env.path("rio", rel))
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    let claimed: usize = std::fs::read_dir(env.path("rio", "inbox/.claimed"))
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| std::fs::read_dir(e.path()).map(|f| f.count()).unwrap_or(0))
+                .sum()
+        })
+        .unwrap_or(0);
+    assert_eq!(claimed, 0, "messages left in .claimed/");
+    assert_eq!(count("inbox") + count("inbox/processed"), total);
+    assert!(
+        count("inbox/processed") > 0,
+        "the session's messages were acknowledged"
+    );
+    let s = session(&env, "rio");
+    assert_ne!(s["status"], "running", "{s}");
+    let r = env.json("rio", "report.json");
+    assert_eq!(r["last_session"]["id"], s["session_id"], "{r}");
+    let ends = journal(&env, "rio")
+        .iter()
+        .filter(|e| e["event"] == "session_end" || e["event"] == "error")
+        .count();
+    let starts = journal(&env, "rio")
+        .iter()
+        .filter(|e| e["event"] == "session_start")
+        .count();
+    assert_eq!(starts, ends, "every session started was ended");
+    assert_eq!(d.heartbeat()["running"], serde_json::json!([]));
+    // And the daemon said so before it said it stopped: the rest of the end
+    // (the log line, the verdict) ran on the loop, not lost at exit.
+    let log = d.log_text();
+    let said = log
+        .find(&format!(
+            "session {} completed",
+            s["session_id"].as_str().unwrap()
+        ))
+        .unwrap_or_else(|| panic!("no completed line for the session:\n{log}"));
+    let stopped = log
+        .find("stopped: every session has ended")
+        .expect("stopped line");
+    assert!(said < stopped, "{log}");
+}
+
 // ---- 9. SIGHUP ----------------------------------------------------------------------------
 
 #[test]
