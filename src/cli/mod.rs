@@ -227,7 +227,7 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Record(a) => record::run(&ctx, a),
         Command::Check(a) => check::run(&ctx, a),
         Command::Metrics(c) => metrics::run(&ctx, c),
-        Command::Daemon(a) => daemon::run(&ctx, a),
+        Command::Daemon(a) => daemon::run(ctx, a),
         Command::Wake(a) => wake::run(&ctx, a),
         Command::Reload(a) => reload::run(&cli.config, &a),
         Command::MigrateCrontab(_) => unreachable!("run before the config is loaded"),
