@@ -104,7 +104,7 @@ enum LoopEvent {
         iterations: iterations::Tally,
     },
     /// A session's end was recorded off the loop (`session::finish`).
-    EndRecorded(Box<ending::Recorded>),
+    EndRecorded(Box<(ending::Recorded, Result<String>)>),
     /// A session's iteration `n` (of at most `of`) is executing or verifying.
     Iteration {
         agent: AgentName,
@@ -506,7 +506,10 @@ impl Daemon {
                 workspace,
                 iterations,
             } => self.session_done(agent, *report, *output, workspace.map(|w| *w), iterations),
-            LoopEvent::EndRecorded(recorded) => self.end_recorded(*recorded),
+            LoopEvent::EndRecorded(ended) => {
+                let (recorded, outcome) = *ended;
+                self.end_recorded(recorded, outcome)
+            }
             LoopEvent::Iteration {
                 agent,
                 n,

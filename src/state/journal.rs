@@ -628,11 +628,15 @@ fn read_line_capped(
     }
 }
 
-/// Entries with `ts >= since`, oldest first, read from the end of the file.
-/// A journal's times are nearly ordered (concurrent writers may interleave
-/// within a second), so the scan goes a day past `since` before it stops.
+/// How far past the time it looks for a backward scan of a journal goes
+/// before it stops: a journal's times are nearly ordered (concurrent writers
+/// may interleave within a second).
+pub const OUT_OF_ORDER_SLACK: std::time::Duration = std::time::Duration::from_secs(86_400);
+
+/// Entries with `ts >= since`, oldest first, read from the end of the file,
+/// until a line [`OUT_OF_ORDER_SLACK`] older than `since`.
 pub fn read_since(path: &Path, since: Timestamp) -> Result<Vec<Entry>> {
-    let stop_before = since.minus(std::time::Duration::from_secs(86_400));
+    let stop_before = since.minus(OUT_OF_ORDER_SLACK);
     let mut entries = Vec::new();
     scan_backwards(path, |e| {
         if e.ts < stop_before {

@@ -183,12 +183,9 @@ impl Rolling {
     /// end, failure or record is read whole. A session's end runs this over
     /// 30 days of journal.
     pub fn from_journal_file(path: &std::path::Path, now: Timestamp) -> Result<Rolling> {
-        let since = now.minus(ROLLING_WINDOW);
-        // As `read_since`: a day's slack for lines written out of order.
-        let stop_before = since
-            .minus(std::time::Duration::from_secs(86_400))
-            .to_string();
-        let since_text = since.to_string();
+        // Where `read_since` stops; `from_journal` keeps only the window.
+        let stop_before = now.minus(ROLLING_WINDOW).minus(journal::OUT_OF_ORDER_SLACK);
+        let stop_text = stop_before.to_string();
         let mut entries = Vec::new();
         journal::scan_lines_backwards(path, |line| {
             let Ok(head) = serde_json::from_slice::<Head>(line) else {
@@ -208,7 +205,7 @@ impl Rolling {
                 _ => {
                     // Not counted: only its time may end the scan (if it
                     // is a line `read_since` would have read).
-                    if earlier(&head.ts, &stop_before) == Some(true)
+                    if earlier(&head.ts, &stop_text) == Some(true)
                         && serde_json::from_slice::<Entry>(line).is_ok()
                     {
                         return std::ops::ControlFlow::Break(());
@@ -219,12 +216,10 @@ impl Rolling {
             let (Ok(event), Ok(ts)) = (counted, Timestamp::parse(&head.ts)) else {
                 return std::ops::ControlFlow::Continue(());
             };
-            if earlier(&head.ts, &stop_before) == Some(true) {
+            if ts < stop_before {
                 return std::ops::ControlFlow::Break(());
             }
-            if earlier(&head.ts, &since_text) == Some(false) {
-                entries.push(Entry { ts, event });
-            }
+            entries.push(Entry { ts, event });
             std::ops::ControlFlow::Continue(())
         })?;
         entries.reverse();

@@ -30,7 +30,6 @@ pub(super) struct Recorded {
     succeeded: bool,
     override_reason: Option<String>,
     flows: Vec<AgentName>,
-    outcome: Result<String>,
 }
 
 impl Daemon {
@@ -157,7 +156,7 @@ impl Daemon {
         let claimed = std::mem::take(&mut running.claimed);
         running.recording = true;
         self.running.insert(agent.clone(), running);
-        let mut recorded = Recorded {
+        let recorded = Recorded {
             agent,
             report,
             output,
@@ -172,7 +171,6 @@ impl Daemon {
             succeeded,
             override_reason,
             flows,
-            outcome: Ok(String::new()),
         };
         let tx = self.tx.clone();
         tokio::task::spawn_blocking(move || {
@@ -194,7 +192,7 @@ impl Daemon {
             // `recording` for good, and a shutdown would wait for it forever.
             // Its end is then not recorded: the session stays running on
             // disk, ours, until `finish_orphan` records it.
-            recorded.outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(record))
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(record))
                 .unwrap_or_else(|panic| {
                     let what = panic
                         .downcast_ref::<&str>()
@@ -205,13 +203,13 @@ impl Daemon {
                 });
             // The loop runs until `running` is empty: it is there to
             // receive this.
-            let _ = tx.send(LoopEvent::EndRecorded(Box::new(recorded)));
+            let _ = tx.send(LoopEvent::EndRecorded(Box::new((recorded, outcome))));
         });
     }
 
     /// A session's end is recorded (or could not be): say so, and carry out
     /// the rest (workspace, conversation, cost, the verdict, the next wake).
-    pub(super) fn end_recorded(&mut self, recorded: Recorded) {
+    pub(super) fn end_recorded(&mut self, recorded: Recorded, outcome: Result<String>) {
         let Recorded {
             agent,
             report,
@@ -227,7 +225,6 @@ impl Daemon {
             succeeded,
             override_reason,
             flows,
-            outcome,
         } = recorded;
         let Some(running) = self.running.remove(&agent) else {
             return;
