@@ -24,6 +24,10 @@ pub struct Observed<'a> {
     /// then its silence is its business (it may send claude's output to a
     /// file of its own).
     pub ended_by_script: bool,
+    /// The session script recorded its own failure (`session fail`), with
+    /// this reason: a failure whatever the exit status, so that it backs off
+    /// like any other (its messages went back to the inbox).
+    pub failed_by_script: Option<&'a str>,
     /// The agent must signal COMPLETE (`require_complete`) and did not.
     pub incomplete: bool,
 }
@@ -213,6 +217,54 @@ pub fn judge(obs: &Observed<'_>, streak: &mut Streak, r: &RetrySettings) -> Verd
     }
 }
 
+/// What the daemon saw of a session's end beyond its verdict: what
+/// [`recorded_reason`] words a failure from.
+#[derive(Debug, Clone, Copy)]
+pub struct Seen<'a> {
+    pub ending: &'a Ending,
+    /// Why the daemon stopped it (a timeout, a stall, a budget), if it did.
+    pub stop_reason: Option<&'a str>,
+    /// Claude Code's JSON result reported a failure.
+    pub claude_failed: bool,
+    /// The session script recorded its own end (`session end`).
+    pub ended_by_script: bool,
+    /// The session script recorded its own failure (`session fail`).
+    pub failed_by_script: bool,
+    /// The last non-blank line the command wrote on stderr.
+    pub stderr_last_words: Option<&'a str>,
+    /// How the ending reads in session.json (`session::describe`).
+    pub described: &'a str,
+}
+
+/// The reason session.json records for a session where the daemon knows
+/// better than the exit status; `None` leaves the exit status (or the
+/// script's own words) to say it. A session that succeeded has no reason:
+/// Claude Code, git and npm write to stderr when all is well, so what a
+/// command wrote there is said for a failure only.
+pub fn recorded_reason(seen: &Seen<'_>, verdict: &Verdict) -> Option<String> {
+    let exited = matches!(seen.ending, Ending::Exited { .. } | Ending::Signaled { .. });
+    match seen.ending {
+        Ending::Stopped => seen.stop_reason.map(str::to_string),
+        // A success, or the session's own record of its failure in its own
+        // words (the verdict quotes them).
+        _ if verdict.code.is_none() || seen.failed_by_script && seen.ending.is_success() => None,
+        // Exit 0 that the daemon judged a failure (no output, Claude Code's
+        // error, no COMPLETE signal).
+        e if e.is_success() => Some(verdict.message.clone()),
+        // What the error matrix made of it ("Claude Code is not logged in:
+        // ..."), not only the exit status.
+        _ if exited && (seen.claude_failed || verdict.code != Some(Code::SessionFailed)) => {
+            Some(verdict.message.clone())
+        }
+        // A plain failure the session did not record itself: its last words
+        // on stderr say more than the exit status.
+        _ if exited && !seen.ended_by_script => seen
+            .stderr_last_words
+            .map(|words| format!("{}; its stderr ends: {words}", seen.described)),
+        _ => None,
+    }
+}
+
 enum Classified {
     Success,
     Shutdown,
@@ -259,6 +311,12 @@ fn classify(obs: &Observed<'_>) -> Classified {
         }
         None => {}
     }
+    if let Some(why) = obs.failed_by_script {
+        return Failure(
+            Code::SessionFailed,
+            format!("the session recorded its own failure: {why}"),
+        );
+    }
     if obs.empty && !obs.ended_by_script {
         return Failure(
             Code::SessionEmptyOutput,
@@ -286,6 +344,7 @@ mod tests {
             fingerprint: Some(1),
             claude: None,
             ended_by_script: false,
+            failed_by_script: None,
             incomplete: false,
         }
     }
@@ -500,5 +559,121 @@ mod tests {
         let v = judge(&obs(&Ending::Stopped), &mut s, &r());
         assert_eq!(v.next, Next::Nothing);
         assert_eq!(s.failures, 1);
+    }
+
+    #[test]
+    fn a_failure_the_script_recorded_backs_off_whatever_the_exit_status() {
+        let ok = Ending::Exited { code: 0 };
+        let mut s = Streak::default();
+        let mut o = obs(&ok);
+        o.failed_by_script = Some("no work tree");
+        let v = judge(&o, &mut s, &r());
+        assert_eq!(v.code, Some(Code::SessionFailed));
+        assert_eq!(
+            v.message,
+            "the session recorded its own failure: no work tree"
+        );
+        assert_eq!(
+            v.next,
+            Next::Backoff {
+                hold: backoff(1, &r())
+            }
+        );
+        // Claude Code's own verdict says more (a login, an API error).
+        let f = ClaudeFailure::LoginRequired {
+            message: "Not logged in".into(),
+        };
+        o.claude = Some(&f);
+        let v = judge(&o, &mut Streak::default(), &r());
+        assert_eq!(v.code, Some(Code::AgentLoginRequired));
+    }
+
+    #[test]
+    fn the_recorded_reason_quotes_stderr_for_a_failure_only() {
+        let ok = Ending::Exited { code: 0 };
+        let three = Ending::Exited { code: 3 };
+        let seen = |ending| Seen {
+            ending,
+            stop_reason: None,
+            claude_failed: false,
+            ended_by_script: false,
+            failed_by_script: false,
+            stderr_last_words: Some("some warning"),
+            described: "the session command exited with status 3",
+        };
+        let verdict = |code: Option<Code>| Verdict {
+            code,
+            message: "judged".into(),
+            attempt: 1,
+            next: Next::Nothing,
+            escalate: false,
+        };
+        let failed = verdict(Some(Code::SessionFailed));
+        let cases: &[(&str, Seen<'_>, Verdict, Option<&str>)] = &[
+            ("exit 0, stderr, success", seen(&ok), verdict(None), None),
+            (
+                "exit 0 judged a failure",
+                seen(&ok),
+                verdict(Some(Code::SessionEmptyOutput)),
+                Some("judged"),
+            ),
+            (
+                "exit 0, the script's own failure",
+                Seen {
+                    failed_by_script: true,
+                    ..seen(&ok)
+                },
+                failed.clone(),
+                None,
+            ),
+            (
+                "exit 3, stderr",
+                seen(&three),
+                failed.clone(),
+                Some("the session command exited with status 3; its stderr ends: some warning"),
+            ),
+            (
+                "exit 3, no stderr",
+                Seen {
+                    stderr_last_words: None,
+                    ..seen(&three)
+                },
+                failed.clone(),
+                None,
+            ),
+            (
+                "exit 3, Claude Code's error",
+                Seen {
+                    claude_failed: true,
+                    ..seen(&three)
+                },
+                failed.clone(),
+                Some("judged"),
+            ),
+            (
+                "exit 1, a login",
+                seen(&Ending::Exited { code: 1 }),
+                verdict(Some(Code::AgentLoginRequired)),
+                Some("judged"),
+            ),
+            (
+                "stopped, with the daemon's reason",
+                Seen {
+                    stop_reason: Some("over budget"),
+                    ..seen(&Ending::Stopped)
+                },
+                verdict(None),
+                Some("over budget"),
+            ),
+            (
+                "timed out",
+                seen(&Ending::TimedOut),
+                verdict(Some(Code::SessionTimeout)),
+                None,
+            ),
+        ];
+        for (what, seen, verdict, want) in cases {
+            assert_eq!(recorded_reason(seen, verdict).as_deref(), *want, "{what}");
+        }
     }
 }

@@ -373,13 +373,32 @@ pub fn note_ending(
     hooks::note_daemon_ending(dir, session_id, &ending, now)
 }
 
-/// Did the session's own script record a successful end (`session end`)?
-pub fn ended_by_script(dir: &AgentDir, session_id: &str) -> bool {
-    matches!(
-        dir.read::<crate::state::session::Session>(),
-        Ok(Some(s)) if s.session_id == session_id
-            && s.status == Some(crate::state::session::SessionStatus::Completed)
-    )
+/// How a session's own script recorded its end (`session end|fail`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ScriptEnd {
+    Completed,
+    /// `session fail` (or its trap), with the reason it gave.
+    Failed {
+        reason: String,
+    },
+}
+
+/// Did the session's own script record its end, and how? Read before the
+/// daemon records it.
+pub fn script_end(dir: &AgentDir, session_id: &str) -> Option<ScriptEnd> {
+    use crate::state::session::SessionStatus;
+    let s = dir
+        .read::<crate::state::session::Session>()
+        .ok()
+        .flatten()
+        .filter(|s| s.session_id == session_id)?;
+    match s.status? {
+        SessionStatus::Completed => Some(ScriptEnd::Completed),
+        SessionStatus::Error | SessionStatus::Timeout => Some(ScriptEnd::Failed {
+            reason: s.reason.unwrap_or_default(),
+        }),
+        _ => None,
+    }
 }
 
 /// Record the end of a daemon session through the same hooks a script uses.

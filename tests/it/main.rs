@@ -44,5 +44,6 @@ mod signals;
 mod systemd;
 mod trial;
 mod typed;
+mod verdicts;
 mod workspace;
 mod workspaces_daemon;

@@ -73,7 +73,12 @@ impl Daemon {
         if let Some(result) = &output.claude {
             self.tally.usage(&agent, result);
         }
-        let ended_by_script = session::ended_by_script(&dir, &sid);
+        let by_script = session::script_end(&dir, &sid);
+        let ended_by_script = by_script == Some(session::ScriptEnd::Completed);
+        let failed_by_script = match &by_script {
+            Some(session::ScriptEnd::Failed { reason }) => Some(reason.as_str()),
+            _ => None,
+        };
         let retries = cfg.as_ref().map(|c| c.session.retries).unwrap_or_default();
         let claude_failed = output.claude.as_ref().is_some_and(|r| r.is_error);
         // A usage limit is not the agent's failure: its credential waits.
@@ -87,6 +92,7 @@ impl Daemon {
                     fingerprint: output.fingerprint,
                     claude: claude_failure.as_ref(),
                     ended_by_script,
+                    failed_by_script,
                     incomplete: cfg.as_ref().is_some_and(|c| c.session.require_complete)
                         && !running.completed_by_signal,
                 },
@@ -123,30 +129,23 @@ impl Daemon {
         // better than the exit status.
         // A timeout, a stall or a stop was noted in session.json before the
         // session was signalled (EndingNote), so the script's trap records it.
-        let override_reason = match (&report.ending, &running.stop_reason) {
-            (Ending::Stopped, Some(why)) => Some(why.clone()),
-            (e, _) if e.is_success() && verdict.code.is_some() => Some(verdict.message.clone()),
-            // What the error matrix made of it ("Claude Code is not logged
-            // in: ..."), not only the exit status.
-            (Ending::Exited { .. } | Ending::Signaled { .. }, _)
-                if claude_failure.is_some()
-                    || verdict.code.is_some_and(|c| c != Code::SessionFailed) =>
-            {
-                Some(verdict.message.clone())
-            }
-            // A plain failure the session did not record itself: its last
-            // words on stderr say more than the exit status.
-            (Ending::Exited { .. } | Ending::Signaled { .. }, _) if !ended_by_script => cfg
-                .as_ref()
-                .zip(output::last_words(&output.stderr_tail))
-                .map(|(c, words)| {
-                    format!(
-                        "{}; its stderr ends: {words}",
-                        session::describe(&report, c).1
-                    )
-                }),
-            _ => None,
-        };
+        let described = cfg
+            .as_ref()
+            .map(|c| session::describe(&report, c).1)
+            .unwrap_or_default();
+        let stderr_last_words = output::last_words(&output.stderr_tail);
+        let override_reason = failure::recorded_reason(
+            &failure::Seen {
+                ending: &report.ending,
+                stop_reason: running.stop_reason.as_deref(),
+                claude_failed: claude_failure.is_some(),
+                ended_by_script,
+                failed_by_script: failed_by_script.is_some(),
+                stderr_last_words: stderr_last_words.as_deref(),
+                described: &described,
+            },
+            &verdict,
+        );
         // A flow's hand-off answered: kept before the end acknowledges it.
         let flows = if succeeded {
             self.keep_flow_answers(&agent, &running, &output, workspace.as_ref(), now)
@@ -378,6 +377,7 @@ impl Daemon {
                 fingerprint: output.fingerprint,
                 claude: None,
                 ended_by_script: false,
+                failed_by_script: None,
                 incomplete: false,
             },
             streak,
