@@ -297,11 +297,12 @@ pub static CATALOGUE: &[CodeInfo] = &[
         severity: Severity::Critical,
         recoverable: false,
         cause: "Claude Code's JSON result says it is not logged in (or the API key is invalid or expired).",
-        recovery: "No retry. Automatic wakes back off until a session succeeds.",
+        recovery: "No retry. Every agent of the credential is held (until its check passes, or without a check until one session tries after `[usage_limits] wait`); a session of the credential that succeeds, or `agent-state credential release NAME`, releases them.",
         escalation: "At once, once per failure streak: human mailbox and on-error hook.",
         suggestions: &[
             "Log in as the service user: `sudo -u agent-state -H claude` then /login",
             "Or set ANTHROPIC_API_KEY in the unit's environment file",
+            "Then `agent-state wake AGENT` (a success releases the credential) or `agent-state credential release NAME`",
         ],
     },
     CodeInfo {
@@ -408,7 +409,7 @@ pub static CATALOGUE: &[CodeInfo] = &[
         severity: Severity::Critical,
         recoverable: false,
         cause: "The account's usage is disabled or capped by an admin (allocation disabled, spend limit, seat); it does not reset by itself.",
-        recovery: "Every agent of the credential is held until a session succeeds again (`agent-state wake` tries one).",
+        recovery: "Every agent of the credential is held until a session succeeds again (`agent-state wake` tries one) or `agent-state credential release NAME`.",
         escalation: "At once: human mailbox and on-error hook.",
         suggestions: &[
             "Ask the organisation's admin to restore the allocation or raise the spend limit",
@@ -432,7 +433,7 @@ pub static CATALOGUE: &[CodeInfo] = &[
         severity: Severity::High,
         recoverable: true,
         cause: "The credential's check (`[credential.NAME] check`, e.g. `claude auth status --json`) failed, or a session found it logged out.",
-        recovery: "Every agent of the credential is held; the check runs again every `check_every` and releases them when it passes.",
+        recovery: "Every agent of the credential is held; the check runs again every `check_every` and releases them when it passes, as does a session of the credential that succeeds or `agent-state credential release NAME`.",
         escalation: "At once, once per failure: human mailbox (with the runbook) and on-error hook.",
         suggestions: &[
             "Log in as the service user: `sudo -u agent-state -H claude` then /login",

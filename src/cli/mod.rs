@@ -5,6 +5,7 @@
 mod backup;
 mod bootstrap;
 mod check;
+mod credential;
 mod daemon;
 pub(crate) mod display;
 mod doctor;
@@ -131,6 +132,9 @@ pub enum Command {
     Daemon(daemon::Args),
     /// Ask the running daemon to start a session of AGENT now
     Wake(wake::Args),
+    /// Credentials agents share: release one's hold (after logging in again, or once an admin's cap is lifted)
+    #[command(subcommand)]
+    Credential(credential::Command),
     /// Validate the config file, have the running daemon reload it (SIGHUP) and wait for its verdict (systemd: ExecReload)
     Reload(reload::Args),
     /// Show the error log (.daemon/errors.jsonl), or the catalogue of error codes
@@ -229,6 +233,7 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Metrics(c) => metrics::run(&ctx, c),
         Command::Daemon(a) => daemon::run(ctx, a),
         Command::Wake(a) => wake::run(&ctx, a),
+        Command::Credential(c) => credential::run(&ctx, c),
         Command::Reload(a) => reload::run(&cli.config, &a),
         Command::MigrateCrontab(_) => unreachable!("run before the config is loaded"),
         Command::Errors(a) => errors::run(&ctx, a),

@@ -91,9 +91,6 @@ impl Holds {
         settings: &UsageLimitSettings,
         seed: u64,
     ) -> (bool, Hold) {
-        let fresh = !self.groups.contains_key(group)
-            || self.groups[group].probe.is_some()
-            || self.groups[group].cause != Cause::UsageLimit;
         let hold = if limit.kind == LimitKind::AdminDisabled {
             Hold {
                 cause: Cause::Disabled,
@@ -101,7 +98,7 @@ impl Holds {
                 until: None,
                 known_reset: false,
                 reason: format!(
-                    "usage disabled by an admin ({}): held until a session succeeds (`agent-state wake` tries one)",
+                    "usage disabled by an admin ({}): held until a session succeeds (`agent-state wake` tries one) or `agent-state credential release {group}`",
                     limit.evidence
                 ),
                 probe: None,
@@ -139,6 +136,13 @@ impl Holds {
                 probe: None,
             }
         };
+        // Said once per hold of a cause: an admin's cap found while a usage
+        // limit holds the group (a manual wake tried) is news, not more of
+        // the same.
+        let fresh = self
+            .groups
+            .get(group)
+            .is_none_or(|old| old.probe.is_some() || old.cause != hold.cause);
         // A longer hold already in force stays (two sessions of the group
         // may report different windows).
         let keep_old = self.groups.get(group).is_some_and(|old| {
@@ -181,7 +185,7 @@ impl Holds {
                     known_reset: false,
                     reason: match retry_at {
                         None => format!(
-                            "the credential is not usable ({why}): held until its check passes"
+                            "the credential is not usable ({why}): held until its check passes or a session succeeds (`agent-state credential release {group}` lifts it)"
                         ),
                         Some(t) => format!(
                             "the credential is not usable ({why}): held; one session tries again at {}",
@@ -203,8 +207,18 @@ impl Holds {
         }
     }
 
-    /// A session of `group` ended without a limit: a probe's success, or any
-    /// success, ends the group's hold (an admin's cap was lifted).
+    /// The operator released `group` (`agent-state credential release`):
+    /// its hold ends, whatever its cause, and so does the doubling of
+    /// unknown-reset waits.
+    pub fn release(&mut self, group: &str) -> Option<Hold> {
+        self.unknown_in_a_row.remove(group);
+        self.groups.remove(group)
+    }
+
+    /// A session of `group` ended without a limit: any success ends the
+    /// group's hold, whatever its cause (the credential works: an admin's
+    /// cap was lifted, the operator logged in again), and so does the
+    /// probe's end (its verdict holds the group again if it must).
     pub fn session_ended(
         &mut self,
         group: &str,
@@ -213,7 +227,7 @@ impl Holds {
     ) -> Option<Hold> {
         let hold = self.groups.get(group)?;
         let was_probe = hold.probe.as_ref() == Some(agent);
-        if (succeeded && hold.cause != Cause::Credential) || was_probe {
+        if succeeded || was_probe {
             self.unknown_in_a_row.remove(group);
             return self.groups.remove(group);
         }
@@ -435,12 +449,49 @@ mod tests {
             !h.credential_failed("team", "not logged in", now, None),
             "said once"
         );
-        assert!(
-            h.session_ended("team", &name("rio"), true).is_none(),
-            "only the check clears it"
-        );
         assert!(h.credential_ok("team").is_some());
         assert_eq!(h.gate("team", &name("rio"), now), Gate::Open);
+        // A session that succeeds proves the login works again.
+        h.credential_failed("team", "not logged in", now, None);
+        assert!(h.session_ended("team", &name("rio"), false).is_none());
+        assert!(h.session_ended("team", &name("rio"), true).is_some());
+        assert_eq!(h.gate("team", &name("rio"), now), Gate::Open);
+    }
+
+    #[test]
+    fn an_admin_cap_found_during_a_usage_limit_hold_is_news() {
+        let now = at("2026-11-24T10:00:00Z");
+        let mut h = Holds::default();
+        let reset = limit(LimitKind::UsageLimit, Some("2026-11-24T13:00:00Z"));
+        assert!(h.limit_seen("default", &reset, now, &SETTINGS, 1).0);
+        assert!(!h.limit_seen("default", &reset, now, &SETTINGS, 2).0);
+        // A manual wake during the hold finds the account capped.
+        let (fresh, hold) = h.limit_seen(
+            "default",
+            &limit(LimitKind::AdminDisabled, None),
+            now,
+            &SETTINGS,
+            3,
+        );
+        assert!(fresh, "said (and escalated), not swallowed");
+        assert!(h.release("default").is_some());
+        assert!(h.release("default").is_none());
+        h.limit_seen(
+            "default",
+            &limit(LimitKind::AdminDisabled, None),
+            now,
+            &SETTINGS,
+            3,
+        );
+        assert_eq!((hold.cause, hold.until), (Cause::Disabled, None));
+        let (fresh, _) = h.limit_seen(
+            "default",
+            &limit(LimitKind::AdminDisabled, None),
+            now,
+            &SETTINGS,
+            4,
+        );
+        assert!(!fresh, "once per hold");
     }
 
     #[test]

@@ -400,6 +400,12 @@ pub fn wake_request_path(inbox: &Path) -> PathBuf {
     inbox.join(format!(".wake-{}", uuid::Uuid::new_v4()))
 }
 
+/// `.daemon/economy.json`: the credentials' holds and the day's budget
+/// notices, kept across restarts (`service/economy.rs` writes it).
+pub fn economy_path(root: &StateRoot) -> PathBuf {
+    root.daemon_dir().join("economy.json")
+}
+
 // ---- the verdict on the last config (re)load ---------------------------------
 
 /// `.daemon/reload.json`: what the daemon made of the config file when it

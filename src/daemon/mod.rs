@@ -17,6 +17,7 @@ pub mod health;
 pub mod logging;
 pub mod meter;
 pub mod output;
+pub mod release;
 pub mod rotation;
 pub mod runner;
 pub mod service;

@@ -263,6 +263,9 @@ pub async fn run(config_path: &Path) -> Result<()> {
         .map_err(|e| Error::io("installing a handler for", "SIGINT", e))?;
     let mut sighup = signal(SignalKind::hangup())
         .map_err(|e| Error::io("installing a handler for", "SIGHUP", e))?;
+    // `agent-state credential release` left a request in `.daemon/`.
+    let mut sigusr1 = signal(SignalKind::user_defined1())
+        .map_err(|e| Error::io("installing a handler for", "SIGUSR1", e))?;
     // Test hook: with AGENT_STATE_TEST_STALL=1, SIGUSR2 blocks the main loop,
     // so a test can show that systemd's watchdog restarts a stuck daemon.
     let stall_allowed = std::env::var("AGENT_STATE_TEST_STALL").as_deref() == Ok("1");
@@ -279,6 +282,7 @@ pub async fn run(config_path: &Path) -> Result<()> {
     daemon.index_agents();
     daemon.config_warnings();
     daemon.load_economy();
+    daemon.release_requests();
     daemon.recover();
     // What a crash left of the flows: answers not applied, messages not sent.
     let flows: Vec<AgentName> = daemon.config.flows.iter().map(|f| f.name.clone()).collect();
@@ -377,12 +381,14 @@ pub async fn run(config_path: &Path) -> Result<()> {
             _ = sigterm.recv() => daemon.shutdown("SIGTERM"),
             _ = sigint.recv() => daemon.shutdown("SIGINT"),
             _ = sighup.recv() => daemon.reload(),
+            _ = sigusr1.recv() => daemon.release_requests(),
             _ = watchdog.tick(), if watchdog_every.is_some() => {
                 systemd::watchdog();
                 continue;
             }
             _ = reconcile.tick() => {
                 daemon.scan_all_inboxes();
+                daemon.release_requests();
                 daemon.published.heartbeat_written = false;
             }
             _ = health_tick.tick() => {

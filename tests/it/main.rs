@@ -21,6 +21,7 @@ mod faults;
 mod filesafety;
 mod flows;
 mod health;
+mod holds;
 mod hooks;
 mod hostile;
 mod identity;

@@ -59,7 +59,7 @@ struct Saved {
 use serde::{Deserialize, Serialize};
 
 fn saved_path(root: &crate::state::StateRoot) -> PathBuf {
-    root.daemon_dir().join("economy.json")
+    files::economy_path(root)
 }
 
 /// A stable seed for an agent's jitter (std's hasher is randomly seeded).
@@ -507,6 +507,40 @@ impl Daemon {
                 .is_some_and(|e| e.state == "held");
             if still_held {
                 self.publish_agent(&agent, None);
+            }
+        }
+    }
+
+    /// Carry out the requests of `agent-state credential release` waiting
+    /// in `.daemon/`: each hold ends, its held wakes go now, and the request
+    /// is removed once the release is saved (a crash before that carries it
+    /// out again: releasing twice is releasing once).
+    pub(super) fn release_requests(&mut self) {
+        let pending = match crate::daemon::release::pending(&self.root) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!("cannot read the credential release requests: {e}");
+                return;
+            }
+        };
+        let known = crate::daemon::release::known(&self.config);
+        for group in pending {
+            if !known.contains(&group) {
+                tracing::warn!(
+                    "credential {group}: a release was asked for a credential the config does not name (known: {}); request dropped",
+                    known.join(", ")
+                );
+            } else if let Some(hold) = self.economy.holds.release(&group) {
+                tracing::info!(
+                    "credential {group}: released by `agent-state credential release`; its agents' held wakes go now (was: {})",
+                    hold.reason
+                );
+                self.released(&group);
+            } else {
+                tracing::info!("credential {group}: a release was asked, but it is not held");
+            }
+            if let Err(e) = crate::daemon::release::done(&self.root, &group) {
+                tracing::warn!("credential {group}: cannot remove the release request: {e}");
             }
         }
     }
