@@ -39,6 +39,20 @@ pub struct ReleaseArgs {
 
 pub fn run(ctx: &Context, command: Command) -> Result<u8> {
     let Command::Release(args) = command;
+    let result = release(ctx, &args);
+    if let Err(e) = &result
+        && crate::access::is_denied(e)
+    {
+        crate::cli::warn(format!(
+            "releasing a credential is the operator's: run it as the service user that owns {} (e.g. `sudo -u agent-state agent-state credential release {}`) or as root",
+            ctx.root.daemon_dir().display(),
+            args.name
+        ));
+    }
+    result
+}
+
+fn release(ctx: &Context, args: &ReleaseArgs) -> Result<u8> {
     let known = release::known(&ctx.config);
     if !known.contains(&args.name) {
         return Err(Error::Usage(format!(
