@@ -21,8 +21,8 @@ pub enum Command {
     /// Lift the hold on credential NAME (its agents' held wakes go now), after logging in again or lifting a cap; run as the service user or root
     ///
     /// The running daemon carries it out at once (it is sent SIGUSR1), or,
-    /// if none runs, when it starts. If the login is still dead, the next
-    /// session of the credential holds it again. A session of the
+    /// if none runs, when it starts. If the login is still dead, the
+    /// credential's next check or session holds it again. A session of the
     /// credential that succeeds releases it too: `agent-state wake AGENT`
     /// tries one.
     Release(ReleaseArgs),

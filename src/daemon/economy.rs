@@ -188,7 +188,7 @@ impl Holds {
                             "the credential is not usable ({why}): held until its check passes or a session succeeds (`agent-state credential release {group}` lifts it)"
                         ),
                         Some(t) => format!(
-                            "the credential is not usable ({why}): held; one session tries again at {}",
+                            "the credential is not usable ({why}): held; one session tries again at {} (`agent-state credential release {group}` lifts it sooner)",
                             when(t, now)
                         ),
                     },
