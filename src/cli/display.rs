@@ -6,8 +6,9 @@
 //! summary or an error message could retitle the window, clear the screen or
 //! hide text from the operator reading `status`. Every human-readable line
 //! goes through [`clean`] (the [`say!`] macro, or a [`Line`], which cleans
-//! each piece); `--json` output is JSON-escaped by serde already. Colour
-//! codes are only ever added by [`Line::render`], around text it has cleaned.
+//! each piece); `--json` output goes through [`super::json`], which escapes
+//! the same characters and more. Colour codes are only ever added by
+//! [`Line::render`], around text it has cleaned.
 //!
 //! Whether to colour and how wide the terminal is are decided once per
 //! process ([`init`], from `--color`; [`terminal`] reads it): colour only

@@ -25,6 +25,7 @@ mod hooks;
 mod hostile;
 mod identity;
 mod iterations;
+mod json_escapes;
 mod mailbox;
 mod messages;
 mod migrate;
