@@ -28,6 +28,7 @@ mod iterations;
 mod json_escapes;
 mod mailbox;
 mod messages;
+mod metrics_flood;
 mod migrate;
 mod monitoring;
 mod notify;
