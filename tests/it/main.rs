@@ -38,6 +38,7 @@ mod permissions;
 mod polish;
 mod promises;
 mod prompt;
+mod rejected_names;
 mod resume;
 mod rotation;
 mod scripts;
