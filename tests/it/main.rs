@@ -30,6 +30,7 @@ mod mailbox;
 mod messages;
 mod metrics_flood;
 mod migrate;
+mod migrate_refusals;
 mod monitoring;
 mod notify;
 mod ownership;
