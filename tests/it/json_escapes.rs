@@ -2,7 +2,7 @@
 //! reader's eye (issue 20): text stored with a C1 CSI (U+009B), DEL, a line
 //! separator and a bidi override comes out of `events`, `inbox`, `inbox
 //! show`, `status` and `task list` escaped as `\uXXXX`, and parses back to
-//! exactly the stored text.
+//! exactly the stored text. The human listings escape the same characters.
 
 use serde_json::Value;
 
@@ -79,4 +79,14 @@ fn json_outputs_escape_c1_del_separators_and_bidi_overrides() {
     check(&env, &["inbox", "show", "rio", &id, "--json"], false);
     check(&env, &["status", "--json"], false);
     check(&env, &["task", "list", "rio", "--json"], false);
+
+    // The human listings show them escaped too.
+    for args in [&["inbox", "rio"][..], &["task", "list", "rio"], &["events"]] {
+        let out = env.ok(args);
+        assert!(
+            !out.chars().any(is_unsafe) && out.contains(r"\u{202e}"),
+            "`agent-state {}`: {out:?}",
+            args.join(" ")
+        );
+    }
 }
