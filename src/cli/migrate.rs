@@ -113,7 +113,8 @@ struct Loaded {
 }
 
 impl Loaded {
-    /// How to name the file in what is printed: `REAL (the target of the link GIVEN)`.
+    /// How to name the file in what is printed: `REAL`, or `REAL (the
+    /// target of the link GIVEN)`.
     fn shown(&self) -> String {
         if self.real == self.given {
             self.real.display().to_string()
@@ -261,11 +262,14 @@ fn apply(config_path: &Path, args: &Args, text: &str, entries: &[Entry]) -> Resu
         }
         None => None,
     };
-    refuse_hard_links(&config_file)?;
     let (new, known): (Vec<Entry>, Vec<Entry>) = entries
         .iter()
         .cloned()
         .partition(|e| !config.agents.iter().any(|a| a.name.as_str() == e.agent));
+    if !new.is_empty() {
+        // Checked before anything is written.
+        refuse_hard_links(&config_file)?;
+    }
     for e in &known {
         warn(format!(
             "{} is configured already in {}: its entry is left as it is (check its schedule: crontab line {} says `{}` in {})",
