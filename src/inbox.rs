@@ -264,8 +264,8 @@ pub fn escaped_name(name: &OsStr) -> String {
     name.as_bytes().escape_ascii().to_string()
 }
 
-/// Reject every waiting name that is not UTF-8. Returns (shown name, reason).
-pub fn reject_undecodable(agent: &AgentDir, now: Timestamp) -> Result<Vec<(String, String)>> {
+/// Reject every waiting name that is not UTF-8.
+pub fn reject_undecodable(agent: &AgentDir, now: Timestamp) -> Result<Vec<Rejected>> {
     reject_names(agent, undecodable_names(agent)?, now)
 }
 
@@ -314,16 +314,12 @@ impl Listing {
     }
 }
 
-fn reject_names(
-    agent: &AgentDir,
-    names: Vec<OsString>,
-    now: Timestamp,
-) -> Result<Vec<(String, String)>> {
+fn reject_names(agent: &AgentDir, names: Vec<OsString>, now: Timestamp) -> Result<Vec<Rejected>> {
     let mut out = Vec::new();
     for name in names {
         let reason = "its name is not UTF-8; the original bytes are in `original_name_bytes` of the .reason.json (hex). Send it again under a UTF-8 name".to_string();
-        reject(agent, &agent.inbox().join(&name), &reason, now)?;
-        out.push((escaped_name(&name), reason));
+        let kept = reject(agent, &agent.inbox().join(&name), &reason, now)?;
+        out.push(Rejected::new(escaped_name(&name), &kept, reason));
     }
     Ok(out)
 }

@@ -6,8 +6,9 @@
 //! summary or an error message could retitle the window, clear the screen or
 //! hide text from the operator reading `status`. Every human-readable line
 //! goes through [`clean`] (the [`say!`] macro, or a [`Line`], which cleans
-//! each piece); `--json` output is JSON-escaped by serde already. Colour
-//! codes are only ever added by [`Line::render`], around text it has cleaned.
+//! each piece); `--json` output goes through [`super::json`], which escapes
+//! the same characters and more. Colour codes are only ever added by
+//! [`Line::render`], around text it has cleaned.
 //!
 //! Whether to colour and how wide the terminal is are decided once per
 //! process ([`init`], from `--color`; [`terminal`] reads it): colour only
@@ -23,7 +24,9 @@ use std::io::IsTerminal;
 use std::sync::OnceLock;
 
 /// `text` with every control character but newline and tab shown escaped:
-/// C0 and DEL as `\xNN`, C1 (U+0080–U+009F) as `\u{NN}`. Pure.
+/// C0 and DEL as `\xNN`, C1 (U+0080–U+009F) as `\u{NN}`; and the line
+/// separators and bidi overrides that reorder what is seen (the characters
+/// `--json` escapes too, [`super::json::needs_escape`]) as `\u{NNNN}`. Pure.
 pub fn clean(text: &str) -> Cow<'_, str> {
     if !text.chars().any(is_unsafe) {
         return Cow::Borrowed(text);
@@ -42,7 +45,7 @@ pub fn clean(text: &str) -> Cow<'_, str> {
 }
 
 fn is_unsafe(c: char) -> bool {
-    (c.is_control() && c != '\n' && c != '\t') || c == '\u{7f}'
+    (c.is_control() && c != '\n' && c != '\t') || super::json::needs_escape(c)
 }
 
 /// `println!` for human-readable output: the line, cleaned, never coloured
@@ -341,6 +344,10 @@ mod tests {
             "\\x1b]0;pwned\\x07\\x1b[2J\\x00end\\x0d\\u{9b}31m\\x7f"
         );
         assert!(matches!(clean("nothing to do"), Cow::Borrowed(_)));
+        assert_eq!(
+            clean("bidi \u{202e}exe.txt\u{2028}x"),
+            "bidi \\u{202e}exe.txt\\u{2028}x"
+        );
     }
 
     #[test]

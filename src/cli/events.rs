@@ -376,7 +376,7 @@ impl<W: Write> Printer<W> {
                 ts: &e.ts_text,
                 event: &e.event,
             };
-            serde_json::to_writer(&mut self.out, &line)?;
+            crate::cli::json::write_line(&mut self.out, &line)?;
             self.out.write_all(b"\n")
         } else {
             let summary = e.summary();

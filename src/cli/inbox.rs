@@ -124,7 +124,14 @@ fn show(ctx: &Context, agent: &str, wanted: &str, json: bool) -> Result<u8> {
         )));
     };
     if json {
-        say!("{}", String::from_utf8_lossy(&found.bytes).trim_end());
+        // The message as it is stored, escaped for the screen; a file that
+        // is not JSON (a rejected one) as one JSON string, so the output is
+        // always JSON.
+        let text = String::from_utf8_lossy(&found.bytes);
+        match serde_json::from_str::<serde::de::IgnoredAny>(&text) {
+            Ok(_) => println!("{}", crate::cli::json::escape_text(text.trim_end())),
+            Err(_) => println!("{}", crate::cli::json::to_string_pretty(&text)?),
+        }
         return Ok(exit::OK);
     }
     let v: serde_json::Value = serde_json::from_slice(&found.bytes).unwrap_or_default();

@@ -5,8 +5,15 @@
 //! valid config) and the lines are commented out in the crontab, each file
 //! first kept as `NAME.bak-STAMP`. Without FILE, the user's own crontab
 //! (`crontab -l`, installed back with `crontab`).
+//!
+//! A file given as a symbolic link is written through: its target is
+//! edited and the link stays. What is not a regular file (a FIFO would
+//! block the read), a file with other hard links (replacing it would leave
+//! them with the old text) and more than 16 MiB are refused, naming the
+//! file; backups are created new, never through a link.
 
-use std::io::Read;
+use std::io::{Read, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -71,7 +78,7 @@ fn read_input(args: &Args) -> Result<String> {
                 .map_err(|e| Error::io("reading", Path::new("standard input"), e))?;
             Ok(text)
         }
-        Some(p) => std::fs::read_to_string(p).map_err(|e| Error::io("reading", p, e)),
+        Some(p) => Ok(read_regular(p)?.text),
         None => {
             let out = crontab_command(args.user.as_deref())
                 .arg("-l")
@@ -91,6 +98,99 @@ fn read_input(args: &Args) -> Result<String> {
             Ok(String::from_utf8_lossy(&out.stdout).into_owned())
         }
     }
+}
+
+/// The most read from a crontab or a config.
+const MAX_TEXT: u64 = 16 << 20;
+
+/// A file read to be edited: the path given, the file it really is (the
+/// target of a link), its text and what it was (mode, owner, links).
+struct Loaded {
+    given: PathBuf,
+    real: PathBuf,
+    text: String,
+    meta: std::fs::Metadata,
+}
+
+impl Loaded {
+    /// How to name the file in what is printed: `REAL`, or `REAL (the
+    /// target of the link GIVEN)`.
+    fn shown(&self) -> String {
+        if self.real == self.given {
+            self.real.display().to_string()
+        } else {
+            format!(
+                "{} (the target of the link {})",
+                self.real.display(),
+                self.given.display()
+            )
+        }
+    }
+}
+
+/// Read `path` (through a link) if it is a regular file of at most
+/// [`MAX_TEXT`] bytes; opened without waiting, so a FIFO is refused rather
+/// than waited on.
+fn read_regular(path: &Path) -> Result<Loaded> {
+    let is_link = std::fs::symlink_metadata(path)
+        .map_err(|e| Error::io("inspecting", path, e))?
+        .file_type()
+        .is_symlink();
+    let real = if is_link {
+        std::fs::canonicalize(path).map_err(|e| Error::io("following the link", path, e))?
+    } else {
+        path.to_path_buf()
+    };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
+        .open(&real)
+        .map_err(|e| Error::io("opening", &real, e))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| Error::io("inspecting", &real, e))?;
+    if !meta.is_file() {
+        return Err(Error::Data(format!(
+            "{} is not a regular file (a FIFO, a device or a directory): give the crontab or config as a regular file",
+            real.display()
+        )));
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_TEXT + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::io("reading", &real, e))?;
+    if bytes.len() as u64 > MAX_TEXT {
+        return Err(Error::Data(format!(
+            "{} is larger than {} MiB: not a crontab or a config",
+            real.display(),
+            MAX_TEXT >> 20
+        )));
+    }
+    let text = String::from_utf8(bytes).map_err(|_| {
+        Error::Data(format!(
+            "{} is not UTF-8 text: convert it (e.g. `iconv -t UTF-8`) first",
+            real.display()
+        ))
+    })?;
+    Ok(Loaded {
+        given: path.to_path_buf(),
+        real,
+        text,
+        meta,
+    })
+}
+
+/// Refuse to replace a file that has other hard links: they would keep the
+/// old text while this name gets the new one.
+fn refuse_hard_links(file: &Loaded) -> Result<()> {
+    if file.meta.nlink() > 1 {
+        return Err(Error::Data(format!(
+            "{} has {} hard links: replacing it would leave the others with the old text; make it a single file (or a symbolic link) first. Nothing was changed",
+            file.real.display(),
+            file.meta.nlink()
+        )));
+    }
+    Ok(())
 }
 
 pub fn run(config_path: &Path, args: &Args) -> Result<u8> {
@@ -145,13 +245,31 @@ fn apply(config_path: &Path, args: &Args, text: &str, entries: &[Entry]) -> Resu
             "--apply needs the crontab as a FILE (or none, for `crontab -l`): a crontab on standard input cannot be rewritten".into(),
         ));
     }
-    let config_text =
-        std::fs::read_to_string(config_path).map_err(|e| Error::io("reading", config_path, e))?;
-    let config = Config::parse(&config_text, config_path)?;
+    let config_file = read_regular(config_path)?;
+    let config_text = config_file.text.as_str();
+    let config = Config::parse(config_text, config_path)?;
+    let crontab_file = match args.file.as_deref() {
+        Some(file) => {
+            let read = read_regular(file)?;
+            if read.text != text {
+                return Err(Error::Data(format!(
+                    "{} changed while it was read: run again. Nothing was changed",
+                    read.shown()
+                )));
+            }
+            refuse_hard_links(&read)?;
+            Some(read)
+        }
+        None => None,
+    };
     let (new, known): (Vec<Entry>, Vec<Entry>) = entries
         .iter()
         .cloned()
         .partition(|e| !config.agents.iter().any(|a| a.name.as_str() == e.agent));
+    if !new.is_empty() {
+        // Checked before anything is written.
+        refuse_hard_links(&config_file)?;
+    }
     for e in &known {
         warn(format!(
             "{} is configured already in {}: its entry is left as it is (check its schedule: crontab line {} says `{}` in {})",
@@ -167,12 +285,11 @@ fn apply(config_path: &Path, args: &Args, text: &str, entries: &[Entry]) -> Resu
         let updated = format!("{}\n{}", config_text.trim_end(), crontab::to_toml(&new));
         // Refused before anything is written if the result is not valid.
         Config::parse(&updated, config_path)?;
-        let backup = backup_name(config_path, &stamp);
-        std::fs::copy(config_path, &backup).map_err(|e| Error::io("backing up", config_path, e))?;
-        replace(config_path, &updated)?;
+        let backup = backup(&config_file, &stamp)?;
+        replace(&config_file.real, &updated)?;
         println!(
             "{}: {} agent(s) added ({}); the old file is {}",
-            config_path.display(),
+            config_file.shown(),
             new.len(),
             new.iter()
                 .map(|e| e.agent.as_str())
@@ -182,14 +299,13 @@ fn apply(config_path: &Path, args: &Args, text: &str, entries: &[Entry]) -> Resu
         );
     }
     let edited = crontab::comment_out(text, entries, &Timestamp::now().date());
-    match args.file.as_deref() {
+    match crontab_file {
         Some(file) => {
-            let backup = backup_name(file, &stamp);
-            std::fs::copy(file, &backup).map_err(|e| Error::io("backing up", file, e))?;
-            replace(file, &edited)?;
+            let backup = backup(&file, &stamp)?;
+            replace(&file.real, &edited)?;
             println!(
                 "{}: {} line(s) commented out; the old file is {}",
-                file.display(),
+                file.shown(),
                 entries.len(),
                 backup.display()
             );
@@ -197,14 +313,13 @@ fn apply(config_path: &Path, args: &Args, text: &str, entries: &[Entry]) -> Resu
         None => {
             let dir = config_path.parent().unwrap_or(Path::new("."));
             let backup = dir.join(format!("crontab.bak-{stamp}"));
-            std::fs::write(&backup, text).map_err(|e| Error::io("writing", &backup, e))?;
+            create_new(&backup, text, 0o600)?;
             let mut child = crontab_command(args.user.as_deref())
                 .arg("-")
                 .stdin(Stdio::piped())
                 .spawn()
                 .map_err(|e| Error::Unavailable(format!("cannot run `crontab -`: {e}")))?;
             if let Some(mut stdin) = child.stdin.take() {
-                use std::io::Write;
                 stdin
                     .write_all(edited.as_bytes())
                     .map_err(|e| Error::io("writing to", Path::new("crontab -"), e))?;
@@ -231,23 +346,45 @@ fn apply(config_path: &Path, args: &Args, text: &str, entries: &[Entry]) -> Resu
     Ok(exit::OK)
 }
 
-fn backup_name(path: &Path, stamp: &str) -> PathBuf {
-    let name = path
+/// Keep the text `file` had as `NAME.bak-STAMP` beside it, with its mode,
+/// owner and group. Returns the backup's path.
+fn backup(file: &Loaded, stamp: &str) -> Result<PathBuf> {
+    let name = file
+        .real
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    path.with_file_name(format!("{name}.bak-{stamp}"))
+    let path = file.real.with_file_name(format!("{name}.bak-{stamp}"));
+    create_new(&path, &file.text, file.meta.mode() & 0o777)?;
+    let _ = nix::unistd::chown(
+        &path,
+        Some(file.meta.uid().into()),
+        Some(file.meta.gid().into()),
+    );
+    Ok(path)
+}
+
+/// Write `text` to a new file at `path` (never through a link, never over
+/// an existing file), synced.
+fn create_new(path: &Path, text: &str, mode: u32) -> Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(path)
+        .map_err(|e| Error::io("creating the backup", path, e))?;
+    f.write_all(text.as_bytes())
+        .and_then(|()| f.sync_all())
+        .map_err(|e| Error::io("writing the backup", path, e))
 }
 
 /// Replace `path` with `text` through a temp file in its directory, keeping
 /// its mode, owner and group.
 fn replace(path: &Path, text: &str) -> Result<()> {
-    use std::os::unix::fs::MetadataExt;
     let meta = std::fs::metadata(path).map_err(|e| Error::io("inspecting", path, e))?;
     let dir = path.parent().unwrap_or(Path::new("."));
     let mut tmp =
         tempfile::NamedTempFile::new_in(dir).map_err(|e| Error::io("writing in", dir, e))?;
-    use std::io::Write;
     tmp.write_all(text.as_bytes())
         .and_then(|()| tmp.as_file().sync_all())
         .map_err(|e| Error::io("writing", tmp.path(), e))?;

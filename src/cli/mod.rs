@@ -14,6 +14,7 @@ mod events;
 mod flow;
 mod health;
 mod inbox;
+pub(crate) mod json;
 mod metrics;
 mod migrate;
 mod prompt;
@@ -255,10 +256,9 @@ pub fn print_notes(notes: &[String]) {
     }
 }
 
-/// Print JSON on stdout.
+/// Print JSON on stdout, escaped by the CLI's one JSON printer ([`json`]).
 pub fn print_json<T: serde::Serialize>(value: &T) -> Result<u8> {
-    let text = serde_json::to_string_pretty(value)
-        .map_err(|e| crate::error::Error::Data(e.to_string()))?;
+    let text = json::to_string_pretty(value)?;
     println!("{text}");
     Ok(exit::OK)
 }

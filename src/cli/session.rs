@@ -180,8 +180,13 @@ pub fn run(ctx: &Context, command: Command) -> Result<u8> {
             if let Some(lock) = r.owner_lock.take() {
                 hand_to_keeper(&dir, lock, &owner, agent.session.timeout);
             }
-            for (name, reason) in &r.claim.rejected {
-                warn(format!("{}: inbox/{name} rejected: {reason}", dir.name));
+            for rejected in &r.claim.rejected {
+                warn(format!(
+                    "{}: inbox/{} rejected: {}",
+                    dir.name,
+                    rejected.shown(),
+                    rejected.reason
+                ));
             }
             for name in &r.claim.unsettled {
                 warn(format!(

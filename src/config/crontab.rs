@@ -9,6 +9,13 @@
 //! and `TZ=` lines set the zone of the lines after them (cron's own rule);
 //! without one, the zone is the machine's (cron runs in local time). Every
 //! other line — comments, environment, other jobs — is left as it is.
+//!
+//! A migrated line is commented out whole, so it must run nothing but the
+//! session: a line that also runs another command (`… rio; other-job`,
+//! `backup.sh && … rio`, `… rio || alert.sh`) is refused, naming that
+//! command, never commented out with it. Only `cd DIR &&` before the script
+//! and redirections or a pipe for its output after it (the daemon keeps the
+//! output itself) go with the line.
 
 fn valid_agent_name(name: &str) -> bool {
     crate::agent_name::AgentName::parse(name).is_ok()
@@ -90,6 +97,12 @@ pub fn parse(text: &str, system_tz: &str) -> Migration {
                 }
             }
         }
+        if let Some(other) = other_command(&words, at) {
+            m.problems.push(format!(
+                "line {n}: it also runs `{other}`, which commenting the line out would stop too; put the session on a line of its own first"
+            ));
+            continue;
+        }
         let Some(agent) = words.get(at + 1).filter(|a| valid_agent_name(a)) else {
             m.problems.push(format!(
                 "line {n}: cannot tell the agent: `{}` must be followed by the agent's name",
@@ -117,7 +130,7 @@ pub fn parse(text: &str, system_tz: &str) -> Migration {
         }
         let mut args = Vec::new();
         for w in &words[at + 2..] {
-            if is_redirection(w) || matches!(w.as_str(), "&&" | "||" | ";" | "|") {
+            if is_redirection(w) || is_separator(w) || matches!(w.as_str(), "|" | "|&") {
                 m.notes.push(format!(
                     "line {n}: `{}` and what follows are left out: the daemon keeps each session's output in sessions/ID.log and journald",
                     w
@@ -218,34 +231,78 @@ fn split_job(line: &str) -> Option<(String, &str)> {
     Some((schedule.join(" "), rest.trim()))
 }
 
-/// Words of a command line, as a shell would split the simple cases
-/// (quotes kept together, `;` and `&&` as words).
+/// Words that end one command so that another may follow.
+fn is_separator(w: &str) -> bool {
+    matches!(w, ";" | "&&" | "||" | "&")
+}
+
+/// The first command on the line other than the session at `words[at]`, a
+/// `cd DIR` before it, and what takes its output (a pipe) after it: what
+/// commenting the line out would stop besides the session. Pure.
+fn other_command(words: &[String], at: usize) -> Option<String> {
+    let before = &words[..at];
+    let mut segments = before.split(|w| is_separator(w) || w == "|" || w == "|&");
+    // The last piece is the session's own command (`timeout 6000`, …).
+    let _own = segments.next_back();
+    if let Some(other) = segments.find(|s| !(s.len() == 2 && s[0] == "cd")) {
+        return Some(other.join(" "));
+    }
+    let end = words[at..].iter().position(|w| is_separator(w))?;
+    let after: Vec<&str> = words[at + end + 1..]
+        .iter()
+        .map(String::as_str)
+        .take_while(|w| !is_separator(w))
+        .collect();
+    (!after.is_empty()).then(|| after.join(" "))
+}
+
+/// Words of a command line, as a shell would split the simple cases:
+/// quotes kept together; `;`, `&&`, `||`, `&`, `|` and `|&` as words of
+/// their own, but `2>&1`, `&>file` and `>|file` kept whole; a `#` starting
+/// a word ends the line (a shell comment).
 fn shell_words(command: &str) -> Vec<String> {
     let mut words = Vec::new();
     let mut cur = String::new();
     let mut quote: Option<char> = None;
-    for c in command.chars() {
+    let mut chars = command.chars().peekable();
+    let flush = |cur: &mut String, words: &mut Vec<String>| {
+        if !cur.is_empty() {
+            words.push(std::mem::take(cur));
+        }
+    };
+    while let Some(c) = chars.next() {
         match (quote, c) {
             (Some(q), c) if c == q => quote = None,
             (Some(_), c) => cur.push(c),
             (None, '"' | '\'') => quote = Some(c),
-            (None, c) if c.is_whitespace() => {
-                if !cur.is_empty() {
-                    words.push(std::mem::take(&mut cur));
-                }
-            }
+            (None, c) if c.is_whitespace() => flush(&mut cur, &mut words),
+            (None, '#') if cur.is_empty() => break,
             (None, ';') => {
-                if !cur.is_empty() {
-                    words.push(std::mem::take(&mut cur));
-                }
+                flush(&mut cur, &mut words);
                 words.push(";".into());
+            }
+            // `2>&1`, `>&2`, `<&0`, `>|file`: part of a redirection.
+            (None, '&' | '|') if cur.ends_with('>') || cur.ends_with('<') => cur.push(c),
+            // `&>file`, `&>>file`: a redirection starts.
+            (None, '&') if chars.peek() == Some(&'>') => {
+                flush(&mut cur, &mut words);
+                cur.push('&');
+            }
+            (None, '&' | '|') => {
+                flush(&mut cur, &mut words);
+                let mut op = c.to_string();
+                if let Some(&next) = chars.peek()
+                    && (next == c || (c == '|' && next == '&'))
+                {
+                    op.push(next);
+                    chars.next();
+                }
+                words.push(op);
             }
             (None, c) => cur.push(c),
         }
     }
-    if !cur.is_empty() {
-        words.push(cur);
-    }
+    flush(&mut cur, &mut words);
     words
 }
 
@@ -372,5 +429,71 @@ CRON_TZ=Europe/Lisbon
         assert!(p.contains("line 5: leo is also started on line 4"), "{p}");
         assert!(p.contains("line 7: time zone \"Mars/Base\""), "{p}");
         assert_eq!(m.entries.len(), 1);
+    }
+
+    /// (command, the other command named, or None: the line can go)
+    const LINES: &[(&str, Option<&str>)] = &[
+        ("/x/research-session.sh rio", None),
+        ("/x/research-session.sh rio >> /x/rio.log 2>&1", None),
+        ("/x/research-session.sh rio &>/x/rio.log &", None),
+        ("/x/research-session.sh rio >|/x/rio.log", None),
+        ("/x/research-session.sh rio 2>&1 | logger -t rio", None),
+        ("cd /x && timeout 6000 ./research-session.sh rio", None),
+        ("cd /x; ./research-session.sh rio;", None),
+        ("/x/research-session.sh rio # nightly; not a command", None),
+        (
+            "/x/research-session.sh rio; /usr/local/bin/other-job",
+            Some("/usr/local/bin/other-job"),
+        ),
+        (
+            "/x/research-session.sh rio;other-job --now",
+            Some("other-job --now"),
+        ),
+        (
+            "/x/research-session.sh rio && notify.sh done",
+            Some("notify.sh done"),
+        ),
+        ("/x/research-session.sh rio&&notify.sh", Some("notify.sh")),
+        ("/x/research-session.sh rio || alert.sh", Some("alert.sh")),
+        (
+            "/x/research-session.sh rio > /x/log 2>&1 & backup.sh",
+            Some("backup.sh"),
+        ),
+        (
+            "/x/research-session.sh rio | tee /x/log; cleanup.sh",
+            Some("cleanup.sh"),
+        ),
+        ("backup.sh && /x/research-session.sh rio", Some("backup.sh")),
+        ("cd /x && make && ./research-session.sh rio", Some("make")),
+        ("producer | /x/research-session.sh rio", Some("producer")),
+        ("/x/research-session.sh rio '; not-a-command'", None),
+    ];
+
+    #[test]
+    fn a_line_that_runs_another_command_is_refused_naming_it() {
+        for (command, other) in LINES {
+            let m = parse(&format!("0 22 * * * {command}\n"), "UTC");
+            match other {
+                None => assert_eq!(
+                    (m.entries.len(), &m.problems),
+                    (1, &Vec::<String>::new()),
+                    "{command}"
+                ),
+                Some(other) => {
+                    assert!(m.entries.is_empty(), "{command}");
+                    let p = m.problems.join("\n");
+                    assert!(
+                        p.contains(&format!("line 1: it also runs `{other}`")),
+                        "{command}: {p}"
+                    );
+                }
+            }
+        }
+        // The session's own arguments stop at its output's redirection.
+        let m = parse(
+            "0 22 * * * /x/research-session.sh rio --fast 2>&1 | logger\n",
+            "UTC",
+        );
+        assert_eq!(m.entries[0].args, ["--fast"]);
     }
 }

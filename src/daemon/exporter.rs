@@ -6,20 +6,27 @@
 //! it here; the listener only ever serves the last published text, so a
 //! scrape never waits for the loop and never sees half an update. The
 //! listener is read-only and small on purpose: one request per connection,
-//! a request head of at most 8 KiB read within 5 s, at most 16 connections
-//! at once (more are closed at once), no body accepted. It is meant for
-//! loopback or a trusted network; put a reverse proxy in front for TLS or
-//! authentication.
+//! a request head of at most 8 KiB read within 5 s (a third of the usual
+//! scrape interval), no body accepted, at most 32 connections per peer
+//! address and 64 in all, a newcomer always let in and the oldest idle
+//! connection closed for it ([`admission`]), so connections that send
+//! nothing cannot keep a scrape out. It is meant for loopback or a trusted
+//! network; put a reverse proxy in front for TLS or authentication.
+
+mod admission;
 
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
+use tokio::task::AbortHandle;
+
+use admission::{Admission, Limits};
 
 use super::exposition::CONTENT_TYPE;
 
@@ -29,8 +36,11 @@ const MAX_HEAD: usize = 8 * 1024;
 const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long writing a response may take.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Connections served at once; more are closed without an answer.
-const MAX_CONNECTIONS: usize = 16;
+/// Connections kept open: beyond them, the oldest idle one is closed.
+const LIMITS: Limits = Limits {
+    per_peer: 32,
+    total: 64,
+};
 
 /// The last rendered exposition, shared with the listener.
 #[derive(Clone)]
@@ -68,9 +78,9 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 
 /// Serve `board` on `listener` until the task is dropped.
 pub async fn serve(listener: TcpListener, board: Board) {
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let table: Table = Arc::new(Mutex::new(Admission::new(LIMITS)));
     loop {
-        let (stream, _) = match listener.accept().await {
+        let (stream, peer) = match listener.accept().await {
             Ok(c) => c,
             Err(e) => {
                 // EMFILE and friends: wait a little rather than spin.
@@ -79,15 +89,82 @@ pub async fn serve(listener: TcpListener, board: Board) {
                 continue;
             }
         };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            drop(stream);
-            continue;
+        // A scrape sends its request as it connects: if it is here already,
+        // the connection counts as answered from the start, so a flood of
+        // newer connections (accepted before its task first runs) cannot
+        // close it as idle.
+        let arrived = request_arrived(&stream);
+        let (id, closed) = {
+            let mut table = lock(&table);
+            let (id, closed) = table.admit(peer.ip());
+            if arrived {
+                table.request_read(id);
+            }
+            (id, closed)
         };
+        for handle in closed {
+            handle.abort();
+        }
         let board = board.clone();
-        tokio::spawn(async move {
-            let _ = answer(stream, &board).await;
-            drop(permit);
+        let seat = Seat {
+            table: table.clone(),
+            id,
+        };
+        let task = tokio::spawn(async move {
+            let _ = answer(stream, &board, &seat).await;
         });
+        if let Err(handle) = lock(&table).set_handle(id, task.abort_handle()) {
+            handle.abort();
+        }
+    }
+}
+
+/// Whether a whole request head is waiting on `stream` (looked at without
+/// reading it, without waiting).
+fn request_arrived(stream: &TcpStream) -> bool {
+    use nix::sys::socket::{MsgFlags, recv};
+    use std::os::fd::AsRawFd;
+    let mut buf = [0u8; 2048];
+    match recv(
+        stream.as_raw_fd(),
+        &mut buf,
+        MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT,
+    ) {
+        Ok(n) => head_complete(&buf[..n]),
+        Err(_) => false,
+    }
+}
+
+/// Whether `head` holds the end of a request head (pure).
+fn head_complete(head: &[u8]) -> bool {
+    head.windows(4).any(|w| w == b"\r\n\r\n") || head.windows(2).any(|w| w == b"\n\n")
+}
+
+/// The listener's connections, shared with their tasks.
+type Table = Arc<Mutex<Admission<AbortHandle>>>;
+
+fn lock(table: &Table) -> std::sync::MutexGuard<'_, Admission<AbortHandle>> {
+    // The table stays consistent between calls: a panic cannot leave it half
+    // updated, so a poisoned lock is still usable.
+    table.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A connection's place in the table, given up when its task ends or is
+/// aborted (dropped).
+struct Seat {
+    table: Table,
+    id: u64,
+}
+
+impl Seat {
+    fn request_read(&self) {
+        lock(&self.table).request_read(self.id);
+    }
+}
+
+impl Drop for Seat {
+    fn drop(&mut self) {
+        lock(&self.table).done(self.id);
     }
 }
 
@@ -128,7 +205,7 @@ fn parse(head: &[u8]) -> Request {
     }
 }
 
-async fn answer(mut stream: TcpStream, board: &Board) -> std::io::Result<()> {
+async fn answer(mut stream: TcpStream, board: &Board, seat: &Seat) -> std::io::Result<()> {
     let mut head = Vec::with_capacity(512);
     let read = tokio::time::timeout(HEAD_TIMEOUT, async {
         let mut buf = [0u8; 1024];
@@ -138,7 +215,7 @@ async fn answer(mut stream: TcpStream, board: &Board) -> std::io::Result<()> {
                 return Ok::<bool, std::io::Error>(false);
             }
             head.extend_from_slice(&buf[..n]);
-            if head.windows(4).any(|w| w == b"\r\n\r\n") || head.windows(2).any(|w| w == b"\n\n") {
+            if head_complete(&head) {
                 return Ok(true);
             }
             if head.len() > MAX_HEAD {
@@ -151,6 +228,7 @@ async fn answer(mut stream: TcpStream, board: &Board) -> std::io::Result<()> {
     if !complete {
         return Ok(());
     }
+    seat.request_read();
     let request = if head.len() > MAX_HEAD {
         Request::Bad
     } else {

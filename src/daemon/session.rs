@@ -35,8 +35,8 @@ pub struct Prepared {
     pub session_id: String,
     pub instance: String,
     pub spec: SessionSpec,
-    /// Inbox files the claim rejected: (name, reason).
-    pub rejected: Vec<(String, String)>,
+    /// Inbox files the claim rejected.
+    pub rejected: Vec<crate::inbox::Rejected>,
     /// The messages the session claimed, bodies dropped: what its end
     /// records (ids, flags) without reading them again.
     pub claimed: Vec<crate::inbox::Message>,

@@ -7,7 +7,7 @@ use super::*;
 pub struct Claim {
     /// In delivery order.
     pub claimed: Vec<Message>,
-    pub rejected: Vec<(String, String)>,
+    pub rejected: Vec<Rejected>,
     pub expired: Vec<String>,
     pub unsettled: Vec<String>,
 }
@@ -51,12 +51,12 @@ pub fn claim(
             Verdict::Unsettled(_) => out.unsettled.push(name),
             Verdict::Invalid(r) => {
                 let kept = reject_as(agent, &path, &r, now)?;
-                out.rejected.push((kept_as(&name, &kept), r.reason));
+                out.rejected.push(Rejected::new(name, &kept, r.reason));
             }
             Verdict::Valid(m) if m.attempts >= MAX_ATTEMPTS => {
                 let reason = format!("undeliverable: {} failed delivery attempts", m.attempts);
-                reject(agent, &path, &reason, now)?;
-                out.rejected.push((name, reason));
+                let kept = reject(agent, &path, &reason, now)?;
+                out.rejected.push(Rejected::new(name, &kept, reason));
             }
             Verdict::Valid(m) if m.is_expired(now) => {
                 atomic::create_dir(&agent.processed(), INBOX_PRIVATE_DIR_MODE)?;

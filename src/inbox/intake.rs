@@ -290,7 +290,7 @@ pub struct Received {
     pub high: usize,
     pub normal: usize,
     pub unsettled: bool,
-    pub rejected: Vec<(String, String)>,
+    pub rejected: Vec<Rejected>,
     /// Valid `task` messages (their tasks are added by the caller).
     pub tasks: Vec<Message>,
     /// Valid messages answering one of a flow's messages (`source_ref`
@@ -355,7 +355,7 @@ pub fn receive(
             Verdict::Unsettled(_) => out.unsettled = true,
             Verdict::Invalid(r) => {
                 let kept = reject_as(agent, &agent.inbox().join(&name), &r, now)?;
-                out.rejected.push((kept_as(&name, &kept), r.reason));
+                out.rejected.push(Rejected::new(name, &kept, r.reason));
             }
         }
     }

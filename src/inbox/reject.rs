@@ -207,13 +207,40 @@ pub fn rejected_files(agent: &AgentDir) -> Result<Vec<RejectedFile>> {
     Ok(out)
 }
 
-/// `name`, and where it was really kept if that is another name.
-pub(super) fn kept_as(name: &str, kept: &Path) -> String {
-    let kept = kept.file_name().unwrap_or_default().to_string_lossy();
-    if kept == name {
-        name.to_string()
-    } else {
-        format!("{name} (kept as inbox/rejected/{kept})")
+/// An inbox file set aside, as reported: its name in the inbox, where it is
+/// kept now, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejected {
+    /// Its name in the inbox (escaped, `caf\xe9.json`, if not UTF-8).
+    pub file: String,
+    /// Where it is kept, from the agent's directory: `inbox/rejected/NAME`,
+    /// the name it was really given (de-duplicated, shortened, or
+    /// `not-utf8-….json`).
+    pub kept: String,
+    pub reason: String,
+}
+
+impl Rejected {
+    /// `shown_name` (the inbox name, escaped if need be) set aside at `kept`.
+    pub(super) fn new(shown_name: String, kept: &Path, reason: String) -> Rejected {
+        Rejected {
+            file: shown_name,
+            kept: format!(
+                "inbox/rejected/{}",
+                kept.file_name().unwrap_or_default().to_string_lossy()
+            ),
+            reason,
+        }
+    }
+
+    /// `NAME`, or `NAME (kept as inbox/rejected/KEPT)` when it was kept
+    /// under another name.
+    pub fn shown(&self) -> String {
+        if self.kept.strip_prefix("inbox/rejected/") == Some(self.file.as_str()) {
+            self.file.clone()
+        } else {
+            format!("{} (kept as {})", self.file, self.kept)
+        }
     }
 }
 

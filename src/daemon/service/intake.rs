@@ -151,8 +151,8 @@ impl Daemon {
                 self.note_lock_free(agent);
                 self.tally.waiting.insert(agent.clone(), r.high + r.normal);
                 *self.tally.rejected.entry(agent.clone()).or_default() += r.rejected.len() as u64;
-                for (name, reason) in &r.rejected {
-                    self.raise(rejected(agent, name, reason), false);
+                for r in &r.rejected {
+                    self.raise(rejected(agent, r), false);
                 }
                 self.flow_replies(agent, &r.replies);
                 if r.unsettled {
@@ -230,18 +230,13 @@ impl Daemon {
     }
 }
 
-/// The record of an inbox file rejected as a message.
-/// `name` is the file's name, or `NAME (kept as inbox/rejected/KEPT)` when
-/// it was kept under another name (de-duplicated, shortened, not UTF-8).
-pub(super) fn rejected(agent: &AgentName, name: &str, reason: &str) -> ErrorRecord {
-    let (file, kept) = match name.split_once(" (kept as ") {
-        Some((file, kept)) => (file, kept.trim_end_matches(')').to_string()),
-        None => (name, format!("inbox/rejected/{name}")),
-    };
+/// The record of an inbox file rejected as a message, naming the file it
+/// is really kept as (de-duplicated, shortened, `not-utf8-….json`).
+pub(super) fn rejected(agent: &AgentName, r: &inbox::Rejected) -> ErrorRecord {
     ErrorRecord::new(
         Code::InboxRejected,
-        format!("{agent}: inbox/{file} rejected: {reason}"),
+        format!("{agent}: inbox/{} rejected: {}", r.file, r.reason),
     )
-    .details(format!("kept as {kept}"))
+    .details(format!("kept as {}", r.kept))
     .agent(agent)
 }

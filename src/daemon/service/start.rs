@@ -156,10 +156,10 @@ impl Daemon {
         self.tally
             .claimed
             .insert(agent.clone(), prepared.claimed.len());
-        for (name, reason) in &prepared.rejected {
+        for r in &prepared.rejected {
             *self.tally.rejected.entry(agent.clone()).or_default() += 1;
             self.raise(
-                rejected(agent, name, reason).session(prepared.session_id.clone()),
+                rejected(agent, r).session(prepared.session_id.clone()),
                 false,
             );
         }
