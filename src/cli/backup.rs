@@ -20,6 +20,10 @@ pub struct RestoreArgs {
     /// The root to restore into: it must not exist or be empty (default: the config's state root)
     #[arg(long)]
     pub into: Option<PathBuf>,
+    /// As root: the service user the restored state goes to (default: the
+    /// owner of the existing empty root, else `agent-state`)
+    #[arg(long, value_name = "USER")]
+    pub owner: Option<String>,
 }
 
 pub fn backup(ctx: &Context, args: BackupArgs) -> Result<u8> {
@@ -40,7 +44,13 @@ pub fn backup(ctx: &Context, args: BackupArgs) -> Result<u8> {
 
 pub fn restore(ctx: &Context, args: RestoreArgs) -> Result<u8> {
     let into = args.into.clone().unwrap_or_else(|| ctx.root.path.clone());
-    let s = crate::backup::restore(&args.archive, &into, ctx.now)?;
+    let opts = crate::backup::RestoreOptions {
+        cap: ctx.config.health.restore_limit,
+        margin: ctx.config.health.disk_pause,
+        user: args.owner.clone(),
+        group: ctx.config.group.clone(),
+    };
+    let s = crate::backup::restore(&args.archive, &into, &opts)?;
     say!(
         "{}: {} files and {} directories restored from {}",
         into.display(),

@@ -1,0 +1,287 @@
+//! `agent-state restore ARCHIVE [--into ROOT]`: a backup put back into a
+//! root that does not exist or is empty, and nothing else.
+//!
+//! The root is looked at first, before a byte is unpacked: a link (whoever
+//! planted it: never followed), a file, or a directory with anything in it
+//! is refused. Staging is a new directory made by `mkdtemp` (mode `0700`, a
+//! name nobody can guess or plant in advance): beside the root when there
+//! is none (renamed into place at the end, `RENAME_NOREPLACE`), inside it
+//! when it exists and is empty (its entries moved up at the end: the
+//! service user may restore without writing in the root's parent). A
+//! failure removes the staging directory and leaves the root as it was.
+//! As root, everything restored, the root included, is given to the
+//! service user and the inbox group.
+
+use std::ffi::OsString;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use nix::sys::stat::Mode;
+
+use super::Summary;
+use super::limits::{Bounded, Limit, free_bytes, limit};
+use super::unpack::{Owner, Unpacker};
+use crate::error::{Error, Result};
+use crate::state::bootstrap::AGENT_DIR_MODE;
+
+/// What bounds a restore, and whose its files become.
+pub struct Options {
+    /// `[health] restore_limit`.
+    pub cap: u64,
+    /// `[health] disk_pause`: free space left to the daemon.
+    pub margin: u64,
+    /// The service user restored files go to (as root; see [`owner`]).
+    pub user: Option<String>,
+    /// The inbox group (the config's `group`).
+    pub group: Option<String>,
+}
+
+/// Where the root stands before anything is unpacked.
+#[derive(Debug, PartialEq, Eq)]
+enum Target {
+    Missing,
+    Empty,
+}
+
+fn look_at(root: &Path) -> Result<Target> {
+    let meta = match std::fs::symlink_metadata(root) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Target::Missing),
+        Err(e) => return Err(Error::io("inspecting", root, e)),
+    };
+    if meta.file_type().is_symlink() {
+        let to = std::fs::read_link(root)
+            .map(|t| t.display().to_string())
+            .unwrap_or_else(|_| "?".into());
+        return Err(Error::Usage(format!(
+            "{} is a symbolic link (to {to}): a restore never follows one; if that directory is the state root, set state_root to it (or give it with --into), else remove the link",
+            root.display()
+        )));
+    }
+    if !meta.is_dir() {
+        return Err(Error::Usage(format!(
+            "{} is not a directory: a backup is restored into an empty state root or where none is (move it aside first)",
+            root.display()
+        )));
+    }
+    if !crate::fsx::list(root)?.is_empty() {
+        return Err(Error::Usage(format!(
+            "{} is not empty: a backup is restored into an empty state root (move this one aside first)",
+            root.display()
+        )));
+    }
+    Ok(Target::Empty)
+}
+
+/// Unpack `archive` into `root`, which must not exist or be empty.
+pub fn restore(archive: &Path, root: &Path, opts: &Options) -> Result<Summary> {
+    let target = look_at(root)?;
+    let owner = owner(root, opts.user.as_deref(), opts.group.as_deref())?;
+    let file = File::open(archive).map_err(|e| Error::io("opening", archive, e))?;
+    let (stage_in, prefix) = match target {
+        Target::Missing => {
+            let name = root
+                .file_name()
+                .ok_or_else(|| Error::Usage(format!("{} names no directory", root.display())))?;
+            let parent = match root.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+                _ => PathBuf::from("."),
+            };
+            (parent, format!(".{}.restoring-", name.to_string_lossy()))
+        }
+        Target::Empty => (root.to_path_buf(), ".restoring-".to_string()),
+    };
+    let free = free_bytes(&stage_in)?;
+    let limit = limit(opts.cap, free, opts.margin);
+    let staging = nix::unistd::mkdtemp(&stage_in.join(format!("{prefix}XXXXXX")))
+        .map_err(|e| staging_error(&stage_in, root, e))?;
+    let result = unpack(archive, file, &staging, owner, &limit)
+        .and_then(|s| move_into_place(&staging, root, &target, owner).map(|()| s));
+    if result.is_err() {
+        // Ours alone (0700, made above, no link ever made in it).
+        let _ = std::fs::remove_dir_all(&staging);
+    }
+    result
+}
+
+fn staging_error(dir: &Path, root: &Path, e: nix::errno::Errno) -> Error {
+    let e = io::Error::from(e);
+    if e.kind() == io::ErrorKind::PermissionDenied {
+        return Error::io(
+            "creating a staging directory in",
+            dir,
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "{e}; create {} empty for this user first (as the package's tmpfiles.d does), or restore as root",
+                    root.display()
+                ),
+            ),
+        );
+    }
+    Error::io("creating a staging directory in", dir, e)
+}
+
+fn unpack(
+    archive: &Path,
+    file: File,
+    staging: &Path,
+    owner: Option<Owner>,
+    limit: &Limit,
+) -> Result<Summary> {
+    let decoder =
+        zstd::stream::read::Decoder::new(file).map_err(|e| Error::io("reading", archive, e))?;
+    // The whole stream, headers and all, is bounded too (see Bounded).
+    let bounded = Bounded {
+        inner: decoder,
+        left: limit.bytes.saturating_add(1 << 20),
+    };
+    let mut tar = tar::Archive::new(bounded);
+    let summary = Unpacker {
+        archive,
+        into: staging,
+        owner,
+        limit,
+    }
+    .unpack(&mut tar)?;
+    // Everything on disk before it is moved into place.
+    let fd = crate::fsx::dir(staging)?;
+    nix::unistd::syncfs(fd.as_fd()).map_err(|e| Error::io("syncing", staging, e.into()))?;
+    Ok(summary)
+}
+
+/// The staged tree becomes the root: renamed onto a missing root, or its
+/// entries moved into the empty one. The root gets the store's mode and,
+/// as root, the service user and inbox group.
+fn move_into_place(
+    staging: &Path,
+    root: &Path,
+    target: &Target,
+    owner: Option<Owner>,
+) -> Result<()> {
+    match target {
+        Target::Missing => {
+            let fd = crate::fsx::dir(staging)?;
+            give_root(&fd, staging, owner)?;
+            crate::fsx::rename(staging, root, false)?;
+        }
+        Target::Empty => {
+            let from = crate::fsx::dir(staging)?;
+            let to = crate::fsx::dir(root)?;
+            let names: Vec<OsString> = crate::fsx::list(staging)?;
+            for name in &names {
+                crate::fsx::rename_at(from.as_fd(), name, to.as_fd(), name, false)
+                    .map_err(|e| Error::io("moving into place", staging.join(name), e))?;
+            }
+            crate::fsx::remove_dir(staging)?;
+            give_root(&to, root, owner)?;
+        }
+    }
+    let parent = root.parent().filter(|p| !p.as_os_str().is_empty());
+    crate::fsx::sync_dir(parent.unwrap_or(Path::new(".")))
+}
+
+fn give_root(fd: &OwnedFd, path: &Path, owner: Option<Owner>) -> Result<()> {
+    if let Some(o) = owner {
+        nix::unistd::fchown(fd.as_fd(), Some(o.uid.into()), Some(o.gid.into()))
+            .map_err(|e| Error::io("setting the owner of", path, e.into()))?;
+    }
+    let st =
+        nix::sys::stat::fstat(fd.as_fd()).map_err(|e| Error::io("inspecting", path, e.into()))?;
+    // Not this user's and not root: left as it is (this user could not
+    // have written in it).
+    if owner.is_none() && st.st_uid != nix::unistd::geteuid().as_raw() {
+        return Ok(());
+    }
+    nix::sys::stat::fchmod(fd.as_fd(), Mode::from_bits_truncate(AGENT_DIR_MODE))
+        .map_err(|e| Error::io("setting the mode of", path, e.into()))
+}
+
+/// As root: the service user (`user`, else the owner of an existing root
+/// that is not root's, else `agent-state`) and the inbox group (`group`,
+/// else the user's own).
+fn owner(root: &Path, user: Option<&str>, group: Option<&str>) -> Result<Option<Owner>> {
+    let me = nix::unistd::geteuid();
+    if !me.is_root() {
+        return match user.map(lookup_user).transpose()? {
+            Some(u) if u.uid != me => Err(Error::Usage(format!(
+                "only root can give the restored state to {:?}: run as root, or as that user",
+                u.name
+            ))),
+            _ => Ok(None),
+        };
+    }
+    let existing = std::fs::symlink_metadata(root)
+        .ok()
+        .filter(|m| m.is_dir() && m.uid() != 0);
+    let user = match (user, existing) {
+        (Some(name), _) => lookup_user(name)?,
+        (None, Some(m)) => nix::unistd::User::from_uid(m.uid().into())
+            .ok()
+            .flatten()
+            .ok_or_else(|| {
+                Error::Usage(format!(
+                    "{} belongs to uid {}, which is no user: name the service user with --owner",
+                    root.display(),
+                    m.uid()
+                ))
+            })?,
+        (None, None) => lookup_user("agent-state")?,
+    };
+    let gid = match group {
+        Some(g) => nix::unistd::Group::from_name(g)
+            .ok()
+            .flatten()
+            .ok_or_else(|| {
+                Error::Usage(format!(
+                    "the config's group {g:?} does not exist: create it (the package does) or fix `group`"
+                ))
+            })?
+            .gid,
+        None => user.gid,
+    };
+    Ok(Some(Owner {
+        uid: user.uid.as_raw(),
+        gid: gid.as_raw(),
+    }))
+}
+
+fn lookup_user(name: &str) -> Result<nix::unistd::User> {
+    nix::unistd::User::from_name(name)
+        .ok()
+        .flatten()
+        .ok_or_else(|| {
+            Error::Usage(format!(
+                "there is no user {name:?} to own the restored state: name the service user with --owner USER"
+            ))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_root_is_looked_at_before_anything_is_unpacked() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = |n: &str| dir.path().join(n);
+        assert_eq!(look_at(&p("none")).unwrap(), Target::Missing);
+        std::fs::create_dir(p("empty")).unwrap();
+        assert_eq!(look_at(&p("empty")).unwrap(), Target::Empty);
+        std::fs::create_dir(p("full")).unwrap();
+        std::fs::write(p("full/x"), "").unwrap();
+        std::fs::write(p("file"), "").unwrap();
+        std::os::unix::fs::symlink(p("empty"), p("link")).unwrap();
+        for (name, says) in [
+            ("full", "is not empty"),
+            ("file", "is not a directory"),
+            ("link", "is a symbolic link"),
+        ] {
+            let e = look_at(&p(name)).unwrap_err().to_string();
+            assert!(e.contains(says), "{name}: {e}");
+        }
+    }
+}

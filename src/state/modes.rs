@@ -1,0 +1,148 @@
+//! The modes the store writes, by place: what `restore` gives each file and
+//! directory it unpacks (whatever the archive says), and what `check` calls
+//! a mode the store never writes. Pure: a path relative to the state root,
+//! whether it is a directory, and the mode found.
+//!
+//! Directories are `0755` (`0750` where the store keeps them private, e.g.
+//! `.daemon/`), an agent's `inbox/` and `inbox/.tmp/` `3770`, the rest of
+//! the inbox `2750`; files `0644`, or `0640` where private and in every
+//! inbox. Nothing the store writes is setuid, executable or world-writable.
+
+use std::path::{Component, Path};
+
+use super::bootstrap::{AGENT_DIR_MODE, INBOX_DIR_MODE, INBOX_PRIVATE_DIR_MODE};
+
+/// A directory the store keeps private (`.daemon/`, a flow's answers).
+pub const PRIVATE_DIR_MODE: u32 = 0o750;
+/// A private file (a message, the daemon's files).
+pub const PRIVATE_FILE_MODE: u32 = 0o640;
+
+/// Where in the store `rel` is.
+#[derive(Debug, PartialEq, Eq)]
+enum Place {
+    /// An agent's `inbox/` or `inbox/.tmp/`.
+    Inbox,
+    /// Below an agent's `inbox/`, but not those two.
+    InInbox,
+    Elsewhere,
+}
+
+fn place(rel: &Path) -> Place {
+    let parts: Vec<&std::ffi::OsStr> = rel
+        .components()
+        .filter_map(|c| match c {
+            Component::Normal(n) => Some(n),
+            _ => None,
+        })
+        .collect();
+    let agent = parts
+        .first()
+        .is_some_and(|a| !a.as_encoded_bytes().starts_with(b"."));
+    if !agent || parts.get(1).is_none_or(|p| *p != "inbox") {
+        return Place::Elsewhere;
+    }
+    match &parts[2..] {
+        [] => Place::Inbox,
+        [tmp] if *tmp == ".tmp" => Place::Inbox,
+        _ => Place::InInbox,
+    }
+}
+
+/// The mode the store gives `rel` (relative to the state root), from the
+/// mode `found` (only whether others may read it counts).
+pub fn store_mode(rel: &Path, is_dir: bool, found: u32) -> u32 {
+    let public = found & 0o004 != 0;
+    match (place(rel), is_dir) {
+        (Place::Inbox, true) => INBOX_DIR_MODE,
+        (Place::InInbox, true) => INBOX_PRIVATE_DIR_MODE,
+        (_, true) if rel.components().all(|c| c == Component::CurDir) => AGENT_DIR_MODE,
+        (Place::Elsewhere, true) if public => AGENT_DIR_MODE,
+        (Place::Elsewhere, true) => PRIVATE_DIR_MODE,
+        (Place::Elsewhere, false) if public => super::STATE_FILE_MODE,
+        (_, false) => PRIVATE_FILE_MODE,
+    }
+}
+
+/// Whether `mode` is one the store never writes at `rel`: setuid, setgid or
+/// sticky where the store sets none, executable or world-writable files,
+/// world-writable directories. (A group-writable file is not: a sender's
+/// message made with `cat >` under umask 002 is; `.lock` files are `0660`.)
+pub fn foreign(rel: &Path, is_dir: bool, mode: u32) -> bool {
+    let mode = mode & 0o7777;
+    if is_dir {
+        let special = if place(rel) == Place::Elsewhere {
+            0o7000
+        } else {
+            0o4000
+        };
+        mode & (special | 0o002) != 0
+    } else {
+        mode & !0o664 != 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_place_gets_the_mode_the_store_writes() {
+        let table: &[(&str, bool, u32, u32)] = &[
+            (".", true, 0o777, 0o755),
+            ("", true, 0o700, 0o755),
+            ("rio", true, 0o777, 0o755),
+            ("rio", true, 0o6777, 0o755),
+            ("rio/sessions", true, 0o750, 0o750),
+            (".daemon", true, 0o750, 0o750),
+            (".daemon", true, 0o777, 0o755),
+            ("rio/inbox", true, 0o777, 0o3770),
+            ("rio/inbox", true, 0o700, 0o3770),
+            ("rio/inbox/.tmp", true, 0o755, 0o3770),
+            ("rio/inbox/processed", true, 0o3777, 0o2750),
+            ("rio/inbox/.claimed/s1", true, 0o777, 0o2750),
+            (".flows/inbox", true, 0o777, 0o755),
+            ("rio/report.json", false, 0o6755, 0o644),
+            ("rio/report.json", false, 0o666, 0o644),
+            ("rio/report.json", false, 0o600, 0o640),
+            (".daemon/daemon.json", false, 0o640, 0o640),
+            ("rio/inbox/m.json", false, 0o666, 0o640),
+            ("rio/inbox/processed/m.json", false, 0o4777, 0o640),
+        ];
+        for &(rel, dir, found, want) in table {
+            assert_eq!(
+                store_mode(Path::new(rel), dir, found),
+                want,
+                "{rel} {dir} {found:o}"
+            );
+        }
+    }
+
+    #[test]
+    fn foreign_modes_are_the_ones_the_store_never_writes() {
+        let table: &[(&str, bool, u32, bool)] = &[
+            ("rio/report.json", false, 0o644, false),
+            ("rio/inbox/m.json", false, 0o640, false),
+            ("rio/inbox/m.json", false, 0o664, false),
+            ("rio/.lock", false, 0o660, false),
+            ("rio/report.json", false, 0o666, true),
+            ("rio/report.json", false, 0o755, true),
+            ("rio/report.json", false, 0o2644, true),
+            ("rio/report.json", false, 0o4644, true),
+            ("rio", true, 0o755, false),
+            ("rio/sessions", true, 0o750, false),
+            ("rio/inbox", true, 0o3770, false),
+            ("rio/inbox/processed", true, 0o2750, false),
+            ("rio", true, 0o777, true),
+            ("rio", true, 0o2755, true),
+            ("rio/inbox", true, 0o3777, true),
+            ("rio/inbox", true, 0o6770, true),
+        ];
+        for &(rel, dir, mode, want) in table {
+            assert_eq!(
+                foreign(Path::new(rel), dir, mode),
+                want,
+                "{rel} {dir} {mode:o}"
+            );
+        }
+    }
+}
