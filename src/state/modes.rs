@@ -10,6 +10,7 @@
 
 use std::path::{Component, Path};
 
+use super::AgentDir;
 use super::bootstrap::{AGENT_DIR_MODE, INBOX_DIR_MODE, INBOX_PRIVATE_DIR_MODE};
 
 /// A directory the store keeps private (`.daemon/`, a flow's answers).
@@ -79,6 +80,113 @@ pub fn foreign(rel: &Path, is_dir: bool, mode: u32) -> bool {
     } else {
         mode & !0o664 != 0
     }
+}
+
+// ---- an agent's directory -------------------------------------------------
+
+/// A file or directory of an agent's whose mode the store never writes.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Foreign {
+    /// Relative to the agent's directory (a directory ends in `/`).
+    pub rel: String,
+    pub mode: u32,
+    /// What `--repair` sets.
+    pub wanted: u32,
+}
+
+/// How deep below `inbox/` and `sessions/` the walk goes (the deepest the
+/// store writes is `inbox/.claimed/SESSION/MESSAGE`).
+const MAX_DEPTH: usize = 3;
+
+/// The store's files and directories in `dir` whose mode is [`foreign`]:
+/// the directory, its state files, and everything in `inbox/` and
+/// `sessions/` (what sessions leave elsewhere in it is theirs). Never
+/// through a link; links and special files are skipped (`check` calls them
+/// unsafe). The inbox directories `bootstrap::wrong_modes` looks at are
+/// left to it.
+pub fn foreign_in(dir: &AgentDir) -> Vec<Foreign> {
+    let mut out = Vec::new();
+    walk(dir, &dir.path, MAX_DEPTH, &mut out);
+    for f in [
+        dir.report(),
+        dir.tasks(),
+        dir.session(),
+        dir.metrics(),
+        dir.memory(),
+        dir.journal(),
+    ] {
+        walk(dir, &f, 0, &mut out);
+    }
+    walk(dir, &dir.inbox(), MAX_DEPTH, &mut out);
+    walk(dir, &dir.sessions_dir(), 1, &mut out);
+    out
+}
+
+fn walk(dir: &AgentDir, path: &Path, depth: usize, out: &mut Vec<Foreign>) {
+    let Ok(Some(st)) = crate::fsx::metadata(path) else {
+        return;
+    };
+    let is_dir = match crate::fsx::file_type(&st) {
+        nix::sys::stat::SFlag::S_IFDIR => true,
+        nix::sys::stat::SFlag::S_IFREG => false,
+        _ => return,
+    };
+    let inside = path.strip_prefix(&dir.path).unwrap_or(path);
+    let rel = Path::new(dir.name.as_str()).join(inside);
+    let mode = st.st_mode & 0o7777;
+    let left_to_bootstrap = [
+        dir.inbox(),
+        dir.inbox_tmp(),
+        dir.claimed_root(),
+        dir.processed(),
+        dir.rejected(),
+    ]
+    .iter()
+    .any(|p| p == path);
+    if !left_to_bootstrap && foreign(&rel, is_dir, mode) {
+        let mut shown = inside.display().to_string();
+        if shown.is_empty() {
+            shown = ".".into();
+        } else if is_dir {
+            shown.push('/');
+        }
+        out.push(Foreign {
+            rel: shown,
+            mode,
+            wanted: store_mode(&rel, is_dir, mode),
+        });
+    }
+    // The agent's directory itself is looked at, not walked (see above).
+    if !is_dir || depth == 0 || path == dir.path {
+        return;
+    }
+    let Ok(mut names) = crate::fsx::list(path) else {
+        return;
+    };
+    names.sort();
+    for name in names {
+        walk(dir, &path.join(name), depth - 1, out);
+    }
+}
+
+/// Set `f`'s path to the mode the store writes, through a handle opened
+/// without following links (a link or FIFO put there since is refused).
+/// Only this user's files, or any as root.
+pub fn repair(dir: &AgentDir, f: &Foreign) -> crate::error::Result<()> {
+    let path = match f.rel.trim_end_matches('/') {
+        "." => dir.path.clone(),
+        rel => dir.path.join(rel),
+    };
+    let fd: std::os::fd::OwnedFd = if f.rel.ends_with('/') || f.rel == "." {
+        crate::fsx::dir(&path)?
+    } else {
+        match crate::fsx::open_read(&path)? {
+            Some(file) => file.into(),
+            None => return Ok(()),
+        }
+    };
+    nix::sys::stat::fchmod(&fd, nix::sys::stat::Mode::from_bits_truncate(f.wanted))
+        .map_err(|e| crate::error::Error::io("setting the mode of", &path, e.into()))
 }
 
 #[cfg(test)]

@@ -425,3 +425,41 @@ fn restored_as_root_or_as_the_service_user_the_state_is_the_service_users() {
     }
     assert_eq!(mode(&mine.join("rio/inbox")), 0o3770);
 }
+
+#[test]
+fn check_flags_a_mode_the_store_never_writes_and_repair_sets_the_stores() {
+    let env = Env::standard();
+    env.send("marcus", "rio", &["--body", "for the group"]);
+    let message = env.agent("rio").join("inbox").join(&env.waiting("rio")[0]);
+    let chmod =
+        |p: &Path, m: u32| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+    // What a restore from before left (setgid kept, 0777, 0666).
+    chmod(&env.path("rio", "report.json"), 0o6755);
+    chmod(&env.path("rio", "memory.md"), 0o666);
+    chmod(&env.agent("rio"), 0o777);
+    chmod(&message, 0o777);
+    // Not the store's: what a session leaves beside its state is its own.
+    std::fs::write(env.path("rio", "tool.sh"), "#!/bin/sh\n").unwrap();
+    chmod(&env.path("rio", "tool.sh"), 0o755);
+
+    let out = env.run(&["check"]);
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(65), "{said}");
+    for line in [
+        "rio: report.json: a mode the store never writes: 6755, should be 644",
+        "rio: memory.md: a mode the store never writes: 666, should be 644",
+        "rio: .: a mode the store never writes: 777, should be 755",
+        "a mode the store never writes: 777, should be 640",
+    ] {
+        assert!(said.contains(line), "{line}\n{said}");
+    }
+    assert!(!said.contains("tool.sh"), "{said}");
+
+    env.run(&["check", "--repair"]);
+    assert_eq!(mode(&env.path("rio", "report.json")), 0o644);
+    assert_eq!(mode(&env.path("rio", "memory.md")), 0o644);
+    assert_eq!(mode(&env.agent("rio")), 0o755);
+    assert_eq!(mode(&message), 0o640);
+    let said = env.ok(&["check"]);
+    assert!(said.contains("no problems found"), "{said}");
+}
