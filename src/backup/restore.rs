@@ -39,6 +39,9 @@ pub struct Options {
     pub group: Option<String>,
 }
 
+/// The start of the name of a staging directory made inside the root.
+const STAGING_INSIDE: &str = ".restoring-";
+
 /// Where the root stands before anything is unpacked.
 #[derive(Debug, PartialEq, Eq)]
 enum Target {
@@ -67,17 +70,25 @@ fn look_at(root: &Path) -> Result<Target> {
             root.display()
         )));
     }
-    if !crate::fsx::list(root)?.is_empty() {
-        return Err(Error::Usage(format!(
-            "{} is not empty: a backup is restored into an empty state root (move this one aside first)",
-            root.display()
-        )));
+    let names = crate::fsx::list(root)?;
+    if !names.is_empty() {
+        let staged = names
+            .iter()
+            .all(|n| n.as_encoded_bytes().starts_with(STAGING_INSIDE.as_bytes()));
+        let why = if staged {
+            "holds only what an interrupted restore staged: remove it (rm -r) and restore again"
+        } else {
+            "is not empty: a backup is restored into an empty state root (move this one aside first)"
+        };
+        return Err(Error::Usage(format!("{} {why}", root.display())));
     }
     Ok(Target::Empty)
 }
 
 /// Unpack `archive` into `root`, which must not exist or be empty.
 pub fn restore(archive: &Path, root: &Path, opts: &Options) -> Result<Summary> {
+    // Without a trailing slash, which would make lstat follow a link.
+    let root: &Path = &root.components().collect::<PathBuf>();
     let target = look_at(root)?;
     let owner = owner(root, opts.user.as_deref(), opts.group.as_deref())?;
     let file = File::open(archive).map_err(|e| Error::io("opening", archive, e))?;
@@ -92,7 +103,7 @@ pub fn restore(archive: &Path, root: &Path, opts: &Options) -> Result<Summary> {
             };
             (parent, format!(".{}.restoring-", name.to_string_lossy()))
         }
-        Target::Empty => (root.to_path_buf(), ".restoring-".to_string()),
+        Target::Empty => (root.to_path_buf(), STAGING_INSIDE.to_string()),
     };
     let free = free_bytes(&stage_in)?;
     let limit = limit(opts.cap, free, opts.margin);
@@ -274,13 +285,17 @@ mod tests {
         std::fs::create_dir(p("full")).unwrap();
         std::fs::write(p("full/x"), "").unwrap();
         std::fs::write(p("file"), "").unwrap();
+        std::fs::create_dir_all(p("staged/.restoring-abc123/rio")).unwrap();
         std::os::unix::fs::symlink(p("empty"), p("link")).unwrap();
         for (name, says) in [
+            ("link/", "is a symbolic link"),
             ("full", "is not empty"),
+            ("staged", "an interrupted restore"),
             ("file", "is not a directory"),
             ("link", "is a symbolic link"),
         ] {
-            let e = look_at(&p(name)).unwrap_err().to_string();
+            let root: PathBuf = p(name).components().collect();
+            let e = look_at(&root).unwrap_err().to_string();
             assert!(e.contains(says), "{name}: {e}");
         }
     }

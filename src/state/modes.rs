@@ -192,6 +192,7 @@ pub fn repair(dir: &AgentDir, f: &Foreign) -> crate::error::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nix::sys::stat::Mode;
 
     #[test]
     fn each_place_gets_the_mode_the_store_writes() {
@@ -252,5 +253,47 @@ mod tests {
                 "{rel} {dir} {mode:o}"
             );
         }
+    }
+
+    #[test]
+    fn the_walk_follows_no_link_and_repairs_through_no_link() {
+        use std::os::unix::fs::{PermissionsExt, symlink};
+        let tmp = tempfile::tempdir().unwrap();
+        let root = super::super::StateRoot::new(tmp.path());
+        let dir = root.agent(&crate::agent_name::AgentName::parse("rio").unwrap());
+        super::super::bootstrap::agent(
+            super::super::bootstrap::AgentKind::Agent,
+            &dir,
+            crate::clock::Timestamp::now(),
+        )
+        .unwrap();
+        let chmod = |p: &Path, m: u32| {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
+        };
+        // A world-writable file outside, linked from the inbox and in
+        // place of a state file; a FIFO; what a session left beside.
+        let outside = tmp.path().join("outside");
+        std::fs::write(&outside, "x").unwrap();
+        chmod(&outside, 0o777);
+        symlink(&outside, dir.inbox().join("m.json")).unwrap();
+        std::fs::remove_file(dir.report()).unwrap();
+        symlink(&outside, dir.report()).unwrap();
+        nix::unistd::mkfifo(&dir.inbox().join("p"), Mode::from_bits_truncate(0o777)).unwrap();
+        std::fs::write(dir.path.join("tool.sh"), "").unwrap();
+        chmod(&dir.path.join("tool.sh"), 0o755);
+        chmod(&dir.journal(), 0o4755);
+        let found = foreign_in(&dir);
+        assert_eq!(
+            found,
+            vec![Foreign {
+                rel: "journal.jsonl".into(),
+                mode: 0o4755,
+                wanted: 0o644
+            }]
+        );
+        repair(&dir, &found[0]).unwrap();
+        assert!(foreign_in(&dir).is_empty());
+        let mode = std::fs::metadata(&outside).unwrap().permissions().mode();
+        assert_eq!(mode & 0o7777, 0o777, "the link's target untouched");
     }
 }
