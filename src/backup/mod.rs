@@ -160,7 +160,8 @@ pub fn backup(root: &StateRoot, dest: &Path) -> Result<Summary> {
             root.path.display()
         )));
     }
-    if dest.starts_with(&root.path) {
+    // (Through any link on the way: the root's path is resolved too.)
+    if crate::fsx::trusted(dest).starts_with(&root.path) {
         return Err(Error::Usage(format!(
             "{} is inside the state root: write the backup elsewhere",
             dest.display()

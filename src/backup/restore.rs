@@ -49,6 +49,24 @@ enum Target {
     Empty,
 }
 
+/// `root` with the links above it resolved (the operator's: `/opt` may
+/// be a link), but not its last component (looked at, never followed), and
+/// no trailing slash (which would make `lstat` follow a link).
+fn resolved_parent(root: &Path) -> Result<PathBuf> {
+    let name = match root.components().next_back() {
+        Some(std::path::Component::Normal(n)) => n,
+        _ => {
+            return Err(Error::Usage(format!(
+                "{} names no directory to restore into",
+                root.display()
+            )));
+        }
+    };
+    let parent = root.components().collect::<PathBuf>();
+    let parent = parent.parent().filter(|p| !p.as_os_str().is_empty());
+    Ok(crate::fsx::trusted(parent.unwrap_or(Path::new("."))).join(name))
+}
+
 fn look_at(root: &Path) -> Result<Target> {
     let meta = match std::fs::symlink_metadata(root) {
         Ok(m) => m,
@@ -87,21 +105,18 @@ fn look_at(root: &Path) -> Result<Target> {
 
 /// Unpack `archive` into `root`, which must not exist or be empty.
 pub fn restore(archive: &Path, root: &Path, opts: &Options) -> Result<Summary> {
-    // Without a trailing slash, which would make lstat follow a link.
-    let root: &Path = &root.components().collect::<PathBuf>();
+    let root = &resolved_parent(root)?;
     let target = look_at(root)?;
     let owner = owner(root, opts.user.as_deref(), opts.group.as_deref())?;
     let file = File::open(archive).map_err(|e| Error::io("opening", archive, e))?;
     let (stage_in, prefix) = match target {
         Target::Missing => {
-            let name = root
-                .file_name()
-                .ok_or_else(|| Error::Usage(format!("{} names no directory", root.display())))?;
-            let parent = match root.parent() {
-                Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-                _ => PathBuf::from("."),
-            };
-            (parent, format!(".{}.restoring-", name.to_string_lossy()))
+            let name = root.file_name().expect("resolved_parent");
+            let parent = root.parent().expect("resolved_parent");
+            (
+                parent.to_path_buf(),
+                format!(".{}.restoring-", name.to_string_lossy()),
+            )
         }
         Target::Empty => (root.to_path_buf(), STAGING_INSIDE.to_string()),
     };
@@ -191,8 +206,7 @@ fn move_into_place(
             give_root(&to, root, owner)?;
         }
     }
-    let parent = root.parent().filter(|p| !p.as_os_str().is_empty());
-    crate::fsx::sync_dir(parent.unwrap_or(Path::new(".")))
+    crate::fsx::sync_dir(root.parent().expect("resolved_parent"))
 }
 
 fn give_root(fd: &OwnedFd, path: &Path, owner: Option<Owner>) -> Result<()> {

@@ -240,6 +240,18 @@ fn a_root_that_is_a_link_or_a_file_is_refused_before_anything_is_unpacked() {
     );
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "mine\n");
     assert_eq!(staging_left(&base), Vec::<String>::new());
+
+    // A link above the root is the operator's (`/opt` -> `/srv/opt`), and a
+    // trailing slash changes nothing.
+    let above = env.tmp("above");
+    std::os::unix::fs::symlink(&base, &above).unwrap();
+    let into = format!("{}/restored/", above.display());
+    let out = restore(&env, &archive, Path::new(&into));
+    assert!(out.status.success(), "{}", said(&out));
+    assert!(base.join("restored/rio/report.json").is_file());
+    let out = restore(&env, &archive, &base.join("linked/"));
+    assert_eq!(out.status.code(), Some(64), "{}", said(&out));
+    assert!(list(&elsewhere).is_empty());
 }
 
 // ---- with real users (root, AGENT_STATE_ROOT_TESTS=1) ------------------------
