@@ -90,6 +90,14 @@ fn leftover(dir: &OwnedFd, name: &std::ffi::OsStr) -> bool {
 }
 
 impl Partial {
+    /// Remove it (a backup that failed), through the directory's handle.
+    pub fn discard(self) {
+        crate::fsx::discard_at(
+            self.dir.as_fd(),
+            self.path.file_name().expect("made in create"),
+        );
+    }
+
     /// Rename onto `dest` (a link at DEST is replaced, not followed), and
     /// sync the directory.
     pub fn finish(self, dest: &Path) -> Result<()> {

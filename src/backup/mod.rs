@@ -168,6 +168,21 @@ pub fn backup(root: &StateRoot, dest: &Path) -> Result<Summary> {
         )));
     }
     let partial = dest::create(dest)?;
+    match write(root, &partial) {
+        Ok(summary) => {
+            partial.finish(dest)?;
+            Ok(summary)
+        }
+        Err(e) => {
+            // Never left half written.
+            partial.discard();
+            Err(e)
+        }
+    }
+}
+
+/// The archive, whole and synced, in `partial`.
+fn write(root: &StateRoot, partial: &dest::Partial) -> Result<Summary> {
     let file = partial
         .file
         .try_clone()
@@ -229,8 +244,6 @@ pub fn backup(root: &StateRoot, dest: &Path) -> Result<Summary> {
     out.get_ref()
         .sync_all()
         .map_err(|e| Error::io("syncing", &partial.path, e))?;
-    drop(out);
-    partial.finish(dest)?;
     Ok(w.summary)
 }
 

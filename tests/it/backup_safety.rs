@@ -418,17 +418,20 @@ fn restored_as_root_or_as_the_service_user_the_state_is_the_service_users() {
     std::fs::copy(BIN, &bin).unwrap();
     std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::set_permissions(&env.config, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let out = Command::new("runuser")
-        .args(["-u", &svc.user, "--"])
-        .arg(&bin)
-        .arg("--config")
-        .arg(&env.config)
-        .args(["restore", archive.to_str().unwrap(), "--into"])
-        .arg(&mine)
-        .current_dir("/")
-        .env_remove("AGENT_STATE_CONFIG")
-        .output()
-        .unwrap();
+    let as_svc = |into: &Path| {
+        Command::new("runuser")
+            .args(["-u", &svc.user, "--"])
+            .arg(&bin)
+            .arg("--config")
+            .arg(&env.config)
+            .args(["restore", archive.to_str().unwrap(), "--into"])
+            .arg(into)
+            .current_dir("/")
+            .env_remove("AGENT_STATE_CONFIG")
+            .output()
+            .unwrap()
+    };
+    let out = as_svc(&mine);
     assert!(out.status.success(), "{}", said(&out));
     assert!(mine.join("rio/report.json").is_file());
     assert_eq!(staging_left(&mine), Vec::<String>::new());
@@ -436,6 +439,15 @@ fn restored_as_root_or_as_the_service_user_the_state_is_the_service_users() {
         assert_eq!(uid, u.uid.as_raw(), "{}", p.display());
     }
     assert_eq!(mode(&mine.join("rio/inbox")), 0o3770);
+    // Where there is no root and the parent is root's: what to do, said.
+    let out = as_svc(&base.join("none"));
+    assert_eq!(out.status.code(), Some(77), "{}", said(&out));
+    assert!(
+        said(&out).contains("empty for this user first"),
+        "{}",
+        said(&out)
+    );
+    assert!(!base.join("none").exists());
 }
 
 #[test]
