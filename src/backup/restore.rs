@@ -210,16 +210,17 @@ fn move_into_place(
 }
 
 fn give_root(fd: &OwnedFd, path: &Path, owner: Option<Owner>) -> Result<()> {
+    let st =
+        nix::sys::stat::fstat(fd.as_fd()).map_err(|e| Error::io("inspecting", path, e.into()))?;
+    let me = nix::unistd::geteuid();
+    // Not this user's and not root: left as it is (whoever could write in
+    // it may not change it).
+    if !me.is_root() && st.st_uid != me.as_raw() {
+        return Ok(());
+    }
     if let Some(o) = owner {
         nix::unistd::fchown(fd.as_fd(), Some(o.uid.into()), Some(o.gid.into()))
             .map_err(|e| Error::io("setting the owner of", path, e.into()))?;
-    }
-    let st =
-        nix::sys::stat::fstat(fd.as_fd()).map_err(|e| Error::io("inspecting", path, e.into()))?;
-    // Not this user's and not root: left as it is (this user could not
-    // have written in it).
-    if owner.is_none() && st.st_uid != nix::unistd::geteuid().as_raw() {
-        return Ok(());
     }
     nix::sys::stat::fchmod(fd.as_fd(), Mode::from_bits_truncate(AGENT_DIR_MODE))
         .map_err(|e| Error::io("setting the mode of", path, e.into()))
@@ -236,7 +237,10 @@ fn owner(root: &Path, user: Option<&str>, group: Option<&str>) -> Result<Option<
                 "only root can give the restored state to {:?}: run as root, or as that user",
                 u.name
             ))),
-            _ => Ok(None),
+            _ => Ok(own_group(group).map(|gid| Owner {
+                uid: me.as_raw(),
+                gid,
+            })),
         };
     }
     let existing = std::fs::symlink_metadata(root)
@@ -272,6 +276,16 @@ fn owner(root: &Path, user: Option<&str>, group: Option<&str>) -> Result<Option<
         uid: user.uid.as_raw(),
         gid: gid.as_raw(),
     }))
+}
+
+/// Not as root: the inbox group, if this user is in it (a user may give
+/// its files to any group of its own), so the state is the group's whatever
+/// this user's primary group.
+fn own_group(group: Option<&str>) -> Option<u32> {
+    let gid = nix::unistd::Group::from_name(group?).ok().flatten()?.gid;
+    let mine =
+        nix::unistd::getegid() == gid || nix::unistd::getgroups().is_ok_and(|gs| gs.contains(&gid));
+    mine.then_some(gid.as_raw())
 }
 
 fn lookup_user(name: &str) -> Result<nix::unistd::User> {

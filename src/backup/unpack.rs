@@ -24,8 +24,8 @@ use crate::state::modes::store_mode;
 /// memory: bounded).
 const MAX_PATH: u64 = 4096;
 
-/// Who the restored files belong to (as root): the service user and the
-/// inbox group.
+/// Who the restored files belong to: as root, the service user and the
+/// inbox group; not as root, this user and the inbox group if it is in it.
 #[derive(Debug, Clone, Copy)]
 pub struct Owner {
     pub uid: u32,

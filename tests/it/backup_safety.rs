@@ -270,7 +270,7 @@ fn must(program: &str, args: &[&str]) {
     assert!(out.status.success(), "{program} {args:?}: {}", said(&out));
 }
 
-/// A service user in its own inbox group; removed however the test ends.
+/// A service user and its inbox group; removed however the test ends.
 struct Service {
     user: String,
     group: String,
@@ -284,10 +284,12 @@ impl Service {
         };
         s.remove();
         must("groupadd", &["--system", &s.group]);
+        // Its own primary group, the inbox group besides: the restored
+        // state is the inbox group's all the same.
         must(
             "useradd",
             &[
-                "--system", "-M", "-N", "-g", &s.group, "-s", "/bin/sh", &s.user,
+                "--system", "-M", "-U", "-G", &s.group, "-s", "/bin/sh", &s.user,
             ],
         );
         s
@@ -296,6 +298,7 @@ impl Service {
     fn remove(&self) {
         let _ = Command::new("userdel").arg(&self.user).output();
         let _ = Command::new("groupdel").arg(&self.group).output();
+        let _ = Command::new("groupdel").arg(&self.user).output();
     }
 }
 
@@ -435,8 +438,13 @@ fn restored_as_root_or_as_the_service_user_the_state_is_the_service_users() {
     assert!(out.status.success(), "{}", said(&out));
     assert!(mine.join("rio/report.json").is_file());
     assert_eq!(staging_left(&mine), Vec::<String>::new());
-    for (p, uid, _) in owners(&mine) {
-        assert_eq!(uid, u.uid.as_raw(), "{}", p.display());
+    for (p, uid, gid) in owners(&mine) {
+        assert_eq!(
+            (uid, gid),
+            (u.uid.as_raw(), g.gid.as_raw()),
+            "{}",
+            p.display()
+        );
     }
     assert_eq!(mode(&mine.join("rio/inbox")), 0o3770);
     // Where there is no root and the parent is root's: what to do, said.
