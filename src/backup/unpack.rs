@@ -186,3 +186,103 @@ impl Unpacker<'_> {
             .map_err(|e| Error::io("setting the mode of", path, e.into()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An entry: its type, name and data.
+    type Member<'a> = (tar::EntryType, &'a str, Vec<u8>);
+
+    fn archive(entries: &[Member<'_>]) -> Vec<u8> {
+        let mut tar = tar::Builder::new(Vec::new());
+        for (kind, name, data) in entries {
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(*kind);
+            h.set_size(data.len() as u64);
+            h.set_mode(0o644);
+            h.set_uid(0);
+            h.set_gid(0);
+            h.set_path(name).unwrap();
+            h.set_cksum();
+            tar.append(&h, &data[..]).unwrap();
+        }
+        tar.into_inner().unwrap()
+    }
+
+    fn unpack(bytes: &[u8], limit: u64) -> (Result<Summary>, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let limit = Limit {
+            bytes: limit,
+            why: "the test".into(),
+        };
+        let u = Unpacker {
+            archive: Path::new("a.tar.zst"),
+            into: dir.path(),
+            owner: None,
+            limit: &limit,
+        };
+        (u.unpack(&mut tar::Archive::new(bytes)), dir)
+    }
+
+    #[test]
+    fn what_is_not_a_plain_file_or_directory_or_too_big_is_refused() {
+        use tar::EntryType as T;
+        let long = |n: usize| (T::GNULongName, "././@LongLink", vec![b'a'; n]);
+        let cases: Vec<(Vec<Member<'_>>, u64, &str)> = vec![
+            (
+                vec![long(5000), (T::Regular, "x", vec![])],
+                1 << 20,
+                "5000-byte name",
+            ),
+            (
+                vec![(T::Symlink, "x", vec![])],
+                1 << 20,
+                "not a file or directory",
+            ),
+            (
+                vec![(T::Link, "x", vec![])],
+                1 << 20,
+                "not a file or directory",
+            ),
+            (
+                vec![(T::XHeader, "x", vec![])],
+                1 << 20,
+                "not a file or directory",
+            ),
+            (
+                vec![(T::Regular, "x", vec![]), (T::Regular, "x", vec![])],
+                1 << 20,
+                "appears twice",
+            ),
+            (
+                vec![(T::Regular, "x", vec![]), (T::Directory, "x", vec![])],
+                1 << 20,
+                "a directory and also a file",
+            ),
+            (
+                vec![(T::Regular, "x", vec![0; 10_000])],
+                12_000,
+                "the limit set by the test",
+            ),
+            // Many empty files fill a disk too: 4 KiB each.
+            (
+                vec![(T::Regular, "a", vec![]), (T::Regular, "b", vec![])],
+                6000,
+                "the limit set by the test",
+            ),
+        ];
+        for (entries, limit, says) in cases {
+            let (result, _dir) = unpack(&archive(&entries), limit);
+            let e = result.unwrap_err().to_string();
+            assert!(e.contains(says), "{says}: {e}");
+        }
+        let ok = vec![long(200), (T::Regular, "ignored", b"hi".to_vec())];
+        let (result, dir) = unpack(&archive(&ok), 1 << 20);
+        assert_eq!(result.unwrap().files, 1);
+        assert_eq!(
+            std::fs::read(dir.path().join("a".repeat(200))).unwrap(),
+            b"hi"
+        );
+    }
+}

@@ -495,3 +495,21 @@ fn check_flags_a_mode_the_store_never_writes_and_repair_sets_the_stores() {
     let said = env.ok(&["check"]);
     assert!(said.contains("no problems found"), "{said}");
 }
+
+#[test]
+fn a_long_name_goes_through_backup_and_restore() {
+    // Past the tar header's 100 bytes: a GNU long-name member, which
+    // restore reads itself (bounded).
+    let env = Env::standard();
+    let name = format!("{}.json", "m".repeat(200));
+    let processed = env.agent("rio").join("inbox/processed");
+    std::fs::write(processed.join(&name), "{}").unwrap();
+    let archive = env.tmp("state.tar.zst");
+    env.ok(&["backup", archive.to_str().unwrap()]);
+    let into = env.tmp("restored");
+    let out = restore(&env, &archive, &into);
+    assert!(out.status.success(), "{}", said(&out));
+    let back = into.join("rio/inbox/processed").join(&name);
+    assert_eq!(std::fs::read_to_string(&back).unwrap(), "{}");
+    assert_eq!(mode(&back), 0o640);
+}
