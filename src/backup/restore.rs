@@ -8,7 +8,9 @@
 //! is none (renamed into place at the end, `RENAME_NOREPLACE`), inside it
 //! when it exists and is empty (its entries moved up at the end: the
 //! service user may restore without writing in the root's parent). A
-//! failure removes the staging directory and leaves the root as it was.
+//! failure removes the staging directory and leaves the root as it was (a
+//! crash while the entries are moved up, a handful of renames, leaves a
+//! part: `restore` then refuses that root until it is emptied).
 //! As root, everything restored, the root included, is given to the
 //! service user and the inbox group.
 
@@ -198,12 +200,20 @@ fn move_into_place(
             let from = crate::fsx::dir(staging)?;
             let to = crate::fsx::dir(root)?;
             let names: Vec<OsString> = crate::fsx::list(staging)?;
-            for name in &names {
-                crate::fsx::rename_at(from.as_fd(), name, to.as_fd(), name, false)
-                    .map_err(|e| Error::io("moving into place", staging.join(name), e))?;
+            for (i, name) in names.iter().enumerate() {
+                if let Err(e) = crate::fsx::rename_at(from.as_fd(), name, to.as_fd(), name, false) {
+                    // Back into staging, which the caller removes: the root
+                    // is left empty, as it was.
+                    for moved in &names[..i] {
+                        let _ =
+                            crate::fsx::rename_at(to.as_fd(), moved, from.as_fd(), moved, false);
+                    }
+                    return Err(Error::io("moving into place", staging.join(name), e));
+                }
             }
             crate::fsx::remove_dir(staging)?;
             give_root(&to, root, owner)?;
+            crate::fsx::sync_fd(&to, root)?;
         }
     }
     crate::fsx::sync_dir(root.parent().expect("resolved_parent"))
@@ -326,5 +336,23 @@ mod tests {
             let e = look_at(&root).unwrap_err().to_string();
             assert!(e.contains(says), "{name}: {e}");
         }
+    }
+
+    #[test]
+    fn a_move_into_place_that_fails_halfway_puts_back_what_it_moved() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        let staging = root.join(".restoring-abc");
+        for name in ["a", "b", "c", "d"] {
+            std::fs::create_dir_all(staging.join(name)).unwrap();
+        }
+        // Somebody's, made in the root meanwhile.
+        std::fs::write(root.join("c"), "theirs").unwrap();
+        let e = move_into_place(&staging, &root, &Target::Empty, None).unwrap_err();
+        assert!(e.to_string().contains("moving into place"), "{e}");
+        let mut left = crate::fsx::list(&root).unwrap();
+        left.sort();
+        assert_eq!(left, [".restoring-abc", "c"]);
+        assert_eq!(crate::fsx::list(&staging).unwrap().len(), 4);
     }
 }
