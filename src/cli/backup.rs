@@ -1,5 +1,5 @@
 //! `agent-state backup DEST.tar.zst` and `agent-state restore ARCHIVE
-//! [--into ROOT]` (`crate::backup`).
+//! [--into ROOT] [--owner USER]` (`crate::backup`).
 
 use std::path::PathBuf;
 
@@ -17,7 +17,7 @@ pub struct BackupArgs {
 pub struct RestoreArgs {
     /// A backup made by `agent-state backup`
     pub archive: PathBuf,
-    /// The root to restore into: it must not exist or be empty (default: the config's state root)
+    /// The root to restore into: it must not exist or be an empty directory, not a link (default: the config's state root)
     #[arg(long)]
     pub into: Option<PathBuf>,
     /// As root: the service user the restored state goes to (default: the
