@@ -205,6 +205,7 @@ fn check_agent(
             ),
         );
     }
+    foreign_modes(dir, found);
     if kind == AgentKind::Agent {
         for k in StateFileKind::ALL {
             let path = dir.file(k.file_name());
@@ -437,6 +438,7 @@ fn repair_agent(
             }
         }
     }
+    repair_foreign_modes(dir, found)?;
     if found.iter().any(|f| f.problem == TEMP_PROBLEM) {
         let stats =
             prune::prune_stale_temps(dir, std::time::SystemTime::now() - prune::STALE_TEMP_AGE)
@@ -561,4 +563,48 @@ fn set_torn_lines_aside(dir: &AgentDir, now: Timestamp) -> Result<String> {
         "torn lines moved to {}",
         aside.file_name().unwrap_or_default().to_string_lossy()
     ))
+}
+
+/// The start of the problem of a file or directory with a mode the store
+/// never writes (`state::modes::foreign`).
+const FOREIGN_MODE_PROBLEM: &str = "a mode the store never writes: ";
+
+/// Files and directories with a mode the store never writes (setuid or
+/// setgid, executable, world-writable: a hand, an old restore).
+fn foreign_modes(dir: &AgentDir, found: &mut Vec<Finding>) {
+    for f in crate::state::modes::foreign_in(dir) {
+        finding(
+            found,
+            dir,
+            f.rel,
+            format!(
+                "{FOREIGN_MODE_PROBLEM}{:o}, should be {:o} (see the README's permission model)",
+                f.mode, f.wanted
+            ),
+        );
+    }
+}
+
+/// `--repair` of [`foreign_modes`]: each set to the store's mode through a
+/// handle that follows no link.
+fn repair_foreign_modes(dir: &AgentDir, found: &mut [Finding]) -> Result<()> {
+    if !found
+        .iter()
+        .any(|f| f.problem.starts_with(FOREIGN_MODE_PROBLEM))
+    {
+        return Ok(());
+    }
+    for f in crate::state::modes::foreign_in(dir) {
+        crate::state::modes::repair(dir, &f)?;
+    }
+    let still = crate::state::modes::foreign_in(dir);
+    for f in found
+        .iter_mut()
+        .filter(|f| f.problem.starts_with(FOREIGN_MODE_PROBLEM))
+    {
+        if !still.iter().any(|s| s.rel == f.file) {
+            f.repaired = Some("mode set".into());
+        }
+    }
+    Ok(())
 }

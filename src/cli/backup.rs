@@ -1,5 +1,5 @@
 //! `agent-state backup DEST.tar.zst` and `agent-state restore ARCHIVE
-//! [--into ROOT]` (`crate::backup`).
+//! [--into ROOT] [--owner USER]` (`crate::backup`).
 
 use std::path::PathBuf;
 
@@ -17,9 +17,13 @@ pub struct BackupArgs {
 pub struct RestoreArgs {
     /// A backup made by `agent-state backup`
     pub archive: PathBuf,
-    /// The root to restore into: it must not exist or be empty (default: the config's state root)
+    /// The root to restore into: it must not exist or be an empty directory, not a link (default: the config's state root)
     #[arg(long)]
     pub into: Option<PathBuf>,
+    /// As root: the service user the restored state goes to (default: the
+    /// owner of the existing empty root, else `agent-state`)
+    #[arg(long, value_name = "USER")]
+    pub owner: Option<String>,
 }
 
 pub fn backup(ctx: &Context, args: BackupArgs) -> Result<u8> {
@@ -40,7 +44,13 @@ pub fn backup(ctx: &Context, args: BackupArgs) -> Result<u8> {
 
 pub fn restore(ctx: &Context, args: RestoreArgs) -> Result<u8> {
     let into = args.into.clone().unwrap_or_else(|| ctx.root.path.clone());
-    let s = crate::backup::restore(&args.archive, &into, ctx.now)?;
+    let opts = crate::backup::RestoreOptions {
+        cap: ctx.config.health.restore_limit,
+        margin: ctx.config.health.disk_pause,
+        user: args.owner.clone(),
+        group: ctx.config.group.clone(),
+    };
+    let s = crate::backup::restore(&args.archive, &into, &opts)?;
     say!(
         "{}: {} files and {} directories restored from {}",
         into.display(),

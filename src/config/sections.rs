@@ -24,6 +24,8 @@ pub struct HealthSettings {
     pub disk_warn: u64,
     pub disk_pause: u64,
     pub disk_stop: u64,
+    /// The most `restore` may unpack (on disk).
+    pub restore_limit: u64,
     /// Processed messages older than this are pruned.
     pub processed_retention: Duration,
     /// Session logs and prompt files older than this are pruned...
@@ -87,6 +89,7 @@ pub(super) struct RawHealth {
     disk_warn: Option<String>,
     disk_pause: Option<String>,
     disk_stop: Option<String>,
+    restore_limit: Option<String>,
     processed_retention: Option<String>,
     session_log_retention: Option<String>,
     keep_sessions: Option<i64>,
@@ -144,6 +147,11 @@ impl Validator {
             disk_warn: self.size("health.disk_warn", raw.disk_warn.as_deref(), "1GiB"),
             disk_pause: self.size("health.disk_pause", raw.disk_pause.as_deref(), "500MiB"),
             disk_stop: self.size("health.disk_stop", raw.disk_stop.as_deref(), "100MiB"),
+            restore_limit: self.size(
+                "health.restore_limit",
+                raw.restore_limit.as_deref(),
+                "16GiB",
+            ),
             processed_retention: self.duration(
                 "health.processed_retention",
                 raw.processed_retention.as_deref(),

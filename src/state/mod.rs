@@ -22,6 +22,7 @@ pub mod journal;
 pub mod lock;
 pub mod memory;
 pub mod metrics;
+pub mod modes;
 pub mod prune;
 pub mod rebuild;
 pub mod report;

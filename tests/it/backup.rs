@@ -31,6 +31,15 @@ fn files(root: &Path) -> Vec<(String, Vec<u8>)> {
     out
 }
 
+/// This user's name (`--owner`: as root, restored state is given to the
+/// service user, which these tests do not create).
+pub fn whoami() -> String {
+    nix::unistd::User::from_uid(nix::unistd::geteuid())
+        .unwrap()
+        .unwrap()
+        .name
+}
+
 #[test]
 fn a_backup_under_a_running_daemon_restores_into_an_empty_root_as_it_was() {
     let env = Env::standard();
@@ -68,11 +77,14 @@ fn a_backup_under_a_running_daemon_restores_into_an_empty_root_as_it_was() {
     std::fs::remove_file(env.agent("theseus").join("pipe")).unwrap();
 
     let restored = env.tmp("restored");
+    let me = whoami();
     let out = env.run(&[
         "restore",
         archive.to_str().unwrap(),
         "--into",
         restored.to_str().unwrap(),
+        "--owner",
+        &me,
     ]);
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -99,6 +111,8 @@ fn a_backup_under_a_running_daemon_restores_into_an_empty_root_as_it_was() {
         still.to_str().unwrap(),
         "--into",
         again.to_str().unwrap(),
+        "--owner",
+        &me,
     ]);
     assert_eq!(
         files(&again),
@@ -152,6 +166,8 @@ fn a_hostile_archive_is_refused_and_nothing_is_restored() {
             archive.to_str().unwrap(),
             "--into",
             into.to_str().unwrap(),
+            "--owner",
+            &whoami(),
         ],
         65,
     );

@@ -6,6 +6,7 @@
 mod support;
 
 mod backup;
+mod backup_safety;
 mod bootstrap;
 mod caps;
 mod check;

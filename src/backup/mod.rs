@@ -10,22 +10,28 @@
 //! leaves out lock files, temp files, links and special files (never
 //! followed: they are somebody's input), and the agents' git worktrees
 //! (`workspaces/`: their repositories are backed up as repositories). The
-//! archive is written as `DEST.partial` and renamed into place when whole.
+//! archive is written as `DEST.partial` (`dest`: created exclusively, never
+//! through a link, mode `0600`) and renamed into place when whole.
 //!
-//! A restore goes into a root that does not exist or is empty: everything is
-//! unpacked beside it (`ROOT.restoring-STAMP`) and renamed into place at the
-//! end, so a failure leaves nothing half restored. An entry that is not a
-//! plain relative path to a directory or a regular file refuses the whole
-//! archive, naming it.
+//! A restore (`restore`) goes into a root that does not exist or is empty;
+//! `unpack` gives every file the store's mode and owners, never the
+//! archive's, and `limits` bounds what it may unpack.
 
 use std::fs::File;
 use std::io::{BufWriter, Read, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
-use crate::clock::Timestamp;
 use crate::error::{Error, Result};
 use crate::state::StateRoot;
+
+mod dest;
+pub mod limits;
+pub mod restore;
+mod unpack;
+
+pub use restore::{Options as RestoreOptions, restore};
+pub use unpack::Owner;
 
 /// What a backup or a restore did.
 #[derive(Debug, Default)]
@@ -154,16 +160,35 @@ pub fn backup(root: &StateRoot, dest: &Path) -> Result<Summary> {
             root.path.display()
         )));
     }
-    if dest.starts_with(&root.path) {
+    // (Through any link on the way: the root's path is resolved too.)
+    if crate::fsx::trusted(dest).starts_with(&root.path) {
         return Err(Error::Usage(format!(
             "{} is inside the state root: write the backup elsewhere",
             dest.display()
         )));
     }
-    let partial = PathBuf::from(format!("{}.partial", dest.display()));
-    let file = File::create(&partial).map_err(|e| Error::io("creating", &partial, e))?;
+    let partial = dest::create(dest)?;
+    match write(root, &partial) {
+        Ok(summary) => {
+            partial.finish(dest)?;
+            Ok(summary)
+        }
+        Err(e) => {
+            // Never left half written.
+            partial.discard();
+            Err(e)
+        }
+    }
+}
+
+/// The archive, whole and synced, in `partial`.
+fn write(root: &StateRoot, partial: &dest::Partial) -> Result<Summary> {
+    let file = partial
+        .file
+        .try_clone()
+        .map_err(|e| Error::io("writing", &partial.path, e))?;
     let encoder = zstd::stream::write::Encoder::new(BufWriter::new(file), 3)
-        .map_err(|e| Error::io("compressing to", &partial, e))?;
+        .map_err(|e| Error::io("compressing to", &partial.path, e))?;
     let mut w = Writer {
         tar: tar::Builder::new(encoder),
         summary: Summary::default(),
@@ -210,114 +235,16 @@ pub fn backup(root: &StateRoot, dest: &Path) -> Result<Summary> {
     let encoder = w
         .tar
         .into_inner()
-        .map_err(|e| Error::io("finishing", &partial, e))?;
+        .map_err(|e| Error::io("finishing", &partial.path, e))?;
     let mut out = encoder
         .finish()
-        .map_err(|e| Error::io("finishing", &partial, e))?;
-    out.flush().map_err(|e| Error::io("writing", &partial, e))?;
+        .map_err(|e| Error::io("finishing", &partial.path, e))?;
+    out.flush()
+        .map_err(|e| Error::io("writing", &partial.path, e))?;
     out.get_ref()
         .sync_all()
-        .map_err(|e| Error::io("syncing", &partial, e))?;
-    std::fs::rename(&partial, dest).map_err(|e| Error::io("renaming", &partial, e))?;
+        .map_err(|e| Error::io("syncing", &partial.path, e))?;
     Ok(w.summary)
-}
-
-/// Unpack `archive` into `root`, which must not exist or be empty.
-pub fn restore(archive: &Path, root: &Path, now: Timestamp) -> Result<Summary> {
-    if let Ok(mut entries) = std::fs::read_dir(root)
-        && entries.next().is_some()
-    {
-        return Err(Error::Usage(format!(
-            "{} is not empty: a backup is restored into an empty state root (move this one aside first)",
-            root.display()
-        )));
-    }
-    let file = File::open(archive).map_err(|e| Error::io("opening", archive, e))?;
-    let decoder =
-        zstd::stream::read::Decoder::new(file).map_err(|e| Error::io("reading", archive, e))?;
-    let mut tar = tar::Archive::new(decoder);
-    tar.set_preserve_permissions(true);
-    tar.set_preserve_ownerships(nix::unistd::geteuid().is_root());
-    tar.set_unpack_xattrs(false);
-    let parent = root.parent().unwrap_or(Path::new("/"));
-    let staging = parent.join(format!(
-        ".{}.restoring-{}",
-        root.file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-        now.compact()
-    ));
-    std::fs::create_dir_all(&staging).map_err(|e| Error::io("creating", &staging, e))?;
-    let result = unpack(&mut tar, archive, &staging);
-    let summary = match result {
-        Ok(s) => s,
-        Err(e) => {
-            let _ = std::fs::remove_dir_all(&staging);
-            return Err(e);
-        }
-    };
-    if root.exists() {
-        std::fs::remove_dir(root).map_err(|e| Error::io("replacing the empty", root, e))?;
-    }
-    std::fs::rename(&staging, root).map_err(|e| Error::io("moving into place", &staging, e))?;
-    Ok(summary)
-}
-
-fn unpack<R: Read>(tar: &mut tar::Archive<R>, archive: &Path, into: &Path) -> Result<Summary> {
-    let mut summary = Summary::default();
-    let entries = tar
-        .entries()
-        .map_err(|e| Error::io("reading", archive, e))?;
-    for entry in entries {
-        let mut entry = entry.map_err(|e| Error::io("reading", archive, e))?;
-        let path = entry
-            .path()
-            .map_err(|e| Error::io("reading", archive, e))?
-            .into_owned();
-        let plain = path
-            .components()
-            .all(|c| matches!(c, Component::Normal(_) | Component::CurDir));
-        if !plain {
-            return Err(Error::Data(format!(
-                "{}: the entry {} is not a plain relative path: not a state-root backup, nothing restored",
-                archive.display(),
-                path.display()
-            )));
-        }
-        let kind = entry.header().entry_type();
-        if !(kind.is_dir() || kind.is_file()) {
-            return Err(Error::Data(format!(
-                "{}: the entry {} is a {:?}, not a file or directory: nothing restored",
-                archive.display(),
-                path.display(),
-                kind
-            )));
-        }
-        if kind.is_file() {
-            summary.files += 1;
-            summary.bytes += entry.header().size().unwrap_or(0);
-        } else {
-            summary.dirs += 1;
-        }
-        let mode = entry.header().mode().unwrap_or(0o644);
-        let unpacked = entry
-            .unpack_in(into)
-            .map_err(|e| Error::io("restoring", into.join(&path), e))?;
-        // Setuid never comes back from an archive.
-        if unpacked && mode & 0o4000 != 0 {
-            let target = into.join(&path);
-            std::fs::set_permissions(&target, std::fs::Permissions::from_mode(mode & 0o3777))
-                .map_err(|e| Error::io("setting the mode of", &target, e))?;
-        }
-        if !unpacked {
-            return Err(Error::Data(format!(
-                "{}: the entry {} would land outside the root: nothing restored",
-                archive.display(),
-                path.display()
-            )));
-        }
-    }
-    Ok(summary)
 }
 
 /// The names in a directory that are UTF-8, sorted (an archive in a stable
