@@ -125,12 +125,12 @@ impl Args {
             .map(Duration::from_secs)
             .or_else(|_| humantime::parse_duration(t));
         match parsed {
-            Ok(d) if !d.is_zero() => Some(d),
+            Ok(d) if !d.is_zero() && d <= crate::clock::MAX_DURATION => Some(d),
             _ => {
                 self.note(
                     flag,
                     raw,
-                    "not a duration such as 90m or 5400; the configured timeout was used",
+                    "not a duration such as 90m or 5400 of at most 100 years; the configured timeout was used",
                 );
                 None
             }

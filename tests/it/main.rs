@@ -7,6 +7,7 @@ mod support;
 
 mod backup;
 mod bootstrap;
+mod bounds;
 mod caps;
 mod check;
 mod concurrency;
