@@ -76,6 +76,21 @@ impl Args {
         }
     }
 
+    /// A session's token count: a count of at most
+    /// [`crate::usage::MAX_SESSION_TOKENS`].
+    fn tokens(&mut self, flag: &'static str, value: Option<&str>) -> Option<u64> {
+        let n = self.count(flag, value)?;
+        if n > crate::usage::MAX_SESSION_TOKENS {
+            self.note(
+                flag,
+                value.unwrap_or_default(),
+                "more than the maximum of 1000000000000 tokens for one session; the field was left unset",
+            );
+            return None;
+        }
+        Some(n)
+    }
+
     /// A PR number: `247`, `#247` or a `…/pull/247` URL.
     fn pr(&mut self, flag: &'static str, value: Option<&str>) -> Option<u64> {
         let raw = value?;
@@ -100,6 +115,14 @@ impl Args {
     fn money(&mut self, flag: &'static str, value: Option<&str>) -> Option<f64> {
         let raw = value?;
         match raw.trim().trim_start_matches('$').parse::<f64>() {
+            Ok(n) if n > crate::usage::MAX_SESSION_COST_USD => {
+                self.note(
+                    flag,
+                    raw,
+                    "more than the maximum of $1000000 for one session; the field was left unset",
+                );
+                None
+            }
             Ok(n) if n.is_finite() && n >= 0.0 => Some(n),
             Ok(n) if n < 0.0 => {
                 self.note(flag, raw, "a negative amount; the field was left unset");

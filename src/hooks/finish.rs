@@ -141,7 +141,7 @@ pub fn end(
         summary: Args::text(req.summary.as_deref()),
         next_priority: Args::text(req.next_priority.as_deref()),
         handoff_notes: Args::text(req.handoff_notes.as_deref()),
-        tokens_used: args.count("--tokens-used", req.tokens_used.as_deref()),
+        tokens_used: args.tokens("--tokens-used", req.tokens_used.as_deref()),
         cost_usd: args.money("--cost-usd", req.cost_usd.as_deref()),
     };
     let ending = match req.outcome.as_deref().map(str::trim) {

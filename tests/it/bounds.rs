@@ -86,3 +86,73 @@ fn duration_flags_longer_than_a_hundred_years_are_refused_naming_the_flag() {
     assert!(ok.starts_with("sent "), "{ok}");
     assert_eq!(env.waiting("rio").len(), 1, "{:?}", env.waiting("rio"));
 }
+
+/// `session begin` then `session end` of `agent` with `extra` arguments;
+/// returns the end's exit code and stderr.
+fn session_with(env: &Env, agent: &str, extra: &[&str]) -> (Option<i32>, String) {
+    let id = env.ok(&["session", "begin", agent]).trim().to_string();
+    let mut args = vec!["session", "end", agent, "--session", &id];
+    args.extend_from_slice(extra);
+    let out = env.run(&args);
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_cost_or_token_count_past_its_bound_is_refused_and_totals_never_print_inf() {
+    // On main, two `session end --cost-usd 1e308` were recorded and `usage`
+    // printed `$inf` (and `null` in --json).
+    let env = Env::with_config("[[agent]]\nname = \"leo\"\n");
+    env.ok(&["bootstrap"]);
+    for _ in 0..2 {
+        let (code, err) = session_with(&env, "leo", &["--cost-usd", "1e308"]);
+        assert_eq!(code, Some(65), "{err}");
+        assert!(
+            err.contains("--cost-usd \"1e308\"") && err.contains("maximum of $1000000"),
+            "{err}"
+        );
+    }
+    let (code, err) = session_with(&env, "leo", &["--tokens-used", "18446744073709551615"]);
+    assert_eq!(code, Some(65), "{err}");
+    assert!(
+        err.contains("--tokens-used") && err.contains("maximum of 1000000000000 tokens"),
+        "{err}"
+    );
+    // Everything else of those sessions was recorded.
+    assert_eq!(env.events("leo", "session_end").len(), 3);
+    let text = env.ok(&["usage"]);
+    assert!(text.contains("$0.00") && !text.contains("inf"), "{text}");
+
+    // Journal lines written before the bound (or by hand) count at most the
+    // bound each, and the sums stay finite.
+    let journal = env.path("leo", "journal.jsonl");
+    let ends: Vec<String> = std::fs::read_to_string(&journal)
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("\"session_end\""))
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v["cost_usd"] = serde_json::json!(1e308);
+            v["tokens_used"] = serde_json::json!(u64::MAX);
+            v.to_string()
+        })
+        .collect();
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&journal)
+        .unwrap();
+    for line in &ends {
+        use std::io::Write;
+        writeln!(f, "{line}").unwrap();
+    }
+    drop(f);
+    let text = env.ok(&["usage"]);
+    assert!(!text.contains("inf") && !text.contains("NaN"), "{text}");
+    assert!(text.contains("$3000000.00"), "{text}");
+    let v: serde_json::Value = serde_json::from_str(&env.ok(&["usage", "--json"])).unwrap();
+    let leo = &v["days"][0]["agents"]["leo"];
+    assert_eq!(leo["cost_usd"], 3_000_000.0, "{v}");
+    assert_eq!(leo["tokens"]["total"], 3_000_000_000_000u64, "{v}");
+}
