@@ -45,5 +45,6 @@ mod signals;
 mod systemd;
 mod trial;
 mod typed;
+mod unreadable;
 mod workspace;
 mod workspaces_daemon;
