@@ -139,3 +139,103 @@ fn a_corrupt_rotated_segment_is_set_aside_and_recording_goes_on() {
     let clean = env.ok(&["check"]);
     assert!(clean.contains("set aside as unreadable"), "{clean}");
 }
+
+#[test]
+fn status_and_usage_show_an_agent_with_an_unsafe_file_as_unreadable_and_the_rest_as_usual() {
+    // On main, one link or FIFO among one agent's files made `status` and
+    // `usage` fail for every agent.
+    let env = Env::with_config(
+        "[[agent]]\nname = \"rio\"\n[[agent]]\nname = \"leo\"\n[[agent]]\nname = \"vida\"\n",
+    );
+    env.ok(&["bootstrap"]);
+    let id = env.ok(&["session", "begin", "rio"]).trim().to_string();
+    env.ok(&[
+        "session",
+        "end",
+        "rio",
+        "--session",
+        &id,
+        "--cost-usd",
+        "0.25",
+    ]);
+    // leo's journal is a link to a file it must never read; vida's
+    // report.json is a FIFO that would block a reader for ever.
+    let journal = env.path("leo", "journal.jsonl");
+    std::fs::remove_file(&journal).unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", &journal).unwrap();
+    let report = env.path("vida", "report.json");
+    std::fs::remove_file(&report).unwrap();
+    nix::unistd::mkfifo(&report, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+
+    let out = env.run(&["status"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(65), "{text}");
+    let row = |agent: &str| {
+        text.lines()
+            .find(|l| l.starts_with(agent))
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(row("rio").contains("completed"), "{text}");
+    assert!(row("leo").contains("unreadable"), "{text}");
+    assert!(row("vida").contains("corrupt"), "{text}");
+    assert!(
+        text.contains("leo: unreadable: ") && text.contains("journal.jsonl"),
+        "{text}"
+    );
+    assert!(
+        text.contains("vida: unreadable: ") && text.contains("report.json"),
+        "{text}"
+    );
+
+    let out = env.run(&["status", "--json"]);
+    assert_eq!(out.status.code(), Some(65));
+    let lines: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let of = |agent: &str| {
+        lines
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["agent"] == agent)
+            .cloned()
+            .unwrap()
+    };
+    assert!(of("rio")["unreadable"].is_null(), "{lines}");
+    assert_eq!(of("rio")["today"]["sessions"], 1, "{lines}");
+    assert_eq!(of("leo")["status"], "unreadable", "{lines}");
+    assert!(
+        of("leo")["unreadable"]
+            .as_str()
+            .unwrap()
+            .contains("journal.jsonl"),
+        "{lines}"
+    );
+    assert!(
+        of("vida")["unreadable"]
+            .as_str()
+            .unwrap()
+            .contains("report.json"),
+        "{lines}"
+    );
+
+    let out = env.run(&["usage"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(65), "{text}");
+    assert!(text.contains("rio") && text.contains("$0.25"), "{text}");
+    assert!(
+        text.contains("leo: ? (its journal cannot be read: ") && text.contains("journal.jsonl"),
+        "{text}"
+    );
+    let out = env.run(&["usage", "--json"]);
+    assert_eq!(out.status.code(), Some(65));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["unreadable"], serde_json::json!(["leo"]), "{v}");
+    assert!(
+        v["unreadable_reasons"]["leo"]
+            .as_str()
+            .unwrap()
+            .contains("journal.jsonl"),
+        "{v}"
+    );
+    assert_eq!(v["days"][0]["agents"]["rio"]["cost_usd"], 0.25, "{v}");
+}
