@@ -32,6 +32,32 @@ fn a_jitter_longer_than_a_hundred_years_is_refused_by_check_and_by_the_daemon() 
 }
 
 #[test]
+fn the_longest_jitter_check_accepts_gives_a_wake_time_and_the_daemon_runs() {
+    // The bound itself, from a start near the end of the calendar: the
+    // next wake is computed (saturated at 9999-12-31T23:59:59Z at worst)
+    // and written, and the daemon keeps running.
+    let env = Env::with_config(
+        "[[agent]]\nname = \"rio\"\nschedule = \"0 22 * * *\"\njitter = \"36525d\"\n",
+    );
+    env.ok(&["check"]);
+    env.ok(&["bootstrap"]);
+    let mut d =
+        crate::support::Daemon::start(&env, &[("AGENT_STATE_FAKE_NOW", "9990-01-01T00:00:00Z")]);
+    let next = || {
+        d.heartbeat()["next_wakes"]["rio"]
+            .as_str()
+            .map(str::to_string)
+    };
+    crate::support::poll_until(std::time::Duration::from_secs(30), || next().is_some());
+    let at = next().expect("a next wake for rio in daemon.json");
+    assert!(
+        at.as_str() > "9990-01-01" && at.as_str() <= "9999-12-31T23:59:59Z",
+        "{at}"
+    );
+    assert!(d.is_running(), "{}", d.log_text());
+}
+
+#[test]
 fn duration_flags_longer_than_a_hundred_years_are_refused_naming_the_flag() {
     // On main, `health --success-within`, `errors --since`, `events --since`
     // and `send --expires-in` with this value panicked in the date
