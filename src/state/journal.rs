@@ -426,7 +426,8 @@ pub struct TornLine {
 /// Read every entry of the journal's whole history: its rotated segments
 /// (see [`super::rotation`]), then the live file. Torn and unreadable lines
 /// are counted in the live file only (their line numbers are the live
-/// file's: what `check` reports and repairs); a segment's are skipped. A
+/// file's: what `check` reports and repairs); a segment's are skipped, and
+/// so is a bad segment ([`super::rotation::read_segment_or_skip`]). A
 /// missing journal is an empty one.
 pub fn read(path: &Path) -> Result<Scan> {
     let file = crate::fsx::open_read(path)?;
@@ -515,7 +516,7 @@ pub fn scan_backwards(path: &Path, mut visit: impl FnMut(Entry) -> ControlFlow<(
 /// their newline; empty lines included), until `visit` says stop: the live
 /// file, then its rotated segments newest first (see
 /// [`super::rotation`]; a segment is decompressed only when the visit
-/// reaches it).
+/// reaches it, and a bad one is skipped).
 pub fn scan_lines_backwards(
     path: &Path,
     mut visit: impl FnMut(&[u8]) -> ControlFlow<()>,

@@ -26,6 +26,13 @@
 //!
 //! Nothing is lost at any point: before 2 the old live file is the truth;
 //! after it the segment is. Segments are removed only by [`prune`], by age.
+//!
+//! A *bad* segment (damaged: it fails its checksum or does not decompress;
+//! or a link or special file where a segment should be) never stops a
+//! reader: the history it held is skipped. The daemon sets it aside as
+//! `NAME.OFFSET.zst.corrupt-STAMP` and raises `STATE_CORRUPT`; `check`
+//! names it and `check --repair` sets it aside. A set-aside segment is kept
+//! until someone removes it (`prune` does not know its name).
 
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read, Write};
