@@ -76,15 +76,22 @@ impl Args {
         }
     }
 
-    /// A session's token count: a count of at most
-    /// [`crate::usage::MAX_SESSION_TOKENS`].
-    fn tokens(&mut self, flag: &'static str, value: Option<&str>) -> Option<u64> {
+    /// A count of one session's things (`--tokens-used`,
+    /// `--sources-archived`) of at most `max`: a larger one is a value no
+    /// session produces, refused rather than added into the lifetime sums.
+    fn count_at_most(
+        &mut self,
+        flag: &'static str,
+        value: Option<&str>,
+        max: u64,
+        unit: &str,
+    ) -> Option<u64> {
         let n = self.count(flag, value)?;
-        if n > crate::usage::MAX_SESSION_TOKENS {
+        if n > max {
             self.note(
                 flag,
                 value.unwrap_or_default(),
-                "more than the maximum of 1000000000000 tokens for one session; the field was left unset",
+                format!("more than the maximum of {max} {unit} for one session; the field was left unset"),
             );
             return None;
         }

@@ -146,8 +146,18 @@ fn a_cost_or_token_count_past_its_bound_is_refused_and_totals_never_print_inf() 
         err.contains("--tokens-used") && err.contains("maximum of 1000000000000 tokens"),
         "{err}"
     );
+    // On main the second of these panicked adding up the lifetime metrics.
+    for _ in 0..2 {
+        let (code, err) =
+            session_with(&env, "leo", &["--sources-archived", "18446744073709551615"]);
+        assert_eq!(code, Some(65), "{err}");
+        assert!(
+            err.contains("--sources-archived") && err.contains("maximum of 1000000 sources"),
+            "{err}"
+        );
+    }
     // Everything else of those sessions was recorded.
-    assert_eq!(env.events("leo", "session_end").len(), 3);
+    assert_eq!(env.events("leo", "session_end").len(), 5);
     let text = env.ok(&["usage"]);
     assert!(text.contains("$0.00") && !text.contains("inf"), "{text}");
 
@@ -162,6 +172,7 @@ fn a_cost_or_token_count_past_its_bound_is_refused_and_totals_never_print_inf() 
             let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
             v["cost_usd"] = serde_json::json!(1e308);
             v["tokens_used"] = serde_json::json!(u64::MAX);
+            v["sources_archived"] = serde_json::json!(u64::MAX);
             v.to_string()
         })
         .collect();
@@ -176,9 +187,13 @@ fn a_cost_or_token_count_past_its_bound_is_refused_and_totals_never_print_inf() 
     drop(f);
     let text = env.ok(&["usage"]);
     assert!(!text.contains("inf") && !text.contains("NaN"), "{text}");
-    assert!(text.contains("$3000000.00"), "{text}");
+    assert!(text.contains("$5000000.00"), "{text}");
+    // The lifetime sums saturate rather than overflow.
+    env.ok(&["metrics", "rebuild"]);
+    let m = env.json("leo", "metrics.json");
+    assert_eq!(m["lifetime"]["sources_archived"], u64::MAX, "{m}");
     let v: serde_json::Value = serde_json::from_str(&env.ok(&["usage", "--json"])).unwrap();
     let leo = &v["days"][0]["agents"]["leo"];
-    assert_eq!(leo["cost_usd"], 3_000_000.0, "{v}");
-    assert_eq!(leo["tokens"]["total"], 3_000_000_000_000u64, "{v}");
+    assert_eq!(leo["cost_usd"], 5_000_000.0, "{v}");
+    assert_eq!(leo["tokens"]["total"], 5_000_000_000_000u64, "{v}");
 }
