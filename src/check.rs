@@ -233,6 +233,7 @@ fn check_agent(
     if unsafe_paths.contains(&dir.journal()) {
         return Ok(());
     }
+    check_segments(dir, found, notes)?;
     let scan = journal::read(&dir.journal())?;
     for t in &scan.torn {
         finding(
@@ -348,6 +349,37 @@ fn check_agent(
     Ok(())
 }
 
+/// Rotated journal segments that cannot be read (`--repair` sets them
+/// aside), and those already set aside (said, not counted: nothing more
+/// can be done but read them by hand).
+fn check_segments(dir: &AgentDir, found: &mut Vec<Finding>, notes: &mut Vec<String>) -> Result<()> {
+    for (segment, why) in crate::state::rotation::bad_segments(&dir.journal())? {
+        let name = segment
+            .path
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy();
+        finding(found, dir, name, format!("{BAD_SEGMENT_PROBLEM}{why}"));
+    }
+    let mut aside: Vec<String> = crate::fsx::list(&dir.path)?
+        .into_iter()
+        .filter_map(|n| n.into_string().ok())
+        .filter(|n| crate::state::rotation::is_set_aside_segment("journal.jsonl", n))
+        .collect();
+    aside.sort();
+    for name in aside {
+        notes.push(format!(
+            "{}: {name} is a journal segment set aside as unreadable; the history it held is left out of usage, metrics and events (`zstd -d` may recover part of it); remove it when done",
+            dir.name
+        ));
+    }
+    Ok(())
+}
+
+/// The start of the problem of a rotated journal segment that cannot be read.
+const BAD_SEGMENT_PROBLEM: &str =
+    "a rotated journal segment that cannot be read, skipped by every reader: ";
+
 const CLAIMED_PROBLEM: &str = "messages claimed by a session that is not running";
 
 const UNDECODABLE_PROBLEM: &str = "a message whose name is not UTF-8 (shown escaped): --repair rejects it under a safe name, its bytes recorded";
@@ -446,6 +478,22 @@ fn repair_agent(
         for f in found.iter_mut().filter(|f| f.problem == TEMP_PROBLEM) {
             f.repaired = Some(format!("removed ({} temp file(s) in all)", stats.files));
         }
+    }
+    for f in found
+        .iter_mut()
+        .filter(|f| f.problem.starts_with(BAD_SEGMENT_PROBLEM))
+    {
+        let path = dir.path.join(&f.file);
+        let start = crate::state::rotation::parse_segment_name("journal.jsonl", &f.file);
+        let segment = crate::state::rotation::Segment {
+            start: start.unwrap_or_default(),
+            path,
+        };
+        let aside = crate::state::rotation::set_aside(&segment, now)?;
+        f.repaired = Some(format!(
+            "set aside as {}",
+            aside.file_name().unwrap_or_default().to_string_lossy()
+        ));
     }
     // Torn journal lines first: rebuilding reads the journal.
     if found.iter().any(|f| f.file == "journal.jsonl") {

@@ -45,13 +45,68 @@ impl Timestamp {
         (self.0 - earlier.0).num_seconds()
     }
 
+    /// `d` before this time, never before [`earliest`].
     pub fn minus(&self, d: std::time::Duration) -> Timestamp {
-        Timestamp(self.0 - chrono::Duration::from_std(d).unwrap_or(chrono::Duration::zero()))
+        Timestamp(earlier(self.0, d))
     }
 
+    /// `d` after this time, never after [`latest`].
     pub fn plus(&self, d: std::time::Duration) -> Timestamp {
-        Timestamp(self.0 + chrono::Duration::from_std(d).unwrap_or(chrono::Duration::zero()))
+        Timestamp(later(self.0, d))
     }
+}
+
+/// The longest length of time any setting or flag accepts: 100 years
+/// (36,525 days). Every duration is bounded here, when it is read, so that
+/// no date computed from one can leave the calendar; longer is refused with
+/// the field or flag that gave it.
+pub const MAX_DURATION: std::time::Duration = std::time::Duration::from_secs(36_525 * 86_400);
+
+/// Parse a length of time as people write it (`90m`, `2h 30m`, `30d`),
+/// at most [`MAX_DURATION`]. The error says what to write instead; the
+/// caller adds the field or flag.
+pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let d = humantime::parse_duration(text).map_err(|e| {
+        format!("{text:?} is not a duration ({e}); write e.g. \"90m\", \"30s\", \"2h\"")
+    })?;
+    bounded(text, d)
+}
+
+/// `d`, if it is at most [`MAX_DURATION`]; else an error saying the bound.
+pub fn bounded(text: &str, d: std::time::Duration) -> Result<std::time::Duration, String> {
+    if d > MAX_DURATION {
+        return Err(format!(
+            "{text:?} is longer than the maximum of 100 years (36525d); write a shorter duration"
+        ));
+    }
+    Ok(d)
+}
+
+/// The earliest time any computation here yields: 0001-01-01T00:00:00Z, so
+/// that every result still writes as RFC 3339 with a four-digit year.
+pub fn earliest() -> DateTime<Utc> {
+    DateTime::<Utc>::from_timestamp(-62_135_596_800, 0).unwrap_or(DateTime::<Utc>::MIN_UTC)
+}
+
+/// The latest time any computation here yields: 9999-12-31T23:59:59Z.
+pub fn latest() -> DateTime<Utc> {
+    DateTime::<Utc>::from_timestamp(253_402_300_799, 0).unwrap_or(DateTime::<Utc>::MAX_UTC)
+}
+
+/// `t + d`, saturating at [`latest`] rather than panicking on overflow.
+pub fn later(t: DateTime<Utc>, d: std::time::Duration) -> DateTime<Utc> {
+    chrono::Duration::from_std(d)
+        .ok()
+        .and_then(|d| t.checked_add_signed(d))
+        .map_or_else(latest, |r| r.min(latest()))
+}
+
+/// `t - d`, saturating at [`earliest`] rather than panicking on overflow.
+pub fn earlier(t: DateTime<Utc>, d: std::time::Duration) -> DateTime<Utc> {
+    chrono::Duration::from_std(d)
+        .ok()
+        .and_then(|d| t.checked_sub_signed(d))
+        .map_or_else(earliest, |r| r.max(earliest()))
 }
 
 impl fmt::Display for Timestamp {
@@ -143,5 +198,129 @@ mod tests {
         let t = Timestamp::parse("2026-04-01T00:30:00+02:00").unwrap();
         assert_eq!(t.to_string(), "2026-03-31T22:30:00Z");
         assert!(Timestamp::parse("yesterday").is_err());
+    }
+
+    /// A seeded generator of duration texts: every unit humantime reads,
+    /// numbers at the edges (0, 1, the 100-year bound and one past it,
+    /// u32/u64/i64 limits) and random ones of every size.
+    fn duration_texts(count: usize) -> Vec<String> {
+        const UNITS: [&str; 9] = ["ns", "ms", "s", "m", "h", "d", "w", "M", "y"];
+        const EDGES: [u64; 12] = [
+            0,
+            1,
+            59,
+            36_525,
+            36_526,
+            3_155_760_000,
+            3_155_760_001,
+            9_999_999_999,
+            u32::MAX as u64,
+            i64::MAX as u64,
+            u64::MAX / 1000,
+            u64::MAX,
+        ];
+        let mut state = 0x2026_1126_u64;
+        let mut next = move || {
+            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        };
+        let mut texts = Vec::new();
+        for n in EDGES {
+            for unit in UNITS {
+                texts.push(format!("{n}{unit}"));
+            }
+        }
+        while texts.len() < count {
+            let n = next() >> (next() % 64);
+            let unit = UNITS[(next() % UNITS.len() as u64) as usize];
+            let text = match next() % 3 {
+                0 => format!("{n}{unit}"),
+                1 => format!("{n}{unit} {}s", next() % 1000),
+                _ => format!("{n}"),
+            };
+            texts.push(text);
+        }
+        texts
+    }
+
+    #[test]
+    fn no_duration_panics_or_leaves_the_calendar() {
+        let now = Timestamp::parse("2026-11-26T14:00:00Z").unwrap();
+        let starts = [
+            now.0,
+            earliest(),
+            latest(),
+            DateTime::<Utc>::MIN_UTC,
+            DateTime::<Utc>::MAX_UTC,
+        ];
+        let (mut accepted, mut refused) = (0, 0);
+        for text in duration_texts(20_000) {
+            match parse_duration(&text) {
+                Ok(d) => {
+                    accepted += 1;
+                    assert!(d <= MAX_DURATION, "{text}: {d:?}");
+                    for t in starts {
+                        let (a, b) = (later(t, d), earlier(t, d));
+                        assert!(
+                            a >= t.min(latest()) && a <= latest().max(t),
+                            "{text} after {t}"
+                        );
+                        assert!(
+                            b <= t.max(earliest()) && b >= earliest().min(t),
+                            "{text} before {t}"
+                        );
+                    }
+                    // Within the bound, nothing saturates from today.
+                    assert_eq!(
+                        later(now.0, d) - now.0,
+                        chrono::Duration::from_std(d).unwrap()
+                    );
+                    assert_eq!(
+                        now.0 - earlier(now.0, d),
+                        chrono::Duration::from_std(d).unwrap()
+                    );
+                    assert!(Timestamp::parse(&now.plus(d).to_string()).is_ok(), "{text}");
+                }
+                Err(e) => {
+                    refused += 1;
+                    assert!(e.contains(&format!("{text:?}")), "{e}");
+                    assert!(
+                        e.contains("maximum of 100 years") || e.contains("is not a duration"),
+                        "{e}"
+                    );
+                }
+            }
+            // Unchecked durations (any std Duration) saturate, never panic.
+            if let Ok(d) = humantime::parse_duration(&text) {
+                for t in starts {
+                    let _ = (later(t, d), earlier(t, d));
+                }
+            }
+        }
+        assert!(
+            accepted > 1000 && refused > 1000,
+            "{accepted} accepted, {refused} refused"
+        );
+    }
+
+    #[test]
+    fn the_bound_is_a_hundred_years_and_the_edges_write_as_rfc3339() {
+        assert!(parse_duration("36525d").is_ok());
+        let e = parse_duration("36526d").unwrap_err();
+        assert_eq!(
+            e,
+            "\"36526d\" is longer than the maximum of 100 years (36525d); write a shorter duration"
+        );
+        assert_eq!(Timestamp(latest()).to_string(), "9999-12-31T23:59:59Z");
+        assert_eq!(Timestamp(earliest()).to_string(), "0001-01-01T00:00:00Z");
+        let far = std::time::Duration::from_secs(u64::MAX);
+        assert_eq!(later(Utc::now(), far), latest());
+        assert_eq!(earlier(Utc::now(), far), earliest());
+        for t in [earliest(), latest()] {
+            assert_eq!(Timestamp::parse(&Timestamp(t).to_string()).unwrap().0, t);
+        }
     }
 }

@@ -409,4 +409,6 @@ impl Validator {
 }
 
 #[cfg(test)]
+mod duration_tests;
+#[cfg(test)]
 mod tests;

@@ -658,7 +658,19 @@ fn read_segments(
         if next <= from {
             continue;
         }
-        let bytes = rotation::read_segment(segment).map_err(io::Error::other)?;
+        let Some(bytes) = rotation::read_segment_or_skip(segment).map_err(io::Error::other)? else {
+            read.gaps.push(format!(
+                "{} cannot be read (damaged or not a file; `agent-state check` names it): events between offsets {} and {next} are skipped",
+                segment.path.display(),
+                from.max(segment.start)
+            ));
+            read.end = next;
+            if read.events.is_empty() {
+                read.base = next;
+            }
+            from = next;
+            continue;
+        };
         let mut skip = (from - segment.start) as usize;
         if skip > bytes.len() {
             skip = bytes.len();

@@ -76,6 +76,28 @@ impl Args {
         }
     }
 
+    /// A count of one session's things (`--tokens-used`,
+    /// `--sources-archived`) of at most `max`: a larger one is a value no
+    /// session produces, refused rather than added into the lifetime sums.
+    fn count_at_most(
+        &mut self,
+        flag: &'static str,
+        value: Option<&str>,
+        max: u64,
+        unit: &str,
+    ) -> Option<u64> {
+        let n = self.count(flag, value)?;
+        if n > max {
+            self.note(
+                flag,
+                value.unwrap_or_default(),
+                format!("more than the maximum of {max} {unit} for one session; the field was left unset"),
+            );
+            return None;
+        }
+        Some(n)
+    }
+
     /// A PR number: `247`, `#247` or a `…/pull/247` URL.
     fn pr(&mut self, flag: &'static str, value: Option<&str>) -> Option<u64> {
         let raw = value?;
@@ -100,6 +122,14 @@ impl Args {
     fn money(&mut self, flag: &'static str, value: Option<&str>) -> Option<f64> {
         let raw = value?;
         match raw.trim().trim_start_matches('$').parse::<f64>() {
+            Ok(n) if n > crate::usage::MAX_SESSION_COST_USD => {
+                self.note(
+                    flag,
+                    raw,
+                    "more than the maximum of $1000000 for one session; the field was left unset",
+                );
+                None
+            }
             Ok(n) if n.is_finite() && n >= 0.0 => Some(n),
             Ok(n) if n < 0.0 => {
                 self.note(flag, raw, "a negative amount; the field was left unset");
@@ -125,12 +155,12 @@ impl Args {
             .map(Duration::from_secs)
             .or_else(|_| humantime::parse_duration(t));
         match parsed {
-            Ok(d) if !d.is_zero() => Some(d),
+            Ok(d) if !d.is_zero() && d <= crate::clock::MAX_DURATION => Some(d),
             _ => {
                 self.note(
                     flag,
                     raw,
-                    "not a duration such as 90m or 5400; the configured timeout was used",
+                    "not a duration such as 90m or 5400 of at most 100 years; the configured timeout was used",
                 );
                 None
             }

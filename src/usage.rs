@@ -25,6 +25,31 @@ use crate::clock::Timestamp;
 use crate::error::Result;
 use crate::state::journal::{self, Entry, Event};
 
+/// The most one session may cost: what `session end --cost-usd` and
+/// Claude Code's result may say. Past it the value is refused at input; a
+/// journal line from before the bound counts as this much, so a budget still
+/// trips and no total prints as `inf`.
+pub const MAX_SESSION_COST_USD: f64 = 1_000_000.0;
+
+/// The most tokens one session may use (a trillion), bounded like its cost.
+pub const MAX_SESSION_TOKENS: u64 = 1_000_000_000_000;
+
+/// A cost as it counts: at most [`MAX_SESSION_COST_USD`], never negative
+/// or NaN.
+fn counted_cost(c: f64) -> f64 {
+    if c.is_nan() || c < 0.0 {
+        0.0
+    } else {
+        c.min(MAX_SESSION_COST_USD)
+    }
+}
+
+/// Two costs added; a sum past what `f64` holds stays at its largest value.
+fn add_cost(a: f64, b: f64) -> f64 {
+    let sum = a + b;
+    if sum.is_finite() { sum } else { f64::MAX }
+}
+
 /// Token counts; absent counts are 0.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct Tokens {
@@ -38,11 +63,11 @@ pub struct Tokens {
 
 impl Tokens {
     fn add(&mut self, o: &Tokens) {
-        self.input += o.input;
-        self.output += o.output;
-        self.cache_creation += o.cache_creation;
-        self.cache_read += o.cache_read;
-        self.total += o.total;
+        self.input = self.input.saturating_add(o.input);
+        self.output = self.output.saturating_add(o.output);
+        self.cache_creation = self.cache_creation.saturating_add(o.cache_creation);
+        self.cache_read = self.cache_read.saturating_add(o.cache_read);
+        self.total = self.total.saturating_add(o.total);
     }
 }
 
@@ -105,10 +130,10 @@ pub fn sessions<'a>(entries: impl IntoIterator<Item = &'a Entry>) -> Vec<Session
                 s.runtime_seconds = e.duration_seconds.unwrap_or(0).max(0) as u64;
                 if !reported.get(id).copied().unwrap_or(false) {
                     if let Some(t) = e.tokens_used {
-                        s.tokens.total = t;
+                        s.tokens.total = t.min(MAX_SESSION_TOKENS);
                     }
                     if e.cost_usd.is_some() {
-                        s.cost_usd = e.cost_usd;
+                        s.cost_usd = e.cost_usd.map(counted_cost);
                     }
                 }
             }
@@ -126,11 +151,12 @@ pub fn sessions<'a>(entries: impl IntoIterator<Item = &'a Entry>) -> Vec<Session
             }
             Event::SessionUsage(u) => {
                 reported.insert(id.clone(), true);
+                let count = |n: Option<u64>| n.unwrap_or(0).min(MAX_SESSION_TOKENS);
                 let t = Tokens {
-                    input: u.input_tokens.unwrap_or(0),
-                    output: u.output_tokens.unwrap_or(0),
-                    cache_creation: u.cache_creation_input_tokens.unwrap_or(0),
-                    cache_read: u.cache_read_input_tokens.unwrap_or(0),
+                    input: count(u.input_tokens),
+                    output: count(u.output_tokens),
+                    cache_creation: count(u.cache_creation_input_tokens),
+                    cache_read: count(u.cache_read_input_tokens),
                     total: 0,
                 };
                 let parts = t.input + t.output + t.cache_creation + t.cache_read;
@@ -139,7 +165,7 @@ pub fn sessions<'a>(entries: impl IntoIterator<Item = &'a Entry>) -> Vec<Session
                     ..t
                 };
                 if u.cost_usd.is_some() {
-                    s.cost_usd = u.cost_usd;
+                    s.cost_usd = u.cost_usd.map(counted_cost);
                 }
             }
             _ => {}
@@ -162,17 +188,17 @@ pub struct DayUse {
 
 impl DayUse {
     pub fn add_session(&mut self, s: &SessionUse) {
-        self.sessions += 1;
-        self.runtime_seconds += s.runtime_seconds;
+        self.sessions = self.sessions.saturating_add(1);
+        self.runtime_seconds = self.runtime_seconds.saturating_add(s.runtime_seconds);
         self.tokens.add(&s.tokens);
-        self.cost_usd += s.cost_usd.unwrap_or(0.0);
+        self.cost_usd = add_cost(self.cost_usd, s.cost_usd.unwrap_or(0.0));
     }
 
     pub fn add(&mut self, o: &DayUse) {
-        self.sessions += o.sessions;
-        self.runtime_seconds += o.runtime_seconds;
+        self.sessions = self.sessions.saturating_add(o.sessions);
+        self.runtime_seconds = self.runtime_seconds.saturating_add(o.runtime_seconds);
         self.tokens.add(&o.tokens);
-        self.cost_usd += o.cost_usd;
+        self.cost_usd = add_cost(self.cost_usd, o.cost_usd);
     }
 }
 
@@ -418,6 +444,40 @@ mod tests {
         assert_eq!(
             b.first_exceeded(&used).unwrap().to_string(),
             "max_cost_usd reached: $1.50 of $1.00"
+        );
+    }
+
+    #[test]
+    fn costs_count_within_their_bound_and_sums_stay_finite() {
+        for (cost, counted) in [
+            (0.25, 0.25),
+            (-1.0, 0.0),
+            (f64::NAN, 0.0),
+            (1e308, MAX_SESSION_COST_USD),
+            (f64::INFINITY, MAX_SESSION_COST_USD),
+        ] {
+            assert_eq!(counted_cost(cost), counted, "{cost}");
+        }
+        for (a, b, sum) in [
+            (1.0, 2.0, 3.0),
+            (f64::MAX, f64::MAX, f64::MAX),
+            (f64::MAX, 1e300, f64::MAX),
+        ] {
+            assert_eq!(add_cost(a, b), sum);
+        }
+        let mut day = DayUse {
+            sessions: u64::MAX,
+            runtime_seconds: u64::MAX,
+            tokens: Tokens {
+                total: u64::MAX,
+                ..Tokens::default()
+            },
+            cost_usd: f64::MAX,
+        };
+        day.add(&day.clone());
+        assert_eq!(
+            (day.sessions, day.tokens.total, day.cost_usd),
+            (u64::MAX, u64::MAX, f64::MAX)
         );
     }
 }

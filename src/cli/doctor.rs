@@ -31,7 +31,7 @@ pub struct Args {
     #[arg(long, value_name = "USER")]
     pub user: Option<String>,
     /// A heartbeat older than this means the daemon is stuck
-    #[arg(long, value_name = "DUR", value_parser = humantime::parse_duration, default_value = "15m")]
+    #[arg(long, value_name = "DUR", value_parser = crate::clock::parse_duration, default_value = "15m")]
     pub max_age: Duration,
 }
 

@@ -23,7 +23,7 @@ pub struct Args {
     #[arg(long, value_name = "SEVERITY")]
     pub min_severity: Option<String>,
     /// How far back to look
-    #[arg(long, default_value = "30d", value_parser = humantime::parse_duration, value_name = "DUR")]
+    #[arg(long, default_value = "30d", value_parser = crate::clock::parse_duration, value_name = "DUR")]
     pub since: Duration,
     /// Print JSON instead of text
     #[arg(long)]

@@ -50,7 +50,10 @@ fn since(text: &str, now: crate::clock::Timestamp) -> Result<chrono::DateTime<ch
         return Ok(t.0);
     }
     match humantime::parse_duration(text) {
-        Ok(d) => Ok(now.minus(d).0),
+        Ok(d) => match crate::clock::bounded(text, d) {
+            Ok(d) => Ok(now.minus(d).0),
+            Err(e) => Err(Error::Usage(format!("--since: {e}"))),
+        },
         Err(_) => Err(Error::Usage(format!(
             "--since {text:?}: give a time like 2026-11-24T08:00:00Z or a duration like 2h"
         ))),

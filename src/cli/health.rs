@@ -28,7 +28,7 @@ const DEFAULT_MAX_AGE: &str = "15m";
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// A heartbeat (daemon.json) older than this is critical
-    #[arg(long, value_name = "DUR", default_value = DEFAULT_MAX_AGE, value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DUR", default_value = DEFAULT_MAX_AGE, value_parser = crate::clock::parse_duration)]
     pub max_age: Duration,
     /// A scheduled agent with no successful session for this long is a
     /// warning ("off" to skip; default: [health] success_within)
@@ -256,15 +256,14 @@ impl Assessment {
 }
 
 pub fn run(ctx: &Context, args: Args) -> Result<u8> {
-    let success_within = match args.success_within.as_deref() {
-        None => ctx.config.health.success_within,
-        Some("off" | "none") => None,
-        Some(text) => Some(humantime::parse_duration(text).map_err(|e| {
-            crate::error::Error::Usage(format!(
-                "--success-within {text:?}: {e}; write e.g. 48h, or off"
-            ))
-        })?),
-    };
+    let success_within =
+        match args.success_within.as_deref() {
+            None => ctx.config.health.success_within,
+            Some("off" | "none") => None,
+            Some(text) => Some(crate::clock::parse_duration(text).map_err(|e| {
+                crate::error::Error::Usage(format!("--success-within: {e}, or off"))
+            })?),
+        };
     let mut seen = Seen {
         heartbeat: match files::read_heartbeat(&ctx.root) {
             Ok(Some(hb)) => Some(Ok(hb)),

@@ -60,7 +60,9 @@ Exit codes (sysexits(3)):
   1   `doctor`: something failed; `wake --wait`: the session could not start;
       `health`: WARNING (2 CRITICAL, 3 UNKNOWN)
   64  usage: a bad command line, or a request that cannot be carried out
-  65  bad data: a value was refused (a hook records everything else)
+  65  bad data: a value was refused (a hook records everything else); `check`:
+      problems left; `status`, `usage`: an agent's files could not be read
+      (shown as unreadable, with why; every other agent as usual)
   66  missing input: no such file, message or agent directory
   67  unknown agent: not in the config
   69  unavailable: no daemon runs, or another runs on the same root
@@ -101,7 +103,7 @@ pub enum Command {
     /// Add, list and update an agent's tasks
     #[command(subcommand)]
     Task(task::Command),
-    /// One line per agent: status, last session, tasks, inbox, 30-day counts
+    /// One line per agent: status, last session, tasks, inbox, 30-day counts (exit 65 if an agent's files cannot be read)
     Status(status::Args),
     /// One line and an exit status for monitoring: 0 ok, 1 warning, 2 critical, 3 unknown
     Health(health::Args),

@@ -26,7 +26,7 @@ pub struct Args {
     #[arg(long, value_name = "PID")]
     pub pid: Option<i32>,
     /// How long to wait for the daemon's verdict
-    #[arg(long, value_name = "DUR", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DUR", default_value = "30s", value_parser = crate::clock::parse_duration)]
     pub wait: Duration,
 }
 

@@ -39,7 +39,7 @@ pub struct Args {
     #[arg(long, value_name = "R")]
     pub source_ref: Option<String>,
     /// Expire the message if it is not read within this time, e.g. 2d
-    #[arg(long, value_name = "DUR", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DUR", value_parser = crate::clock::parse_duration)]
     pub expires_in: Option<std::time::Duration>,
 }
 

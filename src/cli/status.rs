@@ -70,6 +70,10 @@ struct Line {
     /// for it.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     flows: Vec<FlowWork>,
+    /// Why some of this agent's files could not be read (damaged, or not
+    /// what they should be: a link, a FIFO): the fields that come from them
+    /// are left empty, and `status` exits 65. Null when all were read.
+    unreadable: Option<String>,
 }
 
 #[derive(Serialize, Clone)]
@@ -110,7 +114,10 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
     let work = flow_work(ctx);
     let mut lines = Vec::new();
     for agent in agents {
-        let mut l = line(ctx, agent)?;
+        let mut l = line(ctx, agent);
+        if l.unreadable.is_some() && l.status != "corrupt" {
+            l.status = "unreadable".into();
+        }
         l.flows = work
             .iter()
             .filter(|(a, _)| a == &l.agent)
@@ -132,8 +139,16 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         }
         lines.push(l);
     }
+    // One agent's damaged file is that agent's problem: the others are
+    // shown as usual, and the exit status says something is wrong.
+    let code = if lines.iter().any(|l| l.unreadable.is_some()) {
+        exit::DATAERR
+    } else {
+        exit::OK
+    };
     if args.json {
-        return print_json(&lines);
+        print_json(&lines)?;
+        return Ok(code);
     }
     say!(
         "{:<12} {:<12} {:<44} {:>5} {:>5} {:>8} {:>8} {:>11} {:>10}  {}",
@@ -173,7 +188,7 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
             .text(" ")
             .cell(Style::of(&l.status), &l.status, 12)
             .text(" ");
-        if l.kind == "human" || l.status == "missing" {
+        if l.kind == "human" || l.status == "missing" || l.status == "unreadable" {
             numbers(
                 start.cell(Style::Plain, "-", 44),
                 ["-", &inbox, "-", "-", "-", "-"],
@@ -217,6 +232,18 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
             &next,
         )
         .print();
+    }
+    // Agents whose files could not be read, and why.
+    for l in &lines {
+        if let Some(why) = &l.unreadable {
+            display::Line::new()
+                .styled(Style::Bold, &l.agent)
+                .text(": ")
+                .styled(Style::Bad, "unreadable")
+                .text(": ")
+                .free(why)
+                .print();
+        }
     }
     // What each agent used today, and what is left of its budget.
     for l in &lines {
@@ -349,7 +376,7 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
             .free(&last.message)
             .print();
     }
-    Ok(exit::OK)
+    Ok(code)
 }
 
 /// A count, or `?` when it could not be read.
@@ -363,7 +390,9 @@ fn unreadable(e: &crate::error::Error) {
     crate::cli::warn(format!("{e}; shown as ?. {who}"));
 }
 
-fn line(ctx: &Context, agent: &AgentConfig) -> Result<Line> {
+/// An agent's line; what cannot be read is said in `unreadable`, never an
+/// error that would hide the other agents.
+fn line(ctx: &Context, agent: &AgentConfig) -> Line {
     let dir = ctx.root.agent(&agent.name);
     let kind = match agent.kind {
         AgentKind::Agent => "agent",
@@ -393,6 +422,7 @@ fn line(ctx: &Context, agent: &AgentConfig) -> Result<Line> {
         escalations_waiting: None,
         budget_exceeded: None,
         worktrees: None,
+        unreadable: None,
     };
     if let Some(w) = &agent.session.workspace {
         let root = crate::daemon::workspaces::root_of(w, agent, &dir);
@@ -403,9 +433,20 @@ fn line(ctx: &Context, agent: &AgentConfig) -> Result<Line> {
                 .count()
         });
     }
-    if !crate::fsx::is_dir(&dir.path) {
-        l.status = "missing".into();
-        return Ok(l);
+    match crate::fsx::metadata(&dir.path) {
+        Ok(None) => {
+            l.status = "missing".into();
+            return l;
+        }
+        Ok(Some(st)) if crate::fsx::file_type(&st) != nix::sys::stat::SFlag::S_IFDIR => {
+            l.status = "unreadable".into();
+            l.unreadable = Some(format!(
+                "{} is not a directory; run `agent-state check` for what to do",
+                dir.path.display()
+            ));
+            return l;
+        }
+        _ => {}
     }
     l.inbox_waiting = match inbox::waiting_names(&dir) {
         Ok(names) => Some(names.len()),
@@ -413,12 +454,15 @@ fn line(ctx: &Context, agent: &AgentConfig) -> Result<Line> {
             unreadable(&e);
             None
         }
-        Err(e) => return Err(e),
+        Err(e) => {
+            l.unreadable = Some(e.to_string());
+            None
+        }
     };
     if agent.kind == AgentKind::Human {
         l.status = "mailbox".into();
         l.escalations_waiting = l.inbox_waiting.map(|_| escalations_waiting(agent, &dir));
-        return Ok(l);
+        return l;
     }
     // A corrupt file is shown as such rather than failing the whole listing.
     match dir.read::<Report>() {
@@ -437,7 +481,10 @@ fn line(ctx: &Context, agent: &AgentConfig) -> Result<Line> {
             );
             l.progress = report.extra.get("progress").and_then(|p| p.as_u64());
         }
-        Err(_) => l.status = "corrupt".into(),
+        Err(e) => {
+            l.status = "corrupt".into();
+            l.unreadable.get_or_insert(e.to_string());
+        }
     }
     if let Ok(Some(tasks)) = dir.read::<TaskFile>() {
         l.tasks_pending = tasks
@@ -452,7 +499,17 @@ fn line(ctx: &Context, agent: &AgentConfig) -> Result<Line> {
             .count();
     }
     let since: Timestamp = ctx.now.minus(ROLLING_WINDOW);
-    let entries = journal::read_since(&dir.journal(), since)?;
+    let entries = match journal::read_since(&dir.journal(), since) {
+        Ok(entries) => entries,
+        Err(e) => {
+            if access::is_denied(&e) {
+                unreadable(&e);
+            } else {
+                l.unreadable.get_or_insert(e.to_string());
+            }
+            return l;
+        }
+    };
     let tz = ctx.config.budget.timezone;
     l.today = crate::usage::by_day(&crate::usage::sessions(&entries), tz)
         .get(&crate::usage::day_of(ctx.now, tz))
@@ -477,7 +534,7 @@ fn line(ctx: &Context, agent: &AgentConfig) -> Result<Line> {
             _ => {}
         }
     }
-    Ok(l)
+    l
 }
 
 /// Which agent each flow's open cycle waits for (the role at work, or the

@@ -35,8 +35,12 @@ struct Report {
     today: String,
     days: Vec<Day>,
     budgets: Vec<BudgetToday>,
-    /// Agents whose journal this user may not read.
+    /// Agents whose journal could not be read: this user may not, or it
+    /// is damaged or unsafe (see `unreadable_reasons`). Their use is left
+    /// out of the days and budgets.
     unreadable: Vec<String>,
+    /// Why each unreadable agent's journal could not be read.
+    unreadable_reasons: BTreeMap<String, String>,
 }
 
 #[derive(Serialize)]
@@ -71,16 +75,21 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         .minus(Duration::from_secs(86_400 * (u64::from(args.days) + 1)));
     let mut days: BTreeMap<NaiveDate, Day> = BTreeMap::new();
     let mut unreadable = Vec::new();
+    let mut unreadable_reasons = BTreeMap::new();
+    let mut damaged = false;
     let mut today_by_agent: Vec<(&AgentConfig, DayUse)> = Vec::new();
     for agent in &agents {
         let dir = ctx.root.agent(&agent.name);
         let sessions = match usage::read(&dir.journal(), since) {
             Ok(s) => s,
-            Err(e) if access::is_denied(&e) => {
+            Err(e) => {
+                // One agent's journal never hides the others'; a damaged
+                // one makes the exit status say so.
+                damaged |= !access::is_denied(&e);
                 unreadable.push(agent.name.to_string());
+                unreadable_reasons.insert(agent.name.to_string(), e.to_string());
                 continue;
             }
-            Err(e) => return Err(e),
         };
         let per_day = usage::by_day(&sessions, tz);
         for (date, used) in &per_day {
@@ -126,12 +135,19 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         days: days.into_values().rev().collect(),
         budgets,
         unreadable,
+        unreadable_reasons,
+    };
+    let code = if damaged {
+        crate::error::exit::DATAERR
+    } else {
+        crate::error::exit::OK
     };
     if args.json {
-        return print_json(&report);
+        print_json(&report)?;
+        return Ok(code);
     }
     print_text(&report, args.days);
-    Ok(crate::error::exit::OK)
+    Ok(code)
 }
 
 fn print_text(r: &Report, days: u32) {
@@ -191,7 +207,8 @@ fn print_text(r: &Report, days: u32) {
         say!("budget {}: {state}", b.scope);
     }
     for a in &r.unreadable {
-        say!("{a}: ? (this user may not read its journal)");
+        let why = r.unreadable_reasons.get(a).map_or("", String::as_str);
+        say!("{a}: ? (its journal cannot be read: {why})");
     }
 }
 

@@ -16,7 +16,7 @@ pub struct Args {
     /// The agent
     pub agent: String,
     /// Wait up to this long for the session to start, and print its id
-    #[arg(long, value_name = "DUR", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DUR", value_parser = crate::clock::parse_duration)]
     pub wait: Option<Duration>,
 }
 

@@ -32,18 +32,14 @@ impl Validator {
         }
     }
 
+    /// A length of time, at most [`crate::clock::MAX_DURATION`].
     pub(super) fn duration(&mut self, field: &str, value: Option<&str>, default: &str) -> Duration {
         let text = value.unwrap_or(default);
-        match humantime::parse_duration(text) {
+        match crate::clock::parse_duration(text) {
             Ok(d) => d,
             Err(e) => {
-                self.problem(
-                    field,
-                    format!(
-                        "{text:?} is not a duration ({e}); write e.g. \"90m\", \"30s\", \"2h\""
-                    ),
-                );
-                humantime::parse_duration(default).unwrap_or_default()
+                self.problem(field, e);
+                crate::clock::parse_duration(default).unwrap_or_default()
             }
         }
     }

@@ -106,7 +106,7 @@ impl Validator {
         let retention = match &raw.retention {
             Some(r) => self.duration(&f("retention"), Some(r), DEFAULT_RETENTION),
             None => base.map(|b| b.retention).unwrap_or_else(|| {
-                humantime::parse_duration(DEFAULT_RETENTION).unwrap_or_default()
+                crate::clock::parse_duration(DEFAULT_RETENTION).unwrap_or_default()
             }),
         };
         let prune_unpushed = raw

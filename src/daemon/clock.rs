@@ -21,7 +21,11 @@ impl Clock {
     }
 
     pub fn now(&self) -> DateTime<Utc> {
-        Utc::now() + self.offset
+        // Checked: the offset comes from the environment; past the calendar
+        // the clock stops at its end rather than panicking.
+        Utc::now()
+            .checked_add_signed(self.offset)
+            .unwrap_or_else(crate::clock::latest)
     }
 
     /// How long from now until `t` (zero if it has passed).

@@ -385,10 +385,10 @@ impl Core {
             slot.inbox_due = None;
             return;
         };
-        let debounce = chrono::Duration::from_std(slot.inbox_debounce).unwrap_or_default();
+        let debounce = slot.inbox_debounce;
         slot.inbox_due = Some(match slot.inbox_due {
             Some((due, p)) => (due, p.min(priority)),
-            None => (now + debounce, priority),
+            None => (crate::clock::later(now, debounce), priority),
         });
     }
 

@@ -123,7 +123,7 @@ impl Holds {
                 .saturating_mul(1u32 << (*n).min(16))
                 .min(settings.max_wait);
             *n += 1;
-            let until = now + chrono::Duration::from_std(wait).unwrap_or_default();
+            let until = crate::clock::later(now, wait);
             Hold {
                 cause: Cause::UsageLimit,
                 since: Timestamp::from_datetime(now),

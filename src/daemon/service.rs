@@ -539,8 +539,7 @@ impl Daemon {
             return;
         }
         let grace = self.config.daemon.shutdown_grace;
-        self.stopping =
-            Some(self.clock.now() + chrono::Duration::from_std(grace).unwrap_or_default());
+        self.stopping = Some(crate::clock::later(self.clock.now(), grace));
         self.core.waking_stopped = true;
         let longest_kill = self
             .config

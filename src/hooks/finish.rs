@@ -4,6 +4,9 @@ use super::*;
 
 // ---- end / fail ------------------------------------------------------------
 
+/// The most sources one session may say it archived (`--sources-archived`).
+pub const MAX_SOURCES_ARCHIVED: u64 = 1_000_000;
+
 #[derive(Debug, Clone, Default)]
 pub struct EndRequest {
     pub session: Option<String>,
@@ -135,13 +138,23 @@ pub fn end(
     let mut args = Args::default();
     let completion = Completion {
         claimed: req.claimed.clone(),
-        sources_archived: args.count("--sources-archived", req.sources_archived.as_deref()),
+        sources_archived: args.count_at_most(
+            "--sources-archived",
+            req.sources_archived.as_deref(),
+            MAX_SOURCES_ARCHIVED,
+            "sources",
+        ),
         branch: Args::text(req.branch.as_deref()),
         pr_number: args.pr("--pr", req.pr.as_deref()),
         summary: Args::text(req.summary.as_deref()),
         next_priority: Args::text(req.next_priority.as_deref()),
         handoff_notes: Args::text(req.handoff_notes.as_deref()),
-        tokens_used: args.count("--tokens-used", req.tokens_used.as_deref()),
+        tokens_used: args.count_at_most(
+            "--tokens-used",
+            req.tokens_used.as_deref(),
+            crate::usage::MAX_SESSION_TOKENS,
+            "tokens",
+        ),
         cost_usd: args.money("--cost-usd", req.cost_usd.as_deref()),
     };
     let ending = match req.outcome.as_deref().map(str::trim) {

@@ -426,7 +426,8 @@ pub struct TornLine {
 /// Read every entry of the journal's whole history: its rotated segments
 /// (see [`super::rotation`]), then the live file. Torn and unreadable lines
 /// are counted in the live file only (their line numbers are the live
-/// file's: what `check` reports and repairs); a segment's are skipped. A
+/// file's: what `check` reports and repairs); a segment's are skipped, and
+/// so is a bad segment ([`super::rotation::read_segment_or_skip`]). A
 /// missing journal is an empty one.
 pub fn read(path: &Path) -> Result<Scan> {
     let file = crate::fsx::open_read(path)?;
@@ -436,7 +437,9 @@ pub fn read(path: &Path) -> Result<Scan> {
     };
     let mut scan = Scan::default();
     for segment in super::rotation::segments(path, base)? {
-        let bytes = super::rotation::read_segment(&segment)?;
+        let Some(bytes) = super::rotation::read_segment_or_skip(&segment)? else {
+            continue;
+        };
         scan_lines(&bytes[..], &mut scan, false).at("reading", &segment.path)?;
     }
     if let Some(file) = file {
@@ -513,7 +516,7 @@ pub fn scan_backwards(path: &Path, mut visit: impl FnMut(Entry) -> ControlFlow<(
 /// their newline; empty lines included), until `visit` says stop: the live
 /// file, then its rotated segments newest first (see
 /// [`super::rotation`]; a segment is decompressed only when the visit
-/// reaches it).
+/// reaches it, and a bad one is skipped).
 pub fn scan_lines_backwards(
     path: &Path,
     mut visit: impl FnMut(&[u8]) -> ControlFlow<()>,
@@ -528,7 +531,9 @@ pub fn scan_lines_backwards(
         None => u64::MAX,
     };
     for segment in super::rotation::segments(path, base)?.iter().rev() {
-        let bytes = super::rotation::read_segment(segment)?;
+        let Some(bytes) = super::rotation::read_segment_or_skip(segment)? else {
+            continue;
+        };
         let body = bytes.strip_suffix(b"\n").unwrap_or(&bytes);
         if body.is_empty() {
             continue;
@@ -818,9 +823,11 @@ mod tests {
         })
         .unwrap();
         assert_eq!(numbers(&[newest.unwrap()]), [300]);
-        assert!(
-            read(&path).is_err(),
-            "a damaged segment is an error, not a shorter past"
-        );
+        // A damaged segment is skipped, never an error that stops the
+        // agent's recording: the past is shorter by what it held (the
+        // daemon sets it aside and says so; `check` names it).
+        let rest = numbers(&read(&path).unwrap().entries);
+        assert!(!rest.is_empty() && rest.len() < 301, "{rest:?}");
+        assert_eq!(rest.last(), Some(&300));
     }
 }

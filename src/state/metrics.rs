@@ -78,34 +78,40 @@ impl Lifetime {
     pub fn count(&mut self, event: &Event) {
         match event {
             Event::SessionStart(s) if s.disconfirmation_target.is_some() => {
-                self.disconfirmation_attempts += 1
+                self.disconfirmation_attempts = self.disconfirmation_attempts.saturating_add(1)
             }
             Event::SessionUpdated(s) if s.disconfirmation_target_added => {
-                self.disconfirmation_attempts += 1
+                self.disconfirmation_attempts = self.disconfirmation_attempts.saturating_add(1)
             }
             Event::SessionEnd(e) => {
-                self.sessions_total += 1;
-                self.sessions_completed += 1;
-                self.sources_archived += e.sources_archived.unwrap_or(0);
-                self.cross_agent_flags_received += e.flags_received;
+                self.sessions_total = self.sessions_total.saturating_add(1);
+                self.sessions_completed = self.sessions_completed.saturating_add(1);
+                self.sources_archived = self
+                    .sources_archived
+                    .saturating_add(e.sources_archived.unwrap_or(0));
+                self.cross_agent_flags_received = self
+                    .cross_agent_flags_received
+                    .saturating_add(e.flags_received);
             }
             Event::Timeout(_) => {
-                self.sessions_total += 1;
-                self.sessions_timeout += 1;
+                self.sessions_total = self.sessions_total.saturating_add(1);
+                self.sessions_timeout = self.sessions_timeout.saturating_add(1);
             }
             Event::Error(_) => {
-                self.sessions_total += 1;
-                self.sessions_error += 1;
+                self.sessions_total = self.sessions_total.saturating_add(1);
+                self.sessions_error = self.sessions_error.saturating_add(1);
             }
             Event::Record(r) => {
-                self.claims_proposed += r.claims_proposed;
-                self.claims_accepted += r.claims_accepted;
-                self.claims_challenged += r.claims_challenged;
-                self.claims_rejected += r.claims_rejected;
-                self.disconfirmation_hits += r.disconfirmation_hits;
+                self.claims_proposed = self.claims_proposed.saturating_add(r.claims_proposed);
+                self.claims_accepted = self.claims_accepted.saturating_add(r.claims_accepted);
+                self.claims_challenged = self.claims_challenged.saturating_add(r.claims_challenged);
+                self.claims_rejected = self.claims_rejected.saturating_add(r.claims_rejected);
+                self.disconfirmation_hits = self
+                    .disconfirmation_hits
+                    .saturating_add(r.disconfirmation_hits);
             }
             Event::MessageSent(m) if m.kind == super::journal::MessageType::Flag => {
-                self.cross_agent_flags_sent += 1
+                self.cross_agent_flags_sent = self.cross_agent_flags_sent.saturating_add(1)
             }
             _ => {}
         }
@@ -133,15 +139,17 @@ impl Rolling {
             match &e.event {
                 Event::SessionEnd(end) => {
                     ended.insert(end.session_id.clone());
-                    r.sources_archived += end.sources_archived.unwrap_or(0);
+                    r.sources_archived = r
+                        .sources_archived
+                        .saturating_add(end.sources_archived.unwrap_or(0));
                 }
                 Event::Timeout(f) | Event::Error(f) => {
                     ended.insert(f.session_id.clone());
                     failed.insert(f.session_id.clone());
                 }
                 Event::Record(rec) => {
-                    r.claims_proposed += rec.claims_proposed;
-                    accepted += rec.claims_accepted;
+                    r.claims_proposed = r.claims_proposed.saturating_add(rec.claims_proposed);
+                    accepted = accepted.saturating_add(rec.claims_accepted);
                 }
                 _ => {}
             }

@@ -382,6 +382,12 @@ pub fn record_repairs() {
     }
 }
 
+/// Whether this process repairs and reports what it finds (the daemon,
+/// after [`record_repairs`]).
+pub fn repairs_recorded() -> bool {
+    REPAIRS.lock().map(|r| r.is_some()).unwrap_or(false)
+}
+
 /// Say that a corrupt file of `agent` (empty: the daemon's own) was set
 /// aside and rebuilt.
 pub fn note_repair(agent: &str, note: &str) {

@@ -26,6 +26,13 @@
 //!
 //! Nothing is lost at any point: before 2 the old live file is the truth;
 //! after it the segment is. Segments are removed only by [`prune`], by age.
+//!
+//! A *bad* segment (damaged: it fails its checksum or does not decompress;
+//! or a link or special file where a segment should be) never stops a
+//! reader: the history it held is skipped. The daemon sets it aside as
+//! `NAME.OFFSET.zst.corrupt-STAMP` and raises `STATE_CORRUPT`; `check`
+//! names it and `check --repair` sets it aside. A set-aside segment is kept
+//! until someone removes it (`prune` does not know its name).
 
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read, Write};
@@ -169,26 +176,121 @@ fn split(path: &Path) -> Result<(&Path, &str)> {
 }
 
 /// The decompressed bytes of a segment (never through a link; at most
-/// [`MAX_SEGMENT`]).
+/// [`MAX_SEGMENT`]). A segment that is not a regular file is
+/// [`Error::Unsafe`]; one that does not decompress, or decompresses to more
+/// than [`MAX_SEGMENT`], is [`Error::Corrupt`]: a *bad segment*.
 pub fn read_segment(segment: &Segment) -> Result<Vec<u8>> {
     let path = &segment.path;
     let Some(file) = fsx::open_read(path)? else {
         return Ok(Vec::new());
     };
-    let decoder = zstd::stream::read::Decoder::new(file).at("decompressing", path)?;
+    // The decoder's own errors carry no OS error number; an error of the
+    // disk below it does, and stays an I/O error (the file may be fine).
+    let corrupt = |e: io::Error| match e.raw_os_error() {
+        Some(_) => Error::io("decompressing", path, e),
+        None => Error::Corrupt {
+            path: path.clone(),
+            reason: format!("does not decompress ({e})"),
+        },
+    };
+    let decoder = zstd::stream::read::Decoder::new(file).map_err(corrupt)?;
     let mut out = Vec::new();
     decoder
         .take(MAX_SEGMENT + 1)
         .read_to_end(&mut out)
-        .at("decompressing", path)?;
+        .map_err(corrupt)?;
     if out.len() as u64 > MAX_SEGMENT {
-        return Err(Error::Data(format!(
-            "{} holds more than {} MiB decompressed: not a segment this program wrote; move it away",
-            path.display(),
-            MAX_SEGMENT >> 20
-        )));
+        return Err(Error::Corrupt {
+            path: path.clone(),
+            reason: format!(
+                "holds more than {} MiB decompressed: not a segment this program wrote",
+                MAX_SEGMENT >> 20
+            ),
+        });
     }
     Ok(out)
+}
+
+/// [`read_segment`] for the readers of a log's history: a bad segment is
+/// skipped (`None`), so one damaged file never stops the agent's recording
+/// or the fleet's `status`; only an I/O error is returned. In a process that
+/// repairs what it finds (the daemon, see [`super::record_repairs`]) the
+/// bad segment is also set aside, `NAME.OFFSET.zst.corrupt-STAMP`, and the
+/// repair noted (`STATE_CORRUPT` in errors.jsonl); elsewhere `check`
+/// reports it and `check --repair` sets it aside.
+pub fn read_segment_or_skip(segment: &Segment) -> Result<Option<Vec<u8>>> {
+    let why = match read_segment(segment) {
+        Ok(bytes) => return Ok(Some(bytes)),
+        Err(e) => bad_segment_reason(&e).ok_or(e)?,
+    };
+    if super::repairs_recorded() {
+        let path = segment.path.display();
+        let note = match set_aside(segment, Timestamp::now()) {
+            Ok(aside) => format!(
+                "{path}: a rotated log segment that cannot be read ({why}); set aside as {} (the history it held is left out of usage, metrics and events; `zstd -d` may recover part of it)",
+                aside.display()
+            ),
+            Err(e) => format!(
+                "{path}: a rotated log segment that cannot be read ({why}) is skipped; it could not be set aside: {e}"
+            ),
+        };
+        super::note_repair(&agent_of(&segment.path), &note);
+    }
+    Ok(None)
+}
+
+/// Why [`read_segment`]'s error makes a bad segment; `None` for an I/O
+/// error (the file may be fine).
+pub fn bad_segment_reason(e: &Error) -> Option<String> {
+    match e {
+        Error::Corrupt { reason, .. } | Error::Unsafe { reason, .. } => Some(reason.clone()),
+        _ => None,
+    }
+}
+
+/// The bad segments of the log at `path` and why each is bad (for
+/// `check`, which reads every one).
+pub fn bad_segments(path: &Path) -> Result<Vec<(Segment, String)>> {
+    let base = match fsx::open_read(path)? {
+        Some(f) => base_of(&f).at("reading", path)?,
+        None => u64::MAX,
+    };
+    let mut bad = Vec::new();
+    for segment in segments(path, base)? {
+        if let Err(e) = read_segment(&segment) {
+            let why = bad_segment_reason(&e).ok_or(e)?;
+            bad.push((segment, why));
+        }
+    }
+    Ok(bad)
+}
+
+/// Rename a bad segment out of the log's history, to
+/// `NAME.OFFSET.zst.corrupt-STAMP` beside it (a link is moved, never
+/// followed). Returns the new path.
+pub fn set_aside(segment: &Segment, now: Timestamp) -> Result<PathBuf> {
+    let aside = super::set_aside_name(&segment.path, "corrupt", &now.compact());
+    fsx::rename(&segment.path, &aside, false)?;
+    Ok(aside)
+}
+
+/// The agent whose log `path` is (its directory's name); empty for the
+/// daemon's own logs in `.daemon/`.
+fn agent_of(path: &Path) -> String {
+    path.parent()
+        .and_then(Path::file_name)
+        .and_then(|n| n.to_str())
+        .filter(|n| !n.starts_with('.'))
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Whether `name` is a segment of `live_name` set aside as bad.
+pub fn is_set_aside_segment(live_name: &str, name: &str) -> bool {
+    name.split_once(".zst.corrupt-")
+        .is_some_and(|(segment, _)| {
+            parse_segment_name(live_name, &format!("{segment}.zst")).is_some()
+        })
 }
 
 /// What one rotation did.
@@ -227,6 +329,9 @@ fn rotate_open(path: &Path, file: File, len: u64, now: Timestamp) -> Result<Rota
     let (temp, temp_name) = fsx::create_temp(dir.as_fd(), dir_path, mode)?;
     let written = (|| -> io::Result<u64> {
         let mut encoder = zstd::stream::write::Encoder::new(temp, 3)?;
+        // A checksum of the content, so that a damaged segment is found
+        // (and set aside) rather than read back as garbage lines.
+        encoder.include_checksum(true)?;
         let mut reader = BufReader::with_capacity(256 * 1024, (&file).take(len));
         let mut copied = 0u64;
         let mut last = b'\n';
@@ -438,5 +543,49 @@ mod tests {
         assert_eq!(prune(&path, SystemTime::UNIX_EPOCH).unwrap(), (0, 0));
         assert_eq!(prune(&path, future).unwrap().0, 1);
         assert!(segments(&path, u64::MAX).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_damaged_segment_is_found_by_its_checksum_and_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal.jsonl");
+        for round in 0..2 {
+            let lines: Vec<u8> = (0..50)
+                .flat_map(|i| format!("{{\"n\":{round}{i:03}}}\n").into_bytes())
+                .collect();
+            crate::state::journal::append_lines(&path, &lines).unwrap();
+            rotate_if_over(&path, 100, ts()).unwrap().unwrap();
+        }
+        let segs = segments(&path, u64::MAX).unwrap();
+        let mut bytes = std::fs::read(&segs[0].path).unwrap();
+        let mid = bytes.len() / 2;
+        for b in &mut bytes[mid..mid + 4] {
+            *b ^= 0xff;
+        }
+        std::fs::write(&segs[0].path, bytes).unwrap();
+
+        assert!(matches!(read_segment(&segs[0]), Err(Error::Corrupt { .. })));
+        assert_eq!(read_segment_or_skip(&segs[0]).unwrap(), None);
+        assert!(read_segment_or_skip(&segs[1]).unwrap().is_some());
+        let bad = bad_segments(&path).unwrap();
+        assert_eq!(bad.len(), 1);
+        assert!(bad[0].1.starts_with("does not decompress"), "{}", bad[0].1);
+        // Not repairing here (no daemon): left in place for `check`.
+        assert!(segs[0].path.exists());
+        let aside = set_aside(&segs[0], ts()).unwrap();
+        let name = aside.file_name().unwrap().to_str().unwrap();
+        assert_eq!(
+            name,
+            "journal.jsonl.000000000000.zst.corrupt-20261125T000000Z"
+        );
+        assert!(is_set_aside_segment("journal.jsonl", name));
+        assert!(!is_set_aside_segment(
+            "journal.jsonl",
+            "report.json.corrupt-20261125T000000Z"
+        ));
+        assert_eq!(segments(&path, u64::MAX).unwrap().len(), 1);
+        // A link where a segment should be is a bad segment too.
+        std::os::unix::fs::symlink("/etc/passwd", &segs[0].path).unwrap();
+        assert_eq!(bad_segments(&path).unwrap().len(), 1);
     }
 }

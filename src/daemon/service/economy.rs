@@ -611,10 +611,9 @@ impl Daemon {
         match result {
             Ok(()) => {
                 self.economy.checked_ok.insert(group.to_string(), now);
-                self.economy.next_check.insert(
-                    group.to_string(),
-                    now + chrono::Duration::from_std(every).unwrap_or_default(),
-                );
+                self.economy
+                    .next_check
+                    .insert(group.to_string(), crate::clock::later(now, every));
                 if let Some(hold) = self.economy.holds.credential_ok(group) {
                     tracing::info!(
                         "credential {group}: its check passes again; its agents are released ({})",
@@ -626,10 +625,9 @@ impl Daemon {
             Err(why) => {
                 self.economy.checked_ok.remove(group);
                 let again = every.min(CHECK_WHILE_FAILING);
-                self.economy.next_check.insert(
-                    group.to_string(),
-                    now + chrono::Duration::from_std(again).unwrap_or_default(),
-                );
+                self.economy
+                    .next_check
+                    .insert(group.to_string(), crate::clock::later(now, again));
                 if self.economy.holds.credential_failed(group, &why, now, None) {
                     self.save_economy();
                     let record = ErrorRecord::new(
@@ -655,9 +653,8 @@ impl Daemon {
         let now = self.clock.now();
         let group = cfg.session.credential.clone();
         let has_check = self.credential_check_of(&group).is_some();
-        let retry_at = (!has_check).then(|| {
-            now + chrono::Duration::from_std(self.config.usage_limits.wait).unwrap_or_default()
-        });
+        let retry_at =
+            (!has_check).then(|| crate::clock::later(now, self.config.usage_limits.wait));
         let why = format!("a session of {agent} found Claude Code logged out");
         if self
             .economy

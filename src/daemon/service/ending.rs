@@ -441,7 +441,7 @@ impl Daemon {
                 return;
             }
             Next::Retry { after } => {
-                let at = now + chrono::Duration::from_std(after).unwrap_or_default();
+                let at = crate::clock::later(now, after);
                 set(&|s| s.backoff_until = Some(at));
                 self.core
                     .request(agent, WakeReason::Retry, Priority::Normal, now);
@@ -449,7 +449,7 @@ impl Daemon {
                 ("retrying", Some(at))
             }
             Next::Backoff { hold } => {
-                let at = now + chrono::Duration::from_std(hold).unwrap_or_default();
+                let at = crate::clock::later(now, hold);
                 set(&|s| s.backoff_until = Some(at));
                 tracing::warn!(agent = %agent, "{failures} failed session(s) in a row: automatic wakes held back until {}", Timestamp::from_datetime(at));
                 ("backoff", Some(at))

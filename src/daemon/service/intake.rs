@@ -159,8 +159,7 @@ impl Daemon {
                     // Looked at again soon: a file settles `inbox_settle`
                     // after its last change, a closed writer wakes us anyway.
                     let again = (settle / 4).clamp(Duration::from_secs(1), Duration::from_secs(15));
-                    let at =
-                        self.clock.now() + chrono::Duration::from_std(again).unwrap_or_default();
+                    let at = crate::clock::later(self.clock.now(), again);
                     self.intake.settle_at.insert(agent.clone(), at);
                 }
                 Some(InboxSummary {
@@ -171,8 +170,7 @@ impl Daemon {
             Err(e @ Error::LockBusy { .. }) => {
                 // Looked at again shortly; every other agent is served.
                 self.note_lock_busy(agent, &format!("inbox scan deferred: {e}"));
-                let at = self.clock.now()
-                    + chrono::Duration::from_std(super::start::LOCK_RETRY).unwrap_or_default();
+                let at = crate::clock::later(self.clock.now(), super::start::LOCK_RETRY);
                 self.intake.settle_at.insert(agent.clone(), at);
                 None
             }

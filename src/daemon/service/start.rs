@@ -386,7 +386,7 @@ impl Daemon {
         self.core.session_ended(agent, InboxSummary::default(), now);
         self.core.request(agent, reason, Priority::Normal, now);
         if let Some(mut slot) = self.core.slot_mut(agent) {
-            slot.backoff_until = Some(now + chrono::Duration::from_std(delay).unwrap_or_default());
+            slot.backoff_until = Some(crate::clock::later(now, delay));
         }
     }
 }

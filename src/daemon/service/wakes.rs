@@ -282,7 +282,7 @@ impl Daemon {
 /// When `agent` wakes for the fire scheduled at `scheduled`: plus its jitter.
 pub(super) fn wake_at(agent: &AgentConfig, scheduled: DateTime<Utc>) -> DateTime<Utc> {
     let jitter = schedule::jitter_offset(agent.name.as_str(), scheduled, agent.session.jitter);
-    scheduled + chrono::Duration::from_std(jitter).unwrap_or_default()
+    crate::clock::later(scheduled, jitter)
 }
 
 /// When the agent's last session began, from the end of its journal.
