@@ -15,7 +15,6 @@ mod unit;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use nix::unistd::{Group, User};
@@ -493,22 +492,16 @@ fn normalised(path: &Path) -> PathBuf {
     out
 }
 
-/// `git -C repo ARGS` with the service's HOME (its git identity), if known.
+/// `git ARGS` in `repo` with the service's HOME (its git identity), if known,
+/// through the hardened runner ([`crate::git`]): doctor may run as root, and
+/// nothing the repository's config names (hooks, `core.sshCommand`, credential
+/// helpers, `remote.origin.uploadpack`, ...) is run.
 fn git(repo: &Path, home: Option<&Path>, args: &[&str]) -> Option<(bool, String)> {
-    let mut cmd = Command::new("git");
-    cmd.arg("-C")
-        .arg(repo)
-        .args(args)
-        .stdin(Stdio::null())
-        .env("GIT_TERMINAL_PROMPT", "0");
-    if let Some(home) = home {
-        cmd.env("HOME", home);
-    }
-    let out = cmd.output().ok()?;
+    let env: Vec<(&str, &Path)> = home.map(|h| ("HOME", h)).into_iter().collect();
+    let out = crate::git::run(repo, args, &env).ok()?;
     Some((
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
-            + String::from_utf8_lossy(&out.stderr).trim(),
+        out.ok,
+        out.stdout_text().trim().to_string() + out.stderr_text().trim(),
     ))
 }
 
@@ -547,12 +540,16 @@ fn check_repo(r: &mut Report, repo: &Path, user: &str, home: Option<&Path>) {
         ),
     }
     match git(repo, home, &["remote", "get-url", "origin"]) {
-        Some((true, url)) => match git(repo, home, &["ls-remote", "--heads", "origin"]) {
+        Some((true, url)) => match git(
+            repo,
+            home,
+            &["ls-remote", "--upload-pack=git-upload-pack", "--heads", "origin"],
+        ) {
             Some((true, _)) => r.ok(&what, format!("remote origin {url} reachable")),
             _ => r.fail(
                 &what,
                 format!("remote origin {url} cannot be read"),
-                "check the service user's key or token (~/.ssh, ~/.config/gh) and the network",
+                "check the service user's ssh key (~/.ssh) and the network; doctor runs git without credential helpers, so an https remote that needs one is checked by hand: sudo -u agent-state git -C REPO ls-remote origin",
             ),
         },
         _ => r.warn(

@@ -36,6 +36,7 @@ mod permissions;
 mod polish;
 mod promises;
 mod prompt;
+mod repo_commands;
 mod resume;
 mod rotation;
 mod scripts;

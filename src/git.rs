@@ -1,0 +1,232 @@
+//! Every git command the daemon and the CLI run in a repository (workspaces,
+//! a flow's measured change, `doctor`'s checks), run so that the repository
+//! cannot make it run anything else.
+//!
+//! The repositories are written by agents: a session can set a key in
+//! `.git/config`, in `.git/info/attributes`, in a committed `.gitattributes`,
+//! or in the service user's `~/.gitconfig` (sessions run as the service
+//! user). A git run by the daemon would then run that command as the service
+//! user, outside any session's process group, cgroup and time limit. So each
+//! command is built here with a cleared environment (nothing like `GIT_DIR`,
+//! `GIT_SSH_COMMAND` or `GIT_EXTERNAL_DIFF` is inherited), no system config,
+//! and command-scope config (which wins over the repository's) that turns off
+//! each key that names a program: hooks (`core.hooksPath`), `core.fsmonitor`,
+//! `core.sshCommand`, `core.askPass`, `core.pager`, credential helpers,
+//! `core.gitProxy` (through `GIT_PROXY_COMMAND`), the `ext::` transport,
+//! submodule recursion, and every filter driver (`filter.NAME.clean`,
+//! `smudge`, `process`) whose name the repository's config defines, read just
+//! before the command. Diffs are asked with `--no-ext-diff --no-textconv` by
+//! their callers. The command runs in its own process group, killed whole
+//! past [`TIMEOUT`], its output bounded.
+//!
+//! Left open (see README, "Permission model"): a filter driver defined only
+//! in a config file included under a condition that does not hold when the
+//! names are read (`includeIf "onbranch:…"`), and a submodule's own config.
+//! This module must never run git through a shell nor inherit the caller's
+//! environment.
+
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Time limit of one git command.
+pub const TIMEOUT: Duration = Duration::from_secs(60);
+const MAX_OUTPUT: usize = 1 << 20;
+
+/// Command-scope config that disables each key naming a program. Set through
+/// `GIT_CONFIG_KEY_n`/`GIT_CONFIG_VALUE_n` (never parsed from `key=value`),
+/// so a filter name with `=` or spaces is overridden exactly.
+const OVERRIDES: &[(&str, &str)] = &[
+    ("core.hooksPath", "/dev/null"),
+    ("core.fsmonitor", "false"),
+    ("core.sshCommand", "ssh"),
+    ("core.askPass", ""),
+    ("core.pager", "cat"),
+    ("core.attributesFile", "/dev/null"),
+    // An empty value empties the list of helpers read so far.
+    ("credential.helper", ""),
+    ("protocol.ext.allow", "never"),
+    ("submodule.recurse", "false"),
+    ("log.showSignature", "false"),
+];
+
+/// The environment kept from the caller's (everything else is dropped).
+const KEPT_ENV: &[&str] = &["PATH", "HOME", "TMPDIR", "USER", "LOGNAME"];
+
+/// A finished git command.
+#[derive(Debug, Clone, Default)]
+pub struct Output {
+    pub ok: bool,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+impl Output {
+    pub fn stdout_text(&self) -> String {
+        String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+    pub fn stderr_text(&self) -> String {
+        String::from_utf8_lossy(&self.stderr).into_owned()
+    }
+}
+
+/// Why a git command gave no exit status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunError {
+    /// git could not be started (not installed, not on PATH).
+    Spawn(String),
+    /// Killed (with its process group) past the time limit.
+    Timeout(Duration),
+}
+
+impl std::fmt::Display for RunError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RunError::Spawn(e) => write!(f, "cannot run git: {e}"),
+            RunError::Timeout(t) => write!(f, "killed after {} s", t.as_secs()),
+        }
+    }
+}
+
+/// Extra environment for one command (e.g. a temporary `GIT_INDEX_FILE`).
+pub type Env<'a> = &'a [(&'a str, &'a Path)];
+
+/// `git ARGS` in `dir`, hardened (see the module doc), waited for up to [`TIMEOUT`].
+pub fn run(dir: &Path, args: &[&str], env: Env) -> Result<Output, RunError> {
+    let filters = filter_names(dir, env);
+    let mut cmd = base(dir, env, &filters);
+    cmd.args(args);
+    wait(cmd, TIMEOUT)
+}
+
+/// The hardened command, without its arguments.
+fn base(dir: &Path, env: Env, filters: &[String]) -> Command {
+    let mut cmd = Command::new("git");
+    cmd.current_dir(dir).env_clear();
+    for key in KEPT_ENV {
+        if let Some(v) = std::env::var_os(key) {
+            cmd.env(key, v);
+        }
+    }
+    cmd.env("LC_ALL", "C")
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .env("GIT_OPTIONAL_LOCKS", "0")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_ATTR_NOSYSTEM", "1")
+        .env("GIT_PAGER", "cat")
+        .env("PAGER", "cat")
+        // Set and empty: git then ignores `core.gitProxy` from any config.
+        .env("GIT_PROXY_COMMAND", "");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut pairs: Vec<(String, String)> = OVERRIDES
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    for name in filters {
+        for (key, value) in [
+            ("clean", ""),
+            ("smudge", ""),
+            ("process", ""),
+            ("required", "false"),
+        ] {
+            pairs.push((format!("filter.{name}.{key}"), value.to_string()));
+        }
+    }
+    cmd.env("GIT_CONFIG_COUNT", pairs.len().to_string());
+    for (i, (k, v)) in pairs.into_iter().enumerate() {
+        cmd.env(format!("GIT_CONFIG_KEY_{i}"), k);
+        cmd.env(format!("GIT_CONFIG_VALUE_{i}"), v);
+    }
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    cmd
+}
+
+/// The filter drivers the config seen from `dir` defines (`filter.NAME.*`).
+fn filter_names(dir: &Path, env: Env) -> Vec<String> {
+    let mut cmd = base(dir, env, &[]);
+    cmd.args(["config", "-z", "--name-only", "--get-regexp", r"^filter\."]);
+    match wait(cmd, TIMEOUT) {
+        Ok(out) => parse_filter_names(&out.stdout),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// `filter.NAME.KEY\0…` → the distinct NAMEs (a NAME may hold dots).
+fn parse_filter_names(raw: &[u8]) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    for entry in raw.split(|b| *b == 0) {
+        let entry = String::from_utf8_lossy(entry);
+        let Some(rest) = entry.trim_end_matches('\n').strip_prefix("filter.") else {
+            continue;
+        };
+        if let Some((name, _key)) = rest.rsplit_once('.')
+            && !names.iter().any(|n| n == name)
+        {
+            names.push(name.to_string());
+        }
+    }
+    names
+}
+
+fn read_bounded(mut r: impl Read + Send + 'static) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 8192];
+        while let Ok(n) = r.read(&mut chunk) {
+            if n == 0 {
+                break;
+            }
+            if buf.len() < MAX_OUTPUT {
+                buf.extend_from_slice(&chunk[..n.min(MAX_OUTPUT - buf.len())]);
+            }
+        }
+        buf
+    })
+}
+
+fn wait(mut cmd: Command, limit: Duration) -> Result<Output, RunError> {
+    let mut child = cmd.spawn().map_err(|e| RunError::Spawn(e.to_string()))?;
+    let out = read_bounded(child.stdout.take().expect("piped"));
+    let err = read_bounded(child.stderr.take().expect("piped"));
+    let start = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(s)) => break s,
+            Ok(None) if start.elapsed() > limit => {
+                // The whole group: git and anything it started.
+                let _ = nix::sys::signal::killpg(
+                    nix::unistd::Pid::from_raw(child.id() as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+                let _ = child.wait();
+                return Err(RunError::Timeout(limit));
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+            Err(e) => return Err(RunError::Spawn(e.to_string())),
+        }
+    };
+    Ok(Output {
+        ok: status.success(),
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filter_names_are_read_whole_and_once() {
+        let raw = b"filter.lfs.clean\0filter.lfs.smudge\0filter.a.b.process\0filter.x=y z.clean\0";
+        assert_eq!(parse_filter_names(raw), vec!["lfs", "a.b", "x=y z"]);
+        assert!(parse_filter_names(b"").is_empty());
+    }
+}
