@@ -5,7 +5,9 @@
 use serde::Serialize;
 
 use crate::cli::{Context, display, print_json};
-use crate::error::{Result, exit};
+use crate::config::FlowSettings;
+use crate::error::{Error, Result, exit};
+use crate::flow::authority::{self, UnixUser};
 use crate::flow::{self, Applied, FlowState};
 
 #[derive(clap::Subcommand, Debug)]
@@ -71,6 +73,7 @@ pub fn run(ctx: &Context, command: Command) -> Result<u8> {
         Command::Status { flow, json } => status(ctx, flow.as_deref(), json),
         Command::Approve { cycle, by } => {
             let settings = flow::flow_of_cycle(&ctx.root, &ctx.config, &cycle)?;
+            may_answer(ctx, settings, "approve", &cycle)?;
             let by = by.unwrap_or_else(|| settings.human.to_string());
             print_lines(&flow::approve(&ctx.root, settings, &cycle, &by, ctx.now)?);
             Ok(exit::OK)
@@ -81,6 +84,7 @@ pub fn run(ctx: &Context, command: Command) -> Result<u8> {
             by,
         } => {
             let settings = flow::flow_of_cycle(&ctx.root, &ctx.config, &cycle)?;
+            may_answer(ctx, settings, "reject", &cycle)?;
             let by = by.unwrap_or_else(|| settings.human.to_string());
             print_lines(&flow::reject(
                 &ctx.root, settings, &cycle, &feedback, &by, ctx.now,
@@ -89,11 +93,37 @@ pub fn run(ctx: &Context, command: Command) -> Result<u8> {
         }
         Command::Stop { cycle, by } => {
             let settings = flow::flow_of_cycle(&ctx.root, &ctx.config, &cycle)?;
+            may_answer(ctx, settings, "stop", &cycle)?;
             let by = by.unwrap_or_else(|| settings.human.to_string());
             print_lines(&flow::stop(&ctx.root, settings, &cycle, &by, ctx.now)?);
             Ok(exit::OK)
         }
     }
+}
+
+/// Refuse (exit 77) a caller who may not answer a cycle: only root, the
+/// service user (the state root's owner) and the flow's approvers may
+/// (`crate::flow::authority`); `--by` is a label, not an identity.
+fn may_answer(ctx: &Context, settings: &FlowSettings, verb: &str, cycle: &str) -> Result<()> {
+    let me = UnixUser::current();
+    let service = UnixUser::owner_of(&ctx.root.path).map_err(|e| {
+        Error::NotPermitted(format!(
+            "flow {verb}: cannot tell the service user (the owner of the state root {}): {e}",
+            ctx.root.path.display()
+        ))
+    })?;
+    if authority::may_command(&me, service.uid, &settings.approvers) {
+        return Ok(());
+    }
+    let service_name = service.name.clone().unwrap_or_else(|| "agent-state".into());
+    Err(Error::NotPermitted(format!(
+        "flow {verb} {cycle}: you are {}; a cycle of flow {} is answered only by root, the service user {} (the owner of {}) or a user in the flow's approvers ({:?}). Run `sudo -u {service_name} agent-state flow {verb} {cycle} …`, or ask the operator to add your unix user to `approvers` in the flow's [[flow]] of the config",
+        me.describe(),
+        settings.name,
+        service.describe(),
+        ctx.root.path.display(),
+        settings.approvers
+    )))
 }
 
 fn print_lines(applied: &Applied) {

@@ -142,16 +142,16 @@ impl Lab {
         read_json(&self.flow_dir().join("state.json"))
     }
 
-    fn current(&self) -> Value {
+    pub(crate) fn current(&self) -> Value {
         self.state()["current"].clone()
     }
 
-    fn archived(&self, name: &str) -> String {
+    pub(crate) fn archived(&self, name: &str) -> String {
         std::fs::read_to_string(self.flow_dir().join("archive").join(name)).unwrap_or_default()
     }
 
     /// Messages in marcus's inbox, parsed.
-    fn mail(&self) -> Vec<Value> {
+    pub(crate) fn mail(&self) -> Vec<Value> {
         list(&self.env.agent("marcus").join("inbox"))
             .iter()
             .filter(|n| n.ends_with(".json"))
@@ -159,7 +159,7 @@ impl Lab {
             .collect()
     }
 
-    fn journal(&self) -> Vec<Value> {
+    pub(crate) fn journal(&self) -> Vec<Value> {
         std::fs::read_to_string(self.flow_dir().join("journal.jsonl"))
             .unwrap_or_default()
             .lines()
@@ -168,7 +168,7 @@ impl Lab {
     }
 }
 
-fn archive_name(cycle: &str, stopped: bool) -> String {
+pub(crate) fn archive_name(cycle: &str, stopped: bool) -> String {
     let (date, n) = cycle.rsplit_once('-').unwrap();
     if stopped {
         format!("{date}_cycle-{n}-stopped.md")

@@ -19,6 +19,7 @@ mod economy;
 mod events;
 mod faults;
 mod filesafety;
+mod flow_authority;
 mod flows;
 mod health;
 mod hooks;
