@@ -19,21 +19,25 @@
 //! their callers. The command runs in its own process group, killed whole
 //! past [`TIMEOUT`], its output bounded.
 //!
-//! Left open (see README, "Permission model"): a filter driver defined only
-//! in a config file included under a condition that does not hold when the
-//! names are read (`includeIf "onbranch:…"`), and a submodule's own config.
+//! The filter names are read from the config and from every file an include
+//! names, its condition aside (`includeIf "onbranch:…"` may hold only in the
+//! worktree being checked out). Left open (see README, "Permission model"):
+//! a submodule's own config, and a name added between the read and the
+//! command (a race another session of the same repository could run).
 //! This module must never run git through a shell nor inherit the caller's
 //! environment.
 
 use std::io::Read;
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Time limit of one git command.
 pub const TIMEOUT: Duration = Duration::from_secs(60);
 const MAX_OUTPUT: usize = 1 << 20;
+/// How many included config files are read for filter names, at most.
+const MAX_INCLUDES: usize = 32;
 
 /// Command-scope config that disables each key naming a program. Set through
 /// `GIT_CONFIG_KEY_n`/`GIT_CONFIG_VALUE_n` (never parsed from `key=value`),
@@ -148,14 +152,90 @@ fn base(dir: &Path, env: Env, filters: &[String]) -> Command {
     cmd
 }
 
-/// The filter drivers the config seen from `dir` defines (`filter.NAME.*`).
+/// The filter drivers the config seen from `dir` defines (`filter.NAME.*`),
+/// also in every file an include names, whether or not its condition holds
+/// now: `includeIf "onbranch:…"` may hold in the worktree a checkout makes.
 fn filter_names(dir: &Path, env: Env) -> Vec<String> {
-    let mut cmd = base(dir, env, &[]);
-    cmd.args(["config", "-z", "--name-only", "--get-regexp", r"^filter\."]);
-    match wait(cmd, TIMEOUT) {
-        Ok(out) => parse_filter_names(&out.stdout),
-        Err(_) => Vec::new(),
+    let filters = ["--name-only", "--get-regexp", r"^filter\."];
+    let mut names = parse_filter_names(&config(dir, env, None, &filters));
+    let mut files = include_paths(dir, env, None);
+    let mut seen: Vec<PathBuf> = Vec::new();
+    while let Some(file) = files.pop() {
+        if seen.contains(&file) || seen.len() >= MAX_INCLUDES {
+            continue;
+        }
+        seen.push(file.clone());
+        if !std::fs::metadata(&file).is_ok_and(|m| m.is_file()) {
+            continue;
+        }
+        for name in parse_filter_names(&config(dir, env, Some(&file), &filters)) {
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+        files.extend(include_paths(dir, env, Some(&file)));
     }
+    names
+}
+
+/// `git config -z ARGS`, of the repository's config seen from `dir` or of
+/// one `file` alone (its includes not followed); stdout, empty on failure.
+fn config(dir: &Path, env: Env, file: Option<&Path>, args: &[&str]) -> Vec<u8> {
+    let mut cmd = base(dir, env, &[]);
+    cmd.args(["config", "-z"]);
+    if let Some(file) = file {
+        cmd.arg("--no-includes").arg("--file").arg(file);
+    }
+    cmd.args(args);
+    wait(cmd, TIMEOUT).map(|o| o.stdout).unwrap_or_default()
+}
+
+/// The files the `include.path` and `includeIf.*.path` keys name.
+fn include_paths(dir: &Path, env: Env, file: Option<&Path>) -> Vec<PathBuf> {
+    let raw = config(
+        dir,
+        env,
+        file,
+        &["--show-origin", "--get-regexp", r"^include(if\..*)?\.path$"],
+    );
+    let home = env
+        .iter()
+        .find(|(k, _)| *k == "HOME")
+        .map(|(_, v)| v.to_path_buf())
+        .or_else(|| std::env::var_os("HOME").map(PathBuf::from));
+    parse_include_paths(&raw, dir, home.as_deref())
+}
+
+/// `file:ORIGIN\0KEY\nVALUE\0…` → each VALUE as a path: `~/` under `home`,
+/// relative to ORIGIN's directory (itself relative to `dir`).
+fn parse_include_paths(raw: &[u8], dir: &Path, home: Option<&Path>) -> Vec<PathBuf> {
+    let fields: Vec<String> = raw
+        .split(|b| *b == 0)
+        .map(|f| String::from_utf8_lossy(f).into_owned())
+        .collect();
+    let mut out = Vec::new();
+    for pair in fields.chunks(2) {
+        let [origin, entry] = pair else { continue };
+        let (Some(origin), Some((_, value))) =
+            (origin.strip_prefix("file:"), entry.split_once('\n'))
+        else {
+            continue;
+        };
+        let path = if let Some(rest) = value.strip_prefix("~/") {
+            match home {
+                Some(h) => h.join(rest),
+                None => continue,
+            }
+        } else {
+            let origin_dir = dir.join(origin).parent().map(Path::to_path_buf);
+            match origin_dir {
+                Some(o) => o.join(value),
+                None => continue,
+            }
+        };
+        out.push(path);
+    }
+    out
 }
 
 /// `filter.NAME.KEY\0…` → the distinct NAMEs (a NAME may hold dots).
@@ -228,5 +308,18 @@ mod tests {
         let raw = b"filter.lfs.clean\0filter.lfs.smudge\0filter.a.b.process\0filter.x=y z.clean\0";
         assert_eq!(parse_filter_names(raw), vec!["lfs", "a.b", "x=y z"]);
         assert!(parse_filter_names(b"").is_empty());
+    }
+
+    #[test]
+    fn include_paths_resolve_against_their_file_and_home() {
+        let raw = b"file:.git/config\0includeif.onbranch:x.path\nevil.cfg\0file:/etc/g\0include.path\n/abs/c\0file:.git/config\0include.path\n~/h.cfg\0command line:\0include.path\nz\0";
+        assert_eq!(
+            parse_include_paths(raw, Path::new("/r"), Some(Path::new("/home/s"))),
+            vec![
+                PathBuf::from("/r/.git/evil.cfg"),
+                PathBuf::from("/abs/c"),
+                PathBuf::from("/home/s/h.cfg"),
+            ]
+        );
     }
 }

@@ -50,8 +50,14 @@ fn set(repo: &Path, key: &str, value: &str) {
 /// Plain git, as an agent or an operator would run it (the user's config and
 /// the repository's; nothing disabled); whether it succeeded is not asked.
 fn plain_git(dir: &Path, args: &[&str]) {
+    plain_git_env(dir, args, &[]);
+}
+
+/// [`plain_git`] with environment variables.
+fn plain_git_env(dir: &Path, args: &[&str], vars: &[(&str, String)]) {
     let _ = Command::new("git")
         .args(args)
+        .envs(vars.iter().map(|(k, v)| (k, v)))
         .current_dir(dir)
         .env("GIT_CONFIG_GLOBAL", "/dev/null")
         .stdin(std::process::Stdio::null())
@@ -60,14 +66,30 @@ fn plain_git(dir: &Path, args: &[&str]) {
 }
 
 /// A repository whose every file goes through the filter and diff driver
-/// `evil`, with a post-checkout hook; the agent's session sets
+/// `evil` (README through `sneaky`, defined in a file included only on the
+/// agent's branches), with hooks; the agent's session sets
 /// `core.fsmonitor`, leaves a changed file and ends.
 fn workspace_lab() -> (Env, PathBuf) {
     let env = Env::with_config("");
     let repo = git_repo(&env);
-    std::fs::write(repo.join(".gitattributes"), "* filter=evil diff=evil\n").unwrap();
+    std::fs::write(
+        repo.join(".gitattributes"),
+        "* filter=evil diff=evil\nREADME filter=sneaky\n",
+    )
+    .unwrap();
     git(&repo, &["add", ".gitattributes"]);
     git(&repo, &["commit", "-q", "-m", "attributes"]);
+    // A driver defined only where the agent's branches are checked out.
+    std::fs::write(
+        repo.join(".git/sneaky.cfg"),
+        format!(
+            "[filter \"sneaky\"]\n\tsmudge = {}\n\tclean = {}\n",
+            trap(&env, "sneaky-smudge", 0),
+            trap(&env, "sneaky-clean", 0)
+        ),
+    )
+    .unwrap();
+    set(&repo, "includeIf.onbranch:rio/**.path", "sneaky.cfg");
     let hooks = env.tmp("hooks");
     std::fs::create_dir(&hooks).unwrap();
     for hook in [
@@ -120,7 +142,7 @@ fn a_workspace_session_runs_no_hook_filter_diff_driver_or_fsmonitor_of_the_repos
             "add",
             "-q",
             "-b",
-            "probe",
+            "rio/probe",
             probe.to_str().unwrap(),
             "main",
         ],
@@ -128,7 +150,8 @@ fn a_workspace_session_runs_no_hook_filter_diff_driver_or_fsmonitor_of_the_repos
     let live = fired(&env);
     assert!(
         live.contains(&"fired-hook-post-checkout".to_string())
-            && live.contains(&"fired-smudge".to_string()),
+            && live.contains(&"fired-smudge".to_string())
+            && live.contains(&"fired-sneaky-smudge".to_string()),
         "the trap must be live: {live:?}"
     );
     plain_git(
@@ -259,7 +282,8 @@ fn doctor_reaching_origin_runs_no_ssh_command_proxy_transport_or_upload_pack_of_
 
 /// One flow cycle up to the Judge in a repository whose `notes.md` has the
 /// `.gitattributes` line `attributes` and whose config sets `keys` (each
-/// value a trap's key): the markers fired, by a plain `git diff` first (the
+/// value a trap's key; a `GIT_*` key is the daemon's environment instead,
+/// `GIT_CONFIG_PARAMETERS` setting `filter.evil.clean`): the markers fired, by a plain `git diff` first (the
 /// trap is live) and then by the daemon.
 fn flow_diff_case(attributes: &str, keys: &[(&str, &str)]) -> (Vec<String>, Vec<String>) {
     let lab = crate::flows::lab("");
@@ -268,11 +292,19 @@ fn flow_diff_case(attributes: &str, keys: &[(&str, &str)]) -> (Vec<String>, Vec<
     std::fs::write(lab.repo.join("notes.md"), "first\n").unwrap();
     git(&lab.repo, &["add", ".gitattributes", "notes.md"]);
     git(&lab.repo, &["commit", "-q", "-m", "attributes"]);
+    let mut vars = Vec::new();
     for (key, trap_key) in keys {
-        set(&lab.repo, key, &trap(env, trap_key, 0));
+        if *key == "GIT_CONFIG_PARAMETERS" {
+            let t = trap(env, trap_key, 0);
+            vars.push((*key, format!("'filter.evil.clean'='{t}'")));
+        } else if key.starts_with("GIT_") {
+            vars.push((*key, trap(env, trap_key, 0)));
+        } else {
+            set(&lab.repo, key, &trap(env, trap_key, 0));
+        }
     }
     std::fs::write(lab.repo.join("notes.md"), "changed\n").unwrap();
-    plain_git(&lab.repo, &["diff"]);
+    plain_git_env(&lab.repo, &["diff"], &vars);
     plain_git(&lab.repo, &["checkout", "--", "notes.md"]);
     let live = fired(env);
     clear_fired(env);
@@ -280,7 +312,8 @@ fn flow_diff_case(attributes: &str, keys: &[(&str, &str)]) -> (Vec<String>, Vec<
     lab.script("theseus", &["* plan"]);
     lab.script("rio", &["* small"]);
     lab.script("leo", &["* pass-medium"]);
-    let d = env.daemon();
+    let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let d = Daemon::start(env, &vars);
     let cycle = lab.start("three notes");
     d.wait_until(Duration::from_secs(60), "the Judge's session", || {
         lab.played("leo").len() == 1
@@ -304,16 +337,24 @@ fn flow_diff_case(attributes: &str, keys: &[(&str, &str)]) -> (Vec<String>, Vec<
 /// The Actor's diff, measured by the daemon for the Judge, runs no diff
 /// driver command, textconv, `diff.external` or filter of the repository
 /// (each key in a repository of its own: a driver's command hides its
-/// textconv and `diff.external`).
+/// textconv and `diff.external`), nor one the daemon's environment names.
 #[test]
 fn a_flows_measured_diff_runs_no_diff_driver_textconv_or_filter_of_the_repository() {
-    let cases: [(&str, &[(&str, &str)]); 4] = [
+    let cases: [(&str, &[(&str, &str)]); 6] = [
         (
             "notes.md diff=evil",
             &[("diff.evil.command", "diff-command")],
         ),
         ("notes.md diff=evil", &[("diff.evil.textconv", "textconv")]),
         ("README -diff", &[("diff.external", "diff-external")]),
+        (
+            "README -diff",
+            &[("GIT_EXTERNAL_DIFF", "env-external-diff")],
+        ),
+        (
+            "notes.md filter=evil",
+            &[("GIT_CONFIG_PARAMETERS", "env-config-clean")],
+        ),
         (
             "notes.md filter=evil",
             &[
