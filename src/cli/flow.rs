@@ -9,6 +9,7 @@ use crate::config::FlowSettings;
 use crate::error::{Error, Result, exit};
 use crate::flow::authority::{self, UnixUser};
 use crate::flow::{self, Applied, FlowState};
+use crate::inbox::{self, MessageType, Outgoing, Priority};
 
 #[derive(clap::Subcommand, Debug)]
 pub enum Command {
@@ -73,7 +74,9 @@ pub fn run(ctx: &Context, command: Command) -> Result<u8> {
         Command::Status { flow, json } => status(ctx, flow.as_deref(), json),
         Command::Approve { cycle, by } => {
             let settings = flow::flow_of_cycle(&ctx.root, &ctx.config, &cycle)?;
-            may_answer(ctx, settings, "approve", &cycle)?;
+            if may_answer(ctx, settings, "approve", &cycle)? == Way::ByReply {
+                return answer_by_reply(ctx, settings, &cycle, "approve", "");
+            }
             let by = by.unwrap_or_else(|| settings.human.to_string());
             print_lines(&flow::approve(&ctx.root, settings, &cycle, &by, ctx.now)?);
             Ok(exit::OK)
@@ -84,7 +87,9 @@ pub fn run(ctx: &Context, command: Command) -> Result<u8> {
             by,
         } => {
             let settings = flow::flow_of_cycle(&ctx.root, &ctx.config, &cycle)?;
-            may_answer(ctx, settings, "reject", &cycle)?;
+            if may_answer(ctx, settings, "reject", &cycle)? == Way::ByReply {
+                return answer_by_reply(ctx, settings, &cycle, "reject", &feedback);
+            }
             let by = by.unwrap_or_else(|| settings.human.to_string());
             print_lines(&flow::reject(
                 &ctx.root, settings, &cycle, &feedback, &by, ctx.now,
@@ -93,7 +98,9 @@ pub fn run(ctx: &Context, command: Command) -> Result<u8> {
         }
         Command::Stop { cycle, by } => {
             let settings = flow::flow_of_cycle(&ctx.root, &ctx.config, &cycle)?;
-            may_answer(ctx, settings, "stop", &cycle)?;
+            if may_answer(ctx, settings, "stop", &cycle)? == Way::ByReply {
+                return answer_by_reply(ctx, settings, &cycle, "stop", "");
+            }
             let by = by.unwrap_or_else(|| settings.human.to_string());
             print_lines(&flow::stop(&ctx.root, settings, &cycle, &by, ctx.now)?);
             Ok(exit::OK)
@@ -101,10 +108,21 @@ pub fn run(ctx: &Context, command: Command) -> Result<u8> {
     }
 }
 
+/// How the caller's answer is carried out.
+#[derive(Debug, PartialEq, Eq)]
+enum Way {
+    /// Root or the service user: the command changes the flow's state.
+    Direct,
+    /// An approver, who may not write the state: the command leaves a reply
+    /// in the Judge's inbox (the approver's own file), which the daemon
+    /// carries out.
+    ByReply,
+}
+
 /// Refuse (exit 77) a caller who may not answer a cycle: only root, the
 /// service user (the state root's owner) and the flow's approvers may
 /// (`crate::flow::authority`); `--by` is a label, not an identity.
-fn may_answer(ctx: &Context, settings: &FlowSettings, verb: &str, cycle: &str) -> Result<()> {
+fn may_answer(ctx: &Context, settings: &FlowSettings, verb: &str, cycle: &str) -> Result<Way> {
     let me = UnixUser::current();
     let service = UnixUser::owner_of(&ctx.root.path).map_err(|e| {
         Error::NotPermitted(format!(
@@ -112,8 +130,11 @@ fn may_answer(ctx: &Context, settings: &FlowSettings, verb: &str, cycle: &str) -
             ctx.root.path.display()
         ))
     })?;
+    if me.uid == 0 || me.uid == service.uid {
+        return Ok(Way::Direct);
+    }
     if authority::may_command(&me, service.uid, &settings.approvers) {
-        return Ok(());
+        return Ok(Way::ByReply);
     }
     let service_name = service.name.clone().unwrap_or_else(|| "agent-state".into());
     Err(Error::NotPermitted(format!(
@@ -124,6 +145,42 @@ fn may_answer(ctx: &Context, settings: &FlowSettings, verb: &str, cycle: &str) -
         ctx.root.path.display(),
         settings.approvers
     )))
+}
+
+/// An approver's answer: a reply naming the open cycle's question key, left
+/// in the Judge's inbox as the approver's own file.
+fn answer_by_reply(
+    ctx: &Context,
+    settings: &FlowSettings,
+    cycle: &str,
+    verb: &str,
+    feedback: &str,
+) -> Result<u8> {
+    let state = flow::load(&flow::FlowDir::new(&ctx.root, &settings.name))?;
+    let Some(c) = state.and_then(|s| s.current).filter(|c| c.id == cycle) else {
+        return Err(Error::Usage(format!(
+            "no open cycle {cycle:?}; `agent-state flow status` lists them"
+        )));
+    };
+    let mut reference = flow::message_id(settings.name.as_str(), cycle, c.step, "answer");
+    if !c.question_key.is_empty() {
+        reference = format!("{reference}-{}", c.question_key);
+    }
+    let out = Outgoing {
+        from: settings.human.clone(),
+        kind: MessageType::Flag,
+        priority: Priority::Normal,
+        subject: format!("Re: {verb}"),
+        body: feedback.trim().to_string(),
+        source_ref: Some(reference),
+        expires_at: None,
+    };
+    let message = inbox::deliver(&ctx.root.agent(&settings.judge), &out, ctx.now)?;
+    eprintln!(
+        "your answer ({verb}) is left as reply {} in {}'s inbox; the daemon carries it out (`agent-state flow status {}`)",
+        message.id, settings.judge, settings.name
+    );
+    Ok(exit::OK)
 }
 
 fn print_lines(applied: &Applied) {

@@ -846,7 +846,15 @@ pub fn reply(
     if let Some(why) = refusal(root, flow, &cycle, reference, &file) {
         return refuse(root, flow, agent, message, &cycle, &command, &why, now).map(Some);
     }
-    let by = message.from.clone();
+    // Who answered, as the kernel says (the file's owner) beside the name signed.
+    let by = match super::authority::UnixUser::owner_of(&file) {
+        Ok(owner) => format!(
+            "{} (unix user {})",
+            message.from,
+            owner.name.unwrap_or_else(|| owner.uid.to_string())
+        ),
+        Err(_) => message.from.clone(),
+    };
     let done = match &command {
         ReplyCommand::Approve => approve(root, flow, &cycle, &by, now),
         ReplyCommand::Reject(feedback) => reject(root, flow, &cycle, feedback, &by, now),
