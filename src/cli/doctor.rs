@@ -172,6 +172,8 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         }
     }
 
+    check_approvers(&mut r, config, group.as_ref());
+
     // The state root: there, the service user's, the modes of the model.
     let root = &ctx.root.path;
     match std::fs::symlink_metadata(root) {
@@ -475,6 +477,43 @@ fn check_command(
         return;
     }
     r.ok(&what, normalised(&path).display().to_string());
+}
+
+/// Each flow's approvers: users of this machine, in the inbox group (their
+/// answer is a reply left in an inbox).
+fn check_approvers(r: &mut Report, config: &crate::config::Config, group: Option<&Group>) {
+    for flow in &config.flows {
+        let what = format!("flow {} approvers", flow.name);
+        if flow.approvers.is_empty() {
+            r.note(
+                &what,
+                "none: only root and the service user answer its cycles (flow approve|reject|stop); a reply is never carried out",
+            );
+            continue;
+        }
+        for name in &flow.approvers {
+            match User::from_name(name).ok().flatten() {
+                None => r.fail(
+                    &what,
+                    format!("there is no user {name:?}"),
+                    format!(
+                        "create it (useradd {name}) or correct `approvers` in the flow's [[flow]]"
+                    ),
+                ),
+                Some(u) => match group {
+                    Some(g) if u.gid != g.gid && !g.mem.contains(&u.name) => r.fail(
+                        &what,
+                        format!(
+                            "{name} is not in group {}: it cannot leave its answer in an inbox",
+                            g.name
+                        ),
+                        format!("usermod -aG {} {name}", g.name),
+                    ),
+                    _ => r.ok(&what, format!("{name} (uid {})", u.uid)),
+                },
+            }
+        }
+    }
 }
 
 /// `a/b/../c` as `a/c` (lexically: for showing a path, not resolving links).

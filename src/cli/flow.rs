@@ -32,15 +32,18 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Approve a cycle the Judge passed (awaiting approval, or blocked): archived, on_approve run
+    /// Approve a cycle the Judge passed (awaiting approval, or blocked): archived, on_approve run.
+    /// Root and the service user only, or a user in the flow's `approvers` (whose answer is left
+    /// as a reply the daemon carries out); anyone else exits 77
     Approve {
         /// The cycle (2026-11-24-001)
         cycle: String,
-        /// Who answers (default: the flow's human mailbox)
+        /// The name recorded as answering (default: the flow's human mailbox); a label, not an identity
         #[arg(long)]
         by: Option<String>,
     },
-    /// Send a cycle back to the Planner with your feedback (awaiting approval, blocked or paused)
+    /// Send a cycle back to the Planner with your feedback (awaiting approval, blocked or paused).
+    /// Who may: as for approve
     Reject {
         /// The cycle (2026-11-24-001)
         cycle: String,
@@ -51,7 +54,7 @@ pub enum Command {
         #[arg(long)]
         by: Option<String>,
     },
-    /// Stop a cycle, whatever its state: archived as stopped
+    /// Stop a cycle, whatever its state: archived as stopped. Who may: as for approve
     Stop {
         /// The cycle (2026-11-24-001)
         cycle: String,

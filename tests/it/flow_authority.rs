@@ -255,3 +255,19 @@ fn an_approver_that_is_no_unix_user_name_is_named_with_its_fix() {
         "{said}"
     );
 }
+
+#[test]
+fn doctor_names_an_approver_who_is_no_user_of_this_machine() {
+    let lab = lab(r#"approvers = ["root", "asnosuchuser"]"#);
+    let out = lab.env.run(&["doctor", "--user", "root"]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("ok    flow notes approvers: root (uid 0)"),
+        "{said}"
+    );
+    assert!(
+        said.contains("FAIL  flow notes approvers: there is no user \"asnosuchuser\""),
+        "{said}"
+    );
+    assert!(!out.status.success());
+}
