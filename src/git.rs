@@ -83,6 +83,9 @@ pub enum RunError {
     Spawn(String),
     /// Killed (with its process group) past the time limit.
     Timeout(Duration),
+    /// A git too old to take config through `GIT_CONFIG_COUNT` (2.31):
+    /// its hardening would be silently ignored, so nothing is run.
+    TooOld(String),
 }
 
 impl std::fmt::Display for RunError {
@@ -90,6 +93,10 @@ impl std::fmt::Display for RunError {
         match self {
             RunError::Spawn(e) => write!(f, "cannot run git: {e}"),
             RunError::Timeout(t) => write!(f, "killed after {} s", t.as_secs()),
+            RunError::TooOld(v) => write!(
+                f,
+                "{v} is older than 2.31: it would ignore the settings that keep the repository's hooks and filters from running, so agent-state runs no git with it; install git 2.31 or later"
+            ),
         }
     }
 }
@@ -99,10 +106,47 @@ pub type Env<'a> = &'a [(&'a str, &'a Path)];
 
 /// `git ARGS` in `dir`, hardened (see the module doc), waited for up to [`TIMEOUT`].
 pub fn run(dir: &Path, args: &[&str], env: Env) -> Result<Output, RunError> {
+    check_version()?;
     let filters = filter_names(dir, env);
     let mut cmd = base(dir, env, &filters);
     cmd.args(args);
     wait(cmd, TIMEOUT)
+}
+
+/// Refuse a git older than 2.31 (asked once per process).
+fn check_version() -> Result<(), RunError> {
+    static VERSION: std::sync::OnceLock<Result<(), RunError>> = std::sync::OnceLock::new();
+    VERSION
+        .get_or_init(|| {
+            let mut cmd = Command::new("git");
+            cmd.arg("--version")
+                .env_clear()
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            if let Some(path) = std::env::var_os("PATH") {
+                cmd.env("PATH", path);
+            }
+            let out = wait(cmd, TIMEOUT)?;
+            let text = out.stdout_text().trim().to_string();
+            if version_at_least(&text, (2, 31)) {
+                Ok(())
+            } else {
+                Err(RunError::TooOld(text))
+            }
+        })
+        .clone()
+}
+
+/// `git version 2.47.3` (or `2.39.5.windows.1`) at least `min`?
+fn version_at_least(text: &str, min: (u32, u32)) -> bool {
+    let Some(v) = text.strip_prefix("git version ") else {
+        return false;
+    };
+    let mut parts = v.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    let major = parts.next().unwrap_or(0);
+    let minor = parts.next().unwrap_or(0);
+    (major, minor) >= min
 }
 
 /// The hardened command, without its arguments.
@@ -308,6 +352,20 @@ mod tests {
         let raw = b"filter.lfs.clean\0filter.lfs.smudge\0filter.a.b.process\0filter.x=y z.clean\0";
         assert_eq!(parse_filter_names(raw), vec!["lfs", "a.b", "x=y z"]);
         assert!(parse_filter_names(b"").is_empty());
+    }
+
+    #[test]
+    fn git_before_2_31_is_refused() {
+        for (text, ok) in [
+            ("git version 2.47.3", true),
+            ("git version 2.31.0", true),
+            ("git version 3.0.0", true),
+            ("git version 2.30.9", false),
+            ("git version 1.9", false),
+            ("", false),
+        ] {
+            assert_eq!(version_at_least(text, (2, 31)), ok, "{text}");
+        }
     }
 
     #[test]

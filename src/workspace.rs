@@ -181,6 +181,11 @@ fn run_env(
             stderr: e.to_string(),
             fix: "install git and make it reachable on PATH".into(),
         }),
+        Err(e @ crate::git::RunError::TooOld(_)) => Err(WorkspaceError::Failed {
+            command: quote(args),
+            stderr: e.to_string(),
+            fix: "install git 2.31 or later".into(),
+        }),
         Err(e @ crate::git::RunError::Timeout(_)) => Err(WorkspaceError::Failed {
             command: quote(args),
             stderr: e.to_string(),

@@ -536,9 +536,17 @@ fn normalised(path: &Path) -> PathBuf {
 /// nothing the repository's config names (hooks, `core.sshCommand`, credential
 /// helpers, `remote.origin.uploadpack`, ...) is run.
 fn git(repo: &Path, home: Option<&Path>, args: &[&str]) -> Option<(bool, String)> {
+    git_run(repo, home, args).ok()
+}
+
+fn git_run(
+    repo: &Path,
+    home: Option<&Path>,
+    args: &[&str],
+) -> Result<(bool, String), crate::git::RunError> {
     let env: Vec<(&str, &Path)> = home.map(|h| ("HOME", h)).into_iter().collect();
-    let out = crate::git::run(repo, args, &env).ok()?;
-    Some((
+    let out = crate::git::run(repo, args, &env)?;
+    Ok((
         out.ok,
         out.stdout_text().trim().to_string() + out.stderr_text().trim(),
     ))
@@ -546,12 +554,16 @@ fn git(repo: &Path, home: Option<&Path>, args: &[&str]) -> Option<(bool, String)
 
 fn check_repo(r: &mut Report, repo: &Path, user: &str, home: Option<&Path>) {
     let what = format!("repository {}", repo.display());
-    match git(repo, home, &["rev-parse", "--git-dir"]) {
-        None => {
+    match git_run(repo, home, &["rev-parse", "--git-dir"]) {
+        Err(crate::git::RunError::Spawn(_)) => {
             r.fail(&what, "git is not installed", "apt install git");
             return;
         }
-        Some((false, why)) => {
+        Err(e) => {
+            r.fail(&what, e.to_string(), "install git 2.31 or later");
+            return;
+        }
+        Ok((false, why)) => {
             r.fail(
                 &what,
                 format!("not a git repository: {why}"),
@@ -559,7 +571,7 @@ fn check_repo(r: &mut Report, repo: &Path, user: &str, home: Option<&Path>) {
             );
             return;
         }
-        Some((true, _)) => {}
+        Ok((true, _)) => {}
     }
     let name = git(repo, home, &["config", "user.name"])
         .filter(|(ok, _)| *ok)
