@@ -17,7 +17,8 @@
 //! `smudge`, `process`) whose name the repository's config defines, read just
 //! before the command. Diffs are asked with `--no-ext-diff --no-textconv` by
 //! their callers. The command runs in its own process group, killed whole
-//! past [`TIMEOUT`], its output bounded.
+//! past [`TIMEOUT`], its output bounded. A git older than 2.31 (which
+//! ignores `GIT_CONFIG_COUNT`, hence all of the above) is refused.
 //!
 //! The filter names are read from the config and from every file an include
 //! names, its condition aside (`includeIf "onbranch:…"` may hold only in the
