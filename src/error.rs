@@ -88,6 +88,10 @@ pub enum Error {
         pid: i32,
     },
 
+    /// The calling user may not do this (exit 77).
+    #[error("{0}")]
+    NotPermitted(String),
+
     #[error("{0}")]
     NoSession(String),
 
@@ -167,7 +171,7 @@ impl Error {
             }
             Error::SessionBusy { .. } | Error::LockBusy { .. } => exit::TEMPFAIL,
             Error::Unsafe { .. } => exit::IOERR,
-            Error::NotOwner { .. } => exit::NOPERM,
+            Error::NotOwner { .. } | Error::NotPermitted(_) => exit::NOPERM,
             Error::Unavailable(_) => exit::UNAVAILABLE,
         }
     }

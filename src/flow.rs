@@ -29,6 +29,7 @@
 //! route on a guess (a missing or malformed block stops the cycle).
 
 mod apply;
+pub mod authority;
 pub mod cycle;
 pub mod route;
 pub mod scope;
@@ -162,6 +163,11 @@ pub struct Cycle {
     #[serde(default)]
     pub actor_work: Option<ActorWork>,
     pub updated_at: Timestamp,
+    /// A random part of the ids of the questions sent to the human (a uuid
+    /// v4), so a reply cannot name a question it was not shown. Empty in a
+    /// cycle started before it existed.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub question_key: String,
 }
 
 /// A cycle that ended.

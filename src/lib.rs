@@ -36,6 +36,7 @@ pub mod errors;
 pub mod events;
 pub mod flow;
 pub mod fsx;
+pub mod git;
 pub mod hooks;
 pub mod inbox;
 pub mod owner;

@@ -1,8 +1,9 @@
 //! Git worktrees as sessions' workspaces (issue 12, "Workspaces"; seed 002's git rows).
 //!
-//! Every git call goes through [`git`]: `std::process::Command` with arguments (never a
-//! shell), `GIT_TERMINAL_PROMPT=0`, `LC_ALL=C` (a held lock is recognised by git's
-//! English message), stdin closed, a time limit ([`GIT_TIMEOUT`], killed past it) and bounded captured output. Every failure names the exact command line and
+//! Every git call goes through [`git`], which runs it with [`crate::git`] (arguments,
+//! never a shell; hooks, fsmonitor, filters and every other repository-named program
+//! disabled; `LC_ALL=C`, so a held lock is recognised by git's English message; stdin
+//! closed, a time limit ([`GIT_TIMEOUT`], killed past it) and bounded captured output). Every failure names the exact command line and
 //! its (trimmed, bounded) stderr.
 //!
 //! Designed paths: not a repository → [`WorkspaceError::NotARepo`] (the session is not
@@ -13,16 +14,13 @@
 //! [`LOCK_RETRIES`] times, then [`WorkspaceError::Locked`].
 
 use std::fmt;
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Time limit of one git command.
-pub const GIT_TIMEOUT: Duration = Duration::from_secs(60);
+pub const GIT_TIMEOUT: Duration = crate::git::TIMEOUT;
 /// How many times a command refused for a held `*.lock` is retried (1 s apart).
 pub const LOCK_RETRIES: u32 = 5;
-const MAX_OUTPUT: usize = 1 << 20;
 const MAX_STDERR_SHOWN: usize = 2000;
 
 /// The default branch template: `rio/research-2026-11-24`.
@@ -163,81 +161,37 @@ fn bounded(s: &[u8]) -> String {
     }
 }
 
-fn read_bounded(mut r: impl Read + Send + 'static) -> std::thread::JoinHandle<Vec<u8>> {
-    std::thread::spawn(move || {
-        let mut buf = Vec::new();
-        let mut chunk = [0u8; 8192];
-        while let Ok(n) = r.read(&mut chunk) {
-            if n == 0 {
-                break;
-            }
-            if buf.len() < MAX_OUTPUT {
-                buf.extend_from_slice(&chunk[..n.min(MAX_OUTPUT - buf.len())]);
-            }
-        }
-        buf
-    })
-}
-
 /// Raw git run: Ok((status_ok, stdout, stderr)) or Err on spawn failure / timeout.
 fn run(dir: &Path, args: &[&str]) -> Result<(bool, Vec<u8>, String), WorkspaceError> {
     run_env(dir, args, None)
 }
 
-/// [`run`] with an optional `GIT_INDEX_FILE` (the fingerprint's temporary index).
+/// [`run`] with an optional `GIT_INDEX_FILE` (the fingerprint's temporary index),
+/// through the hardened runner ([`crate::git`]).
 fn run_env(
     dir: &Path,
     args: &[&str],
     index: Option<&Path>,
 ) -> Result<(bool, Vec<u8>, String), WorkspaceError> {
-    let command = quote(args);
-    let mut cmd = Command::new("git");
-    if let Some(index) = index {
-        cmd.env("GIT_INDEX_FILE", index);
-    }
-    let mut child = cmd
-        .args(args)
-        .current_dir(dir)
-        .env("GIT_TERMINAL_PROMPT", "0")
-        .env("LC_ALL", "C")
-        .env("GIT_OPTIONAL_LOCKS", "0")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| WorkspaceError::Failed {
-            command: command.clone(),
+    let env: Vec<(&str, &Path)> = index.map(|i| ("GIT_INDEX_FILE", i)).into_iter().collect();
+    match crate::git::run(dir, args, &env) {
+        Ok(out) => Ok((out.ok, out.stdout, bounded(&out.stderr))),
+        Err(e @ crate::git::RunError::Spawn(_)) => Err(WorkspaceError::Failed {
+            command: quote(args),
             stderr: e.to_string(),
             fix: "install git and make it reachable on PATH".into(),
-        })?;
-    let out = read_bounded(child.stdout.take().expect("piped"));
-    let err = read_bounded(child.stderr.take().expect("piped"));
-    let start = Instant::now();
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(s)) => break s,
-            Ok(None) if start.elapsed() > GIT_TIMEOUT => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(WorkspaceError::Failed {
-                    command,
-                    stderr: format!("killed after {} s", GIT_TIMEOUT.as_secs()),
-                    fix: "check the repository (network remote, huge tree, hung hook)".into(),
-                });
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(5)),
-            Err(e) => {
-                return Err(WorkspaceError::Failed {
-                    command,
-                    stderr: e.to_string(),
-                    fix: "retry".into(),
-                });
-            }
-        }
-    };
-    let stdout = out.join().unwrap_or_default();
-    let stderr = bounded(&err.join().unwrap_or_default());
-    Ok((status.success(), stdout, stderr))
+        }),
+        Err(e @ crate::git::RunError::TooOld(_)) => Err(WorkspaceError::Failed {
+            command: quote(args),
+            stderr: e.to_string(),
+            fix: "install git 2.31 or later".into(),
+        }),
+        Err(e @ crate::git::RunError::Timeout(_)) => Err(WorkspaceError::Failed {
+            command: quote(args),
+            stderr: e.to_string(),
+            fix: "check the repository (network remote, huge tree)".into(),
+        }),
+    }
 }
 
 fn is_lock_error(stderr: &str) -> bool {

@@ -15,7 +15,6 @@ mod unit;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use nix::unistd::{Group, User};
@@ -172,6 +171,8 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
             }
         }
     }
+
+    check_approvers(&mut r, config, group.as_ref());
 
     // The state root: there, the service user's, the modes of the model.
     let root = &ctx.root.path;
@@ -478,6 +479,43 @@ fn check_command(
     r.ok(&what, normalised(&path).display().to_string());
 }
 
+/// Each flow's approvers: users of this machine, in the inbox group (their
+/// answer is a reply left in an inbox).
+fn check_approvers(r: &mut Report, config: &crate::config::Config, group: Option<&Group>) {
+    for flow in &config.flows {
+        let what = format!("flow {} approvers", flow.name);
+        if flow.approvers.is_empty() {
+            r.note(
+                &what,
+                "none: only root and the service user answer its cycles (flow approve|reject|stop); a reply is never carried out",
+            );
+            continue;
+        }
+        for name in &flow.approvers {
+            match User::from_name(name).ok().flatten() {
+                None => r.fail(
+                    &what,
+                    format!("there is no user {name:?}"),
+                    format!(
+                        "create it (useradd {name}) or correct `approvers` in the flow's [[flow]]"
+                    ),
+                ),
+                Some(u) => match group {
+                    Some(g) if u.gid != g.gid && !g.mem.contains(&u.name) => r.fail(
+                        &what,
+                        format!(
+                            "{name} is not in group {}: it cannot leave its answer in an inbox",
+                            g.name
+                        ),
+                        format!("usermod -aG {} {name}", g.name),
+                    ),
+                    _ => r.ok(&what, format!("{name} (uid {})", u.uid)),
+                },
+            }
+        }
+    }
+}
+
 /// `a/b/../c` as `a/c` (lexically: for showing a path, not resolving links).
 fn normalised(path: &Path) -> PathBuf {
     let mut out = PathBuf::new();
@@ -493,33 +531,39 @@ fn normalised(path: &Path) -> PathBuf {
     out
 }
 
-/// `git -C repo ARGS` with the service's HOME (its git identity), if known.
+/// `git ARGS` in `repo` with the service's HOME (its git identity), if known,
+/// through the hardened runner ([`crate::git`]): doctor may run as root, and
+/// nothing the repository's config names (hooks, `core.sshCommand`, credential
+/// helpers, `remote.origin.uploadpack`, ...) is run.
 fn git(repo: &Path, home: Option<&Path>, args: &[&str]) -> Option<(bool, String)> {
-    let mut cmd = Command::new("git");
-    cmd.arg("-C")
-        .arg(repo)
-        .args(args)
-        .stdin(Stdio::null())
-        .env("GIT_TERMINAL_PROMPT", "0");
-    if let Some(home) = home {
-        cmd.env("HOME", home);
-    }
-    let out = cmd.output().ok()?;
-    Some((
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
-            + String::from_utf8_lossy(&out.stderr).trim(),
+    git_run(repo, home, args).ok()
+}
+
+fn git_run(
+    repo: &Path,
+    home: Option<&Path>,
+    args: &[&str],
+) -> Result<(bool, String), crate::git::RunError> {
+    let env: Vec<(&str, &Path)> = home.map(|h| ("HOME", h)).into_iter().collect();
+    let out = crate::git::run(repo, args, &env)?;
+    Ok((
+        out.ok,
+        out.stdout_text().trim().to_string() + out.stderr_text().trim(),
     ))
 }
 
 fn check_repo(r: &mut Report, repo: &Path, user: &str, home: Option<&Path>) {
     let what = format!("repository {}", repo.display());
-    match git(repo, home, &["rev-parse", "--git-dir"]) {
-        None => {
+    match git_run(repo, home, &["rev-parse", "--git-dir"]) {
+        Err(crate::git::RunError::Spawn(_)) => {
             r.fail(&what, "git is not installed", "apt install git");
             return;
         }
-        Some((false, why)) => {
+        Err(e) => {
+            r.fail(&what, e.to_string(), "install git 2.31 or later");
+            return;
+        }
+        Ok((false, why)) => {
             r.fail(
                 &what,
                 format!("not a git repository: {why}"),
@@ -527,7 +571,7 @@ fn check_repo(r: &mut Report, repo: &Path, user: &str, home: Option<&Path>) {
             );
             return;
         }
-        Some((true, _)) => {}
+        Ok((true, _)) => {}
     }
     let name = git(repo, home, &["config", "user.name"])
         .filter(|(ok, _)| *ok)
@@ -547,12 +591,16 @@ fn check_repo(r: &mut Report, repo: &Path, user: &str, home: Option<&Path>) {
         ),
     }
     match git(repo, home, &["remote", "get-url", "origin"]) {
-        Some((true, url)) => match git(repo, home, &["ls-remote", "--heads", "origin"]) {
+        Some((true, url)) => match git(
+            repo,
+            home,
+            &["ls-remote", "--upload-pack=git-upload-pack", "--heads", "origin"],
+        ) {
             Some((true, _)) => r.ok(&what, format!("remote origin {url} reachable")),
             _ => r.fail(
                 &what,
                 format!("remote origin {url} cannot be read"),
-                "check the service user's key or token (~/.ssh, ~/.config/gh) and the network",
+                "check the service user's ssh key (~/.ssh) and the network; doctor runs git without credential helpers, so an https remote that needs one is checked by hand: sudo -u agent-state git -C REPO ls-remote origin",
             ),
         },
         _ => r.warn(

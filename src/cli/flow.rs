@@ -5,8 +5,11 @@
 use serde::Serialize;
 
 use crate::cli::{Context, display, print_json};
-use crate::error::{Result, exit};
+use crate::config::FlowSettings;
+use crate::error::{Error, Result, exit};
+use crate::flow::authority::{self, UnixUser};
 use crate::flow::{self, Applied, FlowState};
+use crate::inbox::{self, MessageType, Outgoing, Priority};
 
 #[derive(clap::Subcommand, Debug)]
 pub enum Command {
@@ -29,15 +32,18 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Approve a cycle the Judge passed (awaiting approval, or blocked): archived, on_approve run
+    /// Approve a cycle the Judge passed (awaiting approval, or blocked): archived, on_approve run.
+    /// Root and the service user only, or a user in the flow's `approvers` (whose answer is left
+    /// as a reply the daemon carries out); anyone else exits 77
     Approve {
         /// The cycle (2026-11-24-001)
         cycle: String,
-        /// Who answers (default: the flow's human mailbox)
+        /// The name recorded as answering (default: the flow's human mailbox); a label, not an identity
         #[arg(long)]
         by: Option<String>,
     },
-    /// Send a cycle back to the Planner with your feedback (awaiting approval, blocked or paused)
+    /// Send a cycle back to the Planner with your feedback (awaiting approval, blocked or paused).
+    /// Who may: as for approve
     Reject {
         /// The cycle (2026-11-24-001)
         cycle: String,
@@ -48,7 +54,7 @@ pub enum Command {
         #[arg(long)]
         by: Option<String>,
     },
-    /// Stop a cycle, whatever its state: archived as stopped
+    /// Stop a cycle, whatever its state: archived as stopped. Who may: as for approve
     Stop {
         /// The cycle (2026-11-24-001)
         cycle: String,
@@ -71,6 +77,9 @@ pub fn run(ctx: &Context, command: Command) -> Result<u8> {
         Command::Status { flow, json } => status(ctx, flow.as_deref(), json),
         Command::Approve { cycle, by } => {
             let settings = flow::flow_of_cycle(&ctx.root, &ctx.config, &cycle)?;
+            if may_answer(ctx, settings, "approve", &cycle)? == Way::ByReply {
+                return answer_by_reply(ctx, settings, &cycle, "approve", "");
+            }
             let by = by.unwrap_or_else(|| settings.human.to_string());
             print_lines(&flow::approve(&ctx.root, settings, &cycle, &by, ctx.now)?);
             Ok(exit::OK)
@@ -81,6 +90,9 @@ pub fn run(ctx: &Context, command: Command) -> Result<u8> {
             by,
         } => {
             let settings = flow::flow_of_cycle(&ctx.root, &ctx.config, &cycle)?;
+            if may_answer(ctx, settings, "reject", &cycle)? == Way::ByReply {
+                return answer_by_reply(ctx, settings, &cycle, "reject", &feedback);
+            }
             let by = by.unwrap_or_else(|| settings.human.to_string());
             print_lines(&flow::reject(
                 &ctx.root, settings, &cycle, &feedback, &by, ctx.now,
@@ -89,11 +101,89 @@ pub fn run(ctx: &Context, command: Command) -> Result<u8> {
         }
         Command::Stop { cycle, by } => {
             let settings = flow::flow_of_cycle(&ctx.root, &ctx.config, &cycle)?;
+            if may_answer(ctx, settings, "stop", &cycle)? == Way::ByReply {
+                return answer_by_reply(ctx, settings, &cycle, "stop", "");
+            }
             let by = by.unwrap_or_else(|| settings.human.to_string());
             print_lines(&flow::stop(&ctx.root, settings, &cycle, &by, ctx.now)?);
             Ok(exit::OK)
         }
     }
+}
+
+/// How the caller's answer is carried out.
+#[derive(Debug, PartialEq, Eq)]
+enum Way {
+    /// Root or the service user: the command changes the flow's state.
+    Direct,
+    /// An approver, who may not write the state: the command leaves a reply
+    /// in the Judge's inbox (the approver's own file), which the daemon
+    /// carries out.
+    ByReply,
+}
+
+/// Refuse (exit 77) a caller who may not answer a cycle: only root, the
+/// service user (the state root's owner) and the flow's approvers may
+/// (`crate::flow::authority`); `--by` is a label, not an identity.
+fn may_answer(ctx: &Context, settings: &FlowSettings, verb: &str, cycle: &str) -> Result<Way> {
+    let me = UnixUser::current();
+    let service = UnixUser::owner_of(&ctx.root.path).map_err(|e| {
+        Error::NotPermitted(format!(
+            "flow {verb}: cannot tell the service user (the owner of the state root {}): {e}",
+            ctx.root.path.display()
+        ))
+    })?;
+    if me.uid == 0 || me.uid == service.uid {
+        return Ok(Way::Direct);
+    }
+    if authority::may_command(&me, service.uid, &settings.approvers) {
+        return Ok(Way::ByReply);
+    }
+    let service_name = service.name.clone().unwrap_or_else(|| "agent-state".into());
+    Err(Error::NotPermitted(format!(
+        "flow {verb} {cycle}: you are {}; a cycle of flow {} is answered only by root, the service user {} (the owner of {}) or a user in the flow's approvers ({:?}). Run `sudo -u {service_name} agent-state flow {verb} {cycle} …`, or ask the operator to add your unix user to `approvers` in the flow's [[flow]] of the config",
+        me.describe(),
+        settings.name,
+        service.describe(),
+        ctx.root.path.display(),
+        settings.approvers
+    )))
+}
+
+/// An approver's answer: a reply naming the open cycle's question key, left
+/// in the Judge's inbox as the approver's own file.
+fn answer_by_reply(
+    ctx: &Context,
+    settings: &FlowSettings,
+    cycle: &str,
+    verb: &str,
+    feedback: &str,
+) -> Result<u8> {
+    let state = flow::load(&flow::FlowDir::new(&ctx.root, &settings.name))?;
+    let Some(c) = state.and_then(|s| s.current).filter(|c| c.id == cycle) else {
+        return Err(Error::Usage(format!(
+            "no open cycle {cycle:?}; `agent-state flow status` lists them"
+        )));
+    };
+    let mut reference = flow::message_id(settings.name.as_str(), cycle, c.step, "answer");
+    if !c.question_key.is_empty() {
+        reference = format!("{reference}-{}", c.question_key);
+    }
+    let out = Outgoing {
+        from: settings.human.clone(),
+        kind: MessageType::Flag,
+        priority: Priority::Normal,
+        subject: format!("Re: {verb}"),
+        body: feedback.trim().to_string(),
+        source_ref: Some(reference),
+        expires_at: None,
+    };
+    let message = inbox::deliver(&ctx.root.agent(&settings.judge), &out, ctx.now)?;
+    eprintln!(
+        "your answer ({verb}) is left as reply {} in {}'s inbox; the daemon carries it out (`agent-state flow status {}`)",
+        message.id, settings.judge, settings.name
+    );
+    Ok(exit::OK)
 }
 
 fn print_lines(applied: &Applied) {

@@ -54,6 +54,10 @@ pub struct FlowSettings {
     /// `{cycle}`, `{branch}`, `{worktree}`); empty: nothing is run.
     pub on_approve: Vec<String>,
     pub on_approve_timeout: Duration,
+    /// Unix users whose reply to the flow's question is carried out, and
+    /// who may run `flow approve|reject|stop` (besides root and the service
+    /// user). Empty: a reply is never carried out (`crate::flow::authority`).
+    pub approvers: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -69,6 +73,7 @@ pub(super) struct RawFlow {
     risk: Option<RawRisk>,
     on_approve: Option<Vec<String>>,
     on_approve_timeout: Option<String>,
+    approvers: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -274,6 +279,20 @@ impl Validator {
             raw.on_approve_timeout.as_deref(),
             "10m",
         );
+        let approvers = raw.approvers.clone().unwrap_or_default();
+        for (i, user) in approvers.iter().enumerate() {
+            if let Err(why) = crate::flow::authority::check_user_name(user) {
+                self.problem(
+                    f(&format!("approvers[{i}]")),
+                    format!("{user:?} {why}; write the unix user name of a person who approves, e.g. approvers = [\"marcus\"]"),
+                );
+            } else if approvers[..i].contains(user) {
+                self.problem(
+                    f(&format!("approvers[{i}]")),
+                    format!("{user:?} is listed twice; list each user once"),
+                );
+            }
+        }
         Some(FlowSettings {
             name: name?,
             planner: planner?,
@@ -288,6 +307,7 @@ impl Validator {
             high,
             on_approve,
             on_approve_timeout,
+            approvers,
         })
     }
 }

@@ -33,6 +33,8 @@ const ANSWERS_MODE: u32 = 0o750;
 #[derive(Debug, Default)]
 pub struct Applied {
     pub lines: Vec<String>,
+    /// A reply refused (its lines say why): logged as a warning.
+    pub refused: bool,
 }
 
 struct Locked {
@@ -197,6 +199,7 @@ pub fn start(
         reason: None,
         actor_work: None,
         updated_at: now,
+        question_key: uuid::Uuid::new_v4().simple().to_string(),
     };
     atomic::write_file(
         &l.dir.cycle_file(),
@@ -839,7 +842,19 @@ pub fn reply(
     let Some(command) = reply_command(&message.subject, &message.body) else {
         return Ok(None);
     };
-    let by = message.from.clone();
+    let file = root.agent(agent).inbox().join(name);
+    if let Some(why) = refusal(root, flow, &cycle, reference, &file) {
+        return refuse(root, flow, agent, message, &cycle, &command, &why, now).map(Some);
+    }
+    // Who answered, as the kernel says (the file's owner) beside the name signed.
+    let by = match super::authority::UnixUser::owner_of(&file) {
+        Ok(owner) => format!(
+            "{} (unix user {})",
+            message.from,
+            owner.name.unwrap_or_else(|| owner.uid.to_string())
+        ),
+        Err(_) => message.from.clone(),
+    };
     let done = match &command {
         ReplyCommand::Approve => approve(root, flow, &cycle, &by, now),
         ReplyCommand::Reject(feedback) => reject(root, flow, &cycle, feedback, &by, now),
@@ -883,7 +898,97 @@ pub fn reply(
                 lines: vec![format!(
                     "{by}'s reply to cycle {cycle} not carried out: {e}"
                 )],
+                refused: false,
             }))
         }
     }
+}
+
+/// Why a reply to the flow's question is not a human's answer, if it is
+/// not: its file's owner is no approver ([`super::authority`]), or it names
+/// a question the cycle did not ask (its random key missing).
+fn refusal(
+    root: &StateRoot,
+    flow: &FlowSettings,
+    cycle: &str,
+    reference: &str,
+    file: &Path,
+) -> Option<String> {
+    let owner = match super::authority::UnixUser::owner_of(file) {
+        Ok(o) => o,
+        Err(e) => {
+            return Some(format!(
+                "its file {} cannot be examined: {e}",
+                file.display()
+            ));
+        }
+    };
+    if !super::authority::may_reply(&owner, &flow.approvers) {
+        return Some(format!(
+            "its file is owned by {}, who is not an approver of flow {} (approvers = {:?}; root's replies are accepted too)",
+            owner.describe(),
+            flow.name,
+            flow.approvers
+        ));
+    }
+    let key = load(&FlowDir::new(root, &flow.name))
+        .ok()
+        .flatten()
+        .and_then(|s| s.current)
+        .filter(|c| c.id == cycle)
+        .map(|c| c.question_key)
+        .unwrap_or_default();
+    if !key.is_empty() && !reference.ends_with(&format!("-{key}")) {
+        return Some(format!(
+            "its source_ref {reference:?} is not the id of a question of cycle {cycle} (reply to the question message itself)"
+        ));
+    }
+    None
+}
+
+/// A reply that is no human's answer: journaled as refused, the human told,
+/// the message left where it is (its addressee reads it as any message).
+#[allow(clippy::too_many_arguments)]
+fn refuse(
+    root: &StateRoot,
+    flow: &FlowSettings,
+    agent: &AgentName,
+    message: &crate::inbox::Message,
+    cycle: &str,
+    command: &ReplyCommand,
+    why: &str,
+    now: Timestamp,
+) -> Result<Applied> {
+    let l = open(root, flow)?;
+    l.journal(
+        now,
+        "reply_refused",
+        cycle,
+        json!({"message": message.id, "inbox": agent.as_str(), "from": message.from, "asked": format!("{command:?}"), "why": why}),
+    );
+    drop(l);
+    let p = Pending {
+        id: format!("flow-{}-{cycle}-refused-{}", flow.name, message.id),
+        to: flow.human.to_string(),
+        from: agent.to_string(),
+        kind: "flag".into(),
+        high: true,
+        subject: format!(
+            "Flow {}: a reply to cycle {cycle} signed {:?} was refused",
+            flow.name, message.from
+        ),
+        body: format!(
+            "A reply {:?} ({command:?}) to cycle {cycle}, message {} in {agent}'s inbox, was not carried out: {why}. It is left in that inbox. Answer with `agent-state flow approve|reject|stop {cycle}` as root or the service user, or reply as a user listed in the flow's approvers.",
+            message.subject, message.id
+        ),
+        source_ref: message.source_ref.clone().unwrap_or_default(),
+    };
+    send(root, &p, now)?;
+    Ok(Applied {
+        lines: vec![format!(
+            "reply {} in {agent}'s inbox to cycle {cycle} refused: {why}",
+            message.id
+        )],
+        refused: true,
+    })
 }

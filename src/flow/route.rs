@@ -525,8 +525,12 @@ fn human(
     subject: String,
     body: String,
 ) -> Pending {
+    let mut id = message_id(cx.flow.name.as_str(), &c.id, c.step, what);
+    if !c.question_key.is_empty() {
+        id = format!("{id}-{}", c.question_key);
+    }
     Pending {
-        id: message_id(cx.flow.name.as_str(), &c.id, c.step, what),
+        id,
         to: cx.flow.human.to_string(),
         from: super::agent_of(
             cx.flow,

@@ -4,7 +4,6 @@
 //! untracked files included; and the unified diff for the cycle file.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
 
 use super::route::Scope;
 
@@ -14,24 +13,19 @@ pub struct Measured {
     pub diff: String,
 }
 
+/// git in `dir` through the hardened runner ([`crate::git`]): (exit 0, stdout,
+/// or stdout and stderr on failure).
 fn git(dir: &Path, args: &[&str]) -> Result<(bool, String), String> {
-    let out = Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .args(["-c", "core.quotepath=off"])
-        .args(args)
-        .env("LC_ALL", "C")
-        .env("GIT_TERMINAL_PROMPT", "0")
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("cannot run git: {e}"))?;
+    let mut full = vec!["-c", "core.quotepath=off"];
+    full.extend_from_slice(args);
+    let out = crate::git::run(dir, &full, &[]).map_err(|e| e.to_string())?;
     Ok((
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned()
-            + &if out.status.success() {
+        out.ok,
+        out.stdout_text()
+            + &if out.ok {
                 String::new()
             } else {
-                String::from_utf8_lossy(&out.stderr).into_owned()
+                out.stderr_text()
             },
     ))
 }
@@ -45,7 +39,17 @@ pub fn measure(worktree: &Path, base: &str) -> Result<Measured, String> {
             diff: String::new(),
         });
     }
-    let (ok, numstat) = git(worktree, &["diff", "--numstat", "--no-renames", base])?;
+    let (ok, numstat) = git(
+        worktree,
+        &[
+            "diff",
+            "--no-ext-diff",
+            "--no-textconv",
+            "--numstat",
+            "--no-renames",
+            base,
+        ],
+    )?;
     if !ok {
         return Err(format!(
             "git diff --numstat {base} in {}: {}",
@@ -62,13 +66,30 @@ pub fn measure(worktree: &Path, base: &str) -> Result<Measured, String> {
         // Binary files (`-`) count as one changed line.
         lines += added.parse::<u64>().unwrap_or(1) + removed.parse::<u64>().unwrap_or(0);
     }
-    let (_, mut diff) = git(worktree, &["diff", "--no-color", "--no-renames", base])?;
+    let (_, mut diff) = git(
+        worktree,
+        &[
+            "diff",
+            "--no-ext-diff",
+            "--no-textconv",
+            "--no-color",
+            "--no-renames",
+            base,
+        ],
+    )?;
     let (ok, untracked) = git(worktree, &["ls-files", "--others", "--exclude-standard"])?;
     if ok {
         for name in untracked.lines().filter(|l| !l.is_empty()) {
             files += 1;
             let path = worktree.join(name);
-            let text = std::fs::read(&path).unwrap_or_default();
+            // Only a regular file is read, and only its first MiB: a link, a
+            // FIFO or a huge file is the Actor's input, counted as one line.
+            let regular = std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file());
+            if !regular {
+                lines += 1;
+                continue;
+            }
+            let text = read_head(&path);
             lines += match std::str::from_utf8(&text) {
                 Ok(t) => t.lines().count().max(1) as u64,
                 Err(_) => 1,
@@ -76,7 +97,16 @@ pub fn measure(worktree: &Path, base: &str) -> Result<Measured, String> {
             // `git diff --no-index` exits 1 when the files differ.
             let (_, d) = git(
                 worktree,
-                &["diff", "--no-color", "--no-index", "--", "/dev/null", name],
+                &[
+                    "diff",
+                    "--no-ext-diff",
+                    "--no-textconv",
+                    "--no-color",
+                    "--no-index",
+                    "--",
+                    "/dev/null",
+                    name,
+                ],
             )
             .unwrap_or_default();
             diff.push_str(&d);
@@ -86,4 +116,22 @@ pub fn measure(worktree: &Path, base: &str) -> Result<Measured, String> {
         scope: Scope { lines, files },
         diff,
     })
+}
+
+/// The first MiB of the regular file `path`, opened without following a link
+/// nor blocking on a FIFO swapped in since it was checked.
+fn read_head(path: &Path) -> Vec<u8> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .open(path);
+    let mut text = Vec::new();
+    if let Ok(f) = file
+        && f.metadata().is_ok_and(|m| m.is_file())
+    {
+        let _ = f.take(1 << 20).read_to_end(&mut text);
+    }
+    text
 }

@@ -59,13 +59,13 @@ esac
     )
 }
 
-struct Lab {
-    env: Env,
-    repo: PathBuf,
+pub(crate) struct Lab {
+    pub(crate) env: Env,
+    pub(crate) repo: PathBuf,
 }
 
 /// The three roles and marcus; `flow` is extra settings of the flow.
-fn lab(flow: &str) -> Lab {
+pub(crate) fn lab(flow: &str) -> Lab {
     let env = Env::with_config("");
     let repo = git_repo(&env);
     let script = player(&env);
@@ -110,7 +110,7 @@ judge = "leo"
 
 impl Lab {
     /// `lines`: `"STEP BEHAVIOUR"` or `"* BEHAVIOUR"`.
-    fn script(&self, agent: &str, lines: &[&str]) {
+    pub(crate) fn script(&self, agent: &str, lines: &[&str]) {
         std::fs::write(
             self.env.tmp(&format!("SCRIPT-{agent}")),
             lines.join("\n") + "\n",
@@ -119,7 +119,7 @@ impl Lab {
     }
 
     /// `STEP BEHAVIOUR` of each session the agent played.
-    fn played(&self, agent: &str) -> Vec<String> {
+    pub(crate) fn played(&self, agent: &str) -> Vec<String> {
         std::fs::read_to_string(self.env.tmp(&format!("played-{agent}")))
             .unwrap_or_default()
             .lines()
@@ -127,14 +127,14 @@ impl Lab {
             .collect()
     }
 
-    fn start(&self, goal: &str) -> String {
+    pub(crate) fn start(&self, goal: &str) -> String {
         self.env
             .ok(&["flow", "start", "notes", "--goal", goal])
             .trim()
             .to_string()
     }
 
-    fn flow_dir(&self) -> PathBuf {
+    pub(crate) fn flow_dir(&self) -> PathBuf {
         self.env.root.join(".flows/notes")
     }
 
@@ -142,16 +142,16 @@ impl Lab {
         read_json(&self.flow_dir().join("state.json"))
     }
 
-    fn current(&self) -> Value {
+    pub(crate) fn current(&self) -> Value {
         self.state()["current"].clone()
     }
 
-    fn archived(&self, name: &str) -> String {
+    pub(crate) fn archived(&self, name: &str) -> String {
         std::fs::read_to_string(self.flow_dir().join("archive").join(name)).unwrap_or_default()
     }
 
     /// Messages in marcus's inbox, parsed.
-    fn mail(&self) -> Vec<Value> {
+    pub(crate) fn mail(&self) -> Vec<Value> {
         list(&self.env.agent("marcus").join("inbox"))
             .iter()
             .filter(|n| n.ends_with(".json"))
@@ -159,7 +159,7 @@ impl Lab {
             .collect()
     }
 
-    fn journal(&self) -> Vec<Value> {
+    pub(crate) fn journal(&self) -> Vec<Value> {
         std::fs::read_to_string(self.flow_dir().join("journal.jsonl"))
             .unwrap_or_default()
             .lines()
@@ -168,7 +168,7 @@ impl Lab {
     }
 }
 
-fn archive_name(cycle: &str, stopped: bool) -> String {
+pub(crate) fn archive_name(cycle: &str, stopped: bool) -> String {
     let (date, n) = cycle.rsplit_once('-').unwrap();
     if stopped {
         format!("{date}_cycle-{n}-stopped.md")

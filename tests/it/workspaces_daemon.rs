@@ -280,8 +280,12 @@ fn workspace_of_a_plain_directory_never_starts_the_session() {
             .starts_with("seen-")),
         "the command ran without its workspace"
     );
-    let errors = std::fs::read_to_string(env.root.join(".daemon/errors.jsonl")).unwrap_or_default();
-    assert!(errors.contains("WORKSPACE_NOT_A_REPO"), "{errors}");
+    // Recorded beside session.json, not necessarily before it.
+    d.wait_until(Duration::from_secs(10), "the error is recorded", || {
+        std::fs::read_to_string(env.root.join(".daemon/errors.jsonl"))
+            .unwrap_or_default()
+            .contains("WORKSPACE_NOT_A_REPO")
+    });
     // User action: disabled, not retried.
     d.wait_until(Duration::from_secs(5), "the agent is disabled", || {
         d.heartbeat()["failing"]["rio"]

@@ -116,6 +116,11 @@ impl Daemon {
             let now = Timestamp::from_datetime(self.clock.now());
             tokio::task::spawn_blocking(move || {
                 match crate::flow::reply(&root, &settings, &agent, &name, &message, now) {
+                    Ok(Some(applied)) if applied.refused => {
+                        for line in applied.lines {
+                            tracing::warn!(flow = %settings.name, "{line}");
+                        }
+                    }
                     Ok(Some(applied)) => {
                         for line in applied.lines {
                             tracing::info!(flow = %settings.name, "{line}");

@@ -21,6 +21,7 @@ fn flow() -> FlowSettings {
         high: Gate::Block,
         on_approve: Vec::new(),
         on_approve_timeout: std::time::Duration::from_secs(60),
+        approvers: Vec::new(),
     }
 }
 
@@ -44,6 +45,7 @@ fn cycle(role: Role, step: u32) -> Cycle {
         reason: None,
         actor_work: None,
         updated_at: now,
+        question_key: String::new(),
     }
 }
 
