@@ -17,6 +17,7 @@ mod observer;
 mod publish;
 mod reload;
 mod start;
+mod wake_requests;
 mod wakes;
 
 use intake::rejected;
@@ -471,7 +472,9 @@ impl Daemon {
                     self.intake.settle_at.insert(agent, at);
                 }
             }
-            LoopEvent::Watch(WatchEvent::Wake(agent)) => self.take_wake_requests(&agent),
+            LoopEvent::Watch(WatchEvent::Wake(agent, name)) => {
+                self.intake.requests.arrived(&agent, name)
+            }
             LoopEvent::Watch(WatchEvent::Rescan(why)) => {
                 tracing::warn!("rescanning every inbox: {why}");
                 // What was being written is not known any more: each file
@@ -557,6 +560,8 @@ impl Daemon {
             self.core.next_deadline(self.clock.now()),
             self.intake.settle_at.values().min().copied(),
             self.stopping.filter(|_| !self.running.is_empty()),
+            // Wake requests left for the next turn.
+            self.intake.requests.pending().then(|| self.clock.now()),
         ]
         .into_iter()
         .flatten()

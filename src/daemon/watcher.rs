@@ -41,8 +41,9 @@ pub enum WatchEvent {
     Rejected(AgentName),
     /// The watched inbox directory itself was removed or moved away.
     Lost(AgentName),
-    /// `agent-state wake` asked for a session of this agent.
-    Wake(AgentName),
+    /// `agent-state wake` asked for a session of this agent (the request
+    /// file's name).
+    Wake(AgentName, String),
     /// Events may have been lost: scan every inbox.
     Rescan(String),
 }
@@ -247,8 +248,10 @@ fn classify(
         return Vec::new();
     };
     let message = !name.starts_with('.') && name.ends_with(".json");
-    let event = if is_wake_request(&name) && arrived {
-        WatchEvent::Wake(agent)
+    // A wake request is one when its name appears (its close adds nothing).
+    let appeared = mask.intersects(EventMask::MOVED_TO | EventMask::CREATE);
+    let event = if is_wake_request(&name) && appeared {
+        WatchEvent::Wake(agent, name)
     } else if message && written && !closed {
         WatchEvent::Writing(agent, name)
     } else if message && closed {
@@ -309,7 +312,7 @@ mod tests {
         );
         assert_eq!(
             ev(moved, inbox, Some(".wake-1")),
-            [WatchEvent::Wake(rio.clone())]
+            [WatchEvent::Wake(rio.clone(), ".wake-1".into())]
         );
         // Editor leftovers, dotfiles, directories: nothing.
         assert!(ev(closed, inbox, Some(".a.json.swp")).is_empty());

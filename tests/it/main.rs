@@ -19,6 +19,7 @@ mod economy;
 mod events;
 mod faults;
 mod filesafety;
+mod flood;
 mod flows;
 mod health;
 mod hooks;

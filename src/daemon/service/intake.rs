@@ -15,9 +15,8 @@ pub(super) struct Intake {
     pub(super) settle_at: BTreeMap<AgentName, DateTime<Utc>>,
     /// Inboxes with events not yet scanned.
     pub(super) dirty: std::collections::BTreeSet<AgentName>,
-    /// Wake request files already served that could not be removed (a
-    /// read-only disk): not served again, removed when possible.
-    pub(super) served_wakes: std::collections::BTreeSet<PathBuf>,
+    /// Wake requests seen and not yet served or removed.
+    pub(super) requests: super::wake_requests::WakeRequests,
     /// What has been read of each inbox's files: a message is read once,
     /// when it arrives; later scans and the claim only stat it.
     pub(super) known: BTreeMap<AgentName, std::sync::Arc<inbox::Known>>,
@@ -184,47 +183,6 @@ impl Daemon {
                     false,
                 );
                 None
-            }
-        }
-    }
-
-    pub(super) fn take_wake_requests(&mut self, agent: &AgentName) {
-        let inbox_dir = self.dir(agent).inbox();
-        // Never through a link: a wake request is a name, its removal an
-        // unlink in the inbox itself.
-        let Ok(names) = crate::fsx::list(&inbox_dir) else {
-            return;
-        };
-        let mut found = false;
-        for name in names {
-            let Some(name) = name.to_str() else {
-                continue;
-            };
-            if files::is_wake_request(name) {
-                let path = inbox_dir.join(name);
-                let served = self.intake.served_wakes.contains(&path);
-                match crate::fsx::remove_file(&path) {
-                    Ok(_) => {
-                        self.intake.served_wakes.remove(&path);
-                    }
-                    Err(e) => {
-                        if !served {
-                            tracing::warn!(agent = %agent, "cannot remove the wake request {}: {e}; it is served once", path.display());
-                        }
-                        self.intake.served_wakes.insert(path);
-                    }
-                }
-                found |= !served;
-            }
-        }
-        if found {
-            tracing::info!(agent = %agent, "wake requested");
-            let now = self.clock.now();
-            if let Some(s) = self
-                .core
-                .request(agent, WakeReason::Manual, Priority::High, now)
-            {
-                self.skipped(s);
             }
         }
     }
