@@ -37,6 +37,7 @@ mod permissions;
 mod polish;
 mod promises;
 mod prompt;
+mod reattach;
 mod resume;
 mod rotation;
 mod scripts;

@@ -66,13 +66,24 @@ impl Daemon {
             return;
         }
         // An inbox replaced under us (rm -r + mkdir, mv away and back) lost
-        // its watch: watched again (recreated if it is missing), then read.
+        // its watch: mended as bootstrap does (created if missing, its
+        // parts made — `rejected/`, `.tmp/`, … — and its modes set: a
+        // `mkdir inbox` leaves 0755), watched again, then read.
         if !self.watcher.is_watching(agent)
             && let Some(cfg) = self.agent_config(agent).cloned()
         {
             let dir = self.dir(agent);
-            if !crate::fsx::exists(&dir.inbox()) {
-                let _ = bootstrap::agent(&cfg, &dir, Timestamp::now());
+            match bootstrap::agent(&cfg, &dir, Timestamp::now()) {
+                Ok(created) if !created.is_empty() => {
+                    tracing::info!(agent = %agent, "its inbox was replaced: made again {}", created.join(", "))
+                }
+                Ok(_) => {}
+                Err(e) => self.raise(
+                    ErrorRecord::new(e.code(), format!("{agent}: cannot mend its replaced inbox"))
+                        .details(e.to_string())
+                        .agent(agent),
+                    false,
+                ),
             }
             match self.watcher.watch(agent, &dir.inbox()) {
                 Ok(()) => tracing::info!(agent = %agent, "its inbox is watched again"),
