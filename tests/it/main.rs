@@ -5,6 +5,7 @@
 
 mod support;
 
+mod agentlock;
 mod backup;
 mod bootstrap;
 mod caps;
