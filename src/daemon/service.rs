@@ -463,7 +463,11 @@ impl Daemon {
                 }
                 self.intake.dirty.insert(agent);
             }
-            LoopEvent::Watch(WatchEvent::Rejected(agent)) => self.retry_rejected(&agent),
+            LoopEvent::Watch(WatchEvent::Rejected(agent)) => {
+                // Once per loop turn, however many writes: it reads all
+                // of `rejected/`.
+                self.intake.rejected_written.insert(agent);
+            }
             LoopEvent::Watch(WatchEvent::Lost(agent)) => {
                 if self.watcher.is_watching(&agent) {
                     tracing::warn!(agent = %agent, "its inbox directory was removed or moved away; watching it again when it is back (or recreated)");

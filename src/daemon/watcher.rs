@@ -230,7 +230,17 @@ fn classify(
     let written = mask.contains(EventMask::MODIFY);
     let arrived = closed || mask.intersects(EventMask::MOVED_TO | EventMask::CREATE);
     match watched {
-        Watched::Rejected if closed || written => return vec![WatchEvent::Rejected(agent)],
+        // A message its sender finishes where it lies; never the daemon's
+        // own reason files and temp files (each rejection writes one: an
+        // event for each would look at the whole of `rejected/` again).
+        Watched::Rejected
+            if (closed || written)
+                && name
+                    .and_then(OsStr::to_str)
+                    .is_none_or(|n| !n.starts_with('.') && !n.ends_with(".reason.json")) =>
+        {
+            return vec![WatchEvent::Rejected(agent)];
+        }
         Watched::Rejected => return Vec::new(),
         Watched::Inbox => {}
     }
@@ -329,6 +339,9 @@ mod tests {
             [WatchEvent::Rejected(rio.clone())]
         );
         assert!(ev(moved, Watched::Rejected, Some("a.json")).is_empty());
+        // The daemon's own writes there: its reason files, its temp files.
+        assert!(ev(closed, Watched::Rejected, Some("a.json.reason.json")).is_empty());
+        assert!(ev(closed, Watched::Rejected, Some(".as-0123456789ab.tmp")).is_empty());
         assert_eq!(
             ev(EventMask::DELETE_SELF, inbox, None),
             [WatchEvent::Lost(rio.clone())]

@@ -103,3 +103,58 @@ fn a_flooded_inbox_delays_no_other_agent_nor_the_stop() {
         "flood of {FLOOD} wake requests and {FLOOD} junk files made in {made:?}; leo served in {served_in:?}; stopped in {stopped_in:?}"
     );
 }
+
+/// Invalid `.json` files dropped into rio's inbox.
+const JUNK: usize = 5_000;
+
+#[test]
+fn junk_messages_in_one_inbox_are_rejected_a_few_at_a_time() {
+    let env = setup();
+    let mut daemon = env.daemon();
+    let inbox = env.path("rio", "inbox");
+    // Complete JSON with a field missing: judged at once, rejected (a
+    // rename, a reason file, their syncs each). Written aside and renamed
+    // in, as a sender would, so that they arrive together.
+    let aside = env.tmp("junk");
+    std::fs::create_dir(&aside).expect("junk dir");
+    for i in 0..JUNK {
+        std::fs::write(
+            aside.join(format!("junk-{i:05}.json")),
+            "{\"subject\": \"no from\"}",
+        )
+        .expect("junk");
+    }
+    for i in 0..JUNK {
+        let name = format!("junk-{i:05}.json");
+        std::fs::rename(aside.join(&name), inbox.join(&name)).expect("rename in");
+    }
+    let rejected = inbox.join("rejected");
+    daemon.wait_until(
+        Duration::from_secs(60),
+        "the daemon starts rejecting rio's junk",
+        || std::fs::read_dir(&rejected).is_ok_and(|mut d| d.next().is_some()),
+    );
+    let sent = Instant::now();
+    env.send("marcus", "leo", &[]);
+    daemon.wait_until(
+        Duration::from_secs(10),
+        "leo's session starts while rio's junk is rejected",
+        || started(&env, "leo") >= 1,
+    );
+    let served_in = sent.elapsed();
+    let stop = Instant::now();
+    daemon.signal(Signal::SIGTERM);
+    let status = daemon.wait_exit(Duration::from_secs(20));
+    assert!(status.success(), "the daemon stops cleanly: {status:?}");
+    let stopped_in = stop.elapsed();
+    let left = std::fs::read_dir(&inbox)
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with("junk-"))
+                .count()
+        })
+        .unwrap_or(0);
+    eprintln!(
+        "{JUNK} junk messages: leo served in {served_in:?}; stopped in {stopped_in:?} with {left} not yet rejected"
+    );
+}

@@ -20,6 +20,10 @@ pub(super) struct Intake {
     /// What has been read of each inbox's files: a message is read once,
     /// when it arrives; later scans and the claim only stat it.
     pub(super) known: BTreeMap<AgentName, std::sync::Arc<inbox::Known>>,
+    /// Agents with a file written to in `inbox/rejected/` this loop turn.
+    pub(super) rejected_written: std::collections::BTreeSet<AgentName>,
+    /// Inboxes whose junk is being rejected a pass at a time (logged once).
+    pub(super) deferring: std::collections::BTreeSet<AgentName>,
     /// Humans' replies to flows already handed to the router (by message
     /// id): not handed again while the router moves them.
     pub(super) flow_replies: std::collections::BTreeSet<String>,
@@ -165,7 +169,13 @@ impl Daemon {
                     self.raise(rejected(agent, name, reason), false);
                 }
                 self.flow_replies(agent, &r.replies);
-                if r.unsettled {
+                self.note_deferred(agent, r.deferred, r.rejected.len());
+                if r.deferred > 0 {
+                    // The rest at the next loop turn (not this one), after
+                    // every other agent's work of this one.
+                    let next = self.clock.now() + chrono::Duration::milliseconds(10);
+                    self.intake.settle_at.insert(agent.clone(), next);
+                } else if r.unsettled {
                     // Looked at again soon: a file settles `inbox_settle`
                     // after its last change, a closed writer wakes us anyway.
                     let again = (settle / 4).clamp(Duration::from_secs(1), Duration::from_secs(15));
@@ -195,6 +205,21 @@ impl Daemon {
                 );
                 None
             }
+        }
+    }
+}
+
+impl Daemon {
+    /// Say once when an inbox holds more junk than one pass rejects, and
+    /// once when it is through.
+    fn note_deferred(&mut self, agent: &AgentName, deferred: usize, rejected: usize) {
+        let noted = self.intake.deferring.contains(agent);
+        if deferred > 0 && !noted {
+            self.intake.deferring.insert(agent.clone());
+            tracing::warn!(agent = %agent, "{rejected} files rejected from its inbox and {deferred} more to look at: {} per loop turn, the rest deferred (every other agent is served meanwhile)", inbox::REJECTED_PER_PASS);
+        } else if deferred == 0 && noted {
+            self.intake.deferring.remove(agent);
+            tracing::info!(agent = %agent, "every file deferred in its inbox has been looked at");
         }
     }
 }
