@@ -120,13 +120,29 @@ impl Daemon {
             b = again;
         }
         let inbox_dir = self.dir(agent).inbox();
+        // One handle for the turn's removals (never through a link): an
+        // unlink each, not a walk of the path each.
+        let handle = crate::fsx::open_dir(&inbox_dir);
         for _ in 0..REMOVED_PER_TURN {
             let Some(name) = b.names.pop_first() else {
                 break;
             };
             let path = inbox_dir.join(&name);
-            match crate::fsx::remove_file(&path) {
-                Ok(_) => {
+            let removed = match &handle {
+                Ok(Some(fd)) => match nix::unistd::unlinkat(
+                    fd,
+                    name.as_str(),
+                    nix::unistd::UnlinkatFlags::NoRemoveDir,
+                ) {
+                    Ok(()) | Err(nix::errno::Errno::ENOENT) => Ok(()),
+                    Err(e) => Err(e.to_string()),
+                },
+                // The inbox is gone: so are its requests.
+                Ok(None) => Ok(()),
+                Err(e) => Err(e.to_string()),
+            };
+            match removed {
+                Ok(()) => {
                     self.intake.requests.failed.remove(&path);
                 }
                 Err(e) => {
