@@ -431,10 +431,25 @@ def log_events(path):
 # ---- 1. wake latency -------------------------------------------------------------
 
 
+FLOOD_AGENT = "flooded"
+
+
+def make_flood(inbox, n, out):
+    """What a hostile member of the inbox group can do: `n` empty wake
+    requests and `n` junk files in one inbox, as fast as it can."""
+    t0 = time.monotonic()
+    for i in range(n):
+        for name in (f".wake-flood-{i:07d}", f"junk-{i:07d}.txt"):
+            os.close(os.open(os.path.join(inbox, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640))
+    out["made_s"] = round(time.monotonic() - t0, 2)
+
+
 def cmd_latency(args):
     b = Bench(args, args.name or "latency")
     names = agent_names(args.agents)
-    b.write_config(names, max_concurrent=4)
+    # --flood: one more agent, not woken by the benchmark, whose inbox is
+    # flooded while the others' wakes are measured.
+    b.write_config(names + ([FLOOD_AGENT] if args.flood else []), max_concurrent=4)
     env = {"AGENT_STATE_LOG": "debug"}
     if args.preload:
         env["LD_PRELOAD"] = os.path.abspath(args.preload)
@@ -466,7 +481,13 @@ def cmd_latency(args):
         samples = []
         expected = {}
         total = args.warmup + args.wakes
+        flood = {}
+        flooder = None
         for i in range(total):
+            if args.flood and i == args.warmup:
+                flooder = threading.Thread(target=make_flood, args=(b.inbox(FLOOD_AGENT), args.flood, flood),
+                                           daemon=True)
+                flooder.start()
             agent = names[i % len(names)]
             name = f"lat{i:06d}.json"
             expected.setdefault(agent, []).append(name)
@@ -480,7 +501,7 @@ def cmd_latency(args):
             def stamped():
                 nonlocal offset, got
                 new, offset = read_stamps(b.stamps, offset)
-                got += new
+                got += [x for x in new if x["agent"] != FLOOD_AGENT]
                 return bool(got)
 
             if not ino.until(stamped, 30, poll=0.05):
@@ -494,7 +515,8 @@ def cmd_latency(args):
                 if not os.path.exists(processed):
                     return False
                 hb = b.heartbeat()
-                return hb is not None and not hb["running"] and not hb["waiting"]
+                return (hb is not None and not [r for r in hb["running"] if r["agent"] != FLOOD_AGENT]
+                        and not [w for w in hb["waiting"] if w != FLOOD_AGENT])
 
             if not ino.until(ended, 30, poll=0.05):
                 raise BenchFailed(f"wake {i} ({agent}): session {s['sid']} did not end within 30 s "
@@ -512,12 +534,28 @@ def cmd_latency(args):
         cpu1 = proc_cpu(b.pid)
         mem = proc_mem_kib(b.pid)
         notify = b.notify_count
+        if flooder is not None:
+            flood["done_before_last_wake"] = not flooder.is_alive()
+            flooder.join(600)
+            # Every request is served and removed; the junk stays.
+            inbox = b.inbox(FLOOD_AGENT)
+
+            def drained():
+                return not any(n.startswith(".wake-") for n in os.listdir(inbox))
+
+            t0 = time.monotonic()
+            if not ino.until(drained, 120, poll=0.5):
+                raise BenchFailed(f"the {args.flood} wake requests in {inbox} were not removed within 120 s")
+            flood["drained_after_last_wake_s"] = round(time.monotonic() - t0, 2)
+
         if tracer:
             tracer.send_signal(signal.SIGINT)
             wait_or_kill(tracer, 30, "strace")
     finally:
         ino.close()
+        t_stop = time.monotonic()
         rc = b.stop()
+        stop_s = round(time.monotonic() - t_stop, 2)
     check, _ = verify_delivery(b, expected)
     started, spawned, counts = log_events(os.path.join(b.dir, "daemon.log"))
     to_started, started_to_agent, to_spawned, spawned_to_agent = [], [], [], []
@@ -558,6 +596,12 @@ def cmd_latency(args):
         "check": check,
         "dir": b.dir,
     }
+    if args.flood:
+        all_stamps, _ = read_stamps(b.stamps, 0)
+        flood["files_each"] = args.flood
+        flood["sessions_of_flooded_agent"] = sum(1 for x in all_stamps if x["agent"] == FLOOD_AGENT)
+        flood["sigterm_to_exit_s"] = stop_s
+        result["flood"] = flood
     if args.strace_counts and os.environ.get("STRACE_TT") != "1":
         result["syscalls_per_wake"] = strace_counts(os.path.join(b.dir, "strace-c.txt"), total)
     with open(os.path.join(b.dir, "samples.json"), "w") as f:
@@ -1090,10 +1134,15 @@ def cmd_summary(args):
         elif k == "latency":
             l = r["latency_ms"]
             bd = r["breakdown_ms"]["rename_to_session_started_log"]
+            fl = r.get("flood")
+            flooded = (f"; flood made in {fl.get('made_s', '?')} s, drained {fl['drained_after_last_wake_s']} s "
+                       f"after the last wake, {fl['sessions_of_flooded_agent']} session(s) of the flooded agent, "
+                       f"SIGTERM->exit {fl['sigterm_to_exit_s']} s" if fl else "")
             rows.append((f"wake latency ({r['label']}, {r['wakes']} wakes, {r['agents']} agents)",
                          f"p50 {l['p50']:.2f} ms, p90 {l['p90']:.2f}, p99 {l['p99']:.2f}, max {l['max']:.2f}; "
                          f">20 ms: {r['over_20ms']}; rename->'started' log p50 {bd['p50'] if bd else '?'} ms; "
-                         f"daemon CPU {r['daemon_cpu_ms_per_wake']} ms/wake; exactly once: {once(r.get('check'))}"))
+                         f"daemon CPU {r['daemon_cpu_ms_per_wake']} ms/wake; exactly once: {once(r.get('check'))}"
+                         + flooded))
         elif k == "wakecli":
             rows.append((f"agent-state wake --wait ({r['wakes']})",
                          f"CLI wall p50 {r['cli_wall_ms']['p50']:.1f} ms, p99 {r['cli_wall_ms']['p99']:.1f}; "
@@ -1232,6 +1281,9 @@ def main():
     s.add_argument("--env", action="append", help="K=V for the daemon's environment (e.g. SLOWSYNC_US=1000)")
     s.add_argument("--label")
     s.add_argument("--name")
+    s.add_argument("--flood", type=int, default=0,
+                   help="while the wakes are measured, make this many wake requests and as many junk files "
+                        "in another agent's inbox")
 
     s = sub.add_parser("wakecli")
     s.add_argument("--wakes", type=int, default=200)

@@ -212,7 +212,10 @@ fn write(root: &StateRoot, partial: &dest::Partial) -> Result<Summary> {
             let flows = sorted_names(&path)?;
             for flow in flows {
                 let lock_path = path.join(&flow).join(".lock");
-                let guard = match crate::state::lock::open_lock_file(&lock_path, 0o660) {
+                let guard = match crate::state::lock::open_lock_file(
+                    &lock_path,
+                    crate::state::lock::LOCK_FILE_MODE,
+                ) {
                     Ok(f) => Some(crate::state::lock::flock_bounded(f, &lock_path)?),
                     Err(_) => None,
                 };

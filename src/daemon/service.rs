@@ -17,6 +17,7 @@ mod observer;
 mod publish;
 mod reload;
 mod start;
+mod wake_requests;
 mod wakes;
 
 use intake::rejected;
@@ -468,7 +469,11 @@ impl Daemon {
                 }
                 self.intake.dirty.insert(agent);
             }
-            LoopEvent::Watch(WatchEvent::Rejected(agent)) => self.retry_rejected(&agent),
+            LoopEvent::Watch(WatchEvent::Rejected(agent)) => {
+                // Once per loop turn, however many writes: it reads all
+                // of `rejected/`.
+                self.intake.rejected_written.insert(agent);
+            }
             LoopEvent::Watch(WatchEvent::Lost(agent)) => {
                 if self.watcher.is_watching(&agent) {
                     tracing::warn!(agent = %agent, "its inbox directory was removed or moved away; watching it again when it is back (or recreated)");
@@ -477,7 +482,9 @@ impl Daemon {
                     self.intake.settle_at.insert(agent, at);
                 }
             }
-            LoopEvent::Watch(WatchEvent::Wake(agent)) => self.take_wake_requests(&agent),
+            LoopEvent::Watch(WatchEvent::Wake(agent, name)) => {
+                self.intake.requests.arrived(&agent, name)
+            }
             LoopEvent::Watch(WatchEvent::Rescan(why)) => {
                 tracing::warn!("rescanning every inbox: {why}");
                 // What was being written is not known any more: each file
@@ -562,6 +569,8 @@ impl Daemon {
             self.core.next_deadline(self.clock.now()),
             self.intake.settle_at.values().min().copied(),
             self.stopping.filter(|_| !self.running.is_empty()),
+            // Wake requests left for the next turn.
+            self.intake.requests.pending().then(|| self.clock.now()),
         ]
         .into_iter()
         .flatten()

@@ -41,8 +41,9 @@ pub enum WatchEvent {
     Rejected(AgentName),
     /// The watched inbox directory itself was removed or moved away.
     Lost(AgentName),
-    /// `agent-state wake` asked for a session of this agent.
-    Wake(AgentName),
+    /// `agent-state wake` asked for a session of this agent (the request
+    /// file's name).
+    Wake(AgentName, String),
     /// Events may have been lost: scan every inbox.
     Rescan(String),
 }
@@ -229,7 +230,17 @@ fn classify(
     let written = mask.contains(EventMask::MODIFY);
     let arrived = closed || mask.intersects(EventMask::MOVED_TO | EventMask::CREATE);
     match watched {
-        Watched::Rejected if closed || written => return vec![WatchEvent::Rejected(agent)],
+        // A message its sender finishes where it lies; never the daemon's
+        // own reason files and temp files (each rejection writes one: an
+        // event for each would look at the whole of `rejected/` again).
+        Watched::Rejected
+            if (closed || written)
+                && name
+                    .and_then(OsStr::to_str)
+                    .is_none_or(|n| !n.starts_with('.') && !n.ends_with(".reason.json")) =>
+        {
+            return vec![WatchEvent::Rejected(agent)];
+        }
         Watched::Rejected => return Vec::new(),
         Watched::Inbox => {}
     }
@@ -247,8 +258,10 @@ fn classify(
         return Vec::new();
     };
     let message = !name.starts_with('.') && name.ends_with(".json");
-    let event = if is_wake_request(&name) && arrived {
-        WatchEvent::Wake(agent)
+    // A wake request is one when its name appears (its close adds nothing).
+    let appeared = mask.intersects(EventMask::MOVED_TO | EventMask::CREATE);
+    let event = if is_wake_request(&name) && appeared {
+        WatchEvent::Wake(agent, name)
     } else if message && written && !closed {
         WatchEvent::Writing(agent, name)
     } else if message && closed {
@@ -309,7 +322,7 @@ mod tests {
         );
         assert_eq!(
             ev(moved, inbox, Some(".wake-1")),
-            [WatchEvent::Wake(rio.clone())]
+            [WatchEvent::Wake(rio.clone(), ".wake-1".into())]
         );
         // Editor leftovers, dotfiles, directories: nothing.
         assert!(ev(closed, inbox, Some(".a.json.swp")).is_empty());
@@ -326,6 +339,9 @@ mod tests {
             [WatchEvent::Rejected(rio.clone())]
         );
         assert!(ev(moved, Watched::Rejected, Some("a.json")).is_empty());
+        // The daemon's own writes there: its reason files, its temp files.
+        assert!(ev(closed, Watched::Rejected, Some("a.json.reason.json")).is_empty());
+        assert!(ev(closed, Watched::Rejected, Some(".as-0123456789ab.tmp")).is_empty());
         assert_eq!(
             ev(EventMask::DELETE_SELF, inbox, None),
             [WatchEvent::Lost(rio.clone())]

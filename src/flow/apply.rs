@@ -47,7 +47,7 @@ fn open(root: &StateRoot, flow: &FlowSettings) -> Result<Locked> {
     let dir = FlowDir::new(root, &flow.name);
     atomic::create_dir(&dir.path, DIR_MODE)?;
     let path = dir.lock_path();
-    let file = lock::open_lock_file(&path, 0o660)?;
+    let file = lock::open_private_lock(&path)?;
     let guard = lock::flock_bounded(file, &path)?;
     let state = load(&dir)?.unwrap_or_else(|| FlowState {
         flow: flow.name.to_string(),

@@ -293,15 +293,26 @@ pub struct Received {
     pub rejected: Vec<Rejected>,
     /// Valid `task` messages (their tasks are added by the caller).
     pub tasks: Vec<Message>,
+    /// Files left for a later pass: this one rejected
+    /// [`REJECTED_PER_PASS`] already (each costs a few syncs), so the names
+    /// after them were not looked at.
+    pub deferred: usize,
     /// Valid messages answering one of a flow's messages (`source_ref`
     /// `flow-…`, the flow router's ids), with their file names: the
     /// router acts on a human's reply ("approve", "reject …", "stop").
     pub replies: Vec<(String, Message)>,
 }
 
+/// The most files one [`receive`] pass rejects: each is a rename, a reason
+/// file and their syncs, and a member of the inbox group can drop junk by
+/// the hundred thousand; the rest waits for the next pass (`deferred`), so
+/// one inbox's junk never holds up the loop, another agent or a stop.
+pub const REJECTED_PER_PASS: usize = 50;
+
 /// Look at every waiting file as the daemon receives it: settled invalid
-/// files go to `rejected/`, valid ones are counted and left waiting for the
-/// next session to claim. Call with the agent lock held.
+/// files go to `rejected/` (at most [`REJECTED_PER_PASS`] per pass), valid
+/// ones are counted and left waiting for the next session to claim. Call
+/// with the agent lock held.
 pub fn receive(
     agent: &AgentDir,
     now: Timestamp,
@@ -315,10 +326,19 @@ pub fn receive(
         known.keep_only(&Default::default());
         return Ok(out);
     };
-    out.rejected
-        .extend(reject_names(agent, listing.undecodable, now)?);
+    let mut undecodable = listing.undecodable;
+    if undecodable.len() > REJECTED_PER_PASS {
+        out.deferred += undecodable.len() - REJECTED_PER_PASS;
+        undecodable.truncate(REJECTED_PER_PASS);
+    }
+    out.rejected.extend(reject_names(agent, undecodable, now)?);
     let mut seen = std::collections::HashSet::new();
-    for name in listing.names {
+    let total = listing.names.len();
+    for (i, name) in listing.names.into_iter().enumerate() {
+        if out.rejected.len() >= REJECTED_PER_PASS {
+            out.deferred += total - i;
+            break;
+        }
         let intake = Intake {
             settle,
             writer_open: writing.contains(&name),
@@ -359,7 +379,10 @@ pub fn receive(
             }
         }
     }
-    known.keep_only(&seen);
+    // A partial pass did not see every file: forget nothing yet.
+    if out.deferred == 0 {
+        known.keep_only(&seen);
+    }
     Ok(out)
 }
 

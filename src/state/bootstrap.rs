@@ -218,17 +218,25 @@ fn complete(kind: AgentKind, dir: &AgentDir) -> bool {
     {
         return false;
     }
-    let mut files = vec![dir.journal(), dir.lock_file()];
+    // `.lock` is the service user's alone (a wider mode lets the inbox
+    // group hold the agent back).
+    if stat(&top, &dir.lock_file())
+        .is_none_or(|st| permission_bits(&st) != crate::state::lock::LOCK_FILE_MODE)
+    {
+        return false;
+    }
+    let mut files = vec![dir.journal()];
     if kind == AgentKind::Agent {
         files.extend([dir.report(), dir.tasks(), dir.metrics(), dir.memory()]);
     }
     files.iter().all(|f| stat(&top, f).is_some())
 }
 
-/// An inbox directory whose mode is not [`dir_mode`]'s.
+/// An inbox directory whose mode is not [`dir_mode`]'s, or a `.lock` whose
+/// mode is not [`crate::state::lock::LOCK_FILE_MODE`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModeFix {
-    /// Relative to the agent's directory, with a trailing `/`.
+    /// Relative to the agent's directory, a directory with a trailing `/`.
     pub dir: String,
     pub was: u32,
     pub wanted: u32,
@@ -281,7 +289,7 @@ fn permission_bits(st: &FileStat) -> u32 {
 /// these). A session's directory in `.claimed/` is not looked at: it goes
 /// with its session, and [`repair_modes`] sets it meanwhile.
 pub fn wrong_modes(dir: &AgentDir) -> Vec<ModeFix> {
-    inbox_dirs(dir)
+    let mut out: Vec<ModeFix> = inbox_dirs(dir)
         .into_iter()
         .filter_map(|path| {
             let st = crate::fsx::metadata(&path).ok().flatten()?;
@@ -294,11 +302,44 @@ pub fn wrong_modes(dir: &AgentDir) -> Vec<ModeFix> {
                 },
             )
         })
-        .collect()
+        .collect();
+    let wanted = crate::state::lock::LOCK_FILE_MODE;
+    if let Ok(Some(st)) = crate::fsx::metadata(&dir.lock_file())
+        && crate::fsx::file_type(&st) == SFlag::S_IFREG
+        && permission_bits(&st) != wanted
+    {
+        out.push(ModeFix {
+            dir: relative(dir, &dir.lock_file()),
+            was: permission_bits(&st),
+            wanted,
+        });
+    }
+    out
+}
+
+/// Narrow `.lock` to [`crate::state::lock::LOCK_FILE_MODE`] if it exists
+/// with another mode and this user may (its owner, or root).
+fn repair_lock_mode(dir: &AgentDir) -> Result<Option<ModeFix>> {
+    let path = dir.lock_file();
+    let Some(st) = crate::fsx::metadata(&path)? else {
+        return Ok(None);
+    };
+    let wanted = crate::state::lock::LOCK_FILE_MODE;
+    if crate::fsx::file_type(&st) != SFlag::S_IFREG || permission_bits(&st) == wanted {
+        return Ok(None);
+    }
+    let file = crate::state::lock::open_lock_file(&path, wanted)?;
+    Ok(
+        crate::state::lock::narrow_mode(&file, &path)?.then(|| ModeFix {
+            dir: relative(dir, &path),
+            was: permission_bits(&st),
+            wanted,
+        }),
+    )
 }
 
 /// Set every inbox directory that this user owns (root: every one) to its
-/// mode, through a handle opened without following links (`fchmod`, never
+/// mode (and `.lock` to the service user's alone), through a handle opened without following links (`fchmod`, never
 /// `chmod` on a path). Run as root, an inbox directory not owned by the
 /// agent directory's owner is given to it too: a `check --repair` by root
 /// must not leave the daemon a directory it cannot write. Returns what was
@@ -334,6 +375,7 @@ pub fn repair_modes(dir: &AgentDir) -> Result<Vec<ModeFix>> {
             wanted,
         });
     }
+    fixed.extend(repair_lock_mode(dir)?);
     Ok(fixed)
 }
 

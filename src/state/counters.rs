@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::journal;
-use super::lock::{flock_bounded, open_lock_file};
+use super::lock::flock_bounded;
 use super::{AgentDir, StateRoot, atomic, note_repair, set_aside_name};
 use crate::clock::Timestamp;
 use crate::error::{Error, Result};
@@ -32,7 +32,7 @@ pub fn next_instance(root: &StateRoot, agent_dir: &AgentDir) -> Result<String> {
     let dir = root.daemon_dir();
     atomic::create_dir(&dir, 0o750)?;
     let lock_path = dir.join("counters.lock");
-    let file = open_lock_file(&lock_path, 0o640)?;
+    let file = crate::state::lock::open_private_lock(&lock_path)?;
     let _lock = flock_bounded(file, &lock_path)?;
     let path = dir.join("counters.json");
     let mut counters = match atomic::read_json::<Counters>(&path) {

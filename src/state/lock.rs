@@ -2,8 +2,12 @@
 //! read-modify-write of the agent's files by the CLI and the daemon alike.
 //!
 //! flock is released by the kernel when the holder dies, so a killed hook can
-//! never leave an agent locked. But anyone who can open the file can hold it
-//! (the inbox group can read it), so nobody waits for it without a bound:
+//! never leave an agent locked. Anyone who can open a file can flock it
+//! (read access is enough), so the locks only the service user (and root)
+//! take — this one, `.daemon/counters.lock`, a flow's `.lock` — are
+//! [`LOCK_FILE_MODE`] (0600): a member of the inbox group, who may send
+//! mail, cannot open them and so cannot hold an agent back. Whoever can
+//! still open it (the service user, root) is bounded all the same:
 //! the daemon waits [`DAEMON_WAIT`] and defers that agent's work (its loop
 //! serves every other agent meanwhile), a command waits [`CLI_WAIT`] and then
 //! fails with [`Error::LockBusy`], naming the file and how to find the holder.
@@ -30,6 +34,10 @@ pub const CLI_WAIT: Duration = Duration::from_secs(10);
 /// far longer than a state change holds the lock, even on a loaded machine,
 /// and paid once (see [`with_wait`]).
 pub const DAEMON_WAIT: Duration = Duration::from_millis(250);
+
+/// The mode of the lock files only the service user and root take: owner
+/// only, so nobody else can open (and so flock) them.
+pub const LOCK_FILE_MODE: u32 = 0o600;
 
 static WAIT_MS: AtomicU64 = AtomicU64::new(CLI_WAIT.as_millis() as u64);
 
@@ -109,18 +117,38 @@ pub fn flock_within(mut file: File, path: &Path, bound: Duration) -> Result<Floc
 /// Take `agent`'s lock, waiting at most this process's bound.
 pub fn lock(agent: &AgentDir) -> Result<AgentLock> {
     let path = agent.lock_file();
-    let file = open_lock_file(&path, 0o660)?;
-    // Every writer in the agent's group must be able to take the lock; the
-    // umask may have narrowed the mode it was created with.
-    if let Ok(meta) = file.metadata()
-        && meta.permissions().mode() & 0o777 != 0o660
-        && meta.uid() == nix::unistd::geteuid().as_raw()
-    {
-        let _ = file.set_permissions(std::fs::Permissions::from_mode(0o660));
-    }
+    let file = open_private_lock(&path)?;
     Ok(AgentLock {
         _lock: flock_bounded(file, &path)?,
     })
+}
+
+/// Open (creating it if needed) a lock file only the service user and root
+/// may take, and narrow an older, wider mode (0660 or 0640: the inbox
+/// group could hold it) to [`LOCK_FILE_MODE`] when this user may: its
+/// owner, or root.
+pub fn open_private_lock(path: &Path) -> Result<File> {
+    let file = open_lock_file(path, LOCK_FILE_MODE)?;
+    // Best effort: a read-only file system still lets the lock be taken.
+    let _ = narrow_mode(&file, path);
+    Ok(file)
+}
+
+/// Set an open lock file's mode to [`LOCK_FILE_MODE`] if it is another
+/// and this user may change it; whether it did.
+pub fn narrow_mode(file: &File, path: &Path) -> Result<bool> {
+    let meta = file
+        .metadata()
+        .map_err(|e| Error::io("inspecting", path, e))?;
+    let euid = nix::unistd::geteuid();
+    if meta.permissions().mode() & 0o7777 == LOCK_FILE_MODE
+        || !(euid.is_root() || meta.uid() == euid.as_raw())
+    {
+        return Ok(false);
+    }
+    file.set_permissions(std::fs::Permissions::from_mode(LOCK_FILE_MODE))
+        .map_err(|e| Error::io("setting the mode of", path, e))?;
+    Ok(true)
 }
 
 #[cfg(test)]
@@ -131,10 +159,15 @@ mod tests {
     fn a_held_lock_is_given_up_after_the_bound() {
         let tmp = tempfile::tempdir().unwrap();
         let path = tmp.path().join(".lock");
-        let held = flock_within(open_lock_file(&path, 0o660).unwrap(), &path, CLI_WAIT).unwrap();
+        let held = flock_within(
+            open_lock_file(&path, LOCK_FILE_MODE).unwrap(),
+            &path,
+            CLI_WAIT,
+        )
+        .unwrap();
         let t0 = Instant::now();
         let Err(e) = flock_within(
-            open_lock_file(&path, 0o660).unwrap(),
+            open_lock_file(&path, LOCK_FILE_MODE).unwrap(),
             &path,
             Duration::from_millis(30),
         ) else {
@@ -144,6 +177,11 @@ mod tests {
         assert!(e.to_string().contains("fuser -v"), "{e}");
         assert!(t0.elapsed() >= Duration::from_millis(30));
         drop(held);
-        flock_within(open_lock_file(&path, 0o660).unwrap(), &path, CLI_WAIT).unwrap();
+        flock_within(
+            open_lock_file(&path, LOCK_FILE_MODE).unwrap(),
+            &path,
+            CLI_WAIT,
+        )
+        .unwrap();
     }
 }

@@ -5,6 +5,7 @@
 
 mod support;
 
+mod agentlock;
 mod backup;
 mod backup_safety;
 mod bootstrap;
@@ -21,6 +22,7 @@ mod economy;
 mod events;
 mod faults;
 mod filesafety;
+mod flood;
 mod flow_authority;
 mod flows;
 mod health;
@@ -43,6 +45,7 @@ mod permissions;
 mod polish;
 mod promises;
 mod prompt;
+mod reattach;
 mod rejected_names;
 mod repo_commands;
 mod resume;

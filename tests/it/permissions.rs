@@ -9,7 +9,7 @@ use std::process::{Command, Output, Stdio};
 
 use crate::support::BIN;
 
-fn enabled(test: &str) -> bool {
+pub(crate) fn enabled(test: &str) -> bool {
     let root = nix::unistd::geteuid().is_root();
     let on = std::env::var("AGENT_STATE_ROOT_TESTS").as_deref() == Ok("1");
     let tools = ["useradd", "groupadd", "userdel", "groupdel", "runuser"]
@@ -33,12 +33,12 @@ fn enabled(test: &str) -> bool {
 
 /// A service user, two members of the inbox group and an outsider; removed
 /// however the test ends.
-struct Accounts {
-    group: String,
-    svc: String,
-    alice: String,
-    bob: String,
-    out: String,
+pub(crate) struct Accounts {
+    pub(crate) group: String,
+    pub(crate) svc: String,
+    pub(crate) alice: String,
+    pub(crate) bob: String,
+    pub(crate) out: String,
 }
 
 impl Accounts {
@@ -106,17 +106,17 @@ fn quiet(program: &str, args: &[&str]) {
 
 /// A state root under a directory every test user can enter, bootstrapped
 /// by the service user as the unit would.
-struct World {
+pub(crate) struct World {
     _dir: tempfile::TempDir,
-    base: PathBuf,
-    bin: PathBuf,
-    config: PathBuf,
-    root: PathBuf,
-    acc: Accounts,
+    pub(crate) base: PathBuf,
+    pub(crate) bin: PathBuf,
+    pub(crate) config: PathBuf,
+    pub(crate) root: PathBuf,
+    pub(crate) acc: Accounts,
 }
 
 impl World {
-    fn new(tag: &str) -> World {
+    pub(crate) fn new(tag: &str) -> World {
         let acc = Accounts::create(tag);
         let dir = tempfile::tempdir().unwrap();
         let base = dir.path().to_path_buf();
@@ -163,7 +163,7 @@ impl World {
     }
 
     /// `agent-state ARGS` as `user`.
-    fn run(&self, user: &str, args: &[&str]) -> Output {
+    pub(crate) fn run(&self, user: &str, args: &[&str]) -> Output {
         Command::new("runuser")
             .args(["-u", user, "--"])
             .arg(&self.bin)
@@ -177,7 +177,7 @@ impl World {
     }
 
     /// `sh -c SCRIPT` as `user`, in the state root.
-    fn sh(&self, user: &str, script: &str) -> Output {
+    pub(crate) fn sh(&self, user: &str, script: &str) -> Output {
         Command::new("runuser")
             .args(["-u", user, "--", "sh", "-c", script])
             .current_dir(&self.root)
@@ -197,7 +197,7 @@ impl World {
     }
 }
 
-fn show(out: &Output) -> String {
+pub(crate) fn show(out: &Output) -> String {
     format!(
         "status {:?}\nstdout:\n{}\nstderr:\n{}",
         out.status.code(),

@@ -15,12 +15,15 @@ pub(super) struct Intake {
     pub(super) settle_at: BTreeMap<AgentName, DateTime<Utc>>,
     /// Inboxes with events not yet scanned.
     pub(super) dirty: std::collections::BTreeSet<AgentName>,
-    /// Wake request files already served that could not be removed (a
-    /// read-only disk): not served again, removed when possible.
-    pub(super) served_wakes: std::collections::BTreeSet<PathBuf>,
+    /// Wake requests seen and not yet served or removed.
+    pub(super) requests: super::wake_requests::WakeRequests,
     /// What has been read of each inbox's files: a message is read once,
     /// when it arrives; later scans and the claim only stat it.
     pub(super) known: BTreeMap<AgentName, std::sync::Arc<inbox::Known>>,
+    /// Agents with a file written to in `inbox/rejected/` this loop turn.
+    pub(super) rejected_written: std::collections::BTreeSet<AgentName>,
+    /// Inboxes whose junk is being rejected a pass at a time (logged once).
+    pub(super) deferring: std::collections::BTreeSet<AgentName>,
     /// Humans' replies to flows already handed to the router (by message
     /// id): not handed again while the router moves them.
     pub(super) flow_replies: std::collections::BTreeSet<String>,
@@ -67,13 +70,24 @@ impl Daemon {
             return;
         }
         // An inbox replaced under us (rm -r + mkdir, mv away and back) lost
-        // its watch: watched again (recreated if it is missing), then read.
+        // its watch: mended as bootstrap does (created if missing, its
+        // parts made — `rejected/`, `.tmp/`, … — and its modes set: a
+        // `mkdir inbox` leaves 0755), watched again, then read.
         if !self.watcher.is_watching(agent)
             && let Some(cfg) = self.agent_config(agent).cloned()
         {
             let dir = self.dir(agent);
-            if !crate::fsx::exists(&dir.inbox()) {
-                let _ = bootstrap::agent(&cfg, &dir, Timestamp::now());
+            match bootstrap::agent(&cfg, &dir, Timestamp::now()) {
+                Ok(created) if !created.is_empty() => {
+                    tracing::info!(agent = %agent, "its inbox was replaced: made again {}", created.join(", "))
+                }
+                Ok(_) => {}
+                Err(e) => self.raise(
+                    ErrorRecord::new(e.code(), format!("{agent}: cannot mend its replaced inbox"))
+                        .details(e.to_string())
+                        .agent(agent),
+                    false,
+                ),
             }
             match self.watcher.watch(agent, &dir.inbox()) {
                 Ok(()) => tracing::info!(agent = %agent, "its inbox is watched again"),
@@ -155,7 +169,13 @@ impl Daemon {
                     self.raise(rejected(agent, r), false);
                 }
                 self.flow_replies(agent, &r.replies);
-                if r.unsettled {
+                self.note_deferred(agent, r.deferred, r.rejected.len());
+                if r.deferred > 0 {
+                    // The rest at the next loop turn (not this one), after
+                    // every other agent's work of this one.
+                    let next = self.clock.now() + chrono::Duration::milliseconds(10);
+                    self.intake.settle_at.insert(agent.clone(), next);
+                } else if r.unsettled {
                     // Looked at again soon: a file settles `inbox_settle`
                     // after its last change, a closed writer wakes us anyway.
                     let again = (settle / 4).clamp(Duration::from_secs(1), Duration::from_secs(15));
@@ -185,45 +205,19 @@ impl Daemon {
             }
         }
     }
+}
 
-    pub(super) fn take_wake_requests(&mut self, agent: &AgentName) {
-        let inbox_dir = self.dir(agent).inbox();
-        // Never through a link: a wake request is a name, its removal an
-        // unlink in the inbox itself.
-        let Ok(names) = crate::fsx::list(&inbox_dir) else {
-            return;
-        };
-        let mut found = false;
-        for name in names {
-            let Some(name) = name.to_str() else {
-                continue;
-            };
-            if files::is_wake_request(name) {
-                let path = inbox_dir.join(name);
-                let served = self.intake.served_wakes.contains(&path);
-                match crate::fsx::remove_file(&path) {
-                    Ok(_) => {
-                        self.intake.served_wakes.remove(&path);
-                    }
-                    Err(e) => {
-                        if !served {
-                            tracing::warn!(agent = %agent, "cannot remove the wake request {}: {e}; it is served once", path.display());
-                        }
-                        self.intake.served_wakes.insert(path);
-                    }
-                }
-                found |= !served;
-            }
-        }
-        if found {
-            tracing::info!(agent = %agent, "wake requested");
-            let now = self.clock.now();
-            if let Some(s) = self
-                .core
-                .request(agent, WakeReason::Manual, Priority::High, now)
-            {
-                self.skipped(s);
-            }
+impl Daemon {
+    /// Say once when an inbox holds more junk than one pass rejects, and
+    /// once when it is through.
+    fn note_deferred(&mut self, agent: &AgentName, deferred: usize, rejected: usize) {
+        let noted = self.intake.deferring.contains(agent);
+        if deferred > 0 && !noted {
+            self.intake.deferring.insert(agent.clone());
+            tracing::warn!(agent = %agent, "{rejected} files rejected from its inbox and {deferred} more to look at: {} per loop turn, the rest deferred (every other agent is served meanwhile)", inbox::REJECTED_PER_PASS);
+        } else if deferred == 0 && noted {
+            self.intake.deferring.remove(agent);
+            tracing::info!(agent = %agent, "every file deferred in its inbox has been looked at");
         }
     }
 }

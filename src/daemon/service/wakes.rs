@@ -199,6 +199,10 @@ impl Daemon {
     /// Everything that is due now: schedules, debounces, settling files,
     /// then start what can start.
     pub(super) fn tick(&mut self) {
+        self.serve_wake_requests();
+        for agent in std::mem::take(&mut self.intake.rejected_written) {
+            self.retry_rejected(&agent);
+        }
         for agent in std::mem::take(&mut self.intake.dirty) {
             self.scan_inbox(&agent);
         }

@@ -1,0 +1,160 @@
+//! A member of the inbox group floods one agent's inbox with wake requests
+//! and junk: every other agent is still served at once, and the daemon
+//! still stops promptly at SIGTERM. The flood is made while the daemon
+//! watches (every file an inotify event), as a hostile member would.
+
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+
+use crate::support::{Env, daemon_config};
+
+const AGENTS: &str = "[[agent]]\nname = \"rio\"\n\n[[agent]]\nname = \"leo\"\n\n[[agent]]\nname = \"marcus\"\nkind = \"human\"\n";
+
+/// Wake requests and junk files dropped into rio's inbox (each).
+const FLOOD: usize = 20_000;
+
+fn setup() -> Env {
+    let env = Env::with_config("");
+    let runs = env.tmp("runs");
+    let script = env.script(
+        "agent.sh",
+        &format!(
+            "echo \"start $AGENT_STATE_AGENT $(date +%s.%N)\" >> {:?}\n\
+             # rio's session outlasts the flood: every request waits for it.\n\
+             if [ \"$AGENT_STATE_AGENT\" = rio ]; then sleep 120; fi\n\
+             echo done",
+            runs.display().to_string()
+        ),
+    );
+    env.set_config(&daemon_config(
+        &script,
+        &[],
+        &[("inbox_debounce", "\"0s\"")],
+        AGENTS,
+    ));
+    env.ok(&["bootstrap"]);
+    env
+}
+
+fn started(env: &Env, agent: &str) -> usize {
+    std::fs::read_to_string(env.tmp("runs"))
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.split_whitespace().nth(1) == Some(agent))
+        .count()
+}
+
+#[test]
+fn a_flooded_inbox_delays_no_other_agent_nor_the_stop() {
+    let env = setup();
+    let mut daemon = env.daemon();
+    let inbox = env.path("rio", "inbox");
+    let made = Instant::now();
+    for i in 0..FLOOD {
+        std::fs::File::create(inbox.join(format!(".wake-flood-{i:06}"))).expect("wake request");
+        std::fs::File::create(inbox.join(format!("junk-{i:06}.txt"))).expect("junk");
+    }
+    let made = made.elapsed();
+    // Leo's mail is served as it would be without the flood: within
+    // seconds, not after the daemon has worked through rio's inbox.
+    let sent = Instant::now();
+    env.send("marcus", "leo", &[]);
+    daemon.wait_until(
+        Duration::from_secs(20),
+        "leo's session starts despite rio's flooded inbox",
+        || started(&env, "leo") >= 1,
+    );
+    let served_in = sent.elapsed();
+    // The flood is one wake of rio, however many requests it holds.
+    daemon.wait_until(
+        Duration::from_secs(20),
+        "rio's wake requests are served",
+        || started(&env, "rio") >= 1,
+    );
+    daemon.wait_until(
+        Duration::from_secs(60),
+        "every wake request is removed from rio's inbox",
+        || {
+            std::fs::read_dir(&inbox)
+                .map(|d| {
+                    !d.flatten()
+                        .any(|e| e.file_name().to_string_lossy().starts_with(".wake-"))
+                })
+                .unwrap_or(false)
+        },
+    );
+    let stop = Instant::now();
+    daemon.signal(Signal::SIGTERM);
+    let status = daemon.wait_exit(Duration::from_secs(20));
+    assert!(status.success(), "the daemon stops cleanly: {status:?}");
+    let stopped_in = stop.elapsed();
+    assert_eq!(
+        started(&env, "rio"),
+        1,
+        "{FLOOD} wake requests made during one session of rio wait for it (and the stop ends them)"
+    );
+    let skipped = env.events("rio", "wake_skipped").len();
+    assert!(
+        skipped <= 10,
+        "the requests made while rio's session ran are a few journal lines, not {skipped}"
+    );
+    eprintln!(
+        "flood of {FLOOD} wake requests and {FLOOD} junk files made in {made:?}; leo served in {served_in:?}; stopped in {stopped_in:?}"
+    );
+}
+
+/// Invalid `.json` files dropped into rio's inbox.
+const JUNK: usize = 5_000;
+
+#[test]
+fn junk_messages_in_one_inbox_are_rejected_a_few_at_a_time() {
+    let env = setup();
+    let mut daemon = env.daemon();
+    let inbox = env.path("rio", "inbox");
+    // Complete JSON with a field missing: judged at once, rejected (a
+    // rename, a reason file, their syncs each). Written aside and renamed
+    // in, as a sender would, so that they arrive together.
+    let aside = env.tmp("junk");
+    std::fs::create_dir(&aside).expect("junk dir");
+    for i in 0..JUNK {
+        std::fs::write(
+            aside.join(format!("junk-{i:05}.json")),
+            "{\"subject\": \"no from\"}",
+        )
+        .expect("junk");
+    }
+    for i in 0..JUNK {
+        let name = format!("junk-{i:05}.json");
+        std::fs::rename(aside.join(&name), inbox.join(&name)).expect("rename in");
+    }
+    let rejected = inbox.join("rejected");
+    daemon.wait_until(
+        Duration::from_secs(60),
+        "the daemon starts rejecting rio's junk",
+        || std::fs::read_dir(&rejected).is_ok_and(|mut d| d.next().is_some()),
+    );
+    let sent = Instant::now();
+    env.send("marcus", "leo", &[]);
+    daemon.wait_until(
+        Duration::from_secs(10),
+        "leo's session starts while rio's junk is rejected",
+        || started(&env, "leo") >= 1,
+    );
+    let served_in = sent.elapsed();
+    let stop = Instant::now();
+    daemon.signal(Signal::SIGTERM);
+    let status = daemon.wait_exit(Duration::from_secs(20));
+    assert!(status.success(), "the daemon stops cleanly: {status:?}");
+    let stopped_in = stop.elapsed();
+    let left = std::fs::read_dir(&inbox)
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with("junk-"))
+                .count()
+        })
+        .unwrap_or(0);
+    eprintln!(
+        "{JUNK} junk messages: leo served in {served_in:?}; stopped in {stopped_in:?} with {left} not yet rejected"
+    );
+}
