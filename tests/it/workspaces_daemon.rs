@@ -280,8 +280,17 @@ fn workspace_of_a_plain_directory_never_starts_the_session() {
             .starts_with("seen-")),
         "the command ran without its workspace"
     );
-    let errors = std::fs::read_to_string(env.root.join(".daemon/errors.jsonl")).unwrap_or_default();
-    assert!(errors.contains("WORKSPACE_NOT_A_REPO"), "{errors}");
+    // The daemon's verdict follows the session's end (session.json is
+    // written first, as the end is recorded): its error, then.
+    d.wait_until(
+        Duration::from_secs(10),
+        "WORKSPACE_NOT_A_REPO is recorded",
+        || {
+            std::fs::read_to_string(env.root.join(".daemon/errors.jsonl"))
+                .unwrap_or_default()
+                .contains("WORKSPACE_NOT_A_REPO")
+        },
+    );
     // User action: disabled, not retried.
     d.wait_until(Duration::from_secs(5), "the agent is disabled", || {
         d.heartbeat()["failing"]["rio"]
