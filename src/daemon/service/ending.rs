@@ -390,8 +390,12 @@ impl Daemon {
         self.apply_verdict(agent, cfg, session_id, verdict, &report);
     }
 
-    /// Raise the verdict's error and carry out what it decided: a retry, a
-    /// backoff, disabling the agent, or clearing its failures.
+    /// Carry out what the verdict decided (a retry, a backoff, disabling the
+    /// agent, or clearing its failures), then raise its error. In that
+    /// order: whoever reacts to the error (errors.jsonl, journald, the
+    /// on-error hook, the human mailbox) and then reads report.json finds
+    /// the agent's state that goes with it, never the session's end without
+    /// its verdict.
     pub(super) fn apply_verdict(
         &mut self,
         agent: &AgentName,
@@ -400,8 +404,7 @@ impl Daemon {
         verdict: failure::Verdict,
         report: &RunReport,
     ) {
-        let now = self.clock.now();
-        if let Some(code) = verdict.code {
+        let record = verdict.code.map(|code| {
             let mut record = ErrorRecord::new(code, format!("{agent}: {}", verdict.message))
                 .agent(agent)
                 .attempt(verdict.attempt)
@@ -421,8 +424,20 @@ impl Daemon {
                         .display()
                 ));
             }
-            self.raise(record, verdict.escalate);
+            record
+        });
+        let escalate = verdict.escalate;
+        let _ = cfg;
+        self.carry_out_verdict(agent, verdict);
+        if let Some(record) = record {
+            self.raise(record, escalate);
         }
+    }
+
+    /// The state a verdict decided, in the core and in report.json (the
+    /// error, its state and the next wake in one write).
+    fn carry_out_verdict(&mut self, agent: &AgentName, verdict: failure::Verdict) {
+        let now = self.clock.now();
         let failures = self.streaks.get(agent).map(|s| s.failures).unwrap_or(0);
         if !self.core.contains(agent) {
             return;
@@ -473,7 +488,6 @@ impl Daemon {
             until: until.map(Timestamp::from_datetime),
             since: Some(since.unwrap_or_else(|| Timestamp::from_datetime(now))),
         };
-        let _ = cfg;
         self.publish_agent(agent, Some(error));
     }
 

@@ -226,7 +226,11 @@ impl Daemon {
                 (None, reasons)
             }
         };
-        // The verdict `agent-state reload` (ExecReload=) waits for.
+        // The verdict `agent-state reload` (ExecReload=) waits for, written
+        // after daemon.json says what the daemon now runs: whoever reads
+        // daemon.json once the verdict is in (`reload && status`) finds the
+        // reloaded agents, not the old ones until the turn ends.
+        self.write_heartbeat();
         let (accepted, reasons) = verdict;
         if let Err(e) = files::record_reload_verdict(
             &self.root,
