@@ -182,6 +182,7 @@ impl Daemon {
                     &r.sid,
                     &r.report,
                     r.override_reason.as_deref(),
+                    r.verdict.code,
                     Some(claimed),
                     r.now,
                 ),
