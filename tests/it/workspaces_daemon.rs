@@ -231,16 +231,16 @@ fn workspace_orphans_are_pruned_by_the_monitor() {
     );
     assert!(orphan.exists());
     let d = env.daemon();
-    d.wait_until(Duration::from_secs(10), "the orphan is pruned", || {
-        !orphan.exists()
+    // `git worktree remove` deletes the directory before git's own record
+    // of it: the log line, written once the prune is over, proves both.
+    d.wait_until(Duration::from_secs(10), "the prune is logged", || {
+        d.log_text().contains("workspace pruned: rio: removed")
     });
+    assert!(!orphan.exists(), "the orphan is pruned");
     assert!(
         !git(&repo, &["worktree", "list"]).contains("20260101-000000"),
         "git forgets it too"
     );
-    d.wait_until(Duration::from_secs(5), "the prune is logged", || {
-        d.log_text().contains("workspace pruned: rio: removed")
-    });
 }
 
 #[test]
@@ -280,8 +280,14 @@ fn workspace_of_a_plain_directory_never_starts_the_session() {
             .starts_with("seen-")),
         "the command ran without its workspace"
     );
-    let errors = std::fs::read_to_string(env.root.join(".daemon/errors.jsonl")).unwrap_or_default();
-    assert!(errors.contains("WORKSPACE_NOT_A_REPO"), "{errors}");
+    // The daemon raises the error after the end is recorded (session.json
+    // says `error` first): wait for errors.jsonl to say it.
+    let errors_file = env.root.join(".daemon/errors.jsonl");
+    d.wait_until(Duration::from_secs(10), "the error is recorded", || {
+        std::fs::read_to_string(&errors_file)
+            .unwrap_or_default()
+            .contains("WORKSPACE_NOT_A_REPO")
+    });
     // User action: disabled, not retried.
     d.wait_until(Duration::from_secs(5), "the agent is disabled", || {
         d.heartbeat()["failing"]["rio"]
