@@ -222,6 +222,8 @@ pub fn run(ctx: &Context, command: Command) -> Result<u8> {
                 session: a.session,
                 outcome: a.outcome,
                 reason: a.reason,
+                // The daemon's verdict, not a script's to give.
+                code: None,
                 caller: Caller::this_process(),
             };
             let r = hooks::fail(agent, &dir, &req, ctx.now)?;

@@ -133,6 +133,7 @@ pub fn prepare(
                     session: Some(session_id.clone()),
                     outcome: "error".into(),
                     reason: format!("the session could not start: {e}"),
+                    code: Some(e.code().as_str().to_string()),
                     ..FailRequest::default()
                 },
                 now,
@@ -405,13 +406,17 @@ pub fn script_end(dir: &AgentDir, session_id: &str) -> Option<ScriptEnd> {
 /// If the script already ended or failed the session itself, this changes
 /// nothing (the hooks are idempotent). `judged_failed` overrides a clean exit
 /// that the daemon judged a failure (it printed nothing, Claude Code reported
-/// an error): recorded as `error` with that reason.
+/// an error): recorded as `error` with that reason. `code` is the catalogue
+/// code the daemon judged a failure by: journaled in the line that commits
+/// the end (not for a success).
+#[allow(clippy::too_many_arguments)]
 pub fn finish(
     agent: &AgentConfig,
     dir: &AgentDir,
     session_id: &str,
     report: &RunReport,
     judged_failed: Option<&str>,
+    code: Option<crate::errors::Code>,
     claimed: Option<Vec<crate::inbox::Message>>,
     now: Timestamp,
 ) -> Result<String> {
@@ -438,6 +443,7 @@ pub fn finish(
                 session: Some(session_id.to_string()),
                 outcome: outcome.to_string(),
                 reason: text.clone(),
+                code: code.map(|c| c.as_str().to_string()),
                 ..FailRequest::default()
             },
             now,

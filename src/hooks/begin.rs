@@ -108,6 +108,7 @@ pub fn begin(
                 ),
                 // The script died: that may be the agent failing on a message.
                 count_attempts: true,
+                code: None,
             },
             &mut Args::default(),
             now,

@@ -32,6 +32,9 @@ pub struct FailRequest {
     pub session: Option<String>,
     pub outcome: String,
     pub reason: String,
+    /// The catalogue code of the failure, when the daemon judged it
+    /// (journaled with the end; a script's `session fail` has none).
+    pub code: Option<String>,
     /// The processes the hook was called from (see [`Caller`]).
     pub caller: Caller,
 }
@@ -87,6 +90,9 @@ pub(super) enum Ending {
         /// under it): a crash-looping daemon must not make messages
         /// undeliverable.
         count_attempts: bool,
+        /// The catalogue code the daemon judged the failure by, for the
+        /// journal line (see [`SessionFailed::code`]).
+        code: Option<String>,
     },
 }
 
@@ -105,10 +111,12 @@ impl Ending {
                 outcome,
                 reason,
                 count_attempts,
+                code,
             } => Ending::Failed {
                 outcome,
                 reason: caps::cap(Field::Reason, reason),
                 count_attempts,
+                code,
             },
         }
     }
@@ -163,11 +171,13 @@ pub fn end(
             outcome: SessionStatus::Timeout,
             reason: "reported as timeout by `session end`".into(),
             count_attempts: true,
+            code: None,
         },
         Some("error") => Ending::Failed {
             outcome: SessionStatus::Error,
             reason: "reported as error by `session end`".into(),
             count_attempts: true,
+            code: None,
         },
         Some(other) => {
             args.note(
@@ -220,6 +230,7 @@ pub fn fail(
             outcome,
             reason,
             count_attempts: true,
+            code: req.code.clone(),
         },
         args,
         now,
@@ -297,6 +308,7 @@ pub(super) fn daemon_wins(current: &Session, ending: &Ending) -> Option<Ending> 
         outcome,
         reason: format!("{}; the session script reported: {said}", noted.reason),
         count_attempts: true,
+        code: None,
     })
 }
 
@@ -559,6 +571,7 @@ pub(super) fn finish_with(
             outcome,
             reason,
             count_attempts,
+            code,
         } => {
             let (returned, undeliverable) =
                 inbox::return_claimed_counting(dir, &id, now, count_attempts)?;
@@ -568,6 +581,7 @@ pub(super) fn finish_with(
                 messages_returned: returned.clone(),
                 messages_undeliverable: undeliverable.clone(),
                 duration_seconds: duration,
+                code,
             };
             let event = match outcome {
                 SessionStatus::Timeout => Event::Timeout(failed),

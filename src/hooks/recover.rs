@@ -54,6 +54,7 @@ pub fn recover_stale(
             // Its owner (the daemon, a script) was killed under it: not a
             // failure of its messages.
             count_attempts: false,
+            code: None,
         },
         &mut Args::default(),
         now,
@@ -107,11 +108,13 @@ pub(super) fn replay_end(
             outcome: SessionStatus::Timeout,
             reason: f.reason.clone(),
             count_attempts: true,
+            code: f.code.clone(),
         },
         Event::Error(f) => Ending::Failed {
             outcome: SessionStatus::Error,
             reason: f.reason.clone(),
             count_attempts: true,
+            code: f.code.clone(),
         },
         _ => {
             return Err(Error::Data(format!(

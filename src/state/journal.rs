@@ -251,6 +251,13 @@ pub struct SessionEnd {
 pub struct SessionFailed {
     pub session_id: String,
     pub reason: String,
+    /// The catalogue code the daemon judged the failure by
+    /// (`AGENT_NOT_FOUND`, `SESSION_TIMEOUT`, …), in the line that commits
+    /// the end: `wake --wait` tells from it, and from nothing written later,
+    /// whether the session it asked for could start. None from a script's
+    /// own `session fail` and in lines written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub messages_returned: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

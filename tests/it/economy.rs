@@ -27,9 +27,17 @@ fn usage_adds_up_what_each_session_recorded_and_shows_the_budget_left() {
     // A daemon session of rio: its usage comes from Claude Code's result.
     let d = env.daemon();
     env.ok(&["wake", "rio", "--wait", "5s"]);
-    d.wait_until(Duration::from_secs(10), "rio's usage is journaled", || {
-        env.events("rio", "session_usage").len() == 1
-    });
+    // The usage is journaled first (the record `usage` adds up), then
+    // copied into session.json under the same lock: a reader between the
+    // two sees the journal line and the old session.json. Wait for both.
+    d.wait_until(
+        Duration::from_secs(10),
+        "rio's usage is journaled and in session.json",
+        || {
+            env.events("rio", "session_usage").len() == 1
+                && !env.json("rio", "session.json")["tokens_used"].is_null()
+        },
+    );
     let session = env.json("rio", "session.json");
     drop(d);
 

@@ -48,9 +48,16 @@ fn errors_names_its_log_and_wake_wait_fails_when_the_session_failed_at_once() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("could not start (AGENT_NOT_FOUND)"), "{err}");
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(!id.is_empty(), "the id is printed");
+    // Judged from the line that commits that session's end, which carries
+    // the daemon's code (wake exits only once it is written).
+    let ended = env.events("rio", "error");
     assert!(
-        !String::from_utf8_lossy(&out.stdout).trim().is_empty(),
-        "the id is printed"
+        ended
+            .iter()
+            .any(|e| e["session_id"] == id.as_str() && e["code"] == "AGENT_NOT_FOUND"),
+        "{ended:?}"
     );
     // A session that runs well is 0.
     let out = env.run(&["wake", "clay", "--wait", "10s"]);

@@ -181,6 +181,7 @@ impl Daemon {
                     &r.sid,
                     &r.report,
                     r.override_reason.as_deref(),
+                    r.verdict.code,
                     Some(claimed),
                     r.now,
                 ),
