@@ -42,6 +42,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "events",
             "check",
             "usage",
+            "git",
             "workspace",
             "flow",
             "backup",

@@ -281,7 +281,7 @@ impl Validator {
         );
         let approvers = raw.approvers.clone().unwrap_or_default();
         for (i, user) in approvers.iter().enumerate() {
-            if let Err(why) = crate::flow::authority::check_user_name(user) {
+            if let Err(why) = super::check_user_name(user) {
                 self.problem(
                     f(&format!("approvers[{i}]")),
                     format!("{user:?} {why}; write the unix user name of a person who approves, e.g. approvers = [\"marcus\"]"),

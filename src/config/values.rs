@@ -66,6 +66,25 @@ pub(crate) fn valid_group(g: &str) -> bool {
         && !g.starts_with('-')
 }
 
+/// A unix user name as `useradd` accepts it by default: `[a-z_][a-z0-9_-]*`,
+/// an optional final `$`, at most 32 characters.
+pub fn check_user_name(name: &str) -> Result<(), &'static str> {
+    let body = name.strip_suffix('$').unwrap_or(name);
+    let mut chars = body.chars();
+    let first_ok = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c == '_');
+    if name.is_empty() || name.len() > 32 {
+        return Err("is not a unix user name (1 to 32 characters)");
+    }
+    if !first_ok
+        || !chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
+    {
+        return Err("is not a unix user name ([a-z_][a-z0-9_-]*)");
+    }
+    Ok(())
+}
+
 /// `{name}` placeholders in a command argument.
 pub fn placeholders(arg: &str) -> Vec<String> {
     let mut out = Vec::new();

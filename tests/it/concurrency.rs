@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::process::Child;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -204,9 +204,14 @@ fn readers_never_see_a_half_written_report() {
     let env = Env::standard();
     let path = env.path("rio", "report.json");
     let stop = Arc::new(AtomicBool::new(false));
+    // The reader's count so far: the writer goes on until the reader has
+    // read enough while it wrote (however slow a busy machine makes
+    // either), not for a fixed time.
+    let reads_so_far = Arc::new(AtomicU64::new(0));
 
     let reader = {
         let stop = stop.clone();
+        let reads_so_far = reads_so_far.clone();
         let path = path.clone();
         let metrics = env.path("rio", "metrics.json");
         std::thread::spawn(move || {
@@ -238,6 +243,7 @@ fn readers_never_see_a_half_written_report() {
                     }
                 }
                 reads += 1;
+                reads_so_far.store(reads, Ordering::Relaxed);
                 // Pipelines read metrics.json too; every end rewrites it.
                 if reads % 4 == 0 {
                     if let Some(v) = parse(&metrics, &mut problems)
@@ -255,15 +261,17 @@ fn readers_never_see_a_half_written_report() {
         })
     };
 
-    // Every begin and every end replaces report.json.
-    let pairs = 1000;
+    // Every begin and every end replaces report.json: at least 1,000
+    // rewrites, and on until the reader has read 2,000 times meanwhile (a
+    // bound only against a reader that is stuck).
     let started = Instant::now();
     let mut rewrites = 0u64;
-    for _ in 0..pairs {
+    while rewrites < 1000 || reads_so_far.load(Ordering::Relaxed) < 2000 {
         env.ok(&["session", "begin", "rio"]);
         env.ok(&["session", "end", "rio", "--sources-archived", "1"]);
         rewrites += 2;
-        if started.elapsed() > Duration::from_secs(45) {
+        // A reader that gave up (too many bad reads) is reported below.
+        if reader.is_finished() || started.elapsed() > Duration::from_secs(600) {
             break;
         }
     }

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::sdbox::{CONFIG, STATE, SdBox, UNIT, UNIT_BIN, describe, repo_file, sdbox_tool, text};
-use crate::support::BIN;
+use crate::support::{BIN, poll_until};
 
 /// The worst `systemd-analyze security` exposure accepted ("OK" is < 4.0).
 const MAX_EXPOSURE: f64 = 2.5;
@@ -742,9 +742,16 @@ fn under_systemd_a_refused_reload_fails_systemctl_reload_with_the_reasons() {
         "systemctl reload of a broken config must fail:\n{}",
         describe(&out)
     );
-    let said = format!("{}{}", describe(&out), sdbox.journal(&["-n", "40"]));
+    // journald may store the reload's stderr a moment after systemctl
+    // returns: wait for it, not for a fixed time.
+    let names_it = |said: &str| said.contains("defaults.timeout") && said.contains("two minutes");
+    let mut said = String::new();
+    poll_until(Duration::from_secs(20), || {
+        said = format!("{}{}", describe(&out), sdbox.journal(&["-n", "40"]));
+        names_it(&said)
+    });
     assert!(
-        said.contains("defaults.timeout") && said.contains("two minutes"),
+        names_it(&said),
         "the output or the journal names the problem:\n{said}"
     );
     let state = sdbox.show(&["ActiveState", "MainPID"]);

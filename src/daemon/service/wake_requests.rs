@@ -85,10 +85,20 @@ impl Daemon {
             b.list_again = false;
         }
         for name in names {
-            if let Some(name) = name.to_str()
-                && files::is_wake_request(name)
-                && !requests.failed.contains(&inbox_dir.join(name))
-            {
+            let Some(name) = name.to_str() else {
+                continue;
+            };
+            if !files::is_wake_request(name) {
+                continue;
+            }
+            let path = inbox_dir.join(name);
+            if requests.failed.contains(&path) {
+                // Served already; its removal failed (a read-only disk):
+                // removed now if it can be, never served twice.
+                if crate::fsx::remove_file(&path).is_ok() {
+                    requests.failed.remove(&path);
+                }
+            } else {
                 requests.arrived(agent, name.to_string());
             }
         }
