@@ -5,6 +5,7 @@
 //! runs only as root with AGENT_STATE_ROOT_TESTS=1 (see permissions.rs).
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -123,4 +124,230 @@ fn a_group_member_cannot_hold_an_agent_or_the_session_counter() {
         let _ = daemon.wait();
         panic!("the daemon did not stop\n{}", log_text());
     }
+}
+
+/// `.daemon/lock` is what keeps one daemon per root: anyone who can open it
+/// can flock it, and a shared lock held by a member of the inbox group made
+/// the next start fail with exit 64 ("another daemon is already running"),
+/// which the unit does not restart. Now only the service user and root can
+/// open it; members still learn whether a daemon runs, and which.
+#[test]
+fn a_group_member_cannot_hold_the_daemon_back() {
+    if !enabled("a_group_member_cannot_hold_the_daemon_back") {
+        return;
+    }
+    let w = World::new("m");
+    let script = w.base.join("agent.sh");
+    std::fs::write(&script, "#!/bin/sh\necho done\n").unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(
+        &w.config,
+        format!(
+            "state_root = {:?}\ngroup = {:?}\n{}",
+            w.root.display().to_string(),
+            w.acc.group,
+            daemon_config(
+                &script,
+                &[],
+                &[],
+                "[[agent]]\nname = \"rio\"\n\n[[agent]]\nname = \"marcus\"\nkind = \"human\"\n"
+            )
+        ),
+    )
+    .unwrap();
+    let lock = w.root.join(".daemon/lock");
+    let heartbeat = w.root.join(".daemon/daemon.json");
+    let log_path = w.base.join("daemon.log");
+    let log_text = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let start = || {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .unwrap();
+        let _ = std::fs::remove_file(&heartbeat);
+        Reaped(
+            Command::new("runuser")
+                .args(["-u", &w.acc.svc, "--"])
+                .arg(&w.bin)
+                .arg("--config")
+                .arg(&w.config)
+                .arg("daemon")
+                .env_remove("NOTIFY_SOCKET")
+                .env_remove("WATCHDOG_USEC")
+                .env_remove("XDG_RUNTIME_DIR")
+                .env_remove("RUNTIME_DIRECTORY")
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().unwrap())
+                .stderr(log)
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let stop = |Reaped(daemon): &mut Reaped| {
+        let pid = heartbeat_pid(&heartbeat).expect("the daemon's pid");
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let stopped = poll_until(Duration::from_secs(30), || {
+            matches!(daemon.try_wait(), Ok(Some(_)))
+        });
+        if !stopped {
+            let _ = daemon.kill();
+            let _ = daemon.wait();
+            panic!("the daemon did not stop\n{}", log_text());
+        }
+    };
+    // No daemon yet: a member's wake says so.
+    let woken = w.run(&w.acc.alice, &["wake", "rio"]);
+    assert_eq!(woken.status.code(), Some(69), "{}", show(&woken));
+
+    // An install from before: `.daemon/lock` open to the group.
+    std::fs::write(&lock, "").unwrap();
+    std::fs::set_permissions(&lock, std::fs::Permissions::from_mode(0o640)).unwrap();
+    std::process::Command::new("chown")
+        .arg(format!("{}:{}", w.acc.svc, w.acc.group))
+        .arg(&lock)
+        .status()
+        .unwrap();
+
+    let mut daemon = start();
+    let ready = poll_until(Duration::from_secs(30), || heartbeat.exists());
+    assert!(ready, "the daemon is ready\n{}", log_text());
+    let first = heartbeat_pid(&heartbeat).unwrap();
+    assert_eq!(mode(&lock), 0o600, ".daemon/lock is mended at start");
+
+    // A member cannot take it, shared or exclusive.
+    for how in ["-s", "-x"] {
+        let held = w.sh(&w.acc.alice, &format!("flock -n {how} .daemon/lock true"));
+        assert!(
+            !held.status.success()
+                && String::from_utf8_lossy(&held.stderr).contains("Permission denied"),
+            "a group member could open .daemon/lock: {}",
+            show(&held)
+        );
+    }
+    // It still learns that a daemon runs, and which.
+    let woken = w.run(&w.acc.alice, &["wake", "rio"]);
+    assert!(woken.status.success(), "{}", show(&woken));
+    let health = w.run(&w.acc.alice, &["health", "--json"]);
+    let seen: serde_json::Value = serde_json::from_slice(&health.stdout).unwrap_or_default();
+    assert!(
+        seen["level"] == "ok"
+            && seen["line"]
+                .as_str()
+                .is_some_and(|l| l.contains(&format!("(pid {first})"))),
+        "{}",
+        show(&health)
+    );
+    stop(&mut daemon);
+
+    // A member who waits for the lock to hold it as soon as the daemon is
+    // gone (the attack, before a restart): refused, and the next start is
+    // not blocked.
+    let mut holder = Command::new("runuser")
+        .args(["-u", &w.acc.alice, "--", "flock", "-s", "-w", "20"])
+        .arg(&lock)
+        .args(["sleep", "20"])
+        .current_dir(&w.root)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let mut daemon = start();
+    let ready = poll_until(Duration::from_secs(30), || {
+        heartbeat_pid(&heartbeat).is_some_and(|p| p != first)
+    });
+    let _ = nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(holder.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    let _ = holder.wait();
+    if !ready {
+        panic!(
+            "a member's flock kept the daemon from starting\n{}",
+            log_text()
+        );
+    }
+    let woken = w.run(&w.acc.alice, &["wake", "rio"]);
+    assert!(woken.status.success(), "{}", show(&woken));
+    stop(&mut daemon);
+
+    // No daemon: the member's wake and health say so, even while a member
+    // holds the last daemon's alive.lock exclusively (its pid is gone).
+    let woken = w.run(&w.acc.alice, &["wake", "rio"]);
+    assert_eq!(woken.status.code(), Some(69), "{}", show(&woken));
+    let mut spoof = Command::new("runuser")
+        .args([
+            "-u",
+            &w.acc.bob,
+            "--",
+            "flock",
+            "-x",
+            "-n",
+            ".daemon/alive.lock",
+        ])
+        .args(["sleep", "20"])
+        .current_dir(&w.root)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let woken = w.run(&w.acc.alice, &["wake", "rio"]);
+    let spoofing = matches!(spoof.try_wait(), Ok(None));
+    let _ = nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(spoof.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    let _ = spoof.wait();
+    assert!(spoofing, "a member holds the old .daemon/alive.lock");
+    assert_eq!(woken.status.code(), Some(69), "{}", show(&woken));
+    let health = w.run(&w.acc.alice, &["health", "--json"]);
+    let seen: serde_json::Value = serde_json::from_slice(&health.stdout).unwrap_or_default();
+    assert!(
+        seen["level"] == "critical"
+            && seen["line"]
+                .as_str()
+                .is_some_and(|l| l.contains("is not running")),
+        "{}",
+        show(&health)
+    );
+}
+
+/// `runuser … daemon`, whose daemon (runuser's child) is killed if the
+/// test ends before it was stopped.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        let id = self.0.id();
+        let children =
+            std::fs::read_to_string(format!("/proc/{id}/task/{id}/children")).unwrap_or_default();
+        for pid in children
+            .split_whitespace()
+            .filter_map(|p| p.parse::<i32>().ok())
+        {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn heartbeat_pid(path: &std::path::Path) -> Option<i64> {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|v| v["pid"].as_i64())
 }
