@@ -351,3 +351,90 @@ fn heartbeat_pid(path: &std::path::Path) -> Option<i64> {
         .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
         .and_then(|v| v["pid"].as_i64())
 }
+
+/// `sessions/{id}.owner` says whether a session's owner lives: held →
+/// alive, for good (a held lock is believed past the session's timeout).
+/// It was 0644 in the world-readable `sessions/`, so anyone who could read
+/// the state root could wait in `flock -x` for a script's session to die
+/// and then hold its lock: the dead session stayed "running" and the agent
+/// never had another session. Now only the service user and root open it.
+#[test]
+fn a_reader_cannot_keep_a_dead_session_alive() {
+    if !enabled("a_reader_cannot_keep_a_dead_session_alive") {
+        return;
+    }
+    let w = World::new("o");
+    let conf = w.config.display().to_string();
+    let bin = w.bin.display().to_string();
+    // A session script: begins its session, then is killed before its end.
+    let mut script = Command::new("runuser")
+        .args(["-u", &w.acc.svc, "--", "sh", "-c"])
+        .arg(format!(
+            "{bin:?} --config {conf:?} session begin rio >/dev/null && exec sleep 60"
+        ))
+        .current_dir(&w.root)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let session_json = w.root.join("rio/session.json");
+    let id = || {
+        std::fs::read_to_string(&session_json)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .filter(|v| v["status"] == "running")
+            .and_then(|v| v["session_id"].as_str().map(String::from))
+    };
+    let begun = poll_until(Duration::from_secs(20), || id().is_some());
+    let kill_group = |child: &mut std::process::Child| {
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        let _ = child.wait();
+    };
+    if !begun {
+        kill_group(&mut script);
+        panic!("the script's session did not begin");
+    }
+    let first = id().unwrap();
+    let owner = format!("rio/sessions/{first}.owner");
+    // Somebody outside the group waits for the owner lock...
+    let mut holder = Command::new("runuser")
+        .args(["-u", &w.acc.out, "--", "flock", "-x", "-w", "20", &owner])
+        .args(["sleep", "20"])
+        .current_dir(&w.root)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    // ... the script dies without ending its session ...
+    kill_group(&mut script);
+    std::thread::sleep(Duration::from_millis(500));
+    // ... and its next session begins: the dead one is recorded interrupted.
+    let next = w.run(&w.acc.svc, &["session", "begin", "rio"]);
+    let holding = matches!(holder.try_wait(), Ok(None));
+    kill_group(&mut holder);
+    assert!(
+        next.status.success(),
+        "a reader holding {owner} kept the dead session alive: {}",
+        show(&next)
+    );
+    assert!(!holding, "a reader could open {owner}");
+    assert_eq!(
+        mode(&w.root.join(&owner)),
+        0,
+        "the dead session's owner lock is gone"
+    );
+    let second = id().expect("the next session runs");
+    assert_ne!(second, first);
+    assert_eq!(
+        mode(&w.root.join(format!("rio/sessions/{second}.owner"))),
+        0o600
+    );
+    let ended = w.run(&w.acc.svc, &["session", "end", "rio", "--summary", "x"]);
+    assert!(ended.status.success(), "{}", show(&ended));
+}
