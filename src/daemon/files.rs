@@ -80,9 +80,50 @@ pub fn lock_root(root: &StateRoot) -> Result<DaemonLock> {
     // under a daemon that runs on it.
     let runtime = RuntimeLock::take(root)?;
     let path = dir.join("lock");
+    // A file replaced after we opened it (by a daemon's `take_over`) is
+    // not the lock any more: locked, it is checked to be the one at the
+    // path, else the one there now is tried.
+    for _ in 0..10 {
+        let lock = match lock_exclusive(root, &path)? {
+            Taken::Locked(lock) => lock,
+            Taken::Shared(shared) => take_over(root, &path, shared)?,
+        };
+        if !still_at(&lock, &path) {
+            continue;
+        }
+        let alive = raise_alive(root)
+            .inspect_err(|e| {
+                tracing::warn!(
+                    "{e}: members of the inbox group cannot tell that the daemon runs \
+                     (`wake` says there is none)"
+                )
+            })
+            .ok();
+        return Ok(DaemonLock {
+            lock,
+            path,
+            _alive: alive,
+            _runtime: runtime,
+        });
+    }
+    Err(Error::Unavailable(format!(
+        "{} keeps being replaced while this daemon tries to lock it; try again",
+        path.display()
+    )))
+}
+
+/// What [`lock_exclusive`] got.
+enum Taken {
+    /// The lock: no daemon runs.
+    Locked(Flock<File>),
+    /// A shared lock on a file that somebody other than a daemon holds.
+    Shared(Flock<File>),
+}
+
+fn lock_exclusive(root: &StateRoot, path: &Path) -> Result<Taken> {
     // 0600, and an older 0640 narrowed: only the service user and root can
     // open it from now on.
-    let mut file = open_private_lock(&path)?;
+    let mut file = open_private_lock(path)?;
     // The service user's and root's `wake`, `status`, `health` probe the
     // lock with a shared lock held for microseconds; a live daemon holds it
     // for good. Try for half a second before concluding that another
@@ -99,26 +140,105 @@ pub fn lock_root(root: &StateRoot) -> Result<DaemonLock> {
         }
     };
     match result {
-        Ok(lock) => {
-            let alive = match raise_alive(root) {
-                Ok(alive) => Some(alive),
-                Err(e) => {
-                    tracing::warn!(
-                        "{e}: members of the inbox group cannot tell that the daemon runs \
-                         (`wake` says there is none)"
-                    );
-                    None
-                }
-            };
-            Ok(DaemonLock {
-                lock,
-                path,
-                _alive: alive,
-                _runtime: runtime,
-            })
+        Ok(lock) => Ok(Taken::Locked(lock)),
+        // Held for half a second. A daemon holds it exclusively; a shared
+        // lock held that long is somebody else's: a member of the group who
+        // opened it while it was 0640 (an install from before), which
+        // narrowing its mode does not take away. Such a file is replaced.
+        Err((file, nix::errno::Errno::EWOULDBLOCK)) => {
+            match Flock::lock(file, FlockArg::LockSharedNonblock) {
+                Ok(shared) => Ok(Taken::Shared(shared)),
+                Err(_) => Err(already_running(root)),
+            }
         }
-        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Err(already_running(root)),
-        Err((_, errno)) => Err(Error::io("locking", &path, errno.into())),
+        Err((_, errno)) => Err(Error::io("locking", path, errno.into())),
+    }
+}
+
+/// Is the file `lock` holds the one at `path`?
+fn still_at(lock: &Flock<File>, path: &Path) -> bool {
+    let held = nix::sys::stat::fstat(&**lock).map(|s| (s.st_dev, s.st_ino));
+    let now = nix::sys::stat::stat(path).map(|s| (s.st_dev, s.st_ino));
+    held.is_ok() && held == now
+}
+
+/// A new `.daemon/lock` in place of one that somebody other than a daemon
+/// holds (`shared`, our shared lock on it, proves that no daemon holds it
+/// and keeps one from taking it meanwhile): a fresh file, locked
+/// exclusively before anyone else can open it, exchanged with the old one
+/// in one step (`RENAME_EXCHANGE`); the old one is removed, its holder left
+/// holding a file nobody looks at. Had another daemon put its own lock there
+/// meanwhile, it is put back and this daemon does not run.
+fn take_over(root: &StateRoot, path: &Path, shared: Flock<File>) -> Result<Flock<File>> {
+    use std::os::fd::AsFd;
+    let dir_path = root.daemon_dir();
+    let dir = crate::fsx::dir(&dir_path)?;
+    let (lock, name) = fresh_locked(dir.as_fd(), &dir_path)?;
+    let old = nix::sys::stat::fstat(&*shared).map(|s| (s.st_dev, s.st_ino));
+    let exchange = |a: &std::ffi::OsStr, b: &std::ffi::OsStr| {
+        nix::fcntl::renameat2(
+            dir.as_fd(),
+            a,
+            dir.as_fd(),
+            b,
+            nix::fcntl::RenameFlags::RENAME_EXCHANGE,
+        )
+    };
+    let lock_name = std::ffi::OsStr::new("lock");
+    if let Err(errno) = exchange(&name, lock_name) {
+        crate::fsx::discard_at(dir.as_fd(), &name);
+        return Err(Error::io("replacing", path, errno.into()));
+    }
+    let displaced = crate::fsx::stat_at(dir.as_fd(), &name, &dir_path.join(&name))
+        .ok()
+        .flatten()
+        .map(|s| (s.st_dev, s.st_ino));
+    if old.is_ok() && displaced == old.ok() {
+        crate::fsx::discard_at(dir.as_fd(), &name);
+        tracing::warn!(
+            "{} was held by a process other than a daemon (a shared lock, taken while the file \
+             was open to the group); it is replaced by a new one only the service user can open",
+            path.display()
+        );
+        return Ok(lock);
+    }
+    // Not the file we looked at: another daemon's. Put it back.
+    let _ = exchange(&name, lock_name);
+    crate::fsx::discard_at(dir.as_fd(), &name);
+    Err(already_running(root))
+}
+
+/// A new file in `dir` under a temp name, mode 0600, open for reading only
+/// (a file held open for writing keeps its file system from being
+/// remounted read-only) and locked exclusively: nobody else can have
+/// opened it.
+fn fresh_locked(
+    dir: std::os::fd::BorrowedFd<'_>,
+    dir_path: &Path,
+) -> Result<(Flock<File>, std::ffi::OsString)> {
+    let (written, name) = crate::fsx::create_temp(dir, dir_path, LOCK_FILE_MODE)?;
+    let temp = dir_path.join(&name);
+    drop(written);
+    let file = match crate::fsx::open_read_at(dir, &name, &temp) {
+        Ok(Some(file)) => file,
+        Ok(None) => {
+            return Err(Error::io(
+                "opening",
+                &temp,
+                std::io::ErrorKind::NotFound.into(),
+            ));
+        }
+        Err(e) => {
+            crate::fsx::discard_at(dir, &name);
+            return Err(e);
+        }
+    };
+    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => Ok((lock, name)),
+        Err((_, errno)) => {
+            crate::fsx::discard_at(dir, &name);
+            Err(Error::io("locking", &temp, errno.into()))
+        }
     }
 }
 
@@ -132,32 +252,8 @@ fn raise_alive(root: &StateRoot) -> Result<Flock<File>> {
     use std::os::fd::AsFd;
     let dir_path = root.daemon_dir();
     let dir = crate::fsx::dir(&dir_path)?;
-    let (written, name) = crate::fsx::create_temp(dir.as_fd(), &dir_path, LOCK_FILE_MODE)?;
+    let (lock, name) = fresh_locked(dir.as_fd(), &dir_path)?;
     let temp = dir_path.join(&name);
-    // Held open for reading only, like every lock file: a file open for
-    // writing keeps its file system from being remounted read-only.
-    drop(written);
-    let file = match crate::fsx::open_read_at(dir.as_fd(), &name, &temp) {
-        Ok(Some(file)) => file,
-        Ok(None) => {
-            return Err(Error::io(
-                "opening",
-                &temp,
-                std::io::ErrorKind::NotFound.into(),
-            ));
-        }
-        Err(e) => {
-            crate::fsx::discard_at(dir.as_fd(), &name);
-            return Err(e);
-        }
-    };
-    let lock = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-        Ok(lock) => lock,
-        Err((_, errno)) => {
-            crate::fsx::discard_at(dir.as_fd(), &name);
-            return Err(Error::io("locking", &temp, errno.into()));
-        }
-    };
     let opened =
         nix::sys::stat::fchmod(&*lock, nix::sys::stat::Mode::from_bits_truncate(ALIVE_MODE))
             .map_err(|e| Error::io("setting the mode of", &temp, e.into()))
@@ -832,7 +928,33 @@ mod tests {
         assert_eq!(mode, LOCK_FILE_MODE);
         assert_eq!(daemon_lock_state(&root), Some(true));
         assert!(held.check().is_ok());
+        // A second daemon: refused while the first holds it.
+        let e = lock_root(&root).err().expect("a second daemon");
+        assert!(e.to_string().contains("already running"), "{e}");
         drop(held);
         assert_eq!(daemon_lock_state(&root), Some(false));
+
+        // Somebody who opened it while it was open to the group holds a
+        // shared lock on it for good: the daemon replaces it and runs.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let member = Flock::lock(File::open(&path).unwrap(), FlockArg::LockSharedNonblock).unwrap();
+        let held = lock_root(&root).unwrap();
+        assert!(held.check().is_ok());
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, LOCK_FILE_MODE);
+        assert_eq!(daemon_lock_state(&root), Some(true));
+        let names = crate::fsx::list(&root.daemon_dir()).unwrap();
+        let mut names: Vec<_> = names
+            .iter()
+            .map(|n| n.to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [ALIVE, "lock"],
+            "the old one is removed, no temp is left"
+        );
+        drop(member);
+        drop(held);
     }
 }

@@ -212,8 +212,29 @@ fn a_group_member_cannot_hold_the_daemon_back() {
         .status()
         .unwrap();
 
+    // A member opened it then, and holds a shared lock on it for good:
+    // narrowing the mode does not take that away.
+    let mut early = Command::new("runuser")
+        .args(["-u", &w.acc.bob, "--", "flock", "-s", "-n"])
+        .arg(&lock)
+        .args(["sleep", "20"])
+        .current_dir(&w.root)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let early_holds = matches!(early.try_wait(), Ok(None));
+
     let mut daemon = start();
     let ready = poll_until(Duration::from_secs(30), || heartbeat.exists());
+    let _ = nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(early.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    let _ = early.wait();
+    assert!(early_holds, "the member holds the old lock");
     assert!(ready, "the daemon is ready\n{}", log_text());
     let first = heartbeat_pid(&heartbeat).unwrap();
     assert_eq!(mode(&lock), 0o600, ".daemon/lock is mended at start");
