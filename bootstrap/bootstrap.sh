@@ -16,7 +16,9 @@
 #      (group-writable; setgid so delivered files keep the group; sticky so
 #      a member can rename or remove only its own entries), the daemon's
 #      processed/, rejected/, .claimed/ (and its session directories) 2750
-#      (the group reads, only the user writes), messages 0640; .lock 0660;
+#      (the group reads, only the user writes), messages 0640; .lock,
+#      .daemon/lock and .daemon/counters.lock 0600 (only the user and root
+#      may hold them);
 #      state files (report, tasks, session, metrics .json, memory.md,
 #      journal.jsonl, identity/rules/prompt .md) 0644
 #
@@ -222,12 +224,16 @@ if [[ $DRY_RUN == 1 ]]; then
     echo "  would set: $STATE_ROOT, .shared/, .shared/rules/, each agent directory and its sessions/ 0755;"
     echo "             .daemon/ 0750; each agent's inbox/ and inbox/.tmp/ 3770; inbox/processed/,"
     echo "             inbox/rejected/, inbox/.claimed/ and the directories in it 2750; messages 0640;"
-    echo "             .lock 0660; report/tasks/session/metrics .json, memory.md, journal.jsonl,"
+    echo "             .lock, .daemon/lock, .daemon/counters.lock 0600; report/tasks/session/metrics"
+    echo "             .json, memory.md, journal.jsonl,"
     echo "             identity.md, rules.md, prompt.md 0644"
 else
     run chown -hR "$AGENT_USER:$GROUP" "$STATE_ROOT"
     run chmod 0755 "$STATE_ROOT"
     [[ ! -d $STATE_ROOT/.daemon ]] || run chmod 0750 "$STATE_ROOT/.daemon"
+    for f in "$STATE_ROOT/.daemon/lock" "$STATE_ROOT/.daemon/counters.lock"; do
+        [[ ! -f $f || -L $f ]] || run chmod 0600 "$f"
+    done
     for d in "$STATE_ROOT/.shared" "$STATE_ROOT/.shared/rules"; do
         [[ ! -d $d ]] || run chmod 0755 "$d"
     done
@@ -244,7 +250,7 @@ else
             run chmod 3770 "$inbox"
             [[ ! -d $inbox/.tmp || -L $inbox/.tmp ]] || run chmod 3770 "$inbox/.tmp"
         fi
-        [[ ! -f $agent_dir/.lock ]] || run chmod 0660 "$agent_dir/.lock"
+        [[ ! -f $agent_dir/.lock || -L $agent_dir/.lock ]] || run chmod 0600 "$agent_dir/.lock"
         files=()
         for f in report.json tasks.json session.json metrics.json memory.md journal.jsonl \
             identity.md rules.md prompt.md; do

@@ -72,6 +72,7 @@ pub fn check(config: &Config, repair: bool, now: Timestamp) -> Result<CheckRepor
         bootstrap::root(&root)?;
         report.findings.last_mut().expect("just pushed").repaired = Some("created".into());
     }
+    daemon_lock_modes(&root, repair, &mut report.findings);
     for agent in &config.agents {
         let dir = root.agent(&agent.name);
         if before_first_start && !repair && !crate::fsx::exists(&dir.path) {
@@ -104,6 +105,43 @@ pub fn check(config: &Config, repair: bool, now: Timestamp) -> Result<CheckRepor
         }
     }
     Ok(report)
+}
+
+/// `.daemon/lock` and `.daemon/counters.lock` are the service user's alone
+/// ([`crate::state::lock::LOCK_FILE_MODE`]): a wider mode (an install from
+/// before) lets a member of the inbox group flock them and keep the daemon
+/// from starting or sessions from being numbered. The daemon narrows them
+/// when it opens them; `check` lists them, `--repair` narrows them (their
+/// owner or root).
+fn daemon_lock_modes(root: &StateRoot, repair: bool, found: &mut Vec<Finding>) {
+    use nix::sys::stat::SFlag;
+    let wanted = crate::state::lock::LOCK_FILE_MODE;
+    for name in ["lock", "counters.lock"] {
+        let path = root.daemon_dir().join(name);
+        let Ok(Some(st)) = crate::fsx::metadata(&path) else {
+            continue;
+        };
+        let was = st.st_mode & 0o7777;
+        if crate::fsx::file_type(&st) != SFlag::S_IFREG || was == wanted {
+            continue;
+        }
+        let repaired = repair
+            .then(|| {
+                let file = crate::state::lock::open_lock_file(&path, wanted).ok()?;
+                crate::state::lock::narrow_mode(&file, &path)
+                    .ok()?
+                    .then(|| "mode set".to_string())
+            })
+            .flatten();
+        found.push(Finding {
+            agent: "-".into(),
+            file: format!(".daemon/{name}"),
+            problem: format!(
+                "{MODE_PROBLEM}{was:o}, should be {wanted:o} (see the README's permission model)"
+            ),
+            repaired,
+        });
+    }
 }
 
 fn finding(

@@ -3,8 +3,9 @@
 //!
 //! ```text
 //! {state_root}/                     default /opt/teleo-eval/agent-state
-//! ├── .daemon/                      lock, counters.json, schedule.json, daemon.json,
-//! │                                 errors.jsonl, signals.jsonl, escalated.json (never an agent)
+//! ├── .daemon/                      lock (0600), alive.lock (the group's probe), counters.json,
+//! │                                 schedule.json, daemon.json, errors.jsonl, signals.jsonl,
+//! │                                 escalated.json (never an agent)
 //! ├── .shared/rules/*.md            rules prepended to every prompt
 //! └── {agent}/                      ^[a-z][a-z0-9_-]{0,62}$
 //!     ├── report.json  tasks.json  session.json  metrics.json   (atomic replace)

@@ -33,6 +33,7 @@ use nix::libc;
 use crate::clock::Timestamp;
 use crate::error::{Error, IoContext, Result};
 use crate::fsx;
+use crate::state::lock::LOCK_FILE_MODE;
 use crate::state::{AgentDir, atomic};
 
 // ---- the owning process ------------------------------------------------------
@@ -191,7 +192,12 @@ fn single_link(file: &File, path: &Path) -> Result<bool> {
 pub fn acquire(dir: &AgentDir, session_id: &str, owner: &Owner) -> Result<OwnerLock> {
     atomic::create_dir(&dir.sessions_dir(), 0o750)?;
     let path = lock_path(dir, session_id);
-    let mut file = fsx::open_create(&path, 0o644, false)?;
+    // The service user's alone (like every lock only it and root take,
+    // [`LOCK_FILE_MODE`]): a held owner lock means "alive" for good, and a
+    // reader who could open it could hold a dead session's lock and keep
+    // its agent from ever having another session.
+    let mut file = fsx::open_create(&path, LOCK_FILE_MODE, false)?;
+    let _ = crate::state::lock::narrow_mode(&file, &path);
     if !single_link(&file, &path)? {
         return Err(fsx::unsafe_path(
             &path,

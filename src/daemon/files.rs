@@ -16,11 +16,20 @@ use crate::clock::Timestamp;
 use std::os::unix::fs::OpenOptionsExt;
 
 use crate::error::{Error, IoContext, Result};
-use crate::state::lock::open_lock_file;
+use crate::state::lock::{LOCK_FILE_MODE, open_private_lock};
 use crate::state::{StateRoot, atomic};
 
 /// Held for the daemon's whole life: a second daemon on the same root finds
 /// it taken and exits.
+///
+/// `.daemon/lock` is the service user's alone ([`LOCK_FILE_MODE`], 0600):
+/// anyone who can open a file can flock it, and a member of the inbox group
+/// holding a shared lock on it kept the next daemon from starting ("another
+/// daemon is already running", exit 64, which the unit does not restart).
+/// An older, wider mode is narrowed at start. The others learn that a daemon
+/// runs from `.daemon/alive.lock` ([`ALIVE`]), which each daemon makes anew
+/// and locks before anyone else can open it (see [`raise_alive`]): holding
+/// an old one holds nobody back.
 ///
 /// `.daemon/lock` alone does not survive the root being removed and made
 /// again (`rm -rf` and `bootstrap`, as a demo or an operator may do): the
@@ -32,6 +41,7 @@ use crate::state::{StateRoot, atomic};
 pub struct DaemonLock {
     lock: Flock<File>,
     path: PathBuf,
+    _alive: Option<Flock<File>>,
     _runtime: Option<RuntimeLock>,
 }
 
@@ -57,6 +67,12 @@ impl DaemonLock {
     }
 }
 
+/// `.daemon/alive.lock`: held (exclusively) by the running daemon for the
+/// group's readers, who may not open `.daemon/lock`.
+pub const ALIVE: &str = "alive.lock";
+/// Its mode: the group may open it to probe it.
+const ALIVE_MODE: u32 = 0o640;
+
 pub fn lock_root(root: &StateRoot) -> Result<DaemonLock> {
     let dir = root.daemon_dir();
     atomic::create_dir(&dir, 0o750)?;
@@ -64,10 +80,54 @@ pub fn lock_root(root: &StateRoot) -> Result<DaemonLock> {
     // under a daemon that runs on it.
     let runtime = RuntimeLock::take(root)?;
     let path = dir.join("lock");
-    let mut file = open_lock_file(&path, 0o640)?;
-    // `agent-state wake` and `status` probe the lock with a shared lock held
-    // for microseconds; a live daemon holds it for good. Try for half a
-    // second before concluding that another daemon runs.
+    // A file replaced after we opened it (by a daemon's `take_over`) is
+    // not the lock any more: locked, it is checked to be the one at the
+    // path, else the one there now is tried.
+    for _ in 0..10 {
+        let lock = match lock_exclusive(root, &path)? {
+            Taken::Locked(lock) => lock,
+            Taken::Shared(shared) => take_over(root, &path, shared)?,
+        };
+        if !still_at(&lock, &path) {
+            continue;
+        }
+        let alive = raise_alive(root)
+            .inspect_err(|e| {
+                tracing::warn!(
+                    "{e}: members of the inbox group cannot tell that the daemon runs \
+                     (`wake` says there is none)"
+                )
+            })
+            .ok();
+        return Ok(DaemonLock {
+            lock,
+            path,
+            _alive: alive,
+            _runtime: runtime,
+        });
+    }
+    Err(Error::Unavailable(format!(
+        "{} keeps being replaced while this daemon tries to lock it; try again",
+        path.display()
+    )))
+}
+
+/// What [`lock_exclusive`] got.
+enum Taken {
+    /// The lock: no daemon runs.
+    Locked(Flock<File>),
+    /// A shared lock on a file that somebody other than a daemon holds.
+    Shared(Flock<File>),
+}
+
+fn lock_exclusive(root: &StateRoot, path: &Path) -> Result<Taken> {
+    // 0600, and an older 0640 narrowed: only the service user and root can
+    // open it from now on.
+    let mut file = open_private_lock(path)?;
+    // The service user's and root's `wake`, `status`, `health` probe the
+    // lock with a shared lock held for microseconds; a live daemon holds it
+    // for good. Try for half a second before concluding that another
+    // daemon runs.
     let mut tries = 0;
     let result = loop {
         match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
@@ -80,14 +140,138 @@ pub fn lock_root(root: &StateRoot) -> Result<DaemonLock> {
         }
     };
     match result {
-        Ok(lock) => Ok(DaemonLock {
-            lock,
-            path,
-            _runtime: runtime,
-        }),
-        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Err(already_running(root)),
-        Err((_, errno)) => Err(Error::io("locking", &path, errno.into())),
+        Ok(lock) => Ok(Taken::Locked(lock)),
+        // Held for half a second. A daemon holds it exclusively; a shared
+        // lock held that long is somebody else's: a member of the group who
+        // opened it while it was 0640 (an install from before), which
+        // narrowing its mode does not take away. Such a file is replaced.
+        Err((file, nix::errno::Errno::EWOULDBLOCK)) => {
+            match Flock::lock(file, FlockArg::LockSharedNonblock) {
+                Ok(shared) => Ok(Taken::Shared(shared)),
+                Err(_) => Err(already_running(root)),
+            }
+        }
+        Err((_, errno)) => Err(Error::io("locking", path, errno.into())),
     }
+}
+
+/// Is the file `lock` holds the one at `path`?
+fn still_at(lock: &Flock<File>, path: &Path) -> bool {
+    let held = nix::sys::stat::fstat(&**lock).map(|s| (s.st_dev, s.st_ino));
+    let now = nix::sys::stat::stat(path).map(|s| (s.st_dev, s.st_ino));
+    held.is_ok() && held == now
+}
+
+/// A new `.daemon/lock` in place of one that somebody other than a daemon
+/// holds (`shared`, our shared lock on it, proves that no daemon holds it
+/// and keeps one from taking it meanwhile): a fresh file, locked
+/// exclusively before anyone else can open it, exchanged with the old one
+/// in one step (`RENAME_EXCHANGE`); the old one is removed, its holder left
+/// holding a file nobody looks at. Had another daemon put its own lock there
+/// meanwhile, it is put back and this daemon does not run.
+fn take_over(root: &StateRoot, path: &Path, shared: Flock<File>) -> Result<Flock<File>> {
+    use std::os::fd::AsFd;
+    let dir_path = root.daemon_dir();
+    let dir = crate::fsx::dir(&dir_path)?;
+    let (lock, name) = fresh_locked(dir.as_fd(), &dir_path)?;
+    let old = nix::sys::stat::fstat(&*shared).map(|s| (s.st_dev, s.st_ino));
+    let exchange = |a: &std::ffi::OsStr, b: &std::ffi::OsStr| {
+        nix::fcntl::renameat2(
+            dir.as_fd(),
+            a,
+            dir.as_fd(),
+            b,
+            nix::fcntl::RenameFlags::RENAME_EXCHANGE,
+        )
+    };
+    let lock_name = std::ffi::OsStr::new("lock");
+    if let Err(errno) = exchange(&name, lock_name) {
+        crate::fsx::discard_at(dir.as_fd(), &name);
+        return Err(Error::io("replacing", path, errno.into()));
+    }
+    let displaced = crate::fsx::stat_at(dir.as_fd(), &name, &dir_path.join(&name))
+        .ok()
+        .flatten()
+        .map(|s| (s.st_dev, s.st_ino));
+    if old.is_ok() && displaced == old.ok() {
+        crate::fsx::discard_at(dir.as_fd(), &name);
+        tracing::warn!(
+            "{} was held by a process other than a daemon (a shared lock, taken while the file \
+             was open to the group); it is replaced by a new one only the service user can open",
+            path.display()
+        );
+        return Ok(lock);
+    }
+    // Not the file we looked at: another daemon's. Put it back.
+    let _ = exchange(&name, lock_name);
+    crate::fsx::discard_at(dir.as_fd(), &name);
+    Err(already_running(root))
+}
+
+/// A new file in `dir` under a temp name, mode 0600, open for reading only
+/// (a file held open for writing keeps its file system from being
+/// remounted read-only) and locked exclusively: nobody else can have
+/// opened it.
+fn fresh_locked(
+    dir: std::os::fd::BorrowedFd<'_>,
+    dir_path: &Path,
+) -> Result<(Flock<File>, std::ffi::OsString)> {
+    let (written, name) = crate::fsx::create_temp(dir, dir_path, LOCK_FILE_MODE)?;
+    let temp = dir_path.join(&name);
+    drop(written);
+    let file = match crate::fsx::open_read_at(dir, &name, &temp) {
+        Ok(Some(file)) => file,
+        Ok(None) => {
+            return Err(Error::io(
+                "opening",
+                &temp,
+                std::io::ErrorKind::NotFound.into(),
+            ));
+        }
+        Err(e) => {
+            crate::fsx::discard_at(dir, &name);
+            return Err(e);
+        }
+    };
+    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => Ok((lock, name)),
+        Err((_, errno)) => {
+            crate::fsx::discard_at(dir, &name);
+            Err(Error::io("locking", &temp, errno.into()))
+        }
+    }
+}
+
+/// Make `.daemon/alive.lock` anew, locked: created 0600 under a temp name,
+/// locked exclusively (nobody else can have opened it), then opened to the
+/// group (0640) and renamed over the last daemon's. A member who holds the
+/// old one (it may: it could open it) holds a file nobody looks at any
+/// more, so nothing a member does can keep a daemon from starting. Called
+/// under `.daemon/lock`, so two daemons never race here.
+fn raise_alive(root: &StateRoot) -> Result<Flock<File>> {
+    use std::os::fd::AsFd;
+    let dir_path = root.daemon_dir();
+    let dir = crate::fsx::dir(&dir_path)?;
+    let (lock, name) = fresh_locked(dir.as_fd(), &dir_path)?;
+    let temp = dir_path.join(&name);
+    let opened =
+        nix::sys::stat::fchmod(&*lock, nix::sys::stat::Mode::from_bits_truncate(ALIVE_MODE))
+            .map_err(|e| Error::io("setting the mode of", &temp, e.into()))
+            .and_then(|()| {
+                crate::fsx::rename_at(
+                    dir.as_fd(),
+                    &name,
+                    dir.as_fd(),
+                    std::ffi::OsStr::new(ALIVE),
+                    true,
+                )
+                .map_err(|e| Error::io("renaming", &temp, e))
+            });
+    if let Err(e) = opened {
+        crate::fsx::discard_at(dir.as_fd(), &name);
+        return Err(e);
+    }
+    Ok(lock)
 }
 
 fn already_running(root: &StateRoot) -> Error {
@@ -96,9 +280,11 @@ fn already_running(root: &StateRoot) -> Error {
         .flatten()
         .map(|h| h.pid.to_string());
     Error::Usage(format!(
-        "another agent-state daemon is already running on {} (pid {}); one daemon per state root",
+        "another agent-state daemon is already running on {} (pid {}); one daemon per state root \
+         (if none runs, `fuser -v {}` shows who holds its lock)",
         root.path.display(),
-        pid.unwrap_or_else(|| "unknown".into())
+        pid.unwrap_or_else(|| "unknown".into()),
+        root.daemon_dir().join("lock").display()
     ))
 }
 
@@ -223,27 +409,132 @@ fn runtime_lock_name(canonical: &Path) -> String {
     format!("root-{hash:016x}.lock")
 }
 
-/// Is the daemon's lock on this root held? `None` if this user cannot open
-/// the lock file (a monitoring user outside the group).
-pub fn daemon_lock_state(root: &StateRoot) -> Option<bool> {
-    let path = root.daemon_dir().join("lock");
-    let file = open_lock_file(&path, 0o640).ok()?;
-    match Flock::lock(file, FlockArg::LockSharedNonblock) {
-        Ok(_) => Some(false),
-        Err((_, errno)) => (errno == nix::errno::Errno::EWOULDBLOCK).then_some(true),
+/// What one lock file showed to a non-waiting try of a shared lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Probe {
+    /// Somebody holds it exclusively.
+    Held,
+    /// Nobody holds it exclusively.
+    Free,
+    /// There is no such file.
+    Missing,
+    /// This user may not open it (or it is not a plain file).
+    Denied,
+}
+
+/// What this process can tell of the heartbeat's pid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pid {
+    /// That process exists, and it started when the heartbeat says.
+    Same,
+    /// No such process, or another one (a different start time), in the
+    /// daemon's own PID namespace.
+    Gone,
+    /// Not knowable here: no heartbeat, another PID namespace, a start time
+    /// this user may not read, a heartbeat from before they were written.
+    Unknown,
+}
+
+/// Does a daemon run on this root? `None`: not knowable by this user
+/// (outside the inbox group). Pure.
+///
+/// `.daemon/lock`, where this user can open it (the service user, root; any
+/// member on an install from before), is the truth: the daemon holds it for
+/// its whole life. Others look at `.daemon/alive.lock`, which the daemon
+/// holds too. A member can hold *that* one exclusively once the daemon is
+/// gone, and make its group believe a daemon runs (never keep one from
+/// starting): so a held `alive.lock` counts only while the heartbeat's pid
+/// is not seen gone.
+pub fn judge_running(root_lock: Probe, alive: Probe, pid: Pid) -> Option<bool> {
+    match (root_lock, alive, pid) {
+        (Probe::Held, _, _) => Some(true),
+        (Probe::Free | Probe::Missing, _, _) => Some(false),
+        (Probe::Denied, Probe::Held, Pid::Gone) => Some(false),
+        (Probe::Denied, Probe::Held, Pid::Same | Pid::Unknown) => Some(true),
+        (Probe::Denied, Probe::Free | Probe::Missing, _) => Some(false),
+        (Probe::Denied, Probe::Denied, _) => None,
     }
 }
 
-/// Is a daemon running on this root (is its lock held)?
-pub fn daemon_running(root: &StateRoot) -> bool {
-    let path = root.daemon_dir().join("lock");
-    let Ok(file) = open_lock_file(&path, 0o640) else {
-        return false;
-    };
-    match Flock::lock(file, FlockArg::LockSharedNonblock) {
-        Ok(_) => false,
-        Err((_, errno)) => errno == nix::errno::Errno::EWOULDBLOCK,
+/// Try a shared lock on `path` without waiting, creating nothing.
+fn probe(path: &Path) -> Probe {
+    match crate::fsx::open_read(path) {
+        Ok(None) => Probe::Missing,
+        Err(_) => Probe::Denied,
+        Ok(Some(file)) => match Flock::lock(file, FlockArg::LockSharedNonblock) {
+            Ok(_) => Probe::Free,
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => Probe::Held,
+            Err(_) => Probe::Denied,
+        },
     }
+}
+
+/// The heartbeat's pid as this process sees it.
+fn heartbeat_pid(root: &StateRoot) -> Pid {
+    let Ok(Some(hb)) = read_heartbeat(root) else {
+        return Pid::Unknown;
+    };
+    let me = this_process();
+    let (Some(ns), Some(mine)) = (hb.pid_ns, me.ns) else {
+        return Pid::Unknown;
+    };
+    let Ok(pid) = i32::try_from(hb.pid) else {
+        return Pid::Unknown;
+    };
+    if ns != mine || pid <= 0 {
+        return Pid::Unknown;
+    }
+    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) {
+        Err(nix::errno::Errno::ESRCH) => Pid::Gone,
+        Ok(()) | Err(nix::errno::Errno::EPERM) => {
+            match (hb.pid_start, crate::owner::process_start(pid)) {
+                (Some(recorded), Some(seen)) if recorded != seen => Pid::Gone,
+                (Some(_), Some(_)) => Pid::Same,
+                _ => Pid::Unknown,
+            }
+        }
+        Err(_) => Pid::Unknown,
+    }
+}
+
+/// Is a daemon running on this root? `None` if this user cannot tell (a
+/// monitoring user outside the group). See [`judge_running`].
+pub fn daemon_lock_state(root: &StateRoot) -> Option<bool> {
+    let dir = root.daemon_dir();
+    let root_lock = probe(&dir.join("lock"));
+    if root_lock != Probe::Denied {
+        return judge_running(root_lock, Probe::Denied, Pid::Unknown);
+    }
+    let alive = probe(&dir.join(ALIVE));
+    let pid = if alive == Probe::Held {
+        heartbeat_pid(root)
+    } else {
+        Pid::Unknown
+    };
+    judge_running(root_lock, alive, pid)
+}
+
+/// Is a daemon running on this root (as far as this user can tell)?
+pub fn daemon_running(root: &StateRoot) -> bool {
+    daemon_lock_state(root) == Some(true)
+}
+
+/// This process's start time (clock ticks since boot) and PID namespace,
+/// for the heartbeat: what lets a reader tell the daemon's pid from a
+/// reused one.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ThisProcess {
+    pub start: Option<u64>,
+    pub ns: Option<u64>,
+}
+
+pub fn this_process() -> ThisProcess {
+    use std::os::unix::fs::MetadataExt;
+    static ME: std::sync::OnceLock<ThisProcess> = std::sync::OnceLock::new();
+    *ME.get_or_init(|| ThisProcess {
+        start: crate::owner::process_start(std::process::id() as i32),
+        ns: std::fs::metadata("/proc/self/ns/pid").ok().map(|m| m.ino()),
+    })
 }
 
 // ---- schedule state ------------------------------------------------------------
@@ -285,6 +576,13 @@ pub fn write_schedule_state(root: &StateRoot, state: &ScheduleState) -> Result<(
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Heartbeat {
     pub pid: u32,
+    /// The daemon's start time, in clock ticks since boot (/proc/PID/stat).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid_start: Option<u64>,
+    /// The inode of the daemon's PID namespace (/proc/self/ns/pid): its
+    /// pid means something only to a reader in the same one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid_ns: Option<u64>,
     pub version: String,
     pub started_at: Timestamp,
     pub updated_at: Timestamp,
@@ -334,6 +632,10 @@ pub struct RunningEntry {
 #[derive(Debug, Serialize)]
 pub struct HeartbeatOut<'a> {
     pub pid: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pid_start: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pid_ns: Option<u64>,
     pub version: &'a str,
     pub started_at: Timestamp,
     pub updated_at: Timestamp,
@@ -486,6 +788,8 @@ mod tests {
         let t = Timestamp::parse("2026-11-24T10:00:00Z").unwrap();
         let out = HeartbeatOut {
             pid: 42,
+            pid_start: Some(7),
+            pid_ns: None,
             version: "0.1.0",
             started_at: t,
             updated_at: t,
@@ -549,5 +853,108 @@ mod tests {
             runtime_lock_name(Path::new("")),
             "root-cbf29ce484222325.lock"
         );
+    }
+    #[test]
+    fn whether_a_daemon_runs_is_judged_from_the_locks_and_the_pid() {
+        use Pid::*;
+        use Probe::*;
+        // (.daemon/lock, .daemon/alive.lock, the heartbeat's pid) → verdict
+        let table = [
+            // Who can open .daemon/lock (the service user, root; a member on
+            // an install from before) takes its word, whatever else says.
+            (Held, Denied, Unknown, Some(true)),
+            (Held, Free, Gone, Some(true)),
+            (Free, Held, Same, Some(false)),
+            (Free, Denied, Unknown, Some(false)),
+            (Missing, Missing, Unknown, Some(false)),
+            // A member: the daemon's alive.lock.
+            (Denied, Held, Same, Some(true)),
+            (Denied, Held, Unknown, Some(true)),
+            (Denied, Free, Same, Some(false)),
+            (Denied, Free, Unknown, Some(false)),
+            (Denied, Missing, Unknown, Some(false)),
+            // Held, but the daemon it stood for is gone (or its pid is
+            // another process now): a member holds an old one.
+            (Denied, Held, Gone, Some(false)),
+            // Outside the group: not knowable.
+            (Denied, Denied, Unknown, None),
+            (Denied, Denied, Same, None),
+        ];
+        for (root_lock, alive, pid, want) in table {
+            assert_eq!(
+                judge_running(root_lock, alive, pid),
+                want,
+                "{root_lock:?} {alive:?} {pid:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_alive_lock_is_made_anew_and_held_whoever_held_the_old_one() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let root = StateRoot::new(tmp.path());
+        atomic::create_dir(&root.daemon_dir(), 0o750).unwrap();
+        let path = root.daemon_dir().join(ALIVE);
+        // Somebody holds the last daemon's file.
+        std::fs::write(&path, "").unwrap();
+        let old = Flock::lock(File::open(&path).unwrap(), FlockArg::LockSharedNonblock).unwrap();
+        assert_eq!(probe(&path), Probe::Free);
+        let alive = raise_alive(&root).unwrap();
+        assert_eq!(probe(&path), Probe::Held);
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, ALIVE_MODE);
+        drop(alive);
+        assert_eq!(probe(&path), Probe::Free);
+        drop(old);
+        assert_eq!(probe(&root.daemon_dir().join("none")), Probe::Missing);
+        // Only the alive lock is left in .daemon/ (no temp).
+        let names = crate::fsx::list(&root.daemon_dir()).unwrap();
+        assert_eq!(names, [std::ffi::OsString::from(ALIVE)]);
+    }
+
+    #[test]
+    fn the_root_lock_is_the_service_users_alone_and_narrowed_at_start() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let root = StateRoot::new(tmp.path());
+        atomic::create_dir(&root.daemon_dir(), 0o750).unwrap();
+        let path = root.daemon_dir().join("lock");
+        std::fs::write(&path, "").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+        assert_eq!(daemon_lock_state(&root), Some(false));
+        let held = lock_root(&root).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, LOCK_FILE_MODE);
+        assert_eq!(daemon_lock_state(&root), Some(true));
+        assert!(held.check().is_ok());
+        // A second daemon: refused while the first holds it.
+        let e = lock_root(&root).err().expect("a second daemon");
+        assert!(e.to_string().contains("already running"), "{e}");
+        drop(held);
+        assert_eq!(daemon_lock_state(&root), Some(false));
+
+        // Somebody who opened it while it was open to the group holds a
+        // shared lock on it for good: the daemon replaces it and runs.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let member = Flock::lock(File::open(&path).unwrap(), FlockArg::LockSharedNonblock).unwrap();
+        let held = lock_root(&root).unwrap();
+        assert!(held.check().is_ok());
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, LOCK_FILE_MODE);
+        assert_eq!(daemon_lock_state(&root), Some(true));
+        let names = crate::fsx::list(&root.daemon_dir()).unwrap();
+        let mut names: Vec<_> = names
+            .iter()
+            .map(|n| n.to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [ALIVE, "lock"],
+            "the old one is removed, no temp is left"
+        );
+        drop(member);
+        drop(held);
     }
 }

@@ -668,3 +668,29 @@ fn check_before_the_first_daemon_start_does_not_count_what_the_daemon_will_creat
     assert!(!out.status.success(), "{said}");
     assert!(said.contains("PROBLEM  rio: .: not bootstrapped"), "{said}");
 }
+
+#[test]
+fn check_lists_a_daemon_lock_open_to_the_group_and_repair_narrows_it() {
+    use std::os::unix::fs::PermissionsExt;
+    let env = Env::standard();
+    // An install from before: `.daemon/lock` 0640, which a member of the
+    // inbox group can flock to keep the daemon from starting.
+    let lock = env.root.join(".daemon/lock");
+    std::fs::create_dir_all(env.root.join(".daemon")).unwrap();
+    std::fs::write(&lock, "").unwrap();
+    std::fs::set_permissions(&lock, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let out = env.run(&["check"]);
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        stdout.lines().any(
+            |l| l.starts_with("PROBLEM") && l.contains(".daemon/lock: mode 640, should be 600")
+        ),
+        "{stdout}"
+    );
+    let mode = || std::fs::metadata(&lock).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode(), 0o640, "check without --repair changed it");
+    env.run(&["check", "--repair"]);
+    assert_eq!(mode(), 0o600);
+    let clean = env.ok(&["check"]);
+    assert!(!clean.contains(".daemon/lock"), "{clean}");
+}

@@ -258,8 +258,11 @@ impl Daemon {
         });
         let state_root = self.root.path.display().to_string();
         let config = self.config_path.display().to_string();
+        let me = crate::daemon::files::this_process();
         let hb = HeartbeatOut {
             pid: std::process::id(),
+            pid_start: me.start,
+            pid_ns: me.ns,
             version: env!("CARGO_PKG_VERSION"),
             started_at: self.started_at,
             updated_at: Timestamp::now(),
