@@ -32,8 +32,10 @@
 #   CLAUDE            the claude program                  (default claude)
 #   AGENT_STATE_BIN   the agent-state program             (default agent-state)
 #   AGENT_STATE_CONFIG  config file for agent-state       (default /etc/agent-state/config.toml)
-#   LOCK_DIR          where the per-agent lock file lives (default /tmp; under the daemon's
-#                     unit /tmp is private, so this lock does not see a cron run: `session
+#   LOCK_DIR          where the per-agent lock file lives (default $XDG_RUNTIME_DIR/research-session,
+#                     else $HOME/.cache/research-session, made 0700: never a shared /tmp,
+#                     where any local user could create or hold the lock and keep the agent
+#                     from starting; a cron run and the daemon's may not share it: `session
 #                     begin` is what keeps one session per agent across both)
 #   LOG_DIR           where Claude's output is kept: the daemon's sessions/ directory of
 #                     the agent when the daemon started us (AGENT_STATE_DIR; pruned with the
@@ -73,7 +75,7 @@ TIMEOUT=${TIMEOUT:-5400}
 KILL_GRACE=${KILL_GRACE:-30s}
 CLAUDE=${CLAUDE:-claude}
 AGENT_STATE_BIN=${AGENT_STATE_BIN:-agent-state}
-LOCK_DIR=${LOCK_DIR:-/tmp}
+LOCK_DIR=${LOCK_DIR:-${XDG_RUNTIME_DIR:-${HOME:-/nonexistent}/.cache}/research-session}
 if [[ -n ${AGENT_STATE_DIR:-} ]]; then
     LOG_DIR=${LOG_DIR:-$AGENT_STATE_DIR/sessions}
 else
@@ -113,7 +115,7 @@ to_seconds() {
 # from cron and run by the daemon it may not be the same file (see LOCK_DIR);
 # `session begin` refuses a second session in either case, and nothing
 # touches the work tree before it.
-mkdir -p "$LOCK_DIR"
+mkdir -p -m 0700 "$LOCK_DIR"
 LOCK_FILE="$LOCK_DIR/research-session-$AGENT.lock"
 exec {LOCK_FD}>>"$LOCK_FILE"
 if ! flock -n "$LOCK_FD"; then
