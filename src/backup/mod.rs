@@ -121,7 +121,9 @@ impl Writer {
                 self.add_dir(rel, &meta)?;
                 let names = sorted_names(&path)?;
                 for name in names {
-                    if is_skipped_name(&name) {
+                    // The daemon's own lock (`.daemon/lock`) is no state:
+                    // a restored root gets a new one from its daemon.
+                    if is_skipped_name(&name) || (name == "lock" && rel == Path::new(".daemon")) {
                         continue;
                     }
                     let child = rel.join(&name);
