@@ -322,7 +322,7 @@ pub fn receive(
 ) -> Result<Received> {
     let mut out = Received::default();
     let sys_now = SystemTime::now();
-    let Some(listing) = Listing::open(agent)? else {
+    let Some(listing) = Listing::open(agent, None)? else {
         known.keep_only(&Default::default());
         return Ok(out);
     };
