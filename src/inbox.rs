@@ -444,7 +444,7 @@ mod tests {
         let mut known = Known::default();
         let writing = Writing::new();
         let settle = Duration::ZERO;
-        let first = receive(&agent, Timestamp::now(), settle, &writing, &mut known).unwrap();
+        let first = receive(&agent, Timestamp::now(), settle, &writing, &mut known, None).unwrap();
         assert_eq!(first.normal, 1);
         assert_eq!(known.len(), 1);
         let inbox_dir = fsx::dir(&agent.inbox()).unwrap();
@@ -485,7 +485,7 @@ mod tests {
             "{v:?}"
         );
         std::fs::remove_file(&path).unwrap();
-        receive(&agent, Timestamp::now(), settle, &writing, &mut known).unwrap();
+        receive(&agent, Timestamp::now(), settle, &writing, &mut known, None).unwrap();
         assert!(known.is_empty());
     }
 

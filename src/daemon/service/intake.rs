@@ -195,9 +195,12 @@ impl Daemon {
             .map(|a| a.session.inbox_settle)
             .unwrap_or(inbox::SETTLE_TIME);
         let writing = self.intake.writing.get(agent).cloned().unwrap_or_default();
+        // A big inbox's listing, while no message has arrived since (after
+        // a session of a flooded agent: not its whole junk listed again).
+        let listed = self.intake.reusable_listing(agent);
         let known = std::sync::Arc::make_mut(self.intake.known.entry(agent.clone()).or_default());
         let result = crate::state::lock::with_wait(wait, || dir.lock()).and_then(|lock| {
-            let received = inbox::receive(&dir, now, settle, &writing, known)?;
+            let received = inbox::receive(&dir, now, settle, &writing, known, listed.as_deref())?;
             let mut notes = Vec::new();
             hooks::add_tasks_from_messages(&dir, &lock, &received.tasks, now, &mut notes)?;
             Ok(received)
