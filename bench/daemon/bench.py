@@ -438,17 +438,34 @@ def make_flood(inbox, n, out):
     """What a hostile member of the inbox group can do: `n` empty wake
     requests and `n` junk files in one inbox, as fast as it can."""
     t0 = time.monotonic()
+    out["made_from_ns"] = time.monotonic_ns()
     for i in range(n):
         for name in (f".wake-flood-{i:07d}", f"junk-{i:07d}.txt"):
             os.close(os.open(os.path.join(inbox, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640))
+    out["made_to_ns"] = time.monotonic_ns()
     out["made_s"] = round(time.monotonic() - t0, 2)
+
+
+def flood_drained_rt(log_path):
+    """When the daemon last said the flooded agent's wake requests were all
+    served and removed (realtime ns of the log line), or None."""
+    last = None
+    with open(log_path, errors="replace") as f:
+        for line in f:
+            if "are served and removed" in line and FLOOD_AGENT in line:
+                p = parse_log_ts(line)
+                if p:
+                    last = p[0]
+    return last
 
 
 def cmd_latency(args):
     b = Bench(args, args.name or "latency")
     names = agent_names(args.agents)
     # --flood: one more agent, not woken by the benchmark, whose inbox is
-    # flooded while the others' wakes are measured.
+    # flooded: --flood-when during: while the others' wakes are measured;
+    # before: before the daemon starts (the steady state: the inbox holds
+    # every file when the measurement starts).
     b.write_config(names + ([FLOOD_AGENT] if args.flood else []), max_concurrent=4)
     env = {"AGENT_STATE_LOG": "debug"}
     if args.preload:
@@ -456,7 +473,15 @@ def cmd_latency(args):
     for kv in args.env or []:
         k, _, v = kv.partition("=")
         env[k] = v
-    b.start(env_extra=env)
+    flood = {}
+    steady = bool(args.flood) and args.flood_when == "before"
+    if steady:
+        subprocess.run([b.bin, "--config", b.config, "bootstrap"], check=True, stdout=subprocess.DEVNULL)
+        make_flood(b.inbox(FLOOD_AGENT), args.flood, flood)
+        os.sync()
+    started_info = b.start(env_extra=env)
+    if steady:
+        flood["ready_ms"] = round(started_info["ready_ms"], 1)
     ino = Inotify()
     try:
         ino.add(b.dir, Inotify.IN_MODIFY | Inotify.IN_CLOSE_WRITE | Inotify.IN_CREATE)
@@ -477,14 +502,21 @@ def cmd_latency(args):
                                        "-p", str(b.pid)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(1.0)
         cpu0 = proc_cpu(b.pid)
+        loop_tid = str(b.pid)
+        threads0 = proc_threads(b.pid)
         offset = 0
         samples = []
         expected = {}
         total = args.warmup + args.wakes
-        flood = {}
         flooder = None
+        perf = None
         for i in range(total):
-            if args.flood and i == args.warmup:
+            if args.perf and i == args.warmup:
+                perf = subprocess.Popen(["perf", "record", "-F", "999", "--call-graph", "dwarf,16384", "-o",
+                                         os.path.join(b.dir, "perf-latency.data"), "-p", str(b.pid)],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                time.sleep(1.0)
+            if args.flood and not steady and i == args.warmup:
                 flooder = threading.Thread(target=make_flood, args=(b.inbox(FLOOD_AGENT), args.flood, flood),
                                            daemon=True)
                 flooder.start()
@@ -524,19 +556,24 @@ def cmd_latency(args):
             t_end = time.monotonic_ns()
             if i >= args.warmup:
                 samples.append(
-                    {"agent": agent, "sid": s["sid"], "pid": s["pid"], "t_rt": t_rt,
+                    {"agent": agent, "sid": s["sid"], "pid": s["pid"], "t_rt": t_rt, "t_mono": t_mono,
                      "lat": s["mono"] - t_mono, "agent_rt": s["rt"], "cycle": t_end - t_mono}
                 )
             if args.gap > 0:
                 time.sleep(args.gap)
             if (i + 1) % 200 == 0:
                 log(f"  latency: {i + 1}/{total}, last {samples[-1]['lat'] / 1e6:.2f} ms" if samples else f"  {i + 1}")
+        if perf:
+            perf.send_signal(signal.SIGINT)
+            wait_or_kill(perf, 120, "perf record")
         cpu1 = proc_cpu(b.pid)
+        threads1 = proc_threads(b.pid)
         mem = proc_mem_kib(b.pid)
         notify = b.notify_count
-        if flooder is not None:
-            flood["done_before_last_wake"] = not flooder.is_alive()
-            flooder.join(600)
+        if flooder is not None or steady:
+            if flooder is not None:
+                flood["done_before_last_wake"] = not flooder.is_alive()
+                flooder.join(600)
             # Every request is served and removed; the junk stays.
             inbox = b.inbox(FLOOD_AGENT)
 
@@ -589,6 +626,15 @@ def cmd_latency(args):
         "cycle_ms": dist([s["cycle"] for s in samples]),
         "daemon_cpu_s": round(cpu1 - cpu0, 2),
         "daemon_cpu_ms_per_wake": round((cpu1 - cpu0) * 1000 / max(1, total), 3),
+        # The loop is the main thread (a current-thread runtime): its CPU is
+        # what a wake waits behind; the rest is the watcher and the blocking
+        # threads (ends recorded, flooded inboxes listed, requests removed).
+        "daemon_loop_cpu_ms_per_wake": round(
+            (threads1.get(loop_tid, {}).get("ticks", 0) - threads0.get(loop_tid, {}).get("ticks", 0))
+            * 1000 / CLK_TCK / max(1, total), 3),
+        "daemon_other_threads_cpu_s": round(
+            (cpu1 - cpu0) - (threads1.get(loop_tid, {}).get("ticks", 0)
+                             - threads0.get(loop_tid, {}).get("ticks", 0)) / CLK_TCK, 2),
         "daemon_mem": mem,
         "notify_datagrams": notify,
         "log_warn_error": counts,
@@ -598,6 +644,21 @@ def cmd_latency(args):
     }
     if args.flood:
         all_stamps, _ = read_stamps(b.stamps, 0)
+        flood["when"] = args.flood_when
+        # The wakes measured while the flood was being made, while wake
+        # requests were left in the flooded inbox (until the daemon said they
+        # were all served and removed), and after: the junk files stay.
+        drained = flood_drained_rt(os.path.join(b.dir, "daemon.log"))
+        made = (flood.pop("made_from_ns", None), flood.pop("made_to_ns", None))
+        phases = {"while_made": [], "requests_left": [], "after": []}
+        for s in samples:
+            if not steady and made[0] is not None and s["t_mono"] < (made[1] or 1 << 62):
+                phases["while_made"].append(s["lat"])
+            elif drained is None or s["t_rt"] < drained:
+                phases["requests_left"].append(s["lat"])
+            else:
+                phases["after"].append(s["lat"])
+        flood["phases"] = {k: {"wakes": len(v), "latency_ms": dist(v) if v else None} for k, v in phases.items()}
         flood["files_each"] = args.flood
         flood["sessions_of_flooded_agent"] = sum(1 for x in all_stamps if x["agent"] == FLOOD_AGENT)
         flood["sigterm_to_exit_s"] = stop_s
@@ -1135,13 +1196,23 @@ def cmd_summary(args):
             l = r["latency_ms"]
             bd = r["breakdown_ms"]["rename_to_session_started_log"]
             fl = r.get("flood")
-            flooded = (f"; flood made in {fl.get('made_s', '?')} s, drained {fl['drained_after_last_wake_s']} s "
-                       f"after the last wake, {fl['sessions_of_flooded_agent']} session(s) of the flooded agent, "
-                       f"SIGTERM->exit {fl['sigterm_to_exit_s']} s" if fl else "")
+            flooded = ""
+            if fl:
+                ph = "; ".join(f"{k.replace('_', ' ')}: {v['wakes']} wakes"
+                               + (f", p50 {v['latency_ms']['p50']:.2f} p99 {v['latency_ms']['p99']:.2f} "
+                                  f"max {v['latency_ms']['max']:.2f}" if v["latency_ms"] else "")
+                               for k, v in fl.get("phases", {}).items() if v["wakes"])
+                flooded = (f"; flood ({fl.get('when', 'during')}) made in {fl.get('made_s', '?')} s"
+                           + (f", READY {fl['ready_ms']} ms after the start" if "ready_ms" in fl else "")
+                           + f", requests drained {fl['drained_after_last_wake_s']} s after the last wake, "
+                           f"{fl['sessions_of_flooded_agent']} session(s) of the flooded agent, "
+                           f"SIGTERM->exit {fl['sigterm_to_exit_s']} s; {ph}")
             rows.append((f"wake latency ({r['label']}, {r['wakes']} wakes, {r['agents']} agents)",
                          f"p50 {l['p50']:.2f} ms, p90 {l['p90']:.2f}, p99 {l['p99']:.2f}, max {l['max']:.2f}; "
                          f">20 ms: {r['over_20ms']}; rename->'started' log p50 {bd['p50'] if bd else '?'} ms; "
-                         f"daemon CPU {r['daemon_cpu_ms_per_wake']} ms/wake; exactly once: {once(r.get('check'))}"
+                         f"daemon CPU {r['daemon_cpu_ms_per_wake']} ms/wake"
+                         + (f" (loop thread {r['daemon_loop_cpu_ms_per_wake']})" if "daemon_loop_cpu_ms_per_wake" in r else "")
+                         + f"; exactly once: {once(r.get('check'))}"
                          + flooded))
         elif k == "wakecli":
             rows.append((f"agent-state wake --wait ({r['wakes']})",
@@ -1282,8 +1353,14 @@ def main():
     s.add_argument("--label")
     s.add_argument("--name")
     s.add_argument("--flood", type=int, default=0,
-                   help="while the wakes are measured, make this many wake requests and as many junk files "
-                        "in another agent's inbox")
+                   help="make this many wake requests and as many junk files in another agent's inbox "
+                        "(see --flood-when)")
+    s.add_argument("--flood-when", choices=("during", "before"), default="during",
+                   help="during: while the wakes are measured; before: before the daemon starts "
+                        "(the steady state: the inbox holds them all when the measurement starts)")
+    s.add_argument("--perf", type=int, default=0,
+                   help="1: perf record --call-graph dwarf of the daemon during the measured wakes "
+                        "(perf-latency.data, keep it with KEEP=1)")
 
     s = sub.add_parser("wakecli")
     s.add_argument("--wakes", type=int, default=200)

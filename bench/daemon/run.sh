@@ -12,8 +12,10 @@
 #   nosync    the same with an LD_PRELOAD shim that makes fsync/fdatasync no-ops
 #   slowsync  the same with a shim that adds SLOWSYNC_US to every fsync/fdatasync (a slower disk)
 #   strace    the same under `strace -f -c`: syscalls per wake (its latencies are not figures)
-#   flood     the same while another agent's inbox is flooded with FLOOD_FILES wake requests and
-#             as many junk files (what any member of the inbox group can do)
+#   flood     the same while another agent's inbox holds FLOOD_FILES wake requests and as many
+#             junk files (what any member of the inbox group can do), twice: made before the
+#             daemon starts (steady: the inbox holds them all when the wakes start), and made
+#             while the wakes are measured (during). Compare with `latency` at the same LAT_WAKES
 #   wakecli   `agent-state wake AGENT --wait` wall time
 #   burst     BURST_AGENTS x BURST_PER_AGENT messages renamed in at once; checks exactly-once
 #   floor     the same burst with no daemon: only the protocol's own system calls (floor.c), 1 and 2 workers
@@ -23,7 +25,8 @@
 # Environment (defaults in brackets; QUICK=1 changes those marked *):
 #   LAT_WAKES [1000*]  LAT_AGENTS [100]  LAT_GAP [0.02 s between wakes]
 #   SLOWSYNC_WAKES [300*]  SLOWSYNC_US [1000]
-#   STRACE_WAKES [100*]  WAKECLI_WAKES [200*]  FLOOD_FILES [100000*]
+#   STRACE_WAKES [100*]  WAKECLI_WAKES [200*]  FLOOD_FILES [100000*]  FLOOD_PERF [0; 1 = perf record
+#                      --call-graph dwarf of the daemon during the flood's wakes, perf-latency.data]
 #   BURST_AGENTS [100]  BURST_PER_AGENT [1000*]  BURST_MAX_CONCURRENT [4]
 #   BURST_TIMEOUT [600 s]  BURST_PERF [0; 1 = perf record -g, 2 = --call-graph dwarf]
 #   STARTUP_AGENTS ["100 10000"*]  STARTUP_WAKES_AFTER [50*]
@@ -179,7 +182,10 @@ has latency && run latency latency --wakes "$LAT_WAKES" --agents "$LAT_AGENTS" -
 has nosync && run latency-nosync latency --name latency-nosync --wakes "$LAT_WAKES" --agents "$LAT_AGENTS" --gap "$LAT_GAP" --preload "$WORK/nosync.so"
 has slowsync && run latency-slowsync latency --name latency-slowsync --label "slowsync +${SLOWSYNC_US}us per sync" --wakes "$SLOWSYNC_WAKES" --agents "$LAT_AGENTS" --gap "$LAT_GAP" --preload "$WORK/slowsync.so" --env "SLOWSYNC_US=$SLOWSYNC_US"
 has strace && run latency-strace latency --name latency-strace --wakes "$STRACE_WAKES" --warmup 0 --agents "$LAT_AGENTS" --gap "$LAT_GAP" --strace-counts 1
-has flood && run latency-flood latency --name latency-flood --label "flood: ${FLOOD_FILES} wake requests + ${FLOOD_FILES} junk files in another inbox" --wakes "$LAT_WAKES" --agents "$LAT_AGENTS" --gap "$LAT_GAP" --flood "$FLOOD_FILES"
+if has flood; then
+    run latency-flood-steady latency --name latency-flood-steady --label "flood, steady: another inbox holds ${FLOOD_FILES} wake requests + ${FLOOD_FILES} junk files" --wakes "$LAT_WAKES" --agents "$LAT_AGENTS" --gap "$LAT_GAP" --flood "$FLOOD_FILES" --flood-when before --warmup 0 --perf "${FLOOD_PERF:-0}"
+    run latency-flood latency --name latency-flood --label "flood, during: ${FLOOD_FILES} wake requests + ${FLOOD_FILES} junk files made in another inbox" --wakes "$LAT_WAKES" --agents "$LAT_AGENTS" --gap "$LAT_GAP" --flood "$FLOOD_FILES" --flood-when during --perf "${FLOOD_PERF:-0}"
+fi
 has wakecli && run wakecli wakecli --wakes "$WAKECLI_WAKES" --agents "$LAT_AGENTS"
 has burst && run burst burst --agents "$BURST_AGENTS" --per-agent "$BURST_PER_AGENT" --max-concurrent "$BURST_MAX_CONCURRENT" --timeout "$BURST_TIMEOUT" --perf "$BURST_PERF"
 has floor && run floor floor --agents "$BURST_AGENTS" --per-agent "$BURST_PER_AGENT" --workers "$FLOOR_WORKERS" --floor "$WORK/floor_c" --timeout "$BURST_TIMEOUT"

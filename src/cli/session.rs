@@ -174,6 +174,7 @@ pub fn run(ctx: &Context, command: Command) -> Result<u8> {
                 instance: None,
                 writing: Default::default(),
                 known: None,
+                listed: None,
             };
             let mut r = hooks::begin(agent, &dir, &req, ctx.now)?;
             print_notes(&r.notes);

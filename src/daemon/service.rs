@@ -120,6 +120,16 @@ enum LoopEvent {
     },
     /// The monitor's rotation of the logs ended.
     LogsRotated(Box<crate::daemon::rotation::Outcome>),
+    /// A batch of wake requests was removed off the loop.
+    WakeRequestsSwept(Box<wake_requests::Swept>),
+    /// A big inbox was listed off the loop for the start of a session.
+    InboxListed {
+        agent: AgentName,
+        reason: WakeReason,
+        listed: Option<std::sync::Arc<crate::inbox::Listed>>,
+        /// The agent's arrivals counted when the listing was asked for.
+        arrivals: u64,
+    },
 }
 
 struct Running {
@@ -458,6 +468,7 @@ impl Daemon {
     fn handle(&mut self, event: LoopEvent) {
         match event {
             LoopEvent::Watch(WatchEvent::Inbox(agent)) => {
+                self.intake.arrived(&agent);
                 self.intake.dirty.insert(agent);
             }
             LoopEvent::Watch(WatchEvent::Writing(agent, name)) => {
@@ -467,6 +478,7 @@ impl Daemon {
                 if let Some(w) = self.intake.writing.get_mut(&agent) {
                     w.remove(&name);
                 }
+                self.intake.arrived(&agent);
                 self.intake.dirty.insert(agent);
             }
             LoopEvent::Watch(WatchEvent::Rejected(agent)) => {
@@ -475,6 +487,7 @@ impl Daemon {
                 self.intake.rejected_written.insert(agent);
             }
             LoopEvent::Watch(WatchEvent::Lost(agent)) => {
+                self.intake.arrived(&agent);
                 if self.watcher.is_watching(&agent) {
                     tracing::warn!(agent = %agent, "its inbox directory was removed or moved away; watching it again when it is back (or recreated)");
                     self.watcher.forget(&agent);
@@ -487,6 +500,7 @@ impl Daemon {
             }
             LoopEvent::Watch(WatchEvent::Rescan(why)) => {
                 tracing::warn!("rescanning every inbox: {why}");
+                self.intake.reusable.clear();
                 // What was being written is not known any more: each file
                 // is judged by its age again.
                 self.intake.writing.clear();
@@ -533,6 +547,13 @@ impl Daemon {
                 self.workspaces_pruned(removed, errors)
             }
             LoopEvent::LogsRotated(outcome) => self.logs_rotated(*outcome),
+            LoopEvent::WakeRequestsSwept(swept) => self.wake_requests_swept(*swept),
+            LoopEvent::InboxListed {
+                agent,
+                reason,
+                listed,
+                arrivals,
+            } => self.inbox_listed(agent, reason, listed, arrivals),
         }
     }
 

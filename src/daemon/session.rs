@@ -54,13 +54,23 @@ pub struct Prepared {
     pub resume_argv: Option<Vec<String>>,
 }
 
+/// What the daemon already knows of an agent's inbox, for the claim.
+#[derive(Debug, Clone, Default)]
+pub struct InboxSeen {
+    /// Files a writer still has open: left waiting.
+    pub writing: crate::inbox::Writing,
+    /// Files already read: claimed without being read again.
+    pub known: Option<std::sync::Arc<crate::inbox::Known>>,
+    /// A big inbox's names, listed off the loop: claimed from these.
+    pub listed: Option<std::sync::Arc<crate::inbox::Listed>>,
+}
+
 pub fn prepare(
     config: &Config,
     agent: &AgentConfig,
     root: &StateRoot,
     now: Timestamp,
-    writing: &crate::inbox::Writing,
-    known: Option<std::sync::Arc<crate::inbox::Known>>,
+    seen: InboxSeen,
     continuation: Continuation,
 ) -> Result<Prepared> {
     let dir = root.agent(&agent.name);
@@ -68,8 +78,9 @@ pub fn prepare(
     let req = BeginRequest {
         owner: Some(Owner::of(std::process::id() as i32)),
         instance: Some(instance.clone()),
-        writing: writing.clone(),
-        known,
+        writing: seen.writing,
+        known: seen.known,
+        listed: seen.listed,
         ..BeginRequest::default()
     };
     let begun = hooks::begin(agent, &dir, &req, now)?;

@@ -25,6 +25,9 @@ pub struct BeginRequest {
     /// What the daemon already read of the inbox's files: claimed without
     /// being read again.
     pub known: Option<std::sync::Arc<inbox::Known>>,
+    /// The inbox's names, listed beforehand (the daemon lists a big inbox
+    /// off its loop): claimed from these instead of a listing.
+    pub listed: Option<std::sync::Arc<inbox::Listed>>,
 }
 
 #[derive(Debug, Default)]
@@ -148,6 +151,7 @@ pub fn begin(
         agent.session.inbox_settle,
         &req.writing,
         req.known.as_deref(),
+        req.listed.as_deref(),
     )?;
     let message_ids: Vec<String> = claim.claimed.iter().map(|m| m.id.clone()).collect();
     let model = Args::text(req.model.as_deref()).unwrap_or_else(|| agent.session.model.clone());

@@ -24,13 +24,39 @@ pub fn claim(
     settle: Duration,
     writing: &Writing,
     known: Option<&Known>,
+    listed: Option<&Listed>,
 ) -> Result<Claim> {
     let mut out = Claim::default();
-    let Some(listing) = Listing::open(agent)? else {
+    let Some(listing) = Listing::open(agent, listed)? else {
         return Ok(out);
     };
-    out.rejected
-        .extend(reject_names(agent, listing.undecodable, now)?);
+    // Names listed beforehand may be gone since (claimed by a script's
+    // `session begin`, rejected by a scan, removed by hand): skipped, never
+    // judged "vanished" and set aside.
+    let gone = |name: &str| {
+        listed.is_some()
+            && matches!(
+                fsx::stat_at(
+                    listing.dir.as_fd(),
+                    OsStr::new(name),
+                    &agent.inbox().join(name)
+                ),
+                Ok(None)
+            )
+    };
+    let undecodable: Vec<OsString> = listing
+        .undecodable
+        .iter()
+        .filter(|n| {
+            !(listed.is_some()
+                && matches!(
+                    fsx::stat_at(listing.dir.as_fd(), n.as_os_str(), &agent.inbox().join(n)),
+                    Ok(None)
+                ))
+        })
+        .cloned()
+        .collect();
+    out.rejected.extend(reject_names(agent, undecodable, now)?);
     if listing.names.is_empty() {
         return Ok(out);
     }
@@ -42,6 +68,9 @@ pub fn claim(
     // Use the real clock for settling: `now` is whole seconds.
     let settle_now = SystemTime::now().max(now_sys);
     for name in listing.names {
+        if gone(&name) {
+            continue;
+        }
         let path = agent.inbox().join(&name);
         let intake = Intake {
             settle,

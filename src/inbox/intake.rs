@@ -319,10 +319,11 @@ pub fn receive(
     settle: Duration,
     writing: &Writing,
     known: &mut Known,
+    listed: Option<&Listed>,
 ) -> Result<Received> {
     let mut out = Received::default();
     let sys_now = SystemTime::now();
-    let Some(listing) = Listing::open(agent)? else {
+    let Some(listing) = Listing::open(agent, listed)? else {
         known.keep_only(&Default::default());
         return Ok(out);
     };
@@ -338,6 +339,19 @@ pub fn receive(
         if out.rejected.len() >= REJECTED_PER_PASS {
             out.deferred += total - i;
             break;
+        }
+        // A name listed beforehand and gone since: skipped, not rejected.
+        if listed.is_some()
+            && matches!(
+                fsx::stat_at(
+                    listing.dir.as_fd(),
+                    OsStr::new(&name),
+                    &agent.inbox().join(&name)
+                ),
+                Ok(None)
+            )
+        {
+            continue;
         }
         let intake = Intake {
             settle,

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
-use crate::support::{Env, daemon_config};
+use crate::support::{Daemon, Env, daemon_config};
 
 const AGENTS: &str = "[[agent]]\nname = \"rio\"\n\n[[agent]]\nname = \"leo\"\n\n[[agent]]\nname = \"marcus\"\nkind = \"human\"\n";
 
@@ -156,5 +156,80 @@ fn junk_messages_in_one_inbox_are_rejected_a_few_at_a_time() {
         .unwrap_or(0);
     eprintln!(
         "{JUNK} junk messages: leo served in {served_in:?}; stopped in {stopped_in:?} with {left} not yet rejected"
+    );
+}
+
+/// Junk files that make rio's inbox directory big (past the daemon's
+/// `inbox::BIG_INBOX_BYTES`, 256 KiB: about 7,000 entries on ext4).
+const BIG: usize = 20_000;
+
+#[test]
+fn a_big_inbox_is_listed_off_the_loop_and_its_mail_claimed_once() {
+    let env = Env::with_config("");
+    let runs = env.tmp("runs");
+    let script = env.script(
+        "agent.sh",
+        &format!(
+            "echo \"start $AGENT_STATE_AGENT $(date +%s.%N)\" >> {:?}\necho done",
+            runs.display().to_string()
+        ),
+    );
+    env.set_config(&daemon_config(
+        &script,
+        &[],
+        &[("inbox_debounce", "\"0s\"")],
+        AGENTS,
+    ));
+    env.ok(&["bootstrap"]);
+    let inbox = env.path("rio", "inbox");
+    for i in 0..BIG {
+        std::fs::File::create(inbox.join(format!("junk-{i:06}.txt"))).expect("junk");
+    }
+    let mut daemon = Daemon::start(&env, &[("AGENT_STATE_LOG", "debug")]);
+    let ids: Vec<String> = (0..3).map(|_| env.send("marcus", "rio", &[])).collect();
+    let processed = inbox.join("processed");
+    daemon.wait_until(
+        Duration::from_secs(30),
+        "rio's three messages are claimed and acknowledged",
+        || std::fs::read_dir(&processed).is_ok_and(|d| d.flatten().count() >= 3),
+    );
+    env.send("marcus", "leo", &[]);
+    daemon.wait_until(Duration::from_secs(20), "leo is served", || {
+        started(&env, "leo") >= 1
+    });
+    daemon.signal(Signal::SIGTERM);
+    let status = daemon.wait_exit(Duration::from_secs(20));
+    assert!(status.success(), "the daemon stops cleanly: {status:?}");
+    let log = daemon.log_text();
+    assert!(
+        log.contains("its inbox is big: listed off the loop"),
+        "rio's inbox was listed off the loop:\n{log}"
+    );
+    // Each message claimed by exactly one session, none set aside.
+    let mut claimed: Vec<String> = env
+        .events("rio", "session_start")
+        .iter()
+        .flat_map(|e| {
+            e["messages"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|m| m.as_str().map(str::to_string))
+        })
+        .collect();
+    claimed.sort();
+    let mut want = ids.clone();
+    want.sort();
+    assert_eq!(claimed, want, "every message claimed once");
+    let rejected = std::fs::read_dir(inbox.join("rejected"))
+        .map(|d| d.flatten().count())
+        .unwrap_or(0);
+    assert_eq!(rejected, 0, "nothing set aside");
+    assert!(
+        env.events("rio", "wake_skipped")
+            .iter()
+            .all(|e| e["running_session"] != ""),
+        "no wake journaled as skipped for a session not begun yet"
     );
 }

@@ -27,6 +27,46 @@ pub(super) struct Intake {
     /// Humans' replies to flows already handed to the router (by message
     /// id): not handed again while the router moves them.
     pub(super) flow_replies: std::collections::BTreeSet<String>,
+    /// Agents whose big inbox is being listed off the loop before their
+    /// session starts (their slot stays taken meanwhile).
+    pub(super) listing: std::collections::BTreeSet<AgentName>,
+    /// Listings back from the blocking thread, for the start that asked
+    /// for them (`None`: the listing failed; the claim lists on the loop).
+    pub(super) listed: BTreeMap<AgentName, Option<std::sync::Arc<inbox::Listed>>>,
+    /// Per agent, how many message arrivals (watch events naming a
+    /// would-be message, a lost watch) the loop has seen.
+    pub(super) arrivals: BTreeMap<AgentName, u64>,
+    /// A big inbox's last listing and the arrivals counted when it was
+    /// asked for: while no message has arrived since, it holds every
+    /// message that can be there (a name gone since is skipped by the
+    /// claim), so the next session's claim goes through it again instead
+    /// of listing the whole inbox again. Forgotten at a rescan and at the
+    /// reconcile scan.
+    pub(super) reusable: BTreeMap<AgentName, (u64, std::sync::Arc<inbox::Listed>)>,
+}
+
+impl Intake {
+    /// A would-be message arrived in `agent`'s inbox (or its watch was lost).
+    pub(super) fn arrived(&mut self, agent: &AgentName) {
+        *self.arrivals.entry(agent.clone()).or_default() += 1;
+    }
+
+    /// The arrivals counted for `agent` so far.
+    pub(super) fn arrivals_of(&self, agent: &AgentName) -> u64 {
+        self.arrivals.get(agent).copied().unwrap_or(0)
+    }
+
+    /// `agent`'s last listing, if no message has arrived since it was
+    /// asked for.
+    pub(super) fn reusable_listing(
+        &self,
+        agent: &AgentName,
+    ) -> Option<std::sync::Arc<inbox::Listed>> {
+        self.reusable
+            .get(agent)
+            .filter(|(n, _)| *n == self.arrivals_of(agent))
+            .map(|(_, l)| l.clone())
+    }
 }
 
 impl Daemon {
@@ -52,6 +92,8 @@ impl Daemon {
     }
 
     pub(super) fn scan_all_inboxes(&mut self) {
+        // The backstop for missed events: every big inbox listed afresh.
+        self.intake.reusable.clear();
         let agents: Vec<AgentName> = self.core.names().cloned().collect();
         for agent in agents {
             self.take_wake_requests(&agent);
@@ -153,9 +195,12 @@ impl Daemon {
             .map(|a| a.session.inbox_settle)
             .unwrap_or(inbox::SETTLE_TIME);
         let writing = self.intake.writing.get(agent).cloned().unwrap_or_default();
+        // A big inbox's listing, while no message has arrived since (after
+        // a session of a flooded agent: not its whole junk listed again).
+        let listed = self.intake.reusable_listing(agent);
         let known = std::sync::Arc::make_mut(self.intake.known.entry(agent.clone()).or_default());
         let result = crate::state::lock::with_wait(wait, || dir.lock()).and_then(|lock| {
-            let received = inbox::receive(&dir, now, settle, &writing, known)?;
+            let received = inbox::receive(&dir, now, settle, &writing, known, listed.as_deref())?;
             let mut notes = Vec::new();
             hooks::add_tasks_from_messages(&dir, &lock, &received.tasks, now, &mut notes)?;
             Ok(received)

@@ -56,6 +56,25 @@ impl Daemon {
                 .session_ended(agent, InboxSummary::default(), self.clock.now());
             return;
         };
+        // A big inbox (a flood of junk beside the mail: its listing costs
+        // tens of milliseconds) is listed on a blocking thread first, the
+        // slot kept meanwhile; the start goes on when the listing is back
+        // (`inbox_listed`), and the claim goes through its names. A small
+        // one is listed by the claim, on the loop (a thread hop would cost
+        // every wake about 1 ms).
+        // Back-to-back sessions of such an agent (a flood of wake requests)
+        // reuse the listing while no message has arrived since.
+        let listed = match self.intake.listed.remove(agent) {
+            Some(listed) => listed,
+            None if inbox::is_big(&self.dir(agent)) => match self.intake.reusable_listing(agent) {
+                Some(l) => Some(l),
+                None => {
+                    self.list_inbox(agent, reason);
+                    return;
+                }
+            },
+            None => None,
+        };
         if !self.economy_allows(agent, &cfg, reason) {
             return;
         }
@@ -81,8 +100,11 @@ impl Daemon {
                 &cfg,
                 &self.root,
                 now,
-                &writing,
-                self.intake.known.get(agent).cloned(),
+                session::InboxSeen {
+                    writing: writing.clone(),
+                    known: self.intake.known.get(agent).cloned(),
+                    listed: listed.clone(),
+                },
                 continue_conversation.clone(),
             )
         }) {
@@ -378,6 +400,60 @@ impl Daemon {
         if self.lock_busy.remove(agent) {
             tracing::info!(agent = %agent, "its lock is free again; deferred work goes on");
         }
+    }
+
+    /// List `agent`'s big inbox on a blocking thread for the start of its
+    /// session ([`LoopEvent::InboxListed`] comes back). Its slot stays
+    /// taken: wakes meanwhile are skipped as for a running session.
+    fn list_inbox(&mut self, agent: &AgentName, reason: WakeReason) {
+        if !self.intake.listing.insert(agent.clone()) {
+            return;
+        }
+        tracing::debug!(agent = %agent, "its inbox is big: listed off the loop before its session starts");
+        let tx = self.tx.clone();
+        let dir = self.dir(agent);
+        let arrivals = self.intake.arrivals_of(agent);
+        let agent = agent.clone();
+        tokio::task::spawn_blocking(move || {
+            let listed = inbox::list_messages(&dir);
+            let _ = tx.send(LoopEvent::InboxListed {
+                agent,
+                reason,
+                listed: listed.ok().flatten().map(std::sync::Arc::new),
+                arrivals,
+            });
+        });
+    }
+
+    /// A big inbox's listing is back: its session starts now (unless the
+    /// daemon is stopping, or the agent went away meanwhile).
+    pub(super) fn inbox_listed(
+        &mut self,
+        agent: AgentName,
+        reason: WakeReason,
+        listed: Option<std::sync::Arc<inbox::Listed>>,
+        arrivals: u64,
+    ) {
+        self.intake.listing.remove(&agent);
+        if let Some(l) = &listed {
+            self.intake
+                .reusable
+                .insert(agent.clone(), (arrivals, l.clone()));
+        }
+        let ours = self
+            .core
+            .slot(&agent)
+            .is_some_and(|s| s.running.as_deref() == Some(""));
+        if !ours {
+            return;
+        }
+        if self.stopping.is_some() {
+            self.core
+                .session_ended(&agent, InboxSummary::default(), self.clock.now());
+            return;
+        }
+        self.intake.listed.insert(agent.clone(), listed);
+        self.start(&agent, reason);
     }
 
     /// Put a wake that cannot be served now back, to be tried after `delay`.

@@ -1,22 +1,25 @@
 //! Wake requests: the `inbox/.wake-*` files `agent-state wake` drops. They
 //! are learned by name from the watcher's events (and from a listing at
 //! start, at the reconcile scan and after a lost event), served as one wake
-//! per loop turn however many arrived, and removed at most
-//! [`REMOVED_PER_TURN`] per agent per loop turn.
+//! per loop turn however many arrived, and removed off the loop.
 //!
 //! Any member of the inbox group may make a wake request, so a flood of
 //! them (and of junk beside them) is somebody's input: it must never hold
 //! up the loop, another agent or a stop. Hence no listing per event (a
-//! listing of a flooded inbox costs its whole size), a bounded amount of
-//! work per turn (the rest deferred to the next turn, counted, and logged
-//! once), and one journal line for all the requests a running session
-//! makes wait.
+//! listing of a flooded inbox costs its whole size), the removals (an
+//! unlink each, [`SWEPT_PER_BATCH`] at a time) and the listing that finds
+//! the requests past [`NAMES_KEPT`] done on a blocking thread, one batch per
+//! agent at a time ([`LoopEvent::WakeRequestsSwept`] comes back), the
+//! backlog logged once, and one journal line for all the requests a running
+//! session makes wait. Serving a request (the wake) never waits for its
+//! removal: a request is served when it is seen, once.
 
 use super::*;
 
-/// The most wake requests removed per agent per loop turn (a few
-/// milliseconds of unlinks); the rest wait for the next turn.
-pub(super) const REMOVED_PER_TURN: usize = 500;
+/// The most wake requests one blocking batch removes (tens of
+/// milliseconds of unlinks in a flooded directory, off the loop); the rest
+/// wait for the next batch.
+pub(super) const SWEPT_PER_BATCH: usize = 5_000;
 /// The most request names remembered per agent; past it the inbox is
 /// listed again once those are removed.
 const NAMES_KEPT: usize = 10_000;
@@ -36,6 +39,20 @@ pub(super) struct WakeRequests {
     /// Per agent, the running session the last `wake_skipped` lines were
     /// journaled for, and how many: at most [`SKIPS_JOURNALED`] per session.
     skip_noted: BTreeMap<AgentName, (String, usize)>,
+    /// Agents with a batch of removals (and perhaps a listing) on a
+    /// blocking thread: no second one until it comes back.
+    sweeping: std::collections::BTreeSet<AgentName>,
+}
+
+/// What a batch of removals did, off the loop.
+pub(super) struct Swept {
+    pub(super) agent: AgentName,
+    /// The names it was given.
+    pub(super) batch: Vec<String>,
+    /// Names it could not remove, and why.
+    pub(super) failed: Vec<(String, String)>,
+    /// With a listing: the wake requests it found in the inbox.
+    pub(super) listed: Option<Vec<String>>,
 }
 
 #[derive(Default)]
@@ -65,9 +82,60 @@ impl WakeRequests {
         }
     }
 
-    /// Whether there is work left for the next loop turn.
+    /// A request found by a listing made because more arrived than are
+    /// remembered: those were served by the wake that overflowing asked for,
+    /// so this asks for none.
+    fn found(&mut self, agent: &AgentName, name: String) {
+        let b = self.backlog.entry(agent.clone()).or_default();
+        if b.names.len() >= NAMES_KEPT {
+            b.list_again = true;
+        } else if b.names.insert(name) {
+            b.seen += 1;
+        }
+    }
+
+    /// Whether there is work left for the next loop turn (not counting the
+    /// agents whose batch is on a blocking thread: its return is an event).
     pub(super) fn pending(&self) -> bool {
-        !self.backlog.is_empty()
+        self.backlog.keys().any(|a| !self.sweeping.contains(a))
+    }
+}
+
+/// Remove `batch` from `inbox_dir` (through one handle: never through a
+/// link, an unlinkat each), then, with `list`, list the wake requests left.
+/// Blocking: run off the loop.
+fn sweep(agent: AgentName, inbox_dir: PathBuf, batch: Vec<String>, list: bool) -> Swept {
+    let mut failed = Vec::new();
+    match crate::fsx::open_dir(&inbox_dir) {
+        Ok(Some(fd)) => {
+            for name in &batch {
+                match nix::unistd::unlinkat(
+                    &fd,
+                    name.as_str(),
+                    nix::unistd::UnlinkatFlags::NoRemoveDir,
+                ) {
+                    Ok(()) | Err(nix::errno::Errno::ENOENT) => {}
+                    Err(e) => failed.push((name.clone(), e.to_string())),
+                }
+            }
+        }
+        // The inbox is gone: so are its requests.
+        Ok(None) => {}
+        Err(e) => failed.extend(batch.iter().map(|n| (n.clone(), e.to_string()))),
+    }
+    let listed = list.then(|| {
+        crate::fsx::list(&inbox_dir)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|n| n.into_string().ok())
+            .filter(|n| files::is_wake_request(n))
+            .collect()
+    });
+    Swept {
+        agent,
+        batch,
+        failed,
+        listed,
     }
 }
 
@@ -105,8 +173,8 @@ impl Daemon {
     }
 
     /// One loop turn of wake requests: a wake for each agent with a new
-    /// request, and at most [`REMOVED_PER_TURN`] request files removed per
-    /// agent.
+    /// request, and a batch of removals sent off the loop for each agent
+    /// with requests left and none on the way.
     pub(super) fn serve_wake_requests(&mut self) {
         let agents: Vec<AgentName> = self.intake.requests.backlog.keys().cloned().collect();
         for agent in agents {
@@ -121,51 +189,16 @@ impl Daemon {
         if !self.core.contains(agent) {
             return;
         }
-        if b.names.is_empty() && b.list_again {
-            self.intake.requests.backlog.insert(agent.clone(), b);
-            self.take_wake_requests(agent);
-            let Some(again) = self.intake.requests.backlog.remove(agent) else {
-                return;
-            };
-            b = again;
-        }
-        let inbox_dir = self.dir(agent).inbox();
-        // One handle for the turn's removals (never through a link): an
-        // unlink each, not a walk of the path each.
-        let handle = crate::fsx::open_dir(&inbox_dir);
-        for _ in 0..REMOVED_PER_TURN {
-            let Some(name) = b.names.pop_first() else {
-                break;
-            };
-            let path = inbox_dir.join(&name);
-            let removed = match &handle {
-                Ok(Some(fd)) => match nix::unistd::unlinkat(
-                    fd,
-                    name.as_str(),
-                    nix::unistd::UnlinkatFlags::NoRemoveDir,
-                ) {
-                    Ok(()) | Err(nix::errno::Errno::ENOENT) => Ok(()),
-                    Err(e) => Err(e.to_string()),
-                },
-                // The inbox is gone: so are its requests.
-                Ok(None) => Ok(()),
-                Err(e) => Err(e.to_string()),
-            };
-            match removed {
-                Ok(()) => {
-                    self.intake.requests.failed.remove(&path);
-                }
-                Err(e) => {
-                    tracing::warn!(agent = %agent, "cannot remove the wake request {}: {e}; it is served once", path.display());
-                    self.intake.requests.failed.insert(path);
-                }
-            }
-        }
         if b.unserved {
             b.unserved = false;
             if self.request_manual_wake(agent) {
                 tracing::info!(agent = %agent, "wake requested");
             }
+        }
+        if self.intake.requests.sweeping.contains(agent) {
+            // A batch is being removed: the next one when it is back.
+            self.intake.requests.backlog.insert(agent.clone(), b);
+            return;
         }
         if b.names.is_empty() && !b.list_again {
             // Said once, when a backlog was big enough to be deferred.
@@ -174,11 +207,65 @@ impl Daemon {
             }
             return;
         }
-        if !b.logged {
+        let mut batch = Vec::new();
+        while batch.len() < SWEPT_PER_BATCH {
+            let Some(name) = b.names.pop_first() else {
+                break;
+            };
+            batch.push(name);
+        }
+        // The requests not remembered are listed once these are removed.
+        let list = b.list_again && b.names.is_empty();
+        if list {
+            b.list_again = false;
+        }
+        if !b.logged && (list || !b.names.is_empty() || b.seen > SWEPT_PER_BATCH as u64) {
             b.logged = true;
-            tracing::warn!(agent = %agent, "{} wake requests or more in its inbox: collapsed into one wake, removed {REMOVED_PER_TURN} per loop turn, the rest deferred (every other agent is served meanwhile)", b.seen);
+            tracing::warn!(agent = %agent, "{} wake requests or more in its inbox: collapsed into one wake, removed off the loop {SWEPT_PER_BATCH} at a time (every other agent is served meanwhile)", b.seen);
         }
         self.intake.requests.backlog.insert(agent.clone(), b);
+        self.intake.requests.sweeping.insert(agent.clone());
+        let tx = self.tx.clone();
+        let inbox_dir = self.dir(agent).inbox();
+        let agent = agent.clone();
+        tokio::task::spawn_blocking(move || {
+            let swept = sweep(agent, inbox_dir, batch, list);
+            let _ = tx.send(LoopEvent::WakeRequestsSwept(Box::new(swept)));
+        });
+    }
+
+    /// A batch of removals came back: failures noted (each such request was
+    /// served once, and is never served again), a listing's requests
+    /// remembered.
+    pub(super) fn wake_requests_swept(&mut self, swept: Swept) {
+        let requests = &mut self.intake.requests;
+        requests.sweeping.remove(&swept.agent);
+        let inbox_dir = self.root.agent(&swept.agent).inbox();
+        let failed: std::collections::BTreeMap<&String, &String> =
+            swept.failed.iter().map(|(n, e)| (n, e)).collect();
+        for name in &swept.batch {
+            let path = inbox_dir.join(name);
+            match failed.get(name) {
+                None => {
+                    requests.failed.remove(&path);
+                }
+                Some(e) => {
+                    tracing::warn!(agent = %swept.agent, "cannot remove the wake request {}: {e}; it is served once", path.display());
+                    requests.failed.insert(path);
+                }
+            }
+        }
+        if !self.core.contains(&swept.agent) {
+            requests.backlog.remove(&swept.agent);
+            return;
+        }
+        for name in swept.listed.unwrap_or_default() {
+            if !requests.failed.contains(&inbox_dir.join(&name)) {
+                requests.found(&swept.agent, name);
+            }
+        }
+        // Whatever is left (or the "served" line) at the next turn.
+        requests.backlog.entry(swept.agent).or_default();
     }
 
     /// Ask for a manual wake; while a session runs, journal its skip (at
@@ -240,5 +327,21 @@ mod tests {
         assert!(b.list_again, "the rest is found by a listing later");
         assert!(b.unserved);
         assert!(r.pending());
+    }
+
+    #[test]
+    fn listed_requests_ask_for_no_wake_and_a_sweep_is_not_pending() {
+        let rio = AgentName::parse("rio").unwrap();
+        let mut r = WakeRequests::default();
+        r.found(&rio, ".wake-a".into());
+        r.found(&rio, ".wake-a".into());
+        let b = &r.backlog[&rio];
+        assert!(!b.unserved, "served by the wake of the overflow");
+        assert_eq!((b.names.len(), b.seen), (1, 1));
+        assert!(r.pending());
+        r.sweeping.insert(rio.clone());
+        assert!(!r.pending(), "its return is an event");
+        r.arrived(&rio, ".wake-b".into());
+        assert!(r.backlog[&rio].unserved);
     }
 }

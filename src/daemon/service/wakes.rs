@@ -180,6 +180,12 @@ impl Daemon {
     }
 
     pub(super) fn skipped(&mut self, s: Skipped) {
+        if s.running.is_empty() {
+            // Its session is starting (its big inbox is being listed off
+            // the loop): nothing ran yet to name; the start serves the wake.
+            tracing::debug!(agent = %s.agent, "{} wake merged into the session that is starting", s.reason.as_str());
+            return;
+        }
         *self
             .tally
             .skips
