@@ -13,7 +13,7 @@
 #   * the whole hook holds `flock` on {agent}/.lock (fd 9, kept by this shell);
 #   * begin takes the session's instance id (rio-001, rio-002, …) as
 #     src/state/counters.rs next_instance() does: `flock` on
-#     {root}/.daemon/counters.lock (fd 8, created 0640), jq increments the
+#     {root}/.daemon/counters.lock (fd 8, created 0600), jq increments the
 #     agent's counter in {root}/.daemon/counters.json (a missing one starts
 #     above the highest instance in the agent's journal, which is then read),
 #     written back like the other files, and fd 8 is closed;
@@ -45,7 +45,7 @@
 # Not implemented (never reached by the benchmark): joining or recovering a
 # running session (refused, exit 75), message validation, flags into memory.md,
 # tasks from messages, --pr/--tokens-used/--cost-usd/--outcome, setting aside a
-# corrupt counters.json, the chmod of a {agent}/.lock that is not 0660.
+# corrupt counters.json, the chmod of a lock file that is not 0600.
 
 set -euo pipefail
 set -C            # `>` creates with O_EXCL: the temp files are never clobbered
@@ -147,7 +147,7 @@ open_lock() {
 }
 
 [[ -d $D ]] || die "$D is not bootstrapped" 66
-open_lock 9 "$D/.lock" 007
+open_lock 9 "$D/.lock" 077
 flock 9 # held until this shell exits
 
 # journal_append LINE: one O_APPEND write, fdatasync
@@ -295,7 +295,7 @@ next_instance() {
     local dir=$state_root/.daemon text='' re="\"$agent\": ([0-9]+)" from_journal
     [[ -d $dir ]] || mkdir -p -m 750 "$dir"
     local C=$dir/counters.json
-    open_lock 8 "$dir/counters.lock" 027
+    open_lock 8 "$dir/counters.lock" 077
     flock 8
     if [[ -e $C ]]; then read -r -d '' text <"$C" || true; fi
     if [[ $text =~ $re && ${BASH_REMATCH[1]} =~ [1-9] ]]; then

@@ -13,7 +13,7 @@ same JSON shapes:
 
 * the whole hook runs under flock(LOCK_EX) on {agent}/.lock;
 * begin takes the session's instance id (rio-001, rio-002, ...): under
-  flock(LOCK_EX) on {root}/.daemon/counters.lock (created 0640), the agent's
+  flock(LOCK_EX) on {root}/.daemon/counters.lock (created 0600), the agent's
   counter in {root}/.daemon/counters.json is incremented (a missing one starts
   above the highest instance in the agent's journal) and written back like the
   other state files (src/state/counters.rs next_instance);
@@ -160,10 +160,10 @@ def open_lock_file(path, mode):
 def lock(agent_dir):
     if not os.path.isdir(agent_dir):
         raise Fail(f"{agent_dir} is not bootstrapped", 66)
-    fd = open_lock_file(os.path.join(agent_dir, ".lock"), 0o660)
+    fd = open_lock_file(os.path.join(agent_dir, ".lock"), 0o600)
     st = os.fstat(fd)
-    if st.st_mode & 0o777 != 0o660 and st.st_uid == os.geteuid():
-        os.fchmod(fd, 0o660)  # group writers must be able to take it, whatever the umask
+    if st.st_mode & 0o777 != 0o600 and st.st_uid == os.geteuid():
+        os.fchmod(fd, 0o600)  # only the service user (and root) may hold it
     fcntl.flock(fd, fcntl.LOCK_EX)
     return fd  # released when the process exits
 
@@ -494,7 +494,10 @@ def next_instance(root, agent_dir, name):
     if not os.path.isdir(d):
         os.makedirs(d, 0o750, exist_ok=True)
         os.chmod(d, 0o750)
-    fd = open_lock_file(os.path.join(d, "counters.lock"), 0o640)
+    fd = open_lock_file(os.path.join(d, "counters.lock"), 0o600)
+    st = os.fstat(fd)
+    if st.st_mode & 0o777 != 0o600 and st.st_uid == os.geteuid():
+        os.fchmod(fd, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         path = os.path.join(d, "counters.json")
