@@ -430,15 +430,7 @@ const UNSAFE_PROBLEM: &str = "unsafe: ";
 /// Every directory and file an agent has, and whether it is a directory.
 fn expected_entries(dir: &AgentDir) -> Vec<(std::path::PathBuf, bool)> {
     let mut out: Vec<_> = dir.directories().into_iter().map(|d| (d, true)).collect();
-    for f in [
-        dir.report(),
-        dir.tasks(),
-        dir.session(),
-        dir.metrics(),
-        dir.memory(),
-        dir.journal(),
-        dir.lock_file(),
-    ] {
+    for f in dir.state_files().into_iter().chain([dir.lock_file()]) {
         out.push((f, false));
     }
     out

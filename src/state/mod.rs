@@ -136,6 +136,19 @@ impl AgentDir {
         }
     }
 
+    /// The agent's state files (report, tasks, session, metrics, memory,
+    /// journal).
+    pub fn state_files(&self) -> [PathBuf; 6] {
+        [
+            self.report(),
+            self.tasks(),
+            self.session(),
+            self.metrics(),
+            self.memory(),
+            self.journal(),
+        ]
+    }
+
     /// Every directory a working agent needs, in creation order.
     pub fn directories(&self) -> Vec<PathBuf> {
         vec![

@@ -107,14 +107,7 @@ const MAX_DEPTH: usize = 3;
 pub fn foreign_in(dir: &AgentDir) -> Vec<Foreign> {
     let mut out = Vec::new();
     walk(dir, &dir.path, MAX_DEPTH, &mut out);
-    for f in [
-        dir.report(),
-        dir.tasks(),
-        dir.session(),
-        dir.metrics(),
-        dir.memory(),
-        dir.journal(),
-    ] {
+    for f in dir.state_files() {
         walk(dir, &f, 0, &mut out);
     }
     walk(dir, &dir.inbox(), MAX_DEPTH, &mut out);
