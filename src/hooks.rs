@@ -167,7 +167,7 @@ impl Args {
         }
     }
 
-    fn parse<T: FromStr<Err = String>>(
+    fn parse<T: FromStr<Err: std::fmt::Display>>(
         &mut self,
         flag: &'static str,
         value: Option<&str>,

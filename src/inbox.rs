@@ -27,8 +27,8 @@ use crate::error::{Error, IoContext, Result};
 use crate::fsx;
 use crate::state::bootstrap::{INBOX_DIR_MODE, INBOX_PRIVATE_DIR_MODE};
 use crate::state::journal::{self, Entry, Event, MessageExpired, MessageRejected};
-use crate::state::tasks::string_enum;
 use crate::state::{AgentDir, atomic};
+use crate::string_enum::{UnknownWord, string_enum};
 
 /// Largest message file accepted.
 pub const MAX_MESSAGE_BYTES: u64 = 1 << 20;
@@ -165,13 +165,15 @@ pub fn validate(
     };
     let kind = match take_string("type", false)? {
         None => MessageType::Flag,
-        Some(t) => t.parse().map_err(|e: String| Rejection::field("type", e))?,
+        Some(t) => t
+            .parse()
+            .map_err(|e: UnknownWord| Rejection::field("type", e.to_string()))?,
     };
     let priority = match take_string("priority", false)? {
         None => Priority::Normal,
         Some(p) => p
             .parse()
-            .map_err(|e: String| Rejection::field("priority", e))?,
+            .map_err(|e: UnknownWord| Rejection::field("priority", e.to_string()))?,
     };
     let subject = take_string("subject", true)?.unwrap_or_default();
     if subject.trim().is_empty() {

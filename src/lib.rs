@@ -45,5 +45,6 @@ pub mod prompt;
 pub mod protocol;
 pub mod schedule;
 pub mod state;
+pub mod string_enum;
 pub mod usage;
 pub mod workspace;

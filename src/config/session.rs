@@ -253,7 +253,7 @@ impl Validator {
         };
         let session_type = match &raw.session_type {
             Some(t) => t.parse::<SessionType>().unwrap_or_else(|e| {
-                self.problem(f("session_type"), e);
+                self.problem(f("session_type"), e.to_string());
                 SessionType::Research
             }),
             None => base

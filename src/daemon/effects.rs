@@ -50,6 +50,16 @@ pub fn signals_log(root: &StateRoot) -> PathBuf {
     root.daemon_dir().join("signals.jsonl")
 }
 
+/// Append one record to `.daemon/signals.jsonl` as one whole line
+/// (`state::journal::append_lines`: `O_APPEND`, fsynced, never glued to a
+/// torn last line).
+pub fn append_signal(root: &StateRoot, rec: &SignalRecord) -> crate::error::Result<()> {
+    let mut line = serde_json::to_vec(rec).unwrap_or_default();
+    line.push(b'\n');
+    let _rotation = crate::state::rotation::daemon_logs();
+    crate::state::journal::append_lines(&signals_log(root), &line)
+}
+
 /// Record an invalid signal (never an error of the session).
 pub fn record_invalid(root: &StateRoot, origin: &Origin<'_>, error: &SignalError, now: Timestamp) {
     let record = SignalRecord::new(now, origin.agent.as_str(), error)
@@ -62,7 +72,7 @@ pub fn record_invalid(root: &StateRoot, origin: &Origin<'_>, error: &SignalError
         error.message,
         error.raw
     );
-    if let Err(e) = crate::protocol::signals::append(&signals_log(root), &record) {
+    if let Err(e) = append_signal(root, &record) {
         tracing::warn!("cannot append to {}: {e}", signals_log(root).display());
     }
 }
@@ -260,4 +270,31 @@ fn share_discovery(
         metrics::apply(&dir, &lock, &event, now, &mut notes)?;
     }
     Ok(sent.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::signals::parse_one;
+
+    #[test]
+    fn append_signal_writes_one_line_per_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = StateRoot::new(dir.path());
+        std::fs::create_dir_all(root.daemon_dir()).unwrap();
+        let ts = Timestamp::parse("2026-03-31T22:00:00Z").unwrap();
+        let inputs = ["<axiom>COMPLET</axiom>", "<axiom>BLOCKED:a\nb</axiom>"];
+        for raw in inputs {
+            let record = SignalRecord::new(ts, "rio", &parse_one(raw).unwrap_err());
+            append_signal(&root, &record).unwrap();
+        }
+        let text = std::fs::read_to_string(signals_log(&root)).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2);
+        assert!(text.ends_with('\n'));
+        for (line, raw) in lines.iter().zip(inputs) {
+            let record: SignalRecord = serde_json::from_str(line).unwrap();
+            assert_eq!(record.raw, raw);
+        }
+    }
 }

@@ -1,8 +1,8 @@
 //! Agent signals: `<axiom>TYPE</axiom>` and `<axiom>TYPE:payload</axiom>`
 //! found in a session's output, with the types, payload rules and error
-//! codes of seed 000 ("Signal Validation"). Pure functions over text; the
-//! only IO is [`append`], one line of `.daemon/signals.jsonl` per invalid
-//! signal.
+//! codes of seed 000 ("Signal Validation"). Pure functions over text, no
+//! IO: the daemon writes the invalid ones to `.daemon/signals.jsonl`
+//! (`daemon::effects::append_signal`).
 //!
 //! # The rules, and where they live
 //!
@@ -54,12 +54,10 @@
 //! no input panics.
 
 use std::fmt;
-use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
 use crate::clock::Timestamp;
-use crate::error::Result;
 
 /// The longest candidate, opening and closing tags included, in bytes of
 /// output. Longer ones are reported as `SIGNAL_MALFORMED` with their first
@@ -680,15 +678,6 @@ impl SignalRecord {
         self.session = Some(session.into());
         self
     }
-}
-
-/// Append one record as one whole line (`state::journal::append_lines`:
-/// `O_APPEND`, fsynced, never glued to a torn last line).
-pub fn append(path: &Path, rec: &SignalRecord) -> Result<()> {
-    let mut line = serde_json::to_vec(rec).unwrap_or_default();
-    line.push(b'\n');
-    let _rotation = crate::state::rotation::daemon_logs();
-    crate::state::journal::append_lines(path, &line)
 }
 
 #[cfg(test)]

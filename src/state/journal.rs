@@ -14,9 +14,10 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::session::SessionType;
-use super::tasks::{TaskPriority, TaskStatus, TaskType, string_enum};
+use super::tasks::{TaskPriority, TaskStatus, TaskType};
 use crate::clock::Timestamp;
 use crate::error::{IoContext, Result};
+use crate::string_enum::string_enum;
 
 /// The `type` of an inbox message (`inbox::MessageType`), as messages
 /// and the journal's `message_sent` events record it.

@@ -3,8 +3,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::tasks::string_enum;
 use crate::clock::Timestamp;
+use crate::string_enum::string_enum;
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default)]

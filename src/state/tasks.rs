@@ -36,35 +36,7 @@ pub struct Task {
     pub extra: Map<String, Value>,
 }
 
-macro_rules! string_enum {
-    ($name:ident, $what:literal, $($variant:ident = $text:literal),+ $(,)?) => {
-        impl $name {
-            pub const ALL: &'static [&'static str] = &[$($text),+];
-            pub fn as_str(&self) -> &'static str {
-                match self { $($name::$variant => $text),+ }
-            }
-        }
-        impl std::str::FromStr for $name {
-            type Err = String;
-            fn from_str(s: &str) -> Result<Self, String> {
-                match s {
-                    $($text => Ok($name::$variant),)+
-                    other => Err(format!(
-                        "{other:?} is not a {}; use one of: {}",
-                        $what,
-                        Self::ALL.join(", ")
-                    )),
-                }
-            }
-        }
-        impl std::fmt::Display for $name {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str(self.as_str())
-            }
-        }
-    };
-}
-pub(crate) use string_enum;
+use crate::string_enum::string_enum;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]

@@ -545,9 +545,7 @@ impl Daemon {
                 kind: p.field.clone(),
                 message: Some(p.message.clone()),
             };
-            if let Err(e) =
-                crate::protocol::signals::append(&effects::signals_log(&self.root), &record)
-            {
+            if let Err(e) = effects::append_signal(&self.root, &record) {
                 tracing::warn!("cannot append to signals.jsonl: {e}");
             }
         }

@@ -661,23 +661,3 @@ fn the_record_is_the_seeds_line() {
         ["ts", "level", "code", "agent", "session", "raw", "message"]
     );
 }
-
-#[test]
-fn append_writes_one_line_per_record() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("signals.jsonl");
-    let ts = Timestamp::parse("2026-03-31T22:00:00Z").unwrap();
-    let inputs = ["<axiom>COMPLET</axiom>", "<axiom>BLOCKED:a\nb</axiom>"];
-    for raw in inputs {
-        let record = SignalRecord::new(ts, "rio", &parse_one(raw).unwrap_err());
-        append(&path, &record).unwrap();
-    }
-    let text = std::fs::read_to_string(&path).unwrap();
-    let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), 2);
-    assert!(text.ends_with('\n'));
-    for (line, raw) in lines.iter().zip(inputs) {
-        let record: SignalRecord = serde_json::from_str(line).unwrap();
-        assert_eq!(record.raw, raw);
-    }
-}
