@@ -103,7 +103,7 @@ impl Alerts {
                 Err(e) => {
                     if waiting.len() == 1 {
                         tracing::error!(
-                            error_code = "IO_ERROR",
+                            error_code = e.code().as_str(),
                             "cannot append to {} (kept in memory, written when possible): {e}",
                             self.inner.log.display()
                         );

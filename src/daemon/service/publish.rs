@@ -35,7 +35,7 @@ impl Daemon {
             dir.journal_append(&lock, Timestamp::now(), event)
                 .map(|_| ())
         }) {
-            tracing::error!(agent = %agent, error_code = "IO_ERROR", "cannot write the journal: {e}");
+            tracing::error!(agent = %agent, error_code = e.code().as_str(), "cannot write the journal: {e}");
         }
     }
 

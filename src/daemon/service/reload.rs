@@ -96,7 +96,7 @@ impl Daemon {
                 }
             }
             if let Err(e) = self.watcher.watch(&agent.name, &dir.inbox()) {
-                tracing::error!(agent = %agent.name, error_code = "IO_ERROR", "{e}");
+                tracing::error!(agent = %agent.name, error_code = e.code().as_str(), "{e}");
             }
             let mut slot = self.core.slot_or_insert(&agent.name, || {
                 AgentSlot::new(agent.session.wake_on_inbox, agent.session.inbox_debounce)

@@ -175,7 +175,10 @@ impl Daemon {
 
     pub(super) fn save_schedule_state(&self) {
         if let Err(e) = files::write_schedule_state(&self.root, &self.schedules.schedule_state) {
-            tracing::error!(error_code = "IO_ERROR", "cannot write schedule.json: {e}");
+            tracing::error!(
+                error_code = e.code().as_str(),
+                "cannot write schedule.json: {e}"
+            );
         }
     }
 
