@@ -28,7 +28,7 @@ use crate::state::lock::AgentLock;
 use crate::state::memory;
 use crate::state::metrics;
 use crate::state::report::{AgentStatus, LastSession, Lifecycle, Report};
-use crate::state::session::{Session, SessionStatus, SessionType};
+use crate::state::session::{Session, SessionStatus, SessionType, SessionVerdict};
 use crate::state::tasks::{self, NewTask, TaskPriority, TaskType};
 
 /// A hook argument that could not be used, and why.

@@ -193,8 +193,8 @@ impl Style {
     pub fn of(word: &str) -> Style {
         match word.to_ascii_lowercase().as_str() {
             "ok" | "completed" | "success" | "valid" => Style::Good,
-            "warn" | "warning" | "held" | "backoff" | "retrying" | "timeout" | "unsettled"
-            | "paused" | "medium" | "unknown" => Style::Warn,
+            "warn" | "warning" | "held" | "usage_limit" | "backoff" | "retrying" | "timeout"
+            | "unsettled" | "paused" | "medium" | "unknown" => Style::Warn,
             "fail" | "failed" | "error" | "critical" | "high" | "disabled" | "corrupt"
             | "missing" | "invalid" | "rejected" => Style::Bad,
             _ => Style::Plain,

@@ -57,8 +57,8 @@ shows everyone at a glance.
 
 Exit codes (sysexits(3)):
   0   success
-  1   `doctor`: something failed; `wake --wait`: the session could not start;
-      `health`: WARNING (2 CRITICAL, 3 UNKNOWN)
+  1   `doctor`: something failed; `wake --wait`: the session could not start
+      (fix the config); `health`: WARNING (2 CRITICAL, 3 UNKNOWN)
   64  usage: a bad command line, or a request that cannot be carried out
   65  bad data: a value was refused (a hook records everything else); `check`:
       problems left; `status`, `usage`: an agent's files could not be read
@@ -70,7 +70,9 @@ Exit codes (sysexits(3)):
   71  operating system error
   73  cannot create a file
   74  I/O error
-  75  try again: a session is running, or a lock is held
+  75  try again: a session is running, or a lock is held; `wake --wait`: not
+      now, and it will pass (refused by a budget, a held credential or a
+      locked workspace, or no slot came free: the message says which)
   77  permission denied, or a session that another live owner holds
   78  configuration error (every problem is printed)";
 

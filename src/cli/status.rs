@@ -11,9 +11,10 @@ use crate::error::{Result, exit};
 use crate::errors;
 use crate::inbox;
 use crate::state::error_log;
-use crate::state::journal::{self, Event};
+use crate::state::journal;
 use crate::state::metrics::ROLLING_WINDOW;
 use crate::state::report::{LastSession, Report};
+use crate::state::session::SessionVerdict;
 use crate::state::tasks::{TaskFile, TaskStatus};
 
 #[derive(clap::Args, Debug)]
@@ -42,6 +43,9 @@ struct Line {
     /// Sessions that ended in error in the last 30 days (the journal).
     errors_30d: u64,
     timeouts_30d: u64,
+    /// Sessions a usage limit stopped in the last 30 days: in
+    /// `sessions_30d`, not in `errors_30d` (not the agent's failure).
+    usage_limited_30d: u64,
     /// Error records of this agent in `.daemon/errors.jsonl`, 30 days;
     /// null when this user may not read it.
     error_records_30d: Option<u64>,
@@ -200,8 +204,14 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         // The outcome word coloured, then when and which session.
         let (outcome, rest) = match (&l.current_session, &l.last_session) {
             (Some(id), _) => ("running".to_string(), format!(" ({id})")),
+            // A usage limit says so, not `error`: it is not a failure.
             (None, Some(s)) => (
-                s.outcome.map(|o| o.as_str()).unwrap_or("?").to_string(),
+                match (s.verdict, s.outcome) {
+                    (Some(SessionVerdict::UsageLimit), _) => SessionVerdict::UsageLimit.as_str(),
+                    (_, Some(o)) => o.as_str(),
+                    (_, None) => "?",
+                }
+                .to_string(),
                 format!(
                     " {} ({})",
                     s.ended_at.map(|t| ago(&t, &now)).unwrap_or_default(),
@@ -411,6 +421,7 @@ fn line(ctx: &Context, agent: &AgentConfig) -> Line {
         sessions_30d: 0,
         errors_30d: 0,
         timeouts_30d: 0,
+        usage_limited_30d: 0,
         error_records_30d: None,
         last_error: None,
         failing: None,
@@ -521,17 +532,15 @@ fn line(ctx: &Context, agent: &AgentConfig) -> Line {
         l.budget_exceeded = budget.first_exceeded(&l.today).map(|e| e.to_string());
     }
     for e in entries.iter() {
-        match e.event {
-            Event::SessionEnd(_) => l.sessions_30d += 1,
-            Event::Error(_) => {
-                l.sessions_30d += 1;
-                l.errors_30d += 1
-            }
-            Event::Timeout(_) => {
-                l.sessions_30d += 1;
-                l.timeouts_30d += 1
-            }
-            _ => {}
+        let Some(verdict) = e.event.verdict() else {
+            continue;
+        };
+        l.sessions_30d += 1;
+        match verdict {
+            SessionVerdict::Completed => {}
+            SessionVerdict::Error => l.errors_30d += 1,
+            SessionVerdict::Timeout => l.timeouts_30d += 1,
+            SessionVerdict::UsageLimit => l.usage_limited_30d += 1,
         }
     }
     l

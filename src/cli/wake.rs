@@ -3,27 +3,49 @@
 //! The request is a file (`inbox/.wake-*`) that the daemon's inbox watch
 //! sees at once: it needs write access to the agent's inbox and nothing
 //! else — no root, no socket.
+//!
+//! With `--wait`, the answer is read from what the daemon writes anyway:
+//! the session it began (session.json), the journal line that refused the
+//! wake (`wake_skipped` with a cause, after the request) or ended the
+//! session (with the daemon's code and verdict), and daemon.json, which
+//! lists a running session's process once its command is spawned. Never
+//! from a guess about how long a start takes.
 
+use std::collections::BTreeSet;
 use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
+use crate::agent_name::AgentName;
 use crate::cli::Context;
-use crate::daemon::{files, session};
+use crate::daemon::{files, release, session};
 use crate::error::{Error, Result, exit};
-use crate::state::journal::{self, Event};
-use crate::state::session::Session;
+use crate::errors::Code;
+use crate::events::{Cursor, Reader, SourceId};
+use crate::state::AgentDir;
+use crate::state::journal::{self, Entry, Event, SessionFailed, WakeSkipped};
+use crate::state::session::{Session, SessionStatus, SessionVerdict};
+
+const WAIT_HELP: &str = "\
+Wait up to this long for the session to start, and print its id. Exit status: \
+0 it started (or ran and completed); \
+1 it could not start (its command missing or not executable, its workspace not a repository: fix the config); \
+75 not now, and it will pass: the wake was refused by a daily budget (until the budget's next day), \
+the credential is still held (a usage limit, an admin's cap or a failed login: with a held credential, \
+--wait waits for the session's end, which tells whether the hold is over), \
+the session's workspace is locked or could not be made (retried), \
+or no slot came free within DUR; the message names which and until when; \
+69 no daemon runs";
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// The agent
     pub agent: String,
-    /// Wait up to this long for the session to start, and print its id
-    #[arg(long, value_name = "DUR", value_parser = crate::clock::parse_duration)]
+    #[arg(long, value_name = "DUR", value_parser = crate::clock::parse_duration, help = WAIT_HELP)]
     pub wait: Option<Duration>,
 }
 
 pub fn run(ctx: &Context, args: Args) -> Result<u8> {
-    let (_, dir) = ctx.working_agent(&args.agent)?;
+    let (agent, dir) = ctx.working_agent(&args.agent)?;
     dir.require()?;
     if !files::daemon_running(&ctx.root) {
         return Err(Error::Unavailable(format!(
@@ -33,6 +55,15 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
     }
     let before: Option<Session> = dir.read().ok().flatten();
     let before_id = before.map(|s| s.session_id);
+    // Where the journal ends before the request: a refusal after it
+    // answers this request.
+    let mut refusals = Refusals::after_now(ctx, &dir);
+    // A held credential: the session is the operator's try, and only its
+    // end says whether the hold is over.
+    let held = release::saved_hold(&ctx.root, &agent.session.credential)
+        .ok()
+        .flatten()
+        .map(|h| (agent.session.credential.clone(), h));
     session::request_wake(&dir)?;
     let Some(wait) = args.wait else {
         println!(
@@ -47,69 +78,197 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
             && Some(&s.session_id) != before_id.as_ref()
         {
             println!("{}", s.session_id);
-            return Ok(judge_start(&dir, &s.session_id));
+            let watch = Watch {
+                ctx,
+                dir: &dir,
+                session_id: &s.session_id,
+                held: held.as_ref().map(|(g, _)| g.as_str()),
+            };
+            return Ok(watch.judge(deadline));
         }
-        std::thread::sleep(Duration::from_millis(50));
+        if let Some(refused) = refusals.next() {
+            crate::cli::warn(refusal_message(&dir.name, &refused));
+            return Ok(exit::TEMPFAIL);
+        }
+        std::thread::sleep(POLL);
     }
-    Err(Error::Unavailable(format!(
-        "{}: no session started within {} (all slots busy, or a session of {} is running; see `agent-state status`)",
+    crate::cli::warn(format!(
+        "{}: no session started within {} (all slots busy, or a session of {} is running; see `agent-state status`); the wake stays queued",
         dir.name,
         humantime::format_duration(wait),
         dir.name
-    )))
+    ));
+    Ok(exit::TEMPFAIL)
 }
 
-/// How long a session that has begun may take to be recorded as one that
-/// could not start; still running after this, it has started. Its command
-/// is spawned in the daemon's loop right after `begin`, so a failed spawn is
-/// known at once; recording it takes a thread hop, the agent's lock and a
-/// few fsyncs (under 60 ms at a load average of 6 on 2 cores).
-const COULD_NOT_START_WITHIN: Duration = Duration::from_secs(1);
+const POLL: Duration = Duration::from_millis(50);
 
-/// The exit status of `wake --wait` for the session `session_id`, which
-/// has begun: 1 if it could not start at all (its command missing or not
-/// executable, its workspace refused), else 0 (a session that ran and
-/// failed is the daemon's to handle).
-///
-/// Judged from the journal line that commits that session's end and
-/// carries the daemon's code ([`crate::state::journal::SessionFailed`]
-/// `code`): final, and about that session only. Not from session.json,
-/// which says the session ended before the daemon's verdict reaches
-/// report.json, nor from report.json, whose error may be a previous
-/// session's, or the next one's once a retry has begun.
-fn judge_start(dir: &crate::state::AgentDir, session_id: &str) -> u8 {
-    let settle = Instant::now() + COULD_NOT_START_WITHIN;
-    loop {
-        match journaled_end(dir, session_id) {
-            Some(Event::Error(f) | Event::Timeout(f)) => {
-                let could_not_start = f
-                    .code
-                    .as_deref()
-                    .and_then(crate::errors::Code::parse)
-                    .is_some_and(|c| c.prevents_start());
-                if could_not_start {
-                    crate::cli::warn(format!(
-                        "{}: session {session_id} could not start ({}): {}",
-                        dir.name,
-                        f.code.unwrap_or_default(),
-                        f.reason
-                    ));
-                    return exit::FAILED;
-                }
-                return exit::OK;
-            }
-            Some(_) => return exit::OK,
-            // Still running (or its end not yet recorded): it started,
-            // unless its end comes within the settle time.
-            None if Instant::now() >= settle => return exit::OK,
-            None => std::thread::sleep(Duration::from_millis(50)),
+/// How long a session that has begun may take to show whether it started,
+/// past `--wait`: its command is spawned in the daemon's loop right after
+/// `begin` (a workspace first, on the session's task: git may wait out a
+/// lock), and daemon.json lists its process at the loop's next turn.
+const START_SHOWN_WITHIN: Duration = Duration::from_secs(2);
+
+/// How long a session must have been running before `wake --wait` calls
+/// it started, when its end is not journaled yet.
+const RUNNING_FOR: Duration = Duration::from_secs(1);
+
+/// The refusals of manual wakes journaled after a point.
+struct Refusals {
+    reader: Option<Reader>,
+    only: BTreeSet<SourceId>,
+}
+
+impl Refusals {
+    fn after_now(ctx: &Context, dir: &AgentDir) -> Refusals {
+        let source = SourceId::Agent(dir.name.clone());
+        let mut position = Cursor::start();
+        let end = journal_end(dir);
+        position.set(&source, end.unwrap_or(0));
+        Refusals {
+            // An unreadable journal: no refusal can be read, the wait says so.
+            reader: end.map(|_| Reader::new(ctx.root.clone(), position, Some(dir.name.clone()))),
+            only: BTreeSet::from([source]),
         }
+    }
+
+    /// A manual wake refused since the last call.
+    fn next(&mut self) -> Option<WakeSkipped> {
+        let batch = self.reader.as_mut()?.read(Some(&self.only)).ok()?;
+        batch.events.into_iter().find_map(|e| {
+            match serde_json::from_value::<Entry>(e.event).ok()?.event {
+                Event::WakeSkipped(w)
+                    if w.reason == "manual" && w.cause.is_some_and(|c| c.refuses()) =>
+                {
+                    Some(w)
+                }
+                _ => None,
+            }
+        })
+    }
+}
+
+/// Where the agent's journal ends now, in its whole history's offsets.
+fn journal_end(dir: &AgentDir) -> Option<u64> {
+    match crate::fsx::open_read(&dir.journal()) {
+        Ok(Some(file)) => {
+            let base = crate::state::rotation::base_of(&file).ok()?;
+            Some(base + file.metadata().ok()?.len())
+        }
+        Ok(None) => Some(0),
+        Err(_) => None,
+    }
+}
+
+fn refusal_message(agent: &AgentName, w: &WakeSkipped) -> String {
+    let until = match w.until {
+        Some(t) => format!("; it runs at {t} (the wake stays queued)"),
+        None => "; it runs when that is cleared (the wake stays queued)".into(),
+    };
+    format!(
+        "{agent}: wake refused ({}): {}{until}",
+        w.cause.map_or("other", |c| c.as_str()),
+        w.detail.as_deref().unwrap_or("no detail")
+    )
+}
+
+/// A session `wake --wait` saw begin.
+struct Watch<'a> {
+    ctx: &'a Context,
+    dir: &'a AgentDir,
+    session_id: &'a str,
+    /// The credential's group, held when the wake was asked for.
+    held: Option<&'a str>,
+}
+
+impl Watch<'_> {
+    /// The exit status for the session: by the journal line that ended
+    /// it (the daemon's code and verdict, final and about this session
+    /// only), else 0 once daemon.json shows its process running. With a
+    /// held credential, only its end answers (until `deadline`).
+    fn judge(&self, deadline: Instant) -> u8 {
+        let begun = Instant::now();
+        let settle = deadline.max(begun + START_SHOWN_WITHIN);
+        loop {
+            match journaled_end(self.dir, self.session_id) {
+                Some(Event::Error(f)) => {
+                    return self.failed(&f, f.verdict_of(SessionStatus::Error));
+                }
+                Some(Event::Timeout(f)) => {
+                    return self.failed(&f, f.verdict_of(SessionStatus::Timeout));
+                }
+                Some(_) => return exit::OK,
+                // Running a moment after it began: started. (A command
+                // that cannot be spawned is known at once; the moment
+                // keeps a quick session's end, when there is one, the
+                // answer.)
+                None if self.held.is_none() && begun.elapsed() >= RUNNING_FOR && self.spawned() => {
+                    return exit::OK;
+                }
+                None if Instant::now() >= settle => return exit::OK,
+                None => std::thread::sleep(POLL),
+            }
+        }
+    }
+
+    /// Is the session's command running (daemon.json lists its process)?
+    fn spawned(&self) -> bool {
+        files::read_heartbeat(&self.ctx.root)
+            .ok()
+            .flatten()
+            .is_some_and(|h| {
+                h.running
+                    .iter()
+                    .any(|r| r.session_id == self.session_id && r.pid.is_some())
+            })
+    }
+
+    fn failed(&self, f: &SessionFailed, verdict: SessionVerdict) -> u8 {
+        let (name, sid) = (&self.dir.name, self.session_id);
+        match f.code.as_deref().and_then(Code::parse) {
+            Some(c @ (Code::WorkspaceLocked | Code::WorkspaceFailed)) => {
+                crate::cli::warn(format!(
+                    "{name}: session {sid} could not start: its workspace was refused ({c}): {}; the daemon retries it",
+                    f.reason
+                ));
+                return exit::TEMPFAIL;
+            }
+            Some(c) if c.prevents_start() => {
+                crate::cli::warn(format!(
+                    "{name}: session {sid} could not start ({c}): {}",
+                    f.reason
+                ));
+                return exit::FAILED;
+            }
+            _ => {}
+        }
+        // It ran. With no hold before it, it started: a failure is the
+        // daemon's to retry, a usage limit the daemon's to wait out (a
+        // first limit shows in `status`).
+        let Some(group) = self.held else {
+            return exit::OK;
+        };
+        // The operator's try of a held credential: the hold answers.
+        let hold = release::saved_hold(&self.ctx.root, group).ok().flatten();
+        if verdict != SessionVerdict::UsageLimit && hold.is_none() {
+            return exit::OK;
+        }
+        let still = hold.map_or(String::new(), |h| {
+            let until = h.until.map_or(String::new(), |t| format!(" until {t}"));
+            format!("; credential {group} is still held{until}: {}", h.reason)
+        });
+        let what = match verdict {
+            SessionVerdict::UsageLimit => "stopped at the usage limit (not a failure)",
+            _ => "failed",
+        };
+        crate::cli::warn(format!("{name}: session {sid} {what}: {}{still}", f.reason));
+        exit::TEMPFAIL
     }
 }
 
 /// The journal event that ended `session_id`, if it has ended: read from
 /// the newest line back to the session's `session_start`.
-fn journaled_end(dir: &crate::state::AgentDir, session_id: &str) -> Option<Event> {
+fn journaled_end(dir: &AgentDir, session_id: &str) -> Option<Event> {
     let mut found = None;
     let read = journal::scan_backwards(&dir.journal(), |entry| {
         if entry.event.ended_session() == Some(session_id) {

@@ -56,7 +56,7 @@ use crate::inbox;
 use crate::schedule::{self, Missed};
 use crate::state::journal::{Event, ScheduleMissed, WakeSkipped};
 use crate::state::report::{AgentStatus, Lifecycle, Report, ReportError};
-use crate::state::session::Session;
+use crate::state::session::{Session, SessionVerdict};
 use crate::state::{AgentDir, StateRoot, bootstrap};
 
 /// How often the reconcile scan looks at every inbox, as a backstop to the
@@ -105,7 +105,7 @@ enum LoopEvent {
         iterations: iterations::Tally,
     },
     /// A session's end was recorded off the loop (`session::finish`).
-    EndRecorded(Box<(ending::Recorded, Result<String>)>),
+    EndRecorded(Box<(ending::Recorded, Result<session::Finished>)>),
     /// A session's iteration `n` (of at most `of`) is executing or verifying.
     Iteration {
         agent: AgentName,

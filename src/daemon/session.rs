@@ -18,6 +18,7 @@ use crate::error::Result;
 use crate::hooks::{self, BeginRequest, EndRequest, FailRequest, Owner};
 use crate::owner::OwnerLock;
 use crate::prompt;
+use crate::state::session::{SessionStatus, SessionVerdict};
 use crate::state::{AgentDir, StateRoot, atomic, counters};
 
 /// Which Claude Code conversation a session may continue (with `resume`).
@@ -413,26 +414,43 @@ pub fn script_end(dir: &AgentDir, session_id: &str) -> Option<ScriptEnd> {
     }
 }
 
+/// How the daemon judged a session whose end it records ([`finish`]).
+#[derive(Debug, Clone, Default)]
+pub struct Judged<'a> {
+    /// A reason that overrides the exit status's: a clean exit the daemon
+    /// judged a failure (it printed nothing, Claude Code reported an
+    /// error), recorded as `error` with this reason.
+    pub reason: Option<&'a str>,
+    /// The catalogue code the daemon judged a failure by: journaled in the
+    /// line that commits the end (not for a success).
+    pub code: Option<crate::errors::Code>,
+    /// [`SessionVerdict::UsageLimit`] when a usage limit stopped it.
+    pub verdict: Option<SessionVerdict>,
+}
+
+/// A session's end as recorded: what it counts as, and its words for the
+/// log line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finished {
+    pub verdict: SessionVerdict,
+    /// `completed`, `error: the session command exited with status 1`, …
+    pub text: String,
+}
+
 /// Record the end of a daemon session through the same hooks a script uses.
 /// If the script already ended or failed the session itself, this changes
-/// nothing (the hooks are idempotent). `judged_failed` overrides a clean exit
-/// that the daemon judged a failure (it printed nothing, Claude Code reported
-/// an error): recorded as `error` with that reason. `code` is the catalogue
-/// code the daemon judged a failure by: journaled in the line that commits
-/// the end (not for a success).
-#[allow(clippy::too_many_arguments)]
+/// nothing (the hooks are idempotent).
 pub fn finish(
     agent: &AgentConfig,
     dir: &AgentDir,
     session_id: &str,
     report: &RunReport,
-    judged_failed: Option<&str>,
-    code: Option<crate::errors::Code>,
+    judged: &Judged<'_>,
     claimed: Option<Vec<crate::inbox::Message>>,
     now: Timestamp,
-) -> Result<String> {
+) -> Result<Finished> {
     let (mut failure, mut text) = describe(report, agent);
-    if let Some(why) = judged_failed {
+    if let Some(why) = judged.reason {
         failure = Some("error");
         text = why.to_string();
     }
@@ -454,7 +472,8 @@ pub fn finish(
                 session: Some(session_id.to_string()),
                 outcome: outcome.to_string(),
                 reason: text.clone(),
-                code: code.map(|c| c.as_str().to_string()),
+                code: judged.code.map(|c| c.as_str().to_string()),
+                verdict: judged.verdict,
                 ..FailRequest::default()
             },
             now,
@@ -463,14 +482,41 @@ pub fn finish(
     for note in &result.notes {
         tracing::warn!(agent = %agent.name, session_id, "{note}");
     }
-    Ok(match result.outcome {
+    // What was recorded: by this call, or by the session's own script
+    // before it (then its verdict is session.json's, whatever the daemon
+    // judged).
+    let recorded = match (result.already_ended, result.outcome) {
+        (true, _) => dir
+            .read::<crate::state::session::Session>()
+            .ok()
+            .flatten()
+            .filter(|s| s.session_id == session_id)
+            .and_then(|s| Some(s.verdict.unwrap_or(verdict_of_status(s.status?)))),
+        (false, Some(status)) => Some(match judged.verdict {
+            Some(SessionVerdict::UsageLimit) if failure.is_some() => SessionVerdict::UsageLimit,
+            _ => verdict_of_status(status),
+        }),
+        (false, None) => None,
+    };
+    let verdict = recorded.unwrap_or(SessionVerdict::Error);
+    let text = match result.outcome {
         Some(o) if result.already_ended => {
             format!("{} (recorded by the session itself)", o.as_str())
         }
         Some(o) if failure.is_none() => o.as_str().to_string(),
         Some(o) => format!("{}: {text}", o.as_str()),
         None => text,
-    })
+    };
+    Ok(Finished { verdict, text })
+}
+
+/// The verdict a status says by itself.
+fn verdict_of_status(status: SessionStatus) -> SessionVerdict {
+    match status {
+        SessionStatus::Completed | SessionStatus::Running => SessionVerdict::Completed,
+        SessionStatus::Timeout => SessionVerdict::Timeout,
+        SessionStatus::Error => SessionVerdict::Error,
+    }
 }
 
 /// Write a wake request for the running daemon: a `.wake-{uuid}` file in

@@ -112,6 +112,7 @@ pub fn begin(
                 // The script died: that may be the agent failing on a message.
                 count_attempts: true,
                 code: None,
+                verdict: None,
             },
             &mut Args::default(),
             now,
@@ -194,6 +195,7 @@ pub fn begin(
         owner_start: req.owner.and_then(|o| o.start),
         instance: req.instance.clone(),
         messages: message_ids,
+        verdict: None,
         extra,
     };
     let mut report: Report = dir.load(&lock, now, &mut notes)?;

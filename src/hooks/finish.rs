@@ -35,6 +35,10 @@ pub struct FailRequest {
     /// The catalogue code of the failure, when the daemon judged it
     /// (journaled with the end; a script's `session fail` has none).
     pub code: Option<String>,
+    /// What the end counts as when the daemon knows better than the
+    /// status: [`SessionVerdict::UsageLimit`] (a script's `session fail`
+    /// has none).
+    pub verdict: Option<SessionVerdict>,
     /// The processes the hook was called from (see [`Caller`]).
     pub caller: Caller,
 }
@@ -93,6 +97,8 @@ pub(super) enum Ending {
         /// The catalogue code the daemon judged the failure by, for the
         /// journal line (see [`SessionFailed::code`]).
         code: Option<String>,
+        /// See [`FailRequest::verdict`].
+        verdict: Option<SessionVerdict>,
     },
 }
 
@@ -112,11 +118,13 @@ impl Ending {
                 reason,
                 count_attempts,
                 code,
+                verdict,
             } => Ending::Failed {
                 outcome,
                 reason: caps::cap(Field::Reason, reason),
                 count_attempts,
                 code,
+                verdict,
             },
         }
     }
@@ -172,12 +180,14 @@ pub fn end(
             reason: "reported as timeout by `session end`".into(),
             count_attempts: true,
             code: None,
+            verdict: None,
         },
         Some("error") => Ending::Failed {
             outcome: SessionStatus::Error,
             reason: "reported as error by `session end`".into(),
             count_attempts: true,
             code: None,
+            verdict: None,
         },
         Some(other) => {
             args.note(
@@ -231,6 +241,8 @@ pub fn fail(
             reason,
             count_attempts: true,
             code: req.code.clone(),
+            // Only a usage limit is worth saying beside the status.
+            verdict: req.verdict.filter(|v| *v == SessionVerdict::UsageLimit),
         },
         args,
         now,
@@ -309,6 +321,7 @@ pub(super) fn daemon_wins(current: &Session, ending: &Ending) -> Option<Ending> 
         reason: format!("{}; the session script reported: {said}", noted.reason),
         count_attempts: true,
         code: None,
+        verdict: None,
     })
 }
 
@@ -572,6 +585,7 @@ pub(super) fn finish_with(
             reason,
             count_attempts,
             code,
+            verdict,
         } => {
             let (returned, undeliverable) =
                 inbox::return_claimed_counting(dir, &id, now, count_attempts)?;
@@ -582,6 +596,7 @@ pub(super) fn finish_with(
                 messages_undeliverable: undeliverable.clone(),
                 duration_seconds: duration,
                 code,
+                verdict,
             };
             let event = match outcome {
                 SessionStatus::Timeout => Event::Timeout(failed),
@@ -592,10 +607,15 @@ pub(super) fn finish_with(
 
             session.status = Some(outcome);
             session.reason = Some(reason.clone());
-            // A timeout is not a fault of the agent: it goes back to idle,
-            // and last_session says how the session ended and why.
-            let (status, verb) = match outcome {
-                SessionStatus::Timeout => (AgentStatus::Idle, "timed out"),
+            session.verdict = verdict;
+            // A timeout or a usage limit is not a fault of the agent: it
+            // goes back to idle, and last_session says how the session
+            // ended and why.
+            let (status, verb) = match (outcome, verdict) {
+                (_, Some(SessionVerdict::UsageLimit)) => {
+                    (AgentStatus::Idle, "stopped at the usage limit")
+                }
+                (SessionStatus::Timeout, _) => (AgentStatus::Idle, "timed out"),
                 _ => (AgentStatus::Error, "failed"),
             };
             report.status = status;
@@ -626,6 +646,7 @@ pub(super) fn finish_with(
         branch: session.branch.clone(),
         pr_number: session.pr_number,
         reason: session.reason.clone(),
+        verdict: session.verdict,
         extra: report
             .last_session
             .take()

@@ -55,6 +55,7 @@ pub fn recover_stale(
             // failure of its messages.
             count_attempts: false,
             code: None,
+            verdict: None,
         },
         &mut Args::default(),
         now,
@@ -109,12 +110,14 @@ pub(super) fn replay_end(
             reason: f.reason.clone(),
             count_attempts: true,
             code: f.code.clone(),
+            verdict: f.verdict,
         },
         Event::Error(f) => Ending::Failed {
             outcome: SessionStatus::Error,
             reason: f.reason.clone(),
             count_attempts: true,
             code: f.code.clone(),
+            verdict: f.verdict,
         },
         _ => {
             return Err(Error::Data(format!(

@@ -13,7 +13,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::session::SessionType;
+use super::session::{SessionStatus, SessionType, SessionVerdict};
 use super::tasks::{TaskPriority, TaskStatus, TaskType};
 use crate::clock::Timestamp;
 use crate::error::{IoContext, Result};
@@ -112,6 +112,17 @@ pub struct PromptCut {
 }
 
 impl Event {
+    /// What the session this event ends counts as (`session_end`,
+    /// `error`, `timeout`; see [`SessionFailed::verdict_of`]).
+    pub fn verdict(&self) -> Option<SessionVerdict> {
+        match self {
+            Event::SessionEnd(_) => Some(SessionVerdict::Completed),
+            Event::Timeout(f) => Some(f.verdict_of(SessionStatus::Timeout)),
+            Event::Error(f) => Some(f.verdict_of(SessionStatus::Error)),
+            _ => None,
+        }
+    }
+
     /// The session this event ends (`session_end`, `error`, `timeout`).
     pub fn ended_session(&self) -> Option<&str> {
         match self {
@@ -148,10 +159,52 @@ pub struct WakeSkipped {
     /// Why, when it was not a running session: `budget`, `no_work`,
     /// `usage_limit`, `credential`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cause: Option<String>,
+    pub cause: Option<SkipCause>,
     /// The budget or condition, in words.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
+    /// When a wake that waits (mail, a manual wake) is tried again: the
+    /// budget's next day, the hold's end. Absent: when something clears it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<Timestamp>,
+}
+
+/// Why a wake did not start a session, when no session of the agent ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SkipCause {
+    /// A daily budget (the agent's or the fleet's) is spent.
+    Budget,
+    /// `wake_if` found nothing to do.
+    NoWork,
+    /// The credential waits for a usage limit (or an admin's cap).
+    UsageLimit,
+    /// The credential's login failed.
+    Credential,
+    /// A cause written by a later version.
+    #[serde(other)]
+    Other,
+}
+
+impl SkipCause {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SkipCause::Budget => "budget",
+            SkipCause::NoWork => "no_work",
+            SkipCause::UsageLimit => "usage_limit",
+            SkipCause::Credential => "credential",
+            SkipCause::Other => "other",
+        }
+    }
+
+    /// Does it refuse a wake that waits for it to pass (a budget, a hold),
+    /// rather than find nothing to do?
+    pub fn refuses(self) -> bool {
+        matches!(
+            self,
+            SkipCause::Budget | SkipCause::UsageLimit | SkipCause::Credential
+        )
+    }
 }
 
 /// A session hit a usage or rate limit: the agents of its credential are
@@ -259,12 +312,32 @@ pub struct SessionFailed {
     /// own `session fail` and in lines written before it existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub code: Option<String>,
+    /// What the end counts as, when the event's name does not say it:
+    /// `usage_limit` on an `error` line (see [`SessionVerdict`]). Absent
+    /// for the agent's own failures.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verdict: Option<SessionVerdict>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub messages_returned: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub messages_undeliverable: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duration_seconds: Option<i64>,
+}
+
+impl SessionFailed {
+    /// What this `error` or `timeout` line counts as: its `verdict`; in a
+    /// line written before the field existed, what its catalogue code says
+    /// (a daemon's `USAGE_LIMIT` end was journaled with that code).
+    pub fn verdict_of(&self, status: SessionStatus) -> SessionVerdict {
+        match self.verdict {
+            Some(SessionVerdict::UsageLimit) => SessionVerdict::UsageLimit,
+            _ => SessionVerdict::of_failure(
+                status,
+                self.code.as_deref().and_then(crate::errors::Code::parse),
+            ),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::journal::{Entry, Event};
+use super::session::SessionVerdict;
 use crate::clock::Timestamp;
 
 pub const ROLLING_WINDOW: std::time::Duration = std::time::Duration::from_secs(30 * 86400);
@@ -42,6 +43,10 @@ pub struct Lifetime {
     pub disconfirmation_hits: u64,
     pub cross_agent_flags_sent: u64,
     pub cross_agent_flags_received: u64,
+    /// Addition: sessions a usage limit stopped (in `sessions_total`, not
+    /// in `sessions_error`: the subscription's limit, not the agent's
+    /// failure; see [`SessionVerdict::UsageLimit`]).
+    pub sessions_usage_limited: u64,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }
@@ -55,9 +60,12 @@ pub struct Rolling {
     pub acceptance_rate: f64,
     pub avg_sources_per_session: f64,
     /// Sessions that ended in a timeout or an error, as a share of
-    /// `sessions` (an addition to seed 001: the pipeline and the daemon
-    /// deprioritize agents with high error rates).
+    /// `sessions` less `usage_limited` (an addition to seed 001: the
+    /// pipeline and the daemon deprioritize agents with high error rates;
+    /// a usage limit counts neither for nor against the agent).
     pub error_rate: f64,
+    /// Addition: sessions a usage limit stopped (in `sessions`).
+    pub usage_limited: u64,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }
@@ -93,13 +101,14 @@ impl Lifetime {
                     .cross_agent_flags_received
                     .saturating_add(e.flags_received);
             }
-            Event::Timeout(_) => {
+            Event::Timeout(_) | Event::Error(_) => {
                 self.sessions_total = self.sessions_total.saturating_add(1);
-                self.sessions_timeout = self.sessions_timeout.saturating_add(1);
-            }
-            Event::Error(_) => {
-                self.sessions_total = self.sessions_total.saturating_add(1);
-                self.sessions_error = self.sessions_error.saturating_add(1);
+                let counter = match event.verdict() {
+                    Some(SessionVerdict::UsageLimit) => &mut self.sessions_usage_limited,
+                    Some(SessionVerdict::Timeout) => &mut self.sessions_timeout,
+                    _ => &mut self.sessions_error,
+                };
+                *counter = counter.saturating_add(1);
             }
             Event::Record(r) => {
                 self.claims_proposed = self.claims_proposed.saturating_add(r.claims_proposed);
@@ -135,6 +144,7 @@ impl Rolling {
         let mut accepted = 0u64;
         let mut ended = BTreeSet::new();
         let mut failed = BTreeSet::new();
+        let mut limited = BTreeSet::new();
         for e in entries.iter().filter(|e| e.ts >= since && e.ts <= now) {
             match &e.event {
                 Event::SessionEnd(end) => {
@@ -145,7 +155,10 @@ impl Rolling {
                 }
                 Event::Timeout(f) | Event::Error(f) => {
                     ended.insert(f.session_id.clone());
-                    failed.insert(f.session_id.clone());
+                    match e.event.verdict() {
+                        Some(SessionVerdict::UsageLimit) => limited.insert(f.session_id.clone()),
+                        _ => failed.insert(f.session_id.clone()),
+                    };
                 }
                 Event::Record(rec) => {
                     r.claims_proposed = r.claims_proposed.saturating_add(rec.claims_proposed);
@@ -157,7 +170,11 @@ impl Rolling {
         r.sessions = ended.len() as u64;
         r.acceptance_rate = ratio(accepted, r.claims_proposed);
         r.avg_sources_per_session = ratio(r.sources_archived, r.sessions);
-        r.error_rate = ratio(failed.len() as u64, r.sessions);
+        r.usage_limited = limited.len() as u64;
+        r.error_rate = ratio(
+            failed.len() as u64,
+            r.sessions.saturating_sub(r.usage_limited),
+        );
         r
     }
 }

@@ -153,6 +153,9 @@ pub struct LastSession {
     /// Addition: why a session ended in error or timeout.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// Addition: session.json's `verdict` (`usage_limit`: not a failure).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verdict: Option<crate::state::session::SessionVerdict>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }

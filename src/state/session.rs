@@ -50,6 +50,12 @@ pub struct Session {
     /// Addition: ids of the inbox messages claimed for this session.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub messages: Vec<String>,
+    /// Addition: what the end counts as when `status` alone does not say
+    /// it: `usage_limit` for a session the subscription's usage limit
+    /// stopped (`status` stays `error`, the seed's word for "did not
+    /// complete, its messages went back"; the error counts leave it out).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verdict: Option<SessionVerdict>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }
@@ -88,6 +94,51 @@ string_enum!(
     Timeout = "timeout",
     Error = "error"
 );
+
+/// What a session's end counts as: seed 001's three outcomes, and a usage
+/// limit, which ended the session (`status: "error"`, its messages
+/// returned, the session run again when the hold ends) but is not the
+/// agent's failure. metrics.json, `status`, the daemon's log line and
+/// `wake --wait` decide by this, never by a reason's text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionVerdict {
+    Completed,
+    Timeout,
+    Error,
+    /// The subscription's usage or rate limit (or an admin's cap) stopped
+    /// it: `USAGE_LIMIT`, `USAGE_DISABLED`.
+    UsageLimit,
+}
+
+impl SessionVerdict {
+    /// The verdict of a failure the daemon judged by `code`, a catalogue
+    /// code: a usage limit or an admin's cap is not the agent's failure.
+    pub fn of_failure(status: SessionStatus, code: Option<crate::errors::Code>) -> SessionVerdict {
+        use crate::errors::Code;
+        match (status, code) {
+            (_, Some(Code::UsageLimit | Code::UsageDisabled)) => SessionVerdict::UsageLimit,
+            (SessionStatus::Timeout, _) => SessionVerdict::Timeout,
+            (SessionStatus::Completed, _) => SessionVerdict::Completed,
+            _ => SessionVerdict::Error,
+        }
+    }
+
+    /// Does it count as a failure of the agent (metrics.json's error and
+    /// timeout counts, `status`' FAIL/30D and TIMEOUT/30D, the error rate)?
+    pub fn is_failure(self) -> bool {
+        matches!(self, SessionVerdict::Timeout | SessionVerdict::Error)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SessionVerdict::Completed => "completed",
+            SessionVerdict::Timeout => "timeout",
+            SessionVerdict::Error => "error",
+            SessionVerdict::UsageLimit => "usage_limit",
+        }
+    }
+}
 
 impl Session {
     pub fn is_running(&self) -> bool {

@@ -15,7 +15,8 @@ const REPORT_KEYS: [&str; 8] = [
     "blocked_by",
     "next_priority",
 ];
-const LIFETIME_KEYS: [&str; 13] = [
+/// Seed 001's keys, then the addition `sessions_usage_limited`.
+const LIFETIME_KEYS: [&str; 14] = [
     "sessions_total",
     "sessions_completed",
     "sessions_timeout",
@@ -29,15 +30,18 @@ const LIFETIME_KEYS: [&str; 13] = [
     "disconfirmation_hits",
     "cross_agent_flags_sent",
     "cross_agent_flags_received",
+    "sessions_usage_limited",
 ];
-/// Seed 001's keys, then the addition `error_rate` (README: schema additions).
-const ROLLING_KEYS: [&str; 6] = [
+/// Seed 001's keys, then the additions `error_rate` and `usage_limited`
+/// (README: schema additions).
+const ROLLING_KEYS: [&str; 7] = [
     "sessions",
     "sources_archived",
     "claims_proposed",
     "acceptance_rate",
     "avg_sources_per_session",
     "error_rate",
+    "usage_limited",
 ];
 
 #[test]

@@ -303,7 +303,13 @@ fn an_admin_cap_is_escalated_and_never_waited_out() {
     d.wait_until(Duration::from_secs(10), "the human is told", || {
         !env.waiting("marcus").is_empty()
     });
-    assert!(error_codes(&env).contains(&"USAGE_DISABLED".to_string()));
+    // The mailbox is written before errors.jsonl (an escalation, then
+    // its record): wait for the record, the later of the two.
+    d.wait_until(
+        Duration::from_secs(10),
+        "USAGE_DISABLED is recorded",
+        || error_codes(&env).contains(&"USAGE_DISABLED".to_string()),
+    );
     env.send("marcus", "leo", &[]);
     d.wait_until(Duration::from_secs(5), "leo is held", || {
         env.events("leo", "wake_skipped")

@@ -161,10 +161,15 @@ fn a_missing_command_is_agent_not_found_escalated_once_without_a_retry_storm() {
             .contains("AGENT_NOT_FOUND")
     );
     assert_eq!(mail[0]["from"], "rio", "answerable with send --to rio");
+    // report.json's verdict is the final state: waited for, not read
+    // once after the error (written before it, but read here on a busy
+    // machine it must not hang on that ordering alone).
+    d.wait_until(secs(10.0), "report.json says rio backs off", || {
+        state(&env, "rio", "report.json")["error"]["state"] == "backoff"
+    });
     let report = state(&env, "rio", "report.json");
     assert_eq!(report["status"], "error");
     assert_eq!(report["error"]["code"], "AGENT_NOT_FOUND");
-    assert_eq!(report["error"]["state"], "backoff");
     // The messages wait out the backoff, and report.json says until when.
     d.wait_until(secs(5.0), "next_wake_at shows the held-back wake", || {
         let r = state(&env, "rio", "report.json");
@@ -183,10 +188,16 @@ fn a_command_without_execute_permission_disables_the_agent_until_a_manual_wake()
     d.wait_until(secs(10.0), "AGENT_PERMISSION_DENIED is recorded", || {
         count(&env, "AGENT_PERMISSION_DENIED") == 1
     });
-    // The daemon writes its verdict to report.json before it raises the
-    // error: once errors.jsonl has it, report.json says what became of rio.
+    // The final state is report.json's verdict: waited for (the error
+    // before it is an earlier state).
+    d.wait_until(secs(10.0), "report.json says rio is disabled", || {
+        state(&env, "rio", "report.json")["error"]["state"] == "disabled"
+    });
     let report = state(&env, "rio", "report.json");
-    assert_eq!(report["error"]["state"], "disabled", "{report}");
+    assert_eq!(
+        report["error"]["code"], "AGENT_PERMISSION_DENIED",
+        "{report}"
+    );
     assert!(
         report["next_wake_at"].is_null(),
         "no automatic wake: {report}"
@@ -256,9 +267,11 @@ fn a_timeout_is_retried_twice_then_escalated_and_held_back() {
     assert_eq!(attempts, [1, 2, 3]);
     assert_eq!(recs[2]["escalated"], true);
     assert_ne!(recs[0]["escalated"], true);
+    d.wait_until(secs(10.0), "report.json says rio backs off", || {
+        state(&env, "rio", "report.json")["error"]["state"] == "backoff"
+    });
     let report = state(&env, "rio", "report.json");
     assert_eq!(report["status"], "error");
-    assert_eq!(report["error"]["state"], "backoff");
     assert_eq!(report["error"]["failures"], 3);
     assert_eq!(report["last_session"]["outcome"], "timeout");
     assert_eq!(mailbox(&env).len(), 1);
@@ -274,6 +287,9 @@ fn an_agent_that_prints_nothing_is_retried_three_times_then_an_error() {
     });
     std::thread::sleep(secs(0.8));
     assert_eq!(starts(&runs, "rio"), 4);
+    d.wait_until(secs(10.0), "report.json says rio is in error", || {
+        state(&env, "rio", "report.json")["status"] == "error"
+    });
     let s = state(&env, "rio", "session.json");
     assert_eq!(
         s["status"], "error",
@@ -283,7 +299,6 @@ fn an_agent_that_prints_nothing_is_retried_three_times_then_an_error() {
         s["reason"].as_str().unwrap().contains("printed nothing"),
         "{s}"
     );
-    assert_eq!(state(&env, "rio", "report.json")["status"], "error");
 }
 
 #[test]
@@ -406,9 +421,11 @@ fn plain_failures_back_off_escalate_after_three_and_a_success_clears_them() {
         "the session command exited with status 3; its stderr ends: cd: /work/rio: No such file or directory",
         "{session:#}"
     );
+    d.wait_until(secs(10.0), "report.json says rio backs off", || {
+        let r = state(&env, "rio", "report.json");
+        r["error"]["state"] == "backoff" && r["error"]["failures"] == 3
+    });
     let report = state(&env, "rio", "report.json");
-    assert_eq!(report["error"]["failures"], 3);
-    assert_eq!(report["error"]["state"], "backoff");
     assert!(report["error"]["until"].is_string(), "{report}");
     assert!(
         report["next_wake_at"].is_null(),

@@ -39,6 +39,7 @@ mod migrate;
 mod migrate_refusals;
 mod monitoring;
 mod notify;
+mod outcomes;
 mod ownership;
 mod package;
 mod permissions;

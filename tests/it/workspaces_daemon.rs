@@ -287,8 +287,14 @@ fn workspace_of_a_plain_directory_never_starts_the_session() {
             .unwrap_or_default()
             .contains("WORKSPACE_NOT_A_REPO")
     });
-    // User action: disabled, not retried.
-    d.wait_until(Duration::from_secs(5), "the agent is disabled", || {
+    // User action: disabled, not retried. report.json's verdict is the
+    // final state (the error and session.json come before it).
+    d.wait_until(
+        Duration::from_secs(10),
+        "report.json says rio is disabled",
+        || read_json(&env.path("rio", "report.json"))["error"]["state"] == "disabled",
+    );
+    d.wait_until(Duration::from_secs(10), "the agent is disabled", || {
         d.heartbeat()["failing"]["rio"]
             .as_str()
             .is_some_and(|f| f.starts_with("disabled"))

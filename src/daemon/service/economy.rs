@@ -10,7 +10,7 @@ use super::*;
 use crate::config::{BudgetAction, DEFAULT_CREDENTIAL, WakeIf};
 use crate::daemon::economy::{self as decide, Cause, Gate, Holds};
 use crate::protocol::limits::{self, Limit, LimitKind};
-use crate::state::journal::UsageLimitHit;
+use crate::state::journal::{SkipCause, UsageLimitHit};
 use crate::usage::{self, DayUse};
 
 /// What the economy keeps between events.
@@ -21,8 +21,14 @@ pub(super) struct Economy {
     told: std::collections::BTreeSet<String>,
     /// Today's use per agent, with the journal's size and mtime it was read at.
     today: BTreeMap<AgentName, Today>,
-    /// Wakes already said to be held (agent, hold reason): said once.
+    /// Wakes already said to be held (agent, hold reason): said once, and
+    /// once more for each later manual wake (see `manual_refusals`).
     said_held: std::collections::BTreeSet<(AgentName, String)>,
+    /// Manual wakes refused and journaled since the agent's last session:
+    /// a new manual wake is answered again while these are few
+    /// ([`MANUAL_REFUSALS_SAID`]), so a flood of wake requests cannot
+    /// flood the journal.
+    pub(super) manual_refusals: BTreeMap<AgentName, u32>,
     /// Credential checks: when each is next due, which are running, and
     /// when each last passed.
     next_check: BTreeMap<String, DateTime<Utc>>,
@@ -35,6 +41,9 @@ pub(super) struct Economy {
 
 /// A `wake_if` command's answer, and when it came.
 type Answer = (DateTime<Utc>, std::result::Result<(), String>);
+
+/// Refused manual wakes journaled per agent between two of its sessions.
+pub(super) const MANUAL_REFUSALS_SAID: u32 = 10;
 
 /// A `wake_if` command's answer counts for this long.
 const CONDITION_FRESH: Duration = Duration::from_secs(60);
@@ -157,15 +166,16 @@ impl Daemon {
                     self.publish_held(agent, cfg);
                     tracing::info!(agent = %agent, "{} wake held: {why}", reason.as_str());
                     let cause = match self.economy.holds.groups.get(&group).map(|h| h.cause) {
-                        Some(Cause::Credential) => "credential",
-                        _ => "usage_limit",
+                        Some(Cause::Credential) => SkipCause::Credential,
+                        _ => SkipCause::UsageLimit,
                     };
                     self.journal(
                         agent,
                         Event::WakeSkipped(WakeSkipped {
                             reason: reason.as_str().to_string(),
-                            cause: Some(cause.into()),
+                            cause: Some(cause),
                             detail: Some(why),
+                            until: until.map(Timestamp::from_datetime),
                             ..Default::default()
                         }),
                     );
@@ -207,7 +217,7 @@ impl Daemon {
                 self.skip_wake(
                     agent,
                     reason,
-                    "no_work",
+                    SkipCause::NoWork,
                     "wake_if = \"work\": no message waiting and no task open".into(),
                 );
                 return false;
@@ -217,7 +227,12 @@ impl Daemon {
             match self.economy.condition_result.remove(agent) {
                 Some((at, answer)) if decide::until(now, at) <= CONDITION_FRESH => {
                     if let Err(why) = answer {
-                        self.skip_wake(agent, reason, "no_work", format!("wake_if command: {why}"));
+                        self.skip_wake(
+                            agent,
+                            reason,
+                            SkipCause::NoWork,
+                            format!("wake_if command: {why}"),
+                        );
                         return false;
                     }
                 }
@@ -269,7 +284,7 @@ impl Daemon {
                 self.alerts.raise(record, true);
             }
             if scheduled {
-                self.skip_wake(agent, reason, "budget", detail);
+                self.skip_wake(agent, reason, SkipCause::Budget, detail);
             } else {
                 // Mail and manual wakes wait for the next day.
                 let next = decide::next_day_start(now, self.config.budget.timezone);
@@ -279,12 +294,22 @@ impl Daemon {
                     .insert((agent.clone(), detail.clone()))
                 {
                     tracing::info!(agent = %agent, "{} wake waits for the next budget day: {detail}", reason.as_str());
+                    if reason == WakeReason::Manual {
+                        // `wake --wait` reads this line as its answer:
+                        // said again for a later request (a few times).
+                        *self
+                            .economy
+                            .manual_refusals
+                            .entry(agent.clone())
+                            .or_default() += 1;
+                    }
                     self.journal(
                         agent,
                         Event::WakeSkipped(WakeSkipped {
                             reason: reason.as_str().to_string(),
-                            cause: Some("budget".into()),
+                            cause: Some(SkipCause::Budget),
                             detail: Some(detail),
+                            until: Some(Timestamp::from_datetime(next)),
                             ..Default::default()
                         }),
                     );
@@ -301,18 +326,24 @@ impl Daemon {
     }
 
     /// A wake not started, journaled with its cause.
-    fn skip_wake(&mut self, agent: &AgentName, reason: WakeReason, cause: &str, detail: String) {
+    fn skip_wake(
+        &mut self,
+        agent: &AgentName,
+        reason: WakeReason,
+        cause: SkipCause,
+        detail: String,
+    ) {
         tracing::info!(agent = %agent, "{} wake skipped: {detail}", reason.as_str());
         *self
             .tally
             .skips
-            .entry((agent.clone(), cause.to_string()))
+            .entry((agent.clone(), cause.as_str().to_string()))
             .or_default() += 1;
         self.journal(
             agent,
             Event::WakeSkipped(WakeSkipped {
                 reason: reason.as_str().to_string(),
-                cause: Some(cause.to_string()),
+                cause: Some(cause),
                 detail: Some(detail),
                 ..Default::default()
             }),
@@ -369,6 +400,20 @@ impl Daemon {
             &output.stderr_tail,
             self.clock.now(),
         )
+    }
+
+    /// A new manual wake of `agent`: if it is refused again, say so again
+    /// (`wake --wait` reads the journal line as its answer), a few times.
+    pub(super) fn manual_wake_requested(&mut self, agent: &AgentName) {
+        let said = self
+            .economy
+            .manual_refusals
+            .get(agent)
+            .copied()
+            .unwrap_or(0);
+        if said < MANUAL_REFUSALS_SAID {
+            self.economy.said_held.retain(|(a, _)| a != agent);
+        }
     }
 
     /// A session hit `limit`: hold its credential group, journal it, say it

@@ -180,8 +180,13 @@ impl Daemon {
                     &r.dir,
                     &r.sid,
                     &r.report,
-                    r.override_reason.as_deref(),
-                    r.verdict.code,
+                    &session::Judged {
+                        reason: r.override_reason.as_deref(),
+                        code: r.verdict.code,
+                        // A usage limit stopped it: its own outcome, not
+                        // the agent's failure.
+                        verdict: r.limit.as_ref().map(|_| SessionVerdict::UsageLimit),
+                    },
                     Some(claimed),
                     r.now,
                 ),
@@ -209,7 +214,7 @@ impl Daemon {
 
     /// A session's end is recorded (or could not be): say so, and carry out
     /// the rest (workspace, conversation, cost, the verdict, the next wake).
-    pub(super) fn end_recorded(&mut self, recorded: Recorded, outcome: Result<String>) {
+    pub(super) fn end_recorded(&mut self, recorded: Recorded, outcome: Result<session::Finished>) {
         let Recorded {
             agent,
             report,
@@ -230,11 +235,23 @@ impl Daemon {
             return;
         };
         match &outcome {
-            Ok(text) if text.starts_with("completed") => tracing::info!(
+            Ok(session::Finished {
+                verdict: SessionVerdict::Completed,
+                text,
+            }) => tracing::info!(
                 agent = %agent, session_id = %sid, instance = %running.instance,
                 "session {sid} {text}"
             ),
-            Ok(text) => tracing::warn!(
+            // Not a failure: said calmly, once, with the hold.
+            Ok(session::Finished {
+                verdict: SessionVerdict::UsageLimit,
+                ..
+            }) => tracing::info!(
+                agent = %agent, session_id = %sid, instance = %running.instance,
+                "session {sid} stopped at the usage limit (not a failure: its credential is held, the session runs again when the hold ends): {}",
+                verdict.message
+            ),
+            Ok(session::Finished { text, .. }) => tracing::warn!(
                 agent = %agent, session_id = %sid, instance = %running.instance,
                 "session {sid} {text}"
             ),

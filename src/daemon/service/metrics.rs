@@ -50,7 +50,7 @@ pub(super) struct Tally {
     /// render after start or after the agent was added).
     probed: std::collections::BTreeSet<AgentName>,
     /// metrics.json lifetime counters, by the file's mtime.
-    lifetime: BTreeMap<AgentName, ((i64, i64), [u64; 3])>,
+    lifetime: BTreeMap<AgentName, ((i64, i64), [u64; 4])>,
 }
 
 impl Tally {
@@ -169,7 +169,7 @@ impl Daemon {
         }
     }
 
-    fn lifetime_counts(&mut self, agent: &AgentName) -> Option<[u64; 3]> {
+    fn lifetime_counts(&mut self, agent: &AgentName) -> Option<[u64; 4]> {
         let dir = self.dir(agent);
         let path =
             dir.file(<crate::state::metrics::Metrics as crate::state::StateDoc>::KIND.file_name());
@@ -185,6 +185,7 @@ impl Daemon {
             m.lifetime.sessions_completed,
             m.lifetime.sessions_error,
             m.lifetime.sessions_timeout,
+            m.lifetime.sessions_usage_limited,
         ];
         self.tally.lifetime.insert(agent.clone(), (mtime, counts));
         Some(counts)
@@ -320,11 +321,12 @@ impl Daemon {
             {
                 self.tally.last_success.insert(agent.clone(), t);
             }
-            if let Some([completed, error, timeout]) = self.lifetime_counts(agent) {
+            if let Some([completed, error, timeout, usage_limit]) = self.lifetime_counts(agent) {
                 for (outcome, n) in [
                     ("completed", completed),
                     ("error", error),
                     ("timeout", timeout),
+                    ("usage_limit", usage_limit),
                 ] {
                     e.counter(
                         "agent_state_sessions_total",

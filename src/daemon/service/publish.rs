@@ -119,8 +119,13 @@ impl Daemon {
                     Some(e) => {
                         // A retry on its way is not yet an agent in error (a
                         // timeout stays distinguishable from an error): the
-                        // status changes when the retries are spent.
-                        if report.current_session.is_none() && e.state != "retrying" {
+                        // status changes when the retries are spent. A held
+                        // credential is not the agent's error either (its
+                        // own failure, if any, set the status already).
+                        if report.current_session.is_none()
+                            && e.state != "retrying"
+                            && e.state != "held"
+                        {
                             report.status = AgentStatus::Error;
                         }
                         report.error = Some(e.clone());

@@ -186,6 +186,7 @@ impl Daemon {
             );
         }
         self.core.session_started(agent, &prepared.session_id);
+        self.economy.manual_refusals.remove(agent);
         let (stop_tx, stop_rx) = watch::channel(false);
         let stop_note = StopNote::default();
         self.running.insert(

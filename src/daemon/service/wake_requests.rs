@@ -273,6 +273,7 @@ impl Daemon {
     /// log line: not merged into a manual wake already waiting, nor past
     /// the journaled skips.
     fn request_manual_wake(&mut self, agent: &AgentName) -> bool {
+        self.manual_wake_requested(agent);
         let now = self.clock.now();
         let waiting = self
             .core

@@ -1,0 +1,269 @@
+//! What a session's end counts as, and what `wake --wait` says happened
+//! (issue 21): a usage limit is its own outcome, not an error (metrics.json,
+//! `status`, the daemon's log), and `wake --wait` tells a refusal that will
+//! pass (a budget, a held credential, a locked workspace: 75) from a
+//! session that could not start (1) and from no daemon (69).
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::support::*;
+
+const RESULT: &str = r#"{"type":"result","subtype":"success","is_error":false,"num_turns":2,"result":"done","total_cost_usd":0.01}"#;
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+/// What Claude Code prints when the subscription's limit is hit (the text
+/// form `protocol/limits.rs` recognises; the reset, 1pm in Lisbon, is hours
+/// away unless the clock is faked).
+fn limit_fixture() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/claude/limits/hit-your-limit.txt")
+        .display()
+        .to_string()
+}
+
+/// rio's command prints the usage limit and exits 1, every time.
+fn limited_env() -> Env {
+    let env = Env::with_config("");
+    let script = env.script(
+        "claude.sh",
+        &format!("cat >/dev/null\ncat {:?}\nexit 1", limit_fixture()),
+    );
+    let config = daemon_config(&script, &[], &[], "[[agent]]\nname = \"rio\"\n");
+    env.set_config(&config);
+    env.ok(&["bootstrap"]);
+    env
+}
+
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).to_string()
+}
+
+// ---- a usage limit is not an error ---------------------------------------------------------
+
+#[test]
+fn a_usage_limit_is_its_own_outcome_never_counted_as_an_error() {
+    let env = limited_env();
+    let d = env.daemon();
+    env.ok(&["wake", "rio"]);
+    // The end's journal line, then metrics.json counts it (same change).
+    d.wait_until(secs(20), "the session's end is journaled", || {
+        !env.events("rio", "error").is_empty()
+    });
+    d.wait_until(secs(10), "metrics.json counts the end", || {
+        env.json("rio", "metrics.json")["lifetime"]["sessions_total"] == 1
+    });
+    let end = &env.events("rio", "error")[0];
+    assert_eq!(end["code"], "USAGE_LIMIT", "{end}");
+    assert_eq!(end["verdict"], "usage_limit", "{end}");
+
+    // session.json keeps the seed's status, and says what it was.
+    let session = env.json("rio", "session.json");
+    assert_eq!(session["status"], "error", "{session:#}");
+    assert_eq!(session["verdict"], "usage_limit", "{session:#}");
+
+    let metrics = env.json("rio", "metrics.json");
+    let (lifetime, rolling) = (&metrics["lifetime"], &metrics["rolling_30d"]);
+    assert_eq!(lifetime["sessions_error"], 0, "{metrics:#}");
+    assert_eq!(lifetime["sessions_timeout"], 0, "{metrics:#}");
+    assert_eq!(lifetime["sessions_usage_limited"], 1, "{metrics:#}");
+    assert_eq!(rolling["sessions"], 1, "{metrics:#}");
+    assert_eq!(rolling["usage_limited"], 1, "{metrics:#}");
+    assert_eq!(rolling["error_rate"], 0.0, "{metrics:#}");
+    // `metrics rebuild` (from the journal alone) agrees.
+    env.ok(&["metrics", "rebuild", "rio"]);
+    let rebuilt = env.json("rio", "metrics.json");
+    assert_eq!(rebuilt["lifetime"]["sessions_error"], 0, "{rebuilt:#}");
+    assert_eq!(rebuilt["lifetime"]["sessions_usage_limited"], 1);
+    assert_eq!(rebuilt["rolling_30d"]["error_rate"], 0.0);
+
+    // `status`: no failure in FAIL/30D, the agent not in error, the last
+    // session named for what it was.
+    d.wait_until(secs(10), "report.json says rio is held", || {
+        env.json("rio", "report.json")["error"]["state"] == "held"
+    });
+    let report = env.json("rio", "report.json");
+    assert_eq!(report["status"], "idle", "{report:#}");
+    assert_eq!(
+        report["last_session"]["verdict"], "usage_limit",
+        "{report:#}"
+    );
+    let json: Value = serde_json::from_str(&env.ok(&["status", "--json"])).unwrap();
+    let rio = json
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["agent"] == "rio")
+        .unwrap();
+    assert_eq!(rio["errors_30d"], 0, "{rio:#}");
+    assert_eq!(rio["usage_limited_30d"], 1, "{rio:#}");
+    assert_eq!(rio["sessions_30d"], 1, "{rio:#}");
+    let text = env.ok(&["status"]);
+    let row: Vec<&str> = text
+        .lines()
+        .find(|l| l.starts_with("rio "))
+        .unwrap_or_else(|| panic!("{text}"))
+        .split_whitespace()
+        .collect();
+    // AGENT STATUS LAST-SESSION(word, when…, id) … then the six counts
+    // (TASKS INBOX SESS/30D FAIL/30D TIMEOUT/30D ERRORS/30D) and NEXT WAKE.
+    assert_eq!(row[1], "idle", "{text}");
+    assert_eq!(row[2], "usage_limit", "{text}");
+    let fail_30d = row[row.len() - 5 - next_wake_words(&row)];
+    assert_eq!(fail_30d, "0", "FAIL/30D: {text}");
+
+    // The daemon's log: a calm line saying what it was, no "error" line.
+    let sid = session["session_id"].as_str().unwrap();
+    d.wait_until(secs(5), "the end is logged", || {
+        d.log_text()
+            .contains(&format!("session {sid} stopped at the usage limit"))
+    });
+    let log = d.log_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains(&format!("session {sid} stopped at the usage limit")))
+        .unwrap();
+    assert!(
+        line.contains("not a failure") && line.contains("INFO"),
+        "{line}"
+    );
+    assert!(
+        !log.contains(&format!("session {sid} error")),
+        "logged as an error: {log}"
+    );
+}
+
+/// How many words the NEXT WAKE cell takes at the end of a status row
+/// (`-`, or `in 3h` …).
+fn next_wake_words(row: &[&str]) -> usize {
+    match row.last() {
+        Some(&"-") => 1,
+        _ => 2,
+    }
+}
+
+// ---- wake --wait says what happened -------------------------------------------------------
+
+#[test]
+fn wake_wait_refused_by_a_budget_exits_75_naming_the_budget_and_its_end() {
+    let env = Env::with_config("");
+    let script = env.script(
+        "agent.sh",
+        &format!("cat >/dev/null\nprintf '%s\\n' '{RESULT}'\n"),
+    );
+    let config = daemon_config(
+        &script,
+        &[],
+        &[],
+        "[[agent]]\nname = \"rio\"\nbudget = { max_sessions = 1 }\n",
+    );
+    env.set_config(&config);
+    env.ok(&["bootstrap"]);
+    let d = env.daemon();
+    env.ok(&["wake", "rio", "--wait", "10s"]);
+    d.wait_until(secs(10), "the first session is counted", || {
+        env.events("rio", "session_end").len() == 1
+    });
+    // Each later wake is refused, and each gets its answer (not only the
+    // first: the daemon says a refused manual wake again).
+    for n in 1..=2 {
+        let out = env.run(&["wake", "rio", "--wait", "10s"]);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(75), "wake {n}: {err}");
+        assert!(
+            err.contains("wake refused (budget)")
+                && err.contains("max_sessions reached: 1 of 1")
+                && err.contains("it runs at "),
+            "wake {n}: {err}"
+        );
+        assert!(!err.contains("slots busy"), "{err}");
+    }
+    let refused: Vec<Value> = env
+        .events("rio", "wake_skipped")
+        .into_iter()
+        .filter(|e| e["cause"] == "budget" && e["reason"] == "manual")
+        .collect();
+    assert_eq!(refused.len(), 2, "{refused:#?}");
+    assert!(refused[0]["until"].is_string(), "{:#}", refused[0]);
+    assert_eq!(env.events("rio", "session_start").len(), 1);
+}
+
+#[test]
+fn wake_wait_on_a_held_credential_exits_75_when_the_limit_still_holds() {
+    let env = limited_env();
+    let d = env.daemon();
+    // The first session finds the limit: the credential is held (the reset
+    // is hours away).
+    env.run(&["wake", "rio", "--wait", "10s"]);
+    d.wait_until(secs(20), "the usage limit holds the credential", || {
+        std::fs::read_to_string(env.root.join(".daemon/economy.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+            .is_some_and(|v| v["holds"]["groups"]["default"]["cause"] == "usage_limit")
+    });
+    // The operator tries (a manual wake runs through a hold): the session
+    // finds the limit again, and `wake --wait` says the hold stands.
+    let out = env.run(&["wake", "rio", "--wait", "20s"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(75), "{err}");
+    assert!(
+        err.contains("stopped at the usage limit")
+            && err.contains("credential default is still held until"),
+        "{err}"
+    );
+    assert_eq!(env.events("rio", "session_start").len(), 2);
+}
+
+#[test]
+fn wake_wait_on_a_locked_workspace_exits_75_naming_the_lock() {
+    let env = Env::with_config("");
+    let repo = git_repo(&env);
+    let script = env.script("agent.sh", "cat >/dev/null\necho done");
+    let config = daemon_config(
+        &script,
+        &[],
+        &[(
+            "workspace",
+            &format!(
+                "{{ repo = {:?}, branch = \"stuck\" }}",
+                repo.display().to_string()
+            ),
+        )],
+        "[[agent]]\nname = \"rio\"\n",
+    );
+    env.set_config(&config);
+    env.ok(&["bootstrap"]);
+    // Somebody's git holds the new branch's ref lock, for good.
+    std::fs::write(repo.join(".git/refs/heads/stuck.lock"), "").unwrap();
+    let _d = env.daemon();
+    let out = env.run(&["wake", "rio", "--wait", "60s"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(75), "{err}");
+    assert!(
+        err.contains("its workspace was refused (WORKSPACE_LOCKED)") && err.contains("stuck.lock"),
+        "{err}"
+    );
+}
+
+#[test]
+fn wake_wait_exits_1_when_the_command_cannot_start_and_69_only_without_a_daemon() {
+    let env = Env::with_config("");
+    let missing = env.tmp("no-such-claude");
+    let config = daemon_config(&missing, &[], &[], "[[agent]]\nname = \"rio\"\n");
+    env.set_config(&config);
+    env.ok(&["bootstrap"]);
+    let out = env.run(&["wake", "rio", "--wait", "5s"]);
+    assert_eq!(out.status.code(), Some(69), "{}", stderr(&out));
+    assert!(stderr(&out).contains("no agent-state daemon is running"));
+    let d = env.daemon();
+    let out = env.run(&["wake", "rio", "--wait", "10s"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("could not start (AGENT_NOT_FOUND)"), "{err}");
+    drop(d);
+}
