@@ -116,14 +116,15 @@ fn a_session_that_records_its_own_failure_and_exits_0_backs_off() {
         "{:?}",
         env.files("rio", "inbox/rejected")
     );
-    let errors: Vec<Value> = std::fs::read_to_string(env.root.join(".daemon/errors.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect();
-    let failed = errors
-        .iter()
-        .filter(|r| r["code"] == "SESSION_FAILED")
-        .count();
-    assert_eq!(failed, 3, "{errors:#?}");
+    // The error is raised after report.json has the verdict: waited for.
+    let failed = || {
+        std::fs::read_to_string(env.root.join(".daemon/errors.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|r| r["code"] == "SESSION_FAILED")
+            .count()
+    };
+    d.wait_until(secs(10), "three SESSION_FAILED records", || failed() >= 3);
+    assert_eq!(failed(), 3);
 }
