@@ -225,44 +225,74 @@ impl Watch<'_> {
 
     fn failed(&self, f: &SessionFailed, verdict: SessionVerdict) -> u8 {
         let (name, sid) = (&self.dir.name, self.session_id);
-        match f.code.as_deref().and_then(Code::parse) {
-            Some(c @ (Code::WorkspaceLocked | Code::WorkspaceFailed)) => {
-                crate::cli::warn(format!(
-                    "{name}: session {sid} could not start: its workspace was refused ({c}): {}; the daemon retries it",
-                    f.reason
-                ));
-                return exit::TEMPFAIL;
-            }
-            Some(c) if c.prevents_start() => {
-                crate::cli::warn(format!(
-                    "{name}: session {sid} could not start ({c}): {}",
-                    f.reason
-                ));
-                return exit::FAILED;
-            }
-            _ => {}
-        }
-        // It ran. With no hold before it, it started: a failure is the
-        // daemon's to retry, a usage limit the daemon's to wait out (a
-        // first limit shows in `status`).
-        let Some(group) = self.held else {
-            return exit::OK;
-        };
+        let code = f.code.as_deref().and_then(Code::parse);
         // The operator's try of a held credential: the hold answers.
-        let hold = release::saved_hold(&self.ctx.root, group).ok().flatten();
-        if verdict != SessionVerdict::UsageLimit && hold.is_none() {
-            return exit::OK;
+        let hold = self
+            .held
+            .and_then(|group| release::saved_hold(&self.ctx.root, group).ok().flatten());
+        let answer = answer(code, verdict, self.held.is_some(), hold.is_some());
+        let reason = &f.reason;
+        match answer {
+            Answer::Started => {}
+            Answer::WorkspaceRefused(c) => crate::cli::warn(format!(
+                "{name}: session {sid} could not start: its workspace was refused ({c}): {reason}; the daemon retries it"
+            )),
+            Answer::CouldNotStart(c) => crate::cli::warn(format!(
+                "{name}: session {sid} could not start ({c}): {reason}"
+            )),
+            Answer::StillHeld => {
+                let still = hold.map_or(String::new(), |h| {
+                    let until = h.until.map_or(String::new(), |t| format!(" until {t}"));
+                    format!(
+                        "; credential {} is still held{until}: {}",
+                        self.held.unwrap_or_default(),
+                        h.reason
+                    )
+                });
+                let what = match verdict {
+                    SessionVerdict::UsageLimit => "stopped at the usage limit (not a failure)",
+                    _ => "failed",
+                };
+                crate::cli::warn(format!("{name}: session {sid} {what}: {reason}{still}"));
+            }
         }
-        let still = hold.map_or(String::new(), |h| {
-            let until = h.until.map_or(String::new(), |t| format!(" until {t}"));
-            format!("; credential {group} is still held{until}: {}", h.reason)
-        });
-        let what = match verdict {
-            SessionVerdict::UsageLimit => "stopped at the usage limit (not a failure)",
-            _ => "failed",
-        };
-        crate::cli::warn(format!("{name}: session {sid} {what}: {}{still}", f.reason));
-        exit::TEMPFAIL
+        answer.exit_code()
+    }
+}
+
+/// What `wake --wait` answers for a session whose end is journaled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answer {
+    /// It started (and ended: a failure is the daemon's to retry, a first
+    /// usage limit the daemon's to wait out; `status` shows them).
+    Started,
+    /// Its command could not be started: the config needs a fix.
+    CouldNotStart(Code),
+    /// Its workspace was locked or could not be made: retried.
+    WorkspaceRefused(Code),
+    /// The operator's try of a held credential, and it is held still.
+    StillHeld,
+}
+
+impl Answer {
+    fn exit_code(self) -> u8 {
+        match self {
+            Answer::Started => exit::OK,
+            Answer::CouldNotStart(_) => exit::FAILED,
+            Answer::WorkspaceRefused(_) | Answer::StillHeld => exit::TEMPFAIL,
+        }
+    }
+}
+
+/// The answer for an ended session: by its catalogue code and verdict,
+/// whether its credential was held when the wake was asked for
+/// (`tried_held`) and whether it is held now (`held_now`). Pure.
+fn answer(code: Option<Code>, verdict: SessionVerdict, tried_held: bool, held_now: bool) -> Answer {
+    match code {
+        Some(c @ (Code::WorkspaceLocked | Code::WorkspaceFailed)) => Answer::WorkspaceRefused(c),
+        Some(c) if c.prevents_start() => Answer::CouldNotStart(c),
+        _ if tried_held && (verdict == SessionVerdict::UsageLimit || held_now) => Answer::StillHeld,
+        _ => Answer::Started,
     }
 }
 
@@ -281,4 +311,116 @@ fn journaled_end(dir: &AgentDir, session_id: &str) -> Option<Event> {
         }
     });
     read.ok().and(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_end_has_its_answer() {
+        use SessionVerdict::*;
+        let table = [
+            // (code, verdict, tried held, held now) → answer, exit
+            (None, Completed, false, false, Answer::Started, 0),
+            (
+                Some(Code::SessionFailed),
+                Error,
+                false,
+                false,
+                Answer::Started,
+                0,
+            ),
+            (
+                Some(Code::SessionTimeout),
+                Timeout,
+                false,
+                false,
+                Answer::Started,
+                0,
+            ),
+            // A first usage limit: it ran (the daemon waits it out).
+            (
+                Some(Code::UsageLimit),
+                UsageLimit,
+                false,
+                true,
+                Answer::Started,
+                0,
+            ),
+            (
+                Some(Code::AgentNotFound),
+                Error,
+                false,
+                false,
+                Answer::CouldNotStart(Code::AgentNotFound),
+                1,
+            ),
+            (
+                Some(Code::WorkspaceNotARepo),
+                Error,
+                false,
+                false,
+                Answer::CouldNotStart(Code::WorkspaceNotARepo),
+                1,
+            ),
+            (
+                Some(Code::WorkspaceLocked),
+                Error,
+                false,
+                false,
+                Answer::WorkspaceRefused(Code::WorkspaceLocked),
+                75,
+            ),
+            (
+                Some(Code::WorkspaceFailed),
+                Error,
+                true,
+                true,
+                Answer::WorkspaceRefused(Code::WorkspaceFailed),
+                75,
+            ),
+            // The operator's try of a held credential.
+            (
+                Some(Code::UsageLimit),
+                UsageLimit,
+                true,
+                true,
+                Answer::StillHeld,
+                75,
+            ),
+            (
+                Some(Code::UsageDisabled),
+                UsageLimit,
+                true,
+                true,
+                Answer::StillHeld,
+                75,
+            ),
+            (
+                Some(Code::AgentLoginRequired),
+                Error,
+                true,
+                true,
+                Answer::StillHeld,
+                75,
+            ),
+            // ...that ended the hold, or failed for another reason once
+            // the hold was lifted.
+            (None, Completed, true, false, Answer::Started, 0),
+            (
+                Some(Code::SessionFailed),
+                Error,
+                true,
+                false,
+                Answer::Started,
+                0,
+            ),
+        ];
+        for (code, verdict, tried, now, want, exit) in table {
+            let got = answer(code, verdict, tried, now);
+            assert_eq!(got, want, "{code:?} {verdict:?} {tried} {now}");
+            assert_eq!(got.exit_code(), exit, "{got:?}");
+        }
+    }
 }

@@ -371,6 +371,96 @@ mod tests {
     use super::*;
     use crate::state::journal::{Record, SessionEnd, SessionFailed, SessionStart};
 
+    /// What each kind of end counts as: the lifetime counters and the
+    /// window's error rate, from the same journal events.
+    #[test]
+    fn each_end_counts_as_its_verdict_and_a_usage_limit_is_no_error() {
+        let failed = |code: Option<&str>, verdict: Option<SessionVerdict>| SessionFailed {
+            session_id: "s".into(),
+            reason: "r".into(),
+            code: code.map(str::to_string),
+            verdict,
+            ..Default::default()
+        };
+        let ended = Event::SessionEnd(SessionEnd {
+            session_id: "s".into(),
+            ..Default::default()
+        });
+        // (event, completed, timeout, error, usage limited)
+        let table: Vec<(Event, [u64; 4])> = vec![
+            (ended, [1, 0, 0, 0]),
+            (
+                Event::Timeout(failed(Some("SESSION_TIMEOUT"), None)),
+                [0, 1, 0, 0],
+            ),
+            (Event::Error(failed(None, None)), [0, 0, 1, 0]),
+            (
+                Event::Error(failed(Some("SESSION_FAILED"), None)),
+                [0, 0, 1, 0],
+            ),
+            (
+                Event::Error(failed(
+                    Some("USAGE_LIMIT"),
+                    Some(SessionVerdict::UsageLimit),
+                )),
+                [0, 0, 0, 1],
+            ),
+            // Written before the field: judged by its catalogue code.
+            (
+                Event::Error(failed(Some("USAGE_LIMIT"), None)),
+                [0, 0, 0, 1],
+            ),
+            (
+                Event::Error(failed(Some("USAGE_DISABLED"), None)),
+                [0, 0, 0, 1],
+            ),
+            // A verdict the status already says is not a usage limit.
+            (
+                Event::Error(failed(None, Some(SessionVerdict::Error))),
+                [0, 0, 1, 0],
+            ),
+        ];
+        let now = Timestamp::parse("2026-11-26T12:00:00Z").unwrap();
+        for (event, [completed, timeout, error, limited]) in table {
+            let mut l = Lifetime::default();
+            l.count(&event);
+            let got = [
+                l.sessions_completed,
+                l.sessions_timeout,
+                l.sessions_error,
+                l.sessions_usage_limited,
+            ];
+            assert_eq!(got, [completed, timeout, error, limited], "{event:?}");
+            assert_eq!(l.sessions_total, 1, "{event:?}");
+            let r = Rolling::from_journal(&[Entry::new(now, event.clone())], now);
+            assert_eq!(r.sessions, 1, "{event:?}");
+            assert_eq!(r.usage_limited, limited, "{event:?}");
+            let rate = if timeout + error > 0 { 1.0 } else { 0.0 };
+            assert_eq!(r.error_rate, rate, "{event:?}");
+        }
+        // One error among three sessions, one of them a usage limit: the
+        // rate is over the two the agent answers for.
+        let ids = ["a", "b", "c"];
+        let events = [
+            Event::SessionEnd(SessionEnd {
+                session_id: ids[0].into(),
+                ..Default::default()
+            }),
+            Event::Error(SessionFailed {
+                session_id: ids[1].into(),
+                ..Default::default()
+            }),
+            Event::Error(SessionFailed {
+                session_id: ids[2].into(),
+                verdict: Some(SessionVerdict::UsageLimit),
+                ..Default::default()
+            }),
+        ];
+        let entries: Vec<Entry> = events.into_iter().map(|e| Entry::new(now, e)).collect();
+        let r = Rolling::from_journal(&entries, now);
+        assert_eq!((r.sessions, r.usage_limited, r.error_rate), (3, 1, 0.5));
+    }
+
     /// The fast window reads what the whole parse reads: every kind of line,
     /// old and new, torn, foreign, a rotation marker, across a segment.
     #[test]
