@@ -134,8 +134,9 @@ codes! {
 
 impl Code {
     /// Does this code say a session never ran: its command could not be
-    /// started, or its workspace could not be made? (`wake --wait` fails
-    /// on these; a session that ran and failed is the daemon's to retry.)
+    /// started, or its workspace could not be made? (`wake --wait` exits 1
+    /// on these, 75 for a workspace locked or not made, which is retried; a
+    /// session that ran and failed is the daemon's to retry.)
     pub fn prevents_start(self) -> bool {
         matches!(
             self,

@@ -212,15 +212,17 @@ impl Watch<'_> {
     }
 
     /// Is the session's command running (daemon.json lists its process)?
+    /// A daemon.json this user cannot read says nothing: taken as yes
+    /// (the rule before daemon.json was read here: running a second after
+    /// it began).
     fn spawned(&self) -> bool {
-        files::read_heartbeat(&self.ctx.root)
-            .ok()
-            .flatten()
-            .is_some_and(|h| {
-                h.running
-                    .iter()
-                    .any(|r| r.session_id == self.session_id && r.pid.is_some())
-            })
+        match files::read_heartbeat(&self.ctx.root) {
+            Ok(Some(h)) => h
+                .running
+                .iter()
+                .any(|r| r.session_id == self.session_id && r.pid.is_some()),
+            Ok(None) | Err(_) => true,
+        }
     }
 
     fn failed(&self, f: &SessionFailed, verdict: SessionVerdict) -> u8 {
