@@ -532,6 +532,19 @@ fn line(ctx: &Context, agent: &AgentConfig) -> Line {
         l.budget_exceeded = budget.first_exceeded(&l.today).map(|e| e.to_string());
     }
     for e in entries.iter() {
+        // The daemon's verdict on an end its script recorded first.
+        if let journal::Event::SessionVerdict(v) = &e.event {
+            for (verdict, by) in [(v.was, -1i64), (v.verdict, 1)] {
+                let n = match verdict {
+                    SessionVerdict::Completed => continue,
+                    SessionVerdict::Error => &mut l.errors_30d,
+                    SessionVerdict::Timeout => &mut l.timeouts_30d,
+                    SessionVerdict::UsageLimit => &mut l.usage_limited_30d,
+                };
+                *n = n.saturating_add_signed(by);
+            }
+            continue;
+        }
         let Some(verdict) = e.event.verdict() else {
             continue;
         };

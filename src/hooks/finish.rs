@@ -370,6 +370,54 @@ pub fn amend_failure_reason(
     Ok(true)
 }
 
+/// The daemon's verdict on an ended session `session_id` that its script
+/// recorded first as a failure (its trap's `session fail`): a usage limit
+/// the daemon found in the output. Journaled (`session_verdict`, which the
+/// counters follow), then session.json and report.json's `verdict`; the
+/// agent back to idle. Nothing if the session is not that one, not failed,
+/// or already says so. Returns whether it changed anything.
+pub fn amend_verdict(
+    dir: &AgentDir,
+    session_id: &str,
+    verdict: SessionVerdict,
+    now: Timestamp,
+) -> Result<bool> {
+    let lock = dir.lock()?;
+    let mut notes = Vec::new();
+    let mut session: Session = dir.load(&lock, now, &mut notes)?;
+    let was = match session.status {
+        Some(SessionStatus::Error) => SessionVerdict::Error,
+        Some(SessionStatus::Timeout) => SessionVerdict::Timeout,
+        _ => return Ok(false),
+    };
+    if session.session_id != session_id || session.verdict.is_some() || was == verdict {
+        return Ok(false);
+    }
+    session.verdict = Some(verdict);
+    let mut report: Report = dir.load(&lock, now, &mut notes)?;
+    if let Some(last) = report.last_session.as_mut().filter(|l| l.id == session_id) {
+        last.verdict = Some(verdict);
+        if report.current_session.is_none() && verdict == SessionVerdict::UsageLimit {
+            report.status = AgentStatus::Idle;
+        }
+    }
+    let event = Event::SessionVerdict(crate::state::journal::VerdictAmended {
+        session_id: session_id.to_string(),
+        was,
+        verdict,
+    });
+    let staged_session = dir.stage(&lock, &session)?;
+    let staged_report = dir.stage(&lock, &report)?;
+    dir.journal_append(&lock, now, event.clone())?;
+    let (_, staged_metrics) = metrics::stage(dir, &lock, &event, now, &mut notes)?;
+    atomic::commit_all(
+        [staged_session, staged_report]
+            .into_iter()
+            .chain(staged_metrics),
+    )?;
+    Ok(true)
+}
+
 pub(super) fn finish_request(
     agent: &AgentConfig,
     dir: &AgentDir,

@@ -73,8 +73,20 @@ pub enum Event {
     PromptCut(PromptCut),
     SessionUsage(SessionUsage),
     UsageLimit(UsageLimitHit),
+    SessionVerdict(VerdictAmended),
     #[serde(other)]
     Other,
+}
+
+/// The daemon's verdict on a session whose end its script recorded first
+/// (`session fail` from the script's trap, before the daemon saw the
+/// output): the end counts as `verdict`, not as what was recorded (`was`).
+/// A usage limit found in the output of a session its script failed.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VerdictAmended {
+    pub session_id: String,
+    pub was: SessionVerdict,
+    pub verdict: SessionVerdict,
 }
 
 /// What a session used, as its agent's output reported it (Claude Code's

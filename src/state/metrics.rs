@@ -110,6 +110,14 @@ impl Lifetime {
                 };
                 *counter = counter.saturating_add(1);
             }
+            // An end counted as what its script recorded, moved to what
+            // the daemon found.
+            Event::SessionVerdict(v) => {
+                let from = self.counter(v.was);
+                *from = from.saturating_sub(1);
+                let to = self.counter(v.verdict);
+                *to = to.saturating_add(1);
+            }
             Event::Record(r) => {
                 self.claims_proposed = self.claims_proposed.saturating_add(r.claims_proposed);
                 self.claims_accepted = self.claims_accepted.saturating_add(r.claims_accepted);
@@ -123,6 +131,16 @@ impl Lifetime {
                 self.cross_agent_flags_sent = self.cross_agent_flags_sent.saturating_add(1)
             }
             _ => {}
+        }
+    }
+
+    /// The counter of ends with `verdict`.
+    fn counter(&mut self, verdict: SessionVerdict) -> &mut u64 {
+        match verdict {
+            SessionVerdict::Completed => &mut self.sessions_completed,
+            SessionVerdict::Timeout => &mut self.sessions_timeout,
+            SessionVerdict::Error => &mut self.sessions_error,
+            SessionVerdict::UsageLimit => &mut self.sessions_usage_limited,
         }
     }
 
@@ -145,6 +163,7 @@ impl Rolling {
         let mut ended = BTreeSet::new();
         let mut failed = BTreeSet::new();
         let mut limited = BTreeSet::new();
+        let mut amended = Vec::new();
         for e in entries.iter().filter(|e| e.ts >= since && e.ts <= now) {
             match &e.event {
                 Event::SessionEnd(end) => {
@@ -164,7 +183,14 @@ impl Rolling {
                     r.claims_proposed = r.claims_proposed.saturating_add(rec.claims_proposed);
                     accepted = accepted.saturating_add(rec.claims_accepted);
                 }
+                Event::SessionVerdict(v) => amended.push(v),
                 _ => {}
+            }
+        }
+        // The daemon's verdict on ends their scripts recorded first.
+        for v in amended {
+            if v.verdict == SessionVerdict::UsageLimit && failed.remove(&v.session_id) {
+                limited.insert(v.session_id.clone());
             }
         }
         r.sessions = ended.len() as u64;
@@ -223,6 +249,7 @@ impl Rolling {
                 "error" => serde_json::from_slice(line).map(Event::Error),
                 "timeout" => serde_json::from_slice(line).map(Event::Timeout),
                 "record" => serde_json::from_slice(line).map(Event::Record),
+                "session_verdict" => serde_json::from_slice(line).map(Event::SessionVerdict),
                 // Where a rotation happened: not an event.
                 "log_rotated" if super::rotation::is_marker(line) => {
                     return std::ops::ControlFlow::Continue(());
@@ -348,7 +375,11 @@ pub fn stage(
     }
     let window_changes = matches!(
         event,
-        Event::SessionEnd(_) | Event::Error(_) | Event::Timeout(_) | Event::Record(_)
+        Event::SessionEnd(_)
+            | Event::Error(_)
+            | Event::Timeout(_)
+            | Event::Record(_)
+            | Event::SessionVerdict(_)
     );
     if metrics.lifetime == before && !window_changes && origin == super::Origin::File {
         // Most events (a plain session start) change no counter: skip the write.
@@ -459,6 +490,36 @@ mod tests {
         let entries: Vec<Entry> = events.into_iter().map(|e| Entry::new(now, e)).collect();
         let r = Rolling::from_journal(&entries, now);
         assert_eq!((r.sessions, r.usage_limited, r.error_rate), (3, 1, 0.5));
+
+        // The daemon's verdict on the error its script recorded first
+        // moves it, in the counters and in the window.
+        let amended = [
+            Event::Error(SessionFailed {
+                session_id: "d".into(),
+                ..Default::default()
+            }),
+            Event::SessionVerdict(crate::state::journal::VerdictAmended {
+                session_id: "d".into(),
+                was: SessionVerdict::Error,
+                verdict: SessionVerdict::UsageLimit,
+            }),
+        ];
+        let l = Lifetime::from_journal(
+            &amended
+                .iter()
+                .map(|e| Entry::new(now, e.clone()))
+                .collect::<Vec<_>>(),
+        );
+        assert_eq!(
+            (l.sessions_total, l.sessions_error, l.sessions_usage_limited),
+            (1, 0, 1)
+        );
+        let entries: Vec<Entry> = entries
+            .into_iter()
+            .chain(amended.into_iter().map(|e| Entry::new(now, e)))
+            .collect();
+        let r = Rolling::from_journal(&entries, now);
+        assert_eq!((r.sessions, r.usage_limited, r.error_rate), (4, 2, 0.5));
     }
 
     /// The fast window reads what the whole parse reads: every kind of line,

@@ -137,6 +137,66 @@ fn a_usage_limit_is_its_own_outcome_never_counted_as_an_error() {
     );
 }
 
+/// The shipped session script's way: its EXIT trap records the failure
+/// (`session fail`) before the daemon sees the output. The daemon's verdict
+/// is added, and the counters follow it.
+#[test]
+fn a_usage_limit_its_script_recorded_as_a_failure_is_counted_as_one() {
+    let env = Env::with_config("");
+    let script = env.script(
+        "session.sh",
+        &format!(
+            "cat >/dev/null
+{bin:?} session begin rio >/dev/null
+trap '{bin:?} session fail rio --session \"$AGENT_STATE_SESSION_ID\" --outcome error --reason \"claude exited 1\"' EXIT
+cat {f:?}
+exit 1",
+            bin = BIN,
+            f = limit_fixture()
+        ),
+    );
+    let config = daemon_config(&script, &[], &[], "[[agent]]\nname = \"rio\"\n");
+    env.set_config(&config);
+    env.ok(&["bootstrap"]);
+    let d = env.daemon();
+    env.ok(&["wake", "rio"]);
+    d.wait_until(secs(20), "the daemon's verdict is journaled", || {
+        !env.events("rio", "session_verdict").is_empty()
+    });
+    let end = &env.events("rio", "error")[0];
+    assert_eq!(
+        end["reason"], "claude exited 1",
+        "the script's own record: {end}"
+    );
+    let amended = &env.events("rio", "session_verdict")[0];
+    assert_eq!(amended["was"], "error", "{amended}");
+    assert_eq!(amended["verdict"], "usage_limit", "{amended}");
+    // Journaled first, then the files of the change renamed in together.
+    d.wait_until(secs(10), "metrics.json counts the verdict", || {
+        env.json("rio", "metrics.json")["lifetime"]["sessions_usage_limited"] == 1
+    });
+    let metrics = env.json("rio", "metrics.json");
+    assert_eq!(metrics["lifetime"]["sessions_error"], 0, "{metrics:#}");
+    assert_eq!(metrics["rolling_30d"]["error_rate"], 0.0, "{metrics:#}");
+    env.ok(&["metrics", "rebuild", "rio"]);
+    let rebuilt = env.json("rio", "metrics.json");
+    assert_eq!(rebuilt["lifetime"]["sessions_error"], 0, "{rebuilt:#}");
+    assert_eq!(
+        rebuilt["lifetime"]["sessions_usage_limited"], 1,
+        "{rebuilt:#}"
+    );
+    assert_eq!(env.json("rio", "session.json")["verdict"], "usage_limit");
+    let json: Value = serde_json::from_str(&env.ok(&["status", "--json"])).unwrap();
+    let rio = json
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["agent"] == "rio")
+        .unwrap();
+    assert_eq!(rio["errors_30d"], 0, "{rio:#}");
+    assert_eq!(rio["usage_limited_30d"], 1, "{rio:#}");
+}
+
 /// The cell of `row` under the right-aligned `title` of `header`.
 fn column<'a>(header: &str, row: &'a str, title: &str) -> &'a str {
     let end = header.find(title).unwrap() + title.len();

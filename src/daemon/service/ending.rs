@@ -234,6 +234,22 @@ impl Daemon {
         let Some(running) = self.running.remove(&agent) else {
             return;
         };
+        // Its script recorded the end first, as a failure (the trap's
+        // `session fail`), and the output shows a usage limit: the daemon's
+        // verdict is added (the counters follow it).
+        let outcome = match outcome {
+            Ok(mut finished) if limit.is_some() && finished.verdict.is_failure() => {
+                match hooks::amend_verdict(&dir, &sid, SessionVerdict::UsageLimit, now) {
+                    Ok(true) => finished.verdict = SessionVerdict::UsageLimit,
+                    Ok(false) => {}
+                    Err(e) => {
+                        tracing::warn!(agent = %agent, session_id = %sid, "cannot record that a usage limit ended the session: {e}")
+                    }
+                }
+                Ok(finished)
+            }
+            other => other,
+        };
         match &outcome {
             Ok(session::Finished {
                 verdict: SessionVerdict::Completed,
