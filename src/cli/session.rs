@@ -225,6 +225,7 @@ pub fn run(ctx: &Context, command: Command) -> Result<u8> {
                 reason: a.reason,
                 // The daemon's verdict, not a script's to give.
                 code: None,
+                not_an_attempt: false,
                 caller: Caller::this_process(),
             };
             let r = hooks::fail(agent, &dir, &req, ctx.now)?;

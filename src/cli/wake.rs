@@ -17,7 +17,7 @@ use crate::state::session::Session;
 pub struct Args {
     /// The agent
     pub agent: String,
-    /// Wait up to this long for the session to start, and print its id
+    /// Wait up to this long for the session to start, and print its id; exit 1 if it could not start (its command missing or not executable, its workspace refused)
     #[arg(long, value_name = "DUR", value_parser = crate::clock::parse_duration)]
     pub wait: Option<Duration>,
 }
@@ -33,6 +33,7 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
     }
     let before: Option<Session> = dir.read().ok().flatten();
     let before_id = before.map(|s| s.session_id);
+    let last_line = newest_line(&dir);
     session::request_wake(&dir)?;
     let Some(wait) = args.wait else {
         println!(
@@ -48,6 +49,15 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         {
             println!("{}", s.session_id);
             return Ok(judge_start(&dir, &s.session_id));
+        }
+        if let Some(refused) = refused_since(&dir, last_line.as_deref()) {
+            crate::cli::warn(format!(
+                "{}: could not start ({}): {}",
+                dir.name,
+                refused.cause.unwrap_or_default().to_ascii_uppercase(),
+                refused.detail.unwrap_or_default()
+            ));
+            return Ok(exit::FAILED);
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -122,4 +132,42 @@ fn journaled_end(dir: &crate::state::AgentDir, session_id: &str) -> Option<Event
         }
     });
     read.ok().and(found)
+}
+
+/// The journal's newest line, as written: where [`refused_since`] stops.
+fn newest_line(dir: &crate::state::AgentDir) -> Option<Vec<u8>> {
+    let mut newest = None;
+    let _ = journal::scan_backwards(&dir.journal(), |entry| {
+        newest = Some(entry.to_line());
+        ControlFlow::Break(())
+    });
+    newest
+}
+
+/// A manual wake the daemon refused after `since` (the newest line before
+/// the request) because the agent's command cannot be executed: no session
+/// began, nothing was claimed (`wake_skipped`, cause `agent_not_found` or
+/// `agent_permission_denied`).
+fn refused_since(
+    dir: &crate::state::AgentDir,
+    since: Option<&[u8]>,
+) -> Option<crate::state::journal::WakeSkipped> {
+    let mut found = None;
+    let _ = journal::scan_backwards(&dir.journal(), |entry| {
+        if since.is_some_and(|l| entry.to_line() == l) {
+            return ControlFlow::Break(());
+        }
+        if let Event::WakeSkipped(w) = entry.event
+            && w.reason == "manual"
+            && matches!(
+                w.cause.as_deref(),
+                Some("agent_not_found" | "agent_permission_denied")
+            )
+        {
+            found = Some(w);
+            return ControlFlow::Break(());
+        }
+        ControlFlow::Continue(())
+    });
+    found
 }

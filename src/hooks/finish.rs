@@ -35,6 +35,11 @@ pub struct FailRequest {
     /// The catalogue code of the failure, when the daemon judged it
     /// (journaled with the end; a script's `session fail` has none).
     pub code: Option<String>,
+    /// The session's command could not be executed at all (missing, not
+    /// executable): its messages go back without counting an attempt (the
+    /// agent never saw them). The daemon's word only; a script's `session
+    /// fail` always counts.
+    pub not_an_attempt: bool,
     /// The processes the hook was called from (see [`Caller`]).
     pub caller: Caller,
 }
@@ -229,7 +234,7 @@ pub fn fail(
         Ending::Failed {
             outcome,
             reason,
-            count_attempts: true,
+            count_attempts: !req.not_an_attempt,
             code: req.code.clone(),
         },
         args,

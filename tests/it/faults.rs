@@ -106,7 +106,7 @@ fn mailbox(env: &Env) -> Vec<Value> {
 // ---- spawn failures --------------------------------------------------------------------
 
 #[test]
-fn a_missing_command_is_agent_not_found_escalated_once_without_a_retry_storm() {
+fn a_missing_command_is_agent_not_found_escalated_once_and_held_without_a_retry_storm() {
     let env = Env::with_config("");
     let missing = env.tmp("no-such-claude");
     env.set_config(&config(&missing, "retry_delay = \"1m\"", ""));
@@ -164,12 +164,11 @@ fn a_missing_command_is_agent_not_found_escalated_once_without_a_retry_storm() {
     let report = state(&env, "rio", "report.json");
     assert_eq!(report["status"], "error");
     assert_eq!(report["error"]["code"], "AGENT_NOT_FOUND");
-    assert_eq!(report["error"]["state"], "backoff");
-    // The messages wait out the backoff, and report.json says until when.
-    d.wait_until(secs(5.0), "next_wake_at shows the held-back wake", || {
-        let r = state(&env, "rio", "report.json");
-        r["next_wake_at"].is_string() && r["next_wake_at"] == r["error"]["until"]
-    });
+    // Held until the command can run: no automatic wake, and the messages
+    // wait in the inbox unclaimed (unrunnable:: has the rest).
+    assert_eq!(report["error"]["state"], "disabled", "{report}");
+    assert!(report["next_wake_at"].is_null(), "{report}");
+    assert_eq!(env.waiting("rio").len(), 5);
 }
 
 #[test]
