@@ -196,10 +196,15 @@ pub fn probe(program: &str, cwd: Option<&Path>, path_var: Option<&OsStr>) -> Pro
                 None => return Probe::Unknown,
             }
         };
+        let searched = if path.as_os_str() == program {
+            "no such file".to_string()
+        } else {
+            format!("no such file: {}", path.display())
+        };
         return match look_at(&path, cwd) {
             Found::Missing => Probe::Missing {
                 program: program.to_string(),
-                searched: format!("{} does not exist", path.display()),
+                searched,
             },
             Found::Probe(p) => p,
         };
