@@ -181,7 +181,7 @@ pub static CATALOGUE: &[CodeInfo] = &[
         severity: Severity::High,
         recoverable: false,
         cause: "The session command (or the interpreter on its `#!` line) does not exist.",
-        recovery: "No retry. Automatic wakes back off; the next one tries again, so installing the command is enough.",
+        recovery: "Checked before a session claims anything: no session starts, the messages wait in the inbox untouched (no attempt counted), and the agent is held until the command can run. Checked again at every health check (`health.interval`), on reload and on `agent-state wake`, so installing the command is enough.",
         escalation: "At once, once per failure streak: human mailbox and on-error hook.",
         suggestions: &[
             "Install the command (Claude Code: `npm install -g @anthropic-ai/claude-code`)",
@@ -194,7 +194,7 @@ pub static CATALOGUE: &[CodeInfo] = &[
         severity: Severity::Critical,
         recoverable: false,
         cause: "The session command is not executable, or a directory on its path is not searchable.",
-        recovery: "The agent is disabled until its config changes (reload with SIGHUP) or `agent-state wake` is run.",
+        recovery: "As for `AGENT_NOT_FOUND`: nothing is claimed, the agent is held until the command can run (checked at every health check, on reload and on `agent-state wake`), so `chmod +x` is enough.",
         escalation: "At once: human mailbox and on-error hook.",
         suggestions: &[
             "chmod +x the command",

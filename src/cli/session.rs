@@ -226,6 +226,7 @@ pub fn run(ctx: &Context, command: Command) -> Result<u8> {
                 // The daemon's verdict, not a script's to give.
                 code: None,
                 verdict: None,
+                not_an_attempt: false,
                 caller: Caller::this_process(),
             };
             let r = hooks::fail(agent, &dir, &req, ctx.now)?;

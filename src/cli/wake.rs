@@ -87,6 +87,17 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
             return Ok(watch.judge(deadline));
         }
         if let Some(refused) = refusals.next() {
+            if refused.cause.is_some_and(|c| c.cannot_start()) {
+                // Its command cannot be executed: no session began, nothing
+                // was claimed; it will not pass by itself.
+                crate::cli::warn(format!(
+                    "{}: could not start ({}): {}",
+                    dir.name,
+                    refused.cause.map_or("other", |c| c.as_str()).to_ascii_uppercase(),
+                    refused.detail.as_deref().unwrap_or("no detail")
+                ));
+                return Ok(exit::FAILED);
+            }
             crate::cli::warn(refusal_message(&dir.name, &refused));
             return Ok(exit::TEMPFAIL);
         }
@@ -138,7 +149,8 @@ impl Refusals {
         batch.events.into_iter().find_map(|e| {
             match serde_json::from_value::<Entry>(e.event).ok()?.event {
                 Event::WakeSkipped(w)
-                    if w.reason == "manual" && w.cause.is_some_and(|c| c.refuses()) =>
+                    if w.reason == "manual"
+                        && w.cause.is_some_and(|c| c.refuses() || c.cannot_start()) =>
                 {
                     Some(w)
                 }

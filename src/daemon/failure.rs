@@ -171,7 +171,13 @@ pub fn judge(obs: &Observed<'_>, streak: &mut Streak, r: &RetrySettings) -> Verd
         streak.retries = 0;
     }
     let (limit, first_delay) = retry_policy(code, r);
-    if matches!(code, Code::AgentPermissionDenied | Code::WorkspaceNotARepo) {
+    // What an operator must fix before anything can run (a missing or
+    // non-executable command, a workspace that is no repository): held,
+    // not backed off, so no wake spends its messages meanwhile.
+    if matches!(
+        code,
+        Code::AgentNotFound | Code::AgentPermissionDenied | Code::WorkspaceNotARepo
+    ) {
         streak.retrying = None;
         streak.retries = 0;
         return Verdict {
@@ -389,29 +395,28 @@ mod tests {
     }
 
     #[test]
-    fn not_found_is_not_retried_and_escalates() {
-        let e = Ending::SpawnFailed {
-            reason: "no such file: /usr/bin/claude".into(),
-            kind: SpawnFailure::NotFound,
-        };
-        let mut s = Streak::default();
-        let v = judge(&obs(&e), &mut s, &r());
-        assert_eq!(v.code, Some(Code::AgentNotFound));
-        assert!(matches!(v.next, Next::Backoff { .. }));
-        assert!(v.escalate);
-        assert!(v.message.contains("/usr/bin/claude"));
-    }
-
-    #[test]
-    fn permission_denied_disables() {
-        let e = Ending::SpawnFailed {
-            reason: "permission denied".into(),
-            kind: SpawnFailure::PermissionDenied,
-        };
-        let v = judge(&obs(&e), &mut Streak::default(), &r());
-        assert_eq!(v.code, Some(Code::AgentPermissionDenied));
-        assert_eq!(v.next, Next::Disable);
-        assert!(v.escalate);
+    fn a_command_that_cannot_be_executed_holds_the_agent_and_escalates() {
+        let table = [
+            (SpawnFailure::NotFound, Code::AgentNotFound),
+            (SpawnFailure::PermissionDenied, Code::AgentPermissionDenied),
+        ];
+        for (kind, code) in table {
+            let e = Ending::SpawnFailed {
+                reason: "command not found: /usr/bin/claude".into(),
+                kind,
+            };
+            let mut s = Streak::default();
+            let v = judge(&obs(&e), &mut s, &r());
+            assert_eq!(v.code, Some(code), "{kind:?}");
+            assert_eq!(v.next, Next::Disable, "{kind:?}: held, not backed off");
+            assert!(v.escalate, "{kind:?}");
+            assert!(v.message.contains("/usr/bin/claude"), "{kind:?}");
+            assert_eq!(
+                (s.retrying, s.retries),
+                (None, 0),
+                "{kind:?}: never retried"
+            );
+        }
     }
 
     /// Runs `ending` until the verdict is not a retry; returns the verdicts.

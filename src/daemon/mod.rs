@@ -19,6 +19,7 @@ pub mod meter;
 pub mod output;
 pub mod release;
 pub mod rotation;
+pub mod runnable;
 pub mod runner;
 pub mod service;
 pub mod session;

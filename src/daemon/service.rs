@@ -17,6 +17,7 @@ mod observer;
 mod publish;
 mod reload;
 mod start;
+mod unrunnable;
 mod wake_requests;
 mod wakes;
 
@@ -213,6 +214,9 @@ struct Daemon {
     /// Owner locks of sessions that ended but whose end could not be
     /// recorded: still ours until `finish_orphan` records it.
     orphan_locks: BTreeMap<AgentName, crate::owner::OwnerLock>,
+    /// Agents held because their command cannot be executed, with what its
+    /// check found (`unrunnable.rs`).
+    unrunnable: BTreeMap<AgentName, super::runnable::Probe>,
 }
 
 /// Run the daemon until SIGTERM/SIGINT. Returns once every session has
@@ -248,6 +252,7 @@ pub async fn run(config_path: &Path) -> Result<()> {
         alerts: Alerts::new(&config),
         escalated: EscalationMemory::load(&root),
         orphan_locks: BTreeMap::new(),
+        unrunnable: BTreeMap::new(),
         core: Core::new(config.daemon.max_concurrent_sessions),
         config_path: config_path.to_path_buf(),
         schedules: wakes::Schedules::new(files::read_schedule_state(&root)),

@@ -298,6 +298,15 @@ pub fn command_line(
     argv
 }
 
+/// The program a session of `agent` runs (the command line's first word,
+/// its placeholders filled in as far as they are known before a session
+/// begins): what is checked before the claim.
+pub fn program(config: &Config, agent: &AgentConfig) -> Option<String> {
+    command_line(config, agent, "", "", &agent.session.model, Path::new(""))
+        .into_iter()
+        .next()
+}
+
 /// Claude Code's conversation in a command line: a whole argument
 /// `{claude_session}` becomes `--session-id ID` (a new conversation) or
 /// `--resume ID` (continuing one); `{claude_session_id}` is the id.
@@ -474,6 +483,10 @@ pub fn finish(
                 reason: text.clone(),
                 code: judged.code.map(|c| c.as_str().to_string()),
                 verdict: judged.verdict,
+                // A command that could not be executed (the file vanished
+                // between the check before the claim and the spawn): the
+                // messages go back as they were.
+                not_an_attempt: !super::runnable::counts_as_attempt(&report.ending),
                 ..FailRequest::default()
             },
             now,

@@ -39,6 +39,11 @@ pub struct FailRequest {
     /// status: [`SessionVerdict::UsageLimit`] (a script's `session fail`
     /// has none).
     pub verdict: Option<SessionVerdict>,
+    /// The session's command could not be executed at all (missing, not
+    /// executable): its messages go back without counting an attempt (the
+    /// agent never saw them). The daemon's word only; a script's `session
+    /// fail` always counts.
+    pub not_an_attempt: bool,
     /// The processes the hook was called from (see [`Caller`]).
     pub caller: Caller,
 }
@@ -239,7 +244,7 @@ pub fn fail(
         Ending::Failed {
             outcome,
             reason,
-            count_attempts: true,
+            count_attempts: !req.not_an_attempt,
             code: req.code.clone(),
             // Only a usage limit is worth saying beside the status.
             verdict: req.verdict.filter(|v| *v == SessionVerdict::UsageLimit),

@@ -193,6 +193,11 @@ pub enum SkipCause {
     UsageLimit,
     /// The credential's login failed.
     Credential,
+    /// The agent's command does not exist (`AGENT_NOT_FOUND`): held until
+    /// it can run; nothing was claimed.
+    AgentNotFound,
+    /// The agent's command is not executable (`AGENT_PERMISSION_DENIED`).
+    AgentPermissionDenied,
     /// A cause written by a later version.
     #[serde(other)]
     Other,
@@ -205,6 +210,8 @@ impl SkipCause {
             SkipCause::NoWork => "no_work",
             SkipCause::UsageLimit => "usage_limit",
             SkipCause::Credential => "credential",
+            SkipCause::AgentNotFound => "agent_not_found",
+            SkipCause::AgentPermissionDenied => "agent_permission_denied",
             SkipCause::Other => "other",
         }
     }
@@ -215,6 +222,15 @@ impl SkipCause {
         matches!(
             self,
             SkipCause::Budget | SkipCause::UsageLimit | SkipCause::Credential
+        )
+    }
+
+    /// Does it say the agent cannot start at all until someone fixes its
+    /// command (not a refusal that passes by itself)?
+    pub fn cannot_start(self) -> bool {
+        matches!(
+            self,
+            SkipCause::AgentNotFound | SkipCause::AgentPermissionDenied
         )
     }
 }

@@ -106,7 +106,7 @@ fn mailbox(env: &Env) -> Vec<Value> {
 // ---- spawn failures --------------------------------------------------------------------
 
 #[test]
-fn a_missing_command_is_agent_not_found_escalated_once_without_a_retry_storm() {
+fn a_missing_command_is_agent_not_found_escalated_once_and_held_without_a_retry_storm() {
     let env = Env::with_config("");
     let missing = env.tmp("no-such-claude");
     env.set_config(&config(&missing, "retry_delay = \"1m\"", ""));
@@ -164,17 +164,17 @@ fn a_missing_command_is_agent_not_found_escalated_once_without_a_retry_storm() {
     // report.json's verdict is the final state: waited for, not read
     // once after the error (written before it, but read here on a busy
     // machine it must not hang on that ordering alone).
-    d.wait_until(secs(10.0), "report.json says rio backs off", || {
-        state(&env, "rio", "report.json")["error"]["state"] == "backoff"
+    d.wait_until(secs(10.0), "report.json says rio is held", || {
+        state(&env, "rio", "report.json")["error"]["state"] == "disabled"
     });
     let report = state(&env, "rio", "report.json");
     assert_eq!(report["status"], "error");
     assert_eq!(report["error"]["code"], "AGENT_NOT_FOUND");
-    // The messages wait out the backoff, and report.json says until when.
-    d.wait_until(secs(5.0), "next_wake_at shows the held-back wake", || {
-        let r = state(&env, "rio", "report.json");
-        r["next_wake_at"].is_string() && r["next_wake_at"] == r["error"]["until"]
-    });
+    // Held until the command can run: no automatic wake, and the messages
+    // wait in the inbox unclaimed (unrunnable:: has the rest).
+    assert_eq!(report["error"]["state"], "disabled", "{report}");
+    assert!(report["next_wake_at"].is_null(), "{report}");
+    assert_eq!(env.waiting("rio").len(), 5);
 }
 
 #[test]

@@ -58,6 +58,7 @@ mod systemd;
 mod trial;
 mod typed;
 mod unreadable;
+mod unrunnable;
 mod verdicts;
 mod workspace;
 mod workspaces_daemon;

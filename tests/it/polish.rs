@@ -36,7 +36,7 @@ fn events_tail_and_since_show_the_last_ones_and_the_recent_ones() {
 }
 
 #[test]
-fn errors_names_its_log_and_wake_wait_fails_when_the_session_failed_at_once() {
+fn errors_names_its_log_and_wake_wait_fails_when_the_session_cannot_start() {
     let env = Env::with_config("");
     let script = env.script("agent.sh", "echo ok");
     let agents = "[[agent]]\nname = \"rio\"\ncommand = [\"/no/such/agent\", \"{agent}\"]\n\n[[agent]]\nname = \"clay\"\n";
@@ -48,17 +48,23 @@ fn errors_names_its_log_and_wake_wait_fails_when_the_session_failed_at_once() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("could not start (AGENT_NOT_FOUND)"), "{err}");
-    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    assert!(!id.is_empty(), "the id is printed");
-    // Judged from the line that commits that session's end, which carries
-    // the daemon's code (wake exits only once it is written).
-    let ended = env.events("rio", "error");
+    assert!(err.contains("/no/such/agent"), "names the path: {err}");
+    // Checked before the claim: no session began, so no id is printed;
+    // judged from the line that journals the refused wake (wake exits only
+    // once it is written).
     assert!(
-        ended
-            .iter()
-            .any(|e| e["session_id"] == id.as_str() && e["code"] == "AGENT_NOT_FOUND"),
-        "{ended:?}"
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
     );
+    let refused = env.events("rio", "wake_skipped");
+    assert!(
+        refused
+            .iter()
+            .any(|e| e["reason"] == "manual" && e["cause"] == "agent_not_found"),
+        "{refused:?}"
+    );
+    assert!(env.events("rio", "session_start").is_empty());
     // A session that runs well is 0.
     let out = env.run(&["wake", "clay", "--wait", "10s"]);
     assert_eq!(

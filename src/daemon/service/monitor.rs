@@ -51,6 +51,9 @@ impl Daemon {
     /// sessions that outlived their owner or their timeout.
     pub(super) fn health_check(&mut self) {
         self.check_health(true);
+        // An operator who installs or `chmod +x`es a held agent's command
+        // need do nothing else: it is released within one interval.
+        self.recheck_unrunnable();
     }
 
     /// The health check before READY: the disk only (a full or read-only

@@ -174,11 +174,13 @@ impl Daemon {
                         .map(|a| a.name.clone())
                         .collect();
                     self.config = config;
-                    // A reload is the operator's action a disabled agent waits for.
+                    // A reload is the operator's action a disabled agent
+                    // waits for; one held because its command cannot be
+                    // executed is released once it can (checked below).
                     let disabled: Vec<AgentName> = self
                         .core
                         .busy()
-                        .filter(|(_, s)| s.disabled.is_some())
+                        .filter(|(a, s)| s.disabled.is_some() && !self.unrunnable.contains_key(*a))
                         .map(|(a, _)| a.clone())
                         .collect();
                     for name in disabled {
@@ -190,6 +192,7 @@ impl Daemon {
                     }
                     self.config_warnings();
                     self.apply_agents_except(false, &unchanged);
+                    self.recheck_unrunnable();
                     // What waits in the inboxes of the agents it changed: the
                     // others' is known and watched (and the reconcile scan
                     // looks at every inbox anyway).

@@ -56,6 +56,11 @@ impl Daemon {
                 .session_ended(agent, InboxSummary::default(), self.clock.now());
             return;
         };
+        // A command that cannot be executed claims nothing: the messages
+        // wait, untouched, until it can run.
+        if self.refuse_unrunnable(agent, &cfg, reason) {
+            return;
+        }
         // A big inbox (a flood of junk beside the mail: its listing costs
         // tens of milliseconds) is listed on a blocking thread first, the
         // slot kept meanwhile; the start goes on when the listing is back
@@ -227,6 +232,11 @@ impl Daemon {
             None => (Some(runner::launch(prepared.spec, &mut stop_rx)), None),
             Some(_) => (None, Some(prepared.spec)),
         };
+        if let Some(Err(report)) = &launched
+            && !crate::daemon::runnable::counts_as_attempt(&report.ending)
+        {
+            self.note_unrunnable_spawn(agent, &cfg);
+        }
         tokio::spawn(async move {
             let (pid_tx, pid_rx) = tokio::sync::oneshot::channel::<u32>();
             let pid_forward = {
