@@ -58,5 +58,6 @@ mod trial;
 mod typed;
 mod unreadable;
 mod verdicts;
+mod verify_script;
 mod workspace;
 mod workspaces_daemon;
