@@ -24,11 +24,13 @@ const RUN_COST: f64 = 0.4213;
 /// A stand-in for `claude -p PROMPT --model M --output-format json`, run by
 /// the script in the session's worktree: each run counts itself in
 /// `$FAKE_DIR/runs`, adds a note, and from its second run on writes
-/// `fixed`, which the verification looks for.
+/// `fixed`, which the verification looks for. With `$FAKE_DIR/hang` it
+/// hangs instead.
 fn fake_claude() -> String {
     format!(
         r#"#!/bin/sh
 N=$(( $(cat "$FAKE_DIR/runs" 2>/dev/null || echo 0) + 1 )); echo $N > "$FAKE_DIR/runs"
+[ -e "$FAKE_DIR/hang" ] && exec sleep 60
 echo "run $N" >> notes.md
 [ $N -ge 2 ] && echo fixed > fixed
 cat <<'JSON'
@@ -37,6 +39,10 @@ JSON
 "#
     )
 }
+
+/// A verification that says it runs (`$FAKE_DIR/verifying`), then waits
+/// for `$FAKE_DIR/go` (at most 30 s), then passes.
+const WAIT_FOR_GO: &str = r#"verify = [["sh", "-c", "touch \"$FAKE_DIR/verifying\"; i=0; while [ ! -e \"$FAKE_DIR/go\" ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done"]]"#;
 
 fn repo_file(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
@@ -71,6 +77,10 @@ struct Lab {
 
 impl Lab {
     fn new(defaults: &str) -> Option<Lab> {
+        Lab::with_timeout(defaults, "120s")
+    }
+
+    fn with_timeout(defaults: &str, timeout: &str) -> Option<Lab> {
         if !have(&["bash", "git", "flock", "timeout"]) {
             return None;
         }
@@ -91,7 +101,7 @@ shutdown_grace = "5s"
 
 [defaults]
 command = [{script:?}, "{{agent}}"]
-timeout = "120s"
+timeout = "{timeout}"
 kill_grace = "2s"
 retry_delay = "1h"
 workspace = {{ repo = {repo:?} }}
@@ -340,9 +350,7 @@ max_iterations = 2"#,
 /// own script has its ends kept for the daemon.
 #[test]
 fn verify_script_a_hand_fail_while_the_daemon_verifies_ends_the_session() {
-    let Some(lab) = Lab::new(
-        r#"verify = [["sh", "-c", "touch \"$FAKE_DIR/verifying\"; while [ ! -e \"$FAKE_DIR/go\" ]; do sleep 0.05; done"]]"#,
-    ) else {
+    let Some(lab) = Lab::new(WAIT_FOR_GO) else {
         return;
     };
     let d = lab.daemon();
@@ -430,4 +438,84 @@ fn verify_script_run_by_hand_ends_its_own_session() {
     assert_eq!(ends.len(), 1);
     assert_eq!(ends[0]["session_id"], s["session_id"]);
     assert_eq!(ends[0]["tokens_used"], RUN_TOKENS);
+}
+
+/// The daemon's timeout in a held session: the script's trap records the
+/// failure first (kept, in the daemon's outcome with both reasons), the
+/// daemon's end records it once.
+#[test]
+fn verify_script_a_timeout_is_recorded_once_with_both_reasons() {
+    let Some(lab) = Lab::with_timeout(r#"verify = [["true"]]"#, "3s") else {
+        return;
+    };
+    std::fs::write(lab.fake.join("hang"), "").unwrap();
+    let message = lab.env.send("marcus", "rio", &[]);
+    let d = lab.daemon();
+    let s = lab.wake_and_wait(&d);
+    let env = &lab.env;
+    let journal = env.journal("rio");
+    assert_eq!(s["status"], "timeout", "{s:#}");
+    let reason = s["reason"].as_str().unwrap_or_default();
+    assert!(reason.starts_with("timed out after 3s"), "{reason}");
+    assert!(
+        reason.contains("the session script reported") && reason.contains("SIGTERM"),
+        "the script's words too: {reason}"
+    );
+    let sid = s["session_id"].as_str().unwrap();
+    let timeouts = env.events("rio", "timeout");
+    assert_eq!(timeouts.len(), 1, "{journal:#?}");
+    assert!(env.events("rio", "error").is_empty(), "{journal:#?}");
+    for line in session_lines(env) {
+        assert_eq!(line["session_id"], sid, "{journal:#?}");
+    }
+    for key in ["script_end", "end_held_by_daemon", "ending_by_daemon"] {
+        assert!(s.get(key).is_none(), "{key} is gone: {s:#}");
+    }
+    assert_eq!(env.waiting("rio"), vec![format!("{message}.json")]);
+}
+
+/// The daemon killed while it verifies a held session whose script said it
+/// completed: the next daemon records the session as interrupted (no
+/// verification passed), once, under its id, the script's kept word and
+/// the hold gone, the message back in the inbox.
+#[test]
+fn verify_script_a_daemon_killed_while_verifying_leaves_an_interrupted_session() {
+    let Some(lab) = Lab::new(WAIT_FOR_GO) else {
+        return;
+    };
+    let message = lab.env.send("marcus", "rio", &[]);
+    let mut d = lab.daemon();
+    lab.env.ok(&["wake", "rio"]);
+    let env = &lab.env;
+    d.wait_until(Duration::from_secs(60), "the first run is verified", || {
+        lab.fake.join("verifying").exists()
+    });
+    let s = env.json("rio", "session.json");
+    assert_eq!(s["script_end"]["outcome"], "completed", "{s:#}");
+    let sid = s["session_id"].as_str().unwrap().to_string();
+    d.kill9();
+    std::fs::write(lab.fake.join("go"), "").unwrap();
+    let d = lab.daemon();
+    d.wait_until(Duration::from_secs(30), "the session is recovered", || {
+        state(env, "rio", "session.json")["status"] == "error"
+    });
+    let s = env.json("rio", "session.json");
+    let journal = env.journal("rio");
+    assert_eq!(s["session_id"], sid.as_str(), "{s:#}");
+    assert!(
+        s["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("interrupted")),
+        "{s:#}"
+    );
+    for key in ["script_end", "end_held_by_daemon"] {
+        assert!(s.get(key).is_none(), "{key} is gone: {s:#}");
+    }
+    assert_eq!(env.events("rio", "session_start").len(), 1, "{journal:#?}");
+    assert_eq!(env.events("rio", "error").len(), 1, "{journal:#?}");
+    assert!(env.events("rio", "session_end").is_empty(), "{journal:#?}");
+    for line in session_lines(env) {
+        assert_eq!(line["session_id"], sid.as_str(), "{journal:#?}");
+    }
+    assert_eq!(env.waiting("rio"), vec![format!("{message}.json")]);
 }
