@@ -18,7 +18,10 @@
 #
 # Started by the agent-state daemon, AGENT_STATE_SESSION_ID is set and
 # `session begin` joins the daemon's session instead of starting a second one;
-# started from cron or by hand, `session begin` starts the session.
+# started from cron or by hand, `session begin` starts the session. When the
+# agent has `verify` commands, the daemon runs this script once per iteration
+# in the same session: `session end` (or the trap's `session fail`) is noted,
+# and the daemon records the session once, after verification.
 #
 # Settings (environment):
 #   REPO_DIR          git work tree the agent works in   (default /opt/teleo-eval/workspaces/AGENT;

@@ -212,6 +212,7 @@ use crate::owner::{self, Liveness};
 
 mod begin;
 mod finish;
+pub mod joint;
 mod record;
 mod recover;
 pub use begin::*;

@@ -21,9 +21,9 @@ use crate::state::AgentDir;
 pub enum Command {
     /// Pre-session hook: session.json running, report status, journal, claim inbox. Prints the session id
     Begin(BeginArgs),
-    /// Post-session hook: record a completed session everywhere and process its messages
+    /// Post-session hook: record a completed session everywhere and process its messages (from a daemon session with `verify`: noted, and the daemon records it after verification)
     End(EndArgs),
-    /// Error hook: record an error or timeout and return the session's messages to the inbox
+    /// Error hook: record an error or timeout and return the session's messages to the inbox (from a daemon session with `verify`: noted, and the daemon records it)
     Fail(FailArgs),
     /// (internal) Hold a session's owner lock until its script exits; started by `begin`
     #[command(hide = true)]
@@ -172,6 +172,7 @@ pub fn run(ctx: &Context, command: Command) -> Result<u8> {
                 join: a.join,
                 owner: Some(owner),
                 instance: None,
+                hold_end: false,
                 writing: Default::default(),
                 known: None,
                 listed: None,
@@ -268,7 +269,12 @@ fn hand_to_keeper(dir: &AgentDir, lock: OwnerLock, owner: &Owner, timeout: std::
 fn finished(agent: &crate::agent_name::AgentName, r: &FinishResult) -> Result<u8> {
     print_notes(&r.notes);
     let outcome = r.outcome.map(|o| o.as_str()).unwrap_or("unrecorded");
-    if r.already_ended {
+    if r.kept {
+        println!(
+            "{} {outcome} (noted; the daemon ends the session after its verification)",
+            r.session_id
+        );
+    } else if r.already_ended {
         warn(format!(
             "{agent}: session {} had already ended ({outcome}); nothing changed",
             r.session_id

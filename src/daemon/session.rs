@@ -79,6 +79,9 @@ pub fn prepare(
     let req = BeginRequest {
         owner: Some(Owner::of(std::process::id() as i32)),
         instance: Some(instance.clone()),
+        // With `verify`, the daemon ends the session after verification:
+        // the script's own `session end` of each run is kept until then.
+        hold_end: !agent.session.iteration.verify.is_empty(),
         writing: seen.writing,
         known: seen.known,
         listed: seen.listed,
@@ -414,6 +417,18 @@ pub fn script_end(dir: &AgentDir, session_id: &str) -> Option<ScriptEnd> {
         .ok()
         .flatten()
         .filter(|s| s.session_id == session_id)?;
+    // A held session runs on after its script's end: what it said is kept.
+    if s.is_running()
+        && let Some(said) = hooks::kept_word(&s)
+    {
+        return Some(if said.is_failure() {
+            ScriptEnd::Failed {
+                reason: said.reason.unwrap_or_default(),
+            }
+        } else {
+            ScriptEnd::Completed
+        });
+    }
     match s.status? {
         SessionStatus::Completed => Some(ScriptEnd::Completed),
         SessionStatus::Error | SessionStatus::Timeout => Some(ScriptEnd::Failed {

@@ -19,6 +19,9 @@ pub struct BeginRequest {
     pub owner: Option<Owner>,
     /// The instance id of the spawn (set by the daemon).
     pub instance: Option<String>,
+    /// The daemon ends this session itself, after verification: its
+    /// script's own ends are kept until then (see [`super::joint`]).
+    pub hold_end: bool,
     /// Inbox files a writer still has open (the daemon knows from its
     /// watch): left waiting, never claimed half-written.
     pub writing: inbox::Writing,
@@ -73,6 +76,14 @@ pub fn begin(
     let mut extra = current.extra.clone();
     for key in PER_SESSION_EXTRA {
         extra.remove(key);
+    }
+    if req.hold_end {
+        let held = super::joint::Held {
+            by_pid: std::process::id(),
+            since: now,
+        };
+        let value = serde_json::to_value(&held).map_err(|e| Error::Data(e.to_string()))?;
+        extra.insert(super::joint::HELD.into(), value);
     }
     if current.is_running() {
         let same_owner = req

@@ -86,6 +86,10 @@ pub struct FinishResult {
     pub notes: Vec<String>,
     /// The end had been journaled before a crash and was completed from it.
     pub replayed: bool,
+    /// The daemon holds the session's end (it verifies first): what the
+    /// script said was kept, and the session goes on running until the
+    /// daemon ends it (see [`joint`]).
+    pub kept: bool,
 }
 
 /// What ended a session.
@@ -133,6 +137,84 @@ impl Ending {
             },
         }
     }
+}
+
+impl Ending {
+    /// As [`joint::Said`], and what it carries that a script's word does
+    /// not: the claim's messages, the catalogue code, whether attempts count.
+    fn into_said(
+        self,
+        now: Timestamp,
+    ) -> (joint::Said, Option<Vec<Message>>, Option<String>, bool) {
+        match self {
+            Ending::Completed(c) => (
+                joint::Said {
+                    sources_archived: c.sources_archived,
+                    branch: c.branch,
+                    pr_number: c.pr_number,
+                    summary: c.summary,
+                    next_priority: c.next_priority,
+                    handoff_notes: c.handoff_notes,
+                    tokens_used: c.tokens_used,
+                    cost_usd: c.cost_usd,
+                    ..joint::Said::completed(now)
+                },
+                c.claimed,
+                None,
+                true,
+            ),
+            Ending::Failed {
+                outcome,
+                reason,
+                count_attempts,
+                code,
+            } => (
+                joint::Said::failed(outcome, &reason, now),
+                None,
+                code,
+                count_attempts,
+            ),
+        }
+    }
+
+    fn from_said(
+        said: joint::Said,
+        claimed: Option<Vec<Message>>,
+        code: Option<String>,
+        count_attempts: bool,
+    ) -> Ending {
+        if said.is_failure() {
+            return Ending::Failed {
+                outcome: said.outcome,
+                reason: said.reason.unwrap_or_else(|| "no reason given".into()),
+                count_attempts,
+                code,
+            };
+        }
+        Ending::Completed(Completion {
+            claimed,
+            sources_archived: said.sources_archived,
+            branch: said.branch,
+            pr_number: said.pr_number,
+            summary: said.summary,
+            next_priority: said.next_priority,
+            handoff_notes: said.handoff_notes,
+            tokens_used: said.tokens_used,
+            cost_usd: said.cost_usd,
+        })
+    }
+}
+
+/// The daemon's hold on a running session's end (see [`joint`]). `None`:
+/// not held.
+fn held_of(session: &Session) -> Option<joint::Held> {
+    serde_json::from_value(session.extra.get(joint::HELD)?.clone()).ok()
+}
+
+/// What a held session's script said so far, if anything (see [`joint`]).
+pub fn kept_word(session: &Session) -> Option<joint::Said> {
+    held_of(session)?;
+    serde_json::from_value(session.extra.get(joint::SAID)?.clone()).ok()
 }
 
 #[derive(Default)]
@@ -262,7 +344,7 @@ pub const DAEMON_ENDING: &str = "ending_by_daemon";
 
 /// Fields of session.json beyond the schema that describe one session only:
 /// a new session does not inherit them from the last one.
-pub(super) const PER_SESSION_EXTRA: [&str; 8] = [
+pub(super) const PER_SESSION_EXTRA: [&str; 10] = [
     "usage",
     "signal_block",
     "workspace",
@@ -271,6 +353,8 @@ pub(super) const PER_SESSION_EXTRA: [&str; 8] = [
     "claude_resumed",
     "claude_resumable",
     DAEMON_ENDING,
+    joint::HELD,
+    joint::SAID,
 ];
 
 /// What the daemon noted in session.json (under [`DAEMON_ENDING`]) just
@@ -474,6 +558,37 @@ pub(super) fn finish_request(
         (Some(_), _) | (None, Ending::Completed(_)) => matches,
         (None, Ending::Failed { .. }) => false,
     };
+    // Held by the daemon (it verifies first): the script's word is kept and
+    // the session goes on; the daemon's own end records it, that word in it.
+    let ending = match current.is_running().then(|| held_of(&current)).flatten() {
+        None => ending,
+        Some(held) => {
+            let phase = joint::Phase::Held {
+                kept: kept_word(&current).map(Box::new),
+            };
+            let (said, claimed, code, count_attempts) = ending.into_said(now);
+            // The session's owner is the daemon: a caller it started (the
+            // session's script) descends from it.
+            let from = if held.by_pid == std::process::id() {
+                joint::Ender::Holder
+            } else if caller.owns(&current) {
+                joint::Ender::Child
+            } else {
+                joint::Ender::Other
+            };
+            let end = joint::End { from, said };
+            match joint::on(&phase, end, now) {
+                joint::Action::Record(said) => {
+                    // A failure's code is the daemon's, whoever said it first.
+                    Ending::from_said(said, claimed, code, count_attempts)
+                }
+                joint::Action::Keep(said) => {
+                    return keep_word(dir, &lock, current, said, args, now, notes);
+                }
+                joint::Action::Repeat => unreachable!("a held session is running"),
+            }
+        }
+    };
     if !current.is_running() && repeat && !current.session_id.is_empty() {
         return Ok(FinishResult {
             session_id: current.session_id.clone(),
@@ -524,6 +639,38 @@ pub(super) fn finish_request(
     )?;
     result.notes = notes;
     Ok(result)
+}
+
+/// Keep what a held session's script said (session.json, and a
+/// `session_updated` line under the session's id); the session runs on.
+fn keep_word(
+    dir: &AgentDir,
+    lock: &AgentLock,
+    mut session: Session,
+    said: joint::Said,
+    mut args: Args,
+    now: Timestamp,
+    mut notes: Vec<String>,
+) -> Result<FinishResult> {
+    let value = serde_json::to_value(&said).map_err(|e| Error::Data(e.to_string()))?;
+    session.extra.insert(joint::SAID.into(), value);
+    session.errors.extend(args.as_errors(now));
+    let update = Event::SessionUpdated(SessionUpdated {
+        session_id: session.session_id.clone(),
+        disconfirmation_target_added: false,
+        fields: vec![joint::SAID.to_string()],
+    });
+    dir.journal_append(lock, now, update.clone())?;
+    dir.save(lock, &session)?;
+    metrics::apply(dir, lock, &update, now, &mut notes)?;
+    Ok(FinishResult {
+        session_id: session.session_id,
+        outcome: Some(said.outcome),
+        kept: true,
+        bad_arguments: std::mem::take(&mut args.bad),
+        notes,
+        ..FinishResult::default()
+    })
 }
 
 /// Record the end of `session` in every file. Call with the lock held.
@@ -680,6 +827,8 @@ pub(super) fn finish_with(
     session.owner_pid = None;
     session.owner_start = None;
     session.extra.remove(DAEMON_ENDING);
+    session.extra.remove(joint::HELD);
+    session.extra.remove(joint::SAID);
     session.errors.extend(args.as_errors(now));
 
     report.agent = dir.name.to_string();

@@ -60,5 +60,6 @@ mod typed;
 mod unreadable;
 mod unrunnable;
 mod verdicts;
+mod verify_script;
 mod workspace;
 mod workspaces_daemon;

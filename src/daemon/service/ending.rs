@@ -70,7 +70,8 @@ impl Daemon {
         let cfg = self.agent_config(&agent).cloned();
         let sid = running.session_id.clone();
         let claude_failure = output.claude.as_ref().and_then(output::classify);
-        if let Some(result) = &output.claude {
+        // Each run's usage once (an iteration loop's runs each).
+        for result in iterations.results(output.claude.as_ref()) {
             self.tally.usage(&agent, result);
         }
         let by_script = session::script_end(&dir, &sid);
@@ -321,16 +322,11 @@ impl Daemon {
         {
             tracing::warn!(agent = %agent, session_id = %sid, "cannot record the daemon's reason for the session's failure: {e}");
         }
-        if let Some(result) = &output.claude {
-            let usage = result.usage.and_then(|u| serde_json::to_value(u).ok());
-            if let Err(e) = hooks::record_usage(
-                &dir,
-                &sid,
-                result.total_cost_usd,
-                result.tokens_total(),
-                usage,
-                now,
-            ) {
+        let results = iterations.results(output.claude.as_ref());
+        if !results.is_empty() {
+            let (cost, tokens, usage) = iterations::usage_of(&results);
+            let usage = usage.and_then(|u| serde_json::to_value(u).ok());
+            if let Err(e) = hooks::record_usage(&dir, &sid, cost, tokens, usage, now) {
                 tracing::warn!(agent = %agent, session_id = %sid, "cannot record the session's cost: {e}");
             }
         }

@@ -26,6 +26,63 @@ pub(super) struct Tally {
     pub verify_failures: u32,
     /// The loop gave up: the code and the last failure.
     pub failed: Option<(Code, String)>,
+    /// Claude Code's result of each run the loop saw, once per run (empty
+    /// without `verify`: the session's output has the one run's).
+    pub runs: Vec<ClaudeResult>,
+    /// The session's stdout bytes when the last run's result was taken: a
+    /// run that printed nothing adds no result (never the last one again).
+    pub(super) stdout_seen: u64,
+}
+
+impl Tally {
+    /// A run ended: its result, if it printed anything.
+    pub(super) fn note_run(&mut self, output: &SessionOutput) {
+        let bytes = output.stdout_bytes();
+        if bytes > self.stdout_seen
+            && let Some(result) = output.claude_result()
+        {
+            self.runs.push(result);
+        }
+        self.stdout_seen = bytes;
+    }
+
+    /// Each run's result, once: the loop's, or (without it) `last`, the
+    /// session's output's.
+    pub(super) fn results<'a>(&'a self, last: Option<&'a ClaudeResult>) -> Vec<&'a ClaudeResult> {
+        if self.runs.is_empty() {
+            last.into_iter().collect()
+        } else {
+            self.runs.iter().collect()
+        }
+    }
+}
+
+/// What the runs used in all, each once (pure): cost, tokens and their
+/// breakdown, each `None` when no run reported it.
+pub(super) fn usage_of(
+    results: &[&ClaudeResult],
+) -> (Option<f64>, Option<u64>, Option<output::Usage>) {
+    let mut cost = None;
+    let mut tokens = None;
+    let mut usage: Option<output::Usage> = None;
+    for r in results {
+        if let Some(c) = r.total_cost_usd {
+            cost = Some(cost.unwrap_or(0.0) + c);
+        }
+        if let Some(u) = r.usage {
+            tokens = Some(tokens.unwrap_or(0u64).saturating_add(u.total()));
+            let sum = usage.get_or_insert_with(Default::default);
+            sum.input_tokens = sum.input_tokens.saturating_add(u.input_tokens);
+            sum.output_tokens = sum.output_tokens.saturating_add(u.output_tokens);
+            sum.cache_creation_input_tokens = sum
+                .cache_creation_input_tokens
+                .saturating_add(u.cache_creation_input_tokens);
+            sum.cache_read_input_tokens = sum
+                .cache_read_input_tokens
+                .saturating_add(u.cache_read_input_tokens);
+        }
+    }
+    (cost, tokens, usage)
 }
 
 /// What `more` needs besides the first run's report.
@@ -80,6 +137,7 @@ pub(super) async fn more(
     let mut stuck = 0u32;
     loop {
         tally.count = n;
+        tally.note_run(&observer.output);
         // Verified after a run that ended well or signalled COMPLETE.
         let done = report.ending.is_success()
             || (observer.completed
@@ -237,12 +295,45 @@ impl Daemon {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    fn result(json: &str) -> ClaudeResult {
+        output::parse_claude_result(json.as_bytes()).expect("a result")
+    }
+
+    #[test]
+    fn each_run_counts_once() {
+        let run = result(
+            r#"{"type":"result","total_cost_usd":0.5,"usage":{"input_tokens":10,"output_tokens":5,"cache_creation_input_tokens":1,"cache_read_input_tokens":4}}"#,
+        );
+        let bare = result(r#"{"type":"result","result":"no usage"}"#);
+        let mut output = SessionOutput::new();
+        let mut tally = Tally::default();
+        // Run 1 prints its result; run 2 prints nothing; run 3 prints one.
+        output.on_output(serde_json::to_string(&serde_json::json!({"type":"result","total_cost_usd":0.5,"usage":{"input_tokens":10,"output_tokens":5,"cache_creation_input_tokens":1,"cache_read_input_tokens":4}})).unwrap().as_bytes());
+        tally.note_run(&output);
+        tally.note_run(&output);
+        output.on_output(b"\n{\"type\":\"result\",\"result\":\"no usage\"}\n");
+        tally.note_run(&output);
+        assert_eq!(tally.runs, vec![run.clone(), bare.clone()]);
+        let (cost, tokens, usage) = usage_of(&tally.results(None));
+        assert_eq!((cost, tokens), (Some(0.5), Some(20)));
+        assert_eq!(usage.map(|u| u.output_tokens), Some(5));
+        // Without the loop: the session's last result.
+        let none = Tally::default();
+        assert_eq!(none.results(Some(&bare)), vec![&bare]);
+        let (cost, tokens, usage) = usage_of(&[&run, &run]);
+        assert_eq!((cost, tokens), (Some(1.0), Some(40)));
+        assert_eq!(usage.map(|u| u.input_tokens), Some(20));
+        assert_eq!(usage_of(&[&bare]), (None, None, None));
+    }
+
     #[test]
     fn each_iteration_has_its_own_log() {
         let first = std::path::Path::new("/s/rio/sessions/20261124-100000.log");
-        assert_eq!(super::log_of(first, 1), first);
+        assert_eq!(log_of(first, 1), first);
         assert_eq!(
-            super::log_of(first, 3),
+            log_of(first, 3),
             std::path::Path::new("/s/rio/sessions/20261124-100000.iter-3.log")
         );
     }
