@@ -458,11 +458,14 @@ pub enum SessionState {
     /// Verifying iteration `run.iteration`.
     Verifying(Run),
     /// SIGTERM sent for `stop`; SIGKILL at `grace_until` unless it ends.
+    /// `verifying`: what is being stopped is a verification (the run's
+    /// process had ended): `VerifyFinished` ends the stop, not `ChildExited`.
     Stopping {
         run: Run,
         stop: Stop,
         grace_until: DateTime<Utc>,
         killed: bool,
+        verifying: bool,
     },
     /// Its one record is being written; `then` follows it.
     Recording {
@@ -657,11 +660,18 @@ impl Session {
                 self.record(&run, Outcome::Interrupted(Interruption::Shutdown), None)
             }
             (S::Running(run), E::Deadline) => self.deadline(run, now),
-            (S::Running(run) | S::Verifying(run), E::StopRequested { by, reason }) => {
+            (S::Running(run), E::StopRequested { by, reason }) => {
                 self.stop(run, Stop::Requested { by, reason }, now, Vec::new())
             }
-            (S::Running(run) | S::Verifying(run), E::Shutdown) => {
-                self.stop(run, Stop::Shutdown, now, Vec::new())
+            (S::Running(run), E::Shutdown) => self.stop(run, Stop::Shutdown, now, Vec::new()),
+            (S::Verifying(run), E::StopRequested { by, reason }) => {
+                let (state, actions) =
+                    self.stop(run, Stop::Requested { by, reason }, now, Vec::new());
+                (verifying(state), actions)
+            }
+            (S::Verifying(run), E::Shutdown) => {
+                let (state, actions) = self.stop(run, Stop::Shutdown, now, Vec::new());
+                (verifying(state), actions)
             }
             (S::Verifying(run), E::VerifyFinished(v)) => self.verified(run, v),
             (
@@ -670,6 +680,7 @@ impl Session {
                     stop,
                     grace_until,
                     killed: false,
+                    verifying,
                 },
                 E::GraceExpired,
             ) => (
@@ -678,6 +689,7 @@ impl Session {
                     stop,
                     grace_until,
                     killed: true,
+                    verifying,
                 },
                 vec![Action::Signal(Sig::Kill)],
             ),
@@ -687,6 +699,7 @@ impl Session {
                     stop,
                     grace_until,
                     killed: false,
+                    verifying,
                 },
                 E::Deadline,
             ) if now >= grace_until => (
@@ -695,12 +708,30 @@ impl Session {
                     stop,
                     grace_until,
                     killed: true,
+                    verifying,
                 },
                 vec![Action::Signal(Sig::Kill)],
             ),
-            (S::Stopping { run, stop, .. }, E::ChildExited { ending, facts }) => {
-                self.stopped(run, stop, ending, facts)
-            }
+            (
+                S::Stopping {
+                    run,
+                    stop,
+                    verifying: false,
+                    ..
+                },
+                E::ChildExited { ending, facts },
+            ) => self.stopped(run, stop, ending, facts),
+            // A verification stopped: the run before it ended well, so
+            // neither COMPLETE nor a usage limit changes what the stop was.
+            (
+                S::Stopping {
+                    run,
+                    stop,
+                    verifying: true,
+                    ..
+                },
+                E::VerifyFinished(_),
+            ) => self.record(&run, stop_outcome(stop), None),
             (
                 S::Recording {
                     session_id,
@@ -777,6 +808,7 @@ impl Session {
                 stop,
                 grace_until,
                 killed: false,
+                verifying: false,
             },
             actions,
         )
@@ -801,10 +833,7 @@ impl Session {
         match stop {
             Stop::Timeout => self.exited(run, Ending::TimedOut, facts),
             Stop::Stalled { silent_for } => self.exited(run, Ending::Stalled { silent_for }, facts),
-            Stop::Requested { by, reason } => {
-                self.record(&run, Outcome::Stopped { by, reason }, None)
-            }
-            Stop::Shutdown => self.record(&run, Outcome::Interrupted(Interruption::Shutdown), None),
+            stop => self.record(&run, stop_outcome(stop), None),
         }
     }
 
@@ -1009,6 +1038,38 @@ impl Session {
             },
             vec![Action::Record { outcome, verdict }, messages],
         )
+    }
+}
+
+/// A stop that began while a verification ran.
+fn verifying(state: SessionState) -> SessionState {
+    match state {
+        SessionState::Stopping {
+            run,
+            stop,
+            grace_until,
+            killed,
+            ..
+        } => SessionState::Stopping {
+            run,
+            stop,
+            grace_until,
+            killed,
+            verifying: true,
+        },
+        other => other,
+    }
+}
+
+/// What a stop the run did not outlive was, where nothing judged it.
+fn stop_outcome(stop: Stop) -> Outcome {
+    match stop {
+        Stop::Requested { by, reason } => Outcome::Stopped { by, reason },
+        // Timeouts and stalls are the run's, never a verification's (it
+        // has its own `verify_timeout`).
+        Stop::Timeout | Stop::Stalled { .. } | Stop::Shutdown => {
+            Outcome::Interrupted(Interruption::Shutdown)
+        }
     }
 }
 

@@ -474,6 +474,45 @@ fn the_lifecycle_table() {
             ),
         ),
         (
+            "stop while verifying: the verification is stopped, the session stopped",
+            verify.clone(),
+            with(
+                started(),
+                vec![
+                    (5, exited(0), &["verify 1"]),
+                    (
+                        6,
+                        Event::StopRequested {
+                            by: StopBy::Operator,
+                            reason: "enough".into(),
+                        },
+                        &["TERM", "timer +16s"],
+                    ),
+                    // The run's process is gone: only the verification ends.
+                    (7, exited(0), &[]),
+                    (16, Event::Deadline, &["KILL"]),
+                    (17, verify_failed(true), &["record stopped", "return"]),
+                    (18, Event::Recorded, &[]),
+                ],
+            ),
+        ),
+        (
+            "shutdown while verifying: interrupted",
+            verify.clone(),
+            with(
+                started(),
+                vec![
+                    (5, exited(0), &["verify 1"]),
+                    (6, Event::Shutdown, &["TERM", "timer +16s"]),
+                    (
+                        7,
+                        Event::VerifyFinished(Verified::Passed),
+                        &["record interrupted", "return"],
+                    ),
+                ],
+            ),
+        ),
+        (
             "the script ends its session, then the child exits: one record, silence fine",
             settings(),
             with(

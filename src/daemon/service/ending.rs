@@ -85,6 +85,8 @@ impl Daemon {
         let claude_failed = output.claude.as_ref().is_some_and(|r| r.is_error);
         // A usage limit is not the agent's failure: its credential waits.
         let limit = self.limit_in(&report, &output, claude_failed || claude_failure.is_some());
+        // `usage_limit_hit` holds the credential itself (the machine's
+        // `HoldCredential` is not carried out yet): no `until` needed here.
         let held = limit.as_ref().map(|l| {
             let v = self.usage_limit_hit(&agent, cfg.as_ref(), &sid, l);
             machine::Held {
