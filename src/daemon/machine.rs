@@ -568,10 +568,16 @@ impl Session {
 
     /// Facts noted on the run; only a stall warning's end re-arms a timer.
     fn note(&mut self, event: Event, now: DateTime<Utc>) -> Vec<Action> {
-        let running = matches!(
-            self.state,
-            SessionState::Running(_) | SessionState::Stopping { .. }
-        );
+        let running = matches!(self.state, SessionState::Running(_));
+        // Its process prints (COMPLETE counts) until it is gone.
+        let printing = running
+            || matches!(
+                self.state,
+                SessionState::Stopping {
+                    verifying: false,
+                    ..
+                }
+            );
         let stall = self.settings.stall_timeout;
         let Some(run) = self.live_run() else {
             return Vec::new();
@@ -586,12 +592,14 @@ impl Session {
             Event::ScriptFailed { reason } => {
                 run.script.get_or_insert(ScriptRecord::Failed { reason });
             }
-            Event::Output(signal) if running => {
+            Event::Output(signal) if printing => {
                 run.last_output = now;
                 if signal == OutputSignal::Complete {
                     run.completed_signal = true;
                 }
-                if std::mem::take(&mut run.stall_warned)
+                // Stopping, the grace timer stays the session's timer.
+                if running
+                    && std::mem::take(&mut run.stall_warned)
                     && let Some(at) = next_due(run, stall)
                 {
                     return vec![Action::ArmTimer { at }];
@@ -651,7 +659,7 @@ impl Session {
                 (S::Running(run), arm)
             }
             (S::Preparing(run) | S::Running(run), E::ChildExited { ending, facts }) => {
-                self.exited(run, ending, facts)
+                self.exited(run, ending, facts, true)
             }
             (S::Preparing(run), E::StopRequested { by, reason }) => {
                 self.record(&run, Outcome::Stopped { by, reason }, None)
@@ -825,21 +833,33 @@ impl Session {
         facts: Facts,
     ) -> (SessionState, Vec<Action>) {
         if run.completed_signal && !matches!(ending, Ending::SpawnFailed { .. }) {
-            return self.exited(run, Ending::Exited { code: 0 }, facts);
+            // No verification after a stop someone asked for or a shutdown:
+            // the session is ending.
+            let verify = matches!(stop, Stop::Timeout | Stop::Stalled { .. });
+            return self.exited(run, Ending::Exited { code: 0 }, facts, verify);
         }
         if let Some(held) = run.limit.clone() {
             return self.held(&run, held);
         }
         match stop {
-            Stop::Timeout => self.exited(run, Ending::TimedOut, facts),
-            Stop::Stalled { silent_for } => self.exited(run, Ending::Stalled { silent_for }, facts),
+            Stop::Timeout => self.exited(run, Ending::TimedOut, facts, true),
+            Stop::Stalled { silent_for } => {
+                self.exited(run, Ending::Stalled { silent_for }, facts, true)
+            }
             stop => self.record(&run, stop_outcome(stop), None),
         }
     }
 
     /// The run ended by itself (or the runner says how the daemon ended
-    /// it): judged by the error matrix.
-    fn exited(&mut self, run: Run, ending: Ending, facts: Facts) -> (SessionState, Vec<Action>) {
+    /// it): judged by the error matrix; a success is verified if `verify`
+    /// is configured and `may_verify`.
+    fn exited(
+        &mut self,
+        run: Run,
+        ending: Ending,
+        facts: Facts,
+        may_verify: bool,
+    ) -> (SessionState, Vec<Action>) {
         // The agent said it finished its work: that counts.
         let ending = if run.completed_signal
             && !ending.is_success()
@@ -881,6 +901,7 @@ impl Session {
             // A success: verified, or the loop outside gave up, or done.
             if let Some(limits) = self.settings.verify
                 && limits.max_iterations > 0
+                && may_verify
             {
                 let iteration = run.iteration;
                 return (

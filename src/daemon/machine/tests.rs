@@ -280,6 +280,21 @@ fn the_lifecycle_table() {
             ],
         ),
         (
+            "output while a stalled run is stopped keeps the grace timer",
+            stall(true),
+            vec![
+                (0, begin(), &["launch 1"]),
+                (0, Event::Launched, &["timer +60s"]),
+                (
+                    60,
+                    Event::Deadline,
+                    &["raise SESSION_STALLED", "TERM", "timer +70s"],
+                ),
+                (65, Event::Output(OutputSignal::Output), &[]),
+                (70, Event::Deadline, &["KILL"]),
+            ],
+        ),
+        (
             "stop: TERM, grace, KILL, stopped, messages back uncounted, no retry",
             settings(),
             with(
@@ -493,6 +508,29 @@ fn the_lifecycle_table() {
                     (16, Event::Deadline, &["KILL"]),
                     (17, verify_failed(true), &["record stopped", "return"]),
                     (18, Event::Recorded, &[]),
+                ],
+            ),
+        ),
+        (
+            "COMPLETE, then a stop: completed, no verification",
+            verify.clone(),
+            with(
+                started(),
+                vec![
+                    (3, Event::Output(OutputSignal::Complete), &[]),
+                    (
+                        4,
+                        Event::StopRequested {
+                            by: StopBy::Operator,
+                            reason: "enough".into(),
+                        },
+                        &["TERM", "timer +14s"],
+                    ),
+                    (
+                        5,
+                        exited_with(Ending::Stopped, Facts::default()),
+                        &["record completed", "ack"],
+                    ),
                 ],
             ),
         ),
