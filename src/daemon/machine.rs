@@ -1,9 +1,10 @@
 //! One session's lifecycle as a pure state machine (issue 21), in the shape
 //! of ntpd-rs's `NtpSource::handle_*`: the daemon feeds it what happened
 //! ([`Event`]) with the time (`now`, a value), and it answers what to do
-//! ([`Action`]s). No IO and no clock: the IO side carries the actions out
-//! and reports back what came of them (`Launched`, `ChildExited`,
-//! `Recorded`, ...).
+//! ([`Action`]s). It must never do IO, read the clock or the environment,
+//! or decide on a reason string: the IO side carries the actions out and
+//! reports back what came of them (`Launched`, `ChildExited`, `Recorded`,
+//! ...).
 //!
 //! It decides, for one session: its launch, its iterations (verify), its
 //! timeout and stall, a stop (SIGTERM, grace, SIGKILL), its one record and
