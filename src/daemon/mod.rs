@@ -15,6 +15,7 @@ pub mod fanout;
 pub mod files;
 pub mod health;
 pub mod logging;
+pub mod machine;
 pub mod meter;
 pub mod output;
 pub mod release;

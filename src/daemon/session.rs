@@ -9,6 +9,7 @@
 //! `session fail`, which update every file exactly as for a script.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use super::files;
 use super::runner::{Ending, RunReport, SessionSpec, SpawnFailure, StallAction};
@@ -336,6 +337,12 @@ pub fn describe(report: &RunReport, agent: &AgentConfig) -> (Option<&'static str
 
 /// [`describe`] for an ending alone.
 pub fn describe_ending(ending: &Ending, agent: &AgentConfig) -> (Option<&'static str>, String) {
+    describe_with(ending, agent.session.timeout)
+}
+
+/// [`describe_ending`] with the session's `timeout`, the only setting it
+/// reads (for the pure decisions in `machine`).
+pub fn describe_with(ending: &Ending, timeout: Duration) -> (Option<&'static str>, String) {
     match ending {
         Ending::Exited { code: 0 } => (None, "completed".into()),
         Ending::Exited { code } => (
@@ -351,10 +358,7 @@ pub fn describe_ending(ending: &Ending, agent: &AgentConfig) -> (Option<&'static
         ),
         Ending::TimedOut => (
             Some("timeout"),
-            format!(
-                "timed out after {}",
-                humantime::format_duration(agent.session.timeout)
-            ),
+            format!("timed out after {}", humantime::format_duration(timeout)),
         ),
         Ending::Stopped => (
             Some("timeout"),

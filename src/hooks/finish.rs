@@ -145,7 +145,13 @@ impl Ending {
     fn into_said(
         self,
         now: Timestamp,
-    ) -> (joint::Said, Option<Vec<Message>>, Option<String>, bool) {
+    ) -> (
+        joint::Said,
+        Option<Vec<Message>>,
+        Option<String>,
+        bool,
+        Option<SessionVerdict>,
+    ) {
         match self {
             Ending::Completed(c) => (
                 joint::Said {
@@ -162,17 +168,20 @@ impl Ending {
                 c.claimed,
                 None,
                 true,
+                None,
             ),
             Ending::Failed {
                 outcome,
                 reason,
                 count_attempts,
                 code,
+                verdict,
             } => (
                 joint::Said::failed(outcome, &reason, now),
                 None,
                 code,
                 count_attempts,
+                verdict,
             ),
         }
     }
@@ -182,6 +191,7 @@ impl Ending {
         claimed: Option<Vec<Message>>,
         code: Option<String>,
         count_attempts: bool,
+        verdict: Option<SessionVerdict>,
     ) -> Ending {
         if said.is_failure() {
             return Ending::Failed {
@@ -189,6 +199,7 @@ impl Ending {
                 reason: said.reason.unwrap_or_else(|| "no reason given".into()),
                 count_attempts,
                 code,
+                verdict,
             };
         }
         Ending::Completed(Completion {
@@ -566,7 +577,7 @@ pub(super) fn finish_request(
             let phase = joint::Phase::Held {
                 kept: kept_word(&current).map(Box::new),
             };
-            let (said, claimed, code, count_attempts) = ending.into_said(now);
+            let (said, claimed, code, count_attempts, verdict) = ending.into_said(now);
             // The session's owner is the daemon: a caller it started (the
             // session's script) descends from it.
             let from = if held.by_pid == std::process::id() {
@@ -580,7 +591,7 @@ pub(super) fn finish_request(
             match joint::on(&phase, end, now) {
                 joint::Action::Record(said) => {
                     // A failure's code is the daemon's, whoever said it first.
-                    Ending::from_said(said, claimed, code, count_attempts)
+                    Ending::from_said(said, claimed, code, count_attempts, verdict)
                 }
                 joint::Action::Keep(said) => {
                     return keep_word(dir, &lock, current, said, args, now, notes);

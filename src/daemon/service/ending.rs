@@ -4,6 +4,7 @@
 //! signals and stalls.
 
 use super::*;
+use crate::daemon::machine;
 
 /// Signals handled per session; the rest are counted and ignored.
 pub(super) const SIGNALS_PER_SESSION: u32 = 1000;
@@ -27,6 +28,8 @@ pub(super) struct Recorded {
     sid: String,
     limit: Option<crate::protocol::limits::Limit>,
     verdict: failure::Verdict,
+    /// What the session was (its log line's level).
+    decided: machine::Outcome,
     succeeded: bool,
     override_reason: Option<String>,
     flows: Vec<AgentName>,
@@ -80,39 +83,54 @@ impl Daemon {
             Some(session::ScriptEnd::Failed { reason }) => Some(reason.as_str()),
             _ => None,
         };
-        let retries = cfg.as_ref().map(|c| c.session.retries).unwrap_or_default();
         let claude_failed = output.claude.as_ref().is_some_and(|r| r.is_error);
         // A usage limit is not the agent's failure: its credential waits.
         let limit = self.limit_in(&report, &output, claude_failed || claude_failure.is_some());
-        let verdict = match &limit {
-            Some(l) => self.usage_limit_hit(&agent, cfg.as_ref(), &sid, l),
-            None => failure::judge(
-                &Observed {
-                    ending: &report.ending,
+        // `usage_limit_hit` holds the credential itself (the machine's
+        // `HoldCredential` is not carried out yet): no `until` needed here.
+        let held = limit.as_ref().map(|l| {
+            let v = self.usage_limit_hit(&agent, cfg.as_ref(), &sid, l);
+            machine::Held {
+                until: None,
+                admin_cap: v.code == Some(Code::UsageDisabled),
+                reason: v.message,
+            }
+        });
+        let stderr_last_words = output::last_words(&output.stderr_tail);
+        // What the session was: the machine's outcome, and the error
+        // matrix's verdict for its error record (issue 21).
+        let (decided, verdict) = machine::end_of_run(
+            machine::EndOfRun {
+                session_id: sid.clone(),
+                started_at: running.started_at.0,
+                iteration: iterations.count,
+                script: by_script.clone().map(|end| match end {
+                    session::ScriptEnd::Completed => machine::ScriptRecord::Ended,
+                    session::ScriptEnd::Failed { reason } => {
+                        machine::ScriptRecord::Failed { reason }
+                    }
+                }),
+                completed_signal: running.completed_by_signal,
+                limit: held,
+                stop: running
+                    .stop_reason
+                    .clone()
+                    .map(|why| (machine::StopBy::Daemon, why)),
+                ending: report.ending.clone(),
+                facts: machine::Facts {
                     empty: output.empty,
                     fingerprint: output.fingerprint,
-                    claude: claude_failure.as_ref(),
-                    ended_by_script,
-                    failed_by_script,
-                    incomplete: cfg.as_ref().is_some_and(|c| c.session.require_complete)
-                        && !running.completed_by_signal,
+                    claude: claude_failure.clone(),
+                    claude_error: claude_failed,
+                    stderr_last_words: stderr_last_words.clone(),
+                    gave_up: iterations.failed.clone(),
                 },
-                self.streaks.entry(agent.clone()).or_default(),
-                &retries,
-            ),
-        };
-        // The iteration loop gave up: the last run ended well, its
-        // verification did not.
-        let verdict = match (&iterations.failed, &limit) {
-            (Some((code, why)), None) if verdict.code.is_none() => failure::gave_up(
-                self.streaks.entry(agent.clone()).or_default(),
-                &retries,
-                *code,
-                why.clone(),
-            ),
-            _ => verdict,
-        };
-        let succeeded = verdict.code.is_none() && report.ending.is_success();
+            },
+            cfg.as_ref().map(machine::Settings::of).unwrap_or_default(),
+            self.streaks.entry(agent.clone()).or_default(),
+            now.0,
+        );
+        let succeeded = decided.is_completed();
         if succeeded && let Some(doubt) = output.claude.as_ref().and_then(output::doubts) {
             self.raise(
                 ErrorRecord::new(Code::SessionSuspect, format!("{agent}: {doubt}"))
@@ -134,7 +152,6 @@ impl Daemon {
             .as_ref()
             .map(|c| session::describe(&report, c).1)
             .unwrap_or_default();
-        let stderr_last_words = output::last_words(&output.stderr_tail);
         let override_reason = failure::recorded_reason(
             &failure::Seen {
                 ending: &report.ending,
@@ -168,6 +185,7 @@ impl Daemon {
             sid,
             limit,
             verdict,
+            decided,
             succeeded,
             override_reason,
             flows,
@@ -228,6 +246,7 @@ impl Daemon {
             sid,
             limit,
             verdict,
+            decided,
             succeeded,
             override_reason,
             flows,
@@ -252,10 +271,13 @@ impl Daemon {
             other => other,
         };
         match &outcome {
+            // Completed in the record and in the machine's outcome (a
+            // script's own `session end` of a run the daemon judged failed
+            // is a warning).
             Ok(session::Finished {
                 verdict: SessionVerdict::Completed,
                 text,
-            }) => tracing::info!(
+            }) if decided.is_completed() => tracing::info!(
                 agent = %agent, session_id = %sid, instance = %running.instance,
                 "session {sid} {text}"
             ),
