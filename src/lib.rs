@@ -47,3 +47,4 @@ pub mod schedule;
 pub mod state;
 pub mod usage;
 pub mod workspace;
+pub mod zone;

@@ -23,7 +23,15 @@ const LAYERS: &[(&str, &[&str])] = &[
     // Values, errors and file access that everything uses.
     (
         "base",
-        &["clock", "errors", "error", "agent_name", "fsx", "access"],
+        &[
+            "clock",
+            "errors",
+            "error",
+            "agent_name",
+            "fsx",
+            "access",
+            "zone",
+        ],
     ),
     // Every file shape and the one way each is written.
     ("store", &["state"]),

@@ -60,3 +60,4 @@ mod unreadable;
 mod verdicts;
 mod workspace;
 mod workspaces_daemon;
+mod zones;
