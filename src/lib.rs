@@ -48,3 +48,4 @@ pub mod state;
 pub mod string_enum;
 pub mod usage;
 pub mod workspace;
+pub mod zone;

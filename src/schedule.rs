@@ -87,11 +87,11 @@
 
 use std::time::Duration;
 
+use crate::zone::Zone;
 use chrono::{
     DateTime, Datelike, LocalResult, Months, NaiveDate, NaiveDateTime, TimeDelta, TimeZone,
     Timelike, Utc,
 };
-use chrono_tz::Tz;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Schedule {
@@ -251,7 +251,7 @@ impl Schedule {
     /// The search skips whole months, days and hours that the schedule rules
     /// out, so a rare schedule (`0 0 29 2 *`) costs a few hundred steps, not a
     /// step per minute.
-    pub fn next_after(&self, after: DateTime<Utc>, tz: Tz) -> Option<DateTime<Utc>> {
+    pub fn next_after(&self, after: DateTime<Utc>, tz: Zone) -> Option<DateTime<Utc>> {
         let local = after.with_timezone(&tz).naive_local();
         let mut cursor = local;
         // In the first pass through a repeated hour, the second occurrences
@@ -294,7 +294,7 @@ impl Schedule {
     pub fn next_wake(
         &self,
         after: DateTime<Utc>,
-        tz: Tz,
+        tz: Zone,
         agent: &str,
         jitter: Duration,
     ) -> Option<DateTime<Utc>> {
@@ -310,9 +310,9 @@ impl Schedule {
     fn instants(
         &self,
         wall: NaiveDateTime,
-        tz: Tz,
+        tz: Zone,
     ) -> (Option<DateTime<Utc>>, [Option<DateTime<Utc>>; 2]) {
-        let utc = |t: DateTime<Tz>| t.with_timezone(&Utc);
+        let utc = |t: DateTime<Zone>| t.with_timezone(&Utc);
         match tz.from_local_datetime(&wall) {
             LocalResult::Single(t) => (Some(utc(t)), [Some(utc(t)), None]),
             LocalResult::Ambiguous(first, second) => {
@@ -436,7 +436,7 @@ pub enum Missed {
 /// runs once for it, otherwise the miss is only reported.
 pub fn missed_runs(
     schedule: &Schedule,
-    tz: Tz,
+    tz: Zone,
     last_fire: Option<DateTime<Utc>>,
     now: DateTime<Utc>,
     window: Duration,
@@ -479,7 +479,7 @@ pub fn missed_runs(
 /// distance to the answer, not to `known`.
 fn latest_fire_up_to(
     schedule: &Schedule,
-    tz: Tz,
+    tz: Zone,
     known: DateTime<Utc>,
     now: DateTime<Utc>,
 ) -> DateTime<Utc> {
@@ -541,7 +541,7 @@ fn splitmix64_mix(mut z: u64) -> u64 {
 /// found as the instant of the first wall-clock minute after it that exists.
 /// Gaps are an hour or less in practice (a day at most, Samoa 2011); the
 /// search gives up after three days.
-fn gap_end(wall: NaiveDateTime, tz: Tz) -> Option<DateTime<Utc>> {
+fn gap_end(wall: NaiveDateTime, tz: Zone) -> Option<DateTime<Utc>> {
     (1..=3 * 24 * 60).find_map(|minutes| {
         tz.from_local_datetime(&(wall + TimeDelta::minutes(minutes)))
             .earliest()

@@ -17,8 +17,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
+use crate::zone::Zone;
 use chrono::NaiveDate;
-use chrono_tz::Tz;
 use serde::Serialize;
 
 use crate::clock::Timestamp;
@@ -203,12 +203,12 @@ impl DayUse {
 }
 
 /// The day `t` falls on in `tz`.
-pub fn day_of(t: Timestamp, tz: Tz) -> NaiveDate {
+pub fn day_of(t: Timestamp, tz: Zone) -> NaiveDate {
     t.0.with_timezone(&tz).date_naive()
 }
 
 /// Sessions added up per day (in `tz`) of the time they count at (pure).
-pub fn by_day(sessions: &[SessionUse], tz: Tz) -> BTreeMap<NaiveDate, DayUse> {
+pub fn by_day(sessions: &[SessionUse], tz: Zone) -> BTreeMap<NaiveDate, DayUse> {
     let mut out: BTreeMap<NaiveDate, DayUse> = BTreeMap::new();
     for s in sessions {
         if let Some(t) = s.counted_at() {
@@ -390,7 +390,7 @@ mod tests {
     #[test]
     fn a_session_counts_on_the_day_it_started_in_the_zone() {
         let s = sessions(&journal());
-        let utc = by_day(&s, chrono_tz::UTC);
+        let utc = by_day(&s, crate::zone::Zone::UTC);
         let d23 = NaiveDate::from_ymd_opt(2026, 11, 23).unwrap();
         let d24 = NaiveDate::from_ymd_opt(2026, 11, 24).unwrap();
         assert_eq!(utc[&d23].sessions, 1);
@@ -398,7 +398,7 @@ mod tests {
         assert_eq!(utc[&d24].runtime_seconds, 5700);
         // In Lisbon (UTC+0 in November) the same; in Tokyo (UTC+9) all three
         // started on the 24th.
-        let tokyo = by_day(&s, chrono_tz::Asia::Tokyo);
+        let tokyo = by_day(&s, crate::zone::Zone::get("Asia/Tokyo").unwrap());
         assert_eq!(tokyo.len(), 1);
         assert_eq!(tokyo[&d24].sessions, 3);
         assert_eq!(tokyo[&d24].tokens.total, 1100);

@@ -31,6 +31,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "fsx",
             "access",
             "string_enum",
+            "zone",
         ],
     ),
     // Every file shape and the one way each is written.

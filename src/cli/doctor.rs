@@ -4,8 +4,8 @@
 //! agent's command (there, executable by the service user, not hidden by the
 //! unit's sandbox), Claude Code's login for the service user, git identity
 //! and the remote of each workspace repository, the paths the service must
-//! write being writable under the unit, free disk, and a running daemon with
-//! a fresh heartbeat. Read-only; exit 1 if anything fails.
+//! write being writable under the unit, the time zone database when a zone
+//! is named, free disk, and a running daemon with a fresh heartbeat. Read-only; exit 1 if anything fails.
 //!
 //! The unit's user, environment and sandbox are the ones systemd runs
 //! (`systemctl show`, drop-ins included), or the shipped unit's when
@@ -278,6 +278,8 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         }
     }
 
+    check_zones(&mut r, config, unit.as_ref());
+
     // Free disk.
     match crate::daemon::health::probe(root) {
         Ok(p) if p.read_only => r.fail("disk", format!("{} is on a read-only file system", root.display()), "remount it read-write"),
@@ -329,6 +331,84 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
 
     say!("\n{} failed, {} warning(s)", r.failed, r.warned);
     Ok(if r.failed > 0 { 1 } else { 0 })
+}
+
+/// The time zones the config names (UTC aside), found in the database the
+/// service reads (the unit's `TZDIR=`, else /usr/share/zoneinfo) and not
+/// hidden by its sandbox. Only a config that names a zone needs one.
+fn check_zones(r: &mut Report, config: &crate::config::Config, unit: Option<&unit::Unit>) {
+    let zones: Vec<&str> = config
+        .agents
+        .iter()
+        .map(|a| a.timezone.name())
+        .chain([config.budget.timezone.name()])
+        .collect();
+    // The service's database: the unit's TZDIR=, else the default; with no
+    // unit to ask, this process's (its own TZDIR, else the default).
+    let dir = match unit {
+        Some(u) => u
+            .env("TZDIR")
+            .filter(|d| Path::new(d).is_absolute())
+            .map_or_else(|| PathBuf::from(crate::zone::DEFAULT_DIR), PathBuf::from),
+        None => crate::zone::database_dir(),
+    };
+    let hidden = unit.and_then(|u| match u.access(&dir) {
+        (unit::Access::Hidden, setting) => Some(setting),
+        _ => None,
+    });
+    match zones_finding(&zones, &dir, hidden.as_deref()) {
+        Ok(detail) => r.ok("time zones", detail),
+        Err((problem, fix)) => r.fail("time zones", problem, fix),
+    }
+}
+
+/// The "time zones" line: what is fine, or the problem and its fix.
+fn zones_finding(
+    zones: &[&str],
+    dir: &Path,
+    hidden_by: Option<&str>,
+) -> std::result::Result<String, (String, &'static str)> {
+    let mut zones: Vec<&str> = zones.iter().copied().filter(|z| *z != "UTC").collect();
+    zones.sort_unstable();
+    zones.dedup();
+    if zones.is_empty() {
+        return Ok("none but UTC: the time zone database is not read".into());
+    }
+    let named = zones.join(", ");
+    if let Some(setting) = hidden_by {
+        return Err((
+            format!(
+                "the config names {named}, but {} is hidden from the service ({setting})",
+                dir.display()
+            ),
+            "take it out of that setting in the unit's drop-in (systemctl edit agent-state)",
+        ));
+    }
+    if !crate::zone::database_present(dir) {
+        return Err((
+            format!(
+                "the config names {named}, but there is no time zone database at {}",
+                dir.display()
+            ),
+            "apt-get install tzdata",
+        ));
+    }
+    let missing: Vec<&str> = zones
+        .iter()
+        .copied()
+        .filter(|z| crate::zone::load_from(dir, z).is_err())
+        .collect();
+    if !missing.is_empty() {
+        return Err((
+            format!(
+                "{} not in the time zone database at {}",
+                missing.join(", "),
+                dir.display()
+            ),
+            "upgrade tzdata, or use the zone's current name (on Debian 13 a legacy name such as US/Eastern needs tzdata-legacy)",
+        ));
+    }
+    Ok(format!("{named} (from {})", dir.display()))
 }
 
 fn human(bytes: u64) -> String {
@@ -608,5 +688,47 @@ fn check_repo(r: &mut Report, repo: &Path, user: &str, home: Option<&Path>) {
             "no remote `origin`: sessions commit but cannot push",
             "git remote add origin URL",
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_time_zone_line_needs_a_database_only_when_a_zone_is_named() {
+        let system = Path::new(crate::zone::DEFAULT_DIR);
+        let none = Path::new("/nonexistent/zoneinfo");
+        let ok = |zones: &[&str], dir: &Path, hidden: Option<&str>| {
+            zones_finding(zones, dir, hidden).map_err(|(p, _)| p)
+        };
+        // (zones, database, hidden by) -> the line
+        assert_eq!(
+            ok(&["UTC", "UTC"], none, Some("InaccessiblePaths=/usr/share")),
+            Ok("none but UTC: the time zone database is not read".into())
+        );
+        assert_eq!(
+            ok(&["UTC", "Europe/Berlin", "Europe/Berlin"], system, None),
+            Ok("Europe/Berlin (from /usr/share/zoneinfo)".into())
+        );
+        assert_eq!(
+            ok(&["Europe/Berlin", "UTC"], none, None),
+            Err("the config names Europe/Berlin, but there is no time zone database at /nonexistent/zoneinfo".into())
+        );
+        assert_eq!(
+            ok(&["Europe/Berlin"], system, Some("InaccessiblePaths=/usr/share")),
+            Err("the config names Europe/Berlin, but /usr/share/zoneinfo is hidden from the service (InaccessiblePaths=/usr/share)".into())
+        );
+        let empty = tempfile::tempdir().unwrap();
+        std::fs::copy(system.join("UTC"), empty.path().join("UTC")).unwrap();
+        assert_eq!(
+            ok(&["Europe/Berlin", "Asia/Tokyo"], empty.path(), None),
+            Err(format!(
+                "Asia/Tokyo, Europe/Berlin not in the time zone database at {}",
+                empty.path().display()
+            ))
+        );
+        let (_, fix) = zones_finding(&["Europe/Berlin"], none, None).unwrap_err();
+        assert_eq!(fix, "apt-get install tzdata");
     }
 }

@@ -39,20 +39,20 @@ pub struct Args {
 /// The machine's time zone, as cron uses it for lines with no `CRON_TZ`.
 fn system_zone() -> String {
     if let Ok(tz) = std::env::var("TZ")
-        && tz.parse::<chrono_tz::Tz>().is_ok()
+        && tz.parse::<crate::zone::Zone>().is_ok()
     {
         return tz;
     }
     if let Ok(text) = std::fs::read_to_string("/etc/timezone") {
         let tz = text.trim();
-        if tz.parse::<chrono_tz::Tz>().is_ok() {
+        if tz.parse::<crate::zone::Zone>().is_ok() {
             return tz.to_string();
         }
     }
     if let Ok(target) = std::fs::read_link("/etc/localtime") {
         let s = target.display().to_string();
         if let Some((_, zone)) = s.split_once("zoneinfo/")
-            && zone.parse::<chrono_tz::Tz>().is_ok()
+            && zone.parse::<crate::zone::Zone>().is_ok()
         {
             return zone.to_string();
         }

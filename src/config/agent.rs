@@ -5,7 +5,7 @@
 
 use std::collections::BTreeSet;
 
-use chrono_tz::Tz;
+use crate::zone::Zone;
 use serde::Deserialize;
 
 use super::Validator;
@@ -25,7 +25,7 @@ pub struct AgentConfig {
     pub kind: AgentKind,
     pub domain: Option<String>,
     pub schedule: Option<Schedule>,
-    pub timezone: Tz,
+    pub timezone: Zone,
     pub session: SessionSettings,
 }
 
@@ -218,15 +218,15 @@ impl Validator {
             (None, _) => None,
         };
         let timezone = match raw.timezone.as_deref() {
-            None => chrono_tz::UTC,
-            Some(tz) => match tz.parse::<Tz>() {
+            None => Zone::UTC,
+            Some(tz) => match tz.parse::<Zone>() {
                 Ok(tz) => tz,
-                Err(_) => {
+                Err(e) => {
                     self.problem(
                         format!("{label}.timezone"),
-                        format!("{tz:?} is not an IANA time zone name such as \"UTC\" or \"Europe/Berlin\""),
+                        e.describe(tz, || format!("{tz:?} is not an IANA time zone name such as \"UTC\" or \"Europe/Berlin\"")),
                     );
-                    chrono_tz::UTC
+                    Zone::UTC
                 }
             },
         };

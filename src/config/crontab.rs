@@ -115,10 +115,11 @@ pub fn parse(text: &str, system_tz: &str) -> Migration {
                 .push(format!("line {n}: schedule `{schedule}`: {e}"));
             continue;
         }
-        if tz.parse::<chrono_tz::Tz>().is_err() {
-            m.problems.push(format!(
-                "line {n}: time zone {tz:?} (from CRON_TZ/TZ) is not an IANA zone such as \"Europe/Lisbon\""
-            ));
+        if let Err(e) = tz.parse::<crate::zone::Zone>() {
+            let why = e.describe(&tz, || {
+                format!("time zone {tz:?} (from CRON_TZ/TZ) is not an IANA zone such as \"Europe/Lisbon\"")
+            });
+            m.problems.push(format!("line {n}: {why}"));
             continue;
         }
         if let Some(first) = m.entries.iter().find(|e| &e.agent == agent) {

@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use chrono_tz::Tz;
+use crate::zone::Zone;
 use serde::Deserialize;
 
 use super::Validator;
@@ -46,14 +46,14 @@ pub enum BudgetAction {
 /// daily budget (and `agent-state usage`) counts days in.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FleetBudget {
-    pub timezone: Tz,
+    pub timezone: Zone,
     pub limits: Budget,
 }
 
 impl Default for FleetBudget {
     fn default() -> Self {
         FleetBudget {
-            timezone: chrono_tz::UTC,
+            timezone: Zone::UTC,
             limits: Budget::default(),
         }
     }
@@ -188,15 +188,17 @@ impl Validator {
 
     pub(super) fn fleet_budget(&mut self, raw: &RawFleetBudget) -> FleetBudget {
         let timezone = match raw.timezone.as_deref() {
-            None => chrono_tz::UTC,
-            Some(tz) => tz.parse::<Tz>().unwrap_or_else(|_| {
+            None => Zone::UTC,
+            Some(tz) => tz.parse::<Zone>().unwrap_or_else(|e| {
                 self.problem(
                     "budget.timezone",
-                    format!(
-                        "{tz:?} is not an IANA time zone name such as \"UTC\" or \"Europe/Lisbon\""
-                    ),
+                    e.describe(tz, || {
+                        format!(
+                            "{tz:?} is not an IANA time zone name such as \"UTC\" or \"Europe/Lisbon\""
+                        )
+                    }),
                 );
-                chrono_tz::UTC
+                Zone::UTC
             }),
         };
         let limits = self.budget(

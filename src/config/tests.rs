@@ -138,7 +138,10 @@ budget_action = "finish"
 name = "leo"
 "#;
     let c = Config::parse(text, Path::new("/x/c.toml")).unwrap();
-    assert_eq!(c.budget.timezone, chrono_tz::Europe::Lisbon);
+    assert_eq!(
+        c.budget.timezone,
+        crate::zone::Zone::get("Europe/Lisbon").unwrap()
+    );
     assert_eq!(c.budget.limits.max_sessions, Some(40));
     assert_eq!(c.budget.limits.max_cost_usd, Some(50.0));
     let rio = &c.agents[0].session;

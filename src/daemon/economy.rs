@@ -10,8 +10,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use crate::zone::Zone;
 use chrono::{DateTime, TimeZone, Utc};
-use chrono_tz::Tz;
 use serde::{Deserialize, Serialize};
 
 use crate::agent_name::AgentName;
@@ -273,7 +273,7 @@ impl Holds {
 }
 
 /// When the day after `now`'s day starts in `tz` (daily budgets reset).
-pub fn next_day_start(now: DateTime<Utc>, tz: Tz) -> DateTime<Utc> {
+pub fn next_day_start(now: DateTime<Utc>, tz: Zone) -> DateTime<Utc> {
     let local = now.with_timezone(&tz).date_naive();
     let mut day = local;
     // A zone may skip midnight (DST at 00:00): take the first instant of
@@ -497,15 +497,21 @@ mod tests {
     #[test]
     fn a_day_starts_at_midnight_in_the_zone_even_when_midnight_is_skipped() {
         assert_eq!(
-            next_day_start(at("2026-11-24T10:00:00Z"), chrono_tz::UTC),
+            next_day_start(at("2026-11-24T10:00:00Z"), crate::zone::Zone::UTC),
             at("2026-11-25T00:00:00Z")
         );
         assert_eq!(
-            next_day_start(at("2026-11-24T10:00:00Z"), chrono_tz::America::Los_Angeles),
+            next_day_start(
+                at("2026-11-24T10:00:00Z"),
+                crate::zone::Zone::get("America/Los_Angeles").unwrap()
+            ),
             at("2026-11-25T08:00:00Z")
         );
         // Chile (America/Santiago) springs forward at 00:00 on 2026-09-06.
-        let t = next_day_start(at("2026-09-05T12:00:00Z"), chrono_tz::America::Santiago);
+        let t = next_day_start(
+            at("2026-09-05T12:00:00Z"),
+            crate::zone::Zone::get("America/Santiago").unwrap(),
+        );
         assert_eq!(
             t,
             at("2026-09-06T04:00:00Z"),

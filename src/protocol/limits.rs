@@ -57,8 +57,8 @@
 //!
 //! A reset that is not after `now`, or more than [`MAX_RESET_AHEAD`] ahead,
 //! is not believed: [`Limit::resets_at`] is `None` and [`Limit::note`] says
-//! why. So is a wall-clock time without a zone or with a zone chrono-tz does
-//! not know. Without a reset the daemon waits a capped time and probes.
+//! why. So is a wall-clock time without a zone or with a zone the time zone
+//! database (tzdata, [`crate::zone`]) does not have. Without a reset the daemon waits a capped time and probes.
 //!
 //! # Cost
 //!
@@ -77,11 +77,11 @@
 
 use std::fmt;
 
+use crate::zone::Zone;
 use chrono::{
     DateTime, Datelike, Days, LocalResult, NaiveDate, NaiveDateTime, NaiveTime, Offset, TimeDelta,
     TimeZone, Utc, Weekday,
 };
-use chrono_tz::Tz;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 

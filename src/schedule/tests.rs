@@ -86,7 +86,7 @@ fn utc(text: &str) -> DateTime<Utc> {
         .with_timezone(&Utc)
 }
 
-fn tz(name: &str) -> Tz {
+fn tz(name: &str) -> Zone {
     name.parse().unwrap()
 }
 
@@ -190,7 +190,7 @@ fn next_after_table() {
 /// wall clock is later.
 fn brute_force(
     s: &Schedule,
-    zone: Tz,
+    zone: Zone,
     from: DateTime<Utc>,
     to: DateTime<Utc>,
 ) -> BTreeSet<DateTime<Utc>> {
@@ -290,17 +290,17 @@ fn next_wake_adds_the_agents_jitter() {
     for (agent, jitter) in cases {
         let offset = TimeDelta::from_std(jitter_offset(agent, fire, jitter)).unwrap();
         assert_eq!(
-            s.next_wake(after, Tz::UTC, agent, jitter),
+            s.next_wake(after, Zone::UTC, agent, jitter),
             Some(fire + offset),
             "{agent} {jitter:?}"
         );
     }
     assert_eq!(
-        s.next_wake(after, Tz::UTC, "rio", Duration::ZERO),
+        s.next_wake(after, Zone::UTC, "rio", Duration::ZERO),
         Some(fire)
     );
     let never = Schedule::parse("0 0 30 2 *").unwrap();
-    assert_eq!(never.next_wake(after, Tz::UTC, "rio", jitter), None);
+    assert_eq!(never.next_wake(after, Zone::UTC, "rio", jitter), None);
 }
 
 #[test]

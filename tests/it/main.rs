@@ -63,3 +63,4 @@ mod verdicts;
 mod verify_script;
 mod workspace;
 mod workspaces_daemon;
+mod zones;

@@ -274,7 +274,7 @@ fn reset_in(text: &str, now: DateTime<Utc>) -> Reset {
     let Some(zone) = zone else {
         return Reset::Unreadable(format!("the reset time {shown:?} names no time zone"));
     };
-    let Ok(tz) = zone.parse::<Tz>() else {
+    let Ok(tz) = zone.parse::<Zone>() else {
         return Reset::Unreadable(format!("unknown time zone {:?}", truncate(zone)));
     };
     match spec.resolve(tz, now) {
@@ -338,7 +338,7 @@ impl ClockSpec {
     }
 
     /// The instant it names in `tz`, seen at `now` (see the module docs).
-    fn resolve(self, tz: Tz, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+    fn resolve(self, tz: Zone, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
         // `now.with_timezone(&tz)` would panic at the ends of time.
         let offset = tz.offset_from_utc_datetime(&now.naive_utc()).fix();
         let today = now.naive_utc().checked_add_offset(offset)?.date();
@@ -447,7 +447,7 @@ fn weekday_of(token: &str) -> Option<Weekday> {
 
 /// A wall-clock time in `tz` as an instant: a time a DST change skips is
 /// read one hour later, one it repeats is the first.
-fn localize(tz: Tz, wall: NaiveDateTime) -> Option<DateTime<Utc>> {
+fn localize(tz: Zone, wall: NaiveDateTime) -> Option<DateTime<Utc>> {
     match tz.from_local_datetime(&wall) {
         LocalResult::Single(t) | LocalResult::Ambiguous(t, _) => Some(t.with_timezone(&Utc)),
         LocalResult::None => match tz
