@@ -592,6 +592,8 @@ impl Daemon {
             self.stopping.filter(|_| !self.running.is_empty()),
             // Wake requests left for the next turn.
             self.intake.requests.pending().then(|| self.clock.now()),
+            // A wake request held back by its agent's wake_request_interval.
+            self.wake_request_held_until(),
         ]
         .into_iter()
         .flatten()

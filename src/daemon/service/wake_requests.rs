@@ -42,6 +42,28 @@ pub(super) struct WakeRequests {
     /// Agents with a batch of removals (and perhaps a listing) on a
     /// blocking thread: no second one until it comes back.
     sweeping: std::collections::BTreeSet<AgentName>,
+    /// Per agent, when its last session asked for by a wake request began
+    /// (the `wake_request_interval` counts from it).
+    started: BTreeMap<AgentName, DateTime<Utc>>,
+    /// Per agent, a wake request held back by `wake_request_interval`:
+    /// asked for at this time (however many more arrive meanwhile), unless
+    /// a session of that agent starts first and serves it.
+    held: BTreeMap<AgentName, DateTime<Utc>>,
+}
+
+/// When a wake request for an idle agent may ask for a session: `None` now,
+/// else the time. `last` is when the agent's last session asked for by a
+/// wake request began, `interval` its `wake_request_interval`. A clock
+/// stepped back (a `last` in the future) never holds a request longer than
+/// `interval` from now.
+pub(super) fn wake_request_due(
+    last: Option<DateTime<Utc>>,
+    interval: Duration,
+    now: DateTime<Utc>,
+) -> Option<DateTime<Utc>> {
+    let last = last?;
+    let due = crate::clock::later(last, interval).min(crate::clock::later(now, interval));
+    (due > now).then_some(due)
 }
 
 /// What a batch of removals did, off the loop.
@@ -176,9 +198,77 @@ impl Daemon {
     /// request, and a batch of removals sent off the loop for each agent
     /// with requests left and none on the way.
     pub(super) fn serve_wake_requests(&mut self) {
+        let now = self.clock.now();
+        let due: Vec<AgentName> = self
+            .intake
+            .requests
+            .held
+            .iter()
+            .filter(|(_, t)| **t <= now)
+            .map(|(a, _)| a.clone())
+            .collect();
+        for agent in due {
+            self.intake.requests.held.remove(&agent);
+            self.serve_wake_request(&agent);
+        }
         let agents: Vec<AgentName> = self.intake.requests.backlog.keys().cloned().collect();
         for agent in agents {
             self.serve_wake_requests_of(&agent);
+        }
+    }
+
+    /// The earliest time a held-back wake request is due.
+    pub(super) fn wake_request_held_until(&self) -> Option<DateTime<Utc>> {
+        self.intake.requests.held.values().min().copied()
+    }
+
+    /// A session of `agent` starts, asked for by `reason`: it serves any
+    /// wake request held back; one asked for by a wake request starts
+    /// the agent's `wake_request_interval`.
+    pub(super) fn wake_request_session_starts(&mut self, agent: &AgentName, reason: WakeReason) {
+        let requests = &mut self.intake.requests;
+        requests.held.remove(agent);
+        if reason == WakeReason::Manual {
+            requests.started.insert(agent.clone(), self.clock.now());
+        }
+    }
+
+    /// Serve the wake requests that arrived for `agent`: one wake, unless
+    /// the agent is idle and its last session asked for by a wake request
+    /// began less than its `wake_request_interval` ago; then one wake at
+    /// the end of that interval, however many requests arrive meanwhile.
+    /// While a session runs (or a wake waits for a slot) the request goes
+    /// to the core as always: skipped or merged, it starts nothing more.
+    fn serve_wake_request(&mut self, agent: &AgentName) {
+        if !self.core.contains(agent) {
+            return;
+        }
+        let busy = self
+            .core
+            .slot(agent)
+            .is_some_and(|s| s.running.is_some() || s.pending.is_some());
+        if !busy {
+            let interval = self
+                .agent_config(agent)
+                .map(|a| a.session.wake_request_interval)
+                .unwrap_or_default();
+            let last = self.intake.requests.started.get(agent).copied();
+            if let Some(at) = wake_request_due(last, interval, self.clock.now()) {
+                if self
+                    .intake
+                    .requests
+                    .held
+                    .insert(agent.clone(), at)
+                    .is_none()
+                {
+                    tracing::debug!(agent = %agent, "wake request held back until {at}: a session asked for by a wake request began less than {} ago (wake_request_interval)", humantime::format_duration(interval));
+                }
+                return;
+            }
+        }
+        self.intake.requests.held.remove(agent);
+        if self.request_manual_wake(agent) {
+            tracing::info!(agent = %agent, "wake requested");
         }
     }
 
@@ -191,9 +281,7 @@ impl Daemon {
         }
         if b.unserved {
             b.unserved = false;
-            if self.request_manual_wake(agent) {
-                tracing::info!(agent = %agent, "wake requested");
-            }
+            self.serve_wake_request(agent);
         }
         if self.intake.requests.sweeping.contains(agent) {
             // A batch is being removed: the next one when it is back.
@@ -312,6 +400,42 @@ impl Daemon {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_wake_request_waits_out_the_interval_since_the_last_one_started() {
+        let t = |s: &str| {
+            DateTime::parse_from_rfc3339(&format!("2026-11-26T12:00:{s}Z"))
+                .unwrap()
+                .with_timezone(&Utc)
+        };
+        let secs = Duration::from_secs;
+        // (last session asked for by a wake request, interval, now) -> due
+        let cases = [
+            (None, secs(1), "10", None, "never woken by a request: now"),
+            (Some("10"), secs(0), "10", None, "no limit"),
+            (Some("10"), secs(1), "10", Some("11"), "just began"),
+            (Some("10"), secs(1), "10.5", Some("11"), "half way"),
+            (Some("10"), secs(1), "11", None, "the interval has passed"),
+            (Some("10"), secs(1), "30", None, "long ago"),
+            (Some("10"), secs(5), "12", Some("15"), "a longer interval"),
+            (
+                Some("50"),
+                secs(1),
+                "10",
+                Some("11"),
+                "the clock stepped back: never longer than the interval from now",
+            ),
+        ];
+        for (last, interval, now, want, why) in cases {
+            assert_eq!(
+                wake_request_due(last.map(t), interval, t(now)),
+                want.map(t),
+                "{why}"
+            );
+        }
+        // An interval past the calendar's end saturates, never panics.
+        assert!(wake_request_due(Some(t("10")), Duration::MAX, t("10")).is_some());
+    }
 
     #[test]
     fn requests_collapse_and_are_bounded() {
