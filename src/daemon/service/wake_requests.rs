@@ -13,6 +13,15 @@
 //! backlog logged once, and one journal line for all the requests a running
 //! session makes wait. Serving a request (the wake) never waits for its
 //! removal: a request is served when it is seen, once.
+//!
+//! A request starts a session of an idle agent at most once per its
+//! `wake_request_interval` (default 1 s): one arriving sooner after the
+//! last session a request started is held, with every other arriving
+//! meanwhile, until that interval has passed ([`wake_request_due`]), and is
+//! served by any session of that agent that starts first. A flood of
+//! requests costs the loop one session begin and end per interval, not one
+//! after another. Schedules, mail and a running session's skips are as
+//! before.
 
 use super::*;
 
