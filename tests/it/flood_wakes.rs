@@ -151,3 +151,46 @@ fn a_flood_of_wake_requests_starts_one_session_per_interval() {
         leo_started - asked
     );
 }
+
+#[test]
+fn wake_requests_in_a_big_inbox_at_start_are_one_wake() {
+    let env = setup();
+    let inbox = env.path("rio", "inbox");
+    // Past the daemon's big-inbox size (256 KiB of directory): listed off
+    // the loop at start, its requests served when the listing is back.
+    for i in 0..12_000 {
+        std::fs::File::create(inbox.join(format!("junk-{i:06}.txt"))).expect("junk");
+    }
+    for i in 0..3_000 {
+        std::fs::File::create(inbox.join(format!(".wake-early-{i:06}"))).expect("request");
+    }
+    let mut daemon = Daemon::start(&env, &[("AGENT_STATE_LOG", "debug")]);
+    daemon.wait_until(
+        Duration::from_secs(30),
+        "the requests made before the start are served and removed",
+        || {
+            !starts(&env, "rio").is_empty()
+                && std::fs::read_dir(&inbox).is_ok_and(|d| {
+                    !d.flatten()
+                        .any(|e| e.file_name().to_string_lossy().starts_with(".wake-"))
+                })
+        },
+    );
+    env.ok(&["wake", "leo", "--wait", "10s"]);
+    daemon.wait_until(Duration::from_secs(20), "rio is idle", || {
+        idle(&env, &daemon, "rio")
+    });
+    daemon.signal(Signal::SIGTERM);
+    let status = daemon.wait_exit(Duration::from_secs(20));
+    assert!(status.success(), "the daemon stops cleanly: {status:?}");
+    assert_eq!(
+        starts(&env, "rio").len(),
+        1,
+        "3,000 requests made while the daemon was down are one wake"
+    );
+    let log = daemon.log_text();
+    assert!(
+        log.contains("its inbox is big: listed off the loop before it is scanned"),
+        "the start-up scan lists the big inbox off the loop:\n{log}"
+    );
+}

@@ -84,6 +84,9 @@ pub(super) struct Swept {
     pub(super) failed: Vec<(String, String)>,
     /// With a listing: the wake requests it found in the inbox.
     pub(super) listed: Option<Vec<String>>,
+    /// The listing is the start's or the reconcile scan's: what it finds
+    /// is served (one wake), not only removed.
+    serves: bool,
 }
 
 #[derive(Default)]
@@ -94,6 +97,9 @@ struct Backlog {
     list_again: bool,
     /// A request arrived since the last wake was asked for.
     unserved: bool,
+    /// The listing asked for is a big inbox's at start, at the reconcile
+    /// scan or a reload (made off the loop): what it finds asks for a wake.
+    list_serves: bool,
     /// Requests seen in this backlog (for the log).
     seen: u64,
     /// The deferral was logged.
@@ -135,7 +141,13 @@ impl WakeRequests {
 /// Remove `batch` from `inbox_dir` (through one handle: never through a
 /// link, an unlinkat each), then, with `list`, list the wake requests left.
 /// Blocking: run off the loop.
-fn sweep(agent: AgentName, inbox_dir: PathBuf, batch: Vec<String>, list: bool) -> Swept {
+fn sweep(
+    agent: AgentName,
+    inbox_dir: PathBuf,
+    batch: Vec<String>,
+    list: bool,
+    serves: bool,
+) -> Swept {
     let mut failed = Vec::new();
     match crate::fsx::open_dir(&inbox_dir) {
         Ok(Some(fd)) => {
@@ -167,6 +179,7 @@ fn sweep(agent: AgentName, inbox_dir: PathBuf, batch: Vec<String>, list: bool) -
         batch,
         failed,
         listed,
+        serves,
     }
 }
 
@@ -175,6 +188,20 @@ impl Daemon {
     /// start, the reconcile scan, a rescan, a reload); they are served at
     /// the end of this loop turn. Never through a link: a request is a name.
     pub(super) fn take_wake_requests(&mut self, agent: &AgentName) {
+        if inbox::is_big(&self.dir(agent)) {
+            // A flooded inbox: listed on a blocking thread (its listing
+            // costs tens of milliseconds per 100,000 entries), what it
+            // finds served when it is back.
+            let b = self
+                .intake
+                .requests
+                .backlog
+                .entry(agent.clone())
+                .or_default();
+            b.list_again = true;
+            b.list_serves = true;
+            return;
+        }
         let inbox_dir = self.dir(agent).inbox();
         let Ok(names) = crate::fsx::list(&inbox_dir) else {
             return;
@@ -313,6 +340,7 @@ impl Daemon {
         }
         // The requests not remembered are listed once these are removed.
         let list = b.list_again && b.names.is_empty();
+        let serves = list && std::mem::take(&mut b.list_serves);
         if list {
             b.list_again = false;
         }
@@ -326,7 +354,7 @@ impl Daemon {
         let inbox_dir = self.dir(agent).inbox();
         let agent = agent.clone();
         tokio::task::spawn_blocking(move || {
-            let swept = sweep(agent, inbox_dir, batch, list);
+            let swept = sweep(agent, inbox_dir, batch, list, serves);
             let _ = tx.send(LoopEvent::WakeRequestsSwept(Box::new(swept)));
         });
     }
@@ -357,7 +385,16 @@ impl Daemon {
             return;
         }
         for name in swept.listed.unwrap_or_default() {
-            if !requests.failed.contains(&inbox_dir.join(&name)) {
+            if requests.failed.contains(&inbox_dir.join(&name)) {
+                // Served already; its removal failed (a read-only disk):
+                // tried again by the next batch, never served twice.
+                let b = requests.backlog.entry(swept.agent.clone()).or_default();
+                if b.names.len() < NAMES_KEPT {
+                    b.names.insert(name);
+                }
+            } else if swept.serves {
+                requests.arrived(&swept.agent, name);
+            } else {
                 requests.found(&swept.agent, name);
             }
         }
