@@ -344,7 +344,11 @@ impl Daemon {
         if list {
             b.list_again = false;
         }
-        if !b.logged && (list || !b.names.is_empty() || b.seen > SWEPT_PER_BATCH as u64) {
+        // A listing at start or at the reconcile scan is no backlog yet: what
+        // it finds is said once it is one.
+        if !b.logged
+            && ((list && !serves) || !b.names.is_empty() || b.seen > SWEPT_PER_BATCH as u64)
+        {
             b.logged = true;
             tracing::warn!(agent = %agent, "{} wake requests or more in its inbox: collapsed into one wake, removed off the loop {SWEPT_PER_BATCH} at a time (every other agent is served meanwhile)", b.seen);
         }
