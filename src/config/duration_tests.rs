@@ -20,6 +20,10 @@ const FIELDS: &[(&str, &str)] = &[
         "defaults.inbox_debounce",
     ),
     ("[defaults]\ninbox_settle = \"{}\"", "defaults.inbox_settle"),
+    (
+        "[defaults]\nwake_request_interval = \"{}\"",
+        "defaults.wake_request_interval",
+    ),
     ("[defaults]\njitter = \"{}\"", "defaults.jitter"),
     ("[defaults]\nretry_delay = \"{}\"", "defaults.retry_delay"),
     (

@@ -49,6 +49,11 @@ pub struct SessionSettings {
     /// How long a message file that does not parse yet (or still has a
     /// second link) may still be being written before it is judged.
     pub inbox_settle: Duration,
+    /// A wake request (`inbox/.wake-*`, what `agent-state wake` drops)
+    /// starts a session at most once per this long: one arriving sooner
+    /// after the last session a wake request started waits (collapsed into
+    /// one) until this has passed. `0s`: no limit.
+    pub wake_request_interval: Duration,
     pub max_output: u64,
     pub jitter: Duration,
     pub retries: RetrySettings,
@@ -77,6 +82,12 @@ pub struct SessionSettings {
     /// The iteration loop: `verify`, `max_iterations`, ...
     pub iteration: IterationSettings,
 }
+
+/// The default `wake_request_interval`: a person's `agent-state wake` a
+/// second after the last one waits at most that second; a flood of wake
+/// requests (any member of the inbox group can make one) starts at most one
+/// session of that agent per second instead of one after another.
+pub const DEFAULT_WAKE_REQUEST_INTERVAL: &str = "1s";
 
 /// The default birth prompt: the first session of an agent without an
 /// identity asks it to write one.
@@ -146,6 +157,7 @@ pub(super) struct RawSession {
     pub(super) wake_on_inbox: Option<String>,
     pub(super) inbox_debounce: Option<String>,
     pub(super) inbox_settle: Option<String>,
+    pub(super) wake_request_interval: Option<String>,
     pub(super) max_output: Option<String>,
     pub(super) jitter: Option<String>,
     pub(super) timeout_retries: Option<i64>,
@@ -236,6 +248,13 @@ impl Validator {
             &raw.inbox_settle,
             base.map(|b| b.inbox_settle),
             "60s",
+        );
+        let wake_request_interval = dur(
+            self,
+            "wake_request_interval",
+            &raw.wake_request_interval,
+            base.map(|b| b.wake_request_interval),
+            DEFAULT_WAKE_REQUEST_INTERVAL,
         );
         let jitter = dur(self, "jitter", &raw.jitter, base.map(|b| b.jitter), "0s");
         let model = match &raw.model {
@@ -464,6 +483,7 @@ impl Validator {
             wake_on_inbox,
             inbox_debounce,
             inbox_settle,
+            wake_request_interval,
             max_output,
             jitter,
             retries,

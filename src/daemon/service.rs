@@ -123,10 +123,12 @@ enum LoopEvent {
     LogsRotated(Box<crate::daemon::rotation::Outcome>),
     /// A batch of wake requests was removed off the loop.
     WakeRequestsSwept(Box<wake_requests::Swept>),
-    /// A big inbox was listed off the loop for the start of a session.
+    /// A big inbox was listed off the loop for the start of a session
+    /// (with the wake's reason) or for a scan (`None`: the start-up's, the
+    /// reconcile's, a rescan's).
     InboxListed {
         agent: AgentName,
-        reason: WakeReason,
+        reason: Option<WakeReason>,
         listed: Option<std::sync::Arc<crate::inbox::Listed>>,
         /// The agent's arrivals counted when the listing was asked for.
         arrivals: u64,
@@ -597,6 +599,8 @@ impl Daemon {
             self.stopping.filter(|_| !self.running.is_empty()),
             // Wake requests left for the next turn.
             self.intake.requests.pending().then(|| self.clock.now()),
+            // A wake request held back by its agent's wake_request_interval.
+            self.wake_request_held_until(),
         ]
         .into_iter()
         .flatten()

@@ -23,6 +23,7 @@ mod events;
 mod faults;
 mod filesafety;
 mod flood;
+mod flood_wakes;
 mod flow_authority;
 mod flows;
 mod health;

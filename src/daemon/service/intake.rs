@@ -30,6 +30,8 @@ pub(super) struct Intake {
     /// Agents whose big inbox is being listed off the loop before their
     /// session starts (their slot stays taken meanwhile).
     pub(super) listing: std::collections::BTreeSet<AgentName>,
+    /// Agents whose big inbox is being listed off the loop for a scan.
+    pub(super) scan_listing: std::collections::BTreeSet<AgentName>,
     /// Listings back from the blocking thread, for the start that asked
     /// for them (`None`: the listing failed; the claim lists on the loop).
     pub(super) listed: BTreeMap<AgentName, Option<std::sync::Arc<inbox::Listed>>>,
@@ -98,7 +100,19 @@ impl Daemon {
         for agent in agents {
             self.take_wake_requests(&agent);
             self.retry_rejected(&agent);
-            self.scan_inbox(&agent);
+            self.scan_inbox_afresh(&agent);
+        }
+    }
+
+    /// Scan `agent`'s inbox with a fresh listing: now for a small inbox; a
+    /// big one (a flood of junk beside the mail: its listing costs tens of
+    /// milliseconds per 100,000 entries) is listed off the loop first and
+    /// scanned when the listing is back.
+    pub(super) fn scan_inbox_afresh(&mut self, agent: &AgentName) {
+        if inbox::is_big(&self.dir(agent)) {
+            self.list_inbox_for_scan(agent);
+        } else {
+            self.scan_inbox(agent);
         }
     }
 

@@ -205,7 +205,7 @@ impl Daemon {
                     for agent in changed {
                         self.take_wake_requests(&agent);
                         self.retry_rejected(&agent);
-                        self.scan_inbox(&agent);
+                        self.scan_inbox_afresh(&agent);
                     }
                     tracing::info!("config reloaded: {} agents", self.config.agents.len());
                     (Some(text), vec![])

@@ -421,6 +421,21 @@ impl Daemon {
             return;
         }
         tracing::debug!(agent = %agent, "its inbox is big: listed off the loop before its session starts");
+        self.spawn_listing(agent, Some(reason));
+    }
+
+    /// List `agent`'s big inbox on a blocking thread for a scan (at start,
+    /// the reconcile scan, a rescan): the scan goes through the listing
+    /// when it is back, instead of listing the whole inbox on the loop.
+    pub(super) fn list_inbox_for_scan(&mut self, agent: &AgentName) {
+        if !self.intake.scan_listing.insert(agent.clone()) {
+            return;
+        }
+        tracing::debug!(agent = %agent, "its inbox is big: listed off the loop before it is scanned");
+        self.spawn_listing(agent, None);
+    }
+
+    fn spawn_listing(&mut self, agent: &AgentName, reason: Option<WakeReason>) {
         let tx = self.tx.clone();
         let dir = self.dir(agent);
         let arrivals = self.intake.arrivals_of(agent);
@@ -441,16 +456,26 @@ impl Daemon {
     pub(super) fn inbox_listed(
         &mut self,
         agent: AgentName,
-        reason: WakeReason,
+        reason: Option<WakeReason>,
         listed: Option<std::sync::Arc<inbox::Listed>>,
         arrivals: u64,
     ) {
-        self.intake.listing.remove(&agent);
         if let Some(l) = &listed {
             self.intake
                 .reusable
                 .insert(agent.clone(), (arrivals, l.clone()));
         }
+        let Some(reason) = reason else {
+            // For a scan: made at the next loop turn, through this listing
+            // while no message has arrived since (else on the loop, as
+            // for a small inbox).
+            self.intake.scan_listing.remove(&agent);
+            if self.core.contains(&agent) {
+                self.intake.dirty.insert(agent);
+            }
+            return;
+        };
+        self.intake.listing.remove(&agent);
         let ours = self
             .core
             .slot(&agent)

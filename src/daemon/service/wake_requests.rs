@@ -13,6 +13,15 @@
 //! backlog logged once, and one journal line for all the requests a running
 //! session makes wait. Serving a request (the wake) never waits for its
 //! removal: a request is served when it is seen, once.
+//!
+//! A request starts a session of an idle agent at most once per its
+//! `wake_request_interval` (default 1 s): one arriving sooner after the
+//! last session a request started is held, with every other arriving
+//! meanwhile, until that interval has passed ([`wake_request_due`]), and is
+//! served by any session of that agent that starts first. A flood of
+//! requests costs the loop one session begin and end per interval, not one
+//! after another. Schedules, mail and a running session's skips are as
+//! before.
 
 use super::*;
 
@@ -42,6 +51,28 @@ pub(super) struct WakeRequests {
     /// Agents with a batch of removals (and perhaps a listing) on a
     /// blocking thread: no second one until it comes back.
     sweeping: std::collections::BTreeSet<AgentName>,
+    /// Per agent, when its last session asked for by a wake request began
+    /// (the `wake_request_interval` counts from it).
+    started: BTreeMap<AgentName, DateTime<Utc>>,
+    /// Per agent, a wake request held back by `wake_request_interval`:
+    /// asked for at this time (however many more arrive meanwhile), unless
+    /// a session of that agent starts first and serves it.
+    held: BTreeMap<AgentName, DateTime<Utc>>,
+}
+
+/// When a wake request for an idle agent may ask for a session: `None` now,
+/// else the time. `last` is when the agent's last session asked for by a
+/// wake request began, `interval` its `wake_request_interval`. A clock
+/// stepped back (a `last` in the future) never holds a request longer than
+/// `interval` from now.
+pub(super) fn wake_request_due(
+    last: Option<DateTime<Utc>>,
+    interval: Duration,
+    now: DateTime<Utc>,
+) -> Option<DateTime<Utc>> {
+    let last = last?;
+    let due = crate::clock::later(last, interval).min(crate::clock::later(now, interval));
+    (due > now).then_some(due)
 }
 
 /// What a batch of removals did, off the loop.
@@ -53,6 +84,9 @@ pub(super) struct Swept {
     pub(super) failed: Vec<(String, String)>,
     /// With a listing: the wake requests it found in the inbox.
     pub(super) listed: Option<Vec<String>>,
+    /// The listing is the start's or the reconcile scan's: what it finds
+    /// is served (one wake), not only removed.
+    serves: bool,
 }
 
 #[derive(Default)]
@@ -63,6 +97,9 @@ struct Backlog {
     list_again: bool,
     /// A request arrived since the last wake was asked for.
     unserved: bool,
+    /// The listing asked for is a big inbox's at start, at the reconcile
+    /// scan or a reload (made off the loop): what it finds asks for a wake.
+    list_serves: bool,
     /// Requests seen in this backlog (for the log).
     seen: u64,
     /// The deferral was logged.
@@ -104,7 +141,13 @@ impl WakeRequests {
 /// Remove `batch` from `inbox_dir` (through one handle: never through a
 /// link, an unlinkat each), then, with `list`, list the wake requests left.
 /// Blocking: run off the loop.
-fn sweep(agent: AgentName, inbox_dir: PathBuf, batch: Vec<String>, list: bool) -> Swept {
+fn sweep(
+    agent: AgentName,
+    inbox_dir: PathBuf,
+    batch: Vec<String>,
+    list: bool,
+    serves: bool,
+) -> Swept {
     let mut failed = Vec::new();
     match crate::fsx::open_dir(&inbox_dir) {
         Ok(Some(fd)) => {
@@ -136,6 +179,7 @@ fn sweep(agent: AgentName, inbox_dir: PathBuf, batch: Vec<String>, list: bool) -
         batch,
         failed,
         listed,
+        serves,
     }
 }
 
@@ -144,6 +188,20 @@ impl Daemon {
     /// start, the reconcile scan, a rescan, a reload); they are served at
     /// the end of this loop turn. Never through a link: a request is a name.
     pub(super) fn take_wake_requests(&mut self, agent: &AgentName) {
+        if inbox::is_big(&self.dir(agent)) {
+            // A flooded inbox: listed on a blocking thread (its listing
+            // costs tens of milliseconds per 100,000 entries), what it
+            // finds served when it is back.
+            let b = self
+                .intake
+                .requests
+                .backlog
+                .entry(agent.clone())
+                .or_default();
+            b.list_again = true;
+            b.list_serves = true;
+            return;
+        }
         let inbox_dir = self.dir(agent).inbox();
         let Ok(names) = crate::fsx::list(&inbox_dir) else {
             return;
@@ -176,9 +234,77 @@ impl Daemon {
     /// request, and a batch of removals sent off the loop for each agent
     /// with requests left and none on the way.
     pub(super) fn serve_wake_requests(&mut self) {
+        let now = self.clock.now();
+        let due: Vec<AgentName> = self
+            .intake
+            .requests
+            .held
+            .iter()
+            .filter(|(_, t)| **t <= now)
+            .map(|(a, _)| a.clone())
+            .collect();
+        for agent in due {
+            self.intake.requests.held.remove(&agent);
+            self.serve_wake_request(&agent);
+        }
         let agents: Vec<AgentName> = self.intake.requests.backlog.keys().cloned().collect();
         for agent in agents {
             self.serve_wake_requests_of(&agent);
+        }
+    }
+
+    /// The earliest time a held-back wake request is due.
+    pub(super) fn wake_request_held_until(&self) -> Option<DateTime<Utc>> {
+        self.intake.requests.held.values().min().copied()
+    }
+
+    /// A session of `agent` starts, asked for by `reason`: it serves any
+    /// wake request held back; one asked for by a wake request starts
+    /// the agent's `wake_request_interval`.
+    pub(super) fn wake_request_session_starts(&mut self, agent: &AgentName, reason: WakeReason) {
+        let requests = &mut self.intake.requests;
+        requests.held.remove(agent);
+        if reason == WakeReason::Manual {
+            requests.started.insert(agent.clone(), self.clock.now());
+        }
+    }
+
+    /// Serve the wake requests that arrived for `agent`: one wake, unless
+    /// the agent is idle and its last session asked for by a wake request
+    /// began less than its `wake_request_interval` ago; then one wake at
+    /// the end of that interval, however many requests arrive meanwhile.
+    /// While a session runs (or a wake waits for a slot) the request goes
+    /// to the core as always: skipped or merged, it starts nothing more.
+    fn serve_wake_request(&mut self, agent: &AgentName) {
+        if !self.core.contains(agent) {
+            return;
+        }
+        let busy = self
+            .core
+            .slot(agent)
+            .is_some_and(|s| s.running.is_some() || s.pending.is_some());
+        if !busy {
+            let interval = self
+                .agent_config(agent)
+                .map(|a| a.session.wake_request_interval)
+                .unwrap_or_default();
+            let last = self.intake.requests.started.get(agent).copied();
+            if let Some(at) = wake_request_due(last, interval, self.clock.now()) {
+                if self
+                    .intake
+                    .requests
+                    .held
+                    .insert(agent.clone(), at)
+                    .is_none()
+                {
+                    tracing::debug!(agent = %agent, "wake request held back until {at}: a session asked for by a wake request began less than {} ago (wake_request_interval)", humantime::format_duration(interval));
+                }
+                return;
+            }
+        }
+        self.intake.requests.held.remove(agent);
+        if self.request_manual_wake(agent) {
+            tracing::info!(agent = %agent, "wake requested");
         }
     }
 
@@ -191,9 +317,7 @@ impl Daemon {
         }
         if b.unserved {
             b.unserved = false;
-            if self.request_manual_wake(agent) {
-                tracing::info!(agent = %agent, "wake requested");
-            }
+            self.serve_wake_request(agent);
         }
         if self.intake.requests.sweeping.contains(agent) {
             // A batch is being removed: the next one when it is back.
@@ -216,10 +340,15 @@ impl Daemon {
         }
         // The requests not remembered are listed once these are removed.
         let list = b.list_again && b.names.is_empty();
+        let serves = list && std::mem::take(&mut b.list_serves);
         if list {
             b.list_again = false;
         }
-        if !b.logged && (list || !b.names.is_empty() || b.seen > SWEPT_PER_BATCH as u64) {
+        // A listing at start or at the reconcile scan is no backlog yet: what
+        // it finds is said once it is one.
+        if !b.logged
+            && ((list && !serves) || !b.names.is_empty() || b.seen > SWEPT_PER_BATCH as u64)
+        {
             b.logged = true;
             tracing::warn!(agent = %agent, "{} wake requests or more in its inbox: collapsed into one wake, removed off the loop {SWEPT_PER_BATCH} at a time (every other agent is served meanwhile)", b.seen);
         }
@@ -229,7 +358,7 @@ impl Daemon {
         let inbox_dir = self.dir(agent).inbox();
         let agent = agent.clone();
         tokio::task::spawn_blocking(move || {
-            let swept = sweep(agent, inbox_dir, batch, list);
+            let swept = sweep(agent, inbox_dir, batch, list, serves);
             let _ = tx.send(LoopEvent::WakeRequestsSwept(Box::new(swept)));
         });
     }
@@ -260,7 +389,16 @@ impl Daemon {
             return;
         }
         for name in swept.listed.unwrap_or_default() {
-            if !requests.failed.contains(&inbox_dir.join(&name)) {
+            if requests.failed.contains(&inbox_dir.join(&name)) {
+                // Served already; its removal failed (a read-only disk):
+                // tried again by the next batch, never served twice.
+                let b = requests.backlog.entry(swept.agent.clone()).or_default();
+                if b.names.len() < NAMES_KEPT {
+                    b.names.insert(name);
+                }
+            } else if swept.serves {
+                requests.arrived(&swept.agent, name);
+            } else {
                 requests.found(&swept.agent, name);
             }
         }
@@ -313,6 +451,42 @@ impl Daemon {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_wake_request_waits_out_the_interval_since_the_last_one_started() {
+        let t = |s: &str| {
+            DateTime::parse_from_rfc3339(&format!("2026-11-26T12:00:{s}Z"))
+                .unwrap()
+                .with_timezone(&Utc)
+        };
+        let secs = Duration::from_secs;
+        // (last session asked for by a wake request, interval, now) -> due
+        let cases = [
+            (None, secs(1), "10", None, "never woken by a request: now"),
+            (Some("10"), secs(0), "10", None, "no limit"),
+            (Some("10"), secs(1), "10", Some("11"), "just began"),
+            (Some("10"), secs(1), "10.5", Some("11"), "half way"),
+            (Some("10"), secs(1), "11", None, "the interval has passed"),
+            (Some("10"), secs(1), "30", None, "long ago"),
+            (Some("10"), secs(5), "12", Some("15"), "a longer interval"),
+            (
+                Some("50"),
+                secs(1),
+                "10",
+                Some("11"),
+                "the clock stepped back: never longer than the interval from now",
+            ),
+        ];
+        for (last, interval, now, want, why) in cases {
+            assert_eq!(
+                wake_request_due(last.map(t), interval, t(now)),
+                want.map(t),
+                "{why}"
+            );
+        }
+        // An interval past the calendar's end saturates, never panics.
+        assert!(wake_request_due(Some(t("10")), Duration::MAX, t("10")).is_some());
+    }
 
     #[test]
     fn requests_collapse_and_are_bounded() {

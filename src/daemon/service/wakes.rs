@@ -258,6 +258,7 @@ impl Daemon {
         }
         let startable = self.core.take_startable(now);
         for (agent, wake) in startable {
+            self.wake_request_session_starts(&agent, wake.reason);
             self.start(&agent, wake.reason);
         }
         // Wakes held back by a backoff: report.json says when they will run.
