@@ -523,6 +523,8 @@ fn line(ctx: &Context, agent: &AgentConfig) -> Line {
     for e in entries.iter() {
         match e.event {
             Event::SessionEnd(_) => l.sessions_30d += 1,
+            // An operator's stop is no failure of the agent.
+            Event::Error(ref f) | Event::Timeout(ref f) if f.is_stop() => l.sessions_30d += 1,
             Event::Error(_) => {
                 l.sessions_30d += 1;
                 l.errors_30d += 1

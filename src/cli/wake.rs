@@ -109,7 +109,7 @@ fn judge_start(dir: &crate::state::AgentDir, session_id: &str) -> u8 {
 
 /// The journal event that ended `session_id`, if it has ended: read from
 /// the newest line back to the session's `session_start`.
-fn journaled_end(dir: &crate::state::AgentDir, session_id: &str) -> Option<Event> {
+pub(super) fn journaled_end(dir: &crate::state::AgentDir, session_id: &str) -> Option<Event> {
     let mut found = None;
     let read = journal::scan_backwards(&dir.journal(), |entry| {
         if entry.event.ended_session() == Some(session_id) {

@@ -22,6 +22,7 @@ pub mod rotation;
 pub mod runner;
 pub mod service;
 pub mod session;
+pub mod stop;
 pub mod systemd;
 pub mod verify;
 pub mod watcher;

@@ -266,6 +266,12 @@ pub struct DaemonEnding {
     /// The daemon's pid: the daemon's own `fail` is not merged with itself.
     pub by_pid: u32,
     pub at: Timestamp,
+    /// The catalogue code of the ending when it says more than `outcome`:
+    /// `SESSION_STOPPED` for an operator's `agent-state stop` (recorded
+    /// with that code, its messages returned without counting an attempt,
+    /// whoever records the end). Absent otherwise, and in older notes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
 }
 
 /// Note in session.json that the daemon is ending the running session
@@ -289,12 +295,24 @@ pub fn note_daemon_ending(
 
 /// A script's ending of a session the daemon is ending itself: the daemon's
 /// outcome, and both reasons. `None` if the daemon noted nothing, or if this
-/// is the daemon's own call.
+/// is the daemon's own call (then only an operator's stop changes it: its
+/// code is kept and no attempt is counted).
 pub(super) fn daemon_wins(current: &Session, ending: &Ending) -> Option<Ending> {
     let noted: DaemonEnding =
         serde_json::from_value(current.extra.get(DAEMON_ENDING)?.clone()).ok()?;
+    let stopped = crate::errors::stopped(noted.code.as_deref());
     if noted.by_pid == std::process::id() {
-        return None;
+        return match ending {
+            Ending::Failed {
+                outcome, reason, ..
+            } if stopped => Some(Ending::Failed {
+                outcome: *outcome,
+                reason: reason.clone(),
+                count_attempts: false,
+                code: noted.code,
+            }),
+            _ => None,
+        };
     }
     let outcome = match noted.outcome.as_str() {
         "timeout" => SessionStatus::Timeout,
@@ -307,8 +325,8 @@ pub(super) fn daemon_wins(current: &Session, ending: &Ending) -> Option<Ending> 
     Some(Ending::Failed {
         outcome,
         reason: format!("{}; the session script reported: {said}", noted.reason),
-        count_attempts: true,
-        code: None,
+        count_attempts: !stopped,
+        code: noted.code.filter(|_| stopped),
     })
 }
 
@@ -355,6 +373,18 @@ pub fn amend_failure_reason(
     dir.save(&lock, &session)?;
     dir.save(&lock, &report)?;
     Ok(true)
+}
+
+/// session.json's `errors` entry of a session an operator stopped: the
+/// typed outcome beside `status: "error"`, with who stopped it and why (in
+/// `reason`, as the journal line has it).
+fn stop_error(reason: &str, now: Timestamp) -> serde_json::Value {
+    serde_json::json!({
+        "at": now,
+        "code": crate::errors::Code::SessionStopped.as_str(),
+        "outcome": "stopped",
+        "message": reason,
+    })
 }
 
 pub(super) fn finish_request(
@@ -592,9 +622,15 @@ pub(super) fn finish_with(
 
             session.status = Some(outcome);
             session.reason = Some(reason.clone());
-            // A timeout is not a fault of the agent: it goes back to idle,
-            // and last_session says how the session ended and why.
+            let stopped = matches!(&event, Event::Error(f) | Event::Timeout(f) if f.is_stop());
+            if stopped {
+                session.errors.push(stop_error(&reason, now));
+            }
+            // A timeout or an operator's stop is not a fault of the agent:
+            // it goes back to idle, and last_session says how the session
+            // ended and why.
             let (status, verb) = match outcome {
+                _ if stopped => (AgentStatus::Idle, "stopped"),
                 SessionStatus::Timeout => (AgentStatus::Idle, "timed out"),
                 _ => (AgentStatus::Error, "failed"),
             };

@@ -42,8 +42,17 @@ pub struct Lifetime {
     pub disconfirmation_hits: u64,
     pub cross_agent_flags_sent: u64,
     pub cross_agent_flags_received: u64,
+    /// Addition: sessions an operator stopped (`agent-state stop`): in
+    /// `sessions_total`, not in `sessions_error` (not the agent's failure).
+    /// Absent until the first stop.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub sessions_stopped: u64,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -58,6 +67,10 @@ pub struct Rolling {
     /// `sessions` (an addition to seed 001: the pipeline and the daemon
     /// deprioritize agents with high error rates).
     pub error_rate: f64,
+    /// Addition: sessions an operator stopped, in `sessions` but neither
+    /// for nor against the error rate. Absent while there are none.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub stopped: u64,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }
@@ -92,6 +105,10 @@ impl Lifetime {
                 self.cross_agent_flags_received = self
                     .cross_agent_flags_received
                     .saturating_add(e.flags_received);
+            }
+            Event::Timeout(f) | Event::Error(f) if f.is_stop() => {
+                self.sessions_total = self.sessions_total.saturating_add(1);
+                self.sessions_stopped = self.sessions_stopped.saturating_add(1);
             }
             Event::Timeout(_) => {
                 self.sessions_total = self.sessions_total.saturating_add(1);
@@ -135,6 +152,7 @@ impl Rolling {
         let mut accepted = 0u64;
         let mut ended = BTreeSet::new();
         let mut failed = BTreeSet::new();
+        let mut stopped = BTreeSet::new();
         for e in entries.iter().filter(|e| e.ts >= since && e.ts <= now) {
             match &e.event {
                 Event::SessionEnd(end) => {
@@ -145,7 +163,11 @@ impl Rolling {
                 }
                 Event::Timeout(f) | Event::Error(f) => {
                     ended.insert(f.session_id.clone());
-                    failed.insert(f.session_id.clone());
+                    if f.is_stop() {
+                        stopped.insert(f.session_id.clone());
+                    } else {
+                        failed.insert(f.session_id.clone());
+                    }
                 }
                 Event::Record(rec) => {
                     r.claims_proposed = r.claims_proposed.saturating_add(rec.claims_proposed);
@@ -157,7 +179,8 @@ impl Rolling {
         r.sessions = ended.len() as u64;
         r.acceptance_rate = ratio(accepted, r.claims_proposed);
         r.avg_sources_per_session = ratio(r.sources_archived, r.sessions);
-        r.error_rate = ratio(failed.len() as u64, r.sessions);
+        r.stopped = stopped.len() as u64;
+        r.error_rate = ratio(failed.len() as u64, r.sessions.saturating_sub(r.stopped));
         r
     }
 }

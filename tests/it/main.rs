@@ -53,6 +53,7 @@ mod rotation;
 mod scripts;
 mod sdbox;
 mod signals;
+mod stop;
 mod systemd;
 mod trial;
 mod typed;
