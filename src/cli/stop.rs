@@ -35,7 +35,7 @@ pub struct Args {
     /// Why: recorded with who stopped it (session.json `reason` and `errors`, the journal's `error` line, the daemon's log)
     #[arg(long, value_name = "TEXT", default_value = "no reason given")]
     pub reason: String,
-    /// Wait until the session's end is recorded (its journal line), and say how it ended
+    /// Wait until the session's end is recorded (its journal line) and the daemon runs it no more (its processes are gone), and say how it ended
     #[arg(long)]
     pub wait: bool,
 }
@@ -45,19 +45,35 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
     if let Err(e) = &result
         && crate::access::is_denied(e)
     {
-        crate::cli::warn(format!(
-            "stopping a session is the operator's: run it as the service user that owns {} (e.g. `sudo -u agent-state agent-state stop {}`) or as root",
-            ctx.root.daemon_dir().display(),
-            args.agent
-        ));
+        crate::cli::warn(operators_only(ctx, &args.agent));
     }
     result
+}
+
+fn operators_only(ctx: &Context, agent: &str) -> String {
+    format!(
+        "stopping a session is the operator's: run it as the service user that owns {} (e.g. `sudo -u agent-state agent-state stop {agent}`) or as root",
+        ctx.root.daemon_dir().display(),
+    )
 }
 
 fn stop_session(ctx: &Context, args: &Args) -> Result<u8> {
     let (agent, dir) = ctx.working_agent(&args.agent)?;
     dir.require()?;
     let name = &agent.name;
+    // The request goes into `.daemon/`, the service user's: anyone else is
+    // refused here, before anything is read or asked (a member of the
+    // group may read it, and could not tell whether a daemon runs).
+    let daemon_dir = ctx.root.daemon_dir();
+    if let Err(e @ (nix::errno::Errno::EACCES | nix::errno::Errno::EPERM)) =
+        nix::unistd::access(&daemon_dir, nix::unistd::AccessFlags::W_OK)
+    {
+        return Err(Error::NotPermitted(format!(
+            "cannot write {} ({e}); {}",
+            daemon_dir.display(),
+            operators_only(ctx, &args.agent)
+        )));
+    }
     if !files::daemon_running(&ctx.root) {
         return Err(Error::Unavailable(format!(
             "no agent-state daemon is running on {}: only the daemon's sessions can be stopped (a script's session ends with its script; record it with `agent-state session fail {name} --session ID --reason ...`)",
@@ -127,26 +143,35 @@ fn stop_session(ctx: &Context, args: &Args) -> Result<u8> {
     let within = agent.session.kill_grace + RECORDED_WITHIN;
     let deadline = Instant::now() + within;
     loop {
-        match crate::cli::wake::journaled_end(&dir, &sid) {
-            Some(Event::Error(f) | Event::Timeout(f)) if f.is_stop() => {
+        // Its end recorded (a `session fail` may have recorded it before
+        // the stop), and the daemon no longer runs it: its processes are
+        // gone (the runner's sweep comes before).
+        let end = crate::cli::wake::journaled_end(&dir, &sid);
+        let still_run = files::daemon_running(&ctx.root)
+            && files::read_heartbeat(&ctx.root)
+                .ok()
+                .flatten()
+                .is_some_and(|h| running_in(&h, name).as_deref() == Some(sid.as_str()));
+        match end {
+            Some(Event::Error(f) | Event::Timeout(f)) if !still_run && f.is_stop() => {
                 println!("{name}: session {sid} stopped ({})", f.reason);
                 return Ok(exit::OK);
             }
-            Some(Event::Error(f) | Event::Timeout(f)) => {
+            Some(Event::Error(f) | Event::Timeout(f)) if !still_run => {
                 println!("{name}: session {sid} ended before the stop: {}", f.reason);
                 return Ok(exit::OK);
             }
-            Some(_) => {
+            Some(_) if !still_run => {
                 println!("{name}: session {sid} completed before the stop");
                 return Ok(exit::OK);
             }
-            None if Instant::now() >= deadline => {
+            _ if Instant::now() >= deadline => {
                 return Err(Error::Unavailable(format!(
-                    "{name}: the end of session {sid} was not recorded within {}; see `agent-state status {name}` and the daemon's log",
+                    "{name}: session {sid} was not over within {}; see `agent-state status {name}` and the daemon's log",
                     humantime::format_duration(within)
                 )));
             }
-            None => std::thread::sleep(Duration::from_millis(50)),
+            _ => std::thread::sleep(Duration::from_millis(50)),
         }
     }
 }

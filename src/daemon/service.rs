@@ -316,6 +316,8 @@ pub async fn run(config_path: &Path) -> Result<()> {
     daemon.load_economy();
     daemon.release_requests();
     daemon.recover();
+    // A stop asked of a daemon that has gone since: no session of it runs.
+    daemon.stop_requests();
     // What a crash left of the flows: answers not applied, messages not sent.
     let flows: Vec<AgentName> = daemon.config.flows.iter().map(|f| f.name.clone()).collect();
     daemon.apply_flows(&flows);

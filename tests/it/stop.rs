@@ -269,3 +269,127 @@ fn stop_refuses_what_it_cannot_stop_and_says_when_nothing_runs() {
     assert_eq!(state(&env, "leo", "session.json")["status"], "running");
     drop(d);
 }
+
+/// Stopping is the operator's: a member of the inbox group (who may read
+/// the state and wake agents) and a user in no group are refused with 77,
+/// and the session runs on. Creates a user and a group: root with
+/// AGENT_STATE_ROOT_TESTS=1.
+#[test]
+fn only_the_service_user_or_root_may_stop_a_session() {
+    use std::os::unix::fs::PermissionsExt;
+    let root_tests = std::env::var("AGENT_STATE_ROOT_TESTS").as_deref() == Ok("1");
+    if !(root_tests && nix::unistd::geteuid().is_root()) {
+        eprintln!(
+            "SKIPPED: creates a user and a group; runs as root with AGENT_STATE_ROOT_TESTS=1"
+        );
+        return;
+    }
+    let (group, member, outsider) = ("stopgrp", "stopmember", "stopout");
+    let quiet = |program: &str, args: &[&str]| {
+        let _ = std::process::Command::new(program)
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status();
+    };
+    let cleanup = || {
+        quiet("userdel", &[member]);
+        quiet("userdel", &[outsider]);
+        quiet("groupdel", &[group]);
+    };
+    cleanup();
+    quiet("groupadd", &["--system", group]);
+    quiet(
+        "useradd",
+        &["--system", "-M", "-N", "-G", group, "-s", "/bin/sh", member],
+    );
+    quiet(
+        "useradd",
+        &["--system", "-M", "-N", "-s", "/bin/sh", outsider],
+    );
+    struct Cleanup<F: Fn()>(F);
+    impl<F: Fn()> Drop for Cleanup<F> {
+        fn drop(&mut self) {
+            (self.0)()
+        }
+    }
+    let _cleanup = Cleanup(cleanup);
+
+    let env = setup();
+    let text = std::fs::read_to_string(&env.config).unwrap();
+    std::fs::write(&env.config, format!("group = {group:?}\n{text}")).unwrap();
+    env.ok(&["bootstrap"]);
+    std::fs::set_permissions(env.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&env.config, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let bin = env.tmp("agent-state");
+    std::fs::copy(crate::support::BIN, &bin).unwrap();
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let chown = std::process::Command::new("chown")
+        .args(["-R", &format!("root:{group}"), env.root.to_str().unwrap()])
+        .status()
+        .unwrap();
+    assert!(chown.success());
+    let d = env.daemon();
+    let (_, child, main) = start_working(&env, &d, "rio");
+    for user in [member, outsider] {
+        let out = std::process::Command::new("runuser")
+            .args(["-u", user, "--"])
+            .arg(&bin)
+            .args(["--config", env.config.to_str().unwrap()])
+            .args(["stop", "rio", "--reason", "not mine to stop"])
+            .env_remove("AGENT_STATE_CONFIG")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(77), "{user}: {err}");
+        assert!(
+            err.contains("stopping a session is the operator's"),
+            "{user}: {err}"
+        );
+    }
+    assert!(
+        process_alive(main) && process_alive(child),
+        "nothing was stopped"
+    );
+    assert_eq!(state(&env, "rio", "session.json")["status"], "running");
+    // Root may.
+    env.ok(&["stop", "rio", "--wait"]);
+    assert!(!process_alive(main) && !process_alive(child));
+}
+
+/// `session fail` of a session the daemon runs records the end only (the
+/// hook keeps its meaning) and says so; `stop` then ends its processes.
+#[test]
+fn session_fail_from_outside_says_the_processes_go_on_and_stop_ends_them() {
+    let env = setup();
+    let d = env.daemon();
+    let (id, child, main) = start_working(&env, &d, "rio");
+    let sid = state(&env, "rio", "session.json")["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let out = env.run(&[
+        "session",
+        "fail",
+        "rio",
+        "--session",
+        &sid,
+        "--outcome",
+        "error",
+        "--reason",
+        "by hand",
+    ]);
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("its processes go on until they exit; `agent-state stop rio` stops them"),
+        "{err}"
+    );
+    assert!(process_alive(main) && process_alive(child));
+    let out = env.ok(&["stop", "rio", "--wait"]);
+    assert!(out.contains("ended before the stop: by hand"), "{out}");
+    assert!(!process_alive(main) && !process_alive(child));
+    // Recorded once, as the hook said; no retry after the stop.
+    assert_eq!(env.events("rio", "error").len(), 1);
+    assert!(in_inbox(&env, "rio", &id).is_some());
+}
