@@ -108,7 +108,10 @@ fn stop_session(ctx: &Context, args: &Args) -> Result<u8> {
     };
     let request = StopRequest {
         session_id: sid.clone(),
-        reason: args.reason.clone(),
+        reason: match args.reason.trim() {
+            "" => "no reason given".to_string(),
+            r => r.to_string(),
+        },
         by: asker(),
         asked_at: ctx.now,
     };

@@ -377,6 +377,82 @@ mod tests {
     use super::*;
     use crate::state::journal::{Record, SessionEnd, SessionFailed, SessionStart};
 
+    /// An operator's stop (an `error` line with `SESSION_STOPPED`) counts
+    /// as a session, never as a failure: table of journals and what the
+    /// counters and the error rate make of them.
+    #[test]
+    fn a_stopped_session_is_no_failure() {
+        let now = Timestamp::parse("2026-11-26T12:00:00Z").unwrap();
+        let failed = |id: &str, code: Option<&str>| SessionFailed {
+            session_id: id.into(),
+            code: code.map(str::to_string),
+            ..Default::default()
+        };
+        let end = |id: &str| {
+            Event::SessionEnd(SessionEnd {
+                session_id: id.into(),
+                ..Default::default()
+            })
+        };
+        // A journal; lifetime [total, completed, timeout, error, stopped];
+        // rolling sessions, stopped, error rate.
+        type Row = (Vec<Event>, [u64; 5], u64, u64, f64);
+        let table: Vec<Row> = vec![
+            (
+                vec![Event::Error(failed("a", Some("SESSION_STOPPED")))],
+                [1, 0, 0, 0, 1],
+                1,
+                1,
+                0.0,
+            ),
+            (
+                vec![
+                    end("a"),
+                    Event::Error(failed("b", Some("SESSION_STOPPED"))),
+                    Event::Error(failed("c", None)),
+                ],
+                [3, 1, 0, 1, 1],
+                3,
+                1,
+                0.5,
+            ),
+            (
+                vec![
+                    Event::Timeout(failed("a", Some("SESSION_TIMEOUT"))),
+                    Event::Error(failed("b", Some("SESSION_FAILED"))),
+                ],
+                [2, 0, 1, 1, 0],
+                2,
+                0,
+                1.0,
+            ),
+        ];
+        for (events, lifetime, sessions, stopped, rate) in table {
+            let entries: Vec<Entry> = events.into_iter().map(|e| Entry::new(now, e)).collect();
+            let l = Lifetime::from_journal(&entries);
+            assert_eq!(
+                [
+                    l.sessions_total,
+                    l.sessions_completed,
+                    l.sessions_timeout,
+                    l.sessions_error,
+                    l.sessions_stopped
+                ],
+                lifetime,
+                "{entries:?}"
+            );
+            let r = Rolling::from_journal(&entries, now);
+            assert_eq!(
+                (r.sessions, r.stopped, r.error_rate),
+                (sessions, stopped, rate)
+            );
+        }
+        // Absent from metrics.json until there is one.
+        let v = serde_json::to_value(Metrics::new("rio")).unwrap();
+        assert!(v["lifetime"].get("sessions_stopped").is_none(), "{v}");
+        assert!(v["rolling_30d"].get("stopped").is_none(), "{v}");
+    }
+
     /// The fast window reads what the whole parse reads: every kind of line,
     /// old and new, torn, foreign, a rotation marker, across a segment.
     #[test]

@@ -53,7 +53,24 @@ impl Daemon {
         }
         let why = request.describe();
         tracing::warn!(agent = %agent, session_id = %sid, "stopping the session: {why}");
-        running.stop_with(why, Some(Code::SessionStopped));
+        // Its process not started yet (a worktree being made): no runner
+        // will note the stop before a SIGTERM, so it is noted here, for the
+        // record to carry the code.
+        let unstarted = running.pid.is_none();
+        running.stop_with(why.clone(), Some(Code::SessionStopped));
         self.core.stop_requested(agent);
+        if unstarted {
+            let now = Timestamp::from_datetime(self.clock.now());
+            let note = hooks::DaemonEnding {
+                outcome: "error".into(),
+                reason: why,
+                by_pid: std::process::id(),
+                at: now,
+                code: Some(Code::SessionStopped.as_str().to_string()),
+            };
+            if let Err(e) = hooks::note_daemon_ending(&self.dir(agent), sid, &note, now) {
+                tracing::warn!(agent = %agent, session_id = %sid, "cannot note the stop in session.json: {e}");
+            }
+        }
     }
 }
