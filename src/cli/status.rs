@@ -201,7 +201,16 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         let (outcome, rest) = match (&l.current_session, &l.last_session) {
             (Some(id), _) => ("running".to_string(), format!(" ({id})")),
             (None, Some(s)) => (
-                s.outcome.map(|o| o.as_str()).unwrap_or("?").to_string(),
+                if crate::errors::stopped(
+                    s.extra
+                        .get(crate::hooks::LAST_SESSION_CODE)
+                        .and_then(|c| c.as_str()),
+                ) {
+                    "stopped"
+                } else {
+                    s.outcome.map(|o| o.as_str()).unwrap_or("?")
+                }
+                .to_string(),
                 format!(
                     " {} ({})",
                     s.ended_at.map(|t| ago(&t, &now)).unwrap_or_default(),

@@ -375,6 +375,10 @@ pub fn amend_failure_reason(
     Ok(true)
 }
 
+/// report.json `last_session.code`: `SESSION_STOPPED` when an operator
+/// stopped the last session (its `outcome` stays the seed's `error`).
+pub const LAST_SESSION_CODE: &str = "code";
+
 /// session.json's `errors` entry of a session an operator stopped: the
 /// typed outcome beside `status: "error"`, with who stopped it and why (in
 /// `reason`, as the journal line has it).
@@ -668,6 +672,17 @@ pub(super) fn finish_with(
             .map(|l| l.extra)
             .unwrap_or_default(),
     });
+    // An operator's stop said beside `outcome` (`status` shows "stopped");
+    // this session's word only, never inherited from the last one.
+    if let Some(last) = report.last_session.as_mut() {
+        last.extra.remove(LAST_SESSION_CODE);
+        if matches!(&event, Event::Error(f) | Event::Timeout(f) if f.is_stop()) {
+            last.extra.insert(
+                LAST_SESSION_CODE.into(),
+                crate::errors::Code::SessionStopped.as_str().into(),
+            );
+        }
+    }
     // Both files are on disk before the journal records the end, renamed
     // in after it: a full disk fails the whole end, which can be retried.
     let staged_session = dir.stage(lock, &session)?;

@@ -195,6 +195,13 @@ fn stop_kills_every_process_and_records_a_stop_that_is_no_failure_and_no_retry()
     assert_eq!(line["sessions_30d"], 1, "{line:#}");
     assert_eq!(line["error_records_30d"], 0, "{line:#}");
     assert!(line["failing"].is_null(), "{line:#}");
+    assert_eq!(line["last_session"]["code"], "SESSION_STOPPED", "{line:#}");
+    let table = env.ok(&["status", "rio"]);
+    let row = table.lines().find(|l| l.starts_with("rio ")).unwrap();
+    assert!(
+        row.contains(" idle ") && row.contains(" stopped ") && !row.contains("error"),
+        "{table}"
+    );
     let m = state(&env, "rio", "metrics.json");
     assert_eq!(m["lifetime"]["sessions_error"], 0, "{m:#}");
     assert_eq!(m["lifetime"]["sessions_stopped"], 1, "{m:#}");
@@ -211,6 +218,13 @@ fn stop_kills_every_process_and_records_a_stop_that_is_no_failure_and_no_retry()
         serde_json::json!([id]),
         "{end:#}"
     );
+    d.wait_until(
+        secs(10),
+        "report.json says the next session completed",
+        || state(&env, "rio", "report.json")["last_session"]["outcome"] == "completed",
+    );
+    let report = state(&env, "rio", "report.json");
+    assert!(report["last_session"]["code"].is_null(), "{report:#}");
 }
 
 /// A session script whose trap records its own failure on SIGTERM (the
