@@ -150,9 +150,11 @@ pub enum Command {
     ///
     /// Exit status: 0 the stop was taken (with --wait: the end is
     /// recorded), or no session was running (said on stdout); 64 a human
-    /// mailbox; 67 no such agent in the config; 69 no daemon runs, or it
-    /// did not take the request; 77 not the service user or root, or the
-    /// session is a script's, not the daemon's.
+    /// mailbox; 67 no such agent in the config; 69 no daemon runs, it did
+    /// not take the request within 10 s, or (--wait) the end was not
+    /// recorded within kill_grace + 60 s; 77 not the service user or root,
+    /// or the session is a script's, not the daemon's. `status` then shows
+    /// the last session as "stopped".
     Stop(stop::Args),
     /// Credentials agents share: release one's hold (after logging in again, or once an admin's cap is lifted)
     #[command(subcommand)]
