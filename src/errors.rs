@@ -108,6 +108,7 @@ codes! {
     SessionStalled = "SESSION_STALLED",
     SessionLoop = "SESSION_LOOP",
     SessionInterrupted = "SESSION_INTERRUPTED",
+    SessionStopped = "SESSION_STOPPED",
     SessionIncomplete = "SESSION_INCOMPLETE",
     SessionSuspect = "SESSION_SUSPECT",
     VerifyFailed = "VERIFY_FAILED",
@@ -159,6 +160,13 @@ impl Code {
     pub fn severity(self) -> Severity {
         self.info().severity
     }
+}
+
+/// Is `code` (a journal line's or session.json's text) `SESSION_STOPPED`:
+/// an operator's stop, which counts neither as a failure of the agent nor
+/// as a delivery attempt of its messages?
+pub fn stopped(code: Option<&str>) -> bool {
+    code.and_then(Code::parse) == Some(Code::SessionStopped)
 }
 
 impl fmt::Display for Code {
@@ -343,6 +351,17 @@ pub static CATALOGUE: &[CodeInfo] = &[
         recovery: "Recorded as `error`; its claimed messages go back to the inbox; leftover processes are killed.",
         escalation: "Never.",
         suggestions: &["Look for why the daemon or script died: `journalctl -u agent-state`"],
+    },
+    CodeInfo {
+        code: Code::SessionStopped,
+        severity: Severity::Low,
+        recoverable: true,
+        cause: "An operator stopped the running session (`agent-state stop AGENT --reason TEXT`).",
+        recovery: "Not a failure: its processes get SIGTERM, then SIGKILL after `kill_grace` (the path of a timeout); recorded as `error` with this code, the reason and who stopped it; its messages go back to the inbox, no attempt counted, and wait for the next wake (a schedule, `agent-state wake`, a new message). No retry, no backoff.",
+        escalation: "Never: the journal's `error` line and session.json's `errors` say it; errors.jsonl does not.",
+        suggestions: &[
+            "`agent-state wake AGENT` runs the agent again now, with the messages the stopped session had claimed",
+        ],
     },
     CodeInfo {
         code: Code::SessionIncomplete,
@@ -742,6 +761,7 @@ mod tests {
             "SESSION_STALLED",
             "SESSION_LOOP",
             "SESSION_INTERRUPTED",
+            "SESSION_STOPPED",
             "SESSION_INCOMPLETE",
             "SESSION_SUSPECT",
             "VERIFY_FAILED",
@@ -768,7 +788,7 @@ mod tests {
             let code = Code::parse(text).unwrap_or_else(|| panic!("{text} is not a code"));
             let _ = code.info();
         }
-        assert_eq!(seen.len(), 37);
+        assert_eq!(seen.len(), 38);
     }
 
     #[test]

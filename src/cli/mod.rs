@@ -23,6 +23,7 @@ mod reload;
 mod send;
 mod session;
 mod status;
+mod stop;
 mod task;
 mod usage;
 mod wake;
@@ -137,6 +138,26 @@ pub enum Command {
     Daemon(daemon::Args),
     /// Ask the running daemon to start a session of AGENT now
     Wake(wake::Args),
+    /// Stop AGENT's running session now (SIGTERM to all its processes, SIGKILL after kill_grace), recorded as stopped; its messages wait for the next wake; run as the service user or root
+    ///
+    /// The running daemon ends the session as at its timeout: SIGTERM to
+    /// its process group (and its cgroup under systemd), SIGKILL after the
+    /// agent's `kill_grace`. It is recorded as `error` with the code
+    /// SESSION_STOPPED, the reason and who stopped it (session.json
+    /// `reason` and `errors`, the journal's `error` line): not the agent's
+    /// failure (no retry, no backoff, not in the error counts). Its claimed
+    /// messages go back to the inbox without counting an attempt and wait
+    /// for the next wake: a schedule, `agent-state wake AGENT`, or a new
+    /// message.
+    ///
+    /// Exit status: 0 the stop was taken (with --wait: the end is
+    /// recorded), or no session was running (said on stdout); 64 a human
+    /// mailbox; 67 no such agent in the config; 69 no daemon runs, it did
+    /// not take the request within 10 s, or (--wait) the end was not
+    /// recorded within kill_grace + 60 s; 77 not the service user or root,
+    /// or the session is a script's, not the daemon's. `status` then shows
+    /// the last session as "stopped".
+    Stop(stop::Args),
     /// Credentials agents share: release one's hold (after logging in again, or once an admin's cap is lifted)
     #[command(subcommand)]
     Credential(credential::Command),
@@ -238,6 +259,7 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Metrics(c) => metrics::run(&ctx, c),
         Command::Daemon(a) => daemon::run(ctx, a),
         Command::Wake(a) => wake::run(&ctx, a),
+        Command::Stop(a) => stop::run(&ctx, a),
         Command::Credential(c) => credential::run(&ctx, c),
         Command::Reload(a) => reload::run(&cli.config, &a),
         Command::MigrateCrontab(_) => unreachable!("run before the config is loaded"),

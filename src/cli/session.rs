@@ -23,7 +23,13 @@ pub enum Command {
     Begin(BeginArgs),
     /// Post-session hook: record a completed session everywhere and process its messages (from a daemon session with `verify`: noted, and the daemon records it after verification)
     End(EndArgs),
-    /// Error hook: record an error or timeout and return the session's messages to the inbox (from a daemon session with `verify`: noted, and the daemon records it)
+    /// Error hook: record an error or timeout and return the session's messages to the inbox (stops no process: `agent-state stop` does; from a daemon session with `verify`: noted, and the daemon records it)
+    ///
+    /// It records the end only. A session the daemon runs goes on running
+    /// until its command exits (its messages are back in the inbox already);
+    /// to end its processes too, `agent-state stop AGENT` (SIGTERM to the
+    /// session's process group, SIGKILL after kill_grace), which records
+    /// the stop itself.
     Fail(FailArgs),
     /// (internal) Hold a session's owner lock until its script exits; started by `begin`
     #[command(hide = true)]
@@ -220,6 +226,11 @@ pub fn run(ctx: &Context, command: Command) -> Result<u8> {
         }
         Command::Fail(a) => {
             let (agent, dir) = ctx.agent(&a.agent)?;
+            // A session the daemon runs, failed from outside its script:
+            // its processes go on (said below).
+            let own = std::env::var("AGENT_STATE_SESSION_ID").ok();
+            let daemons = super::stop::daemon_session(ctx, &agent.name)
+                .filter(|sid| own.as_deref() != Some(sid.as_str()));
             let req = FailRequest {
                 session: a.session,
                 outcome: a.outcome,
@@ -231,6 +242,12 @@ pub fn run(ctx: &Context, command: Command) -> Result<u8> {
                 caller: Caller::this_process(),
             };
             let r = hooks::fail(agent, &dir, &req, ctx.now)?;
+            if !r.already_ended && daemons.as_ref() == Some(&r.session_id) {
+                warn(format!(
+                    "{}: session {} is the daemon's: its end is recorded, but its processes go on until they exit; `agent-state stop {}` stops them",
+                    dir.name, r.session_id, dir.name
+                ));
+            }
             finished(&dir.name, &r)
         }
         Command::Keep(a) => Ok(keep(&a)),

@@ -207,7 +207,19 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
             // A usage limit says so, not `error`: it is not a failure.
             (None, Some(s)) => (
                 match (s.verdict, s.outcome) {
-                    (Some(SessionVerdict::UsageLimit), _) => SessionVerdict::UsageLimit.as_str(),
+                    (Some(v @ (SessionVerdict::UsageLimit | SessionVerdict::Stopped)), _) => {
+                        v.as_str()
+                    }
+                    // A stop recorded by a script's trap: report.json's
+                    // last_session.code says so.
+                    _ if crate::errors::stopped(
+                        s.extra
+                            .get(crate::hooks::LAST_SESSION_CODE)
+                            .and_then(|c| c.as_str()),
+                    ) =>
+                    {
+                        "stopped"
+                    }
                     (_, Some(o)) => o.as_str(),
                     (_, None) => "?",
                 }
@@ -540,6 +552,7 @@ fn line(ctx: &Context, agent: &AgentConfig) -> Line {
                     SessionVerdict::Error => &mut l.errors_30d,
                     SessionVerdict::Timeout => &mut l.timeouts_30d,
                     SessionVerdict::UsageLimit => &mut l.usage_limited_30d,
+                    SessionVerdict::Stopped => continue,
                 };
                 *n = n.saturating_add_signed(by);
             }
@@ -554,6 +567,8 @@ fn line(ctx: &Context, agent: &AgentConfig) -> Line {
             SessionVerdict::Error => l.errors_30d += 1,
             SessionVerdict::Timeout => l.timeouts_30d += 1,
             SessionVerdict::UsageLimit => l.usage_limited_30d += 1,
+            // An operator's stop is no failure of the agent.
+            SessionVerdict::Stopped => {}
         }
     }
     l

@@ -93,7 +93,10 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
                 crate::cli::warn(format!(
                     "{}: could not start ({}): {}",
                     dir.name,
-                    refused.cause.map_or("other", |c| c.as_str()).to_ascii_uppercase(),
+                    refused
+                        .cause
+                        .map_or("other", |c| c.as_str())
+                        .to_ascii_uppercase(),
                     refused.detail.as_deref().unwrap_or("no detail")
                 ));
                 return Ok(exit::FAILED);
@@ -312,7 +315,7 @@ fn answer(code: Option<Code>, verdict: SessionVerdict, tried_held: bool, held_no
 
 /// The journal event that ended `session_id`, if it has ended: read from
 /// the newest line back to the session's `session_start`.
-fn journaled_end(dir: &AgentDir, session_id: &str) -> Option<Event> {
+pub(super) fn journaled_end(dir: &crate::state::AgentDir, session_id: &str) -> Option<Event> {
     let mut found = None;
     let read = journal::scan_backwards(&dir.journal(), |entry| {
         if entry.event.ended_session() == Some(session_id) {

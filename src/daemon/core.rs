@@ -106,6 +106,23 @@ pub struct AgentSlot {
     /// A high 30-day error rate: when sessions wait for a slot, this agent
     /// goes after healthy ones of the same priority.
     pub unhealthy: bool,
+    /// An operator stopped its session: the messages that session returned
+    /// wake nothing by themselves (see [`InboxMute`]).
+    pub inbox_mute: Option<InboxMute>,
+}
+
+/// After an operator's stop (`agent-state stop`), the messages its session
+/// had claimed are back in the inbox; they must not start the next session
+/// by themselves (the stop would undo itself after the debounce). The next
+/// wake delivers them: a schedule, `agent-state wake`, or a message that
+/// arrives after the stop. Any session that starts ends the mute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InboxMute {
+    /// The stopped session is ending: no inbox wake, no follow-up.
+    Stopping,
+    /// It ended with this many messages waiting: a scan that finds no more
+    /// wakes nothing (one that finds fewer lowers the mark).
+    UpTo(usize),
 }
 
 impl AgentSlot {
@@ -121,6 +138,7 @@ impl AgentSlot {
             backoff_until: None,
             disabled: None,
             unhealthy: false,
+            inbox_mute: None,
         }
     }
 
@@ -381,6 +399,19 @@ impl Core {
         let Some(mut slot) = self.slot_mut(agent) else {
             return;
         };
+        match slot.inbox_mute {
+            Some(InboxMute::Stopping) => {
+                slot.inbox_due = None;
+                return;
+            }
+            Some(InboxMute::UpTo(n)) if summary.total() <= n => {
+                slot.inbox_mute = Some(InboxMute::UpTo(summary.total()));
+                slot.inbox_due = None;
+                return;
+            }
+            Some(InboxMute::UpTo(_)) => slot.inbox_mute = None,
+            None => {}
+        }
         let Some(priority) = summary.wants_wake(slot.wake_on_inbox) else {
             slot.inbox_due = None;
             return;
@@ -449,6 +480,7 @@ impl Core {
                 // The session claims what waits in the inbox: a debounce
                 // that was timing for those messages has nothing left to do.
                 slot.inbox_due = None;
+                slot.inbox_mute = None;
             }
         }
         waiting
@@ -460,13 +492,30 @@ impl Core {
         }
     }
 
+    /// An operator asked to stop `agent`'s running session: until it has
+    /// ended, its inbox wakes nothing (see [`InboxMute`]).
+    pub fn stop_requested(&mut self, agent: &AgentName) {
+        if let Some(mut slot) = self.slot_mut(agent) {
+            slot.inbox_mute = Some(InboxMute::Stopping);
+            slot.inbox_due = None;
+        }
+    }
+
     /// The session of `agent` ended (or never started). If wakes were
-    /// skipped while it ran and messages wait, one follow-up is requested.
+    /// skipped while it ran and messages wait, one follow-up is requested,
+    /// unless an operator stopped it: then the `waiting` messages wait for
+    /// the next wake ([`InboxMute`]).
     pub fn session_ended(&mut self, agent: &AgentName, waiting: InboxSummary, now: DateTime<Utc>) {
         let Some(mut slot) = self.slot_mut(agent) else {
             return;
         };
         slot.running = None;
+        if slot.inbox_mute == Some(InboxMute::Stopping) {
+            slot.inbox_mute = Some(InboxMute::UpTo(waiting.total()));
+            slot.skipped_while_running = false;
+            slot.inbox_due = None;
+            return;
+        }
         let follow_up = std::mem::take(&mut slot.skipped_while_running) && waiting.total() > 0;
         drop(slot);
         if follow_up {

@@ -24,6 +24,7 @@ pub mod runnable;
 pub mod runner;
 pub mod service;
 pub mod session;
+pub mod stop;
 pub mod systemd;
 pub mod verify;
 pub mod watcher;

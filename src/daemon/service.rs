@@ -17,6 +17,7 @@ mod observer;
 mod publish;
 mod reload;
 mod start;
+mod stop;
 mod unrunnable;
 mod wake_requests;
 mod wakes;
@@ -167,14 +168,33 @@ struct Running {
 }
 
 /// Why the daemon stops a session, shared with its [`Observer`].
-type StopNote = std::sync::Arc<std::sync::Mutex<Option<String>>>;
+type StopNote = std::sync::Arc<std::sync::Mutex<Option<StopWhy>>>;
+
+/// Why the daemon stops a session (not a shutdown): the reason recorded,
+/// and the catalogue code when the reason is not the agent's failure
+/// (`SESSION_STOPPED`: an operator's `agent-state stop`).
+#[derive(Debug, Clone)]
+struct StopWhy {
+    reason: String,
+    code: Option<Code>,
+}
 
 impl Running {
     /// Stop the session for `why` (not a shutdown): recorded as an error
     /// with this reason.
     fn stop_for(&mut self, why: String) {
+        self.stop_with(why, None);
+    }
+
+    /// Stop it for `why`, typed by `code` (see [`StopWhy`]): the runner's
+    /// path of a timeout (SIGTERM to the group and the cgroup, SIGKILL
+    /// after `kill_grace`).
+    fn stop_with(&mut self, why: String, code: Option<Code>) {
         if let Ok(mut note) = self.stop_note.lock() {
-            *note = Some(why.clone());
+            *note = Some(StopWhy {
+                reason: why.clone(),
+                code,
+            });
         }
         self.stop_reason = Some(why);
         let _ = self.stop.send(true);
@@ -281,7 +301,8 @@ pub async fn run(config_path: &Path) -> Result<()> {
         .map_err(|e| Error::io("installing a handler for", "SIGINT", e))?;
     let mut sighup = signal(SignalKind::hangup())
         .map_err(|e| Error::io("installing a handler for", "SIGHUP", e))?;
-    // `agent-state credential release` left a request in `.daemon/`.
+    // `agent-state credential release` or `agent-state stop` left a
+    // request in `.daemon/`.
     let mut sigusr1 = signal(SignalKind::user_defined1())
         .map_err(|e| Error::io("installing a handler for", "SIGUSR1", e))?;
     // Test hook: with AGENT_STATE_TEST_STALL=1, SIGUSR2 blocks the main loop,
@@ -302,6 +323,8 @@ pub async fn run(config_path: &Path) -> Result<()> {
     daemon.load_economy();
     daemon.release_requests();
     daemon.recover();
+    // A stop asked of a daemon that has gone since: no session of it runs.
+    daemon.stop_requests();
     // What a crash left of the flows: answers not applied, messages not sent.
     let flows: Vec<AgentName> = daemon.config.flows.iter().map(|f| f.name.clone()).collect();
     daemon.apply_flows(&flows);
@@ -399,7 +422,10 @@ pub async fn run(config_path: &Path) -> Result<()> {
             _ = sigterm.recv() => daemon.shutdown("SIGTERM"),
             _ = sigint.recv() => daemon.shutdown("SIGINT"),
             _ = sighup.recv() => daemon.reload(),
-            _ = sigusr1.recv() => daemon.release_requests(),
+            _ = sigusr1.recv() => {
+                daemon.release_requests();
+                daemon.stop_requests();
+            }
             _ = watchdog.tick(), if watchdog_every.is_some() => {
                 systemd::watchdog();
                 continue;
@@ -407,6 +433,7 @@ pub async fn run(config_path: &Path) -> Result<()> {
             _ = reconcile.tick() => {
                 daemon.scan_all_inboxes();
                 daemon.release_requests();
+                daemon.stop_requests();
                 daemon.published.heartbeat_written = false;
             }
             _ = health_tick.tick() => {

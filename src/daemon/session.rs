@@ -398,6 +398,7 @@ pub fn note_ending(
         reason,
         by_pid: std::process::id(),
         at: now,
+        code: None,
     };
     hooks::note_daemon_ending(dir, session_id, &ending, now)
 }

@@ -378,6 +378,12 @@ pub struct DaemonEnding {
     /// The daemon's pid: the daemon's own `fail` is not merged with itself.
     pub by_pid: u32,
     pub at: Timestamp,
+    /// The catalogue code of the ending when it says more than `outcome`:
+    /// `SESSION_STOPPED` for an operator's `agent-state stop` (recorded
+    /// with that code, its messages returned without counting an attempt,
+    /// whoever records the end). Absent otherwise, and in older notes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
 }
 
 /// Note in session.json that the daemon is ending the running session
@@ -401,12 +407,25 @@ pub fn note_daemon_ending(
 
 /// A script's ending of a session the daemon is ending itself: the daemon's
 /// outcome, and both reasons. `None` if the daemon noted nothing, or if this
-/// is the daemon's own call.
+/// is the daemon's own call (then only an operator's stop changes it: its
+/// code is kept and no attempt is counted).
 pub(super) fn daemon_wins(current: &Session, ending: &Ending) -> Option<Ending> {
     let noted: DaemonEnding =
         serde_json::from_value(current.extra.get(DAEMON_ENDING)?.clone()).ok()?;
+    let stopped = crate::errors::stopped(noted.code.as_deref());
     if noted.by_pid == std::process::id() {
-        return None;
+        return match ending {
+            Ending::Failed {
+                outcome, reason, ..
+            } if stopped => Some(Ending::Failed {
+                outcome: *outcome,
+                reason: reason.clone(),
+                count_attempts: false,
+                code: noted.code,
+                verdict: Some(SessionVerdict::Stopped),
+            }),
+            _ => None,
+        };
     }
     let outcome = match noted.outcome.as_str() {
         "timeout" => SessionStatus::Timeout,
@@ -419,9 +438,9 @@ pub(super) fn daemon_wins(current: &Session, ending: &Ending) -> Option<Ending> 
     Some(Ending::Failed {
         outcome,
         reason: format!("{}; the session script reported: {said}", noted.reason),
-        count_attempts: true,
-        code: None,
-        verdict: None,
+        count_attempts: !stopped,
+        code: noted.code.filter(|_| stopped),
+        verdict: stopped.then_some(SessionVerdict::Stopped),
     })
 }
 
@@ -516,6 +535,22 @@ pub fn amend_verdict(
             .chain(staged_metrics),
     )?;
     Ok(true)
+}
+
+/// report.json `last_session.code`: `SESSION_STOPPED` when an operator
+/// stopped the last session (its `outcome` stays the seed's `error`).
+pub const LAST_SESSION_CODE: &str = "code";
+
+/// session.json's `errors` entry of a session an operator stopped: the
+/// typed outcome beside `status: "error"`, with who stopped it and why (in
+/// `reason`, as the journal line has it).
+fn stop_error(reason: &str, now: Timestamp) -> serde_json::Value {
+    serde_json::json!({
+        "at": now,
+        "code": crate::errors::Code::SessionStopped.as_str(),
+        "outcome": "stopped",
+        "message": reason,
+    })
 }
 
 pub(super) fn finish_request(
@@ -818,11 +853,16 @@ pub(super) fn finish_with(
 
             session.status = Some(outcome);
             session.reason = Some(reason.clone());
-            session.verdict = verdict;
-            // A timeout or a usage limit is not a fault of the agent: it
-            // goes back to idle, and last_session says how the session
-            // ended and why.
+            let stopped = matches!(&event, Event::Error(f) | Event::Timeout(f) if f.is_stop());
+            if stopped {
+                session.errors.push(stop_error(&reason, now));
+            }
+            session.verdict = verdict.or(stopped.then_some(SessionVerdict::Stopped));
+            // A timeout, a usage limit or an operator's stop is not a fault
+            // of the agent: it goes back to idle, and last_session says how
+            // the session ended and why.
             let (status, verb) = match (outcome, verdict) {
+                _ if stopped => (AgentStatus::Idle, "stopped"),
                 (_, Some(SessionVerdict::UsageLimit)) => {
                     (AgentStatus::Idle, "stopped at the usage limit")
                 }
@@ -866,6 +906,17 @@ pub(super) fn finish_with(
             .map(|l| l.extra)
             .unwrap_or_default(),
     });
+    // An operator's stop said beside `outcome` (`status` shows "stopped");
+    // this session's word only, never inherited from the last one.
+    if let Some(last) = report.last_session.as_mut() {
+        last.extra.remove(LAST_SESSION_CODE);
+        if matches!(&event, Event::Error(f) | Event::Timeout(f) if f.is_stop()) {
+            last.extra.insert(
+                LAST_SESSION_CODE.into(),
+                crate::errors::Code::SessionStopped.as_str().into(),
+            );
+        }
+    }
     // Both files are on disk before the journal records the end, renamed
     // in after it: a full disk fails the whole end, which can be retried.
     let staged_session = dir.stage(lock, &session)?;

@@ -108,14 +108,14 @@ pub(super) fn replay_end(
         Event::Timeout(f) => Ending::Failed {
             outcome: SessionStatus::Timeout,
             reason: f.reason.clone(),
-            count_attempts: true,
+            count_attempts: !f.is_stop(),
             code: f.code.clone(),
             verdict: f.verdict,
         },
         Event::Error(f) => Ending::Failed {
             outcome: SessionStatus::Error,
             reason: f.reason.clone(),
-            count_attempts: true,
+            count_attempts: !f.is_stop(),
             code: f.code.clone(),
             verdict: f.verdict,
         },

@@ -366,6 +366,13 @@ impl SessionFailed {
             ),
         }
     }
+
+    /// An operator stopped the session (`agent-state stop`, code
+    /// `SESSION_STOPPED`): not a failure of the agent, and not one of its
+    /// messages' delivery attempts.
+    pub fn is_stop(&self) -> bool {
+        crate::errors::stopped(self.code.as_deref())
+    }
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

@@ -47,8 +47,17 @@ pub struct Lifetime {
     /// in `sessions_error`: the subscription's limit, not the agent's
     /// failure; see [`SessionVerdict::UsageLimit`]).
     pub sessions_usage_limited: u64,
+    /// Addition: sessions an operator stopped (`agent-state stop`): in
+    /// `sessions_total`, not in `sessions_error` (not the agent's failure).
+    /// Absent until the first stop.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub sessions_stopped: u64,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -66,6 +75,10 @@ pub struct Rolling {
     pub error_rate: f64,
     /// Addition: sessions a usage limit stopped (in `sessions`).
     pub usage_limited: u64,
+    /// Addition: sessions an operator stopped, in `sessions` but neither
+    /// for nor against the error rate. Absent while there are none.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub stopped: u64,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }
@@ -105,6 +118,7 @@ impl Lifetime {
                 self.sessions_total = self.sessions_total.saturating_add(1);
                 let counter = match event.verdict() {
                     Some(SessionVerdict::UsageLimit) => &mut self.sessions_usage_limited,
+                    Some(SessionVerdict::Stopped) => &mut self.sessions_stopped,
                     Some(SessionVerdict::Timeout) => &mut self.sessions_timeout,
                     _ => &mut self.sessions_error,
                 };
@@ -141,6 +155,7 @@ impl Lifetime {
             SessionVerdict::Timeout => &mut self.sessions_timeout,
             SessionVerdict::Error => &mut self.sessions_error,
             SessionVerdict::UsageLimit => &mut self.sessions_usage_limited,
+            SessionVerdict::Stopped => &mut self.sessions_stopped,
         }
     }
 
@@ -164,6 +179,7 @@ impl Rolling {
         let mut failed = BTreeSet::new();
         let mut limited = BTreeSet::new();
         let mut amended = Vec::new();
+        let mut stopped = BTreeSet::new();
         for e in entries.iter().filter(|e| e.ts >= since && e.ts <= now) {
             match &e.event {
                 Event::SessionEnd(end) => {
@@ -176,6 +192,7 @@ impl Rolling {
                     ended.insert(f.session_id.clone());
                     match e.event.verdict() {
                         Some(SessionVerdict::UsageLimit) => limited.insert(f.session_id.clone()),
+                        Some(SessionVerdict::Stopped) => stopped.insert(f.session_id.clone()),
                         _ => failed.insert(f.session_id.clone()),
                     };
                 }
@@ -197,9 +214,12 @@ impl Rolling {
         r.acceptance_rate = ratio(accepted, r.claims_proposed);
         r.avg_sources_per_session = ratio(r.sources_archived, r.sessions);
         r.usage_limited = limited.len() as u64;
+        r.stopped = stopped.len() as u64;
         r.error_rate = ratio(
             failed.len() as u64,
-            r.sessions.saturating_sub(r.usage_limited),
+            r.sessions
+                .saturating_sub(r.usage_limited)
+                .saturating_sub(r.stopped),
         );
         r
     }
@@ -520,6 +540,82 @@ mod tests {
             .collect();
         let r = Rolling::from_journal(&entries, now);
         assert_eq!((r.sessions, r.usage_limited, r.error_rate), (4, 2, 0.5));
+    }
+
+    /// An operator's stop (an `error` line with `SESSION_STOPPED`) counts
+    /// as a session, never as a failure: table of journals and what the
+    /// counters and the error rate make of them.
+    #[test]
+    fn a_stopped_session_is_no_failure() {
+        let now = Timestamp::parse("2026-11-26T12:00:00Z").unwrap();
+        let failed = |id: &str, code: Option<&str>| SessionFailed {
+            session_id: id.into(),
+            code: code.map(str::to_string),
+            ..Default::default()
+        };
+        let end = |id: &str| {
+            Event::SessionEnd(SessionEnd {
+                session_id: id.into(),
+                ..Default::default()
+            })
+        };
+        // A journal; lifetime [total, completed, timeout, error, stopped];
+        // rolling sessions, stopped, error rate.
+        type Row = (Vec<Event>, [u64; 5], u64, u64, f64);
+        let table: Vec<Row> = vec![
+            (
+                vec![Event::Error(failed("a", Some("SESSION_STOPPED")))],
+                [1, 0, 0, 0, 1],
+                1,
+                1,
+                0.0,
+            ),
+            (
+                vec![
+                    end("a"),
+                    Event::Error(failed("b", Some("SESSION_STOPPED"))),
+                    Event::Error(failed("c", None)),
+                ],
+                [3, 1, 0, 1, 1],
+                3,
+                1,
+                0.5,
+            ),
+            (
+                vec![
+                    Event::Timeout(failed("a", Some("SESSION_TIMEOUT"))),
+                    Event::Error(failed("b", Some("SESSION_FAILED"))),
+                ],
+                [2, 0, 1, 1, 0],
+                2,
+                0,
+                1.0,
+            ),
+        ];
+        for (events, lifetime, sessions, stopped, rate) in table {
+            let entries: Vec<Entry> = events.into_iter().map(|e| Entry::new(now, e)).collect();
+            let l = Lifetime::from_journal(&entries);
+            assert_eq!(
+                [
+                    l.sessions_total,
+                    l.sessions_completed,
+                    l.sessions_timeout,
+                    l.sessions_error,
+                    l.sessions_stopped
+                ],
+                lifetime,
+                "{entries:?}"
+            );
+            let r = Rolling::from_journal(&entries, now);
+            assert_eq!(
+                (r.sessions, r.stopped, r.error_rate),
+                (sessions, stopped, rate)
+            );
+        }
+        // Absent from metrics.json until there is one.
+        let v = serde_json::to_value(Metrics::new("rio")).unwrap();
+        assert!(v["lifetime"].get("sessions_stopped").is_none(), "{v}");
+        assert!(v["rolling_30d"].get("stopped").is_none(), "{v}");
     }
 
     /// The fast window reads what the whole parse reads: every kind of line,

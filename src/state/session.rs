@@ -109,6 +109,8 @@ pub enum SessionVerdict {
     /// The subscription's usage or rate limit (or an admin's cap) stopped
     /// it: `USAGE_LIMIT`, `USAGE_DISABLED`.
     UsageLimit,
+    /// An operator stopped it (`agent-state stop`, `SESSION_STOPPED`).
+    Stopped,
 }
 
 impl SessionVerdict {
@@ -118,6 +120,7 @@ impl SessionVerdict {
         use crate::errors::Code;
         match (status, code) {
             (_, Some(Code::UsageLimit | Code::UsageDisabled)) => SessionVerdict::UsageLimit,
+            (_, Some(Code::SessionStopped)) => SessionVerdict::Stopped,
             (SessionStatus::Timeout, _) => SessionVerdict::Timeout,
             (SessionStatus::Completed, _) => SessionVerdict::Completed,
             _ => SessionVerdict::Error,
@@ -136,6 +139,7 @@ impl SessionVerdict {
             SessionVerdict::Timeout => "timeout",
             SessionVerdict::Error => "error",
             SessionVerdict::UsageLimit => "usage_limit",
+            SessionVerdict::Stopped => "stopped",
         }
     }
 }

@@ -348,3 +348,87 @@ fn nothing_starts_while_waking_is_stopped() {
     c.waking_stopped = false;
     assert_eq!(started(&mut c), ["rio"]);
 }
+
+/// After an operator's stop, the messages the session returned wake
+/// nothing by themselves; a new message, a schedule or a manual wake does,
+/// and any session that starts ends the mute. Table: the steps after the
+/// stopped session ended with 2 messages waiting, and whether a session
+/// can start once the debounce is over.
+#[test]
+fn messages_returned_by_a_stopped_session_wait_for_the_next_wake() {
+    enum Step {
+        Scan(usize),
+        Wake(WakeReason),
+    }
+    use Step::*;
+    let table: &[(&str, &[Step], bool)] = &[
+        (
+            "the returned messages, scanned again",
+            &[Scan(2), Scan(2)],
+            false,
+        ),
+        ("one of them taken away by hand", &[Scan(1)], false),
+        ("a new message after the stop", &[Scan(3)], true),
+        (
+            "a new message after one was taken away",
+            &[Scan(1), Scan(2)],
+            true,
+        ),
+        ("the schedule", &[Scan(2), Wake(WakeReason::Schedule)], true),
+        ("agent-state wake", &[Wake(WakeReason::Manual)], true),
+    ];
+    for (what, steps, starts) in table {
+        let mut c = Core::new(2);
+        let rio = name("rio");
+        c.slot_or_insert(&rio, || {
+            AgentSlot::new(WakeOnInbox::Any, Duration::from_secs(1))
+        });
+        let t0 = t("2026-01-01T00:00:00Z");
+        c.request(&rio, WakeReason::Inbox, Priority::Normal, t0);
+        assert_eq!(started(&mut c), ["rio"]);
+        c.session_started(&rio, "S1");
+        c.stop_requested(&rio);
+        // A wake skipped while it was being stopped is no follow-up.
+        assert!(
+            c.request(&rio, WakeReason::Inbox, Priority::Normal, t0)
+                .is_some()
+        );
+        c.inbox_scanned(&rio, InboxSummary { high: 0, normal: 2 }, t0);
+        c.session_ended(&rio, InboxSummary { high: 0, normal: 2 }, t0);
+        c.check_indexes();
+        for step in *steps {
+            match step {
+                Scan(n) => c.inbox_scanned(
+                    &rio,
+                    InboxSummary {
+                        high: 0,
+                        normal: *n,
+                    },
+                    t0,
+                ),
+                Wake(reason) => {
+                    c.request(&rio, *reason, Priority::Normal, t0);
+                }
+            }
+        }
+        let later = t("2026-01-01T00:00:05Z");
+        c.fire_due_inbox(later);
+        let next: Vec<String> = c
+            .take_startable(later)
+            .into_iter()
+            .map(|(n, _)| n.to_string())
+            .collect();
+        c.check_indexes();
+        assert_eq!(!next.is_empty(), *starts, "{what}");
+        if *starts {
+            // The session that starts ends the mute: the next end is as usual.
+            c.session_started(&rio, "S2");
+            c.session_ended(&rio, InboxSummary::default(), later);
+            c.inbox_scanned(&rio, InboxSummary { high: 0, normal: 1 }, later);
+            assert!(
+                c.slot(&rio).unwrap().inbox_due.is_some(),
+                "{what}: muted still"
+            );
+        }
+    }
+}

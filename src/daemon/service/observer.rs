@@ -101,17 +101,19 @@ pub(super) struct EndingNote {
 impl EndingNote {
     pub(super) fn note(&self, why: &Ending) {
         let now = Timestamp::now();
-        let stop_reason = self.stop_note.lock().ok().and_then(|n| n.clone());
-        let result = match (why, stop_reason) {
-            // A stop for a reason (not a shutdown) is recorded as an error.
-            (Ending::Stopped, Some(reason)) => hooks::note_daemon_ending(
+        let stop = self.stop_note.lock().ok().and_then(|n| n.clone());
+        let result = match (why, stop) {
+            // A stop for a reason (not a shutdown) is recorded as an error
+            // (with its code: an operator's stop is not the agent's failure).
+            (Ending::Stopped, Some(stop)) => hooks::note_daemon_ending(
                 &self.dir,
                 &self.session_id,
                 &hooks::DaemonEnding {
                     outcome: "error".into(),
-                    reason,
+                    reason: stop.reason,
                     by_pid: std::process::id(),
                     at: now,
+                    code: stop.code.map(|c| c.as_str().to_string()),
                 },
                 now,
             ),
