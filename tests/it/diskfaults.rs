@@ -879,12 +879,14 @@ fn a_read_only_state_root_stops_wakes_until_it_is_writable_again() {
     }
     let t_ro = Instant::now();
     d.wait_until(secs(3.0), "the daemon logs FS_READONLY", || {
-        d.log_text().contains("FS_READONLY")
+        d.log_text().contains("FS_READONLY: ")
     });
     let line = d
         .log_text()
         .lines()
-        .find(|l| l.contains("FS_READONLY"))
+        // The alert's own line (others, such as errors.jsonl's append,
+        // carry the code too).
+        .find(|l| l.contains("FS_READONLY: "))
         .unwrap()
         .to_string();
     assert!(line.contains("ERROR"), "logged as an error: {line}");
@@ -961,7 +963,7 @@ fn a_message_that_arrived_while_read_only_wakes_the_agent_once_writable() {
     let root = env.root.clone();
     let (_top, _) = go_read_only(&root, &src);
     d.wait_until(secs(3.0), "the daemon logs FS_READONLY", || {
-        d.log_text().contains("FS_READONLY")
+        d.log_text().contains("FS_READONLY: ")
     });
     drop_into(
         &src.join("rio/inbox"),
@@ -1007,7 +1009,7 @@ fn a_wake_request_served_after_read_only_is_not_left_behind() {
     let root = env.root.clone();
     let (_top, _) = go_read_only(&root, &src);
     d.wait_until(secs(3.0), "the daemon logs FS_READONLY", || {
-        d.log_text().contains("FS_READONLY")
+        d.log_text().contains("FS_READONLY: ")
     });
     let wake = request_wake_via(&src, "rio", ".wake-while-read-only");
     d.wait_until(secs(3.0), "the daemon took the wake request", || {
@@ -1051,7 +1053,7 @@ fn a_retry_due_while_read_only_waits_without_spinning() {
     let (_top, _) = go_read_only(&root, &src);
     std::fs::remove_file(env.tmp("quiet-rio")).unwrap();
     d.wait_until(secs(3.0), "the daemon logs FS_READONLY", || {
-        d.log_text().contains("FS_READONLY")
+        d.log_text().contains("FS_READONLY: ")
     });
     assert!(
         t_ended.elapsed() < secs(0.9),
