@@ -138,8 +138,8 @@ impl Error {
     }
 
     /// The error code (docs/errors.md) this error is recorded under.
-    pub fn code(&self) -> crate::errors::Code {
-        use crate::errors::Code;
+    pub fn code(&self) -> crate::catalogue::Code {
+        use crate::catalogue::Code;
         match (self, self.errno()) {
             (_, Some(libc_enospc)) if libc_enospc == nix::libc::ENOSPC => Code::DiskFull,
             (_, Some(e)) if e == nix::libc::EDQUOT => Code::DiskFull,

@@ -51,7 +51,7 @@ use crate::state::rotation;
 /// A daemon-wide log under `.daemon/`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum DaemonLog {
-    /// `.daemon/errors.jsonl`: one [`crate::errors::ErrorRecord`] a line.
+    /// `.daemon/errors.jsonl`: one [`crate::catalogue::ErrorRecord`] a line.
     Errors,
     /// `.daemon/signals.jsonl`: invalid agent signals found in sessions'
     /// output ([`crate::protocol::signals::SignalRecord`]).

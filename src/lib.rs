@@ -27,13 +27,13 @@
 pub mod access;
 pub mod agent_name;
 pub mod backup;
+pub mod catalogue;
 pub mod check;
 pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod daemon;
 pub mod error;
-pub mod errors;
 pub mod events;
 pub mod flow;
 pub mod fsx;

@@ -25,7 +25,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         "base",
         &[
             "clock",
-            "errors",
+            "catalogue",
             "error",
             "agent_name",
             "fsx",
@@ -627,7 +627,7 @@ fn the_scan_sees_the_dependencies_we_know_of() {
         ("hooks", "state"),                   // use crate::state::...
         ("cli", "daemon::files"),             // use crate::daemon::{files, session}
         ("check", "fsx"),                     // crate::fsx::is_dir(..) in code
-        ("error", "errors"),                  // crate::errors::Code in a return type
+        ("error", "catalogue"),               // crate::catalogue::Code in a return type
     ] {
         assert!(
             g.edges.iter().any(|e| e.from == from && e.to == to),

@@ -5,10 +5,10 @@
 use crate::cli::display::{Line, Style, say};
 use std::time::Duration;
 
+use crate::catalogue::{self, Severity};
 use crate::cli::{Context, print_json};
 use crate::clock::ago;
 use crate::error::{Error, Result, exit};
-use crate::errors::{self, Severity};
 use crate::state::error_log;
 
 #[derive(clap::Args, Debug)]
@@ -35,7 +35,7 @@ pub struct Args {
 
 /// The catalogue needs no config or state root.
 pub fn catalogue() -> u8 {
-    print!("{}", errors::markdown_table());
+    print!("{}", catalogue::markdown_table());
     exit::OK
 }
 
@@ -47,7 +47,7 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         ctx.config.agent_named(a)?;
     }
     if let Some(c) = &args.code
-        && errors::Code::parse(c).is_none()
+        && catalogue::Code::parse(c).is_none()
     {
         return Err(Error::Usage(format!(
             "--code {c}: not an error code; `agent-state errors --catalogue` lists them"
@@ -65,7 +65,7 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         }
     };
     let path = error_log::log_path(&ctx.root);
-    let records: Vec<errors::ErrorRecord> =
+    let records: Vec<catalogue::ErrorRecord> =
         error_log::read_since(&path, ctx.now.minus(args.since))?
             .into_iter()
             .filter(|r| args.agent.is_none() || r.context.agent == args.agent)

@@ -4,11 +4,11 @@ use crate::cli::display::{self, Style, say};
 use serde::Serialize;
 
 use crate::access;
+use crate::catalogue as errors;
 use crate::cli::{Context, print_json};
 use crate::clock::{Timestamp, ago, in_time};
 use crate::config::{AgentConfig, AgentKind};
 use crate::error::{Result, exit};
-use crate::errors;
 use crate::inbox;
 use crate::state::error_log;
 use crate::state::journal;
@@ -212,7 +212,7 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
                     }
                     // A stop recorded by a script's trap: report.json's
                     // last_session.code says so.
-                    _ if crate::errors::stopped(
+                    _ if crate::catalogue::stopped(
                         s.extra
                             .get(crate::hooks::LAST_SESSION_CODE)
                             .and_then(|c| c.as_str()),

@@ -16,10 +16,10 @@ use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
 use crate::agent_name::AgentName;
+use crate::catalogue::Code;
 use crate::cli::Context;
 use crate::daemon::{files, release, session};
 use crate::error::{Error, Result, exit};
-use crate::errors::Code;
 use crate::events::{Cursor, Reader, SourceId};
 use crate::state::AgentDir;
 use crate::state::journal::{self, Entry, Event, SessionFailed, WakeSkipped};

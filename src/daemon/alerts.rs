@@ -19,8 +19,8 @@ use tokio::sync::Semaphore;
 
 use super::logging;
 use crate::agent_name::AgentName;
+use crate::catalogue::{self, Code, ErrorRecord, Severity};
 use crate::config::Config;
-use crate::errors::{self, Code, ErrorRecord, Severity};
 use crate::inbox::{self, MessageType, Outgoing, Priority};
 use crate::state::{StateRoot, error_log};
 
@@ -332,7 +332,7 @@ async fn run_hook(
         Ok((Err(e), _)) => Err(format!("waiting for it: {e}")),
         Ok((Ok(status), output)) if !status.success() => {
             let mut text = String::from_utf8_lossy(&output).trim().to_string();
-            errors::truncate_on_char(&mut text, HOOK_OUTPUT_KEPT);
+            catalogue::truncate_on_char(&mut text, HOOK_OUTPUT_KEPT);
             Err(if text.is_empty() {
                 format!("{status}")
             } else {

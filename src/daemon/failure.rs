@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use super::output::ClaudeFailure;
 use super::runner::{Ending, SpawnFailure};
+use crate::catalogue::Code;
 use crate::config::RetrySettings;
-use crate::errors::Code;
 
 /// What the daemon saw of one session.
 #[derive(Debug, Clone, Copy)]

@@ -3,7 +3,7 @@
 //! when the daemon runs under systemd, else readable lines on stderr.
 //! `AGENT_STATE_LOG` sets the filter (default `info`).
 //!
-//! Error records (see `crate::errors`) need a priority per severity, which
+//! Error records (see `crate::catalogue`) need a priority per severity, which
 //! tracing's levels cannot express (critical is `crit`, 2): under journald they
 //! are sent by [`journal_send`] in journald's native protocol instead.
 

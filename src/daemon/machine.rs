@@ -30,9 +30,9 @@ use super::failure::{self, Next, Observed, Seen, Streak, Verdict};
 use super::output::ClaudeFailure;
 use super::runner::Ending;
 use super::session::describe_with;
+use crate::catalogue::Code;
 use crate::clock::later;
 use crate::config::{AgentConfig, RetrySettings, StallAction};
-use crate::errors::Code;
 use crate::state::session::SessionStatus;
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use super::runner::{Ending, SpawnFailure};
-use crate::errors::Code;
+use crate::catalogue::Code;
 
 /// The identity of a command file as it was probed: a new file (installed,
 /// replaced), a `chmod` or an edit changes it.

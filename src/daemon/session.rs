@@ -452,7 +452,7 @@ pub struct Judged<'a> {
     pub reason: Option<&'a str>,
     /// The catalogue code the daemon judged a failure by: journaled in the
     /// line that commits the end (not for a success).
-    pub code: Option<crate::errors::Code>,
+    pub code: Option<crate::catalogue::Code>,
     /// [`SessionVerdict::UsageLimit`] when a usage limit stopped it.
     pub verdict: Option<SessionVerdict>,
 }

@@ -10,9 +10,9 @@ use std::time::SystemTime;
 
 use serde::Serialize;
 
+use crate::catalogue::Code;
 use crate::clock::Timestamp;
 use crate::config::{AgentConfig, WorkspaceSettings};
-use crate::errors::Code;
 use crate::state::AgentDir;
 use crate::workspace::{self, Workspace, WorkspaceError, WorkspaceSpec};
 

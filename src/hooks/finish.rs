@@ -412,7 +412,7 @@ pub fn note_daemon_ending(
 pub(super) fn daemon_wins(current: &Session, ending: &Ending) -> Option<Ending> {
     let noted: DaemonEnding =
         serde_json::from_value(current.extra.get(DAEMON_ENDING)?.clone()).ok()?;
-    let stopped = crate::errors::stopped(noted.code.as_deref());
+    let stopped = crate::catalogue::stopped(noted.code.as_deref());
     if noted.by_pid == std::process::id() {
         return match ending {
             Ending::Failed {
@@ -547,7 +547,7 @@ pub const LAST_SESSION_CODE: &str = "code";
 fn stop_error(reason: &str, now: Timestamp) -> serde_json::Value {
     serde_json::json!({
         "at": now,
-        "code": crate::errors::Code::SessionStopped.as_str(),
+        "code": crate::catalogue::Code::SessionStopped.as_str(),
         "outcome": "stopped",
         "message": reason,
     })
@@ -913,7 +913,7 @@ pub(super) fn finish_with(
         if matches!(&event, Event::Error(f) | Event::Timeout(f) if f.is_stop()) {
             last.extra.insert(
                 LAST_SESSION_CODE.into(),
-                crate::errors::Code::SessionStopped.as_str().into(),
+                crate::catalogue::Code::SessionStopped.as_str().into(),
             );
         }
     }

@@ -1,13 +1,13 @@
 //! `.daemon/errors.jsonl`: the log of [`ErrorRecord`]s (the catalogue in
-//! [`crate::errors`] is only data; this is where its records are kept).
+//! [`crate::catalogue`] is only data; this is where its records are kept).
 //! One fsynced line per record, as the journal writes.
 
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
+use crate::catalogue::ErrorRecord;
 use crate::clock::Timestamp;
 use crate::error::Result;
-use crate::errors::ErrorRecord;
 
 use super::StateRoot;
 
@@ -46,7 +46,7 @@ pub fn read_since(path: &Path, since: Timestamp) -> Result<Vec<ErrorRecord>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::errors::Code;
+    use crate::catalogue::Code;
 
     #[test]
     fn log_reads_back_a_window() {

@@ -362,7 +362,7 @@ impl SessionFailed {
             Some(SessionVerdict::UsageLimit) => SessionVerdict::UsageLimit,
             _ => SessionVerdict::of_failure(
                 status,
-                self.code.as_deref().and_then(crate::errors::Code::parse),
+                self.code.as_deref().and_then(crate::catalogue::Code::parse),
             ),
         }
     }
@@ -371,7 +371,7 @@ impl SessionFailed {
     /// `SESSION_STOPPED`): not a failure of the agent, and not one of its
     /// messages' delivery attempts.
     pub fn is_stop(&self) -> bool {
-        crate::errors::stopped(self.code.as_deref())
+        crate::catalogue::stopped(self.code.as_deref())
     }
 }
 

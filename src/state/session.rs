@@ -116,8 +116,11 @@ pub enum SessionVerdict {
 impl SessionVerdict {
     /// The verdict of a failure the daemon judged by `code`, a catalogue
     /// code: a usage limit or an admin's cap is not the agent's failure.
-    pub fn of_failure(status: SessionStatus, code: Option<crate::errors::Code>) -> SessionVerdict {
-        use crate::errors::Code;
+    pub fn of_failure(
+        status: SessionStatus,
+        code: Option<crate::catalogue::Code>,
+    ) -> SessionVerdict {
+        use crate::catalogue::Code;
         match (status, code) {
             (_, Some(Code::UsageLimit | Code::UsageDisabled)) => SessionVerdict::UsageLimit,
             (_, Some(Code::SessionStopped)) => SessionVerdict::Stopped,

@@ -128,7 +128,7 @@ pub enum SpawnFailure {
     /// that cannot be opened; the reason says which.
     Other,
     /// The session's git worktree could not be made (its code says why).
-    Workspace(crate::errors::Code),
+    Workspace(crate::catalogue::Code),
 }
 
 /// How the session's main process ended.
