@@ -527,6 +527,16 @@ pub fn finish(
             .and_then(|s| Some(s.verdict.unwrap_or(verdict_of_status(s.status?)))),
         (false, Some(status)) => Some(match judged.verdict {
             Some(SessionVerdict::UsageLimit) if failure.is_some() => SessionVerdict::UsageLimit,
+            // An operator's stop is recorded with its own verdict (the
+            // daemon's note in session.json, `hooks::finish`): read back.
+            _ if status == SessionStatus::Error => dir
+                .read::<crate::state::session::Session>()
+                .ok()
+                .flatten()
+                .filter(|s| s.session_id == session_id)
+                .and_then(|s| s.verdict)
+                .filter(|v| *v == SessionVerdict::Stopped)
+                .unwrap_or(SessionVerdict::Error),
             _ => verdict_of_status(status),
         }),
         (false, None) => None,

@@ -185,6 +185,19 @@ fn stop_kills_every_process_and_records_a_stop_that_is_no_failure_and_no_retry()
         d.log_text()
     );
     assert!(in_inbox(&env, "rio", &id).is_some(), "still waiting");
+    // The daemon's log says it calmly, not as a session error.
+    d.wait_until(secs(5), "the daemon logs the stop as no failure", || {
+        d.log_text()
+            .lines()
+            .any(|l| l.contains(" INFO ") && l.contains("stopped (not a failure"))
+    });
+    assert!(
+        !d.log_text()
+            .lines()
+            .any(|l| l.contains("WARN") && l.contains("error: stopped by")),
+        "{}",
+        d.log_text()
+    );
 
     // status: idle, no failure, no error record.
     let v: Value = serde_json::from_str(&env.ok(&["status", "rio", "--json"])).unwrap();

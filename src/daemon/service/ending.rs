@@ -290,6 +290,15 @@ impl Daemon {
                 "session {sid} stopped at the usage limit (not a failure: its credential is held, the session runs again when the hold ends): {}",
                 verdict.message
             ),
+            // An operator's stop: not a failure either.
+            Ok(session::Finished {
+                verdict: SessionVerdict::Stopped,
+                text,
+            }) => tracing::info!(
+                agent = %agent, session_id = %sid, instance = %running.instance,
+                "session {sid} stopped (not a failure: its messages wait for the next wake): {}",
+                text.strip_prefix("error: ").unwrap_or(text)
+            ),
             Ok(session::Finished { text, .. }) => tracing::warn!(
                 agent = %agent, session_id = %sid, instance = %running.instance,
                 "session {sid} {text}"
