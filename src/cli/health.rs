@@ -173,7 +173,7 @@ pub fn assess(
                 add(Level::Warning, format!("waking is paused: {why}"));
             }
             for (credential, held) in &hb.held {
-                let level = if held.cause == "usage_limit" {
+                let level = if held.cause == files::HeldCause::Known(crate::daemon::economy::Cause::UsageLimit) {
                     Level::Warning
                 } else {
                     Level::Critical
@@ -181,7 +181,7 @@ pub fn assess(
                 add(level, format!("credential {credential}: {}", held.reason));
             }
             for (agent, why) in &hb.failing {
-                let level = if why.contains("disabled") {
+                let level = if files::failing_disabled(why) {
                     Level::Critical
                 } else {
                     Level::Warning
@@ -288,7 +288,7 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
                     return ControlFlow::Break(());
                 }
                 if let Event::SessionEnd(end) = &entry.event
-                    && end.outcome == "completed"
+                    && end.outcome.parse() == Ok(crate::state::session::SessionStatus::Completed)
                 {
                     last = Some(entry.ts);
                     return ControlFlow::Break(());

@@ -361,8 +361,8 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
             let line = display::Line::new()
                 .styled(Style::Bold, &l.agent)
                 .text(": ")
-                .styled(Style::of(&f.state), &f.code);
-            let line = if f.state == "held" {
+                .styled(Style::of(f.state.as_str()), &f.code);
+            let line = if f.state == crate::state::report::ErrorState::Held {
                 // Not a failure: a usage limit or a login check holds it.
                 line.text(format!(" (held{until}): "))
             } else {

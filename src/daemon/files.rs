@@ -609,7 +609,7 @@ pub struct Heartbeat {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct HeldEntry {
     /// `usage_limit`, `disabled` or `credential`.
-    pub cause: String,
+    pub cause: HeldCause,
     pub reason: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub until: Option<Timestamp>,
@@ -622,6 +622,25 @@ pub struct RunningEntry {
     pub instance: String,
     pub pid: Option<u32>,
     pub started_at: Timestamp,
+}
+
+/// Why a credential is held, as the heartbeat says: one of the economy's
+/// causes, or a word this build does not know (a newer daemon's), kept as
+/// written and deciding nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum HeldCause {
+    Known(crate::daemon::economy::Cause),
+    Unknown(String),
+}
+
+/// The start of a `failing` entry whose agent is disabled (the others say
+/// how many failures in a row): written by the daemon, read by `health`.
+pub const FAILING_DISABLED: &str = "disabled: ";
+
+/// Whether a heartbeat's `failing` entry says the agent is disabled.
+pub fn failing_disabled(why: &str) -> bool {
+    why.starts_with(FAILING_DISABLED)
 }
 
 /// [`Heartbeat`] as the daemon writes it: the two lists that can hold every
@@ -771,6 +790,32 @@ pub fn record_reload_verdict(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn held_cause_reads_the_economy_words_and_keeps_unknown_ones() {
+        use crate::daemon::economy::Cause;
+        let table = [
+            ("usage_limit", HeldCause::Known(Cause::UsageLimit)),
+            ("disabled", HeldCause::Known(Cause::Disabled)),
+            ("credential", HeldCause::Known(Cause::Credential)),
+            ("quota", HeldCause::Unknown("quota".into())),
+        ];
+        for (word, want) in table {
+            let json = serde_json::Value::String(word.into());
+            let got: HeldCause = serde_json::from_value(json.clone()).unwrap();
+            assert_eq!(got, want, "{word:?}");
+            assert_eq!(serde_json::to_value(&got).unwrap(), json, "{word:?} back");
+        }
+    }
+
+    #[test]
+    fn failing_disabled_reads_what_the_daemon_writes() {
+        assert!(failing_disabled(&format!("{FAILING_DISABLED}bad key")));
+        assert!(!failing_disabled("3 failure(s) in a row; held back"));
+        assert!(!failing_disabled(
+            "3 failure(s) in a row; held back until 2026-01-01T00:00:00Z"
+        ));
+    }
 
     #[test]
     fn the_heartbeat_as_written_reads_back_and_its_lists_are_made_once() {

@@ -57,7 +57,7 @@ use crate::hooks;
 use crate::inbox;
 use crate::schedule::{self, Missed};
 use crate::state::journal::{Event, ScheduleMissed, WakeSkipped};
-use crate::state::report::{AgentStatus, Lifecycle, Report, ReportError};
+use crate::state::report::{AgentStatus, ErrorState, Lifecycle, Report, ReportError};
 use crate::state::session::{Session, SessionVerdict};
 use crate::state::{AgentDir, StateRoot, bootstrap};
 
@@ -113,7 +113,7 @@ enum LoopEvent {
         agent: AgentName,
         n: u32,
         of: u32,
-        phase: &'static str,
+        phase: iterations::Phase,
     },
     /// The monitor's pruning of worktrees ended: what it removed, errors.
     WorkspacesPruned {

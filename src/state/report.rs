@@ -99,12 +99,76 @@ pub struct ReportError {
     pub message: String,
     /// Failed sessions in a row.
     pub failures: u32,
-    /// `retrying`, `backoff` or `disabled`.
-    pub state: String,
+    /// `retrying`, `backoff`, `disabled` or `held`.
+    pub state: ErrorState,
     /// When the next attempt or automatic wake may happen (`None` when disabled).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub until: Option<Timestamp>,
     pub since: Option<Timestamp>,
+}
+
+/// What the daemon does about an agent in `error` (`error.state` in
+/// report.json). A word this build does not know (a newer daemon's) is kept
+/// as written, so a read-modify-write does not lose it, and decides nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "String", into = "String")]
+pub enum ErrorState {
+    /// Woken again after a short delay.
+    Retrying,
+    /// Automatic wakes held back until `until`.
+    Backoff,
+    /// No automatic wakes until a reload or a manual wake.
+    Disabled,
+    /// Held by the economy (usage limit, credential).
+    Held,
+    /// Any other word, as written (empty when the file had none).
+    Unknown(String),
+}
+
+impl Default for ErrorState {
+    /// What a file without the field reads as (and writes back: `""`).
+    fn default() -> Self {
+        ErrorState::Unknown(String::new())
+    }
+}
+
+impl ErrorState {
+    pub fn as_str(&self) -> &str {
+        match self {
+            ErrorState::Retrying => "retrying",
+            ErrorState::Backoff => "backoff",
+            ErrorState::Disabled => "disabled",
+            ErrorState::Held => "held",
+            ErrorState::Unknown(s) => s,
+        }
+    }
+}
+
+impl From<String> for ErrorState {
+    fn from(s: String) -> Self {
+        match s.as_str() {
+            "retrying" => ErrorState::Retrying,
+            "backoff" => ErrorState::Backoff,
+            "disabled" => ErrorState::Disabled,
+            "held" => ErrorState::Held,
+            _ => ErrorState::Unknown(s),
+        }
+    }
+}
+
+impl From<ErrorState> for String {
+    fn from(s: ErrorState) -> Self {
+        match s {
+            ErrorState::Unknown(s) => s,
+            known => known.as_str().to_string(),
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -171,5 +235,39 @@ impl Report {
             agent: agent.to_string(),
             ..Report::default()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_state_reads_its_words_and_keeps_unknown_ones() {
+        let table = [
+            ("retrying", ErrorState::Retrying),
+            ("backoff", ErrorState::Backoff),
+            ("disabled", ErrorState::Disabled),
+            ("held", ErrorState::Held),
+            ("parked", ErrorState::Unknown("parked".into())),
+            ("", ErrorState::Unknown(String::new())),
+        ];
+        for (word, want) in table {
+            let json = serde_json::Value::String(word.into());
+            let got: ErrorState = serde_json::from_value(json.clone()).unwrap();
+            assert_eq!(got, want, "{word:?}");
+            assert_eq!(serde_json::to_value(&got).unwrap(), json, "{word:?} back");
+            assert_eq!(got.as_str(), word);
+        }
+    }
+
+    #[test]
+    fn a_report_error_without_a_state_reads_and_writes_as_before() {
+        let e: ReportError = serde_json::from_str(r#"{"code":"X"}"#).unwrap();
+        assert_eq!(e.state, ErrorState::Unknown(String::new()));
+        let back = serde_json::to_value(&e).unwrap();
+        assert_eq!(back["state"], "");
+        let e: ReportError = serde_json::from_str(r#"{"state":"later"}"#).unwrap();
+        assert_eq!(serde_json::to_value(&e).unwrap()["state"], "later");
     }
 }

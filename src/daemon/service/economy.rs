@@ -549,7 +549,7 @@ impl Daemon {
                 .ok()
                 .flatten()
                 .and_then(|r| r.error)
-                .is_some_and(|e| e.state == "held");
+                .is_some_and(|e| e.state == crate::state::report::ErrorState::Held);
             if still_held {
                 self.publish_agent(&agent, None);
             }
@@ -760,7 +760,7 @@ impl Daemon {
             code: code.as_str().to_string(),
             message: hold.reason,
             failures: 0,
-            state: "held".into(),
+            state: crate::state::report::ErrorState::Held,
             until: hold.until,
             since: Some(hold.since),
         };

@@ -522,19 +522,19 @@ impl Daemon {
                 self.core
                     .request(agent, WakeReason::Retry, Priority::Normal, now);
                 tracing::info!(agent = %agent, "retrying in {}", humantime::format_duration(after));
-                ("retrying", Some(at))
+                (ErrorState::Retrying, Some(at))
             }
             Next::Backoff { hold } => {
                 let at = crate::clock::later(now, hold);
                 set(&|s| s.backoff_until = Some(at));
                 tracing::warn!(agent = %agent, "{failures} failed session(s) in a row: automatic wakes held back until {}", Timestamp::from_datetime(at));
-                ("backoff", Some(at))
+                (ErrorState::Backoff, Some(at))
             }
             Next::Disable => {
                 let why = verdict.message.clone();
                 set(&|s| s.disabled = Some(why.clone()));
                 tracing::error!(agent = %agent, "disabled until the config is reloaded or `agent-state wake {agent}` is run: {}", verdict.message);
-                ("disabled", None)
+                (ErrorState::Disabled, None)
             }
         };
         let since = self.report_error_since(agent);
@@ -545,7 +545,7 @@ impl Daemon {
                 .unwrap_or_default(),
             message: verdict.message,
             failures,
-            state: state.to_string(),
+            state,
             until: until.map(Timestamp::from_datetime),
             since: Some(since.unwrap_or_else(|| Timestamp::from_datetime(now))),
         };

@@ -149,7 +149,7 @@ pub(super) async fn more(
             agent: plan.agent.clone(),
             n,
             of: s.max_iterations,
-            phase: "verifying",
+            phase: Phase::Verifying,
         });
         let v = verify::run(&verify::Plan {
             commands: s.verify.clone(),
@@ -234,7 +234,7 @@ pub(super) async fn more(
             agent: plan.agent.clone(),
             n,
             of: s.max_iterations,
-            phase: "executing",
+            phase: Phase::Executing,
         });
         tracing::info!(agent = %plan.agent, "iteration {n} of {} starts with the verification feedback", s.max_iterations);
         observer.completed = false;
@@ -242,17 +242,35 @@ pub(super) async fn more(
     }
 }
 
+/// What an iteration is doing, as report.json's `iteration.phase` says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Phase {
+    /// The agent's command runs.
+    Executing,
+    /// The verification command runs.
+    Verifying,
+}
+
+impl Phase {
+    pub(super) fn as_str(self) -> &'static str {
+        match self {
+            Phase::Executing => "executing",
+            Phase::Verifying => "verifying",
+        }
+    }
+}
+
 impl Daemon {
     /// report.json says which iteration runs and whether it is executing or
     /// verifying (seed 000's states).
-    pub(super) fn iteration(&mut self, agent: &AgentName, n: u32, of: u32, phase: &str) {
+    pub(super) fn iteration(&mut self, agent: &AgentName, n: u32, of: u32, phase: Phase) {
         // A new run: what the last one signalled does not count for it.
-        if phase == "executing"
+        if phase == Phase::Executing
             && let Some(r) = self.running.get_mut(agent)
         {
             r.completed_by_signal = false;
         }
-        let value = serde_json::json!({"n": n, "of": of, "phase": phase});
+        let value = serde_json::json!({"n": n, "of": of, "phase": phase.as_str()});
         let result = self.dir(agent).update(Timestamp::now(), |r: &mut Report| {
             r.extra.insert("iteration".into(), value.clone());
         });

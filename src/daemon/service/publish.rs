@@ -123,8 +123,8 @@ impl Daemon {
                         // credential is not the agent's error either (its
                         // own failure, if any, set the status already).
                         if report.current_session.is_none()
-                            && e.state != "retrying"
-                            && e.state != "held"
+                            && e.state != ErrorState::Retrying
+                            && e.state != ErrorState::Held
                         {
                             report.status = AgentStatus::Error;
                         }
@@ -307,15 +307,10 @@ impl Daemon {
                 .groups
                 .iter()
                 .map(|(g, h)| {
-                    let cause = match h.cause {
-                        crate::daemon::economy::Cause::UsageLimit => "usage_limit",
-                        crate::daemon::economy::Cause::Disabled => "disabled",
-                        crate::daemon::economy::Cause::Credential => "credential",
-                    };
                     (
                         g.clone(),
                         files::HeldEntry {
-                            cause: cause.to_string(),
+                            cause: files::HeldCause::Known(h.cause),
                             reason: h.reason.clone(),
                             until: h.until,
                         },
@@ -349,7 +344,7 @@ fn failing_agents(
     let mut out = BTreeMap::new();
     for (a, slot) in core.busy() {
         if let Some(why) = &slot.disabled {
-            out.insert(a.to_string(), format!("disabled: {why}"));
+            out.insert(a.to_string(), format!("{}{why}", files::FAILING_DISABLED));
         }
     }
     for (a, failures) in streaks {
