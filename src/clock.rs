@@ -19,11 +19,12 @@ impl Timestamp {
     }
 
     /// Parse any RFC 3339 time (any offset) into UTC.
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, ClockError> {
         DateTime::parse_from_rfc3339(text)
             .map(|t| Timestamp::from_datetime(t.with_timezone(&Utc)))
-            .map_err(|e| {
-                format!("{text:?} is not an RFC 3339 time like 2026-03-31T22:00:00Z ({e})")
+            .map_err(|cause| ClockError::NotATime {
+                text: text.to_string(),
+                cause,
             })
     }
 
@@ -65,21 +66,47 @@ pub const MAX_DURATION: std::time::Duration = std::time::Duration::from_secs(36_
 /// Parse a length of time as people write it (`90m`, `2h 30m`, `30d`),
 /// at most [`MAX_DURATION`]. The error says what to write instead; the
 /// caller adds the field or flag.
-pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
-    let d = humantime::parse_duration(text).map_err(|e| {
-        format!("{text:?} is not a duration ({e}); write e.g. \"90m\", \"30s\", \"2h\"")
+pub fn parse_duration(text: &str) -> Result<std::time::Duration, ClockError> {
+    let d = humantime::parse_duration(text).map_err(|cause| ClockError::NotADuration {
+        text: text.to_string(),
+        cause,
     })?;
     bounded(text, d)
 }
 
 /// `d`, if it is at most [`MAX_DURATION`]; else an error saying the bound.
-pub fn bounded(text: &str, d: std::time::Duration) -> Result<std::time::Duration, String> {
+pub fn bounded(text: &str, d: std::time::Duration) -> Result<std::time::Duration, ClockError> {
     if d > MAX_DURATION {
-        return Err(format!(
-            "{text:?} is longer than the maximum of 100 years (36525d); write a shorter duration"
-        ));
+        return Err(ClockError::TooLong {
+            text: text.to_string(),
+        });
     }
     Ok(d)
+}
+
+/// A time or a length of time that does not read: what was written, and
+/// what to write instead (the caller adds the field or flag).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ClockError {
+    #[error("{text:?} is not an RFC 3339 time like 2026-03-31T22:00:00Z ({cause})")]
+    NotATime {
+        text: String,
+        cause: chrono::ParseError,
+    },
+    #[error("{text:?} is not a duration ({cause}); write e.g. \"90m\", \"30s\", \"2h\"")]
+    NotADuration {
+        text: String,
+        cause: humantime::DurationError,
+    },
+    #[error("{text:?} is longer than the maximum of 100 years (36525d); write a shorter duration")]
+    TooLong { text: String },
+}
+
+/// Callers that still carry their errors as text.
+impl From<ClockError> for String {
+    fn from(e: ClockError) -> Self {
+        e.to_string()
+    }
 }
 
 /// The earliest time any computation here yields: 0001-01-01T00:00:00Z, so
@@ -286,6 +313,7 @@ mod tests {
                 }
                 Err(e) => {
                     refused += 1;
+                    let e = e.to_string();
                     assert!(e.contains(&format!("{text:?}")), "{e}");
                     assert!(
                         e.contains("maximum of 100 years") || e.contains("is not a duration"),
@@ -307,11 +335,40 @@ mod tests {
     }
 
     #[test]
+    fn clock_errors_say_what_they_said_as_text() {
+        let e = Timestamp::parse("soon").unwrap_err();
+        assert!(matches!(e, ClockError::NotATime { .. }), "{e:?}");
+        assert!(
+            e.to_string()
+                .starts_with("\"soon\" is not an RFC 3339 time like 2026-03-31T22:00:00Z ("),
+            "{e}"
+        );
+        let e = parse_duration("later").unwrap_err();
+        assert!(matches!(e, ClockError::NotADuration { .. }), "{e:?}");
+        assert!(
+            e.to_string().starts_with("\"later\" is not a duration ("),
+            "{e}"
+        );
+        assert!(
+            e.to_string()
+                .ends_with("); write e.g. \"90m\", \"30s\", \"2h\""),
+            "{e}"
+        );
+        assert_eq!(String::from(e.clone()), e.to_string());
+    }
+
+    #[test]
     fn the_bound_is_a_hundred_years_and_the_edges_write_as_rfc3339() {
         assert!(parse_duration("36525d").is_ok());
         let e = parse_duration("36526d").unwrap_err();
         assert_eq!(
             e,
+            ClockError::TooLong {
+                text: "36526d".into()
+            }
+        );
+        assert_eq!(
+            e.to_string(),
             "\"36526d\" is longer than the maximum of 100 years (36525d); write a shorter duration"
         );
         assert_eq!(Timestamp(latest()).to_string(), "9999-12-31T23:59:59Z");
