@@ -473,4 +473,12 @@ fn sizes() {
     assert_eq!(parse_size("4096").unwrap(), 4096);
     assert_eq!(parse_size("1MB").unwrap(), 1_000_000);
     assert!(parse_size("lots").is_err());
+    assert_eq!(
+        parse_size("10XB").unwrap_err().to_string(),
+        "\"10XB\" has an unknown unit \"XB\"; write e.g. \"10MiB\", \"1GiB\", \"500MiB\""
+    );
+    assert_eq!(
+        parse_size("..MiB").unwrap_err().to_string(),
+        "\"..MiB\" is not a size; write e.g. \"10MiB\", \"1GiB\""
+    );
 }

@@ -102,7 +102,7 @@ pub fn placeholders(arg: &str) -> Vec<String> {
 }
 
 /// Parse a byte size: `10MiB`, `500 MiB`, `1GiB`, `4096`, `1MB` (SI).
-pub fn parse_size(text: &str) -> Result<u64, String> {
+pub fn parse_size(text: &str) -> Result<u64, SizeError> {
     let t = text.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -120,13 +120,30 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         "GB" => 1_000_000_000,
         "TB" => 1_000_000_000_000,
         _ => {
-            return Err(format!(
-                "{text:?} has an unknown unit {unit:?}; write e.g. \"10MiB\", \"1GiB\", \"500MiB\""
-            ));
+            return Err(SizeError::UnknownUnit {
+                text: text.to_string(),
+                unit: unit.to_string(),
+            });
         }
     };
-    let value: f64 = num
-        .parse()
-        .map_err(|_| format!("{text:?} is not a size; write e.g. \"10MiB\", \"1GiB\""))?;
+    let value: f64 = num.parse().map_err(|_| SizeError::NotASize {
+        text: text.to_string(),
+    })?;
     Ok((value * multiplier as f64) as u64)
+}
+
+/// A byte size that does not read, and what to write instead.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SizeError {
+    #[error("{text:?} has an unknown unit {unit:?}; write e.g. \"10MiB\", \"1GiB\", \"500MiB\"")]
+    UnknownUnit { text: String, unit: String },
+    #[error("{text:?} is not a size; write e.g. \"10MiB\", \"1GiB\"")]
+    NotASize { text: String },
+}
+
+/// Callers that still carry their errors as text.
+impl From<SizeError> for String {
+    fn from(e: SizeError) -> Self {
+        e.to_string()
+    }
 }
