@@ -354,12 +354,14 @@ fn a_silent_session_is_reported_stalled_and_stopped() {
 fn a_flood_of_gigabytes_is_truncated_and_recorded_low() {
     let (env, _runs) = setup(
         "head -c 1073741824 /dev/zero | tr '\\0' 'x'\necho done",
-        "max_output = \"64KiB\"",
+        // A gigabyte through `tr` takes over 30 s on a loaded 2-core
+        // machine: the session's own timeout must not be what is tested.
+        "max_output = \"64KiB\"\ntimeout = \"15m\"",
         "",
     );
     let d = env.daemon();
     env.ok(&["wake", "rio"]);
-    d.wait_until(secs(60.0), "the flooding session completed", || {
+    d.wait_until(secs(900.0), "the flooding session completed", || {
         state(&env, "rio", "session.json")["status"] == "completed"
     });
     d.wait_until(secs(5.0), "OUTPUT_TRUNCATED is recorded", || {
