@@ -222,10 +222,18 @@ fn rotation_under_a_running_daemon_loses_and_repeats_nothing_for_a_reader() {
         );
     }
     let (fresh, cursor) = read_after(&env, cursor.as_deref());
+    // A rotation is done when its new live file (the marker) is in place:
+    // the segment appears a step before it (see `state::rotation`).
+    let mut after_rotation = Vec::new();
     d.wait_until(Duration::from_secs(30), "another rotation", || {
-        segments(&env.agent("marcus"), "journal.jsonl").len() > segs
+        if segments(&env.agent("marcus"), "journal.jsonl").len() <= segs {
+            return false;
+        }
+        after_rotation = read_after(&env, cursor.as_deref()).0;
+        after_rotation
+            .iter()
+            .any(|e| e["source"] == "marcus" && e["kind"] == "log_rotated")
     });
-    let (after_rotation, _) = read_after(&env, cursor.as_deref());
     assert!(
         fresh.iter().filter(|e| e["kind"] == "message_sent").count() == 8,
         "{fresh:?}"
