@@ -59,6 +59,7 @@ mod stop;
 mod systemd;
 mod trial;
 mod typed;
+mod unit_stop;
 mod unreadable;
 mod unrunnable;
 mod verdicts;
