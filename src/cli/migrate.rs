@@ -285,7 +285,7 @@ fn apply(config_path: &Path, args: &Args, text: &str, entries: &[Entry]) -> Resu
         let updated = format!("{}\n{}", config_text.trim_end(), crontab::to_toml(&new));
         // Refused before anything is written if the result is not valid.
         Config::parse(&updated, config_path)?;
-        let backup = backup(&config_file, &stamp)?;
+        let backup = backup(&config_file, &stamp, None)?;
         replace(&config_file.real, &updated)?;
         println!(
             "{}: {} agent(s) added ({}); the old file is {}",
@@ -301,7 +301,9 @@ fn apply(config_path: &Path, args: &Args, text: &str, entries: &[Entry]) -> Resu
     let edited = crontab::comment_out(text, entries, &Timestamp::now().date());
     match crontab_file {
         Some(file) => {
-            let backup = backup(&file, &stamp)?;
+            // A crontab may carry secrets (tokens in its environment
+            // lines): its copy is readable by its owner only.
+            let backup = backup(&file, &stamp, Some(0o600))?;
             replace(&file.real, &edited)?;
             println!(
                 "{}: {} line(s) commented out; the old file is {}",
@@ -346,16 +348,21 @@ fn apply(config_path: &Path, args: &Args, text: &str, entries: &[Entry]) -> Resu
     Ok(exit::OK)
 }
 
-/// Keep the text `file` had as `NAME.bak-STAMP` beside it, with its mode,
-/// owner and group. Returns the backup's path.
-fn backup(file: &Loaded, stamp: &str) -> Result<PathBuf> {
+/// Keep the text `file` had as `NAME.bak-STAMP` beside it, with its owner,
+/// group and mode (`mode`, if given, takes bits away: never adds). Returns
+/// the backup's path.
+fn backup(file: &Loaded, stamp: &str, mode: Option<u32>) -> Result<PathBuf> {
     let name = file
         .real
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let path = file.real.with_file_name(format!("{name}.bak-{stamp}"));
-    create_new(&path, &file.text, file.meta.mode() & 0o777)?;
+    create_new(
+        &path,
+        &file.text,
+        file.meta.mode() & 0o777 & mode.unwrap_or(0o777),
+    )?;
     let _ = nix::unistd::chown(
         &path,
         Some(file.meta.uid().into()),

@@ -16,6 +16,12 @@
 //! command, never commented out with it. Only `cd DIR &&` before the script
 //! and redirections or a pipe for its output after it (the daemon keeps the
 //! output itself) go with the line.
+//!
+//! A `timeout DURATION` in front of the script (GNU coreutils' syntax:
+//! `6000`, `2h`, `1.5h`, options before it) becomes the agent's `timeout`,
+//! so the migrated agent keeps its limit rather than falling back to the
+//! default; one that cannot be carried (`0`: no limit; over the longest
+//! duration the config takes) is named in the notes.
 
 fn valid_agent_name(name: &str) -> bool {
     crate::agent_name::AgentName::parse(name).is_ok()
@@ -34,6 +40,9 @@ pub struct Entry {
     pub script: String,
     /// Arguments after the agent on the line, kept in `command`.
     pub args: Vec<String>,
+    /// The line's `timeout DURATION` in front of the script, as the
+    /// config's `timeout` (e.g. "2h", "1h 40m").
+    pub timeout: Option<String>,
     /// 1-based line number in the crontab.
     pub line: usize,
 }
@@ -129,6 +138,16 @@ pub fn parse(text: &str, system_tz: &str) -> Migration {
             ));
             continue;
         }
+        let timeout = match session_timeout(&words[..at]) {
+            Timeout::None => None,
+            Timeout::Carried(t) => Some(t),
+            Timeout::Dropped(why) => {
+                m.notes.push(format!(
+                    "line {n}: {why}; {agent} gets the default `timeout` (set one in its [[agent]] entry)"
+                ));
+                None
+            }
+        };
         let mut args = Vec::new();
         for w in &words[at + 2..] {
             if is_redirection(w) || is_separator(w) || matches!(w.as_str(), "|" | "|&") {
@@ -146,6 +165,7 @@ pub fn parse(text: &str, system_tz: &str) -> Migration {
             timezone: tz.clone(),
             script,
             args,
+            timeout,
             line: n,
         });
     }
@@ -166,8 +186,83 @@ pub fn to_toml(entries: &[Entry]) -> String {
             toml_str(&e.timezone),
             command.join(", ")
         ));
+        if let Some(t) = &e.timeout {
+            out.push_str(&format!("timeout = {}\n", toml_str(t)));
+        }
     }
     out
+}
+
+/// What a line's `timeout` in front of the script comes to.
+#[derive(Debug, PartialEq, Eq)]
+enum Timeout {
+    /// No `timeout` runs the script.
+    None,
+    /// The config's `timeout` value.
+    Carried(String),
+    /// There is one, but it cannot be carried: why.
+    Dropped(String),
+}
+
+/// The `timeout [OPTIONS] DURATION` among the words of the script's own
+/// command (`before`: the words before the script). Pure.
+fn session_timeout(before: &[String]) -> Timeout {
+    // The script's own command: after the last separator before it.
+    let own = before
+        .rsplit(|w| is_separator(w) || w == "|" || w == "|&")
+        .next()
+        .unwrap_or_default();
+    let Some(at) = own.iter().position(|w| basename(w) == "timeout") else {
+        return Timeout::None;
+    };
+    let mut rest = own[at + 1..].iter();
+    let duration = loop {
+        match rest.next() {
+            None => return Timeout::Dropped("`timeout` without a duration".into()),
+            // Options with a value of their own word.
+            Some(o) if o == "-k" || o == "-s" || o == "--kill-after" || o == "--signal" => {
+                rest.next();
+            }
+            Some(o) if o.starts_with('-') => {}
+            Some(d) => break d,
+        }
+    };
+    match gnu_duration_secs(duration) {
+        Some(secs) if secs <= 0.0 => Timeout::Dropped(format!(
+            "`timeout {duration}` runs the session without a limit, which agent-state does not do"
+        )),
+        Some(secs) if secs > crate::clock::MAX_DURATION.as_secs_f64() => Timeout::Dropped(format!(
+            "`timeout {duration}` is longer than any duration agent-state takes"
+        )),
+        Some(secs) => {
+            let secs = (secs.ceil() as u64).max(1);
+            Timeout::Carried(
+                humantime::format_duration(std::time::Duration::from_secs(secs)).to_string(),
+            )
+        }
+        None => Timeout::Dropped(format!(
+            "`timeout {duration}`: not a duration GNU timeout takes (a number with s, m, h or d)"
+        )),
+    }
+}
+
+/// GNU timeout's DURATION (`6000`, `90m`, `1.5h`, `2d`) in seconds.
+fn gnu_duration_secs(word: &str) -> Option<f64> {
+    let (number, unit) = match word.char_indices().last()? {
+        (i, c @ ('s' | 'm' | 'h' | 'd')) => (&word[..i], c),
+        _ => (word, 's'),
+    };
+    if number.is_empty() || !number.chars().all(|c| c.is_ascii_digit() || c == '.') {
+        return None;
+    }
+    let n: f64 = number.parse().ok()?;
+    let scale = match unit {
+        's' => 1.0,
+        'm' => 60.0,
+        'h' => 3600.0,
+        _ => 86_400.0,
+    };
+    Some(n * scale)
 }
 
 /// The crontab with the migrated lines commented out (each says why).
@@ -412,6 +507,93 @@ CRON_TZ=Europe/Lisbon
             ),
             "{toml}"
         );
+    }
+
+    /// (the line's command, the agent's `timeout`, or the note's words)
+    const TIMEOUTS: &[(&str, Result<Option<&str>, &str>)] = &[
+        ("/x/research-session.sh vida", Ok(None)),
+        (
+            "cd /x && timeout 2h ./research-session.sh vida",
+            Ok(Some("2h")),
+        ),
+        (
+            "timeout 6000 /x/research-session.sh vida",
+            Ok(Some("1h 40m")),
+        ),
+        (
+            "timeout 1.5h /x/research-session.sh vida",
+            Ok(Some("1h 30m")),
+        ),
+        (
+            "timeout -k 30s --foreground 90m /x/research-session.sh vida",
+            Ok(Some("1h 30m")),
+        ),
+        (
+            "/usr/bin/timeout --signal=INT 45m /x/research-session.sh vida",
+            Ok(Some("45m")),
+        ),
+        (
+            "nice -n 10 timeout 1d /x/research-session.sh vida",
+            Ok(Some("1day")),
+        ),
+        (
+            "timeout 0 /x/research-session.sh vida",
+            Err("without a limit"),
+        ),
+        (
+            "timeout 30d /x/research-session.sh vida",
+            Ok(Some("30days")),
+        ),
+        (
+            "timeout 99999999d /x/research-session.sh vida",
+            Err("longer than any duration"),
+        ),
+        (
+            "timeout forever /x/research-session.sh vida",
+            Err("not a duration"),
+        ),
+        // Words after the agent are the script's arguments, not the line's.
+        ("/x/research-session.sh vida timeout 9", Ok(None)),
+    ];
+
+    #[test]
+    fn a_timeout_in_front_of_the_script_becomes_the_agents_timeout() {
+        for (command, want) in TIMEOUTS {
+            let m = parse(&format!("0 1 * * * {command}\n"), "UTC");
+            let got = m.entries.first().map(|e| e.timeout.clone());
+            match want {
+                Ok(t) => {
+                    assert_eq!(
+                        got,
+                        Some(t.map(str::to_string)),
+                        "{command}: {:?}",
+                        m.problems
+                    );
+                    if let Some(t) = t {
+                        let toml = to_toml(&m.entries);
+                        assert!(
+                            toml.contains(&format!("timeout = \"{t}\"\n")),
+                            "{command}: {toml}"
+                        );
+                        crate::config::Config::parse(
+                            &format!("state_root = \"/tmp/x\"\n{toml}"),
+                            std::path::Path::new("migrated.toml"),
+                        )
+                        .unwrap_or_else(|e| panic!("{command}: {toml}: {e}"));
+                    }
+                }
+                Err(words) => {
+                    assert_eq!(got, Some(None), "{command}: {:?}", m.problems);
+                    assert!(
+                        m.notes
+                            .iter()
+                            .any(|n| n.contains(words) && n.contains("default `timeout`")),
+                        "{command}: {:?}",
+                        m.notes
+                    );
+                }
+            }
+        }
     }
 
     #[test]

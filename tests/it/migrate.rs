@@ -13,7 +13,7 @@ MAILTO=ops@example.com
 30 23 * * * /opt/teleo-eval/research-session.sh clay >> /opt/teleo-eval/logs/clay.log 2>&1
 0 1 * * * /opt/teleo-eval/research-session.sh theseus >> /opt/teleo-eval/logs/theseus.log 2>&1
 CRON_TZ=Europe/Lisbon
-30 2 * * * /opt/teleo-eval/research-session.sh vida >> /opt/teleo-eval/logs/vida.log 2>&1
+30 2 * * * cd /opt/teleo-eval && timeout 2h ./research-session.sh vida >> logs/vida.log 2>&1
 0 4 * * * /opt/teleo-eval/research-session.sh astra >> /opt/teleo-eval/logs/astra.log 2>&1
 30 5 * * * /opt/teleo-eval/research-session.sh leo >> /opt/teleo-eval/logs/leo.log 2>&1
 */15 * * * * /usr/local/bin/backup-state.sh
@@ -46,6 +46,14 @@ fn migrate_crontab_prints_the_agents_and_the_lines_to_remove() {
         out.contains("name = \"rio\"\nschedule = \"0 22 * * *\""),
         "{out}"
     );
+    // The line's `timeout 2h` is vida's limit, not the default's 90m.
+    assert!(
+        out.contains(
+            "command = [\"/opt/teleo-eval/research-session.sh\", \"{agent}\"]\ntimeout = \"2h\"\n"
+        ),
+        "vida keeps its timeout: {out}"
+    );
+    assert_eq!(out.matches("timeout = ").count(), 1, "{out}");
     assert!(
         out.contains("#   3: 0 22 * * * /opt/teleo-eval/research-session.sh rio"),
         "{out}"
@@ -115,10 +123,19 @@ fn migrate_crontab_apply_writes_the_config_and_comments_the_lines_out_with_backu
         );
     }
     let kept = backups(crontab.parent().unwrap(), "crontab");
+    let copy = crontab.parent().unwrap().join(&kept[0]);
+    assert_eq!(std::fs::read_to_string(&copy).unwrap(), CRONTAB);
+    // The crontab was 0644; its copy (crontabs carry secrets) is 0600.
+    use std::os::unix::fs::PermissionsExt;
     assert_eq!(
-        std::fs::read_to_string(crontab.parent().unwrap().join(&kept[0])).unwrap(),
-        CRONTAB
+        std::fs::metadata(&copy).unwrap().permissions().mode() & 0o777,
+        0o600
     );
+    // vida's limit came with it into the config.
+    let config = std::fs::read_to_string(&env.config).unwrap();
+    let vida = &config[config.find("name = \"vida\"").expect("vida migrated")..];
+    let vida = &vida[..vida.find("[[agent]]").unwrap_or(vida.len())];
+    assert!(vida.contains("timeout = \"2h\"\n"), "{config}");
     // Again: nothing left to migrate.
     let again = env.ok(&["migrate-crontab", crontab.to_str().unwrap(), "--apply"]);
     assert!(
