@@ -44,14 +44,52 @@ fn generate(out: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// roff text: backslashes doubled, a line never starting with `.` or `'`.
+/// roff text from the README's Markdown: links as their text (a web
+/// link's address after it), emphasis marks and backquotes dropped,
+/// backslashes doubled, a line never starting with `.` or `'`.
 fn roff(text: &str) -> String {
-    let t = text.replace('\\', "\\\\").replace('`', "");
+    let t = plain(text)
+        .replace('\\', "\\\\")
+        .replace('`', "")
+        .replace("**", "");
     if t.starts_with('.') || t.starts_with('\'') {
         format!("\\&{t}")
     } else {
         t
     }
+}
+
+/// Markdown links `[text](target)` as `text`; a web address is kept after
+/// it in parentheses (a page reader can follow it; an anchor is the
+/// README's, which the man page does not have).
+fn plain(text: &str) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(open) = rest.find('[') {
+        let after = &rest[open + 1..];
+        let link = after.find("](").and_then(|close| {
+            let target = &after[close + 2..];
+            target
+                .find(')')
+                .map(|end| (&after[..close], &target[..end], &target[end + 1..]))
+        });
+        match link {
+            Some((label, target, tail)) if !label.contains('[') => {
+                out.push_str(&rest[..open]);
+                out.push_str(label);
+                if target.starts_with("http") {
+                    out.push_str(&format!(" ({target})"));
+                }
+                rest = tail;
+            }
+            _ => {
+                out.push_str(&rest[..=open]);
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// `agent-state.toml(5)`, from the README's "Configuration" section: its
@@ -90,4 +128,45 @@ fn config_page() -> String {
     }
     page.push_str(".SH SEE ALSO\n.BR agent-state (1),\n/usr/share/doc/agent-state/README.md.gz\n");
     page
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn markdown_becomes_plain_roff() {
+        for (md, want) in [
+            (
+                "see [The subscription](#the-subscription)",
+                "see The subscription",
+            ),
+            (
+                "[nats](https://nats.io) and [x](#y).",
+                "nats (https://nats.io) and x.",
+            ),
+            (
+                "a `[[agent]]` entry, **not** `[defaults]`",
+                "a [[agent]] entry, not [defaults]",
+            ),
+            ("[not a link] [a](b", "[not a link] [a](b"),
+            (".starts with a dot", "\\&.starts with a dot"),
+        ] {
+            assert_eq!(roff(md), want, "{md}");
+        }
+    }
+
+    #[test]
+    fn the_config_page_has_no_markdown_links() {
+        let page = config_page();
+        assert!(page.contains(".B state_root"), "{page}");
+        assert!(
+            !page.contains("](#"),
+            "a Markdown link in agent-state.toml(5)"
+        );
+        assert!(
+            !page.contains("**"),
+            "Markdown emphasis in agent-state.toml(5)"
+        );
+    }
 }

@@ -121,6 +121,25 @@ pub enum Command {
     /// Check everything a first session needs (user, group, modes, commands, login, git, disk, the daemon), each failure with its fix
     Doctor(doctor::Args),
     /// Read a cron-era crontab's research-session.sh lines as [[agent]] entries; --apply writes them into the config and comments the lines out
+    ///
+    /// Each crontab line that runs `research-session.sh AGENT` (by its full
+    /// path, or `./research-session.sh` after `cd DIR &&`; behind `timeout`,
+    /// `flock` or `nice`) becomes an [[agent]] entry: the line's schedule,
+    /// its zone (the CRON_TZ= or TZ= line above it, else the machine's), the
+    /// script with the line's arguments as its command, and a `timeout
+    /// DURATION` in front of the script as the agent's timeout. Output
+    /// redirections are left out (the daemon keeps each session's output);
+    /// every other line of the crontab is left alone.
+    ///
+    /// Without --apply nothing is changed: the entries and the lines that
+    /// would be commented out are printed. With --apply the config is backed
+    /// up beside itself (NAME.bak-STAMP) and the entries added (refused whole
+    /// if the result is not a valid config), the crontab backed up (0600)
+    /// and its lines commented out, each saying why. A line that also runs
+    /// another command, a relative script without `cd DIR &&`, or an agent
+    /// started on two lines is refused, naming the line, and nothing is
+    /// written. Agents already in the config are left as they are. Then:
+    /// `agent-state check` and `systemctl reload agent-state`.
     MigrateCrontab(migrate::Args),
     /// Planner → Actor → Judge flows: start a cycle, see them, approve, reject or stop one
     #[command(subcommand)]
