@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::cli::{Context, print_json};
 use crate::clock::{Timestamp, ago};
-use crate::error::{Result, exit};
+use crate::error::{Error, Result, exit};
 use crate::inbox::{self, Message, RejectedFile, Verdict};
 
 #[derive(clap::Args, Debug)]
@@ -89,6 +89,11 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         Some(Command::Ack { agent, messages }) => {
             let (_, dir) = ctx.agent(&agent)?;
             dir.require()?;
+            writer_only(
+                &dir,
+                "acknowledge",
+                &format!("inbox ack {agent} {}", messages.join(" ")),
+            )?;
             let lock = dir.lock()?;
             let mut failed = 0;
             for m in &messages {
@@ -106,6 +111,11 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         Some(Command::Redeliver { agent, message }) => {
             let (_, dir) = ctx.agent(&agent)?;
             dir.require()?;
+            writer_only(
+                &dir,
+                "redeliver",
+                &format!("inbox redeliver {agent} {message}"),
+            )?;
             let _lock = dir.lock()?;
             let back = inbox::redeliver(&dir, &message, ctx.now)?;
             say!("{agent}: {message} is back in the inbox as {back}");
@@ -113,6 +123,28 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         }
         None => list(ctx, args.agent.as_deref().unwrap_or_default(), args.json),
     }
+}
+
+/// Refuse, before anything is touched, a caller who cannot write the
+/// agent's directory (a member of the inbox group may send and read mail;
+/// moving it to processed/ and journaling it is the service user's), naming
+/// the command that can.
+fn writer_only(dir: &crate::state::AgentDir, what: &str, command: &str) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let Err(e @ (nix::errno::Errno::EACCES | nix::errno::Errno::EPERM | nix::errno::Errno::EROFS)) =
+        nix::unistd::access(&dir.path, nix::unistd::AccessFlags::W_OK)
+    else {
+        return Ok(());
+    };
+    let owner = std::fs::metadata(&dir.path)
+        .ok()
+        .and_then(|m| nix::unistd::User::from_uid(m.uid().into()).ok().flatten())
+        .map(|u| u.name)
+        .unwrap_or_else(|| "agent-state".into());
+    Err(Error::NotPermitted(format!(
+        "cannot write {} ({e}): to {what} a message is to move it and journal it, which only {owner} (the service user) and root may do; run `sudo -u {owner} agent-state {command}`",
+        dir.path.display()
+    )))
 }
 
 fn show(ctx: &Context, agent: &str, wanted: &str, json: bool) -> Result<u8> {

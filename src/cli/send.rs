@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use crate::agent_name::AgentName;
 use crate::cli::{Context, print_notes};
+use crate::config::AgentKind;
 use crate::error::{Error, IoContext, Result, exit};
 use crate::hooks::task_from_message;
 use crate::inbox::{self, MessageType, Outgoing, Priority};
@@ -109,11 +110,18 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
     }
     // Count what the sender sent, if the sender keeps state here and we may
     // write it.
+    // A person (a member of the inbox group) sending as a human mailbox
+    // cannot write that mailbox's journal, and need not be told so at every
+    // send: the message file, owned by them, is the record (`inbox`, and
+    // the recipient's session journals what it processed).
     if let Ok(sender) = ctx.config.agent(&from) {
         let dir = ctx.root.agent(&sender.name);
         if crate::fsx::is_dir(&dir.path) {
             match count_sent(ctx, &dir, &sent, &mut notes) {
                 Ok(()) => {}
+                Err(e) if is_permission_denied(&e) && sender.kind == AgentKind::Human => {
+                    tracing::debug!("{from}: not counted in its journal ({e})");
+                }
                 Err(e) if is_permission_denied(&e) => notes.push(format!(
                     "{from}: no permission to record the messages it sent ({e}); they were delivered"
                 )),

@@ -60,19 +60,80 @@ pub fn find(agent: &AgentDir, wanted: &str) -> Result<Option<Found>> {
     }
     places.push((Place::Processed, agent.processed()));
     places.push((Place::Rejected, agent.rejected()));
-    for (place, dir) in places {
+    for (place, dir) in &places {
         let path = dir.join(&name);
         if let Some((bytes, _)) = fsx::read_limited(&path, MAX_MESSAGE_BYTES)? {
-            return Ok(Some(Found { place, path, bytes }));
+            return Ok(Some(Found {
+                place: *place,
+                path,
+                bytes,
+            }));
         }
     }
-    Ok(None)
+    // An id's beginning, as people copy it from a listing (`3f2a9c`).
+    let Some(prefix) = id_prefix(wanted) else {
+        return Ok(None);
+    };
+    let mut matches = Vec::new();
+    for (place, dir) in &places {
+        for n in fsx::list(dir)? {
+            let Some(n) = n.to_str() else { continue };
+            if n.starts_with(prefix) && n.ends_with(".json") && is_message_name(n) {
+                matches.push((*place, dir.join(n)));
+            }
+        }
+    }
+    match matches.len() {
+        0 => Ok(None),
+        1 => {
+            let (place, path) = matches.remove(0);
+            Ok(
+                fsx::read_limited(&path, MAX_MESSAGE_BYTES)?.map(|(bytes, _)| Found {
+                    place,
+                    path,
+                    bytes,
+                }),
+            )
+        }
+        n => Err(Error::Usage(format!(
+            "{}: {wanted:?} is the beginning of {n} messages' ids ({}); give more of it",
+            agent.name,
+            matches
+                .iter()
+                .take(5)
+                .map(|(place, p)| format!(
+                    "{} ({})",
+                    p.file_name().unwrap_or_default().to_string_lossy(),
+                    place.as_str()
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
+    }
+}
+
+/// The shortest beginning of an id looked up by prefix.
+const MIN_PREFIX: usize = 4;
+
+/// `wanted` as the beginning of an id: at least [`MIN_PREFIX`] characters
+/// of an id's alphabet (hex digits and dashes), no `.json`.
+fn id_prefix(wanted: &str) -> Option<&str> {
+    (wanted.len() >= MIN_PREFIX && wanted.chars().all(|c| c.is_ascii_hexdigit() || c == '-'))
+        .then_some(wanted)
+}
+
+/// The file name of a found message.
+fn found_name(found: &Found) -> String {
+    found
+        .path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 /// Acknowledge waiting message `wanted`: moved to `processed/` and
 /// journaled (`message_acknowledged`). Call with the agent lock held.
 pub fn acknowledge_waiting(agent: &AgentDir, wanted: &str, now: Timestamp) -> Result<String> {
-    let name = file_name(wanted);
     let Some(found) = find(agent, wanted)? else {
         return Err(Error::NotFound(format!(
             "{}: no message {wanted:?} in {}",
@@ -87,6 +148,7 @@ pub fn acknowledge_waiting(agent: &AgentDir, wanted: &str, now: Timestamp) -> Re
             found.place.as_str()
         )));
     }
+    let name = found_name(&found);
     let id = serde_json::from_slice::<Value>(&found.bytes)
         .ok()
         .and_then(|v| v["id"].as_str().map(str::to_string))
@@ -109,7 +171,6 @@ pub fn acknowledge_waiting(agent: &AgentDir, wanted: &str, now: Timestamp) -> Re
 /// (else the validation error, and nothing moves); its reason file is
 /// removed and the move journaled. Call with the agent lock held.
 pub fn redeliver(agent: &AgentDir, wanted: &str, now: Timestamp) -> Result<String> {
-    let name = file_name(wanted);
     let Some(found) = find(agent, wanted)? else {
         return Err(Error::NotFound(format!(
             "{}: no message {wanted:?} in {}",
@@ -124,6 +185,7 @@ pub fn redeliver(agent: &AgentDir, wanted: &str, now: Timestamp) -> Result<Strin
             found.place.as_str()
         )));
     }
+    let name = found_name(&found);
     if let Some(st) = fsx::metadata(&found.path)?
         && (fsx::file_type(&st) != SFlag::S_IFREG || st.st_nlink > 1)
     {

@@ -34,6 +34,7 @@ mod identity;
 mod iterations;
 mod json_escapes;
 mod mailbox;
+mod mailbox_people;
 mod messages;
 mod metrics_flood;
 mod migrate;
