@@ -99,7 +99,11 @@ fn a_member_of_the_inbox_group_answers_finds_and_is_told_who_acknowledges() {
         "the refusal names the command that can: {err}"
     );
     assert!(!err.contains("I/O error"), "{err}");
-    assert_eq!(waiting(&w, "marcus"), [id.clone()], "nothing moved");
+    assert_eq!(
+        waiting(&w, "marcus"),
+        std::slice::from_ref(&id),
+        "nothing moved"
+    );
 
     // An ambiguous beginning is refused naming the candidates; one that
     // is too short is no id at all.

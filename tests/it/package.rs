@@ -93,6 +93,46 @@ fn the_package_installs_upgrades_under_a_running_session_and_removes_keeping_the
         said.contains("installed and enabled, not started"),
         "{said}"
     );
+    // The login comes before the first start: the service user's home is
+    // there, the message says how.
+    assert!(
+        said.contains("sudo -u agent-state -H claude"),
+        "the install message gives the login command: {said}"
+    );
+    assert_eq!(
+        sdbox
+            .ok(&["stat", "-c", "%U:%G %a", "/var/lib/agent-state"])
+            .trim(),
+        "agent-state:teleo 700",
+        "the service user's home exists before the first start"
+    );
+    sdbox.ok(&[
+        "runuser",
+        "-u",
+        "agent-state",
+        "--",
+        "sh",
+        "-c",
+        "cd && mkdir -p .claude && test \"$PWD\" = /var/lib/agent-state",
+    ]);
+    // The package's fields as apt shows them.
+    let fields = sdbox.ok(&[
+        "dpkg-query",
+        "-W",
+        "-f",
+        "${Description}\n${Recommends}",
+        "agent-state",
+    ]);
+    let summary = fields.lines().next().unwrap_or_default();
+    assert!(
+        summary.len() <= 80,
+        "the description's first line fits 80 columns ({}): {summary}",
+        summary.len()
+    );
+    assert!(
+        fields.lines().last().is_some_and(|l| l.contains("zstd")),
+        "zstd (zstdcat, for rotated logs) is recommended: {fields}"
+    );
     assert_eq!(
         sdbox.ok(&["id", "-un", "agent-state"]).trim(),
         "agent-state"
@@ -131,6 +171,22 @@ fn the_package_installs_upgrades_under_a_running_session_and_removes_keeping_the
     ] {
         assert!(sdbox.path(path).exists(), "{path} is installed");
     }
+    // The man pages read as man pages: no Markdown, and a command's page
+    // says what it does, not only its options.
+    let toml5 = sdbox.ok(&["sh", "-c", "zcat /usr/share/man/man5/agent-state.toml.5.gz"]);
+    assert!(
+        toml5.contains("state_root") && !toml5.contains("](#") && !toml5.contains("**"),
+        "agent-state.toml(5) without Markdown links or emphasis:\n{toml5}"
+    );
+    let migrate1 = sdbox.ok(&[
+        "sh",
+        "-c",
+        "zcat /usr/share/man/man1/agent-state-migrate-crontab.1.gz",
+    ]);
+    assert!(
+        migrate1.contains("Each crontab line") && migrate1.contains("commented out"),
+        "migrate-crontab(1) describes what it does:\n{migrate1}"
+    );
     let version = sdbox.ok(&["agent-state", "--version"]);
     assert!(
         version.starts_with("agent-state ") && version.contains("(commit "),
@@ -234,8 +290,24 @@ fn the_package_installs_upgrades_under_a_running_session_and_removes_keeping_the
         sdbox.path("/etc/agent-state/config.toml").exists(),
         "remove keeps the conffile"
     );
+    // A backup migrate-crontab --apply made: the operator's, kept and named.
+    sdbox.write(
+        "/etc/agent-state/crontab.bak-20261126T120000Z",
+        "30 2 * * * /opt/teleo-eval/research-session.sh rio\n",
+        0o600,
+    );
     let said = apt(&sdbox, "purge agent-state");
     assert!(said.contains("is kept (the agents' memory"), "{said}");
+    assert!(
+        said.contains("/etc/agent-state/crontab.bak-20261126T120000Z")
+            && said.contains("rm -r /etc/agent-state"),
+        "purge says where the migration's backups are: {said}"
+    );
+    assert!(
+        sdbox
+            .path("/etc/agent-state/crontab.bak-20261126T120000Z")
+            .exists()
+    );
     assert!(sdbox.path(&format!("{STATE}/rio/journal.jsonl")).exists());
     assert!(
         !sdbox.path("/etc/agent-state/config.toml").exists(),
