@@ -74,6 +74,11 @@ struct Line {
     /// for it.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     flows: Vec<FlowWork>,
+    /// The hold of the credential its sessions use (a usage limit, an
+    /// admin's cap, a failed login check): its wakes wait, whether or not
+    /// one was refused yet. Absent when its credential is not held.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    held: Option<HeldBy>,
     /// Why some of this agent's files could not be read (damaged, or not
     /// what they should be: a link, a FIFO): the fields that come from them
     /// are left empty, and `status` exits 65. Null when all were read.
@@ -89,6 +94,46 @@ struct FlowWork {
     role: String,
     /// The cycle's status (running, awaiting_approval, blocked, paused).
     status: String,
+}
+
+/// A credential's hold as `status` shows it on each agent it holds.
+#[derive(Serialize, Clone)]
+struct HeldBy {
+    credential: String,
+    /// `usage_limit`, `disabled` (an admin's cap) or `credential` (login).
+    cause: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    until: Option<Timestamp>,
+    reason: String,
+}
+
+/// The saved hold of each credential the `agents` use (`.daemon/economy.json`,
+/// kept across restarts: the daemon's own view). Unreadable: none shown (the
+/// error log's note already says who may read `.daemon/`).
+fn holds(ctx: &Context, agents: &[&AgentConfig]) -> std::collections::BTreeMap<String, HeldBy> {
+    let mut out = std::collections::BTreeMap::new();
+    for a in agents.iter().filter(|a| a.kind == AgentKind::Agent) {
+        let name = &a.session.credential;
+        if out.contains_key(name) {
+            continue;
+        }
+        if let Ok(Some(h)) = crate::daemon::release::saved_hold(&ctx.root, name) {
+            let cause = serde_json::to_value(h.cause)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default();
+            out.insert(
+                name.clone(),
+                HeldBy {
+                    credential: name.clone(),
+                    cause,
+                    until: h.until,
+                    reason: h.reason,
+                },
+            );
+        }
+    }
+    out
 }
 
 #[derive(Serialize, Clone)]
@@ -116,11 +161,22 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         Err(_) => Some(Vec::new()),
     };
     let work = flow_work(ctx);
+    let held = holds(ctx, &agents);
     let mut lines = Vec::new();
     for agent in agents {
         let mut l = line(ctx, agent);
         if l.unreadable.is_some() && l.status != "corrupt" {
             l.status = "unreadable".into();
+        }
+        // Every agent of a held credential waits, not only the one whose
+        // session met the limit; a running session is shown running.
+        if let Some(h) = held.get(&agent.session.credential)
+            && agent.kind == AgentKind::Agent
+            && l.current_session.is_none()
+            && !matches!(l.status.as_str(), "missing" | "unreadable" | "corrupt")
+        {
+            l.status = "held".into();
+            l.held = Some(h.clone());
         }
         l.flows = work
             .iter()
@@ -154,6 +210,34 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         print_json(&lines)?;
         return Ok(code);
     }
+    let now = ctx.now;
+    // Each held credential first: what holds, until when, whom.
+    for h in held.values() {
+        let whom: Vec<&str> = lines
+            .iter()
+            .filter(|l| {
+                l.held
+                    .as_ref()
+                    .is_some_and(|x| x.credential == h.credential)
+            })
+            .map(|l| l.agent.as_str())
+            .collect();
+        let until = h
+            .until
+            .map(|t| format!(" until {} ({})", t, in_time(&t, &now)))
+            .unwrap_or_default();
+        display::Line::new()
+            .text(format!("credential {}: ", h.credential))
+            .styled(Style::Warn, "held")
+            .text(format!(" ({}){until}: ", h.cause.replace('_', " ")))
+            .free(&h.reason)
+            .text(if whom.is_empty() {
+                String::new()
+            } else {
+                format!("; waiting: {}", whom.join(", "))
+            })
+            .print();
+    }
     say!(
         "{:<12} {:<12} {:<44} {:>5} {:>5} {:>8} {:>8} {:>11} {:>10}  {}",
         "AGENT",
@@ -184,7 +268,6 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
             .text("  ")
             .text(next)
     };
-    let now = ctx.now;
     for l in &lines {
         let inbox = count(l.inbox_waiting);
         let start = display::Line::new()
@@ -445,6 +528,7 @@ fn line(ctx: &Context, agent: &AgentConfig) -> Line {
         escalations_waiting: None,
         budget_exceeded: None,
         worktrees: None,
+        held: None,
         unreadable: None,
     };
     if let Some(w) = &agent.session.workspace {

@@ -56,6 +56,7 @@ mod rotation;
 mod scripts;
 mod sdbox;
 mod signals;
+mod status_holds;
 mod stop;
 mod systemd;
 mod trial;
