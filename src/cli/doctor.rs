@@ -11,6 +11,7 @@
 //! (`systemctl show`, drop-ins included), or the shipped unit's when
 //! systemd is not there to ask ([`unit`]).
 
+mod script;
 mod unit;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -223,6 +224,15 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         check_command(&mut r, agent, dir, user.as_ref(), unit.as_ref());
     }
 
+    // What the shipped session script needs: its `claude`, its work tree.
+    script::check(
+        &mut r,
+        &config.agents,
+        config.source.parent().unwrap_or(Path::new("/")),
+        user.as_ref(),
+        unit.as_ref(),
+    );
+
     // Claude Code's login, when a command runs it.
     let runs_claude = config.agents.iter().any(|a| {
         a.kind == AgentKind::Agent
@@ -272,6 +282,11 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
             {
                 written.push((format!("{}'s worktree root", a.name), dir));
             }
+        }
+        // The node_exporter textfile's directory (written by rename).
+        let textfile_dir = config.metrics.textfile.as_deref().and_then(Path::parent);
+        if let Some(dir) = textfile_dir {
+            written.push(("the metrics textfile's directory".into(), dir));
         }
         for (what, path) in written {
             check_writable(&mut r, unit, &what, path);
@@ -512,7 +527,8 @@ fn check_command(
     unit: Option<&unit::Unit>,
 ) {
     let what = format!("{} command", agent.name);
-    let Some(program) = agent.session.command.first() else {
+    // `/usr/bin/env NAME=VALUE… PROGRAM`: the program is what must be there.
+    let Some(program) = script::program(agent) else {
         return;
     };
     let Some(path) = resolve(program, config_dir) else {

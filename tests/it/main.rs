@@ -18,6 +18,7 @@ mod crash;
 mod daemon;
 mod diskfaults;
 mod doctor;
+mod doctor_script;
 mod economy;
 mod events;
 mod faults;

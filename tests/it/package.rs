@@ -244,6 +244,22 @@ fn the_package_installs_upgrades_under_a_running_session_and_removes_keeping_the
         "{said}"
     );
     assert!(said.contains("ok    daemon: pid"), "{said}");
+    // A node_exporter textfile where the README puts it needs the unit to
+    // let the service write there: doctor says so, with the drop-in.
+    sdbox.write(
+        "/etc/agent-state/config.toml",
+        &format!("{CONFIG}\n[metrics]\ntextfile = \"/var/lib/prometheus/node-exporter/agent-state.prom\"\n"),
+        0o644,
+    );
+    let doctor = sdbox.exec(&["agent-state", "doctor"]);
+    let said = text(&doctor.stdout);
+    assert_eq!(doctor.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("the metrics textfile's directory /var/lib/prometheus/node-exporter is read-only for the service")
+            && said.contains("ReadWritePaths=/var/lib/prometheus/node-exporter"),
+        "{said}"
+    );
+    sdbox.write("/etc/agent-state/config.toml", CONFIG, 0o644);
 
     // ---- upgraded while clay's session runs --------------------------------
     let before = sdbox.prop("MainPID");
