@@ -175,6 +175,12 @@ fn base(dir: &Path, env: Env, filters: &[String]) -> Command {
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
+    // The directory is trusted for this command whoever owns it: `doctor`
+    // and `workspaces` run as root over repositories the service user owns
+    // ("dubious ownership" otherwise). What git's ownership check guards
+    // against, a repository's config running programs, is turned off above
+    // for every command run here.
+    pairs.push(("safe.directory".into(), dir.display().to_string()));
     for name in filters {
         for (key, value) in [
             ("clean", ""),

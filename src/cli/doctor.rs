@@ -663,7 +663,10 @@ fn check_repo(r: &mut Report, repo: &Path, user: &str, home: Option<&Path>) {
             r.fail(
                 &what,
                 format!("not a git repository: {why}"),
-                format!("git init {} (or fix `workspace.repo`)", repo.display()),
+                format!(
+                    "sudo -u {user} git init {} (or clone the repository there, or fix `workspace.repo`)",
+                    repo.display()
+                ),
             );
             return;
         }
@@ -678,8 +681,16 @@ fn check_repo(r: &mut Report, repo: &Path, user: &str, home: Option<&Path>) {
     let shown_home = home
         .map(|h| h.display().to_string())
         .unwrap_or_else(|| "~".into());
+    // Who ran the checks: doctor as itself, with the service user's HOME
+    // (so its ~/.gitconfig, its identity).
+    let me = nix::unistd::User::from_uid(nix::unistd::geteuid())
+        .ok()
+        .flatten()
+        .map(|u| u.name)
+        .unwrap_or_else(|| nix::unistd::geteuid().to_string());
+    let as_whom = format!("checked as {me} with HOME={shown_home}");
     match (name, email) {
-        (Some(n), Some(e)) => r.ok(&what, format!("git identity {n} <{e}>")),
+        (Some(n), Some(e)) => r.ok(&what, format!("git identity {n} <{e}> ({as_whom})")),
         _ => r.fail(
             &what,
             "the service user has no git identity: its sessions cannot commit",
@@ -695,7 +706,7 @@ fn check_repo(r: &mut Report, repo: &Path, user: &str, home: Option<&Path>) {
             Some((true, _)) => r.ok(&what, format!("remote origin {url} reachable")),
             _ => r.fail(
                 &what,
-                format!("remote origin {url} cannot be read"),
+                format!("remote origin {url} cannot be read ({as_whom})"),
                 "check the service user's ssh key (~/.ssh) and the network; doctor runs git without credential helpers, so an https remote that needs one is checked by hand: sudo -u agent-state git -C REPO ls-remote origin",
             ),
         },

@@ -96,3 +96,73 @@ fn doctor_checks_the_scripts_claude_and_work_tree() {
         "{said}"
     );
 }
+
+/// `doctor` and `workspaces` run as root over a repository the service user
+/// owns (here `nobody`): git's "dubious ownership" must not make it "not a
+/// git repository", and doctor says whom the checks ran as. Root only.
+#[test]
+fn doctor_and_workspaces_as_root_read_a_repository_another_user_owns() {
+    if !nix::unistd::geteuid().is_root()
+        || std::env::var("AGENT_STATE_ROOT_TESTS").as_deref() != Ok("1")
+    {
+        eprintln!("SKIPPED: chowns a repository to nobody: root with AGENT_STATE_ROOT_TESTS=1");
+        return;
+    }
+    let env = Env::with_config("");
+    let repo = env.tmp("repo");
+    let git = |args: &[&str]| {
+        let out = std::process::Command::new("git")
+            .arg("-C")
+            .arg(&repo)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "git {args:?}: {out:?}");
+    };
+    std::fs::create_dir(&repo).unwrap();
+    git(&["init", "-q", "-b", "main"]);
+    git(&[
+        "-c",
+        "user.name=t",
+        "-c",
+        "user.email=t@x",
+        "commit",
+        "-q",
+        "--allow-empty",
+        "-m",
+        "init",
+    ]);
+    let script = env.script("agent.sh", "echo ok");
+    env.set_config(&daemon_config(
+        &script,
+        &[],
+        &[],
+        &format!(
+            "[[agent]]\nname = \"rio\"\nworkspace = {{ repo = {:?} }}\n",
+            repo.display().to_string()
+        ),
+    ));
+    env.ok(&["bootstrap"]);
+    let chown = std::process::Command::new("chown")
+        .args(["-R", "nobody"])
+        .arg(&repo)
+        .status()
+        .unwrap();
+    assert!(chown.success());
+
+    let said = doctor(&env);
+    let what = format!("repository {}", repo.display());
+    assert!(
+        !said.contains("not a git repository") && !said.contains("dubious"),
+        "{said}"
+    );
+    assert!(
+        said.lines()
+            .any(|l| l.contains(&what) && l.contains("checked as root with HOME=")),
+        "doctor says whom the git checks ran as:\n{said}"
+    );
+    let out = env.run(&["workspaces"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "workspaces as root: {out:?}");
+    assert!(!err.contains("dubious"), "{err}");
+}
