@@ -79,6 +79,9 @@ pub struct Seen {
     pub pid_alive: Option<bool>,
     /// Scheduled agents, as their journals tell.
     pub agents: Vec<AgentSeen>,
+    /// How many agents (not human mailboxes) the config names, and the
+    /// file (`None`: not looked at).
+    pub configured: Option<(usize, String)>,
 }
 
 #[derive(Debug)]
@@ -199,6 +202,15 @@ pub fn assess(
             );
         }
     }
+    // A daemon with nothing to wake is up, and useless: monitoring says so.
+    if let Some((0, config)) = &seen.configured {
+        add(
+            Level::Critical,
+            format!(
+                "no agents are configured in {config}: nothing is woken; add [[agent]] entries (agent-state.toml(5)), then agent-state reload"
+            ),
+        );
+    }
     if let Some(within) = success_within {
         for a in &seen.agents {
             let agent = &a.agent;
@@ -271,6 +283,10 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
             Err(e) => Some(Err(e.to_string())),
         },
         lock_held: files::daemon_lock_state(&ctx.root),
+        configured: Some((
+            ctx.config.working_agents().count(),
+            ctx.config.source.display().to_string(),
+        )),
         ..Seen::default()
     };
     if let Some(Ok(hb)) = &seen.heartbeat {
@@ -373,6 +389,34 @@ mod tests {
     const MAX: Duration = Duration::from_secs(900);
 
     #[test]
+    fn a_daemon_with_no_agents_configured_is_critical() {
+        let now = Timestamp::now();
+        for (configured, level) in [
+            (None, Level::Ok),
+            (Some(2), Level::Ok),
+            (Some(0), Level::Critical),
+        ] {
+            let seen = Seen {
+                heartbeat: Some(Ok(hb(now, 30))),
+                lock_held: Some(true),
+                pid_alive: Some(true),
+                configured: configured.map(|n| (n, "/etc/agent-state/config.toml".to_string())),
+                ..Seen::default()
+            };
+            let a = assess(&seen, now, MAX, None);
+            assert_eq!(a.level, level, "{configured:?}: {}", a.line());
+            if level == Level::Critical {
+                assert!(
+                    a.line()
+                        .contains("no agents are configured in /etc/agent-state/config.toml"),
+                    "{}",
+                    a.line()
+                );
+            }
+        }
+    }
+
+    #[test]
     fn a_fresh_heartbeat_of_a_live_daemon_is_ok() {
         let now = Timestamp::now();
         let seen = Seen {
@@ -380,6 +424,7 @@ mod tests {
             lock_held: Some(true),
             pid_alive: Some(true),
             agents: vec![seen_agent("rio", Some(now), true)],
+            configured: Some((1, "c.toml".into())),
         };
         let a = assess(&seen, now, MAX, Some(Duration::from_secs(172_800)));
         assert_eq!(a.level, Level::Ok, "{}", a.line());

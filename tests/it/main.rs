@@ -28,6 +28,7 @@ mod flood_wakes;
 mod flow_authority;
 mod flows;
 mod health;
+mod health_empty;
 mod holds;
 mod hooks;
 mod hostile;
