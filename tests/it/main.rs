@@ -43,6 +43,7 @@ mod migrate;
 mod migrate_refusals;
 mod monitoring;
 mod notify;
+mod operator_path;
 mod outcomes;
 mod ownership;
 mod package;
