@@ -23,6 +23,11 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
     for created in bootstrap::root(&ctx.root)? {
         println!("created {created}");
     }
+    // The instance counters list every agent from the start (seed 000).
+    crate::state::counters::list_agents(
+        &ctx.root,
+        ctx.config.working_agents().map(|a| a.name.as_str()),
+    )?;
     for agent in agents {
         let dir = ctx.root.agent(&agent.name);
         let done = bootstrap::agent_and_modes(agent, &dir, ctx.now)?;

@@ -14,12 +14,78 @@ use super::{AgentDir, StateRoot, atomic, note_repair, set_aside_name};
 use crate::clock::Timestamp;
 use crate::error::{Error, Result};
 
-#[derive(Debug, Default, Serialize, Deserialize)]
+/// The file as seed 000 shapes it: one flat map, agent → the last instance
+/// number (`{"rio": 47, "clay": 0}`). Read also in this project's first
+/// shape (`{"counters": {"rio": 47}}`), which is written back flat; keys
+/// that are not counters are kept as they are.
+#[derive(Debug, Default)]
 struct Counters {
-    #[serde(default)]
     counters: BTreeMap<String, u64>,
-    #[serde(flatten)]
     extra: Map<String, Value>,
+}
+
+impl<'de> Deserialize<'de> for Counters {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let mut map = Map::<String, Value>::deserialize(d)?;
+        let mut counters = BTreeMap::new();
+        // The first shape: a `counters` object (no agent's count is one).
+        if let Some(Value::Object(nested)) = map.get("counters").cloned() {
+            map.remove("counters");
+            for (k, v) in nested {
+                if let Some(n) = v.as_u64() {
+                    counters.insert(k, n);
+                }
+            }
+        }
+        let mut extra = Map::new();
+        for (k, v) in map {
+            match v.as_u64() {
+                Some(n) => {
+                    let e = counters.entry(k).or_insert(0);
+                    *e = (*e).max(n);
+                }
+                None => {
+                    extra.insert(k, v);
+                }
+            }
+        }
+        Ok(Counters { counters, extra })
+    }
+}
+
+impl Serialize for Counters {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        let mut map = self.extra.clone();
+        for (k, n) in &self.counters {
+            map.insert(k.clone(), Value::from(*n));
+        }
+        map.serialize(s)
+    }
+}
+
+/// Every agent of `agents` listed in `.daemon/counters.json` (at 0 when
+/// new), as seed 000's first start makes it; counts already there are kept.
+pub fn list_agents<'a>(root: &StateRoot, agents: impl IntoIterator<Item = &'a str>) -> Result<()> {
+    let dir = root.daemon_dir();
+    atomic::create_dir(&dir, 0o750)?;
+    let lock_path = dir.join("counters.lock");
+    let file = crate::state::lock::open_private_lock(&lock_path)?;
+    let _lock = flock_bounded(file, &lock_path)?;
+    let path = dir.join("counters.json");
+    // A corrupt file is `next_instance`'s to set aside: left as it is here.
+    let Ok(read) = atomic::read_json::<Counters>(&path) else {
+        return Ok(());
+    };
+    let existed = read.is_some();
+    let mut counters = read.unwrap_or_default();
+    let before = counters.counters.len();
+    for agent in agents {
+        counters.counters.entry(agent.to_string()).or_insert(0);
+    }
+    if counters.counters.len() != before || !existed {
+        atomic::write_json(&path, &counters)?;
+    }
+    Ok(())
 }
 
 /// The next instance id of the agent of `dir` (`rio-047`): one counter per
@@ -83,4 +149,42 @@ pub fn highest_instance(dir: &AgentDir) -> u64 {
                 .unwrap_or(0)
         })
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_file_is_read_in_both_shapes_and_written_flat() {
+        for (text, want) in [
+            (r#"{"rio": 47, "clay": 0}"#, r#"{"clay":0,"rio":47}"#),
+            (r#"{"counters": {"rio": 47}}"#, r#"{"rio":47}"#),
+            // Both: the higher count wins; a key that is no count is kept.
+            (
+                r#"{"counters": {"rio": 3}, "rio": 5, "note": "x"}"#,
+                r#"{"note":"x","rio":5}"#,
+            ),
+            // An agent named `counters` has a number, not an object.
+            (r#"{"counters": 2}"#, r#"{"counters":2}"#),
+        ] {
+            let c: Counters = serde_json::from_str(text).unwrap();
+            assert_eq!(serde_json::to_string(&c).unwrap(), want, "{text}");
+        }
+    }
+
+    #[test]
+    fn listing_agents_adds_them_at_zero_and_keeps_counts() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = StateRoot::new(dir.path());
+        list_agents(&root, ["rio", "clay"]).unwrap();
+        let path = root.daemon_dir().join("counters.json");
+        let read = |p: &std::path::Path| -> Value {
+            serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+        };
+        assert_eq!(read(&path), serde_json::json!({"rio": 0, "clay": 0}));
+        std::fs::write(&path, r#"{"counters": {"rio": 7}}"#).unwrap();
+        list_agents(&root, ["rio", "leo"]).unwrap();
+        assert_eq!(read(&path), serde_json::json!({"rio": 7, "leo": 0}));
+    }
 }

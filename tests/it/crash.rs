@@ -1044,7 +1044,7 @@ impl Checker {
             Ok(c) => {
                 let c = c.unwrap_or(Value::Null);
                 for agent in AGENTS {
-                    let n = c["counters"][agent].as_u64().unwrap_or(0);
+                    let n = c[agent].as_u64().unwrap_or(0);
                     let was = self.counters.get(agent).copied().unwrap_or(0);
                     if n < was {
                         bad.push(format!(

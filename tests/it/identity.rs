@@ -30,6 +30,14 @@ fn concurrent_spawns_of_many_agents_never_repeat_an_instance_id() {
         .collect();
     let env = Env::with_config(&body);
     env.ok(&["bootstrap"]);
+    // Seed 000's first state: every agent listed, at 0.
+    let first: Value = serde_json::from_str(
+        &std::fs::read_to_string(env.root.join(".daemon/counters.json")).unwrap(),
+    )
+    .unwrap();
+    for agent in agents {
+        assert_eq!(first[agent], 0, "{first}");
+    }
     const PER_AGENT: usize = 12;
     std::thread::scope(|s| {
         for agent in agents {
@@ -53,7 +61,10 @@ fn concurrent_spawns_of_many_agents_never_repeat_an_instance_id() {
             ids, want,
             "{agent}: one id per spawn, in order, none repeated"
         );
-        assert_eq!(counters["counters"][agent], PER_AGENT as u64);
+        assert_eq!(
+            counters[agent], PER_AGENT as u64,
+            "seed 000's flat map: {counters}"
+        );
     }
 }
 
