@@ -120,15 +120,20 @@ pub fn apply(
             } else {
                 {
                     let lock = dir.lock()?;
-                    let line = format!(
-                        "- {} ({}): {}",
-                        now.date(),
-                        origin.instance,
-                        text.replace(['\n', '\r'], " ").trim()
-                    );
-                    memory::append_entries(&dir.memory(), DISCOVERIES_SECTION, &[line])?;
+                    let words = text.replace(['\n', '\r'], " ");
+                    let line = format!("- {} ({}): {}", now.date(), origin.instance, words.trim());
+                    // The same discovery again (another day, another
+                    // session) is not written twice.
+                    let added = memory::append_new_entry(
+                        &dir.memory(),
+                        DISCOVERIES_SECTION,
+                        &line,
+                        &words,
+                    )?;
                     drop(lock);
-                    if over {
+                    if !added {
+                        "memory.md: already under Discoveries (not written twice)".to_string()
+                    } else if over {
                         format!(
                             "memory.md: added under Discoveries, not shared: this session already shared {GLOBAL_DISCOVERIES_PER_SESSION} discoveries with every agent"
                         )

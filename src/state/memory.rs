@@ -78,8 +78,42 @@ pub fn append_under(text: &str, section: &str, entries: &[String]) -> String {
     out
 }
 
+/// Whether section `## {section}` of `text` already has an entry whose
+/// words after its `- DATE (INSTANCE): ` head are `words` (trimmed; the
+/// same discovery found again on another day or by another session).
+/// Pure.
+pub fn has_entry(text: &str, section: &str, words: &str) -> bool {
+    let heading = format!("## {section}");
+    let words = words.trim();
+    text.lines()
+        .skip_while(|l| l.trim_end() != heading)
+        .skip(1)
+        .take_while(|l| !l.starts_with("# ") && !l.starts_with("## "))
+        .filter_map(|l| l.strip_prefix("- "))
+        .any(|entry| {
+            let body = match entry.split_once("): ") {
+                Some((head, body)) if head.contains(" (") => body,
+                _ => entry,
+            };
+            body.trim() == words
+        })
+}
+
 /// The largest memory.md read back for an append.
 pub const MAX_MEMORY: u64 = 16 << 20;
+
+/// Append `entry` under `section` of the memory file at `path` unless the
+/// section has an entry with the same `words` already ([`has_entry`]);
+/// whether it was added. Call with the agent lock held.
+pub fn append_new_entry(path: &Path, section: &str, entry: &str, words: &str) -> Result<bool> {
+    let text = read(path)?;
+    if has_entry(&text, section, words) {
+        return Ok(false);
+    }
+    let updated = append_under(&text, section, &[entry.to_string()]);
+    super::atomic::write_file(path, updated.as_bytes(), super::STATE_FILE_MODE)?;
+    Ok(true)
+}
 
 /// Append `entries` under `section` of the memory file at `path`.
 /// Call with the agent lock held.
@@ -87,7 +121,14 @@ pub fn append_entries(path: &Path, section: &str, entries: &[String]) -> Result<
     if entries.is_empty() {
         return Ok(());
     }
-    let text = match crate::fsx::read_limited(path, MAX_MEMORY)? {
+    let text = read(path)?;
+    let updated = append_under(&text, section, entries);
+    super::atomic::write_file(path, updated.as_bytes(), super::STATE_FILE_MODE)
+}
+
+/// The memory file's text (none yet: empty), refused over [`MAX_MEMORY`].
+fn read(path: &Path) -> Result<String> {
+    Ok(match crate::fsx::read_limited(path, MAX_MEMORY)? {
         None => String::new(),
         Some((bytes, false)) => String::from_utf8_lossy(&bytes).into_owned(),
         Some((_, true)) => {
@@ -97,9 +138,7 @@ pub fn append_entries(path: &Path, section: &str, entries: &[String]) -> Result<
                 MAX_MEMORY >> 20
             )));
         }
-    };
-    let updated = append_under(&text, section, entries);
-    super::atomic::write_file(path, updated.as_bytes(), super::STATE_FILE_MODE)
+    })
 }
 
 #[cfg(test)]
@@ -108,6 +147,22 @@ mod tests {
 
     fn check(before: &str, section: &str, after: &str) {
         assert_eq!(append_under(before, section, &["- new".to_string()]), after);
+    }
+
+    #[test]
+    fn an_entry_is_found_by_its_words_in_its_section_only() {
+        let text = "## Discoveries\n- 2026-11-25 (rio-003): markets lead\n- plain words\n\n## Other\n- 2026-11-25 (rio-004): elsewhere\n";
+        for (section, words, found) in [
+            ("Discoveries", "markets lead", true),
+            ("Discoveries", "  markets lead ", true),
+            ("Discoveries", "plain words", true),
+            ("Discoveries", "markets", false),
+            ("Discoveries", "elsewhere", false),
+            ("Other", "elsewhere", true),
+            ("Missing", "markets lead", false),
+        ] {
+            assert_eq!(has_entry(text, section, words), found, "{section}: {words}");
+        }
     }
 
     #[test]

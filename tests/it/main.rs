@@ -16,6 +16,7 @@ mod concurrency;
 mod config_edits;
 mod crash;
 mod daemon;
+mod discoveries;
 mod diskfaults;
 mod doctor;
 mod doctor_script;

@@ -362,7 +362,9 @@ fn global_discoveries_reach_every_agent_at_most_ten_times_a_session() {
         .count();
     assert_eq!(not_shared, 990);
     env.ok(&["wake", "theseus"]);
-    d.wait_until(secs(5.0), "theseus ran", || {
+    // The bound of a proof, not a speed target: a busy machine may take a
+    // while to run theseus after rio's thousand signals.
+    d.wait_until(secs(30.0), "theseus ran", || {
         state(&env, "theseus", "session.json")["status"] == "completed"
     });
 }
