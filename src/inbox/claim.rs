@@ -67,6 +67,12 @@ pub fn claim(
     let now_sys: SystemTime = now.0.into();
     // Use the real clock for settling: `now` is whole seconds.
     let settle_now = SystemTime::now().max(now_sys);
+    // Ids already taken: a message claimed in this batch, or one processed
+    // under that name. A second message with a taken id is delivered with a
+    // new one, the id it came with in `original_id` (seed 002, "duplicate
+    // id": generate a new id), so replies, acknowledgements and the journal
+    // name one message each.
+    let mut taken: std::collections::HashSet<String> = std::collections::HashSet::new();
     for name in listing.names {
         if gone(&name) {
             continue;
@@ -102,7 +108,7 @@ pub fn claim(
                 )?;
                 out.expired.push(m.id.clone());
             }
-            Verdict::Valid(m) => {
+            Verdict::Valid(mut m) => {
                 if claimed_fd.is_none() {
                     atomic::create_dir(&claimed_dir, INBOX_PRIVATE_DIR_MODE)?;
                     claimed_fd = Some(fsx::dir(&claimed_dir)?);
@@ -118,6 +124,25 @@ pub fn claim(
                         )
                     },
                 )?;
+                let processed_as = agent.processed().join(format!("{}.json", m.id));
+                let dup = taken.contains(&m.id)
+                    || (is_message_name(&format!("{}.json", m.id))
+                        && !m.id.contains('/')
+                        && fsx::metadata(&processed_as)?.is_some());
+                if dup {
+                    let original = std::mem::replace(&mut m.id, uuid::Uuid::new_v4().to_string());
+                    m.extra
+                        .insert("original_id".into(), Value::String(original.clone()));
+                    // The claimed copy says so too: it is what the session
+                    // and the journal read back.
+                    write_message(&claimed_dir.join(&name), &m)?;
+                    tracing::info!(
+                        agent = %agent.name,
+                        "{name}: its id {original:?} is taken by another message: delivered as {}",
+                        m.id
+                    );
+                }
+                taken.insert(m.id.clone());
                 out.claimed.push(*m);
             }
         }

@@ -20,6 +20,7 @@ mod discoveries;
 mod diskfaults;
 mod doctor;
 mod doctor_script;
+mod duplicate_ids;
 mod economy;
 mod events;
 mod faults;
