@@ -241,7 +241,7 @@ pub fn begin(
     atomic::commit_all([staged_session, staged_report])?;
 
     metrics::apply(dir, &lock, &start, now, &mut notes)?;
-    add_tasks_from_messages(dir, &lock, &claim.claimed, now, &mut notes)?;
+    work_on_claimed_tasks(dir, &lock, &claim.claimed, now, &mut notes)?;
 
     Ok(BeginResult {
         session_id,
@@ -377,6 +377,32 @@ pub(crate) fn add_tasks_from_messages(
     // message under the lock), so a message seen twice adds nothing.
     for m in messages.iter().filter(|m| m.kind == MessageType::Task) {
         tasks::add(dir, lock, task_from_message(m), now, notes)?;
+    }
+    Ok(())
+}
+
+/// The tasks of the task messages a session claimed are what it works on:
+/// added if they are not yet, and `active` (report.json's `current_task`).
+fn work_on_claimed_tasks(
+    dir: &AgentDir,
+    lock: &AgentLock,
+    messages: &[Message],
+    now: Timestamp,
+    notes: &mut Vec<String>,
+) -> Result<()> {
+    for m in messages.iter().filter(|m| m.kind == MessageType::Task) {
+        let task = tasks::add(dir, lock, task_from_message(m), now, notes)?;
+        if task.status == tasks::TaskStatus::Pending {
+            tasks::update(
+                dir,
+                lock,
+                &task.id,
+                tasks::TaskStatus::Active,
+                None,
+                now,
+                notes,
+            )?;
+        }
     }
     Ok(())
 }

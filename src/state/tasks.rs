@@ -116,6 +116,15 @@ impl TaskFile {
         self.tasks.iter_mut().find(|t| t.id == id)
     }
 
+    /// The task being worked on: an `active` one (the highest priority,
+    /// then the oldest), for `report.json` `current_task`.
+    pub fn current(&self) -> Option<&Task> {
+        self.tasks
+            .iter()
+            .filter(|t| t.status == TaskStatus::Active)
+            .min_by_key(|t| (t.priority, t.created_at))
+    }
+
     pub fn open_tasks(&self) -> impl Iterator<Item = &Task> {
         self.tasks
             .iter()
@@ -236,8 +245,42 @@ pub fn add(
         }),
     )?;
     staged.commit()?;
+    sync_current_task(dir, lock, &file, now, notes)?;
     Ok(task)
 }
+
+/// `report.json` `current_task` (the active task's description) and
+/// `current_task_id` (an addition: its id) as `file` has them now: null
+/// only when no task is active. Call with the agent lock held.
+pub fn sync_current_task(
+    dir: &AgentDir,
+    lock: &AgentLock,
+    file: &TaskFile,
+    now: Timestamp,
+    notes: &mut Vec<String>,
+) -> Result<()> {
+    let current = file.current();
+    let mut report: super::report::Report = dir.load(lock, now, notes)?;
+    let id = current.map(|t| Value::String(t.id.clone()));
+    let text = current.map(|t| t.description.clone());
+    if report.current_task == text && report.extra.get(CURRENT_TASK_ID) == id.as_ref() {
+        return Ok(());
+    }
+    report.current_task = text;
+    match id {
+        Some(id) => {
+            report.extra.insert(CURRENT_TASK_ID.into(), id);
+        }
+        None => {
+            report.extra.remove(CURRENT_TASK_ID);
+        }
+    }
+    report.updated_at = Some(now);
+    dir.save(lock, &report)
+}
+
+/// report.json's addition beside `current_task`: the active task's id.
+pub const CURRENT_TASK_ID: &str = "current_task_id";
 
 /// Change a task's status; journaled. Returns the task as it is now.
 pub fn update(
@@ -278,5 +321,6 @@ pub fn update(
         }),
     )?;
     staged.commit()?;
+    sync_current_task(dir, lock, &file, now, notes)?;
     Ok(task)
 }

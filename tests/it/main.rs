@@ -15,6 +15,7 @@ mod check;
 mod concurrency;
 mod config_edits;
 mod crash;
+mod current_task;
 mod daemon;
 mod discoveries;
 mod diskfaults;
