@@ -203,12 +203,13 @@ fn the_operators_path_from_install_to_purge() {
         "the session was the schedule's:\n{journal}"
     );
 
-    // ---- typed mail from a member of the inbox group ---------------------------
+    // ---- typed mail from a member of the inbox group (high priority: the
+    // packaged defaults wake on it, after the 30 s debounce) -------------------
     b.sh("useradd -m -G teleo -s /bin/sh maria");
     b.as_user_ok(
         "maria",
         &format!(
-            r#"{{ printf '{{"from":"marcus","type":"question",'; sleep 2; printf '"subject":"typed","body":"what moved?"}}\n'; }} > {STATE}/rio/inbox/typed.json"#
+            r#"{{ printf '{{"from":"marcus","type":"question",'; sleep 2; printf '"subject":"typed","priority":"high","body":"what moved?"}}\n'; }} > {STATE}/rio/inbox/typed.json"#
         ),
     );
     sdbox.wait_until(
