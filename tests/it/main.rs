@@ -48,6 +48,7 @@ mod monitoring;
 mod notify;
 mod operator_path;
 mod outcomes;
+mod own_events;
 mod ownership;
 mod package;
 mod permissions;
