@@ -22,7 +22,10 @@
 //!    session running (`agent-state prompt` before a session), these are the
 //!    valid waiting messages the next `session begin` would claim, in the
 //!    same order, so the preview is the very text that session gets;
-//! 8. the handoff notes of the last completed session
+//! 8. how to answer (`# How to answer`, when there is a message or a human
+//!    mailbox): the `agent-state send` command with this agent's name, and
+//!    the human mailboxes to ask or tell (the config's `kind = "human"`);
+//! 9. the handoff notes of the last completed session
 //!    (`# Handoff notes from the last session (ID)`): `session.json`'s
 //!    `handoff_notes` when it holds that session, else its `session_end`
 //!    event in the journal. Sessions that failed (error, timeout) leave no
@@ -97,6 +100,9 @@ pub struct PromptOptions {
     /// The running session's claimed messages, when the caller has them
     /// (the daemon, right after its claim): not read from disk again.
     pub claimed: Option<Vec<Message>>,
+    /// The human mailboxes of the config (people the agent may ask or
+    /// answer), named in the "How to answer" section.
+    pub humans: Vec<String>,
 }
 
 impl Default for PromptOptions {
@@ -106,6 +112,7 @@ impl Default for PromptOptions {
             birth_prompt: None,
             inbox_settle: inbox::SETTLE_TIME,
             claimed: None,
+            humans: Vec::new(),
         }
     }
 }
@@ -115,12 +122,18 @@ impl PromptOptions {
     /// `prompt_budget` and `birth_prompt`): the daemon and `agent-state
     /// prompt` both take them from here, so the preview is what the session
     /// gets.
-    pub fn for_agent(_config: &Config, agent: &AgentConfig) -> PromptOptions {
+    pub fn for_agent(config: &Config, agent: &AgentConfig) -> PromptOptions {
         PromptOptions {
             budget_bytes: usize::try_from(agent.session.prompt_budget).unwrap_or(usize::MAX),
             birth_prompt: Some(agent.session.birth_prompt.clone()),
             inbox_settle: agent.session.inbox_settle,
             claimed: None,
+            humans: config
+                .agents
+                .iter()
+                .filter(|a| a.kind == crate::config::AgentKind::Human)
+                .map(|a| a.name.to_string())
+                .collect(),
         }
     }
 }
@@ -312,6 +325,10 @@ pub fn assemble_with(
             order,
             agent.claimed_root().display().to_string(),
         ));
+    }
+
+    if let Some(text) = how_to_answer(agent.name.as_str(), &messages, &options.humans) {
+        sections.push(Section::fixed(text));
     }
 
     if let Some(h) = last_handoff(agent, &session)? {
@@ -747,6 +764,37 @@ fn task_line(t: &Task) -> String {
     }
     out.push('\n');
     out
+}
+
+/// How the agent answers a message and reaches a person (pure): the
+/// command, with this agent's name and the human mailboxes'. None when there
+/// is no message to answer and no person to reach.
+fn how_to_answer(agent: &str, messages: &[Message], humans: &[String]) -> Option<String> {
+    if messages.is_empty() && humans.is_empty() {
+        return None;
+    }
+    let mut out = String::from("# How to answer\n\n");
+    out.push_str(&format!(
+        "To answer a message, send one back to its sender, naming the message you answer:\n\n    \
+         agent-state send --from {agent} --to SENDER --subject \"Re: SUBJECT\" --source-ref MESSAGE-ID --body-file FILE\n\n\
+         (`--body TEXT` for a short one; `--type question` when you need an answer; \
+         `--priority high` only when it cannot wait.)\n"
+    ));
+    match humans {
+        [] => {}
+        [one] => out.push_str(&format!(
+            "\nThe people you work with read the mailbox `{one}`: to tell them something or ask them, send it `--to {one}`.\n"
+        )),
+        many => out.push_str(&format!(
+            "\nThe people you work with read the mailboxes {}: send to one of them with `--to NAME`.\n",
+            many.iter()
+                .map(|h| format!("`{h}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+    }
+    out.push('\n');
+    Some(out)
 }
 
 fn message_text(i: usize, n: usize, m: &Message) -> String {

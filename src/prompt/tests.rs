@@ -569,12 +569,14 @@ fn a_cut_says_what_it_left_out_and_where_it_is() {
         f.dir.claimed_root().display()
     );
     assert_eq!(c.reason, expected);
-    // The notice ends the inbox section, before the handoff notes.
+    // The notice ends the inbox section, before how to answer and the
+    // handoff notes.
     assert_in_order(
         &a.text,
         &[
             "## Message 3 of 3",
-            &format!("[agent-state: {expected}]\n\n# Handoff notes"),
+            &format!("[agent-state: {expected}]\n\n# How to answer"),
+            "# Handoff notes",
         ],
     );
 
@@ -685,4 +687,36 @@ fn sizes_and_ranges_read_well() {
     ] {
         assert_eq!(ranges(numbers), text);
     }
+}
+
+#[test]
+fn the_prompt_says_how_to_answer_and_whom_to_ask() {
+    let f = heavy();
+    let a = f.assemble(usize::MAX, None);
+    assert!(
+        a.text.contains(
+            "agent-state send --from rio --to SENDER --subject \"Re: SUBJECT\" --source-ref MESSAGE-ID --body-file FILE"
+        ),
+        "{}",
+        a.text
+    );
+    assert_in_order(
+        &a.text,
+        &["# Inbox: ", "# How to answer", "# Handoff notes"],
+    );
+    // With the config's human mailbox: its name, and how to reach it.
+    let options = PromptOptions {
+        humans: vec!["marcus".into()],
+        ..PromptOptions::default()
+    };
+    let a = assemble_with(&f.root, &f.dir, &options).unwrap();
+    assert!(
+        a.text.contains("read the mailbox `marcus`") && a.text.contains("`--to marcus`"),
+        "{}",
+        a.text
+    );
+    // Nothing to answer and nobody to ask: no such section.
+    assert_eq!(how_to_answer("rio", &[], &[]), None);
+    let two = how_to_answer("rio", &[], &["marcus".into(), "ana".into()]).unwrap();
+    assert!(two.contains("the mailboxes `marcus`, `ana`"), "{two}");
 }

@@ -55,6 +55,7 @@ mod permissions;
 mod polish;
 mod promises;
 mod prompt;
+mod prompt_answer;
 mod reattach;
 mod rejected_names;
 mod repo_commands;
