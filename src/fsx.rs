@@ -258,6 +258,27 @@ pub fn read_limited(path: &Path, limit: u64) -> Result<Option<(Vec<u8>, bool)>> 
     Ok(Some((buf, more)))
 }
 
+/// The last `n` bytes of a regular file (all of it when shorter), read the
+/// way [`read_limited`] reads: no link followed, no FIFO blocked on.
+/// `Ok(None)` if it does not exist.
+pub fn read_tail(path: &Path, n: u64) -> Result<Option<Vec<u8>>> {
+    use std::io::{Seek, SeekFrom};
+    let Some(mut f) = open_read(path)? else {
+        return Ok(None);
+    };
+    let len = f
+        .metadata()
+        .map_err(|e| Error::io("inspecting", path, e))?
+        .len();
+    f.seek(SeekFrom::Start(len.saturating_sub(n)))
+        .map_err(|e| Error::io("reading", path, e))?;
+    let mut buf = Vec::new();
+    f.take(n)
+        .read_to_end(&mut buf)
+        .map_err(|e| Error::io("reading", path, e))?;
+    Ok(Some(buf))
+}
+
 /// Run as root (a cron-era script, an operator's shell), a file or directory
 /// this process creates below the state root is given the owner and group of
 /// the directory it is in: the service user must go on appending to a

@@ -25,7 +25,11 @@
 //! 8. how to answer (`# How to answer`, when there is a message or a human
 //!    mailbox): the `agent-state send` command with this agent's name, and
 //!    the human mailboxes to ask or tell (the config's `kind = "human"`);
-//! 9. the handoff notes of the last completed session
+//! 9. the last session's last words (`# The last session's last words
+//!    (ID), from its log`): the end of what it said (Claude Code's result
+//!    text, else its log's last lines), at most [`LAST_WORDS_BYTES`],
+//!    quoted; from `sessions/ID.log`, so only sessions the daemon ran;
+//! 10. the handoff notes of the last completed session
 //!    (`# Handoff notes from the last session (ID)`): `session.json`'s
 //!    `handoff_notes` when it holds that session, else its `session_end`
 //!    event in the journal. Sessions that failed (error, timeout) leave no
@@ -52,7 +56,8 @@
 //!    keep them longest);
 //! 4. **tasks**: pending before active, low priority before high, the newest
 //!    first;
-//! 5. **handoff** notes, shortened from the end (their beginning stays).
+//! 5. the last session's **last words**, whole;
+//! 6. **handoff** notes, shortened from the end (their beginning stays).
 //!
 //! The shared rules, the agent's rules and its identity (or birth prompt)
 //! are never cut, nor are section headings and notices: if they alone are
@@ -331,6 +336,22 @@ pub fn assemble_with(
         sections.push(Section::fixed(text));
     }
 
+    if let Some((id, words, place)) = last_words(agent, &session)? {
+        let quoted: String = words.lines().map(|l| format!("> {l}\n")).collect();
+        sections.push(Section::new(
+            Kind::Transcript,
+            vec![
+                Piece::fixed(format!(
+                    "# The last session's last words ({}), from its log\n\n",
+                    one_line(&id)
+                )),
+                Piece::unit(format!("{quoted}\n"), 0, String::new()),
+            ],
+            vec![1],
+            place,
+        ));
+    }
+
     if let Some(h) = last_handoff(agent, &session)? {
         let mut s = Section::new(
             Kind::Handoff,
@@ -381,6 +402,7 @@ enum Kind {
     Memory,
     Tasks,
     Messages,
+    Transcript,
     Handoff,
 }
 
@@ -392,17 +414,19 @@ impl Kind {
             Kind::Memory => "memory",
             Kind::Tasks => "tasks",
             Kind::Messages => "messages",
+            Kind::Transcript => "transcript",
             Kind::Handoff => "handoff",
         }
     }
 }
 
 /// What is cut first when a prompt is over its budget (see the module docs).
-const CUT_ORDER: [Kind; 5] = [
+const CUT_ORDER: [Kind; 6] = [
     Kind::Messages,
     Kind::Memory,
     Kind::Skills,
     Kind::Tasks,
+    Kind::Transcript,
     Kind::Handoff,
 ];
 
@@ -582,6 +606,9 @@ impl Section {
                     plural(k),
                     labels.join(", ")
                 )
+            }
+            Kind::Transcript => {
+                format!("the last session's last words ({size}) {why}; its whole log is {place}")
             }
             Kind::Handoff if self.pieces[1].text.is_empty() => {
                 format!("these notes ({size}) {why}; they are in {place}")
@@ -852,6 +879,74 @@ fn messages_for_prompt(
     }
     waiting.sort_by(Message::delivery_order);
     Ok((waiting, true))
+}
+
+/// The most of the last session's words the prompt quotes.
+pub const LAST_WORDS_BYTES: usize = 2048;
+
+/// The end of a session log read for its last words.
+const LOG_TAIL_BYTES: u64 = 64 << 10;
+
+/// The last session's own last words, from `sessions/ID.log` (the
+/// daemon's copy of its output): the `result` text of Claude Code's JSON
+/// result when the log has one, else the log's last lines; at most
+/// [`LAST_WORDS_BYTES`], from a line's start. The last session is the
+/// running one's predecessor (its id from the journal), or the one
+/// session.json names. None without a log (a script's own session).
+fn last_words(agent: &AgentDir, session: &Session) -> Result<Option<(String, String, String)>> {
+    let id = if session.is_running() {
+        let mut last = None;
+        let _ = journal::scan_backwards(&agent.journal(), |e| match &e.event {
+            Event::SessionStart(s) if s.session_id != session.session_id => {
+                last = Some(s.session_id.clone());
+                ControlFlow::Break(())
+            }
+            _ => ControlFlow::Continue(()),
+        });
+        match last {
+            Some(id) => id,
+            None => return Ok(None),
+        }
+    } else if session.session_id.is_empty() {
+        return Ok(None);
+    } else {
+        session.session_id.clone()
+    };
+    let path = agent.sessions_dir().join(format!("{id}.log"));
+    let Some(tail) = crate::fsx::read_tail(&path, LOG_TAIL_BYTES)? else {
+        return Ok(None);
+    };
+    let text = String::from_utf8_lossy(&tail);
+    let words = text
+        .lines()
+        .rev()
+        .find_map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l.trim()).ok()?;
+            (v["type"] == "result").then(|| v["result"].as_str().map(str::to_string))?
+        })
+        .unwrap_or_else(|| text.into_owned());
+    let words: String = words
+        .chars()
+        .filter(|c| *c == '\n' || *c == '\t' || !c.is_control())
+        .collect();
+    let words = words.trim();
+    if words.is_empty() {
+        return Ok(None);
+    }
+    let mut start = words.len().saturating_sub(LAST_WORDS_BYTES);
+    while !words.is_char_boundary(start) {
+        start += 1;
+    }
+    if start > 0
+        && let Some(nl) = words[start..].find('\n')
+    {
+        start += nl + 1;
+    }
+    Ok(Some((
+        id,
+        words[start..].to_string(),
+        path.display().to_string(),
+    )))
 }
 
 struct Handoff {

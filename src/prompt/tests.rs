@@ -720,3 +720,59 @@ fn the_prompt_says_how_to_answer_and_whom_to_ask() {
     let two = how_to_answer("rio", &[], &["marcus".into(), "ana".into()]).unwrap();
     assert!(two.contains("the mailboxes `marcus`, `ana`"), "{two}");
 }
+
+#[test]
+fn the_last_sessions_last_words_come_from_its_log_bounded_and_quoted() {
+    let f = Fixture::new();
+    f.session("20260101-000000", "timeout", None);
+    // Claude Code's JSON result: its `result` text is the session's words.
+    f.write(
+        "sessions/20260101-000000.log",
+        "some stderr line\n{\"type\":\"result\",\"is_error\":false,\"result\":\"Read 3 sources.\\nStopped at the AMM fork table.\"}\n",
+    );
+    let a = f.assemble(usize::MAX, None);
+    assert_in_order(
+        &a.text,
+        &[
+            "# The last session's last words (20260101-000000), from its log",
+            "> Read 3 sources.\n> Stopped at the AMM fork table.\n",
+        ],
+    );
+    assert!(!a.text.contains("some stderr line"), "{}", a.text);
+
+    // A log without a result: its last lines, at most LAST_WORDS_BYTES from
+    // a line's start, control characters dropped.
+    let lines: String = (0..400).map(|i| format!("line {i:03}\x1b[0m\n")).collect();
+    f.write("sessions/20260101-000000.log", &lines);
+    let a = f.assemble(usize::MAX, None);
+    let start = a.text.find("# The last session's last words").unwrap();
+    let quoted: Vec<&str> = a.text[start..]
+        .lines()
+        .skip(2)
+        .take_while(|l| l.starts_with("> "))
+        .collect();
+    assert_eq!(quoted.last(), Some(&"> line 399[0m"));
+    let bytes: usize = quoted.iter().map(|l| l.len() - 2 + 1).sum();
+    assert!(bytes <= LAST_WORDS_BYTES, "{bytes}");
+    assert!(
+        quoted[0].starts_with("> line "),
+        "from a line's start: {quoted:?}"
+    );
+    assert!(!a.text.contains('\x1b'));
+
+    // Over the budget, the last words go before the handoff notes are
+    // shortened, and the notice says where the whole log is.
+    let full = a.text.len();
+    let a = f.assemble(full - 100, None);
+    assert!(!a.text.contains("> line 399"), "{}", a.text);
+    let cut = a.cut.iter().find(|c| c.section == "transcript").unwrap();
+    assert!(
+        cut.reason.contains("sessions/20260101-000000.log"),
+        "{}",
+        cut.reason
+    );
+
+    // No log (a script's own session): no such section.
+    fs::remove_file(f.dir.sessions_dir().join("20260101-000000.log")).unwrap();
+    assert!(!f.assemble(usize::MAX, None).text.contains("last words"));
+}
