@@ -30,10 +30,10 @@
 //!    text, else its log's last lines), at most [`LAST_WORDS_BYTES`],
 //!    quoted; from `sessions/ID.log`, so only sessions the daemon ran;
 //! 10. the handoff notes of the last completed session
-//!    (`# Handoff notes from the last session (ID)`): `session.json`'s
-//!    `handoff_notes` when it holds that session, else its `session_end`
-//!    event in the journal. Sessions that failed (error, timeout) leave no
-//!    notes, so the notes from before them are still the last ones.
+//!     (`# Handoff notes from the last session (ID)`): `session.json`'s
+//!     `handoff_notes` when it holds that session, else its `session_end`
+//!     event in the journal. Sessions that failed (error, timeout) leave no
+//!     notes, so the notes from before them are still the last ones.
 //!
 //! # Budget
 //!
