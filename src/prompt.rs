@@ -67,13 +67,12 @@
 //! # Hatching
 //!
 //! An agent is hatching ([`is_hatching`], the same test as its `lifecycle`
-//! in report.json) while it has neither identity.md nor prompt.md and has
-//! never completed a session: it has not written who it is yet. With a birth
-//! prompt set ([`PromptOptions::birth_prompt`]) that prompt takes the
-//! identity's place, `{agent}` replaced by the agent's name and
+//! in report.json) while it has neither identity.md nor prompt.md: it has
+//! not written who it is yet. With a birth prompt set
+//! ([`PromptOptions::birth_prompt`]) that prompt takes the identity's place
+//! at every wake until it has, `{agent}` replaced by the agent's name and
 //! `{identity_file}` by the absolute path of the identity.md it should
-//! write. Without one, or once the agent has completed a session without
-//! writing an identity, the identity section is simply absent.
+//! write. Without one the identity section is simply absent.
 
 use std::collections::VecDeque;
 use std::ops::ControlFlow;

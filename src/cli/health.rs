@@ -82,6 +82,9 @@ pub struct Seen {
     /// How many agents (not human mailboxes) the config names, and the
     /// file (`None`: not looked at).
     pub configured: Option<(usize, String)>,
+    /// Agents still hatching (no identity.md) after this many completed
+    /// sessions, at least [`crate::state::report::HATCH_LIMIT`].
+    pub hatching: Vec<(String, u64)>,
 }
 
 #[derive(Debug)]
@@ -211,6 +214,14 @@ pub fn assess(
             ),
         );
     }
+    for (agent, completed) in &seen.hatching {
+        add(
+            Level::Warning,
+            format!(
+                "{agent}: still hatching after {completed} completed sessions: no identity.md yet (its birth prompt asks for one)"
+            ),
+        );
+    }
     if let Some(within) = success_within {
         for a in &seen.agents {
             let agent = &a.agent;
@@ -291,6 +302,22 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
     };
     if let Some(Ok(hb)) = &seen.heartbeat {
         seen.pid_alive = pid_alive(hb.pid);
+    }
+    for agent in ctx.config.working_agents() {
+        let dir = ctx.root.agent(&agent.name);
+        if crate::state::report::Lifecycle::at_rest(&dir)
+            != crate::state::report::Lifecycle::Hatching
+        {
+            continue;
+        }
+        let completed = dir
+            .read::<crate::state::metrics::Metrics>()
+            .ok()
+            .flatten()
+            .map_or(0, |m| m.lifetime.sessions_completed);
+        if completed >= crate::state::report::HATCH_LIMIT {
+            seen.hatching.push((agent.name.to_string(), completed));
+        }
     }
     if let Some(within) = success_within {
         let since = ctx.now.minus(within);
@@ -425,6 +452,7 @@ mod tests {
             pid_alive: Some(true),
             agents: vec![seen_agent("rio", Some(now), true)],
             configured: Some((1, "c.toml".into())),
+            hatching: Vec::new(),
         };
         let a = assess(&seen, now, MAX, Some(Duration::from_secs(172_800)));
         assert_eq!(a.level, Level::Ok, "{}", a.line());

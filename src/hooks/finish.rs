@@ -885,11 +885,8 @@ pub(super) fn finish_with(
     report.agent = dir.name.to_string();
     report.current_session = None;
     report.updated_at = Some(now);
-    report.lifecycle = Some(if matches!(event, Event::SessionEnd(_)) {
-        Lifecycle::Sleeping
-    } else {
-        Lifecycle::at_rest(dir)
-    });
+    // Sleeping, or still hatching while it has written no identity.
+    report.lifecycle = Some(Lifecycle::at_rest(dir));
     report.last_session = Some(LastSession {
         id: id.clone(),
         started_at: session.started_at,

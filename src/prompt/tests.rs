@@ -361,7 +361,8 @@ fn hatching_puts_the_birth_prompt_in_place_of_the_identity() {
             false,
             Some("# Identity: Rio\n\nME\n\n"),
         ),
-        // Sessions that failed do not end the hatching; a completed one does.
+        // Sessions, failed or completed, do not end the hatching: only an
+        // identity does (the birth prompt comes back at every wake).
         (
             &[("metrics.json", r#"{"lifetime":{"sessions_error":2}}"#)],
             Some(birth),
@@ -369,10 +370,10 @@ fn hatching_puts_the_birth_prompt_in_place_of_the_identity() {
             Some("# Hatching: Rio has no identity yet\n\nWrite IDENTITY_FILE: who is rio?\n\n"),
         ),
         (
-            &[("metrics.json", r#"{"lifetime":{"sessions_completed":1}}"#)],
+            &[("metrics.json", r#"{"lifetime":{"sessions_completed":4}}"#)],
             Some(birth),
-            false,
-            None,
+            true,
+            Some("# Hatching: Rio has no identity yet\n\nWrite IDENTITY_FILE: who is rio?\n\n"),
         ),
     ];
     for (i, (files, birth, hatching, expected)) in table.iter().enumerate() {

@@ -69,26 +69,30 @@ impl Lifecycle {
     }
 
     /// Between sessions: `hatching` until the agent has an identity
-    /// (identity.md or prompt.md) or has completed a session.
+    /// (identity.md or prompt.md), however many sessions it completed
+    /// without writing one (each gets the birth prompt; past
+    /// [`HATCH_LIMIT`] completed sessions `health` and `status` say so).
     pub fn at_rest(dir: &super::AgentDir) -> Lifecycle {
-        let metrics = dir.read::<super::metrics::Metrics>().ok().flatten();
-        Lifecycle::at_rest_given(dir, metrics.as_ref())
+        Lifecycle::at_rest_given(dir, None)
     }
 
-    /// [`Lifecycle::at_rest`] with metrics.json already read.
+    /// [`Lifecycle::at_rest`] (metrics.json, if the caller read it, is not
+    /// needed: kept for the callers that have it).
     pub fn at_rest_given(
         dir: &super::AgentDir,
-        metrics: Option<&super::metrics::Metrics>,
+        _metrics: Option<&super::metrics::Metrics>,
     ) -> Lifecycle {
-        let has_identity = dir.file("identity.md").is_file() || dir.file("prompt.md").is_file();
-        let completed = metrics.is_some_and(|m| m.lifetime.sessions_completed > 0);
-        if has_identity || completed {
+        if dir.file("identity.md").is_file() || dir.file("prompt.md").is_file() {
             Lifecycle::Sleeping
         } else {
             Lifecycle::Hatching
         }
     }
 }
+
+/// Completed sessions after which an agent still without an identity is
+/// reported (`health` WARNING, `status`): its birth prompt is not working.
+pub const HATCH_LIMIT: u64 = 3;
 
 /// Why an agent is in `error`, and what the daemon does about it.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

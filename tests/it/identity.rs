@@ -104,11 +104,15 @@ fn a_script_joining_the_daemons_session_is_an_invocation_not_a_spawn() {
 fn the_lifecycle_goes_hatching_alive_sleeping_and_expired_and_back() {
     let env = Env::with_config("");
     let gate = env.tmp("gate");
+    // The session writes identity.md when the test leaves `who` for it.
+    let who = env.tmp("who");
     let script = env.script(
         "agent.sh",
         &format!(
-            "echo working\nwhile [ ! -e {gate:?} ]; do sleep 0.05; done",
-            gate = gate.display().to_string()
+            "echo working\nwhile [ ! -e {gate:?} ]; do sleep 0.05; done\nrm -f {gate:?}\n[ -e {who:?} ] && cp {who:?} {identity:?}\ntrue",
+            gate = gate.display().to_string(),
+            who = who.display().to_string(),
+            identity = env.root.join("rio/identity.md").display().to_string(),
         ),
     );
     let agents = |with_leo: bool| {
@@ -131,11 +135,25 @@ fn the_lifecycle_goes_hatching_alive_sleeping_and_expired_and_back() {
     assert_eq!(lifecycle("rio"), "hatching", "no identity, no session yet");
     assert_eq!(lifecycle("leo"), "sleeping");
 
+    // A session that writes no identity leaves it hatching (the birth
+    // prompt comes back at the next wake).
+    let sessions = |n: usize| env.events("rio", "session_end").len() == n;
     env.ok(&["wake", "rio"]);
     d.wait_until(secs(5.0), "rio is alive", || lifecycle("rio") == "alive");
     std::fs::write(&gate, "").unwrap();
-    d.wait_until(secs(5.0), "rio sleeps after its first session", || {
-        lifecycle("rio") == "sleeping"
+    d.wait_until(secs(10.0), "rio's first session ended", || sessions(1));
+    d.wait_until(secs(5.0), "rio is hatching still", || {
+        lifecycle("rio") == "hatching"
+    });
+    // One that writes identity.md: sleeping from then on.
+    std::fs::write(&who, "# Rio\n").unwrap();
+    env.ok(&["wake", "rio"]);
+    d.wait_until(secs(5.0), "rio is alive again", || {
+        lifecycle("rio") == "alive"
+    });
+    std::fs::write(&gate, "").unwrap();
+    d.wait_until(secs(10.0), "rio sleeps once it knows who it is", || {
+        sessions(2) && lifecycle("rio") == "sleeping"
     });
 
     // Removed from the config: expired, its directory kept.

@@ -30,6 +30,7 @@ mod flood;
 mod flood_wakes;
 mod flow_authority;
 mod flows;
+mod hatching;
 mod health;
 mod health_empty;
 mod holds;
