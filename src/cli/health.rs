@@ -303,7 +303,12 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
     if let Some(Ok(hb)) = &seen.heartbeat {
         seen.pid_alive = pid_alive(hb.pid);
     }
-    for agent in ctx.config.working_agents() {
+    // Agents asked to write who they are (a birth prompt) and still not.
+    for agent in ctx
+        .config
+        .working_agents()
+        .filter(|a| !a.session.birth_prompt.trim().is_empty())
+    {
         let dir = ctx.root.agent(&agent.name);
         if crate::state::report::Lifecycle::at_rest(&dir)
             != crate::state::report::Lifecycle::Hatching
