@@ -104,13 +104,23 @@ fn a_usage_limit_is_its_own_outcome_never_counted_as_an_error() {
     assert_eq!(rio["usage_limited_30d"], 1, "{rio:#}");
     assert_eq!(rio["sessions_30d"], 1, "{rio:#}");
     let text = env.ok(&["status"]);
-    let header = text.lines().next().unwrap();
+    // The credential's line comes first: rio waits for the limit's reset.
+    assert!(
+        text.lines()
+            .next()
+            .is_some_and(|l| l.starts_with("credential default: held (usage limit)")),
+        "{text}"
+    );
+    let header = text
+        .lines()
+        .find(|l| l.starts_with("AGENT "))
+        .unwrap_or_else(|| panic!("{text}"));
     let row = text
         .lines()
         .find(|l| l.starts_with("rio "))
         .unwrap_or_else(|| panic!("{text}"));
     let words: Vec<&str> = row.split_whitespace().collect();
-    assert_eq!(words[1], "idle", "{text}");
+    assert_eq!(words[1], "held", "{text}");
     assert_eq!(words[2], "usage_limit", "{text}");
     // FAIL/30D, right-aligned under its header (piped: nothing is cut).
     assert_eq!(column(header, row, "FAIL/30D"), "0", "{text}");
