@@ -171,7 +171,7 @@ impl Daemon {
                     };
                     self.journal(
                         agent,
-                        Event::WakeSkipped(WakeSkipped {
+                        journal::Event::WakeSkipped(WakeSkipped {
                             reason: reason.as_str().to_string(),
                             cause: Some(cause),
                             detail: Some(why),
@@ -252,7 +252,7 @@ impl Daemon {
                                 crate::daemon::credential::CHECK_TIMEOUT,
                             )
                             .await;
-                            let _ = tx.send(LoopEvent::WakeCondition {
+                            let _ = tx.send(Event::WakeCondition {
                                 agent: name,
                                 result,
                             });
@@ -305,7 +305,7 @@ impl Daemon {
                     }
                     self.journal(
                         agent,
-                        Event::WakeSkipped(WakeSkipped {
+                        journal::Event::WakeSkipped(WakeSkipped {
                             reason: reason.as_str().to_string(),
                             cause: Some(SkipCause::Budget),
                             detail: Some(detail),
@@ -341,7 +341,7 @@ impl Daemon {
             .or_default() += 1;
         self.journal(
             agent,
-            Event::WakeSkipped(WakeSkipped {
+            journal::Event::WakeSkipped(WakeSkipped {
                 reason: reason.as_str().to_string(),
                 cause: Some(cause),
                 detail: Some(detail),
@@ -446,7 +446,7 @@ impl Daemon {
         };
         self.journal(
             agent,
-            Event::UsageLimit(UsageLimitHit {
+            journal::Event::UsageLimit(UsageLimitHit {
                 session_id: session_id.to_string(),
                 kind: kind.to_string(),
                 credential: group.clone(),
@@ -635,7 +635,7 @@ impl Daemon {
                 crate::daemon::credential::CHECK_TIMEOUT,
             )
             .await;
-            let _ = tx.send(LoopEvent::CredentialChecked { group, result });
+            let _ = tx.send(Event::CredentialChecked { group, result });
         });
     }
 

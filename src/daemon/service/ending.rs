@@ -227,7 +227,7 @@ impl Daemon {
                 });
             // The loop runs until `running` is empty: it is there to
             // receive this.
-            let _ = tx.send(LoopEvent::EndRecorded(Box::new((recorded, outcome))));
+            let _ = tx.send(Event::EndRecorded(Box::new((recorded, outcome))));
         });
     }
 

@@ -4,7 +4,7 @@
 //! prompt, until they pass, `max_iterations` is reached (`VERIFY_FAILED`)
 //! or iterations stop changing the workspace (`SESSION_STUCK`, after one
 //! nudge). Runs in the session's task, never on the loop; tells the loop
-//! which iteration and phase it is in (`LoopEvent::Iteration`).
+//! which iteration and phase it is in (`Event::Iteration`).
 
 use std::path::{Path, PathBuf};
 
@@ -91,7 +91,7 @@ pub(super) struct Plan<'a> {
     /// The first iteration's spec (prompt, log, cwd): later ones derive.
     pub spec: SessionSpec,
     pub agent: &'a AgentName,
-    pub tx: &'a mpsc::UnboundedSender<LoopEvent>,
+    pub tx: &'a mpsc::UnboundedSender<Event>,
     /// The session's worktree, for stuck detection, and its fingerprint
     /// before the first iteration.
     pub workspace: Option<(PathBuf, Option<String>)>,
@@ -145,7 +145,7 @@ pub(super) async fn more(
         if s.verify.is_empty() || !done || *stop.borrow() {
             return report;
         }
-        let _ = plan.tx.send(LoopEvent::Iteration {
+        let _ = plan.tx.send(Event::Iteration {
             agent: plan.agent.clone(),
             n,
             of: s.max_iterations,
@@ -230,7 +230,7 @@ pub(super) async fn more(
         {
             tracing::warn!(agent = %plan.agent, "cannot write iteration {n}'s prompt file: {e}");
         }
-        let _ = plan.tx.send(LoopEvent::Iteration {
+        let _ = plan.tx.send(Event::Iteration {
             agent: plan.agent.clone(),
             n,
             of: s.max_iterations,

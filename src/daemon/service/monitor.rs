@@ -319,7 +319,7 @@ impl Daemon {
 
     /// Worktrees of sessions that are gone: pruned off the loop, once an
     /// hour (every five minutes while the disk is low), one pruning at a
-    /// time. What it did comes back as `LoopEvent::WorkspacesPruned`.
+    /// time. What it did comes back as `Event::WorkspacesPruned`.
     fn prune_workspaces(&mut self, disk_low: bool) {
         let every = if disk_low {
             Duration::from_secs(300)
@@ -355,7 +355,7 @@ impl Daemon {
         let tx = self.tx.clone();
         tokio::task::spawn_blocking(move || {
             let (removed, errors) = workspaces::prune(&jobs, &live);
-            let _ = tx.send(LoopEvent::WorkspacesPruned { removed, errors });
+            let _ = tx.send(Event::WorkspacesPruned { removed, errors });
         });
     }
 }
@@ -363,7 +363,7 @@ impl Daemon {
 impl Daemon {
     /// The logs over `[logs] rotate_size` rotated, off the loop, at every
     /// health check (a `stat` per agent); segments past retention pruned
-    /// hourly. What it did comes back as `LoopEvent::LogsRotated`.
+    /// hourly. What it did comes back as `Event::LogsRotated`.
     fn rotate_logs(&mut self) {
         if self.monitor.log_rotation_running {
             return;
@@ -393,7 +393,7 @@ impl Daemon {
         let tx = self.tx.clone();
         tokio::task::spawn_blocking(move || {
             let outcome = crate::daemon::rotation::run(&job);
-            let _ = tx.send(LoopEvent::LogsRotated(Box::new(outcome)));
+            let _ = tx.send(Event::LogsRotated(Box::new(outcome)));
         });
     }
 

@@ -29,7 +29,7 @@ pub(super) struct Published {
 }
 
 impl Daemon {
-    pub(super) fn journal(&self, agent: &AgentName, event: Event) {
+    pub(super) fn journal(&self, agent: &AgentName, event: journal::Event) {
         let dir = self.dir(agent);
         if let Err(e) = dir.lock().and_then(|lock| {
             dir.journal_append(&lock, Timestamp::now(), event)

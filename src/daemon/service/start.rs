@@ -122,7 +122,7 @@ impl Daemon {
                 tracing::info!(agent = %agent, session_id = %session, "{} wake skipped: session {session} is running (pid {pid}) outside the daemon", reason.as_str());
                 self.journal(
                     agent,
-                    Event::WakeSkipped(WakeSkipped {
+                    journal::Event::WakeSkipped(WakeSkipped {
                         reason: reason.as_str().to_string(),
                         running_session: session,
                         ..Default::default()
@@ -244,7 +244,7 @@ impl Daemon {
                 let name = name.clone();
                 async move {
                     if let Ok(pid) = pid_rx.await {
-                        let _ = tx.send(LoopEvent::SessionPid { agent: name, pid });
+                        let _ = tx.send(Event::SessionPid { agent: name, pid });
                     }
                 }
             };
@@ -334,7 +334,7 @@ impl Daemon {
                 }
                 _ => None,
             };
-            let _ = tx.send(LoopEvent::SessionDone {
+            let _ = tx.send(Event::SessionDone {
                 agent: name,
                 report: Box::new(report),
                 output: Box::new(output),
@@ -414,7 +414,7 @@ impl Daemon {
     }
 
     /// List `agent`'s big inbox on a blocking thread for the start of its
-    /// session ([`LoopEvent::InboxListed`] comes back). Its slot stays
+    /// session ([`Event::InboxListed`] comes back). Its slot stays
     /// taken: wakes meanwhile are skipped as for a running session.
     fn list_inbox(&mut self, agent: &AgentName, reason: WakeReason) {
         if !self.intake.listing.insert(agent.clone()) {
@@ -442,7 +442,7 @@ impl Daemon {
         let agent = agent.clone();
         tokio::task::spawn_blocking(move || {
             let listed = inbox::list_messages(&dir);
-            let _ = tx.send(LoopEvent::InboxListed {
+            let _ = tx.send(Event::InboxListed {
                 agent,
                 reason,
                 listed: listed.ok().flatten().map(std::sync::Arc::new),

@@ -101,7 +101,7 @@ impl Daemon {
         if let (true, Some(reason)) = (record, wake) {
             self.journal(
                 agent,
-                Event::WakeSkipped(WakeSkipped {
+                journal::Event::WakeSkipped(WakeSkipped {
                     reason: reason.as_str().to_string(),
                     running_session: String::new(),
                     cause: Some(if code == Code::AgentPermissionDenied {

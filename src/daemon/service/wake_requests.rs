@@ -9,7 +9,7 @@
 //! listing of a flooded inbox costs its whole size), the removals (an
 //! unlink each, [`SWEPT_PER_BATCH`] at a time) and the listing that finds
 //! the requests past [`NAMES_KEPT`] done on a blocking thread, one batch per
-//! agent at a time ([`LoopEvent::WakeRequestsSwept`] comes back), the
+//! agent at a time ([`Event::WakeRequestsSwept`] comes back), the
 //! backlog logged once, and one journal line for all the requests a running
 //! session makes wait. Serving a request (the wake) never waits for its
 //! removal: a request is served when it is seen, once.
@@ -359,7 +359,7 @@ impl Daemon {
         let agent = agent.clone();
         tokio::task::spawn_blocking(move || {
             let swept = sweep(agent, inbox_dir, batch, list, serves);
-            let _ = tx.send(LoopEvent::WakeRequestsSwept(Box::new(swept)));
+            let _ = tx.send(Event::WakeRequestsSwept(Box::new(swept)));
         });
     }
 

@@ -73,7 +73,7 @@ impl Daemon {
                     tracing::warn!(agent = %name, "{count} scheduled run(s) missed while the daemon was down, the last at {scheduled}: outside catch_up_window, not run");
                     self.journal(
                         &name,
-                        Event::ScheduleMissed(ScheduleMissed {
+                        journal::Event::ScheduleMissed(ScheduleMissed {
                             scheduled: Timestamp::from_datetime(scheduled),
                             count,
                             catch_up_window: humantime::format_duration(
@@ -197,7 +197,7 @@ impl Daemon {
         tracing::info!(agent = %s.agent, session_id = %s.running, "{} wake skipped: session {} is running", s.reason.as_str(), s.running);
         self.journal(
             &s.agent,
-            Event::WakeSkipped(WakeSkipped {
+            journal::Event::WakeSkipped(WakeSkipped {
                 reason: s.reason.as_str().to_string(),
                 running_session: s.running,
                 ..Default::default()
@@ -303,7 +303,7 @@ pub(super) fn wake_at(agent: &AgentConfig, scheduled: DateTime<Utc>) -> DateTime
 fn last_session_start(dir: &crate::state::AgentDir) -> Option<DateTime<Utc>> {
     let mut found = None;
     let _ = crate::state::journal::scan_backwards(&dir.journal(), |e| {
-        if matches!(e.event, Event::SessionStart(_)) {
+        if matches!(e.event, journal::Event::SessionStart(_)) {
             found = Some(e.ts.0);
             std::ops::ControlFlow::Break(())
         } else {
