@@ -385,7 +385,7 @@ struct Daemon {
     published: publish::Published,
     /// Agents whose lock was busy at the last try: logged once when that
     /// starts and once when it ends, not at every retry.
-    lock_busy: std::collections::BTreeSet<AgentName>,
+    lock_busy: start::BusyLocks,
     /// Each agent's run of failed sessions (reset by a success).
     streaks: BTreeMap<AgentName, Streak>,
     alerts: Alerts,
@@ -506,14 +506,14 @@ pub async fn run(config_path: &Path) -> Result<()> {
     crate::state::record_repairs();
     daemon.index_agents();
     daemon.config_warnings();
-    daemon.load_economy();
+    daemon.economy.load(&daemon.root);
     daemon.release_requests();
     daemon.recover();
     // A stop asked of a daemon that has gone since: no session of it runs.
     daemon.stop_requests();
     // What a crash left of the flows: answers not applied, messages not sent.
     let flows: Vec<AgentName> = daemon.config.flows.iter().map(|f| f.name.clone()).collect();
-    daemon.apply_flows(&flows);
+    flows::apply_flows(&daemon.root, &daemon.config, daemon.clock.now(), &flows);
     daemon.apply_agents(true);
     // The disk before any session starts (a full or read-only one holds them).
     daemon.health_check_at_start();
@@ -659,13 +659,25 @@ impl Daemon {
                     r.pid = Some(pid);
                 }
             }
-            Event::SessionOverBudget { agent, tokens } => self.session_over_budget(&agent, tokens),
+            Event::SessionOverBudget { agent, tokens } => {
+                if let Some(cfg) = self.agent_config(&agent).cloned() {
+                    let running = self.running.get_mut(&agent);
+                    economy::session_over_budget(running, &agent, &cfg, tokens);
+                }
+            }
             Event::WakeCondition { agent, result } => {
                 self.economy.conditions_running.remove(&agent);
                 let now = self.clock.now();
                 self.economy.condition_result.insert(agent, (now, result));
             }
-            Event::CredentialChecked { group, result } => self.credential_checked(&group, result),
+            Event::CredentialChecked { group, result } => {
+                let now = self.clock.now();
+                match (self.economy).checked(&self.root, &self.config, &group, result, now) {
+                    economy::Checked::Nothing => {}
+                    economy::Checked::Released => self.released(&group),
+                    economy::Checked::Held(record) => self.raise(*record, true),
+                }
+            }
             Event::SessionStalled { agent, silent_for } => self.session_stalled(&agent, silent_for),
             Event::Signal { agent, signal } => self.signal(&agent, *signal),
             Event::SessionDone {
@@ -685,8 +697,16 @@ impl Daemon {
                 of,
                 phase,
             } => self.iteration(&agent, n, of, phase),
-            Event::WorkspacesPruned { removed, errors } => self.workspaces_pruned(removed, errors),
-            Event::LogsRotated(outcome) => self.logs_rotated(*outcome),
+            Event::WorkspacesPruned { removed, errors } => {
+                for record in self.monitor.workspaces_pruned(removed, errors) {
+                    self.raise(record, false);
+                }
+            }
+            Event::LogsRotated(outcome) => {
+                for record in self.monitor.logs_rotated(*outcome) {
+                    self.raise(record, false);
+                }
+            }
             Event::WakeRequestsSwept(swept) => self.wake_requests_swept(*swept),
             Event::InboxListed {
                 agent,
@@ -696,7 +716,11 @@ impl Daemon {
             } => self.inbox_listed(agent, reason, listed, arrivals),
             Event::Deadline { lag } => self.tally.loop_lag = lag,
             Event::MetricsDue => self.publish_metrics(),
-            Event::CredentialChecksDue => self.credential_checks_due(),
+            Event::CredentialChecksDue => {
+                for group in self.economy.checks_due(&self.config, self.clock.now()) {
+                    self.start_check(&group);
+                }
+            }
             Event::Watchdog => systemd::watchdog(),
             Event::Reconcile => {
                 self.scan_all_inboxes();
@@ -738,7 +762,7 @@ impl Daemon {
             .map(|t| self.clock.until(t))
             .unwrap_or(Duration::from_secs(86_400));
         let deadline = tokio::time::Instant::now() + sleep_for;
-        let credential_checks = self.has_credential_checks();
+        let credential_checks = economy::has_credential_checks(&self.config);
         let root_checks = self.root_lost.is_none();
         self.sources
             .next(deadline, credential_checks, root_checks)
@@ -781,7 +805,7 @@ impl Daemon {
             // Wake requests left for the next turn.
             self.intake.requests.pending().then(|| self.clock.now()),
             // A wake request held back by its agent's wake_request_interval.
-            self.wake_request_held_until(),
+            self.intake.requests.held_until(),
         ]
         .into_iter()
         .flatten()

@@ -85,7 +85,12 @@ impl Daemon {
         };
         let claude_failed = output.claude.as_ref().is_some_and(|r| r.is_error);
         // A usage limit is not the agent's failure: its credential waits.
-        let limit = self.limit_in(&report, &output, claude_failed || claude_failure.is_some());
+        let limit = economy::limit_in(
+            &report,
+            &output,
+            claude_failed || claude_failure.is_some(),
+            self.clock.now(),
+        );
         // `usage_limit_hit` holds the credential itself (the machine's
         // `HoldCredential` is not carried out yet): no `until` needed here.
         let held = limit.as_ref().map(|l| {
@@ -311,8 +316,10 @@ impl Daemon {
                 false,
             ),
         }
-        if let Some(ws) = &workspace {
-            self.record_workspace(&agent, &dir, &sid, ws, now);
+        if let Some(ws) = &workspace
+            && let Some(record) = record_workspace(&agent, &dir, &sid, ws, now)
+        {
+            self.raise(record, false);
         }
         if let Some((id, resumed)) = &running.conversation
             && cfg.as_ref().is_some_and(|c| {
@@ -341,7 +348,9 @@ impl Daemon {
             .as_ref()
             .is_some_and(|c| !c.session.iteration.verify.is_empty())
         {
-            self.record_iterations(&agent, &dir, &sid, &iterations, now);
+            iterations::record_iterations(&agent, &dir, &sid, &iterations, now);
+            self.tally
+                .iterations(&agent, iterations.count, iterations.verify_failures);
         }
         // The script's trap recorded the failure first, in its own words.
         if let (Some(decided), Ok(_)) = (&override_reason, &outcome)
@@ -362,7 +371,7 @@ impl Daemon {
             }
         }
         self.record_output_summary(&agent, &running, &output, now);
-        self.apply_flows(&flows);
+        flows::apply_flows(&self.root, &self.config, self.clock.now(), &flows);
         if report.truncated {
             self.raise(
                 ErrorRecord::new(
@@ -400,16 +409,24 @@ impl Daemon {
         match (&cfg, &limit) {
             (Some(cfg), Some(_)) => self.after_usage_limit(&agent, cfg),
             (Some(cfg), None) => {
-                self.economy_session_ended(&agent, Some(cfg), succeeded);
+                if let Some(group) = self.economy.session_ended(&agent, cfg, succeeded) {
+                    self.released(&group);
+                }
                 let login = verdict.code == Some(Code::AgentLoginRequired);
                 self.apply_verdict(&agent, cfg, Some(&sid), verdict, &report);
                 if login {
-                    self.login_failed(&agent, cfg);
+                    let now = self.clock.now();
+                    let check =
+                        self.economy
+                            .login_failed(&self.root, &self.config, &agent, cfg, now);
+                    if let Some(group) = check {
+                        self.start_check(&group);
+                    }
                 }
             }
             (None, _) => {}
         }
-        self.refresh_rank(&agent);
+        publish::refresh_rank(&self.root, &mut self.core, &agent);
         if !self
             .config
             .agents
@@ -537,7 +554,7 @@ impl Daemon {
                 (ErrorState::Disabled, None)
             }
         };
-        let since = self.report_error_since(agent);
+        let since = publish::report_error_since(&self.root, agent);
         let error = ReportError {
             code: verdict
                 .code
@@ -743,26 +760,28 @@ impl Daemon {
             }
         }
     }
+}
 
-    /// session.json's `workspace` (path, branch, base and head commits,
-    /// kept or removed), and a log line; a worktree that could not be
-    /// judged is an error to raise (it is kept).
-    pub(super) fn record_workspace(
-        &mut self,
-        agent: &AgentName,
-        dir: &AgentDir,
-        sid: &str,
-        ws: &workspaces::Outcome,
-        now: Timestamp,
-    ) {
-        match ws.state {
-            "kept" => {
-                tracing::info!(agent = %agent, session_id = %sid, "workspace kept: {} on {} ({}{} commit(s) not on the base)", ws.path.display(), ws.branch, if ws.dirty { "uncommitted changes, " } else { "" }, ws.commits_ahead)
-            }
-            "removed" => {
-                tracing::info!(agent = %agent, session_id = %sid, "workspace removed (nothing changed): {}", ws.path.display())
-            }
-            _ => self.raise(
+/// session.json's `workspace` (path, branch, base and head commits,
+/// kept or removed), and a log line; a worktree that could not be
+/// judged is an error to raise (it is kept), returned.
+pub(super) fn record_workspace(
+    agent: &AgentName,
+    dir: &AgentDir,
+    sid: &str,
+    ws: &workspaces::Outcome,
+    now: Timestamp,
+) -> Option<ErrorRecord> {
+    let mut error = None;
+    match ws.state {
+        "kept" => {
+            tracing::info!(agent = %agent, session_id = %sid, "workspace kept: {} on {} ({}{} commit(s) not on the base)", ws.path.display(), ws.branch, if ws.dirty { "uncommitted changes, " } else { "" }, ws.commits_ahead)
+        }
+        "removed" => {
+            tracing::info!(agent = %agent, session_id = %sid, "workspace removed (nothing changed): {}", ws.path.display())
+        }
+        _ => {
+            error = Some(
                 ErrorRecord::new(
                     Code::WorkspaceFailed,
                     format!("{agent}: cannot judge the workspace of session {sid}; it is kept"),
@@ -770,31 +789,17 @@ impl Daemon {
                 .details(ws.error.clone().unwrap_or_default())
                 .agent(agent)
                 .session(sid),
-                false,
-            ),
-        }
-        let value = serde_json::to_value(ws).unwrap_or_default();
-        let result = dir.update(now, |s: &mut Session| {
-            if s.session_id == sid {
-                s.extra.insert("workspace".into(), value.clone());
-            }
-        });
-        if let Err(e) = result {
-            tracing::warn!(agent = %agent, session_id = %sid, "cannot record the workspace in session.json: {e}");
+            )
         }
     }
-
-    /// The monitor's pruning of worktrees came back.
-    pub(super) fn workspaces_pruned(&mut self, removed: Vec<String>, errors: Vec<String>) {
-        self.monitor.workspace_prune_running = false;
-        for line in removed {
-            tracing::info!("workspace pruned: {line}");
+    let value = serde_json::to_value(ws).unwrap_or_default();
+    let result = dir.update(now, |s: &mut Session| {
+        if s.session_id == sid {
+            s.extra.insert("workspace".into(), value.clone());
         }
-        for e in errors {
-            self.raise(
-                ErrorRecord::new(Code::WorkspaceFailed, "cannot prune workspaces").details(e),
-                false,
-            );
-        }
+    });
+    if let Err(e) = result {
+        tracing::warn!(agent = %agent, session_id = %sid, "cannot record the workspace in session.json: {e}");
     }
+    error
 }

@@ -70,29 +70,6 @@ impl Daemon {
         flows
     }
 
-    /// Apply the flows' answers off the loop (git and files), one task per
-    /// flow; the flow's lock orders them with the CLI's commands.
-    pub(super) fn apply_flows(&self, names: &[AgentName]) {
-        for name in names {
-            let Some(settings) = self.config.flows.iter().find(|f| &f.name == name).cloned() else {
-                continue;
-            };
-            let root = self.root.clone();
-            let config = self.config.clone();
-            let now = Timestamp::from_datetime(self.clock.now());
-            tokio::task::spawn_blocking(move || {
-                match crate::flow::apply_answers(&root, &config, &settings, now) {
-                    Ok(applied) => {
-                        for line in applied.lines {
-                            tracing::info!(flow = %settings.name, "{line}");
-                        }
-                    }
-                    Err(e) => tracing::warn!(flow = %settings.name, "flow {}: {e}", settings.name),
-                }
-            });
-        }
-    }
-
     /// Humans' replies to a flow's messages, found in `agent`'s inbox: each
     /// handed once to the router, which carries out "approve", "reject …"
     /// or "stop" and moves the reply to `processed/` (or leaves it for the
@@ -133,5 +110,33 @@ impl Daemon {
                 }
             });
         }
+    }
+}
+
+/// Apply the flows' answers off the loop (git and files), one task per
+/// flow; the flow's lock orders them with the CLI's commands.
+pub(super) fn apply_flows(
+    root: &StateRoot,
+    config: &Config,
+    now: DateTime<Utc>,
+    names: &[AgentName],
+) {
+    for name in names {
+        let Some(settings) = config.flows.iter().find(|f| &f.name == name).cloned() else {
+            continue;
+        };
+        let root = root.clone();
+        let config = config.clone();
+        let now = Timestamp::from_datetime(now);
+        tokio::task::spawn_blocking(move || {
+            match crate::flow::apply_answers(&root, &config, &settings, now) {
+                Ok(applied) => {
+                    for line in applied.lines {
+                        tracing::info!(flow = %settings.name, "{line}");
+                    }
+                }
+                Err(e) => tracing::warn!(flow = %settings.name, "flow {}: {e}", settings.name),
+            }
+        });
     }
 }

@@ -76,7 +76,7 @@ impl Daemon {
     /// finished since.
     pub(super) fn retry_rejected(&mut self, agent: &AgentName) {
         let dir = self.dir(agent);
-        let wait = self.lock_wait(agent);
+        let wait = self.lock_busy.wait(agent);
         let result = crate::state::lock::with_wait(wait, || dir.lock())
             .and_then(|_lock| inbox::retry_completed(&dir, Timestamp::now()));
         match result {
@@ -203,7 +203,7 @@ impl Daemon {
     pub(super) fn receive(&mut self, agent: &AgentName) -> Option<InboxSummary> {
         let dir = self.dir(agent);
         let now = Timestamp::now();
-        let wait = self.lock_wait(agent);
+        let wait = self.lock_busy.wait(agent);
         let settle = self
             .agent_config(agent)
             .map(|a| a.session.inbox_settle)
@@ -221,14 +221,15 @@ impl Daemon {
         });
         match result {
             Ok(r) => {
-                self.note_lock_free(agent);
+                self.lock_busy.free(agent);
                 self.tally.waiting.insert(agent.clone(), r.high + r.normal);
                 *self.tally.rejected.entry(agent.clone()).or_default() += r.rejected.len() as u64;
                 for r in &r.rejected {
                     self.raise(rejected(agent, r), false);
                 }
                 self.flow_replies(agent, &r.replies);
-                self.note_deferred(agent, r.deferred, r.rejected.len());
+                self.intake
+                    .note_deferred(agent, r.deferred, r.rejected.len());
                 if r.deferred > 0 {
                     // The rest at the next loop turn (not this one), after
                     // every other agent's work of this one.
@@ -248,7 +249,8 @@ impl Daemon {
             }
             Err(e @ Error::LockBusy { .. }) => {
                 // Looked at again shortly; every other agent is served.
-                self.note_lock_busy(agent, &format!("inbox scan deferred: {e}"));
+                self.lock_busy
+                    .busy(agent, &format!("inbox scan deferred: {e}"));
                 let at = crate::clock::later(self.clock.now(), super::start::LOCK_RETRY);
                 self.intake.settle_at.insert(agent.clone(), at);
                 None
@@ -266,16 +268,16 @@ impl Daemon {
     }
 }
 
-impl Daemon {
+impl Intake {
     /// Say once when an inbox holds more junk than one pass rejects, and
     /// once when it is through.
     fn note_deferred(&mut self, agent: &AgentName, deferred: usize, rejected: usize) {
-        let noted = self.intake.deferring.contains(agent);
+        let noted = self.deferring.contains(agent);
         if deferred > 0 && !noted {
-            self.intake.deferring.insert(agent.clone());
+            self.deferring.insert(agent.clone());
             tracing::warn!(agent = %agent, "{rejected} files rejected from its inbox and {deferred} more to look at: {} per loop turn, the rest deferred (every other agent is served meanwhile)", inbox::REJECTED_PER_PASS);
         } else if deferred == 0 && noted {
-            self.intake.deferring.remove(agent);
+            self.deferring.remove(agent);
             tracing::info!(agent = %agent, "every file deferred in its inbox has been looked at");
         }
     }

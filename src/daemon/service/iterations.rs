@@ -278,36 +278,33 @@ impl Daemon {
             tracing::warn!(agent = %agent, "cannot record the iteration in report.json: {e}");
         }
     }
+}
 
-    /// At the end: session.json's `iterations` (how many, verification
-    /// failures), report.json's `iteration` gone.
-    pub(super) fn record_iterations(
-        &mut self,
-        agent: &AgentName,
-        dir: &AgentDir,
-        sid: &str,
-        tally: &Tally,
-        now: Timestamp,
-    ) {
-        let value = serde_json::json!({
-            "count": tally.count,
-            "verify_failures": tally.verify_failures,
-        });
-        // report.json first: once session.json says how the iterations
-        // went, report.json no longer names one.
-        let report = dir.update(now, |r: &mut Report| {
-            r.extra.remove("iteration");
-        });
-        let session = dir.update(now, |s: &mut Session| {
-            if s.session_id == sid {
-                s.extra.insert("iterations".into(), value.clone());
-            }
-        });
-        if let Err(e) = session.and(report) {
-            tracing::warn!(agent = %agent, session_id = %sid, "cannot record the iterations: {e}");
+/// At the end (the caller counts them in the metrics): session.json's `iterations` (how many, verification
+/// failures), report.json's `iteration` gone.
+pub(super) fn record_iterations(
+    agent: &AgentName,
+    dir: &AgentDir,
+    sid: &str,
+    tally: &Tally,
+    now: Timestamp,
+) {
+    let value = serde_json::json!({
+        "count": tally.count,
+        "verify_failures": tally.verify_failures,
+    });
+    // report.json first: once session.json says how the iterations
+    // went, report.json no longer names one.
+    let report = dir.update(now, |r: &mut Report| {
+        r.extra.remove("iteration");
+    });
+    let session = dir.update(now, |s: &mut Session| {
+        if s.session_id == sid {
+            s.extra.insert("iterations".into(), value.clone());
         }
-        self.tally
-            .iterations(agent, tally.count, tally.verify_failures);
+    });
+    if let Err(e) = session.and(report) {
+        tracing::warn!(agent = %agent, session_id = %sid, "cannot record the iterations: {e}");
     }
 }
 

@@ -54,6 +54,30 @@ pub(super) struct Tally {
 }
 
 impl Tally {
+    /// The lifetime counts of metrics.json in `dir`, read again only when
+    /// the file changed.
+    fn lifetime_counts(&mut self, dir: &AgentDir) -> Option<[u64; 4]> {
+        let agent = &dir.name;
+        let path =
+            dir.file(<crate::state::metrics::Metrics as crate::state::StateDoc>::KIND.file_name());
+        let st = crate::fsx::metadata(&path).ok()??;
+        let mtime = (st.st_mtime, st.st_mtime_nsec);
+        if let Some((seen, counts)) = self.lifetime.get(agent)
+            && *seen == mtime
+        {
+            return Some(*counts);
+        }
+        let m: crate::state::metrics::Metrics = dir.read().ok()??;
+        let counts = [
+            m.lifetime.sessions_completed,
+            m.lifetime.sessions_error,
+            m.lifetime.sessions_timeout,
+            m.lifetime.sessions_usage_limited,
+        ];
+        self.lifetime.insert(agent.clone(), (mtime, counts));
+        Some(counts)
+    }
+
     pub(super) fn session_ended(
         &mut self,
         agent: &AgentName,
@@ -167,28 +191,6 @@ impl Daemon {
                 }
             }
         }
-    }
-
-    fn lifetime_counts(&mut self, agent: &AgentName) -> Option<[u64; 4]> {
-        let dir = self.dir(agent);
-        let path =
-            dir.file(<crate::state::metrics::Metrics as crate::state::StateDoc>::KIND.file_name());
-        let st = crate::fsx::metadata(&path).ok()??;
-        let mtime = (st.st_mtime, st.st_mtime_nsec);
-        if let Some((seen, counts)) = self.tally.lifetime.get(agent)
-            && *seen == mtime
-        {
-            return Some(*counts);
-        }
-        let m: crate::state::metrics::Metrics = dir.read().ok()??;
-        let counts = [
-            m.lifetime.sessions_completed,
-            m.lifetime.sessions_error,
-            m.lifetime.sessions_timeout,
-            m.lifetime.sessions_usage_limited,
-        ];
-        self.tally.lifetime.insert(agent.clone(), (mtime, counts));
-        Some(counts)
     }
 
     fn render_metrics(&mut self) -> String {
@@ -321,7 +323,9 @@ impl Daemon {
             {
                 self.tally.last_success.insert(agent.clone(), t);
             }
-            if let Some([completed, error, timeout, usage_limit]) = self.lifetime_counts(agent) {
+            if let Some([completed, error, timeout, usage_limit]) =
+                self.tally.lifetime_counts(&self.root.agent(agent))
+            {
                 for (outcome, n) in [
                     ("completed", completed),
                     ("error", error),
@@ -413,7 +417,11 @@ impl Daemon {
             if budget.is_unlimited() && fleet.is_unlimited() {
                 continue;
             }
-            let used = self.used_today(agent);
+            let used = self.economy.used_today(
+                &self.root.agent(agent),
+                self.config.budget.timezone,
+                self.clock.now(),
+            );
             fleet_used.add(&used);
             if !budget.is_unlimited() {
                 budget_gauges(&mut e, agent.as_str(), &budget.left(&used));

@@ -26,6 +26,53 @@ pub(super) struct Monitor {
     pub(super) last_segment_prune: Option<std::time::Instant>,
 }
 
+impl Monitor {
+    /// The monitor's pruning of worktrees came back (returns the errors to
+    /// raise).
+    pub(super) fn workspaces_pruned(
+        &mut self,
+        removed: Vec<String>,
+        errors: Vec<String>,
+    ) -> Vec<ErrorRecord> {
+        self.workspace_prune_running = false;
+        for line in removed {
+            tracing::info!("workspace pruned: {line}");
+        }
+        errors
+            .into_iter()
+            .map(|e| ErrorRecord::new(Code::WorkspaceFailed, "cannot prune workspaces").details(e))
+            .collect()
+    }
+
+    /// The rotation of the logs came back (returns the errors to raise).
+    pub(super) fn logs_rotated(
+        &mut self,
+        outcome: crate::daemon::rotation::Outcome,
+    ) -> Vec<ErrorRecord> {
+        self.log_rotation_running = false;
+        for line in &outcome.rotated {
+            tracing::info!("log rotated: {line}");
+        }
+        if outcome.pruned.0 > 0 {
+            tracing::info!(
+                "removed {} rotated log segment(s), {}, past [logs] retention",
+                outcome.pruned.0,
+                health::format_bytes(outcome.pruned.1)
+            );
+        }
+        for shown in &outcome.deferred {
+            tracing::info!(
+                "{shown} is due for rotation but its agent's lock is busy: next health check"
+            );
+        }
+        outcome
+            .errors
+            .into_iter()
+            .map(|e| ErrorRecord::new(Code::IoError, "cannot rotate a log").details(e))
+            .collect()
+    }
+}
+
 impl Daemon {
     /// Raise an error through [`Alerts`], escalating each code once per
     /// agent's failure streak.
@@ -395,31 +442,6 @@ impl Daemon {
             let outcome = crate::daemon::rotation::run(&job);
             let _ = tx.send(Event::LogsRotated(Box::new(outcome)));
         });
-    }
-
-    pub(super) fn logs_rotated(&mut self, outcome: crate::daemon::rotation::Outcome) {
-        self.monitor.log_rotation_running = false;
-        for line in &outcome.rotated {
-            tracing::info!("log rotated: {line}");
-        }
-        if outcome.pruned.0 > 0 {
-            tracing::info!(
-                "removed {} rotated log segment(s), {}, past [logs] retention",
-                outcome.pruned.0,
-                health::format_bytes(outcome.pruned.1)
-            );
-        }
-        for shown in &outcome.deferred {
-            tracing::info!(
-                "{shown} is due for rotation but its agent's lock is busy: next health check"
-            );
-        }
-        for e in outcome.errors {
-            self.raise(
-                ErrorRecord::new(Code::IoError, "cannot rotate a log").details(e),
-                false,
-            );
-        }
     }
 }
 

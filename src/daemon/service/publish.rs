@@ -28,90 +28,96 @@ pub(super) struct Published {
     pub(super) surveyed_wake: std::cell::RefCell<BTreeMap<AgentName, Option<Timestamp>>>,
 }
 
-impl Daemon {
-    pub(super) fn journal(&self, agent: &AgentName, event: journal::Event) {
-        let dir = self.dir(agent);
-        if let Err(e) = dir.lock().and_then(|lock| {
-            dir.journal_append(&lock, Timestamp::now(), event)
-                .map(|_| ())
-        }) {
-            tracing::error!(agent = %agent, error_code = e.code().as_str(), "cannot write the journal: {e}");
-        }
+/// Append `event` to the agent's journal (an error is logged, not returned:
+/// the journal is the agent's record, not the loop's).
+pub(super) fn journal(root: &StateRoot, agent: &AgentName, event: journal::Event) {
+    let dir = root.agent(agent);
+    if let Err(e) = dir.lock().and_then(|lock| {
+        dir.journal_append(&lock, Timestamp::now(), event)
+            .map(|_| ())
+    }) {
+        tracing::error!(agent = %agent, error_code = e.code().as_str(), "cannot write the journal: {e}");
     }
+}
 
-    /// Set report.json `lifecycle` to `f(current)` (written only if it changes).
-    pub(super) fn set_lifecycle(
-        &self,
-        agent: &AgentName,
-        f: impl Fn(Option<Lifecycle>) -> Option<Lifecycle>,
-    ) {
-        let seen = self.dir(agent).read::<Report>().ok().flatten();
-        self.set_lifecycle_seen(agent, seen.map(|r| r.lifecycle), f);
+/// Set report.json `lifecycle` to `f(current)` (written only if it changes).
+pub(super) fn set_lifecycle(
+    root: &StateRoot,
+    agent: &AgentName,
+    f: impl Fn(Option<Lifecycle>) -> Option<Lifecycle>,
+) {
+    let seen = root.agent(agent).read::<Report>().ok().flatten();
+    set_lifecycle_seen(root, agent, seen.map(|r| r.lifecycle), f);
+}
+
+/// [`set_lifecycle`] with report.json's lifecycle as just read
+/// (`None`: no readable report.json).
+pub(super) fn set_lifecycle_seen(
+    root: &StateRoot,
+    agent: &AgentName,
+    seen: Option<Option<Lifecycle>>,
+    f: impl Fn(Option<Lifecycle>) -> Option<Lifecycle>,
+) {
+    let dir = root.agent(agent);
+    // Unchanged (every agent at every start and reload): decided on a
+    // read without the lock, which is safe as report.json is replaced
+    // whole; only a change takes the lock and reads it again.
+    match seen {
+        Some(lifecycle) if f(lifecycle) == lifecycle => return,
+        _ if !crate::fsx::is_dir(&dir.path) => return,
+        _ => {}
     }
-
-    /// [`Daemon::set_lifecycle`] with report.json's lifecycle as just read
-    /// (`None`: no readable report.json).
-    pub(super) fn set_lifecycle_seen(
-        &self,
-        agent: &AgentName,
-        seen: Option<Option<Lifecycle>>,
-        f: impl Fn(Option<Lifecycle>) -> Option<Lifecycle>,
-    ) {
-        let dir = self.dir(agent);
-        // Unchanged (every agent at every start and reload): decided on a
-        // read without the lock, which is safe as report.json is replaced
-        // whole; only a change takes the lock and reads it again.
-        match seen {
-            Some(lifecycle) if f(lifecycle) == lifecycle => return,
-            _ if !crate::fsx::is_dir(&dir.path) => return,
-            _ => {}
-        }
-        let result = dir.update(Timestamp::now(), |report: &mut Report| {
+    let result = dir.update(Timestamp::now(), |report: &mut Report| {
             let next = f(report.lifecycle);
             if next != report.lifecycle {
                 tracing::info!(agent = %agent, "lifecycle: {}", next.map(|l| l.as_str()).unwrap_or("-"));
                 report.lifecycle = next;
             }
         });
-        if let Err(e) = result {
-            tracing::warn!(agent = %agent, "cannot update the lifecycle in report.json: {e}");
-        }
+    if let Err(e) = result {
+        tracing::warn!(agent = %agent, "cannot update the lifecycle in report.json: {e}");
     }
+}
 
-    /// Rank the agent by its 30-day error rate (metrics.json): at 50 % or
-    /// more over at least 3 sessions it waits behind healthy agents.
-    pub(super) fn refresh_rank(&mut self, agent: &AgentName) {
-        let metrics = self
-            .dir(agent)
-            .read::<crate::state::metrics::Metrics>()
-            .ok()
-            .flatten();
-        self.rank(agent, metrics.map(|m| m.rolling_30d).as_ref());
+/// Rank the agent by its 30-day error rate (metrics.json): at 50 % or
+/// more over at least 3 sessions it waits behind healthy agents.
+pub(super) fn refresh_rank(root: &StateRoot, core: &mut Core, agent: &AgentName) {
+    let metrics = root
+        .agent(agent)
+        .read::<crate::state::metrics::Metrics>()
+        .ok()
+        .flatten();
+    rank(core, agent, metrics.map(|m| m.rolling_30d).as_ref());
+}
+
+/// [`refresh_rank`] with metrics.json's 30 days already read.
+pub(super) fn rank(
+    core: &mut Core,
+    agent: &AgentName,
+    rolling: Option<&crate::state::metrics::Rolling>,
+) {
+    if let (Some(mut slot), Some(r)) = (core.slot_mut(agent), rolling) {
+        slot.unhealthy = r.sessions >= 3 && r.error_rate >= 0.5;
     }
+}
 
-    /// [`Daemon::refresh_rank`] with metrics.json's 30 days already read.
-    pub(super) fn rank(
-        &mut self,
-        agent: &AgentName,
-        rolling: Option<&crate::state::metrics::Rolling>,
-    ) {
-        if let (Some(mut slot), Some(r)) = (self.core.slot_mut(agent), rolling) {
-            slot.unhealthy = r.sessions >= 3 && r.error_rate >= 0.5;
-        }
-    }
+/// report.json `error.since`: when the agent's error state began.
+pub(super) fn report_error_since(root: &StateRoot, agent: &AgentName) -> Option<Timestamp> {
+    root.agent(agent)
+        .read::<Report>()
+        .ok()
+        .flatten()
+        .and_then(|r| r.error)
+        .and_then(|e| e.since)
+}
 
-    pub(super) fn report_error_since(&self, agent: &AgentName) -> Option<Timestamp> {
-        self.dir(agent)
-            .read::<Report>()
-            .ok()
-            .flatten()
-            .and_then(|r| r.error)
-            .and_then(|e| e.since)
-    }
-
+impl Daemon {
     /// report.json: the error state (`None` clears it) and the next wake.
     pub(super) fn publish_agent(&self, agent: &AgentName, error: Option<ReportError>) {
-        let wake = self.effective_wake(agent).map(Timestamp::from_datetime);
+        let wake = self
+            .core
+            .effective_wake(self.clock.now(), agent)
+            .map(Timestamp::from_datetime);
         let result = self
             .dir(agent)
             .update(Timestamp::now(), |report: &mut Report| {
@@ -164,7 +170,7 @@ impl Daemon {
             state.push_str(&h.status_fragment());
             state.push_str("; ");
         }
-        let streaks = self.failing_streaks();
+        let streaks = failing_streaks(&self.streaks);
         let failing = failing_agents(&self.core, &streaks).len();
         if failing > 0 {
             state.push_str(&format!("{failing} failing; "));
@@ -182,17 +188,6 @@ impl Daemon {
         )
     }
 
-    /// The agents with failures in a row, and how many: looked up among
-    /// these, not in every agent's streak (at 10,000 agents a lookup per
-    /// agent in `status_line` and the heartbeat was a large part of a wake).
-    fn failing_streaks(&self) -> BTreeMap<&AgentName, u32> {
-        self.streaks
-            .iter()
-            .filter(|(_, s)| s.failures > 0)
-            .map(|(a, s)| (a, s.failures))
-            .collect()
-    }
-
     /// What daemon.json says that a reader cares about (not its times), as
     /// a hash computed without building it. At 10,000 agents, building,
     /// serializing (150 KB) and comparing the heartbeat at every tick was a
@@ -204,7 +199,7 @@ impl Daemon {
         for (a, r) in &self.running {
             (a, &r.session_id, &r.instance, r.pid, r.started_at.0).hash(&mut h);
         }
-        self.wakes_key().hash(&mut h);
+        self.core.fires_generation().hash(&mut h);
         for (a, slot) in self.core.busy() {
             if slot.pending.is_some() || slot.disabled.is_some() {
                 (a, slot.pending.is_some(), &slot.disabled).hash(&mut h);
@@ -229,17 +224,12 @@ impl Daemon {
         h.finish()
     }
 
-    /// The agents' next scheduled wakes, as a key: it changes with them.
-    fn wakes_key(&self) -> u64 {
-        self.core.fires_generation()
-    }
-
     pub(super) fn write_heartbeat(&mut self) {
         let key = self.heartbeat_key();
         if key == self.published.last_heartbeat_key && self.published.heartbeat_written {
             return;
         }
-        let wakes_key = self.wakes_key();
+        let wakes_key = self.core.fires_generation();
         // Field by field (not `failing_streaks`): the JSON caches below
         // are borrowed mutably alongside.
         let streaks: BTreeMap<&AgentName, u32> = self
@@ -364,4 +354,15 @@ fn failing_agents(
         );
     }
     out
+}
+
+/// The agents with failures in a row, and how many: looked up among these,
+/// not in every agent's streak (at 10,000 agents a lookup per agent in
+/// `status_line` and the heartbeat was a large part of a wake).
+fn failing_streaks(streaks: &BTreeMap<AgentName, Streak>) -> BTreeMap<&AgentName, u32> {
+    streaks
+        .iter()
+        .filter(|(_, s)| s.failures > 0)
+        .map(|(a, s)| (a, s.failures))
+        .collect()
 }

@@ -50,11 +50,11 @@ impl Daemon {
                 .filter(|n| crate::fsx::exists(&self.root.agent(n).report()))
                 .collect();
             for name in gone {
-                self.set_lifecycle(&name, |_| Some(Lifecycle::Expired));
+                publish::set_lifecycle(&self.root, &name, |_| Some(Lifecycle::Expired));
             }
         }
         for name in removed {
-            self.set_lifecycle(&name, |_| Some(Lifecycle::Expired));
+            publish::set_lifecycle(&self.root, &name, |_| Some(Lifecycle::Expired));
             self.watcher.unwatch(&name);
             if !self.running.contains_key(&name) {
                 self.core.remove(&name);
@@ -104,15 +104,17 @@ impl Daemon {
             slot.wake_on_inbox = agent.session.wake_on_inbox;
             slot.inbox_debounce = agent.session.inbox_debounce;
             drop(slot);
-            self.rank(&agent.name, survey.rolling.as_ref());
+            publish::rank(&mut self.core, &agent.name, survey.rolling.as_ref());
             // New, or configured again after it expired: hatching or
             // sleeping (a running session keeps `alive`).
             let at_rest = survey.at_rest;
-            self.set_lifecycle_seen(&agent.name, survey.lifecycle, |current| match current {
-                None | Some(Lifecycle::Expired) | Some(Lifecycle::Hatching) => {
-                    Some(at_rest.unwrap_or_else(|| Lifecycle::at_rest(&dir)))
+            publish::set_lifecycle_seen(&self.root, &agent.name, survey.lifecycle, |current| {
+                match current {
+                    None | Some(Lifecycle::Expired) | Some(Lifecycle::Hatching) => {
+                        Some(at_rest.unwrap_or_else(|| Lifecycle::at_rest(&dir)))
+                    }
+                    other => other,
                 }
-                other => other,
             });
             if let Some(wake) = survey.next_wake {
                 self.published
@@ -132,7 +134,7 @@ impl Daemon {
         {
             let _ = bootstrap::agent(agent, &self.root.agent(&agent.name), Timestamp::now());
         }
-        self.save_schedule_state();
+        self.schedules.save(&self.root);
     }
 
     /// Settings that took their default: one `CONFIG_DEFAULTED` each.

@@ -92,13 +92,14 @@ impl Daemon {
             self.finish_orphan(&cfg, &s.session_id, now);
             if matches!(self.dir(agent).read::<Session>(), Ok(Some(s)) if s.is_running()) {
                 tracing::warn!(agent = %agent, "{} wake deferred: the end of session {} is not recorded yet", reason.as_str(), s.session_id);
-                self.defer_wake(agent, reason, self.config.health.interval);
+                self.core
+                    .defer(self.clock.now(), agent, reason, self.config.health.interval);
                 return;
             }
         }
-        let wait = self.lock_wait(agent);
+        let wait = self.lock_busy.wait(agent);
         let writing = self.intake.writing.get(agent).cloned().unwrap_or_default();
-        let continue_conversation = self.conversation_to_continue(agent, &cfg, reason);
+        let continue_conversation = conversation_to_continue(&self.dir(agent), &cfg, reason);
         let prepared = match crate::state::lock::with_wait(wait, || {
             session::prepare(
                 &self.config,
@@ -114,13 +115,14 @@ impl Daemon {
             )
         }) {
             Ok(p) => {
-                self.note_lock_free(agent);
+                self.lock_busy.free(agent);
                 p
             }
             Err(Error::SessionBusy { session, pid, .. }) => {
                 // A session script run by something else (cron) holds it.
                 tracing::info!(agent = %agent, session_id = %session, "{} wake skipped: session {session} is running (pid {pid}) outside the daemon", reason.as_str());
-                self.journal(
+                publish::journal(
+                    &self.root,
                     agent,
                     journal::Event::WakeSkipped(WakeSkipped {
                         reason: reason.as_str().to_string(),
@@ -135,8 +137,9 @@ impl Daemon {
             Err(e @ Error::LockBusy { .. }) => {
                 // Somebody holds the agent's lock: try again shortly, not
                 // a failure of the agent.
-                self.note_lock_busy(agent, &format!("{} wake deferred: {e}", reason.as_str()));
-                self.defer_wake(agent, reason, LOCK_RETRY);
+                self.lock_busy
+                    .busy(agent, &format!("{} wake deferred: {e}", reason.as_str()));
+                self.core.defer(self.clock.now(), agent, reason, LOCK_RETRY);
                 return;
             }
             Err(e) => {
@@ -344,75 +347,6 @@ impl Daemon {
         });
     }
 
-    /// With `resume`, what the next session may continue: a retry after a
-    /// timeout continues the timed-out session's conversation; a reply to
-    /// the last session's escalation (a message whose `source_ref` names
-    /// it, seen at the claim) continues that session's. Never one that
-    /// ended in a login or usage-limit failure (`claude_resumable`).
-    fn conversation_to_continue(
-        &self,
-        agent: &AgentName,
-        cfg: &AgentConfig,
-        reason: WakeReason,
-    ) -> session::Continuation {
-        let mut c = session::Continuation::default();
-        if !cfg.session.iteration.resume {
-            return c;
-        }
-        let Some(last) = self.dir(agent).read::<Session>().ok().flatten() else {
-            return c;
-        };
-        let resumable = last
-            .extra
-            .get("claude_resumable")
-            .and_then(|v| v.as_bool())
-            .unwrap_or(true);
-        let Some(conversation) = last
-            .extra
-            .get("claude_session_id")
-            .and_then(|v| v.as_str())
-            .map(str::to_string)
-            .filter(|_| resumable)
-        else {
-            return c;
-        };
-        if reason == WakeReason::Retry
-            && last.status == Some(crate::state::session::SessionStatus::Timeout)
-        {
-            c.retry = Some(conversation);
-        } else {
-            c.reply = Some((last.session_id.clone(), conversation));
-        }
-        c
-    }
-
-    /// Log that `agent`'s work waits for its lock: at warning level once,
-    /// then quietly at every retry (every [`LOCK_RETRY`]).
-    pub(super) fn note_lock_busy(&mut self, agent: &AgentName, what: &str) {
-        if self.lock_busy.insert(agent.clone()) {
-            tracing::warn!(agent = %agent, error_code = "LOCK_BUSY", "{what}; retried every {}s, every other agent is served meanwhile", LOCK_RETRY.as_secs());
-        } else {
-            tracing::debug!(agent = %agent, error_code = "LOCK_BUSY", "{what}");
-        }
-    }
-
-    /// How long to wait for `agent`'s lock: not at all if it was busy at
-    /// the last try (a lock held for good must cost the loop nothing).
-    pub(super) fn lock_wait(&self, agent: &AgentName) -> Duration {
-        if self.lock_busy.contains(agent) {
-            Duration::ZERO
-        } else {
-            crate::state::lock::DAEMON_WAIT
-        }
-    }
-
-    /// `agent`'s lock was had: say so if it had been busy.
-    pub(super) fn note_lock_free(&mut self, agent: &AgentName) {
-        if self.lock_busy.remove(agent) {
-            tracing::info!(agent = %agent, "its lock is free again; deferred work goes on");
-        }
-    }
-
     /// List `agent`'s big inbox on a blocking thread for the start of its
     /// session ([`Event::InboxListed`] comes back). Its slot stays
     /// taken: wakes meanwhile are skipped as for a running session.
@@ -490,16 +424,6 @@ impl Daemon {
         }
         self.intake.listed.insert(agent.clone(), listed);
         self.start(&agent, reason);
-    }
-
-    /// Put a wake that cannot be served now back, to be tried after `delay`.
-    pub(super) fn defer_wake(&mut self, agent: &AgentName, reason: WakeReason, delay: Duration) {
-        let now = self.clock.now();
-        self.core.session_ended(agent, InboxSummary::default(), now);
-        self.core.request(agent, reason, Priority::Normal, now);
-        if let Some(mut slot) = self.core.slot_mut(agent) {
-            slot.backoff_until = Some(crate::clock::later(now, delay));
-        }
     }
 }
 
@@ -675,4 +599,79 @@ pub(super) fn recovered(
                 .agent(&agent.name),
         ),
     }
+}
+
+/// Agents whose lock was busy at the last try: logged once when that starts
+/// and once when it ends, not at every retry.
+#[derive(Default)]
+pub(super) struct BusyLocks(std::collections::BTreeSet<AgentName>);
+
+impl BusyLocks {
+    /// Log that `agent`'s work waits for its lock: at warning level once,
+    /// then quietly at every retry (every [`LOCK_RETRY`]).
+    pub(super) fn busy(&mut self, agent: &AgentName, what: &str) {
+        if self.0.insert(agent.clone()) {
+            tracing::warn!(agent = %agent, error_code = "LOCK_BUSY", "{what}; retried every {}s, every other agent is served meanwhile", LOCK_RETRY.as_secs());
+        } else {
+            tracing::debug!(agent = %agent, error_code = "LOCK_BUSY", "{what}");
+        }
+    }
+
+    /// How long to wait for `agent`'s lock: not at all if it was busy at
+    /// the last try (a lock held for good must cost the loop nothing).
+    pub(super) fn wait(&self, agent: &AgentName) -> Duration {
+        if self.0.contains(agent) {
+            Duration::ZERO
+        } else {
+            crate::state::lock::DAEMON_WAIT
+        }
+    }
+
+    /// `agent`'s lock was had: say so if it had been busy.
+    pub(super) fn free(&mut self, agent: &AgentName) {
+        if self.0.remove(agent) {
+            tracing::info!(agent = %agent, "its lock is free again; deferred work goes on");
+        }
+    }
+}
+
+/// With `resume`, what the next session may continue: a retry after a
+/// timeout continues the timed-out session's conversation; a reply to
+/// the last session's escalation (a message whose `source_ref` names
+/// it, seen at the claim) continues that session's. Never one that
+/// ended in a login or usage-limit failure (`claude_resumable`).
+fn conversation_to_continue(
+    dir: &AgentDir,
+    cfg: &AgentConfig,
+    reason: WakeReason,
+) -> session::Continuation {
+    let mut c = session::Continuation::default();
+    if !cfg.session.iteration.resume {
+        return c;
+    }
+    let Some(last) = dir.read::<Session>().ok().flatten() else {
+        return c;
+    };
+    let resumable = last
+        .extra
+        .get("claude_resumable")
+        .and_then(|v| v.as_bool())
+        .unwrap_or(true);
+    let Some(conversation) = last
+        .extra
+        .get("claude_session_id")
+        .and_then(|v| v.as_str())
+        .map(str::to_string)
+        .filter(|_| resumable)
+    else {
+        return c;
+    };
+    if reason == WakeReason::Retry
+        && last.status == Some(crate::state::session::SessionStatus::Timeout)
+    {
+        c.retry = Some(conversation);
+    } else {
+        c.reply = Some((last.session_id.clone(), conversation));
+    }
+    c
 }

@@ -8,22 +8,6 @@ use crate::daemon::runnable::{self, Asker, BeforeClaim, Probe, Recheck};
 use crate::state::journal::SkipCause;
 
 impl Daemon {
-    /// What `agent`'s command is now, resolved as its session's spawn will.
-    fn probe_command(&self, cfg: &AgentConfig) -> Probe {
-        let Some(program) = session::program(&self.config, cfg) else {
-            return Probe::Unknown;
-        };
-        // With a workspace, the command runs in a worktree made after the
-        // claim: a lookup relative to it is left to the spawn.
-        let dir = self.dir(&cfg.name);
-        let cwd = cfg
-            .session
-            .workspace
-            .is_none()
-            .then_some(dir.path.as_path());
-        runnable::probe(&program, cwd, std::env::var_os("PATH").as_deref())
-    }
-
     /// Before `agent`'s session claims anything: whether its command can
     /// run. If it cannot, nothing is claimed and nothing starts; the slot is
     /// freed, the agent held, and the error recorded (once per hold, and at
@@ -34,7 +18,7 @@ impl Daemon {
         cfg: &AgentConfig,
         reason: WakeReason,
     ) -> bool {
-        let probe = self.probe_command(cfg);
+        let probe = probe_command(&self.config, &self.root, cfg);
         let asker = match reason {
             WakeReason::Manual => Asker::Operator,
             _ => Asker::Automatic,
@@ -99,7 +83,8 @@ impl Daemon {
         }
         self.unrunnable.insert(agent.clone(), probe);
         if let (true, Some(reason)) = (record, wake) {
-            self.journal(
+            publish::journal(
+                &self.root,
                 agent,
                 journal::Event::WakeSkipped(WakeSkipped {
                     reason: reason.as_str().to_string(),
@@ -123,7 +108,7 @@ impl Daemon {
     /// the command is now, so the health check releases the hold once it
     /// changes.
     pub(super) fn note_unrunnable_spawn(&mut self, agent: &AgentName, cfg: &AgentConfig) {
-        let probe = self.probe_command(cfg);
+        let probe = probe_command(&self.config, &self.root, cfg);
         self.unrunnable.insert(agent.clone(), probe);
     }
 
@@ -144,7 +129,7 @@ impl Daemon {
             if self.running.contains_key(&agent) {
                 continue;
             }
-            let now = self.probe_command(&cfg);
+            let now = probe_command(&self.config, &self.root, &cfg);
             match runnable::recheck(&was, &now) {
                 Recheck::Keep => {
                     // Held still (a reload clears holds; this one stays).
@@ -171,4 +156,20 @@ impl Daemon {
             }
         }
     }
+}
+
+/// What `agent`'s command is now, resolved as its session's spawn will.
+fn probe_command(config: &Config, root: &StateRoot, cfg: &AgentConfig) -> Probe {
+    let Some(program) = session::program(config, cfg) else {
+        return Probe::Unknown;
+    };
+    // With a workspace, the command runs in a worktree made after the
+    // claim: a lookup relative to it is left to the spawn.
+    let dir = root.agent(&cfg.name);
+    let cwd = cfg
+        .session
+        .workspace
+        .is_none()
+        .then_some(dir.path.as_path());
+    runnable::probe(&program, cwd, std::env::var_os("PATH").as_deref())
 }

@@ -107,6 +107,26 @@ struct Backlog {
 }
 
 impl WakeRequests {
+    /// The earliest time a held-back wake request is due.
+    pub(super) fn held_until(&self) -> Option<DateTime<Utc>> {
+        self.held.values().min().copied()
+    }
+
+    /// A session of `agent` starts, asked for by `reason`: it serves any
+    /// wake request held back; one asked for by a wake request starts
+    /// the agent's `wake_request_interval`.
+    pub(super) fn session_starts(
+        &mut self,
+        agent: &AgentName,
+        reason: WakeReason,
+        now: DateTime<Utc>,
+    ) {
+        self.held.remove(agent);
+        if reason == WakeReason::Manual {
+            self.started.insert(agent.clone(), now);
+        }
+    }
+
     /// A request named `name` arrived in `agent`'s inbox.
     pub(super) fn arrived(&mut self, agent: &AgentName, name: String) {
         let b = self.backlog.entry(agent.clone()).or_default();
@@ -253,22 +273,6 @@ impl Daemon {
         }
     }
 
-    /// The earliest time a held-back wake request is due.
-    pub(super) fn wake_request_held_until(&self) -> Option<DateTime<Utc>> {
-        self.intake.requests.held.values().min().copied()
-    }
-
-    /// A session of `agent` starts, asked for by `reason`: it serves any
-    /// wake request held back; one asked for by a wake request starts
-    /// the agent's `wake_request_interval`.
-    pub(super) fn wake_request_session_starts(&mut self, agent: &AgentName, reason: WakeReason) {
-        let requests = &mut self.intake.requests;
-        requests.held.remove(agent);
-        if reason == WakeReason::Manual {
-            requests.started.insert(agent.clone(), self.clock.now());
-        }
-    }
-
     /// Serve the wake requests that arrived for `agent`: one wake, unless
     /// the agent is idle and its last session asked for by a wake request
     /// began less than its `wake_request_interval` ago; then one wake at
@@ -411,7 +415,7 @@ impl Daemon {
     /// log line: not merged into a manual wake already waiting, nor past
     /// the journaled skips.
     fn request_manual_wake(&mut self, agent: &AgentName) -> bool {
-        self.manual_wake_requested(agent);
+        self.economy.manual_wake_requested(agent);
         let now = self.clock.now();
         let waiting = self
             .core

@@ -13,6 +13,16 @@ pub(super) struct Schedules {
 }
 
 impl Schedules {
+    /// Write `.daemon/schedule.json`.
+    pub(super) fn save(&self, root: &StateRoot) {
+        if let Err(e) = files::write_schedule_state(root, &self.schedule_state) {
+            tracing::error!(
+                error_code = e.code().as_str(),
+                "cannot write schedule.json: {e}"
+            );
+        }
+    }
+
     pub(super) fn new(schedule_state: ScheduleState) -> Schedules {
         Schedules {
             schedule_state,
@@ -71,7 +81,8 @@ impl Daemon {
                 }
                 Missed::TooLate { scheduled, count } => {
                     tracing::warn!(agent = %name, "{count} scheduled run(s) missed while the daemon was down, the last at {scheduled}: outside catch_up_window, not run");
-                    self.journal(
+                    publish::journal(
+                        &self.root,
                         &name,
                         journal::Event::ScheduleMissed(ScheduleMissed {
                             scheduled: Timestamp::from_datetime(scheduled),
@@ -133,7 +144,7 @@ impl Daemon {
     pub(super) fn set_next_wake(&self, agent: &AgentName, wake: Option<DateTime<Utc>>) {
         // Pushed past a backoff, or none while disabled.
         let wake = if self.core.contains(agent) {
-            self.effective_wake(agent)
+            self.core.effective_wake(self.clock.now(), agent)
         } else {
             wake
         };
@@ -173,15 +184,6 @@ impl Daemon {
         }
     }
 
-    pub(super) fn save_schedule_state(&self) {
-        if let Err(e) = files::write_schedule_state(&self.root, &self.schedules.schedule_state) {
-            tracing::error!(
-                error_code = e.code().as_str(),
-                "cannot write schedule.json: {e}"
-            );
-        }
-    }
-
     pub(super) fn skipped(&mut self, s: Skipped) {
         if s.running.is_empty() {
             // Its session is starting (its big inbox is being listed off
@@ -195,7 +197,8 @@ impl Daemon {
             .entry((s.agent.clone(), "running".to_string()))
             .or_default() += 1;
         tracing::info!(agent = %s.agent, session_id = %s.running, "{} wake skipped: session {} is running", s.reason.as_str(), s.running);
-        self.journal(
+        publish::journal(
+            &self.root,
             &s.agent,
             journal::Event::WakeSkipped(WakeSkipped {
                 reason: s.reason.as_str().to_string(),
@@ -251,14 +254,16 @@ impl Daemon {
                 let wake = self.core.slot(&name).and_then(|slot| slot.next_fire);
                 self.record_next_fire(&name, next, wake);
             }
-            self.save_schedule_state();
+            self.schedules.save(&self.root);
         }
         for s in self.core.fire_due_inbox(now) {
             self.skipped(s);
         }
         let startable = self.core.take_startable(now);
         for (agent, wake) in startable {
-            self.wake_request_session_starts(&agent, wake.reason);
+            self.intake
+                .requests
+                .session_starts(&agent, wake.reason, self.clock.now());
             self.start(&agent, wake.reason);
         }
         // Wakes held back by a backoff: report.json says when they will run.
@@ -269,27 +274,15 @@ impl Daemon {
             .map(|(a, _)| a.clone())
             .collect();
         for agent in held {
-            let wake = self.effective_wake(&agent).map(Timestamp::from_datetime);
+            let wake = self
+                .core
+                .effective_wake(self.clock.now(), &agent)
+                .map(Timestamp::from_datetime);
             if self.published.published_wake.borrow().get(&agent) != Some(&wake) {
                 self.set_next_wake(&agent, None);
             }
         }
         self.after_change();
-    }
-
-    /// When the agent will next be woken automatically: its schedule's next
-    /// fire, or a waiting retry, pushed past any backoff; never if disabled.
-    pub(super) fn effective_wake(&self, agent: &AgentName) -> Option<DateTime<Utc>> {
-        let slot = self.core.slot(agent)?;
-        if slot.disabled.is_some() {
-            return None;
-        }
-        let now = self.clock.now();
-        let backoff = slot.backoff_until.filter(|t| *t > now);
-        match (slot.pending.is_some(), backoff) {
-            (true, Some(b)) => Some(b),
-            _ => slot.next_fire.map(|w| backoff.map_or(w, |b| w.max(b))),
-        }
     }
 }
 
