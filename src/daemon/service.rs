@@ -504,19 +504,30 @@ pub async fn run(config_path: &Path) -> Result<()> {
         systemd::extend_start(Duration::from_secs(60) + Duration::from_millis(50 * agents));
     }
     crate::state::record_repairs();
-    daemon.index_agents();
-    daemon.config_warnings();
+    daemon.agent_index = index_agents(&daemon.config);
+    let warnings = reload::config_warnings(&daemon.config, config_path);
+    daemon.raise_each(warnings);
     daemon.economy.load(&daemon.root);
     daemon.release_requests();
     daemon.recover();
     // A stop asked of a daemon that has gone since: no session of it runs.
-    daemon.stop_requests();
+    stop::stop_requests(
+        &daemon.root,
+        &mut daemon.core,
+        &mut daemon.running,
+        daemon.clock.now(),
+    );
     // What a crash left of the flows: answers not applied, messages not sent.
     let flows: Vec<AgentName> = daemon.config.flows.iter().map(|f| f.name.clone()).collect();
     flows::apply_flows(&daemon.root, &daemon.config, daemon.clock.now(), &flows);
-    daemon.apply_agents(true);
+    daemon.apply_agents(true, &Default::default());
     // The disk before any session starts (a full or read-only one holds them).
-    daemon.health_check_at_start();
+    // The disk only (a full or read-only one holds every session): the
+    // routine prune and the look at every agent's session (which recovery
+    // has just done) cost a few syscalls per agent, seconds at 10,000
+    // agents; the first periodic check does them, one `health.interval`
+    // later. A disk under pressure is pruned now all the same.
+    daemon.check_health(false);
     // The metrics listener is bound before READY: an address in use fails
     // the start, with the reason, instead of a daemon without its metrics.
     if metrics.enabled() {
@@ -602,17 +613,6 @@ impl Daemon {
         self.config.agents.iter().find(|a| &a.name == agent)
     }
 
-    /// Rebuild the index of [`Daemon::agent_config`] after the config changed.
-    fn index_agents(&mut self) {
-        self.agent_index = self
-            .config
-            .agents
-            .iter()
-            .enumerate()
-            .map(|(i, a)| (a.name.clone(), i))
-            .collect();
-    }
-
     fn handle(&mut self, event: Event) {
         match event {
             Event::Watch(WatchEvent::Inbox(agent)) => {
@@ -678,8 +678,24 @@ impl Daemon {
                     economy::Checked::Held(record) => self.raise(*record, true),
                 }
             }
-            Event::SessionStalled { agent, silent_for } => self.session_stalled(&agent, silent_for),
-            Event::Signal { agent, signal } => self.signal(&agent, *signal),
+            Event::SessionStalled { agent, silent_for } => {
+                let record = ending::session_stalled(
+                    self.running.get(&agent),
+                    self.agent_config(&agent),
+                    &agent,
+                    silent_for,
+                );
+                self.raise_each(record);
+            }
+            Event::Signal { agent, signal } => {
+                // Late for a session whose end is being recorded: dropped,
+                // as once the session is gone.
+                let error = match self.running.get_mut(&agent).filter(|r| !r.recording) {
+                    Some(running) => running.signal(&self.root, &self.config, &agent, *signal),
+                    None => None,
+                };
+                self.raise_each(error);
+            }
             Event::SessionDone {
                 agent,
                 report,
@@ -696,7 +712,10 @@ impl Daemon {
                 n,
                 of,
                 phase,
-            } => self.iteration(&agent, n, of, phase),
+            } => {
+                let dir = self.dir(&agent);
+                iterations::iteration(self.running.get_mut(&agent), &dir, n, of, phase)
+            }
             Event::WorkspacesPruned { removed, errors } => {
                 for record in self.monitor.workspaces_pruned(removed, errors) {
                     self.raise(record, false);
@@ -725,7 +744,12 @@ impl Daemon {
             Event::Reconcile => {
                 self.scan_all_inboxes();
                 self.release_requests();
-                self.stop_requests();
+                stop::stop_requests(
+                    &self.root,
+                    &mut self.core,
+                    &mut self.running,
+                    self.clock.now(),
+                );
                 self.published.heartbeat_written = false;
             }
             Event::HealthDue => {
@@ -743,7 +767,12 @@ impl Daemon {
             Event::Reload => self.reload(),
             Event::Requests => {
                 self.release_requests();
-                self.stop_requests();
+                stop::stop_requests(
+                    &self.root,
+                    &mut self.core,
+                    &mut self.running,
+                    self.clock.now(),
+                );
             }
             Event::Stall => {
                 tracing::warn!(
@@ -836,4 +865,15 @@ impl Daemon {
             self.published.last_status = status;
         }
     }
+}
+
+/// Position of each agent in `config.agents`, for [`Daemon::agent_config`]
+/// (built at start and at each reload).
+fn index_agents(config: &Config) -> std::collections::HashMap<AgentName, usize> {
+    config
+        .agents
+        .iter()
+        .enumerate()
+        .map(|(i, a)| (a.name.clone(), i))
+        .collect()
 }

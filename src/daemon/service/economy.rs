@@ -438,7 +438,9 @@ impl Daemon {
             }
             Gate::Held { until, reason: why } => {
                 if self.economy.said_held.insert((agent.clone(), why.clone())) {
-                    self.publish_held(agent, cfg);
+                    if let Some(error) = self.economy.held_error(cfg) {
+                        self.publish_agent(agent, Some(error));
+                    }
                     tracing::info!(agent = %agent, "{} wake held: {why}", reason.as_str());
                     let cause = match self.economy.holds.groups.get(&group).map(|h| h.cause) {
                         Some(Cause::Credential) => SkipCause::Credential,
@@ -726,7 +728,9 @@ impl Daemon {
             WakeReason::Retry,
             until.max(Duration::from_secs(1)),
         );
-        self.publish_held(agent, cfg);
+        if let Some(error) = self.economy.held_error(cfg) {
+            self.publish_agent(agent, Some(error));
+        }
     }
 
     /// `group`'s hold ended: its held wakes go now (not at their deferral's
@@ -787,12 +791,5 @@ impl Daemon {
             .await;
             let _ = tx.send(Event::CredentialChecked { group, result });
         });
-    }
-
-    /// report.json `error` of a held agent (status shows it).
-    fn publish_held(&mut self, agent: &AgentName, cfg: &AgentConfig) {
-        if let Some(error) = self.economy.held_error(cfg) {
-            self.publish_agent(agent, Some(error));
-        }
     }
 }

@@ -171,7 +171,17 @@ impl Daemon {
         );
         // A flow's hand-off answered: kept before the end acknowledges it.
         let flows = if succeeded {
-            self.keep_flow_answers(&agent, &running, &output, workspace.as_ref(), now)
+            let (flows, errors) = flows::keep_flow_answers(
+                &self.root,
+                &self.config,
+                &agent,
+                &running,
+                &output,
+                workspace.as_ref(),
+                now,
+            );
+            self.raise_each(errors);
+            flows
         } else {
             Vec::new()
         };
@@ -370,7 +380,7 @@ impl Daemon {
                 tracing::warn!(agent = %agent, session_id = %sid, "cannot record the session's cost: {e}");
             }
         }
-        self.record_output_summary(&agent, &running, &output, now);
+        record_output_summary(&self.root, &agent, &running, &output, now);
         flows::apply_flows(&self.root, &self.config, self.clock.now(), &flows);
         if report.truncated {
             self.raise(
@@ -568,198 +578,6 @@ impl Daemon {
         };
         self.publish_agent(agent, Some(error));
     }
-
-    /// The Context Summary Block and the signal block at the end of the
-    /// output (in Claude Code's result text when there is one): into
-    /// report.json and session.json; malformed ones to signals.jsonl.
-    pub(super) fn record_output_summary(
-        &self,
-        agent: &AgentName,
-        running: &Running,
-        output: &OutputSummary,
-        now: Timestamp,
-    ) {
-        let text = output.answer_text();
-        let mut found = hooks::OutputSummary::default();
-        let mut problems = Vec::new();
-        let mut any = false;
-        match crate::protocol::summary::parse_context_summary(&text) {
-            Some(Ok(cs)) => {
-                any = true;
-                found.summary = cs.summary_text();
-                if cs.blockers.is_some() {
-                    found.blocked_by = Some(cs.blocked_by());
-                }
-                found.next_priority = cs.next_priority();
-                found.handoff_notes = cs.handoff_notes();
-                found.confidence = cs.report_confidence();
-                found.risk = cs
-                    .report_risk()
-                    .and_then(|r| serde_json::to_value(r).ok())
-                    .and_then(|v| v.as_str().map(str::to_string));
-            }
-            Some(Err(p)) => problems.push(p),
-            None => {}
-        }
-        match crate::protocol::summary::parse_signal_block(&text) {
-            Some(Ok(block)) => {
-                any = true;
-                found.signal_block = serde_json::to_value(&block).ok();
-            }
-            Some(Err(p)) => problems.push(p),
-            None => {}
-        }
-        for p in problems {
-            tracing::warn!(agent = %agent, session_id = %running.session_id, "{}: {}", p.code.as_str(), p.message);
-            let record = crate::protocol::signals::SignalRecord {
-                ts: now,
-                level: "warn".into(),
-                code: p.code.as_str().to_string(),
-                agent: agent.to_string(),
-                task: None,
-                session: Some(running.session_id.clone()),
-                raw: p.raw.clone(),
-                kind: p.field.clone(),
-                message: Some(p.message.clone()),
-            };
-            if let Err(e) = effects::append_signal(&self.root, &record) {
-                tracing::warn!("cannot append to signals.jsonl: {e}");
-            }
-        }
-        if any
-            && let Err(e) =
-                hooks::record_output_summary(&self.dir(agent), &running.session_id, &found, now)
-        {
-            tracing::warn!(agent = %agent, session_id = %running.session_id, "cannot record the session's summary: {e}");
-        }
-    }
-
-    /// A signal from a running session: carry it out, or log it as invalid.
-    pub(super) fn signal(
-        &mut self,
-        agent: &AgentName,
-        signal: crate::protocol::signals::SignalResult,
-    ) {
-        // Late for a session whose end is being recorded: dropped, as
-        // once the session is gone.
-        let Some(running) = self.running.get_mut(agent).filter(|r| !r.recording) else {
-            return;
-        };
-        let (session_id, instance) = (running.session_id.clone(), running.instance.clone());
-        if let Ok(s) = &signal {
-            if s.kind() == crate::protocol::signals::SignalType::Complete {
-                running.completed_by_signal = true;
-            }
-            // The same progress again changes nothing.
-            if s.kind() == crate::protocol::signals::SignalType::Progress {
-                if s.progress() == running.last_progress {
-                    return;
-                }
-                running.last_progress = s.progress();
-            }
-        }
-        running.signals_seen += 1;
-        if running.signals_seen > SIGNALS_PER_SESSION {
-            if running.signals_seen == SIGNALS_PER_SESSION + 1 {
-                tracing::warn!(
-                    agent = %agent, session_id = %session_id,
-                    "more than {SIGNALS_PER_SESSION} signals in one session: the rest are ignored (COMPLETE still counts)"
-                );
-            }
-            return;
-        }
-        let may_fan_out = running.global_discoveries < effects::GLOBAL_DISCOVERIES_PER_SESSION;
-        if matches!(&signal, Ok(s) if s.kind() == crate::protocol::signals::SignalType::DiscoveryGlobal)
-        {
-            running.global_discoveries += 1;
-        }
-        let origin = effects::Origin {
-            may_fan_out,
-            agent,
-            session_id: &session_id,
-            instance: &instance,
-        };
-        let now = Timestamp::now();
-        match signal {
-            Err(e) => effects::record_invalid(&self.root, &origin, &e, now),
-            Ok(s) => match effects::apply(&self.root, &self.config, &origin, &s, now) {
-                Ok(effect) => tracing::info!(
-                    agent = %agent, session_id = %session_id,
-                    "signal {}: {effect}", s.raw()
-                ),
-                Err(e) => self.raise(
-                    ErrorRecord::new(
-                        e.code(),
-                        format!("{agent}: cannot carry out the signal {}", s.raw()),
-                    )
-                    .details(e.to_string())
-                    .agent(agent)
-                    .session(session_id.clone()),
-                    false,
-                ),
-            },
-        }
-    }
-
-    /// A session printed nothing for `stall_timeout`.
-    pub(super) fn session_stalled(&mut self, agent: &AgentName, silent_for: Duration) {
-        let Some(running) = self.running.get(agent).filter(|r| !r.recording) else {
-            return;
-        };
-        let action = self
-            .agent_config(agent)
-            .map(|c| c.session.stall_action)
-            .unwrap_or_default();
-        let then = match action {
-            crate::config::StallAction::Warn => "it goes on (stall_action = \"warn\")",
-            crate::config::StallAction::Stop => "ending it (stall_action = \"stop\")",
-        };
-        let record = ErrorRecord::new(
-            Code::SessionStalled,
-            format!(
-                "{agent}: session {} printed nothing for {}; {then}",
-                running.session_id,
-                humantime::format_duration(silent_for)
-            ),
-        )
-        .agent(agent)
-        .session(running.session_id.clone());
-        self.raise(record, false);
-    }
-
-    /// A session this daemon began that is not running (its end could not
-    /// be written): recorded as an error now, its messages returned.
-    pub(super) fn finish_orphan(&mut self, agent: &AgentConfig, session_id: &str, now: Timestamp) {
-        let dir = self.root.agent(&agent.name);
-        let req = hooks::FailRequest {
-            session: Some(session_id.to_string()),
-            outcome: "error".into(),
-            reason: "interrupted: its end could not be recorded when it ended (see errors.jsonl)"
-                .into(),
-            ..hooks::FailRequest::default()
-        };
-        match hooks::fail(agent, &dir, &req, now) {
-            Ok(r) => {
-                self.orphan_locks.remove(&agent.name);
-                self.raise(
-                ErrorRecord::new(
-                    Code::SessionInterrupted,
-                    format!(
-                        "{}: session {session_id} ended while its end could not be written; recorded now, {} message(s) returned",
-                        agent.name,
-                        r.returned.len()
-                    ),
-                )
-                .agent(&agent.name)
-                .session(session_id.to_string()),
-                false,
-            )
-            }
-            Err(e) => {
-                tracing::warn!(agent = %agent.name, session_id, "cannot record the end of session {session_id} yet: {e}")
-            }
-        }
-    }
 }
 
 /// session.json's `workspace` (path, branch, base and head commits,
@@ -802,4 +620,208 @@ pub(super) fn record_workspace(
         tracing::warn!(agent = %agent, session_id = %sid, "cannot record the workspace in session.json: {e}");
     }
     error
+}
+
+/// The Context Summary Block and the signal block at the end of the
+/// output (in Claude Code's result text when there is one): into
+/// report.json and session.json; malformed ones to signals.jsonl.
+pub(super) fn record_output_summary(
+    root: &StateRoot,
+    agent: &AgentName,
+    running: &Running,
+    output: &OutputSummary,
+    now: Timestamp,
+) {
+    let text = output.answer_text();
+    let mut found = hooks::OutputSummary::default();
+    let mut problems = Vec::new();
+    let mut any = false;
+    match crate::protocol::summary::parse_context_summary(&text) {
+        Some(Ok(cs)) => {
+            any = true;
+            found.summary = cs.summary_text();
+            if cs.blockers.is_some() {
+                found.blocked_by = Some(cs.blocked_by());
+            }
+            found.next_priority = cs.next_priority();
+            found.handoff_notes = cs.handoff_notes();
+            found.confidence = cs.report_confidence();
+            found.risk = cs
+                .report_risk()
+                .and_then(|r| serde_json::to_value(r).ok())
+                .and_then(|v| v.as_str().map(str::to_string));
+        }
+        Some(Err(p)) => problems.push(p),
+        None => {}
+    }
+    match crate::protocol::summary::parse_signal_block(&text) {
+        Some(Ok(block)) => {
+            any = true;
+            found.signal_block = serde_json::to_value(&block).ok();
+        }
+        Some(Err(p)) => problems.push(p),
+        None => {}
+    }
+    for p in problems {
+        tracing::warn!(agent = %agent, session_id = %running.session_id, "{}: {}", p.code.as_str(), p.message);
+        let record = crate::protocol::signals::SignalRecord {
+            ts: now,
+            level: "warn".into(),
+            code: p.code.as_str().to_string(),
+            agent: agent.to_string(),
+            task: None,
+            session: Some(running.session_id.clone()),
+            raw: p.raw.clone(),
+            kind: p.field.clone(),
+            message: Some(p.message.clone()),
+        };
+        if let Err(e) = effects::append_signal(root, &record) {
+            tracing::warn!("cannot append to signals.jsonl: {e}");
+        }
+    }
+    if any
+        && let Err(e) =
+            hooks::record_output_summary(&root.agent(agent), &running.session_id, &found, now)
+    {
+        tracing::warn!(agent = %agent, session_id = %running.session_id, "cannot record the session's summary: {e}");
+    }
+}
+
+/// A session printed nothing for `stall_timeout`.
+/// (Returns the record to raise: none if it is not running.)
+pub(super) fn session_stalled(
+    running: Option<&Running>,
+    cfg: Option<&AgentConfig>,
+    agent: &AgentName,
+    silent_for: Duration,
+) -> Option<ErrorRecord> {
+    let running = running.filter(|r| !r.recording)?;
+    let action = cfg.map(|c| c.session.stall_action).unwrap_or_default();
+    let then = match action {
+        crate::config::StallAction::Warn => "it goes on (stall_action = \"warn\")",
+        crate::config::StallAction::Stop => "ending it (stall_action = \"stop\")",
+    };
+    let record = ErrorRecord::new(
+        Code::SessionStalled,
+        format!(
+            "{agent}: session {} printed nothing for {}; {then}",
+            running.session_id,
+            humantime::format_duration(silent_for)
+        ),
+    )
+    .agent(agent)
+    .session(running.session_id.clone());
+    Some(record)
+}
+
+/// A session this daemon began that is not running (its end could not
+/// be written): recorded as an error now, its messages returned.
+/// (Returns the record to raise; the orphan's owner lock is dropped from
+/// `orphan_locks` once its end is recorded.)
+pub(super) fn finish_orphan(
+    root: &StateRoot,
+    orphan_locks: &mut BTreeMap<AgentName, crate::owner::OwnerLock>,
+    agent: &AgentConfig,
+    session_id: &str,
+    now: Timestamp,
+) -> Option<ErrorRecord> {
+    let dir = root.agent(&agent.name);
+    let req = hooks::FailRequest {
+        session: Some(session_id.to_string()),
+        outcome: "error".into(),
+        reason: "interrupted: its end could not be recorded when it ended (see errors.jsonl)"
+            .into(),
+        ..hooks::FailRequest::default()
+    };
+    match hooks::fail(agent, &dir, &req, now) {
+        Ok(r) => {
+            orphan_locks.remove(&agent.name);
+            Some(
+            ErrorRecord::new(
+                Code::SessionInterrupted,
+                format!(
+                    "{}: session {session_id} ended while its end could not be written; recorded now, {} message(s) returned",
+                    agent.name,
+                    r.returned.len()
+                ),
+            )
+            .agent(&agent.name)
+            .session(session_id.to_string()),
+        )
+        }
+        Err(e) => {
+            tracing::warn!(agent = %agent.name, session_id, "cannot record the end of session {session_id} yet: {e}");
+            None
+        }
+    }
+}
+
+impl Running {
+    /// A signal from a running session: carry it out, or log it as invalid.
+    /// (Returns the error to raise, if it could not be carried out.)
+    pub(super) fn signal(
+        &mut self,
+        root: &StateRoot,
+        config: &Config,
+        agent: &AgentName,
+        signal: crate::protocol::signals::SignalResult,
+    ) -> Option<ErrorRecord> {
+        let running = self;
+        let (session_id, instance) = (running.session_id.clone(), running.instance.clone());
+        if let Ok(s) = &signal {
+            if s.kind() == crate::protocol::signals::SignalType::Complete {
+                running.completed_by_signal = true;
+            }
+            // The same progress again changes nothing.
+            if s.kind() == crate::protocol::signals::SignalType::Progress {
+                if s.progress() == running.last_progress {
+                    return None;
+                }
+                running.last_progress = s.progress();
+            }
+        }
+        running.signals_seen += 1;
+        if running.signals_seen > SIGNALS_PER_SESSION {
+            if running.signals_seen == SIGNALS_PER_SESSION + 1 {
+                tracing::warn!(
+                    agent = %agent, session_id = %session_id,
+                    "more than {SIGNALS_PER_SESSION} signals in one session: the rest are ignored (COMPLETE still counts)"
+                );
+            }
+            return None;
+        }
+        let may_fan_out = running.global_discoveries < effects::GLOBAL_DISCOVERIES_PER_SESSION;
+        if matches!(&signal, Ok(s) if s.kind() == crate::protocol::signals::SignalType::DiscoveryGlobal)
+        {
+            running.global_discoveries += 1;
+        }
+        let origin = effects::Origin {
+            may_fan_out,
+            agent,
+            session_id: &session_id,
+            instance: &instance,
+        };
+        let now = Timestamp::now();
+        match signal {
+            Err(e) => effects::record_invalid(root, &origin, &e, now),
+            Ok(s) => match effects::apply(root, config, &origin, &s, now) {
+                Ok(effect) => tracing::info!(
+                    agent = %agent, session_id = %session_id,
+                    "signal {}: {effect}", s.raw()
+                ),
+                Err(e) => {
+                    return Some(
+                        ErrorRecord::new(
+                            e.code(),
+                            format!("{agent}: cannot carry out the signal {}", s.raw()),
+                        )
+                        .details(e.to_string())
+                        .agent(agent)
+                        .session(session_id.clone()),
+                    );
+                }
+            },
+        }
+        None
+    }
 }

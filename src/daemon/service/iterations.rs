@@ -260,26 +260,6 @@ impl Phase {
     }
 }
 
-impl Daemon {
-    /// report.json says which iteration runs and whether it is executing or
-    /// verifying (seed 000's states).
-    pub(super) fn iteration(&mut self, agent: &AgentName, n: u32, of: u32, phase: Phase) {
-        // A new run: what the last one signalled does not count for it.
-        if phase == Phase::Executing
-            && let Some(r) = self.running.get_mut(agent)
-        {
-            r.completed_by_signal = false;
-        }
-        let value = serde_json::json!({"n": n, "of": of, "phase": phase.as_str()});
-        let result = self.dir(agent).update(Timestamp::now(), |r: &mut Report| {
-            r.extra.insert("iteration".into(), value.clone());
-        });
-        if let Err(e) = result {
-            tracing::warn!(agent = %agent, "cannot record the iteration in report.json: {e}");
-        }
-    }
-}
-
 /// At the end (the caller counts them in the metrics): session.json's `iterations` (how many, verification
 /// failures), report.json's `iteration` gone.
 pub(super) fn record_iterations(
@@ -305,6 +285,31 @@ pub(super) fn record_iterations(
     });
     if let Err(e) = session.and(report) {
         tracing::warn!(agent = %agent, session_id = %sid, "cannot record the iterations: {e}");
+    }
+}
+
+/// report.json says which iteration runs and whether it is executing or
+/// verifying (seed 000's states).
+pub(super) fn iteration(
+    running: Option<&mut Running>,
+    dir: &AgentDir,
+    n: u32,
+    of: u32,
+    phase: Phase,
+) {
+    let agent = &dir.name;
+    // A new run: what the last one signalled does not count for it.
+    if phase == Phase::Executing
+        && let Some(r) = running
+    {
+        r.completed_by_signal = false;
+    }
+    let value = serde_json::json!({"n": n, "of": of, "phase": phase.as_str()});
+    let result = dir.update(Timestamp::now(), |r: &mut Report| {
+        r.extra.insert("iteration".into(), value.clone());
+    });
+    if let Err(e) = result {
+        tracing::warn!(agent = %agent, "cannot record the iteration in report.json: {e}");
     }
 }
 

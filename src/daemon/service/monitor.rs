@@ -27,6 +27,41 @@ pub(super) struct Monitor {
 }
 
 impl Monitor {
+    /// The logs over `[logs] rotate_size` rotated, off the loop, at every
+    /// health check (a `stat` per agent); segments past retention pruned
+    /// hourly. What it did comes back as `Event::LogsRotated`.
+    fn rotate_logs(
+        &mut self,
+        config: &Config,
+        root: &StateRoot,
+        tx: &mpsc::UnboundedSender<Event>,
+    ) {
+        if self.log_rotation_running {
+            return;
+        }
+        let prune = self
+            .last_segment_prune
+            .is_none_or(|t| t.elapsed() >= ROUTINE_PRUNE_EVERY);
+        if prune {
+            self.last_segment_prune = Some(std::time::Instant::now());
+        }
+        let job = crate::daemon::rotation::Job {
+            agents: config.agents.iter().map(|a| root.agent(&a.name)).collect(),
+            daemon_logs: vec![
+                crate::state::error_log::log_path(root),
+                effects::signals_log(root),
+            ],
+            settings: config.logs.clone(),
+            prune,
+        };
+        self.log_rotation_running = true;
+        let tx = tx.clone();
+        tokio::task::spawn_blocking(move || {
+            let outcome = crate::daemon::rotation::run(&job);
+            let _ = tx.send(Event::LogsRotated(Box::new(outcome)));
+        });
+    }
+
     /// The monitor's pruning of worktrees came back (returns the errors to
     /// raise).
     pub(super) fn workspaces_pruned(
@@ -96,6 +131,13 @@ impl Daemon {
 
     /// The health monitor: the disk (free space, read-only), pruning, and
     /// sessions that outlived their owner or their timeout.
+    /// Raise each of `records` (not escalated): what a part returned.
+    pub(super) fn raise_each(&mut self, records: impl IntoIterator<Item = ErrorRecord>) {
+        for record in records {
+            self.raise(record, false);
+        }
+    }
+
     pub(super) fn health_check(&mut self) {
         self.check_health(true);
         // An operator who installs or `chmod +x`es a held agent's command
@@ -103,17 +145,9 @@ impl Daemon {
         self.recheck_unrunnable();
     }
 
-    /// The health check before READY: the disk only (a full or read-only
-    /// one holds every session). The routine prune and the look at every
-    /// agent's session (which recovery has just done) cost a few syscalls
-    /// per agent, seconds at 10,000 agents: the first periodic check does
-    /// them, one `health.interval` later. A disk under pressure is pruned
-    /// now all the same.
-    pub(super) fn health_check_at_start(&mut self) {
-        self.check_health(false);
-    }
-
-    fn check_health(&mut self, full: bool) {
+    /// The health check: with `full`, the routine prune, the rotation of
+    /// the logs and the look at every session too.
+    pub(super) fn check_health(&mut self, full: bool) {
         let now = Timestamp::now();
         let probe = match health::probe(&self.root.path) {
             Ok(p) => p,
@@ -208,7 +242,7 @@ impl Daemon {
         if full {
             self.prune_workspaces(state.level != DiskLevel::Ok);
             if !state.read_only {
-                self.rotate_logs();
+                (self.monitor).rotate_logs(&self.config, &self.root, &self.tx);
             }
         }
         self.monitor.health = Some(state);
@@ -299,7 +333,14 @@ impl Daemon {
             if began_here(&s) {
                 // Ours, but not running: its end could not be recorded (a
                 // full disk). Record it now.
-                self.finish_orphan(&agent, &s.session_id, now);
+                let record = ending::finish_orphan(
+                    &self.root,
+                    &mut self.orphan_locks,
+                    &agent,
+                    &s.session_id,
+                    now,
+                );
+                self.raise_each(record);
                 continue;
             }
             // Its owner's lock says whether it is alive, wherever it runs
@@ -403,44 +444,6 @@ impl Daemon {
         tokio::task::spawn_blocking(move || {
             let (removed, errors) = workspaces::prune(&jobs, &live);
             let _ = tx.send(Event::WorkspacesPruned { removed, errors });
-        });
-    }
-}
-
-impl Daemon {
-    /// The logs over `[logs] rotate_size` rotated, off the loop, at every
-    /// health check (a `stat` per agent); segments past retention pruned
-    /// hourly. What it did comes back as `Event::LogsRotated`.
-    fn rotate_logs(&mut self) {
-        if self.monitor.log_rotation_running {
-            return;
-        }
-        let prune = self
-            .monitor
-            .last_segment_prune
-            .is_none_or(|t| t.elapsed() >= ROUTINE_PRUNE_EVERY);
-        if prune {
-            self.monitor.last_segment_prune = Some(std::time::Instant::now());
-        }
-        let job = crate::daemon::rotation::Job {
-            agents: self
-                .config
-                .agents
-                .iter()
-                .map(|a| self.root.agent(&a.name))
-                .collect(),
-            daemon_logs: vec![
-                crate::state::error_log::log_path(&self.root),
-                effects::signals_log(&self.root),
-            ],
-            settings: self.config.logs.clone(),
-            prune,
-        };
-        self.monitor.log_rotation_running = true;
-        let tx = self.tx.clone();
-        tokio::task::spawn_blocking(move || {
-            let outcome = crate::daemon::rotation::run(&job);
-            let _ = tx.send(Event::LogsRotated(Box::new(outcome)));
         });
     }
 }

@@ -6,16 +6,12 @@ use super::*;
 use std::collections::HashSet;
 
 impl Daemon {
-    /// Make the core, the watches and the schedules match the config.
-    pub(super) fn apply_agents(&mut self, at_start: bool) {
-        self.apply_agents_except(at_start, &Default::default());
-    }
-
-    /// [`Daemon::apply_agents`], leaving alone the agents in `unchanged`
-    /// (configured as before, and set up already): a reload at 10,000
-    /// agents costs a comparison for each agent it does not change.
-    fn apply_agents_except(&mut self, at_start: bool, unchanged: &HashSet<AgentName>) {
-        self.index_agents();
+    /// Make the core, the watches and the schedules match the config,
+    /// leaving alone the agents in `unchanged` (configured as before, and
+    /// set up already): a reload at 10,000 agents costs a comparison for
+    /// each agent it does not change.
+    pub(super) fn apply_agents(&mut self, at_start: bool, unchanged: &HashSet<AgentName>) {
+        self.agent_index = index_agents(&self.config);
         self.published.agents_generation += 1;
         let now = self.clock.now();
         // Removed agents: unwatch; their directories stay (never deleted).
@@ -137,17 +133,6 @@ impl Daemon {
         self.schedules.save(&self.root);
     }
 
-    /// Settings that took their default: one `CONFIG_DEFAULTED` each.
-    pub(super) fn config_warnings(&mut self) {
-        for w in self.config.warnings.clone() {
-            self.raise(
-                ErrorRecord::new(Code::ConfigDefaulted, format!("{}: {}", w.field, w.message))
-                    .details(self.config_path.display().to_string()),
-                false,
-            );
-        }
-    }
-
     pub(super) fn reload(&mut self) {
         systemd::reloading();
         let verdict = match Config::load_with_text(&self.config_path) {
@@ -192,8 +177,9 @@ impl Daemon {
                         }
                         unchanged.remove(&name);
                     }
-                    self.config_warnings();
-                    self.apply_agents_except(false, &unchanged);
+                    let warnings = config_warnings(&self.config, &self.config_path);
+                    self.raise_each(warnings);
+                    self.apply_agents(false, &unchanged);
                     self.recheck_unrunnable();
                     // What waits in the inboxes of the agents it changed: the
                     // others' is known and watched (and the reconcile scan
@@ -206,7 +192,8 @@ impl Daemon {
                         .collect();
                     for agent in changed {
                         self.take_wake_requests(&agent);
-                        self.retry_rejected(&agent);
+                        self.intake
+                            .retry_rejected(&self.root, self.lock_busy.wait(&agent), &agent);
                         self.scan_inbox_afresh(&agent);
                     }
                     tracing::info!("config reloaded: {} agents", self.config.agents.len());
@@ -297,4 +284,18 @@ impl Survey {
             at_rest,
         }
     }
+}
+
+/// Settings that took their default: one `CONFIG_DEFAULTED` each.
+/// The config's warnings (a default taken for a bad value), as records to
+/// raise.
+pub(super) fn config_warnings(config: &Config, config_path: &Path) -> Vec<ErrorRecord> {
+    config
+        .warnings
+        .iter()
+        .map(|w| {
+            ErrorRecord::new(Code::ConfigDefaulted, format!("{}: {}", w.field, w.message))
+                .details(config_path.display().to_string())
+        })
+        .collect()
 }

@@ -74,7 +74,7 @@ impl Daemon {
             None if inbox::is_big(&self.dir(agent)) => match self.intake.reusable_listing(agent) {
                 Some(l) => Some(l),
                 None => {
-                    self.list_inbox(agent, reason);
+                    self.intake.list_inbox(&self.root, &self.tx, agent, reason);
                     return;
                 }
             },
@@ -89,7 +89,9 @@ impl Daemon {
             && s.is_running()
             && began_here(&s)
         {
-            self.finish_orphan(&cfg, &s.session_id, now);
+            let record =
+                ending::finish_orphan(&self.root, &mut self.orphan_locks, &cfg, &s.session_id, now);
+            self.raise_each(record);
             if matches!(self.dir(agent).read::<Session>(), Ok(Some(s)) if s.is_running()) {
                 tracing::warn!(agent = %agent, "{} wake deferred: the end of session {} is not recorded yet", reason.as_str(), s.session_id);
                 self.core
@@ -343,44 +345,6 @@ impl Daemon {
                 output: Box::new(output),
                 workspace,
                 iterations: tally,
-            });
-        });
-    }
-
-    /// List `agent`'s big inbox on a blocking thread for the start of its
-    /// session ([`Event::InboxListed`] comes back). Its slot stays
-    /// taken: wakes meanwhile are skipped as for a running session.
-    fn list_inbox(&mut self, agent: &AgentName, reason: WakeReason) {
-        if !self.intake.listing.insert(agent.clone()) {
-            return;
-        }
-        tracing::debug!(agent = %agent, "its inbox is big: listed off the loop before its session starts");
-        self.spawn_listing(agent, Some(reason));
-    }
-
-    /// List `agent`'s big inbox on a blocking thread for a scan (at start,
-    /// the reconcile scan, a rescan): the scan goes through the listing
-    /// when it is back, instead of listing the whole inbox on the loop.
-    pub(super) fn list_inbox_for_scan(&mut self, agent: &AgentName) {
-        if !self.intake.scan_listing.insert(agent.clone()) {
-            return;
-        }
-        tracing::debug!(agent = %agent, "its inbox is big: listed off the loop before it is scanned");
-        self.spawn_listing(agent, None);
-    }
-
-    fn spawn_listing(&mut self, agent: &AgentName, reason: Option<WakeReason>) {
-        let tx = self.tx.clone();
-        let dir = self.dir(agent);
-        let arrivals = self.intake.arrivals_of(agent);
-        let agent = agent.clone();
-        tokio::task::spawn_blocking(move || {
-            let listed = inbox::list_messages(&dir);
-            let _ = tx.send(Event::InboxListed {
-                agent,
-                reason,
-                listed: listed.ok().flatten().map(std::sync::Arc::new),
-                arrivals,
             });
         });
     }

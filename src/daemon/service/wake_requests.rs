@@ -440,7 +440,7 @@ impl Daemon {
         noted.1 += 1;
         match noted.1 {
             n if n <= SKIPS_JOURNALED => {
-                self.skipped(s);
+                wakes::wake_skipped(&self.root, &mut self.tally, s);
                 true
             }
             n if n == SKIPS_JOURNALED + 1 => {

@@ -184,36 +184,13 @@ impl Daemon {
         }
     }
 
-    pub(super) fn skipped(&mut self, s: Skipped) {
-        if s.running.is_empty() {
-            // Its session is starting (its big inbox is being listed off
-            // the loop): nothing ran yet to name; the start serves the wake.
-            tracing::debug!(agent = %s.agent, "{} wake merged into the session that is starting", s.reason.as_str());
-            return;
-        }
-        *self
-            .tally
-            .skips
-            .entry((s.agent.clone(), "running".to_string()))
-            .or_default() += 1;
-        tracing::info!(agent = %s.agent, session_id = %s.running, "{} wake skipped: session {} is running", s.reason.as_str(), s.running);
-        publish::journal(
-            &self.root,
-            &s.agent,
-            journal::Event::WakeSkipped(WakeSkipped {
-                reason: s.reason.as_str().to_string(),
-                running_session: s.running,
-                ..Default::default()
-            }),
-        );
-    }
-
     /// Everything that is due now: schedules, debounces, settling files,
     /// then start what can start.
     pub(super) fn tick(&mut self) {
         self.serve_wake_requests();
         for agent in std::mem::take(&mut self.intake.rejected_written) {
-            self.retry_rejected(&agent);
+            self.intake
+                .retry_rejected(&self.root, self.lock_busy.wait(&agent), &agent);
         }
         for agent in std::mem::take(&mut self.intake.dirty) {
             self.scan_inbox(&agent);
@@ -243,7 +220,7 @@ impl Daemon {
             next.map(|t| wake_at(cfg, t))
         });
         for s in skipped {
-            self.skipped(s);
+            wake_skipped(&self.root, &mut self.tally, s);
         }
         if !advanced.is_empty() {
             for (name, fired, next) in advanced {
@@ -257,7 +234,7 @@ impl Daemon {
             self.schedules.save(&self.root);
         }
         for s in self.core.fire_due_inbox(now) {
-            self.skipped(s);
+            wake_skipped(&self.root, &mut self.tally, s);
         }
         let startable = self.core.take_startable(now);
         for (agent, wake) in startable {
@@ -304,4 +281,29 @@ fn last_session_start(dir: &crate::state::AgentDir) -> Option<DateTime<Utc>> {
         }
     });
     found
+}
+
+/// A wake skipped because a session of its agent runs: counted, said and
+/// journaled (naming the session).
+pub(super) fn wake_skipped(root: &StateRoot, tally: &mut metrics::Tally, s: Skipped) {
+    if s.running.is_empty() {
+        // Its session is starting (its big inbox is being listed off
+        // the loop): nothing ran yet to name; the start serves the wake.
+        tracing::debug!(agent = %s.agent, "{} wake merged into the session that is starting", s.reason.as_str());
+        return;
+    }
+    *tally
+        .skips
+        .entry((s.agent.clone(), "running".to_string()))
+        .or_default() += 1;
+    tracing::info!(agent = %s.agent, session_id = %s.running, "{} wake skipped: session {} is running", s.reason.as_str(), s.running);
+    publish::journal(
+        root,
+        &s.agent,
+        journal::Event::WakeSkipped(WakeSkipped {
+            reason: s.reason.as_str().to_string(),
+            running_session: s.running,
+            ..Default::default()
+        }),
+    );
 }
