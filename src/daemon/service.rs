@@ -509,7 +509,8 @@ pub async fn run(config_path: &Path) -> Result<()> {
     daemon.raise_each(warnings);
     daemon.economy.load(&daemon.root);
     daemon.release_requests();
-    daemon.recover();
+    let records = start::recover(&daemon.config, &daemon.root);
+    daemon.raise_each(records);
     // A stop asked of a daemon that has gone since: no session of it runs.
     stop::stop_requests(
         &daemon.root,
@@ -726,7 +727,10 @@ impl Daemon {
                     self.raise(record, false);
                 }
             }
-            Event::WakeRequestsSwept(swept) => self.wake_requests_swept(*swept),
+            Event::WakeRequestsSwept(swept) => {
+                let known = self.core.contains(&swept.agent);
+                self.intake.requests.swept(&self.root, known, *swept);
+            }
             Event::InboxListed {
                 agent,
                 reason,
@@ -737,7 +741,8 @@ impl Daemon {
             Event::MetricsDue => self.publish_metrics(),
             Event::CredentialChecksDue => {
                 for group in self.economy.checks_due(&self.config, self.clock.now()) {
-                    self.start_check(&group);
+                    self.economy
+                        .start_check(&self.config, &self.root, &self.tx, &group);
                 }
             }
             Event::Watchdog => systemd::watchdog(),

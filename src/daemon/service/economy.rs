@@ -79,6 +79,110 @@ fn seed(text: &str) -> u64 {
 }
 
 impl Economy {
+    /// Run credential `group`'s login check off the loop:
+    /// [`Event::CredentialChecked`] comes back on `tx`.
+    pub(super) fn start_check(
+        &mut self,
+        config: &Config,
+        root: &StateRoot,
+        tx: &mpsc::UnboundedSender<Event>,
+        group: &str,
+    ) {
+        let Some(command) = check_of(config, group) else {
+            return;
+        };
+        self.checking.insert(group.to_string());
+        let tx = tx.clone();
+        let dir = root.path.clone();
+        let group = group.to_string();
+        tokio::spawn(async move {
+            let result = crate::daemon::credential::check(
+                &command,
+                &dir,
+                crate::daemon::credential::CHECK_TIMEOUT,
+            )
+            .await;
+            let _ = tx.send(Event::CredentialChecked { group, result });
+        });
+    }
+    /// A session hit `limit`: hold its credential group, journal it, say it
+    /// once per hold, and run the session again when the hold ends. Returns
+    /// the verdict for the session's record (not a failure: no streak).
+    /// (Returns the verdict, and the record to raise with whether to
+    /// escalate it: a fresh hold only.)
+    pub(super) fn usage_limit_hit(
+        &mut self,
+        root: &StateRoot,
+        config: &Config,
+        now: DateTime<Utc>,
+        hit: LimitHit,
+    ) -> (failure::Verdict, Option<(ErrorRecord, bool)>) {
+        let LimitHit {
+            agent,
+            group,
+            session_id,
+            limit,
+        } = hit;
+        let (fresh, hold) = self.holds.limit_seen(
+            group,
+            limit,
+            now,
+            &config.usage_limits,
+            seed(&format!("{group}/{agent}")),
+        );
+        self.save(root);
+        let kind = match limit.kind {
+            LimitKind::UsageLimit => "usage_limit",
+            LimitKind::ExtraUsageExhausted => "extra_usage_exhausted",
+            LimitKind::ApiRateLimit => "api_rate_limit",
+            LimitKind::AdminDisabled => "admin_disabled",
+        };
+        publish::journal(
+            root,
+            agent,
+            journal::Event::UsageLimit(UsageLimitHit {
+                session_id: session_id.to_string(),
+                kind: kind.to_string(),
+                credential: group.to_string(),
+                window: limit.window.clone(),
+                resets_at: limit.resets_at.map(Timestamp::from_datetime),
+                hold_until: hold.until,
+                evidence: limit.evidence.clone(),
+                note: limit.note.clone(),
+            }),
+        );
+        let code = if hold.cause == Cause::Disabled {
+            Code::UsageDisabled
+        } else {
+            Code::UsageLimit
+        };
+        let message = format!(
+            "credential {group}: {} ({kind}, seen by {agent})",
+            hold.reason
+        );
+        let mut raise = None;
+        if fresh {
+            let mut record = ErrorRecord::new(code, message.clone())
+                .agent(agent)
+                .session(session_id.to_string())
+                .details(limit.evidence.clone());
+            if let Some(note) = &limit.note {
+                record = record.details(format!("{}; {note}", limit.evidence));
+            }
+            raise = Some((record, code == Code::UsageDisabled));
+        } else {
+            tracing::info!(agent = %agent, "{message}");
+        }
+        let verdict = failure::Verdict {
+            code: Some(code),
+            message: hold.reason.clone(),
+            attempt: 1,
+            next: Next::Nothing,
+            escalate: false,
+        };
+        (verdict, raise)
+    }
+
     /// Read `.daemon/economy.json` (at start): holds survive a restart.
     pub(super) fn load(&mut self, root: &StateRoot) {
         let path = saved_path(root);
@@ -367,6 +471,22 @@ pub(super) enum Checked {
     Held(Box<ErrorRecord>),
 }
 
+/// A session of `agent` (of credential `group`) hit `limit`.
+pub(super) struct LimitHit<'a> {
+    pub(super) agent: &'a AgentName,
+    pub(super) group: &'a str,
+    pub(super) session_id: &'a str,
+    pub(super) limit: &'a Limit,
+}
+
+/// The credential group of an agent (the default one for an agent no
+/// longer configured).
+pub(super) fn group_of(cfg: Option<&AgentConfig>) -> String {
+    cfg.map_or(DEFAULT_CREDENTIAL.to_string(), |c| {
+        c.session.credential.clone()
+    })
+}
+
 /// The login check of credential `group`, if it has one.
 fn check_of(config: &Config, group: &str) -> Option<Vec<String>> {
     config.credentials.get(group).and_then(|c| c.check.clone())
@@ -439,7 +559,13 @@ impl Daemon {
             Gate::Held { until, reason: why } => {
                 if self.economy.said_held.insert((agent.clone(), why.clone())) {
                     if let Some(error) = self.economy.held_error(cfg) {
-                        self.publish_agent(agent, Some(error));
+                        self.published.publish_agent(
+                            &self.root,
+                            &self.core,
+                            self.clock.now(),
+                            agent,
+                            Some(error),
+                        );
                     }
                     tracing::info!(agent = %agent, "{} wake held: {why}", reason.as_str());
                     let cause = match self.economy.holds.groups.get(&group).map(|h| h.cause) {
@@ -478,7 +604,8 @@ impl Daemon {
                 .is_none_or(|t| decide::until(now, *t) > CHECK_FRESH)
         {
             if !self.economy.checking.contains(&group) {
-                self.start_check(&group);
+                self.economy
+                    .start_check(&self.config, &self.root, &self.tx, &group);
             }
             self.core
                 .defer(self.clock.now(), agent, reason, Duration::from_secs(2));
@@ -638,78 +765,6 @@ impl Daemon {
             .session_ended(agent, InboxSummary::default(), self.clock.now());
     }
 
-    /// A session hit `limit`: hold its credential group, journal it, say it
-    /// once per hold, and run the session again when the hold ends. Returns
-    /// the verdict for the session's record (not a failure: no streak).
-    pub(super) fn usage_limit_hit(
-        &mut self,
-        agent: &AgentName,
-        cfg: Option<&AgentConfig>,
-        session_id: &str,
-        limit: &Limit,
-    ) -> failure::Verdict {
-        let now = self.clock.now();
-        let group = cfg.map_or(DEFAULT_CREDENTIAL.to_string(), |c| {
-            c.session.credential.clone()
-        });
-        let (fresh, hold) = self.economy.holds.limit_seen(
-            &group,
-            limit,
-            now,
-            &self.config.usage_limits,
-            seed(&format!("{group}/{agent}")),
-        );
-        self.economy.save(&self.root);
-        let kind = match limit.kind {
-            LimitKind::UsageLimit => "usage_limit",
-            LimitKind::ExtraUsageExhausted => "extra_usage_exhausted",
-            LimitKind::ApiRateLimit => "api_rate_limit",
-            LimitKind::AdminDisabled => "admin_disabled",
-        };
-        publish::journal(
-            &self.root,
-            agent,
-            journal::Event::UsageLimit(UsageLimitHit {
-                session_id: session_id.to_string(),
-                kind: kind.to_string(),
-                credential: group.clone(),
-                window: limit.window.clone(),
-                resets_at: limit.resets_at.map(Timestamp::from_datetime),
-                hold_until: hold.until,
-                evidence: limit.evidence.clone(),
-                note: limit.note.clone(),
-            }),
-        );
-        let code = if hold.cause == Cause::Disabled {
-            Code::UsageDisabled
-        } else {
-            Code::UsageLimit
-        };
-        let message = format!(
-            "credential {group}: {} ({kind}, seen by {agent})",
-            hold.reason
-        );
-        if fresh {
-            let mut record = ErrorRecord::new(code, message.clone())
-                .agent(agent)
-                .session(session_id.to_string())
-                .details(limit.evidence.clone());
-            if let Some(note) = &limit.note {
-                record = record.details(format!("{}; {note}", limit.evidence));
-            }
-            self.raise(record, code == Code::UsageDisabled);
-        } else {
-            tracing::info!(agent = %agent, "{message}");
-        }
-        failure::Verdict {
-            code: Some(code),
-            message: hold.reason.clone(),
-            attempt: 1,
-            next: Next::Nothing,
-            escalate: false,
-        }
-    }
-
     /// After a usage limit: the session runs again when its group's hold
     /// ends (a timed hold), or when something clears it.
     pub(super) fn after_usage_limit(&mut self, agent: &AgentName, cfg: &AgentConfig) {
@@ -729,7 +784,13 @@ impl Daemon {
             until.max(Duration::from_secs(1)),
         );
         if let Some(error) = self.economy.held_error(cfg) {
-            self.publish_agent(agent, Some(error));
+            self.published.publish_agent(
+                &self.root,
+                &self.core,
+                self.clock.now(),
+                agent,
+                Some(error),
+            );
         }
     }
 
@@ -761,7 +822,13 @@ impl Daemon {
                 .and_then(|r| r.error)
                 .is_some_and(|e| e.state == crate::state::report::ErrorState::Held);
             if still_held {
-                self.publish_agent(&agent, None);
+                self.published.publish_agent(
+                    &self.root,
+                    &self.core,
+                    self.clock.now(),
+                    &agent,
+                    None,
+                );
             }
         }
     }
@@ -772,24 +839,5 @@ impl Daemon {
         for group in self.economy.release_requests(&self.root, &self.config) {
             self.released(&group);
         }
-    }
-
-    pub(super) fn start_check(&mut self, group: &str) {
-        let Some(command) = check_of(&self.config, group) else {
-            return;
-        };
-        self.economy.checking.insert(group.to_string());
-        let tx = self.tx.clone();
-        let dir = self.root.path.clone();
-        let group = group.to_string();
-        tokio::spawn(async move {
-            let result = crate::daemon::credential::check(
-                &command,
-                &dir,
-                crate::daemon::credential::CHECK_TIMEOUT,
-            )
-            .await;
-            let _ = tx.send(Event::CredentialChecked { group, result });
-        });
     }
 }

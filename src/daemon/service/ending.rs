@@ -94,7 +94,21 @@ impl Daemon {
         // `usage_limit_hit` holds the credential itself (the machine's
         // `HoldCredential` is not carried out yet): no `until` needed here.
         let held = limit.as_ref().map(|l| {
-            let v = self.usage_limit_hit(&agent, cfg.as_ref(), &sid, l);
+            let now = self.clock.now();
+            let (v, raise) = (self.economy).usage_limit_hit(
+                &self.root,
+                &self.config,
+                now,
+                economy::LimitHit {
+                    agent: &agent,
+                    group: &economy::group_of(cfg.as_ref()),
+                    session_id: &sid,
+                    limit: l,
+                },
+            );
+            if let Some((record, escalate)) = raise {
+                self.raise(record, escalate);
+            }
             machine::Held {
                 until: None,
                 admin_cap: v.code == Some(Code::UsageDisabled),
@@ -430,7 +444,8 @@ impl Daemon {
                         self.economy
                             .login_failed(&self.root, &self.config, &agent, cfg, now);
                     if let Some(group) = check {
-                        self.start_check(&group);
+                        self.economy
+                            .start_check(&self.config, &self.root, &self.tx, &group);
                     }
                 }
             }
@@ -540,7 +555,8 @@ impl Daemon {
             Next::Clear => {
                 set(&|s| s.backoff_until = None);
                 self.escalated.clear(Some(agent));
-                self.publish_agent(agent, None);
+                self.published
+                    .publish_agent(&self.root, &self.core, self.clock.now(), agent, None);
                 return;
             }
             Next::Retry { after } => {
@@ -576,7 +592,8 @@ impl Daemon {
             until: until.map(Timestamp::from_datetime),
             since: Some(since.unwrap_or_else(|| Timestamp::from_datetime(now))),
         };
-        self.publish_agent(agent, Some(error));
+        self.published
+            .publish_agent(&self.root, &self.core, self.clock.now(), agent, Some(error));
     }
 }
 

@@ -160,7 +160,7 @@ impl Daemon {
         self.intake.reusable.clear();
         let agents: Vec<AgentName> = self.core.names().cloned().collect();
         for agent in agents {
-            self.take_wake_requests(&agent);
+            self.intake.requests.take(&self.root.agent(&agent));
             self.intake
                 .retry_rejected(&self.root, self.lock_busy.wait(&agent), &agent);
             self.scan_inbox_afresh(&agent);

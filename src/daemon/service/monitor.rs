@@ -129,8 +129,6 @@ impl Daemon {
         self.alerts.raise(record, escalate);
     }
 
-    /// The health monitor: the disk (free space, read-only), pruning, and
-    /// sessions that outlived their owner or their timeout.
     /// Raise each of `records` (not escalated): what a part returned.
     pub(super) fn raise_each(&mut self, records: impl IntoIterator<Item = ErrorRecord>) {
         for record in records {
@@ -138,6 +136,8 @@ impl Daemon {
         }
     }
 
+    /// The health monitor: the disk (free space, read-only), pruning, and
+    /// sessions that outlived their owner or their timeout.
     pub(super) fn health_check(&mut self) {
         self.check_health(true);
         // An operator who installs or `chmod +x`es a held agent's command

@@ -21,11 +21,11 @@ pub(super) struct Published {
     /// daemon.json could not be written (said once per outage).
     pub(super) heartbeat_failing: bool,
     /// report.json `next_wake_at` as last written, per agent.
-    pub(super) published_wake: std::cell::RefCell<BTreeMap<AgentName, Option<Timestamp>>>,
+    pub(super) published_wake: BTreeMap<AgentName, Option<Timestamp>>,
     /// report.json `next_wake_at` as read by the survey of the agents being
-    /// applied (start, reload): spares [`Daemon::set_next_wake`] a read.
+    /// applied (start, reload): spares [`Published::set_next_wake`] a read.
     /// Taken once per agent; emptied at the end of the apply.
-    pub(super) surveyed_wake: std::cell::RefCell<BTreeMap<AgentName, Option<Timestamp>>>,
+    pub(super) surveyed_wake: BTreeMap<AgentName, Option<Timestamp>>,
 }
 
 /// Append `event` to the agent's journal (an error is logged, not returned:
@@ -111,15 +111,21 @@ pub(super) fn report_error_since(root: &StateRoot, agent: &AgentName) -> Option<
         .and_then(|e| e.since)
 }
 
-impl Daemon {
+impl Published {
     /// report.json: the error state (`None` clears it) and the next wake.
-    pub(super) fn publish_agent(&self, agent: &AgentName, error: Option<ReportError>) {
-        let wake = self
-            .core
-            .effective_wake(self.clock.now(), agent)
+    pub(super) fn publish_agent(
+        &mut self,
+        root: &StateRoot,
+        core: &Core,
+        now: DateTime<Utc>,
+        agent: &AgentName,
+        error: Option<ReportError>,
+    ) {
+        let wake = core
+            .effective_wake(now, agent)
             .map(Timestamp::from_datetime);
-        let result = self
-            .dir(agent)
+        let result = root
+            .agent(agent)
             .update(Timestamp::now(), |report: &mut Report| {
                 match &error {
                     Some(e) => {
@@ -141,16 +147,60 @@ impl Daemon {
                 report.next_wake_at = wake;
             });
         if result.is_ok() {
-            self.published
-                .published_wake
-                .borrow_mut()
-                .insert(agent.clone(), wake);
+            self.published_wake.insert(agent.clone(), wake);
         }
         if let Err(e) = result {
             tracing::warn!(agent = %agent, "cannot update report.json: {e}");
         }
     }
 
+    /// report.json `next_wake_at`.
+    pub(super) fn set_next_wake(
+        &mut self,
+        root: &StateRoot,
+        core: &Core,
+        now: DateTime<Utc>,
+        agent: &AgentName,
+        wake: Option<DateTime<Utc>>,
+    ) {
+        // Pushed past a backoff, or none while disabled.
+        let wake = if core.contains(agent) {
+            core.effective_wake(now, agent)
+        } else {
+            wake
+        };
+        let wake = wake.map(Timestamp::from_datetime);
+        // Unchanged on disk (every agent at every start): decided on a read
+        // without the lock, report.json being replaced whole (the survey's,
+        // at a start or reload).
+        let on_disk = match self.surveyed_wake.remove(agent) {
+            Some(seen) => Some(seen),
+            None => root
+                .agent(agent)
+                .read::<Report>()
+                .ok()
+                .flatten()
+                .map(|r| r.next_wake_at),
+        };
+        if on_disk == Some(wake) {
+            self.published_wake.insert(agent.clone(), wake);
+            return;
+        }
+        let result = root
+            .agent(agent)
+            .update(Timestamp::now(), |report: &mut Report| {
+                report.next_wake_at = wake;
+            });
+        if result.is_ok() {
+            self.published_wake.insert(agent.clone(), wake);
+        }
+        if let Err(e) = result {
+            tracing::warn!(agent = %agent, "cannot update next_wake_at: {e}");
+        }
+    }
+}
+
+impl Daemon {
     pub(super) fn status_line(&self) -> String {
         let running: Vec<String> = self.running.keys().map(|a| a.to_string()).collect();
         let next = self

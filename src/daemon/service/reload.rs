@@ -115,12 +115,11 @@ impl Daemon {
             if let Some(wake) = survey.next_wake {
                 self.published
                     .surveyed_wake
-                    .borrow_mut()
                     .insert(agent.name.clone(), wake);
             }
             self.plan_schedule(agent, now, at_start);
         }
-        self.published.surveyed_wake.borrow_mut().clear();
+        self.published.surveyed_wake.clear();
         // Human mailboxes: bootstrapped, never woken.
         for agent in self
             .config
@@ -191,7 +190,7 @@ impl Daemon {
                         .cloned()
                         .collect();
                     for agent in changed {
-                        self.take_wake_requests(&agent);
+                        self.intake.requests.take(&self.root.agent(&agent));
                         self.intake
                             .retry_rejected(&self.root, self.lock_busy.wait(&agent), &agent);
                         self.scan_inbox_afresh(&agent);

@@ -11,45 +11,6 @@ pub(super) const RECOVERY_WAIT: Duration = Duration::from_secs(5);
 pub(super) const LOCK_RETRY: Duration = Duration::from_secs(2);
 
 impl Daemon {
-    /// Sessions left `running` by a process that is gone (a previous daemon
-    /// killed, a crashed script) become errors; their messages go back.
-    pub(super) fn recover(&mut self) {
-        let now = Timestamp::now();
-        // Each agent's recovery touches its own files only: on a few
-        // threads (at 10,000 agents this was a fifth of a start).
-        let agents: Vec<&AgentConfig> = self.config.working_agents().collect();
-        let root = &self.root;
-        let recovered: Vec<(Vec<ErrorRecord>, Option<Marker>)> =
-            crate::daemon::fanout::map(&agents, |agent| {
-                recover_agent(agent, &root.agent(&agent.name), now)
-            });
-        let mut records = Vec::new();
-        let mut markers = Vec::new();
-        for (r, m) in recovered {
-            records.extend(r);
-            markers.extend(m);
-        }
-        // A child the dead daemon forked an instant before it died carries
-        // its marker only once it has exec'd (until then /proc shows the
-        // daemon's environment): every marker is swept again a little later,
-        // twice, in one pass over /proc each.
-        if !markers.is_empty() {
-            let mut killed = 0;
-            for pause in [30, 100] {
-                std::thread::sleep(Duration::from_millis(pause));
-                killed += runner::kill_marked_all(&markers);
-            }
-            if killed > 0 {
-                tracing::warn!(
-                    "killed {killed} more process(es) of sessions of a daemon that died (they started late)"
-                );
-            }
-        }
-        for record in records {
-            self.raise(record, false);
-        }
-    }
-
     pub(super) fn start(&mut self, agent: &AgentName, reason: WakeReason) {
         let Some(cfg) = self.agent_config(agent).cloned() else {
             self.core
@@ -240,7 +201,13 @@ impl Daemon {
         if let Some(Err(report)) = &launched
             && !crate::daemon::runnable::counts_as_attempt(&report.ending)
         {
-            self.note_unrunnable_spawn(agent, &cfg);
+            unrunnable::note_unrunnable_spawn(
+                &self.config,
+                &self.root,
+                &mut self.unrunnable,
+                agent,
+                &cfg,
+            );
         }
         tokio::spawn(async move {
             let (pid_tx, pid_rx) = tokio::sync::oneshot::channel::<u32>();
@@ -638,4 +605,41 @@ fn conversation_to_continue(
         c.reply = Some((last.session_id.clone(), conversation));
     }
     c
+}
+
+/// Sessions left `running` by a process that is gone (a previous daemon
+/// killed, a crashed script) become errors; their messages go back.
+/// (Returns the records to raise.)
+pub(super) fn recover(config: &Config, root: &StateRoot) -> Vec<ErrorRecord> {
+    let now = Timestamp::now();
+    // Each agent's recovery touches its own files only: on a few
+    // threads (at 10,000 agents this was a fifth of a start).
+    let agents: Vec<&AgentConfig> = config.working_agents().collect();
+    let recovered: Vec<(Vec<ErrorRecord>, Option<Marker>)> =
+        crate::daemon::fanout::map(&agents, |agent| {
+            recover_agent(agent, &root.agent(&agent.name), now)
+        });
+    let mut records = Vec::new();
+    let mut markers = Vec::new();
+    for (r, m) in recovered {
+        records.extend(r);
+        markers.extend(m);
+    }
+    // A child the dead daemon forked an instant before it died carries
+    // its marker only once it has exec'd (until then /proc shows the
+    // daemon's environment): every marker is swept again a little later,
+    // twice, in one pass over /proc each.
+    if !markers.is_empty() {
+        let mut killed = 0;
+        for pause in [30, 100] {
+            std::thread::sleep(Duration::from_millis(pause));
+            killed += runner::kill_marked_all(&markers);
+        }
+        if killed > 0 {
+            tracing::warn!(
+                "killed {killed} more process(es) of sessions of a daemon that died (they started late)"
+            );
+        }
+    }
+    records
 }

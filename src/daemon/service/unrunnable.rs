@@ -101,17 +101,6 @@ impl Daemon {
         }
     }
 
-    /// The spawn of a session that claimed its messages found no command
-    /// that can be executed (it vanished after the check, or the check
-    /// could not see why): the session's end returns its messages without
-    /// counting an attempt and its verdict holds the agent; this keeps what
-    /// the command is now, so the health check releases the hold once it
-    /// changes.
-    pub(super) fn note_unrunnable_spawn(&mut self, agent: &AgentName, cfg: &AgentConfig) {
-        let probe = probe_command(&self.config, &self.root, cfg);
-        self.unrunnable.insert(agent.clone(), probe);
-    }
-
     /// Probe every held agent's command again (the health check, a
     /// reload): release those that can run now (their waiting messages
     /// wake them), record a failure that changed.
@@ -150,7 +139,13 @@ impl Daemon {
                         slot.backoff_until = None;
                     }
                     tracing::info!(agent = %agent, "its command can run now: no longer held; its waiting messages wake it");
-                    self.publish_agent(&agent, None);
+                    self.published.publish_agent(
+                        &self.root,
+                        &self.core,
+                        self.clock.now(),
+                        &agent,
+                        None,
+                    );
                     self.scan_inbox(&agent);
                 }
             }
@@ -172,4 +167,21 @@ fn probe_command(config: &Config, root: &StateRoot, cfg: &AgentConfig) -> Probe 
         .is_none()
         .then_some(dir.path.as_path());
     runnable::probe(&program, cwd, std::env::var_os("PATH").as_deref())
+}
+
+/// The spawn of a session that claimed its messages found no command
+/// that can be executed (it vanished after the check, or the check
+/// could not see why): the session's end returns its messages without
+/// counting an attempt and its verdict holds the agent; this keeps what
+/// the command is now, so the health check releases the hold once it
+/// changes.
+pub(super) fn note_unrunnable_spawn(
+    config: &Config,
+    root: &StateRoot,
+    unrunnable: &mut BTreeMap<AgentName, Probe>,
+    agent: &AgentName,
+    cfg: &AgentConfig,
+) {
+    let probe = probe_command(config, root, cfg);
+    unrunnable.insert(agent.clone(), probe);
 }

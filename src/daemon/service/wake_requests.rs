@@ -107,6 +107,92 @@ struct Backlog {
 }
 
 impl WakeRequests {
+    /// Learn every wake request in `agent`'s inbox from a listing (at
+    /// start, the reconcile scan, a rescan, a reload); they are served at
+    /// the end of this loop turn. Never through a link: a request is a name.
+    pub(super) fn take(&mut self, dir: &AgentDir) {
+        let agent = &dir.name;
+        if inbox::is_big(dir) {
+            // A flooded inbox: listed on a blocking thread (its listing
+            // costs tens of milliseconds per 100,000 entries), what it
+            // finds served when it is back.
+            let b = self.backlog.entry(agent.clone()).or_default();
+            b.list_again = true;
+            b.list_serves = true;
+            return;
+        }
+        let inbox_dir = dir.inbox();
+        let Ok(names) = crate::fsx::list(&inbox_dir) else {
+            return;
+        };
+        let requests = self;
+        if let Some(b) = requests.backlog.get_mut(agent) {
+            b.list_again = false;
+        }
+        for name in names {
+            let Some(name) = name.to_str() else {
+                continue;
+            };
+            if !files::is_wake_request(name) {
+                continue;
+            }
+            let path = inbox_dir.join(name);
+            if requests.failed.contains(&path) {
+                // Served already; its removal failed (a read-only disk):
+                // removed now if it can be, never served twice.
+                if crate::fsx::remove_file(&path).is_ok() {
+                    requests.failed.remove(&path);
+                }
+            } else {
+                requests.arrived(agent, name.to_string());
+            }
+        }
+    }
+
+    /// A batch of removals came back: failures noted (each such request was
+    /// served once, and is never served again), a listing's requests
+    /// remembered.
+    /// (`known`: the agent is still configured.)
+    pub(super) fn swept(&mut self, root: &StateRoot, known: bool, swept: Swept) {
+        let requests = self;
+        requests.sweeping.remove(&swept.agent);
+        let inbox_dir = root.agent(&swept.agent).inbox();
+        let failed: std::collections::BTreeMap<&String, &String> =
+            swept.failed.iter().map(|(n, e)| (n, e)).collect();
+        for name in &swept.batch {
+            let path = inbox_dir.join(name);
+            match failed.get(name) {
+                None => {
+                    requests.failed.remove(&path);
+                }
+                Some(e) => {
+                    tracing::warn!(agent = %swept.agent, "cannot remove the wake request {}: {e}; it is served once", path.display());
+                    requests.failed.insert(path);
+                }
+            }
+        }
+        if !known {
+            requests.backlog.remove(&swept.agent);
+            return;
+        }
+        for name in swept.listed.unwrap_or_default() {
+            if requests.failed.contains(&inbox_dir.join(&name)) {
+                // Served already; its removal failed (a read-only disk):
+                // tried again by the next batch, never served twice.
+                let b = requests.backlog.entry(swept.agent.clone()).or_default();
+                if b.names.len() < NAMES_KEPT {
+                    b.names.insert(name);
+                }
+            } else if swept.serves {
+                requests.arrived(&swept.agent, name);
+            } else {
+                requests.found(&swept.agent, name);
+            }
+        }
+        // Whatever is left (or the "served" line) at the next turn.
+        requests.backlog.entry(swept.agent).or_default();
+    }
+
     /// The earliest time a held-back wake request is due.
     pub(super) fn held_until(&self) -> Option<DateTime<Utc>> {
         self.held.values().min().copied()
@@ -204,52 +290,6 @@ fn sweep(
 }
 
 impl Daemon {
-    /// Learn every wake request in `agent`'s inbox from a listing (at
-    /// start, the reconcile scan, a rescan, a reload); they are served at
-    /// the end of this loop turn. Never through a link: a request is a name.
-    pub(super) fn take_wake_requests(&mut self, agent: &AgentName) {
-        if inbox::is_big(&self.dir(agent)) {
-            // A flooded inbox: listed on a blocking thread (its listing
-            // costs tens of milliseconds per 100,000 entries), what it
-            // finds served when it is back.
-            let b = self
-                .intake
-                .requests
-                .backlog
-                .entry(agent.clone())
-                .or_default();
-            b.list_again = true;
-            b.list_serves = true;
-            return;
-        }
-        let inbox_dir = self.dir(agent).inbox();
-        let Ok(names) = crate::fsx::list(&inbox_dir) else {
-            return;
-        };
-        let requests = &mut self.intake.requests;
-        if let Some(b) = requests.backlog.get_mut(agent) {
-            b.list_again = false;
-        }
-        for name in names {
-            let Some(name) = name.to_str() else {
-                continue;
-            };
-            if !files::is_wake_request(name) {
-                continue;
-            }
-            let path = inbox_dir.join(name);
-            if requests.failed.contains(&path) {
-                // Served already; its removal failed (a read-only disk):
-                // removed now if it can be, never served twice.
-                if crate::fsx::remove_file(&path).is_ok() {
-                    requests.failed.remove(&path);
-                }
-            } else {
-                requests.arrived(agent, name.to_string());
-            }
-        }
-    }
-
     /// One loop turn of wake requests: a wake for each agent with a new
     /// request, and a batch of removals sent off the loop for each agent
     /// with requests left and none on the way.
@@ -365,49 +405,6 @@ impl Daemon {
             let swept = sweep(agent, inbox_dir, batch, list, serves);
             let _ = tx.send(Event::WakeRequestsSwept(Box::new(swept)));
         });
-    }
-
-    /// A batch of removals came back: failures noted (each such request was
-    /// served once, and is never served again), a listing's requests
-    /// remembered.
-    pub(super) fn wake_requests_swept(&mut self, swept: Swept) {
-        let requests = &mut self.intake.requests;
-        requests.sweeping.remove(&swept.agent);
-        let inbox_dir = self.root.agent(&swept.agent).inbox();
-        let failed: std::collections::BTreeMap<&String, &String> =
-            swept.failed.iter().map(|(n, e)| (n, e)).collect();
-        for name in &swept.batch {
-            let path = inbox_dir.join(name);
-            match failed.get(name) {
-                None => {
-                    requests.failed.remove(&path);
-                }
-                Some(e) => {
-                    tracing::warn!(agent = %swept.agent, "cannot remove the wake request {}: {e}; it is served once", path.display());
-                    requests.failed.insert(path);
-                }
-            }
-        }
-        if !self.core.contains(&swept.agent) {
-            requests.backlog.remove(&swept.agent);
-            return;
-        }
-        for name in swept.listed.unwrap_or_default() {
-            if requests.failed.contains(&inbox_dir.join(&name)) {
-                // Served already; its removal failed (a read-only disk):
-                // tried again by the next batch, never served twice.
-                let b = requests.backlog.entry(swept.agent.clone()).or_default();
-                if b.names.len() < NAMES_KEPT {
-                    b.names.insert(name);
-                }
-            } else if swept.serves {
-                requests.arrived(&swept.agent, name);
-            } else {
-                requests.found(&swept.agent, name);
-            }
-        }
-        // Whatever is left (or the "served" line) at the next turn.
-        requests.backlog.entry(swept.agent).or_default();
     }
 
     /// Ask for a manual wake; while a session runs, journal its skip (at

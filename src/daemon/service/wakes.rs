@@ -13,6 +13,15 @@ pub(super) struct Schedules {
 }
 
 impl Schedules {
+    /// Remember the scheduled time of `agent`'s next fire (the caller
+    /// publishes its wake time, report.json `next_wake_at`).
+    pub(super) fn next_fire(&mut self, agent: &AgentName, scheduled: Option<DateTime<Utc>>) {
+        match scheduled {
+            Some(t) => self.next_scheduled.insert(agent.clone(), t),
+            None => self.next_scheduled.remove(agent),
+        };
+    }
+
     /// Write `.daemon/schedule.json`.
     pub(super) fn save(&self, root: &StateRoot) {
         if let Err(e) = files::write_schedule_state(root, &self.schedule_state) {
@@ -46,7 +55,8 @@ impl Daemon {
             if let Some(mut slot) = self.core.slot_mut(&name) {
                 slot.next_fire = None;
             }
-            self.set_next_wake(&name, None);
+            self.published
+                .set_next_wake(&self.root, &self.core, self.clock.now(), &name, None);
             return;
         };
         let mut last = self
@@ -122,66 +132,9 @@ impl Daemon {
         if let Some(mut slot) = self.core.slot_mut(&agent.name) {
             slot.next_fire = wake;
         }
-        self.record_next_fire(&agent.name, scheduled, wake);
-    }
-
-    /// Remember the scheduled time of the next fire and publish its wake time
-    /// (report.json `next_wake_at`).
-    pub(super) fn record_next_fire(
-        &mut self,
-        agent: &AgentName,
-        scheduled: Option<DateTime<Utc>>,
-        wake: Option<DateTime<Utc>>,
-    ) {
-        match scheduled {
-            Some(t) => self.schedules.next_scheduled.insert(agent.clone(), t),
-            None => self.schedules.next_scheduled.remove(agent),
-        };
-        self.set_next_wake(agent, wake);
-    }
-
-    /// report.json `next_wake_at`.
-    pub(super) fn set_next_wake(&self, agent: &AgentName, wake: Option<DateTime<Utc>>) {
-        // Pushed past a backoff, or none while disabled.
-        let wake = if self.core.contains(agent) {
-            self.core.effective_wake(self.clock.now(), agent)
-        } else {
-            wake
-        };
-        let wake = wake.map(Timestamp::from_datetime);
-        // Unchanged on disk (every agent at every start): decided on a read
-        // without the lock, report.json being replaced whole (the survey's,
-        // at a start or reload).
-        let on_disk = match self.published.surveyed_wake.borrow_mut().remove(agent) {
-            Some(seen) => Some(seen),
-            None => self
-                .dir(agent)
-                .read::<Report>()
-                .ok()
-                .flatten()
-                .map(|r| r.next_wake_at),
-        };
-        if on_disk == Some(wake) {
-            self.published
-                .published_wake
-                .borrow_mut()
-                .insert(agent.clone(), wake);
-            return;
-        }
-        let result = self
-            .dir(agent)
-            .update(Timestamp::now(), |report: &mut Report| {
-                report.next_wake_at = wake;
-            });
-        if result.is_ok() {
-            self.published
-                .published_wake
-                .borrow_mut()
-                .insert(agent.clone(), wake);
-        }
-        if let Err(e) = result {
-            tracing::warn!(agent = %agent, "cannot update next_wake_at: {e}");
-        }
+        self.schedules.next_fire(&agent.name, scheduled);
+        let now = self.clock.now();
+        (self.published).set_next_wake(&self.root, &self.core, now, &agent.name, wake);
     }
 
     /// Everything that is due now: schedules, debounces, settling files,
@@ -229,7 +182,9 @@ impl Daemon {
                     .last_fire
                     .insert(name.to_string(), Timestamp::from_datetime(fired));
                 let wake = self.core.slot(&name).and_then(|slot| slot.next_fire);
-                self.record_next_fire(&name, next, wake);
+                self.schedules.next_fire(&name, next);
+                let now = self.clock.now();
+                (self.published).set_next_wake(&self.root, &self.core, now, &name, wake);
             }
             self.schedules.save(&self.root);
         }
@@ -255,8 +210,14 @@ impl Daemon {
                 .core
                 .effective_wake(self.clock.now(), &agent)
                 .map(Timestamp::from_datetime);
-            if self.published.published_wake.borrow().get(&agent) != Some(&wake) {
-                self.set_next_wake(&agent, None);
+            if self.published.published_wake.get(&agent) != Some(&wake) {
+                self.published.set_next_wake(
+                    &self.root,
+                    &self.core,
+                    self.clock.now(),
+                    &agent,
+                    None,
+                );
             }
         }
         self.after_change();
