@@ -42,7 +42,7 @@ mod size {
 
     /// Types still over the limit, with the most they may have: lowered as
     /// methods move to the parts, never raised.
-    const STILL_OVER: &[(&str, usize)] = &[("Daemon", 46)];
+    const STILL_OVER: &[(&str, usize)] = &[("Daemon", 36)];
 
     /// Methods per type: each `fn` at the first level of an inherent
     /// `impl Type {` block (rustfmt's layout), over every file below `dir`.

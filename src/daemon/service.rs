@@ -6,6 +6,25 @@
 //! interval, and the reconcile scan (a backstop, every few minutes). Each is
 //! handed to the pure `core`, and what it decides is carried out here.
 
+/// The loop's state as the publisher reads it ([`publish::Seen`]):
+/// borrowed field by field, so `published` can be borrowed mutably
+/// alongside.
+macro_rules! seen {
+    ($daemon:expr) => {
+        publish::Seen {
+            core: &$daemon.core,
+            running: &$daemon.running,
+            streaks: &$daemon.streaks,
+            monitor: &$daemon.monitor,
+            economy: &$daemon.economy,
+            started_at: $daemon.started_at,
+            stopping: $daemon.stopping.is_some(),
+            root: &$daemon.root,
+            config_path: &$daemon.config_path,
+        }
+    };
+}
+
 mod economy;
 mod ending;
 mod flows;
@@ -549,8 +568,8 @@ pub async fn run(config_path: &Path) -> Result<()> {
     // Ready once the state is recovered and the watches are in place: what
     // the inboxes hold, and what is due, is work like any other. A backlog
     // of thousands of messages never holds READY (nor systemd's start job).
-    daemon.write_heartbeat();
-    systemd::ready(&daemon.status_line());
+    daemon.published.write_heartbeat(&seen!(daemon));
+    systemd::ready(&seen!(daemon).status_line());
     tracing::info!(
         "agent-state {} ready: {} agents on {}",
         env!("CARGO_PKG_VERSION"),
@@ -588,7 +607,7 @@ pub async fn run(config_path: &Path) -> Result<()> {
         }
     }
     daemon.published.heartbeat_written = false;
-    daemon.write_heartbeat();
+    daemon.published.write_heartbeat(&seen!(daemon));
     tracing::info!("stopped: every session has ended");
     match daemon.root_lost.take() {
         Some(why) => Err(Error::Unavailable(why)),
@@ -597,21 +616,11 @@ pub async fn run(config_path: &Path) -> Result<()> {
 }
 
 impl Daemon {
-    fn dir(&self, agent: &AgentName) -> AgentDir {
-        self.root.agent(agent)
-    }
-
     /// An agent's config: by the index built at start and reload (checked,
     /// so a stale index can only cost a search), not a search of every agent
     /// (at 10k agents, per-agent work at start was quadratic).
     fn agent_config(&self, agent: &AgentName) -> Option<&AgentConfig> {
-        if let Some(&i) = self.agent_index.get(agent)
-            && let Some(a) = self.config.agents.get(i)
-            && &a.name == agent
-        {
-            return Some(a);
-        }
-        self.config.agents.iter().find(|a| &a.name == agent)
+        agent_in(&self.config, &self.agent_index, agent)
     }
 
     fn handle(&mut self, event: Event) {
@@ -714,7 +723,7 @@ impl Daemon {
                 of,
                 phase,
             } => {
-                let dir = self.dir(&agent);
+                let dir = self.root.agent(&agent);
                 iterations::iteration(self.running.get_mut(&agent), &dir, n, of, phase)
             }
             Event::WorkspacesPruned { removed, errors } => {
@@ -863,8 +872,8 @@ impl Daemon {
                 let _ = r.stop.send(true);
             }
         }
-        self.write_heartbeat();
-        let status = self.status_line();
+        self.published.write_heartbeat(&seen!(self));
+        let status = seen!(self).status_line();
         if status != self.published.last_status {
             systemd::status(&status);
             self.published.last_status = status;
@@ -881,4 +890,19 @@ fn index_agents(config: &Config) -> std::collections::HashMap<AgentName, usize> 
         .enumerate()
         .map(|(i, a)| (a.name.clone(), i))
         .collect()
+}
+
+/// `agent`'s config, by `index` (see [`Daemon::agent_config`]).
+fn agent_in<'a>(
+    config: &'a Config,
+    index: &std::collections::HashMap<AgentName, usize>,
+    agent: &AgentName,
+) -> Option<&'a AgentConfig> {
+    if let Some(&i) = index.get(agent)
+        && let Some(a) = config.agents.get(i)
+        && &a.name == agent
+    {
+        return Some(a);
+    }
+    config.agents.iter().find(|a| &a.name == agent)
 }

@@ -612,7 +612,7 @@ impl Daemon {
             return false;
         }
         if scheduled && cfg.session.wake_if == WakeIf::Work {
-            let dir = self.dir(agent);
+            let dir = self.root.agent(agent);
             let waiting = self.tally.waiting.get(agent).copied().unwrap_or(0);
             let open = dir
                 .read::<crate::state::tasks::TaskFile>()
@@ -649,7 +649,7 @@ impl Daemon {
                             .map(|a| a.replace("{agent}", agent.as_str()))
                             .collect();
                         let tx = self.tx.clone();
-                        let dir = self.dir(agent).path;
+                        let dir = self.root.agent(agent).path;
                         let name = agent.clone();
                         tokio::spawn(async move {
                             let result = crate::daemon::credential::condition(
@@ -815,7 +815,8 @@ impl Daemon {
                 slot.backoff_until = Some(now);
             }
             let still_held = self
-                .dir(&agent)
+                .root
+                .agent(&agent)
                 .read::<Report>()
                 .ok()
                 .flatten()

@@ -69,7 +69,7 @@ impl Daemon {
             report.ending = Ending::Exited { code: 0 };
         }
         let now = Timestamp::from_datetime(self.clock.now());
-        let dir = self.dir(&agent);
+        let dir = self.root.agent(&agent);
         let cfg = self.agent_config(&agent).cloned();
         let sid = running.session_id.clone();
         let claude_failure = output.claude.as_ref().and_then(output::classify);
@@ -521,7 +521,8 @@ impl Daemon {
             if let (Some(sid), Some(_)) = (session_id, report.pid) {
                 record = record.suggest(format!(
                     "Read the session log: {}",
-                    self.dir(agent)
+                    self.root
+                        .agent(agent)
                         .sessions_dir()
                         .join(format!("{sid}.log"))
                         .display()

@@ -172,7 +172,7 @@ impl Daemon {
     /// milliseconds per 100,000 entries) is listed off the loop first and
     /// scanned when the listing is back.
     pub(super) fn scan_inbox_afresh(&mut self, agent: &AgentName) {
-        if inbox::is_big(&self.dir(agent)) {
+        if inbox::is_big(&self.root.agent(agent)) {
             self.intake.list_inbox_for_scan(&self.root, &self.tx, agent);
         } else {
             self.scan_inbox(agent);
@@ -201,7 +201,7 @@ impl Daemon {
         if !self.watcher.is_watching(agent)
             && let Some(cfg) = self.agent_config(agent).cloned()
         {
-            let dir = self.dir(agent);
+            let dir = self.root.agent(agent);
             match bootstrap::agent(&cfg, &dir, Timestamp::now()) {
                 Ok(created) if !created.is_empty() => {
                     tracing::info!(agent = %agent, "its inbox was replaced: made again {}", created.join(", "))
@@ -248,7 +248,7 @@ impl Daemon {
     }
 
     pub(super) fn receive(&mut self, agent: &AgentName) -> Option<InboxSummary> {
-        let dir = self.dir(agent);
+        let dir = self.root.agent(agent);
         let now = Timestamp::now();
         let wait = self.lock_busy.wait(agent);
         let settle = self

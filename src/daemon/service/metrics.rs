@@ -316,7 +316,7 @@ impl Daemon {
         for agent in &agents {
             if self.tally.probed.insert(agent.clone())
                 && !self.tally.last_success.contains_key(agent)
-                && let Ok(Some(report)) = self.dir(agent).read::<Report>()
+                && let Ok(Some(report)) = self.root.agent(agent).read::<Report>()
                 && let Some(last) = report.last_session
                 && last.outcome == Some(crate::state::session::SessionStatus::Completed)
                 && let Some(t) = last.ended_at

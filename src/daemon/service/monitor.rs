@@ -27,6 +27,47 @@ pub(super) struct Monitor {
 }
 
 impl Monitor {
+    /// Worktrees of sessions that are gone: pruned off the loop, once an
+    /// hour (every five minutes while the disk is low), one pruning at a
+    /// time. What it did comes back as `Event::WorkspacesPruned`.
+    /// (`live`: the worktrees of the sessions running, asked for only when
+    /// a pruning starts.)
+    fn prune_workspaces(
+        &mut self,
+        config: &Config,
+        root: &StateRoot,
+        tx: &mpsc::UnboundedSender<Event>,
+        disk_low: bool,
+        live: impl FnOnce() -> Vec<PathBuf>,
+    ) {
+        let every = if disk_low {
+            Duration::from_secs(300)
+        } else {
+            Duration::from_secs(3600)
+        };
+        if self.workspace_prune_running
+            || self
+                .last_workspace_prune
+                .is_some_and(|t| t.elapsed() < every)
+        {
+            return;
+        }
+        let root = root.clone();
+        let jobs = workspaces::prune_jobs(config.working_agents(), |a: &AgentConfig| {
+            root.agent(&a.name)
+        });
+        if jobs.is_empty() {
+            return;
+        }
+        let live = live();
+        self.workspace_prune_running = true;
+        self.last_workspace_prune = Some(std::time::Instant::now());
+        let tx = tx.clone();
+        tokio::task::spawn_blocking(move || {
+            let (removed, errors) = workspaces::prune(&jobs, &live);
+            let _ = tx.send(Event::WorkspacesPruned { removed, errors });
+        });
+    }
     /// The logs over `[logs] rotate_size` rotated, off the loop, at every
     /// health check (a `stat` per agent); segments past retention pruned
     /// hourly. What it did comes back as `Event::LogsRotated`.
@@ -240,7 +281,25 @@ impl Daemon {
             }
         }
         if full {
-            self.prune_workspaces(state.level != DiskLevel::Ok);
+            let (running, config, index, root) =
+                (&self.running, &self.config, &self.agent_index, &self.root);
+            let live = || {
+                running
+                    .iter()
+                    .filter_map(|(a, r)| {
+                        let cfg = agent_in(config, index, a)?;
+                        let w = cfg.session.workspace.as_ref()?;
+                        Some(workspaces::root_of(w, cfg, &root.agent(a)).join(&r.session_id))
+                    })
+                    .collect()
+            };
+            (self.monitor).prune_workspaces(
+                &self.config,
+                &self.root,
+                &self.tx,
+                state.level != DiskLevel::Ok,
+                live,
+            );
             if !state.read_only {
                 (self.monitor).rotate_logs(&self.config, &self.root, &self.tx);
             }
@@ -403,48 +462,6 @@ impl Daemon {
                 );
             }
         }
-    }
-
-    /// Worktrees of sessions that are gone: pruned off the loop, once an
-    /// hour (every five minutes while the disk is low), one pruning at a
-    /// time. What it did comes back as `Event::WorkspacesPruned`.
-    fn prune_workspaces(&mut self, disk_low: bool) {
-        let every = if disk_low {
-            Duration::from_secs(300)
-        } else {
-            Duration::from_secs(3600)
-        };
-        if self.monitor.workspace_prune_running
-            || self
-                .monitor
-                .last_workspace_prune
-                .is_some_and(|t| t.elapsed() < every)
-        {
-            return;
-        }
-        let root = self.root.clone();
-        let jobs = workspaces::prune_jobs(self.config.working_agents(), |a: &AgentConfig| {
-            root.agent(&a.name)
-        });
-        if jobs.is_empty() {
-            return;
-        }
-        let live: Vec<PathBuf> = self
-            .running
-            .iter()
-            .filter_map(|(a, r)| {
-                let cfg = self.agent_config(a)?;
-                let w = cfg.session.workspace.as_ref()?;
-                Some(workspaces::root_of(w, cfg, &self.dir(a)).join(&r.session_id))
-            })
-            .collect();
-        self.monitor.workspace_prune_running = true;
-        self.monitor.last_workspace_prune = Some(std::time::Instant::now());
-        let tx = self.tx.clone();
-        tokio::task::spawn_blocking(move || {
-            let (removed, errors) = workspaces::prune(&jobs, &live);
-            let _ = tx.send(Event::WorkspacesPruned { removed, errors });
-        });
     }
 }
 

@@ -200,7 +200,22 @@ impl Published {
     }
 }
 
-impl Daemon {
+/// What the publisher reads of the loop's state, borrowed field by field
+/// (see `seen!`) so that [`Published`] can be borrowed mutably alongside.
+pub(super) struct Seen<'a> {
+    pub(super) core: &'a Core,
+    pub(super) running: &'a BTreeMap<AgentName, Running>,
+    pub(super) streaks: &'a BTreeMap<AgentName, Streak>,
+    pub(super) monitor: &'a monitor::Monitor,
+    pub(super) economy: &'a economy::Economy,
+    pub(super) started_at: Timestamp,
+    pub(super) stopping: bool,
+    pub(super) root: &'a StateRoot,
+    pub(super) config_path: &'a Path,
+}
+
+impl Seen<'_> {
+    /// systemd's STATUS= line.
     pub(super) fn status_line(&self) -> String {
         let running: Vec<String> = self.running.keys().map(|a| a.to_string()).collect();
         let next = self
@@ -209,7 +224,7 @@ impl Daemon {
             .next()
             .map(|(t, n)| format!("; next: {n} at {}", Timestamp::from_datetime(t)))
             .unwrap_or_default();
-        let mut state = if self.stopping.is_some() {
+        let mut state = if self.stopping {
             "stopping; ".to_string()
         } else {
             String::new()
@@ -220,8 +235,8 @@ impl Daemon {
             state.push_str(&h.status_fragment());
             state.push_str("; ");
         }
-        let streaks = failing_streaks(&self.streaks);
-        let failing = failing_agents(&self.core, &streaks).len();
+        let streaks = failing_streaks(self.streaks);
+        let failing = failing_agents(self.core, &streaks).len();
         if failing > 0 {
             state.push_str(&format!("{failing} failing; "));
         }
@@ -237,36 +252,38 @@ impl Daemon {
             self.core.waiting_count()
         )
     }
+}
 
+impl Published {
     /// What daemon.json says that a reader cares about (not its times), as
     /// a hash computed without building it. At 10,000 agents, building,
     /// serializing (150 KB) and comparing the heartbeat at every tick was a
     /// large part of a wake's CPU; now that is done only when this changes.
-    fn heartbeat_key(&self) -> u64 {
+    fn heartbeat_key(&self, seen: &Seen) -> u64 {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
-        (self.published.agents_generation, self.core.len()).hash(&mut h);
-        for (a, r) in &self.running {
+        (self.agents_generation, seen.core.len()).hash(&mut h);
+        for (a, r) in seen.running {
             (a, &r.session_id, &r.instance, r.pid, r.started_at.0).hash(&mut h);
         }
-        self.core.fires_generation().hash(&mut h);
-        for (a, slot) in self.core.busy() {
+        seen.core.fires_generation().hash(&mut h);
+        for (a, slot) in seen.core.busy() {
             if slot.pending.is_some() || slot.disabled.is_some() {
                 (a, slot.pending.is_some(), &slot.disabled).hash(&mut h);
             }
         }
-        for (a, streak) in self.streaks.iter().filter(|(_, s)| s.failures > 0) {
-            let backoff = self.core.slot(a).map(|s| s.backoff_until);
+        for (a, streak) in seen.streaks.iter().filter(|(_, s)| s.failures > 0) {
+            let backoff = seen.core.slot(a).map(|s| s.backoff_until);
             (a, streak.failures, backoff).hash(&mut h);
         }
-        for (g, hold) in &self.economy.holds.groups {
+        for (g, hold) in &seen.economy.holds.groups {
             (g, &hold.reason, hold.until.map(|t| t.0)).hash(&mut h);
             std::mem::discriminant(&hold.cause).hash(&mut h);
         }
-        self.stopping.is_some().hash(&mut h);
-        if let Some(health) = &self.monitor.health {
+        seen.stopping.hash(&mut h);
+        if let Some(health) = &seen.monitor.health {
             let mut health = health.clone();
-            health.checked_at = self.started_at;
+            health.checked_at = seen.started_at;
             serde_json::to_string(&health)
                 .unwrap_or_default()
                 .hash(&mut h);
@@ -274,47 +291,48 @@ impl Daemon {
         h.finish()
     }
 
-    pub(super) fn write_heartbeat(&mut self) {
-        let key = self.heartbeat_key();
-        if key == self.published.last_heartbeat_key && self.published.heartbeat_written {
+    /// daemon.json, written only when what it says changed.
+    pub(super) fn write_heartbeat(&mut self, seen: &Seen) {
+        let key = self.heartbeat_key(seen);
+        if key == self.last_heartbeat_key && self.heartbeat_written {
             return;
         }
-        let wakes_key = self.core.fires_generation();
+        let wakes_key = seen.core.fires_generation();
         // Field by field (not `failing_streaks`): the JSON caches below
         // are borrowed mutably alongside.
-        let streaks: BTreeMap<&AgentName, u32> = self
+        let streaks: BTreeMap<&AgentName, u32> = seen
             .streaks
             .iter()
             .filter(|(_, s)| s.failures > 0)
             .map(|(a, s)| (a, s.failures))
             .collect();
-        let agents_key = self.published.agents_generation ^ (self.core.len() as u64) << 32;
-        let core = &self.core;
-        let agents = self.published.agents_json.get(agents_key, || {
+        let agents_key = self.agents_generation ^ (seen.core.len() as u64) << 32;
+        let core = seen.core;
+        let agents = self.agents_json.get(agents_key, || {
             let names: Vec<&str> = core.names().map(|a| a.as_str()).collect();
             serde_json::to_string(&names).unwrap_or_default()
         });
-        let next_wakes = self.published.wakes_json.get(wakes_key, || {
+        let next_wakes = self.wakes_json.get(wakes_key, || {
             let wakes: BTreeMap<&str, Timestamp> = core
                 .fires()
                 .map(|(t, a)| (a.as_str(), Timestamp::from_datetime(t)))
                 .collect();
             serde_json::to_string(&wakes).unwrap_or_default()
         });
-        let state_root = self.root.path.display().to_string();
-        let config = self.config_path.display().to_string();
+        let state_root = seen.root.path.display().to_string();
+        let config = seen.config_path.display().to_string();
         let me = crate::daemon::files::this_process();
         let hb = HeartbeatOut {
             pid: std::process::id(),
             pid_start: me.start,
             pid_ns: me.ns,
             version: env!("CARGO_PKG_VERSION"),
-            started_at: self.started_at,
+            started_at: seen.started_at,
             updated_at: Timestamp::now(),
             state_root: &state_root,
             config: &config,
             agents,
-            running: self
+            running: seen
                 .running
                 .iter()
                 .map(|(a, r)| RunningEntry {
@@ -325,23 +343,23 @@ impl Daemon {
                     started_at: r.started_at,
                 })
                 .collect(),
-            waiting: self
+            waiting: seen
                 .core
                 .busy()
                 .filter(|(_, s)| s.pending.is_some())
                 .map(|(a, _)| a.to_string())
                 .collect(),
             next_wakes,
-            paused: self
+            paused: seen
                 .monitor
                 .health
                 .as_ref()
                 .filter(|h| !h.level.allows_new_sessions())
                 .map(|h| h.status_fragment()),
-            stopping: self.stopping.is_some(),
-            health: self.monitor.health.as_ref(),
-            failing: failing_agents(&self.core, &streaks),
-            held: self
+            stopping: seen.stopping,
+            health: seen.monitor.health.as_ref(),
+            failing: failing_agents(seen.core, &streaks),
+            held: seen
                 .economy
                 .holds
                 .groups
@@ -358,16 +376,16 @@ impl Daemon {
                 })
                 .collect(),
         };
-        match files::write_heartbeat(&self.root, &hb) {
+        match files::write_heartbeat(seen.root, &hb) {
             Ok(()) => {
-                self.published.heartbeat_written = true;
-                self.published.last_heartbeat_key = key;
-                if std::mem::take(&mut self.published.heartbeat_failing) {
+                self.heartbeat_written = true;
+                self.last_heartbeat_key = key;
+                if std::mem::take(&mut self.heartbeat_failing) {
                     tracing::info!("daemon.json is written again");
                 }
             }
             Err(e) => {
-                if !std::mem::replace(&mut self.published.heartbeat_failing, true) {
+                if !std::mem::replace(&mut self.heartbeat_failing, true) {
                     tracing::error!(error_code = %e.code(), "cannot write daemon.json (said once until it works again): {e}");
                 }
             }

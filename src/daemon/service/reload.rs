@@ -221,7 +221,7 @@ impl Daemon {
         // after daemon.json says what the daemon now runs: whoever reads
         // daemon.json once the verdict is in (`reload && status`) finds the
         // reloaded agents, not the old ones until the turn ends.
-        self.write_heartbeat();
+        self.published.write_heartbeat(&seen!(self));
         let (accepted, reasons) = verdict;
         if let Err(e) = files::record_reload_verdict(
             &self.root,
@@ -231,7 +231,7 @@ impl Daemon {
         ) {
             tracing::warn!("cannot record the verdict on the reloaded config: {e}");
         }
-        systemd::ready(&self.status_line());
+        systemd::ready(&seen!(self).status_line());
         give_back_memory();
     }
 }

@@ -32,13 +32,15 @@ impl Daemon {
         // reuse the listing while no message has arrived since.
         let listed = match self.intake.listed.remove(agent) {
             Some(listed) => listed,
-            None if inbox::is_big(&self.dir(agent)) => match self.intake.reusable_listing(agent) {
-                Some(l) => Some(l),
-                None => {
-                    self.intake.list_inbox(&self.root, &self.tx, agent, reason);
-                    return;
+            None if inbox::is_big(&self.root.agent(agent)) => {
+                match self.intake.reusable_listing(agent) {
+                    Some(l) => Some(l),
+                    None => {
+                        self.intake.list_inbox(&self.root, &self.tx, agent, reason);
+                        return;
+                    }
                 }
-            },
+            }
             None => None,
         };
         if !self.economy_allows(agent, &cfg, reason) {
@@ -46,14 +48,14 @@ impl Daemon {
         }
         let now = Timestamp::from_datetime(self.clock.now());
         // Never join a session of our own whose end was not recorded.
-        if let Ok(Some(s)) = self.dir(agent).read::<Session>()
+        if let Ok(Some(s)) = self.root.agent(agent).read::<Session>()
             && s.is_running()
             && began_here(&s)
         {
             let record =
                 ending::finish_orphan(&self.root, &mut self.orphan_locks, &cfg, &s.session_id, now);
             self.raise_each(record);
-            if matches!(self.dir(agent).read::<Session>(), Ok(Some(s)) if s.is_running()) {
+            if matches!(self.root.agent(agent).read::<Session>(), Ok(Some(s)) if s.is_running()) {
                 tracing::warn!(agent = %agent, "{} wake deferred: the end of session {} is not recorded yet", reason.as_str(), s.session_id);
                 self.core
                     .defer(self.clock.now(), agent, reason, self.config.health.interval);
@@ -62,7 +64,7 @@ impl Daemon {
         }
         let wait = self.lock_busy.wait(agent);
         let writing = self.intake.writing.get(agent).cloned().unwrap_or_default();
-        let continue_conversation = conversation_to_continue(&self.dir(agent), &cfg, reason);
+        let continue_conversation = conversation_to_continue(&self.root.agent(agent), &cfg, reason);
         let prepared = match crate::state::lock::with_wait(wait, || {
             session::prepare(
                 &self.config,
@@ -182,7 +184,7 @@ impl Daemon {
         );
         let tx = self.tx.clone();
         let name = agent.clone();
-        let dir = self.dir(agent);
+        let dir = self.root.agent(agent);
         let session_id = prepared.session_id.clone();
         // Spawned here, in the loop: the agent runs before the loop goes on
         // to other agents and to publishing (daemon.json, STATUS=). Its

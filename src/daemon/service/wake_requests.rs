@@ -289,14 +289,28 @@ fn sweep(
     }
 }
 
-impl Daemon {
+/// One loop turn's serving of wake requests, over what it reads and
+/// changes: the requests, the core's slots, the economy's refusals (a
+/// manual wake says a refusal again), the skip counts.
+pub(super) struct Serving<'a> {
+    pub(super) requests: &'a mut WakeRequests,
+    pub(super) core: &'a mut Core,
+    pub(super) economy: &'a mut economy::Economy,
+    pub(super) tally: &'a mut metrics::Tally,
+    pub(super) root: &'a StateRoot,
+    pub(super) config: &'a Config,
+    pub(super) agent_index: &'a std::collections::HashMap<AgentName, usize>,
+    pub(super) tx: &'a mpsc::UnboundedSender<Event>,
+    pub(super) now: DateTime<Utc>,
+}
+
+impl Serving<'_> {
     /// One loop turn of wake requests: a wake for each agent with a new
     /// request, and a batch of removals sent off the loop for each agent
     /// with requests left and none on the way.
     pub(super) fn serve_wake_requests(&mut self) {
-        let now = self.clock.now();
+        let now = self.now;
         let due: Vec<AgentName> = self
-            .intake
             .requests
             .held
             .iter()
@@ -304,10 +318,10 @@ impl Daemon {
             .map(|(a, _)| a.clone())
             .collect();
         for agent in due {
-            self.intake.requests.held.remove(&agent);
+            self.requests.held.remove(&agent);
             self.serve_wake_request(&agent);
         }
-        let agents: Vec<AgentName> = self.intake.requests.backlog.keys().cloned().collect();
+        let agents: Vec<AgentName> = self.requests.backlog.keys().cloned().collect();
         for agent in agents {
             self.serve_wake_requests_of(&agent);
         }
@@ -328,32 +342,25 @@ impl Daemon {
             .slot(agent)
             .is_some_and(|s| s.running.is_some() || s.pending.is_some());
         if !busy {
-            let interval = self
-                .agent_config(agent)
+            let interval = agent_in(self.config, self.agent_index, agent)
                 .map(|a| a.session.wake_request_interval)
                 .unwrap_or_default();
-            let last = self.intake.requests.started.get(agent).copied();
-            if let Some(at) = wake_request_due(last, interval, self.clock.now()) {
-                if self
-                    .intake
-                    .requests
-                    .held
-                    .insert(agent.clone(), at)
-                    .is_none()
-                {
+            let last = self.requests.started.get(agent).copied();
+            if let Some(at) = wake_request_due(last, interval, self.now) {
+                if self.requests.held.insert(agent.clone(), at).is_none() {
                     tracing::debug!(agent = %agent, "wake request held back until {at}: a session asked for by a wake request began less than {} ago (wake_request_interval)", humantime::format_duration(interval));
                 }
                 return;
             }
         }
-        self.intake.requests.held.remove(agent);
+        self.requests.held.remove(agent);
         if self.request_manual_wake(agent) {
             tracing::info!(agent = %agent, "wake requested");
         }
     }
 
     fn serve_wake_requests_of(&mut self, agent: &AgentName) {
-        let Some(mut b) = self.intake.requests.backlog.remove(agent) else {
+        let Some(mut b) = self.requests.backlog.remove(agent) else {
             return;
         };
         if !self.core.contains(agent) {
@@ -363,9 +370,9 @@ impl Daemon {
             b.unserved = false;
             self.serve_wake_request(agent);
         }
-        if self.intake.requests.sweeping.contains(agent) {
+        if self.requests.sweeping.contains(agent) {
             // A batch is being removed: the next one when it is back.
-            self.intake.requests.backlog.insert(agent.clone(), b);
+            self.requests.backlog.insert(agent.clone(), b);
             return;
         }
         if b.names.is_empty() && !b.list_again {
@@ -396,10 +403,10 @@ impl Daemon {
             b.logged = true;
             tracing::warn!(agent = %agent, "{} wake requests or more in its inbox: collapsed into one wake, removed off the loop {SWEPT_PER_BATCH} at a time (every other agent is served meanwhile)", b.seen);
         }
-        self.intake.requests.backlog.insert(agent.clone(), b);
-        self.intake.requests.sweeping.insert(agent.clone());
+        self.requests.backlog.insert(agent.clone(), b);
+        self.requests.sweeping.insert(agent.clone());
         let tx = self.tx.clone();
-        let inbox_dir = self.dir(agent).inbox();
+        let inbox_dir = self.root.agent(agent).inbox();
         let agent = agent.clone();
         tokio::task::spawn_blocking(move || {
             let swept = sweep(agent, inbox_dir, batch, list, serves);
@@ -413,7 +420,7 @@ impl Daemon {
     /// the journaled skips.
     fn request_manual_wake(&mut self, agent: &AgentName) -> bool {
         self.economy.manual_wake_requested(agent);
-        let now = self.clock.now();
+        let now = self.now;
         let waiting = self
             .core
             .slot(agent)
@@ -425,19 +432,14 @@ impl Daemon {
         else {
             return !waiting;
         };
-        let noted = self
-            .intake
-            .requests
-            .skip_noted
-            .entry(agent.clone())
-            .or_default();
+        let noted = self.requests.skip_noted.entry(agent.clone()).or_default();
         if noted.0 != s.running {
             *noted = (s.running.clone(), 0);
         }
         noted.1 += 1;
         match noted.1 {
             n if n <= SKIPS_JOURNALED => {
-                wakes::wake_skipped(&self.root, &mut self.tally, s);
+                wakes::wake_skipped(self.root, self.tally, s);
                 true
             }
             n if n == SKIPS_JOURNALED + 1 => {

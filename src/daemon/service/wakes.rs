@@ -69,7 +69,7 @@ impl Daemon {
             // The first start after a move from cron (no schedule.json yet):
             // the agent's last session, run by its cron script, stands for
             // its last fire, so a run missed earlier today is caught up.
-            last = last_session_start(&self.dir(&name));
+            last = last_session_start(&self.root.agent(&name));
         }
         if at_start {
             match schedule::missed_runs(
@@ -124,15 +124,11 @@ impl Daemon {
         if last > now {
             tracing::warn!(agent = %name, "the clock is behind this agent's last scheduled run ({last}); its next run is the one after that");
         }
-        self.set_fire(agent, next);
-    }
-
-    pub(super) fn set_fire(&mut self, agent: &AgentConfig, scheduled: Option<DateTime<Utc>>) {
-        let wake = scheduled.map(|t| wake_at(agent, t));
+        let wake = next.map(|t| wake_at(agent, t));
         if let Some(mut slot) = self.core.slot_mut(&agent.name) {
             slot.next_fire = wake;
         }
-        self.schedules.next_fire(&agent.name, scheduled);
+        self.schedules.next_fire(&agent.name, next);
         let now = self.clock.now();
         (self.published).set_next_wake(&self.root, &self.core, now, &agent.name, wake);
     }
@@ -140,7 +136,18 @@ impl Daemon {
     /// Everything that is due now: schedules, debounces, settling files,
     /// then start what can start.
     pub(super) fn tick(&mut self) {
-        self.serve_wake_requests();
+        wake_requests::Serving {
+            requests: &mut self.intake.requests,
+            core: &mut self.core,
+            economy: &mut self.economy,
+            tally: &mut self.tally,
+            root: &self.root,
+            config: &self.config,
+            agent_index: &self.agent_index,
+            tx: &self.tx,
+            now: self.clock.now(),
+        }
+        .serve_wake_requests();
         for agent in std::mem::take(&mut self.intake.rejected_written) {
             self.intake
                 .retry_rejected(&self.root, self.lock_busy.wait(&agent), &agent);
