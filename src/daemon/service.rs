@@ -527,16 +527,11 @@ pub async fn run(config_path: &Path) -> Result<()> {
     let warnings = reload::config_warnings(&daemon.config, config_path);
     daemon.raise_each(warnings);
     daemon.economy.load(&daemon.root);
-    daemon.release_requests();
+    // What `credential release` and `stop` asked meanwhile (a stop asked of
+    // a daemon that has gone since is dropped: no session of it runs).
+    daemon.daemon_requests();
     let records = start::recover(&daemon.config, &daemon.root);
     daemon.raise_each(records);
-    // A stop asked of a daemon that has gone since: no session of it runs.
-    stop::stop_requests(
-        &daemon.root,
-        &mut daemon.core,
-        &mut daemon.running,
-        daemon.clock.now(),
-    );
     // What a crash left of the flows: answers not applied, messages not sent.
     let flows: Vec<AgentName> = daemon.config.flows.iter().map(|f| f.name.clone()).collect();
     flows::apply_flows(&daemon.root, &daemon.config, daemon.clock.now(), &flows);
@@ -757,17 +752,14 @@ impl Daemon {
             Event::Watchdog => systemd::watchdog(),
             Event::Reconcile => {
                 self.scan_all_inboxes();
-                self.release_requests();
-                stop::stop_requests(
-                    &self.root,
-                    &mut self.core,
-                    &mut self.running,
-                    self.clock.now(),
-                );
+                self.daemon_requests();
                 self.published.heartbeat_written = false;
             }
             Event::HealthDue => {
-                self.health_check();
+                self.check_health(true);
+                // An operator who installs or `chmod +x`es a held agent's command
+                // need do nothing else: it is released within one interval.
+                self.recheck_unrunnable();
                 self.sources.health_every(self.config.health.interval);
             }
             Event::RootCheckDue => {
@@ -780,13 +772,7 @@ impl Daemon {
             Event::Shutdown(signal) => self.shutdown(signal),
             Event::Reload => self.reload(),
             Event::Requests => {
-                self.release_requests();
-                stop::stop_requests(
-                    &self.root,
-                    &mut self.core,
-                    &mut self.running,
-                    self.clock.now(),
-                );
+                self.daemon_requests();
             }
             Event::Stall => {
                 tracing::warn!(
@@ -800,8 +786,21 @@ impl Daemon {
     /// Wait for the next event (see [`Event`]): whatever comes first of the
     /// channels, the timers, the signals and the next deadline.
     async fn next_event(&mut self) -> Event {
-        let sleep_for = self
-            .next_deadline()
+        // The next deadline: a schedule, a debounce or a backoff (the
+        // core's), a file settling, the shutdown's grace, wake requests left
+        // for the next turn, one held back by its wake_request_interval.
+        let now = self.clock.now();
+        let next_deadline = [
+            self.core.next_deadline(now),
+            self.intake.settle_at.values().min().copied(),
+            self.stopping.filter(|_| !self.running.is_empty()),
+            self.intake.requests.pending().then_some(now),
+            self.intake.requests.held_until(),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        let sleep_for = next_deadline
             .map(|t| self.clock.until(t))
             .unwrap_or(Duration::from_secs(86_400));
         let deadline = tokio::time::Instant::now() + sleep_for;
@@ -838,21 +837,6 @@ impl Daemon {
         );
         systemd::stopping(&status, grace + longest_kill + Duration::from_secs(15));
         tracing::info!("{why}: {status}");
-    }
-
-    fn next_deadline(&self) -> Option<DateTime<Utc>> {
-        [
-            self.core.next_deadline(self.clock.now()),
-            self.intake.settle_at.values().min().copied(),
-            self.stopping.filter(|_| !self.running.is_empty()),
-            // Wake requests left for the next turn.
-            self.intake.requests.pending().then(|| self.clock.now()),
-            // A wake request held back by its agent's wake_request_interval.
-            self.intake.requests.held_until(),
-        ]
-        .into_iter()
-        .flatten()
-        .min()
     }
 
     /// After anything changed: repairs to report, the shutdown deadline, the

@@ -834,11 +834,14 @@ impl Daemon {
         }
     }
 
-    /// Carry out the requests of `agent-state credential release` waiting
-    /// in `.daemon/`: each hold ends, and its held wakes go now.
-    pub(super) fn release_requests(&mut self) {
+    /// Carry out the requests waiting in `.daemon/` (at start, SIGUSR1, the
+    /// reconcile scan): `agent-state credential release` (each hold ends,
+    /// its held wakes go now), then `agent-state stop` (see `stop.rs`).
+    pub(super) fn daemon_requests(&mut self) {
         for group in self.economy.release_requests(&self.root, &self.config) {
             self.released(&group);
         }
+        let now = self.clock.now();
+        stop::stop_requests(&self.root, &mut self.core, &mut self.running, now);
     }
 }

@@ -462,37 +462,6 @@ impl Daemon {
         }
     }
 
-    /// Judge a session that never ran (nothing to finish) and apply the verdict.
-    pub(super) fn judge_and_apply(
-        &mut self,
-        agent: &AgentName,
-        cfg: &AgentConfig,
-        session_id: Option<&str>,
-        ending: &Ending,
-        output: &OutputSummary,
-        code: Option<Code>,
-    ) {
-        let streak = self.streaks.entry(agent.clone()).or_default();
-        let mut verdict = failure::judge(
-            &Observed {
-                ending,
-                empty: output.empty,
-                fingerprint: output.fingerprint,
-                claude: None,
-                ended_by_script: false,
-                failed_by_script: None,
-                incomplete: false,
-            },
-            streak,
-            &cfg.session.retries,
-        );
-        if let (Some(c), Some(_)) = (code, verdict.code) {
-            verdict.code = Some(c);
-        }
-        let report = RunReport::not_run(ending.clone());
-        self.apply_verdict(agent, cfg, session_id, verdict, &report);
-    }
-
     /// Carry out what the verdict decided (a retry, a backoff, disabling the
     /// agent, or clearing its failures), then raise its error. In that
     /// order: whoever reacts to the error (errors.jsonl, journald, the
@@ -507,29 +476,7 @@ impl Daemon {
         verdict: failure::Verdict,
         report: &RunReport,
     ) {
-        let record = verdict.code.map(|code| {
-            let mut record = ErrorRecord::new(code, format!("{agent}: {}", verdict.message))
-                .agent(agent)
-                .attempt(verdict.attempt)
-                .details(format!(
-                    "{}; {} bytes of output",
-                    report.ending, report.output_bytes
-                ));
-            if let Some(sid) = session_id {
-                record = record.session(sid);
-            }
-            if let (Some(sid), Some(_)) = (session_id, report.pid) {
-                record = record.suggest(format!(
-                    "Read the session log: {}",
-                    self.root
-                        .agent(agent)
-                        .sessions_dir()
-                        .join(format!("{sid}.log"))
-                        .display()
-                ));
-            }
-            record
-        });
+        let record = verdict_record(&self.root, agent, session_id, &verdict, report);
         let escalate = verdict.escalate;
         let _ = cfg;
         self.carry_out_verdict(agent, verdict);
@@ -842,4 +789,68 @@ impl Running {
         }
         None
     }
+}
+
+/// The verdict on a session that never ran (nothing to finish), `code`
+/// naming its error; the caller applies it with
+/// `RunReport::not_run(ending)`.
+pub(super) fn judge_not_run(
+    streaks: &mut BTreeMap<AgentName, Streak>,
+    agent: &AgentName,
+    cfg: &AgentConfig,
+    ending: &Ending,
+    output: &OutputSummary,
+    code: Option<Code>,
+) -> failure::Verdict {
+    let streak = streaks.entry(agent.clone()).or_default();
+    let mut verdict = failure::judge(
+        &Observed {
+            ending,
+            empty: output.empty,
+            fingerprint: output.fingerprint,
+            claude: None,
+            ended_by_script: false,
+            failed_by_script: None,
+            incomplete: false,
+        },
+        streak,
+        &cfg.session.retries,
+    );
+    if let (Some(c), Some(_)) = (code, verdict.code) {
+        verdict.code = Some(c);
+    }
+    verdict
+}
+
+/// The error a verdict raises, if any: its code and message, the attempt,
+/// the ending, and where the session's log is.
+fn verdict_record(
+    root: &StateRoot,
+    agent: &AgentName,
+    session_id: Option<&str>,
+    verdict: &failure::Verdict,
+    report: &RunReport,
+) -> Option<ErrorRecord> {
+    verdict.code.map(|code| {
+        let mut record = ErrorRecord::new(code, format!("{agent}: {}", verdict.message))
+            .agent(agent)
+            .attempt(verdict.attempt)
+            .details(format!(
+                "{}; {} bytes of output",
+                report.ending, report.output_bytes
+            ));
+        if let Some(sid) = session_id {
+            record = record.session(sid);
+        }
+        if let (Some(sid), Some(_)) = (session_id, report.pid) {
+            record = record.suggest(format!(
+                "Read the session log: {}",
+                root.agent(agent)
+                    .sessions_dir()
+                    .join(format!("{sid}.log"))
+                    .display()
+            ));
+        }
+        record
+    })
 }

@@ -163,19 +163,14 @@ impl Daemon {
             self.intake.requests.take(&self.root.agent(&agent));
             self.intake
                 .retry_rejected(&self.root, self.lock_busy.wait(&agent), &agent);
-            self.scan_inbox_afresh(&agent);
-        }
-    }
-
-    /// Scan `agent`'s inbox with a fresh listing: now for a small inbox; a
-    /// big one (a flood of junk beside the mail: its listing costs tens of
-    /// milliseconds per 100,000 entries) is listed off the loop first and
-    /// scanned when the listing is back.
-    pub(super) fn scan_inbox_afresh(&mut self, agent: &AgentName) {
-        if inbox::is_big(&self.root.agent(agent)) {
-            self.intake.list_inbox_for_scan(&self.root, &self.tx, agent);
-        } else {
-            self.scan_inbox(agent);
+            // A fresh listing: now for a small inbox; a big one (a flood of junk
+            // beside the mail: its listing costs tens of milliseconds per 100,000
+            // entries) is listed off the loop first, scanned when it is back.
+            if inbox::is_big(&self.root.agent(&agent)) {
+                (self.intake).list_inbox_for_scan(&self.root, &self.tx, &agent);
+            } else {
+                self.scan_inbox(&agent);
+            }
         }
     }
 

@@ -171,7 +171,20 @@ impl Daemon {
             return;
         };
         let textfile = publishing.textfile.clone();
-        let text = self.render_metrics();
+        let text = Rendering {
+            tally: &mut self.tally,
+            economy: &mut self.economy,
+            core: &self.core,
+            running: &self.running,
+            streaks: &self.streaks,
+            monitor: &self.monitor,
+            root: &self.root,
+            config: &self.config,
+            agent_index: &self.agent_index,
+            started_at: self.started_at,
+            now: self.clock.now(),
+        }
+        .render();
         let publishing = self.metrics_out.as_mut().expect("checked above");
         publishing.board.publish(text.clone());
         if let Some(path) = textfile {
@@ -192,10 +205,30 @@ impl Daemon {
             }
         }
     }
+}
 
-    fn render_metrics(&mut self) -> String {
+/// What the metrics are rendered from, borrowed from the loop: the
+/// caches of the tally (lifetime counts) and of the economy (today's use)
+/// are refreshed as they are read.
+pub(super) struct Rendering<'a> {
+    pub(super) tally: &'a mut Tally,
+    pub(super) economy: &'a mut super::economy::Economy,
+    pub(super) core: &'a Core,
+    pub(super) running: &'a BTreeMap<AgentName, Running>,
+    pub(super) streaks: &'a BTreeMap<AgentName, Streak>,
+    pub(super) monitor: &'a super::monitor::Monitor,
+    pub(super) root: &'a StateRoot,
+    pub(super) config: &'a Config,
+    pub(super) agent_index: &'a std::collections::HashMap<AgentName, usize>,
+    pub(super) started_at: Timestamp,
+    pub(super) now: DateTime<Utc>,
+}
+
+impl Rendering<'_> {
+    /// The metrics in Prometheus' text format.
+    fn render(self) -> String {
         let mut e = Exposition::new();
-        let now = self.clock.now();
+        let now = self.now;
         e.gauge(
             "agent_state_build_info",
             "The running agent-state's version (always 1).",
@@ -411,7 +444,9 @@ impl Daemon {
         let mut fleet_used = crate::usage::DayUse::default();
         let fleet = self.config.budget.limits;
         for agent in &agents {
-            let Some(budget) = self.agent_config(agent).map(|c| c.session.budget) else {
+            let Some(budget) =
+                agent_in(self.config, self.agent_index, agent).map(|c| c.session.budget)
+            else {
                 continue;
             };
             if budget.is_unlimited() && fleet.is_unlimited() {
@@ -420,7 +455,7 @@ impl Daemon {
             let used = self.economy.used_today(
                 &self.root.agent(agent),
                 self.config.budget.timezone,
-                self.clock.now(),
+                self.now,
             );
             fleet_used.add(&used);
             if !budget.is_unlimited() {

@@ -177,15 +177,6 @@ impl Daemon {
         }
     }
 
-    /// The health monitor: the disk (free space, read-only), pruning, and
-    /// sessions that outlived their owner or their timeout.
-    pub(super) fn health_check(&mut self) {
-        self.check_health(true);
-        // An operator who installs or `chmod +x`es a held agent's command
-        // need do nothing else: it is released within one interval.
-        self.recheck_unrunnable();
-    }
-
     /// The health check: with `full`, the routine prune, the rotation of
     /// the logs and the look at every session too.
     pub(super) fn check_health(&mut self, full: bool) {
@@ -315,7 +306,16 @@ impl Daemon {
                 .as_ref()
                 .is_some_and(|h| !h.level.allows_new_sessions());
         if full && !self.monitor.health.as_ref().is_some_and(|h| h.read_only) {
-            self.check_sessions(now);
+            let raise = check_sessions(
+                &self.config,
+                &self.agent_index,
+                &mut self.running,
+                &self.root,
+                &mut self.orphan_locks,
+                &mut self.monitor.overdue_reported,
+                now,
+            );
+            self.raise_each(raise);
         }
         if recovered {
             // Scans and writes that failed during the outage: look again
@@ -323,145 +323,6 @@ impl Daemon {
             self.scan_all_inboxes();
         }
         self.after_change();
-    }
-
-    /// Sessions recorded as running that the daemon does not run: finished
-    /// when their owner is gone; their owner is told to stop when they ran
-    /// past their timeout. The daemon's own sessions past their timeout
-    /// (which the runner should have ended) are stopped.
-    pub(super) fn check_sessions(&mut self, now: Timestamp) {
-        // Names, not configs: each health check cloned every agent's config
-        // (10,000 of them in the benchmark). A config is cloned only for a
-        // session recorded as running that the daemon does not run.
-        let names: Vec<AgentName> = self
-            .config
-            .working_agents()
-            .map(|a| a.name.clone())
-            .collect();
-        for name in names {
-            let Some((timeout, kill_grace)) = self
-                .agent_config(&name)
-                .map(|a| (a.session.timeout, a.session.kill_grace))
-            else {
-                continue;
-            };
-            if let Some(r) = self.running.get_mut(&name) {
-                if r.recording {
-                    // Ended; its end is being recorded.
-                    continue;
-                }
-                let started = r.started_at.0;
-                // Seed 003's placeholder expiry: a session whose process
-                // never started within 5 minutes is given up (a hatching
-                // agent stays hatching for its next wake).
-                if r.pid.is_none()
-                    && r.stop_reason.is_none()
-                    && now.seconds_since(&r.started_at) >= HATCH_EXPIRY.as_secs() as i64
-                {
-                    r.stop_for(format!(
-                        "expired: its process did not start within {}",
-                        humantime::format_duration(HATCH_EXPIRY)
-                    ));
-                    continue;
-                }
-                if health::overdue(started, timeout, kill_grace, now.0) && r.stop_reason.is_none() {
-                    r.stop_for("ran past its timeout; stopped by the health monitor".into());
-                    let sid = r.session_id.clone();
-                    self.raise(
-                        ErrorRecord::new(
-                            Code::SessionTimeout,
-                            format!("{name}: session {sid} ran past its timeout and was not ended; stopping it"),
-                        )
-                        .agent(&name)
-                        .session(sid),
-                        false,
-                    );
-                }
-                continue;
-            }
-            let dir = self.root.agent(&name);
-            let Ok(Some(s)) = dir.read::<Session>() else {
-                continue;
-            };
-            if !s.is_running() {
-                continue;
-            }
-            let Some(agent) = self.agent_config(&name).cloned() else {
-                continue;
-            };
-            if began_here(&s) {
-                // Ours, but not running: its end could not be recorded (a
-                // full disk). Record it now.
-                let record = ending::finish_orphan(
-                    &self.root,
-                    &mut self.orphan_locks,
-                    &agent,
-                    &s.session_id,
-                    now,
-                );
-                self.raise_each(record);
-                continue;
-            }
-            // Its owner's lock says whether it is alive, wherever it runs
-            // (a script in another PID namespace is invisible to us).
-            if hooks::stale(&dir, &s, agent.session.timeout, now).is_some() {
-                let result =
-                    hooks::recover_stale(&agent, &dir, "interrupted: its process is gone", now);
-                if let Some(record) = recovered(&agent, result, "its process is gone") {
-                    self.raise(record, false);
-                }
-                continue;
-            }
-            if let Some(started) = s.started_at
-                && health::overdue(
-                    started.0,
-                    agent.session.timeout,
-                    agent.session.kill_grace,
-                    now.0,
-                )
-                && self.monitor.overdue_reported.insert(s.session_id.clone())
-            {
-                let mut details = "its owner is alive".to_string();
-                // Only a process we can see, and that is the owner (its
-                // start time matches): a pid from another PID namespace
-                // may name an unrelated process of ours.
-                if let Some(pid) = s.owner_pid
-                    && s.owner_start.is_some()
-                    && hooks::Owner::of(pid).start == s.owner_start
-                {
-                    let sent = nix::sys::signal::kill(
-                        nix::unistd::Pid::from_raw(pid),
-                        nix::sys::signal::Signal::SIGTERM,
-                    );
-                    details = match sent {
-                        Ok(()) => format!(
-                            "sent SIGTERM to its owner, pid {pid}; it is finished once that exits"
-                        ),
-                        Err(e) => format!("cannot signal its owner, pid {pid}: {e}"),
-                    };
-                } else if let Some(pid) = s.owner_pid {
-                    details = format!(
-                        "its owner (pid {pid}) holds its lock but is not visible to the daemon (another PID namespace or user); end it with `agent-state session fail {} --session {} --outcome timeout --reason ...`",
-                        agent.name, s.session_id
-                    );
-                }
-                self.raise(
-                    ErrorRecord::new(
-                        Code::SessionTimeout,
-                        format!(
-                            "{}: session {} (run outside the daemon) is past its timeout of {}",
-                            agent.name,
-                            s.session_id,
-                            humantime::format_duration(agent.session.timeout)
-                        ),
-                    )
-                    .details(details)
-                    .agent(&agent.name)
-                    .session(s.session_id.clone()),
-                    false,
-                );
-            }
-        }
     }
 }
 
@@ -509,4 +370,141 @@ pub(super) fn prune_all(
         Err(e) => tracing::warn!("pruning .daemon/: {e}"),
     }
     total
+}
+
+/// Sessions recorded as running that the daemon does not run: finished
+/// when their owner is gone; their owner is told to stop when they ran
+/// past their timeout. The daemon's own sessions past their timeout
+/// (which the runner should have ended) are stopped.
+/// (Returns the records to raise.)
+pub(super) fn check_sessions(
+    config: &Config,
+    agent_index: &std::collections::HashMap<AgentName, usize>,
+    running: &mut BTreeMap<AgentName, Running>,
+    root: &StateRoot,
+    orphan_locks: &mut BTreeMap<AgentName, crate::owner::OwnerLock>,
+    overdue_reported: &mut std::collections::BTreeSet<String>,
+    now: Timestamp,
+) -> Vec<ErrorRecord> {
+    let mut raise = Vec::new();
+    // Names, not configs: each health check cloned every agent's config
+    // (10,000 of them in the benchmark). A config is cloned only for a
+    // session recorded as running that the daemon does not run.
+    let names: Vec<AgentName> = config.working_agents().map(|a| a.name.clone()).collect();
+    for name in names {
+        let Some((timeout, kill_grace)) =
+            agent_in(config, agent_index, &name).map(|a| (a.session.timeout, a.session.kill_grace))
+        else {
+            continue;
+        };
+        if let Some(r) = running.get_mut(&name) {
+            if r.recording {
+                // Ended; its end is being recorded.
+                continue;
+            }
+            let started = r.started_at.0;
+            // Seed 003's placeholder expiry: a session whose process
+            // never started within 5 minutes is given up (a hatching
+            // agent stays hatching for its next wake).
+            if r.pid.is_none()
+                && r.stop_reason.is_none()
+                && now.seconds_since(&r.started_at) >= HATCH_EXPIRY.as_secs() as i64
+            {
+                r.stop_for(format!(
+                    "expired: its process did not start within {}",
+                    humantime::format_duration(HATCH_EXPIRY)
+                ));
+                continue;
+            }
+            if health::overdue(started, timeout, kill_grace, now.0) && r.stop_reason.is_none() {
+                r.stop_for("ran past its timeout; stopped by the health monitor".into());
+                let sid = r.session_id.clone();
+                raise.push(
+                    ErrorRecord::new(
+                        Code::SessionTimeout,
+                        format!("{name}: session {sid} ran past its timeout and was not ended; stopping it"),
+                    )
+                    .agent(&name)
+                    .session(sid)
+                );
+            }
+            continue;
+        }
+        let dir = root.agent(&name);
+        let Ok(Some(s)) = dir.read::<Session>() else {
+            continue;
+        };
+        if !s.is_running() {
+            continue;
+        }
+        let Some(agent) = agent_in(config, agent_index, &name).cloned() else {
+            continue;
+        };
+        if began_here(&s) {
+            // Ours, but not running: its end could not be recorded (a
+            // full disk). Record it now.
+            let record = ending::finish_orphan(root, orphan_locks, &agent, &s.session_id, now);
+            raise.extend(record);
+            continue;
+        }
+        // Its owner's lock says whether it is alive, wherever it runs
+        // (a script in another PID namespace is invisible to us).
+        if hooks::stale(&dir, &s, agent.session.timeout, now).is_some() {
+            let result =
+                hooks::recover_stale(&agent, &dir, "interrupted: its process is gone", now);
+            if let Some(record) = recovered(&agent, result, "its process is gone") {
+                raise.push(record);
+            }
+            continue;
+        }
+        if let Some(started) = s.started_at
+            && health::overdue(
+                started.0,
+                agent.session.timeout,
+                agent.session.kill_grace,
+                now.0,
+            )
+            && overdue_reported.insert(s.session_id.clone())
+        {
+            let mut details = "its owner is alive".to_string();
+            // Only a process we can see, and that is the owner (its
+            // start time matches): a pid from another PID namespace
+            // may name an unrelated process of ours.
+            if let Some(pid) = s.owner_pid
+                && s.owner_start.is_some()
+                && hooks::Owner::of(pid).start == s.owner_start
+            {
+                let sent = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGTERM,
+                );
+                details = match sent {
+                    Ok(()) => format!(
+                        "sent SIGTERM to its owner, pid {pid}; it is finished once that exits"
+                    ),
+                    Err(e) => format!("cannot signal its owner, pid {pid}: {e}"),
+                };
+            } else if let Some(pid) = s.owner_pid {
+                details = format!(
+                    "its owner (pid {pid}) holds its lock but is not visible to the daemon (another PID namespace or user); end it with `agent-state session fail {} --session {} --outcome timeout --reason ...`",
+                    agent.name, s.session_id
+                );
+            }
+            raise.push(
+                ErrorRecord::new(
+                    Code::SessionTimeout,
+                    format!(
+                        "{}: session {} (run outside the daemon) is past its timeout of {}",
+                        agent.name,
+                        s.session_id,
+                        humantime::format_duration(agent.session.timeout)
+                    ),
+                )
+                .details(details)
+                .agent(&agent.name)
+                .session(s.session_id.clone()),
+            );
+        }
+    }
+    raise
 }

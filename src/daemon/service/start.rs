@@ -120,16 +120,21 @@ impl Daemon {
                 };
                 self.core
                     .session_ended(agent, InboxSummary::default(), self.clock.now());
-                self.judge_and_apply(
+                let verdict = ending::judge_not_run(
+                    &mut self.streaks,
                     agent,
                     &cfg,
-                    None,
                     &ending,
                     &OutputSummary::none(),
                     Some(code),
                 );
+                let report = RunReport::not_run(ending.clone());
+                self.apply_verdict(agent, &cfg, None, verdict, &report);
                 if matches!(code, Code::DiskFull | Code::FsReadonly) {
-                    self.health_check();
+                    self.check_health(true);
+                    // An operator who installs or `chmod +x`es a held agent's command
+                    // need do nothing else: it is released within one interval.
+                    self.recheck_unrunnable();
                 }
                 return;
             }

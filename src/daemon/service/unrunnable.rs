@@ -67,14 +67,16 @@ impl Daemon {
                     _ => runner::SpawnFailure::NotFound,
                 },
             };
-            self.judge_and_apply(
+            let verdict = ending::judge_not_run(
+                &mut self.streaks,
                 agent,
                 cfg,
-                None,
                 &ending,
                 &OutputSummary::none(),
                 Some(code),
             );
+            let report = RunReport::not_run(ending.clone());
+            self.apply_verdict(agent, cfg, None, verdict, &report);
         }
         // Held whatever the verdict's shape: no wake spends its messages.
         if let Some(mut slot) = self.core.slot_mut(agent) {
