@@ -112,12 +112,12 @@ enum Event {
     /// A `wake_if` command came back.
     WakeCondition {
         agent: AgentName,
-        result: std::result::Result<(), String>,
+        result: std::result::Result<(), crate::daemon::credential::CheckError>,
     },
     /// A credential's login check came back.
     CredentialChecked {
         group: String,
-        result: std::result::Result<(), String>,
+        result: std::result::Result<(), crate::daemon::credential::CheckError>,
     },
     /// A session's runner ended: its exit, its output, its worktree.
     SessionDone {
@@ -763,8 +763,9 @@ impl Daemon {
                 self.sources.health_every(self.config.health.interval);
             }
             Event::RootCheckDue => {
-                if let Err(why) = self.root_lock.check() {
-                    self.raise(ErrorRecord::new(Code::IoError, why.clone()), false);
+                if let Err(lost) = self.root_lock.check() {
+                    let why = lost.to_string();
+                    self.raise(ErrorRecord::new(lost.code(), why.clone()), false);
                     self.shutdown("the state root was replaced");
                     self.root_lost = Some(why);
                 }

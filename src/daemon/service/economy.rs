@@ -40,7 +40,10 @@ pub(super) struct Economy {
 }
 
 /// A `wake_if` command's answer, and when it came.
-type Answer = (DateTime<Utc>, std::result::Result<(), String>);
+type Answer = (
+    DateTime<Utc>,
+    std::result::Result<(), crate::daemon::credential::CheckError>,
+);
 
 /// Refused manual wakes journaled per agent between two of its sessions.
 pub(super) const MANUAL_REFUSALS_SAID: u32 = 10;
@@ -365,7 +368,7 @@ impl Economy {
         root: &StateRoot,
         config: &Config,
         group: &str,
-        result: std::result::Result<(), String>,
+        result: std::result::Result<(), crate::daemon::credential::CheckError>,
         now: DateTime<Utc>,
     ) -> Checked {
         self.checking.remove(group);
@@ -394,10 +397,13 @@ impl Economy {
                 let again = every.min(CHECK_WHILE_FAILING);
                 self.next_check
                     .insert(group.to_string(), crate::clock::later(now, again));
-                if self.holds.credential_failed(group, &why, now, None) {
+                if self
+                    .holds
+                    .credential_failed(group, &why.to_string(), now, None)
+                {
                     self.save(root);
                     let record = ErrorRecord::new(
-                        Code::CredentialFailed,
+                        why.code(),
                         format!("credential {group}: its check failed ({why}); its agents are held until it passes"),
                     )
                     .details(format!(
