@@ -229,6 +229,35 @@ impl Drop for SlotMut<'_> {
 }
 
 impl Core {
+    /// Put a wake that cannot be served now back, to be tried after `delay`.
+    pub fn defer(
+        &mut self,
+        now: DateTime<Utc>,
+        agent: &AgentName,
+        reason: WakeReason,
+        delay: Duration,
+    ) {
+        self.session_ended(agent, InboxSummary::default(), now);
+        self.request(agent, reason, Priority::Normal, now);
+        if let Some(mut slot) = self.slot_mut(agent) {
+            slot.backoff_until = Some(crate::clock::later(now, delay));
+        }
+    }
+
+    /// When the agent will next be woken automatically: its schedule's next
+    /// fire, or a waiting retry, pushed past any backoff; never if disabled.
+    pub fn effective_wake(&self, now: DateTime<Utc>, agent: &AgentName) -> Option<DateTime<Utc>> {
+        let slot = self.slot(agent)?;
+        if slot.disabled.is_some() {
+            return None;
+        }
+        let backoff = slot.backoff_until.filter(|t| *t > now);
+        match (slot.pending.is_some(), backoff) {
+            (true, Some(b)) => Some(b),
+            _ => slot.next_fire.map(|w| backoff.map_or(w, |b| w.max(b))),
+        }
+    }
+
     pub fn new(max_concurrent: usize) -> Core {
         Core {
             max_concurrent: max_concurrent.max(1),

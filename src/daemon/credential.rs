@@ -9,6 +9,42 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::io::AsyncReadExt;
 
+/// Why a credential's check, or a `wake_if` command, said no (its text is
+/// what the journal, the log and the hold's reason show).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CheckError {
+    /// The configured command is empty.
+    #[error("no check command")]
+    NoCommand,
+    /// The command could not be started.
+    #[error("cannot run {program}: {error}")]
+    Spawn { program: String, error: String },
+    /// Waiting for it failed.
+    #[error("waiting for {program}: {error}")]
+    Wait { program: String, error: String },
+    /// It did not answer within its time limit (it is killed).
+    #[error("{program} did not answer within {}", humantime::format_duration(*limit))]
+    Timeout { program: String, limit: Duration },
+    /// The check's JSON says the credential is logged out.
+    #[error("not logged in (authMethod: {method})")]
+    LoggedOut { method: String },
+    /// The check failed, saying this (its first line of stderr, else of
+    /// stdout, at most 200 characters; or that it said nothing).
+    #[error("{0}")]
+    Failed(String),
+    /// A `wake_if` command exited non-zero (`said`: ": " and its first line
+    /// of stderr, or nothing).
+    #[error("{program} exited non-zero{said}")]
+    Declined { program: String, said: String },
+}
+
+impl CheckError {
+    /// The catalogue code a failed credential check is raised with.
+    pub fn code(&self) -> crate::catalogue::Code {
+        crate::catalogue::Code::CredentialFailed
+    }
+}
+
 /// How long a check may take.
 pub const CHECK_TIMEOUT: Duration = Duration::from_secs(30);
 /// What is read of a check's stdout and stderr, each.
@@ -20,7 +56,7 @@ const OUTPUT_LIMIT: u64 = 64 * 1024;
 /// (Claude Code's `auth status --json` exits 1 then anyway). A failure's
 /// reason is the JSON's `authMethod`, else the first line of stderr or
 /// stdout.
-pub fn judge(exit_ok: bool, stdout: &[u8], stderr: &[u8]) -> Result<(), String> {
+pub fn judge(exit_ok: bool, stdout: &[u8], stderr: &[u8]) -> Result<(), CheckError> {
     let json: Option<Value> = serde_json::from_slice(stdout.trim_ascii()).ok();
     let logged_in = json
         .as_ref()
@@ -35,7 +71,9 @@ pub fn judge(exit_ok: bool, stdout: &[u8], stderr: &[u8]) -> Result<(), String> 
             .and_then(|v| v.get("authMethod"))
             .and_then(Value::as_str)
             .unwrap_or("none");
-        return Err(format!("not logged in (authMethod: {method})"));
+        return Err(CheckError::LoggedOut {
+            method: method.to_string(),
+        });
     }
     let first = |b: &[u8]| {
         String::from_utf8_lossy(b)
@@ -44,9 +82,11 @@ pub fn judge(exit_ok: bool, stdout: &[u8], stderr: &[u8]) -> Result<(), String> 
             .find(|l| !l.is_empty())
             .map(|l| l.chars().take(200).collect::<String>())
     };
-    Err(first(stderr)
-        .or_else(|| first(stdout))
-        .unwrap_or_else(|| "the check failed without a message".into()))
+    Err(CheckError::Failed(
+        first(stderr)
+            .or_else(|| first(stdout))
+            .unwrap_or_else(|| "the check failed without a message".into()),
+    ))
 }
 
 /// Run `command` (in `dir`, no stdin, its own process group, killed at the
@@ -55,7 +95,7 @@ pub async fn check(
     command: &[String],
     dir: &std::path::Path,
     limit: Duration,
-) -> Result<(), String> {
+) -> Result<(), CheckError> {
     let (ok, stdout, stderr) = run(command, dir, limit).await?;
     judge(ok, &stdout, &stderr)
 }
@@ -65,7 +105,7 @@ pub async fn condition(
     command: &[String],
     dir: &std::path::Path,
     limit: Duration,
-) -> Result<(), String> {
+) -> Result<(), CheckError> {
     let (ok, _, stderr) = run(command, dir, limit).await?;
     if ok {
         return Ok(());
@@ -76,7 +116,10 @@ pub async fn condition(
         .find(|l| !l.is_empty())
         .map(|l| format!(": {}", l.chars().take(200).collect::<String>()))
         .unwrap_or_default();
-    Err(format!("{} exited non-zero{said}", command[0]))
+    Err(CheckError::Declined {
+        program: command[0].clone(),
+        said,
+    })
 }
 
 /// Run `command` as [`check`] does: whether it exited 0, and the first
@@ -85,9 +128,9 @@ pub async fn run(
     command: &[String],
     dir: &std::path::Path,
     limit: Duration,
-) -> Result<(bool, Vec<u8>, Vec<u8>), String> {
+) -> Result<(bool, Vec<u8>, Vec<u8>), CheckError> {
     let Some((program, args)) = command.split_first() else {
-        return Err("no check command".into());
+        return Err(CheckError::NoCommand);
     };
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(args)
@@ -100,9 +143,10 @@ pub async fn run(
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| format!("cannot run {program}: {e}"))?;
+    let mut child = cmd.spawn().map_err(|e| CheckError::Spawn {
+        program: program.clone(),
+        error: e.to_string(),
+    })?;
     let mut out = child.stdout.take().expect("piped");
     let mut err = child.stderr.take().expect("piped");
     let run = async {
@@ -117,11 +161,14 @@ pub async fn run(
     };
     match tokio::time::timeout(limit, run).await {
         Ok((Ok(status), stdout, stderr)) => Ok((status.success(), stdout, stderr)),
-        Ok((Err(e), _, _)) => Err(format!("waiting for {program}: {e}")),
-        Err(_) => Err(format!(
-            "{program} did not answer within {}",
-            humantime::format_duration(limit)
-        )),
+        Ok((Err(e), _, _)) => Err(CheckError::Wait {
+            program: program.clone(),
+            error: e.to_string(),
+        }),
+        Err(_) => Err(CheckError::Timeout {
+            program: program.clone(),
+            limit,
+        }),
     }
 }
 
@@ -131,13 +178,14 @@ mod tests {
 
     #[test]
     fn a_check_is_judged_by_its_exit_and_what_it_says() {
-        assert_eq!(judge(true, b"ok\n", b""), Ok(()));
+        assert_eq!(judge(true, b"ok\n", b"").map_err(|e| e.to_string()), Ok(()));
         assert_eq!(
             judge(
                 true,
                 br#"{"loggedIn": true, "authMethod": "claude.ai"}"#,
                 b""
-            ),
+            )
+            .map_err(|e| e.to_string()),
             Ok(())
         );
         // Claude Code's answer without credentials (exit 1).
@@ -146,20 +194,21 @@ mod tests {
                 false,
                 b"{\n  \"loggedIn\": false,\n  \"authMethod\": \"none\",\n  \"apiProvider\": \"firstParty\"\n}\n",
                 b""
-            ),
+            )
+            .map_err(|e| e.to_string()),
             Err("not logged in (authMethod: none)".into())
         );
         assert_eq!(
-            judge(true, br#"{"loggedIn": false}"#, b""),
+            judge(true, br#"{"loggedIn": false}"#, b"").map_err(|e| e.to_string()),
             Err("not logged in (authMethod: none)".into()),
             "exit 0 but logged out"
         );
         assert_eq!(
-            judge(false, b"", b"\n  token expired\nmore\n"),
+            judge(false, b"", b"\n  token expired\nmore\n").map_err(|e| e.to_string()),
             Err("token expired".into())
         );
         assert_eq!(
-            judge(false, b"", b""),
+            judge(false, b"", b"").map_err(|e| e.to_string()),
             Err("the check failed without a message".into())
         );
     }
@@ -170,10 +219,14 @@ mod tests {
         let cmd = vec!["sleep".to_string(), "30".to_string()];
         let t = std::time::Instant::now();
         let r = check(&cmd, &dir, Duration::from_millis(300)).await;
-        assert!(r.unwrap_err().contains("did not answer within"));
+        assert!(r.unwrap_err().to_string().contains("did not answer within"));
         assert!(t.elapsed() < Duration::from_secs(5));
         let r = check(&["/nonexistent/check".to_string()], &dir, CHECK_TIMEOUT).await;
-        assert!(r.unwrap_err().starts_with("cannot run /nonexistent/check"));
+        assert!(
+            r.unwrap_err()
+                .to_string()
+                .starts_with("cannot run /nonexistent/check")
+        );
         let r = check(&["true".to_string()], &dir, CHECK_TIMEOUT).await;
         assert_eq!(r, Ok(()));
     }

@@ -46,10 +46,10 @@ pub struct DaemonLock {
 }
 
 impl DaemonLock {
-    /// Err(why) once `.daemon/lock` is no longer the file this daemon
-    /// locked: the root (or its `.daemon/`) was removed or replaced, and
-    /// the daemon no longer owns what is at its path.
-    pub fn check(&self) -> std::result::Result<(), String> {
+    /// Err once `.daemon/lock` is no longer the file this daemon locked:
+    /// the root (or its `.daemon/`) was removed or replaced, and the daemon
+    /// no longer owns what is at its path.
+    pub fn check(&self) -> std::result::Result<(), RootLost> {
         let held = nix::sys::stat::fstat(&*self.lock)
             .ok()
             .map(|s| (s.st_dev, s.st_ino));
@@ -59,11 +59,28 @@ impl DaemonLock {
         if held.is_some() && held == now {
             return Ok(());
         }
-        Err(format!(
-            "{} is no longer the lock this daemon took (the state root was removed or replaced \
-             under it): the daemon stops rather than run on a root it does not own; start it again",
-            self.path.display()
-        ))
+        Err(RootLost {
+            path: self.path.clone(),
+        })
+    }
+}
+
+/// `.daemon/lock` is no longer the lock this daemon took: it stops.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error(
+    "{} is no longer the lock this daemon took (the state root was removed or replaced \
+     under it): the daemon stops rather than run on a root it does not own; start it again",
+    path.display()
+)]
+pub struct RootLost {
+    /// The lock's path.
+    pub path: PathBuf,
+}
+
+impl RootLost {
+    /// The catalogue code it is raised with.
+    pub fn code(&self) -> crate::catalogue::Code {
+        crate::catalogue::Code::IoError
     }
 }
 

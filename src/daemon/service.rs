@@ -6,6 +6,25 @@
 //! interval, and the reconcile scan (a backstop, every few minutes). Each is
 //! handed to the pure `core`, and what it decides is carried out here.
 
+/// The loop's state as the publisher reads it ([`publish::Seen`]):
+/// borrowed field by field, so `published` can be borrowed mutably
+/// alongside.
+macro_rules! seen {
+    ($daemon:expr) => {
+        publish::Seen {
+            core: &$daemon.core,
+            running: &$daemon.running,
+            streaks: &$daemon.streaks,
+            monitor: &$daemon.monitor,
+            economy: &$daemon.economy,
+            started_at: $daemon.started_at,
+            stopping: $daemon.stopping.is_some(),
+            root: &$daemon.root,
+            config_path: &$daemon.config_path,
+        }
+    };
+}
+
 mod economy;
 mod ending;
 mod flows;
@@ -56,7 +75,7 @@ use crate::error::{Error, Result};
 use crate::hooks;
 use crate::inbox;
 use crate::schedule::{self, Missed};
-use crate::state::journal::{Event, ScheduleMissed, WakeSkipped};
+use crate::state::journal::{self, ScheduleMissed, WakeSkipped};
 use crate::state::report::{AgentStatus, ErrorState, Lifecycle, Report, ReportError};
 use crate::state::session::{Session, SessionVerdict};
 use crate::state::{AgentDir, StateRoot, bootstrap};
@@ -67,12 +86,18 @@ const RECONCILE_EVERY: Duration = Duration::from_secs(300);
 /// How often the daemon checks that its root's lock is still its own.
 const ROOT_CHECK_EVERY: Duration = Duration::from_secs(5);
 
-enum LoopEvent {
+/// Everything the daemon reacts to, from one [`Daemon::next_event`]: the
+/// inbox watcher, the sessions and the tasks the loop spawned (over a
+/// channel), the timers, and the signals. [`Daemon::handle`] is the one
+/// `match` over it.
+enum Event {
+    /// The inbox watcher saw something (an arrival, a file being written or
+    /// closed, a rejected file finished, a lost directory, a wake request,
+    /// a lost event that asks for a rescan).
     Watch(WatchEvent),
-    SessionPid {
-        agent: AgentName,
-        pid: u32,
-    },
+    /// A session's process started with this pid.
+    SessionPid { agent: AgentName, pid: u32 },
+    /// A session printed nothing for `silent_for` (its `stall_after`).
     SessionStalled {
         agent: AgentName,
         silent_for: Duration,
@@ -83,20 +108,18 @@ enum LoopEvent {
         signal: Box<crate::protocol::signals::SignalResult>,
     },
     /// A session's streamed usage reached its `session_budget.max_tokens`.
-    SessionOverBudget {
-        agent: AgentName,
-        tokens: u64,
-    },
+    SessionOverBudget { agent: AgentName, tokens: u64 },
     /// A `wake_if` command came back.
     WakeCondition {
         agent: AgentName,
-        result: std::result::Result<(), String>,
+        result: std::result::Result<(), crate::daemon::credential::CheckError>,
     },
     /// A credential's login check came back.
     CredentialChecked {
         group: String,
-        result: std::result::Result<(), String>,
+        result: std::result::Result<(), crate::daemon::credential::CheckError>,
     },
+    /// A session's runner ended: its exit, its output, its worktree.
     SessionDone {
         agent: AgentName,
         report: Box<RunReport>,
@@ -134,6 +157,159 @@ enum LoopEvent {
         /// The agent's arrivals counted when the listing was asked for.
         arrivals: u64,
     },
+    /// The next deadline came (a schedule, a debounce, a file settling, a
+    /// deferred wake, the shutdown's grace); `lag` is how late the loop
+    /// woke for it.
+    Deadline { lag: Duration },
+    /// Time to publish the metrics (`[metrics] interval`).
+    MetricsDue,
+    /// Time to see which credential checks are due.
+    CredentialChecksDue,
+    /// Time to tell systemd's watchdog the loop is alive (the only event
+    /// after which the loop does not look for work).
+    Watchdog,
+    /// The reconcile scan, a backstop to the watcher: every inbox, the
+    /// requests in `.daemon/`, the heartbeat.
+    Reconcile,
+    /// Time for the health check (`[health] interval`).
+    HealthDue,
+    /// Time to check that `.daemon/lock` is still ours.
+    RootCheckDue,
+    /// SIGTERM or SIGINT (named): stop waking, let sessions end, exit; a
+    /// second one stops the sessions now.
+    Shutdown(&'static str),
+    /// SIGHUP: reload the config.
+    Reload,
+    /// SIGUSR1: `agent-state credential release` or `agent-state stop` left
+    /// a request in `.daemon/`.
+    Requests,
+    /// SIGUSR2 with `AGENT_STATE_TEST_STALL=1`: block the loop (test hook,
+    /// so a test can show systemd's watchdog restarts a stuck daemon).
+    Stall,
+}
+
+impl Event {
+    /// An event from a channel: what else is queued in the channels is
+    /// handled with it, before the loop looks for work (one turn, however
+    /// many events a burst brings).
+    fn came_by_channel(&self) -> bool {
+        !matches!(
+            self,
+            Event::Deadline { .. }
+                | Event::MetricsDue
+                | Event::CredentialChecksDue
+                | Event::Watchdog
+                | Event::Reconcile
+                | Event::HealthDue
+                | Event::RootCheckDue
+                | Event::Shutdown(_)
+                | Event::Reload
+                | Event::Requests
+                | Event::Stall
+        )
+    }
+}
+
+/// Where the loop's events come from: the channels, the timers, the
+/// signals. Only [`Sources::next`] waits on them.
+struct Sources {
+    rx: mpsc::UnboundedReceiver<Event>,
+    watch_rx: mpsc::UnboundedReceiver<WatchEvent>,
+    /// The last event came from the watcher: its channel is drained first.
+    watch_first: bool,
+    sigterm: tokio::signal::unix::Signal,
+    sigint: tokio::signal::unix::Signal,
+    sighup: tokio::signal::unix::Signal,
+    sigusr1: tokio::signal::unix::Signal,
+    sigusr2: tokio::signal::unix::Signal,
+    stall_allowed: bool,
+    watchdog: Option<tokio::time::Interval>,
+    reconcile: tokio::time::Interval,
+    health_every: Duration,
+    health: tokio::time::Interval,
+    root_check: tokio::time::Interval,
+    credential: tokio::time::Interval,
+    /// With `[metrics]` on at the start.
+    metrics: Option<tokio::time::Interval>,
+}
+
+/// An interval whose missed ticks are not made up for.
+fn every(period: Duration) -> tokio::time::Interval {
+    let mut interval = tokio::time::interval(period);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    interval
+}
+
+impl Sources {
+    /// Wait for the next event: `deadline` is the daemon's next one; the
+    /// credential timer runs only while `credential_checks`, the root check
+    /// only until the root is lost.
+    async fn next(
+        &mut self,
+        deadline: tokio::time::Instant,
+        credential_checks: bool,
+        root_checks: bool,
+    ) -> Event {
+        let metrics_on = self.metrics.is_some();
+        let watchdog_on = self.watchdog.is_some();
+        tokio::select! {
+            Some(event) = self.rx.recv() => {
+                self.watch_first = false;
+                event
+            }
+            Some(e) = self.watch_rx.recv() => {
+                self.watch_first = true;
+                Event::Watch(e)
+            }
+            _ = tokio::time::sleep_until(deadline) => Event::Deadline {
+                lag: tokio::time::Instant::now().saturating_duration_since(deadline),
+            },
+            _ = tick(&mut self.metrics), if metrics_on => Event::MetricsDue,
+            _ = self.credential.tick(), if credential_checks => Event::CredentialChecksDue,
+            _ = self.sigterm.recv() => Event::Shutdown("SIGTERM"),
+            _ = self.sigint.recv() => Event::Shutdown("SIGINT"),
+            _ = self.sighup.recv() => Event::Reload,
+            _ = self.sigusr1.recv() => Event::Requests,
+            _ = tick(&mut self.watchdog), if watchdog_on => Event::Watchdog,
+            _ = self.reconcile.tick() => Event::Reconcile,
+            _ = self.health.tick() => Event::HealthDue,
+            _ = self.root_check.tick(), if root_checks => Event::RootCheckDue,
+            _ = self.sigusr2.recv(), if self.stall_allowed => Event::Stall,
+        }
+    }
+
+    /// An event already queued in a channel (the one the last event came
+    /// from first), if any: handled in the same turn as that event.
+    fn queued(&mut self) -> Option<Event> {
+        let from_loop = |s: &mut Self| s.rx.try_recv().ok();
+        let from_watch = |s: &mut Self| s.watch_rx.try_recv().ok().map(Event::Watch);
+        if self.watch_first {
+            from_watch(self).or_else(|| from_loop(self))
+        } else {
+            from_loop(self).or_else(|| from_watch(self))
+        }
+    }
+
+    /// After a health check: follow a changed `[health] interval` (reload).
+    fn health_every(&mut self, period: Duration) {
+        if period != self.health_every {
+            self.health_every = period;
+            self.health = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+            self.health
+                .set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        }
+    }
+}
+
+/// The tick of an optional interval (`select!` disables the branch when
+/// there is none).
+async fn tick(interval: &mut Option<tokio::time::Interval>) {
+    match interval {
+        Some(i) => {
+            i.tick().await;
+        }
+        None => std::future::pending().await,
+    }
 }
 
 struct Running {
@@ -163,7 +339,7 @@ struct Running {
     /// Claude Code's conversation id, and whether the session continued it.
     conversation: Option<(String, bool)>,
     /// Its runner ended; its end is being recorded off the loop
-    /// ([`LoopEvent::EndRecorded`] follows).
+    /// ([`Event::EndRecorded`] follows).
     recording: bool,
 }
 
@@ -219,7 +395,7 @@ struct Daemon {
     core: Core,
     watcher: InboxWatcher,
     running: BTreeMap<AgentName, Running>,
-    tx: mpsc::UnboundedSender<LoopEvent>,
+    tx: mpsc::UnboundedSender<Event>,
     started_at: Timestamp,
     stopping: Option<DateTime<Utc>>,
     intake: intake::Intake,
@@ -228,7 +404,7 @@ struct Daemon {
     published: publish::Published,
     /// Agents whose lock was busy at the last try: logged once when that
     /// starts and once when it ends, not at every retry.
-    lock_busy: std::collections::BTreeSet<AgentName>,
+    lock_busy: start::BusyLocks,
     /// Each agent's run of failed sessions (reset by a success).
     streaks: BTreeMap<AgentName, Streak>,
     alerts: Alerts,
@@ -239,6 +415,12 @@ struct Daemon {
     /// Agents held because their command cannot be executed, with what its
     /// check found (`unrunnable.rs`).
     unrunnable: BTreeMap<AgentName, super::runnable::Probe>,
+    /// Where the events come from ([`Daemon::next_event`]).
+    sources: Sources,
+    /// `.daemon/lock`, held while the daemon runs.
+    root_lock: files::DaemonLock,
+    /// Why the root stopped being ours, if it did: the daemon then stops.
+    root_lost: Option<String>,
 }
 
 /// Run the daemon until SIGTERM/SIGINT. Returns once every session has
@@ -258,8 +440,8 @@ pub async fn run(config_path: &Path) -> Result<()> {
     // Per-session cgroups when systemd delegated ours (logged either way).
     super::cgroup::available();
     let clock = Clock::from_env();
-    let (tx, mut rx) = mpsc::unbounded_channel::<LoopEvent>();
-    let (watch_tx, mut watch_rx) = mpsc::unbounded_channel::<WatchEvent>();
+    let (tx, rx) = mpsc::unbounded_channel::<Event>();
+    let (watch_tx, watch_rx) = mpsc::unbounded_channel::<WatchEvent>();
     let watcher = InboxWatcher::new(watch_tx)?;
     {
         // A write that fails with ENOSPC prunes what retention allows and
@@ -269,7 +451,46 @@ pub async fn run(config_path: &Path) -> Result<()> {
         let agents: Vec<AgentName> = config.agents.iter().map(|a| a.name.clone()).collect();
         crate::state::atomic::set_reclaimer(move || prune_all(&root, &health, &agents, &[]).bytes);
     }
+    let sigterm = signal(SignalKind::terminate())
+        .map_err(|e| Error::io("installing a handler for", "SIGTERM", e))?;
+    let sigint = signal(SignalKind::interrupt())
+        .map_err(|e| Error::io("installing a handler for", "SIGINT", e))?;
+    let sighup = signal(SignalKind::hangup())
+        .map_err(|e| Error::io("installing a handler for", "SIGHUP", e))?;
+    // `agent-state credential release` or `agent-state stop` left a
+    // request in `.daemon/`.
+    let sigusr1 = signal(SignalKind::user_defined1())
+        .map_err(|e| Error::io("installing a handler for", "SIGUSR1", e))?;
+    // Test hook: with AGENT_STATE_TEST_STALL=1, SIGUSR2 blocks the main loop,
+    // so a test can show that systemd's watchdog restarts a stuck daemon.
+    let stall_allowed = std::env::var("AGENT_STATE_TEST_STALL").as_deref() == Ok("1");
+    let sigusr2 = signal(SignalKind::user_defined2())
+        .map_err(|e| Error::io("installing a handler for", "SIGUSR2", e))?;
+
+    let metrics = config.metrics.clone();
+    let sources = Sources {
+        rx,
+        watch_rx,
+        watch_first: false,
+        sigterm,
+        sigint,
+        sighup,
+        sigusr1,
+        sigusr2,
+        stall_allowed,
+        watchdog: systemd::watchdog_interval().map(every),
+        reconcile: every(RECONCILE_EVERY),
+        health_every: config.health.interval,
+        health: every(config.health.interval),
+        // Is `.daemon/lock` still ours (the root not removed and made again)?
+        root_check: every(ROOT_CHECK_EVERY),
+        credential: every(Duration::from_secs(5)),
+        metrics: metrics.enabled().then(|| every(metrics.interval)),
+    };
     let mut daemon = Daemon {
+        sources,
+        root_lock: lock,
+        root_lost: None,
         lock_busy: Default::default(),
         alerts: Alerts::new(&config),
         escalated: EscalationMemory::load(&root),
@@ -295,22 +516,6 @@ pub async fn run(config_path: &Path) -> Result<()> {
         stopping: None,
         streaks: BTreeMap::new(),
     };
-    let mut sigterm = signal(SignalKind::terminate())
-        .map_err(|e| Error::io("installing a handler for", "SIGTERM", e))?;
-    let mut sigint = signal(SignalKind::interrupt())
-        .map_err(|e| Error::io("installing a handler for", "SIGINT", e))?;
-    let mut sighup = signal(SignalKind::hangup())
-        .map_err(|e| Error::io("installing a handler for", "SIGHUP", e))?;
-    // `agent-state credential release` or `agent-state stop` left a
-    // request in `.daemon/`.
-    let mut sigusr1 = signal(SignalKind::user_defined1())
-        .map_err(|e| Error::io("installing a handler for", "SIGUSR1", e))?;
-    // Test hook: with AGENT_STATE_TEST_STALL=1, SIGUSR2 blocks the main loop,
-    // so a test can show that systemd's watchdog restarts a stuck daemon.
-    let stall_allowed = std::env::var("AGENT_STATE_TEST_STALL").as_deref() == Ok("1");
-    let mut sigusr2 = signal(SignalKind::user_defined2())
-        .map_err(|e| Error::io("installing a handler for", "SIGUSR2", e))?;
-
     // Bootstrapping thousands of agents on a slow disk can outlast systemd's
     // start timeout: ask for time in proportion (generously, 50 ms each).
     let agents = daemon.config.agents.len() as u64;
@@ -318,22 +523,28 @@ pub async fn run(config_path: &Path) -> Result<()> {
         systemd::extend_start(Duration::from_secs(60) + Duration::from_millis(50 * agents));
     }
     crate::state::record_repairs();
-    daemon.index_agents();
-    daemon.config_warnings();
-    daemon.load_economy();
-    daemon.release_requests();
-    daemon.recover();
-    // A stop asked of a daemon that has gone since: no session of it runs.
-    daemon.stop_requests();
+    daemon.agent_index = index_agents(&daemon.config);
+    let warnings = reload::config_warnings(&daemon.config, config_path);
+    daemon.raise_each(warnings);
+    daemon.economy.load(&daemon.root);
+    // What `credential release` and `stop` asked meanwhile (a stop asked of
+    // a daemon that has gone since is dropped: no session of it runs).
+    daemon.daemon_requests();
+    let records = start::recover(&daemon.config, &daemon.root);
+    daemon.raise_each(records);
     // What a crash left of the flows: answers not applied, messages not sent.
     let flows: Vec<AgentName> = daemon.config.flows.iter().map(|f| f.name.clone()).collect();
-    daemon.apply_flows(&flows);
-    daemon.apply_agents(true);
+    flows::apply_flows(&daemon.root, &daemon.config, daemon.clock.now(), &flows);
+    daemon.apply_agents(true, &Default::default());
     // The disk before any session starts (a full or read-only one holds them).
-    daemon.health_check_at_start();
+    // The disk only (a full or read-only one holds every session): the
+    // routine prune and the look at every agent's session (which recovery
+    // has just done) cost a few syscalls per agent, seconds at 10,000
+    // agents; the first periodic check does them, one `health.interval`
+    // later. A disk under pressure is pruned now all the same.
+    daemon.check_health(false);
     // The metrics listener is bound before READY: an address in use fails
     // the start, with the reason, instead of a daemon without its metrics.
-    let metrics = daemon.config.metrics.clone();
     if metrics.enabled() {
         let publishing = metrics::Publishing::new(metrics.textfile.clone());
         if let Some(addr) = metrics.listen {
@@ -352,8 +563,8 @@ pub async fn run(config_path: &Path) -> Result<()> {
     // Ready once the state is recovered and the watches are in place: what
     // the inboxes hold, and what is due, is work like any other. A backlog
     // of thousands of messages never holds READY (nor systemd's start job).
-    daemon.write_heartbeat();
-    systemd::ready(&daemon.status_line());
+    daemon.published.write_heartbeat(&seen!(daemon));
+    systemd::ready(&seen!(daemon).status_line());
     tracing::info!(
         "agent-state {} ready: {} agents on {}",
         env!("CARGO_PKG_VERSION"),
@@ -367,160 +578,68 @@ pub async fn run(config_path: &Path) -> Result<()> {
     daemon.tick();
     reload::give_back_memory();
 
-    let watchdog_every = systemd::watchdog_interval();
-    let mut watchdog = tokio::time::interval(watchdog_every.unwrap_or(Duration::from_secs(3600)));
-    watchdog.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut reconcile = tokio::time::interval(RECONCILE_EVERY);
-    reconcile.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    reconcile.tick().await;
-    let mut health_every = daemon.config.health.interval;
-    let mut health_tick = tokio::time::interval(health_every);
-    health_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    health_tick.tick().await;
-    // Is `.daemon/lock` still ours (the root not removed and made again)?
-    let mut root_check = tokio::time::interval(ROOT_CHECK_EVERY);
-    root_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut root_lost: Option<String> = None;
-    let mut credential_tick = tokio::time::interval(Duration::from_secs(5));
-    credential_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut metrics_tick = tokio::time::interval(metrics.interval);
-    metrics_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The reconcile and the health check are due one period from now (the
+    // start did both); the other timers tick at once.
+    daemon.sources.reconcile.reset();
+    daemon.sources.health.reset();
 
     loop {
         if daemon.stopping.is_some() && daemon.running.is_empty() {
             break;
         }
-        let sleep_for = daemon
-            .next_deadline()
-            .map(|t| daemon.clock.until(t))
-            .unwrap_or(Duration::from_secs(86_400));
-        let deadline = tokio::time::Instant::now() + sleep_for;
-        tokio::select! {
-            Some(event) = rx.recv() => {
+        let event = daemon.next_event().await;
+        let batch = event.came_by_channel();
+        // The watchdog's tick changes nothing: no need to look for work.
+        let look_for_work = !matches!(event, Event::Watchdog);
+        daemon.handle(event);
+        if batch {
+            while let Some(event) = daemon.sources.queued() {
                 daemon.handle(event);
-                while let Ok(event) = rx.try_recv() {
-                    daemon.handle(event);
-                }
-                while let Ok(e) = watch_rx.try_recv() {
-                    daemon.handle(LoopEvent::Watch(e));
-                }
-            }
-            Some(e) = watch_rx.recv() => {
-                daemon.handle(LoopEvent::Watch(e));
-                while let Ok(e) = watch_rx.try_recv() {
-                    daemon.handle(LoopEvent::Watch(e));
-                }
-                while let Ok(event) = rx.try_recv() {
-                    daemon.handle(event);
-                }
-            }
-            _ = tokio::time::sleep_until(deadline) => {
-                daemon.tally.loop_lag = tokio::time::Instant::now().saturating_duration_since(deadline);
-            }
-            _ = metrics_tick.tick(), if metrics.enabled() => daemon.publish_metrics(),
-            _ = credential_tick.tick(), if daemon.has_credential_checks() => daemon.credential_checks_due(),
-            _ = sigterm.recv() => daemon.shutdown("SIGTERM"),
-            _ = sigint.recv() => daemon.shutdown("SIGINT"),
-            _ = sighup.recv() => daemon.reload(),
-            _ = sigusr1.recv() => {
-                daemon.release_requests();
-                daemon.stop_requests();
-            }
-            _ = watchdog.tick(), if watchdog_every.is_some() => {
-                systemd::watchdog();
-                continue;
-            }
-            _ = reconcile.tick() => {
-                daemon.scan_all_inboxes();
-                daemon.release_requests();
-                daemon.stop_requests();
-                daemon.published.heartbeat_written = false;
-            }
-            _ = health_tick.tick() => {
-                daemon.health_check();
-                if daemon.config.health.interval != health_every {
-                    health_every = daemon.config.health.interval;
-                    health_tick = tokio::time::interval_at(
-                        tokio::time::Instant::now() + health_every,
-                        health_every,
-                    );
-                    health_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                }
-            }
-            _ = root_check.tick(), if root_lost.is_none() => {
-                if let Err(why) = lock.check() {
-                    daemon.raise(ErrorRecord::new(Code::IoError, why.clone()), false);
-                    daemon.shutdown("the state root was replaced");
-                    root_lost = Some(why);
-                }
-            }
-            _ = sigusr2.recv(), if stall_allowed => {
-                tracing::warn!("SIGUSR2 with AGENT_STATE_TEST_STALL=1: blocking the main loop (test hook)");
-                std::thread::sleep(Duration::from_secs(3600));
             }
         }
-        daemon.tick();
+        if look_for_work {
+            daemon.tick();
+        }
     }
     daemon.published.heartbeat_written = false;
-    daemon.write_heartbeat();
+    daemon.published.write_heartbeat(&seen!(daemon));
     tracing::info!("stopped: every session has ended");
-    match root_lost {
+    match daemon.root_lost.take() {
         Some(why) => Err(Error::Unavailable(why)),
         None => Ok(()),
     }
 }
 
 impl Daemon {
-    fn dir(&self, agent: &AgentName) -> AgentDir {
-        self.root.agent(agent)
-    }
-
     /// An agent's config: by the index built at start and reload (checked,
     /// so a stale index can only cost a search), not a search of every agent
     /// (at 10k agents, per-agent work at start was quadratic).
     fn agent_config(&self, agent: &AgentName) -> Option<&AgentConfig> {
-        if let Some(&i) = self.agent_index.get(agent)
-            && let Some(a) = self.config.agents.get(i)
-            && &a.name == agent
-        {
-            return Some(a);
-        }
-        self.config.agents.iter().find(|a| &a.name == agent)
+        agent_in(&self.config, &self.agent_index, agent)
     }
 
-    /// Rebuild the index of [`Daemon::agent_config`] after the config changed.
-    fn index_agents(&mut self) {
-        self.agent_index = self
-            .config
-            .agents
-            .iter()
-            .enumerate()
-            .map(|(i, a)| (a.name.clone(), i))
-            .collect();
-    }
-
-    fn handle(&mut self, event: LoopEvent) {
+    fn handle(&mut self, event: Event) {
         match event {
-            LoopEvent::Watch(WatchEvent::Inbox(agent)) => {
+            Event::Watch(WatchEvent::Inbox(agent)) => {
                 self.intake.arrived(&agent);
                 self.intake.dirty.insert(agent);
             }
-            LoopEvent::Watch(WatchEvent::Writing(agent, name)) => {
+            Event::Watch(WatchEvent::Writing(agent, name)) => {
                 self.intake.writing.entry(agent).or_default().insert(name);
             }
-            LoopEvent::Watch(WatchEvent::Closed(agent, name)) => {
+            Event::Watch(WatchEvent::Closed(agent, name)) => {
                 if let Some(w) = self.intake.writing.get_mut(&agent) {
                     w.remove(&name);
                 }
                 self.intake.arrived(&agent);
                 self.intake.dirty.insert(agent);
             }
-            LoopEvent::Watch(WatchEvent::Rejected(agent)) => {
+            Event::Watch(WatchEvent::Rejected(agent)) => {
                 // Once per loop turn, however many writes: it reads all
                 // of `rejected/`.
                 self.intake.rejected_written.insert(agent);
             }
-            LoopEvent::Watch(WatchEvent::Lost(agent)) => {
+            Event::Watch(WatchEvent::Lost(agent)) => {
                 self.intake.arrived(&agent);
                 if self.watcher.is_watching(&agent) {
                     tracing::warn!(agent = %agent, "its inbox directory was removed or moved away; watching it again when it is back (or recreated)");
@@ -529,10 +648,10 @@ impl Daemon {
                     self.intake.settle_at.insert(agent, at);
                 }
             }
-            LoopEvent::Watch(WatchEvent::Wake(agent, name)) => {
+            Event::Watch(WatchEvent::Wake(agent, name)) => {
                 self.intake.requests.arrived(&agent, name)
             }
-            LoopEvent::Watch(WatchEvent::Rescan(why)) => {
+            Event::Watch(WatchEvent::Rescan(why)) => {
                 tracing::warn!("rescanning every inbox: {why}");
                 self.intake.reusable.clear();
                 // What was being written is not known any more: each file
@@ -540,55 +659,157 @@ impl Daemon {
                 self.intake.writing.clear();
                 self.scan_all_inboxes();
             }
-            LoopEvent::SessionPid { agent, pid } => {
+            Event::SessionPid { agent, pid } => {
                 if let Some(r) = self.running.get_mut(&agent) {
                     r.pid = Some(pid);
                 }
             }
-            LoopEvent::SessionOverBudget { agent, tokens } => {
-                self.session_over_budget(&agent, tokens)
+            Event::SessionOverBudget { agent, tokens } => {
+                if let Some(cfg) = self.agent_config(&agent).cloned() {
+                    let running = self.running.get_mut(&agent);
+                    economy::session_over_budget(running, &agent, &cfg, tokens);
+                }
             }
-            LoopEvent::WakeCondition { agent, result } => {
+            Event::WakeCondition { agent, result } => {
                 self.economy.conditions_running.remove(&agent);
                 let now = self.clock.now();
                 self.economy.condition_result.insert(agent, (now, result));
             }
-            LoopEvent::CredentialChecked { group, result } => {
-                self.credential_checked(&group, result)
+            Event::CredentialChecked { group, result } => {
+                let now = self.clock.now();
+                match (self.economy).checked(&self.root, &self.config, &group, result, now) {
+                    economy::Checked::Nothing => {}
+                    economy::Checked::Released => self.released(&group),
+                    economy::Checked::Held(record) => self.raise(*record, true),
+                }
             }
-            LoopEvent::SessionStalled { agent, silent_for } => {
-                self.session_stalled(&agent, silent_for)
+            Event::SessionStalled { agent, silent_for } => {
+                let record = ending::session_stalled(
+                    self.running.get(&agent),
+                    self.agent_config(&agent),
+                    &agent,
+                    silent_for,
+                );
+                self.raise_each(record);
             }
-            LoopEvent::Signal { agent, signal } => self.signal(&agent, *signal),
-            LoopEvent::SessionDone {
+            Event::Signal { agent, signal } => {
+                // Late for a session whose end is being recorded: dropped,
+                // as once the session is gone.
+                let error = match self.running.get_mut(&agent).filter(|r| !r.recording) {
+                    Some(running) => running.signal(&self.root, &self.config, &agent, *signal),
+                    None => None,
+                };
+                self.raise_each(error);
+            }
+            Event::SessionDone {
                 agent,
                 report,
                 output,
                 workspace,
                 iterations,
             } => self.session_done(agent, *report, *output, workspace.map(|w| *w), iterations),
-            LoopEvent::EndRecorded(ended) => {
+            Event::EndRecorded(ended) => {
                 let (recorded, outcome) = *ended;
                 self.end_recorded(recorded, outcome)
             }
-            LoopEvent::Iteration {
+            Event::Iteration {
                 agent,
                 n,
                 of,
                 phase,
-            } => self.iteration(&agent, n, of, phase),
-            LoopEvent::WorkspacesPruned { removed, errors } => {
-                self.workspaces_pruned(removed, errors)
+            } => {
+                let dir = self.root.agent(&agent);
+                iterations::iteration(self.running.get_mut(&agent), &dir, n, of, phase)
             }
-            LoopEvent::LogsRotated(outcome) => self.logs_rotated(*outcome),
-            LoopEvent::WakeRequestsSwept(swept) => self.wake_requests_swept(*swept),
-            LoopEvent::InboxListed {
+            Event::WorkspacesPruned { removed, errors } => {
+                for record in self.monitor.workspaces_pruned(removed, errors) {
+                    self.raise(record, false);
+                }
+            }
+            Event::LogsRotated(outcome) => {
+                for record in self.monitor.logs_rotated(*outcome) {
+                    self.raise(record, false);
+                }
+            }
+            Event::WakeRequestsSwept(swept) => {
+                let known = self.core.contains(&swept.agent);
+                self.intake.requests.swept(&self.root, known, *swept);
+            }
+            Event::InboxListed {
                 agent,
                 reason,
                 listed,
                 arrivals,
             } => self.inbox_listed(agent, reason, listed, arrivals),
+            Event::Deadline { lag } => self.tally.loop_lag = lag,
+            Event::MetricsDue => self.publish_metrics(),
+            Event::CredentialChecksDue => {
+                for group in self.economy.checks_due(&self.config, self.clock.now()) {
+                    self.economy
+                        .start_check(&self.config, &self.root, &self.tx, &group);
+                }
+            }
+            Event::Watchdog => systemd::watchdog(),
+            Event::Reconcile => {
+                self.scan_all_inboxes();
+                self.daemon_requests();
+                self.published.heartbeat_written = false;
+            }
+            Event::HealthDue => {
+                self.check_health(true);
+                // An operator who installs or `chmod +x`es a held agent's command
+                // need do nothing else: it is released within one interval.
+                self.recheck_unrunnable();
+                self.sources.health_every(self.config.health.interval);
+            }
+            Event::RootCheckDue => {
+                if let Err(lost) = self.root_lock.check() {
+                    let why = lost.to_string();
+                    self.raise(ErrorRecord::new(lost.code(), why.clone()), false);
+                    self.shutdown("the state root was replaced");
+                    self.root_lost = Some(why);
+                }
+            }
+            Event::Shutdown(signal) => self.shutdown(signal),
+            Event::Reload => self.reload(),
+            Event::Requests => {
+                self.daemon_requests();
+            }
+            Event::Stall => {
+                tracing::warn!(
+                    "SIGUSR2 with AGENT_STATE_TEST_STALL=1: blocking the main loop (test hook)"
+                );
+                std::thread::sleep(Duration::from_secs(3600));
+            }
         }
+    }
+
+    /// Wait for the next event (see [`Event`]): whatever comes first of the
+    /// channels, the timers, the signals and the next deadline.
+    async fn next_event(&mut self) -> Event {
+        // The next deadline: a schedule, a debounce or a backoff (the
+        // core's), a file settling, the shutdown's grace, wake requests left
+        // for the next turn, one held back by its wake_request_interval.
+        let now = self.clock.now();
+        let next_deadline = [
+            self.core.next_deadline(now),
+            self.intake.settle_at.values().min().copied(),
+            self.stopping.filter(|_| !self.running.is_empty()),
+            self.intake.requests.pending().then_some(now),
+            self.intake.requests.held_until(),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        let sleep_for = next_deadline
+            .map(|t| self.clock.until(t))
+            .unwrap_or(Duration::from_secs(86_400));
+        let deadline = tokio::time::Instant::now() + sleep_for;
+        let credential_checks = economy::has_credential_checks(&self.config);
+        let root_checks = self.root_lost.is_none();
+        self.sources
+            .next(deadline, credential_checks, root_checks)
+            .await
     }
 
     fn shutdown(&mut self, why: &str) {
@@ -619,21 +840,6 @@ impl Daemon {
         tracing::info!("{why}: {status}");
     }
 
-    fn next_deadline(&self) -> Option<DateTime<Utc>> {
-        [
-            self.core.next_deadline(self.clock.now()),
-            self.intake.settle_at.values().min().copied(),
-            self.stopping.filter(|_| !self.running.is_empty()),
-            // Wake requests left for the next turn.
-            self.intake.requests.pending().then(|| self.clock.now()),
-            // A wake request held back by its agent's wake_request_interval.
-            self.wake_request_held_until(),
-        ]
-        .into_iter()
-        .flatten()
-        .min()
-    }
-
     /// After anything changed: repairs to report, the shutdown deadline, the
     /// heartbeat, STATUS=.
     fn after_change(&mut self) {
@@ -651,11 +857,37 @@ impl Daemon {
                 let _ = r.stop.send(true);
             }
         }
-        self.write_heartbeat();
-        let status = self.status_line();
+        self.published.write_heartbeat(&seen!(self));
+        let status = seen!(self).status_line();
         if status != self.published.last_status {
             systemd::status(&status);
             self.published.last_status = status;
         }
     }
+}
+
+/// Position of each agent in `config.agents`, for [`Daemon::agent_config`]
+/// (built at start and at each reload).
+fn index_agents(config: &Config) -> std::collections::HashMap<AgentName, usize> {
+    config
+        .agents
+        .iter()
+        .enumerate()
+        .map(|(i, a)| (a.name.clone(), i))
+        .collect()
+}
+
+/// `agent`'s config, by `index` (see [`Daemon::agent_config`]).
+fn agent_in<'a>(
+    config: &'a Config,
+    index: &std::collections::HashMap<AgentName, usize>,
+    agent: &AgentName,
+) -> Option<&'a AgentConfig> {
+    if let Some(&i) = index.get(agent)
+        && let Some(a) = config.agents.get(i)
+        && &a.name == agent
+    {
+        return Some(a);
+    }
+    config.agents.iter().find(|a| &a.name == agent)
 }

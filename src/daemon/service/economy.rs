@@ -40,7 +40,10 @@ pub(super) struct Economy {
 }
 
 /// A `wake_if` command's answer, and when it came.
-type Answer = (DateTime<Utc>, std::result::Result<(), String>);
+type Answer = (
+    DateTime<Utc>,
+    std::result::Result<(), crate::daemon::credential::CheckError>,
+);
 
 /// Refused manual wakes journaled per agent between two of its sessions.
 pub(super) const MANUAL_REFUSALS_SAID: u32 = 10;
@@ -78,10 +81,114 @@ fn seed(text: &str) -> u64 {
     })
 }
 
-impl Daemon {
+impl Economy {
+    /// Run credential `group`'s login check off the loop:
+    /// [`Event::CredentialChecked`] comes back on `tx`.
+    pub(super) fn start_check(
+        &mut self,
+        config: &Config,
+        root: &StateRoot,
+        tx: &mpsc::UnboundedSender<Event>,
+        group: &str,
+    ) {
+        let Some(command) = check_of(config, group) else {
+            return;
+        };
+        self.checking.insert(group.to_string());
+        let tx = tx.clone();
+        let dir = root.path.clone();
+        let group = group.to_string();
+        tokio::spawn(async move {
+            let result = crate::daemon::credential::check(
+                &command,
+                &dir,
+                crate::daemon::credential::CHECK_TIMEOUT,
+            )
+            .await;
+            let _ = tx.send(Event::CredentialChecked { group, result });
+        });
+    }
+    /// A session hit `limit`: hold its credential group, journal it, say it
+    /// once per hold, and run the session again when the hold ends. Returns
+    /// the verdict for the session's record (not a failure: no streak).
+    /// (Returns the verdict, and the record to raise with whether to
+    /// escalate it: a fresh hold only.)
+    pub(super) fn usage_limit_hit(
+        &mut self,
+        root: &StateRoot,
+        config: &Config,
+        now: DateTime<Utc>,
+        hit: LimitHit,
+    ) -> (failure::Verdict, Option<(ErrorRecord, bool)>) {
+        let LimitHit {
+            agent,
+            group,
+            session_id,
+            limit,
+        } = hit;
+        let (fresh, hold) = self.holds.limit_seen(
+            group,
+            limit,
+            now,
+            &config.usage_limits,
+            seed(&format!("{group}/{agent}")),
+        );
+        self.save(root);
+        let kind = match limit.kind {
+            LimitKind::UsageLimit => "usage_limit",
+            LimitKind::ExtraUsageExhausted => "extra_usage_exhausted",
+            LimitKind::ApiRateLimit => "api_rate_limit",
+            LimitKind::AdminDisabled => "admin_disabled",
+        };
+        publish::journal(
+            root,
+            agent,
+            journal::Event::UsageLimit(UsageLimitHit {
+                session_id: session_id.to_string(),
+                kind: kind.to_string(),
+                credential: group.to_string(),
+                window: limit.window.clone(),
+                resets_at: limit.resets_at.map(Timestamp::from_datetime),
+                hold_until: hold.until,
+                evidence: limit.evidence.clone(),
+                note: limit.note.clone(),
+            }),
+        );
+        let code = if hold.cause == Cause::Disabled {
+            Code::UsageDisabled
+        } else {
+            Code::UsageLimit
+        };
+        let message = format!(
+            "credential {group}: {} ({kind}, seen by {agent})",
+            hold.reason
+        );
+        let mut raise = None;
+        if fresh {
+            let mut record = ErrorRecord::new(code, message.clone())
+                .agent(agent)
+                .session(session_id.to_string())
+                .details(limit.evidence.clone());
+            if let Some(note) = &limit.note {
+                record = record.details(format!("{}; {note}", limit.evidence));
+            }
+            raise = Some((record, code == Code::UsageDisabled));
+        } else {
+            tracing::info!(agent = %agent, "{message}");
+        }
+        let verdict = failure::Verdict {
+            code: Some(code),
+            message: hold.reason.clone(),
+            attempt: 1,
+            next: Next::Nothing,
+            escalate: false,
+        };
+        (verdict, raise)
+    }
+
     /// Read `.daemon/economy.json` (at start): holds survive a restart.
-    pub(super) fn load_economy(&mut self) {
-        let path = saved_path(&self.root);
+    pub(super) fn load(&mut self, root: &StateRoot) {
+        let path = saved_path(root);
         match crate::state::atomic::read_json::<Saved>(&path) {
             Ok(Some(saved)) => {
                 for (group, hold) in &saved.holds.groups {
@@ -90,8 +197,8 @@ impl Daemon {
                         hold.reason
                     );
                 }
-                self.economy.holds = saved.holds;
-                self.economy.told = saved.told;
+                self.holds = saved.holds;
+                self.told = saved.told;
             }
             Ok(None) => {}
             Err(e) => tracing::warn!(
@@ -101,28 +208,33 @@ impl Daemon {
         }
     }
 
-    fn save_economy(&self) {
+    /// Write `.daemon/economy.json`: the holds and the day's notices.
+    fn save(&self, root: &StateRoot) {
         let saved = Saved {
-            holds: self.economy.holds.clone(),
-            told: self.economy.told.clone(),
+            holds: self.holds.clone(),
+            told: self.told.clone(),
         };
-        if let Err(e) = crate::state::atomic::write_json(&saved_path(&self.root), &saved) {
+        if let Err(e) = crate::state::atomic::write_json(&saved_path(root), &saved) {
             tracing::warn!("cannot save the usage-limit holds: {e}");
         }
     }
 
-    /// Today's use of `agent`, in the budget's time zone: read from its
-    /// journal again only when the journal changed.
-    pub(super) fn used_today(&mut self, agent: &AgentName) -> DayUse {
-        let tz = self.config.budget.timezone;
-        let now = Timestamp::from_datetime(self.clock.now());
+    /// Today's use of the agent of `dir`, in the budget's time zone `tz`:
+    /// read from its journal again only when the journal changed.
+    pub(super) fn used_today(
+        &mut self,
+        dir: &AgentDir,
+        tz: crate::zone::Zone,
+        now: DateTime<Utc>,
+    ) -> DayUse {
+        let now = Timestamp::from_datetime(now);
         let day = usage::day_of(now, tz);
-        let journal = self.dir(agent).journal();
+        let journal = dir.journal();
         let stamp = match crate::fsx::metadata(&journal) {
             Ok(Some(st)) => (st.st_size, st.st_mtime, st.st_mtime_nsec),
             _ => (0, 0, 0),
         };
-        if let Some((d, s, used)) = self.economy.today.get(agent)
+        if let Some((d, s, used)) = self.today.get(&dir.name)
             && *d == day
             && *s == stamp
         {
@@ -137,10 +249,299 @@ impl Daemon {
                     .unwrap_or_default()
             })
             .unwrap_or_default();
-        self.economy.today.insert(agent.clone(), (day, stamp, used));
+        self.today.insert(dir.name.clone(), (day, stamp, used));
         used
     }
 
+    /// The first budget `agent`'s wake would go over: its own, else the
+    /// fleet's (`"fleet"`).
+    fn over_budget(
+        &mut self,
+        root: &StateRoot,
+        config: &Config,
+        agent: &AgentName,
+        cfg: &AgentConfig,
+        now: DateTime<Utc>,
+    ) -> Option<(String, usage::Exceeded)> {
+        let tz = config.budget.timezone;
+        let own = cfg.session.budget;
+        if !own.is_unlimited() {
+            let used = self.used_today(&root.agent(agent), tz, now);
+            if let Some(e) = own.first_exceeded(&used) {
+                return Some((agent.to_string(), e));
+            }
+        }
+        let fleet = config.budget.limits;
+        if !fleet.is_unlimited() {
+            let mut total = DayUse::default();
+            for a in config.working_agents() {
+                total.add(&self.used_today(&root.agent(&a.name), tz, now));
+            }
+            if let Some(e) = fleet.first_exceeded(&total) {
+                return Some(("fleet".to_string(), e));
+            }
+        }
+        None
+    }
+
+    /// A new manual wake of `agent`: if it is refused again, say so again
+    /// (`wake --wait` reads the journal line as its answer), a few times.
+    pub(super) fn manual_wake_requested(&mut self, agent: &AgentName) {
+        let said = self.manual_refusals.get(agent).copied().unwrap_or(0);
+        if said < MANUAL_REFUSALS_SAID {
+            self.said_held.retain(|(a, _)| a != agent);
+        }
+    }
+
+    /// A session ended without a limit: a success (or the probe's end)
+    /// lifts its group's hold. Returns the group released, if one was.
+    pub(super) fn session_ended(
+        &mut self,
+        agent: &AgentName,
+        cfg: &AgentConfig,
+        succeeded: bool,
+    ) -> Option<String> {
+        let group = &cfg.session.credential;
+        let released = self.holds.session_ended(group, agent, succeeded);
+        self.today.remove(agent);
+        let hold = released?;
+        tracing::info!(agent = %agent, "credential {group}: the hold is over ({}: {})", if succeeded { "a session succeeded" } else { "the probe ended" }, hold.reason);
+        Some(group.clone())
+    }
+
+    /// The requests of `agent-state credential release` waiting in
+    /// `.daemon/`: each hold ends (saved), and the request is removed once
+    /// the release is saved (a crash before that carries it out again:
+    /// releasing twice is releasing once). Returns the groups released.
+    pub(super) fn release_requests(&mut self, root: &StateRoot, config: &Config) -> Vec<String> {
+        let pending = match crate::daemon::release::pending(root) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!("cannot read the credential release requests: {e}");
+                return Vec::new();
+            }
+        };
+        let known = crate::daemon::release::known(config);
+        let mut released = Vec::new();
+        for group in pending {
+            if !known.contains(&group) {
+                tracing::warn!(
+                    "credential {group}: a release was asked for a credential the config does not name (known: {}); request dropped",
+                    known.join(", ")
+                );
+            } else if let Some(hold) = self.holds.release(&group) {
+                tracing::info!(
+                    "credential {group}: released by `agent-state credential release`; its agents' held wakes go now (was: {})",
+                    hold.reason
+                );
+                // Saved before the request is removed.
+                self.save(root);
+                released.push(group.clone());
+            } else {
+                tracing::info!("credential {group}: a release was asked, but it is not held");
+            }
+            if let Err(e) = crate::daemon::release::done(root, &group) {
+                tracing::warn!("credential {group}: cannot remove the release request: {e}");
+            }
+        }
+        released
+    }
+
+    /// The credential checks due now (on the loop's credential timer).
+    pub(super) fn checks_due(&self, config: &Config, now: DateTime<Utc>) -> Vec<String> {
+        config
+            .credentials
+            .iter()
+            .filter(|(g, c)| {
+                c.check.is_some()
+                    && !self.checking.contains(*g)
+                    && self.next_check.get(*g).is_none_or(|t| *t <= now)
+            })
+            .map(|(g, _)| g.clone())
+            .collect()
+    }
+
+    /// A check came back: a pass lifts a credential hold, a failure holds
+    /// the group (escalated once, with the runbook) until one passes.
+    pub(super) fn checked(
+        &mut self,
+        root: &StateRoot,
+        config: &Config,
+        group: &str,
+        result: std::result::Result<(), crate::daemon::credential::CheckError>,
+        now: DateTime<Utc>,
+    ) -> Checked {
+        self.checking.remove(group);
+        let every = config
+            .credentials
+            .get(group)
+            .map_or(CHECK_WHILE_FAILING, |c| c.check_every);
+        match result {
+            Ok(()) => {
+                self.checked_ok.insert(group.to_string(), now);
+                self.next_check
+                    .insert(group.to_string(), crate::clock::later(now, every));
+                match self.holds.credential_ok(group) {
+                    Some(hold) => {
+                        tracing::info!(
+                            "credential {group}: its check passes again; its agents are released ({})",
+                            hold.reason
+                        );
+                        Checked::Released
+                    }
+                    None => Checked::Nothing,
+                }
+            }
+            Err(why) => {
+                self.checked_ok.remove(group);
+                let again = every.min(CHECK_WHILE_FAILING);
+                self.next_check
+                    .insert(group.to_string(), crate::clock::later(now, again));
+                if self
+                    .holds
+                    .credential_failed(group, &why.to_string(), now, None)
+                {
+                    self.save(root);
+                    let record = ErrorRecord::new(
+                        why.code(),
+                        format!("credential {group}: its check failed ({why}); its agents are held until it passes"),
+                    )
+                    .details(format!(
+                        "checked again every {}",
+                        humantime::format_duration(again)
+                    ));
+                    Checked::Held(Box::new(record))
+                } else {
+                    tracing::info!("credential {group}: the check still fails: {why}");
+                    Checked::Nothing
+                }
+            }
+        }
+    }
+
+    /// A session found its credential logged out: hold the group like a
+    /// failed check, or, without a check, until one session tries again
+    /// after `[usage_limits] wait`. Returns the group to check now, if it
+    /// has a check not running yet.
+    pub(super) fn login_failed(
+        &mut self,
+        root: &StateRoot,
+        config: &Config,
+        agent: &AgentName,
+        cfg: &AgentConfig,
+        now: DateTime<Utc>,
+    ) -> Option<String> {
+        let group = cfg.session.credential.clone();
+        let has_check = check_of(config, &group).is_some();
+        let retry_at = (!has_check).then(|| crate::clock::later(now, config.usage_limits.wait));
+        let why = format!("a session of {agent} found Claude Code logged out");
+        if self.holds.credential_failed(&group, &why, now, retry_at) {
+            self.save(root);
+            tracing::warn!(agent = %agent, "credential {group}: {why}; its agents are held");
+        }
+        if has_check && !self.checking.contains(&group) {
+            self.checked_ok.remove(&group);
+            return Some(group);
+        }
+        None
+    }
+
+    /// report.json `error` of an agent held by its credential (status
+    /// shows it): the hold's reason, `held`, and until when.
+    fn held_error(&self, cfg: &AgentConfig) -> Option<ReportError> {
+        let hold = self.holds.groups.get(&cfg.session.credential)?.clone();
+        let code = if hold.cause == Cause::UsageLimit {
+            Code::UsageLimit
+        } else if hold.cause == Cause::Disabled {
+            Code::UsageDisabled
+        } else {
+            Code::CredentialFailed
+        };
+        Some(ReportError {
+            code: code.as_str().to_string(),
+            message: hold.reason,
+            failures: 0,
+            state: crate::state::report::ErrorState::Held,
+            until: hold.until,
+            since: Some(hold.since),
+        })
+    }
+}
+
+/// What a credential check's answer asks of the daemon.
+pub(super) enum Checked {
+    Nothing,
+    /// The group's hold ended: its held wakes go now.
+    Released,
+    /// The group is held from now on: the record to raise (escalated).
+    Held(Box<ErrorRecord>),
+}
+
+/// A session of `agent` (of credential `group`) hit `limit`.
+pub(super) struct LimitHit<'a> {
+    pub(super) agent: &'a AgentName,
+    pub(super) group: &'a str,
+    pub(super) session_id: &'a str,
+    pub(super) limit: &'a Limit,
+}
+
+/// The credential group of an agent (the default one for an agent no
+/// longer configured).
+pub(super) fn group_of(cfg: Option<&AgentConfig>) -> String {
+    cfg.map_or(DEFAULT_CREDENTIAL.to_string(), |c| {
+        c.session.credential.clone()
+    })
+}
+
+/// The login check of credential `group`, if it has one.
+fn check_of(config: &Config, group: &str) -> Option<Vec<String>> {
+    config.credentials.get(group).and_then(|c| c.check.clone())
+}
+
+/// Does any credential have a login check (the loop's credential timer)?
+pub(super) fn has_credential_checks(config: &Config) -> bool {
+    config.credentials.values().any(|c| c.check.is_some())
+}
+
+/// The usage limit an ended session's output shows, if it did not
+/// succeed (a successful session may quote one in its answer).
+pub(super) fn limit_in(
+    report: &RunReport,
+    output: &OutputSummary,
+    failed: bool,
+    now: DateTime<Utc>,
+) -> Option<Limit> {
+    if report.ending.is_success() && !failed {
+        return None;
+    }
+    limits::scan_output(output.tail.as_bytes(), &output.stderr_tail, now)
+}
+
+/// A running session's streamed usage reached its session budget: stop it
+/// (`budget_action = "stop"`, recorded as an error naming the budget) or
+/// let it finish, said once.
+pub(super) fn session_over_budget(
+    running: Option<&mut Running>,
+    agent: &AgentName,
+    cfg: &AgentConfig,
+    tokens: u64,
+) {
+    let limit = cfg.session.session_budget.max_tokens.unwrap_or(0);
+    let why = format!("its session_budget is spent: max_tokens reached: {tokens} of {limit}");
+    match cfg.session.budget_action {
+        BudgetAction::Stop => {
+            if let Some(r) = running {
+                tracing::warn!(agent = %agent, session_id = %r.session_id, "stopping the session: {why}");
+                r.stop_for(format!("the daemon stopped the session: {why}"));
+            }
+        }
+        BudgetAction::Finish => {
+            tracing::warn!(agent = %agent, "{why}; it may finish (budget_action = \"finish\")");
+        }
+    }
+}
+
+impl Daemon {
     /// May `agent` start a session for `reason` now? If not, the wake is
     /// deferred (a hold, an exhausted budget for mail) or skipped (a
     /// scheduled wake over budget or with no work), journaled, and said.
@@ -155,7 +556,7 @@ impl Daemon {
         match self.economy.holds.gate(&group, agent, now) {
             Gate::Open => {}
             Gate::Probe => {
-                self.save_economy();
+                self.economy.save(&self.root);
                 tracing::info!(agent = %agent, "credential {group}: this session is the probe of whether the usage limit has reset");
             }
             Gate::Held { reason: why, .. } if reason == WakeReason::Manual => {
@@ -163,15 +564,24 @@ impl Daemon {
             }
             Gate::Held { until, reason: why } => {
                 if self.economy.said_held.insert((agent.clone(), why.clone())) {
-                    self.publish_held(agent, cfg);
+                    if let Some(error) = self.economy.held_error(cfg) {
+                        self.published.publish_agent(
+                            &self.root,
+                            &self.core,
+                            self.clock.now(),
+                            agent,
+                            Some(error),
+                        );
+                    }
                     tracing::info!(agent = %agent, "{} wake held: {why}", reason.as_str());
                     let cause = match self.economy.holds.groups.get(&group).map(|h| h.cause) {
                         Some(Cause::Credential) => SkipCause::Credential,
                         _ => SkipCause::UsageLimit,
                     };
-                    self.journal(
+                    publish::journal(
+                        &self.root,
                         agent,
-                        Event::WakeSkipped(WakeSkipped {
+                        journal::Event::WakeSkipped(WakeSkipped {
                             reason: reason.as_str().to_string(),
                             cause: Some(cause),
                             detail: Some(why),
@@ -184,7 +594,7 @@ impl Daemon {
                     .map(|t| decide::until(t, now))
                     .unwrap_or(self.config.health.interval)
                     .max(Duration::from_secs(1));
-                self.defer_wake(agent, reason, delay);
+                self.core.defer(self.clock.now(), agent, reason, delay);
                 return false;
             }
         }
@@ -192,7 +602,7 @@ impl Daemon {
         // A scheduled wake of a checked credential: the check first, if the
         // last one is not fresh (the wake is tried again in a moment).
         if scheduled
-            && self.credential_check_of(&group).is_some()
+            && check_of(&self.config, &group).is_some()
             && self
                 .economy
                 .checked_ok
@@ -200,13 +610,15 @@ impl Daemon {
                 .is_none_or(|t| decide::until(now, *t) > CHECK_FRESH)
         {
             if !self.economy.checking.contains(&group) {
-                self.start_check(&group);
+                self.economy
+                    .start_check(&self.config, &self.root, &self.tx, &group);
             }
-            self.defer_wake(agent, reason, Duration::from_secs(2));
+            self.core
+                .defer(self.clock.now(), agent, reason, Duration::from_secs(2));
             return false;
         }
         if scheduled && cfg.session.wake_if == WakeIf::Work {
-            let dir = self.dir(agent);
+            let dir = self.root.agent(agent);
             let waiting = self.tally.waiting.get(agent).copied().unwrap_or(0);
             let open = dir
                 .read::<crate::state::tasks::TaskFile>()
@@ -243,7 +655,7 @@ impl Daemon {
                             .map(|a| a.replace("{agent}", agent.as_str()))
                             .collect();
                         let tx = self.tx.clone();
-                        let dir = self.dir(agent).path;
+                        let dir = self.root.agent(agent).path;
                         let name = agent.clone();
                         tokio::spawn(async move {
                             let result = crate::daemon::credential::condition(
@@ -252,22 +664,26 @@ impl Daemon {
                                 crate::daemon::credential::CHECK_TIMEOUT,
                             )
                             .await;
-                            let _ = tx.send(LoopEvent::WakeCondition {
+                            let _ = tx.send(Event::WakeCondition {
                                 agent: name,
                                 result,
                             });
                         });
                     }
-                    self.defer_wake(agent, reason, Duration::from_secs(1));
+                    self.core
+                        .defer(self.clock.now(), agent, reason, Duration::from_secs(1));
                     return false;
                 }
             }
         }
-        if let Some((scope, exceeded)) = self.over_budget(agent, cfg) {
+        let over = self
+            .economy
+            .over_budget(&self.root, &self.config, agent, cfg, now);
+        if let Some((scope, exceeded)) = over {
             let detail = format!("{scope}'s daily budget: {exceeded}");
             let day = usage::day_of(Timestamp::from_datetime(now), self.config.budget.timezone);
             if self.economy.told.insert(format!("{scope}@{day}")) {
-                self.save_economy();
+                self.economy.save(&self.root);
                 let record = ErrorRecord::new(
                     Code::BudgetExhausted,
                     format!(
@@ -303,9 +719,10 @@ impl Daemon {
                             .entry(agent.clone())
                             .or_default() += 1;
                     }
-                    self.journal(
+                    publish::journal(
+                        &self.root,
                         agent,
-                        Event::WakeSkipped(WakeSkipped {
+                        journal::Event::WakeSkipped(WakeSkipped {
                             reason: reason.as_str().to_string(),
                             cause: Some(SkipCause::Budget),
                             detail: Some(detail),
@@ -314,7 +731,8 @@ impl Daemon {
                         }),
                     );
                 }
-                self.defer_wake(
+                self.core.defer(
+                    self.clock.now(),
                     agent,
                     reason,
                     decide::until(next, now).max(Duration::from_secs(1)),
@@ -339,9 +757,10 @@ impl Daemon {
             .skips
             .entry((agent.clone(), cause.as_str().to_string()))
             .or_default() += 1;
-        self.journal(
+        publish::journal(
+            &self.root,
             agent,
-            Event::WakeSkipped(WakeSkipped {
+            journal::Event::WakeSkipped(WakeSkipped {
                 reason: reason.as_str().to_string(),
                 cause: Some(cause),
                 detail: Some(detail),
@@ -350,141 +769,6 @@ impl Daemon {
         );
         self.core
             .session_ended(agent, InboxSummary::default(), self.clock.now());
-    }
-
-    /// The first budget `agent`'s wake would go over: its own, else the
-    /// fleet's (`"fleet"`).
-    fn over_budget(
-        &mut self,
-        agent: &AgentName,
-        cfg: &AgentConfig,
-    ) -> Option<(String, usage::Exceeded)> {
-        let own = cfg.session.budget;
-        if !own.is_unlimited() {
-            let used = self.used_today(agent);
-            if let Some(e) = own.first_exceeded(&used) {
-                return Some((agent.to_string(), e));
-            }
-        }
-        let fleet = self.config.budget.limits;
-        if !fleet.is_unlimited() {
-            let agents: Vec<AgentName> = self
-                .config
-                .working_agents()
-                .map(|a| a.name.clone())
-                .collect();
-            let mut total = DayUse::default();
-            for a in &agents {
-                total.add(&self.used_today(a));
-            }
-            if let Some(e) = fleet.first_exceeded(&total) {
-                return Some(("fleet".to_string(), e));
-            }
-        }
-        None
-    }
-
-    /// The usage limit an ended session's output shows, if it did not
-    /// succeed (a successful session may quote one in its answer).
-    pub(super) fn limit_in(
-        &self,
-        report: &RunReport,
-        output: &OutputSummary,
-        failed: bool,
-    ) -> Option<Limit> {
-        if report.ending.is_success() && !failed {
-            return None;
-        }
-        limits::scan_output(
-            output.tail.as_bytes(),
-            &output.stderr_tail,
-            self.clock.now(),
-        )
-    }
-
-    /// A new manual wake of `agent`: if it is refused again, say so again
-    /// (`wake --wait` reads the journal line as its answer), a few times.
-    pub(super) fn manual_wake_requested(&mut self, agent: &AgentName) {
-        let said = self
-            .economy
-            .manual_refusals
-            .get(agent)
-            .copied()
-            .unwrap_or(0);
-        if said < MANUAL_REFUSALS_SAID {
-            self.economy.said_held.retain(|(a, _)| a != agent);
-        }
-    }
-
-    /// A session hit `limit`: hold its credential group, journal it, say it
-    /// once per hold, and run the session again when the hold ends. Returns
-    /// the verdict for the session's record (not a failure: no streak).
-    pub(super) fn usage_limit_hit(
-        &mut self,
-        agent: &AgentName,
-        cfg: Option<&AgentConfig>,
-        session_id: &str,
-        limit: &Limit,
-    ) -> failure::Verdict {
-        let now = self.clock.now();
-        let group = cfg.map_or(DEFAULT_CREDENTIAL.to_string(), |c| {
-            c.session.credential.clone()
-        });
-        let (fresh, hold) = self.economy.holds.limit_seen(
-            &group,
-            limit,
-            now,
-            &self.config.usage_limits,
-            seed(&format!("{group}/{agent}")),
-        );
-        self.save_economy();
-        let kind = match limit.kind {
-            LimitKind::UsageLimit => "usage_limit",
-            LimitKind::ExtraUsageExhausted => "extra_usage_exhausted",
-            LimitKind::ApiRateLimit => "api_rate_limit",
-            LimitKind::AdminDisabled => "admin_disabled",
-        };
-        self.journal(
-            agent,
-            Event::UsageLimit(UsageLimitHit {
-                session_id: session_id.to_string(),
-                kind: kind.to_string(),
-                credential: group.clone(),
-                window: limit.window.clone(),
-                resets_at: limit.resets_at.map(Timestamp::from_datetime),
-                hold_until: hold.until,
-                evidence: limit.evidence.clone(),
-                note: limit.note.clone(),
-            }),
-        );
-        let code = if hold.cause == Cause::Disabled {
-            Code::UsageDisabled
-        } else {
-            Code::UsageLimit
-        };
-        let message = format!(
-            "credential {group}: {} ({kind}, seen by {agent})",
-            hold.reason
-        );
-        if fresh {
-            let mut record = ErrorRecord::new(code, message.clone())
-                .agent(agent)
-                .session(session_id.to_string())
-                .details(limit.evidence.clone());
-            if let Some(note) = &limit.note {
-                record = record.details(format!("{}; {note}", limit.evidence));
-            }
-            self.raise(record, code == Code::UsageDisabled);
-        } else {
-            tracing::info!(agent = %agent, "{message}");
-        }
-        failure::Verdict {
-            code: Some(code),
-            message: hold.reason.clone(),
-            attempt: 1,
-            next: Next::Nothing,
-            escalate: false,
-        }
     }
 
     /// After a usage limit: the session runs again when its group's hold
@@ -499,34 +783,27 @@ impl Daemon {
             .and_then(|h| h.until)
             .map(|t| decide::until(t.0, now))
             .unwrap_or(self.config.health.interval);
-        self.defer_wake(agent, WakeReason::Retry, until.max(Duration::from_secs(1)));
-        self.publish_held(agent, cfg);
-    }
-
-    /// A session ended without a limit: a success (or the probe's end)
-    /// lifts its group's hold.
-    pub(super) fn economy_session_ended(
-        &mut self,
-        agent: &AgentName,
-        cfg: Option<&AgentConfig>,
-        succeeded: bool,
-    ) {
-        let Some(cfg) = cfg else { return };
-        if let Some(hold) =
-            self.economy
-                .holds
-                .session_ended(&cfg.session.credential, agent, succeeded)
-        {
-            tracing::info!(agent = %agent, "credential {}: the hold is over ({}: {})", cfg.session.credential, if succeeded { "a session succeeded" } else { "the probe ended" }, hold.reason);
-            self.released(&cfg.session.credential.clone());
+        self.core.defer(
+            self.clock.now(),
+            agent,
+            WakeReason::Retry,
+            until.max(Duration::from_secs(1)),
+        );
+        if let Some(error) = self.economy.held_error(cfg) {
+            self.published.publish_agent(
+                &self.root,
+                &self.core,
+                self.clock.now(),
+                agent,
+                Some(error),
+            );
         }
-        self.economy.today.remove(agent);
     }
 
     /// `group`'s hold ended: its held wakes go now (not at their deferral's
     /// end), and report.json no longer says they are held.
-    fn released(&mut self, group: &str) {
-        self.save_economy();
+    pub(super) fn released(&mut self, group: &str) {
+        self.economy.save(&self.root);
         let now = self.clock.now();
         let held: Vec<AgentName> = self
             .economy
@@ -544,226 +821,33 @@ impl Daemon {
                 slot.backoff_until = Some(now);
             }
             let still_held = self
-                .dir(&agent)
+                .root
+                .agent(&agent)
                 .read::<Report>()
                 .ok()
                 .flatten()
                 .and_then(|r| r.error)
                 .is_some_and(|e| e.state == crate::state::report::ErrorState::Held);
             if still_held {
-                self.publish_agent(&agent, None);
-            }
-        }
-    }
-
-    /// Carry out the requests of `agent-state credential release` waiting
-    /// in `.daemon/`: each hold ends, its held wakes go now, and the request
-    /// is removed once the release is saved (a crash before that carries it
-    /// out again: releasing twice is releasing once).
-    pub(super) fn release_requests(&mut self) {
-        let pending = match crate::daemon::release::pending(&self.root) {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::warn!("cannot read the credential release requests: {e}");
-                return;
-            }
-        };
-        let known = crate::daemon::release::known(&self.config);
-        for group in pending {
-            if !known.contains(&group) {
-                tracing::warn!(
-                    "credential {group}: a release was asked for a credential the config does not name (known: {}); request dropped",
-                    known.join(", ")
+                self.published.publish_agent(
+                    &self.root,
+                    &self.core,
+                    self.clock.now(),
+                    &agent,
+                    None,
                 );
-            } else if let Some(hold) = self.economy.holds.release(&group) {
-                tracing::info!(
-                    "credential {group}: released by `agent-state credential release`; its agents' held wakes go now (was: {})",
-                    hold.reason
-                );
-                self.released(&group);
-            } else {
-                tracing::info!("credential {group}: a release was asked, but it is not held");
-            }
-            if let Err(e) = crate::daemon::release::done(&self.root, &group) {
-                tracing::warn!("credential {group}: cannot remove the release request: {e}");
             }
         }
     }
 
-    fn credential_check_of(&self, group: &str) -> Option<Vec<String>> {
-        self.config
-            .credentials
-            .get(group)
-            .and_then(|c| c.check.clone())
-    }
-
-    pub(super) fn has_credential_checks(&self) -> bool {
-        self.config.credentials.values().any(|c| c.check.is_some())
-    }
-
-    /// Start the checks that are due (on the loop's credential timer).
-    pub(super) fn credential_checks_due(&mut self) {
+    /// Carry out the requests waiting in `.daemon/` (at start, SIGUSR1, the
+    /// reconcile scan): `agent-state credential release` (each hold ends,
+    /// its held wakes go now), then `agent-state stop` (see `stop.rs`).
+    pub(super) fn daemon_requests(&mut self) {
+        for group in self.economy.release_requests(&self.root, &self.config) {
+            self.released(&group);
+        }
         let now = self.clock.now();
-        let due: Vec<String> = self
-            .config
-            .credentials
-            .iter()
-            .filter(|(g, c)| {
-                c.check.is_some()
-                    && !self.economy.checking.contains(*g)
-                    && self.economy.next_check.get(*g).is_none_or(|t| *t <= now)
-            })
-            .map(|(g, _)| g.clone())
-            .collect();
-        for group in due {
-            self.start_check(&group);
-        }
-    }
-
-    fn start_check(&mut self, group: &str) {
-        let Some(command) = self.credential_check_of(group) else {
-            return;
-        };
-        self.economy.checking.insert(group.to_string());
-        let tx = self.tx.clone();
-        let dir = self.root.path.clone();
-        let group = group.to_string();
-        tokio::spawn(async move {
-            let result = crate::daemon::credential::check(
-                &command,
-                &dir,
-                crate::daemon::credential::CHECK_TIMEOUT,
-            )
-            .await;
-            let _ = tx.send(LoopEvent::CredentialChecked { group, result });
-        });
-    }
-
-    /// A check came back: a pass lifts a credential hold, a failure holds
-    /// the group (escalated once, with the runbook) until one passes.
-    pub(super) fn credential_checked(
-        &mut self,
-        group: &str,
-        result: std::result::Result<(), String>,
-    ) {
-        let now = self.clock.now();
-        self.economy.checking.remove(group);
-        let every = self
-            .config
-            .credentials
-            .get(group)
-            .map_or(CHECK_WHILE_FAILING, |c| c.check_every);
-        match result {
-            Ok(()) => {
-                self.economy.checked_ok.insert(group.to_string(), now);
-                self.economy
-                    .next_check
-                    .insert(group.to_string(), crate::clock::later(now, every));
-                if let Some(hold) = self.economy.holds.credential_ok(group) {
-                    tracing::info!(
-                        "credential {group}: its check passes again; its agents are released ({})",
-                        hold.reason
-                    );
-                    self.released(group);
-                }
-            }
-            Err(why) => {
-                self.economy.checked_ok.remove(group);
-                let again = every.min(CHECK_WHILE_FAILING);
-                self.economy
-                    .next_check
-                    .insert(group.to_string(), crate::clock::later(now, again));
-                if self.economy.holds.credential_failed(group, &why, now, None) {
-                    self.save_economy();
-                    let record = ErrorRecord::new(
-                        Code::CredentialFailed,
-                        format!("credential {group}: its check failed ({why}); its agents are held until it passes"),
-                    )
-                    .details(format!(
-                        "checked again every {}",
-                        humantime::format_duration(again)
-                    ));
-                    self.raise(record, true);
-                } else {
-                    tracing::info!("credential {group}: the check still fails: {why}");
-                }
-            }
-        }
-    }
-
-    /// A session found its credential logged out: hold the group like a
-    /// failed check (and check it now), or, without a check, until one
-    /// session tries again after `[usage_limits] wait`.
-    pub(super) fn login_failed(&mut self, agent: &AgentName, cfg: &AgentConfig) {
-        let now = self.clock.now();
-        let group = cfg.session.credential.clone();
-        let has_check = self.credential_check_of(&group).is_some();
-        let retry_at =
-            (!has_check).then(|| crate::clock::later(now, self.config.usage_limits.wait));
-        let why = format!("a session of {agent} found Claude Code logged out");
-        if self
-            .economy
-            .holds
-            .credential_failed(&group, &why, now, retry_at)
-        {
-            self.save_economy();
-            tracing::warn!(agent = %agent, "credential {group}: {why}; its agents are held");
-        }
-        if has_check && !self.economy.checking.contains(&group) {
-            self.economy.checked_ok.remove(&group);
-            self.start_check(&group);
-        }
-    }
-
-    /// A running session's streamed usage reached its session budget: stop
-    /// it (`budget_action = "stop"`, recorded as an error naming the budget)
-    /// or let it finish, said once.
-    pub(super) fn session_over_budget(&mut self, agent: &AgentName, tokens: u64) {
-        let Some(cfg) = self.agent_config(agent).cloned() else {
-            return;
-        };
-        let limit = cfg.session.session_budget.max_tokens.unwrap_or(0);
-        let why = format!("its session_budget is spent: max_tokens reached: {tokens} of {limit}");
-        match cfg.session.budget_action {
-            BudgetAction::Stop => {
-                if let Some(r) = self.running.get_mut(agent) {
-                    tracing::warn!(agent = %agent, session_id = %r.session_id, "stopping the session: {why}");
-                    r.stop_for(format!("the daemon stopped the session: {why}"));
-                }
-            }
-            BudgetAction::Finish => {
-                tracing::warn!(agent = %agent, "{why}; it may finish (budget_action = \"finish\")");
-            }
-        }
-    }
-
-    /// report.json `error` of a held agent (status shows it): the hold's
-    /// reason, `held`, and until when.
-    fn publish_held(&mut self, agent: &AgentName, cfg: &AgentConfig) {
-        let Some(hold) = self
-            .economy
-            .holds
-            .groups
-            .get(&cfg.session.credential)
-            .cloned()
-        else {
-            return;
-        };
-        let code = if hold.cause == Cause::UsageLimit {
-            Code::UsageLimit
-        } else if hold.cause == Cause::Disabled {
-            Code::UsageDisabled
-        } else {
-            Code::CredentialFailed
-        };
-        let error = ReportError {
-            code: code.as_str().to_string(),
-            message: hold.reason,
-            failures: 0,
-            state: crate::state::report::ErrorState::Held,
-            until: hold.until,
-            since: Some(hold.since),
-        };
-        self.publish_agent(agent, Some(error));
+        stop::stop_requests(&self.root, &mut self.core, &mut self.running, now);
     }
 }

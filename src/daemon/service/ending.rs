@@ -69,7 +69,7 @@ impl Daemon {
             report.ending = Ending::Exited { code: 0 };
         }
         let now = Timestamp::from_datetime(self.clock.now());
-        let dir = self.dir(&agent);
+        let dir = self.root.agent(&agent);
         let cfg = self.agent_config(&agent).cloned();
         let sid = running.session_id.clone();
         let claude_failure = output.claude.as_ref().and_then(output::classify);
@@ -85,11 +85,30 @@ impl Daemon {
         };
         let claude_failed = output.claude.as_ref().is_some_and(|r| r.is_error);
         // A usage limit is not the agent's failure: its credential waits.
-        let limit = self.limit_in(&report, &output, claude_failed || claude_failure.is_some());
+        let limit = economy::limit_in(
+            &report,
+            &output,
+            claude_failed || claude_failure.is_some(),
+            self.clock.now(),
+        );
         // `usage_limit_hit` holds the credential itself (the machine's
         // `HoldCredential` is not carried out yet): no `until` needed here.
         let held = limit.as_ref().map(|l| {
-            let v = self.usage_limit_hit(&agent, cfg.as_ref(), &sid, l);
+            let now = self.clock.now();
+            let (v, raise) = (self.economy).usage_limit_hit(
+                &self.root,
+                &self.config,
+                now,
+                economy::LimitHit {
+                    agent: &agent,
+                    group: &economy::group_of(cfg.as_ref()),
+                    session_id: &sid,
+                    limit: l,
+                },
+            );
+            if let Some((record, escalate)) = raise {
+                self.raise(record, escalate);
+            }
             machine::Held {
                 until: None,
                 admin_cap: v.code == Some(Code::UsageDisabled),
@@ -166,7 +185,17 @@ impl Daemon {
         );
         // A flow's hand-off answered: kept before the end acknowledges it.
         let flows = if succeeded {
-            self.keep_flow_answers(&agent, &running, &output, workspace.as_ref(), now)
+            let (flows, errors) = flows::keep_flow_answers(
+                &self.root,
+                &self.config,
+                &agent,
+                &running,
+                &output,
+                workspace.as_ref(),
+                now,
+            );
+            self.raise_each(errors);
+            flows
         } else {
             Vec::new()
         };
@@ -227,7 +256,7 @@ impl Daemon {
                 });
             // The loop runs until `running` is empty: it is there to
             // receive this.
-            let _ = tx.send(LoopEvent::EndRecorded(Box::new((recorded, outcome))));
+            let _ = tx.send(Event::EndRecorded(Box::new((recorded, outcome))));
         });
     }
 
@@ -311,8 +340,10 @@ impl Daemon {
                 false,
             ),
         }
-        if let Some(ws) = &workspace {
-            self.record_workspace(&agent, &dir, &sid, ws, now);
+        if let Some(ws) = &workspace
+            && let Some(record) = record_workspace(&agent, &dir, &sid, ws, now)
+        {
+            self.raise(record, false);
         }
         if let Some((id, resumed)) = &running.conversation
             && cfg.as_ref().is_some_and(|c| {
@@ -341,7 +372,9 @@ impl Daemon {
             .as_ref()
             .is_some_and(|c| !c.session.iteration.verify.is_empty())
         {
-            self.record_iterations(&agent, &dir, &sid, &iterations, now);
+            iterations::record_iterations(&agent, &dir, &sid, &iterations, now);
+            self.tally
+                .iterations(&agent, iterations.count, iterations.verify_failures);
         }
         // The script's trap recorded the failure first, in its own words.
         if let (Some(decided), Ok(_)) = (&override_reason, &outcome)
@@ -361,8 +394,8 @@ impl Daemon {
                 tracing::warn!(agent = %agent, session_id = %sid, "cannot record the session's cost: {e}");
             }
         }
-        self.record_output_summary(&agent, &running, &output, now);
-        self.apply_flows(&flows);
+        record_output_summary(&self.root, &agent, &running, &output, now);
+        flows::apply_flows(&self.root, &self.config, self.clock.now(), &flows);
         if report.truncated {
             self.raise(
                 ErrorRecord::new(
@@ -400,16 +433,25 @@ impl Daemon {
         match (&cfg, &limit) {
             (Some(cfg), Some(_)) => self.after_usage_limit(&agent, cfg),
             (Some(cfg), None) => {
-                self.economy_session_ended(&agent, Some(cfg), succeeded);
+                if let Some(group) = self.economy.session_ended(&agent, cfg, succeeded) {
+                    self.released(&group);
+                }
                 let login = verdict.code == Some(Code::AgentLoginRequired);
                 self.apply_verdict(&agent, cfg, Some(&sid), verdict, &report);
                 if login {
-                    self.login_failed(&agent, cfg);
+                    let now = self.clock.now();
+                    let check =
+                        self.economy
+                            .login_failed(&self.root, &self.config, &agent, cfg, now);
+                    if let Some(group) = check {
+                        self.economy
+                            .start_check(&self.config, &self.root, &self.tx, &group);
+                    }
                 }
             }
             (None, _) => {}
         }
-        self.refresh_rank(&agent);
+        publish::refresh_rank(&self.root, &mut self.core, &agent);
         if !self
             .config
             .agents
@@ -418,37 +460,6 @@ impl Daemon {
         {
             self.core.remove(&agent);
         }
-    }
-
-    /// Judge a session that never ran (nothing to finish) and apply the verdict.
-    pub(super) fn judge_and_apply(
-        &mut self,
-        agent: &AgentName,
-        cfg: &AgentConfig,
-        session_id: Option<&str>,
-        ending: &Ending,
-        output: &OutputSummary,
-        code: Option<Code>,
-    ) {
-        let streak = self.streaks.entry(agent.clone()).or_default();
-        let mut verdict = failure::judge(
-            &Observed {
-                ending,
-                empty: output.empty,
-                fingerprint: output.fingerprint,
-                claude: None,
-                ended_by_script: false,
-                failed_by_script: None,
-                incomplete: false,
-            },
-            streak,
-            &cfg.session.retries,
-        );
-        if let (Some(c), Some(_)) = (code, verdict.code) {
-            verdict.code = Some(c);
-        }
-        let report = RunReport::not_run(ending.clone());
-        self.apply_verdict(agent, cfg, session_id, verdict, &report);
     }
 
     /// Carry out what the verdict decided (a retry, a backoff, disabling the
@@ -465,28 +476,7 @@ impl Daemon {
         verdict: failure::Verdict,
         report: &RunReport,
     ) {
-        let record = verdict.code.map(|code| {
-            let mut record = ErrorRecord::new(code, format!("{agent}: {}", verdict.message))
-                .agent(agent)
-                .attempt(verdict.attempt)
-                .details(format!(
-                    "{}; {} bytes of output",
-                    report.ending, report.output_bytes
-                ));
-            if let Some(sid) = session_id {
-                record = record.session(sid);
-            }
-            if let (Some(sid), Some(_)) = (session_id, report.pid) {
-                record = record.suggest(format!(
-                    "Read the session log: {}",
-                    self.dir(agent)
-                        .sessions_dir()
-                        .join(format!("{sid}.log"))
-                        .display()
-                ));
-            }
-            record
-        });
+        let record = verdict_record(&self.root, agent, session_id, &verdict, report);
         let escalate = verdict.escalate;
         let _ = cfg;
         self.carry_out_verdict(agent, verdict);
@@ -513,7 +503,8 @@ impl Daemon {
             Next::Clear => {
                 set(&|s| s.backoff_until = None);
                 self.escalated.clear(Some(agent));
-                self.publish_agent(agent, None);
+                self.published
+                    .publish_agent(&self.root, &self.core, self.clock.now(), agent, None);
                 return;
             }
             Next::Retry { after } => {
@@ -537,7 +528,7 @@ impl Daemon {
                 (ErrorState::Disabled, None)
             }
         };
-        let since = self.report_error_since(agent);
+        let since = publish::report_error_since(&self.root, agent);
         let error = ReportError {
             code: verdict
                 .code
@@ -549,85 +540,198 @@ impl Daemon {
             until: until.map(Timestamp::from_datetime),
             since: Some(since.unwrap_or_else(|| Timestamp::from_datetime(now))),
         };
-        self.publish_agent(agent, Some(error));
+        self.published
+            .publish_agent(&self.root, &self.core, self.clock.now(), agent, Some(error));
     }
+}
 
-    /// The Context Summary Block and the signal block at the end of the
-    /// output (in Claude Code's result text when there is one): into
-    /// report.json and session.json; malformed ones to signals.jsonl.
-    pub(super) fn record_output_summary(
-        &self,
-        agent: &AgentName,
-        running: &Running,
-        output: &OutputSummary,
-        now: Timestamp,
-    ) {
-        let text = output.answer_text();
-        let mut found = hooks::OutputSummary::default();
-        let mut problems = Vec::new();
-        let mut any = false;
-        match crate::protocol::summary::parse_context_summary(&text) {
-            Some(Ok(cs)) => {
-                any = true;
-                found.summary = cs.summary_text();
-                if cs.blockers.is_some() {
-                    found.blocked_by = Some(cs.blocked_by());
-                }
-                found.next_priority = cs.next_priority();
-                found.handoff_notes = cs.handoff_notes();
-                found.confidence = cs.report_confidence();
-                found.risk = cs
-                    .report_risk()
-                    .and_then(|r| serde_json::to_value(r).ok())
-                    .and_then(|v| v.as_str().map(str::to_string));
-            }
-            Some(Err(p)) => problems.push(p),
-            None => {}
+/// session.json's `workspace` (path, branch, base and head commits,
+/// kept or removed), and a log line; a worktree that could not be
+/// judged is an error to raise (it is kept), returned.
+pub(super) fn record_workspace(
+    agent: &AgentName,
+    dir: &AgentDir,
+    sid: &str,
+    ws: &workspaces::Outcome,
+    now: Timestamp,
+) -> Option<ErrorRecord> {
+    let mut error = None;
+    match ws.state {
+        "kept" => {
+            tracing::info!(agent = %agent, session_id = %sid, "workspace kept: {} on {} ({}{} commit(s) not on the base)", ws.path.display(), ws.branch, if ws.dirty { "uncommitted changes, " } else { "" }, ws.commits_ahead)
         }
-        match crate::protocol::summary::parse_signal_block(&text) {
-            Some(Ok(block)) => {
-                any = true;
-                found.signal_block = serde_json::to_value(&block).ok();
-            }
-            Some(Err(p)) => problems.push(p),
-            None => {}
+        "removed" => {
+            tracing::info!(agent = %agent, session_id = %sid, "workspace removed (nothing changed): {}", ws.path.display())
         }
-        for p in problems {
-            tracing::warn!(agent = %agent, session_id = %running.session_id, "{}: {}", p.code.as_str(), p.message);
-            let record = crate::protocol::signals::SignalRecord {
-                ts: now,
-                level: "warn".into(),
-                code: p.code.as_str().to_string(),
-                agent: agent.to_string(),
-                task: None,
-                session: Some(running.session_id.clone()),
-                raw: p.raw.clone(),
-                kind: p.field.clone(),
-                message: Some(p.message.clone()),
-            };
-            if let Err(e) = effects::append_signal(&self.root, &record) {
-                tracing::warn!("cannot append to signals.jsonl: {e}");
-            }
-        }
-        if any
-            && let Err(e) =
-                hooks::record_output_summary(&self.dir(agent), &running.session_id, &found, now)
-        {
-            tracing::warn!(agent = %agent, session_id = %running.session_id, "cannot record the session's summary: {e}");
+        _ => {
+            error = Some(
+                ErrorRecord::new(
+                    Code::WorkspaceFailed,
+                    format!("{agent}: cannot judge the workspace of session {sid}; it is kept"),
+                )
+                .details(ws.error.clone().unwrap_or_default())
+                .agent(agent)
+                .session(sid),
+            )
         }
     }
+    let value = serde_json::to_value(ws).unwrap_or_default();
+    let result = dir.update(now, |s: &mut Session| {
+        if s.session_id == sid {
+            s.extra.insert("workspace".into(), value.clone());
+        }
+    });
+    if let Err(e) = result {
+        tracing::warn!(agent = %agent, session_id = %sid, "cannot record the workspace in session.json: {e}");
+    }
+    error
+}
 
+/// The Context Summary Block and the signal block at the end of the
+/// output (in Claude Code's result text when there is one): into
+/// report.json and session.json; malformed ones to signals.jsonl.
+pub(super) fn record_output_summary(
+    root: &StateRoot,
+    agent: &AgentName,
+    running: &Running,
+    output: &OutputSummary,
+    now: Timestamp,
+) {
+    let text = output.answer_text();
+    let mut found = hooks::OutputSummary::default();
+    let mut problems = Vec::new();
+    let mut any = false;
+    match crate::protocol::summary::parse_context_summary(&text) {
+        Some(Ok(cs)) => {
+            any = true;
+            found.summary = cs.summary_text();
+            if cs.blockers.is_some() {
+                found.blocked_by = Some(cs.blocked_by());
+            }
+            found.next_priority = cs.next_priority();
+            found.handoff_notes = cs.handoff_notes();
+            found.confidence = cs.report_confidence();
+            found.risk = cs
+                .report_risk()
+                .and_then(|r| serde_json::to_value(r).ok())
+                .and_then(|v| v.as_str().map(str::to_string));
+        }
+        Some(Err(p)) => problems.push(p),
+        None => {}
+    }
+    match crate::protocol::summary::parse_signal_block(&text) {
+        Some(Ok(block)) => {
+            any = true;
+            found.signal_block = serde_json::to_value(&block).ok();
+        }
+        Some(Err(p)) => problems.push(p),
+        None => {}
+    }
+    for p in problems {
+        tracing::warn!(agent = %agent, session_id = %running.session_id, "{}: {}", p.code.as_str(), p.message);
+        let record = crate::protocol::signals::SignalRecord {
+            ts: now,
+            level: "warn".into(),
+            code: p.code.as_str().to_string(),
+            agent: agent.to_string(),
+            task: None,
+            session: Some(running.session_id.clone()),
+            raw: p.raw.clone(),
+            kind: p.field.clone(),
+            message: Some(p.message.clone()),
+        };
+        if let Err(e) = effects::append_signal(root, &record) {
+            tracing::warn!("cannot append to signals.jsonl: {e}");
+        }
+    }
+    if any
+        && let Err(e) =
+            hooks::record_output_summary(&root.agent(agent), &running.session_id, &found, now)
+    {
+        tracing::warn!(agent = %agent, session_id = %running.session_id, "cannot record the session's summary: {e}");
+    }
+}
+
+/// A session printed nothing for `stall_timeout`.
+/// (Returns the record to raise: none if it is not running.)
+pub(super) fn session_stalled(
+    running: Option<&Running>,
+    cfg: Option<&AgentConfig>,
+    agent: &AgentName,
+    silent_for: Duration,
+) -> Option<ErrorRecord> {
+    let running = running.filter(|r| !r.recording)?;
+    let action = cfg.map(|c| c.session.stall_action).unwrap_or_default();
+    let then = match action {
+        crate::config::StallAction::Warn => "it goes on (stall_action = \"warn\")",
+        crate::config::StallAction::Stop => "ending it (stall_action = \"stop\")",
+    };
+    let record = ErrorRecord::new(
+        Code::SessionStalled,
+        format!(
+            "{agent}: session {} printed nothing for {}; {then}",
+            running.session_id,
+            humantime::format_duration(silent_for)
+        ),
+    )
+    .agent(agent)
+    .session(running.session_id.clone());
+    Some(record)
+}
+
+/// A session this daemon began that is not running (its end could not
+/// be written): recorded as an error now, its messages returned.
+/// (Returns the record to raise; the orphan's owner lock is dropped from
+/// `orphan_locks` once its end is recorded.)
+pub(super) fn finish_orphan(
+    root: &StateRoot,
+    orphan_locks: &mut BTreeMap<AgentName, crate::owner::OwnerLock>,
+    agent: &AgentConfig,
+    session_id: &str,
+    now: Timestamp,
+) -> Option<ErrorRecord> {
+    let dir = root.agent(&agent.name);
+    let req = hooks::FailRequest {
+        session: Some(session_id.to_string()),
+        outcome: "error".into(),
+        reason: "interrupted: its end could not be recorded when it ended (see errors.jsonl)"
+            .into(),
+        ..hooks::FailRequest::default()
+    };
+    match hooks::fail(agent, &dir, &req, now) {
+        Ok(r) => {
+            orphan_locks.remove(&agent.name);
+            Some(
+            ErrorRecord::new(
+                Code::SessionInterrupted,
+                format!(
+                    "{}: session {session_id} ended while its end could not be written; recorded now, {} message(s) returned",
+                    agent.name,
+                    r.returned.len()
+                ),
+            )
+            .agent(&agent.name)
+            .session(session_id.to_string()),
+        )
+        }
+        Err(e) => {
+            tracing::warn!(agent = %agent.name, session_id, "cannot record the end of session {session_id} yet: {e}");
+            None
+        }
+    }
+}
+
+impl Running {
     /// A signal from a running session: carry it out, or log it as invalid.
+    /// (Returns the error to raise, if it could not be carried out.)
     pub(super) fn signal(
         &mut self,
+        root: &StateRoot,
+        config: &Config,
         agent: &AgentName,
         signal: crate::protocol::signals::SignalResult,
-    ) {
-        // Late for a session whose end is being recorded: dropped, as
-        // once the session is gone.
-        let Some(running) = self.running.get_mut(agent).filter(|r| !r.recording) else {
-            return;
-        };
+    ) -> Option<ErrorRecord> {
+        let running = self;
         let (session_id, instance) = (running.session_id.clone(), running.instance.clone());
         if let Ok(s) = &signal {
             if s.kind() == crate::protocol::signals::SignalType::Complete {
@@ -636,7 +740,7 @@ impl Daemon {
             // The same progress again changes nothing.
             if s.kind() == crate::protocol::signals::SignalType::Progress {
                 if s.progress() == running.last_progress {
-                    return;
+                    return None;
                 }
                 running.last_progress = s.progress();
             }
@@ -649,7 +753,7 @@ impl Daemon {
                     "more than {SIGNALS_PER_SESSION} signals in one session: the rest are ignored (COMPLETE still counts)"
                 );
             }
-            return;
+            return None;
         }
         let may_fan_out = running.global_discoveries < effects::GLOBAL_DISCOVERIES_PER_SESSION;
         if matches!(&signal, Ok(s) if s.kind() == crate::protocol::signals::SignalType::DiscoveryGlobal)
@@ -664,137 +768,89 @@ impl Daemon {
         };
         let now = Timestamp::now();
         match signal {
-            Err(e) => effects::record_invalid(&self.root, &origin, &e, now),
-            Ok(s) => match effects::apply(&self.root, &self.config, &origin, &s, now) {
+            Err(e) => effects::record_invalid(root, &origin, &e, now),
+            Ok(s) => match effects::apply(root, config, &origin, &s, now) {
                 Ok(effect) => tracing::info!(
                     agent = %agent, session_id = %session_id,
                     "signal {}: {effect}", s.raw()
                 ),
-                Err(e) => self.raise(
-                    ErrorRecord::new(
-                        e.code(),
-                        format!("{agent}: cannot carry out the signal {}", s.raw()),
-                    )
-                    .details(e.to_string())
-                    .agent(agent)
-                    .session(session_id.clone()),
-                    false,
-                ),
+                Err(e) => {
+                    return Some(
+                        ErrorRecord::new(
+                            e.code(),
+                            format!("{agent}: cannot carry out the signal {}", s.raw()),
+                        )
+                        .details(e.to_string())
+                        .agent(agent)
+                        .session(session_id.clone()),
+                    );
+                }
             },
         }
+        None
     }
+}
 
-    /// A session printed nothing for `stall_timeout`.
-    pub(super) fn session_stalled(&mut self, agent: &AgentName, silent_for: Duration) {
-        let Some(running) = self.running.get(agent).filter(|r| !r.recording) else {
-            return;
-        };
-        let action = self
-            .agent_config(agent)
-            .map(|c| c.session.stall_action)
-            .unwrap_or_default();
-        let then = match action {
-            crate::config::StallAction::Warn => "it goes on (stall_action = \"warn\")",
-            crate::config::StallAction::Stop => "ending it (stall_action = \"stop\")",
-        };
-        let record = ErrorRecord::new(
-            Code::SessionStalled,
-            format!(
-                "{agent}: session {} printed nothing for {}; {then}",
-                running.session_id,
-                humantime::format_duration(silent_for)
-            ),
-        )
-        .agent(agent)
-        .session(running.session_id.clone());
-        self.raise(record, false);
+/// The verdict on a session that never ran (nothing to finish), `code`
+/// naming its error; the caller applies it with
+/// `RunReport::not_run(ending)`.
+pub(super) fn judge_not_run(
+    streaks: &mut BTreeMap<AgentName, Streak>,
+    agent: &AgentName,
+    cfg: &AgentConfig,
+    ending: &Ending,
+    output: &OutputSummary,
+    code: Option<Code>,
+) -> failure::Verdict {
+    let streak = streaks.entry(agent.clone()).or_default();
+    let mut verdict = failure::judge(
+        &Observed {
+            ending,
+            empty: output.empty,
+            fingerprint: output.fingerprint,
+            claude: None,
+            ended_by_script: false,
+            failed_by_script: None,
+            incomplete: false,
+        },
+        streak,
+        &cfg.session.retries,
+    );
+    if let (Some(c), Some(_)) = (code, verdict.code) {
+        verdict.code = Some(c);
     }
+    verdict
+}
 
-    /// A session this daemon began that is not running (its end could not
-    /// be written): recorded as an error now, its messages returned.
-    pub(super) fn finish_orphan(&mut self, agent: &AgentConfig, session_id: &str, now: Timestamp) {
-        let dir = self.root.agent(&agent.name);
-        let req = hooks::FailRequest {
-            session: Some(session_id.to_string()),
-            outcome: "error".into(),
-            reason: "interrupted: its end could not be recorded when it ended (see errors.jsonl)"
-                .into(),
-            ..hooks::FailRequest::default()
-        };
-        match hooks::fail(agent, &dir, &req, now) {
-            Ok(r) => {
-                self.orphan_locks.remove(&agent.name);
-                self.raise(
-                ErrorRecord::new(
-                    Code::SessionInterrupted,
-                    format!(
-                        "{}: session {session_id} ended while its end could not be written; recorded now, {} message(s) returned",
-                        agent.name,
-                        r.returned.len()
-                    ),
-                )
-                .agent(&agent.name)
-                .session(session_id.to_string()),
-                false,
-            )
-            }
-            Err(e) => {
-                tracing::warn!(agent = %agent.name, session_id, "cannot record the end of session {session_id} yet: {e}")
-            }
+/// The error a verdict raises, if any: its code and message, the attempt,
+/// the ending, and where the session's log is.
+fn verdict_record(
+    root: &StateRoot,
+    agent: &AgentName,
+    session_id: Option<&str>,
+    verdict: &failure::Verdict,
+    report: &RunReport,
+) -> Option<ErrorRecord> {
+    verdict.code.map(|code| {
+        let mut record = ErrorRecord::new(code, format!("{agent}: {}", verdict.message))
+            .agent(agent)
+            .attempt(verdict.attempt)
+            .details(format!(
+                "{}; {} bytes of output",
+                report.ending, report.output_bytes
+            ));
+        if let Some(sid) = session_id {
+            record = record.session(sid);
         }
-    }
-
-    /// session.json's `workspace` (path, branch, base and head commits,
-    /// kept or removed), and a log line; a worktree that could not be
-    /// judged is an error to raise (it is kept).
-    pub(super) fn record_workspace(
-        &mut self,
-        agent: &AgentName,
-        dir: &AgentDir,
-        sid: &str,
-        ws: &workspaces::Outcome,
-        now: Timestamp,
-    ) {
-        match ws.state {
-            "kept" => {
-                tracing::info!(agent = %agent, session_id = %sid, "workspace kept: {} on {} ({}{} commit(s) not on the base)", ws.path.display(), ws.branch, if ws.dirty { "uncommitted changes, " } else { "" }, ws.commits_ahead)
-            }
-            "removed" => {
-                tracing::info!(agent = %agent, session_id = %sid, "workspace removed (nothing changed): {}", ws.path.display())
-            }
-            _ => self.raise(
-                ErrorRecord::new(
-                    Code::WorkspaceFailed,
-                    format!("{agent}: cannot judge the workspace of session {sid}; it is kept"),
-                )
-                .details(ws.error.clone().unwrap_or_default())
-                .agent(agent)
-                .session(sid),
-                false,
-            ),
+        if let (Some(sid), Some(_)) = (session_id, report.pid) {
+            record = record.suggest(format!(
+                "Read the session log: {}",
+                root.agent(agent)
+                    .sessions_dir()
+                    .join(format!("{sid}.log"))
+                    .display()
+            ));
         }
-        let value = serde_json::to_value(ws).unwrap_or_default();
-        let result = dir.update(now, |s: &mut Session| {
-            if s.session_id == sid {
-                s.extra.insert("workspace".into(), value.clone());
-            }
-        });
-        if let Err(e) = result {
-            tracing::warn!(agent = %agent, session_id = %sid, "cannot record the workspace in session.json: {e}");
-        }
-    }
-
-    /// The monitor's pruning of worktrees came back.
-    pub(super) fn workspaces_pruned(&mut self, removed: Vec<String>, errors: Vec<String>) {
-        self.monitor.workspace_prune_running = false;
-        for line in removed {
-            tracing::info!("workspace pruned: {line}");
-        }
-        for e in errors {
-            self.raise(
-                ErrorRecord::new(Code::WorkspaceFailed, "cannot prune workspaces").details(e),
-                false,
-            );
-        }
-    }
+        record
+    })
 }

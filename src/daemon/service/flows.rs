@@ -7,102 +7,115 @@
 
 use super::*;
 
-impl Daemon {
-    /// Keep the answers of a session that ended well to the flows' hand-offs
-    /// it claimed; returns the flows to apply.
-    pub(super) fn keep_flow_answers(
-        &mut self,
-        agent: &AgentName,
-        running: &Running,
-        output: &OutputSummary,
-        workspace: Option<&workspaces::Outcome>,
-        now: Timestamp,
-    ) -> Vec<AgentName> {
-        let mut flows = Vec::new();
-        for m in &running.claimed {
-            let Some((flow, cycle, step)) = m
-                .source_ref
-                .as_deref()
-                .and_then(crate::flow::parse_source_ref)
-            else {
-                continue;
-            };
-            let Some(settings) = self.config.flows.iter().find(|f| f.name.as_str() == flow) else {
-                tracing::warn!(agent = %agent, "a hand-off of flow {flow:?}, which is not configured, was claimed; ignored");
-                continue;
-            };
-            let answer = crate::flow::Answer {
-                flow: flow.clone(),
-                cycle,
-                step,
-                message_id: m.id.clone(),
-                agent: agent.to_string(),
-                session_id: running.session_id.clone(),
-                text: output.answer_text(),
-                workspace: workspace.map(|w| crate::flow::AnswerWorkspace {
-                    path: w.path.display().to_string(),
-                    branch: w.branch.clone(),
-                    base_commit: w.base_commit.clone(),
-                }),
-                ended_at: now,
-            };
-            match crate::flow::record_answer(&self.root, &answer) {
-                Ok(_) => {
-                    if !flows.contains(&settings.name) {
-                        flows.push(settings.name.clone());
+/// Apply the flows' answers off the loop (git and files), one task per
+/// flow; the flow's lock orders them with the CLI's commands.
+pub(super) fn apply_flows(
+    root: &StateRoot,
+    config: &Config,
+    now: DateTime<Utc>,
+    names: &[AgentName],
+) {
+    for name in names {
+        let Some(settings) = config.flows.iter().find(|f| &f.name == name).cloned() else {
+            continue;
+        };
+        let root = root.clone();
+        let config = config.clone();
+        let now = Timestamp::from_datetime(now);
+        tokio::task::spawn_blocking(move || {
+            match crate::flow::apply_answers(&root, &config, &settings, now) {
+                Ok(applied) => {
+                    for line in applied.lines {
+                        tracing::info!(flow = %settings.name, "{line}");
                     }
                 }
-                Err(e) => self.raise(
-                    ErrorRecord::new(
-                        e.code(),
-                        format!(
-                            "flow {flow}: cannot keep the answer of {agent}'s session {}",
-                            running.session_id
-                        ),
-                    )
-                    .details(e.to_string())
-                    .agent(agent)
-                    .session(&running.session_id),
-                    false,
-                ),
+                Err(e) => tracing::warn!(flow = %settings.name, "flow {}: {e}", settings.name),
             }
-        }
-        flows
+        });
     }
+}
 
-    /// Apply the flows' answers off the loop (git and files), one task per
-    /// flow; the flow's lock orders them with the CLI's commands.
-    pub(super) fn apply_flows(&self, names: &[AgentName]) {
-        for name in names {
-            let Some(settings) = self.config.flows.iter().find(|f| &f.name == name).cloned() else {
-                continue;
-            };
-            let root = self.root.clone();
-            let config = self.config.clone();
-            let now = Timestamp::from_datetime(self.clock.now());
-            tokio::task::spawn_blocking(move || {
-                match crate::flow::apply_answers(&root, &config, &settings, now) {
-                    Ok(applied) => {
-                        for line in applied.lines {
-                            tracing::info!(flow = %settings.name, "{line}");
-                        }
-                    }
-                    Err(e) => tracing::warn!(flow = %settings.name, "flow {}: {e}", settings.name),
+/// Keep the answers of a session that ended well to the flows' hand-offs
+/// it claimed; returns the flows to apply, and the errors to raise.
+pub(super) fn keep_flow_answers(
+    root: &StateRoot,
+    config: &Config,
+    agent: &AgentName,
+    running: &Running,
+    output: &OutputSummary,
+    workspace: Option<&workspaces::Outcome>,
+    now: Timestamp,
+) -> (Vec<AgentName>, Vec<ErrorRecord>) {
+    let mut flows = Vec::new();
+    let mut errors = Vec::new();
+    for m in &running.claimed {
+        let Some((flow, cycle, step)) = m
+            .source_ref
+            .as_deref()
+            .and_then(crate::flow::parse_source_ref)
+        else {
+            continue;
+        };
+        let Some(settings) = config.flows.iter().find(|f| f.name.as_str() == flow) else {
+            tracing::warn!(agent = %agent, "a hand-off of flow {flow:?}, which is not configured, was claimed; ignored");
+            continue;
+        };
+        let answer = crate::flow::Answer {
+            flow: flow.clone(),
+            cycle,
+            step,
+            message_id: m.id.clone(),
+            agent: agent.to_string(),
+            session_id: running.session_id.clone(),
+            text: output.answer_text(),
+            workspace: workspace.map(|w| crate::flow::AnswerWorkspace {
+                path: w.path.display().to_string(),
+                branch: w.branch.clone(),
+                base_commit: w.base_commit.clone(),
+            }),
+            ended_at: now,
+        };
+        match crate::flow::record_answer(root, &answer) {
+            Ok(_) => {
+                if !flows.contains(&settings.name) {
+                    flows.push(settings.name.clone());
                 }
-            });
+            }
+            Err(e) => errors.push(
+                ErrorRecord::new(
+                    e.code(),
+                    format!(
+                        "flow {flow}: cannot keep the answer of {agent}'s session {}",
+                        running.session_id
+                    ),
+                )
+                .details(e.to_string())
+                .agent(agent)
+                .session(&running.session_id),
+            ),
         }
     }
+    (flows, errors)
+}
 
+impl super::intake::Intake {
     /// Humans' replies to a flow's messages, found in `agent`'s inbox: each
     /// handed once to the router, which carries out "approve", "reject …"
     /// or "stop" and moves the reply to `processed/` (or leaves it for the
     /// agent if it says none of them).
-    pub(super) fn flow_replies(&mut self, agent: &AgentName, replies: &[(String, inbox::Message)]) {
+    pub(super) fn route_flow_replies(
+        &mut self,
+        root: &StateRoot,
+        config: &Config,
+        now: DateTime<Utc>,
+        agent: &AgentName,
+        replies: &[(String, inbox::Message)],
+    ) {
         for (name, message) in replies {
-            if self.intake.flow_replies.contains(&message.id) {
+            if self.flow_replies.contains(&message.id) {
                 continue;
             }
-            let Some(settings) = self.config.flows.iter().find(|f| {
+            let Some(settings) = config.flows.iter().find(|f| {
                 message
                     .source_ref
                     .as_deref()
@@ -110,10 +123,10 @@ impl Daemon {
             }) else {
                 continue;
             };
-            self.intake.flow_replies.insert(message.id.clone());
-            let (root, settings, agent) = (self.root.clone(), settings.clone(), agent.clone());
+            self.flow_replies.insert(message.id.clone());
+            let (root, settings, agent) = (root.clone(), settings.clone(), agent.clone());
             let (name, message) = (name.clone(), message.clone());
-            let now = Timestamp::from_datetime(self.clock.now());
+            let now = Timestamp::from_datetime(now);
             tokio::task::spawn_blocking(move || {
                 match crate::flow::reply(&root, &settings, &agent, &name, &message, now) {
                     Ok(Some(applied)) if applied.refused => {

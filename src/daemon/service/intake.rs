@@ -48,6 +48,89 @@ pub(super) struct Intake {
 }
 
 impl Intake {
+    /// Move back to the inbox what was rejected as unfinished and has been
+    /// finished since.
+    pub(super) fn retry_rejected(
+        &mut self,
+        root: &StateRoot,
+        lock_wait: Duration,
+        agent: &AgentName,
+    ) {
+        let dir = root.agent(agent);
+        let wait = lock_wait;
+        let result = crate::state::lock::with_wait(wait, || dir.lock())
+            .and_then(|_lock| inbox::retry_completed(&dir, Timestamp::now()));
+        match result {
+            Ok(back) if !back.is_empty() => {
+                for name in &back {
+                    tracing::info!(agent = %agent, "inbox/{name}: rejected as unfinished, completed since: back in the inbox");
+                }
+                self.dirty.insert(agent.clone());
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(agent = %agent, error_code = e.code().as_str(), "cannot look at rejected messages: {e}")
+            }
+        }
+    }
+
+    /// List `agent`'s big inbox on a blocking thread for the start of its
+    /// session ([`Event::InboxListed`] comes back). Its slot stays
+    /// taken: wakes meanwhile are skipped as for a running session.
+    pub(super) fn list_inbox(
+        &mut self,
+        root: &StateRoot,
+        tx: &mpsc::UnboundedSender<Event>,
+        agent: &AgentName,
+        reason: WakeReason,
+    ) {
+        if !self.listing.insert(agent.clone()) {
+            return;
+        }
+        tracing::debug!(agent = %agent, "its inbox is big: listed off the loop before its session starts");
+        self.spawn_listing(root, tx, agent, Some(reason));
+    }
+
+    /// List `agent`'s big inbox on a blocking thread for a scan (at start,
+    /// the reconcile scan, a rescan): the scan goes through the listing
+    /// when it is back, instead of listing the whole inbox on the loop.
+    pub(super) fn list_inbox_for_scan(
+        &mut self,
+        root: &StateRoot,
+        tx: &mpsc::UnboundedSender<Event>,
+        agent: &AgentName,
+    ) {
+        if !self.scan_listing.insert(agent.clone()) {
+            return;
+        }
+        tracing::debug!(agent = %agent, "its inbox is big: listed off the loop before it is scanned");
+        self.spawn_listing(root, tx, agent, None);
+    }
+
+    /// List `agent`'s inbox on a blocking thread: [`Event::InboxListed`]
+    /// comes back on `tx`.
+    fn spawn_listing(
+        &self,
+        root: &StateRoot,
+        tx: &mpsc::UnboundedSender<Event>,
+        agent: &AgentName,
+        reason: Option<WakeReason>,
+    ) {
+        let tx = tx.clone();
+        let dir = root.agent(agent);
+        let arrivals = self.arrivals_of(agent);
+        let agent = agent.clone();
+        tokio::task::spawn_blocking(move || {
+            let listed = inbox::list_messages(&dir);
+            let _ = tx.send(Event::InboxListed {
+                agent,
+                reason,
+                listed: listed.ok().flatten().map(std::sync::Arc::new),
+                arrivals,
+            });
+        });
+    }
+
     /// A would-be message arrived in `agent`'s inbox (or its watch was lost).
     pub(super) fn arrived(&mut self, agent: &AgentName) {
         *self.arrivals.entry(agent.clone()).or_default() += 1;
@@ -72,54 +155,35 @@ impl Intake {
 }
 
 impl Daemon {
-    /// Move back to the inbox what was rejected as unfinished and has been
-    /// finished since.
-    pub(super) fn retry_rejected(&mut self, agent: &AgentName) {
-        let dir = self.dir(agent);
-        let wait = self.lock_wait(agent);
-        let result = crate::state::lock::with_wait(wait, || dir.lock())
-            .and_then(|_lock| inbox::retry_completed(&dir, Timestamp::now()));
-        match result {
-            Ok(back) if !back.is_empty() => {
-                for name in &back {
-                    tracing::info!(agent = %agent, "inbox/{name}: rejected as unfinished, completed since: back in the inbox");
-                }
-                self.intake.dirty.insert(agent.clone());
-            }
-            Ok(_) => {}
-            Err(e) => {
-                tracing::warn!(agent = %agent, error_code = e.code().as_str(), "cannot look at rejected messages: {e}")
-            }
-        }
-    }
-
     pub(super) fn scan_all_inboxes(&mut self) {
         // The backstop for missed events: every big inbox listed afresh.
         self.intake.reusable.clear();
         let agents: Vec<AgentName> = self.core.names().cloned().collect();
         for agent in agents {
-            self.take_wake_requests(&agent);
-            self.retry_rejected(&agent);
-            self.scan_inbox_afresh(&agent);
-        }
-    }
-
-    /// Scan `agent`'s inbox with a fresh listing: now for a small inbox; a
-    /// big one (a flood of junk beside the mail: its listing costs tens of
-    /// milliseconds per 100,000 entries) is listed off the loop first and
-    /// scanned when the listing is back.
-    pub(super) fn scan_inbox_afresh(&mut self, agent: &AgentName) {
-        if inbox::is_big(&self.dir(agent)) {
-            self.list_inbox_for_scan(agent);
-        } else {
-            self.scan_inbox(agent);
+            self.intake.requests.take(&self.root.agent(&agent));
+            self.intake
+                .retry_rejected(&self.root, self.lock_busy.wait(&agent), &agent);
+            // A fresh listing: now for a small inbox; a big one (a flood of junk
+            // beside the mail: its listing costs tens of milliseconds per 100,000
+            // entries) is listed off the loop first, scanned when it is back.
+            if inbox::is_big(&self.root.agent(&agent)) {
+                (self.intake).list_inbox_for_scan(&self.root, &self.tx, &agent);
+            } else {
+                self.scan_inbox(&agent);
+            }
         }
     }
 
     /// Receive what waits in `agent`'s inbox: reject settled junk, add tasks
     /// for task messages, and tell the core what waits.
     pub(super) fn scan_inbox(&mut self, agent: &AgentName) {
-        if self.scan_can_wait(agent) {
+        if scan_can_wait(
+            &self.core,
+            &self.running,
+            &self.watcher,
+            self.clock.now(),
+            agent,
+        ) {
             // Looked at by the claim when its session starts; still dirty
             // (looked at again by the next tick) should that start not come.
             self.intake.dirty.insert(agent.clone());
@@ -132,7 +196,7 @@ impl Daemon {
         if !self.watcher.is_watching(agent)
             && let Some(cfg) = self.agent_config(agent).cloned()
         {
-            let dir = self.dir(agent);
+            let dir = self.root.agent(agent);
             match bootstrap::agent(&cfg, &dir, Timestamp::now()) {
                 Ok(created) if !created.is_empty() => {
                     tracing::info!(agent = %agent, "its inbox was replaced: made again {}", created.join(", "))
@@ -149,7 +213,8 @@ impl Daemon {
                 Ok(()) => tracing::info!(agent = %agent, "its inbox is watched again"),
                 Err(e) => tracing::warn!(agent = %agent, "cannot watch its inbox: {e}"),
             }
-            self.retry_rejected(agent);
+            self.intake
+                .retry_rejected(&self.root, self.lock_busy.wait(agent), agent);
         }
         let Some(summary) = self.receive(agent) else {
             return;
@@ -170,40 +235,17 @@ impl Daemon {
                 .core
                 .request(agent, WakeReason::Inbox, Priority::Normal, now)
             {
-                self.skipped(s);
+                wakes::wake_skipped(&self.root, &mut self.tally, s);
             }
             return;
         }
         self.core.inbox_scanned(agent, summary, now);
     }
 
-    /// Coalescing: an agent waiting for a free slot with a high-priority
-    /// wake learns nothing from a scan that could change its wake (nothing
-    /// is more urgent, and a wake once requested stays), and the claim at
-    /// its start looks at every file (rejects junk, adds tasks). In a burst
-    /// this spares a scan of a growing inbox per agent per loop turn. Not
-    /// while it is held back (a backoff, disabled): then the scan is all that
-    /// looks at its inbox.
-    fn scan_can_wait(&self, agent: &AgentName) -> bool {
-        if self.running.contains_key(agent) || !self.watcher.is_watching(agent) {
-            return false;
-        }
-        let now = self.clock.now();
-        self.core.slot(agent).is_some_and(|slot| {
-            slot.running.is_none()
-                && slot.disabled.is_none()
-                && slot.backoff_until.is_none_or(|t| t <= now)
-                && slot
-                    .pending
-                    .as_ref()
-                    .is_some_and(|p| p.priority == Priority::High)
-        })
-    }
-
     pub(super) fn receive(&mut self, agent: &AgentName) -> Option<InboxSummary> {
-        let dir = self.dir(agent);
+        let dir = self.root.agent(agent);
         let now = Timestamp::now();
-        let wait = self.lock_wait(agent);
+        let wait = self.lock_busy.wait(agent);
         let settle = self
             .agent_config(agent)
             .map(|a| a.session.inbox_settle)
@@ -221,14 +263,16 @@ impl Daemon {
         });
         match result {
             Ok(r) => {
-                self.note_lock_free(agent);
+                self.lock_busy.free(agent);
                 self.tally.waiting.insert(agent.clone(), r.high + r.normal);
                 *self.tally.rejected.entry(agent.clone()).or_default() += r.rejected.len() as u64;
                 for r in &r.rejected {
                     self.raise(rejected(agent, r), false);
                 }
-                self.flow_replies(agent, &r.replies);
-                self.note_deferred(agent, r.deferred, r.rejected.len());
+                let now = self.clock.now();
+                (self.intake).route_flow_replies(&self.root, &self.config, now, agent, &r.replies);
+                self.intake
+                    .note_deferred(agent, r.deferred, r.rejected.len());
                 if r.deferred > 0 {
                     // The rest at the next loop turn (not this one), after
                     // every other agent's work of this one.
@@ -248,7 +292,8 @@ impl Daemon {
             }
             Err(e @ Error::LockBusy { .. }) => {
                 // Looked at again shortly; every other agent is served.
-                self.note_lock_busy(agent, &format!("inbox scan deferred: {e}"));
+                self.lock_busy
+                    .busy(agent, &format!("inbox scan deferred: {e}"));
                 let at = crate::clock::later(self.clock.now(), super::start::LOCK_RETRY);
                 self.intake.settle_at.insert(agent.clone(), at);
                 None
@@ -266,16 +311,16 @@ impl Daemon {
     }
 }
 
-impl Daemon {
+impl Intake {
     /// Say once when an inbox holds more junk than one pass rejects, and
     /// once when it is through.
     fn note_deferred(&mut self, agent: &AgentName, deferred: usize, rejected: usize) {
-        let noted = self.intake.deferring.contains(agent);
+        let noted = self.deferring.contains(agent);
         if deferred > 0 && !noted {
-            self.intake.deferring.insert(agent.clone());
+            self.deferring.insert(agent.clone());
             tracing::warn!(agent = %agent, "{rejected} files rejected from its inbox and {deferred} more to look at: {} per loop turn, the rest deferred (every other agent is served meanwhile)", inbox::REJECTED_PER_PASS);
         } else if deferred == 0 && noted {
-            self.intake.deferring.remove(agent);
+            self.deferring.remove(agent);
             tracing::info!(agent = %agent, "every file deferred in its inbox has been looked at");
         }
     }
@@ -290,4 +335,32 @@ pub(super) fn rejected(agent: &AgentName, r: &inbox::Rejected) -> ErrorRecord {
     )
     .details(format!("kept as {}", r.kept))
     .agent(agent)
+}
+
+/// Coalescing: an agent waiting for a free slot with a high-priority
+/// wake learns nothing from a scan that could change its wake (nothing
+/// is more urgent, and a wake once requested stays), and the claim at
+/// its start looks at every file (rejects junk, adds tasks). In a burst
+/// this spares a scan of a growing inbox per agent per loop turn. Not
+/// while it is held back (a backoff, disabled): then the scan is all that
+/// looks at its inbox.
+fn scan_can_wait(
+    core: &Core,
+    running: &BTreeMap<AgentName, Running>,
+    watcher: &InboxWatcher,
+    now: DateTime<Utc>,
+    agent: &AgentName,
+) -> bool {
+    if running.contains_key(agent) || !watcher.is_watching(agent) {
+        return false;
+    }
+    core.slot(agent).is_some_and(|slot| {
+        slot.running.is_none()
+            && slot.disabled.is_none()
+            && slot.backoff_until.is_none_or(|t| t <= now)
+            && slot
+                .pending
+                .as_ref()
+                .is_some_and(|p| p.priority == Priority::High)
+    })
 }

@@ -4,7 +4,7 @@
 //! prompt, until they pass, `max_iterations` is reached (`VERIFY_FAILED`)
 //! or iterations stop changing the workspace (`SESSION_STUCK`, after one
 //! nudge). Runs in the session's task, never on the loop; tells the loop
-//! which iteration and phase it is in (`LoopEvent::Iteration`).
+//! which iteration and phase it is in (`Event::Iteration`).
 
 use std::path::{Path, PathBuf};
 
@@ -91,7 +91,7 @@ pub(super) struct Plan<'a> {
     /// The first iteration's spec (prompt, log, cwd): later ones derive.
     pub spec: SessionSpec,
     pub agent: &'a AgentName,
-    pub tx: &'a mpsc::UnboundedSender<LoopEvent>,
+    pub tx: &'a mpsc::UnboundedSender<Event>,
     /// The session's worktree, for stuck detection, and its fingerprint
     /// before the first iteration.
     pub workspace: Option<(PathBuf, Option<String>)>,
@@ -145,7 +145,7 @@ pub(super) async fn more(
         if s.verify.is_empty() || !done || *stop.borrow() {
             return report;
         }
-        let _ = plan.tx.send(LoopEvent::Iteration {
+        let _ = plan.tx.send(Event::Iteration {
             agent: plan.agent.clone(),
             n,
             of: s.max_iterations,
@@ -230,7 +230,7 @@ pub(super) async fn more(
         {
             tracing::warn!(agent = %plan.agent, "cannot write iteration {n}'s prompt file: {e}");
         }
-        let _ = plan.tx.send(LoopEvent::Iteration {
+        let _ = plan.tx.send(Event::Iteration {
             agent: plan.agent.clone(),
             n,
             of: s.max_iterations,
@@ -260,54 +260,56 @@ impl Phase {
     }
 }
 
-impl Daemon {
-    /// report.json says which iteration runs and whether it is executing or
-    /// verifying (seed 000's states).
-    pub(super) fn iteration(&mut self, agent: &AgentName, n: u32, of: u32, phase: Phase) {
-        // A new run: what the last one signalled does not count for it.
-        if phase == Phase::Executing
-            && let Some(r) = self.running.get_mut(agent)
-        {
-            r.completed_by_signal = false;
+/// At the end (the caller counts them in the metrics): session.json's `iterations` (how many, verification
+/// failures), report.json's `iteration` gone.
+pub(super) fn record_iterations(
+    agent: &AgentName,
+    dir: &AgentDir,
+    sid: &str,
+    tally: &Tally,
+    now: Timestamp,
+) {
+    let value = serde_json::json!({
+        "count": tally.count,
+        "verify_failures": tally.verify_failures,
+    });
+    // report.json first: once session.json says how the iterations
+    // went, report.json no longer names one.
+    let report = dir.update(now, |r: &mut Report| {
+        r.extra.remove("iteration");
+    });
+    let session = dir.update(now, |s: &mut Session| {
+        if s.session_id == sid {
+            s.extra.insert("iterations".into(), value.clone());
         }
-        let value = serde_json::json!({"n": n, "of": of, "phase": phase.as_str()});
-        let result = self.dir(agent).update(Timestamp::now(), |r: &mut Report| {
-            r.extra.insert("iteration".into(), value.clone());
-        });
-        if let Err(e) = result {
-            tracing::warn!(agent = %agent, "cannot record the iteration in report.json: {e}");
-        }
+    });
+    if let Err(e) = session.and(report) {
+        tracing::warn!(agent = %agent, session_id = %sid, "cannot record the iterations: {e}");
     }
+}
 
-    /// At the end: session.json's `iterations` (how many, verification
-    /// failures), report.json's `iteration` gone.
-    pub(super) fn record_iterations(
-        &mut self,
-        agent: &AgentName,
-        dir: &AgentDir,
-        sid: &str,
-        tally: &Tally,
-        now: Timestamp,
-    ) {
-        let value = serde_json::json!({
-            "count": tally.count,
-            "verify_failures": tally.verify_failures,
-        });
-        // report.json first: once session.json says how the iterations
-        // went, report.json no longer names one.
-        let report = dir.update(now, |r: &mut Report| {
-            r.extra.remove("iteration");
-        });
-        let session = dir.update(now, |s: &mut Session| {
-            if s.session_id == sid {
-                s.extra.insert("iterations".into(), value.clone());
-            }
-        });
-        if let Err(e) = session.and(report) {
-            tracing::warn!(agent = %agent, session_id = %sid, "cannot record the iterations: {e}");
-        }
-        self.tally
-            .iterations(agent, tally.count, tally.verify_failures);
+/// report.json says which iteration runs and whether it is executing or
+/// verifying (seed 000's states).
+pub(super) fn iteration(
+    running: Option<&mut Running>,
+    dir: &AgentDir,
+    n: u32,
+    of: u32,
+    phase: Phase,
+) {
+    let agent = &dir.name;
+    // A new run: what the last one signalled does not count for it.
+    if phase == Phase::Executing
+        && let Some(r) = running
+    {
+        r.completed_by_signal = false;
+    }
+    let value = serde_json::json!({"n": n, "of": of, "phase": phase.as_str()});
+    let result = dir.update(Timestamp::now(), |r: &mut Report| {
+        r.extra.insert("iteration".into(), value.clone());
+    });
+    if let Err(e) = result {
+        tracing::warn!(agent = %agent, "cannot record the iteration in report.json: {e}");
     }
 }
 

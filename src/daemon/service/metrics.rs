@@ -54,6 +54,30 @@ pub(super) struct Tally {
 }
 
 impl Tally {
+    /// The lifetime counts of metrics.json in `dir`, read again only when
+    /// the file changed.
+    fn lifetime_counts(&mut self, dir: &AgentDir) -> Option<[u64; 4]> {
+        let agent = &dir.name;
+        let path =
+            dir.file(<crate::state::metrics::Metrics as crate::state::StateDoc>::KIND.file_name());
+        let st = crate::fsx::metadata(&path).ok()??;
+        let mtime = (st.st_mtime, st.st_mtime_nsec);
+        if let Some((seen, counts)) = self.lifetime.get(agent)
+            && *seen == mtime
+        {
+            return Some(*counts);
+        }
+        let m: crate::state::metrics::Metrics = dir.read().ok()??;
+        let counts = [
+            m.lifetime.sessions_completed,
+            m.lifetime.sessions_error,
+            m.lifetime.sessions_timeout,
+            m.lifetime.sessions_usage_limited,
+        ];
+        self.lifetime.insert(agent.clone(), (mtime, counts));
+        Some(counts)
+    }
+
     pub(super) fn session_ended(
         &mut self,
         agent: &AgentName,
@@ -147,7 +171,20 @@ impl Daemon {
             return;
         };
         let textfile = publishing.textfile.clone();
-        let text = self.render_metrics();
+        let text = Rendering {
+            tally: &mut self.tally,
+            economy: &mut self.economy,
+            core: &self.core,
+            running: &self.running,
+            streaks: &self.streaks,
+            monitor: &self.monitor,
+            root: &self.root,
+            config: &self.config,
+            agent_index: &self.agent_index,
+            started_at: self.started_at,
+            now: self.clock.now(),
+        }
+        .render();
         let publishing = self.metrics_out.as_mut().expect("checked above");
         publishing.board.publish(text.clone());
         if let Some(path) = textfile {
@@ -168,32 +205,30 @@ impl Daemon {
             }
         }
     }
+}
 
-    fn lifetime_counts(&mut self, agent: &AgentName) -> Option<[u64; 4]> {
-        let dir = self.dir(agent);
-        let path =
-            dir.file(<crate::state::metrics::Metrics as crate::state::StateDoc>::KIND.file_name());
-        let st = crate::fsx::metadata(&path).ok()??;
-        let mtime = (st.st_mtime, st.st_mtime_nsec);
-        if let Some((seen, counts)) = self.tally.lifetime.get(agent)
-            && *seen == mtime
-        {
-            return Some(*counts);
-        }
-        let m: crate::state::metrics::Metrics = dir.read().ok()??;
-        let counts = [
-            m.lifetime.sessions_completed,
-            m.lifetime.sessions_error,
-            m.lifetime.sessions_timeout,
-            m.lifetime.sessions_usage_limited,
-        ];
-        self.tally.lifetime.insert(agent.clone(), (mtime, counts));
-        Some(counts)
-    }
+/// What the metrics are rendered from, borrowed from the loop: the
+/// caches of the tally (lifetime counts) and of the economy (today's use)
+/// are refreshed as they are read.
+pub(super) struct Rendering<'a> {
+    pub(super) tally: &'a mut Tally,
+    pub(super) economy: &'a mut super::economy::Economy,
+    pub(super) core: &'a Core,
+    pub(super) running: &'a BTreeMap<AgentName, Running>,
+    pub(super) streaks: &'a BTreeMap<AgentName, Streak>,
+    pub(super) monitor: &'a super::monitor::Monitor,
+    pub(super) root: &'a StateRoot,
+    pub(super) config: &'a Config,
+    pub(super) agent_index: &'a std::collections::HashMap<AgentName, usize>,
+    pub(super) started_at: Timestamp,
+    pub(super) now: DateTime<Utc>,
+}
 
-    fn render_metrics(&mut self) -> String {
+impl Rendering<'_> {
+    /// The metrics in Prometheus' text format.
+    fn render(self) -> String {
         let mut e = Exposition::new();
-        let now = self.clock.now();
+        let now = self.now;
         e.gauge(
             "agent_state_build_info",
             "The running agent-state's version (always 1).",
@@ -314,14 +349,16 @@ impl Daemon {
         for agent in &agents {
             if self.tally.probed.insert(agent.clone())
                 && !self.tally.last_success.contains_key(agent)
-                && let Ok(Some(report)) = self.dir(agent).read::<Report>()
+                && let Ok(Some(report)) = self.root.agent(agent).read::<Report>()
                 && let Some(last) = report.last_session
                 && last.outcome == Some(crate::state::session::SessionStatus::Completed)
                 && let Some(t) = last.ended_at
             {
                 self.tally.last_success.insert(agent.clone(), t);
             }
-            if let Some([completed, error, timeout, usage_limit]) = self.lifetime_counts(agent) {
+            if let Some([completed, error, timeout, usage_limit]) =
+                self.tally.lifetime_counts(&self.root.agent(agent))
+            {
                 for (outcome, n) in [
                     ("completed", completed),
                     ("error", error),
@@ -407,13 +444,19 @@ impl Daemon {
         let mut fleet_used = crate::usage::DayUse::default();
         let fleet = self.config.budget.limits;
         for agent in &agents {
-            let Some(budget) = self.agent_config(agent).map(|c| c.session.budget) else {
+            let Some(budget) =
+                agent_in(self.config, self.agent_index, agent).map(|c| c.session.budget)
+            else {
                 continue;
             };
             if budget.is_unlimited() && fleet.is_unlimited() {
                 continue;
             }
-            let used = self.used_today(agent);
+            let used = self.economy.used_today(
+                &self.root.agent(agent),
+                self.config.budget.timezone,
+                self.now,
+            );
             fleet_used.add(&used);
             if !budget.is_unlimited() {
                 budget_gauges(&mut e, agent.as_str(), &budget.left(&used));

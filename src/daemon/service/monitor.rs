@@ -26,6 +26,129 @@ pub(super) struct Monitor {
     pub(super) last_segment_prune: Option<std::time::Instant>,
 }
 
+impl Monitor {
+    /// Worktrees of sessions that are gone: pruned off the loop, once an
+    /// hour (every five minutes while the disk is low), one pruning at a
+    /// time. What it did comes back as `Event::WorkspacesPruned`.
+    /// (`live`: the worktrees of the sessions running, asked for only when
+    /// a pruning starts.)
+    fn prune_workspaces(
+        &mut self,
+        config: &Config,
+        root: &StateRoot,
+        tx: &mpsc::UnboundedSender<Event>,
+        disk_low: bool,
+        live: impl FnOnce() -> Vec<PathBuf>,
+    ) {
+        let every = if disk_low {
+            Duration::from_secs(300)
+        } else {
+            Duration::from_secs(3600)
+        };
+        if self.workspace_prune_running
+            || self
+                .last_workspace_prune
+                .is_some_and(|t| t.elapsed() < every)
+        {
+            return;
+        }
+        let root = root.clone();
+        let jobs = workspaces::prune_jobs(config.working_agents(), |a: &AgentConfig| {
+            root.agent(&a.name)
+        });
+        if jobs.is_empty() {
+            return;
+        }
+        let live = live();
+        self.workspace_prune_running = true;
+        self.last_workspace_prune = Some(std::time::Instant::now());
+        let tx = tx.clone();
+        tokio::task::spawn_blocking(move || {
+            let (removed, errors) = workspaces::prune(&jobs, &live);
+            let _ = tx.send(Event::WorkspacesPruned { removed, errors });
+        });
+    }
+    /// The logs over `[logs] rotate_size` rotated, off the loop, at every
+    /// health check (a `stat` per agent); segments past retention pruned
+    /// hourly. What it did comes back as `Event::LogsRotated`.
+    fn rotate_logs(
+        &mut self,
+        config: &Config,
+        root: &StateRoot,
+        tx: &mpsc::UnboundedSender<Event>,
+    ) {
+        if self.log_rotation_running {
+            return;
+        }
+        let prune = self
+            .last_segment_prune
+            .is_none_or(|t| t.elapsed() >= ROUTINE_PRUNE_EVERY);
+        if prune {
+            self.last_segment_prune = Some(std::time::Instant::now());
+        }
+        let job = crate::daemon::rotation::Job {
+            agents: config.agents.iter().map(|a| root.agent(&a.name)).collect(),
+            daemon_logs: vec![
+                crate::state::error_log::log_path(root),
+                effects::signals_log(root),
+            ],
+            settings: config.logs.clone(),
+            prune,
+        };
+        self.log_rotation_running = true;
+        let tx = tx.clone();
+        tokio::task::spawn_blocking(move || {
+            let outcome = crate::daemon::rotation::run(&job);
+            let _ = tx.send(Event::LogsRotated(Box::new(outcome)));
+        });
+    }
+
+    /// The monitor's pruning of worktrees came back (returns the errors to
+    /// raise).
+    pub(super) fn workspaces_pruned(
+        &mut self,
+        removed: Vec<String>,
+        errors: Vec<String>,
+    ) -> Vec<ErrorRecord> {
+        self.workspace_prune_running = false;
+        for line in removed {
+            tracing::info!("workspace pruned: {line}");
+        }
+        errors
+            .into_iter()
+            .map(|e| ErrorRecord::new(Code::WorkspaceFailed, "cannot prune workspaces").details(e))
+            .collect()
+    }
+
+    /// The rotation of the logs came back (returns the errors to raise).
+    pub(super) fn logs_rotated(
+        &mut self,
+        outcome: crate::daemon::rotation::Outcome,
+    ) -> Vec<ErrorRecord> {
+        self.log_rotation_running = false;
+        for line in &outcome.rotated {
+            tracing::info!("log rotated: {line}");
+        }
+        if outcome.pruned.0 > 0 {
+            tracing::info!(
+                "removed {} rotated log segment(s), {}, past [logs] retention",
+                outcome.pruned.0,
+                health::format_bytes(outcome.pruned.1)
+            );
+        }
+        for shown in &outcome.deferred {
+            tracing::info!(
+                "{shown} is due for rotation but its agent's lock is busy: next health check"
+            );
+        }
+        outcome
+            .errors
+            .into_iter()
+            .map(|e| ErrorRecord::new(Code::IoError, "cannot rotate a log").details(e))
+            .collect()
+    }
+}
+
 impl Daemon {
     /// Raise an error through [`Alerts`], escalating each code once per
     /// agent's failure streak.
@@ -47,26 +170,16 @@ impl Daemon {
         self.alerts.raise(record, escalate);
     }
 
-    /// The health monitor: the disk (free space, read-only), pruning, and
-    /// sessions that outlived their owner or their timeout.
-    pub(super) fn health_check(&mut self) {
-        self.check_health(true);
-        // An operator who installs or `chmod +x`es a held agent's command
-        // need do nothing else: it is released within one interval.
-        self.recheck_unrunnable();
+    /// Raise each of `records` (not escalated): what a part returned.
+    pub(super) fn raise_each(&mut self, records: impl IntoIterator<Item = ErrorRecord>) {
+        for record in records {
+            self.raise(record, false);
+        }
     }
 
-    /// The health check before READY: the disk only (a full or read-only
-    /// one holds every session). The routine prune and the look at every
-    /// agent's session (which recovery has just done) cost a few syscalls
-    /// per agent, seconds at 10,000 agents: the first periodic check does
-    /// them, one `health.interval` later. A disk under pressure is pruned
-    /// now all the same.
-    pub(super) fn health_check_at_start(&mut self) {
-        self.check_health(false);
-    }
-
-    fn check_health(&mut self, full: bool) {
+    /// The health check: with `full`, the routine prune, the rotation of
+    /// the logs and the look at every session too.
+    pub(super) fn check_health(&mut self, full: bool) {
         let now = Timestamp::now();
         let probe = match health::probe(&self.root.path) {
             Ok(p) => p,
@@ -159,9 +272,27 @@ impl Daemon {
             }
         }
         if full {
-            self.prune_workspaces(state.level != DiskLevel::Ok);
+            let (running, config, index, root) =
+                (&self.running, &self.config, &self.agent_index, &self.root);
+            let live = || {
+                running
+                    .iter()
+                    .filter_map(|(a, r)| {
+                        let cfg = agent_in(config, index, a)?;
+                        let w = cfg.session.workspace.as_ref()?;
+                        Some(workspaces::root_of(w, cfg, &root.agent(a)).join(&r.session_id))
+                    })
+                    .collect()
+            };
+            (self.monitor).prune_workspaces(
+                &self.config,
+                &self.root,
+                &self.tx,
+                state.level != DiskLevel::Ok,
+                live,
+            );
             if !state.read_only {
-                self.rotate_logs();
+                (self.monitor).rotate_logs(&self.config, &self.root, &self.tx);
             }
         }
         self.monitor.health = Some(state);
@@ -175,7 +306,16 @@ impl Daemon {
                 .as_ref()
                 .is_some_and(|h| !h.level.allows_new_sessions());
         if full && !self.monitor.health.as_ref().is_some_and(|h| h.read_only) {
-            self.check_sessions(now);
+            let raise = check_sessions(
+                &self.config,
+                &self.agent_index,
+                &mut self.running,
+                &self.root,
+                &mut self.orphan_locks,
+                &mut self.monitor.overdue_reported,
+                now,
+            );
+            self.raise_each(raise);
         }
         if recovered {
             // Scans and writes that failed during the outage: look again
@@ -183,243 +323,6 @@ impl Daemon {
             self.scan_all_inboxes();
         }
         self.after_change();
-    }
-
-    /// Sessions recorded as running that the daemon does not run: finished
-    /// when their owner is gone; their owner is told to stop when they ran
-    /// past their timeout. The daemon's own sessions past their timeout
-    /// (which the runner should have ended) are stopped.
-    pub(super) fn check_sessions(&mut self, now: Timestamp) {
-        // Names, not configs: each health check cloned every agent's config
-        // (10,000 of them in the benchmark). A config is cloned only for a
-        // session recorded as running that the daemon does not run.
-        let names: Vec<AgentName> = self
-            .config
-            .working_agents()
-            .map(|a| a.name.clone())
-            .collect();
-        for name in names {
-            let Some((timeout, kill_grace)) = self
-                .agent_config(&name)
-                .map(|a| (a.session.timeout, a.session.kill_grace))
-            else {
-                continue;
-            };
-            if let Some(r) = self.running.get_mut(&name) {
-                if r.recording {
-                    // Ended; its end is being recorded.
-                    continue;
-                }
-                let started = r.started_at.0;
-                // Seed 003's placeholder expiry: a session whose process
-                // never started within 5 minutes is given up (a hatching
-                // agent stays hatching for its next wake).
-                if r.pid.is_none()
-                    && r.stop_reason.is_none()
-                    && now.seconds_since(&r.started_at) >= HATCH_EXPIRY.as_secs() as i64
-                {
-                    r.stop_for(format!(
-                        "expired: its process did not start within {}",
-                        humantime::format_duration(HATCH_EXPIRY)
-                    ));
-                    continue;
-                }
-                if health::overdue(started, timeout, kill_grace, now.0) && r.stop_reason.is_none() {
-                    r.stop_for("ran past its timeout; stopped by the health monitor".into());
-                    let sid = r.session_id.clone();
-                    self.raise(
-                        ErrorRecord::new(
-                            Code::SessionTimeout,
-                            format!("{name}: session {sid} ran past its timeout and was not ended; stopping it"),
-                        )
-                        .agent(&name)
-                        .session(sid),
-                        false,
-                    );
-                }
-                continue;
-            }
-            let dir = self.root.agent(&name);
-            let Ok(Some(s)) = dir.read::<Session>() else {
-                continue;
-            };
-            if !s.is_running() {
-                continue;
-            }
-            let Some(agent) = self.agent_config(&name).cloned() else {
-                continue;
-            };
-            if began_here(&s) {
-                // Ours, but not running: its end could not be recorded (a
-                // full disk). Record it now.
-                self.finish_orphan(&agent, &s.session_id, now);
-                continue;
-            }
-            // Its owner's lock says whether it is alive, wherever it runs
-            // (a script in another PID namespace is invisible to us).
-            if hooks::stale(&dir, &s, agent.session.timeout, now).is_some() {
-                let result =
-                    hooks::recover_stale(&agent, &dir, "interrupted: its process is gone", now);
-                if let Some(record) = recovered(&agent, result, "its process is gone") {
-                    self.raise(record, false);
-                }
-                continue;
-            }
-            if let Some(started) = s.started_at
-                && health::overdue(
-                    started.0,
-                    agent.session.timeout,
-                    agent.session.kill_grace,
-                    now.0,
-                )
-                && self.monitor.overdue_reported.insert(s.session_id.clone())
-            {
-                let mut details = "its owner is alive".to_string();
-                // Only a process we can see, and that is the owner (its
-                // start time matches): a pid from another PID namespace
-                // may name an unrelated process of ours.
-                if let Some(pid) = s.owner_pid
-                    && s.owner_start.is_some()
-                    && hooks::Owner::of(pid).start == s.owner_start
-                {
-                    let sent = nix::sys::signal::kill(
-                        nix::unistd::Pid::from_raw(pid),
-                        nix::sys::signal::Signal::SIGTERM,
-                    );
-                    details = match sent {
-                        Ok(()) => format!(
-                            "sent SIGTERM to its owner, pid {pid}; it is finished once that exits"
-                        ),
-                        Err(e) => format!("cannot signal its owner, pid {pid}: {e}"),
-                    };
-                } else if let Some(pid) = s.owner_pid {
-                    details = format!(
-                        "its owner (pid {pid}) holds its lock but is not visible to the daemon (another PID namespace or user); end it with `agent-state session fail {} --session {} --outcome timeout --reason ...`",
-                        agent.name, s.session_id
-                    );
-                }
-                self.raise(
-                    ErrorRecord::new(
-                        Code::SessionTimeout,
-                        format!(
-                            "{}: session {} (run outside the daemon) is past its timeout of {}",
-                            agent.name,
-                            s.session_id,
-                            humantime::format_duration(agent.session.timeout)
-                        ),
-                    )
-                    .details(details)
-                    .agent(&agent.name)
-                    .session(s.session_id.clone()),
-                    false,
-                );
-            }
-        }
-    }
-
-    /// Worktrees of sessions that are gone: pruned off the loop, once an
-    /// hour (every five minutes while the disk is low), one pruning at a
-    /// time. What it did comes back as `LoopEvent::WorkspacesPruned`.
-    fn prune_workspaces(&mut self, disk_low: bool) {
-        let every = if disk_low {
-            Duration::from_secs(300)
-        } else {
-            Duration::from_secs(3600)
-        };
-        if self.monitor.workspace_prune_running
-            || self
-                .monitor
-                .last_workspace_prune
-                .is_some_and(|t| t.elapsed() < every)
-        {
-            return;
-        }
-        let root = self.root.clone();
-        let jobs = workspaces::prune_jobs(self.config.working_agents(), |a: &AgentConfig| {
-            root.agent(&a.name)
-        });
-        if jobs.is_empty() {
-            return;
-        }
-        let live: Vec<PathBuf> = self
-            .running
-            .iter()
-            .filter_map(|(a, r)| {
-                let cfg = self.agent_config(a)?;
-                let w = cfg.session.workspace.as_ref()?;
-                Some(workspaces::root_of(w, cfg, &self.dir(a)).join(&r.session_id))
-            })
-            .collect();
-        self.monitor.workspace_prune_running = true;
-        self.monitor.last_workspace_prune = Some(std::time::Instant::now());
-        let tx = self.tx.clone();
-        tokio::task::spawn_blocking(move || {
-            let (removed, errors) = workspaces::prune(&jobs, &live);
-            let _ = tx.send(LoopEvent::WorkspacesPruned { removed, errors });
-        });
-    }
-}
-
-impl Daemon {
-    /// The logs over `[logs] rotate_size` rotated, off the loop, at every
-    /// health check (a `stat` per agent); segments past retention pruned
-    /// hourly. What it did comes back as `LoopEvent::LogsRotated`.
-    fn rotate_logs(&mut self) {
-        if self.monitor.log_rotation_running {
-            return;
-        }
-        let prune = self
-            .monitor
-            .last_segment_prune
-            .is_none_or(|t| t.elapsed() >= ROUTINE_PRUNE_EVERY);
-        if prune {
-            self.monitor.last_segment_prune = Some(std::time::Instant::now());
-        }
-        let job = crate::daemon::rotation::Job {
-            agents: self
-                .config
-                .agents
-                .iter()
-                .map(|a| self.root.agent(&a.name))
-                .collect(),
-            daemon_logs: vec![
-                crate::state::error_log::log_path(&self.root),
-                effects::signals_log(&self.root),
-            ],
-            settings: self.config.logs.clone(),
-            prune,
-        };
-        self.monitor.log_rotation_running = true;
-        let tx = self.tx.clone();
-        tokio::task::spawn_blocking(move || {
-            let outcome = crate::daemon::rotation::run(&job);
-            let _ = tx.send(LoopEvent::LogsRotated(Box::new(outcome)));
-        });
-    }
-
-    pub(super) fn logs_rotated(&mut self, outcome: crate::daemon::rotation::Outcome) {
-        self.monitor.log_rotation_running = false;
-        for line in &outcome.rotated {
-            tracing::info!("log rotated: {line}");
-        }
-        if outcome.pruned.0 > 0 {
-            tracing::info!(
-                "removed {} rotated log segment(s), {}, past [logs] retention",
-                outcome.pruned.0,
-                health::format_bytes(outcome.pruned.1)
-            );
-        }
-        for shown in &outcome.deferred {
-            tracing::info!(
-                "{shown} is due for rotation but its agent's lock is busy: next health check"
-            );
-        }
-        for e in outcome.errors {
-            self.raise(
-                ErrorRecord::new(Code::IoError, "cannot rotate a log").details(e),
-                false,
-            );
-        }
     }
 }
 
@@ -467,4 +370,141 @@ pub(super) fn prune_all(
         Err(e) => tracing::warn!("pruning .daemon/: {e}"),
     }
     total
+}
+
+/// Sessions recorded as running that the daemon does not run: finished
+/// when their owner is gone; their owner is told to stop when they ran
+/// past their timeout. The daemon's own sessions past their timeout
+/// (which the runner should have ended) are stopped.
+/// (Returns the records to raise.)
+pub(super) fn check_sessions(
+    config: &Config,
+    agent_index: &std::collections::HashMap<AgentName, usize>,
+    running: &mut BTreeMap<AgentName, Running>,
+    root: &StateRoot,
+    orphan_locks: &mut BTreeMap<AgentName, crate::owner::OwnerLock>,
+    overdue_reported: &mut std::collections::BTreeSet<String>,
+    now: Timestamp,
+) -> Vec<ErrorRecord> {
+    let mut raise = Vec::new();
+    // Names, not configs: each health check cloned every agent's config
+    // (10,000 of them in the benchmark). A config is cloned only for a
+    // session recorded as running that the daemon does not run.
+    let names: Vec<AgentName> = config.working_agents().map(|a| a.name.clone()).collect();
+    for name in names {
+        let Some((timeout, kill_grace)) =
+            agent_in(config, agent_index, &name).map(|a| (a.session.timeout, a.session.kill_grace))
+        else {
+            continue;
+        };
+        if let Some(r) = running.get_mut(&name) {
+            if r.recording {
+                // Ended; its end is being recorded.
+                continue;
+            }
+            let started = r.started_at.0;
+            // Seed 003's placeholder expiry: a session whose process
+            // never started within 5 minutes is given up (a hatching
+            // agent stays hatching for its next wake).
+            if r.pid.is_none()
+                && r.stop_reason.is_none()
+                && now.seconds_since(&r.started_at) >= HATCH_EXPIRY.as_secs() as i64
+            {
+                r.stop_for(format!(
+                    "expired: its process did not start within {}",
+                    humantime::format_duration(HATCH_EXPIRY)
+                ));
+                continue;
+            }
+            if health::overdue(started, timeout, kill_grace, now.0) && r.stop_reason.is_none() {
+                r.stop_for("ran past its timeout; stopped by the health monitor".into());
+                let sid = r.session_id.clone();
+                raise.push(
+                    ErrorRecord::new(
+                        Code::SessionTimeout,
+                        format!("{name}: session {sid} ran past its timeout and was not ended; stopping it"),
+                    )
+                    .agent(&name)
+                    .session(sid)
+                );
+            }
+            continue;
+        }
+        let dir = root.agent(&name);
+        let Ok(Some(s)) = dir.read::<Session>() else {
+            continue;
+        };
+        if !s.is_running() {
+            continue;
+        }
+        let Some(agent) = agent_in(config, agent_index, &name).cloned() else {
+            continue;
+        };
+        if began_here(&s) {
+            // Ours, but not running: its end could not be recorded (a
+            // full disk). Record it now.
+            let record = ending::finish_orphan(root, orphan_locks, &agent, &s.session_id, now);
+            raise.extend(record);
+            continue;
+        }
+        // Its owner's lock says whether it is alive, wherever it runs
+        // (a script in another PID namespace is invisible to us).
+        if hooks::stale(&dir, &s, agent.session.timeout, now).is_some() {
+            let result =
+                hooks::recover_stale(&agent, &dir, "interrupted: its process is gone", now);
+            if let Some(record) = recovered(&agent, result, "its process is gone") {
+                raise.push(record);
+            }
+            continue;
+        }
+        if let Some(started) = s.started_at
+            && health::overdue(
+                started.0,
+                agent.session.timeout,
+                agent.session.kill_grace,
+                now.0,
+            )
+            && overdue_reported.insert(s.session_id.clone())
+        {
+            let mut details = "its owner is alive".to_string();
+            // Only a process we can see, and that is the owner (its
+            // start time matches): a pid from another PID namespace
+            // may name an unrelated process of ours.
+            if let Some(pid) = s.owner_pid
+                && s.owner_start.is_some()
+                && hooks::Owner::of(pid).start == s.owner_start
+            {
+                let sent = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGTERM,
+                );
+                details = match sent {
+                    Ok(()) => format!(
+                        "sent SIGTERM to its owner, pid {pid}; it is finished once that exits"
+                    ),
+                    Err(e) => format!("cannot signal its owner, pid {pid}: {e}"),
+                };
+            } else if let Some(pid) = s.owner_pid {
+                details = format!(
+                    "its owner (pid {pid}) holds its lock but is not visible to the daemon (another PID namespace or user); end it with `agent-state session fail {} --session {} --outcome timeout --reason ...`",
+                    agent.name, s.session_id
+                );
+            }
+            raise.push(
+                ErrorRecord::new(
+                    Code::SessionTimeout,
+                    format!(
+                        "{}: session {} (run outside the daemon) is past its timeout of {}",
+                        agent.name,
+                        s.session_id,
+                        humantime::format_duration(agent.session.timeout)
+                    ),
+                )
+                .details(details)
+                .agent(&agent.name)
+                .session(s.session_id.clone()),
+            );
+        }
+    }
+    raise
 }

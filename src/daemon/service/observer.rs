@@ -42,7 +42,7 @@ impl OutputSummary {
 pub(super) struct Observer {
     pub(super) output: SessionOutput,
     pub(super) agent: AgentName,
-    pub(super) tx: mpsc::UnboundedSender<LoopEvent>,
+    pub(super) tx: mpsc::UnboundedSender<Event>,
     /// One signal scanner per stream: chunks of the two interleave.
     pub(super) scanners: [crate::protocol::signals::SignalScanner; 2],
     pub(super) ending: EndingNote,
@@ -67,7 +67,7 @@ impl OutputObserver for Observer {
         if i == 0
             && let Some(tokens) = self.meter.push(chunk)
         {
-            let _ = self.tx.send(LoopEvent::SessionOverBudget {
+            let _ = self.tx.send(Event::SessionOverBudget {
                 agent: self.agent.clone(),
                 tokens,
             });
@@ -78,7 +78,7 @@ impl OutputObserver for Observer {
     }
 
     fn on_stall(&mut self, silent_for: Duration) {
-        let _ = self.tx.send(LoopEvent::SessionStalled {
+        let _ = self.tx.send(Event::SessionStalled {
             agent: self.agent.clone(),
             silent_for,
         });
@@ -133,7 +133,7 @@ impl Observer {
         {
             self.completed = true;
         }
-        let _ = self.tx.send(LoopEvent::Signal {
+        let _ = self.tx.send(Event::Signal {
             agent: self.agent.clone(),
             signal: Box::new(signal),
         });

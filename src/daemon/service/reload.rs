@@ -6,16 +6,12 @@ use super::*;
 use std::collections::HashSet;
 
 impl Daemon {
-    /// Make the core, the watches and the schedules match the config.
-    pub(super) fn apply_agents(&mut self, at_start: bool) {
-        self.apply_agents_except(at_start, &Default::default());
-    }
-
-    /// [`Daemon::apply_agents`], leaving alone the agents in `unchanged`
-    /// (configured as before, and set up already): a reload at 10,000
-    /// agents costs a comparison for each agent it does not change.
-    fn apply_agents_except(&mut self, at_start: bool, unchanged: &HashSet<AgentName>) {
-        self.index_agents();
+    /// Make the core, the watches and the schedules match the config,
+    /// leaving alone the agents in `unchanged` (configured as before, and
+    /// set up already): a reload at 10,000 agents costs a comparison for
+    /// each agent it does not change.
+    pub(super) fn apply_agents(&mut self, at_start: bool, unchanged: &HashSet<AgentName>) {
+        self.agent_index = index_agents(&self.config);
         self.published.agents_generation += 1;
         let now = self.clock.now();
         // Removed agents: unwatch; their directories stay (never deleted).
@@ -50,11 +46,11 @@ impl Daemon {
                 .filter(|n| crate::fsx::exists(&self.root.agent(n).report()))
                 .collect();
             for name in gone {
-                self.set_lifecycle(&name, |_| Some(Lifecycle::Expired));
+                publish::set_lifecycle(&self.root, &name, |_| Some(Lifecycle::Expired));
             }
         }
         for name in removed {
-            self.set_lifecycle(&name, |_| Some(Lifecycle::Expired));
+            publish::set_lifecycle(&self.root, &name, |_| Some(Lifecycle::Expired));
             self.watcher.unwatch(&name);
             if !self.running.contains_key(&name) {
                 self.core.remove(&name);
@@ -104,25 +100,26 @@ impl Daemon {
             slot.wake_on_inbox = agent.session.wake_on_inbox;
             slot.inbox_debounce = agent.session.inbox_debounce;
             drop(slot);
-            self.rank(&agent.name, survey.rolling.as_ref());
+            publish::rank(&mut self.core, &agent.name, survey.rolling.as_ref());
             // New, or configured again after it expired: hatching or
             // sleeping (a running session keeps `alive`).
             let at_rest = survey.at_rest;
-            self.set_lifecycle_seen(&agent.name, survey.lifecycle, |current| match current {
-                None | Some(Lifecycle::Expired) | Some(Lifecycle::Hatching) => {
-                    Some(at_rest.unwrap_or_else(|| Lifecycle::at_rest(&dir)))
+            publish::set_lifecycle_seen(&self.root, &agent.name, survey.lifecycle, |current| {
+                match current {
+                    None | Some(Lifecycle::Expired) | Some(Lifecycle::Hatching) => {
+                        Some(at_rest.unwrap_or_else(|| Lifecycle::at_rest(&dir)))
+                    }
+                    other => other,
                 }
-                other => other,
             });
             if let Some(wake) = survey.next_wake {
                 self.published
                     .surveyed_wake
-                    .borrow_mut()
                     .insert(agent.name.clone(), wake);
             }
             self.plan_schedule(agent, now, at_start);
         }
-        self.published.surveyed_wake.borrow_mut().clear();
+        self.published.surveyed_wake.clear();
         // Human mailboxes: bootstrapped, never woken.
         for agent in self
             .config
@@ -132,18 +129,7 @@ impl Daemon {
         {
             let _ = bootstrap::agent(agent, &self.root.agent(&agent.name), Timestamp::now());
         }
-        self.save_schedule_state();
-    }
-
-    /// Settings that took their default: one `CONFIG_DEFAULTED` each.
-    pub(super) fn config_warnings(&mut self) {
-        for w in self.config.warnings.clone() {
-            self.raise(
-                ErrorRecord::new(Code::ConfigDefaulted, format!("{}: {}", w.field, w.message))
-                    .details(self.config_path.display().to_string()),
-                false,
-            );
-        }
+        self.schedules.save(&self.root);
     }
 
     pub(super) fn reload(&mut self) {
@@ -190,8 +176,9 @@ impl Daemon {
                         }
                         unchanged.remove(&name);
                     }
-                    self.config_warnings();
-                    self.apply_agents_except(false, &unchanged);
+                    let warnings = config_warnings(&self.config, &self.config_path);
+                    self.raise_each(warnings);
+                    self.apply_agents(false, &unchanged);
                     self.recheck_unrunnable();
                     // What waits in the inboxes of the agents it changed: the
                     // others' is known and watched (and the reconcile scan
@@ -203,9 +190,17 @@ impl Daemon {
                         .cloned()
                         .collect();
                     for agent in changed {
-                        self.take_wake_requests(&agent);
-                        self.retry_rejected(&agent);
-                        self.scan_inbox_afresh(&agent);
+                        self.intake.requests.take(&self.root.agent(&agent));
+                        self.intake
+                            .retry_rejected(&self.root, self.lock_busy.wait(&agent), &agent);
+                        // A fresh listing: now for a small inbox; a big one (a flood of junk
+                        // beside the mail: its listing costs tens of milliseconds per 100,000
+                        // entries) is listed off the loop first, scanned when it is back.
+                        if inbox::is_big(&self.root.agent(&agent)) {
+                            (self.intake).list_inbox_for_scan(&self.root, &self.tx, &agent);
+                        } else {
+                            self.scan_inbox(&agent);
+                        }
                     }
                     tracing::info!("config reloaded: {} agents", self.config.agents.len());
                     (Some(text), vec![])
@@ -233,7 +228,7 @@ impl Daemon {
         // after daemon.json says what the daemon now runs: whoever reads
         // daemon.json once the verdict is in (`reload && status`) finds the
         // reloaded agents, not the old ones until the turn ends.
-        self.write_heartbeat();
+        self.published.write_heartbeat(&seen!(self));
         let (accepted, reasons) = verdict;
         if let Err(e) = files::record_reload_verdict(
             &self.root,
@@ -243,7 +238,7 @@ impl Daemon {
         ) {
             tracing::warn!("cannot record the verdict on the reloaded config: {e}");
         }
-        systemd::ready(&self.status_line());
+        systemd::ready(&seen!(self).status_line());
         give_back_memory();
     }
 }
@@ -295,4 +290,18 @@ impl Survey {
             at_rest,
         }
     }
+}
+
+/// Settings that took their default: one `CONFIG_DEFAULTED` each.
+/// The config's warnings (a default taken for a bad value), as records to
+/// raise.
+pub(super) fn config_warnings(config: &Config, config_path: &Path) -> Vec<ErrorRecord> {
+    config
+        .warnings
+        .iter()
+        .map(|w| {
+            ErrorRecord::new(Code::ConfigDefaulted, format!("{}: {}", w.field, w.message))
+                .details(config_path.display().to_string())
+        })
+        .collect()
 }

@@ -11,45 +11,6 @@ pub(super) const RECOVERY_WAIT: Duration = Duration::from_secs(5);
 pub(super) const LOCK_RETRY: Duration = Duration::from_secs(2);
 
 impl Daemon {
-    /// Sessions left `running` by a process that is gone (a previous daemon
-    /// killed, a crashed script) become errors; their messages go back.
-    pub(super) fn recover(&mut self) {
-        let now = Timestamp::now();
-        // Each agent's recovery touches its own files only: on a few
-        // threads (at 10,000 agents this was a fifth of a start).
-        let agents: Vec<&AgentConfig> = self.config.working_agents().collect();
-        let root = &self.root;
-        let recovered: Vec<(Vec<ErrorRecord>, Option<Marker>)> =
-            crate::daemon::fanout::map(&agents, |agent| {
-                recover_agent(agent, &root.agent(&agent.name), now)
-            });
-        let mut records = Vec::new();
-        let mut markers = Vec::new();
-        for (r, m) in recovered {
-            records.extend(r);
-            markers.extend(m);
-        }
-        // A child the dead daemon forked an instant before it died carries
-        // its marker only once it has exec'd (until then /proc shows the
-        // daemon's environment): every marker is swept again a little later,
-        // twice, in one pass over /proc each.
-        if !markers.is_empty() {
-            let mut killed = 0;
-            for pause in [30, 100] {
-                std::thread::sleep(Duration::from_millis(pause));
-                killed += runner::kill_marked_all(&markers);
-            }
-            if killed > 0 {
-                tracing::warn!(
-                    "killed {killed} more process(es) of sessions of a daemon that died (they started late)"
-                );
-            }
-        }
-        for record in records {
-            self.raise(record, false);
-        }
-    }
-
     pub(super) fn start(&mut self, agent: &AgentName, reason: WakeReason) {
         let Some(cfg) = self.agent_config(agent).cloned() else {
             self.core
@@ -71,13 +32,15 @@ impl Daemon {
         // reuse the listing while no message has arrived since.
         let listed = match self.intake.listed.remove(agent) {
             Some(listed) => listed,
-            None if inbox::is_big(&self.dir(agent)) => match self.intake.reusable_listing(agent) {
-                Some(l) => Some(l),
-                None => {
-                    self.list_inbox(agent, reason);
-                    return;
+            None if inbox::is_big(&self.root.agent(agent)) => {
+                match self.intake.reusable_listing(agent) {
+                    Some(l) => Some(l),
+                    None => {
+                        self.intake.list_inbox(&self.root, &self.tx, agent, reason);
+                        return;
+                    }
                 }
-            },
+            }
             None => None,
         };
         if !self.economy_allows(agent, &cfg, reason) {
@@ -85,20 +48,23 @@ impl Daemon {
         }
         let now = Timestamp::from_datetime(self.clock.now());
         // Never join a session of our own whose end was not recorded.
-        if let Ok(Some(s)) = self.dir(agent).read::<Session>()
+        if let Ok(Some(s)) = self.root.agent(agent).read::<Session>()
             && s.is_running()
             && began_here(&s)
         {
-            self.finish_orphan(&cfg, &s.session_id, now);
-            if matches!(self.dir(agent).read::<Session>(), Ok(Some(s)) if s.is_running()) {
+            let record =
+                ending::finish_orphan(&self.root, &mut self.orphan_locks, &cfg, &s.session_id, now);
+            self.raise_each(record);
+            if matches!(self.root.agent(agent).read::<Session>(), Ok(Some(s)) if s.is_running()) {
                 tracing::warn!(agent = %agent, "{} wake deferred: the end of session {} is not recorded yet", reason.as_str(), s.session_id);
-                self.defer_wake(agent, reason, self.config.health.interval);
+                self.core
+                    .defer(self.clock.now(), agent, reason, self.config.health.interval);
                 return;
             }
         }
-        let wait = self.lock_wait(agent);
+        let wait = self.lock_busy.wait(agent);
         let writing = self.intake.writing.get(agent).cloned().unwrap_or_default();
-        let continue_conversation = self.conversation_to_continue(agent, &cfg, reason);
+        let continue_conversation = conversation_to_continue(&self.root.agent(agent), &cfg, reason);
         let prepared = match crate::state::lock::with_wait(wait, || {
             session::prepare(
                 &self.config,
@@ -114,15 +80,16 @@ impl Daemon {
             )
         }) {
             Ok(p) => {
-                self.note_lock_free(agent);
+                self.lock_busy.free(agent);
                 p
             }
             Err(Error::SessionBusy { session, pid, .. }) => {
                 // A session script run by something else (cron) holds it.
                 tracing::info!(agent = %agent, session_id = %session, "{} wake skipped: session {session} is running (pid {pid}) outside the daemon", reason.as_str());
-                self.journal(
+                publish::journal(
+                    &self.root,
                     agent,
-                    Event::WakeSkipped(WakeSkipped {
+                    journal::Event::WakeSkipped(WakeSkipped {
                         reason: reason.as_str().to_string(),
                         running_session: session,
                         ..Default::default()
@@ -135,8 +102,9 @@ impl Daemon {
             Err(e @ Error::LockBusy { .. }) => {
                 // Somebody holds the agent's lock: try again shortly, not
                 // a failure of the agent.
-                self.note_lock_busy(agent, &format!("{} wake deferred: {e}", reason.as_str()));
-                self.defer_wake(agent, reason, LOCK_RETRY);
+                self.lock_busy
+                    .busy(agent, &format!("{} wake deferred: {e}", reason.as_str()));
+                self.core.defer(self.clock.now(), agent, reason, LOCK_RETRY);
                 return;
             }
             Err(e) => {
@@ -152,16 +120,21 @@ impl Daemon {
                 };
                 self.core
                     .session_ended(agent, InboxSummary::default(), self.clock.now());
-                self.judge_and_apply(
+                let verdict = ending::judge_not_run(
+                    &mut self.streaks,
                     agent,
                     &cfg,
-                    None,
                     &ending,
                     &OutputSummary::none(),
                     Some(code),
                 );
+                let report = RunReport::not_run(ending.clone());
+                self.apply_verdict(agent, &cfg, None, verdict, &report);
                 if matches!(code, Code::DiskFull | Code::FsReadonly) {
-                    self.health_check();
+                    self.check_health(true);
+                    // An operator who installs or `chmod +x`es a held agent's command
+                    // need do nothing else: it is released within one interval.
+                    self.recheck_unrunnable();
                 }
                 return;
             }
@@ -216,7 +189,7 @@ impl Daemon {
         );
         let tx = self.tx.clone();
         let name = agent.clone();
-        let dir = self.dir(agent);
+        let dir = self.root.agent(agent);
         let session_id = prepared.session_id.clone();
         // Spawned here, in the loop: the agent runs before the loop goes on
         // to other agents and to publishing (daemon.json, STATUS=). Its
@@ -235,7 +208,13 @@ impl Daemon {
         if let Some(Err(report)) = &launched
             && !crate::daemon::runnable::counts_as_attempt(&report.ending)
         {
-            self.note_unrunnable_spawn(agent, &cfg);
+            unrunnable::note_unrunnable_spawn(
+                &self.config,
+                &self.root,
+                &mut self.unrunnable,
+                agent,
+                &cfg,
+            );
         }
         tokio::spawn(async move {
             let (pid_tx, pid_rx) = tokio::sync::oneshot::channel::<u32>();
@@ -244,7 +223,7 @@ impl Daemon {
                 let name = name.clone();
                 async move {
                     if let Ok(pid) = pid_rx.await {
-                        let _ = tx.send(LoopEvent::SessionPid { agent: name, pid });
+                        let _ = tx.send(Event::SessionPid { agent: name, pid });
                     }
                 }
             };
@@ -334,119 +313,12 @@ impl Daemon {
                 }
                 _ => None,
             };
-            let _ = tx.send(LoopEvent::SessionDone {
+            let _ = tx.send(Event::SessionDone {
                 agent: name,
                 report: Box::new(report),
                 output: Box::new(output),
                 workspace,
                 iterations: tally,
-            });
-        });
-    }
-
-    /// With `resume`, what the next session may continue: a retry after a
-    /// timeout continues the timed-out session's conversation; a reply to
-    /// the last session's escalation (a message whose `source_ref` names
-    /// it, seen at the claim) continues that session's. Never one that
-    /// ended in a login or usage-limit failure (`claude_resumable`).
-    fn conversation_to_continue(
-        &self,
-        agent: &AgentName,
-        cfg: &AgentConfig,
-        reason: WakeReason,
-    ) -> session::Continuation {
-        let mut c = session::Continuation::default();
-        if !cfg.session.iteration.resume {
-            return c;
-        }
-        let Some(last) = self.dir(agent).read::<Session>().ok().flatten() else {
-            return c;
-        };
-        let resumable = last
-            .extra
-            .get("claude_resumable")
-            .and_then(|v| v.as_bool())
-            .unwrap_or(true);
-        let Some(conversation) = last
-            .extra
-            .get("claude_session_id")
-            .and_then(|v| v.as_str())
-            .map(str::to_string)
-            .filter(|_| resumable)
-        else {
-            return c;
-        };
-        if reason == WakeReason::Retry
-            && last.status == Some(crate::state::session::SessionStatus::Timeout)
-        {
-            c.retry = Some(conversation);
-        } else {
-            c.reply = Some((last.session_id.clone(), conversation));
-        }
-        c
-    }
-
-    /// Log that `agent`'s work waits for its lock: at warning level once,
-    /// then quietly at every retry (every [`LOCK_RETRY`]).
-    pub(super) fn note_lock_busy(&mut self, agent: &AgentName, what: &str) {
-        if self.lock_busy.insert(agent.clone()) {
-            tracing::warn!(agent = %agent, error_code = "LOCK_BUSY", "{what}; retried every {}s, every other agent is served meanwhile", LOCK_RETRY.as_secs());
-        } else {
-            tracing::debug!(agent = %agent, error_code = "LOCK_BUSY", "{what}");
-        }
-    }
-
-    /// How long to wait for `agent`'s lock: not at all if it was busy at
-    /// the last try (a lock held for good must cost the loop nothing).
-    pub(super) fn lock_wait(&self, agent: &AgentName) -> Duration {
-        if self.lock_busy.contains(agent) {
-            Duration::ZERO
-        } else {
-            crate::state::lock::DAEMON_WAIT
-        }
-    }
-
-    /// `agent`'s lock was had: say so if it had been busy.
-    pub(super) fn note_lock_free(&mut self, agent: &AgentName) {
-        if self.lock_busy.remove(agent) {
-            tracing::info!(agent = %agent, "its lock is free again; deferred work goes on");
-        }
-    }
-
-    /// List `agent`'s big inbox on a blocking thread for the start of its
-    /// session ([`LoopEvent::InboxListed`] comes back). Its slot stays
-    /// taken: wakes meanwhile are skipped as for a running session.
-    fn list_inbox(&mut self, agent: &AgentName, reason: WakeReason) {
-        if !self.intake.listing.insert(agent.clone()) {
-            return;
-        }
-        tracing::debug!(agent = %agent, "its inbox is big: listed off the loop before its session starts");
-        self.spawn_listing(agent, Some(reason));
-    }
-
-    /// List `agent`'s big inbox on a blocking thread for a scan (at start,
-    /// the reconcile scan, a rescan): the scan goes through the listing
-    /// when it is back, instead of listing the whole inbox on the loop.
-    pub(super) fn list_inbox_for_scan(&mut self, agent: &AgentName) {
-        if !self.intake.scan_listing.insert(agent.clone()) {
-            return;
-        }
-        tracing::debug!(agent = %agent, "its inbox is big: listed off the loop before it is scanned");
-        self.spawn_listing(agent, None);
-    }
-
-    fn spawn_listing(&mut self, agent: &AgentName, reason: Option<WakeReason>) {
-        let tx = self.tx.clone();
-        let dir = self.dir(agent);
-        let arrivals = self.intake.arrivals_of(agent);
-        let agent = agent.clone();
-        tokio::task::spawn_blocking(move || {
-            let listed = inbox::list_messages(&dir);
-            let _ = tx.send(LoopEvent::InboxListed {
-                agent,
-                reason,
-                listed: listed.ok().flatten().map(std::sync::Arc::new),
-                arrivals,
             });
         });
     }
@@ -490,16 +362,6 @@ impl Daemon {
         }
         self.intake.listed.insert(agent.clone(), listed);
         self.start(&agent, reason);
-    }
-
-    /// Put a wake that cannot be served now back, to be tried after `delay`.
-    pub(super) fn defer_wake(&mut self, agent: &AgentName, reason: WakeReason, delay: Duration) {
-        let now = self.clock.now();
-        self.core.session_ended(agent, InboxSummary::default(), now);
-        self.core.request(agent, reason, Priority::Normal, now);
-        if let Some(mut slot) = self.core.slot_mut(agent) {
-            slot.backoff_until = Some(crate::clock::later(now, delay));
-        }
     }
 }
 
@@ -675,4 +537,116 @@ pub(super) fn recovered(
                 .agent(&agent.name),
         ),
     }
+}
+
+/// Agents whose lock was busy at the last try: logged once when that starts
+/// and once when it ends, not at every retry.
+#[derive(Default)]
+pub(super) struct BusyLocks(std::collections::BTreeSet<AgentName>);
+
+impl BusyLocks {
+    /// Log that `agent`'s work waits for its lock: at warning level once,
+    /// then quietly at every retry (every [`LOCK_RETRY`]).
+    pub(super) fn busy(&mut self, agent: &AgentName, what: &str) {
+        if self.0.insert(agent.clone()) {
+            tracing::warn!(agent = %agent, error_code = "LOCK_BUSY", "{what}; retried every {}s, every other agent is served meanwhile", LOCK_RETRY.as_secs());
+        } else {
+            tracing::debug!(agent = %agent, error_code = "LOCK_BUSY", "{what}");
+        }
+    }
+
+    /// How long to wait for `agent`'s lock: not at all if it was busy at
+    /// the last try (a lock held for good must cost the loop nothing).
+    pub(super) fn wait(&self, agent: &AgentName) -> Duration {
+        if self.0.contains(agent) {
+            Duration::ZERO
+        } else {
+            crate::state::lock::DAEMON_WAIT
+        }
+    }
+
+    /// `agent`'s lock was had: say so if it had been busy.
+    pub(super) fn free(&mut self, agent: &AgentName) {
+        if self.0.remove(agent) {
+            tracing::info!(agent = %agent, "its lock is free again; deferred work goes on");
+        }
+    }
+}
+
+/// With `resume`, what the next session may continue: a retry after a
+/// timeout continues the timed-out session's conversation; a reply to
+/// the last session's escalation (a message whose `source_ref` names
+/// it, seen at the claim) continues that session's. Never one that
+/// ended in a login or usage-limit failure (`claude_resumable`).
+fn conversation_to_continue(
+    dir: &AgentDir,
+    cfg: &AgentConfig,
+    reason: WakeReason,
+) -> session::Continuation {
+    let mut c = session::Continuation::default();
+    if !cfg.session.iteration.resume {
+        return c;
+    }
+    let Some(last) = dir.read::<Session>().ok().flatten() else {
+        return c;
+    };
+    let resumable = last
+        .extra
+        .get("claude_resumable")
+        .and_then(|v| v.as_bool())
+        .unwrap_or(true);
+    let Some(conversation) = last
+        .extra
+        .get("claude_session_id")
+        .and_then(|v| v.as_str())
+        .map(str::to_string)
+        .filter(|_| resumable)
+    else {
+        return c;
+    };
+    if reason == WakeReason::Retry
+        && last.status == Some(crate::state::session::SessionStatus::Timeout)
+    {
+        c.retry = Some(conversation);
+    } else {
+        c.reply = Some((last.session_id.clone(), conversation));
+    }
+    c
+}
+
+/// Sessions left `running` by a process that is gone (a previous daemon
+/// killed, a crashed script) become errors; their messages go back.
+/// (Returns the records to raise.)
+pub(super) fn recover(config: &Config, root: &StateRoot) -> Vec<ErrorRecord> {
+    let now = Timestamp::now();
+    // Each agent's recovery touches its own files only: on a few
+    // threads (at 10,000 agents this was a fifth of a start).
+    let agents: Vec<&AgentConfig> = config.working_agents().collect();
+    let recovered: Vec<(Vec<ErrorRecord>, Option<Marker>)> =
+        crate::daemon::fanout::map(&agents, |agent| {
+            recover_agent(agent, &root.agent(&agent.name), now)
+        });
+    let mut records = Vec::new();
+    let mut markers = Vec::new();
+    for (r, m) in recovered {
+        records.extend(r);
+        markers.extend(m);
+    }
+    // A child the dead daemon forked an instant before it died carries
+    // its marker only once it has exec'd (until then /proc shows the
+    // daemon's environment): every marker is swept again a little later,
+    // twice, in one pass over /proc each.
+    if !markers.is_empty() {
+        let mut killed = 0;
+        for pause in [30, 100] {
+            std::thread::sleep(Duration::from_millis(pause));
+            killed += runner::kill_marked_all(&markers);
+        }
+        if killed > 0 {
+            tracing::warn!(
+                "killed {killed} more process(es) of sessions of a daemon that died (they started late)"
+            );
+        }
+    }
+    records
 }

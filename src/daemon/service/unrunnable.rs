@@ -8,22 +8,6 @@ use crate::daemon::runnable::{self, Asker, BeforeClaim, Probe, Recheck};
 use crate::state::journal::SkipCause;
 
 impl Daemon {
-    /// What `agent`'s command is now, resolved as its session's spawn will.
-    fn probe_command(&self, cfg: &AgentConfig) -> Probe {
-        let Some(program) = session::program(&self.config, cfg) else {
-            return Probe::Unknown;
-        };
-        // With a workspace, the command runs in a worktree made after the
-        // claim: a lookup relative to it is left to the spawn.
-        let dir = self.dir(&cfg.name);
-        let cwd = cfg
-            .session
-            .workspace
-            .is_none()
-            .then_some(dir.path.as_path());
-        runnable::probe(&program, cwd, std::env::var_os("PATH").as_deref())
-    }
-
     /// Before `agent`'s session claims anything: whether its command can
     /// run. If it cannot, nothing is claimed and nothing starts; the slot is
     /// freed, the agent held, and the error recorded (once per hold, and at
@@ -34,7 +18,7 @@ impl Daemon {
         cfg: &AgentConfig,
         reason: WakeReason,
     ) -> bool {
-        let probe = self.probe_command(cfg);
+        let probe = probe_command(&self.config, &self.root, cfg);
         let asker = match reason {
             WakeReason::Manual => Asker::Operator,
             _ => Asker::Automatic,
@@ -83,14 +67,16 @@ impl Daemon {
                     _ => runner::SpawnFailure::NotFound,
                 },
             };
-            self.judge_and_apply(
+            let verdict = ending::judge_not_run(
+                &mut self.streaks,
                 agent,
                 cfg,
-                None,
                 &ending,
                 &OutputSummary::none(),
                 Some(code),
             );
+            let report = RunReport::not_run(ending.clone());
+            self.apply_verdict(agent, cfg, None, verdict, &report);
         }
         // Held whatever the verdict's shape: no wake spends its messages.
         if let Some(mut slot) = self.core.slot_mut(agent) {
@@ -99,9 +85,10 @@ impl Daemon {
         }
         self.unrunnable.insert(agent.clone(), probe);
         if let (true, Some(reason)) = (record, wake) {
-            self.journal(
+            publish::journal(
+                &self.root,
                 agent,
-                Event::WakeSkipped(WakeSkipped {
+                journal::Event::WakeSkipped(WakeSkipped {
                     reason: reason.as_str().to_string(),
                     running_session: String::new(),
                     cause: Some(if code == Code::AgentPermissionDenied {
@@ -114,17 +101,6 @@ impl Daemon {
                 }),
             );
         }
-    }
-
-    /// The spawn of a session that claimed its messages found no command
-    /// that can be executed (it vanished after the check, or the check
-    /// could not see why): the session's end returns its messages without
-    /// counting an attempt and its verdict holds the agent; this keeps what
-    /// the command is now, so the health check releases the hold once it
-    /// changes.
-    pub(super) fn note_unrunnable_spawn(&mut self, agent: &AgentName, cfg: &AgentConfig) {
-        let probe = self.probe_command(cfg);
-        self.unrunnable.insert(agent.clone(), probe);
     }
 
     /// Probe every held agent's command again (the health check, a
@@ -144,7 +120,7 @@ impl Daemon {
             if self.running.contains_key(&agent) {
                 continue;
             }
-            let now = self.probe_command(&cfg);
+            let now = probe_command(&self.config, &self.root, &cfg);
             match runnable::recheck(&was, &now) {
                 Recheck::Keep => {
                     // Held still (a reload clears holds; this one stays).
@@ -165,10 +141,49 @@ impl Daemon {
                         slot.backoff_until = None;
                     }
                     tracing::info!(agent = %agent, "its command can run now: no longer held; its waiting messages wake it");
-                    self.publish_agent(&agent, None);
+                    self.published.publish_agent(
+                        &self.root,
+                        &self.core,
+                        self.clock.now(),
+                        &agent,
+                        None,
+                    );
                     self.scan_inbox(&agent);
                 }
             }
         }
     }
+}
+
+/// What `agent`'s command is now, resolved as its session's spawn will.
+fn probe_command(config: &Config, root: &StateRoot, cfg: &AgentConfig) -> Probe {
+    let Some(program) = session::program(config, cfg) else {
+        return Probe::Unknown;
+    };
+    // With a workspace, the command runs in a worktree made after the
+    // claim: a lookup relative to it is left to the spawn.
+    let dir = root.agent(&cfg.name);
+    let cwd = cfg
+        .session
+        .workspace
+        .is_none()
+        .then_some(dir.path.as_path());
+    runnable::probe(&program, cwd, std::env::var_os("PATH").as_deref())
+}
+
+/// The spawn of a session that claimed its messages found no command
+/// that can be executed (it vanished after the check, or the check
+/// could not see why): the session's end returns its messages without
+/// counting an attempt and its verdict holds the agent; this keeps what
+/// the command is now, so the health check releases the hold once it
+/// changes.
+pub(super) fn note_unrunnable_spawn(
+    config: &Config,
+    root: &StateRoot,
+    unrunnable: &mut BTreeMap<AgentName, Probe>,
+    agent: &AgentName,
+    cfg: &AgentConfig,
+) {
+    let probe = probe_command(config, root, cfg);
+    unrunnable.insert(agent.clone(), probe);
 }

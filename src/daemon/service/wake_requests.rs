@@ -9,7 +9,7 @@
 //! listing of a flooded inbox costs its whole size), the removals (an
 //! unlink each, [`SWEPT_PER_BATCH`] at a time) and the listing that finds
 //! the requests past [`NAMES_KEPT`] done on a blocking thread, one batch per
-//! agent at a time ([`LoopEvent::WakeRequestsSwept`] comes back), the
+//! agent at a time ([`Event::WakeRequestsSwept`] comes back), the
 //! backlog logged once, and one journal line for all the requests a running
 //! session makes wait. Serving a request (the wake) never waits for its
 //! removal: a request is served when it is seen, once.
@@ -107,6 +107,112 @@ struct Backlog {
 }
 
 impl WakeRequests {
+    /// Learn every wake request in `agent`'s inbox from a listing (at
+    /// start, the reconcile scan, a rescan, a reload); they are served at
+    /// the end of this loop turn. Never through a link: a request is a name.
+    pub(super) fn take(&mut self, dir: &AgentDir) {
+        let agent = &dir.name;
+        if inbox::is_big(dir) {
+            // A flooded inbox: listed on a blocking thread (its listing
+            // costs tens of milliseconds per 100,000 entries), what it
+            // finds served when it is back.
+            let b = self.backlog.entry(agent.clone()).or_default();
+            b.list_again = true;
+            b.list_serves = true;
+            return;
+        }
+        let inbox_dir = dir.inbox();
+        let Ok(names) = crate::fsx::list(&inbox_dir) else {
+            return;
+        };
+        let requests = self;
+        if let Some(b) = requests.backlog.get_mut(agent) {
+            b.list_again = false;
+        }
+        for name in names {
+            let Some(name) = name.to_str() else {
+                continue;
+            };
+            if !files::is_wake_request(name) {
+                continue;
+            }
+            let path = inbox_dir.join(name);
+            if requests.failed.contains(&path) {
+                // Served already; its removal failed (a read-only disk):
+                // removed now if it can be, never served twice.
+                if crate::fsx::remove_file(&path).is_ok() {
+                    requests.failed.remove(&path);
+                }
+            } else {
+                requests.arrived(agent, name.to_string());
+            }
+        }
+    }
+
+    /// A batch of removals came back: failures noted (each such request was
+    /// served once, and is never served again), a listing's requests
+    /// remembered.
+    /// (`known`: the agent is still configured.)
+    pub(super) fn swept(&mut self, root: &StateRoot, known: bool, swept: Swept) {
+        let requests = self;
+        requests.sweeping.remove(&swept.agent);
+        let inbox_dir = root.agent(&swept.agent).inbox();
+        let failed: std::collections::BTreeMap<&String, &String> =
+            swept.failed.iter().map(|(n, e)| (n, e)).collect();
+        for name in &swept.batch {
+            let path = inbox_dir.join(name);
+            match failed.get(name) {
+                None => {
+                    requests.failed.remove(&path);
+                }
+                Some(e) => {
+                    tracing::warn!(agent = %swept.agent, "cannot remove the wake request {}: {e}; it is served once", path.display());
+                    requests.failed.insert(path);
+                }
+            }
+        }
+        if !known {
+            requests.backlog.remove(&swept.agent);
+            return;
+        }
+        for name in swept.listed.unwrap_or_default() {
+            if requests.failed.contains(&inbox_dir.join(&name)) {
+                // Served already; its removal failed (a read-only disk):
+                // tried again by the next batch, never served twice.
+                let b = requests.backlog.entry(swept.agent.clone()).or_default();
+                if b.names.len() < NAMES_KEPT {
+                    b.names.insert(name);
+                }
+            } else if swept.serves {
+                requests.arrived(&swept.agent, name);
+            } else {
+                requests.found(&swept.agent, name);
+            }
+        }
+        // Whatever is left (or the "served" line) at the next turn.
+        requests.backlog.entry(swept.agent).or_default();
+    }
+
+    /// The earliest time a held-back wake request is due.
+    pub(super) fn held_until(&self) -> Option<DateTime<Utc>> {
+        self.held.values().min().copied()
+    }
+
+    /// A session of `agent` starts, asked for by `reason`: it serves any
+    /// wake request held back; one asked for by a wake request starts
+    /// the agent's `wake_request_interval`.
+    pub(super) fn session_starts(
+        &mut self,
+        agent: &AgentName,
+        reason: WakeReason,
+        now: DateTime<Utc>,
+    ) {
+        self.held.remove(agent);
+        if reason == WakeReason::Manual {
+            self.started.insert(agent.clone(), now);
+        }
+    }
+
     /// A request named `name` arrived in `agent`'s inbox.
     pub(super) fn arrived(&mut self, agent: &AgentName, name: String) {
         let b = self.backlog.entry(agent.clone()).or_default();
@@ -183,60 +289,28 @@ fn sweep(
     }
 }
 
-impl Daemon {
-    /// Learn every wake request in `agent`'s inbox from a listing (at
-    /// start, the reconcile scan, a rescan, a reload); they are served at
-    /// the end of this loop turn. Never through a link: a request is a name.
-    pub(super) fn take_wake_requests(&mut self, agent: &AgentName) {
-        if inbox::is_big(&self.dir(agent)) {
-            // A flooded inbox: listed on a blocking thread (its listing
-            // costs tens of milliseconds per 100,000 entries), what it
-            // finds served when it is back.
-            let b = self
-                .intake
-                .requests
-                .backlog
-                .entry(agent.clone())
-                .or_default();
-            b.list_again = true;
-            b.list_serves = true;
-            return;
-        }
-        let inbox_dir = self.dir(agent).inbox();
-        let Ok(names) = crate::fsx::list(&inbox_dir) else {
-            return;
-        };
-        let requests = &mut self.intake.requests;
-        if let Some(b) = requests.backlog.get_mut(agent) {
-            b.list_again = false;
-        }
-        for name in names {
-            let Some(name) = name.to_str() else {
-                continue;
-            };
-            if !files::is_wake_request(name) {
-                continue;
-            }
-            let path = inbox_dir.join(name);
-            if requests.failed.contains(&path) {
-                // Served already; its removal failed (a read-only disk):
-                // removed now if it can be, never served twice.
-                if crate::fsx::remove_file(&path).is_ok() {
-                    requests.failed.remove(&path);
-                }
-            } else {
-                requests.arrived(agent, name.to_string());
-            }
-        }
-    }
+/// One loop turn's serving of wake requests, over what it reads and
+/// changes: the requests, the core's slots, the economy's refusals (a
+/// manual wake says a refusal again), the skip counts.
+pub(super) struct Serving<'a> {
+    pub(super) requests: &'a mut WakeRequests,
+    pub(super) core: &'a mut Core,
+    pub(super) economy: &'a mut economy::Economy,
+    pub(super) tally: &'a mut metrics::Tally,
+    pub(super) root: &'a StateRoot,
+    pub(super) config: &'a Config,
+    pub(super) agent_index: &'a std::collections::HashMap<AgentName, usize>,
+    pub(super) tx: &'a mpsc::UnboundedSender<Event>,
+    pub(super) now: DateTime<Utc>,
+}
 
+impl Serving<'_> {
     /// One loop turn of wake requests: a wake for each agent with a new
     /// request, and a batch of removals sent off the loop for each agent
     /// with requests left and none on the way.
     pub(super) fn serve_wake_requests(&mut self) {
-        let now = self.clock.now();
+        let now = self.now;
         let due: Vec<AgentName> = self
-            .intake
             .requests
             .held
             .iter()
@@ -244,28 +318,12 @@ impl Daemon {
             .map(|(a, _)| a.clone())
             .collect();
         for agent in due {
-            self.intake.requests.held.remove(&agent);
+            self.requests.held.remove(&agent);
             self.serve_wake_request(&agent);
         }
-        let agents: Vec<AgentName> = self.intake.requests.backlog.keys().cloned().collect();
+        let agents: Vec<AgentName> = self.requests.backlog.keys().cloned().collect();
         for agent in agents {
             self.serve_wake_requests_of(&agent);
-        }
-    }
-
-    /// The earliest time a held-back wake request is due.
-    pub(super) fn wake_request_held_until(&self) -> Option<DateTime<Utc>> {
-        self.intake.requests.held.values().min().copied()
-    }
-
-    /// A session of `agent` starts, asked for by `reason`: it serves any
-    /// wake request held back; one asked for by a wake request starts
-    /// the agent's `wake_request_interval`.
-    pub(super) fn wake_request_session_starts(&mut self, agent: &AgentName, reason: WakeReason) {
-        let requests = &mut self.intake.requests;
-        requests.held.remove(agent);
-        if reason == WakeReason::Manual {
-            requests.started.insert(agent.clone(), self.clock.now());
         }
     }
 
@@ -284,32 +342,25 @@ impl Daemon {
             .slot(agent)
             .is_some_and(|s| s.running.is_some() || s.pending.is_some());
         if !busy {
-            let interval = self
-                .agent_config(agent)
+            let interval = agent_in(self.config, self.agent_index, agent)
                 .map(|a| a.session.wake_request_interval)
                 .unwrap_or_default();
-            let last = self.intake.requests.started.get(agent).copied();
-            if let Some(at) = wake_request_due(last, interval, self.clock.now()) {
-                if self
-                    .intake
-                    .requests
-                    .held
-                    .insert(agent.clone(), at)
-                    .is_none()
-                {
+            let last = self.requests.started.get(agent).copied();
+            if let Some(at) = wake_request_due(last, interval, self.now) {
+                if self.requests.held.insert(agent.clone(), at).is_none() {
                     tracing::debug!(agent = %agent, "wake request held back until {at}: a session asked for by a wake request began less than {} ago (wake_request_interval)", humantime::format_duration(interval));
                 }
                 return;
             }
         }
-        self.intake.requests.held.remove(agent);
+        self.requests.held.remove(agent);
         if self.request_manual_wake(agent) {
             tracing::info!(agent = %agent, "wake requested");
         }
     }
 
     fn serve_wake_requests_of(&mut self, agent: &AgentName) {
-        let Some(mut b) = self.intake.requests.backlog.remove(agent) else {
+        let Some(mut b) = self.requests.backlog.remove(agent) else {
             return;
         };
         if !self.core.contains(agent) {
@@ -319,9 +370,9 @@ impl Daemon {
             b.unserved = false;
             self.serve_wake_request(agent);
         }
-        if self.intake.requests.sweeping.contains(agent) {
+        if self.requests.sweeping.contains(agent) {
             // A batch is being removed: the next one when it is back.
-            self.intake.requests.backlog.insert(agent.clone(), b);
+            self.requests.backlog.insert(agent.clone(), b);
             return;
         }
         if b.names.is_empty() && !b.list_again {
@@ -352,58 +403,15 @@ impl Daemon {
             b.logged = true;
             tracing::warn!(agent = %agent, "{} wake requests or more in its inbox: collapsed into one wake, removed off the loop {SWEPT_PER_BATCH} at a time (every other agent is served meanwhile)", b.seen);
         }
-        self.intake.requests.backlog.insert(agent.clone(), b);
-        self.intake.requests.sweeping.insert(agent.clone());
+        self.requests.backlog.insert(agent.clone(), b);
+        self.requests.sweeping.insert(agent.clone());
         let tx = self.tx.clone();
-        let inbox_dir = self.dir(agent).inbox();
+        let inbox_dir = self.root.agent(agent).inbox();
         let agent = agent.clone();
         tokio::task::spawn_blocking(move || {
             let swept = sweep(agent, inbox_dir, batch, list, serves);
-            let _ = tx.send(LoopEvent::WakeRequestsSwept(Box::new(swept)));
+            let _ = tx.send(Event::WakeRequestsSwept(Box::new(swept)));
         });
-    }
-
-    /// A batch of removals came back: failures noted (each such request was
-    /// served once, and is never served again), a listing's requests
-    /// remembered.
-    pub(super) fn wake_requests_swept(&mut self, swept: Swept) {
-        let requests = &mut self.intake.requests;
-        requests.sweeping.remove(&swept.agent);
-        let inbox_dir = self.root.agent(&swept.agent).inbox();
-        let failed: std::collections::BTreeMap<&String, &String> =
-            swept.failed.iter().map(|(n, e)| (n, e)).collect();
-        for name in &swept.batch {
-            let path = inbox_dir.join(name);
-            match failed.get(name) {
-                None => {
-                    requests.failed.remove(&path);
-                }
-                Some(e) => {
-                    tracing::warn!(agent = %swept.agent, "cannot remove the wake request {}: {e}; it is served once", path.display());
-                    requests.failed.insert(path);
-                }
-            }
-        }
-        if !self.core.contains(&swept.agent) {
-            requests.backlog.remove(&swept.agent);
-            return;
-        }
-        for name in swept.listed.unwrap_or_default() {
-            if requests.failed.contains(&inbox_dir.join(&name)) {
-                // Served already; its removal failed (a read-only disk):
-                // tried again by the next batch, never served twice.
-                let b = requests.backlog.entry(swept.agent.clone()).or_default();
-                if b.names.len() < NAMES_KEPT {
-                    b.names.insert(name);
-                }
-            } else if swept.serves {
-                requests.arrived(&swept.agent, name);
-            } else {
-                requests.found(&swept.agent, name);
-            }
-        }
-        // Whatever is left (or the "served" line) at the next turn.
-        requests.backlog.entry(swept.agent).or_default();
     }
 
     /// Ask for a manual wake; while a session runs, journal its skip (at
@@ -411,8 +419,8 @@ impl Daemon {
     /// log line: not merged into a manual wake already waiting, nor past
     /// the journaled skips.
     fn request_manual_wake(&mut self, agent: &AgentName) -> bool {
-        self.manual_wake_requested(agent);
-        let now = self.clock.now();
+        self.economy.manual_wake_requested(agent);
+        let now = self.now;
         let waiting = self
             .core
             .slot(agent)
@@ -424,19 +432,14 @@ impl Daemon {
         else {
             return !waiting;
         };
-        let noted = self
-            .intake
-            .requests
-            .skip_noted
-            .entry(agent.clone())
-            .or_default();
+        let noted = self.requests.skip_noted.entry(agent.clone()).or_default();
         if noted.0 != s.running {
             *noted = (s.running.clone(), 0);
         }
         noted.1 += 1;
         match noted.1 {
             n if n <= SKIPS_JOURNALED => {
-                self.skipped(s);
+                wakes::wake_skipped(self.root, self.tally, s);
                 true
             }
             n if n == SKIPS_JOURNALED + 1 => {

@@ -13,6 +13,25 @@ pub(super) struct Schedules {
 }
 
 impl Schedules {
+    /// Remember the scheduled time of `agent`'s next fire (the caller
+    /// publishes its wake time, report.json `next_wake_at`).
+    pub(super) fn next_fire(&mut self, agent: &AgentName, scheduled: Option<DateTime<Utc>>) {
+        match scheduled {
+            Some(t) => self.next_scheduled.insert(agent.clone(), t),
+            None => self.next_scheduled.remove(agent),
+        };
+    }
+
+    /// Write `.daemon/schedule.json`.
+    pub(super) fn save(&self, root: &StateRoot) {
+        if let Err(e) = files::write_schedule_state(root, &self.schedule_state) {
+            tracing::error!(
+                error_code = e.code().as_str(),
+                "cannot write schedule.json: {e}"
+            );
+        }
+    }
+
     pub(super) fn new(schedule_state: ScheduleState) -> Schedules {
         Schedules {
             schedule_state,
@@ -36,7 +55,8 @@ impl Daemon {
             if let Some(mut slot) = self.core.slot_mut(&name) {
                 slot.next_fire = None;
             }
-            self.set_next_wake(&name, None);
+            self.published
+                .set_next_wake(&self.root, &self.core, self.clock.now(), &name, None);
             return;
         };
         let mut last = self
@@ -49,7 +69,7 @@ impl Daemon {
             // The first start after a move from cron (no schedule.json yet):
             // the agent's last session, run by its cron script, stands for
             // its last fire, so a run missed earlier today is caught up.
-            last = last_session_start(&self.dir(&name));
+            last = last_session_start(&self.root.agent(&name));
         }
         if at_start {
             match schedule::missed_runs(
@@ -71,9 +91,10 @@ impl Daemon {
                 }
                 Missed::TooLate { scheduled, count } => {
                     tracing::warn!(agent = %name, "{count} scheduled run(s) missed while the daemon was down, the last at {scheduled}: outside catch_up_window, not run");
-                    self.journal(
+                    publish::journal(
+                        &self.root,
                         &name,
-                        Event::ScheduleMissed(ScheduleMissed {
+                        journal::Event::ScheduleMissed(ScheduleMissed {
                             scheduled: Timestamp::from_datetime(scheduled),
                             count,
                             catch_up_window: humantime::format_duration(
@@ -103,114 +124,33 @@ impl Daemon {
         if last > now {
             tracing::warn!(agent = %name, "the clock is behind this agent's last scheduled run ({last}); its next run is the one after that");
         }
-        self.set_fire(agent, next);
-    }
-
-    pub(super) fn set_fire(&mut self, agent: &AgentConfig, scheduled: Option<DateTime<Utc>>) {
-        let wake = scheduled.map(|t| wake_at(agent, t));
+        let wake = next.map(|t| wake_at(agent, t));
         if let Some(mut slot) = self.core.slot_mut(&agent.name) {
             slot.next_fire = wake;
         }
-        self.record_next_fire(&agent.name, scheduled, wake);
-    }
-
-    /// Remember the scheduled time of the next fire and publish its wake time
-    /// (report.json `next_wake_at`).
-    pub(super) fn record_next_fire(
-        &mut self,
-        agent: &AgentName,
-        scheduled: Option<DateTime<Utc>>,
-        wake: Option<DateTime<Utc>>,
-    ) {
-        match scheduled {
-            Some(t) => self.schedules.next_scheduled.insert(agent.clone(), t),
-            None => self.schedules.next_scheduled.remove(agent),
-        };
-        self.set_next_wake(agent, wake);
-    }
-
-    /// report.json `next_wake_at`.
-    pub(super) fn set_next_wake(&self, agent: &AgentName, wake: Option<DateTime<Utc>>) {
-        // Pushed past a backoff, or none while disabled.
-        let wake = if self.core.contains(agent) {
-            self.effective_wake(agent)
-        } else {
-            wake
-        };
-        let wake = wake.map(Timestamp::from_datetime);
-        // Unchanged on disk (every agent at every start): decided on a read
-        // without the lock, report.json being replaced whole (the survey's,
-        // at a start or reload).
-        let on_disk = match self.published.surveyed_wake.borrow_mut().remove(agent) {
-            Some(seen) => Some(seen),
-            None => self
-                .dir(agent)
-                .read::<Report>()
-                .ok()
-                .flatten()
-                .map(|r| r.next_wake_at),
-        };
-        if on_disk == Some(wake) {
-            self.published
-                .published_wake
-                .borrow_mut()
-                .insert(agent.clone(), wake);
-            return;
-        }
-        let result = self
-            .dir(agent)
-            .update(Timestamp::now(), |report: &mut Report| {
-                report.next_wake_at = wake;
-            });
-        if result.is_ok() {
-            self.published
-                .published_wake
-                .borrow_mut()
-                .insert(agent.clone(), wake);
-        }
-        if let Err(e) = result {
-            tracing::warn!(agent = %agent, "cannot update next_wake_at: {e}");
-        }
-    }
-
-    pub(super) fn save_schedule_state(&self) {
-        if let Err(e) = files::write_schedule_state(&self.root, &self.schedules.schedule_state) {
-            tracing::error!(
-                error_code = e.code().as_str(),
-                "cannot write schedule.json: {e}"
-            );
-        }
-    }
-
-    pub(super) fn skipped(&mut self, s: Skipped) {
-        if s.running.is_empty() {
-            // Its session is starting (its big inbox is being listed off
-            // the loop): nothing ran yet to name; the start serves the wake.
-            tracing::debug!(agent = %s.agent, "{} wake merged into the session that is starting", s.reason.as_str());
-            return;
-        }
-        *self
-            .tally
-            .skips
-            .entry((s.agent.clone(), "running".to_string()))
-            .or_default() += 1;
-        tracing::info!(agent = %s.agent, session_id = %s.running, "{} wake skipped: session {} is running", s.reason.as_str(), s.running);
-        self.journal(
-            &s.agent,
-            Event::WakeSkipped(WakeSkipped {
-                reason: s.reason.as_str().to_string(),
-                running_session: s.running,
-                ..Default::default()
-            }),
-        );
+        self.schedules.next_fire(&agent.name, next);
+        let now = self.clock.now();
+        (self.published).set_next_wake(&self.root, &self.core, now, &agent.name, wake);
     }
 
     /// Everything that is due now: schedules, debounces, settling files,
     /// then start what can start.
     pub(super) fn tick(&mut self) {
-        self.serve_wake_requests();
+        wake_requests::Serving {
+            requests: &mut self.intake.requests,
+            core: &mut self.core,
+            economy: &mut self.economy,
+            tally: &mut self.tally,
+            root: &self.root,
+            config: &self.config,
+            agent_index: &self.agent_index,
+            tx: &self.tx,
+            now: self.clock.now(),
+        }
+        .serve_wake_requests();
         for agent in std::mem::take(&mut self.intake.rejected_written) {
-            self.retry_rejected(&agent);
+            self.intake
+                .retry_rejected(&self.root, self.lock_busy.wait(&agent), &agent);
         }
         for agent in std::mem::take(&mut self.intake.dirty) {
             self.scan_inbox(&agent);
@@ -240,7 +180,7 @@ impl Daemon {
             next.map(|t| wake_at(cfg, t))
         });
         for s in skipped {
-            self.skipped(s);
+            wake_skipped(&self.root, &mut self.tally, s);
         }
         if !advanced.is_empty() {
             for (name, fired, next) in advanced {
@@ -249,16 +189,20 @@ impl Daemon {
                     .last_fire
                     .insert(name.to_string(), Timestamp::from_datetime(fired));
                 let wake = self.core.slot(&name).and_then(|slot| slot.next_fire);
-                self.record_next_fire(&name, next, wake);
+                self.schedules.next_fire(&name, next);
+                let now = self.clock.now();
+                (self.published).set_next_wake(&self.root, &self.core, now, &name, wake);
             }
-            self.save_schedule_state();
+            self.schedules.save(&self.root);
         }
         for s in self.core.fire_due_inbox(now) {
-            self.skipped(s);
+            wake_skipped(&self.root, &mut self.tally, s);
         }
         let startable = self.core.take_startable(now);
         for (agent, wake) in startable {
-            self.wake_request_session_starts(&agent, wake.reason);
+            self.intake
+                .requests
+                .session_starts(&agent, wake.reason, self.clock.now());
             self.start(&agent, wake.reason);
         }
         // Wakes held back by a backoff: report.json says when they will run.
@@ -269,27 +213,21 @@ impl Daemon {
             .map(|(a, _)| a.clone())
             .collect();
         for agent in held {
-            let wake = self.effective_wake(&agent).map(Timestamp::from_datetime);
-            if self.published.published_wake.borrow().get(&agent) != Some(&wake) {
-                self.set_next_wake(&agent, None);
+            let wake = self
+                .core
+                .effective_wake(self.clock.now(), &agent)
+                .map(Timestamp::from_datetime);
+            if self.published.published_wake.get(&agent) != Some(&wake) {
+                self.published.set_next_wake(
+                    &self.root,
+                    &self.core,
+                    self.clock.now(),
+                    &agent,
+                    None,
+                );
             }
         }
         self.after_change();
-    }
-
-    /// When the agent will next be woken automatically: its schedule's next
-    /// fire, or a waiting retry, pushed past any backoff; never if disabled.
-    pub(super) fn effective_wake(&self, agent: &AgentName) -> Option<DateTime<Utc>> {
-        let slot = self.core.slot(agent)?;
-        if slot.disabled.is_some() {
-            return None;
-        }
-        let now = self.clock.now();
-        let backoff = slot.backoff_until.filter(|t| *t > now);
-        match (slot.pending.is_some(), backoff) {
-            (true, Some(b)) => Some(b),
-            _ => slot.next_fire.map(|w| backoff.map_or(w, |b| w.max(b))),
-        }
     }
 }
 
@@ -303,7 +241,7 @@ pub(super) fn wake_at(agent: &AgentConfig, scheduled: DateTime<Utc>) -> DateTime
 fn last_session_start(dir: &crate::state::AgentDir) -> Option<DateTime<Utc>> {
     let mut found = None;
     let _ = crate::state::journal::scan_backwards(&dir.journal(), |e| {
-        if matches!(e.event, Event::SessionStart(_)) {
+        if matches!(e.event, journal::Event::SessionStart(_)) {
             found = Some(e.ts.0);
             std::ops::ControlFlow::Break(())
         } else {
@@ -311,4 +249,29 @@ fn last_session_start(dir: &crate::state::AgentDir) -> Option<DateTime<Utc>> {
         }
     });
     found
+}
+
+/// A wake skipped because a session of its agent runs: counted, said and
+/// journaled (naming the session).
+pub(super) fn wake_skipped(root: &StateRoot, tally: &mut metrics::Tally, s: Skipped) {
+    if s.running.is_empty() {
+        // Its session is starting (its big inbox is being listed off
+        // the loop): nothing ran yet to name; the start serves the wake.
+        tracing::debug!(agent = %s.agent, "{} wake merged into the session that is starting", s.reason.as_str());
+        return;
+    }
+    *tally
+        .skips
+        .entry((s.agent.clone(), "running".to_string()))
+        .or_default() += 1;
+    tracing::info!(agent = %s.agent, session_id = %s.running, "{} wake skipped: session {} is running", s.reason.as_str(), s.running);
+    publish::journal(
+        root,
+        &s.agent,
+        journal::Event::WakeSkipped(WakeSkipped {
+            reason: s.reason.as_str().to_string(),
+            running_session: s.running,
+            ..Default::default()
+        }),
+    );
 }
