@@ -6,6 +6,13 @@
 //! Error records (see `crate::catalogue`) need a priority per severity, which
 //! tracing's levels cannot express (critical is `crit`, 2): under journald they
 //! are sent by [`journal_send`] in journald's native protocol instead.
+//!
+//! Every line about an agent names it in its text: `journalctl -u
+//! agent-state` shows `MESSAGE` alone, and two agents' sessions started in
+//! the same second share an id. So the journald layer here (not
+//! tracing-journald, which sends the message as it is) writes
+//! `MESSAGE=rio: session 20261126-125525 completed` for an event with an
+//! `agent` field, and every field as its own (`AGENT=rio`, `SESSION_ID=…`).
 
 use std::os::unix::net::UnixDatagram;
 use std::sync::OnceLock;
@@ -22,20 +29,13 @@ pub fn init() {
     let filter =
         EnvFilter::try_from_env("AGENT_STATE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     // systemd sets JOURNAL_STREAM when stderr goes to the journal.
-    let journald = std::env::var_os("JOURNAL_STREAM")
-        .and_then(|_| tracing_journald::layer().ok())
-        .map(|l| {
-            l.with_field_prefix(None)
-                .with_syslog_identifier("agent-state".into())
-        });
+    let journald = std::env::var_os("JOURNAL_STREAM").and_then(|_| UnixDatagram::unbound().ok());
     match journald {
-        Some(layer) => {
-            if let Ok(socket) = UnixDatagram::unbound() {
-                let _ = JOURNAL.set(socket);
-            }
+        Some(socket) => {
+            let _ = JOURNAL.set(socket);
             let _ = tracing_subscriber::registry()
                 .with(filter)
-                .with(layer)
+                .with(Journald)
                 .try_init();
         }
         None => {
@@ -45,6 +45,84 @@ pub fn init() {
                 .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
                 .with_target(false)
                 .try_init();
+        }
+    }
+}
+
+/// The journald layer: one native-protocol datagram per event.
+struct Journald;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Journald {
+    fn on_event(
+        &self,
+        event: &tracing::Event<'_>,
+        _ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        let mut fields = Fields::default();
+        event.record(&mut fields);
+        let priority = match *event.metadata().level() {
+            tracing::Level::ERROR => "3",
+            tracing::Level::WARN => "4",
+            tracing::Level::INFO => "6",
+            _ => "7",
+        };
+        let message = named(fields.agent.as_deref(), &fields.message);
+        let mut out: Vec<(&str, &str)> = vec![("PRIORITY", priority), ("MESSAGE", &message)];
+        out.extend(fields.others.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        journal_send(&out);
+    }
+}
+
+/// `message` naming `agent` first (`rio: …`), unless it does already.
+fn named(agent: Option<&str>, message: &str) -> String {
+    match agent {
+        Some(a) if !(message.starts_with(a) && message[a.len()..].starts_with([':', ' '])) => {
+            format!("{a}: {message}")
+        }
+        _ => message.to_string(),
+    }
+}
+
+/// An event's fields: the message, the agent, and the rest as journald
+/// fields (`AGENT`, `SESSION_ID`, … uppercase).
+#[derive(Default)]
+struct Fields {
+    message: String,
+    agent: Option<String>,
+    others: Vec<(String, String)>,
+}
+
+impl tracing::field::Visit for Fields {
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.record(field.name(), value.to_string());
+    }
+
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.record(field.name(), format!("{value:?}"));
+    }
+}
+
+impl Fields {
+    fn record(&mut self, name: &str, value: String) {
+        if name == "message" {
+            self.message = value;
+            return;
+        }
+        if name == "agent" {
+            self.agent = Some(value.clone());
+        }
+        // journald's field names: A-Z, 0-9 and `_`, not starting with `_`.
+        let key: String = name
+            .chars()
+            .map(|c| match c {
+                'a'..='z' => c.to_ascii_uppercase(),
+                'A'..='Z' | '0'..='9' => c,
+                _ => '_',
+            })
+            .collect();
+        let key = key.trim_start_matches('_');
+        if !key.is_empty() && !matches!(key, "MESSAGE" | "PRIORITY" | "SYSLOG_IDENTIFIER") {
+            self.others.push((key.to_string(), value));
         }
     }
 }
@@ -86,6 +164,42 @@ fn encode_field(buf: &mut Vec<u8>, name: &str, value: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_line_about_an_agent_names_it() {
+        for (agent, message, want) in [
+            (
+                Some("rio"),
+                "session 1 completed",
+                "rio: session 1 completed",
+            ),
+            (Some("rio"), "rio: already named", "rio: already named"),
+            (Some("rio"), "rio started", "rio started"),
+            (Some("rio"), "riot police", "rio: riot police"),
+            (None, "ready: 4 agents", "ready: 4 agents"),
+        ] {
+            assert_eq!(named(agent, message), want);
+        }
+    }
+
+    #[test]
+    fn fields_become_journald_names() {
+        let mut f = Fields::default();
+        f.record("message", "m".into());
+        f.record("agent", "rio".into());
+        f.record("session_id", "20261126-1".into());
+        f.record("_weird-name", "x".into());
+        assert_eq!(f.message, "m");
+        assert_eq!(f.agent.as_deref(), Some("rio"));
+        assert_eq!(
+            f.others,
+            [
+                ("AGENT".to_string(), "rio".to_string()),
+                ("SESSION_ID".to_string(), "20261126-1".to_string()),
+                ("WEIRD_NAME".to_string(), "x".to_string()),
+            ]
+        );
+    }
 
     #[test]
     fn native_protocol_encoding() {

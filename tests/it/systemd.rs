@@ -523,7 +523,7 @@ fn under_systemd_the_unit_starts_ready_logs_reloads_stops_and_is_restarted_by_th
                 .collect();
             entries
                 .iter()
-                .any(|e| e["MESSAGE"] == format!("session {rio} completed").as_str())
+                .any(|e| e["MESSAGE"] == format!("rio: session {rio} completed").as_str())
         },
     );
     assert!(
@@ -537,9 +537,9 @@ fn under_systemd_the_unit_starts_ready_logs_reloads_stops_and_is_restarted_by_th
         .find(|e| {
             e["MESSAGE"]
                 .as_str()
-                .is_some_and(|m| m.starts_with(&format!("session {rio} started")))
+                .is_some_and(|m| m.starts_with(&format!("rio: session {rio} started")))
         })
-        .unwrap_or_else(|| panic!("no 'session {rio} started' entry: {entries:#?}"));
+        .unwrap_or_else(|| panic!("no 'rio: session {rio} started' entry: {entries:#?}"));
     assert_eq!(start["SESSION_ID"], rio.as_str());
     assert_eq!(start["INSTANCE"], "rio-001");
 

@@ -203,8 +203,15 @@ EOF"#
     assert_eq!(metrics["lifetime"]["sessions_error"], 0, "{metrics:#}");
     let journal = sdbox.journal(&[]);
     assert!(
-        journal.contains("stopped (not a failure"),
-        "journald has the stop as no failure:\n{journal}"
+        journal.contains(&format!("rio: session {sid} stopped (not a failure")),
+        "journald has the stop as no failure, naming the agent:\n{journal}"
+    );
+    // Every line about an agent names it; journald's AGENT= field stays.
+    assert!(journal.contains("rio: lifecycle: hatching"), "{journal}");
+    let by_field = sdbox.journal(&["AGENT=rio", "-o", "cat"]);
+    assert!(
+        by_field.contains(&format!("rio: session {sid} started")),
+        "{by_field}"
     );
     // The group member reads the outcome with `status`.
     let status = as_user_ok(

@@ -524,7 +524,16 @@ impl Daemon {
             Next::Disable => {
                 let why = verdict.message.clone();
                 set(&|s| s.disabled = Some(why.clone()));
-                tracing::error!(agent = %agent, "disabled until the config is reloaded or `agent-state wake {agent}` is run: {}", verdict.message);
+                if matches!(
+                    verdict.code,
+                    Some(Code::AgentNotFound | Code::AgentPermissionDenied)
+                ) {
+                    // The command is checked again by itself (runnable.rs):
+                    // the message says when.
+                    tracing::error!(agent = %agent, "held: {}", verdict.message);
+                } else {
+                    tracing::error!(agent = %agent, "disabled until the config is reloaded or `agent-state wake {agent}` is run: {}", verdict.message);
+                }
                 (ErrorState::Disabled, None)
             }
         };
@@ -835,10 +844,13 @@ fn verdict_record(
         let mut record = ErrorRecord::new(code, format!("{agent}: {}", verdict.message))
             .agent(agent)
             .attempt(verdict.attempt)
-            .details(format!(
-                "{}; {} bytes of output",
-                report.ending, report.output_bytes
-            ));
+            .details(if verdict.message.contains(&report.ending.to_string()) {
+                // The ending is the message already (a command that could
+                // not start): not said twice.
+                format!("{} bytes of output", report.output_bytes)
+            } else {
+                format!("{}; {} bytes of output", report.ending, report.output_bytes)
+            });
         if let Some(sid) = session_id {
             record = record.session(sid);
         }
