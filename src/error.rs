@@ -106,6 +106,11 @@ pub enum Error {
 
     #[error("{0}")]
     Unavailable(String),
+
+    /// Something could not be created (an agent's directory at a reload:
+    /// exit 73).
+    #[error("{0}")]
+    CannotCreate(String),
 }
 
 impl Error {
@@ -173,6 +178,7 @@ impl Error {
             Error::Unsafe { .. } => exit::IOERR,
             Error::NotOwner { .. } | Error::NotPermitted(_) => exit::NOPERM,
             Error::Unavailable(_) => exit::UNAVAILABLE,
+            Error::CannotCreate(_) => exit::CANTCREAT,
         }
     }
 }

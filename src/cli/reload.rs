@@ -74,6 +74,20 @@ pub fn run(path: &Path, args: &Args) -> Result<u8> {
         if let Some(verdict) = files::read_reload_verdict(&root)
             && verdict.generation > before
         {
+            if verdict.accepted && !verdict.reasons.is_empty() {
+                // In force, but not every agent could be set up.
+                println!(
+                    "config {} reloaded by the daemon (pid {}): {} agents, {} not set up:",
+                    path.display(),
+                    verdict.pid,
+                    config.agents.len(),
+                    verdict.reasons.len()
+                );
+                return Err(Error::CannotCreate(format!(
+                    "{}; fix the state root's ownership and modes (as root: agent-state bootstrap, or systemd-tmpfiles --create agent-state.conf), then reload again",
+                    verdict.reasons.join("; ")
+                )));
+            }
             if verdict.accepted {
                 println!(
                     "config {} reloaded by the daemon (pid {}): {} agents",

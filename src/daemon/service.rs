@@ -535,7 +535,9 @@ pub async fn run(config_path: &Path) -> Result<()> {
     // What a crash left of the flows: answers not applied, messages not sent.
     let flows: Vec<AgentName> = daemon.config.flows.iter().map(|f| f.name.clone()).collect();
     flows::apply_flows(&daemon.root, &daemon.config, daemon.clock.now(), &flows);
-    daemon.apply_agents(true, &Default::default());
+    // At start an agent that cannot be set up is logged (and shown
+    // missing); the daemon runs the others.
+    let _ = daemon.apply_agents(true, &Default::default());
     // The disk before any session starts (a full or read-only one holds them).
     // The disk only (a full or read-only one holds every session): the
     // routine prune and the look at every agent's session (which recovery

@@ -59,6 +59,7 @@ mod prompt;
 mod prompt_answer;
 mod reattach;
 mod rejected_names;
+mod reload_visible;
 mod repo_commands;
 mod resume;
 mod rotation;

@@ -10,10 +10,26 @@ impl Daemon {
     /// leaving alone the agents in `unchanged` (configured as before, and
     /// set up already): a reload at 10,000 agents costs a comparison for
     /// each agent it does not change.
-    pub(super) fn apply_agents(&mut self, at_start: bool, unchanged: &HashSet<AgentName>) {
+    /// Set up every configured agent (directories, watches, schedules).
+    /// Returns the agents whose directory could not be made, with why: a
+    /// reload says so (`agent-state reload` fails) rather than run on with
+    /// an agent shown `missing`.
+    pub(super) fn apply_agents(
+        &mut self,
+        at_start: bool,
+        unchanged: &HashSet<AgentName>,
+    ) -> Vec<String> {
         self.agent_index = index_agents(&self.config);
         self.published.agents_generation += 1;
         let now = self.clock.now();
+        let mut not_made = Vec::new();
+        // The instance counters list every agent (seed 000).
+        if let Err(e) = crate::state::counters::list_agents(
+            &self.root,
+            self.config.working_agents().map(|a| a.name.as_str()),
+        ) {
+            tracing::warn!("cannot list the agents in .daemon/counters.json: {e}");
+        }
         // Removed agents: unwatch; their directories stay (never deleted).
         let working: HashSet<&AgentName> = self
             .config
@@ -85,6 +101,7 @@ impl Daemon {
             if let Err(e) = survey.bootstrapped {
                 let code = e.code();
                 tracing::error!(agent = %agent.name, error_code = code.as_str(), "cannot bootstrap: {e}");
+                not_made.push(format!("{}: cannot make its directory: {e}", agent.name));
                 // A busy lock or a bad path: the agent stays configured and
                 // its work is deferred or refused with the reason each time.
                 if !matches!(e, Error::LockBusy { .. } | Error::Unsafe { .. }) {
@@ -127,9 +144,14 @@ impl Daemon {
             .iter()
             .filter(|a| a.kind == AgentKind::Human && !unchanged.contains(&a.name))
         {
-            let _ = bootstrap::agent(agent, &self.root.agent(&agent.name), Timestamp::now());
+            if let Err(e) = bootstrap::agent(agent, &self.root.agent(&agent.name), Timestamp::now())
+            {
+                tracing::error!(agent = %agent.name, "cannot bootstrap the mailbox: {e}");
+                not_made.push(format!("{}: cannot make its directory: {e}", agent.name));
+            }
         }
         self.schedules.save(&self.root);
+        not_made
     }
 
     pub(super) fn reload(&mut self) {
@@ -178,7 +200,7 @@ impl Daemon {
                     }
                     let warnings = config_warnings(&self.config, &self.config_path);
                     self.raise_each(warnings);
-                    self.apply_agents(false, &unchanged);
+                    let not_made = self.apply_agents(false, &unchanged);
                     self.recheck_unrunnable();
                     // What waits in the inboxes of the agents it changed: the
                     // others' is known and watched (and the reconcile scan
@@ -203,7 +225,9 @@ impl Daemon {
                         }
                     }
                     tracing::info!("config reloaded: {} agents", self.config.agents.len());
-                    (Some(text), vec![])
+                    // In force, but an agent could not be set up: the
+                    // verdict carries why, and `agent-state reload` fails.
+                    (Some(text), not_made)
                 }
             }
             Err(e) => {
