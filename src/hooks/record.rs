@@ -98,6 +98,23 @@ impl OutputSummary {
     }
 }
 
+/// Whether session `id`'s last BLOCKED/RESOLVED signal (its journal's
+/// `signal` lines) was BLOCKED.
+fn blocked_by_signal(dir: &AgentDir, id: &str) -> bool {
+    let mut blocked = false;
+    let _ = crate::state::journal::scan_backwards(&dir.journal(), |e| match &e.event {
+        Event::Signal(s)
+            if s.session_id == id && matches!(s.kind.as_str(), "BLOCKED" | "RESOLVED") =>
+        {
+            blocked = s.kind == "BLOCKED";
+            std::ops::ControlFlow::Break(())
+        }
+        Event::SessionStart(s) if s.session_id == id => std::ops::ControlFlow::Break(()),
+        _ => std::ops::ControlFlow::Continue(()),
+    });
+    blocked
+}
+
 /// Fill report.json and session.json from the session's own summary, for
 /// the session `session_id` that has ended, except what the session script
 /// set itself through `session end` (its values win).
@@ -146,7 +163,12 @@ pub fn record_output_summary(
         if let (Some(p), false) = (&from_output.next_priority, by_script.1) {
             report.next_priority = Some(p.clone());
         }
-        if let Some(b) = &from_output.blocked_by {
+        // The summary's "Blockers: none" does not clear what the agent
+        // said itself: a BLOCKED signal of this session with no RESOLVED
+        // after it stands.
+        if let Some(b) = &from_output.blocked_by
+            && (b.is_some() || !blocked_by_signal(dir, session_id))
+        {
             report.blocked_by = b.clone();
         }
         if let Some(c) = from_output.confidence {

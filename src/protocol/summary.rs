@@ -334,12 +334,12 @@ impl ContextSummary {
         Some(truncate_chars(&items.join("; "), FIELD_TEXT_LIMIT))
     }
 
-    /// For `report.json` `next_priority`: the next steps when the block has
-    /// them (with the next agent in parentheses), else `Next agent: {name}`.
+    /// For `report.json` `next_priority`: the next steps, when the block
+    /// has them. "Next Agent" is routing (who works next: the flows read
+    /// it), not the agent's own priority, so it is not put here.
     pub fn next_priority(&self) -> Option<String> {
-        let agent = self.next_agent.as_ref().map(|a| a.name.clone());
-        let text = with_aside(&self.next_steps, &agent, "next agent")?;
-        Some(truncate_chars(&text, FIELD_TEXT_LIMIT))
+        let text = self.next_steps.as_ref()?;
+        Some(truncate_chars(text, FIELD_TEXT_LIMIT))
     }
 
     /// For `session.json` `handoff_notes`: the whole block without its

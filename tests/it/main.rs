@@ -68,6 +68,7 @@ mod sdbox;
 mod signals;
 mod status_holds;
 mod stop;
+mod summary_merge;
 mod systemd;
 mod trial;
 mod typed;

@@ -233,10 +233,9 @@ fn the_context_summary_and_signal_block_fill_report_and_session() {
     assert!(summary.contains("Map conditional AMM designs"), "{r:#}");
     assert_eq!(r["blocked_by"], "waiting for the Drift API key");
     assert_eq!(r["confidence"], 4);
-    assert!(
-        r["next_priority"].as_str().unwrap().contains("Judge"),
-        "{r:#}"
-    );
+    // "Next Agent: Judge" is routing (the handoff notes keep it), not the
+    // agent's next priority; the block has no Next Steps.
+    assert!(r["next_priority"].is_null(), "{r:#}");
     let s = state(&env, "rio", "session.json");
     assert!(
         s["handoff_notes"]
