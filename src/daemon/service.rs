@@ -138,6 +138,13 @@ enum Event {
         of: u32,
         phase: iterations::Phase,
     },
+    /// Iteration `n`'s verification ended: passed, or failed with what.
+    IterationVerified {
+        agent: AgentName,
+        n: u32,
+        of: u32,
+        failure: Option<String>,
+    },
     /// The monitor's pruning of worktrees ended: what it removed, errors.
     WorkspacesPruned {
         removed: Vec<String>,
@@ -722,6 +729,15 @@ impl Daemon {
             } => {
                 let dir = self.root.agent(&agent);
                 iterations::iteration(self.running.get_mut(&agent), &dir, n, of, phase)
+            }
+            Event::IterationVerified {
+                agent,
+                n,
+                of,
+                failure,
+            } => {
+                let dir = self.root.agent(&agent);
+                iterations::verified(self.running.get(&agent), &dir, n, of, failure)
             }
             Event::WorkspacesPruned { removed, errors } => {
                 for record in self.monitor.workspaces_pruned(removed, errors) {

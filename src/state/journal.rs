@@ -74,8 +74,31 @@ pub enum Event {
     SessionUsage(SessionUsage),
     UsageLimit(UsageLimitHit),
     SessionVerdict(VerdictAmended),
+    IterationStart(IterationStart),
+    IterationEnd(IterationEnd),
     #[serde(other)]
     Other,
+}
+
+/// An iteration of a session's verify loop starts (the second and later:
+/// the first is the session's start), with the verification's feedback.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct IterationStart {
+    pub session_id: String,
+    pub n: u32,
+    pub of: u32,
+}
+
+/// An iteration's verification ended: `verify` is `passed` or `failed`,
+/// with the failed command and how it ended.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct IterationEnd {
+    pub session_id: String,
+    pub n: u32,
+    pub of: u32,
+    pub verify: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
 }
 
 /// The daemon's verdict on a session whose end its script recorded first

@@ -122,6 +122,33 @@ fn iterations_a_test_fixed_on_the_third_iteration_completes_the_session() {
     assert_eq!(s["iterations"]["count"], 3, "{s}");
     assert_eq!(s["iterations"]["verify_failures"], 2, "{s}");
     assert_eq!(runs(&env), 3);
+    // The journal follows the loop: each verification's end, each later
+    // iteration's start, all under the session's id.
+    let sid = s["session_id"].as_str().unwrap();
+    let ends = env.events("rio", "iteration_end");
+    let verdicts: Vec<(u64, &str)> = ends
+        .iter()
+        .map(|e| (e["n"].as_u64().unwrap(), e["verify"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        verdicts,
+        [(1, "failed"), (2, "failed"), (3, "passed")],
+        "{ends:#?}"
+    );
+    assert!(
+        ends[0]["failure"]
+            .as_str()
+            .is_some_and(|f| f.contains("sh -c")),
+        "{ends:#?}"
+    );
+    assert!(ends.iter().all(|e| e["session_id"] == sid && e["of"] == 5));
+    let starts: Vec<u64> = env
+        .events("rio", "iteration_start")
+        .iter()
+        .filter(|e| e["session_id"] == sid)
+        .map(|e| e["n"].as_u64().unwrap())
+        .collect();
+    assert_eq!(starts, [2, 3]);
     // Iteration 2's prompt carries iteration 1's failure, marked as such.
     let p2 = prompt(&env, 2);
     assert!(

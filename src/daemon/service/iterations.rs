@@ -166,6 +166,12 @@ pub(super) async fn more(
             report.ending = Ending::Stopped;
             return report;
         }
+        let _ = plan.tx.send(Event::IterationVerified {
+            agent: plan.agent.clone(),
+            n,
+            of: s.max_iterations,
+            failure: v.failure().map(|f| f.describe()),
+        });
         let Some(failed) = v.failure().cloned() else {
             tracing::info!(agent = %plan.agent, "iteration {n}: verification passed");
             return report;
@@ -299,17 +305,69 @@ pub(super) fn iteration(
 ) {
     let agent = &dir.name;
     // A new run: what the last one signalled does not count for it.
-    if phase == Phase::Executing
-        && let Some(r) = running
-    {
-        r.completed_by_signal = false;
-    }
+    let session_id = running.map(|r| {
+        if phase == Phase::Executing {
+            r.completed_by_signal = false;
+        }
+        r.session_id.clone()
+    });
     let value = serde_json::json!({"n": n, "of": of, "phase": phase.as_str()});
     let result = dir.update(Timestamp::now(), |r: &mut Report| {
         r.extra.insert("iteration".into(), value.clone());
     });
     if let Err(e) = result {
         tracing::warn!(agent = %agent, "cannot record the iteration in report.json: {e}");
+    }
+    // The journal follows the loop: each later iteration's start.
+    if phase == Phase::Executing
+        && let Some(session_id) = session_id
+    {
+        journal_line(
+            dir,
+            crate::state::journal::Event::IterationStart(crate::state::journal::IterationStart {
+                session_id,
+                n,
+                of,
+            }),
+        );
+    }
+}
+
+/// Iteration `n`'s verification ended: `iteration_end` in the journal.
+pub(super) fn verified(
+    running: Option<&Running>,
+    dir: &AgentDir,
+    n: u32,
+    of: u32,
+    failure: Option<String>,
+) {
+    let Some(r) = running else {
+        return;
+    };
+    journal_line(
+        dir,
+        crate::state::journal::Event::IterationEnd(crate::state::journal::IterationEnd {
+            session_id: r.session_id.clone(),
+            n,
+            of,
+            verify: if failure.is_some() {
+                "failed"
+            } else {
+                "passed"
+            }
+            .into(),
+            failure,
+        }),
+    );
+}
+
+/// One journal line of the loop's, under the agent's lock.
+fn journal_line(dir: &AgentDir, event: crate::state::journal::Event) {
+    let result = dir
+        .lock()
+        .and_then(|lock| dir.journal_append(&lock, Timestamp::now(), event));
+    if let Err(e) = result {
+        tracing::warn!(agent = %dir.name, "cannot journal the iteration: {e}");
     }
 }
 
