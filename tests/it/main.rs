@@ -71,6 +71,7 @@ mod stop;
 mod systemd;
 mod trial;
 mod typed;
+mod typed_bounds;
 mod unit_stop;
 mod unreadable;
 mod unrunnable;
