@@ -24,6 +24,7 @@ use serde::Serialize;
 use crate::clock::Timestamp;
 use crate::error::Result;
 use crate::state::journal::{self, Entry, Event};
+use crate::state::session::SessionStatus;
 
 /// The most one session may cost: what `session end --cost-usd` and
 /// Claude Code's result may say. Past it the value is refused at input; a
@@ -78,7 +79,7 @@ pub struct SessionUse {
     pub started_at: Option<Timestamp>,
     pub ended_at: Option<Timestamp>,
     /// `completed`, `error`, `timeout`; `None` while running.
-    pub outcome: Option<String>,
+    pub outcome: Option<SessionStatus>,
     pub runtime_seconds: u64,
     pub tokens: Tokens,
     pub cost_usd: Option<f64>,
@@ -126,7 +127,7 @@ pub fn sessions<'a>(entries: impl IntoIterator<Item = &'a Entry>) -> Vec<Session
             Event::SessionStart(_) => s.started_at = Some(entry.ts),
             Event::SessionEnd(e) => {
                 s.ended_at = Some(entry.ts);
-                s.outcome = Some(e.outcome.clone());
+                s.outcome = Some(e.outcome);
                 s.runtime_seconds = e.duration_seconds.unwrap_or(0).max(0) as u64;
                 if !reported.get(id).copied().unwrap_or(false) {
                     if let Some(t) = e.tokens_used {
@@ -139,14 +140,11 @@ pub fn sessions<'a>(entries: impl IntoIterator<Item = &'a Entry>) -> Vec<Session
             }
             Event::Error(e) | Event::Timeout(e) => {
                 s.ended_at = Some(entry.ts);
-                s.outcome = Some(
-                    if matches!(entry.event, Event::Timeout(_)) {
-                        "timeout"
-                    } else {
-                        "error"
-                    }
-                    .to_string(),
-                );
+                s.outcome = Some(if matches!(entry.event, Event::Timeout(_)) {
+                    SessionStatus::Timeout
+                } else {
+                    SessionStatus::Error
+                });
                 s.runtime_seconds = e.duration_seconds.unwrap_or(0).max(0) as u64;
             }
             Event::SessionUsage(u) => {
@@ -378,7 +376,7 @@ mod tests {
         );
         assert_eq!(s[0].tokens.cache_read, 40);
         assert_eq!(s[0].cost_usd, Some(0.5));
-        assert_eq!(s[1].outcome.as_deref(), Some("timeout"));
+        assert_eq!(s[1].outcome, Some(SessionStatus::Timeout));
         assert_eq!(s[1].runtime_seconds, 5400);
         assert_eq!(
             s[2].tokens.total, 1000,

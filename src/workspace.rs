@@ -284,33 +284,65 @@ pub fn branch_name(
         .replace("{date}", date)
 }
 
+/// A branch name git's check-ref-format refuses: the name and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("branch name {name:?} is not valid: {why}")]
+pub struct BadBranch {
+    pub name: String,
+    pub why: BranchFault,
+}
+
+/// Why a branch name is not valid (its Display is the reason users read).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BranchFault {
+    #[error("empty")]
+    Empty,
+    #[error("`@` alone")]
+    At,
+    #[error("starts with `-`")]
+    Dash,
+    #[error("contains `..`, `@{{` or `//`")]
+    Sequence,
+    #[error("starts or ends with `/`, or ends with `.`")]
+    Edge,
+    #[error("contains {0:?}")]
+    Char(char),
+    #[error("a component starts with `.` or ends with `.lock`")]
+    Component,
+}
+
 /// Validate a branch name by git's check-ref-format rules (checked here, without git).
-pub fn validate_branch(name: &str) -> Result<(), String> {
-    let bad = |why: &str| Err(format!("branch name {name:?} is not valid: {why}"));
+pub fn validate_branch(name: &str) -> Result<(), BadBranch> {
+    let bad = |why: BranchFault| {
+        Err(BadBranch {
+            name: name.to_string(),
+            why,
+        })
+    };
     if name.is_empty() {
-        return bad("empty");
+        return bad(BranchFault::Empty);
     }
     if name == "@" {
-        return bad("`@` alone");
+        return bad(BranchFault::At);
     }
     if name.starts_with('-') {
-        return bad("starts with `-`");
+        return bad(BranchFault::Dash);
     }
     if name.contains("..") || name.contains("@{") || name.contains("//") {
-        return bad("contains `..`, `@{` or `//`");
+        return bad(BranchFault::Sequence);
     }
     if name.starts_with('/') || name.ends_with('/') || name.ends_with('.') {
-        return bad("starts or ends with `/`, or ends with `.`");
+        return bad(BranchFault::Edge);
     }
     if let Some(c) = name
         .chars()
         .find(|c| c.is_control() || c.is_whitespace() || "~^:?*[\\\u{7f}".contains(*c))
     {
-        return bad(&format!("contains {c:?}"));
+        return bad(BranchFault::Char(c));
     }
     for comp in name.split('/') {
         if comp.starts_with('.') || comp.ends_with(".lock") {
-            return bad("a component starts with `.` or ends with `.lock`");
+            return bad(BranchFault::Component);
         }
     }
     Ok(())
@@ -408,7 +440,7 @@ pub fn create(spec: &WorkspaceSpec) -> Result<Workspace, WorkspaceError> {
     check_repo(&spec.repo)?;
     validate_branch(&spec.branch).map_err(|e| WorkspaceError::Failed {
         command: "git check-ref-format".into(),
-        stderr: e,
+        stderr: e.to_string(),
         fix: "change the workspace branch template".into(),
     })?;
     let repo = spec.repo.as_path();
@@ -687,5 +719,37 @@ mod tests {
         assert!(is_lock_error(
             "fatal: Unable to create '/r/.git/index.lock': File exists."
         ));
+    }
+
+    #[test]
+    fn a_bad_branch_says_the_name_and_why_as_before() {
+        let table = [
+            (
+                "",
+                BranchFault::Empty,
+                "branch name \"\" is not valid: empty",
+            ),
+            (
+                "a..b",
+                BranchFault::Sequence,
+                "branch name \"a..b\" is not valid: contains `..`, `@{` or `//`",
+            ),
+            (
+                "a b",
+                BranchFault::Char(' '),
+                "branch name \"a b\" is not valid: contains ' '",
+            ),
+            (
+                "a/x.lock",
+                BranchFault::Component,
+                "branch name \"a/x.lock\" is not valid: a component starts with `.` or ends with `.lock`",
+            ),
+        ];
+        for (name, why, text) in table {
+            let e = validate_branch(name).unwrap_err();
+            assert_eq!(e.why, why, "{name:?}");
+            assert_eq!(e.to_string(), text);
+        }
+        assert_eq!(validate_branch("rio/research-2026-11-24"), Ok(()));
     }
 }

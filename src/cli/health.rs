@@ -336,7 +336,7 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
                     return ControlFlow::Break(());
                 }
                 if let Event::SessionEnd(end) = &entry.event
-                    && end.outcome.parse() == Ok(crate::state::session::SessionStatus::Completed)
+                    && end.outcome == crate::state::session::SessionStatus::Completed
                 {
                     last = Some(entry.ts);
                     return ControlFlow::Break(());

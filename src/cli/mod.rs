@@ -61,7 +61,8 @@ Exit codes (sysexits(3)):
   1   `doctor`: something failed; `wake --wait`: the session could not start
       (fix the config); `health`: WARNING (2 CRITICAL, 3 UNKNOWN)
   64  usage: a bad command line, or a request that cannot be carried out
-  65  bad data: a value was refused (a hook records everything else); `check`:
+  65  bad data: a value was refused (`session begin` records everything else;
+      `session end`/`fail` only warn and exit 0); `check`:
       problems left; `status`, `usage`: an agent's files could not be read
       (shown as unreadable, with why; every other agent as usual)
   66  missing input: no such file, message or agent directory

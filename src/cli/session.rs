@@ -3,8 +3,9 @@
 //! All value arguments are taken as text and parsed leniently by the hooks,
 //! so a bad optional value is recorded as such instead of losing the session
 //! record (negative numbers too: `--cost-usd -1` is a bad value, not an
-//! unknown flag). Exit status: 0, or 65 when an argument was bad (everything
-//! else was still recorded); 77 when `end` or `fail` names no session and
+//! unknown flag). Exit status: 0 (`end` and `fail` also when an argument
+//! was bad: a warning on stderr, the session ended); `begin` 65 when an
+//! argument was bad (everything else was still recorded); 77 when `end` or `fail` names no session and
 //! the running one belongs to another live process (nothing changed).
 
 use clap::Subcommand;
@@ -315,15 +316,23 @@ fn finished(agent: &crate::agent_name::AgentName, r: &FinishResult) -> Result<u8
         }
         println!("{}", parts.join(", "));
     }
-    Ok(bad_arguments(agent, &r.bad_arguments))
+    // The session ended whatever its optional arguments said: a bad one is
+    // a warning, never a failed hook (a script under `set -e` goes on).
+    warn_bad_arguments(agent, &r.bad_arguments);
+    Ok(exit::OK)
 }
 
-fn bad_arguments(agent: &crate::agent_name::AgentName, bad: &[BadArgument]) -> u8 {
+fn warn_bad_arguments(agent: &crate::agent_name::AgentName, bad: &[BadArgument]) {
     for b in bad {
         warn(format!(
             "{agent}: bad argument {b} (noted in session.json errors; everything else was recorded)"
         ));
     }
+}
+
+/// `begin`'s exit status: 65 when an argument was bad (the session began).
+fn bad_arguments(agent: &crate::agent_name::AgentName, bad: &[BadArgument]) -> u8 {
+    warn_bad_arguments(agent, bad);
     if bad.is_empty() {
         exit::OK
     } else {

@@ -788,7 +788,7 @@ pub(super) fn finish_with(
             result.processed = processed.iter().map(|m| m.id.clone()).collect();
             let event = Event::SessionEnd(SessionEnd {
                 session_id: id.clone(),
-                outcome: "completed".into(),
+                outcome: SessionStatus::Completed,
                 sources_archived: c.sources_archived,
                 handoff: c.handoff_notes.clone(),
                 summary: c.summary.clone(),

@@ -253,7 +253,7 @@ fn handoff_notes_are_those_of_the_last_completed_session() {
     let end = |id: &str, notes: Option<&str>| {
         Event::SessionEnd(SessionEnd {
             session_id: id.into(),
-            outcome: "completed".into(),
+            outcome: crate::state::session::SessionStatus::Completed,
             handoff: notes.map(str::to_string),
             ..SessionEnd::default()
         })

@@ -323,10 +323,31 @@ pub struct SessionUpdated {
     pub disconfirmation_target_added: bool,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+fn completed() -> SessionStatus {
+    SessionStatus::Completed
+}
+
+/// A `session_end` line's `outcome`: the word when it is a known end
+/// (`completed`, `timeout`, `error`), else `completed` (what the event
+/// itself says; see [`Event::verdict`]).
+fn lenient_end_outcome<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<SessionStatus, D::Error> {
+    let word = serde_json::Value::deserialize(d)?;
+    Ok(match word.as_str().map(str::parse::<SessionStatus>) {
+        Some(Ok(s)) if s != SessionStatus::Running => s,
+        _ => SessionStatus::Completed,
+    })
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SessionEnd {
     pub session_id: String,
-    pub outcome: String,
+    /// Always `completed` as written (a `session_end` line is a completed
+    /// end; errors and timeouts are their own events). Read leniently: a
+    /// missing or unknown word in a journal is `completed`, never a torn line.
+    #[serde(default = "completed", deserialize_with = "lenient_end_outcome")]
+    pub outcome: SessionStatus,
     #[serde(default)]
     pub sources_archived: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -349,6 +370,26 @@ pub struct SessionEnd {
     pub flags_received: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duration_seconds: Option<i64>,
+}
+
+impl Default for SessionEnd {
+    fn default() -> Self {
+        SessionEnd {
+            session_id: Default::default(),
+            outcome: SessionStatus::Completed,
+            sources_archived: Default::default(),
+            handoff: Default::default(),
+            summary: Default::default(),
+            next_priority: Default::default(),
+            branch: Default::default(),
+            pr_number: Default::default(),
+            tokens_used: Default::default(),
+            cost_usd: Default::default(),
+            messages_processed: Default::default(),
+            flags_received: Default::default(),
+            duration_seconds: Default::default(),
+        }
+    }
 }
 
 /// The `error` and `timeout` events.
@@ -798,6 +839,43 @@ pub fn read_since(path: &Path, since: Timestamp) -> Result<Vec<Entry>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_session_end_outcome_is_read_leniently_and_written_as_its_word() {
+        let table = [
+            (
+                r#"{"session_id":"a","outcome":"completed"}"#,
+                SessionStatus::Completed,
+            ),
+            (
+                r#"{"session_id":"a","outcome":"timeout"}"#,
+                SessionStatus::Timeout,
+            ),
+            (
+                r#"{"session_id":"a","outcome":"error"}"#,
+                SessionStatus::Error,
+            ),
+            (
+                r#"{"session_id":"a","outcome":"running"}"#,
+                SessionStatus::Completed,
+            ),
+            (
+                r#"{"session_id":"a","outcome":"finished"}"#,
+                SessionStatus::Completed,
+            ),
+            (
+                r#"{"session_id":"a","outcome":null}"#,
+                SessionStatus::Completed,
+            ),
+            (r#"{"session_id":"a"}"#, SessionStatus::Completed),
+        ];
+        for (line, want) in table {
+            let end: SessionEnd = serde_json::from_str(line).expect(line);
+            assert_eq!(end.outcome, want, "{line}");
+        }
+        let written = serde_json::to_value(SessionEnd::default()).unwrap();
+        assert_eq!(written["outcome"], "completed");
+    }
 
     #[test]
     fn lines_look_like_the_seed() {

@@ -72,6 +72,7 @@ mod summary_merge;
 mod systemd;
 mod trial;
 mod typed;
+mod typed_bounds;
 mod unit_stop;
 mod unreadable;
 mod unrunnable;
