@@ -12,6 +12,33 @@ use std::time::Duration;
 use crate::permissions::{World, enabled, show};
 use crate::support::{daemon_config, poll_until};
 
+/// What a member's `flock … CMD` runs once it holds the lock: it writes
+/// `ready` (in /tmp, writable by every account), then sleeps. The test waits
+/// on that file or on flock's exit (refused), whichever comes first, instead
+/// of sleeping; true if the member holds the lock.
+fn hold_then_sleep(ready: &std::path::Path) -> [String; 4] {
+    let _ = std::fs::remove_file(ready);
+    [
+        "sh".into(),
+        "-c".into(),
+        "echo > \"$0\"; exec sleep 20".into(),
+        ready.display().to_string(),
+    ]
+}
+
+fn holds_the_lock(child: &mut std::process::Child, ready: &std::path::Path) -> bool {
+    poll_until(Duration::from_secs(20), || {
+        ready.exists() || !matches!(child.try_wait(), Ok(None))
+    });
+    let holds = ready.exists() && matches!(child.try_wait(), Ok(None));
+    let _ = std::fs::remove_file(ready);
+    holds
+}
+
+fn ready_file(what: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("agentlock-{}-{what}.ready", std::process::id()))
+}
+
 fn mode(path: &std::path::Path) -> u32 {
     std::fs::metadata(path)
         .map(|m| m.mode() & 0o7777)
@@ -214,18 +241,18 @@ fn a_group_member_cannot_hold_the_daemon_back() {
 
     // A member opened it then, and holds a shared lock on it for good:
     // narrowing the mode does not take that away.
+    let early_ready = ready_file("early");
     let mut early = Command::new("runuser")
         .args(["-u", &w.acc.bob, "--", "flock", "-s", "-n"])
         .arg(&lock)
-        .args(["sleep", "20"])
+        .args(hold_then_sleep(&early_ready))
         .current_dir(&w.root)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .process_group(0)
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    let early_holds = matches!(early.try_wait(), Ok(None));
+    let early_holds = holds_the_lock(&mut early, &early_ready);
 
     let mut daemon = start();
     let ready = poll_until(Duration::from_secs(30), || heartbeat.exists());
@@ -277,6 +304,8 @@ fn a_group_member_cannot_hold_the_daemon_back() {
         .process_group(0)
         .spawn()
         .unwrap();
+    // Kept: the member waits (-w) for the lock; while it is refused or still
+    // waiting it writes nothing, so this is the head start it is given.
     std::thread::sleep(Duration::from_millis(500));
     let mut daemon = start();
     let ready = poll_until(Duration::from_secs(30), || {
@@ -301,6 +330,7 @@ fn a_group_member_cannot_hold_the_daemon_back() {
     // holds the last daemon's alive.lock exclusively (its pid is gone).
     let woken = w.run(&w.acc.alice, &["wake", "rio"]);
     assert_eq!(woken.status.code(), Some(69), "{}", show(&woken));
+    let spoof_ready = ready_file("spoof");
     let mut spoof = Command::new("runuser")
         .args([
             "-u",
@@ -311,16 +341,15 @@ fn a_group_member_cannot_hold_the_daemon_back() {
             "-n",
             ".daemon/alive.lock",
         ])
-        .args(["sleep", "20"])
+        .args(hold_then_sleep(&spoof_ready))
         .current_dir(&w.root)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .process_group(0)
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    let spoofing = holds_the_lock(&mut spoof, &spoof_ready);
     let woken = w.run(&w.acc.alice, &["wake", "rio"]);
-    let spoofing = matches!(spoof.try_wait(), Ok(None));
     let _ = nix::sys::signal::killpg(
         nix::unistd::Pid::from_raw(spoof.id() as i32),
         nix::sys::signal::Signal::SIGKILL,
@@ -431,6 +460,8 @@ fn a_reader_cannot_keep_a_dead_session_alive() {
         .process_group(0)
         .spawn()
         .unwrap();
+    // Kept (both): the outsider waits (-w) for the lock and writes nothing
+    // while it waits or is refused; these are its head starts.
     std::thread::sleep(Duration::from_millis(300));
     // ... the script dies without ending its session ...
     kill_group(&mut script);

@@ -331,6 +331,7 @@ fn a_paging_reader_sees_every_event_once_while_sessions_run_and_writers_append()
                 for i in 0..25 {
                     let to = if i % 2 == 0 { "clay" } else { "rio" };
                     env.send("marcus", to, &["--body", &format!("message {i}")]);
+                    // Kept: pacing a writer so the reader reads meanwhile.
                     std::thread::sleep(Duration::from_millis(20));
                 }
             })
@@ -348,6 +349,7 @@ fn a_paging_reader_sees_every_event_once_while_sessions_run_and_writers_append()
                     );
                     let (head, tail) = line.split_at(line.len() / 2);
                     append(&path, head);
+                    // Kept: a torn line is the subject (a reader between halves).
                     std::thread::sleep(Duration::from_millis(7));
                     append(&path, tail);
                 }
@@ -384,8 +386,8 @@ fn a_paging_reader_sees_every_event_once_while_sessions_run_and_writers_append()
     for w in writers {
         w.join().expect("writer");
     }
-    // Sessions woken by the last messages end; then nothing writes.
-    std::thread::sleep(Duration::from_millis(500));
+    // The daemon's exit (drop waits for it) is the proof nothing writes
+    // any more: whatever the last sessions wrote comes before it.
     drop(daemon);
     while read_page(&mut after) > 0 {}
 

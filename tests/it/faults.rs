@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::support::{Env, poll_until, state};
+use crate::support::{Daemon, Env, poll_until, state};
 
 fn secs(s: f64) -> Duration {
     Duration::from_secs_f64(s)
@@ -93,6 +93,41 @@ fn starts(runs: &Path, agent: &str) -> usize {
         .count()
 }
 
+/// The daemon has handled what came before: a message sent to theseus now
+/// (through the same inbox watcher as anything sent before it) has started
+/// theseus's next session. The positive proof behind "nothing else
+/// happened" checks, instead of a sleep.
+fn theseus_ran_after(env: &Env, d: &Daemon, runs: &Path) {
+    let before = starts(runs, "theseus");
+    env.ok(&[
+        "send",
+        "--from",
+        "marcus",
+        "--to",
+        "theseus",
+        "--subject",
+        "later",
+        "--body",
+        "x",
+    ]);
+    d.wait_until(secs(15.0), "theseus ran after what came before", || {
+        starts(runs, "theseus") > before
+    });
+}
+
+/// rio's failures are over for now: report.json's error is no longer
+/// `retrying` (it is held back or disabled), so no further attempt is planned.
+fn retries_over(env: &Env, d: &Daemon) {
+    d.wait_until(
+        secs(15.0),
+        "report.json says rio is no longer retrying",
+        || {
+            let state = state(env, "rio", "report.json")["error"]["state"].clone();
+            state == "backoff" || state == "disabled"
+        },
+    );
+}
+
 /// Messages waiting in marcus's mailbox, as `agent-state inbox marcus --json` lists them.
 fn mailbox(env: &Env) -> Vec<Value> {
     let out = env.ok(&["inbox", "marcus", "--json"]);
@@ -129,8 +164,29 @@ fn a_missing_command_is_agent_not_found_escalated_once_and_held_without_a_retry_
             "x",
         ]);
     }
-    std::thread::sleep(secs(1.5));
-    assert_eq!(count(&env, "AGENT_NOT_FOUND"), 1, "{:#?}", errors(&env));
+    // Proof the daemon handled those messages: one sent to theseus after
+    // them (same command, so also not found) is recorded.
+    env.ok(&[
+        "send",
+        "--from",
+        "marcus",
+        "--to",
+        "theseus",
+        "--subject",
+        "later",
+        "--body",
+        "x",
+    ]);
+    d.wait_until(secs(10.0), "theseus's AGENT_NOT_FOUND", || {
+        errors(&env)
+            .iter()
+            .any(|r| r["code"] == "AGENT_NOT_FOUND" && r["context"]["agent"] == "theseus")
+    });
+    let rio_not_found = errors(&env)
+        .into_iter()
+        .filter(|r| r["code"] == "AGENT_NOT_FOUND" && r["context"]["agent"] == "rio")
+        .count();
+    assert_eq!(rio_not_found, 1, "{:#?}", errors(&env));
     let record = errors(&env)
         .into_iter()
         .find(|r| r["code"] == "AGENT_NOT_FOUND")
@@ -152,7 +208,11 @@ fn a_missing_command_is_agent_not_found_escalated_once_and_held_without_a_retry_
         "an install hint: {record}"
     );
     assert_eq!(record["escalated"], true);
-    let mail = mailbox(&env);
+    // (theseus's own escalation, from the proof above, is from theseus.)
+    let mail: Vec<Value> = mailbox(&env)
+        .into_iter()
+        .filter(|m| m["from"] != "theseus")
+        .collect();
     assert_eq!(mail.len(), 1, "{mail:#?}");
     assert!(
         mail[0]["subject"]
@@ -214,8 +274,27 @@ fn a_command_without_execute_permission_disables_the_agent_until_a_manual_wake()
         "--body",
         "b",
     ]);
-    std::thread::sleep(secs(1.0));
-    assert_eq!(count(&env, "AGENT_PERMISSION_DENIED"), 1);
+    // Proof the daemon handled it: a message sent to theseus after it (the
+    // same unrunnable command) is recorded as theseus's error.
+    env.ok(&[
+        "send",
+        "--from",
+        "marcus",
+        "--to",
+        "theseus",
+        "--subject",
+        "later",
+        "--body",
+        "x",
+    ]);
+    d.wait_until(secs(10.0), "theseus's AGENT_PERMISSION_DENIED", || {
+        count(&env, "AGENT_PERMISSION_DENIED") == 2
+    });
+    let rio_denied = errors(&env)
+        .into_iter()
+        .filter(|r| r["code"] == "AGENT_PERMISSION_DENIED" && r["context"]["agent"] == "rio")
+        .count();
+    assert_eq!(rio_denied, 1, "{:#?}", errors(&env));
     assert_eq!(starts(&runs, "rio"), 0);
     d.wait_until(secs(10.0), "daemon.json says rio is disabled", || {
         d.heartbeat()["failing"]["rio"]
@@ -249,7 +328,7 @@ fn a_timeout_is_retried_twice_then_escalated_and_held_back() {
     d.wait_until(secs(15.0), "three attempts timed out", || {
         count(&env, "SESSION_TIMEOUT") == 3
     });
-    std::thread::sleep(secs(1.0));
+    retries_over(&env, &d);
     assert_eq!(starts(&runs, "rio"), 3, "one session and two retries");
     assert!(
         t0.elapsed() >= secs(3.9),
@@ -285,7 +364,7 @@ fn an_agent_that_prints_nothing_is_retried_three_times_then_an_error() {
     d.wait_until(secs(15.0), "four silent attempts", || {
         count(&env, "SESSION_EMPTY_OUTPUT") == 4
     });
-    std::thread::sleep(secs(0.8));
+    retries_over(&env, &d);
     assert_eq!(starts(&runs, "rio"), 4);
     d.wait_until(secs(10.0), "report.json says rio is in error", || {
         state(&env, "rio", "report.json")["status"] == "error"
@@ -313,7 +392,7 @@ fn the_same_output_on_a_retry_is_a_loop_stopped_and_escalated_at_once() {
     d.wait_until(secs(10.0), "SESSION_LOOP", || {
         count(&env, "SESSION_LOOP") == 1
     });
-    std::thread::sleep(secs(1.5));
+    retries_over(&env, &d);
     assert_eq!(
         starts(&runs, "rio"),
         2,
@@ -521,11 +600,10 @@ fn the_on_error_hook_gets_the_error_and_its_own_failure_is_logged_not_fatal() {
         .unwrap();
     assert!(r["details"].as_str().unwrap().contains("7"), "{r}");
     // Not run for its own failure: one hook run, one HOOK_FAILED.
-    std::thread::sleep(secs(0.5));
+    // And the daemon goes on: theseus still runs (after which a second
+    // HOOK_FAILED would have been recorded).
+    theseus_ran_after(&env, &d, &runs);
     assert_eq!(count(&env, "HOOK_FAILED"), 1);
-    // And the daemon goes on: theseus still runs.
-    env.ok(&["wake", "theseus"]);
-    d.wait_until(secs(5.0), "theseus ran", || starts(&runs, "theseus") == 1);
 }
 
 #[test]
@@ -692,7 +770,10 @@ fn the_real_claude_cli_without_credentials_is_login_required_never_retried() {
     d.wait_until(secs(60.0), "AGENT_LOGIN_REQUIRED", || {
         count(&env, "AGENT_LOGIN_REQUIRED") == 1
     });
-    std::thread::sleep(secs(2.0));
+    d.wait_until(secs(10.0), "report.json says rio is held", || {
+        let state = state(&env, "rio", "report.json")["error"]["state"].clone();
+        state == "backoff" || state == "disabled"
+    });
     assert_eq!(count(&env, "AGENT_LOGIN_REQUIRED"), 1, "no retries");
     let r = errors(&env)
         .into_iter()
@@ -814,7 +895,7 @@ fn an_api_overload_is_retried_with_backoff_then_escalated() {
         "{}",
         recs[0]
     );
-    std::thread::sleep(secs(1.0));
+    retries_over(&env, &d);
     assert_eq!(count(&env, "AGENT_API_ERROR"), 3, "no fourth attempt");
 }
 
@@ -902,7 +983,7 @@ fn an_escalation_is_not_repeated_after_a_daemon_restart() {
     d.wait_until(secs(5.0), "the second AGENT_NOT_FOUND", || {
         count(&env, "AGENT_NOT_FOUND") == 2
     });
-    std::thread::sleep(secs(0.3));
+    retries_over(&env, &d);
     assert_eq!(
         mailbox(&env).len(),
         1,

@@ -210,7 +210,8 @@ fn an_admin_cap_found_by_a_manual_wake_during_a_usage_limit_hold_is_escalated() 
         held(&env)["cause"] == "usage_limit"
     });
     // The operator's try finds the cap: the credential is still held (75).
-    let err = env.fails(&["wake", "rio", "--wait", "10s"], 75);
+    // (--wait ends when the session does; 10 s ran out on a loaded machine.)
+    let err = env.fails(&["wake", "rio", "--wait", "60s"], 75);
     assert!(err.contains("disabled by an admin"), "{err}");
     d.wait_until(secs(20), "the admin's cap is escalated", || {
         codes(&env).contains(&"USAGE_DISABLED".to_string()) && !env.waiting("marcus").is_empty()

@@ -296,9 +296,13 @@ fn iterations_a_stop_during_verification_ends_it_and_the_daemon_exits() {
     .unwrap();
     let mut d = env.daemon();
     env.ok(&["wake", "rio"]);
-    d.wait_until(Duration::from_secs(15), "the verification runs", || {
-        marker.exists()
-    });
+    // The verify command's marker comes before report.json's phase (a race
+    // seen on a loaded machine): wait for the asserted state itself.
+    d.wait_until(
+        Duration::from_secs(15),
+        "report.json says verifying",
+        || marker.exists() && env.json("rio", "report.json")["iteration"]["phase"] == "verifying",
+    );
     assert_eq!(
         env.json("rio", "report.json")["iteration"]["phase"],
         "verifying"

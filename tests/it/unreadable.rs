@@ -26,7 +26,7 @@ fn run_until_rotated(env: &Env, d: &Daemon, agent: &str) {
             return;
         }
         let ends = env.events(agent, "session_end").len();
-        env.ok(&["wake", agent, "--wait", "20s"]);
+        env.ok(&["wake", agent, "--wait", "60s"]);
         d.wait_until(Duration::from_secs(30), "the session ended", || {
             env.events(agent, "session_end").len() > ends || !segments(env, agent).is_empty()
         });
@@ -99,7 +99,7 @@ fn a_corrupt_rotated_segment_is_set_aside_and_recording_goes_on() {
     // segment aside, saying so in errors.jsonl.
     let d = env.daemon();
     let ends = env.events("rio", "session_end").len();
-    env.ok(&["wake", "rio", "--wait", "20s"]);
+    env.ok(&["wake", "rio", "--wait", "60s"]);
     d.wait_until(
         Duration::from_secs(30),
         "rio's session end recorded",
