@@ -55,6 +55,7 @@ mod rotation;
 mod scripts;
 mod sdbox;
 mod signals;
+mod startup;
 mod stop;
 mod systemd;
 mod trial;
