@@ -290,24 +290,11 @@ struct Pending<'a> {
     dir: &'a AgentDir,
     /// Directories made (relative, with a trailing `/`).
     created: Vec<String>,
-    /// Temp name and target, in the agent's directory.
-    temps: Vec<(std::ffi::OsString, PathBuf)>,
+    /// Its new files, under temp names.
+    temps: Vec<atomic::NewFile>,
     /// The device of the agent's directory: the file system to sync.
     dev: u64,
     _lock: super::lock::AgentLock,
-}
-
-impl Drop for Pending<'_> {
-    fn drop(&mut self) {
-        if self.temps.is_empty() {
-            return;
-        }
-        if let Ok(fd) = crate::fsx::dir(&self.dir.path) {
-            for (name, _) in self.temps.drain(..) {
-                crate::fsx::discard_at(fd.as_fd(), &name);
-            }
-        }
-    }
 }
 
 /// The batch itself (see [`create_missing`]); one outcome per agent, in
@@ -367,10 +354,7 @@ fn stage(kind: AgentKind, dir: &AgentDir, now: Timestamp, lifecycle: bool) -> St
     let Ok(lock) = super::lock::try_lock(dir) else {
         return Stage::Left;
     };
-    let Ok(fd) = crate::fsx::dir(&dir.path) else {
-        return Stage::Left;
-    };
-    let Ok(st) = nix::sys::stat::fstat(fd.as_fd()) else {
+    let Ok(Some(st)) = crate::fsx::metadata(&dir.path) else {
         return Stage::Left;
     };
     let mut pending = Pending {
@@ -384,13 +368,9 @@ fn stage(kind: AgentKind, dir: &AgentDir, now: Timestamp, lifecycle: bool) -> St
         if !matches!(crate::fsx::metadata(&path), Ok(None)) {
             continue;
         }
-        let Ok((mut file, name)) = crate::fsx::create_temp(fd.as_fd(), &dir.path, STATE_FILE_MODE)
-        else {
-            return Stage::Left;
-        };
-        pending.temps.push((name, path));
-        if std::io::Write::write_all(&mut file, &bytes).is_err() {
-            return Stage::Left;
+        match atomic::unsynced_new(&path, &bytes, STATE_FILE_MODE) {
+            Ok(file) => pending.temps.push(file),
+            Err(_) => return Stage::Left,
         }
     }
     Stage::Pending(pending)
@@ -402,23 +382,12 @@ fn stage(kind: AgentKind, dir: &AgentDir, now: Timestamp, lifecycle: bool) -> St
 /// created.
 fn commit(p: &mut Pending<'_>, now: Timestamp) -> Result<Vec<String>> {
     let dir = p.dir;
-    let fd = crate::fsx::dir(&dir.path)?;
     let mut created = std::mem::take(&mut p.created);
-    while !p.temps.is_empty() {
-        let (name, path) = p.temps.remove(0);
-        let target = path.file_name().unwrap_or_default();
-        match crate::fsx::rename_at(fd.as_fd(), &name, fd.as_fd(), target, false) {
-            Ok(()) => created.push(relative(dir, &path)),
-            Err(e) => {
-                crate::fsx::discard_at(fd.as_fd(), &name);
-                if e.kind() != std::io::ErrorKind::AlreadyExists {
-                    return Err(crate::error::Error::io(
-                        "renaming a temp file over",
-                        &path,
-                        e,
-                    ));
-                }
-            }
+    // An error leaves the rest to be removed with the drain.
+    for file in p.temps.drain(..) {
+        let path = file.target().to_path_buf();
+        if file.rename_new()? {
+            created.push(relative(dir, &path));
         }
     }
     if !crate::fsx::exists(&dir.journal()) {
@@ -454,8 +423,7 @@ fn sync_file_systems_of<'a, 'b: 'a>(
         }
         seen.push(p.dev);
         let path = p.dir.path.clone();
-        let fd = crate::fsx::dir(&path).map_err(|e| (path.clone(), errno_of(&e)))?;
-        nix::unistd::syncfs(fd.as_fd()).map_err(|e| (path, e))?;
+        atomic::sync_file_system(&path).map_err(|e| (path, errno_of(&e)))?;
     }
     Ok(())
 }
