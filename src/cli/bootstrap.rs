@@ -28,17 +28,17 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         &ctx.root,
         ctx.config.working_agents().map(|a| a.name.as_str()),
     )?;
-    for agent in agents {
-        let dir = ctx.root.agent(&agent.name);
-        let done = bootstrap::agent_and_modes(agent, &dir, ctx.now)?;
+    let dirs = agents.iter().map(|a| (*a, ctx.root.agent(&a.name)));
+    for (dir, done) in bootstrap::agents_and_modes(dirs, ctx.now) {
+        let (agent, done) = (&dir.name, done?);
         if done.created.is_empty() && done.modes.is_empty() {
-            println!("{}: complete, nothing to do", agent.name);
+            println!("{agent}: complete, nothing to do");
         }
         if !done.created.is_empty() {
-            println!("{}: created {}", agent.name, done.created.join(", "));
+            println!("{agent}: created {}", done.created.join(", "));
         }
         for fix in &done.modes {
-            println!("{}: {fix}", agent.name);
+            println!("{agent}: {fix}");
         }
     }
     Ok(exit::OK)

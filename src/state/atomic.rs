@@ -250,6 +250,65 @@ pub fn create_new(path: &Path, bytes: &[u8], mode: u32) -> Result<bool> {
     }
 }
 
+/// A new file written under a temp name beside its target and not synced,
+/// for a caller that makes many durable together: write each
+/// ([`unsynced_new`]), [`sync_file_system`], [`NewFile::rename_new`] each,
+/// [`sync_file_system`] again before anyone is told (the batched
+/// bootstrap). Holds no file descriptor (a batch may hold thousands);
+/// dropped before its rename, the temp file is removed.
+pub struct NewFile {
+    name: Option<OsString>,
+    target: PathBuf,
+}
+
+/// Write `bytes` with `mode` to a temp file beside `path` (which it does not
+/// look at), unsynced: see [`NewFile`].
+pub fn unsynced_new(path: &Path, bytes: &[u8], mode: u32) -> Result<NewFile> {
+    let mut temp = filled_temp(path, bytes, mode, false)?;
+    Ok(NewFile {
+        name: temp.name.take(),
+        target: path.to_path_buf(),
+    })
+}
+
+impl NewFile {
+    /// The file it will become.
+    pub fn target(&self) -> &Path {
+        &self.target
+    }
+
+    /// Rename into place unless something is there already (`Ok(false)`, and
+    /// the temp file removed). Not synced: the caller syncs the file system.
+    pub fn rename_new(mut self) -> Result<bool> {
+        let dir_path = parent(&self.target).to_path_buf();
+        let dir = fsx::dir(&dir_path)?;
+        let mut temp = Temp {
+            dir,
+            name: self.name.take(),
+            target: self.target.clone(),
+        };
+        temp.rename(false)
+    }
+}
+
+impl Drop for NewFile {
+    fn drop(&mut self) {
+        if let Some(name) = self.name.take()
+            && let Ok(dir) = fsx::dir(parent(&self.target))
+        {
+            fsx::discard_at(dir.as_fd(), &name);
+        }
+    }
+}
+
+/// `syncfs(2)` of the file system that holds `dir`: every file written
+/// there, and every directory entry changed, on disk.
+pub fn sync_file_system(dir: &Path) -> Result<()> {
+    let fd = fsx::dir(dir)?;
+    nix::unistd::syncfs(fd.as_fd())
+        .map_err(|e| Error::io("syncing the file system of", dir, e.into()))
+}
+
 /// Rename `from` to `to` (neither followed through a link) and make both
 /// directory entries durable.
 pub fn rename(from: &Path, to: &Path) -> Result<()> {

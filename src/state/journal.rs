@@ -545,10 +545,16 @@ pub fn append(path: &Path, entry: &Entry) -> Result<()> {
 /// failed attempt leaves at most a torn line, which readers skip and the
 /// next append starts after).
 pub fn append_lines(path: &Path, lines: &[u8]) -> Result<()> {
-    super::atomic::retrying(|| append_lines_once(path, lines))
+    super::atomic::retrying(|| append_lines_once(path, lines, true))
 }
 
-fn append_lines_once(path: &Path, lines: &[u8]) -> Result<()> {
+/// [`append`] without the sync: for a caller that makes the file system
+/// durable itself before anyone is told (the batched bootstrap's `syncfs`).
+pub fn append_unsynced(path: &Path, entry: &Entry) -> Result<()> {
+    append_lines_once(path, &entry.to_line(), false)
+}
+
+fn append_lines_once(path: &Path, lines: &[u8], sync: bool) -> Result<()> {
     // Never through a link, never a FIFO (a reader-less FIFO would block,
     // one with a reader would swallow the line).
     let mut file = crate::fsx::open_append(path, 0o644)?;
@@ -561,6 +567,9 @@ fn append_lines_once(path: &Path, lines: &[u8]) -> Result<()> {
     }
     buf.extend_from_slice(lines);
     file.write_all(&buf).at("appending to journal", path)?;
+    if !sync {
+        return Ok(());
+    }
     file.sync_data().at("syncing journal", path)?;
     if len == 0 {
         super::atomic::sync_dir(path.parent().unwrap_or(Path::new(".")))?;

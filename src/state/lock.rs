@@ -123,6 +123,16 @@ pub fn lock(agent: &AgentDir) -> Result<AgentLock> {
     })
 }
 
+/// [`lock`], but only if nobody holds it now (`LockBusy` at once if somebody
+/// does): the batched bootstrap leaves a busy agent to [`lock`]'s bounded wait.
+pub fn try_lock(agent: &AgentDir) -> Result<AgentLock> {
+    let path = agent.lock_file();
+    let file = open_private_lock(&path)?;
+    Ok(AgentLock {
+        _lock: flock_within(file, &path, Duration::ZERO)?,
+    })
+}
+
 /// Open (creating it if needed) a lock file only the service user and root
 /// may take, and narrow an older, wider mode (0660 or 0640: the inbox
 /// group could hold it) to [`LOCK_FILE_MODE`] when this user may: its

@@ -66,6 +66,7 @@ mod rotation;
 mod scripts;
 mod sdbox;
 mod signals;
+mod startup;
 mod status_holds;
 mod stop;
 mod summary_merge;

@@ -88,6 +88,10 @@ impl Daemon {
             .collect();
         let surveys = {
             let (agents, root) = (&self.config.agents, &self.root);
+            let dirs = todo
+                .iter()
+                .map(|&i| (&agents[i], root.agent(&agents[i].name)));
+            bootstrap::create_missing(dirs, Timestamp::now());
             crate::daemon::fanout::map(&todo, |&i| {
                 Survey::of(&agents[i], &root.agent(&agents[i].name))
             })
