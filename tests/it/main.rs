@@ -43,6 +43,7 @@ mod mailbox;
 mod mailbox_people;
 mod messages;
 mod metrics_flood;
+mod metrics_reload;
 mod migrate;
 mod migrate_refusals;
 mod monitoring;

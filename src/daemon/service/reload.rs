@@ -162,7 +162,27 @@ impl Daemon {
         systemd::reloading();
         let verdict = match Config::load_with_text(&self.config_path) {
             Ok((config, text)) => {
-                if config.state_root != self.config.state_root {
+                if config.metrics.listen != self.config.metrics.listen {
+                    // The listener is bound at start (an address in use
+                    // fails the start): a reload cannot move it.
+                    let show = |a: Option<std::net::SocketAddr>| {
+                        a.map_or("off".to_string(), |a| format!("\"{a}\""))
+                    };
+                    let why = format!(
+                        "[metrics] listen: {} -> {}: the listener is bound at start; restart the daemon (systemctl restart agent-state) to change it, or put the old value back to reload the rest",
+                        show(self.config.metrics.listen),
+                        show(config.metrics.listen)
+                    );
+                    self.raise(
+                        ErrorRecord::new(
+                            Code::ConfigInvalid,
+                            format!("config reload refused: {why}"),
+                        )
+                        .details(self.config_path.display().to_string()),
+                        false,
+                    );
+                    (None, vec![why])
+                } else if config.state_root != self.config.state_root {
                     let why = "state_root cannot change while the daemon runs (restart it instead)";
                     self.raise(
                         ErrorRecord::new(
@@ -185,6 +205,33 @@ impl Daemon {
                         .filter(|a| self.agent_config(&a.name) == Some(*a))
                         .map(|a| a.name.clone())
                         .collect();
+                    // A textfile added, moved or removed: applied now.
+                    if config.metrics.textfile != self.config.metrics.textfile {
+                        match (&mut self.metrics_out, &config.metrics.textfile) {
+                            (Some(out), _) => out.textfile = config.metrics.textfile.clone(),
+                            (None, Some(path)) => {
+                                self.metrics_out =
+                                    Some(super::metrics::Publishing::new(Some(path.clone())));
+                            }
+                            (None, None) => {}
+                        }
+                        tracing::info!(
+                            "metrics textfile: {}",
+                            config
+                                .metrics
+                                .textfile
+                                .as_ref()
+                                .map_or("off".to_string(), |p| p.display().to_string())
+                        );
+                    }
+                    // Its timer: started when metrics come on by a reload,
+                    // set again when the interval changes.
+                    if config.metrics.enabled()
+                        && (self.sources.metrics.is_none()
+                            || config.metrics.interval != self.config.metrics.interval)
+                    {
+                        self.sources.metrics = Some(super::every(config.metrics.interval));
+                    }
                     self.config = config;
                     // A reload is the operator's action a disabled agent
                     // waits for; one held because its command cannot be
