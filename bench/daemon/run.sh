@@ -198,9 +198,9 @@ if has flood; then
 fi
 if has paired; then
     for rep in $(seq 1 "$PAIRED_REPS"); do
-        run "paired-$rep" paired --name "paired-$rep" --wakes "$PAIRED_WAKES" --agents "$LAT_AGENTS" --gap "$LAT_GAP" --flood "$FLOOD_FILES"
+        run "paired-$rep" paired --name "paired-$rep" --warmup 0 --wakes "$PAIRED_WAKES" --agents "$LAT_AGENTS" --gap "$LAT_GAP" --flood "$FLOOD_FILES"
         if [[ $PAIRED_PIN == 1 ]]; then
-            run "paired-pinned-$rep" paired --name "paired-pinned-$rep" --pin 1 --wakes "$PAIRED_WAKES" --agents "$LAT_AGENTS" --gap "$LAT_GAP" --flood "$FLOOD_FILES"
+            run "paired-pinned-$rep" paired --name "paired-pinned-$rep" --pin 1 --warmup 0 --wakes "$PAIRED_WAKES" --agents "$LAT_AGENTS" --gap "$LAT_GAP" --flood "$FLOOD_FILES"
         fi
     done
 fi
