@@ -670,6 +670,158 @@ def cmd_latency(args):
     return result
 
 
+def one_wake(b, ino, names_state, agent, name):
+    """Rename one message into AGENT's inbox of B; wait for its session to start
+    and end (message in processed/, daemon.json shows no clean agent running).
+    Returns (t_rt, t_mono, latency ns)."""
+    tmp = b.write_tmp(agent, name, fsync=True)
+    dst = os.path.join(b.inbox(agent), name)
+    t_rt = time.time_ns()
+    t_mono = time.monotonic_ns()
+    os.rename(tmp, dst)
+    got = []
+
+    def stamped():
+        nonlocal got
+        new, names_state[b.dir] = read_stamps(b.stamps, names_state[b.dir])
+        got += [x for x in new if x["agent"] != FLOOD_AGENT]
+        return bool(got)
+
+    if not ino.until(stamped, 30, poll=0.05):
+        raise BenchFailed(f"{b.dir}: {name} ({agent}): no session started within 30 s")
+    if len(got) != 1 or got[0]["agent"] != agent:
+        raise BenchFailed(f"{b.dir}: {name} ({agent}): unexpected sessions {got}")
+    processed = os.path.join(b.inbox(agent), "processed", name)
+
+    def ended():
+        if not os.path.exists(processed):
+            return False
+        hb = b.heartbeat()
+        return (hb is not None and not [r for r in hb["running"] if r["agent"] != FLOOD_AGENT]
+                and not [w for w in hb["waiting"] if w != FLOOD_AGENT])
+
+    if not ino.until(ended, 30, poll=0.05):
+        raise BenchFailed(f"{b.dir}: {name} ({agent}): session did not end within 30 s")
+    return t_rt, t_mono, got[0]["mono"] - t_mono
+
+
+def paired_ratio(clean, flooded, p, resamples=1000, seed=1):
+    """p-th percentile of FLOODED / that of CLEAN, and a 95% bootstrap interval
+    resampling the pairs (wake i of each side was taken at the same moment)."""
+    import random
+    if not clean or not flooded:
+        return None
+    n = min(len(clean), len(flooded))
+    clean, flooded = clean[:n], flooded[:n]
+    r = pct(flooded, p) / max(1, pct(clean, p))
+    rng = random.Random(seed)
+    rs = []
+    for _ in range(resamples):
+        idx = [rng.randrange(n) for _ in range(n)]
+        rs.append(pct([flooded[i] for i in idx], p) / max(1, pct([clean[i] for i in idx], p)))
+    rs.sort()
+    return {"ratio": round(r, 3), "ci95": [round(rs[int(0.025 * resamples)], 3), round(rs[int(0.975 * resamples) - 1], 3)],
+            "flooded_slower_in_pct_of_pairs": round(100 * sum(1 for a, c in zip(flooded, clean) if a > c) / n, 1)}
+
+
+def cmd_paired(args):
+    """Two daemons of the same binary at once, identical configs; the flooded
+    one's FLOOD_AGENT inbox holds --flood wake requests + as many junk files
+    before it starts. Wakes alternate between them (the side going first
+    alternates too), each waited to its end, so both series see the same
+    machine at the same moments."""
+    sides = {"clean": Bench(args, (args.name or "paired") + "-clean"),
+             "flooded": Bench(args, (args.name or "paired") + "-flooded")}
+    names = agent_names(args.agents)
+    wrap = {"clean": None, "flooded": None}
+    if args.pin:
+        # --pin: each daemon on its own CPU (0 and 1), so the flooded one's
+        # threads cannot take the clean one's CPU; the benchmark itself floats.
+        wrap = {"clean": ["taskset", "-c", "0"], "flooded": ["taskset", "-c", "1"]}
+    flood = {}
+    for k, b in sides.items():
+        b.write_config(names + [FLOOD_AGENT], max_concurrent=4)
+        subprocess.run([b.bin, "--config", b.config, "bootstrap"], check=True, stdout=subprocess.DEVNULL)
+    make_flood(sides["flooded"].inbox(FLOOD_AGENT), args.flood, flood)
+    flood.pop("made_from_ns", None)
+    flood.pop("made_to_ns", None)
+    os.sync()
+    ready = {}
+    ino = Inotify()
+    samples = {"clean": [], "flooded": []}
+    cpu = {}
+    expected = {"clean": {}, "flooded": {}}
+    try:
+        for k, b in sides.items():
+            ready[k] = round(b.start(env_extra={"AGENT_STATE_LOG": "debug"}, wrap=wrap[k])["ready_ms"], 1)
+            ino.add(b.dir, Inotify.IN_MODIFY | Inotify.IN_CLOSE_WRITE | Inotify.IN_CREATE)
+            ino.add(os.path.join(b.root, ".daemon"), Inotify.IN_MOVED_TO)
+            for a in names:
+                os.makedirs(os.path.join(b.inbox(a), ".tmp"), exist_ok=True)
+                os.makedirs(os.path.join(b.inbox(a), "processed"), exist_ok=True)
+                ino.add(os.path.join(b.inbox(a), "processed"), Inotify.IN_MOVED_TO)
+        time.sleep(0.5)
+        offsets = {b.dir: 0 for b in sides.values()}
+        total = args.warmup + args.wakes
+        for i in range(total):
+            if i == args.warmup:
+                cpu = {k: (proc_cpu(b.pid), proc_threads(b.pid)) for k, b in sides.items()}
+            agent = names[i % len(names)]
+            name = f"lat{i:06d}.json"
+            order = ("clean", "flooded") if i % 2 == 0 else ("flooded", "clean")
+            for k in order:
+                expected[k].setdefault(agent, []).append(name)
+                t_rt, t_mono, lat = one_wake(sides[k], ino, offsets, agent, name)
+                if i >= args.warmup:
+                    samples[k].append({"i": i, "t_rt": t_rt, "lat": lat})
+                if args.gap > 0:
+                    time.sleep(args.gap)
+            if (i + 1) % 200 == 0:
+                log(f"  paired: {i + 1}/{total}")
+        cpu1 = {k: (proc_cpu(b.pid), proc_threads(b.pid)) for k, b in sides.items()}
+        pids = {k: b.pid for k, b in sides.items()}
+        inbox = sides["flooded"].inbox(FLOOD_AGENT)
+
+        def drained():
+            return not any(n.startswith(".wake-") for n in os.listdir(inbox))
+
+        t0 = time.monotonic()
+        if not ino.until(drained, 120, poll=0.5):
+            raise BenchFailed(f"the {args.flood} wake requests in {inbox} were not removed within 120 s")
+        flood["drained_after_last_wake_s"] = round(time.monotonic() - t0, 2)
+    finally:
+        ino.close()
+        rc = {k: b.stop() for k, b in sides.items()}
+    checks = {k: verify_delivery(b, expected[k])[0] for k, b in sides.items()}
+    # Phases by the flooded daemon's clock: while its inbox still held wake
+    # requests (until it logged them all served and removed), and after (the
+    # junk stays). Pair i of the clean side goes to the same phase as pair i.
+    drained_rt = flood_drained_rt(os.path.join(sides["flooded"].dir, "daemon.log"))
+    phase_of = {s["i"]: ("requests_left" if drained_rt is None or s["t_rt"] < drained_rt else "after")
+                for s in samples["flooded"]}
+    phases = {}
+    for ph in ("requests_left", "after", "all"):
+        per = {k: [s["lat"] for s in samples[k] if ph == "all" or phase_of[s["i"]] == ph] for k in sides}
+        phases[ph] = {"wakes": len(per["flooded"]),
+                      "clean_ms": dist(per["clean"]) if per["clean"] else None,
+                      "flooded_ms": dist(per["flooded"]) if per["flooded"] else None,
+                      "p50": paired_ratio(per["clean"], per["flooded"], 50),
+                      "p99": paired_ratio(per["clean"], per["flooded"], 99)}
+    n = max(1, args.wakes)
+    cpu_per_wake = {}
+    for k, b in sides.items():
+        if k in cpu:
+            tid = str(pids[k])
+            loop = (cpu1[k][1].get(tid, {}).get("ticks", 0) - cpu[k][1].get(tid, {}).get("ticks", 0)) / CLK_TCK
+            cpu_per_wake[k] = {"daemon_ms": round((cpu1[k][0] - cpu[k][0]) * 1000 / n, 3),
+                               "loop_ms": round(loop * 1000 / n, 3)}
+    return {"bench": "paired", "label": args.label or f"paired flood ({'pinned' if args.pin else 'unpinned'})",
+            "agents": args.agents, "wakes": args.wakes, "gap_s": args.gap, "pinned": bool(args.pin),
+            "files_each": args.flood, "ready_ms": ready, "flood": flood, "phases": phases,
+            "cpu_per_wake": cpu_per_wake, "daemon_exit": rc, "checks": checks,
+            "dir": [b.dir for b in sides.values()]}
+
+
 def strace_counts(path, per):
     """Calls per syscall from an `strace -c` table, divided by `per`."""
     out = {}
@@ -1165,6 +1317,9 @@ def failed_checks(result):
     out = []
     if result.get("check") and not result["check"]["ok"]:
         out.append((result["bench"], result["check"]))
+    for k, c in (result.get("checks") or {}).items():
+        if c and not c["ok"]:
+            out.append((f"{result['bench']} {k}", c))
     for w in ("first", "second"):
         wa = (result.get(w) or {}).get("wakes_after") or {}
         if wa.get("check") and not wa["check"]["ok"]:
@@ -1214,6 +1369,23 @@ def cmd_summary(args):
                          + (f" (loop thread {r['daemon_loop_cpu_ms_per_wake']})" if "daemon_loop_cpu_ms_per_wake" in r else "")
                          + f"; exactly once: {once(r.get('check'))}"
                          + flooded))
+        elif k == "paired":
+            def side(v):
+                return f"p50 {v['p50']:.2f} p99 {v['p99']:.2f} max {v['max']:.2f}" if v else "-"
+
+            def ratio(x):
+                return f"{x['ratio']:.2f} [{x['ci95'][0]:.2f}, {x['ci95'][1]:.2f}]" if x else "-"
+
+            ph = "; ".join(f"{n.replace('_', ' ')} ({v['wakes']} pairs): clean {side(v['clean_ms'])}, "
+                           f"flooded {side(v['flooded_ms'])}; flooded/clean p50 {ratio(v['p50'])}, "
+                           f"p99 {ratio(v['p99'])}"
+                           for n, v in r["phases"].items() if v["wakes"])
+            cpu = "; ".join(f"{n} daemon CPU {c['daemon_ms']} ms/wake (loop {c['loop_ms']})"
+                            for n, c in r.get("cpu_per_wake", {}).items())
+            rows.append((f"flood, paired ({r['files_each']} requests + {r['files_each']} junk; "
+                         f"{'pinned' if r.get('pinned') else 'unpinned'}; {r['wakes']} wakes each)",
+                         f"{ph}; {cpu}; load {' '.join(r.get('loadavg_before', []))}; exactly once: "
+                         + ", ".join(f"{n} {once(c)}" for n, c in r["checks"].items())))
         elif k == "wakecli":
             rows.append((f"agent-state wake --wait ({r['wakes']})",
                          f"CLI wall p50 {r['cli_wall_ms']['p50']:.1f} ms, p99 {r['cli_wall_ms']['p99']:.1f}; "
@@ -1362,6 +1534,16 @@ def main():
                    help="1: perf record --call-graph dwarf of the daemon during the measured wakes "
                         "(perf-latency.data, keep it with KEEP=1)")
 
+    s = sub.add_parser("paired", help="flooded vs clean daemon at once, wakes alternating (issue 20)")
+    s.add_argument("--wakes", type=int, default=1000)
+    s.add_argument("--warmup", type=int, default=20)
+    s.add_argument("--agents", type=int, default=100)
+    s.add_argument("--gap", type=float, default=0.02)
+    s.add_argument("--flood", type=int, default=100000)
+    s.add_argument("--pin", type=int, default=0, help="1: taskset the clean daemon to CPU 0, the flooded one to CPU 1")
+    s.add_argument("--label")
+    s.add_argument("--name")
+
     s = sub.add_parser("wakecli")
     s.add_argument("--wakes", type=int, default=200)
     s.add_argument("--warmup", type=int, default=5)
@@ -1413,7 +1595,7 @@ def main():
         return cmd_summary(args)
     if args.cmd == "table":
         return cmd_table(args)
-    fn = {"latency": cmd_latency, "wakecli": cmd_wakecli, "burst": cmd_burst, "floor": cmd_floor,
+    fn = {"latency": cmd_latency, "paired": cmd_paired, "wakecli": cmd_wakecli, "burst": cmd_burst, "floor": cmd_floor,
           "startup": cmd_startup, "idle": cmd_idle}[args.cmd]
     name = getattr(args, "name", None) or args.cmd
     # Every wait in here has its own bound; this one bounds the whole benchmark

@@ -16,6 +16,12 @@
 #             junk files (what any member of the inbox group can do), twice: made before the
 #             daemon starts (steady: the inbox holds them all when the wakes start), and made
 #             while the wakes are measured (during). Compare with `latency` at the same LAT_WAKES
+#   paired    the flood's figure with the machine's noise cancelled: two daemons of the same
+#             binary at once on two state roots, identical configs, one with FLOOD_FILES wake
+#             requests + as many junk files in another agent's inbox before it starts; wakes of
+#             a clean agent alternate between them, each waited to its end. Per phase p50/p99
+#             of each and flooded/clean with a 95% bootstrap interval over the pairs.
+#             PAIRED_PIN=1 adds a run with the clean daemon on CPU 0 and the flooded one on CPU 1
 #   wakecli   `agent-state wake AGENT --wait` wall time
 #   burst     BURST_AGENTS x BURST_PER_AGENT messages renamed in at once; checks exactly-once
 #   floor     the same burst with no daemon: only the protocol's own system calls (floor.c), 1 and 2 workers
@@ -25,6 +31,7 @@
 # Environment (defaults in brackets; QUICK=1 changes those marked *):
 #   LAT_WAKES [1000*]  LAT_AGENTS [100]  LAT_GAP [0.02 s between wakes]
 #   SLOWSYNC_WAKES [300*]  SLOWSYNC_US [1000]
+#   PAIRED_WAKES [LAT_WAKES, per daemon]  PAIRED_PIN [0]  PAIRED_REPS [1; repetitions of each]
 #   STRACE_WAKES [100*]  WAKECLI_WAKES [200*]  FLOOD_FILES [100000*]  FLOOD_PERF [0; 1 = perf record
 #                      --call-graph dwarf of the daemon during the flood's wakes, perf-latency.data]
 #   BURST_AGENTS [100]  BURST_PER_AGENT [1000*]  BURST_MAX_CONCURRENT [4]
@@ -53,7 +60,7 @@ BIN=${AGENT_STATE_BIN:-$REPO/target/release/agent-state}
 QUICK=${QUICK:-0}
 q() { if [[ $QUICK == 1 ]]; then echo "$2"; else echo "$1"; fi; }
 
-BENCHES=${BENCHES:-latency,nosync,slowsync,strace,flood,wakecli,burst,floor,startup,idle}
+BENCHES=${BENCHES:-latency,nosync,slowsync,strace,flood,paired,wakecli,burst,floor,startup,idle}
 LAT_WAKES=${LAT_WAKES:-$(q 1000 100)}
 LAT_AGENTS=${LAT_AGENTS:-100}
 LAT_GAP=${LAT_GAP:-0.02}
@@ -62,6 +69,9 @@ SLOWSYNC_WAKES=${SLOWSYNC_WAKES:-$(q 300 50)}
 SLOWSYNC_US=${SLOWSYNC_US:-1000}
 WAKECLI_WAKES=${WAKECLI_WAKES:-$(q 200 20)}
 FLOOD_FILES=${FLOOD_FILES:-$(q 100000 20000)}
+PAIRED_WAKES=${PAIRED_WAKES:-$LAT_WAKES}
+PAIRED_PIN=${PAIRED_PIN:-0}
+PAIRED_REPS=${PAIRED_REPS:-1}
 BURST_AGENTS=${BURST_AGENTS:-100}
 BURST_PER_AGENT=${BURST_PER_AGENT:-$(q 1000 100)}
 BURST_MAX_CONCURRENT=${BURST_MAX_CONCURRENT:-4}
@@ -185,6 +195,14 @@ has strace && run latency-strace latency --name latency-strace --wakes "$STRACE_
 if has flood; then
     run latency-flood-steady latency --name latency-flood-steady --label "flood, steady: another inbox holds ${FLOOD_FILES} wake requests + ${FLOOD_FILES} junk files" --wakes "$LAT_WAKES" --agents "$LAT_AGENTS" --gap "$LAT_GAP" --flood "$FLOOD_FILES" --flood-when before --warmup 0 --perf "${FLOOD_PERF:-0}"
     run latency-flood latency --name latency-flood --label "flood, during: ${FLOOD_FILES} wake requests + ${FLOOD_FILES} junk files made in another inbox" --wakes "$LAT_WAKES" --agents "$LAT_AGENTS" --gap "$LAT_GAP" --flood "$FLOOD_FILES" --flood-when during --perf "${FLOOD_PERF:-0}"
+fi
+if has paired; then
+    for rep in $(seq 1 "$PAIRED_REPS"); do
+        run "paired-$rep" paired --name "paired-$rep" --warmup 0 --wakes "$PAIRED_WAKES" --agents "$LAT_AGENTS" --gap "$LAT_GAP" --flood "$FLOOD_FILES"
+        if [[ $PAIRED_PIN == 1 ]]; then
+            run "paired-pinned-$rep" paired --name "paired-pinned-$rep" --pin 1 --warmup 0 --wakes "$PAIRED_WAKES" --agents "$LAT_AGENTS" --gap "$LAT_GAP" --flood "$FLOOD_FILES"
+        fi
+    done
 fi
 has wakecli && run wakecli wakecli --wakes "$WAKECLI_WAKES" --agents "$LAT_AGENTS"
 has burst && run burst burst --agents "$BURST_AGENTS" --per-agent "$BURST_PER_AGENT" --max-concurrent "$BURST_MAX_CONCURRENT" --timeout "$BURST_TIMEOUT" --perf "$BURST_PERF"
