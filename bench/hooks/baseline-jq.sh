@@ -304,8 +304,10 @@ next_instance() {
         from_journal=(--rawfile journal "$(input_of "$J")")
     fi
     write_json "$C" -n --arg agent "$agent" "${from_journal[@]}" '
-        (try input catch {}) | (if type == "object" then . else {} end) as $doc
-        | ($doc.counters // {}) as $c
+        (try input catch {}) | (if type == "object" then . else {} end) as $doc0
+        | (if ($doc0.counters | type) == "object" then $doc0.counters else {} end) as $nested
+        | ($doc0 | del(.counters)) as $doc
+        | ($nested + ($doc | with_entries(select(.value | type == "number")))) as $c
         | ($c[$agent] // 0) as $n
         | (if $n != 0 then $n
            else [ $journal | split("\n")[] | select(length > 0) | (try fromjson catch null)
@@ -314,8 +316,8 @@ next_instance() {
                   | .[($agent | length) + 1:] | select(test("^[0-9]+$")) | tonumber ]
                 | max // 0
            end) as $n
-        | {counters: ($c + {($agent): ($n + 1)} | to_entries | sort_by(.key) | from_entries)}
-          + ($doc | del(.counters))' "$(input_of "$C")"
+        | ($doc | with_entries(select(.value | type != "number")))
+          + ($c + {($agent): ($n + 1)} | to_entries | sort_by(.key) | from_entries)' "$(input_of "$C")"
     read -r -d '' text <"$C" || true
     [[ $text =~ $re ]] || die "$C: no counter for $agent after writing it" 70
     printf -v instance '%s-%03d' "$agent" "$((10#${BASH_REMATCH[1]}))"
@@ -529,7 +531,10 @@ end_() {
         | session_doc' "$S"
     staged_s=$staged
 
-    stage_json "$R" -n "${common[@]}" --slurpfile s "$staged_s" "$JQ_DEFS"'
+    # Sleeping once it has an identity; hatching until then.
+    local lifecycle=hatching
+    if [[ -f $D/identity.md || -f $D/prompt.md ]]; then lifecycle=sleeping; fi
+    stage_json "$R" -n "${common[@]}" --arg lifecycle "$lifecycle" --slurpfile s "$staged_s" "$JQ_DEFS"'
         $s[0] as $s
         | (try input catch {}) | report_doc
         | .status = "idle"
@@ -540,7 +545,7 @@ end_() {
         | .agent = $agent
         | del(.current_session)
         | .updated_at = $now
-        | .lifecycle = "sleeping"
+        | .lifecycle = $lifecycle
         | .last_session = ({id: $sid, started_at: $s.started_at, ended_at: $s.ended_at,
                             outcome: "completed", sources_archived: $s.sources_archived,
                             branch: $s.branch, pr_number: $s.pr_number}

@@ -503,12 +503,22 @@ def next_instance(root, agent_dir, name):
         path = os.path.join(d, "counters.json")
         doc = read_json(path)
         doc = doc if isinstance(doc, dict) else {}
-        counters = doc.get("counters") if isinstance(doc.get("counters"), dict) else {}
+        # Seed 000's flat map (agent -> count); the nested shape earlier
+        # versions wrote is read too and written back flat.
+        counters, extra = {}, {}
+        if isinstance(doc.get("counters"), dict):
+            for k, v in doc.pop("counters").items():
+                if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+                    counters[k] = v
+        for k, v in doc.items():
+            if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+                counters[k] = max(counters.get(k, 0), v)
+            else:
+                extra[k] = v
         n = counters.get(name) or highest_instance(agent_dir, name)
         counters[name] = n + 1
-        # serde: the counters first, as a BTreeMap (sorted), then other keys
-        write_json(path, {"counters": dict(sorted(counters.items())),
-                          **{k: v for k, v in doc.items() if k != "counters"}})
+        # serde: the other keys in file order, then the counters sorted
+        write_json(path, {**extra, **dict(sorted(counters.items()))})
     finally:
         os.close(fd)  # releases the lock
     return f"{name}-{n + 1:03}"
@@ -798,7 +808,9 @@ def end(agent_dir, name, opts, now):
     report["agent"] = name
     report.pop("current_session", None)
     report["updated_at"] = fmt_ts(now)
-    report["lifecycle"] = "sleeping"
+    # Sleeping once it has an identity; hatching until then.
+    has_identity = any(os.path.isfile(os.path.join(agent_dir, f)) for f in ("identity.md", "prompt.md"))
+    report["lifecycle"] = "sleeping" if has_identity else "hatching"
     last_extra = report["last_session"] if isinstance(report["last_session"], dict) else {}
     last_extra = {k: v for k, v in last_extra.items() if k not in LAST_SESSION_KEYS and k != "reason"}
     report["last_session"] = {

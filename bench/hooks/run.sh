@@ -284,7 +284,7 @@ for impl in rust python python-pyc jq; do
     d=$WORK/time-$impl/state/rio
     printf '%-10s journal lines: %s  metrics: %s  counters: %s\n' "$impl" "$(wc -l <"$d/journal.jsonl")" \
         "$(jq -c '{total: .lifetime.sessions_total, sources: .lifetime.sources_archived, rolling_30d: .rolling_30d}' "$d/metrics.json")" \
-        "$(jq -c .counters "$d/../.daemon/counters.json")" \
+        "$(jq -c . "$d/../.daemon/counters.json")" \
         | tee -a "$WORK/after.txt"
 done
 if [[ $(sed 's/^[a-z-]* *//' "$WORK/after.txt" | sort -u | wc -l) != 1 ]]; then
