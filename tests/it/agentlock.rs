@@ -371,7 +371,7 @@ fn a_group_member_cannot_hold_the_daemon_back() {
 
 /// `runuser … daemon`, whose daemon (runuser's child) is killed if the
 /// test ends before it was stopped.
-struct Reaped(std::process::Child);
+pub(crate) struct Reaped(pub(crate) std::process::Child);
 
 impl Drop for Reaped {
     fn drop(&mut self) {

@@ -7,31 +7,9 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use crate::agentlock::Reaped;
 use crate::permissions::{World, enabled, show};
 use crate::support::poll_until;
-
-/// `runuser … daemon`: the daemon (runuser's child) is stopped when the
-/// test ends, however it ends.
-struct Reaped(std::process::Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let id = self.0.id();
-        let children =
-            std::fs::read_to_string(format!("/proc/{id}/task/{id}/children")).unwrap_or_default();
-        for pid in children
-            .split_whitespace()
-            .filter_map(|p| p.parse::<i32>().ok())
-        {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 #[test]
 fn a_reload_that_cannot_make_an_agents_directory_fails_naming_it() {
