@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::package::packages;
 use crate::sdbox::{SdBox, describe, sdbox_tool, text};
 
 const STATE: &str = "/opt/teleo-eval/agent-state";
@@ -30,25 +31,6 @@ cat <<'EOF'
 {"type":"result","subtype":"success","is_error":false,"num_turns":3,"total_cost_usd":0.25,"usage":{"input_tokens":1000,"output_tokens":200,"cache_creation_input_tokens":0,"cache_read_input_tokens":0},"result":"Read the inbox and wrote a note.\n\n## Context Summary\n\n**Goal**: Answer the inbox\n**Current State**: Wrote a note\n**Next Agent**: none\n**Confidence**: 4\n**Risk Level**: low\n**Blockers**: none\n\n<axiom>COMPLETE</axiom>"}
 EOF
 "#;
-
-fn packages() -> Option<(PathBuf, PathBuf)> {
-    let Some(dir) = std::env::var_os("AGENT_STATE_DEBS").map(PathBuf::from) else {
-        eprintln!("SKIPPED: set AGENT_STATE_DEBS to the two packages .ci/run builds");
-        return None;
-    };
-    let mut debs: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("AGENT_STATE_DEBS={}: {e}", dir.display()))
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "deb"))
-        .collect();
-    debs.sort();
-    assert!(
-        debs.len() >= 2,
-        "two packages in {}: {debs:?}",
-        dir.display()
-    );
-    Some((debs[0].clone(), debs[debs.len() - 1].clone()))
-}
 
 struct Box_ {
     sdbox: SdBox,

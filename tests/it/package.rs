@@ -18,7 +18,7 @@ use crate::sdbox::{SdBox, describe, sdbox_tool, text};
 
 const STATE: &str = "/opt/teleo-eval/agent-state";
 
-fn packages() -> Option<(PathBuf, PathBuf)> {
+pub(crate) fn packages() -> Option<(PathBuf, PathBuf)> {
     let Some(dir) = std::env::var_os("AGENT_STATE_DEBS").map(PathBuf::from) else {
         eprintln!(
             "SKIPPED: set AGENT_STATE_DEBS to a directory with two packages built by packaging/build-deb.sh \
