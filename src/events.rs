@@ -781,6 +781,7 @@ fn summary_keys(source: &SourceId, kind: &str) -> &'static [&'static str] {
         (_, "task_added") => &["task_id", "priority", "description"],
         (_, "task_updated") => &["task_id", "status", "outcome"],
         (_, "message_sent") => &["message_id", "to", "type", "subject"],
+        (_, "message_received") => &["message_id", "from", "type", "subject"],
         (_, "message_rejected") => &["file", "reason"],
         (_, "message_expired") => &["message_id", "file"],
         (_, "state_repaired") => &["file", "rebuilt_from"],

@@ -382,11 +382,13 @@ mod claim;
 mod deliver;
 mod intake;
 mod manual;
+mod received;
 mod reject;
 pub use claim::*;
 pub use deliver::*;
 pub use intake::*;
 pub use manual::*;
+pub use received::journal_arrivals;
 pub use reject::*;
 
 #[cfg(test)]

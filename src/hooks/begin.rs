@@ -165,6 +165,15 @@ pub fn begin(
         req.known.as_deref(),
         req.listed.as_deref(),
     )?;
+    // Mail the claim got to before the daemon's intake did (or with no
+    // daemon): its arrival is journaled before the session that takes it.
+    let claimed: Vec<&inbox::Message> = claim.claimed.iter().collect();
+    if let Err(e) = inbox::journal_arrivals(dir, &lock, &claimed, now) {
+        notes.push(format!(
+            "{}: cannot journal the arrival of its messages: {e}",
+            dir.name
+        ));
+    }
     let message_ids: Vec<String> = claim.claimed.iter().map(|m| m.id.clone()).collect();
     let model = Args::text(req.model.as_deref()).unwrap_or_else(|| agent.session.model.clone());
     let disconfirmation_target = Args::text(req.disconfirmation_target.as_deref());

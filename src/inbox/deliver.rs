@@ -87,7 +87,26 @@ fn deliver_with_id(to: &AgentDir, out: &Outgoing, id: String, now: Timestamp) ->
         fsx::discard_at(tmp_fd.as_fd(), &tmp_name);
         return Err(e);
     }
+    journal_delivered(to, &message, now);
     Ok(message)
+}
+
+/// Journal the arrival of a message just delivered, if the sender may and
+/// the recipient's lock is free this instant: a human mailbox is never read
+/// by the daemon's intake, so this is its only `message_received`; an
+/// agent's intake writes it otherwise (a sender in the inbox group cannot
+/// write the journal, and a sender never waits for a recipient's lock).
+fn journal_delivered(to: &AgentDir, message: &Message, now: Timestamp) {
+    let lock = crate::state::lock::with_wait(Duration::ZERO, || to.lock());
+    if let Ok(lock) = lock {
+        let stripped = Message {
+            body: String::new(),
+            ..message.clone()
+        };
+        if let Err(e) = super::journal_arrivals(to, &lock, &[&stripped], now) {
+            tracing::debug!(agent = %to.name, "message {} delivered, its arrival not journaled: {e}", message.id);
+        }
+    }
 }
 
 /// Count of regular entries in a directory (0 if it does not exist).

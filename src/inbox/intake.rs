@@ -293,6 +293,10 @@ pub struct Received {
     pub rejected: Vec<Rejected>,
     /// Valid `task` messages (their tasks are added by the caller).
     pub tasks: Vec<Message>,
+    /// Valid messages read for the first time (not answered from
+    /// `known`), without their body: their `message_received` lines are
+    /// journaled by the caller ([`super::journal_arrivals`]).
+    pub arrived: Vec<Message>,
     /// Files left for a later pass: this one rejected
     /// [`REJECTED_PER_PASS`] already (each costs a few syncs), so the names
     /// after them were not looked at.
@@ -366,6 +370,13 @@ pub fn receive(
             Some(known),
         );
         if let (Verdict::Valid(m), Some(stamp)) = (&verdict, stamp) {
+            if known.get(&stamp).is_none() && !m.is_expired(now) {
+                out.arrived.push(Message {
+                    body: String::new(),
+                    extra: Default::default(),
+                    ..(**m).clone()
+                });
+            }
             known.learn(stamp, m);
             seen.insert((stamp.dev, stamp.ino));
         }

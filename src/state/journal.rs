@@ -61,6 +61,7 @@ pub enum Event {
     TaskAdded(TaskAdded),
     TaskUpdated(TaskUpdated),
     MessageSent(MessageSent),
+    MessageReceived(MessageReceived),
     MessageRejected(MessageRejected),
     MessageRetried(MessageRetried),
     MessageExpired(MessageExpired),
@@ -468,6 +469,19 @@ pub struct MessageSent {
     pub to: String,
     #[serde(rename = "type")]
     pub kind: MessageType,
+    pub subject: String,
+}
+
+/// A message arrived in this agent's inbox (written once per message by
+/// whoever saw it first: the daemon's intake or a session's claim), so the
+/// recipient's journal shows its side of the conversation.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MessageReceived {
+    pub message_id: String,
+    pub from: String,
+    #[serde(rename = "type")]
+    pub kind: MessageType,
+    pub priority: String,
     pub subject: String,
 }
 

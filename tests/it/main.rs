@@ -59,6 +59,7 @@ mod promises;
 mod prompt;
 mod prompt_answer;
 mod reattach;
+mod received;
 mod rejected_names;
 mod reload_visible;
 mod repo_commands;

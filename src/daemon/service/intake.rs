@@ -259,6 +259,10 @@ impl Daemon {
             let received = inbox::receive(&dir, now, settle, &writing, known, listed.as_deref())?;
             let mut notes = Vec::new();
             hooks::add_tasks_from_messages(&dir, &lock, &received.tasks, now, &mut notes)?;
+            let arrived: Vec<&inbox::Message> = received.arrived.iter().collect();
+            if let Err(e) = inbox::journal_arrivals(&dir, &lock, &arrived, now) {
+                tracing::warn!(agent = %agent, error_code = e.code().as_str(), "{agent}: cannot journal the arrival of {} message(s): {e}", arrived.len());
+            }
             Ok(received)
         });
         match result {
