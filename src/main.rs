@@ -2,8 +2,6 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
-
 fn main() -> ExitCode {
     // Like other Unix tools, end quietly when the reader of our output goes
     // away (`agent-state status | head -1`). Commands print only after their
@@ -15,7 +13,17 @@ fn main() -> ExitCode {
             nix::sys::signal::SigHandler::SigDfl,
         )
     };
-    let cli = agent_state::cli::Cli::parse();
+    let parsed =
+        agent_state::cli::parse_lenient::<agent_state::cli::Cli>(std::env::args_os().collect());
+    let cli = match parsed {
+        Ok((cli, warnings)) => {
+            for w in warnings {
+                eprintln!("agent-state: warning: {w}");
+            }
+            cli
+        }
+        Err(e) => e.exit(),
+    };
     match agent_state::cli::run(cli) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {

@@ -22,6 +22,7 @@ mod record;
 mod reload;
 mod send;
 mod session;
+pub use session::parse_lenient;
 mod status;
 mod stop;
 mod task;

@@ -4,7 +4,8 @@
 //! so a bad optional value is recorded as such instead of losing the session
 //! record (negative numbers too: `--cost-usd -1` is a bad value, not an
 //! unknown flag). Exit status: 0 (`end` and `fail` also when an argument
-//! was bad: a warning on stderr, the session ended); `begin` 65 when an
+//! was bad or unknown — [`parse_lenient`] drops an unknown one with a
+//! warning: a warning on stderr, the session ended); `begin` 65 when an
 //! argument was bad (everything else was still recorded); 77 when `end` or `fail` names no session and
 //! the running one belongs to another live process (nothing changed).
 
@@ -337,5 +338,100 @@ fn bad_arguments(agent: &crate::agent_name::AgentName, bad: &[BadArgument]) -> u
         exit::OK
     } else {
         exit::DATAERR
+    }
+}
+
+/// The command line of a hook that may end a session: `session end` or
+/// `session fail` (after any global options).
+fn is_ending_hook(args: &[std::ffi::OsString]) -> bool {
+    let words: Vec<&str> = args
+        .iter()
+        .skip(1)
+        .filter_map(|a| a.to_str())
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    // `--config PATH` / `--color WHEN` take a value: skip to `session`.
+    words
+        .windows(2)
+        .any(|w| w[0] == "session" && (w[1] == "end" || w[1] == "fail"))
+}
+
+/// Parse the command line; for `session end|fail`, an argument clap does
+/// not know (a newer script's flag, a typo) is dropped with a warning
+/// instead of failing the hook, since a failed end hook loses the session's
+/// record (issue 21, "a bad optional argument is a warning, never a failed
+/// hook"). Returns what was parsed and the warnings; anything else clap
+/// refuses is its usual error.
+pub fn parse_lenient<P: clap::Parser>(
+    mut args: Vec<std::ffi::OsString>,
+) -> std::result::Result<(P, Vec<String>), clap::Error> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    let mut warnings = Vec::new();
+    loop {
+        let e = match P::try_parse_from(&args) {
+            Ok(p) => return Ok((p, warnings)),
+            Err(e) => e,
+        };
+        if e.kind() != ErrorKind::UnknownArgument || !is_ending_hook(&args) || warnings.len() >= 32
+        {
+            return Err(e);
+        }
+        let Some(ContextValue::String(bad)) = e.get(ContextKind::InvalidArg) else {
+            return Err(e);
+        };
+        // `--flag=value` is one argument; clap names it without the value.
+        let Some(at) = args.iter().skip(1).position(|a| {
+            a.to_str()
+                .is_some_and(|a| a == bad || a.split_once('=').is_some_and(|(f, _)| f == bad))
+        }) else {
+            return Err(e);
+        };
+        let removed = args.remove(at + 1);
+        warnings.push(format!(
+            "ignored the unknown argument {:?} (the session is recorded without it; see --help)",
+            removed.to_string_lossy()
+        ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(line: &str) -> std::result::Result<Vec<String>, String> {
+        let args = std::iter::once("agent-state")
+            .chain(line.split(' '))
+            .map(std::ffi::OsString::from)
+            .collect();
+        parse_lenient::<crate::cli::Cli>(args)
+            .map(|(_, w)| w)
+            .map_err(|e| e.kind().to_string())
+    }
+
+    #[test]
+    fn unknown_arguments_of_ending_hooks_are_warnings_elsewhere_errors() {
+        for (line, expected) in [
+            ("session end rio --summary done", Ok(0)),
+            ("session end rio --frobnicate", Ok(1)),
+            ("session end rio --frobnicate=3 --summary x", Ok(1)),
+            // A value after an unknown flag is an extra argument: dropped too.
+            ("session end rio --frobnicate 3", Ok(2)),
+            (
+                "session fail rio --outcome error --reason x --new-flag",
+                Ok(1),
+            ),
+            ("--config /x session end rio --new-flag", Ok(1)),
+            // Only the ending hooks: a begin with a typo fails as before.
+            ("session begin rio --frobnicate", Err(())),
+            ("status --frobnicate", Err(())),
+            // A missing agent is still an error.
+            ("session end --frobnicate", Err(())),
+        ] {
+            let got = parse(line);
+            match expected {
+                Ok(n) => assert_eq!(got.as_ref().map(Vec::len).ok(), Some(n), "{line}: {got:?}"),
+                Err(()) => assert!(got.is_err(), "{line}: {got:?}"),
+            }
+        }
     }
 }

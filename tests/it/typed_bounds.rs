@@ -110,3 +110,50 @@ fn a_bad_argument_to_begin_still_exits_65() {
     );
     assert_eq!(env.json("rio", "session.json")["status"], "running");
 }
+
+#[test]
+fn an_unknown_flag_to_end_or_fail_is_a_warning_and_the_session_ends() {
+    let env = Env::standard();
+    let id = begin(&env);
+    // A newer script's flag, with a value, and one with `=`.
+    let out = env.run(&[
+        "session",
+        "end",
+        "rio",
+        "--summary",
+        "done",
+        "--pr-url",
+        "https://example.invalid/pull/3",
+        "--mood=good",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("warning") && err.contains("--pr-url") && err.contains("--mood=good"),
+        "{err}"
+    );
+    let s = env.json("rio", "session.json");
+    assert_eq!(
+        (s["session_id"].as_str(), s["status"].as_str()),
+        (Some(id.as_str()), Some("completed"))
+    );
+    assert_eq!(env.json("rio", "report.json")["summary"], "done");
+
+    begin(&env);
+    let out = env.run(&[
+        "session",
+        "fail",
+        "rio",
+        "--outcome",
+        "error",
+        "--reason",
+        "boom",
+        "--exit-signal",
+        "9",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert_eq!(env.json("rio", "session.json")["status"], "error");
+    // Other commands keep clap's usage error.
+    env.fails(&["session", "begin", "rio", "--frobnicate"], 2);
+}
