@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::cli::{Context, print_json};
 use crate::clock::{Timestamp, ago};
-use crate::error::{Error, Result, exit};
+use crate::error::{Result, exit};
 use crate::inbox::{self, Message, RejectedFile, Verdict};
 
 #[derive(clap::Args, Debug)]
@@ -125,26 +125,15 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
     }
 }
 
-/// Refuse, before anything is touched, a caller who cannot write the
-/// agent's directory (a member of the inbox group may send and read mail;
-/// moving it to processed/ and journaling it is the service user's), naming
-/// the command that can.
+/// Refuse a caller who cannot write the agent's directory (moving mail
+/// to processed/ and journaling it is the service user's), naming the
+/// command that can.
 fn writer_only(dir: &crate::state::AgentDir, what: &str, command: &str) -> Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    let Err(e @ (nix::errno::Errno::EACCES | nix::errno::Errno::EPERM | nix::errno::Errno::EROFS)) =
-        nix::unistd::access(&dir.path, nix::unistd::AccessFlags::W_OK)
-    else {
-        return Ok(());
-    };
-    let owner = std::fs::metadata(&dir.path)
-        .ok()
-        .and_then(|m| nix::unistd::User::from_uid(m.uid().into()).ok().flatten())
-        .map(|u| u.name)
-        .unwrap_or_else(|| "agent-state".into());
-    Err(Error::NotPermitted(format!(
-        "cannot write {} ({e}): to {what} a message is to move it and journal it, which only {owner} (the service user) and root may do; run `sudo -u {owner} agent-state {command}`",
-        dir.path.display()
-    )))
+    crate::access::writer_only(&dir.path, |owner| {
+        format!(
+            "to {what} a message is to move it and journal it, which only {owner} (the service user) and root may do; run `sudo -u {owner} agent-state {command}`"
+        )
+    })
 }
 
 fn show(ctx: &Context, agent: &str, wanted: &str, json: bool) -> Result<u8> {

@@ -64,16 +64,7 @@ fn stop_session(ctx: &Context, args: &Args) -> Result<u8> {
     // The request goes into `.daemon/`, the service user's: anyone else is
     // refused here, before anything is read or asked (a member of the
     // group may read it, and could not tell whether a daemon runs).
-    let daemon_dir = ctx.root.daemon_dir();
-    if let Err(e @ (nix::errno::Errno::EACCES | nix::errno::Errno::EPERM)) =
-        nix::unistd::access(&daemon_dir, nix::unistd::AccessFlags::W_OK)
-    {
-        return Err(Error::NotPermitted(format!(
-            "cannot write {} ({e}); {}",
-            daemon_dir.display(),
-            operators_only(ctx, &args.agent)
-        )));
-    }
+    crate::access::writer_only(&ctx.root.daemon_dir(), |_| operators_only(ctx, &args.agent))?;
     if !files::daemon_running(&ctx.root) {
         return Err(Error::Unavailable(format!(
             "no agent-state daemon is running on {}: only the daemon's sessions can be stopped (a script's session ends with its script; record it with `agent-state session fail {name} --session ID --reason ...`)",
