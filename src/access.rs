@@ -124,6 +124,31 @@ pub fn hint(e: &Error) -> Option<String> {
     refusing(path_of(e)?).map(|o| advice(&o))
 }
 
+/// Refuse, before anything is touched, a caller who may not write `path`
+/// (a directory of the service user's: a member of the inbox group may
+/// send and read mail, not change state): the refusal names `path`, why,
+/// and what `advice` says to do given the path's owner (the service user's
+/// name, "agent-state" if it cannot be looked up). A read-only file system
+/// is refused the same way.
+pub fn writer_only(path: &Path, advice: impl FnOnce(&str) -> String) -> Result<(), Error> {
+    use nix::errno::Errno;
+    let Err(e @ (Errno::EACCES | Errno::EPERM | Errno::EROFS)) =
+        nix::unistd::access(path, AccessFlags::W_OK)
+    else {
+        return Ok(());
+    };
+    let owner = std::fs::metadata(path)
+        .ok()
+        .and_then(|m| User::from_uid(Uid::from_raw(m.uid())).ok().flatten())
+        .map(|u| u.name)
+        .unwrap_or_else(|| "agent-state".into());
+    Err(Error::NotPermitted(format!(
+        "cannot write {} ({e}): {}",
+        path.display(),
+        advice(&owner)
+    )))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -171,29 +196,4 @@ mod tests {
         let e = Error::io("reading", "/nonexistent/x", io::ErrorKind::NotFound.into());
         assert_eq!(hint(&e), None);
     }
-}
-
-/// Refuse, before anything is touched, a caller who may not write `path`
-/// (a directory of the service user's: a member of the inbox group may
-/// send and read mail, not change state): the refusal names `path`, why,
-/// and what `advice` says to do given the path's owner (the service user's
-/// name, "agent-state" if it cannot be looked up). A read-only file system
-/// is refused the same way.
-pub fn writer_only(path: &Path, advice: impl FnOnce(&str) -> String) -> Result<(), Error> {
-    use nix::errno::Errno;
-    let Err(e @ (Errno::EACCES | Errno::EPERM | Errno::EROFS)) =
-        nix::unistd::access(path, AccessFlags::W_OK)
-    else {
-        return Ok(());
-    };
-    let owner = std::fs::metadata(path)
-        .ok()
-        .and_then(|m| User::from_uid(Uid::from_raw(m.uid())).ok().flatten())
-        .map(|u| u.name)
-        .unwrap_or_else(|| "agent-state".into());
-    Err(Error::NotPermitted(format!(
-        "cannot write {} ({e}): {}",
-        path.display(),
-        advice(&owner)
-    )))
 }
