@@ -12,7 +12,6 @@
 //! from a guess about how long a start takes.
 
 use std::collections::BTreeSet;
-use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
 use crate::agent_name::AgentName;
@@ -22,7 +21,7 @@ use crate::daemon::{files, release, session};
 use crate::error::{Error, Result, exit};
 use crate::events::{Cursor, Reader, SourceId};
 use crate::state::AgentDir;
-use crate::state::journal::{self, Entry, Event, SessionFailed, WakeSkipped};
+use crate::state::journal::{Entry, Event, SessionFailed, WakeSkipped};
 use crate::state::session::{Session, SessionStatus, SessionVerdict};
 
 const WAIT_HELP: &str = "\
@@ -313,21 +312,13 @@ fn answer(code: Option<Code>, verdict: SessionVerdict, tried_held: bool, held_no
     }
 }
 
-/// The journal event that ended `session_id`, if it has ended: read from
-/// the newest line back to the session's `session_start`.
+/// The journal event that ended `session_id`, if it has ended (and the
+/// journal could be read).
 pub(super) fn journaled_end(dir: &crate::state::AgentDir, session_id: &str) -> Option<Event> {
-    let mut found = None;
-    let read = journal::scan_backwards(&dir.journal(), |entry| {
-        if entry.event.ended_session() == Some(session_id) {
-            found = Some(entry.event);
-            return ControlFlow::Break(());
-        }
-        match &entry.event {
-            Event::SessionStart(s) if s.session_id == session_id => ControlFlow::Break(()),
-            _ => ControlFlow::Continue(()),
-        }
-    });
-    read.ok().and(found)
+    crate::hooks::journaled_end(dir, session_id)
+        .ok()
+        .flatten()
+        .map(|e| e.event)
 }
 
 #[cfg(test)]

@@ -98,21 +98,33 @@ impl OutputSummary {
     }
 }
 
-/// Whether session `id`'s last BLOCKED/RESOLVED signal (its journal's
-/// `signal` lines) was BLOCKED.
-fn blocked_by_signal(dir: &AgentDir, id: &str) -> bool {
-    let mut blocked = false;
-    let _ = crate::state::journal::scan_backwards(&dir.journal(), |e| match &e.event {
-        Event::Signal(s)
-            if s.session_id == id && matches!(s.kind.as_str(), "BLOCKED" | "RESOLVED") =>
-        {
-            blocked = s.kind == "BLOCKED";
-            std::ops::ControlFlow::Break(())
+/// What session `id`'s own journal lines say, read back once to its
+/// start: the line that ended it, and whether its last BLOCKED/RESOLVED
+/// signal was BLOCKED.
+fn journaled(dir: &AgentDir, id: &str) -> Result<(Option<Event>, bool)> {
+    let (mut end, mut signal) = (None, None);
+    crate::state::journal::scan_backwards(&dir.journal(), |e| {
+        match &e.event {
+            Event::SessionStart(s) if s.session_id == id => {
+                return std::ops::ControlFlow::Break(());
+            }
+            Event::Signal(s)
+                if signal.is_none()
+                    && s.session_id == id
+                    && matches!(s.kind.as_str(), "BLOCKED" | "RESOLVED") =>
+            {
+                signal = Some(s.kind == "BLOCKED");
+            }
+            ev if end.is_none() && ev.ended_session() == Some(id) => end = Some(e.event),
+            _ => {}
         }
-        Event::SessionStart(s) if s.session_id == id => std::ops::ControlFlow::Break(()),
-        _ => std::ops::ControlFlow::Continue(()),
-    });
-    blocked
+        if end.is_some() && signal.is_some() {
+            std::ops::ControlFlow::Break(())
+        } else {
+            std::ops::ControlFlow::Continue(())
+        }
+    })?;
+    Ok((end, signal.unwrap_or(false)))
 }
 
 /// Fill report.json and session.json from the session's own summary, for
@@ -131,7 +143,8 @@ pub fn record_output_summary(
     if session.session_id != session_id || session.is_running() {
         return Ok(false);
     }
-    let by_script = match journaled_end(dir, session_id)?.map(|e| e.event) {
+    let (end, blocked_by_signal) = journaled(dir, session_id)?;
+    let by_script = match end {
         Some(Event::SessionEnd(e)) => (
             e.summary.is_some(),
             e.next_priority.is_some(),
@@ -167,7 +180,7 @@ pub fn record_output_summary(
         // said itself: a BLOCKED signal of this session with no RESOLVED
         // after it stands.
         if let Some(b) = &from_output.blocked_by
-            && (b.is_some() || !blocked_by_signal(dir, session_id))
+            && (b.is_some() || !blocked_by_signal)
         {
             report.blocked_by = b.clone();
         }

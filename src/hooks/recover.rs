@@ -67,10 +67,7 @@ pub fn recover_stale(
 
 /// The journal entry that ended session `id`, if its end was journaled
 /// (searched back to its start).
-pub(super) fn journaled_end(
-    dir: &AgentDir,
-    id: &str,
-) -> Result<Option<crate::state::journal::Entry>> {
+pub fn journaled_end(dir: &AgentDir, id: &str) -> Result<Option<crate::state::journal::Entry>> {
     let mut found = None;
     crate::state::journal::scan_backwards(&dir.journal(), |e| {
         if e.event.ended_session() == Some(id) {
