@@ -93,23 +93,29 @@ fn starts(runs: &Path, agent: &str) -> usize {
         .count()
 }
 
+/// `agent-state send` of a one-character body (the command a person or a
+/// script uses), failing the test if it fails.
+fn send(env: &Env, from: &str, to: &str, subject: &str) {
+    env.ok(&[
+        "send",
+        "--from",
+        from,
+        "--to",
+        to,
+        "--subject",
+        subject,
+        "--body",
+        "x",
+    ]);
+}
+
 /// The daemon has handled what came before: a message sent to theseus now
 /// (through the same inbox watcher as anything sent before it) has started
 /// theseus's next session. The positive proof behind "nothing else
 /// happened" checks, instead of a sleep.
 fn theseus_ran_after(env: &Env, d: &Daemon, runs: &Path) {
     let before = starts(runs, "theseus");
-    env.ok(&[
-        "send",
-        "--from",
-        "marcus",
-        "--to",
-        "theseus",
-        "--subject",
-        "later",
-        "--body",
-        "x",
-    ]);
+    send(env, "marcus", "theseus", "later");
     d.wait_until(secs(15.0), "theseus ran after what came before", || {
         starts(runs, "theseus") > before
     });
@@ -152,31 +158,11 @@ fn a_missing_command_is_agent_not_found_escalated_once_and_held_without_a_retry_
     });
     // A burst of messages does not turn into a burst of failed spawns.
     for i in 0..5 {
-        env.ok(&[
-            "send",
-            "--from",
-            "theseus",
-            "--to",
-            "rio",
-            "--subject",
-            &format!("n{i}"),
-            "--body",
-            "x",
-        ]);
+        send(&env, "theseus", "rio", &format!("n{i}"));
     }
     // Proof the daemon handled those messages: one sent to theseus after
     // them (same command, so also not found) is recorded.
-    env.ok(&[
-        "send",
-        "--from",
-        "marcus",
-        "--to",
-        "theseus",
-        "--subject",
-        "later",
-        "--body",
-        "x",
-    ]);
+    send(&env, "marcus", "theseus", "later");
     d.wait_until(secs(10.0), "theseus's AGENT_NOT_FOUND", || {
         errors(&env)
             .iter()
@@ -263,30 +249,10 @@ fn a_command_without_execute_permission_disables_the_agent_until_a_manual_wake()
         "no automatic wake: {report}"
     );
     // Messages do not wake a disabled agent.
-    env.ok(&[
-        "send",
-        "--from",
-        "theseus",
-        "--to",
-        "rio",
-        "--subject",
-        "s",
-        "--body",
-        "b",
-    ]);
+    send(&env, "theseus", "rio", "s");
     // Proof the daemon handled it: a message sent to theseus after it (the
     // same unrunnable command) is recorded as theseus's error.
-    env.ok(&[
-        "send",
-        "--from",
-        "marcus",
-        "--to",
-        "theseus",
-        "--subject",
-        "later",
-        "--body",
-        "x",
-    ]);
+    send(&env, "marcus", "theseus", "later");
     d.wait_until(secs(10.0), "theseus's AGENT_PERMISSION_DENIED", || {
         count(&env, "AGENT_PERMISSION_DENIED") == 2
     });
@@ -514,17 +480,7 @@ fn plain_failures_back_off_escalate_after_three_and_a_success_clears_them() {
     );
     // Messages wait out the backoff (300ms, 600ms, 1.2s: held ~1.2 s now).
     std::fs::remove_file(&flag_path).unwrap();
-    env.ok(&[
-        "send",
-        "--from",
-        "theseus",
-        "--to",
-        "rio",
-        "--subject",
-        "s",
-        "--body",
-        "b",
-    ]);
+    send(&env, "theseus", "rio", "s");
     d.wait_until(secs(10.0), "the held-back wake ran and succeeded", || {
         state(&env, "rio", "session.json")["status"] == "completed"
             && state(&env, "rio", "report.json")["error"].is_null()
@@ -928,17 +884,7 @@ fn a_script_session_whose_process_died_is_found_and_finished_by_the_monitor() {
     let (env, _runs) = setup("echo hi", "wake_on_inbox = \"never\"", "");
     env.ok(&["bootstrap"]);
     let d = env.daemon();
-    env.ok(&[
-        "send",
-        "--from",
-        "theseus",
-        "--to",
-        "rio",
-        "--subject",
-        "s",
-        "--body",
-        "b",
-    ]);
+    send(&env, "theseus", "rio", "s");
     // A session script (run by cron, not the daemon) that began a session,
     // claimed the message, and was then killed.
     let mut script = std::process::Command::new("sleep")

@@ -240,71 +240,17 @@ fn an_admin_cap_found_by_a_manual_wake_during_a_usage_limit_hold_is_escalated() 
 /// hold stays. Creates a user and a group: root with AGENT_STATE_ROOT_TESTS=1.
 #[test]
 fn only_the_service_user_or_root_may_release_a_credential() {
-    use std::os::unix::fs::PermissionsExt;
-    let root_tests = std::env::var("AGENT_STATE_ROOT_TESTS").as_deref() == Ok("1");
-    if !(root_tests && nix::unistd::geteuid().is_root()) {
-        eprintln!(
-            "SKIPPED: creates a user and a group; runs as root with AGENT_STATE_ROOT_TESTS=1"
-        );
+    if !root_tests() {
         return;
     }
-    let (group, member, outsider) = ("ashgrp", "ashmember", "ashout");
-    let quiet = |program: &str, args: &[&str]| {
-        let _ = std::process::Command::new(program)
-            .args(args)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status();
-    };
-    let cleanup = || {
-        quiet("userdel", &[member]);
-        quiet("userdel", &[outsider]);
-        quiet("groupdel", &[group]);
-    };
-    cleanup();
-    quiet("groupadd", &["--system", group]);
-    quiet(
-        "useradd",
-        &["--system", "-M", "-N", "-G", group, "-s", "/bin/sh", member],
-    );
-    quiet(
-        "useradd",
-        &["--system", "-M", "-N", "-s", "/bin/sh", outsider],
-    );
-    struct Cleanup<F: Fn()>(F);
-    impl<F: Fn()> Drop for Cleanup<F> {
-        fn drop(&mut self) {
-            (self.0)()
-        }
-    }
-    let _cleanup = Cleanup(cleanup);
-
+    let (member, outsider) = ("ashmember", "ashout");
+    let accounts = Accounts::new("ashgrp", &[member], &[outsider]);
     let env = logged_out_env();
-    let text = std::fs::read_to_string(&env.config).unwrap();
-    std::fs::write(&env.config, format!("group = {group:?}\n{text}")).unwrap();
-    env.ok(&["bootstrap"]);
-    std::fs::set_permissions(env.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    std::fs::set_permissions(&env.config, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let bin = env.tmp("agent-state");
-    std::fs::copy(BIN, &bin).unwrap();
-    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
-    // As an install has it: the state is the group's to read.
-    let chown = std::process::Command::new("chown")
-        .args(["-R", &format!("root:{group}"), env.root.to_str().unwrap()])
-        .status()
-        .unwrap();
-    assert!(chown.success());
+    let bin = accounts.share(&env);
     let d = env.daemon();
     hold_the_fleet(&env, &d);
     for user in [member, outsider] {
-        let out = std::process::Command::new("runuser")
-            .args(["-u", user, "--"])
-            .arg(&bin)
-            .args(["--config", env.config.to_str().unwrap()])
-            .args(["credential", "release", "default"])
-            .env_remove("AGENT_STATE_CONFIG")
-            .output()
-            .unwrap();
+        let out = run_as(&env, &bin, user, &["credential", "release", "default"]);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(77), "{user}: {err}");
         assert!(

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::support::{Env, process_alive, read_json, state};
+use crate::support::{Accounts, Env, process_alive, read_json, root_tests, run_as, state};
 
 fn secs(s: u64) -> Duration {
     Duration::from_secs(s)
@@ -303,70 +303,22 @@ fn stop_refuses_what_it_cannot_stop_and_says_when_nothing_runs() {
 /// AGENT_STATE_ROOT_TESTS=1.
 #[test]
 fn only_the_service_user_or_root_may_stop_a_session() {
-    use std::os::unix::fs::PermissionsExt;
-    let root_tests = std::env::var("AGENT_STATE_ROOT_TESTS").as_deref() == Ok("1");
-    if !(root_tests && nix::unistd::geteuid().is_root()) {
-        eprintln!(
-            "SKIPPED: creates a user and a group; runs as root with AGENT_STATE_ROOT_TESTS=1"
-        );
+    if !root_tests() {
         return;
     }
-    let (group, member, outsider) = ("stopgrp", "stopmember", "stopout");
-    let quiet = |program: &str, args: &[&str]| {
-        let _ = std::process::Command::new(program)
-            .args(args)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status();
-    };
-    let cleanup = || {
-        quiet("userdel", &[member]);
-        quiet("userdel", &[outsider]);
-        quiet("groupdel", &[group]);
-    };
-    cleanup();
-    quiet("groupadd", &["--system", group]);
-    quiet(
-        "useradd",
-        &["--system", "-M", "-N", "-G", group, "-s", "/bin/sh", member],
-    );
-    quiet(
-        "useradd",
-        &["--system", "-M", "-N", "-s", "/bin/sh", outsider],
-    );
-    struct Cleanup<F: Fn()>(F);
-    impl<F: Fn()> Drop for Cleanup<F> {
-        fn drop(&mut self) {
-            (self.0)()
-        }
-    }
-    let _cleanup = Cleanup(cleanup);
-
+    let (member, outsider) = ("stopmember", "stopout");
+    let accounts = Accounts::new("stopgrp", &[member], &[outsider]);
     let env = setup();
-    let text = std::fs::read_to_string(&env.config).unwrap();
-    std::fs::write(&env.config, format!("group = {group:?}\n{text}")).unwrap();
-    env.ok(&["bootstrap"]);
-    std::fs::set_permissions(env.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    std::fs::set_permissions(&env.config, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let bin = env.tmp("agent-state");
-    std::fs::copy(crate::support::BIN, &bin).unwrap();
-    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let chown = std::process::Command::new("chown")
-        .args(["-R", &format!("root:{group}"), env.root.to_str().unwrap()])
-        .status()
-        .unwrap();
-    assert!(chown.success());
+    let bin = accounts.share(&env);
     let d = env.daemon();
     let (_, child, main) = start_working(&env, &d, "rio");
     for user in [member, outsider] {
-        let out = std::process::Command::new("runuser")
-            .args(["-u", user, "--"])
-            .arg(&bin)
-            .args(["--config", env.config.to_str().unwrap()])
-            .args(["stop", "rio", "--reason", "not mine to stop"])
-            .env_remove("AGENT_STATE_CONFIG")
-            .output()
-            .unwrap();
+        let out = run_as(
+            &env,
+            &bin,
+            user,
+            &["stop", "rio", "--reason", "not mine to stop"],
+        );
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(77), "{user}: {err}");
         assert!(

@@ -515,3 +515,110 @@ pub fn git_repo(env: &Env) -> PathBuf {
     git(&repo, &["commit", "-q", "-m", "base"]);
     repo
 }
+
+// ---- root tests: system accounts ----------------------------------------------
+
+/// Whether the tests that make users and groups may run: as root, with
+/// `AGENT_STATE_ROOT_TESTS=1` (`.ci/run` sets it). Says SKIPPED otherwise.
+pub fn root_tests() -> bool {
+    let on = std::env::var("AGENT_STATE_ROOT_TESTS").as_deref() == Ok("1")
+        && nix::unistd::geteuid().is_root();
+    if !on {
+        eprintln!(
+            "SKIPPED: creates a user and a group; runs as root with AGENT_STATE_ROOT_TESTS=1"
+        );
+    }
+    on
+}
+
+/// A system group with members and users in no group of ours, made for
+/// one test (`groupadd`/`useradd --system`, no home) and removed when
+/// dropped; what an earlier, killed run left under the same names is
+/// removed first.
+pub struct Accounts {
+    group: String,
+    users: Vec<String>,
+}
+
+impl Accounts {
+    pub fn new(group: &str, members: &[&str], outsiders: &[&str]) -> Accounts {
+        let accounts = Accounts {
+            group: group.to_string(),
+            users: members
+                .iter()
+                .chain(outsiders)
+                .map(|u| u.to_string())
+                .collect(),
+        };
+        accounts.remove();
+        quiet("groupadd", &["--system", group]);
+        for u in members {
+            quiet(
+                "useradd",
+                &["--system", "-M", "-N", "-G", group, "-s", "/bin/sh", u],
+            );
+        }
+        for u in outsiders {
+            quiet("useradd", &["--system", "-M", "-N", "-s", "/bin/sh", u]);
+        }
+        accounts
+    }
+
+    fn remove(&self) {
+        for u in &self.users {
+            quiet("userdel", &[u]);
+        }
+        quiet("groupdel", &[&self.group]);
+    }
+
+    /// Give `env` to the group as an install does: the group in the
+    /// config, the directories and config readable, the state root
+    /// `root:GROUP`, and a copy of the binary anyone may run (returned).
+    pub fn share(&self, env: &Env) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let text = std::fs::read_to_string(&env.config).unwrap();
+        std::fs::write(&env.config, format!("group = {:?}\n{text}", self.group)).unwrap();
+        env.ok(&["bootstrap"]);
+        std::fs::set_permissions(env.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(&env.config, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let bin = env.tmp("agent-state");
+        std::fs::copy(BIN, &bin).unwrap();
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let chown = Command::new("chown")
+            .args([
+                "-R",
+                &format!("root:{}", self.group),
+                env.root.to_str().unwrap(),
+            ])
+            .status()
+            .unwrap();
+        assert!(chown.success());
+        bin
+    }
+}
+
+impl Drop for Accounts {
+    fn drop(&mut self) {
+        self.remove();
+    }
+}
+
+/// `bin ARGS` as `user` (runuser) on `env`'s config.
+pub fn run_as(env: &Env, bin: &Path, user: &str, args: &[&str]) -> Output {
+    Command::new("runuser")
+        .args(["-u", user, "--"])
+        .arg(bin)
+        .args(["--config", env.config.to_str().unwrap()])
+        .args(args)
+        .env_remove("AGENT_STATE_CONFIG")
+        .output()
+        .unwrap()
+}
+
+fn quiet(program: &str, args: &[&str]) {
+    let _ = Command::new(program)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
