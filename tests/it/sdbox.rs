@@ -289,11 +289,16 @@ impl Drop for SdBox {
     fn drop(&mut self) {
         if std::thread::panicking() && !self.root.as_os_str().is_empty() {
             eprintln!(
-                "---- journalctl -u agent-state (in the box) ----\n{}---- systemctl status ----\n{}",
+                "---- journalctl -u agent-state (in the box) ----\n{}---- systemctl status ----\n{}---- the whole journal's last lines (systemd, the kernel: who killed what) ----\n{}",
                 self.journal(&["-n", "200"]),
                 text(
                     &self
                         .exec(&["systemctl", "status", "--no-pager", "agent-state.service"])
+                        .stdout
+                ),
+                text(
+                    &self
+                        .exec(&["journalctl", "--no-pager", "-o", "short-precise", "-n", "150"])
                         .stdout
                 )
             );
