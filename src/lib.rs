@@ -24,19 +24,19 @@
 //! [`errors`] is the error catalogue; [`protocol`] parses what agents say; [`events`] streams every journal; [`daemon`] runs the
 //! service; [`cli`] is one module per subcommand.
 
-pub mod access;
-pub mod agent_name;
+// The base and store layers: the crate agent-state-store (crates/store),
+// under their old paths (`crate::state`, `agent_state::fsx`, ...).
+pub use agent_state_store::{
+    access, agent_name, catalogue, clock, error, fsx, state, string_enum, zone,
+};
+
 pub mod backup;
-pub mod catalogue;
 pub mod check;
 pub mod cli;
-pub mod clock;
 pub mod config;
 pub mod daemon;
-pub mod error;
 pub mod events;
 pub mod flow;
-pub mod fsx;
 pub mod git;
 pub mod hooks;
 pub mod inbox;
@@ -44,8 +44,5 @@ pub mod owner;
 pub mod prompt;
 pub mod protocol;
 pub mod schedule;
-pub mod state;
-pub mod string_enum;
 pub mod usage;
 pub mod workspace;
-pub mod zone;

@@ -1,10 +1,19 @@
-//! The layers of `src/` (ARCHITECTURE.md, "Layers"), kept by a scan of the
-//! source: every `crate::`, `super::` and `self::` path in every file, in
-//! code (comments and string literals are skipped), `use` trees included.
+//! The layers of `src/` and `crates/*/src/` (ARCHITECTURE.md, "Layers"),
+//! kept by a scan of the source: every `crate::`, `super::` and `self::`
+//! path in every file, in code (comments and string literals are skipped),
+//! `use` trees included.
+//!
+//! The crates of the workspace keep what Cargo can express: a crate names
+//! only the crates below it in its `Cargo.toml`, so the store cannot use the
+//! daemon. This test keeps the rest: the layers inside one crate and the
+//! circles. `agent-state` re-exports every module of `agent-state-store`
+//! under its own name (`crate::state`), so one module namespace spans both
+//! and a path means the same module in either crate.
 //!
 //! Rules:
 //!
-//! 1. every top-level module of `src/` is in exactly one layer of [`LAYERS`];
+//! 1. every top-level module of a crate's `src/` is in exactly one layer of
+//!    [`LAYERS`], and that layer is one of its crate's ([`CRATES`]);
 //! 2. a module uses only modules of its own layer or of the layers below
 //!    (so nothing below the daemon reaches into `crate::daemon` or
 //!    `crate::cli`, and the daemon never into the CLI);
@@ -61,6 +70,13 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("cli", &["cli"]),
 ];
 
+/// The crates of the workspace, lowest first: name, source directory (from
+/// the repository's root) and the layers whose modules live there.
+const CRATES: &[(&str, &str, &[&str])] = &[
+    ("agent-state-store", "crates/store/src", &["base", "store"]),
+    ("agent-state", "src", &["config", "domain", "daemon", "cli"]),
+];
+
 const RULE_LAYERS: &str = "a module uses only modules of its own layer and of the layers below \
      (LAYERS in tests/layers.rs; ARCHITECTURE.md, \"Layers\")";
 const RULE_CIRCLES: &str = "no circle between modules (the top-level modules of src/ and each \
@@ -77,14 +93,30 @@ struct SourceFile {
     text: String,
 }
 
+impl SourceFile {
+    /// The source directory of [`CRATES`] the file is in.
+    fn crate_dir(&self) -> &'static str {
+        CRATES
+            .iter()
+            .map(|(_, dir, _)| *dir)
+            .find(|dir| {
+                self.path
+                    .strip_prefix(dir)
+                    .is_some_and(|rest| rest.starts_with('/'))
+            })
+            .unwrap_or("?")
+    }
+}
+
 fn source_tree() -> Vec<SourceFile> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    walk(&src, &mut files);
-    files.sort();
-    files
-        .into_iter()
-        .filter_map(|path| {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut out = Vec::new();
+    for (_, dir, _) in CRATES {
+        let src = root.join(dir);
+        let mut files = Vec::new();
+        walk(&src, &mut files);
+        files.sort();
+        out.extend(files.into_iter().filter_map(|path| {
             let rel = path.strip_prefix(&src).ok()?.to_str()?.to_string();
             // The binaries are crates of their own: they use `agent_state::`.
             if rel == "main.rs" || rel.starts_with("bin/") {
@@ -92,12 +124,13 @@ fn source_tree() -> Vec<SourceFile> {
             }
             let text = std::fs::read_to_string(&path).expect("read a source file");
             Some(SourceFile {
-                path: format!("src/{rel}"),
+                path: format!("{dir}/{rel}"),
                 module: module_path(&rel),
                 text,
             })
-        })
-        .collect()
+        }));
+    }
+    out
 }
 
 fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -409,8 +442,10 @@ impl Edge {
 }
 
 struct Graph {
-    /// Top-level modules of src/ (files and directories).
+    /// Top-level modules of every crate's src/ (files and directories).
     top: BTreeSet<String>,
+    /// The crate source directories each top-level module has files in.
+    home: BTreeMap<String, BTreeSet<&'static str>>,
     /// Modules of src/daemon/.
     daemon: BTreeSet<String>,
     edges: Vec<Edge>,
@@ -435,10 +470,12 @@ fn top_of(node: &str) -> &str {
 
 fn graph(files: &[SourceFile]) -> Graph {
     let mut top = BTreeSet::new();
+    let mut home: BTreeMap<String, BTreeSet<&'static str>> = BTreeMap::new();
     let mut daemon = BTreeSet::new();
     for f in files {
         if let Some(t) = f.module.first() {
             top.insert(t.clone());
+            home.entry(t.clone()).or_default().insert(f.crate_dir());
         }
         if f.module.len() >= 2 && f.module[0] == "daemon" {
             daemon.insert(f.module[1].clone());
@@ -464,7 +501,12 @@ fn graph(files: &[SourceFile]) -> Graph {
             }
         }
     }
-    Graph { top, daemon, edges }
+    Graph {
+        top,
+        home,
+        daemon,
+        edges,
+    }
 }
 
 fn layer_of(module: &str) -> Option<(usize, &'static str)> {
@@ -480,13 +522,33 @@ fn layer_of(module: &str) -> Option<(usize, &'static str)> {
 fn unplaced_modules(g: &Graph) -> Vec<String> {
     let mut problems = Vec::new();
     for m in &g.top {
+        let dirs = &g.home[m];
+        let at = dirs.iter().next().copied().unwrap_or("?");
         let n = LAYERS
             .iter()
             .filter(|(_, ms)| ms.contains(&m.as_str()))
             .count();
         if n != 1 {
             problems.push(format!(
-                "src/{m}: module `{m}` is in {n} layers of LAYERS (tests/layers.rs); put it in exactly one"
+                "{at}/{m}: module `{m}` is in {n} layers of LAYERS (tests/layers.rs); put it in exactly one"
+            ));
+            continue;
+        }
+        let Some((_, layer)) = layer_of(m) else {
+            continue;
+        };
+        let Some((krate, dir, _)) = CRATES.iter().find(|(_, _, ls)| ls.contains(&layer)) else {
+            problems.push(format!(
+                "LAYERS (tests/layers.rs), layer \"{layer}\": no crate of CRATES holds it; add it to one"
+            ));
+            continue;
+        };
+        if dirs.len() != 1 || at != *dir {
+            let found: Vec<&str> = dirs.iter().copied().collect();
+            problems.push(format!(
+                "{at}/{m}: module `{m}` (layer \"{layer}\") belongs in crate {krate} ({dir}/) but has \
+                 files in {}; move it, or move its layer in CRATES (tests/layers.rs)",
+                found.join(", ")
             ));
         }
     }
@@ -494,7 +556,7 @@ fn unplaced_modules(g: &Graph) -> Vec<String> {
         for m in *modules {
             if !g.top.contains(*m) {
                 problems.push(format!(
-                    "LAYERS (tests/layers.rs), layer \"{layer}\": there is no module `{m}` in src/; remove it"
+                    "LAYERS (tests/layers.rs), layer \"{layer}\": there is no module `{m}` in any crate's src/; remove it"
                 ));
             }
         }
@@ -605,6 +667,21 @@ fn no_circle_between_modules() {
     assert_none(
         "modules use each other in a circle",
         &circles(&graph(&source_tree())),
+    );
+}
+
+/// A crate holds whole layers, and a lower crate lower layers: Cargo keeps
+/// the order between crates only if it is the order of LAYERS.
+#[test]
+fn the_crates_hold_the_layers_in_their_order() {
+    let held: Vec<&str> = CRATES
+        .iter()
+        .flat_map(|(_, _, layers)| layers.iter().copied())
+        .collect();
+    let layers: Vec<&str> = LAYERS.iter().map(|(name, _)| *name).collect();
+    assert_eq!(
+        held, layers,
+        "CRATES (tests/layers.rs) must hold every layer of LAYERS once, the lowest crate the lowest layers"
     );
 }
 

@@ -30,7 +30,9 @@ impl fmt::Display for UnknownWord {
 
 impl std::error::Error for UnknownWord {}
 
-macro_rules! string_enum {
+#[macro_export]
+#[doc(hidden)]
+macro_rules! __string_enum {
     ($name:ident, $what:literal, $($variant:ident = $text:literal),+ $(,)?) => {
         impl $name {
             pub const ALL: &'static [&'static str] = &[$($text),+];
@@ -58,10 +60,14 @@ macro_rules! string_enum {
         }
     };
 }
-pub(crate) use string_enum;
+// Exported (the inbox, in the agent-state crate, uses it too) under its
+// name in this module: `use crate::string_enum::string_enum;`.
+pub use __string_enum as string_enum;
 
 #[cfg(test)]
 mod tests {
+    use super::string_enum;
+
     #[derive(Debug, PartialEq)]
     enum Colour {
         Red,

@@ -793,8 +793,9 @@ mod tests {
 
     #[test]
     fn docs_table_matches_the_code() {
-        let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/errors.md"))
-            .expect("docs/errors.md");
+        let docs =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/errors.md"))
+                .expect("docs/errors.md");
         assert!(
             docs.contains(&markdown_table()),
             "docs/errors.md is out of date: regenerate its table with \

@@ -1,0 +1,23 @@
+//! agent-state's lower layers, a crate of their own so that `Cargo.toml`
+//! says what they may use: std and a few crates, never the domain, the
+//! daemon or the CLI.
+//!
+//! - base: [`clock`], [`catalogue`], [`error`], [`agent_name`], [`fsx`],
+//!   [`access`], [`string_enum`], [`zone`] — timestamps, the error catalogue
+//!   and the error type, names as path components, every file access below
+//!   the root, time zones;
+//! - store: [`state`] — every state file's shape and the one way each is
+//!   written.
+//!
+//! The `agent-state` crate re-exports every module here under its old path
+//! (`agent_state::state`, `crate::fsx`, …).
+
+pub mod access;
+pub mod agent_name;
+pub mod catalogue;
+pub mod clock;
+pub mod error;
+pub mod fsx;
+pub mod state;
+pub mod string_enum;
+pub mod zone;
