@@ -143,7 +143,7 @@ pub fn begin(
         Some(i) => Some(i.clone()),
         None => {
             let root = crate::state::StateRoot::new(dir.path.parent().unwrap_or(&dir.path));
-            match crate::state::counters::next_instance(&root, dir) {
+            match crate::state::counters::next_instance(&root, dir, now) {
                 Ok(i) => Some(i),
                 Err(e) => {
                     notes.push(format!("no instance id for this session: {e}"));

@@ -93,7 +93,7 @@ pub fn list_agents<'a>(root: &StateRoot, agents: impl IntoIterator<Item = &'a st
 /// `.daemon/counters.lock`, never reset. A corrupt file is set aside and the
 /// count restarts above the highest instance recorded in the agent's
 /// journal ([`highest_instance`]).
-pub fn next_instance(root: &StateRoot, agent_dir: &AgentDir) -> Result<String> {
+pub fn next_instance(root: &StateRoot, agent_dir: &AgentDir, now: Timestamp) -> Result<String> {
     let agent = agent_dir.name.as_str();
     let dir = root.daemon_dir();
     atomic::create_dir(&dir, 0o750)?;
@@ -104,7 +104,7 @@ pub fn next_instance(root: &StateRoot, agent_dir: &AgentDir) -> Result<String> {
     let mut counters = match atomic::read_json::<Counters>(&path) {
         Ok(c) => c.unwrap_or_default(),
         Err(Error::Corrupt { .. }) => {
-            let aside = set_aside_name(&path, "corrupt", &Timestamp::now().compact());
+            let aside = set_aside_name(&path, "corrupt", &now.compact());
             atomic::rename(&path, &aside)?;
             note_repair(
                 "",

@@ -249,7 +249,7 @@ impl AgentDir {
     /// A user who may not write the agent's directory (a reader of the
     /// state, not its owner) gets the document rebuilt in memory, said on
     /// stderr, and nothing is written, locked or created.
-    pub fn read_or_repair<T: StateDoc>(&self) -> Result<T> {
+    pub fn read_or_repair<T: StateDoc>(&self, now: Timestamp) -> Result<T> {
         match self.read::<T>() {
             Ok(Some(doc)) => Ok(doc),
             Ok(None) => Ok(T::fresh(self.name.as_str())),
@@ -258,12 +258,12 @@ impl AgentDir {
                     "agent-state: warning: {e}; shown as rebuilt from the journal, not repaired (this user may not write {})",
                     self.path.display()
                 );
-                self.rebuilt_in_memory()
+                self.rebuilt_in_memory(now)
             }
             Err(Error::Corrupt { .. }) => {
                 let lock = self.lock()?;
                 let mut notes = Vec::new();
-                self.load(&lock, Timestamp::now(), &mut notes)
+                self.load(&lock, now, &mut notes)
             }
             Err(e) => Err(e),
         }
@@ -275,7 +275,7 @@ impl AgentDir {
     }
 
     /// A state document rebuilt from the journal, written nowhere.
-    fn rebuilt_in_memory<T: StateDoc>(&self) -> Result<T> {
+    fn rebuilt_in_memory<T: StateDoc>(&self, now: Timestamp) -> Result<T> {
         let entries = journal::read(&self.journal())?.entries;
         let name = self.name.as_str();
         let value = match T::KIND {
@@ -285,11 +285,9 @@ impl AgentDir {
             StateFileKind::Tasks => {
                 serde_json::to_value(rebuild::tasks_from_journal(name, &entries))
             }
-            StateFileKind::Metrics => serde_json::to_value(rebuild::metrics_from_journal(
-                name,
-                &entries,
-                Timestamp::now(),
-            )),
+            StateFileKind::Metrics => {
+                serde_json::to_value(rebuild::metrics_from_journal(name, &entries, now))
+            }
             StateFileKind::Session => match rebuild::session_from_journal(name, &entries) {
                 Some(s) => serde_json::to_value(s),
                 None => return Ok(T::fresh(name)),
