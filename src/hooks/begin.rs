@@ -142,7 +142,8 @@ pub fn begin(
     let instance = match &req.instance {
         Some(i) => Some(i.clone()),
         None => {
-            let root = crate::state::StateRoot::new(dir.path.parent().unwrap_or(&dir.path));
+            let root = crate::state::StateRoot::new(dir.path.parent().unwrap_or(&dir.path))
+                .with_lock_wait(dir.lock_wait);
             match crate::state::counters::next_instance(&root, dir, now) {
                 Ok(i) => Some(i),
                 Err(e) => {

@@ -31,6 +31,7 @@ pub mod session;
 pub mod tasks;
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use crate::agent_name::AgentName;
 use crate::error::{Error, Result};
@@ -42,6 +43,10 @@ pub const STATE_FILE_MODE: u32 = 0o644;
 #[derive(Debug, Clone)]
 pub struct StateRoot {
     pub path: PathBuf,
+    /// How long a lock below this root is waited for (its agents' and
+    /// `.daemon/counters.lock`): [`lock::CLI_WAIT`], or what the daemon
+    /// sets with [`StateRoot::with_lock_wait`].
+    pub lock_wait: Duration,
 }
 
 impl StateRoot {
@@ -50,13 +55,21 @@ impl StateRoot {
     pub fn new(path: impl Into<PathBuf>) -> Self {
         StateRoot {
             path: crate::fsx::trusted(&path.into()),
+            lock_wait: lock::CLI_WAIT,
         }
+    }
+
+    /// This root, its locks waited for at most `wait`.
+    pub fn with_lock_wait(mut self, wait: Duration) -> Self {
+        self.lock_wait = wait;
+        self
     }
 
     pub fn agent(&self, name: &AgentName) -> AgentDir {
         AgentDir {
             name: name.clone(),
             path: self.path.join(name.as_str()),
+            lock_wait: self.lock_wait,
         }
     }
 
@@ -74,9 +87,17 @@ impl StateRoot {
 pub struct AgentDir {
     pub name: AgentName,
     pub path: PathBuf,
+    /// How long [`AgentDir::lock`] waits: its root's.
+    pub lock_wait: Duration,
 }
 
 impl AgentDir {
+    /// This agent's directory, its lock waited for at most `wait`.
+    pub fn with_lock_wait(mut self, wait: Duration) -> Self {
+        self.lock_wait = wait;
+        self
+    }
+
     pub fn file(&self, name: &str) -> PathBuf {
         self.path.join(name)
     }
@@ -362,10 +383,15 @@ impl AgentDir {
         atomic::stage_json(&self.file(T::KIND.file_name()), doc)
     }
 
-    /// Take this agent's lock.
+    /// Take this agent's lock, waiting at most its `lock_wait`.
     pub fn lock(&self) -> Result<AgentLock> {
+        self.lock_within(self.lock_wait)
+    }
+
+    /// Take this agent's lock, waiting at most `bound`.
+    pub fn lock_within(&self, bound: Duration) -> Result<AgentLock> {
         self.require()?;
-        lock::lock(self)
+        lock::lock_within(self, bound)
     }
 
     /// Append to this agent's journal.
