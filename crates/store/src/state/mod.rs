@@ -29,6 +29,7 @@ pub mod report;
 pub mod rotation;
 pub mod session;
 pub mod tasks;
+pub mod words;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
