@@ -502,9 +502,9 @@ fn repair_agent(
     }
     repair_foreign_modes(dir, found)?;
     if found.iter().any(|f| f.problem == TEMP_PROBLEM) {
-        let stats =
-            prune::prune_stale_temps(dir, std::time::SystemTime::now() - prune::STALE_TEMP_AGE)
-                .at("removing temp files in", &dir.path)?;
+        let now = std::time::SystemTime::now();
+        let stats = prune::prune_stale_temps(dir, now - prune::STALE_TEMP_AGE, now)
+            .at("removing temp files in", &dir.path)?;
         for f in found.iter_mut().filter(|f| f.problem == TEMP_PROBLEM) {
             f.repaired = Some(format!("removed ({} temp file(s) in all)", stats.files));
         }

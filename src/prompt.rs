@@ -267,7 +267,9 @@ pub fn assemble_with(
         sections.push(s);
     }
 
-    let tasks: TaskFile = agent.read_or_repair()?;
+    // A corrupt file is set aside under this time (the store takes no clock).
+    let now = Timestamp::now();
+    let tasks: TaskFile = agent.read_or_repair(now)?;
     let open: Vec<&Task> = tasks.open_tasks().collect();
     if !open.is_empty() {
         let mut pieces = vec![Piece::fixed(
@@ -299,7 +301,7 @@ pub fn assemble_with(
         ));
     }
 
-    let session: Session = agent.read_or_repair()?;
+    let session: Session = agent.read_or_repair(now)?;
     let (messages, waiting) = match &options.claimed {
         Some(claimed) if session.is_running() => (claimed.clone(), false),
         _ => messages_for_prompt(agent, &session, options.inbox_settle)?,

@@ -218,7 +218,11 @@ fn write(root: &StateRoot, partial: &dest::Partial) -> Result<Summary> {
                     &lock_path,
                     crate::state::lock::LOCK_FILE_MODE,
                 ) {
-                    Ok(f) => Some(crate::state::lock::flock_bounded(f, &lock_path)?),
+                    Ok(f) => Some(crate::state::lock::flock_within(
+                        f,
+                        &lock_path,
+                        root.lock_wait,
+                    )?),
                     Err(_) => None,
                 };
                 w.add_tree(&rel.join(&flow))?;

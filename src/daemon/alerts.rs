@@ -55,7 +55,8 @@ const UNWRITTEN_MAX: usize = 1000;
 
 impl Alerts {
     pub fn new(config: &Config) -> Alerts {
-        let root = StateRoot::new(&config.state_root);
+        let root =
+            StateRoot::new(&config.state_root).with_lock_wait(crate::state::lock::DAEMON_WAIT);
         Alerts {
             inner: Arc::new(Inner {
                 log: error_log::log_path(&root),

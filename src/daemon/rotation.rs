@@ -49,7 +49,7 @@ pub fn run(job: &Job) -> Outcome {
         let shown = format!("{}/journal.jsonl", dir.name);
         let over = matches!(crate::fsx::metadata(&path), Ok(Some(st)) if st.st_size as u64 > max);
         if over {
-            let lock = crate::state::lock::with_wait(LOCK_WAIT, || crate::state::lock::lock(dir));
+            let lock = crate::state::lock::lock_within(dir, LOCK_WAIT);
             match lock {
                 Ok(_held) => note(&mut out, &shown, rotation::rotate_if_over(&path, max, now)),
                 Err(crate::error::Error::LockBusy { .. }) => out.deferred.push(shown.clone()),

@@ -438,8 +438,9 @@ pub async fn run(config_path: &Path) -> Result<()> {
     bootstrap::root(&root)?;
     let lock = files::lock_root(&root)?;
     // The loop never waits long for an agent's lock: anyone who can read
-    // `.lock` can hold it. Work that cannot have it is deferred.
-    crate::state::lock::set_wait(crate::state::lock::DAEMON_WAIT);
+    // `.lock` can hold it. Work that cannot have it is deferred. Every
+    // AgentDir the daemon takes from this root carries the bound.
+    let root = root.with_lock_wait(crate::state::lock::DAEMON_WAIT);
     // The CLI falls back to this copy while the file on disk is invalid.
     if let Err(e) = files::record_reload_verdict(&root, config_path, Some(&config_text), vec![]) {
         tracing::warn!("cannot keep a copy of the accepted config: {e}");

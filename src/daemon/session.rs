@@ -76,7 +76,7 @@ pub fn prepare(
     continuation: Continuation,
 ) -> Result<Prepared> {
     let dir = root.agent(&agent.name);
-    let instance = counters::next_instance(root, &dir)?;
+    let instance = counters::next_instance(root, &dir, now)?;
     let req = BeginRequest {
         owner: Some(Owner::of(std::process::id() as i32)),
         instance: Some(instance.clone()),

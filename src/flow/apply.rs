@@ -48,7 +48,7 @@ fn open(root: &StateRoot, flow: &FlowSettings) -> Result<Locked> {
     atomic::create_dir(&dir.path, DIR_MODE)?;
     let path = dir.lock_path();
     let file = lock::open_private_lock(&path)?;
-    let guard = lock::flock_bounded(file, &path)?;
+    let guard = lock::flock_within(file, &path, root.lock_wait)?;
     let state = load(&dir)?.unwrap_or_else(|| FlowState {
         flow: flow.name.to_string(),
         ..FlowState::default()

@@ -142,8 +142,9 @@ pub fn begin(
     let instance = match &req.instance {
         Some(i) => Some(i.clone()),
         None => {
-            let root = crate::state::StateRoot::new(dir.path.parent().unwrap_or(&dir.path));
-            match crate::state::counters::next_instance(&root, dir) {
+            let root = crate::state::StateRoot::new(dir.path.parent().unwrap_or(&dir.path))
+                .with_lock_wait(dir.lock_wait);
+            match crate::state::counters::next_instance(&root, dir, now) {
                 Ok(i) => Some(i),
                 Err(e) => {
                     notes.push(format!("no instance id for this session: {e}"));

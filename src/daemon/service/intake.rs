@@ -58,7 +58,8 @@ impl Intake {
     ) {
         let dir = root.agent(agent);
         let wait = lock_wait;
-        let result = crate::state::lock::with_wait(wait, || dir.lock())
+        let result = dir
+            .lock_within(wait)
             .and_then(|_lock| inbox::retry_completed(&dir, Timestamp::now()));
         match result {
             Ok(back) if !back.is_empty() => {
@@ -255,7 +256,7 @@ impl Daemon {
         // a session of a flooded agent: not its whole junk listed again).
         let listed = self.intake.reusable_listing(agent);
         let known = std::sync::Arc::make_mut(self.intake.known.entry(agent.clone()).or_default());
-        let result = crate::state::lock::with_wait(wait, || dir.lock()).and_then(|lock| {
+        let result = dir.lock_within(wait).and_then(|lock| {
             let received = inbox::receive(&dir, now, settle, &writing, known, listed.as_deref())?;
             let mut notes = Vec::new();
             hooks::add_tasks_from_messages(&dir, &lock, &received.tasks, now, &mut notes)?;

@@ -355,7 +355,7 @@ pub(super) fn prune_all(
                 h.keep_sessions,
                 protect,
             ),
-            health::prune_stale_temps(&dir, now - Duration::from_secs(3600)),
+            health::prune_stale_temps(&dir, now - Duration::from_secs(3600), now),
         ];
         for r in results {
             match r {
@@ -365,7 +365,7 @@ pub(super) fn prune_all(
         }
     }
     // Temp files of the daemon's own writes interrupted by a crash.
-    match health::prune_atomic_temps(&root.daemon_dir(), now - health::STALE_TEMP_AGE) {
+    match health::prune_atomic_temps(&root.daemon_dir(), now - health::STALE_TEMP_AGE, now) {
         Ok(stats) => total += stats,
         Err(e) => tracing::warn!("pruning .daemon/: {e}"),
     }

@@ -65,20 +65,18 @@ impl Daemon {
         let wait = self.lock_busy.wait(agent);
         let writing = self.intake.writing.get(agent).cloned().unwrap_or_default();
         let continue_conversation = conversation_to_continue(&self.root.agent(agent), &cfg, reason);
-        let prepared = match crate::state::lock::with_wait(wait, || {
-            session::prepare(
-                &self.config,
-                &cfg,
-                &self.root,
-                now,
-                session::InboxSeen {
-                    writing: writing.clone(),
-                    known: self.intake.known.get(agent).cloned(),
-                    listed: listed.clone(),
-                },
-                continue_conversation.clone(),
-            )
-        }) {
+        let prepared = match session::prepare(
+            &self.config,
+            &cfg,
+            &self.root.clone().with_lock_wait(wait),
+            now,
+            session::InboxSeen {
+                writing: writing.clone(),
+                known: self.intake.known.get(agent).cloned(),
+                listed: listed.clone(),
+            },
+            continue_conversation.clone(),
+        ) {
             Ok(p) => {
                 self.lock_busy.free(agent);
                 p
@@ -422,9 +420,12 @@ fn recover_agent(
     let running: Option<Session> = if nothing_to_recover(dir, session) {
         None
     } else {
-        let result = crate::state::lock::with_wait(RECOVERY_WAIT, || {
-            hooks::recover_stale(agent, dir, "interrupted: daemon restarted", now)
-        });
+        let result = hooks::recover_stale(
+            agent,
+            &dir.clone().with_lock_wait(RECOVERY_WAIT),
+            "interrupted: daemon restarted",
+            now,
+        );
         records.extend(recovered(agent, result, "the daemon restarted"));
         dir.read()
             .ok()

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::journal;
-use super::lock::flock_bounded;
+use super::lock::flock_within;
 use super::{AgentDir, StateRoot, atomic, note_repair, set_aside_name};
 use crate::clock::Timestamp;
 use crate::error::{Error, Result};
@@ -70,7 +70,7 @@ pub fn list_agents<'a>(root: &StateRoot, agents: impl IntoIterator<Item = &'a st
     atomic::create_dir(&dir, 0o750)?;
     let lock_path = dir.join("counters.lock");
     let file = crate::state::lock::open_private_lock(&lock_path)?;
-    let _lock = flock_bounded(file, &lock_path)?;
+    let _lock = flock_within(file, &lock_path, root.lock_wait)?;
     let path = dir.join("counters.json");
     // A corrupt file is `next_instance`'s to set aside: left as it is here.
     let Ok(read) = atomic::read_json::<Counters>(&path) else {
@@ -93,18 +93,18 @@ pub fn list_agents<'a>(root: &StateRoot, agents: impl IntoIterator<Item = &'a st
 /// `.daemon/counters.lock`, never reset. A corrupt file is set aside and the
 /// count restarts above the highest instance recorded in the agent's
 /// journal ([`highest_instance`]).
-pub fn next_instance(root: &StateRoot, agent_dir: &AgentDir) -> Result<String> {
+pub fn next_instance(root: &StateRoot, agent_dir: &AgentDir, now: Timestamp) -> Result<String> {
     let agent = agent_dir.name.as_str();
     let dir = root.daemon_dir();
     atomic::create_dir(&dir, 0o750)?;
     let lock_path = dir.join("counters.lock");
     let file = crate::state::lock::open_private_lock(&lock_path)?;
-    let _lock = flock_bounded(file, &lock_path)?;
+    let _lock = flock_within(file, &lock_path, root.lock_wait)?;
     let path = dir.join("counters.json");
     let mut counters = match atomic::read_json::<Counters>(&path) {
         Ok(c) => c.unwrap_or_default(),
         Err(Error::Corrupt { .. }) => {
-            let aside = set_aside_name(&path, "corrupt", &Timestamp::now().compact());
+            let aside = set_aside_name(&path, "corrupt", &now.compact());
             atomic::rename(&path, &aside)?;
             note_repair(
                 "",

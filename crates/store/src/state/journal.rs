@@ -14,7 +14,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::session::{SessionStatus, SessionType, SessionVerdict};
-use super::tasks::{TaskPriority, TaskStatus, TaskType};
+use super::words::{TaskPriority, TaskStatus, TaskType};
 use crate::clock::Timestamp;
 use crate::error::{IoContext, Result};
 use crate::string_enum::string_enum;

@@ -17,7 +17,6 @@
 use std::fs::File;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
@@ -32,41 +31,13 @@ use crate::error::{Error, Result};
 pub const CLI_WAIT: Duration = Duration::from_secs(10);
 /// How long the daemon's loop waits before deferring that agent's work:
 /// far longer than a state change holds the lock, even on a loaded machine,
-/// and paid once (see [`with_wait`]).
+/// and paid once (the daemon tries a lock that was busy last time without
+/// waiting, [`AgentDir::with_lock_wait`]).
 pub const DAEMON_WAIT: Duration = Duration::from_millis(250);
 
 /// The mode of the lock files only the service user and root take: owner
 /// only, so nobody else can open (and so flock) them.
 pub const LOCK_FILE_MODE: u32 = 0o600;
-
-static WAIT_MS: AtomicU64 = AtomicU64::new(CLI_WAIT.as_millis() as u64);
-
-/// Set how long this process waits for any lock (the daemon sets
-/// [`DAEMON_WAIT`] at start).
-pub fn set_wait(wait: Duration) {
-    WAIT_MS.store(wait.as_millis() as u64, Ordering::Relaxed);
-}
-
-thread_local! {
-    /// A bound for this thread only, set by [`with_wait`].
-    static OVERRIDE: std::cell::Cell<Option<Duration>> = const { std::cell::Cell::new(None) };
-}
-
-/// Run `f` with this thread's locks waiting at most `wait` (the daemon
-/// tries a lock that was busy last time without waiting at all, so a lock
-/// held for good costs its loop nothing).
-pub fn with_wait<T>(wait: Duration, f: impl FnOnce() -> T) -> T {
-    let before = OVERRIDE.with(|o| o.replace(Some(wait)));
-    let out = f();
-    OVERRIDE.with(|o| o.set(before));
-    out
-}
-
-fn wait() -> Duration {
-    OVERRIDE
-        .with(|o| o.get())
-        .unwrap_or_else(|| Duration::from_millis(WAIT_MS.load(Ordering::Relaxed)))
-}
 
 /// Held while alive; dropping it releases the lock.
 pub struct AgentLock {
@@ -81,13 +52,10 @@ pub fn open_lock_file(path: &Path, mode: u32) -> Result<File> {
     crate::fsx::open_lock(path, mode)
 }
 
-/// Take an exclusive flock on `file`, trying for at most this process's
-/// wait bound (polling with a growing pause: flock has no timeout).
-pub fn flock_bounded(file: File, path: &Path) -> Result<Flock<File>> {
-    flock_within(file, path, wait())
-}
-
-/// [`flock_bounded`] with an explicit bound.
+/// Take an exclusive flock on `file`, trying for at most `bound` (polling
+/// with a growing pause: flock has no timeout). The bound is a value its
+/// caller passes: a root's or an agent's `lock_wait` ([`CLI_WAIT`] unless
+/// the daemon gave it [`DAEMON_WAIT`] or less).
 pub fn flock_within(mut file: File, path: &Path, bound: Duration) -> Result<Flock<File>> {
     let started = Instant::now();
     let mut pause = Duration::from_millis(1);
@@ -114,12 +82,17 @@ pub fn flock_within(mut file: File, path: &Path, bound: Duration) -> Result<Floc
     }
 }
 
-/// Take `agent`'s lock, waiting at most this process's bound.
+/// Take `agent`'s lock, waiting at most its `lock_wait`.
 pub fn lock(agent: &AgentDir) -> Result<AgentLock> {
+    lock_within(agent, agent.lock_wait)
+}
+
+/// Take `agent`'s lock, waiting at most `bound`.
+pub fn lock_within(agent: &AgentDir, bound: Duration) -> Result<AgentLock> {
     let path = agent.lock_file();
     let file = open_private_lock(&path)?;
     Ok(AgentLock {
-        _lock: flock_bounded(file, &path)?,
+        _lock: flock_within(file, &path, bound)?,
     })
 }
 

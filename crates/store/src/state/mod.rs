@@ -29,8 +29,10 @@ pub mod report;
 pub mod rotation;
 pub mod session;
 pub mod tasks;
+pub mod words;
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use crate::agent_name::AgentName;
 use crate::error::{Error, Result};
@@ -42,6 +44,10 @@ pub const STATE_FILE_MODE: u32 = 0o644;
 #[derive(Debug, Clone)]
 pub struct StateRoot {
     pub path: PathBuf,
+    /// How long a lock below this root is waited for (its agents' and
+    /// `.daemon/counters.lock`): [`lock::CLI_WAIT`], or what the daemon
+    /// sets with [`StateRoot::with_lock_wait`].
+    pub lock_wait: Duration,
 }
 
 impl StateRoot {
@@ -50,13 +56,21 @@ impl StateRoot {
     pub fn new(path: impl Into<PathBuf>) -> Self {
         StateRoot {
             path: crate::fsx::trusted(&path.into()),
+            lock_wait: lock::CLI_WAIT,
         }
+    }
+
+    /// This root, its locks waited for at most `wait`.
+    pub fn with_lock_wait(mut self, wait: Duration) -> Self {
+        self.lock_wait = wait;
+        self
     }
 
     pub fn agent(&self, name: &AgentName) -> AgentDir {
         AgentDir {
             name: name.clone(),
             path: self.path.join(name.as_str()),
+            lock_wait: self.lock_wait,
         }
     }
 
@@ -74,9 +88,17 @@ impl StateRoot {
 pub struct AgentDir {
     pub name: AgentName,
     pub path: PathBuf,
+    /// How long [`AgentDir::lock`] waits: its root's.
+    pub lock_wait: Duration,
 }
 
 impl AgentDir {
+    /// This agent's directory, its lock waited for at most `wait`.
+    pub fn with_lock_wait(mut self, wait: Duration) -> Self {
+        self.lock_wait = wait;
+        self
+    }
+
     pub fn file(&self, name: &str) -> PathBuf {
         self.path.join(name)
     }
@@ -249,7 +271,7 @@ impl AgentDir {
     /// A user who may not write the agent's directory (a reader of the
     /// state, not its owner) gets the document rebuilt in memory, said on
     /// stderr, and nothing is written, locked or created.
-    pub fn read_or_repair<T: StateDoc>(&self) -> Result<T> {
+    pub fn read_or_repair<T: StateDoc>(&self, now: Timestamp) -> Result<T> {
         match self.read::<T>() {
             Ok(Some(doc)) => Ok(doc),
             Ok(None) => Ok(T::fresh(self.name.as_str())),
@@ -258,12 +280,12 @@ impl AgentDir {
                     "agent-state: warning: {e}; shown as rebuilt from the journal, not repaired (this user may not write {})",
                     self.path.display()
                 );
-                self.rebuilt_in_memory()
+                self.rebuilt_in_memory(now)
             }
             Err(Error::Corrupt { .. }) => {
                 let lock = self.lock()?;
                 let mut notes = Vec::new();
-                self.load(&lock, Timestamp::now(), &mut notes)
+                self.load(&lock, now, &mut notes)
             }
             Err(e) => Err(e),
         }
@@ -275,7 +297,7 @@ impl AgentDir {
     }
 
     /// A state document rebuilt from the journal, written nowhere.
-    fn rebuilt_in_memory<T: StateDoc>(&self) -> Result<T> {
+    fn rebuilt_in_memory<T: StateDoc>(&self, now: Timestamp) -> Result<T> {
         let entries = journal::read(&self.journal())?.entries;
         let name = self.name.as_str();
         let value = match T::KIND {
@@ -285,11 +307,9 @@ impl AgentDir {
             StateFileKind::Tasks => {
                 serde_json::to_value(rebuild::tasks_from_journal(name, &entries))
             }
-            StateFileKind::Metrics => serde_json::to_value(rebuild::metrics_from_journal(
-                name,
-                &entries,
-                Timestamp::now(),
-            )),
+            StateFileKind::Metrics => {
+                serde_json::to_value(rebuild::metrics_from_journal(name, &entries, now))
+            }
             StateFileKind::Session => match rebuild::session_from_journal(name, &entries) {
                 Some(s) => serde_json::to_value(s),
                 None => return Ok(T::fresh(name)),
@@ -364,10 +384,15 @@ impl AgentDir {
         atomic::stage_json(&self.file(T::KIND.file_name()), doc)
     }
 
-    /// Take this agent's lock.
+    /// Take this agent's lock, waiting at most its `lock_wait`.
     pub fn lock(&self) -> Result<AgentLock> {
+        self.lock_within(self.lock_wait)
+    }
+
+    /// Take this agent's lock, waiting at most `bound`.
+    pub fn lock_within(&self, bound: Duration) -> Result<AgentLock> {
         self.require()?;
-        lock::lock(self)
+        lock::lock_within(self, bound)
     }
 
     /// Append to this agent's journal.

@@ -130,15 +130,19 @@ pub fn prune_sessions(
 }
 
 /// Remove temp files of crashed writes older than `older_than` (never
-/// younger than [`STALE_TEMP_AGE`], whatever the cutoff given):
+/// younger than [`STALE_TEMP_AGE`] before `now`, whatever the cutoff given):
 ///
 /// * temp files of [`crate::state::atomic`] (`.{name}.XXXXXX.tmp`) in the
 ///   agent directory, `inbox/`, `inbox/rejected/` (the `.reason.json` being
 ///   written, never rejected input) and `sessions/`;
 /// * any regular file in `inbox/.tmp/`, where senders write a message
 ///   before renaming it into the inbox.
-pub fn prune_stale_temps(agent_dir: &AgentDir, older_than: SystemTime) -> io::Result<PruneStats> {
-    let cutoff = stale_cutoff(older_than);
+pub fn prune_stale_temps(
+    agent_dir: &AgentDir,
+    older_than: SystemTime,
+    now: SystemTime,
+) -> io::Result<PruneStats> {
+    let cutoff = stale_cutoff(older_than, now);
     let mut stats = PruneStats::default();
     for dir in [
         agent_dir.path.clone(),
@@ -146,7 +150,7 @@ pub fn prune_stale_temps(agent_dir: &AgentDir, older_than: SystemTime) -> io::Re
         agent_dir.rejected(),
         agent_dir.sessions_dir(),
     ] {
-        stats += prune_atomic_temps(&dir, cutoff)?;
+        stats += prune_atomic_temps(&dir, cutoff, now)?;
     }
     let tmp = agent_dir.inbox_tmp();
     for name in list(&tmp)? {
@@ -156,10 +160,14 @@ pub fn prune_stale_temps(agent_dir: &AgentDir, older_than: SystemTime) -> io::Re
 }
 
 /// Remove [`crate::state::atomic`] temp files older than `older_than` (never
-/// younger than [`STALE_TEMP_AGE`]) directly in `dir`: for directories
+/// younger than [`STALE_TEMP_AGE`] before `now`) directly in `dir`: for directories
 /// outside an agent, such as `.daemon/`.
-pub fn prune_atomic_temps(dir: &Path, older_than: SystemTime) -> io::Result<PruneStats> {
-    let cutoff = stale_cutoff(older_than);
+pub fn prune_atomic_temps(
+    dir: &Path,
+    older_than: SystemTime,
+    now: SystemTime,
+) -> io::Result<PruneStats> {
+    let cutoff = stale_cutoff(older_than, now);
     let mut stats = PruneStats::default();
     for name in list(dir)? {
         if name.to_str().is_some_and(is_atomic_temp_name) {
@@ -191,8 +199,8 @@ pub fn is_atomic_temp_name(name: &str) -> bool {
     }
 }
 
-fn stale_cutoff(older_than: SystemTime) -> SystemTime {
-    match SystemTime::now().checked_sub(STALE_TEMP_AGE) {
+fn stale_cutoff(older_than: SystemTime, now: SystemTime) -> SystemTime {
+    match now.checked_sub(STALE_TEMP_AGE) {
         Some(latest) => older_than.min(latest),
         None => older_than,
     }
@@ -378,7 +386,11 @@ mod tests {
         let old = SystemTime::now() - DAY;
         assert!(prune_processed(&a, old).unwrap().is_empty());
         assert!(prune_sessions(&a, old, 0, None).unwrap().is_empty());
-        assert!(prune_stale_temps(&a, old).unwrap().is_empty());
+        assert!(
+            prune_stale_temps(&a, old, SystemTime::now())
+                .unwrap()
+                .is_empty()
+        );
         assert_eq!(fs::read_dir(&elsewhere).unwrap().count(), 3);
     }
 
@@ -389,7 +401,7 @@ mod tests {
         let now = SystemTime::now();
         assert!(prune_processed(&a, now).unwrap().is_empty());
         assert!(prune_sessions(&a, now, 0, None).unwrap().is_empty());
-        assert!(prune_stale_temps(&a, now).unwrap().is_empty());
+        assert!(prune_stale_temps(&a, now, now).unwrap().is_empty());
     }
 
     #[test]
@@ -563,7 +575,8 @@ mod tests {
         fs::create_dir(a.inbox_tmp().join("adir")).unwrap();
 
         // A cutoff of "now" is capped at an hour ago.
-        let stats = prune_stale_temps(&a, SystemTime::now()).unwrap();
+        let now = SystemTime::now();
+        let stats = prune_stale_temps(&a, now, now).unwrap();
         assert_eq!(
             stats,
             PruneStats {
@@ -583,7 +596,8 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         file(&tmp.path().join(".daemon.json.abc123.tmp"), 4, 2 * HOUR);
         file(&tmp.path().join("daemon.json"), 4, 2 * HOUR);
-        let stats = prune_atomic_temps(tmp.path(), SystemTime::now()).unwrap();
+        let now = SystemTime::now();
+        let stats = prune_atomic_temps(tmp.path(), now, now).unwrap();
         assert_eq!(stats.files, 1);
         assert!(exists(&tmp.path().join("daemon.json")));
     }

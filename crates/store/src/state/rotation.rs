@@ -429,6 +429,18 @@ mod tests {
         Timestamp::parse("2026-11-25T00:00:00Z").unwrap()
     }
 
+    /// Whole lines appended to the live file, as the journal appends them
+    /// (written here: the journal reads through this module, not back).
+    fn append(path: &Path, lines: &[u8]) {
+        use std::io::Write;
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .and_then(|mut f| f.write_all(lines))
+            .unwrap();
+    }
+
     /// Every part of the log at `path` in stream order: each segment
     /// before the live file's base, then the live file (its marker included).
     fn history(path: &Path) -> Vec<(u64, Vec<u8>)> {
@@ -491,7 +503,7 @@ mod tests {
             let lines: Vec<u8> = (0..50)
                 .flat_map(|i| format!("{{\"n\":{round}{i:03}}}\n").into_bytes())
                 .collect();
-            crate::state::journal::append_lines(&path, &lines).unwrap();
+            append(&path, &lines);
             let before = whole(&path);
             let r = rotate_if_over(&path, 100, ts()).unwrap().unwrap();
             assert_eq!(r.offset, before.len() as u64, "the next byte's offset");
@@ -553,7 +565,7 @@ mod tests {
             let lines: Vec<u8> = (0..50)
                 .flat_map(|i| format!("{{\"n\":{round}{i:03}}}\n").into_bytes())
                 .collect();
-            crate::state::journal::append_lines(&path, &lines).unwrap();
+            append(&path, &lines);
             rotate_if_over(&path, 100, ts()).unwrap().unwrap();
         }
         let segs = segments(&path, u64::MAX).unwrap();

@@ -36,61 +36,9 @@ pub struct Task {
     pub extra: Map<String, Value>,
 }
 
-use crate::string_enum::string_enum;
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum TaskType {
-    #[default]
-    Research,
-    Extract,
-    Evaluate,
-    FollowUp,
-    Disconfirm,
-}
-string_enum!(
-    TaskType,
-    "task type",
-    Research = "research",
-    Extract = "extract",
-    Evaluate = "evaluate",
-    FollowUp = "follow-up",
-    Disconfirm = "disconfirm"
-);
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum TaskStatus {
-    #[default]
-    Pending,
-    Active,
-    Completed,
-    Dropped,
-}
-string_enum!(
-    TaskStatus,
-    "task status",
-    Pending = "pending",
-    Active = "active",
-    Completed = "completed",
-    Dropped = "dropped"
-);
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum TaskPriority {
-    High,
-    #[default]
-    Medium,
-    Low,
-}
-string_enum!(
-    TaskPriority,
-    "task priority",
-    High = "high",
-    Medium = "medium",
-    Low = "low"
-);
+// The words of a task, in a module of their own that the journal's events
+// use too (the journal need not use tasks.rs, which uses the report).
+pub use super::words::{TaskPriority, TaskStatus, TaskType};
 
 impl TaskFile {
     pub fn new(agent: &str) -> TaskFile {
