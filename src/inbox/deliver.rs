@@ -97,7 +97,7 @@ fn deliver_with_id(to: &AgentDir, out: &Outgoing, id: String, now: Timestamp) ->
 /// agent's intake writes it otherwise (a sender in the inbox group cannot
 /// write the journal, and a sender never waits for a recipient's lock).
 fn journal_delivered(to: &AgentDir, message: &Message, now: Timestamp) {
-    let lock = crate::state::lock::with_wait(Duration::ZERO, || to.lock());
+    let lock = to.lock_within(Duration::ZERO);
     if let Ok(lock) = lock {
         let stripped = Message {
             body: String::new(),
