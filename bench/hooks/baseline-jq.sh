@@ -12,7 +12,7 @@
 #
 #   * the whole hook holds `flock` on {agent}/.lock (fd 9, kept by this shell);
 #   * begin takes the session's instance id (rio-001, rio-002, …) as
-#     src/state/counters.rs next_instance() does: `flock` on
+#     crates/store/src/state/counters.rs next_instance() does: `flock` on
 #     {root}/.daemon/counters.lock (fd 8, created 0600), jq increments the
 #     agent's counter in {root}/.daemon/counters.json (a missing one starts
 #     above the highest instance in the agent's journal, which is then read),
@@ -27,7 +27,7 @@
 #     instead of a separate chmod (same result, one process fewer per file:
 #     this favours the baseline). session.json and report.json are staged
 #     (temp file written and synced) before the journal line and renamed in
-#     after it (src/state/atomic.rs Staged, src/hooks.rs begin, finish_with);
+#     after it (crates/store/src/state/atomic.rs Staged, src/hooks.rs begin, finish_with);
 #   * begin globs inbox/*.json for messages to claim, end lists
 #     inbox/.claimed/{session}/ before the journal line and, after it, moves
 #     the messages to processed/ and removes the directory;
@@ -38,7 +38,7 @@
 #   * metrics.json: lifetime counters incremented, a session's end counted
 #     once (counted_session); at end the rolling 30-day window is recomputed
 #     from the whole journal (jq --rawfile); a plain session start changes no
-#     counter, so metrics.json is not rewritten then (src/state/metrics.rs apply).
+#     counter, so metrics.json is not rewritten then (crates/store/src/state/metrics.rs apply).
 #
 # The config is read with bash builtins (string values only: state_root, and
 # model/timeout/session_type/domain of [defaults] and the agent's [[agent]]).
@@ -139,7 +139,7 @@ printf -v base '%(%Y%m%d-%H%M%S)T' "$epoch"
 
 # ---- the primitives ----------------------------------------------------------
 
-# open_lock FD PATH MODE-UMASK: open for reading (src/state/lock.rs
+# open_lock FD PATH MODE-UMASK: open for reading (crates/store/src/state/lock.rs
 # open_lock_file), creating it first, with the umask giving its mode, if missing.
 open_lock() {
     if [[ ! -e $2 ]]; then umask "$3"; : >>"$2"; umask 022; fi
@@ -289,7 +289,7 @@ read_session() { # sets cur_status cur_id
 }
 
 # next_instance: sets $instance to the session's instance id (rio-047), as
-# src/state/counters.rs next_instance() takes it. The journal is passed to jq
+# crates/store/src/state/counters.rs next_instance() takes it. The journal is passed to jq
 # only when the agent has no counter yet (as Rust reads it only then).
 next_instance() {
     local dir=$state_root/.daemon text='' re="\"$agent\": ([0-9]+)" from_journal

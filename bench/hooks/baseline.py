@@ -16,15 +16,15 @@ same JSON shapes:
   flock(LOCK_EX) on {root}/.daemon/counters.lock (created 0600), the agent's
   counter in {root}/.daemon/counters.json is incremented (a missing one starts
   above the highest instance in the agent's journal) and written back like the
-  other state files (src/state/counters.rs next_instance);
+  other state files (crates/store/src/state/counters.rs next_instance);
 * journal.jsonl: one line per event, one write(2) on an O_APPEND fd, fdatasync
   (and a directory fsync when the journal was empty), a leading newline if the
-  last line is torn (src/state/journal.rs append_lines);
+  last line is torn (crates/store/src/state/journal.rs append_lines);
 * session.json, report.json, metrics.json, counters.json: read, modify, then
   temp file (O_EXCL, 0600) + write + fchmod 0644 + fsync + rename + fsync of
-  the directory (src/state/atomic.rs write_file). session.json and report.json
+  the directory (crates/store/src/state/atomic.rs write_file). session.json and report.json
   are staged (temp file written and fsynced) before the journal line and
-  renamed in after it (src/state/atomic.rs Staged, src/hooks.rs begin and
+  renamed in after it (crates/store/src/state/atomic.rs Staged, src/hooks.rs begin and
   finish_with);
 * begin lists inbox/ for messages to claim and moves them to
   inbox/.claimed/{session}/; end lists the claimed ones before the journal
@@ -38,7 +38,7 @@ same JSON shapes:
 * metrics.json: lifetime counters incremented for the event, and a session's
   end is counted once (counted_session); at end the rolling 30-day window is
   recomputed by reading the whole journal; a plain session start changes no
-  counter and the file is read but not rewritten (src/state/metrics.rs apply).
+  counter and the file is read but not rewritten (crates/store/src/state/metrics.rs apply).
 
 Not implemented (never reached by the benchmark): joining a running session,
 recovering a stale one, message validation/rejection/expiry, tasks from task
@@ -148,7 +148,7 @@ def load_agent(config_path, name):
 # ---- files -----------------------------------------------------------------
 
 def open_lock_file(path, mode):
-    """src/state/lock.rs open_lock_file: read-only, created with `mode` if missing."""
+    """crates/store/src/state/lock.rs open_lock_file: read-only, created with `mode` if missing."""
     try:
         return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -220,7 +220,7 @@ def stage_file(path, data, mode=STATE_FILE_MODE):
 
 
 def commit(staged):
-    """rename → fsync(dir) (src/state/atomic.rs Staged::commit)."""
+    """rename → fsync(dir) (crates/store/src/state/atomic.rs Staged::commit)."""
     tmp, path = staged
     try:
         os.rename(tmp, path)
@@ -342,7 +342,7 @@ def metrics_doc(m):
     return m
 
 
-# ---- metrics (src/state/metrics.rs) -----------------------------------------
+# ---- metrics (crates/store/src/state/metrics.rs) -----------------------------------------
 
 def count(lifetime, e):
     ev = e.get("event")
@@ -477,7 +477,7 @@ def acknowledge(agent_dir, session_id, messages):
         pass
 
 
-# ---- instance ids (src/state/counters.rs next_instance) ----------------------
+# ---- instance ids (crates/store/src/state/counters.rs next_instance) ----------------------
 
 def highest_instance(agent_dir, name):
     """The highest `{name}-N` instance of the journal's session starts, else 0."""
