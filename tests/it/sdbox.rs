@@ -298,7 +298,14 @@ impl Drop for SdBox {
                 ),
                 text(
                     &self
-                        .exec(&["journalctl", "--no-pager", "-o", "short-precise", "-n", "150"])
+                        .exec(&[
+                            "journalctl",
+                            "--no-pager",
+                            "-o",
+                            "short-precise",
+                            "-n",
+                            "150"
+                        ])
                         .stdout
                 )
             );
