@@ -79,6 +79,9 @@ impl Alerts {
     /// Record, log, hook; escalate if `escalate`. Must be called within the
     /// daemon's tokio runtime (the hook runs as a task).
     pub fn raise(&self, mut record: ErrorRecord, escalate: bool) {
+        // Stamped by the loop (`Daemon::raise`) with its turn's time; a
+        // record raised from a task (a failed hook) when it is raised.
+        record.stamp(crate::clock::Timestamp::now());
         if escalate {
             record.escalated = self.escalate(&record);
         }
@@ -212,6 +215,7 @@ impl Alerts {
                     Code::EscalationFailed,
                     format!("cannot escalate {} to {to}'s inbox", record.code),
                 )
+                .at(record.ts)
                 .details(format!("{e}; the escalation said: {}", record.message));
                 self.write(&failed);
                 log(&failed);

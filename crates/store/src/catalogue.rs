@@ -628,12 +628,19 @@ pub struct ErrorRecord {
     pub escalated: bool,
 }
 
+/// The time of a record not stamped yet: [`ErrorRecord::new`] reads no
+/// clock; whoever raises it stamps it with the time of its loop turn
+/// ([`ErrorRecord::stamp`]), or [`ErrorRecord::at`] sets the time it is
+/// about.
+pub const UNSTAMPED: Timestamp = Timestamp(chrono::DateTime::UNIX_EPOCH);
+
 impl ErrorRecord {
-    /// A record of `code` with the catalogue's severity and suggestions.
+    /// A record of `code` with the catalogue's severity and suggestions,
+    /// its time [`UNSTAMPED`].
     pub fn new(code: Code, message: impl Into<String>) -> ErrorRecord {
         let info = code.info();
         ErrorRecord {
-            ts: Timestamp::now(),
+            ts: UNSTAMPED,
             code: code.as_str().to_string(),
             message: message.into(),
             details: None,
@@ -648,6 +655,13 @@ impl ErrorRecord {
     pub fn at(mut self, ts: Timestamp) -> Self {
         self.ts = ts;
         self
+    }
+
+    /// Its time is `now` unless it was given one ([`ErrorRecord::at`]).
+    pub fn stamp(&mut self, now: Timestamp) {
+        if self.ts == UNSTAMPED {
+            self.ts = now;
+        }
     }
 
     pub fn agent(mut self, agent: impl fmt::Display) -> Self {
@@ -828,6 +842,21 @@ mod tests {
         assert!(v["suggestions"].as_array().is_some_and(|s| !s.is_empty()));
         let back: ErrorRecord = serde_json::from_value(v).unwrap();
         assert_eq!(back, r);
+    }
+
+    #[test]
+    fn a_record_is_stamped_once_by_whoever_raises_it() {
+        let (then, now) = (
+            Timestamp::parse("2026-01-25T10:00:00Z").unwrap(),
+            Timestamp::parse("2026-01-25T10:05:00Z").unwrap(),
+        );
+        let mut fresh = ErrorRecord::new(Code::IoError, "x");
+        assert_eq!(fresh.ts, UNSTAMPED, "no clock read");
+        fresh.stamp(now);
+        assert_eq!(fresh.ts, now);
+        let mut dated = ErrorRecord::new(Code::IoError, "x").at(then);
+        dated.stamp(now);
+        assert_eq!(dated.ts, then, "a record about an earlier time keeps it");
     }
 
     #[test]

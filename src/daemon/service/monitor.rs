@@ -152,7 +152,8 @@ impl Monitor {
 impl Daemon {
     /// Raise an error through [`Alerts`], escalating each code once per
     /// agent's failure streak.
-    pub(super) fn raise(&mut self, record: ErrorRecord, escalate: bool) {
+    pub(super) fn raise(&mut self, mut record: ErrorRecord, escalate: bool) {
+        record.stamp(Timestamp::from_datetime(self.clock.now()));
         let agent = record
             .context
             .agent
