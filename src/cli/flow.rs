@@ -263,7 +263,10 @@ fn status(ctx: &Context, only: Option<&str>, json: bool) -> Result<u8> {
                 let last = s
                     .as_ref()
                     .and_then(|s| s.closed.last())
-                    .map(|l| format!("last: {} {}", l.id, l.outcome))
+                    .map(|l| match &l.reason {
+                        Some(r) => format!("last: {} {} — {}", l.id, l.outcome, display::clean(r)),
+                        None => format!("last: {} {}", l.id, l.outcome),
+                    })
                     .unwrap_or_else(|| "no cycle yet".into());
                 println!(
                     "{:<12} {:<16} {:<18} {:>4}  {:<22} {:>12}  ({last}; `agent-state flow start {} --goal ...`)",

@@ -437,7 +437,10 @@ fn apply_one(
             l,
             flow,
             "approved",
-            None,
+            Some(auto_approved_reason(match &decision {
+                Decision::Pass { risk } => Some(*risk),
+                _ => c.risk,
+            })),
             "the Judge's PASS at low risk (auto)",
             now,
             out,
@@ -543,6 +546,15 @@ fn close(
         l.save()?;
     }
     Ok(())
+}
+
+/// Why a cycle closed without a human: the risk gate let the Judge's PASS
+/// through (`flow status` shows it). Pure.
+pub fn auto_approved_reason(risk: Option<crate::protocol::summary::RiskLevel>) -> String {
+    format!(
+        "approved automatically: {} risk",
+        risk.map(|r| r.as_str()).unwrap_or("low")
+    )
 }
 
 /// An approval command that a crash interrupted: recorded, never rerun.
@@ -661,9 +673,60 @@ pub fn approve(
             c.status.as_str()
         )));
     }
+    let c = c.clone();
     let mut out = Applied::default();
     close(&mut l, flow, "approved", None, by, now, &mut out)?;
+    drop(l);
+    clear_questions(root, flow, &c, now, &mut out);
     Ok(out)
+}
+
+/// The ids of the messages that asked the human to let cycle `c` through
+/// (the approval question, the blocked flag), as [`route`] names them. Pure.
+pub fn question_ids(flow: &str, cycle: &str, step: u32, key: &str) -> Vec<String> {
+    ["approve", "blocked"]
+        .iter()
+        .map(|what| {
+            let id = super::message_id(flow, cycle, step, what);
+            if key.is_empty() {
+                id
+            } else {
+                format!("{id}-{key}")
+            }
+        })
+        .collect()
+}
+
+/// After `flow approve`: the question it answered leaves the human's
+/// mailbox the way `inbox ack` takes it (moved to `processed/`, journaled
+/// `message_acknowledged`). A failure is reported, never fatal: the cycle
+/// is approved either way.
+fn clear_questions(
+    root: &StateRoot,
+    flow: &FlowSettings,
+    c: &Cycle,
+    now: Timestamp,
+    out: &mut Applied,
+) {
+    let human = root.agent(&flow.human);
+    for id in question_ids(flow.name.as_str(), &c.id, c.step, &c.question_key) {
+        if !crate::fsx::exists(&human.inbox().join(format!("{id}.json"))) {
+            continue;
+        }
+        let done = human
+            .lock_within(Duration::from_secs(2))
+            .and_then(|_lock| crate::inbox::acknowledge_waiting(&human, &id, now));
+        match done {
+            Ok(_) => out.lines.push(format!(
+                "{}: question {id} answered, acknowledged",
+                flow.human
+            )),
+            Err(e) => out.lines.push(format!(
+                "{}: question {id} not acknowledged ({e}); `agent-state inbox ack {} {id}`",
+                flow.human, flow.human
+            )),
+        }
+    }
 }
 
 /// `flow reject CYCLE --feedback TEXT`: back to the Planner with the
@@ -991,4 +1054,58 @@ fn refuse(
         )],
         refused: true,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::summary::RiskLevel;
+
+    #[test]
+    fn the_questions_approve_answers_are_named_as_route_sends_them() {
+        let table: &[(&str, &str, u32, &str, [&str; 2])] = &[
+            (
+                "notes",
+                "2026-11-27-001",
+                3,
+                "",
+                [
+                    "flow-notes-2026-11-27-001-3-approve",
+                    "flow-notes-2026-11-27-001-3-blocked",
+                ],
+            ),
+            (
+                "docs",
+                "2026-11-27-002",
+                9,
+                "k1",
+                [
+                    "flow-docs-2026-11-27-002-9-approve-k1",
+                    "flow-docs-2026-11-27-002-9-blocked-k1",
+                ],
+            ),
+        ];
+        for (flow, cycle, step, key, want) in table {
+            assert_eq!(
+                question_ids(flow, cycle, *step, key),
+                *want,
+                "{flow} {cycle}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_automatic_approval_says_the_risk_that_let_it_through() {
+        let table = [
+            (Some(RiskLevel::Low), "approved automatically: low risk"),
+            (
+                Some(RiskLevel::Medium),
+                "approved automatically: medium risk",
+            ),
+            (None, "approved automatically: low risk"),
+        ];
+        for (risk, want) in table {
+            assert_eq!(auto_approved_reason(risk), want);
+        }
+    }
 }

@@ -29,6 +29,7 @@ mod filesafety;
 mod flood;
 mod flood_wakes;
 mod flow_authority;
+mod flow_cycles;
 mod flows;
 mod hatching;
 mod health;
