@@ -358,3 +358,21 @@ fn idle_and_slow_connections_do_not_keep_a_reader_out() {
     );
     idle.clear();
 }
+
+#[test]
+fn a_reload_that_changes_web_is_refused_naming_the_key() {
+    let env = Env::with_config("");
+    let (_d, port) = start(&env, "");
+    let config = std::fs::read_to_string(&env.config).unwrap();
+    let body = config.split_once('\n').unwrap().1;
+    env.set_config(&format!("{body}show_bodies = true\n"));
+    let out = env.run(&["reload"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{err}");
+    assert!(
+        err.contains("[web] show_bodies changed") && err.contains("restart"),
+        "{err}"
+    );
+    // The view is still served as it was.
+    assert_eq!(get(port, "/").0, 200);
+}
