@@ -376,3 +376,195 @@ fn a_reload_that_changes_web_is_refused_naming_the_key() {
     // The view is still served as it was.
     assert_eq!(get(port, "/").0, 200);
 }
+
+/// A headless Chromium driven over the DevTools protocol on a pipe
+/// (`--remote-debugging-pipe`: commands on fd 3, answers on fd 4, each a
+/// JSON text ended by NUL).
+struct Browser {
+    child: std::process::Child,
+    to: std::fs::File,
+    from: std::io::BufReader<std::fs::File>,
+    next: u64,
+    session: Option<String>,
+}
+
+impl Browser {
+    fn start(dir: &std::path::Path) -> Browser {
+        use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
+        use std::os::unix::process::CommandExt;
+        let (cmd_read, cmd_write) = nix::unistd::pipe().unwrap();
+        let (ans_read, ans_write) = nix::unistd::pipe().unwrap();
+        let (cr, aw) = (cmd_read.as_raw_fd(), ans_write.as_raw_fd());
+        let mut c = std::process::Command::new("chromium");
+        c.args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--remote-debugging-pipe",
+            "--window-size=1400,500",
+        ])
+        .arg(format!("--user-data-dir={}", dir.display()))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+        unsafe {
+            c.pre_exec(move || {
+                if libc_dup2(cr, 3) < 0 || libc_dup2(aw, 4) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = c.spawn().expect("chromium (apt-get install -y chromium)");
+        drop(cmd_read);
+        drop(ans_write);
+        let to = unsafe { std::fs::File::from_raw_fd(cmd_write.into_raw_fd()) };
+        let from = unsafe { std::fs::File::from_raw_fd(ans_read.into_raw_fd()) };
+        Browser {
+            child,
+            to,
+            from: std::io::BufReader::new(from),
+            next: 0,
+            session: None,
+        }
+    }
+
+    /// Send a command and wait for its answer (events in between dropped).
+    fn call(&mut self, method: &str, params: Value) -> Value {
+        use std::io::BufRead;
+        self.next += 1;
+        let id = self.next;
+        let mut msg = serde_json::json!({"id": id, "method": method, "params": params});
+        if let Some(s) = &self.session {
+            msg["sessionId"] = Value::String(s.clone());
+        }
+        let mut bytes = msg.to_string().into_bytes();
+        bytes.push(0);
+        self.to.write_all(&bytes).unwrap();
+        loop {
+            let mut buf = Vec::new();
+            let n = self.from.read_until(0, &mut buf).unwrap();
+            assert!(n > 0, "chromium closed the pipe");
+            buf.pop();
+            let v: Value = serde_json::from_slice(&buf).unwrap();
+            if v["id"] == id {
+                assert!(v.get("error").is_none(), "{method}: {v}");
+                return v["result"].clone();
+            }
+        }
+    }
+
+    fn eval(&mut self, expression: &str) -> Value {
+        self.call(
+            "Runtime.evaluate",
+            serde_json::json!({"expression": expression, "returnByValue": true}),
+        )["result"]["value"]
+            .clone()
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn libc_dup2(from: i32, to: i32) -> i32 {
+    // In the child between fork and exec: only async-signal-safe calls.
+    // SAFETY: `from` is open in the child (inherited) for this call.
+    let from = unsafe { std::os::fd::BorrowedFd::borrow_raw(from) };
+    // SAFETY: fd `to` (3 or 4) is free to be replaced in the child.
+    match unsafe { nix::unistd::dup2_raw(from, to) } {
+        Ok(fd) => {
+            use std::os::fd::IntoRawFd;
+            fd.into_raw_fd()
+        }
+        Err(_) => -1,
+    }
+}
+
+/// Standard base64 (for the screenshot).
+fn base64_decode(text: &str) -> Vec<u8> {
+    let value = |c: u8| match c {
+        b'A'..=b'Z' => c - b'A',
+        b'a'..=b'z' => c - b'a' + 26,
+        b'0'..=b'9' => c - b'0' + 52,
+        b'+' => 62,
+        _ => 63,
+    };
+    let bytes: Vec<u8> = text
+        .bytes()
+        .filter(|c| *c != b'=' && !c.is_ascii_whitespace())
+        .collect();
+    let mut out = Vec::with_capacity(bytes.len() * 3 / 4);
+    for chunk in bytes.chunks(4) {
+        let mut n = 0u32;
+        for (i, c) in chunk.iter().enumerate() {
+            n |= u32::from(value(*c)) << (18 - 6 * i);
+        }
+        for i in 0..chunk.len().saturating_sub(1) {
+            out.push((n >> (16 - 8 * i)) as u8);
+        }
+    }
+    out
+}
+
+/// In a real browser, the fleet page changes a row when its agent wakes,
+/// without a reload (run with AGENT_STATE_BROWSER_TESTS=1; needs
+/// `chromium`). Leaves target/web-fleet.png.
+#[test]
+fn a_browser_sees_a_row_change_when_its_agent_wakes() {
+    if std::env::var("AGENT_STATE_BROWSER_TESTS").as_deref() != Ok("1") {
+        eprintln!("skipped: set AGENT_STATE_BROWSER_TESTS=1 (needs chromium)");
+        return;
+    }
+    let env = Env::with_config("");
+    let (_d, port) = start(&env, "");
+    let mut b = Browser::start(&env.tmp("chromium"));
+    let target = b.call(
+        "Target.createTarget",
+        serde_json::json!({"url": format!("http://127.0.0.1:{port}/")}),
+    )["targetId"]
+        .clone();
+    let session = b.call(
+        "Target.attachToTarget",
+        serde_json::json!({"targetId": target, "flatten": true}),
+    )["sessionId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    b.session = Some(session);
+    let row = "(function(){var r=document.getElementById('agent-rio');return r?r.innerText:''})()";
+    let live = "(document.getElementById('live')||{}).textContent";
+    assert!(
+        poll_until(Duration::from_secs(20), || b
+            .eval(row)
+            .as_str()
+            .is_some_and(|t| !t.is_empty())),
+        "the page never showed rio"
+    );
+    let before = b.eval(row);
+    // A mark that a reload would lose.
+    b.eval("window.__notReloaded = true");
+    env.ok(&["wake", "rio"]);
+    assert!(
+        poll_until(Duration::from_secs(30), || {
+            let now = b.eval(row);
+            now != before
+                && now
+                    .as_str()
+                    .is_some_and(|t| t.contains("success") || t.contains("completed"))
+        }),
+        "rio's row never changed: {before} -> {}",
+        b.eval(row)
+    );
+    assert_eq!(b.eval("window.__notReloaded === true"), Value::Bool(true));
+    assert_eq!(b.eval(live), Value::String("live".into()));
+    let shot = b.call(
+        "Page.captureScreenshot",
+        serde_json::json!({"format": "png"}),
+    );
+    let png = base64_decode(shot["data"].as_str().unwrap());
+    let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/web-fleet.png");
+    std::fs::write(&out, png).unwrap();
+}
