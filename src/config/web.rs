@@ -72,3 +72,48 @@ impl Validator {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_and_token_file_are_checked() {
+        // (listen, token_file, problem field or none)
+        for (listen, token, problem) in [
+            (None, None, None),
+            (Some("127.0.0.1:8321"), None, None),
+            (Some("[::1]:8321"), None, None),
+            (Some("0.0.0.0:8321"), None, Some("web.listen")),
+            (Some("192.0.2.1:8321"), None, Some("web.listen")),
+            (
+                Some("0.0.0.0:8321"),
+                Some("/etc/agent-state/web.token"),
+                None,
+            ),
+            (Some("localhost"), None, Some("web.listen")),
+            (
+                Some("127.0.0.1:8321"),
+                Some("web.token"),
+                Some("web.token_file"),
+            ),
+        ] {
+            let mut v = Validator::default();
+            let got = v.web(&RawWeb {
+                listen: listen.map(str::to_string),
+                token_file: token.map(str::to_string),
+                show_bodies: None,
+            });
+            let fields: Vec<&str> = v.problems.iter().map(|p| p.field.as_str()).collect();
+            assert_eq!(
+                fields,
+                problem.into_iter().collect::<Vec<_>>(),
+                "{listen:?} {token:?}"
+            );
+            if problem.is_none() {
+                assert_eq!(got.listen, listen.map(|l| l.parse().unwrap()));
+                assert!(!got.show_bodies);
+            }
+        }
+    }
+}

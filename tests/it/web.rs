@@ -140,6 +140,8 @@ fn fleet_page_shows_each_agent_escapes_hostile_text_and_is_locked_down() {
     assert_eq!(shape(&api), shape(&cli));
     assert_eq!(api[0]["last_error"]["message"], HOSTILE);
 
+    let (status, _, body) = request(port, "HEAD", "/", &[]).unwrap();
+    assert_eq!((status, body.as_str()), (200, ""));
     // Read-only: no other method.
     let (status, head, _) = request(port, "POST", "/", &["Content-Length: 0"]).unwrap();
     assert_eq!(status, 405, "{head}");
