@@ -48,6 +48,8 @@ pub const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
 pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often an event stream looks for new events.
 const EVENT_POLL: Duration = Duration::from_millis(300);
+/// Polls with nothing new before a keep-alive comment (15 s).
+const KEEP_ALIVE: u32 = 50;
 
 /// What every request shares.
 #[derive(Clone)]
@@ -316,7 +318,10 @@ async fn events(State(shared): State<Shared>, request: Request) -> Response {
     }
     let show_bodies = shared.show_bodies;
     let state = Arc::new(Mutex::new(reader));
-    let stream = futures_util::stream::unfold((state, true), move |(reader, first)| async move {
+    // The state: the reader, and how many polls found nothing (0: the
+    // first poll).
+    let stream = futures_util::stream::unfold((state, 0u32), move |(reader, quiet)| async move {
+        let first = quiet == 0;
         if !first {
             tokio::time::sleep(EVENT_POLL).await;
         }
@@ -330,16 +335,21 @@ async fn events(State(shared): State<Shared>, request: Request) -> Response {
         })
         .await
         .unwrap_or_default();
-        // A comment when there is nothing: keeps proxies from closing the
-        // stream and finds a client that went away.
-        let chunk = if chunk.is_empty() && first {
-            ": stream\n\n".to_string()
+        // A comment first (the stream is open), and after each
+        // KEEP_ALIVE polls with nothing: keeps proxies from closing the
+        // stream, and finds a client that went away (its write fails).
+        let (chunk, quiet) = if !chunk.is_empty() {
+            (chunk, 1)
+        } else if first {
+            (": stream\n\n".to_string(), 1)
+        } else if quiet >= KEEP_ALIVE {
+            (": keep-alive\n\n".to_string(), 1)
         } else {
-            chunk
+            (chunk, quiet + 1)
         };
         Some((
             Ok::<_, std::convert::Infallible>(axum::body::Bytes::from(chunk)),
-            (reader, false),
+            (reader, quiet),
         ))
     });
     Response::builder()
