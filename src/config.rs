@@ -37,6 +37,7 @@ pub mod crontab;
 pub mod flow;
 pub mod iteration;
 pub mod logs;
+pub mod web;
 pub mod workspace;
 pub use flow::{FlowSettings, Gate};
 pub use iteration::IterationSettings;
@@ -79,6 +80,8 @@ pub struct Config {
     pub flows: Vec<FlowSettings>,
     /// `[logs]`: rotation of the append-only logs.
     pub logs: LogSettings,
+    /// `[web]`: the read-only web view.
+    pub web: web::WebSettings,
     /// Settings that were missing or unusable and took their default: the
     /// daemon logs them as `CONFIG_DEFAULTED`, `check` prints them.
     pub warnings: Vec<Problem>,
@@ -98,6 +101,7 @@ const TOP_LEVEL: &[&str] = &[
     "usage_limits",
     "flow",
     "logs",
+    "web",
 ];
 
 impl Config {
@@ -388,6 +392,8 @@ impl Validator {
         let flows = self.flows(table, &agents, hooks.escalate_to.as_ref());
         let raw_logs: logs::RawLogs = self.section(table, "logs");
         let logs = self.logs(&raw_logs);
+        let raw_web: web::RawWeb = self.section(table, "web");
+        let web = self.web(&raw_web);
 
         Some(Config {
             source: path.to_path_buf(),
@@ -403,6 +409,7 @@ impl Validator {
             usage_limits,
             flows,
             logs,
+            web,
             warnings: std::mem::take(&mut self.warnings),
         })
     }

@@ -26,6 +26,9 @@ pub fn run(ctx: Context, _args: Args) -> Result<u8> {
         .enable_all()
         .build()
         .map_err(|e| Error::io("starting the async runtime for", "the daemon", e))?;
-    runtime.block_on(crate::daemon::service::run(&source))?;
+    runtime.block_on(crate::daemon::service::run(
+        &source,
+        crate::cli::web::listen,
+    ))?;
     Ok(exit::OK)
 }

@@ -23,11 +23,12 @@ mod reload;
 mod send;
 mod session;
 pub use session::parse_lenient;
-mod status;
+pub(crate) mod status;
 mod stop;
 mod task;
 mod usage;
 mod wake;
+pub(crate) mod web;
 mod workspaces;
 
 use std::path::PathBuf;

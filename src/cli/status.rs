@@ -144,8 +144,25 @@ struct LastError {
     message: String,
 }
 
-pub fn run(ctx: &Context, args: Args) -> Result<u8> {
-    let agents: Vec<&AgentConfig> = match &args.agent {
+/// What `status --json` prints, as JSON (the web view's `/api/fleet` and
+/// its page read this, so the two never disagree).
+pub fn fleet_json(ctx: &Context, agent: Option<&str>) -> Result<serde_json::Value> {
+    let (lines, _, _) = collect(ctx, agent)?;
+    // A Line is strings, numbers and options: it always serializes.
+    Ok(serde_json::to_value(&lines).unwrap_or_default())
+}
+
+/// Each agent's line, the credentials held, and the error records (none
+/// when they may not be read).
+type Fleet = (
+    Vec<Line>,
+    std::collections::BTreeMap<String, HeldBy>,
+    Option<Vec<errors::ErrorRecord>>,
+);
+
+/// Each agent's line, and the credentials held.
+fn collect(ctx: &Context, agent: Option<&str>) -> Result<Fleet> {
+    let agents: Vec<&AgentConfig> = match agent {
         Some(a) => vec![ctx.config.agent_named(a)?],
         None => ctx.config.agents.iter().collect(),
     };
@@ -199,6 +216,11 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         }
         lines.push(l);
     }
+    Ok((lines, held, records))
+}
+
+pub fn run(ctx: &Context, args: Args) -> Result<u8> {
+    let (lines, held, records) = collect(ctx, args.agent.as_deref())?;
     // One agent's damaged file is that agent's problem: the others are
     // shown as usual, and the exit status says something is wrong.
     let code = if lines.iter().any(|l| l.unreadable.is_some()) {

@@ -13,7 +13,7 @@
 //! nothing cannot keep a scrape out. It is meant for loopback or a trusted
 //! network; put a reverse proxy in front for TLS or authentication.
 
-mod admission;
+pub(crate) mod admission;
 
 use std::io::Write as _;
 use std::net::SocketAddr;

@@ -430,9 +430,14 @@ struct Daemon {
     root_lost: Option<String>,
 }
 
+/// What serves `[web]`: bound before READY, then served as a task. It
+/// lives above the daemon (it reads the state like the CLI), so the daemon
+/// is handed it.
+pub type WebHook = fn(&Config, &Path) -> Result<()>;
+
 /// Run the daemon until SIGTERM/SIGINT. Returns once every session has
 /// ended and every file is consistent.
-pub async fn run(config_path: &Path) -> Result<()> {
+pub async fn run(config_path: &Path, web: WebHook) -> Result<()> {
     let (config, config_text) = Config::load_with_text(config_path)?;
     let root = StateRoot::new(&config.state_root);
     bootstrap::root(&root)?;
@@ -570,6 +575,9 @@ pub async fn run(config_path: &Path) -> Result<()> {
         daemon.metrics_out = Some(publishing);
         daemon.publish_metrics();
     }
+    // The web view too: an address in use or an unreadable token file fails
+    // the start.
+    web(&daemon.config, config_path)?;
     // Ready once the state is recovered and the watches are in place: what
     // the inboxes hold, and what is due, is work like any other. A backlog
     // of thousands of messages never holds READY (nor systemd's start job).

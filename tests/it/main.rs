@@ -82,6 +82,7 @@ mod unreadable;
 mod unrunnable;
 mod verdicts;
 mod verify_script;
+mod web;
 mod workspace;
 mod workspaces_daemon;
 mod zones;

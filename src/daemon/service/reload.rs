@@ -182,6 +182,20 @@ impl Daemon {
                         false,
                     );
                     (None, vec![why])
+                } else if let Some(key) = web_change(&self.config.web, &config.web) {
+                    // The web view is bound, and its token read, at start.
+                    let why = format!(
+                        "[web] {key} changed: the web view is set up at start; restart the daemon (systemctl restart agent-state) to change it, or put the old value back to reload the rest"
+                    );
+                    self.raise(
+                        ErrorRecord::new(
+                            Code::ConfigInvalid,
+                            format!("config reload refused: {why}"),
+                        )
+                        .details(self.config_path.display().to_string()),
+                        false,
+                    );
+                    (None, vec![why])
                 } else if config.state_root != self.config.state_root {
                     let why = "state_root cannot change while the daemon runs (restart it instead)";
                     self.raise(
@@ -379,4 +393,20 @@ pub(super) fn config_warnings(config: &Config, config_path: &Path) -> Vec<ErrorR
                 .details(config_path.display().to_string())
         })
         .collect()
+}
+
+/// The first `[web]` key a reload changes, if any (pure).
+fn web_change(
+    old: &crate::config::web::WebSettings,
+    new: &crate::config::web::WebSettings,
+) -> Option<&'static str> {
+    if old.listen != new.listen {
+        Some("listen")
+    } else if old.token_file != new.token_file {
+        Some("token_file")
+    } else if old.show_bodies != new.show_bodies {
+        Some("show_bodies")
+    } else {
+        None
+    }
 }

@@ -1,0 +1,447 @@
+//! The read-only web view of the fleet (`[web] listen`): the fleet page
+//! (`/`, plain HTML that works without JavaScript), `/api/fleet` (what
+//! `status --json` prints, from the same function) and `/events` (the event
+//! stream as Server-Sent Events, with the cursors of `agent-state events`).
+//!
+//! The daemon binds it before READY through a hook ([`listen`]) so that the
+//! daemon layer does not depend on the CLI's readers; each request reads the
+//! state like the CLI does, with the configuration the daemon accepted.
+//!
+//! Limits: at most [`MAX_CONNECTIONS`] connections, [`PER_PEER`] of them from
+//! one address, a newcomer always let in and the oldest connection that has
+//! sent no request closed for it (the metrics listener's admission table);
+//! a request head within [`HEAD_TIMEOUT`]; no body; only GET and HEAD;
+//! [`MAX_IN_FLIGHT`] requests answered at once, each within
+//! [`ANSWER_TIMEOUT`] (an event stream's body is not timed).
+
+mod page;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use tokio::net::TcpListener;
+use tower::ServiceExt as _;
+
+use crate::cli::Context;
+use crate::daemon::exporter::admission::{Admission, Limits};
+use crate::error::{Error, Result};
+use crate::events::{Cursor, Reader};
+
+/// Connections kept open in all.
+pub const MAX_CONNECTIONS: usize = 128;
+/// Connections kept open from one address.
+pub const PER_PEER: usize = 64;
+/// Requests answered at once.
+pub const MAX_IN_FLIGHT: usize = 32;
+/// How long a client may take to send a request head.
+pub const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long an answer (its head) may take.
+pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often an event stream looks for new events.
+const EVENT_POLL: Duration = Duration::from_millis(300);
+/// Polls with nothing new before a keep-alive comment (15 s).
+const KEEP_ALIVE: u32 = 50;
+
+/// What every request shares.
+#[derive(Clone)]
+struct Shared {
+    config_path: PathBuf,
+    token: Option<Arc<[u8]>>,
+    show_bodies: bool,
+}
+
+/// The daemon's hook: bind `[web] listen` (if set) and serve it as a task.
+/// Called before READY, inside the daemon's runtime; an address in use or an
+/// unreadable token file fails the start with the reason.
+pub fn listen(config: &crate::config::Config, config_path: &Path) -> Result<()> {
+    let Some(addr) = config.web.listen else {
+        return Ok(());
+    };
+    let token = match &config.web.token_file {
+        None => None,
+        Some(path) => Some(read_token(path, config_path)?),
+    };
+    let std_listener = std::net::TcpListener::bind(addr)
+        .and_then(|l| l.set_nonblocking(true).map(|()| l))
+        .map_err(|e| {
+            Error::Unavailable(format!(
+                "cannot listen for the web view on {addr} ([web] listen in {}): {e}",
+                config_path.display()
+            ))
+        })?;
+    let listener = TcpListener::from_std(std_listener).map_err(|e| {
+        Error::Unavailable(format!("cannot listen for the web view on {addr}: {e}"))
+    })?;
+    let bound: SocketAddr = listener.local_addr().unwrap_or(addr);
+    tracing::info!("web view at http://{bound}/");
+    let shared = Shared {
+        config_path: config_path.to_path_buf(),
+        token,
+        show_bodies: config.web.show_bodies,
+    };
+    tokio::spawn(serve(listener, router(shared)));
+    Ok(())
+}
+
+/// The token in `path`, trimmed; an empty or unreadable file is an error.
+fn read_token(path: &Path, config_path: &Path) -> Result<Arc<[u8]>> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        Error::Unavailable(format!(
+            "cannot read the web view's token from {} ([web] token_file in {}): {e}",
+            path.display(),
+            config_path.display()
+        ))
+    })?;
+    let token = text.trim();
+    if token.len() < 16 {
+        return Err(Error::Unavailable(format!(
+            "the web view's token in {} is shorter than 16 characters; write a long random one, e.g. `openssl rand -hex 32 > {}`",
+            path.display(),
+            path.display()
+        )));
+    }
+    Ok(Arc::from(token.as_bytes()))
+}
+
+fn router(shared: Shared) -> Router {
+    Router::new()
+        .route("/", get(fleet_page))
+        .route("/row/{agent}", get(row_fragment))
+        .route("/api/fleet", get(api_fleet))
+        .route("/events", get(events))
+        .route("/app.js", get(app_js))
+        .layer(middleware::from_fn_with_state(shared.clone(), guard))
+        .layer(tower::limit::ConcurrencyLimitLayer::new(MAX_IN_FLIGHT))
+        .layer(tower_http::limit::RequestBodyLimitLayer::new(0))
+        .with_state(shared)
+}
+
+/// Only GET and HEAD, the token when one is set, and the security headers
+/// on every answer (refusals too).
+async fn guard(State(shared): State<Shared>, request: Request, next: Next) -> Response {
+    let mut response = if request.method() != Method::GET && request.method() != Method::HEAD {
+        let mut r = (StatusCode::METHOD_NOT_ALLOWED, "only GET and HEAD\n").into_response();
+        r.headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+        r
+    } else if !authorised(&shared, &request) {
+        let mut r = (StatusCode::UNAUTHORIZED, "a bearer token is needed\n").into_response();
+        r.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Bearer realm=\"agent-state\""),
+        );
+        r
+    } else {
+        let streaming = request.uri().path() == "/events";
+        let answer = next.run(request);
+        if streaming {
+            answer.await
+        } else {
+            match tokio::time::timeout(ANSWER_TIMEOUT, answer).await {
+                Ok(r) => r,
+                Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "timed out\n").into_response(),
+            }
+        }
+    };
+    let h = response.headers_mut();
+    for (name, value) in page::SECURITY_HEADERS {
+        h.insert(*name, HeaderValue::from_static(value));
+    }
+    response
+}
+
+/// The bearer token (`Authorization: Bearer …`, or `?token=` for a browser,
+/// which can send no header on a page load or an EventSource), compared in
+/// constant time.
+fn authorised(shared: &Shared, request: &Request) -> bool {
+    let Some(token) = &shared.token else {
+        return true;
+    };
+    let from_header = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    let from_query = request
+        .uri()
+        .query()
+        .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("token=")));
+    from_header
+        .into_iter()
+        .chain(from_query)
+        .any(|given| constant_time_eq(given.as_bytes(), token))
+}
+
+/// Equal, in a time that depends only on the lengths (pure).
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = (a.len() ^ b.len()) as u8 | u8::from(a.len() != b.len());
+    for i in 0..a.len().max(b.len()) {
+        let x = a.get(i).copied().unwrap_or(0);
+        let y = b.get(i).copied().unwrap_or(0);
+        diff |= x ^ y;
+    }
+    diff == 0
+}
+
+/// A refusal: its status and text.
+struct Failure(StatusCode, String);
+
+impl IntoResponse for Failure {
+    fn into_response(self) -> Response {
+        (self.0, self.1).into_response()
+    }
+}
+
+/// The state as the CLI reads it, with the configuration the daemon accepted.
+fn context(shared: &Shared) -> std::result::Result<Context, Failure> {
+    Context::load_or_accepted(&shared.config_path)
+        .map_err(|e| Failure(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")))
+}
+
+fn fleet(ctx: &Context) -> std::result::Result<serde_json::Value, Failure> {
+    crate::cli::status::fleet_json(ctx, None)
+        .map_err(|e| Failure(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")))
+}
+
+async fn fleet_page(State(shared): State<Shared>) -> Response {
+    let answer = tokio::task::spawn_blocking(move || {
+        let ctx = context(&shared)?;
+        let lines = fleet(&ctx)?;
+        let cursor = Reader::new(ctx.root.clone(), Cursor::start(), None)
+            .read(None)
+            .map(|b| b.end.encode())
+            .unwrap_or_default();
+        Ok::<_, Failure>(page::fleet(&lines, ctx.now, &cursor))
+    })
+    .await;
+    html(answer)
+}
+
+async fn row_fragment(
+    State(shared): State<Shared>,
+    axum::extract::Path(agent): axum::extract::Path<String>,
+) -> Response {
+    let answer = tokio::task::spawn_blocking(move || {
+        let ctx = context(&shared)?;
+        let lines = fleet(&ctx)?;
+        let row = lines
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|l| l.get("agent").and_then(|a| a.as_str()) == Some(agent.as_str()))
+            .ok_or_else(|| Failure(StatusCode::NOT_FOUND, "no such agent\n".into()))?;
+        Ok::<_, Failure>(page::row(row, ctx.now))
+    })
+    .await;
+    html(answer)
+}
+
+fn html(
+    answer: std::result::Result<std::result::Result<String, Failure>, tokio::task::JoinError>,
+) -> Response {
+    match answer {
+        Ok(Ok(text)) => {
+            ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], text).into_response()
+        }
+        Ok(Err(r)) => r.into_response(),
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
+}
+
+async fn api_fleet(State(shared): State<Shared>) -> Response {
+    let answer = tokio::task::spawn_blocking(move || {
+        let ctx = context(&shared)?;
+        fleet(&ctx)
+    })
+    .await;
+    match answer {
+        Ok(Ok(v)) => (
+            [(header::CONTENT_TYPE, "application/json")],
+            format!("{v:#}\n"),
+        )
+            .into_response(),
+        Ok(Err(r)) => r.into_response(),
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
+}
+
+async fn app_js() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        page::SCRIPT,
+    )
+        .into_response()
+}
+
+/// `/events`: from `Last-Event-ID` (a reconnect), `?after=CURSOR`, or the
+/// end of the stream now; each event's `id` is the cursor that resumes
+/// right after it, so a reconnect misses and repeats nothing.
+async fn events(State(shared): State<Shared>, request: Request) -> Response {
+    let given = request
+        .headers()
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+        .or_else(|| {
+            request.uri().query().and_then(|q| {
+                q.split('&')
+                    .find_map(|kv| kv.strip_prefix("after=").map(str::to_string))
+            })
+        });
+    let ctx = match context(&shared) {
+        Ok(c) => c,
+        Err(r) => return r.into_response(),
+    };
+    let (position, skip_now) = match given.as_deref() {
+        Some(text) if !text.is_empty() => match Cursor::parse(text) {
+            Ok(c) => (c, false),
+            Err(e) => {
+                return (StatusCode::BAD_REQUEST, format!("bad cursor: {e}\n")).into_response();
+            }
+        },
+        _ => (Cursor::start(), true),
+    };
+    let mut reader = Reader::new(ctx.root.clone(), position, None);
+    if skip_now {
+        // No cursor: only what happens from now on.
+        let _ = reader.read(None);
+    }
+    let show_bodies = shared.show_bodies;
+    let state = Arc::new(Mutex::new(reader));
+    // The state: the reader, and how many polls found nothing (0: the
+    // first poll).
+    let stream = futures_util::stream::unfold((state, 0u32), move |(reader, quiet)| async move {
+        let first = quiet == 0;
+        if !first {
+            tokio::time::sleep(EVENT_POLL).await;
+        }
+        let r = reader.clone();
+        let chunk = tokio::task::spawn_blocking(move || {
+            let mut reader = r.lock().unwrap_or_else(|e| e.into_inner());
+            match reader.read(None) {
+                Ok(batch) => page::sse_chunk(&batch, show_bodies),
+                Err(_) => String::new(),
+            }
+        })
+        .await
+        .unwrap_or_default();
+        // A comment first (the stream is open), and after each
+        // KEEP_ALIVE polls with nothing: keeps proxies from closing the
+        // stream, and finds a client that went away (its write fails).
+        let (chunk, quiet) = if !chunk.is_empty() {
+            (chunk, 1)
+        } else if first {
+            (": stream\n\n".to_string(), 1)
+        } else if quiet >= KEEP_ALIVE {
+            (": keep-alive\n\n".to_string(), 1)
+        } else {
+            (chunk, quiet + 1)
+        };
+        Some((
+            Ok::<_, std::convert::Infallible>(axum::body::Bytes::from(chunk)),
+            (reader, quiet),
+        ))
+    });
+    Response::builder()
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-store")
+        .body(Body::from_stream(stream))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+type Table = Arc<Mutex<Admission<tokio::task::AbortHandle>>>;
+
+fn lock(table: &Table) -> std::sync::MutexGuard<'_, Admission<tokio::task::AbortHandle>> {
+    table.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A connection's place in the table, given up when its task ends.
+struct Seat {
+    table: Table,
+    id: u64,
+}
+
+impl Drop for Seat {
+    fn drop(&mut self) {
+        lock(&self.table).done(self.id);
+    }
+}
+
+/// Accept connections: each served by hyper (HTTP/1.1, a request head within
+/// [`HEAD_TIMEOUT`]); beyond the limits the oldest connection that has not
+/// sent a request is closed, so idle ones cannot keep a client out.
+async fn serve(listener: TcpListener, app: Router) {
+    let table: Table = Arc::new(Mutex::new(Admission::new(Limits {
+        per_peer: PER_PEER,
+        total: MAX_CONNECTIONS,
+    })));
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!("web listener: accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+        };
+        let (id, closed) = lock(&table).admit(peer.ip());
+        for handle in closed {
+            handle.abort();
+        }
+        let seat = Seat {
+            table: table.clone(),
+            id,
+        };
+        let app = app.clone();
+        let task = tokio::spawn(async move {
+            let seat = seat;
+            let service =
+                hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    lock(&seat.table).request_read(seat.id);
+                    app.clone().oneshot(req.map(Body::new))
+                });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEAD_TIMEOUT)
+                .max_buf_size(16 * 1024)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await;
+        });
+        if let Err(handle) = lock(&table).set_handle(id, task.abort_handle()) {
+            handle.abort();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::constant_time_eq;
+
+    #[test]
+    fn tokens_compare_whole() {
+        for (a, b, same) in [
+            ("abc", "abc", true),
+            ("abc", "abd", false),
+            ("abc", "ab", false),
+            ("", "", true),
+            ("", "a", false),
+            ("abcdefghijklmnop", "abcdefghijklmnoq", false),
+        ] {
+            assert_eq!(
+                constant_time_eq(a.as_bytes(), b.as_bytes()),
+                same,
+                "{a:?} {b:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,572 @@
+//! The read-only web view (`[web]`, issue 25), through the real daemon and
+//! a plain TCP client: the fleet page and its escaping, the security
+//! headers, the token, the event stream and its resumption, and a flood of
+//! idle and slow connections.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::support::*;
+
+const HOSTILE: &str = "<script>alert(1)</script>\"><img src=x onerror=alert(2)>\u{9b}";
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One request (`Connection: close`): status, head, body.
+fn request(
+    port: u16,
+    method: &str,
+    target: &str,
+    headers: &[&str],
+) -> Result<(u16, String, String), String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    let mut text =
+        format!("{method} {target} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
+    for h in headers {
+        text.push_str(h);
+        text.push_str("\r\n");
+    }
+    text.push_str("\r\n");
+    s.write_all(text.as_bytes()).map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).map_err(|e| e.to_string())?;
+    let out = String::from_utf8_lossy(&out).to_string();
+    let (head, body) = out
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("no head in {out:?}"))?;
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("no status in {head:?}"))?;
+    Ok((status, head.to_ascii_lowercase(), body.to_string()))
+}
+
+fn get(port: u16, target: &str) -> (u16, String, String) {
+    request(port, "GET", target, &[]).unwrap()
+}
+
+/// A daemon with agents `rio` and `ada` and `[web]` on a free port.
+fn start(env: &Env, web_extra: &str) -> (Daemon, u16) {
+    let script = env.script("agent.sh", "echo PROGRESS 40\nexit 0\n");
+    let port = free_port();
+    let mut config = daemon_config(
+        &script,
+        &[],
+        &[],
+        "[[agent]]\nname = \"rio\"\n[[agent]]\nname = \"ada\"\n",
+    );
+    config.push_str(&format!(
+        "\n[web]\nlisten = \"127.0.0.1:{port}\"\n{web_extra}"
+    ));
+    env.set_config(&config);
+    env.ok(&["bootstrap"]);
+    let d = env.daemon();
+    (d, port)
+}
+
+/// An error record about `rio` whose message is hostile markup, as a
+/// damaged or malicious `.daemon/errors.jsonl` line could carry.
+fn plant_hostile_error(env: &Env) {
+    let record = serde_json::json!({
+        "ts": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        "code": "SESSION_FAILED",
+        "message": HOSTILE,
+        "severity": "medium",
+        "recoverable": true,
+        "context": {"agent": "rio"}
+    });
+    let path = env.root.join(".daemon/errors.jsonl");
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)
+        .unwrap();
+    writeln!(f, "{record}").unwrap();
+}
+
+#[test]
+fn fleet_page_shows_each_agent_escapes_hostile_text_and_is_locked_down() {
+    let env = Env::with_config("");
+    let (_d, port) = start(&env, "");
+    plant_hostile_error(&env);
+
+    let (status, head, body) = get(port, "/");
+    assert_eq!(status, 200, "{head}\n{body}");
+    assert!(
+        body.contains("id=\"agent-rio\"") && body.contains("id=\"agent-ada\""),
+        "{body}"
+    );
+    // The hostile text is shown, as text.
+    assert!(body.contains("&lt;script&gt;alert(1)&lt;/script&gt;&quot;&gt;&lt;img src=x onerror=alert(2)&gt;\u{FFFD}"), "{body}");
+    assert!(
+        !body.contains("<img") && !body.contains("<script>alert") && !body.contains('\u{9b}'),
+        "{body}"
+    );
+    // Our one script, by URL; no inline script, no handler attribute.
+    assert_eq!(body.matches("<script").count(), 1, "{body}");
+    assert!(body.contains("<script src=\"/app.js\"></script>"));
+    for h in [
+        "content-security-policy: default-src 'none'; script-src 'self';",
+        "x-content-type-options: nosniff",
+        "referrer-policy: no-referrer",
+        "x-frame-options: deny",
+    ] {
+        assert!(head.contains(h), "missing {h:?} in\n{head}");
+    }
+
+    // /api/fleet is what `status --json` prints.
+    let (status, _, api) = get(port, "/api/fleet");
+    assert_eq!(status, 200);
+    let api: Value = serde_json::from_str(&api).unwrap();
+    let cli: Value = serde_json::from_str(&env.ok(&["status", "--json"])).unwrap();
+    let shape = |v: &Value| -> Vec<(String, Vec<String>)> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|l| (l["agent"].as_str().unwrap().to_string(), keys(l)))
+            .collect()
+    };
+    assert_eq!(shape(&api), shape(&cli));
+    assert_eq!(api[0]["last_error"]["message"], HOSTILE);
+
+    let (status, _, body) = request(port, "HEAD", "/", &[]).unwrap();
+    assert_eq!((status, body.as_str()), (200, ""));
+    // Read-only: no other method.
+    let (status, head, _) = request(port, "POST", "/", &["Content-Length: 0"]).unwrap();
+    assert_eq!(status, 405, "{head}");
+    assert!(head.contains("x-frame-options: deny"), "{head}");
+    let (status, _, _) = request(port, "DELETE", "/api/fleet", &[]).unwrap();
+    assert_eq!(status, 405);
+}
+
+#[test]
+fn a_token_is_required_when_one_is_configured() {
+    let env = Env::with_config("");
+    let token = "0123456789abcdef0123456789abcdef";
+    let file = env.tmp("web.token");
+    std::fs::write(&file, format!("{token}\n")).unwrap();
+    let (_d, port) = start(
+        &env,
+        &format!("token_file = {:?}\n", file.display().to_string()),
+    );
+
+    let (status, head, _) = get(port, "/");
+    assert_eq!(status, 401, "{head}");
+    assert!(head.contains("www-authenticate: bearer"), "{head}");
+    let (status, _, _) = request(
+        port,
+        "GET",
+        "/api/fleet",
+        &["Authorization: Bearer wrong-token-of-some-length"],
+    )
+    .unwrap();
+    assert_eq!(status, 401);
+    let (status, _, _) = request(
+        port,
+        "GET",
+        "/api/fleet",
+        &[&format!("Authorization: Bearer {token}x")],
+    )
+    .unwrap();
+    assert_eq!(status, 401);
+    let (status, _, body) = request(
+        port,
+        "GET",
+        "/api/fleet",
+        &[&format!("Authorization: Bearer {token}")],
+    )
+    .unwrap();
+    assert_eq!(status, 200, "{body}");
+    let (status, _, body) = get(port, &format!("/?token={token}"));
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("id=\"agent-rio\""));
+}
+
+#[test]
+fn an_address_others_can_reach_needs_a_token_file() {
+    let env = Env::with_config("");
+    let script = env.script("agent.sh", "exit 0\n");
+    let mut config = daemon_config(&script, &[], &[], "[[agent]]\nname = \"rio\"\n");
+    config.push_str("\n[web]\nlisten = \"0.0.0.0:8321\"\n");
+    env.set_config(&config);
+    let out = env.run(&["check"]);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains("web.listen") && text.contains("token_file"),
+        "{text}"
+    );
+}
+
+/// An open event stream: reads `data:` events with their ids.
+struct Stream {
+    s: TcpStream,
+    buf: String,
+}
+
+impl Stream {
+    fn open(port: u16, last_event_id: Option<&str>) -> Stream {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let mut text =
+            "GET /events HTTP/1.1\r\nHost: localhost\r\nAccept: text/event-stream\r\n".to_string();
+        if let Some(id) = last_event_id {
+            text.push_str(&format!("Last-Event-ID: {id}\r\n"));
+        }
+        text.push_str("\r\n");
+        s.write_all(text.as_bytes()).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        let mut stream = Stream {
+            s,
+            buf: String::new(),
+        };
+        // The head, and the first chunk's comment: the stream is set up.
+        assert!(
+            stream.fill_until(Duration::from_secs(15), |b| b.contains(": stream")
+                || b.contains("data:")),
+            "no stream: {}",
+            stream.buf
+        );
+        stream
+    }
+
+    fn fill_until(&mut self, timeout: Duration, mut done: impl FnMut(&str) -> bool) -> bool {
+        let end = Instant::now() + timeout;
+        let mut chunk = [0u8; 8192];
+        while Instant::now() < end {
+            if done(&self.buf) {
+                return true;
+            }
+            match self.s.read(&mut chunk) {
+                Ok(0) => return done(&self.buf),
+                Ok(n) => self.buf.push_str(&String::from_utf8_lossy(&chunk[..n])),
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+                Err(_) => return done(&self.buf),
+            }
+        }
+        done(&self.buf)
+    }
+
+    /// Each event so far: (id, data).
+    fn events(&self) -> Vec<(String, Value)> {
+        let mut out = Vec::new();
+        for block in self.buf.split("\n\n") {
+            let id = block.lines().find_map(|l| l.strip_prefix("id: "));
+            let data = block.lines().find_map(|l| l.strip_prefix("data: "));
+            if let (Some(id), Some(data)) = (id, data) {
+                out.push((id.to_string(), serde_json::from_str(data).unwrap()));
+            }
+        }
+        out
+    }
+}
+
+#[test]
+fn the_event_stream_delivers_a_wake_and_resumes_after_the_last_event_id() {
+    let env = Env::with_config("");
+    let (_d, port) = start(&env, "");
+    let mut first = Stream::open(port, None);
+    env.ok(&["wake", "rio"]);
+    // The session runs and ends: its journal says so, and so does the stream.
+    let ended = |b: &str| {
+        b.contains("\"kind\":\"session_end\"") || b.contains("\"kind\":\"session_ended\"")
+    };
+    assert!(
+        first.fill_until(Duration::from_secs(30), |b| ended(b)),
+        "no session end in the stream: {}",
+        first.buf
+    );
+    let seen = first.events();
+    assert!(seen.len() >= 2, "{seen:?}");
+    assert!(seen.iter().any(|(_, d)| d["agent"] == "rio"), "{seen:?}");
+    // No bodies unless show_bodies.
+    assert!(
+        seen.iter().all(|(_, d)| d.get("event").is_none()),
+        "{seen:?}"
+    );
+
+    // A reconnect after the first event gets the others, each once.
+    let mut again = Stream::open(port, Some(&seen[0].0));
+    let want: Vec<Value> = seen[1..].iter().map(|(_, d)| d.clone()).collect();
+    again.fill_until(Duration::from_secs(15), |b| {
+        b.matches("data: {").count() >= want.len()
+    });
+    let got: Vec<Value> = again.events().into_iter().map(|(_, d)| d).collect();
+    assert!(got.len() >= want.len(), "got {got:?}\nwant {want:?}");
+    assert_eq!(got[..want.len()], want[..], "the resumed stream differs");
+    // What came after in the first stream too is the same.
+    first.fill_until(Duration::from_secs(1), |_| false);
+    let later: Vec<Value> = first.events()[1..].iter().map(|(_, d)| d.clone()).collect();
+    assert_eq!(got, later[..got.len().min(later.len())].to_vec());
+}
+
+#[test]
+fn idle_and_slow_connections_do_not_keep_a_reader_out() {
+    let env = Env::with_config("");
+    let (_d, port) = start(&env, "");
+    assert_eq!(get(port, "/").0, 200);
+    // 200 connections that send nothing, 30 that dribble a request head.
+    let mut idle: Vec<TcpStream> = (0..200)
+        .filter_map(|_| TcpStream::connect(("127.0.0.1", port)).ok())
+        .collect();
+    let mut slow: Vec<TcpStream> = (0..30)
+        .filter_map(|_| TcpStream::connect(("127.0.0.1", port)).ok())
+        .collect();
+    for s in &mut slow {
+        let _ = s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n");
+    }
+    let start = Instant::now();
+    for i in 0..5 {
+        for s in &mut slow {
+            let _ = s.write_all(format!("X-Slow-{i}: y\r\n").as_bytes());
+        }
+        let r = request(port, "GET", "/api/fleet", &[]);
+        assert!(
+            matches!(r, Ok((200, _, _))),
+            "request {i} under the flood: {r:?}"
+        );
+    }
+    assert!(
+        start.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        start.elapsed()
+    );
+    // And the listener keeps no more than its cap open: of the 230 idle
+    // and slow connections (plus the requests), the oldest were closed.
+    let closed = |mut s: &TcpStream| {
+        s.set_nonblocking(true).unwrap();
+        let mut b = [0u8; 64];
+        !matches!(s.read(&mut b), Err(e) if e.kind() == ErrorKind::WouldBlock)
+    };
+    let shut = idle.iter().chain(slow.iter()).filter(|s| closed(s)).count();
+    assert!(
+        shut >= 230 - 128,
+        "only {shut} of 230 idle connections were closed"
+    );
+    idle.clear();
+}
+
+#[test]
+fn a_reload_that_changes_web_is_refused_naming_the_key() {
+    let env = Env::with_config("");
+    let (_d, port) = start(&env, "");
+    let config = std::fs::read_to_string(&env.config).unwrap();
+    let body = config.split_once('\n').unwrap().1;
+    env.set_config(&format!("{body}show_bodies = true\n"));
+    let out = env.run(&["reload"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{err}");
+    assert!(
+        err.contains("[web] show_bodies changed") && err.contains("restart"),
+        "{err}"
+    );
+    // The view is still served as it was.
+    assert_eq!(get(port, "/").0, 200);
+}
+
+/// A headless Chromium driven over the DevTools protocol on a pipe
+/// (`--remote-debugging-pipe`: commands on fd 3, answers on fd 4, each a
+/// JSON text ended by NUL).
+struct Browser {
+    child: std::process::Child,
+    to: std::fs::File,
+    from: std::io::BufReader<std::fs::File>,
+    next: u64,
+    session: Option<String>,
+}
+
+impl Browser {
+    fn start(dir: &std::path::Path) -> Browser {
+        use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
+        use std::os::unix::process::CommandExt;
+        let (cmd_read, cmd_write) = nix::unistd::pipe().unwrap();
+        let (ans_read, ans_write) = nix::unistd::pipe().unwrap();
+        let (cr, aw) = (cmd_read.as_raw_fd(), ans_write.as_raw_fd());
+        let mut c = std::process::Command::new("chromium");
+        c.args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--remote-debugging-pipe",
+            "--window-size=1400,500",
+        ])
+        .arg(format!("--user-data-dir={}", dir.display()))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+        unsafe {
+            c.pre_exec(move || {
+                if libc_dup2(cr, 3) < 0 || libc_dup2(aw, 4) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = c.spawn().expect("chromium (apt-get install -y chromium)");
+        drop(cmd_read);
+        drop(ans_write);
+        let to = unsafe { std::fs::File::from_raw_fd(cmd_write.into_raw_fd()) };
+        let from = unsafe { std::fs::File::from_raw_fd(ans_read.into_raw_fd()) };
+        Browser {
+            child,
+            to,
+            from: std::io::BufReader::new(from),
+            next: 0,
+            session: None,
+        }
+    }
+
+    /// Send a command and wait for its answer (events in between dropped).
+    fn call(&mut self, method: &str, params: Value) -> Value {
+        use std::io::BufRead;
+        self.next += 1;
+        let id = self.next;
+        let mut msg = serde_json::json!({"id": id, "method": method, "params": params});
+        if let Some(s) = &self.session {
+            msg["sessionId"] = Value::String(s.clone());
+        }
+        let mut bytes = msg.to_string().into_bytes();
+        bytes.push(0);
+        self.to.write_all(&bytes).unwrap();
+        loop {
+            let mut buf = Vec::new();
+            let n = self.from.read_until(0, &mut buf).unwrap();
+            assert!(n > 0, "chromium closed the pipe");
+            buf.pop();
+            let v: Value = serde_json::from_slice(&buf).unwrap();
+            if v["id"] == id {
+                assert!(v.get("error").is_none(), "{method}: {v}");
+                return v["result"].clone();
+            }
+        }
+    }
+
+    fn eval(&mut self, expression: &str) -> Value {
+        self.call(
+            "Runtime.evaluate",
+            serde_json::json!({"expression": expression, "returnByValue": true}),
+        )["result"]["value"]
+            .clone()
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn libc_dup2(from: i32, to: i32) -> i32 {
+    // In the child between fork and exec: only async-signal-safe calls.
+    // SAFETY: `from` is open in the child (inherited) for this call.
+    let from = unsafe { std::os::fd::BorrowedFd::borrow_raw(from) };
+    // SAFETY: fd `to` (3 or 4) is free to be replaced in the child.
+    match unsafe { nix::unistd::dup2_raw(from, to) } {
+        Ok(fd) => {
+            use std::os::fd::IntoRawFd;
+            fd.into_raw_fd()
+        }
+        Err(_) => -1,
+    }
+}
+
+/// Standard base64 (for the screenshot).
+fn base64_decode(text: &str) -> Vec<u8> {
+    let value = |c: u8| match c {
+        b'A'..=b'Z' => c - b'A',
+        b'a'..=b'z' => c - b'a' + 26,
+        b'0'..=b'9' => c - b'0' + 52,
+        b'+' => 62,
+        _ => 63,
+    };
+    let bytes: Vec<u8> = text
+        .bytes()
+        .filter(|c| *c != b'=' && !c.is_ascii_whitespace())
+        .collect();
+    let mut out = Vec::with_capacity(bytes.len() * 3 / 4);
+    for chunk in bytes.chunks(4) {
+        let mut n = 0u32;
+        for (i, c) in chunk.iter().enumerate() {
+            n |= u32::from(value(*c)) << (18 - 6 * i);
+        }
+        for i in 0..chunk.len().saturating_sub(1) {
+            out.push((n >> (16 - 8 * i)) as u8);
+        }
+    }
+    out
+}
+
+/// In a real browser, the fleet page changes a row when its agent wakes,
+/// without a reload (run with AGENT_STATE_BROWSER_TESTS=1; needs
+/// `chromium`). Leaves target/web-fleet.png.
+#[test]
+fn a_browser_sees_a_row_change_when_its_agent_wakes() {
+    if std::env::var("AGENT_STATE_BROWSER_TESTS").as_deref() != Ok("1") {
+        eprintln!("skipped: set AGENT_STATE_BROWSER_TESTS=1 (needs chromium)");
+        return;
+    }
+    let env = Env::with_config("");
+    let (_d, port) = start(&env, "");
+    let mut b = Browser::start(&env.tmp("chromium"));
+    let target = b.call(
+        "Target.createTarget",
+        serde_json::json!({"url": format!("http://127.0.0.1:{port}/")}),
+    )["targetId"]
+        .clone();
+    let session = b.call(
+        "Target.attachToTarget",
+        serde_json::json!({"targetId": target, "flatten": true}),
+    )["sessionId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    b.session = Some(session);
+    let row = "(function(){var r=document.getElementById('agent-rio');return r?r.innerText:''})()";
+    let live = "(document.getElementById('live')||{}).textContent";
+    assert!(
+        poll_until(Duration::from_secs(20), || b
+            .eval(row)
+            .as_str()
+            .is_some_and(|t| !t.is_empty())),
+        "the page never showed rio"
+    );
+    let before = b.eval(row);
+    // A mark that a reload would lose.
+    b.eval("window.__notReloaded = true");
+    env.ok(&["wake", "rio"]);
+    assert!(
+        poll_until(Duration::from_secs(30), || {
+            let now = b.eval(row);
+            now != before
+                && now
+                    .as_str()
+                    .is_some_and(|t| t.contains("success") || t.contains("completed"))
+        }),
+        "rio's row never changed: {before} -> {}",
+        b.eval(row)
+    );
+    assert_eq!(b.eval("window.__notReloaded === true"), Value::Bool(true));
+    assert_eq!(b.eval(live), Value::String("live".into()));
+    let shot = b.call(
+        "Page.captureScreenshot",
+        serde_json::json!({"format": "png"}),
+    );
+    let png = base64_decode(shot["data"].as_str().unwrap());
+    let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/web-fleet.png");
+    std::fs::write(&out, png).unwrap();
+}
