@@ -706,7 +706,7 @@ fn failing_sessions_back_off_instead_of_burning_the_messages() {
     // its three attempts in seconds and set it aside as undeliverable).
     // A retry at once would start in the turn after the end: before the
     // fence's session.
-    d.wait_until(secs(5.0), "the backoff is logged", || {
+    d.wait_until(secs(10.0), "the backoff is logged", || {
         d.log_text().contains("held back until")
     });
     fence(&env, &d, "clay");
