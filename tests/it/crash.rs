@@ -374,6 +374,7 @@ fn sender(shared: Arc<Shared>, seed: u64) {
                 }
             }
         }
+        // Kept: the sender's own random pace (the load), not a wait on state.
         std::thread::sleep(ms(rng.range(1, 6)));
     }
 }
@@ -1324,6 +1325,7 @@ fn start_and_kill_early(env: &Env, vars: &[(&str, &str)], after: Duration, log: 
     cmd.stdout(file.try_clone().expect("dup log"));
     cmd.stderr(file);
     let mut child = cmd.spawn().expect("spawn agent-state daemon");
+    // Kept: the moment of the kill is the subject (whatever state it hits).
     std::thread::sleep(after);
     let _ = nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
@@ -1425,6 +1427,7 @@ fn crash_consistency_under_random_sigkills() {
     checker.daemons.insert(daemon.pid);
     logs.push(daemon.log.clone());
     for i in 1..=iterations {
+        // Kept: a random moment for the next SIGKILL, the subject.
         std::thread::sleep(ms(rng.range(30, 400)));
         if sender_thread.is_finished() {
             break; // it panicked: joined below
@@ -1487,6 +1490,8 @@ fn crash_consistency_under_random_sigkills() {
                 let _ = deliver_file(&env.root, agent, &format!(".wake-drain-{n}"), b"drain\n");
             }
         }
+        // Kept: gives the wakes just asked for a moment before the next
+        // look (poll_until's own pause is 25 ms); the wait is on `idle`.
         std::thread::sleep(ms(50));
         idle
     });

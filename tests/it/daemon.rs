@@ -111,6 +111,44 @@ fn events(env: &Env, agent: &str, event: &str) -> Vec<Value> {
         .collect()
 }
 
+/// Proof the daemon has looked and decided: wake `other` (an agent the
+/// test does not watch) and wait until that session has ended. The loop
+/// handles its events one turn at a time and starts, in the turn, what the
+/// turn decided (`tick`: wake requests, scans, due schedules, due inbox
+/// debounces, then the starts): a session that any earlier turn decided
+/// on, or that a debounce run out before this call asked for, has started
+/// by the time `other`'s has ended. Asserting an absence after this is not
+/// a bet on the machine being quick.
+fn fence(env: &Env, d: &Daemon, other: &str) {
+    // A session ends with `session_end`, `error` or `timeout`.
+    let ends = || {
+        journal(env, other)
+            .iter()
+            .filter(|e| {
+                ["session_end", "error", "timeout"].contains(&e["event"].as_str().unwrap_or(""))
+            })
+            .count()
+    };
+    let before = ends();
+    env.ok(&["wake", other]);
+    d.wait_until(
+        secs(30.0),
+        &format!("{other}'s session (the fence) has ended"),
+        || ends() > before,
+    );
+}
+
+/// Wait until `agent`'s journal has `n` `message_received` lines: the
+/// daemon's scan has read that many messages (and decided on them in the
+/// same loop turn).
+fn received(env: &Env, d: &Daemon, agent: &str, n: usize) {
+    d.wait_until(
+        secs(10.0),
+        &format!("{agent} has received {n} message(s)"),
+        || events(env, agent, "message_received").len() >= n,
+    );
+}
+
 /// A message as a sender writes it.
 fn message(from: &str, subject: &str, priority: &str) -> String {
     serde_json::json!({
@@ -227,7 +265,12 @@ fn a_schedule_fires_at_its_time_with_the_injected_clock() {
 
 #[test]
 fn a_missed_run_within_the_catch_up_window_runs_once() {
-    let env = setup("", &[("catch_up_window", "\"2h\"")], &[], RIO_AT_22);
+    let env = setup(
+        "",
+        &[("catch_up_window", "\"2h\"")],
+        &[],
+        &format!("{RIO_AT_22}{CLAY}"),
+    );
     std::fs::create_dir_all(env.root.join(".daemon")).unwrap();
     std::fs::write(
         env.root.join(".daemon/schedule.json"),
@@ -246,8 +289,9 @@ fn a_missed_run_within_the_catch_up_window_runs_once() {
             .starts_with("20260331-2230"),
         "the catch-up ran at once (22:30), not at a later fire: {s}"
     );
-    // Nothing more: one catch-up, not one per missed run.
-    std::thread::sleep(secs(1.5));
+    // Nothing more: one catch-up, not one per missed run (another would
+    // have started when the first ended, before the fence's session).
+    fence(&env, &d, "clay");
     assert_eq!(
         events(&env, "rio", "session_start").len(),
         1,
@@ -265,7 +309,12 @@ fn a_missed_run_within_the_catch_up_window_runs_once() {
 
 #[test]
 fn a_missed_run_outside_the_catch_up_window_is_journaled_not_run() {
-    let env = setup("", &[("catch_up_window", "\"10m\"")], &[], RIO_AT_22);
+    let env = setup(
+        "",
+        &[("catch_up_window", "\"10m\"")],
+        &[],
+        &format!("{RIO_AT_22}{CLAY}"),
+    );
     std::fs::create_dir_all(env.root.join(".daemon")).unwrap();
     std::fs::write(
         env.root.join(".daemon/schedule.json"),
@@ -280,8 +329,12 @@ fn a_missed_run_outside_the_catch_up_window_is_journaled_not_run() {
     assert_eq!(missed["scheduled"], "2026-03-31T22:00:00Z");
     assert_eq!(missed["count"], 1);
     assert_eq!(missed["catch_up_window"], "10m");
-    std::thread::sleep(secs(1.5));
-    assert!(run_lines(&env, "start").is_empty(), "{:?}", runs(&env));
+    fence(&env, &d, "clay");
+    assert!(
+        run_lines(&env, "start").iter().all(|l| l[1] == "clay"),
+        "{:?}",
+        runs(&env)
+    );
     assert!(events(&env, "rio", "session_start").is_empty());
     assert!(!env.path("rio", "session.json").exists());
     assert_eq!(
@@ -333,7 +386,12 @@ fn a_message_renamed_into_the_inbox_wakes_the_agent() {
 
 #[test]
 fn with_wake_on_inbox_high_only_a_high_priority_message_wakes() {
-    let env = setup("", &[], &[("wake_on_inbox", "\"high\"")], RIO);
+    let env = setup(
+        "",
+        &[],
+        &[("wake_on_inbox", "\"high\"")],
+        &format!("{RIO}{CLAY}"),
+    );
     let d = env.daemon();
     env.ok(&[
         "send",
@@ -344,9 +402,14 @@ fn with_wake_on_inbox_high_only_a_high_priority_message_wakes() {
         "--subject",
         "normal news",
     ]);
-    std::thread::sleep(secs(1.2));
+    received(&env, &d, "rio", 1);
+    // Kept: the inbox debounce (200 ms) must run out after the scan, the
+    // time under test; the fence then proves a turn has looked since.
+    std::thread::sleep(secs(0.2));
+    fence(&env, &d, "clay");
     assert!(
-        run_lines(&env, "start").is_empty() && !env.path("rio", "session.json").exists(),
+        run_lines(&env, "start").iter().all(|l| l[1] == "clay")
+            && !env.path("rio", "session.json").exists(),
         "a normal message does not wake an agent with wake_on_inbox = high"
     );
     let t0 = Instant::now();
@@ -378,7 +441,7 @@ fn with_wake_on_inbox_high_only_a_high_priority_message_wakes() {
 
 #[test]
 fn a_message_written_slowly_by_hand_is_delivered_not_rejected() {
-    let env = setup("", &[], &[], RIO);
+    let env = setup("", &[], &[], &format!("{RIO}{CLAY}"));
     let d = env.daemon();
     let json = message("marcus", "typed by hand, slowly", "normal");
     let (first, rest) = json.split_at(json.len() / 2);
@@ -386,12 +449,18 @@ fn a_message_written_slowly_by_hand_is_delivered_not_rejected() {
     let mut f = std::fs::File::create(&path).unwrap();
     f.write_all(first.as_bytes()).unwrap();
     f.flush().unwrap();
-    std::thread::sleep(secs(1.5));
+    // The scan that the half-written file's events asked for has been done
+    // (the fence's wake request came after them), and the one a second on
+    // (an unsettled file is looked at again after `inbox_settle` / 4, at
+    // least 1 s) as well: the fence starts after that second has passed.
+    // Kept: that second is the daemon's own period, not a wait on a state.
+    std::thread::sleep(secs(1.1));
+    fence(&env, &d, "clay");
     assert!(
         env.files("rio", "inbox/rejected").is_empty(),
         "half a message is not rejected while it is being written"
     );
-    assert!(run_lines(&env, "start").is_empty());
+    assert!(run_lines(&env, "start").iter().all(|l| l[1] == "clay"));
     f.write_all(rest.as_bytes()).unwrap();
     drop(f);
     let closed = Instant::now();
@@ -413,7 +482,12 @@ fn a_message_written_slowly_by_hand_is_delivered_not_rejected() {
 
 #[test]
 fn a_burst_of_thirty_messages_becomes_one_session() {
-    let env = setup("", &[], &[("inbox_debounce", "\"2s\"")], RIO);
+    let env = setup(
+        "",
+        &[],
+        &[("inbox_debounce", "\"2s\"")],
+        &format!("{RIO}{CLAY}"),
+    );
     let d = env.daemon();
     let senders: Vec<_> = (0..30)
         .map(|i| {
@@ -443,9 +517,20 @@ fn a_burst_of_thirty_messages_becomes_one_session() {
     d.wait_until(secs(10.0), "the session has completed", || {
         ended(&env, "rio", "completed")
     });
-    // Longer than the debounce: no second session comes.
-    std::thread::sleep(secs(2.5));
-    assert_eq!(run_lines(&env, "start").len(), 1, "{:?}", runs(&env));
+    // Longer than the debounce: no second session comes. Kept: a debounce
+    // a late scan could start must run out (the time under test); the
+    // fence then proves a loop turn has looked since.
+    std::thread::sleep(secs(2.0));
+    fence(&env, &d, "clay");
+    assert_eq!(
+        run_lines(&env, "start")
+            .iter()
+            .filter(|l| l[1] == "rio")
+            .count(),
+        1,
+        "{:?}",
+        runs(&env)
+    );
     let start = events(&env, "rio", "session_start");
     assert_eq!(start.len(), 1);
     assert_eq!(start[0]["messages"].as_array().map(Vec::len), Some(30));
@@ -462,9 +547,9 @@ fn a_burst_of_thirty_messages_becomes_one_session() {
 
 #[test]
 fn a_human_mailbox_is_never_woken() {
-    let env = setup("", &[], &[], &format!("{RIO}{MARCUS}"));
+    let env = setup("", &[], &[], &format!("{RIO}{CLAY}{MARCUS}"));
     let d = env.daemon();
-    assert_eq!(d.heartbeat()["agents"], serde_json::json!(["rio"]));
+    assert_eq!(d.heartbeat()["agents"], serde_json::json!(["clay", "rio"]));
     env.ok(&[
         "send",
         "--from",
@@ -482,8 +567,15 @@ fn a_human_mailbox_is_never_woken() {
         "by-hand.json",
         &message("leo", "hi", "high"),
     );
-    std::thread::sleep(secs(1.2));
-    assert!(run_lines(&env, "start").is_empty(), "{:?}", runs(&env));
+    // Kept: the inbox debounce (200 ms), were the daemon to count the
+    // messages; the fence then proves a loop turn has looked since.
+    std::thread::sleep(secs(0.2));
+    fence(&env, &d, "clay");
+    assert!(
+        run_lines(&env, "start").iter().all(|l| l[1] == "clay"),
+        "{:?}",
+        runs(&env)
+    );
     assert!(!env.path("marcus", "session.json").exists());
     assert!(events(&env, "marcus", "session_start").is_empty());
     assert_eq!(
@@ -602,7 +694,7 @@ fn failing_sessions_back_off_instead_of_burning_the_messages() {
         &script,
         &[],
         &[("wake_on_inbox", "\"any\""), ("inbox_debounce", "\"0s\"")],
-        RIO,
+        &format!("{RIO}{CLAY}"),
     ));
     let d = env.daemon();
     let id = env.send("leo", "rio", &[]);
@@ -612,7 +704,12 @@ fn failing_sessions_back_off_instead_of_burning_the_messages() {
     // The message went back to the inbox with one attempt counted; the
     // agent is held back, so it is not retried at once (which would burn
     // its three attempts in seconds and set it aside as undeliverable).
-    std::thread::sleep(Duration::from_secs(3));
+    // A retry at once would start in the turn after the end: before the
+    // fence's session.
+    d.wait_until(secs(10.0), "the backoff is logged", || {
+        d.log_text().contains("held back until")
+    });
+    fence(&env, &d, "clay");
     assert_eq!(
         events(&env, "rio", "session_start").len(),
         1,
@@ -982,7 +1079,7 @@ fn wakes_while_running_are_skipped_and_coalesced_into_one_follow_up() {
             f = first.display().to_string()
         ),
     );
-    env.set_config(&daemon_config(&script, &[], &[], RIO));
+    env.set_config(&daemon_config(&script, &[], &[], &format!("{RIO}{CLAY}")));
     let d = env.daemon();
     env.ok(&["wake", "rio"]);
     d.wait_until(secs(5.0), "the first session runs", || {
@@ -1024,7 +1121,9 @@ fn wakes_while_running_are_skipped_and_coalesced_into_one_follow_up() {
     d.wait_until(secs(8.0), "the follow-up session has ended", || {
         events(&env, "rio", "session_end").len() == 2
     });
-    std::thread::sleep(secs(1.5));
+    // A follow-up per wake would start in the turn after the end: before
+    // the fence's session.
+    fence(&env, &d, "clay");
     let starts = events(&env, "rio", "session_start");
     assert_eq!(
         starts.len(),
@@ -1153,7 +1252,12 @@ fn a_message_claimed_by_a_manual_wake_does_not_start_a_second_empty_session() {
     // The message starts a 1 s debounce; the wake starts a session at once,
     // which claims the message. When the debounce runs out there is nothing
     // left in the inbox: no second session.
-    let env = setup("", &[], &[("inbox_debounce", "\"1s\"")], RIO);
+    let env = setup(
+        "",
+        &[],
+        &[("inbox_debounce", "\"1s\"")],
+        &format!("{RIO}{CLAY}"),
+    );
     let d = env.daemon();
     let id = env.send("leo", "rio", &[]);
     env.ok(&["wake", "rio"]);
@@ -1162,7 +1266,11 @@ fn a_message_claimed_by_a_manual_wake_does_not_start_a_second_empty_session() {
     });
     let starts = events(&env, "rio", "session_start");
     assert_eq!(starts[0]["messages"], serde_json::json!([id.clone()]));
-    std::thread::sleep(secs(2.0));
+    // Kept: the 1 s debounce the message started must run out (it began
+    // before the session ended; the time under test); the fence then
+    // proves a loop turn has looked since.
+    std::thread::sleep(secs(1.0));
+    fence(&env, &d, "clay");
     let starts = events(&env, "rio", "session_start");
     assert_eq!(
         starts.len(),

@@ -447,9 +447,13 @@ fn a_filling_disk_warns_pauses_stops_and_recovers_by_itself() {
     );
     age(&waiting, Duration::from_secs(3600));
     env.ok(&["wake", "leo"]);
-    // Kept: "no session starts while paused" is the subject; a paused daemon
-    // writes nothing for a wake it defers, so there is no later proof to wait on.
-    std::thread::sleep(secs(1.2));
+    // The daemon has taken the wake and decided: it waits (daemon.json's
+    // `waiting`, written at the end of the turn that would have started it).
+    d.wait_until(secs(5.0), "daemon.json shows leo's wake waiting", || {
+        d.heartbeat()["waiting"]
+            .as_array()
+            .is_some_and(|w| w.iter().any(|a| a == "leo"))
+    });
     assert!(
         runs(&env, "start", "leo").is_empty() && session(&env, "leo").is_null(),
         "no session starts while paused: {:?}",
@@ -530,10 +534,15 @@ fn a_filling_disk_warns_pauses_stops_and_recovers_by_itself() {
         "{start}"
     );
     assert!(rejected.exists());
-    // rio's ended session is not retried or resumed on its own. Kept: an
-    // absence for a while is the subject (no state file announces "no retry").
-    std::thread::sleep(secs(0.5));
+    // rio's ended session is not retried or resumed on its own: a retry
+    // at the resume would have started in the turn that started leo's
+    // session (ended by now), and a later one would wait in daemon.json.
     assert_eq!(runs(&env, "start", "rio").len(), 1);
+    let hb = d.heartbeat();
+    assert!(
+        !hb["waiting"].as_array().unwrap().iter().any(|a| a == "rio"),
+        "no retry of rio waits: {hb}"
+    );
 
     // Each level was recorded once, in order, and went to the hook.
     let records = errors_cli(&env);

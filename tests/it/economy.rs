@@ -316,7 +316,20 @@ fn an_admin_cap_is_escalated_and_never_waited_out() {
             .iter()
             .any(|e| e["cause"] == "usage_limit")
     });
-    std::thread::sleep(Duration::from_secs(2));
+    // Held with no end, as the daemon publishes it: a hold that would be
+    // waited out has an `until` (a usage limit's reset time).
+    d.wait_until(Duration::from_secs(5), "daemon.json shows the hold", || {
+        d.heartbeat()["held"]
+            .as_object()
+            .is_some_and(|m| !m.is_empty())
+    });
+    let hb = d.heartbeat();
+    let held: Vec<&Value> = hb["held"].as_object().unwrap().values().collect();
+    assert!(
+        held.iter()
+            .all(|h| h["cause"] == "disabled" && h.get("until").is_none()),
+        "held, not waited out: {hb}"
+    );
     assert!(
         env.events("leo", "session_start").is_empty(),
         "held, not waited out"

@@ -216,7 +216,13 @@ fn the_first_start_after_migration_catches_up_a_run_missed_earlier_today() {
         "{}",
         d.log_text()
     );
-    std::thread::sleep(Duration::from_millis(500));
+    // The start's turn decided every catch-up (clay's would have started
+    // in it, beside rio's); rio's session ending is handled in a later one.
+    d.wait_until(
+        Duration::from_secs(20),
+        "rio's caught-up session has ended",
+        || env.events("rio", "session_end").len() == 2,
+    );
     assert_eq!(
         env.events("clay", "session_start").len(),
         1,

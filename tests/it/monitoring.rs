@@ -47,6 +47,8 @@ fn health_says_critical_without_a_daemon_ok_with_one_and_critical_once_it_is_kil
     });
     let (code, line) = health(&env, &["--success-within", "1h"]);
     assert_eq!(code, 0, "{line}");
+    // Kept: the success must grow older than the 1 s window (ages are
+    // counted in whole seconds): that age is the time under test.
     std::thread::sleep(Duration::from_millis(2100));
     let (code, line) = health(&env, &["--success-within", "1s"]);
     assert_eq!(code, 1, "{line}");

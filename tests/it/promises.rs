@@ -96,7 +96,25 @@ fn a_task_message_adds_its_task_once_with_the_daemon_running() {
         "the daemon saw the messages",
         || env.events("rio", "task_added").len() >= 5,
     );
-    std::thread::sleep(Duration::from_millis(500));
+    // Those were `send`'s; the daemon's scan of them is proven by a later
+    // event: the messages' watch events come before the wake request's
+    // (one inotify queue), and a loop turn scans what changed before it
+    // starts a session: by the end of theseus's, rio's inbox was scanned.
+    let ended = || {
+        env.journal("theseus")
+            .iter()
+            .filter(|e| {
+                ["session_end", "error", "timeout"].contains(&e["event"].as_str().unwrap_or(""))
+            })
+            .count()
+    };
+    let before = ended();
+    env.ok(&["wake", "theseus"]);
+    d.wait_until(
+        Duration::from_secs(20),
+        "theseus's session (after the messages) has ended",
+        || ended() > before,
+    );
     let tasks = env.json("rio", "tasks.json");
     let tasks = tasks["tasks"].as_array().unwrap();
     assert_eq!(tasks.len(), 5, "{tasks:#?}");

@@ -126,6 +126,8 @@ fn rotation_under_a_running_daemon_loses_and_repeats_nothing_for_a_reader() {
             "rio",
             &["--body", &format!("note {n} {}", "x".repeat(200))],
         ));
+        // Kept: the writer's pace, so that rotations fall between reads
+        // (the subject), not a wait on state.
         std::thread::sleep(Duration::from_millis(60));
         if n % 3 == 0 {
             let (more, c) = read_after(&env, cursor.as_deref());
@@ -150,6 +152,8 @@ fn rotation_under_a_running_daemon_loses_and_repeats_nothing_for_a_reader() {
     // interval, so every reader can be compared with the whole history.
     let mut last_len = usize::MAX;
     d.wait_until(Duration::from_secs(20), "the logs to go quiet", || {
+        // Kept: quiet means no line for longer than a health interval; the
+        // wait itself is on the line count standing still.
         std::thread::sleep(Duration::from_millis(1500));
         let n = read_after(&env, None).0.len();
         std::mem::replace(&mut last_len, n) == n

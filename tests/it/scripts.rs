@@ -508,11 +508,13 @@ fn session_script_records_sigterm_as_an_error() {
         .spawn()
         .unwrap();
     // Wait until the agent runs, then stop the script as systemd or a person would.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while lab.fake_file("claude.pid").trim().is_empty() {
-        assert!(Instant::now() < deadline, "the fake claude never started");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    assert!(
+        support::poll_until(Duration::from_secs(20), || !lab
+            .fake_file("claude.pid")
+            .trim()
+            .is_empty()),
+        "the fake claude never started"
+    );
     let claude_pid = lab.fake_file("claude.pid").trim().to_string();
     let kill = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
@@ -531,14 +533,13 @@ fn session_script_records_sigterm_as_an_error() {
     let reason = session["reason"].as_str().unwrap();
     assert!(reason.contains("SIGTERM"), "reason: {reason}");
     // The agent did not outlive the script.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Path::new(&format!("/proc/{claude_pid}")).exists() {
-        assert!(
-            Instant::now() < deadline,
-            "claude ({claude_pid}) still runs after the script stopped"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    assert!(
+        support::poll_until(Duration::from_secs(10), || !Path::new(&format!(
+            "/proc/{claude_pid}"
+        ))
+        .exists()),
+        "claude ({claude_pid}) still runs after the script stopped"
+    );
 }
 
 #[test]
@@ -554,20 +555,16 @@ fn session_script_takes_a_lock() {
         .stdin(Stdio::null())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let free = Command::new("flock")
+    let held = support::poll_until(Duration::from_secs(10), || {
+        !Command::new("flock")
             .args(["-n"])
             .arg(&lock_file)
             .arg("true")
             .status()
-            .unwrap();
-        if !free.success() {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the holder never took the lock");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+            .unwrap()
+            .success()
+    });
+    assert!(held, "the holder never took the lock");
 
     let out = lab.run(&mut lab.script("rio"));
     let _ = holder.kill();

@@ -98,6 +98,7 @@ fn workspace_held_index_lock_is_waited_out() {
     std::fs::write(&lock, "").unwrap();
     let (l1, l2) = (lock.clone(), reflock.clone());
     let t = std::thread::spawn(move || {
+        // Kept: another git holding its locks for 2 s is the subject.
         std::thread::sleep(Duration::from_secs(2));
         std::fs::remove_file(l1).unwrap();
         std::fs::remove_file(l2).unwrap();
