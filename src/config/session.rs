@@ -117,6 +117,9 @@ pub struct RetrySettings {
     pub spawn_retry_delay: Duration,
     /// The longest the backoff after failures gets.
     pub max_backoff: Duration,
+    /// How long network failures (connection refused, reset) are retried,
+    /// from the first of a streak, before escalation.
+    pub network_retry_for: Duration,
 }
 
 impl Default for RetrySettings {
@@ -130,6 +133,7 @@ impl Default for RetrySettings {
             retry_delay: Duration::from_secs(30),
             spawn_retry_delay: Duration::from_secs(2),
             max_backoff: Duration::from_secs(3600),
+            network_retry_for: Duration::from_secs(600),
         }
     }
 }
@@ -166,6 +170,7 @@ pub(super) struct RawSession {
     pub(super) spawn_retries: Option<i64>,
     pub(super) escalate_after: Option<i64>,
     pub(super) max_backoff: Option<String>,
+    pub(super) network_retry_for: Option<String>,
     pub(super) retry_delay: Option<String>,
     pub(super) spawn_retry_delay: Option<String>,
     pub(super) stall_timeout: Option<String>,
@@ -354,6 +359,13 @@ impl Validator {
                 &raw.max_backoff,
                 b.map(|b| b.max_backoff),
                 "1h",
+            ),
+            network_retry_for: dur(
+                self,
+                "network_retry_for",
+                &raw.network_retry_for,
+                b.map(|b| b.network_retry_for),
+                "10m",
             ),
         };
         if retries.retry_delay.is_zero() || retries.spawn_retry_delay.is_zero() {

@@ -1,9 +1,11 @@
 //! The error matrix for sessions, as a pure function: how a session ended
 //! (and what its output said) → an error code, whether and when to retry,
-//! whether to escalate. No IO and no clock; `docs/errors.md` is the table
-//! this implements.
+//! whether to escalate. No IO; the clock is passed in (`Observed::now`);
+//! `docs/errors.md` is the table this implements.
 
 use std::time::Duration;
+
+use chrono::{DateTime, Utc};
 
 use super::output::ClaudeFailure;
 use super::runner::{Ending, SpawnFailure};
@@ -30,6 +32,8 @@ pub struct Observed<'a> {
     pub failed_by_script: Option<&'a str>,
     /// The agent must signal COMPLETE (`require_complete`) and did not.
     pub incomplete: bool,
+    /// When the session ended (the clock of network-failure retries).
+    pub now: DateTime<Utc>,
 }
 
 /// An agent's run of failures, carried from one session to the next.
@@ -43,6 +47,9 @@ pub struct Streak {
     pub retries: u32,
     /// The output hash of the last failed attempt.
     pub last_fingerprint: Option<u64>,
+    /// When the first of the network failures in a row happened: they are
+    /// retried until `network_retry_for` has passed since, not a count.
+    pub network_since: Option<DateTime<Utc>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -144,6 +151,12 @@ pub fn judge(obs: &Observed<'_>, streak: &mut Streak, r: &RetrySettings) -> Verd
         Classified::Failure(code, message) => (code, message),
     };
     streak.failures += 1;
+    let network = code == Code::AgentApiError
+        && matches!(obs.claude, Some(ClaudeFailure::Api { message, .. }) if super::output::is_network_error(message));
+    if network {
+        return network_failure(obs.now, streak, r, message, attempt);
+    }
+    streak.network_since = None;
     let same_chain = streak.retrying == Some(code);
     let repeated = same_chain
         && streak.retries > 0
@@ -220,6 +233,55 @@ pub fn judge(obs: &Observed<'_>, streak: &mut Streak, r: &RetrySettings) -> Verd
             hold: backoff(streak.failures, r),
         },
         escalate,
+    }
+}
+
+/// A network failure (connection refused, reset): retried with the
+/// doubling delay until `network_retry_for` has passed since the first of
+/// the streak (the seed's "after 10 minutes"), then escalated.
+fn network_failure(
+    now: DateTime<Utc>,
+    streak: &mut Streak,
+    r: &RetrySettings,
+    message: String,
+    attempt: u32,
+) -> Verdict {
+    let since = *streak.network_since.get_or_insert(now);
+    let failing_for = (now - since).to_std().unwrap_or(Duration::ZERO);
+    if streak.retrying != Some(Code::AgentApiError) {
+        streak.retrying = Some(Code::AgentApiError);
+        streak.retries = 0;
+    }
+    if failing_for < r.network_retry_for {
+        let after = doubling(r.retry_delay, streak.retries).min(r.max_backoff);
+        streak.retries += 1;
+        return Verdict {
+            code: Some(Code::AgentApiError),
+            message: format!(
+                "network error: {message}; retry {} (failing for {}s of {}s)",
+                streak.retries,
+                failing_for.as_secs(),
+                r.network_retry_for.as_secs()
+            ),
+            attempt,
+            next: Next::Retry { after },
+            escalate: false,
+        };
+    }
+    streak.retrying = None;
+    streak.retries = 0;
+    streak.network_since = None;
+    Verdict {
+        code: Some(Code::AgentApiError),
+        message: format!(
+            "network error: {message}; still failing after {}s of retries",
+            failing_for.as_secs()
+        ),
+        attempt,
+        next: Next::Backoff {
+            hold: backoff(streak.failures, r),
+        },
+        escalate: true,
     }
 }
 
@@ -352,11 +414,61 @@ mod tests {
             ended_by_script: false,
             failed_by_script: None,
             incomplete: false,
+            now: DateTime::UNIX_EPOCH,
         }
     }
 
     fn r() -> RetrySettings {
         RetrySettings::default()
+    }
+
+    /// Connection refused is retried until `network_retry_for` (10 min)
+    /// has passed since the first failure, however many attempts that
+    /// takes; then escalated once; anything else starts the clock afresh.
+    #[test]
+    fn network_failures_escalate_after_ten_minutes_not_a_count() {
+        let refused = ClaudeFailure::Api {
+            message: "API Error: Connection error. (connect ECONNREFUSED 127.0.0.1:443)".into(),
+            retryable: true,
+        };
+        let overloaded = ClaudeFailure::Api {
+            message: "Overloaded".into(),
+            retryable: true,
+        };
+        let ended = Ending::Exited { code: 1 };
+        let at = |secs: i64| DateTime::UNIX_EPOCH + chrono::Duration::seconds(secs);
+        // (seconds since the epoch, failure, escalate, retried)
+        let table: &[(i64, &ClaudeFailure, bool, bool)] = &[
+            (0, &refused, false, true),
+            (30, &refused, false, true),
+            (90, &refused, false, true),
+            (210, &refused, false, true),
+            (450, &refused, false, true),
+            (451, &refused, false, true),
+            (452, &refused, false, true), // 7 attempts: more than api_retries (5)
+            (599, &refused, false, true),
+            (600, &refused, true, false), // 10 minutes since the first
+            (700, &refused, false, true), // a new streak of network failures
+            (1000, &overloaded, false, true), // not network: the clock resets
+            (1001, &refused, false, true),
+            (1601, &refused, true, false),
+        ];
+        let mut s = Streak::default();
+        for (n, &(secs, claude, escalate, retried)) in table.iter().enumerate() {
+            let mut o = obs(&ended);
+            o.claude = Some(claude);
+            o.fingerprint = Some(n as u64);
+            o.now = at(secs);
+            let v = judge(&o, &mut s, &r());
+            assert_eq!(v.code, Some(Code::AgentApiError), "row {n}");
+            assert_eq!(v.escalate, escalate, "row {n}: {}", v.message);
+            assert_eq!(
+                matches!(v.next, Next::Retry { .. }),
+                retried,
+                "row {n}: {:?}",
+                v.next
+            );
+        }
     }
 
     #[test]
@@ -366,6 +478,7 @@ mod tests {
             retrying: Some(Code::SessionTimeout),
             retries: 1,
             last_fingerprint: Some(9),
+            network_since: Some(DateTime::UNIX_EPOCH),
         };
         let v = judge(&obs(&Ending::Exited { code: 0 }), &mut s, &r());
         assert_eq!(v.next, Next::Clear);

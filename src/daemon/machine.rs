@@ -660,7 +660,7 @@ impl Session {
                 (S::Running(run), arm)
             }
             (S::Preparing(run) | S::Running(run), E::ChildExited { ending, facts }) => {
-                self.exited(run, ending, facts, true)
+                self.exited(run, ending, facts, true, now)
             }
             (S::Preparing(run), E::StopRequested { by, reason }) => {
                 self.record(&run, Outcome::Stopped { by, reason }, None)
@@ -729,7 +729,7 @@ impl Session {
                     ..
                 },
                 E::ChildExited { ending, facts },
-            ) => self.stopped(run, stop, ending, facts),
+            ) => self.stopped(run, stop, ending, facts, now),
             // A verification stopped: the run before it ended well, so
             // neither COMPLETE nor a usage limit changes what the stop was.
             (
@@ -832,20 +832,21 @@ impl Session {
         stop: Stop,
         ending: Ending,
         facts: Facts,
+        now: DateTime<Utc>,
     ) -> (SessionState, Vec<Action>) {
         if run.completed_signal && !matches!(ending, Ending::SpawnFailed { .. }) {
             // No verification after a stop someone asked for or a shutdown:
             // the session is ending.
             let verify = matches!(stop, Stop::Timeout | Stop::Stalled { .. });
-            return self.exited(run, Ending::Exited { code: 0 }, facts, verify);
+            return self.exited(run, Ending::Exited { code: 0 }, facts, verify, now);
         }
         if let Some(held) = run.limit.clone() {
             return self.held(&run, held);
         }
         match stop {
-            Stop::Timeout => self.exited(run, Ending::TimedOut, facts, true),
+            Stop::Timeout => self.exited(run, Ending::TimedOut, facts, true, now),
             Stop::Stalled { silent_for } => {
-                self.exited(run, Ending::Stalled { silent_for }, facts, true)
+                self.exited(run, Ending::Stalled { silent_for }, facts, true, now)
             }
             stop => self.record(&run, stop_outcome(stop), None),
         }
@@ -860,6 +861,7 @@ impl Session {
         ending: Ending,
         facts: Facts,
         may_verify: bool,
+        now: DateTime<Utc>,
     ) -> (SessionState, Vec<Action>) {
         // The agent said it finished its work: that counts.
         let ending = if run.completed_signal
@@ -894,6 +896,7 @@ impl Session {
                 ended_by_script,
                 failed_by_script: script_failed,
                 incomplete: self.settings.require_complete && !run.completed_signal,
+                now,
             },
             &mut self.streak,
             &self.settings.retries,

@@ -401,9 +401,28 @@ const RETRYABLE_PHRASES: &[&str] = &[
     "connection error",
     "econnreset",
     "econnrefused",
+    "connection refused",
     "etimedout",
     "socket hang up",
 ];
+
+/// Phrases of a network failure (compared in lower case): retried for
+/// `network_retry_for`, not a number of times.
+const NETWORK_PHRASES: &[&str] = &[
+    "connection error",
+    "connection refused",
+    "econnreset",
+    "econnrefused",
+    "etimedout",
+    "socket hang up",
+];
+
+/// Whether an API failure's message says the network failed (the seed's
+/// "connection refused" row), rather than the API answering.
+pub fn is_network_error(message: &str) -> bool {
+    let lower = message.to_lowercase();
+    NETWORK_PHRASES.iter().any(|p| lower.contains(p))
+}
 
 /// Phrases of a request the API will refuse again.
 const REFUSED_PHRASES: &[&str] = &["prompt is too long", "credit balance is too low"];

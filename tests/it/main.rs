@@ -65,6 +65,7 @@ mod rejected_names;
 mod reload_visible;
 mod repo_commands;
 mod resume;
+mod retries;
 mod rotation;
 mod scripts;
 mod sdbox;

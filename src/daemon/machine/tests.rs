@@ -1056,6 +1056,7 @@ fn the_bridge_gives_the_verdicts_the_daemon_gave() {
                 ended_by_script: false,
                 failed_by_script: None,
                 incomplete: false,
+                now: at(0),
             },
             streak,
             &r,

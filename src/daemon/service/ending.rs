@@ -810,6 +810,7 @@ pub(super) fn judge_not_run(
     ending: &Ending,
     output: &OutputSummary,
     code: Option<Code>,
+    now: chrono::DateTime<chrono::Utc>,
 ) -> failure::Verdict {
     let streak = streaks.entry(agent.clone()).or_default();
     let mut verdict = failure::judge(
@@ -821,6 +822,7 @@ pub(super) fn judge_not_run(
             ended_by_script: false,
             failed_by_script: None,
             incomplete: false,
+            now,
         },
         streak,
         &cfg.session.retries,

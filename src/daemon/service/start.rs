@@ -125,6 +125,7 @@ impl Daemon {
                     &ending,
                     &OutputSummary::none(),
                     Some(code),
+                    self.clock.now(),
                 );
                 let report = RunReport::not_run(ending.clone());
                 self.apply_verdict(agent, &cfg, None, verdict, &report);
