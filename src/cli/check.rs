@@ -57,6 +57,7 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
     }
     let problems = report.findings.len();
     match (problems, report.unrepaired()) {
+        (0, _) if report.config_errors() > 0 => println!("no problems found in the state"),
         (0, _) => println!("no problems found"),
         (n, 0) => println!("{n} problem(s) found, all repaired"),
         (n, left) if args.repair => println!("{n} problem(s) found, {left} could not be repaired"),

@@ -142,6 +142,7 @@ kind = "human"
         }
     }
     assert!(text.contains("3 config error(s)"), "{text}");
+    assert!(!text.contains("no problems found\n"), "{text}");
     assert!(
         !text.lines().any(|l| l.contains("agent marcus")),
         "a human runs nothing: {text}"
