@@ -6,6 +6,8 @@
 //! recorded as interrupted and their messages returned; malformed inbox files
 //! go to `rejected/`; missing directories and files are re-created.
 
+use std::fmt;
+
 use serde::Serialize;
 
 use crate::clock::Timestamp;
@@ -19,12 +21,111 @@ use crate::state::rebuild::{self, StateFileKind};
 use crate::state::session::Session;
 use crate::state::{AgentDir, StateRoot, atomic, bootstrap, prune, set_aside_name};
 
+pub mod needs;
+
+/// What is wrong with a file or directory of the state, rendered once
+/// ([`fmt::Display`]; JSON has the same sentence). `--repair` decides by
+/// the kind, never by the words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Problem {
+    /// The state root does not exist.
+    RootMissing,
+    /// An agent's directory does not exist.
+    NotBootstrapped,
+    MissingDirectory,
+    /// A state file (or memory.md) is missing.
+    Missing,
+    /// A link, FIFO, file for a directory...: never followed or opened.
+    Unsafe(String),
+    /// An inbox directory or a daemon lock file with another mode.
+    Mode {
+        was: u32,
+        wanted: u32,
+    },
+    /// A mode the store never writes (setuid, executable, world-writable).
+    ForeignMode {
+        mode: u32,
+        wanted: u32,
+    },
+    /// A state file that does not parse.
+    Corrupt(String),
+    TornLine {
+        line: usize,
+        text: String,
+    },
+    /// A session recorded as running whose owner is gone.
+    OwnerGone {
+        session: String,
+        pid: Option<i32>,
+        why: String,
+    },
+    /// Messages claimed by a session that is not running.
+    Claimed,
+    /// A message whose name is not UTF-8.
+    Undecodable,
+    MalformedMessage(String),
+    /// A temp file of an interrupted write.
+    Temp,
+    /// A rotated journal segment that cannot be read.
+    BadSegment(String),
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const PERMISSION_MODEL: &str = "(see the README's permission model)";
+        match self {
+            Problem::RootMissing => {
+                f.write_str("the state root does not exist; run `agent-state bootstrap`")
+            }
+            Problem::NotBootstrapped => {
+                f.write_str("not bootstrapped: the directory does not exist")
+            }
+            Problem::MissingDirectory => f.write_str("missing directory"),
+            Problem::Missing => f.write_str("missing"),
+            Problem::Unsafe(why) => write!(f, "unsafe: {why}"),
+            Problem::Mode { was, wanted } => {
+                write!(f, "mode {was:o}, should be {wanted:o} {PERMISSION_MODEL}")
+            }
+            Problem::ForeignMode { mode, wanted } => write!(
+                f,
+                "a mode the store never writes: {mode:o}, should be {wanted:o} {PERMISSION_MODEL}"
+            ),
+            Problem::Corrupt(why) => write!(f, "corrupt: {why}"),
+            Problem::TornLine { line, text } => write!(f, "torn line {line}: {text:?}"),
+            Problem::OwnerGone { session, pid, why } => write!(
+                f,
+                "session {session} is recorded as running, but its owner (pid {}) is gone: {why}",
+                pid.map(|p| p.to_string())
+                    .unwrap_or_else(|| "unknown".into())
+            ),
+            Problem::Claimed => f.write_str("messages claimed by a session that is not running"),
+            Problem::Undecodable => f.write_str(
+                "a message whose name is not UTF-8 (shown escaped): --repair rejects it under a safe name, its bytes recorded",
+            ),
+            Problem::MalformedMessage(why) => write!(f, "malformed message: {why}"),
+            Problem::Temp => f.write_str(
+                "a temp file left by a write that was interrupted (the file it was replacing is intact)",
+            ),
+            Problem::BadSegment(why) => write!(
+                f,
+                "a rotated journal segment that cannot be read, skipped by every reader: {why}"
+            ),
+        }
+    }
+}
+
+impl Serialize for Problem {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 #[derive(Debug, Serialize)]
 pub struct Finding {
     pub agent: String,
     /// The file or directory, relative to the agent's directory.
     pub file: String,
-    pub problem: String,
+    pub problem: Problem,
     /// What `--repair` did about it, if anything.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub repaired: Option<String>,
@@ -35,6 +136,8 @@ pub struct CheckReport {
     pub findings: Vec<Finding>,
     /// Things worth knowing that are not damage.
     pub notes: Vec<String>,
+    /// What the daemon will need that the config names ([`needs`]).
+    pub needs: Vec<needs::Need>,
 }
 
 impl CheckReport {
@@ -44,11 +147,22 @@ impl CheckReport {
             .filter(|f| f.repaired.is_none())
             .count()
     }
+
+    /// Needs the daemon cannot work with as they stand.
+    pub fn config_errors(&self) -> usize {
+        self.needs
+            .iter()
+            .filter(|n| n.level() == needs::Level::Error)
+            .count()
+    }
 }
 
 pub fn check(config: &Config, repair: bool, now: Timestamp) -> Result<CheckReport> {
     let root = StateRoot::new(&config.state_root);
-    let mut report = CheckReport::default();
+    let mut report = CheckReport {
+        needs: needs::check(config),
+        ..Default::default()
+    };
     // Before the daemon's first start (it leaves a heartbeat), what it will
     // create is not missing yet: said, not counted as a problem.
     let before_first_start = !crate::fsx::exists(&root.daemon_dir().join("daemon.json"));
@@ -63,7 +177,7 @@ pub fn check(config: &Config, repair: bool, now: Timestamp) -> Result<CheckRepor
         report.findings.push(Finding {
             agent: "-".into(),
             file: root.path.display().to_string(),
-            problem: "the state root does not exist; run `agent-state bootstrap`".into(),
+            problem: Problem::RootMissing,
             repaired: None,
         });
         if !repair {
@@ -136,24 +250,17 @@ fn daemon_lock_modes(root: &StateRoot, repair: bool, found: &mut Vec<Finding>) {
         found.push(Finding {
             agent: "-".into(),
             file: format!(".daemon/{name}"),
-            problem: format!(
-                "{MODE_PROBLEM}{was:o}, should be {wanted:o} (see the README's permission model)"
-            ),
+            problem: Problem::Mode { was, wanted },
             repaired,
         });
     }
 }
 
-fn finding(
-    found: &mut Vec<Finding>,
-    dir: &AgentDir,
-    file: impl Into<String>,
-    problem: impl Into<String>,
-) {
+fn finding(found: &mut Vec<Finding>, dir: &AgentDir, file: impl Into<String>, problem: Problem) {
     found.push(Finding {
         agent: dir.name.to_string(),
         file: file.into(),
-        problem: problem.into(),
+        problem,
         repaired: None,
     });
 }
@@ -167,12 +274,7 @@ fn check_agent(
     now: Timestamp,
 ) -> Result<()> {
     if !crate::fsx::exists(&dir.path) {
-        finding(
-            found,
-            dir,
-            ".",
-            "not bootstrapped: the directory does not exist",
-        );
+        finding(found, dir, ".", Problem::NotBootstrapped);
         return Ok(());
     }
     // Anything that is not what it should be (a link, a FIFO, a file for a
@@ -211,18 +313,18 @@ fn check_agent(
                         found,
                         dir,
                         rel,
-                        format!(
-                            "{UNSAFE_PROBLEM}is {}, not {want} (never followed or opened)",
+                        Problem::Unsafe(format!(
+                            "is {}, not {want} (never followed or opened)",
                             crate::fsx::describe_stat(&st)
-                        ),
+                        )),
                     );
                     unsafe_paths.push(path);
                 }
             }
-            Ok(None) if want_dir => finding(found, dir, rel + "/", "missing directory"),
+            Ok(None) if want_dir => finding(found, dir, rel + "/", Problem::MissingDirectory),
             Ok(None) => {}
             Err(e) => {
-                finding(found, dir, rel, format!("{UNSAFE_PROBLEM}{e}"));
+                finding(found, dir, rel, Problem::Unsafe(e.to_string()));
                 unsafe_paths.push(path);
             }
         }
@@ -237,10 +339,10 @@ fn check_agent(
             found,
             dir,
             fix.dir,
-            format!(
-                "{MODE_PROBLEM}{:o}, should be {:o} (see the README's permission model)",
-                fix.was, fix.wanted
-            ),
+            Problem::Mode {
+                was: fix.was,
+                wanted: fix.wanted,
+            },
         );
     }
     foreign_modes(dir, found);
@@ -257,15 +359,15 @@ fn check_agent(
                 StateFileKind::Metrics => parse_problem::<crate::state::metrics::Metrics>(&path),
             };
             match problem {
-                Some(p) => finding(found, dir, k.file_name(), format!("corrupt: {p}")),
+                Some(p) => finding(found, dir, k.file_name(), Problem::Corrupt(p)),
                 None if !crate::fsx::exists(&path) && k != StateFileKind::Session => {
-                    finding(found, dir, k.file_name(), "missing")
+                    finding(found, dir, k.file_name(), Problem::Missing)
                 }
                 None => {}
             }
         }
         if !crate::fsx::exists(&dir.memory()) {
-            finding(found, dir, "memory.md", "missing");
+            finding(found, dir, "memory.md", Problem::Missing);
         }
     }
     if unsafe_paths.contains(&dir.journal()) {
@@ -278,7 +380,10 @@ fn check_agent(
             found,
             dir,
             "journal.jsonl",
-            format!("torn line {}: {:?}", t.line, t.text),
+            Problem::TornLine {
+                line: t.line,
+                text: t.text.clone(),
+            },
         );
     }
     for t in &scan.unreadable {
@@ -306,13 +411,11 @@ fn check_agent(
             found,
             dir,
             "session.json",
-            format!(
-                "session {} is recorded as running, but its owner (pid {}) is gone: {why}",
-                s.session_id,
-                s.owner_pid
-                    .map(|p| p.to_string())
-                    .unwrap_or_else(|| "unknown".into())
-            ),
+            Problem::OwnerGone {
+                session: s.session_id.to_string(),
+                pid: s.owner_pid,
+                why: why.to_string(),
+            },
         );
     }
     // An inbox directory that is not what it should be is reported above
@@ -326,7 +429,7 @@ fn check_agent(
                 found,
                 dir,
                 format!("inbox/.claimed/{claimed}/"),
-                CLAIMED_PROBLEM,
+                Problem::Claimed,
             );
         }
     }
@@ -335,7 +438,7 @@ fn check_agent(
             found,
             dir,
             format!("inbox/{}", inbox::escaped_name(&name)),
-            UNDECODABLE_PROBLEM,
+            Problem::Undecodable,
         );
     }
     let sys_now = std::time::SystemTime::now();
@@ -350,7 +453,7 @@ fn check_agent(
                 "{}: inbox/{name} does not parse yet ({why}); it was written moments ago, so it is left to settle",
                 dir.name
             )),
-            Verdict::Invalid(r) => finding(found, dir, format!("inbox/{name}"), format!("malformed message: {}", r.reason)),
+            Verdict::Invalid(r) => finding(found, dir, format!("inbox/{name}"), Problem::MalformedMessage(r.reason.to_string())),
         }
     }
     // Temp files of writes a crash interrupted (the old file is intact).
@@ -379,7 +482,7 @@ fn check_agent(
                     .strip_prefix(&dir.path)
                     .map(|p| p.display().to_string())
                     .unwrap_or(name);
-                finding(found, dir, rel, TEMP_PROBLEM);
+                finding(found, dir, rel, Problem::Temp);
             }
         }
     }
@@ -397,7 +500,7 @@ fn check_segments(dir: &AgentDir, found: &mut Vec<Finding>, notes: &mut Vec<Stri
             .file_name()
             .unwrap_or_default()
             .to_string_lossy();
-        finding(found, dir, name, format!("{BAD_SEGMENT_PROBLEM}{why}"));
+        finding(found, dir, name, Problem::BadSegment(why.to_string()));
     }
     let mut aside: Vec<String> = crate::fsx::list(&dir.path)?
         .into_iter()
@@ -414,19 +517,6 @@ fn check_segments(dir: &AgentDir, found: &mut Vec<Finding>, notes: &mut Vec<Stri
     Ok(())
 }
 
-/// The start of the problem of a rotated journal segment that cannot be read.
-const BAD_SEGMENT_PROBLEM: &str =
-    "a rotated journal segment that cannot be read, skipped by every reader: ";
-
-const CLAIMED_PROBLEM: &str = "messages claimed by a session that is not running";
-
-const UNDECODABLE_PROBLEM: &str = "a message whose name is not UTF-8 (shown escaped): --repair rejects it under a safe name, its bytes recorded";
-/// The start of the problem of an inbox directory with the wrong mode.
-const MODE_PROBLEM: &str = "mode ";
-
-/// The start of the problem of a path that is not what it should be.
-const UNSAFE_PROBLEM: &str = "unsafe: ";
-
 /// Every directory and file an agent has, and whether it is a directory.
 fn expected_entries(dir: &AgentDir) -> Vec<(std::path::PathBuf, bool)> {
     let mut out: Vec<_> = dir.directories().into_iter().map(|d| (d, true)).collect();
@@ -435,9 +525,6 @@ fn expected_entries(dir: &AgentDir) -> Vec<(std::path::PathBuf, bool)> {
     }
     out
 }
-
-const TEMP_PROBLEM: &str =
-    "a temp file left by a write that was interrupted (the file it was replacing is intact)";
 
 fn parse_problem<T: serde::de::DeserializeOwned>(path: &std::path::Path) -> Option<String> {
     match atomic::read_json::<T>(path) {
@@ -458,7 +545,7 @@ fn repair_agent(
     // followed: a link is moved, its target untouched), then recreated.
     for f in found
         .iter_mut()
-        .filter(|f| f.problem.starts_with(UNSAFE_PROBLEM))
+        .filter(|f| matches!(f.problem, Problem::Unsafe(_)))
     {
         let path = match f.file.trim_end_matches('/') {
             "." => dir.path.clone(),
@@ -472,46 +559,44 @@ fn repair_agent(
         ));
     }
     let needs_bootstrap = found.iter().any(|f| {
-        f.problem == "missing"
-            || f.problem == "missing directory"
-            || f.file == "."
-            || f.problem.starts_with(UNSAFE_PROBLEM)
+        matches!(
+            f.problem,
+            Problem::Missing | Problem::MissingDirectory | Problem::Unsafe(_)
+        ) || f.file == "."
     });
     if needs_bootstrap {
         bootstrap::root(&StateRoot::new(&config.state_root))?;
         let created = bootstrap::agent(agent, dir, now)?;
-        for f in found
-            .iter_mut()
-            .filter(|f| (f.problem.starts_with("missing") || f.file == ".") && f.repaired.is_none())
-        {
+        for f in found.iter_mut().filter(|f| {
+            (matches!(f.problem, Problem::Missing | Problem::MissingDirectory) || f.file == ".")
+                && f.repaired.is_none()
+        }) {
             f.repaired = Some(format!("created ({} item(s) in all)", created.len()));
         }
     }
-    if found.iter().any(|f| f.problem.starts_with(MODE_PROBLEM)) {
+    let is_mode = |p: &Problem| matches!(p, Problem::Mode { .. });
+    if found.iter().any(|f| is_mode(&f.problem)) {
         // (Bootstrapping above may have set them already.)
         bootstrap::repair_modes(dir)?;
         let still = bootstrap::wrong_modes(dir);
-        for f in found
-            .iter_mut()
-            .filter(|f| f.problem.starts_with(MODE_PROBLEM))
-        {
+        for f in found.iter_mut().filter(|f| is_mode(&f.problem)) {
             if !still.iter().any(|x| x.dir == f.file) {
                 f.repaired = Some("mode set".into());
             }
         }
     }
     repair_foreign_modes(dir, found)?;
-    if found.iter().any(|f| f.problem == TEMP_PROBLEM) {
+    if found.iter().any(|f| f.problem == Problem::Temp) {
         let now = std::time::SystemTime::now();
         let stats = prune::prune_stale_temps(dir, now - prune::STALE_TEMP_AGE, now)
             .at("removing temp files in", &dir.path)?;
-        for f in found.iter_mut().filter(|f| f.problem == TEMP_PROBLEM) {
+        for f in found.iter_mut().filter(|f| f.problem == Problem::Temp) {
             f.repaired = Some(format!("removed ({} temp file(s) in all)", stats.files));
         }
     }
     for f in found
         .iter_mut()
-        .filter(|f| f.problem.starts_with(BAD_SEGMENT_PROBLEM))
+        .filter(|f| matches!(f.problem, Problem::BadSegment(_)))
     {
         let path = dir.path.join(&f.file);
         let start = crate::state::rotation::parse_segment_name("journal.jsonl", &f.file);
@@ -526,16 +611,17 @@ fn repair_agent(
         ));
     }
     // Torn journal lines first: rebuilding reads the journal.
-    if found.iter().any(|f| f.file == "journal.jsonl") {
+    let is_torn = |p: &Problem| matches!(p, Problem::TornLine { .. });
+    if found.iter().any(|f| is_torn(&f.problem)) {
         let note = set_torn_lines_aside(dir, now)?;
-        for f in found.iter_mut().filter(|f| f.file == "journal.jsonl") {
+        for f in found.iter_mut().filter(|f| is_torn(&f.problem)) {
             f.repaired = Some(note.clone());
         }
     }
     for k in StateFileKind::ALL {
         if let Some(f) = found
             .iter_mut()
-            .find(|f| f.file == k.file_name() && f.problem.starts_with("corrupt"))
+            .find(|f| f.file == k.file_name() && matches!(f.problem, Problem::Corrupt(_)))
         {
             let lock = dir.lock()?;
             f.repaired = Some(rebuild::repair(dir, k, now)?);
@@ -544,7 +630,7 @@ fn repair_agent(
     }
     if let Some(f) = found
         .iter_mut()
-        .find(|f| f.file == "session.json" && f.problem.contains("owner"))
+        .find(|f| matches!(f.problem, Problem::OwnerGone { .. }))
     {
         let result = hooks::recover_stale(
             agent,
@@ -560,10 +646,7 @@ fn repair_agent(
             )
         });
     }
-    for f in found
-        .iter_mut()
-        .filter(|f| f.file.starts_with("inbox/.claimed/") && f.problem == CLAIMED_PROBLEM)
-    {
+    for f in found.iter_mut().filter(|f| f.problem == Problem::Claimed) {
         let session = f
             .file
             .trim_start_matches("inbox/.claimed/")
@@ -578,13 +661,13 @@ fn repair_agent(
             undeliverable.len()
         ));
     }
-    if found.iter().any(|f| f.problem == UNDECODABLE_PROBLEM) {
+    if found.iter().any(|f| f.problem == Problem::Undecodable) {
         let lock = dir.lock()?;
         let rejected = inbox::reject_undecodable(dir, now)?;
         drop(lock);
         for f in found
             .iter_mut()
-            .filter(|f| f.problem == UNDECODABLE_PROBLEM)
+            .filter(|f| f.problem == Problem::Undecodable)
         {
             f.repaired = Some(format!(
                 "moved to inbox/rejected/ ({} name(s) in all)",
@@ -594,15 +677,15 @@ fn repair_agent(
     }
     for f in found
         .iter_mut()
-        .filter(|f| f.problem.starts_with("malformed message"))
+        .filter(|f| matches!(f.problem, Problem::MalformedMessage(_)))
     {
+        let Problem::MalformedMessage(reason) = &f.problem else {
+            continue;
+        };
+        let reason = reason.clone();
         let lock = dir.lock()?;
         let path = dir.path.join(&f.file);
         if crate::fsx::exists(&path) {
-            let reason = f
-                .problem
-                .trim_start_matches("malformed message: ")
-                .to_string();
             let moved = inbox::reject(dir, &path, &reason, now)?;
             f.repaired = Some(format!(
                 "moved to inbox/rejected/{}",
@@ -643,10 +726,6 @@ fn set_torn_lines_aside(dir: &AgentDir, now: Timestamp) -> Result<String> {
     ))
 }
 
-/// The start of the problem of a file or directory with a mode the store
-/// never writes (`state::modes::foreign`).
-const FOREIGN_MODE_PROBLEM: &str = "a mode the store never writes: ";
-
 /// Files and directories with a mode the store never writes (setuid or
 /// setgid, executable, world-writable: a hand, an old restore).
 fn foreign_modes(dir: &AgentDir, found: &mut Vec<Finding>) {
@@ -655,10 +734,10 @@ fn foreign_modes(dir: &AgentDir, found: &mut Vec<Finding>) {
             found,
             dir,
             f.rel,
-            format!(
-                "{FOREIGN_MODE_PROBLEM}{:o}, should be {:o} (see the README's permission model)",
-                f.mode, f.wanted
-            ),
+            Problem::ForeignMode {
+                mode: f.mode,
+                wanted: f.wanted,
+            },
         );
     }
 }
@@ -666,20 +745,15 @@ fn foreign_modes(dir: &AgentDir, found: &mut Vec<Finding>) {
 /// `--repair` of [`foreign_modes`]: each set to the store's mode through a
 /// handle that follows no link.
 fn repair_foreign_modes(dir: &AgentDir, found: &mut [Finding]) -> Result<()> {
-    if !found
-        .iter()
-        .any(|f| f.problem.starts_with(FOREIGN_MODE_PROBLEM))
-    {
+    let is_foreign = |p: &Problem| matches!(p, Problem::ForeignMode { .. });
+    if !found.iter().any(|f| is_foreign(&f.problem)) {
         return Ok(());
     }
     for f in crate::state::modes::foreign_in(dir) {
         crate::state::modes::repair(dir, &f)?;
     }
     let still = crate::state::modes::foreign_in(dir);
-    for f in found
-        .iter_mut()
-        .filter(|f| f.problem.starts_with(FOREIGN_MODE_PROBLEM))
-    {
+    for f in found.iter_mut().filter(|f| is_foreign(&f.problem)) {
         if !still.iter().any(|s| s.rel == f.file) {
             f.repaired = Some("mode set".into());
         }

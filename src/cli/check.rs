@@ -9,14 +9,15 @@ pub struct Args {
     /// Set corrupt files aside and rebuild them, recover abandoned sessions, reject malformed messages
     #[arg(long)]
     pub repair: bool,
-    /// Print JSON instead of text
+    /// Print JSON instead of text (`findings`, `notes`, and `needs`: what the
+    /// config names that the daemon will need, each with its `level`)
     #[arg(long)]
     pub json: bool,
 }
 
 pub fn run(ctx: &Context, args: Args) -> Result<u8> {
     let report = check::check(&ctx.config, args.repair, ctx.now)?;
-    let code = if report.unrepaired() == 0 {
+    let code = if report.unrepaired() == 0 && report.config_errors() == 0 {
         exit::OK
     } else {
         exit::DATAERR
@@ -33,6 +34,12 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
     for w in &ctx.config.warnings {
         println!("WARNING  config: {}: {}", w.field, w.message);
     }
+    for n in &report.needs {
+        match n.level() {
+            check::needs::Level::Error => println!("ERROR    {n}"),
+            check::needs::Level::Warning => println!("WARNING  {n}"),
+        }
+    }
     for f in &report.findings {
         match &f.repaired {
             Some(done) => println!("REPAIRED {}: {}: {} — {done}", f.agent, f.file, f.problem),
@@ -42,8 +49,15 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
     for n in &report.notes {
         println!("note     {n}");
     }
+    if report.config_errors() > 0 {
+        println!(
+            "{} config error(s): the daemon cannot work with them as they stand",
+            report.config_errors()
+        );
+    }
     let problems = report.findings.len();
     match (problems, report.unrepaired()) {
+        (0, _) if report.config_errors() > 0 => println!("no problems found in the state"),
         (0, _) => println!("no problems found"),
         (n, 0) => println!("{n} problem(s) found, all repaired"),
         (n, left) if args.repair => println!("{n} problem(s) found, {left} could not be repaired"),

@@ -151,7 +151,7 @@ pub enum Command {
     Prompt(prompt::Args),
     /// Record review outcomes learned after a session (claims, disconfirmations)
     Record(record::Args),
-    /// Check the config and every state file; --repair mends what it finds
+    /// Check the config (and what it names: commands, verify commands, workspace repositories) and every state file; --repair mends the state
     Check(check::Args),
     /// Recompute metrics.json from the journal
     #[command(subcommand)]

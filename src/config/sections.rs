@@ -44,6 +44,8 @@ pub struct HookSettings {
     /// The human mailbox escalations go to (default: the first
     /// `kind = "human"` agent).
     pub escalate_to: Option<AgentName>,
+    /// The shape of errors.jsonl's records and of the hook's environment.
+    pub format: crate::state::error_log::ErrorFormat,
 }
 
 /// `[metrics]`: where the daemon publishes its Prometheus metrics. Both
@@ -102,6 +104,7 @@ pub(super) struct RawHooks {
     on_error: Option<String>,
     timeout: Option<String>,
     escalate_to: Option<String>,
+    format: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -202,6 +205,19 @@ impl Validator {
             },
             timeout: self.duration("hooks.timeout", raw.timeout.as_deref(), "30s"),
             escalate_to: None,
+            format: match raw.format.as_deref().map(str::parse) {
+                None => Default::default(),
+                Some(Ok(f)) => f,
+                Some(Err(e)) => {
+                    self.problem(
+                        "hooks.format",
+                        format!(
+                            "{e} (\"seed\": seed 002's `{{\"error\": {{...}}}}` records and AXIOM_ERROR_* variables; \"agent-state\": the default)"
+                        ),
+                    );
+                    Default::default()
+                }
+            },
         };
         let humans: Vec<&AgentConfig> = agents
             .iter()

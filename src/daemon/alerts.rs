@@ -22,7 +22,8 @@ use crate::agent_name::AgentName;
 use crate::catalogue::{self, Code, ErrorRecord, Severity};
 use crate::config::Config;
 use crate::inbox::{self, MessageType, Outgoing, Priority};
-use crate::state::{StateRoot, error_log};
+use crate::state::StateRoot;
+use crate::state::error_log::{self, ErrorFormat};
 
 /// Hooks running at once; more wait their turn.
 const HOOKS_AT_ONCE: usize = 4;
@@ -42,6 +43,7 @@ struct Inner {
     log: PathBuf,
     hook: Option<PathBuf>,
     hook_timeout: Duration,
+    format: ErrorFormat,
     escalate_to: Option<AgentName>,
     hooks_running: Semaphore,
     hooks_queued: AtomicUsize,
@@ -63,6 +65,7 @@ impl Alerts {
                 root,
                 hook: config.hooks.on_error.clone(),
                 hook_timeout: config.hooks.timeout,
+                format: config.hooks.format,
                 escalate_to: config.hooks.escalate_to.clone(),
                 hooks_running: Semaphore::new(HOOKS_AT_ONCE),
                 hooks_queued: AtomicUsize::new(0),
@@ -100,7 +103,7 @@ impl Alerts {
         };
         waiting.push_back(record.clone());
         while let Some(first) = waiting.front() {
-            match error_log::append(&self.inner.log, first) {
+            match error_log::append_as(&self.inner.log, first, self.inner.format) {
                 Ok(()) => {
                     waiting.pop_front();
                 }
@@ -141,7 +144,7 @@ impl Alerts {
             return;
         };
         while let Some(first) = waiting.front() {
-            if error_log::append(&self.inner.log, first).is_err() {
+            if error_log::append_as(&self.inner.log, first, self.inner.format).is_err() {
                 return;
             }
             waiting.pop_front();
@@ -241,7 +244,8 @@ impl Alerts {
         tokio::spawn(async move {
             let permit = this.inner.hooks_running.acquire().await;
             this.inner.hooks_queued.fetch_sub(1, Ordering::SeqCst);
-            let outcome = run_hook(&hook, &record, &this.inner.root, this.inner.hook_timeout).await;
+            let env = hook_env(&record, this.inner.format, &this.inner.root);
+            let outcome = run_hook(&hook, &env, this.inner.hook_timeout).await;
             drop(permit);
             if let Err(why) = outcome {
                 let mut failed = ErrorRecord::new(
@@ -260,35 +264,65 @@ impl Alerts {
     }
 }
 
+/// The on-error hook's environment for `record`: `AGENT_STATE_ERROR_*`
+/// always (a hook written for them keeps working when the format changes),
+/// and in the seed's format seed 002's `AXIOM_ERROR_*` as well (the task is
+/// the session).
+pub fn hook_env(
+    record: &ErrorRecord,
+    format: ErrorFormat,
+    root: &StateRoot,
+) -> Vec<(&'static str, String)> {
+    let opt = |v: &Option<String>| v.clone().unwrap_or_default();
+    let attempt = record
+        .context
+        .attempt
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    let mut env = vec![
+        ("AGENT_STATE_ERROR_CODE", record.code.clone()),
+        ("AGENT_STATE_ERROR_MESSAGE", record.message.clone()),
+        ("AGENT_STATE_ERROR_DETAILS", opt(&record.details)),
+        (
+            "AGENT_STATE_ERROR_SEVERITY",
+            record.severity.as_str().into(),
+        ),
+        ("AGENT_STATE_ERROR_AGENT", opt(&record.context.agent)),
+        ("AGENT_STATE_ERROR_SESSION", opt(&record.context.session)),
+        ("AGENT_STATE_ERROR_ATTEMPT", attempt.clone()),
+        ("AGENT_STATE_ERROR_TS", record.ts.to_string()),
+        (
+            "AGENT_STATE_ERROR_ESCALATED",
+            if record.escalated { "1" } else { "0" }.into(),
+        ),
+        ("AGENT_STATE_ROOT", root.path.display().to_string()),
+    ];
+    if format == ErrorFormat::Seed {
+        env.extend([
+            ("AXIOM_ERROR_CODE", record.code.clone()),
+            ("AXIOM_ERROR_MESSAGE", record.message.clone()),
+            ("AXIOM_ERROR_AGENT", opt(&record.context.agent)),
+            ("AXIOM_ERROR_TASK", opt(&record.context.session)),
+            ("AXIOM_ERROR_SEVERITY", record.severity.as_str().into()),
+            ("AXIOM_ERROR_DETAILS", opt(&record.details)),
+            (
+                "AXIOM_ERROR_RECOVERABLE",
+                if record.recoverable { "true" } else { "false" }.into(),
+            ),
+            ("AXIOM_ERROR_ATTEMPT", attempt),
+        ]);
+    }
+    env
+}
+
 /// Run the hook once; `Err` says why it failed.
 async fn run_hook(
     hook: &std::path::Path,
-    record: &ErrorRecord,
-    root: &StateRoot,
+    env: &[(&'static str, String)],
     limit: Duration,
 ) -> Result<(), String> {
     let mut cmd = tokio::process::Command::new(hook);
-    let opt = |v: &Option<String>| v.clone().unwrap_or_default();
-    cmd.env("AGENT_STATE_ERROR_CODE", &record.code)
-        .env("AGENT_STATE_ERROR_MESSAGE", &record.message)
-        .env("AGENT_STATE_ERROR_DETAILS", opt(&record.details))
-        .env("AGENT_STATE_ERROR_SEVERITY", record.severity.as_str())
-        .env("AGENT_STATE_ERROR_AGENT", opt(&record.context.agent))
-        .env("AGENT_STATE_ERROR_SESSION", opt(&record.context.session))
-        .env(
-            "AGENT_STATE_ERROR_ATTEMPT",
-            record
-                .context
-                .attempt
-                .map(|a| a.to_string())
-                .unwrap_or_default(),
-        )
-        .env("AGENT_STATE_ERROR_TS", record.ts.to_string())
-        .env(
-            "AGENT_STATE_ERROR_ESCALATED",
-            if record.escalated { "1" } else { "0" },
-        )
-        .env("AGENT_STATE_ROOT", &root.path)
+    cmd.envs(env.iter().map(|(k, v)| (k, v)))
         .env_remove("NOTIFY_SOCKET")
         .env_remove("WATCHDOG_USEC")
         .env_remove("WATCHDOG_PID")
@@ -461,4 +495,48 @@ impl EscalationMemory {
 /// to it (`agent-state send --source-ref ...`).
 pub fn reply_ref(sid: &str) -> String {
     format!("agent-state/session/{sid}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_hook_environment_follows_the_format() {
+        let r = ErrorRecord::new(Code::AgentSpawnFailed, "cannot spawn rio")
+            .at(crate::clock::Timestamp::parse("2026-01-25T10:00:00Z").unwrap())
+            .agent("rio")
+            .session("S1")
+            .attempt(2);
+        let root = StateRoot::new("/srv/state");
+        let get = |format, key: &str| {
+            hook_env(&r, format, &root)
+                .into_iter()
+                .find(|(k, _)| *k == key)
+                .map(|(_, v)| v)
+        };
+        let some = |v: &str| Some(v.to_string());
+        use ErrorFormat::*;
+        // (format, variable, value)
+        let table = [
+            (
+                AgentState,
+                "AGENT_STATE_ERROR_CODE",
+                some("AGENT_SPAWN_FAILED"),
+            ),
+            (AgentState, "AGENT_STATE_ERROR_SESSION", some("S1")),
+            (AgentState, "AGENT_STATE_ROOT", some("/srv/state")),
+            (AgentState, "AXIOM_ERROR_CODE", None),
+            (Seed, "AGENT_STATE_ERROR_CODE", some("AGENT_SPAWN_FAILED")),
+            (Seed, "AXIOM_ERROR_CODE", some("AGENT_SPAWN_FAILED")),
+            (Seed, "AXIOM_ERROR_MESSAGE", some("cannot spawn rio")),
+            (Seed, "AXIOM_ERROR_AGENT", some("rio")),
+            (Seed, "AXIOM_ERROR_TASK", some("S1")),
+            (Seed, "AXIOM_ERROR_SEVERITY", some(r.severity.as_str())),
+            (Seed, "AXIOM_ERROR_ATTEMPT", some("2")),
+        ];
+        for (format, key, want) in table {
+            assert_eq!(get(format, key), want, "{format} {key}");
+        }
+    }
 }
