@@ -83,8 +83,8 @@ impl Alerts {
     /// daemon's tokio runtime (the hook runs as a task).
     pub fn raise(&self, mut record: ErrorRecord, escalate: bool) {
         // Stamped by the loop (`Daemon::raise`) with its turn's time; a
-        // record raised from a task (a failed hook) when it is raised.
-        record.stamp(crate::clock::Timestamp::now());
+        // failed hook's record by its task (the record's time plus how long
+        // the hook ran: no wall clock below the loop).
         if escalate {
             record.escalated = self.escalate(&record);
         }
@@ -242,6 +242,7 @@ impl Alerts {
         }
         let this = self.clone();
         tokio::spawn(async move {
+            let started = std::time::Instant::now();
             let permit = this.inner.hooks_running.acquire().await;
             this.inner.hooks_queued.fetch_sub(1, Ordering::SeqCst);
             let env = hook_env(&record, this.inner.format, &this.inner.root);
@@ -258,6 +259,7 @@ impl Alerts {
                 )
                 .details(why);
                 failed.context = record.context.clone();
+                failed.stamp(record.ts.plus(started.elapsed()));
                 this.raise(failed, false);
             }
         });
