@@ -50,7 +50,7 @@ pub use session::{
     WakeOnInbox,
 };
 pub(crate) use values::valid_group;
-pub use values::{check_user_name, parse_size, placeholders};
+pub use values::{SizeError, check_user_name, parse_size, placeholders};
 pub use workspace::WorkspaceSettings;
 
 pub const DEFAULT_PATH: &str = "/etc/agent-state/config.toml";

@@ -102,18 +102,16 @@ impl SourceId {
         }
     }
 
-    pub fn parse_key(key: &str) -> Result<SourceId, String> {
+    pub fn parse_key(key: &str) -> Result<SourceId, CursorFault> {
         if let Some(d) = DaemonLog::ALL.into_iter().find(|d| d.key() == key) {
             return Ok(SourceId::Daemon(d));
         }
         if key.starts_with('.') {
-            return Err(format!(
-                "names `{key}`, which is not a daemon log (.errors, .signals)"
-            ));
+            return Err(CursorFault::NotADaemonLog(key.to_string()));
         }
         AgentName::parse(key)
             .map(SourceId::Agent)
-            .map_err(|e| format!("names an invalid source: {e}"))
+            .map_err(|e| CursorFault::InvalidSource(Box::new(e)))
     }
 
     /// What the stream shows as its source: the agent, or `daemon`.
@@ -148,6 +146,55 @@ pub struct Cursor {
 }
 
 const CURSOR_PREFIX: &str = "v1.";
+
+/// Why a token is not a cursor [`Cursor::parse`] can read (the text of a
+/// usage error: `--after: …`).
+#[derive(Debug, thiserror::Error)]
+pub enum CursorError {
+    #[error("the cursor is empty; pass one printed by `agent-state events`")]
+    Empty,
+    /// The token (shortened) does not start with the prefix.
+    #[error(
+        "`{0}` is not an events cursor: cursors start with `{CURSOR_PREFIX}` \
+         (copy one from the output of `agent-state events`)"
+    )]
+    NotACursor(String),
+    /// `shown`: the token, shortened.
+    #[error("cursor `{shown}` {fault}")]
+    Bad { shown: String, fault: CursorFault },
+}
+
+/// What is wrong inside a cursor (read after "cursor `…` ").
+#[derive(Debug, thiserror::Error)]
+pub enum CursorFault {
+    #[error(
+        "contains `{0}`, which no cursor does (after `{CURSOR_PREFIX}` a cursor has \
+         only letters, digits, `-` and `_`)"
+    )]
+    Character(char),
+    #[error("is truncated: its length is not that of any cursor")]
+    Length,
+    #[error("is damaged or truncated: it does not decode (copy the whole cursor)")]
+    Undecodable,
+    #[error("is truncated: too short to hold its checksum")]
+    TooShort,
+    #[error("is damaged or truncated: its checksum does not match (copy the whole cursor)")]
+    Checksum,
+    #[error("does not hold text")]
+    NotText,
+    #[error("has an entry `{0}` without an offset")]
+    NoOffset(String),
+    #[error("names `{0}`, which is not a daemon log (.errors, .signals)")]
+    NotADaemonLog(String),
+    #[error("names an invalid source: {0}")]
+    InvalidSource(Box<Error>),
+    #[error("has `{offset}` as the offset of {key}, not a number")]
+    OffsetNotANumber { key: String, offset: String },
+    #[error("has an offset of {0} too large for a file")]
+    OffsetTooLarge(String),
+    #[error("names {0} twice")]
+    Twice(String),
+}
 const CHECKSUM_LEN: usize = 4;
 
 impl Cursor {
@@ -198,53 +245,47 @@ impl Cursor {
 
     /// Read a token printed by [`Cursor::encode`]. The error says what is
     /// wrong with it (for a usage error naming the problem).
-    pub fn parse(token: &str) -> Result<Cursor, String> {
+    pub fn parse(token: &str) -> Result<Cursor, CursorError> {
         let shown = shorten(token);
         if token.is_empty() {
-            return Err("the cursor is empty; pass one printed by `agent-state events`".into());
+            return Err(CursorError::Empty);
         }
         let Some(body) = token.strip_prefix(CURSOR_PREFIX) else {
-            return Err(format!(
-                "`{shown}` is not an events cursor: cursors start with `{CURSOR_PREFIX}` \
-                 (copy one from the output of `agent-state events`)"
-            ));
+            return Err(CursorError::NotACursor(shown));
         };
-        let bytes = base64url_decode(body).map_err(|e| format!("cursor `{shown}` {e}"))?;
+        let bad = |fault| CursorError::Bad {
+            shown: shown.clone(),
+            fault,
+        };
+        let bytes = base64url_decode(body).map_err(bad)?;
         if bytes.len() < CHECKSUM_LEN {
-            return Err(format!(
-                "cursor `{shown}` is truncated: too short to hold its checksum"
-            ));
+            return Err(bad(CursorFault::TooShort));
         }
         let (payload, sum) = bytes.split_at(bytes.len() - CHECKSUM_LEN);
         if fnv1a(payload).to_be_bytes() != sum {
-            return Err(format!(
-                "cursor `{shown}` is damaged or truncated: its checksum does not match \
-                 (copy the whole cursor)"
-            ));
+            return Err(bad(CursorFault::Checksum));
         }
-        let payload = std::str::from_utf8(payload)
-            .map_err(|_| format!("cursor `{shown}` does not hold text"))?;
+        let payload = std::str::from_utf8(payload).map_err(|_| bad(CursorFault::NotText))?;
         let mut cursor = Cursor::start();
         if payload.is_empty() {
             return Ok(cursor);
         }
         for entry in payload.split(',') {
             let Some((key, offset)) = entry.split_once(':') else {
-                return Err(format!(
-                    "cursor `{shown}` has an entry `{entry}` without an offset"
-                ));
+                return Err(bad(CursorFault::NoOffset(entry.to_string())));
             };
-            let source = SourceId::parse_key(key).map_err(|e| format!("cursor `{shown}` {e}"))?;
+            let source = SourceId::parse_key(key).map_err(bad)?;
             if offset.is_empty() || !offset.bytes().all(|b| b.is_ascii_digit()) {
-                return Err(format!(
-                    "cursor `{shown}` has `{offset}` as the offset of {key}, not a number"
-                ));
+                return Err(bad(CursorFault::OffsetNotANumber {
+                    key: key.to_string(),
+                    offset: offset.to_string(),
+                }));
             }
-            let offset: u64 = offset.parse().map_err(|_| {
-                format!("cursor `{shown}` has an offset of {key} too large for a file")
-            })?;
+            let offset: u64 = offset
+                .parse()
+                .map_err(|_| bad(CursorFault::OffsetTooLarge(key.to_string())))?;
             if cursor.offsets.insert(source, offset).is_some() {
-                return Err(format!("cursor `{shown}` names {key} twice"));
+                return Err(bad(CursorFault::Twice(key.to_string())));
             }
         }
         Ok(cursor)
@@ -295,21 +336,18 @@ fn base64url_encode(bytes: &[u8]) -> String {
     out
 }
 
-fn base64url_decode(text: &str) -> Result<Vec<u8>, String> {
+fn base64url_decode(text: &str) -> Result<Vec<u8>, CursorFault> {
     let mut values = Vec::with_capacity(text.len());
     for c in text.chars() {
         match B64.iter().position(|b| char::from(*b) == c) {
             Some(v) => values.push(v as u32),
             None => {
-                return Err(format!(
-                    "contains `{c}`, which no cursor does (after `{CURSOR_PREFIX}` a cursor has \
-                     only letters, digits, `-` and `_`)"
-                ));
+                return Err(CursorFault::Character(c));
             }
         }
     }
     if values.len() % 4 == 1 {
-        return Err("is truncated: its length is not that of any cursor".into());
+        return Err(CursorFault::Length);
     }
     let mut out = Vec::with_capacity(values.len() * 3 / 4);
     for chunk in values.chunks(4) {
@@ -326,9 +364,7 @@ fn base64url_decode(text: &str) -> Result<Vec<u8>, String> {
             _ => 0,
         };
         if unused != 0 {
-            return Err(
-                "is damaged or truncated: it does not decode (copy the whole cursor)".into(),
-            );
+            return Err(CursorFault::Undecodable);
         }
         out.extend_from_slice(&bytes[..n]);
     }

@@ -160,8 +160,55 @@ const FIELDS: [Field; 5] = [
     },
 ];
 
+/// Why a schedule line is not a crontab(5) schedule. Its text is what the
+/// config check prints after the field's path (`agents.rio.schedule`), and
+/// says what to write instead.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ScheduleError {
+    #[error("`@reboot` has no meaning for a daemon that runs continuously; use a time")]
+    Reboot,
+    #[error("unknown macro `{0}`; use @hourly, @daily, @weekly, @monthly or @yearly")]
+    UnknownMacro(String),
+    #[error(
+        "{line:?} has {count} fields; crontab(5) schedules have 5: minute hour day-of-month month day-of-week (e.g. \"0 22 * * *\")"
+    )]
+    FieldCount { line: String, count: usize },
+    #[error("{field} field: step {step:?} in {item:?} is not a number")]
+    StepNotANumber {
+        field: &'static str,
+        step: String,
+        item: String,
+    },
+    #[error("{field} field: step 0 in {item:?} never fires")]
+    StepZero { field: &'static str, item: String },
+    #[error("{field} field: range {range:?} runs backwards ({lo} > {hi})")]
+    Backwards {
+        field: &'static str,
+        range: String,
+        lo: u32,
+        hi: u32,
+    },
+    #[error("{field} field: {value} is outside {min}-{max}")]
+    OutOfRange {
+        field: &'static str,
+        value: u32,
+        min: u32,
+        max: u32,
+    },
+    /// `hint`: the names the field also takes (", or a name (jan, …)"), or
+    /// nothing.
+    #[error("{field} field: {text:?} is not a number {min}-{max}{hint}")]
+    NotANumber {
+        field: &'static str,
+        text: String,
+        min: u32,
+        max: u32,
+        hint: String,
+    },
+}
+
 impl Schedule {
-    pub fn parse(line: &str) -> Result<Schedule, String> {
+    pub fn parse(line: &str) -> Result<Schedule, ScheduleError> {
         let trimmed = line.trim();
         let expanded = match trimmed {
             "@hourly" => "0 * * * *",
@@ -170,25 +217,19 @@ impl Schedule {
             "@monthly" => "0 0 1 * *",
             "@yearly" | "@annually" => "0 0 1 1 *",
             "@reboot" => {
-                return Err(
-                    "`@reboot` has no meaning for a daemon that runs continuously; use a time"
-                        .into(),
-                );
+                return Err(ScheduleError::Reboot);
             }
             other if other.starts_with('@') => {
-                return Err(format!(
-                    "unknown macro `{other}`; use @hourly, @daily, @weekly, @monthly or @yearly"
-                ));
+                return Err(ScheduleError::UnknownMacro(other.to_string()));
             }
             other => other,
         };
         let parts: Vec<&str> = expanded.split_whitespace().collect();
         if parts.len() != 5 {
-            return Err(format!(
-                "{:?} has {} fields; crontab(5) schedules have 5: minute hour day-of-month month day-of-week (e.g. \"0 22 * * *\")",
-                trimmed,
-                parts.len()
-            ));
+            return Err(ScheduleError::FieldCount {
+                line: trimmed.to_string(),
+                count: parts.len(),
+            });
         }
         let mut sets = [0u64; 5];
         for (i, (part, field)) in parts.iter().zip(FIELDS.iter()).enumerate() {
@@ -572,22 +613,21 @@ fn first_of_next_month(date: NaiveDate) -> Option<NaiveDate> {
     date.with_day(1)?.checked_add_months(Months::new(1))
 }
 
-fn parse_field(text: &str, field: &Field) -> Result<u64, String> {
+fn parse_field(text: &str, field: &Field) -> Result<u64, ScheduleError> {
     let mut set = 0u64;
     for item in text.split(',') {
         let (range, step) = match item.split_once('/') {
             Some((r, s)) => {
-                let step: u32 = s.parse().map_err(|_| {
-                    format!(
-                        "{} field: step {s:?} in {item:?} is not a number",
-                        field.name
-                    )
+                let step: u32 = s.parse().map_err(|_| ScheduleError::StepNotANumber {
+                    field: field.name,
+                    step: s.to_string(),
+                    item: item.to_string(),
                 })?;
                 if step == 0 {
-                    return Err(format!(
-                        "{} field: step 0 in {item:?} never fires",
-                        field.name
-                    ));
+                    return Err(ScheduleError::StepZero {
+                        field: field.name,
+                        item: item.to_string(),
+                    });
                 }
                 (r, step)
             }
@@ -603,10 +643,12 @@ fn parse_field(text: &str, field: &Field) -> Result<u64, String> {
             if step > 1 { (v, field.max) } else { (v, v) }
         };
         if lo > hi {
-            return Err(format!(
-                "{} field: range {range:?} runs backwards ({lo} > {hi})",
-                field.name
-            ));
+            return Err(ScheduleError::Backwards {
+                field: field.name,
+                range: range.to_string(),
+                lo,
+                hi,
+            });
         }
         let mut v = lo;
         while v <= hi {
@@ -617,13 +659,15 @@ fn parse_field(text: &str, field: &Field) -> Result<u64, String> {
     Ok(set)
 }
 
-fn value(text: &str, field: &Field) -> Result<u32, String> {
+fn value(text: &str, field: &Field) -> Result<u32, ScheduleError> {
     if let Ok(v) = text.parse::<u32>() {
         if v < field.min || v > field.max {
-            return Err(format!(
-                "{} field: {v} is outside {}-{}",
-                field.name, field.min, field.max
-            ));
+            return Err(ScheduleError::OutOfRange {
+                field: field.name,
+                value: v,
+                min: field.min,
+                max: field.max,
+            });
         }
         return Ok(v);
     }
@@ -636,10 +680,13 @@ fn value(text: &str, field: &Field) -> Result<u32, String> {
     } else {
         format!(" or a name ({})", field.names.join(", "))
     };
-    Err(format!(
-        "{} field: {text:?} is not a number {}-{}{hint}",
-        field.name, field.min, field.max
-    ))
+    Err(ScheduleError::NotANumber {
+        field: field.name,
+        text: text.to_string(),
+        min: field.min,
+        max: field.max,
+        hint,
+    })
 }
 
 #[cfg(test)]

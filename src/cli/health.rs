@@ -72,7 +72,7 @@ impl Level {
 #[derive(Debug, Default)]
 pub struct Seen {
     /// daemon.json, if there is one; `Err` if it could not be read.
-    pub heartbeat: Option<std::result::Result<Heartbeat, String>>,
+    pub heartbeat: Option<std::result::Result<Heartbeat, crate::error::Error>>,
     /// Whether the daemon's root lock is held (`None`: not knowable here).
     pub lock_held: Option<bool>,
     /// Whether the heartbeat's pid is alive (`None`: not knowable).
@@ -291,7 +291,7 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         heartbeat: match files::read_heartbeat(&ctx.root) {
             Ok(Some(hb)) => Some(Ok(hb)),
             Ok(None) => None,
-            Err(e) => Some(Err(e.to_string())),
+            Err(e) => Some(Err(e)),
         },
         lock_held: files::daemon_lock_state(&ctx.root),
         configured: Some((

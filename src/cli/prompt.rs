@@ -15,9 +15,18 @@ pub struct Args {
     pub budget: Option<usize>,
 }
 
-fn parse_budget(text: &str) -> std::result::Result<usize, String> {
+/// Why `--budget` is not a size (clap prints it after the flag).
+#[derive(Debug, thiserror::Error)]
+enum BadBudget {
+    #[error(transparent)]
+    Size(#[from] crate::config::SizeError),
+    #[error("{0:?} is too large")]
+    TooLarge(String),
+}
+
+fn parse_budget(text: &str) -> std::result::Result<usize, BadBudget> {
     let n = crate::config::parse_size(text)?;
-    usize::try_from(n).map_err(|_| format!("{text:?} is too large"))
+    usize::try_from(n).map_err(|_| BadBudget::TooLarge(text.to_string()))
 }
 
 pub fn run(ctx: &Context, args: Args) -> Result<u8> {

@@ -63,7 +63,7 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         .ok()
         .flatten()
         .map(|h| (agent.session.credential.clone(), h));
-    session::request_wake(&dir)?;
+    session::request_wake(&dir, ctx.now)?;
     let Some(wait) = args.wait else {
         println!(
             "{}: wake requested; the daemon starts a session as soon as a slot is free",

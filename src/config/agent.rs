@@ -215,7 +215,7 @@ impl Validator {
             (Some(line), AgentKind::Agent) => match Schedule::parse(line) {
                 Ok(s) => Some(s),
                 Err(e) => {
-                    self.problem(format!("{label}.schedule"), e);
+                    self.problem(format!("{label}.schedule"), e.to_string());
                     None
                 }
             },

@@ -83,8 +83,8 @@ impl Alerts {
     /// daemon's tokio runtime (the hook runs as a task).
     pub fn raise(&self, mut record: ErrorRecord, escalate: bool) {
         // Stamped by the loop (`Daemon::raise`) with its turn's time; a
-        // record raised from a task (a failed hook) when it is raised.
-        record.stamp(crate::clock::Timestamp::now());
+        // failed hook's record by its task (the record's time plus how long
+        // the hook ran: no wall clock below the loop).
         if escalate {
             record.escalated = self.escalate(&record);
         }
@@ -242,6 +242,7 @@ impl Alerts {
         }
         let this = self.clone();
         tokio::spawn(async move {
+            let started = std::time::Instant::now();
             let permit = this.inner.hooks_running.acquire().await;
             this.inner.hooks_queued.fetch_sub(1, Ordering::SeqCst);
             let env = hook_env(&record, this.inner.format, &this.inner.root);
@@ -256,8 +257,9 @@ impl Alerts {
                         record.code
                     ),
                 )
-                .details(why);
+                .details(why.to_string());
                 failed.context = record.context.clone();
+                failed.stamp(record.ts.plus(started.elapsed()));
                 this.raise(failed, false);
             }
         });
@@ -315,12 +317,32 @@ pub fn hook_env(
     env
 }
 
+/// Why the on-error hook failed: the details of its `HOOK_FAILED` record.
+#[derive(Debug, thiserror::Error)]
+enum HookFailure {
+    #[error("cannot run {}: {error}", hook.display())]
+    Spawn {
+        hook: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("ran longer than hooks.timeout ({}); killed", humantime::format_duration(*.0))]
+    Timeout(Duration),
+    #[error("waiting for it: {0}")]
+    Wait(std::io::Error),
+    /// Its exit status, and what it printed (cut to `HOOK_OUTPUT_KEPT`).
+    #[error("{status}{}", if printed.is_empty() { String::new() } else { format!("; it printed: {printed}") })]
+    Exited {
+        status: std::process::ExitStatus,
+        printed: String,
+    },
+}
+
 /// Run the hook once; `Err` says why it failed.
 async fn run_hook(
     hook: &std::path::Path,
     env: &[(&'static str, String)],
     limit: Duration,
-) -> Result<(), String> {
+) -> Result<(), HookFailure> {
     let mut cmd = tokio::process::Command::new(hook);
     cmd.envs(env.iter().map(|(k, v)| (k, v)))
         .env_remove("NOTIFY_SOCKET")
@@ -331,9 +353,10 @@ async fn run_hook(
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| format!("cannot run {}: {e}", hook.display()))?;
+    let mut child = cmd.spawn().map_err(|error| HookFailure::Spawn {
+        hook: hook.to_path_buf(),
+        error,
+    })?;
     let pid = child.id();
     let mut stdout = child.stdout.take();
     let mut stderr = child.stderr.take();
@@ -363,19 +386,15 @@ async fn run_hook(
                     nix::sys::signal::Signal::SIGKILL,
                 );
             }
-            Err(format!(
-                "ran longer than hooks.timeout ({}); killed",
-                humantime::format_duration(limit)
-            ))
+            Err(HookFailure::Timeout(limit))
         }
-        Ok((Err(e), _)) => Err(format!("waiting for it: {e}")),
+        Ok((Err(e), _)) => Err(HookFailure::Wait(e)),
         Ok((Ok(status), output)) if !status.success() => {
             let mut text = String::from_utf8_lossy(&output).trim().to_string();
             catalogue::truncate_on_char(&mut text, HOOK_OUTPUT_KEPT);
-            Err(if text.is_empty() {
-                format!("{status}")
-            } else {
-                format!("{status}; it printed: {text}")
+            Err(HookFailure::Exited {
+                status,
+                printed: text,
             })
         }
         Ok(_) => Ok(()),

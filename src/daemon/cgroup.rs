@@ -72,12 +72,32 @@ pub fn available() -> Option<&'static Cgroups> {
         .as_ref()
 }
 
+/// Why sessions get no cgroups of their own (logged once at start: they
+/// run in process groups only; not an error).
+#[derive(Debug, thiserror::Error)]
+enum NoCgroups {
+    #[error("cannot read /proc/self/cgroup: {0}")]
+    ReadOwn(io::Error),
+    #[error("no cgroup v2 hierarchy in /proc/self/cgroup: {0:?}")]
+    NoV2(String),
+    #[error("cgroup v2 is not mounted at {}", CGROUP2_MOUNTS.join(" or "))]
+    NotMounted,
+    #[error("this process is in the root cgroup")]
+    RootCgroup,
+    #[error("{} is not delegated to this service (no Delegate=yes)", .0.display())]
+    NotDelegated(PathBuf),
+    #[error("{} is not writable: {error}", dir.display())]
+    NotWritable { dir: PathBuf, error: nix::Error },
+    #[error("cannot create {}: {error}", dir.display())]
+    Create { dir: PathBuf, error: io::Error },
+    #[error("cannot move the daemon into {}: {error}", dir.display())]
+    MoveDaemon { dir: PathBuf, error: io::Error },
+}
+
 impl Cgroups {
-    fn setup() -> Result<Cgroups, String> {
-        let own = std::fs::read_to_string("/proc/self/cgroup")
-            .map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
-        let relative = unified_path(&own)
-            .ok_or_else(|| format!("no cgroup v2 hierarchy in /proc/self/cgroup: {own:?}"))?;
+    fn setup() -> Result<Cgroups, NoCgroups> {
+        let own = std::fs::read_to_string("/proc/self/cgroup").map_err(NoCgroups::ReadOwn)?;
+        let relative = unified_path(&own).ok_or_else(|| NoCgroups::NoV2(own.clone()))?;
         let root = CGROUP2_MOUNTS
             .iter()
             .map(Path::new)
@@ -85,24 +105,20 @@ impl Cgroups {
                 nix::sys::statfs::statfs(*m)
                     .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC)
             })
-            .ok_or_else(|| {
-                format!(
-                    "cgroup v2 is not mounted at {}",
-                    CGROUP2_MOUNTS.join(" or ")
-                )
-            })?;
+            .ok_or(NoCgroups::NotMounted)?;
         let base = root.join(relative.trim_start_matches('/'));
         if relative == "/" {
-            return Err("this process is in the root cgroup".into());
+            return Err(NoCgroups::RootCgroup);
         }
         if !is_delegated(&base) {
-            return Err(format!(
-                "{} is not delegated to this service (no Delegate=yes)",
-                base.display()
-            ));
+            return Err(NoCgroups::NotDelegated(base));
         }
-        nix::unistd::access(&base, nix::unistd::AccessFlags::W_OK)
-            .map_err(|e| format!("{} is not writable: {e}", base.display()))?;
+        nix::unistd::access(&base, nix::unistd::AccessFlags::W_OK).map_err(|error| {
+            NoCgroups::NotWritable {
+                dir: base.clone(),
+                error,
+            }
+        })?;
         let cgroups = Cgroups { base };
         // Sessions of a daemon that ended without killing them: under
         // systemd they were killed with the unit, so this finds empty
@@ -117,8 +133,12 @@ impl Cgroups {
         }
         let daemon = cgroups.base.join("daemon");
         make_dir(&daemon)?;
-        std::fs::write(daemon.join("cgroup.procs"), std::process::id().to_string())
-            .map_err(|e| format!("cannot move the daemon into {}: {e}", daemon.display()))?;
+        std::fs::write(daemon.join("cgroup.procs"), std::process::id().to_string()).map_err(
+            |error| NoCgroups::MoveDaemon {
+                dir: daemon.clone(),
+                error,
+            },
+        )?;
         Ok(cgroups)
     }
 
@@ -323,11 +343,14 @@ fn parse_pids(text: &str) -> Vec<i32> {
         .collect()
 }
 
-fn make_dir(dir: &Path) -> Result<(), String> {
+fn make_dir(dir: &Path) -> Result<(), NoCgroups> {
     match std::fs::create_dir(dir) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
-        Err(e) => Err(format!("cannot create {}: {e}", dir.display())),
+        Err(error) => Err(NoCgroups::Create {
+            dir: dir.to_path_buf(),
+            error,
+        }),
     }
 }
 

@@ -782,6 +782,7 @@ pub fn record_reload_verdict(
     config: &Path,
     accepted_text: Option<&str>,
     reasons: Vec<String>,
+    at: Timestamp,
 ) -> Result<ReloadVerdict> {
     if let Some(text) = accepted_text {
         atomic::write_file(
@@ -794,7 +795,7 @@ pub fn record_reload_verdict(
     let verdict = ReloadVerdict {
         generation,
         pid: std::process::id(),
-        at: Timestamp::now(),
+        at,
         config: config.display().to_string(),
         accepted: accepted_text.is_some(),
         reasons,

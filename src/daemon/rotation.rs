@@ -39,10 +39,10 @@ pub struct Outcome {
 }
 
 /// Rotate every log over the size and, with `job.prune`, remove old
-/// segments. Blocking.
-pub fn run(job: &Job) -> Outcome {
+/// segments, past retention as of `now` (the daemon's clock). Blocking.
+pub fn run(job: &Job, now: Timestamp) -> Outcome {
     let mut out = Outcome::default();
-    let now = Timestamp::now();
+    let wall: SystemTime = now.0.into();
     let max = job.settings.rotate_size;
     for dir in &job.agents {
         let path = dir.journal();
@@ -59,7 +59,7 @@ pub fn run(job: &Job) -> Outcome {
         if job.prune
             && let Some(keep) = job.settings.journal_retention
         {
-            prune(&mut out, &shown, &path, keep);
+            prune(&mut out, &shown, &path, keep, wall);
         }
     }
     for path in &job.daemon_logs {
@@ -75,7 +75,7 @@ pub fn run(job: &Job) -> Outcome {
         if job.prune
             && let Some(keep) = job.settings.daemon_log_retention
         {
-            prune(&mut out, &shown, path, keep);
+            prune(&mut out, &shown, path, keep, wall);
         }
     }
     out
@@ -93,10 +93,8 @@ fn note(out: &mut Outcome, shown: &str, result: crate::error::Result<Option<rota
     }
 }
 
-fn prune(out: &mut Outcome, shown: &str, path: &std::path::Path, keep: Duration) {
-    let cutoff = SystemTime::now()
-        .checked_sub(keep)
-        .unwrap_or(SystemTime::UNIX_EPOCH);
+fn prune(out: &mut Outcome, shown: &str, path: &std::path::Path, keep: Duration, now: SystemTime) {
+    let cutoff = now.checked_sub(keep).unwrap_or(SystemTime::UNIX_EPOCH);
     match rotation::prune(path, cutoff) {
         Ok((n, bytes)) => {
             out.pruned.0 += n;

@@ -31,7 +31,7 @@ pub use types::*;
 
 use std::io;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -111,9 +111,9 @@ pub fn launch(
             kind: SpawnFailure::Other,
         }));
     };
-    if let Err(reason) = check_cwd(&spec.cwd) {
+    if let Err(bad) = check_cwd(&spec.cwd) {
         return Err(not_run(Ending::SpawnFailed {
-            reason,
+            reason: bad.to_string(),
             kind: SpawnFailure::Other,
         }));
     }
@@ -531,16 +531,36 @@ fn spawn_failure(program: &str, e: &io::Error) -> Ending {
 
 /// A missing working directory makes the spawn fail with the same errors as
 /// a missing command; check it first so the message names the right path.
-fn check_cwd(cwd: &Path) -> Result<(), String> {
+fn check_cwd(cwd: &Path) -> Result<(), BadCwd> {
+    let bad = |why| BadCwd {
+        dir: cwd.to_path_buf(),
+        why,
+    };
     match std::fs::metadata(cwd) {
-        Err(e) => Err(format!("working directory {}: {e}", cwd.display())),
-        Ok(meta) if !meta.is_dir() => Err(format!(
-            "working directory {} is not a directory",
-            cwd.display()
-        )),
+        Err(e) => Err(bad(CwdFault::Stat(e))),
+        Ok(meta) if !meta.is_dir() => Err(bad(CwdFault::NotADirectory)),
         Ok(_) => nix::unistd::access(cwd, nix::unistd::AccessFlags::X_OK)
-            .map_err(|e| format!("working directory {}: {e}", cwd.display())),
+            .map_err(|e| bad(CwdFault::NoAccess(e))),
     }
+}
+
+/// A session's working directory that cannot be entered (the reason of the
+/// session's spawn failure).
+#[derive(Debug, thiserror::Error)]
+#[error("working directory {}{why}", dir.display())]
+struct BadCwd {
+    dir: PathBuf,
+    why: CwdFault,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum CwdFault {
+    #[error(": {0}")]
+    Stat(io::Error),
+    #[error(" is not a directory")]
+    NotADirectory,
+    #[error(": {0}")]
+    NoAccess(nix::Error),
 }
 
 fn open_log(path: &Path) -> io::Result<tokio::fs::File> {

@@ -447,7 +447,13 @@ pub async fn run(config_path: &Path, web: WebHook) -> Result<()> {
     // AgentDir the daemon takes from this root carries the bound.
     let root = root.with_lock_wait(crate::state::lock::DAEMON_WAIT);
     // The CLI falls back to this copy while the file on disk is invalid.
-    if let Err(e) = files::record_reload_verdict(&root, config_path, Some(&config_text), vec![]) {
+    if let Err(e) = files::record_reload_verdict(
+        &root,
+        config_path,
+        Some(&config_text),
+        vec![],
+        Timestamp::now(),
+    ) {
         tracing::warn!("cannot keep a copy of the accepted config: {e}");
     }
     // Per-session cgroups when systemd delegated ours (logged either way).

@@ -563,14 +563,14 @@ fn verdict_of_status(status: SessionStatus) -> SessionVerdict {
 }
 
 /// Write a wake request for the running daemon: a `.wake-{uuid}` file in
-/// the agent's inbox, written atomically.
-pub fn request_wake(dir: &AgentDir) -> Result<PathBuf> {
+/// the agent's inbox, written atomically, holding `now`.
+pub fn request_wake(dir: &AgentDir, now: Timestamp) -> Result<PathBuf> {
     let target = files::wake_request_path(&dir.inbox());
     // Written under a temp dotfile name beside it (never through a link)
     // and renamed in: the daemon ignores dotfiles.
     atomic::write_file(
         &target,
-        format!("{}\n", Timestamp::now()).as_bytes(),
+        format!("{now}\n").as_bytes(),
         crate::inbox::MESSAGE_MODE,
     )?;
     Ok(target)

@@ -153,8 +153,8 @@ pub fn prune_jobs<'a>(
 /// Prune (blocking: git): worktrees under each job's root whose session is
 /// not running (`live`), clean ones at once, kept ones past retention
 /// (never one with unpushed commits unless configured). One line per
-/// worktree removed or kept, and the errors.
-pub fn prune(jobs: &[PruneJob], live: &[PathBuf]) -> (Vec<String>, Vec<String>) {
+/// worktree removed or kept, and the errors. `now` is the daemon's clock.
+pub fn prune(jobs: &[PruneJob], live: &[PathBuf], now: SystemTime) -> (Vec<String>, Vec<String>) {
     let mut lines = Vec::new();
     let mut errors = Vec::new();
     for job in jobs {
@@ -167,7 +167,7 @@ pub fn prune(jobs: &[PruneJob], live: &[PathBuf]) -> (Vec<String>, Vec<String>) 
             &job.base,
             live,
             job.retention,
-            SystemTime::now(),
+            now,
             job.prune_unpushed,
         ) {
             Ok(report) => {

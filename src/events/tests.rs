@@ -46,14 +46,16 @@ fn bad_cursors_say_what_is_wrong() {
         ("v1.AA".into(), "too short"),
     ];
     for (token, expected) in cases {
-        let err = Cursor::parse(&token).expect_err(&token);
+        let err = Cursor::parse(&token).expect_err(&token).to_string();
         assert!(err.contains(expected), "{token:?}: {err}");
     }
     // A flipped character.
     let mut flipped = good.clone().into_bytes();
     let i = flipped.len() / 2;
     flipped[i] = if flipped[i] == b'A' { b'B' } else { b'A' };
-    let err = Cursor::parse(&String::from_utf8(flipped).unwrap()).unwrap_err();
+    let err = Cursor::parse(&String::from_utf8(flipped).unwrap())
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("damaged"), "{err}");
     // Well-formed tokens with a bad payload.
     for (payload, expected) in [
@@ -68,7 +70,7 @@ fn bad_cursors_say_what_is_wrong() {
         let mut bytes = payload.as_bytes().to_vec();
         bytes.extend_from_slice(&fnv1a(payload.as_bytes()).to_be_bytes());
         let token = format!("v1.{}", base64url_encode(&bytes));
-        let err = Cursor::parse(&token).expect_err(payload);
+        let err = Cursor::parse(&token).expect_err(payload).to_string();
         assert!(err.contains(expected), "{payload}: {err}");
     }
 }

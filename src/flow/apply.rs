@@ -352,9 +352,7 @@ fn apply_one(
         (Role::Actor, Some(ws)) => {
             Some(super::scope::measure(Path::new(&ws.path), &ws.base_commit))
         }
-        (Role::Actor, None) => Some(Err(
-            "the Actor's session had no worktree (does its agent have a workspace?)".to_string(),
-        )),
+        (Role::Actor, None) => Some(Err(super::scope::ScopeError::NoWorktree)),
         _ => None,
     };
     let decision = route::decide(&route::Answered {

@@ -25,7 +25,7 @@ pub struct Answered<'a> {
     pub block: Option<Result<SignalBlock, BlockProblem>>,
     pub summary: Option<ContextSummary>,
     /// The Actor's measured change (`Err`: why it could not be measured).
-    pub scope: Option<Result<Scope, String>>,
+    pub scope: Option<Result<Scope, super::scope::ScopeError>>,
 }
 
 #[derive(Debug, Clone, PartialEq)]

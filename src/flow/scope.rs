@@ -3,9 +3,30 @@
 //! worktree's base commit, commits and uncommitted changes alike, new
 //! untracked files included; and the unified diff for the cycle file.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::route::Scope;
+
+/// Why the Actor's change could not be measured (the reason the cycle
+/// stops with: "the Actor's change could not be measured: …").
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ScopeError {
+    #[error("the Actor's session had no worktree (does its agent have a workspace?)")]
+    NoWorktree,
+    /// git gave no exit status (not installed, too old, killed).
+    #[error("git in {}: {error}", dir.display())]
+    Git {
+        dir: PathBuf,
+        error: crate::git::RunError,
+    },
+    /// `git diff --numstat` failed, saying this.
+    #[error("git diff --numstat {base} in {}: {said}", dir.display())]
+    Diff {
+        base: String,
+        dir: PathBuf,
+        said: String,
+    },
+}
 
 /// The measured change and its diff.
 pub struct Measured {
@@ -15,10 +36,13 @@ pub struct Measured {
 
 /// git in `dir` through the hardened runner ([`crate::git`]): (exit 0, stdout,
 /// or stdout and stderr on failure).
-fn git(dir: &Path, args: &[&str]) -> Result<(bool, String), String> {
+fn git(dir: &Path, args: &[&str]) -> Result<(bool, String), ScopeError> {
     let mut full = vec!["-c", "core.quotepath=off"];
     full.extend_from_slice(args);
-    let out = crate::git::run(dir, &full, &[]).map_err(|e| e.to_string())?;
+    let out = crate::git::run(dir, &full, &[]).map_err(|error| ScopeError::Git {
+        dir: dir.to_path_buf(),
+        error,
+    })?;
     Ok((
         out.ok,
         out.stdout_text()
@@ -32,7 +56,7 @@ fn git(dir: &Path, args: &[&str]) -> Result<(bool, String), String> {
 
 /// Measure the change in `worktree` against `base`. A worktree that is gone
 /// (removed at the session's end because it held nothing) changed nothing.
-pub fn measure(worktree: &Path, base: &str) -> Result<Measured, String> {
+pub fn measure(worktree: &Path, base: &str) -> Result<Measured, ScopeError> {
     if !worktree.exists() {
         return Ok(Measured {
             scope: Scope { lines: 0, files: 0 },
@@ -51,11 +75,11 @@ pub fn measure(worktree: &Path, base: &str) -> Result<Measured, String> {
         ],
     )?;
     if !ok {
-        return Err(format!(
-            "git diff --numstat {base} in {}: {}",
-            worktree.display(),
-            numstat.trim()
-        ));
+        return Err(ScopeError::Diff {
+            base: base.to_string(),
+            dir: worktree.to_path_buf(),
+            said: numstat.trim().to_string(),
+        });
     }
     let mut lines = 0u64;
     let mut files = 0u64;

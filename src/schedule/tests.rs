@@ -75,7 +75,7 @@ fn errors_say_which_field() {
         ("@often", "unknown macro"),
     ];
     for (line, want) in cases {
-        let err = Schedule::parse(line).unwrap_err();
+        let err = Schedule::parse(line).unwrap_err().to_string();
         assert!(err.contains(want), "{line}: {err}");
     }
 }

@@ -116,7 +116,7 @@ pub fn load() -> Found {
                 Source::Systemd,
             )));
         }
-        Err(why) => why,
+        Err(why) => why.to_string(),
     };
     if UNIT_FILES.iter().any(|p| Path::new(p).is_file()) {
         Found::Unit(Box::new(Unit::parse(SHIPPED, Source::Shipped(why))))
@@ -125,8 +125,20 @@ pub fn load() -> Found {
     }
 }
 
+/// Why `systemctl show` could not say (doctor then reads the unit file).
+#[derive(Debug, thiserror::Error)]
+enum NoSystemctl {
+    #[error("systemctl is not on PATH")]
+    NotOnPath,
+    #[error("cannot run systemctl: {0}")]
+    Spawn(std::io::Error),
+    /// Its first line of stderr.
+    #[error("systemctl show failed ({0})")]
+    Failed(String),
+}
+
 /// `systemctl show agent-state.service -p …`, or why it could not say.
-fn systemctl_show() -> Result<String, String> {
+fn systemctl_show() -> Result<String, NoSystemctl> {
     let mut cmd = Command::new("systemctl");
     cmd.arg("show").arg(NAME);
     for p in PROPERTIES {
@@ -136,14 +148,17 @@ fn systemctl_show() -> Result<String, String> {
         .stdin(Stdio::null())
         .output()
         .map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => "systemctl is not on PATH".to_string(),
-            _ => format!("cannot run systemctl: {e}"),
+            std::io::ErrorKind::NotFound => NoSystemctl::NotOnPath,
+            _ => NoSystemctl::Spawn(e),
         })?;
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
-        return Err(format!(
-            "systemctl show failed ({})",
-            err.lines().next().unwrap_or("no reason given").trim()
+        return Err(NoSystemctl::Failed(
+            err.lines()
+                .next()
+                .unwrap_or("no reason given")
+                .trim()
+                .to_string(),
         ));
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())

@@ -684,7 +684,7 @@ impl Daemon {
             let day = usage::day_of(Timestamp::from_datetime(now), self.config.budget.timezone);
             if self.economy.told.insert(format!("{scope}@{day}")) {
                 self.economy.save(&self.root);
-                let record = ErrorRecord::new(
+                let mut record = ErrorRecord::new(
                     Code::BudgetExhausted,
                     format!(
                         "{agent}: wake skipped: {detail}; no session until the budget's day ends"
@@ -697,6 +697,7 @@ impl Daemon {
                     .errors
                     .entry((record.code.clone(), record.severity.to_string()))
                     .or_default() += 1;
+                record.stamp(Timestamp::from_datetime(now));
                 self.alerts.raise(record, true);
             }
             if scheduled {

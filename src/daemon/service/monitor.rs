@@ -39,6 +39,7 @@ impl Monitor {
         tx: &mpsc::UnboundedSender<Event>,
         disk_low: bool,
         live: impl FnOnce() -> Vec<PathBuf>,
+        now: Timestamp,
     ) {
         let every = if disk_low {
             Duration::from_secs(300)
@@ -63,8 +64,9 @@ impl Monitor {
         self.workspace_prune_running = true;
         self.last_workspace_prune = Some(std::time::Instant::now());
         let tx = tx.clone();
+        let now: std::time::SystemTime = now.0.into();
         tokio::task::spawn_blocking(move || {
-            let (removed, errors) = workspaces::prune(&jobs, &live);
+            let (removed, errors) = workspaces::prune(&jobs, &live, now);
             let _ = tx.send(Event::WorkspacesPruned { removed, errors });
         });
     }
@@ -76,6 +78,7 @@ impl Monitor {
         config: &Config,
         root: &StateRoot,
         tx: &mpsc::UnboundedSender<Event>,
+        now: Timestamp,
     ) {
         if self.log_rotation_running {
             return;
@@ -98,7 +101,7 @@ impl Monitor {
         self.log_rotation_running = true;
         let tx = tx.clone();
         tokio::task::spawn_blocking(move || {
-            let outcome = crate::daemon::rotation::run(&job);
+            let outcome = crate::daemon::rotation::run(&job, now);
             let _ = tx.send(Event::LogsRotated(Box::new(outcome)));
         });
     }
@@ -291,9 +294,11 @@ impl Daemon {
                 &self.tx,
                 state.level != DiskLevel::Ok,
                 live,
+                Timestamp::from_datetime(self.clock.now()),
             );
             if !state.read_only {
-                (self.monitor).rotate_logs(&self.config, &self.root, &self.tx);
+                let now = Timestamp::from_datetime(self.clock.now());
+                (self.monitor).rotate_logs(&self.config, &self.root, &self.tx, now);
             }
         }
         self.monitor.health = Some(state);

@@ -324,6 +324,7 @@ impl Daemon {
             &self.config_path,
             accepted.as_deref(),
             reasons,
+            Timestamp::from_datetime(self.clock.now()),
         ) {
             tracing::warn!("cannot record the verdict on the reloaded config: {e}");
         }

@@ -63,8 +63,17 @@ pub fn parse_signal_block(output: &str) -> Option<Result<SignalBlock, BlockProbl
 }
 
 /// One `|`-separated part of a signal block line: `Ok((key, value))`, or
-/// `Err(text)` when it is not `Key=value`.
-type Part = Result<(String, String), String>;
+/// the part's text when it is not `Key=value`.
+type Part = Result<(String, String), NotKeyValue>;
+
+/// A part of a signal block line that is not `Key=value` (its text).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "`{}` is not Key=value (expected Agent=… | Cycle=… | Step=… | \
+     Confidence=… | Risk=… | Next=…)",
+    truncate_chars(.0, 80)
+)]
+pub(super) struct NotKeyValue(String);
 
 pub(super) fn signal_slot(key: &str) -> Option<SignalField> {
     match normalize_key(key).as_str() {
@@ -114,7 +123,8 @@ pub(super) fn split_signal_line(line: &str) -> Option<Vec<Part>> {
     let parts: Vec<Part> = (body.split('|').enumerate())
         .map(|(n, part)| {
             let part = part.trim();
-            let (key, value) = part.split_once('=').ok_or_else(|| part.to_string())?;
+            let (key, value) =
+                (part.split_once('=')).ok_or_else(|| NotKeyValue(part.to_string()))?;
             let key = match n {
                 0 => first_key(key),
                 _ => key.trim().trim_matches(['*', '`']).trim(),
@@ -123,7 +133,7 @@ pub(super) fn split_signal_line(line: &str) -> Option<Vec<Part>> {
                 && key.starts_with(char::is_alphabetic)
                 && key.chars().all(is_signal_key_char);
             if !key_ok {
-                return Err(part.to_string());
+                return Err(NotKeyValue(part.to_string()));
             }
             known += usize::from(signal_slot(key).is_some());
             let value = value.trim().trim_matches(['`', '*', '"']).trim();
@@ -141,14 +151,8 @@ pub(super) fn build_signal(line: &str, parts: Vec<Part>) -> Result<SignalBlock, 
     let mut extra = Vec::new();
     let mut seen: Vec<String> = Vec::new();
     for part in parts {
-        let (key, value) = part.map_err(|text| {
-            let message = format!(
-                "`{}` is not Key=value (expected Agent=… | Cycle=… | Step=… | \
-                 Confidence=… | Risk=… | Next=…)",
-                truncate_chars(&text, 80)
-            );
-            problem(ProblemCode::SignalBlockMalformed, None, message)
-        })?;
+        let (key, value) =
+            part.map_err(|e| problem(ProblemCode::SignalBlockMalformed, None, e.to_string()))?;
         let slot = signal_slot(&key);
         let identity = slot.map_or_else(|| normalize_key(&key), |s| s.label().to_string());
         if seen.contains(&identity) {
