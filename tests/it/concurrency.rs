@@ -183,9 +183,19 @@ fn fifty_concurrent_writers_lose_nothing() {
     assert_eq!(added.len(), want_tasks.len());
     assert_eq!(sent.len(), want_flags.len());
     assert_eq!(recorded.len() as u64, records);
+    // A delivery journals `message_received` when the recipient's lock is
+    // free that instant (the daemon's intake or the claim does otherwise):
+    // at most one per message, each naming a message that is there.
+    let received = env.events("rio", "message_received");
+    let received_subjects: BTreeSet<String> = received
+        .iter()
+        .map(|e| e["subject"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(received_subjects.len(), received.len(), "{received:#?}");
+    assert!(received_subjects.is_subset(&want_inbound), "{received:#?}");
     assert_eq!(
         env.journal("rio").len(),
-        journal_before + want_tasks.len() + want_flags.len() + records as usize
+        journal_before + want_tasks.len() + want_flags.len() + records as usize + received.len()
     );
     let journaled_ids: BTreeSet<&str> = added
         .iter()
