@@ -166,15 +166,6 @@ pub fn begin(
         req.known.as_deref(),
         req.listed.as_deref(),
     )?;
-    // Mail the claim got to before the daemon's intake did (or with no
-    // daemon): its arrival is journaled before the session that takes it.
-    let claimed: Vec<&inbox::Message> = claim.claimed.iter().collect();
-    if let Err(e) = inbox::journal_arrivals(dir, &lock, &claimed, now) {
-        notes.push(format!(
-            "{}: cannot journal the arrival of its messages: {e}",
-            dir.name
-        ));
-    }
     let message_ids: Vec<String> = claim.claimed.iter().map(|m| m.id.clone()).collect();
     let model = Args::text(req.model.as_deref()).unwrap_or_else(|| agent.session.model.clone());
     let disconfirmation_target = Args::text(req.disconfirmation_target.as_deref());
@@ -249,6 +240,22 @@ pub fn begin(
     }
     // One directory sync for both renames (the journal line is the commit).
     atomic::commit_all([staged_session, staged_report])?;
+    // Mail the claim got to before the daemon's intake did (or with no
+    // daemon): its arrival is journaled once the session has begun (never
+    // between the claim and the session's start, which a crash must not
+    // widen); what the intake read was journaled by it.
+    let known = req.known.as_deref().map(|k| k.ids()).unwrap_or_default();
+    let unseen: Vec<&inbox::Message> = claim
+        .claimed
+        .iter()
+        .filter(|m| !known.contains(m.id.as_str()))
+        .collect();
+    if let Err(e) = inbox::journal_arrivals(dir, &lock, &unseen, now) {
+        notes.push(format!(
+            "{}: cannot journal the arrival of its messages: {e}",
+            dir.name
+        ));
+    }
 
     metrics::apply(dir, &lock, &start, now, &mut notes)?;
     work_on_claimed_tasks(dir, &lock, &claim.claimed, now, &mut notes)?;

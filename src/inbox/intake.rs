@@ -144,6 +144,12 @@ impl Known {
         self.files.len()
     }
 
+    /// The ids of the messages it holds (read, and their arrival journaled,
+    /// by the daemon's intake).
+    pub fn ids(&self) -> std::collections::HashSet<&str> {
+        self.files.values().map(|(_, m)| m.id.as_str()).collect()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.files.is_empty()
     }

@@ -5,8 +5,8 @@
 //! daemon restarted, a failed session returned it) is found in the journal
 //! and not written twice.
 //!
-//! The journal is the memory: it is read backwards from its end down to a
-//! little before the oldest new message was written (its `created_at`), so
+//! The journal is the memory: it is read backwards from its end down to two
+//! minutes before the oldest new message was written (its `created_at`), so
 //! a fresh message costs a few lines. The sender chooses `created_at`: the
 //! read stops at [`LOOKBACK_MAX`] in time and [`LINES_MAX`] in lines, so a
 //! message claiming to be from 1970 costs a bounded read, and at worst is
@@ -25,8 +25,11 @@ use crate::state::journal::{self, Entry, Event, MessageReceived};
 use crate::state::lock::AgentLock;
 
 /// Clock skew allowed between a message's `created_at` and its
-/// `message_received` line.
-const SKEW: Duration = Duration::hours(1);
+/// `message_received` line: senders on this machine stamp it with this
+/// clock, a file without one gets its mtime; a sender's clock further ahead
+/// costs at worst a second line. Small, because every arrival reads the
+/// journal back this far.
+const SKEW: Duration = Duration::minutes(2);
 /// The furthest back the journal is read.
 pub const LOOKBACK_MAX: Duration = Duration::days(30);
 /// The most journal lines read for one batch.
@@ -150,14 +153,14 @@ mod tests {
     fn the_lookback_floor_is_the_oldest_message_less_the_skew_within_the_bound() {
         let now = Timestamp::parse("2026-03-31T12:00:00Z").unwrap();
         for (created, floor) in [
-            // A fresh message: an hour before it.
-            ("2026-03-31T11:59:00Z", "2026-03-31T10:59:00Z"),
+            // A fresh message: two minutes before it.
+            ("2026-03-31T11:59:00Z", "2026-03-31T11:57:00Z"),
             // Written yesterday.
-            ("2026-03-30T12:00:00Z", "2026-03-30T11:00:00Z"),
+            ("2026-03-30T12:00:00Z", "2026-03-30T11:58:00Z"),
             // From 1970 (the sender's word): thirty days, no further.
             ("1970-01-01T00:00:00Z", "2026-03-01T12:00:00Z"),
-            // From the future: an hour before it is still after now - 1h.
-            ("2026-04-30T00:00:00Z", "2026-04-29T23:00:00Z"),
+            // From the future: two minutes before it.
+            ("2026-04-30T00:00:00Z", "2026-04-29T23:58:00Z"),
         ] {
             let m = msg("a", created);
             assert_eq!(
@@ -172,7 +175,7 @@ mod tests {
         );
         assert_eq!(
             lookback_floor(&[&a, &b], now),
-            Timestamp::parse("2026-03-19T23:00:00Z").unwrap()
+            Timestamp::parse("2026-03-19T23:58:00Z").unwrap()
         );
     }
 
