@@ -162,17 +162,7 @@ impl Daemon {
         systemd::reloading();
         let verdict = match Config::load_with_text(&self.config_path) {
             Ok((config, text)) => {
-                if config.metrics.listen != self.config.metrics.listen {
-                    // The listener is bound at start (an address in use
-                    // fails the start): a reload cannot move it.
-                    let show = |a: Option<std::net::SocketAddr>| {
-                        a.map_or("off".to_string(), |a| format!("\"{a}\""))
-                    };
-                    let why = format!(
-                        "[metrics] listen: {} -> {}: the listener is bound at start; restart the daemon (systemctl restart agent-state) to change it, or put the old value back to reload the rest",
-                        show(self.config.metrics.listen),
-                        show(config.metrics.listen)
-                    );
+                if let Some((why, reported)) = needs_restart(&self.config, &config) {
                     self.raise(
                         ErrorRecord::new(
                             Code::ConfigInvalid,
@@ -181,32 +171,7 @@ impl Daemon {
                         .details(self.config_path.display().to_string()),
                         false,
                     );
-                    (None, vec![why])
-                } else if let Some(key) = web_change(&self.config.web, &config.web) {
-                    // The web view is bound, and its token read, at start.
-                    let why = format!(
-                        "[web] {key} changed: the web view is set up at start; restart the daemon (systemctl restart agent-state) to change it, or put the old value back to reload the rest"
-                    );
-                    self.raise(
-                        ErrorRecord::new(
-                            Code::ConfigInvalid,
-                            format!("config reload refused: {why}"),
-                        )
-                        .details(self.config_path.display().to_string()),
-                        false,
-                    );
-                    (None, vec![why])
-                } else if config.state_root != self.config.state_root {
-                    let why = "state_root cannot change while the daemon runs (restart it instead)";
-                    self.raise(
-                        ErrorRecord::new(
-                            Code::ConfigInvalid,
-                            format!("config reload refused: {why}"),
-                        )
-                        .details(self.config_path.display().to_string()),
-                        false,
-                    );
-                    (None, vec![format!("state_root: {why}")])
+                    (None, vec![reported])
                 } else {
                     self.core.max_concurrent = config.daemon.max_concurrent_sessions.max(1);
                     let old = std::mem::replace(&mut self.alerts, Alerts::new(&config));
@@ -397,6 +362,34 @@ pub(super) fn config_warnings(config: &Config, config_path: &Path) -> Vec<ErrorR
 }
 
 /// The first `[web]` key a reload changes, if any (pure).
+/// A change a reload cannot apply (what is bound or read at start): why,
+/// for the error record, and the line the reload's verdict reports.
+fn needs_restart(old: &Config, new: &Config) -> Option<(String, String)> {
+    if new.metrics.listen != old.metrics.listen {
+        // The listener is bound at start (an address in use fails the
+        // start): a reload cannot move it.
+        let show =
+            |a: Option<std::net::SocketAddr>| a.map_or("off".to_string(), |a| format!("\"{a}\""));
+        let why = format!(
+            "[metrics] listen: {} -> {}: the listener is bound at start; restart the daemon (systemctl restart agent-state) to change it, or put the old value back to reload the rest",
+            show(old.metrics.listen),
+            show(new.metrics.listen)
+        );
+        Some((why.clone(), why))
+    } else if let Some(key) = web_change(&old.web, &new.web) {
+        // The web view is bound, and its token read, at start.
+        let why = format!(
+            "[web] {key} changed: the web view is set up at start; restart the daemon (systemctl restart agent-state) to change it, or put the old value back to reload the rest"
+        );
+        Some((why.clone(), why))
+    } else if new.state_root != old.state_root {
+        let why = "state_root cannot change while the daemon runs (restart it instead)";
+        Some((why.to_string(), format!("state_root: {why}")))
+    } else {
+        None
+    }
+}
+
 fn web_change(
     old: &crate::config::web::WebSettings,
     new: &crate::config::web::WebSettings,
