@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::support::Env;
+use crate::support::{Env, daemon_config};
 
 /// A stand-in for `claude -p --output-format json` whose API connection is
 /// refused: the JSON result Claude Code prints then, exit 1.
@@ -31,29 +31,16 @@ fn api_errors(env: &Env) -> Vec<Value> {
 fn connection_refused_is_retried_for_network_retry_for_then_escalated() {
     let env = Env::with_config("");
     let script = refused_claude(&env);
-    env.set_config(&format!(
-        r#"
-[daemon]
-max_concurrent_sessions = 2
-shutdown_grace = "2s"
-
-[defaults]
-command = [{script:?}, "{{agent}}"]
-timeout = "30s"
-kill_grace = "1s"
-retry_delay = "300ms"
-max_backoff = "400ms"
-api_retries = 1
-network_retry_for = "3s"
-
-[[agent]]
-name = "rio"
-
-[[agent]]
-name = "marcus"
-kind = "human"
-"#,
-        script = script.display().to_string()
+    env.set_config(&daemon_config(
+        &script,
+        &[],
+        &[
+            ("retry_delay", "\"300ms\""),
+            ("max_backoff", "\"400ms\""),
+            ("api_retries", "1"),
+            ("network_retry_for", "\"3s\""),
+        ],
+        "[[agent]]\nname = \"rio\"\n\n[[agent]]\nname = \"marcus\"\nkind = \"human\"\n",
     ));
     let d = env.daemon();
     let t0 = Instant::now();
