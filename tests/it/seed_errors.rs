@@ -10,36 +10,16 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::support::Env;
+use crate::support::{Env, daemon_config};
 
 fn config(script: &Path, hooks: &str) -> String {
-    format!(
-        r#"
-[daemon]
-shutdown_grace = "2s"
-
-[defaults]
-command = [{script:?}, "{{agent}}"]
-timeout = "30s"
-kill_grace = "1s"
-retry_delay = "1h"
-max_backoff = "1h"
-
-[[agent]]
-name = "rio"
-
-[[agent]]
-name = "marcus"
-kind = "human"
-
-[health]
-interval = "1s"
-
-[hooks]
-timeout = "5s"
-{hooks}
-"#,
-        script = script.display().to_string()
+    daemon_config(
+        script,
+        &[],
+        &[("retry_delay", "\"1h\""), ("max_backoff", "\"1h\"")],
+        &format!(
+            "[[agent]]\nname = \"rio\"\n\n[[agent]]\nname = \"marcus\"\nkind = \"human\"\n\n[health]\ninterval = \"1s\"\n\n[hooks]\ntimeout = \"5s\"\n{hooks}\n"
+        ),
     )
 }
 
