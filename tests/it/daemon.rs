@@ -199,13 +199,41 @@ fn prompt_of(env: &Env, agent: &str, session_id: &str) -> String {
     env.read(agent, &format!("sessions/{session_id}.prompt.md"))
 }
 
-/// Kills a process group when dropped: agents a SIGKILLed daemon left behind.
-struct KillGroup(i32);
+/// Kills a process (and the group it leads) when dropped: agents a SIGKILLed
+/// daemon left behind. Only if that pid is still the process it was when the
+/// guard was made (same start time): the daemon has usually ended it long
+/// before, and on a busy machine (pid_max 32768) its pid may by then belong
+/// to another test's process, which must not be killed.
+struct KillGroup {
+    pid: i32,
+    started: Option<u64>,
+}
+
+impl KillGroup {
+    fn new(pid: i32) -> KillGroup {
+        KillGroup {
+            pid,
+            started: start_time(pid),
+        }
+    }
+}
+
+/// Field 22 of `/proc/PID/stat`: when the process started, in clock ticks
+/// since boot; with the pid, it names one process.
+fn start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
 
 impl Drop for KillGroup {
     fn drop(&mut self) {
-        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(self.0), Signal::SIGKILL);
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.0), Signal::SIGKILL);
+        if self.started.is_none() || start_time(self.pid) != self.started {
+            return;
+        }
+        let pid = nix::unistd::Pid::from_raw(self.pid);
+        let _ = nix::sys::signal::killpg(pid, Signal::SIGKILL);
+        let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
     }
 }
 
@@ -613,7 +641,7 @@ fn a_hanging_agent_is_timed_out_and_its_escaped_grandchild_killed() {
         read_pid(&gc_file).is_some()
     });
     let gc = read_pid(&gc_file).unwrap();
-    let _cleanup = KillGroup(gc);
+    let _cleanup = KillGroup::new(gc);
     assert!(process_alive(gc), "the grandchild runs during the session");
     d.wait_until(secs(10.0), "the session is recorded as timed out", || {
         ended(&env, "rio", "timeout")
@@ -753,7 +781,7 @@ fn a_daemon_killed_mid_session_recovers_on_restart_and_loses_no_message() {
         read_pid(&agent_pid).is_some()
     });
     let orphan = read_pid(&agent_pid).unwrap();
-    let _cleanup = KillGroup(orphan);
+    let _cleanup = KillGroup::new(orphan);
     let s1 = session(&env, "rio")["session_id"]
         .as_str()
         .unwrap()
