@@ -7,6 +7,7 @@
 //! in files there (`runs`: one `start`/`end` line per session).
 
 use std::io::Write;
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -235,6 +236,71 @@ impl Drop for KillGroup {
         let _ = nix::sys::signal::killpg(pid, Signal::SIGKILL);
         let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
     }
+}
+
+/// Messages claimed by a session that is not running (its script killed
+/// between `session begin` and its end) go back to the inbox even when the
+/// agent's lock is held past the recovery's wait at start: the health
+/// monitor returns them once the lock is free, and they are delivered.
+#[test]
+fn claims_a_held_lock_kept_at_start_are_returned_by_the_monitor() {
+    let env = Env::with_config("");
+    let script = agent_script(&env, "");
+    env.set_config(&format!(
+        "{}\n[health]\ninterval = \"200ms\"\n",
+        daemon_config(&script, &[], &[], RIO)
+    ));
+    env.ok(&["bootstrap", "rio"]);
+    let id = env.send("leo", "rio", &[]);
+    let stale = "20260101-000000";
+    std::fs::create_dir_all(env.path("rio", &format!("inbox/.claimed/{stale}"))).unwrap();
+    std::fs::rename(
+        env.path("rio", &format!("inbox/{id}.json")),
+        env.path("rio", &format!("inbox/.claimed/{stale}/{id}.json")),
+    )
+    .unwrap();
+    // Another process holds rio's lock (a hook stuck on a full disk).
+    let lock = env.path("rio", ".lock");
+    let mut holder = std::process::Command::new("flock")
+        .arg(&lock)
+        .args(["sleep", "600"])
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let holder_group = KillGroup::new(holder.id() as i32);
+    let held = poll_until(Duration::from_secs(10), || {
+        std::process::Command::new("flock")
+            .args(["-n"])
+            .arg(&lock)
+            .arg("true")
+            .status()
+            .is_ok_and(|s| !s.success())
+    });
+    assert!(held, "flock holds rio's lock");
+
+    let d = env.daemon();
+    d.wait_until(secs(30.0), "the start-up says the claims wait", || {
+        d.log_text().contains("stay claimed for now")
+    });
+    assert_eq!(
+        env.files("rio", &format!("inbox/.claimed/{stale}")),
+        [format!("{id}.json")],
+        "nothing moved while the lock was held"
+    );
+    drop(holder_group);
+    let _ = holder.wait();
+    d.wait_until(secs(30.0), "the message is delivered and processed", || {
+        processed(&env, "rio") == [format!("{id}.json")]
+    });
+    assert!(
+        d.log_text()
+            .contains(&format!("messages claimed by session {stale}, which is not running (found by the health monitor), returned to the inbox")),
+        "{}",
+        d.log_text()
+    );
+    assert!(!env.path("rio", &format!("inbox/.claimed/{stale}")).exists());
+    let start = events(&env, "rio", "session_start");
+    assert_eq!(start.last().unwrap()["messages"], serde_json::json!([id]));
 }
 
 fn read_pid(path: &Path) -> Option<i32> {

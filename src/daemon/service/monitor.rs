@@ -437,12 +437,20 @@ pub(super) fn check_sessions(
             continue;
         }
         let dir = root.agent(&name);
-        let Ok(Some(s)) = dir.read::<Session>() else {
+        let Ok(s) = dir.read::<Session>() else {
             continue;
         };
-        if !s.is_running() {
+        let Some(s) = s.filter(Session::is_running) else {
+            // Claims a recovery at start could not return (the lock was
+            // held): never waiting here, the next check tries again.
+            match start::return_orphan_claims(&dir, Duration::ZERO, now) {
+                Ok(returned) => {
+                    start::log_returned(&name, &returned, "found by the health monitor")
+                }
+                Err(e) => tracing::debug!(agent = %name, "orphan claims not returned yet: {e}"),
+            }
             continue;
-        }
+        };
         let Some(agent) = agent_in(config, agent_index, &name).cloned() else {
             continue;
         };

@@ -418,9 +418,7 @@ fn recover_agent(
     // but never without a bound: a lock held for good still lets the
     // daemon start, and that agent's recovery is retried later.
     // Nothing to recover (nearly every agent): no lock at all.
-    let running: Option<Session> = if nothing_to_recover(dir, session) {
-        None
-    } else {
+    if !nothing_to_recover(dir, session) {
         let result = hooks::recover_stale(
             agent,
             &dir.clone().with_lock_wait(RECOVERY_WAIT),
@@ -428,24 +426,59 @@ fn recover_agent(
             now,
         );
         records.extend(recovered(agent, result, "the daemon restarted"));
-        dir.read()
-            .ok()
-            .flatten()
-            .filter(|s: &Session| s.is_running())
-    };
-    // Messages claimed by sessions that are not running go back.
-    if let Ok(claimed) = inbox::claimed_sessions(dir) {
-        for sid in claimed {
-            if running.as_ref().is_some_and(|s| s.session_id == sid) {
-                continue;
-            }
-            if let Ok(lock) = dir.lock() {
-                let _ = inbox::return_claimed_counting(dir, &sid, now, false);
-                drop(lock);
-            }
-        }
+    }
+    // Messages claimed by sessions that are not running go back (or, with
+    // the lock held past the wait, at the health monitor's next check).
+    match return_orphan_claims(dir, RECOVERY_WAIT, now) {
+        Ok(returned) => log_returned(&agent.name, &returned, "the daemon restarted"),
+        Err(e) => tracing::warn!(
+            agent = %agent.name,
+            "{}: messages claimed by a session that is not running stay claimed for now ({e}); the health monitor returns them at its next check",
+            agent.name
+        ),
     }
     (records, swept)
+}
+
+/// Return to the inbox, without counting an attempt, the messages claimed
+/// by sessions that are not running: a session of a daemon that died, or of
+/// a script killed between its `session begin` and its end. Under the
+/// agent's lock (waited for at most `wait`), so session.json reads as the
+/// hooks leave it and the one session it names as running keeps its
+/// claims. Returns the sessions whose messages went back.
+pub(super) fn return_orphan_claims(
+    dir: &AgentDir,
+    wait: Duration,
+    now: Timestamp,
+) -> Result<Vec<String>> {
+    if inbox::claimed_sessions(dir)?.is_empty() {
+        return Ok(Vec::new());
+    }
+    let _lock = dir.lock_within(wait)?;
+    let running = dir
+        .read::<Session>()?
+        .filter(|s| s.is_running())
+        .map(|s| s.session_id);
+    let mut returned = Vec::new();
+    for sid in inbox::claimed_sessions(dir)? {
+        if running.as_deref() == Some(sid.as_str()) {
+            continue;
+        }
+        inbox::return_claimed_counting(dir, &sid, now, false)?;
+        returned.push(sid);
+    }
+    Ok(returned)
+}
+
+/// One log line per session whose claimed messages went back.
+pub(super) fn log_returned(agent: &AgentName, sessions: &[String], why: &str) {
+    for sid in sessions {
+        tracing::info!(
+            agent = %agent,
+            session_id = %sid,
+            "{agent}: messages claimed by session {sid}, which is not running ({why}), returned to the inbox"
+        );
+    }
 }
 
 /// Whether [`hooks::recover_stale`] would find nothing to do for `dir`,
