@@ -939,3 +939,109 @@ fn d() { let t = std::time::SystemTime::now(); }
 "#;
     assert_eq!(clock_reads(text), vec![2, 12]);
 }
+
+// ---- parts of a size one can hold in mind ----------------------------------------
+
+/// Issue 21: the daemon is split into parts that own their state; none has
+/// more methods than this.
+const MAX_METHODS: usize = 30;
+
+/// The inherent methods of each type in `text` (`impl Type { fn … }`, not
+/// `impl Trait for Type`), as (type, count, line of the first impl).
+fn inherent_methods(text: &str) -> Vec<(String, usize, usize)> {
+    let toks = lex(text);
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < toks.len() {
+        let Some((Tok::Ident(word), line)) = toks.get(i) else {
+            i += 1;
+            continue;
+        };
+        if word != "impl" {
+            i += 1;
+            continue;
+        }
+        let line = *line;
+        // The header, up to its `{`: generics skipped, `for` makes it a
+        // trait impl; the type is the first name outside angle brackets.
+        let mut j = i + 1;
+        let (mut angle, mut name, mut is_trait) = (0i32, None, false);
+        while j < toks.len() && !matches!(toks[j].0, Tok::Punct('{') | Tok::Punct(';')) {
+            match &toks[j].0 {
+                Tok::Punct('<') => angle += 1,
+                Tok::Punct('>') => angle -= 1,
+                Tok::Ident(w) if w == "for" => is_trait = true,
+                Tok::Ident(w) if angle == 0 && name.is_none() && w != "dyn" => {
+                    name = Some(w.clone())
+                }
+                _ => {}
+            }
+            j += 1;
+        }
+        if !matches!(toks.get(j), Some((Tok::Punct('{'), _))) {
+            i = j;
+            continue;
+        }
+        // The body: `fn` at its own depth.
+        let (mut depth, mut fns) = (1, 0);
+        j += 1;
+        while j < toks.len() && depth > 0 {
+            match &toks[j].0 {
+                Tok::Punct('{') => depth += 1,
+                Tok::Punct('}') => depth -= 1,
+                Tok::Ident(w) if w == "fn" && depth == 1 => fns += 1,
+                _ => {}
+            }
+            j += 1;
+        }
+        if let (Some(name), false) = (name, is_trait) {
+            out.push((name, fns, line));
+        }
+        i = j;
+    }
+    out
+}
+
+#[test]
+fn no_type_of_the_daemon_has_more_than_30_methods() {
+    use std::collections::BTreeMap;
+    let mut per_type: BTreeMap<String, (usize, Vec<String>)> = BTreeMap::new();
+    for f in source_tree() {
+        if !f.path.starts_with("src/daemon") || f.path.ends_with("tests.rs") {
+            continue;
+        }
+        for (name, n, line) in inherent_methods(&f.text) {
+            let e = per_type.entry(name).or_default();
+            e.0 += n;
+            e.1.push(format!("{}:{line}", f.path));
+        }
+    }
+    assert!(
+        per_type.get("Daemon").is_some_and(|(n, _)| *n > 5),
+        "the scan sees the Daemon's methods: {per_type:?}"
+    );
+    let problems: Vec<String> = per_type
+        .iter()
+        .filter(|(_, (n, _))| *n > MAX_METHODS)
+        .map(|(name, (n, at))| {
+            format!(
+                "{name} has {n} methods (at most {MAX_METHODS}): give a part of it a type of its own ({})",
+                at.join(", ")
+            )
+        })
+        .collect();
+    assert_none("types too big to hold in mind", &problems);
+}
+
+#[test]
+fn the_method_count_sees_inherent_impls_only() {
+    let text = r#"
+impl<'a> Output<'a> { fn a(&self) {} pub fn b() { fn inner() {} } }
+impl fmt::Display for Output<'_> { fn fmt(&self) {} }
+impl Daemon { async fn c(&mut self) {} }
+"#;
+    assert_eq!(
+        inherent_methods(text),
+        [("Output".to_string(), 2, 2), ("Daemon".to_string(), 1, 4)]
+    );
+}
