@@ -32,11 +32,17 @@ pub fn server_binary(test: &str) -> Option<PathBuf> {
         );
         return None;
     }
+    Some(find_server())
+}
+
+/// `AGENT_STATE_NATS_SERVER`, or `nats-server` on PATH, 2.11 or later;
+/// panics naming the install command otherwise.
+pub fn find_server() -> PathBuf {
     let binary = std::env::var_os("AGENT_STATE_NATS_SERVER")
         .map(PathBuf::from)
         .or_else(|| which("nats-server"))
         .unwrap_or_else(|| {
-            panic!("AGENT_STATE_NATS_TESTS=1 but no nats-server on PATH; install it: {INSTALL}")
+            panic!("no nats-server: set AGENT_STATE_NATS_SERVER or install it: {INSTALL}")
         });
     let version = server_version(&binary);
     assert!(
@@ -46,7 +52,7 @@ pub fn server_binary(test: &str) -> Option<PathBuf> {
         version.0,
         version.1
     );
-    Some(binary)
+    binary
 }
 
 /// `nats-server --version` prints `nats-server: v2.15.1`.
