@@ -193,6 +193,10 @@ impl Leases {
     /// renewal sent again (after a lost acknowledgement) finds itself stored
     /// and returns that write: the value names the holder, the session and
     /// the renewal count, which no other writer produces.
+    ///
+    /// The caller reads its monotonic clock *before* the call and, when the
+    /// call succeeds, keeps that instant as `renewed_at` for
+    /// [`crate::liveness::worker_lease_action`].
     pub async fn renew(&self, lease: &Lease) -> Result<Lease, LeaseError> {
         let key = key(&lease.agent)?;
         let value = LeaseValue {

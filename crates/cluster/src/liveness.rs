@@ -49,6 +49,12 @@ impl LeaseTiming {
                 self.renew_every, self.worker_gives_up
             ));
         }
+        if self.controller_fences < Duration::from_secs(1) {
+            return Err(format!(
+                "controller_fences ({:?}) must be at least 1 s: it is also the lease's TTL on the server, counted in whole seconds",
+                self.controller_fences
+            ));
+        }
         if self.worker_gives_up * 2 > self.controller_fences {
             return Err(format!(
                 "worker_gives_up ({:?}) must be at most half of controller_fences ({:?}): the session must be dead before the lease is fenced",
@@ -251,6 +257,7 @@ mod tests {
         let table: &[(u64, u64, u64, bool)] = &[
             (10, 120, 300, true),
             (1, 3, 6, true),
+            (0, 0, 0, false),
             (0, 120, 300, false),
             (50, 120, 300, false),
             (10, 120, 200, false),
