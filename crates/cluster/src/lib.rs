@@ -7,6 +7,7 @@
 //!   released or fenced by delete-if-revision;
 //! - [`dispatch`]: session orders, published with the session id as
 //!   `Nats-Msg-Id`, pulled one at a time with in-progress acks;
+//! - [`keeper`]: the worker's renewal loop over those decisions;
 //! - [`liveness`]: when a lease counts as lost, for the worker and for the
 //!   controller, as pure functions of monotonic instants.
 //!
@@ -16,12 +17,14 @@
 pub mod config;
 pub mod connect;
 pub mod dispatch;
+pub mod keeper;
 pub mod lease;
 pub mod liveness;
 
 pub use config::{ClusterSettings, ConfigProblem, RawCluster};
 pub use connect::{Cluster, ClusterError};
 pub use dispatch::{Dispatch, DispatchError, OrderQueue, Published, PulledOrder, SessionOrder};
+pub use keeper::{KeepEnd, keep};
 pub use lease::{Lease, LeaseError, LeaseRecord, LeaseValue, Leases};
 pub use liveness::{
     ControllerLeaseAction, LeaseTiming, WorkerLeaseAction, controller_lease_action,

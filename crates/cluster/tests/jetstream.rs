@@ -432,3 +432,116 @@ async fn an_order_whose_worker_dies_is_redelivered_after_ack_wait() {
     eprintln!("redelivered {after:?} after worker A's last in-progress ack (AckWait 2 s)");
     again.ack().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_lease_outlives_its_ttl_and_the_keeper_says_when_the_session_must_die() {
+    let Some(binary) = server_binary("lease_keeper") else {
+        return;
+    };
+    let mut nats = NatsCluster::start(&binary, 3);
+    // Renew every 200 ms, give up at 1 s, fence (and TTL) at 2 s.
+    let short = LeaseTiming {
+        renew_every: Duration::from_millis(200),
+        worker_gives_up: Duration::from_secs(1),
+        controller_fences: Duration::from_secs(2),
+    };
+    let (_, _, controller) = nats.connect(&nats.settings(), "controller", short).await;
+    let (_, _, worker) = nats.connect(&nats.settings(), "worker-1", short).await;
+
+    // Kept: renewed past its 2 s TTL, then fenced by the controller.
+    let taken_at = Instant::now();
+    let lease = worker.take("rio", "worker-1", "s-1").await.unwrap();
+    let keeper = {
+        let worker = worker.clone();
+        tokio::spawn(async move {
+            agent_state_cluster::keep(&worker, short, lease, taken_at, std::future::pending()).await
+        })
+    };
+    until_ok(
+        Duration::from_secs(30),
+        "15 renewals (3 s, past the TTL)",
+        || async {
+            match controller.current("rio").await {
+                Ok(Some(r)) if r.value.renewal >= 15 => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    until_ok(Duration::from_secs(10), "fencing the lease", || async {
+        let now = controller.current("rio").await?.expect("held");
+        controller.fence("rio", now.revision).await
+    })
+    .await;
+    match tokio::time::timeout(Duration::from_secs(5), keeper).await {
+        Ok(Ok(agent_state_cluster::KeepEnd::Lost(LeaseError::Stale { .. }))) => {}
+        other => panic!("the keeper of a fenced lease: {other:?}"),
+    }
+
+    // Stopped: the session ended; the lease comes back for the release.
+    let taken_at = Instant::now();
+    let lease = worker.take("clay", "worker-1", "s-2").await.unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let keeper = {
+        let worker = worker.clone();
+        tokio::spawn(async move {
+            agent_state_cluster::keep(&worker, short, lease, taken_at, async {
+                let _ = stopped.await;
+            })
+            .await
+        })
+    };
+    until_ok(
+        Duration::from_secs(30),
+        "a renewal of clay's lease",
+        || async {
+            match controller.current("clay").await {
+                Ok(Some(r)) if r.value.renewal >= 2 => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    stop.send(()).unwrap();
+    let kept = match keeper.await.unwrap() {
+        agent_state_cluster::KeepEnd::Stopped(lease) => lease,
+        other => panic!("a stopped keeper: {other:?}"),
+    };
+    worker.release(&kept).await.unwrap();
+    assert_eq!(controller.current("clay").await.unwrap(), None);
+
+    // Unreachable: every server killed; the keeper gives up at 1 s.
+    let taken_at = Instant::now();
+    let lease = worker.take("vida", "worker-1", "s-3").await.unwrap();
+    let keeper = {
+        let worker = worker.clone();
+        tokio::spawn(async move {
+            agent_state_cluster::keep(&worker, short, lease, taken_at, std::future::pending()).await
+        })
+    };
+    until_ok(
+        Duration::from_secs(30),
+        "a renewal of vida's lease",
+        || async {
+            match controller.current("vida").await {
+                Ok(Some(r)) if r.value.renewal >= 1 => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    for name in ["n1", "n2", "n3"] {
+        nats.kill(name);
+    }
+    let killed = Instant::now();
+    match tokio::time::timeout(Duration::from_secs(10), keeper).await {
+        Ok(Ok(agent_state_cluster::KeepEnd::GaveUp { .. })) => {}
+        other => panic!("the keeper without servers: {other:?}"),
+    }
+    let after = killed.elapsed();
+    assert!(
+        after >= Duration::from_millis(500) && after <= Duration::from_millis(2500),
+        "gave up {after:?} after the servers died; worker_gives_up is 1 s after the last renewal (every 200 ms)"
+    );
+    eprintln!("the keeper gave up {after:?} after every server was killed (worker_gives_up 1 s)");
+}
