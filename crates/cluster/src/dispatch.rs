@@ -1,0 +1,291 @@
+//! The dispatch stream: the controller publishes one order per session, a
+//! worker pulls one when it has room for it.
+//!
+//! The stream is a work queue: an order leaves it when a worker acks it.
+//! Each order is published with its session id as `Nats-Msg-Id`, so a second
+//! publication of the same session within the dedup window (the controller
+//! retrying after a lost ack, or after a restart) is dropped by the server;
+//! [`Dispatch::publish`] returns only once the server has stored the order.
+//!
+//! Orders go to subject `<stream>.<credential group>`, and the workers of one
+//! group share one durable pull consumer: a worker asks for one order only
+//! when it has a free slot and a working credential for the group
+//! ([`OrderQueue::next`]), sends confirmed in-progress acks while it
+//! prepares ([`PulledOrder::in_progress`]) and acks once the session runs
+//! under its lease. An order a worker took and neither acked nor extended
+//! within `ack_wait` goes to another worker: the queue's ack is not a fence,
+//! the lease is ([`crate::lease`]).
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, AckKind, consumer::pull, message::PublishMessage};
+use futures_util::StreamExt;
+use serde::{Deserialize, Serialize};
+
+/// One session, as the controller orders it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionOrder {
+    /// The session id the controller journalled in `session_start`; the
+    /// order's `Nats-Msg-Id`.
+    pub session_id: String,
+    pub agent: String,
+    /// Which workers may run it: those with a working credential of this group.
+    pub credential_group: String,
+    /// What to run (the daemon's session spec); opaque to this crate.
+    #[serde(default)]
+    pub spec: serde_json::Value,
+}
+
+/// The server stored an order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Published {
+    /// Its sequence in the stream.
+    pub sequence: u64,
+    /// The server had this session id already (within the dedup window) and
+    /// kept the first order only.
+    pub duplicate: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DispatchError {
+    #[error(
+        "credential group {group:?} cannot be part of a subject: only letters, digits, '-' and '_'"
+    )]
+    InvalidGroup { group: String },
+    #[error("the server did not store the order of session {session_id}: {source}")]
+    Publish {
+        session_id: String,
+        source: jetstream::context::PublishError,
+    },
+    #[error("cannot create the consumer {consumer} on stream {stream}: {source}")]
+    Consumer {
+        stream: String,
+        consumer: String,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("cannot pull an order from {consumer}: {source}")]
+    Pull {
+        consumer: String,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error(
+        "order {sequence} of stream {stream} is not a session order ({detail}); it was terminated"
+    )]
+    BadOrder {
+        stream: String,
+        sequence: u64,
+        detail: String,
+    },
+    #[error("cannot {operation} the order of session {session_id}: {source}")]
+    Ack {
+        session_id: String,
+        operation: &'static str,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+/// The dispatch stream.
+#[derive(Clone)]
+pub struct Dispatch {
+    jetstream: jetstream::Context,
+    stream: String,
+    ack_wait: Duration,
+    replicas: usize,
+}
+
+impl Dispatch {
+    pub(crate) fn new(
+        jetstream: jetstream::Context,
+        stream: String,
+        ack_wait: Duration,
+        replicas: usize,
+    ) -> Dispatch {
+        Dispatch {
+            jetstream,
+            stream,
+            ack_wait,
+            replicas,
+        }
+    }
+
+    pub fn stream_name(&self) -> &str {
+        &self.stream
+    }
+
+    /// Publishes `order` and waits until the server has stored it (or has
+    /// recognised it as a duplicate).
+    pub async fn publish(&self, order: &SessionOrder) -> Result<Published, DispatchError> {
+        let subject = self.subject(&order.credential_group)?;
+        let payload = serde_json::to_vec(order).expect("an order serialises");
+        let publish_error = |source| DispatchError::Publish {
+            session_id: order.session_id.clone(),
+            source,
+        };
+        let ack = self
+            .jetstream
+            .send_publish(
+                subject,
+                PublishMessage::build()
+                    .payload(payload.into())
+                    .message_id(&order.session_id),
+            )
+            .await
+            .map_err(publish_error)?
+            .await
+            .map_err(publish_error)?;
+        Ok(Published {
+            sequence: ack.sequence,
+            duplicate: ack.duplicate,
+        })
+    }
+
+    /// The queue of `group`'s orders: a durable pull consumer the group's
+    /// workers share, created if missing.
+    pub async fn queue(&self, group: &str) -> Result<OrderQueue, DispatchError> {
+        let filter = self.subject(group)?;
+        let name = format!("workers-{group}");
+        let consumer_error =
+            |source: Box<dyn std::error::Error + Send + Sync>| DispatchError::Consumer {
+                stream: self.stream.clone(),
+                consumer: name.clone(),
+                source,
+            };
+        let stream = self
+            .jetstream
+            .get_stream(&self.stream)
+            .await
+            .map_err(|e| consumer_error(Box::new(e)))?;
+        let consumer = stream
+            .get_or_create_consumer(
+                &name,
+                pull::Config {
+                    durable_name: Some(name.clone()),
+                    description: Some(format!("agent-state workers of credential group {group}")),
+                    filter_subject: filter,
+                    ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                    ack_wait: self.ack_wait,
+                    num_replicas: self.replicas,
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(|e| consumer_error(Box::new(e)))?;
+        Ok(OrderQueue {
+            consumer,
+            name,
+            stream: self.stream.clone(),
+        })
+    }
+
+    fn subject(&self, group: &str) -> Result<String, DispatchError> {
+        if group.is_empty()
+            || !group
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(DispatchError::InvalidGroup {
+                group: group.to_string(),
+            });
+        }
+        Ok(format!("{}.{group}", self.stream))
+    }
+}
+
+/// One credential group's orders, as a worker sees them.
+pub struct OrderQueue {
+    consumer: jetstream::consumer::Consumer<pull::Config>,
+    name: String,
+    stream: String,
+}
+
+impl OrderQueue {
+    /// Asks the server for one order and waits for it at most `wait`: `None`
+    /// if none came. The server hands out nothing this worker did not ask
+    /// for, so a busy worker is never given an order to sit on.
+    pub async fn next(&self, wait: Duration) -> Result<Option<PulledOrder>, DispatchError> {
+        let pull_error = |source: Box<dyn std::error::Error + Send + Sync>| DispatchError::Pull {
+            consumer: self.name.clone(),
+            source,
+        };
+        let mut batch = self
+            .consumer
+            .batch()
+            .max_messages(1)
+            .expires(wait)
+            .messages()
+            .await
+            .map_err(|e| pull_error(Box::new(e)))?;
+        let Some(message) = batch.next().await else {
+            return Ok(None);
+        };
+        let message = message.map_err(pull_error)?;
+        let (sequence, delivered) = message
+            .info()
+            .map(|info| (info.stream_sequence, info.delivered))
+            .map_err(pull_error)?;
+        match serde_json::from_slice::<SessionOrder>(&message.payload) {
+            Ok(order) => Ok(Some(PulledOrder {
+                order,
+                sequence,
+                delivered,
+                message,
+            })),
+            Err(e) => {
+                // Redelivering it would not make it readable.
+                let _ = message.ack_with(AckKind::Term).await;
+                Err(DispatchError::BadOrder {
+                    stream: self.stream.clone(),
+                    sequence,
+                    detail: e.to_string(),
+                })
+            }
+        }
+    }
+}
+
+/// An order a worker pulled and has not yet acked.
+pub struct PulledOrder {
+    pub order: SessionOrder,
+    /// Its sequence in the stream.
+    pub sequence: u64,
+    /// How many times it was handed out, this time included (1: the first).
+    pub delivered: i64,
+    message: jetstream::Message,
+}
+
+impl PulledOrder {
+    /// Tells the server the order is being prepared: it stays this worker's
+    /// for another `ack_wait`. Returns once the server has confirmed.
+    pub async fn in_progress(&self) -> Result<(), DispatchError> {
+        self.message
+            .double_ack_with(AckKind::Progress)
+            .await
+            .map_err(|source| self.ack_error("extend", source))
+    }
+
+    /// The session runs under its lease: the order leaves the queue.
+    /// Returns once the server has confirmed.
+    pub async fn ack(self) -> Result<(), DispatchError> {
+        self.message
+            .double_ack()
+            .await
+            .map_err(|source| self.ack_error("ack", source))
+    }
+
+    /// This worker cannot run it after all (no room, the lease is held):
+    /// another worker may take it, after `delay` if given.
+    pub async fn give_back(self, delay: Option<Duration>) -> Result<(), DispatchError> {
+        self.message
+            .ack_with(AckKind::Nak(delay))
+            .await
+            .map_err(|source| self.ack_error("give back", source))
+    }
+
+    fn ack_error(&self, operation: &'static str, source: async_nats::Error) -> DispatchError {
+        DispatchError::Ack {
+            session_id: self.order.session_id.clone(),
+            operation,
+            source,
+        }
+    }
+}

@@ -1,0 +1,405 @@
+//! The lease `run/<agent>` in the lease bucket: one session per agent across
+//! every host. JetStream's ack is not a fence (a worker paused past AckWait
+//! can still ack late, nats-server#4786); this lease is.
+//!
+//! - **take**: a create, i.e. a write that expects the key to have no live
+//!   value. The revision the server gives the write is the fencing token:
+//!   the session's end carries it, and the controller records the end only
+//!   if the lease still has it ([`crate::liveness::end_is_from_holder`]).
+//! - **renew**: a compare-and-set on that revision; the new revision
+//!   replaces it. A stale revision is refused ([`LeaseError::Stale`]).
+//! - **release** (the worker, at the end) and **fence** (the controller,
+//!   when the worker is lost): a delete that expects the revision.
+//!
+//! Every write expects a revision (`Nats-Expected-Last-Subject-Sequence`),
+//! so two writers can never both succeed. Where the server keeps a TTL per
+//! key (nats-server 2.11 and later), each write carries one: a lease nobody
+//! renews goes away on its own, even with the controller down.
+//!
+//! A write whose acknowledgement is lost (a leader election, a cut link) may
+//! still have been stored. A lease value is unique to its holder, session
+//! and renewal count, so when the next write finds a revision it did not
+//! expect, it reads the key: if the value is the one it wrote, that write
+//! went through and the lease is still its own.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, kv, message::PublishMessage};
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+/// How often a take retries when the key changes under it between its read
+/// and its write (a delete marker being removed, another taker).
+const TAKE_ATTEMPTS: usize = 4;
+
+/// What the lease holds: who runs the agent's session, which session, and
+/// how many renewals it has made.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseValue {
+    /// The worker host's name.
+    pub holder: String,
+    /// The session id of the order.
+    pub session: String,
+    /// 0 at the take, one more at each renewal.
+    pub renewal: u64,
+}
+
+/// A lease this host holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub agent: String,
+    pub value: LeaseValue,
+    /// The fencing token: the revision of this host's last write.
+    pub revision: u64,
+}
+
+/// The lease as anyone reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRecord {
+    pub value: LeaseValue,
+    pub revision: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    #[error("agent name {agent:?} cannot be a lease key: only letters, digits, '-' and '_'")]
+    InvalidAgent { agent: String },
+    #[error("the lease run/{agent} is held by {holder} (session {session}, revision {revision})")]
+    Held {
+        agent: String,
+        holder: String,
+        session: String,
+        revision: u64,
+    },
+    #[error(
+        "the lease run/{agent} no longer has revision {revision} (now {}): it was fenced or taken by another; stop the session",
+        current.map_or("gone".to_string(), |r| format!("revision {r}"))
+    )]
+    Stale {
+        agent: String,
+        revision: u64,
+        current: Option<u64>,
+    },
+    #[error("the lease run/{agent} kept changing while it was taken; try again")]
+    Contended { agent: String },
+    #[error("the lease run/{agent} at revision {revision} holds no lease value: {detail}")]
+    Corrupt {
+        agent: String,
+        revision: u64,
+        detail: String,
+    },
+    #[error("NATS failed to {operation} the lease run/{agent}: {source}")]
+    Nats {
+        agent: String,
+        operation: &'static str,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+/// The lease bucket.
+#[derive(Clone)]
+pub struct Leases {
+    jetstream: jetstream::Context,
+    store: kv::Store,
+    bucket: String,
+    ttl: Option<Duration>,
+}
+
+/// How a write ended.
+enum Write {
+    Stored(u64),
+    /// The key's revision was not the one expected.
+    Refused,
+}
+
+impl Leases {
+    pub(crate) fn new(
+        jetstream: jetstream::Context,
+        store: kv::Store,
+        bucket: String,
+        ttl: Option<Duration>,
+    ) -> Leases {
+        Leases {
+            jetstream,
+            store,
+            bucket,
+            ttl,
+        }
+    }
+
+    /// The TTL each write carries (none where the server cannot keep one).
+    pub fn ttl(&self) -> Option<Duration> {
+        self.ttl
+    }
+
+    /// Takes `run/<agent>` for `holder`'s session `session`, if nobody holds it.
+    pub async fn take(
+        &self,
+        agent: &str,
+        holder: &str,
+        session: &str,
+    ) -> Result<Lease, LeaseError> {
+        let key = key(agent)?;
+        let value = LeaseValue {
+            holder: holder.to_string(),
+            session: session.to_string(),
+            renewal: 0,
+        };
+        let bytes = encode(&value);
+        let mut expected = 0;
+        for _ in 0..TAKE_ATTEMPTS {
+            match self
+                .write(agent, &key, Some(bytes.clone()), expected, "take")
+                .await?
+            {
+                Write::Stored(revision) => {
+                    return Ok(Lease {
+                        agent: agent.to_string(),
+                        value,
+                        revision,
+                    });
+                }
+                Write::Refused => match self.read(agent, &key).await? {
+                    // Our own take, whose acknowledgement was lost.
+                    Some((revision, Some(current))) if current == value => {
+                        return Ok(Lease {
+                            agent: agent.to_string(),
+                            value,
+                            revision,
+                        });
+                    }
+                    Some((revision, Some(current))) => {
+                        return Err(LeaseError::Held {
+                            agent: agent.to_string(),
+                            holder: current.holder,
+                            session: current.session,
+                            revision,
+                        });
+                    }
+                    // A delete marker: a create expects its revision.
+                    Some((revision, None)) => expected = revision,
+                    None => expected = 0,
+                },
+            }
+        }
+        Err(LeaseError::Contended {
+            agent: agent.to_string(),
+        })
+    }
+
+    /// Renews `lease` by compare-and-set on its revision; returns the lease
+    /// with its new revision. A lease fenced, taken or renewed further since
+    /// is [`LeaseError::Stale`]: the caller must stop the session. The same
+    /// renewal sent again (after a lost acknowledgement) finds itself stored
+    /// and returns that write: the value names the holder, the session and
+    /// the renewal count, which no other writer produces.
+    ///
+    /// The caller reads its monotonic clock *before* the call and, when the
+    /// call succeeds, keeps that instant as `renewed_at` for
+    /// [`crate::liveness::worker_lease_action`].
+    pub async fn renew(&self, lease: &Lease) -> Result<Lease, LeaseError> {
+        let key = key(&lease.agent)?;
+        let value = LeaseValue {
+            renewal: lease.value.renewal + 1,
+            ..lease.value.clone()
+        };
+        match self
+            .write(
+                &lease.agent,
+                &key,
+                Some(encode(&value)),
+                lease.revision,
+                "renew",
+            )
+            .await?
+        {
+            Write::Stored(revision) => Ok(Lease {
+                agent: lease.agent.clone(),
+                value,
+                revision,
+            }),
+            Write::Refused => match self.read(&lease.agent, &key).await? {
+                // This very renewal was stored; its acknowledgement was lost.
+                Some((revision, Some(current))) if current == value => Ok(Lease {
+                    agent: lease.agent.clone(),
+                    value,
+                    revision,
+                }),
+                other => Err(LeaseError::Stale {
+                    agent: lease.agent.clone(),
+                    revision: lease.revision,
+                    current: other.and_then(|(revision, value)| value.map(|_| revision)),
+                }),
+            },
+        }
+    }
+
+    /// Gives the lease back at the session's end (the worker).
+    pub async fn release(&self, lease: &Lease) -> Result<(), LeaseError> {
+        self.delete(&lease.agent, lease.revision, "release").await
+    }
+
+    /// Deletes the lease if it still has `revision` (the controller, when
+    /// the worker is lost). A lease renewed since is [`LeaseError::Stale`]:
+    /// the worker is alive after all.
+    pub async fn fence(&self, agent: &str, revision: u64) -> Result<(), LeaseError> {
+        self.delete(agent, revision, "fence").await
+    }
+
+    /// The lease as it is now, if anyone holds it.
+    pub async fn current(&self, agent: &str) -> Result<Option<LeaseRecord>, LeaseError> {
+        let key = key(agent)?;
+        Ok(match self.read(agent, &key).await? {
+            Some((revision, Some(value))) => Some(LeaseRecord { value, revision }),
+            _ => None,
+        })
+    }
+
+    async fn delete(
+        &self,
+        agent: &str,
+        revision: u64,
+        operation: &'static str,
+    ) -> Result<(), LeaseError> {
+        let key = key(agent)?;
+        match self.write(agent, &key, None, revision, operation).await? {
+            Write::Stored(_) => Ok(()),
+            // A delete carries nothing of ours to recognise it by: after a
+            // lost acknowledgement, `current: None` may be this very delete.
+            Write::Refused => Err(LeaseError::Stale {
+                agent: agent.to_string(),
+                revision,
+                current: self.current(agent).await?.map(|record| record.revision),
+            }),
+        }
+    }
+
+    /// One write that expects the key's last revision to be `expected` (0:
+    /// no message for the key at all). `None` writes a delete marker.
+    async fn write(
+        &self,
+        agent: &str,
+        key: &str,
+        value: Option<Bytes>,
+        expected: u64,
+        operation: &'static str,
+    ) -> Result<Write, LeaseError> {
+        let nats = |source: Box<dyn std::error::Error + Send + Sync>| LeaseError::Nats {
+            agent: agent.to_string(),
+            operation,
+            source,
+        };
+        let mut message = PublishMessage::build().expected_last_subject_sequence(expected);
+        message = match value {
+            Some(bytes) => {
+                let message = message.payload(bytes);
+                match self.ttl {
+                    Some(ttl) => message.ttl(ttl),
+                    None => message,
+                }
+            }
+            None => message.header("KV-Operation", "DEL"),
+        };
+        let subject = format!("$KV.{}.{key}", self.bucket);
+        let ack = self
+            .jetstream
+            .send_publish(subject, message)
+            .await
+            .map_err(|e| nats(Box::new(e)))?;
+        match ack.await {
+            Ok(ack) => Ok(Write::Stored(ack.sequence)),
+            Err(e) if refused(&e) => Ok(Write::Refused),
+            Err(e) => Err(nats(Box::new(e))),
+        }
+    }
+
+    /// The key's last entry: its revision and the value, `None` for a
+    /// delete (or expiry) marker.
+    async fn read(
+        &self,
+        agent: &str,
+        key: &str,
+    ) -> Result<Option<(u64, Option<LeaseValue>)>, LeaseError> {
+        let entry = self
+            .store
+            .entry(key)
+            .await
+            .map_err(|source| LeaseError::Nats {
+                agent: agent.to_string(),
+                operation: "read",
+                source: Box::new(source),
+            })?;
+        let Some(entry) = entry else {
+            return Ok(None);
+        };
+        if entry.operation != kv::Operation::Put {
+            return Ok(Some((entry.revision, None)));
+        }
+        let value = serde_json::from_slice::<LeaseValue>(&entry.value).map_err(|e| {
+            LeaseError::Corrupt {
+                agent: agent.to_string(),
+                revision: entry.revision,
+                detail: e.to_string(),
+            }
+        })?;
+        Ok(Some((entry.revision, Some(value))))
+    }
+}
+
+/// Whether the server refused a write for its expected revision. The
+/// client knows the code of nats-server 2.10 (10071); 2.12 and later answer
+/// 10164 for the same refusal.
+fn refused(error: &jetstream::context::PublishError) -> bool {
+    use jetstream::ErrorCode;
+    if error.kind() == jetstream::context::PublishErrorKind::WrongLastSequence {
+        return true;
+    }
+    std::error::Error::source(error)
+        .and_then(|source| source.downcast_ref::<jetstream::Error>())
+        .is_some_and(|e| {
+            matches!(
+                e.error_code(),
+                ErrorCode::STREAM_WRONG_LAST_SEQUENCE
+                    | ErrorCode::STREAM_WRONG_LAST_SEQUENCE_CONSTANT
+            )
+        })
+}
+
+/// `run/<agent>`, for a name NATS accepts as part of a key.
+fn key(agent: &str) -> Result<String, LeaseError> {
+    if agent.is_empty()
+        || !agent
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        return Err(LeaseError::InvalidAgent {
+            agent: agent.to_string(),
+        });
+    }
+    Ok(format!("run/{agent}"))
+}
+
+fn encode(value: &LeaseValue) -> Bytes {
+    Bytes::from(serde_json::to_vec(value).expect("a lease value serialises"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_keys() {
+        let table: &[(&str, Option<&str>)] = &[
+            ("rio", Some("run/rio")),
+            ("agent-7_b", Some("run/agent-7_b")),
+            ("", None),
+            ("a.b", None),
+            ("a/b", None),
+            ("a*", None),
+            ("é", None),
+        ];
+        for (agent, want) in table {
+            assert_eq!(key(agent).ok().as_deref(), *want, "{agent:?}");
+        }
+    }
+}

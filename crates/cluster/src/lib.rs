@@ -1,0 +1,32 @@
+//! agent-state's cluster foundation (issue 24): sessions on worker hosts
+//! through NATS JetStream, one session per agent fenced by a lease.
+//!
+//! - [`config`]: `[cluster]`, validated, every problem naming its field;
+//! - [`connect`]: the connection, the dispatch stream and the lease bucket;
+//! - [`lease`]: `run/<agent>`, taken by create, renewed by compare-and-set,
+//!   released or fenced by delete-if-revision;
+//! - [`dispatch`]: session orders, published with the session id as
+//!   `Nats-Msg-Id`, pulled one at a time with in-progress acks;
+//! - [`keeper`]: the worker's renewal loop over those decisions;
+//! - [`liveness`]: when a lease counts as lost, for the worker and for the
+//!   controller, as pure functions of monotonic instants.
+//!
+//! It knows nothing of the state root, the journal or the daemon: the
+//! daemon's executor and the `worker` subcommand are built on it.
+
+pub mod config;
+pub mod connect;
+pub mod dispatch;
+pub mod keeper;
+pub mod lease;
+pub mod liveness;
+
+pub use config::{ClusterSettings, ConfigProblem, RawCluster};
+pub use connect::{Cluster, ClusterError};
+pub use dispatch::{Dispatch, DispatchError, OrderQueue, Published, PulledOrder, SessionOrder};
+pub use keeper::{KeepEnd, keep};
+pub use lease::{Lease, LeaseError, LeaseRecord, LeaseValue, Leases};
+pub use liveness::{
+    ControllerLeaseAction, LeaseTiming, WorkerLeaseAction, controller_lease_action,
+    end_is_from_holder, worker_lease_action,
+};
