@@ -16,6 +16,33 @@ pub struct Scope {
     pub files: u64,
 }
 
+/// What the daemon measured of a role's step besides the Actor's scope, for
+/// the roles' limits (`limits`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RoleWork {
+    /// The Planner's plan: its lines ([`plan_lines`]).
+    pub plan_lines: u64,
+    /// The paths the Actor's step changed (relative to the repository).
+    pub paths: Vec<String>,
+    /// The Judge's change to its workspace (`None`: it has no workspace).
+    pub judge: Option<Scope>,
+}
+
+/// The lines of a Planner's plan: its answer's non-blank lines before the
+/// Context Summary, the SIGNAL BLOCK line left out. Pure.
+pub fn plan_lines(answer: &str) -> u64 {
+    answer
+        .lines()
+        .map(str::trim)
+        .take_while(|l| !l.starts_with("## Context Summary"))
+        .filter(|l| !l.is_empty() && !is_signal_line(l))
+        .count() as u64
+}
+
+fn is_signal_line(line: &str) -> bool {
+    line.starts_with("Agent=") && line.contains("Next=")
+}
+
 /// One answer to judge.
 pub struct Answered<'a> {
     pub flow: &'a FlowSettings,
@@ -26,6 +53,8 @@ pub struct Answered<'a> {
     pub summary: Option<ContextSummary>,
     /// The Actor's measured change (`Err`: why it could not be measured).
     pub scope: Option<Result<Scope, super::scope::ScopeError>>,
+    /// What the roles' limits are checked against.
+    pub work: RoleWork,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -121,7 +150,31 @@ pub fn decide(a: &Answered) -> Decision {
         }
     };
     let step_word = block.step.as_deref().unwrap_or("").to_ascii_uppercase();
+    let limits = &a.flow.limits;
+    if role == Role::Judge
+        && matches!(next, Role::Human | Role::Planner)
+        && !limits.judge_writes_code
+        && let Some(s) = a.work.judge
+        && (s.lines > 0 || s.files > 0)
+    {
+        return Decision::Insufficient {
+            diagnostics: format!(
+                "the Judge changed {} line(s) in {} file(s) of its workspace; a Judge writes no code (limits.judge_writes_code = false): its verdict is set aside and its changes are not kept (checked by the daemon)",
+                s.lines, s.files
+            ),
+            by_daemon: true,
+        };
+    }
     match (role, next) {
+        (Role::Planner, Role::Actor) if a.work.plan_lines > limits.plan_lines as u64 => {
+            Decision::Insufficient {
+                diagnostics: format!(
+                    "the Planner's plan is {} line(s); the limit is {} (limits.plan_lines, checked by the daemon, before the Actor)",
+                    a.work.plan_lines, limits.plan_lines
+                ),
+                by_daemon: true,
+            }
+        }
         (Role::Planner, Role::Actor) => Decision::Handoff { to: Role::Actor },
         (Role::Actor, Role::Judge) => match &a.scope {
             Some(Ok(s))
@@ -138,7 +191,18 @@ pub fn decide(a: &Answered) -> Decision {
             Some(Err(why)) => Decision::Stop {
                 reason: format!("the Actor's change could not be measured: {why}"),
             },
-            _ => Decision::Handoff { to: Role::Judge },
+            _ => match outside_paths(&limits.actor_paths, &a.work.paths) {
+                outside if !outside.is_empty() => Decision::Insufficient {
+                    diagnostics: format!(
+                        "the Actor changed {} path(s) outside limits.actor_paths ({}): {} (checked by the daemon, before the Judge)",
+                        outside.len(),
+                        limits.actor_paths.join(", "),
+                        one_line(&outside.join(", "), 400)
+                    ),
+                    by_daemon: true,
+                },
+                _ => Decision::Handoff { to: Role::Judge },
+            },
         },
         (Role::Planner | Role::Actor, Role::Human) => Decision::AskHuman {
             why: format!(
@@ -206,6 +270,23 @@ pub fn decide(a: &Answered) -> Decision {
             ),
         },
     }
+}
+
+/// The paths no glob of `allowed` matches (none when `allowed` is empty:
+/// no limit). Pure.
+pub fn outside_paths(allowed: &[String], paths: &[String]) -> Vec<String> {
+    if allowed.is_empty() {
+        return Vec::new();
+    }
+    paths
+        .iter()
+        .filter(|p| {
+            !allowed
+                .iter()
+                .any(|g| crate::config::flow::glob_matches(g, p))
+        })
+        .cloned()
+        .collect()
 }
 
 /// What the cycle becomes.
