@@ -25,6 +25,16 @@
 //! message is no longer awaited is dropped. So a crash anywhere neither
 //! loses nor repeats a step.
 //!
+//! A cycle has one branch, `agent-state/flow/FLOW/CYCLE`, in one worktree
+//! of the Actor's repository ([`cycle_worktree`]): the Actor's sessions
+//! (and a Judge's in that repository) work there, each step from where the
+//! previous one left it. Applying a step commits what the session left,
+//! once (the step's ref, [`step_ref`], makes a re-application find the same
+//! commit), then measures it, then moves the branch (an INSUFFICIENT back
+//! to the last PASS, or not, `on_insufficient`), then writes state.json: a
+//! crash before the write applies the same step to the same commits again.
+//! The worktree goes when the cycle closes; the branch stays with its work.
+//!
 //! What this module must never do: reach into the daemon or the CLI, or
 //! route on a guess (a missing or malformed block stops the cycle).
 
@@ -347,7 +357,12 @@ pub fn session_worktree(
 /// The ref that keeps one step of a cycle as the daemon found it (rolled
 /// back or not): `refs/agent-state/flow/FLOW/CYCLE/step-N`.
 pub fn step_ref(flow: &str, cycle: &str, step: u32) -> String {
-    format!("refs/agent-state/flow/{flow}/{cycle}/step-{step}")
+    format!("{}step-{step}", steps_refs(flow, cycle))
+}
+
+/// Where a cycle's steps are kept: `refs/agent-state/flow/FLOW/CYCLE/`.
+pub fn steps_refs(flow: &str, cycle: &str) -> String {
+    format!("refs/agent-state/flow/{flow}/{cycle}/")
 }
 
 /// The fixed id of a flow's message, so a redelivery after a crash is

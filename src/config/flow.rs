@@ -85,8 +85,8 @@ pub struct FlowSettings {
     pub human: AgentName,
     /// Consecutive INSUFFICIENT results that pause the cycle.
     pub max_insufficient: u32,
-    /// The Actor's scope per step: changed lines and files against the
-    /// worktree's base (more than either is over).
+    /// The Actor's scope per step: changed lines and files against where
+    /// the step started, the previous step's head (more than either is over).
     pub max_lines: u32,
     pub max_files: u32,
     /// The gate for a PASS at low, medium and high risk.

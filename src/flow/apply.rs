@@ -428,20 +428,15 @@ fn apply_one(
     let branch_note = match branch.as_mut() {
         Some(b) => {
             let before = b.head.clone();
-            let target = match &decision {
-                Decision::Insufficient { .. }
-                    if flow.on_insufficient == crate::config::OnInsufficient::Rollback =>
-                {
-                    Some(b.last_pass.clone())
-                }
-                Decision::Insufficient { .. } => Some(b.head.clone()),
-                Decision::Pass { .. } => {
-                    b.last_pass = b.head.clone();
-                    Some(b.head.clone())
-                }
-                _ if role == Role::Judge && on_branch.is_some() => Some(b.head.clone()),
-                _ => None,
-            };
+            let (target, last_pass) = route::branch_target(
+                role,
+                &decision,
+                flow.on_insufficient,
+                on_branch.is_some(),
+                &b.head,
+                &b.last_pass,
+            );
+            b.last_pass = last_pass;
             match target {
                 Some(t) => {
                     crate::workspace::reset_to(Path::new(&b.worktree), &t).map_err(|e| {
@@ -453,10 +448,11 @@ fn apply_one(
                     b.head = t.clone();
                     Some(match &decision {
                         Decision::Insufficient { .. } if t != before => format!(
-                            "{} rolled back to the last PASS ({}) (on_insufficient = \"rollback\"); the step is kept in {}",
+                            "{} rolled back to the last PASS ({}) (on_insufficient = \"rollback\"); the step's commit {} is kept under {}",
                             b.branch,
                             short(&t),
-                            super::step_ref(flow.name.as_str(), &c.id, c.step)
+                            short(&before),
+                            super::steps_refs(flow.name.as_str(), &c.id)
                         ),
                         Decision::Insufficient { .. } => format!(
                             "{} kept at {} (on_insufficient = \"{}\"): the next Actor step continues it",

@@ -182,7 +182,7 @@ pub fn decide(a: &Answered) -> Decision {
             {
                 Decision::Insufficient {
                     diagnostics: format!(
-                        "the Actor's change is over the scope limit: {} changed line(s) in {} file(s) against its worktree's base; the limit is {} lines and {} files (checked by the daemon, before the Judge)",
+                        "the Actor's change is over the scope limit: {} changed line(s) in {} file(s) against where its step started; the limit is {} lines and {} files (checked by the daemon, before the Judge)",
                         s.lines, s.files, a.flow.max_lines, a.flow.max_files
                     ),
                     by_daemon: true,
@@ -287,6 +287,34 @@ pub fn outside_paths(allowed: &[String], paths: &[String]) -> Vec<String> {
         })
         .cloned()
         .collect()
+}
+
+/// Where a cycle's branch goes after a step, pure: `Some(commit)` to move
+/// its worktree there (reset), `None` to leave it; and its last PASS after.
+/// A judged step that is INSUFFICIENT (the Actor's, or the Judge's verdict
+/// on it) goes back to the last PASS with `rollback`, stays with `keep`; a
+/// PASS is the new last PASS; a Judge that worked in the worktree leaves
+/// `head` (its own change is part of `head` only where it may write code).
+/// A Planner's INSUFFICIENT changed nothing on the branch.
+pub fn branch_target(
+    role: Role,
+    decision: &Decision,
+    on_insufficient: crate::config::OnInsufficient,
+    in_worktree: bool,
+    head: &str,
+    last_pass: &str,
+) -> (Option<String>, String) {
+    use crate::config::OnInsufficient;
+    match decision {
+        Decision::Insufficient { .. } if role == Role::Planner => (None, last_pass.into()),
+        Decision::Insufficient { .. } if on_insufficient == OnInsufficient::Rollback => {
+            (Some(last_pass.into()), last_pass.into())
+        }
+        Decision::Insufficient { .. } => (Some(head.into()), last_pass.into()),
+        Decision::Pass { .. } => (Some(head.into()), head.into()),
+        _ if role == Role::Judge && in_worktree => (Some(head.into()), last_pass.into()),
+        _ => (None, last_pass.into()),
+    }
 }
 
 /// What the cycle becomes.
@@ -563,16 +591,34 @@ pub fn hand_to(c: &mut Cycle, to: Role, from: &str, note: &str, cx: &Context) ->
 
 /// What a role is asked to do, and the SIGNAL BLOCK it must end with.
 fn task_body(c: &Cycle, to: Role, note: &str, cx: &Context) -> String {
+    let limits = &cx.flow.limits;
     let what = match to {
         Role::Planner => format!(
-            "Design ONE small step toward the goal: at most {} changed lines in at most {} files. Then hand it to the Actor (Next=Actor), or ask the human (Next=Human) if a human must decide first.",
-            cx.flow.max_lines, cx.flow.max_files
+            "Design ONE small step toward the goal: at most {} changed lines in at most {} files, in a plan of at most {} lines (the daemon counts your answer's lines before the Context Summary and sends a longer plan back to you). Then hand it to the Actor (Next=Actor), or ask the human (Next=Human) if a human must decide first.",
+            cx.flow.max_lines, cx.flow.max_files, limits.plan_lines
         ),
         Role::Actor => format!(
-            "Carry out the Planner's last step in your workspace, within {} changed lines and {} files against your worktree's base (the daemon measures it with git and sends an over-scope change back to the Planner). Then hand over to the Judge (Next=Judge).",
-            cx.flow.max_lines, cx.flow.max_files
+            "Carry out the Planner's last step in your workspace, the cycle's branch {branch} as the previous step left it, within {} changed lines and {} files against where your step starts{paths} (the daemon commits your step, measures it with git and sends a step over these limits back to the Planner). Then hand over to the Judge (Next=Judge).",
+            cx.flow.max_lines,
+            cx.flow.max_files,
+            branch = crate::workspace::cycle_branch(cx.flow.name.as_str(), &c.id),
+            paths = if limits.actor_paths.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    ", changing only paths matching {}",
+                    limits.actor_paths.join(", ")
+                )
+            },
         ),
-        Role::Judge => "Test and judge the Actor's change (its diff is in the cycle file). PASS: Step=PASS, Next=Human, and the risk (low: refactors, docs, tests; medium: API or schema changes; high: security, data deletion, auth). INSUFFICIENT: Step=INSUFFICIENT, Next=Planner, with actionable diagnostics under **Blockers** in your Context Summary.".to_string(),
+        Role::Judge => format!(
+            "Test and judge the Actor's change (its diff is in the cycle file). PASS: Step=PASS, Next=Human, and the risk (low: refactors, docs, tests; medium: API or schema changes; high: security, data deletion, auth). INSUFFICIENT: Step=INSUFFICIENT, Next=Planner, with actionable diagnostics under **Blockers** in your Context Summary.{}",
+            if limits.judge_writes_code {
+                ""
+            } else {
+                " Change no file in your workspace: a Judge writes no code, and the daemon sets a Judge's change aside and makes the step INSUFFICIENT."
+            }
+        ),
         Role::Human => String::new(),
     };
     let next = match to {

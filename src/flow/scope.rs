@@ -1,7 +1,10 @@
 //! The Actor's change, measured by the daemon with git (not taken from the
-//! Actor's word): changed lines and files of its worktree against the
-//! worktree's base commit, commits and uncommitted changes alike, new
-//! untracked files included; and the unified diff for the cycle file.
+//! Actor's word): changed lines, files and paths, and the unified diff for
+//! the cycle file. On a cycle's branch, between commits
+//! ([`measure_commits`]: the step, committed by the daemon, against the
+//! previous step's head; the cycle against its base); in any other
+//! worktree, against its base commit, commits and uncommitted changes
+//! alike, new untracked files included ([`measure`]).
 
 use std::path::{Path, PathBuf};
 

@@ -348,7 +348,8 @@ fn an_insufficient_step_is_rolled_back_to_the_last_pass_by_default_or_kept() {
         &[
             "## Step 3 — Judge (leo",
             &format!("**Branch**: {branch} rolled back to the last PASS ("),
-            &format!("the step is kept in refs/agent-state/flow/notes/{cycle}/step-3"),
+            "the step's commit ",
+            &format!(" is kept under refs/agent-state/flow/notes/{cycle}/\n"),
             "INSUFFICIENT: the notes need more",
             "## Step 5 — Actor (rio",
             "; the cycle so far: 3 line(s) in 1 file(s))",

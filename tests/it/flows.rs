@@ -400,7 +400,7 @@ fn an_actor_over_the_scope_limit_goes_back_to_the_planner_before_the_judge() {
     );
     let file = lab.archived(&archive_name(&cycle, false));
     assert!(
-        file.contains("the Actor's change is over the scope limit: 200 changed line(s) in 1 file(s) against its worktree's base; the limit is 150 lines and 2 files"),
+        file.contains("the Actor's change is over the scope limit: 200 changed line(s) in 1 file(s) against where its step started; the limit is 150 lines and 2 files"),
         "{file}"
     );
     let events: Vec<String> = lab

@@ -492,3 +492,41 @@ fn a_plan_is_counted_without_its_summary_and_signal_block() {
         assert_eq!(plan_lines(text), want, "{text:?}");
     }
 }
+
+#[test]
+fn the_cycles_branch_goes_back_to_the_last_pass_or_stays_as_configured() {
+    use crate::config::OnInsufficient::{Keep, Rollback};
+    let no = Decision::Insufficient {
+        diagnostics: "d".into(),
+        by_daemon: false,
+    };
+    let pass = Decision::Pass {
+        risk: RiskLevel::Medium,
+    };
+    let on = Decision::Handoff { to: Role::Judge };
+    let stop = Decision::Stop { reason: "r".into() };
+    let s = |t: &str| Some(t.to_string());
+    // (role, decision, on_insufficient, in the worktree) -> (target, last PASS);
+    // the head is "H", the last PASS "P".
+    let table = [
+        (Role::Actor, &on, Rollback, true, (None, "P")),
+        (Role::Actor, &no, Rollback, true, (s("P"), "P")),
+        (Role::Actor, &no, Keep, true, (s("H"), "P")),
+        (Role::Judge, &no, Rollback, false, (s("P"), "P")),
+        (Role::Judge, &no, Keep, false, (s("H"), "P")),
+        (Role::Judge, &no, Keep, true, (s("H"), "P")),
+        (Role::Judge, &pass, Rollback, false, (s("H"), "H")),
+        (Role::Judge, &pass, Keep, true, (s("H"), "H")),
+        (Role::Judge, &stop, Rollback, true, (s("H"), "P")),
+        (Role::Judge, &stop, Rollback, false, (None, "P")),
+        (Role::Planner, &no, Rollback, false, (None, "P")),
+        (Role::Planner, &no, Keep, false, (None, "P")),
+    ];
+    for (role, decision, on_insufficient, in_worktree, (target, last)) in table {
+        assert_eq!(
+            branch_target(role, decision, on_insufficient, in_worktree, "H", "P"),
+            (target.clone(), last.to_string()),
+            "{role:?} {decision:?} {on_insufficient:?} {in_worktree}"
+        );
+    }
+}
