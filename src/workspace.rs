@@ -37,6 +37,12 @@ pub fn cycle_branch(flow: &str, cycle: &str) -> String {
     format!("{CYCLE_BRANCH_PREFIX}{flow}/{cycle}")
 }
 
+/// The ref of where a cycle's branch must be when its next step starts
+/// (set by the flow as each step is applied): `refs/BRANCH/head`.
+pub fn cycle_head_ref(branch: &str) -> String {
+    format!("refs/{branch}/head")
+}
+
 /// Whether `branch` is a flow cycle's branch.
 pub fn is_cycle_branch(branch: &str) -> bool {
     branch.starts_with(CYCLE_BRANCH_PREFIX)
@@ -538,11 +544,84 @@ pub fn open_cycle(spec: &WorkspaceSpec) -> Result<Workspace, WorkspaceError> {
             )?;
         }
     }
+    set_aside_leftovers(spec)?;
     Ok(Workspace {
         path: spec.path.clone(),
         branch: spec.branch.clone(),
         base_commit: rev(&spec.path, "HEAD")?,
     })
+}
+
+/// A step starts where the flow left the branch ([`cycle_head_ref`]; before
+/// the first step is applied, where the branch left the base): what a
+/// session that answered nothing (failed, interrupted) left in the
+/// worktree is committed under `refs/BRANCH/set-aside-N` and the worktree
+/// moved back, so its retry starts from the same place.
+fn set_aside_leftovers(spec: &WorkspaceSpec) -> Result<(), WorkspaceError> {
+    let path = spec.path.as_path();
+    let head_ref = cycle_head_ref(&spec.branch);
+    let (ok, out, _) = run(
+        path,
+        &[
+            "rev-parse",
+            "--verify",
+            "--quiet",
+            &format!("{head_ref}^{{commit}}"),
+        ],
+    )?;
+    let start = if ok {
+        String::from_utf8_lossy(&out).trim().to_string()
+    } else {
+        git(
+            path,
+            &["merge-base", &spec.base, "HEAD"],
+            "check the base and the cycle's branch",
+        )?
+        .stdout
+        .trim()
+        .to_string()
+    };
+    let head = rev(path, "HEAD")?;
+    let status = git(
+        path,
+        &["status", "--porcelain=v1", "-uall"],
+        "check the worktree",
+    )?;
+    if head == start && status.stdout.trim().is_empty() {
+        return Ok(());
+    }
+    let taken = git(
+        path,
+        &[
+            "for-each-ref",
+            "--format=%(refname)",
+            &format!("refs/{}/", spec.branch),
+        ],
+        "check the cycle's refs",
+    )?;
+    let n = taken
+        .stdout
+        .lines()
+        .filter(|l| l.contains("/set-aside-"))
+        .count()
+        + 1;
+    snapshot(
+        path,
+        &format!("refs/{}/set-aside-{n}", spec.branch),
+        "left by a session that answered nothing (set aside by agent-state)",
+    )?;
+    reset_to(path, &start)
+}
+
+/// Point the ref `name` at `commit` (from within the repository or one of
+/// its worktrees).
+pub fn set_ref(dir: &Path, name: &str, commit: &str) -> Result<(), WorkspaceError> {
+    git(
+        dir,
+        &["update-ref", name, commit],
+        "check the repository is writable",
+    )?;
+    Ok(())
 }
 
 /// The commit of a step in a cycle's worktree, made once: the ref `name`

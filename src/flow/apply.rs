@@ -437,6 +437,23 @@ fn apply_one(
                 &b.last_pass,
             );
             b.last_pass = last_pass;
+            let moved = target.clone().unwrap_or_else(|| b.head.clone());
+            // Where the next step starts (a retry of a session that
+            // answered nothing too: `workspace::open_cycle`).
+            crate::workspace::set_ref(
+                Path::new(&b.repo),
+                &crate::workspace::cycle_head_ref(&b.branch),
+                &moved,
+            )
+            .map_err(|e| {
+                Error::Unavailable(format!(
+                    "flow {} cycle {}: the cycle's head cannot be noted: {e}",
+                    flow.name, c.id
+                ))
+            })?;
+            // A worktree gone (removed by hand) is opened again at the
+            // head by the next step.
+            let target = target.filter(|_| Path::new(&b.worktree).is_dir());
             match target {
                 Some(t) => {
                     crate::workspace::reset_to(Path::new(&b.worktree), &t).map_err(|e| {

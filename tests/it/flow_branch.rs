@@ -17,7 +17,8 @@ const LONG: Duration = Duration::from_secs(90);
 /// `* WHAT`). Before acting it notes `STEP DIR LINES` in `seen-{agent}`:
 /// the directory it works in and the lines notes.md has there. `plan`;
 /// `longplan` (a 60-line plan); `small` (3 lines in notes.md, named after
-/// the step); `docs` (3 lines in docs/faq.md); `pass-low`, `pass-medium`,
+/// the step); `fail-once` (the first time a line in notes.md and exit 3,
+/// then `small`); `docs` (3 lines in docs/faq.md); `pass-low`, `pass-medium`,
 /// `insufficient`; `write-pass` (a Judge that writes judge.txt, then
 /// passes at low risk).
 fn player(env: &Env) -> PathBuf {
@@ -41,6 +42,9 @@ case "$B" in
   plan) echo "1. Add three notes." ;;
   longplan) seq 1 60 | sed 's/^/- plan line /' ;;
   small) seq 1 3 | sed "s/^/note $STEP./" >> notes.md; NEXT=Judge ;;
+  fail-once)
+    if [ ! -f "$D/failed-$STEP" ]; then touch "$D/failed-$STEP"; echo "half done" >> notes.md; exit 3; fi
+    seq 1 3 | sed "s/^/note $STEP./" >> notes.md; NEXT=Judge ;;
   docs) mkdir -p docs; seq 1 3 | sed "s/^/faq $STEP./" >> docs/faq.md; NEXT=Judge ;;
   pass-*) SV=PASS; NEXT=Human; RISK=${{B#pass-}} ;;
   write-pass) echo "a fix" > judge.txt; SV=PASS; NEXT=Human ;;
@@ -504,4 +508,117 @@ fn a_judge_that_writes_code_is_insufficient_and_its_change_not_kept() {
     let tree = git(&lab.repo, &["ls-tree", "-r", "--name-only", &branch]);
     assert!(!tree.contains("judge.txt"), "{tree}");
     assert!(lab.cycle_file().is_empty());
+}
+
+/// SIGKILLs at random moments while a cycle rolls a step back and goes on:
+/// the branch ends with the second Actor step's notes only, each step is
+/// in the cycle file once, and the worktree is gone. The seed is printed;
+/// AGENT_STATE_CRASH_SEED replays one.
+#[test]
+fn a_daemon_killed_at_random_moments_commits_and_rolls_back_each_step_once() {
+    let seed: u64 = std::env::var("AGENT_STATE_CRASH_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        });
+    eprintln!("flow_branch crash harness: seed {seed}");
+    let mut x = seed | 1;
+    let mut rand = move |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    let lab = lab(false, "");
+    lab.script("theseus", &["* plan"]);
+    lab.script("rio", &["* small"]);
+    lab.script("leo", &["3 insufficient", "6 pass-low"]);
+    let mut d = lab.env.daemon();
+    let cycle = lab.start("Survive a rollback");
+    let name = archive_name(&cycle, false);
+    let mut kills = 0;
+    let mut window = 250;
+    let mut last = String::new();
+    while lab.archived(&name).is_empty() {
+        let now = lab.current().to_string();
+        if now == last {
+            window += 200;
+        } else {
+            window = 250;
+            last = now;
+        }
+        std::thread::sleep(Duration::from_millis(rand(window)));
+        if !lab.archived(&name).is_empty() {
+            break;
+        }
+        d.kill9();
+        kills += 1;
+        assert!(kills < 500, "no progress (seed {seed})");
+        d = lab.env.daemon();
+    }
+    d.wait_until(LONG, "the cycle's worktree is removed", || {
+        lab.journal()
+            .iter()
+            .any(|e| e["event"] == "worktree_removed")
+    });
+    eprintln!("flow_branch crash harness: {kills} SIGKILLs");
+    let file = lab.archived(&name);
+    for step in 1..=6 {
+        assert_eq!(
+            file.matches(&format!("## Step {step} — ")).count(),
+            1,
+            "step {step} once (seed {seed}):\n{file}"
+        );
+    }
+    let branch = format!("agent-state/flow/notes/{cycle}");
+    assert_eq!(
+        file_in(&lab.repo, &format!("{branch}:notes.md")),
+        "note 5.1\nnote 5.2\nnote 5.3",
+        "seed {seed}:\n{file}"
+    );
+    assert_eq!(
+        git(
+            &lab.repo,
+            &["rev-list", "--count", &format!("main..{branch}")]
+        ),
+        "1",
+        "seed {seed}"
+    );
+    assert!(!lab.worktree(&cycle).exists(), "seed {seed}");
+}
+
+#[test]
+fn a_retry_of_a_failed_actor_session_starts_where_the_step_started() {
+    let lab = lab(false, "");
+    lab.script("theseus", &["* plan"]);
+    lab.script("rio", &["2 fail-once", "* small"]);
+    lab.script("leo", &["* pass-low"]);
+    let d = lab.env.daemon();
+    let cycle = lab.start("Fail, then succeed");
+    let file = lab.wait_approved(&d, &cycle);
+    let worktree = lab.worktree(&cycle).display().to_string();
+    // The failed session answered nothing; the retry got the hand-off again,
+    // in the same worktree, without what the failed one left there.
+    assert_eq!(
+        lab.seen("rio"),
+        [(2, worktree.clone(), 0), (2, worktree, 0)],
+        "{file}"
+    );
+    let branch = format!("agent-state/flow/notes/{cycle}");
+    assert_eq!(
+        file_in(&lab.repo, &format!("{branch}:notes.md")),
+        "note 2.1\nnote 2.2\nnote 2.3"
+    );
+    // What it left is set aside, not lost.
+    assert_eq!(
+        file_in(
+            &lab.repo,
+            &format!("refs/agent-state/flow/notes/{cycle}/set-aside-1:notes.md")
+        ),
+        "half done"
+    );
 }
