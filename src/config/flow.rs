@@ -93,8 +93,9 @@ pub struct FlowSettings {
     pub low: Gate,
     pub medium: Gate,
     pub high: Gate,
-    /// Run in the Actor's worktree when a cycle is approved (`{flow}`,
-    /// `{cycle}`, `{branch}`, `{worktree}`); empty: nothing is run.
+    /// Run in the cycle's worktree when a cycle is approved (`{flow}`,
+    /// `{cycle}`, `{branch}`: the cycle's one branch, `{worktree}`), before
+    /// the worktree is removed; empty: nothing is run.
     pub on_approve: Vec<String>,
     pub on_approve_timeout: Duration,
     /// Unix users whose reply to the flow's question is carried out, and

@@ -856,7 +856,9 @@ fn finish_interrupted_approvals(l: &mut Locked, now: Timestamp, out: &mut Applie
     Ok(())
 }
 
-/// Run `on_approve` in the Actor's last worktree, under its timeout.
+/// Run `on_approve` in the cycle's worktree, on its one branch (in the
+/// Actor's last worktree for a cycle from before branches), under its
+/// timeout.
 fn run_on_approve(flow: &FlowSettings, c: &Cycle, _now: Timestamp) -> String {
     let work = match (&c.branch, &c.actor_work) {
         (Some(b), _) => ActorWork {
