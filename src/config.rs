@@ -39,7 +39,7 @@ pub mod iteration;
 pub mod logs;
 pub mod web;
 pub mod workspace;
-pub use flow::{FlowSettings, Gate};
+pub use flow::{FlowSettings, Gate, OnInsufficient, RoleLimits};
 pub use iteration::IterationSettings;
 pub use logs::LogSettings;
 pub use sections::{DaemonSettings, HealthSettings, HookSettings, MetricsSettings};
@@ -51,7 +51,7 @@ pub use session::{
 };
 pub(crate) use values::valid_group;
 pub use values::{SizeError, check_user_name, parse_size, placeholders};
-pub use workspace::WorkspaceSettings;
+pub use workspace::{CYCLE_BRANCH_PREFIX, WorkspaceSettings};
 
 pub const DEFAULT_PATH: &str = "/etc/agent-state/config.toml";
 pub const DEFAULT_STATE_ROOT: &str = "/opt/teleo-eval/agent-state";

@@ -25,6 +25,16 @@
 //! message is no longer awaited is dropped. So a crash anywhere neither
 //! loses nor repeats a step.
 //!
+//! A cycle has one branch, `agent-state/flow/FLOW/CYCLE`, in one worktree
+//! of the Actor's repository ([`cycle_worktree`]): the Actor's sessions
+//! (and a Judge's in that repository) work there, each step from where the
+//! previous one left it. Applying a step commits what the session left,
+//! once (the step's ref, [`step_ref`], makes a re-application find the same
+//! commit), then measures it, then moves the branch (an INSUFFICIENT back
+//! to the last PASS, or not, `on_insufficient`), then writes state.json: a
+//! crash before the write applies the same step to the same commits again.
+//! The worktree goes when the cycle closes; the branch stays with its work.
+//!
 //! What this module must never do: reach into the daemon or the CLI, or
 //! route on a guess (a missing or malformed block stops the cycle).
 
@@ -140,6 +150,25 @@ pub struct ActorWork {
     pub files: u64,
 }
 
+/// The cycle's one branch (issue 22): each Actor step continues from the
+/// previous step's head; an INSUFFICIENT rolls it back to `last_pass` (or
+/// keeps it, `on_insufficient`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CycleBranch {
+    /// The Actor's repository.
+    pub repo: String,
+    pub worktree: String,
+    /// `agent-state/flow/FLOW/CYCLE`.
+    pub branch: String,
+    /// Where the cycle started: the flow's base when its first step began.
+    pub base_commit: String,
+    /// The branch's head after the last step applied: where the next step
+    /// starts.
+    pub head: String,
+    /// The head at the Judge's last PASS in this cycle, else the base.
+    pub last_pass: String,
+}
+
 /// The open cycle of a flow.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Cycle {
@@ -162,6 +191,9 @@ pub struct Cycle {
     pub reason: Option<String>,
     #[serde(default)]
     pub actor_work: Option<ActorWork>,
+    /// The cycle's branch, once its Actor took a step on it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub branch: Option<CycleBranch>,
     pub updated_at: Timestamp,
     /// A random part of the ids of the questions sent to the human (a uuid
     /// v4), so a reply cannot name a question it was not shown. Empty in a
@@ -258,6 +290,79 @@ pub fn parse_source_ref(text: &str) -> Option<(String, String, u32)> {
         return None;
     }
     Some((flow.to_string(), cycle.to_string(), step.parse().ok()?))
+}
+
+/// Whether `cycle` has the shape of a cycle id (`2026-11-24-001`): digits
+/// and dashes, at most 32 characters. A hand-off's `source_ref` is a
+/// message's word, not the daemon's: nothing else names a worktree.
+fn is_cycle_id(cycle: &str) -> bool {
+    !cycle.is_empty()
+        && cycle.len() <= 32
+        && cycle.bytes().all(|b| b.is_ascii_digit() || b == b'-')
+        && !cycle.starts_with('-')
+}
+
+/// The worktree of a flow's cycle, on its one branch: in the Actor's
+/// workspaces root, `flow-FLOW-CYCLE` (`None` without an Actor workspace or
+/// for a cycle id of the wrong shape).
+pub fn cycle_worktree(
+    root: &StateRoot,
+    flow: &crate::config::FlowSettings,
+    cycle: &str,
+) -> Option<crate::workspace::WorkspaceSpec> {
+    let w = flow.actor_workspace.as_ref()?;
+    if !is_cycle_id(cycle) {
+        return None;
+    }
+    let dir = root.agent(&flow.actor);
+    Some(crate::workspace::WorkspaceSpec {
+        repo: w.repo.clone(),
+        base: w.base.clone(),
+        path: crate::workspace::agent_root(w.root.as_deref(), flow.actor.as_str(), &dir.path)
+            .join(format!("flow-{}-{cycle}", flow.name)),
+        branch: crate::workspace::cycle_branch(flow.name.as_str(), cycle),
+    })
+}
+
+/// The worktree a session of `agent` works in when it claimed a flow's
+/// hand-off: the cycle's, for the flow's Actor, and for its Judge when the
+/// Judge's workspace is in the Actor's repository (it tests the Actor's
+/// change where it is). `None`: the agent's own worktree, as for any
+/// session.
+pub fn session_worktree(
+    root: &StateRoot,
+    config: &crate::config::Config,
+    agent: &crate::config::AgentConfig,
+    claimed: &[crate::inbox::Message],
+) -> Option<crate::workspace::WorkspaceSpec> {
+    let own = agent.session.workspace.as_ref()?;
+    claimed
+        .iter()
+        .filter_map(|m| m.source_ref.as_deref().and_then(parse_source_ref))
+        .find_map(|(flow, cycle, _)| {
+            let f = config.flows.iter().find(|f| f.name.as_str() == flow)?;
+            let same_repo = f
+                .actor_workspace
+                .as_ref()
+                .is_some_and(|w| w.repo == own.repo);
+            let plays = f.actor == agent.name || (f.judge == agent.name && same_repo);
+            if plays {
+                cycle_worktree(root, f, &cycle)
+            } else {
+                None
+            }
+        })
+}
+
+/// The ref that keeps one step of a cycle as the daemon found it (rolled
+/// back or not): `refs/agent-state/flow/FLOW/CYCLE/step-N`.
+pub fn step_ref(flow: &str, cycle: &str, step: u32) -> String {
+    format!("{}step-{step}", steps_refs(flow, cycle))
+}
+
+/// Where a cycle's steps are kept: `refs/agent-state/flow/FLOW/CYCLE/`.
+pub fn steps_refs(flow: &str, cycle: &str) -> String {
+    format!("refs/agent-state/flow/{flow}/{cycle}/")
 }
 
 /// The fixed id of a flow's message, so a redelivery after a crash is

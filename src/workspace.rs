@@ -26,6 +26,37 @@ const MAX_STDERR_SHOWN: usize = 2000;
 /// The default branch template: `rio/research-2026-11-24`.
 pub const DEFAULT_BRANCH_TEMPLATE: &str = "{agent}/{type}-{date}";
 
+/// The branches of flows' cycles: `agent-state/flow/FLOW/CYCLE` (seed 004,
+/// issue 22). Such a branch is a cycle's one branch: its worktree is opened
+/// again for each step ([`open_cycle`]), kept after each session, skipped
+/// by pruning, and removed when the cycle closes.
+pub const CYCLE_BRANCH_PREFIX: &str = crate::config::CYCLE_BRANCH_PREFIX;
+
+/// A cycle's branch: `agent-state/flow/docs/2026-11-24-001`.
+pub fn cycle_branch(flow: &str, cycle: &str) -> String {
+    format!("{CYCLE_BRANCH_PREFIX}{flow}/{cycle}")
+}
+
+/// The ref of where a cycle's branch must be when its next step starts
+/// (set by the flow as each step is applied): `refs/BRANCH/head`.
+pub fn cycle_head_ref(branch: &str) -> String {
+    format!("refs/{branch}/head")
+}
+
+/// Whether `branch` is a flow cycle's branch.
+pub fn is_cycle_branch(branch: &str) -> bool {
+    branch.starts_with(CYCLE_BRANCH_PREFIX)
+}
+
+/// The directory of an agent's worktrees: `{root}/{agent}/` with a
+/// configured root, else `{agent dir}/workspaces/`.
+pub fn agent_root(root: Option<&Path>, agent: &str, agent_dir: &Path) -> PathBuf {
+    match root {
+        Some(r) => r.join(agent),
+        None => agent_dir.join("workspaces"),
+    }
+}
+
 /// What to create.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkspaceSpec {
@@ -478,6 +509,178 @@ pub fn create(spec: &WorkspaceSpec) -> Result<Workspace, WorkspaceError> {
     })
 }
 
+/// Open a flow cycle's worktree for its next step (`spec.branch` is the
+/// cycle's branch): the worktree already there on that branch as it is;
+/// else the branch (which holds the cycle's earlier steps) checked out
+/// again at `spec.path`; else a new branch from `spec.base`. The returned
+/// `base_commit` is the head the step starts from, so the session's change
+/// is measured against the previous step.
+pub fn open_cycle(spec: &WorkspaceSpec) -> Result<Workspace, WorkspaceError> {
+    check_repo(&spec.repo)?;
+    validate_branch(&spec.branch).map_err(|e| WorkspaceError::Failed {
+        command: "git check-ref-format".into(),
+        stderr: e.to_string(),
+        fix: "the cycle id of the hand-off is not a valid branch name".into(),
+    })?;
+    let repo = spec.repo.as_path();
+    let there = list(repo)?
+        .into_iter()
+        .any(|w| same(&w.path, &spec.path) && w.branch.as_deref() == Some(&spec.branch));
+    if !there {
+        clear_path(repo, &spec.path)?;
+        if let Some(parent) = spec.path.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| io_fail("create directory", parent, e))?;
+        }
+        let p = spec.path.to_string_lossy().into_owned();
+        let fix = "check the workspaces root is writable and the repository healthy";
+        if branch_exists(repo, &spec.branch)? {
+            git(repo, &["worktree", "add", &p, &spec.branch], fix)?;
+        } else {
+            let base_commit = rev(repo, &spec.base)?;
+            git(
+                repo,
+                &["worktree", "add", "-b", &spec.branch, &p, &base_commit],
+                fix,
+            )?;
+        }
+    }
+    set_aside_leftovers(spec)?;
+    Ok(Workspace {
+        path: spec.path.clone(),
+        branch: spec.branch.clone(),
+        base_commit: rev(&spec.path, "HEAD")?,
+    })
+}
+
+/// A step starts where the flow left the branch ([`cycle_head_ref`]; before
+/// the first step is applied, where the branch left the base): what a
+/// session that answered nothing (failed, interrupted) left in the
+/// worktree is committed under `refs/BRANCH/set-aside-N` and the worktree
+/// moved back, so its retry starts from the same place.
+fn set_aside_leftovers(spec: &WorkspaceSpec) -> Result<(), WorkspaceError> {
+    let path = spec.path.as_path();
+    let head_ref = cycle_head_ref(&spec.branch);
+    let (ok, out, _) = run(
+        path,
+        &[
+            "rev-parse",
+            "--verify",
+            "--quiet",
+            &format!("{head_ref}^{{commit}}"),
+        ],
+    )?;
+    let start = if ok {
+        String::from_utf8_lossy(&out).trim().to_string()
+    } else {
+        git(
+            path,
+            &["merge-base", &spec.base, "HEAD"],
+            "check the base and the cycle's branch",
+        )?
+        .stdout
+        .trim()
+        .to_string()
+    };
+    let head = rev(path, "HEAD")?;
+    let status = git(
+        path,
+        &["status", "--porcelain=v1", "-uall"],
+        "check the worktree",
+    )?;
+    if head == start && status.stdout.trim().is_empty() {
+        return Ok(());
+    }
+    let taken = git(
+        path,
+        &[
+            "for-each-ref",
+            "--format=%(refname)",
+            &format!("refs/{}/", spec.branch),
+        ],
+        "check the cycle's refs",
+    )?;
+    let n = taken
+        .stdout
+        .lines()
+        .filter(|l| l.contains("/set-aside-"))
+        .count()
+        + 1;
+    snapshot(
+        path,
+        &format!("refs/{}/set-aside-{n}", spec.branch),
+        "left by a session that answered nothing (set aside by agent-state)",
+    )?;
+    reset_to(path, &start)
+}
+
+/// Point the ref `name` at `commit` (from within the repository or one of
+/// its worktrees).
+pub fn set_ref(dir: &Path, name: &str, commit: &str) -> Result<(), WorkspaceError> {
+    git(
+        dir,
+        &["update-ref", name, commit],
+        "check the repository is writable",
+    )?;
+    Ok(())
+}
+
+/// The commit of a step in a cycle's worktree, made once: the ref `name`
+/// if it exists (the step was taken already: a crash made it be applied
+/// again), else everything in the worktree (commits, changes, new files
+/// not ignored) committed by agent-state, and `name` set to it. Returns the
+/// commit.
+pub fn snapshot(worktree: &Path, name: &str, message: &str) -> Result<String, WorkspaceError> {
+    let spec = format!("{name}^{{commit}}");
+    let (ok, out, _) = run(worktree, &["rev-parse", "--verify", "--quiet", &spec])?;
+    if ok {
+        return Ok(String::from_utf8_lossy(&out).trim().to_string());
+    }
+    let fix = "check the worktree (a file git cannot add, a full disk)";
+    git(worktree, &["add", "-A"], fix)?;
+    let (clean, _, _) = run(
+        worktree,
+        &[
+            "diff",
+            "--no-ext-diff",
+            "--no-textconv",
+            "--cached",
+            "--quiet",
+        ],
+    )?;
+    if !clean {
+        git(
+            worktree,
+            &[
+                "-c",
+                "user.name=agent-state",
+                "-c",
+                "user.email=agent-state@localhost",
+                "-c",
+                "commit.gpgsign=false",
+                "commit",
+                "-q",
+                "--no-verify",
+                "-m",
+                message,
+            ],
+            fix,
+        )?;
+    }
+    let head = rev(worktree, "HEAD")?;
+    git(worktree, &["update-ref", name, &head], fix)?;
+    Ok(head)
+}
+
+/// Move a cycle's worktree (and its branch) to `commit`, its changes and new
+/// files (not ignored ones) gone: a step rolled back. What it held stays in
+/// the step's ref ([`snapshot`]) and the cycle file.
+pub fn reset_to(worktree: &Path, commit: &str) -> Result<(), WorkspaceError> {
+    let fix = "reset the worktree by hand (`git reset --hard COMMIT`)";
+    git(worktree, &["reset", "-q", "--hard", commit], fix)?;
+    git(worktree, &["clean", "-q", "-f", "-d"], fix)?;
+    Ok(())
+}
+
 /// The workspace's state at the end of a session, against `base` (a commit or ref).
 pub fn finish(ws: &Workspace, base: &str) -> Result<Finished, WorkspaceError> {
     let head_commit = rev(&ws.path, "HEAD")?;
@@ -635,6 +838,13 @@ pub fn prune(
         let Some(branch) = w.branch.clone() else {
             continue;
         };
+        if is_cycle_branch(&branch) {
+            report.kept.push((
+                w.path,
+                "a flow cycle's; removed when the cycle closes".into(),
+            ));
+            continue;
+        }
         let ws = Workspace {
             path: w.path.clone(),
             branch,

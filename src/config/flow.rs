@@ -30,6 +30,49 @@ impl Gate {
     }
 }
 
+/// What becomes of an Actor's step judged INSUFFICIENT (`on_insufficient`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnInsufficient {
+    /// The cycle's branch goes back to its last PASS (or its base): the
+    /// next Actor step starts from work a Judge passed.
+    Rollback,
+    /// The step stays on the branch: the next Actor step continues it.
+    Keep,
+}
+
+impl OnInsufficient {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnInsufficient::Rollback => "rollback",
+            OnInsufficient::Keep => "keep",
+        }
+    }
+}
+
+/// The roles' limits the daemon checks (`limits = { ... }`, seed 004's
+/// "Operational Constraints"): a step over one is INSUFFICIENT.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoleLimits {
+    /// The Planner's plan: at most this many lines (seed 004: 50).
+    pub plan_lines: u32,
+    /// Whether the Judge may change its workspace (seed 004: no, "no code
+    /// generation").
+    pub judge_writes_code: bool,
+    /// The paths the Actor may change (globs relative to the repository:
+    /// `*`, `?`, `**`); empty: any path.
+    pub actor_paths: Vec<String>,
+}
+
+impl Default for RoleLimits {
+    fn default() -> Self {
+        RoleLimits {
+            plan_lines: 50,
+            judge_writes_code: false,
+            actor_paths: Vec::new(),
+        }
+    }
+}
+
 /// One flow.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FlowSettings {
@@ -42,22 +85,81 @@ pub struct FlowSettings {
     pub human: AgentName,
     /// Consecutive INSUFFICIENT results that pause the cycle.
     pub max_insufficient: u32,
-    /// The Actor's scope per step: changed lines and files against the
-    /// worktree's base (more than either is over).
+    /// The Actor's scope per step: changed lines and files against where
+    /// the step started, the previous step's head (more than either is over).
     pub max_lines: u32,
     pub max_files: u32,
     /// The gate for a PASS at low, medium and high risk.
     pub low: Gate,
     pub medium: Gate,
     pub high: Gate,
-    /// Run in the Actor's worktree when a cycle is approved (`{flow}`,
-    /// `{cycle}`, `{branch}`, `{worktree}`); empty: nothing is run.
+    /// Run in the cycle's worktree when a cycle is approved (`{flow}`,
+    /// `{cycle}`, `{branch}`: the cycle's one branch, `{worktree}`), before
+    /// the worktree is removed; empty: nothing is run.
     pub on_approve: Vec<String>,
     pub on_approve_timeout: Duration,
     /// Unix users whose reply to the flow's question is carried out, and
     /// who may run `flow approve|reject|stop` (besides root and the service
     /// user). Empty: a reply is never carried out (`crate::flow::authority`).
     pub approvers: Vec<String>,
+    /// What an INSUFFICIENT does to the Actor's step on the cycle's branch.
+    pub on_insufficient: OnInsufficient,
+    /// The roles' limits, checked by the daemon.
+    pub limits: RoleLimits,
+    /// The Actor's workspace (the cycle's branch and worktree are in its
+    /// repository); `None` only in a config already refused.
+    pub actor_workspace: Option<super::WorkspaceSettings>,
+}
+
+/// Why `glob` is no path pattern of `limits.actor_paths`, if it is not:
+/// empty, absolute, with a `..` component, or too long. Pure.
+pub fn check_glob(glob: &str) -> Result<(), &'static str> {
+    if glob.is_empty() {
+        return Err("is empty");
+    }
+    if glob.starts_with('/') {
+        return Err("is absolute");
+    }
+    if glob.split('/').any(|c| c == "..") {
+        return Err("has a `..` component");
+    }
+    if glob.len() > 256 || glob.matches('*').count() > 8 {
+        return Err("is longer than 256 characters or has more than 8 `*`");
+    }
+    Ok(())
+}
+
+/// Whether the repository path `path` matches `glob`: `*` and `?` within a
+/// path component, `**` across components (`docs/**` is everything under
+/// docs/, `**/*.md` every .md file). Pure.
+pub fn glob_matches(glob: &str, path: &str) -> bool {
+    fn go(p: &[u8], s: &[u8]) -> bool {
+        match p {
+            [] => s.is_empty(),
+            [b'*', b'*', rest @ ..] => {
+                if let [b'/', after @ ..] = rest
+                    && go(after, s)
+                {
+                    return true;
+                }
+                (0..=s.len()).any(|i| go(rest, &s[i..]))
+            }
+            [b'*', rest @ ..] => {
+                for i in 0..=s.len() {
+                    if i > 0 && s[i - 1] == b'/' {
+                        break;
+                    }
+                    if go(rest, &s[i..]) {
+                        return true;
+                    }
+                }
+                false
+            }
+            [b'?', rest @ ..] => matches!(s, [c, tail @ ..] if *c != b'/' && go(rest, tail)),
+            [c, rest @ ..] => matches!(s, [d, tail @ ..] if d == c && go(rest, tail)),
+        }
+    }
+    go(glob.as_bytes(), path.as_bytes())
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -74,6 +176,16 @@ pub(super) struct RawFlow {
     on_approve: Option<Vec<String>>,
     on_approve_timeout: Option<String>,
     approvers: Option<Vec<String>>,
+    on_insufficient: Option<String>,
+    limits: Option<RawLimits>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLimits {
+    plan_lines: Option<i64>,
+    judge_writes_code: Option<bool>,
+    actor_paths: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -293,6 +405,45 @@ impl Validator {
                 );
             }
         }
+        let on_insufficient = match raw.on_insufficient.as_deref() {
+            None | Some("rollback") => OnInsufficient::Rollback,
+            Some("keep") => OnInsufficient::Keep,
+            Some(other) => {
+                self.problem(
+                    f("on_insufficient"),
+                    format!("{other:?} is not a choice; write \"rollback\" (an INSUFFICIENT step's changes leave the cycle's branch, which goes back to its last PASS; the default) or \"keep\" (the next Actor step continues them)"),
+                );
+                OnInsufficient::Rollback
+            }
+        };
+        let raw_limits = raw.limits.clone().unwrap_or_default();
+        let plan_lines = self.count(
+            &f("limits.plan_lines"),
+            raw_limits.plan_lines,
+            None,
+            50,
+            1..=1_000_000,
+        );
+        let actor_paths = raw_limits.actor_paths.clone().unwrap_or_default();
+        for (i, glob) in actor_paths.iter().enumerate() {
+            if let Err(why) = check_glob(glob) {
+                self.problem(
+                    f(&format!("limits.actor_paths[{i}]")),
+                    format!("{glob:?} {why}; write a path relative to the repository, e.g. \"docs/**\" or \"*.md\""),
+                );
+            }
+        }
+        let limits = RoleLimits {
+            plan_lines,
+            judge_writes_code: raw_limits.judge_writes_code.unwrap_or(false),
+            actor_paths,
+        };
+        let actor_workspace = actor.as_ref().and_then(|actor| {
+            agents
+                .iter()
+                .find(|a| &a.name == actor)
+                .and_then(|a| a.session.workspace.clone())
+        });
         Some(FlowSettings {
             name: name?,
             planner: planner?,
@@ -308,6 +459,41 @@ impl Validator {
             on_approve,
             on_approve_timeout,
             approvers,
+            on_insufficient,
+            limits,
+            actor_workspace,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn actor_paths_match_as_globs_within_and_across_components() {
+        let table = [
+            ("docs/**", "docs/faq.md", true),
+            ("docs/**", "docs/a/b/c.md", true),
+            ("docs/**", "src/docs/x", false),
+            ("docs/**", "docs", false),
+            ("*.md", "README.md", true),
+            ("*.md", "docs/faq.md", false),
+            ("**/*.md", "README.md", true),
+            ("**/*.md", "docs/a/faq.md", true),
+            ("**/*.md", "docs/a/faq.rs", false),
+            ("notes.md", "notes.md", true),
+            ("notes.md", "notes.mdx", false),
+            ("docs/?.md", "docs/a.md", true),
+            ("docs/?.md", "docs/ab.md", false),
+            ("docs/*", "docs/a/b", false),
+        ];
+        for (glob, path, want) in table {
+            assert_eq!(glob_matches(glob, path), want, "{glob} {path}");
+        }
+        assert_eq!(check_glob("docs/**"), Ok(()));
+        assert_eq!(check_glob(""), Err("is empty"));
+        assert_eq!(check_glob("/etc/*"), Err("is absolute"));
+        assert_eq!(check_glob("docs/../x"), Err("has a `..` component"));
     }
 }

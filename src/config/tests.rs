@@ -482,3 +482,77 @@ fn sizes() {
         "\"..MiB\" is not a size; write e.g. \"10MiB\", \"1GiB\""
     );
 }
+
+#[test]
+fn a_flows_role_limits_and_on_insufficient_have_the_seeds_defaults_and_clear_errors() {
+    let agents = r#"
+[[agent]]
+name = "theseus"
+[[agent]]
+name = "rio"
+workspace = { repo = "/srv/repo" }
+[[agent]]
+name = "leo"
+[[agent]]
+name = "marcus"
+kind = "human"
+[[flow]]
+name = "docs"
+planner = "theseus"
+actor = "rio"
+judge = "leo"
+"#;
+    let c = Config::parse(agents, Path::new("/x/c.toml")).unwrap();
+    let docs = &c.flows[0];
+    assert_eq!(
+        docs.on_insufficient,
+        crate::config::OnInsufficient::Rollback
+    );
+    assert_eq!(docs.limits, crate::config::RoleLimits::default());
+    assert_eq!(docs.limits.plan_lines, 50);
+    assert!(!docs.limits.judge_writes_code && docs.limits.actor_paths.is_empty());
+    assert_eq!(
+        docs.actor_workspace.as_ref().map(|w| w.repo.clone()),
+        Some(std::path::PathBuf::from("/srv/repo"))
+    );
+    let set = format!(
+        "{agents}on_insufficient = \"keep\"\nlimits = {{ plan_lines = 20, judge_writes_code = true, actor_paths = [\"docs/**\"] }}\n"
+    );
+    let c = Config::parse(&set, Path::new("/x/c.toml")).unwrap();
+    let docs = &c.flows[0];
+    assert_eq!(docs.on_insufficient, crate::config::OnInsufficient::Keep);
+    assert_eq!(
+        (
+            docs.limits.plan_lines,
+            docs.limits.judge_writes_code,
+            docs.limits.actor_paths.clone()
+        ),
+        (20, true, vec!["docs/**".to_string()])
+    );
+    let bad = format!(
+        "{agents}on_insufficient = \"revert\"\nlimits = {{ plan_lines = 0, actor_paths = [\"/etc/*\", \"docs/../x\"], judge = 1 }}\n"
+    );
+    let p = problems(&bad);
+    assert!(
+        p.iter().any(|p| p.contains("unknown field `judge`")),
+        "{p:#?}"
+    );
+    let bad = format!(
+        "{agents}on_insufficient = \"revert\"\nlimits = {{ plan_lines = 0, actor_paths = [\"/etc/*\", \"docs/../x\"] }}\n"
+    );
+    let p = problems(&bad).join("\n");
+    for want in [
+        "flow[0] (docs).on_insufficient: \"revert\" is not a choice; write \"rollback\"",
+        "flow[0] (docs).limits.plan_lines: 0 is not between 1 and 1000000",
+        "flow[0] (docs).limits.actor_paths[0]: \"/etc/*\" is absolute",
+        "flow[0] (docs).limits.actor_paths[1]: \"docs/../x\" has a `..` component",
+    ] {
+        assert!(p.contains(want), "{want:?} not in\n{p}");
+    }
+    let p = problems(&agents.replace(
+        "workspace = { repo = \"/srv/repo\" }",
+        "workspace = { repo = \"/srv/repo\", branch = \"agent-state/flow/{agent}\" }",
+    ))
+    .join("\n");
+    assert!(p.contains("which names flows' cycle branches"), "{p}");
+}

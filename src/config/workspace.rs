@@ -13,6 +13,10 @@ use super::Validator;
 /// The default branch name of a session: `rio/research-2026-11-24`.
 pub const DEFAULT_BRANCH: &str = "{agent}/{type}-{date}";
 
+/// The start of flows' cycle branches (`agent-state/flow/FLOW/CYCLE`,
+/// `crate::workspace::cycle_branch`): no session's template may make one.
+pub const CYCLE_BRANCH_PREFIX: &str = "agent-state/flow/";
+
 /// The default: worktrees are kept this long after their session when they
 /// hold work (uncommitted changes, commits not on the base).
 pub const DEFAULT_RETENTION: &str = "7d";
@@ -93,7 +97,12 @@ impl Validator {
             );
         }
         let branch = text(raw.branch.as_ref(), base.map(|b| &b.branch), DEFAULT_BRANCH);
-        if !branch_template_ok(&branch) {
+        if branch.starts_with(CYCLE_BRANCH_PREFIX) {
+            self.problem(
+                f("branch"),
+                format!("{branch:?} starts with {:?}, which names flows' cycle branches; choose another template, e.g. \"{{agent}}/{{type}}-{{date}}\"", CYCLE_BRANCH_PREFIX),
+            );
+        } else if !branch_template_ok(&branch) {
             self.problem(
                 f("branch"),
                 format!("{branch:?} does not make a git branch name; use {{agent}}, {{instance}}, {{type}}, {{date}} and letters, digits, / - _ . (not starting with / - or ., no \"..\" or \"//\")"),

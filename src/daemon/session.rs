@@ -161,11 +161,12 @@ pub fn prepare(
         }
     };
     let model = agent.session.model.clone();
-    let workspace = agent
-        .session
-        .workspace
-        .as_ref()
-        .map(|w| super::workspaces::plan(w, agent, &dir, &session_id, &instance, now));
+    // A flow's hand-off continues its cycle's branch; else a worktree of
+    // the session's own.
+    let workspace = agent.session.workspace.as_ref().map(|w| {
+        crate::flow::session_worktree(root, config, agent, &claimed)
+            .unwrap_or_else(|| super::workspaces::plan(w, agent, &dir, &session_id, &instance, now))
+    });
     // The command runs in its worktree, or in the agent's directory.
     let cwd = workspace
         .as_ref()

@@ -19,14 +19,14 @@ use crate::workspace::{self, Workspace, WorkspaceError, WorkspaceSpec};
 /// Where an agent's worktrees go: `{root}/{agent}/` with a configured root,
 /// else `{agent dir}/workspaces/`.
 pub fn root_of(settings: &WorkspaceSettings, agent: &AgentConfig, dir: &AgentDir) -> PathBuf {
-    match &settings.root {
-        Some(r) => r.join(agent.name.as_str()),
-        None => dir.path.join("workspaces"),
-    }
+    workspace::agent_root(settings.root.as_deref(), agent.name.as_str(), &dir.path)
 }
 
 /// The worktree of one session: `{root}/{session_id}` on the branch the
-/// template makes (`rio/research-2026-11-24`). Pure.
+/// template makes (`rio/research-2026-11-24`); for a session that claimed
+/// a flow's hand-off as its Actor (or as its Judge, in the Actor's
+/// repository), the cycle's worktree on the cycle's one branch
+/// (`crate::flow::cycle_worktree`). Pure.
 pub fn plan(
     settings: &WorkspaceSettings,
     agent: &AgentConfig,
@@ -64,9 +64,14 @@ pub fn code_of(e: &WorkspaceError) -> Code {
     }
 }
 
-/// Create the worktree (blocking: git, lock waits up to 5 s).
+/// Create the worktree (blocking: git, lock waits up to 5 s); a flow
+/// cycle's is opened again where its last step left it.
 pub fn create(spec: &WorkspaceSpec) -> Result<Workspace, WorkspaceError> {
-    workspace::create(spec)
+    if workspace::is_cycle_branch(&spec.branch) {
+        workspace::open_cycle(spec)
+    } else {
+        workspace::create(spec)
+    }
 }
 
 /// What became of a session's worktree: session.json's `workspace`.
@@ -105,7 +110,9 @@ pub fn finish(repo: &Path, ws: &Workspace) -> Outcome {
             out.head_commit = Some(f.head_commit);
             out.dirty = f.dirty;
             out.commits_ahead = f.commits_ahead;
-            if f.dirty || f.commits_ahead > 0 {
+            // A flow cycle's worktree stays for its next step: the flow
+            // removes it when the cycle closes.
+            if f.dirty || f.commits_ahead > 0 || workspace::is_cycle_branch(&ws.branch) {
                 out.state = "kept";
             } else {
                 match workspace::remove(repo, ws) {

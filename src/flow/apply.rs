@@ -38,6 +38,7 @@ pub struct Applied {
 }
 
 struct Locked {
+    root: StateRoot,
     dir: FlowDir,
     state: FlowState,
     _lock: nix::fcntl::Flock<std::fs::File>,
@@ -54,6 +55,7 @@ fn open(root: &StateRoot, flow: &FlowSettings) -> Result<Locked> {
         ..FlowState::default()
     });
     Ok(Locked {
+        root: root.clone(),
         dir,
         state,
         _lock: guard,
@@ -198,6 +200,7 @@ pub fn start(
         risk: None,
         reason: None,
         actor_work: None,
+        branch: None,
         updated_at: now,
         question_key: uuid::Uuid::new_v4().simple().to_string(),
     };
@@ -332,8 +335,12 @@ fn apply_one(
             "answer of {} (session {}) for cycle {} ignored: the flow has no open cycle",
             a.agent, a.session_id, a.cycle
         ));
+        remove_closed_worktree(l, flow, a, out);
         return Ok(());
     };
+    if c.id != a.cycle {
+        remove_closed_worktree(l, flow, a, out);
+    }
     let awaited = c
         .awaiting
         .as_ref()
@@ -348,24 +355,138 @@ fn apply_one(
     let role = c.awaiting.as_ref().map(|w| w.role).unwrap_or(Role::Planner);
     let block = blocks::parse_signal_block(&a.text);
     let summary = blocks::parse_context_summary(&a.text).and_then(|r| r.ok());
-    let measured = match (role, &a.workspace) {
-        (Role::Actor, Some(ws)) => {
+    // A session in the cycle's worktree: its step is committed once on the
+    // cycle's branch (a ref keeps it) and measured between commits.
+    let on_branch = a
+        .workspace
+        .as_ref()
+        .filter(|w| crate::workspace::is_cycle_branch(&w.branch));
+    let mut branch = c.branch.clone();
+    let mut total: Option<super::scope::Measured> = None;
+    let measured = match (role, &a.workspace, on_branch) {
+        (Role::Actor, Some(_), Some(ws)) => {
+            Some(actor_step(flow, &c, a, ws).map(|(step, whole, b)| {
+                total = Some(whole);
+                branch = Some(b);
+                step
+            }))
+        }
+        (Role::Actor, Some(ws), None) => {
             Some(super::scope::measure(Path::new(&ws.path), &ws.base_commit))
         }
-        (Role::Actor, None) => Some(Err(super::scope::ScopeError::NoWorktree)),
+        (Role::Actor, None, _) => Some(Err(super::scope::ScopeError::NoWorktree)),
         _ => None,
     };
-    let decision = route::decide(&route::Answered {
-        flow,
-        cycle: &c,
-        agent: &a.agent,
-        session_id: &a.session_id,
-        block: block.clone(),
-        summary: summary.clone(),
-        scope: measured
+    // The Judge's own change to its workspace (it writes no code).
+    let judged = match (role, &a.workspace, on_branch) {
+        (Role::Judge, Some(_), Some(ws)) => Some(judge_step(flow, &c, a, ws).map(|(m, snap)| {
+            if flow.limits.judge_writes_code
+                && let Some(b) = branch.as_mut()
+            {
+                b.head = snap;
+            }
+            m.scope
+        })),
+        (Role::Judge, Some(ws), None) => {
+            Some(super::scope::measure(Path::new(&ws.path), &ws.base_commit).map(|m| m.scope))
+        }
+        _ => None,
+    };
+    let work = route::RoleWork {
+        plan_lines: if role == Role::Planner {
+            route::plan_lines(&a.text)
+        } else {
+            0
+        },
+        paths: measured
             .as_ref()
-            .map(|m| m.as_ref().map(|m| m.scope).map_err(Clone::clone)),
-    });
+            .and_then(|m| m.as_ref().ok())
+            .map(|m| m.paths.clone())
+            .unwrap_or_default(),
+        judge: judged.as_ref().and_then(|j| j.as_ref().ok()).copied(),
+    };
+    let decision = match &judged {
+        Some(Err(why)) => Decision::Stop {
+            reason: format!("the Judge's workspace could not be measured: {why}"),
+        },
+        _ => route::decide(&route::Answered {
+            flow,
+            cycle: &c,
+            agent: &a.agent,
+            session_id: &a.session_id,
+            block: block.clone(),
+            summary: summary.clone(),
+            scope: measured
+                .as_ref()
+                .map(|m| m.as_ref().map(|m| m.scope).map_err(Clone::clone)),
+            work,
+        }),
+    };
+    // The branch after the step: an INSUFFICIENT rolled back to the last
+    // PASS (or kept), a PASS its new last PASS; the Judge's changes only
+    // where it may write code.
+    let branch_note = match branch.as_mut() {
+        Some(b) => {
+            let before = b.head.clone();
+            let (target, last_pass) = route::branch_target(
+                role,
+                &decision,
+                flow.on_insufficient,
+                on_branch.is_some(),
+                &b.head,
+                &b.last_pass,
+            );
+            b.last_pass = last_pass;
+            let moved = target.clone().unwrap_or_else(|| b.head.clone());
+            // Where the next step starts (a retry of a session that
+            // answered nothing too: `workspace::open_cycle`).
+            crate::workspace::set_ref(
+                Path::new(&b.repo),
+                &crate::workspace::cycle_head_ref(&b.branch),
+                &moved,
+            )
+            .map_err(|e| {
+                Error::Unavailable(format!(
+                    "flow {} cycle {}: the cycle's head cannot be noted: {e}",
+                    flow.name, c.id
+                ))
+            })?;
+            // A worktree gone (removed by hand) is opened again at the
+            // head by the next step.
+            let target = target.filter(|_| Path::new(&b.worktree).is_dir());
+            match target {
+                Some(t) => {
+                    crate::workspace::reset_to(Path::new(&b.worktree), &t).map_err(|e| {
+                        Error::Unavailable(format!(
+                            "flow {} cycle {}: the cycle's worktree {} cannot be moved to {t}: {e}",
+                            flow.name, c.id, b.worktree
+                        ))
+                    })?;
+                    b.head = t.clone();
+                    Some(match &decision {
+                        Decision::Insufficient { .. } if t != before => format!(
+                            "{} rolled back to the last PASS ({}) (on_insufficient = \"rollback\"); the step's commit {} is kept under {}",
+                            b.branch,
+                            short(&t),
+                            short(&before),
+                            super::steps_refs(flow.name.as_str(), &c.id)
+                        ),
+                        Decision::Insufficient { .. } => format!(
+                            "{} kept at {} (on_insufficient = \"{}\"): the next Actor step continues it",
+                            b.branch,
+                            short(&t),
+                            flow.on_insufficient.as_str()
+                        ),
+                        _ => format!("{} at {}", b.branch, short(&t)),
+                    })
+                }
+                None => {
+                    (role == Role::Actor).then(|| format!("{} at {}", b.branch, short(&b.head)))
+                }
+            }
+        }
+        None => None,
+    };
     let file = l.dir.cycle_file().display().to_string();
     let summary_text = summary.as_ref().and_then(|s| s.summary_text());
     let mut cx = context(flow, &file, summary_text, now);
@@ -384,6 +505,7 @@ fn apply_one(
         )),
         _ => None,
     };
+    let total = total.as_ref().map(|t| (t.scope.lines, t.scope.files));
     l.add_section(
         &format!("step {} {}", c.step, a.session_id),
         &cycle::contribution(&Contribution {
@@ -396,6 +518,8 @@ fn apply_one(
             signal_line: signal_line.as_deref(),
             answer: &a.text,
             diff,
+            total,
+            branch: branch_note.as_deref(),
             verdict: &plan.verdict,
         }),
     )?;
@@ -428,6 +552,7 @@ fn apply_one(
                     files: m.scope.files,
                 });
             }
+            next.branch = branch;
             l.state.current = Some(*next);
             l.save()?;
         }
@@ -446,6 +571,117 @@ fn apply_one(
         Next::Stop(reason) => close(l, flow, "stopped", Some(reason), "the daemon", now, out)?,
     }
     Ok(())
+}
+
+/// An answer to a cycle that closed while its session ran (a stop): the
+/// worktree the session left is removed as the close would have.
+fn remove_closed_worktree(l: &Locked, flow: &FlowSettings, a: &Answer, out: &mut Applied) {
+    let closed = l.state.closed.iter().any(|x| x.id == a.cycle);
+    if !closed || l.state.current.as_ref().is_some_and(|c| c.id == a.cycle) {
+        return;
+    }
+    if let Some(ws) = &a.workspace
+        && crate::workspace::is_cycle_branch(&ws.branch)
+    {
+        remove_worktree(l, flow, &a.cycle, None, a.ended_at, out);
+    }
+}
+
+/// The first 12 characters of a commit.
+fn short(commit: &str) -> &str {
+    &commit[..commit.len().min(12)]
+}
+
+/// The Actor's step on the cycle's branch: committed once (its step's
+/// ref), measured against the step's start (the previous step's head) and,
+/// for the cycle so far, against the cycle's base; and the branch after it.
+fn actor_step(
+    flow: &FlowSettings,
+    c: &Cycle,
+    a: &Answer,
+    ws: &super::AnswerWorkspace,
+) -> std::result::Result<
+    (
+        super::scope::Measured,
+        super::scope::Measured,
+        super::CycleBranch,
+    ),
+    super::scope::ScopeError,
+> {
+    let dir = Path::new(&ws.path);
+    if !dir.is_dir() {
+        return Err(super::scope::ScopeError::NoWorktree);
+    }
+    let snap = commit_step(flow, c, a, dir)?;
+    let base = c
+        .branch
+        .as_ref()
+        .map(|b| b.base_commit.clone())
+        .unwrap_or_else(|| ws.base_commit.clone());
+    let step = super::scope::measure_commits(dir, &ws.base_commit, &snap)?;
+    let whole = super::scope::measure_commits(dir, &base, &snap)?;
+    let branch = super::CycleBranch {
+        repo: flow
+            .actor_workspace
+            .as_ref()
+            .map(|w| w.repo.display().to_string())
+            .unwrap_or_default(),
+        worktree: ws.path.clone(),
+        branch: ws.branch.clone(),
+        base_commit: base.clone(),
+        head: snap,
+        last_pass: c
+            .branch
+            .as_ref()
+            .map(|b| b.last_pass.clone())
+            .unwrap_or(base),
+    };
+    Ok((step, whole, branch))
+}
+
+/// The Judge's session in the cycle's worktree: what it changed there
+/// (committed once under its step's ref, to be measured and set aside),
+/// and that commit.
+fn judge_step(
+    flow: &FlowSettings,
+    c: &Cycle,
+    a: &Answer,
+    ws: &super::AnswerWorkspace,
+) -> std::result::Result<(super::scope::Measured, String), super::scope::ScopeError> {
+    let dir = Path::new(&ws.path);
+    if !dir.is_dir() {
+        return Ok((
+            super::scope::Measured {
+                scope: route::Scope { lines: 0, files: 0 },
+                diff: String::new(),
+                paths: Vec::new(),
+            },
+            ws.base_commit.clone(),
+        ));
+    }
+    let snap = commit_step(flow, c, a, dir)?;
+    Ok((
+        super::scope::measure_commits(dir, &ws.base_commit, &snap)?,
+        snap,
+    ))
+}
+
+/// Commit what a role's session left in the cycle's worktree, once.
+fn commit_step(
+    flow: &FlowSettings,
+    c: &Cycle,
+    a: &Answer,
+    dir: &Path,
+) -> std::result::Result<String, super::scope::ScopeError> {
+    crate::workspace::snapshot(
+        dir,
+        &super::step_ref(flow.name.as_str(), &c.id, c.step),
+        &format!(
+            "flow {} cycle {} step {} ({}, session {})",
+            flow.name, c.id, c.step, a.agent, a.session_id
+        ),
+    )
+    .map_err(|e| super::scope::ScopeError::Branch(e.to_string()))
 }
 
 /// Mark the task that a hand-off added to the role's tasks.json completed.
@@ -543,7 +779,59 @@ fn close(
         l.state.extra.remove("approving");
         l.save()?;
     }
+    let base = c.branch.as_ref().map(|b| b.base_commit.as_str());
+    remove_worktree(l, flow, &c.id, base, now, out);
     Ok(())
+}
+
+/// The cycle's worktree removed as it closes (journaled
+/// `worktree_removed`); its branch stays when it holds work (the approved
+/// change, or a stopped cycle's, for a human). A failure is told and
+/// journaled, never fatal: the cycle is closed either way.
+fn remove_worktree(
+    l: &Locked,
+    flow: &FlowSettings,
+    cycle: &str,
+    base: Option<&str>,
+    now: Timestamp,
+    out: &mut Applied,
+) {
+    let Some(spec) = super::cycle_worktree(&l.root, flow, cycle) else {
+        return;
+    };
+    if std::fs::symlink_metadata(&spec.path).is_err() {
+        return;
+    }
+    let ws = crate::workspace::Workspace {
+        path: spec.path.clone(),
+        branch: spec.branch.clone(),
+        base_commit: base.unwrap_or(&spec.base).to_string(),
+    };
+    let path = spec.path.display().to_string();
+    match crate::workspace::remove(&spec.repo, &ws) {
+        Ok(()) => {
+            out.lines.push(format!(
+                "cycle {cycle}: worktree {path} removed (branch {})",
+                spec.branch
+            ));
+            l.journal(
+                now,
+                "worktree_removed",
+                cycle,
+                json!({"worktree": path, "branch": spec.branch}),
+            );
+        }
+        Err(e) => {
+            out.lines
+                .push(format!("cycle {cycle}: worktree {path} not removed: {e}"));
+            l.journal(
+                now,
+                "worktree_not_removed",
+                cycle,
+                json!({"worktree": path, "error": e.to_string()}),
+            );
+        }
+    }
 }
 
 /// Why a cycle closed without a human: the risk gate let the Judge's PASS
@@ -568,10 +856,20 @@ fn finish_interrupted_approvals(l: &mut Locked, now: Timestamp, out: &mut Applie
     Ok(())
 }
 
-/// Run `on_approve` in the Actor's last worktree, under its timeout.
+/// Run `on_approve` in the cycle's worktree, on its one branch (in the
+/// Actor's last worktree for a cycle from before branches), under its
+/// timeout.
 fn run_on_approve(flow: &FlowSettings, c: &Cycle, _now: Timestamp) -> String {
-    let Some(work) = &c.actor_work else {
-        return "not run: the cycle has no Actor worktree".into();
+    let work = match (&c.branch, &c.actor_work) {
+        (Some(b), _) => ActorWork {
+            worktree: b.worktree.clone(),
+            branch: b.branch.clone(),
+            base_commit: b.base_commit.clone(),
+            lines: 0,
+            files: 0,
+        },
+        (None, Some(w)) => w.clone(),
+        (None, None) => return "not run: the cycle has no Actor worktree".into(),
     };
     let argv: Vec<String> = flow
         .on_approve

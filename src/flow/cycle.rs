@@ -44,8 +44,13 @@ pub struct Contribution<'a> {
     pub summary: Option<&'a ContextSummary>,
     pub signal_line: Option<&'a str>,
     pub answer: &'a str,
-    /// The Actor's diff: (lines, files, base commit, the unified diff).
+    /// The Actor's diff: (lines, files, base commit, the unified diff):
+    /// its step against the previous step's head.
     pub diff: Option<(u64, u64, &'a str, &'a str)>,
+    /// The cycle's change so far against its base (lines, files).
+    pub total: Option<(u64, u64)>,
+    /// Where the cycle's branch stands after the step.
+    pub branch: Option<&'a str>,
     /// What the daemon decided.
     pub verdict: &'a str,
 }
@@ -78,10 +83,17 @@ pub fn contribution(c: &Contribution) -> String {
     out.push_str("\n### Answer\n\n");
     out.push_str(&fenced(&cut(c.answer, super::ANSWER_CHARS), "text"));
     if let Some((lines, files, base, diff)) = c.diff {
+        let whole = match c.total {
+            Some((l, f)) => format!("; the cycle so far: {l} line(s) in {f} file(s)"),
+            None => String::new(),
+        };
         out.push_str(&format!(
-            "\n### Diff ({lines} changed line(s) in {files} file(s) against {base})\n\n"
+            "\n### Diff ({lines} changed line(s) in {files} file(s) against {base}{whole})\n\n"
         ));
         out.push_str(&fenced(&cut(diff, DIFF_CHARS), "diff"));
+    }
+    if let Some(b) = c.branch {
+        out.push_str(&format!("\n**Branch**: {b}\n"));
     }
     if let Some(line) = c.signal_line {
         out.push_str(&format!("\n{line}\n"));

@@ -16,6 +16,33 @@ pub struct Scope {
     pub files: u64,
 }
 
+/// What the daemon measured of a role's step besides the Actor's scope, for
+/// the roles' limits (`limits`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RoleWork {
+    /// The Planner's plan: its lines ([`plan_lines`]).
+    pub plan_lines: u64,
+    /// The paths the Actor's step changed (relative to the repository).
+    pub paths: Vec<String>,
+    /// The Judge's change to its workspace (`None`: it has no workspace).
+    pub judge: Option<Scope>,
+}
+
+/// The lines of a Planner's plan: its answer's non-blank lines before the
+/// Context Summary, the SIGNAL BLOCK line left out. Pure.
+pub fn plan_lines(answer: &str) -> u64 {
+    answer
+        .lines()
+        .map(str::trim)
+        .take_while(|l| !l.starts_with("## Context Summary"))
+        .filter(|l| !l.is_empty() && !is_signal_line(l))
+        .count() as u64
+}
+
+fn is_signal_line(line: &str) -> bool {
+    line.starts_with("Agent=") && line.contains("Next=")
+}
+
 /// One answer to judge.
 pub struct Answered<'a> {
     pub flow: &'a FlowSettings,
@@ -26,6 +53,8 @@ pub struct Answered<'a> {
     pub summary: Option<ContextSummary>,
     /// The Actor's measured change (`Err`: why it could not be measured).
     pub scope: Option<Result<Scope, super::scope::ScopeError>>,
+    /// What the roles' limits are checked against.
+    pub work: RoleWork,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -121,7 +150,31 @@ pub fn decide(a: &Answered) -> Decision {
         }
     };
     let step_word = block.step.as_deref().unwrap_or("").to_ascii_uppercase();
+    let limits = &a.flow.limits;
+    if role == Role::Judge
+        && matches!(next, Role::Human | Role::Planner)
+        && !limits.judge_writes_code
+        && let Some(s) = a.work.judge
+        && (s.lines > 0 || s.files > 0)
+    {
+        return Decision::Insufficient {
+            diagnostics: format!(
+                "the Judge changed {} line(s) in {} file(s) of its workspace; a Judge writes no code (limits.judge_writes_code = false): its verdict is set aside and its changes are not kept (checked by the daemon)",
+                s.lines, s.files
+            ),
+            by_daemon: true,
+        };
+    }
     match (role, next) {
+        (Role::Planner, Role::Actor) if a.work.plan_lines > limits.plan_lines as u64 => {
+            Decision::Insufficient {
+                diagnostics: format!(
+                    "the Planner's plan is {} line(s); the limit is {} (limits.plan_lines, checked by the daemon, before the Actor)",
+                    a.work.plan_lines, limits.plan_lines
+                ),
+                by_daemon: true,
+            }
+        }
         (Role::Planner, Role::Actor) => Decision::Handoff { to: Role::Actor },
         (Role::Actor, Role::Judge) => match &a.scope {
             Some(Ok(s))
@@ -129,7 +182,7 @@ pub fn decide(a: &Answered) -> Decision {
             {
                 Decision::Insufficient {
                     diagnostics: format!(
-                        "the Actor's change is over the scope limit: {} changed line(s) in {} file(s) against its worktree's base; the limit is {} lines and {} files (checked by the daemon, before the Judge)",
+                        "the Actor's change is over the scope limit: {} changed line(s) in {} file(s) against where its step started; the limit is {} lines and {} files (checked by the daemon, before the Judge)",
                         s.lines, s.files, a.flow.max_lines, a.flow.max_files
                     ),
                     by_daemon: true,
@@ -138,7 +191,18 @@ pub fn decide(a: &Answered) -> Decision {
             Some(Err(why)) => Decision::Stop {
                 reason: format!("the Actor's change could not be measured: {why}"),
             },
-            _ => Decision::Handoff { to: Role::Judge },
+            _ => match outside_paths(&limits.actor_paths, &a.work.paths) {
+                outside if !outside.is_empty() => Decision::Insufficient {
+                    diagnostics: format!(
+                        "the Actor changed {} path(s) outside limits.actor_paths ({}): {} (checked by the daemon, before the Judge)",
+                        outside.len(),
+                        limits.actor_paths.join(", "),
+                        one_line(&outside.join(", "), 400)
+                    ),
+                    by_daemon: true,
+                },
+                _ => Decision::Handoff { to: Role::Judge },
+            },
         },
         (Role::Planner | Role::Actor, Role::Human) => Decision::AskHuman {
             why: format!(
@@ -205,6 +269,51 @@ pub fn decide(a: &Answered) -> Decision {
                 }
             ),
         },
+    }
+}
+
+/// The paths no glob of `allowed` matches (none when `allowed` is empty:
+/// no limit). Pure.
+pub fn outside_paths(allowed: &[String], paths: &[String]) -> Vec<String> {
+    if allowed.is_empty() {
+        return Vec::new();
+    }
+    paths
+        .iter()
+        .filter(|p| {
+            !allowed
+                .iter()
+                .any(|g| crate::config::flow::glob_matches(g, p))
+        })
+        .cloned()
+        .collect()
+}
+
+/// Where a cycle's branch goes after a step, pure: `Some(commit)` to move
+/// its worktree there (reset), `None` to leave it; and its last PASS after.
+/// A judged step that is INSUFFICIENT (the Actor's, or the Judge's verdict
+/// on it) goes back to the last PASS with `rollback`, stays with `keep`; a
+/// PASS is the new last PASS; a Judge that worked in the worktree leaves
+/// `head` (its own change is part of `head` only where it may write code).
+/// A Planner's INSUFFICIENT changed nothing on the branch.
+pub fn branch_target(
+    role: Role,
+    decision: &Decision,
+    on_insufficient: crate::config::OnInsufficient,
+    in_worktree: bool,
+    head: &str,
+    last_pass: &str,
+) -> (Option<String>, String) {
+    use crate::config::OnInsufficient;
+    match decision {
+        Decision::Insufficient { .. } if role == Role::Planner => (None, last_pass.into()),
+        Decision::Insufficient { .. } if on_insufficient == OnInsufficient::Rollback => {
+            (Some(last_pass.into()), last_pass.into())
+        }
+        Decision::Insufficient { .. } => (Some(head.into()), last_pass.into()),
+        Decision::Pass { .. } => (Some(head.into()), head.into()),
+        _ if role == Role::Judge && in_worktree => (Some(head.into()), last_pass.into()),
+        _ => (None, last_pass.into()),
     }
 }
 
@@ -482,16 +591,34 @@ pub fn hand_to(c: &mut Cycle, to: Role, from: &str, note: &str, cx: &Context) ->
 
 /// What a role is asked to do, and the SIGNAL BLOCK it must end with.
 fn task_body(c: &Cycle, to: Role, note: &str, cx: &Context) -> String {
+    let limits = &cx.flow.limits;
     let what = match to {
         Role::Planner => format!(
-            "Design ONE small step toward the goal: at most {} changed lines in at most {} files. Then hand it to the Actor (Next=Actor), or ask the human (Next=Human) if a human must decide first.",
-            cx.flow.max_lines, cx.flow.max_files
+            "Design ONE small step toward the goal: at most {} changed lines in at most {} files, in a plan of at most {} lines (the daemon counts your answer's lines before the Context Summary and sends a longer plan back to you). Then hand it to the Actor (Next=Actor), or ask the human (Next=Human) if a human must decide first.",
+            cx.flow.max_lines, cx.flow.max_files, limits.plan_lines
         ),
         Role::Actor => format!(
-            "Carry out the Planner's last step in your workspace, within {} changed lines and {} files against your worktree's base (the daemon measures it with git and sends an over-scope change back to the Planner). Then hand over to the Judge (Next=Judge).",
-            cx.flow.max_lines, cx.flow.max_files
+            "Carry out the Planner's last step in your workspace, the cycle's branch {branch} as the previous step left it, within {} changed lines and {} files against where your step starts{paths} (the daemon commits your step, measures it with git and sends a step over these limits back to the Planner). Then hand over to the Judge (Next=Judge).",
+            cx.flow.max_lines,
+            cx.flow.max_files,
+            branch = crate::workspace::cycle_branch(cx.flow.name.as_str(), &c.id),
+            paths = if limits.actor_paths.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    ", changing only paths matching {}",
+                    limits.actor_paths.join(", ")
+                )
+            },
         ),
-        Role::Judge => "Test and judge the Actor's change (its diff is in the cycle file). PASS: Step=PASS, Next=Human, and the risk (low: refactors, docs, tests; medium: API or schema changes; high: security, data deletion, auth). INSUFFICIENT: Step=INSUFFICIENT, Next=Planner, with actionable diagnostics under **Blockers** in your Context Summary.".to_string(),
+        Role::Judge => format!(
+            "Test and judge the Actor's change (its diff is in the cycle file). PASS: Step=PASS, Next=Human, and the risk (low: refactors, docs, tests; medium: API or schema changes; high: security, data deletion, auth). INSUFFICIENT: Step=INSUFFICIENT, Next=Planner, with actionable diagnostics under **Blockers** in your Context Summary.{}",
+            if limits.judge_writes_code {
+                ""
+            } else {
+                " Change no file in your workspace: a Judge writes no code, and the daemon sets a Judge's change aside and makes the step INSUFFICIENT."
+            }
+        ),
         Role::Human => String::new(),
     };
     let next = match to {

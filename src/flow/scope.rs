@@ -1,7 +1,10 @@
 //! The Actor's change, measured by the daemon with git (not taken from the
-//! Actor's word): changed lines and files of its worktree against the
-//! worktree's base commit, commits and uncommitted changes alike, new
-//! untracked files included; and the unified diff for the cycle file.
+//! Actor's word): changed lines, files and paths, and the unified diff for
+//! the cycle file. On a cycle's branch, between commits
+//! ([`measure_commits`]: the step, committed by the daemon, against the
+//! previous step's head; the cycle against its base); in any other
+//! worktree, against its base commit, commits and uncommitted changes
+//! alike, new untracked files included ([`measure`]).
 
 use std::path::{Path, PathBuf};
 
@@ -19,6 +22,9 @@ pub enum ScopeError {
         dir: PathBuf,
         error: crate::git::RunError,
     },
+    /// The step could not be committed on the cycle's branch.
+    #[error("{0}")]
+    Branch(String),
     /// `git diff --numstat` failed, saying this.
     #[error("git diff --numstat {base} in {}: {said}", dir.display())]
     Diff {
@@ -32,6 +38,67 @@ pub enum ScopeError {
 pub struct Measured {
     pub scope: Scope,
     pub diff: String,
+    /// The changed paths, relative to the repository.
+    pub paths: Vec<String>,
+}
+
+/// The change between two commits of a cycle's branch (a step against the
+/// previous one, or the cycle so far against its base): every change is
+/// committed by then ([`crate::workspace::snapshot`]).
+pub fn measure_commits(dir: &Path, from: &str, to: &str) -> Result<Measured, ScopeError> {
+    let (ok, numstat) = git(
+        dir,
+        &[
+            "diff",
+            "--no-ext-diff",
+            "--no-textconv",
+            "--numstat",
+            "--no-renames",
+            from,
+            to,
+        ],
+    )?;
+    if !ok {
+        return Err(ScopeError::Diff {
+            base: from.to_string(),
+            dir: dir.to_path_buf(),
+            said: numstat.trim().to_string(),
+        });
+    }
+    let (lines, files, paths) = numstat_figures(&numstat);
+    let (_, diff) = git(
+        dir,
+        &[
+            "diff",
+            "--no-ext-diff",
+            "--no-textconv",
+            "--no-color",
+            "--no-renames",
+            from,
+            to,
+        ],
+    )?;
+    Ok(Measured {
+        scope: Scope { lines, files },
+        diff,
+        paths,
+    })
+}
+
+/// Lines, files and paths of `git diff --numstat` (binary files, `-`, count
+/// as one line). Pure.
+fn numstat_figures(numstat: &str) -> (u64, u64, Vec<String>) {
+    let mut lines = 0u64;
+    let mut paths = Vec::new();
+    for row in numstat.lines() {
+        let mut parts = row.splitn(3, '\t');
+        let (added, removed) = (parts.next().unwrap_or("-"), parts.next().unwrap_or("-"));
+        lines = lines
+            .saturating_add(added.parse::<u64>().unwrap_or(1))
+            .saturating_add(removed.parse::<u64>().unwrap_or(0));
+        paths.push(parts.next().unwrap_or("").to_string());
+    }
+    (lines, paths.len() as u64, paths)
 }
 
 /// git in `dir` through the hardened runner ([`crate::git`]): (exit 0, stdout,
@@ -61,6 +128,7 @@ pub fn measure(worktree: &Path, base: &str) -> Result<Measured, ScopeError> {
         return Ok(Measured {
             scope: Scope { lines: 0, files: 0 },
             diff: String::new(),
+            paths: Vec::new(),
         });
     }
     let (ok, numstat) = git(
@@ -81,15 +149,7 @@ pub fn measure(worktree: &Path, base: &str) -> Result<Measured, ScopeError> {
             said: numstat.trim().to_string(),
         });
     }
-    let mut lines = 0u64;
-    let mut files = 0u64;
-    for row in numstat.lines() {
-        let mut parts = row.split('\t');
-        let (added, removed) = (parts.next().unwrap_or("-"), parts.next().unwrap_or("-"));
-        files += 1;
-        // Binary files (`-`) count as one changed line.
-        lines += added.parse::<u64>().unwrap_or(1) + removed.parse::<u64>().unwrap_or(0);
-    }
+    let (mut lines, mut files, mut paths) = numstat_figures(&numstat);
     let (_, mut diff) = git(
         worktree,
         &[
@@ -105,6 +165,7 @@ pub fn measure(worktree: &Path, base: &str) -> Result<Measured, ScopeError> {
     if ok {
         for name in untracked.lines().filter(|l| !l.is_empty()) {
             files += 1;
+            paths.push(name.to_string());
             let path = worktree.join(name);
             // Only a regular file is read, and only its first MiB: a link, a
             // FIFO or a huge file is the Actor's input, counted as one line.
@@ -139,6 +200,7 @@ pub fn measure(worktree: &Path, base: &str) -> Result<Measured, ScopeError> {
     Ok(Measured {
         scope: Scope { lines, files },
         diff,
+        paths,
     })
 }
 
@@ -158,4 +220,27 @@ fn read_head(path: &Path) -> Vec<u8> {
         let _ = f.take(1 << 20).read_to_end(&mut text);
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numstat_rows_give_lines_files_and_paths() {
+        type Figures = (u64, u64, &'static [&'static str]);
+        let table: &[(&str, Figures)] = &[
+            ("", (0, 0, &[])),
+            ("3\t0\tnotes.md\n", (3, 1, &["notes.md"])),
+            (
+                "2\t1\tdocs/a b.md\n-\t-\tlogo.png\n",
+                (4, 2, &["docs/a b.md", "logo.png"]),
+            ),
+        ];
+        for (text, (lines, files, paths)) in table {
+            let (l, f, p) = numstat_figures(text);
+            assert_eq!((l, f), (*lines, *files), "{text:?}");
+            assert_eq!(p, *paths, "{text:?}");
+        }
+    }
 }

@@ -189,11 +189,15 @@ fn a_low_risk_cycle_passes_is_approved_and_archived_as_seed_004_reads() {
     let cycle = lab.start("Add three notes to notes.md");
     assert!(cycle.ends_with("-001"), "{cycle}");
     let name = archive_name(&cycle, false);
-    // The journal's line comes after the archive and state.json.
+    // The journal's line comes after the archive and state.json, the
+    // worktree's removal after it.
     d.wait_until(LONG, "the cycle is archived and journaled", || {
         !lab.archived(&name).is_empty()
             && lab.current().is_null()
-            && lab.journal().iter().any(|e| e["event"] == "approved")
+            && lab
+                .journal()
+                .iter()
+                .any(|e| e["event"] == "worktree_removed")
     });
     let file = lab.archived(&name);
     // Goal, each role's contribution in order, the Actor's diff, the verdict.
@@ -232,7 +236,8 @@ fn a_low_risk_cycle_passes_is_approved_and_archived_as_seed_004_reads() {
             "step_handed_over",
             "step_handed_over",
             "passed",
-            "approved"
+            "approved",
+            "worktree_removed"
         ]
     );
     // Each hand-off's task is done once answered (the Judge's just after
@@ -395,7 +400,7 @@ fn an_actor_over_the_scope_limit_goes_back_to_the_planner_before_the_judge() {
     );
     let file = lab.archived(&archive_name(&cycle, false));
     assert!(
-        file.contains("the Actor's change is over the scope limit: 200 changed line(s) in 1 file(s) against its worktree's base; the limit is 150 lines and 2 files"),
+        file.contains("the Actor's change is over the scope limit: 200 changed line(s) in 1 file(s) against where its step started; the limit is 150 lines and 2 files"),
         "{file}"
     );
     let events: Vec<String> = lab
@@ -678,7 +683,7 @@ fn status_shows_who_works_for_a_flow_and_flow_status_what_waits() {
 #[test]
 fn on_approval_the_configured_command_runs_in_the_actors_worktree_and_its_outcome_is_kept() {
     let lab = lab(
-        r#"on_approve = ["sh", "-c", "git add -A && git -c user.name=a -c user.email=a@x commit -qm 'flow {flow} cycle {cycle}' && echo merged {branch}"]"#,
+        r#"on_approve = ["sh", "-c", "git -c user.name=a -c user.email=a@x commit --allow-empty -qm 'flow {flow} cycle {cycle}' && echo merged {branch}"]"#,
     );
     lab.script("theseus", &["* plan"]);
     lab.script("rio", &["* small"]);
@@ -692,7 +697,7 @@ fn on_approval_the_configured_command_runs_in_the_actors_worktree_and_its_outcom
     });
     let file = lab.archived(&name);
     assert!(file.contains("exited with exit status: 0"), "{file}");
-    assert!(file.contains("merged rio/"), "{file}");
+    assert!(file.contains("merged agent-state/flow/notes/"), "{file}");
     let log = git(&lab.repo, &["log", "--all", "--format=%s"]);
     assert!(
         log.contains(&format!("flow notes cycle {cycle}")),

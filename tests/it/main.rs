@@ -30,6 +30,7 @@ mod filesafety;
 mod flood;
 mod flood_wakes;
 mod flow_authority;
+mod flow_branch;
 mod flow_cycles;
 mod flows;
 mod hatching;

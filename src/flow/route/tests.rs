@@ -22,6 +22,9 @@ fn flow() -> FlowSettings {
         on_approve: Vec::new(),
         on_approve_timeout: std::time::Duration::from_secs(60),
         approvers: Vec::new(),
+        on_insufficient: crate::config::OnInsufficient::Rollback,
+        limits: crate::config::RoleLimits::default(),
+        actor_workspace: None,
     }
 }
 
@@ -44,6 +47,7 @@ fn cycle(role: Role, step: u32) -> Cycle {
         risk: None,
         reason: None,
         actor_work: None,
+        branch: None,
         updated_at: now,
         question_key: String::new(),
     }
@@ -61,6 +65,7 @@ fn decide_on(role: Role, step: u32, output: &str, scope: Option<Scope>) -> Decis
         block: parse_signal_block(output),
         summary: parse_context_summary(output).and_then(|r| r.ok()),
         scope: scope.map(Ok),
+        work: RoleWork::default(),
     })
 }
 
@@ -340,4 +345,188 @@ fn plans_follow_the_gates_and_the_streak() {
         &cx,
     );
     assert!(matches!(&p.next, Next::Open(c) if c.insufficient == 0));
+}
+
+#[test]
+fn the_roles_limits_make_a_step_insufficient_with_the_figures() {
+    let answer =
+        |role: Role, step: u32, line: &str, work: RoleWork, limits: crate::config::RoleLimits| {
+            let mut f = flow();
+            f.limits = limits;
+            let c = cycle(role, step);
+            let agent = super::super::agent_of(&f, role).to_string();
+            decide(&Answered {
+                flow: &f,
+                cycle: &c,
+                agent: &agent,
+                session_id: "s",
+                block: parse_signal_block(line),
+                summary: None,
+                scope: (role == Role::Actor).then_some(Ok(Scope { lines: 3, files: 1 })),
+                work,
+            })
+        };
+    let planner = format!("Agent=Planner | Cycle={ID} | Step=1 | Next=Actor");
+    let actor = format!("Agent=Actor | Cycle={ID} | Step=2 | Next=Judge");
+    let judge_pass = format!("Agent=Judge | Cycle={ID} | Step=PASS | Risk=low | Next=Human");
+    let judge_no = format!("Agent=Judge | Cycle={ID} | Step=INSUFFICIENT | Next=Planner");
+    let defaults = crate::config::RoleLimits::default;
+    let docs = || crate::config::RoleLimits {
+        actor_paths: vec!["docs/**".into(), "*.md".into()],
+        ..defaults()
+    };
+    let judge_may = || crate::config::RoleLimits {
+        judge_writes_code: true,
+        ..defaults()
+    };
+    let plan = |n| RoleWork {
+        plan_lines: n,
+        ..RoleWork::default()
+    };
+    let paths = |p: &[&str]| RoleWork {
+        paths: p.iter().map(|s| s.to_string()).collect(),
+        ..RoleWork::default()
+    };
+    let judge = |lines, files| RoleWork {
+        judge: Some(Scope { lines, files }),
+        ..RoleWork::default()
+    };
+    // (role, step, block, work, limits, the diagnostics' words; "" = no limit hit)
+    let table: Vec<(Role, u32, &str, RoleWork, crate::config::RoleLimits, &str)> = vec![
+        (Role::Planner, 1, &planner, plan(50), defaults(), ""),
+        (
+            Role::Planner,
+            1,
+            &planner,
+            plan(51),
+            defaults(),
+            "the Planner's plan is 51 line(s); the limit is 50",
+        ),
+        (
+            Role::Actor,
+            2,
+            &actor,
+            paths(&["src/main.rs"]),
+            defaults(),
+            "",
+        ),
+        (
+            Role::Actor,
+            2,
+            &actor,
+            paths(&["docs/faq.md", "NOTES.md"]),
+            docs(),
+            "",
+        ),
+        (
+            Role::Actor,
+            2,
+            &actor,
+            paths(&["docs/faq.md", "src/a.rs"]),
+            docs(),
+            "changed 1 path(s) outside limits.actor_paths (docs/**, *.md): src/a.rs",
+        ),
+        (Role::Judge, 3, &judge_pass, judge(0, 0), defaults(), ""),
+        (
+            Role::Judge,
+            3,
+            &judge_pass,
+            RoleWork::default(),
+            defaults(),
+            "",
+        ),
+        (
+            Role::Judge,
+            3,
+            &judge_pass,
+            judge(4, 1),
+            defaults(),
+            "the Judge changed 4 line(s) in 1 file(s) of its workspace",
+        ),
+        (
+            Role::Judge,
+            3,
+            &judge_no,
+            judge(4, 1),
+            defaults(),
+            "the Judge changed 4 line(s)",
+        ),
+        (Role::Judge, 3, &judge_pass, judge(4, 1), judge_may(), ""),
+    ];
+    for (role, step, line, work, limits, want) in table {
+        let d = answer(role, step, line, work.clone(), limits);
+        match (&d, want) {
+            (
+                Decision::Insufficient {
+                    diagnostics,
+                    by_daemon: true,
+                },
+                w,
+            ) if !w.is_empty() => {
+                assert!(diagnostics.contains(w), "{role:?} {work:?}: {diagnostics}")
+            }
+            (
+                Decision::Insufficient {
+                    by_daemon: true, ..
+                },
+                "",
+            ) => panic!("{role:?} {work:?}: {d:?}"),
+            (_, "") => {}
+            (other, w) => panic!("{role:?} {work:?}: wanted {w:?}, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_plan_is_counted_without_its_summary_and_signal_block() {
+    let table = [
+        ("", 0),
+        ("1. edit docs/faq.md\n2. add a test\n", 2),
+        (
+            "step one\n\n\nstep two\n\n## Context Summary\n**Goal**: g\n**Blockers**: None\n",
+            2,
+        ),
+        ("a\nAgent=Planner | Cycle=c | Step=1 | Next=Actor\n", 1),
+    ];
+    for (text, want) in table {
+        assert_eq!(plan_lines(text), want, "{text:?}");
+    }
+}
+
+#[test]
+fn the_cycles_branch_goes_back_to_the_last_pass_or_stays_as_configured() {
+    use crate::config::OnInsufficient::{Keep, Rollback};
+    let no = Decision::Insufficient {
+        diagnostics: "d".into(),
+        by_daemon: false,
+    };
+    let pass = Decision::Pass {
+        risk: RiskLevel::Medium,
+    };
+    let on = Decision::Handoff { to: Role::Judge };
+    let stop = Decision::Stop { reason: "r".into() };
+    let s = |t: &str| Some(t.to_string());
+    // (role, decision, on_insufficient, in the worktree) -> (target, last PASS);
+    // the head is "H", the last PASS "P".
+    let table = [
+        (Role::Actor, &on, Rollback, true, (None, "P")),
+        (Role::Actor, &no, Rollback, true, (s("P"), "P")),
+        (Role::Actor, &no, Keep, true, (s("H"), "P")),
+        (Role::Judge, &no, Rollback, false, (s("P"), "P")),
+        (Role::Judge, &no, Keep, false, (s("H"), "P")),
+        (Role::Judge, &no, Keep, true, (s("H"), "P")),
+        (Role::Judge, &pass, Rollback, false, (s("H"), "H")),
+        (Role::Judge, &pass, Keep, true, (s("H"), "H")),
+        (Role::Judge, &stop, Rollback, true, (s("H"), "P")),
+        (Role::Judge, &stop, Rollback, false, (None, "P")),
+        (Role::Planner, &no, Rollback, false, (None, "P")),
+        (Role::Planner, &no, Keep, false, (None, "P")),
+    ];
+    for (role, decision, on_insufficient, in_worktree, (target, last)) in table {
+        assert_eq!(
+            branch_target(role, decision, on_insufficient, in_worktree, "H", "P"),
+            (target.clone(), last.to_string()),
+            "{role:?} {decision:?} {on_insufficient:?} {in_worktree}"
+        );
+    }
 }
