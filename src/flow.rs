@@ -327,8 +327,8 @@ pub fn cycle_worktree(
 /// The worktree a session of `agent` works in when it claimed a flow's
 /// hand-off: the cycle's, for the flow's Actor, and for its Judge when the
 /// Judge's workspace is in the Actor's repository (it tests the Actor's
-/// change where it is). `None`: the agent's own worktree, as for any
-/// session.
+/// change where it is), and only for the flow's open cycle. `None`: the
+/// agent's own worktree, as for any session.
 pub fn session_worktree(
     root: &StateRoot,
     config: &crate::config::Config,
@@ -346,7 +346,14 @@ pub fn session_worktree(
                 .as_ref()
                 .is_some_and(|w| w.repo == own.repo);
             let plays = f.actor == agent.name || (f.judge == agent.name && same_repo);
-            if plays {
+            // Only the flow's open cycle: a hand-off is a message, and a
+            // forged one must not make a worktree for a cycle that is not.
+            let open = load(&FlowDir::new(root, &f.name))
+                .ok()
+                .flatten()
+                .and_then(|s| s.current)
+                .is_some_and(|c| c.id == cycle);
+            if plays && open {
                 cycle_worktree(root, f, &cycle)
             } else {
                 None

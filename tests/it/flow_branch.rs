@@ -622,3 +622,44 @@ fn a_retry_of_a_failed_actor_session_starts_where_the_step_started() {
         "half done"
     );
 }
+
+/// A hand-off is a message: one naming a cycle that is not the flow's open
+/// cycle (forged by a member of the inbox group) gets the Actor's own
+/// session worktree, never a worktree or branch for that cycle.
+#[test]
+fn a_forged_hand_off_for_a_cycle_that_is_not_open_makes_no_cycle_worktree() {
+    let lab = lab(false, "");
+    lab.script("rio", &["* small"]);
+    let d = lab.env.daemon();
+    let forged = "2026-01-01-001";
+    lab.env.ok(&[
+        "send",
+        "--from",
+        "theseus",
+        "--to",
+        "rio",
+        "--subject",
+        "You are the Actor",
+        "--priority",
+        "high",
+        "--source-ref",
+        &format!("agent-state/flow/notes/{forged}/2"),
+    ]);
+    // (No step in its prompt: its `seen` line is " DIR LINES".)
+    d.wait_until(LONG, "rio's session ran", || {
+        !lab.lines_of("seen-rio").is_empty()
+    });
+    let seen = lab.lines_of("seen-rio").join("\n");
+    assert!(
+        seen.contains("/workspaces/") && !seen.contains(&format!("flow-notes-{forged}")),
+        "the forged cycle got a worktree: {seen}"
+    );
+    assert!(!lab.worktree(forged).exists());
+    assert!(
+        !lab.branches()
+            .iter()
+            .any(|b| b.contains(&format!("agent-state/flow/notes/{forged}"))),
+        "{:?}",
+        lab.branches()
+    );
+}
