@@ -482,3 +482,56 @@ fn sizes() {
         "\"..MiB\" is not a size; write e.g. \"10MiB\", \"1GiB\""
     );
 }
+
+/// `memory_max` (per agent, inherited from `[defaults]`) and
+/// `daemon.oom_lower_for`: what they read as, and what they refuse.
+#[test]
+fn memory_max_and_oom_lower_for() {
+    let parse = |daemon: &str, defaults: &str, agent: &str| {
+        Config::parse(
+            &format!(
+                "[daemon]\n{daemon}\n[defaults]\ncommand = [\"/bin/true\"]\n{defaults}\n[[agent]]\nname = \"rio\"\n{agent}\n[[agent]]\nname = \"leo\"\n"
+            ),
+            Path::new("/etc/agent-state/config.toml"),
+        )
+    };
+    let c = parse("", "", "").unwrap();
+    assert_eq!(c.agents[0].session.memory_max, None);
+    assert_eq!(c.daemon.oom_lower_for, Duration::from_secs(3600));
+    let c = parse(
+        "oom_lower_for = \"0s\"",
+        "memory_max = \"2G\"",
+        "memory_max = \"512M\"",
+    )
+    .unwrap();
+    assert_eq!(c.agents[0].session.memory_max, Some(512 << 20));
+    assert_eq!(c.agents[1].session.memory_max, Some(2 << 30), "inherited");
+    assert_eq!(c.daemon.oom_lower_for, Duration::ZERO);
+    let c = parse("", "memory_max = \"2G\"", "memory_max = \"none\"").unwrap();
+    assert_eq!(c.agents[0].session.memory_max, None);
+    for (daemon, defaults, want) in [
+        (
+            "",
+            "memory_max = \"lots\"",
+            "defaults.memory_max: \"lots\" has an unknown unit",
+        ),
+        (
+            "",
+            "memory_max = \"1M\"",
+            "defaults.memory_max: \"1M\" is below 16MiB",
+        ),
+        (
+            "oom_lower_for = \"30d\"",
+            "",
+            "daemon.oom_lower_for: is longer than 7d",
+        ),
+        (
+            "oom_lower_for = \"soon\"",
+            "",
+            "daemon.oom_lower_for: \"soon\" is not a duration",
+        ),
+    ] {
+        let e = parse(daemon, defaults, "").unwrap_err().to_string();
+        assert!(e.contains(want), "{want}: {e}");
+    }
+}

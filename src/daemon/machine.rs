@@ -277,6 +277,8 @@ pub struct Facts {
     /// (in the session's task, `service::iterations`): its code and last
     /// failure. `None` where the machine runs the loop ([`Settings::verify`]).
     pub gave_up: Option<(Code, String)>,
+    /// The kernel's OOM killer ended it (the runner's evidence).
+    pub oom: Option<super::memory::OomEvidence>,
 }
 
 /// How one verification went.
@@ -897,6 +899,7 @@ impl Session {
                 failed_by_script: script_failed,
                 incomplete: self.settings.require_complete && !run.completed_signal,
                 now,
+                oom: facts.oom.as_ref(),
             },
             &mut self.streak,
             &self.settings.retries,

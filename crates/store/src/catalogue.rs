@@ -106,6 +106,7 @@ codes! {
     AgentLoginRequired = "AGENT_LOGIN_REQUIRED",
     AgentApiError = "AGENT_API_ERROR",
     SessionStalled = "SESSION_STALLED",
+    SessionOom = "SESSION_OOM",
     SessionLoop = "SESSION_LOOP",
     SessionInterrupted = "SESSION_INTERRUPTED",
     SessionStopped = "SESSION_STOPPED",
@@ -280,7 +281,7 @@ pub static CATALOGUE: &[CodeInfo] = &[
         escalation: "After `escalate_after` failures in a row (default 3).",
         suggestions: &[
             "Read the session log: sessions/{id}.log",
-            "Killed by SIGKILL without a timeout: check the kernel log for the OOM killer",
+            "Killed by SIGKILL without a timeout and not SESSION_OOM: someone's kill -9, or an OOM kill the daemon could not see (check the kernel log)",
         ],
     },
     CodeInfo {
@@ -332,6 +333,19 @@ pub static CATALOGUE: &[CodeInfo] = &[
         escalation: "As for a timeout.",
         suggestions: &[
             "`claude -p --output-format json` prints only at the end: use stream-json, or leave stall_timeout unset",
+        ],
+    },
+    CodeInfo {
+        code: Code::SessionOom,
+        severity: Severity::High,
+        recoverable: true,
+        cause: "The kernel's OOM killer ended the session: its cgroup's `memory.events` counts an `oom_kill` (under systemd with `Delegate=yes`), or, without a cgroup of its own, it died of a SIGKILL the daemon did not send while the kernel's `oom_kill` count in /proc/vmstat rose. SIGKILL alone is never taken for one.",
+        recovery: "Retried once, after `retry_delay`; `daemon.max_concurrent_sessions` is lowered by one (never below one) for `daemon.oom_lower_for` (default 1h) from the last OOM kill, shown in `status` and daemon.json.",
+        escalation: "If it recurs: the retry killed too.",
+        suggestions: &[
+            "Set or raise `memory_max` for the agent (the session cgroup's memory.max)",
+            "Lower `daemon.max_concurrent_sessions`",
+            "Read the session log and the kernel log (`journalctl -k | grep -i oom`)",
         ],
     },
     CodeInfo {
@@ -773,6 +787,7 @@ mod tests {
             "AGENT_LOGIN_REQUIRED",
             "AGENT_API_ERROR",
             "SESSION_STALLED",
+            "SESSION_OOM",
             "SESSION_LOOP",
             "SESSION_INTERRUPTED",
             "SESSION_STOPPED",
@@ -802,7 +817,7 @@ mod tests {
             let code = Code::parse(text).unwrap_or_else(|| panic!("{text} is not a code"));
             let _ = code.info();
         }
-        assert_eq!(seen.len(), 38);
+        assert_eq!(seen.len(), 39);
     }
 
     #[test]

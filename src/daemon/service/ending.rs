@@ -143,12 +143,22 @@ impl Daemon {
                     claude_error: claude_failed,
                     stderr_last_words: stderr_last_words.clone(),
                     gave_up: iterations.failed.clone(),
+                    oom: report.oom,
                 },
             },
             cfg.as_ref().map(machine::Settings::of).unwrap_or_default(),
             self.streaks.entry(agent.clone()).or_default(),
             now.0,
         );
+        if verdict.code == Some(Code::SessionOom) {
+            oom_killed(
+                &mut self.core,
+                self.config.daemon.oom_lower_for,
+                &agent,
+                &sid,
+                now.0,
+            );
+        }
         let succeeded = decided.is_completed();
         if succeeded && let Some(doubt) = output.claude.as_ref().and_then(output::doubts) {
             self.raise(
@@ -823,6 +833,7 @@ pub(super) fn judge_not_run(
             failed_by_script: None,
             incomplete: false,
             now,
+            oom: None,
         },
         streak,
         &cfg.session.retries,
@@ -867,4 +878,26 @@ fn verdict_record(
         }
         record
     })
+}
+
+/// A session was OOM-killed: one session fewer at once for
+/// `daemon.oom_lower_for` (seed 002: "reduce maxParallel").
+fn oom_killed(
+    core: &mut crate::daemon::core::Core,
+    lower_for: std::time::Duration,
+    agent: &AgentName,
+    sid: &str,
+    now: chrono::DateTime<chrono::Utc>,
+) {
+    let Some(until) = crate::daemon::memory::lowered_until(now, lower_for) else {
+        return;
+    };
+    core.oom_lowered_until = Some(until);
+    tracing::warn!(
+        agent = %agent, session_id = %sid,
+        "the OOM killer ended a session: at most {} session(s) at once (max_concurrent_sessions = {}) until {}",
+        core.concurrent_limit(now),
+        core.max_concurrent,
+        Timestamp::from_datetime(until)
+    );
 }
