@@ -37,6 +37,8 @@ pub struct Observed<'a> {
     pub now: DateTime<Utc>,
     /// The kernel's OOM killer ended it (`memory`'s rule).
     pub oom: Option<&'a OomEvidence>,
+    /// Its workspace was left with invalid commits (why), and was reset.
+    pub invalid_commits: Option<&'a str>,
 }
 
 /// An agent's run of failures, carried from one session to the next.
@@ -108,6 +110,8 @@ fn retry_policy(code: Code, r: &RetrySettings) -> (u32, Duration) {
         Code::AgentApiError => (r.api, r.retry_delay),
         // Once, with one session fewer beside it; a second is "recurring".
         Code::SessionOom => (1, r.retry_delay),
+        // Once, from the base: a second in a row is escalated (seed 002).
+        Code::WorkspaceInvalidCommits => (1, r.retry_delay),
         _ => (0, Duration::ZERO),
     }
 }
@@ -376,6 +380,14 @@ fn classify(obs: &Observed<'_>) -> Classified {
             ),
         );
     }
+    if let Some(why) = obs.invalid_commits {
+        return Failure(
+            Code::WorkspaceInvalidCommits,
+            format!(
+                "the session left invalid commits in its workspace ({why}); the workspace was reset to the base"
+            ),
+        );
+    }
     match obs.claude {
         Some(ClaudeFailure::LoginRequired { message }) => {
             return Failure(
@@ -432,6 +444,7 @@ mod tests {
             incomplete: false,
             now: DateTime::UNIX_EPOCH,
             oom: None,
+            invalid_commits: None,
         }
     }
 
@@ -560,6 +573,54 @@ mod tests {
         let mut o = obs(&ok);
         o.oom = Some(&cg);
         assert_eq!(judge(&o, &mut s, &r()).next, Next::Clear, "exit 0 wins");
+    }
+
+    /// Invalid commits: retried once (from the base), escalated at the
+    /// second in a row; whatever the exit status; a timeout keeps its code.
+    #[test]
+    fn invalid_commits_are_retried_once_then_escalated() {
+        let ok = Ending::Exited { code: 0 };
+        let failed = Ending::Exited { code: 1 };
+        let why = "HEAD is detached, not on the branch rio/x";
+        // (ending, invalid, code, retried, escalated)
+        type Row<'a> = (&'a Ending, Option<&'a str>, Option<Code>, bool, bool);
+        let table: &[Row<'_>] = &[
+            (
+                &ok,
+                Some(why),
+                Some(Code::WorkspaceInvalidCommits),
+                true,
+                false,
+            ),
+            (
+                &failed,
+                Some(why),
+                Some(Code::WorkspaceInvalidCommits),
+                false,
+                true,
+            ),
+            (&ok, None, None, false, false),
+            (
+                &Ending::TimedOut,
+                Some(why),
+                Some(Code::SessionTimeout),
+                true,
+                false,
+            ),
+        ];
+        let mut s = Streak::default();
+        for (n, &(ending, invalid, code, retried, escalated)) in table.iter().enumerate() {
+            let mut o = obs(ending);
+            o.invalid_commits = invalid;
+            o.fingerprint = Some(n as u64);
+            let v = judge(&o, &mut s, &r());
+            assert_eq!(v.code, code, "row {n}: {}", v.message);
+            assert_eq!(matches!(v.next, Next::Retry { .. }), retried, "row {n}");
+            assert_eq!(v.escalate, escalated, "row {n}");
+            if code == Some(Code::WorkspaceInvalidCommits) {
+                assert!(v.message.contains(why), "{}", v.message);
+            }
+        }
     }
 
     #[test]

@@ -279,6 +279,8 @@ pub struct Facts {
     pub gave_up: Option<(Code, String)>,
     /// The kernel's OOM killer ended it (the runner's evidence).
     pub oom: Option<super::memory::OomEvidence>,
+    /// The workspace was left with invalid commits (why) and reset.
+    pub invalid_commits: Option<String>,
 }
 
 /// How one verification went.
@@ -900,6 +902,7 @@ impl Session {
                 incomplete: self.settings.require_complete && !run.completed_signal,
                 now,
                 oom: facts.oom.as_ref(),
+                invalid_commits: facts.invalid_commits.as_deref(),
             },
             &mut self.streak,
             &self.settings.retries,

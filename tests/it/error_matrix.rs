@@ -172,3 +172,133 @@ fn a_sigkill_without_the_kernel_s_oom_count_rising_is_no_oom() {
     assert!(d.heartbeat()["concurrency_lowered"].is_null());
     assert!(!env.ok(&["status"]).contains("concurrency: lowered"));
 }
+
+// ---- invalid_commits ---------------------------------------------------------
+
+/// rio works in a worktree of a real repository. Each run records the
+/// commit it started on (`start-N`), then does what line N of `plan` says:
+/// `orphan` (HEAD reset to a commit of unrelated history, a rewrite below
+/// the base), `detach` (a commit on a detached HEAD), anything else (a good
+/// commit on its branch).
+fn workspace_env(plan: &[&str]) -> (Env, std::path::PathBuf) {
+    let env = Env::with_config("");
+    let repo = crate::support::git_repo(&env);
+    let d = env.dir.path().display().to_string();
+    std::fs::write(env.tmp("plan"), plan.join("\n") + "\n").unwrap();
+    let script = env.script(
+        "agent.sh",
+        &format!(
+            r#"cat > /dev/null
+D={d:?}
+echo run >> "$D/runs"
+N=$(wc -l < "$D/runs")
+git rev-parse HEAD > "$D/start-$N"
+ls > "$D/files-$N"
+G="git -c user.name=a -c user.email=a@x -c commit.gpgsign=false"
+echo "run $N" > "work-$N.txt"
+git add "work-$N.txt" && $G commit -q -m "run $N"
+case "$(sed -n "${{N}}p" "$D/plan")" in
+  orphan) T=$(git mktree < /dev/null); C=$(echo unrelated | $G commit-tree "$T"); git reset -q --hard "$C" ;;
+  detach) git checkout -q --detach && echo x > x.txt && git add x.txt && $G commit -q -m detached ;;
+esac
+echo "run $N done""#
+        ),
+    );
+    let ws = format!(
+        "{{ repo = {:?}, base = \"main\" }}",
+        repo.display().to_string()
+    );
+    env.set_config(&daemon_config(
+        &script,
+        &[],
+        &[
+            ("retry_delay", "\"300ms\""),
+            ("max_backoff", "\"1h\""),
+            ("workspace", &ws),
+        ],
+        "[[agent]]\nname = \"rio\"\n\n[[agent]]\nname = \"marcus\"\nkind = \"human\"\n",
+    ));
+    (env, repo)
+}
+
+fn branches(repo: &Path) -> Vec<String> {
+    crate::support::git(repo, &["branch", "--format=%(refname:short)"])
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn invalid_commits_reset_the_workspace_to_the_base_and_retry_once() {
+    let (env, repo) = workspace_env(&["orphan", "good"]);
+    let base = crate::support::git(&repo, &["rev-parse", "main"]);
+    let d = env.daemon();
+    env.ok(&["wake", "rio"]);
+    d.wait_until(Duration::from_secs(30), "the retry completed", || {
+        env.events("rio", "session_end")
+            .iter()
+            .any(|e| e["outcome"] == "completed")
+    });
+    let recs = records(&env, "WORKSPACE_INVALID_COMMITS");
+    assert_eq!(recs.len(), 1, "{recs:?}");
+    let message = recs[0]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("the base commit is not in HEAD's history"),
+        "{message}"
+    );
+    assert!(message.contains("reset to the base"), "{message}");
+    assert_ne!(recs[0]["escalated"], true, "{}", recs[0]);
+    // The retry started from the base, without the first run's work.
+    let read = |f: &str| std::fs::read_to_string(env.tmp(f)).unwrap_or_default();
+    assert_eq!(read("start-2").trim(), base);
+    assert!(
+        !read("files-2").contains("work-1.txt"),
+        "{}",
+        read("files-2")
+    );
+    // Nothing lost: the first run's branch is set aside, not deleted.
+    let all = branches(&repo);
+    let aside: Vec<&String> = all.iter().filter(|b| b.contains("-invalid")).collect();
+    assert_eq!(aside.len(), 1, "{all:?}");
+    assert!(message.contains(aside[0].as_str()), "{message} {all:?}");
+    let kept = crate::support::git(&repo, &["log", "--format=%s", aside[0]]);
+    assert_eq!(kept, "unrelated", "the rewritten head is kept: {kept}");
+    // The retry's good commit is on its own branch, kept.
+    let session = crate::support::read_json(&env.path("rio", "session.json"));
+    assert_eq!(session["workspace"]["state"], "kept", "{session:#}");
+    assert_eq!(session["workspace"]["commits_ahead"], 1, "{session:#}");
+}
+
+#[test]
+fn invalid_commits_twice_in_a_row_are_escalated() {
+    let (env, repo) = workspace_env(&["detach", "detach"]);
+    let d = env.daemon();
+    env.ok(&["wake", "rio"]);
+    d.wait_until(
+        Duration::from_secs(30),
+        "the second invalid run escalated",
+        || {
+            records(&env, "WORKSPACE_INVALID_COMMITS")
+                .iter()
+                .any(|r| r["escalated"] == true)
+        },
+    );
+    let recs = records(&env, "WORKSPACE_INVALID_COMMITS");
+    assert_eq!(recs.len(), 2, "{recs:?}");
+    assert!(
+        recs[1]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("HEAD is detached"),
+        "{}",
+        recs[1]
+    );
+    // Each run's branch commit and its detached commit set aside: 4 branches.
+    let all = branches(&repo);
+    assert_eq!(
+        all.iter().filter(|b| b.contains("-invalid")).count(),
+        4,
+        "{all:?}"
+    );
+    assert_eq!(env.events("rio", "session_end").len(), 0);
+}

@@ -99,6 +99,7 @@ codes! {
     WorkspaceNotARepo = "WORKSPACE_NOT_A_REPO",
     WorkspaceLocked = "WORKSPACE_LOCKED",
     WorkspaceFailed = "WORKSPACE_FAILED",
+    WorkspaceInvalidCommits = "WORKSPACE_INVALID_COMMITS",
     SessionTimeout = "SESSION_TIMEOUT",
     SessionFailed = "SESSION_FAILED",
     SessionEmptyOutput = "SESSION_EMPTY_OUTPUT",
@@ -257,6 +258,19 @@ pub static CATALOGUE: &[CodeInfo] = &[
         suggestions: &[
             "Read the details: they name the git command and its error",
             "Check `workspace.base` names a branch, tag or commit of the repository",
+        ],
+    },
+    CodeInfo {
+        code: Code::WorkspaceInvalidCommits,
+        severity: Severity::Medium,
+        recoverable: true,
+        cause: "The session left its worktree in a broken git state (seed 002's `invalid_commits`): HEAD names no commit, is detached or on another branch, the base is not in its history (rewritten or unrelated), a merge, rebase, cherry-pick or revert is half done, or the index holds conflicts.",
+        recovery: "The workspace is reset to the base: the worktree is removed and what it held set aside on a branch `BRANCH-invalid` (`-invalid-N`), never deleted; the session is retried once, from the base, after `retry_delay`. Checked whatever the exit status; a timeout or stop keeps its own code (the workspace is reset all the same).",
+        escalation: "After 2 occurrences in a row (the retry left invalid commits too).",
+        suggestions: &[
+            "Read the details: they say what was broken",
+            "Look at the branch set aside: `git log BRANCH-invalid`",
+            "Tell the agent (its prompt, CLAUDE.md) to commit on its branch and never rewrite history below it",
         ],
     },
     // Agent: how the session ended.
@@ -780,6 +794,7 @@ mod tests {
             "WORKSPACE_NOT_A_REPO",
             "WORKSPACE_LOCKED",
             "WORKSPACE_FAILED",
+            "WORKSPACE_INVALID_COMMITS",
             "SESSION_TIMEOUT",
             "SESSION_FAILED",
             "SESSION_EMPTY_OUTPUT",
@@ -817,7 +832,7 @@ mod tests {
             let code = Code::parse(text).unwrap_or_else(|| panic!("{text} is not a code"));
             let _ = code.info();
         }
-        assert_eq!(seen.len(), 39);
+        assert_eq!(seen.len(), 40);
     }
 
     #[test]

@@ -1058,6 +1058,7 @@ fn the_bridge_gives_the_verdicts_the_daemon_gave() {
                 incomplete: false,
                 now: at(0),
                 oom: None,
+                invalid_commits: None,
             },
             streak,
             &r,
