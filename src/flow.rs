@@ -31,6 +31,7 @@
 mod apply;
 pub mod authority;
 pub mod cycle;
+pub mod publish;
 pub mod route;
 pub mod scope;
 

@@ -535,3 +535,51 @@ fn memory_max_and_oom_lower_for() {
         assert!(e.contains(want), "{want}: {e}");
     }
 }
+
+/// `[[flow]] publish`: both keys, each checked with the fix named.
+#[test]
+fn a_flow_s_publish_settings() {
+    let parse = |publish: &str| {
+        Config::parse(
+            &format!(
+                "[defaults]\ncommand = [\"/bin/true\"]\n[[agent]]\nname = \"p\"\n[[agent]]\nname = \"a\"\nworkspace = {{ repo = \"/srv/r\" }}\n[[agent]]\nname = \"j\"\n[[agent]]\nname = \"h\"\nkind = \"human\"\n[[flow]]\nname = \"f\"\nplanner = \"p\"\nactor = \"a\"\njudge = \"j\"\n{publish}\n"
+            ),
+            Path::new("/etc/agent-state/config.toml"),
+        )
+    };
+    let c = parse("").unwrap();
+    assert_eq!(c.flows[0].publish, None);
+    let c = parse("publish = { into = \"main\", remote = \"origin\" }").unwrap();
+    assert_eq!(
+        c.flows[0].publish,
+        Some(PublishSettings {
+            into: "main".into(),
+            remote: "origin".into()
+        })
+    );
+    for (publish, want) in [
+        (
+            "publish = { remote = \"origin\" }",
+            "flow[0] (f).publish.into: \"\" is not a branch name",
+        ),
+        (
+            "publish = { into = \"a..b\", remote = \"origin\" }",
+            "publish.into: \"a..b\" is not a branch name",
+        ),
+        (
+            "publish = { into = \"main\" }",
+            "publish.remote: \"\" is not a remote",
+        ),
+        (
+            "publish = { into = \"main\", remote = \"--upload-pack=x\" }",
+            "publish.remote: \"--upload-pack=x\" is not a remote",
+        ),
+        (
+            "publish = { into = \"main\", remot = \"x\" }",
+            "unknown field",
+        ),
+    ] {
+        let e = parse(publish).unwrap_err().to_string();
+        assert!(e.contains(want), "{want}: {e}");
+    }
+}

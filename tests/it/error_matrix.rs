@@ -302,3 +302,110 @@ fn invalid_commits_twice_in_a_row_are_escalated() {
     );
     assert_eq!(env.events("rio", "session_end").len(), 0);
 }
+
+// ---- merge and publish errors ------------------------------------------------
+
+/// A flow whose approved cycles agent-state publishes to `origin` (a bare
+/// clone of the lab's repository) `main`; `on_approve` leaves a file when
+/// it runs. `hook`: the remote's pre-receive hook, if any.
+fn publishing_lab(hook: Option<&str>) -> (crate::flows::Lab, std::path::PathBuf) {
+    let probe = "on_approve = [\"sh\", \"-c\", \"touch ../../../on-approve-ran\"]";
+    let lab = crate::flows::lab(&format!(
+        "publish = {{ into = \"main\", remote = \"origin\" }}\n{probe}"
+    ));
+    // notes.md in the base, so the Actor's lines and the remote's meet.
+    std::fs::write(lab.repo.join("notes.md"), "# Notes\n").unwrap();
+    crate::support::git(&lab.repo, &["add", "notes.md"]);
+    crate::support::git(&lab.repo, &["commit", "-q", "-m", "notes"]);
+    let remote = lab.env.tmp("remote.git");
+    crate::support::git(
+        lab.env.dir.path(),
+        &["clone", "-q", "--bare", "repo", "remote.git"],
+    );
+    crate::support::git(
+        &lab.repo,
+        &["remote", "add", "origin", remote.to_str().unwrap()],
+    );
+    if let Some(body) = hook {
+        use std::os::unix::fs::PermissionsExt;
+        let path = remote.join("hooks/pre-receive");
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    lab.script("theseus", &["* plan"]);
+    lab.script("rio", &["* small"]);
+    lab.script("leo", &["* pass-low"]);
+    (lab, remote)
+}
+
+fn published(lab: &crate::flows::Lab) -> Option<Value> {
+    lab.journal()
+        .into_iter()
+        .find(|e| e["event"] == "published")
+}
+
+const FLOW_WAIT: Duration = Duration::from_secs(90);
+
+#[test]
+fn an_approved_cycle_is_published_then_on_approve_runs() {
+    let (lab, remote) = publishing_lab(None);
+    let d = lab.env.daemon();
+    lab.start("Add three notes");
+    d.wait_until(FLOW_WAIT, "the cycle is published", || {
+        published(&lab).is_some() && lab.journal().iter().any(|e| e["event"] == "on_approve")
+    });
+    let p = published(&lab).unwrap();
+    assert_eq!(p["ok"], true, "{p}");
+    let notes = crate::support::git(&remote, &["show", "main:notes.md"]);
+    assert!(notes.contains("note 3"), "{notes}");
+    assert!(records(&lab.env, "PUBLISH_FAILED").is_empty());
+}
+
+#[test]
+fn a_protected_branch_refuses_the_push_escalated_and_on_approve_does_not_run() {
+    let (lab, remote) = publishing_lab(Some("echo 'main is protected' >&2\nexit 1"));
+    let before = crate::support::git(&remote, &["rev-parse", "main"]);
+    let d = lab.env.daemon();
+    lab.start("Add three notes");
+    d.wait_until(FLOW_WAIT, "the refusal is raised", || {
+        !records(&lab.env, "MERGE_PROTECTED_BRANCH").is_empty()
+    });
+    let rec = &records(&lab.env, "MERGE_PROTECTED_BRANCH")[0];
+    let message = rec["message"].as_str().unwrap_or_default();
+    assert!(message.contains("main is protected"), "{rec}");
+    assert_eq!(rec["escalated"], true, "{rec}");
+    assert_eq!(rec["context"]["agent"], "rio", "{rec}");
+    assert_eq!(crate::support::git(&remote, &["rev-parse", "main"]), before);
+    let p = published(&lab).expect("journaled");
+    assert_eq!(p["code"], "MERGE_PROTECTED_BRANCH", "{p}");
+    assert!(!lab.journal().iter().any(|e| e["event"] == "on_approve"));
+    assert!(!lab.env.tmp("on-approve-ran").exists());
+}
+
+#[test]
+fn a_conflict_with_the_remote_is_classified_in_the_record_and_escalated() {
+    let (lab, remote) = publishing_lab(None);
+    // Someone else adds other lines at the end of notes.md on the remote.
+    let other = lab.env.tmp("other");
+    crate::support::git(lab.env.dir.path(), &["clone", "-q", "remote.git", "other"]);
+    std::fs::write(other.join("notes.md"), "# Notes\ntheir note\n").unwrap();
+    crate::support::git(&other, &["commit", "-q", "-am", "theirs"]);
+    crate::support::git(&other, &["push", "-q", "origin", "main"]);
+    let before = crate::support::git(&remote, &["rev-parse", "main"]);
+    let d = lab.env.daemon();
+    lab.start("Add three notes");
+    d.wait_until(FLOW_WAIT, "the conflict is raised", || {
+        !records(&lab.env, "MERGE_CONFLICT").is_empty()
+    });
+    let rec = &records(&lab.env, "MERGE_CONFLICT")[0];
+    let details = rec["details"].as_str().unwrap_or_default();
+    assert!(
+        details.starts_with("conflict level MEDIUM: 1 file(s) (notes.md)"),
+        "{rec}"
+    );
+    assert_eq!(rec["escalated"], true, "{rec}");
+    let p = published(&lab).expect("journaled");
+    assert_eq!(p["level"], "MEDIUM", "{p}");
+    assert_eq!(p["files"], serde_json::json!(["notes.md"]), "{p}");
+    assert_eq!(crate::support::git(&remote, &["rev-parse", "main"]), before);
+}

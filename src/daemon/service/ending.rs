@@ -406,7 +406,7 @@ impl Daemon {
             }
         }
         record_output_summary(&self.root, &agent, &running, &output, now);
-        flows::apply_flows(&self.root, &self.config, self.clock.now(), &flows);
+        flows::apply_flows(&self.root, &self.config, self.clock.now(), &flows, &self.tx);
         if report.truncated {
             self.raise(
                 ErrorRecord::new(

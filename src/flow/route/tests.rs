@@ -22,6 +22,7 @@ fn flow() -> FlowSettings {
         on_approve: Vec::new(),
         on_approve_timeout: std::time::Duration::from_secs(60),
         approvers: Vec::new(),
+        publish: None,
     }
 }
 
