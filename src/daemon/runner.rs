@@ -785,11 +785,15 @@ fn limit_memory(spec: &SessionSpec, cgroup: Option<&SessionCgroup>) {
         (Some(_), Some(all)) => all.no_memory.clone().unwrap_or_default(),
         _ => "the session has no cgroup of its own (the daemon does not run under systemd with Delegate=yes)".into(),
     };
-    tracing::warn!(
-        session = %spec.marker.1,
-        memory_max = max,
-        "memory_max is not applied: {why_not}"
-    );
+    // Said once per daemon: the same reason holds for every session.
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!(
+            session = %spec.marker.1,
+            memory_max = max,
+            "memory_max is not applied (said once): {why_not}"
+        );
+    }
 }
 
 /// The kernel's count of OOM kills so far (`oom_kill` in `/proc/vmstat`).

@@ -133,9 +133,22 @@ fn an_oom_killed_session_is_session_oom_retried_and_lowers_the_limit_for_an_hour
     assert!(d.log_text().contains("the OOM killer ended a session"));
     // memory_max cannot apply here (no per-session cgroups): said.
     assert!(
-        d.log_text().contains("memory_max is not applied"),
+        d.log_text()
+            .contains("memory_max is not applied (said once)"),
         "{}",
         d.log_text()
+    );
+    // `check` says where memory_max can apply (this host or not).
+    let check = env.run(&["check"]);
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
+    assert!(
+        said.contains("rio, a, b: memory_max applies where")
+            || said.contains("rio, a, b: memory_max cannot apply on this host"),
+        "{said}"
     );
     // And it holds: of two agents woken, one runs and one waits for a slot.
     env.ok(&["wake", "a"]);
