@@ -422,3 +422,90 @@ fn a_conflict_with_the_remote_is_classified_in_the_record_and_escalated() {
     assert_eq!(p["files"], serde_json::json!(["notes.md"]), "{p}");
     assert_eq!(crate::support::git(&remote, &["rev-parse", "main"]), before);
 }
+
+// ---- memory_max under a real systemd (sdbox) -----------------------------------
+
+/// Allocates 200 MiB in a child (python3, in sdbox's base), past a 64 MiB
+/// memory_max.
+const MEMORY_HOG: &str = r#"#!/bin/sh
+cat > /dev/null
+echo "allocating 200 MiB"
+python3 -c 'b = bytearray(200 * 1024 * 1024); print(len(b))'
+echo "python3 exited with $?"
+exit 0
+"#;
+
+/// Under systemd with `Delegate=yes`: where the box's cgroup v2 has the
+/// memory controller, a session past `memory_max` is OOM-killed in its
+/// cgroup and recorded as SESSION_OOM (read from memory.events); where it
+/// has not (sdbox on a host whose memory controller is cgroup v1, as the
+/// machine this was written on), the daemon says at the session that
+/// memory_max is not applied and why, and the session is no OOM. Gated by
+/// AGENT_STATE_SYSTEMD_TESTS=1.
+#[test]
+fn under_systemd_memory_max_limits_the_session_cgroup_or_says_why_not() {
+    use crate::sdbox::{CONFIG, SdBox, sdbox_tool};
+    let Some(tool) = sdbox_tool() else {
+        return;
+    };
+    let sdbox = SdBox::up(tool);
+    sdbox.install_package_files();
+    sdbox.write("/opt/teleo-eval/memory-hog.sh", MEMORY_HOG, 0o755);
+    sdbox.write(
+        CONFIG,
+        r#"state_root = "/opt/teleo-eval/agent-state"
+group = "teleo"
+
+[daemon]
+max_concurrent_sessions = 2
+
+[defaults]
+command = ["/opt/teleo-eval/memory-hog.sh", "{agent}"]
+timeout = "2m"
+kill_grace = "5s"
+wake_on_inbox = "never"
+memory_max = "64MiB"
+retry_delay = "1h"
+
+[[agent]]
+name = "rio"
+
+[[agent]]
+name = "marcus"
+kind = "human"
+"#,
+        0o644,
+    );
+    sdbox.ok(&["systemd-sysusers"]);
+    sdbox.ok(&["systemd-tmpfiles", "--create", "agent-state.conf"]);
+    sdbox.ok(&["systemctl", "daemon-reload"]);
+    sdbox.ok(&["systemctl", "start", "agent-state.service"]);
+    let controllers = sdbox.ok(&[
+        "sh",
+        "-c",
+        "cat /sys/fs/cgroup/system.slice/agent-state.service/cgroup.controllers /sys/fs/cgroup/unified/system.slice/agent-state.service/cgroup.controllers 2>/dev/null; true",
+    ]);
+    let enforced = controllers.split_whitespace().any(|c| c == "memory");
+    eprintln!("the unit's cgroup controllers: {controllers:?}; memory enforced: {enforced}");
+    let out = sdbox.agent_state(&["wake", "rio"]);
+    assert!(out.status.success(), "{}", crate::sdbox::describe(&out));
+    let errors = "/opt/teleo-eval/agent-state/.daemon/errors.jsonl";
+    let session = "/opt/teleo-eval/agent-state/rio/session.json";
+    sdbox.wait_until(Duration::from_secs(60), "rio's session ended", || {
+        let s = sdbox.json(session);
+        s["status"].is_string() && s["status"] != "running"
+    });
+    let journal = sdbox.journal(&[]);
+    let records = sdbox.read(errors);
+    if enforced {
+        assert!(records.contains("SESSION_OOM"), "{records}\n{journal}");
+        assert!(records.contains("memory.events"), "{records}");
+    } else {
+        assert!(
+            journal.contains("memory_max is not applied (said once)")
+                && journal.contains("memory controller"),
+            "{journal}"
+        );
+        assert!(!records.contains("SESSION_OOM"), "{records}");
+    }
+}
