@@ -247,10 +247,13 @@ fn invalid_commits_reset_the_workspace_to_the_base_and_retry_once() {
     let base = crate::support::git(&repo, &["rev-parse", "main"]);
     let d = env.daemon();
     env.ok(&["wake", "rio"]);
+    // session.json's `workspace` is written after the journal's end.
     d.wait_until(Duration::from_secs(30), "the retry completed", || {
         env.events("rio", "session_end")
             .iter()
             .any(|e| e["outcome"] == "completed")
+            && crate::support::read_json(&env.path("rio", "session.json"))["workspace"]["state"]
+                == "kept"
     });
     let recs = records(&env, "WORKSPACE_INVALID_COMMITS");
     assert_eq!(recs.len(), 1, "{recs:?}");
@@ -261,6 +264,8 @@ fn invalid_commits_reset_the_workspace_to_the_base_and_retry_once() {
     );
     assert!(message.contains("reset to the base"), "{message}");
     assert_ne!(recs[0]["escalated"], true, "{}", recs[0]);
+    // The reset is no failure of the workspace's own.
+    assert!(records(&env, "WORKSPACE_FAILED").is_empty());
     // The retry started from the base, without the first run's work.
     let read = |f: &str| std::fs::read_to_string(env.tmp(f)).unwrap_or_default();
     assert_eq!(read("start-2").trim(), base);

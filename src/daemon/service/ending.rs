@@ -583,6 +583,10 @@ pub(super) fn record_workspace(
         "removed" => {
             tracing::info!(agent = %agent, session_id = %sid, "workspace removed (nothing changed): {}", ws.path.display())
         }
+        // Its error (WORKSPACE_INVALID_COMMITS) is the session's.
+        "reset" => {
+            tracing::warn!(agent = %agent, session_id = %sid, "workspace reset to the base after invalid commits ({}): {} removed", ws.invalid.as_deref().unwrap_or_default(), ws.path.display())
+        }
         _ => {
             error = Some(
                 ErrorRecord::new(
