@@ -514,3 +514,27 @@ kind = "human"
         assert!(!records.contains("SESSION_OOM"), "{records}");
     }
 }
+
+#[test]
+fn flow_approve_by_a_person_says_and_records_the_refused_push() {
+    let (lab, remote) = publishing_lab(Some("echo 'main is protected' >&2\nexit 1"));
+    lab.script("leo", &["* pass-medium"]);
+    let before = crate::support::git(&remote, &["rev-parse", "main"]);
+    let d = lab.env.daemon();
+    let cycle = lab.start("Medium risk");
+    d.wait_until(FLOW_WAIT, "the cycle waits for approval", || {
+        lab.current()["status"] == "awaiting_approval"
+    });
+    let out = lab.env.run(&["flow", "approve", &cycle]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains("MERGE_PROTECTED_BRANCH: flow notes cycle")
+            && said.contains("main is protected"),
+        "{said}"
+    );
+    let recs = records(&lab.env, "MERGE_PROTECTED_BRANCH");
+    assert_eq!(recs.len(), 1, "{recs:?}");
+    assert_eq!(crate::support::git(&remote, &["rev-parse", "main"]), before);
+    assert!(!lab.journal().iter().any(|e| e["event"] == "on_approve"));
+}
