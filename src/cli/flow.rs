@@ -32,7 +32,7 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Approve a cycle the Judge passed (awaiting approval, or blocked): archived, on_approve run.
+    /// Approve a cycle the Judge passed (awaiting approval, or blocked): archived, published (`publish`), on_approve run.
     /// Root and the service user only, or a user in the flow's `approvers` (whose answer is left
     /// as a reply the daemon carries out); anyone else exits 77
     Approve {
