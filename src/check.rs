@@ -187,6 +187,21 @@ pub fn check(config: &Config, repair: bool, now: Timestamp) -> Result<CheckRepor
         report.findings.last_mut().expect("just pushed").repaired = Some("created".into());
     }
     daemon_lock_modes(&root, repair, &mut report.findings);
+    let limited: Vec<&str> = config
+        .agents
+        .iter()
+        .filter(|a| a.kind == crate::config::AgentKind::Agent && a.session.memory_max.is_some())
+        .map(|a| a.name.as_str())
+        .collect();
+    let controllers = [
+        "/sys/fs/cgroup/cgroup.controllers",
+        "/sys/fs/cgroup/unified/cgroup.controllers",
+    ]
+    .iter()
+    .find_map(|p| std::fs::read_to_string(p).ok());
+    report
+        .notes
+        .extend(memory_note(&limited, controllers.as_deref()));
     for agent in &config.agents {
         let dir = root.agent(&agent.name);
         if before_first_start && !repair && !crate::fsx::exists(&dir.path) {
@@ -219,6 +234,24 @@ pub fn check(config: &Config, repair: bool, now: Timestamp) -> Result<CheckRepor
         }
     }
     Ok(report)
+}
+
+/// Whether `memory_max` can apply here: only in per-session cgroups with
+/// the memory controller of cgroup v2 (`controllers`: its root's
+/// `cgroup.controllers`, `None` without cgroup v2). Pure.
+fn memory_note(agents: &[&str], controllers: Option<&str>) -> Option<String> {
+    if agents.is_empty() {
+        return None;
+    }
+    let who = agents.join(", ");
+    Some(match controllers {
+        Some(c) if c.split_whitespace().any(|c| c == "memory") => format!(
+            "{who}: memory_max applies where the daemon runs under systemd with Delegate=yes (a cgroup per session); run elsewhere, the daemon logs that it is not applied"
+        ),
+        _ => format!(
+            "{who}: memory_max cannot apply on this host (no cgroup v2 memory controller); sessions run without it, and the daemon logs so"
+        ),
+    })
 }
 
 /// `.daemon/lock` and `.daemon/counters.lock` are the service user's alone
@@ -759,4 +792,22 @@ fn repair_foreign_modes(dir: &AgentDir, found: &mut [Finding]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod memory_note_tests {
+    #[test]
+    fn memory_max_is_said_to_apply_only_with_a_memory_controller() {
+        use super::memory_note;
+        assert_eq!(memory_note(&[], Some("memory")), None);
+        let with = memory_note(&["rio"], Some("cpuset cpu io memory pids")).unwrap();
+        assert!(with.starts_with("rio: memory_max applies where"), "{with}");
+        for controllers in [None, Some("cpu io pids")] {
+            let without = memory_note(&["rio", "leo"], controllers).unwrap();
+            assert!(
+                without.starts_with("rio, leo: memory_max cannot apply on this host"),
+                "{without}"
+            );
+        }
+    }
 }

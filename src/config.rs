@@ -39,7 +39,7 @@ pub mod iteration;
 pub mod logs;
 pub mod web;
 pub mod workspace;
-pub use flow::{FlowSettings, Gate, OnInsufficient, RoleLimits};
+pub use flow::{FlowSettings, Gate, OnInsufficient, PublishSettings, RoleLimits};
 pub use iteration::IterationSettings;
 pub use logs::LogSettings;
 pub use sections::{DaemonSettings, HealthSettings, HookSettings, MetricsSettings};

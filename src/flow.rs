@@ -41,6 +41,7 @@
 mod apply;
 pub mod authority;
 pub mod cycle;
+pub mod publish;
 pub mod route;
 pub mod scope;
 

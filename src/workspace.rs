@@ -698,6 +698,167 @@ pub fn finish(ws: &Workspace, base: &str) -> Result<Finished, WorkspaceError> {
     })
 }
 
+/// What [`invalid_commits`] judges of a workspace at the end of a session.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct GitState {
+    /// HEAD's commit; `None` if HEAD does not resolve to one.
+    pub head: Option<String>,
+    /// The branch HEAD is on (`refs/heads/…` stripped); `None`: detached.
+    pub branch: Option<String>,
+    /// The base commit is an ancestor of HEAD (or HEAD itself).
+    pub has_base: bool,
+    /// Operations left half done: `merge`, `rebase`, `cherry-pick`, `revert`.
+    pub in_progress: Vec<&'static str>,
+    /// Paths with unmerged (conflicted) entries in the index.
+    pub unmerged: usize,
+}
+
+/// Seed 002's `invalid_commits` ("broken git state"): why the commits a
+/// session left in its workspace cannot be built on, or `None` when they
+/// can. Invalid: HEAD names no commit; HEAD is not on the session's branch
+/// (detached, or another branch: its commits are on no branch the daemon
+/// keeps); the base is not in HEAD's history (rewritten below the base, or
+/// reset to unrelated history); a merge, rebase, cherry-pick or revert left
+/// half done; conflicted paths in the index. Pure.
+pub fn invalid_commits(state: &GitState, branch: &str) -> Option<String> {
+    let mut why = Vec::new();
+    if state.head.is_none() {
+        why.push("HEAD names no commit".to_string());
+    }
+    match &state.branch {
+        None => why.push(format!("HEAD is detached, not on the branch {branch}")),
+        Some(b) if b != branch => why.push(format!("HEAD is on the branch {b}, not {branch}")),
+        Some(_) => {}
+    }
+    if state.head.is_some() && !state.has_base {
+        why.push(
+            "the base commit is not in HEAD's history (rewritten or unrelated history)".into(),
+        );
+    }
+    if !state.in_progress.is_empty() {
+        why.push(format!(
+            "a {} left in progress",
+            state.in_progress.join(" and a ")
+        ));
+    }
+    if state.unmerged > 0 {
+        why.push(format!(
+            "{} conflicted path(s) in the index",
+            state.unmerged
+        ));
+    }
+    (!why.is_empty()).then(|| why.join("; "))
+}
+
+/// The [`GitState`] of `ws` against its base commit.
+pub fn git_state(ws: &Workspace) -> Result<GitState, WorkspaceError> {
+    let dir = ws.path.as_path();
+    let head = run(dir, &["rev-parse", "--verify", "--quiet", "HEAD^{commit}"])?;
+    let head = head
+        .0
+        .then(|| String::from_utf8_lossy(&head.1).trim().to_string())
+        .filter(|h| !h.is_empty());
+    let symbolic = run(dir, &["symbolic-ref", "--quiet", "HEAD"])?;
+    let branch = symbolic.0.then(|| {
+        let r = String::from_utf8_lossy(&symbolic.1).trim().to_string();
+        r.strip_prefix("refs/heads/").unwrap_or(&r).to_string()
+    });
+    let has_base = head.is_some()
+        && git_ok(
+            dir,
+            &["merge-base", "--is-ancestor", &ws.base_commit, "HEAD"],
+        )?;
+    let mut in_progress = Vec::new();
+    for (what, marker) in [
+        ("merge", "MERGE_HEAD"),
+        ("rebase", "rebase-merge"),
+        ("rebase", "rebase-apply"),
+        ("cherry-pick", "CHERRY_PICK_HEAD"),
+        ("revert", "REVERT_HEAD"),
+    ] {
+        let out = git(
+            dir,
+            &["rev-parse", "--git-path", marker],
+            "check the worktree",
+        )?;
+        let path = dir.join(out.stdout.trim());
+        if std::fs::symlink_metadata(&path).is_ok() && !in_progress.contains(&what) {
+            in_progress.push(what);
+        }
+    }
+    let unmerged = git(dir, &["ls-files", "--unmerged", "-z"], "check the worktree")?;
+    let mut paths: Vec<&str> = unmerged
+        .stdout
+        .split('\0')
+        .filter_map(|e| e.split_once('\t').map(|(_, p)| p))
+        .collect();
+    paths.dedup();
+    Ok(GitState {
+        head,
+        branch,
+        has_base,
+        in_progress,
+        unmerged: paths.len(),
+    })
+}
+
+/// Reset `ws` to its base after invalid commits: the worktree is removed
+/// and its branch deleted, so the next session starts from the base. What
+/// it held is set aside, never lost: the branch, if it has commits not on
+/// the base, is renamed `{branch}-invalid` (`-invalid-N` if taken), and a
+/// HEAD elsewhere (detached, another history) gets such a branch too.
+/// Returns the branches set aside.
+pub fn reset_invalid(repo: &Path, ws: &Workspace) -> Result<Vec<String>, WorkspaceError> {
+    let head = run(
+        &ws.path,
+        &["rev-parse", "--verify", "--quiet", "HEAD^{commit}"],
+    )?;
+    let head = head
+        .0
+        .then(|| String::from_utf8_lossy(&head.1).trim().to_string())
+        .filter(|h| !h.is_empty() && *h != ws.base_commit);
+    clear_path(repo, &ws.path)?;
+    let aside = |repo: &Path| -> Result<String, WorkspaceError> {
+        let mut name = format!("{}-invalid", ws.branch);
+        let mut n = 2;
+        while branch_exists(repo, &name)? {
+            name = format!("{}-invalid-{n}", ws.branch);
+            n += 1;
+        }
+        Ok(name)
+    };
+    let mut kept = Vec::new();
+    let mut tip = None;
+    if branch_exists(repo, &ws.branch)? {
+        if branch_deletable(repo, &ws.branch, &ws.base_commit)? {
+            git(
+                repo,
+                &["branch", "-D", &ws.branch],
+                "delete the branch by hand",
+            )?;
+        } else {
+            tip = Some(rev(repo, &format!("refs/heads/{}", ws.branch))?);
+            let name = aside(repo)?;
+            git(
+                repo,
+                &["branch", "-m", &ws.branch, &name],
+                "rename the branch by hand",
+            )?;
+            kept.push(name);
+        }
+    }
+    if let Some(head) = head.filter(|h| Some(h) != tip.as_ref()) {
+        let name = aside(repo)?;
+        git(
+            repo,
+            &["branch", &name, &head],
+            "set the workspace's head aside by hand",
+        )?;
+        kept.push(name);
+    }
+    Ok(kept)
+}
+
 /// After a session: remove the worktree (and its branch) if clean and not ahead of the
 /// base; otherwise keep it. Returns whether it was removed.
 pub fn remove_if_clean(repo: &Path, ws: &Workspace) -> Result<bool, WorkspaceError> {
@@ -899,6 +1060,70 @@ pub fn prune(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn invalid_commits_are_a_broken_git_state_not_a_bad_change() {
+        use super::{GitState, invalid_commits};
+        let good = GitState {
+            head: Some("abc".into()),
+            branch: Some("rio/work".into()),
+            has_base: true,
+            in_progress: vec![],
+            unmerged: 0,
+        };
+        let table: &[(&str, GitState, Option<&str>)] = &[
+            ("commits on the branch, on the base", good.clone(), None),
+            (
+                "detached",
+                GitState {
+                    branch: None,
+                    ..good.clone()
+                },
+                Some("HEAD is detached, not on the branch rio/work"),
+            ),
+            (
+                "another branch",
+                GitState {
+                    branch: Some("main".into()),
+                    ..good.clone()
+                },
+                Some("HEAD is on the branch main, not rio/work"),
+            ),
+            (
+                "rewritten below the base",
+                GitState {
+                    has_base: false,
+                    ..good.clone()
+                },
+                Some("the base commit is not in HEAD's history (rewritten or unrelated history)"),
+            ),
+            (
+                "no commit at HEAD",
+                GitState {
+                    head: None,
+                    has_base: false,
+                    ..good.clone()
+                },
+                Some("HEAD names no commit"),
+            ),
+            (
+                "a merge and a rebase half done, with conflicts",
+                GitState {
+                    in_progress: vec!["merge", "rebase"],
+                    unmerged: 2,
+                    ..good.clone()
+                },
+                Some("a merge and a rebase left in progress; 2 conflicted path(s) in the index"),
+            ),
+        ];
+        for (what, state, want) in table {
+            assert_eq!(
+                invalid_commits(state, "rio/work").as_deref(),
+                *want,
+                "{what}"
+            );
+        }
+    }
+
     use super::*;
 
     #[test]

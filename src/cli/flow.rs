@@ -32,7 +32,7 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Approve a cycle the Judge passed (awaiting approval, or blocked): archived, on_approve run.
+    /// Approve a cycle the Judge passed (awaiting approval, or blocked): archived, published (`publish`), on_approve run.
     /// Root and the service user only, or a user in the flow's `approvers` (whose answer is left
     /// as a reply the daemon carries out); anyone else exits 77
     Approve {
@@ -81,7 +81,9 @@ pub fn run(ctx: &Context, command: Command) -> Result<u8> {
                 return answer_by_reply(ctx, settings, &cycle, "approve", "");
             }
             let by = by.unwrap_or_else(|| settings.human.to_string());
-            print_lines(&flow::approve(&ctx.root, settings, &cycle, &by, ctx.now)?);
+            let applied = flow::approve(&ctx.root, settings, &cycle, &by, ctx.now)?;
+            print_lines(&applied);
+            record_errors(ctx, &applied);
             Ok(exit::OK)
         }
         Command::Reject {
@@ -184,6 +186,23 @@ fn answer_by_reply(
         message.id, settings.judge, settings.name
     );
     Ok(exit::OK)
+}
+
+/// A publish that failed under `flow approve`: its record appended to
+/// `.daemon/errors.jsonl` (what `errors` and `status` read) and said here.
+/// The CLI runs no on-error hook and sends no escalation: the person who
+/// approved is reading this.
+fn record_errors(ctx: &Context, applied: &Applied) {
+    let path = crate::state::error_log::log_path(&ctx.root);
+    for (record, _) in &applied.errors {
+        let mut record = record.clone();
+        record.stamp(ctx.now);
+        eprintln!("{}: {}", record.code, display::clean(&record.message));
+        if let Err(e) = crate::state::error_log::append_as(&path, &record, ctx.config.hooks.format)
+        {
+            eprintln!("cannot append to {}: {e}", path.display());
+        }
+    }
 }
 
 fn print_lines(applied: &Applied) {

@@ -260,6 +260,23 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
             })
             .print();
     }
+    // An OOM kill lowered how many sessions run at once (daemon.json).
+    if args.agent.is_none()
+        && let Ok(Some(hb)) = crate::daemon::files::read_heartbeat(&ctx.root)
+        && let Some(l) = hb.concurrency_lowered.filter(|l| l.until > now)
+    {
+        display::Line::new()
+            .text("concurrency: ")
+            .styled(Style::Warn, "lowered")
+            .text(format!(
+                " to {} session(s) at once (max_concurrent_sessions = {}) until {} ({}): a session was OOM-killed",
+                l.limit,
+                l.configured,
+                l.until,
+                in_time(&l.until, &now)
+            ))
+            .print();
+    }
     say!(
         "{:<12} {:<12} {:<44} {:>5} {:>5} {:>8} {:>8} {:>11} {:>10}  {}",
         "AGENT",

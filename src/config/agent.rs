@@ -82,6 +82,7 @@ struct RawAgent {
     max_iterations: Option<i64>,
     stuck_threshold: Option<i64>,
     resume: Option<bool>,
+    memory_max: Option<String>,
 }
 
 impl RawAgent {
@@ -118,6 +119,7 @@ impl RawAgent {
             wake_if: self.wake_if.clone(),
             require_complete: self.require_complete,
             max_turns: self.max_turns,
+            memory_max: self.memory_max.clone(),
             workspace: self.workspace.clone(),
             verify: self.verify.clone(),
             verify_timeout: self.verify_timeout.clone(),

@@ -109,6 +109,10 @@ pub struct FlowSettings {
     /// The Actor's workspace (the cycle's branch and worktree are in its
     /// repository); `None` only in a config already refused.
     pub actor_workspace: Option<super::WorkspaceSettings>,
+    /// agent-state lands an approved cycle's branch on a remote's branch
+    /// itself (`publish = { into = "main", remote = "origin" }`), before
+    /// `on_approve`.
+    pub publish: Option<PublishSettings>,
 }
 
 /// Why `glob` is no path pattern of `limits.actor_paths`, if it is not:
@@ -162,6 +166,23 @@ pub fn glob_matches(glob: &str, path: &str) -> bool {
     go(glob.as_bytes(), path.as_bytes())
 }
 
+/// Where an approved cycle's branch is published.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublishSettings {
+    /// The branch of the remote it lands on (fast-forward, after a rebase
+    /// attempt if the two diverged).
+    pub into: String,
+    /// A remote of the Actor's repository, or a URL or path git takes.
+    pub remote: String,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPublish {
+    into: Option<String>,
+    remote: Option<String>,
+}
+
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawFlow {
@@ -176,6 +197,7 @@ pub(super) struct RawFlow {
     on_approve: Option<Vec<String>>,
     on_approve_timeout: Option<String>,
     approvers: Option<Vec<String>>,
+    publish: Option<RawPublish>,
     on_insufficient: Option<String>,
     limits: Option<RawLimits>,
 }
@@ -405,6 +427,35 @@ impl Validator {
                 );
             }
         }
+        let publish = raw.publish.as_ref().and_then(|p| {
+            let into = p.into.clone().unwrap_or_default();
+            let remote = p.remote.clone().unwrap_or_default();
+            let bad_branch = into.is_empty()
+                || into.starts_with(['-', '/', '.'])
+                || into.ends_with(['/', '.'])
+                || into.ends_with(".lock")
+                || into.contains("..")
+                || into.contains("@{")
+                || into.contains("//")
+                || into
+                    .chars()
+                    .any(|c| c.is_control() || c.is_whitespace() || "~^:?*[\\\u{7f}".contains(c));
+            if bad_branch {
+                self.problem(
+                    f("publish.into"),
+                    format!("{into:?} is not a branch name git takes; name the remote's branch, e.g. into = \"main\""),
+                );
+                return None;
+            }
+            if remote.trim().is_empty() || remote.starts_with('-') {
+                self.problem(
+                    f("publish.remote"),
+                    format!("{remote:?} is not a remote; name one of the repository's remotes, a URL or a path, e.g. remote = \"origin\""),
+                );
+                return None;
+            }
+            Some(PublishSettings { into, remote })
+        });
         let on_insufficient = match raw.on_insufficient.as_deref() {
             None | Some("rollback") => OnInsufficient::Rollback,
             Some("keep") => OnInsufficient::Keep,
@@ -445,6 +496,7 @@ impl Validator {
                 .and_then(|a| a.session.workspace.clone())
         });
         Some(FlowSettings {
+            publish,
             name: name?,
             planner: planner?,
             actor: actor?,

@@ -16,6 +16,9 @@ pub struct DaemonSettings {
     pub max_concurrent_sessions: usize,
     pub catch_up_window: Duration,
     pub shutdown_grace: Duration,
+    /// How long a session's OOM kill lowers `max_concurrent_sessions` by
+    /// one (`0s`: never lowered).
+    pub oom_lower_for: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -82,6 +85,7 @@ pub(super) struct RawDaemon {
     max_concurrent_sessions: Option<i64>,
     catch_up_window: Option<String>,
     shutdown_grace: Option<String>,
+    oom_lower_for: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -140,6 +144,16 @@ impl Validator {
                 raw.shutdown_grace.as_deref(),
                 "60s",
             ),
+            oom_lower_for: {
+                let d = self.duration("daemon.oom_lower_for", raw.oom_lower_for.as_deref(), "1h");
+                if d > Duration::from_secs(7 * 86_400) {
+                    self.problem(
+                        "daemon.oom_lower_for",
+                        "is longer than 7d; write e.g. \"1h\", or \"0s\" to never lower the limit",
+                    );
+                }
+                d
+            },
         }
     }
 

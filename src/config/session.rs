@@ -81,7 +81,13 @@ pub struct SessionSettings {
     pub workspace: Option<WorkspaceSettings>,
     /// The iteration loop: `verify`, `max_iterations`, ...
     pub iteration: IterationSettings,
+    /// The session cgroup's `memory.max` (`memory.high` at 90% of it);
+    /// `None`: no limit. Applied where sessions get cgroups of their own.
+    pub memory_max: Option<u64>,
 }
+
+/// The smallest `memory_max` accepted.
+const MIN_MEMORY_MAX: u64 = 16 << 20;
 
 /// The default `wake_request_interval`: a person's `agent-state wake` a
 /// second after the last one waits at most that second; a flood of wake
@@ -190,6 +196,7 @@ pub(super) struct RawSession {
     pub(super) max_iterations: Option<i64>,
     pub(super) stuck_threshold: Option<i64>,
     pub(super) resume: Option<bool>,
+    pub(super) memory_max: Option<String>,
 }
 
 impl Validator {
@@ -475,7 +482,22 @@ impl Validator {
             },
             base.map(|b| &b.iteration),
         );
+        let memory_max = match raw.memory_max.as_deref() {
+            None => base.and_then(|b| b.memory_max),
+            Some("none" | "off") => None,
+            Some(text) => {
+                let n = self.size(&f("memory_max"), Some(text), "0");
+                if n != 0 && n < MIN_MEMORY_MAX {
+                    self.problem(
+                        f("memory_max"),
+                        format!("{text:?} is below 16MiB: no session command starts in that; write e.g. \"2G\", or \"none\""),
+                    );
+                }
+                (n != 0).then_some(n)
+            }
+        };
         SessionSettings {
+            memory_max,
             iteration,
             workspace,
             max_turns,

@@ -556,3 +556,104 @@ judge = "leo"
     .join("\n");
     assert!(p.contains("which names flows' cycle branches"), "{p}");
 }
+
+/// `memory_max` (per agent, inherited from `[defaults]`) and
+/// `daemon.oom_lower_for`: what they read as, and what they refuse.
+#[test]
+fn memory_max_and_oom_lower_for() {
+    let parse = |daemon: &str, defaults: &str, agent: &str| {
+        Config::parse(
+            &format!(
+                "[daemon]\n{daemon}\n[defaults]\ncommand = [\"/bin/true\"]\n{defaults}\n[[agent]]\nname = \"rio\"\n{agent}\n[[agent]]\nname = \"leo\"\n"
+            ),
+            Path::new("/etc/agent-state/config.toml"),
+        )
+    };
+    let c = parse("", "", "").unwrap();
+    assert_eq!(c.agents[0].session.memory_max, None);
+    assert_eq!(c.daemon.oom_lower_for, Duration::from_secs(3600));
+    let c = parse(
+        "oom_lower_for = \"0s\"",
+        "memory_max = \"2G\"",
+        "memory_max = \"512M\"",
+    )
+    .unwrap();
+    assert_eq!(c.agents[0].session.memory_max, Some(512 << 20));
+    assert_eq!(c.agents[1].session.memory_max, Some(2 << 30), "inherited");
+    assert_eq!(c.daemon.oom_lower_for, Duration::ZERO);
+    let c = parse("", "memory_max = \"2G\"", "memory_max = \"none\"").unwrap();
+    assert_eq!(c.agents[0].session.memory_max, None);
+    for (daemon, defaults, want) in [
+        (
+            "",
+            "memory_max = \"lots\"",
+            "defaults.memory_max: \"lots\" has an unknown unit",
+        ),
+        (
+            "",
+            "memory_max = \"1M\"",
+            "defaults.memory_max: \"1M\" is below 16MiB",
+        ),
+        (
+            "oom_lower_for = \"30d\"",
+            "",
+            "daemon.oom_lower_for: is longer than 7d",
+        ),
+        (
+            "oom_lower_for = \"soon\"",
+            "",
+            "daemon.oom_lower_for: \"soon\" is not a duration",
+        ),
+    ] {
+        let e = parse(daemon, defaults, "").unwrap_err().to_string();
+        assert!(e.contains(want), "{want}: {e}");
+    }
+}
+
+/// `[[flow]] publish`: both keys, each checked with the fix named.
+#[test]
+fn a_flow_s_publish_settings() {
+    let parse = |publish: &str| {
+        Config::parse(
+            &format!(
+                "[defaults]\ncommand = [\"/bin/true\"]\n[[agent]]\nname = \"p\"\n[[agent]]\nname = \"a\"\nworkspace = {{ repo = \"/srv/r\" }}\n[[agent]]\nname = \"j\"\n[[agent]]\nname = \"h\"\nkind = \"human\"\n[[flow]]\nname = \"f\"\nplanner = \"p\"\nactor = \"a\"\njudge = \"j\"\n{publish}\n"
+            ),
+            Path::new("/etc/agent-state/config.toml"),
+        )
+    };
+    let c = parse("").unwrap();
+    assert_eq!(c.flows[0].publish, None);
+    let c = parse("publish = { into = \"main\", remote = \"origin\" }").unwrap();
+    assert_eq!(
+        c.flows[0].publish,
+        Some(PublishSettings {
+            into: "main".into(),
+            remote: "origin".into()
+        })
+    );
+    for (publish, want) in [
+        (
+            "publish = { remote = \"origin\" }",
+            "flow[0] (f).publish.into: \"\" is not a branch name",
+        ),
+        (
+            "publish = { into = \"a..b\", remote = \"origin\" }",
+            "publish.into: \"a..b\" is not a branch name",
+        ),
+        (
+            "publish = { into = \"main\" }",
+            "publish.remote: \"\" is not a remote",
+        ),
+        (
+            "publish = { into = \"main\", remote = \"--upload-pack=x\" }",
+            "publish.remote: \"--upload-pack=x\" is not a remote",
+        ),
+        (
+            "publish = { into = \"main\", remot = \"x\" }",
+            "unknown field",
+        ),
+    ] {
+        let e = parse(publish).unwrap_err().to_string();
+        assert!(e.contains(want), "{want}: {e}");
+    }
+}

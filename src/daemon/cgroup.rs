@@ -46,6 +46,10 @@ const EMPTY_WAIT: Duration = Duration::from_secs(2);
 pub struct Cgroups {
     /// The service's cgroup directory (`/sys/fs/cgroup/system.slice/agent-state.service`).
     base: PathBuf,
+    /// Why sessions' cgroups have no memory controller (`memory_max`
+    /// cannot be applied, `memory.events` cannot be read); `None` when
+    /// they have it.
+    pub no_memory: Option<String>,
 }
 
 /// Per-session cgroups, if this process may use them: set up (the daemon
@@ -119,7 +123,10 @@ impl Cgroups {
                 error,
             }
         })?;
-        let cgroups = Cgroups { base };
+        let mut cgroups = Cgroups {
+            base,
+            no_memory: None,
+        };
         // Sessions of a daemon that ended without killing them: under
         // systemd they were killed with the unit, so this finds empty
         // directories at most.
@@ -139,6 +146,15 @@ impl Cgroups {
                 error,
             },
         )?;
+        // The children (sessions) get the memory controller, for
+        // `memory_max` and `memory.events`: possible now that the base
+        // holds no process of its own.
+        cgroups.no_memory = enable_memory(&cgroups.base).err();
+        if let Some(why) = &cgroups.no_memory {
+            tracing::info!(
+                "sessions' cgroups have no memory controller: {why}; memory_max is not applied and OOM kills are judged from /proc/vmstat"
+            );
+        }
         Ok(cgroups)
     }
 
@@ -189,6 +205,22 @@ impl SessionCgroup {
         let procs =
             CString::new(dir.join("cgroup.procs").as_os_str().as_bytes()).unwrap_or_default();
         SessionCgroup { dir, procs }
+    }
+
+    /// Limit the session's memory: `memory.high` (the kernel throttles and
+    /// reclaims past it) at 90% of `max`, `memory.max` (the OOM killer
+    /// acts past it) at `max`.
+    pub fn limit_memory(&self, max: u64) -> io::Result<()> {
+        std::fs::write(self.dir.join("memory.high"), memory_high(max).to_string())?;
+        std::fs::write(self.dir.join("memory.max"), max.to_string())
+    }
+
+    /// The `oom_kill` count of the cgroup's `memory.events` (its processes
+    /// and its descendants'); `None` without the memory controller.
+    pub fn oom_kills(&self) -> Option<u64> {
+        std::fs::read_to_string(self.dir.join("memory.events"))
+            .ok()
+            .and_then(|t| super::memory::oom_kill_count(&t))
     }
 
     /// The path the child writes "0" to (itself) before exec.
@@ -276,6 +308,30 @@ pub fn join_self(procs: &CStr) -> io::Result<()> {
         libc::close(fd);
         result
     }
+}
+
+/// `memory.high` for a `memory_max`: 90% of it, so the kernel reclaims and
+/// throttles before it kills.
+fn memory_high(max: u64) -> u64 {
+    max / 10 * 9
+}
+
+/// Enable the memory controller for the children of `base`, if the parent
+/// gives it to `base` (systemd's `Delegate=yes` does with memory
+/// accounting); says why not otherwise.
+fn enable_memory(base: &Path) -> Result<(), String> {
+    let controllers = base.join("cgroup.controllers");
+    let have = std::fs::read_to_string(&controllers)
+        .map_err(|e| format!("cannot read {}: {e}", controllers.display()))?;
+    if !have.split_whitespace().any(|c| c == "memory") {
+        return Err(format!(
+            "{} does not list the memory controller (cgroup v1 memory, or no MemoryAccounting)",
+            controllers.display()
+        ));
+    }
+    let control = base.join("cgroup.subtree_control");
+    std::fs::write(&control, "+memory")
+        .map_err(|e| format!("cannot write +memory to {}: {e}", control.display()))
 }
 
 /// The cgroup v2 path in `/proc/self/cgroup` (its `0::/path` line; the
@@ -388,6 +444,13 @@ mod tests {
         let first = session_dir_name("", 7);
         assert!(first.starts_with("session-7-"));
         assert_ne!(first, session_dir_name("", 7));
+    }
+
+    #[test]
+    fn memory_high_is_nine_tenths_of_memory_max() {
+        assert_eq!(memory_high(2 << 30), 1_932_735_276);
+        assert_eq!(memory_high(100), 90);
+        assert_eq!(memory_high(0), 0);
     }
 
     #[test]

@@ -180,6 +180,9 @@ pub struct Core {
     fires: BTreeSet<(DateTime<Utc>, AgentName)>,
     fires_generation: u64,
     pub max_concurrent: usize,
+    /// A session's OOM kill lowered `max_concurrent` by one until then
+    /// ([`super::memory::concurrent_limit`]).
+    pub oom_lowered_until: Option<DateTime<Utc>>,
     /// No new sessions (shutting down, or paused by the health monitor).
     pub waking_stopped: bool,
 }
@@ -480,7 +483,9 @@ impl Core {
         if self.waking_stopped {
             return Vec::new();
         }
-        let free = self.max_concurrent.saturating_sub(self.running_count());
+        let free = self
+            .concurrent_limit(now)
+            .saturating_sub(self.running_count());
         let mut waiting: Vec<(AgentName, PendingWake)> = self
             .busy()
             .filter(|(_, s)| s.running.is_none())
@@ -576,7 +581,15 @@ impl Core {
             })
             .flatten()
             .chain(first_fire)
+            // The limit comes back: a wake waiting for a slot may start.
+            .chain(self.oom_lowered_until.filter(|t| *t > now))
             .min()
+    }
+
+    /// How many sessions may run at once now: `max_concurrent`, lowered
+    /// by one after an OOM kill.
+    pub fn concurrent_limit(&self, now: DateTime<Utc>) -> usize {
+        super::memory::concurrent_limit(self.max_concurrent, self.oom_lowered_until, now)
     }
 
     pub fn waiting_count(&self) -> usize {

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
+use super::memory::OomEvidence;
 use super::output::ClaudeFailure;
 use super::runner::{Ending, SpawnFailure};
 use crate::catalogue::Code;
@@ -34,6 +35,10 @@ pub struct Observed<'a> {
     pub incomplete: bool,
     /// When the session ended (the clock of network-failure retries).
     pub now: DateTime<Utc>,
+    /// The kernel's OOM killer ended it (`memory`'s rule).
+    pub oom: Option<&'a OomEvidence>,
+    /// Its workspace was left with invalid commits (why), and was reset.
+    pub invalid_commits: Option<&'a str>,
 }
 
 /// An agent's run of failures, carried from one session to the next.
@@ -103,6 +108,10 @@ fn retry_policy(code: Code, r: &RetrySettings) -> (u32, Duration) {
         Code::SessionTimeout | Code::SessionStalled => (r.timeout, r.retry_delay),
         Code::SessionEmptyOutput => (r.empty_output, r.retry_delay),
         Code::AgentApiError => (r.api, r.retry_delay),
+        // Once, with one session fewer beside it; a second is "recurring".
+        Code::SessionOom => (1, r.retry_delay),
+        // Once, from the base: a second in a row is escalated (seed 002).
+        Code::WorkspaceInvalidCommits => (1, r.retry_delay),
         _ => (0, Duration::ZERO),
     }
 }
@@ -360,6 +369,25 @@ fn classify(obs: &Observed<'_>) -> Classified {
         }
         Ending::Exited { .. } | Ending::Signaled { .. } => {}
     }
+    if let Some(evidence) = obs.oom
+        && !obs.ending.is_success()
+    {
+        return Failure(
+            Code::SessionOom,
+            format!(
+                "the kernel's OOM killer ended the session ({}): {evidence}",
+                obs.ending
+            ),
+        );
+    }
+    if let Some(why) = obs.invalid_commits {
+        return Failure(
+            Code::WorkspaceInvalidCommits,
+            format!(
+                "the session left invalid commits in its workspace ({why}); the workspace was reset to the base"
+            ),
+        );
+    }
     match obs.claude {
         Some(ClaudeFailure::LoginRequired { message }) => {
             return Failure(
@@ -415,6 +443,8 @@ mod tests {
             failed_by_script: None,
             incomplete: false,
             now: DateTime::UNIX_EPOCH,
+            oom: None,
+            invalid_commits: None,
         }
     }
 
@@ -468,6 +498,128 @@ mod tests {
                 "row {n}: {:?}",
                 v.next
             );
+        }
+    }
+
+    /// SESSION_OOM needs the kernel's word (the runner's evidence): then
+    /// it is retried once and escalated when it recurs; the same SIGKILL
+    /// without it is a plain failure; an exit 0 is a success.
+    #[test]
+    fn an_oom_kill_is_retried_once_then_escalated() {
+        let killed = Ending::Signaled { signal: 9 };
+        let shell = Ending::Exited { code: 137 };
+        let ok = Ending::Exited { code: 0 };
+        let cg = OomEvidence::Cgroup { oom_kills: 1 };
+        let kernel = OomEvidence::Kernel {
+            before: 1,
+            after: 2,
+        };
+        // (what, ending, evidence, code, retried, escalated)
+        type Row<'a> = (
+            &'a str,
+            &'a Ending,
+            Option<&'a OomEvidence>,
+            Code,
+            bool,
+            bool,
+        );
+        let table: &[Row<'_>] = &[
+            (
+                "first, cgroup",
+                &shell,
+                Some(&cg),
+                Code::SessionOom,
+                true,
+                false,
+            ),
+            (
+                "recurs",
+                &killed,
+                Some(&kernel),
+                Code::SessionOom,
+                false,
+                true,
+            ),
+            (
+                "SIGKILL alone",
+                &killed,
+                None,
+                Code::SessionFailed,
+                false,
+                true, // the third failure in a row: `escalate_after`
+            ),
+            (
+                "again, kernel",
+                &killed,
+                Some(&kernel),
+                Code::SessionOom,
+                true,
+                false,
+            ),
+        ];
+        let mut s = Streak::default();
+        for (n, &(what, ending, oom, code, retried, escalated)) in table.iter().enumerate() {
+            let mut o = obs(ending);
+            o.oom = oom;
+            o.fingerprint = Some(n as u64);
+            let v = judge(&o, &mut s, &r());
+            assert_eq!(v.code, Some(code), "{what}: {}", v.message);
+            assert_eq!(matches!(v.next, Next::Retry { .. }), retried, "{what}");
+            assert_eq!(v.escalate, escalated, "{what}");
+            if oom.is_some() {
+                assert!(v.message.contains("OOM killer"), "{what}: {}", v.message);
+            }
+        }
+        let mut o = obs(&ok);
+        o.oom = Some(&cg);
+        assert_eq!(judge(&o, &mut s, &r()).next, Next::Clear, "exit 0 wins");
+    }
+
+    /// Invalid commits: retried once (from the base), escalated at the
+    /// second in a row; whatever the exit status; a timeout keeps its code.
+    #[test]
+    fn invalid_commits_are_retried_once_then_escalated() {
+        let ok = Ending::Exited { code: 0 };
+        let failed = Ending::Exited { code: 1 };
+        let why = "HEAD is detached, not on the branch rio/x";
+        // (ending, invalid, code, retried, escalated)
+        type Row<'a> = (&'a Ending, Option<&'a str>, Option<Code>, bool, bool);
+        let table: &[Row<'_>] = &[
+            (
+                &ok,
+                Some(why),
+                Some(Code::WorkspaceInvalidCommits),
+                true,
+                false,
+            ),
+            (
+                &failed,
+                Some(why),
+                Some(Code::WorkspaceInvalidCommits),
+                false,
+                true,
+            ),
+            (&ok, None, None, false, false),
+            (
+                &Ending::TimedOut,
+                Some(why),
+                Some(Code::SessionTimeout),
+                true,
+                false,
+            ),
+        ];
+        let mut s = Streak::default();
+        for (n, &(ending, invalid, code, retried, escalated)) in table.iter().enumerate() {
+            let mut o = obs(ending);
+            o.invalid_commits = invalid;
+            o.fingerprint = Some(n as u64);
+            let v = judge(&o, &mut s, &r());
+            assert_eq!(v.code, code, "row {n}: {}", v.message);
+            assert_eq!(matches!(v.next, Next::Retry { .. }), retried, "row {n}");
+            assert_eq!(v.escalate, escalated, "row {n}");
+            if code == Some(Code::WorkspaceInvalidCommits) {
+                assert!(v.message.contains(why), "{}", v.message);
+            }
         }
     }
 

@@ -621,6 +621,18 @@ pub struct Heartbeat {
     /// failed login check), by credential name.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub held: BTreeMap<String, HeldEntry>,
+    /// A session's OOM kill lowered the concurrent-session limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency_lowered: Option<Lowered>,
+}
+
+/// `max_concurrent_sessions` lowered after an OOM kill: to `limit` (from
+/// `configured`) until `until` (past: no longer lowered).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lowered {
+    pub limit: usize,
+    pub configured: usize,
+    pub until: Timestamp,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -689,6 +701,8 @@ pub struct HeartbeatOut<'a> {
     pub failing: BTreeMap<String, String>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub held: BTreeMap<String, HeldEntry>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub concurrency_lowered: Option<Lowered>,
 }
 
 /// JSON text kept with the key it was made for: made again only when the
@@ -873,6 +887,7 @@ mod tests {
             health: None,
             failing: BTreeMap::from([("clay".to_string(), "disabled: x".to_string())]),
             held: BTreeMap::new(),
+            concurrency_lowered: None,
         };
         let text = serde_json::to_string_pretty(&out).unwrap();
         let back: Heartbeat = serde_json::from_str(&text).unwrap();

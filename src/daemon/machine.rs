@@ -277,6 +277,10 @@ pub struct Facts {
     /// (in the session's task, `service::iterations`): its code and last
     /// failure. `None` where the machine runs the loop ([`Settings::verify`]).
     pub gave_up: Option<(Code, String)>,
+    /// The kernel's OOM killer ended it (the runner's evidence).
+    pub oom: Option<super::memory::OomEvidence>,
+    /// The workspace was left with invalid commits (why) and reset.
+    pub invalid_commits: Option<String>,
 }
 
 /// How one verification went.
@@ -897,6 +901,8 @@ impl Session {
                 failed_by_script: script_failed,
                 incomplete: self.settings.require_complete && !run.completed_signal,
                 now,
+                oom: facts.oom.as_ref(),
+                invalid_commits: facts.invalid_commits.as_deref(),
             },
             &mut self.streak,
             &self.settings.retries,

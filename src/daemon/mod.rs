@@ -16,6 +16,7 @@ pub mod files;
 pub mod health;
 pub mod logging;
 pub mod machine;
+pub mod memory;
 pub mod meter;
 pub mod output;
 pub mod release;

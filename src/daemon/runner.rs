@@ -44,6 +44,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::time::Sleep;
 
 use super::cgroup::{self, SessionCgroup};
+use super::memory::{self, MemoryReadings};
 
 /// How much is read from a pipe at a time. Output is handled chunk by chunk
 /// and never accumulated, so this (twice, for stdout and stderr) plus the
@@ -131,6 +132,8 @@ pub fn launch(
     };
 
     let cgroup = session_cgroup(&spec.marker);
+    limit_memory(&spec, cgroup.as_ref());
+    let kernel_oom_kills = kernel_oom_kills();
     let mut cmd = command(&spec);
     if let Some(cgroup) = &cgroup {
         let procs = cgroup.procs_path().to_owned();
@@ -167,6 +170,7 @@ pub fn launch(
         marker: spec.marker.clone(),
         cgroup,
         armed: true,
+        kernel_oom_kills,
     };
     tracing::debug!(pid, command = ?spec.argv, "session process started");
     Ok(Launched {
@@ -230,6 +234,16 @@ async fn supervised(
     let (status, ending_by_us) =
         supervise(child, spec, prompt, &mut pipes, &mut output, stop).await;
     let duration = started.elapsed();
+    // Read before the cgroup is killed and removed.
+    let memory = MemoryReadings {
+        cgroup_oom_kills: guard
+            .cgroup
+            .as_ref()
+            .filter(|_| cgroup::available().is_some_and(|c| c.no_memory.is_none()))
+            .and_then(SessionCgroup::oom_kills),
+        kernel_before: guard.kernel_oom_kills,
+        kernel_after: kernel_oom_kills(),
+    };
 
     let leftovers_killed =
         sweep(pid as i32, &spec.marker).await + kill_cgroup(guard.cgroup.take()).await;
@@ -244,7 +258,7 @@ async fn supervised(
     drain(&mut pipes, &mut output).await;
     let finished = output.finish().await;
 
-    let ending = match (ending_by_us, status) {
+    let ending = match (ending_by_us.clone(), status) {
         (Some(ending), _) => ending,
         (None, Ok(status)) => ending_of(status),
         (None, Err(e)) => {
@@ -257,7 +271,19 @@ async fn supervised(
             }
         }
     };
+    let oom = memory::oom_evidence(
+        &memory,
+        ending
+            == (Ending::Signaled {
+                signal: Signal::SIGKILL as i32,
+            }),
+        ending_by_us.is_some(),
+    );
+    if let Some(evidence) = &oom {
+        tracing::warn!(pid, "the kernel's OOM killer ended the session: {evidence}");
+    }
     RunReport {
+        oom,
         ending,
         pid: Some(pid),
         output_bytes: finished.output_bytes,
@@ -708,6 +734,8 @@ struct SessionGuard {
     marker: (String, String),
     cgroup: Option<SessionCgroup>,
     armed: bool,
+    /// `/proc/vmstat`'s `oom_kill` when the session started.
+    kernel_oom_kills: Option<u64>,
 }
 
 impl Drop for SessionGuard {
@@ -741,6 +769,43 @@ fn session_cgroup(marker: &(String, String)) -> Option<SessionCgroup> {
             None
         }
     }
+}
+
+/// Apply the agent's `memory_max` to the session's cgroup, or say (in the
+/// daemon's log) why it cannot be.
+fn limit_memory(spec: &SessionSpec, cgroup: Option<&SessionCgroup>) {
+    let Some(max) = spec.memory_max else {
+        return;
+    };
+    let why_not = match (cgroup, cgroup::available()) {
+        (Some(c), Some(all)) if all.no_memory.is_none() => match c.limit_memory(max) {
+            Ok(()) => return,
+            Err(e) => format!("cannot write memory.max in {}: {e}", c.dir.display()),
+        },
+        (Some(_), Some(all)) => all.no_memory.clone().unwrap_or_default(),
+        _ => "the session has no cgroup of its own (the daemon does not run under systemd with Delegate=yes)".into(),
+    };
+    // Said once per daemon: the same reason holds for every session.
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!(
+            session = %spec.marker.1,
+            memory_max = max,
+            "memory_max is not applied (said once): {why_not}"
+        );
+    }
+}
+
+/// The kernel's count of OOM kills so far (`oom_kill` in `/proc/vmstat`).
+/// `AGENT_STATE_TEST_VMSTAT` names another file to read it from (a test
+/// hook: an OOM kill cannot be caused safely on a shared machine).
+fn kernel_oom_kills() -> Option<u64> {
+    let path = std::env::var_os("AGENT_STATE_TEST_VMSTAT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/proc/vmstat"));
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|t| memory::oom_kill_count(&t))
 }
 
 /// Kill what is left in the session's cgroup and remove it, off the async

@@ -150,6 +150,9 @@ enum Event {
         removed: Vec<String>,
         errors: Vec<String>,
     },
+    /// Errors found off the loop (a flow's publish), to raise: each with
+    /// whether it is escalated.
+    Raise(Vec<(ErrorRecord, bool)>),
     /// The monitor's rotation of the logs ended.
     LogsRotated(Box<crate::daemon::rotation::Outcome>),
     /// A batch of wake requests was removed off the loop.
@@ -553,7 +556,13 @@ pub async fn run(config_path: &Path, web: WebHook) -> Result<()> {
     daemon.raise_each(records);
     // What a crash left of the flows: answers not applied, messages not sent.
     let flows: Vec<AgentName> = daemon.config.flows.iter().map(|f| f.name.clone()).collect();
-    flows::apply_flows(&daemon.root, &daemon.config, daemon.clock.now(), &flows);
+    flows::apply_flows(
+        &daemon.root,
+        &daemon.config,
+        daemon.clock.now(),
+        &flows,
+        &daemon.tx,
+    );
     // At start an agent that cannot be set up is logged (and shown
     // missing); the daemon runs the others.
     let _ = daemon.apply_agents(true, &Default::default());
@@ -757,6 +766,11 @@ impl Daemon {
             Event::WorkspacesPruned { removed, errors } => {
                 for record in self.monitor.workspaces_pruned(removed, errors) {
                     self.raise(record, false);
+                }
+            }
+            Event::Raise(records) => {
+                for (record, escalate) in records {
+                    self.raise(record, escalate);
                 }
             }
             Event::LogsRotated(outcome) => {

@@ -238,6 +238,7 @@ pub fn prepare(
             "AGENT_STATE_RUN".to_string(),
             format!("{}:{}:{}", std::process::id(), agent.name, session_id),
         ),
+        memory_max: agent.session.memory_max,
     };
     Ok(Prepared {
         session_id,

@@ -86,10 +86,17 @@ pub struct Outcome {
     pub dirty: bool,
     /// Commits not on the base.
     pub commits_ahead: u32,
-    /// `kept` (it holds work), `removed` (clean), or `error`.
+    /// `kept` (it holds work), `removed` (clean), `reset` (invalid
+    /// commits: removed, what it held set aside), or `error`.
     pub state: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Why its commits were invalid (`workspace::invalid_commits`), and
+    /// the branches what it held was set aside on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub invalid: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub set_aside: Vec<String>,
 }
 
 /// After the session (blocking: git): its head and state; removed when it
@@ -104,7 +111,37 @@ pub fn finish(repo: &Path, ws: &Workspace) -> Outcome {
         commits_ahead: 0,
         state: "error",
         error: None,
+        invalid: None,
+        set_aside: Vec::new(),
     };
+    // Seed 002's `invalid_commits`: a broken git state is reset to the base.
+    match workspace::git_state(ws) {
+        Ok(state) => {
+            if let Some(why) = workspace::invalid_commits(&state, &ws.branch) {
+                out.head_commit = state.head;
+                let mut why = why;
+                match workspace::reset_invalid(repo, ws) {
+                    Ok(kept) => {
+                        out.state = "reset";
+                        if !kept.is_empty() {
+                            why.push_str(&format!(
+                                "; set aside on the branch {}",
+                                kept.join(" and ")
+                            ));
+                        }
+                        out.set_aside = kept;
+                    }
+                    Err(e) => out.error = Some(e.to_string()),
+                }
+                out.invalid = Some(why);
+                return out;
+            }
+        }
+        Err(e) => {
+            out.error = Some(e.to_string());
+            return out;
+        }
+    }
     match workspace::finish(ws, &ws.base_commit) {
         Ok(f) => {
             out.head_commit = Some(f.head_commit);

@@ -35,6 +35,8 @@ pub struct Applied {
     pub lines: Vec<String>,
     /// A reply refused (its lines say why): logged as a warning.
     pub refused: bool,
+    /// Errors to raise (a publish that failed), and whether to escalate.
+    pub errors: Vec<(crate::catalogue::ErrorRecord, bool)>,
 }
 
 struct Locked {
@@ -738,7 +740,7 @@ fn close(
     if crate::fsx::exists(&l.dir.cycle_file()) && !crate::fsx::exists(&archive) {
         atomic::rename(&l.dir.cycle_file(), &archive)?;
     }
-    let run_approval = !stopped && !flow.on_approve.is_empty();
+    let run_approval = !stopped && (!flow.on_approve.is_empty() || flow.publish.is_some());
     l.state.current = None;
     l.state.closed.push(Closed {
         id: c.id.clone(),
@@ -768,7 +770,20 @@ fn close(
         c.id,
         archive.display()
     ));
-    if run_approval {
+    let published = if run_approval && let Some(settings) = &flow.publish {
+        let (ok, result, journaled) = publish_cycle(flow, settings, &c, out);
+        let _ = append(&archive, &cycle::note("publish", "publish", now, &result));
+        l.journal(now, "published", &c.id, journaled);
+        out.lines.push(format!("publish: {result}"));
+        ok
+    } else {
+        true
+    };
+    if run_approval && !published {
+        l.state.extra.remove("approving");
+        l.save()?;
+    }
+    if run_approval && published && !flow.on_approve.is_empty() {
         let result = run_on_approve(flow, &c, now);
         let _ = append(
             &archive,
@@ -776,6 +791,8 @@ fn close(
         );
         l.journal(now, "on_approve", &c.id, json!({"result": result}));
         out.lines.push(format!("on_approve: {result}"));
+    }
+    if run_approval && published {
         l.state.extra.remove("approving");
         l.save()?;
     }
@@ -834,6 +851,119 @@ fn remove_worktree(
     }
 }
 
+/// Publish the approved cycle's branch (`[[flow]] publish`): a line for
+/// the archive, whether `on_approve` may run (published, or nothing to
+/// merge), and the error record of a failure in `out`. Journaled as
+/// `published` with the code and the conflict's classification.
+fn publish_cycle(
+    flow: &FlowSettings,
+    settings: &crate::config::PublishSettings,
+    c: &Cycle,
+    out: &mut Applied,
+) -> (bool, String, serde_json::Value) {
+    use super::publish::{self, Published};
+    use crate::catalogue::{Code, ErrorRecord};
+    let Some(work) = &cycle_work(c) else {
+        let record = ErrorRecord::new(
+            Code::PublishFailed,
+            format!(
+                "flow {} cycle {}: not published: the cycle has no Actor worktree",
+                flow.name, c.id
+            ),
+        )
+        .agent(&flow.actor);
+        out.errors.push((record, true));
+        let line = "not published: the cycle has no Actor worktree".to_string();
+        return (
+            false,
+            line.clone(),
+            json!({"ok": false, "code": Code::PublishFailed.as_str(), "result": line}),
+        );
+    };
+    let message = format!("flow {} cycle {}", flow.name, c.id);
+    let result = publish::publish(Path::new(&work.worktree), &work.branch, settings, &message);
+    let target = format!("{} {}", settings.remote, settings.into);
+    let (ok, line, code, conflict) = match &result {
+        Ok(Published::Pushed {
+            commit,
+            rebased,
+            resolved,
+        }) => {
+            let how = match (rebased, resolved) {
+                (_, Some(_)) => ", rebased (a whitespace-only conflict resolved automatically)",
+                (true, None) => ", rebased onto it",
+                _ => "",
+            };
+            (
+                true,
+                format!(
+                    "{} published to {target} at {}{how}",
+                    work.branch,
+                    short(commit)
+                ),
+                resolved.as_ref().map(|_| Code::MergeConflict),
+                resolved.clone(),
+            )
+        }
+        Ok(Published::NothingToMerge) => (
+            true,
+            format!(
+                "nothing to merge: {} is already in {target}; marked done",
+                work.branch
+            ),
+            Some(Code::MergeNothingToMerge),
+            None,
+        ),
+        Err(e) => (
+            false,
+            format!("not published ({}): {}", e.code, e.message),
+            Some(e.code),
+            e.conflict.clone(),
+        ),
+    };
+    let level = conflict.as_ref().map(publish::classify);
+    if let Some(code) = code {
+        let details = match (&conflict, level) {
+            (Some(k), Some(level)) => format!(
+                "conflict level {}: {} file(s) ({}), {} conflicting line(s){}{}",
+                level.as_str(),
+                k.files.len(),
+                k.files.join(", "),
+                k.lines,
+                if k.renamed_or_deleted {
+                    ", a file renamed or deleted"
+                } else {
+                    ""
+                },
+                if k.whitespace_only {
+                    ", whitespace only: resolved automatically"
+                } else {
+                    ""
+                },
+            ),
+            _ => format!("branch {} of {}; {target}", work.branch, work.worktree),
+        };
+        let escalate = match code {
+            Code::MergeNothingToMerge => false,
+            Code::MergeConflict => level != Some(publish::Level::Simple),
+            _ => true,
+        };
+        let record = ErrorRecord::new(code, format!("flow {} cycle {}: {line}", flow.name, c.id))
+            .agent(&flow.actor)
+            .details(details);
+        out.errors.push((record, escalate));
+    }
+    let journaled = json!({
+        "ok": ok,
+        "code": code.map(|c| c.as_str()),
+        "level": level.map(|l| l.as_str()),
+        "files": conflict.as_ref().map(|k| k.files.clone()),
+        "lines": conflict.as_ref().map(|k| k.lines),
+        "result": line,
+    });
+    (ok, line, journaled)
+}
+
 /// Why a cycle closed without a human: the risk gate let the Judge's PASS
 /// through (`flow status` shows it). Pure.
 pub fn auto_approved_reason(risk: Option<crate::protocol::summary::RiskLevel>) -> String {
@@ -856,20 +986,28 @@ fn finish_interrupted_approvals(l: &mut Locked, now: Timestamp, out: &mut Applie
     Ok(())
 }
 
-/// Run `on_approve` in the cycle's worktree, on its one branch (in the
-/// Actor's last worktree for a cycle from before branches), under its
-/// timeout.
-fn run_on_approve(flow: &FlowSettings, c: &Cycle, _now: Timestamp) -> String {
-    let work = match (&c.branch, &c.actor_work) {
-        (Some(b), _) => ActorWork {
+/// Where the cycle's work is: its worktree on its one branch, or the
+/// Actor's last worktree for a cycle from before branches.
+fn cycle_work(c: &Cycle) -> Option<ActorWork> {
+    match (&c.branch, &c.actor_work) {
+        (Some(b), _) => Some(ActorWork {
             worktree: b.worktree.clone(),
             branch: b.branch.clone(),
             base_commit: b.base_commit.clone(),
             lines: 0,
             files: 0,
-        },
-        (None, Some(w)) => w.clone(),
-        (None, None) => return "not run: the cycle has no Actor worktree".into(),
+        }),
+        (None, Some(w)) => Some(w.clone()),
+        (None, None) => None,
+    }
+}
+
+/// Run `on_approve` in the cycle's worktree, on its one branch (in the
+/// Actor's last worktree for a cycle from before branches), under its
+/// timeout.
+fn run_on_approve(flow: &FlowSettings, c: &Cycle, _now: Timestamp) -> String {
+    let Some(work) = cycle_work(c) else {
+        return "not run: the cycle has no Actor worktree".into();
     };
     let argv: Vec<String> = flow
         .on_approve
@@ -1258,6 +1396,7 @@ pub fn reply(
                     "{by}'s reply to cycle {cycle} not carried out: {e}"
                 )],
                 refused: false,
+                errors: Vec::new(),
             }))
         }
     }
@@ -1349,6 +1488,7 @@ fn refuse(
             message.id
         )],
         refused: true,
+        errors: Vec::new(),
     })
 }
 

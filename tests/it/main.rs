@@ -24,6 +24,7 @@ mod doctor;
 mod doctor_script;
 mod duplicate_ids;
 mod economy;
+mod error_matrix;
 mod events;
 mod faults;
 mod filesafety;

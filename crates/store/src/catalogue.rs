@@ -99,6 +99,12 @@ codes! {
     WorkspaceNotARepo = "WORKSPACE_NOT_A_REPO",
     WorkspaceLocked = "WORKSPACE_LOCKED",
     WorkspaceFailed = "WORKSPACE_FAILED",
+    WorkspaceInvalidCommits = "WORKSPACE_INVALID_COMMITS",
+    MergeConflict = "MERGE_CONFLICT",
+    MergeNothingToMerge = "MERGE_NOTHING_TO_MERGE",
+    MergeNotMergeable = "MERGE_NOT_MERGEABLE",
+    MergeProtectedBranch = "MERGE_PROTECTED_BRANCH",
+    PublishFailed = "PUBLISH_FAILED",
     SessionTimeout = "SESSION_TIMEOUT",
     SessionFailed = "SESSION_FAILED",
     SessionEmptyOutput = "SESSION_EMPTY_OUTPUT",
@@ -106,6 +112,7 @@ codes! {
     AgentLoginRequired = "AGENT_LOGIN_REQUIRED",
     AgentApiError = "AGENT_API_ERROR",
     SessionStalled = "SESSION_STALLED",
+    SessionOom = "SESSION_OOM",
     SessionLoop = "SESSION_LOOP",
     SessionInterrupted = "SESSION_INTERRUPTED",
     SessionStopped = "SESSION_STOPPED",
@@ -258,6 +265,77 @@ pub static CATALOGUE: &[CodeInfo] = &[
             "Check `workspace.base` names a branch, tag or commit of the repository",
         ],
     },
+    CodeInfo {
+        code: Code::WorkspaceInvalidCommits,
+        severity: Severity::Medium,
+        recoverable: true,
+        cause: "The session left its worktree in a broken git state (seed 002's `invalid_commits`): HEAD names no commit, is detached or on another branch, the base is not in its history (rewritten or unrelated), a merge, rebase, cherry-pick or revert is half done, or the index holds conflicts.",
+        recovery: "The workspace is reset to the base: the worktree is removed and what it held set aside on a branch `BRANCH-invalid` (`-invalid-N`), never deleted; the session is retried once, from the base, after `retry_delay`. Checked whatever the exit status; a timeout or stop keeps its own code (the workspace is reset all the same).",
+        escalation: "After 2 occurrences in a row (the retry left invalid commits too).",
+        suggestions: &[
+            "Read the details: they say what was broken",
+            "Look at the branch set aside: `git log BRANCH-invalid`",
+            "Tell the agent (its prompt, CLAUDE.md) to commit on its branch and never rewrite history below it",
+        ],
+    },
+    // Git: publishing an approved flow cycle (`[[flow]] publish`).
+    CodeInfo {
+        code: Code::MergeConflict,
+        severity: Severity::Medium,
+        recoverable: false,
+        cause: "The cycle's branch and the remote's branch changed the same lines: its rebase onto the remote's branch stopped on conflicts. The details give the seed's classification: SIMPLE (whitespace only), COMPLEX (a file renamed or deleted on one side, or more than 50 conflicting lines), MEDIUM (anything else), with the files and lines.",
+        recovery: "SIMPLE: resolved automatically (the rebase again, ignoring whitespace) and published; the record says so. MEDIUM and COMPLEX: nothing is published, the branch stays as it was for a human to merge.",
+        escalation: "MEDIUM and COMPLEX at once: human mailbox and on-error hook. SIMPLE never.",
+        suggestions: &[
+            "Rebase the cycle's branch onto the remote's branch by hand, resolve, push",
+            "Read the flow's journal (`published` event): the files and the level",
+        ],
+    },
+    CodeInfo {
+        code: Code::MergeNothingToMerge,
+        severity: Severity::Low,
+        recoverable: true,
+        cause: "The cycle's branch is already in the remote branch's history (already merged, or no change).",
+        recovery: "Skipped and marked done: `on_approve` runs as after a publish.",
+        escalation: "Never.",
+        suggestions: &["Nothing to do; check the Actor made the change if one was expected"],
+    },
+    CodeInfo {
+        code: Code::MergeNotMergeable,
+        severity: Severity::High,
+        recoverable: false,
+        cause: "The histories cannot be joined: the cycle's branch shares no history with the remote's branch, or the remote's branch moved on while it was being published (its push was refused as not a fast-forward). Diverged histories with a common base are rebased first (the seed's \"rebase attempt\"): this code is what is left when that cannot be done.",
+        recovery: "Nothing is published; the branch stays as it was.",
+        escalation: "At once (human review): human mailbox and on-error hook.",
+        suggestions: &[
+            "Compare the branch with the remote's (`git log --oneline --graph BRANCH REMOTE/INTO`)",
+            "Approve again once the remote's branch is quiet, or merge by hand",
+        ],
+    },
+    CodeInfo {
+        code: Code::MergeProtectedBranch,
+        severity: Severity::High,
+        recoverable: false,
+        cause: "The remote refused the push itself (a protected branch, a pre-receive hook, missing rights): git's `[remote rejected]`.",
+        recovery: "Nothing is published; a human pushes or opens a pull request (the seed's \"human push\").",
+        escalation: "At once: human mailbox and on-error hook.",
+        suggestions: &[
+            "Push the cycle's branch to another branch and open a pull request",
+            "Publish into a branch the service may push to (`publish.into`)",
+        ],
+    },
+    CodeInfo {
+        code: Code::PublishFailed,
+        severity: Severity::Medium,
+        recoverable: false,
+        cause: "Any other failure publishing an approved cycle: the remote unreachable, git failed or timed out, the Actor's worktree gone.",
+        recovery: "Nothing is published; `on_approve` does not run.",
+        escalation: "At once: human mailbox and on-error hook.",
+        suggestions: &[
+            "Read the details: they name the git command and its error",
+            "Check `publish.remote` is reachable by the service user",
+        ],
+    },
     // Agent: how the session ended.
     CodeInfo {
         code: Code::SessionTimeout,
@@ -280,7 +358,7 @@ pub static CATALOGUE: &[CodeInfo] = &[
         escalation: "After `escalate_after` failures in a row (default 3).",
         suggestions: &[
             "Read the session log: sessions/{id}.log",
-            "Killed by SIGKILL without a timeout: check the kernel log for the OOM killer",
+            "Killed by SIGKILL without a timeout and not SESSION_OOM: someone's kill -9, or an OOM kill the daemon could not see (check the kernel log)",
         ],
     },
     CodeInfo {
@@ -332,6 +410,19 @@ pub static CATALOGUE: &[CodeInfo] = &[
         escalation: "As for a timeout.",
         suggestions: &[
             "`claude -p --output-format json` prints only at the end: use stream-json, or leave stall_timeout unset",
+        ],
+    },
+    CodeInfo {
+        code: Code::SessionOom,
+        severity: Severity::High,
+        recoverable: true,
+        cause: "The kernel's OOM killer ended the session: its cgroup's `memory.events` counts an `oom_kill` (under systemd with `Delegate=yes`), or, without a cgroup of its own, it died of a SIGKILL the daemon did not send while the kernel's `oom_kill` count in /proc/vmstat rose. SIGKILL alone is never taken for one.",
+        recovery: "Retried once, after `retry_delay`; `daemon.max_concurrent_sessions` is lowered by one (never below one) for `daemon.oom_lower_for` (default 1h) from the last OOM kill, shown in `status` and daemon.json.",
+        escalation: "If it recurs: the retry killed too.",
+        suggestions: &[
+            "Set or raise `memory_max` for the agent (the session cgroup's memory.max)",
+            "Lower `daemon.max_concurrent_sessions`",
+            "Read the session log and the kernel log (`journalctl -k | grep -i oom`)",
         ],
     },
     CodeInfo {
@@ -766,6 +857,12 @@ mod tests {
             "WORKSPACE_NOT_A_REPO",
             "WORKSPACE_LOCKED",
             "WORKSPACE_FAILED",
+            "WORKSPACE_INVALID_COMMITS",
+            "MERGE_CONFLICT",
+            "MERGE_NOTHING_TO_MERGE",
+            "MERGE_NOT_MERGEABLE",
+            "MERGE_PROTECTED_BRANCH",
+            "PUBLISH_FAILED",
             "SESSION_TIMEOUT",
             "SESSION_FAILED",
             "SESSION_EMPTY_OUTPUT",
@@ -773,6 +870,7 @@ mod tests {
             "AGENT_LOGIN_REQUIRED",
             "AGENT_API_ERROR",
             "SESSION_STALLED",
+            "SESSION_OOM",
             "SESSION_LOOP",
             "SESSION_INTERRUPTED",
             "SESSION_STOPPED",
@@ -802,7 +900,7 @@ mod tests {
             let code = Code::parse(text).unwrap_or_else(|| panic!("{text} is not a code"));
             let _ = code.info();
         }
-        assert_eq!(seen.len(), 38);
+        assert_eq!(seen.len(), 45);
     }
 
     #[test]

@@ -1057,6 +1057,8 @@ fn the_bridge_gives_the_verdicts_the_daemon_gave() {
                 failed_by_script: None,
                 incomplete: false,
                 now: at(0),
+                oom: None,
+                invalid_commits: None,
             },
             streak,
             &r,

@@ -572,6 +572,7 @@ async fn real_claude_without_credentials_is_login_required() {
             "AGENT_STATE_SESSION_ID".into(),
             format!("test/{}", uuid::Uuid::new_v4()),
         ),
+        memory_max: None,
     };
     let mut out = SessionOutput::new();
     let report = runner::run(spec, &mut out, tokio::sync::watch::channel(false).1, None).await;

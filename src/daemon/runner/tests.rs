@@ -36,6 +36,7 @@ fn spec(dir: &tempfile::TempDir, script: &str, args: &[&str]) -> SessionSpec {
             "AGENT_STATE_SESSION_ID".into(),
             format!("test/{}", uuid::Uuid::new_v4()),
         ),
+        memory_max: None,
     }
 }
 

@@ -48,6 +48,10 @@ pub struct SessionSpec {
     /// `name=value` is killed when the session ends. An empty name disables
     /// the environment sweep (the process group is still killed).
     pub marker: (String, String),
+    /// The session cgroup's `memory.max` (`memory.high` at 90% of it), where
+    /// sessions get cgroups with the memory controller; logged as not
+    /// applied elsewhere.
+    pub memory_max: Option<u64>,
 }
 
 /// What the runner does when a session stalls (see
@@ -213,6 +217,8 @@ pub struct RunReport {
     /// How many times the session stalled (silences of at least the stall
     /// timeout), whatever the stall action.
     pub stalls: u32,
+    /// The kernel's OOM killer ended it ([`crate::daemon::memory`]'s rule).
+    pub oom: Option<crate::daemon::memory::OomEvidence>,
 }
 
 impl RunReport {
@@ -229,6 +235,7 @@ impl RunReport {
             leftovers_killed: 0,
             log_error: None,
             stalls: 0,
+            oom: None,
         }
     }
 }

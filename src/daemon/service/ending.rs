@@ -143,12 +143,23 @@ impl Daemon {
                     claude_error: claude_failed,
                     stderr_last_words: stderr_last_words.clone(),
                     gave_up: iterations.failed.clone(),
+                    oom: report.oom,
+                    invalid_commits: workspace.as_ref().and_then(|w| w.invalid.clone()),
                 },
             },
             cfg.as_ref().map(machine::Settings::of).unwrap_or_default(),
             self.streaks.entry(agent.clone()).or_default(),
             now.0,
         );
+        if verdict.code == Some(Code::SessionOom) {
+            oom_killed(
+                &mut self.core,
+                self.config.daemon.oom_lower_for,
+                &agent,
+                &sid,
+                now.0,
+            );
+        }
         let succeeded = decided.is_completed();
         if succeeded && let Some(doubt) = output.claude.as_ref().and_then(output::doubts) {
             self.raise(
@@ -395,7 +406,7 @@ impl Daemon {
             }
         }
         record_output_summary(&self.root, &agent, &running, &output, now);
-        flows::apply_flows(&self.root, &self.config, self.clock.now(), &flows);
+        flows::apply_flows(&self.root, &self.config, self.clock.now(), &flows, &self.tx);
         if report.truncated {
             self.raise(
                 ErrorRecord::new(
@@ -571,6 +582,10 @@ pub(super) fn record_workspace(
         }
         "removed" => {
             tracing::info!(agent = %agent, session_id = %sid, "workspace removed (nothing changed): {}", ws.path.display())
+        }
+        // Its error (WORKSPACE_INVALID_COMMITS) is the session's.
+        "reset" => {
+            tracing::warn!(agent = %agent, session_id = %sid, "workspace reset to the base after invalid commits ({}): {} removed", ws.invalid.as_deref().unwrap_or_default(), ws.path.display())
         }
         _ => {
             error = Some(
@@ -823,6 +838,8 @@ pub(super) fn judge_not_run(
             failed_by_script: None,
             incomplete: false,
             now,
+            oom: None,
+            invalid_commits: None,
         },
         streak,
         &cfg.session.retries,
@@ -867,4 +884,26 @@ fn verdict_record(
         }
         record
     })
+}
+
+/// A session was OOM-killed: one session fewer at once for
+/// `daemon.oom_lower_for` (seed 002: "reduce maxParallel").
+fn oom_killed(
+    core: &mut crate::daemon::core::Core,
+    lower_for: std::time::Duration,
+    agent: &AgentName,
+    sid: &str,
+    now: chrono::DateTime<chrono::Utc>,
+) {
+    let Some(until) = crate::daemon::memory::lowered_until(now, lower_for) else {
+        return;
+    };
+    core.oom_lowered_until = Some(until);
+    tracing::warn!(
+        agent = %agent, session_id = %sid,
+        "the OOM killer ended a session: at most {} session(s) at once (max_concurrent_sessions = {}) until {}",
+        core.concurrent_limit(now),
+        core.max_concurrent,
+        Timestamp::from_datetime(until)
+    );
 }

@@ -14,6 +14,7 @@ pub(super) fn apply_flows(
     config: &Config,
     now: DateTime<Utc>,
     names: &[AgentName],
+    tx: &mpsc::UnboundedSender<Event>,
 ) {
     for name in names {
         let Some(settings) = config.flows.iter().find(|f| &f.name == name).cloned() else {
@@ -22,11 +23,16 @@ pub(super) fn apply_flows(
         let root = root.clone();
         let config = config.clone();
         let now = Timestamp::from_datetime(now);
+        let tx = tx.clone();
         tokio::task::spawn_blocking(move || {
             match crate::flow::apply_answers(&root, &config, &settings, now) {
                 Ok(applied) => {
                     for line in applied.lines {
                         tracing::info!(flow = %settings.name, "{line}");
+                    }
+                    // A publish that failed: raised on the loop.
+                    if !applied.errors.is_empty() {
+                        let _ = tx.send(Event::Raise(applied.errors));
                     }
                 }
                 Err(e) => tracing::warn!(flow = %settings.name, "flow {}: {e}", settings.name),

@@ -281,6 +281,7 @@ impl Published {
             std::mem::discriminant(&hold.cause).hash(&mut h);
         }
         seen.stopping.hash(&mut h);
+        seen.core.oom_lowered_until.hash(&mut h);
         if let Some(health) = &seen.monitor.health {
             let mut health = health.clone();
             health.checked_at = seen.started_at;
@@ -322,13 +323,14 @@ impl Published {
         let state_root = seen.root.path.display().to_string();
         let config = seen.config_path.display().to_string();
         let me = crate::daemon::files::this_process();
+        let updated_at = Timestamp::now();
         let hb = HeartbeatOut {
             pid: std::process::id(),
             pid_start: me.start,
             pid_ns: me.ns,
             version: env!("CARGO_PKG_VERSION"),
             started_at: seen.started_at,
-            updated_at: Timestamp::now(),
+            updated_at,
             state_root: &state_root,
             config: &config,
             agents,
@@ -375,6 +377,7 @@ impl Published {
                     )
                 })
                 .collect(),
+            concurrency_lowered: lowered(seen.core, updated_at),
         };
         match files::write_heartbeat(seen.root, &hb) {
             Ok(()) => {
@@ -391,6 +394,17 @@ impl Published {
             }
         }
     }
+}
+
+/// daemon.json's `concurrency_lowered`: the limit an OOM kill lowered,
+/// while it is.
+fn lowered(core: &Core, now: Timestamp) -> Option<files::Lowered> {
+    let until = core.oom_lowered_until.filter(|t| *t > now.0)?;
+    Some(files::Lowered {
+        limit: core.concurrent_limit(now.0),
+        configured: core.max_concurrent,
+        until: Timestamp::from_datetime(until),
+    })
 }
 
 /// daemon.json's `failing`: disabled agents (busy in the core) and agents

@@ -25,6 +25,7 @@ fn flow() -> FlowSettings {
         on_insufficient: crate::config::OnInsufficient::Rollback,
         limits: crate::config::RoleLimits::default(),
         actor_workspace: None,
+        publish: None,
     }
 }
 
