@@ -323,6 +323,22 @@ pub enum Event {
         facts: Facts,
     },
     VerifyFinished(Verified),
+    /// The runner saw the run print nothing for `silent_for`: for an IO
+    /// side that watches the silence itself (the daemon's runner does; its
+    /// machine's [`Settings::stall_timeout`] is then `None`, so that only
+    /// one of them says so).
+    StallSeen {
+        silent_for: Duration,
+    },
+    /// The iteration loop outside the machine (`service::iterations`, in
+    /// the session's task) launched iteration `iteration`'s run: its own
+    /// timeout from `now`.
+    RunLaunched {
+        iteration: u32,
+    },
+    /// The iteration loop outside the machine verifies the run that ended:
+    /// no timer of the run's runs meanwhile (`verify` has its own).
+    VerifyStarted,
     /// A timer armed by [`Action::ArmTimer`] fired (or any wake-up: the
     /// machine checks what is due at `now`).
     Deadline,
@@ -522,6 +538,23 @@ impl Session {
         &self.state
     }
 
+    /// What a [`Action::Signal`] is for: the stop under way and the
+    /// iteration whose run it ends.
+    pub fn stopping(&self) -> Option<(&Stop, u32)> {
+        match &self.state {
+            SessionState::Stopping { run, stop, .. } => Some((stop, run.iteration)),
+            _ => None,
+        }
+    }
+
+    /// Its record is decided (or written): no run of it may start.
+    pub fn is_over(&self) -> bool {
+        matches!(
+            self.state,
+            SessionState::Recording { .. } | SessionState::Ended { .. }
+        )
+    }
+
     pub fn streak(&self) -> &Streak {
         &self.streak
     }
@@ -662,17 +695,76 @@ impl Session {
             (S::Preparing(run) | S::Running(run), E::ChildExited { ending, facts }) => {
                 self.exited(run, ending, facts, true, now)
             }
+            // Its process may be starting (its launch not yet reported):
+            // stopped like a running one, SIGKILL after the grace included.
+            // A run that never started reports `ChildExited` all the same
+            // (`Ending::Stopped`), and the stop is what it was.
             (S::Preparing(run), E::StopRequested { by, reason }) => {
-                self.record(&run, Outcome::Stopped { by, reason }, None)
+                self.stop(run, Stop::Requested { by, reason }, now, Vec::new())
             }
-            (S::Preparing(run), E::Shutdown) => {
-                self.record(&run, Outcome::Interrupted(Interruption::Shutdown), None)
-            }
+            (S::Preparing(run), E::Shutdown) => self.stop(run, Stop::Shutdown, now, Vec::new()),
             (S::Running(run), E::Deadline) => self.deadline(run, now),
             (S::Running(run), E::StopRequested { by, reason }) => {
                 self.stop(run, Stop::Requested { by, reason }, now, Vec::new())
             }
             (S::Running(run), E::Shutdown) => self.stop(run, Stop::Shutdown, now, Vec::new()),
+            (S::Running(run), E::StallSeen { silent_for }) => {
+                let raise = vec![Action::Raise {
+                    code: Code::SessionStalled,
+                }];
+                if self.settings.stall_stops {
+                    return self.stop(run, Stop::Stalled { silent_for }, now, raise);
+                }
+                (S::Running(run), raise)
+            }
+            (
+                S::Running(run)
+                | S::Verifying(run)
+                | S::Stopping {
+                    run,
+                    stop: Stop::Timeout | Stop::Stalled { .. },
+                    verifying: false,
+                    ..
+                },
+                E::RunLaunched { iteration },
+            ) => self.relaunched(run, iteration, now),
+            (
+                S::Running(run)
+                | S::Stopping {
+                    run,
+                    stop: Stop::Timeout | Stop::Stalled { .. },
+                    verifying: false,
+                    ..
+                },
+                E::VerifyStarted,
+            ) => (S::Verifying(run), Vec::new()),
+            // A stop asked (or a shutdown) while the run is ended for its
+            // time: SIGTERM is sent already, but no iteration may follow.
+            (
+                S::Stopping {
+                    run,
+                    stop: Stop::Timeout | Stop::Stalled { .. },
+                    grace_until,
+                    killed,
+                    verifying,
+                },
+                event @ (E::StopRequested { .. } | E::Shutdown),
+            ) => {
+                let stop = match event {
+                    E::StopRequested { by, reason } => Stop::Requested { by, reason },
+                    _ => Stop::Shutdown,
+                };
+                (
+                    S::Stopping {
+                        run,
+                        stop,
+                        grace_until,
+                        killed,
+                        verifying,
+                    },
+                    vec![Action::Signal(Sig::Term)],
+                )
+            }
             (S::Verifying(run), E::StopRequested { by, reason }) => {
                 let (state, actions) =
                     self.stop(run, Stop::Requested { by, reason }, now, Vec::new());
@@ -774,6 +866,27 @@ impl Session {
             // record is written — that record is the one).
             (state, _) => (state, Vec::new()),
         }
+    }
+
+    /// The next iteration's run is launched (by the loop outside): a fresh
+    /// run of the same session, with its own timeout.
+    fn relaunched(
+        &mut self,
+        mut run: Run,
+        iteration: u32,
+        now: DateTime<Utc>,
+    ) -> (SessionState, Vec<Action>) {
+        run.iteration = iteration.max(1);
+        run.deadline = Some(later(now, self.settings.timeout));
+        run.last_output = now;
+        run.stall_warned = false;
+        run.script = None;
+        run.completed_signal = false;
+        let arm = next_due(&run, self.settings.stall_timeout)
+            .map(|at| Action::ArmTimer { at })
+            .into_iter()
+            .collect();
+        (SessionState::Running(run), arm)
     }
 
     /// A timer fired while the run runs: its timeout, its stall.

@@ -61,6 +61,7 @@ use super::effects;
 use super::failure::{self, Next, Observed, Streak};
 use super::files::{self, HeartbeatOut, RunningEntry, ScheduleState};
 use super::health::{self, DiskLevel, HealthState, PruneStats, Thresholds};
+use super::machine;
 use super::output::{self, ClaudeResult, SessionOutput};
 use super::runner::{self, Ending, OutputObserver, OutputStream, RunReport};
 use super::session;
@@ -324,7 +325,15 @@ struct Running {
     instance: String,
     pid: Option<u32>,
     started_at: Timestamp,
-    stop: watch::Sender<bool>,
+    /// Its lifecycle, fed live: it decides when the session's runs get
+    /// SIGTERM and SIGKILL (a timeout, a stall, a stop, a shutdown).
+    machine: machine::Session,
+    /// When the machine asked to be told the time again (its timeout, the
+    /// grace after SIGTERM): a deadline of the loop.
+    timer: Option<DateTime<Utc>>,
+    /// What the runner is told (the machine's signals): the runner only
+    /// obeys.
+    orders: watch::Sender<runner::Orders>,
     /// Why the daemon stopped it, if it did for another reason than shutdown.
     stop_reason: Option<String>,
     /// The same, for the session's observer, which notes it in session.json
@@ -365,22 +374,84 @@ struct StopWhy {
 impl Running {
     /// Stop the session for `why` (not a shutdown): recorded as an error
     /// with this reason.
-    fn stop_for(&mut self, why: String) {
-        self.stop_with(why, None);
+    fn stop_for(&mut self, why: String, now: DateTime<Utc>) {
+        self.stop_with(why, None, now);
     }
 
-    /// Stop it for `why`, typed by `code` (see [`StopWhy`]): the runner's
+    /// Stop it for `why`, typed by `code` (see [`StopWhy`]): its machine's
     /// path of a timeout (SIGTERM to the group and the cgroup, SIGKILL
     /// after `kill_grace`).
-    fn stop_with(&mut self, why: String, code: Option<Code>) {
+    fn stop_with(&mut self, why: String, code: Option<Code>, now: DateTime<Utc>) {
         if let Ok(mut note) = self.stop_note.lock() {
             *note = Some(StopWhy {
                 reason: why.clone(),
                 code,
             });
         }
-        self.stop_reason = Some(why);
-        let _ = self.stop.send(true);
+        self.stop_reason = Some(why.clone());
+        let by = match code {
+            Some(Code::SessionStopped) => machine::StopBy::Operator,
+            _ => machine::StopBy::Daemon,
+        };
+        self.feed(machine::Event::StopRequested { by, reason: why }, now);
+        // A stop the machine did not act on (its run is being ended for its
+        // time): no run of it starts any more all the same.
+        self.orders
+            .send_if_modified(|o| !std::mem::replace(&mut o.stop, true));
+    }
+
+    /// Feed the session's machine what happened at `now`, and carry out
+    /// what is the session's own: the runner's orders, its timer, no run
+    /// once its record is decided. Returns the other actions (a stall's
+    /// error record) for the caller.
+    fn feed(&mut self, event: machine::Event, now: DateTime<Utc>) -> Vec<machine::Action> {
+        let mut rest = Vec::new();
+        for action in self.machine.on(event, now) {
+            match action {
+                machine::Action::ArmTimer { at } => self.timer = Some(at),
+                machine::Action::Signal(sig) => self.order(sig),
+                other => rest.push(other),
+            }
+        }
+        if self.machine.is_over() {
+            self.orders
+                .send_if_modified(|o| !std::mem::replace(&mut o.stop, true));
+        }
+        rest
+    }
+
+    /// The machine's signal, as the runner's order.
+    fn order(&mut self, sig: machine::Sig) {
+        let Some((stop, n)) = self.machine.stopping() else {
+            return;
+        };
+        let end = match stop {
+            machine::Stop::Timeout => Some(Ending::TimedOut),
+            machine::Stop::Stalled { silent_for } => Some(Ending::Stalled {
+                silent_for: *silent_for,
+            }),
+            machine::Stop::Requested { .. } | machine::Stop::Shutdown => None,
+        };
+        self.orders.send_modify(|o| match (sig, end) {
+            (machine::Sig::Kill, _) => o.kill = Some(n),
+            (machine::Sig::Term, None) => o.stop = true,
+            (machine::Sig::Term, Some(why)) => {
+                if o.end.as_ref().map(|(i, _)| *i) != Some(n) {
+                    o.end = Some((n, why));
+                }
+            }
+        });
+    }
+
+    /// Its machine's timer came: tell it the time.
+    fn due(&mut self, now: DateTime<Utc>) -> Vec<machine::Action> {
+        match self.timer {
+            Some(at) if at <= now => {
+                self.timer = None;
+                self.feed(machine::Event::Deadline, now)
+            }
+            _ => Vec::new(),
+        }
     }
 }
 
@@ -684,14 +755,18 @@ impl Daemon {
                 self.scan_all_inboxes();
             }
             Event::SessionPid { agent, pid } => {
+                let now = self.clock.now();
                 if let Some(r) = self.running.get_mut(&agent) {
                     r.pid = Some(pid);
+                    // Made its workspace first: its run starts now.
+                    r.feed(machine::Event::Launched, now);
                 }
             }
             Event::SessionOverBudget { agent, tokens } => {
                 if let Some(cfg) = self.agent_config(&agent).cloned() {
                     let running = self.running.get_mut(&agent);
-                    economy::session_over_budget(running, &agent, &cfg, tokens);
+                    let now = self.clock.now();
+                    economy::session_over_budget(running, &agent, &cfg, tokens, now);
                 }
             }
             Event::WakeCondition { agent, result } => {
@@ -708,13 +783,26 @@ impl Daemon {
                 }
             }
             Event::SessionStalled { agent, silent_for } => {
-                let record = ending::session_stalled(
-                    self.running.get(&agent),
-                    self.agent_config(&agent),
-                    &agent,
-                    silent_for,
-                );
-                self.raise_each(record);
+                // The machine decides what a stall is (a warning, an end).
+                let now = self.clock.now();
+                let actions = match self.running.get_mut(&agent) {
+                    Some(r) => r.feed(machine::Event::StallSeen { silent_for }, now),
+                    None => Vec::new(),
+                };
+                for action in actions {
+                    if let machine::Action::Raise {
+                        code: Code::SessionStalled,
+                    } = action
+                    {
+                        let record = ending::session_stalled(
+                            self.running.get(&agent),
+                            self.agent_config(&agent),
+                            &agent,
+                            silent_for,
+                        );
+                        self.raise_each(record);
+                    }
+                }
             }
             Event::Signal { agent, signal } => {
                 // Late for a session whose end is being recorded: dropped,
@@ -742,6 +830,16 @@ impl Daemon {
                 of,
                 phase,
             } => {
+                let now = self.clock.now();
+                if let Some(r) = self.running.get_mut(&agent) {
+                    let event = match phase {
+                        iterations::Phase::Executing => {
+                            machine::Event::RunLaunched { iteration: n }
+                        }
+                        iterations::Phase::Verifying => machine::Event::VerifyStarted,
+                    };
+                    r.feed(event, now);
+                }
                 let dir = self.root.agent(&agent);
                 iterations::iteration(self.running.get_mut(&agent), &dir, n, of, phase)
             }
@@ -774,7 +872,16 @@ impl Daemon {
                 listed,
                 arrivals,
             } => self.inbox_listed(agent, reason, listed, arrivals),
-            Event::Deadline { lag } => self.tally.loop_lag = lag,
+            Event::Deadline { lag } => {
+                self.tally.loop_lag = lag;
+                // The sessions whose machine's timer came are told the time
+                // (their timeouts, the graces after SIGTERM). A timer's only
+                // actions are signals and timers: nothing is left here.
+                let now = self.clock.now();
+                for r in self.running.values_mut() {
+                    r.due(now);
+                }
+            }
             Event::MetricsDue => self.publish_metrics(),
             Event::CredentialChecksDue => {
                 for group in self.economy.checks_due(&self.config, self.clock.now()) {
@@ -830,6 +937,7 @@ impl Daemon {
             self.stopping.filter(|_| !self.running.is_empty()),
             self.intake.requests.pending().then_some(now),
             self.intake.requests.held_until(),
+            self.running.values().filter_map(|r| r.timer).min(),
         ]
         .into_iter()
         .flatten()
@@ -849,8 +957,9 @@ impl Daemon {
         if self.stopping.is_some() {
             // A second signal: stop the sessions now.
             tracing::warn!("{why} again: ending running sessions now");
-            for r in self.running.values() {
-                let _ = r.stop.send(true);
+            let now = self.clock.now();
+            for r in self.running.values_mut() {
+                r.feed(machine::Event::Shutdown, now);
             }
             return;
         }
@@ -883,11 +992,12 @@ impl Daemon {
             }
             self.raise(record, false);
         }
+        let now = self.clock.now();
         if let Some(deadline) = self.stopping
-            && self.clock.now() >= deadline
+            && now >= deadline
         {
-            for r in self.running.values() {
-                let _ = r.stop.send(true);
+            for r in self.running.values_mut() {
+                r.feed(machine::Event::Shutdown, now);
             }
         }
         self.published.write_heartbeat(&seen!(self));

@@ -225,6 +225,7 @@ pub fn prepare(
         cwd,
         stdin: prompt_text.into_bytes(),
         log_path: dir.sessions_dir().join(format!("{session_id}.log")),
+        iteration: 1,
         max_output: agent.session.max_output,
         timeout: agent.session.timeout,
         kill_grace: agent.session.kill_grace,

@@ -1160,3 +1160,170 @@ fn the_bridge_gives_the_verdicts_the_daemon_gave() {
     );
     assert_eq!(s.failures, 1);
 }
+
+/// The machine as the daemon's loop feeds it live (issue 21): the runner
+/// watches the silence (`StallSeen`, no `stall_timeout` of the machine's),
+/// the iterations run outside (`RunLaunched`, `VerifyStarted`), and a stop
+/// may come before the launch is reported.
+#[test]
+fn the_live_table() {
+    let live = |stops| Settings {
+        stall_timeout: None,
+        stall_stops: stops,
+        ..settings()
+    };
+    let stop = || Event::StopRequested {
+        by: StopBy::Operator,
+        reason: "wrong task".into(),
+    };
+    let cases: Vec<(&str, Settings, Vec<Step>)> = vec![
+        (
+            "a stall the runner saw, stall_action = stop: raised, TERM, grace, KILL",
+            live(true),
+            with(
+                started(),
+                vec![
+                    (
+                        60,
+                        Event::StallSeen {
+                            silent_for: Duration::from_secs(60),
+                        },
+                        &["raise SESSION_STALLED", "TERM", "timer +70s"],
+                    ),
+                    // A second report of the same run changes nothing.
+                    (
+                        65,
+                        Event::StallSeen {
+                            silent_for: Duration::from_secs(60),
+                        },
+                        &[],
+                    ),
+                    (70, Event::Deadline, &["KILL"]),
+                    (
+                        71,
+                        exited_with(
+                            Ending::Stalled {
+                                silent_for: Duration::from_secs(60),
+                            },
+                            Facts::default(),
+                        ),
+                        &["record stalled", "return counting"],
+                    ),
+                ],
+            ),
+        ),
+        (
+            "a stall the runner saw, stall_action = warn: raised, the timeout still armed",
+            live(false),
+            with(
+                started(),
+                vec![
+                    (
+                        60,
+                        Event::StallSeen {
+                            silent_for: Duration::from_secs(60),
+                        },
+                        &["raise SESSION_STALLED"],
+                    ),
+                    (600, Event::Deadline, &["TERM", "timer +610s"]),
+                ],
+            ),
+        ),
+        (
+            "iterations outside: verify has no timer, the next run its own timeout",
+            live(false),
+            with(
+                started(),
+                vec![
+                    (100, Event::VerifyStarted, &[]),
+                    // The first run's timer, late: nothing to end.
+                    (600, Event::Deadline, &[]),
+                    (650, Event::RunLaunched { iteration: 2 }, &["timer +1250s"]),
+                    (1249, Event::Deadline, &["timer +1250s"]),
+                    (1250, Event::Deadline, &["TERM", "timer +1260s"]),
+                ],
+            ),
+        ),
+        (
+            "a run ended for its time (COMPLETE said) is verified and iterates",
+            live(false),
+            with(
+                started(),
+                vec![
+                    (600, Event::Deadline, &["TERM", "timer +610s"]),
+                    (601, Event::VerifyStarted, &[]),
+                    (602, Event::RunLaunched { iteration: 2 }, &["timer +1202s"]),
+                ],
+            ),
+        ),
+        (
+            "a stop during verification: TERM (the verification's), grace, KILL",
+            live(false),
+            with(
+                started(),
+                vec![
+                    (100, Event::VerifyStarted, &[]),
+                    (110, stop(), &["TERM", "timer +120s"]),
+                    (120, Event::Deadline, &["KILL"]),
+                    // No run follows a stop.
+                    (121, Event::RunLaunched { iteration: 2 }, &[]),
+                    (
+                        122,
+                        Event::VerifyFinished(Verified::Passed),
+                        &["record stopped", "return"],
+                    ),
+                ],
+            ),
+        ),
+        (
+            "a stop while a timeout's SIGTERM is out: no iteration may follow",
+            live(false),
+            with(
+                started(),
+                vec![
+                    (600, Event::Deadline, &["TERM", "timer +610s"]),
+                    (605, Event::Shutdown, &["TERM"]),
+                    (606, Event::RunLaunched { iteration: 2 }, &[]),
+                    (606, Event::VerifyStarted, &[]),
+                    (610, Event::Deadline, &["KILL"]),
+                    (
+                        611,
+                        exited_with(Ending::Signaled { signal: 9 }, Facts::default()),
+                        &["record interrupted", "return"],
+                    ),
+                ],
+            ),
+        ),
+        (
+            "a stop before the launch is reported: TERM, grace, KILL, then stopped",
+            live(false),
+            vec![
+                (0, begin(), &["launch 1"]),
+                (5, stop(), &["TERM", "timer +15s"]),
+                (15, Event::Deadline, &["KILL"]),
+                (
+                    16,
+                    exited_with(Ending::Stopped, Facts::default()),
+                    &["record stopped", "return"],
+                ),
+            ],
+        ),
+        (
+            "a shutdown before the launch is reported: interrupted, no retry",
+            live(false),
+            vec![
+                (0, begin(), &["launch 1"]),
+                (5, Event::Shutdown, &["TERM", "timer +15s"]),
+                (
+                    6,
+                    exited_with(Ending::Stopped, Facts::default()),
+                    &["record interrupted", "return"],
+                ),
+                (7, Event::Recorded, &[]),
+            ],
+        ),
+    ];
+    for (what, settings, steps) in cases {
+        run(what, settings, steps);
+    }
+}
