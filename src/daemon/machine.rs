@@ -547,6 +547,27 @@ impl Session {
         }
     }
 
+    /// When the session should have ended at the latest by its timers: its
+    /// run's timeout and the kill grace after it, or the grace of a stop
+    /// under way. `None` while nothing of it is timed here (preparing, a
+    /// verification: it has its own timeout; a record being written).
+    pub fn due_to_end(&self) -> Option<DateTime<Utc>> {
+        match &self.state {
+            SessionState::Running(run) => run.deadline.map(|d| later(d, self.settings.kill_grace)),
+            SessionState::Stopping {
+                grace_until,
+                verifying: false,
+                ..
+            } => Some(*grace_until),
+            _ => None,
+        }
+    }
+
+    /// A verification runs (no run of it does).
+    pub fn is_verifying(&self) -> bool {
+        matches!(self.state, SessionState::Verifying(_))
+    }
+
     /// Its record is decided (or written): no run of it may start.
     pub fn is_over(&self) -> bool {
         matches!(

@@ -1327,3 +1327,24 @@ fn the_live_table() {
         run(what, settings, steps);
     }
 }
+
+/// When a session should have ended by (the health monitor's backstop):
+/// each run's own timeout and grace, nothing while a verification runs.
+#[test]
+fn due_to_end_follows_each_run_not_the_session() {
+    let mut m = Session::new(settings(), Streak::default());
+    let due = |m: &Session| m.due_to_end().map(since_t0);
+    assert_eq!(due(&m), None, "queued");
+    m.on(begin(), at(0));
+    assert_eq!(due(&m), None, "preparing: the hatch expiry's");
+    m.on(Event::Launched, at(0));
+    assert_eq!(due(&m), Some(610), "the timeout and the kill grace");
+    m.on(Event::VerifyStarted, at(500));
+    assert_eq!(due(&m), None, "verifying: verify_timeout's");
+    m.on(Event::RunLaunched { iteration: 2 }, at(900));
+    assert_eq!(due(&m), Some(1510), "iteration 2's own timeout");
+    m.on(Event::Deadline, at(1500));
+    assert_eq!(due(&m), Some(1510), "the grace of its SIGTERM");
+    m.on(exited(0), at(1505));
+    assert_eq!(due(&m), None, "recording");
+}

@@ -403,17 +403,14 @@ pub(super) fn check_sessions(
     // session recorded as running that the daemon does not run.
     let names: Vec<AgentName> = config.working_agents().map(|a| a.name.clone()).collect();
     for name in names {
-        let Some((timeout, kill_grace)) =
-            agent_in(config, agent_index, &name).map(|a| (a.session.timeout, a.session.kill_grace))
-        else {
+        if agent_in(config, agent_index, &name).is_none() {
             continue;
-        };
+        }
         if let Some(r) = running.get_mut(&name) {
             if r.recording {
                 // Ended; its end is being recorded.
                 continue;
             }
-            let started = r.started_at.0;
             // Seed 003's placeholder expiry: a session whose process
             // never started within 5 minutes is given up (a hatching
             // agent stays hatching for its next wake).
@@ -430,7 +427,13 @@ pub(super) fn check_sessions(
                 );
                 continue;
             }
-            if health::overdue(started, timeout, kill_grace, now.0) && r.stop_reason.is_none() {
+            // Overdue by its machine's timers: its run's timeout and grace
+            // (each iteration's own), never a verification's time.
+            if r.machine
+                .due_to_end()
+                .is_some_and(|due| health::past_due(due, clock_now))
+                && r.stop_reason.is_none()
+            {
                 r.stop_for(
                     "ran past its timeout; stopped by the health monitor".into(),
                     clock_now,

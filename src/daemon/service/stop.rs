@@ -64,10 +64,11 @@ fn stop_request(
     }
     let why = request.describe();
     tracing::warn!(agent = %agent, session_id = %sid, "stopping the session: {why}");
-    // Its process not started yet (a worktree being made): no runner
-    // will note the stop before a SIGTERM, so it is noted here, for the
-    // record to carry the code.
-    let unstarted = running.pid.is_none();
+    // Its process not started yet (a worktree being made), or its
+    // verification running (its machine says): no runner will note the
+    // stop before a SIGTERM, so it is noted here, for the record to carry
+    // the code.
+    let unstarted = running.pid.is_none() || running.machine.is_verifying();
     running.stop_with(why.clone(), Some(Code::SessionStopped), now);
     core.stop_requested(agent);
     if unstarted {

@@ -1,0 +1,188 @@
+//! The session's machine fed live by the daemon's loop (issue 21): it
+//! decides when a session's runs get SIGTERM and SIGKILL (each run's own
+//! timeout, a stall, a stop, a shutdown), the runner obeys, and the health
+//! monitor's backstop asks it when a session should have ended — each
+//! run's timeout and grace, never the time a verification takes.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::support::{Env, daemon_config, state};
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+/// rio runs `run` (a shell fragment) each iteration and is verified by
+/// `verify`; `defaults` are more `[defaults]` keys. Bootstrapped.
+fn setup(run: &str, verify: &str, defaults: &[(&str, &str)]) -> Env {
+    let env = Env::with_config("");
+    let d = env.dir.path().display().to_string();
+    let script = env.script(
+        "agent.sh",
+        &format!(
+            "D={d:?}\nN=$(( $(cat \"$D/runs\" 2>/dev/null || echo 0) + 1 )); echo $N > \"$D/runs\"\ncat > /dev/null\n{run}\necho \"run $N done\"\n"
+        ),
+    );
+    let mut keys: Vec<(&str, &str)> = vec![("verify", verify)];
+    keys.extend_from_slice(defaults);
+    let body = daemon_config(
+        &script,
+        &[],
+        &keys,
+        "[[agent]]\nname = \"rio\"\n\n[[agent]]\nname = \"marcus\"\nkind = \"human\"\n",
+    );
+    env.set_config(&format!("{body}\n[health]\ninterval = \"1s\"\n"));
+    env.ok(&["bootstrap"]);
+    env
+}
+
+fn runs(env: &Env) -> u32 {
+    std::fs::read_to_string(env.tmp("runs"))
+        .map(|t| t.trim().parse().unwrap_or(0))
+        .unwrap_or(0)
+}
+
+/// session.json once the session has ended with its iterations counted.
+fn ended(env: &Env) -> Option<Value> {
+    let p = env.path("rio", "session.json");
+    let s = p.exists().then(|| state(env, "rio", "session.json"))?;
+    (s["status"] != "running" && s["iterations"].is_object()).then_some(s)
+}
+
+/// The journal's end lines of rio's sessions (a completion, an error, a
+/// timeout).
+fn ends(env: &Env) -> Vec<Value> {
+    env.journal("rio")
+        .into_iter()
+        .filter(|e| {
+            ["session_end", "error", "timeout"].contains(&e["event"].as_str().unwrap_or(""))
+        })
+        .collect()
+}
+
+/// `.daemon/errors.jsonl`, as text (empty when there is none).
+fn errors(env: &Env) -> String {
+    std::fs::read_to_string(env.root.join(".daemon/errors.jsonl")).unwrap_or_default()
+}
+
+/// A verification may take longer than the session's timeout (it has its
+/// own `verify_timeout`): the health monitor, checking every second, does
+/// not stop the session as "ran past its timeout" a minute after its
+/// timeout and grace — it asks the machine, which times runs, not
+/// verifications. Before, it measured from the session's start and ended
+/// the verification at about 62 s.
+#[test]
+fn a_verification_longer_than_the_timeout_is_not_cut_by_the_health_monitor() {
+    let marker = "verify-started";
+    let env = setup(
+        "true",
+        &format!(r#"[["sh", "-c", "touch {marker}; sleep 66; echo checked"]]"#),
+        &[
+            ("timeout", "\"1s\""),
+            ("kill_grace", "\"1s\""),
+            ("verify_timeout", "\"5m\""),
+        ],
+    );
+    let d = env.daemon();
+    env.ok(&["wake", "rio"]);
+    d.wait_until(secs(20), "rio's verification runs", || {
+        state(&env, "rio", "report.json")["iteration"]["phase"] == "verifying"
+    });
+    d.wait_until(secs(120), "rio's session ended", || ended(&env).is_some());
+    let s = ended(&env).unwrap();
+    assert_eq!(s["status"], "completed", "{s:#}\n{}", d.log_text());
+    assert_eq!(s["iterations"]["count"], 1, "{s:#}");
+    assert_eq!(runs(&env), 1);
+    d.wait_until(secs(10), "the journal's end line", || {
+        !ends(&env).is_empty()
+    });
+    let ends = ends(&env);
+    assert_eq!(ends.len(), 1, "{ends:#?}");
+    assert_eq!(ends[0]["event"], "session_end", "{ends:#?}");
+    let errors = errors(&env);
+    assert!(
+        !errors.contains("SESSION_TIMEOUT") && !errors.contains("ran past its timeout"),
+        "{errors}"
+    );
+}
+
+/// Each iteration's run has its own timeout, from its own start: two runs
+/// of 2 s under a 3 s timeout complete, though the session took longer.
+#[test]
+fn each_iteration_has_its_own_timeout() {
+    let env = setup(
+        "sleep 2; [ $N -ge 2 ] && touch fixed",
+        r#"[["sh", "-c", "test -f fixed"]]"#,
+        &[
+            ("timeout", "\"3s\""),
+            ("max_iterations", "3"),
+            ("stuck_threshold", "3"),
+        ],
+    );
+    let d = env.daemon();
+    env.ok(&["wake", "rio"]);
+    d.wait_until(secs(60), "rio's session ended", || ended(&env).is_some());
+    let s = ended(&env).unwrap();
+    assert_eq!(s["status"], "completed", "{s:#}\n{}", d.log_text());
+    assert_eq!(s["iterations"]["count"], 2, "{s:#}");
+    assert_eq!(runs(&env), 2);
+    assert!(
+        !errors(&env).contains("SESSION_TIMEOUT"),
+        "{}",
+        errors(&env)
+    );
+}
+
+/// `agent-state stop` while the daemon verifies: the verification ends at
+/// once, no further iteration runs, and the session has one record, a
+/// stop (its code SESSION_STOPPED), not a failure and not retried.
+#[test]
+fn a_stop_during_verification_ends_it_with_one_stopped_record() {
+    let marker = "verify-started";
+    let env = setup(
+        "true",
+        &format!(r#"[["sh", "-c", "touch {marker}; sleep 60"]]"#),
+        &[("max_iterations", "3")],
+    );
+    let d = env.daemon();
+    env.ok(&["wake", "rio"]);
+    d.wait_until(secs(20), "rio's verification runs", || {
+        state(&env, "rio", "report.json")["iteration"]["phase"] == "verifying"
+    });
+    let started = std::time::Instant::now();
+    let out = env.ok(&["stop", "rio", "--reason", "wrong task", "--wait"]);
+    assert!(out.contains("stopped"), "{out}");
+    assert!(
+        started.elapsed() < secs(30),
+        "the verification was not stopped promptly"
+    );
+    d.wait_until(secs(20), "rio's session ended", || ended(&env).is_some());
+    let s = ended(&env).unwrap();
+    assert_eq!(s["status"], "error", "{s:#}");
+    assert!(
+        s["errors"]
+            .as_array()
+            .is_some_and(|e| e.iter().any(|e| e["code"] == "SESSION_STOPPED")),
+        "{s:#}"
+    );
+    assert_eq!(runs(&env), 1, "no iteration after the stop");
+    d.wait_until(secs(10), "the journal's end line", || {
+        !ends(&env).is_empty()
+    });
+    let ends = ends(&env);
+    assert_eq!(ends.len(), 1, "{ends:#?}");
+    assert_eq!(ends[0]["event"], "error", "{ends:#?}");
+    assert!(
+        ends[0]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("wrong task")),
+        "{ends:#?}"
+    );
+    d.wait_until(secs(10), "metrics.json counts the stop", || {
+        state(&env, "rio", "metrics.json")["lifetime"]["sessions_stopped"] == 1
+    });
+    let m = state(&env, "rio", "metrics.json");
+    assert_eq!(m["lifetime"]["sessions_error"], 0, "{m:#}");
+}
