@@ -135,6 +135,29 @@ fn each_iteration_has_its_own_timeout() {
     );
 }
 
+/// A later iteration's run is still timed: the second run, which hangs,
+/// gets SIGTERM at its own timeout and the session is recorded as a
+/// timeout, once.
+#[test]
+fn a_later_iteration_that_hangs_times_out() {
+    let env = setup(
+        "[ $N -ge 2 ] && exec sleep 60",
+        r#"[["sh", "-c", "exit 1"]]"#,
+        &[("timeout", "\"3s\""), ("max_iterations", "3")],
+    );
+    let d = env.daemon();
+    env.ok(&["wake", "rio"]);
+    d.wait_until(secs(60), "rio's session ended", || ended(&env).is_some());
+    let s = ended(&env).unwrap();
+    assert_eq!(s["status"], "timeout", "{s:#}\n{}", d.log_text());
+    assert_eq!(s["iterations"]["count"], 2, "{s:#}");
+    assert_eq!(runs(&env), 2);
+    d.wait_until(secs(10), "the journal's end line", || {
+        !ends(&env).is_empty()
+    });
+    assert_eq!(ends(&env).len(), 1, "{:#?}", ends(&env));
+}
+
 /// `agent-state stop` while the daemon verifies: the verification ends at
 /// once, no further iteration runs, and the session has one record, a
 /// stop (its code SESSION_STOPPED), not a failure and not retried.
