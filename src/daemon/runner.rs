@@ -88,8 +88,9 @@ pub struct Launched {
     pid: u32,
 }
 
-/// The first half of [`run`], which never waits: the checks, the log, the
-/// spawn. The daemon calls it in the loop itself, so the agent starts before
+/// The first half of a session's run, which never waits: the checks, the
+/// log, the spawn (none once the `orders` stop the session: it did not run,
+/// [`Ending::Stopped`]). The daemon calls it in the loop itself, so the agent starts before
 /// the loop goes on to publish its state (daemon.json, STATUS=) and to other
 /// agents; [`Launched::run`] then supervises it in a task. Needs a tokio
 /// runtime (the child's pipes). On failure, the report of a session that
@@ -178,8 +179,8 @@ pub fn launch(
 }
 
 impl Launched {
-    /// The second half of [`run`]: supervise the process to its end, and
-    /// kill whatever it left behind.
+    /// The second half: supervise the process to its end, carrying out the
+    /// `orders` as they change, and kill whatever it left behind.
     pub async fn run(
         self,
         observer: &mut dyn OutputObserver,

@@ -164,7 +164,7 @@ impl Daemon {
         }
         self.core.session_started(agent, &prepared.session_id);
         self.economy.manual_refusals.remove(agent);
-        let (stop_tx, stop_rx) = watch::channel(runner::Orders::default());
+        let (orders_tx, orders_rx) = watch::channel(runner::Orders::default());
         let stop_note = StopNote::default();
         // Its lifecycle, fed live. The runner watches the silence itself
         // (`StallSeen`), and the iterations run in the session's task
@@ -192,7 +192,7 @@ impl Daemon {
                 started_at: now,
                 machine: live,
                 timer: None,
-                orders: stop_tx,
+                orders: orders_tx,
                 stop_reason: None,
                 stop_note: stop_note.clone(),
                 completed_by_signal: false,
@@ -214,13 +214,12 @@ impl Daemon {
         // start is committed already (the journal line of `session begin`).
         // With a workspace, its worktree is made first, in the session's
         // task (git may wait seconds for a lock; the loop never does).
-        let stop_rx = stop_rx;
         let planned = prepared.workspace;
         // With `verify`, later iterations start from the first one's spec.
         let again = (!cfg.session.iteration.verify.is_empty()).then(|| prepared.spec.clone());
         let resume_argv = prepared.resume_argv.clone();
         let (launched, spec) = match planned {
-            None => (Some(runner::launch(prepared.spec, &stop_rx)), None),
+            None => (Some(runner::launch(prepared.spec, &orders_rx)), None),
             Some(_) => (None, Some(prepared.spec)),
         };
         if let Some(Ok(_)) = &launched
@@ -270,7 +269,7 @@ impl Daemon {
                             }
                             tracing::info!(agent = %name, session_id = %session_id, "workspace {} on branch {} (from {} of {})", ws.path.display(), ws.branch, &ws.base_commit[..ws.base_commit.len().min(12)], repo.display());
                             made = Some(ws);
-                            runner::launch(spec, &stop_rx)
+                            runner::launch(spec, &orders_rx)
                         }
                         Ok(Err(e)) => Err(Box::new(RunReport::not_run(Ending::SpawnFailed {
                             reason: format!("the session's workspace could not be made: {e}"),
@@ -301,10 +300,10 @@ impl Daemon {
                     stop_note,
                 },
             };
-            let stop_again = stop_rx.clone();
+            let orders_again = orders_rx.clone();
             let run = async {
                 match launched {
-                    Ok(l) => l.run(&mut observer, stop_rx, Some(pid_tx)).await,
+                    Ok(l) => l.run(&mut observer, orders_rx, Some(pid_tx)).await,
                     Err(report) => *report,
                 }
             };
@@ -323,7 +322,7 @@ impl Daemon {
                     resume_argv,
                 };
                 report =
-                    iterations::more(report, plan, &mut observer, stop_again, &mut tally).await;
+                    iterations::more(report, plan, &mut observer, orders_again, &mut tally).await;
             }
             observer.finish();
             let output = observer.summary();
