@@ -323,13 +323,6 @@ pub enum Event {
         facts: Facts,
     },
     VerifyFinished(Verified),
-    /// The runner saw the run print nothing for `silent_for`: for an IO
-    /// side that watches the silence itself (the daemon's runner does; its
-    /// machine's [`Settings::stall_timeout`] is then `None`, so that only
-    /// one of them says so).
-    StallSeen {
-        silent_for: Duration,
-    },
     /// The iteration loop outside the machine (`service::iterations`, in
     /// the session's task) launched iteration `iteration`'s run: its own
     /// timeout from `now`.
@@ -648,7 +641,9 @@ impl Session {
                 run.script.get_or_insert(ScriptRecord::Failed { reason });
             }
             Event::Output(signal) if printing => {
-                run.last_output = now;
+                // Output reported late (an IO side that is asked at the
+                // timers) never moves it back before the run's start.
+                run.last_output = run.last_output.max(now);
                 if signal == OutputSignal::Complete {
                     run.completed_signal = true;
                 }
@@ -729,15 +724,6 @@ impl Session {
                 self.stop(run, Stop::Requested { by, reason }, now, Vec::new())
             }
             (S::Running(run), E::Shutdown) => self.stop(run, Stop::Shutdown, now, Vec::new()),
-            (S::Running(run), E::StallSeen { silent_for }) => {
-                let raise = vec![Action::Raise {
-                    code: Code::SessionStalled,
-                }];
-                if self.settings.stall_stops {
-                    return self.stop(run, Stop::Stalled { silent_for }, now, raise);
-                }
-                (S::Running(run), raise)
-            }
             (
                 S::Running(run)
                 | S::Verifying(run)
@@ -925,11 +911,25 @@ impl Session {
                 code: Code::SessionStalled,
             });
             if self.settings.stall_stops {
-                let silent_for = (now - run.last_output).to_std().unwrap_or(stall);
+                // Its stall timeout, as the record words it (not the
+                // moment the timer was served).
+                let silent_for = stall;
                 return self.stop(run, Stop::Stalled { silent_for }, now, actions);
             }
         }
-        if let Some(at) = next_due(&run, self.settings.stall_timeout) {
+        // A warned silence is looked at again one stall timeout later: an IO
+        // side that reports output only when asked (at this timer) has
+        // then said whether the run printed since.
+        let recheck = self
+            .settings
+            .stall_timeout
+            .filter(|_| run.stall_warned)
+            .map(|s| later(now, s));
+        let due = match (next_due(&run, self.settings.stall_timeout), recheck) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        if let Some(at) = due {
             actions.push(Action::ArmTimer { at });
         }
         (SessionState::Running(run), actions)

@@ -98,11 +98,6 @@ enum Event {
     Watch(WatchEvent),
     /// A session's process started with this pid.
     SessionPid { agent: AgentName, pid: u32 },
-    /// A session printed nothing for `silent_for` (its `stall_after`).
-    SessionStalled {
-        agent: AgentName,
-        silent_for: Duration,
-    },
     /// A signal (or an invalid one) in a session's output, as it streams.
     Signal {
         agent: AgentName,
@@ -334,6 +329,10 @@ struct Running {
     /// What the runner is told (the machine's signals): the runner only
     /// obeys.
     orders: watch::Sender<runner::Orders>,
+    /// When it last printed (its observer stores it), and how much of that
+    /// its machine was told.
+    activity: std::sync::Arc<observer::Activity>,
+    output_seen: u64,
     /// Why the daemon stopped it, if it did for another reason than shutdown.
     stop_reason: Option<String>,
     /// The same, for the session's observer, which notes it in session.json
@@ -443,12 +442,23 @@ impl Running {
         });
     }
 
-    /// Its machine's timer came: tell it the time.
+    /// Its machine's timer came: tell it when the session last printed (if
+    /// it did since it was last told), then the time.
     fn due(&mut self, now: DateTime<Utc>) -> Vec<machine::Action> {
         match self.timer {
             Some(at) if at <= now => {
                 self.timer = None;
-                self.feed(machine::Event::Deadline, now)
+                let mut actions = Vec::new();
+                if let Some(ago) = self.activity.since(&mut self.output_seen) {
+                    let printed = chrono::Duration::from_std(ago)
+                        .ok()
+                        .and_then(|ago| now.checked_sub_signed(ago))
+                        .unwrap_or(now);
+                    let output = machine::Event::Output(machine::OutputSignal::Output);
+                    actions.extend(self.feed(output, printed));
+                }
+                actions.extend(self.feed(machine::Event::Deadline, now));
+                actions
             }
             _ => Vec::new(),
         }
@@ -782,28 +792,6 @@ impl Daemon {
                     economy::Checked::Held(record) => self.raise(*record, true),
                 }
             }
-            Event::SessionStalled { agent, silent_for } => {
-                // The machine decides what a stall is (a warning, an end).
-                let now = self.clock.now();
-                let actions = match self.running.get_mut(&agent) {
-                    Some(r) => r.feed(machine::Event::StallSeen { silent_for }, now),
-                    None => Vec::new(),
-                };
-                for action in actions {
-                    if let machine::Action::Raise {
-                        code: Code::SessionStalled,
-                    } = action
-                    {
-                        let record = ending::session_stalled(
-                            self.running.get(&agent),
-                            self.agent_config(&agent),
-                            &agent,
-                            silent_for,
-                        );
-                        self.raise_each(record);
-                    }
-                }
-            }
             Event::Signal { agent, signal } => {
                 // Late for a session whose end is being recorded: dropped,
                 // as once the session is gone.
@@ -875,11 +863,30 @@ impl Daemon {
             Event::Deadline { lag } => {
                 self.tally.loop_lag = lag;
                 // The sessions whose machine's timer came are told the time
-                // (their timeouts, the graces after SIGTERM). A timer's only
-                // actions are signals and timers: nothing is left here.
+                // (their timeouts and stalls, the graces after SIGTERM);
+                // what is left for the loop is a stall's error record.
                 let now = self.clock.now();
-                for r in self.running.values_mut() {
-                    r.due(now);
+                let mut stalled = Vec::new();
+                for (agent, r) in self.running.iter_mut() {
+                    let actions = r.due(now);
+                    if actions.iter().any(|a| {
+                        *a == machine::Action::Raise {
+                            code: Code::SessionStalled,
+                        }
+                    }) {
+                        stalled.push(agent.clone());
+                    }
+                }
+                for agent in stalled {
+                    let cfg = self.agent_config(&agent);
+                    let silent_for = cfg.and_then(|c| c.session.stall_timeout);
+                    let record = ending::session_stalled(
+                        self.running.get(&agent),
+                        cfg,
+                        &agent,
+                        silent_for.unwrap_or_default(),
+                    );
+                    self.raise_each(record);
                 }
             }
             Event::MetricsDue => self.publish_metrics(),

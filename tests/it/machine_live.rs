@@ -209,3 +209,81 @@ fn a_stop_during_verification_ends_it_with_one_stopped_record() {
     let m = state(&env, "rio", "metrics.json");
     assert_eq!(m["lifetime"]["sessions_error"], 0, "{m:#}");
 }
+
+/// rio alone, without `verify`: `run` each session, `defaults` more keys.
+fn plain(run: &str, defaults: &[(&str, &str)]) -> Env {
+    let env = Env::with_config("");
+    let script = env.script("agent.sh", &format!("cat > /dev/null\n{run}\n"));
+    let body = daemon_config(
+        &script,
+        &[],
+        defaults,
+        "[[agent]]\nname = \"rio\"\n\n[[agent]]\nname = \"marcus\"\nkind = \"human\"\n",
+    );
+    env.set_config(&body);
+    env.ok(&["bootstrap"]);
+    env
+}
+
+fn stalled_records(env: &Env) -> usize {
+    errors(env)
+        .lines()
+        .filter(|l| l.contains("SESSION_STALLED"))
+        .count()
+}
+
+fn seconds(s: &Value, field: &str) -> i64 {
+    chrono::DateTime::parse_from_rfc3339(s[field].as_str().unwrap())
+        .unwrap()
+        .timestamp()
+}
+
+/// The stall timer counts from the last output, which the machine is told
+/// at its timers: a session that prints for 4 s and then falls silent is
+/// stopped as stalled 2 s after its last output, not 2 s after its start.
+#[test]
+fn a_stall_counts_from_the_last_output() {
+    let env = plain(
+        "for i in 1 2 3 4 5 6 7 8; do echo tick $i; sleep 0.5; done\nexec sleep 60",
+        &[
+            ("stall_timeout", "\"2s\""),
+            ("stall_action", "\"stop\""),
+            ("timeout_retries", "0"),
+        ],
+    );
+    let d = env.daemon();
+    env.ok(&["wake", "rio"]);
+    d.wait_until(secs(30), "rio's session ended", || {
+        state(&env, "rio", "session.json")["status"] == "error"
+    });
+    let s = state(&env, "rio", "session.json");
+    assert!(
+        s["reason"].as_str().unwrap_or("").contains("stalled"),
+        "{s:#}\n{}",
+        d.log_text()
+    );
+    let took = seconds(&s, "ended_at") - seconds(&s, "started_at");
+    assert!(took >= 5, "stopped {took} s after its start: {s:#}");
+    d.wait_until(secs(10), "SESSION_STALLED is recorded", || {
+        stalled_records(&env) >= 1
+    });
+}
+
+/// `stall_action = "warn"`: each silence is said once, the session goes on
+/// and completes.
+#[test]
+fn each_silence_is_warned_once_and_the_session_goes_on() {
+    let env = plain(
+        "echo one; sleep 4; echo two; sleep 4; echo three",
+        &[("stall_timeout", "\"2s\""), ("stall_action", "\"warn\"")],
+    );
+    let d = env.daemon();
+    env.ok(&["wake", "rio"]);
+    d.wait_until(secs(40), "rio's session completed", || {
+        state(&env, "rio", "session.json")["status"] == "completed"
+    });
+    d.wait_until(secs(10), "two SESSION_STALLED records", || {
+        stalled_records(&env) >= 2
+    });
+    assert_eq!(stalled_records(&env), 2, "{}", errors(&env));
+}

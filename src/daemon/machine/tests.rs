@@ -269,12 +269,13 @@ fn the_lifecycle_table() {
             vec![
                 (0, begin(), &["launch 1"]),
                 (0, Event::Launched, &["timer +60s"]),
+                // Looked at again a stall timeout later.
                 (
                     60,
                     Event::Deadline,
-                    &["raise SESSION_STALLED", "timer +600s"],
+                    &["raise SESSION_STALLED", "timer +120s"],
                 ),
-                (61, Event::Deadline, &["timer +600s"]),
+                (61, Event::Deadline, &["timer +121s"]),
                 (70, Event::Output(OutputSignal::Progress), &["timer +130s"]),
                 (80, exited(0), &["record completed", "ack"]),
             ],
@@ -1161,14 +1162,14 @@ fn the_bridge_gives_the_verdicts_the_daemon_gave() {
     assert_eq!(s.failures, 1);
 }
 
-/// The machine as the daemon's loop feeds it live (issue 21): the runner
-/// watches the silence (`StallSeen`, no `stall_timeout` of the machine's),
-/// the iterations run outside (`RunLaunched`, `VerifyStarted`), and a stop
-/// may come before the launch is reported.
+/// The machine as the daemon's loop feeds it live (issue 21): output is
+/// told at the machine's timers with the time it was printed, the
+/// iterations run outside (`RunLaunched`, `VerifyStarted`), and a stop may
+/// come before the launch is reported.
 #[test]
 fn the_live_table() {
     let live = |stops| Settings {
-        stall_timeout: None,
+        stall_timeout: Some(Duration::from_secs(60)),
         stall_stops: stops,
         ..settings()
     };
@@ -1178,60 +1179,56 @@ fn the_live_table() {
     };
     let cases: Vec<(&str, Settings, Vec<Step>)> = vec![
         (
-            "a stall the runner saw, stall_action = stop: raised, TERM, grace, KILL",
-            live(true),
-            with(
-                started(),
-                vec![
-                    (
-                        60,
-                        Event::StallSeen {
-                            silent_for: Duration::from_secs(60),
-                        },
-                        &["raise SESSION_STALLED", "TERM", "timer +70s"],
-                    ),
-                    // A second report of the same run changes nothing.
-                    (
-                        65,
-                        Event::StallSeen {
-                            silent_for: Duration::from_secs(60),
-                        },
-                        &[],
-                    ),
-                    (70, Event::Deadline, &["KILL"]),
-                    (
-                        71,
-                        exited_with(
-                            Ending::Stalled {
-                                silent_for: Duration::from_secs(60),
-                            },
-                            Facts::default(),
-                        ),
-                        &["record stalled", "return counting"],
-                    ),
-                ],
-            ),
+            "output told at the timers with its own time: a stall at its exact time, warned once a silence",
+            live(false),
+            vec![
+                (0, begin(), &["launch 1"]),
+                (0, Event::Launched, &["timer +60s"]),
+                (50, Event::Output(OutputSignal::Output), &[]),
+                (60, Event::Deadline, &["timer +110s"]),
+                (
+                    110,
+                    Event::Deadline,
+                    &["raise SESSION_STALLED", "timer +170s"],
+                ),
+                (150, Event::Output(OutputSignal::Output), &["timer +210s"]),
+                (170, Event::Deadline, &["timer +210s"]),
+                (
+                    210,
+                    Event::Deadline,
+                    &["raise SESSION_STALLED", "timer +270s"],
+                ),
+            ],
         ),
         (
-            "a stall the runner saw, stall_action = warn: raised, the timeout still armed",
-            live(false),
-            with(
-                started(),
-                vec![
-                    (
-                        60,
-                        Event::StallSeen {
+            "output told late never moves the silence before the run's start",
+            live(true),
+            vec![
+                (0, begin(), &["launch 1"]),
+                (100, Event::Launched, &["timer +160s"]),
+                // The previous run's output, told now.
+                (90, Event::Output(OutputSignal::Output), &[]),
+                (
+                    160,
+                    Event::Deadline,
+                    &["raise SESSION_STALLED", "TERM", "timer +170s"],
+                ),
+                (170, Event::Deadline, &["KILL"]),
+                (
+                    171,
+                    exited_with(
+                        Ending::Stalled {
                             silent_for: Duration::from_secs(60),
                         },
-                        &["raise SESSION_STALLED"],
+                        Facts::default(),
                     ),
-                    (600, Event::Deadline, &["TERM", "timer +610s"]),
-                ],
-            ),
+                    &["record stalled", "return counting"],
+                ),
+            ],
         ),
         (
             "iterations outside: verify has no timer, the next run its own timeout",
-            live(false),
+            settings(),
             with(
                 started(),
                 vec![
@@ -1246,7 +1243,7 @@ fn the_live_table() {
         ),
         (
             "a run ended for its time (COMPLETE said) is verified and iterates",
-            live(false),
+            settings(),
             with(
                 started(),
                 vec![
@@ -1258,7 +1255,7 @@ fn the_live_table() {
         ),
         (
             "a stop during verification: TERM (the verification's), grace, KILL",
-            live(false),
+            settings(),
             with(
                 started(),
                 vec![
@@ -1277,7 +1274,7 @@ fn the_live_table() {
         ),
         (
             "a stop while a timeout's SIGTERM is out: no iteration may follow",
-            live(false),
+            settings(),
             with(
                 started(),
                 vec![
@@ -1296,7 +1293,7 @@ fn the_live_table() {
         ),
         (
             "a stop before the launch is reported: TERM, grace, KILL, then stopped",
-            live(false),
+            settings(),
             vec![
                 (0, begin(), &["launch 1"]),
                 (5, stop(), &["TERM", "timer +15s"]),
@@ -1310,7 +1307,7 @@ fn the_live_table() {
         ),
         (
             "a shutdown before the launch is reported: interrupted, no retry",
-            live(false),
+            settings(),
             vec![
                 (0, begin(), &["launch 1"]),
                 (5, Event::Shutdown, &["TERM", "timer +15s"]),

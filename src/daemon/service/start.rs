@@ -166,12 +166,12 @@ impl Daemon {
         self.economy.manual_refusals.remove(agent);
         let (orders_tx, orders_rx) = watch::channel(runner::Orders::default());
         let stop_note = StopNote::default();
-        // Its lifecycle, fed live. The runner watches the silence itself
-        // (`StallSeen`), and the iterations run in the session's task
+        // Its lifecycle, fed live. Its output is told at its timers (the
+        // stall timer), and the iterations run in the session's task
         // (`RunLaunched`, `VerifyStarted`).
+        let activity = observer::Activity::new();
         let mut live = machine::Session::new(
             machine::Settings {
-                stall_timeout: None,
                 verify: None,
                 ..machine::Settings::of(&cfg)
             },
@@ -193,6 +193,8 @@ impl Daemon {
                 machine: live,
                 timer: None,
                 orders: orders_tx,
+                activity: activity.clone(),
+                output_seen: 0,
                 stop_reason: None,
                 stop_note: stop_note.clone(),
                 completed_by_signal: false,
@@ -293,6 +295,7 @@ impl Daemon {
                 tx: tx.clone(),
                 scanners: Default::default(),
                 completed: false,
+                activity,
                 ending: EndingNote {
                     agent: cfg,
                     dir,
