@@ -4,21 +4,22 @@
 //! It owns the process side of a session: spawning the configured command in
 //! its own process group with the prompt on stdin, copying stdout and stderr
 //! (interleaved as they arrive) into the capped session log while handing
-//! every chunk to an [`OutputObserver`] (the parsers), noticing a silence
-//! (no output for the stall timeout: the observer is told), carrying out the
-//! daemon's [`Orders`] (SIGTERM to the group, later SIGKILL: the session's
-//! machine decides when, for a timeout, a stall, a stop or a shutdown; the
-//! runner keeps no timer of its own), and the
-//! sweep after the main process exits: the process group and every process
-//! that carries the session's marker in its environment (which finds
-//! grandchildren that left the group with `setsid` or a double fork) get
-//! SIGKILL. Under systemd with a delegated cgroup (`Delegate=yes`), each
-//! session also runs in a cgroup of its own ([`super::cgroup`]), killed
-//! whole after the sweep: that catches even a grandchild that cleared its
-//! environment *and* left the group. Without one (the embedded default),
-//! the process group and the marker are all there is.
+//! every chunk to an [`OutputObserver`] (the parsers; the daemon's also notes
+//! when the session last printed, for its machine's stall timer), carrying
+//! out the daemon's [`Orders`] (SIGTERM to the group, later SIGKILL: the
+//! session's machine decides when, for a timeout, a stall, a stop or a
+//! shutdown; the runner keeps no timer of its own, beyond an optional
+//! silence notice its own tests use), and the sweep after the main process
+//! exits: the process group and every process that carries the session's
+//! marker in its environment (which finds grandchildren that left the group
+//! with `setsid` or a double fork) get SIGKILL. Under systemd with a
+//! delegated cgroup (`Delegate=yes`), each session also runs in a cgroup of
+//! its own ([`super::cgroup`]), killed whole after the sweep: that catches
+//! even a grandchild that cleared its environment *and* left the group.
+//! Without one (the embedded default), the process group and the marker are
+//! all there is.
 //!
-//! It decides nothing about the session (that is the daemon core's job) and
+//! It decides nothing about the session (that is its machine's job) and
 //! never touches state files. It never reaps processes that are not its own
 //! child: a `waitpid(-1)` would steal the exit statuses tokio waits for.
 //! Escaped grandchildren are reparented to init (or the nearest subreaper),

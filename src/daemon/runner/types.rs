@@ -42,11 +42,13 @@ pub struct SessionSpec {
     /// A session that prints nothing (on either stream) for this long, from
     /// spawn or from its last output, is stalled: the observer's
     /// [`on_stall`](OutputObserver::on_stall) is called, once per silence.
-    /// `None`: silence is never a stall.
+    /// `None`: the runner watches no silence. The daemon leaves it `None`:
+    /// its session's machine keeps the stall timer from the times of the
+    /// output (the runner's own tests use this).
     pub stall_timeout: Option<Duration>,
     /// What a stall does besides telling the observer: the runner only
     /// observes the silence; whoever reads [`OutputObserver::on_stall`]
-    /// decides (the session's machine) and gives the [`Orders`].
+    /// decides and gives the [`Orders`].
     pub stall_action: StallAction,
     /// `(name, value)` of a variable set on the child (and so inherited by
     /// every descendant that keeps its environment), e.g.
