@@ -202,6 +202,19 @@ pub use crate::state::prune::{
 /// overdue: the runner's own TERM/KILL has had every chance by then.
 pub const OVERDUE_MARGIN: Duration = Duration::from_secs(60);
 
+/// Whether a session that should have ended by `due` (its run's timeout
+/// and kill grace, as its machine keeps them) is overdue at `now`: past
+/// `due +` [`OVERDUE_MARGIN`]. Pure.
+pub fn past_due(due: DateTime<Utc>, now: DateTime<Utc>) -> bool {
+    match chrono::Duration::from_std(OVERDUE_MARGIN)
+        .ok()
+        .and_then(|d| due.checked_add_signed(d))
+    {
+        Some(deadline) => now > deadline,
+        None => false,
+    }
+}
+
 /// Whether a session started at `started_at` should have ended by `now`:
 /// past `timeout + kill_grace +` [`OVERDUE_MARGIN`]. Pure.
 pub fn overdue(
@@ -430,6 +443,18 @@ mod tests {
         assert!(!overdue(start, timeout, grace, at(-3600)));
         // Absurd durations do not overflow.
         assert!(!overdue(start, Duration::MAX, grace, at(deadline + 1)));
+    }
+
+    #[test]
+    fn past_due_a_minute_after_the_machines_due_time() {
+        let due = Timestamp::parse("2026-03-31T23:30:30Z").unwrap().0;
+        let at = |s: i64| due + chrono::Duration::seconds(s);
+        assert!(!past_due(due, at(-3600)));
+        assert!(!past_due(due, at(0)));
+        assert!(!past_due(due, at(60)));
+        assert!(past_due(due, at(61)));
+        // The end of the calendar does not overflow.
+        assert!(!past_due(crate::clock::latest(), crate::clock::latest()));
     }
 
     // ---- state ----

@@ -327,6 +327,15 @@ pub enum Event {
         facts: Facts,
     },
     VerifyFinished(Verified),
+    /// The iteration loop outside the machine (`service::iterations`, in
+    /// the session's task) launched iteration `iteration`'s run: its own
+    /// timeout from `now`.
+    RunLaunched {
+        iteration: u32,
+    },
+    /// The iteration loop outside the machine verifies the run that ended:
+    /// no timer of the run's runs meanwhile (`verify` has its own).
+    VerifyStarted,
     /// A timer armed by [`Action::ArmTimer`] fired (or any wake-up: the
     /// machine checks what is due at `now`).
     Deadline,
@@ -526,6 +535,44 @@ impl Session {
         &self.state
     }
 
+    /// What a [`Action::Signal`] is for: the stop under way and the
+    /// iteration whose run it ends.
+    pub fn stopping(&self) -> Option<(&Stop, u32)> {
+        match &self.state {
+            SessionState::Stopping { run, stop, .. } => Some((stop, run.iteration)),
+            _ => None,
+        }
+    }
+
+    /// When the session should have ended at the latest by its timers: its
+    /// run's timeout and the kill grace after it, or the grace of a stop
+    /// under way. `None` while nothing of it is timed here (preparing, a
+    /// verification: it has its own timeout; a record being written).
+    pub fn due_to_end(&self) -> Option<DateTime<Utc>> {
+        match &self.state {
+            SessionState::Running(run) => run.deadline.map(|d| later(d, self.settings.kill_grace)),
+            SessionState::Stopping {
+                grace_until,
+                verifying: false,
+                ..
+            } => Some(*grace_until),
+            _ => None,
+        }
+    }
+
+    /// A verification runs (no run of it does).
+    pub fn is_verifying(&self) -> bool {
+        matches!(self.state, SessionState::Verifying(_))
+    }
+
+    /// Its record is decided (or written): no run of it may start.
+    pub fn is_over(&self) -> bool {
+        matches!(
+            self.state,
+            SessionState::Recording { .. } | SessionState::Ended { .. }
+        )
+    }
+
     pub fn streak(&self) -> &Streak {
         &self.streak
     }
@@ -598,7 +645,9 @@ impl Session {
                 run.script.get_or_insert(ScriptRecord::Failed { reason });
             }
             Event::Output(signal) if printing => {
-                run.last_output = now;
+                // Output reported late (an IO side that is asked at the
+                // timers) never moves it back before the run's start.
+                run.last_output = run.last_output.max(now);
                 if signal == OutputSignal::Complete {
                     run.completed_signal = true;
                 }
@@ -666,17 +715,67 @@ impl Session {
             (S::Preparing(run) | S::Running(run), E::ChildExited { ending, facts }) => {
                 self.exited(run, ending, facts, true, now)
             }
+            // Its process may be starting (its launch not yet reported):
+            // stopped like a running one, SIGKILL after the grace included.
+            // A run that never started reports `ChildExited` all the same
+            // (`Ending::Stopped`), and the stop is what it was.
             (S::Preparing(run), E::StopRequested { by, reason }) => {
-                self.record(&run, Outcome::Stopped { by, reason }, None)
+                self.stop(run, Stop::Requested { by, reason }, now, Vec::new())
             }
-            (S::Preparing(run), E::Shutdown) => {
-                self.record(&run, Outcome::Interrupted(Interruption::Shutdown), None)
-            }
+            (S::Preparing(run), E::Shutdown) => self.stop(run, Stop::Shutdown, now, Vec::new()),
             (S::Running(run), E::Deadline) => self.deadline(run, now),
             (S::Running(run), E::StopRequested { by, reason }) => {
                 self.stop(run, Stop::Requested { by, reason }, now, Vec::new())
             }
             (S::Running(run), E::Shutdown) => self.stop(run, Stop::Shutdown, now, Vec::new()),
+            (
+                S::Running(run)
+                | S::Verifying(run)
+                | S::Stopping {
+                    run,
+                    stop: Stop::Timeout | Stop::Stalled { .. },
+                    verifying: false,
+                    ..
+                },
+                E::RunLaunched { iteration },
+            ) => self.relaunched(run, iteration, now),
+            (
+                S::Running(run)
+                | S::Stopping {
+                    run,
+                    stop: Stop::Timeout | Stop::Stalled { .. },
+                    verifying: false,
+                    ..
+                },
+                E::VerifyStarted,
+            ) => (S::Verifying(run), Vec::new()),
+            // A stop asked (or a shutdown) while the run is ended for its
+            // time: SIGTERM is sent already, but no iteration may follow.
+            (
+                S::Stopping {
+                    run,
+                    stop: Stop::Timeout | Stop::Stalled { .. },
+                    grace_until,
+                    killed,
+                    verifying,
+                },
+                event @ (E::StopRequested { .. } | E::Shutdown),
+            ) => {
+                let stop = match event {
+                    E::StopRequested { by, reason } => Stop::Requested { by, reason },
+                    _ => Stop::Shutdown,
+                };
+                (
+                    S::Stopping {
+                        run,
+                        stop,
+                        grace_until,
+                        killed,
+                        verifying,
+                    },
+                    vec![Action::Signal(Sig::Term)],
+                )
+            }
             (S::Verifying(run), E::StopRequested { by, reason }) => {
                 let (state, actions) =
                     self.stop(run, Stop::Requested { by, reason }, now, Vec::new());
@@ -780,6 +879,27 @@ impl Session {
         }
     }
 
+    /// The next iteration's run is launched (by the loop outside): a fresh
+    /// run of the same session, with its own timeout.
+    fn relaunched(
+        &mut self,
+        mut run: Run,
+        iteration: u32,
+        now: DateTime<Utc>,
+    ) -> (SessionState, Vec<Action>) {
+        run.iteration = iteration.max(1);
+        run.deadline = Some(later(now, self.settings.timeout));
+        run.last_output = now;
+        run.stall_warned = false;
+        run.script = None;
+        run.completed_signal = false;
+        let arm = next_due(&run, self.settings.stall_timeout)
+            .map(|at| Action::ArmTimer { at })
+            .into_iter()
+            .collect();
+        (SessionState::Running(run), arm)
+    }
+
     /// A timer fired while the run runs: its timeout, its stall.
     fn deadline(&mut self, mut run: Run, now: DateTime<Utc>) -> (SessionState, Vec<Action>) {
         if run.deadline.is_some_and(|d| now >= d) {
@@ -795,11 +915,25 @@ impl Session {
                 code: Code::SessionStalled,
             });
             if self.settings.stall_stops {
-                let silent_for = (now - run.last_output).to_std().unwrap_or(stall);
+                // Its stall timeout, as the record words it (not the
+                // moment the timer was served).
+                let silent_for = stall;
                 return self.stop(run, Stop::Stalled { silent_for }, now, actions);
             }
         }
-        if let Some(at) = next_due(&run, self.settings.stall_timeout) {
+        // A warned silence is looked at again one stall timeout later: an IO
+        // side that reports output only when asked (at this timer) has
+        // then said whether the run printed since.
+        let recheck = self
+            .settings
+            .stall_timeout
+            .filter(|_| run.stall_warned)
+            .map(|s| later(now, s));
+        let due = match (next_due(&run, self.settings.stall_timeout), recheck) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        if let Some(at) = due {
             actions.push(Action::ArmTimer { at });
         }
         (SessionState::Running(run), actions)

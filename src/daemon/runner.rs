@@ -4,26 +4,30 @@
 //! It owns the process side of a session: spawning the configured command in
 //! its own process group with the prompt on stdin, copying stdout and stderr
 //! (interleaved as they arrive) into the capped session log while handing
-//! every chunk to an [`OutputObserver`] (the parsers), the timeout and the
-//! daemon's stop request (SIGTERM to the group, SIGKILL after a grace
-//! period), stall detection (no output for a while: the observer is told,
-//! and the session is optionally terminated like at the timeout), and the
-//! sweep after the main process exits: the process group and every process
-//! that carries the session's marker in its environment (which finds
-//! grandchildren that left the group with `setsid` or a double fork) get
-//! SIGKILL. Under systemd with a delegated cgroup (`Delegate=yes`), each
-//! session also runs in a cgroup of its own ([`super::cgroup`]), killed
-//! whole after the sweep: that catches even a grandchild that cleared its
-//! environment *and* left the group. Without one (the embedded default),
-//! the process group and the marker are all there is.
+//! every chunk to an [`OutputObserver`] (the parsers; the daemon's also notes
+//! when the session last printed, for its machine's stall timer), carrying
+//! out the daemon's [`Orders`] (SIGTERM to the group, later SIGKILL: the
+//! session's machine decides when, for a timeout, a stall, a stop or a
+//! shutdown; the runner keeps no timer of its own, beyond an optional
+//! silence notice its own tests use), and the sweep after the main process
+//! exits: the process group and every process that carries the session's
+//! marker in its environment (which finds grandchildren that left the group
+//! with `setsid` or a double fork) get SIGKILL. Under systemd with a
+//! delegated cgroup (`Delegate=yes`), each session also runs in a cgroup of
+//! its own ([`super::cgroup`]), killed whole after the sweep: that catches
+//! even a grandchild that cleared its environment *and* left the group.
+//! Without one (the embedded default), the process group and the marker are
+//! all there is.
 //!
-//! It decides nothing about the session (that is the daemon core's job) and
+//! It decides nothing about the session (that is its machine's job) and
 //! never touches state files. It never reaps processes that are not its own
 //! child: a `waitpid(-1)` would steal the exit statuses tokio waits for.
 //! Escaped grandchildren are reparented to init (or the nearest subreaper),
 //! which reaps them after the sweep kills them.
 
 mod sweep;
+#[cfg(test)]
+mod timed;
 mod types;
 use sweep::sweep_blocking;
 pub use sweep::{kill_marked, kill_marked_all};
@@ -57,26 +61,21 @@ const READ_CHUNK: usize = 64 * 1024;
 /// can hold a pipe open forever; after this the runner stops listening.
 const DRAIN_LIMIT: Duration = Duration::from_secs(2);
 
-/// Run one session to its end, and kill whatever it left behind.
+/// Run one session to its end, and kill whatever it left behind, keeping
+/// its own time (the spec's timeout, stall action and kill grace), for the
+/// tests of the runner and the parsers: the daemon gives [`Orders`] from
+/// the session's machine instead ([`launch`], [`Launched::run`]).
 ///
-/// `spawned` gets the pid as soon as the process exists (before the prompt
-/// is written), so the caller can record it while the session runs; it is
-/// dropped unsent if the spawn fails. `stop` flipping to `true` terminates the session like a timeout
-/// does; a closed channel means no stop will come.
-///
-/// Dropping the returned future (cancelling the run) kills the process group
-/// and the marked processes too, but only `run` returning gives a report.
+/// `stop` flipping to `true` terminates the session like a timeout does; a
+/// closed channel means no stop will come.
+#[cfg(test)]
 pub async fn run(
     spec: SessionSpec,
     observer: &mut dyn OutputObserver,
     stop: watch::Receiver<bool>,
     spawned: Option<oneshot::Sender<u32>>,
 ) -> RunReport {
-    let mut stop = stop;
-    match launch(spec, &mut stop) {
-        Ok(launched) => launched.run(observer, stop, spawned).await,
-        Err(report) => *report,
-    }
+    timed::run(spec, observer, stop, spawned).await
 }
 
 /// A session process just spawned by [`launch`], not yet supervised.
@@ -91,19 +90,20 @@ pub struct Launched {
     pid: u32,
 }
 
-/// The first half of [`run`], which never waits: the checks, the log, the
-/// spawn. The daemon calls it in the loop itself, so the agent starts before
+/// The first half of a session's run, which never waits: the checks, the
+/// log, the spawn (none once the `orders` stop the session: it did not run,
+/// [`Ending::Stopped`]). The daemon calls it in the loop itself, so the agent starts before
 /// the loop goes on to publish its state (daemon.json, STATUS=) and to other
 /// agents; [`Launched::run`] then supervises it in a task. Needs a tokio
 /// runtime (the child's pipes). On failure, the report of a session that
 /// did not run.
 pub fn launch(
     spec: SessionSpec,
-    stop: &mut watch::Receiver<bool>,
+    orders: &watch::Receiver<Orders>,
 ) -> std::result::Result<Launched, Box<RunReport>> {
     ignore_sigpipe();
     let not_run = |ending: Ending| Box::new(RunReport::not_run(ending));
-    if *stop.borrow_and_update() {
+    if orders.borrow().stop {
         return Err(not_run(Ending::Stopped));
     }
     let Some(program) = spec.argv.first() else {
@@ -184,12 +184,12 @@ pub fn launch(
 }
 
 impl Launched {
-    /// The second half of [`run`]: supervise the process to its end, and
-    /// kill whatever it left behind.
+    /// The second half: supervise the process to its end, carrying out the
+    /// `orders` as they change, and kill whatever it left behind.
     pub async fn run(
         self,
         observer: &mut dyn OutputObserver,
-        mut stop: watch::Receiver<bool>,
+        mut orders: watch::Receiver<Orders>,
         spawned: Option<oneshot::Sender<u32>>,
     ) -> RunReport {
         // Fields in this order: `guard` dropped before `child` on
@@ -205,7 +205,15 @@ impl Launched {
         } = self;
         let mut guard = guard;
         supervised(
-            &mut spec, &mut child, log, started, pid, &mut guard, observer, &mut stop, spawned,
+            &mut spec,
+            &mut child,
+            log,
+            started,
+            pid,
+            &mut guard,
+            observer,
+            &mut orders,
+            spawned,
         )
         .await
     }
@@ -220,7 +228,7 @@ async fn supervised(
     pid: u32,
     guard: &mut SessionGuard,
     observer: &mut dyn OutputObserver,
-    stop: &mut watch::Receiver<bool>,
+    orders: &mut watch::Receiver<Orders>,
     spawned: Option<oneshot::Sender<u32>>,
 ) -> RunReport {
     if let Some(spawned) = spawned {
@@ -232,7 +240,7 @@ async fn supervised(
     let mut output = Output::new(log, &spec.log_path, spec.max_output, observer);
     let mut pipes = Pipes::new(child);
     let (status, ending_by_us) =
-        supervise(child, spec, prompt, &mut pipes, &mut output, stop).await;
+        supervise(child, spec, prompt, &mut pipes, &mut output, orders).await;
     let duration = started.elapsed();
     // Read before the cgroup is killed and removed.
     let memory = MemoryReadings {
@@ -296,16 +304,16 @@ async fn supervised(
     }
 }
 
-/// Until the main process exits: copy output, feed stdin, enforce the
-/// timeout, watch for stalls, honour the stop request. Returns the exit
-/// status and, if the runner ended the process, why.
+/// Until the main process exits: copy output, feed stdin, notice stalls,
+/// carry out the orders. Returns the exit status and, if the runner ended
+/// the process, why (as ordered).
 async fn supervise(
     child: &mut Child,
     spec: &SessionSpec,
     prompt: Vec<u8>,
     pipes: &mut Pipes,
     output: &mut Output<'_>,
-    stop: &mut watch::Receiver<bool>,
+    orders: &mut watch::Receiver<Orders>,
 ) -> (io::Result<ExitStatus>, Option<Ending>) {
     let pid = child
         .id()
@@ -317,29 +325,27 @@ async fn supervise(
     tokio::pin!(feed);
     let mut fed = false;
 
-    let timeout = tokio::time::sleep(spec.timeout);
-    tokio::pin!(timeout);
-    let mut kill_timer: Option<Pin<Box<Sleep>>> = None;
     // Reset by every chunk of output; `stalled` once it fired, until the
     // next output (a completed `Sleep` stays ready).
     let mut stall_timer: Option<Pin<Box<Sleep>>> = spec
         .stall_timeout
         .map(|after| Box::pin(tokio::time::sleep(after)));
     let mut stalled = false;
-    let mut terminating: Option<Ending> = None;
-    let mut stop_open = true;
-    let terminate =
-        |why: Ending, output: &mut Output<'_>, kill_timer: &mut Option<Pin<Box<Sleep>>>| {
-            output.observer.on_terminate(&why);
-            tracing::warn!(pid, "session {why}; sending SIGTERM to its process group");
-            signal_group(pid, Signal::SIGTERM);
-            *kill_timer = Some(Box::pin(tokio::time::sleep(spec.kill_grace)));
-            Some(why)
-        };
+    let mut obeying = Obeying {
+        pid,
+        iteration: spec.iteration,
+        terminating: None,
+        killed: false,
+    };
+    // Orders given before the run was supervised (between its launch and
+    // now) count too.
+    let now = orders.borrow_and_update().clone();
+    obeying.obey(&now, output);
+    let mut orders_open = true;
 
     loop {
         tokio::select! {
-            status = child.wait() => return (status, terminating),
+            status = child.wait() => return (status, obeying.terminating),
             Some((stream, chunk)) = pipes.read(), if pipes.is_open() => {
                 if let (Some(timer), Some(after)) = (&mut stall_timer, spec.stall_timeout) {
                     timer.as_mut().reset(tokio::time::Instant::now() + after);
@@ -347,40 +353,57 @@ async fn supervise(
                 }
                 output.take(stream, chunk).await;
             }
-            () = fire(&mut stall_timer), if !stalled && terminating.is_none() => {
+            () = fire(&mut stall_timer), if !stalled && obeying.terminating.is_none() => {
                 stalled = true;
                 let silent_for = spec.stall_timeout.unwrap_or_default();
                 tracing::warn!(
                     pid,
                     silent_for = %humantime::format_duration(silent_for),
-                    action = ?spec.stall_action,
                     "the session printed nothing for its stall timeout"
                 );
                 output.stall(silent_for);
-                if spec.stall_action == StallAction::Stop {
-                    terminating = terminate(Ending::Stalled { silent_for }, output, &mut kill_timer);
-                }
             }
             () = &mut feed, if !fed => fed = true,
-            () = &mut timeout, if terminating.is_none() => {
-                terminating = terminate(Ending::TimedOut, output, &mut kill_timer);
-            }
-            changed = stop.changed(), if stop_open && terminating.is_none() => match changed {
-                Ok(()) if *stop.borrow_and_update() => {
-                    terminating = terminate(Ending::Stopped, output, &mut kill_timer);
+            changed = orders.changed(), if orders_open => match changed {
+                Ok(()) => {
+                    let now = orders.borrow_and_update().clone();
+                    obeying.obey(&now, output);
                 }
-                Ok(()) => {}
-                Err(_) => stop_open = false,
+                Err(_) => orders_open = false,
             },
-            () = fire(&mut kill_timer) => {
-                tracing::warn!(
-                    pid,
-                    grace = ?spec.kill_grace,
-                    "session still running after SIGTERM; sending SIGKILL to its process group"
-                );
-                signal_group(pid, Signal::SIGKILL);
-                kill_timer = None;
-            }
+        }
+    }
+}
+
+/// What the runner did of its orders so far: each signal once.
+struct Obeying {
+    pid: u32,
+    iteration: u32,
+    /// SIGTERM sent, for this.
+    terminating: Option<Ending>,
+    killed: bool,
+}
+
+impl Obeying {
+    fn obey(&mut self, orders: &Orders, output: &mut Output<'_>) {
+        let pid = self.pid;
+        if self.terminating.is_none()
+            && let Some(why) = orders.end_of(self.iteration)
+        {
+            // The last moment to note that the end is the daemon's, before
+            // the session's own traps react to the signal.
+            output.observer.on_terminate(&why);
+            tracing::warn!(pid, "session {why}; sending SIGTERM to its process group");
+            signal_group(pid, Signal::SIGTERM);
+            self.terminating = Some(why);
+        }
+        if !self.killed && orders.kills(self.iteration) {
+            tracing::warn!(
+                pid,
+                "session still running after SIGTERM and its grace; sending SIGKILL to its process group"
+            );
+            signal_group(pid, Signal::SIGKILL);
+            self.killed = true;
         }
     }
 }

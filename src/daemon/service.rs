@@ -61,6 +61,7 @@ use super::effects;
 use super::failure::{self, Next, Observed, Streak};
 use super::files::{self, HeartbeatOut, RunningEntry, ScheduleState};
 use super::health::{self, DiskLevel, HealthState, PruneStats, Thresholds};
+use super::machine;
 use super::output::{self, ClaudeResult, SessionOutput};
 use super::runner::{self, Ending, OutputObserver, OutputStream, RunReport};
 use super::session;
@@ -97,11 +98,6 @@ enum Event {
     Watch(WatchEvent),
     /// A session's process started with this pid.
     SessionPid { agent: AgentName, pid: u32 },
-    /// A session printed nothing for `silent_for` (its `stall_after`).
-    SessionStalled {
-        agent: AgentName,
-        silent_for: Duration,
-    },
     /// A signal (or an invalid one) in a session's output, as it streams.
     Signal {
         agent: AgentName,
@@ -327,7 +323,19 @@ struct Running {
     instance: String,
     pid: Option<u32>,
     started_at: Timestamp,
-    stop: watch::Sender<bool>,
+    /// Its lifecycle, fed live: it decides when the session's runs get
+    /// SIGTERM and SIGKILL (a timeout, a stall, a stop, a shutdown).
+    machine: machine::Session,
+    /// When the machine asked to be told the time again (its timeout, the
+    /// grace after SIGTERM): a deadline of the loop.
+    timer: Option<DateTime<Utc>>,
+    /// What the runner is told (the machine's signals): the runner only
+    /// obeys.
+    orders: watch::Sender<runner::Orders>,
+    /// When it last printed (its observer stores it), and how much of that
+    /// its machine was told.
+    activity: std::sync::Arc<observer::Activity>,
+    output_seen: u64,
     /// Why the daemon stopped it, if it did for another reason than shutdown.
     stop_reason: Option<String>,
     /// The same, for the session's observer, which notes it in session.json
@@ -368,22 +376,95 @@ struct StopWhy {
 impl Running {
     /// Stop the session for `why` (not a shutdown): recorded as an error
     /// with this reason.
-    fn stop_for(&mut self, why: String) {
-        self.stop_with(why, None);
+    fn stop_for(&mut self, why: String, now: DateTime<Utc>) {
+        self.stop_with(why, None, now);
     }
 
-    /// Stop it for `why`, typed by `code` (see [`StopWhy`]): the runner's
+    /// Stop it for `why`, typed by `code` (see [`StopWhy`]): its machine's
     /// path of a timeout (SIGTERM to the group and the cgroup, SIGKILL
     /// after `kill_grace`).
-    fn stop_with(&mut self, why: String, code: Option<Code>) {
+    fn stop_with(&mut self, why: String, code: Option<Code>, now: DateTime<Utc>) {
         if let Ok(mut note) = self.stop_note.lock() {
             *note = Some(StopWhy {
                 reason: why.clone(),
                 code,
             });
         }
-        self.stop_reason = Some(why);
-        let _ = self.stop.send(true);
+        self.stop_reason = Some(why.clone());
+        let by = match code {
+            Some(Code::SessionStopped) => machine::StopBy::Operator,
+            _ => machine::StopBy::Daemon,
+        };
+        self.feed(machine::Event::StopRequested { by, reason: why }, now);
+        // A stop the machine did not act on (its run is being ended for its
+        // time): no run of it starts any more all the same.
+        self.orders
+            .send_if_modified(|o| !std::mem::replace(&mut o.stop, true));
+    }
+
+    /// Feed the session's machine what happened at `now`, and carry out
+    /// what is the session's own: the runner's orders, its timer, no run
+    /// once its record is decided. Returns the other actions (a stall's
+    /// error record) for the caller.
+    fn feed(&mut self, event: machine::Event, now: DateTime<Utc>) -> Vec<machine::Action> {
+        let mut rest = Vec::new();
+        for action in self.machine.on(event, now) {
+            match action {
+                machine::Action::ArmTimer { at } => self.timer = Some(at),
+                machine::Action::Signal(sig) => self.order(sig),
+                other => rest.push(other),
+            }
+        }
+        if self.machine.is_over() {
+            self.orders
+                .send_if_modified(|o| !std::mem::replace(&mut o.stop, true));
+        }
+        rest
+    }
+
+    /// The machine's signal, as the runner's order.
+    fn order(&mut self, sig: machine::Sig) {
+        let Some((stop, n)) = self.machine.stopping() else {
+            return;
+        };
+        let end = match stop {
+            machine::Stop::Timeout => Some(Ending::TimedOut),
+            machine::Stop::Stalled { silent_for } => Some(Ending::Stalled {
+                silent_for: *silent_for,
+            }),
+            machine::Stop::Requested { .. } | machine::Stop::Shutdown => None,
+        };
+        self.orders.send_modify(|o| match (sig, end) {
+            (machine::Sig::Kill, _) => o.kill = Some(n),
+            (machine::Sig::Term, None) => o.stop = true,
+            (machine::Sig::Term, Some(why)) => {
+                if o.end.as_ref().map(|(i, _)| *i) != Some(n) {
+                    o.end = Some((n, why));
+                }
+            }
+        });
+    }
+
+    /// Its machine's timer came: tell it when the session last printed (if
+    /// it did since it was last told), then the time.
+    fn due(&mut self, now: DateTime<Utc>) -> Vec<machine::Action> {
+        match self.timer {
+            Some(at) if at <= now => {
+                self.timer = None;
+                let mut actions = Vec::new();
+                if let Some(ago) = self.activity.since(&mut self.output_seen) {
+                    let printed = chrono::Duration::from_std(ago)
+                        .ok()
+                        .and_then(|ago| now.checked_sub_signed(ago))
+                        .unwrap_or(now);
+                    let output = machine::Event::Output(machine::OutputSignal::Output);
+                    actions.extend(self.feed(output, printed));
+                }
+                actions.extend(self.feed(machine::Event::Deadline, now));
+                actions
+            }
+            _ => Vec::new(),
+        }
     }
 }
 
@@ -693,14 +774,18 @@ impl Daemon {
                 self.scan_all_inboxes();
             }
             Event::SessionPid { agent, pid } => {
+                let now = self.clock.now();
                 if let Some(r) = self.running.get_mut(&agent) {
                     r.pid = Some(pid);
+                    // Made its workspace first: its run starts now.
+                    r.feed(machine::Event::Launched, now);
                 }
             }
             Event::SessionOverBudget { agent, tokens } => {
                 if let Some(cfg) = self.agent_config(&agent).cloned() {
                     let running = self.running.get_mut(&agent);
-                    economy::session_over_budget(running, &agent, &cfg, tokens);
+                    let now = self.clock.now();
+                    economy::session_over_budget(running, &agent, &cfg, tokens, now);
                 }
             }
             Event::WakeCondition { agent, result } => {
@@ -715,15 +800,6 @@ impl Daemon {
                     economy::Checked::Released => self.released(&group),
                     economy::Checked::Held(record) => self.raise(*record, true),
                 }
-            }
-            Event::SessionStalled { agent, silent_for } => {
-                let record = ending::session_stalled(
-                    self.running.get(&agent),
-                    self.agent_config(&agent),
-                    &agent,
-                    silent_for,
-                );
-                self.raise_each(record);
             }
             Event::Signal { agent, signal } => {
                 // Late for a session whose end is being recorded: dropped,
@@ -751,6 +827,16 @@ impl Daemon {
                 of,
                 phase,
             } => {
+                let now = self.clock.now();
+                if let Some(r) = self.running.get_mut(&agent) {
+                    let event = match phase {
+                        iterations::Phase::Executing => {
+                            machine::Event::RunLaunched { iteration: n }
+                        }
+                        iterations::Phase::Verifying => machine::Event::VerifyStarted,
+                    };
+                    r.feed(event, now);
+                }
                 let dir = self.root.agent(&agent);
                 iterations::iteration(self.running.get_mut(&agent), &dir, n, of, phase)
             }
@@ -788,7 +874,35 @@ impl Daemon {
                 listed,
                 arrivals,
             } => self.inbox_listed(agent, reason, listed, arrivals),
-            Event::Deadline { lag } => self.tally.loop_lag = lag,
+            Event::Deadline { lag } => {
+                self.tally.loop_lag = lag;
+                // The sessions whose machine's timer came are told the time
+                // (their timeouts and stalls, the graces after SIGTERM);
+                // what is left for the loop is a stall's error record.
+                let now = self.clock.now();
+                let mut stalled = Vec::new();
+                for (agent, r) in self.running.iter_mut() {
+                    let actions = r.due(now);
+                    if actions.iter().any(|a| {
+                        *a == machine::Action::Raise {
+                            code: Code::SessionStalled,
+                        }
+                    }) {
+                        stalled.push(agent.clone());
+                    }
+                }
+                for agent in stalled {
+                    let cfg = self.agent_config(&agent);
+                    let silent_for = cfg.and_then(|c| c.session.stall_timeout);
+                    let record = ending::session_stalled(
+                        self.running.get(&agent),
+                        cfg,
+                        &agent,
+                        silent_for.unwrap_or_default(),
+                    );
+                    self.raise_each(record);
+                }
+            }
             Event::MetricsDue => self.publish_metrics(),
             Event::CredentialChecksDue => {
                 for group in self.economy.checks_due(&self.config, self.clock.now()) {
@@ -844,6 +958,7 @@ impl Daemon {
             self.stopping.filter(|_| !self.running.is_empty()),
             self.intake.requests.pending().then_some(now),
             self.intake.requests.held_until(),
+            self.running.values().filter_map(|r| r.timer).min(),
         ]
         .into_iter()
         .flatten()
@@ -863,8 +978,9 @@ impl Daemon {
         if self.stopping.is_some() {
             // A second signal: stop the sessions now.
             tracing::warn!("{why} again: ending running sessions now");
-            for r in self.running.values() {
-                let _ = r.stop.send(true);
+            let now = self.clock.now();
+            for r in self.running.values_mut() {
+                r.feed(machine::Event::Shutdown, now);
             }
             return;
         }
@@ -897,11 +1013,12 @@ impl Daemon {
             }
             self.raise(record, false);
         }
+        let now = self.clock.now();
         if let Some(deadline) = self.stopping
-            && self.clock.now() >= deadline
+            && now >= deadline
         {
-            for r in self.running.values() {
-                let _ = r.stop.send(true);
+            for r in self.running.values_mut() {
+                r.feed(machine::Event::Shutdown, now);
             }
         }
         self.published.write_heartbeat(&seen!(self));

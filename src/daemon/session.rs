@@ -226,10 +226,13 @@ pub fn prepare(
         cwd,
         stdin: prompt_text.into_bytes(),
         log_path: dir.sessions_dir().join(format!("{session_id}.log")),
+        iteration: 1,
         max_output: agent.session.max_output,
         timeout: agent.session.timeout,
         kill_grace: agent.session.kill_grace,
-        stall_timeout: agent.session.stall_timeout,
+        // The session's machine keeps the stall timer (the loop tells it
+        // when the session last printed): the runner watches no silence.
+        stall_timeout: None,
         stall_action: match agent.session.stall_action {
             crate::config::StallAction::Warn => StallAction::Warn,
             crate::config::StallAction::Stop => StallAction::Stop,

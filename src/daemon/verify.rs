@@ -17,6 +17,8 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::io::AsyncReadExt;
 
+use super::runner::Orders;
+
 /// The bytes of a failed command's output kept for the feedback.
 pub const TAIL_BYTES: usize = 4096;
 
@@ -88,9 +90,10 @@ pub struct Plan {
     pub env: Vec<(String, String)>,
     /// The session's log: each command's output is appended under a header.
     pub log: Option<PathBuf>,
-    /// The session's stop: when it turns true the running command's group
-    /// is ended (TERM, then KILL after `kill_grace`) and nothing else runs.
-    pub stop: Option<tokio::sync::watch::Receiver<bool>>,
+    /// The session's orders: once they stop it, the running command's
+    /// group is ended (TERM, then KILL after `kill_grace`) and nothing else
+    /// runs.
+    pub stop: Option<tokio::sync::watch::Receiver<Orders>>,
 }
 
 /// Run the plan's commands in order; stop at the first failure.
@@ -98,7 +101,7 @@ pub async fn run(plan: &Plan) -> Verification {
     let mut out = Verification::default();
     let mut stop = plan.stop.clone();
     for argv in &plan.commands {
-        if stop.as_ref().is_some_and(|s| *s.borrow()) {
+        if stop.as_ref().is_some_and(|s| s.borrow().stop) {
             out.stopped = true;
             break;
         }
@@ -117,10 +120,10 @@ pub async fn run(plan: &Plan) -> Verification {
 }
 
 /// Resolves once `stop` says stop (never without one).
-async fn stopping(stop: Option<&mut tokio::sync::watch::Receiver<bool>>) {
+async fn stopping(stop: Option<&mut tokio::sync::watch::Receiver<Orders>>) {
     match stop {
         Some(s) => {
-            let _ = s.wait_for(|v| *v).await;
+            let _ = s.wait_for(|o| o.stop).await;
         }
         None => std::future::pending().await,
     }
@@ -129,7 +132,7 @@ async fn stopping(stop: Option<&mut tokio::sync::watch::Receiver<bool>>) {
 async fn run_one(
     plan: &Plan,
     argv: &[String],
-    mut stop: Option<&mut tokio::sync::watch::Receiver<bool>>,
+    mut stop: Option<&mut tokio::sync::watch::Receiver<Orders>>,
 ) -> (CommandResult, bool) {
     let mut stopped = false;
     let started = Instant::now();
@@ -421,13 +424,13 @@ mod tests {
             ],
             60_000,
         );
-        let (tx, rx) = tokio::sync::watch::channel(false);
+        let (tx, rx) = tokio::sync::watch::channel(Orders::default());
         p.stop = Some(rx);
         let started = std::time::Instant::now();
         let v = rt().block_on(async {
             let stopper = tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_millis(300)).await;
-                let _ = tx.send(true);
+                tx.send_modify(|o| o.stop = true);
                 tx
             });
             let v = run(&p).await;

@@ -43,6 +43,7 @@ mod hostile;
 mod identity;
 mod iterations;
 mod json_escapes;
+mod machine_live;
 mod mailbox;
 mod mailbox_people;
 mod messages;

@@ -269,12 +269,13 @@ fn the_lifecycle_table() {
             vec![
                 (0, begin(), &["launch 1"]),
                 (0, Event::Launched, &["timer +60s"]),
+                // Looked at again a stall timeout later.
                 (
                     60,
                     Event::Deadline,
-                    &["raise SESSION_STALLED", "timer +600s"],
+                    &["raise SESSION_STALLED", "timer +120s"],
                 ),
-                (61, Event::Deadline, &["timer +600s"]),
+                (61, Event::Deadline, &["timer +121s"]),
                 (70, Event::Output(OutputSignal::Progress), &["timer +130s"]),
                 (80, exited(0), &["record completed", "ack"]),
             ],
@@ -1161,4 +1162,188 @@ fn the_bridge_gives_the_verdicts_the_daemon_gave() {
         )
     );
     assert_eq!(s.failures, 1);
+}
+
+/// The machine as the daemon's loop feeds it live (issue 21): output is
+/// told at the machine's timers with the time it was printed, the
+/// iterations run outside (`RunLaunched`, `VerifyStarted`), and a stop may
+/// come before the launch is reported.
+#[test]
+fn the_live_table() {
+    let live = |stops| Settings {
+        stall_timeout: Some(Duration::from_secs(60)),
+        stall_stops: stops,
+        ..settings()
+    };
+    let stop = || Event::StopRequested {
+        by: StopBy::Operator,
+        reason: "wrong task".into(),
+    };
+    let cases: Vec<(&str, Settings, Vec<Step>)> = vec![
+        (
+            "output told at the timers with its own time: a stall at its exact time, warned once a silence",
+            live(false),
+            vec![
+                (0, begin(), &["launch 1"]),
+                (0, Event::Launched, &["timer +60s"]),
+                (50, Event::Output(OutputSignal::Output), &[]),
+                (60, Event::Deadline, &["timer +110s"]),
+                (
+                    110,
+                    Event::Deadline,
+                    &["raise SESSION_STALLED", "timer +170s"],
+                ),
+                (150, Event::Output(OutputSignal::Output), &["timer +210s"]),
+                (170, Event::Deadline, &["timer +210s"]),
+                (
+                    210,
+                    Event::Deadline,
+                    &["raise SESSION_STALLED", "timer +270s"],
+                ),
+            ],
+        ),
+        (
+            "output told late never moves the silence before the run's start",
+            live(true),
+            vec![
+                (0, begin(), &["launch 1"]),
+                (100, Event::Launched, &["timer +160s"]),
+                // The previous run's output, told now.
+                (90, Event::Output(OutputSignal::Output), &[]),
+                (
+                    160,
+                    Event::Deadline,
+                    &["raise SESSION_STALLED", "TERM", "timer +170s"],
+                ),
+                (170, Event::Deadline, &["KILL"]),
+                (
+                    171,
+                    exited_with(
+                        Ending::Stalled {
+                            silent_for: Duration::from_secs(60),
+                        },
+                        Facts::default(),
+                    ),
+                    &["record stalled", "return counting"],
+                ),
+            ],
+        ),
+        (
+            "iterations outside: verify has no timer, the next run its own timeout",
+            settings(),
+            with(
+                started(),
+                vec![
+                    (100, Event::VerifyStarted, &[]),
+                    // The first run's timer, late: nothing to end.
+                    (600, Event::Deadline, &[]),
+                    (650, Event::RunLaunched { iteration: 2 }, &["timer +1250s"]),
+                    (1249, Event::Deadline, &["timer +1250s"]),
+                    (1250, Event::Deadline, &["TERM", "timer +1260s"]),
+                ],
+            ),
+        ),
+        (
+            "a run ended for its time (COMPLETE said) is verified and iterates",
+            settings(),
+            with(
+                started(),
+                vec![
+                    (600, Event::Deadline, &["TERM", "timer +610s"]),
+                    (601, Event::VerifyStarted, &[]),
+                    (602, Event::RunLaunched { iteration: 2 }, &["timer +1202s"]),
+                ],
+            ),
+        ),
+        (
+            "a stop during verification: TERM (the verification's), grace, KILL",
+            settings(),
+            with(
+                started(),
+                vec![
+                    (100, Event::VerifyStarted, &[]),
+                    (110, stop(), &["TERM", "timer +120s"]),
+                    (120, Event::Deadline, &["KILL"]),
+                    // No run follows a stop.
+                    (121, Event::RunLaunched { iteration: 2 }, &[]),
+                    (
+                        122,
+                        Event::VerifyFinished(Verified::Passed),
+                        &["record stopped", "return"],
+                    ),
+                ],
+            ),
+        ),
+        (
+            "a stop while a timeout's SIGTERM is out: no iteration may follow",
+            settings(),
+            with(
+                started(),
+                vec![
+                    (600, Event::Deadline, &["TERM", "timer +610s"]),
+                    (605, Event::Shutdown, &["TERM"]),
+                    (606, Event::RunLaunched { iteration: 2 }, &[]),
+                    (606, Event::VerifyStarted, &[]),
+                    (610, Event::Deadline, &["KILL"]),
+                    (
+                        611,
+                        exited_with(Ending::Signaled { signal: 9 }, Facts::default()),
+                        &["record interrupted", "return"],
+                    ),
+                ],
+            ),
+        ),
+        (
+            "a stop before the launch is reported: TERM, grace, KILL, then stopped",
+            settings(),
+            vec![
+                (0, begin(), &["launch 1"]),
+                (5, stop(), &["TERM", "timer +15s"]),
+                (15, Event::Deadline, &["KILL"]),
+                (
+                    16,
+                    exited_with(Ending::Stopped, Facts::default()),
+                    &["record stopped", "return"],
+                ),
+            ],
+        ),
+        (
+            "a shutdown before the launch is reported: interrupted, no retry",
+            settings(),
+            vec![
+                (0, begin(), &["launch 1"]),
+                (5, Event::Shutdown, &["TERM", "timer +15s"]),
+                (
+                    6,
+                    exited_with(Ending::Stopped, Facts::default()),
+                    &["record interrupted", "return"],
+                ),
+                (7, Event::Recorded, &[]),
+            ],
+        ),
+    ];
+    for (what, settings, steps) in cases {
+        run(what, settings, steps);
+    }
+}
+
+/// When a session should have ended by (the health monitor's backstop):
+/// each run's own timeout and grace, nothing while a verification runs.
+#[test]
+fn due_to_end_follows_each_run_not_the_session() {
+    let mut m = Session::new(settings(), Streak::default());
+    let due = |m: &Session| m.due_to_end().map(since_t0);
+    assert_eq!(due(&m), None, "queued");
+    m.on(begin(), at(0));
+    assert_eq!(due(&m), None, "preparing: the hatch expiry's");
+    m.on(Event::Launched, at(0));
+    assert_eq!(due(&m), Some(610), "the timeout and the kill grace");
+    m.on(Event::VerifyStarted, at(500));
+    assert_eq!(due(&m), None, "verifying: verify_timeout's");
+    m.on(Event::RunLaunched { iteration: 2 }, at(900));
+    assert_eq!(due(&m), Some(1510), "iteration 2's own timeout");
+    m.on(Event::Deadline, at(1500));
+    assert_eq!(due(&m), Some(1510), "the grace of its SIGTERM");
+    m.on(exited(0), at(1505));
+    assert_eq!(due(&m), None, "recording");
 }

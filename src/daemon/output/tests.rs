@@ -563,6 +563,7 @@ async fn real_claude_without_credentials_is_login_required() {
         cwd: dir.path().to_path_buf(),
         stdin: b"hello\n".to_vec(),
         log_path: dir.path().join("session.log"),
+        iteration: 1,
         max_output: 1024 * 1024,
         timeout: Duration::from_secs(120),
         kill_grace: Duration::from_secs(5),

@@ -27,6 +27,7 @@ fn spec(dir: &tempfile::TempDir, script: &str, args: &[&str]) -> SessionSpec {
         cwd: dir.path().to_path_buf(),
         stdin: b"the prompt\n".to_vec(),
         log_path: dir.path().join("session.log"),
+        iteration: 1,
         max_output: 1024 * 1024,
         timeout: Duration::from_secs(30),
         kill_grace: Duration::from_secs(5),

@@ -30,16 +30,25 @@ pub struct SessionSpec {
     /// At most this many bytes of output go to the log; the rest is read and
     /// dropped, with a one-line notice in the log.
     pub max_output: u64,
-    /// From spawn; then the group gets SIGTERM.
+    /// The session's iteration this run is (1: its first run): the
+    /// [`Orders`] of a run name it.
+    pub iteration: u32,
+    /// From spawn; then the group gets SIGTERM. The runner keeps no timer
+    /// of it: the session's machine decides when (`daemon::machine`), and
+    /// the loop gives the [`Orders`]; read by callers without one (tests).
     pub timeout: Duration,
-    /// Between SIGTERM and SIGKILL.
+    /// Between SIGTERM and SIGKILL (as `timeout`: the machine's to keep).
     pub kill_grace: Duration,
     /// A session that prints nothing (on either stream) for this long, from
     /// spawn or from its last output, is stalled: the observer's
-    /// [`on_stall`](OutputObserver::on_stall) is called, once per silence,
-    /// and `stall_action` applies. `None`: silence is never a stall.
+    /// [`on_stall`](OutputObserver::on_stall) is called, once per silence.
+    /// `None`: the runner watches no silence. The daemon leaves it `None`:
+    /// its session's machine keeps the stall timer from the times of the
+    /// output (the runner's own tests use this).
     pub stall_timeout: Option<Duration>,
-    /// What a stall does besides telling the observer.
+    /// What a stall does besides telling the observer: the runner only
+    /// observes the silence; whoever reads [`OutputObserver::on_stall`]
+    /// decides and gives the [`Orders`].
     pub stall_action: StallAction,
     /// `(name, value)` of a variable set on the child (and so inherited by
     /// every descendant that keeps its environment), e.g.
@@ -52,6 +61,40 @@ pub struct SessionSpec {
     /// sessions get cgroups with the memory controller; logged as not
     /// applied elsewhere.
     pub memory_max: Option<u64>,
+}
+
+/// What the daemon tells a session's runner, through a `watch` channel (the
+/// latest value is what counts). The runner decides nothing: it signals
+/// the session's group when told, once each.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Orders {
+    /// The session is being stopped (`agent-state stop`, a shutdown): no run
+    /// starts any more, and a running one gets SIGTERM (it ends
+    /// [`Ending::Stopped`]).
+    pub stop: bool,
+    /// The run of iteration `.0` gets SIGTERM, for `.1` (a timeout, a stall).
+    pub end: Option<(u32, Ending)>,
+    /// SIGKILL to the group of iteration `.0`'s run (any run's, with
+    /// `stop`): the grace after SIGTERM ran out.
+    pub kill: Option<u32>,
+}
+
+impl Orders {
+    /// Why the run of iteration `n` is to end, if it is.
+    pub fn end_of(&self, n: u32) -> Option<Ending> {
+        if self.stop {
+            return Some(Ending::Stopped);
+        }
+        match &self.end {
+            Some((i, why)) if *i == n => Some(why.clone()),
+            _ => None,
+        }
+    }
+
+    /// Whether the run of iteration `n` is to be killed.
+    pub fn kills(&self, n: u32) -> bool {
+        self.kill == Some(n) || (self.stop && self.kill.is_some())
+    }
 }
 
 /// What the runner does when a session stalls (see
@@ -142,15 +185,15 @@ pub enum Ending {
     Exited { code: i32 },
     /// A signal killed it, not sent by the runner.
     Signaled { signal: i32 },
-    /// It was still running at the timeout; the runner terminated it (however
-    /// it then exited).
+    /// It was still running at the timeout; the runner terminated it, as
+    /// ordered (however it then exited).
     TimedOut,
-    /// The stop channel asked the runner to end it (daemon shutdown); the
-    /// runner terminated it. Also returned, without spawning, when the stop
+    /// The orders stopped the session (a stop asked, the daemon's shutdown);
+    /// the runner terminated it. Also returned, without spawning, when the stop
     /// was already requested before the start.
     Stopped,
-    /// It printed nothing for `silent_for` (the stall timeout) and the stall
-    /// action was [`StallAction::Stop`]; the runner terminated it.
+    /// It printed nothing for `silent_for` (the stall timeout) and the
+    /// orders ended it for that ([`StallAction::Stop`]).
     Stalled { silent_for: Duration },
     /// It never ran. `reason` is a sentence for an operator, naming the path.
     SpawnFailed { reason: String, kind: SpawnFailure },

@@ -125,7 +125,7 @@ pub(super) async fn more(
     mut report: RunReport,
     plan: Plan<'_>,
     observer: &mut Observer,
-    stop: watch::Receiver<bool>,
+    orders: watch::Receiver<runner::Orders>,
     tally: &mut Tally,
 ) -> RunReport {
     let s = plan.settings;
@@ -142,7 +142,7 @@ pub(super) async fn more(
         let done = report.ending.is_success()
             || (observer.completed
                 && !matches!(report.ending, Ending::Stopped | Ending::SpawnFailed { .. }));
-        if s.verify.is_empty() || !done || *stop.borrow() {
+        if s.verify.is_empty() || !done || orders.borrow().stop {
             return report;
         }
         let _ = plan.tx.send(Event::Iteration {
@@ -158,7 +158,7 @@ pub(super) async fn more(
             kill_grace: plan.spec.kill_grace,
             env: plan.spec.env.clone(),
             log: Some(log_of(&plan.spec.log_path, n)),
-            stop: Some(stop.clone()),
+            stop: Some(orders.clone()),
         })
         .await;
         if v.stopped {
@@ -223,6 +223,7 @@ pub(super) async fn more(
         let mut spec = plan.spec.clone();
         spec.stdin = [plan.spec.stdin.as_slice(), b"\n\n", feedback.as_bytes()].concat();
         spec.log_path = log_of(&plan.spec.log_path, n);
+        spec.iteration = n;
         if let Some(argv) = &plan.resume_argv {
             spec.argv = argv.clone();
         }
@@ -244,7 +245,11 @@ pub(super) async fn more(
         });
         tracing::info!(agent = %plan.agent, "iteration {n} of {} starts with the verification feedback", s.max_iterations);
         observer.completed = false;
-        report = runner::run(spec, observer, stop.clone(), None).await;
+        // Its timeout is its machine's, from the `Iteration` event above.
+        report = match runner::launch(spec, &orders) {
+            Ok(launched) => launched.run(observer, orders.clone(), None).await,
+            Err(report) => *report,
+        };
     }
 }
 

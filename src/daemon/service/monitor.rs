@@ -246,10 +246,11 @@ impl Daemon {
         }
         if state.level.stops_sessions() {
             let why = format!("ended by the health monitor: {fragment}");
+            let at = self.clock.now();
             for r in self.running.values_mut() {
                 if r.stop_reason.is_none() {
                     tracing::warn!(session_id = %r.session_id, "{why}");
-                    r.stop_for(why.clone());
+                    r.stop_for(why.clone(), at);
                 }
             }
         }
@@ -320,6 +321,7 @@ impl Daemon {
                 &mut self.orphan_locks,
                 &mut self.monitor.overdue_reported,
                 now,
+                self.clock.now(),
             );
             self.raise_each(raise);
         }
@@ -383,6 +385,8 @@ pub(super) fn prune_all(
 /// past their timeout. The daemon's own sessions past their timeout
 /// (which the runner should have ended) are stopped.
 /// (Returns the records to raise.)
+/// `clock_now`: the loop's clock, which the sessions' machines keep.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn check_sessions(
     config: &Config,
     agent_index: &std::collections::HashMap<AgentName, usize>,
@@ -391,6 +395,7 @@ pub(super) fn check_sessions(
     orphan_locks: &mut BTreeMap<AgentName, crate::owner::OwnerLock>,
     overdue_reported: &mut std::collections::BTreeSet<String>,
     now: Timestamp,
+    clock_now: DateTime<Utc>,
 ) -> Vec<ErrorRecord> {
     let mut raise = Vec::new();
     // Names, not configs: each health check cloned every agent's config
@@ -398,17 +403,14 @@ pub(super) fn check_sessions(
     // session recorded as running that the daemon does not run.
     let names: Vec<AgentName> = config.working_agents().map(|a| a.name.clone()).collect();
     for name in names {
-        let Some((timeout, kill_grace)) =
-            agent_in(config, agent_index, &name).map(|a| (a.session.timeout, a.session.kill_grace))
-        else {
+        if agent_in(config, agent_index, &name).is_none() {
             continue;
-        };
+        }
         if let Some(r) = running.get_mut(&name) {
             if r.recording {
                 // Ended; its end is being recorded.
                 continue;
             }
-            let started = r.started_at.0;
             // Seed 003's placeholder expiry: a session whose process
             // never started within 5 minutes is given up (a hatching
             // agent stays hatching for its next wake).
@@ -416,14 +418,26 @@ pub(super) fn check_sessions(
                 && r.stop_reason.is_none()
                 && now.seconds_since(&r.started_at) >= HATCH_EXPIRY.as_secs() as i64
             {
-                r.stop_for(format!(
-                    "expired: its process did not start within {}",
-                    humantime::format_duration(HATCH_EXPIRY)
-                ));
+                r.stop_for(
+                    format!(
+                        "expired: its process did not start within {}",
+                        humantime::format_duration(HATCH_EXPIRY)
+                    ),
+                    clock_now,
+                );
                 continue;
             }
-            if health::overdue(started, timeout, kill_grace, now.0) && r.stop_reason.is_none() {
-                r.stop_for("ran past its timeout; stopped by the health monitor".into());
+            // Overdue by its machine's timers: its run's timeout and grace
+            // (each iteration's own), never a verification's time.
+            if r.machine
+                .due_to_end()
+                .is_some_and(|due| health::past_due(due, clock_now))
+                && r.stop_reason.is_none()
+            {
+                r.stop_for(
+                    "ran past its timeout; stopped by the health monitor".into(),
+                    clock_now,
+                );
                 let sid = r.session_id.clone();
                 raise.push(
                     ErrorRecord::new(

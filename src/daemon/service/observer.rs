@@ -1,6 +1,7 @@
 //! A session's output as it streams, on the runner's side: analysed with
-//! bounded memory, signals and stalls passed to the loop as they happen,
-//! and summarised for the session's end.
+//! bounded memory, signals passed to the loop as they happen, the time of
+//! the last output kept for the session's machine (its stall timer), and
+//! summarised for the session's end.
 
 use super::*;
 
@@ -38,7 +39,7 @@ impl OutputSummary {
 }
 
 /// The session's output as it streams: analysed by [`SessionOutput`]
-/// (bounded memory), with stalls reported to the loop as they happen.
+/// (bounded memory), with signals reported to the loop as they happen.
 pub(super) struct Observer {
     pub(super) output: SessionOutput,
     pub(super) agent: AgentName,
@@ -51,6 +52,48 @@ pub(super) struct Observer {
     /// The run signalled COMPLETE (the iteration loop verifies it then,
     /// whatever its exit status).
     pub(super) completed: bool,
+    /// When it last printed, for its machine's stall timer.
+    pub(super) activity: std::sync::Arc<Activity>,
+}
+
+/// When a session last printed: stored at each chunk (one atomic store, no
+/// event), read by the loop when the session's machine's timer comes, so
+/// that the machine keeps the stall timer without an event per chunk.
+#[derive(Debug)]
+pub(super) struct Activity {
+    base: std::time::Instant,
+    /// Nanoseconds after `base`, plus one, of the last output; 0: none yet.
+    last: std::sync::atomic::AtomicU64,
+}
+
+impl Activity {
+    pub(super) fn new() -> std::sync::Arc<Activity> {
+        std::sync::Arc::new(Activity {
+            base: std::time::Instant::now(),
+            last: std::sync::atomic::AtomicU64::new(0),
+        })
+    }
+
+    fn touch(&self) {
+        let ns = u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX - 1);
+        self.last
+            .store(ns.saturating_add(1), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Output printed since `seen` (which it updates): how long ago the
+    /// last of it was.
+    pub(super) fn since(&self, seen: &mut u64) -> Option<Duration> {
+        let last = self.last.load(std::sync::atomic::Ordering::Relaxed);
+        if last <= *seen {
+            return None;
+        }
+        *seen = last;
+        Some(
+            self.base
+                .elapsed()
+                .saturating_sub(Duration::from_nanos(last - 1)),
+        )
+    }
 }
 
 impl OutputObserver for Observer {
@@ -59,6 +102,7 @@ impl OutputObserver for Observer {
     }
 
     fn on_stream_output(&mut self, stream: OutputStream, chunk: &[u8]) {
+        self.activity.touch();
         self.output.on_stream_output(stream, chunk);
         let i = match stream {
             OutputStream::Stdout => 0,
@@ -75,13 +119,6 @@ impl OutputObserver for Observer {
         for signal in self.scanners[i].feed(chunk) {
             self.send_signal(signal);
         }
-    }
-
-    fn on_stall(&mut self, silent_for: Duration) {
-        let _ = self.tx.send(Event::SessionStalled {
-            agent: self.agent.clone(),
-            silent_for,
-        });
     }
 
     fn on_terminate(&mut self, why: &Ending) {

@@ -164,8 +164,25 @@ impl Daemon {
         }
         self.core.session_started(agent, &prepared.session_id);
         self.economy.manual_refusals.remove(agent);
-        let (stop_tx, stop_rx) = watch::channel(false);
+        let (orders_tx, orders_rx) = watch::channel(runner::Orders::default());
         let stop_note = StopNote::default();
+        // Its lifecycle, fed live. Its output is told at its timers (the
+        // stall timer), and the iterations run in the session's task
+        // (`RunLaunched`, `VerifyStarted`).
+        let activity = observer::Activity::new();
+        let mut live = machine::Session::new(
+            machine::Settings {
+                verify: None,
+                ..machine::Settings::of(&cfg)
+            },
+            self.streaks.get(agent).cloned().unwrap_or_default(),
+        );
+        live.on(
+            machine::Event::Begin {
+                session_id: prepared.session_id.clone(),
+            },
+            now.0,
+        );
         self.running.insert(
             agent.clone(),
             Running {
@@ -173,7 +190,11 @@ impl Daemon {
                 instance: prepared.instance.clone(),
                 pid: None,
                 started_at: now,
-                stop: stop_tx,
+                machine: live,
+                timer: None,
+                orders: orders_tx,
+                activity: activity.clone(),
+                output_seen: 0,
                 stop_reason: None,
                 stop_note: stop_note.clone(),
                 completed_by_signal: false,
@@ -195,15 +216,20 @@ impl Daemon {
         // start is committed already (the journal line of `session begin`).
         // With a workspace, its worktree is made first, in the session's
         // task (git may wait seconds for a lock; the loop never does).
-        let mut stop_rx = stop_rx;
         let planned = prepared.workspace;
         // With `verify`, later iterations start from the first one's spec.
         let again = (!cfg.session.iteration.verify.is_empty()).then(|| prepared.spec.clone());
         let resume_argv = prepared.resume_argv.clone();
         let (launched, spec) = match planned {
-            None => (Some(runner::launch(prepared.spec, &mut stop_rx)), None),
+            None => (Some(runner::launch(prepared.spec, &orders_rx)), None),
             Some(_) => (None, Some(prepared.spec)),
         };
+        if let Some(Ok(_)) = &launched
+            && let Some(r) = self.running.get_mut(agent)
+        {
+            // Its run starts now: its timeout from now.
+            r.feed(machine::Event::Launched, self.clock.now());
+        }
         if let Some(Err(report)) = &launched
             && !crate::daemon::runnable::counts_as_attempt(&report.ending)
         {
@@ -245,7 +271,7 @@ impl Daemon {
                             }
                             tracing::info!(agent = %name, session_id = %session_id, "workspace {} on branch {} (from {} of {})", ws.path.display(), ws.branch, &ws.base_commit[..ws.base_commit.len().min(12)], repo.display());
                             made = Some(ws);
-                            runner::launch(spec, &mut stop_rx)
+                            runner::launch(spec, &orders_rx)
                         }
                         Ok(Err(e)) => Err(Box::new(RunReport::not_run(Ending::SpawnFailed {
                             reason: format!("the session's workspace could not be made: {e}"),
@@ -269,6 +295,7 @@ impl Daemon {
                 tx: tx.clone(),
                 scanners: Default::default(),
                 completed: false,
+                activity,
                 ending: EndingNote {
                     agent: cfg,
                     dir,
@@ -276,10 +303,10 @@ impl Daemon {
                     stop_note,
                 },
             };
-            let stop_again = stop_rx.clone();
+            let orders_again = orders_rx.clone();
             let run = async {
                 match launched {
-                    Ok(l) => l.run(&mut observer, stop_rx, Some(pid_tx)).await,
+                    Ok(l) => l.run(&mut observer, orders_rx, Some(pid_tx)).await,
                     Err(report) => *report,
                 }
             };
@@ -298,7 +325,7 @@ impl Daemon {
                     resume_argv,
                 };
                 report =
-                    iterations::more(report, plan, &mut observer, stop_again, &mut tally).await;
+                    iterations::more(report, plan, &mut observer, orders_again, &mut tally).await;
             }
             observer.finish();
             let output = observer.summary();

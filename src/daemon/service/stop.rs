@@ -1,5 +1,5 @@
 //! `agent-state stop AGENT`: an operator's stop of a running session,
-//! carried out through the runner's path of a timeout (SIGTERM to the
+//! carried out through its machine's path of a timeout (SIGTERM to the
 //! session's process group and cgroup, SIGKILL after `kill_grace`), and
 //! recorded as `SESSION_STOPPED`: not retried, no backoff, no escalation,
 //! its messages returned without counting an attempt (the hooks do that
@@ -64,11 +64,12 @@ fn stop_request(
     }
     let why = request.describe();
     tracing::warn!(agent = %agent, session_id = %sid, "stopping the session: {why}");
-    // Its process not started yet (a worktree being made): no runner
-    // will note the stop before a SIGTERM, so it is noted here, for the
-    // record to carry the code.
-    let unstarted = running.pid.is_none();
-    running.stop_with(why.clone(), Some(Code::SessionStopped));
+    // Its process not started yet (a worktree being made), or its
+    // verification running (its machine says): no runner will note the
+    // stop before a SIGTERM, so it is noted here, for the record to carry
+    // the code.
+    let unstarted = running.pid.is_none() || running.machine.is_verifying();
+    running.stop_with(why.clone(), Some(Code::SessionStopped), now);
     core.stop_requested(agent);
     if unstarted {
         let now = Timestamp::from_datetime(now);
