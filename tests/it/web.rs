@@ -384,15 +384,16 @@ fn a_reload_that_changes_web_is_refused_naming_the_key() {
 }
 
 /// A daemon with agents `rio` (its session prints a line, waits for
-/// `GO-rio` in the temp dir, prints another) and `ada`, a human `marcus`,
+/// `GO-rio` in the temp dir, prints another, waits for `END-rio`) and `ada`, a human `marcus`,
 /// and `[web]` on a free port.
 fn start_waiting(env: &Env, web_extra: &str) -> (Daemon, u16) {
     let go = env.tmp("GO-rio");
     let script = env.script(
         "agent.sh",
         &format!(
-            "if [ \"$1\" = rio ]; then\n  echo 'first line <b>'\n  while [ ! -f {go:?} ]; do sleep 0.05; done\n  echo second-line\nfi\necho PROGRESS 40\nexit 0\n",
-            go = go.display().to_string()
+            "if [ \"$1\" = rio ]; then\n  echo 'first line <b>'\n  while [ ! -f {go:?} ]; do sleep 0.05; done\n  echo second-line\n  while [ ! -f {end:?} ]; do sleep 0.05; done\nfi\necho PROGRESS 40\nexit 0\n",
+            go = go.display().to_string(),
+            end = env.tmp("END-rio").display().to_string()
         ),
     );
     let port = free_port();
@@ -462,6 +463,7 @@ fn the_agent_page_shows_the_running_log_live_then_sessions_tasks_inbox_and_memor
         "the tail again: {}",
         stream.buf
     );
+    std::fs::write(env.tmp("END-rio"), "").unwrap();
     d.wait_until(Duration::from_secs(30), "rio's session ends", || {
         api(port, "/api/agent/rio")["running"].is_null()
     });
@@ -809,6 +811,8 @@ struct Browser {
     from: std::io::BufReader<std::fs::File>,
     next: u64,
     session: Option<String>,
+    /// The events (no `id`) that arrived while waiting for answers.
+    events: Vec<Value>,
 }
 
 impl Browser {
@@ -848,10 +852,12 @@ impl Browser {
             from: std::io::BufReader::new(from),
             next: 0,
             session: None,
+            events: Vec::new(),
         }
     }
 
-    /// Send a command and wait for its answer (events in between dropped).
+    /// Send a command and wait for its answer (events in between kept in
+    /// `events`).
     fn call(&mut self, method: &str, params: Value) -> Value {
         use std::io::BufRead;
         self.next += 1;
@@ -873,6 +879,9 @@ impl Browser {
                 assert!(v.get("error").is_none(), "{method}: {v}");
                 return v["result"].clone();
             }
+            if v.get("id").is_none() {
+                self.events.push(v);
+            }
         }
     }
 
@@ -882,6 +891,41 @@ impl Browser {
             serde_json::json!({"expression": expression, "returnByValue": true}),
         )["result"]["value"]
             .clone()
+    }
+}
+
+impl Browser {
+    /// A new tab on `url`, attached; console and log events collected.
+    fn open(&mut self, url: &str) {
+        let target = self.call(
+            "Target.createTarget",
+            serde_json::json!({"url": "about:blank"}),
+        )["targetId"]
+            .clone();
+        let session = self.call(
+            "Target.attachToTarget",
+            serde_json::json!({"targetId": target, "flatten": true}),
+        )["sessionId"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        self.session = Some(session);
+        self.call("Runtime.enable", serde_json::json!({}));
+        self.call("Log.enable", serde_json::json!({}));
+        self.call("Page.enable", serde_json::json!({}));
+        self.call("Page.navigate", serde_json::json!({"url": url}));
+    }
+
+    fn screenshot(&mut self, name: &str) {
+        let shot = self.call(
+            "Page.captureScreenshot",
+            serde_json::json!({"format": "png"}),
+        );
+        let png = base64_decode(shot["data"].as_str().unwrap());
+        let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("target")
+            .join(name);
+        std::fs::write(&out, png).unwrap();
     }
 }
 
@@ -990,4 +1034,110 @@ fn a_browser_sees_a_row_change_when_its_agent_wakes() {
     let png = base64_decode(shot["data"].as_str().unwrap());
     let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/web-fleet.png");
     std::fs::write(&out, png).unwrap();
+}
+
+/// In a real browser, an agent's page shows memory.md, a message subject
+/// and the session's log with hostile markup as text (no script runs: the
+/// payloads would set `window.__pwned`; the console has no message, no
+/// exception and no CSP refusal), and the log grows live through SSE
+/// without a reload. Leaves target/web-agent.png.
+#[test]
+fn a_browser_shows_hostile_content_on_the_agent_page_as_text_and_its_log_live() {
+    if std::env::var("AGENT_STATE_BROWSER_TESTS").as_deref() != Ok("1") {
+        eprintln!("skipped: set AGENT_STATE_BROWSER_TESTS=1 (needs chromium)");
+        return;
+    }
+    const PAYLOAD: &str =
+        "<script>window.__pwned=1</script>\"><img src=x onerror=\"window.__pwned=2\">\u{9b}[31m";
+    let env = Env::with_config("");
+    let (d, port) = start_waiting(&env, "");
+    env.write(
+        "rio",
+        "memory.md",
+        &format!("# Memory {PAYLOAD}\n\n- {PAYLOAD}\n\n{PAYLOAD}\n"),
+    );
+    env.ok(&["wake", "rio"]);
+    d.wait_until(Duration::from_secs(30), "rio's session runs", || {
+        api(port, "/api/agent/rio")["running"]["log"]["tail"]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("first line"))
+    });
+    // Waiting (the session has claimed what was there before it).
+    env.ok(&[
+        "send",
+        "--from",
+        "ada",
+        "--to",
+        "rio",
+        "--subject",
+        PAYLOAD,
+        "--body",
+        PAYLOAD,
+    ]);
+    let mut b = Browser::start(&env.tmp("chromium"));
+    b.open(&format!("http://127.0.0.1:{port}/agent/rio"));
+    let text = |b: &mut Browser, id: &str| {
+        b.eval(&format!(
+            "(function(){{var e=document.getElementById('{id}');return e?e.textContent:''}})()"
+        ))
+        .as_str()
+        .unwrap_or("")
+        .to_string()
+    };
+    assert!(
+        poll_until(Duration::from_secs(20), || text(&mut b, "log")
+            .contains("first line <b>")),
+        "the page never showed the log"
+    );
+    assert!(
+        poll_until(Duration::from_secs(10), || b
+            .eval("(document.getElementById('live')||{}).textContent")
+            == Value::String("live".into())),
+        "the event stream never opened"
+    );
+    b.eval("window.__notReloaded = true");
+    std::fs::write(env.tmp("GO-rio"), "").unwrap();
+    assert!(
+        poll_until(Duration::from_secs(30), || text(&mut b, "log")
+            .contains("second-line")),
+        "the log never grew: {:?}",
+        text(&mut b, "log")
+    );
+    std::fs::write(env.tmp("END-rio"), "").unwrap();
+    // The session's end reaches the page's live part too.
+    assert!(
+        poll_until(Duration::from_secs(30), || text(&mut b, "part")
+            .contains("completed")),
+        "the page never showed the session's end: {}",
+        text(&mut b, "part")
+    );
+    assert_eq!(b.eval("window.__notReloaded === true"), Value::Bool(true));
+
+    // The payloads are text, where they were put.
+    let shown = PAYLOAD.replace('\u{9b}', "\u{FFFD}");
+    let memory = text(&mut b, "memory");
+    assert_eq!(memory.matches(shown.as_str()).count(), 3, "{memory:?}");
+    let subjects = b.eval(
+        "Array.prototype.map.call(document.querySelectorAll('.subject'), function(e){return e.textContent})",
+    );
+    assert_eq!(subjects, serde_json::json!([shown]), "{subjects}");
+    // Nothing ran, nothing was made of them.
+    assert_eq!(
+        b.eval("typeof window.__pwned"),
+        Value::String("undefined".into())
+    );
+    assert_eq!(b.eval("document.images.length"), serde_json::json!(0));
+    assert_eq!(b.eval("document.scripts.length"), serde_json::json!(1));
+    b.screenshot("web-agent.png");
+    let noise: Vec<&Value> = b
+        .events
+        .iter()
+        .filter(|e| {
+            matches!(
+                e["method"].as_str(),
+                Some("Runtime.consoleAPICalled" | "Runtime.exceptionThrown" | "Log.entryAdded")
+            )
+        })
+        .collect();
+    assert!(noise.is_empty(), "the console said: {noise:#?}");
 }

@@ -216,8 +216,10 @@ impl Viewer {
             }
             Err(broadcast::error::RecvError::Closed) => return None,
         };
+        // The log first: what a session printed before its end is shown
+        // before the end's event makes the page fetch its part again.
         let log = self.follow_log(mine).await;
-        let chunk = chunk + &log;
+        let chunk = log + &chunk;
         if !chunk.is_empty() {
             self.quiet = 0;
             return Some(chunk);
