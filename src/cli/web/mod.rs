@@ -88,7 +88,10 @@ pub fn listen(config: &crate::config::Config, config_path: &Path) -> Result<()> 
         config_path: config_path.to_path_buf(),
         token,
         show_bodies: config.web.show_bodies,
-        hub: stream::Hub::start(crate::state::StateRoot::new(&config.state_root)),
+        hub: stream::Hub::start(
+            crate::state::StateRoot::new(&config.state_root),
+            config.web.show_bodies,
+        ),
     };
     tokio::spawn(serve(listener, router(shared)));
     Ok(())

@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -27,7 +27,7 @@ use tokio::sync::{Notify, broadcast};
 
 use super::{Shared, context, data, page};
 use crate::agent_name::AgentName;
-use crate::events::{Cursor, Reader, SourceId, StreamEvent};
+use crate::events::{Batch, Cursor, Reader, SourceId, StreamEvent};
 use crate::state::StateRoot;
 
 /// How often the poller looks for new events.
@@ -43,26 +43,52 @@ const LOG_CHUNK: u64 = 64 * 1024;
 pub struct Tick {
     /// The poller's position before the read.
     before: Cursor,
+    /// And after it.
+    end: Cursor,
     events: Vec<StreamEvent>,
+    /// The events as SSE for a stream whose cursor is `before` (most of
+    /// them, most of the time): made once, for every such stream.
+    chunk: Bytes,
     /// A source was read again from its start (rotated) or could not be
     /// read: every stream reads for itself.
     restarted: bool,
+}
+
+impl Tick {
+    /// What a read from `before` found, with the chunk made once (pure).
+    pub fn new(before: Cursor, batch: Batch, show_bodies: bool) -> Tick {
+        let mut running = before.clone();
+        let mut chunk = String::new();
+        for e in &batch.events {
+            running.set(&e.source, e.end);
+            chunk.push_str(&page::sse_event(e, &running, show_bodies));
+        }
+        Tick {
+            before,
+            restarted: !batch.notes.is_empty(),
+            end: batch.end,
+            events: batch.events,
+            chunk: Bytes::from(chunk),
+        }
+    }
 }
 
 /// The one reader of the journals all streams share.
 #[derive(Clone)]
 pub struct Hub {
     root: StateRoot,
+    show_bodies: bool,
     sender: broadcast::Sender<Arc<Tick>>,
     wake: Arc<Notify>,
 }
 
 impl Hub {
     /// The hub and its poller (a task of the daemon's runtime).
-    pub fn start(root: StateRoot) -> Hub {
+    pub fn start(root: StateRoot, show_bodies: bool) -> Hub {
         let (sender, _) = broadcast::channel(CHANNEL);
         let hub = Hub {
             root,
+            show_bodies,
             sender,
             wake: Arc::new(Notify::new()),
         };
@@ -88,6 +114,7 @@ impl Hub {
             }
             let root = self.root.clone();
             let taken = reader.take();
+            let show_bodies = self.show_bodies;
             let read = tokio::task::spawn_blocking(move || {
                 let mut r = taken.unwrap_or_else(|| {
                     let mut fresh = Reader::new(root, Cursor::start(), None);
@@ -95,23 +122,20 @@ impl Hub {
                     fresh
                 });
                 let before = r.position().clone();
-                let batch = r.read(None);
-                (r, before, batch)
-            })
-            .await;
-            if let Ok((r, before, batch)) = read {
-                let tick = match batch {
-                    Ok(b) => Tick {
-                        before,
-                        restarted: !b.notes.is_empty(),
-                        events: b.events,
-                    },
+                let tick = match r.read(None) {
+                    Ok(batch) => Tick::new(before, batch, show_bodies),
                     Err(_) => Tick {
+                        end: before.clone(),
                         before,
                         events: Vec::new(),
+                        chunk: Bytes::new(),
                         restarted: true,
                     },
                 };
+                (r, tick)
+            })
+            .await;
+            if let Ok((r, tick)) = read {
                 reader = Some(r);
                 // No receiver left: the next turn sleeps.
                 let _ = self.sender.send(Arc::new(tick));
@@ -159,7 +183,7 @@ async fn catch_up(root: StateRoot, cursor: Cursor, show_bodies: bool) -> (String
 
 /// The poller's events past `cursor`, moving it (pure): `None` when the
 /// tick starts after the cursor (a gap the stream must read itself).
-pub fn take(tick: &Tick, cursor: &mut Cursor, show_bodies: bool) -> Option<String> {
+pub fn take(tick: &Tick, cursor: &mut Cursor, show_bodies: bool) -> Option<Bytes> {
     if tick.restarted
         || tick
             .before
@@ -168,6 +192,11 @@ pub fn take(tick: &Tick, cursor: &mut Cursor, show_bodies: bool) -> Option<Strin
     {
         return None;
     }
+    if *cursor == tick.before {
+        // In step with the poller: its chunk, shared.
+        *cursor = tick.end.clone();
+        return Some(tick.chunk.clone());
+    }
     let mut out = String::new();
     for e in &tick.events {
         if e.offset >= cursor.offset(&e.source) {
@@ -175,19 +204,27 @@ pub fn take(tick: &Tick, cursor: &mut Cursor, show_bodies: bool) -> Option<Strin
             out.push_str(&page::sse_event(e, cursor, show_bodies));
         }
     }
-    Some(out)
+    // Ahead nowhere past the poller: where it is now (so that the next
+    // tick's chunk is this stream's too).
+    if !cursor
+        .offsets()
+        .any(|(source, offset)| offset > tick.end.offset(source))
+    {
+        *cursor = tick.end.clone();
+    }
+    Some(Bytes::from(out))
 }
 
 impl Viewer {
     /// The next chunk to send; `None` ends the stream.
-    async fn next(&mut self) -> Option<String> {
+    async fn next(&mut self) -> Option<Bytes> {
         if self.first {
             self.first = false;
             let (chunk, cursor) =
                 catch_up(self.root.clone(), self.cursor.clone(), self.show_bodies).await;
             self.cursor = cursor;
             let log = self.follow_log(true).await;
-            return Some(format!(": stream\n\n{chunk}{log}"));
+            return Some(Bytes::from(format!(": stream\n\n{chunk}{log}")));
         }
         let (chunk, mine) = match self.rx.recv().await {
             Ok(tick) => {
@@ -203,7 +240,7 @@ impl Viewer {
                             catch_up(self.root.clone(), self.cursor.clone(), self.show_bodies)
                                 .await;
                         self.cursor = cursor;
-                        c
+                        Bytes::from(c)
                     }
                 };
                 (chunk, mine)
@@ -212,14 +249,18 @@ impl Viewer {
                 let (c, cursor) =
                     catch_up(self.root.clone(), self.cursor.clone(), self.show_bodies).await;
                 self.cursor = cursor;
-                (c, true)
+                (Bytes::from(c), true)
             }
             Err(broadcast::error::RecvError::Closed) => return None,
         };
         // The log first: what a session printed before its end is shown
         // before the end's event makes the page fetch its part again.
         let log = self.follow_log(mine).await;
-        let chunk = log + &chunk;
+        let chunk = if log.is_empty() {
+            chunk
+        } else {
+            Bytes::from([log.as_bytes(), &chunk].concat())
+        };
         if !chunk.is_empty() {
             self.quiet = 0;
             return Some(chunk);
@@ -229,9 +270,9 @@ impl Viewer {
             // Keeps proxies from closing the stream, and finds a viewer
             // that went away (its write fails).
             self.quiet = 0;
-            return Some(": keep-alive\n\n".into());
+            return Some(Bytes::from_static(b": keep-alive\n\n"));
         }
-        Some(String::new())
+        Some(Bytes::new())
     }
 
     /// What the followed log gained, as `log` events; `again`: find which
@@ -379,10 +420,7 @@ pub async fn events(State(shared): State<Shared>, request: Request) -> Response 
     };
     let stream = futures_util::stream::unfold(viewer, |mut v| async move {
         let chunk = v.next().await?;
-        Some((
-            Ok::<_, std::convert::Infallible>(axum::body::Bytes::from(chunk)),
-            v,
-        ))
+        Some((Ok::<_, std::convert::Infallible>(chunk), v))
     });
     Response::builder()
         .header(header::CONTENT_TYPE, "text/event-stream")
@@ -414,34 +452,55 @@ mod tests {
         c
     }
 
+    fn tick(before: Cursor, events: Vec<StreamEvent>, end: Cursor) -> Tick {
+        let batch = Batch {
+            start: before.clone(),
+            events,
+            end,
+            notes: Vec::new(),
+        };
+        Tick::new(before, batch, false)
+    }
+
+    fn text(b: Option<Bytes>) -> Option<String> {
+        b.map(|b| String::from_utf8(b.to_vec()).unwrap())
+    }
+
     #[test]
     fn a_stream_takes_what_is_past_its_cursor_and_reads_a_gap_itself() {
-        let tick = |before: Cursor| Tick {
-            before,
-            events: vec![event("rio", 100, 150), event("rio", 150, 200)],
-            restarted: false,
+        let t = || {
+            tick(
+                at("rio", 100),
+                vec![event("rio", 100, 150), event("rio", 150, 200)],
+                at("rio", 200),
+            )
         };
-        // In step with the poller: both events, the id past each.
+        // In step with the poller: both events, the id past each; the
+        // poller's own chunk.
         let mut c = at("rio", 100);
-        let out = take(&tick(at("rio", 100)), &mut c, false).unwrap();
+        let out = text(take(&t(), &mut c, false)).unwrap();
         assert_eq!(out.matches("data: ").count(), 2, "{out}");
         assert_eq!(c, at("rio", 200));
         assert!(out.contains(&format!("id: {}\n", at("rio", 150).encode())));
-        // Ahead (its own first read saw the first event): the second only.
+        assert!(out.contains(&format!("id: {}\n", at("rio", 200).encode())));
+        // Ahead (its own first read saw the first event): the second only,
+        // the same text as the poller's for it; then in step.
         let mut c = at("rio", 150);
-        let out = take(&tick(at("rio", 100)), &mut c, false).unwrap();
-        assert_eq!(out.matches("data: ").count(), 1, "{out}");
+        let ahead = text(take(&t(), &mut c, false)).unwrap();
+        assert_eq!(ahead.matches("data: ").count(), 1, "{ahead}");
+        assert!(out.ends_with(&ahead), "{out}\n{ahead}");
         assert_eq!(c, at("rio", 200));
         // Ahead of it all: nothing, nothing repeated.
-        let mut c = at("rio", 200);
-        assert_eq!(take(&tick(at("rio", 100)), &mut c, false).unwrap(), "");
+        let mut c = at("rio", 250);
+        assert_eq!(text(take(&t(), &mut c, false)).unwrap(), "");
+        assert_eq!(c, at("rio", 250));
         // Behind (the poller read from further on): a gap, read it.
         let mut c = at("rio", 50);
-        assert!(take(&tick(at("rio", 100)), &mut c, false).is_none());
+        assert!(take(&t(), &mut c, false).is_none());
         assert_eq!(c, at("rio", 50));
         // A rotated journal: read it.
-        let mut t = tick(at("rio", 100));
-        t.restarted = true;
-        assert!(take(&t, &mut at("rio", 100), false).is_none());
+        let mut r = t();
+        r.restarted = true;
+        assert!(take(&r, &mut at("rio", 100), false).is_none());
     }
 }
