@@ -910,6 +910,13 @@ def cmd_web(args):
         # Every stream is open (its first chunk, ": stream", arrived).
         if not ino.until(lambda: all(c >= 1 for c in clients.count(b": stream")), 30, poll=0.05):
             raise BenchFailed(f"{args.clients} event streams did not all open within 30 s: {clients.count(b': stream')}")
+        # Idle, the streams open on one side: what N readers cost with nothing
+        # happening (before issue 25's shared reader, each stream polled the
+        # journals itself).
+        i0 = {k: proc_cpu(b.pid) for k, b in sides.items()}
+        t0 = time.monotonic()
+        time.sleep(args.idle)
+        idle = {k: round((proc_cpu(b.pid) - i0[k]) * 1000 / (time.monotonic() - t0), 1) for k, b in sides.items()}
         offsets = {b.dir: 0 for b in sides.values()}
         total = args.warmup + args.wakes
         for i in range(total):
@@ -956,6 +963,7 @@ def cmd_web(args):
             "sse_over_none": {"p50": paired_ratio(lat["none"], lat["sse"], 50),
                               "p99": paired_ratio(lat["none"], lat["sse"], 99)},
             "cpu_per_wake_ms": {k: round((cpu1[k] - cpu[k]) * 1000 / n, 3) for k in cpu},
+            "idle_cpu_ms_per_s": idle, "idle_s": args.idle,
             "daemon_exit": rc, "checks": checks, "sse_check": sse_check,
             "dir": [b.dir for b in sides.values()]}
 
@@ -1538,6 +1546,7 @@ def cmd_summary(args):
 
             l, r2 = r["latency_ms"], r["sse_over_none"]
             cpu = ", ".join(f"{n} {c} ms" for n, c in r.get("cpu_per_wake_ms", {}).items())
+            cpu += "; idle daemon CPU " + ", ".join(f"{n} {c} ms/s" for n, c in r.get("idle_cpu_ms_per_s", {}).items())
             rows.append((f"wake latency, {r['clients']} SSE clients vs none, paired ({r['wakes']} wakes each)",
                          f"none {side(l['none'])}; sse {side(l['sse'])}; sse/none p50 {ratio(r2['p50'])}, "
                          f"p99 {ratio(r2['p99'])}; daemon CPU/wake {cpu}; streams: {check_text(r['sse_check'])}; "
@@ -1706,6 +1715,7 @@ def main():
     s.add_argument("--agents", type=int, default=100)
     s.add_argument("--gap", type=float, default=0.02)
     s.add_argument("--clients", type=int, default=20)
+    s.add_argument("--idle", type=float, default=10, help="seconds of idle CPU measured with the streams open")
     s.add_argument("--label")
     s.add_argument("--name")
 

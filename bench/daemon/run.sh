@@ -34,7 +34,7 @@
 # Environment (defaults in brackets; QUICK=1 changes those marked *):
 #   LAT_WAKES [1000*]  LAT_AGENTS [100]  LAT_GAP [0.02 s between wakes]
 #   SLOWSYNC_WAKES [300*]  SLOWSYNC_US [1000]
-#   WEB_WAKES [1000*, per daemon]  WEB_CLIENTS [20]
+#   WEB_WAKES [1000*, per daemon]  WEB_CLIENTS [20]  WEB_IDLE [10 s*; idle CPU with the streams open]
 #   PAIRED_WAKES [LAT_WAKES, per daemon]  PAIRED_PIN [0]  PAIRED_REPS [1; repetitions of each]
 #   STRACE_WAKES [100*]  WAKECLI_WAKES [200*]  FLOOD_FILES [100000*]  FLOOD_PERF [0; 1 = perf record
 #                      --call-graph dwarf of the daemon during the flood's wakes, perf-latency.data]
@@ -67,6 +67,7 @@ q() { if [[ $QUICK == 1 ]]; then echo "$2"; else echo "$1"; fi; }
 BENCHES=${BENCHES:-latency,nosync,slowsync,strace,flood,paired,web,wakecli,burst,floor,startup,idle}
 WEB_WAKES=${WEB_WAKES:-$(q 1000 100)}
 WEB_CLIENTS=${WEB_CLIENTS:-20}
+WEB_IDLE=${WEB_IDLE:-$(q 10 3)}
 LAT_WAKES=${LAT_WAKES:-$(q 1000 100)}
 LAT_AGENTS=${LAT_AGENTS:-100}
 LAT_GAP=${LAT_GAP:-0.02}
@@ -210,7 +211,7 @@ if has paired; then
         fi
     done
 fi
-has web && run web web --wakes "$WEB_WAKES" --clients "$WEB_CLIENTS" --agents "$LAT_AGENTS" --gap "$LAT_GAP"
+has web && run web web --wakes "$WEB_WAKES" --clients "$WEB_CLIENTS" --idle "$WEB_IDLE" --agents "$LAT_AGENTS" --gap "$LAT_GAP"
 has wakecli && run wakecli wakecli --wakes "$WAKECLI_WAKES" --agents "$LAT_AGENTS"
 has burst && run burst burst --agents "$BURST_AGENTS" --per-agent "$BURST_PER_AGENT" --max-concurrent "$BURST_MAX_CONCURRENT" --timeout "$BURST_TIMEOUT" --perf "$BURST_PERF"
 has floor && run floor floor --agents "$BURST_AGENTS" --per-agent "$BURST_PER_AGENT" --workers "$FLOOR_WORKERS" --floor "$WORK/floor_c" --timeout "$BURST_TIMEOUT"
