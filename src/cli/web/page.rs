@@ -490,4 +490,28 @@ mod tests {
         );
         assert_eq!(budget_bars(&serde_json::json!({"budget_left": null})), "");
     }
+
+    #[test]
+    fn a_held_row_says_until_when_and_why() {
+        let now = Timestamp::parse("2026-11-20T10:00:00Z").unwrap();
+        let line = serde_json::json!({
+            "agent": "rio", "status": "held",
+            "held": {"credential": "claude-main", "cause": "usage_limit",
+                     "until": "2026-11-20T12:00:00Z", "reason": "<b>limit</b>"}
+        });
+        let shown = row(&line, &Value::Null, now);
+        assert!(
+            shown.contains("<td class=\"held\">2026-11-20T12:00:00Z (in 2h) claude-main (usage_limit): &lt;b&gt;limit&lt;/b&gt;</td>"),
+            "{shown}"
+        );
+        let line = serde_json::json!({
+            "agent": "rio", "status": "held",
+            "held": {"credential": "c", "cause": "disabled", "reason": "cap"}
+        });
+        assert!(row_of(&line, now).contains(">until released: c (disabled): cap</td>"));
+
+        fn row_of(line: &Value, now: Timestamp) -> String {
+            row(line, &Value::Null, now)
+        }
+    }
 }
