@@ -1,7 +1,16 @@
-//! The read-only web view of the fleet (`[web] listen`): the fleet page
-//! (`/`, plain HTML that works without JavaScript), `/api/fleet` (what
-//! `status --json` prints, from the same function) and `/events` (the event
-//! stream as Server-Sent Events, with the cursors of `agent-state events`).
+//! The read-only web view of the fleet (`[web] listen`). Pages are plain
+//! HTML that works without JavaScript (`page`, `views`), kept live by one
+//! script (`/app.js`) over `/events`:
+//!
+//! - `/` the fleet, `/api/fleet` (what `status --json` prints, from the same
+//!   function); `/row/NAME` one row, for the script;
+//! - `/agent/NAME`, `/api/agent/NAME`, `/agent/NAME/part` (`data`): an
+//!   agent's sessions, tasks, inbox, memory.md, running session and log;
+//! - `/flows`, `/api/flows` (what `flow status --json` prints);
+//! - `/mailbox`, `/api/mailbox` (each human mailbox's `inbox --json`, only
+//!   the escalations waiting, newest first);
+//! - `/events`: the event stream as Server-Sent Events with the cursors of
+//!   `agent-state events`, from one shared reader (`stream`).
 //!
 //! The daemon binds it before READY through a hook ([`listen`]) so that the
 //! daemon layer does not depend on the CLI's readers; each request reads the
