@@ -2,6 +2,7 @@
 """Driver for the daemon benchmarks (see README.md). Python 3 standard library only.
 
     bench.py latency  --out R.json [--wakes 1000] [--agents 100] [--gap 0.02] [--preload LIB]
+    bench.py web      --out R.json [--wakes 1000] [--clients 20]   (SSE clients vs none, paired)
     bench.py wakecli  --out R.json [--wakes 200] [--agents 100]
     bench.py burst    --out R.json [--agents 100] [--per-agent 1000] [--max-concurrent 4]
     bench.py startup  --out R.json --agents N [--wakes-after 0]
@@ -822,6 +823,151 @@ def cmd_paired(args):
             "dir": [b.dir for b in sides.values()]}
 
 
+class SseClients:
+    """N open `/events` streams of a daemon's web view, read by one thread
+    (select over their sockets); counts each stream's session events."""
+
+    def __init__(self, port, n):
+        self.socks = []
+        for _ in range(n):
+            c = socket.create_connection(("127.0.0.1", port), timeout=10)
+            c.sendall(b"GET /events HTTP/1.1\r\nHost: bench\r\nAccept: text/event-stream\r\n\r\n")
+            c.setblocking(False)
+            self.socks.append(c)
+        self.bufs = {c.fileno(): b"" for c in self.socks}
+        self.closed = 0
+        self.stop = False
+        self.thread = threading.Thread(target=self.read, daemon=True)
+        self.thread.start()
+
+    def read(self):
+        live = list(self.socks)
+        while not self.stop and live:
+            r, _, _ = select.select(live, [], [], 0.2)
+            for c in r:
+                try:
+                    data = c.recv(65536)
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError:
+                    data = b""
+                if not data:
+                    live.remove(c)
+                    self.closed += 1
+                    continue
+                self.bufs[c.fileno()] += data
+
+    def count(self, needle):
+        return [b.count(needle) for b in self.bufs.values()]
+
+    def close(self):
+        self.stop = True
+        self.thread.join(2)
+        for c in self.socks:
+            c.close()
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def cmd_web(args):
+    """Wake latency with --clients SSE streams open on the web view vs none
+    (issue 25): two daemons of the same binary at once, identical configs
+    with `[web]` on, one with the streams connected; wakes alternate between
+    them (as in `paired`), each waited to its end. Checks that every stream
+    saw every session of its daemon start and end, exactly once."""
+    sides = {"none": Bench(args, (args.name or "web") + "-none"),
+             "sse": Bench(args, (args.name or "web") + "-sse")}
+    names = agent_names(args.agents)
+    ports = {}
+    for k, b in sides.items():
+        b.write_config(names, max_concurrent=4)
+        ports[k] = free_port()
+        with open(b.config, "a") as f:
+            f.write(f'\n[web]\nlisten = "127.0.0.1:{ports[k]}"\n')
+        subprocess.run([b.bin, "--config", b.config, "bootstrap"], check=True, stdout=subprocess.DEVNULL)
+    ready = {}
+    ino = Inotify()
+    samples = {"none": [], "sse": []}
+    expected = {"none": {}, "sse": {}}
+    clients = None
+    cpu = {}
+    try:
+        for k, b in sides.items():
+            ready[k] = round(b.start()["ready_ms"], 1)
+            ino.add(b.dir, Inotify.IN_MODIFY | Inotify.IN_CLOSE_WRITE | Inotify.IN_CREATE)
+            ino.add(os.path.join(b.root, ".daemon"), Inotify.IN_MOVED_TO)
+            for a in names:
+                os.makedirs(os.path.join(b.inbox(a), ".tmp"), exist_ok=True)
+                os.makedirs(os.path.join(b.inbox(a), "processed"), exist_ok=True)
+                ino.add(os.path.join(b.inbox(a), "processed"), Inotify.IN_MOVED_TO)
+        clients = SseClients(ports["sse"], args.clients)
+        # Every stream is open (its first chunk, ": stream", arrived).
+        if not ino.until(lambda: all(c >= 1 for c in clients.count(b": stream")), 30, poll=0.05):
+            raise BenchFailed(f"{args.clients} event streams did not all open within 30 s: {clients.count(b': stream')}")
+        # Idle, the streams open on one side: what N readers cost with nothing
+        # happening (before issue 25's shared reader, each stream polled the
+        # journals itself).
+        i0 = {k: proc_cpu(b.pid) for k, b in sides.items()}
+        t0 = time.monotonic()
+        time.sleep(args.idle)
+        idle = {k: round((proc_cpu(b.pid) - i0[k]) * 1000 / (time.monotonic() - t0), 1) for k, b in sides.items()}
+        offsets = {b.dir: 0 for b in sides.values()}
+        total = args.warmup + args.wakes
+        for i in range(total):
+            if i == args.warmup:
+                cpu = {k: proc_cpu(b.pid) for k, b in sides.items()}
+            agent = names[i % len(names)]
+            name = f"lat{i:06d}.json"
+            order = ("none", "sse") if i % 2 == 0 else ("sse", "none")
+            for k in order:
+                expected[k].setdefault(agent, []).append(name)
+                t_rt, t_mono, lat = one_wake(sides[k], ino, offsets, agent, name)
+                if i >= args.warmup:
+                    samples[k].append({"i": i, "t_rt": t_rt, "lat": lat})
+                if args.gap > 0:
+                    time.sleep(args.gap)
+            if (i + 1) % 200 == 0:
+                log(f"  web: {i + 1}/{total}")
+        cpu1 = {k: proc_cpu(b.pid) for k, b in sides.items()}
+        # The streams: every session's start and end, once each (the last
+        # end may still be on its way: wait for it, bounded).
+        want = total
+
+        def all_seen():
+            return all(c >= want for c in clients.count(b'"kind":"session_end"'))
+
+        ino.until(all_seen, 10, poll=0.1)
+        starts = clients.count(b'"kind":"session_start"')
+        ends = clients.count(b'"kind":"session_end"')
+        sse_check = {"ok": all(c == want for c in starts) and all(c == want for c in ends) and clients.closed == 0,
+                     "streams": args.clients, "sessions": want, "closed": clients.closed,
+                     "session_start_seen": sorted(set(starts)), "session_end_seen": sorted(set(ends))}
+    finally:
+        if clients:
+            clients.close()
+        ino.close()
+        rc = {k: b.stop() for k, b in sides.items()}
+    checks = {k: verify_delivery(b, expected[k])[0] for k, b in sides.items()}
+    lat = {k: [s["lat"] for s in v] for k, v in samples.items()}
+    n = max(1, args.wakes)
+    return {"bench": "web", "label": args.label or f"{args.clients} SSE clients vs none",
+            "agents": args.agents, "wakes": args.wakes, "gap_s": args.gap, "clients": args.clients,
+            "ready_ms": ready,
+            "latency_ms": {k: dist(v) for k, v in lat.items()},
+            "sse_over_none": {"p50": paired_ratio(lat["none"], lat["sse"], 50),
+                              "p99": paired_ratio(lat["none"], lat["sse"], 99)},
+            "cpu_per_wake_ms": {k: round((cpu1[k] - cpu[k]) * 1000 / n, 3) for k in cpu},
+            "idle_cpu_ms_per_s": idle, "idle_s": args.idle,
+            "daemon_exit": rc, "checks": checks, "sse_check": sse_check,
+            "dir": [b.dir for b in sides.values()]}
+
+
 def strace_counts(path, per):
     """Calls per syscall from an `strace -c` table, divided by `per`."""
     out = {}
@@ -1083,6 +1229,9 @@ def verify_delivery(b, expected):
 
 
 def check_text(c):
+    if "streams" in c:
+        return (f"{'OK' if c['ok'] else 'FAILED'} ({c['streams']} streams, {c['sessions']} sessions each; "
+                f"starts seen {c['session_start_seen']}, ends seen {c['session_end_seen']}, closed {c['closed']})")
     return (f"{'OK' if c['ok'] else 'FAILED'} (missing {c['missing']}, dup/extra {c['extra_or_duplicate']}, "
             f"inbox {c['left_in_inbox']}, claimed {c['left_in_claimed']}, rejected {c['rejected']}, "
             f"twice {c['claimed_twice']}, never claimed {c['never_claimed']})")
@@ -1320,6 +1469,8 @@ def failed_checks(result):
     for k, c in (result.get("checks") or {}).items():
         if c and not c["ok"]:
             out.append((f"{result['bench']} {k}", c))
+    if result.get("sse_check") and not result["sse_check"]["ok"]:
+        out.append((f"{result['bench']} event streams", result["sse_check"]))
     for w in ("first", "second"):
         wa = (result.get(w) or {}).get("wakes_after") or {}
         if wa.get("check") and not wa["check"]["ok"]:
@@ -1386,6 +1537,20 @@ def cmd_summary(args):
                          f"{'pinned' if r.get('pinned') else 'unpinned'}; {r['wakes']} wakes each)",
                          f"{ph}; {cpu}; load {' '.join(r.get('loadavg_before', []))}; exactly once: "
                          + ", ".join(f"{n} {once(c)}" for n, c in r["checks"].items())))
+        elif k == "web":
+            def side(v):
+                return f"p50 {v['p50']:.2f} p99 {v['p99']:.2f} max {v['max']:.2f}" if v else "-"
+
+            def ratio(x):
+                return f"{x['ratio']:.2f} [{x['ci95'][0]:.2f}, {x['ci95'][1]:.2f}]" if x else "-"
+
+            l, r2 = r["latency_ms"], r["sse_over_none"]
+            cpu = ", ".join(f"{n} {c} ms" for n, c in r.get("cpu_per_wake_ms", {}).items())
+            cpu += "; idle daemon CPU " + ", ".join(f"{n} {c} ms/s" for n, c in r.get("idle_cpu_ms_per_s", {}).items())
+            rows.append((f"wake latency, {r['clients']} SSE clients vs none, paired ({r['wakes']} wakes each)",
+                         f"none {side(l['none'])}; sse {side(l['sse'])}; sse/none p50 {ratio(r2['p50'])}, "
+                         f"p99 {ratio(r2['p99'])}; daemon CPU/wake {cpu}; streams: {check_text(r['sse_check'])}; "
+                         f"exactly once: " + ", ".join(f"{n} {once(c)}" for n, c in r["checks"].items())))
         elif k == "wakecli":
             rows.append((f"agent-state wake --wait ({r['wakes']})",
                          f"CLI wall p50 {r['cli_wall_ms']['p50']:.1f} ms, p99 {r['cli_wall_ms']['p99']:.1f}; "
@@ -1544,6 +1709,16 @@ def main():
     s.add_argument("--label")
     s.add_argument("--name")
 
+    s = sub.add_parser("web", help="wake latency with N SSE clients on the web view vs none, paired (issue 25)")
+    s.add_argument("--wakes", type=int, default=1000)
+    s.add_argument("--warmup", type=int, default=20)
+    s.add_argument("--agents", type=int, default=100)
+    s.add_argument("--gap", type=float, default=0.02)
+    s.add_argument("--clients", type=int, default=20)
+    s.add_argument("--idle", type=float, default=10, help="seconds of idle CPU measured with the streams open")
+    s.add_argument("--label")
+    s.add_argument("--name")
+
     s = sub.add_parser("wakecli")
     s.add_argument("--wakes", type=int, default=200)
     s.add_argument("--warmup", type=int, default=5)
@@ -1595,7 +1770,7 @@ def main():
         return cmd_summary(args)
     if args.cmd == "table":
         return cmd_table(args)
-    fn = {"latency": cmd_latency, "paired": cmd_paired, "wakecli": cmd_wakecli, "burst": cmd_burst, "floor": cmd_floor,
+    fn = {"latency": cmd_latency, "paired": cmd_paired, "web": cmd_web, "wakecli": cmd_wakecli, "burst": cmd_burst, "floor": cmd_floor,
           "startup": cmd_startup, "idle": cmd_idle}[args.cmd]
     name = getattr(args, "name", None) or args.cmd
     # Every wait in here has its own bound; this one bounds the whole benchmark

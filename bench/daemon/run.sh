@@ -22,6 +22,9 @@
 #             a clean agent alternate between them, each waited to its end. Per phase p50/p99
 #             of each and flooded/clean with a 95% bootstrap interval over the pairs.
 #             PAIRED_PIN=1 adds a run with the clean daemon on CPU 0 and the flooded one on CPU 1
+#   web       wake latency with WEB_CLIENTS event streams open on the web view ([web], issue 25)
+#             vs none: two daemons at once, wakes alternating as in `paired`; checks that every
+#             stream saw every session start and end exactly once. Target: p99 within ±10%
 #   wakecli   `agent-state wake AGENT --wait` wall time
 #   burst     BURST_AGENTS x BURST_PER_AGENT messages renamed in at once; checks exactly-once
 #   floor     the same burst with no daemon: only the protocol's own system calls (floor.c), 1 and 2 workers
@@ -31,6 +34,7 @@
 # Environment (defaults in brackets; QUICK=1 changes those marked *):
 #   LAT_WAKES [1000*]  LAT_AGENTS [100]  LAT_GAP [0.02 s between wakes]
 #   SLOWSYNC_WAKES [300*]  SLOWSYNC_US [1000]
+#   WEB_WAKES [1000*, per daemon]  WEB_CLIENTS [20]  WEB_IDLE [10 s*; idle CPU with the streams open]
 #   PAIRED_WAKES [LAT_WAKES, per daemon]  PAIRED_PIN [0]  PAIRED_REPS [1; repetitions of each]
 #   STRACE_WAKES [100*]  WAKECLI_WAKES [200*]  FLOOD_FILES [100000*]  FLOOD_PERF [0; 1 = perf record
 #                      --call-graph dwarf of the daemon during the flood's wakes, perf-latency.data]
@@ -60,7 +64,10 @@ BIN=${AGENT_STATE_BIN:-$REPO/target/release/agent-state}
 QUICK=${QUICK:-0}
 q() { if [[ $QUICK == 1 ]]; then echo "$2"; else echo "$1"; fi; }
 
-BENCHES=${BENCHES:-latency,nosync,slowsync,strace,flood,paired,wakecli,burst,floor,startup,idle}
+BENCHES=${BENCHES:-latency,nosync,slowsync,strace,flood,paired,web,wakecli,burst,floor,startup,idle}
+WEB_WAKES=${WEB_WAKES:-$(q 1000 100)}
+WEB_CLIENTS=${WEB_CLIENTS:-20}
+WEB_IDLE=${WEB_IDLE:-$(q 10 3)}
 LAT_WAKES=${LAT_WAKES:-$(q 1000 100)}
 LAT_AGENTS=${LAT_AGENTS:-100}
 LAT_GAP=${LAT_GAP:-0.02}
@@ -204,6 +211,7 @@ if has paired; then
         fi
     done
 fi
+has web && run web web --wakes "$WEB_WAKES" --clients "$WEB_CLIENTS" --idle "$WEB_IDLE" --agents "$LAT_AGENTS" --gap "$LAT_GAP"
 has wakecli && run wakecli wakecli --wakes "$WAKECLI_WAKES" --agents "$LAT_AGENTS"
 has burst && run burst burst --agents "$BURST_AGENTS" --per-agent "$BURST_PER_AGENT" --max-concurrent "$BURST_MAX_CONCURRENT" --timeout "$BURST_TIMEOUT" --perf "$BURST_PERF"
 has floor && run floor floor --agents "$BURST_AGENTS" --per-agent "$BURST_PER_AGENT" --workers "$FLOOR_WORKERS" --floor "$WORK/floor_c" --timeout "$BURST_TIMEOUT"

@@ -222,6 +222,29 @@ struct Row<'a> {
     state: Option<&'a FlowState>,
 }
 
+/// What `flow status --json` prints, as JSON (the web view's flows page
+/// reads this).
+pub fn status_json(ctx: &Context) -> Result<serde_json::Value> {
+    let all = flow::status_of(&ctx.root, &ctx.config)?;
+    let all: Vec<_> = all.iter().collect();
+    // Strings, numbers and options: it always serializes.
+    Ok(serde_json::to_value(rows(&all)).unwrap_or_default())
+}
+
+fn rows<'a>(all: &[&'a (FlowSettings, Option<FlowState>)]) -> Vec<Row<'a>> {
+    all.iter()
+        .map(|(f, s)| Row {
+            flow: f.name.as_str(),
+            planner: f.planner.as_str(),
+            actor: f.actor.as_str(),
+            judge: f.judge.as_str(),
+            human: f.human.as_str(),
+            max_insufficient: f.max_insufficient,
+            state: s.as_ref(),
+        })
+        .collect()
+}
+
 fn status(ctx: &Context, only: Option<&str>, json: bool) -> Result<u8> {
     if let Some(name) = only {
         flow::settings(&ctx.config, name)?;
@@ -232,19 +255,7 @@ fn status(ctx: &Context, only: Option<&str>, json: bool) -> Result<u8> {
         .filter(|(f, _)| only.is_none_or(|n| f.name.as_str() == n))
         .collect();
     if json {
-        let rows: Vec<Row> = all
-            .iter()
-            .map(|(f, s)| Row {
-                flow: f.name.as_str(),
-                planner: f.planner.as_str(),
-                actor: f.actor.as_str(),
-                judge: f.judge.as_str(),
-                human: f.human.as_str(),
-                max_insufficient: f.max_insufficient,
-                state: s.as_ref(),
-            })
-            .collect();
-        print_json(&rows)?;
+        print_json(&rows(&all))?;
         return Ok(exit::OK);
     }
     if all.is_empty() {

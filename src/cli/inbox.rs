@@ -196,7 +196,24 @@ fn show(ctx: &Context, agent: &str, wanted: &str, json: bool) -> Result<u8> {
     Ok(exit::OK)
 }
 
+/// What `inbox AGENT --json` prints, as JSON (the web view's agent page
+/// and mailbox read this).
+pub fn listing_json(ctx: &Context, agent: &str) -> Result<serde_json::Value> {
+    let listing = listing(ctx, agent)?;
+    // Strings, numbers and lists: it always serializes.
+    Ok(serde_json::to_value(&listing).unwrap_or_default())
+}
+
 fn list(ctx: &Context, agent: &str, json: bool) -> Result<u8> {
+    let listing = listing(ctx, agent)?;
+    if json {
+        return print_json(&listing);
+    }
+    print_listing(&listing);
+    Ok(exit::OK)
+}
+
+fn listing(ctx: &Context, agent: &str) -> Result<Listing> {
     let (agent, dir) = ctx.agent(agent)?;
     dir.require()?;
     let now = std::time::SystemTime::now();
@@ -257,9 +274,10 @@ fn list(ctx: &Context, agent: &str, json: bool) -> Result<u8> {
         rejected: inbox::rejected_files(&dir)?,
         processed: inbox::count_files(&dir.processed()),
     };
-    if json {
-        return print_json(&listing);
-    }
+    Ok(listing)
+}
+
+fn print_listing(listing: &Listing) {
     let now = Timestamp::now();
     // Kind, priority, sender, age, the subject (cut on a terminal), the id.
     let line = |start: Line, m: &Message| {
@@ -324,5 +342,4 @@ fn list(ctx: &Context, agent: &str, json: bool) -> Result<u8> {
                 .print();
         }
     }
-    Ok(exit::OK)
 }

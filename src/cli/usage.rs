@@ -61,18 +61,48 @@ struct BudgetToday {
     exceeded: Option<String>,
 }
 
+/// What `usage --json` prints, as JSON, and whether a journal was damaged
+/// (the web view's fleet page reads its days and budgets from this).
+pub fn report_json(
+    ctx: &Context,
+    agent: Option<&str>,
+    days: u32,
+) -> Result<(serde_json::Value, bool)> {
+    let (report, damaged) = report(ctx, agent, days)?;
+    // Strings, numbers and maps: it always serializes.
+    Ok((serde_json::to_value(&report).unwrap_or_default(), damaged))
+}
+
 pub fn run(ctx: &Context, args: Args) -> Result<u8> {
-    let agents: Vec<&AgentConfig> = match &args.agent {
+    let (report, damaged) = report(ctx, args.agent.as_deref(), args.days)?;
+    let code = if damaged {
+        crate::error::exit::DATAERR
+    } else {
+        crate::error::exit::OK
+    };
+    if args.json {
+        print_json(&report)?;
+        return Ok(code);
+    }
+    print_text(&report, args.days);
+    Ok(code)
+}
+
+/// The report, and whether a journal was damaged (not only unreadable to
+/// this user).
+fn report(ctx: &Context, agent: Option<&str>, days_wanted: u32) -> Result<(Report, bool)> {
+    let days_wanted = days_wanted.max(1);
+    let agents: Vec<&AgentConfig> = match agent {
         Some(a) => vec![ctx.working_agent(a)?.0],
         None => ctx.config.working_agents().collect(),
     };
     let tz = ctx.config.budget.timezone;
     let today = usage::day_of(ctx.now, tz);
-    let first = today - chrono::Days::new(u64::from(args.days - 1));
+    let first = today - chrono::Days::new(u64::from(days_wanted - 1));
     // Read a day more than asked: the zone's offset moves the day's start.
     let since = ctx
         .now
-        .minus(Duration::from_secs(86_400 * (u64::from(args.days) + 1)));
+        .minus(Duration::from_secs(86_400 * (u64::from(days_wanted) + 1)));
     let mut days: BTreeMap<NaiveDate, Day> = BTreeMap::new();
     let mut unreadable = Vec::new();
     let mut unreadable_reasons = BTreeMap::new();
@@ -120,7 +150,7 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         });
     }
     let fleet = ctx.config.budget.limits;
-    if !fleet.is_unlimited() && args.agent.is_none() {
+    if !fleet.is_unlimited() && agent.is_none() {
         let used = days.get(&today).map(|d| d.total).unwrap_or_default();
         budgets.push(BudgetToday {
             scope: "fleet".into(),
@@ -137,17 +167,7 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         unreadable,
         unreadable_reasons,
     };
-    let code = if damaged {
-        crate::error::exit::DATAERR
-    } else {
-        crate::error::exit::OK
-    };
-    if args.json {
-        print_json(&report)?;
-        return Ok(code);
-    }
-    print_text(&report, args.days);
-    Ok(code)
+    Ok((report, damaged))
 }
 
 fn print_text(r: &Report, days: u32) {

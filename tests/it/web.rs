@@ -221,9 +221,13 @@ struct Stream {
 
 impl Stream {
     fn open(port: u16, last_event_id: Option<&str>) -> Stream {
+        Stream::open_at(port, "/events", last_event_id)
+    }
+
+    fn open_at(port: u16, target: &str, last_event_id: Option<&str>) -> Stream {
         let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
         let mut text =
-            "GET /events HTTP/1.1\r\nHost: localhost\r\nAccept: text/event-stream\r\n".to_string();
+            format!("GET {target} HTTP/1.1\r\nHost: localhost\r\nAccept: text/event-stream\r\n");
         if let Some(id) = last_event_id {
             text.push_str(&format!("Last-Event-ID: {id}\r\n"));
         }
@@ -379,6 +383,425 @@ fn a_reload_that_changes_web_is_refused_naming_the_key() {
     assert_eq!(get(port, "/").0, 200);
 }
 
+/// A daemon with agents `rio` (its session prints a line, waits for
+/// `GO-rio` in the temp dir, prints another, waits for `END-rio`) and `ada`, a human `marcus`,
+/// and `[web]` on a free port.
+fn start_waiting(env: &Env, web_extra: &str) -> (Daemon, u16) {
+    let go = env.tmp("GO-rio");
+    let script = env.script(
+        "agent.sh",
+        &format!(
+            "if [ \"$1\" = rio ]; then\n  echo 'first line <b>'\n  while [ ! -f {go:?} ]; do sleep 0.05; done\n  echo second-line\n  while [ ! -f {end:?} ]; do sleep 0.05; done\nfi\necho PROGRESS 40\nexit 0\n",
+            go = go.display().to_string(),
+            end = env.tmp("END-rio").display().to_string()
+        ),
+    );
+    let port = free_port();
+    let mut config = daemon_config(
+        &script,
+        &[],
+        &[("wake_on_inbox", "\"high\"")],
+        "[[agent]]\nname = \"rio\"\n[[agent]]\nname = \"ada\"\n[[agent]]\nname = \"marcus\"\nkind = \"human\"\n",
+    );
+    config.push_str(&format!(
+        "\n[web]\nlisten = \"127.0.0.1:{port}\"\n{web_extra}"
+    ));
+    env.set_config(&config);
+    env.ok(&["bootstrap"]);
+    (env.daemon(), port)
+}
+
+/// The JSON of `/api/…`.
+fn api(port: u16, target: &str) -> Value {
+    let (status, _, body) = get(port, target);
+    assert_eq!(status, 200, "{target}: {body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+#[test]
+fn the_agent_page_shows_the_running_log_live_then_sessions_tasks_inbox_and_memory_as_text() {
+    let env = Env::with_config("");
+    let (d, port) = start_waiting(&env, "");
+    env.ok(&["task", "add", "rio", "--description", HOSTILE]);
+    let secret = "BODY-NOT-FOR-THE-PAGE";
+    env.write(
+        "rio",
+        "memory.md",
+        &format!("# Memory of rio\n\n## Notes {HOSTILE}\n- {HOSTILE}\n- plain item\n\n{HOSTILE}\n"),
+    );
+    env.ok(&["wake", "rio"]);
+    d.wait_until(
+        Duration::from_secs(30),
+        "rio's session prints its first line",
+        || {
+            api(port, "/api/agent/rio")["running"]["log"]["tail"]["text"]
+                .as_str()
+                .is_some_and(|t| t.contains("first line <b>"))
+        },
+    );
+    // The running session, its log's tail as text.
+    let (status, head, page) = get(port, "/agent/rio");
+    assert_eq!(status, 200, "{page}");
+    assert!(head.contains("content-security-policy: default-src 'none'; script-src 'self';"));
+    assert!(
+        page.contains("<pre id=\"log\">first line &lt;b&gt;\n"),
+        "{page}"
+    );
+    assert!(page.contains("data-agent=\"rio\""), "{page}");
+    // The log, live: what the session prints next comes as a `log` event.
+    let mut stream = Stream::open_at(port, "/events?log=rio", None);
+    std::fs::write(env.tmp("GO-rio"), "").unwrap();
+    assert!(
+        stream.fill_until(Duration::from_secs(30), |b| b
+            .contains("event: log\ndata: ")
+            && b.contains("second-line")),
+        "no log event: {}",
+        stream.buf
+    );
+    assert!(
+        !stream.buf.contains("first line"),
+        "the tail again: {}",
+        stream.buf
+    );
+    std::fs::write(env.tmp("END-rio"), "").unwrap();
+    d.wait_until(Duration::from_secs(30), "rio's session ends", || {
+        api(port, "/api/agent/rio")["running"].is_null()
+    });
+    // A message waiting (normal priority: no wake), its subject hostile.
+    env.ok(&[
+        "send",
+        "--from",
+        "ada",
+        "--to",
+        "rio",
+        "--subject",
+        HOSTILE,
+        "--body",
+        secret,
+    ]);
+
+    let a = api(port, "/api/agent/rio");
+    // The parts that are the CLI's --json are the CLI's --json.
+    let tasks: Value = serde_json::from_str(&env.ok(&["task", "list", "rio", "--json"])).unwrap();
+    assert_eq!(a["tasks"], tasks);
+    let status: Value = serde_json::from_str(&env.ok(&["status", "rio", "--json"])).unwrap();
+    assert_eq!(keys(&a["status"]), keys(&status[0]));
+    let inbox: Value = serde_json::from_str(&env.ok(&["inbox", "rio", "--json"])).unwrap();
+    assert_eq!(keys(&a["inbox"]), keys(&inbox));
+    let session = &a["sessions"][0];
+    assert_eq!(session["outcome"], "completed", "{a:#}");
+    assert!(
+        session["session_id"]
+            .as_str()
+            .is_some_and(|s| !s.is_empty())
+    );
+    // The subject, not the body.
+    assert_eq!(a["inbox"]["waiting"][0]["message"]["subject"], HOSTILE);
+    assert!(!a.to_string().contains(secret), "{a:#}");
+
+    let (_, _, page) = get(port, "/agent/rio");
+    assert!(page.contains("completed"), "{page}");
+    assert!(!page.contains(secret), "{page}");
+    let shown =
+        "&lt;script&gt;alert(1)&lt;/script&gt;&quot;&gt;&lt;img src=x onerror=alert(2)&gt;\u{FFFD}";
+    assert!(page.contains(&format!("<h4>Notes {shown}</h4>")), "{page}");
+    assert!(page.contains(&format!("<li>{shown}</li>")), "{page}");
+    assert!(page.contains(&format!("<p>{shown}</p>")), "{page}");
+    assert!(
+        page.contains(&format!("<span class=\"subject\">{shown}</span>")),
+        "{page}"
+    );
+    assert!(
+        !page.contains("<img") && !page.contains("<script>") && !page.contains('\u{9b}'),
+        "{page}"
+    );
+    assert_eq!(page.matches("<script").count(), 1, "{page}");
+}
+
+#[test]
+fn the_agent_page_takes_only_configured_names_and_follows_no_link_out_of_the_root() {
+    let env = Env::with_config("");
+    let (_d, port) = start_waiting(&env, "");
+    for target in [
+        "/agent/nobody",
+        "/agent/..%2F..%2Fetc",
+        "/agent/.daemon",
+        "/api/agent/Rio%20x",
+        "/agent/rio%00",
+        "/events?log=..%2Fetc",
+    ] {
+        let (status, _, body) = get(port, target);
+        assert_eq!(status, 404, "{target}: {body}");
+    }
+    // memory.md a link to a file outside the root: not read, said so.
+    let outside = env.tmp("outside.md");
+    std::fs::write(&outside, "OUTSIDE-SECRET\n").unwrap();
+    let memory = env.path("rio", "memory.md");
+    std::fs::remove_file(&memory).unwrap();
+    std::os::unix::fs::symlink(&outside, &memory).unwrap();
+    let (status, _, page) = get(port, "/agent/rio");
+    assert_eq!(status, 200, "{page}");
+    assert!(!page.contains("OUTSIDE-SECRET"), "{page}");
+    assert!(page.contains("cannot read"), "{page}");
+    let a = api(port, "/api/agent/rio");
+    assert!(!a.to_string().contains("OUTSIDE-SECRET"), "{a:#}");
+    assert!(a["memory"]["error"].is_string(), "{a:#}");
+    // A human mailbox's page: its inbox, no sessions.
+    let a = api(port, "/api/agent/marcus");
+    assert_eq!(a["kind"], "human");
+    assert!(a.get("sessions").is_none(), "{a:#}");
+}
+
+#[test]
+fn the_mailbox_shows_escalations_not_acknowledged_newest_first_without_bodies() {
+    let env = Env::with_config("");
+    let (_d, port) = start_waiting(&env, "");
+    let send = |subject: &str, reference: Option<&str>| {
+        let mut args = vec![
+            "send",
+            "--from",
+            "rio",
+            "--to",
+            "marcus",
+            "--type",
+            "flag",
+            "--subject",
+            subject,
+            "--body",
+            "BODY-SECRET",
+        ];
+        if let Some(r) = reference {
+            args.extend(["--source-ref", r]);
+        }
+        env.ok(&args)
+    };
+    send("just a note", None);
+    send(HOSTILE, Some("agent-state/session/20261120-110000"));
+    // An escalation an hour older, as a file a sender left (settled).
+    let older = serde_json::json!({
+        "id": "older-1", "from": "rio", "to": "marcus",
+        "created_at": (chrono::Utc::now() - chrono::Duration::hours(1))
+            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        "type": "flag", "priority": "high", "subject": "older escalation",
+        "body": "BODY-SECRET", "source_ref": "agent-state/session/20261120-100000",
+        "expires_at": null
+    });
+    let file = env.path("marcus", "inbox/older-1.json");
+    std::fs::write(&file, older.to_string()).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&file)
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() - Duration::from_secs(3600))
+        .unwrap();
+    let boxes = api(port, "/api/mailbox");
+    let marcus = &boxes[0];
+    assert_eq!(marcus["agent"], "marcus");
+    let subjects: Vec<&str> = marcus["waiting"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["message"]["subject"].as_str().unwrap())
+        .collect();
+    assert_eq!(subjects, vec![HOSTILE, "older escalation"]);
+    assert!(!boxes.to_string().contains("BODY-SECRET"), "{boxes:#}");
+    let listing: Value = serde_json::from_str(&env.ok(&["inbox", "marcus", "--json"])).unwrap();
+    assert_eq!(keys(marcus), keys(&listing));
+
+    let (status, _, page) = get(port, "/mailbox");
+    assert_eq!(status, 200);
+    let shown = page.find("&lt;script&gt;alert(1)").expect(&page);
+    let older = page.find("older escalation").expect(&page);
+    assert!(shown < older, "{page}");
+    assert!(
+        !page.contains("just a note") && !page.contains("BODY-SECRET"),
+        "{page}"
+    );
+    assert!(
+        !page.contains("<img") && !page.contains("<script>"),
+        "{page}"
+    );
+}
+
+#[test]
+fn bodies_are_shown_only_with_show_bodies() {
+    let env = Env::with_config("");
+    let (_d, port) = start_waiting(&env, "show_bodies = true\n");
+    env.ok(&[
+        "send",
+        "--from",
+        "rio",
+        "--to",
+        "marcus",
+        "--type",
+        "flag",
+        "--subject",
+        "s",
+        "--source-ref",
+        "agent-state/session/1",
+        "--body",
+        HOSTILE,
+    ]);
+    let boxes = api(port, "/api/mailbox");
+    assert_eq!(boxes[0]["waiting"][0]["message"]["body"], HOSTILE);
+    let (_, _, page) = get(port, "/mailbox");
+    assert!(page.contains("<pre>&lt;script&gt;alert(1)"), "{page}");
+    assert!(!page.contains("<img"), "{page}");
+}
+
+#[test]
+fn the_flows_page_shows_the_cycle_its_step_and_who_is_at_work() {
+    let env = Env::with_config("");
+    let repo = git_repo(&env);
+    let go = env.tmp("GO");
+    // Every session waits until the test ends: the cycle stays where it is.
+    let script = env.script(
+        "agent.sh",
+        &format!(
+            "while [ ! -f {go:?} ]; do sleep 0.05; done\nexit 0\n",
+            go = go.display().to_string()
+        ),
+    );
+    let port = free_port();
+    let agents = format!(
+        "[[agent]]\nname = \"theseus\"\n[[agent]]\nname = \"rio\"\nworkspace = {{ repo = {repo:?}, base = \"main\" }}\n\
+         [[agent]]\nname = \"leo\"\n[[agent]]\nname = \"marcus\"\nkind = \"human\"\n\
+         [[flow]]\nname = \"notes\"\nplanner = \"theseus\"\nactor = \"rio\"\njudge = \"leo\"\n",
+        repo = repo.display().to_string()
+    );
+    let mut config = daemon_config(&script, &[], &[("wake_on_inbox", "\"high\"")], &agents);
+    config.push_str(&format!("\n[web]\nlisten = \"127.0.0.1:{port}\"\n"));
+    env.set_config(&config);
+    env.ok(&["bootstrap"]);
+    let d = env.daemon();
+    let cycle = env.ok(&["flow", "start", "notes", "--goal", HOSTILE]);
+    let cycle = cycle.trim();
+    d.wait_until(Duration::from_secs(30), "the Planner is at work", || {
+        api(port, "/api/flows")[0]["state"]["current"]["awaiting"]["agent"] == "theseus"
+    });
+    let flows = api(port, "/api/flows");
+    let cli: Value = serde_json::from_str(&env.ok(&["flow", "status", "--json"])).unwrap();
+    assert_eq!(flows, cli);
+    assert_eq!(flows[0]["state"]["current"]["id"], cycle);
+    let (status, _, page) = get(port, "/flows");
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains(&format!("<td>{cycle}</td>")), "{page}");
+    assert!(page.contains("theseus"), "{page}");
+    assert!(page.contains("&lt;script&gt;alert(1)"), "{page}");
+    assert!(
+        !page.contains("<img") && !page.contains("<script>"),
+        "{page}"
+    );
+    std::fs::write(&go, "").unwrap();
+}
+
+#[test]
+fn the_fleet_page_shows_budget_bars_holds_and_sessions_per_day() {
+    let env = Env::with_config("");
+    let script = env.script("agent.sh", "echo PROGRESS 40\nexit 0\n");
+    let port = free_port();
+    let mut config = daemon_config(
+        &script,
+        &[],
+        &[],
+        "[[agent]]\nname = \"rio\"\nbudget = { max_sessions = 4, max_cost_usd = 2.0 }\n[[agent]]\nname = \"ada\"\n",
+    );
+    config.push_str(&format!("\n[web]\nlisten = \"127.0.0.1:{port}\"\n"));
+    env.set_config(&config);
+    env.ok(&["bootstrap"]);
+    let d = env.daemon();
+    env.ok(&["wake", "rio"]);
+    d.wait_until(Duration::from_secs(30), "rio's session is counted", || {
+        api(port, "/api/fleet")[0]["today"]["sessions"] == 1
+    });
+    let (_, _, page) = get(port, "/");
+    let row = page
+        .split("<tr id=\"agent-rio\"")
+        .nth(1)
+        .and_then(|r| r.split("</tr>").next())
+        .expect(&page)
+        .to_string();
+    assert!(
+        row.contains("sessions <span class=\"bar\" title=\"1 of 4\">"),
+        "{row}"
+    );
+    assert!(
+        row.contains("cost <span class=\"bar\" title=\"$0.00 of $2.00\">"),
+        "{row}"
+    );
+    // Today's bar of the sparkline is the one session.
+    assert!(row.contains("<svg class=\"spark\""), "{row}");
+    assert!(
+        row.contains("last 14 days: 0 0 0 0 0 0 0 0 0 0 0 0 0 1</title>"),
+        "{row}"
+    );
+    assert!(!page.contains("<img") && page.matches("<script").count() == 1);
+    // ada has no budget: no bar.
+    let ada = page.split("<tr id=\"agent-ada\"").nth(1).unwrap();
+    assert!(!ada.split("</tr>").next().unwrap().contains("class=\"bar\""));
+}
+
+#[test]
+fn a_slow_loris_does_not_stop_other_viewers() {
+    let env = Env::with_config("");
+    let (_d, port) = start(&env, "");
+    // 20 clients that send their request heads a byte at a time, from a
+    // thread, for as long as the test runs.
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let stop = Arc::new(AtomicBool::new(false));
+    let reopened = Arc::new(AtomicUsize::new(0));
+    let loris = {
+        let (stop, reopened) = (stop.clone(), reopened.clone());
+        std::thread::spawn(move || {
+            let mut conns: Vec<TcpStream> = (0..20)
+                .filter_map(|_| TcpStream::connect(("127.0.0.1", port)).ok())
+                .collect();
+            let head = b"GET /events HTTP/1.1\r\nHost: localhost\r\nX-Pad: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n";
+            let mut sent = 0;
+            while !stop.load(Ordering::Relaxed) {
+                for c in conns.iter_mut() {
+                    if c.write_all(&head[sent % head.len()..sent % head.len() + 1])
+                        .is_err()
+                    {
+                        // Closed by the server (head timeout): open another.
+                        if let Ok(n) = TcpStream::connect(("127.0.0.1", port)) {
+                            *c = n;
+                            reopened.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+                sent += 1;
+                std::thread::park_timeout(Duration::from_millis(50));
+            }
+        })
+    };
+    // Viewers meanwhile: a stream sees a session, pages load.
+    let mut viewer = Stream::open(port, None);
+    let t = Instant::now();
+    assert_eq!(get(port, "/").0, 200);
+    assert_eq!(get(port, "/agent/rio").0, 200);
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    env.ok(&["wake", "rio"]);
+    assert!(
+        viewer.fill_until(Duration::from_secs(30), |b| b
+            .contains("\"kind\":\"session_end\"")),
+        "the viewer saw no session end under the loris: {}",
+        viewer.buf
+    );
+    // The server closes a head that takes too long (5 s): the loris opens
+    // new ones, and viewers still come in.
+    assert!(
+        poll_until(Duration::from_secs(20), || reopened.load(Ordering::Relaxed)
+            > 0),
+        "the server never closed a slow head"
+    );
+    let _second = Stream::open(port, None);
+    assert_eq!(get(port, "/api/fleet").0, 200);
+    stop.store(true, Ordering::Relaxed);
+    loris.join().unwrap();
+}
+
 /// A headless Chromium driven over the DevTools protocol on a pipe
 /// (`--remote-debugging-pipe`: commands on fd 3, answers on fd 4, each a
 /// JSON text ended by NUL).
@@ -388,6 +811,8 @@ struct Browser {
     from: std::io::BufReader<std::fs::File>,
     next: u64,
     session: Option<String>,
+    /// The events (no `id`) that arrived while waiting for answers.
+    events: Vec<Value>,
 }
 
 impl Browser {
@@ -427,10 +852,12 @@ impl Browser {
             from: std::io::BufReader::new(from),
             next: 0,
             session: None,
+            events: Vec::new(),
         }
     }
 
-    /// Send a command and wait for its answer (events in between dropped).
+    /// Send a command and wait for its answer (events in between kept in
+    /// `events`).
     fn call(&mut self, method: &str, params: Value) -> Value {
         use std::io::BufRead;
         self.next += 1;
@@ -452,6 +879,9 @@ impl Browser {
                 assert!(v.get("error").is_none(), "{method}: {v}");
                 return v["result"].clone();
             }
+            if v.get("id").is_none() {
+                self.events.push(v);
+            }
         }
     }
 
@@ -461,6 +891,41 @@ impl Browser {
             serde_json::json!({"expression": expression, "returnByValue": true}),
         )["result"]["value"]
             .clone()
+    }
+}
+
+impl Browser {
+    /// A new tab on `url`, attached; console and log events collected.
+    fn open(&mut self, url: &str) {
+        let target = self.call(
+            "Target.createTarget",
+            serde_json::json!({"url": "about:blank"}),
+        )["targetId"]
+            .clone();
+        let session = self.call(
+            "Target.attachToTarget",
+            serde_json::json!({"targetId": target, "flatten": true}),
+        )["sessionId"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        self.session = Some(session);
+        self.call("Runtime.enable", serde_json::json!({}));
+        self.call("Log.enable", serde_json::json!({}));
+        self.call("Page.enable", serde_json::json!({}));
+        self.call("Page.navigate", serde_json::json!({"url": url}));
+    }
+
+    fn screenshot(&mut self, name: &str) {
+        let shot = self.call(
+            "Page.captureScreenshot",
+            serde_json::json!({"format": "png"}),
+        );
+        let png = base64_decode(shot["data"].as_str().unwrap());
+        let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("target")
+            .join(name);
+        std::fs::write(&out, png).unwrap();
     }
 }
 
@@ -569,4 +1034,110 @@ fn a_browser_sees_a_row_change_when_its_agent_wakes() {
     let png = base64_decode(shot["data"].as_str().unwrap());
     let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/web-fleet.png");
     std::fs::write(&out, png).unwrap();
+}
+
+/// In a real browser, an agent's page shows memory.md, a message subject
+/// and the session's log with hostile markup as text (no script runs: the
+/// payloads would set `window.__pwned`; the console has no message, no
+/// exception and no CSP refusal), and the log grows live through SSE
+/// without a reload. Leaves target/web-agent.png.
+#[test]
+fn a_browser_shows_hostile_content_on_the_agent_page_as_text_and_its_log_live() {
+    if std::env::var("AGENT_STATE_BROWSER_TESTS").as_deref() != Ok("1") {
+        eprintln!("skipped: set AGENT_STATE_BROWSER_TESTS=1 (needs chromium)");
+        return;
+    }
+    const PAYLOAD: &str =
+        "<script>window.__pwned=1</script>\"><img src=x onerror=\"window.__pwned=2\">\u{9b}[31m";
+    let env = Env::with_config("");
+    let (d, port) = start_waiting(&env, "");
+    env.write(
+        "rio",
+        "memory.md",
+        &format!("# Memory {PAYLOAD}\n\n- {PAYLOAD}\n\n{PAYLOAD}\n"),
+    );
+    env.ok(&["wake", "rio"]);
+    d.wait_until(Duration::from_secs(30), "rio's session runs", || {
+        api(port, "/api/agent/rio")["running"]["log"]["tail"]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("first line"))
+    });
+    // Waiting (the session has claimed what was there before it).
+    env.ok(&[
+        "send",
+        "--from",
+        "ada",
+        "--to",
+        "rio",
+        "--subject",
+        PAYLOAD,
+        "--body",
+        PAYLOAD,
+    ]);
+    let mut b = Browser::start(&env.tmp("chromium"));
+    b.open(&format!("http://127.0.0.1:{port}/agent/rio"));
+    let text = |b: &mut Browser, id: &str| {
+        b.eval(&format!(
+            "(function(){{var e=document.getElementById('{id}');return e?e.textContent:''}})()"
+        ))
+        .as_str()
+        .unwrap_or("")
+        .to_string()
+    };
+    assert!(
+        poll_until(Duration::from_secs(20), || text(&mut b, "log")
+            .contains("first line <b>")),
+        "the page never showed the log"
+    );
+    assert!(
+        poll_until(Duration::from_secs(10), || b
+            .eval("(document.getElementById('live')||{}).textContent")
+            == Value::String("live".into())),
+        "the event stream never opened"
+    );
+    b.eval("window.__notReloaded = true");
+    std::fs::write(env.tmp("GO-rio"), "").unwrap();
+    assert!(
+        poll_until(Duration::from_secs(30), || text(&mut b, "log")
+            .contains("second-line")),
+        "the log never grew: {:?}",
+        text(&mut b, "log")
+    );
+    std::fs::write(env.tmp("END-rio"), "").unwrap();
+    // The session's end reaches the page's live part too.
+    assert!(
+        poll_until(Duration::from_secs(30), || text(&mut b, "part")
+            .contains("completed")),
+        "the page never showed the session's end: {}",
+        text(&mut b, "part")
+    );
+    assert_eq!(b.eval("window.__notReloaded === true"), Value::Bool(true));
+
+    // The payloads are text, where they were put.
+    let shown = PAYLOAD.replace('\u{9b}', "\u{FFFD}");
+    let memory = text(&mut b, "memory");
+    assert_eq!(memory.matches(shown.as_str()).count(), 3, "{memory:?}");
+    let subjects = b.eval(
+        "Array.prototype.map.call(document.querySelectorAll('.subject'), function(e){return e.textContent})",
+    );
+    assert_eq!(subjects, serde_json::json!([shown]), "{subjects}");
+    // Nothing ran, nothing was made of them.
+    assert_eq!(
+        b.eval("typeof window.__pwned"),
+        Value::String("undefined".into())
+    );
+    assert_eq!(b.eval("document.images.length"), serde_json::json!(0));
+    assert_eq!(b.eval("document.scripts.length"), serde_json::json!(1));
+    b.screenshot("web-agent.png");
+    let noise: Vec<&Value> = b
+        .events
+        .iter()
+        .filter(|e| {
+            matches!(
+                e["method"].as_str(),
+                Some("Runtime.consoleAPICalled" | "Runtime.exceptionThrown" | "Log.entryAdded")
+            )
+        })
+        .collect();
+    assert!(noise.is_empty(), "the console said: {noise:#?}");
 }

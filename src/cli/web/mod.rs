@@ -1,7 +1,16 @@
-//! The read-only web view of the fleet (`[web] listen`): the fleet page
-//! (`/`, plain HTML that works without JavaScript), `/api/fleet` (what
-//! `status --json` prints, from the same function) and `/events` (the event
-//! stream as Server-Sent Events, with the cursors of `agent-state events`).
+//! The read-only web view of the fleet (`[web] listen`). Pages are plain
+//! HTML that works without JavaScript (`page`, `views`), kept live by one
+//! script (`/app.js`) over `/events`:
+//!
+//! - `/` the fleet, `/api/fleet` (what `status --json` prints, from the same
+//!   function); `/row/NAME` one row, for the script;
+//! - `/agent/NAME`, `/api/agent/NAME`, `/agent/NAME/part` (`data`): an
+//!   agent's sessions, tasks, inbox, memory.md, running session and log;
+//! - `/flows`, `/api/flows` (what `flow status --json` prints);
+//! - `/mailbox`, `/api/mailbox` (each human mailbox's `inbox --json`, only
+//!   the escalations waiting, newest first);
+//! - `/events`: the event stream as Server-Sent Events with the cursors of
+//!   `agent-state events`, from one shared reader (`stream`).
 //!
 //! The daemon binds it before READY through a hook ([`listen`]) so that the
 //! daemon layer does not depend on the CLI's readers; each request reads the
@@ -14,7 +23,10 @@
 //! [`MAX_IN_FLIGHT`] requests answered at once, each within
 //! [`ANSWER_TIMEOUT`] (an event stream's body is not timed).
 
+mod data;
 mod page;
+mod stream;
+mod views;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -46,10 +58,6 @@ pub const MAX_IN_FLIGHT: usize = 32;
 pub const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long an answer (its head) may take.
 pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
-/// How often an event stream looks for new events.
-const EVENT_POLL: Duration = Duration::from_millis(300);
-/// Polls with nothing new before a keep-alive comment (15 s).
-const KEEP_ALIVE: u32 = 50;
 
 /// What every request shares.
 #[derive(Clone)]
@@ -57,6 +65,8 @@ struct Shared {
     config_path: PathBuf,
     token: Option<Arc<[u8]>>,
     show_bodies: bool,
+    /// The one reader of the journals all event streams share.
+    hub: stream::Hub,
 }
 
 /// The daemon's hook: bind `[web] listen` (if set) and serve it as a task.
@@ -87,6 +97,10 @@ pub fn listen(config: &crate::config::Config, config_path: &Path) -> Result<()> 
         config_path: config_path.to_path_buf(),
         token,
         show_bodies: config.web.show_bodies,
+        hub: stream::Hub::start(
+            crate::state::StateRoot::new(&config.state_root),
+            config.web.show_bodies,
+        ),
     };
     tokio::spawn(serve(listener, router(shared)));
     Ok(())
@@ -117,7 +131,14 @@ fn router(shared: Shared) -> Router {
         .route("/", get(fleet_page))
         .route("/row/{agent}", get(row_fragment))
         .route("/api/fleet", get(api_fleet))
-        .route("/events", get(events))
+        .route("/agent/{agent}", get(agent_page))
+        .route("/agent/{agent}/part", get(agent_part))
+        .route("/api/agent/{agent}", get(api_agent))
+        .route("/flows", get(flows_page))
+        .route("/api/flows", get(api_flows))
+        .route("/mailbox", get(mailbox_page))
+        .route("/api/mailbox", get(api_mailbox))
+        .route("/events", get(stream::events))
         .route("/app.js", get(app_js))
         .layer(middleware::from_fn_with_state(shared.clone(), guard))
         .layer(tower::limit::ConcurrencyLimitLayer::new(MAX_IN_FLIGHT))
@@ -217,11 +238,8 @@ async fn fleet_page(State(shared): State<Shared>) -> Response {
     let answer = tokio::task::spawn_blocking(move || {
         let ctx = context(&shared)?;
         let lines = fleet(&ctx)?;
-        let cursor = Reader::new(ctx.root.clone(), Cursor::start(), None)
-            .read(None)
-            .map(|b| b.end.encode())
-            .unwrap_or_default();
-        Ok::<_, Failure>(page::fleet(&lines, ctx.now, &cursor))
+        let usage = usage(&ctx, None);
+        Ok::<_, Failure>(page::fleet(&lines, &usage, ctx.now, &cursor_now(&ctx)))
     })
     .await;
     html(answer)
@@ -240,10 +258,154 @@ async fn row_fragment(
             .flatten()
             .find(|l| l.get("agent").and_then(|a| a.as_str()) == Some(agent.as_str()))
             .ok_or_else(|| Failure(StatusCode::NOT_FOUND, "no such agent\n".into()))?;
-        Ok::<_, Failure>(page::row(row, ctx.now))
+        let usage = usage(&ctx, Some(&agent));
+        Ok::<_, Failure>(page::row(row, &usage, ctx.now))
     })
     .await;
     html(answer)
+}
+
+/// The end of the event stream now: a page's `data-cursor`, from which its
+/// script's stream starts (nothing between the read and the stream lost).
+fn cursor_now(ctx: &Context) -> String {
+    Reader::new(ctx.root.clone(), Cursor::start(), None)
+        .read(None)
+        .map(|b| b.end.encode())
+        .unwrap_or_default()
+}
+
+/// `usage --json` for the sparklines (of a working agent, or all); an
+/// empty report when it cannot be read (the row says the rest).
+fn usage(ctx: &Context, agent: Option<&str>) -> serde_json::Value {
+    let working = agent.is_none_or(|a| {
+        ctx.config
+            .agent_named(a)
+            .is_ok_and(|c| c.kind == crate::config::AgentKind::Agent)
+    });
+    if !working {
+        return serde_json::Value::Null;
+    }
+    crate::cli::usage::report_json(ctx, agent, page::SPARK_DAYS as u32)
+        .map(|(v, _)| v)
+        .unwrap_or_default()
+}
+
+/// The agent named in a URL, or 404 (an invalid name never becomes a path).
+fn named(ctx: &Context, text: &str) -> std::result::Result<crate::agent_name::AgentName, Failure> {
+    data::agent_name(ctx, text).map_err(|e| Failure(StatusCode::NOT_FOUND, format!("{e}\n")))
+}
+
+fn failure(e: Error) -> Failure {
+    Failure(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n"))
+}
+
+/// Run `f` off the loop with the state as the CLI reads it.
+async fn blocking<T: Send + 'static>(
+    shared: Shared,
+    f: impl FnOnce(&Context, &Shared) -> std::result::Result<T, Failure> + Send + 'static,
+) -> std::result::Result<std::result::Result<T, Failure>, tokio::task::JoinError> {
+    tokio::task::spawn_blocking(move || {
+        let ctx = context(&shared)?;
+        f(&ctx, &shared)
+    })
+    .await
+}
+
+async fn agent_page(
+    State(shared): State<Shared>,
+    axum::extract::Path(agent): axum::extract::Path<String>,
+) -> Response {
+    html(
+        blocking(shared, move |ctx, shared| {
+            let name = named(ctx, &agent)?;
+            let cursor = cursor_now(ctx);
+            let a = data::agent(ctx, &name, shared.show_bodies).map_err(failure)?;
+            Ok(views::agent(&a, ctx.now, &cursor, shared.show_bodies))
+        })
+        .await,
+    )
+}
+
+async fn agent_part(
+    State(shared): State<Shared>,
+    axum::extract::Path(agent): axum::extract::Path<String>,
+) -> Response {
+    html(
+        blocking(shared, move |ctx, shared| {
+            let name = named(ctx, &agent)?;
+            let a = data::agent(ctx, &name, shared.show_bodies).map_err(failure)?;
+            Ok(views::agent_part(&a, ctx.now))
+        })
+        .await,
+    )
+}
+
+async fn api_agent(
+    State(shared): State<Shared>,
+    axum::extract::Path(agent): axum::extract::Path<String>,
+) -> Response {
+    json(
+        blocking(shared, move |ctx, shared| {
+            let name = named(ctx, &agent)?;
+            data::agent(ctx, &name, shared.show_bodies).map_err(failure)
+        })
+        .await,
+    )
+}
+
+async fn flows_page(State(shared): State<Shared>) -> Response {
+    html(
+        blocking(shared, |ctx, _| {
+            let rows = data::flows(ctx).map_err(failure)?;
+            Ok(views::flows(&rows, ctx.now, &cursor_now(ctx)))
+        })
+        .await,
+    )
+}
+
+async fn api_flows(State(shared): State<Shared>) -> Response {
+    json(blocking(shared, |ctx, _| data::flows(ctx).map_err(failure)).await)
+}
+
+async fn mailbox_page(State(shared): State<Shared>) -> Response {
+    html(
+        blocking(shared, |ctx, shared| {
+            let boxes = data::mailbox(ctx, shared.show_bodies).map_err(failure)?;
+            Ok(views::mailbox(
+                &boxes,
+                ctx.now,
+                &cursor_now(ctx),
+                shared.show_bodies,
+            ))
+        })
+        .await,
+    )
+}
+
+async fn api_mailbox(State(shared): State<Shared>) -> Response {
+    json(
+        blocking(shared, |ctx, shared| {
+            data::mailbox(ctx, shared.show_bodies).map_err(failure)
+        })
+        .await,
+    )
+}
+
+fn json(
+    answer: std::result::Result<
+        std::result::Result<serde_json::Value, Failure>,
+        tokio::task::JoinError,
+    >,
+) -> Response {
+    match answer {
+        Ok(Ok(v)) => (
+            [(header::CONTENT_TYPE, "application/json")],
+            format!("{v:#}\n"),
+        )
+            .into_response(),
+        Ok(Err(r)) => r.into_response(),
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
 }
 
 fn html(
@@ -259,20 +421,7 @@ fn html(
 }
 
 async fn api_fleet(State(shared): State<Shared>) -> Response {
-    let answer = tokio::task::spawn_blocking(move || {
-        let ctx = context(&shared)?;
-        fleet(&ctx)
-    })
-    .await;
-    match answer {
-        Ok(Ok(v)) => (
-            [(header::CONTENT_TYPE, "application/json")],
-            format!("{v:#}\n"),
-        )
-            .into_response(),
-        Ok(Err(r)) => r.into_response(),
-        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
-    }
+    json(blocking(shared, |ctx, _| fleet(ctx)).await)
 }
 
 async fn app_js() -> Response {
@@ -281,82 +430,6 @@ async fn app_js() -> Response {
         page::SCRIPT,
     )
         .into_response()
-}
-
-/// `/events`: from `Last-Event-ID` (a reconnect), `?after=CURSOR`, or the
-/// end of the stream now; each event's `id` is the cursor that resumes
-/// right after it, so a reconnect misses and repeats nothing.
-async fn events(State(shared): State<Shared>, request: Request) -> Response {
-    let given = request
-        .headers()
-        .get("last-event-id")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string)
-        .or_else(|| {
-            request.uri().query().and_then(|q| {
-                q.split('&')
-                    .find_map(|kv| kv.strip_prefix("after=").map(str::to_string))
-            })
-        });
-    let ctx = match context(&shared) {
-        Ok(c) => c,
-        Err(r) => return r.into_response(),
-    };
-    let (position, skip_now) = match given.as_deref() {
-        Some(text) if !text.is_empty() => match Cursor::parse(text) {
-            Ok(c) => (c, false),
-            Err(e) => {
-                return (StatusCode::BAD_REQUEST, format!("bad cursor: {e}\n")).into_response();
-            }
-        },
-        _ => (Cursor::start(), true),
-    };
-    let mut reader = Reader::new(ctx.root.clone(), position, None);
-    if skip_now {
-        // No cursor: only what happens from now on.
-        let _ = reader.read(None);
-    }
-    let show_bodies = shared.show_bodies;
-    let state = Arc::new(Mutex::new(reader));
-    // The state: the reader, and how many polls found nothing (0: the
-    // first poll).
-    let stream = futures_util::stream::unfold((state, 0u32), move |(reader, quiet)| async move {
-        let first = quiet == 0;
-        if !first {
-            tokio::time::sleep(EVENT_POLL).await;
-        }
-        let r = reader.clone();
-        let chunk = tokio::task::spawn_blocking(move || {
-            let mut reader = r.lock().unwrap_or_else(|e| e.into_inner());
-            match reader.read(None) {
-                Ok(batch) => page::sse_chunk(&batch, show_bodies),
-                Err(_) => String::new(),
-            }
-        })
-        .await
-        .unwrap_or_default();
-        // A comment first (the stream is open), and after each
-        // KEEP_ALIVE polls with nothing: keeps proxies from closing the
-        // stream, and finds a client that went away (its write fails).
-        let (chunk, quiet) = if !chunk.is_empty() {
-            (chunk, 1)
-        } else if first {
-            (": stream\n\n".to_string(), 1)
-        } else if quiet >= KEEP_ALIVE {
-            (": keep-alive\n\n".to_string(), 1)
-        } else {
-            (chunk, quiet + 1)
-        };
-        Some((
-            Ok::<_, std::convert::Infallible>(axum::body::Bytes::from(chunk)),
-            (reader, quiet),
-        ))
-    });
-    Response::builder()
-        .header(header::CONTENT_TYPE, "text/event-stream")
-        .header(header::CACHE_CONTROL, "no-store")
-        .body(Body::from_stream(stream))
-        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
 }
 
 type Table = Arc<Mutex<Admission<tokio::task::AbortHandle>>>;
