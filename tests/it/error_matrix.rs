@@ -2,8 +2,8 @@
 //! real daemon: a session the kernel's OOM killer ended (`SESSION_OOM`:
 //! retried, one session fewer at once for `daemon.oom_lower_for`).
 //!
-//! An OOM kill cannot be caused safely on a shared test machine, and this
-//! one has no cgroup v2 memory controller (sdbox says MemoryMax= is not
+//! A real OOM kill is in `oom_real` (root, a cgroup v1 memory cgroup);
+//! these run anywhere. This host has no cgroup v2 memory controller (sdbox says MemoryMax= is not
 //! enforced in its boxes; the host's memory controller is cgroup v1). So
 //! the session kills itself with SIGKILL — what the OOM killer does — and
 //! the kernel's `oom_kill` count it reads from `/proc/vmstat` comes from
