@@ -19,6 +19,11 @@
 //! Without one (the embedded default), the process group and the marker are
 //! all there is.
 //!
+//! It learns that the main process exited from a pidfd, which does not reap
+//! it, sweeps while the process is a zombie (so its pid, the group id the
+//! sweep signals, cannot yet be another process's), and only then reaps it;
+//! without pidfds (Linux before 5.3) it reaps first, as said once in the log.
+//!
 //! It decides nothing about the session (that is its machine's job) and
 //! never touches state files. It never reaps processes that are not its own
 //! child: a `waitpid(-1)` would steal the exit statuses tokio waits for.
@@ -239,7 +244,7 @@ async fn supervised(
     let prompt = std::mem::take(&mut spec.stdin);
     let mut output = Output::new(log, &spec.log_path, spec.max_output, observer);
     let mut pipes = Pipes::new(child);
-    let (status, ending_by_us) =
+    let (exit, ending_by_us) =
         supervise(child, spec, prompt, &mut pipes, &mut output, orders).await;
     let duration = started.elapsed();
     // Read before the cgroup is killed and removed.
@@ -263,6 +268,12 @@ async fn supervised(
             "the session left processes running after it ended; killed them"
         );
     }
+    // Only now, the group swept, may the main process's pid (the group id)
+    // be freed for reuse.
+    let status = match exit {
+        MainExit::Unreaped => child.wait().await,
+        MainExit::Reaped(status) => status,
+    };
     drain(&mut pipes, &mut output).await;
     let finished = output.finish().await;
 
@@ -304,9 +315,86 @@ async fn supervised(
     }
 }
 
+/// How [`supervise`] saw the main process end.
+enum MainExit {
+    /// It exited and is a zombie, not yet reaped: its pid, the session's
+    /// group id, cannot be reused until `child.wait()` reaps it.
+    Unreaped,
+    /// Reaped already (no pidfd on this kernel), with its status.
+    Reaped(io::Result<ExitStatus>),
+}
+
+/// How the runner learns that the main process exited.
+enum ExitWatch {
+    /// A pidfd (`pidfd_open`, Linux 5.3), readable once the process has
+    /// exited; polling it does not reap.
+    Pidfd(tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>),
+    /// `child.wait()`, which reaps: the fallback without pidfds.
+    Reaping,
+}
+
+impl ExitWatch {
+    /// Call only while `pid` is an unreaped child of this process, so that
+    /// the pid cannot name another process.
+    fn new(pid: u32) -> ExitWatch {
+        use std::os::fd::{FromRawFd, OwnedFd};
+        // SAFETY: pidfd_open takes a pid and flags and returns a new file
+        // descriptor or -1; no memory is passed.
+        let fd = unsafe { nix::libc::syscall(nix::libc::SYS_pidfd_open, pid as i32, 0) };
+        let opened = if fd < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            // SAFETY: a descriptor just returned by the kernel, owned by
+            // nobody else.
+            let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+            // SAFETY: an OwnedFd keeps its descriptor open and unchanged
+            // for as long as it lives, here inside the AsyncFd.
+            unsafe {
+                tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+            }
+            .map_err(io::Error::from)
+        };
+        match opened {
+            Ok(fd) => ExitWatch::Pidfd(fd),
+            Err(e) => {
+                // Said once per daemon: the same reason holds for every session.
+                static SAID: std::sync::atomic::AtomicBool =
+                    std::sync::atomic::AtomicBool::new(false);
+                if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    tracing::warn!(
+                        pid,
+                        "no pidfd for the session process (said once): {e}; the sweep after \
+                         each session runs after its main process is reaped, when its group \
+                         id could in principle be reused"
+                    );
+                }
+                ExitWatch::Reaping
+            }
+        }
+    }
+
+    /// Once the main process has exited.
+    async fn exited(&self, child: &mut Child) -> MainExit {
+        match self {
+            ExitWatch::Pidfd(fd) => match fd.readable().await {
+                // Readiness is left set: the process stays exited.
+                Ok(_ready) => MainExit::Unreaped,
+                Err(e) => {
+                    tracing::warn!(
+                        "polling the session's pidfd failed: {e}; waiting for it instead"
+                    );
+                    MainExit::Reaped(child.wait().await)
+                }
+            },
+            ExitWatch::Reaping => MainExit::Reaped(child.wait().await),
+        }
+    }
+}
+
 /// Until the main process exits: copy output, feed stdin, notice stalls,
-/// carry out the orders. Returns the exit status and, if the runner ended
-/// the process, why (as ordered).
+/// carry out the orders. Returns how it ended (not reaped yet, if this
+/// kernel has pidfds) and, if the runner ended the process, why (as
+/// ordered).
 async fn supervise(
     child: &mut Child,
     spec: &SessionSpec,
@@ -314,10 +402,14 @@ async fn supervise(
     pipes: &mut Pipes,
     output: &mut Output<'_>,
     orders: &mut watch::Receiver<Orders>,
-) -> (io::Result<ExitStatus>, Option<Ending>) {
+) -> (MainExit, Option<Ending>) {
     let pid = child
         .id()
         .expect("the child is not reaped before this returns");
+    // tokio reaps a child only through its `Child` (wait, try_wait, drop),
+    // never with waitpid(-1), so until this function's caller waits, `pid`
+    // is ours.
+    let watch = ExitWatch::new(pid);
     // Fed concurrently with everything else, so a child that never reads its
     // stdin cannot block the runner; dropped (closing the pipe) when the
     // child exits.
@@ -345,7 +437,7 @@ async fn supervise(
 
     loop {
         tokio::select! {
-            status = child.wait() => return (status, obeying.terminating),
+            exit = watch.exited(child) => return (exit, obeying.terminating),
             Some((stream, chunk)) = pipes.read(), if pipes.is_open() => {
                 if let (Some(timer), Some(after)) = (&mut stall_timer, spec.stall_timeout) {
                     timer.as_mut().reset(tokio::time::Instant::now() + after);

@@ -19,21 +19,6 @@ const SWEEP_PASSES: usize = 32;
 /// How long the sweep waits for the processes it killed to be dead.
 const DEATH_WAIT: Duration = Duration::from_secs(1);
 
-/// SIGKILL to every live process in group `pgid` or with `name=value` of
-/// `marker` in its environment, except this process. Returns how many were
-/// killed.
-///
-/// First every match is stopped (SIGSTOP), pass after pass until a pass finds
-/// nothing new, so none can fork a new one between the scan and the kill;
-/// then all get SIGKILL, and the group too for anything the scan missed.
-///
-/// Limits: the environment checked is the one a process was started with
-/// (`/proc/PID/environ`), so a descendant that cleared its environment when it
-/// exec'd (`env -i`, sudo) *and* left the group escapes. Processes of other
-/// users are not readable and not killable. The group id is the main
-/// process's pid, which is reaped by now; while any member lives the kernel
-/// does not reuse it, and when none does, a reuse within the microseconds
-/// before the final `killpg` would need the pid space to wrap.
 /// Kill every process whose environment holds `marker` (no process group):
 /// used at start-up for the sessions of a daemon that was killed, whose
 /// processes outlived it.
@@ -54,6 +39,23 @@ pub fn kill_marked_all(markers: &[(String, String)]) -> usize {
     sweep_needles(None, &needles)
 }
 
+/// SIGKILL to every live process in group `pgid` or with `name=value` of
+/// `marker` in its environment, except this process. Returns how many were
+/// killed.
+///
+/// First every match is stopped (SIGSTOP), pass after pass until a pass finds
+/// nothing new, so none can fork a new one between the scan and the kill;
+/// then all get SIGKILL, and the group too for anything the scan missed.
+///
+/// Limits: the environment checked is the one a process was started with
+/// (`/proc/PID/environ`), so a descendant that cleared its environment when it
+/// exec'd (`env -i`, sudo) *and* left the group escapes. Processes of other
+/// users are not readable and not killable. The group id is the main
+/// process's pid: the runner sweeps while that process is an unreaped
+/// zombie (it learns of the exit from a pidfd), so the kernel cannot give
+/// the pid, and with it the group id, to another process before the sweep
+/// is over. Without pidfds (Linux before 5.3) the runner reaps first; then
+/// a reuse needs the pid space to wrap between the reap and the sweep.
 pub(super) fn sweep_blocking(pgid: Option<i32>, marker: &(String, String)) -> usize {
     let needles: Vec<Vec<u8>> = (!marker.0.is_empty())
         .then(|| format!("{}={}", marker.0, marker.1).into_bytes())
@@ -86,6 +88,8 @@ fn sweep_needles(pgid: Option<i32>, needles: &[Vec<u8>]) -> usize {
         }
     }
     if let Some(pgid) = pgid {
+        #[cfg(test)]
+        tests_hook::saw_group_leader(pgid);
         let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
     }
     // SIGKILL is delivered asynchronously; wait (briefly: only a process
@@ -165,4 +169,28 @@ fn environ_holds_any(pid: i32, needles: &[Vec<u8>]) -> bool {
                 .any(|entry| needles.iter().any(|n| entry == n.as_slice()))
         })
         .unwrap_or(false)
+}
+
+/// What the sweeps saw of their group leader, for the runner's tests.
+#[cfg(test)]
+pub(super) mod tests_hook {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    /// For each group swept: the state letter of `/proc/PGID/stat` (None:
+    /// no such process, it was reaped) just before the final `killpg`.
+    static SEEN: Mutex<Option<HashMap<i32, Option<u8>>>> = Mutex::new(None);
+
+    pub(in super::super) fn saw_group_leader(pgid: i32) {
+        let state = super::stat_of(pgid).map(|(state, _)| state);
+        let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+        seen.get_or_insert_with(HashMap::new).insert(pgid, state);
+    }
+
+    /// What the last sweep of group `pgid` saw of its leader; None if no
+    /// sweep of that group ran.
+    pub(in super::super) fn leader_state_at_sweep(pgid: i32) -> Option<Option<u8>> {
+        let seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+        seen.as_ref()?.get(&pgid).copied()
+    }
 }

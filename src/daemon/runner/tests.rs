@@ -191,6 +191,38 @@ async fn silent_session_leaves_an_empty_log() {
 }
 
 #[tokio::test]
+async fn the_group_is_swept_before_the_main_process_is_reaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = spec(&dir, "exits.sh", &[]);
+    // The grandchild stays in the group but drops the marker with `env -i`:
+    // only the group id finds it.
+    spec.argv = [
+        "/bin/sh",
+        "-c",
+        "env -i sleep 1000 & echo \"in-group $!\"; exit 0",
+    ]
+    .map(String::from)
+    .to_vec();
+    let (pid_tx, pid_rx) = oneshot::channel();
+    let mut seen = Collect::default();
+    let report = run(spec.clone(), &mut seen, no_stop(), Some(pid_tx)).await;
+    let log = log_of(&spec);
+    let main = pid_rx.await.unwrap() as i32;
+    let grandchild = printed_pid(&log, "in-group");
+    assert_eq!(report.ending, Ending::Exited { code: 0 }, "{log}");
+    assert_eq!(report.leftovers_killed, 1, "{log}");
+    assert!(!alive(grandchild), "the grandchild in the group is dead");
+    // At the sweep's final killpg the main process was still a zombie: its
+    // pid, the group id, not free for another process to take.
+    assert_eq!(
+        sweep::tests_hook::leader_state_at_sweep(main),
+        Some(Some(b'Z')),
+        "the main process {main} was reaped before the sweep"
+    );
+    assert_eq!(stat_of(main), None, "reaped after the sweep");
+}
+
+#[tokio::test]
 async fn hung_session_times_out_with_sigterm() {
     let dir = tempfile::tempdir().unwrap();
     let mut spec = spec(&dir, "hangs.sh", &[]);
