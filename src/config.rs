@@ -11,7 +11,8 @@
 //! problems and warnings. Each section is read by an `impl Validator` block
 //! in its own module: `agent` (`[[agent]]`), `session` (`[defaults]` and an
 //! agent's overrides), `sections` (`[daemon]`, `[health]`, `[hooks]`,
-//! `[metrics]`), `economy`, `workspace`, `iteration`, `flow` and `logs`;
+//! `[metrics]`), `economy`, `workspace`, `iteration`, `flow`, `logs`, `web` and
+//! `cluster` (checked by `agent-state-cluster`);
 //! `values` parses durations, sizes and counts.
 
 use std::fmt;
@@ -23,11 +24,13 @@ use crate::agent_name::AgentName;
 use crate::error::Error;
 
 mod agent;
+mod cluster;
 mod economy;
 mod sections;
 mod session;
 mod values;
 pub use agent::{AgentConfig, AgentKind};
+pub use cluster::ClusterSettings;
 pub use economy::{
     Budget, BudgetAction, CredentialSettings, DEFAULT_CREDENTIAL, FleetBudget, SessionBudget,
     UsageLimitSettings, WakeIf,
@@ -82,6 +85,9 @@ pub struct Config {
     pub logs: LogSettings,
     /// `[web]`: the read-only web view.
     pub web: web::WebSettings,
+    /// `[cluster]`: the NATS JetStream cluster of issue 24, checked; not
+    /// used by the daemon yet (it says so at its start).
+    pub cluster: Option<ClusterSettings>,
     /// Settings that were missing or unusable and took their default: the
     /// daemon logs them as `CONFIG_DEFAULTED`, `check` prints them.
     pub warnings: Vec<Problem>,
@@ -102,6 +108,7 @@ const TOP_LEVEL: &[&str] = &[
     "flow",
     "logs",
     "web",
+    "cluster",
 ];
 
 impl Config {
@@ -394,6 +401,7 @@ impl Validator {
         let logs = self.logs(&raw_logs);
         let raw_web: web::RawWeb = self.section(table, "web");
         let web = self.web(&raw_web);
+        let cluster = self.cluster(table);
 
         Some(Config {
             source: path.to_path_buf(),
@@ -410,6 +418,7 @@ impl Validator {
             flows,
             logs,
             web,
+            cluster,
             warnings: std::mem::take(&mut self.warnings),
         })
     }

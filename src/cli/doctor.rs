@@ -5,12 +5,15 @@
 //! unit's sandbox), Claude Code's login for the service user, git identity
 //! and the remote of each workspace repository, the paths the service must
 //! write being writable under the unit, the time zone database when a zone
-//! is named, free disk, and a running daemon with a fresh heartbeat. Read-only; exit 1 if anything fails.
+//! is named, free disk, with `[cluster]` the NATS servers (reachable,
+//! JetStream, per-key TTL, the dispatch stream and the lease bucket), and a
+//! running daemon with a fresh heartbeat. Read-only; exit 1 if anything fails.
 //!
 //! The unit's user, environment and sandbox are the ones systemd runs
 //! (`systemctl show`, drop-ins included), or the shipped unit's when
 //! systemd is not there to ask ([`unit`]).
 
+mod cluster;
 mod script;
 mod unit;
 
@@ -306,6 +309,11 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         Ok(p) if p.free < config.health.disk_warn => r.warn("disk", format!("{} free, below disk_warn ({})", human(p.free), human(config.health.disk_warn)), "free some space"),
         Ok(p) => r.ok("disk", format!("{} free of {}", human(p.free), human(p.total))),
         Err(_) => {}
+    }
+
+    // `[cluster]`: the NATS servers, JetStream, the stream and the bucket.
+    if let Some(settings) = &config.cluster {
+        cluster::check(&mut r, settings, &config.source);
     }
 
     // The daemon.

@@ -121,7 +121,7 @@ pub enum Command {
     Backup(backup::BackupArgs),
     /// Restore a backup into an empty state root, then check it
     Restore(backup::RestoreArgs),
-    /// Check everything a first session needs (user, group, modes, commands, login, git, disk, the daemon), each failure with its fix
+    /// Check everything a first session needs (user, group, modes, commands, login, git, disk, with [cluster] the NATS servers, the daemon), each failure with its fix
     Doctor(doctor::Args),
     /// Read a cron-era crontab's research-session.sh lines as [[agent]] entries; --apply writes them into the config and comments the lines out
     ///

@@ -674,6 +674,16 @@ pub async fn run(config_path: &Path, web: WebHook) -> Result<()> {
     // The web view too: an address in use or an unreadable token file fails
     // the start.
     web(&daemon.config, config_path)?;
+    // `[cluster]` is read and checked, but nothing dispatches through it
+    // yet (issue 24): say so once, rather than let the operator believe
+    // sessions run on the workers.
+    if let Some(cluster) = &daemon.config.cluster {
+        tracing::warn!(
+            "[cluster] in {} names NATS at {}, but cluster mode is not active yet: every session runs on this host",
+            config_path.display(),
+            cluster.urls.join(", ")
+        );
+    }
     // Ready once the state is recovered and the watches are in place: what
     // the inboxes hold, and what is due, is work like any other. A backlog
     // of thousands of messages never holds READY (nor systemd's start job).

@@ -13,6 +13,7 @@ mod bounds;
 mod caps;
 mod check;
 mod check_needs;
+mod cluster_config;
 mod concurrency;
 mod config_edits;
 mod crash;

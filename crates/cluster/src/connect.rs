@@ -202,3 +202,78 @@ impl Cluster {
         Ok(Leases::new(self.jetstream.clone(), store, bucket, ttl))
     }
 }
+
+/// What `doctor` reports of the cluster, read without creating or changing
+/// anything ([`Cluster::survey`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Survey {
+    /// The server this host is connected to: its name and version.
+    pub server: String,
+    pub version: String,
+    /// The name of the NATS cluster that server is part of, if any.
+    pub cluster_name: Option<String>,
+    /// Whether the servers keep a TTL per key ([`Cluster::per_key_ttl`]).
+    pub per_key_ttl: bool,
+    /// The dispatch stream (`cluster.dispatch_stream`).
+    pub stream: Found,
+    /// The stream behind the lease bucket (`KV_<cluster.lease_bucket>`).
+    pub bucket: Found,
+}
+
+/// A JetStream object as found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Found {
+    /// It does not exist (yet).
+    Missing,
+    /// It exists: its shape.
+    Present {
+        /// A work queue (an acked message is removed).
+        work_queue: bool,
+        replicas: usize,
+        messages: u64,
+    },
+    /// Asking for it failed: why.
+    Unreadable(String),
+}
+
+impl Cluster {
+    /// The server's name and version, per-key TTL, and whether the dispatch
+    /// stream and the lease bucket exist and in what shape: only read, so
+    /// `doctor` changes nothing on the cluster.
+    pub async fn survey(&self) -> Survey {
+        let info = self.client.server_info();
+        Survey {
+            server: info.server_name.clone(),
+            version: info.version.clone(),
+            cluster_name: info.cluster.clone(),
+            per_key_ttl: self.per_key_ttl,
+            stream: self.find_stream(&self.settings.dispatch_stream).await,
+            bucket: self
+                .find_stream(&format!("KV_{}", self.settings.lease_bucket))
+                .await,
+        }
+    }
+
+    async fn find_stream(&self, name: &str) -> Found {
+        use async_nats::jetstream::ErrorCode;
+        use async_nats::jetstream::context::GetStreamErrorKind;
+        match self.jetstream.get_stream(name).await {
+            Ok(stream) => {
+                let info = stream.cached_info();
+                Found::Present {
+                    work_queue: info.config.retention == stream::RetentionPolicy::WorkQueue,
+                    replicas: info.config.num_replicas,
+                    messages: info.state.messages,
+                }
+            }
+            Err(e) => match e.kind() {
+                GetStreamErrorKind::JetStream(j)
+                    if j.error_code() == ErrorCode::STREAM_NOT_FOUND =>
+                {
+                    Found::Missing
+                }
+                _ => Found::Unreadable(e.to_string()),
+            },
+        }
+    }
+}

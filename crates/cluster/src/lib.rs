@@ -22,7 +22,7 @@ pub mod lease;
 pub mod liveness;
 
 pub use config::{ClusterSettings, ConfigProblem, RawCluster};
-pub use connect::{Cluster, ClusterError};
+pub use connect::{Cluster, ClusterError, Found, Survey};
 pub use dispatch::{Dispatch, DispatchError, OrderQueue, Published, PulledOrder, SessionOrder};
 pub use keeper::{KeepEnd, keep};
 pub use lease::{Lease, LeaseError, LeaseRecord, LeaseValue, Leases};

@@ -7,7 +7,9 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use agent_state_cluster::{Cluster, Dispatch, LeaseError, LeaseTiming, Leases, SessionOrder};
+use agent_state_cluster::{
+    Cluster, Dispatch, Found, LeaseError, LeaseTiming, Leases, SessionOrder,
+};
 use support::{NatsCluster, server_binary, until_ok};
 
 fn order(session_id: &str, agent: &str) -> SessionOrder {
@@ -544,4 +546,55 @@ async fn a_kept_lease_outlives_its_ttl_and_the_keeper_says_when_the_session_must
         "gave up {after:?} after the servers died; worker_gives_up is 1 s after the last renewal (every 200 ms)"
     );
     eprintln!("the keeper gave up {after:?} after every server was killed (worker_gives_up 1 s)");
+}
+
+/// `doctor`'s survey reads what is there and creates nothing: a stream and
+/// bucket not made yet are missing, the ones `dispatch()` and `leases()`
+/// made are found in their shape.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_survey_finds_the_stream_and_bucket_and_creates_nothing() {
+    let Some(binary) = server_binary("survey") else {
+        return;
+    };
+    let nats = NatsCluster::start(&binary, 1);
+    let mut elsewhere = nats.settings();
+    elsewhere.dispatch_stream = "NOT_MADE".into();
+    elsewhere.lease_bucket = "not_made".into();
+    let (bare, _) = until_ok(Duration::from_secs(60), "JetStream answers", || {
+        Cluster::connect(&elsewhere, "doctor")
+    })
+    .await;
+    let survey = bare.survey().await;
+    assert_eq!(survey.stream, Found::Missing, "{survey:?}");
+    assert_eq!(survey.bucket, Found::Missing, "{survey:?}");
+    assert!(survey.per_key_ttl, "{survey:?}");
+    assert!(survey.version.starts_with("2."), "{survey:?}");
+    // Still missing: the survey made nothing.
+    assert_eq!(bare.survey().await.stream, Found::Missing);
+
+    let (cluster, dispatch, _leases) = nats
+        .connect(&nats.settings(), "controller", LeaseTiming::DEFAULT)
+        .await;
+    dispatch.publish(&order("s-1", "rio")).await.unwrap();
+    let survey = cluster.survey().await;
+    assert_eq!(
+        survey.stream,
+        Found::Present {
+            work_queue: true,
+            replicas: 1,
+            messages: 1
+        },
+        "{survey:?}"
+    );
+    assert!(
+        matches!(
+            survey.bucket,
+            Found::Present {
+                work_queue: false,
+                replicas: 1,
+                ..
+            }
+        ),
+        "{survey:?}"
+    );
 }
