@@ -53,6 +53,7 @@ mod migrate;
 mod migrate_refusals;
 mod monitoring;
 mod notify;
+mod oom_limit;
 mod operator_path;
 mod outcomes;
 mod own_events;
