@@ -246,7 +246,7 @@ fn memory_note(agents: &[&str], controllers: Option<&str>) -> Option<String> {
     let who = agents.join(", ");
     Some(match controllers {
         Some(c) if c.split_whitespace().any(|c| c == "memory") => format!(
-            "{who}: memory_max applies where the daemon runs under systemd with Delegate=yes (a cgroup per session); run elsewhere, the daemon logs that it is not applied"
+            "{who}: memory_max applies where the daemon runs under systemd with Delegate=yes (a cgroup per session: memory.max, memory.high at 90%, and memory.swap.max 0 where the kernel accounts swap, so a session past it is OOM-killed rather than swapped); run elsewhere, the daemon logs that it is not applied"
         ),
         _ => format!(
             "{who}: memory_max cannot apply on this host (no cgroup v2 memory controller); sessions run without it, and the daemon logs so"
@@ -802,6 +802,7 @@ mod memory_note_tests {
         assert_eq!(memory_note(&[], Some("memory")), None);
         let with = memory_note(&["rio"], Some("cpuset cpu io memory pids")).unwrap();
         assert!(with.starts_with("rio: memory_max applies where"), "{with}");
+        assert!(with.contains("memory.swap.max 0 where"), "{with}");
         for controllers in [None, Some("cpu io pids")] {
             let without = memory_note(&["rio", "leo"], controllers).unwrap();
             assert!(

@@ -8,6 +8,7 @@ use crate::catalogue as errors;
 use crate::cli::{Context, print_json};
 use crate::clock::{Timestamp, ago, in_time};
 use crate::config::{AgentConfig, AgentKind};
+use crate::daemon::files::Lowered;
 use crate::error::{Result, exit};
 use crate::inbox;
 use crate::state::error_log;
@@ -79,6 +80,12 @@ struct Line {
     /// one was refused yet. Absent when its credential is not held.
     #[serde(skip_serializing_if = "Option::is_none")]
     held: Option<HeldBy>,
+    /// The concurrent-session limit a session's OOM kill lowered
+    /// (daemon.json's `concurrency_lowered`: `limit`, `configured`,
+    /// `until`), on every agent's line while it holds: the whole fleet
+    /// runs one session fewer at once. Absent when it is as configured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    concurrency_lowered: Option<Lowered>,
     /// Why some of this agent's files could not be read (damaged, or not
     /// what they should be: a link, a FIFO): the fields that come from them
     /// are left empty, and `status` exits 65. Null when all were read.
@@ -136,6 +143,17 @@ fn holds(ctx: &Context, agents: &[&AgentConfig]) -> std::collections::BTreeMap<S
     out
 }
 
+/// The limit an OOM kill lowered, as the running daemon applies it
+/// (daemon.json), while it holds at `now`; `None` without a daemon.json
+/// or when it is as configured.
+fn concurrency_lowered(ctx: &Context) -> Option<Lowered> {
+    crate::daemon::files::read_heartbeat(&ctx.root)
+        .ok()
+        .flatten()?
+        .concurrency_lowered
+        .filter(|l| l.until > ctx.now)
+}
+
 #[derive(Serialize, Clone)]
 struct LastError {
     ts: Timestamp,
@@ -179,6 +197,7 @@ fn collect(ctx: &Context, agent: Option<&str>) -> Result<Fleet> {
     };
     let work = flow_work(ctx);
     let held = holds(ctx, &agents);
+    let lowered = concurrency_lowered(ctx);
     let mut lines = Vec::new();
     for agent in agents {
         let mut l = line(ctx, agent);
@@ -194,6 +213,9 @@ fn collect(ctx: &Context, agent: Option<&str>) -> Result<Fleet> {
         {
             l.status = "held".into();
             l.held = Some(h.clone());
+        }
+        if agent.kind == AgentKind::Agent {
+            l.concurrency_lowered = lowered;
         }
         l.flows = work
             .iter()
@@ -262,8 +284,7 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
     }
     // An OOM kill lowered how many sessions run at once (daemon.json).
     if args.agent.is_none()
-        && let Ok(Some(hb)) = crate::daemon::files::read_heartbeat(&ctx.root)
-        && let Some(l) = hb.concurrency_lowered.filter(|l| l.until > now)
+        && let Some(l) = concurrency_lowered(ctx)
     {
         display::Line::new()
             .text("concurrency: ")
@@ -568,6 +589,7 @@ fn line(ctx: &Context, agent: &AgentConfig) -> Line {
         budget_exceeded: None,
         worktrees: None,
         held: None,
+        concurrency_lowered: None,
         unreadable: None,
     };
     if let Some(w) = &agent.session.workspace {

@@ -207,12 +207,20 @@ impl SessionCgroup {
         SessionCgroup { dir, procs }
     }
 
-    /// Limit the session's memory: `memory.high` (the kernel throttles and
-    /// reclaims past it) at 90% of `max`, `memory.max` (the OOM killer
-    /// acts past it) at `max`.
-    pub fn limit_memory(&self, max: u64) -> io::Result<()> {
-        std::fs::write(self.dir.join("memory.high"), memory_high(max).to_string())?;
-        std::fs::write(self.dir.join("memory.max"), max.to_string())
+    /// Limit the session's memory ([`memory_limits`]): `memory.high`,
+    /// `memory.max`, and `memory.swap.max` 0 where the kernel accounts
+    /// swap per cgroup (the file exists). Returns what was written, for
+    /// the log; an error names the file.
+    pub fn limit_memory(&self, max: u64) -> io::Result<Vec<(&'static str, u64)>> {
+        let swap_accounted = self.dir.join(SWAP_MAX).exists();
+        let limits = memory_limits(max, swap_accounted);
+        for (file, value) in &limits {
+            let path = self.dir.join(file);
+            std::fs::write(&path, value.to_string()).map_err(|e| {
+                io::Error::new(e.kind(), format!("cannot write {}: {e}", path.display()))
+            })?;
+        }
+        Ok(limits)
     }
 
     /// The `oom_kill` count of the cgroup's `memory.events` (its processes
@@ -314,6 +322,26 @@ pub fn join_self(procs: &CStr) -> io::Result<()> {
 /// throttles before it kills.
 fn memory_high(max: u64) -> u64 {
     max / 10 * 9
+}
+
+/// The cgroup file of the session's swap limit; absent when the kernel does
+/// not account swap per cgroup (no swap controller: `swapaccount=0`, or a
+/// kernel without `CONFIG_MEMCG_SWAP`).
+const SWAP_MAX: &str = "memory.swap.max";
+
+/// What a `memory_max` of `max` bytes writes in a session's cgroup, in
+/// order: where swap is accounted (`swap_accounted`: the file exists)
+/// `memory.swap.max` 0, so that on a host with swap a session past its
+/// limit is OOM-killed (and recorded as `SESSION_OOM`) instead of swapping
+/// the host slow; `memory.high` (the kernel reclaims and throttles past
+/// it) at 90%; `memory.max` (the OOM killer acts past it) last, so that
+/// when a write fails the limit is not applied at all, or applied whole.
+/// Pure.
+fn memory_limits(max: u64, swap_accounted: bool) -> Vec<(&'static str, u64)> {
+    let swap = swap_accounted.then_some((SWAP_MAX, 0));
+    swap.into_iter()
+        .chain([("memory.high", memory_high(max)), ("memory.max", max)])
+        .collect()
 }
 
 /// Enable the memory controller for the children of `base`, if the parent
@@ -451,6 +479,63 @@ mod tests {
         assert_eq!(memory_high(2 << 30), 1_932_735_276);
         assert_eq!(memory_high(100), 90);
         assert_eq!(memory_high(0), 0);
+    }
+
+    #[test]
+    fn memory_max_writes_high_max_and_no_swap_where_swap_is_accounted() {
+        const GIB: u64 = 1 << 30;
+        // (memory_max, memory.swap.max exists, what is written in order)
+        type Row = (u64, bool, &'static [(&'static str, u64)]);
+        let table: &[Row] = &[
+            (
+                2 * GIB,
+                true,
+                &[
+                    ("memory.swap.max", 0),
+                    ("memory.high", 1_932_735_276),
+                    ("memory.max", 2 * GIB),
+                ],
+            ),
+            (
+                2 * GIB,
+                false,
+                &[("memory.high", 1_932_735_276), ("memory.max", 2 * GIB)],
+            ),
+            (
+                64 << 20,
+                true,
+                &[
+                    ("memory.swap.max", 0),
+                    ("memory.high", 60_397_974),
+                    ("memory.max", 64 << 20),
+                ],
+            ),
+        ];
+        for &(max, swap, want) in table {
+            assert_eq!(memory_limits(max, swap), want, "{max} swap {swap}");
+        }
+    }
+
+    #[test]
+    fn limit_memory_writes_the_files_of_the_session_cgroup() {
+        for swap in [true, false] {
+            let dir = tempfile::tempdir().unwrap();
+            if swap {
+                std::fs::write(dir.path().join("memory.swap.max"), "max\n").unwrap();
+            }
+            let cg = SessionCgroup::at(dir.path().to_path_buf());
+            let written = cg.limit_memory(1000).unwrap();
+            assert_eq!(written, memory_limits(1000, swap));
+            let read = |f: &str| std::fs::read_to_string(dir.path().join(f)).ok();
+            assert_eq!(read("memory.high").as_deref(), Some("900"));
+            assert_eq!(read("memory.max").as_deref(), Some("1000"));
+            // Never created where the kernel does not account swap.
+            assert_eq!(
+                read("memory.swap.max").as_deref(),
+                swap.then_some("0"),
+                "swap {swap}"
+            );
+        }
     }
 
     #[test]

@@ -758,6 +758,40 @@ pub fn economy_path(root: &StateRoot) -> PathBuf {
     root.daemon_dir().join("economy.json")
 }
 
+// ---- the limit an OOM kill lowered ----------------------------------------------
+
+/// `.daemon/oom.json`: the concurrent-session limit the last OOM kill
+/// lowered, and until when, kept across a restart or a crash (written at
+/// each OOM kill, fsynced; read at start, where a time that has passed
+/// means nothing).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OomLowering {
+    /// `max_concurrent_sessions` is one lower until then.
+    pub lowered_until: Timestamp,
+    /// The OOM kill that lowered it (for a human reading the file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oom_at: Option<Timestamp>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+pub fn oom_path(root: &StateRoot) -> PathBuf {
+    root.daemon_dir().join("oom.json")
+}
+
+/// `Ok(None)` without the file; an error naming it if it is damaged.
+pub fn read_oom_lowering(root: &StateRoot) -> Result<Option<OomLowering>> {
+    atomic::read_json(&oom_path(root))
+}
+
+pub fn write_oom_lowering(root: &StateRoot, lowering: &OomLowering) -> Result<()> {
+    atomic::write_json(&oom_path(root), lowering)
+}
+
 // ---- the verdict on the last config (re)load ---------------------------------
 
 /// `.daemon/reload.json`: what the daemon made of the config file when it

@@ -101,6 +101,20 @@ pub fn lowered_until(now: DateTime<Utc>, lowered_for: Duration) -> Option<DateTi
     (!lowered_for.is_zero()).then(|| crate::clock::later(now, lowered_for))
 }
 
+/// At the daemon's start, what a lowering saved before a restart (or a
+/// crash) still means at `now`: its end if it has not passed, never later
+/// than `lowered_for` from `now` (a saved time from a clock set back, or
+/// written by hand, cannot lower the limit for longer than the config
+/// allows), and nothing when `lowered_for` is 0.
+pub fn lowered_at_start(
+    saved: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+    lowered_for: Duration,
+) -> Option<DateTime<Utc>> {
+    let until = saved.filter(|t| *t > now)?;
+    Some(until.min(lowered_until(now, lowered_for)?))
+}
+
 /// How many sessions may run at once: `configured`, one fewer (never
 /// fewer than one) until `lowered_until`.
 pub fn concurrent_limit(
@@ -213,6 +227,48 @@ mod tests {
             assert_eq!(
                 oom_evidence(readings, *sigkill, *by_daemon),
                 *want,
+                "{what}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_saved_lowering_holds_after_a_restart_until_its_time() {
+        let hour = Duration::from_secs(3600);
+        /// (what, saved until, now, lowered_for, lowered until at start)
+        type Row = (&'static str, Option<i64>, i64, Duration, Option<i64>);
+        let table: &[Row] = &[
+            ("nothing saved", None, 100, hour, None),
+            ("still ahead: kept", Some(3700), 200, hour, Some(3700)),
+            ("one second left", Some(3700), 3699, hour, Some(3700)),
+            ("its time: back", Some(3700), 3700, hour, None),
+            ("long past: ignored", Some(3700), 90_000, hour, None),
+            (
+                "further than lowered_for: cut to now + lowered_for",
+                Some(1_000_000),
+                200,
+                hour,
+                Some(3800),
+            ),
+            (
+                "lowered_for shortened since: the shorter end",
+                Some(3700),
+                200,
+                Duration::from_secs(60),
+                Some(260),
+            ),
+            (
+                "lowered_for 0 since: never lowered",
+                Some(3700),
+                200,
+                Duration::ZERO,
+                None,
+            ),
+        ];
+        for &(what, saved, now, lowered_for, want) in table {
+            assert_eq!(
+                lowered_at_start(saved.map(at), at(now), lowered_for),
+                want.map(at),
                 "{what}"
             );
         }

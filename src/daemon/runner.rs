@@ -887,20 +887,31 @@ fn session_cgroup(marker: &(String, String)) -> Option<SessionCgroup> {
 }
 
 /// Apply the agent's `memory_max` to the session's cgroup, or say (in the
-/// daemon's log) why it cannot be.
+/// daemon's log) why it cannot be; said once per daemon either way (the
+/// same holds for every session).
 fn limit_memory(spec: &SessionSpec, cgroup: Option<&SessionCgroup>) {
     let Some(max) = spec.memory_max else {
         return;
     };
     let why_not = match (cgroup, cgroup::available()) {
         (Some(c), Some(all)) if all.no_memory.is_none() => match c.limit_memory(max) {
-            Ok(()) => return,
-            Err(e) => format!("cannot write memory.max in {}: {e}", c.dir.display()),
+            Ok(written) => {
+                static APPLIED: std::sync::atomic::AtomicBool =
+                    std::sync::atomic::AtomicBool::new(false);
+                if !APPLIED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    tracing::info!(
+                        session = %spec.marker.1,
+                        "memory_max is applied to sessions' cgroups (said once): {}",
+                        applied_note(&written)
+                    );
+                }
+                return;
+            }
+            Err(e) => e.to_string(),
         },
         (Some(_), Some(all)) => all.no_memory.clone().unwrap_or_default(),
         _ => "the session has no cgroup of its own (the daemon does not run under systemd with Delegate=yes)".into(),
     };
-    // Said once per daemon: the same reason holds for every session.
     static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
         tracing::warn!(
@@ -909,6 +920,18 @@ fn limit_memory(spec: &SessionSpec, cgroup: Option<&SessionCgroup>) {
             "memory_max is not applied (said once): {why_not}"
         );
     }
+}
+
+/// The log's words for what [`SessionCgroup::limit_memory`] wrote: the
+/// files and values, and what swap does.
+fn applied_note(written: &[(&str, u64)]) -> String {
+    let files: Vec<String> = written.iter().map(|(f, v)| format!("{f} = {v}")).collect();
+    let swap = if written.iter().any(|(f, _)| *f == "memory.swap.max") {
+        "a session past it is OOM-killed, not swapped"
+    } else {
+        "no memory.swap.max (the kernel does not account swap per cgroup): a session may swap before it is OOM-killed"
+    };
+    format!("{}; {swap}", files.join(", "))
 }
 
 /// The kernel's count of OOM kills so far (`oom_kill` in `/proc/vmstat`).

@@ -630,6 +630,12 @@ pub async fn run(config_path: &Path, web: WebHook) -> Result<()> {
     let warnings = reload::config_warnings(&daemon.config, config_path);
     daemon.raise_each(warnings);
     daemon.economy.load(&daemon.root);
+    daemon.core.oom_lowered_until = ending::saved_oom_lowering(
+        &daemon.root,
+        daemon.config.daemon.oom_lower_for,
+        daemon.core.max_concurrent,
+        daemon.clock.now(),
+    );
     // What `credential release` and `stop` asked meanwhile (a stop asked of
     // a daemon that has gone since is dropped: no session of it runs).
     daemon.daemon_requests();

@@ -33,7 +33,7 @@ fn records(env: &Env, code: &str) -> Vec<Value> {
 /// rio's first session is SIGKILLed; if `oom` the kernel's count (the
 /// vmstat file) rises first. Its second exits 0. `a` and `b` wait for the
 /// file `release` in the temp dir.
-fn oom_env(oom: bool) -> (Env, std::path::PathBuf) {
+pub(crate) fn oom_env(oom: bool) -> (Env, std::path::PathBuf) {
     let env = Env::with_config("");
     let vmstat = env.tmp("vmstat");
     std::fs::write(&vmstat, "pgfault 100\noom_kill 4\n").unwrap();
@@ -80,14 +80,14 @@ esac"#,
     (env, vmstat)
 }
 
-fn start(env: &Env, vmstat: &Path) -> Daemon {
+pub(crate) fn start(env: &Env, vmstat: &Path) -> Daemon {
     Daemon::start(
         env,
         &[("AGENT_STATE_TEST_VMSTAT", vmstat.to_str().unwrap())],
     )
 }
 
-fn names(v: &Value) -> Vec<String> {
+pub(crate) fn names(v: &Value) -> Vec<String> {
     v.as_array()
         .map(|a| {
             a.iter()

@@ -54,6 +54,7 @@ mod migrate;
 mod migrate_refusals;
 mod monitoring;
 mod notify;
+mod oom_limit;
 mod oom_real;
 mod operator_path;
 mod outcomes;

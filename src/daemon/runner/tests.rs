@@ -698,3 +698,21 @@ fn stat_gives_state_and_process_group() {
     assert_eq!(pgrp, nix::unistd::getpgrp().as_raw());
     assert_eq!(stat_of(i32::MAX), None);
 }
+
+#[test]
+fn the_log_says_what_memory_max_wrote_and_what_swap_does() {
+    let with_swap = applied_note(&[
+        ("memory.swap.max", 0),
+        ("memory.high", 900),
+        ("memory.max", 1000),
+    ]);
+    assert_eq!(
+        with_swap,
+        "memory.swap.max = 0, memory.high = 900, memory.max = 1000; a session past it is OOM-killed, not swapped"
+    );
+    let without = applied_note(&[("memory.high", 900), ("memory.max", 1000)]);
+    assert!(
+        without.starts_with("memory.high = 900, memory.max = 1000; no memory.swap.max"),
+        "{without}"
+    );
+}

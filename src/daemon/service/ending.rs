@@ -154,6 +154,7 @@ impl Daemon {
         if verdict.code == Some(Code::SessionOom) {
             oom_killed(
                 &mut self.core,
+                &self.root,
                 self.config.daemon.oom_lower_for,
                 &agent,
                 &sid,
@@ -887,9 +888,12 @@ fn verdict_record(
 }
 
 /// A session was OOM-killed: one session fewer at once for
-/// `daemon.oom_lower_for` (seed 002: "reduce maxParallel").
+/// `daemon.oom_lower_for` (seed 002: "reduce maxParallel"), kept in
+/// `.daemon/oom.json` so that a restart or a crash within that time does
+/// not forget it.
 fn oom_killed(
     core: &mut crate::daemon::core::Core,
+    root: &StateRoot,
     lower_for: std::time::Duration,
     agent: &AgentName,
     sid: &str,
@@ -899,11 +903,69 @@ fn oom_killed(
         return;
     };
     core.oom_lowered_until = Some(until);
+    let until = Timestamp::from_datetime(until);
     tracing::warn!(
         agent = %agent, session_id = %sid,
-        "the OOM killer ended a session: at most {} session(s) at once (max_concurrent_sessions = {}) until {}",
+        "the OOM killer ended a session: at most {} session(s) at once (max_concurrent_sessions = {}) until {until}",
         core.concurrent_limit(now),
         core.max_concurrent,
+    );
+    // Fields a later version (or a human) added are kept.
+    let extra = files::read_oom_lowering(root)
+        .ok()
+        .flatten()
+        .map(|o| o.extra)
+        .unwrap_or_default();
+    let saved = files::OomLowering {
+        lowered_until: until,
+        oom_at: Some(Timestamp::from_datetime(now)),
+        agent: Some(agent.to_string()),
+        session_id: Some(sid.to_string()),
+        extra,
+    };
+    if let Err(e) = files::write_oom_lowering(root, &saved) {
+        tracing::warn!(
+            error_code = %e.code(),
+            "cannot save the lowered limit: {e}; a restart before {until} forgets it"
+        );
+    }
+}
+
+/// At start: the limit an OOM kill lowered before the restart (or crash),
+/// from `.daemon/oom.json`, while it still holds at `now`
+/// ([`crate::daemon::memory::lowered_at_start`]). A damaged file is a
+/// warning naming it, and the limit as configured; never a failed start.
+pub(super) fn saved_oom_lowering(
+    root: &StateRoot,
+    lower_for: std::time::Duration,
+    max_concurrent: usize,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Option<chrono::DateTime<chrono::Utc>> {
+    let saved = match files::read_oom_lowering(root) {
+        Ok(saved) => saved?,
+        Err(e) => {
+            // Not `check --repair`'s business: the file is written anew at
+            // the next OOM kill, and nothing else reads it.
+            let why = match &e {
+                crate::error::Error::Corrupt { path, reason } => {
+                    format!("{} is damaged ({reason})", path.display())
+                }
+                other => other.to_string(),
+            };
+            tracing::warn!(
+                error_code = %e.code(),
+                "{why}; starting with max_concurrent_sessions as configured (a limit an OOM kill lowered is forgotten); the file is replaced at the next OOM kill, or remove it"
+            );
+            return None;
+        }
+    };
+    let until =
+        crate::daemon::memory::lowered_at_start(Some(saved.lowered_until.0), now, lower_for)?;
+    tracing::warn!(
+        "an OOM kill before this start ({}) lowered the limit: at most {} session(s) at once (max_concurrent_sessions = {max_concurrent}) until {}",
+        files::oom_path(root).display(),
+        crate::daemon::memory::concurrent_limit(max_concurrent, Some(until), now),
         Timestamp::from_datetime(until)
     );
+    Some(until)
 }
