@@ -489,7 +489,7 @@ impl Hub {
                     let _ = self.sender.send(Arc::new(tick));
                     polling
                 }
-                // The read panicked: start afresh, reading every time.
+                // The read panicked: start afresh (new watches, a new reader).
                 Err(_) => {
                     poller = Some(Poller {
                         root: self.root.clone(),
