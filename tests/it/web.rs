@@ -444,7 +444,8 @@ fn the_agent_page_shows_the_running_log_live_then_sessions_tasks_inbox_and_memor
     assert_eq!(status, 200, "{page}");
     assert!(head.contains("content-security-policy: default-src 'none'; script-src 'self';"));
     assert!(
-        page.contains("<pre id=\"log\">first line &lt;b&gt;\n"),
+        page.contains("<pre id=\"log\" data-log-file=\"")
+            && page.contains("\">first line &lt;b&gt;\n</pre>"),
         "{page}"
     );
     assert!(page.contains("data-agent=\"rio\""), "{page}");
@@ -516,6 +517,95 @@ fn the_agent_page_shows_the_running_log_live_then_sessions_tasks_inbox_and_memor
         "{page}"
     );
     assert_eq!(page.matches("<script").count(), 1, "{page}");
+}
+
+/// The value of `name="…"` in the first tag that has it.
+fn attr(page: &str, name: &str) -> String {
+    let start = page
+        .find(&format!("{name}=\""))
+        .unwrap_or_else(|| panic!("no {name} in {page}"))
+        + name.len()
+        + 2;
+    page[start..].split('"').next().unwrap().to_string()
+}
+
+#[test]
+fn the_live_log_goes_on_from_where_the_page_ended_and_a_bad_offset_from_the_end() {
+    let env = Env::with_config("");
+    let (d, port) = start_waiting(&env, "");
+    env.ok(&["wake", "rio"]);
+    d.wait_until(
+        Duration::from_secs(30),
+        "rio's session prints its first line",
+        || {
+            api(port, "/api/agent/rio")["running"]["log"]["tail"]["text"]
+                .as_str()
+                .is_some_and(|t| t.contains("first line <b>"))
+        },
+    );
+    // The page says which log it showed and where its tail ended.
+    let (_, _, page) = get(port, "/agent/rio");
+    let file = attr(&page, "data-log-file");
+    let from = attr(&page, "data-log-from");
+    assert!(file.ends_with(".log") && !file.contains('/'), "{file}");
+    assert_eq!(from, "first line <b>\n".len().to_string(), "{page}");
+    // The session prints its next line after the page was made and before
+    // the page's stream opens.
+    std::fs::write(env.tmp("GO-rio"), "").unwrap();
+    let log = env.root.join("rio/sessions").join(&file);
+    d.wait_until(Duration::from_secs(30), "the log's second line", || {
+        std::fs::read_to_string(&log).is_ok_and(|t| t.contains("second-line"))
+    });
+    let mut stream = Stream::open_at(
+        port,
+        &format!("/events?log=rio&log_file={file}&log_from={from}"),
+        None,
+    );
+    assert!(
+        stream.fill_until(Duration::from_secs(15), |b| b.contains("second-line")),
+        "the line printed before the stream opened is missing: {}",
+        stream.buf
+    );
+    assert!(
+        !stream.buf.contains("first line"),
+        "the page's tail again: {}",
+        stream.buf
+    );
+    // An offset past the log's end (a log replaced by a shorter one):
+    // from its end, no error.
+    let mut past = Stream::open_at(port, "/events?log=rio&log_from=99999999", None);
+    assert!(past.buf.starts_with("HTTP/1.1 200"), "{}", past.buf);
+    // Nonsense is refused, naming the parameter.
+    for target in [
+        "/events?log=rio&log_from=abc",
+        "/events?log=rio&log_from=-1",
+        "/events?log=rio&log_file=..%2F..%2Fconfig.toml&log_from=0",
+        "/events?log=rio&log_file=journal.jsonl&log_from=0",
+    ] {
+        let (status, _, body) = get(port, target);
+        assert_eq!(status, 400, "{target}: {body}");
+        assert!(body.contains("bad log_"), "{target}: {body}");
+    }
+    // What the session prints last reaches both streams, once.
+    std::fs::write(env.tmp("END-rio"), "").unwrap();
+    for s in [&mut stream, &mut past] {
+        assert!(
+            s.fill_until(Duration::from_secs(30), |b| b.contains("PROGRESS 40")),
+            "no last line: {}",
+            s.buf
+        );
+    }
+    assert!(
+        !past.buf.contains("first line") && !past.buf.contains("second-line"),
+        "{}",
+        past.buf
+    );
+    assert_eq!(
+        stream.buf.matches("second-line").count(),
+        1,
+        "{}",
+        stream.buf
+    );
 }
 
 #[test]

@@ -186,8 +186,13 @@ pub fn agent(ctx: &Context, name: &AgentName, show_bodies: bool) -> Result<Value
                 .map(|e| iterations(e, &s.session_id))
                 .unwrap_or_default();
             let log = log_file(&s.session_id, &its);
-            let tail = match crate::fsx::read_tail(&dir.sessions_dir().join(&log), LOG_TAIL) {
-                Ok(b) => text_of(b.map(|b| (b, false))),
+            let tail = match log_tail(&dir.sessions_dir().join(&log), LOG_TAIL) {
+                Ok(Some((b, offset))) => {
+                    let mut t = text_of(Some((b, false)));
+                    t["offset"] = json!(offset);
+                    t
+                }
+                Ok(None) => Value::Null,
                 Err(e) => json!({"error": e.to_string()}),
             };
             let workspace = config.session.workspace.as_ref().map(|w| {
@@ -218,6 +223,30 @@ pub fn agent(ctx: &Context, name: &AgentName, show_bodies: bool) -> Result<Value
     out["memory"] = memory;
     out["running"] = running;
     Ok(out)
+}
+
+/// The last `n` bytes of a log up to its last complete character, and the
+/// offset right after them: where the page's live stream goes on from
+/// (`/events?log_from=`), so that nothing printed in between is missed.
+fn log_tail(path: &std::path::Path, n: u64) -> Result<Option<(Vec<u8>, u64)>> {
+    use std::io::{Read, Seek, SeekFrom};
+    let Some(mut f) = crate::fsx::open_read(path)? else {
+        return Ok(None);
+    };
+    let len = f
+        .metadata()
+        .map_err(|e| Error::io("inspecting", path, e))?
+        .len();
+    let start = len.saturating_sub(n);
+    f.seek(SeekFrom::Start(start))
+        .map_err(|e| Error::io("reading", path, e))?;
+    let mut buf = Vec::new();
+    f.take(n)
+        .read_to_end(&mut buf)
+        .map_err(|e| Error::io("reading", path, e))?;
+    buf.truncate(buf.len() - super::page::incomplete_utf8(&buf));
+    let offset = start + buf.len() as u64;
+    Ok(Some((buf, offset)))
 }
 
 /// The log a running session writes now: its latest iteration's

@@ -39,28 +39,52 @@ pub const SCRIPT: &str = r##""use strict";
   var cursor = body.getAttribute("data-cursor") || "";
   var agentPage = body.getAttribute("data-agent");
   var reloadPage = body.getAttribute("data-reload");
-  var source = new EventSource(withQ("/events", { after: cursor, log: agentPage }));
+  // The log as the page showed it: the stream goes on from there.
+  var shown = agentPage ? document.getElementById("log") : null;
+  var source = new EventSource(withQ("/events", {
+    after: cursor,
+    log: agentPage,
+    log_file: shown && shown.getAttribute("data-log-file"),
+    log_from: shown && shown.getAttribute("data-log-from")
+  }));
   var pending = {};
   function live(text) {
     var el = document.getElementById("live");
     if (el) { el.textContent = text; }
   }
+  // One fetch per part at a time; an event that comes during it fetches
+  // the part once more after it (its news may be newer than the answer).
   function swap(key, url, find) {
-    if (pending[key]) { return; }
+    if (pending[key]) { pending[key] = "again"; return; }
     pending[key] = true;
+    function done() {
+      var again = pending[key] === "again";
+      pending[key] = false;
+      if (again) { swap(key, url, find); }
+    }
     fetch(url, { cache: "no-store" })
       .then(function (r) { return r.ok ? r.text() : null; })
       .then(function (html) {
-        pending[key] = false;
-        if (html === null) { return; }
-        var t = document.createElement("template");
-        t.innerHTML = html;
-        var fresh = find(t.content);
-        var old = find(document);
-        if (fresh && old) { old.replaceWith(fresh); }
-        live("live");
+        if (html !== null) {
+          var t = document.createElement("template");
+          t.innerHTML = html;
+          var fresh = find(t.content);
+          var old = find(document);
+          if (fresh && old) { old.replaceWith(fresh); }
+          live("live");
+        }
+        done();
       })
-      .catch(function () { pending[key] = false; });
+      .catch(done);
+  }
+  // An event's journal line is written before the files a page shows
+  // (report.json, session.json): the part is fetched at once, and again a
+  // second after the last event about it, when those are written too.
+  var settle = {};
+  function update(key, url, find) {
+    swap(key, url, find);
+    clearTimeout(settle[key]);
+    settle[key] = setTimeout(function () { swap(key, url, find); }, 1000);
   }
   function byId(id) { return function (root) { return root.getElementById ? root.getElementById(id) : root.querySelector("#" + id); }; }
   source.onopen = function () { live("live"); };
@@ -69,12 +93,12 @@ pub const SCRIPT: &str = r##""use strict";
     try { ev = JSON.parse(e.data); } catch (_) { return; }
     if (agentPage) {
       if (ev.agent === agentPage) {
-        swap("part", withQ("/agent/" + encodeURIComponent(agentPage) + "/part", {}), byId("part"));
+        update("part", withQ("/agent/" + encodeURIComponent(agentPage) + "/part", {}), byId("part"));
       }
     } else if (reloadPage) {
-      swap("main", withQ(location.pathname, {}), byId("main"));
+      update("main", withQ(location.pathname, {}), byId("main"));
     } else if (ev.agent) {
-      swap(ev.agent, withQ("/row/" + encodeURIComponent(ev.agent), {}), byId("agent-" + ev.agent));
+      update(ev.agent, withQ("/row/" + encodeURIComponent(ev.agent), {}), byId("agent-" + ev.agent));
     }
   };
   source.addEventListener("log", function (e) {
@@ -108,6 +132,29 @@ pub fn escape(text: &str) -> String {
         }
     }
     out
+}
+
+/// How many bytes at the end of `bytes` are the start of a UTF-8
+/// character not complete yet (0 to 3): a log read that ended in the middle
+/// of a character keeps them for the next read rather than show U+FFFD
+/// (pure). Bytes that can never be completed count as complete (they show
+/// as U+FFFD where they are).
+pub fn incomplete_utf8(bytes: &[u8]) -> usize {
+    for back in 1..=bytes.len().min(3) {
+        let b = bytes[bytes.len() - back];
+        if b & 0xC0 == 0x80 {
+            // A continuation byte: its lead is further back.
+            continue;
+        }
+        let need = match b {
+            0xC2..=0xDF => 2,
+            0xE0..=0xEF => 3,
+            0xF0..=0xF4 => 4,
+            _ => return 0,
+        };
+        return if need > back { back } else { 0 };
+    }
+    0
 }
 
 fn str_of<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
@@ -439,6 +486,28 @@ mod tests {
             ("plain\ttext\n", "plain\ttext\n"),
         ] {
             assert_eq!(escape(input), want, "{input:?}");
+        }
+    }
+
+    #[test]
+    fn an_incomplete_character_at_the_end_is_kept_back() {
+        // "é" is C3 A9, "€" E2 82 AC, "😀" F0 9F 98 80.
+        for (bytes, keep) in [
+            (&b""[..], 0),
+            (b"abc", 0),
+            (b"ab\xC3", 1),
+            (b"ab\xC3\xA9", 0),
+            (b"\xE2", 1),
+            (b"x\xE2\x82", 2),
+            (b"x\xE2\x82\xAC", 0),
+            (b"\xF0\x9F\x98", 3),
+            (b"\xF0\x9F\x98\x80", 0),
+            // Never completed: shown where they are.
+            (b"a\xFF", 0),
+            (b"a\x80\x80\x80", 0),
+            (b"a\xC0", 0),
+        ] {
+            assert_eq!(incomplete_utf8(bytes), keep, "{bytes:?}");
         }
     }
 

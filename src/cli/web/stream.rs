@@ -2,38 +2,57 @@
 //! one reader.
 //!
 //! One poller task per daemon ([`Hub`]) reads what is new in the journals
-//! every [`EVENT_POLL`] and sends it to every open stream through a tokio
-//! broadcast channel, so N viewers cost one reader; with no viewer it
-//! sleeps until one comes. Each stream keeps its own cursor: it starts by
-//! reading from its `Last-Event-ID` (or `?after=`) itself, then takes the
-//! poller's events past its cursor. When the poller's batch starts after
-//! the stream's cursor (the poller was idle, the stream lagged behind the
-//! channel, or a journal was rotated), the stream reads the gap itself, so
-//! nothing is missed and nothing repeated.
+//! and sends it to every open stream through a tokio broadcast channel, so
+//! N viewers cost one reader; with no viewer it sleeps until one comes.
+//! While someone watches, it waits on inotify (the `notify` crate, the
+//! watches of `agent-state events --follow`: the root, `.daemon/`, each
+//! agent's directory, and the `sessions/` of each agent whose log a page
+//! follows) and reads only the journals that changed; a read every
+//! [`BACKSTOP`] catches what a lost event would miss. Only when a watch
+//! cannot be set (inotify's limits) does it read every [`EVENT_POLL`], and
+//! says so once in the daemon's log.
+//!
+//! Each stream keeps its own cursor: it starts by reading from its
+//! `Last-Event-ID` (or `?after=`) itself, then takes the poller's events
+//! past its cursor. When the poller's batch starts after the stream's
+//! cursor (the poller was idle, the stream lagged behind the channel, or a
+//! journal was rotated), the stream reads the gap itself, so nothing is
+//! missed and nothing repeated.
 //!
 //! With `?log=AGENT` (an agent's page), the stream also follows the running
-//! session's log: on each tick, what was appended, as `event: log`.
+//! session's log: on each tick, what was appended, as `event: log`, from
+//! where the page's tail ended (`log_file`, `log_from`); a character split
+//! between two reads is sent whole with the second.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Seek, SeekFrom};
-use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::Duration;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use tokio::sync::{Notify, broadcast};
+use notify::{RecursiveMode, Watcher};
+use tokio::sync::{Notify, broadcast, mpsc};
 
 use super::{Shared, context, data, page};
 use crate::agent_name::AgentName;
-use crate::events::{Batch, Cursor, Reader, SourceId, StreamEvent};
+use crate::events::{Batch, Change, Cursor, Reader, SourceId, StreamEvent};
 use crate::state::StateRoot;
 
-/// How often the poller looks for new events.
+/// How often the poller reads when the journals cannot be watched.
 pub const EVENT_POLL: Duration = Duration::from_millis(300);
-/// Ticks with nothing sent before a keep-alive comment (15 s).
-const KEEP_ALIVE: u32 = 50;
+/// How often it reads everything while watching: a backstop for events
+/// inotify lost (a full queue) or never gave (a directory made and filled
+/// before its watch was set).
+pub const BACKSTOP: Duration = Duration::from_secs(5);
+/// The least time between two reads: a session writing its log or many
+/// journal lines at once costs one read per this, not one per write.
+const MIN_GAP: Duration = Duration::from_millis(40);
+/// Time with nothing sent before a keep-alive comment.
+const KEEP_ALIVE: Duration = Duration::from_secs(15);
 /// Ticks a slow stream may fall behind before it reads the gap itself.
 const CHANNEL: usize = 64;
 /// The most of a log sent in one event.
@@ -71,6 +90,276 @@ impl Tick {
             chunk: Bytes::from(chunk),
         }
     }
+
+    /// Nothing read (pure).
+    fn empty(at: Cursor, restarted: bool) -> Tick {
+        Tick {
+            end: at.clone(),
+            before: at,
+            events: Vec::new(),
+            chunk: Bytes::new(),
+            restarted,
+        }
+    }
+}
+
+/// What the file watcher saw, for the poller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Seen {
+    Change(Change),
+    /// A file in this agent's `sessions/` changed: a followed log grew.
+    Log(AgentName),
+}
+
+/// What a watched path's event means for the poller (pure): the journals'
+/// changes as `agent-state events --follow` sees them, and a `.log` file
+/// in an agent's `sessions/`.
+fn seen(root: &Path, event: notify::Result<notify::Event>) -> Vec<Seen> {
+    let logs: Vec<Seen> = match &event {
+        Ok(e) if !matches!(e.kind, notify::EventKind::Access(_)) => e
+            .paths
+            .iter()
+            .filter_map(|p| log_of(root, p))
+            .map(Seen::Log)
+            .collect(),
+        _ => Vec::new(),
+    };
+    let mut out: Vec<Seen> = crate::events::classify(root, event)
+        .into_iter()
+        .map(Seen::Change)
+        .collect();
+    for l in logs {
+        if !out.contains(&l) {
+            out.push(l);
+        }
+    }
+    out
+}
+
+/// The agent whose session log `path` is (`ROOT/AGENT/sessions/*.log`).
+fn log_of(root: &Path, path: &Path) -> Option<AgentName> {
+    let name = path.file_name()?.to_str()?;
+    let sessions = path.parent()?;
+    let agent = sessions.parent()?;
+    if !name.ends_with(".log") || sessions.file_name()? != "sessions" || agent.parent()? != root {
+        return None;
+    }
+    AgentName::parse(agent.file_name()?.to_str()?).ok()
+}
+
+/// What the watcher reported since the last read.
+#[derive(Default)]
+struct Pending {
+    dirty: BTreeSet<SourceId>,
+    new_dirs: Vec<PathBuf>,
+    rescan: bool,
+}
+
+impl Pending {
+    fn add(&mut self, seen: Vec<Seen>) {
+        for s in seen {
+            match s {
+                Seen::Change(Change::Source(source)) => {
+                    self.dirty.insert(source);
+                }
+                Seen::Change(Change::NewDir(dir)) => self.new_dirs.push(dir),
+                Seen::Change(Change::Rescan) => self.rescan = true,
+                // A tick is enough: every stream drains its log on each.
+                Seen::Log(_) => {}
+            }
+        }
+    }
+}
+
+/// The watches of one watching spell (from the first viewer to the last).
+struct Watches {
+    watcher: notify::RecommendedWatcher,
+    dirs: BTreeSet<PathBuf>,
+    /// The `sessions/` directories watched for the logs pages follow.
+    logs: BTreeMap<AgentName, PathBuf>,
+    /// A watch could not be set: read every [`EVENT_POLL`].
+    failed: Option<String>,
+}
+
+impl Watches {
+    fn start(root: &StateRoot, tx: mpsc::UnboundedSender<Vec<Seen>>) -> Result<Watches, String> {
+        let path = root.path.clone();
+        let watcher = notify::recommended_watcher(move |event| {
+            let seen = seen(&path, event);
+            if !seen.is_empty() {
+                let _ = tx.send(seen);
+            }
+        })
+        .map_err(|e| format!("cannot start a file watcher: {e}"))?;
+        let mut w = Watches {
+            watcher,
+            dirs: BTreeSet::new(),
+            logs: BTreeMap::new(),
+            failed: None,
+        };
+        w.dir(&root.path);
+        w.sources(root);
+        Ok(w)
+    }
+
+    /// Watch a directory (once); a failure is remembered.
+    fn dir(&mut self, dir: &Path) {
+        if self.dirs.contains(dir) || !crate::fsx::is_dir(dir) {
+            return;
+        }
+        match self.watcher.watch(dir, RecursiveMode::NonRecursive) {
+            Ok(()) => {
+                self.dirs.insert(dir.to_path_buf());
+            }
+            Err(e) => {
+                self.failed
+                    .get_or_insert_with(|| format!("cannot watch {}: {e}", dir.display()));
+            }
+        }
+    }
+
+    /// `.daemon/` and every agent's directory there is now.
+    fn sources(&mut self, root: &StateRoot) {
+        self.dir(&root.daemon_dir());
+        match Reader::new(root.clone(), Cursor::start(), None).sources() {
+            Ok(sources) => {
+                for s in sources {
+                    if let SourceId::Agent(a) = s {
+                        self.dir(&root.agent(&a).path);
+                    }
+                }
+            }
+            Err(e) => {
+                self.failed.get_or_insert_with(|| e.to_string());
+            }
+        }
+    }
+
+    /// Watch the `sessions/` of exactly the agents whose logs are followed.
+    fn logs(&mut self, root: &StateRoot, followed: &BTreeSet<AgentName>) {
+        let gone: Vec<AgentName> = self
+            .logs
+            .keys()
+            .filter(|a| !followed.contains(*a))
+            .cloned()
+            .collect();
+        for a in gone {
+            if let Some(dir) = self.logs.remove(&a) {
+                let _ = self.watcher.unwatch(&dir);
+            }
+        }
+        for a in followed {
+            if self.logs.contains_key(a) {
+                continue;
+            }
+            let dir = root.agent(a).sessions_dir();
+            if !crate::fsx::is_dir(&dir) {
+                continue;
+            }
+            match self.watcher.watch(&dir, RecursiveMode::NonRecursive) {
+                Ok(()) => {
+                    self.logs.insert(a.clone(), dir);
+                }
+                Err(e) => {
+                    self.failed
+                        .get_or_insert_with(|| format!("cannot watch {}: {e}", dir.display()));
+                }
+            }
+        }
+    }
+}
+
+/// The poller's state between two reads (moved to a blocking thread for
+/// each).
+struct Poller {
+    root: StateRoot,
+    show_bodies: bool,
+    reader: Option<Reader>,
+    /// `None` while nobody watches, or when no watcher could be started.
+    watches: Option<Watches>,
+    /// Why the poller polls, once said.
+    said: bool,
+}
+
+impl Poller {
+    /// Set the watches (if not yet), then read what `pending` says changed
+    /// (everything with `all`): the tick for the streams.
+    fn turn(
+        &mut self,
+        tx: &mpsc::UnboundedSender<Vec<Seen>>,
+        pending: Pending,
+        all: bool,
+        followed: &BTreeSet<AgentName>,
+    ) -> Tick {
+        let mut fresh = false;
+        if self.watches.is_none() && self.reader.is_none() {
+            // Watches first, then the reader's first read: nothing
+            // appended in between is missed.
+            match Watches::start(&self.root, tx.clone()) {
+                Ok(w) => self.watches = Some(w),
+                Err(e) => self.poll_because(&e),
+            }
+        }
+        if let Some(w) = &mut self.watches {
+            for dir in &pending.new_dirs {
+                w.dir(dir);
+            }
+            if pending.rescan {
+                w.sources(&self.root);
+            }
+            w.logs(&self.root, followed);
+            if let Some(why) = w.failed.take() {
+                self.poll_because(&why);
+                // Remembered: the poller reads every EVENT_POLL from now on.
+                if let Some(w) = &mut self.watches {
+                    w.failed = Some(why);
+                }
+            }
+        }
+        let reader = self.reader.get_or_insert_with(|| {
+            fresh = true;
+            let mut r = Reader::new(self.root.clone(), Cursor::start(), None);
+            let _ = r.read(None);
+            r
+        });
+        let before = reader.position().clone();
+        let mut dirty = pending.dirty;
+        for dir in &pending.new_dirs {
+            if let Some(Ok(a)) = dir
+                .file_name()
+                .and_then(|n| n.to_str())
+                .map(AgentName::parse)
+            {
+                dirty.insert(SourceId::Agent(a));
+            }
+        }
+        let read = if fresh || all || pending.rescan || !pending.new_dirs.is_empty() {
+            reader.read(None)
+        } else if dirty.is_empty() {
+            return Tick::empty(before, false);
+        } else {
+            reader.read(Some(&dirty))
+        };
+        match read {
+            Ok(batch) => Tick::new(before, batch, self.show_bodies),
+            Err(_) => Tick::empty(before, true),
+        }
+    }
+
+    /// Whether the poller reads every [`EVENT_POLL`] (a watch failed).
+    fn polling(&self) -> bool {
+        self.watches.as_ref().is_none_or(|w| w.failed.is_some())
+    }
+
+    fn poll_because(&mut self, why: &str) {
+        if !self.said {
+            self.said = true;
+            tracing::warn!(
+                "web view: {why}; the event streams read the journals every {} ms instead",
+                EVENT_POLL.as_millis()
+            );
+        }
+    }
 }
 
 /// The one reader of the journals all streams share.
@@ -80,6 +369,27 @@ pub struct Hub {
     show_bodies: bool,
     sender: broadcast::Sender<Arc<Tick>>,
     wake: Arc<Notify>,
+    /// The agents whose logs open streams follow, and how many follow each.
+    followed: Arc<Mutex<BTreeMap<AgentName, usize>>>,
+}
+
+/// A stream's hold on its agent's log being watched; released when the
+/// stream ends.
+struct Following {
+    hub: Hub,
+    agent: AgentName,
+}
+
+impl Drop for Following {
+    fn drop(&mut self) {
+        let mut f = self.hub.followed.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = f.get_mut(&self.agent) {
+            *n -= 1;
+            if *n == 0 {
+                f.remove(&self.agent);
+            }
+        }
+    }
 }
 
 impl Hub {
@@ -91,6 +401,7 @@ impl Hub {
             show_bodies,
             sender,
             wake: Arc::new(Notify::new()),
+            followed: Default::default(),
         };
         tokio::spawn(hub.clone().poll());
         hub
@@ -102,45 +413,104 @@ impl Hub {
         rx
     }
 
+    /// Watch `agent`'s logs while the returned value lives.
+    fn follow(&self, agent: &AgentName) -> Following {
+        *self
+            .followed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(agent.clone())
+            .or_default() += 1;
+        self.wake.notify_one();
+        Following {
+            hub: self.clone(),
+            agent: agent.clone(),
+        }
+    }
+
+    fn followed(&self) -> BTreeSet<AgentName> {
+        self.followed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .cloned()
+            .collect()
+    }
+
     async fn poll(self) {
-        let mut reader: Option<Reader> = None;
+        let (tx, mut rx) = mpsc::unbounded_channel::<Vec<Seen>>();
+        let mut poller = Some(Poller {
+            root: self.root.clone(),
+            show_bodies: self.show_bodies,
+            reader: None,
+            watches: None,
+            said: false,
+        });
+        let mut pending = Pending::default();
+        let mut all = false;
+        let mut last_read: Option<Instant> = None;
         loop {
             if self.sender.receiver_count() == 0 {
-                // Nobody watches: no reads until a stream opens (it reads
-                // what it missed itself).
-                reader = None;
+                // Nobody watches: no watches, no reads until a stream opens
+                // (it reads what it missed itself).
+                if let Some(p) = &mut poller {
+                    p.reader = None;
+                    p.watches = None;
+                }
+                while rx.try_recv().is_ok() {}
+                pending = Pending::default();
                 self.wake.notified().await;
                 continue;
             }
-            let root = self.root.clone();
-            let taken = reader.take();
-            let show_bodies = self.show_bodies;
+            if let Some(at) = last_read {
+                // Many changes at once: one read for them all.
+                tokio::time::sleep_until((at + MIN_GAP).into()).await;
+            }
+            while let Ok(seen) = rx.try_recv() {
+                pending.add(seen);
+            }
+            let Some(mut p) = poller.take() else {
+                return;
+            };
+            let followed = self.followed();
+            let (tx2, taken, everything) = (tx.clone(), std::mem::take(&mut pending), all);
+            all = false;
             let read = tokio::task::spawn_blocking(move || {
-                let mut r = taken.unwrap_or_else(|| {
-                    let mut fresh = Reader::new(root, Cursor::start(), None);
-                    let _ = fresh.read(None);
-                    fresh
-                });
-                let before = r.position().clone();
-                let tick = match r.read(None) {
-                    Ok(batch) => Tick::new(before, batch, show_bodies),
-                    Err(_) => Tick {
-                        end: before.clone(),
-                        before,
-                        events: Vec::new(),
-                        chunk: Bytes::new(),
-                        restarted: true,
-                    },
-                };
-                (r, tick)
+                let tick = p.turn(&tx2, taken, everything, &followed);
+                (p, tick)
             })
             .await;
-            if let Ok((r, tick)) = read {
-                reader = Some(r);
-                // No receiver left: the next turn sleeps.
-                let _ = self.sender.send(Arc::new(tick));
+            last_read = Some(Instant::now());
+            let polling = match read {
+                Ok((p, tick)) => {
+                    let polling = p.polling();
+                    poller = Some(p);
+                    // No receiver left: the next turn sleeps.
+                    let _ = self.sender.send(Arc::new(tick));
+                    polling
+                }
+                // The read panicked: start afresh (new watches, a new reader).
+                Err(_) => {
+                    poller = Some(Poller {
+                        root: self.root.clone(),
+                        show_bodies: self.show_bodies,
+                        reader: None,
+                        watches: None,
+                        said: true,
+                    });
+                    true
+                }
+            };
+            let wait = if polling { EVENT_POLL } else { BACKSTOP };
+            tokio::select! {
+                seen = rx.recv() => {
+                    if let Some(seen) = seen {
+                        pending.add(seen);
+                    }
+                }
+                () = self.wake.notified() => {}
+                () = tokio::time::sleep(wait) => all = true,
             }
-            tokio::time::sleep(EVENT_POLL).await;
         }
     }
 }
@@ -153,6 +523,28 @@ struct Follow {
     offset: u64,
     /// Looked for once: a log found later is read from its start.
     known: bool,
+    /// Where the page's tail of the log ended (`log_from`): the first read
+    /// starts there ([`log_start`]), not at the log's end.
+    from: Option<u64>,
+    /// The start of a character the last read ended in the middle of.
+    carry: Vec<u8>,
+    /// Keeps the log's directory watched.
+    _watched: Following,
+}
+
+/// The most of a log a stream sends that was written before it opened
+/// (what a page rendered long ago missed): more is skipped.
+const LOG_BACKLOG: u64 = 256 * 1024;
+
+/// Where a stream starts reading a log `len` bytes long, given where the
+/// page's tail of it ended (pure): there; the end when the page gave no
+/// offset or one past the end (the log was replaced by a shorter one);
+/// never more than [`LOG_BACKLOG`] before the end.
+pub fn log_start(from: Option<u64>, len: u64) -> u64 {
+    match from {
+        Some(from) if from <= len => from.max(len.saturating_sub(LOG_BACKLOG)),
+        _ => len,
+    }
 }
 
 /// One stream's state.
@@ -163,7 +555,8 @@ struct Viewer {
     rx: broadcast::Receiver<Arc<Tick>>,
     follow: Option<Follow>,
     config_path: PathBuf,
-    quiet: u32,
+    /// When something was last sent (a keep-alive after [`KEEP_ALIVE`]).
+    sent: Instant,
     first: bool,
 }
 
@@ -262,14 +655,13 @@ impl Viewer {
             Bytes::from([log.as_bytes(), &chunk].concat())
         };
         if !chunk.is_empty() {
-            self.quiet = 0;
+            self.sent = Instant::now();
             return Some(chunk);
         }
-        self.quiet += 1;
-        if self.quiet >= KEEP_ALIVE {
+        if self.sent.elapsed() >= KEEP_ALIVE {
             // Keeps proxies from closing the stream, and finds a viewer
             // that went away (its write fails).
-            self.quiet = 0;
+            self.sent = Instant::now();
             return Some(Bytes::from_static(b": keep-alive\n\n"));
         }
         Some(Bytes::new())
@@ -286,22 +678,26 @@ impl Viewer {
         let answer = tokio::task::spawn_blocking(move || {
             // What the log it follows gained (to its end, also when the
             // session has just ended), then the log the session writes now.
+            if let Some(p) = &f.path
+                && let Some(from) = f.from.take()
+            {
+                // The page's log (`log_file`): from where its tail ended.
+                f.offset = log_start(Some(from), file_len(p));
+            }
             let mut out = drain(&mut f);
             if again && let Ok(ctx) = crate::cli::Context::load_or_accepted(&config_path) {
                 let now = data::running_log(&ctx, &f.agent);
                 let session = now.as_ref().map(|(s, _)| s.clone());
                 let path = now.map(|(_, p)| p);
                 if path != f.path {
-                    // A new log: from its start, but the first one from now
-                    // (the page shows its tail already).
+                    // A new log: from its start, but the first one from
+                    // where the page's tail of it ended (or from now).
                     f.offset = if !f.known {
-                        path.as_deref()
-                            .and_then(|p| crate::fsx::metadata(p).ok().flatten())
-                            .map(|st| st.st_size as u64)
-                            .unwrap_or(0)
+                        log_start(f.from.take(), path.as_deref().map_or(0, file_len))
                     } else {
                         0
                     };
+                    f.carry.clear();
                     f.path = path;
                     f.session = session;
                     out.push_str(&drain(&mut f));
@@ -322,27 +718,52 @@ impl Viewer {
     }
 }
 
+/// A file's length; 0 when it is missing or cannot be read.
+fn file_len(path: &Path) -> u64 {
+    crate::fsx::metadata(path)
+        .ok()
+        .flatten()
+        .map_or(0, |st| st.st_size as u64)
+}
+
 /// What the followed log gained since its offset, as a `log` event.
 fn drain(f: &mut Follow) -> String {
-    let text = f
+    let read = f
         .path
         .as_deref()
         .and_then(|p| read_from(p, f.offset))
         .unwrap_or_default();
-    f.offset += text.len() as u64;
-    if text.is_empty() {
-        return String::new();
+    f.offset += read.len() as u64;
+    match log_text(&mut f.carry, read) {
+        Some(text) => log_event(f.session.as_deref(), &text),
+        None => String::new(),
     }
-    let data = serde_json::json!({
-        "session": f.session,
-        "text": String::from_utf8_lossy(&text),
-    });
+}
+
+/// The text of what a read of a log gave after what the last one left
+/// (`carry`, moved): up to its last complete character, the rest left in
+/// `carry` for the next read; `None` when there is nothing to show yet
+/// (pure).
+pub fn log_text(carry: &mut Vec<u8>, read: Vec<u8>) -> Option<String> {
+    let mut bytes = std::mem::take(carry);
+    bytes.extend_from_slice(&read);
+    let keep = page::incomplete_utf8(&bytes);
+    *carry = bytes.split_off(bytes.len() - keep);
+    if bytes.is_empty() {
+        return None;
+    }
+    Some(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// A `log` event (pure).
+fn log_event(session: Option<&str>, text: &str) -> String {
+    let data = serde_json::json!({"session": session, "text": text});
     format!("event: log\ndata: {data}\n\n")
 }
 
 /// The bytes of a file below the root from `offset` (at most
 /// [`LOG_CHUNK`]); none when it is missing, a link, or shorter.
-fn read_from(path: &std::path::Path, offset: u64) -> Option<Vec<u8>> {
+fn read_from(path: &Path, offset: u64) -> Option<Vec<u8>> {
     let mut f = crate::fsx::open_read(path).ok().flatten()?;
     let len = f.metadata().ok()?.len();
     if len <= offset {
@@ -352,6 +773,26 @@ fn read_from(path: &std::path::Path, offset: u64) -> Option<Vec<u8>> {
     let mut buf = Vec::new();
     f.take(LOG_CHUNK).read_to_end(&mut buf).ok()?;
     Some(buf)
+}
+
+/// Is `name` a session log's name (`ID.log`, `ID.iter-N.log`): one plain
+/// file name, never a path (pure).
+fn is_log_name(name: &str) -> bool {
+    name.len() <= 255
+        && name.ends_with(".log")
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_'))
+}
+
+/// The session a log's name is of (pure).
+fn session_of(name: &str) -> String {
+    let stem = name.strip_suffix(".log").unwrap_or(name);
+    match stem.rsplit_once(".iter-") {
+        Some((session, _)) => session.to_string(),
+        None => stem.to_string(),
+    }
 }
 
 /// `/events`: from `Last-Event-ID` (a reconnect), `?after=CURSOR`, or the
@@ -370,6 +811,30 @@ pub async fn events(State(shared): State<Shared>, request: Request) -> Response 
         .map(str::to_string)
         .or_else(|| query("after="));
     let log = query("log=");
+    let log_from = match query("log_from=").filter(|t| !t.is_empty()) {
+        None => None,
+        Some(t) => match t.parse::<u64>() {
+            Ok(n) => Some(n),
+            Err(_) => {
+                return (
+                    StatusCode::BAD_REQUEST,
+                    format!("bad log_from {t:?}: give the byte offset the page's log ended at\n"),
+                )
+                    .into_response();
+            }
+        },
+    };
+    let log_file = match query("log_file=").filter(|t| !t.is_empty()) {
+        None => None,
+        Some(t) if is_log_name(&t) => Some(t),
+        Some(t) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                format!("bad log_file {t:?}: give the name of a log in the agent's sessions/, like ID.log\n"),
+            )
+                .into_response();
+        }
+    };
     let ctx = match context(&shared) {
         Ok(c) => c,
         Err(r) => return r.into_response(),
@@ -377,13 +842,23 @@ pub async fn events(State(shared): State<Shared>, request: Request) -> Response 
     let follow = match log.as_deref() {
         None | Some("") => None,
         Some(name) => match data::agent_name(&ctx, name) {
-            Ok(agent) => Some(Follow {
-                agent,
-                session: None,
-                path: None,
-                offset: 0,
-                known: false,
-            }),
+            Ok(agent) => {
+                // The log the page showed, when it names one: followed from
+                // where its tail ended, then whatever the session writes now.
+                let path = log_file
+                    .as_deref()
+                    .map(|n| ctx.root.agent(&agent).sessions_dir().join(n));
+                Some(Follow {
+                    session: log_file.as_deref().map(session_of),
+                    known: path.is_some(),
+                    path,
+                    offset: 0,
+                    from: log_from,
+                    carry: Vec::new(),
+                    _watched: shared.hub.follow(&agent),
+                    agent,
+                })
+            }
             Err(e) => return (StatusCode::NOT_FOUND, format!("{e}\n")).into_response(),
         },
     };
@@ -415,7 +890,7 @@ pub async fn events(State(shared): State<Shared>, request: Request) -> Response 
         rx: shared.hub.subscribe(),
         follow,
         config_path: shared.config_path.clone(),
-        quiet: 0,
+        sent: Instant::now(),
         first: true,
     };
     let stream = futures_util::stream::unfold(viewer, |mut v| async move {
@@ -502,5 +977,114 @@ mod tests {
         let mut r = t();
         r.restarted = true;
         assert!(take(&r, &mut at("rio", 100), false).is_none());
+    }
+
+    #[test]
+    fn a_log_is_followed_from_where_the_page_ended_bounded() {
+        for (from, len, want) in [
+            // No offset from the page: from now.
+            (None, 500, 500),
+            // The page's offset.
+            (Some(0), 500, 0),
+            (Some(120), 500, 120),
+            (Some(500), 500, 500),
+            // Past the end (a log replaced by a shorter one): its end.
+            (Some(501), 500, 500),
+            (Some(u64::MAX), 0, 0),
+            // Long ago: at most the backlog.
+            (Some(0), LOG_BACKLOG + 10, 10),
+            (Some(20), LOG_BACKLOG + 10, 20),
+        ] {
+            assert_eq!(log_start(from, len), want, "{from:?} {len}");
+        }
+    }
+
+    #[test]
+    fn a_character_split_between_two_reads_is_sent_whole_with_the_second() {
+        let mut carry = Vec::new();
+        // "été €" split inside the first "é" and inside "€".
+        let text = "été €!".as_bytes();
+        let (a, rest) = text.split_at(1);
+        let (b, c) = rest.split_at(text.len() - 1 - 2);
+        assert_eq!(log_text(&mut carry, a.to_vec()), None);
+        assert_eq!(carry, a);
+        assert_eq!(log_text(&mut carry, b.to_vec()).as_deref(), Some("été "));
+        assert_eq!(carry, &b"\xE2\x82"[..]);
+        assert_eq!(log_text(&mut carry, c.to_vec()).as_deref(), Some("€!"));
+        assert!(carry.is_empty());
+        // Bytes that are no character are shown as U+FFFD, not kept.
+        assert_eq!(
+            log_text(&mut carry, b"a\xFFb".to_vec()).as_deref(),
+            Some("a\u{FFFD}b")
+        );
+        assert!(carry.is_empty());
+    }
+
+    #[test]
+    fn the_watcher_wakes_the_poller_for_journals_and_followed_logs_only() {
+        use notify::event::{AccessKind, AccessMode, CreateKind, DataChange, ModifyKind};
+        use notify::{Event, EventKind};
+        let root = Path::new("/srv/state");
+        let ev = |kind: EventKind, path: &str| Ok(Event::new(kind).add_path(root.join(path)));
+        let write = EventKind::Modify(ModifyKind::Data(DataChange::Any));
+        let rio = AgentName::parse("rio").unwrap();
+        assert_eq!(
+            seen(root, ev(write, "rio/journal.jsonl")),
+            vec![Seen::Change(Change::Source(SourceId::Agent(rio.clone())))]
+        );
+        assert_eq!(
+            seen(root, ev(write, "rio/sessions/s1.log")),
+            vec![Seen::Log(rio.clone())]
+        );
+        assert_eq!(
+            seen(root, ev(write, "rio/sessions/s1.iter-2.log")),
+            vec![Seen::Log(rio.clone())]
+        );
+        assert_eq!(
+            seen(root, ev(EventKind::Create(CreateKind::Folder), "ada")),
+            vec![Seen::Change(Change::NewDir(root.join("ada")))]
+        );
+        // The poller's own reads, other files, logs elsewhere: nothing.
+        for (kind, path) in [
+            (
+                EventKind::Access(AccessKind::Open(AccessMode::Read)),
+                "rio/journal.jsonl",
+            ),
+            (
+                EventKind::Access(AccessKind::Open(AccessMode::Read)),
+                "rio/sessions/s1.log",
+            ),
+            (write, "rio/session.json"),
+            (write, "rio/sessions/s1.prompt.md"),
+            (write, "rio/other/s1.log"),
+            (write, "rio/sessions/x/s1.log"),
+        ] {
+            assert_eq!(seen(root, ev(kind, path)), vec![], "{kind:?} {path}");
+        }
+        // Lost events: read everything.
+        assert_eq!(
+            seen(root, Err(notify::Error::generic("queue overflow"))),
+            vec![Seen::Change(Change::Rescan)]
+        );
+    }
+
+    #[test]
+    fn log_file_is_one_plain_log_name() {
+        for ok in ["s1.log", "rio-20261127T0400-ab12.iter-3.log"] {
+            assert!(is_log_name(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            ".log",
+            "../x.log",
+            "a/b.log",
+            "s1.txt",
+            "s1.log%00",
+            "s 1.log",
+        ] {
+            assert!(!is_log_name(bad), "{bad}");
+        }
+        assert_eq!(session_of("s1.log"), "s1");
+        assert_eq!(session_of("s1.iter-3.log"), "s1");
     }
 }

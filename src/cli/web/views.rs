@@ -137,7 +137,9 @@ pub fn agent_part(a: &Value, now: Timestamp) -> String {
             match failed(tail) {
                 Some(e) => out.push_str(&e),
                 None => out.push_str(&format!(
-                    "<pre id=\"log\">{}</pre>\n",
+                    "<pre id=\"log\" data-log-file=\"{}\" data-log-from=\"{}\">{}</pre>\n",
+                    escape(s(log, "file").trim_start_matches("sessions/")),
+                    tail["offset"].as_u64().unwrap_or(0),
                     escape(s(tail, "text"))
                 )),
             }
