@@ -468,7 +468,18 @@ fn a_reader_cannot_keep_a_dead_session_alive() {
     std::thread::sleep(Duration::from_millis(500));
     // ... and its next session begins: the dead one is recorded interrupted.
     let next = w.run(&w.acc.svc, &["session", "begin", "rio"]);
-    let holding = matches!(holder.try_wait(), Ok(None));
+    // Refused, the outsider's flock exits at once with an error; had it
+    // opened the file it would wait for the lock and then hold it (`sleep
+    // 20`) past this bound. (On a busy machine `runuser` alone can take a
+    // while: its exit is waited for, not assumed.)
+    poll_until(Duration::from_secs(15), || {
+        !matches!(holder.try_wait(), Ok(None))
+    });
+    let holding = match holder.try_wait() {
+        Ok(None) => true,
+        Ok(Some(status)) => status.success(),
+        Err(_) => false,
+    };
     kill_group(&mut holder);
     assert!(
         next.status.success(),
