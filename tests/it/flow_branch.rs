@@ -516,23 +516,7 @@ fn a_judge_that_writes_code_is_insufficient_and_its_change_not_kept() {
 /// AGENT_STATE_CRASH_SEED replays one.
 #[test]
 fn a_daemon_killed_at_random_moments_commits_and_rolls_back_each_step_once() {
-    let seed: u64 = std::env::var("AGENT_STATE_CRASH_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        });
-    eprintln!("flow_branch crash harness: seed {seed}");
-    let mut x = seed | 1;
-    let mut rand = move |n: u64| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x % n
-    };
+    let (seed, mut rand) = crash_rng("flow_branch");
     let lab = lab(false, "");
     lab.script("theseus", &["* plan"]);
     lab.script("rio", &["* small"]);

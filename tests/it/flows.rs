@@ -722,23 +722,7 @@ fn on_approval_the_configured_command_runs_in_the_actors_worktree_and_its_outcom
 /// does). The seed is printed; AGENT_STATE_CRASH_SEED replays one.
 #[test]
 fn a_daemon_killed_at_random_moments_neither_loses_nor_repeats_a_step() {
-    let seed: u64 = std::env::var("AGENT_STATE_CRASH_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        });
-    eprintln!("flows crash harness: seed {seed}");
-    let mut x = seed | 1;
-    let mut rand = move |n: u64| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x % n
-    };
+    let (seed, mut rand) = crash_rng("flows");
     let cycles = match std::env::var("AGENT_STATE_CRASH_ITERATIONS")
         .ok()
         .and_then(|s| s.parse::<u32>().ok())

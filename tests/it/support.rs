@@ -622,3 +622,28 @@ fn quiet(program: &str, args: &[&str]) {
         .stderr(Stdio::null())
         .status();
 }
+
+/// The random numbers of a crash harness: xorshift from
+/// `AGENT_STATE_CRASH_SEED` (to replay a run) or the time, the seed printed
+/// under `harness`'s name. Returns the seed (for failure messages) and
+/// `rand`, whose `rand(n)` is in `0..n`.
+pub fn crash_rng(harness: &str) -> (u64, impl FnMut(u64) -> u64) {
+    let seed: u64 = std::env::var("AGENT_STATE_CRASH_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        });
+    eprintln!("{harness} crash harness: seed {seed}");
+    let mut x = seed | 1;
+    let rand = move |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    (seed, rand)
+}
