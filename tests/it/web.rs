@@ -1231,3 +1231,164 @@ fn a_browser_shows_hostile_content_on_the_agent_page_as_text_and_its_log_live() 
         .collect();
     assert!(noise.is_empty(), "the console said: {noise:#?}");
 }
+
+/// A TCP proxy to `port` whose open connections the test can cut (the
+/// listener stays): what a browser sees when a network drops its stream.
+struct Proxy {
+    port: u16,
+    open: std::sync::Arc<std::sync::Mutex<Vec<TcpStream>>>,
+}
+
+impl Proxy {
+    fn start(to: u16) -> Proxy {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let open = std::sync::Arc::new(std::sync::Mutex::new(Vec::<TcpStream>::new()));
+        let kept = open.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                let Ok(server) = TcpStream::connect(("127.0.0.1", to)) else {
+                    continue;
+                };
+                let mut list = kept.lock().unwrap();
+                list.push(client.try_clone().unwrap());
+                list.push(server.try_clone().unwrap());
+                drop(list);
+                for (mut a, mut b) in [
+                    (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                    (server, client),
+                ] {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut a, &mut b);
+                        let _ = b.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        Proxy { port, open }
+    }
+
+    /// Cut every connection open now.
+    fn cut(&self) {
+        for s in self.open.lock().unwrap().drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+/// A stream that reconnects (the network dropped it) opens again with the
+/// URL it was opened with, so the server sends the log again from the
+/// page's first offset: the page shows each line once, and a swap of the
+/// page's part (mail came for the agent) keeps the log it shows.
+#[test]
+fn a_browser_whose_stream_reconnects_shows_each_log_line_once() {
+    if std::env::var("AGENT_STATE_BROWSER_TESTS").as_deref() != Ok("1") {
+        eprintln!("skipped: set AGENT_STATE_BROWSER_TESTS=1 (needs chromium)");
+        return;
+    }
+    let env = Env::with_config("");
+    let gate = |name: &str| env.tmp(name).display().to_string();
+    let script = env.script(
+        "agent.sh",
+        &format!(
+            "if [ \"$1\" = rio ]; then\n  echo 'first line'\n  while [ ! -f {a:?} ]; do sleep 0.05; done\n  echo second-line\n  while [ ! -f {b:?} ]; do sleep 0.05; done\n  echo third-line\n  while [ ! -f {c:?} ]; do sleep 0.05; done\n  echo fourth-line\n  while [ ! -f {d:?} ]; do sleep 0.05; done\nfi\nexit 0\n",
+            a = gate("GO-1"),
+            b = gate("GO-2"),
+            c = gate("GO-3"),
+            d = gate("END")
+        ),
+    );
+    let port = free_port();
+    let mut config = daemon_config(
+        &script,
+        &[],
+        &[("wake_on_inbox", "\"high\""), ("timeout", "\"10m\"")],
+        "[[agent]]\nname = \"rio\"\n[[agent]]\nname = \"ada\"\n",
+    );
+    config.push_str(&format!("\n[web]\nlisten = \"127.0.0.1:{port}\"\n"));
+    env.set_config(&config);
+    env.ok(&["bootstrap"]);
+    let d = env.daemon();
+    let proxy = Proxy::start(port);
+    env.ok(&["wake", "rio"]);
+    d.wait_until(Duration::from_secs(30), "rio's session runs", || {
+        api(port, "/api/agent/rio")["running"]["log"]["tail"]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("first line"))
+    });
+    let mut b = Browser::start(&env.tmp("chromium"));
+    b.open(&format!("http://127.0.0.1:{}/agent/rio", proxy.port));
+    let log = |b: &mut Browser| {
+        b.eval("(document.getElementById('log')||{}).textContent||''")
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    };
+    let live = |b: &mut Browser| b.eval("(document.getElementById('live')||{}).textContent");
+    assert!(
+        poll_until(Duration::from_secs(20), || live(&mut b) == "live"),
+        "the event stream never opened"
+    );
+    // The page's tail ended at the first line; the second comes live.
+    std::fs::write(gate("GO-1"), "").unwrap();
+    assert!(
+        poll_until(Duration::from_secs(30), || log(&mut b)
+            .contains("second-line")),
+        "the log never grew: {:?}",
+        log(&mut b)
+    );
+    b.eval("window.__notReloaded = true");
+
+    proxy.cut();
+    assert!(
+        poll_until(Duration::from_secs(20), || live(&mut b) == "reconnecting"),
+        "the page never noticed its stream broke"
+    );
+    assert!(
+        poll_until(Duration::from_secs(30), || live(&mut b) == "live"),
+        "the stream never reconnected"
+    );
+    std::fs::write(gate("GO-2"), "").unwrap();
+    assert!(
+        poll_until(Duration::from_secs(30), || log(&mut b)
+            .contains("third-line")),
+        "the log never grew after the reconnect: {:?}",
+        log(&mut b)
+    );
+    let shown = log(&mut b);
+    for line in ["first line", "second-line", "third-line"] {
+        assert_eq!(shown.matches(line).count(), 1, "{line:?} once: {shown:?}");
+    }
+    // Mail for rio: its part is fetched again while the log runs.
+    b.eval("document.getElementById('part').__before = true");
+    env.ok(&[
+        "send",
+        "--from",
+        "ada",
+        "--to",
+        "rio",
+        "--subject",
+        "hello",
+        "--body",
+        "hi",
+    ]);
+    assert!(
+        poll_until(Duration::from_secs(30), || b
+            .eval("document.getElementById('part').__before === undefined")
+            == Value::Bool(true)),
+        "the page never fetched its part again"
+    );
+    std::fs::write(gate("GO-3"), "").unwrap();
+    assert!(
+        poll_until(Duration::from_secs(30), || log(&mut b)
+            .contains("fourth-line")),
+        "the log never grew after the part was fetched: {:?}",
+        log(&mut b)
+    );
+    let shown = log(&mut b);
+    assert_eq!(b.eval("window.__notReloaded === true"), Value::Bool(true));
+    for line in ["first line", "second-line", "third-line", "fourth-line"] {
+        assert_eq!(shown.matches(line).count(), 1, "{line:?} once: {shown:?}");
+    }
+    std::fs::write(gate("END"), "").unwrap();
+}

@@ -70,12 +70,26 @@ pub const SCRIPT: &str = r##""use strict";
           t.innerHTML = html;
           var fresh = find(t.content);
           var old = find(document);
-          if (fresh && old) { old.replaceWith(fresh); }
+          if (fresh && old) { keepLog(old, fresh); old.replaceWith(fresh); }
           live("live");
         }
         done();
       })
       .catch(done);
+  }
+  // A part fetched again shows the log's tail as it was when the server
+  // rendered it, maybe older than what the stream has shown since: the log
+  // shown is kept while it is the same file; a new file's tail is taken.
+  function keepLog(old, fresh) {
+    var was = old.querySelector ? old.querySelector("#log") : null;
+    var now = fresh.querySelector ? fresh.querySelector("#log") : null;
+    if (!now) { return; }
+    var file = now.getAttribute("data-log-file");
+    if (was && file && was.getAttribute("data-log-file") === file) {
+      now.replaceWith(was);
+    } else if (file) {
+      shownTo[file] = Math.max(shownTo[file] || 0, Number(now.getAttribute("data-log-from")) || 0);
+    }
   }
   // An event's journal line is written before the files a page shows
   // (report.json, session.json): the part is fetched at once, and again a
@@ -101,12 +115,28 @@ pub const SCRIPT: &str = r##""use strict";
       update(ev.agent, withQ("/row/" + encodeURIComponent(ev.agent), {}), byId("agent-" + ev.agent));
     }
   };
+  // How far the page showed each log (bytes): a reconnect opens the stream
+  // with the URL it was opened with, so the log comes again from the
+  // page's first offset; what was shown already is dropped.
+  var shownTo = {};
+  if (shown && shown.getAttribute("data-log-file")) {
+    shownTo[shown.getAttribute("data-log-file")] = Number(shown.getAttribute("data-log-from")) || 0;
+  }
   source.addEventListener("log", function (e) {
     var ev;
     try { ev = JSON.parse(e.data); } catch (_) { return; }
     var log = document.getElementById("log");
     if (!log || typeof ev.text !== "string") { return; }
-    var text = log.textContent + ev.text;
+    var add = ev.text;
+    if (typeof ev.file === "string" && typeof ev.end === "number") {
+      var upTo = shownTo[ev.file] || 0;
+      if (ev.end <= upTo) { return; }
+      var bytes = new TextEncoder().encode(ev.text);
+      var start = ev.end - bytes.length;
+      if (start < upTo) { add = new TextDecoder().decode(bytes.subarray(upTo - start)); }
+      shownTo[ev.file] = ev.end;
+    }
+    var text = log.textContent + add;
     log.textContent = text.length > 65536 ? text.slice(text.length - 65536) : text;
   });
   source.onerror = function () { live("reconnecting"); };

@@ -22,7 +22,9 @@
 //! With `?log=AGENT` (an agent's page), the stream also follows the running
 //! session's log: on each tick, what was appended, as `event: log`, from
 //! where the page's tail ended (`log_file`, `log_from`); a character split
-//! between two reads is sent whole with the second.
+//! between two reads is sent whole with the second. Each `log` event names
+//! its file and the byte it ends at: the page keeps how far it showed each
+//! log and drops what a reconnect sends again.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Seek, SeekFrom};
@@ -735,7 +737,16 @@ fn drain(f: &mut Follow) -> String {
         .unwrap_or_default();
     f.offset += read.len() as u64;
     match log_text(&mut f.carry, read) {
-        Some(text) => log_event(f.session.as_deref(), &text),
+        Some(text) => {
+            let file = f.path.as_deref().and_then(Path::file_name);
+            let end = f.offset - f.carry.len() as u64;
+            log_event(
+                f.session.as_deref(),
+                file.and_then(|n| n.to_str()),
+                end,
+                &text,
+            )
+        }
         None => String::new(),
     }
 }
@@ -755,9 +766,12 @@ pub fn log_text(carry: &mut Vec<u8>, read: Vec<u8>) -> Option<String> {
     Some(String::from_utf8_lossy(&bytes).into_owned())
 }
 
-/// A `log` event (pure).
-fn log_event(session: Option<&str>, text: &str) -> String {
-    let data = serde_json::json!({"session": session, "text": text});
+/// A `log` event (pure): `text` ends at byte `end` of the log `file`, so a
+/// page given the same bytes again (its stream reconnected with the URL it
+/// opened with, and the log is sent again from the page's offset) shows
+/// them once.
+pub fn log_event(session: Option<&str>, file: Option<&str>, end: u64, text: &str) -> String {
+    let data = serde_json::json!({"session": session, "file": file, "end": end, "text": text});
     format!("event: log\ndata: {data}\n\n")
 }
 
