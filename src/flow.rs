@@ -51,8 +51,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 pub use apply::{
-    Applied, ReplyCommand, apply_answers, approve, cycle_of_message, record_answer, reject, reply,
-    reply_command, start, status_of, stop,
+    Applied, ReplyCommand, apply_answers, approve, cycle_of_message, question_ids, record_answer,
+    reject, reply, reply_command, start, status_of, stop,
 };
 
 use crate::agent_name::AgentName;

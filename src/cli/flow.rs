@@ -220,6 +220,47 @@ struct Row<'a> {
     human: &'a str,
     max_insufficient: u32,
     state: Option<&'a FlowState>,
+    /// The questions of the open cycle waiting in the human's mailbox
+    /// (approve, blocked): what the human is asked, not only the status.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    questions: Vec<Question>,
+}
+
+/// A question to a flow's human, waiting in their inbox (its body is left
+/// to `agent-state inbox show`).
+#[derive(Serialize)]
+struct Question {
+    id: String,
+    subject: String,
+    created_at: String,
+}
+
+/// The questions of `state`'s open cycle still waiting in the human's inbox;
+/// a file that cannot be read or is not a message is left out (the inbox
+/// commands name it).
+fn questions(ctx: &Context, f: &FlowSettings, state: Option<&FlowState>) -> Vec<Question> {
+    let Some(c) = state.and_then(|s| s.current.as_ref()) else {
+        return Vec::new();
+    };
+    if c.awaiting.is_some() {
+        return Vec::new();
+    }
+    let inbox = ctx.root.agent(&f.human).inbox();
+    flow::question_ids(f.name.as_str(), &c.id, c.step, &c.question_key)
+        .into_iter()
+        .filter_map(|id| {
+            let path = inbox.join(format!("{id}.json"));
+            let (bytes, _) = crate::fsx::read_limited(&path, inbox::MAX_MESSAGE_BYTES)
+                .ok()
+                .flatten()?;
+            let m: inbox::Message = serde_json::from_slice(&bytes).ok()?;
+            Some(Question {
+                id: m.id,
+                subject: m.subject,
+                created_at: m.created_at.to_string(),
+            })
+        })
+        .collect()
 }
 
 /// What `flow status --json` prints, as JSON (the web view's flows page
@@ -228,12 +269,13 @@ pub fn status_json(ctx: &Context) -> Result<serde_json::Value> {
     let all = flow::status_of(&ctx.root, &ctx.config)?;
     let all: Vec<_> = all.iter().collect();
     // Strings, numbers and options: it always serializes.
-    Ok(serde_json::to_value(rows(&all)).unwrap_or_default())
+    Ok(serde_json::to_value(rows(ctx, &all)).unwrap_or_default())
 }
 
-fn rows<'a>(all: &[&'a (FlowSettings, Option<FlowState>)]) -> Vec<Row<'a>> {
+fn rows<'a>(ctx: &Context, all: &[&'a (FlowSettings, Option<FlowState>)]) -> Vec<Row<'a>> {
     all.iter()
         .map(|(f, s)| Row {
+            questions: questions(ctx, f, s.as_ref()),
             flow: f.name.as_str(),
             planner: f.planner.as_str(),
             actor: f.actor.as_str(),
@@ -255,7 +297,7 @@ fn status(ctx: &Context, only: Option<&str>, json: bool) -> Result<u8> {
         .filter(|(f, _)| only.is_none_or(|n| f.name.as_str() == n))
         .collect();
     if json {
-        print_json(&rows(&all))?;
+        print_json(&rows(ctx, &all))?;
         return Ok(exit::OK);
     }
     if all.is_empty() {
@@ -287,6 +329,16 @@ fn status(ctx: &Context, only: Option<&str>, json: bool) -> Result<u8> {
                 );
                 if let Some(r) = &c.reason {
                     println!("{:<12} {}", "", display::clean(r));
+                }
+                for q in questions(ctx, f, s.as_ref()) {
+                    println!(
+                        "{:<12} asks {}: {} (`agent-state inbox show {} {}`)",
+                        "",
+                        f.human,
+                        display::clean(&q.subject),
+                        f.human,
+                        q.id
+                    );
                 }
             }
             None => {

@@ -785,6 +785,61 @@ fn the_flows_page_shows_the_cycle_its_step_and_who_is_at_work() {
     std::fs::write(&go, "").unwrap();
 }
 
+/// A cycle waiting for the human shows what the human is asked (the
+/// question's subject, as text, linking to the mailbox), in the page, in
+/// `/api/flows` and in `flow status`, not only its status.
+#[test]
+fn the_flows_page_shows_the_question_the_human_is_asked() {
+    let port = free_port();
+    let lab = crate::flows::lab(&format!("\n[web]\nlisten = \"127.0.0.1:{port}\"\n"));
+    lab.script("theseus", &["* plan"]);
+    lab.script("rio", &["* small"]);
+    lab.script("leo", &["* pass-medium"]);
+    let d = lab.env.daemon();
+    let cycle = lab.start("Ship <b>it</b>");
+    d.wait_until(
+        Duration::from_secs(60),
+        "the cycle awaits approval and the human is asked",
+        || {
+            lab.current()["status"] == "awaiting_approval"
+                && lab.mail().iter().any(|m| m["type"] == "question")
+                && api(port, "/api/flows")[0]["state"]["outbox"] == serde_json::json!([])
+        },
+    );
+    let asked = lab
+        .mail()
+        .into_iter()
+        .find(|m| m["type"] == "question")
+        .unwrap();
+    let subject = asked["subject"].as_str().unwrap().to_string();
+    let flows = api(port, "/api/flows");
+    assert_eq!(flows[0]["questions"][0]["id"], asked["id"], "{flows:#}");
+    assert_eq!(flows[0]["questions"][0]["subject"], subject.as_str());
+    let cli: Value = serde_json::from_str(&lab.env.ok(&["flow", "status", "--json"])).unwrap();
+    assert_eq!(flows, cli);
+    let text = lab.env.ok(&["flow", "status"]);
+    assert!(text.contains(&format!("asks marcus: {subject}")), "{text}");
+    let (status, _, page) = get(port, "/flows");
+    assert_eq!(status, 200, "{page}");
+    let shown = subject
+        .replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+        .replace('\'', "&#39;");
+    assert!(
+        page.contains(&format!(
+            "<a href=\"/mailbox\" class=\"subject\">{shown}</a>"
+        )),
+        "{page}"
+    );
+    assert!(page.contains(&cycle), "{page}");
+    // Approved: the question is answered and no longer shown.
+    lab.env.ok(&["flow", "approve", &cycle]);
+    let flows = api(port, "/api/flows");
+    assert!(flows[0].get("questions").is_none(), "{flows:#}");
+}
+
 #[test]
 fn the_fleet_page_shows_budget_bars_holds_and_sessions_per_day() {
     let env = Env::with_config("");

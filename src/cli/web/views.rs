@@ -333,7 +333,18 @@ pub fn flows(rows: &Value, now: Timestamp, cursor: &str) -> String {
                         .copied()
                         .collect::<Vec<_>>()
                         .join(": ");
-                    format!("<td class=\"held\">{}</td>", escape(&q))
+                    let asked: String = r["questions"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|q| {
+                            format!(
+                                "<br><a href=\"/mailbox\" class=\"subject\">{}</a>",
+                                escape(s(q, "subject"))
+                            )
+                        })
+                        .collect();
+                    format!("<td class=\"held\">{}{asked}</td>", escape(&q))
                 } else {
                     "<td></td>".into()
                 };
