@@ -445,6 +445,69 @@ impl Running {
         });
     }
 
+    /// Its task ended (the runs and the iteration loop are over): tell its
+    /// machine what is known only now (the script's own end if it was not
+    /// heard, COMPLETE, a usage limit) and how the last run or verification
+    /// ended, and take the one record it decides: the outcome and the error
+    /// matrix's verdict, the machine's streak advanced.
+    fn ended(
+        &mut self,
+        script: Option<machine::ScriptRecord>,
+        held: Option<machine::Held>,
+        ending: Ending,
+        facts: machine::Facts,
+        now: DateTime<Utc>,
+    ) -> (machine::Outcome, failure::Verdict) {
+        use machine::{Event as E, SessionState as S};
+        let mut actions = Vec::new();
+        match script {
+            Some(machine::ScriptRecord::Ended) => actions.extend(self.feed(E::ScriptEnded, now)),
+            Some(machine::ScriptRecord::Failed { reason }) => {
+                actions.extend(self.feed(E::ScriptFailed { reason }, now))
+            }
+            None => {}
+        }
+        if self.completed_by_signal {
+            let complete = E::Output(machine::OutputSignal::Complete);
+            actions.extend(self.feed(complete, now));
+        }
+        if let Some(held) = held {
+            actions.extend(self.feed(E::UsageLimitSeen(held), now));
+        }
+        // The loop outside the machine ended after a verification: passed,
+        // or it gave up by its limits (its last run ended well).
+        let end = match self.machine.state() {
+            S::Verifying(_)
+            | S::Stopping {
+                verifying: true, ..
+            } => E::VerifyFinished(match facts.gave_up {
+                Some((code, why)) => machine::Verified::GaveUp { code, why },
+                None => machine::Verified::Passed,
+            }),
+            _ => E::ChildExited { ending, facts },
+        };
+        actions.extend(self.feed(end, now));
+        let record = actions.into_iter().find_map(|a| match a {
+            machine::Action::Record { outcome, verdict } => Some((outcome, verdict)),
+            _ => None,
+        });
+        record.unwrap_or_else(|| {
+            // Its record was decided before its task ended, or the state
+            // did not expect the end: never so far; an interruption is what
+            // a session without a record amounts to.
+            tracing::warn!(session_id = %self.session_id, state = ?self.machine.state(), "the session's machine decided no record at its end; recorded as interrupted");
+            let outcome = machine::Outcome::Interrupted(machine::Interruption::Shutdown);
+            let verdict = failure::Verdict {
+                code: None,
+                message: outcome.reason(),
+                attempt: self.machine.streak().retries + 1,
+                next: Next::Nothing,
+                escalate: false,
+            };
+            (outcome, verdict)
+        })
+    }
+
     /// Its machine's timer came: tell it when the session last printed (if
     /// it did since it was last told), then the time.
     fn due(&mut self, now: DateTime<Utc>) -> Vec<machine::Action> {
