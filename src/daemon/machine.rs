@@ -929,6 +929,7 @@ impl Session {
         run.last_output = now;
         run.stall_warned = false;
         run.script = None;
+        run.script_first = false;
         run.completed_signal = false;
         let arm = next_due(&run, self.settings.stall_timeout)
             .map(|at| Action::ArmTimer { at })
@@ -1178,6 +1179,7 @@ impl Session {
         }
         run.iteration += 1;
         run.script = None;
+        run.script_first = false;
         run.completed_signal = false;
         let nudge = run.unchanged == limits.stuck_threshold && run.unchanged > 0;
         (

@@ -844,6 +844,7 @@ impl Daemon {
             Event::Watch(WatchEvent::Wake(agent, name)) => {
                 self.intake.requests.arrived(&agent, name)
             }
+            Event::Watch(WatchEvent::Session(agent)) => self.script_said(&agent),
             Event::Watch(WatchEvent::Rescan(why)) => {
                 tracing::warn!("rescanning every inbox: {why}");
                 self.intake.reusable.clear();

@@ -210,6 +210,11 @@ impl Daemon {
         let tx = self.tx.clone();
         let name = agent.clone();
         let dir = self.root.agent(agent);
+        // Its script's own `session end|fail`, heard as it happens (else
+        // only at its exit).
+        if let Err(e) = self.watcher.watch_session(agent, &dir.path) {
+            tracing::warn!(agent = %agent, session_id = %prepared.session_id, "its script's own session end is heard only when it exits: {e}");
+        }
         let session_id = prepared.session_id.clone();
         // Spawned here, in the loop: the agent runs before the loop goes on
         // to other agents and to publishing (daemon.json, STATUS=). Its
