@@ -138,7 +138,6 @@ impl Daemon {
                 oom: report.oom,
                 invalid_commits: workspace.as_ref().and_then(|w| w.invalid.clone()),
             },
-            now.0,
         );
         self.streaks
             .insert(agent.clone(), running.machine.streak().clone());
@@ -261,25 +260,6 @@ impl Daemon {
             // receive this.
             let _ = tx.send(Event::EndRecorded(Box::new((recorded, outcome))));
         });
-    }
-
-    /// `agent`'s session.json was replaced while its session runs: what its
-    /// script said of its end (`session end|fail`, or its word kept for
-    /// the daemon's end), told to its machine as it happens. Said before
-    /// the daemon begins to stop the run, an unheld script's end is the
-    /// session's record (see `machine::Run::script_first`).
-    pub(super) fn script_said(&mut self, agent: &AgentName) {
-        let Some(r) = self.running.get_mut(agent).filter(|r| !r.recording) else {
-            return;
-        };
-        let dir = self.root.agent(agent);
-        let event = match session::script_end(&dir, &r.session_id) {
-            Some(session::ScriptEnd::Completed) => machine::Event::ScriptEnded,
-            Some(session::ScriptEnd::Failed { reason }) => machine::Event::ScriptFailed { reason },
-            None => return,
-        };
-        let now = self.clock.now();
-        r.feed(event, now);
     }
 
     /// A session's end is recorded (or could not be): say so, and carry out

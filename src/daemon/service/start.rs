@@ -181,7 +181,7 @@ impl Daemon {
             machine::Event::Begin {
                 session_id: prepared.session_id.clone(),
             },
-            now.0,
+            self.session_clock.now(),
         );
         self.running.insert(
             agent.clone(),
@@ -191,6 +191,7 @@ impl Daemon {
                 pid: None,
                 started_at: now,
                 machine: live,
+                clock: self.session_clock,
                 timer: None,
                 orders: orders_tx,
                 activity: activity.clone(),
@@ -233,7 +234,7 @@ impl Daemon {
             && let Some(r) = self.running.get_mut(agent)
         {
             // Its run starts now: its timeout from now.
-            r.feed(machine::Event::Launched, self.clock.now());
+            r.feed(machine::Event::Launched);
         }
         if let Some(Err(report)) = &launched
             && !crate::daemon::runnable::counts_as_attempt(&report.ending)
