@@ -33,3 +33,40 @@ impl Clock {
         (t - self.now()).to_std().unwrap_or_default()
     }
 }
+
+/// The sessions' clock: the time line their machines live on. It starts
+/// at the daemon's clock ([`Clock::now`]) when the daemon starts and then
+/// follows the monotonic clock only, so a step of the wall clock (NTP, an
+/// operator's `date -s`) never moves a session's timeout, stall or grace,
+/// as the runner's own timers never did. Its times are shown as dates
+/// (they are close to the wall clock's) but are compared only with each
+/// other.
+#[derive(Debug, Clone, Copy)]
+pub struct SessionClock {
+    base: DateTime<Utc>,
+    start: std::time::Instant,
+}
+
+impl SessionClock {
+    /// From now: `wall` is the daemon's clock at this moment.
+    pub fn starting(wall: DateTime<Utc>) -> SessionClock {
+        SessionClock {
+            base: wall,
+            start: std::time::Instant::now(),
+        }
+    }
+
+    pub fn now(&self) -> DateTime<Utc> {
+        self.at(self.start.elapsed())
+    }
+
+    /// The time `elapsed` after its start (pure).
+    pub fn at(&self, elapsed: std::time::Duration) -> DateTime<Utc> {
+        crate::clock::later(self.base, elapsed)
+    }
+
+    /// How long from now until `t` on this line (zero if it has passed).
+    pub fn until(&self, t: DateTime<Utc>) -> std::time::Duration {
+        (t - self.now()).to_std().unwrap_or_default()
+    }
+}

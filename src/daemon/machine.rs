@@ -53,6 +53,11 @@ pub struct Settings {
     pub require_complete: bool,
     /// `verify` is configured: the iteration loop runs in the machine.
     pub verify: Option<IterationLimits>,
+    /// The daemon holds the session's end (`verify` is configured, wherever
+    /// its loop runs): a script's own `session end|fail` is only its word,
+    /// kept in session.json, and the daemon's end records the session.
+    /// Otherwise the script's end is the session's record.
+    pub holds_end: bool,
     pub retries: RetrySettings,
 }
 
@@ -78,6 +83,7 @@ impl Settings {
                 max_iterations: s.iteration.max_iterations,
                 stuck_threshold: s.iteration.stuck_threshold,
             }),
+            holds_end: !s.iteration.verify.is_empty(),
             retries: s.retries,
         }
     }
@@ -287,6 +293,13 @@ pub struct Facts {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verified {
     Passed,
+    /// The iteration loop outside the machine (`service::iterations`, in
+    /// the session's task, [`Settings::verify`] `None`) gave up by its own
+    /// limits: its code (`VERIFY_FAILED`, `SESSION_STUCK`) and why.
+    GaveUp {
+        code: Code,
+        why: String,
+    },
     Failed {
         /// The workspace changed since the previous iteration (`true`
         /// without a workspace: nothing to compare).
@@ -440,6 +453,11 @@ pub struct Run {
     pub script_began: bool,
     /// The script recorded its own end (the first of end|fail counts).
     pub script: Option<ScriptRecord>,
+    /// It did before the daemon began to stop the run: its end, not the
+    /// stop, is what the session was (unless the daemon holds the end). A
+    /// script's end heard while the run is being stopped is its trap's
+    /// answer to the stop.
+    pub script_first: bool,
     pub completed_signal: bool,
     pub limit: Option<Held>,
 }
@@ -457,6 +475,7 @@ impl Run {
             unchanged: 0,
             script_began: false,
             script: None,
+            script_first: false,
             completed_signal: false,
             limit: None,
         }
@@ -631,6 +650,7 @@ impl Session {
                 }
             );
         let stall = self.settings.stall_timeout;
+        let stopping = matches!(self.state, SessionState::Stopping { .. });
         let Some(run) = self.live_run() else {
             return Vec::new();
         };
@@ -638,11 +658,13 @@ impl Session {
             Event::ScriptBegan { session_id } if session_id == run.session_id => {
                 run.script_began = true;
             }
-            Event::ScriptEnded => {
-                run.script.get_or_insert(ScriptRecord::Ended);
+            Event::ScriptEnded if run.script.is_none() => {
+                run.script = Some(ScriptRecord::Ended);
+                run.script_first = !stopping;
             }
-            Event::ScriptFailed { reason } => {
-                run.script.get_or_insert(ScriptRecord::Failed { reason });
+            Event::ScriptFailed { reason } if run.script.is_none() => {
+                run.script = Some(ScriptRecord::Failed { reason });
+                run.script_first = !stopping;
             }
             Event::Output(signal) if printing => {
                 // Output reported late (an IO side that is asked at the
@@ -824,6 +846,21 @@ impl Session {
                 },
                 vec![Action::Signal(Sig::Kill)],
             ),
+            // The run ended by itself before the runner signalled it (an
+            // exit racing the stop's SIGTERM): judged by its own exit; no
+            // iteration follows a stop someone asked for or a shutdown.
+            (
+                S::Stopping {
+                    run,
+                    stop,
+                    verifying: false,
+                    ..
+                },
+                E::ChildExited { ending, facts },
+            ) if !by_daemon(&ending) => {
+                let may_verify = matches!(stop, Stop::Timeout | Stop::Stalled { .. });
+                self.exited(run, ending, facts, may_verify, now)
+            }
             (
                 S::Stopping {
                     run,
@@ -892,6 +929,7 @@ impl Session {
         run.last_output = now;
         run.stall_warned = false;
         run.script = None;
+        run.script_first = false;
         run.completed_signal = false;
         let arm = next_due(&run, self.settings.stall_timeout)
             .map(|at| Action::ArmTimer { at })
@@ -972,6 +1010,12 @@ impl Session {
         facts: Facts,
         now: DateTime<Utc>,
     ) -> (SessionState, Vec<Action>) {
+        // Its script recorded the session's end before the stop began (and
+        // the daemon does not hold the end): that record is the session's;
+        // the stop only ended a process that lingered after it.
+        if run.script_first && !self.settings.holds_end {
+            return self.exited(run, Ending::Exited { code: 0 }, facts, false, now);
+        }
         if run.completed_signal && !matches!(ending, Ending::SpawnFailed { .. }) {
             // No verification after a stop someone asked for or a shutdown:
             // the session is ending.
@@ -1099,7 +1143,10 @@ impl Session {
             stuck_threshold: 0,
         });
         let (changed, describe, tail) = match v {
+            Verified::GaveUp { code, why } => return self.give_up(&run, code, why),
             Verified::Passed => {
+                // A success ends the failure streak (as the matrix's does).
+                self.streak = Streak::default();
                 let verdict = Verdict {
                     code: None,
                     message: "completed".into(),
@@ -1132,6 +1179,7 @@ impl Session {
         }
         run.iteration += 1;
         run.script = None;
+        run.script_first = false;
         run.completed_signal = false;
         let nudge = run.unchanged == limits.stuck_threshold && run.unchanged > 0;
         (
@@ -1238,6 +1286,15 @@ fn stop_outcome(stop: Stop) -> Outcome {
     }
 }
 
+/// The runner ended the run on the daemon's order (it sent the SIGTERM, or
+/// started nothing): not an exit of the run's own.
+fn by_daemon(ending: &Ending) -> bool {
+    matches!(
+        ending,
+        Ending::Stopped | Ending::TimedOut | Ending::Stalled { .. }
+    )
+}
+
 /// The agent's command cannot run (missing, not executable): its
 /// messages are not its failure, and nothing runs until it is fixed.
 fn cannot_run(code: Code) -> bool {
@@ -1297,92 +1354,4 @@ fn next_due(run: &Run, stall: Option<Duration>) -> Option<DateTime<Utc>> {
         (Some(d), Some(s)) => Some(d.min(s)),
         (d, s) => d.or(s),
     }
-}
-
-/// A session's end as the daemon's session task reports it today (the run
-/// and its iterations driven outside the machine): the events it amounts to.
-/// The bridge until the loop feeds [`Session::on`] as things happen.
-#[derive(Debug, Clone)]
-pub struct EndOfRun {
-    pub session_id: String,
-    pub started_at: DateTime<Utc>,
-    pub iteration: u32,
-    /// What the script recorded of its own end, read from session.json.
-    pub script: Option<ScriptRecord>,
-    pub completed_signal: bool,
-    /// The usage limit the output showed, as the economy held it.
-    pub limit: Option<Held>,
-    /// Why the daemon stopped it, if it did for another reason than a
-    /// shutdown.
-    pub stop: Option<(StopBy, String)>,
-    pub ending: Ending,
-    pub facts: Facts,
-}
-
-/// Run `end` through a machine: its outcome and the matrix's verdict, the
-/// agent's `streak` advanced.
-pub fn end_of_run(
-    end: EndOfRun,
-    settings: Settings,
-    streak: &mut Streak,
-    now: DateTime<Utc>,
-) -> (Outcome, Verdict) {
-    let settings = Settings {
-        // The loop ran already (`facts.gave_up` says how it ended).
-        verify: None,
-        ..settings
-    };
-    let mut m = Session::running(
-        settings,
-        std::mem::take(streak),
-        end.session_id,
-        end.started_at,
-        end.iteration,
-    );
-    match end.script {
-        Some(ScriptRecord::Ended) => m.on(Event::ScriptEnded, now),
-        Some(ScriptRecord::Failed { reason }) => m.on(Event::ScriptFailed { reason }, now),
-        None => Vec::new(),
-    };
-    if end.completed_signal {
-        m.on(Event::Output(OutputSignal::Complete), now);
-    }
-    if let Some(held) = end.limit {
-        m.on(Event::UsageLimitSeen(held), now);
-    }
-    // The runner's `Stopped`: the stop channel ended it.
-    if end.ending == Ending::Stopped {
-        match end.stop {
-            Some((by, reason)) => m.on(Event::StopRequested { by, reason }, now),
-            None => m.on(Event::Shutdown, now),
-        };
-    }
-    let actions = m.on(
-        Event::ChildExited {
-            ending: end.ending,
-            facts: end.facts,
-        },
-        now,
-    );
-    let attempt = m.streak().retries + 1;
-    *streak = m.into_streak();
-    // A running session's exit always records (the loop is not here); an
-    // interruption is what a session without a record amounts to.
-    actions
-        .into_iter()
-        .find_map(|a| match a {
-            Action::Record { outcome, verdict } => Some((outcome, verdict)),
-            _ => None,
-        })
-        .unwrap_or_else(|| {
-            let outcome = Outcome::Interrupted(Interruption::Shutdown);
-            let verdict = Verdict {
-                code: None,
-                message: outcome.reason(),
-                attempt,
-                next: Next::Nothing,
-                escalate: false,
-            };
-            (outcome, verdict)
-        })
 }

@@ -55,7 +55,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{mpsc, watch};
 
 use super::alerts::{Alerts, EscalationMemory};
-use super::clock::Clock;
+use super::clock::{Clock, SessionClock};
 use super::core::{AgentSlot, Core, InboxSummary, Priority, Skipped, WakeReason};
 use super::effects;
 use super::failure::{self, Next, Observed, Streak};
@@ -326,8 +326,11 @@ struct Running {
     /// Its lifecycle, fed live: it decides when the session's runs get
     /// SIGTERM and SIGKILL (a timeout, a stall, a stop, a shutdown).
     machine: machine::Session,
+    /// The time its machine is told: the sessions' monotonic line (a wall
+    /// clock step moves none of its timers).
+    clock: SessionClock,
     /// When the machine asked to be told the time again (its timeout, the
-    /// grace after SIGTERM): a deadline of the loop.
+    /// grace after SIGTERM), on `clock`'s line: a deadline of the loop.
     timer: Option<DateTime<Utc>>,
     /// What the runner is told (the machine's signals): the runner only
     /// obeys.
@@ -376,14 +379,14 @@ struct StopWhy {
 impl Running {
     /// Stop the session for `why` (not a shutdown): recorded as an error
     /// with this reason.
-    fn stop_for(&mut self, why: String, now: DateTime<Utc>) {
-        self.stop_with(why, None, now);
+    fn stop_for(&mut self, why: String) {
+        self.stop_with(why, None);
     }
 
     /// Stop it for `why`, typed by `code` (see [`StopWhy`]): its machine's
     /// path of a timeout (SIGTERM to the group and the cgroup, SIGKILL
     /// after `kill_grace`).
-    fn stop_with(&mut self, why: String, code: Option<Code>, now: DateTime<Utc>) {
+    fn stop_with(&mut self, why: String, code: Option<Code>) {
         if let Ok(mut note) = self.stop_note.lock() {
             *note = Some(StopWhy {
                 reason: why.clone(),
@@ -395,18 +398,24 @@ impl Running {
             Some(Code::SessionStopped) => machine::StopBy::Operator,
             _ => machine::StopBy::Daemon,
         };
-        self.feed(machine::Event::StopRequested { by, reason: why }, now);
+        self.feed(machine::Event::StopRequested { by, reason: why });
         // A stop the machine did not act on (its run is being ended for its
         // time): no run of it starts any more all the same.
         self.orders
             .send_if_modified(|o| !std::mem::replace(&mut o.stop, true));
     }
 
-    /// Feed the session's machine what happened at `now`, and carry out
-    /// what is the session's own: the runner's orders, its timer, no run
-    /// once its record is decided. Returns the other actions (a stall's
-    /// error record) for the caller.
-    fn feed(&mut self, event: machine::Event, now: DateTime<Utc>) -> Vec<machine::Action> {
+    /// Feed the session's machine what happened now (on its clock), and
+    /// carry out what is the session's own: the runner's orders, its timer,
+    /// no run once its record is decided. Returns the other actions (a
+    /// stall's error record) for the caller.
+    fn feed(&mut self, event: machine::Event) -> Vec<machine::Action> {
+        let now = self.clock.now();
+        self.feed_at(event, now)
+    }
+
+    /// [`Running::feed`], `now` on its clock's line.
+    fn feed_at(&mut self, event: machine::Event, now: DateTime<Utc>) -> Vec<machine::Action> {
         let mut rest = Vec::new();
         for action in self.machine.on(event, now) {
             match action {
@@ -445,9 +454,89 @@ impl Running {
         });
     }
 
+    /// Its agent's session.json was replaced while it runs: what its script
+    /// said of its end (`session end|fail`, or its word kept for the
+    /// daemon's end), told to its machine as it happens. Said before the
+    /// daemon begins to stop the run, an unheld script's end is the
+    /// session's record (see `machine::Run::script_first`).
+    fn script_said(&mut self, dir: &crate::state::AgentDir) {
+        if self.recording {
+            return;
+        }
+        let event = match session::script_end(dir, &self.session_id) {
+            Some(session::ScriptEnd::Completed) => machine::Event::ScriptEnded,
+            Some(session::ScriptEnd::Failed { reason }) => machine::Event::ScriptFailed { reason },
+            None => return,
+        };
+        self.feed(event);
+    }
+
+    /// Its task ended (the runs and the iteration loop are over): tell its
+    /// machine what is known only now (the script's own end if it was not
+    /// heard, COMPLETE, a usage limit) and how the last run or verification
+    /// ended, and take the one record it decides: the outcome and the error
+    /// matrix's verdict, the machine's streak advanced.
+    fn ended(
+        &mut self,
+        script: Option<machine::ScriptRecord>,
+        held: Option<machine::Held>,
+        ending: Ending,
+        facts: machine::Facts,
+    ) -> (machine::Outcome, failure::Verdict) {
+        use machine::{Event as E, SessionState as S};
+        let mut actions = Vec::new();
+        match script {
+            Some(machine::ScriptRecord::Ended) => actions.extend(self.feed(E::ScriptEnded)),
+            Some(machine::ScriptRecord::Failed { reason }) => {
+                actions.extend(self.feed(E::ScriptFailed { reason }))
+            }
+            None => {}
+        }
+        if self.completed_by_signal {
+            let complete = E::Output(machine::OutputSignal::Complete);
+            actions.extend(self.feed(complete));
+        }
+        if let Some(held) = held {
+            actions.extend(self.feed(E::UsageLimitSeen(held)));
+        }
+        // The loop outside the machine ended after a verification: passed,
+        // or it gave up by its limits (its last run ended well).
+        let end = match self.machine.state() {
+            S::Verifying(_)
+            | S::Stopping {
+                verifying: true, ..
+            } => E::VerifyFinished(match facts.gave_up {
+                Some((code, why)) => machine::Verified::GaveUp { code, why },
+                None => machine::Verified::Passed,
+            }),
+            _ => E::ChildExited { ending, facts },
+        };
+        actions.extend(self.feed(end));
+        let record = actions.into_iter().find_map(|a| match a {
+            machine::Action::Record { outcome, verdict } => Some((outcome, verdict)),
+            _ => None,
+        });
+        record.unwrap_or_else(|| {
+            // Its record was decided before its task ended, or the state
+            // did not expect the end: never so far; an interruption is what
+            // a session without a record amounts to.
+            tracing::warn!(session_id = %self.session_id, state = ?self.machine.state(), "the session's machine decided no record at its end; recorded as interrupted");
+            let outcome = machine::Outcome::Interrupted(machine::Interruption::Shutdown);
+            let verdict = failure::Verdict {
+                code: None,
+                message: outcome.reason(),
+                attempt: self.machine.streak().retries + 1,
+                next: Next::Nothing,
+                escalate: false,
+            };
+            (outcome, verdict)
+        })
+    }
+
     /// Its machine's timer came: tell it when the session last printed (if
     /// it did since it was last told), then the time.
-    fn due(&mut self, now: DateTime<Utc>) -> Vec<machine::Action> {
+    fn due(&mut self) -> Vec<machine::Action> {
+        let now = self.clock.now();
         match self.timer {
             Some(at) if at <= now => {
                 self.timer = None;
@@ -458,9 +547,9 @@ impl Running {
                         .and_then(|ago| now.checked_sub_signed(ago))
                         .unwrap_or(now);
                     let output = machine::Event::Output(machine::OutputSignal::Output);
-                    actions.extend(self.feed(output, printed));
+                    actions.extend(self.feed_at(output, printed));
                 }
-                actions.extend(self.feed(machine::Event::Deadline, now));
+                actions.extend(self.feed_at(machine::Event::Deadline, now));
                 actions
             }
             _ => Vec::new(),
@@ -482,6 +571,8 @@ struct Daemon {
     config_path: PathBuf,
     root: StateRoot,
     clock: Clock,
+    /// The sessions' machines' clock (monotonic from the daemon's start).
+    session_clock: SessionClock,
     /// The pure decisions: slots, wakes due, inbox summaries, backoff.
     core: Core,
     watcher: InboxWatcher,
@@ -612,6 +703,7 @@ pub async fn run(config_path: &Path, web: WebHook) -> Result<()> {
         config,
         root,
         clock,
+        session_clock: SessionClock::starting(clock.now()),
         watcher,
         running: BTreeMap::new(),
         tx,
@@ -781,6 +873,12 @@ impl Daemon {
             Event::Watch(WatchEvent::Wake(agent, name)) => {
                 self.intake.requests.arrived(&agent, name)
             }
+            Event::Watch(WatchEvent::Session(agent)) => {
+                let dir = self.root.agent(&agent);
+                if let Some(r) = self.running.get_mut(&agent) {
+                    r.script_said(&dir);
+                }
+            }
             Event::Watch(WatchEvent::Rescan(why)) => {
                 tracing::warn!("rescanning every inbox: {why}");
                 self.intake.reusable.clear();
@@ -790,18 +888,16 @@ impl Daemon {
                 self.scan_all_inboxes();
             }
             Event::SessionPid { agent, pid } => {
-                let now = self.clock.now();
                 if let Some(r) = self.running.get_mut(&agent) {
                     r.pid = Some(pid);
                     // Made its workspace first: its run starts now.
-                    r.feed(machine::Event::Launched, now);
+                    r.feed(machine::Event::Launched);
                 }
             }
             Event::SessionOverBudget { agent, tokens } => {
                 if let Some(cfg) = self.agent_config(&agent).cloned() {
                     let running = self.running.get_mut(&agent);
-                    let now = self.clock.now();
-                    economy::session_over_budget(running, &agent, &cfg, tokens, now);
+                    economy::session_over_budget(running, &agent, &cfg, tokens);
                 }
             }
             Event::WakeCondition { agent, result } => {
@@ -843,7 +939,6 @@ impl Daemon {
                 of,
                 phase,
             } => {
-                let now = self.clock.now();
                 if let Some(r) = self.running.get_mut(&agent) {
                     let event = match phase {
                         iterations::Phase::Executing => {
@@ -851,7 +946,7 @@ impl Daemon {
                         }
                         iterations::Phase::Verifying => machine::Event::VerifyStarted,
                     };
-                    r.feed(event, now);
+                    r.feed(event);
                 }
                 let dir = self.root.agent(&agent);
                 iterations::iteration(self.running.get_mut(&agent), &dir, n, of, phase)
@@ -895,10 +990,9 @@ impl Daemon {
                 // The sessions whose machine's timer came are told the time
                 // (their timeouts and stalls, the graces after SIGTERM);
                 // what is left for the loop is a stall's error record.
-                let now = self.clock.now();
                 let mut stalled = Vec::new();
                 for (agent, r) in self.running.iter_mut() {
-                    let actions = r.due(now);
+                    let actions = r.due();
                     if actions.iter().any(|a| {
                         *a == machine::Action::Raise {
                             code: Code::SessionStalled,
@@ -974,14 +1068,20 @@ impl Daemon {
             self.stopping.filter(|_| !self.running.is_empty()),
             self.intake.requests.pending().then_some(now),
             self.intake.requests.held_until(),
-            self.running.values().filter_map(|r| r.timer).min(),
         ]
         .into_iter()
         .flatten()
         .min();
-        let sleep_for = next_deadline
-            .map(|t| self.clock.until(t))
-            .unwrap_or(Duration::from_secs(86_400));
+        // The sessions' timers are on their own (monotonic) line.
+        let session_timer = self.running.values().filter_map(|r| r.timer).min();
+        let sleep_for = [
+            next_deadline.map(|t| self.clock.until(t)),
+            session_timer.map(|t| self.session_clock.until(t)),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(Duration::from_secs(86_400));
         let deadline = tokio::time::Instant::now() + sleep_for;
         let credential_checks = economy::has_credential_checks(&self.config);
         let root_checks = self.root_lost.is_none();
@@ -994,9 +1094,8 @@ impl Daemon {
         if self.stopping.is_some() {
             // A second signal: stop the sessions now.
             tracing::warn!("{why} again: ending running sessions now");
-            let now = self.clock.now();
             for r in self.running.values_mut() {
-                r.feed(machine::Event::Shutdown, now);
+                r.feed(machine::Event::Shutdown);
             }
             return;
         }
@@ -1034,7 +1133,7 @@ impl Daemon {
             && now >= deadline
         {
             for r in self.running.values_mut() {
-                r.feed(machine::Event::Shutdown, now);
+                r.feed(machine::Event::Shutdown);
             }
         }
         self.published.write_heartbeat(&seen!(self));

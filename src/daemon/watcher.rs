@@ -10,6 +10,10 @@
 //! `.wake-*` dotfile is a wake request. Anything the watcher cannot account
 //! for (queue overflow, a read error) asks for a full rescan of every inbox.
 //!
+//! While an agent's session runs, its directory is watched too, for
+//! session.json replaced (`IN_MOVED_TO`): its script's own `session
+//! end|fail` is told to the session's machine as it happens.
+//!
 //! Nothing else is asked of the kernel: no `IN_OPEN`, `IN_ATTRIB`,
 //! `IN_DELETE` or `IN_MOVED_FROM`, so the daemon's own reads and claims
 //! (every message opened, every rename out of the inbox) queue no event and
@@ -27,6 +31,9 @@ use super::files::is_wake_request;
 use crate::agent_name::AgentName;
 use crate::error::{Error, Result};
 use crate::inbox::is_message_name;
+
+/// The document a script's `session end|fail` replaces.
+const SESSION_FILE: &str = "session.json";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WatchEvent {
@@ -46,6 +53,9 @@ pub enum WatchEvent {
     Wake(AgentName, String),
     /// Events may have been lost: scan every inbox.
     Rescan(String),
+    /// This agent's session.json was replaced while its session runs: its
+    /// script may have said its end (`session end|fail`).
+    Session(AgentName),
 }
 
 /// What a watch descriptor watches.
@@ -53,6 +63,9 @@ pub enum WatchEvent {
 enum Watched {
     Inbox,
     Rejected,
+    /// The agent's directory, while its session runs: only session.json's
+    /// replacement (a rename) is acted on.
+    Session,
 }
 
 type ByWatch = Arc<Mutex<HashMap<WatchDescriptor, (AgentName, Watched)>>>;
@@ -61,6 +74,14 @@ pub struct InboxWatcher {
     watches: Watches,
     by_watch: ByWatch,
     watched: BTreeMap<AgentName, (PathBuf, WatchDescriptor, Option<WatchDescriptor>)>,
+    /// The directories of the agents whose session runs.
+    sessions: BTreeMap<AgentName, WatchDescriptor>,
+}
+
+/// An agent's directory while its session runs: state documents are
+/// replaced by a rename; appends to the journal ask for nothing.
+fn session_mask() -> WatchMask {
+    WatchMask::MOVED_TO | WatchMask::ONLYDIR | WatchMask::DONT_FOLLOW | WatchMask::EXCL_UNLINK
 }
 
 /// An inbox: what arrives, what is written, the directory itself going.
@@ -140,6 +161,7 @@ impl InboxWatcher {
             watches,
             by_watch,
             watched: BTreeMap::new(),
+            sessions: BTreeMap::new(),
         })
     }
 
@@ -192,6 +214,29 @@ impl InboxWatcher {
         self.forget(agent);
     }
 
+    /// Watch `agent`'s directory while its session runs, so a script's own
+    /// `session end|fail` (a new session.json) is heard as it happens.
+    pub fn watch_session(&mut self, agent: &AgentName, dir: &Path) -> Result<()> {
+        self.unwatch_session(agent);
+        let mut map = self.by_watch.lock().unwrap_or_else(|p| p.into_inner());
+        let wd = self
+            .watches
+            .add(dir, session_mask())
+            .map_err(|e| Error::Data(format!("cannot watch {}: {e}", dir.display())))?;
+        map.insert(wd.clone(), (agent.clone(), Watched::Session));
+        self.sessions.insert(agent.clone(), wd);
+        Ok(())
+    }
+
+    /// Its session ended: its directory is no longer watched.
+    pub fn unwatch_session(&mut self, agent: &AgentName) {
+        if let Some(wd) = self.sessions.remove(agent) {
+            let mut map = self.by_watch.lock().unwrap_or_else(|p| p.into_inner());
+            map.remove(&wd);
+            let _ = self.watches.remove(wd);
+        }
+    }
+
     pub fn watched(&self) -> impl Iterator<Item = &AgentName> {
         self.watched.keys()
     }
@@ -242,6 +287,13 @@ fn classify(
             return vec![WatchEvent::Rejected(agent)];
         }
         Watched::Rejected => return Vec::new(),
+        Watched::Session
+            if mask.contains(EventMask::MOVED_TO)
+                && name.is_some_and(|n| n == OsStr::new(SESSION_FILE)) =>
+        {
+            return vec![WatchEvent::Session(agent)];
+        }
+        Watched::Session => return Vec::new(),
         Watched::Inbox => {}
     }
     // The watched inbox itself removed or moved away: its watch is gone
@@ -350,6 +402,15 @@ mod tests {
             ev(EventMask::MOVE_SELF, inbox, None),
             [WatchEvent::Lost(rio.clone())]
         );
+        // An agent's directory while its session runs: session.json
+        // replaced, nothing else.
+        assert_eq!(
+            ev(moved, Watched::Session, Some("session.json")),
+            [WatchEvent::Session(rio.clone())]
+        );
+        assert!(ev(moved, Watched::Session, Some("report.json")).is_empty());
+        assert!(ev(closed, Watched::Session, Some("session.json")).is_empty());
+        assert!(ev(EventMask::DELETE_SELF, Watched::Session, None).is_empty());
         // A watch already forgotten.
         assert!(classify(closed, None, Some(OsStr::new("a.json"))).is_empty());
     }
@@ -364,7 +425,7 @@ mod tests {
 
     #[test]
     fn the_kernel_is_asked_for_no_open_or_access() {
-        for mask in [inbox_mask(), rejected_mask()] {
+        for mask in [inbox_mask(), rejected_mask(), session_mask()] {
             assert!(!mask.intersects(
                 WatchMask::OPEN
                     | WatchMask::ACCESS

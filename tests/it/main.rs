@@ -45,6 +45,7 @@ mod identity;
 mod iterations;
 mod json_escapes;
 mod machine_live;
+mod machine_record;
 mod mailbox;
 mod mailbox_people;
 mod messages;

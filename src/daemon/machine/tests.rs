@@ -233,7 +233,7 @@ fn the_lifecycle_table() {
                     (600, Event::Deadline, &["TERM", "timer +610s"]),
                     (
                         605,
-                        exited_with(Ending::Signaled { signal: 15 }, Facts::default()),
+                        exited_with(Ending::TimedOut, Facts::default()),
                         &["record timeout", "return counting"],
                     ),
                     (606, Event::Recorded, &["retry 30s"]),
@@ -257,7 +257,12 @@ fn the_lifecycle_table() {
                 (100, Event::GraceExpired, &[]),
                 (
                     101,
-                    exited_with(Ending::Signaled { signal: 9 }, Facts::default()),
+                    exited_with(
+                        Ending::Stalled {
+                            silent_for: Duration::from_secs(60),
+                        },
+                        Facts::default(),
+                    ),
                     &["record stalled", "return counting"],
                 ),
                 (102, Event::Recorded, &["retry 30s"]),
@@ -321,7 +326,7 @@ fn the_lifecycle_table() {
                     (21, Event::GraceExpired, &[]),
                     (
                         21,
-                        exited_with(Ending::Signaled { signal: 9 }, Facts::default()),
+                        exited_with(Ending::Stopped, Facts::default()),
                         &["record stopped", "return"],
                     ),
                     (22, Event::Recorded, &[]),
@@ -1027,143 +1032,6 @@ fn the_streak_is_the_matrixs_and_survives_the_session() {
     assert_eq!(*m.streak(), streak);
 }
 
-fn end(ending: Ending) -> EndOfRun {
-    EndOfRun {
-        session_id: SID.into(),
-        started_at: at(0),
-        iteration: 1,
-        script: None,
-        completed_signal: false,
-        limit: None,
-        stop: None,
-        ending,
-        facts: Facts {
-            fingerprint: Some(3),
-            ..Facts::default()
-        },
-    }
-}
-
-#[test]
-fn the_bridge_gives_the_verdicts_the_daemon_gave() {
-    let r = RetrySettings::default();
-    let judged = |ending: &Ending, streak: &mut Streak| {
-        failure::judge(
-            &Observed {
-                ending,
-                empty: false,
-                fingerprint: Some(3),
-                claude: None,
-                ended_by_script: false,
-                failed_by_script: None,
-                incomplete: false,
-                now: at(0),
-                oom: None,
-                invalid_commits: None,
-            },
-            streak,
-            &r,
-        )
-    };
-    // What the matrix says alone, the machine says, streak and all.
-    for ending in [
-        Ending::Exited { code: 0 },
-        Ending::Exited { code: 3 },
-        Ending::Signaled { signal: 9 },
-        Ending::TimedOut,
-        Ending::Stalled {
-            silent_for: Duration::from_secs(60),
-        },
-    ] {
-        let (mut a, mut b) = (Streak::default(), Streak::default());
-        let want = judged(&ending, &mut a);
-        let (outcome, got) = end_of_run(end(ending.clone()), settings(), &mut b, at(5));
-        assert_eq!(got, want, "{ending:?}");
-        assert_eq!(a, b, "{ending:?}");
-        assert_eq!(outcome.is_completed(), ending.is_success(), "{ending:?}");
-    }
-    // A shutdown: no error, no streak.
-    let mut s = Streak::default();
-    let (outcome, v) = end_of_run(end(Ending::Stopped), settings(), &mut s, at(5));
-    assert_eq!(outcome, Outcome::Interrupted(Interruption::Shutdown));
-    assert_eq!((v.code, v.next), (None, Next::Nothing));
-    assert_eq!(s, Streak::default());
-    // A stop for a reason: stopped, no error record.
-    let (outcome, v) = end_of_run(
-        EndOfRun {
-            stop: Some((StopBy::Daemon, "its session_budget is spent".into())),
-            ..end(Ending::Stopped)
-        },
-        settings(),
-        &mut s,
-        at(5),
-    );
-    assert_eq!(
-        outcome,
-        Outcome::Stopped {
-            by: StopBy::Daemon,
-            reason: "its session_budget is spent".into()
-        }
-    );
-    assert_eq!((v.code, v.next), (None, Next::Nothing));
-    // A usage limit: the economy's words, no streak.
-    let (outcome, v) = end_of_run(
-        EndOfRun {
-            limit: Some(Held {
-                until: None,
-                admin_cap: true,
-                reason: "an admin disabled usage".into(),
-            }),
-            ..end(Ending::Exited { code: 1 })
-        },
-        settings(),
-        &mut s,
-        at(5),
-    );
-    assert!(matches!(outcome, Outcome::UsageHeld { .. }));
-    assert_eq!(
-        v,
-        Verdict {
-            code: Some(Code::UsageDisabled),
-            message: "an admin disabled usage".into(),
-            attempt: 1,
-            next: Next::Nothing,
-            escalate: false,
-        }
-    );
-    assert_eq!(s, Streak::default());
-    // The iteration loop gave up after a run that ended well.
-    let (outcome, v) = end_of_run(
-        EndOfRun {
-            facts: Facts {
-                gave_up: Some((Code::VerifyFailed, "still red".into())),
-                ..Facts::default()
-            },
-            ..end(Ending::Exited { code: 0 })
-        },
-        settings(),
-        &mut s,
-        at(5),
-    );
-    assert_eq!(
-        outcome,
-        Outcome::Error {
-            code: Code::VerifyFailed,
-            reason: "still red".into()
-        }
-    );
-    assert_eq!(
-        v,
-        failure::gave_up(
-            &mut Streak::default(),
-            &r,
-            Code::VerifyFailed,
-            "still red".into()
-        )
-    );
-    assert_eq!(s.failures, 1);
-}
-
 /// The machine as the daemon's loop feeds it live (issue 21): output is
 /// told at the machine's timers with the time it was printed, the
 /// iterations run outside (`RunLaunched`, `VerifyStarted`), and a stop may
@@ -1285,9 +1153,10 @@ fn the_live_table() {
                     (606, Event::RunLaunched { iteration: 2 }, &[]),
                     (606, Event::VerifyStarted, &[]),
                     (610, Event::Deadline, &["KILL"]),
+                    // The runner says why it signalled: the timeout's order.
                     (
                         611,
-                        exited_with(Ending::Signaled { signal: 9 }, Facts::default()),
+                        exited_with(Ending::TimedOut, Facts::default()),
                         &["record interrupted", "return"],
                     ),
                 ],
@@ -1327,6 +1196,222 @@ fn the_live_table() {
     }
 }
 
+/// The end of a live session decided by its machine (issue 21): the races
+/// between an exit and the daemon's SIGTERM, a script that recorded its own
+/// end before the daemon's, and the iteration loop outside the machine.
+#[test]
+fn the_end_table() {
+    let verify = Settings {
+        verify: Some(IterationLimits {
+            max_iterations: 3,
+            stuck_threshold: 1,
+        }),
+        holds_end: true,
+        ..settings()
+    };
+    // The daemon's live machine with `verify`: the loop runs outside it.
+    let held = Settings {
+        holds_end: true,
+        ..settings()
+    };
+    let stop = || Event::StopRequested {
+        by: StopBy::Operator,
+        reason: "wrong task".into(),
+    };
+    let failed = || Event::ScriptFailed {
+        reason: "no work tree".into(),
+    };
+    let cases: Vec<(&str, Settings, Vec<Step>)> = vec![
+        (
+            "an exit racing a stop's SIGTERM (the runner sent none): judged by its exit, not verified",
+            verify.clone(),
+            with(
+                started(),
+                vec![
+                    (100, stop(), &["TERM", "timer +110s"]),
+                    (101, exited(0), &["record completed", "ack"]),
+                ],
+            ),
+        ),
+        (
+            "an exit racing a shutdown's SIGTERM, failing: its failure",
+            settings(),
+            with(
+                started(),
+                vec![
+                    (100, Event::Shutdown, &["TERM", "timer +110s"]),
+                    (
+                        101,
+                        exited(1),
+                        &["record error SESSION_FAILED", "return counting"],
+                    ),
+                ],
+            ),
+        ),
+        (
+            "an exit racing the timeout's SIGTERM: its own exit, verified",
+            verify.clone(),
+            with(
+                started(),
+                vec![
+                    (600, Event::Deadline, &["TERM", "timer +610s"]),
+                    (601, exited(0), &["verify 1"]),
+                ],
+            ),
+        ),
+        (
+            "the runner signalled for the stop: stopped, whatever the exit code",
+            settings(),
+            with(
+                started(),
+                vec![
+                    (100, stop(), &["TERM", "timer +110s"]),
+                    (
+                        101,
+                        exited_with(Ending::Stopped, Facts::default()),
+                        &["record stopped", "return"],
+                    ),
+                ],
+            ),
+        ),
+        (
+            "its script ended the session, then it lingered past its timeout: the script's record",
+            settings(),
+            with(
+                started(),
+                vec![
+                    (100, Event::ScriptEnded, &[]),
+                    (600, Event::Deadline, &["TERM", "timer +610s"]),
+                    (
+                        602,
+                        exited_with(Ending::TimedOut, Facts::default()),
+                        &["record completed", "ack"],
+                    ),
+                ],
+            ),
+        ),
+        (
+            "its script ended the session, then an operator's stop: the script's record",
+            settings(),
+            with(
+                started(),
+                vec![
+                    (100, Event::ScriptEnded, &[]),
+                    (200, stop(), &["TERM", "timer +210s"]),
+                    (
+                        201,
+                        exited_with(Ending::Stopped, Facts::default()),
+                        &["record completed", "ack"],
+                    ),
+                ],
+            ),
+        ),
+        (
+            "its script recorded its failure, then a shutdown: the script's failure",
+            settings(),
+            with(
+                started(),
+                vec![
+                    (100, failed(), &[]),
+                    (200, Event::Shutdown, &["TERM", "timer +210s"]),
+                    (
+                        201,
+                        exited_with(Ending::Stopped, Facts::default()),
+                        &["record error SESSION_FAILED", "return counting"],
+                    ),
+                ],
+            ),
+        ),
+        (
+            "the trap's `session fail` after the timeout's SIGTERM: a timeout",
+            settings(),
+            with(
+                started(),
+                vec![
+                    (600, Event::Deadline, &["TERM", "timer +610s"]),
+                    (601, failed(), &[]),
+                    (
+                        602,
+                        exited_with(Ending::TimedOut, Facts::default()),
+                        &["record timeout", "return counting"],
+                    ),
+                ],
+            ),
+        ),
+        (
+            "the daemon holds the end (verify): a script's end is its word; a stop is a stop",
+            held.clone(),
+            with(
+                started(),
+                vec![
+                    (100, Event::ScriptEnded, &[]),
+                    (200, stop(), &["TERM", "timer +210s"]),
+                    (
+                        201,
+                        exited_with(Ending::Stopped, Facts::default()),
+                        &["record stopped", "return"],
+                    ),
+                ],
+            ),
+        ),
+        (
+            "the loop outside verified: completed",
+            held.clone(),
+            with(
+                started(),
+                vec![
+                    (100, Event::ScriptEnded, &[]),
+                    (101, Event::VerifyStarted, &[]),
+                    (
+                        150,
+                        Event::VerifyFinished(Verified::Passed),
+                        &["record completed", "ack"],
+                    ),
+                    (151, Event::Recorded, &["clear", "release"]),
+                ],
+            ),
+        ),
+        (
+            "the loop outside gave up: its code, escalated",
+            held.clone(),
+            with(
+                started(),
+                vec![
+                    (101, Event::VerifyStarted, &[]),
+                    (
+                        150,
+                        Event::VerifyFinished(Verified::GaveUp {
+                            code: Code::SessionStuck,
+                            why: "2 iterations changed nothing".into(),
+                        }),
+                        &["record error SESSION_STUCK", "return counting"],
+                    ),
+                    (
+                        151,
+                        Event::Recorded,
+                        &["backoff 30s", "escalate SESSION_STUCK"],
+                    ),
+                ],
+            ),
+        ),
+    ];
+    for (what, settings, steps) in cases {
+        run(what, settings, steps);
+    }
+    // A verified session ends the failure streak, as a success the matrix
+    // judged does.
+    let streak = Streak {
+        failures: 2,
+        ..Streak::default()
+    };
+    let mut m = Session::new(held, streak);
+    m.on(begin(), at(0));
+    m.on(Event::Launched, at(0));
+    m.on(Event::VerifyStarted, at(10));
+    m.on(Event::VerifyFinished(Verified::Passed), at(20));
+    assert_eq!(*m.streak(), Streak::default());
+}
+
 /// When a session should have ended by (the health monitor's backstop):
 /// each run's own timeout and grace, nothing while a verification runs.
 #[test]
@@ -1346,4 +1431,43 @@ fn due_to_end_follows_each_run_not_the_session() {
     assert_eq!(due(&m), Some(1510), "the grace of its SIGTERM");
     m.on(exited(0), at(1505));
     assert_eq!(due(&m), None, "recording");
+}
+
+/// The loop tells a session's machine the time of the sessions' clock
+/// (`daemon::clock::SessionClock`), which follows the monotonic clock from
+/// the daemon's start: a step of the wall clock (NTP, an operator's
+/// `date -s`) moves no timeout. Each row: seconds on the monotonic clock,
+/// the wall clock then (relative to T0), the event, the answer. The
+/// machine, told the wall clock instead, would time the run out at the
+/// forward step (checked on a copy).
+#[test]
+fn a_wall_clock_step_does_not_move_a_timeout() {
+    use crate::daemon::clock::SessionClock;
+    let clock = SessionClock::starting(at(0));
+    let mono = |s: u64| clock.at(Duration::from_secs(s));
+    let mut m = Session::new(settings(), Streak::default());
+    let rows: Vec<(u64, i64, Event, &[&str])> = vec![
+        (0, 0, begin(), &["launch 1"]),
+        (0, 0, Event::Launched, &["timer +600s"]),
+        // The wall clock stepped an hour back at +250 s.
+        (300, 300 - 3600, Event::Deadline, &["timer +600s"]),
+        // Then two hours forward: its timeout is still 200 s away.
+        (400, 400 + 3600, Event::Deadline, &["timer +600s"]),
+        (600, 600 + 3600, Event::Deadline, &["TERM", "timer +610s"]),
+        (610, 610 + 3600, Event::Deadline, &["KILL"]),
+    ];
+    for (secs, wall, event, want) in rows {
+        if secs == 400 {
+            let mut told_the_wall = m.clone();
+            let wall_now = at(0) + chrono::Duration::seconds(wall);
+            let got: Vec<String> = told_the_wall
+                .on(Event::Deadline, wall_now)
+                .iter()
+                .map(brief)
+                .collect();
+            assert_eq!(got, ["TERM", "timer +4010s"], "the wall clock's answer");
+        }
+        let got: Vec<String> = m.on(event.clone(), mono(secs)).iter().map(brief).collect();
+        assert_eq!(got, want, "+{secs}s (wall {wall:+}s): {event:?}");
+    }
 }

@@ -525,7 +525,6 @@ pub(super) fn session_over_budget(
     agent: &AgentName,
     cfg: &AgentConfig,
     tokens: u64,
-    now: DateTime<Utc>,
 ) {
     let limit = cfg.session.session_budget.max_tokens.unwrap_or(0);
     let why = format!("its session_budget is spent: max_tokens reached: {tokens} of {limit}");
@@ -533,7 +532,7 @@ pub(super) fn session_over_budget(
         BudgetAction::Stop => {
             if let Some(r) = running {
                 tracing::warn!(agent = %agent, session_id = %r.session_id, "stopping the session: {why}");
-                r.stop_for(format!("the daemon stopped the session: {why}"), now);
+                r.stop_for(format!("the daemon stopped the session: {why}"));
             }
         }
         BudgetAction::Finish => {

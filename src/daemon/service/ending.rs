@@ -50,6 +50,8 @@ impl Daemon {
         let Some(mut running) = self.running.remove(&agent) else {
             return;
         };
+        // What its script says of its end is read below, once more.
+        self.watcher.unwatch_session(&agent);
         if running.recording {
             // A runner ends once: never here.
             self.running.insert(agent, running);
@@ -116,41 +118,29 @@ impl Daemon {
             }
         });
         let stderr_last_words = output::last_words(&output.stderr_tail);
-        // What the session was: the machine's outcome, and the error
-        // matrix's verdict for its error record (issue 21).
-        let (decided, verdict) = machine::end_of_run(
-            machine::EndOfRun {
-                session_id: sid.clone(),
-                started_at: running.started_at.0,
-                iteration: iterations.count,
-                script: by_script.clone().map(|end| match end {
-                    session::ScriptEnd::Completed => machine::ScriptRecord::Ended,
-                    session::ScriptEnd::Failed { reason } => {
-                        machine::ScriptRecord::Failed { reason }
-                    }
-                }),
-                completed_signal: running.completed_by_signal,
-                limit: held,
-                stop: running
-                    .stop_reason
-                    .clone()
-                    .map(|why| (machine::StopBy::Daemon, why)),
-                ending: report.ending.clone(),
-                facts: machine::Facts {
-                    empty: output.empty,
-                    fingerprint: output.fingerprint,
-                    claude: claude_failure.clone(),
-                    claude_error: claude_failed,
-                    stderr_last_words: stderr_last_words.clone(),
-                    gave_up: iterations.failed.clone(),
-                    oom: report.oom,
-                    invalid_commits: workspace.as_ref().and_then(|w| w.invalid.clone()),
-                },
+        // What the session was: its live machine's answer to its end (its
+        // outcome, and the error matrix's verdict for its error record),
+        // the agent's streak advanced (issue 21).
+        let (decided, verdict) = running.ended(
+            by_script.clone().map(|end| match end {
+                session::ScriptEnd::Completed => machine::ScriptRecord::Ended,
+                session::ScriptEnd::Failed { reason } => machine::ScriptRecord::Failed { reason },
+            }),
+            held,
+            report.ending.clone(),
+            machine::Facts {
+                empty: output.empty,
+                fingerprint: output.fingerprint,
+                claude: claude_failure.clone(),
+                claude_error: claude_failed,
+                stderr_last_words: stderr_last_words.clone(),
+                gave_up: iterations.failed.clone(),
+                oom: report.oom,
+                invalid_commits: workspace.as_ref().and_then(|w| w.invalid.clone()),
             },
-            cfg.as_ref().map(machine::Settings::of).unwrap_or_default(),
-            self.streaks.entry(agent.clone()).or_default(),
-            now.0,
         );
+        self.streaks
+            .insert(agent.clone(), running.machine.streak().clone());
         if verdict.code == Some(Code::SessionOom) {
             oom_killed(
                 &mut self.core,

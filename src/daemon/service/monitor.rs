@@ -246,11 +246,10 @@ impl Daemon {
         }
         if state.level.stops_sessions() {
             let why = format!("ended by the health monitor: {fragment}");
-            let at = self.clock.now();
             for r in self.running.values_mut() {
                 if r.stop_reason.is_none() {
                     tracing::warn!(session_id = %r.session_id, "{why}");
-                    r.stop_for(why.clone(), at);
+                    r.stop_for(why.clone());
                 }
             }
         }
@@ -321,7 +320,6 @@ impl Daemon {
                 &mut self.orphan_locks,
                 &mut self.monitor.overdue_reported,
                 now,
-                self.clock.now(),
             );
             self.raise_each(raise);
         }
@@ -385,8 +383,6 @@ pub(super) fn prune_all(
 /// past their timeout. The daemon's own sessions past their timeout
 /// (which the runner should have ended) are stopped.
 /// (Returns the records to raise.)
-/// `clock_now`: the loop's clock, which the sessions' machines keep.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn check_sessions(
     config: &Config,
     agent_index: &std::collections::HashMap<AgentName, usize>,
@@ -395,7 +391,6 @@ pub(super) fn check_sessions(
     orphan_locks: &mut BTreeMap<AgentName, crate::owner::OwnerLock>,
     overdue_reported: &mut std::collections::BTreeSet<String>,
     now: Timestamp,
-    clock_now: DateTime<Utc>,
 ) -> Vec<ErrorRecord> {
     let mut raise = Vec::new();
     // Names, not configs: each health check cloned every agent's config
@@ -418,26 +413,20 @@ pub(super) fn check_sessions(
                 && r.stop_reason.is_none()
                 && now.seconds_since(&r.started_at) >= HATCH_EXPIRY.as_secs() as i64
             {
-                r.stop_for(
-                    format!(
-                        "expired: its process did not start within {}",
-                        humantime::format_duration(HATCH_EXPIRY)
-                    ),
-                    clock_now,
-                );
+                r.stop_for(format!(
+                    "expired: its process did not start within {}",
+                    humantime::format_duration(HATCH_EXPIRY)
+                ));
                 continue;
             }
             // Overdue by its machine's timers: its run's timeout and grace
             // (each iteration's own), never a verification's time.
             if r.machine
                 .due_to_end()
-                .is_some_and(|due| health::past_due(due, clock_now))
+                .is_some_and(|due| health::past_due(due, r.clock.now()))
                 && r.stop_reason.is_none()
             {
-                r.stop_for(
-                    "ran past its timeout; stopped by the health monitor".into(),
-                    clock_now,
-                );
+                r.stop_for("ran past its timeout; stopped by the health monitor".into());
                 let sid = r.session_id.clone();
                 raise.push(
                     ErrorRecord::new(

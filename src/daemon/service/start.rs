@@ -181,7 +181,7 @@ impl Daemon {
             machine::Event::Begin {
                 session_id: prepared.session_id.clone(),
             },
-            now.0,
+            self.session_clock.now(),
         );
         self.running.insert(
             agent.clone(),
@@ -191,6 +191,7 @@ impl Daemon {
                 pid: None,
                 started_at: now,
                 machine: live,
+                clock: self.session_clock,
                 timer: None,
                 orders: orders_tx,
                 activity: activity.clone(),
@@ -210,6 +211,11 @@ impl Daemon {
         let tx = self.tx.clone();
         let name = agent.clone();
         let dir = self.root.agent(agent);
+        // Its script's own `session end|fail`, heard as it happens (else
+        // only at its exit).
+        if let Err(e) = self.watcher.watch_session(agent, &dir.path) {
+            tracing::warn!(agent = %agent, session_id = %prepared.session_id, "its script's own session end is heard only when it exits: {e}");
+        }
         let session_id = prepared.session_id.clone();
         // Spawned here, in the loop: the agent runs before the loop goes on
         // to other agents and to publishing (daemon.json, STATUS=). Its
@@ -228,7 +234,7 @@ impl Daemon {
             && let Some(r) = self.running.get_mut(agent)
         {
             // Its run starts now: its timeout from now.
-            r.feed(machine::Event::Launched, self.clock.now());
+            r.feed(machine::Event::Launched);
         }
         if let Some(Err(report)) = &launched
             && !crate::daemon::runnable::counts_as_attempt(&report.ending)

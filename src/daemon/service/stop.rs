@@ -69,7 +69,7 @@ fn stop_request(
     // stop before a SIGTERM, so it is noted here, for the record to carry
     // the code.
     let unstarted = running.pid.is_none() || running.machine.is_verifying();
-    running.stop_with(why.clone(), Some(Code::SessionStopped), now);
+    running.stop_with(why.clone(), Some(Code::SessionStopped));
     core.stop_requested(agent);
     if unstarted {
         let now = Timestamp::from_datetime(now);
