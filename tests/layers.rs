@@ -7,8 +7,10 @@
 //! only the crates below it in its `Cargo.toml`, so the store cannot use the
 //! daemon. This test keeps the rest: the layers inside one crate and the
 //! circles. `agent-state` re-exports every module of `agent-state-store`
-//! under its own name (`crate::state`), so one module namespace spans both
-//! and a path means the same module in either crate.
+//! and `agent-state-decide` under its own name (`crate::state`,
+//! `crate::schedule`), and `agent-state-decide` imports the store's base
+//! modules it uses the same way (`crate::zone`), so one module namespace
+//! spans the crates and a path means the same module in any of them.
 //!
 //! Rules:
 //!
@@ -46,8 +48,11 @@ const LAYERS: &[(&str, &[&str])] = &[
     ),
     // Every file shape and the one way each is written.
     ("store", &["state"]),
+    // Pure decisions: values in, values out, the time passed in (no IO).
+    // Below config, which keeps a parsed `schedule::Schedule`.
+    ("decide", &["schedule"]),
     // What the operator wrote.
-    ("config", &["config", "schedule"]),
+    ("config", &["config"]),
     // What scripts use without a daemon: the hooks, the inbox, the protocol
     // parsers, the prompt, the event stream, check.
     (
@@ -75,6 +80,7 @@ const LAYERS: &[(&str, &[&str])] = &[
 /// the repository's root) and the layers whose modules live there.
 const CRATES: &[(&str, &str, &[&str])] = &[
     ("agent-state-store", "crates/store/src", &["base", "store"]),
+    ("agent-state-decide", "crates/decide/src", &["decide"]),
     ("agent-state", "src", &["config", "domain", "daemon", "cli"]),
 ];
 
@@ -709,6 +715,8 @@ fn the_scan_sees_the_dependencies_we_know_of() {
         ("daemon::session", "hooks"),         // use crate::hooks::{self, ...}
         ("daemon::session", "daemon::files"), // use super::files
         ("hooks", "state"),                   // use crate::state::...
+        ("config", "schedule"),               // use crate::schedule::Schedule (crate decide)
+        ("schedule", "zone"),                 // use crate::zone::Zone (decide -> store)
         ("cli", "daemon::files"),             // use crate::daemon::{files, session}
         ("check", "fsx"),                     // crate::fsx::is_dir(..) in code
         ("error", "catalogue"),               // crate::catalogue::Code in a return type

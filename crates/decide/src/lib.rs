@@ -1,0 +1,17 @@
+//! agent-state's pure decisions, a crate of their own so that `Cargo.toml`
+//! says what they may use: the base values of `agent-state-store` (time
+//! zones, timestamps), std and a few crates — no file, process or socket IO,
+//! no tokio, no nix, never the daemon or the CLI. Every function takes the
+//! time as a value and is tested as a table beside it.
+//!
+//! - [`schedule`]: crontab(5) schedules, their fire times across DST,
+//!   missed runs and jitter.
+//!
+//! The `agent-state` crate re-exports every module here under its old path
+//! (`crate::schedule`, ...).
+
+// The base values, under the paths the modules used inside `agent-state`
+// (`crate::zone::Zone`), so a moved file reads the same.
+use agent_state_store::zone;
+
+pub mod schedule;
