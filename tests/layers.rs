@@ -50,17 +50,16 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("store", &["state"]),
     // Pure decisions: values in, values out, the time passed in (no IO).
     // Below config, which keeps a parsed `schedule::Schedule`.
-    ("decide", &["schedule"]),
+    ("decide", &["schedule", "protocol"]),
     // What the operator wrote.
     ("config", &["config"]),
-    // What scripts use without a daemon: the hooks, the inbox, the protocol
-    // parsers, the prompt, the event stream, check.
+    // What scripts use without a daemon: the hooks, the inbox, the prompt,
+    // the event stream, check.
     (
         "domain",
         &[
             "inbox",
             "owner",
-            "protocol",
             "prompt",
             "hooks",
             "events",
@@ -717,6 +716,7 @@ fn the_scan_sees_the_dependencies_we_know_of() {
         ("hooks", "state"),                   // use crate::state::...
         ("config", "schedule"),               // use crate::schedule::Schedule (crate decide)
         ("schedule", "zone"),                 // use crate::zone::Zone (decide -> store)
+        ("flow", "protocol"),                 // use crate::protocol::summary::... (crate decide)
         ("cli", "daemon::files"),             // use crate::daemon::{files, session}
         ("check", "fsx"),                     // crate::fsx::is_dir(..) in code
         ("error", "catalogue"),               // crate::catalogue::Code in a return type

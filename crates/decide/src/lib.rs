@@ -5,13 +5,17 @@
 //! time as a value and is tested as a table beside it.
 //!
 //! - [`schedule`]: crontab(5) schedules, their fire times across DST,
-//!   missed runs and jitter.
+//!   missed runs and jitter;
+//! - [`protocol`]: what agents say, parsed (seed 000's signals, seed 004's
+//!   Context Summary and signal block, Claude Code's usage limits and when
+//!   they reset); each returns what to log, the caller logs it.
 //!
 //! The `agent-state` crate re-exports every module here under its old path
 //! (`crate::schedule`, ...).
 
 // The base values, under the paths the modules used inside `agent-state`
 // (`crate::zone::Zone`), so a moved file reads the same.
-use agent_state_store::zone;
+use agent_state_store::{clock, zone};
 
+pub mod protocol;
 pub mod schedule;
