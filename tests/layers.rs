@@ -50,7 +50,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("store", &["state"]),
     // Pure decisions: values in, values out, the time passed in (no IO).
     // Below config, which keeps a parsed `schedule::Schedule`.
-    ("decide", &["schedule", "protocol"]),
+    ("decide", &["schedule", "protocol", "economy"]),
     // What the operator wrote.
     ("config", &["config"]),
     // What scripts use without a daemon: the hooks, the inbox, the prompt,
@@ -717,6 +717,8 @@ fn the_scan_sees_the_dependencies_we_know_of() {
         ("config", "schedule"),               // use crate::schedule::Schedule (crate decide)
         ("schedule", "zone"),                 // use crate::zone::Zone (decide -> store)
         ("flow", "protocol"),                 // use crate::protocol::summary::... (crate decide)
+        ("economy", "protocol"),              // use crate::protocol::limits::... (inside decide)
+        ("config", "economy"),                // pub use crate::economy::UsageLimitSettings
         ("cli", "daemon::files"),             // use crate::daemon::{files, session}
         ("check", "fsx"),                     // crate::fsx::is_dir(..) in code
         ("error", "catalogue"),               // crate::catalogue::Code in a return type
