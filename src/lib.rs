@@ -29,6 +29,9 @@
 pub use agent_state_store::{
     access, agent_name, catalogue, clock, error, fsx, state, string_enum, zone,
 };
+// The pure decisions: the crate agent-state-decide (crates/decide), under
+// their old paths (`crate::schedule`, `agent_state::protocol`).
+pub use agent_state_decide::{economy, protocol, schedule};
 
 pub mod backup;
 pub mod check;
@@ -42,7 +45,5 @@ pub mod hooks;
 pub mod inbox;
 pub mod owner;
 pub mod prompt;
-pub mod protocol;
-pub mod schedule;
 pub mod usage;
 pub mod workspace;

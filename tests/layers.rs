@@ -7,8 +7,10 @@
 //! only the crates below it in its `Cargo.toml`, so the store cannot use the
 //! daemon. This test keeps the rest: the layers inside one crate and the
 //! circles. `agent-state` re-exports every module of `agent-state-store`
-//! under its own name (`crate::state`), so one module namespace spans both
-//! and a path means the same module in either crate.
+//! and `agent-state-decide` under its own name (`crate::state`,
+//! `crate::schedule`), and `agent-state-decide` imports the store's base
+//! modules it uses the same way (`crate::zone`), so one module namespace
+//! spans the crates and a path means the same module in any of them.
 //!
 //! Rules:
 //!
@@ -20,7 +22,11 @@
 //! 3. there is no circle between modules: the nodes are the top-level
 //!    modules of each crate and, each on its own, every module of
 //!    `src/daemon/` (the part that grows) and of `crates/store/src/state/`
-//!    ([`SPLIT`]; Cargo sees no circle inside a crate).
+//!    ([`SPLIT`]; Cargo sees no circle inside a crate);
+//! 4. the pure decisions (crates/decide) do no IO: their `Cargo.toml` names
+//!    only [`DECIDE_DEPENDENCIES`], and outside their tests they name
+//!    neither the store's file access and state files nor std's, tokio's
+//!    or nix's IO (the layer rule alone would let them use the store).
 //!
 //! The scanner is tested on its own below, and on the real tree it must find
 //! the dependencies we know of, so it cannot silently stop seeing them.
@@ -46,16 +52,18 @@ const LAYERS: &[(&str, &[&str])] = &[
     ),
     // Every file shape and the one way each is written.
     ("store", &["state"]),
+    // Pure decisions: values in, values out, the time passed in (no IO).
+    // Below config, which keeps a parsed `schedule::Schedule`.
+    ("decide", &["schedule", "protocol", "economy"]),
     // What the operator wrote.
-    ("config", &["config", "schedule"]),
-    // What scripts use without a daemon: the hooks, the inbox, the protocol
-    // parsers, the prompt, the event stream, check.
+    ("config", &["config"]),
+    // What scripts use without a daemon: the hooks, the inbox, the prompt,
+    // the event stream, check.
     (
         "domain",
         &[
             "inbox",
             "owner",
-            "protocol",
             "prompt",
             "hooks",
             "events",
@@ -75,6 +83,7 @@ const LAYERS: &[(&str, &[&str])] = &[
 /// the repository's root) and the layers whose modules live there.
 const CRATES: &[(&str, &str, &[&str])] = &[
     ("agent-state-store", "crates/store/src", &["base", "store"]),
+    ("agent-state-decide", "crates/decide/src", &["decide"]),
     ("agent-state", "src", &["config", "domain", "daemon", "cli"]),
 ];
 
@@ -298,7 +307,11 @@ struct Reference {
 /// `module`, with `use` trees (`use crate::{a, b::{c, d}}`) expanded and
 /// `super` resolved through inline modules (`mod tests { use super::*; }`).
 fn references(module: &[String], text: &str) -> Vec<Reference> {
-    let toks = lex(text);
+    references_in(module, lex(text))
+}
+
+/// [`references`] over tokens already read.
+fn references_in(module: &[String], toks: Vec<(Tok, usize)>) -> Vec<Reference> {
     let tok = |i: usize| toks.get(i).map(|(t, _)| t);
     let mut out = Vec::new();
     // The inline modules around the current token (None: another brace).
@@ -709,6 +722,11 @@ fn the_scan_sees_the_dependencies_we_know_of() {
         ("daemon::session", "hooks"),         // use crate::hooks::{self, ...}
         ("daemon::session", "daemon::files"), // use super::files
         ("hooks", "state"),                   // use crate::state::...
+        ("config", "schedule"),               // use crate::schedule::Schedule (crate decide)
+        ("schedule", "zone"),                 // use crate::zone::Zone (decide -> store)
+        ("flow", "protocol"),                 // use crate::protocol::summary::... (crate decide)
+        ("economy", "protocol"),              // use crate::protocol::limits::... (inside decide)
+        ("config", "economy"),                // pub use crate::economy::UsageLimitSettings
         ("cli", "daemon::files"),             // use crate::daemon::{files, session}
         ("check", "fsx"),                     // crate::fsx::is_dir(..) in code
         ("error", "catalogue"),               // crate::catalogue::Code in a return type
@@ -845,7 +863,28 @@ const CLOCK_READERS_TODO: &[&str] = &[
 /// The lines of non-test code in `text` that read the wall clock: items
 /// under `#[cfg(test)]` (a test module, a test helper) are skipped.
 fn clock_reads(text: &str) -> Vec<usize> {
-    let toks = lex(text);
+    let toks = outside_tests(lex(text));
+    let ident = |i: usize, w: &str| matches!(toks.get(i), Some((Tok::Ident(x), _)) if x == w);
+    let punct = |i: usize, p: char| matches!(toks.get(i), Some((Tok::Punct(x), _)) if *x == p);
+    let mut out = Vec::new();
+    for i in 0..toks.len() {
+        let clock = ["Timestamp", "SystemTime", "Utc", "Local"]
+            .iter()
+            .any(|w| ident(i, w));
+        if clock
+            && matches!(toks.get(i + 1), Some((Tok::PathSep, _)))
+            && ident(i + 2, "now")
+            && punct(i + 3, '(')
+        {
+            out.push(toks[i].1);
+        }
+    }
+    out
+}
+
+/// The tokens of `toks` outside items under `#[cfg(test)]` (a test module,
+/// a test helper).
+fn outside_tests(toks: Vec<(Tok, usize)>) -> Vec<(Tok, usize)> {
     let ident = |i: usize, w: &str| matches!(toks.get(i), Some((Tok::Ident(x), _)) if x == w);
     let punct = |i: usize, p: char| matches!(toks.get(i), Some((Tok::Punct(x), _)) if *x == p);
     let mut out = Vec::new();
@@ -878,16 +917,7 @@ fn clock_reads(text: &str) -> Vec<usize> {
             i += 1;
             continue;
         }
-        let clock = ["Timestamp", "SystemTime", "Utc", "Local"]
-            .iter()
-            .any(|w| ident(i, w));
-        if clock
-            && matches!(toks.get(i + 1), Some((Tok::PathSep, _)))
-            && ident(i + 2, "now")
-            && punct(i + 3, '(')
-        {
-            out.push(toks[i].1);
-        }
+        out.push(toks[i].clone());
         i += 1;
     }
     out
@@ -938,4 +968,168 @@ fn helper() { let t = SystemTime::now(); }
 fn d() { let t = std::time::SystemTime::now(); }
 "#;
     assert_eq!(clock_reads(text), vec![2, 12]);
+}
+
+// ---- the pure decisions do no IO ----------------------------------------------
+
+/// The crates `agent-state-decide` may name in its `[dependencies]`: the
+/// store for its base values, and crates of values. A new one is added here
+/// with its reason; never a crate of IO (tokio, nix, inotify, notify, axum,
+/// hyper, tempfile, ...) nor a crate above it.
+const DECIDE_DEPENDENCIES: &[&str] = &[
+    "agent-state-store", // zone::Zone, clock::Timestamp, agent_name::AgentName
+    "chrono",            // the arithmetic of times
+    "serde",             // the values are written to and read from state files
+    "serde_json",        // protocol::limits reads Claude Code's stream-json
+    "thiserror",         // the errors' Display
+];
+
+/// What the decide layer may not name outside its tests, though the layers
+/// below it have it: the store's file access and state files, and std's IO.
+const DECIDE_NO_IO: &[&str] = &["fsx", "access", "state"];
+const STD_IO: &[&str] = &["fs", "process", "net", "os", "io"];
+
+/// The lines of non-test code in `text` (a file of module `module` of the
+/// decide layer) that reach for IO: `crate::fsx`, `crate::state`,
+/// `crate::access` (however written, or through `agent_state_store::`),
+/// `std::fs`, `std::process`, `std::net`, `std::os`, `std::io`, `tokio::`,
+/// `nix::`.
+fn io_uses(module: &[String], text: &str) -> Vec<(usize, String)> {
+    let toks = outside_tests(lex(text));
+    let ident = |i: usize| match toks.get(i) {
+        Some((Tok::Ident(x), _)) => Some(x.as_str()),
+        _ => None,
+    };
+    let sep = |i: usize| matches!(toks.get(i), Some((Tok::PathSep, _)));
+    let mut out = Vec::new();
+    for i in 0..toks.len() {
+        let after_sep = i > 0 && sep(i - 1);
+        match ident(i) {
+            Some("std") if !after_sep && sep(i + 1) => {
+                if let Some(m) = ident(i + 2).filter(|m| STD_IO.contains(m)) {
+                    out.push((toks[i].1, format!("std::{m}")));
+                }
+            }
+            Some(c @ ("tokio" | "nix")) if !after_sep && sep(i + 1) => {
+                out.push((toks[i].1, format!("{c}::")));
+            }
+            // The store's IO named through the crate (`use agent_state_store::fsx;`,
+            // `use agent_state_store::{clock, state};`).
+            Some("agent_state_store") if !after_sep && sep(i + 1) => {
+                let mut named = Vec::new();
+                match toks.get(i + 2) {
+                    Some((Tok::Ident(m), _)) => named.push(m.as_str()),
+                    Some((Tok::Punct('{'), _)) => {
+                        for (t, _) in toks[i + 3..].iter() {
+                            match t {
+                                Tok::Punct('}') => break,
+                                Tok::Ident(m) => named.push(m.as_str()),
+                                _ => {}
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+                for m in named.into_iter().filter(|m| DECIDE_NO_IO.contains(m)) {
+                    out.push((toks[i].1, format!("agent_state_store::{m}")));
+                }
+            }
+            _ => {}
+        }
+    }
+    for r in references_in(module, toks) {
+        if r.resolved
+            .first()
+            .is_some_and(|m| DECIDE_NO_IO.contains(&m.as_str()))
+        {
+            out.push((r.line, r.written));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The dependency names under `[dependencies]` of a Cargo.toml.
+fn dependencies(manifest: &str) -> Vec<String> {
+    let mut inside = false;
+    let mut out = Vec::new();
+    for line in manifest.lines().map(str::trim) {
+        if line.starts_with('[') {
+            inside = line == "[dependencies]";
+        } else if inside
+            && !line.starts_with('#')
+            && let Some((name, _)) = line.split_once('=')
+        {
+            out.push(name.trim().to_string());
+        }
+    }
+    out
+}
+
+#[test]
+fn the_pure_decisions_do_no_io() {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/decide/Cargo.toml");
+    let manifest = std::fs::read_to_string(&manifest).expect("read crates/decide/Cargo.toml");
+    let mut problems: Vec<String> = dependencies(&manifest)
+        .into_iter()
+        .filter(|d| !DECIDE_DEPENDENCIES.contains(&d.as_str()))
+        .map(|d| {
+            format!(
+                "crates/decide/Cargo.toml: depends on `{d}`, not in DECIDE_DEPENDENCIES \
+                 (tests/layers.rs); the pure decisions take values and do no IO: \
+                 add it there with its reason if it is a crate of values"
+            )
+        })
+        .collect();
+    let files = source_tree();
+    let decide: Vec<&SourceFile> = files
+        .iter()
+        .filter(|f| f.crate_dir() == "crates/decide/src")
+        .filter(|f| !f.path.ends_with("/tests.rs") && !f.path.contains("/tests/"))
+        .collect();
+    assert!(
+        decide.iter().any(|f| f.module == ["schedule"]),
+        "crates/decide/src/schedule.rs was not found"
+    );
+    for f in decide {
+        for (line, what) in io_uses(&f.module, &f.text) {
+            problems.push(format!(
+                "{}:{line}: `{what}`: the pure decisions (crates/decide) do no IO; \
+                 take the value from the caller and return what it must do",
+                f.path
+            ));
+        }
+    }
+    assert_none("IO in the pure decisions", &problems);
+}
+
+#[test]
+fn the_io_scan_sees_io_and_skips_tests() {
+    let text = r#"
+use crate::zone::Zone;
+use crate::{clock, fsx::read_limited};
+fn a() { std::fs::read("x"); }
+fn b() { let _ = crate::state::StateRoot::new("/"); }
+fn c() { let x: my::std::fs::Thing; }
+// std::fs in a comment
+#[cfg(test)]
+mod tests {
+    fn d() { std::fs::read("fixture"); }
+}
+fn e() { tokio::spawn(f()); }
+use agent_state_store::{clock, state};
+"#;
+    let module = vec!["economy".to_string()];
+    assert_eq!(
+        io_uses(&module, text),
+        vec![
+            (3, "crate::fsx::read_limited".to_string()),
+            (4, "std::fs".to_string()),
+            (5, "crate::state::StateRoot::new".to_string()),
+            (12, "tokio::".to_string()),
+            (13, "agent_state_store::state".to_string()),
+        ]
+    );
+    let manifest = "[package]\nname = \"x\"\n[dependencies]\n# why\nchrono = \"0.4\"\nnix = { version = \"0.31\" }\n[dev-dependencies]\ntempfile = \"3\"\n";
+    assert_eq!(dependencies(manifest), ["chrono", "nix"]);
 }

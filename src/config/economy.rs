@@ -254,26 +254,9 @@ impl Default for CredentialSettings {
     }
 }
 
-/// `[usage_limits]`: how long to wait on a usage limit whose reset time is
-/// not known, before one probe session (doubling up to `max_wait`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct UsageLimitSettings {
-    pub wait: Duration,
-    pub max_wait: Duration,
-    /// The longest wait after a known reset (between a quarter of it and
-    /// it, so the agents of a group do not all start at the reset).
-    pub jitter: Duration,
-}
-
-impl Default for UsageLimitSettings {
-    fn default() -> Self {
-        UsageLimitSettings {
-            wait: Duration::from_secs(1800),
-            max_wait: Duration::from_secs(4 * 3600),
-            jitter: Duration::from_secs(120),
-        }
-    }
-}
+/// `[usage_limits]`, read here (`Validator::usage_limits`); the value is the
+/// economy's own (crates/decide), which decides on it.
+pub use crate::economy::UsageLimitSettings;
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]

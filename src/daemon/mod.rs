@@ -6,7 +6,8 @@ pub mod cgroup;
 pub mod clock;
 pub mod core;
 pub mod credential;
-pub mod economy;
+// The economy's pure decisions live in crates/decide (`crate::economy`).
+pub use crate::economy;
 pub mod effects;
 pub mod exporter;
 pub mod exposition;

@@ -6,7 +6,7 @@
 //! Both parsers are pure functions over the text the caller kept: the final
 //! answer of Claude Code's JSON result when there is one (in JSON mode the
 //! blocks sit inside an escaped string), else the tail of stdout (at most
-//! [`STDOUT_TAIL`](crate::daemon::output::STDOUT_TAIL), so the first line may
+//! `agent-state`'s `daemon::output::STDOUT_TAIL`, so the first line may
 //! be cut). They never fail and never panic. No block gives `None`; a block
 //! with some of its fields gives `Ok` with the absent ones listed in
 //! `missing`; a block that cannot be trusted (a value outside the seed's

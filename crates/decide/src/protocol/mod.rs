@@ -1,6 +1,8 @@
-//! What agents say, parsed: pure functions over text, no IO (except the one
-//! helper that appends a signal record). Claude Code's JSON result is
-//! parsed with the rest of a session's output in `daemon::output`.
+//! What agents say, parsed: pure functions over text, no IO. They return
+//! what is worth logging (an invalid signal's `signals::SignalRecord`, a
+//! block's `summary::BlockProblem`); the caller writes it
+//! (`daemon::effects::append_signal`). Claude Code's JSON result is parsed
+//! with the rest of a session's output in `daemon::output`.
 //!
 //! - [`signals`]: seed 000's `<axiom>TYPE:payload</axiom>` signals, found as
 //!   the output streams.

@@ -12,14 +12,15 @@ fn utc(y: i32, mo: u32, d: u32, h: u32, mi: u32) -> DateTime<Utc> {
         .and_utc()
 }
 
-/// The reference time of the fixtures (tests/fixtures/claude/limits/README.md).
+/// The reference time of the fixtures (the repository's
+/// tests/fixtures/claude/limits/README.md, shared with tests/it).
 fn fixture_now() -> DateTime<Utc> {
     utc(2026, 11, 24, 12, 0)
 }
 
 fn fixture(name: &str) -> Vec<u8> {
     let path = format!(
-        "{}/tests/fixtures/claude/limits/{name}",
+        "{}/../../tests/fixtures/claude/limits/{name}",
         env!("CARGO_MANIFEST_DIR")
     );
     std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))

@@ -3,9 +3,12 @@
 //! admin's cap, a failed login check), the one probe session after a limit
 //! whose reset is unknown, and when a day's budgets start again.
 //!
-//! The daemon (`service/economy.rs`) feeds it what sessions and checks
-//! report, asks it before every wake, and persists it in `.daemon/holds.json`
-//! so a restart does not walk into the same limit.
+//! The daemon (`agent-state`'s `daemon::service::economy`, which still
+//! reaches this module as `daemon::economy`) feeds it what sessions and
+//! checks report, asks it before every wake, and persists it in
+//! `.daemon/holds.json` so a restart does not walk into the same limit.
+//! `[usage_limits]` is read by `config` into [`UsageLimitSettings`], the
+//! value these decisions take.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -16,8 +19,28 @@ use serde::{Deserialize, Serialize};
 
 use crate::agent_name::AgentName;
 use crate::clock::Timestamp;
-use crate::config::UsageLimitSettings;
 use crate::protocol::limits::{Limit, LimitKind, hold_until};
+
+/// `[usage_limits]`: how long to wait on a usage limit whose reset time is
+/// not known, before one probe session (doubling up to `max_wait`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UsageLimitSettings {
+    pub wait: Duration,
+    pub max_wait: Duration,
+    /// The longest wait after a known reset (between a quarter of it and
+    /// it, so the agents of a group do not all start at the reset).
+    pub jitter: Duration,
+}
+
+impl Default for UsageLimitSettings {
+    fn default() -> Self {
+        UsageLimitSettings {
+            wait: Duration::from_secs(1800),
+            max_wait: Duration::from_secs(4 * 3600),
+            jitter: Duration::from_secs(120),
+        }
+    }
+}
 
 /// Why a credential group is held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,0 +1,30 @@
+//! agent-state's pure decisions, a crate of their own so that `Cargo.toml`
+//! says what they may use: the base values of `agent-state-store` (time
+//! zones, timestamps), std and a few crates — no file, process or socket IO,
+//! no tokio, no nix, never the daemon or the CLI. Every function takes the
+//! time as a value and is tested as a table beside it.
+//!
+//! - [`schedule`]: crontab(5) schedules, their fire times across DST,
+//!   missed runs and jitter;
+//! - [`protocol`]: what agents say, parsed (seed 000's signals, seed 004's
+//!   Context Summary and signal block, Claude Code's usage limits and when
+//!   they reset); each returns what to log, the caller logs it;
+//! - [`economy`]: the credential groups' holds (usage limits, an admin's
+//!   cap, a failed login check), the probe after an unknown reset, and when
+//!   a day's budgets start again.
+//!
+//! The session machine (`agent-state`'s `daemon::machine`, with the error
+//! matrix `daemon::failure` it consults) belongs here too, as `machine`
+//! and `failure`, once it no longer names the runner, the output reader
+//! and the config of the daemon.
+//!
+//! The `agent-state` crate re-exports every module here under its old path
+//! (`crate::schedule`, ...).
+
+// The base values, under the paths the modules used inside `agent-state`
+// (`crate::zone::Zone`), so a moved file reads the same.
+use agent_state_store::{agent_name, clock, zone};
+
+pub mod economy;
+pub mod protocol;
+pub mod schedule;
