@@ -829,18 +829,10 @@ const CLOCK_READERS: &[&str] = &[
     "src/main.rs",
 ];
 
-/// TODO(issue 21): still read the clock below the loop; each goes when its
-/// callers pass the time. `state/` and `catalogue` are being moved into
-/// crates/store by another change; `prompt`, `inbox/intake`, `inbox/claim`
-/// settle files against the sub-second clock; `check` is being edited.
-const CLOCK_READERS_TODO: &[&str] = &[
-    "crates/store/src/state/",
-    "crates/store/src/catalogue.rs",
-    "src/prompt.rs",
-    "src/inbox/intake.rs",
-    "src/inbox/claim.rs",
-    "src/check.rs",
-];
+/// TODO(issue 21): still reads the clock below the loop: the daemon's
+/// repairs set a bad segment aside under the time of the read; it goes when
+/// the repairs are a value the daemon passes with its clock.
+const CLOCK_READERS_TODO: &[&str] = &["crates/store/src/state/rotation.rs"];
 
 /// The lines of non-test code in `text` that read the wall clock: items
 /// under `#[cfg(test)]` (a test module, a test helper) are skipped.

@@ -86,6 +86,7 @@ pub fn prepare(
         writing: seen.writing,
         known: seen.known,
         listed: seen.listed,
+        files: crate::clock::FileClock::Real,
         ..BeginRequest::default()
     };
     let begun = hooks::begin(agent, &dir, &req, now)?;
@@ -111,7 +112,7 @@ pub fn prepare(
     let mut options = prompt::PromptOptions::for_agent(config, agent);
     // What the claim read: the prompt quotes it without reading it again.
     options.claimed = Some(begun.claim.claimed.clone());
-    let written = prompt::assemble_with(root, &dir, &options).and_then(|assembled| {
+    let written = prompt::assemble_with(root, &dir, &options, now).and_then(|assembled| {
         if assembled.over_budget {
             tracing::warn!(agent = %agent.name, session_id, "the parts of the prompt that are never cut (rules, identity) are over prompt_budget");
         }

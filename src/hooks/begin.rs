@@ -31,6 +31,9 @@ pub struct BeginRequest {
     /// The inbox's names, listed beforehand (the daemon lists a big inbox
     /// off its loop): claimed from these instead of a listing.
     pub listed: Option<std::sync::Arc<inbox::Listed>>,
+    /// The clock the inbox's files settle by (the caller's: the CLI and
+    /// the daemon pass [`FileClock::Real`]).
+    pub files: FileClock,
 }
 
 #[derive(Debug, Default)]
@@ -162,6 +165,7 @@ pub fn begin(
         &session_id,
         now,
         agent.session.inbox_settle,
+        req.files,
         &req.writing,
         req.known.as_deref(),
         req.listed.as_deref(),

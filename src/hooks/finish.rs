@@ -765,7 +765,7 @@ pub(super) fn finish_with(
             // script's `session end`, a replay after a crash).
             let processed: Vec<Message> = match c.claimed {
                 Some(m) => m,
-                None => inbox::claimed(dir, &id)?
+                None => inbox::claimed(dir, &id, now)?
                     .into_iter()
                     .map(|(_, m)| m)
                     .collect(),

@@ -17,11 +17,14 @@ pub struct Claim {
 /// Names a writer still has open (known to the daemon's watch).
 pub type Writing = std::collections::BTreeSet<String>;
 
+/// `files` is the clock the files settle by, read once the lock is held.
+#[allow(clippy::too_many_arguments)]
 pub fn claim(
     agent: &AgentDir,
     session_id: &str,
     now: Timestamp,
     settle: Duration,
+    files: FileClock,
     writing: &Writing,
     known: Option<&Known>,
     listed: Option<&Listed>,
@@ -65,8 +68,8 @@ pub fn claim(
     // Opened once, at the first message claimed.
     let mut claimed_fd: Option<std::os::fd::OwnedFd> = None;
     let now_sys: SystemTime = now.0.into();
-    // Use the real clock for settling: `now` is whole seconds.
-    let settle_now = SystemTime::now().max(now_sys);
+    // The caller's file clock for settling: `now` is whole seconds.
+    let settle_now = files.now().max(now_sys);
     // Ids already taken: a message claimed in this batch, or one processed
     // under that name. A second message with a taken id is delivered with a
     // new one, the id it came with in `original_id` (seed 002, "duplicate
@@ -161,7 +164,12 @@ pub fn claim(
 }
 
 /// The messages claimed by `session_id`, in delivery order, with their files.
-pub fn claimed(agent: &AgentDir, session_id: &str) -> Result<Vec<(PathBuf, Message)>> {
+/// `now` stands in for a file whose mtime cannot be read.
+pub fn claimed(
+    agent: &AgentDir,
+    session_id: &str,
+    now: Timestamp,
+) -> Result<Vec<(PathBuf, Message)>> {
     let dir = agent.claimed(session_id);
     let mut out = Vec::new();
     // One handle for the directory: each file is opened by name in it.
@@ -200,7 +208,7 @@ pub fn claimed(agent: &AgentDir, session_id: &str) -> Result<Vec<(PathBuf, Messa
         let mtime = meta
             .modified()
             .map(|t| Timestamp::from_datetime(chrono::DateTime::<chrono::Utc>::from(t)))
-            .unwrap_or_else(|_| Timestamp::now());
+            .unwrap_or(now);
         // A claimed file was valid when claimed; if someone edited it since,
         // keep it in the session anyway with what can be read.
         if let Ok(m) = validate(&bytes, stem, &agent.name, mtime) {
