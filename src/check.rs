@@ -423,7 +423,7 @@ fn check_agent(
         return Ok(());
     }
     check_segments(dir, found, notes)?;
-    let scan = journal::read(&dir.journal())?;
+    let scan = journal::read(&dir.store, &dir.journal())?;
     for t in &scan.torn {
         finding(
             found,
@@ -767,8 +767,8 @@ fn set_torn_lines_aside(dir: &AgentDir, now: Timestamp) -> Result<String> {
         }
     }
     let aside = set_aside_name(&path, "torn", &now.compact());
-    atomic::write_file(&aside, &torn, 0o644)?;
-    atomic::write_file(&path, &kept, 0o644)?;
+    atomic::write_file(&dir.store, &aside, &torn, 0o644)?;
+    atomic::write_file(&dir.store, &path, &kept, 0o644)?;
     drop(lock);
     Ok(format!(
         "torn lines moved to {}",

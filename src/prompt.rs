@@ -905,7 +905,7 @@ const LOG_TAIL_BYTES: u64 = 64 << 10;
 fn last_words(agent: &AgentDir, session: &Session) -> Result<Option<(String, String, String)>> {
     let id = if session.is_running() {
         let mut last = None;
-        let _ = journal::scan_backwards(&agent.journal(), |e| match &e.event {
+        let _ = journal::scan_backwards(&agent.store, &agent.journal(), |e| match &e.event {
             Event::SessionStart(s) if s.session_id != session.session_id => {
                 last = Some(s.session_id.clone());
                 ControlFlow::Break(())
@@ -976,7 +976,7 @@ fn last_handoff(agent: &AgentDir, session: &Session) -> Result<Option<Handoff>> 
             )
         } else {
             let mut found = None;
-            journal::scan_backwards(&agent.journal(), |e| match e.event {
+            journal::scan_backwards(&agent.store, &agent.journal(), |e| match e.event {
                 Event::SessionEnd(end) => {
                     found = Some(end);
                     ControlFlow::Break(())

@@ -137,7 +137,7 @@ pub fn prepare(
         // Regenerated for every session, and useless after a crash (which
         // interrupts the session): replaced atomically, not fsynced, to keep
         // two syncs off the path between a wake and the agent starting.
-        atomic::write_file_unsynced(&file, text.as_bytes(), 0o640)?;
+        atomic::write_file_unsynced(&dir.store, &file, text.as_bytes(), 0o640)?;
         Ok((text, file))
     });
     let (prompt_text, prompt_file) = match written {
@@ -575,6 +575,7 @@ pub fn request_wake(dir: &AgentDir, now: Timestamp) -> Result<PathBuf> {
     // Written under a temp dotfile name beside it (never through a link)
     // and renamed in: the daemon ignores dotfiles.
     atomic::write_file(
+        &dir.store,
         &target,
         format!("{now}\n").as_bytes(),
         crate::inbox::MESSAGE_MODE,

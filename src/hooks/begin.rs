@@ -146,7 +146,8 @@ pub fn begin(
         Some(i) => Some(i.clone()),
         None => {
             let root = crate::state::StateRoot::new(dir.path.parent().unwrap_or(&dir.path))
-                .with_lock_wait(dir.lock_wait);
+                .with_lock_wait(dir.lock_wait)
+                .with_store(dir.store.clone());
             match crate::state::counters::next_instance(&root, dir, now) {
                 Ok(i) => Some(i),
                 Err(e) => {

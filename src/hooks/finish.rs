@@ -927,7 +927,12 @@ pub(super) fn finish_with(
     };
     if matches!(event, Event::SessionEnd(_)) {
         inbox::acknowledge(dir, &id)?;
-        memory::append_entries(&dir.memory(), memory::FLAGS_SECTION, &memory_lines)?;
+        memory::append_entries(
+            &dir.store,
+            &dir.memory(),
+            memory::FLAGS_SECTION,
+            &memory_lines,
+        )?;
     }
     // metrics.json from the journal as it is now, staged with the others:
     // the three renames into the agent's directory share one directory

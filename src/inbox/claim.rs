@@ -100,6 +100,7 @@ pub fn claim(
                 atomic::create_dir(&agent.processed(), INBOX_PRIVATE_DIR_MODE)?;
                 move_unique_unsynced(&path, &agent.processed(), &name)?;
                 journal::append(
+                    &agent.store,
                     &agent.journal(),
                     &Entry::new(
                         now,
@@ -138,7 +139,7 @@ pub fn claim(
                         .insert("original_id".into(), Value::String(original.clone()));
                     // The claimed copy says so too: it is what the session
                     // and the journal read back.
-                    write_message(&claimed_dir.join(&name), &m)?;
+                    write_message(agent, &claimed_dir.join(&name), &m)?;
                     tracing::info!(
                         agent = %agent.name,
                         "{name}: its id {original:?} is taken by another message: delivered as {}",
@@ -339,7 +340,7 @@ pub fn return_claimed_counting(
                 if m.attempts >= MAX_ATTEMPTS {
                     // Record the count in the file first, so the rejected
                     // copy says how many times it was tried.
-                    write_message(&path, &m)?;
+                    write_message(agent, &path, &m)?;
                     let reason = format!(
                         "undeliverable: {} sessions that claimed it failed (last: {session_id})",
                         m.attempts
@@ -351,7 +352,7 @@ pub fn return_claimed_counting(
                     // return is a rename (no rewrite, no fsync per message:
                     // thousands of messages go back after a crash).
                     if count {
-                        write_message(&path, &m)?;
+                        write_message(agent, &path, &m)?;
                     }
                     move_unique_unsynced(&path, &agent.inbox(), &name)?;
                     returned.push(m.id);
@@ -398,8 +399,8 @@ pub fn claimed_sessions(agent: &AgentDir) -> Result<Vec<String>> {
     Ok(out)
 }
 
-pub(super) fn write_message(path: &Path, m: &Message) -> Result<()> {
+pub(super) fn write_message(agent: &AgentDir, path: &Path, m: &Message) -> Result<()> {
     let mut bytes = serde_json::to_vec_pretty(m).unwrap_or_default();
     bytes.push(b'\n');
-    atomic::write_file(path, &bytes, MESSAGE_MODE)
+    atomic::write_file(&agent.store, path, &bytes, MESSAGE_MODE)
 }

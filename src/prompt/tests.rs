@@ -47,7 +47,7 @@ impl Fixture {
 
     fn journal(&self, event: Event) {
         let ts = Timestamp::parse("2026-01-01T00:00:00Z").unwrap();
-        journal::append(&self.dir.journal(), &Entry::new(ts, event)).unwrap();
+        journal::append(&self.dir.store, &self.dir.journal(), &Entry::new(ts, event)).unwrap();
     }
 
     fn session(&self, id: &str, status: &str, notes: Option<&str>) {
