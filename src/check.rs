@@ -10,7 +10,7 @@ use std::fmt;
 
 use serde::Serialize;
 
-use crate::clock::Timestamp;
+use crate::clock::{FileClock, Timestamp};
 use crate::config::{AgentKind, Config};
 use crate::error::IoContext;
 use crate::error::Result;
@@ -157,7 +157,14 @@ impl CheckReport {
     }
 }
 
-pub fn check(config: &Config, repair: bool, now: Timestamp) -> Result<CheckReport> {
+/// Check every agent's files at `now`; inbox files settle and temp files
+/// age by `files`, read when each agent is looked at.
+pub fn check(
+    config: &Config,
+    repair: bool,
+    now: Timestamp,
+    files: FileClock,
+) -> Result<CheckReport> {
     let root = StateRoot::new(&config.state_root);
     let mut report = CheckReport {
         needs: needs::check(config),
@@ -212,9 +219,17 @@ pub fn check(config: &Config, repair: bool, now: Timestamp) -> Result<CheckRepor
             continue;
         }
         let mut found = Vec::new();
-        check_agent(config, agent.kind, &dir, &mut found, &mut report.notes, now)?;
+        check_agent(
+            config,
+            agent.kind,
+            &dir,
+            &mut found,
+            &mut report.notes,
+            now,
+            files,
+        )?;
         if repair && !found.is_empty() {
-            repair_agent(config, &dir, &mut found, now)?;
+            repair_agent(config, &dir, &mut found, now, files)?;
         }
         report.findings.extend(found);
     }
@@ -305,6 +320,7 @@ fn check_agent(
     found: &mut Vec<Finding>,
     notes: &mut Vec<String>,
     now: Timestamp,
+    files: FileClock,
 ) -> Result<()> {
     if !crate::fsx::exists(&dir.path) {
         finding(found, dir, ".", Problem::NotBootstrapped);
@@ -407,7 +423,7 @@ fn check_agent(
         return Ok(());
     }
     check_segments(dir, found, notes)?;
-    let scan = journal::read(&dir.journal())?;
+    let scan = journal::read(&dir.store, &dir.journal())?;
     for t in &scan.torn {
         finding(
             found,
@@ -474,7 +490,7 @@ fn check_agent(
             Problem::Undecodable,
         );
     }
-    let sys_now = std::time::SystemTime::now();
+    let sys_now = files.now();
     let settle = config
         .agent(&dir.name)
         .map(|a| a.session.inbox_settle)
@@ -490,7 +506,7 @@ fn check_agent(
         }
     }
     // Temp files of writes a crash interrupted (the old file is intact).
-    let cutoff = std::time::SystemTime::now() - prune::STALE_TEMP_AGE;
+    let cutoff = files.now() - prune::STALE_TEMP_AGE;
     for sub in [
         dir.path.clone(),
         dir.inbox(),
@@ -572,6 +588,7 @@ fn repair_agent(
     dir: &AgentDir,
     found: &mut [Finding],
     now: Timestamp,
+    files: FileClock,
 ) -> Result<()> {
     let agent = config.agent(&dir.name)?;
     // What is not what it should be is set aside first (renamed, never
@@ -620,7 +637,7 @@ fn repair_agent(
     }
     repair_foreign_modes(dir, found)?;
     if found.iter().any(|f| f.problem == Problem::Temp) {
-        let now = std::time::SystemTime::now();
+        let now = files.now();
         let stats = prune::prune_stale_temps(dir, now - prune::STALE_TEMP_AGE, now)
             .at("removing temp files in", &dir.path)?;
         for f in found.iter_mut().filter(|f| f.problem == Problem::Temp) {
@@ -750,8 +767,8 @@ fn set_torn_lines_aside(dir: &AgentDir, now: Timestamp) -> Result<String> {
         }
     }
     let aside = set_aside_name(&path, "torn", &now.compact());
-    atomic::write_file(&aside, &torn, 0o644)?;
-    atomic::write_file(&path, &kept, 0o644)?;
+    atomic::write_file(&dir.store, &aside, &torn, 0o644)?;
+    atomic::write_file(&dir.store, &path, &kept, 0o644)?;
     drop(lock);
     Ok(format!(
         "torn lines moved to {}",

@@ -694,7 +694,11 @@ fn read_segments(
         if next <= from {
             continue;
         }
-        let Some(bytes) = rotation::read_segment_or_skip(segment).map_err(io::Error::other)? else {
+        // A reader of the stream only: a bad segment is a gap here, set
+        // aside by the daemon's own reads or `check --repair`.
+        let Some(bytes) = rotation::read_segment_or_skip(&crate::state::Store::default(), segment)
+            .map_err(io::Error::other)?
+        else {
             read.gaps.push(format!(
                 "{} cannot be read (damaged or not a file; `agent-state check` names it): events between offsets {} and {next} are skipped",
                 segment.path.display(),

@@ -16,7 +16,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::agent_name::title_case;
-use crate::clock::Timestamp;
+use crate::clock::{FileClock, Timestamp};
 use crate::config::AgentConfig;
 use crate::error::{Error, Result};
 use crate::inbox::{self, Claim, Message, MessageType};

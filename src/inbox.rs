@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::agent_name::{self, AgentName};
-use crate::clock::Timestamp;
+use crate::clock::{FileClock, Timestamp};
 use crate::error::{Error, IoContext, Result};
 use crate::fsx;
 use crate::state::bootstrap::{INBOX_DIR_MODE, INBOX_PRIVATE_DIR_MODE};
@@ -448,7 +448,16 @@ mod tests {
         let mut known = Known::default();
         let writing = Writing::new();
         let settle = Duration::ZERO;
-        let first = receive(&agent, Timestamp::now(), settle, &writing, &mut known, None).unwrap();
+        let first = receive(
+            &agent,
+            Timestamp::now(),
+            settle,
+            FileClock::Real,
+            &writing,
+            &mut known,
+            None,
+        )
+        .unwrap();
         assert_eq!(first.normal, 1);
         assert_eq!(known.len(), 1);
         let inbox_dir = fsx::dir(&agent.inbox()).unwrap();
@@ -489,7 +498,16 @@ mod tests {
             "{v:?}"
         );
         std::fs::remove_file(&path).unwrap();
-        receive(&agent, Timestamp::now(), settle, &writing, &mut known, None).unwrap();
+        receive(
+            &agent,
+            Timestamp::now(),
+            settle,
+            FileClock::Real,
+            &writing,
+            &mut known,
+            None,
+        )
+        .unwrap();
         assert!(known.is_empty());
     }
 

@@ -78,7 +78,7 @@ use std::collections::VecDeque;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
-use crate::clock::Timestamp;
+use crate::clock::{FileClock, Timestamp};
 use crate::config::{AgentConfig, Config};
 use crate::error::Result;
 use crate::inbox::{self, Message, Priority, Verdict};
@@ -107,6 +107,9 @@ pub struct PromptOptions {
     /// The human mailboxes of the config (people the agent may ask or
     /// answer), named in the "How to answer" section.
     pub humans: Vec<String>,
+    /// The clock waiting messages settle by (a preview's; the daemon and
+    /// `agent-state prompt` pass [`FileClock::Real`]).
+    pub files: FileClock,
 }
 
 impl Default for PromptOptions {
@@ -117,6 +120,7 @@ impl Default for PromptOptions {
             inbox_settle: inbox::SETTLE_TIME,
             claimed: None,
             humans: Vec::new(),
+            files: FileClock::Real,
         }
     }
 }
@@ -138,6 +142,7 @@ impl PromptOptions {
                 .filter(|a| a.kind == crate::config::AgentKind::Human)
                 .map(|a| a.name.to_string())
                 .collect(),
+            files: FileClock::Real,
         }
     }
 }
@@ -168,9 +173,9 @@ pub struct Assembled {
 }
 
 /// Assemble the prompt for `agent`'s current (or next) session with the
-/// default options.
-pub fn assemble(root: &StateRoot, agent: &AgentDir) -> Result<String> {
-    Ok(assemble_with(root, agent, &PromptOptions::default())?.text)
+/// default options, at `now`.
+pub fn assemble(root: &StateRoot, agent: &AgentDir, now: Timestamp) -> Result<String> {
+    Ok(assemble_with(root, agent, &PromptOptions::default(), now)?.text)
 }
 
 /// Has the agent still to write who it is? Its lifecycle says so: no
@@ -180,11 +185,13 @@ pub fn is_hatching(agent: &AgentDir) -> bool {
     Lifecycle::at_rest(agent) == Lifecycle::Hatching
 }
 
-/// Assemble the prompt for `agent`'s current (or next) session.
+/// Assemble the prompt for `agent`'s current (or next) session, at `now`
+/// (a corrupt file is set aside under this time; expiry is judged by it).
 pub fn assemble_with(
     root: &StateRoot,
     agent: &AgentDir,
     options: &PromptOptions,
+    now: Timestamp,
 ) -> Result<Assembled> {
     agent.require()?;
     let title = agent.name.title();
@@ -267,8 +274,6 @@ pub fn assemble_with(
         sections.push(s);
     }
 
-    // A corrupt file is set aside under this time (the store takes no clock).
-    let now = Timestamp::now();
     let tasks: TaskFile = agent.read_or_repair(now)?;
     let open: Vec<&Task> = tasks.open_tasks().collect();
     if !open.is_empty() {
@@ -304,7 +309,7 @@ pub fn assemble_with(
     let session: Session = agent.read_or_repair(now)?;
     let (messages, waiting) = match &options.claimed {
         Some(claimed) if session.is_running() => (claimed.clone(), false),
-        _ => messages_for_prompt(agent, &session, options.inbox_settle)?,
+        _ => messages_for_prompt(agent, &session, options, now)?,
     };
     if !messages.is_empty() {
         let n = messages.len();
@@ -854,25 +859,28 @@ fn message_text(i: usize, n: usize, m: &Message) -> String {
 fn messages_for_prompt(
     agent: &AgentDir,
     session: &Session,
-    settle: std::time::Duration,
+    options: &PromptOptions,
+    now: Timestamp,
 ) -> Result<(Vec<Message>, bool)> {
     if session.is_running() {
         return Ok((
-            inbox::claimed(agent, &session.session_id)?
+            inbox::claimed(agent, &session.session_id, now)?
                 .into_iter()
                 .map(|(_, m)| m)
                 .collect(),
             false,
         ));
     }
-    let now = Timestamp::now();
     let now_sys: std::time::SystemTime = now.0.into();
-    let settle_now = std::time::SystemTime::now().max(now_sys);
+    let settle_now = options.files.now().max(now_sys);
     let mut waiting = Vec::new();
     for name in inbox::waiting_names(agent)? {
-        if let Verdict::Valid(m) =
-            inbox::inspect(agent, &name, settle_now, inbox::Intake::settle(settle))
-            && m.attempts < inbox::MAX_ATTEMPTS
+        if let Verdict::Valid(m) = inbox::inspect(
+            agent,
+            &name,
+            settle_now,
+            inbox::Intake::settle(options.inbox_settle),
+        ) && m.attempts < inbox::MAX_ATTEMPTS
             && !m.is_expired(now)
         {
             waiting.push(*m);
@@ -897,7 +905,7 @@ const LOG_TAIL_BYTES: u64 = 64 << 10;
 fn last_words(agent: &AgentDir, session: &Session) -> Result<Option<(String, String, String)>> {
     let id = if session.is_running() {
         let mut last = None;
-        let _ = journal::scan_backwards(&agent.journal(), |e| match &e.event {
+        let _ = journal::scan_backwards(&agent.store, &agent.journal(), |e| match &e.event {
             Event::SessionStart(s) if s.session_id != session.session_id => {
                 last = Some(s.session_id.clone());
                 ControlFlow::Break(())
@@ -968,7 +976,7 @@ fn last_handoff(agent: &AgentDir, session: &Session) -> Result<Option<Handoff>> 
             )
         } else {
             let mut found = None;
-            journal::scan_backwards(&agent.journal(), |e| match e.event {
+            journal::scan_backwards(&agent.store, &agent.journal(), |e| match e.event {
                 Event::SessionEnd(end) => {
                     found = Some(end);
                     ControlFlow::Break(())

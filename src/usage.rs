@@ -23,6 +23,7 @@ use serde::Serialize;
 
 use crate::clock::Timestamp;
 use crate::error::Result;
+use crate::state::Store;
 use crate::state::journal::{self, Entry, Event};
 use crate::state::session::SessionStatus;
 
@@ -218,11 +219,15 @@ pub fn by_day(sessions: &[SessionUse], tz: Zone) -> BTreeMap<NaiveDate, DayUse> 
 
 /// One journal's sessions that counted at or after `since` (and those
 /// still running that started since).
-pub fn read(journal_path: &Path, since: Timestamp) -> Result<Vec<SessionUse>> {
+pub fn read(store: &Store, journal_path: &Path, since: Timestamp) -> Result<Vec<SessionUse>> {
     // A session started before `since` may end after it: read a little
     // further back than asked (sessions are at most a day long in any sane
     // config), then keep what counts since.
-    let entries = journal::read_since(journal_path, since.minus(Duration::from_secs(86_400)))?;
+    let entries = journal::read_since(
+        store,
+        journal_path,
+        since.minus(Duration::from_secs(86_400)),
+    )?;
     Ok(sessions(&entries)
         .into_iter()
         .filter(|s| s.counted_at().is_some_and(|t| t >= since))

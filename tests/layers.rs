@@ -847,19 +847,6 @@ const CLOCK_READERS: &[&str] = &[
     "src/main.rs",
 ];
 
-/// TODO(issue 21): still read the clock below the loop; each goes when its
-/// callers pass the time. `state/` and `catalogue` are being moved into
-/// crates/store by another change; `prompt`, `inbox/intake`, `inbox/claim`
-/// settle files against the sub-second clock; `check` is being edited.
-const CLOCK_READERS_TODO: &[&str] = &[
-    "crates/store/src/state/",
-    "crates/store/src/catalogue.rs",
-    "src/prompt.rs",
-    "src/inbox/intake.rs",
-    "src/inbox/claim.rs",
-    "src/check.rs",
-];
-
 /// The lines of non-test code in `text` that read the wall clock: items
 /// under `#[cfg(test)]` (a test module, a test helper) are skipped.
 fn clock_reads(text: &str) -> Vec<usize> {
@@ -885,36 +872,11 @@ fn clock_reads(text: &str) -> Vec<usize> {
 /// The tokens of `toks` outside items under `#[cfg(test)]` (a test module,
 /// a test helper).
 fn outside_tests(toks: Vec<(Tok, usize)>) -> Vec<(Tok, usize)> {
-    let ident = |i: usize, w: &str| matches!(toks.get(i), Some((Tok::Ident(x), _)) if x == w);
-    let punct = |i: usize, p: char| matches!(toks.get(i), Some((Tok::Punct(x), _)) if *x == p);
     let mut out = Vec::new();
     let mut i = 0;
     while i < toks.len() {
-        let cfg_test = punct(i, '#')
-            && punct(i + 1, '[')
-            && ident(i + 2, "cfg")
-            && punct(i + 3, '(')
-            && ident(i + 4, "test")
-            && punct(i + 5, ')')
-            && punct(i + 6, ']');
-        if cfg_test {
-            // Past the item: its first `;` outside braces, or its block.
-            i += 7;
-            let mut depth = 0usize;
-            while i < toks.len() {
-                if punct(i, '{') {
-                    depth += 1;
-                } else if punct(i, '}') {
-                    depth = depth.saturating_sub(1);
-                    if depth == 0 {
-                        break;
-                    }
-                } else if punct(i, ';') && depth == 0 {
-                    break;
-                }
-                i += 1;
-            }
-            i += 1;
+        if let Some(end) = past_cfg_test(&toks, i) {
+            i = end;
             continue;
         }
         out.push(toks[i].clone());
@@ -938,7 +900,7 @@ fn no_wall_clock_below_the_loop() {
     let problems: Vec<String> = source_tree()
         .iter()
         .filter(|f| !f.path.ends_with("/tests.rs") && !f.path.contains("/tests/"))
-        .filter(|f| !allowed(CLOCK_READERS, &f.path) && !allowed(CLOCK_READERS_TODO, &f.path))
+        .filter(|f| !allowed(CLOCK_READERS, &f.path))
         .flat_map(|f| {
             clock_reads(&f.text).into_iter().map(move |line| {
                 format!(
@@ -1132,4 +1094,211 @@ use agent_state_store::{clock, state};
     );
     let manifest = "[package]\nname = \"x\"\n[dependencies]\n# why\nchrono = \"0.4\"\nnix = { version = \"0.31\" }\n[dev-dependencies]\ntempfile = \"3\"\n";
     assert_eq!(dependencies(manifest), ["chrono", "nix"]);
+}
+
+// ---- no process-wide state in the store -------------------------------------------
+
+/// Where no `static` may hold interior mutability (a `Mutex`, `RwLock`,
+/// `OnceLock`, `LazyLock`, `Cell`, an atomic, a `thread_local!`): the
+/// storage layer's settings and lists are values the caller passes (issue
+/// 21, "Layers the compiler keeps": the disk-full reclaimer, the lock wait
+/// and the repairs list live in `state::Store` and `StateRoot`), so two
+/// daemons or two tests in one process never see each other's. A path
+/// ending in `/` is a directory.
+const NO_GLOBALS_IN: &[&str] = &["crates/store/src/"];
+
+/// The statics allowed there anyway: file, name, and why it is not a
+/// setting of one caller. Every entry must still exist.
+const GLOBALS_ALLOWED: &[(&str, &str, &str)] = &[
+    (
+        "crates/store/src/fsx.rs",
+        "OPENAT2",
+        "a cache of what the kernel offers (whether openat2 works): the same answer for every caller",
+    ),
+    (
+        "crates/store/src/fsx.rs",
+        "ROOT",
+        "a cache of the process's effective uid: the same answer for every caller",
+    ),
+    (
+        "crates/store/src/zone.rs",
+        "LOADED",
+        "a cache of the time-zone tables read (immutable once loaded, leaked, a handful per process)",
+    ),
+    (
+        "crates/store/src/state/rotation.rs",
+        "LOCK",
+        "a lock, not a setting: it orders appends to the daemon's own logs with their rotation; \
+         shared by every root, it can only make one wait, never write the wrong file",
+    ),
+];
+
+/// The types that make a `static` mutable from behind a shared reference.
+fn interior_mutable(word: &str) -> bool {
+    matches!(
+        word,
+        "Mutex"
+            | "RwLock"
+            | "OnceLock"
+            | "OnceCell"
+            | "LazyLock"
+            | "LazyCell"
+            | "Lazy"
+            | "Cell"
+            | "RefCell"
+            | "UnsafeCell"
+            | "thread_local"
+    ) || word.starts_with("Atomic")
+}
+
+/// The `static` items of non-test code in `text` whose type is interior
+/// mutable, and every `thread_local!`: (line, name).
+fn mutable_statics(text: &str) -> Vec<(usize, String)> {
+    let toks = lex(text);
+    let ident = |i: usize| match toks.get(i) {
+        Some((Tok::Ident(x), _)) => Some(x.as_str()),
+        _ => None,
+    };
+    let punct = |i: usize, p: char| matches!(toks.get(i), Some((Tok::Punct(x), _)) if *x == p);
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < toks.len() {
+        if let Some(end) = past_cfg_test(&toks, i) {
+            i = end;
+            continue;
+        }
+        if ident(i) == Some("thread_local") && punct(i + 1, '!') {
+            out.push((toks[i].1, "thread_local!".to_string()));
+        }
+        // `static NAME:` or `static mut NAME:` (`&'static T` lexes as the
+        // word `static` followed by a type, never by a name and a colon).
+        let name_at = if ident(i + 1) == Some("mut") {
+            i + 2
+        } else {
+            i + 1
+        };
+        if ident(i) == Some("static")
+            && let Some(name) = ident(name_at)
+            && punct(name_at + 1, ':')
+        {
+            let mut j = name_at + 2;
+            let mut mutable = false;
+            while j < toks.len() && !punct(j, '=') && !punct(j, ';') {
+                mutable |= ident(j).is_some_and(interior_mutable);
+                j += 1;
+            }
+            if mutable || ident(i + 1) == Some("mut") {
+                out.push((toks[i].1, name.to_string()));
+            }
+            i = j;
+            continue;
+        }
+        i += 1;
+    }
+    out
+}
+
+/// If a `#[cfg(test)]` attribute starts at `i`: the index past the item it
+/// marks (its first `;` outside braces, or its block).
+fn past_cfg_test(toks: &[(Tok, usize)], i: usize) -> Option<usize> {
+    let ident = |i: usize, w: &str| matches!(toks.get(i), Some((Tok::Ident(x), _)) if x == w);
+    let punct = |i: usize, p: char| matches!(toks.get(i), Some((Tok::Punct(x), _)) if *x == p);
+    let cfg_test = punct(i, '#')
+        && punct(i + 1, '[')
+        && ident(i + 2, "cfg")
+        && punct(i + 3, '(')
+        && ident(i + 4, "test")
+        && punct(i + 5, ')')
+        && punct(i + 6, ']');
+    if !cfg_test {
+        return None;
+    }
+    let mut i = i + 7;
+    let mut depth = 0usize;
+    while i < toks.len() {
+        if punct(i, '{') {
+            depth += 1;
+        } else if punct(i, '}') {
+            depth = depth.saturating_sub(1);
+            if depth == 0 {
+                break;
+            }
+        } else if punct(i, ';') && depth == 0 {
+            break;
+        }
+        i += 1;
+    }
+    Some(i + 1)
+}
+
+#[test]
+fn no_process_wide_state_in_the_store() {
+    let mut seen = BTreeSet::new();
+    let mut problems = Vec::new();
+    for f in source_tree()
+        .iter()
+        .filter(|f| allowed(NO_GLOBALS_IN, &f.path))
+        .filter(|f| !f.path.ends_with("/tests.rs") && !f.path.contains("/tests/"))
+    {
+        for (line, name) in mutable_statics(&f.text) {
+            if GLOBALS_ALLOWED
+                .iter()
+                .any(|(path, n, _)| *path == f.path && *n == name)
+            {
+                seen.insert((f.path.clone(), name));
+                continue;
+            }
+            problems.push(format!(
+                "{}:{line}: `static {name}` holds state for the whole process; make it a value \
+                 the caller passes (a field of state::Store or StateRoot, or a parameter), or, \
+                 if it is a cache the same for every caller, add it to GLOBALS_ALLOWED in \
+                 tests/layers.rs with the reason",
+                f.path
+            ));
+        }
+    }
+    for (path, name, _) in GLOBALS_ALLOWED {
+        if !seen.contains(&(path.to_string(), name.to_string())) {
+            problems.push(format!(
+                "GLOBALS_ALLOWED names `static {name}` in {path}, which has no such static: \
+                 remove the entry"
+            ));
+        }
+    }
+    assert_none("process-wide state in the store", &problems);
+}
+
+#[test]
+fn the_static_scan_sees_mutable_statics_only() {
+    let text = r#"
+static PLAIN: &[&str] = &["a"];
+pub static LIST: std::sync::Mutex<Vec<u8>> = std::sync::Mutex::new(Vec::new());
+fn f() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap()
+}
+fn g(x: &'static str) -> &'static str { x }
+static COUNT: AtomicU64 = AtomicU64::new(0);
+static mut RAW: u8 = 0;
+// static COMMENTED: Mutex<()> = Mutex::new(());
+thread_local! { static T: u8 = 0; }
+#[cfg(test)]
+mod tests {
+    static IN_TEST: OnceLock<u8> = OnceLock::new();
+}
+static ONCE: OnceLock<Box<dyn Fn() + Send + Sync>> = OnceLock::new();
+"#;
+    let names: Vec<(usize, String)> = mutable_statics(text);
+    assert_eq!(
+        names,
+        [
+            (3, "LIST"),
+            (5, "LOCK"),
+            (9, "COUNT"),
+            (10, "RAW"),
+            (12, "thread_local!"),
+            (17, "ONCE"),
+        ]
+        .map(|(l, n)| (l, n.to_string()))
+    );
 }

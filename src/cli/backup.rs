@@ -61,7 +61,7 @@ pub fn restore(ctx: &Context, args: RestoreArgs) -> Result<u8> {
     // Checked as `check` would: the restored root with this config.
     let mut config = ctx.config.clone();
     config.state_root = into.clone();
-    let report = crate::check::check(&config, false, ctx.now)?;
+    let report = crate::check::check(&config, false, ctx.now, crate::clock::FileClock::Real)?;
     for f in &report.findings {
         say!("PROBLEM  {}: {}: {}", f.agent, f.file, f.problem);
     }

@@ -16,7 +16,12 @@ pub struct Args {
 }
 
 pub fn run(ctx: &Context, args: Args) -> Result<u8> {
-    let report = check::check(&ctx.config, args.repair, ctx.now)?;
+    let report = check::check(
+        &ctx.config,
+        args.repair,
+        ctx.now,
+        crate::clock::FileClock::Real,
+    )?;
     let code = if report.unrepaired() == 0 && report.config_errors() == 0 {
         exit::OK
     } else {

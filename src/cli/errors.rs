@@ -66,7 +66,7 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
     };
     let path = error_log::log_path(&ctx.root);
     let records: Vec<catalogue::ErrorRecord> =
-        error_log::read_since(&path, ctx.now.minus(args.since))?
+        error_log::read_since(&ctx.root.store, &path, ctx.now.minus(args.since))?
             .into_iter()
             .filter(|r| args.agent.is_none() || r.context.agent == args.agent)
             .filter(|r| args.code.as_ref().is_none_or(|c| &r.code == c))

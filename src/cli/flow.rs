@@ -198,8 +198,12 @@ fn record_errors(ctx: &Context, applied: &Applied) {
         let mut record = record.clone();
         record.stamp(ctx.now);
         eprintln!("{}: {}", record.code, display::clean(&record.message));
-        if let Err(e) = crate::state::error_log::append_as(&path, &record, ctx.config.hooks.format)
-        {
+        if let Err(e) = crate::state::error_log::append_as(
+            &ctx.root.store,
+            &path,
+            &record,
+            ctx.config.hooks.format,
+        ) {
             eprintln!("cannot append to {}: {e}", path.display());
         }
     }

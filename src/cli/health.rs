@@ -330,7 +330,7 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
             let dir = ctx.root.agent(&agent.name);
             let mut last = None;
             let mut young = true;
-            let read = journal::scan_backwards(&dir.journal(), |entry| {
+            let read = journal::scan_backwards(&dir.store, &dir.journal(), |entry| {
                 if entry.ts < since {
                     young = false;
                     return ControlFlow::Break(());

@@ -36,7 +36,7 @@ pub fn run(ctx: &Context, command: Command) -> Result<u8> {
         let lock = dir.lock()?;
         let mut notes = Vec::new();
         let old: Metrics = dir.load(&lock, ctx.now, &mut notes)?;
-        let scan = journal::read(&dir.journal())?;
+        let scan = journal::read(&dir.store, &dir.journal())?;
         let mut new = metrics_from_journal(dir.name.as_str(), &scan.entries, ctx.now);
         // Fields other tools added survive the rebuild.
         new.extra = old.extra.clone();

@@ -35,7 +35,7 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
     if let Some(budget) = args.budget {
         options.budget_bytes = budget;
     }
-    let assembled = prompt::assemble_with(&ctx.root, &dir, &options)?;
+    let assembled = prompt::assemble_with(&ctx.root, &dir, &options, ctx.now)?;
     print!("{}", assembled.text);
     for c in &assembled.cut {
         eprintln!(

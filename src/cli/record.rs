@@ -170,7 +170,7 @@ fn own_event(ctx: &Context, dir: &crate::state::AgentDir, event: &str, a: &Args)
         )));
     }
     bytes.push(b'\n');
-    crate::state::journal::append_lines(&dir.journal(), &bytes)?;
+    crate::state::journal::append_lines(&dir.store, &dir.journal(), &bytes)?;
     print_notes(&notes);
     println!(
         "{}: {event} journaled{}",

@@ -184,6 +184,7 @@ pub fn run(ctx: &Context, command: Command) -> Result<u8> {
                 writing: Default::default(),
                 known: None,
                 listed: None,
+                files: crate::clock::FileClock::Real,
             };
             let mut r = hooks::begin(agent, &dir, &req, ctx.now)?;
             print_notes(&r.notes);

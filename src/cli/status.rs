@@ -187,14 +187,15 @@ fn collect(ctx: &Context, agent: Option<&str>) -> Result<Fleet> {
     let since = ctx.now.minus(ROLLING_WINDOW);
     // Read-only: a user who may read the agent directories but not the
     // daemon's (or an inbox) gets the rest, with `?` and a note on stderr.
-    let records = match error_log::read_since(&error_log::log_path(&ctx.root), since) {
-        Ok(r) => Some(r),
-        Err(e) if access::is_denied(&e) => {
-            unreadable(&e);
-            None
-        }
-        Err(_) => Some(Vec::new()),
-    };
+    let records =
+        match error_log::read_since(&ctx.root.store, &error_log::log_path(&ctx.root), since) {
+            Ok(r) => Some(r),
+            Err(e) if access::is_denied(&e) => {
+                unreadable(&e);
+                None
+            }
+            Err(_) => Some(Vec::new()),
+        };
     let work = flow_work(ctx);
     let held = holds(ctx, &agents);
     let lowered = concurrency_lowered(ctx);
@@ -667,7 +668,7 @@ fn line(ctx: &Context, agent: &AgentConfig) -> Line {
             .count();
     }
     let since: Timestamp = ctx.now.minus(ROLLING_WINDOW);
-    let entries = match journal::read_since(&dir.journal(), since) {
+    let entries = match journal::read_since(&dir.store, &dir.journal(), since) {
         Ok(entries) => entries,
         Err(e) => {
             if access::is_denied(&e) {

@@ -110,7 +110,7 @@ fn report(ctx: &Context, agent: Option<&str>, days_wanted: u32) -> Result<(Repor
     let mut today_by_agent: Vec<(&AgentConfig, DayUse)> = Vec::new();
     for agent in &agents {
         let dir = ctx.root.agent(&agent.name);
-        let sessions = match usage::read(&dir.journal(), since) {
+        let sessions = match usage::read(&dir.store, &dir.journal(), since) {
             Ok(s) => s,
             Err(e) => {
                 // One agent's journal never hides the others'; a damaged

@@ -56,9 +56,11 @@ struct Inner {
 const UNWRITTEN_MAX: usize = 1000;
 
 impl Alerts {
-    pub fn new(config: &Config) -> Alerts {
-        let root =
-            StateRoot::new(&config.state_root).with_lock_wait(crate::state::lock::DAEMON_WAIT);
+    /// The alerts of `config`, written through `store` (the daemon's).
+    pub fn new(config: &Config, store: &crate::state::Store) -> Alerts {
+        let root = StateRoot::new(&config.state_root)
+            .with_lock_wait(crate::state::lock::DAEMON_WAIT)
+            .with_store(store.clone());
         Alerts {
             inner: Arc::new(Inner {
                 log: error_log::log_path(&root),
@@ -103,7 +105,12 @@ impl Alerts {
         };
         waiting.push_back(record.clone());
         while let Some(first) = waiting.front() {
-            match error_log::append_as(&self.inner.log, first, self.inner.format) {
+            match error_log::append_as(
+                &self.inner.root.store,
+                &self.inner.log,
+                first,
+                self.inner.format,
+            ) {
                 Ok(()) => {
                     waiting.pop_front();
                 }
@@ -144,7 +151,14 @@ impl Alerts {
             return;
         };
         while let Some(first) = waiting.front() {
-            if error_log::append_as(&self.inner.log, first, self.inner.format).is_err() {
+            if error_log::append_as(
+                &self.inner.root.store,
+                &self.inner.log,
+                first,
+                self.inner.format,
+            )
+            .is_err()
+            {
                 return;
             }
             waiting.pop_front();
@@ -449,6 +463,7 @@ pub fn log(record: &ErrorRecord) {
 pub struct EscalationMemory {
     sent: BTreeSet<(String, String)>,
     path: Option<PathBuf>,
+    store: crate::state::Store,
 }
 
 impl EscalationMemory {
@@ -466,6 +481,7 @@ impl EscalationMemory {
         EscalationMemory {
             sent,
             path: Some(path),
+            store: root.store.clone(),
         }
     }
 
@@ -504,7 +520,7 @@ impl EscalationMemory {
         let Some(path) = &self.path else { return };
         let list: Vec<&(String, String)> = self.sent.iter().collect();
         // A snapshot: losing it to a crash means one more escalation.
-        if let Err(e) = crate::state::atomic::write_json_unsynced(path, &list) {
+        if let Err(e) = crate::state::atomic::write_json_unsynced(&self.store, path, &list) {
             tracing::warn!("cannot write {}: {e}", path.display());
         }
     }

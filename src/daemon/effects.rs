@@ -57,7 +57,7 @@ pub fn append_signal(root: &StateRoot, rec: &SignalRecord) -> crate::error::Resu
     let mut line = serde_json::to_vec(rec).unwrap_or_default();
     line.push(b'\n');
     let _rotation = crate::state::rotation::daemon_logs();
-    crate::state::journal::append_lines(&signals_log(root), &line)
+    crate::state::journal::append_lines(&root.store, &signals_log(root), &line)
 }
 
 /// Record an invalid signal (never an error of the session).
@@ -125,6 +125,7 @@ pub fn apply(
                     // The same discovery again (another day, another
                     // session) is not written twice.
                     let added = memory::append_new_entry(
+                        &dir.store,
                         &dir.memory(),
                         DISCOVERIES_SECTION,
                         &line,

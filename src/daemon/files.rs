@@ -584,7 +584,7 @@ pub fn read_schedule_state(root: &StateRoot) -> ScheduleState {
 }
 
 pub fn write_schedule_state(root: &StateRoot, state: &ScheduleState) -> Result<()> {
-    atomic::write_json(&schedule_path(root), state)
+    atomic::write_json(&root.store, &schedule_path(root), state)
 }
 
 // ---- heartbeat ----------------------------------------------------------------
@@ -735,7 +735,7 @@ pub fn heartbeat_path(root: &StateRoot) -> PathBuf {
 /// The heartbeat is a status snapshot, rewritten at every change: replaced
 /// atomically but not fsynced (after a crash an old one is harmless).
 pub fn write_heartbeat(root: &StateRoot, hb: &HeartbeatOut) -> Result<()> {
-    atomic::write_json_unsynced(&heartbeat_path(root), hb)
+    atomic::write_json_unsynced(&root.store, &heartbeat_path(root), hb)
 }
 
 pub fn read_heartbeat(root: &StateRoot) -> Result<Option<Heartbeat>> {
@@ -789,7 +789,7 @@ pub fn read_oom_lowering(root: &StateRoot) -> Result<Option<OomLowering>> {
 }
 
 pub fn write_oom_lowering(root: &StateRoot, lowering: &OomLowering) -> Result<()> {
-    atomic::write_json(&oom_path(root), lowering)
+    atomic::write_json(&root.store, &oom_path(root), lowering)
 }
 
 // ---- the verdict on the last config (re)load ---------------------------------
@@ -834,6 +834,7 @@ pub fn record_reload_verdict(
 ) -> Result<ReloadVerdict> {
     if let Some(text) = accepted_text {
         atomic::write_file(
+            &root.store,
             &crate::config::accepted_copy(&root.path),
             text.as_bytes(),
             0o640,
@@ -849,7 +850,7 @@ pub fn record_reload_verdict(
         reasons,
         extra: Map::new(),
     };
-    atomic::write_json(&reload_verdict_path(root), &verdict)?;
+    atomic::write_json(&root.store, &reload_verdict_path(root), &verdict)?;
     Ok(verdict)
 }
 

@@ -26,7 +26,7 @@ pub fn request_path(root: &StateRoot, credential: &str) -> PathBuf {
 /// Leave a request to release `credential` (a valid name: see [`known`]).
 pub fn request(root: &StateRoot, credential: &str, note: &str) -> Result<PathBuf> {
     let path = request_path(root, credential);
-    atomic::write_file(&path, format!("{note}\n").as_bytes(), 0o640)?;
+    atomic::write_file(&root.store, &path, format!("{note}\n").as_bytes(), 0o640)?;
     Ok(path)
 }
 

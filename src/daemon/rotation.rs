@@ -24,6 +24,8 @@ pub struct Job {
     pub settings: LogSettings,
     /// Prune segments past retention too (hourly).
     pub prune: bool,
+    /// What the daemon logs' writes do on a full disk (the daemon's).
+    pub store: crate::state::Store,
 }
 
 /// What a round did, for the daemon's log.
@@ -51,7 +53,11 @@ pub fn run(job: &Job, now: Timestamp) -> Outcome {
         if over {
             let lock = crate::state::lock::lock_within(dir, LOCK_WAIT);
             match lock {
-                Ok(_held) => note(&mut out, &shown, rotation::rotate_if_over(&path, max, now)),
+                Ok(_held) => note(
+                    &mut out,
+                    &shown,
+                    rotation::rotate_if_over(&dir.store, &path, max, now),
+                ),
                 Err(crate::error::Error::LockBusy { .. }) => out.deferred.push(shown.clone()),
                 Err(e) => out.errors.push(format!("{shown}: {e}")),
             }
@@ -69,7 +75,7 @@ pub fn run(job: &Job, now: Timestamp) -> Outcome {
         );
         let result = {
             let _writers = rotation::daemon_logs();
-            rotation::rotate_if_over(path, max, now)
+            rotation::rotate_if_over(&job.store, path, max, now)
         };
         note(&mut out, &shown, result);
         if job.prune

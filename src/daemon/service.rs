@@ -637,14 +637,22 @@ pub async fn run(config_path: &Path, web: WebHook) -> Result<()> {
     let (tx, rx) = mpsc::unbounded_channel::<Event>();
     let (watch_tx, watch_rx) = mpsc::unbounded_channel::<WatchEvent>();
     let watcher = InboxWatcher::new(watch_tx)?;
-    {
-        // A write that fails with ENOSPC prunes what retention allows and
-        // tries once more (state::atomic::retrying).
-        let root = root.clone();
+    // This daemon's store, carried by its root and every AgentDir taken
+    // from it: its reads repair what they find, the repairs noted (under
+    // its clock) for `after_change` to raise as STATE_CORRUPT; a write
+    // that fails with ENOSPC prunes what retention allows and tries once
+    // more (state::atomic::retrying). The pruning itself writes through a
+    // root without the reclaimer, so a prune never reclaims again.
+    let root = {
+        let repairs = crate::state::Store::default()
+            .recording_repairs(move || Timestamp::from_datetime(clock.now()));
+        let pruned = root.clone().with_store(repairs.clone());
         let health = config.health.clone();
         let agents: Vec<AgentName> = config.agents.iter().map(|a| a.name.clone()).collect();
-        crate::state::atomic::set_reclaimer(move || prune_all(&root, &health, &agents, &[]).bytes);
-    }
+        root.with_store(
+            repairs.with_reclaimer(move || prune_all(&pruned, &health, &agents, &[]).bytes),
+        )
+    };
     let sigterm = signal(SignalKind::terminate())
         .map_err(|e| Error::io("installing a handler for", "SIGTERM", e))?;
     let sigint = signal(SignalKind::interrupt())
@@ -686,7 +694,7 @@ pub async fn run(config_path: &Path, web: WebHook) -> Result<()> {
         root_lock: lock,
         root_lost: None,
         lock_busy: Default::default(),
-        alerts: Alerts::new(&config),
+        alerts: Alerts::new(&config, &root.store),
         escalated: EscalationMemory::load(&root),
         orphan_locks: BTreeMap::new(),
         unrunnable: BTreeMap::new(),
@@ -717,7 +725,6 @@ pub async fn run(config_path: &Path, web: WebHook) -> Result<()> {
     if agents > 100 {
         systemd::extend_start(Duration::from_secs(60) + Duration::from_millis(50 * agents));
     }
-    crate::state::record_repairs();
     daemon.agent_index = index_agents(&daemon.config);
     let warnings = reload::config_warnings(&daemon.config, config_path);
     daemon.raise_each(warnings);
@@ -1121,7 +1128,7 @@ impl Daemon {
     /// After anything changed: repairs to report, the shutdown deadline, the
     /// heartbeat, STATUS=.
     fn after_change(&mut self) {
-        for (agent, note) in crate::state::take_repairs() {
+        for (agent, note) in self.root.store.take_repairs() {
             let mut record = ErrorRecord::new(Code::StateCorrupt, note);
             if !agent.is_empty() {
                 record = record.agent(agent);

@@ -86,6 +86,7 @@ pub fn prepare(
         writing: seen.writing,
         known: seen.known,
         listed: seen.listed,
+        files: crate::clock::FileClock::Real,
         ..BeginRequest::default()
     };
     let begun = hooks::begin(agent, &dir, &req, now)?;
@@ -111,7 +112,7 @@ pub fn prepare(
     let mut options = prompt::PromptOptions::for_agent(config, agent);
     // What the claim read: the prompt quotes it without reading it again.
     options.claimed = Some(begun.claim.claimed.clone());
-    let written = prompt::assemble_with(root, &dir, &options).and_then(|assembled| {
+    let written = prompt::assemble_with(root, &dir, &options, now).and_then(|assembled| {
         if assembled.over_budget {
             tracing::warn!(agent = %agent.name, session_id, "the parts of the prompt that are never cut (rules, identity) are over prompt_budget");
         }
@@ -136,7 +137,7 @@ pub fn prepare(
         // Regenerated for every session, and useless after a crash (which
         // interrupts the session): replaced atomically, not fsynced, to keep
         // two syncs off the path between a wake and the agent starting.
-        atomic::write_file_unsynced(&file, text.as_bytes(), 0o640)?;
+        atomic::write_file_unsynced(&dir.store, &file, text.as_bytes(), 0o640)?;
         Ok((text, file))
     });
     let (prompt_text, prompt_file) = match written {
@@ -574,6 +575,7 @@ pub fn request_wake(dir: &AgentDir, now: Timestamp) -> Result<PathBuf> {
     // Written under a temp dotfile name beside it (never through a link)
     // and renamed in: the daemon ignores dotfiles.
     atomic::write_file(
+        &dir.store,
         &target,
         format!("{now}\n").as_bytes(),
         crate::inbox::MESSAGE_MODE,

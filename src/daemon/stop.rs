@@ -71,7 +71,7 @@ pub fn request(root: &StateRoot, agent: &AgentName, req: &StopRequest) -> Result
     let path = request_path(root, agent);
     let mut text = serde_json::to_vec(req).map_err(|e| Error::Data(e.to_string()))?;
     text.push(b'\n');
-    atomic::write_file(&path, &text, 0o640)?;
+    atomic::write_file(&root.store, &path, &text, 0o640)?;
     Ok(path)
 }
 

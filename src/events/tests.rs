@@ -324,10 +324,21 @@ fn a_cursor_survives_rotations_and_a_pruned_past_is_reported() {
     // Three segments and a live file: e0..e2 | marker e3..e5 | ...
     let mut all = vec![];
     for n in 0..9 {
-        crate::state::journal::append_lines(&journal, line(n).as_bytes()).unwrap();
+        crate::state::journal::append_lines(
+            &crate::state::Store::default(),
+            &journal,
+            line(n).as_bytes(),
+        )
+        .unwrap();
         all.push(format!("e{n}"));
         if n % 3 == 2 {
-            crate::state::rotation::rotate_if_over(&journal, 1, ts).unwrap();
+            crate::state::rotation::rotate_if_over(
+                &crate::state::Store::default(),
+                &journal,
+                1,
+                ts,
+            )
+            .unwrap();
             all.push("log_rotated".into());
         }
     }
@@ -343,8 +354,14 @@ fn a_cursor_survives_rotations_and_a_pruned_past_is_reported() {
     // Another rotation after a reader's position: nothing lost, nothing
     // repeated.
     let last = cursors.last().unwrap().clone();
-    crate::state::journal::append_lines(&journal, line(9).as_bytes()).unwrap();
-    crate::state::rotation::rotate_if_over(&journal, 1, ts).unwrap();
+    crate::state::journal::append_lines(
+        &crate::state::Store::default(),
+        &journal,
+        line(9).as_bytes(),
+    )
+    .unwrap();
+    crate::state::rotation::rotate_if_over(&crate::state::Store::default(), &journal, 1, ts)
+        .unwrap();
     assert_eq!(read_from(last).0, ["e9", "log_rotated"]);
     // The first segment pruned: a reader placed in it is told, and
     // goes on from the oldest part kept.

@@ -66,7 +66,7 @@ fn open(root: &StateRoot, flow: &FlowSettings) -> Result<Locked> {
 
 impl Locked {
     fn save(&self) -> Result<()> {
-        atomic::write_json(&self.dir.state(), &self.state)
+        atomic::write_json(&self.root.store, &self.dir.state(), &self.state)
     }
 
     fn journal(&self, now: Timestamp, event: &str, cycle: &str, detail: serde_json::Value) {
@@ -207,6 +207,7 @@ pub fn start(
         question_key: uuid::Uuid::new_v4().simple().to_string(),
     };
     atomic::write_file(
+        &l.root.store,
         &l.dir.cycle_file(),
         cycle::opening(flow.name.as_str(), &c).as_bytes(),
         crate::state::STATE_FILE_MODE,
@@ -241,7 +242,7 @@ pub fn record_answer(root: &StateRoot, answer: &Answer) -> Result<PathBuf> {
     let path = dir
         .answers()
         .join(format!("{}-{}.json", answer.agent, answer.session_id));
-    atomic::write_json(&path, answer)?;
+    atomic::write_json(&root.store, &path, answer)?;
     Ok(path)
 }
 

@@ -31,6 +31,9 @@ pub struct BeginRequest {
     /// The inbox's names, listed beforehand (the daemon lists a big inbox
     /// off its loop): claimed from these instead of a listing.
     pub listed: Option<std::sync::Arc<inbox::Listed>>,
+    /// The clock the inbox's files settle by (the caller's: the CLI and
+    /// the daemon pass [`FileClock::Real`]).
+    pub files: FileClock,
 }
 
 #[derive(Debug, Default)]
@@ -143,7 +146,8 @@ pub fn begin(
         Some(i) => Some(i.clone()),
         None => {
             let root = crate::state::StateRoot::new(dir.path.parent().unwrap_or(&dir.path))
-                .with_lock_wait(dir.lock_wait);
+                .with_lock_wait(dir.lock_wait)
+                .with_store(dir.store.clone());
             match crate::state::counters::next_instance(&root, dir, now) {
                 Ok(i) => Some(i),
                 Err(e) => {
@@ -162,6 +166,7 @@ pub fn begin(
         &session_id,
         now,
         agent.session.inbox_settle,
+        req.files,
         &req.writing,
         req.known.as_deref(),
         req.listed.as_deref(),

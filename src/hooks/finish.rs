@@ -765,7 +765,7 @@ pub(super) fn finish_with(
             // script's `session end`, a replay after a crash).
             let processed: Vec<Message> = match c.claimed {
                 Some(m) => m,
-                None => inbox::claimed(dir, &id)?
+                None => inbox::claimed(dir, &id, now)?
                     .into_iter()
                     .map(|(_, m)| m)
                     .collect(),
@@ -927,7 +927,12 @@ pub(super) fn finish_with(
     };
     if matches!(event, Event::SessionEnd(_)) {
         inbox::acknowledge(dir, &id)?;
-        memory::append_entries(&dir.memory(), memory::FLAGS_SECTION, &memory_lines)?;
+        memory::append_entries(
+            &dir.store,
+            &dir.memory(),
+            memory::FLAGS_SECTION,
+            &memory_lines,
+        )?;
     }
     // metrics.json from the journal as it is now, staged with the others:
     // the three renames into the agent's directory share one directory

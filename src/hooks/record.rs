@@ -103,7 +103,7 @@ impl OutputSummary {
 /// signal was BLOCKED.
 fn journaled(dir: &AgentDir, id: &str) -> Result<(Option<Event>, bool)> {
     let (mut end, mut signal) = (None, None);
-    crate::state::journal::scan_backwards(&dir.journal(), |e| {
+    crate::state::journal::scan_backwards(&dir.store, &dir.journal(), |e| {
         match &e.event {
             Event::SessionStart(s) if s.session_id == id => {
                 return std::ops::ControlFlow::Break(());

@@ -69,7 +69,7 @@ pub fn recover_stale(
 /// (searched back to its start).
 pub fn journaled_end(dir: &AgentDir, id: &str) -> Result<Option<crate::state::journal::Entry>> {
     let mut found = None;
-    crate::state::journal::scan_backwards(&dir.journal(), |e| {
+    crate::state::journal::scan_backwards(&dir.store, &dir.journal(), |e| {
         if e.event.ended_session() == Some(id) {
             found = Some(e);
             return std::ops::ControlFlow::Break(());

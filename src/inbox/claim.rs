@@ -17,11 +17,14 @@ pub struct Claim {
 /// Names a writer still has open (known to the daemon's watch).
 pub type Writing = std::collections::BTreeSet<String>;
 
+/// `files` is the clock the files settle by, read once the lock is held.
+#[allow(clippy::too_many_arguments)]
 pub fn claim(
     agent: &AgentDir,
     session_id: &str,
     now: Timestamp,
     settle: Duration,
+    files: FileClock,
     writing: &Writing,
     known: Option<&Known>,
     listed: Option<&Listed>,
@@ -65,8 +68,8 @@ pub fn claim(
     // Opened once, at the first message claimed.
     let mut claimed_fd: Option<std::os::fd::OwnedFd> = None;
     let now_sys: SystemTime = now.0.into();
-    // Use the real clock for settling: `now` is whole seconds.
-    let settle_now = SystemTime::now().max(now_sys);
+    // The caller's file clock for settling: `now` is whole seconds.
+    let settle_now = files.now().max(now_sys);
     // Ids already taken: a message claimed in this batch, or one processed
     // under that name. A second message with a taken id is delivered with a
     // new one, the id it came with in `original_id` (seed 002, "duplicate
@@ -97,6 +100,7 @@ pub fn claim(
                 atomic::create_dir(&agent.processed(), INBOX_PRIVATE_DIR_MODE)?;
                 move_unique_unsynced(&path, &agent.processed(), &name)?;
                 journal::append(
+                    &agent.store,
                     &agent.journal(),
                     &Entry::new(
                         now,
@@ -135,7 +139,7 @@ pub fn claim(
                         .insert("original_id".into(), Value::String(original.clone()));
                     // The claimed copy says so too: it is what the session
                     // and the journal read back.
-                    write_message(&claimed_dir.join(&name), &m)?;
+                    write_message(agent, &claimed_dir.join(&name), &m)?;
                     tracing::info!(
                         agent = %agent.name,
                         "{name}: its id {original:?} is taken by another message: delivered as {}",
@@ -161,7 +165,12 @@ pub fn claim(
 }
 
 /// The messages claimed by `session_id`, in delivery order, with their files.
-pub fn claimed(agent: &AgentDir, session_id: &str) -> Result<Vec<(PathBuf, Message)>> {
+/// `now` stands in for a file whose mtime cannot be read.
+pub fn claimed(
+    agent: &AgentDir,
+    session_id: &str,
+    now: Timestamp,
+) -> Result<Vec<(PathBuf, Message)>> {
     let dir = agent.claimed(session_id);
     let mut out = Vec::new();
     // One handle for the directory: each file is opened by name in it.
@@ -200,7 +209,7 @@ pub fn claimed(agent: &AgentDir, session_id: &str) -> Result<Vec<(PathBuf, Messa
         let mtime = meta
             .modified()
             .map(|t| Timestamp::from_datetime(chrono::DateTime::<chrono::Utc>::from(t)))
-            .unwrap_or_else(|_| Timestamp::now());
+            .unwrap_or(now);
         // A claimed file was valid when claimed; if someone edited it since,
         // keep it in the session anyway with what can be read.
         if let Ok(m) = validate(&bytes, stem, &agent.name, mtime) {
@@ -331,7 +340,7 @@ pub fn return_claimed_counting(
                 if m.attempts >= MAX_ATTEMPTS {
                     // Record the count in the file first, so the rejected
                     // copy says how many times it was tried.
-                    write_message(&path, &m)?;
+                    write_message(agent, &path, &m)?;
                     let reason = format!(
                         "undeliverable: {} sessions that claimed it failed (last: {session_id})",
                         m.attempts
@@ -343,7 +352,7 @@ pub fn return_claimed_counting(
                     // return is a rename (no rewrite, no fsync per message:
                     // thousands of messages go back after a crash).
                     if count {
-                        write_message(&path, &m)?;
+                        write_message(agent, &path, &m)?;
                     }
                     move_unique_unsynced(&path, &agent.inbox(), &name)?;
                     returned.push(m.id);
@@ -390,8 +399,8 @@ pub fn claimed_sessions(agent: &AgentDir) -> Result<Vec<String>> {
     Ok(out)
 }
 
-pub(super) fn write_message(path: &Path, m: &Message) -> Result<()> {
+pub(super) fn write_message(agent: &AgentDir, path: &Path, m: &Message) -> Result<()> {
     let mut bytes = serde_json::to_vec_pretty(m).unwrap_or_default();
     bytes.push(b'\n');
-    atomic::write_file(path, &bytes, MESSAGE_MODE)
+    atomic::write_file(&agent.store, path, &bytes, MESSAGE_MODE)
 }

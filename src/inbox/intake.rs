@@ -322,17 +322,18 @@ pub const REJECTED_PER_PASS: usize = 50;
 /// Look at every waiting file as the daemon receives it: settled invalid
 /// files go to `rejected/` (at most [`REJECTED_PER_PASS`] per pass), valid
 /// ones are counted and left waiting for the next session to claim. Call
-/// with the agent lock held.
+/// with the agent lock held. `files` is the clock the files settle by.
 pub fn receive(
     agent: &AgentDir,
     now: Timestamp,
     settle: Duration,
+    files: FileClock,
     writing: &Writing,
     known: &mut Known,
     listed: Option<&Listed>,
 ) -> Result<Received> {
     let mut out = Received::default();
-    let sys_now = SystemTime::now();
+    let sys_now = files.now();
     let Some(listing) = Listing::open(agent, listed)? else {
         known.keep_only(&Default::default());
         return Ok(out);

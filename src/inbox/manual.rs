@@ -154,6 +154,7 @@ pub fn acknowledge_waiting(agent: &AgentDir, wanted: &str, now: Timestamp) -> Re
         .and_then(|v| v["id"].as_str().map(str::to_string))
         .unwrap_or_else(|| name.trim_end_matches(".json").to_string());
     journal::append(
+        &agent.store,
         &agent.journal(),
         &Entry::new(
             now,

@@ -83,7 +83,7 @@ pub fn journal_arrivals(
         lines.extend(Entry::new(now, event(m)).to_line());
     }
     if !lines.is_empty() {
-        journal::append_lines(&agent.journal(), &lines)?;
+        journal::append_lines(&agent.store, &agent.journal(), &lines)?;
     }
     Ok(written.len())
 }
@@ -101,7 +101,7 @@ fn journaled(
     }
     let mut found = HashSet::new();
     let mut lines = 0usize;
-    journal::scan_lines_backwards(&agent.journal(), |line| {
+    journal::scan_lines_backwards(&agent.store, &agent.journal(), |line| {
         lines += 1;
         if lines > LINES_MAX {
             return ControlFlow::Break(());

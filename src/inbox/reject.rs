@@ -133,11 +133,13 @@ pub(super) fn reject_marked(
     // leaves the message where it was (rejected again next time), never a
     // rejected message without its reason or its journal line.
     atomic::write_file(
+        &agent.store,
         &rejected.join(format!("{target_name}.reason.json")),
         &bytes,
         0o640,
     )?;
     journal::append(
+        &agent.store,
         &agent.journal(),
         &Entry::new(
             now,
@@ -335,6 +337,7 @@ pub(super) fn move_back(
         .to_string_lossy()
         .to_string();
     journal::append(
+        &agent.store,
         &agent.journal(),
         &Entry::new(
             now,

@@ -47,7 +47,7 @@ impl Fixture {
 
     fn journal(&self, event: Event) {
         let ts = Timestamp::parse("2026-01-01T00:00:00Z").unwrap();
-        journal::append(&self.dir.journal(), &Entry::new(ts, event)).unwrap();
+        journal::append(&self.dir.store, &self.dir.journal(), &Entry::new(ts, event)).unwrap();
     }
 
     fn session(&self, id: &str, status: &str, notes: Option<&str>) {
@@ -74,7 +74,7 @@ impl Fixture {
             birth_prompt: birth.map(str::to_string),
             ..PromptOptions::default()
         };
-        assemble_with(&self.root, &self.dir, &options).unwrap()
+        assemble_with(&self.root, &self.dir, &options, Timestamp::now()).unwrap()
     }
 
     /// Every kind of file, each with a marker.
@@ -175,7 +175,7 @@ fn every_section_comes_once_in_the_loading_order() {
     assert!(a.cut.is_empty() && !a.over_budget);
     assert_eq!(a.waiting_messages, 2);
     assert_eq!(
-        assemble(&f.root, &f.dir).unwrap(),
+        assemble(&f.root, &f.dir, Timestamp::now()).unwrap(),
         a.text,
         "the default options"
     );
@@ -710,7 +710,7 @@ fn the_prompt_says_how_to_answer_and_whom_to_ask() {
         humans: vec!["marcus".into()],
         ..PromptOptions::default()
     };
-    let a = assemble_with(&f.root, &f.dir, &options).unwrap();
+    let a = assemble_with(&f.root, &f.dir, &options, Timestamp::now()).unwrap();
     assert!(
         a.text.contains("read the mailbox `marcus`") && a.text.contains("`--to marcus`"),
         "{}",

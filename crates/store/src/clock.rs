@@ -57,6 +57,32 @@ impl Timestamp {
     }
 }
 
+/// The clock a file's age is measured by. A file's mtime is the kernel's
+/// real time to the nanosecond, so settling an inbox file needs the real
+/// time, read when the file is judged (after a lock wait, not before it):
+/// never the daemon's [`Timestamp`]s (whole seconds, and a test may shift
+/// the daemon's clock). The loop and the CLI pass [`FileClock::Real`]; a
+/// test may fix the time with [`FileClock::At`]. It is a value the caller
+/// hands down, so nothing below the loop reads the wall clock by itself.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum FileClock {
+    /// The system's real time, read at each [`FileClock::now`].
+    #[default]
+    Real,
+    /// Always this time.
+    At(std::time::SystemTime),
+}
+
+impl FileClock {
+    /// The time now, by this clock.
+    pub fn now(self) -> std::time::SystemTime {
+        match self {
+            FileClock::Real => std::time::SystemTime::now(),
+            FileClock::At(t) => t,
+        }
+    }
+}
+
 /// The longest length of time any setting or flag accepts: 100 years
 /// (36,525 days). Every duration is bounded here, when it is read, so that
 /// no date computed from one can leave the calendar; longer is refused with

@@ -170,7 +170,7 @@ pub fn agent(ctx: &Context, name: &AgentName, show_bodies: bool) -> Result<Value
         Ok(f) => serde_json::to_value(f.map(|f| f.tasks).unwrap_or_default()).unwrap_or_default(),
         Err(e) => json!({"error": e.to_string()}),
     };
-    let entries = journal::read_since(&dir.journal(), ctx.now.minus(SESSIONS_WINDOW));
+    let entries = journal::read_since(&dir.store, &dir.journal(), ctx.now.minus(SESSIONS_WINDOW));
     let sessions = match &entries {
         Ok(e) => serde_json::to_value(recent_sessions(e)).unwrap_or_default(),
         Err(e) => json!({"error": e.to_string()}),
@@ -271,8 +271,12 @@ pub fn running_log(ctx: &Context, name: &AgentName) -> Option<(String, std::path
     if !session.is_running() {
         return None;
     }
-    let entries = journal::read_since(&dir.journal(), ctx.now.minus(Duration::from_secs(86_400)))
-        .unwrap_or_default();
+    let entries = journal::read_since(
+        &dir.store,
+        &dir.journal(),
+        ctx.now.minus(Duration::from_secs(86_400)),
+    )
+    .unwrap_or_default();
     let log = log_file(
         &session.session_id,
         &iterations(&entries, &session.session_id),

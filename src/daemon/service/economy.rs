@@ -214,7 +214,7 @@ impl Economy {
             holds: self.holds.clone(),
             told: self.told.clone(),
         };
-        if let Err(e) = crate::state::atomic::write_json(&saved_path(root), &saved) {
+        if let Err(e) = crate::state::atomic::write_json(&root.store, &saved_path(root), &saved) {
             tracing::warn!("cannot save the usage-limit holds: {e}");
         }
     }
@@ -241,7 +241,7 @@ impl Economy {
             return *used;
         }
         let since = now.minus(Duration::from_secs(2 * 86_400));
-        let used = usage::read(&journal, since)
+        let used = usage::read(&dir.store, &journal, since)
             .map(|sessions| {
                 usage::by_day(&sessions, tz)
                     .get(&day)

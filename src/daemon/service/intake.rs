@@ -257,7 +257,15 @@ impl Daemon {
         let listed = self.intake.reusable_listing(agent);
         let known = std::sync::Arc::make_mut(self.intake.known.entry(agent.clone()).or_default());
         let result = dir.lock_within(wait).and_then(|lock| {
-            let received = inbox::receive(&dir, now, settle, &writing, known, listed.as_deref())?;
+            let received = inbox::receive(
+                &dir,
+                now,
+                settle,
+                crate::clock::FileClock::Real,
+                &writing,
+                known,
+                listed.as_deref(),
+            )?;
             let mut notes = Vec::new();
             hooks::add_tasks_from_messages(&dir, &lock, &received.tasks, now, &mut notes)?;
             let arrived: Vec<&inbox::Message> = received.arrived.iter().collect();

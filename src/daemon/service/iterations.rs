@@ -97,6 +97,8 @@ pub(super) struct Plan<'a> {
     pub workspace: Option<(PathBuf, Option<String>)>,
     /// With `resume`: later iterations continue the conversation.
     pub resume_argv: Option<Vec<String>>,
+    /// The daemon's store, for the prompt file each iteration writes.
+    pub store: crate::state::Store,
 }
 
 /// The log of iteration `n`: `sessions/ID.log`, then `ID.iter-N.log`.
@@ -232,8 +234,12 @@ pub(super) async fn more(
             .env
             .iter()
             .find(|(k, _)| k == "AGENT_STATE_PROMPT_FILE")
-            && let Err(e) =
-                crate::state::atomic::write_file_unsynced(Path::new(file), &spec.stdin, 0o640)
+            && let Err(e) = crate::state::atomic::write_file_unsynced(
+                &plan.store,
+                Path::new(file),
+                &spec.stdin,
+                0o640,
+            )
         {
             tracing::warn!(agent = %plan.agent, "cannot write iteration {n}'s prompt file: {e}");
         }

@@ -97,6 +97,7 @@ impl Monitor {
             ],
             settings: config.logs.clone(),
             prune,
+            store: root.store.clone(),
         };
         self.log_rotation_running = true;
         let tx = tx.clone();

@@ -174,7 +174,8 @@ impl Daemon {
                     (None, vec![reported])
                 } else {
                     self.core.max_concurrent = config.daemon.max_concurrent_sessions.max(1);
-                    let old = std::mem::replace(&mut self.alerts, Alerts::new(&config));
+                    let old =
+                        std::mem::replace(&mut self.alerts, Alerts::new(&config, &self.root.store));
                     self.alerts.adopt(&old);
                     // Agents configured exactly as before (by the index of
                     // the old config, before it goes).

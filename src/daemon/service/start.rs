@@ -226,6 +226,7 @@ impl Daemon {
         // With `verify`, later iterations start from the first one's spec.
         let again = (!cfg.session.iteration.verify.is_empty()).then(|| prepared.spec.clone());
         let resume_argv = prepared.resume_argv.clone();
+        let iteration_store = dir.store.clone();
         let (launched, spec) = match planned {
             None => (Some(runner::launch(prepared.spec, &orders_rx)), None),
             Some(_) => (None, Some(prepared.spec)),
@@ -329,6 +330,7 @@ impl Daemon {
                     tx: &tx,
                     workspace: made.as_ref().map(|w| (w.path.clone(), fp0.clone())),
                     resume_argv,
+                    store: iteration_store,
                 };
                 report =
                     iterations::more(report, plan, &mut observer, orders_again, &mut tally).await;
@@ -540,12 +542,14 @@ fn nothing_to_recover(dir: &AgentDir, session: Result<Option<Session>>) -> bool 
     }
     // metrics::catch_up: the last end in the journal, counted already?
     let mut last_end = None;
-    if crate::state::journal::scan_backwards(&dir.journal(), |e| match e.event.ended_session() {
-        Some(id) => {
-            last_end = Some(id.to_string());
-            std::ops::ControlFlow::Break(())
+    if crate::state::journal::scan_backwards(&dir.store, &dir.journal(), |e| {
+        match e.event.ended_session() {
+            Some(id) => {
+                last_end = Some(id.to_string());
+                std::ops::ControlFlow::Break(())
+            }
+            None => std::ops::ControlFlow::Continue(()),
         }
-        None => std::ops::ControlFlow::Continue(()),
     })
     .is_err()
     {

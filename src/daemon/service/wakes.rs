@@ -240,7 +240,7 @@ pub(super) fn wake_at(agent: &AgentConfig, scheduled: DateTime<Utc>) -> DateTime
 /// When the agent's last session began, from the end of its journal.
 fn last_session_start(dir: &crate::state::AgentDir) -> Option<DateTime<Utc>> {
     let mut found = None;
-    let _ = crate::state::journal::scan_backwards(&dir.journal(), |e| {
+    let _ = crate::state::journal::scan_backwards(&dir.store, &dir.journal(), |e| {
         if matches!(e.event, journal::Event::SessionStart(_)) {
             found = Some(e.ts.0);
             std::ops::ControlFlow::Break(())

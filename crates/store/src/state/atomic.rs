@@ -12,34 +12,25 @@ use std::ffi::OsString;
 use std::io::{self, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use super::store::Store;
 use crate::error::{Error, IoContext, Result};
 use crate::fsx;
 
-/// Frees disk space when a write fails with `ENOSPC` (the daemon installs
-/// one that prunes what retention allows); returns the bytes freed.
-type Reclaimer = Box<dyn Fn() -> u64 + Send + Sync>;
-static RECLAIMER: OnceLock<Reclaimer> = OnceLock::new();
-
-/// Install the process's reclaimer (once; later calls are ignored).
-pub fn set_reclaimer(f: impl Fn() -> u64 + Send + Sync + 'static) {
-    let _ = RECLAIMER.set(Box::new(f));
-}
-
 /// Run a write, and run it once more when that may help: after `ENOSPC` if
-/// the reclaimer freed something, after `EIO` (transient device trouble)
-/// always. `EROFS` and everything else fail at once. A failed attempt of a
-/// write through this module leaves the previous file intact (the temp file
-/// is removed), so a retry is safe.
-pub fn retrying<T>(mut op: impl FnMut() -> Result<T>) -> Result<T> {
+/// `store`'s reclaimer (the daemon's prunes what retention allows; see
+/// [`Store::with_reclaimer`]) freed something, after `EIO` (transient
+/// device trouble) always. `EROFS` and everything else fail at once. A
+/// failed attempt of a write through this module leaves the previous file
+/// intact (the temp file is removed), so a retry is safe.
+pub fn retrying<T>(store: &Store, mut op: impl FnMut() -> Result<T>) -> Result<T> {
     match op() {
         Err(e) if matches!(e.errno(), Some(n) if n == nix::libc::ENOSPC || n == nix::libc::EDQUOT) =>
         {
-            let freed = RECLAIMER.get().map(|r| r()).unwrap_or(0);
+            let freed = store.reclaim();
             if freed > 0 {
                 tracing::warn!("{e}; freed {freed} bytes by pruning, writing again");
                 op()
@@ -55,9 +46,10 @@ pub fn retrying<T>(mut op: impl FnMut() -> Result<T>) -> Result<T> {
     }
 }
 
-/// Replace `path` with `bytes`, atomically and durably, with file mode `mode`.
-pub fn write_file(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
-    retrying(|| durable_temp(path, bytes, mode)?.commit())
+/// Replace `path` with `bytes`, atomically and durably, with file mode
+/// `mode` (on a full disk as `store` says: [`retrying`]).
+pub fn write_file(store: &Store, path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
+    retrying(store, || durable_temp(path, bytes, mode)?.commit())
 }
 
 /// A temp file beside `path` (same directory, so the rename is atomic): its
@@ -168,34 +160,34 @@ pub fn commit_all(staged: impl IntoIterator<Item = Staged>) -> Result<()> {
 }
 
 /// Stage `value` as pretty JSON for `path` (see [`Staged`]).
-pub fn stage_json<T: Serialize>(path: &Path, value: &T) -> Result<Staged> {
+pub fn stage_json<T: Serialize>(store: &Store, path: &Path, value: &T) -> Result<Staged> {
     let mut bytes = serde_json::to_vec_pretty(value)
         .map_err(|e| Error::Data(format!("cannot serialize {}: {e}", path.display())))?;
     bytes.push(b'\n');
-    retrying(|| durable_temp(path, &bytes, super::STATE_FILE_MODE)).map(Staged)
+    retrying(store, || durable_temp(path, &bytes, super::STATE_FILE_MODE)).map(Staged)
 }
 
 /// Serialize `value` as pretty JSON (plus a final newline) and replace `path`.
-pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+pub fn write_json<T: Serialize>(store: &Store, path: &Path, value: &T) -> Result<()> {
     let mut bytes = serde_json::to_vec_pretty(value)
         .map_err(|e| Error::Data(format!("cannot serialize {}: {e}", path.display())))?;
     bytes.push(b'\n');
-    write_file(path, &bytes, super::STATE_FILE_MODE)
+    write_file(store, path, &bytes, super::STATE_FILE_MODE)
 }
 
 /// Replace `path` with `value` as JSON atomically (temp file + rename) but
 /// without fsync: for snapshots such as the daemon's heartbeat, rewritten
 /// often and worthless after a crash. Never for state that must survive one.
-pub fn write_json_unsynced<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+pub fn write_json_unsynced<T: Serialize>(store: &Store, path: &Path, value: &T) -> Result<()> {
     let mut bytes = serde_json::to_vec_pretty(value)
         .map_err(|e| Error::Data(format!("cannot serialize {}: {e}", path.display())))?;
     bytes.push(b'\n');
-    write_file_unsynced(path, &bytes, super::STATE_FILE_MODE)
+    write_file_unsynced(store, path, &bytes, super::STATE_FILE_MODE)
 }
 
 /// [`write_json_unsynced`] for bytes: atomic replacement, no fsync.
-pub fn write_file_unsynced(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
-    retrying(|| {
+pub fn write_file_unsynced(store: &Store, path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
+    retrying(store, || {
         filled_temp(path, bytes, mode, false)?
             .rename(true)
             .map(drop)
@@ -359,5 +351,58 @@ fn parent(path: &Path) -> &Path {
     match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    fn full() -> Error {
+        Error::io(
+            "writing",
+            "/state/rio/report.json",
+            io::Error::from_raw_os_error(nix::libc::ENOSPC),
+        )
+    }
+
+    /// A write that hits ENOSPC runs the reclaimer of the store it was
+    /// given, and only that one, and is tried again only if it freed space.
+    #[test]
+    fn a_full_disk_runs_the_given_stores_reclaimer_and_no_other() {
+        let calls = Arc::new(AtomicU64::new(0));
+        let counted = calls.clone();
+        let daemon = Store::default().with_reclaimer(move || {
+            counted.fetch_add(1, Ordering::SeqCst);
+            4096
+        });
+        let cli = Store::default();
+        let nothing_freed = Store::default().with_reclaimer(|| 0);
+
+        let mut tries = 0;
+        let r = retrying(&cli, || {
+            tries += 1;
+            Err::<(), _>(full())
+        });
+        assert!(r.is_err());
+        assert_eq!((tries, calls.load(Ordering::SeqCst)), (1, 0));
+
+        let mut tries = 0;
+        let r = retrying(&nothing_freed, || {
+            tries += 1;
+            Err::<(), _>(full())
+        });
+        assert!(r.is_err());
+        assert_eq!((tries, calls.load(Ordering::SeqCst)), (1, 0));
+
+        let mut tries = 0;
+        let r = retrying(&daemon, || {
+            tries += 1;
+            if tries == 1 { Err(full()) } else { Ok(tries) }
+        });
+        assert_eq!(r.unwrap(), 2);
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
     }
 }

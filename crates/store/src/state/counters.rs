@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 
 use super::journal;
 use super::lock::flock_within;
-use super::{AgentDir, StateRoot, atomic, note_repair, set_aside_name};
+use super::{AgentDir, StateRoot, atomic, set_aside_name};
 use crate::clock::Timestamp;
 use crate::error::{Error, Result};
 
@@ -83,7 +83,7 @@ pub fn list_agents<'a>(root: &StateRoot, agents: impl IntoIterator<Item = &'a st
         counters.counters.entry(agent.to_string()).or_insert(0);
     }
     if counters.counters.len() != before || !existed {
-        atomic::write_json(&path, &counters)?;
+        atomic::write_json(&root.store, &path, &counters)?;
     }
     Ok(())
 }
@@ -106,7 +106,7 @@ pub fn next_instance(root: &StateRoot, agent_dir: &AgentDir, now: Timestamp) -> 
         Err(Error::Corrupt { .. }) => {
             let aside = set_aside_name(&path, "corrupt", &now.compact());
             atomic::rename(&path, &aside)?;
-            note_repair(
+            root.store.note_repair(
                 "",
                 &format!(
                     "{} was corrupt: set aside as {}; instance counters continue from the highest ids in the journals",
@@ -124,7 +124,7 @@ pub fn next_instance(root: &StateRoot, agent_dir: &AgentDir, now: Timestamp) -> 
     }
     *entry += 1;
     let n = *entry;
-    atomic::write_json(&path, &counters)?;
+    atomic::write_json(&root.store, &path, &counters)?;
     Ok(format!("{agent}-{n:03}"))
 }
 
@@ -132,7 +132,7 @@ pub fn next_instance(root: &StateRoot, agent_dir: &AgentDir, now: Timestamp) -> 
 /// counters.json never restarts the count at 1.
 pub fn highest_instance(dir: &AgentDir) -> u64 {
     let prefix = format!("{}-", dir.name);
-    journal::read(&dir.journal())
+    journal::read(&dir.store, &dir.journal())
         .map(|scan| {
             scan.entries
                 .iter()

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use super::store::Store;
 use crate::catalogue::{ErrorContext, ErrorRecord, Severity};
 use crate::clock::Timestamp;
 use crate::error::Result;
@@ -140,24 +141,29 @@ pub fn parse(line: &[u8]) -> Option<ErrorRecord> {
 }
 
 /// Append one record in agent-state's format (one fsynced line).
-pub fn append(path: &Path, record: &ErrorRecord) -> Result<()> {
-    append_as(path, record, ErrorFormat::AgentState)
+pub fn append(store: &Store, path: &Path, record: &ErrorRecord) -> Result<()> {
+    append_as(store, path, record, ErrorFormat::AgentState)
 }
 
 /// Append one record in `format` (one fsynced line, as the journal does).
-pub fn append_as(path: &Path, record: &ErrorRecord, format: ErrorFormat) -> Result<()> {
+pub fn append_as(
+    store: &Store,
+    path: &Path,
+    record: &ErrorRecord,
+    format: ErrorFormat,
+) -> Result<()> {
     let mut line = render(record, format);
     line.push(b'\n');
     let _rotation = super::rotation::daemon_logs();
-    crate::state::journal::append_lines(path, &line)
+    crate::state::journal::append_lines(store, path, &line)
 }
 
 /// The records since `since`, oldest first. Reads backwards from the end,
 /// so a long log costs only the window asked for. Lines that do not parse
 /// are skipped; either format is read. A missing log is empty.
-pub fn read_since(path: &Path, since: Timestamp) -> Result<Vec<ErrorRecord>> {
+pub fn read_since(store: &Store, path: &Path, since: Timestamp) -> Result<Vec<ErrorRecord>> {
     let mut out = Vec::new();
-    crate::state::journal::scan_lines_backwards(path, |line| {
+    crate::state::journal::scan_lines_backwards(store, path, |line| {
         let Some(record) = parse(line) else {
             return ControlFlow::Continue(());
         };
@@ -190,20 +196,29 @@ mod tests {
         {
             let r = ErrorRecord::new(Code::SessionTimeout, format!("n{i}"))
                 .at(Timestamp::parse(ts).unwrap());
-            append(&path, &r).unwrap();
+            append(&crate::state::Store::default(), &path, &r).unwrap();
         }
         std::fs::OpenOptions::new()
             .append(true)
             .open(&path)
             .and_then(|mut f| std::io::Write::write_all(&mut f, b"{torn"))
             .unwrap();
-        let got = read_since(&path, Timestamp::parse("2026-01-15T00:00:00Z").unwrap()).unwrap();
+        let got = read_since(
+            &crate::state::Store::default(),
+            &path,
+            Timestamp::parse("2026-01-15T00:00:00Z").unwrap(),
+        )
+        .unwrap();
         let messages: Vec<&str> = got.iter().map(|r| r.message.as_str()).collect();
         assert_eq!(messages, ["n1", "n2"]);
         assert!(
-            read_since(&dir.path().join("missing"), Timestamp::now())
-                .unwrap()
-                .is_empty()
+            read_since(
+                &crate::state::Store::default(),
+                &dir.path().join("missing"),
+                Timestamp::now()
+            )
+            .unwrap()
+            .is_empty()
         );
     }
 

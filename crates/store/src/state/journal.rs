@@ -14,6 +14,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::session::{SessionStatus, SessionType, SessionVerdict};
+use super::store::Store;
 use super::words::{TaskPriority, TaskStatus, TaskType};
 use crate::clock::Timestamp;
 use crate::error::{IoContext, Result};
@@ -550,16 +551,16 @@ impl Entry {
 }
 
 /// Append one entry as one whole line, durably. Call with the agent lock held.
-pub fn append(path: &Path, entry: &Entry) -> Result<()> {
-    append_lines(path, &entry.to_line())
+pub fn append(store: &Store, path: &Path, entry: &Entry) -> Result<()> {
+    append_lines(store, path, &entry.to_line())
 }
 
 /// Append already-formatted whole lines in one write (once more after
 /// `ENOSPC` and pruning, or after `EIO`: see [`super::atomic::retrying`]; a
 /// failed attempt leaves at most a torn line, which readers skip and the
 /// next append starts after).
-pub fn append_lines(path: &Path, lines: &[u8]) -> Result<()> {
-    super::atomic::retrying(|| append_lines_once(path, lines, true))
+pub fn append_lines(store: &Store, path: &Path, lines: &[u8]) -> Result<()> {
+    super::atomic::retrying(store, || append_lines_once(path, lines, true))
 }
 
 /// [`append`] without the sync: for a caller that makes the file system
@@ -632,7 +633,7 @@ pub struct TornLine {
 /// file's: what `check` reports and repairs); a segment's are skipped, and
 /// so is a bad segment ([`super::rotation::read_segment_or_skip`]). A
 /// missing journal is an empty one.
-pub fn read(path: &Path) -> Result<Scan> {
+pub fn read(store: &Store, path: &Path) -> Result<Scan> {
     let file = crate::fsx::open_read(path)?;
     let base = match &file {
         Some(f) => super::rotation::base_of(f).at("reading journal", path)?,
@@ -640,7 +641,7 @@ pub fn read(path: &Path) -> Result<Scan> {
     };
     let mut scan = Scan::default();
     for segment in super::rotation::segments(path, base)? {
-        let Some(bytes) = super::rotation::read_segment_or_skip(&segment)? else {
+        let Some(bytes) = super::rotation::read_segment_or_skip(store, &segment)? else {
             continue;
         };
         scan_lines(&bytes[..], &mut scan, false).at("reading", &segment.path)?;
@@ -702,8 +703,12 @@ fn scan_lines(mut reader: impl BufRead, scan: &mut Scan, count: bool) -> io::Res
 /// Visit entries from the newest back, until `visit` says stop. Reads the
 /// file backwards in blocks, so the cost is what is visited, not the size of
 /// the journal. Unreadable lines are skipped.
-pub fn scan_backwards(path: &Path, mut visit: impl FnMut(Entry) -> ControlFlow<()>) -> Result<()> {
-    scan_lines_backwards(path, |line| {
+pub fn scan_backwards(
+    store: &Store,
+    path: &Path,
+    mut visit: impl FnMut(Entry) -> ControlFlow<()>,
+) -> Result<()> {
+    scan_lines_backwards(store, path, |line| {
         if super::rotation::is_marker(line) {
             // Where a rotation happened, not an event of the agent's.
             return ControlFlow::Continue(());
@@ -721,6 +726,7 @@ pub fn scan_backwards(path: &Path, mut visit: impl FnMut(Entry) -> ControlFlow<(
 /// [`super::rotation`]; a segment is decompressed only when the visit
 /// reaches it, and a bad one is skipped).
 pub fn scan_lines_backwards(
+    store: &Store,
     path: &Path,
     mut visit: impl FnMut(&[u8]) -> ControlFlow<()>,
 ) -> Result<()> {
@@ -734,7 +740,7 @@ pub fn scan_lines_backwards(
         None => u64::MAX,
     };
     for segment in super::rotation::segments(path, base)?.iter().rev() {
-        let Some(bytes) = super::rotation::read_segment_or_skip(segment)? else {
+        let Some(bytes) = super::rotation::read_segment_or_skip(store, segment)? else {
             continue;
         };
         let body = bytes.strip_suffix(b"\n").unwrap_or(&bytes);
@@ -843,10 +849,10 @@ pub const OUT_OF_ORDER_SLACK: std::time::Duration = std::time::Duration::from_se
 
 /// Entries with `ts >= since`, oldest first, read from the end of the file,
 /// until a line [`OUT_OF_ORDER_SLACK`] older than `since`.
-pub fn read_since(path: &Path, since: Timestamp) -> Result<Vec<Entry>> {
+pub fn read_since(store: &Store, path: &Path, since: Timestamp) -> Result<Vec<Entry>> {
     let stop_before = since.minus(OUT_OF_ORDER_SLACK);
     let mut entries = Vec::new();
-    scan_backwards(path, |e| {
+    scan_backwards(store, path, |e| {
         if e.ts < stop_before {
             return ControlFlow::Break(());
         }
@@ -928,15 +934,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("journal.jsonl");
         let good = Entry::new(Timestamp::now(), Event::Record(Record::default()));
-        append(&path, &good).unwrap();
+        append(&crate::state::Store::default(), &path, &good).unwrap();
         std::fs::OpenOptions::new()
             .append(true)
             .open(&path)
             .unwrap()
             .write_all(b"{\"ts\":\"2026-03-31T20:35:00Z\",\"ev")
             .unwrap();
-        append(&path, &good).unwrap();
-        let scan = read(&path).unwrap();
+        append(&crate::state::Store::default(), &path, &good).unwrap();
+        let scan = read(&crate::state::Store::default(), &path).unwrap();
         assert_eq!(scan.entries.len(), 2);
         assert_eq!(scan.torn.len(), 1);
         assert_eq!(scan.torn[0].line, 2);
@@ -964,7 +970,7 @@ mod tests {
         }
         std::fs::write(&path, &text).unwrap();
         let mut seen = Vec::new();
-        scan_backwards(&path, |e| {
+        scan_backwards(&crate::state::Store::default(), &path, |e| {
             if let Event::Record(r) = e.event {
                 seen.push(r.claims_proposed);
             }
@@ -974,7 +980,7 @@ mod tests {
         assert_eq!(seen, (0..5000).rev().collect::<Vec<_>>());
 
         let since = base.plus(std::time::Duration::from_secs(4990 * 3600));
-        let tail = read_since(&path, since).unwrap();
+        let tail = read_since(&crate::state::Store::default(), &path, since).unwrap();
         let got: Vec<u64> = tail
             .iter()
             .map(|e| match &e.event {
@@ -1002,7 +1008,7 @@ mod tests {
         // 300 entries, rotated after every 100, the last segment closing
         // a torn line.
         for i in 0..300u64 {
-            append(&path, &record(i)).unwrap();
+            append(&crate::state::Store::default(), &path, &record(i)).unwrap();
             if i % 100 == 99 {
                 if i == 199 {
                     std::fs::OpenOptions::new()
@@ -1015,6 +1021,7 @@ mod tests {
                 // Rotated long before the entries (a clock set back): the
                 // marker's time must not end a backward scan.
                 crate::state::rotation::rotate_if_over(
+                    &crate::state::Store::default(),
                     &path,
                     10,
                     base.minus(std::time::Duration::from_secs(86_400 * 30)),
@@ -1022,7 +1029,7 @@ mod tests {
                 .unwrap();
             }
         }
-        append(&path, &record(300)).unwrap();
+        append(&crate::state::Store::default(), &path, &record(300)).unwrap();
         let numbers = |entries: &[Entry]| -> Vec<u64> {
             entries
                 .iter()
@@ -1032,14 +1039,14 @@ mod tests {
                 })
                 .collect()
         };
-        let scan = read(&path).unwrap();
+        let scan = read(&crate::state::Store::default(), &path).unwrap();
         assert_eq!(numbers(&scan.entries), (0..=300).collect::<Vec<_>>());
         assert!(
             scan.torn.is_empty(),
             "a segment's torn line is not the live file's"
         );
         let mut back = Vec::new();
-        scan_backwards(&path, |e| {
+        scan_backwards(&crate::state::Store::default(), &path, |e| {
             back.push(e);
             ControlFlow::Continue(())
         })
@@ -1048,7 +1055,7 @@ mod tests {
         // A window that reaches into the second segment.
         let since = base.plus(std::time::Duration::from_secs(150 * 3600));
         assert_eq!(
-            numbers(&read_since(&path, since).unwrap()),
+            numbers(&read_since(&crate::state::Store::default(), &path, since).unwrap()),
             (150..=300).collect::<Vec<_>>()
         );
         // Stopping early decompresses nothing it does not reach: the
@@ -1057,7 +1064,7 @@ mod tests {
             std::fs::write(&seg.path, b"not zstd").unwrap();
         }
         let mut newest = None;
-        scan_backwards(&path, |e| {
+        scan_backwards(&crate::state::Store::default(), &path, |e| {
             newest = Some(e);
             ControlFlow::Break(())
         })
@@ -1066,7 +1073,11 @@ mod tests {
         // A damaged segment is skipped, never an error that stops the
         // agent's recording: the past is shorter by what it held (the
         // daemon sets it aside and says so; `check` names it).
-        let rest = numbers(&read(&path).unwrap().entries);
+        let rest = numbers(
+            &read(&crate::state::Store::default(), &path)
+                .unwrap()
+                .entries,
+        );
         assert!(!rest.is_empty() && rest.len() < 301, "{rest:?}");
         assert_eq!(rest.last(), Some(&300));
     }

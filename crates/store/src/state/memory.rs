@@ -105,25 +105,36 @@ pub const MAX_MEMORY: u64 = 16 << 20;
 /// Append `entry` under `section` of the memory file at `path` unless the
 /// section has an entry with the same `words` already ([`has_entry`]);
 /// whether it was added. Call with the agent lock held.
-pub fn append_new_entry(path: &Path, section: &str, entry: &str, words: &str) -> Result<bool> {
+pub fn append_new_entry(
+    store: &super::Store,
+    path: &Path,
+    section: &str,
+    entry: &str,
+    words: &str,
+) -> Result<bool> {
     let text = read(path)?;
     if has_entry(&text, section, words) {
         return Ok(false);
     }
     let updated = append_under(&text, section, &[entry.to_string()]);
-    super::atomic::write_file(path, updated.as_bytes(), super::STATE_FILE_MODE)?;
+    super::atomic::write_file(store, path, updated.as_bytes(), super::STATE_FILE_MODE)?;
     Ok(true)
 }
 
 /// Append `entries` under `section` of the memory file at `path`.
 /// Call with the agent lock held.
-pub fn append_entries(path: &Path, section: &str, entries: &[String]) -> Result<()> {
+pub fn append_entries(
+    store: &super::Store,
+    path: &Path,
+    section: &str,
+    entries: &[String],
+) -> Result<()> {
     if entries.is_empty() {
         return Ok(());
     }
     let text = read(path)?;
     let updated = append_under(&text, section, entries);
-    super::atomic::write_file(path, updated.as_bytes(), super::STATE_FILE_MODE)
+    super::atomic::write_file(store, path, updated.as_bytes(), super::STATE_FILE_MODE)
 }
 
 /// The memory file's text (none yet: empty), refused over [`MAX_MEMORY`].

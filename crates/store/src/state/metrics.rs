@@ -253,12 +253,16 @@ impl Rolling {
     /// every line: a line's time is compared as text, and only a session's
     /// end, failure or record is read whole. A session's end runs this over
     /// 30 days of journal.
-    pub fn from_journal_file(path: &std::path::Path, now: Timestamp) -> Result<Rolling> {
+    pub fn from_journal_file(
+        store: &super::Store,
+        path: &std::path::Path,
+        now: Timestamp,
+    ) -> Result<Rolling> {
         // Where `read_since` stops; `from_journal` keeps only the window.
         let stop_before = now.minus(ROLLING_WINDOW).minus(journal::OUT_OF_ORDER_SLACK);
         let stop_text = stop_before.to_string();
         let mut entries = Vec::new();
-        journal::scan_lines_backwards(path, |line| {
+        journal::scan_lines_backwards(store, path, |line| {
             let Ok(head) = serde_json::from_slice::<Head>(line) else {
                 return std::ops::ControlFlow::Continue(());
             };
@@ -323,7 +327,7 @@ pub fn catch_up(
     notes: &mut Vec<String>,
 ) -> Result<bool> {
     let mut last = None;
-    journal::scan_backwards(&dir.journal(), |e| {
+    journal::scan_backwards(&dir.store, &dir.journal(), |e| {
         if e.event.ended_session().is_some() {
             last = Some(e);
             return std::ops::ControlFlow::Break(());
@@ -406,7 +410,7 @@ pub fn stage(
         return Ok((metrics, None));
     }
     if window_changes {
-        let fresh = Rolling::from_journal_file(&dir.journal(), now)?;
+        let fresh = Rolling::from_journal_file(&dir.store, &dir.journal(), now)?;
         metrics.rolling_30d = Rolling {
             extra: std::mem::take(&mut metrics.rolling_30d.extra),
             ..fresh
@@ -683,7 +687,7 @@ mod tests {
         let cut = half + lines[half..].iter().position(|b| *b == b'\n').unwrap() + 1;
         std::fs::write(&path, &lines[..cut]).unwrap();
         assert!(
-            crate::state::rotation::rotate_if_over(&path, 1, now)
+            crate::state::rotation::rotate_if_over(&crate::state::Store::default(), &path, 1, now)
                 .unwrap()
                 .is_some()
         );
@@ -694,18 +698,34 @@ mod tests {
             .unwrap()
             .write_all(&lines[cut..])
             .unwrap();
-        let all = journal::read_since(&path, now.minus(ROLLING_WINDOW)).unwrap();
+        let all = journal::read_since(
+            &crate::state::Store::default(),
+            &path,
+            now.minus(ROLLING_WINDOW),
+        )
+        .unwrap();
         let expected = Rolling::from_journal(&all, now);
         assert!(expected.sessions >= 29, "{expected:?}");
         assert!(expected.error_rate > 0.0 && expected.claims_proposed > 0);
-        assert_eq!(Rolling::from_journal_file(&path, now).unwrap(), expected);
+        assert_eq!(
+            Rolling::from_journal_file(&crate::state::Store::default(), &path, now).unwrap(),
+            expected
+        );
         // Later: the window moved, still the same as the whole parse.
         let later = now.plus(std::time::Duration::from_secs(10 * 86_400));
-        let all = journal::read_since(&path, later.minus(ROLLING_WINDOW)).unwrap();
+        let all = journal::read_since(
+            &crate::state::Store::default(),
+            &path,
+            later.minus(ROLLING_WINDOW),
+        )
+        .unwrap();
         assert_eq!(
-            Rolling::from_journal_file(&path, later).unwrap(),
+            Rolling::from_journal_file(&crate::state::Store::default(), &path, later).unwrap(),
             Rolling::from_journal(&all, later)
         );
-        assert_ne!(Rolling::from_journal_file(&path, later).unwrap(), expected);
+        assert_ne!(
+            Rolling::from_journal_file(&crate::state::Store::default(), &path, later).unwrap(),
+            expected
+        );
     }
 }

@@ -28,8 +28,11 @@ pub mod rebuild;
 pub mod report;
 pub mod rotation;
 pub mod session;
+pub mod store;
 pub mod tasks;
 pub mod words;
+
+pub use store::Store;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -48,6 +51,9 @@ pub struct StateRoot {
     /// `.daemon/counters.lock`): [`lock::CLI_WAIT`], or what the daemon
     /// sets with [`StateRoot::with_lock_wait`].
     pub lock_wait: Duration,
+    /// What its writes do on a full disk and whether its repairs are
+    /// recorded ([`Store`]; the default, as the CLI wants, does neither).
+    pub store: Store,
 }
 
 impl StateRoot {
@@ -57,7 +63,14 @@ impl StateRoot {
         StateRoot {
             path: crate::fsx::trusted(&path.into()),
             lock_wait: lock::CLI_WAIT,
+            store: Store::default(),
         }
+    }
+
+    /// This root, its writes and reads going through `store`.
+    pub fn with_store(mut self, store: Store) -> Self {
+        self.store = store;
+        self
     }
 
     /// This root, its locks waited for at most `wait`.
@@ -71,6 +84,7 @@ impl StateRoot {
             name: name.clone(),
             path: self.path.join(name.as_str()),
             lock_wait: self.lock_wait,
+            store: self.store.clone(),
         }
     }
 
@@ -90,6 +104,8 @@ pub struct AgentDir {
     pub path: PathBuf,
     /// How long [`AgentDir::lock`] waits: its root's.
     pub lock_wait: Duration,
+    /// Its root's [`Store`].
+    pub store: Store,
 }
 
 impl AgentDir {
@@ -298,7 +314,7 @@ impl AgentDir {
 
     /// A state document rebuilt from the journal, written nowhere.
     fn rebuilt_in_memory<T: StateDoc>(&self, now: Timestamp) -> Result<T> {
-        let entries = journal::read(&self.journal())?.entries;
+        let entries = journal::read(&self.store, &self.journal())?.entries;
         let name = self.name.as_str();
         let value = match T::KIND {
             StateFileKind::Report => {
@@ -345,7 +361,7 @@ impl AgentDir {
         let (doc, origin) = match atomic::read_json::<T>(&path) {
             Err(Error::Corrupt { .. }) => {
                 let note = rebuild::repair(self, T::KIND, now)?;
-                note_repair(self.name.as_str(), &note);
+                self.store.note_repair(self.name.as_str(), &note);
                 notes.push(note);
                 (atomic::read_json::<T>(&path)?, Origin::RebuiltFromJournal)
             }
@@ -358,7 +374,7 @@ impl AgentDir {
 
     /// Replace a state document (atomically, durably).
     pub fn save<T: StateDoc>(&self, _lock: &AgentLock, doc: &T) -> Result<()> {
-        atomic::write_json(&self.file(T::KIND.file_name()), doc)
+        atomic::write_json(&self.store, &self.file(T::KIND.file_name()), doc)
     }
 
     /// Read-modify-write one document under the agent's lock: `f` changes
@@ -381,7 +397,7 @@ impl AgentDir {
     /// in yet: stage, append the journal line, then commit, so a failure to
     /// write the file (a full disk) leaves no journal event behind it.
     pub fn stage<T: StateDoc>(&self, _lock: &AgentLock, doc: &T) -> Result<atomic::Staged> {
-        atomic::stage_json(&self.file(T::KIND.file_name()), doc)
+        atomic::stage_json(&self.store, &self.file(T::KIND.file_name()), doc)
     }
 
     /// Take this agent's lock, waiting at most its `lock_wait`.
@@ -403,44 +419,7 @@ impl AgentDir {
         event: journal::Event,
     ) -> Result<journal::Entry> {
         let entry = journal::Entry::new(now, event);
-        journal::append(&self.journal(), &entry)?;
+        journal::append(&self.store, &self.journal(), &entry)?;
         Ok(entry)
     }
-}
-
-/// Repairs of corrupt state files (agent, what was done), kept for the
-/// daemon to raise as `STATE_CORRUPT` once it has enabled recording; other
-/// processes (the CLI) only print them.
-static REPAIRS: std::sync::Mutex<Option<Vec<(String, String)>>> = std::sync::Mutex::new(None);
-
-/// Start keeping repairs for [`take_repairs`].
-pub fn record_repairs() {
-    if let Ok(mut r) = REPAIRS.lock() {
-        r.get_or_insert_with(Vec::new);
-    }
-}
-
-/// Whether this process repairs and reports what it finds (the daemon,
-/// after [`record_repairs`]).
-pub fn repairs_recorded() -> bool {
-    REPAIRS.lock().map(|r| r.is_some()).unwrap_or(false)
-}
-
-/// Say that a corrupt file of `agent` (empty: the daemon's own) was set
-/// aside and rebuilt.
-pub fn note_repair(agent: &str, note: &str) {
-    if let Ok(mut r) = REPAIRS.lock()
-        && let Some(list) = r.as_mut()
-    {
-        list.push((agent.to_string(), note.to_string()));
-    }
-}
-
-/// The repairs noted since the last call.
-pub fn take_repairs() -> Vec<(String, String)> {
-    REPAIRS
-        .lock()
-        .ok()
-        .and_then(|mut r| r.as_mut().map(std::mem::take))
-        .unwrap_or_default()
 }

@@ -197,14 +197,26 @@ pub fn repair(agent: &AgentDir, kind: StateFileKind, now: Timestamp) -> Result<S
     let path = agent.file(kind.file_name());
     let aside = set_aside_name(&path, "corrupt", &now.compact());
     atomic::rename(&path, &aside)?;
-    let scan = journal::read(&agent.journal())?;
+    let scan = journal::read(&agent.store, &agent.journal())?;
     let name = agent.name.as_str();
     let written = match kind {
-        StateFileKind::Report => write(&path, &report_from_journal(name, &scan.entries))?,
-        StateFileKind::Tasks => write(&path, &tasks_from_journal(name, &scan.entries))?,
-        StateFileKind::Metrics => write(&path, &metrics_from_journal(name, &scan.entries, now))?,
+        StateFileKind::Report => write(
+            &agent.store,
+            &path,
+            &report_from_journal(name, &scan.entries),
+        )?,
+        StateFileKind::Tasks => write(
+            &agent.store,
+            &path,
+            &tasks_from_journal(name, &scan.entries),
+        )?,
+        StateFileKind::Metrics => write(
+            &agent.store,
+            &path,
+            &metrics_from_journal(name, &scan.entries, now),
+        )?,
         StateFileKind::Session => match session_from_journal(name, &scan.entries) {
-            Some(s) => write(&path, &s)?,
+            Some(s) => write(&agent.store, &path, &s)?,
             None => false,
         },
     };
@@ -214,6 +226,7 @@ pub fn repair(agent: &AgentDir, kind: StateFileKind, now: Timestamp) -> Result<S
         .to_string_lossy()
         .to_string();
     journal::append(
+        &agent.store,
         &agent.journal(),
         &Entry::new(
             now,
@@ -237,7 +250,7 @@ pub fn repair(agent: &AgentDir, kind: StateFileKind, now: Timestamp) -> Result<S
     })
 }
 
-fn write<T: Serialize>(path: &Path, value: &T) -> Result<bool> {
-    atomic::write_json(path, value)?;
+fn write<T: Serialize>(store: &super::Store, path: &Path, value: &T) -> Result<bool> {
+    atomic::write_json(store, path, value)?;
     Ok(true)
 }

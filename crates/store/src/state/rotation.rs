@@ -42,6 +42,7 @@ use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
+use super::store::Store;
 use crate::clock::Timestamp;
 use crate::error::{Error, IoContext, Result};
 use crate::fsx;
@@ -214,18 +215,19 @@ pub fn read_segment(segment: &Segment) -> Result<Vec<u8>> {
 /// [`read_segment`] for the readers of a log's history: a bad segment is
 /// skipped (`None`), so one damaged file never stops the agent's recording
 /// or the fleet's `status`; only an I/O error is returned. In a process that
-/// repairs what it finds (the daemon, see [`super::record_repairs`]) the
-/// bad segment is also set aside, `NAME.OFFSET.zst.corrupt-STAMP`, and the
+/// repairs what it finds (a `store` that records repairs, the daemon's:
+/// [`Store::recording_repairs`]) the bad segment is also set aside,
+/// `NAME.OFFSET.zst.corrupt-STAMP` under the store's repair time, and the
 /// repair noted (`STATE_CORRUPT` in errors.jsonl); elsewhere `check`
 /// reports it and `check --repair` sets it aside.
-pub fn read_segment_or_skip(segment: &Segment) -> Result<Option<Vec<u8>>> {
+pub fn read_segment_or_skip(store: &Store, segment: &Segment) -> Result<Option<Vec<u8>>> {
     let why = match read_segment(segment) {
         Ok(bytes) => return Ok(Some(bytes)),
         Err(e) => bad_segment_reason(&e).ok_or(e)?,
     };
-    if super::repairs_recorded() {
+    if let Some(now) = store.repair_time() {
         let path = segment.path.display();
-        let note = match set_aside(segment, Timestamp::now()) {
+        let note = match set_aside(segment, now) {
             Ok(aside) => format!(
                 "{path}: a rotated log segment that cannot be read ({why}); set aside as {} (the history it held is left out of usage, metrics and events; `zstd -d` may recover part of it)",
                 aside.display()
@@ -234,7 +236,7 @@ pub fn read_segment_or_skip(segment: &Segment) -> Result<Option<Vec<u8>>> {
                 "{path}: a rotated log segment that cannot be read ({why}) is skipped; it could not be set aside: {e}"
             ),
         };
-        super::note_repair(&agent_of(&segment.path), &note);
+        store.note_repair(&agent_of(&segment.path), &note);
     }
     Ok(None)
 }
@@ -305,7 +307,12 @@ pub struct Rotated {
 
 /// Rotate the log at `path` if it holds more than `max_size` bytes (the
 /// caller excludes every writer). Returns what was done, or `None`.
-pub fn rotate_if_over(path: &Path, max_size: u64, now: Timestamp) -> Result<Option<Rotated>> {
+pub fn rotate_if_over(
+    store: &Store,
+    path: &Path,
+    max_size: u64,
+    now: Timestamp,
+) -> Result<Option<Rotated>> {
     let Some(file) = fsx::open_read(path)? else {
         return Ok(None);
     };
@@ -313,10 +320,16 @@ pub fn rotate_if_over(path: &Path, max_size: u64, now: Timestamp) -> Result<Opti
     if len <= max_size {
         return Ok(None);
     }
-    rotate_open(path, file, len, now).map(Some)
+    rotate_open(store, path, file, len, now).map(Some)
 }
 
-fn rotate_open(path: &Path, file: File, len: u64, now: Timestamp) -> Result<Rotated> {
+fn rotate_open(
+    store: &Store,
+    path: &Path,
+    file: File,
+    len: u64,
+    now: Timestamp,
+) -> Result<Rotated> {
     let (dir_path, name) = split(path)?;
     let base = base_of(&file).at("reading", path)?;
     let mode = file.metadata().at("inspecting", path)?.permissions();
@@ -385,7 +398,7 @@ fn rotate_open(path: &Path, file: File, len: u64, now: Timestamp) -> Result<Rota
     };
     let mut line = serde_json::to_vec(&marker).expect("a marker serializes");
     line.push(b'\n');
-    super::atomic::write_file(path, &line, mode)?;
+    super::atomic::write_file(store, path, &line, mode)?;
     Ok(Rotated {
         segment: segment_path,
         bytes: copied,
@@ -505,7 +518,9 @@ mod tests {
                 .collect();
             append(&path, &lines);
             let before = whole(&path);
-            let r = rotate_if_over(&path, 100, ts()).unwrap().unwrap();
+            let r = rotate_if_over(&crate::state::Store::default(), &path, 100, ts())
+                .unwrap()
+                .unwrap();
             assert_eq!(r.offset, before.len() as u64, "the next byte's offset");
             let after = whole(&path);
             assert!(after.starts_with(&before), "nothing lost or moved");
@@ -526,7 +541,10 @@ mod tests {
             }
         );
         // Under the limit: nothing to do.
-        assert_eq!(rotate_if_over(&path, 1 << 20, ts()).unwrap(), None);
+        assert_eq!(
+            rotate_if_over(&crate::state::Store::default(), &path, 1 << 20, ts()).unwrap(),
+            None
+        );
     }
 
     #[test]
@@ -534,7 +552,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("errors.jsonl");
         std::fs::write(&path, b"{\"a\":1}\n{\"torn").unwrap();
-        let r = rotate_if_over(&path, 1, ts()).unwrap().unwrap();
+        let r = rotate_if_over(&crate::state::Store::default(), &path, 1, ts())
+            .unwrap()
+            .unwrap();
         assert_eq!(r.bytes, 15, "the torn line closed by a newline");
         let seg = read_segment(&segments(&path, u64::MAX).unwrap()[0]).unwrap();
         assert_eq!(seg, b"{\"a\":1}\n{\"torn\n");
@@ -550,7 +570,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("signals.jsonl");
         std::fs::write(&path, b"{\"a\":1}\n").unwrap();
-        rotate_if_over(&path, 0, ts()).unwrap().unwrap();
+        rotate_if_over(&crate::state::Store::default(), &path, 0, ts())
+            .unwrap()
+            .unwrap();
         let future = SystemTime::now() + std::time::Duration::from_secs(60);
         assert_eq!(prune(&path, SystemTime::UNIX_EPOCH).unwrap(), (0, 0));
         assert_eq!(prune(&path, future).unwrap().0, 1);
@@ -566,7 +588,9 @@ mod tests {
                 .flat_map(|i| format!("{{\"n\":{round}{i:03}}}\n").into_bytes())
                 .collect();
             append(&path, &lines);
-            rotate_if_over(&path, 100, ts()).unwrap().unwrap();
+            rotate_if_over(&crate::state::Store::default(), &path, 100, ts())
+                .unwrap()
+                .unwrap();
         }
         let segs = segments(&path, u64::MAX).unwrap();
         let mut bytes = std::fs::read(&segs[0].path).unwrap();
@@ -577,8 +601,15 @@ mod tests {
         std::fs::write(&segs[0].path, bytes).unwrap();
 
         assert!(matches!(read_segment(&segs[0]), Err(Error::Corrupt { .. })));
-        assert_eq!(read_segment_or_skip(&segs[0]).unwrap(), None);
-        assert!(read_segment_or_skip(&segs[1]).unwrap().is_some());
+        assert_eq!(
+            read_segment_or_skip(&crate::state::Store::default(), &segs[0]).unwrap(),
+            None
+        );
+        assert!(
+            read_segment_or_skip(&crate::state::Store::default(), &segs[1])
+                .unwrap()
+                .is_some()
+        );
         let bad = bad_segments(&path).unwrap();
         assert_eq!(bad.len(), 1);
         assert!(bad[0].1.starts_with("does not decompress"), "{}", bad[0].1);

@@ -1,0 +1,122 @@
+//! The store as one process uses it: what a write does when the disk is
+//! full, and whether (and under what time) the repairs a read makes are
+//! noted. A value the caller builds once and hands down — in its
+//! [`super::StateRoot`] and every [`super::AgentDir`] taken from it, or as
+//! an argument to a write by path — never a process-wide setting, so two
+//! daemons (or two tests) in one process never see each other's.
+//!
+//! The default does neither, as the CLI wants: a write that hits `ENOSPC`
+//! fails at once, and a repair is only printed by its caller. The daemon
+//! builds one that prunes what retention allows and collects the repairs
+//! it raises as `STATE_CORRUPT`.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use crate::clock::Timestamp;
+
+/// Frees disk space; returns the bytes freed.
+type Reclaimer = dyn Fn() -> u64 + Send + Sync;
+
+/// The time a repair sets a file aside under.
+type RepairClock = dyn Fn() -> Timestamp + Send + Sync;
+
+/// See the module's documentation. Cheap to clone (two `Arc`s).
+#[derive(Clone, Default)]
+pub struct Store {
+    reclaimer: Option<Arc<Reclaimer>>,
+    repairs: Option<Arc<Repairs>>,
+}
+
+/// The repairs noted (agent, what was done) and the clock they take.
+struct Repairs {
+    noted: Mutex<Vec<(String, String)>>,
+    now: Box<RepairClock>,
+}
+
+impl fmt::Debug for Store {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Store")
+            .field("reclaims", &self.reclaimer.is_some())
+            .field("records_repairs", &self.repairs.is_some())
+            .finish()
+    }
+}
+
+impl Store {
+    /// This store, a write that fails with `ENOSPC` or `EDQUOT` calling
+    /// `reclaim` and trying once more if it freed anything
+    /// ([`super::atomic::retrying`]).
+    pub fn with_reclaimer(mut self, reclaim: impl Fn() -> u64 + Send + Sync + 'static) -> Self {
+        self.reclaimer = Some(Arc::new(reclaim));
+        self
+    }
+
+    /// This store, keeping the repairs its reads and loads make for
+    /// [`Store::take_repairs`], and repairing what only such a process
+    /// repairs (a bad rotated segment is set aside, under `now`'s time).
+    pub fn recording_repairs(
+        mut self,
+        now: impl Fn() -> Timestamp + Send + Sync + 'static,
+    ) -> Self {
+        self.repairs = Some(Arc::new(Repairs {
+            noted: Mutex::new(Vec::new()),
+            now: Box::new(now),
+        }));
+        self
+    }
+
+    /// Run the reclaimer, if any: the bytes it freed.
+    pub fn reclaim(&self) -> u64 {
+        self.reclaimer.as_ref().map_or(0, |r| r())
+    }
+
+    /// The time a repair is made at, if this store records repairs (the
+    /// daemon's); `None` in a process that only reports them.
+    pub fn repair_time(&self) -> Option<Timestamp> {
+        self.repairs.as_ref().map(|r| (r.now)())
+    }
+
+    /// Say that a corrupt file of `agent` (empty: the daemon's own) was set
+    /// aside and rebuilt; kept only if this store records repairs.
+    pub fn note_repair(&self, agent: &str, note: &str) {
+        if let Some(r) = &self.repairs {
+            let mut noted = r.noted.lock().unwrap_or_else(|e| e.into_inner());
+            noted.push((agent.to_string(), note.to_string()));
+        }
+    }
+
+    /// The repairs noted since the last call.
+    pub fn take_repairs(&self) -> Vec<(String, String)> {
+        self.repairs
+            .as_ref()
+            .map(|r| std::mem::take(&mut *r.noted.lock().unwrap_or_else(|e| e.into_inner())))
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_stores_keep_their_own_repairs_and_reclaimers() {
+        let t = Timestamp::parse("2026-11-27T07:00:00Z").unwrap();
+        let daemon = Store::default()
+            .recording_repairs(move || t)
+            .with_reclaimer(|| 42);
+        let other = Store::default();
+        assert_eq!(daemon.reclaim(), 42);
+        assert_eq!(other.reclaim(), 0);
+        assert_eq!(daemon.repair_time(), Some(t));
+        assert_eq!(other.repair_time(), None);
+        daemon.clone().note_repair("rio", "set aside");
+        other.note_repair("leo", "not kept");
+        assert_eq!(other.take_repairs(), vec![]);
+        assert_eq!(
+            daemon.take_repairs(),
+            vec![("rio".to_string(), "set aside".to_string())]
+        );
+        assert_eq!(daemon.take_repairs(), vec![]);
+    }
+}
