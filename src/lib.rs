@@ -45,4 +45,5 @@ pub mod prompt;
 pub mod protocol;
 pub mod schedule;
 pub mod usage;
+pub mod worker;
 pub mod workspace;

@@ -28,6 +28,7 @@ pub mod liveness;
 pub mod session;
 pub mod workers;
 
+pub use bytes::Bytes;
 pub use config::{ClusterSettings, ConfigProblem, RawCluster};
 pub use connect::{Cluster, ClusterError, Found, Survey};
 pub use dispatch::{Dispatch, DispatchError, OrderQueue, Published, PulledOrder, SessionOrder};

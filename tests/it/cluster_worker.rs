@@ -1,0 +1,347 @@
+//! `agent-state worker`, `workers` and `worker drain` through the real
+//! binary against a real three-server NATS JetStream cluster (issue 24).
+//! Gated like the cluster crate's tests: `AGENT_STATE_NATS_TESTS=1` (the
+//! server from AGENT_STATE_NATS_SERVER or PATH), else SKIPPED.
+//!
+//! The test plays the controller with the cluster crate: it publishes
+//! session orders and reads the output stream and the leases; the worker is
+//! the real binary, its sessions real shell scripts.
+
+#[path = "../../crates/cluster/tests/support/mod.rs"]
+mod nats;
+
+use crate::support::*;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use agent_state_cluster::{
+    Cluster, Dispatch, LeaseTiming, Leases, Outcome, Output, SessionEnd, SessionOrder,
+};
+use serde_json::Value;
+
+/// The worker process, SIGKILLed if the test ends without stopping it.
+struct Worker {
+    child: Child,
+    log: std::path::PathBuf,
+}
+
+impl Worker {
+    fn start(env: &Env, host: &str) -> Worker {
+        let log = env.tmp(&format!("worker-{host}.log"));
+        let file = std::fs::File::create(&log).unwrap();
+        let child = Command::new(BIN)
+            .args(["--config", env.config.to_str().unwrap()])
+            .args(["worker", "--host", host, "--slots", "2"])
+            .args(["--heartbeat", "300ms"])
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .spawn()
+            .expect("start agent-state worker");
+        Worker { child, log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// `workers --json`, the entry of `host` if listed.
+fn listed(env: &Env, host: &str) -> Option<Value> {
+    let out = env.ok(&["workers", "--json"]);
+    let all: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    all.as_array()
+        .expect("an array")
+        .iter()
+        .find(|w| w["host"] == host)
+        .cloned()
+}
+
+fn wait_listed(
+    env: &Env,
+    worker: &Worker,
+    what: &str,
+    mut cond: impl FnMut(&Value) -> bool,
+) -> Value {
+    let mut last = None;
+    let ok = poll_until(Duration::from_secs(60), || {
+        last = listed(env, "w1");
+        last.as_ref().is_some_and(&mut cond)
+    });
+    assert!(
+        ok,
+        "`workers` never showed {what}; last {last:?}\nworker log:\n{}",
+        worker.log()
+    );
+    last.unwrap()
+}
+
+fn order(id: &str, agent: &str, script: &Path, cwd: &Path) -> SessionOrder {
+    SessionOrder {
+        session_id: id.into(),
+        agent: agent.into(),
+        credential_group: "main".into(),
+        spec: serde_json::json!({
+            "command": script.to_str().unwrap(),
+            "args": ["one arg"],
+            "env": { "GREETING": "hello" },
+            "cwd": cwd.to_str().unwrap(),
+            "timeout_secs": 120,
+            "kill_grace_secs": 2,
+        }),
+    }
+}
+
+/// Waits (bounded) for the end of `id` in the output stream.
+fn wait_end(
+    rt: &tokio::runtime::Runtime,
+    output: &Output,
+    id: &str,
+    worker: &Worker,
+) -> SessionEnd {
+    let mut end = None;
+    let ok = poll_until(Duration::from_secs(60), || {
+        end = rt.block_on(output.ended(id)).unwrap();
+        end.is_some()
+    });
+    assert!(ok, "no end of {id}\nworker log:\n{}", worker.log());
+    end.unwrap()
+}
+
+fn lease_holder(rt: &tokio::runtime::Runtime, leases: &Leases, agent: &str) -> Option<String> {
+    rt.block_on(leases.current(agent))
+        .unwrap()
+        .map(|r| format!("{} {}", r.value.holder, r.value.session))
+}
+
+fn queued(rt: &tokio::runtime::Runtime, cluster: &Cluster, dispatch: &Dispatch) -> u64 {
+    rt.block_on(async {
+        let mut stream = cluster
+            .jetstream()
+            .get_stream(dispatch.stream_name())
+            .await
+            .unwrap();
+        stream.info().await.unwrap().state.messages
+    })
+}
+
+#[test]
+fn a_worker_runs_an_order_streams_it_releases_the_lease_and_drains() {
+    let Some(binary) = nats::server_binary("cluster_worker") else {
+        return;
+    };
+    let cluster_servers = nats::NatsCluster::start(&binary, 3);
+    let rt = rt();
+    let settings = cluster_servers.settings();
+    let (cluster, dispatch, leases) =
+        rt.block_on(cluster_servers.connect(&settings, "controller", LeaseTiming::DEFAULT));
+    let output = rt.block_on(cluster.output()).unwrap();
+
+    let env = Env::with_config(&format!(
+        "[cluster]\nurls = {:?}\nreplicas = 3\n",
+        cluster_servers.urls()
+    ));
+    // No worker yet: `workers` says so.
+    assert!(env.ok(&["workers"]).contains("no workers"));
+    assert!(
+        env.fails(&["worker", "drain", "w1"], 66)
+            .contains("no worker \"w1\"")
+    );
+
+    let work = env.tmp("work");
+    std::fs::create_dir(&work).unwrap();
+    let script = env.script(
+        "session.sh",
+        r#"echo "$AGENT_STATE_SESSION_ID $AGENT_STATE_AGENT $GREETING [$1] in $(pwd)"
+echo "a warning" >&2
+while [ ! -e "$(dirname "$0")/go-$AGENT_STATE_SESSION_ID" ]; do sleep 0.05; done
+echo done
+exit 3"#,
+    );
+    let go = |id: &str| std::fs::write(env.tmp(&format!("go-{id}")), "").unwrap();
+
+    let mut worker = Worker::start(&env, "w1");
+    let w = wait_listed(&env, &worker, "w1 alive", |w| w["state"] == "alive");
+    assert_eq!(
+        (w["slots"].as_u64(), w["slots_used"].as_u64()),
+        (Some(2), Some(0))
+    );
+    assert_eq!(w["credentials"][0]["group"], "main");
+    let table = env.ok(&["workers"]);
+    assert!(
+        table.contains("HOST")
+            && table
+                .lines()
+                .any(|l| l.starts_with("w1 ") && l.contains("0/2") && l.ends_with("alive")),
+        "{table}"
+    );
+
+    // One order: the worker runs it under the lease, and lists it.
+    rt.block_on(dispatch.publish(&order("s-1", "rio", &script, &work)))
+        .unwrap();
+    let w = wait_listed(&env, &worker, "the session running", |w| {
+        w["slots_used"] == 1
+    });
+    assert_eq!(w["sessions"][0]["agent"], "rio");
+    assert_eq!(w["sessions"][0]["session_id"], "s-1");
+    assert_eq!(lease_holder(&rt, &leases, "rio").as_deref(), Some("w1 s-1"));
+    assert_eq!(
+        queued(&rt, &cluster, &dispatch),
+        0,
+        "the order was acked once it ran"
+    );
+    let table = env.ok(&["workers"]);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("w1 ") && l.contains("1/2") && l.contains("rio")),
+        "{table}"
+    );
+
+    go("s-1");
+    let end = wait_end(&rt, &output, "s-1", &worker);
+    assert_eq!(
+        end.outcome,
+        Outcome::Exited {
+            code: Some(3),
+            signal: None
+        }
+    );
+    assert_eq!((end.host.as_str(), end.agent.as_str()), ("w1", "rio"));
+    assert!(end.lease_revision > 0 && end.ended_ms >= end.started_ms);
+    let (chunks, _) = rt.block_on(output.replay("s-1")).unwrap();
+    assert_eq!(chunks.last().map(|c| c.number), Some(end.last_chunk));
+    let numbers: Vec<u64> = chunks.iter().map(|c| c.number).collect();
+    assert_eq!(numbers, (1..=end.last_chunk).collect::<Vec<_>>());
+    let text = |pipe: &str| -> String {
+        chunks
+            .iter()
+            .filter(|c| c.pipe == pipe)
+            .map(|c| String::from_utf8_lossy(&c.data).into_owned())
+            .collect()
+    };
+    assert_eq!(
+        text("stdout"),
+        format!("s-1 rio hello [one arg] in {}\ndone\n", work.display())
+    );
+    assert_eq!(text("stderr"), "a warning\n");
+    // The lease is released after the end is stored.
+    assert!(
+        poll_until(Duration::from_secs(10), || lease_holder(
+            &rt, &leases, "rio"
+        )
+        .is_none()),
+        "the lease is still held: {:?}",
+        lease_holder(&rt, &leases, "rio")
+    );
+    wait_listed(&env, &worker, "the slot free again", |w| {
+        w["slots_used"] == 0
+    });
+
+    // A bad spec ends as not started, with the reason.
+    let mut bad = order("s-bad", "clay", &script, &work);
+    bad.spec = serde_json::json!({ "command": "/nonexistent/session.sh" });
+    rt.block_on(dispatch.publish(&bad)).unwrap();
+    let end = wait_end(&rt, &output, "s-bad", &worker);
+    match &end.outcome {
+        Outcome::NotStarted { detail } => {
+            assert!(
+                detail.contains("cannot start /nonexistent/session.sh"),
+                "{detail}"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(poll_until(Duration::from_secs(10), || lease_holder(
+        &rt, &leases, "clay"
+    )
+    .is_none()));
+
+    // Drain: the worker says so, then takes no new order.
+    let said = env.ok(&["worker", "drain", "w1"]);
+    assert!(said.contains("w1: drain requested"), "{said}");
+    let w = wait_listed(&env, &worker, "w1 drained", |w| w["state"] == "drained");
+    assert_eq!(w["drain_requested"], true);
+    rt.block_on(dispatch.publish(&order("s-2", "rio", &script, &work)))
+        .unwrap();
+    go("s-2");
+    // Three heartbeats later (each a turn of the worker's loop while
+    // drained), the order is still queued and nothing of it ran.
+    let beat = |w: &Value| w["heartbeat_at"].as_str().unwrap_or("").to_string();
+    let mut seen = vec![beat(&w)];
+    wait_listed(&env, &worker, "three more heartbeats", |w| {
+        let b = beat(w);
+        if !seen.contains(&b) {
+            seen.push(b);
+        }
+        seen.len() >= 4
+    });
+    assert_eq!(
+        queued(&rt, &cluster, &dispatch),
+        1,
+        "the order waits in the queue"
+    );
+    assert!(rt.block_on(output.ended("s-2")).unwrap().is_none());
+    assert!(lease_holder(&rt, &leases, "rio").is_none());
+    assert!(
+        env.ok(&["workers"])
+            .lines()
+            .any(|l| l.starts_with("w1 ") && l.ends_with("drained"))
+    );
+
+    // Resumed, it takes it.
+    assert!(
+        env.ok(&["worker", "resume", "w1"])
+            .contains("drain withdrawn")
+    );
+    let end = wait_end(&rt, &output, "s-2", &worker);
+    assert_eq!(
+        end.outcome,
+        Outcome::Exited {
+            code: Some(3),
+            signal: None
+        }
+    );
+
+    // SIGTERM: it ends its running session, releases the lease, says it
+    // stopped, and exits 0.
+    rt.block_on(dispatch.publish(&order("s-3", "sky", &script, &work)))
+        .unwrap();
+    wait_listed(&env, &worker, "s-3 running", |w| w["slots_used"] == 1);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(worker.child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let mut status = None;
+    assert!(
+        poll_until(Duration::from_secs(30), || {
+            status = worker.child.try_wait().unwrap();
+            status.is_some()
+        }),
+        "the worker did not exit after SIGTERM:\n{}",
+        worker.log()
+    );
+    assert_eq!(status.unwrap().code(), Some(0), "{}", worker.log());
+    let end = wait_end(&rt, &output, "s-3", &worker);
+    assert_eq!(end.outcome, Outcome::WorkerStopped);
+    assert!(lease_holder(&rt, &leases, "sky").is_none());
+    let w = listed(&env, "w1").expect("w1 listed");
+    assert_eq!(w["state"], "stopped", "{w}");
+    assert_eq!(w["slots_used"], 0, "{w}");
+}
