@@ -345,3 +345,59 @@ exit 3"#,
     assert_eq!(w["state"], "stopped", "{w}");
     assert_eq!(w["slots_used"], 0, "{w}");
 }
+
+/// `systemd/agent-state-worker.service`: `systemd-analyze verify` has
+/// nothing to say (with the binary under test in ExecStart=), and its
+/// exposure is as low as the daemon's unit's (2.5 or lower).
+#[test]
+fn the_worker_unit_verifies_clean_and_its_exposure_is_low() {
+    let Some(analyze) = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join("systemd-analyze"))
+            .find(|p| p.is_file())
+    }) else {
+        eprintln!(
+            "SKIPPED: this test needs systemd-analyze on PATH (Debian: apt-get install systemd)"
+        );
+        return;
+    };
+    let unit = Path::new(env!("CARGO_MANIFEST_DIR")).join("systemd/agent-state-worker.service");
+    let source = std::fs::read_to_string(&unit).expect("read the unit");
+    assert!(
+        source.contains(
+            "ExecStart=/usr/bin/agent-state --config /etc/agent-state/config.toml worker\n"
+        )
+    );
+    assert!(source.contains("Type=notify\n"));
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("agent-state-worker.service");
+    std::fs::write(
+        &copy,
+        source.replace("=/usr/bin/agent-state ", &format!("={BIN} ")),
+    )
+    .unwrap();
+    let out = Command::new(&analyze)
+        .args(["verify", "--man=no"])
+        .arg(&copy)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
+        "systemd-analyze verify: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = Command::new(&analyze)
+        .args(["security", "--offline=yes"])
+        .arg(&unit)
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&out.stdout).into_owned();
+    let score: f64 = report
+        .lines()
+        .find(|l| l.contains("Overall exposure level"))
+        .and_then(|l| l.rsplit_once(':'))
+        .and_then(|(_, s)| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no exposure in {report}"));
+    assert!(score <= 2.5, "exposure {score}:\n{report}");
+}
