@@ -173,6 +173,11 @@ pub enum WorkersError {
         bucket: String,
         source: jetstream::context::CreateKeyValueError,
     },
+    #[error("NATS failed to open the worker bucket {bucket}: {source}")]
+    Open {
+        bucket: String,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     #[error("NATS failed to {operation} {key} in the worker bucket {bucket}: {source}")]
     Nats {
         bucket: String,
@@ -240,40 +245,44 @@ impl Workers {
         jetstream: &jetstream::Context,
         bucket: &str,
     ) -> Result<Option<Workers>, WorkersError> {
-        use async_nats::jetstream::context::KeyValueErrorKind;
-        match jetstream.get_key_value(bucket).await {
-            Ok(store) => Ok(Some(Workers {
-                store,
-                bucket: bucket.to_string(),
-            })),
-            Err(e) if e.kind() == KeyValueErrorKind::GetBucket => {
-                // Missing, or the request failed: tell them apart by asking
-                // for the stream itself.
-                match jetstream.get_stream(format!("KV_{bucket}")).await {
-                    Err(se)
-                        if matches!(
-                            se.kind(),
-                            jetstream::context::GetStreamErrorKind::JetStream(j)
-                                if j.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND
-                        ) =>
-                    {
-                        Ok(None)
-                    }
-                    _ => Err(WorkersError::Nats {
+        use async_nats::jetstream::context::{GetStreamErrorKind, KeyValueErrorKind};
+        let open_error = |source: Box<dyn std::error::Error + Send + Sync>| WorkersError::Open {
+            bucket: bucket.to_string(),
+            source,
+        };
+        // Twice at most: a bucket missing at the first question may be
+        // created by a worker before the second.
+        for _ in 0..2 {
+            match jetstream.get_key_value(bucket).await {
+                Ok(store) => {
+                    return Ok(Some(Workers {
+                        store,
                         bucket: bucket.to_string(),
-                        key: String::new(),
-                        operation: "open",
-                        source: Box::new(e),
-                    }),
+                    }));
                 }
+                Err(e) if e.kind() == KeyValueErrorKind::GetBucket => {
+                    // Missing, or the request failed: tell them apart by
+                    // asking for the stream itself.
+                    match jetstream.get_stream(format!("KV_{bucket}")).await {
+                        Err(se)
+                            if matches!(
+                                se.kind(),
+                                GetStreamErrorKind::JetStream(j)
+                                    if j.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND
+                            ) =>
+                        {
+                            return Ok(None);
+                        }
+                        Ok(_) => continue,
+                        Err(se) => return Err(open_error(Box::new(se))),
+                    }
+                }
+                Err(e) => return Err(open_error(Box::new(e))),
             }
-            Err(e) => Err(WorkersError::Nats {
-                bucket: bucket.to_string(),
-                key: String::new(),
-                operation: "open",
-                source: Box::new(e),
-            }),
         }
+        Err(open_error(
+            "the bucket's stream exists but the bucket cannot be opened".into(),
+        ))
     }
 
     /// Writes the worker's record (its heartbeat); returns the revision.
