@@ -197,6 +197,7 @@ pub enum Command {
     /// order's command in a process group of its own, stream its output and
     /// its end to the output stream, release the lease. A drain request
     /// (`worker drain HOST`) stops the pulling; running sessions finish.
+    /// Until the servers answer, it retries every 2 s (and says so once).
     /// SIGTERM or SIGINT: it pulls no more, ends its sessions (SIGTERM to
     /// each group, SIGKILL after the grace), writes its last record
     /// ("stopped") and exits 0. systemd: Type=notify, READY=1 once

@@ -310,11 +310,12 @@ exit 3"#,
     rt.block_on(dispatch.publish(&order("s-2", "rio", &script, &work)))
         .unwrap();
     go("s-2");
-    // Three heartbeats later (each a turn of the worker's loop while
-    // drained), the order is still queued and nothing of it ran.
+    // Three more heartbeat seconds later (about ten heartbeats, each a turn
+    // of the worker's loop while drained), the order is still queued and
+    // nothing of it ran.
     let beat = |w: &Value| w["heartbeat_at"].as_str().unwrap_or("").to_string();
     let mut seen = vec![beat(&w)];
-    wait_listed(&env, &worker, "three more heartbeats", |w| {
+    wait_listed(&env, &worker, "three more heartbeat seconds", |w| {
         let b = beat(w);
         if !seen.contains(&b) {
             seen.push(b);
@@ -478,6 +479,56 @@ exit 0"#,
         &rt, &leases, "rio"
     )
     .is_none()));
+}
+
+/// Without `[cluster]` each command says what to add (exit 78); a bad
+/// worker option is refused by name (64) before anything is contacted.
+/// No server needed.
+#[test]
+fn the_worker_commands_need_the_cluster_section_and_good_options() {
+    let env = Env::with_config("");
+    for (args, command) in [
+        (&["workers"][..], "workers"),
+        (&["workers", "--json"], "workers"),
+        (&["worker"], "worker"),
+        (&["worker", "drain", "w1"], "worker drain"),
+        (&["worker", "resume", "w1"], "worker resume"),
+    ] {
+        let err = env.fails(args, 78);
+        assert!(
+            err.contains("[cluster]: is missing")
+                && err.contains(&format!("`agent-state {command}` needs it"))
+                && err.contains("urls = [\"nats://"),
+            "{args:?}: {err}"
+        );
+    }
+    // A port nothing listens on: the options are refused before connecting.
+    let env = Env::with_config("[cluster]\nurls = [\"nats://127.0.0.1:9\"]\nreplicas = 1\n");
+    for (args, want) in [
+        (
+            &["worker", "--host", "a b"][..],
+            "name the worker with --host NAME",
+        ),
+        (
+            &["worker", "--host", "w1", "--slots", "0"],
+            "--slots 0 would run nothing",
+        ),
+        (
+            &["worker", "--host", "w1", "--credential-group", "a.b"],
+            "--credential-group \"a.b\"",
+        ),
+        (
+            &["worker", "--host", "w1", "--heartbeat", "10ms"],
+            "shorter than 100ms",
+        ),
+        (&["worker", "drain", "a/b"], "cannot be a worker key"),
+    ] {
+        let err = env.fails(args, 64);
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+    // No server there: the operator's commands say so within their 10 s.
+    let err = env.fails(&["workers"], 69);
+    assert!(err.contains("check cluster.urls"), "{err}");
 }
 
 /// `systemd/agent-state-worker.service`: `systemd-analyze verify` has
