@@ -349,6 +349,27 @@ exit 3"#,
         }
     );
 
+    // The controller fences the lease of a running session: at its next
+    // renewal (10 s after the take) the worker finds it stale, kills the
+    // session and reports it lost, carrying no revision.
+    rt.block_on(dispatch.publish(&order("s-f", "fen", &script, &work)))
+        .unwrap();
+    wait_listed(&env, &worker, "s-f running", |w| w["slots_used"] == 1);
+    let held = rt.block_on(leases.current("fen")).unwrap().expect("held");
+    rt.block_on(leases.fence("fen", held.revision)).unwrap();
+    let end = wait_end(&rt, &output, "s-f", &worker);
+    match &end.outcome {
+        Outcome::LeaseLost { detail } => {
+            assert!(
+                detail.contains("run/fen no longer has revision"),
+                "{detail}"
+            )
+        }
+        other => panic!("s-f: {other:?}\n{}", worker.log()),
+    }
+    assert_eq!(end.lease_revision, 0);
+    wait_listed(&env, &worker, "s-f gone", |w| w["slots_used"] == 0);
+
     // SIGTERM: it ends its running session, releases the lease, says it
     // stopped, and exits 0.
     rt.block_on(dispatch.publish(&order("s-3", "sky", &script, &work)))
