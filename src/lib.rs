@@ -46,4 +46,5 @@ pub mod inbox;
 pub mod owner;
 pub mod prompt;
 pub mod usage;
+pub mod worker;
 pub mod workspace;

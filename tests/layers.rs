@@ -75,7 +75,9 @@ const LAYERS: &[(&str, &[&str])] = &[
             "backup",
         ],
     ),
-    ("daemon", &["daemon"]),
+    // The daemon, and the worker that runs sessions for a cluster's
+    // controller (issue 24).
+    ("daemon", &["daemon", "worker"]),
     ("cli", &["cli"]),
 ];
 
@@ -845,6 +847,9 @@ const CLOCK_READERS: &[&str] = &[
     "src/daemon/service/",
     "src/cli/",
     "src/main.rs",
+    // The worker's own loop (issue 24): the times of its heartbeats and of
+    // its sessions' starts and ends, on the worker's clock.
+    "src/worker.rs",
 ];
 
 /// The lines of non-test code in `text` that read the wall clock: items

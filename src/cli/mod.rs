@@ -29,6 +29,7 @@ mod task;
 mod usage;
 mod wake;
 pub(crate) mod web;
+mod worker;
 mod workspaces;
 
 use std::path::PathBuf;
@@ -185,6 +186,28 @@ pub enum Command {
     Credential(credential::Command),
     /// Validate the config file, have the running daemon reload it (SIGHUP) and wait for its verdict (systemd: ExecReload)
     Reload(reload::Args),
+    /// The cluster's worker hosts ([cluster]): host, slots used/total, sessions, last heartbeat, credential groups, state (alive, draining, drained, stopped, lost)
+    Workers(worker::ListArgs),
+    /// Run this host as a cluster worker ([cluster]; systemd: agent-state-worker.service), or drain one: `worker drain HOST`
+    ///
+    /// Without a subcommand: connect to the NATS servers of [cluster],
+    /// register in the worker registry and renew the record every
+    /// --heartbeat; pull one session order per free slot (--slots) from the
+    /// queues of its credential groups, take the agent's lease, run the
+    /// order's command in a process group of its own, stream its output and
+    /// its end to the output stream, release the lease. A drain request
+    /// (`worker drain HOST`) stops the pulling; running sessions finish.
+    /// Until the servers answer, it retries every 2 s (and says so once).
+    /// SIGTERM or SIGINT: it pulls no more, ends its sessions (SIGTERM to
+    /// each group, SIGKILL after the grace), writes its last record
+    /// ("stopped") and exits 0. systemd: Type=notify, READY=1 once
+    /// registered.
+    ///
+    /// Exit status: 0 stopped by a signal; 64 a bad --host, --slots,
+    /// --credential-group or --heartbeat; 69 (drain, resume) NATS did not
+    /// answer; 66 (drain, resume) no such worker; 78 no [cluster] in the
+    /// config.
+    Worker(worker::Args),
     /// Show the error log (.daemon/errors.jsonl), or the catalogue of error codes
     Errors(errors::Args),
     /// Every journal and the daemon's logs as one ordered stream, with cursors to resume from (--after) and --follow
@@ -287,6 +310,8 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::MigrateCrontab(_) => unreachable!("run before the config is loaded"),
         Command::Errors(a) => errors::run(&ctx, a),
         Command::Events(a) => events::run(&ctx, a),
+        Command::Workers(a) => worker::list(&ctx, a),
+        Command::Worker(a) => worker::run(ctx, a),
     }
 }
 

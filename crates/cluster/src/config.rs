@@ -19,6 +19,10 @@ use serde::Deserialize;
 pub const DEFAULT_DISPATCH_STREAM: &str = "AGENT_STATE_DISPATCH";
 /// The lease bucket's name when `[cluster]` names none.
 pub const DEFAULT_LEASE_BUCKET: &str = "agent_state_leases";
+/// The worker registry's bucket when `[cluster]` names none.
+pub const DEFAULT_WORKER_BUCKET: &str = "agent_state_workers";
+/// The stream of the sessions' output and ends when `[cluster]` names none.
+pub const DEFAULT_OUTPUT_STREAM: &str = "AGENT_STATE_OUTPUT";
 
 /// `[cluster]` as written: every key optional, no unknown key.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
@@ -36,6 +40,11 @@ pub struct RawCluster {
     pub dispatch_stream: Option<String>,
     /// The KV bucket of the leases `run/<agent>`.
     pub lease_bucket: Option<String>,
+    /// The KV bucket where each worker keeps its record (`worker/<host>`)
+    /// and the operator's drain requests (`drain/<host>`).
+    pub worker_bucket: Option<String>,
+    /// The stream of the sessions' output chunks and ends.
+    pub output_stream: Option<String>,
     /// How many servers keep each copy of the stream and the bucket (1, 3 or 5).
     pub replicas: Option<u32>,
     /// Whether this host also runs sessions itself (default: true).
@@ -70,6 +79,8 @@ pub struct ClusterSettings {
     pub tls: Option<TlsSettings>,
     pub dispatch_stream: String,
     pub lease_bucket: String,
+    pub worker_bucket: String,
+    pub output_stream: String,
     pub replicas: usize,
     pub local_sessions: bool,
     pub ack_wait: Duration,
@@ -233,6 +244,27 @@ pub fn validate(raw: &RawCluster) -> Result<ClusterSettings, Vec<ConfigProblem>>
         );
     }
 
+    let worker_bucket = raw
+        .worker_bucket
+        .clone()
+        .unwrap_or_else(|| DEFAULT_WORKER_BUCKET.into());
+    if let Err(why) = check_name(&worker_bucket) {
+        problem(
+            "cluster.worker_bucket".into(),
+            format!("{worker_bucket:?} {why}; write e.g. \"{DEFAULT_WORKER_BUCKET}\""),
+        );
+    }
+    let output_stream = raw
+        .output_stream
+        .clone()
+        .unwrap_or_else(|| DEFAULT_OUTPUT_STREAM.into());
+    if let Err(why) = check_name(&output_stream) {
+        problem(
+            "cluster.output_stream".into(),
+            format!("{output_stream:?} {why}; write e.g. \"{DEFAULT_OUTPUT_STREAM}\""),
+        );
+    }
+
     let replicas = raw.replicas.unwrap_or(3);
     if !matches!(replicas, 1 | 3 | 5) {
         problem(
@@ -286,6 +318,8 @@ pub fn validate(raw: &RawCluster) -> Result<ClusterSettings, Vec<ConfigProblem>>
             tls,
             dispatch_stream,
             lease_bucket,
+            worker_bucket,
+            output_stream,
             replicas: replicas as usize,
             local_sessions: raw.local_sessions.unwrap_or(true),
             ack_wait,
@@ -351,6 +385,8 @@ mod tests {
         let s = parse(r#"urls = ["nats://10.0.0.1:4222", "10.0.0.2:4222"]"#).unwrap();
         assert_eq!(s.dispatch_stream, DEFAULT_DISPATCH_STREAM);
         assert_eq!(s.lease_bucket, DEFAULT_LEASE_BUCKET);
+        assert_eq!(s.worker_bucket, DEFAULT_WORKER_BUCKET);
+        assert_eq!(s.output_stream, DEFAULT_OUTPUT_STREAM);
         assert_eq!(s.replicas, 3);
         assert!(s.local_sessions);
         assert_eq!(s.credentials, Credentials::None);
@@ -437,6 +473,18 @@ mod tests {
                    lease_bucket = """#,
                 "cluster.lease_bucket: \"\" is empty",
                 "agent_state_leases",
+            ),
+            (
+                r#"urls = ["a:1"]
+                   worker_bucket = "w.x""#,
+                "cluster.worker_bucket: \"w.x\" may hold only",
+                "agent_state_workers",
+            ),
+            (
+                r#"urls = ["a:1"]
+                   output_stream = "o x""#,
+                "cluster.output_stream: \"o x\" may hold only",
+                "AGENT_STATE_OUTPUT",
             ),
             (
                 r#"urls = ["a:1"]

@@ -16,6 +16,8 @@ use crate::config::{ClusterSettings, Credentials};
 use crate::dispatch::Dispatch;
 use crate::lease::Leases;
 use crate::liveness::LeaseTiming;
+use crate::session::{Output, OutputError};
+use crate::workers::{Workers, WorkersError};
 
 /// How long a delete marker the server leaves for an expired lease stays
 /// (so a watcher sees why the lease went).
@@ -56,6 +58,10 @@ pub enum ClusterError {
         bucket: String,
         source: async_nats::jetstream::context::CreateKeyValueError,
     },
+    #[error(transparent)]
+    Workers(#[from] WorkersError),
+    #[error(transparent)]
+    Output(#[from] OutputError),
 }
 
 /// A host's connection to the cluster.
@@ -200,6 +206,36 @@ impl Cluster {
             })?;
         let ttl = self.per_key_ttl.then_some(timing.controller_fences);
         Ok(Leases::new(self.jetstream.clone(), store, bucket, ttl))
+    }
+}
+
+impl Cluster {
+    /// The worker registry, created or updated (a worker registers there).
+    pub async fn workers(&self) -> Result<Workers, ClusterError> {
+        Ok(Workers::create(
+            &self.jetstream,
+            &self.settings.worker_bucket,
+            self.settings.replicas,
+        )
+        .await?)
+    }
+
+    /// The worker registry as found, `None` if no worker ever registered:
+    /// for the operator's commands, which create nothing.
+    pub async fn existing_workers(&self) -> Result<Option<Workers>, ClusterError> {
+        Ok(Workers::open(&self.jetstream, &self.settings.worker_bucket).await?)
+    }
+
+    /// The output stream of the sessions' chunks and ends, created or
+    /// updated.
+    pub async fn output(&self) -> Result<Output, ClusterError> {
+        Ok(Output::create(
+            &self.jetstream,
+            &self.settings.output_stream,
+            self.settings.replicas,
+            self.settings.dedup_window,
+        )
+        .await?)
     }
 }
 

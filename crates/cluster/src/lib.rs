@@ -9,7 +9,12 @@
 //!   `Nats-Msg-Id`, pulled one at a time with in-progress acks;
 //! - [`keeper`]: the worker's renewal loop over those decisions;
 //! - [`liveness`]: when a lease counts as lost, for the worker and for the
-//!   controller, as pure functions of monotonic instants.
+//!   controller, as pure functions of monotonic instants;
+//! - [`workers`]: the worker registry, each worker's record renewed as its
+//!   heartbeat, the operator's drain requests, and when a worker counts as
+//!   alive, draining or lost;
+//! - [`session`]: what a worker runs for an order, and the stream its
+//!   output and end go to.
 //!
 //! It knows nothing of the state root, the journal or the daemon: the
 //! daemon's executor and the `worker` subcommand are built on it.
@@ -20,7 +25,10 @@ pub mod dispatch;
 pub mod keeper;
 pub mod lease;
 pub mod liveness;
+pub mod session;
+pub mod workers;
 
+pub use bytes::Bytes;
 pub use config::{ClusterSettings, ConfigProblem, RawCluster};
 pub use connect::{Cluster, ClusterError, Found, Survey};
 pub use dispatch::{Dispatch, DispatchError, OrderQueue, Published, PulledOrder, SessionOrder};
@@ -29,4 +37,9 @@ pub use lease::{Lease, LeaseError, LeaseRecord, LeaseValue, Leases};
 pub use liveness::{
     ControllerLeaseAction, LeaseTiming, WorkerLeaseAction, controller_lease_action,
     end_is_from_holder, worker_lease_action,
+};
+pub use session::{Chunk, Outcome, Output, OutputError, SessionEnd, SessionSpec};
+pub use workers::{
+    CredentialState, RunningSession, WorkerEntry, WorkerRecord, WorkerState, WorkerTiming, Workers,
+    WorkersError, worker_state,
 };

@@ -1,0 +1,384 @@
+//! A remote session's spec, output and end.
+//!
+//! - [`SessionSpec`]: what a worker runs (the order's `spec`): a command,
+//!   its arguments, environment, working directory and timeout. The seam
+//!   the controller fills from the daemon's session spec.
+//! - [`Output`]: the output stream (`cluster.output_stream`). A session's
+//!   output goes to `<stream>.out.<session id>` in numbered chunks (header
+//!   `Agent-State-Chunk`, from 1), its end to `<stream>.end.<session id>`
+//!   (a [`SessionEnd`], carrying the last chunk's number and the lease
+//!   revision). It is a JetStream stream, not core NATS: the controller
+//!   that restarts, or that was cut off for a while, replays a session's
+//!   output from chunk 1 (or from the last it has) instead of losing it,
+//!   and a worker knows its chunk is stored once the server has acked it.
+//!   Each chunk carries `Nats-Msg-Id` `<session>.<n>` (and the end
+//!   `<session>.end`), so a chunk sent again after a lost ack is stored once.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::{self, consumer, message::PublishMessage, stream};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use serde::{Deserialize, Serialize};
+
+/// How long the output stream keeps a session's output and end.
+pub const OUTPUT_KEPT: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// The header that numbers a chunk.
+pub const CHUNK_HEADER: &str = "Agent-State-Chunk";
+/// The header naming the chunk's pipe: `stdout` or `stderr`.
+pub const PIPE_HEADER: &str = "Agent-State-Pipe";
+
+/// What a worker runs for an order (the order's `spec`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionSpec {
+    /// The program (absolute, or found on the worker's PATH).
+    pub command: String,
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Added to the worker's environment.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// The working directory (default: the worker's).
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Killed after this many seconds (SIGTERM to its process group,
+    /// SIGKILL `kill_grace_secs` later); none: no limit but the lease's.
+    #[serde(default)]
+    pub timeout_secs: Option<u64>,
+    #[serde(default)]
+    pub kill_grace_secs: Option<u64>,
+}
+
+impl SessionSpec {
+    /// The spec of an order, or what is wrong with it.
+    pub fn from_order(spec: &serde_json::Value) -> Result<SessionSpec, String> {
+        let spec: SessionSpec =
+            serde_json::from_value(spec.clone()).map_err(|e| format!("the order's spec: {e}"))?;
+        if spec.command.is_empty() {
+            return Err("the order's spec: `command` is empty".into());
+        }
+        if let Some(cwd) = &spec.cwd
+            && !cwd.starts_with('/')
+        {
+            return Err(format!(
+                "the order's spec: `cwd` {cwd:?} is not an absolute path"
+            ));
+        }
+        Ok(spec)
+    }
+}
+
+/// How a remote session ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Outcome {
+    /// The process exited (by itself or by a signal).
+    Exited {
+        code: Option<i32>,
+        signal: Option<i32>,
+    },
+    /// Killed at its timeout.
+    TimedOut,
+    /// Killed because the lease was fenced, taken or could not be renewed.
+    LeaseLost { detail: String },
+    /// Killed because the worker was told to stop (SIGTERM).
+    WorkerStopped,
+    /// It never ran: a bad spec, a command that would not start.
+    NotStarted { detail: String },
+}
+
+/// A session's end, as the worker reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionEnd {
+    pub session_id: String,
+    pub agent: String,
+    /// The worker that ran it.
+    pub host: String,
+    pub outcome: Outcome,
+    /// Milliseconds since the Unix epoch (the worker's clock).
+    pub started_ms: u64,
+    pub ended_ms: u64,
+    /// The number of the last output chunk (0: none).
+    pub last_chunk: u64,
+    /// The lease's revision when the session ended (the fencing token the
+    /// controller checks, [`crate::end_is_from_holder`]); 0 if it never
+    /// held one.
+    pub lease_revision: u64,
+}
+
+/// One chunk of a session's output, as read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chunk {
+    pub number: u64,
+    pub pipe: String,
+    pub data: Bytes,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OutputError {
+    #[error("cannot create or update the output stream {stream}: {source}")]
+    Stream {
+        stream: String,
+        source: jetstream::context::CreateStreamError,
+    },
+    #[error(
+        "session id {session:?} cannot be part of a subject: only letters, digits, '-' and '_'"
+    )]
+    InvalidSession { session: String },
+    #[error("the server did not store {what} of session {session}: {source}")]
+    Publish {
+        session: String,
+        what: String,
+        source: jetstream::context::PublishError,
+    },
+    #[error("cannot read the output of session {session}: {source}")]
+    Read {
+        session: String,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+/// The output stream.
+#[derive(Clone)]
+pub struct Output {
+    jetstream: jetstream::Context,
+    stream: String,
+}
+
+impl Output {
+    pub(crate) async fn create(
+        jetstream: &jetstream::Context,
+        name: &str,
+        replicas: usize,
+        dedup_window: Duration,
+    ) -> Result<Output, OutputError> {
+        jetstream
+            .create_or_update_stream(stream::Config {
+                name: name.to_string(),
+                subjects: vec![format!("{name}.out.*"), format!("{name}.end.*")],
+                retention: stream::RetentionPolicy::Limits,
+                storage: stream::StorageType::File,
+                num_replicas: replicas,
+                max_age: OUTPUT_KEPT,
+                duplicate_window: dedup_window,
+                description: Some("agent-state: remote sessions' output chunks and ends".into()),
+                ..Default::default()
+            })
+            .await
+            .map_err(|source| OutputError::Stream {
+                stream: name.to_string(),
+                source,
+            })?;
+        Ok(Output {
+            jetstream: jetstream.clone(),
+            stream: name.to_string(),
+        })
+    }
+
+    /// `<stream>.out.<session>`
+    pub fn output_subject(&self, session: &str) -> Result<String, OutputError> {
+        check_session(session)?;
+        Ok(format!("{}.out.{session}", self.stream))
+    }
+
+    /// `<stream>.end.<session>`
+    pub fn end_subject(&self, session: &str) -> Result<String, OutputError> {
+        check_session(session)?;
+        Ok(format!("{}.end.{session}", self.stream))
+    }
+
+    /// Stores chunk `number` of `session`'s output; returns once the server
+    /// has it.
+    pub async fn chunk(
+        &self,
+        session: &str,
+        number: u64,
+        pipe: &str,
+        data: Bytes,
+    ) -> Result<(), OutputError> {
+        let subject = self.output_subject(session)?;
+        let mut headers = HeaderMap::new();
+        headers.insert(CHUNK_HEADER, number.to_string().as_str());
+        headers.insert(PIPE_HEADER, pipe);
+        let message = PublishMessage::build()
+            .payload(data)
+            .headers(headers)
+            .message_id(format!("{session}.{number}"));
+        self.store(subject, message, session, format!("chunk {number}"))
+            .await
+    }
+
+    /// Stores `end`; returns once the server has it.
+    pub async fn end(&self, end: &SessionEnd) -> Result<(), OutputError> {
+        let subject = self.end_subject(&end.session_id)?;
+        let payload = Bytes::from(serde_json::to_vec(end).expect("an end serialises"));
+        let message = PublishMessage::build()
+            .payload(payload)
+            .message_id(format!("{}.end", end.session_id));
+        self.store(subject, message, &end.session_id, "the end".into())
+            .await
+    }
+
+    async fn store(
+        &self,
+        subject: String,
+        message: PublishMessage,
+        session: &str,
+        what: String,
+    ) -> Result<(), OutputError> {
+        let error = |source| OutputError::Publish {
+            session: session.to_string(),
+            what: what.clone(),
+            source,
+        };
+        self.jetstream
+            .send_publish(subject, message)
+            .await
+            .map_err(error)?
+            .await
+            .map_err(error)?;
+        Ok(())
+    }
+
+    /// The end of `session`, if one is stored.
+    pub async fn ended(&self, session: &str) -> Result<Option<SessionEnd>, OutputError> {
+        use async_nats::jetstream::stream::LastRawMessageErrorKind;
+        let subject = self.end_subject(session)?;
+        let read = |source: Box<dyn std::error::Error + Send + Sync>| OutputError::Read {
+            session: session.to_string(),
+            source,
+        };
+        let stream = self
+            .jetstream
+            .get_stream(&self.stream)
+            .await
+            .map_err(|e| read(Box::new(e)))?;
+        match stream.get_last_raw_message_by_subject(&subject).await {
+            Ok(message) => serde_json::from_slice(&message.payload)
+                .map(Some)
+                .map_err(|e| read(Box::new(e))),
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(read(Box::new(e))),
+        }
+    }
+
+    /// Every chunk of `session` stored so far, in order, and its end if
+    /// stored: a replay from chunk 1 through an ordered consumer.
+    pub async fn replay(
+        &self,
+        session: &str,
+    ) -> Result<(Vec<Chunk>, Option<SessionEnd>), OutputError> {
+        let read = |source: Box<dyn std::error::Error + Send + Sync>| OutputError::Read {
+            session: session.to_string(),
+            source,
+        };
+        let subject = self.output_subject(session)?;
+        let stream = self
+            .jetstream
+            .get_stream(&self.stream)
+            .await
+            .map_err(|e| read(Box::new(e)))?;
+        let consumer = stream
+            .create_consumer(consumer::pull::OrderedConfig {
+                filter_subject: subject,
+                deliver_policy: consumer::DeliverPolicy::All,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| read(Box::new(e)))?;
+        let mut chunks = Vec::new();
+        let mut messages = consumer.messages().await.map_err(|e| read(Box::new(e)))?;
+        loop {
+            let next = tokio::time::timeout(Duration::from_secs(2), messages.next()).await;
+            let Ok(Some(message)) = next else { break };
+            let message = message.map_err(|e| read(Box::new(e)))?;
+            let pending = message.info().map(|i| i.pending).unwrap_or(0);
+            let header = |name: &str| {
+                message
+                    .headers
+                    .as_ref()
+                    .and_then(|h| h.get(name))
+                    .map(|v| v.as_str().to_string())
+                    .unwrap_or_default()
+            };
+            chunks.push(Chunk {
+                number: header(CHUNK_HEADER).parse().unwrap_or(0),
+                pipe: header(PIPE_HEADER),
+                data: message.payload.clone(),
+            });
+            if pending == 0 {
+                break;
+            }
+        }
+        Ok((chunks, self.ended(session).await?))
+    }
+}
+
+/// A session id NATS accepts as one subject token.
+pub fn check_session(session: &str) -> Result<(), OutputError> {
+    if session.is_empty()
+        || !session
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        return Err(OutputError::InvalidSession {
+            session: session.to_string(),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs() {
+        let table: &[(serde_json::Value, Result<&str, &str>)] = &[
+            (serde_json::json!({"command": "/bin/true"}), Ok("/bin/true")),
+            (
+                serde_json::json!({"command": "sh", "args": ["-c", "echo"], "env": {"A": "1"}, "cwd": "/tmp", "timeout_secs": 60}),
+                Ok("sh"),
+            ),
+            (serde_json::json!({}), Err("missing field `command`")),
+            (
+                serde_json::json!({"command": ""}),
+                Err("`command` is empty"),
+            ),
+            (
+                serde_json::json!({"command": "x", "cwd": "rel"}),
+                Err("not an absolute path"),
+            ),
+            (
+                serde_json::json!({"command": "x", "timeout": "1h"}),
+                Err("unknown field `timeout`"),
+            ),
+            (serde_json::json!("research.sh"), Err("invalid type")),
+        ];
+        for (value, want) in table {
+            match (SessionSpec::from_order(value), want) {
+                (Ok(spec), Ok(command)) => assert_eq!(spec.command, *command),
+                (Err(e), Err(part)) => assert!(e.contains(part), "{value}: {e}"),
+                (got, want) => panic!("{value}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn session_ids_in_subjects() {
+        for (id, ok) in [
+            ("20261127T063000Z-rio-1a2b", true),
+            ("s_1", true),
+            ("", false),
+            ("a.b", false),
+            ("a*", false),
+            ("a>", false),
+        ] {
+            assert_eq!(check_session(id).is_ok(), ok, "{id:?}");
+        }
+    }
+}

@@ -1,0 +1,758 @@
+//! `agent-state worker`: a host that runs sessions for a cluster's
+//! controller (issue 24).
+//!
+//! It connects with `[cluster]`, registers in the worker registry and
+//! renews its record every `heartbeat` ([`agent_state_cluster::workers`]).
+//! For each free slot it pulls one order ([`OrderQueue::next`]) of its
+//! credential groups, in turn; then, per order:
+//!
+//! 1. an in-progress ack (the order stays this worker's while it prepares);
+//! 2. the spec is read ([`SessionSpec`]); a bad one ends as "not started";
+//! 3. the lease `run/<agent>` is taken: held by another, the order goes back
+//!    to the queue (5 s later) for whoever frees it;
+//! 4. under the lease, a session whose end is already stored (an order
+//!    redelivered after its session ran here or elsewhere) is not run
+//!    again: the end is published before the lease is released, so a
+//!    second taker always finds it;
+//! 5. the command runs as a child in a process group of its own, stdin
+//!    from /dev/null, stdout and stderr streamed in numbered chunks to
+//!    `<output_stream>.out.<session>`; the order is acked once it runs;
+//! 6. the lease is renewed by [`keep`] until the child ends; a lease lost
+//!    (fenced, taken, or not renewed for `worker_gives_up`) kills it, as do
+//!    its timeout and the worker's SIGTERM (SIGTERM to the group, SIGKILL
+//!    after the grace), and the group is swept with SIGKILL after it ends;
+//! 7. the end (outcome, times, last chunk, lease revision) goes to
+//!    `<output_stream>.end.<session>`, then the lease is released.
+//!
+//! A drain request (`agent-state worker drain HOST`) is read at each
+//! heartbeat: the worker stops pulling, finishes its sessions and says
+//! `drained` in its record. SIGTERM (or SIGINT): it stops pulling, ends its
+//! sessions as above, writes a last record saying it stopped, and exits 0.
+//!
+//! What it does not do yet (issue 24): workspaces (git worktrees), cgroups,
+//! stall detection, checking disk, memory and the credentials themselves
+//! (each group it is given counts as working), forwarding hook calls, and a
+//! local copy of output the stream has not stored.
+
+use std::collections::BTreeMap;
+use std::os::unix::process::ExitStatusExt;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use agent_state_cluster::Bytes;
+use agent_state_cluster::workers::unix_ms;
+use agent_state_cluster::{
+    Cluster, ClusterSettings, CredentialState, KeepEnd, LeaseError, LeaseTiming, Leases,
+    OrderQueue, Outcome, Output, PulledOrder, RunningSession, SessionEnd, SessionSpec,
+    WorkerRecord, Workers, keep,
+};
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use tokio::io::AsyncReadExt;
+use tokio::sync::{Semaphore, mpsc, oneshot, watch};
+use tokio::task::JoinSet;
+
+/// How long one pull waits for an order before the next group's turn.
+const PULL_WAIT: Duration = Duration::from_secs(2);
+/// An order whose agent's lease is held goes back for this long.
+const HELD_DELAY: Duration = Duration::from_secs(5);
+/// The grace between SIGTERM and SIGKILL when the spec names none.
+const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(10);
+/// One read of a session's pipe: at most one chunk.
+const CHUNK_BYTES: usize = 16 * 1024;
+/// How long the output may take to drain once the session's group is gone.
+const PIPES_CLOSE_WITHIN: Duration = Duration::from_secs(10);
+/// How long a chunk or an end is retried while NATS does not store it.
+const STORE_RETRY_FOR: Duration = Duration::from_secs(120);
+
+/// What `agent-state worker` was told.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub host: String,
+    pub slots: usize,
+    pub groups: Vec<String>,
+    pub heartbeat: Duration,
+    pub version: String,
+    pub lease_timing: LeaseTiming,
+}
+
+fn log(message: impl std::fmt::Display) {
+    eprintln!("agent-state worker: {message}");
+}
+
+fn notify(states: &[sd_notify::NotifyState]) {
+    if let Err(e) = sd_notify::notify(states) {
+        log(format!("cannot notify systemd: {e}"));
+    }
+}
+
+struct Shared {
+    options: Options,
+    leases: Leases,
+    output: Output,
+    running: Mutex<BTreeMap<String, RunningSession>>,
+    drained: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
+}
+
+impl Shared {
+    fn record(&self, drained: bool, stopped: bool) -> WorkerRecord {
+        WorkerRecord {
+            host: self.options.host.clone(),
+            version: self.options.version.clone(),
+            slots: self.options.slots,
+            sessions: self
+                .running
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .values()
+                .cloned()
+                .collect(),
+            credentials: self
+                .options
+                .groups
+                .iter()
+                .map(|g| CredentialState {
+                    group: g.clone(),
+                    working: true,
+                })
+                .collect(),
+            drained,
+            stopped,
+            heartbeat_ms: unix_ms(SystemTime::now()),
+            heartbeat_every_ms: self.options.heartbeat.as_millis() as u64,
+        }
+    }
+}
+
+/// Everything the worker needs from the cluster.
+struct Connected {
+    leases: Leases,
+    output: Output,
+    workers: Workers,
+    queues: Vec<(String, OrderQueue)>,
+}
+
+async fn connect(settings: &ClusterSettings, options: &Options) -> Result<Connected, String> {
+    let name = format!("agent-state worker {}", options.host);
+    let cluster = Cluster::connect(settings, &name)
+        .await
+        .map_err(|e| e.to_string())?;
+    let dispatch = cluster.dispatch().await.map_err(|e| e.to_string())?;
+    let leases = cluster
+        .leases(options.lease_timing)
+        .await
+        .map_err(|e| e.to_string())?;
+    let output = cluster.output().await.map_err(|e| e.to_string())?;
+    let workers = cluster.workers().await.map_err(|e| e.to_string())?;
+    let mut queues = Vec::new();
+    for group in &options.groups {
+        queues.push((
+            group.clone(),
+            dispatch.queue(group).await.map_err(|e| e.to_string())?,
+        ));
+    }
+    Ok(Connected {
+        leases,
+        output,
+        workers,
+        queues,
+    })
+}
+
+/// Runs the worker until SIGTERM or SIGINT. Errors only if it could not
+/// start listening for signals.
+pub async fn run(settings: ClusterSettings, options: Options) -> Result<(), String> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).map_err(|e| format!("SIGTERM: {e}"))?;
+    let mut int = signal(SignalKind::interrupt()).map_err(|e| format!("SIGINT: {e}"))?;
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => log("SIGTERM: taking no more orders, ending the sessions"),
+            _ = int.recv() => log("SIGINT: taking no more orders, ending the sessions"),
+        }
+        notify(&[
+            sd_notify::NotifyState::Stopping,
+            sd_notify::NotifyState::Status("stopping: ending the sessions"),
+        ]);
+        let _ = stop_tx.send(true);
+    });
+
+    // Connect, retrying until the servers answer (a cluster electing its
+    // leader, a worker started before NATS) or until told to stop.
+    let mut stop = stop_rx.clone();
+    let mut last_error = String::new();
+    let connected = loop {
+        match connect(&settings, &options).await {
+            Ok(c) => break c,
+            Err(e) => {
+                if e != last_error {
+                    log(format!("{e}; retrying every 2 s"));
+                    last_error = e;
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+                    _ = until(&mut stop, true) => return Ok(()),
+                }
+            }
+        }
+    };
+    let Connected {
+        leases,
+        output,
+        workers,
+        queues,
+    } = connected;
+
+    let (drained_tx, drained_rx) = watch::channel(false);
+    let shared = Arc::new(Shared {
+        options: options.clone(),
+        leases,
+        output,
+        running: Mutex::new(BTreeMap::new()),
+        drained: drained_rx,
+        stop: stop_rx.clone(),
+    });
+
+    // Register: the first heartbeat, with the drain request as it stands.
+    let drained = workers
+        .drain_requested(&options.host)
+        .await
+        .unwrap_or(false);
+    drained_tx.send_replace(drained);
+    if let Err(e) = workers.beat(&shared.record(drained, false)).await {
+        log(format!("cannot register: {e}"));
+    }
+    log(format!(
+        "{} registered: {} slot(s), credential group(s) {}{}",
+        options.host,
+        options.slots,
+        options.groups.join(", "),
+        if drained {
+            "; drained: pulling no order"
+        } else {
+            ""
+        }
+    ));
+    notify(&[
+        sd_notify::NotifyState::Ready,
+        sd_notify::NotifyState::Status("pulling orders"),
+    ]);
+
+    let heart = tokio::spawn(heartbeat(
+        workers.clone(),
+        shared.clone(),
+        drained_tx,
+        stop_rx.clone(),
+    ));
+    pull(&shared, &queues).await;
+
+    // Stopping: the sessions see `stop` and end; wait for them.
+    let _ = heart.await;
+    let record = shared.record(*shared.drained.borrow(), true);
+    if let Err(e) = workers.beat(&record).await {
+        log(format!("cannot write the last record: {e}"));
+    }
+    log("stopped");
+    Ok(())
+}
+
+/// Renews the record every `heartbeat`, reading the drain request each time.
+async fn heartbeat(
+    workers: Workers,
+    shared: Arc<Shared>,
+    drained_tx: watch::Sender<bool>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(shared.options.heartbeat) => {}
+            _ = until(&mut stop, true) => return,
+        }
+        match workers.drain_requested(&shared.options.host).await {
+            Ok(drain) => {
+                let was = drained_tx.send_replace(drain);
+                if was != drain {
+                    log(if drain {
+                        "drain requested: pulling no more orders; running sessions finish"
+                    } else {
+                        "drain withdrawn: pulling orders again"
+                    });
+                    notify(&[sd_notify::NotifyState::Status(if drain {
+                        "drained: pulling no order"
+                    } else {
+                        "pulling orders"
+                    })]);
+                }
+            }
+            Err(e) => log(format!("cannot read the drain request: {e}")),
+        }
+        let record = shared.record(*drained_tx.borrow(), false);
+        match workers.beat(&record).await {
+            Ok(_) if failing => {
+                log("heartbeat written again");
+                failing = false;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                if !failing {
+                    log(format!("cannot write the heartbeat: {e}"));
+                }
+                failing = true;
+            }
+        }
+    }
+}
+
+/// Pulls one order per free slot until told to stop, then waits for the
+/// sessions to end.
+async fn pull(shared: &Arc<Shared>, queues: &[(String, OrderQueue)]) {
+    let slots = Arc::new(Semaphore::new(shared.options.slots));
+    let mut sessions = JoinSet::new();
+    let mut stop = shared.stop.clone();
+    let mut drained = shared.drained.clone();
+    let mut turn = 0usize;
+    let mut last_error = String::new();
+    loop {
+        while sessions.try_join_next().is_some() {}
+        if *stop.borrow() {
+            break;
+        }
+        if *drained.borrow() {
+            tokio::select! {
+                _ = until(&mut drained, false) => {}
+                _ = until(&mut stop, true) => {}
+                Some(_) = sessions.join_next() => {}
+            }
+            continue;
+        }
+        let permit = tokio::select! {
+            permit = slots.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
+            _ = until(&mut stop, true) => break,
+            _ = until(&mut drained, true) => continue,
+        };
+        let (group, queue) = &queues[turn % queues.len()];
+        turn = turn.wrapping_add(1);
+        let pulled = tokio::select! {
+            pulled = queue.next(PULL_WAIT) => pulled,
+            _ = until(&mut stop, true) => break,
+            _ = until(&mut drained, true) => continue,
+        };
+        match pulled {
+            Ok(Some(order)) => {
+                last_error.clear();
+                if *stop.borrow() || *drained.borrow() {
+                    // Came in as the worker stopped pulling: someone else's.
+                    let _ = order.give_back(None).await;
+                    continue;
+                }
+                let shared = shared.clone();
+                sessions.spawn(async move {
+                    session(&shared, order).await;
+                    drop(permit);
+                });
+            }
+            Ok(None) => {}
+            Err(e) => {
+                let text = format!("credential group {group}: {e}");
+                if text != last_error {
+                    log(&text);
+                    last_error = text;
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    _ = until(&mut stop, true) => break,
+                }
+            }
+        }
+    }
+    while sessions.join_next().await.is_some() {}
+}
+
+/// One order, from its pull to its end.
+async fn session(shared: &Shared, pulled: PulledOrder) {
+    let order = pulled.order.clone();
+    let id = order.session_id.clone();
+    let host = shared.options.host.clone();
+    if let Err(e) = pulled.in_progress().await {
+        log(format!(
+            "session {id} ({}): {e}; it will be handed out again",
+            order.agent
+        ));
+        return;
+    }
+    if let Err(e) = agent_state_cluster::session::check_session(&id) {
+        log(format!("{e}; the order is dropped"));
+        let _ = pulled.ack().await;
+        return;
+    }
+    let not_started = |detail: String| SessionEnd {
+        session_id: id.clone(),
+        agent: order.agent.clone(),
+        host: host.clone(),
+        outcome: Outcome::NotStarted { detail },
+        started_ms: unix_ms(SystemTime::now()),
+        ended_ms: unix_ms(SystemTime::now()),
+        last_chunk: 0,
+        lease_revision: 0,
+    };
+    let spec = match SessionSpec::from_order(&order.spec) {
+        Ok(spec) => spec,
+        Err(detail) => {
+            log(format!("session {id} ({}): {detail}", order.agent));
+            store_end(shared, &not_started(detail)).await;
+            let _ = pulled.ack().await;
+            return;
+        }
+    };
+
+    let taken_at = Instant::now();
+    let lease = match shared.leases.take(&order.agent, &host, &id).await {
+        Ok(lease) => lease,
+        Err(e @ LeaseError::Held { .. }) => {
+            log(format!(
+                "session {id}: {e}; the order goes back for {HELD_DELAY:?}"
+            ));
+            let _ = pulled.give_back(Some(HELD_DELAY)).await;
+            return;
+        }
+        Err(e @ LeaseError::InvalidAgent { .. }) => {
+            log(format!("session {id}: {e}"));
+            store_end(shared, &not_started(e.to_string())).await;
+            let _ = pulled.ack().await;
+            return;
+        }
+        Err(e) => {
+            log(format!("session {id}: {e}; the order goes back"));
+            let _ = pulled.give_back(Some(Duration::from_secs(1))).await;
+            return;
+        }
+    };
+    // Under the lease: has this session already run?
+    match shared.output.ended(&id).await {
+        Ok(None) => {}
+        Ok(Some(end)) => {
+            log(format!(
+                "session {id} already ended on {}; not run again",
+                end.host
+            ));
+            let _ = shared.leases.release(&lease).await;
+            let _ = pulled.ack().await;
+            return;
+        }
+        Err(e) => {
+            log(format!("session {id}: {e}; the order goes back"));
+            let _ = shared.leases.release(&lease).await;
+            let _ = pulled.give_back(Some(Duration::from_secs(1))).await;
+            return;
+        }
+    }
+
+    let started = SystemTime::now();
+    let mut command = tokio::process::Command::new(&spec.command);
+    command
+        .args(&spec.args)
+        .envs(&spec.env)
+        .env("AGENT_STATE_SESSION_ID", &id)
+        .env("AGENT_STATE_AGENT", &order.agent)
+        .env("AGENT_STATE_WORKER", &host)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    if let Some(cwd) = &spec.cwd {
+        command.current_dir(cwd);
+    }
+    let child = match command.spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            let detail = format!("cannot start {}: {e}", spec.command);
+            log(format!("session {id} ({}): {detail}", order.agent));
+            store_end(shared, &not_started(detail)).await;
+            let _ = shared.leases.release(&lease).await;
+            let _ = pulled.ack().await;
+            return;
+        }
+    };
+    let pid = child.id().unwrap_or(0);
+    log(format!(
+        "session {id} of {} started: pid {pid}, lease revision {}",
+        order.agent, lease.revision
+    ));
+    shared
+        .running
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(
+            id.clone(),
+            RunningSession {
+                session_id: id.clone(),
+                agent: order.agent.clone(),
+                started_ms: unix_ms(started),
+            },
+        );
+    if let Err(e) = pulled.ack().await {
+        // The lease keeps a second copy from starting; the stored end keeps
+        // it from running once this one is over.
+        log(format!("session {id}: {e}"));
+    }
+
+    let (done_tx, done_rx) = oneshot::channel::<()>();
+    let (kill_tx, kill_rx) = oneshot::channel::<Outcome>();
+    let keeper = async {
+        let end = keep(
+            &shared.leases,
+            shared.options.lease_timing,
+            lease,
+            taken_at,
+            async {
+                let _ = done_rx.await;
+            },
+        )
+        .await;
+        let detail = match &end {
+            KeepEnd::Stopped(_) => None,
+            KeepEnd::Lost(e) => Some(e.to_string()),
+            KeepEnd::GaveUp { last_error, .. } => Some(format!(
+                "no renewal went through for {:?} ({})",
+                shared.options.lease_timing.worker_gives_up,
+                last_error.as_deref().unwrap_or("no answer")
+            )),
+        };
+        if let Some(detail) = detail {
+            log(format!(
+                "session {id}: the lease is lost: {detail}; killing it"
+            ));
+            let _ = kill_tx.send(Outcome::LeaseLost { detail });
+        }
+        end
+    };
+    let runner = async {
+        let result = supervise(shared, &id, child, &spec, kill_rx).await;
+        let _ = done_tx.send(());
+        result
+    };
+    let (kept, (outcome, last_chunk)) = tokio::join!(keeper, runner);
+    let (release, revision) = match kept {
+        KeepEnd::Stopped(lease) => {
+            let revision = lease.revision;
+            (Some(lease), revision)
+        }
+        KeepEnd::GaveUp { lease, .. } => (None, lease.revision),
+        KeepEnd::Lost(_) => (None, 0),
+    };
+    let end = SessionEnd {
+        session_id: id.clone(),
+        agent: order.agent.clone(),
+        host: host.clone(),
+        outcome,
+        started_ms: unix_ms(started),
+        ended_ms: unix_ms(SystemTime::now()),
+        last_chunk,
+        lease_revision: revision,
+    };
+    log(format!(
+        "session {id} of {} ended: {:?}, {last_chunk} chunk(s)",
+        order.agent, end.outcome
+    ));
+    store_end(shared, &end).await;
+    if let Some(lease) = release
+        && let Err(e) = shared.leases.release(&lease).await
+    {
+        log(format!("session {id}: cannot release the lease: {e}"));
+    }
+    shared
+        .running
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&id);
+}
+
+/// Waits until `rx` holds `value` (forever if its sender is gone).
+async fn until(rx: &mut watch::Receiver<bool>, value: bool) {
+    if rx.wait_for(|v| *v == value).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// Publishes the end, retrying while NATS does not store it.
+async fn store_end(shared: &Shared, end: &SessionEnd) {
+    let give_up = Instant::now() + STORE_RETRY_FOR;
+    loop {
+        match shared.output.end(end).await {
+            Ok(()) => return,
+            Err(e) if Instant::now() < give_up => {
+                log(format!("{e}; retrying"));
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => {
+                log(format!("{e}; given up"));
+                return;
+            }
+        }
+    }
+}
+
+/// Waits for the child, streaming its output, and kills its group at the
+/// timeout, when the lease is lost or when the worker stops. Returns the
+/// outcome and the last chunk's number.
+async fn supervise(
+    shared: &Shared,
+    id: &str,
+    mut child: tokio::process::Child,
+    spec: &SessionSpec,
+    kill: oneshot::Receiver<Outcome>,
+) -> (Outcome, u64) {
+    let pgid = child.id().map(|p| Pid::from_raw(p as i32));
+    let (tx, rx) = mpsc::channel::<(&'static str, Bytes)>(64);
+    let readers = [
+        child
+            .stdout
+            .take()
+            .map(|p| tokio::spawn(read_pipe(Box::new(p), "stdout", tx.clone()))),
+        child
+            .stderr
+            .take()
+            .map(|p| tokio::spawn(read_pipe(Box::new(p), "stderr", tx.clone()))),
+    ];
+    drop(tx);
+    let stored = Arc::new(AtomicU64::new(0));
+    let publisher = tokio::spawn(publish_chunks(
+        shared.output.clone(),
+        id.to_string(),
+        rx,
+        stored.clone(),
+    ));
+
+    let grace = spec
+        .kill_grace_secs
+        .map(Duration::from_secs)
+        .unwrap_or(DEFAULT_KILL_GRACE);
+    let deadline = spec
+        .timeout_secs
+        .map(|s| tokio::time::Instant::now() + Duration::from_secs(s));
+    let mut stop = shared.stop.clone();
+    let timeout = async {
+        match deadline {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => std::future::pending().await,
+        }
+    };
+    let outcome = tokio::select! {
+        status = child.wait() => exited(status),
+        () = timeout => {
+            log(format!("session {id}: its timeout ({}s) is reached; ending it", spec.timeout_secs.unwrap_or(0)));
+            terminate(&mut child, pgid, grace).await;
+            Outcome::TimedOut
+        }
+        reason = kill => {
+            terminate(&mut child, pgid, grace).await;
+            reason.unwrap_or(Outcome::WorkerStopped)
+        }
+        _ = until(&mut stop, true) => {
+            terminate(&mut child, pgid, grace).await;
+            Outcome::WorkerStopped
+        }
+    };
+    // Whatever is left of the group (a background grandchild) goes too.
+    if let Some(pgid) = pgid {
+        let _ = killpg(pgid, Signal::SIGKILL);
+    }
+    // The pipes close with the group; a process that left the group and
+    // holds one open does not hold the end back for long.
+    let abort = publisher.abort_handle();
+    let last = match tokio::time::timeout(PIPES_CLOSE_WITHIN, publisher).await {
+        Ok(Ok(n)) => n,
+        _ => {
+            log(format!(
+                "session {id}: its output pipes stayed open {PIPES_CLOSE_WITHIN:?} after it ended (a process outside its group holds them); the end is sent without the rest"
+            ));
+            abort.abort();
+            stored.load(Ordering::SeqCst)
+        }
+    };
+    for reader in readers.into_iter().flatten() {
+        reader.abort();
+    }
+    (outcome, last)
+}
+
+fn exited(status: std::io::Result<std::process::ExitStatus>) -> Outcome {
+    match status {
+        Ok(s) => Outcome::Exited {
+            code: s.code(),
+            signal: s.signal(),
+        },
+        Err(e) => Outcome::NotStarted {
+            detail: format!("cannot wait for the session's process: {e}"),
+        },
+    }
+}
+
+/// SIGTERM to the group, SIGKILL after `grace`.
+async fn terminate(child: &mut tokio::process::Child, pgid: Option<Pid>, grace: Duration) {
+    let Some(pgid) = pgid else { return };
+    let _ = killpg(pgid, Signal::SIGTERM);
+    if tokio::time::timeout(grace, child.wait()).await.is_err() {
+        let _ = killpg(pgid, Signal::SIGKILL);
+        let _ = child.wait().await;
+    }
+}
+
+async fn read_pipe(
+    mut pipe: Box<dyn tokio::io::AsyncRead + Unpin + Send>,
+    name: &'static str,
+    tx: mpsc::Sender<(&'static str, Bytes)>,
+) {
+    let mut buf = vec![0u8; CHUNK_BYTES];
+    loop {
+        match pipe.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => {
+                if tx
+                    .send((name, Bytes::copy_from_slice(&buf[..n])))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Numbers the chunks from 1 and stores each before the next; returns the
+/// last number once both pipes are closed.
+async fn publish_chunks(
+    output: Output,
+    id: String,
+    mut rx: mpsc::Receiver<(&'static str, Bytes)>,
+    stored: Arc<AtomicU64>,
+) -> u64 {
+    let mut number = 0u64;
+    while let Some((pipe, data)) = rx.recv().await {
+        number += 1;
+        let give_up = Instant::now() + STORE_RETRY_FOR;
+        loop {
+            match output.chunk(&id, number, pipe, data.clone()).await {
+                Ok(()) => {
+                    stored.store(number, Ordering::SeqCst);
+                    break;
+                }
+                Err(e) if Instant::now() < give_up => {
+                    log(format!("{e}; retrying"));
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                Err(e) => {
+                    log(format!("{e}; the chunk is lost"));
+                    break;
+                }
+            }
+        }
+    }
+    number
+}

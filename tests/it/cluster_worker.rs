@@ -1,0 +1,609 @@
+//! `agent-state worker`, `workers` and `worker drain` through the real
+//! binary against a real three-server NATS JetStream cluster (issue 24).
+//! Gated like the cluster crate's tests: `AGENT_STATE_NATS_TESTS=1` (the
+//! server from AGENT_STATE_NATS_SERVER or PATH), else SKIPPED.
+//!
+//! The test plays the controller with the cluster crate: it publishes
+//! session orders and reads the output stream and the leases; the worker is
+//! the real binary, its sessions real shell scripts.
+
+#[path = "../../crates/cluster/tests/support/mod.rs"]
+mod nats;
+
+use crate::support::*;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use agent_state_cluster::{
+    Cluster, Dispatch, LeaseTiming, Leases, Outcome, Output, SessionEnd, SessionOrder,
+};
+use serde_json::Value;
+
+/// The worker process, SIGKILLed if the test ends without stopping it.
+struct Worker {
+    child: Child,
+    log: std::path::PathBuf,
+}
+
+impl Worker {
+    fn start(env: &Env, host: &str) -> Worker {
+        let log = env.tmp(&format!("worker-{host}.log"));
+        let file = std::fs::File::create(&log).unwrap();
+        let child = Command::new(BIN)
+            .args(["--config", env.config.to_str().unwrap()])
+            .args(["worker", "--host", host, "--slots", "2"])
+            .args(["--heartbeat", "300ms"])
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .spawn()
+            .expect("start agent-state worker");
+        Worker { child, log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// `workers --json`, the entry of `host` if listed.
+fn listed(env: &Env, host: &str) -> Option<Value> {
+    let out = env.ok(&["workers", "--json"]);
+    entry_of(&out, host)
+}
+
+fn entry_of(out: &str, host: &str) -> Option<Value> {
+    let all: Value = serde_json::from_str(out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    all.as_array()
+        .expect("an array")
+        .iter()
+        .find(|w| w["host"] == host)
+        .cloned()
+}
+
+/// Like [`listed`], but NATS not answering within the command's 10 s (exit
+/// 69: a two-core machine under load, a cluster busy creating the workers'
+/// streams) is "not yet", said on stderr, not a failure.
+fn listed_or_busy(env: &Env, host: &str) -> Option<Value> {
+    let out = env.run(&["workers", "--json"]);
+    match out.status.code() {
+        Some(0) => entry_of(&String::from_utf8_lossy(&out.stdout), host),
+        Some(69) => {
+            eprintln!(
+                "`workers` (retried): {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+            None
+        }
+        other => panic!(
+            "agent-state workers --json exited {other:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    }
+}
+
+fn wait_listed(env: &Env, worker: &Worker, what: &str, cond: impl FnMut(&Value) -> bool) -> Value {
+    wait_host(env, "w1", worker, what, cond)
+}
+
+fn wait_host(
+    env: &Env,
+    host: &str,
+    worker: &Worker,
+    what: &str,
+    mut cond: impl FnMut(&Value) -> bool,
+) -> Value {
+    let mut last = None;
+    let ok = poll_until(Duration::from_secs(60), || {
+        last = listed_or_busy(env, host);
+        last.as_ref().is_some_and(&mut cond)
+    });
+    assert!(
+        ok,
+        "`workers` never showed {what}; last {last:?}\nworker log:\n{}",
+        worker.log()
+    );
+    last.unwrap()
+}
+
+fn order(id: &str, agent: &str, script: &Path, cwd: &Path) -> SessionOrder {
+    SessionOrder {
+        session_id: id.into(),
+        agent: agent.into(),
+        credential_group: "main".into(),
+        spec: serde_json::json!({
+            "command": script.to_str().unwrap(),
+            "args": ["one arg"],
+            "env": { "GREETING": "hello" },
+            "cwd": cwd.to_str().unwrap(),
+            "timeout_secs": 120,
+            "kill_grace_secs": 2,
+        }),
+    }
+}
+
+/// Waits (bounded) for the end of `id` in the output stream.
+fn wait_end(
+    rt: &tokio::runtime::Runtime,
+    output: &Output,
+    id: &str,
+    worker: &Worker,
+) -> SessionEnd {
+    let mut end = None;
+    let ok = poll_until(Duration::from_secs(60), || {
+        end = rt.block_on(output.ended(id)).unwrap();
+        end.is_some()
+    });
+    assert!(ok, "no end of {id}\nworker log:\n{}", worker.log());
+    end.unwrap()
+}
+
+fn lease_holder(rt: &tokio::runtime::Runtime, leases: &Leases, agent: &str) -> Option<String> {
+    rt.block_on(leases.current(agent))
+        .unwrap()
+        .map(|r| format!("{} {}", r.value.holder, r.value.session))
+}
+
+fn queued(rt: &tokio::runtime::Runtime, cluster: &Cluster, dispatch: &Dispatch) -> u64 {
+    rt.block_on(async {
+        let mut stream = cluster
+            .jetstream()
+            .get_stream(dispatch.stream_name())
+            .await
+            .unwrap();
+        stream.info().await.unwrap().state.messages
+    })
+}
+
+#[test]
+fn a_worker_runs_an_order_streams_it_releases_the_lease_and_drains() {
+    let Some(binary) = nats::server_binary("cluster_worker") else {
+        return;
+    };
+    let cluster_servers = nats::NatsCluster::start(&binary, 3);
+    let rt = rt();
+    let settings = cluster_servers.settings();
+    let (cluster, dispatch, leases) =
+        rt.block_on(cluster_servers.connect(&settings, "controller", LeaseTiming::DEFAULT));
+    let output = rt.block_on(cluster.output()).unwrap();
+
+    let env = Env::with_config(&format!(
+        "[cluster]\nurls = {:?}\nreplicas = 3\n",
+        cluster_servers.urls()
+    ));
+    // No worker yet: `workers` says so.
+    assert!(env.ok(&["workers"]).contains("no workers"));
+    assert!(
+        env.fails(&["worker", "drain", "w1"], 66)
+            .contains("no worker \"w1\"")
+    );
+
+    let work = env.tmp("work");
+    std::fs::create_dir(&work).unwrap();
+    let script = env.script(
+        "session.sh",
+        r#"echo "$AGENT_STATE_SESSION_ID $AGENT_STATE_AGENT $GREETING [$1] in $(pwd)"
+echo "a warning" >&2
+while [ ! -e "$(dirname "$0")/go-$AGENT_STATE_SESSION_ID" ]; do sleep 0.05; done
+echo done
+exit 3"#,
+    );
+    let go = |id: &str| std::fs::write(env.tmp(&format!("go-{id}")), "").unwrap();
+
+    let mut worker = Worker::start(&env, "w1");
+    let w = wait_listed(&env, &worker, "w1 alive", |w| w["state"] == "alive");
+    assert_eq!(
+        (w["slots"].as_u64(), w["slots_used"].as_u64()),
+        (Some(2), Some(0))
+    );
+    assert_eq!(w["credentials"][0]["group"], "main");
+    let table = env.ok(&["workers"]);
+    assert!(
+        table.contains("HOST")
+            && table
+                .lines()
+                .any(|l| l.starts_with("w1 ") && l.contains("0/2") && l.ends_with("alive")),
+        "{table}"
+    );
+
+    // One order: the worker runs it under the lease, and lists it.
+    rt.block_on(dispatch.publish(&order("s-1", "rio", &script, &work)))
+        .unwrap();
+    let w = wait_listed(&env, &worker, "the session running", |w| {
+        w["slots_used"] == 1
+    });
+    assert_eq!(w["sessions"][0]["agent"], "rio");
+    assert_eq!(w["sessions"][0]["session_id"], "s-1");
+    assert_eq!(lease_holder(&rt, &leases, "rio").as_deref(), Some("w1 s-1"));
+    assert_eq!(
+        queued(&rt, &cluster, &dispatch),
+        0,
+        "the order was acked once it ran"
+    );
+    let table = env.ok(&["workers"]);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("w1 ") && l.contains("1/2") && l.contains("rio")),
+        "{table}"
+    );
+
+    go("s-1");
+    let end = wait_end(&rt, &output, "s-1", &worker);
+    assert_eq!(
+        end.outcome,
+        Outcome::Exited {
+            code: Some(3),
+            signal: None
+        }
+    );
+    assert_eq!((end.host.as_str(), end.agent.as_str()), ("w1", "rio"));
+    assert!(end.lease_revision > 0 && end.ended_ms >= end.started_ms);
+    let (chunks, _) = rt.block_on(output.replay("s-1")).unwrap();
+    assert_eq!(chunks.last().map(|c| c.number), Some(end.last_chunk));
+    let numbers: Vec<u64> = chunks.iter().map(|c| c.number).collect();
+    assert_eq!(numbers, (1..=end.last_chunk).collect::<Vec<_>>());
+    let text = |pipe: &str| -> String {
+        chunks
+            .iter()
+            .filter(|c| c.pipe == pipe)
+            .map(|c| String::from_utf8_lossy(&c.data).into_owned())
+            .collect()
+    };
+    assert_eq!(
+        text("stdout"),
+        format!("s-1 rio hello [one arg] in {}\ndone\n", work.display())
+    );
+    assert_eq!(text("stderr"), "a warning\n");
+    // The lease is released after the end is stored.
+    assert!(
+        poll_until(Duration::from_secs(10), || lease_holder(
+            &rt, &leases, "rio"
+        )
+        .is_none()),
+        "the lease is still held: {:?}",
+        lease_holder(&rt, &leases, "rio")
+    );
+    wait_listed(&env, &worker, "the slot free again", |w| {
+        w["slots_used"] == 0
+    });
+
+    // A bad spec ends as not started, with the reason.
+    let mut bad = order("s-bad", "clay", &script, &work);
+    bad.spec = serde_json::json!({ "command": "/nonexistent/session.sh" });
+    rt.block_on(dispatch.publish(&bad)).unwrap();
+    let end = wait_end(&rt, &output, "s-bad", &worker);
+    match &end.outcome {
+        Outcome::NotStarted { detail } => {
+            assert!(
+                detail.contains("cannot start /nonexistent/session.sh"),
+                "{detail}"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(poll_until(Duration::from_secs(10), || lease_holder(
+        &rt, &leases, "clay"
+    )
+    .is_none()));
+
+    // Drain: the worker says so, then takes no new order.
+    let said = env.ok(&["worker", "drain", "w1"]);
+    assert!(said.contains("w1: drain requested"), "{said}");
+    let w = wait_listed(&env, &worker, "w1 drained", |w| w["state"] == "drained");
+    assert_eq!(w["drain_requested"], true);
+    rt.block_on(dispatch.publish(&order("s-2", "rio", &script, &work)))
+        .unwrap();
+    go("s-2");
+    // Three more heartbeat seconds later (about ten heartbeats, each a turn
+    // of the worker's loop while drained), the order is still queued and
+    // nothing of it ran.
+    let beat = |w: &Value| w["heartbeat_at"].as_str().unwrap_or("").to_string();
+    let mut seen = vec![beat(&w)];
+    wait_listed(&env, &worker, "three more heartbeat seconds", |w| {
+        let b = beat(w);
+        if !seen.contains(&b) {
+            seen.push(b);
+        }
+        seen.len() >= 4
+    });
+    assert_eq!(
+        queued(&rt, &cluster, &dispatch),
+        1,
+        "the order waits in the queue"
+    );
+    assert!(rt.block_on(output.ended("s-2")).unwrap().is_none());
+    assert!(lease_holder(&rt, &leases, "rio").is_none());
+    assert!(
+        env.ok(&["workers"])
+            .lines()
+            .any(|l| l.starts_with("w1 ") && l.ends_with("drained"))
+    );
+
+    // Resumed, it takes it.
+    assert!(
+        env.ok(&["worker", "resume", "w1"])
+            .contains("drain withdrawn")
+    );
+    let end = wait_end(&rt, &output, "s-2", &worker);
+    assert_eq!(
+        end.outcome,
+        Outcome::Exited {
+            code: Some(3),
+            signal: None
+        }
+    );
+
+    // The controller fences the lease of a running session: at its next
+    // renewal (10 s after the take) the worker finds it stale, kills the
+    // session and reports it lost, carrying no revision.
+    rt.block_on(dispatch.publish(&order("s-f", "fen", &script, &work)))
+        .unwrap();
+    wait_listed(&env, &worker, "s-f running", |w| w["slots_used"] == 1);
+    let held = rt.block_on(leases.current("fen")).unwrap().expect("held");
+    rt.block_on(leases.fence("fen", held.revision)).unwrap();
+    let end = wait_end(&rt, &output, "s-f", &worker);
+    match &end.outcome {
+        Outcome::LeaseLost { detail } => {
+            assert!(
+                detail.contains("run/fen no longer has revision"),
+                "{detail}"
+            )
+        }
+        other => panic!("s-f: {other:?}\n{}", worker.log()),
+    }
+    assert_eq!(end.lease_revision, 0);
+    wait_listed(&env, &worker, "s-f gone", |w| w["slots_used"] == 0);
+
+    // SIGTERM: it ends its running session, releases the lease, says it
+    // stopped, and exits 0.
+    rt.block_on(dispatch.publish(&order("s-3", "sky", &script, &work)))
+        .unwrap();
+    wait_listed(&env, &worker, "s-3 running", |w| w["slots_used"] == 1);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(worker.child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let mut status = None;
+    assert!(
+        poll_until(Duration::from_secs(30), || {
+            status = worker.child.try_wait().unwrap();
+            status.is_some()
+        }),
+        "the worker did not exit after SIGTERM:\n{}",
+        worker.log()
+    );
+    assert_eq!(status.unwrap().code(), Some(0), "{}", worker.log());
+    let end = wait_end(&rt, &output, "s-3", &worker);
+    assert_eq!(end.outcome, Outcome::WorkerStopped);
+    assert!(lease_holder(&rt, &leases, "sky").is_none());
+    let w = listed(&env, "w1").expect("w1 listed");
+    assert_eq!(w["state"], "stopped", "{w}");
+    assert_eq!(w["slots_used"], 0, "{w}");
+}
+
+/// Two workers, two orders of one agent at once: the second runs only
+/// after the first has ended (the lease, not the queue, keeps them apart);
+/// the scripts themselves check that they never overlap.
+#[test]
+fn two_workers_never_run_one_agent_twice_at_once() {
+    let Some(binary) = nats::server_binary("cluster_worker_lease") else {
+        return;
+    };
+    let cluster_servers = nats::NatsCluster::start(&binary, 3);
+    let rt = rt();
+    let settings = cluster_servers.settings();
+    let (_cluster, dispatch, leases) =
+        rt.block_on(cluster_servers.connect(&settings, "controller", LeaseTiming::DEFAULT));
+    let env = Env::with_config(&format!(
+        "[cluster]\nurls = {:?}\nreplicas = 3\n",
+        cluster_servers.urls()
+    ));
+    let output = rt.block_on(_cluster.output()).unwrap();
+    let work = env.tmp("work");
+    std::fs::create_dir(&work).unwrap();
+    // `mkdir` is atomic: a second copy of the agent finds the directory.
+    let script = env.script(
+        "session.sh",
+        r#"dir="$(dirname "$0")"
+mkdir "$dir/running-$AGENT_STATE_AGENT" || { echo OVERLAP; exit 99; }
+echo "$AGENT_STATE_WORKER" > "$dir/started-$AGENT_STATE_SESSION_ID"
+while [ ! -e "$dir/go-$AGENT_STATE_SESSION_ID" ]; do sleep 0.05; done
+rmdir "$dir/running-$AGENT_STATE_AGENT"
+exit 0"#,
+    );
+    let w1 = Worker::start(&env, "w1");
+    let w2 = Worker::start(&env, "w2");
+    wait_host(&env, "w1", &w1, "w1 alive", |w| w["state"] == "alive");
+    wait_host(&env, "w2", &w2, "w2 alive", |w| w["state"] == "alive");
+    let logs = || format!("w1:\n{}\nw2:\n{}", w1.log(), w2.log());
+
+    rt.block_on(dispatch.publish(&order("s-a", "rio", &script, &work)))
+        .unwrap();
+    rt.block_on(dispatch.publish(&order("s-b", "rio", &script, &work)))
+        .unwrap();
+    let started = |id: &str| std::fs::read_to_string(env.tmp(&format!("started-{id}"))).ok();
+    let mut first = None;
+    assert!(
+        poll_until(Duration::from_secs(60), || {
+            first = ["s-a", "s-b"].into_iter().find(|id| started(id).is_some());
+            first.is_some()
+        }),
+        "neither session started\n{}",
+        logs()
+    );
+    let first = first.unwrap();
+    let second = if first == "s-a" { "s-b" } else { "s-a" };
+    // The other order is pulled and given back while the lease is held:
+    // the workers log it (at least once), and it has not started.
+    assert!(
+        poll_until(Duration::from_secs(60), || logs()
+            .contains("the lease run/rio is held by")),
+        "no worker was refused the lease\n{}",
+        logs()
+    );
+    assert!(
+        started(second).is_none(),
+        "{second} started beside {first}\n{}",
+        logs()
+    );
+    assert_eq!(
+        lease_holder(&rt, &leases, "rio").map(|h| h.ends_with(first)),
+        Some(true)
+    );
+
+    std::fs::write(env.tmp(&format!("go-{first}")), "").unwrap();
+    let end = wait_end(&rt, &output, first, &w1);
+    assert_eq!(
+        end.outcome,
+        Outcome::Exited {
+            code: Some(0),
+            signal: None
+        },
+        "{}",
+        logs()
+    );
+    // Given back for 5 s, the second order runs once the lease is free.
+    assert!(
+        poll_until(Duration::from_secs(60), || started(second).is_some()),
+        "{second} never started\n{}",
+        logs()
+    );
+    std::fs::write(env.tmp(&format!("go-{second}")), "").unwrap();
+    let end = wait_end(&rt, &output, second, &w1);
+    assert_eq!(
+        end.outcome,
+        Outcome::Exited {
+            code: Some(0),
+            signal: None
+        },
+        "{}",
+        logs()
+    );
+    assert!(poll_until(Duration::from_secs(10), || lease_holder(
+        &rt, &leases, "rio"
+    )
+    .is_none()));
+}
+
+/// Without `[cluster]` each command says what to add (exit 78); a bad
+/// worker option is refused by name (64) before anything is contacted.
+/// No server needed.
+#[test]
+fn the_worker_commands_need_the_cluster_section_and_good_options() {
+    let env = Env::with_config("");
+    for (args, command) in [
+        (&["workers"][..], "workers"),
+        (&["workers", "--json"], "workers"),
+        (&["worker"], "worker"),
+        (&["worker", "drain", "w1"], "worker drain"),
+        (&["worker", "resume", "w1"], "worker resume"),
+    ] {
+        let err = env.fails(args, 78);
+        assert!(
+            err.contains("[cluster]: is missing")
+                && err.contains(&format!("`agent-state {command}` needs it"))
+                && err.contains("urls = [\"nats://"),
+            "{args:?}: {err}"
+        );
+    }
+    // A port nothing listens on: the options are refused before connecting.
+    let env = Env::with_config("[cluster]\nurls = [\"nats://127.0.0.1:9\"]\nreplicas = 1\n");
+    for (args, want) in [
+        (
+            &["worker", "--host", "a b"][..],
+            "name the worker with --host NAME",
+        ),
+        (
+            &["worker", "--host", "w1", "--slots", "0"],
+            "--slots 0 would run nothing",
+        ),
+        (
+            &["worker", "--host", "w1", "--credential-group", "a.b"],
+            "--credential-group \"a.b\"",
+        ),
+        (
+            &["worker", "--host", "w1", "--heartbeat", "10ms"],
+            "shorter than 100ms",
+        ),
+        (&["worker", "drain", "a/b"], "cannot be a worker key"),
+    ] {
+        let err = env.fails(args, 64);
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+    // No server there: the operator's commands say so within their 10 s.
+    let err = env.fails(&["workers"], 69);
+    assert!(err.contains("check cluster.urls"), "{err}");
+}
+
+/// `systemd/agent-state-worker.service`: `systemd-analyze verify` has
+/// nothing to say (with the binary under test in ExecStart=), and its
+/// exposure is as low as the daemon's unit's (2.5 or lower).
+#[test]
+fn the_worker_unit_verifies_clean_and_its_exposure_is_low() {
+    let Some(analyze) = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join("systemd-analyze"))
+            .find(|p| p.is_file())
+    }) else {
+        eprintln!(
+            "SKIPPED: this test needs systemd-analyze on PATH (Debian: apt-get install systemd)"
+        );
+        return;
+    };
+    let unit = Path::new(env!("CARGO_MANIFEST_DIR")).join("systemd/agent-state-worker.service");
+    let source = std::fs::read_to_string(&unit).expect("read the unit");
+    assert!(
+        source.contains(
+            "ExecStart=/usr/bin/agent-state --config /etc/agent-state/config.toml worker\n"
+        )
+    );
+    assert!(source.contains("Type=notify\n"));
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("agent-state-worker.service");
+    std::fs::write(
+        &copy,
+        source.replace("=/usr/bin/agent-state ", &format!("={BIN} ")),
+    )
+    .unwrap();
+    let out = Command::new(&analyze)
+        .args(["verify", "--man=no"])
+        .arg(&copy)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
+        "systemd-analyze verify: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = Command::new(&analyze)
+        .args(["security", "--offline=yes"])
+        .arg(&unit)
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&out.stdout).into_owned();
+    let score: f64 = report
+        .lines()
+        .find(|l| l.contains("Overall exposure level"))
+        .and_then(|l| l.rsplit_once(':'))
+        .and_then(|(_, s)| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no exposure in {report}"));
+    assert!(score <= 2.5, "exposure {score}:\n{report}");
+}
