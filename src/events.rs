@@ -870,6 +870,14 @@ pub fn summary(source: &SourceId, kind: &str, event: &Value) -> String {
             .filter_map(|(k, v)| plain(v).map(|v| format!("{k}={v}")))
             .collect();
     }
+    // A message's `from` is its writer's label; the file's owner, when
+    // another name, is said beside it.
+    if kind == "message_received"
+        && let Some(sender) = event.get("sender").and_then(Value::as_str)
+        && event.get("from").and_then(Value::as_str) != Some(sender)
+    {
+        parts.push(format!("(file of {sender})"));
+    }
     if let SourceId::Daemon(_) = source {
         let mut ctx: Vec<String> = ["agent", "session"]
             .iter()

@@ -59,6 +59,10 @@ pub struct Message {
     pub attempts: u32,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
+    /// The uid owning the file it was read from, set by whoever read the
+    /// file (never from its text, never written back).
+    #[serde(skip)]
+    pub file_owner: Option<u32>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -210,6 +214,7 @@ pub fn validate(
         expires_at,
         attempts,
         extra: map,
+        file_owner: None,
     })
 }
 

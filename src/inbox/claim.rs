@@ -212,7 +212,8 @@ pub fn claimed(
             .unwrap_or(now);
         // A claimed file was valid when claimed; if someone edited it since,
         // keep it in the session anyway with what can be read.
-        if let Ok(m) = validate(&bytes, stem, &agent.name, mtime) {
+        if let Ok(mut m) = validate(&bytes, stem, &agent.name, mtime) {
+            m.file_owner = Some(meta.uid());
             out.push((path, m));
         }
     }

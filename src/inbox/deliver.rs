@@ -56,6 +56,8 @@ fn deliver_with_id(to: &AgentDir, out: &Outgoing, id: String, now: Timestamp) ->
         expires_at: out.expires_at,
         attempts: 0,
         extra: Map::new(),
+        // This process creates the file: it is its owner.
+        file_owner: Some(nix::unistd::geteuid().as_raw()),
     };
     let mut bytes = serde_json::to_vec_pretty(&message).unwrap_or_default();
     bytes.push(b'\n');

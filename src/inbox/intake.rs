@@ -284,7 +284,13 @@ pub(super) fn inspect_with(
         return verdict(Verdict::Unsettled(why));
     }
     match result {
-        Ok(m) => (Verdict::Valid(Box::new(m)), Some(Stamp::of_meta(&meta))),
+        Ok(m) => {
+            let m = Message {
+                file_owner: Some(meta.uid()),
+                ..m
+            };
+            (Verdict::Valid(Box::new(m)), Some(Stamp::of_meta(&meta)))
+        }
         Err(r) => verdict(Verdict::Invalid(r)),
     }
 }

@@ -49,15 +49,26 @@ pub fn lookback_floor(arrived: &[&Message], now: Timestamp) -> Timestamp {
     Timestamp::from_datetime(floor.max(bound))
 }
 
-/// The `message_received` event of `m`.
-pub fn event(m: &Message) -> Event {
+/// The `message_received` event of `m`; `sender` names the owner of its
+/// file ([`user_name`]).
+pub fn event(m: &Message, sender: Option<String>) -> Event {
     Event::MessageReceived(MessageReceived {
         message_id: m.id.clone(),
         from: m.from.clone(),
         kind: m.kind,
         priority: m.priority.as_str().to_string(),
         subject: m.subject.chars().take(SUBJECT_MAX).collect(),
+        sender,
     })
+}
+
+/// A user's name as the system knows it, or `uid N` without a passwd entry
+/// (or when the lookup fails).
+pub fn user_name(uid: u32) -> String {
+    match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
+        Ok(Some(u)) => u.name,
+        _ => format!("uid {uid}"),
+    }
 }
 
 /// Journal `message_received` for each of `arrived` that the journal does
@@ -76,11 +87,16 @@ pub fn journal_arrivals(
     let seen = journaled(agent, &wanted, lookback_floor(arrived, now))?;
     let mut lines = Vec::new();
     let mut written = HashSet::new();
+    // One lookup per sender, not per message (a burst is one sender's).
+    let mut names: std::collections::HashMap<u32, String> = std::collections::HashMap::new();
     for m in arrived {
         if seen.contains(m.id.as_str()) || !written.insert(m.id.as_str()) {
             continue;
         }
-        lines.extend(Entry::new(now, event(m)).to_line());
+        let sender = m
+            .file_owner
+            .map(|uid| names.entry(uid).or_insert_with(|| user_name(uid)).clone());
+        lines.extend(Entry::new(now, event(m, sender)).to_line());
     }
     if !lines.is_empty() {
         journal::append_lines(&agent.store, &agent.journal(), &lines)?;

@@ -308,6 +308,26 @@ fn group_members_deliver_every_way_and_the_service_user_claims_it() {
     let end = w.run(&w.acc.svc, &["session", "end", "rio", "--session", &sid]);
     assert!(end.status.success(), "{}", show(&end));
     assert_eq!(names(&inbox.join("processed")).len(), 4);
+    // Each arrival names the file's owner beside the `from` its writer chose
+    // ("marcus" was alice's label), in the journal and in `events`.
+    let journal = std::fs::read_to_string(w.root.join("rio/journal.jsonl")).unwrap();
+    let received: Vec<serde_json::Value> = journal
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["event"] == "message_received")
+        .collect();
+    assert_eq!(received.len(), 4, "{journal}");
+    for e in &received {
+        assert_eq!(e["sender"], w.acc.alice.as_str(), "{e}");
+    }
+    let events = w.run(&w.acc.bob, &["events", "--agent", "rio"]);
+    let events = String::from_utf8_lossy(&events.stdout).to_string();
+    assert!(
+        events.lines().any(|l| l.contains("message_received")
+            && l.contains("marcus")
+            && l.contains(&format!("(file of {})", w.acc.alice))),
+        "{events}"
+    );
     // The group may read the listings the daemon keeps.
     let listing = w.run(&w.acc.bob, &["inbox", "rio"]);
     assert!(listing.status.success(), "{}", show(&listing));

@@ -479,11 +479,17 @@ pub struct MessageSent {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct MessageReceived {
     pub message_id: String,
+    /// What the message says it is from: a label its writer chose.
     pub from: String,
     #[serde(rename = "type")]
     pub kind: MessageType,
     pub priority: String,
     pub subject: String,
+    /// Addition: who owned the file it arrived in (the kernel's word for
+    /// who wrote it: a user name, or `uid N` without a passwd entry); absent
+    /// when it was not read from a file of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sender: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
