@@ -135,24 +135,30 @@ struct Connected {
     queues: Vec<(String, OrderQueue)>,
 }
 
-async fn connect(settings: &ClusterSettings, options: &Options) -> Result<Connected, String> {
+/// Why the worker could not connect, or could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error(transparent)]
+    Cluster(#[from] agent_state_cluster::ClusterError),
+    #[error(transparent)]
+    Dispatch(#[from] agent_state_cluster::DispatchError),
+    #[error("cannot listen for {signal}: {source}")]
+    Signal {
+        signal: &'static str,
+        source: std::io::Error,
+    },
+}
+
+async fn connect(settings: &ClusterSettings, options: &Options) -> Result<Connected, WorkerError> {
     let name = format!("agent-state worker {}", options.host);
-    let cluster = Cluster::connect(settings, &name)
-        .await
-        .map_err(|e| e.to_string())?;
-    let dispatch = cluster.dispatch().await.map_err(|e| e.to_string())?;
-    let leases = cluster
-        .leases(options.lease_timing)
-        .await
-        .map_err(|e| e.to_string())?;
-    let output = cluster.output().await.map_err(|e| e.to_string())?;
-    let workers = cluster.workers().await.map_err(|e| e.to_string())?;
+    let cluster = Cluster::connect(settings, &name).await?;
+    let dispatch = cluster.dispatch().await?;
+    let leases = cluster.leases(options.lease_timing).await?;
+    let output = cluster.output().await?;
+    let workers = cluster.workers().await?;
     let mut queues = Vec::new();
     for group in &options.groups {
-        queues.push((
-            group.clone(),
-            dispatch.queue(group).await.map_err(|e| e.to_string())?,
-        ));
+        queues.push((group.clone(), dispatch.queue(group).await?));
     }
     Ok(Connected {
         leases,
@@ -164,10 +170,16 @@ async fn connect(settings: &ClusterSettings, options: &Options) -> Result<Connec
 
 /// Runs the worker until SIGTERM or SIGINT. Errors only if it could not
 /// start listening for signals.
-pub async fn run(settings: ClusterSettings, options: Options) -> Result<(), String> {
+pub async fn run(settings: ClusterSettings, options: Options) -> Result<(), WorkerError> {
     use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).map_err(|e| format!("SIGTERM: {e}"))?;
-    let mut int = signal(SignalKind::interrupt()).map_err(|e| format!("SIGINT: {e}"))?;
+    let listen = |kind: SignalKind, signal_name: &'static str| {
+        signal(kind).map_err(|source| WorkerError::Signal {
+            signal: signal_name,
+            source,
+        })
+    };
+    let mut term = listen(SignalKind::terminate(), "SIGTERM")?;
+    let mut int = listen(SignalKind::interrupt(), "SIGINT")?;
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {
         tokio::select! {
@@ -189,6 +201,7 @@ pub async fn run(settings: ClusterSettings, options: Options) -> Result<(), Stri
         match connect(&settings, &options).await {
             Ok(c) => break c,
             Err(e) => {
+                let e = e.to_string();
                 if e != last_error {
                     log(format!("{e}; retrying every 2 s"));
                     last_error = e;
@@ -402,7 +415,8 @@ async fn session(shared: &Shared, pulled: PulledOrder) {
     };
     let spec = match SessionSpec::from_order(&order.spec) {
         Ok(spec) => spec,
-        Err(detail) => {
+        Err(e) => {
+            let detail = e.to_string();
             log(format!("session {id} ({}): {detail}", order.agent));
             store_end(shared, &not_started(detail)).await;
             let _ = pulled.ack().await;

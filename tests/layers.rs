@@ -1307,3 +1307,97 @@ static ONCE: OnceLock<Box<dyn Fn() + Send + Sync>> = OnceLock::new();
         .map(|(l, n)| (l, n.to_string()))
     );
 }
+
+// ---- typed errors -----------------------------------------------------------------
+
+/// The lines of non-test code in `text` with a `Result<_, String>`: an
+/// error only a person can read, which no caller can decide on (issue 21,
+/// "Typed boundaries"). `Result<T, String>` with any `T`, however nested.
+fn string_errors(text: &str) -> Vec<usize> {
+    let toks = outside_tests(lex(text));
+    let ident = |i: usize, w: &str| matches!(toks.get(i), Some((Tok::Ident(x), _)) if x == w);
+    let punct = |i: usize, p: char| matches!(toks.get(i), Some((Tok::Punct(x), _)) if *x == p);
+    let mut out = Vec::new();
+    for i in 0..toks.len() {
+        if !(ident(i, "Result") && punct(i + 1, '<')) {
+            continue;
+        }
+        // The last argument at depth 1, up to the matching `>`.
+        let (mut depth, mut j, mut last_comma) = (1usize, i + 2, None);
+        while j < toks.len() && depth > 0 {
+            if punct(j, '<') {
+                depth += 1;
+            } else if punct(j, '>') {
+                depth -= 1;
+            } else if punct(j, ',') && depth == 1 {
+                last_comma = Some(j);
+            }
+            j += 1;
+        }
+        if let Some(c) = last_comma
+            && ident(c + 1, "String")
+            && c + 3 == j
+        {
+            out.push(toks[i].1);
+        }
+    }
+    out
+}
+
+#[test]
+fn no_string_errors_in_library_code() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files: Vec<(String, String)> = source_tree()
+        .into_iter()
+        .map(|f| (f.path, f.text))
+        .collect();
+    // The cluster crate is no layer of ours (it uses none of our crates),
+    // but it is library code all the same.
+    let mut stack = vec![root.join("crates/cluster/src")];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).expect("read crates/cluster/src") {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                let rel = p.strip_prefix(root).unwrap().display().to_string();
+                files.push((rel, std::fs::read_to_string(&p).unwrap()));
+            }
+        }
+    }
+    assert!(
+        files
+            .iter()
+            .any(|(p, _)| p == "crates/cluster/src/session.rs")
+    );
+    let problems: Vec<String> = files
+        .iter()
+        .filter(|(p, _)| !p.ends_with("/tests.rs") && !p.contains("/tests/"))
+        .flat_map(|(p, text)| {
+            string_errors(text).into_iter().map(move |line| {
+                format!(
+                    "{p}:{line}: `Result<_, String>`: give the error a type (a thiserror enum \
+                     naming what failed) so callers can decide on it; render it once"
+                )
+            })
+        })
+        .collect();
+    assert_none("string errors in library code", &problems);
+}
+
+#[test]
+fn the_string_error_scan_sees_them_only() {
+    let text = r#"
+fn a() -> Result<(), String> { Ok(()) }
+fn b() -> Result<Vec<String>, Error> { todo!() }
+fn c() -> std::result::Result<HashMap<String, u8>, String> { todo!() }
+fn d() -> Result<String> { todo!() }
+// fn e() -> Result<(), String>
+#[cfg(test)]
+mod tests {
+    fn f() -> Result<(), String> { Ok(()) }
+}
+fn g() -> Result<(), Box<String>> { todo!() }
+"#;
+    assert_eq!(string_errors(text), vec![2, 4]);
+}

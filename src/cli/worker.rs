@@ -366,7 +366,7 @@ fn serve(ctx: Context, args: RunArgs) -> Result<u8> {
     };
     runtime()?
         .block_on(crate::worker::run(settings, options))
-        .map_err(Error::Unavailable)?;
+        .map_err(|e| Error::Unavailable(e.to_string()))?;
     Ok(exit::OK)
 }
 

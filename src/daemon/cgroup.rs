@@ -149,7 +149,7 @@ impl Cgroups {
         // The children (sessions) get the memory controller, for
         // `memory_max` and `memory.events`: possible now that the base
         // holds no process of its own.
-        cgroups.no_memory = enable_memory(&cgroups.base).err();
+        cgroups.no_memory = enable_memory(&cgroups.base).err().map(|e| e.to_string());
         if let Some(why) = &cgroups.no_memory {
             tracing::info!(
                 "sessions' cgroups have no memory controller: {why}; memory_max is not applied and OOM kills are judged from /proc/vmstat"
@@ -347,19 +347,40 @@ fn memory_limits(max: u64, swap_accounted: bool) -> Vec<(&'static str, u64)> {
 /// Enable the memory controller for the children of `base`, if the parent
 /// gives it to `base` (systemd's `Delegate=yes` does with memory
 /// accounting); says why not otherwise.
-fn enable_memory(base: &Path) -> Result<(), String> {
+fn enable_memory(base: &Path) -> Result<(), NoMemory> {
     let controllers = base.join("cgroup.controllers");
-    let have = std::fs::read_to_string(&controllers)
-        .map_err(|e| format!("cannot read {}: {e}", controllers.display()))?;
+    let have = std::fs::read_to_string(&controllers).map_err(|source| NoMemory::Unreadable {
+        path: controllers.clone(),
+        source,
+    })?;
     if !have.split_whitespace().any(|c| c == "memory") {
-        return Err(format!(
-            "{} does not list the memory controller (cgroup v1 memory, or no MemoryAccounting)",
-            controllers.display()
-        ));
+        return Err(NoMemory::NotGiven { path: controllers });
     }
     let control = base.join("cgroup.subtree_control");
-    std::fs::write(&control, "+memory")
-        .map_err(|e| format!("cannot write +memory to {}: {e}", control.display()))
+    std::fs::write(&control, "+memory").map_err(|source| NoMemory::NotEnabled {
+        path: control,
+        source,
+    })
+}
+
+/// Why sessions' cgroups have no memory controller.
+#[derive(Debug, thiserror::Error)]
+enum NoMemory {
+    #[error("cannot read {}: {source}", path.display())]
+    Unreadable {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "{} does not list the memory controller (cgroup v1 memory, or no MemoryAccounting)",
+        path.display()
+    )]
+    NotGiven { path: PathBuf },
+    #[error("cannot write +memory to {}: {source}", path.display())]
+    NotEnabled {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// The cgroup v2 path in `/proc/self/cgroup` (its `0::/path` line; the

@@ -35,10 +35,10 @@ pub use dispatch::{Dispatch, DispatchError, OrderQueue, Published, PulledOrder, 
 pub use keeper::{KeepEnd, keep};
 pub use lease::{Lease, LeaseError, LeaseRecord, LeaseValue, Leases};
 pub use liveness::{
-    ControllerLeaseAction, LeaseTiming, WorkerLeaseAction, controller_lease_action,
+    ControllerLeaseAction, LeaseTiming, TimingError, WorkerLeaseAction, controller_lease_action,
     end_is_from_holder, worker_lease_action,
 };
-pub use session::{Chunk, Outcome, Output, OutputError, SessionEnd, SessionSpec};
+pub use session::{Chunk, Outcome, Output, OutputError, SessionEnd, SessionSpec, SpecError};
 pub use workers::{
     CredentialState, RunningSession, WorkerEntry, WorkerRecord, WorkerState, WorkerTiming, Workers,
     WorkersError, worker_state,

@@ -42,27 +42,38 @@ impl LeaseTiming {
 
     /// The order the deadlines must keep: a worker renews several times
     /// before it gives up, and gives up well before the controller fences.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), TimingError> {
         if self.renew_every.is_zero() || self.renew_every * 3 > self.worker_gives_up {
-            return Err(format!(
-                "renew_every ({:?}) must be at most a third of worker_gives_up ({:?}): a worker must be able to miss two renewals",
-                self.renew_every, self.worker_gives_up
-            ));
+            return Err(TimingError::RenewTooRare(*self));
         }
         if self.controller_fences < Duration::from_secs(1) {
-            return Err(format!(
-                "controller_fences ({:?}) must be at least 1 s: it is also the lease's TTL on the server, counted in whole seconds",
-                self.controller_fences
-            ));
+            return Err(TimingError::FenceTooSoon(*self));
         }
         if self.worker_gives_up * 2 > self.controller_fences {
-            return Err(format!(
-                "worker_gives_up ({:?}) must be at most half of controller_fences ({:?}): the session must be dead before the lease is fenced",
-                self.worker_gives_up, self.controller_fences
-            ));
+            return Err(TimingError::GiveUpTooLate(*self));
         }
         Ok(())
     }
+}
+
+/// Lease timings out of the order they must keep ([`LeaseTiming::check`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum TimingError {
+    #[error(
+        "renew_every ({:?}) must be at most a third of worker_gives_up ({:?}): a worker must be able to miss two renewals",
+        .0.renew_every, .0.worker_gives_up
+    )]
+    RenewTooRare(LeaseTiming),
+    #[error(
+        "controller_fences ({:?}) must be at least 1 s: it is also the lease's TTL on the server, counted in whole seconds",
+        .0.controller_fences
+    )]
+    FenceTooSoon(LeaseTiming),
+    #[error(
+        "worker_gives_up ({:?}) must be at most half of controller_fences ({:?}): the session must be dead before the lease is fenced",
+        .0.worker_gives_up, .0.controller_fences
+    )]
+    GiveUpTooLate(LeaseTiming),
 }
 
 impl Default for LeaseTiming {

@@ -55,21 +55,30 @@ pub struct SessionSpec {
 
 impl SessionSpec {
     /// The spec of an order, or what is wrong with it.
-    pub fn from_order(spec: &serde_json::Value) -> Result<SessionSpec, String> {
+    pub fn from_order(spec: &serde_json::Value) -> Result<SessionSpec, SpecError> {
         let spec: SessionSpec =
-            serde_json::from_value(spec.clone()).map_err(|e| format!("the order's spec: {e}"))?;
+            serde_json::from_value(spec.clone()).map_err(|e| SpecError::Shape(e.to_string()))?;
         if spec.command.is_empty() {
-            return Err("the order's spec: `command` is empty".into());
+            return Err(SpecError::NoCommand);
         }
         if let Some(cwd) = &spec.cwd
             && !cwd.starts_with('/')
         {
-            return Err(format!(
-                "the order's spec: `cwd` {cwd:?} is not an absolute path"
-            ));
+            return Err(SpecError::RelativeCwd(cwd.clone()));
         }
         Ok(spec)
     }
+}
+
+/// What is wrong with an order's spec.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    #[error("the order's spec: {0}")]
+    Shape(String),
+    #[error("the order's spec: `command` is empty")]
+    NoCommand,
+    #[error("the order's spec: `cwd` {0:?} is not an absolute path")]
+    RelativeCwd(String),
 }
 
 /// How a remote session ended.
@@ -362,7 +371,7 @@ mod tests {
         for (value, want) in table {
             match (SessionSpec::from_order(value), want) {
                 (Ok(spec), Ok(command)) => assert_eq!(spec.command, *command),
-                (Err(e), Err(part)) => assert!(e.contains(part), "{value}: {e}"),
+                (Err(e), Err(part)) => assert!(e.to_string().contains(part), "{value}: {e}"),
                 (got, want) => panic!("{value}: got {got:?}, want {want:?}"),
             }
         }

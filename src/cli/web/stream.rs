@@ -184,15 +184,17 @@ struct Watches {
 }
 
 impl Watches {
-    fn start(root: &StateRoot, tx: mpsc::UnboundedSender<Vec<Seen>>) -> Result<Watches, String> {
+    fn start(
+        root: &StateRoot,
+        tx: mpsc::UnboundedSender<Vec<Seen>>,
+    ) -> Result<Watches, notify::Error> {
         let path = root.path.clone();
         let watcher = notify::recommended_watcher(move |event| {
             let seen = seen(&path, event);
             if !seen.is_empty() {
                 let _ = tx.send(seen);
             }
-        })
-        .map_err(|e| format!("cannot start a file watcher: {e}"))?;
+        })?;
         let mut w = Watches {
             watcher,
             dirs: BTreeSet::new(),
@@ -299,7 +301,7 @@ impl Poller {
             // appended in between is missed.
             match Watches::start(&self.root, tx.clone()) {
                 Ok(w) => self.watches = Some(w),
-                Err(e) => self.poll_because(&e),
+                Err(e) => self.poll_because(&format!("cannot start a file watcher: {e}")),
             }
         }
         if let Some(w) = &mut self.watches {
