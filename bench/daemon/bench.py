@@ -1748,7 +1748,8 @@ def cmd_table(args):
                      if swa else missing,
                      (f"p99 {ratio:.2f}" + (f", CPU {cratio:.2f}" if cratio is not None else ""))
                      if ratio is not None else "-",
-                     judged(None if ratio is None else ratio <= 1.2, "p99 <= 1.2x")))
+                     judged(None if ratio is None else ratio <= 1.2 and (cratio or 0) <= 1.2,
+                            "p99 and CPU <= 1.2x")))
     else:
         for k in ("first start", "start-up, second start", "RSS", "SIGHUP reload", "wakes after start"):
             rows.append((k, missing, "-", "-", "-"))
