@@ -102,6 +102,11 @@ fi
 # cached bytecode); the python-pyc row runs the same code precompiled, as an
 # installed tool (entry-point stub + cached module) would: Python's best case.
 PYC=$WORK/baseline.pyc
+NOSYNC_SO=$WORK/nosync.so
+if ! { command -v gcc >/dev/null && gcc -O2 -shared -fPIC -o "$NOSYNC_SO" "$REPO/bench/daemon/nosync.c"; }; then
+    echo "run.sh: warning: no gcc: the pair's floor (its syncs) is not measured" >&2
+    NOSYNC_SO=
+fi
 "$PY" -c 'import py_compile, sys; py_compile.compile(sys.argv[1], cfile=sys.argv[2], doraise=True)' \
     "$HERE/baseline.py" "$PYC"
 
@@ -133,6 +138,9 @@ pair_cmd() {
         python) prog="$(printf '%q' "$PY") $(printf '%q' "$HERE/baseline.py")" ;;
         python-pyc) prog="$(printf '%q' "$PY") $(printf '%q' "$PYC")" ;;
         jq) prog="bash $(printf '%q' "$HERE/baseline-jq.sh")" ;;
+        # The Rust pair with every fsync/fdatasync a no-op: the pair minus this is
+        # what the syncs cost, in the same rounds (the pair's floor, below).
+        rust-nosync) prog="LD_PRELOAD=$(printf '%q' "$NOSYNC_SO") $(printf '%q' "$BIN")" ;;
     esac
     printf '%s --config %q session begin rio >/dev/null && %s --config %q session end rio' \
         "$prog" "$cfg" "$prog" "$cfg"
@@ -237,7 +245,9 @@ with open(path, "a") as f:
 PY
 }
 HISTORY=${HISTORY:-0}
-for impl in rust python python-pyc jq; do
+IMPLS=(rust python python-pyc jq)
+[[ -n $NOSYNC_SO ]] && IMPLS+=(rust-nosync)
+for impl in "${IMPLS[@]}"; do
     declare "CFG_${impl//-/_}=$(mkroot "time-$impl")"
     cfg_var=CFG_${impl//-/_}
     ((HISTORY > 0)) && prefill "${!cfg_var}"
@@ -248,7 +258,6 @@ done
 # ROUNDS hyperfine runs, the order rotating each round, and the times merged.
 ROUNDS=${ROUNDS:-5}
 ((ROUNDS > PAIRS)) && ROUNDS=$PAIRS
-IMPLS=(rust python python-pyc jq)
 say "timing: $PAIRS pairs per implementation in $ROUNDS rounds, after $WARMUP warm-up pairs (hyperfine)"
 echo "python: $PY ($("$PY" -c 'import sys; print(sys.version.split()[0])'))"
 echo "jq: $(jq --version); cores: $(nproc); state under $(df -T "$WORK" | awk 'NR==2 {print $2 " " $7}')"
@@ -265,8 +274,12 @@ for ((round = 0; round < ROUNDS; round++)); do
     bounded "timing round $((round + 1))" hyperfine --shell=bash --warmup "$warm" --runs "$runs" --style "${HYPERFINE_STYLE:-basic}" \
         --export-json "$WORK/round-$round.json" "${args[@]}"
 done
+# user/system: hyperfine's means per round (the shell and the hooks, not the
+# detached owner keeper), merged weighted by the round's runs.
 jq -s '{results: ([.[].results[]] | group_by(.command)
-                  | map({command: .[0].command, times: [.[].times[]]}))}' \
+                  | map({command: .[0].command, times: [.[].times[]],
+                         cpu: ((map((.user + .system) * (.times | length)) | add)
+                               / (map(.times | length) | add))}))}' \
     "$WORK"/round-*.json >"$WORK/pairs.json"
 
 FLOOR_RUNS=$((PAIRS < 100 ? PAIRS : 100))
@@ -299,11 +312,11 @@ STATS='def pct($p): sort | .[((length * $p) | ceil) - 1];
   def median: sort | if length % 2 == 1 then .[(length - 1) / 2]
                      else (.[length / 2 - 1] + .[length / 2]) / 2 end;
   [.results[] | {name: .command, median: (.times | median * 1000),
-                 mean: (.times | add / length * 1000), p90: (.times | pct(0.9) * 1000),
+                 mean: (.times | add / length * 1000), p90: (.times | pct(0.9) * 1000), cpu: (.cpu * 1000),
                  min: (.times | min * 1000), n: (.times | length)}]
-  | sort_by(["rust", "python", "python-pyc", "jq"] as $o | .name as $n | $o | index($n))'
-jq -r "$STATS"' | (["implementation", "median", "mean", "p90", "min", "runs"] | @tsv),
-  (.[] | [.name, (.median, .mean, .p90, .min | . * 100 | round / 100 | tostring), (.n | tostring)] | @tsv)' \
+  | sort_by(["rust", "rust-nosync", "python", "python-pyc", "jq"] as $o | .name as $n | $o | index($n))'
+jq -r "$STATS"' | (["implementation", "median", "mean", "p90", "min", "cpu(mean)", "runs"] | @tsv),
+  (.[] | [.name, (.median, .mean, .p90, .min, .cpu | . * 100 | round / 100 | tostring), (.n | tostring)] | @tsv)' \
     "$WORK/pairs.json" | column -t -s $'\t'
 echo
 jq -r "$STATS"' | (map({(.name): .}) | add) as $r
@@ -313,6 +326,13 @@ jq -r "$STATS"' | (map({(.name): .}) | add) as $r
 echo
 echo "start-up floor (ms, median):"
 jq -r '.results[] | "  \(.command): \(.median * 1000 * 100 | round / 100)"' "$WORK/floor.json"
+# The pair's floor (issue 21): two starts of the binary + what its syncs cost
+# (the pair minus the same pair with no-op syncs), both measured in this run.
+jq -r --slurpfile f "$WORK/floor.json" "$STATS"' | (map({(.name): .}) | add) as $r
+  | ($f[0].results[0].median * 1000) as $starts
+  | if $r["rust-nosync"] then ($r.rust.median - $r["rust-nosync"].median) as $syncs
+      | "the pair'"'"'s floor: two starts \($starts * 100 | round / 100) + the syncs \($syncs * 100 | round / 100) = \(($starts + $syncs) * 100 | round / 100) ms; pair / floor \($r.rust.median / ($starts + $syncs) * 100 | round / 100)x (target <= 1.3x)"
+    else "the pair'"'"'s floor: not measured (no gcc for nosync.so)" end' "$WORK/pairs.json"
 if [[ -n ${OUT:-} ]]; then
     jq "$STATS"' | (map({(.name): .}) | add) as $r
       | {pairs: $pairs, equivalent: ($mismatch == 0),
@@ -320,6 +340,8 @@ if [[ -n ${OUT:-} ]]; then
          ratio_median: {python: ($r.python.median / $r.rust.median),
                         "python-pyc": ($r["python-pyc"].median / $r.rust.median),
                         jq: ($r.jq.median / $r.rust.median)},
+         cpu_ms: ($r | map_values(.cpu)),
+         syncs_ms: (if $r["rust-nosync"] then $r.rust.median - $r["rust-nosync"].median else null end),
          floor_median_ms: ($f[0].results | map({(.command): (.median * 1000)}) | add)}' \
         --argjson pairs "$PAIRS" --argjson mismatch "$mismatch" --slurpfile f "$WORK/floor.json" \
         "$WORK/pairs.json" >"$OUT"

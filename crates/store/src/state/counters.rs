@@ -24,42 +24,84 @@ struct Counters {
     extra: Map<String, Value>,
 }
 
+// Both ways in one pass over the entries, without a `Map` of every entry in
+// between: the file holds one entry per agent, and it is read and written
+// for every session begun (at 10,000 agents, the intermediate maps and
+// their clones were most of the daemon's CPU per wake).
 impl<'de> Deserialize<'de> for Counters {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        let mut map = Map::<String, Value>::deserialize(d)?;
-        let mut counters = BTreeMap::new();
-        // The first shape: a `counters` object (no agent's count is one).
-        if let Some(Value::Object(nested)) = map.get("counters").cloned() {
-            map.remove("counters");
-            for (k, v) in nested {
-                if let Some(n) = v.as_u64() {
-                    counters.insert(k, n);
-                }
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Counters;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an object of agent names and instance counts")
             }
-        }
-        let mut extra = Map::new();
-        for (k, v) in map {
-            match v.as_u64() {
-                Some(n) => {
-                    let e = counters.entry(k).or_insert(0);
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut entries: A,
+            ) -> std::result::Result<Counters, A::Error> {
+                let mut c = Counters::default();
+                // A key given twice counts as its last value (as a `Map`
+                // reads it); the first shape's `counters` object is merged
+                // after, the higher count winning.
+                let mut top: BTreeMap<String, u64> = BTreeMap::new();
+                let mut nested: Option<Map<String, Value>> = None;
+                while let Some(k) = entries.next_key::<String>()? {
+                    let v: Value = entries.next_value()?;
+                    if k == "counters" {
+                        nested = None;
+                    }
+                    if let Some(n) = v.as_u64() {
+                        c.extra.shift_remove(&k);
+                        top.insert(k, n);
+                    } else if k == "counters" && v.is_object() {
+                        top.remove(&k);
+                        nested = v.as_object().cloned();
+                    } else {
+                        top.remove(&k);
+                        c.extra.insert(k, v);
+                    }
+                }
+                let Some(nested) = nested else {
+                    c.counters = top;
+                    return Ok(c);
+                };
+                c.extra.shift_remove("counters");
+                for (k, v) in nested {
+                    if let Some(n) = v.as_u64() {
+                        c.counters.insert(k, n);
+                    }
+                }
+                for (k, n) in top {
+                    let e = c.counters.entry(k).or_insert(0);
                     *e = (*e).max(n);
                 }
-                None => {
-                    extra.insert(k, v);
-                }
+                Ok(c)
             }
         }
-        Ok(Counters { counters, extra })
+        d.deserialize_map(Visit)
     }
 }
 
 impl Serialize for Counters {
     fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        let mut map = self.extra.clone();
-        for (k, n) in &self.counters {
-            map.insert(k.clone(), Value::from(*n));
+        use serde::ser::SerializeMap;
+        // The keys that are no counts first, in their order, then the
+        // counts by agent name (as a `Map` built that way would write them:
+        // a count whose name is also such a key takes that key's place).
+        let mut map = s.serialize_map(None)?;
+        for (k, v) in &self.extra {
+            match self.counters.get(k) {
+                Some(n) => map.serialize_entry(k, n)?,
+                None => map.serialize_entry(k, v)?,
+            }
         }
-        map.serialize(s)
+        for (k, n) in &self.counters {
+            if !self.extra.contains_key(k) {
+                map.serialize_entry(k, n)?;
+            }
+        }
+        map.end()
     }
 }
 
@@ -167,6 +209,18 @@ mod tests {
             ),
             // An agent named `counters` has a number, not an object.
             (r#"{"counters": 2}"#, r#"{"counters":2}"#),
+            // A key given twice: its last value.
+            (r#"{"rio": 3, "rio": 2}"#, r#"{"rio":2}"#),
+            (
+                r#"{"counters": {"rio": 3}, "counters": 4}"#,
+                r#"{"counters":4}"#,
+            ),
+            (r#"{"note": 1, "note": "x"}"#, r#"{"note":"x"}"#),
+            // A first-shape count named like a key that is no count.
+            (
+                r#"{"note": "x", "zed": "y", "counters": {"note": 3, "a": 1}}"#,
+                r#"{"note":3,"zed":"y","a":1}"#,
+            ),
         ] {
             let c: Counters = serde_json::from_str(text).unwrap();
             assert_eq!(serde_json::to_string(&c).unwrap(), want, "{text}");
