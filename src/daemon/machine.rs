@@ -279,10 +279,6 @@ pub struct Facts {
     pub claude_error: bool,
     /// The last non-blank line on stderr.
     pub stderr_last_words: Option<String>,
-    /// The iteration loop gave up where it still runs outside the machine
-    /// (in the session's task, `service::iterations`): its code and last
-    /// failure. `None` where the machine runs the loop ([`Settings::verify`]).
-    pub gave_up: Option<(Code, String)>,
     /// The kernel's OOM killer ended it (the runner's evidence).
     pub oom: Option<super::memory::OomEvidence>,
     /// The workspace was left with invalid commits (why) and reset.
@@ -293,13 +289,6 @@ pub struct Facts {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verified {
     Passed,
-    /// The iteration loop outside the machine (`service::iterations`, in
-    /// the session's task, [`Settings::verify`] `None`) gave up by its own
-    /// limits: its code (`VERIFY_FAILED`, `SESSION_STUCK`) and why.
-    GaveUp {
-        code: Code,
-        why: String,
-    },
     Failed {
         /// The workspace changed since the previous iteration (`true`
         /// without a workspace: nothing to compare).
@@ -340,15 +329,6 @@ pub enum Event {
         facts: Facts,
     },
     VerifyFinished(Verified),
-    /// The iteration loop outside the machine (`service::iterations`, in
-    /// the session's task) launched iteration `iteration`'s run: its own
-    /// timeout from `now`.
-    RunLaunched {
-        iteration: u32,
-    },
-    /// The iteration loop outside the machine verifies the run that ended:
-    /// no timer of the run's runs meanwhile (`verify` has its own).
-    VerifyStarted,
     /// A timer armed by [`Action::ArmTimer`] fired (or any wake-up: the
     /// machine checks what is due at `now`).
     Deadline,
@@ -750,27 +730,6 @@ impl Session {
                 self.stop(run, Stop::Requested { by, reason }, now, Vec::new())
             }
             (S::Running(run), E::Shutdown) => self.stop(run, Stop::Shutdown, now, Vec::new()),
-            (
-                S::Running(run)
-                | S::Verifying(run)
-                | S::Stopping {
-                    run,
-                    stop: Stop::Timeout | Stop::Stalled { .. },
-                    verifying: false,
-                    ..
-                },
-                E::RunLaunched { iteration },
-            ) => self.relaunched(run, iteration, now),
-            (
-                S::Running(run)
-                | S::Stopping {
-                    run,
-                    stop: Stop::Timeout | Stop::Stalled { .. },
-                    verifying: false,
-                    ..
-                },
-                E::VerifyStarted,
-            ) => (S::Verifying(run), Vec::new()),
             // A stop asked (or a shutdown) while the run is ended for its
             // time: SIGTERM is sent already, but no iteration may follow.
             (
@@ -914,28 +873,6 @@ impl Session {
             // record is written — that record is the one).
             (state, _) => (state, Vec::new()),
         }
-    }
-
-    /// The next iteration's run is launched (by the loop outside): a fresh
-    /// run of the same session, with its own timeout.
-    fn relaunched(
-        &mut self,
-        mut run: Run,
-        iteration: u32,
-        now: DateTime<Utc>,
-    ) -> (SessionState, Vec<Action>) {
-        run.iteration = iteration.max(1);
-        run.deadline = Some(later(now, self.settings.timeout));
-        run.last_output = now;
-        run.stall_warned = false;
-        run.script = None;
-        run.script_first = false;
-        run.completed_signal = false;
-        let arm = next_due(&run, self.settings.stall_timeout)
-            .map(|at| Action::ArmTimer { at })
-            .into_iter()
-            .collect();
-        (SessionState::Running(run), arm)
     }
 
     /// A timer fired while the run runs: its timeout, its stall.
@@ -1086,7 +1023,7 @@ impl Session {
             &self.settings.retries,
         );
         let Some(code) = verdict.code else {
-            // A success: verified, or the loop outside gave up, or done.
+            // A success: verified, or done.
             if let Some(limits) = self.settings.verify
                 && limits.max_iterations > 0
                 && may_verify
@@ -1096,9 +1033,6 @@ impl Session {
                     SessionState::Verifying(run),
                     vec![Action::StartVerify { iteration }],
                 );
-            }
-            if let Some((code, why)) = facts.gave_up {
-                return self.give_up(&run, code, why);
             }
             return self.record(&run, Outcome::Completed, Some(verdict));
         };
@@ -1143,7 +1077,6 @@ impl Session {
             stuck_threshold: 0,
         });
         let (changed, describe, tail) = match v {
-            Verified::GaveUp { code, why } => return self.give_up(&run, code, why),
             Verified::Passed => {
                 // A success ends the failure streak (as the matrix's does).
                 self.streak = Streak::default();

@@ -167,14 +167,11 @@ impl Daemon {
         let (orders_tx, orders_rx) = watch::channel(runner::Orders::default());
         let stop_note = StopNote::default();
         // Its lifecycle, fed live. Its output is told at its timers (the
-        // stall timer), and the iterations run in the session's task
-        // (`RunLaunched`, `VerifyStarted`).
+        // stall timer); with `verify`, it orders the session's task what
+        // follows each run and each verification (`iterations::more`).
         let activity = observer::Activity::new();
         let mut live = machine::Session::new(
-            machine::Settings {
-                verify: None,
-                ..machine::Settings::of(&cfg)
-            },
+            machine::Settings::of(&cfg),
             self.streaks.get(agent).cloned().unwrap_or_default(),
         );
         live.on(
@@ -206,6 +203,7 @@ impl Daemon {
                 claimed: prepared.claimed,
                 conversation: Some(prepared.conversation.clone()),
                 recording: false,
+                decided: None,
             },
         );
         let tx = self.tx.clone();
