@@ -140,6 +140,21 @@ pub enum ScriptRecord {
     Failed { reason: String },
 }
 
+/// When a script's own end was said, by the evidence the IO side read, not
+/// by when the loop heard of it (the watcher's event may be handled after
+/// the daemon began to stop the run).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Said {
+    /// Before the daemon noted in the session's file that it ends the run
+    /// (its note is written before every SIGTERM, under the agent's lock,
+    /// and finds the file ended already, or was not written yet): the
+    /// script's own end, whenever it is heard.
+    BeforeStop,
+    /// After that note, or no evidence either way: a script's end heard
+    /// while the run is being stopped is its trap's answer to the stop.
+    AsHeard,
+}
+
 /// A usage limit the session ran into, as the economy judged it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Held {
@@ -314,11 +329,14 @@ pub enum Event {
     ScriptBegan {
         session_id: String,
     },
-    /// The script ran `session end`.
-    ScriptEnded,
+    /// The script ran `session end`; `said`: when, as the IO side found.
+    ScriptEnded {
+        said: Said,
+    },
     /// The script ran `session fail` (or its trap did).
     ScriptFailed {
         reason: String,
+        said: Said,
     },
     Output(OutputSignal),
     /// The output showed a usage limit (judged by the economy).
@@ -588,7 +606,7 @@ impl Session {
         use Event as E;
         match event {
             E::ScriptBegan { .. }
-            | E::ScriptEnded
+            | E::ScriptEnded { .. }
             | E::ScriptFailed { .. }
             | E::Output(_)
             | E::UsageLimitSeen(_) => return self.note(event, now),
@@ -638,13 +656,13 @@ impl Session {
             Event::ScriptBegan { session_id } if session_id == run.session_id => {
                 run.script_began = true;
             }
-            Event::ScriptEnded if run.script.is_none() => {
+            Event::ScriptEnded { said } if run.script.is_none() => {
                 run.script = Some(ScriptRecord::Ended);
-                run.script_first = !stopping;
+                run.script_first = !stopping || said == Said::BeforeStop;
             }
-            Event::ScriptFailed { reason } if run.script.is_none() => {
+            Event::ScriptFailed { reason, said } if run.script.is_none() => {
                 run.script = Some(ScriptRecord::Failed { reason });
-                run.script_first = !stopping;
+                run.script_first = !stopping || said == Said::BeforeStop;
             }
             Event::Output(signal) if printing => {
                 // Output reported late (an IO side that is asked at the

@@ -356,6 +356,9 @@ struct Running {
     /// The same, for the session's observer, which notes it in session.json
     /// before the runner signals the session.
     stop_note: StopNote,
+    /// Whether its ending note went into its session's file before its
+    /// script's own end (see [`observer::Noted`]).
+    noted: observer::Noted,
     /// The session signalled COMPLETE.
     completed_by_signal: bool,
     /// Signals (valid or not) handled so far, and the last PROGRESS value:
@@ -478,12 +481,10 @@ impl Running {
         if self.recording {
             return;
         }
-        let event = match session::script_end(dir, &self.session_id) {
-            Some(session::ScriptEnd::Completed) => machine::Event::ScriptEnded,
-            Some(session::ScriptEnd::Failed { reason }) => machine::Event::ScriptFailed { reason },
-            None => return,
+        let Some(end) = session::script_end(dir, &self.session_id) else {
+            return;
         };
-        self.feed(event);
+        self.tell_end(Some(iterations::script_record(end)), None, None);
     }
 
     /// Its task ended (the runs and the iteration loop are over): tell its
@@ -512,7 +513,7 @@ impl Running {
             } => E::VerifyFinished(machine::Verified::Passed),
             _ => E::ChildExited { ending, facts },
         };
-        let actions = self.tell_end(script, held, end);
+        let actions = self.tell_end(script, held, Some(end));
         let record = actions.into_iter().find_map(|a| match a {
             machine::Action::Record { outcome, verdict } => Some((outcome, verdict)),
             _ => None,
@@ -533,23 +534,31 @@ impl Running {
         })
     }
 
-    /// A run's (or a verification's) end told to its machine, after what
-    /// its script said, COMPLETE and a usage limit: the actions it decides.
+    /// What its script said of its end (read from its session file; when,
+    /// by the evidence of its ending note), then, with an `end`, COMPLETE,
+    /// a usage limit and that end (a run's or a verification's): the
+    /// actions its machine decides.
     fn tell_end(
         &mut self,
         script: Option<machine::ScriptRecord>,
         held: Option<machine::Held>,
-        end: machine::Event,
+        end: Option<machine::Event>,
     ) -> Vec<machine::Action> {
         use machine::Event as E;
+        let said = self.noted.said();
         let mut actions = Vec::new();
         match script {
-            Some(machine::ScriptRecord::Ended) => actions.extend(self.feed(E::ScriptEnded)),
+            Some(machine::ScriptRecord::Ended) => {
+                actions.extend(self.feed(E::ScriptEnded { said }))
+            }
             Some(machine::ScriptRecord::Failed { reason }) => {
-                actions.extend(self.feed(E::ScriptFailed { reason }))
+                actions.extend(self.feed(E::ScriptFailed { reason, said }))
             }
             None => {}
         }
+        let Some(end) = end else {
+            return actions;
+        };
         if self.completed_by_signal {
             let complete = E::Output(machine::OutputSignal::Complete);
             actions.extend(self.feed(complete));

@@ -74,8 +74,9 @@ fn idle(d: &crate::support::Daemon) -> bool {
 /// well: its machine records the script's failure at once; it is neither
 /// verified nor iterated. Before, the loop outside the machine verified
 /// every exit 0, so the failing verification launched iterations 2 and 3
-/// (three runs, three verifications) before the session was recorded as
-/// the script's failure.
+/// (three runs, three verifications) and the session was recorded as
+/// VERIFY_FAILED, not as the failure its script reported (checked with the
+/// previous commit's src/daemon).
 #[test]
 fn a_run_its_script_failed_is_neither_verified_nor_iterated() {
     let env = setup(

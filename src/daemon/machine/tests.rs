@@ -569,7 +569,13 @@ fn the_lifecycle_table() {
                         },
                         &[],
                     ),
-                    (4, Event::ScriptEnded, &[]),
+                    (
+                        4,
+                        Event::ScriptEnded {
+                            said: Said::AsHeard,
+                        },
+                        &[],
+                    ),
                     (
                         5,
                         exited_with(
@@ -592,9 +598,21 @@ fn the_lifecycle_table() {
                 started(),
                 vec![
                     (5, exited(0), &["record completed", "ack"]),
-                    (5, Event::ScriptEnded, &[]),
+                    (
+                        5,
+                        Event::ScriptEnded {
+                            said: Said::AsHeard,
+                        },
+                        &[],
+                    ),
                     (6, Event::Recorded, &["clear", "release"]),
-                    (6, Event::ScriptEnded, &[]),
+                    (
+                        6,
+                        Event::ScriptEnded {
+                            said: Said::AsHeard,
+                        },
+                        &[],
+                    ),
                 ],
             ),
         ),
@@ -604,9 +622,21 @@ fn the_lifecycle_table() {
             with(
                 started(),
                 vec![
-                    (4, Event::ScriptEnded, &[]),
+                    (
+                        4,
+                        Event::ScriptEnded {
+                            said: Said::AsHeard,
+                        },
+                        &[],
+                    ),
                     (5, exited(0), &["verify 1"]),
-                    (6, Event::ScriptEnded, &[]),
+                    (
+                        6,
+                        Event::ScriptEnded {
+                            said: Said::AsHeard,
+                        },
+                        &[],
+                    ),
                     (
                         9,
                         Event::VerifyFinished(Verified::Passed),
@@ -624,11 +654,18 @@ fn the_lifecycle_table() {
                     (
                         4,
                         Event::ScriptFailed {
+                            said: Said::AsHeard,
                             reason: "no work tree".into(),
                         },
                         &[],
                     ),
-                    (4, Event::ScriptEnded, &[]),
+                    (
+                        4,
+                        Event::ScriptEnded {
+                            said: Said::AsHeard,
+                        },
+                        &[],
+                    ),
                     (
                         5,
                         exited(0),
@@ -859,6 +896,7 @@ fn the_reason_is_rendered_from_the_outcome() {
                 (
                     4,
                     Event::ScriptFailed {
+                        said: Said::AsHeard,
                         reason: "no work tree".into(),
                     },
                     &[],
@@ -1230,6 +1268,7 @@ fn the_end_table() {
         reason: "wrong task".into(),
     };
     let failed = || Event::ScriptFailed {
+        said: Said::AsHeard,
         reason: "no work tree".into(),
     };
     let cases: Vec<(&str, Settings, Vec<Step>)> = vec![
@@ -1291,7 +1330,13 @@ fn the_end_table() {
             with(
                 started(),
                 vec![
-                    (100, Event::ScriptEnded, &[]),
+                    (
+                        100,
+                        Event::ScriptEnded {
+                            said: Said::AsHeard,
+                        },
+                        &[],
+                    ),
                     (600, Event::Deadline, &["TERM", "timer +610s"]),
                     (
                         602,
@@ -1302,12 +1347,85 @@ fn the_end_table() {
             ),
         ),
         (
+            "its script's end said before the timeout but heard after it began (the file ended before the daemon's note): the script's record",
+            settings(),
+            with(
+                started(),
+                vec![
+                    (600, Event::Deadline, &["TERM", "timer +610s"]),
+                    (
+                        600,
+                        Event::ScriptEnded {
+                            said: Said::BeforeStop,
+                        },
+                        &[],
+                    ),
+                    (
+                        602,
+                        exited_with(Ending::TimedOut, Facts::default()),
+                        &["record completed", "ack"],
+                    ),
+                ],
+            ),
+        ),
+        (
+            "the same heard with no evidence: the trap's answer, a timeout",
+            settings(),
+            with(
+                started(),
+                vec![
+                    (600, Event::Deadline, &["TERM", "timer +610s"]),
+                    (
+                        600,
+                        Event::ScriptEnded {
+                            said: Said::AsHeard,
+                        },
+                        &[],
+                    ),
+                    (
+                        602,
+                        exited_with(Ending::TimedOut, Facts::default()),
+                        &["record timeout", "return counting"],
+                    ),
+                ],
+            ),
+        ),
+        (
+            "a script's failure said before a shutdown, heard after: the script's failure",
+            settings(),
+            with(
+                started(),
+                vec![
+                    (200, Event::Shutdown, &["TERM", "timer +210s"]),
+                    (
+                        200,
+                        Event::ScriptFailed {
+                            reason: "no work tree".into(),
+                            said: Said::BeforeStop,
+                        },
+                        &[],
+                    ),
+                    (
+                        201,
+                        exited_with(Ending::Stopped, Facts::default()),
+                        &["record error SESSION_FAILED", "return counting"],
+                    ),
+                ],
+            ),
+        ),
+        (
             "its script ended the session, then an operator's stop: the script's record",
             settings(),
             with(
                 started(),
                 vec![
-                    (100, Event::ScriptEnded, &[]),
+                    (
+                        100,
+                        Event::ScriptEnded {
+                            said: Said::AsHeard,
+                        },
+                        &[],
+                    ),
                     (200, stop(), &["TERM", "timer +210s"]),
                     (
                         201,
@@ -1355,7 +1473,13 @@ fn the_end_table() {
             with(
                 started(),
                 vec![
-                    (100, Event::ScriptEnded, &[]),
+                    (
+                        100,
+                        Event::ScriptEnded {
+                            said: Said::AsHeard,
+                        },
+                        &[],
+                    ),
                     (200, stop(), &["TERM", "timer +210s"]),
                     (
                         201,
@@ -1371,7 +1495,13 @@ fn the_end_table() {
             with(
                 started(),
                 vec![
-                    (100, Event::ScriptEnded, &[]),
+                    (
+                        100,
+                        Event::ScriptEnded {
+                            said: Said::AsHeard,
+                        },
+                        &[],
+                    ),
                     (101, exited(0), &["verify 1"]),
                     (
                         150,

@@ -323,7 +323,7 @@ pub(super) fn run_ended(
         ending: report.ending.clone(),
         facts,
     };
-    let actions = r.tell_end(script, None, end);
+    let actions = r.tell_end(script, None, Some(end));
     r.order_of(actions)
 }
 

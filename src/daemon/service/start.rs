@@ -166,6 +166,7 @@ impl Daemon {
         self.economy.manual_refusals.remove(agent);
         let (orders_tx, orders_rx) = watch::channel(runner::Orders::default());
         let stop_note = StopNote::default();
+        let noted = observer::Noted::default();
         // Its lifecycle, fed live. Its output is told at its timers (the
         // stall timer); with `verify`, it orders the session's task what
         // follows each run and each verification (`iterations::more`).
@@ -195,6 +196,7 @@ impl Daemon {
                 output_seen: 0,
                 stop_reason: None,
                 stop_note: stop_note.clone(),
+                noted: noted.clone(),
                 completed_by_signal: false,
                 signals_seen: 0,
                 global_discoveries: 0,
@@ -305,6 +307,7 @@ impl Daemon {
                     dir,
                     session_id,
                     stop_note,
+                    noted,
                 },
             };
             let orders_again = orders_rx.clone();
