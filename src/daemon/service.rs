@@ -335,6 +335,9 @@ struct Running {
     instance: String,
     pid: Option<u32>,
     started_at: Timestamp,
+    /// When it began on `clock`'s line (the health monitor's expiry of a
+    /// process that never started).
+    began: DateTime<Utc>,
     /// Its lifecycle, fed live: it decides when the session's runs get
     /// SIGTERM and SIGKILL (a timeout, a stall, a stop, a shutdown).
     machine: machine::Session,

@@ -188,6 +188,7 @@ impl Daemon {
                 instance: prepared.instance.clone(),
                 pid: None,
                 started_at: now,
+                began: self.session_clock.now(),
                 machine: live,
                 clock: self.session_clock,
                 timer: None,
