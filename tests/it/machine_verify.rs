@@ -16,7 +16,8 @@ fn secs(s: u64) -> Duration {
 
 /// rio's script counts its runs in `runs` and runs `body` (a shell
 /// fragment: `$N` is the run, `$D` the temp dir); its `verify` counts the
-/// verifications in `verified` and passes once `fixed` exists. Bootstrapped.
+/// verifications in `verified`, waits while `hold` exists, and passes once
+/// `fixed` exists. Bootstrapped.
 fn setup(body: &str, max_iterations: u32) -> Env {
     let env = Env::with_config("");
     let d = env.dir.path().display().to_string();
@@ -27,7 +28,7 @@ fn setup(body: &str, max_iterations: u32) -> Env {
         ),
     );
     let verify = format!(
-        r#"[["sh", "-c", "D={d}; echo x >> \"$D/verified\"; test -f \"$D/fixed\" || {{ echo 'fixed is missing' >&2; exit 1; }}"]]"#
+        r#"[["sh", "-c", "D={d}; echo x >> \"$D/verified\"; while [ -e \"$D/hold\" ]; do sleep 0.05; done; test -f \"$D/fixed\" || {{ echo 'fixed is missing' >&2; exit 1; }}"]]"#
     );
     let body = daemon_config(
         &script,
@@ -151,4 +152,36 @@ fn out_of_iterations_is_verify_failed_after_the_last_run() {
     assert_eq!(ends(&env).len(), 1);
     let errors = errors(&env);
     assert!(errors.contains("fixed is missing"), "{errors}");
+}
+
+/// An operator's stop while the verification runs: the verification's
+/// command is ended, the session recorded once as stopped (no failure, no
+/// next iteration), its message back in the inbox.
+#[test]
+fn a_stop_during_verification_is_one_stopped_session_and_no_next_run() {
+    let env = setup("exit 0", 3);
+    std::fs::write(env.tmp("hold"), "").unwrap();
+    let d = env.daemon();
+    let id = env.send("marcus", "rio", &["--body", "please"]);
+    let id = id.trim().to_string();
+    d.wait_until(secs(30), "the verification runs", || {
+        count(&env, "verified") == 1
+    });
+    let out = env.ok(&["stop", "rio", "--reason", "enough", "--wait"]);
+    assert!(out.contains("stopped"), "{out}");
+    d.wait_until(secs(30), "the session ended", || {
+        let s = state(&env, "rio", "session.json");
+        idle(&d) && s["status"].is_string() && s["status"] != "running"
+    });
+    assert_eq!((count(&env, "runs"), count(&env, "verified")), (1, 1));
+    let ends = ends(&env);
+    assert_eq!(ends.len(), 1, "{ends:#?}");
+    assert_eq!(ends[0]["code"], "SESSION_STOPPED", "{ends:#?}");
+    assert!(
+        ends[0]["messages_returned"].to_string().contains(&id),
+        "{ends:#?} {id}"
+    );
+    assert!(env.events("rio", "iteration_start").is_empty());
+    let errors = errors(&env);
+    assert!(!errors.contains("VERIFY_FAILED"), "{errors}");
 }
