@@ -140,6 +140,21 @@ pub enum ScriptRecord {
     Failed { reason: String },
 }
 
+/// When a script's own end was said, by the evidence the IO side read, not
+/// by when the loop heard of it (the watcher's event may be handled after
+/// the daemon began to stop the run).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Said {
+    /// Before the daemon noted in the session's file that it ends the run
+    /// (its note is written before every SIGTERM, under the agent's lock,
+    /// and finds the file ended already, or was not written yet): the
+    /// script's own end, whenever it is heard.
+    BeforeStop,
+    /// After that note, or no evidence either way: a script's end heard
+    /// while the run is being stopped is its trap's answer to the stop.
+    AsHeard,
+}
+
 /// A usage limit the session ran into, as the economy judged it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Held {
@@ -279,10 +294,6 @@ pub struct Facts {
     pub claude_error: bool,
     /// The last non-blank line on stderr.
     pub stderr_last_words: Option<String>,
-    /// The iteration loop gave up where it still runs outside the machine
-    /// (in the session's task, `service::iterations`): its code and last
-    /// failure. `None` where the machine runs the loop ([`Settings::verify`]).
-    pub gave_up: Option<(Code, String)>,
     /// The kernel's OOM killer ended it (the runner's evidence).
     pub oom: Option<super::memory::OomEvidence>,
     /// The workspace was left with invalid commits (why) and reset.
@@ -293,13 +304,6 @@ pub struct Facts {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verified {
     Passed,
-    /// The iteration loop outside the machine (`service::iterations`, in
-    /// the session's task, [`Settings::verify`] `None`) gave up by its own
-    /// limits: its code (`VERIFY_FAILED`, `SESSION_STUCK`) and why.
-    GaveUp {
-        code: Code,
-        why: String,
-    },
     Failed {
         /// The workspace changed since the previous iteration (`true`
         /// without a workspace: nothing to compare).
@@ -325,11 +329,14 @@ pub enum Event {
     ScriptBegan {
         session_id: String,
     },
-    /// The script ran `session end`.
-    ScriptEnded,
+    /// The script ran `session end`; `said`: when, as the IO side found.
+    ScriptEnded {
+        said: Said,
+    },
     /// The script ran `session fail` (or its trap did).
     ScriptFailed {
         reason: String,
+        said: Said,
     },
     Output(OutputSignal),
     /// The output showed a usage limit (judged by the economy).
@@ -340,15 +347,6 @@ pub enum Event {
         facts: Facts,
     },
     VerifyFinished(Verified),
-    /// The iteration loop outside the machine (`service::iterations`, in
-    /// the session's task) launched iteration `iteration`'s run: its own
-    /// timeout from `now`.
-    RunLaunched {
-        iteration: u32,
-    },
-    /// The iteration loop outside the machine verifies the run that ended:
-    /// no timer of the run's runs meanwhile (`verify` has its own).
-    VerifyStarted,
     /// A timer armed by [`Action::ArmTimer`] fired (or any wake-up: the
     /// machine checks what is due at `now`).
     Deadline,
@@ -608,7 +606,7 @@ impl Session {
         use Event as E;
         match event {
             E::ScriptBegan { .. }
-            | E::ScriptEnded
+            | E::ScriptEnded { .. }
             | E::ScriptFailed { .. }
             | E::Output(_)
             | E::UsageLimitSeen(_) => return self.note(event, now),
@@ -658,13 +656,13 @@ impl Session {
             Event::ScriptBegan { session_id } if session_id == run.session_id => {
                 run.script_began = true;
             }
-            Event::ScriptEnded if run.script.is_none() => {
+            Event::ScriptEnded { said } if run.script.is_none() => {
                 run.script = Some(ScriptRecord::Ended);
-                run.script_first = !stopping;
+                run.script_first = !stopping || said == Said::BeforeStop;
             }
-            Event::ScriptFailed { reason } if run.script.is_none() => {
+            Event::ScriptFailed { reason, said } if run.script.is_none() => {
                 run.script = Some(ScriptRecord::Failed { reason });
-                run.script_first = !stopping;
+                run.script_first = !stopping || said == Said::BeforeStop;
             }
             Event::Output(signal) if printing => {
                 // Output reported late (an IO side that is asked at the
@@ -750,27 +748,6 @@ impl Session {
                 self.stop(run, Stop::Requested { by, reason }, now, Vec::new())
             }
             (S::Running(run), E::Shutdown) => self.stop(run, Stop::Shutdown, now, Vec::new()),
-            (
-                S::Running(run)
-                | S::Verifying(run)
-                | S::Stopping {
-                    run,
-                    stop: Stop::Timeout | Stop::Stalled { .. },
-                    verifying: false,
-                    ..
-                },
-                E::RunLaunched { iteration },
-            ) => self.relaunched(run, iteration, now),
-            (
-                S::Running(run)
-                | S::Stopping {
-                    run,
-                    stop: Stop::Timeout | Stop::Stalled { .. },
-                    verifying: false,
-                    ..
-                },
-                E::VerifyStarted,
-            ) => (S::Verifying(run), Vec::new()),
             // A stop asked (or a shutdown) while the run is ended for its
             // time: SIGTERM is sent already, but no iteration may follow.
             (
@@ -914,28 +891,6 @@ impl Session {
             // record is written — that record is the one).
             (state, _) => (state, Vec::new()),
         }
-    }
-
-    /// The next iteration's run is launched (by the loop outside): a fresh
-    /// run of the same session, with its own timeout.
-    fn relaunched(
-        &mut self,
-        mut run: Run,
-        iteration: u32,
-        now: DateTime<Utc>,
-    ) -> (SessionState, Vec<Action>) {
-        run.iteration = iteration.max(1);
-        run.deadline = Some(later(now, self.settings.timeout));
-        run.last_output = now;
-        run.stall_warned = false;
-        run.script = None;
-        run.script_first = false;
-        run.completed_signal = false;
-        let arm = next_due(&run, self.settings.stall_timeout)
-            .map(|at| Action::ArmTimer { at })
-            .into_iter()
-            .collect();
-        (SessionState::Running(run), arm)
     }
 
     /// A timer fired while the run runs: its timeout, its stall.
@@ -1086,7 +1041,7 @@ impl Session {
             &self.settings.retries,
         );
         let Some(code) = verdict.code else {
-            // A success: verified, or the loop outside gave up, or done.
+            // A success: verified, or done.
             if let Some(limits) = self.settings.verify
                 && limits.max_iterations > 0
                 && may_verify
@@ -1096,9 +1051,6 @@ impl Session {
                     SessionState::Verifying(run),
                     vec![Action::StartVerify { iteration }],
                 );
-            }
-            if let Some((code, why)) = facts.gave_up {
-                return self.give_up(&run, code, why);
             }
             return self.record(&run, Outcome::Completed, Some(verdict));
         };
@@ -1143,7 +1095,6 @@ impl Session {
             stuck_threshold: 0,
         });
         let (changed, describe, tail) = match v {
-            Verified::GaveUp { code, why } => return self.give_up(&run, code, why),
             Verified::Passed => {
                 // A success ends the failure streak (as the matrix's does).
                 self.streak = Streak::default();

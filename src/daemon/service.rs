@@ -134,12 +134,24 @@ enum Event {
         of: u32,
         phase: iterations::Phase,
     },
-    /// Iteration `n`'s verification ended: passed, or failed with what.
+    /// A run of a session with `verify` ended well (or said COMPLETE): its
+    /// machine judges it, and its task waits for the order (`reply`).
+    RunEnded {
+        agent: AgentName,
+        report: Box<RunReport>,
+        output: Box<OutputSummary>,
+        reply: tokio::sync::oneshot::Sender<iterations::Order>,
+    },
+    /// Iteration `n`'s verification ended: passed, or failed with what
+    /// (`failure`, for the journal; `verified`, for its machine, whose
+    /// order the task waits for).
     IterationVerified {
         agent: AgentName,
         n: u32,
         of: u32,
         failure: Option<String>,
+        verified: machine::Verified,
+        reply: tokio::sync::oneshot::Sender<iterations::Order>,
     },
     /// The monitor's pruning of worktrees ended: what it removed, errors.
     WorkspacesPruned {
@@ -323,6 +335,9 @@ struct Running {
     instance: String,
     pid: Option<u32>,
     started_at: Timestamp,
+    /// When it began on `clock`'s line (the health monitor's expiry of a
+    /// process that never started).
+    began: DateTime<Utc>,
     /// Its lifecycle, fed live: it decides when the session's runs get
     /// SIGTERM and SIGKILL (a timeout, a stall, a stop, a shutdown).
     machine: machine::Session,
@@ -344,6 +359,9 @@ struct Running {
     /// The same, for the session's observer, which notes it in session.json
     /// before the runner signals the session.
     stop_note: StopNote,
+    /// Whether its ending note went into its session's file before its
+    /// script's own end (see [`observer::Noted`]).
+    noted: observer::Noted,
     /// The session signalled COMPLETE.
     completed_by_signal: bool,
     /// Signals (valid or not) handled so far, and the last PROGRESS value:
@@ -362,6 +380,9 @@ struct Running {
     /// Its runner ended; its end is being recorded off the loop
     /// ([`Event::EndRecorded`] follows).
     recording: bool,
+    /// Its record, when its machine decided it before its task ended (a
+    /// verification passed, the iterations gave up, a run judged failed).
+    decided: Option<(machine::Outcome, failure::Verdict)>,
 }
 
 /// Why the daemon stops a session, shared with its [`Observer`].
@@ -463,19 +484,18 @@ impl Running {
         if self.recording {
             return;
         }
-        let event = match session::script_end(dir, &self.session_id) {
-            Some(session::ScriptEnd::Completed) => machine::Event::ScriptEnded,
-            Some(session::ScriptEnd::Failed { reason }) => machine::Event::ScriptFailed { reason },
-            None => return,
+        let Some(end) = session::script_end(dir, &self.session_id) else {
+            return;
         };
-        self.feed(event);
+        self.tell_end(Some(iterations::script_record(end)), None, None);
     }
 
     /// Its task ended (the runs and the iteration loop are over): tell its
     /// machine what is known only now (the script's own end if it was not
-    /// heard, COMPLETE, a usage limit) and how the last run or verification
-    /// ended, and take the one record it decides: the outcome and the error
-    /// matrix's verdict, the machine's streak advanced.
+    /// heard, COMPLETE, a usage limit) and how the last run ended, and take
+    /// the one record it decides: the outcome and the error matrix's
+    /// verdict, the machine's streak advanced. A record it decided while
+    /// the task ran (the iterations) is that one.
     fn ended(
         &mut self,
         script: Option<machine::ScriptRecord>,
@@ -484,42 +504,26 @@ impl Running {
         facts: machine::Facts,
     ) -> (machine::Outcome, failure::Verdict) {
         use machine::{Event as E, SessionState as S};
-        let mut actions = Vec::new();
-        match script {
-            Some(machine::ScriptRecord::Ended) => actions.extend(self.feed(E::ScriptEnded)),
-            Some(machine::ScriptRecord::Failed { reason }) => {
-                actions.extend(self.feed(E::ScriptFailed { reason }))
-            }
-            None => {}
+        if let Some(decided) = self.decided.take() {
+            return decided;
         }
-        if self.completed_by_signal {
-            let complete = E::Output(machine::OutputSignal::Complete);
-            actions.extend(self.feed(complete));
-        }
-        if let Some(held) = held {
-            actions.extend(self.feed(E::UsageLimitSeen(held)));
-        }
-        // The loop outside the machine ended after a verification: passed,
-        // or it gave up by its limits (its last run ended well).
+        // A verification the daemon stopped: its task ends without a
+        // verdict; the stop is what the session was.
         let end = match self.machine.state() {
             S::Verifying(_)
             | S::Stopping {
                 verifying: true, ..
-            } => E::VerifyFinished(match facts.gave_up {
-                Some((code, why)) => machine::Verified::GaveUp { code, why },
-                None => machine::Verified::Passed,
-            }),
+            } => E::VerifyFinished(machine::Verified::Passed),
             _ => E::ChildExited { ending, facts },
         };
-        actions.extend(self.feed(end));
+        let actions = self.tell_end(script, held, Some(end));
         let record = actions.into_iter().find_map(|a| match a {
             machine::Action::Record { outcome, verdict } => Some((outcome, verdict)),
             _ => None,
         });
         record.unwrap_or_else(|| {
-            // Its record was decided before its task ended, or the state
-            // did not expect the end: never so far; an interruption is what
-            // a session without a record amounts to.
+            // The state did not expect the end: never so far; an
+            // interruption is what a session without a record amounts to.
             tracing::warn!(session_id = %self.session_id, state = ?self.machine.state(), "the session's machine decided no record at its end; recorded as interrupted");
             let outcome = machine::Outcome::Interrupted(machine::Interruption::Shutdown);
             let verdict = failure::Verdict {
@@ -531,6 +535,63 @@ impl Running {
             };
             (outcome, verdict)
         })
+    }
+
+    /// What its script said of its end (read from its session file; when,
+    /// by the evidence of its ending note), then, with an `end`, COMPLETE,
+    /// a usage limit and that end (a run's or a verification's): the
+    /// actions its machine decides.
+    fn tell_end(
+        &mut self,
+        script: Option<machine::ScriptRecord>,
+        held: Option<machine::Held>,
+        end: Option<machine::Event>,
+    ) -> Vec<machine::Action> {
+        use machine::Event as E;
+        let said = self.noted.said();
+        let mut actions = Vec::new();
+        match script {
+            Some(machine::ScriptRecord::Ended) => {
+                actions.extend(self.feed(E::ScriptEnded { said }))
+            }
+            Some(machine::ScriptRecord::Failed { reason }) => {
+                actions.extend(self.feed(E::ScriptFailed { reason, said }))
+            }
+            None => {}
+        }
+        let Some(end) = end else {
+            return actions;
+        };
+        if self.completed_by_signal {
+            let complete = E::Output(machine::OutputSignal::Complete);
+            actions.extend(self.feed(complete));
+        }
+        if let Some(held) = held {
+            actions.extend(self.feed(E::UsageLimitSeen(held)));
+        }
+        actions.extend(self.feed(end));
+        actions
+    }
+
+    /// What its task is ordered after its machine's `actions`: verify, the
+    /// next iteration, or nothing more (a record decided is kept for its
+    /// end).
+    fn order_of(&mut self, actions: Vec<machine::Action>) -> iterations::Order {
+        let mut order = iterations::Order::Finish;
+        for action in actions {
+            match action {
+                machine::Action::StartVerify { .. } => order = iterations::Order::Verify,
+                machine::Action::Launch { nudge, .. } => {
+                    order = iterations::Order::Launch { nudge }
+                }
+                machine::Action::Record { outcome, verdict } => {
+                    self.decided = Some((outcome, verdict));
+                    order = iterations::Order::Finish;
+                }
+                _ => {}
+            }
+        }
+        order
     }
 
     /// Its machine's timer came: tell it when the session last printed (if
@@ -946,26 +1007,48 @@ impl Daemon {
                 of,
                 phase,
             } => {
-                if let Some(r) = self.running.get_mut(&agent) {
-                    let event = match phase {
-                        iterations::Phase::Executing => {
-                            machine::Event::RunLaunched { iteration: n }
-                        }
-                        iterations::Phase::Verifying => machine::Event::VerifyStarted,
-                    };
-                    r.feed(event);
+                // The run its machine ordered (`Launch`) started: its
+                // timeout from now.
+                if phase == iterations::Phase::Executing
+                    && let Some(r) = self.running.get_mut(&agent)
+                {
+                    r.feed(machine::Event::Launched);
                 }
                 let dir = self.root.agent(&agent);
                 iterations::iteration(self.running.get_mut(&agent), &dir, n, of, phase)
+            }
+            Event::RunEnded {
+                agent,
+                report,
+                output,
+                reply,
+            } => {
+                let dir = self.root.agent(&agent);
+                let now = self.clock.now();
+                let order = match self.running.get_mut(&agent).filter(|r| !r.recording) {
+                    Some(r) => iterations::run_ended(r, &dir, &report, &output, now),
+                    None => iterations::Order::Finish,
+                };
+                let _ = reply.send(order);
             }
             Event::IterationVerified {
                 agent,
                 n,
                 of,
                 failure,
+                verified,
+                reply,
             } => {
                 let dir = self.root.agent(&agent);
-                iterations::verified(self.running.get(&agent), &dir, n, of, failure)
+                iterations::verified(self.running.get(&agent), &dir, n, of, failure);
+                let order = match self.running.get_mut(&agent).filter(|r| !r.recording) {
+                    Some(r) => {
+                        let actions = r.feed(machine::Event::VerifyFinished(verified));
+                        r.order_of(actions)
+                    }
+                    None => iterations::Order::Finish,
+                };
+                let _ = reply.send(order);
             }
             Event::WorkspacesPruned { removed, errors } => {
                 for record in self.monitor.workspaces_pruned(removed, errors) {

@@ -47,6 +47,7 @@ mod iterations;
 mod json_escapes;
 mod machine_live;
 mod machine_record;
+mod machine_verify;
 mod mailbox;
 mod mailbox_people;
 mod messages;

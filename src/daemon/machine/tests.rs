@@ -569,7 +569,13 @@ fn the_lifecycle_table() {
                         },
                         &[],
                     ),
-                    (4, Event::ScriptEnded, &[]),
+                    (
+                        4,
+                        Event::ScriptEnded {
+                            said: Said::AsHeard,
+                        },
+                        &[],
+                    ),
                     (
                         5,
                         exited_with(
@@ -592,9 +598,21 @@ fn the_lifecycle_table() {
                 started(),
                 vec![
                     (5, exited(0), &["record completed", "ack"]),
-                    (5, Event::ScriptEnded, &[]),
+                    (
+                        5,
+                        Event::ScriptEnded {
+                            said: Said::AsHeard,
+                        },
+                        &[],
+                    ),
                     (6, Event::Recorded, &["clear", "release"]),
-                    (6, Event::ScriptEnded, &[]),
+                    (
+                        6,
+                        Event::ScriptEnded {
+                            said: Said::AsHeard,
+                        },
+                        &[],
+                    ),
                 ],
             ),
         ),
@@ -604,9 +622,21 @@ fn the_lifecycle_table() {
             with(
                 started(),
                 vec![
-                    (4, Event::ScriptEnded, &[]),
+                    (
+                        4,
+                        Event::ScriptEnded {
+                            said: Said::AsHeard,
+                        },
+                        &[],
+                    ),
                     (5, exited(0), &["verify 1"]),
-                    (6, Event::ScriptEnded, &[]),
+                    (
+                        6,
+                        Event::ScriptEnded {
+                            said: Said::AsHeard,
+                        },
+                        &[],
+                    ),
                     (
                         9,
                         Event::VerifyFinished(Verified::Passed),
@@ -624,11 +654,18 @@ fn the_lifecycle_table() {
                     (
                         4,
                         Event::ScriptFailed {
+                            said: Said::AsHeard,
                             reason: "no work tree".into(),
                         },
                         &[],
                     ),
-                    (4, Event::ScriptEnded, &[]),
+                    (
+                        4,
+                        Event::ScriptEnded {
+                            said: Said::AsHeard,
+                        },
+                        &[],
+                    ),
                     (
                         5,
                         exited(0),
@@ -859,6 +896,7 @@ fn the_reason_is_rendered_from_the_outcome() {
                 (
                     4,
                     Event::ScriptFailed {
+                        said: Said::AsHeard,
                         reason: "no work tree".into(),
                     },
                     &[],
@@ -1034,8 +1072,8 @@ fn the_streak_is_the_matrixs_and_survives_the_session() {
 
 /// The machine as the daemon's loop feeds it live (issue 21): output is
 /// told at the machine's timers with the time it was printed, the
-/// iterations run outside (`RunLaunched`, `VerifyStarted`), and a stop may
-/// come before the launch is reported.
+/// iterations are the machine's (each run's end, each verification, told
+/// as they come), and a stop may come before the launch is reported.
 #[test]
 fn the_live_table() {
     let live = |stops| Settings {
@@ -1046,6 +1084,14 @@ fn the_live_table() {
     let stop = || Event::StopRequested {
         by: StopBy::Operator,
         reason: "wrong task".into(),
+    };
+    let verify = Settings {
+        verify: Some(IterationLimits {
+            max_iterations: 3,
+            stuck_threshold: 1,
+        }),
+        holds_end: true,
+        ..settings()
     };
     let cases: Vec<(&str, Settings, Vec<Step>)> = vec![
         (
@@ -1097,15 +1143,16 @@ fn the_live_table() {
             ],
         ),
         (
-            "iterations outside: verify has no timer, the next run its own timeout",
-            settings(),
+            "iterations: verify has no timer, the next run its own timeout",
+            verify.clone(),
             with(
                 started(),
                 vec![
-                    (100, Event::VerifyStarted, &[]),
+                    (100, exited(0), &["verify 1"]),
                     // The first run's timer, late: nothing to end.
                     (600, Event::Deadline, &[]),
-                    (650, Event::RunLaunched { iteration: 2 }, &["timer +1250s"]),
+                    (640, verify_failed(true), &["launch 2"]),
+                    (650, Event::Launched, &["timer +1250s"]),
                     (1249, Event::Deadline, &["timer +1250s"]),
                     (1250, Event::Deadline, &["TERM", "timer +1260s"]),
                 ],
@@ -1113,27 +1160,33 @@ fn the_live_table() {
         ),
         (
             "a run ended for its time (COMPLETE said) is verified and iterates",
-            settings(),
+            verify.clone(),
             with(
                 started(),
                 vec![
                     (600, Event::Deadline, &["TERM", "timer +610s"]),
-                    (601, Event::VerifyStarted, &[]),
-                    (602, Event::RunLaunched { iteration: 2 }, &["timer +1202s"]),
+                    (601, Event::Output(OutputSignal::Complete), &[]),
+                    (
+                        601,
+                        exited_with(Ending::TimedOut, stderr("bye")),
+                        &["verify 1"],
+                    ),
+                    (605, verify_failed(true), &["launch 2"]),
+                    (606, Event::Launched, &["timer +1206s"]),
                 ],
             ),
         ),
         (
             "a stop during verification: TERM (the verification's), grace, KILL",
-            settings(),
+            verify.clone(),
             with(
                 started(),
                 vec![
-                    (100, Event::VerifyStarted, &[]),
+                    (100, exited(0), &["verify 1"]),
                     (110, stop(), &["TERM", "timer +120s"]),
                     (120, Event::Deadline, &["KILL"]),
                     // No run follows a stop.
-                    (121, Event::RunLaunched { iteration: 2 }, &[]),
+                    (121, Event::Launched, &[]),
                     (
                         122,
                         Event::VerifyFinished(Verified::Passed),
@@ -1144,20 +1197,21 @@ fn the_live_table() {
         ),
         (
             "a stop while a timeout's SIGTERM is out: no iteration may follow",
-            settings(),
+            verify.clone(),
             with(
                 started(),
                 vec![
                     (600, Event::Deadline, &["TERM", "timer +610s"]),
                     (605, Event::Shutdown, &["TERM"]),
-                    (606, Event::RunLaunched { iteration: 2 }, &[]),
-                    (606, Event::VerifyStarted, &[]),
+                    // COMPLETE said: the timeout's run alone would be
+                    // verified; after a shutdown it is completed as it is.
+                    (606, Event::Output(OutputSignal::Complete), &[]),
                     (610, Event::Deadline, &["KILL"]),
                     // The runner says why it signalled: the timeout's order.
                     (
                         611,
                         exited_with(Ending::TimedOut, Facts::default()),
-                        &["record interrupted", "return"],
+                        &["record completed", "ack"],
                     ),
                 ],
             ),
@@ -1198,7 +1252,7 @@ fn the_live_table() {
 
 /// The end of a live session decided by its machine (issue 21): the races
 /// between an exit and the daemon's SIGTERM, a script that recorded its own
-/// end before the daemon's, and the iteration loop outside the machine.
+/// end before the daemon's, and the iterations' end.
 #[test]
 fn the_end_table() {
     let verify = Settings {
@@ -1209,16 +1263,12 @@ fn the_end_table() {
         holds_end: true,
         ..settings()
     };
-    // The daemon's live machine with `verify`: the loop runs outside it.
-    let held = Settings {
-        holds_end: true,
-        ..settings()
-    };
     let stop = || Event::StopRequested {
         by: StopBy::Operator,
         reason: "wrong task".into(),
     };
     let failed = || Event::ScriptFailed {
+        said: Said::AsHeard,
         reason: "no work tree".into(),
     };
     let cases: Vec<(&str, Settings, Vec<Step>)> = vec![
@@ -1280,7 +1330,13 @@ fn the_end_table() {
             with(
                 started(),
                 vec![
-                    (100, Event::ScriptEnded, &[]),
+                    (
+                        100,
+                        Event::ScriptEnded {
+                            said: Said::AsHeard,
+                        },
+                        &[],
+                    ),
                     (600, Event::Deadline, &["TERM", "timer +610s"]),
                     (
                         602,
@@ -1291,12 +1347,85 @@ fn the_end_table() {
             ),
         ),
         (
+            "its script's end said before the timeout but heard after it began (the file ended before the daemon's note): the script's record",
+            settings(),
+            with(
+                started(),
+                vec![
+                    (600, Event::Deadline, &["TERM", "timer +610s"]),
+                    (
+                        600,
+                        Event::ScriptEnded {
+                            said: Said::BeforeStop,
+                        },
+                        &[],
+                    ),
+                    (
+                        602,
+                        exited_with(Ending::TimedOut, Facts::default()),
+                        &["record completed", "ack"],
+                    ),
+                ],
+            ),
+        ),
+        (
+            "the same heard with no evidence: the trap's answer, a timeout",
+            settings(),
+            with(
+                started(),
+                vec![
+                    (600, Event::Deadline, &["TERM", "timer +610s"]),
+                    (
+                        600,
+                        Event::ScriptEnded {
+                            said: Said::AsHeard,
+                        },
+                        &[],
+                    ),
+                    (
+                        602,
+                        exited_with(Ending::TimedOut, Facts::default()),
+                        &["record timeout", "return counting"],
+                    ),
+                ],
+            ),
+        ),
+        (
+            "a script's failure said before a shutdown, heard after: the script's failure",
+            settings(),
+            with(
+                started(),
+                vec![
+                    (200, Event::Shutdown, &["TERM", "timer +210s"]),
+                    (
+                        200,
+                        Event::ScriptFailed {
+                            reason: "no work tree".into(),
+                            said: Said::BeforeStop,
+                        },
+                        &[],
+                    ),
+                    (
+                        201,
+                        exited_with(Ending::Stopped, Facts::default()),
+                        &["record error SESSION_FAILED", "return counting"],
+                    ),
+                ],
+            ),
+        ),
+        (
             "its script ended the session, then an operator's stop: the script's record",
             settings(),
             with(
                 started(),
                 vec![
-                    (100, Event::ScriptEnded, &[]),
+                    (
+                        100,
+                        Event::ScriptEnded {
+                            said: Said::AsHeard,
+                        },
+                        &[],
+                    ),
                     (200, stop(), &["TERM", "timer +210s"]),
                     (
                         201,
@@ -1340,11 +1469,17 @@ fn the_end_table() {
         ),
         (
             "the daemon holds the end (verify): a script's end is its word; a stop is a stop",
-            held.clone(),
+            verify.clone(),
             with(
                 started(),
                 vec![
-                    (100, Event::ScriptEnded, &[]),
+                    (
+                        100,
+                        Event::ScriptEnded {
+                            said: Said::AsHeard,
+                        },
+                        &[],
+                    ),
                     (200, stop(), &["TERM", "timer +210s"]),
                     (
                         201,
@@ -1355,42 +1490,25 @@ fn the_end_table() {
             ),
         ),
         (
-            "the loop outside verified: completed",
-            held.clone(),
+            "a script's end, then verified: one record, completed",
+            verify.clone(),
             with(
                 started(),
                 vec![
-                    (100, Event::ScriptEnded, &[]),
-                    (101, Event::VerifyStarted, &[]),
+                    (
+                        100,
+                        Event::ScriptEnded {
+                            said: Said::AsHeard,
+                        },
+                        &[],
+                    ),
+                    (101, exited(0), &["verify 1"]),
                     (
                         150,
                         Event::VerifyFinished(Verified::Passed),
                         &["record completed", "ack"],
                     ),
                     (151, Event::Recorded, &["clear", "release"]),
-                ],
-            ),
-        ),
-        (
-            "the loop outside gave up: its code, escalated",
-            held.clone(),
-            with(
-                started(),
-                vec![
-                    (101, Event::VerifyStarted, &[]),
-                    (
-                        150,
-                        Event::VerifyFinished(Verified::GaveUp {
-                            code: Code::SessionStuck,
-                            why: "2 iterations changed nothing".into(),
-                        }),
-                        &["record error SESSION_STUCK", "return counting"],
-                    ),
-                    (
-                        151,
-                        Event::Recorded,
-                        &["backoff 30s", "escalate SESSION_STUCK"],
-                    ),
                 ],
             ),
         ),
@@ -1404,10 +1522,10 @@ fn the_end_table() {
         failures: 2,
         ..Streak::default()
     };
-    let mut m = Session::new(held, streak);
+    let mut m = Session::new(verify, streak);
     m.on(begin(), at(0));
     m.on(Event::Launched, at(0));
-    m.on(Event::VerifyStarted, at(10));
+    assert_eq!(brief(&m.on(exited(0), at(10))[0]), "verify 1");
     m.on(Event::VerifyFinished(Verified::Passed), at(20));
     assert_eq!(*m.streak(), Streak::default());
 }
@@ -1416,16 +1534,25 @@ fn the_end_table() {
 /// each run's own timeout and grace, nothing while a verification runs.
 #[test]
 fn due_to_end_follows_each_run_not_the_session() {
-    let mut m = Session::new(settings(), Streak::default());
+    let verify = Settings {
+        verify: Some(IterationLimits {
+            max_iterations: 3,
+            stuck_threshold: 1,
+        }),
+        ..settings()
+    };
+    let mut m = Session::new(verify, Streak::default());
     let due = |m: &Session| m.due_to_end().map(since_t0);
     assert_eq!(due(&m), None, "queued");
     m.on(begin(), at(0));
     assert_eq!(due(&m), None, "preparing: the hatch expiry's");
     m.on(Event::Launched, at(0));
     assert_eq!(due(&m), Some(610), "the timeout and the kill grace");
-    m.on(Event::VerifyStarted, at(500));
+    m.on(exited(0), at(500));
     assert_eq!(due(&m), None, "verifying: verify_timeout's");
-    m.on(Event::RunLaunched { iteration: 2 }, at(900));
+    m.on(verify_failed(true), at(899));
+    assert_eq!(due(&m), None, "preparing iteration 2");
+    m.on(Event::Launched, at(900));
     assert_eq!(due(&m), Some(1510), "iteration 2's own timeout");
     m.on(Event::Deadline, at(1500));
     assert_eq!(due(&m), Some(1510), "the grace of its SIGTERM");
@@ -1469,5 +1596,165 @@ fn a_wall_clock_step_does_not_move_a_timeout() {
         }
         let got: Vec<String> = m.on(event.clone(), mono(secs)).iter().map(brief).collect();
         assert_eq!(got, want, "+{secs}s (wall {wall:+}s): {event:?}");
+    }
+}
+
+/// The iterations as the machine orders them (issue 21): each run's end
+/// and each verification told to it, it answers verify, the next iteration
+/// (with the nudge or not) or the one record.
+#[test]
+fn the_verify_table() {
+    let limits = |max_iterations, stuck_threshold| Settings {
+        verify: Some(IterationLimits {
+            max_iterations,
+            stuck_threshold,
+        }),
+        holds_end: true,
+        ..settings()
+    };
+    let timed_out = || {
+        Event::VerifyFinished(Verified::Failed {
+            changed_workspace: true,
+            describe: "`make check`: timed out after 5s".into(),
+            tail: String::new(),
+        })
+    };
+    let cases: Vec<(&str, Settings, Vec<Step>)> = vec![
+        (
+            "a failed verification, then one that passes: two runs, one record",
+            limits(3, 1),
+            with(
+                started(),
+                vec![
+                    (5, exited(0), &["verify 1"]),
+                    (9, verify_failed(true), &["launch 2"]),
+                    (10, Event::Launched, &["timer +610s"]),
+                    (20, exited(0), &["verify 2"]),
+                    (
+                        25,
+                        Event::VerifyFinished(Verified::Passed),
+                        &["record completed", "ack"],
+                    ),
+                    (25, Event::Recorded, &["clear", "release"]),
+                ],
+            ),
+        ),
+        (
+            "a verification that timed out is a failure: the next iteration; no session timer meanwhile",
+            limits(3, 1),
+            with(
+                started(),
+                vec![
+                    (5, exited(0), &["verify 1"]),
+                    (700, Event::Deadline, &[]),
+                    (701, timed_out(), &["launch 2"]),
+                ],
+            ),
+        ),
+        (
+            "out of iterations: VERIFY_FAILED after the last",
+            limits(1, 1),
+            with(
+                started(),
+                vec![
+                    (5, exited(0), &["verify 1"]),
+                    (
+                        9,
+                        verify_failed(true),
+                        &["record error VERIFY_FAILED", "return counting"],
+                    ),
+                ],
+            ),
+        ),
+        (
+            "stuck with no nudge allowed (threshold 0): SESSION_STUCK at the first unchanged",
+            limits(5, 0),
+            with(
+                started(),
+                vec![
+                    (5, exited(0), &["verify 1"]),
+                    (
+                        9,
+                        verify_failed(false),
+                        &["record error SESSION_STUCK", "return counting"],
+                    ),
+                ],
+            ),
+        ),
+        (
+            "a change resets the count: unchanged, changed, unchanged is nudged again",
+            limits(5, 1),
+            with(
+                started(),
+                vec![
+                    (5, exited(0), &["verify 1"]),
+                    (9, verify_failed(false), &["launch 2 nudge"]),
+                    (10, Event::Launched, &["timer +610s"]),
+                    (20, exited(0), &["verify 2"]),
+                    (21, verify_failed(true), &["launch 3"]),
+                    (22, Event::Launched, &["timer +622s"]),
+                    (30, exited(0), &["verify 3"]),
+                    (31, verify_failed(false), &["launch 4 nudge"]),
+                ],
+            ),
+        ),
+        (
+            "a run that failed is not verified: its failure, no iteration",
+            limits(3, 1),
+            with(
+                started(),
+                vec![(
+                    5,
+                    exited_with(Ending::Exited { code: 1 }, stderr("boom")),
+                    &["record error SESSION_FAILED", "return counting"],
+                )],
+            ),
+        ),
+        (
+            "a shutdown while the next iteration is prepared: interrupted, no run",
+            limits(3, 1),
+            with(
+                started(),
+                vec![
+                    (5, exited(0), &["verify 1"]),
+                    (9, verify_failed(true), &["launch 2"]),
+                    (10, Event::Shutdown, &["TERM", "timer +20s"]),
+                    (
+                        11,
+                        exited_with(Ending::Stopped, Facts::default()),
+                        &["record interrupted", "return"],
+                    ),
+                ],
+            ),
+        ),
+        (
+            "a stop during a later iteration's verification: stopped",
+            limits(3, 1),
+            with(
+                started(),
+                vec![
+                    (5, exited(0), &["verify 1"]),
+                    (9, verify_failed(true), &["launch 2"]),
+                    (10, Event::Launched, &["timer +610s"]),
+                    (20, exited(0), &["verify 2"]),
+                    (
+                        21,
+                        Event::StopRequested {
+                            by: StopBy::Operator,
+                            reason: "enough".into(),
+                        },
+                        &["TERM", "timer +31s"],
+                    ),
+                    (
+                        22,
+                        Event::VerifyFinished(Verified::Passed),
+                        &["record stopped", "return"],
+                    ),
+                ],
+            ),
+        ),
+    ];
+    for (what, settings, steps) in cases {
+        run(what, settings, steps);
     }
 }

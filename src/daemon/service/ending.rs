@@ -122,10 +122,7 @@ impl Daemon {
         // outcome, and the error matrix's verdict for its error record),
         // the agent's streak advanced (issue 21).
         let (decided, verdict) = running.ended(
-            by_script.clone().map(|end| match end {
-                session::ScriptEnd::Completed => machine::ScriptRecord::Ended,
-                session::ScriptEnd::Failed { reason } => machine::ScriptRecord::Failed { reason },
-            }),
+            by_script.clone().map(iterations::script_record),
             held,
             report.ending.clone(),
             machine::Facts {
@@ -134,7 +131,6 @@ impl Daemon {
                 claude: claude_failure.clone(),
                 claude_error: claude_failed,
                 stderr_last_words: stderr_last_words.clone(),
-                gave_up: iterations.failed.clone(),
                 oom: report.oom,
                 invalid_commits: workspace.as_ref().and_then(|w| w.invalid.clone()),
             },

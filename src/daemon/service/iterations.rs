@@ -3,8 +3,11 @@
 //! a failure starts the next iteration at once with the failure in its
 //! prompt, until they pass, `max_iterations` is reached (`VERIFY_FAILED`)
 //! or iterations stop changing the workspace (`SESSION_STUCK`, after one
-//! nudge). Runs in the session's task, never on the loop; tells the loop
-//! which iteration and phase it is in (`Event::Iteration`).
+//! nudge). What follows each run and each verification is its session's
+//! machine's decision (issue 21): the session's task reports them to the
+//! loop and carries out its order ([`Order`]); it computes only what needs
+//! IO (the verification, the workspace's fingerprint). Never on the loop;
+//! tells the loop which iteration and phase it is in (`Event::Iteration`).
 
 use std::path::{Path, PathBuf};
 
@@ -24,8 +27,6 @@ pub(super) struct Tally {
     /// Iterations run (1 without `verify`).
     pub count: u32,
     pub verify_failures: u32,
-    /// The loop gave up: the code and the last failure.
-    pub failed: Option<(Code, String)>,
     /// Claude Code's result of each run the loop saw, once per run (empty
     /// without `verify`: the session's output has the one run's).
     pub runs: Vec<ClaudeResult>,
@@ -121,8 +122,49 @@ async fn fingerprint(path: &Path) -> Option<String> {
         .flatten()
 }
 
-/// After the first run: verify, and iterate while it fails. Returns the
-/// last run's report; `tally` says how it went.
+/// What the loop orders a session's task after a run or a verification:
+/// its machine's action ([`machine::Action::StartVerify`],
+/// [`machine::Action::Launch`]), or nothing more (its record is decided, or
+/// the machine is not the task's to ask any more).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Order {
+    Verify,
+    Launch { nudge: bool },
+    Finish,
+}
+
+/// Send the loop an event that carries a reply, and wait for its order (a
+/// loop gone, or an event dropped: nothing more).
+async fn ask(
+    tx: &mpsc::UnboundedSender<Event>,
+    event: impl FnOnce(tokio::sync::oneshot::Sender<Order>) -> Event,
+) -> Order {
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    if tx.send(event(reply)).is_err() {
+        return Order::Finish;
+    }
+    answer.await.unwrap_or(Order::Finish)
+}
+
+/// The last 600 bytes of a failed verification's output (the give-up's
+/// reason quotes them).
+fn tail_of(t: &str) -> String {
+    let t = t.trim_end();
+    let start = t.len().saturating_sub(600);
+    let start = (start..t.len())
+        .find(|i| t.is_char_boundary(*i))
+        .unwrap_or(t.len());
+    t[start..].to_string()
+}
+
+/// After the first run: carry out what the session's machine orders. Each
+/// run that ended well (or said COMPLETE) is reported to the loop
+/// ([`Event::RunEnded`]), whose machine orders its verification or decides
+/// the record; each verification is reported with whether the workspace
+/// changed ([`Event::IterationVerified`]), and the machine orders the next
+/// iteration (with the nudge or not) or decides the record (passed,
+/// `VERIFY_FAILED`, `SESSION_STUCK`). Returns the last run's report;
+/// `tally` counts the runs and the failed verifications.
 pub(super) async fn more(
     mut report: RunReport,
     plan: Plan<'_>,
@@ -136,15 +178,25 @@ pub(super) async fn more(
         None => (None, None),
     };
     let mut n = 1u32;
-    let mut stuck = 0u32;
     loop {
         tally.count = n;
         tally.note_run(&observer.output);
-        // Verified after a run that ended well or signalled COMPLETE.
+        // A run that failed, or one being stopped, is judged at the
+        // session's end (with its usage limit, its worktree).
         let done = report.ending.is_success()
             || (observer.completed
                 && !matches!(report.ending, Ending::Stopped | Ending::SpawnFailed { .. }));
         if s.verify.is_empty() || !done || orders.borrow().stop {
+            return report;
+        }
+        let order = ask(plan.tx, |reply| Event::RunEnded {
+            agent: plan.agent.clone(),
+            report: Box::new(report.clone()),
+            output: Box::new(observer.summary()),
+            reply,
+        })
+        .await;
+        if order != Order::Verify {
             return report;
         }
         let _ = plan.tx.send(Event::Iteration {
@@ -168,58 +220,46 @@ pub(super) async fn more(
             report.ending = Ending::Stopped;
             return report;
         }
-        let _ = plan.tx.send(Event::IterationVerified {
+        let verified = match v.failure() {
+            None => {
+                tracing::info!(agent = %plan.agent, "iteration {n}: verification passed");
+                machine::Verified::Passed
+            }
+            Some(failed) => {
+                tally.verify_failures += 1;
+                tracing::warn!(agent = %plan.agent, "iteration {n}: verification failed: {}", failed.describe());
+                // Without a workspace there is nothing to compare: changed.
+                let changed_workspace = match &ws_path {
+                    Some(p) => {
+                        let fp = fingerprint(p).await;
+                        let same = fp.is_some() && fp == last_fp;
+                        last_fp = fp;
+                        !same
+                    }
+                    None => true,
+                };
+                machine::Verified::Failed {
+                    changed_workspace,
+                    describe: failed.describe(),
+                    tail: tail_of(&failed.tail),
+                }
+            }
+        };
+        let order = ask(plan.tx, |reply| Event::IterationVerified {
             agent: plan.agent.clone(),
             n,
             of: s.max_iterations,
             failure: v.failure().map(|f| f.describe()),
-        });
-        let Some(failed) = v.failure().cloned() else {
-            tracing::info!(agent = %plan.agent, "iteration {n}: verification passed");
+            verified,
+            reply,
+        })
+        .await;
+        let Order::Launch { nudge } = order else {
             return report;
         };
-        tally.verify_failures += 1;
-        tracing::warn!(agent = %plan.agent, "iteration {n}: verification failed: {}", failed.describe());
-        if let Some(p) = &ws_path {
-            let fp = fingerprint(p).await;
-            stuck = if fp.is_some() && fp == last_fp {
-                stuck + 1
-            } else {
-                0
-            };
-            last_fp = fp;
-        }
-        let tail: String = {
-            let t = failed.tail.trim_end();
-            let start = t.len().saturating_sub(600);
-            let start = (start..t.len())
-                .find(|i| t.is_char_boundary(*i))
-                .unwrap_or(t.len());
-            t[start..].to_string()
-        };
-        if stuck > s.stuck_threshold {
-            tally.failed = Some((
-                Code::SessionStuck,
-                format!(
-                    "{stuck} iterations in a row changed nothing in the workspace, the last after a nudge; last verification: {}",
-                    failed.describe()
-                ),
-            ));
-            return report;
-        }
-        if n >= s.max_iterations {
-            tally.failed = Some((
-                Code::VerifyFailed,
-                format!(
-                    "verification still failed after {n} iteration(s): {}; its output ends: {tail}",
-                    failed.describe()
-                ),
-            ));
-            return report;
-        }
         n += 1;
         let mut feedback = verify::feedback(&v, n - 1, s.max_iterations);
-        if stuck == s.stuck_threshold && ws_path.is_some() {
+        if nudge {
             feedback.push_str(NUDGE);
         }
         let mut spec = plan.spec.clone();
@@ -243,6 +283,7 @@ pub(super) async fn more(
         {
             tracing::warn!(agent = %plan.agent, "cannot write iteration {n}'s prompt file: {e}");
         }
+        // Its machine is told the run launched (its timeout from now).
         let _ = plan.tx.send(Event::Iteration {
             agent: plan.agent.clone(),
             n,
@@ -251,11 +292,52 @@ pub(super) async fn more(
         });
         tracing::info!(agent = %plan.agent, "iteration {n} of {} starts with the verification feedback", s.max_iterations);
         observer.completed = false;
-        // Its timeout is its machine's, from the `Iteration` event above.
         report = match runner::launch(spec, &orders) {
             Ok(launched) => launched.run(observer, orders.clone(), None).await,
             Err(report) => *report,
         };
+    }
+}
+
+/// A run the iteration loop reported ([`Event::RunEnded`]) told to its
+/// session's machine: what its script said, COMPLETE, then its exit with
+/// what its output showed. A run whose output shows a usage limit is left
+/// for the session's end, where the economy judges it with its credential.
+pub(super) fn run_ended(
+    r: &mut Running,
+    dir: &AgentDir,
+    report: &RunReport,
+    out: &OutputSummary,
+    now: DateTime<Utc>,
+) -> Order {
+    let claude = out.claude.as_ref().and_then(output::classify);
+    let claude_error = out.claude.as_ref().is_some_and(|c| c.is_error);
+    if economy::limit_in(report, out, claude_error || claude.is_some(), now).is_some() {
+        return Order::Finish;
+    }
+    let facts = machine::Facts {
+        empty: out.empty,
+        fingerprint: out.fingerprint,
+        claude,
+        claude_error,
+        stderr_last_words: output::last_words(&out.stderr_tail),
+        oom: report.oom,
+        invalid_commits: None,
+    };
+    let script = session::script_end(dir, &r.session_id).map(script_record);
+    let end = machine::Event::ChildExited {
+        ending: report.ending.clone(),
+        facts,
+    };
+    let actions = r.tell_end(script, None, Some(end));
+    r.order_of(actions)
+}
+
+/// What a script said of its session, as its machine reads it.
+pub(super) fn script_record(end: session::ScriptEnd) -> machine::ScriptRecord {
+    match end {
+        session::ScriptEnd::Completed => machine::ScriptRecord::Ended,
+        session::ScriptEnd::Failed { reason } => machine::ScriptRecord::Failed { reason },
     }
 }
 

@@ -7,6 +7,12 @@ use super::*;
 /// A session whose process has not started after this long expires.
 pub(super) const HATCH_EXPIRY: Duration = Duration::from_secs(300);
 
+/// A session that began at `began` and whose process has not started is
+/// given up at `now` (both on the sessions' clock).
+fn hatch_expired(began: DateTime<Utc>, now: DateTime<Utc>) -> bool {
+    now >= crate::clock::later(began, HATCH_EXPIRY)
+}
+
 /// How often stale temp files, old processed messages and old session logs
 /// are pruned when the disk is fine (below `disk_pause`: every health check).
 pub(super) const ROUTINE_PRUNE_EVERY: Duration = Duration::from_secs(3600);
@@ -410,10 +416,9 @@ pub(super) fn check_sessions(
             // Seed 003's placeholder expiry: a session whose process
             // never started within 5 minutes is given up (a hatching
             // agent stays hatching for its next wake).
-            if r.pid.is_none()
-                && r.stop_reason.is_none()
-                && now.seconds_since(&r.started_at) >= HATCH_EXPIRY.as_secs() as i64
-            {
+            // Timed on the sessions' monotonic clock: a wall clock step
+            // expires no session early (nor late).
+            if r.pid.is_none() && r.stop_reason.is_none() && hatch_expired(r.began, r.clock.now()) {
                 r.stop_for(format!(
                     "expired: its process did not start within {}",
                     humantime::format_duration(HATCH_EXPIRY)
@@ -525,4 +530,32 @@ pub(super) fn check_sessions(
         }
     }
     raise
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::daemon::clock::SessionClock;
+
+    /// The expiry of a process that never started is timed on the
+    /// sessions' clock: seconds since the daemon's start on the monotonic
+    /// clock, whatever the wall clock did meanwhile.
+    #[test]
+    fn a_process_that_never_started_expires_after_five_minutes_of_the_sessions_clock() {
+        let t0 = DateTime::parse_from_rfc3339("2026-11-26T12:00:00Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        let clock = SessionClock::starting(t0);
+        let at = |s: u64| clock.at(Duration::from_secs(s));
+        let began = at(100);
+        let rows = [(100, false), (399, false), (400, true), (4000, true)];
+        for (secs, expired) in rows {
+            assert_eq!(hatch_expired(began, at(secs)), expired, "+{secs}s");
+        }
+        // The wall clock an hour ahead at +200 s: a wall clock reading
+        // would have expired it; the sessions' clock does not.
+        let wall = t0 + chrono::Duration::seconds(200 + 3600);
+        assert!(hatch_expired(began, wall), "the wall clock's answer");
+        assert!(!hatch_expired(began, at(200)));
+    }
 }

@@ -133,6 +133,38 @@ pub(super) struct EndingNote {
     pub(super) dir: AgentDir,
     pub(super) session_id: String,
     pub(super) stop_note: StopNote,
+    pub(super) noted: Noted,
+}
+
+/// Whether the daemon's note of its ending went into the session's file
+/// (shared by the session's [`EndingNote`] and the loop's `Running`): the
+/// evidence on disk of which came first, the script's own end or the
+/// daemon's stop. Its note is written under the agent's lock before every
+/// SIGTERM, and only into a session file still running.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Noted(std::sync::Arc<std::sync::atomic::AtomicU8>);
+
+impl Noted {
+    /// Not written yet.
+    const NOT_YET: u8 = 0;
+    /// The file was ended already (by the script): no note went in.
+    const FOUND_ENDED: u8 = 1;
+    /// The note went in (or its write failed: no evidence).
+    const NOTED: u8 = 2;
+
+    fn set(&self, v: u8) {
+        self.0.fetch_max(v, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// When a script's end now read from the session's file was said: before
+    /// the daemon's note (none written yet, or it found the file ended), or
+    /// no evidence either way.
+    pub(super) fn said(&self) -> machine::Said {
+        match self.0.load(std::sync::atomic::Ordering::SeqCst) {
+            Self::NOT_YET | Self::FOUND_ENDED => machine::Said::BeforeStop,
+            _ => machine::Said::AsHeard,
+        }
+    }
 }
 
 impl EndingNote {
@@ -156,8 +188,13 @@ impl EndingNote {
             ),
             _ => session::note_ending(&self.agent, &self.dir, &self.session_id, why, now),
         };
-        if let Err(e) = result {
-            tracing::warn!(agent = %self.agent.name, session_id = %self.session_id, "cannot note in session.json that the daemon ends the session: {e}");
+        match result {
+            Ok(true) => self.noted.set(Noted::NOTED),
+            Ok(false) => self.noted.set(Noted::FOUND_ENDED),
+            Err(e) => {
+                self.noted.set(Noted::NOTED);
+                tracing::warn!(agent = %self.agent.name, session_id = %self.session_id, "cannot note in session.json that the daemon ends the session: {e}");
+            }
         }
     }
 }

@@ -166,15 +166,13 @@ impl Daemon {
         self.economy.manual_refusals.remove(agent);
         let (orders_tx, orders_rx) = watch::channel(runner::Orders::default());
         let stop_note = StopNote::default();
+        let noted = observer::Noted::default();
         // Its lifecycle, fed live. Its output is told at its timers (the
-        // stall timer), and the iterations run in the session's task
-        // (`RunLaunched`, `VerifyStarted`).
+        // stall timer); with `verify`, it orders the session's task what
+        // follows each run and each verification (`iterations::more`).
         let activity = observer::Activity::new();
         let mut live = machine::Session::new(
-            machine::Settings {
-                verify: None,
-                ..machine::Settings::of(&cfg)
-            },
+            machine::Settings::of(&cfg),
             self.streaks.get(agent).cloned().unwrap_or_default(),
         );
         live.on(
@@ -190,6 +188,7 @@ impl Daemon {
                 instance: prepared.instance.clone(),
                 pid: None,
                 started_at: now,
+                began: self.session_clock.now(),
                 machine: live,
                 clock: self.session_clock,
                 timer: None,
@@ -198,6 +197,7 @@ impl Daemon {
                 output_seen: 0,
                 stop_reason: None,
                 stop_note: stop_note.clone(),
+                noted: noted.clone(),
                 completed_by_signal: false,
                 signals_seen: 0,
                 global_discoveries: 0,
@@ -206,6 +206,7 @@ impl Daemon {
                 claimed: prepared.claimed,
                 conversation: Some(prepared.conversation.clone()),
                 recording: false,
+                decided: None,
             },
         );
         let tx = self.tx.clone();
@@ -308,6 +309,7 @@ impl Daemon {
                     dir,
                     session_id,
                     stop_note,
+                    noted,
                 },
             };
             let orders_again = orders_rx.clone();
