@@ -4,7 +4,8 @@
 //!
 //! Environment: AGENT_STATE_BIN (the agent-state binary, required),
 //! AGENT_STATE_NATS_SERVER or `nats-server` on PATH; QUICK=1 for small
-//! sizes; DISPATCH_N, RATE_N, STREAMS, STREAM_LINES to change them.
+//! sizes; DISPATCH_N, RATE_N, STREAMS, STREAM_LINES to change them;
+//! LEADER_KILL=0 skips the last part.
 //!
 //! Figures (printed as `figure NAME VALUE UNIT` lines for run.sh):
 //! - dispatch: one order at a time, from just before `Dispatch::publish`
@@ -436,7 +437,12 @@ async fn main() {
         }
     }
 
-    // ---- NATS leader killed ----
+    // ---- NATS leader killed (LEADER_KILL=0 skips it) ----
+    if std::env::var("LEADER_KILL").as_deref() == Ok("0") {
+        println!("leader kill SKIPPED (LEADER_KILL=0)");
+        println!("bench done");
+        return;
+    }
     let mut info = cluster
         .jetstream()
         .get_stream(&settings.dispatch_stream)
