@@ -254,6 +254,13 @@ pub struct Survey {
     pub stream: Found,
     /// The stream behind the lease bucket (`KV_<cluster.lease_bucket>`).
     pub bucket: Found,
+    /// The stream behind the worker registry (`KV_<cluster.worker_bucket>`).
+    pub worker_bucket: Found,
+    /// The output stream (`cluster.output_stream`).
+    pub output: Found,
+    /// The workers registered, as read (empty when the registry is
+    /// missing), or why they could not be listed.
+    pub workers: Result<Vec<crate::WorkerEntry>, String>,
 }
 
 /// A JetStream object as found.
@@ -273,8 +280,9 @@ pub enum Found {
 }
 
 impl Cluster {
-    /// The server's name and version, per-key TTL, and whether the dispatch
-    /// stream and the lease bucket exist and in what shape: only read, so
+    /// The server's name and version, per-key TTL, whether the dispatch
+    /// stream, the lease bucket, the worker registry and the output stream
+    /// exist and in what shape, and the workers registered: only read, so
     /// `doctor` changes nothing on the cluster.
     pub async fn survey(&self) -> Survey {
         let info = self.client.server_info();
@@ -287,6 +295,15 @@ impl Cluster {
             bucket: self
                 .find_stream(&format!("KV_{}", self.settings.lease_bucket))
                 .await,
+            worker_bucket: self
+                .find_stream(&format!("KV_{}", self.settings.worker_bucket))
+                .await,
+            output: self.find_stream(&self.settings.output_stream).await,
+            workers: match self.existing_workers().await {
+                Ok(None) => Ok(Vec::new()),
+                Ok(Some(registry)) => registry.list().await.map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            },
         }
     }
 

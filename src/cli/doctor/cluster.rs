@@ -2,14 +2,21 @@
 //! bounded wait ([`TIMEOUT`]) and reports whether the servers answer (naming
 //! `cluster.urls` and the error when not), JetStream, the per-key TTL the
 //! leases use (nats-server 2.11 or later), whether `cluster.replicas` fits
-//! the servers, and the dispatch stream and the lease bucket as found. Only
-//! reads: nothing is created on the cluster. Cluster mode is not active yet
+//! the servers, the dispatch stream and the lease bucket as found, the
+//! worker registry and the output stream (both created at the first
+//! worker's start), and each registered worker's state (alive, draining,
+//! drained, stopped or lost) with its fix. Only reads: nothing is created on
+//! the cluster. Cluster mode is not active yet
 //! (every session runs on this host), and the first line says so.
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use agent_state_cluster::{Cluster, ClusterError, ClusterSettings, Found, Survey};
+use agent_state_cluster::workers::since_stored;
+use agent_state_cluster::{
+    Cluster, ClusterError, ClusterSettings, Found, Survey, WorkerEntry, WorkerState, WorkerTiming,
+    worker_state,
+};
 
 use super::Report;
 
@@ -20,7 +27,7 @@ pub(super) const TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Reach {
     /// Connected, JetStream answered: what was found.
-    Surveyed(Survey),
+    Surveyed(Box<Survey>),
     /// No answer within [`TIMEOUT`].
     Silent,
     /// The connection failed (the error names `cluster.urls`).
@@ -44,7 +51,8 @@ pub(super) type Finding = (Level, &'static str, String, Option<String>);
 
 /// Connects, surveys, prints.
 pub(super) fn check(r: &mut Report, settings: &ClusterSettings, config: &Path) {
-    for (level, what, detail, fix) in findings(settings, &reach(settings), config) {
+    let reach = reach(settings);
+    for (level, what, detail, fix) in findings(settings, &reach, config, SystemTime::now()) {
         let fix = fix.unwrap_or_default();
         match level {
             Level::Ok => r.ok(what, detail),
@@ -75,7 +83,7 @@ fn reach(settings: &ClusterSettings) -> Reach {
         };
         match tokio::time::timeout(TIMEOUT, work).await {
             Err(_) => Reach::Silent,
-            Ok(Ok(survey)) => Reach::Surveyed(survey),
+            Ok(Ok(survey)) => Reach::Surveyed(Box::new(survey)),
             Ok(Err(e @ ClusterError::Credentials { .. })) => Reach::Credentials(e.to_string()),
             Ok(Err(e @ ClusterError::NoJetStream { .. })) => Reach::NoJetStream(e.to_string()),
             Ok(Err(e)) => Reach::Unreachable(e.to_string()),
@@ -83,8 +91,14 @@ fn reach(settings: &ClusterSettings) -> Reach {
     })
 }
 
-/// What doctor says of `[cluster]` given how far it got (pure).
-pub(super) fn findings(settings: &ClusterSettings, reach: &Reach, config: &Path) -> Vec<Finding> {
+/// What doctor says of `[cluster]` given how far it got (pure; `now` is
+/// the wall clock the workers' heartbeat ages are read against).
+pub(super) fn findings(
+    settings: &ClusterSettings,
+    reach: &Reach,
+    config: &Path,
+    now: SystemTime,
+) -> Vec<Finding> {
     let urls = settings.urls.join(", ");
     let config = config.display();
     let mut out: Vec<Finding> = vec![(
@@ -95,7 +109,7 @@ pub(super) fn findings(settings: &ClusterSettings, reach: &Reach, config: &Path)
         None,
     )];
     let survey = match reach {
-        Reach::Surveyed(s) => s,
+        Reach::Surveyed(s) => &**s,
         Reach::Silent => {
             out.push((
                 Level::Fail,
@@ -266,7 +280,158 @@ pub(super) fn findings(settings: &ClusterSettings, reach: &Reach, config: &Path)
             )),
         ),
     });
+    out.extend(worker_findings(settings, survey, &config.to_string(), now));
     out
+}
+
+/// The worker registry, the output stream and each registered worker.
+fn worker_findings(
+    settings: &ClusterSettings,
+    survey: &Survey,
+    config: &str,
+    now: SystemTime,
+) -> Vec<Finding> {
+    let replicas = settings.replicas;
+    let mut out: Vec<Finding> = Vec::new();
+    let registry = &settings.worker_bucket;
+    let registry_exists = matches!(survey.worker_bucket, Found::Present { .. });
+    out.push(match &survey.worker_bucket {
+        Found::Missing => (
+            Level::Note,
+            "worker registry",
+            format!(
+                "{registry} does not exist yet: it is created when the first worker starts (agent-state worker)"
+            ),
+            None,
+        ),
+        Found::Present { replicas: r, .. } => (
+            Level::Ok,
+            "worker registry",
+            format!("{registry}: {r} replica(s){}", differs(*r, replicas)),
+            None,
+        ),
+        Found::Unreadable(why) => (
+            Level::Fail,
+            "worker registry",
+            format!("{registry} cannot be read: {why}"),
+            Some(format!(
+                "allow this host's NATS user $JS.API.STREAM.INFO.KV_{registry}"
+            )),
+        ),
+    });
+    let output = &settings.output_stream;
+    out.push(match &survey.output {
+        Found::Missing => (
+            Level::Note,
+            "output stream",
+            format!("{output} does not exist yet: it is created when the first worker starts"),
+            None,
+        ),
+        Found::Present {
+            work_queue: true, ..
+        } => (
+            Level::Fail,
+            "output stream",
+            format!(
+                "{output} exists but is a work queue: a session's output could not be replayed after a controller restart"
+            ),
+            Some(format!(
+                "name another cluster.output_stream in {config}, or remove this one (nats stream rm {output})"
+            )),
+        ),
+        Found::Present {
+            replicas: r,
+            messages,
+            ..
+        } => (
+            Level::Ok,
+            "output stream",
+            format!(
+                "{output}: {r} replica(s){}, {messages} chunk(s) and end(s) kept",
+                differs(*r, replicas)
+            ),
+            None,
+        ),
+        Found::Unreadable(why) => (
+            Level::Fail,
+            "output stream",
+            format!("{output} cannot be read: {why}"),
+            Some(format!(
+                "allow this host's NATS user $JS.API.STREAM.INFO.{output}"
+            )),
+        ),
+    });
+    match &survey.workers {
+        Err(why) => out.push((
+            Level::Fail,
+            "workers",
+            format!("the workers in {registry} cannot be listed: {why}"),
+            Some(format!(
+                "allow this host's NATS user to read the bucket {registry} ($JS.API.CONSUMER.> and $KV.{registry}.>)"
+            )),
+        )),
+        Ok(workers) if workers.is_empty() => {
+            if registry_exists {
+                out.push((
+                    Level::Warn,
+                    "workers",
+                    format!("none registered in {registry}: no session can run on another host"),
+                    Some("start agent-state worker on each worker host (systemctl enable --now agent-state-worker)".into()),
+                ));
+            }
+        }
+        Ok(workers) => {
+            for entry in workers {
+                out.push(worker_finding(entry, now));
+            }
+        }
+    }
+    out
+}
+
+/// One line for one registered worker: its state, sessions and heartbeat.
+fn worker_finding(entry: &WorkerEntry, now: SystemTime) -> Finding {
+    let r = &entry.record;
+    let age = since_stored(entry.stored_at, now);
+    let timing = WorkerTiming::beating_every(Duration::from_millis(r.heartbeat_every_ms.max(1)));
+    let state = worker_state(&timing, r, age, entry.drain_requested);
+    let host = &r.host;
+    let detail = format!(
+        "{host}: {}, {}/{} slot(s) busy, heartbeat {:.1}s ago (agent-state {})",
+        state.as_str(),
+        r.sessions.len(),
+        r.slots,
+        age.as_secs_f64(),
+        r.version
+    );
+    match state {
+        WorkerState::Alive => (Level::Ok, "worker", detail, None),
+        WorkerState::Draining | WorkerState::Drained => (
+            Level::Note,
+            "worker",
+            format!(
+                "{detail}; a drain was requested: it pulls no order (undo: agent-state worker resume {host})"
+            ),
+            None,
+        ),
+        WorkerState::Stopped => (
+            Level::Note,
+            "worker",
+            format!("{detail}; it stopped cleanly"),
+            None,
+        ),
+        WorkerState::Lost => (
+            Level::Warn,
+            "worker",
+            format!(
+                "{detail}; lost: no heartbeat for {}s or more",
+                timing.lost_after.as_secs()
+            ),
+            Some(format!(
+                "check agent-state-worker.service on {host} (journalctl -u agent-state-worker) and that it reaches NATS; its sessions' leases are fenced by the controller"
+            )),
+        ),
+    }
 }
 
 /// ` (cluster.replicas says N: updated when cluster mode starts)` when the
@@ -291,6 +456,9 @@ mod tests {
             per_key_ttl: ttl,
             stream,
             bucket,
+            worker_bucket: Found::Missing,
+            output: Found::Missing,
+            workers: Ok(Vec::new()),
         }
     }
 
@@ -358,7 +526,7 @@ mod tests {
             ),
             (
                 1,
-                Reach::Surveyed(survey(true, None, Found::Missing, Found::Missing)),
+                Reach::Surveyed(Box::new(survey(true, None, Found::Missing, Found::Missing))),
                 &[
                     (Level::Note, "cluster", ""),
                     (
@@ -382,12 +550,12 @@ mod tests {
             ),
             (
                 3,
-                Reach::Surveyed(survey(
+                Reach::Surveyed(Box::new(survey(
                     false,
                     None,
                     present(true, 1, 2),
                     present(false, 1, 1),
-                )),
+                ))),
                 &[
                     (Level::Note, "cluster", ""),
                     (Level::Ok, "cluster", "reachable"),
@@ -416,12 +584,12 @@ mod tests {
             ),
             (
                 3,
-                Reach::Surveyed(survey(
+                Reach::Surveyed(Box::new(survey(
                     true,
                     Some("c"),
                     present(false, 3, 0),
                     Found::Unreadable("permissions violation".into()),
-                )),
+                ))),
                 &[
                     (Level::Note, "cluster", ""),
                     (Level::Ok, "cluster", "(n1, cluster c)"),
@@ -439,7 +607,12 @@ mod tests {
         for (replicas, reach, want) in table {
             let mut settings = ClusterSettings::with_urls(vec!["nats://127.0.0.1:9".into()]);
             settings.replicas = replicas;
-            let got = findings(&settings, &reach, config);
+            let got = findings(&settings, &reach, config, SystemTime::UNIX_EPOCH);
+            // The worker lines have their own table below.
+            let got: Vec<Finding> = got
+                .into_iter()
+                .filter(|(_, w, _, _)| !matches!(*w, "worker registry" | "output stream"))
+                .collect();
             let shape: Vec<(Level, &str)> = got.iter().map(|(l, w, _, _)| (*l, *w)).collect();
             let want_shape: Vec<(Level, &str)> = want.iter().map(|(l, w, _)| (*l, *w)).collect();
             assert_eq!(shape, want_shape, "{reach:?}: {got:#?}");
@@ -466,11 +639,152 @@ mod tests {
             &settings,
             &Reach::Unreachable("refused".into()),
             Path::new("/etc/agent-state/config.toml"),
+            SystemTime::UNIX_EPOCH,
         );
         let fix = got[1].3.as_deref().unwrap();
         assert!(
             fix.contains("cluster.urls in /etc/agent-state/config.toml (nats://127.0.0.1:9)"),
             "{fix}"
         );
+    }
+
+    fn entry(
+        host: &str,
+        sessions: usize,
+        stored_secs_ago: u64,
+        drain: bool,
+        stopped: bool,
+    ) -> WorkerEntry {
+        use agent_state_cluster::{RunningSession, WorkerRecord};
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        WorkerEntry {
+            record: WorkerRecord {
+                host: host.into(),
+                version: "0.9.0".into(),
+                slots: 2,
+                sessions: (0..sessions)
+                    .map(|i| RunningSession {
+                        session_id: format!("s{i}"),
+                        agent: format!("a{i}"),
+                        started_ms: 0,
+                    })
+                    .collect(),
+                credentials: Vec::new(),
+                drained: false,
+                stopped,
+                heartbeat_ms: 0,
+                heartbeat_every_ms: 5_000,
+            },
+            stored_at: now - Duration::from_secs(stored_secs_ago),
+            revision: 1,
+            drain_requested: drain,
+        }
+    }
+
+    /// (registry, output stream, workers) -> the lines after the lease
+    /// bucket's: level, what, a piece of the detail. Heartbeats every 5 s,
+    /// lost after 20 s.
+    #[test]
+    fn the_registry_the_output_stream_and_each_worker_give_their_lines() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let config = Path::new("/etc/agent-state/config.toml");
+        type Want = &'static [(Level, &'static str, &'static str)];
+        type Row = (Found, Found, Result<Vec<WorkerEntry>, String>, Want);
+        let table: Vec<Row> = vec![
+            (
+                Found::Missing,
+                Found::Missing,
+                Ok(vec![]),
+                &[
+                    (
+                        Level::Note,
+                        "worker registry",
+                        "agent_state_workers does not exist yet: it is created when the first worker starts",
+                    ),
+                    (
+                        Level::Note,
+                        "output stream",
+                        "AGENT_STATE_OUTPUT does not exist yet",
+                    ),
+                ],
+            ),
+            (
+                present(false, 3, 0),
+                present(false, 3, 12),
+                Ok(vec![]),
+                &[
+                    (
+                        Level::Ok,
+                        "worker registry",
+                        "agent_state_workers: 3 replica(s)",
+                    ),
+                    (Level::Ok, "output stream", "12 chunk(s)"),
+                    (Level::Warn, "workers", "none registered"),
+                ],
+            ),
+            (
+                present(false, 3, 2),
+                present(true, 3, 0),
+                Ok(vec![
+                    entry("w1", 1, 1, false, false),
+                    entry("w2", 1, 2, true, false),
+                    entry("w3", 0, 25, false, false),
+                    entry("w4", 0, 25, false, true),
+                ]),
+                &[
+                    (Level::Ok, "worker registry", "3 replica(s)"),
+                    (Level::Fail, "output stream", "is a work queue"),
+                    (
+                        Level::Ok,
+                        "worker",
+                        "w1: alive, 1/2 slot(s) busy, heartbeat 1.0s ago",
+                    ),
+                    (Level::Note, "worker", "w2: draining"),
+                    (
+                        Level::Warn,
+                        "worker",
+                        "w3: lost, 0/2 slot(s) busy, heartbeat 25.0s ago",
+                    ),
+                    (Level::Note, "worker", "w4: stopped"),
+                ],
+            ),
+            (
+                Found::Unreadable("permissions violation".into()),
+                Found::Unreadable("timed out".into()),
+                Err("cannot list: permissions violation".into()),
+                &[
+                    (
+                        Level::Fail,
+                        "worker registry",
+                        "cannot be read: permissions violation",
+                    ),
+                    (Level::Fail, "output stream", "cannot be read: timed out"),
+                    (Level::Fail, "workers", "cannot be listed"),
+                ],
+            ),
+        ];
+        for (worker_bucket, output, workers, want) in table {
+            let mut s = survey(true, Some("c"), Found::Missing, Found::Missing);
+            s.worker_bucket = worker_bucket;
+            s.output = output;
+            s.workers = workers;
+            let mut settings = ClusterSettings::with_urls(vec!["nats://127.0.0.1:9".into()]);
+            settings.replicas = 3;
+            let got: Vec<Finding> = findings(&settings, &Reach::Surveyed(Box::new(s)), config, now)
+                .into_iter()
+                .skip_while(|(_, w, _, _)| *w != "worker registry")
+                .collect();
+            let shape: Vec<(Level, &str)> = got.iter().map(|(l, w, _, _)| (*l, *w)).collect();
+            let want_shape: Vec<(Level, &str)> = want.iter().map(|(l, w, _)| (*l, *w)).collect();
+            assert_eq!(shape, want_shape, "{got:#?}");
+            for ((_, _, detail, _), (_, _, piece)) in got.iter().zip(want) {
+                assert!(detail.contains(piece), "{detail:?} lacks {piece:?}");
+            }
+            for (level, what, detail, fix) in &got {
+                if matches!(level, Level::Fail | Level::Warn) {
+                    assert!(fix.is_some(), "{what}: {detail}: no fix");
+                }
+            }
+        }
     }
 }

@@ -93,6 +93,14 @@ pub struct Node {
     child: Option<Child>,
 }
 
+impl Node {
+    /// The server's process id while it runs (for the benchmark's CPU time).
+    #[allow(dead_code)]
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+}
+
 pub struct NatsCluster {
     pub nodes: Vec<Node>,
     pub dir: tempfile::TempDir,
