@@ -69,6 +69,10 @@ pub enum DispatchError {
         source: Box<dyn std::error::Error + Send + Sync>,
     },
     #[error(
+        "no answer to a pull from {consumer} within {waited:?} (the server that took it may be gone); pulling again"
+    )]
+    PullUnanswered { consumer: String, waited: Duration },
+    #[error(
         "order {sequence} of stream {stream} is not a session order ({detail}); it was terminated"
     )]
     BadOrder {
@@ -191,6 +195,10 @@ impl Dispatch {
     }
 }
 
+/// How long past its expiry a pull may go unanswered before it counts as
+/// lost.
+const PULL_ANSWER_GRACE: Duration = Duration::from_secs(3);
+
 /// One credential group's orders, as a worker sees them.
 pub struct OrderQueue {
     consumer: jetstream::consumer::Consumer<pull::Config>,
@@ -203,6 +211,20 @@ impl OrderQueue {
     /// if none came. The server hands out nothing this worker did not ask
     /// for, so a busy worker is never given an order to sit on.
     pub async fn next(&self, wait: Duration) -> Result<Option<PulledOrder>, DispatchError> {
+        // The server answers a pull by its expiry at the latest; a pull sent
+        // to a server that then died is answered by nobody, and the client
+        // would wait for ever (seen after a stream leader's SIGKILL).
+        let waited = wait + PULL_ANSWER_GRACE;
+        match tokio::time::timeout(waited, self.next_unbounded(wait)).await {
+            Ok(answer) => answer,
+            Err(_) => Err(DispatchError::PullUnanswered {
+                consumer: self.name.clone(),
+                waited,
+            }),
+        }
+    }
+
+    async fn next_unbounded(&self, wait: Duration) -> Result<Option<PulledOrder>, DispatchError> {
         let pull_error = |source: Box<dyn std::error::Error + Send + Sync>| DispatchError::Pull {
             consumer: self.name.clone(),
             source,
