@@ -4,15 +4,9 @@
 //! monitor's backstop asks it when a session should have ended — each
 //! run's timeout and grace, never the time a verification takes.
 
-use std::time::Duration;
-
 use serde_json::Value;
 
-use crate::support::{Env, daemon_config, state};
-
-fn secs(s: u64) -> Duration {
-    Duration::from_secs(s)
-}
+use crate::support::{Env, daemon_config, secs, state};
 
 /// rio runs `run` (a shell fragment) each iteration and is verified by
 /// `verify`; `defaults` are more `[defaults]` keys. Bootstrapped.
@@ -51,22 +45,6 @@ fn ended(env: &Env) -> Option<Value> {
     (s["status"] != "running" && s["iterations"].is_object()).then_some(s)
 }
 
-/// The journal's end lines of rio's sessions (a completion, an error, a
-/// timeout).
-fn ends(env: &Env) -> Vec<Value> {
-    env.journal("rio")
-        .into_iter()
-        .filter(|e| {
-            ["session_end", "error", "timeout"].contains(&e["event"].as_str().unwrap_or(""))
-        })
-        .collect()
-}
-
-/// `.daemon/errors.jsonl`, as text (empty when there is none).
-fn errors(env: &Env) -> String {
-    std::fs::read_to_string(env.root.join(".daemon/errors.jsonl")).unwrap_or_default()
-}
-
 /// A verification may take longer than the session's timeout (it has its
 /// own `verify_timeout`): the health monitor, checking every second, does
 /// not stop the session as "ran past its timeout" a minute after its
@@ -96,12 +74,12 @@ fn a_verification_longer_than_the_timeout_is_not_cut_by_the_health_monitor() {
     assert_eq!(s["iterations"]["count"], 1, "{s:#}");
     assert_eq!(runs(&env), 1);
     d.wait_until(secs(10), "the journal's end line", || {
-        !ends(&env).is_empty()
+        !env.session_ends("rio").is_empty()
     });
-    let ends = ends(&env);
+    let ends = env.session_ends("rio");
     assert_eq!(ends.len(), 1, "{ends:#?}");
     assert_eq!(ends[0]["event"], "session_end", "{ends:#?}");
-    let errors = errors(&env);
+    let errors = env.error_log();
     assert!(
         !errors.contains("SESSION_TIMEOUT") && !errors.contains("ran past its timeout"),
         "{errors}"
@@ -129,9 +107,9 @@ fn each_iteration_has_its_own_timeout() {
     assert_eq!(s["iterations"]["count"], 2, "{s:#}");
     assert_eq!(runs(&env), 2);
     assert!(
-        !errors(&env).contains("SESSION_TIMEOUT"),
+        !env.error_log().contains("SESSION_TIMEOUT"),
         "{}",
-        errors(&env)
+        env.error_log()
     );
 }
 
@@ -153,9 +131,14 @@ fn a_later_iteration_that_hangs_times_out() {
     assert_eq!(s["iterations"]["count"], 2, "{s:#}");
     assert_eq!(runs(&env), 2);
     d.wait_until(secs(10), "the journal's end line", || {
-        !ends(&env).is_empty()
+        !env.session_ends("rio").is_empty()
     });
-    assert_eq!(ends(&env).len(), 1, "{:#?}", ends(&env));
+    assert_eq!(
+        env.session_ends("rio").len(),
+        1,
+        "{:#?}",
+        env.session_ends("rio")
+    );
 }
 
 /// `agent-state stop` while the daemon verifies: the verification ends at
@@ -192,9 +175,9 @@ fn a_stop_during_verification_ends_it_with_one_stopped_record() {
     );
     assert_eq!(runs(&env), 1, "no iteration after the stop");
     d.wait_until(secs(10), "the journal's end line", || {
-        !ends(&env).is_empty()
+        !env.session_ends("rio").is_empty()
     });
-    let ends = ends(&env);
+    let ends = env.session_ends("rio");
     assert_eq!(ends.len(), 1, "{ends:#?}");
     assert_eq!(ends[0]["event"], "error", "{ends:#?}");
     assert!(
@@ -226,7 +209,7 @@ fn plain(run: &str, defaults: &[(&str, &str)]) -> Env {
 }
 
 fn stalled_records(env: &Env) -> usize {
-    errors(env)
+    env.error_log()
         .lines()
         .filter(|l| l.contains("SESSION_STALLED"))
         .count()
@@ -285,5 +268,5 @@ fn each_silence_is_warned_once_and_the_session_goes_on() {
     d.wait_until(secs(10), "two SESSION_STALLED records", || {
         stalled_records(&env) >= 2
     });
-    assert_eq!(stalled_records(&env), 2, "{}", errors(&env));
+    assert_eq!(stalled_records(&env), 2, "{}", env.error_log());
 }

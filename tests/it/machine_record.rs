@@ -4,15 +4,7 @@
 //! first — its script or the daemon's timeout, stop or shutdown — the
 //! session gets one record, and it is the first one.
 
-use std::time::Duration;
-
-use serde_json::Value;
-
-use crate::support::{BIN, Env, daemon_config, state};
-
-fn secs(s: u64) -> Duration {
-    Duration::from_secs(s)
-}
+use crate::support::{BIN, Env, daemon_config, secs, state};
 
 /// rio's script ends its own session (`session end`), says so in
 /// `ended`, then runs `then` (a shell fragment). `defaults`: more
@@ -47,25 +39,6 @@ fn setup_with(hook: &str, then: &str, defaults: &[(&str, &str)]) -> Env {
     env
 }
 
-/// The journal's end lines (a completion, an error, a timeout).
-fn ends(env: &Env) -> Vec<Value> {
-    env.journal("rio")
-        .into_iter()
-        .filter(|e| {
-            ["session_end", "error", "timeout"].contains(&e["event"].as_str().unwrap_or(""))
-        })
-        .collect()
-}
-
-fn errors(env: &Env) -> String {
-    std::fs::read_to_string(env.root.join(".daemon/errors.jsonl")).unwrap_or_default()
-}
-
-/// No session of rio's is the daemon's any more (daemon.json).
-fn idle(d: &crate::support::Daemon) -> bool {
-    d.heartbeat()["running"] == serde_json::json!([])
-}
-
 /// The script ended its session, then its process lingered (`sleep 30`)
 /// past its 2 s timeout: the daemon ends the process (SIGTERM) but the
 /// session is what its script recorded first — completed, once; no
@@ -90,15 +63,15 @@ fn a_script_ended_session_that_lingers_past_its_timeout_is_completed_once() {
         .unwrap()
         .to_string();
     d.wait_until(secs(30), "the daemon is done with rio's session", || {
-        idle(&d) && d.log_text().contains(&format!("session {sid} "))
+        d.idle() && d.log_text().contains(&format!("session {sid} "))
     });
     let s = state(&env, "rio", "session.json");
     assert_eq!(s["session_id"], sid.as_str(), "{s:#}");
     assert_eq!(s["status"], "completed", "{s:#}");
-    let ends = ends(&env);
+    let ends = env.session_ends("rio");
     assert_eq!(ends.len(), 1, "{ends:#?}");
     assert_eq!(ends[0]["event"], "session_end", "{ends:#?}");
-    let errors = errors(&env);
+    let errors = env.error_log();
     assert!(!errors.contains("SESSION_TIMEOUT"), "{errors}");
     let r = state(&env, "rio", "report.json");
     assert_eq!(r["summary"], "done by the script", "{r:#}");
@@ -135,15 +108,15 @@ fn a_script_failed_session_that_lingers_past_its_timeout_is_its_failure() {
         .unwrap()
         .to_string();
     d.wait_until(secs(30), "the daemon raised the session's error", || {
-        idle(&d) && errors(&env).contains("SESSION_")
+        d.idle() && env.error_log().contains("SESSION_")
     });
     let s = state(&env, "rio", "session.json");
     assert_eq!(s["session_id"], sid.as_str(), "{s:#}");
     assert_eq!(s["status"], "error", "{s:#}");
-    let ends = ends(&env);
+    let ends = env.session_ends("rio");
     assert_eq!(ends.len(), 1, "{ends:#?}");
     assert_eq!(ends[0]["event"], "error", "{ends:#?}");
-    let errors = errors(&env);
+    let errors = env.error_log();
     assert!(!errors.contains("SESSION_TIMEOUT"), "{errors}");
     assert!(
         errors.contains("SESSION_FAILED") && errors.contains("no work tree"),
@@ -183,7 +156,7 @@ fn with_verify_a_script_that_ends_its_session_itself_is_one_session() {
         }
     });
     d.wait_until(secs(20), "the daemon is done with rio's session", || {
-        idle(&d)
+        d.idle()
     });
     let s = state(&env, "rio", "session.json");
     let sid = s["session_id"].as_str().unwrap().to_string();
@@ -191,13 +164,13 @@ fn with_verify_a_script_that_ends_its_session_itself_is_one_session() {
     assert_eq!(s["iterations"]["count"], 2, "{s:#}");
     assert_eq!(s["iterations"]["verify_failures"], 1, "{s:#}");
     let journal = env.journal("rio");
-    let ends = ends(&env);
+    let ends = env.session_ends("rio");
     assert_eq!(ends.len(), 1, "{journal:#?}");
     assert_eq!(ends[0]["event"], "session_end", "{journal:#?}");
     assert_eq!(ends[0]["session_id"], sid.as_str(), "{journal:#?}");
     assert_eq!(env.events("rio", "session_start").len(), 1, "{journal:#?}");
     // Each run's usage once: two runs of 120 tokens.
     assert_eq!(s["tokens_used"], 240, "{s:#}");
-    let errors = errors(&env);
+    let errors = env.error_log();
     assert!(errors.is_empty(), "{errors}");
 }

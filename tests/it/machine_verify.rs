@@ -4,15 +4,7 @@
 //! real daemon, an agent whose command is a shell script, a `verify`
 //! command that reads a file the runs make.
 
-use std::time::Duration;
-
-use serde_json::Value;
-
-use crate::support::{BIN, Env, daemon_config, state};
-
-fn secs(s: u64) -> Duration {
-    Duration::from_secs(s)
-}
+use crate::support::{BIN, Env, daemon_config, secs, state};
 
 /// rio's script counts its runs in `runs` and runs `body` (a shell
 /// fragment: `$N` is the run, `$D` the temp dir); its `verify` counts the
@@ -52,25 +44,6 @@ fn count(env: &Env, file: &str) -> usize {
     }
 }
 
-/// The journal's end lines (a completion, an error, a timeout).
-fn ends(env: &Env) -> Vec<Value> {
-    env.journal("rio")
-        .into_iter()
-        .filter(|e| {
-            ["session_end", "error", "timeout"].contains(&e["event"].as_str().unwrap_or(""))
-        })
-        .collect()
-}
-
-fn errors(env: &Env) -> String {
-    std::fs::read_to_string(env.root.join(".daemon/errors.jsonl")).unwrap_or_default()
-}
-
-/// No session of rio's is the daemon's any more (daemon.json).
-fn idle(d: &crate::support::Daemon) -> bool {
-    d.heartbeat()["running"] == serde_json::json!([])
-}
-
 /// A run whose script recorded `session fail` (and exited 0) did not end
 /// well: its machine records the script's failure at once; it is neither
 /// verified nor iterated. Before, the loop outside the machine verified
@@ -89,7 +62,7 @@ fn a_run_its_script_failed_is_neither_verified_nor_iterated() {
     let d = env.daemon();
     env.send("marcus", "rio", &["--body", "please"]);
     d.wait_until(secs(30), "the daemon raised the session's error", || {
-        idle(&d) && errors(&env).contains("SESSION_FAILED")
+        d.idle() && env.error_log().contains("SESSION_FAILED")
     });
     assert_eq!(count(&env, "runs"), 1, "one run");
     assert_eq!(count(&env, "verified"), 0, "no verification");
@@ -97,10 +70,10 @@ fn a_run_its_script_failed_is_neither_verified_nor_iterated() {
     assert_eq!(s["status"], "error", "{s:#}");
     assert_eq!(s["iterations"]["count"], 1, "{s:#}");
     assert_eq!(s["iterations"]["verify_failures"], 0, "{s:#}");
-    let ends = ends(&env);
+    let ends = env.session_ends("rio");
     assert_eq!(ends.len(), 1, "{ends:#?}");
     assert!(env.events("rio", "iteration_end").is_empty());
-    let errors = errors(&env);
+    let errors = env.error_log();
     assert!(errors.contains("no work tree"), "{errors}");
     assert!(!errors.contains("VERIFY_FAILED"), "{errors}");
 }
@@ -115,14 +88,14 @@ fn a_verification_that_fails_then_passes_is_one_session_of_two_runs() {
     env.send("marcus", "rio", &["--body", "please"]);
     d.wait_until(secs(30), "the session ended", || {
         let s = state(&env, "rio", "session.json");
-        idle(&d) && s["status"].is_string() && s["status"] != "running"
+        d.idle() && s["status"].is_string() && s["status"] != "running"
     });
     let s = state(&env, "rio", "session.json");
     assert_eq!(s["status"], "completed", "{s:#}");
     assert_eq!(s["iterations"]["count"], 2, "{s:#}");
     assert_eq!(s["iterations"]["verify_failures"], 1, "{s:#}");
     assert_eq!((count(&env, "runs"), count(&env, "verified")), (2, 2));
-    let ends = ends(&env);
+    let ends = env.session_ends("rio");
     assert_eq!(ends.len(), 1, "{ends:#?}");
     assert_eq!(ends[0]["event"], "session_end", "{ends:#?}");
     let verdicts: Vec<String> = env
@@ -131,7 +104,7 @@ fn a_verification_that_fails_then_passes_is_one_session_of_two_runs() {
         .map(|e| e["verify"].as_str().unwrap_or("").to_string())
         .collect();
     assert_eq!(verdicts, ["failed", "passed"]);
-    assert_eq!(errors(&env), "", "no error record");
+    assert_eq!(env.error_log(), "", "no error record");
 }
 
 /// `max_iterations = 1`: the one verification fails and the machine gives
@@ -143,14 +116,14 @@ fn out_of_iterations_is_verify_failed_after_the_last_run() {
     let d = env.daemon();
     env.send("marcus", "rio", &["--body", "please"]);
     d.wait_until(secs(30), "the daemon raised VERIFY_FAILED", || {
-        idle(&d) && errors(&env).contains("VERIFY_FAILED")
+        d.idle() && env.error_log().contains("VERIFY_FAILED")
     });
     assert_eq!((count(&env, "runs"), count(&env, "verified")), (1, 1));
     let s = state(&env, "rio", "session.json");
     assert_eq!(s["status"], "error", "{s:#}");
     assert_eq!(s["iterations"]["count"], 1, "{s:#}");
-    assert_eq!(ends(&env).len(), 1);
-    let errors = errors(&env);
+    assert_eq!(env.session_ends("rio").len(), 1);
+    let errors = env.error_log();
     assert!(errors.contains("fixed is missing"), "{errors}");
 }
 
@@ -171,10 +144,10 @@ fn a_stop_during_verification_is_one_stopped_session_and_no_next_run() {
     assert!(out.contains("stopped"), "{out}");
     d.wait_until(secs(30), "the session ended", || {
         let s = state(&env, "rio", "session.json");
-        idle(&d) && s["status"].is_string() && s["status"] != "running"
+        d.idle() && s["status"].is_string() && s["status"] != "running"
     });
     assert_eq!((count(&env, "runs"), count(&env, "verified")), (1, 1));
-    let ends = ends(&env);
+    let ends = env.session_ends("rio");
     assert_eq!(ends.len(), 1, "{ends:#?}");
     assert_eq!(ends[0]["code"], "SESSION_STOPPED", "{ends:#?}");
     assert!(
@@ -182,6 +155,6 @@ fn a_stop_during_verification_is_one_stopped_session_and_no_next_run() {
         "{ends:#?} {id}"
     );
     assert!(env.events("rio", "iteration_start").is_empty());
-    let errors = errors(&env);
+    let errors = env.error_log();
     assert!(!errors.contains("VERIFY_FAILED"), "{errors}");
 }

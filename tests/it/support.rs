@@ -305,6 +305,22 @@ impl Env {
         std::fs::rename(&aside, &self.config).expect("rename config");
     }
 
+    /// The end lines of `agent`'s sessions in its journal (a completion, an
+    /// error, a timeout).
+    pub fn session_ends(&self, agent: &str) -> Vec<Value> {
+        self.journal(agent)
+            .into_iter()
+            .filter(|e| {
+                ["session_end", "error", "timeout"].contains(&e["event"].as_str().unwrap_or(""))
+            })
+            .collect()
+    }
+
+    /// `.daemon/errors.jsonl`, as text (empty when there is none).
+    pub fn error_log(&self) -> String {
+        std::fs::read_to_string(self.root.join(".daemon/errors.jsonl")).unwrap_or_default()
+    }
+
     /// Start `agent-state daemon` on this environment (see [`Daemon::start`]).
     pub fn daemon(&self) -> Daemon {
         Daemon::start(self, &[])
@@ -439,6 +455,11 @@ impl Daemon {
             );
         }
         self.status.expect("exit status")
+    }
+
+    /// No session is the daemon's any more (daemon.json's `running`).
+    pub fn idle(&self) -> bool {
+        self.heartbeat()["running"] == serde_json::json!([])
     }
 
     /// SIGKILL, and reap it (as systemd would).
@@ -646,4 +667,9 @@ pub fn crash_rng(harness: &str) -> (u64, impl FnMut(u64) -> u64) {
         x % n
     };
     (seed, rand)
+}
+
+/// `s` seconds.
+pub fn secs(s: u64) -> std::time::Duration {
+    std::time::Duration::from_secs(s)
 }
