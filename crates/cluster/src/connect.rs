@@ -260,7 +260,17 @@ pub struct Survey {
     pub output: Found,
     /// The workers registered, as read (empty when the registry is
     /// missing), or why they could not be listed.
-    pub workers: Result<Vec<crate::WorkerEntry>, String>,
+    pub workers: Result<Vec<crate::WorkerEntry>, WorkersUnread>,
+}
+
+/// Why [`Survey::workers`] could not be read: which step failed, and the
+/// server's answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WorkersUnread {
+    #[error("cannot open the registry: {0}")]
+    Registry(String),
+    #[error("cannot list it: {0}")]
+    List(String),
 }
 
 /// A JetStream object as found.
@@ -301,8 +311,11 @@ impl Cluster {
             output: self.find_stream(&self.settings.output_stream).await,
             workers: match self.existing_workers().await {
                 Ok(None) => Ok(Vec::new()),
-                Ok(Some(registry)) => registry.list().await.map_err(|e| e.to_string()),
-                Err(e) => Err(e.to_string()),
+                Ok(Some(registry)) => registry
+                    .list()
+                    .await
+                    .map_err(|e| WorkersUnread::List(e.to_string())),
+                Err(e) => Err(WorkersUnread::Registry(e.to_string())),
             },
         }
     }

@@ -30,7 +30,7 @@ pub mod workers;
 
 pub use bytes::Bytes;
 pub use config::{ClusterSettings, ConfigProblem, RawCluster};
-pub use connect::{Cluster, ClusterError, Found, Survey};
+pub use connect::{Cluster, ClusterError, Found, Survey, WorkersUnread};
 pub use dispatch::{Dispatch, DispatchError, OrderQueue, Published, PulledOrder, SessionOrder};
 pub use keeper::{KeepEnd, keep};
 pub use lease::{Lease, LeaseError, LeaseRecord, LeaseValue, Leases};

@@ -689,7 +689,12 @@ mod tests {
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
         let config = Path::new("/etc/agent-state/config.toml");
         type Want = &'static [(Level, &'static str, &'static str)];
-        type Row = (Found, Found, Result<Vec<WorkerEntry>, String>, Want);
+        type Row = (
+            Found,
+            Found,
+            Result<Vec<WorkerEntry>, agent_state_cluster::WorkersUnread>,
+            Want,
+        );
         let table: Vec<Row> = vec![
             (
                 Found::Missing,
@@ -751,7 +756,9 @@ mod tests {
             (
                 Found::Unreadable("permissions violation".into()),
                 Found::Unreadable("timed out".into()),
-                Err("cannot list: permissions violation".into()),
+                Err(agent_state_cluster::WorkersUnread::List(
+                    "permissions violation".into(),
+                )),
                 &[
                     (
                         Level::Fail,
