@@ -11,43 +11,9 @@
 #[allow(clippy::duplicate_mod)]
 mod nats;
 
+use crate::cluster_worker::Worker;
 use crate::support::*;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-
-/// The worker process, SIGKILLed if the test ends without it.
-struct Worker {
-    child: Child,
-    log: std::path::PathBuf,
-}
-
-impl Worker {
-    fn start(env: &Env, host: &str) -> Worker {
-        let log = env.tmp(&format!("worker-{host}.log"));
-        let file = std::fs::File::create(&log).unwrap();
-        let child = Command::new(BIN)
-            .args(["--config", env.config.to_str().unwrap()])
-            .args(["worker", "--host", host, "--slots", "2"])
-            .args(["--heartbeat", "300ms"])
-            .stdin(Stdio::null())
-            .stdout(file.try_clone().unwrap())
-            .stderr(file)
-            .spawn()
-            .expect("start agent-state worker");
-        Worker { child, log }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// doctor's stdout (it exits non-zero when anything else on this test
 /// machine fails; the lines are what is checked).

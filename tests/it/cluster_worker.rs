@@ -21,13 +21,13 @@ use agent_state_cluster::{
 use serde_json::Value;
 
 /// The worker process, SIGKILLed if the test ends without stopping it.
-struct Worker {
-    child: Child,
+pub(crate) struct Worker {
+    pub(crate) child: Child,
     log: std::path::PathBuf,
 }
 
 impl Worker {
-    fn start(env: &Env, host: &str) -> Worker {
+    pub(crate) fn start(env: &Env, host: &str) -> Worker {
         let log = env.tmp(&format!("worker-{host}.log"));
         let file = std::fs::File::create(&log).unwrap();
         let child = Command::new(BIN)
@@ -42,7 +42,7 @@ impl Worker {
         Worker { child, log }
     }
 
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }
