@@ -426,7 +426,10 @@ async fn supervise(
     let mut obeying = Obeying {
         pid,
         iteration: spec.iteration,
+        kill_grace: spec.kill_grace,
         terminating: None,
+        terminated_at: None,
+        kill_at: None,
         killed: false,
     };
     // Orders given before the run was supervised (between its launch and
@@ -456,6 +459,7 @@ async fn supervise(
                 output.stall(silent_for);
             }
             () = &mut feed, if !fed => fed = true,
+            () = kill_when(obeying.kill_at), if obeying.kill_at.is_some() => obeying.kill_now(),
             changed = orders.changed(), if orders_open => match changed {
                 Ok(()) => {
                     let now = orders.borrow_and_update().clone();
@@ -471,8 +475,15 @@ async fn supervise(
 struct Obeying {
     pid: u32,
     iteration: u32,
+    /// The least time between its SIGTERM and its SIGKILL.
+    kill_grace: Duration,
     /// SIGTERM sent, for this.
     terminating: Option<Ending>,
+    /// When it was sent (the grace counts from here).
+    terminated_at: Option<tokio::time::Instant>,
+    /// A SIGKILL ordered before the grace since this runner's own SIGTERM
+    /// ran out: sent then.
+    kill_at: Option<tokio::time::Instant>,
     killed: bool,
 }
 
@@ -488,15 +499,39 @@ impl Obeying {
             tracing::warn!(pid, "session {why}; sending SIGTERM to its process group");
             signal_group(pid, Signal::SIGTERM);
             self.terminating = Some(why);
+            self.terminated_at = Some(tokio::time::Instant::now());
         }
-        if !self.killed && orders.kills(self.iteration) {
-            tracing::warn!(
-                pid,
-                "session still running after SIGTERM and its grace; sending SIGKILL to its process group"
-            );
-            signal_group(pid, Signal::SIGKILL);
-            self.killed = true;
+        if !self.killed && self.kill_at.is_none() && orders.kills(self.iteration) {
+            // The order's grace was counted from when it was given; the
+            // signal may have gone out later (the ending note's write waits
+            // for the agent's lock and the disk), and the session is owed
+            // its whole grace after the SIGTERM it really got.
+            match self.terminated_at.map(|t| t + self.kill_grace) {
+                Some(at) if at > tokio::time::Instant::now() => self.kill_at = Some(at),
+                _ => self.kill_now(),
+            }
         }
+    }
+
+    fn kill_now(&mut self) {
+        self.kill_at = None;
+        if self.killed {
+            return;
+        }
+        tracing::warn!(
+            pid = self.pid,
+            "session still running after SIGTERM and its grace; sending SIGKILL to its process group"
+        );
+        signal_group(self.pid, Signal::SIGKILL);
+        self.killed = true;
+    }
+}
+
+/// Ready at `at` (never, without one).
+async fn kill_when(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -69,6 +69,8 @@ pub struct SdBox {
     tool: PathBuf,
     name: String,
     pub root: PathBuf,
+    /// The box's own cgroups (see [`BoxCgroups`]).
+    cgroups: BoxCgroups,
 }
 
 impl SdBox {
@@ -88,7 +90,9 @@ impl SdBox {
                     NEXT_BOX.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
                 ),
                 root: PathBuf::new(),
+                cgroups: BoxCgroups::default(),
             };
+            sdbox.cgroups = BoxCgroups::make(&sdbox.name);
             let t0 = Instant::now();
             match sdbox.try_up() {
                 Ok(()) => {
@@ -109,8 +113,9 @@ impl SdBox {
     /// short-lived helper; it then waits a minute for an answer that cannot
     /// come. When the recorded pid is gone, this gives up at once.
     fn try_up(&mut self) -> Result<(), String> {
-        let mut child = self
-            .tool_command(&["up", &self.name])
+        let mut up = self.tool_command(&["up", &self.name]);
+        self.cgroups.enter_on_spawn(&mut up);
+        let mut child = up
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -157,6 +162,14 @@ impl SdBox {
                 self.root.display()
             ));
         }
+        let init = std::fs::read_to_string(&init_pid).unwrap_or_default();
+        let cgroup =
+            std::fs::read_to_string(format!("/proc/{}/cgroup", init.trim())).unwrap_or_default();
+        let own = format!("/agent-state-it-{}/", self.name);
+        assert!(
+            self.cgroups.dirs.is_empty() || cgroup.lines().any(|l| l.contains(&own)),
+            "the box's systemd is not in the box's own cgroup {own}: {cgroup}"
+        );
         Ok(())
     }
 
@@ -315,10 +328,103 @@ impl Drop for SdBox {
             Ok(out) => eprintln!("sdbox down {} failed:\n{}", self.name, describe(&out)),
             Err(e) => eprintln!("cannot run sdbox down {}: {e}", self.name),
         }
+        self.cgroups.remove();
     }
 }
 
 pub fn set_mode(path: &Path, mode: u32) {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+/// A cgroup of the box's own in each hierarchy that tracks processes (the
+/// unified one, and systemd's named v1 one on a hybrid host), entered by
+/// `sdbox up` before it starts systemd-nspawn. nspawn's `--keep-unit` puts
+/// the container under its caller's cgroup: without these, boxes booted at
+/// the same time share one tree, so one box's `agent-state.service` is the
+/// other's, and one box's daemon starting kills the other's sessions as
+/// leftovers (a session of the unit test was SIGKILLed so in CI).
+#[derive(Default)]
+struct BoxCgroups {
+    dirs: Vec<PathBuf>,
+}
+
+impl BoxCgroups {
+    /// Make `agent-state-it-NAME` in each writable process-tracking
+    /// hierarchy found (none where there is none: the boxes then share as
+    /// before).
+    fn make(name: &str) -> BoxCgroups {
+        let candidates = [
+            "/sys/fs/cgroup/unified",
+            "/sys/fs/cgroup/systemd",
+            "/sys/fs/cgroup",
+        ];
+        let mut dirs = Vec::new();
+        for base in candidates {
+            let base = Path::new(base);
+            // A cgroup hierarchy of its own (not a tmpfs of mount points),
+            // and not one already taken (pure v2: /sys/fs/cgroup is it).
+            if !base.join("cgroup.procs").is_file() {
+                continue;
+            }
+            let dir = base.join(format!("agent-state-it-{name}"));
+            match std::fs::create_dir(&dir) {
+                Ok(()) => dirs.push(dir),
+                Err(e) => eprintln!(
+                    "cannot make the box's cgroup {} ({e}); boxes started together may share one",
+                    dir.display()
+                ),
+            }
+        }
+        BoxCgroups { dirs }
+    }
+
+    /// `cmd` moves itself into these cgroups before it runs.
+    fn enter_on_spawn(&self, cmd: &mut Command) {
+        use std::os::unix::process::CommandExt;
+        let procs: Vec<std::ffi::CString> = self
+            .dirs
+            .iter()
+            .filter_map(|d| {
+                std::ffi::CString::new(d.join("cgroup.procs").into_os_string().into_encoded_bytes())
+                    .ok()
+            })
+            .collect();
+        // SAFETY: between fork and exec only open/write/close of paths made
+        // before the fork (async-signal-safe; no allocation).
+        unsafe {
+            cmd.pre_exec(move || {
+                for path in &procs {
+                    let fd = nix::libc::open(path.as_ptr(), nix::libc::O_WRONLY);
+                    if fd < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    let written = nix::libc::write(fd, b"0".as_ptr().cast(), 1);
+                    nix::libc::close(fd);
+                    if written != 1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
+    }
+
+    /// Remove them, innermost first, once the box is down (an empty cgroup
+    /// is removed by rmdir; one still holding a process stays, harmlessly).
+    fn remove(&self) {
+        fn rmdir_tree(dir: &Path) {
+            if let Ok(entries) = std::fs::read_dir(dir) {
+                for e in entries.flatten() {
+                    if e.file_type().is_ok_and(|t| t.is_dir()) {
+                        rmdir_tree(&e.path());
+                    }
+                }
+            }
+            let _ = std::fs::remove_dir(dir);
+        }
+        for dir in &self.dirs {
+            rmdir_tree(dir);
+        }
+    }
 }

@@ -102,7 +102,7 @@ shutdown_grace = "5s"
 [defaults]
 command = [{script:?}, "{{agent}}"]
 timeout = "{timeout}"
-kill_grace = "2s"
+kill_grace = "10s"
 retry_delay = "1h"
 workspace = {{ repo = {repo:?} }}
 {defaults}

@@ -716,3 +716,41 @@ fn the_log_says_what_memory_max_wrote_and_what_swap_does() {
         "{without}"
     );
 }
+
+/// The grace counts from the SIGTERM the session really got: a kill
+/// ordered together with the end (its grace spent while the SIGTERM was
+/// held up, e.g. by the ending note's write on a busy disk) waits for it,
+/// so the session's trap runs to its end.
+#[tokio::test]
+async fn a_kill_ordered_with_the_end_still_leaves_the_whole_grace() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = spec(&dir, "slow-trap.sh", &[]);
+    spec.kill_grace = Duration::from_secs(20);
+    let iteration = spec.iteration;
+    let (tx, rx) = watch::channel(Orders::default());
+    let launched = launch(spec.clone(), &rx).unwrap_or_else(|r| panic!("{r:?}"));
+    let mut seen = Collect::default();
+    let orders = async {
+        while !String::from_utf8_lossy(&std::fs::read(&spec.log_path).unwrap_or_default())
+            .contains("ready")
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tx.send_modify(|o| {
+            o.end = Some((iteration, Ending::TimedOut));
+            o.kill = Some(iteration);
+        });
+    };
+    let (report, ()) = tokio::join!(launched.run(&mut seen, rx, None), orders);
+    assert_eq!(report.ending, Ending::TimedOut);
+    let log = log_of(&spec);
+    assert!(
+        log.contains("cleaned up"),
+        "the trap was cut short: {log:?}"
+    );
+    assert!(
+        report.duration < Duration::from_secs(20),
+        "{:?}",
+        report.duration
+    );
+}
