@@ -46,6 +46,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "agent_name",
             "fsx",
             "access",
+            "session_status",
             "string_enum",
             "zone",
         ],
@@ -53,8 +54,12 @@ const LAYERS: &[(&str, &[&str])] = &[
     // Every file shape and the one way each is written.
     ("store", &["state"]),
     // Pure decisions: values in, values out, the time passed in (no IO).
-    // Below config, which keeps a parsed `schedule::Schedule`.
-    ("decide", &["schedule", "protocol", "economy"]),
+    // Below config, which keeps a parsed `schedule::Schedule` (and the
+    // error matrix's `failure::RetrySettings`).
+    (
+        "decide",
+        &["schedule", "protocol", "economy", "ending", "failure"],
+    ),
     // What the operator wrote.
     ("config", &["config"]),
     // What scripts use without a daemon: the hooks, the inbox, the prompt,
@@ -946,6 +951,7 @@ fn d() { let t = std::time::SystemTime::now(); }
 const DECIDE_DEPENDENCIES: &[&str] = &[
     "agent-state-store", // zone::Zone, clock::Timestamp, agent_name::AgentName
     "chrono",            // the arithmetic of times
+    "humantime",         // durations in the reasons the machine renders ("after 10m")
     "serde",             // the values are written to and read from state files
     "serde_json",        // protocol::limits reads Claude Code's stream-json
     "thiserror",         // the errors' Display

@@ -23,8 +23,10 @@
 
 // The base values, under the paths the modules used inside `agent-state`
 // (`crate::zone::Zone`), so a moved file reads the same.
-use agent_state_store::{agent_name, clock, zone};
+use agent_state_store::{agent_name, catalogue, clock, zone};
 
 pub mod economy;
+pub mod ending;
+pub mod failure;
 pub mod protocol;
 pub mod schedule;
