@@ -31,7 +31,7 @@ pub use agent_state_store::{
 };
 // The pure decisions: the crate agent-state-decide (crates/decide), under
 // their old paths (`crate::schedule`, `agent_state::protocol`).
-pub use agent_state_decide::{economy, ending, failure, protocol, schedule};
+pub use agent_state_decide::{economy, ending, failure, machine, protocol, schedule};
 
 pub mod backup;
 pub mod check;

@@ -58,7 +58,9 @@ const LAYERS: &[(&str, &[&str])] = &[
     // error matrix's `failure::RetrySettings`).
     (
         "decide",
-        &["schedule", "protocol", "economy", "ending", "failure"],
+        &[
+            "schedule", "protocol", "economy", "ending", "failure", "machine",
+        ],
     ),
     // What the operator wrote.
     ("config", &["config"]),
