@@ -27,11 +27,11 @@
 // The base and store layers: the crate agent-state-store (crates/store),
 // under their old paths (`crate::state`, `agent_state::fsx`, ...).
 pub use agent_state_store::{
-    access, agent_name, catalogue, clock, error, fsx, state, string_enum, zone,
+    access, agent_name, catalogue, clock, error, fsx, session_status, state, string_enum, zone,
 };
 // The pure decisions: the crate agent-state-decide (crates/decide), under
 // their old paths (`crate::schedule`, `agent_state::protocol`).
-pub use agent_state_decide::{economy, protocol, schedule};
+pub use agent_state_decide::{economy, ending, failure, machine, protocol, schedule};
 
 pub mod backup;
 pub mod check;

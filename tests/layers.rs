@@ -26,7 +26,11 @@
 //! 4. the pure decisions (crates/decide) do no IO: their `Cargo.toml` names
 //!    only [`DECIDE_DEPENDENCIES`], and outside their tests they name
 //!    neither the store's file access and state files nor std's, tokio's
-//!    or nix's IO (the layer rule alone would let them use the store).
+//!    or nix's IO (the layer rule alone would let them use the store);
+//! 5. the modules of the binary that moved into the pure decisions
+//!    ([`REEXPORTS_ONLY`]: the session machine, the error matrix) keep only
+//!    their old paths: their file holds `pub use` items and nothing else,
+//!    and no file below it, so no decision grows back into the daemon.
 //!
 //! The scanner is tested on its own below, and on the real tree it must find
 //! the dependencies we know of, so it cannot silently stop seeing them.
@@ -46,6 +50,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "agent_name",
             "fsx",
             "access",
+            "session_status",
             "string_enum",
             "zone",
         ],
@@ -53,8 +58,14 @@ const LAYERS: &[(&str, &[&str])] = &[
     // Every file shape and the one way each is written.
     ("store", &["state"]),
     // Pure decisions: values in, values out, the time passed in (no IO).
-    // Below config, which keeps a parsed `schedule::Schedule`.
-    ("decide", &["schedule", "protocol", "economy"]),
+    // Below config, which keeps a parsed `schedule::Schedule` (and the
+    // error matrix's `failure::RetrySettings`).
+    (
+        "decide",
+        &[
+            "schedule", "protocol", "economy", "ending", "failure", "machine",
+        ],
+    ),
     // What the operator wrote.
     ("config", &["config"]),
     // What scripts use without a daemon: the hooks, the inbox, the prompt,
@@ -729,11 +740,16 @@ fn the_scan_sees_the_dependencies_we_know_of() {
         ("flow", "protocol"),                 // use crate::protocol::summary::... (crate decide)
         ("economy", "protocol"),              // use crate::protocol::limits::... (inside decide)
         ("config", "economy"),                // pub use crate::economy::UsageLimitSettings
-        ("cli", "daemon::files"),             // use crate::daemon::{files, session}
-        ("check", "fsx"),                     // crate::fsx::is_dir(..) in code
-        ("error", "catalogue"),               // crate::catalogue::Code in a return type
-        ("state::journal", "state::words"),   // use super::words::{TaskPriority, ...}
-        ("state::tasks", "state::report"),    // super::report::Report in code
+        ("config", "machine"), // impl From<&AgentConfig> for crate::machine::Settings
+        ("machine", "failure"), // use crate::failure::{self, ...} (inside decide)
+        ("failure", "ending"), // use crate::ending::{Ending, ...} (inside decide)
+        ("machine", "session_status"), // use crate::session_status::SessionStatus (decide -> store)
+        ("daemon::machine", "machine"), // pub use crate::machine::*
+        ("cli", "daemon::files"), // use crate::daemon::{files, session}
+        ("check", "fsx"),      // crate::fsx::is_dir(..) in code
+        ("error", "catalogue"), // crate::catalogue::Code in a return type
+        ("state::journal", "state::words"), // use super::words::{TaskPriority, ...}
+        ("state::tasks", "state::report"), // super::report::Report in code
     ] {
         assert!(
             g.edges.iter().any(|e| e.from == from && e.to == to),
@@ -946,6 +962,7 @@ fn d() { let t = std::time::SystemTime::now(); }
 const DECIDE_DEPENDENCIES: &[&str] = &[
     "agent-state-store", // zone::Zone, clock::Timestamp, agent_name::AgentName
     "chrono",            // the arithmetic of times
+    "humantime",         // durations in the reasons the machine renders ("after 10m")
     "serde",             // the values are written to and read from state files
     "serde_json",        // protocol::limits reads Claude Code's stream-json
     "thiserror",         // the errors' Display
@@ -1099,6 +1116,98 @@ use agent_state_store::{clock, state};
     );
     let manifest = "[package]\nname = \"x\"\n[dependencies]\n# why\nchrono = \"0.4\"\nnix = { version = \"0.31\" }\n[dev-dependencies]\ntempfile = \"3\"\n";
     assert_eq!(dependencies(manifest), ["chrono", "nix"]);
+}
+
+// ---- what moved into the pure decisions stays there --------------------------------
+
+/// The binary's modules whose decisions moved into crates/decide: each
+/// keeps its old path for the daemon's code and nothing else (rule 5).
+/// `(file, where its code lives now)`.
+const REEXPORTS_ONLY: &[(&str, &str)] = &[
+    ("src/daemon/machine.rs", "crates/decide/src/machine.rs"),
+    ("src/daemon/failure.rs", "crates/decide/src/failure.rs"),
+];
+
+/// The lines of the items of `text` that are not a `pub use` (a function,
+/// a type, an impl, a `mod`, a private `use`): one per item.
+fn not_reexports(text: &str) -> Vec<usize> {
+    let toks = lex(text);
+    let ident = |i: usize, w: &str| matches!(toks.get(i), Some((Tok::Ident(x), _)) if x == w);
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < toks.len() {
+        let reexport = ident(i, "pub") && ident(i + 1, "use");
+        if !reexport {
+            out.push(toks[i].1);
+        }
+        // To the end of the item: its `;` outside braces, or its block.
+        let mut depth = 0usize;
+        while i < toks.len() {
+            match toks[i].0 {
+                Tok::Punct('{') => depth += 1,
+                Tok::Punct('}') => {
+                    depth = depth.saturating_sub(1);
+                    if depth == 0 && !reexport {
+                        break;
+                    }
+                }
+                Tok::Punct(';') if depth == 0 => break,
+                _ => {}
+            }
+            i += 1;
+        }
+        i += 1;
+    }
+    out
+}
+
+#[test]
+fn moved_decisions_leave_only_their_old_paths() {
+    let files = source_tree();
+    let mut problems = Vec::new();
+    for (path, home) in REEXPORTS_ONLY {
+        let Some(f) = files.iter().find(|f| f.path == *path) else {
+            problems.push(format!(
+                "{path}: not found; remove it from REEXPORTS_ONLY (tests/layers.rs) if the old \
+                 path is gone"
+            ));
+            continue;
+        };
+        for line in not_reexports(&f.text) {
+            problems.push(format!(
+                "{path}:{line}: only `pub use` items here: this module's code lives in {home} \
+                 (the pure decisions, no IO); put the decision there, or, if it does IO, in \
+                 the daemon module that carries out the machine's actions"
+            ));
+        }
+        let dir = format!("{}/", path.trim_end_matches(".rs"));
+        for below in files.iter().filter(|f| f.path.starts_with(&dir)) {
+            problems.push(format!(
+                "{}: a module below {path}, which only re-exports {home}: move it beside \
+                 {home} (its tests: {}/tests.rs)",
+                below.path,
+                home.trim_end_matches(".rs")
+            ));
+        }
+    }
+    assert_none("decisions grown back into the daemon", &problems);
+}
+
+#[test]
+fn the_reexport_scan_sees_every_other_item() {
+    let text = r#"
+//! A module doc.
+pub use crate::machine::*;
+pub use crate::failure::{self, Verdict};
+use crate::clock::later;
+/// A doc.
+pub fn f() { if true { g(); } }
+#[cfg(test)]
+mod tests;
+impl From<&A> for B { fn from(a: &A) -> B { B } }
+pub use crate::x::{a, b::{c, d}};
+"#;
+    assert_eq!(not_reexports(text), vec![5, 7, 8, 10]);
 }
 
 // ---- no process-wide state in the store -------------------------------------------

@@ -35,6 +35,27 @@ impl From<&AgentConfig> for AgentKind {
     }
 }
 
+/// What the session machine (crates/decide, which cannot name the config)
+/// reads of an agent's config: `machine::Settings::of(&cfg)`.
+impl From<&AgentConfig> for crate::machine::Settings {
+    fn from(cfg: &AgentConfig) -> crate::machine::Settings {
+        let s = &cfg.session;
+        crate::machine::Settings {
+            timeout: s.timeout,
+            stall_timeout: s.stall_timeout,
+            stall_stops: s.stall_action == super::StallAction::Stop,
+            kill_grace: s.kill_grace,
+            require_complete: s.require_complete,
+            verify: (!s.iteration.verify.is_empty()).then_some(crate::machine::IterationLimits {
+                max_iterations: s.iteration.max_iterations,
+                stuck_threshold: s.iteration.stuck_threshold,
+            }),
+            holds_end: !s.iteration.verify.is_empty(),
+            retries: s.retries,
+        }
+    }
+}
+
 /// An `[[agent]]` table. serde cannot combine `flatten` with
 /// `deny_unknown_fields`, so the overridable settings are spelled out again.
 #[derive(Deserialize)]

@@ -70,3 +70,68 @@ impl SessionClock {
         (t - self.now()).to_std().unwrap_or_default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::daemon::machine::{Action, Event, Session, Settings, Sig};
+    use crate::failure::Streak;
+
+    /// The loop tells a session's machine (crates/decide's `machine`) the
+    /// time of the sessions' clock, which follows the monotonic clock from
+    /// the daemon's start: a step of the wall clock (NTP, an operator's
+    /// `date -s`) moves no timeout. Each row: seconds on the monotonic
+    /// clock, the wall clock then (relative to T0), the event, the answer.
+    /// The machine, told the wall clock instead, would time the run out at
+    /// the forward step (checked on a copy).
+    #[test]
+    fn a_wall_clock_step_does_not_move_a_timeout() {
+        let t0 = DateTime::parse_from_rfc3339("2026-11-26T12:00:00Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        let brief = |a: &Action| match a {
+            Action::Launch { iteration, .. } => format!("launch {iteration}"),
+            Action::ArmTimer { at } => format!("timer +{}s", (*at - t0).num_seconds()),
+            Action::Signal(Sig::Term) => "TERM".into(),
+            Action::Signal(Sig::Kill) => "KILL".into(),
+            other => format!("{other:?}"),
+        };
+        let clock = SessionClock::starting(t0);
+        let mono = |s: u64| clock.at(Duration::from_secs(s));
+        let settings = Settings {
+            timeout: Duration::from_secs(600),
+            kill_grace: Duration::from_secs(10),
+            ..Settings::default()
+        };
+        let mut m = Session::new(settings, Streak::default());
+        let begin = Event::Begin {
+            session_id: "20261126-120000-rio".into(),
+        };
+        let rows: Vec<(u64, i64, Event, &[&str])> = vec![
+            (0, 0, begin, &["launch 1"]),
+            (0, 0, Event::Launched, &["timer +600s"]),
+            // The wall clock stepped an hour back at +250 s.
+            (300, 300 - 3600, Event::Deadline, &["timer +600s"]),
+            // Then two hours forward: its timeout is still 200 s away.
+            (400, 400 + 3600, Event::Deadline, &["timer +600s"]),
+            (600, 600 + 3600, Event::Deadline, &["TERM", "timer +610s"]),
+            (610, 610 + 3600, Event::Deadline, &["KILL"]),
+        ];
+        for (secs, wall, event, want) in rows {
+            if secs == 400 {
+                let mut told_the_wall = m.clone();
+                let wall_now = t0 + chrono::Duration::seconds(wall);
+                let got: Vec<String> = told_the_wall
+                    .on(Event::Deadline, wall_now)
+                    .iter()
+                    .map(brief)
+                    .collect();
+                assert_eq!(got, ["TERM", "timer +4010s"], "the wall clock's answer");
+            }
+            let got: Vec<String> = m.on(event.clone(), mono(secs)).iter().map(brief).collect();
+            assert_eq!(got, want, "+{secs}s (wall {wall:+}s): {event:?}");
+        }
+    }
+}

@@ -24,30 +24,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-/// How the daemon knows the kernel's OOM killer ended a session.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OomEvidence {
-    /// The session's cgroup's `memory.events` counted this many OOM kills.
-    Cgroup { oom_kills: u64 },
-    /// SIGKILL the daemon did not send, while the kernel's `oom_kill`
-    /// count (`/proc/vmstat`) went from `before` to `after`.
-    Kernel { before: u64, after: u64 },
-}
-
-impl std::fmt::Display for OomEvidence {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            OomEvidence::Cgroup { oom_kills } => write!(
-                f,
-                "its cgroup's memory.events counts {oom_kills} OOM kill(s)"
-            ),
-            OomEvidence::Kernel { before, after } => write!(
-                f,
-                "it was killed by SIGKILL the daemon did not send while the kernel's oom_kill count (/proc/vmstat) rose from {before} to {after}"
-            ),
-        }
-    }
-}
+/// How the daemon knows the kernel's OOM killer ended a session: a value
+/// of the pure decisions (crates/decide's `ending`), which judge it.
+pub use crate::ending::OomEvidence;
 
 /// What the runner read about a session's memory when it ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

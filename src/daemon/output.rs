@@ -342,42 +342,10 @@ pub fn parse_claude_result(stdout: &[u8]) -> Option<ClaudeResult> {
         })
 }
 
-/// Why a session that printed an error result failed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ClaudeFailure {
-    /// The CLI has no valid credentials: an operator must log in (or fix the
-    /// API key). Retrying does not help.
-    LoginRequired { message: String },
-    /// The API failed. `retryable`: rate limits, overload, server errors and
-    /// network trouble, which pass; otherwise a request the API refuses
-    /// (prompt too long, forbidden, ...), which retrying repeats.
-    Api { message: String, retryable: bool },
-    /// Anything else (`error_max_turns`, `error_during_execution`, ...).
-    Other { message: String },
-}
-
-impl ClaudeFailure {
-    /// The message for the error record (at most [`MESSAGE_LIMIT`]
-    /// characters and an ellipsis).
-    pub fn message(&self) -> &str {
-        match self {
-            ClaudeFailure::LoginRequired { message }
-            | ClaudeFailure::Api { message, .. }
-            | ClaudeFailure::Other { message } => message,
-        }
-    }
-
-    /// Whether the same session may succeed if simply run again later.
-    pub fn is_retryable(&self) -> bool {
-        matches!(
-            self,
-            ClaudeFailure::Api {
-                retryable: true,
-                ..
-            }
-        )
-    }
-}
+/// Why a session that printed an error result failed, and whether its
+/// message says the network failed: values of the pure decisions
+/// (crates/decide's `ending`), which judge them.
+pub use crate::ending::{ClaudeFailure, is_network_error};
 
 /// Phrases of an authentication failure (compared in lower case).
 const LOGIN_PHRASES: &[&str] = &[
@@ -405,24 +373,6 @@ const RETRYABLE_PHRASES: &[&str] = &[
     "etimedout",
     "socket hang up",
 ];
-
-/// Phrases of a network failure (compared in lower case): retried for
-/// `network_retry_for`, not a number of times.
-const NETWORK_PHRASES: &[&str] = &[
-    "connection error",
-    "connection refused",
-    "econnreset",
-    "econnrefused",
-    "etimedout",
-    "socket hang up",
-];
-
-/// Whether an API failure's message says the network failed (the seed's
-/// "connection refused" row), rather than the API answering.
-pub fn is_network_error(message: &str) -> bool {
-    let lower = message.to_lowercase();
-    NETWORK_PHRASES.iter().any(|p| lower.contains(p))
-}
 
 /// Phrases of a request the API will refuse again.
 const REFUSED_PHRASES: &[&str] = &["prompt is too long", "credit balance is too low"];

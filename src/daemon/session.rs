@@ -9,10 +9,9 @@
 //! `session fail`, which update every file exactly as for a script.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use super::files;
-use super::runner::{Ending, RunReport, SessionSpec, SpawnFailure, StallAction};
+use super::runner::{Ending, RunReport, SessionSpec, StallAction};
 use crate::clock::Timestamp;
 use crate::config::{AgentConfig, Config};
 use crate::error::Result;
@@ -347,45 +346,8 @@ pub fn describe_ending(ending: &Ending, agent: &AgentConfig) -> (Option<&'static
 }
 
 /// [`describe_ending`] with the session's `timeout`, the only setting it
-/// reads (for the pure decisions in `machine`).
-pub fn describe_with(ending: &Ending, timeout: Duration) -> (Option<&'static str>, String) {
-    match ending {
-        Ending::Exited { code: 0 } => (None, "completed".into()),
-        Ending::Exited { code } => (
-            Some("error"),
-            format!("the session command exited with status {code}"),
-        ),
-        Ending::Signaled { signal } => (
-            Some("error"),
-            format!(
-                "the session command was killed by signal {}",
-                signal_name(*signal)
-            ),
-        ),
-        Ending::TimedOut => (
-            Some("timeout"),
-            format!("timed out after {}", humantime::format_duration(timeout)),
-        ),
-        Ending::Stopped => (
-            Some("timeout"),
-            "the daemon stopped: shutdown_grace ran out before the session ended".into(),
-        ),
-        Ending::Stalled { .. } => (Some("error"), ending.to_string()),
-        Ending::SpawnFailed { reason, kind } => (
-            Some("error"),
-            match kind {
-                SpawnFailure::NotFound => format!("{reason}; check `command` in the config"),
-                _ => reason.clone(),
-            },
-        ),
-    }
-}
-
-fn signal_name(signal: i32) -> String {
-    nix::sys::signal::Signal::try_from(signal)
-        .map(|s| s.as_str().to_string())
-        .unwrap_or_else(|_| signal.to_string())
-}
+/// reads (for the pure decisions in `machine`, crates/decide's `ending`).
+pub use crate::ending::describe_with;
 
 /// Note in session.json, before the runner signals the session, that the
 /// daemon is ending it (`why`: its timeout, a stall, a stop): the session

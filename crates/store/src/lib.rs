@@ -3,9 +3,9 @@
 //! daemon or the CLI.
 //!
 //! - base: [`clock`], [`catalogue`], [`error`], [`agent_name`], [`fsx`],
-//!   [`access`], [`string_enum`], [`zone`] — timestamps, the error catalogue
-//!   and the error type, names as path components, every file access below
-//!   the root, time zones;
+//!   [`access`], [`session_status`], [`string_enum`], [`zone`] — timestamps,
+//!   the error catalogue and the error type, names as path components, every
+//!   file access below the root, session.json's status word, time zones;
 //! - store: [`state`] — every state file's shape and the one way each is
 //!   written.
 //!
@@ -18,6 +18,7 @@ pub mod catalogue;
 pub mod clock;
 pub mod error;
 pub mod fsx;
+pub mod session_status;
 pub mod state;
 pub mod string_enum;
 pub mod zone;

@@ -754,3 +754,16 @@ async fn a_kill_ordered_with_the_end_still_leaves_the_whole_grace() {
         report.duration
     );
 }
+
+/// The pure decisions name signals without nix (crates/decide's
+/// `ending::signal_name`): every number reads as nix's `Signal` names it,
+/// so an ending reads as it did when it was rendered with nix.
+#[test]
+fn signal_names_are_nix_names() {
+    for n in -1..=70 {
+        let nix_name = nix::sys::signal::Signal::try_from(n)
+            .ok()
+            .map(|s| s.as_str());
+        assert_eq!(crate::ending::signal_name(n), nix_name, "signal {n}");
+    }
+}

@@ -1,12 +1,9 @@
 //! What the runner is given and what it gives back: the session's spec,
 //! the observer of its output, and the report of how it ended.
 
-use std::fmt;
 use std::io;
 use std::path::PathBuf;
 use std::time::Duration;
-
-use nix::sys::signal::Signal;
 
 /// What to run, and where its output goes.
 #[derive(Debug, Clone)]
@@ -163,68 +160,9 @@ impl OutputObserver for DiscardOutput {
     fn on_output(&mut self, _chunk: &[u8]) {}
 }
 
-/// Why a spawn failed, for the caller's error code.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SpawnFailure {
-    /// The command (or the interpreter on its `#!` line) does not exist.
-    NotFound,
-    /// The command is not executable (or a directory on its path is not
-    /// searchable).
-    PermissionDenied,
-    /// Anything else: an empty command, a missing working directory, a log
-    /// that cannot be opened; the reason says which.
-    Other,
-    /// The session's git worktree could not be made (its code says why).
-    Workspace(crate::catalogue::Code),
-}
-
-/// How the session's main process ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Ending {
-    /// It exited by itself with this code.
-    Exited { code: i32 },
-    /// A signal killed it, not sent by the runner.
-    Signaled { signal: i32 },
-    /// It was still running at the timeout; the runner terminated it, as
-    /// ordered (however it then exited).
-    TimedOut,
-    /// The orders stopped the session (a stop asked, the daemon's shutdown);
-    /// the runner terminated it. Also returned, without spawning, when the stop
-    /// was already requested before the start.
-    Stopped,
-    /// It printed nothing for `silent_for` (the stall timeout) and the
-    /// orders ended it for that ([`StallAction::Stop`]).
-    Stalled { silent_for: Duration },
-    /// It never ran. `reason` is a sentence for an operator, naming the path.
-    SpawnFailed { reason: String, kind: SpawnFailure },
-}
-
-impl Ending {
-    /// Exited by itself with code 0.
-    pub fn is_success(&self) -> bool {
-        matches!(self, Ending::Exited { code: 0 })
-    }
-}
-
-impl fmt::Display for Ending {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Ending::Exited { code } => write!(f, "exited with code {code}"),
-            Ending::Signaled { signal } => match Signal::try_from(*signal) {
-                Ok(name) => write!(f, "killed by signal {signal} ({name})"),
-                Err(_) => write!(f, "killed by signal {signal}"),
-            },
-            Ending::TimedOut => write!(f, "timed out"),
-            Ending::Stopped => write!(f, "stopped by the daemon"),
-            Ending::Stalled { silent_for } => write!(
-                f,
-                "stalled: no output for {}",
-                humantime::format_duration(*silent_for)
-            ),
-            Ending::SpawnFailed { reason, .. } => write!(f, "{reason}"),
-        }
-    }
-}
+/// How a run ended and why a spawn failed: values of the pure decisions
+/// (crates/decide's `ending`), which judge them.
+pub use crate::ending::{Ending, SpawnFailure};
 
 /// Why the session log could not be written.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -78,22 +78,9 @@ string_enum!(
     AdHoc = "ad-hoc"
 );
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SessionStatus {
-    Running,
-    Completed,
-    Timeout,
-    Error,
-}
-string_enum!(
-    SessionStatus,
-    "session status",
-    Running = "running",
-    Completed = "completed",
-    Timeout = "timeout",
-    Error = "error"
-);
+/// session.json's `status`, a word of its own below the state files: the
+/// session machine (crates/decide) answers it for an outcome.
+pub use crate::session_status::SessionStatus;
 
 /// What a session's end counts as: seed 001's three outcomes, and a usage
 /// limit, which ended the session (`status: "error"`, its messages

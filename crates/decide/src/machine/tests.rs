@@ -1,9 +1,9 @@
-//! The tests of `daemon::machine`: tables of `events → expected actions`,
+//! The tests of `machine`: tables of `events → expected actions`,
 //! the clock a value (seconds after `T0`). Actions are compared in a short
 //! written form (`"record error SESSION_FAILED"`, `"timer +600s"`).
 
 use super::*;
-use crate::daemon::runner::SpawnFailure;
+use crate::ending::SpawnFailure;
 
 const T0: &str = "2026-11-26T12:00:00Z";
 const SID: &str = "20261126-120000-rio";
@@ -1558,45 +1558,6 @@ fn due_to_end_follows_each_run_not_the_session() {
     assert_eq!(due(&m), Some(1510), "the grace of its SIGTERM");
     m.on(exited(0), at(1505));
     assert_eq!(due(&m), None, "recording");
-}
-
-/// The loop tells a session's machine the time of the sessions' clock
-/// (`daemon::clock::SessionClock`), which follows the monotonic clock from
-/// the daemon's start: a step of the wall clock (NTP, an operator's
-/// `date -s`) moves no timeout. Each row: seconds on the monotonic clock,
-/// the wall clock then (relative to T0), the event, the answer. The
-/// machine, told the wall clock instead, would time the run out at the
-/// forward step (checked on a copy).
-#[test]
-fn a_wall_clock_step_does_not_move_a_timeout() {
-    use crate::daemon::clock::SessionClock;
-    let clock = SessionClock::starting(at(0));
-    let mono = |s: u64| clock.at(Duration::from_secs(s));
-    let mut m = Session::new(settings(), Streak::default());
-    let rows: Vec<(u64, i64, Event, &[&str])> = vec![
-        (0, 0, begin(), &["launch 1"]),
-        (0, 0, Event::Launched, &["timer +600s"]),
-        // The wall clock stepped an hour back at +250 s.
-        (300, 300 - 3600, Event::Deadline, &["timer +600s"]),
-        // Then two hours forward: its timeout is still 200 s away.
-        (400, 400 + 3600, Event::Deadline, &["timer +600s"]),
-        (600, 600 + 3600, Event::Deadline, &["TERM", "timer +610s"]),
-        (610, 610 + 3600, Event::Deadline, &["KILL"]),
-    ];
-    for (secs, wall, event, want) in rows {
-        if secs == 400 {
-            let mut told_the_wall = m.clone();
-            let wall_now = at(0) + chrono::Duration::seconds(wall);
-            let got: Vec<String> = told_the_wall
-                .on(Event::Deadline, wall_now)
-                .iter()
-                .map(brief)
-                .collect();
-            assert_eq!(got, ["TERM", "timer +4010s"], "the wall clock's answer");
-        }
-        let got: Vec<String> = m.on(event.clone(), mono(secs)).iter().map(brief).collect();
-        assert_eq!(got, want, "+{secs}s (wall {wall:+}s): {event:?}");
-    }
 }
 
 /// The iterations as the machine orders them (issue 21): each run's end
