@@ -32,6 +32,7 @@ Wait up to this long for the session to start, and print its id. Exit status: \
 the credential is still held (a usage limit, an admin's cap or a failed login: with a held credential, \
 --wait waits for the session's end, which tells whether the hold is over), \
 the session's workspace is locked or could not be made (retried), \
+a session of the agent is running (the wake is skipped), \
 or no slot came free within DUR; the message names which and until when; \
 69 no daemon runs";
 
@@ -100,6 +101,15 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
                 ));
                 return Ok(exit::FAILED);
             }
+            if refused.cause.is_none() {
+                // A session of the agent's runs (begun by the daemon a
+                // moment ago, or by a script): this wake was not served.
+                crate::cli::warn(format!(
+                    "{}: session {} is running; this wake was skipped (one follow-up session runs when it ends if messages are waiting); wake again after it ends",
+                    dir.name, refused.running_session
+                ));
+                return Ok(exit::TEMPFAIL);
+            }
             crate::cli::warn(refusal_message(&dir.name, &refused));
             return Ok(exit::TEMPFAIL);
         }
@@ -152,7 +162,8 @@ impl Refusals {
             match serde_json::from_value::<Entry>(e.event).ok()?.event {
                 Event::WakeSkipped(w)
                     if w.reason == "manual"
-                        && w.cause.is_some_and(|c| c.refuses() || c.cannot_start()) =>
+                        && (w.cause.is_some_and(|c| c.refuses() || c.cannot_start())
+                            || (w.cause.is_none() && !w.running_session.is_empty())) =>
                 {
                     Some(w)
                 }

@@ -233,8 +233,10 @@ fn wake_wait_refused_by_a_budget_exits_75_naming_the_budget_and_its_end() {
     env.ok(&["bootstrap"]);
     let d = env.daemon();
     env.ok(&["wake", "rio", "--wait", "10s"]);
+    // Its end journaled and the daemon done with it (a wake before that
+    // finds the session running: see the next test).
     d.wait_until(secs(10), "the first session is counted", || {
-        env.events("rio", "session_end").len() == 1
+        env.events("rio", "session_end").len() == 1 && d.idle()
     });
     // Each later wake is refused, and each gets its answer (not only the
     // first: the daemon says a refused manual wake again).
@@ -258,6 +260,47 @@ fn wake_wait_refused_by_a_budget_exits_75_naming_the_budget_and_its_end() {
         .collect();
     assert_eq!(refused.len(), 2, "{refused:#?}");
     assert!(refused[0]["until"].is_string(), "{:#}", refused[0]);
+    assert_eq!(env.events("rio", "session_start").len(), 1);
+}
+
+/// A wake while the agent's session runs is skipped (one follow-up comes
+/// only if messages wait); `wake --wait` says so at once, naming the
+/// session, instead of waiting out its bound and calling the wake queued.
+#[test]
+fn wake_wait_while_a_session_runs_exits_75_naming_it() {
+    let env = Env::with_config("");
+    let go = env.tmp("go");
+    let script = env.script(
+        "agent.sh",
+        &format!(
+            "cat >/dev/null\nwhile [ ! -e {go:?} ]; do sleep 0.05; done\nprintf '%s\\n' '{RESULT}'\n"
+        ),
+    );
+    let config = daemon_config(&script, &[], &[], "[[agent]]\nname = \"rio\"\n");
+    env.set_config(&config);
+    env.ok(&["bootstrap"]);
+    let d = env.daemon();
+    let first = env.ok(&["wake", "rio", "--wait", "30s"]);
+    let first = first.trim();
+    let asked = std::time::Instant::now();
+    let out = env.run(&["wake", "rio", "--wait", "120s"]);
+    let waited = asked.elapsed();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(75), "{err}");
+    assert!(
+        err.contains(&format!("session {first} is running"))
+            && err.contains("this wake was skipped"),
+        "{err}"
+    );
+    assert!(
+        waited < secs(120),
+        "answered by the journal, not the bound: {waited:?}"
+    );
+    std::fs::write(&go, "").unwrap();
+    d.wait_until(secs(30), "the session ends", || {
+        env.events("rio", "session_end").len() == 1 && d.idle()
+    });
+    // Nothing waited in the inbox: no follow-up session.
     assert_eq!(env.events("rio", "session_start").len(), 1);
 }
 
