@@ -370,7 +370,7 @@ pub fn describe_with(ending: &Ending, timeout: Duration) -> (Option<&'static str
             Some("timeout"),
             "the daemon stopped: shutdown_grace ran out before the session ended".into(),
         ),
-        Ending::Stalled { .. } => (Some("error"), ending.to_string()),
+        Ending::Stalled { .. } | Ending::Lost { .. } => (Some("error"), ending.to_string()),
         Ending::SpawnFailed { reason, kind } => (
             Some("error"),
             match kind {

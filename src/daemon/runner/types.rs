@@ -197,6 +197,10 @@ pub enum Ending {
     Stalled { silent_for: Duration },
     /// It never ran. `reason` is a sentence for an operator, naming the path.
     SpawnFailed { reason: String, kind: SpawnFailure },
+    /// It ran on a worker host that was lost (its lease fenced, lost or not
+    /// renewed, the worker stopped) before its end could be recorded:
+    /// `reason` starts "interrupted: worker lost" ([`crate::daemon::remote`]).
+    Lost { reason: String },
 }
 
 impl Ending {
@@ -222,6 +226,7 @@ impl fmt::Display for Ending {
                 humantime::format_duration(*silent_for)
             ),
             Ending::SpawnFailed { reason, .. } => write!(f, "{reason}"),
+            Ending::Lost { reason } => write!(f, "{reason}"),
         }
     }
 }
