@@ -159,6 +159,9 @@ pub struct Target {
     pub remote: Arc<Remote>,
     /// The agent's credential group (`session.credential`).
     pub group: String,
+    /// Told the worker's name once one runs the session (status,
+    /// daemon.json).
+    pub on_host: Arc<dyn Fn(String) + Send + Sync>,
 }
 
 /// A session launched: a local process, or an order about to be published.
@@ -170,6 +173,7 @@ pub enum Launch {
 /// A remote run's facts, checked by [`launch`].
 pub struct RemoteRun {
     remote: Arc<Remote>,
+    on_host: Arc<dyn Fn(String) + Send + Sync>,
     order: SessionOrder,
     agent: String,
     spec: SessionSpec,
@@ -210,6 +214,7 @@ pub fn launch(
     };
     Ok(Launch::Remote(RemoteRun {
         remote: target.remote.clone(),
+        on_host: target.on_host.clone(),
         agent: order.agent.clone(),
         order,
         spec,
@@ -326,6 +331,7 @@ impl RemoteRun {
     ) -> RunReport {
         let RemoteRun {
             remote,
+            on_host,
             order,
             agent,
             spec,
@@ -334,7 +340,16 @@ impl RemoteRun {
         let id = order.session_id.clone();
         let started = Instant::now();
         let mut output = runner::Output::new(log, &spec.log_path, spec.max_output, observer);
-        let finish = drive(&remote, &order, &agent, &spec, &mut output, &mut orders).await;
+        let finish = drive(
+            &remote,
+            &order,
+            &agent,
+            &spec,
+            &mut output,
+            &mut orders,
+            &*on_host,
+        )
+        .await;
         let finished = output.finish().await;
         let (ending, ran) = match finish {
             Finish::NotRun(ending) => (ending, false),
@@ -382,6 +397,7 @@ async fn drive(
     spec: &SessionSpec,
     output: &mut runner::Output<'_>,
     orders: &mut watch::Receiver<Orders>,
+    on_host: &(dyn Fn(String) + Send + Sync),
 ) -> Finish {
     let id = order.session_id.as_str();
     let dispatch_timeout = remote.settings.dispatch_timeout;
@@ -455,6 +471,7 @@ async fn drive(
         match ask("reading the lease", conn.leases.current(agent)).await {
             Ok(Some(rec)) if rec.value.session == id => {
                 tracing::info!(agent, session_id = id, host = %rec.value.holder, revision = rec.revision, "the session runs on worker {}", rec.value.holder);
+                on_host(rec.value.holder.clone());
                 break Seen {
                     holder: rec.value.holder,
                     revision: rec.revision,

@@ -98,6 +98,8 @@ enum Event {
     Watch(WatchEvent),
     /// A session's process started with this pid.
     SessionPid { agent: AgentName, pid: u32 },
+    /// A remote session runs on worker `host` (its lease's holder).
+    SessionHost { agent: AgentName, host: String },
     /// A signal (or an invalid one) in a session's output, as it streams.
     Signal {
         agent: AgentName,
@@ -383,6 +385,8 @@ struct Running {
     /// Its record, when its machine decided it before its task ended (a
     /// verification passed, the iterations gave up, a run judged failed).
     decided: Option<(machine::Outcome, failure::Verdict)>,
+    /// The worker it runs on, when it runs on one (the lease's holder).
+    host: Option<String>,
 }
 
 /// Why the daemon stops a session, shared with its [`Observer`].
@@ -971,6 +975,11 @@ impl Daemon {
                     r.pid = Some(pid);
                     // Made its workspace first: its run starts now.
                     r.feed(machine::Event::Launched);
+                }
+            }
+            Event::SessionHost { agent, host } => {
+                if let Some(r) = self.running.get_mut(&agent) {
+                    r.host = Some(host);
                 }
             }
             Event::SessionOverBudget { agent, tokens } => {

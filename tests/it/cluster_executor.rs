@@ -162,6 +162,24 @@ echo finished"#,
         .as_str()
         .unwrap()
         .to_string();
+    // daemon.json and `status` name the worker it runs on.
+    d.wait_until(secs_f(20), "daemon.json names w1", || {
+        d.heartbeat()["running"][0]["host"] == "w1"
+    });
+    assert_eq!(d.heartbeat()["running"][0]["session_id"], sid.as_str());
+    let status = env.ok(&["status"]);
+    assert!(
+        status.contains(&format!("running ({sid} on w1)")),
+        "{status}"
+    );
+    let listed: Value = serde_json::from_str(&env.ok(&["status", "--json"])).unwrap();
+    let rio = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["agent"] == "rio")
+        .unwrap();
+    assert_eq!(rio["host"], "w1", "{rio:#}");
     go(&env, "rio");
     d.wait_until(secs_f(60), "rio's session completed", || {
         session(&env, "rio")["status"] == "completed"

@@ -208,6 +208,7 @@ impl Daemon {
                 conversation: Some(prepared.conversation.clone()),
                 recording: false,
                 decided: None,
+                host: None,
             },
         );
         let tx = self.tx.clone();
@@ -230,9 +231,16 @@ impl Daemon {
         let resume_argv = prepared.resume_argv.clone();
         let iteration_store = dir.store.clone();
         // On this host, or on a worker (`[cluster]`, `local_sessions = false`).
-        let target = self.remote.clone().map(|remote| remote::Target {
-            remote,
-            group: cfg.session.credential.clone(),
+        let target = self.remote.clone().map(|remote| {
+            let (tx, agent) = (self.tx.clone(), agent.clone());
+            remote::Target {
+                remote,
+                group: cfg.session.credential.clone(),
+                on_host: std::sync::Arc::new(move |host| {
+                    let agent = agent.clone();
+                    let _ = tx.send(Event::SessionHost { agent, host });
+                }),
+            }
         });
         let (launched, spec) = match planned {
             None => (
