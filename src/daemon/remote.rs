@@ -120,9 +120,18 @@ impl Remote {
     /// (`local_sessions = false`); `None` otherwise.
     pub fn of(settings: Option<&ClusterSettings>, clock: Clock) -> Option<Arc<Remote>> {
         let settings = settings.filter(|s| !s.local_sessions)?;
+        let mut timing = LeaseTiming::DEFAULT;
+        // A test hook (a lost worker cannot be waited 300 s for in a test);
+        // operators never set it.
+        if let Some(fences) = std::env::var("AGENT_STATE_TEST_CONTROLLER_FENCES")
+            .ok()
+            .and_then(|t| humantime::parse_duration(&t).ok())
+        {
+            timing.controller_fences = fences;
+        }
         Some(Arc::new(Remote {
             settings: settings.clone(),
-            timing: LeaseTiming::DEFAULT,
+            timing,
             clock,
             connected: OnceCell::new(),
         }))

@@ -323,3 +323,69 @@ fn stop_ends_a_remote_session() {
         "stopped while running, not while waiting for a worker"
     );
 }
+
+/// A worker SIGKILLed while its session runs: its lease is no longer
+/// renewed, and after the fence time (5 s here through a test hook; 300 s
+/// by default) the controller fences it and records the session
+/// "interrupted: worker lost"; its message returns to the inbox.
+#[test]
+fn a_lost_worker_is_fenced_and_its_session_recorded_interrupted() {
+    let Some(binary) = nats::server_binary("cluster_executor") else {
+        return;
+    };
+    let servers = nats::NatsCluster::start(&binary, 3);
+    let env = cluster_env(&servers, "30s", "");
+    let pid_file = env.tmp("pid");
+    env.script(
+        "agent.sh",
+        &format!(
+            "echo $$ > {:?}.tmp && mv {:?}.tmp {:?}\necho working\nwhile true; do sleep 0.1; done",
+            pid_file, pid_file, pid_file
+        ),
+    );
+    let mut worker = Worker::start(&env, "w1");
+    worker.wait_registered();
+    let d = Daemon::start(&env, &[("AGENT_STATE_TEST_CONTROLLER_FENCES", "5s")]);
+    let id = env.send("marcus", "rio", &[]);
+    env.ok(&["wake", "rio"]);
+    d.wait_until(secs_f(60), "rio runs on the worker", || {
+        pid_file.exists() && log_of(&env, "rio").contains("working")
+    });
+    let pid: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // The session's process outlives its worker: killed when the test ends.
+    struct Reap(i32);
+    impl Drop for Reap {
+        fn drop(&mut self) {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(self.0),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+    let _reap = Reap(pid);
+    worker.child.kill().unwrap();
+    worker.child.wait().unwrap();
+
+    d.wait_until(secs_f(60), "rio's session recorded", || {
+        session(&env, "rio")["status"] == "error"
+    });
+    let s = session(&env, "rio");
+    let reason = s["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("interrupted: worker lost") && reason.contains("w1"),
+        "{s:#}"
+    );
+    let end = env.session_ends("rio");
+    assert_eq!(
+        end.last().unwrap()["code"],
+        "SESSION_INTERRUPTED",
+        "{end:#?}"
+    );
+    d.wait_until(secs_f(20), "the message back in the inbox", || {
+        env.waiting("rio").iter().any(|m| m.contains(&id))
+    });
+}
