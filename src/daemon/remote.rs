@@ -58,6 +58,9 @@ const POLL_RUNNING: Duration = Duration::from_millis(500);
 /// How long the rest of the output may take to arrive once the end is
 /// stored (the worker stores every chunk before its end).
 const CHUNKS_AFTER_END: Duration = Duration::from_secs(10);
+/// After a SIGKILL order, how long past the worker's next renewal its end
+/// is waited for.
+const KILL_ANSWER: Duration = Duration::from_secs(5);
 /// How long after a failed connection the next try is made.
 const CONNECT_RETRY: Duration = Duration::from_secs(1);
 /// How long one NATS request may take before it counts as failed.
@@ -517,6 +520,8 @@ async fn drive(
     // Why the daemon ended it (its fence), as the local runner's SIGTERM.
     let mut ordered: Option<Ending> = None;
     let mut fenced_at: Option<Instant> = None;
+    // When waiting for the fenced session's end stops.
+    let mut give_up_at: Option<Instant> = None;
     let mut orders_open = true;
     let mut poll = tokio::time::interval(POLL_RUNNING);
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -539,11 +544,18 @@ async fn drive(
                 if ordered.is_none() && let Some(why) = now.end_of(spec.iteration) {
                     output.observer.on_terminate(&why);
                     tracing::warn!(agent, session_id = id, host = %seen.holder, "session {why}; fencing its lease (revision {}) so that worker {} ends it", seen.revision, seen.holder);
-                    if let Err(e) = ask("fencing the lease", conn.leases.fence(agent, seen.revision)).await {
-                        tracing::warn!(agent, session_id = id, "{e}");
-                    }
+                    fence_for_order(conn, agent, id, seen.revision).await;
                     ordered = Some(why);
                     fenced_at = Some(Instant::now());
+                    give_up_at = Some(Instant::now() + remote.timing.worker_gives_up + spec.kill_grace);
+                }
+                if now.kills(spec.iteration) && fenced_at.is_some() {
+                    // The grace ran out: the worker ends it at its next
+                    // renewal at the latest; waited for that long only.
+                    let soon = Instant::now() + remote.timing.renew_every + KILL_ANSWER;
+                    if give_up_at.is_none_or(|g| g > soon) {
+                        give_up_at = Some(soon);
+                    }
                 }
             }
             _ = poll.tick() => {
@@ -558,10 +570,12 @@ async fn drive(
                     Ok(None) => {}
                     Err(e) => tracing::warn!(agent, session_id = id, "{e}"),
                 }
-                if let Some(at) = fenced_at {
+                if let (Some(at), Some(until)) = (fenced_at, give_up_at) {
                     // Fenced for an order: the worker ends it at its next
-                    // renewal; one that never says so is lost.
-                    if at.elapsed() >= remote.timing.worker_gives_up + spec.kill_grace {
+                    // renewal; one that does not say so in time is taken
+                    // as ended as ordered (it kills the session itself
+                    // once it cannot renew).
+                    if Instant::now() >= until {
                         tracing::warn!(agent, session_id = id, host = %seen.holder, "worker {} stored no end within {:?} of the fence", seen.holder, at.elapsed());
                         return Finish::Ran(ordered.unwrap_or(Ending::Stopped));
                     }
@@ -577,7 +591,15 @@ async fn drive(
                 if let ControllerLeaseAction::Fence { revision } =
                     controller_lease_action(&remote.timing, seen.revision, seen.at, Instant::now())
                 {
-                    let _ = ask("fencing the lease", conn.leases.fence(agent, revision)).await;
+                    match ask("fencing the lease", conn.leases.fence(agent, revision)).await {
+                        // Renewed after all (our reads missed it): alive.
+                        Err(RemoteError::Lease(LeaseError::Stale { current: Some(now), .. })) => {
+                            seen = Seen { holder: seen.holder, revision: now, at: Instant::now() };
+                            continue;
+                        }
+                        Err(e) => tracing::warn!(agent, session_id = id, "{e}"),
+                        Ok(()) => {}
+                    }
                     let reason = format!(
                         "interrupted: worker lost: {} did not renew the lease run/{agent} for {}; the lease was fenced",
                         seen.holder,
@@ -586,6 +608,28 @@ async fn drive(
                     tracing::warn!(agent, session_id = id, "{reason}");
                     return Finish::Ran(Ending::Lost { reason });
                 }
+            }
+        }
+    }
+}
+
+/// Deletes the lease of session `id` so that its worker ends it: at the
+/// revision last seen, or, renewed since, at its current one.
+async fn fence_for_order(conn: &Connected, agent: &str, id: &str, revision: u64) {
+    let mut revision = revision;
+    for _ in 0..3 {
+        match ask("fencing the lease", conn.leases.fence(agent, revision)).await {
+            Ok(()) => return,
+            Err(RemoteError::Lease(LeaseError::Stale { .. })) => {
+                match ask("reading the lease", conn.leases.current(agent)).await {
+                    Ok(Some(rec)) if rec.value.session == id => revision = rec.revision,
+                    // Gone already (released at its end, or fenced).
+                    _ => return,
+                }
+            }
+            Err(e) => {
+                tracing::warn!(agent, session_id = id, "{e}");
+                return;
             }
         }
     }
