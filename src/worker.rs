@@ -15,7 +15,7 @@
 //!    again: the end is published before the lease is released, so a
 //!    second taker always finds it;
 //! 5. the command runs as a child in a process group of its own, stdin
-//!    from /dev/null, stdout and stderr streamed in numbered chunks to
+//!    the spec's `stdin` (the prompt) or /dev/null, stdout and stderr streamed in numbered chunks to
 //!    `<output_stream>.out.<session>`; the order is acked once it runs;
 //! 6. the lease is renewed by [`keep`] until the child ends; a lease lost
 //!    (fenced, taken, or not renewed for `worker_gives_up`) kills it, as do
@@ -474,14 +474,18 @@ async fn session(shared: &Shared, pulled: PulledOrder) {
         .env("AGENT_STATE_SESSION_ID", &id)
         .env("AGENT_STATE_AGENT", &order.agent)
         .env("AGENT_STATE_WORKER", &host)
-        .stdin(Stdio::null())
+        .stdin(if spec.stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
     if let Some(cwd) = &spec.cwd {
         command.current_dir(cwd);
     }
-    let child = match command.spawn() {
+    let mut child = match command.spawn() {
         Ok(child) => child,
         Err(e) => {
             let detail = format!("cannot start {}: {e}", spec.command);
@@ -492,6 +496,15 @@ async fn session(shared: &Shared, pulled: PulledOrder) {
             return;
         }
     };
+    // The prompt, written beside the session (a child that does not read
+    // it must not hold the worker up); closed once written.
+    if let (Some(mut stdin), Some(text)) = (child.stdin.take(), spec.stdin.clone()) {
+        tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            let _ = stdin.write_all(text.as_bytes()).await;
+            let _ = stdin.shutdown().await;
+        });
+    }
     let pid = child.id().unwrap_or(0);
     log(format!(
         "session {id} of {} started: pid {pid}, lease revision {}",

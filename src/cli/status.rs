@@ -34,6 +34,10 @@ struct Line {
     /// The report status, `mailbox` for a human, `missing` if not bootstrapped.
     status: String,
     current_session: Option<String>,
+    /// The worker host its running session runs on (daemon.json), when
+    /// sessions run on workers (`[cluster]`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    host: Option<String>,
     last_session: Option<LastSession>,
     next_wake_at: Option<Timestamp>,
     tasks_pending: usize,
@@ -199,9 +203,27 @@ fn collect(ctx: &Context, agent: Option<&str>) -> Result<Fleet> {
     let work = flow_work(ctx);
     let held = holds(ctx, &agents);
     let lowered = concurrency_lowered(ctx);
+    // Which worker each remote session runs on, as the daemon last said.
+    let hosts: std::collections::BTreeMap<String, (String, String)> =
+        crate::daemon::files::read_heartbeat(&ctx.root)
+            .ok()
+            .flatten()
+            .map(|hb| {
+                hb.running
+                    .into_iter()
+                    .filter_map(|r| Some((r.agent, (r.session_id, r.host?))))
+                    .collect()
+            })
+            .unwrap_or_default();
     let mut lines = Vec::new();
     for agent in agents {
         let mut l = line(ctx, agent);
+        if let (Some(id), Some((running, host))) =
+            (&l.current_session, hosts.get(agent.name.as_str()))
+            && id == running
+        {
+            l.host = Some(host.clone());
+        }
         if l.unreadable.is_some() && l.status != "corrupt" {
             l.status = "unreadable".into();
         }
@@ -347,7 +369,13 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
         }
         // The outcome word coloured, then when and which session.
         let (outcome, rest) = match (&l.current_session, &l.last_session) {
-            (Some(id), _) => ("running".to_string(), format!(" ({id})")),
+            (Some(id), _) => (
+                "running".to_string(),
+                match &l.host {
+                    Some(host) => format!(" ({id} on {host})"),
+                    None => format!(" ({id})"),
+                },
+            ),
             // A usage limit says so, not `error`: it is not a failure.
             (None, Some(s)) => (
                 match (s.verdict, s.outcome) {
@@ -569,6 +597,7 @@ fn line(ctx: &Context, agent: &AgentConfig) -> Line {
         kind,
         status: String::new(),
         current_session: None,
+        host: None,
         last_session: None,
         next_wake_at: None,
         tasks_pending: 0,

@@ -651,6 +651,9 @@ pub struct RunningEntry {
     pub instance: String,
     pub pid: Option<u32>,
     pub started_at: Timestamp,
+    /// The worker host it runs on (`[cluster]`, `local_sessions = false`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
 }
 
 /// Why a credential is held, as the heartbeat says: one of the economy's
@@ -914,6 +917,7 @@ mod tests {
                 instance: "rio-001".into(),
                 pid: Some(9),
                 started_at: t,
+                host: None,
             }],
             waiting: vec!["clay".into()],
             next_wakes: wakes_json.get(1, || wakes),

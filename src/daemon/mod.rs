@@ -21,6 +21,7 @@ pub mod memory;
 pub mod meter;
 pub mod output;
 pub mod release;
+pub mod remote;
 pub mod rotation;
 pub mod runnable;
 pub mod runner;

@@ -739,7 +739,7 @@ enum CwdFault {
     NoAccess(nix::Error),
 }
 
-fn open_log(path: &Path) -> io::Result<tokio::fs::File> {
+pub(crate) fn open_log(path: &Path) -> io::Result<tokio::fs::File> {
     // A new file, always: a session id is never reused, so an existing log
     // is another session's, and it is never appended to.
     let file = std::fs::OpenOptions::new()
@@ -757,7 +757,7 @@ fn open_log(path: &Path) -> io::Result<tokio::fs::File> {
 /// pipes, so the runner ignores it again; writes to a closed pipe then fail
 /// with EPIPE instead. Children do not inherit this: the standard library
 /// resets SIGPIPE to its default in every child it spawns.
-fn ignore_sigpipe() {
+pub(crate) fn ignore_sigpipe() {
     // SAFETY: SIG_IGN installs no handler code, so no async-signal-safety
     // question arises; the disposition is process-wide by nature and ignoring
     // SIGPIPE is what the daemon wants everywhere.
@@ -766,11 +766,11 @@ fn ignore_sigpipe() {
 }
 
 /// The log and the observer: every chunk goes to both, the log up to the cap.
-struct Output<'a> {
+pub(crate) struct Output<'a> {
     log: Option<tokio::fs::File>,
     log_path: &'a Path,
     cap: u64,
-    observer: &'a mut dyn OutputObserver,
+    pub(crate) observer: &'a mut dyn OutputObserver,
     output_bytes: u64,
     logged_bytes: u64,
     truncated: bool,
@@ -778,16 +778,16 @@ struct Output<'a> {
     stalls: u32,
 }
 
-struct Finished {
-    output_bytes: u64,
-    logged_bytes: u64,
-    truncated: bool,
-    log_error: Option<LogError>,
-    stalls: u32,
+pub(crate) struct Finished {
+    pub(crate) output_bytes: u64,
+    pub(crate) logged_bytes: u64,
+    pub(crate) truncated: bool,
+    pub(crate) log_error: Option<LogError>,
+    pub(crate) stalls: u32,
 }
 
 impl<'a> Output<'a> {
-    fn new(
+    pub(crate) fn new(
         log: tokio::fs::File,
         log_path: &'a Path,
         cap: u64,
@@ -811,7 +811,7 @@ impl<'a> Output<'a> {
         self.observer.on_stall(silent_for);
     }
 
-    async fn take(&mut self, stream: OutputStream, chunk: &[u8]) {
+    pub(crate) async fn take(&mut self, stream: OutputStream, chunk: &[u8]) {
         self.output_bytes += chunk.len() as u64;
         self.observer.on_stream_output(stream, chunk);
         if self.truncated {
@@ -860,7 +860,7 @@ impl<'a> Output<'a> {
         });
     }
 
-    async fn finish(mut self) -> Finished {
+    pub(crate) async fn finish(mut self) -> Finished {
         // tokio writes files in the background; flushing waits for the last
         // write and reports its error.
         if let Some(log) = &mut self.log

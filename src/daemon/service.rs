@@ -98,6 +98,8 @@ enum Event {
     Watch(WatchEvent),
     /// A session's process started with this pid.
     SessionPid { agent: AgentName, pid: u32 },
+    /// A remote session runs on worker `host` (its lease's holder).
+    SessionHost { agent: AgentName, host: String },
     /// A signal (or an invalid one) in a session's output, as it streams.
     Signal {
         agent: AgentName,
@@ -383,6 +385,8 @@ struct Running {
     /// Its record, when its machine decided it before its task ended (a
     /// verification passed, the iterations gave up, a run judged failed).
     decided: Option<(machine::Outcome, failure::Verdict)>,
+    /// The worker it runs on, when it runs on one (the lease's holder).
+    host: Option<String>,
 }
 
 /// Why the daemon stops a session, shared with its [`Observer`].
@@ -664,6 +668,10 @@ struct Daemon {
     root_lock: files::DaemonLock,
     /// Why the root stopped being ours, if it did: the daemon then stops.
     root_lost: Option<String>,
+    /// Where sessions run when `[cluster]` says this host runs none
+    /// (`local_sessions = false`): on the workers. Set at the start; a
+    /// reload does not change it.
+    remote: Option<std::sync::Arc<super::remote::Remote>>,
 }
 
 /// What serves `[web]`: bound before READY, then served as a task. It
@@ -751,6 +759,7 @@ pub async fn run(config_path: &Path, web: WebHook) -> Result<()> {
         metrics: metrics.enabled().then(|| every(metrics.interval)),
     };
     let mut daemon = Daemon {
+        remote: super::remote::Remote::of(config.cluster.as_ref(), clock),
         sources,
         root_lock: lock,
         root_lost: None,
@@ -840,15 +849,21 @@ pub async fn run(config_path: &Path, web: WebHook) -> Result<()> {
     // The web view too: an address in use or an unreadable token file fails
     // the start.
     web(&daemon.config, config_path)?;
-    // `[cluster]` is read and checked, but nothing dispatches through it
-    // yet (issue 24): say so once, rather than let the operator believe
-    // sessions run on the workers.
-    if let Some(cluster) = &daemon.config.cluster {
-        tracing::warn!(
-            "[cluster] in {} names NATS at {}, but cluster mode is not active yet: every session runs on this host",
+    // `[cluster]`: with `local_sessions = false` every session goes to the
+    // workers (issue 24); else they all still run on this host: say which.
+    match (&daemon.config.cluster, &daemon.remote) {
+        (Some(cluster), Some(_)) => tracing::info!(
+            "[cluster] in {}: sessions run on the workers through NATS at {} (local_sessions = false; dispatch timeout {})",
+            config_path.display(),
+            cluster.urls.join(", "),
+            humantime::format_duration(cluster.dispatch_timeout)
+        ),
+        (Some(cluster), None) => tracing::warn!(
+            "[cluster] in {} names NATS at {}, but local_sessions is true: every session runs on this host (set local_sessions = false to run them on the workers)",
             config_path.display(),
             cluster.urls.join(", ")
-        );
+        ),
+        _ => {}
     }
     // Ready once the state is recovered and the watches are in place: what
     // the inboxes hold, and what is due, is work like any other. A backlog
@@ -960,6 +975,11 @@ impl Daemon {
                     r.pid = Some(pid);
                     // Made its workspace first: its run starts now.
                     r.feed(machine::Event::Launched);
+                }
+            }
+            Event::SessionHost { agent, host } => {
+                if let Some(r) = self.running.get_mut(&agent) {
+                    r.host = Some(host);
                 }
             }
             Event::SessionOverBudget { agent, tokens } => {

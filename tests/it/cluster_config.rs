@@ -1,6 +1,6 @@
-//! `[cluster]` (issue 24) as the operator meets it before cluster mode
-//! exists: `check` names each bad field of the section; the daemon reads it,
-//! says once that cluster mode is not active yet and runs sessions here;
+//! `[cluster]` (issue 24) as the operator meets it with `local_sessions`
+//! at its default: `check` names each bad field of the section; the daemon reads it,
+//! says once that local_sessions is true and runs sessions here;
 //! `doctor` connects and says whether NATS answers (naming `cluster.urls`
 //! when not) and, against a real nats-server (AGENT_STATE_NATS_TESTS=1,
 //! the server from AGENT_STATE_NATS_SERVER or PATH), that per-key TTL is
@@ -78,10 +78,10 @@ fn check_names_each_bad_field_of_the_cluster_section() {
     assert!(env.ok(&["check"]).contains("no problems found"));
 }
 
-/// With `[cluster]` the daemon says, once, that cluster mode is not active,
-/// and a session still runs on this host.
+/// With `[cluster]` and `local_sessions` at its default (true) the daemon
+/// says so, once, and a session still runs on this host.
 #[test]
-fn the_daemon_says_cluster_mode_is_not_active_and_runs_sessions_here() {
+fn with_local_sessions_the_daemon_says_so_and_runs_sessions_here() {
     let env = Env::with_config("");
     let ran = env.tmp("ran");
     let script = env.script(
@@ -96,7 +96,7 @@ fn the_daemon_says_cluster_mode_is_not_active_and_runs_sessions_here() {
     env.set_config(&config);
     env.ok(&["bootstrap"]);
     let daemon = env.daemon();
-    let line = "cluster mode is not active yet: every session runs on this host";
+    let line = "local_sessions is true: every session runs on this host";
     daemon.wait_until(Duration::from_secs(10), "the cluster line", || {
         daemon.log_text().contains(line)
     });
@@ -141,7 +141,7 @@ fn doctor_names_cluster_urls_when_nats_does_not_answer() {
     assert_eq!(code, Some(1), "{said}");
     assert_eq!(failed, base + 1, "one more failure, the cluster's:\n{said}");
     assert!(
-        said.contains("note  cluster: [cluster] is checked, but cluster mode is not active yet"),
+        said.contains("note  cluster: [cluster] is checked; local_sessions is true"),
         "{said}"
     );
     assert!(

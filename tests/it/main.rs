@@ -15,6 +15,7 @@ mod check;
 mod check_needs;
 mod cluster_config;
 mod cluster_doctor;
+mod cluster_executor;
 mod cluster_worker;
 mod concurrency;
 mod config_edits;

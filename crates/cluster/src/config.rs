@@ -55,6 +55,10 @@ pub struct RawCluster {
     /// How long a session id is remembered to drop a second publication of
     /// the same order (a duration, default "10m").
     pub dedup_window: Option<String>,
+    /// How long the controller waits for a worker to start an order before
+    /// the session ends as not started and its messages return to the
+    /// inbox (a duration, default "60s").
+    pub dispatch_timeout: Option<String>,
 }
 
 /// `[cluster.tls]` as written.
@@ -85,6 +89,7 @@ pub struct ClusterSettings {
     pub local_sessions: bool,
     pub ack_wait: Duration,
     pub dedup_window: Duration,
+    pub dispatch_timeout: Duration,
 }
 
 /// How this host proves who it is to NATS.
@@ -311,6 +316,13 @@ pub fn validate(raw: &RawCluster) -> Result<ClusterSettings, Vec<ConfigProblem>>
         Duration::from_secs(1),
     );
 
+    let dispatch_timeout = duration(
+        "dispatch_timeout",
+        raw.dispatch_timeout.as_deref(),
+        "60s",
+        Duration::from_secs(1),
+    );
+
     if problems.is_empty() {
         Ok(ClusterSettings {
             urls,
@@ -324,6 +336,7 @@ pub fn validate(raw: &RawCluster) -> Result<ClusterSettings, Vec<ConfigProblem>>
             local_sessions: raw.local_sessions.unwrap_or(true),
             ack_wait,
             dedup_window,
+            dispatch_timeout,
         })
     } else {
         Err(problems)
@@ -393,6 +406,7 @@ mod tests {
         assert_eq!(s.tls, None);
         assert_eq!(s.ack_wait, Duration::from_secs(30));
         assert_eq!(s.dedup_window, Duration::from_secs(600));
+        assert_eq!(s.dispatch_timeout, Duration::from_secs(60));
     }
 
     #[test]
@@ -491,6 +505,12 @@ mod tests {
                    replicas = 2"#,
                 "cluster.replicas: 2 is not 1, 3 or 5",
                 "a majority must survive",
+            ),
+            (
+                r#"urls = ["a:1"]
+                   dispatch_timeout = "0s""#,
+                "cluster.dispatch_timeout: \"0s\" is shorter than 1s",
+                "\"60s\"",
             ),
             (
                 r#"urls = ["a:1"]

@@ -38,7 +38,9 @@ pub use liveness::{
     ControllerLeaseAction, LeaseTiming, TimingError, WorkerLeaseAction, controller_lease_action,
     end_is_from_holder, worker_lease_action,
 };
-pub use session::{Chunk, Outcome, Output, OutputError, SessionEnd, SessionSpec, SpecError};
+pub use session::{
+    Chunk, Follow, Outcome, Output, OutputError, SessionEnd, SessionSpec, SpecError,
+};
 pub use workers::{
     CredentialState, RunningSession, WorkerEntry, WorkerRecord, WorkerState, WorkerTiming, Workers,
     WorkersError, worker_state,

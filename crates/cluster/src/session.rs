@@ -51,6 +51,10 @@ pub struct SessionSpec {
     pub timeout_secs: Option<u64>,
     #[serde(default)]
     pub kill_grace_secs: Option<u64>,
+    /// Written to the command's stdin, which is then closed (the session's
+    /// prompt); none: stdin is /dev/null.
+    #[serde(default)]
+    pub stdin: Option<String>,
 }
 
 impl SessionSpec {
@@ -275,6 +279,34 @@ impl Output {
         }
     }
 
+    /// `session`'s chunks from chunk 1, as they are stored (an ordered
+    /// consumer: no acks, recreated by the client after a gap).
+    pub async fn follow(&self, session: &str) -> Result<Follow, OutputError> {
+        let read = |source: Box<dyn std::error::Error + Send + Sync>| OutputError::Read {
+            session: session.to_string(),
+            source,
+        };
+        let subject = self.output_subject(session)?;
+        let stream = self
+            .jetstream
+            .get_stream(&self.stream)
+            .await
+            .map_err(|e| read(Box::new(e)))?;
+        let consumer = stream
+            .create_consumer(consumer::pull::OrderedConfig {
+                filter_subject: subject,
+                deliver_policy: consumer::DeliverPolicy::All,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| read(Box::new(e)))?;
+        let messages = consumer.messages().await.map_err(|e| read(Box::new(e)))?;
+        Ok(Follow {
+            messages,
+            session: session.to_string(),
+        })
+    }
+
     /// Every chunk of `session` stored so far, in order, and its end if
     /// stored: a replay from chunk 1 through an ordered consumer.
     pub async fn replay(
@@ -306,24 +338,51 @@ impl Output {
             let Ok(Some(message)) = next else { break };
             let message = message.map_err(|e| read(Box::new(e)))?;
             let pending = message.info().map(|i| i.pending).unwrap_or(0);
-            let header = |name: &str| {
-                message
-                    .headers
-                    .as_ref()
-                    .and_then(|h| h.get(name))
-                    .map(|v| v.as_str().to_string())
-                    .unwrap_or_default()
-            };
-            chunks.push(Chunk {
-                number: header(CHUNK_HEADER).parse().unwrap_or(0),
-                pipe: header(PIPE_HEADER),
-                data: message.payload.clone(),
-            });
+            chunks.push(chunk_of(&message));
             if pending == 0 {
                 break;
             }
         }
         Ok((chunks, self.ended(session).await?))
+    }
+}
+
+/// A session's output as it is stored, from chunk 1 on: what the
+/// controller reads while a remote session runs ([`Output::follow`]).
+pub struct Follow {
+    messages: consumer::pull::Ordered,
+    session: String,
+}
+
+impl Follow {
+    /// The next chunk, waiting for it; `None` if the stream ended (the
+    /// consumer was deleted).
+    pub async fn next(&mut self) -> Option<Result<Chunk, OutputError>> {
+        let message = self.messages.next().await?;
+        Some(
+            message
+                .map(|message| chunk_of(&message))
+                .map_err(|e| OutputError::Read {
+                    session: self.session.clone(),
+                    source: Box::new(e),
+                }),
+        )
+    }
+}
+
+fn chunk_of(message: &jetstream::Message) -> Chunk {
+    let header = |name: &str| {
+        message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(name))
+            .map(|v| v.as_str().to_string())
+            .unwrap_or_default()
+    };
+    Chunk {
+        number: header(CHUNK_HEADER).parse().unwrap_or(0),
+        pipe: header(PIPE_HEADER),
+        data: message.payload.clone(),
     }
 }
 

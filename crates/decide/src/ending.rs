@@ -45,6 +45,11 @@ pub enum Ending {
     Stalled { silent_for: Duration },
     /// It never ran. `reason` is a sentence for an operator, naming the path.
     SpawnFailed { reason: String, kind: SpawnFailure },
+    /// It ran on a worker host that was lost (its lease fenced, lost or not
+    /// renewed, the worker stopped) before its end could be recorded:
+    /// `reason` starts "interrupted: worker lost" (the daemon's remote
+    /// executor).
+    Lost { reason: String },
 }
 
 impl Ending {
@@ -70,6 +75,7 @@ impl fmt::Display for Ending {
                 humantime::format_duration(*silent_for)
             ),
             Ending::SpawnFailed { reason, .. } => write!(f, "{reason}"),
+            Ending::Lost { reason } => write!(f, "{reason}"),
         }
     }
 }
@@ -140,7 +146,7 @@ pub fn describe_with(ending: &Ending, timeout: Duration) -> (Option<&'static str
             Some("timeout"),
             "the daemon stopped: shutdown_grace ran out before the session ended".into(),
         ),
-        Ending::Stalled { .. } => (Some("error"), ending.to_string()),
+        Ending::Stalled { .. } | Ending::Lost { .. } => (Some("error"), ending.to_string()),
         Ending::SpawnFailed { reason, kind } => (
             Some("error"),
             match kind {

@@ -405,6 +405,7 @@ fn classify(obs: &Observed<'_>) -> Classified {
         Ending::Stalled { .. } => {
             return Failure(Code::SessionStalled, format!("the session {}", obs.ending));
         }
+        Ending::Lost { reason } => return Failure(Code::SessionInterrupted, reason.clone()),
         Ending::Exited { .. } | Ending::Signaled { .. } => {}
     }
     if let Some(evidence) = obs.oom

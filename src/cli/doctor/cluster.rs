@@ -6,8 +6,8 @@
 //! worker registry and the output stream (both created at the first
 //! worker's start), and each registered worker's state (alive, draining,
 //! drained, stopped or lost) with its fix. Only reads: nothing is created on
-//! the cluster. Cluster mode is not active yet
-//! (every session runs on this host), and the first line says so.
+//! the cluster. The first line says where sessions run: on this host
+//! (`local_sessions`, the default) or on the workers.
 
 use std::path::Path;
 use std::time::{Duration, SystemTime};
@@ -104,8 +104,12 @@ pub(super) fn findings(
     let mut out: Vec<Finding> = vec![(
         Level::Note,
         "cluster",
-        "[cluster] is checked, but cluster mode is not active yet: every session runs on this host"
-            .into(),
+        if settings.local_sessions {
+            "[cluster] is checked; local_sessions is true: every session runs on this host (set local_sessions = false to run them on the workers)"
+        } else {
+            "[cluster] is checked; local_sessions is false: every session runs on a worker"
+        }
+        .into(),
         None,
     )];
     let survey = match reach {
@@ -484,7 +488,7 @@ mod tests {
                         .into(),
                 ),
                 &[
-                    (Level::Note, "cluster", "not active yet"),
+                    (Level::Note, "cluster", "local_sessions is true"),
                     (
                         Level::Fail,
                         "cluster",

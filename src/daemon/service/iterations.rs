@@ -100,6 +100,8 @@ pub(super) struct Plan<'a> {
     pub resume_argv: Option<Vec<String>>,
     /// The daemon's store, for the prompt file each iteration writes.
     pub store: crate::state::Store,
+    /// A worker's, when sessions run on the workers.
+    pub target: Option<crate::daemon::remote::Target>,
 }
 
 /// The log of iteration `n`: `sessions/ID.log`, then `ID.iter-N.log`.
@@ -292,7 +294,7 @@ pub(super) async fn more(
         });
         tracing::info!(agent = %plan.agent, "iteration {n} of {} starts with the verification feedback", s.max_iterations);
         observer.completed = false;
-        report = match runner::launch(spec, &orders) {
+        report = match crate::daemon::remote::launch(spec, &orders, plan.target.as_ref()) {
             Ok(launched) => launched.run(observer, orders.clone(), None).await,
             Err(report) => *report,
         };

@@ -415,10 +415,15 @@ pub(super) fn check_sessions(
             }
             // Seed 003's placeholder expiry: a session whose process
             // never started within 5 minutes is given up (a hatching
-            // agent stays hatching for its next wake).
+            // agent stays hatching for its next wake). A session on a
+            // worker has no pid here: its worker says it started.
             // Timed on the sessions' monotonic clock: a wall clock step
             // expires no session early (nor late).
-            if r.pid.is_none() && r.stop_reason.is_none() && hatch_expired(r.began, r.clock.now()) {
+            if r.pid.is_none()
+                && r.host.is_none()
+                && r.stop_reason.is_none()
+                && hatch_expired(r.began, r.clock.now())
+            {
                 r.stop_for(format!(
                     "expired: its process did not start within {}",
                     humantime::format_duration(HATCH_EXPIRY)

@@ -264,7 +264,15 @@ impl Published {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         (self.agents_generation, seen.core.len()).hash(&mut h);
         for (a, r) in seen.running {
-            (a, &r.session_id, &r.instance, r.pid, r.started_at.0).hash(&mut h);
+            (
+                a,
+                &r.session_id,
+                &r.instance,
+                r.pid,
+                r.started_at.0,
+                &r.host,
+            )
+                .hash(&mut h);
         }
         seen.core.fires_generation().hash(&mut h);
         for (a, slot) in seen.core.busy() {
@@ -343,6 +351,7 @@ impl Published {
                     instance: r.instance.clone(),
                     pid: r.pid,
                     started_at: r.started_at,
+                    host: r.host.clone(),
                 })
                 .collect(),
             waiting: seen

@@ -3,6 +3,7 @@
 //! for an agent's lock (busy: the agent's work is deferred, never the loop).
 
 use super::*;
+use crate::daemon::remote;
 
 /// How long recovery at start waits for an agent's lock.
 pub(super) const RECOVERY_WAIT: Duration = Duration::from_secs(5);
@@ -207,6 +208,7 @@ impl Daemon {
                 conversation: Some(prepared.conversation.clone()),
                 recording: false,
                 decided: None,
+                host: None,
             },
         );
         let tx = self.tx.clone();
@@ -228,8 +230,23 @@ impl Daemon {
         let again = (!cfg.session.iteration.verify.is_empty()).then(|| prepared.spec.clone());
         let resume_argv = prepared.resume_argv.clone();
         let iteration_store = dir.store.clone();
+        // On this host, or on a worker (`[cluster]`, `local_sessions = false`).
+        let target = self.remote.clone().map(|remote| {
+            let (tx, agent) = (self.tx.clone(), agent.clone());
+            remote::Target {
+                remote,
+                group: cfg.session.credential.clone(),
+                on_host: std::sync::Arc::new(move |host| {
+                    let agent = agent.clone();
+                    let _ = tx.send(Event::SessionHost { agent, host });
+                }),
+            }
+        });
         let (launched, spec) = match planned {
-            None => (Some(runner::launch(prepared.spec, &orders_rx)), None),
+            None => (
+                Some(remote::launch(prepared.spec, &orders_rx, target.as_ref())),
+                None,
+            ),
             Some(_) => (None, Some(prepared.spec)),
         };
         if let Some(Ok(_)) = &launched
@@ -279,7 +296,7 @@ impl Daemon {
                             }
                             tracing::info!(agent = %name, session_id = %session_id, "workspace {} on branch {} (from {} of {})", ws.path.display(), ws.branch, &ws.base_commit[..ws.base_commit.len().min(12)], repo.display());
                             made = Some(ws);
-                            runner::launch(spec, &orders_rx)
+                            remote::launch(spec, &orders_rx, target.as_ref())
                         }
                         Ok(Err(e)) => Err(Box::new(RunReport::not_run(Ending::SpawnFailed {
                             reason: format!("the session's workspace could not be made: {e}"),
@@ -333,6 +350,7 @@ impl Daemon {
                     workspace: made.as_ref().map(|w| (w.path.clone(), fp0.clone())),
                     resume_argv,
                     store: iteration_store,
+                    target,
                 };
                 report =
                     iterations::more(report, plan, &mut observer, orders_again, &mut tally).await;

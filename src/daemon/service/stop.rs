@@ -68,7 +68,8 @@ fn stop_request(
     // verification running (its machine says): no runner will note the
     // stop before a SIGTERM, so it is noted here, for the record to carry
     // the code.
-    let unstarted = running.pid.is_none() || running.machine.is_verifying();
+    let unstarted =
+        (running.pid.is_none() && running.host.is_none()) || running.machine.is_verifying();
     running.stop_with(why.clone(), Some(Code::SessionStopped));
     core.stop_requested(agent);
     if unstarted {

@@ -1,0 +1,831 @@
+//! The remote executor (issue 24): a session run on a worker host instead
+//! of this one, with the shape of the local runner's ([`super::runner`]):
+//! [`launch`] does the checks that never wait and opens the session log,
+//! [`Launch::run`] carries the run to its [`RunReport`].
+//!
+//! A remote run:
+//!
+//! 1. publishes the order (argv, env, cwd, timeout, kill grace, prompt;
+//!    the session id as `Nats-Msg-Id`) and waits for the server's ack;
+//! 2. waits for a worker to take the lease `run/<agent>` for it, at most
+//!    `cluster.dispatch_timeout`: then the order is withdrawn (an end
+//!    stored for it, which a worker finds under the lease and does not run
+//!    again) and the session ends as not started, its messages back in the
+//!    inbox like any session that did not run;
+//! 3. follows the output stream from chunk 1, feeding each chunk to the
+//!    same [`OutputObserver`] and the same capped session log as a local
+//!    run (signals, progress, usage limits, the log: unchanged);
+//! 4. carries out the machine's [`Orders`] by fencing the lease (deleting
+//!    it at the revision last seen): the worker learns it at its next
+//!    renewal (at most `renew_every`, 10 s) and ends the session with
+//!    SIGTERM, SIGKILL after the grace. There is no faster channel to the
+//!    worker yet; a SIGKILL order adds nothing to the fence;
+//! 5. watches the lease while it runs ([`controller_lease_action`], on the
+//!    monotonic clock): one not renewed for `controller_fences` (300 s) is
+//!    fenced and the session recorded "interrupted: worker lost";
+//! 6. reads the worker's stored end, accepts it only from the lease's
+//!    holder ([`end_accepted`]), deletes the lease, and maps the worker's
+//!    [`Outcome`] to the runner's [`Ending`] ([`ending_of`]).
+//!
+//! Not done yet (issue 24): a session's hook calls from the worker
+//! (`session begin/end`, `record`, `send` reach this host's state root
+//! only where the worker shares it), workspaces (a session with
+//! `[agent.session.workspace]` is refused on a worker), re-adopting running
+//! remote sessions after a controller restart, and the reconcile.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use agent_state_cluster::{
+    Cluster, ClusterError, ClusterSettings, ControllerLeaseAction, Dispatch, DispatchError,
+    LeaseError, LeaseRecord, LeaseTiming, Leases, Outcome, Output as OutputStreamOf, OutputError,
+    SessionEnd, SessionOrder, controller_lease_action, end_is_from_holder,
+};
+
+use super::clock::Clock;
+use tokio::sync::{OnceCell, oneshot, watch};
+
+use super::runner::{
+    self, Ending, Launched, Orders, OutputObserver, OutputStream, RunReport, SessionSpec,
+    SpawnFailure,
+};
+
+/// How often the lease and the end are read while an order waits for a
+/// worker, and while its session runs.
+const POLL_WAITING: Duration = Duration::from_millis(250);
+const POLL_RUNNING: Duration = Duration::from_millis(500);
+/// How long the rest of the output may take to arrive once the end is
+/// stored (the worker stores every chunk before its end).
+const CHUNKS_AFTER_END: Duration = Duration::from_secs(10);
+/// After a SIGKILL order, how long past the worker's next renewal its end
+/// is waited for.
+const KILL_ANSWER: Duration = Duration::from_secs(5);
+/// How long after a failed connection the next try is made.
+const CONNECT_RETRY: Duration = Duration::from_secs(1);
+/// How long one NATS request may take before it counts as failed.
+const ASK_WITHIN: Duration = Duration::from_secs(10);
+
+/// The cluster this daemon dispatches its sessions to: connected on first
+/// use (a daemon starts without NATS; the first session waits for it, at
+/// most its dispatch timeout), then shared by every session.
+pub struct Remote {
+    settings: ClusterSettings,
+    timing: LeaseTiming,
+    /// The daemon's clock, for the times of an order it withdraws.
+    clock: Clock,
+    connected: OnceCell<Connected>,
+}
+
+/// What went wrong talking to the cluster.
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteError {
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+    #[error(transparent)]
+    Dispatch(#[from] DispatchError),
+    #[error(transparent)]
+    Lease(#[from] LeaseError),
+    #[error(transparent)]
+    Output(#[from] OutputError),
+    #[error("{what}: no answer from NATS within {within:?}")]
+    NoAnswer {
+        what: &'static str,
+        within: Duration,
+    },
+}
+
+/// Why a session cannot be ordered from a worker at all.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unfit {
+    #[error("the session command is empty")]
+    NoCommand,
+    #[error(
+        "not started: a session with a workspace ([agent.session.workspace]) cannot run on a worker yet; set local_sessions = true in [cluster] or remove the workspace"
+    )]
+    Workspace,
+    #[error("the session's spec names no agent or session id")]
+    NoIds,
+    #[error(
+        "not started: the {what} {value:?} cannot be part of a NATS subject (letters, digits, - and _ only), so it cannot run on a worker"
+    )]
+    NotSubjectSafe { what: &'static str, value: String },
+}
+
+struct Connected {
+    dispatch: Dispatch,
+    leases: Leases,
+    output: OutputStreamOf,
+}
+
+impl Remote {
+    /// The executor of `[cluster]` when this host runs no session itself
+    /// (`local_sessions = false`); `None` otherwise.
+    pub fn of(settings: Option<&ClusterSettings>, clock: Clock) -> Option<Arc<Remote>> {
+        let settings = settings.filter(|s| !s.local_sessions)?;
+        let mut timing = LeaseTiming::DEFAULT;
+        // A test hook (a lost worker cannot be waited 300 s for in a test);
+        // operators never set it.
+        if let Some(fences) = std::env::var("AGENT_STATE_TEST_CONTROLLER_FENCES")
+            .ok()
+            .and_then(|t| humantime::parse_duration(&t).ok())
+        {
+            timing.controller_fences = fences;
+        }
+        Some(Arc::new(Remote {
+            settings: settings.clone(),
+            timing,
+            clock,
+            connected: OnceCell::new(),
+        }))
+    }
+
+    pub fn settings(&self) -> &ClusterSettings {
+        &self.settings
+    }
+
+    async fn connected(&self) -> Result<&Connected, RemoteError> {
+        self.connected
+            .get_or_try_init(|| async {
+                let name = format!(
+                    "agent-state controller {}",
+                    std::fs::read_to_string("/proc/sys/kernel/hostname")
+                        .map(|h| h.trim().to_string())
+                        .unwrap_or_default()
+                );
+                let cluster = Cluster::connect(&self.settings, &name).await?;
+                Ok(Connected {
+                    dispatch: cluster.dispatch().await?,
+                    leases: cluster.leases(self.timing).await?,
+                    output: cluster.output().await?,
+                })
+            })
+            .await
+    }
+}
+
+/// Where a session runs: this host, or a worker of `remote` that has a
+/// working credential of `group`.
+#[derive(Clone)]
+pub struct Target {
+    pub remote: Arc<Remote>,
+    /// The agent's credential group (`session.credential`).
+    pub group: String,
+    /// Told the worker's name once one runs the session (status,
+    /// daemon.json).
+    pub on_host: Arc<dyn Fn(String) + Send + Sync>,
+}
+
+/// A session launched: a local process, or an order about to be published.
+pub enum Launch {
+    Local(Launched),
+    Remote(RemoteRun),
+}
+
+/// A remote run's facts, checked by [`launch`].
+pub struct RemoteRun {
+    remote: Arc<Remote>,
+    on_host: Arc<dyn Fn(String) + Send + Sync>,
+    order: SessionOrder,
+    agent: String,
+    spec: SessionSpec,
+    log: tokio::fs::File,
+}
+
+/// [`runner::launch`] on this host (`target` `None`), or the checks and
+/// the log of a run on a worker. On failure, the report of a session that
+/// did not run.
+pub fn launch(
+    spec: SessionSpec,
+    orders: &watch::Receiver<Orders>,
+    target: Option<&Target>,
+) -> Result<Launch, Box<RunReport>> {
+    let Some(target) = target else {
+        return runner::launch(spec, orders).map(Launch::Local);
+    };
+    runner::ignore_sigpipe();
+    let not_run = |ending: Ending| Box::new(RunReport::not_run(ending));
+    let refused = |reason: String| {
+        not_run(Ending::SpawnFailed {
+            reason,
+            kind: SpawnFailure::Other,
+        })
+    };
+    if orders.borrow().stop {
+        return Err(not_run(Ending::Stopped));
+    }
+    let order = order_of(&spec, &target.group).map_err(|e| refused(e.to_string()))?;
+    let log = match runner::open_log(&spec.log_path) {
+        Ok(file) => file,
+        Err(e) => {
+            return Err(refused(format!(
+                "cannot open the session log {}: {e}",
+                spec.log_path.display()
+            )));
+        }
+    };
+    Ok(Launch::Remote(RemoteRun {
+        remote: target.remote.clone(),
+        on_host: target.on_host.clone(),
+        agent: order.agent.clone(),
+        order,
+        spec,
+        log,
+    }))
+}
+
+fn env_of<'a>(spec: &'a SessionSpec, name: &str) -> Option<&'a str> {
+    spec.env
+        .iter()
+        .rev()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+}
+
+/// The order of `spec` for the workers of `group`, or why it cannot run
+/// on one.
+fn order_of(spec: &SessionSpec, group: &str) -> Result<SessionOrder, Unfit> {
+    let Some(command) = spec.argv.first() else {
+        return Err(Unfit::NoCommand);
+    };
+    if env_of(spec, "AGENT_STATE_WORKSPACE").is_some() {
+        return Err(Unfit::Workspace);
+    }
+    let (Some(agent), Some(session)) = (
+        env_of(spec, "AGENT_STATE_AGENT"),
+        env_of(spec, "AGENT_STATE_SESSION_ID"),
+    ) else {
+        return Err(Unfit::NoIds);
+    };
+    // Each run of a session is an order of its own (its own dedup id, its
+    // own output subject).
+    let id = match spec.iteration {
+        0 | 1 => session.to_string(),
+        n => format!("{session}-it{n}"),
+    };
+    let subject_safe = |s: &str| {
+        !s.is_empty()
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    };
+    for (what, value) in [
+        ("agent name", agent),
+        ("session id", id.as_str()),
+        ("credential group", group),
+    ] {
+        if !subject_safe(value) {
+            return Err(Unfit::NotSubjectSafe {
+                what,
+                value: value.to_string(),
+            });
+        }
+    }
+    let mut env: BTreeMap<String, String> = spec.env.iter().cloned().collect();
+    let (name, value) = &spec.marker;
+    if !name.is_empty() {
+        env.insert(name.clone(), value.clone());
+    }
+    let ceil_secs = |d: Duration| d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    let remote = agent_state_cluster::SessionSpec {
+        command: command.clone(),
+        args: spec.argv[1..].to_vec(),
+        env,
+        cwd: Some(spec.cwd.display().to_string()),
+        timeout_secs: Some(ceil_secs(spec.timeout).max(1)),
+        kill_grace_secs: Some(ceil_secs(spec.kill_grace)),
+        stdin: (!spec.stdin.is_empty()).then(|| String::from_utf8_lossy(&spec.stdin).into_owned()),
+    };
+    Ok(SessionOrder {
+        session_id: id,
+        agent: agent.to_string(),
+        credential_group: group.to_string(),
+        spec: serde_json::to_value(&remote).expect("a spec serialises"),
+    })
+}
+
+impl Launch {
+    /// The second half: the run to its end, carrying out the `orders`.
+    /// `spawned` hears the pid of a local run (a remote one has none here).
+    pub async fn run(
+        self,
+        observer: &mut dyn OutputObserver,
+        orders: watch::Receiver<Orders>,
+        spawned: Option<oneshot::Sender<u32>>,
+    ) -> RunReport {
+        match self {
+            Launch::Local(launched) => launched.run(observer, orders, spawned).await,
+            Launch::Remote(run) => run.run(observer, orders).await,
+        }
+    }
+}
+
+/// How the run ended, before the report.
+enum Finish {
+    /// It never ran on a worker.
+    NotRun(Ending),
+    /// It ran (or may have); the ending.
+    Ran(Ending),
+}
+
+/// The lease of a running remote session as the controller last saw it.
+struct Seen {
+    holder: String,
+    revision: u64,
+    /// When this revision was first seen (monotonic).
+    at: Instant,
+}
+
+impl RemoteRun {
+    async fn run(
+        self,
+        observer: &mut dyn OutputObserver,
+        mut orders: watch::Receiver<Orders>,
+    ) -> RunReport {
+        let RemoteRun {
+            remote,
+            on_host,
+            order,
+            agent,
+            spec,
+            log,
+        } = self;
+        let id = order.session_id.clone();
+        let started = Instant::now();
+        let mut output = runner::Output::new(log, &spec.log_path, spec.max_output, observer);
+        let finish = drive(
+            &remote,
+            &order,
+            &agent,
+            &spec,
+            &mut output,
+            &mut orders,
+            &*on_host,
+        )
+        .await;
+        let finished = output.finish().await;
+        let (ending, ran) = match finish {
+            Finish::NotRun(ending) => (ending, false),
+            Finish::Ran(ending) => (ending, true),
+        };
+        tracing::info!(agent = %agent, session_id = %id, "remote session ended: {ending}");
+        RunReport {
+            ending,
+            pid: None,
+            output_bytes: finished.output_bytes,
+            logged_bytes: finished.logged_bytes,
+            truncated: finished.truncated,
+            duration: if ran {
+                started.elapsed()
+            } else {
+                Duration::ZERO
+            },
+            leftovers_killed: 0,
+            log_error: finished.log_error,
+            stalls: finished.stalls,
+            oom: None,
+        }
+    }
+}
+
+/// Bounds one NATS request.
+async fn ask<T, E: Into<RemoteError>>(
+    what: &'static str,
+    work: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, RemoteError> {
+    match tokio::time::timeout(ASK_WITHIN, work).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(e.into()),
+        Err(_) => Err(RemoteError::NoAnswer {
+            what,
+            within: ASK_WITHIN,
+        }),
+    }
+}
+
+async fn drive(
+    remote: &Remote,
+    order: &SessionOrder,
+    agent: &str,
+    spec: &SessionSpec,
+    output: &mut runner::Output<'_>,
+    orders: &mut watch::Receiver<Orders>,
+    on_host: &(dyn Fn(String) + Send + Sync),
+) -> Finish {
+    let id = order.session_id.as_str();
+    let dispatch_timeout = remote.settings.dispatch_timeout;
+    let not_started = |why: String| {
+        Finish::NotRun(Ending::SpawnFailed {
+            reason: format!("not started: {why}"),
+            kind: SpawnFailure::Other,
+        })
+    };
+    // A cluster electing its leaders, or not up yet: tried again until the
+    // dispatch timeout.
+    let give_up = tokio::time::Instant::now() + dispatch_timeout;
+    let conn = loop {
+        let tried = tokio::select! {
+            c = tokio::time::timeout_at(give_up, remote.connected()) => c,
+            () = stopped(orders, spec.iteration) => return Finish::NotRun(Ending::Stopped),
+        };
+        let why = match tried {
+            Ok(Ok(conn)) => break conn,
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => "no answer".into(),
+        };
+        if tokio::time::Instant::now() + CONNECT_RETRY >= give_up {
+            return not_started(format!(
+                "cannot reach the cluster at {} within the dispatch timeout ({}): {why}",
+                remote.settings.urls.join(","),
+                humantime::format_duration(dispatch_timeout)
+            ));
+        }
+        tracing::warn!(
+            agent,
+            session_id = id,
+            "cannot reach the cluster: {why}; trying again"
+        );
+        tokio::select! {
+            () = tokio::time::sleep(CONNECT_RETRY) => {}
+            () = stopped(orders, spec.iteration) => return Finish::NotRun(Ending::Stopped),
+        }
+    };
+    match ask("publishing the order", conn.dispatch.publish(order)).await {
+        Ok(published) => tracing::info!(
+            agent,
+            session_id = id,
+            sequence = published.sequence,
+            duplicate = published.duplicate,
+            "order published to the workers of credential group {}",
+            order.credential_group
+        ),
+        Err(e) => return not_started(format!("the order was not stored: {e}")),
+    }
+    // Waiting for a worker to take the lease for it.
+    let deadline = give_up;
+    let mut seen = loop {
+        let ended_by_daemon = orders.borrow().end_of(spec.iteration);
+        if let Some(why) = ended_by_daemon {
+            withdraw(
+                remote,
+                conn,
+                order,
+                agent,
+                "the daemon ended it before it started",
+            )
+            .await;
+            return Finish::NotRun(why);
+        }
+        match ask("reading the end", conn.output.ended(id)).await {
+            Ok(Some(end)) => return ended(conn, agent, id, end, None, None, &mut 0, output).await,
+            Ok(None) => {}
+            Err(e) => tracing::warn!(agent, session_id = id, "{e}"),
+        }
+        match ask("reading the lease", conn.leases.current(agent)).await {
+            Ok(Some(rec)) if rec.value.session == id => {
+                tracing::info!(agent, session_id = id, host = %rec.value.holder, revision = rec.revision, "the session runs on worker {}", rec.value.holder);
+                on_host(rec.value.holder.clone());
+                break Seen {
+                    holder: rec.value.holder,
+                    revision: rec.revision,
+                    at: Instant::now(),
+                };
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(agent, session_id = id, "{e}"),
+        }
+        if tokio::time::Instant::now() >= deadline {
+            let why = format!(
+                "no worker of credential group {} started it within the dispatch timeout ({}; dispatch_timeout in [cluster])",
+                order.credential_group,
+                humantime::format_duration(dispatch_timeout)
+            );
+            tracing::warn!(agent, session_id = id, "{why}; the order is withdrawn");
+            withdraw(remote, conn, order, agent, &why).await;
+            return not_started(why);
+        }
+        tokio::select! {
+            () = tokio::time::sleep(POLL_WAITING) => {}
+            _ = orders.changed() => {}
+        }
+    };
+
+    let mut follow = match ask("following the output", conn.output.follow(id)).await {
+        Ok(f) => Some(f),
+        Err(e) => {
+            tracing::warn!(agent, session_id = id, "{e}; its output is read at its end");
+            None
+        }
+    };
+    let mut fed = 0u64;
+    // Why the daemon ended it (its fence), as the local runner's SIGTERM.
+    let mut ordered: Option<Ending> = None;
+    let mut fenced_at: Option<Instant> = None;
+    // When waiting for the fenced session's end stops.
+    let mut give_up_at: Option<Instant> = None;
+    let mut orders_open = true;
+    let mut poll = tokio::time::interval(POLL_RUNNING);
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            chunk = next_chunk(&mut follow) => match chunk {
+                Some(Ok(chunk)) => feed(output, &mut fed, chunk).await,
+                Some(Err(e)) => {
+                    tracing::warn!(agent, session_id = id, "{e}; its output is read at its end");
+                    follow = None;
+                }
+                None => follow = None,
+            },
+            changed = orders.changed(), if orders_open => {
+                if changed.is_err() {
+                    orders_open = false;
+                    continue;
+                }
+                let now = orders.borrow_and_update().clone();
+                if ordered.is_none() && let Some(why) = now.end_of(spec.iteration) {
+                    output.observer.on_terminate(&why);
+                    tracing::warn!(agent, session_id = id, host = %seen.holder, "session {why}; fencing its lease (revision {}) so that worker {} ends it", seen.revision, seen.holder);
+                    fence_for_order(conn, agent, id, seen.revision).await;
+                    ordered = Some(why);
+                    fenced_at = Some(Instant::now());
+                    give_up_at = Some(Instant::now() + remote.timing.worker_gives_up + spec.kill_grace);
+                }
+                if now.kills(spec.iteration) && fenced_at.is_some() {
+                    // The grace ran out: the worker ends it at its next
+                    // renewal at the latest; waited for that long only.
+                    let soon = Instant::now() + remote.timing.renew_every + KILL_ANSWER;
+                    if give_up_at.is_none_or(|g| g > soon) {
+                        give_up_at = Some(soon);
+                    }
+                }
+            }
+            _ = poll.tick() => {
+                match ask("reading the end", conn.output.ended(id)).await {
+                    Ok(Some(end)) => {
+                        let finish = ended(conn, agent, id, end, Some(&seen), follow.as_mut(), &mut fed, output).await;
+                        return match (ordered, finish) {
+                            (Some(why), Finish::Ran(_)) => Finish::Ran(why),
+                            (_, finish) => finish,
+                        };
+                    }
+                    Ok(None) => {}
+                    Err(e) => tracing::warn!(agent, session_id = id, "{e}"),
+                }
+                if let (Some(at), Some(until)) = (fenced_at, give_up_at) {
+                    // Fenced for an order: the worker ends it at its next
+                    // renewal; one that does not say so in time is taken
+                    // as ended as ordered (it kills the session itself
+                    // once it cannot renew).
+                    if Instant::now() >= until {
+                        tracing::warn!(agent, session_id = id, host = %seen.holder, "worker {} stored no end within {:?} of the fence", seen.holder, at.elapsed());
+                        return Finish::Ran(ordered.unwrap_or(Ending::Stopped));
+                    }
+                    continue;
+                }
+                match ask("reading the lease", conn.leases.current(agent)).await {
+                    Ok(Some(rec)) if rec.value.session == id && rec.revision != seen.revision => {
+                        seen = Seen { holder: rec.value.holder, revision: rec.revision, at: Instant::now() };
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(agent, session_id = id, "{e}"),
+                }
+                if let ControllerLeaseAction::Fence { revision } =
+                    controller_lease_action(&remote.timing, seen.revision, seen.at, Instant::now())
+                {
+                    match ask("fencing the lease", conn.leases.fence(agent, revision)).await {
+                        // Renewed after all (our reads missed it): alive.
+                        Err(RemoteError::Lease(LeaseError::Stale { current: Some(now), .. })) => {
+                            seen = Seen { holder: seen.holder, revision: now, at: Instant::now() };
+                            continue;
+                        }
+                        Err(e) => tracing::warn!(agent, session_id = id, "{e}"),
+                        Ok(()) => {}
+                    }
+                    let reason = format!(
+                        "interrupted: worker lost: {} did not renew the lease run/{agent} for {}; the lease was fenced",
+                        seen.holder,
+                        humantime::format_duration(remote.timing.controller_fences)
+                    );
+                    tracing::warn!(agent, session_id = id, "{reason}");
+                    return Finish::Ran(Ending::Lost { reason });
+                }
+            }
+        }
+    }
+}
+
+/// Deletes the lease of session `id` so that its worker ends it: at the
+/// revision last seen, or, renewed since, at its current one.
+async fn fence_for_order(conn: &Connected, agent: &str, id: &str, revision: u64) {
+    let mut revision = revision;
+    for _ in 0..3 {
+        match ask("fencing the lease", conn.leases.fence(agent, revision)).await {
+            Ok(()) => return,
+            Err(RemoteError::Lease(LeaseError::Stale { .. })) => {
+                match ask("reading the lease", conn.leases.current(agent)).await {
+                    Ok(Some(rec)) if rec.value.session == id => revision = rec.revision,
+                    // Gone already (released at its end, or fenced).
+                    _ => return,
+                }
+            }
+            Err(e) => {
+                tracing::warn!(agent, session_id = id, "{e}");
+                return;
+            }
+        }
+    }
+}
+
+async fn next_chunk(
+    follow: &mut Option<agent_state_cluster::Follow>,
+) -> Option<Result<agent_state_cluster::Chunk, agent_state_cluster::OutputError>> {
+    match follow {
+        Some(f) => f.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// One chunk to the log and the observer, once and in order.
+async fn feed(output: &mut runner::Output<'_>, fed: &mut u64, chunk: agent_state_cluster::Chunk) {
+    if chunk.number <= *fed {
+        return;
+    }
+    *fed = chunk.number;
+    let stream = match chunk.pipe.as_str() {
+        "stderr" => OutputStream::Stderr,
+        _ => OutputStream::Stdout,
+    };
+    output.take(stream, &chunk.data).await;
+}
+
+/// The end is stored: the rest of the output, the holder's check, the
+/// lease deleted, the ending. `fed`: the last chunk `follow` gave.
+#[allow(clippy::too_many_arguments)]
+async fn ended(
+    conn: &Connected,
+    agent: &str,
+    id: &str,
+    end: SessionEnd,
+    seen: Option<&Seen>,
+    follow: Option<&mut agent_state_cluster::Follow>,
+    fed: &mut u64,
+    output: &mut runner::Output<'_>,
+) -> Finish {
+    // The chunks not yet read: followed to the last, or replayed (from
+    // chunk 1: `feed` skips what was taken already).
+    let mut own_follow;
+    let follow = match follow {
+        Some(f) => Some(f),
+        None if end.last_chunk > 0 => {
+            own_follow = ask("replaying the output", conn.output.follow(id))
+                .await
+                .ok();
+            own_follow.as_mut()
+        }
+        None => None,
+    };
+    if let Some(follow) = follow {
+        let limit = tokio::time::sleep(CHUNKS_AFTER_END);
+        tokio::pin!(limit);
+        while *fed < end.last_chunk {
+            tokio::select! {
+                chunk = follow.next() => match chunk {
+                    Some(Ok(chunk)) => feed(output, fed, chunk).await,
+                    _ => break,
+                },
+                () = &mut limit => break,
+            }
+        }
+    }
+    if *fed < end.last_chunk {
+        tracing::warn!(
+            agent,
+            session_id = id,
+            "read {fed} of its {} output chunks",
+            end.last_chunk
+        );
+    }
+    let lease = ask("reading the lease", conn.leases.current(agent))
+        .await
+        .unwrap_or_else(|e| {
+            tracing::warn!(agent, session_id = id, "{e}");
+            None
+        });
+    let accepted = end_accepted(&end, lease.as_ref(), seen.map(|s| s.revision));
+    if let Some(rec) = lease.as_ref().filter(|r| r.value.session == end.session_id)
+        && accepted
+        && let Err(e) = ask("deleting the lease", conn.leases.fence(agent, rec.revision)).await
+    {
+        tracing::debug!(
+            agent,
+            session_id = id,
+            "the lease was released meanwhile: {e}"
+        );
+    }
+    let ending = ending_of(&end, accepted, lease.as_ref().map(|r| r.revision));
+    match end.outcome {
+        Outcome::NotStarted { .. } => Finish::NotRun(ending),
+        _ => Finish::Ran(ending),
+    }
+}
+
+/// The daemon no longer wants the order: an end stored for it (which a
+/// worker reads under the lease and does not run), and a lease already
+/// taken for it fenced.
+async fn withdraw(remote: &Remote, conn: &Connected, order: &SessionOrder, agent: &str, why: &str) {
+    let now = u64::try_from(remote.clock.now().timestamp_millis()).unwrap_or(0);
+    let end = SessionEnd {
+        session_id: order.session_id.clone(),
+        agent: agent.to_string(),
+        host: "controller".into(),
+        outcome: Outcome::NotStarted {
+            detail: format!("withdrawn by the controller: {why}"),
+        },
+        started_ms: now,
+        ended_ms: now,
+        last_chunk: 0,
+        lease_revision: 0,
+    };
+    if let Err(e) = ask("withdrawing the order", conn.output.end(&end)).await {
+        tracing::warn!(agent, session_id = %order.session_id, "{e}");
+    }
+    if let Ok(Some(rec)) = ask("reading the lease", conn.leases.current(agent)).await
+        && rec.value.session == order.session_id
+    {
+        tracing::warn!(agent, session_id = %order.session_id, "worker {} took the order as it was withdrawn; fencing its lease", rec.value.holder);
+        let _ = ask("fencing the lease", conn.leases.fence(agent, rec.revision)).await;
+    }
+}
+
+/// Resolves once the orders stop the run of `iteration` (never if the
+/// channel closes).
+async fn stopped(orders: &mut watch::Receiver<Orders>, iteration: u32) {
+    loop {
+        let ended_by_daemon = orders.borrow_and_update().end_of(iteration).is_some();
+        if ended_by_daemon {
+            return;
+        }
+        if orders.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// Whether the controller records the worker's end: from the lease's
+/// current holder ([`end_is_from_holder`]), or, the holder having released
+/// the lease after storing its end (the worker's order of things), carrying
+/// a revision no older than the last this controller saw. A session that
+/// never started holds no lease and has nothing to prove.
+pub fn end_accepted(end: &SessionEnd, lease: Option<&LeaseRecord>, last_seen: Option<u64>) -> bool {
+    if matches!(end.outcome, Outcome::NotStarted { .. }) && end.lease_revision == 0 {
+        return true;
+    }
+    let ours = lease.filter(|r| r.value.session == end.session_id);
+    if end_is_from_holder(end.lease_revision, ours.map(|r| r.revision)) {
+        return true;
+    }
+    ours.is_none() && end.lease_revision > 0 && end.lease_revision >= last_seen.unwrap_or(0)
+}
+
+/// The runner's ending for a worker's end. `accepted`: from the lease's
+/// holder ([`end_accepted`]); `lease_now`: the lease's revision when read.
+pub fn ending_of(end: &SessionEnd, accepted: bool, lease_now: Option<u64>) -> Ending {
+    let host = &end.host;
+    if !accepted {
+        return Ending::Lost {
+            reason: format!(
+                "interrupted: worker lost: the end from {host} carries lease revision {}, but the lease is {}",
+                end.lease_revision,
+                lease_now.map_or("gone".to_string(), |r| format!("at revision {r}"))
+            ),
+        };
+    }
+    match &end.outcome {
+        Outcome::Exited {
+            code: Some(code), ..
+        } => Ending::Exited { code: *code },
+        Outcome::Exited {
+            code: None,
+            signal: Some(signal),
+        } => Ending::Signaled { signal: *signal },
+        Outcome::Exited {
+            code: None,
+            signal: None,
+        } => Ending::Exited { code: -1 },
+        Outcome::TimedOut => Ending::TimedOut,
+        Outcome::LeaseLost { detail } => Ending::Lost {
+            reason: format!("interrupted: worker lost: {host} lost the session's lease: {detail}"),
+        },
+        Outcome::WorkerStopped => Ending::Lost {
+            reason: format!(
+                "interrupted: worker lost: {host} was stopped and ended the session (SIGTERM)"
+            ),
+        },
+        Outcome::NotStarted { detail } => Ending::SpawnFailed {
+            reason: format!("not started on {host}: {detail}"),
+            kind: SpawnFailure::Other,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests;

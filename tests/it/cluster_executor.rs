@@ -1,0 +1,391 @@
+//! The controller's remote executor (issue 24): the real daemon with
+//! `[cluster]` and `local_sessions = false` runs its sessions on a real
+//! `agent-state worker` through a real three-server NATS JetStream cluster.
+//! Gated like `cluster_worker`: `AGENT_STATE_NATS_TESTS=1` (the server
+//! from AGENT_STATE_NATS_SERVER or PATH), else SKIPPED.
+//!
+//! The worker runs on this machine and shares the state root's paths, so
+//! a session's working directory (its agent's directory) exists there; its
+//! output reaches the daemon only through the output stream.
+
+// The cluster crate's NATS helpers, as `cluster_worker` loads them.
+#[path = "../../crates/cluster/tests/support/mod.rs"]
+#[allow(clippy::duplicate_mod)]
+mod nats;
+
+use crate::support::*;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+
+/// An `agent-state worker`, SIGKILLed if the test ends without stopping it.
+struct Worker {
+    child: Child,
+    log: std::path::PathBuf,
+}
+
+impl Worker {
+    fn start(env: &Env, host: &str) -> Worker {
+        let log = env.tmp(&format!("worker-{host}.log"));
+        let file = std::fs::File::create(&log).unwrap();
+        let child = Command::new(BIN)
+            .args(["--config", env.config.to_str().unwrap()])
+            .args(["worker", "--host", host, "--slots", "2"])
+            .args(["--heartbeat", "300ms", "--credential-group", "default"])
+            .env_remove("AGENT_STATE_SESSION_ID")
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .spawn()
+            .expect("start agent-state worker");
+        Worker { child, log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until it registered (the cluster's streams and buckets exist
+    /// and answer by then).
+    fn wait_registered(&self) {
+        let ok = poll_until(Duration::from_secs(90), || {
+            self.log().contains("registered")
+        });
+        assert!(ok, "the worker never registered:\n{}", self.log());
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("---- worker log ----\n{}---- end ----", self.log());
+        }
+    }
+}
+
+/// Waits until the cluster can hold the streams and buckets (a loaded
+/// machine takes seconds to elect the JetStream leaders), and makes them.
+fn wait_ready(servers: &nats::NatsCluster) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let settings = servers.settings();
+    rt.block_on(async {
+        let (cluster, _, _) = servers
+            .connect(&settings, "test", agent_state_cluster::LeaseTiming::DEFAULT)
+            .await;
+        cluster.output().await.expect("the output stream");
+    });
+}
+
+/// A config whose agents run `script` on the workers of `servers`.
+fn cluster_env(servers: &nats::NatsCluster, dispatch_timeout: &str, script_body: &str) -> Env {
+    let env = Env::with_config("");
+    let script = env.script("agent.sh", script_body);
+    let agents = "[[agent]]\nname = \"rio\"\n[[agent]]\nname = \"theseus\"\n[[agent]]\nname = \"marcus\"\nkind = \"human\"\n";
+    let config = daemon_config(&script, &[], &[("wake_on_inbox", "\"never\"")], agents);
+    env.set_config(&format!(
+        "{config}\n[cluster]\nurls = {:?}\nreplicas = 3\nlocal_sessions = false\ndispatch_timeout = {dispatch_timeout:?}\n",
+        servers.urls()
+    ));
+    env.ok(&["bootstrap"]);
+    env
+}
+
+fn session(env: &Env, agent: &str) -> Value {
+    state(env, agent, "session.json")
+}
+
+fn log_of(env: &Env, agent: &str) -> String {
+    let id = session(env, agent)["session_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    std::fs::read_to_string(env.root.join(agent).join(format!("sessions/{id}.log")))
+        .unwrap_or_default()
+}
+
+fn go(env: &Env, agent: &str) {
+    std::fs::write(env.tmp(&format!("go-{agent}")), "").unwrap();
+}
+
+fn secs_f(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+/// `wake rio`: the session runs on worker w1, its output streams back
+/// (a PROGRESS signal reaches report.json while it runs), it completes,
+/// and its log and journal are those of a local session; theseus's command
+/// exits 3 on the worker: an error recorded as for a local one.
+#[test]
+fn a_session_runs_on_a_worker_and_is_recorded_as_a_local_one() {
+    let Some(binary) = nats::server_binary("cluster_executor") else {
+        return;
+    };
+    let servers = nats::NatsCluster::start(&binary, 3);
+    let env = cluster_env(&servers, "30s", "");
+    env.script(
+        "agent.sh",
+        &format!(
+            r#"dir={:?}
+echo "$1 on ${{AGENT_STATE_WORKER:-this host}} in $(pwd)"
+echo "<axiom>PROGRESS:40</axiom>"
+while [ ! -e "$dir/go-$1" ]; do sleep 0.05; done
+if [ "$1" = theseus ]; then echo "it went wrong" >&2; exit 3; fi
+echo "<axiom>PROGRESS:100</axiom>"
+echo finished"#,
+            env.dir.path()
+        ),
+    );
+    let worker = Worker::start(&env, "w1");
+    worker.wait_registered();
+    let d = env.daemon();
+
+    env.ok(&["wake", "rio"]);
+    // Live: the signal printed on the worker is in report.json while the
+    // session still runs there.
+    d.wait_until(secs_f(60), "rio's PROGRESS:40 in report.json", || {
+        state(&env, "rio", "report.json")["progress"] == 40
+    });
+    assert_eq!(session(&env, "rio")["status"], "running");
+    assert!(
+        worker.log().contains("of rio started"),
+        "the worker runs it:\n{}",
+        worker.log()
+    );
+    let sid = session(&env, "rio")["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // daemon.json and `status` name the worker it runs on.
+    d.wait_until(secs_f(20), "daemon.json names w1", || {
+        d.heartbeat()["running"][0]["host"] == "w1"
+    });
+    assert_eq!(d.heartbeat()["running"][0]["session_id"], sid.as_str());
+    let status = env.ok(&["status"]);
+    assert!(
+        status.contains(&format!("running ({sid} on w1)")),
+        "{status}"
+    );
+    let listed: Value = serde_json::from_str(&env.ok(&["status", "--json"])).unwrap();
+    let rio = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["agent"] == "rio")
+        .unwrap();
+    assert_eq!(rio["host"], "w1", "{rio:#}");
+    go(&env, "rio");
+    d.wait_until(secs_f(60), "rio's session completed", || {
+        session(&env, "rio")["status"] == "completed"
+            && state(&env, "rio", "report.json")["last_session"]["outcome"] == "completed"
+    });
+    let log = log_of(&env, "rio");
+    let agent_dir = env.root.join("rio");
+    assert!(
+        log.contains(&format!("rio on w1 in {}", agent_dir.display())),
+        "{log}"
+    );
+    assert!(log.contains("finished"), "{log}");
+    let report = state(&env, "rio", "report.json");
+    assert_eq!(report["progress"], 100, "{report:#}");
+    let journal = env.journal("rio");
+    let events: Vec<&str> = journal
+        .iter()
+        .filter(|e| e["session_id"] == sid.as_str())
+        .filter_map(|e| e["event"].as_str())
+        .collect();
+    assert!(
+        events.contains(&"session_start") && events.contains(&"session_end"),
+        "{events:?}"
+    );
+    assert_eq!(
+        journal
+            .iter()
+            .filter(|e| e["event"] == "signal" && e["type"] == "PROGRESS")
+            .count(),
+        2,
+        "{journal:#?}"
+    );
+
+    // A command that fails on the worker: an error, its stderr quoted.
+    go(&env, "theseus");
+    env.ok(&["wake", "theseus"]);
+    d.wait_until(secs_f(60), "theseus's session ended", || {
+        session(&env, "theseus")["status"] == "error"
+    });
+    let s = session(&env, "theseus");
+    let reason = s["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("exited with status 3") && reason.contains("it went wrong"),
+        "{s:#}"
+    );
+    let end = env.session_ends("theseus");
+    assert_eq!(end.last().unwrap()["event"], "error", "{end:#?}");
+    assert!(log_of(&env, "theseus").contains("theseus on w1"));
+}
+
+/// No worker: the order waits the dispatch timeout, the session ends as
+/// not started, and its message is back in the inbox. A worker started
+/// afterwards does not run the withdrawn order.
+#[test]
+fn an_order_no_worker_takes_ends_not_started_and_its_message_returns() {
+    let Some(binary) = nats::server_binary("cluster_executor") else {
+        return;
+    };
+    let servers = nats::NatsCluster::start(&binary, 3);
+    wait_ready(&servers);
+    let env = cluster_env(&servers, "3s", "echo ran; touch \"$0.ran\"");
+    let d = env.daemon();
+    let id = env.send("marcus", "rio", &[]);
+    env.ok(&["wake", "rio"]);
+    d.wait_until(secs_f(60), "rio's session ended", || {
+        session(&env, "rio")["status"] == "error"
+    });
+    let s = session(&env, "rio");
+    let reason = s["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("not started") && reason.contains("dispatch timeout"),
+        "{s:#}"
+    );
+    d.wait_until(secs_f(20), "the message back in the inbox", || {
+        env.waiting("rio").iter().any(|m| m.contains(&id))
+    });
+
+    // The withdrawn order stays unrun when a worker comes.
+    let worker = Worker::start(&env, "w1");
+    let sid = s["session_id"].as_str().unwrap().to_string();
+    let seen = poll_until(secs_f(30), || {
+        worker
+            .log()
+            .contains(&format!("session {sid} already ended"))
+    });
+    assert!(seen, "the worker never saw the order:\n{}", worker.log());
+    assert!(!Path::new(&format!("{}.ran", env.tmp("agent.sh").display())).exists());
+}
+
+/// `agent-state stop rio` on a session running on a worker: the worker's
+/// process ends (the lease fenced) and the session is recorded stopped.
+#[test]
+fn stop_ends_a_remote_session() {
+    let Some(binary) = nats::server_binary("cluster_executor") else {
+        return;
+    };
+    let servers = nats::NatsCluster::start(&binary, 3);
+    let env = cluster_env(&servers, "30s", "");
+    let pid_file = env.tmp("pid");
+    env.script(
+        "agent.sh",
+        &format!(
+            "echo $$ > {:?}.tmp && mv {:?}.tmp {:?}\necho working\nwhile true; do sleep 0.1; done",
+            pid_file, pid_file, pid_file
+        ),
+    );
+    let worker = Worker::start(&env, "w1");
+    worker.wait_registered();
+    let d = env.daemon();
+    env.ok(&["wake", "rio"]);
+    // Its output in the session log: the daemon follows it running.
+    d.wait_until(secs_f(60), "rio runs on the worker", || {
+        pid_file.exists() && log_of(&env, "rio").contains("working")
+    });
+    let pid: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(process_alive(pid));
+    env.ok(&["stop", "rio", "--reason", "operator"]);
+    d.wait_until(secs_f(60), "rio's session recorded", || {
+        session(&env, "rio")["status"] == "error"
+    });
+    let s = session(&env, "rio");
+    assert!(
+        s["errors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["code"] == "SESSION_STOPPED"),
+        "{s:#}"
+    );
+    assert!(
+        poll_until(secs_f(30), || !process_alive(pid)),
+        "the session's process {pid} still runs on the worker\n{}",
+        worker.log()
+    );
+    assert!(
+        d.log_text().contains("fencing its lease (revision"),
+        "stopped while running, not while waiting for a worker"
+    );
+}
+
+/// A worker SIGKILLed while its session runs: its lease is no longer
+/// renewed, and after the fence time (5 s here through a test hook; 300 s
+/// by default) the controller fences it and records the session
+/// "interrupted: worker lost"; its message returns to the inbox.
+#[test]
+fn a_lost_worker_is_fenced_and_its_session_recorded_interrupted() {
+    let Some(binary) = nats::server_binary("cluster_executor") else {
+        return;
+    };
+    let servers = nats::NatsCluster::start(&binary, 3);
+    let env = cluster_env(&servers, "30s", "");
+    let pid_file = env.tmp("pid");
+    env.script(
+        "agent.sh",
+        &format!(
+            "echo $$ > {:?}.tmp && mv {:?}.tmp {:?}\necho working\nwhile true; do sleep 0.1; done",
+            pid_file, pid_file, pid_file
+        ),
+    );
+    let mut worker = Worker::start(&env, "w1");
+    worker.wait_registered();
+    let d = Daemon::start(&env, &[("AGENT_STATE_TEST_CONTROLLER_FENCES", "5s")]);
+    let id = env.send("marcus", "rio", &[]);
+    env.ok(&["wake", "rio"]);
+    d.wait_until(secs_f(60), "rio runs on the worker", || {
+        pid_file.exists() && log_of(&env, "rio").contains("working")
+    });
+    let pid: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // The session's process outlives its worker: killed when the test ends.
+    struct Reap(i32);
+    impl Drop for Reap {
+        fn drop(&mut self) {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(self.0),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+    let _reap = Reap(pid);
+    worker.child.kill().unwrap();
+    worker.child.wait().unwrap();
+
+    d.wait_until(secs_f(60), "rio's session recorded", || {
+        session(&env, "rio")["status"] == "error"
+    });
+    let s = session(&env, "rio");
+    let reason = s["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("interrupted: worker lost") && reason.contains("w1"),
+        "{s:#}"
+    );
+    let end = env.session_ends("rio");
+    assert_eq!(
+        end.last().unwrap()["code"],
+        "SESSION_INTERRUPTED",
+        "{end:#?}"
+    );
+    d.wait_until(secs_f(20), "the message back in the inbox", || {
+        env.waiting("rio").iter().any(|m| m.contains(&id))
+    });
+}
