@@ -718,9 +718,12 @@ pub async fn run(config_path: &Path, web: WebHook) -> Result<()> {
         let pruned = root.clone().with_store(repairs.clone());
         let health = config.health.clone();
         let agents: Vec<AgentName> = config.agents.iter().map(|a| a.name.clone()).collect();
+        // It takes an instance id for every session: what it wrote to
+        // counters.json last is kept, not read and parsed again.
         root.with_store(
             repairs.with_reclaimer(move || prune_all(&pruned, &health, &agents, &[]).bytes),
         )
+        .keeping_counters()
     };
     let sigterm = signal(SignalKind::terminate())
         .map_err(|e| Error::io("installing a handler for", "SIGTERM", e))?;

@@ -45,6 +45,7 @@ mod holds;
 mod hooks;
 mod hostile;
 mod identity;
+mod instance_counters;
 mod iterations;
 mod json_escapes;
 mod machine_live;

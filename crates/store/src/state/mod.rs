@@ -54,6 +54,9 @@ pub struct StateRoot {
     /// What its writes do on a full disk and whether its repairs are
     /// recorded ([`Store`]; the default, as the CLI wants, does neither).
     pub store: Store,
+    /// What a long-lived process keeps of `.daemon/counters.json` between
+    /// sessions ([`counters::Kept`]; off unless [`StateRoot::keeping_counters`]).
+    pub counters: counters::Kept,
 }
 
 impl StateRoot {
@@ -64,7 +67,17 @@ impl StateRoot {
             path: crate::fsx::trusted(&path.into()),
             lock_wait: lock::CLI_WAIT,
             store: Store::default(),
+            counters: counters::Kept::default(),
         }
+    }
+
+    /// This root, keeping what it last wrote to `.daemon/counters.json` so
+    /// that the next instance id neither reads nor serializes the whole file
+    /// again while nobody else wrote it: for the daemon, which takes one for
+    /// every session. Its clones share what is kept.
+    pub fn keeping_counters(mut self) -> Self {
+        self.counters = counters::Kept::on();
+        self
     }
 
     /// This root, its writes and reads going through `store`.
