@@ -72,7 +72,7 @@ pub struct RunArgs {
         long = "credential-group",
         env = "AGENT_STATE_WORKER_GROUPS",
         value_delimiter = ',',
-        default_value = "main",
+        default_value = crate::config::DEFAULT_CREDENTIAL,
         value_name = "GROUP"
     )]
     pub groups: Vec<String>,

@@ -33,7 +33,7 @@ impl Worker {
         let child = Command::new(BIN)
             .args(["--config", env.config.to_str().unwrap()])
             .args(["worker", "--host", host, "--slots", "2"])
-            .args(["--heartbeat", "300ms", "--credential-group", "default"])
+            .args(["--heartbeat", "300ms"])
             .env_remove("AGENT_STATE_SESSION_ID")
             .stdin(Stdio::null())
             .stdout(file.try_clone().unwrap())

@@ -125,7 +125,7 @@ fn order(id: &str, agent: &str, script: &Path, cwd: &Path) -> SessionOrder {
     SessionOrder {
         session_id: id.into(),
         agent: agent.into(),
-        credential_group: "main".into(),
+        credential_group: "default".into(),
         spec: serde_json::json!({
             "command": script.to_str().unwrap(),
             "args": ["one arg"],
@@ -211,7 +211,7 @@ exit 3"#,
         (w["slots"].as_u64(), w["slots_used"].as_u64()),
         (Some(2), Some(0))
     );
-    assert_eq!(w["credentials"][0]["group"], "main");
+    assert_eq!(w["credentials"][0]["group"], "default");
     let table = env.ok(&["workers"]);
     assert!(
         table.contains("HOST")
