@@ -6,7 +6,7 @@
 //! A remote run:
 //!
 //! 1. publishes the order (argv, env, cwd, timeout, kill grace, prompt;
-//!    the session id as `Nats-Msg-Id`) and waits for the server's ack;
+//!    `AGENT_SESSION` as `Nats-Msg-Id`: session ids are per agent) and waits for the server's ack;
 //! 2. waits for a worker to take the lease `run/<agent>` for it, at most
 //!    `cluster.dispatch_timeout`: then the order is withdrawn (an end
 //!    stored for it, which a worker finds under the lease and does not run
@@ -257,11 +257,15 @@ fn order_of(spec: &SessionSpec, group: &str) -> Result<SessionOrder, Unfit> {
     ) else {
         return Err(Unfit::NoIds);
     };
-    // Each run of a session is an order of its own (its own dedup id, its
-    // own output subject).
+    // The order's id is the cluster's key for the run (its dedup id, its
+    // output and end subjects, the lease's session): unique across agents
+    // (session ids are per agent: two agents started in the same second
+    // have the same one) and across a session's runs (each iteration is an
+    // order of its own). Agent, then `_`, then the run: a session id never
+    // holds a `_`, so the last one splits them.
     let id = match spec.iteration {
-        0 | 1 => session.to_string(),
-        n => format!("{session}-it{n}"),
+        0 | 1 => format!("{agent}_{session}"),
+        n => format!("{agent}_{session}-it{n}"),
     };
     let subject_safe = |s: &str| {
         !s.is_empty()

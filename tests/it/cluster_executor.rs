@@ -259,7 +259,8 @@ fn an_order_no_worker_takes_ends_not_started_and_its_message_returns() {
 
     // The withdrawn order stays unrun when a worker comes.
     let worker = Worker::start(&env, "w1");
-    let sid = s["session_id"].as_str().unwrap().to_string();
+    // (The order's id: the agent's, then its session's.)
+    let sid = format!("rio_{}", s["session_id"].as_str().unwrap());
     let seen = poll_until(secs_f(30), || {
         worker
             .log()

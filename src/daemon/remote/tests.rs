@@ -156,7 +156,7 @@ fn an_order_carries_the_spec() {
         ("AGENT_STATE_SESSION_ID", "20261127-101500"),
     ];
     let order = order_of(&spec(&["/bin/run", "-p", "x"], &ids), "main").unwrap();
-    assert_eq!(order.session_id, "20261127-101500");
+    assert_eq!(order.session_id, "rio_20261127-101500");
     assert_eq!(order.agent, "rio");
     assert_eq!(order.credential_group, "main");
     let remote = agent_state_cluster::SessionSpec::from_order(&order.spec).unwrap();
@@ -172,7 +172,18 @@ fn an_order_carries_the_spec() {
     second.iteration = 2;
     assert_eq!(
         order_of(&second, "main").unwrap().session_id,
-        "20261127-101500-it2"
+        "rio_20261127-101500-it2"
+    );
+    // Two agents' sessions begun in the same second are two orders.
+    let theseus = [
+        ("AGENT_STATE_AGENT", "theseus"),
+        ("AGENT_STATE_SESSION_ID", "20261127-101500"),
+    ];
+    assert_ne!(
+        order_of(&spec(&["/bin/run"], &theseus), "main")
+            .unwrap()
+            .session_id,
+        order.session_id
     );
 
     let refused: &[(SessionSpec, &str, &str)] = &[
