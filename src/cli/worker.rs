@@ -67,7 +67,7 @@ pub struct RunArgs {
         value_name = "N"
     )]
     pub slots: usize,
-    /// A credential group whose orders it takes (repeat for several; comma-separated in the variable)
+    /// A credential group whose orders it takes (repeat for several; comma-separated in the variable). A group with `[credential.NAME] check` in the config is checked at start and every `check_every`; while its check fails the worker pulls none of its orders
     #[arg(
         long = "credential-group",
         env = "AGENT_STATE_WORKER_GROUPS",
@@ -314,6 +314,7 @@ fn drain(ctx: &Context, host: &str, on: bool) -> Result<u8> {
 
 fn serve(ctx: Context, args: RunArgs) -> Result<u8> {
     let settings = settings(&ctx, "worker")?;
+    let credentials = ctx.config.credentials.clone();
     drop(ctx);
     let host = args.host.unwrap_or_else(this_host);
     agent_state_cluster::workers::check_host(&host).map_err(|e| {
@@ -359,10 +360,23 @@ fn serve(ctx: Context, args: RunArgs) -> Result<u8> {
     let options = crate::worker::Options {
         host,
         slots: args.slots,
-        groups,
+        groups: groups.clone(),
         heartbeat: args.heartbeat,
         version: VERSION.to_string(),
         lease_timing: LeaseTiming::DEFAULT,
+        checks: groups
+            .iter()
+            .filter_map(|g| {
+                let c = credentials.get(g)?;
+                Some((
+                    g.clone(),
+                    crate::worker::GroupCheck {
+                        command: c.check.clone()?,
+                        every: c.check_every,
+                    },
+                ))
+            })
+            .collect(),
     };
     runtime()?
         .block_on(crate::worker::run(settings, options))

@@ -37,6 +37,10 @@ pub struct RunningSession {
 pub struct CredentialState {
     pub group: String,
     pub working: bool,
+    /// Why it does not work (its check's failure), or that it is not
+    /// checked yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
 }
 
 /// What a worker says of itself at each heartbeat.

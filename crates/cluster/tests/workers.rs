@@ -28,6 +28,7 @@ fn record(host: &str, sessions: usize, drained: bool) -> WorkerRecord {
         credentials: vec![CredentialState {
             group: "main".into(),
             working: true,
+            detail: None,
         }],
         drained,
         stopped: false,
