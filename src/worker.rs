@@ -10,6 +10,10 @@
 //! min), the daemon's runner ([`crate::daemon::credential::check`]: time
 //! limit, bounded output, its own process group); the record says which
 //! groups work and why not ([`group_state`], [`pullable`], [`checks_due`]).
+//! Before each pull it reads the free space of its work directory
+//! (statvfs) and `MemAvailable` (/proc/meminfo): below `--min-free-disk` or
+//! `--min-free-memory` it pulls nothing, says why once, and its record's
+//! `not_pulling` says it too ([`short_of_room`]).
 //! Then, per order:
 //!
 //! 1. an in-progress ack (the order stays this worker's while it prepares);
@@ -36,7 +40,7 @@
 //! sessions as above, writes a last record saying it stopped, and exits 0.
 //!
 //! What it does not do yet (issue 24): workspaces (git worktrees), cgroups,
-//! stall detection, checking disk and memory, forwarding hook calls, and a
+//! stall detection, forwarding hook calls, and a
 //! local copy of output the stream has not stored.
 
 use std::collections::BTreeMap;
@@ -84,7 +88,110 @@ pub struct Options {
     /// The login checks of its groups (`[credential.NAME] check`); a group
     /// not here counts as working.
     pub checks: BTreeMap<String, GroupCheck>,
+    /// The least room it pulls with: free space on `work_dir`, memory
+    /// available.
+    pub minimums: Minimums,
 }
+
+/// Below these it pulls no order (0: not checked).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Minimums {
+    /// The directory whose file system's free space is checked.
+    pub work_dir: std::path::PathBuf,
+    pub disk_bytes: u64,
+    pub memory_bytes: u64,
+}
+
+/// `MemAvailable` of `/proc/meminfo`'s text, in bytes.
+pub fn mem_available(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let mut words = line["MemAvailable:".len()..].split_whitespace();
+    let n: u64 = words.next()?.parse().ok()?;
+    match words.next() {
+        Some("kB") => Some(n.saturating_mul(1024)),
+        None => Some(n),
+        Some(_) => None,
+    }
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{} MiB", bytes / (1 << 20))
+}
+
+/// Why the worker may pull nothing now (`None`: it may): free disk on the
+/// work directory (`Err`: it could not be read, which also stops pulling)
+/// and memory available (`None`: unknown, not held against it) against the
+/// minimums. What is short (`"disk"`, `"memory"`), and the words to say.
+pub fn short_of_room(
+    min: &Minimums,
+    disk_free: Result<u64, String>,
+    memory_available: Option<u64>,
+) -> Option<(&'static str, String)> {
+    if min.disk_bytes > 0 {
+        match disk_free {
+            Err(e) => {
+                return Some((
+                    "disk",
+                    format!(
+                        "cannot read the free space of {}: {e}",
+                        min.work_dir.display()
+                    ),
+                ));
+            }
+            Ok(free) if free < min.disk_bytes => {
+                return Some((
+                    "disk",
+                    format!(
+                        "{} free on {}, below --min-free-disk {}",
+                        mib(free),
+                        min.work_dir.display(),
+                        mib(min.disk_bytes)
+                    ),
+                ));
+            }
+            Ok(_) => {}
+        }
+    }
+    if min.memory_bytes > 0
+        && let Some(available) = memory_available
+        && available < min.memory_bytes
+    {
+        return Some((
+            "memory",
+            format!(
+                "{} of memory available, below --min-free-memory {}",
+                mib(available),
+                mib(min.memory_bytes)
+            ),
+        ));
+    }
+    None
+}
+
+/// Reads the disk and memory and says why not to pull, if so.
+fn room_now(min: &Minimums) -> Option<(&'static str, String)> {
+    if min.disk_bytes == 0 && min.memory_bytes == 0 {
+        return None;
+    }
+    let disk = if min.disk_bytes > 0 {
+        crate::daemon::health::probe(&min.work_dir)
+            .map(|p| p.free)
+            .map_err(|e| e.to_string())
+    } else {
+        Ok(u64::MAX)
+    };
+    let memory = if min.memory_bytes > 0 {
+        std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|t| mem_available(&t))
+    } else {
+        None
+    };
+    short_of_room(min, disk, memory)
+}
+
+/// How long the worker waits before it looks at the disk and memory again.
+const ROOM_RECHECK: Duration = Duration::from_secs(5);
 
 /// A credential group's login check, as configured.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -185,6 +292,8 @@ struct Shared {
     running: Mutex<BTreeMap<String, RunningSession>>,
     /// The last result of each group's check.
     checks: Mutex<BTreeMap<String, Checked>>,
+    /// Why it pulls nothing now (low disk or memory).
+    not_pulling: Mutex<Option<String>>,
     drained: watch::Receiver<bool>,
     stop: watch::Receiver<bool>,
 }
@@ -221,6 +330,11 @@ impl Shared {
                 .collect(),
             drained,
             stopped,
+            not_pulling: self
+                .not_pulling
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
             heartbeat_ms: unix_ms(SystemTime::now()),
             heartbeat_every_ms: self.options.heartbeat.as_millis() as u64,
         }
@@ -327,6 +441,7 @@ pub async fn run(settings: ClusterSettings, options: Options) -> Result<(), Work
         output,
         running: Mutex::new(BTreeMap::new()),
         checks: Mutex::new(BTreeMap::new()),
+        not_pulling: Mutex::new(None),
         drained: drained_rx,
         stop: stop_rx.clone(),
     });
@@ -484,6 +599,7 @@ async fn pull(shared: &Arc<Shared>, queues: &[(String, OrderQueue)]) {
     let mut drained = shared.drained.clone();
     let mut turn = 0usize;
     let mut last_error = String::new();
+    let mut short_said: Option<&'static str> = None;
     loop {
         while sessions.try_join_next().is_some() {}
         if *stop.borrow() {
@@ -502,6 +618,26 @@ async fn pull(shared: &Arc<Shared>, queues: &[(String, OrderQueue)]) {
             _ = until(&mut stop, true) => break,
             _ = until(&mut drained, true) => continue,
         };
+        let short = room_now(&shared.options.minimums);
+        *shared.not_pulling.lock().unwrap_or_else(|e| e.into_inner()) =
+            short.as_ref().map(|(_, why)| why.clone());
+        // Said once per change of what is short (the figures move).
+        let what = short.as_ref().map(|(what, _)| *what);
+        if what != short_said {
+            match &short {
+                Some((_, why)) => log(format!("pulling no order: {why}")),
+                None => log("room again: pulling orders"),
+            }
+            short_said = what;
+        }
+        if short.is_some() {
+            drop(permit);
+            tokio::select! {
+                _ = tokio::time::sleep(ROOM_RECHECK) => {}
+                _ = until(&mut stop, true) => break,
+            }
+            continue;
+        }
         let open = pullable(
             &shared.options.groups,
             &shared.options.checks,
@@ -1071,5 +1207,96 @@ mod tests {
             (false, Some("its check has not answered yet".into()))
         );
         assert_eq!(group_state("b", &checks, &results), (true, None));
+    }
+}
+
+#[cfg(test)]
+mod room_tests {
+    use super::*;
+
+    #[test]
+    fn mem_available_is_read_from_meminfo() {
+        let table: &[(&str, Option<u64>)] = &[
+            (
+                "MemTotal:       16303572 kB\nMemFree:  1 kB\nMemAvailable:    8000000 kB\n",
+                Some(8_000_000 * 1024),
+            ),
+            ("MemTotal: 1 kB\n", None),
+            ("MemAvailable: lots kB\n", None),
+            ("MemAvailable: 12 MB\n", None),
+            ("MemAvailable: 4096\n", Some(4096)),
+        ];
+        for (text, want) in table {
+            assert_eq!(mem_available(text), *want, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn it_pulls_only_with_room_on_disk_and_in_memory() {
+        const MIB: u64 = 1 << 20;
+        let min = |disk: u64, memory: u64| Minimums {
+            work_dir: "/srv/work".into(),
+            disk_bytes: disk,
+            memory_bytes: memory,
+        };
+        // (minimums, disk free, memory available, why not)
+        type Row = (
+            Minimums,
+            Result<u64, String>,
+            Option<u64>,
+            Option<&'static str>,
+        );
+        let table: Vec<Row> = vec![
+            (
+                min(1024 * MIB, 512 * MIB),
+                Ok(2048 * MIB),
+                Some(1024 * MIB),
+                None,
+            ),
+            (
+                min(1024 * MIB, 512 * MIB),
+                Ok(100 * MIB),
+                Some(1024 * MIB),
+                Some("100 MiB free on /srv/work, below --min-free-disk 1024 MiB"),
+            ),
+            (
+                min(1024 * MIB, 512 * MIB),
+                Ok(2048 * MIB),
+                Some(200 * MIB),
+                Some("200 MiB of memory available, below --min-free-memory 512 MiB"),
+            ),
+            // Exactly at the minimum is enough.
+            (
+                min(1024 * MIB, 512 * MIB),
+                Ok(1024 * MIB),
+                Some(512 * MIB),
+                None,
+            ),
+            // Disk is said first when both are short.
+            (
+                min(1024 * MIB, 512 * MIB),
+                Ok(0),
+                Some(0),
+                Some("0 MiB free on /srv/work, below --min-free-disk 1024 MiB"),
+            ),
+            (
+                min(1024 * MIB, 0),
+                Err("ENOENT".into()),
+                None,
+                Some("cannot read the free space of /srv/work: ENOENT"),
+            ),
+            // 0 disables; unknown memory is not held against it.
+            (min(0, 0), Ok(0), Some(0), None),
+            (min(0, 512 * MIB), Err("ENOENT".into()), None, None),
+        ];
+        for (i, (min, disk, memory, want)) in table.into_iter().enumerate() {
+            assert_eq!(
+                short_of_room(&min, disk, memory)
+                    .as_ref()
+                    .map(|(_, why)| why.as_str()),
+                want,
+                "row {i}"
+            );
+        }
     }
 }

@@ -252,3 +252,60 @@ exit 1"#,
         credential(w, "team")["working"] == true && credential(w, "team").get("detail").is_none()
     });
 }
+
+#[test]
+fn a_worker_short_of_disk_pulls_nothing_and_says_why() {
+    let Some(binary) = nats::server_binary("cluster_worker_checks") else {
+        return;
+    };
+    let servers = nats::NatsCluster::start(&binary, 3);
+    let rt = rt();
+    let settings = servers.settings();
+    let (cluster, dispatch, _leases) =
+        rt.block_on(servers.connect(&settings, "controller", LeaseTiming::DEFAULT));
+    let env = Env::with_config(&format!(
+        "[cluster]\nurls = {:?}\nreplicas = 3\n",
+        servers.urls()
+    ));
+    let work = env.tmp("work");
+    std::fs::create_dir(&work).unwrap();
+    let session = env.script("session.sh", r#"echo "$AGENT_STATE_SESSION_ID ran""#);
+
+    // No disk has a million TiB free.
+    let worker = Worker::start(
+        &env,
+        "w1",
+        &[
+            "--work-dir",
+            work.to_str().unwrap(),
+            "--min-free-disk",
+            "1099511627776MiB",
+        ],
+    );
+    let why = format!(
+        "MiB free on {}, below --min-free-disk 1099511627776 MiB",
+        work.display()
+    );
+    worker.wait_log(&why);
+    let w = wait_listed(&env, &worker, "why it is not pulling", |w| {
+        w["not_pulling"].as_str().is_some_and(|t| t.contains(&why))
+    });
+    assert_eq!(w["state"], "alive", "{w}");
+    let table = env.ok(&["workers"]);
+    assert!(table.contains("(pulling no order: "), "{table}");
+
+    rt.block_on(dispatch.publish(&order("s-1", "rio", "default", &session, &work)))
+        .unwrap();
+    // Several pull rounds later (each heartbeat is 300 ms, the room is
+    // looked at every 5 s): still queued, never started, said once.
+    let beats = w["heartbeat_at"].clone();
+    wait_listed(&env, &worker, "a later heartbeat", |w| {
+        w["heartbeat_at"] != beats
+    });
+    let ok = poll_until(Duration::from_secs(7), || {
+        worker.log().matches(&why).count() > 1
+    });
+    assert!(!ok, "said once:\n{}", worker.log());
+    assert_eq!(queued(&rt, &cluster, &dispatch), 1, "{}", worker.log());
+    assert!(!worker.log().contains("s-1"), "{}", worker.log());
+}

@@ -32,6 +32,7 @@ fn record(host: &str, sessions: usize, drained: bool) -> WorkerRecord {
         }],
         drained,
         stopped: false,
+        not_pulling: None,
         heartbeat_ms: unix_ms(SystemTime::now()),
         heartbeat_every_ms: 5000,
     }
