@@ -17,7 +17,10 @@
 //! Then, per order:
 //!
 //! 1. an in-progress ack (the order stays this worker's while it prepares);
-//! 2. the spec is read ([`SessionSpec`]); a bad one ends as "not started";
+//! 2. the spec is read ([`SessionSpec`]); a bad one ends as "not started"
+//!    with the reason naming the field: it is someone else's input, so NUL
+//!    bytes, oversized or too many arguments and variables, a prompt over
+//!    8 MiB, and a `cwd` that is a symlink or not a directory are refused;
 //! 3. the lease `run/<agent>` is taken: held by another, the order goes back
 //!    to the queue (5 s later) for whoever frees it;
 //! 4. under the lease, a session whose end is already stored (an order
@@ -719,7 +722,12 @@ async fn session(shared: &Shared, pulled: PulledOrder) {
         last_chunk: 0,
         lease_revision: 0,
     };
-    let spec = match SessionSpec::from_order(&order.spec) {
+    let spec = match SessionSpec::from_order(&order.spec).and_then(|spec| {
+        if let Some(cwd) = &spec.cwd {
+            agent_state_cluster::session::check_cwd(std::path::Path::new(cwd))?;
+        }
+        Ok(spec)
+    }) {
         Ok(spec) => spec,
         Err(e) => {
             let detail = e.to_string();

@@ -309,3 +309,78 @@ fn a_worker_short_of_disk_pulls_nothing_and_says_why() {
     assert_eq!(queued(&rt, &cluster, &dispatch), 1, "{}", worker.log());
     assert!(!worker.log().contains("s-1"), "{}", worker.log());
 }
+
+#[test]
+fn hostile_orders_end_not_started_naming_the_field() {
+    let Some(binary) = nats::server_binary("cluster_worker_checks") else {
+        return;
+    };
+    let servers = nats::NatsCluster::start(&binary, 3);
+    let rt = rt();
+    let settings = servers.settings();
+    let (cluster, dispatch, _leases) =
+        rt.block_on(servers.connect(&settings, "controller", LeaseTiming::DEFAULT));
+    let output = rt.block_on(cluster.output()).unwrap();
+    let env = Env::with_config(&format!(
+        "[cluster]\nurls = {:?}\nreplicas = 3\n",
+        servers.urls()
+    ));
+    let work = env.tmp("work");
+    std::fs::create_dir(&work).unwrap();
+    let link = env.tmp("link");
+    std::os::unix::fs::symlink(&work, &link).unwrap();
+    // The session would leave this file behind if it ever ran.
+    let session = env.script(
+        "session.sh",
+        r#"touch "$(dirname "$0")/ran-$AGENT_STATE_SESSION_ID""#,
+    );
+    let worker = Worker::start(&env, "w1", &[]);
+
+    let mut nul = order("s-nul", "ada", "default", &session, &work);
+    nul.spec["args"] = serde_json::json!(["fine", "a\0b"]);
+    let mut big = order("s-big", "bo", "default", &session, &work);
+    big.spec["env"] = serde_json::json!({ "BIG": "v".repeat(200 * 1024) });
+    let cases = [
+        (
+            order("s-link", "rio", "default", &session, &link),
+            format!(
+                "the order's spec: `cwd` {}: is a symbolic link; give the directory itself",
+                link.display()
+            ),
+        ),
+        (
+            order("s-file", "cy", "default", &session, &session),
+            format!(
+                "the order's spec: `cwd` {}: is not a directory",
+                session.display()
+            ),
+        ),
+        (
+            nul,
+            "the order's spec: `args[1]` contains a NUL byte, which no program can be given".into(),
+        ),
+        (
+            big,
+            "the order's spec: `env.BIG` is 204800 bytes, more than 131071".into(),
+        ),
+    ];
+    for (order, _) in &cases {
+        rt.block_on(dispatch.publish(order)).unwrap();
+    }
+    for (order, detail) in &cases {
+        let end = wait_end(&rt, &output, &order.session_id, &worker);
+        assert_eq!(
+            end.outcome,
+            Outcome::NotStarted {
+                detail: detail.clone()
+            },
+            "{}",
+            worker.log()
+        );
+        assert!(!env.tmp(&format!("ran-{}", order.session_id)).exists());
+    }
+    let ok = poll_until(Duration::from_secs(30), || {
+        queued(&rt, &cluster, &dispatch) == 0
+    });
+    assert!(ok, "the refused orders are acked\n{}", worker.log());
+}
