@@ -127,7 +127,7 @@ fn mib(bytes: u64) -> String {
 /// minimums. What is short (`"disk"`, `"memory"`), and the words to say.
 pub fn short_of_room(
     min: &Minimums,
-    disk_free: Result<u64, String>,
+    disk_free: std::io::Result<u64>,
     memory_available: Option<u64>,
 ) -> Option<(&'static str, String)> {
     if min.disk_bytes > 0 {
@@ -177,9 +177,7 @@ fn room_now(min: &Minimums) -> Option<(&'static str, String)> {
         return None;
     }
     let disk = if min.disk_bytes > 0 {
-        crate::daemon::health::probe(&min.work_dir)
-            .map(|p| p.free)
-            .map_err(|e| e.to_string())
+        crate::daemon::health::probe(&min.work_dir).map(|p| p.free)
     } else {
         Ok(u64::MAX)
     };
@@ -1250,7 +1248,7 @@ mod room_tests {
         // (minimums, disk free, memory available, why not)
         type Row = (
             Minimums,
-            Result<u64, String>,
+            std::io::Result<u64>,
             Option<u64>,
             Option<&'static str>,
         );
@@ -1289,13 +1287,18 @@ mod room_tests {
             ),
             (
                 min(1024 * MIB, 0),
-                Err("ENOENT".into()),
+                Err(std::io::Error::other("ENOENT")),
                 None,
                 Some("cannot read the free space of /srv/work: ENOENT"),
             ),
             // 0 disables; unknown memory is not held against it.
             (min(0, 0), Ok(0), Some(0), None),
-            (min(0, 512 * MIB), Err("ENOENT".into()), None, None),
+            (
+                min(0, 512 * MIB),
+                Err(std::io::Error::other("ENOENT")),
+                None,
+                None,
+            ),
         ];
         for (i, (min, disk, memory, want)) in table.into_iter().enumerate() {
             assert_eq!(

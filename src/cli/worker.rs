@@ -83,15 +83,11 @@ pub struct RunArgs {
     #[arg(long, env = "AGENT_STATE_WORKER_DIR", value_name = "DIR")]
     pub work_dir: Option<std::path::PathBuf>,
     /// It pulls no order while the work directory has less free space than this, e.g. 1GiB (0: not checked)
-    #[arg(long, env = "AGENT_STATE_WORKER_MIN_FREE_DISK", default_value = "1GiB", value_parser = parse_size_arg, value_name = "SIZE")]
+    #[arg(long, env = "AGENT_STATE_WORKER_MIN_FREE_DISK", default_value = "1GiB", value_parser = crate::config::parse_size, value_name = "SIZE")]
     pub min_free_disk: u64,
     /// It pulls no order while MemAvailable (/proc/meminfo) is below this, e.g. 512MiB (0: not checked)
-    #[arg(long, env = "AGENT_STATE_WORKER_MIN_FREE_MEMORY", default_value = "512MiB", value_parser = parse_size_arg, value_name = "SIZE")]
+    #[arg(long, env = "AGENT_STATE_WORKER_MIN_FREE_MEMORY", default_value = "512MiB", value_parser = crate::config::parse_size, value_name = "SIZE")]
     pub min_free_memory: u64,
-}
-
-fn parse_size_arg(text: &str) -> std::result::Result<u64, String> {
-    crate::config::parse_size(text).map_err(|e| e.to_string())
 }
 
 /// `[cluster]`, or the configuration error that says how to add it.
