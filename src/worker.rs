@@ -4,10 +4,23 @@
 //! It connects with `[cluster]`, registers in the worker registry and
 //! renews its record every `heartbeat` ([`agent_state_cluster::workers`]).
 //! For each free slot it pulls one order ([`OrderQueue::next`]) of its
-//! credential groups, in turn; then, per order:
+//! credential groups that work, in turn. A group with a login check in the
+//! config (`[credential.NAME] check`) works once its check passed: the check
+//! runs at start and every `check_every` (a failing one at least every 5
+//! min), the daemon's runner ([`crate::daemon::credential::check`]: time
+//! limit, bounded output, its own process group); the record says which
+//! groups work and why not ([`group_state`], [`pullable`], [`checks_due`]).
+//! Before each pull it reads the free space of its work directory
+//! (statvfs) and `MemAvailable` (/proc/meminfo): below `--min-free-disk` or
+//! `--min-free-memory` it pulls nothing, says why once, and its record's
+//! `not_pulling` says it too ([`short_of_room`]).
+//! Then, per order:
 //!
 //! 1. an in-progress ack (the order stays this worker's while it prepares);
-//! 2. the spec is read ([`SessionSpec`]); a bad one ends as "not started";
+//! 2. the spec is read ([`SessionSpec`]); a bad one ends as "not started"
+//!    with the reason naming the field: it is someone else's input, so NUL
+//!    bytes, oversized or too many arguments and variables, a prompt over
+//!    8 MiB, and a `cwd` that is a symlink or not a directory are refused;
 //! 3. the lease `run/<agent>` is taken: held by another, the order goes back
 //!    to the queue (5 s later) for whoever frees it;
 //! 4. under the lease, a session whose end is already stored (an order
@@ -30,8 +43,7 @@
 //! sessions as above, writes a last record saying it stopped, and exits 0.
 //!
 //! What it does not do yet (issue 24): workspaces (git worktrees), cgroups,
-//! stall detection, checking disk, memory and the credentials themselves
-//! (each group it is given counts as working), forwarding hook calls, and a
+//! stall detection, forwarding hook calls, and a
 //! local copy of output the stream has not stored.
 
 use std::collections::BTreeMap;
@@ -76,6 +88,192 @@ pub struct Options {
     pub heartbeat: Duration,
     pub version: String,
     pub lease_timing: LeaseTiming,
+    /// The login checks of its groups (`[credential.NAME] check`); a group
+    /// not here counts as working.
+    pub checks: BTreeMap<String, GroupCheck>,
+    /// The least room it pulls with: free space on `work_dir`, memory
+    /// available.
+    pub minimums: Minimums,
+}
+
+/// Below these it pulls no order (0: not checked).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Minimums {
+    /// The directory whose file system's free space is checked.
+    pub work_dir: std::path::PathBuf,
+    pub disk_bytes: u64,
+    pub memory_bytes: u64,
+}
+
+/// `MemAvailable` of `/proc/meminfo`'s text, in bytes.
+pub fn mem_available(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let mut words = line["MemAvailable:".len()..].split_whitespace();
+    let n: u64 = words.next()?.parse().ok()?;
+    match words.next() {
+        Some("kB") => Some(n.saturating_mul(1024)),
+        None => Some(n),
+        Some(_) => None,
+    }
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{} MiB", bytes / (1 << 20))
+}
+
+/// Why the worker may pull nothing now (`None`: it may): free disk on the
+/// work directory (`Err`: it could not be read, which also stops pulling)
+/// and memory available (`None`: unknown, not held against it) against the
+/// minimums. What is short (`"disk"`, `"memory"`), and the words to say.
+pub fn short_of_room(
+    min: &Minimums,
+    disk_free: std::io::Result<u64>,
+    memory_available: Option<u64>,
+) -> Option<(&'static str, String)> {
+    if min.disk_bytes > 0 {
+        match disk_free {
+            Err(e) => {
+                return Some((
+                    "disk",
+                    format!(
+                        "cannot read the free space of {}: {e}",
+                        min.work_dir.display()
+                    ),
+                ));
+            }
+            Ok(free) if free < min.disk_bytes => {
+                return Some((
+                    "disk",
+                    format!(
+                        "{} free on {}, below --min-free-disk {}",
+                        mib(free),
+                        min.work_dir.display(),
+                        mib(min.disk_bytes)
+                    ),
+                ));
+            }
+            Ok(_) => {}
+        }
+    }
+    if min.memory_bytes > 0
+        && let Some(available) = memory_available
+        && available < min.memory_bytes
+    {
+        return Some((
+            "memory",
+            format!(
+                "{} of memory available, below --min-free-memory {}",
+                mib(available),
+                mib(min.memory_bytes)
+            ),
+        ));
+    }
+    None
+}
+
+/// Reads the disk and memory and says why not to pull, if so.
+fn room_now(min: &Minimums) -> Option<(&'static str, String)> {
+    if min.disk_bytes == 0 && min.memory_bytes == 0 {
+        return None;
+    }
+    let disk = if min.disk_bytes > 0 {
+        crate::daemon::health::probe(&min.work_dir).map(|p| p.free)
+    } else {
+        Ok(u64::MAX)
+    };
+    let memory = if min.memory_bytes > 0 {
+        std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|t| mem_available(&t))
+    } else {
+        None
+    };
+    short_of_room(min, disk, memory)
+}
+
+/// How long the worker waits before it looks at the disk and memory again.
+const ROOM_RECHECK: Duration = Duration::from_secs(5);
+
+/// A credential group's login check, as configured.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupCheck {
+    pub command: Vec<String>,
+    pub every: Duration,
+}
+
+/// A failing credential is checked again at least this often.
+const CHECK_WHILE_FAILING: Duration = Duration::from_secs(300);
+
+/// The last result of a group's check, and when to run it again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checked {
+    /// `None`: it passed; else why it failed.
+    pub failed: Option<String>,
+    pub next_at: Instant,
+}
+
+impl Checked {
+    /// The state after a check ended at `now`: a passing one is run again
+    /// after `every`, a failing one after `every` but at most
+    /// [`CHECK_WHILE_FAILING`].
+    pub fn after(every: Duration, failed: Option<String>, now: Instant) -> Checked {
+        let again = if failed.is_some() {
+            every.min(CHECK_WHILE_FAILING)
+        } else {
+            every
+        };
+        Checked {
+            failed,
+            next_at: now + again,
+        }
+    }
+}
+
+/// Whether `group` works, and if not why: a group without a check works;
+/// one with a check works once its last check passed.
+pub fn group_state(
+    group: &str,
+    checks: &BTreeMap<String, GroupCheck>,
+    results: &BTreeMap<String, Checked>,
+) -> (bool, Option<String>) {
+    if !checks.contains_key(group) {
+        return (true, None);
+    }
+    match results.get(group) {
+        None => (false, Some("its check has not answered yet".into())),
+        Some(Checked { failed: None, .. }) => (true, None),
+        Some(Checked {
+            failed: Some(why), ..
+        }) => (false, Some(format!("its check failed: {why}"))),
+    }
+}
+
+/// The groups whose orders may be pulled (in `groups`' order).
+pub fn pullable(
+    groups: &[String],
+    checks: &BTreeMap<String, GroupCheck>,
+    results: &BTreeMap<String, Checked>,
+) -> Vec<String> {
+    groups
+        .iter()
+        .filter(|g| group_state(g, checks, results).0)
+        .cloned()
+        .collect()
+}
+
+/// The groups whose check is due at `now`: never run, or its time come.
+pub fn checks_due(
+    groups: &[String],
+    checks: &BTreeMap<String, GroupCheck>,
+    results: &BTreeMap<String, Checked>,
+    now: Instant,
+) -> Vec<String> {
+    groups
+        .iter()
+        .filter(|g| checks.contains_key(*g))
+        .filter(|g| results.get(*g).is_none_or(|c| c.next_at <= now))
+        .cloned()
+        .collect()
 }
 
 fn log(message: impl std::fmt::Display) {
@@ -93,6 +291,10 @@ struct Shared {
     leases: Leases,
     output: Output,
     running: Mutex<BTreeMap<String, RunningSession>>,
+    /// The last result of each group's check.
+    checks: Mutex<BTreeMap<String, Checked>>,
+    /// Why it pulls nothing now (low disk or memory).
+    not_pulling: Mutex<Option<String>>,
     drained: watch::Receiver<bool>,
     stop: watch::Receiver<bool>,
 }
@@ -114,13 +316,26 @@ impl Shared {
                 .options
                 .groups
                 .iter()
-                .map(|g| CredentialState {
-                    group: g.clone(),
-                    working: true,
+                .map(|g| {
+                    let (working, detail) = group_state(
+                        g,
+                        &self.options.checks,
+                        &self.checks.lock().unwrap_or_else(|e| e.into_inner()),
+                    );
+                    CredentialState {
+                        group: g.clone(),
+                        working,
+                        detail,
+                    }
                 })
                 .collect(),
             drained,
             stopped,
+            not_pulling: self
+                .not_pulling
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
             heartbeat_ms: unix_ms(SystemTime::now()),
             heartbeat_every_ms: self.options.heartbeat.as_millis() as u64,
         }
@@ -226,6 +441,8 @@ pub async fn run(settings: ClusterSettings, options: Options) -> Result<(), Work
         leases,
         output,
         running: Mutex::new(BTreeMap::new()),
+        checks: Mutex::new(BTreeMap::new()),
+        not_pulling: Mutex::new(None),
         drained: drained_rx,
         stop: stop_rx.clone(),
     });
@@ -261,7 +478,9 @@ pub async fn run(settings: ClusterSettings, options: Options) -> Result<(), Work
         drained_tx,
         stop_rx.clone(),
     ));
+    let checker = tokio::spawn(check_credentials(shared.clone(), stop_rx.clone()));
     pull(&shared, &queues).await;
+    let _ = checker.await;
 
     // Stopping: the sessions see `stop` and end; wait for them.
     let _ = heart.await;
@@ -271,6 +490,57 @@ pub async fn run(settings: ClusterSettings, options: Options) -> Result<(), Work
     }
     log("stopped");
     Ok(())
+}
+
+/// Runs each group's login check at start and when due, keeping its
+/// result in `shared.checks`; says each change once.
+async fn check_credentials(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+    let checks = &shared.options.checks;
+    let groups = &shared.options.groups;
+    if !groups.iter().any(|g| checks.contains_key(g)) {
+        return;
+    }
+    let lock = || shared.checks.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let due = checks_due(groups, checks, &lock(), Instant::now());
+        for group in due {
+            let check = &checks[&group];
+            let result = tokio::select! {
+                r = crate::daemon::credential::check(
+                    &check.command,
+                    std::path::Path::new("/"),
+                    crate::daemon::credential::CHECK_TIMEOUT,
+                ) => r,
+                _ = until(&mut stop, true) => return,
+            };
+            let failed = result.err().map(|e| e.to_string());
+            let now = Instant::now();
+            let before = lock().insert(
+                group.clone(),
+                Checked::after(check.every, failed.clone(), now),
+            );
+            let was = before.map(|b| b.failed);
+            if was.as_ref() != Some(&failed) {
+                match &failed {
+                    None => log(format!(
+                        "credential group {group}: its check passed; pulling its orders"
+                    )),
+                    Some(why) => log(format!(
+                        "credential group {group}: its check failed: {why}; pulling none of its orders until it passes (checked again every {})",
+                        humantime::format_duration(check.every.min(CHECK_WHILE_FAILING))
+                    )),
+                }
+            }
+        }
+        let next = lock().values().map(|c| c.next_at).min();
+        let wait = next.map_or(Duration::from_secs(1), |at| {
+            at.saturating_duration_since(Instant::now())
+        });
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = until(&mut stop, true) => return,
+        }
+    }
 }
 
 /// Renews the record every `heartbeat`, reading the drain request each time.
@@ -330,6 +600,7 @@ async fn pull(shared: &Arc<Shared>, queues: &[(String, OrderQueue)]) {
     let mut drained = shared.drained.clone();
     let mut turn = 0usize;
     let mut last_error = String::new();
+    let mut short_said: Option<&'static str> = None;
     loop {
         while sessions.try_join_next().is_some() {}
         if *stop.borrow() {
@@ -348,7 +619,43 @@ async fn pull(shared: &Arc<Shared>, queues: &[(String, OrderQueue)]) {
             _ = until(&mut stop, true) => break,
             _ = until(&mut drained, true) => continue,
         };
-        let (group, queue) = &queues[turn % queues.len()];
+        let short = room_now(&shared.options.minimums);
+        *shared.not_pulling.lock().unwrap_or_else(|e| e.into_inner()) =
+            short.as_ref().map(|(_, why)| why.clone());
+        // Said once per change of what is short (the figures move).
+        let what = short.as_ref().map(|(what, _)| *what);
+        if what != short_said {
+            match &short {
+                Some((_, why)) => log(format!("pulling no order: {why}")),
+                None => log("room again: pulling orders"),
+            }
+            short_said = what;
+        }
+        if short.is_some() {
+            drop(permit);
+            tokio::select! {
+                _ = tokio::time::sleep(ROOM_RECHECK) => {}
+                _ = until(&mut stop, true) => break,
+            }
+            continue;
+        }
+        let open = pullable(
+            &shared.options.groups,
+            &shared.options.checks,
+            &shared.checks.lock().unwrap_or_else(|e| e.into_inner()),
+        );
+        let open: Vec<&(String, OrderQueue)> =
+            queues.iter().filter(|(g, _)| open.contains(g)).collect();
+        if open.is_empty() {
+            // No group works: wait for a check to pass.
+            drop(permit);
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                _ = until(&mut stop, true) => break,
+            }
+            continue;
+        }
+        let (group, queue) = open[turn % open.len()];
         turn = turn.wrapping_add(1);
         let pulled = tokio::select! {
             pulled = queue.next(PULL_WAIT) => pulled,
@@ -413,7 +720,12 @@ async fn session(shared: &Shared, pulled: PulledOrder) {
         last_chunk: 0,
         lease_revision: 0,
     };
-    let spec = match SessionSpec::from_order(&order.spec) {
+    let spec = match SessionSpec::from_order(&order.spec).and_then(|spec| {
+        if let Some(cwd) = &spec.cwd {
+            agent_state_cluster::session::check_cwd(std::path::Path::new(cwd))?;
+        }
+        Ok(spec)
+    }) {
         Ok(spec) => spec,
         Err(e) => {
             let detail = e.to_string();
@@ -782,4 +1094,220 @@ async fn publish_chunks(
         }
     }
     number
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn groups(names: &[&str]) -> Vec<String> {
+        names.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn which_groups_are_pulled_and_which_checks_are_due() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let every = s(60);
+        let checks: BTreeMap<String, GroupCheck> = ["a", "b"]
+            .iter()
+            .map(|g| {
+                (
+                    g.to_string(),
+                    GroupCheck {
+                        command: vec!["check".into()],
+                        every,
+                    },
+                )
+            })
+            .collect();
+        let all = groups(&["a", "b", "free"]);
+        let ok = |at: Duration| Checked::after(every, None, t0 + at);
+        let bad = |at: Duration| Checked::after(every, Some("logged out".into()), t0 + at);
+        // (results, now, pulled, due)
+        type Row = (
+            Vec<(&'static str, Checked)>,
+            Duration,
+            Vec<&'static str>,
+            Vec<&'static str>,
+        );
+        let table: Vec<Row> = vec![
+            // At start: no check has answered; the unchecked group is pulled.
+            (vec![], s(0), vec!["free"], vec!["a", "b"]),
+            // a passed, b not yet answered.
+            (vec![("a", ok(s(0)))], s(1), vec!["a", "free"], vec!["b"]),
+            // Both passed; nothing due before `every`.
+            (
+                vec![("a", ok(s(0))), ("b", ok(s(0)))],
+                s(59),
+                vec!["a", "b", "free"],
+                vec![],
+            ),
+            // At `every` both are due again; they still count as working.
+            (
+                vec![("a", ok(s(0))), ("b", ok(s(0)))],
+                s(60),
+                vec!["a", "b", "free"],
+                vec!["a", "b"],
+            ),
+            // b failed: not pulled until a check passes.
+            (
+                vec![("a", ok(s(0))), ("b", bad(s(10)))],
+                s(20),
+                vec!["a", "free"],
+                vec![],
+            ),
+            (
+                vec![("a", ok(s(30))), ("b", bad(s(10)))],
+                s(70),
+                vec!["a", "free"],
+                vec!["b"],
+            ),
+        ];
+        for (i, (results, now, pulled, due)) in table.into_iter().enumerate() {
+            let results: BTreeMap<String, Checked> = results
+                .into_iter()
+                .map(|(g, c)| (g.to_string(), c))
+                .collect();
+            assert_eq!(
+                pullable(&all, &checks, &results),
+                groups(&pulled),
+                "row {i}"
+            );
+            assert_eq!(
+                checks_due(&all, &checks, &results, t0 + now),
+                groups(&due),
+                "row {i}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_failing_check_is_run_again_within_five_minutes_and_says_why() {
+        let t0 = Instant::now();
+        let hour = Duration::from_secs(3600);
+        assert_eq!(Checked::after(hour, None, t0).next_at, t0 + hour);
+        assert_eq!(
+            Checked::after(hour, Some("x".into()), t0).next_at,
+            t0 + CHECK_WHILE_FAILING
+        );
+        let ten = Duration::from_secs(10);
+        assert_eq!(Checked::after(ten, Some("x".into()), t0).next_at, t0 + ten);
+        let checks = BTreeMap::from([(
+            "a".to_string(),
+            GroupCheck {
+                command: vec!["c".into()],
+                every: hour,
+            },
+        )]);
+        let results = BTreeMap::from([(
+            "a".to_string(),
+            Checked::after(hour, Some("logged out".into()), t0),
+        )]);
+        assert_eq!(
+            group_state("a", &checks, &results),
+            (false, Some("its check failed: logged out".into()))
+        );
+        assert_eq!(
+            group_state("a", &checks, &BTreeMap::new()),
+            (false, Some("its check has not answered yet".into()))
+        );
+        assert_eq!(group_state("b", &checks, &results), (true, None));
+    }
+}
+
+#[cfg(test)]
+mod room_tests {
+    use super::*;
+
+    #[test]
+    fn mem_available_is_read_from_meminfo() {
+        let table: &[(&str, Option<u64>)] = &[
+            (
+                "MemTotal:       16303572 kB\nMemFree:  1 kB\nMemAvailable:    8000000 kB\n",
+                Some(8_000_000 * 1024),
+            ),
+            ("MemTotal: 1 kB\n", None),
+            ("MemAvailable: lots kB\n", None),
+            ("MemAvailable: 12 MB\n", None),
+            ("MemAvailable: 4096\n", Some(4096)),
+        ];
+        for (text, want) in table {
+            assert_eq!(mem_available(text), *want, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn it_pulls_only_with_room_on_disk_and_in_memory() {
+        const MIB: u64 = 1 << 20;
+        let min = |disk: u64, memory: u64| Minimums {
+            work_dir: "/srv/work".into(),
+            disk_bytes: disk,
+            memory_bytes: memory,
+        };
+        // (minimums, disk free, memory available, why not)
+        type Row = (
+            Minimums,
+            std::io::Result<u64>,
+            Option<u64>,
+            Option<&'static str>,
+        );
+        let table: Vec<Row> = vec![
+            (
+                min(1024 * MIB, 512 * MIB),
+                Ok(2048 * MIB),
+                Some(1024 * MIB),
+                None,
+            ),
+            (
+                min(1024 * MIB, 512 * MIB),
+                Ok(100 * MIB),
+                Some(1024 * MIB),
+                Some("100 MiB free on /srv/work, below --min-free-disk 1024 MiB"),
+            ),
+            (
+                min(1024 * MIB, 512 * MIB),
+                Ok(2048 * MIB),
+                Some(200 * MIB),
+                Some("200 MiB of memory available, below --min-free-memory 512 MiB"),
+            ),
+            // Exactly at the minimum is enough.
+            (
+                min(1024 * MIB, 512 * MIB),
+                Ok(1024 * MIB),
+                Some(512 * MIB),
+                None,
+            ),
+            // Disk is said first when both are short.
+            (
+                min(1024 * MIB, 512 * MIB),
+                Ok(0),
+                Some(0),
+                Some("0 MiB free on /srv/work, below --min-free-disk 1024 MiB"),
+            ),
+            (
+                min(1024 * MIB, 0),
+                Err(std::io::Error::other("ENOENT")),
+                None,
+                Some("cannot read the free space of /srv/work: ENOENT"),
+            ),
+            // 0 disables; unknown memory is not held against it.
+            (min(0, 0), Ok(0), Some(0), None),
+            (
+                min(0, 512 * MIB),
+                Err(std::io::Error::other("ENOENT")),
+                None,
+                None,
+            ),
+        ];
+        for (i, (min, disk, memory, want)) in table.into_iter().enumerate() {
+            assert_eq!(
+                short_of_room(&min, disk, memory)
+                    .as_ref()
+                    .map(|(_, why)| why.as_str()),
+                want,
+                "row {i}"
+            );
+        }
+    }
 }

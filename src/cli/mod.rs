@@ -197,6 +197,12 @@ pub enum Command {
     /// order's command in a process group of its own, stream its output and
     /// its end to the output stream, release the lease. A drain request
     /// (`worker drain HOST`) stops the pulling; running sessions finish.
+    /// A credential group with `[credential.NAME] check` is checked at start
+    /// and every `check_every`: while its check fails none of its orders is
+    /// pulled (`workers` shows it "not working"). Below --min-free-disk on
+    /// --work-dir or --min-free-memory it pulls nothing and says why. An
+    /// order whose spec is malformed or too large, or whose cwd is a symlink
+    /// or not a directory, ends "not started" naming the field.
     /// Until the servers answer, it retries every 2 s (and says so once).
     /// SIGTERM or SIGINT: it pulls no more, ends its sessions (SIGTERM to
     /// each group, SIGKILL after the grace), writes its last record
@@ -204,7 +210,8 @@ pub enum Command {
     /// registered.
     ///
     /// Exit status: 0 stopped by a signal; 64 a bad --host, --slots,
-    /// --credential-group or --heartbeat; 69 (drain, resume) NATS did not
+    /// --credential-group, --heartbeat, --work-dir, --min-free-disk or
+    /// --min-free-memory; 69 (drain, resume) NATS did not
     /// answer; 66 (drain, resume) no such worker; 78 no [cluster] in the
     /// config.
     Worker(worker::Args),

@@ -67,7 +67,7 @@ pub struct RunArgs {
         value_name = "N"
     )]
     pub slots: usize,
-    /// A credential group whose orders it takes (repeat for several; comma-separated in the variable)
+    /// A credential group whose orders it takes (repeat for several; comma-separated in the variable). A group with `[credential.NAME] check` in the config is checked at start and every `check_every`; while its check fails the worker pulls none of its orders
     #[arg(
         long = "credential-group",
         env = "AGENT_STATE_WORKER_GROUPS",
@@ -79,6 +79,15 @@ pub struct RunArgs {
     /// How often it renews its record in the registry (it counts as lost after four missed)
     #[arg(long, env = "AGENT_STATE_WORKER_HEARTBEAT", default_value = "5s", value_parser = humantime::parse_duration, value_name = "DURATION")]
     pub heartbeat: Duration,
+    /// The directory whose file system's free space is checked before each pull (default: the current directory)
+    #[arg(long, env = "AGENT_STATE_WORKER_DIR", value_name = "DIR")]
+    pub work_dir: Option<std::path::PathBuf>,
+    /// It pulls no order while the work directory has less free space than this, e.g. 1GiB (0: not checked)
+    #[arg(long, env = "AGENT_STATE_WORKER_MIN_FREE_DISK", default_value = "1GiB", value_parser = crate::config::parse_size, value_name = "SIZE")]
+    pub min_free_disk: u64,
+    /// It pulls no order while MemAvailable (/proc/meminfo) is below this, e.g. 512MiB (0: not checked)
+    #[arg(long, env = "AGENT_STATE_WORKER_MIN_FREE_MEMORY", default_value = "512MiB", value_parser = crate::config::parse_size, value_name = "SIZE")]
+    pub min_free_memory: u64,
 }
 
 /// `[cluster]`, or the configuration error that says how to add it.
@@ -144,6 +153,9 @@ struct Listed {
     heartbeat_at: String,
     drain_requested: bool,
     drained: bool,
+    /// Why it pulls no order though it could (low disk or memory).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    not_pulling: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -183,6 +195,7 @@ fn listed(entry: &WorkerEntry, now: SystemTime) -> Listed {
         heartbeat_at: rfc3339(r.heartbeat_ms),
         drain_requested: entry.drain_requested,
         drained: r.drained,
+        not_pulling: r.not_pulling.clone(),
     }
 }
 
@@ -254,13 +267,17 @@ pub fn list(ctx: &Context, args: ListArgs) -> Result<u8> {
             .collect::<Vec<_>>()
             .join(",");
         println!(
-            "{:<24} {:>5}  {:<28} {:>10}  {:<20} {}",
+            "{:<24} {:>5}  {:<28} {:>10}  {:<20} {}{}",
             l.host,
             format!("{}/{}", l.slots_used, l.slots),
             sessions,
             age_text(l.heartbeat_age_secs),
             credentials,
-            l.state.as_str()
+            l.state.as_str(),
+            l.not_pulling
+                .as_ref()
+                .map(|why| format!(" (pulling no order: {why})"))
+                .unwrap_or_default()
         );
     }
     Ok(exit::OK)
@@ -314,6 +331,7 @@ fn drain(ctx: &Context, host: &str, on: bool) -> Result<u8> {
 
 fn serve(ctx: Context, args: RunArgs) -> Result<u8> {
     let settings = settings(&ctx, "worker")?;
+    let credentials = ctx.config.credentials.clone();
     drop(ctx);
     let host = args.host.unwrap_or_else(this_host);
     agent_state_cluster::workers::check_host(&host).map_err(|e| {
@@ -356,13 +374,43 @@ fn serve(ctx: Context, args: RunArgs) -> Result<u8> {
             nix::sys::signal::SigHandler::SigIgn,
         )
     };
+    let work_dir = match args.work_dir {
+        Some(d) => d,
+        None => {
+            std::env::current_dir().map_err(|e| Error::io("reading", "the current directory", e))?
+        }
+    };
+    if (args.min_free_disk > 0) && !work_dir.is_dir() {
+        return Err(Error::Usage(format!(
+            "--work-dir {}: not a directory; give the directory the sessions work in",
+            work_dir.display()
+        )));
+    }
     let options = crate::worker::Options {
         host,
         slots: args.slots,
-        groups,
+        groups: groups.clone(),
         heartbeat: args.heartbeat,
         version: VERSION.to_string(),
         lease_timing: LeaseTiming::DEFAULT,
+        minimums: crate::worker::Minimums {
+            work_dir,
+            disk_bytes: args.min_free_disk,
+            memory_bytes: args.min_free_memory,
+        },
+        checks: groups
+            .iter()
+            .filter_map(|g| {
+                let c = credentials.get(g)?;
+                Some((
+                    g.clone(),
+                    crate::worker::GroupCheck {
+                        command: c.check.clone()?,
+                        every: c.check_every,
+                    },
+                ))
+            })
+            .collect(),
     };
     runtime()?
         .block_on(crate::worker::run(settings, options))

@@ -70,8 +70,117 @@ impl SessionSpec {
         {
             return Err(SpecError::RelativeCwd(cwd.clone()));
         }
+        spec.check_bounds()?;
         Ok(spec)
     }
+
+    /// The spec is someone else's input: every string handed to exec is
+    /// free of NUL and within Linux's bounds (one string at most
+    /// [`MAX_STRING_BYTES`]), and the totals are bounded.
+    fn check_bounds(&self) -> Result<(), SpecError> {
+        let string = |field: String, text: &str, max: usize| {
+            if text.contains('\0') {
+                return Err(SpecError::Nul { field });
+            }
+            if text.len() > max {
+                return Err(SpecError::TooBig {
+                    field,
+                    bytes: text.len(),
+                    max,
+                });
+            }
+            Ok(())
+        };
+        string("command".into(), &self.command, MAX_PATH_BYTES)?;
+        if let Some(cwd) = &self.cwd {
+            string("cwd".into(), cwd, MAX_PATH_BYTES)?;
+        }
+        if self.args.len() > MAX_ARGS {
+            return Err(SpecError::TooMany {
+                field: "args",
+                count: self.args.len(),
+                max: MAX_ARGS,
+            });
+        }
+        let mut total = 0usize;
+        for (i, arg) in self.args.iter().enumerate() {
+            string(format!("args[{i}]"), arg, MAX_STRING_BYTES)?;
+            total += arg.len() + 1;
+        }
+        if total > MAX_ARGS_BYTES {
+            return Err(SpecError::TooBig {
+                field: "args".into(),
+                bytes: total,
+                max: MAX_ARGS_BYTES,
+            });
+        }
+        if self.env.len() > MAX_ENV_VARS {
+            return Err(SpecError::TooMany {
+                field: "env",
+                count: self.env.len(),
+                max: MAX_ENV_VARS,
+            });
+        }
+        let mut total = 0usize;
+        for (name, value) in &self.env {
+            if name.is_empty() || name.contains('=') {
+                return Err(SpecError::EnvName(name.clone()));
+            }
+            string(format!("env name {name:?}"), name, MAX_STRING_BYTES)?;
+            string(format!("env.{name}"), value, MAX_STRING_BYTES)?;
+            total += name.len() + value.len() + 2;
+        }
+        if total > MAX_ENV_BYTES {
+            return Err(SpecError::TooBig {
+                field: "env".into(),
+                bytes: total,
+                max: MAX_ENV_BYTES,
+            });
+        }
+        if let Some(stdin) = &self.stdin
+            && stdin.len() > MAX_STDIN_BYTES
+        {
+            return Err(SpecError::TooBig {
+                field: "stdin".into(),
+                bytes: stdin.len(),
+                max: MAX_STDIN_BYTES,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// At most this many arguments.
+pub const MAX_ARGS: usize = 4096;
+/// The arguments together (each with its NUL) at most this many bytes.
+pub const MAX_ARGS_BYTES: usize = 1 << 20;
+/// At most this many environment variables.
+pub const MAX_ENV_VARS: usize = 1024;
+/// The variables together (`NAME=value` and NUL) at most this many bytes.
+pub const MAX_ENV_BYTES: usize = 512 * 1024;
+/// One argument or value at most this long (Linux's MAX_ARG_STRLEN is
+/// 128 KiB with its NUL).
+pub const MAX_STRING_BYTES: usize = 128 * 1024 - 1;
+/// `command` and `cwd` at most this long (PATH_MAX with its NUL).
+pub const MAX_PATH_BYTES: usize = 4095;
+/// The prompt (`stdin`) at most this many bytes.
+pub const MAX_STDIN_BYTES: usize = 8 << 20;
+
+/// Is `cwd` a directory, and not a symlink to one? Checked on the worker
+/// (the spec came from elsewhere) before the session starts.
+pub fn check_cwd(cwd: &std::path::Path) -> Result<(), SpecError> {
+    let why = match std::fs::symlink_metadata(cwd) {
+        Err(e) => e.to_string(),
+        Ok(m) if m.file_type().is_symlink() => {
+            "is a symbolic link; give the directory itself".to_string()
+        }
+        Ok(m) if !m.is_dir() => "is not a directory".to_string(),
+        Ok(_) => return Ok(()),
+    };
+    Err(SpecError::Cwd {
+        cwd: cwd.display().to_string(),
+        why,
+    })
 }
 
 /// What is wrong with an order's spec.
@@ -83,6 +192,24 @@ pub enum SpecError {
     NoCommand,
     #[error("the order's spec: `cwd` {0:?} is not an absolute path")]
     RelativeCwd(String),
+    #[error("the order's spec: `{field}` contains a NUL byte, which no program can be given")]
+    Nul { field: String },
+    #[error("the order's spec: `{field}` is {bytes} bytes, more than {max}")]
+    TooBig {
+        field: String,
+        bytes: usize,
+        max: usize,
+    },
+    #[error("the order's spec: `{field}` has {count} entries, more than {max}")]
+    TooMany {
+        field: &'static str,
+        count: usize,
+        max: usize,
+    },
+    #[error("the order's spec: `env` name {0:?} is empty or contains '='")]
+    EnvName(String),
+    #[error("the order's spec: `cwd` {cwd}: {why}")]
+    Cwd { cwd: String, why: String },
 }
 
 /// How a remote session ended.
@@ -426,12 +553,123 @@ mod tests {
                 Err("unknown field `timeout`"),
             ),
             (serde_json::json!("research.sh"), Err("invalid type")),
+            // Hostile specs: NUL bytes, sizes and counts.
+            (
+                serde_json::json!({"command": "a\0b"}),
+                Err("`command` contains a NUL byte"),
+            ),
+            (
+                serde_json::json!({"command": "x", "args": ["ok", "a\0"]}),
+                Err("`args[1]` contains a NUL byte"),
+            ),
+            (
+                serde_json::json!({"command": "x", "env": {"A": "\0"}}),
+                Err("`env.A` contains a NUL byte"),
+            ),
+            (
+                serde_json::json!({"command": "x", "env": {"A\0": "1"}}),
+                Err("`env name \"A\\0\"` contains a NUL byte"),
+            ),
+            (
+                serde_json::json!({"command": "x", "cwd": "/tmp/\0"}),
+                Err("`cwd` contains a NUL byte"),
+            ),
+            (
+                serde_json::json!({"command": "x", "env": {"A=B": "1"}}),
+                Err("`env` name \"A=B\" is empty or contains '='"),
+            ),
+            (
+                serde_json::json!({"command": "x", "env": {"": "1"}}),
+                Err("`env` name \"\" is empty"),
+            ),
+            (
+                serde_json::json!({"command": "x".repeat(4096)}),
+                Err("`command` is 4096 bytes, more than 4095"),
+            ),
+            (
+                serde_json::json!({"command": "x", "args": vec!["a"; 4097]}),
+                Err("`args` has 4097 entries, more than 4096"),
+            ),
+            (
+                serde_json::json!({"command": "x", "args": vec!["a"; 4096]}),
+                Ok("x"),
+            ),
+            (
+                serde_json::json!({"command": "x", "args": ["y".repeat(128 * 1024)]}),
+                Err("`args[0]` is 131072 bytes, more than 131071"),
+            ),
+            (
+                serde_json::json!({"command": "x", "args": vec!["y".repeat(100_000); 11]}),
+                Err("`args` is 1100011 bytes, more than 1048576"),
+            ),
+            (
+                serde_json::json!({"command": "x", "env": (0..1025).map(|i| (format!("V{i}"), "1".to_string())).collect::<BTreeMap<_, _>>()}),
+                Err("`env` has 1025 entries, more than 1024"),
+            ),
+            (
+                serde_json::json!({"command": "x", "env": (0..6).map(|i| (format!("V{i}"), "v".repeat(100_000))).collect::<BTreeMap<_, _>>()}),
+                Err("`env` is 600024 bytes, more than 524288"),
+            ),
+            (
+                serde_json::json!({"command": "x", "env": {"BIG": "v".repeat(128 * 1024)}}),
+                Err("`env.BIG` is 131072 bytes, more than 131071"),
+            ),
+            (
+                serde_json::json!({"command": "x", "stdin": "p".repeat(8 << 20)}),
+                Ok("x"),
+            ),
+            (
+                serde_json::json!({"command": "x", "stdin": "p".repeat((8 << 20) + 1)}),
+                Err("`stdin` is 8388609 bytes, more than 8388608"),
+            ),
+            // A NUL in the prompt is only bytes on a pipe: allowed.
+            (
+                serde_json::json!({"command": "x", "stdin": "a\0b"}),
+                Ok("x"),
+            ),
         ];
-        for (value, want) in table {
+        for (i, (value, want)) in table.iter().enumerate() {
             match (SessionSpec::from_order(value), want) {
-                (Ok(spec), Ok(command)) => assert_eq!(spec.command, *command),
-                (Err(e), Err(part)) => assert!(e.to_string().contains(part), "{value}: {e}"),
-                (got, want) => panic!("{value}: got {got:?}, want {want:?}"),
+                (Ok(spec), Ok(command)) => assert_eq!(spec.command, *command, "row {i}"),
+                (Err(e), Err(part)) => assert!(e.to_string().contains(part), "row {i}: {e}"),
+                (got, want) => panic!(
+                    "row {i}: got {}, want {want:?}",
+                    match got {
+                        Ok(_) => "a spec".to_string(),
+                        Err(e) => e.to_string(),
+                    }
+                ),
+            }
+        }
+    }
+
+    #[test]
+    fn a_cwd_must_be_a_directory_not_a_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real");
+        std::fs::create_dir(&real).unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let file = dir.path().join("file");
+        std::fs::write(&file, "").unwrap();
+        let table: &[(&std::path::Path, Option<&str>)] = &[
+            (&real, None),
+            (&link, Some("is a symbolic link; give the directory itself")),
+            (&file, Some("is not a directory")),
+            (&dir.path().join("gone"), Some("No such file or directory")),
+        ];
+        for (path, want) in table {
+            match (check_cwd(path), want) {
+                (Ok(()), None) => {}
+                (Err(e), Some(part)) => {
+                    let text = e.to_string();
+                    assert!(
+                        text.starts_with("the order's spec: `cwd` ") && text.contains(part),
+                        "{}: {text}",
+                        path.display()
+                    );
+                }
+                (got, want) => panic!("{}: got {got:?}, want {want:?}", path.display()),
             }
         }
     }

@@ -37,6 +37,10 @@ pub struct RunningSession {
 pub struct CredentialState {
     pub group: String,
     pub working: bool,
+    /// Why it does not work (its check's failure), or that it is not
+    /// checked yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
 }
 
 /// What a worker says of itself at each heartbeat.
@@ -54,6 +58,10 @@ pub struct WorkerRecord {
     /// It stopped cleanly (SIGTERM): its last record.
     #[serde(default)]
     pub stopped: bool,
+    /// Why it pulls no order though it has free slots (low disk or
+    /// memory), if so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_pulling: Option<String>,
     /// When it wrote this record, milliseconds since the Unix epoch (its clock).
     pub heartbeat_ms: u64,
     /// How often it writes its record, in milliseconds.
@@ -437,6 +445,7 @@ mod tests {
             credentials: vec![],
             drained,
             stopped,
+            not_pulling: None,
             heartbeat_ms: 0,
             heartbeat_every_ms: 5000,
         }

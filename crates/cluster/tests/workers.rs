@@ -28,9 +28,11 @@ fn record(host: &str, sessions: usize, drained: bool) -> WorkerRecord {
         credentials: vec![CredentialState {
             group: "main".into(),
             working: true,
+            detail: None,
         }],
         drained,
         stopped: false,
+        not_pulling: None,
         heartbeat_ms: unix_ms(SystemTime::now()),
         heartbeat_every_ms: 5000,
     }

@@ -676,6 +676,7 @@ mod tests {
                 credentials: Vec::new(),
                 drained: false,
                 stopped,
+                not_pulling: None,
                 heartbeat_ms: 0,
                 heartbeat_every_ms: 5_000,
             },
