@@ -120,7 +120,7 @@ impl Bench {
         SessionOrder {
             session_id: id.into(),
             agent: agent.into(),
-            credential_group: "main".into(),
+            credential_group: "default".into(),
             spec: serde_json::json!({
                 "command": self.script.to_str().unwrap(),
                 "env": { "BENCH_DIR": self.dir.to_str().unwrap(), "LINES_N": lines.to_string(), "HOLD": sleep },
