@@ -15,57 +15,11 @@ mod nats;
 
 use crate::support::*;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
 
-/// An `agent-state worker`, SIGKILLed if the test ends without stopping it.
-struct Worker {
-    child: Child,
-    log: std::path::PathBuf,
-}
-
-impl Worker {
-    fn start(env: &Env, host: &str) -> Worker {
-        let log = env.tmp(&format!("worker-{host}.log"));
-        let file = std::fs::File::create(&log).unwrap();
-        let child = Command::new(BIN)
-            .args(["--config", env.config.to_str().unwrap()])
-            .args(["worker", "--host", host, "--slots", "2"])
-            .args(["--heartbeat", "300ms"])
-            .env_remove("AGENT_STATE_SESSION_ID")
-            .stdin(Stdio::null())
-            .stdout(file.try_clone().unwrap())
-            .stderr(file)
-            .spawn()
-            .expect("start agent-state worker");
-        Worker { child, log }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Waits until it registered (the cluster's streams and buckets exist
-    /// and answer by then).
-    fn wait_registered(&self) {
-        let ok = poll_until(Duration::from_secs(90), || {
-            self.log().contains("registered")
-        });
-        assert!(ok, "the worker never registered:\n{}", self.log());
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            eprintln!("---- worker log ----\n{}---- end ----", self.log());
-        }
-    }
-}
+use crate::cluster_worker::Worker;
 
 /// Waits until the cluster can hold the streams and buckets (a loaded
 /// machine takes seconds to elect the JetStream leaders), and makes them.

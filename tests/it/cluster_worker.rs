@@ -20,7 +20,8 @@ use agent_state_cluster::{
 };
 use serde_json::Value;
 
-/// The worker process, SIGKILLed if the test ends without stopping it.
+/// The worker process, SIGKILLed if the test ends without stopping it
+/// (shared by the cluster modules; its log printed if the test fails).
 pub(crate) struct Worker {
     pub(crate) child: Child,
     log: std::path::PathBuf,
@@ -28,12 +29,19 @@ pub(crate) struct Worker {
 
 impl Worker {
     pub(crate) fn start(env: &Env, host: &str) -> Worker {
+        Worker::start_with(env, host, &[])
+    }
+
+    /// [`Worker::start`] with `extra` arguments.
+    pub(crate) fn start_with(env: &Env, host: &str, extra: &[&str]) -> Worker {
         let log = env.tmp(&format!("worker-{host}.log"));
         let file = std::fs::File::create(&log).unwrap();
         let child = Command::new(BIN)
             .args(["--config", env.config.to_str().unwrap()])
             .args(["worker", "--host", host, "--slots", "2"])
             .args(["--heartbeat", "300ms"])
+            .args(extra)
+            .env_remove("AGENT_STATE_SESSION_ID")
             .stdin(Stdio::null())
             .stdout(file.try_clone().unwrap())
             .stderr(file)
@@ -45,12 +53,30 @@ impl Worker {
     pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// Waits until its log says `what`.
+    pub(crate) fn wait_log(&self, what: &str) {
+        let ok = poll_until(Duration::from_secs(60), || self.log().contains(what));
+        assert!(ok, "the worker never logged {what:?}; log:\n{}", self.log());
+    }
+
+    /// Waits until it registered (the cluster's streams and buckets exist
+    /// and answer by then).
+    pub(crate) fn wait_registered(&self) {
+        let ok = poll_until(Duration::from_secs(90), || {
+            self.log().contains("registered")
+        });
+        assert!(ok, "the worker never registered:\n{}", self.log());
+    }
 }
 
 impl Drop for Worker {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("---- worker log ----\n{}---- end ----", self.log());
+        }
     }
 }
 

@@ -13,7 +13,6 @@ mod nats;
 
 use crate::support::*;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use agent_state_cluster::{
@@ -21,45 +20,7 @@ use agent_state_cluster::{
 };
 use serde_json::Value;
 
-/// The worker process, SIGKILLed when the test ends.
-struct Worker {
-    child: Child,
-    log: std::path::PathBuf,
-}
-
-impl Worker {
-    fn start(env: &Env, host: &str, extra: &[&str]) -> Worker {
-        let log = env.tmp(&format!("worker-{host}.log"));
-        let file = std::fs::File::create(&log).unwrap();
-        let child = Command::new(BIN)
-            .args(["--config", env.config.to_str().unwrap()])
-            .args(["worker", "--host", host, "--slots", "2"])
-            .args(["--heartbeat", "300ms"])
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(file.try_clone().unwrap())
-            .stderr(file)
-            .spawn()
-            .expect("start agent-state worker");
-        Worker { child, log }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn wait_log(&self, what: &str) {
-        let ok = poll_until(Duration::from_secs(60), || self.log().contains(what));
-        assert!(ok, "the worker never logged {what:?}; log:\n{}", self.log());
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use crate::cluster_worker::Worker;
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
@@ -186,7 +147,7 @@ exit 1"#,
     std::fs::create_dir(&work).unwrap();
     let session = env.script("session.sh", r#"echo "$AGENT_STATE_SESSION_ID ran""#);
 
-    let worker = Worker::start(&env, "w1", &["--credential-group", "team,default"]);
+    let worker = Worker::start_with(&env, "w1", &["--credential-group", "team,default"]);
     worker.wait_log("credential group team: its check failed: team is not logged in; pulling none of its orders");
     // Before its first check answers the group counts as not working too;
     // wait for the record that says the check failed.
@@ -272,7 +233,7 @@ fn a_worker_short_of_disk_pulls_nothing_and_says_why() {
     let session = env.script("session.sh", r#"echo "$AGENT_STATE_SESSION_ID ran""#);
 
     // No disk has a million TiB free.
-    let worker = Worker::start(
+    let worker = Worker::start_with(
         &env,
         "w1",
         &[
@@ -334,7 +295,7 @@ fn hostile_orders_end_not_started_naming_the_field() {
         "session.sh",
         r#"touch "$(dirname "$0")/ran-$AGENT_STATE_SESSION_ID""#,
     );
-    let worker = Worker::start(&env, "w1", &[]);
+    let worker = Worker::start(&env, "w1");
 
     let mut nul = order("s-nul", "ada", "default", &session, &work);
     nul.spec["args"] = serde_json::json!(["fine", "a\0b"]);
