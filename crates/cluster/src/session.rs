@@ -444,22 +444,9 @@ impl Output {
             session: session.to_string(),
             source,
         };
-        let subject = self.output_subject(session)?;
-        let stream = self
-            .jetstream
-            .get_stream(&self.stream)
-            .await
-            .map_err(|e| read(Box::new(e)))?;
-        let consumer = stream
-            .create_consumer(consumer::pull::OrderedConfig {
-                filter_subject: subject,
-                deliver_policy: consumer::DeliverPolicy::All,
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| read(Box::new(e)))?;
+        // The consumer `follow` makes, read until nothing is pending.
+        let mut messages = self.follow(session).await?.messages;
         let mut chunks = Vec::new();
-        let mut messages = consumer.messages().await.map_err(|e| read(Box::new(e)))?;
         loop {
             let next = tokio::time::timeout(Duration::from_secs(2), messages.next()).await;
             let Ok(Some(message)) = next else { break };
