@@ -27,7 +27,8 @@
 // The base and store layers: the crate agent-state-store (crates/store),
 // under their old paths (`crate::state`, `agent_state::fsx`, ...).
 pub use agent_state_store::{
-    access, agent_name, catalogue, clock, error, fsx, session_status, state, string_enum, zone,
+    access, agent_name, catalogue, clock, error, fsx, inbox, session_status, state, string_enum,
+    zone,
 };
 // The pure decisions: the crate agent-state-decide (crates/decide), under
 // their old paths (`crate::schedule`, `agent_state::protocol`).
@@ -42,7 +43,6 @@ pub mod events;
 pub mod flow;
 pub mod git;
 pub mod hooks;
-pub mod inbox;
 pub mod owner;
 pub mod prompt;
 pub mod usage;

@@ -57,6 +57,9 @@ const LAYERS: &[(&str, &[&str])] = &[
     ),
     // Every file shape and the one way each is written.
     ("store", &["state"]),
+    // What a session script and the daemon share, on top of the state files:
+    // inbox delivery and claims.
+    ("delivery", &["inbox"]),
     // Pure decisions: values in, values out, the time passed in (no IO).
     // Below config, which keeps a parsed `schedule::Schedule` (and the
     // error matrix's `failure::RetrySettings`).
@@ -73,7 +76,6 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "domain",
         &[
-            "inbox",
             "owner",
             "prompt",
             "hooks",
@@ -95,7 +97,11 @@ const LAYERS: &[(&str, &[&str])] = &[
 /// The crates of the workspace, lowest first: name, source directory (from
 /// the repository's root) and the layers whose modules live there.
 const CRATES: &[(&str, &str, &[&str])] = &[
-    ("agent-state-store", "crates/store/src", &["base", "store"]),
+    (
+        "agent-state-store",
+        "crates/store/src",
+        &["base", "store", "delivery"],
+    ),
     ("agent-state-decide", "crates/decide/src", &["decide"]),
     ("agent-state", "src", &["config", "domain", "daemon", "cli"]),
 ];

@@ -18,6 +18,7 @@ pub mod catalogue;
 pub mod clock;
 pub mod error;
 pub mod fsx;
+pub mod inbox;
 pub mod session_status;
 pub mod state;
 pub mod string_enum;
