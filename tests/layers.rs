@@ -58,8 +58,10 @@ const LAYERS: &[(&str, &[&str])] = &[
     // Every file shape and the one way each is written.
     ("store", &["state"]),
     // What a session script and the daemon share, on top of the state files:
-    // inbox delivery and claims.
-    ("delivery", &["inbox"]),
+    // inbox delivery and claims, a session's owner lock, the hooks
+    // (`session begin|end|fail`, recovery). Below the config: the hooks take
+    // the settings they read as a value (`hooks::AgentSettings`).
+    ("delivery", &["inbox", "owner", "hooks"]),
     // Pure decisions: values in, values out, the time passed in (no IO).
     // Below config, which keeps a parsed `schedule::Schedule` (and the
     // error matrix's `failure::RetrySettings`).
@@ -71,14 +73,12 @@ const LAYERS: &[(&str, &[&str])] = &[
     ),
     // What the operator wrote.
     ("config", &["config"]),
-    // What scripts use without a daemon: the hooks, the inbox, the prompt,
-    // the event stream, check.
+    // What scripts use without a daemon, above the hooks: the prompt, the
+    // event stream, check, usage, workspaces, flows, backups.
     (
         "domain",
         &[
-            "owner",
             "prompt",
-            "hooks",
             "events",
             "check",
             "usage",
@@ -741,18 +741,20 @@ fn the_scan_sees_the_dependencies_we_know_of() {
         ("daemon::session", "hooks"),         // use crate::hooks::{self, ...}
         ("daemon::session", "daemon::files"), // use super::files
         ("hooks", "state"),                   // use crate::state::...
-        ("config", "schedule"),               // use crate::schedule::Schedule (crate decide)
-        ("schedule", "zone"),                 // use crate::zone::Zone (decide -> store)
-        ("flow", "protocol"),                 // use crate::protocol::summary::... (crate decide)
-        ("economy", "protocol"),              // use crate::protocol::limits::... (inside decide)
-        ("config", "economy"),                // pub use crate::economy::UsageLimitSettings
+        ("hooks", "owner"),                   // use crate::owner::{self, Liveness} (inside store)
+        ("config", "hooks"), // impl From<&AgentConfig> for crate::hooks::AgentSettings
+        ("config", "schedule"), // use crate::schedule::Schedule (crate decide)
+        ("schedule", "zone"), // use crate::zone::Zone (decide -> store)
+        ("flow", "protocol"), // use crate::protocol::summary::... (crate decide)
+        ("economy", "protocol"), // use crate::protocol::limits::... (inside decide)
+        ("config", "economy"), // pub use crate::economy::UsageLimitSettings
         ("config", "machine"), // impl From<&AgentConfig> for crate::machine::Settings
         ("machine", "failure"), // use crate::failure::{self, ...} (inside decide)
         ("failure", "ending"), // use crate::ending::{Ending, ...} (inside decide)
         ("machine", "session_status"), // use crate::session_status::SessionStatus (decide -> store)
         ("daemon::machine", "machine"), // pub use crate::machine::*
         ("cli", "daemon::files"), // use crate::daemon::{files, session}
-        ("check", "fsx"),      // crate::fsx::is_dir(..) in code
+        ("check", "fsx"),    // crate::fsx::is_dir(..) in code
         ("error", "catalogue"), // crate::catalogue::Code in a return type
         ("state::journal", "state::words"), // use super::words::{TaskPriority, ...}
         ("state::tasks", "state::report"), // super::report::Report in code
@@ -832,7 +834,7 @@ fn a_broken_rule_names_the_file_the_path_and_the_rule() {
     assert_eq!(up.len(), 2, "{up:#?}");
     assert!(
         up[0].starts_with(
-            "src/hooks.rs:1: `crate::daemon::session::highest_instance`: `hooks` (layer \"domain\") \
+            "src/hooks.rs:1: `crate::daemon::session::highest_instance`: `hooks` (layer \"delivery\") \
              may not use `daemon` (layer \"daemon\", above it); rule: a module uses only"
         ),
         "{}",
