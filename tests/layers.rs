@@ -15,7 +15,10 @@
 //! Rules:
 //!
 //! 1. every top-level module of a crate's `src/` is in exactly one layer of
-//!    [`LAYERS`], and that layer is one of its crate's ([`CRATES`]);
+//!    [`LAYERS`], and that layer is one of its crate's ([`CRATES`]), and it
+//!    has files in that crate only: a module the binary re-exports from a
+//!    lower crate (`crate::state`, `crate::hooks`) keeps its old path by a
+//!    `pub use` in `src/lib.rs`, never by a file in `src/`;
 //! 2. a module uses only modules of its own layer or of the layers below
 //!    (so nothing below the daemon reaches into `crate::daemon` or
 //!    `crate::cli`, and the daemon never into the CLI);
