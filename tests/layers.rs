@@ -980,13 +980,15 @@ const DECIDE_DEPENDENCIES: &[&str] = &[
 ];
 
 /// What the decide layer may not name outside its tests, though the layers
-/// below it have it: the store's file access and state files, and std's IO.
-const DECIDE_NO_IO: &[&str] = &["fsx", "access", "state"];
+/// below it have it: the store's file access, state files, inbox delivery,
+/// owner locks and hooks, and std's IO.
+const DECIDE_NO_IO: &[&str] = &["fsx", "access", "state", "inbox", "owner", "hooks"];
 const STD_IO: &[&str] = &["fs", "process", "net", "os", "io"];
 
 /// The lines of non-test code in `text` (a file of module `module` of the
 /// decide layer) that reach for IO: `crate::fsx`, `crate::state`,
-/// `crate::access` (however written, or through `agent_state_store::`),
+/// `crate::access`, `crate::inbox`, `crate::owner`, `crate::hooks` (however
+/// written, or through `agent_state_store::`),
 /// `std::fs`, `std::process`, `std::net`, `std::os`, `std::io`, `tokio::`,
 /// `nix::`.
 fn io_uses(module: &[String], text: &str) -> Vec<(usize, String)> {
@@ -1113,6 +1115,8 @@ mod tests {
 }
 fn e() { tokio::spawn(f()); }
 use agent_state_store::{clock, state};
+fn g() { crate::inbox::claim(dir); }
+use agent_state_store::hooks::begin;
 "#;
     let module = vec!["economy".to_string()];
     assert_eq!(
@@ -1123,6 +1127,8 @@ use agent_state_store::{clock, state};
             (5, "crate::state::StateRoot::new".to_string()),
             (12, "tokio::".to_string()),
             (13, "agent_state_store::state".to_string()),
+            (14, "crate::inbox::claim".to_string()),
+            (15, "agent_state_store::hooks".to_string()),
         ]
     );
     let manifest = "[package]\nname = \"x\"\n[dependencies]\n# why\nchrono = \"0.4\"\nnix = { version = \"0.31\" }\n[dev-dependencies]\ntempfile = \"3\"\n";
