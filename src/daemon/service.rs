@@ -829,7 +829,7 @@ pub async fn run(config_path: &Path, web: WebHook) -> Result<()> {
     // Sessions a previous controller left running on workers: followed
     // again (cluster mode).
     for (agent, record) in remote_sessions {
-        daemon.adopt(&agent, record);
+        adopted::adopt(&mut daemon, &agent, record);
     }
     // The disk before any session starts (a full or read-only one holds them).
     // The disk only (a full or read-only one holds every session): the
@@ -1220,7 +1220,7 @@ impl Daemon {
         }
         // Cluster mode: sessions on workers go on without this daemon; the
         // next start follows them again.
-        let left = self.leave_remote_sessions();
+        let left = adopted::leave_remote_sessions(self.remote.is_some(), &mut self.running);
         if left > 0 {
             tracing::info!(
                 "{why}: {left} session(s) on workers left running; the next start follows them again"

@@ -102,8 +102,9 @@ echo "$1 after""#,
     let mut d = env.daemon();
     let message = env.send("marcus", "rio", &[]);
     env.ok(&["wake", "rio"]);
-    d.wait_until(secs(60), "rio's PROGRESS:40 in report.json", || {
-        state(&env, "rio", "report.json")["progress"] == 40
+    // Carried out whole: report.json first, then the journal's line.
+    d.wait_until(secs(60), "rio's PROGRESS:40 journaled", || {
+        env.events("rio", "signal").len() == 1
     });
     d.wait_until(secs(20), "daemon.json names w1", || {
         d.heartbeat()["running"][0]["host"] == "w1"
@@ -135,9 +136,8 @@ echo "$1 after""#,
     let mut d2 = d2;
     let message = env.send("marcus", "theseus", &[]);
     env.ok(&["wake", "theseus"]);
-    d2.wait_until(secs(60), "theseus's PROGRESS:40 in report.json", || {
-        state(&env, "theseus", "report.json")["progress"] == 40
-            && d2.heartbeat()["running"][0]["host"] == "w1"
+    d2.wait_until(secs(60), "theseus's PROGRESS:40 journaled", || {
+        env.events("theseus", "signal").len() == 1 && d2.heartbeat()["running"][0]["host"] == "w1"
     });
     let sid = session(&env, "theseus")["session_id"]
         .as_str()
