@@ -36,7 +36,9 @@
 //! Not done yet (issue 24): a session's hook calls from the worker
 //! (`session begin/end`, `record`, `send` reach this host's state root
 //! only where the worker shares it), workspaces (a session with
-//! `[agent.session.workspace]` is refused on a worker), and the reconcile.
+//! `[agent.session.workspace]` is refused on a worker). The reconcile
+//! ([`Remote::reconcile`], every 5 minutes) fences leases held for orders
+//! this controller does not run.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -84,6 +86,8 @@ pub struct Remote {
     /// The daemon's clock, for the times of an order it withdraws.
     clock: Clock,
     connected: OnceCell<Connected>,
+    /// The orphan leases the last reconcile saw: `(agent, order)`.
+    orphans: std::sync::Mutex<std::collections::BTreeSet<(String, String)>>,
 }
 
 /// What went wrong talking to the cluster.
@@ -146,11 +150,69 @@ impl Remote {
             timing,
             clock,
             connected: OnceCell::new(),
+            orphans: Default::default(),
         }))
     }
 
     pub fn settings(&self) -> &ClusterSettings {
         &self.settings
+    }
+
+    /// The reconcile (every 5 minutes): the leases held on the cluster
+    /// against the orders this controller runs (`running`: by agent, the
+    /// order id of its session, `AGENT_SESSION`). A lease held for an order
+    /// it does not run is said; seen so again at the next reconcile, it is
+    /// fenced, so that its worker ends that session and the agent's next
+    /// order can run ([`agent_state_cluster::reconcile`]). A cluster that
+    /// cannot be reached is said and left for the next time.
+    pub async fn reconcile(&self, running: BTreeMap<String, String>) {
+        let conn = match ask("connecting", self.connected()).await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(
+                    "reconcile: cannot reach the cluster: {e}; tried again at the next reconcile"
+                );
+                return;
+            }
+        };
+        let leases = match ask("listing the leases", conn.leases.all()).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!("reconcile: {e}; tried again at the next reconcile");
+                return;
+            }
+        };
+        let before = self
+            .orphans
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let found = agent_state_cluster::reconcile(&leases, &running, &before);
+        for o in &found.watch {
+            tracing::warn!(agent = %o.agent, host = %o.holder, "reconcile: the lease run/{} is held by {} for order {}, which this controller does not run; fenced at the next reconcile if it still is", o.agent, o.holder, o.order);
+        }
+        let mut remember = found.remember;
+        for o in &found.fence {
+            match ask("fencing the lease", conn.leases.fence(&o.agent, o.revision)).await {
+                Ok(()) => {
+                    tracing::warn!(agent = %o.agent, host = %o.holder, "reconcile: fenced the lease run/{} of order {} on {}, which this controller does not run (seen at two reconciles): that worker ends the session", o.agent, o.order, o.holder)
+                }
+                // Renewed between the read and the fence: still an orphan,
+                // fenced at the next reconcile.
+                Err(e) => {
+                    tracing::warn!(agent = %o.agent, "reconcile: {e}; tried again at the next reconcile");
+                    remember.insert((o.agent.clone(), o.order.clone()));
+                }
+            }
+        }
+        tracing::info!(
+            "reconcile: {} lease(s) held, {} session(s) of this controller, {} orphan(s) seen, {} fenced",
+            leases.len(),
+            running.len(),
+            found.watch.len(),
+            found.fence.len()
+        );
+        *self.orphans.lock().unwrap_or_else(|e| e.into_inner()) = remember;
     }
 
     async fn connected(&self) -> Result<&Connected, RemoteError> {
