@@ -251,3 +251,48 @@ echo "$1 after""#,
     });
     assert!(log_of(&env, "rio").contains("rio after"));
 }
+
+/// With sessions on workers, the agent's command is the workers' to find:
+/// the controller does not refuse a wake because the command is missing on
+/// its own host (it held the agent as AGENT_NOT_FOUND). The command exists
+/// only once the worker that runs it starts.
+#[test]
+fn the_controller_leaves_the_command_to_the_workers() {
+    let Some(binary) = nats::server_binary("cluster_adopt") else {
+        return;
+    };
+    let servers = nats::NatsCluster::start(&binary, 3);
+    wait_ready(&servers);
+    let env = Env::with_config("");
+    let later = env.tmp("on-the-worker.sh");
+    let config = daemon_config(
+        &later,
+        &[],
+        &[("wake_on_inbox", "\"never\"")],
+        "[[agent]]\nname = \"rio\"\n",
+    );
+    env.set_config(&format!(
+        "{config}\n[cluster]\nurls = {:?}\nreplicas = 3\nlocal_sessions = false\ndispatch_timeout = \"120s\"\n",
+        servers.urls()
+    ));
+    env.ok(&["bootstrap"]);
+    let d = env.daemon();
+    env.ok(&["wake", "rio"]);
+    d.wait_until(secs(30), "rio's order is published", || {
+        d.log_text().contains("order published to the workers")
+    });
+    assert_eq!(session(&env, "rio")["status"], "running");
+    assert!(
+        !env.error_log().contains("AGENT_NOT_FOUND"),
+        "{}",
+        env.error_log()
+    );
+    // The command exists on the worker's host now, and a worker starts.
+    env.script("on-the-worker.sh", "echo ran on the worker");
+    let worker = Worker::start(&env, "w1");
+    worker.wait_registered();
+    d.wait_until(secs(60), "rio's session completed", || {
+        session(&env, "rio")["status"] == "completed"
+    });
+    assert!(log_of(&env, "rio").contains("ran on the worker"));
+}
