@@ -233,7 +233,7 @@ impl Remote {
         };
         let fleet = match read {
             Ok(entries) => super::fleet::Fleet {
-                workers: super::fleet::view(&entries, std::time::SystemTime::now()),
+                workers: super::fleet::view(&entries, self.clock.now().into()),
                 error: None,
             },
             Err(e) => {
