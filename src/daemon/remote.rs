@@ -27,9 +27,11 @@
 //!    holder ([`end_accepted`]), deletes the lease, and maps the worker's
 //!    [`Outcome`] to the runner's [`Ending`] ([`ending_of`]).
 //!
-//! Not done yet (issue 24): a session's hook calls from the worker
-//! (`session begin/end`, `record`, `send` reach this host's state root
-//! only where the worker shares it), workspaces (a session with
+//! A session's hook calls from its worker (`session begin|end|fail`,
+//! `record`, `send`) are served by [`hooks`], started once connected: run
+//! here, for the lease's holder only.
+//!
+//! Not done yet (issue 24): workspaces (a session with
 //! `[agent.session.workspace]` is refused on a worker), re-adopting running
 //! remote sessions after a controller restart, and the reconcile.
 
@@ -42,6 +44,8 @@ use agent_state_cluster::{
     LeaseError, LeaseRecord, LeaseTiming, Leases, Outcome, Output as OutputStreamOf, OutputError,
     SessionEnd, SessionOrder, controller_lease_action, end_is_from_holder,
 };
+
+mod hooks;
 
 use super::clock::Clock;
 use tokio::sync::{OnceCell, oneshot, watch};
@@ -74,6 +78,8 @@ pub struct Remote {
     timing: LeaseTiming,
     /// The daemon's clock, for the times of an order it withdraws.
     clock: Clock,
+    /// The config the sessions' hook calls run with.
+    config: std::path::PathBuf,
     connected: OnceCell<Connected>,
 }
 
@@ -88,6 +94,8 @@ pub enum RemoteError {
     Lease(#[from] LeaseError),
     #[error(transparent)]
     Output(#[from] OutputError),
+    #[error("cannot listen for the sessions' hook calls: {0}")]
+    Hooks(String),
     #[error("{what}: no answer from NATS within {within:?}")]
     NoAnswer {
         what: &'static str,
@@ -121,7 +129,11 @@ struct Connected {
 impl Remote {
     /// The executor of `[cluster]` when this host runs no session itself
     /// (`local_sessions = false`); `None` otherwise.
-    pub fn of(settings: Option<&ClusterSettings>, clock: Clock) -> Option<Arc<Remote>> {
+    pub fn of(
+        settings: Option<&ClusterSettings>,
+        clock: Clock,
+        config: &std::path::Path,
+    ) -> Option<Arc<Remote>> {
         let settings = settings.filter(|s| !s.local_sessions)?;
         let mut timing = LeaseTiming::DEFAULT;
         // A test hook (a lost worker cannot be waited 300 s for in a test);
@@ -136,6 +148,7 @@ impl Remote {
             settings: settings.clone(),
             timing,
             clock,
+            config: config.to_path_buf(),
             connected: OnceCell::new(),
         }))
     }
@@ -154,11 +167,23 @@ impl Remote {
                         .unwrap_or_default()
                 );
                 let cluster = Cluster::connect(&self.settings, &name).await?;
-                Ok(Connected {
+                let connected = Connected {
                     dispatch: cluster.dispatch().await?,
                     leases: cluster.leases(self.timing).await?,
                     output: cluster.output().await?,
-                })
+                };
+                // Before any order goes out: its session's hook calls need
+                // an answer from its first line.
+                hooks::HookService {
+                    client: cluster.client().clone(),
+                    settings: self.settings.clone(),
+                    leases: connected.leases.clone(),
+                    config: self.config.clone(),
+                }
+                .start()
+                .await
+                .map_err(|e| RemoteError::Hooks(e.to_string()))?;
+                Ok(connected)
             })
             .await
     }

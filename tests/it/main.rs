@@ -16,6 +16,7 @@ mod check_needs;
 mod cluster_config;
 mod cluster_doctor;
 mod cluster_executor;
+mod cluster_hooks;
 mod cluster_worker;
 mod cluster_worker_checks;
 mod concurrency;
