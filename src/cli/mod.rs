@@ -206,6 +206,10 @@ pub enum Command {
     /// --work-dir or --min-free-memory it pulls nothing and says why. An
     /// order whose spec is malformed or too large, or whose cwd is a symlink
     /// or not a directory, ends "not started" naming the field.
+    /// A session's hook calls (session begin|end|fail, record, send) go
+    /// to the controller through a socket of the worker's
+    /// (AGENT_STATE_HOOKS), stamped with the session's lease: they need no
+    /// state root on this host.
     /// Until the servers answer, it retries every 2 s (and says so once).
     /// SIGTERM or SIGINT: it pulls no more, ends its sessions (SIGTERM to
     /// each group, SIGKILL after the grace), writes its last record

@@ -33,7 +33,11 @@ fn hook_script(dir: &Path, worker_config: Option<&Path>) -> String {
         r#"dir={dir:?}
 bin={BIN:?}
 {config}echo "env: session=$AGENT_STATE_SESSION_ID agent=$AGENT_STATE_AGENT"
-hook() {{ name=$1; shift; "$bin" "$@" > "$dir/$name.out" 2>&1; echo $? > "$dir/$name.rc"; }}
+hook() {{
+  name=$1; shift; t0=$(date +%s%N)
+  "$bin" "$@" > "$dir/$name.out" 2>&1; echo $? > "$dir/$name.rc"
+  echo $(( ($(date +%s%N) - t0) / 1000000 )) > "$dir/$name.ms"
+}}
 hook begin session begin "$AGENT_STATE_AGENT" --research-question "does it forward?"
 hook record record "$AGENT_STATE_AGENT" --claims-proposed 2 --claims-accepted 1
 hook event record "$AGENT_STATE_AGENT" orient_complete n=3
@@ -262,6 +266,18 @@ fn a_remote_sessions_hooks_do_what_a_local_sessions_do() {
         out(&hooks_dir, "end"),
         out(&hooks_dir, "send"),
         worker.log()
+    );
+    // The figures (not asserted): each hook's time in ms, locally and
+    // forwarded.
+    let ms = |dir: &Path| {
+        ["begin", "record", "event", "send", "end"]
+            .map(|n| std::fs::read_to_string(dir.join(format!("{n}.ms"))).unwrap_or_default())
+            .map(|t| t.trim().to_string())
+    };
+    eprintln!(
+        "hook calls in ms (begin, record, event, send, end): local {:?}, from the worker {:?}",
+        ms(&local_hooks),
+        ms(&hooks_dir)
     );
     assert_eq!(got["env_is_the_session"], true, "{got:#}");
     assert_eq!(got["session_starts"], 1);

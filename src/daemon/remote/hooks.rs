@@ -150,7 +150,18 @@ impl HookService {
             .arg(format!("--config={}", self.config.display()))
             .args(&argv)
             .env_remove(hooks::HOOKS_ENV)
-            .env_remove("AGENT_STATE_OWNER_PID")
+            .env_remove("AGENT_STATE_OWNER_PID");
+        // As a local session's: the daemon's systemd sockets are not its.
+        for name in [
+            "NOTIFY_SOCKET",
+            "WATCHDOG_USEC",
+            "WATCHDOG_PID",
+            "LISTEN_FDS",
+            "LISTEN_PID",
+        ] {
+            command.env_remove(name);
+        }
+        command
             .env("AGENT_STATE_CONFIG", &self.config)
             .env("AGENT_STATE_AGENT", &req.agent)
             .env("AGENT_STATE_SESSION_ID", &req.session)
