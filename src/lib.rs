@@ -24,10 +24,13 @@
 //! [`errors`] is the error catalogue; [`protocol`] parses what agents say; [`events`] streams every journal; [`daemon`] runs the
 //! service; [`cli`] is one module per subcommand.
 
-// The base and store layers: the crate agent-state-store (crates/store),
-// under their old paths (`crate::state`, `agent_state::fsx`, ...).
+// The base, store and delivery layers: the crate agent-state-store
+// (crates/store), under their old paths (`crate::state`, `crate::hooks`,
+// `agent_state::inbox`, ...). The hooks take `&AgentConfig` through
+// `impl From<&AgentConfig> for hooks::AgentSettings` (config::agent).
 pub use agent_state_store::{
-    access, agent_name, catalogue, clock, error, fsx, session_status, state, string_enum, zone,
+    access, agent_name, catalogue, clock, error, fsx, hooks, inbox, owner, session_status, state,
+    string_enum, zone,
 };
 // The pure decisions: the crate agent-state-decide (crates/decide), under
 // their old paths (`crate::schedule`, `agent_state::protocol`).
@@ -41,9 +44,6 @@ pub mod daemon;
 pub mod events;
 pub mod flow;
 pub mod git;
-pub mod hooks;
-pub mod inbox;
-pub mod owner;
 pub mod prompt;
 pub mod usage;
 pub mod worker;

@@ -27,14 +27,9 @@ use crate::state::Store;
 use crate::state::journal::{self, Entry, Event};
 use crate::state::session::SessionStatus;
 
-/// The most one session may cost: what `session end --cost-usd` and
-/// Claude Code's result may say. Past it the value is refused at input; a
-/// journal line from before the bound counts as this much, so a budget still
-/// trips and no total prints as `inf`.
-pub const MAX_SESSION_COST_USD: f64 = 1_000_000.0;
-
-/// The most tokens one session may use (a trillion), bounded like its cost.
-pub const MAX_SESSION_TOKENS: u64 = 1_000_000_000_000;
+/// The bounds on one session's cost and tokens, kept where the hooks refuse
+/// larger values at input (`state::caps`).
+pub use crate::state::caps::{MAX_SESSION_COST_USD, MAX_SESSION_TOKENS};
 
 /// A cost as it counts: at most [`MAX_SESSION_COST_USD`], never negative
 /// or NaN.

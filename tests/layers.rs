@@ -15,7 +15,10 @@
 //! Rules:
 //!
 //! 1. every top-level module of a crate's `src/` is in exactly one layer of
-//!    [`LAYERS`], and that layer is one of its crate's ([`CRATES`]);
+//!    [`LAYERS`], and that layer is one of its crate's ([`CRATES`]), and it
+//!    has files in that crate only: a module the binary re-exports from a
+//!    lower crate (`crate::state`, `crate::hooks`) keeps its old path by a
+//!    `pub use` in `src/lib.rs`, never by a file in `src/`;
 //! 2. a module uses only modules of its own layer or of the layers below
 //!    (so nothing below the daemon reaches into `crate::daemon` or
 //!    `crate::cli`, and the daemon never into the CLI);
@@ -57,6 +60,11 @@ const LAYERS: &[(&str, &[&str])] = &[
     ),
     // Every file shape and the one way each is written.
     ("store", &["state"]),
+    // What a session script and the daemon share, on top of the state files:
+    // inbox delivery and claims, a session's owner lock, the hooks
+    // (`session begin|end|fail`, recovery). Below the config: the hooks take
+    // the settings they read as a value (`hooks::AgentSettings`).
+    ("delivery", &["inbox", "owner", "hooks"]),
     // Pure decisions: values in, values out, the time passed in (no IO).
     // Below config, which keeps a parsed `schedule::Schedule` (and the
     // error matrix's `failure::RetrySettings`).
@@ -68,15 +76,12 @@ const LAYERS: &[(&str, &[&str])] = &[
     ),
     // What the operator wrote.
     ("config", &["config"]),
-    // What scripts use without a daemon: the hooks, the inbox, the prompt,
-    // the event stream, check.
+    // What scripts use without a daemon, above the hooks: the prompt, the
+    // event stream, check, usage, workspaces, flows, backups.
     (
         "domain",
         &[
-            "inbox",
-            "owner",
             "prompt",
-            "hooks",
             "events",
             "check",
             "usage",
@@ -95,7 +100,11 @@ const LAYERS: &[(&str, &[&str])] = &[
 /// The crates of the workspace, lowest first: name, source directory (from
 /// the repository's root) and the layers whose modules live there.
 const CRATES: &[(&str, &str, &[&str])] = &[
-    ("agent-state-store", "crates/store/src", &["base", "store"]),
+    (
+        "agent-state-store",
+        "crates/store/src",
+        &["base", "store", "delivery"],
+    ),
     ("agent-state-decide", "crates/decide/src", &["decide"]),
     ("agent-state", "src", &["config", "domain", "daemon", "cli"]),
 ];
@@ -735,18 +744,20 @@ fn the_scan_sees_the_dependencies_we_know_of() {
         ("daemon::session", "hooks"),         // use crate::hooks::{self, ...}
         ("daemon::session", "daemon::files"), // use super::files
         ("hooks", "state"),                   // use crate::state::...
-        ("config", "schedule"),               // use crate::schedule::Schedule (crate decide)
-        ("schedule", "zone"),                 // use crate::zone::Zone (decide -> store)
-        ("flow", "protocol"),                 // use crate::protocol::summary::... (crate decide)
-        ("economy", "protocol"),              // use crate::protocol::limits::... (inside decide)
-        ("config", "economy"),                // pub use crate::economy::UsageLimitSettings
+        ("hooks", "owner"),                   // use crate::owner::{self, Liveness} (inside store)
+        ("config", "hooks"), // impl From<&AgentConfig> for crate::hooks::AgentSettings
+        ("config", "schedule"), // use crate::schedule::Schedule (crate decide)
+        ("schedule", "zone"), // use crate::zone::Zone (decide -> store)
+        ("flow", "protocol"), // use crate::protocol::summary::... (crate decide)
+        ("economy", "protocol"), // use crate::protocol::limits::... (inside decide)
+        ("config", "economy"), // pub use crate::economy::UsageLimitSettings
         ("config", "machine"), // impl From<&AgentConfig> for crate::machine::Settings
         ("machine", "failure"), // use crate::failure::{self, ...} (inside decide)
         ("failure", "ending"), // use crate::ending::{Ending, ...} (inside decide)
         ("machine", "session_status"), // use crate::session_status::SessionStatus (decide -> store)
         ("daemon::machine", "machine"), // pub use crate::machine::*
         ("cli", "daemon::files"), // use crate::daemon::{files, session}
-        ("check", "fsx"),      // crate::fsx::is_dir(..) in code
+        ("check", "fsx"),    // crate::fsx::is_dir(..) in code
         ("error", "catalogue"), // crate::catalogue::Code in a return type
         ("state::journal", "state::words"), // use super::words::{TaskPriority, ...}
         ("state::tasks", "state::report"), // super::report::Report in code
@@ -826,7 +837,7 @@ fn a_broken_rule_names_the_file_the_path_and_the_rule() {
     assert_eq!(up.len(), 2, "{up:#?}");
     assert!(
         up[0].starts_with(
-            "src/hooks.rs:1: `crate::daemon::session::highest_instance`: `hooks` (layer \"domain\") \
+            "src/hooks.rs:1: `crate::daemon::session::highest_instance`: `hooks` (layer \"delivery\") \
              may not use `daemon` (layer \"daemon\", above it); rule: a module uses only"
         ),
         "{}",
@@ -969,13 +980,15 @@ const DECIDE_DEPENDENCIES: &[&str] = &[
 ];
 
 /// What the decide layer may not name outside its tests, though the layers
-/// below it have it: the store's file access and state files, and std's IO.
-const DECIDE_NO_IO: &[&str] = &["fsx", "access", "state"];
+/// below it have it: the store's file access, state files, inbox delivery,
+/// owner locks and hooks, and std's IO.
+const DECIDE_NO_IO: &[&str] = &["fsx", "access", "state", "inbox", "owner", "hooks"];
 const STD_IO: &[&str] = &["fs", "process", "net", "os", "io"];
 
 /// The lines of non-test code in `text` (a file of module `module` of the
 /// decide layer) that reach for IO: `crate::fsx`, `crate::state`,
-/// `crate::access` (however written, or through `agent_state_store::`),
+/// `crate::access`, `crate::inbox`, `crate::owner`, `crate::hooks` (however
+/// written, or through `agent_state_store::`),
 /// `std::fs`, `std::process`, `std::net`, `std::os`, `std::io`, `tokio::`,
 /// `nix::`.
 fn io_uses(module: &[String], text: &str) -> Vec<(usize, String)> {
@@ -1102,6 +1115,8 @@ mod tests {
 }
 fn e() { tokio::spawn(f()); }
 use agent_state_store::{clock, state};
+fn g() { crate::inbox::claim(dir); }
+use agent_state_store::hooks::begin;
 "#;
     let module = vec!["economy".to_string()];
     assert_eq!(
@@ -1112,6 +1127,8 @@ use agent_state_store::{clock, state};
             (5, "crate::state::StateRoot::new".to_string()),
             (12, "tokio::".to_string()),
             (13, "agent_state_store::state".to_string()),
+            (14, "crate::inbox::claim".to_string()),
+            (15, "agent_state_store::hooks".to_string()),
         ]
     );
     let manifest = "[package]\nname = \"x\"\n[dependencies]\n# why\nchrono = \"0.4\"\nnix = { version = \"0.31\" }\n[dev-dependencies]\ntempfile = \"3\"\n";

@@ -7,7 +7,7 @@
 #   baseline-jq.sh --config CFG session end AGENT [--session ID] [--sources-archived N]
 #                  [--branch B] [--summary S] [--next-priority P] [--handoff-notes H]
 #
-# Same on-disk work as src/hooks.rs begin()/end() on the path the benchmark takes,
+# Same on-disk work as crates/store/src/hooks.rs begin()/end() on the path the benchmark takes,
 # with util-linux flock, jq, mv and coreutils sync:
 #
 #   * the whole hook holds `flock` on {agent}/.lock (fd 9, kept by this shell);
@@ -27,11 +27,11 @@
 #     instead of a separate chmod (same result, one process fewer per file:
 #     this favours the baseline). session.json and report.json are staged
 #     (temp file written and synced) before the journal line and renamed in
-#     after it (crates/store/src/state/atomic.rs Staged, src/hooks.rs begin, finish_with);
+#     after it (crates/store/src/state/atomic.rs Staged, crates/store/src/hooks.rs begin, finish_with);
 #   * begin globs inbox/*.json for messages to claim, end lists
 #     inbox/.claimed/{session}/ before the journal line and, after it, moves
 #     the messages to processed/ and removes the directory;
-#   * the owner lock (src/owner.rs): begin creates sessions/{id}.owner (0644),
+#   * the owner lock (crates/store/src/owner.rs): begin creates sessions/{id}.owner (0644),
 #     takes `flock -xn` on it (fd 7) before the journal line and hands it to a
 #     detached keeper (`setsid bash`, polling) that holds it until the script
 #     exits or the file goes; end removes the file after its renames;
@@ -351,7 +351,7 @@ begin() {
     [[ $cur_status != running ]] \
         || die "$agent: session $cur_id is running (the baseline does not join or recover sessions)" 75
 
-    # new_session_id (src/hooks.rs): YYYYMMDD-HHMMSS, then -2, -3, …
+    # new_session_id (crates/store/src/hooks/begin.rs): YYYYMMDD-HHMMSS, then -2, -3, …
     taken() { [[ $1 == "$cur_id" || -e $CLAIMED/$1 ]]; }
     if ! taken "$base" && [[ $cur_id != "$base"-* ]]; then
         sid=$base

@@ -7,7 +7,7 @@
     baseline.py --config CFG session end AGENT [--session ID] [--sources-archived N]
                 [--branch B] [--summary S] [--next-priority P] [--handoff-notes H]
 
-Does on disk what src/hooks.rs begin()/end() do on the path the benchmark takes
+Does on disk what crates/store/src/hooks.rs begin()/end() do on the path the benchmark takes
 (no session running at begin, a running one at end), with the same files and the
 same JSON shapes:
 
@@ -24,16 +24,16 @@ same JSON shapes:
   temp file (O_EXCL, 0600) + write + fchmod 0644 + fsync + rename + fsync of
   the directory (crates/store/src/state/atomic.rs write_file). session.json and report.json
   are staged (temp file written and fsynced) before the journal line and
-  renamed in after it (crates/store/src/state/atomic.rs Staged, src/hooks.rs begin and
+  renamed in after it (crates/store/src/state/atomic.rs Staged, crates/store/src/hooks.rs begin and
   finish_with);
 * begin lists inbox/ for messages to claim and moves them to
   inbox/.claimed/{session}/; end lists the claimed ones before the journal
   line, moves them to inbox/processed/ after it and removes the claimed
-  directory (src/inbox.rs claim/claimed/acknowledge);
+  directory (crates/store/src/inbox.rs claim/claimed/acknowledge);
 * the owner lock: begin creates sessions/{id}.owner (0644), takes flock(LOCK_EX)
   on it before the journal line and hands it to a detached keeper that holds
   it until the script exits or the lock file goes; end removes the file after
-  its renames (src/owner.rs acquire/spawn_keeper/keep/release). Rust's keeper
+  its renames (crates/store/src/owner.rs acquire/spawn_keeper/keep/release). Rust's keeper
   is an exec of `agent-state session keep`; this one is a fork;
 * metrics.json: lifetime counters incremented for the event, and a session's
   end is counted once (counted_session); at end the rolling 30-day window is
@@ -424,7 +424,7 @@ def stage_metrics(agent_dir, name, entry, now):
     return stage_json(path, metrics_doc(m))
 
 
-# ---- inbox (src/inbox.rs, simplified: no validation) ------------------------
+# ---- inbox (crates/store/src/inbox.rs, simplified: no validation) ------------------------
 
 def claim(agent_dir, session_id):
     inbox = os.path.join(agent_dir, "inbox")
@@ -553,7 +553,7 @@ def proc_stat_field(pid, n):
 
 
 def owner_pid():
-    """src/hooks.rs Owner::parent: the parent, walking up through forked
+    """crates/store/src/hooks.rs Owner::parent: the parent, walking up through forked
     subshells (same exe and cmdline) to the session script itself."""
     env = os.environ.get("AGENT_STATE_OWNER_PID")
     if env and env.strip().lstrip("-").isdigit():
@@ -589,7 +589,7 @@ def process_start(pid):
 
 
 def acquire_owner_lock(agent_dir, session_id, owner, start):
-    """src/owner.rs acquire: sessions/{id}.owner (0644, one name), flock(LOCK_EX|LOCK_NB),
+    """crates/store/src/owner.rs acquire: sessions/{id}.owner (0644, one name), flock(LOCK_EX|LOCK_NB),
     who holds it written in for people. Returns the fd, or None (Rust notes that and goes on)."""
     sessions = os.path.join(agent_dir, "sessions")
     try:
@@ -613,7 +613,7 @@ def acquire_owner_lock(agent_dir, session_id, owner, start):
 
 
 def spawn_keeper(fd, owner, start):
-    """src/owner.rs spawn_keeper + keep: a detached process (no stdio, its own session)
+    """crates/store/src/owner.rs spawn_keeper + keep: a detached process (no stdio, its own session)
     holds the owner lock until the owner exits (pidfd) or the session's end removes the
     lock file. Rust execs `agent-state session keep`; Python forks, its cheapest way."""
     if start is None:
@@ -649,7 +649,7 @@ def spawn_keeper(fd, owner, start):
 
 
 def release_owner_lock(agent_dir, session_id):
-    """src/owner.rs release: the session ended, its owner lock goes (a missing one is fine)."""
+    """crates/store/src/owner.rs release: the session ended, its owner lock goes (a missing one is fine)."""
     try:
         os.unlink(os.path.join(agent_dir, "sessions", f"{session_id}.owner"))
     except FileNotFoundError:

@@ -56,6 +56,23 @@ impl From<&AgentConfig> for crate::machine::Settings {
     }
 }
 
+/// What the hooks (crates/store, which cannot name the config) read of an
+/// agent's config: `hooks::begin(&cfg, …)` converts through this.
+impl From<&AgentConfig> for crate::hooks::AgentSettings {
+    fn from(cfg: &AgentConfig) -> crate::hooks::AgentSettings {
+        let s = &cfg.session;
+        crate::hooks::AgentSettings {
+            name: cfg.name.clone(),
+            kind: cfg.kind,
+            domain: cfg.domain.clone(),
+            session_type: s.session_type,
+            timeout: s.timeout,
+            inbox_settle: s.inbox_settle,
+            model: s.model.clone(),
+        }
+    }
+}
+
 /// An `[[agent]]` table. serde cannot combine `flatten` with
 /// `deny_unknown_fields`, so the overridable settings are spelled out again.
 #[derive(Deserialize)]

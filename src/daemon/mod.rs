@@ -1,6 +1,7 @@
 //! The daemon: wakes agents on their schedules and inbox messages and runs
 //! their sessions. (Being built; see the submodules.)
 
+pub mod adopt;
 pub mod alerts;
 pub mod cgroup;
 pub mod clock;

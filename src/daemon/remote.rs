@@ -27,13 +27,18 @@
 //!    holder ([`end_accepted`]), deletes the lease, and maps the worker's
 //!    [`Outcome`] to the runner's [`Ending`] ([`ending_of`]).
 //!
+//! Before the order is published, `.daemon/remote.AGENT` records it
+//! ([`super::adopt`]): a controller that stops leaves its remote sessions
+//! running, and the next one [`adopt`]s them (no publication; the lease,
+//! the end and the output read again from the stream, the log rewritten
+//! from chunk 1, signals already carried out left out).
+//!
 //! A session's hook calls from its worker (`session begin|end|fail`,
 //! `record`, `send`) are served by [`hooks`], started once connected: run
 //! here, for the lease's holder only.
 //!
 //! Not done yet (issue 24): workspaces (a session with
-//! `[agent.session.workspace]` is refused on a worker), re-adopting running
-//! remote sessions after a controller restart, and the reconcile.
+//! `[agent.session.workspace]` is refused on a worker), and the reconcile.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -47,7 +52,11 @@ use agent_state_cluster::{
 
 mod hooks;
 
+use super::adopt::{self, RemoteRecord};
 use super::clock::Clock;
+use crate::agent_name::AgentName;
+use crate::clock::Timestamp;
+use crate::state::StateRoot;
 use tokio::sync::{OnceCell, oneshot, watch};
 
 use super::runner::{
@@ -199,6 +208,24 @@ pub struct Target {
     /// Told the worker's name once one runs the session (status,
     /// daemon.json).
     pub on_host: Arc<dyn Fn(String) + Send + Sync>,
+    /// Where its order is recorded for the next controller.
+    pub keep: Keep,
+}
+
+/// `.daemon/remote.AGENT` of one session ([`super::adopt`]).
+#[derive(Clone)]
+pub struct Keep {
+    pub root: StateRoot,
+    pub agent: AgentName,
+    pub session_id: String,
+}
+
+impl Keep {
+    fn save(&self, record: &RemoteRecord) {
+        if let Err(e) = adopt::write(&self.root, &self.agent, record) {
+            tracing::warn!(agent = %self.agent, session_id = %self.session_id, "{e}; a controller restarted while it runs records it interrupted instead of following it");
+        }
+    }
 }
 
 /// A session launched: a local process, or an order about to be published.
@@ -215,6 +242,12 @@ pub struct RemoteRun {
     agent: String,
     spec: SessionSpec,
     log: tokio::fs::File,
+    /// Its record, kept up to date as its signals are carried out.
+    record: RemoteRecord,
+    keep: Keep,
+    /// Adopted from a previous controller: not published again, its log
+    /// rewritten from the stream.
+    adopted: bool,
 }
 
 /// [`runner::launch`] on this host (`target` `None`), or the checks and
@@ -249,6 +282,14 @@ pub fn launch(
             )));
         }
     };
+    let record = RemoteRecord {
+        session_id: target.keep.session_id.clone(),
+        order_id: order.session_id.clone(),
+        group: order.credential_group.clone(),
+        iteration: spec.iteration.max(1),
+        published_at: Timestamp::from_datetime(target.remote.clock.now()),
+        signals_through: 0,
+    };
     Ok(Launch::Remote(RemoteRun {
         remote: target.remote.clone(),
         on_host: target.on_host.clone(),
@@ -256,6 +297,43 @@ pub fn launch(
         order,
         spec,
         log,
+        record,
+        keep: target.keep.clone(),
+        adopted: false,
+    }))
+}
+
+/// A remote session a previous controller left running, as `record` says,
+/// followed again: `spec` gives its log, its output cap and its kill grace.
+pub fn adopt(
+    spec: SessionSpec,
+    target: &Target,
+    record: RemoteRecord,
+) -> Result<Launch, Box<RunReport>> {
+    runner::ignore_sigpipe();
+    let log = runner::reopen_log(&spec.log_path).map_err(|e| {
+        Box::new(RunReport::not_run(Ending::Lost {
+            reason: format!(
+                "interrupted: the controller restarted and cannot open the session log {}: {e}",
+                spec.log_path.display()
+            ),
+        }))
+    })?;
+    Ok(Launch::Remote(RemoteRun {
+        remote: target.remote.clone(),
+        on_host: target.on_host.clone(),
+        agent: target.keep.agent.to_string(),
+        order: SessionOrder {
+            session_id: record.order_id.clone(),
+            agent: target.keep.agent.to_string(),
+            credential_group: record.group.clone(),
+            spec: serde_json::Value::Null,
+        },
+        spec,
+        log,
+        record,
+        keep: target.keep.clone(),
+        adopted: true,
     }))
 }
 
@@ -377,10 +455,21 @@ impl RemoteRun {
             agent,
             spec,
             log,
+            record,
+            keep,
+            adopted,
         } = self;
         let id = order.session_id.clone();
         let started = Instant::now();
+        // Adopted, its log (emptied by `reopen_log`) is written again from
+        // the stream's first chunk: it equals the worker's output,
+        // whatever the last controller wrote.
+        if !adopted {
+            keep.save(&record);
+        }
+        observer.hold_signals();
         let mut output = runner::Output::new(log, &spec.log_path, spec.max_output, observer);
+        let mut signals = Signals { record, keep };
         let finish = drive(
             &remote,
             &order,
@@ -389,8 +478,11 @@ impl RemoteRun {
             &mut output,
             &mut orders,
             &*on_host,
+            adopted,
+            &mut signals,
         )
         .await;
+        output.observer.release_signals(true);
         let finished = output.finish().await;
         let (ending, ran) = match finish {
             Finish::NotRun(ending) => (ending, false),
@@ -431,6 +523,7 @@ async fn ask<T, E: Into<RemoteError>>(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn drive(
     remote: &Remote,
     order: &SessionOrder,
@@ -439,6 +532,8 @@ async fn drive(
     output: &mut runner::Output<'_>,
     orders: &mut watch::Receiver<Orders>,
     on_host: &(dyn Fn(String) + Send + Sync),
+    adopted: bool,
+    signals: &mut Signals,
 ) -> Finish {
     let id = order.session_id.as_str();
     let dispatch_timeout = remote.settings.dispatch_timeout;
@@ -478,16 +573,26 @@ async fn drive(
             () = stopped(orders, spec.iteration) => return Finish::NotRun(Ending::Stopped),
         }
     };
-    match ask("publishing the order", conn.dispatch.publish(order)).await {
-        Ok(published) => tracing::info!(
+    if adopted {
+        // Published by the controller before this one: its lease, its end
+        // and its output are where they were.
+        tracing::info!(
             agent,
             session_id = id,
-            sequence = published.sequence,
-            duplicate = published.duplicate,
-            "order published to the workers of credential group {}",
-            order.credential_group
-        ),
-        Err(e) => return not_started(format!("the order was not stored: {e}")),
+            "following again the order {id} a previous controller published"
+        );
+    } else {
+        match ask("publishing the order", conn.dispatch.publish(order)).await {
+            Ok(published) => tracing::info!(
+                agent,
+                session_id = id,
+                sequence = published.sequence,
+                duplicate = published.duplicate,
+                "order published to the workers of credential group {}",
+                order.credential_group
+            ),
+            Err(e) => return not_started(format!("the order was not stored: {e}")),
+        }
     }
     // Waiting for a worker to take the lease for it.
     let deadline = give_up;
@@ -505,7 +610,9 @@ async fn drive(
             return Finish::NotRun(why);
         }
         match ask("reading the end", conn.output.ended(id)).await {
-            Ok(Some(end)) => return ended(conn, agent, id, end, None, None, &mut 0, output).await,
+            Ok(Some(end)) => {
+                return ended(conn, agent, id, end, None, None, &mut 0, output, signals).await;
+            }
             Ok(None) => {}
             Err(e) => tracing::warn!(agent, session_id = id, "{e}"),
         }
@@ -557,7 +664,7 @@ async fn drive(
     loop {
         tokio::select! {
             chunk = next_chunk(&mut follow) => match chunk {
-                Some(Ok(chunk)) => feed(output, &mut fed, chunk).await,
+                Some(Ok(chunk)) => feed(output, &mut fed, chunk, signals).await,
                 Some(Err(e)) => {
                     tracing::warn!(agent, session_id = id, "{e}; its output is read at its end");
                     follow = None;
@@ -590,7 +697,7 @@ async fn drive(
             _ = poll.tick() => {
                 match ask("reading the end", conn.output.ended(id)).await {
                     Ok(Some(end)) => {
-                        let finish = ended(conn, agent, id, end, Some(&seen), follow.as_mut(), &mut fed, output).await;
+                        let finish = ended(conn, agent, id, end, Some(&seen), follow.as_mut(), &mut fed, output, signals).await;
                         return match (ordered, finish) {
                             (Some(why), Finish::Ran(_)) => Finish::Ran(why),
                             (_, finish) => finish,
@@ -673,8 +780,21 @@ async fn next_chunk(
     }
 }
 
-/// One chunk to the log and the observer, once and in order.
-async fn feed(output: &mut runner::Output<'_>, fed: &mut u64, chunk: agent_state_cluster::Chunk) {
+/// The session's record and how far its signals went.
+struct Signals {
+    record: RemoteRecord,
+    keep: Keep,
+}
+
+/// One chunk to the log and the observer, once and in order. Its signals
+/// are carried out unless a previous controller did (`signals_through`);
+/// the record says they are before they go.
+async fn feed(
+    output: &mut runner::Output<'_>,
+    fed: &mut u64,
+    chunk: agent_state_cluster::Chunk,
+    signals: &mut Signals,
+) {
     if chunk.number <= *fed {
         return;
     }
@@ -684,6 +804,16 @@ async fn feed(output: &mut runner::Output<'_>, fed: &mut u64, chunk: agent_state
         _ => OutputStream::Stdout,
     };
     output.take(stream, &chunk.data).await;
+    if output.observer.held_signals() == 0 {
+        return;
+    }
+    let done_before = chunk.number <= signals.record.signals_through;
+    if !done_before {
+        signals.record.signals_through = chunk.number;
+        let (keep, record) = (signals.keep.clone(), signals.record.clone());
+        let _ = tokio::task::spawn_blocking(move || keep.save(&record)).await;
+    }
+    output.observer.release_signals(!done_before);
 }
 
 /// The end is stored: the rest of the output, the holder's check, the
@@ -698,6 +828,7 @@ async fn ended(
     follow: Option<&mut agent_state_cluster::Follow>,
     fed: &mut u64,
     output: &mut runner::Output<'_>,
+    signals: &mut Signals,
 ) -> Finish {
     // The chunks not yet read: followed to the last, or replayed (from
     // chunk 1: `feed` skips what was taken already).
@@ -718,7 +849,7 @@ async fn ended(
         while *fed < end.last_chunk {
             tokio::select! {
                 chunk = follow.next() => match chunk {
-                    Some(Ok(chunk)) => feed(output, fed, chunk).await,
+                    Some(Ok(chunk)) => feed(output, fed, chunk, signals).await,
                     _ => break,
                 },
                 () = &mut limit => break,

@@ -752,6 +752,32 @@ pub(crate) fn open_log(path: &Path) -> io::Result<tokio::fs::File> {
     Ok(tokio::fs::File::from_std(file))
 }
 
+/// The log of a session followed again by a restarted controller
+/// ([`crate::daemon::adopt`]): the same file (or a new one), emptied, as it
+/// is written again from the output stream. Only a plain file with one
+/// name: no link followed, and a FIFO or a device planted in its place is
+/// refused without blocking on it.
+pub(crate) fn reopen_log(path: &Path) -> io::Result<tokio::fs::File> {
+    use nix::fcntl::OFlag;
+    use std::os::unix::fs::MetadataExt;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o640)
+        .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK).bits())
+        .open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() || meta.nlink() > 1 {
+        return Err(io::Error::other(
+            "not a plain file with one name, so not a session log",
+        ));
+    }
+    file.set_len(0)?;
+    nix::fcntl::fcntl(&file, nix::fcntl::FcntlArg::F_SETFL(OFlag::O_APPEND))
+        .map_err(io::Error::from)?;
+    Ok(tokio::fs::File::from_std(file))
+}
+
 /// The daemon must never die because a session closed its stdin early:
 /// `main` restores SIGPIPE's default action for the CLI's quiet broken
 /// pipes, so the runner ignores it again; writes to a closed pipe then fail

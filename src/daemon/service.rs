@@ -25,6 +25,7 @@ macro_rules! seen {
     };
 }
 
+mod adopted;
 mod economy;
 mod ending;
 mod flows;
@@ -43,7 +44,7 @@ mod wakes;
 
 use intake::rejected;
 use monitor::prune_all;
-use observer::{EndingNote, Observer, OutputSummary};
+use observer::{Observer, OutputSummary};
 use start::{began_here, recovered};
 
 use std::collections::BTreeMap;
@@ -811,7 +812,7 @@ pub async fn run(config_path: &Path, web: WebHook) -> Result<()> {
     // What `credential release` and `stop` asked meanwhile (a stop asked of
     // a daemon that has gone since is dropped: no session of it runs).
     daemon.daemon_requests();
-    let records = start::recover(&daemon.config, &daemon.root);
+    let (records, remote_sessions) = start::recover(&daemon.config, &daemon.root);
     daemon.raise_each(records);
     // What a crash left of the flows: answers not applied, messages not sent.
     let flows: Vec<AgentName> = daemon.config.flows.iter().map(|f| f.name.clone()).collect();
@@ -825,6 +826,11 @@ pub async fn run(config_path: &Path, web: WebHook) -> Result<()> {
     // At start an agent that cannot be set up is logged (and shown
     // missing); the daemon runs the others.
     let _ = daemon.apply_agents(true, &Default::default());
+    // Sessions a previous controller left running on workers: followed
+    // again (cluster mode).
+    for (agent, record) in remote_sessions {
+        adopted::adopt(&mut daemon, &agent, record);
+    }
     // The disk before any session starts (a full or read-only one holds them).
     // The disk only (a full or read-only one holds every session): the
     // routine prune and the look at every agent's session (which recovery
@@ -1211,6 +1217,14 @@ impl Daemon {
                 r.feed(machine::Event::Shutdown);
             }
             return;
+        }
+        // Cluster mode: sessions on workers go on without this daemon; the
+        // next start follows them again.
+        let left = adopted::leave_remote_sessions(self.remote.is_some(), &mut self.running);
+        if left > 0 {
+            tracing::info!(
+                "{why}: {left} session(s) on workers left running; the next start follows them again"
+            );
         }
         let grace = self.config.daemon.shutdown_grace;
         self.stopping = Some(crate::clock::later(self.clock.now(), grace));

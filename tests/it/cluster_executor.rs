@@ -11,7 +11,7 @@
 // The cluster crate's NATS helpers, as `cluster_worker` loads them.
 #[path = "../../crates/cluster/tests/support/mod.rs"]
 #[allow(clippy::duplicate_mod)]
-mod nats;
+pub(crate) mod nats;
 
 use crate::support::*;
 use std::path::Path;
@@ -23,7 +23,7 @@ use crate::cluster_worker::Worker;
 
 /// Waits until the cluster can hold the streams and buckets (a loaded
 /// machine takes seconds to elect the JetStream leaders), and makes them.
-fn wait_ready(servers: &nats::NatsCluster) {
+pub(crate) fn wait_ready(servers: &nats::NatsCluster) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -38,7 +38,11 @@ fn wait_ready(servers: &nats::NatsCluster) {
 }
 
 /// A config whose agents run `script` on the workers of `servers`.
-fn cluster_env(servers: &nats::NatsCluster, dispatch_timeout: &str, script_body: &str) -> Env {
+pub(crate) fn cluster_env(
+    servers: &nats::NatsCluster,
+    dispatch_timeout: &str,
+    script_body: &str,
+) -> Env {
     let env = Env::with_config("");
     let script = env.script("agent.sh", script_body);
     let agents = "[[agent]]\nname = \"rio\"\n[[agent]]\nname = \"theseus\"\n[[agent]]\nname = \"marcus\"\nkind = \"human\"\n";
@@ -51,11 +55,11 @@ fn cluster_env(servers: &nats::NatsCluster, dispatch_timeout: &str, script_body:
     env
 }
 
-fn session(env: &Env, agent: &str) -> Value {
+pub(crate) fn session(env: &Env, agent: &str) -> Value {
     state(env, agent, "session.json")
 }
 
-fn log_of(env: &Env, agent: &str) -> String {
+pub(crate) fn log_of(env: &Env, agent: &str) -> String {
     let id = session(env, agent)["session_id"]
         .as_str()
         .unwrap_or_default()
@@ -64,7 +68,7 @@ fn log_of(env: &Env, agent: &str) -> String {
         .unwrap_or_default()
 }
 
-fn go(env: &Env, agent: &str) {
+pub(crate) fn go(env: &Env, agent: &str) {
     std::fs::write(env.tmp(&format!("go-{agent}")), "").unwrap();
 }
 

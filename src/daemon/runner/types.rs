@@ -150,6 +150,24 @@ pub trait OutputObserver: Send {
     fn on_terminate(&mut self, why: &Ending) {
         let _ = why;
     }
+
+    /// From now on, keep the signals found in the output instead of
+    /// handing them on, until [`release_signals`](Self::release_signals):
+    /// a remote run notes how far signals went before they do (see
+    /// `daemon::adopt`). The default keeps nothing back.
+    fn hold_signals(&mut self) {}
+
+    /// How many signals are held.
+    fn held_signals(&self) -> usize {
+        0
+    }
+
+    /// Hand on the held signals (`carry_out`), or drop those a previous
+    /// daemon carried out already (COMPLETE is handed on all the same: it
+    /// says what the session is, not something to do).
+    fn release_signals(&mut self, carry_out: bool) {
+        let _ = carry_out;
+    }
 }
 
 /// An observer for sessions whose output nobody parses.

@@ -281,6 +281,11 @@ impl Daemon {
         let Some(running) = self.running.remove(&agent) else {
             return;
         };
+        // A remote session's order record has served: its end is recorded
+        // (or, not recorded, the session stays ours until `finish_orphan`).
+        if self.remote.is_some() && outcome.is_ok() {
+            forget_remote(&self.root, &agent, &sid);
+        }
         // Its script recorded the end first, as a failure (the trap's
         // `session fail`), and the output shows a usage limit: the daemon's
         // verdict is added (the counters follow it).
@@ -954,4 +959,17 @@ pub(super) fn saved_oom_lowering(
         Timestamp::from_datetime(until)
     );
     Some(until)
+}
+
+/// Remove `agent`'s remote session record if it names session `sid`.
+pub(super) fn forget_remote(root: &StateRoot, agent: &AgentName, sid: &str) {
+    use crate::daemon::adopt;
+    match adopt::read(root, agent) {
+        Ok(Some(r)) if r.session_id != sid => return,
+        Ok(None) => return,
+        _ => {}
+    }
+    if let Err(e) = adopt::remove(root, agent) {
+        tracing::warn!(agent = %agent, session_id = %sid, "cannot remove {}: {e}", adopt::path(root, agent).display());
+    }
 }

@@ -54,6 +54,8 @@ pub(super) struct Observer {
     pub(super) completed: bool,
     /// When it last printed, for its machine's stall timer.
     pub(super) activity: std::sync::Arc<Activity>,
+    /// Signals kept back until the run says ([`OutputObserver::hold_signals`]).
+    pub(super) held: Option<Vec<crate::protocol::signals::SignalResult>>,
 }
 
 /// When a session last printed: stored at each chunk (one atomic store, no
@@ -123,6 +125,32 @@ impl OutputObserver for Observer {
 
     fn on_terminate(&mut self, why: &Ending) {
         self.ending.note(why);
+    }
+
+    fn hold_signals(&mut self) {
+        self.held.get_or_insert_with(Vec::new);
+    }
+
+    fn held_signals(&self) -> usize {
+        self.held.as_ref().map_or(0, Vec::len)
+    }
+
+    fn release_signals(&mut self, carry_out: bool) {
+        let Some(held) = self.held.as_mut() else {
+            return;
+        };
+        let held = std::mem::take(held);
+        for signal in held {
+            let complete = signal
+                .as_ref()
+                .is_ok_and(|s| s.kind() == crate::protocol::signals::SignalType::Complete);
+            if carry_out || complete {
+                let _ = self.tx.send(Event::Signal {
+                    agent: self.agent.clone(),
+                    signal: Box::new(signal),
+                });
+            }
+        }
     }
 }
 
@@ -200,12 +228,44 @@ impl EndingNote {
 }
 
 impl Observer {
+    /// The observer of `cfg`'s session `session_id`, sharing `side` with
+    /// its `Running`.
+    pub(super) fn new(
+        cfg: AgentConfig,
+        dir: AgentDir,
+        session_id: String,
+        tx: mpsc::UnboundedSender<Event>,
+        side: super::start::TaskSide,
+    ) -> Observer {
+        Observer {
+            meter: crate::daemon::meter::Meter::new(cfg.session.session_budget.max_tokens),
+            output: SessionOutput::new(),
+            agent: cfg.name.clone(),
+            tx,
+            scanners: Default::default(),
+            completed: false,
+            activity: side.activity,
+            held: None,
+            ending: EndingNote {
+                agent: cfg,
+                dir,
+                session_id,
+                stop_note: side.stop_note,
+                noted: side.noted,
+            },
+        }
+    }
+
     pub(super) fn send_signal(&mut self, signal: crate::protocol::signals::SignalResult) {
         if signal
             .as_ref()
             .is_ok_and(|s| s.kind() == crate::protocol::signals::SignalType::Complete)
         {
             self.completed = true;
+        }
+        if let Some(held) = self.held.as_mut() {
+            held.push(signal);
+            return;
         }
         let _ = self.tx.send(Event::Signal {
             agent: self.agent.clone(),
@@ -215,6 +275,9 @@ impl Observer {
 
     /// The end of the output: an unterminated signal is reported.
     pub(super) fn finish(&mut self) {
+        // Anything still held (none: a run releases after each chunk) goes.
+        self.release_signals(true);
+        self.held = None;
         let mut rest = Vec::new();
         for scanner in &mut self.scanners {
             rest.extend(scanner.finish());

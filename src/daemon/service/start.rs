@@ -165,52 +165,26 @@ impl Daemon {
         }
         self.core.session_started(agent, &prepared.session_id);
         self.economy.manual_refusals.remove(agent);
-        let (orders_tx, orders_rx) = watch::channel(runner::Orders::default());
-        let stop_note = StopNote::default();
-        let noted = observer::Noted::default();
-        // Its lifecycle, fed live. Its output is told at its timers (the
-        // stall timer); with `verify`, it orders the session's task what
-        // follows each run and each verification (`iterations::more`).
-        let activity = observer::Activity::new();
-        let mut live = machine::Session::new(
-            machine::Settings::of(&cfg),
-            self.streaks.get(agent).cloned().unwrap_or_default(),
-        );
-        live.on(
-            machine::Event::Begin {
-                session_id: prepared.session_id.clone(),
-            },
-            self.session_clock.now(),
-        );
-        self.running.insert(
-            agent.clone(),
-            Running {
+        let (running, side) = Running::begun(
+            Begun {
                 session_id: prepared.session_id.clone(),
                 instance: prepared.instance.clone(),
-                pid: None,
                 started_at: now,
-                began: self.session_clock.now(),
-                machine: live,
-                clock: self.session_clock,
-                timer: None,
-                orders: orders_tx,
-                activity: activity.clone(),
-                output_seen: 0,
-                stop_reason: None,
-                stop_note: stop_note.clone(),
-                noted: noted.clone(),
-                completed_by_signal: false,
-                signals_seen: 0,
-                global_discoveries: 0,
-                last_progress: None,
                 owner_lock: prepared.owner_lock,
                 claimed: prepared.claimed,
                 conversation: Some(prepared.conversation.clone()),
-                recording: false,
-                decided: None,
-                host: None,
             },
+            &cfg,
+            self.streaks.get(agent).cloned().unwrap_or_default(),
+            self.session_clock,
         );
+        self.running.insert(agent.clone(), running);
+        let TaskSide {
+            orders: orders_rx,
+            activity,
+            stop_note,
+            noted,
+        } = side;
         let tx = self.tx.clone();
         let name = agent.clone();
         let dir = self.root.agent(agent);
@@ -232,6 +206,11 @@ impl Daemon {
         let iteration_store = dir.store.clone();
         // On this host, or on a worker (`[cluster]`, `local_sessions = false`).
         let target = self.remote.clone().map(|remote| {
+            let keep = remote::Keep {
+                root: self.root.clone(),
+                agent: agent.clone(),
+                session_id: session_id.clone(),
+            };
             let (tx, agent) = (self.tx.clone(), agent.clone());
             remote::Target {
                 remote,
@@ -240,6 +219,7 @@ impl Daemon {
                     let agent = agent.clone();
                     let _ = tx.send(Event::SessionHost { agent, host });
                 }),
+                keep,
             }
         });
         let (launched, spec) = match planned {
@@ -310,25 +290,20 @@ impl Daemon {
                 }
                 _ => unreachable!("a session is launched now or has a workspace plan"),
             };
-            let meter = crate::daemon::meter::Meter::new(cfg.session.session_budget.max_tokens);
             let settings = cfg.session.iteration.clone();
             let repo = cfg.session.workspace.as_ref().map(|w| w.repo.clone());
-            let mut observer = Observer {
-                meter,
-                output: SessionOutput::new(),
-                agent: name.clone(),
-                tx: tx.clone(),
-                scanners: Default::default(),
-                completed: false,
-                activity,
-                ending: EndingNote {
-                    agent: cfg,
-                    dir,
-                    session_id,
+            let mut observer = Observer::new(
+                cfg,
+                dir,
+                session_id,
+                tx.clone(),
+                TaskSide {
+                    orders: orders_rx.clone(),
+                    activity,
                     stop_note,
                     noted,
                 },
-            };
+            );
             let orders_again = orders_rx.clone();
             let run = async {
                 match launched {
@@ -425,15 +400,12 @@ type Marker = (String, String);
 /// An agent's recovery at start: a torn journal noted, the processes of a
 /// session of a daemon that died ended, a session left running recorded,
 /// messages claimed by no running session returned. The errors to raise.
-fn recover_agent(
-    agent: &AgentConfig,
-    dir: &AgentDir,
-    now: Timestamp,
-) -> (Vec<ErrorRecord>, Option<Marker>) {
+fn recover_agent(agent: &AgentConfig, root: &StateRoot, remote: bool, now: Timestamp) -> Recovered {
+    let dir = &root.agent(&agent.name);
     let mut records = Vec::new();
     let mut swept = None;
     if !crate::fsx::is_dir(&dir.path) {
-        return (records, swept);
+        return (records, swept, None);
     }
     // A crash in the middle of an append leaves a torn last line:
     // readers skip it and the next append starts on a fresh line.
@@ -454,6 +426,11 @@ fn recover_agent(
     // processes running: end them before their session is recorded,
     // or the agent would run twice.
     let session = dir.read::<Session>();
+    // A session on a worker that may still run (cluster mode): followed
+    // again, not recorded interrupted (see `daemon::adopt`).
+    if let Some(record) = remote_at_start(agent, root, remote, &session, &mut records) {
+        return (records, None, Some(record));
+    }
     if let Ok(Some(s)) = &session
         && hooks::stale(dir, s, agent.session.timeout, now).is_some()
         && let Some(owner) = s.owner_pid
@@ -492,7 +469,57 @@ fn recover_agent(
             agent.name
         ),
     }
-    (records, swept)
+    (records, swept, None)
+}
+
+/// What an agent's recovery at start came to: the errors to raise, the
+/// marker of a dead daemon's session to sweep again, a remote session to
+/// adopt.
+type Recovered = (
+    Vec<ErrorRecord>,
+    Option<Marker>,
+    Option<crate::daemon::adopt::RemoteRecord>,
+);
+
+/// `agent`'s remote session record at start ([`adopt::at_start`]): the
+/// record of a session to adopt, or `None` (the record removed when it
+/// served, its problems noted in `records`).
+fn remote_at_start(
+    agent: &AgentConfig,
+    root: &StateRoot,
+    remote: bool,
+    session: &Result<Option<Session>>,
+    records: &mut Vec<ErrorRecord>,
+) -> Option<crate::daemon::adopt::RemoteRecord> {
+    use crate::daemon::adopt::{self, AtStart};
+    let record = match adopt::read(root, &agent.name) {
+        Ok(r) => r,
+        Err(e) => {
+            records.push(
+                ErrorRecord::new(Code::StateCorrupt, format!("{}: {e}", agent.name))
+                    .agent(&agent.name),
+            );
+            let _ = adopt::remove(root, &agent.name);
+            return None;
+        }
+    };
+    let mode = adopt::Mode {
+        remote,
+        verify: !agent.session.iteration.verify.is_empty(),
+    };
+    let session = session.as_ref().ok().and_then(Option::as_ref);
+    let forget = match adopt::at_start(session, record, mode) {
+        AtStart::Adopt(record) => return Some(record),
+        AtStart::Recover { forget } => forget,
+        AtStart::Cannot { why, forget } => {
+            tracing::warn!(agent = %agent.name, "{why}: recorded interrupted; its worker ends it when its lease is fenced or it ends by itself");
+            forget
+        }
+    };
+    if forget && let Err(e) = adopt::remove(root, &agent.name) {
+        tracing::warn!(agent = %agent.name, "cannot remove {}: {e}", adopt::path(root, &agent.name).display());
+    }
+    None
 }
 
 /// Return to the inbox, without counting an attempt, the messages claimed
@@ -709,20 +736,27 @@ fn conversation_to_continue(
 /// Sessions left `running` by a process that is gone (a previous daemon
 /// killed, a crashed script) become errors; their messages go back.
 /// (Returns the records to raise.)
-pub(super) fn recover(config: &Config, root: &StateRoot) -> Vec<ErrorRecord> {
+pub(super) fn recover(
+    config: &Config,
+    root: &StateRoot,
+) -> (
+    Vec<ErrorRecord>,
+    Vec<(AgentName, crate::daemon::adopt::RemoteRecord)>,
+) {
     let now = Timestamp::now();
+    let remote = config.cluster.as_ref().is_some_and(|c| !c.local_sessions);
     // Each agent's recovery touches its own files only: on a few
     // threads (at 10,000 agents this was a fifth of a start).
     let agents: Vec<&AgentConfig> = config.working_agents().collect();
-    let recovered: Vec<(Vec<ErrorRecord>, Option<Marker>)> =
-        crate::daemon::fanout::map(&agents, |agent| {
-            recover_agent(agent, &root.agent(&agent.name), now)
-        });
+    let recovered: Vec<Recovered> =
+        crate::daemon::fanout::map(&agents, |agent| recover_agent(agent, root, remote, now));
     let mut records = Vec::new();
     let mut markers = Vec::new();
-    for (r, m) in recovered {
+    let mut adopt = Vec::new();
+    for ((r, m, a), agent) in recovered.into_iter().zip(&agents) {
         records.extend(r);
         markers.extend(m);
+        adopt.extend(a.map(|a| (agent.name.clone(), a)));
     }
     // A child the dead daemon forked an instant before it died carries
     // its marker only once it has exec'd (until then /proc shows the
@@ -740,5 +774,82 @@ pub(super) fn recover(config: &Config, root: &StateRoot) -> Vec<ErrorRecord> {
             );
         }
     }
-    records
+    (records, adopt)
+}
+
+/// A session just begun (by `session begin` or adopted from a previous
+/// controller): what its [`Running`] starts from.
+pub(super) struct Begun {
+    pub(super) session_id: String,
+    pub(super) instance: String,
+    pub(super) started_at: Timestamp,
+    pub(super) owner_lock: Option<crate::owner::OwnerLock>,
+    pub(super) claimed: Vec<crate::inbox::Message>,
+    pub(super) conversation: Option<(String, bool)>,
+}
+
+/// What a session's task shares with its [`Running`].
+pub(super) struct TaskSide {
+    pub(super) orders: watch::Receiver<runner::Orders>,
+    pub(super) activity: std::sync::Arc<observer::Activity>,
+    pub(super) stop_note: StopNote,
+    pub(super) noted: observer::Noted,
+}
+
+impl Running {
+    /// A session begun: its machine told so (on `clock`), nothing run yet.
+    pub(super) fn begun(
+        begun: Begun,
+        cfg: &AgentConfig,
+        streak: Streak,
+        clock: SessionClock,
+    ) -> (Running, TaskSide) {
+        let (orders_tx, orders_rx) = watch::channel(runner::Orders::default());
+        let stop_note = StopNote::default();
+        let noted = observer::Noted::default();
+        // Its lifecycle, fed live. Its output is told at its timers (the
+        // stall timer); with `verify`, it orders the session's task what
+        // follows each run and each verification (`iterations::more`).
+        let activity = observer::Activity::new();
+        let mut live = machine::Session::new(machine::Settings::of(cfg), streak);
+        live.on(
+            machine::Event::Begin {
+                session_id: begun.session_id.clone(),
+            },
+            clock.now(),
+        );
+        let running = Running {
+            session_id: begun.session_id,
+            instance: begun.instance,
+            pid: None,
+            started_at: begun.started_at,
+            began: clock.now(),
+            machine: live,
+            clock,
+            timer: None,
+            orders: orders_tx,
+            activity: activity.clone(),
+            output_seen: 0,
+            stop_reason: None,
+            stop_note: stop_note.clone(),
+            noted: noted.clone(),
+            completed_by_signal: false,
+            signals_seen: 0,
+            global_discoveries: 0,
+            last_progress: None,
+            owner_lock: begun.owner_lock,
+            claimed: begun.claimed,
+            conversation: begun.conversation,
+            recording: false,
+            decided: None,
+            host: None,
+        };
+        let side = TaskSide {
+            orders: orders_rx,
+            activity,
+            stop_note,
+            noted,
+        };
+        (running, side)
+    }
 }

@@ -1,5 +1,5 @@
 //! Size caps on the texts that hooks, sessions and messages hand to the
-//! state files: a summary, the next priority, handoff notes, a failure
+//! state files, and the bounds on a session's cost and tokens: a summary, the next priority, handoff notes, a failure
 //! reason, a task's description, context and outcome. A text over its cap
 //! is cut (on a character boundary) and marked, never refused: a hook still
 //! records the session whatever a script passes it, and a huge text cannot
@@ -67,6 +67,15 @@ pub fn cap(field: Field, text: String) -> String {
 pub fn cap_opt(field: Field, text: Option<String>) -> Option<String> {
     text.map(|t| cap(field, t))
 }
+
+/// The most one session may cost: what `session end --cost-usd` and
+/// Claude Code's result may say. Past it the value is refused at input; a
+/// journal line from before the bound counts as this much (`usage`), so a
+/// budget still trips and no total prints as `inf`.
+pub const MAX_SESSION_COST_USD: f64 = 1_000_000.0;
+
+/// The most tokens one session may use (a trillion), bounded like its cost.
+pub const MAX_SESSION_TOKENS: u64 = 1_000_000_000_000;
 
 #[cfg(test)]
 mod tests {

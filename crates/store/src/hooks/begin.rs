@@ -51,12 +51,13 @@ pub struct BeginResult {
 
 /// The pre-session hook.
 pub fn begin(
-    agent: &AgentConfig,
+    agent: impl Into<AgentSettings>,
     dir: &AgentDir,
     req: &BeginRequest,
     now: Timestamp,
 ) -> Result<BeginResult> {
-    refuse_human(agent)?;
+    let agent = &agent.into();
+    refuse(agent)?;
     let lock = dir.lock()?;
     let mut notes = Vec::new();
     let mut args = Args::default();
@@ -66,10 +67,10 @@ pub fn begin(
             req.session_type.as_deref(),
             "the configured session type was used",
         )
-        .unwrap_or(agent.session.session_type);
+        .unwrap_or(agent.session_type);
     let timeout = args
         .duration("--timeout", req.timeout.as_deref())
-        .unwrap_or(agent.session.timeout);
+        .unwrap_or(agent.timeout);
     let sources_expected = args.count("--sources-expected", req.sources_expected.as_deref());
 
     let current: Session = dir.load(&lock, now, &mut notes)?;
@@ -104,7 +105,7 @@ pub fn begin(
                 notes,
             );
         }
-        let why = match owner_liveness(dir, &current, agent.session.timeout, now) {
+        let why = match owner_liveness(dir, &current, agent.timeout, now) {
             Liveness::Alive => return Err(busy(&current)),
             Liveness::Gone(why) => why,
         };
@@ -165,14 +166,14 @@ pub fn begin(
         dir,
         &session_id,
         now,
-        agent.session.inbox_settle,
+        agent.inbox_settle,
         req.files,
         &req.writing,
         req.known.as_deref(),
         req.listed.as_deref(),
     )?;
     let message_ids: Vec<String> = claim.claimed.iter().map(|m| m.id.clone()).collect();
-    let model = Args::text(req.model.as_deref()).unwrap_or_else(|| agent.session.model.clone());
+    let model = Args::text(req.model.as_deref()).unwrap_or_else(|| agent.model.clone());
     let disconfirmation_target = Args::text(req.disconfirmation_target.as_deref());
     let start = Event::SessionStart(SessionStart {
         session_id: session_id.clone(),
@@ -388,7 +389,7 @@ pub(super) fn next_id_base(last: &str, now_id: &str) -> (String, u32) {
 }
 
 /// Task messages add a pending task when received (once per message).
-pub(crate) fn add_tasks_from_messages(
+pub fn add_tasks_from_messages(
     dir: &AgentDir,
     lock: &AgentLock,
     messages: &[Message],

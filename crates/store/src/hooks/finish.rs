@@ -244,7 +244,7 @@ pub(super) struct Completion {
 
 /// The post-session hook.
 pub fn end(
-    agent: &AgentConfig,
+    agent: impl Into<AgentSettings>,
     dir: &AgentDir,
     req: &EndRequest,
     now: Timestamp,
@@ -266,7 +266,7 @@ pub fn end(
         tokens_used: args.count_at_most(
             "--tokens-used",
             req.tokens_used.as_deref(),
-            crate::usage::MAX_SESSION_TOKENS,
+            crate::state::caps::MAX_SESSION_TOKENS,
             "tokens",
         ),
         cost_usd: args.money("--cost-usd", req.cost_usd.as_deref()),
@@ -297,7 +297,7 @@ pub fn end(
         }
     };
     finish_request(
-        agent,
+        &agent.into(),
         dir,
         (req.session.as_deref(), &req.caller),
         ending,
@@ -308,7 +308,7 @@ pub fn end(
 
 /// The error hook.
 pub fn fail(
-    agent: &AgentConfig,
+    agent: impl Into<AgentSettings>,
     dir: &AgentDir,
     req: &FailRequest,
     now: Timestamp,
@@ -331,7 +331,7 @@ pub fn fail(
         r => r.to_string(),
     };
     finish_request(
-        agent,
+        &agent.into(),
         dir,
         (req.session.as_deref(), &req.caller),
         Ending::Failed {
@@ -554,14 +554,14 @@ fn stop_error(reason: &str, now: Timestamp) -> serde_json::Value {
 }
 
 pub(super) fn finish_request(
-    agent: &AgentConfig,
+    agent: &AgentSettings,
     dir: &AgentDir,
     (wanted, caller): (Option<&str>, &Caller),
     ending: Ending,
     mut args: Args,
     now: Timestamp,
 ) -> Result<FinishResult> {
-    refuse_human(agent)?;
+    refuse(agent)?;
     let ending = ending.capped();
     let lock = dir.lock()?;
     let mut notes = Vec::new();
@@ -579,7 +579,7 @@ pub(super) fn finish_request(
     if current.is_running()
         && wanted.is_none()
         && !caller.owns(&current)
-        && owner_liveness(dir, &current, agent.session.timeout, now) == Liveness::Alive
+        && owner_liveness(dir, &current, agent.timeout, now) == Liveness::Alive
     {
         return Err(Error::NotOwner {
             agent: dir.name.to_string(),
@@ -671,10 +671,10 @@ pub(super) fn finish_request(
                 agent: dir.name.to_string(),
                 session_id: new_session_id(dir, &current.session_id, now),
                 started_at: Some(now),
-                kind: agent.session.session_type,
+                kind: agent.session_type,
                 domain: agent.domain.clone(),
                 status: Some(SessionStatus::Running),
-                model: Some(agent.session.model.clone()),
+                model: Some(agent.model.clone()),
                 extra: current.extra,
                 ..Session::default()
             },
@@ -722,7 +722,7 @@ fn keep_word(
 /// Record the end of `session` in every file. Call with the lock held.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn finish(
-    _agent: &AgentConfig,
+    _agent: &AgentSettings,
     dir: &AgentDir,
     lock: &AgentLock,
     session: Session,

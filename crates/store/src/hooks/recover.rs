@@ -10,11 +10,12 @@ use super::*;
 /// record it as an error ("interrupted") and return its messages to the inbox.
 /// Used by `check --repair` (and, later, by the daemon at start-up).
 pub fn recover_stale(
-    agent: &AgentConfig,
+    agent: impl Into<AgentSettings>,
     dir: &AgentDir,
     reason: &str,
     now: Timestamp,
 ) -> Result<Option<FinishResult>> {
+    let agent = &agent.into();
     let lock = dir.lock()?;
     let mut notes = Vec::new();
     let current: Session = dir.load(&lock, now, &mut notes)?;
@@ -32,7 +33,7 @@ pub fn recover_stale(
         }
         return Ok(None);
     }
-    let why = match owner_liveness(dir, &current, agent.session.timeout, now) {
+    let why = match owner_liveness(dir, &current, agent.timeout, now) {
         Liveness::Alive => return Ok(None),
         Liveness::Gone(why) => why,
     };

@@ -17,8 +17,8 @@ pub fn record_usage(
     // The agent's output is its input: a figure past the bounds a script's
     // `session end` is held to is not recorded.
     let cost_usd = cost_usd
-        .filter(|c| c.is_finite() && (0.0..=crate::usage::MAX_SESSION_COST_USD).contains(c));
-    let tokens_used = tokens_used.filter(|t| *t <= crate::usage::MAX_SESSION_TOKENS);
+        .filter(|c| c.is_finite() && (0.0..=crate::state::caps::MAX_SESSION_COST_USD).contains(c));
+    let tokens_used = tokens_used.filter(|t| *t <= crate::state::caps::MAX_SESSION_TOKENS);
     if cost_usd.is_none() && tokens_used.is_none() && usage.is_none() {
         return Ok(false);
     }

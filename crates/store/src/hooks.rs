@@ -15,13 +15,13 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::agent_name::title_case;
+use crate::agent_name::{AgentName, title_case};
 use crate::clock::{FileClock, Timestamp};
-use crate::config::AgentConfig;
 use crate::error::{Error, Result};
 use crate::inbox::{self, Claim, Message, MessageType};
 use crate::state::AgentDir;
 use crate::state::atomic;
+use crate::state::bootstrap::AgentKind;
 use crate::state::caps::{self, Field};
 use crate::state::journal::{Event, SessionEnd, SessionFailed, SessionStart, SessionUpdated};
 use crate::state::lock::AgentLock;
@@ -122,7 +122,7 @@ impl Args {
     fn money(&mut self, flag: &'static str, value: Option<&str>) -> Option<f64> {
         let raw = value?;
         match raw.trim().trim_start_matches('$').parse::<f64>() {
-            Ok(n) if n > crate::usage::MAX_SESSION_COST_USD => {
+            Ok(n) if n > crate::state::caps::MAX_SESSION_COST_USD => {
                 self.note(
                     flag,
                     raw,
@@ -220,9 +220,44 @@ pub use finish::*;
 pub use record::*;
 pub use recover::*;
 
+/// What the hooks read of an agent's configuration. The store cannot name
+/// the config (the binary parses it, above the store): `agent-state`
+/// converts its `AgentConfig` (`impl From<&AgentConfig> for AgentSettings`,
+/// in `config::agent`), and every hook takes anything that converts, so its
+/// callers pass their `&AgentConfig` as before.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentSettings {
+    pub name: AgentName,
+    /// A human mailbox has no sessions: every hook refuses it.
+    pub kind: AgentKind,
+    /// report.json `domain`.
+    pub domain: Option<String>,
+    /// The session's type when `session begin --type` names none.
+    pub session_type: SessionType,
+    /// A session's timeout when `session begin --timeout` names none; how
+    /// long a session that recorded none may run before its owner counts as
+    /// gone when its lock cannot be checked.
+    pub timeout: Duration,
+    /// How long a message file must be left alone before `session begin`
+    /// claims it (a writer may still be at it).
+    pub inbox_settle: Duration,
+    /// session.json `model` when `session begin --model` names none.
+    pub model: String,
+}
+
+impl From<&AgentSettings> for AgentSettings {
+    fn from(agent: &AgentSettings) -> AgentSettings {
+        agent.clone()
+    }
+}
+
 /// A human mailbox has no sessions.
-pub fn refuse_human(agent: &AgentConfig) -> Result<()> {
-    if agent.kind == crate::config::AgentKind::Human {
+pub fn refuse_human(agent: impl Into<AgentSettings>) -> Result<()> {
+    refuse(&agent.into())
+}
+
+fn refuse(agent: &AgentSettings) -> Result<()> {
+    if agent.kind == AgentKind::Human {
         return Err(Error::Usage(format!(
             "{} is a human mailbox (kind = \"human\"): it has no sessions, tasks or metrics; send it messages instead",
             agent.name

@@ -1,0 +1,296 @@
+//! Remote sessions kept across a controller restart (issue 24).
+//!
+//! A session run on a worker does not die with the controller: in cluster
+//! mode (`[cluster] local_sessions = false`) a daemon that stops — by
+//! SIGTERM or killed outright — leaves its remote sessions running, and the
+//! next daemon *adopts* them: it follows their output again from the
+//! stream and records their end as if it had never gone.
+//!
+//! What makes that possible is one small file per agent,
+//! `.daemon/remote.AGENT`, written before the order is published and
+//! removed once the session's end is recorded: the order's id, the
+//! session's id, and how far the session's signals were carried out. At
+//! start, an agent whose session.json is still `running` with the session
+//! this file names is adopted instead of being recorded "interrupted:
+//! daemon restarted" ([`at_start`]).
+//!
+//! Signals: each signal in a session's output is carried out once. The
+//! file's `signals_through` is the last output chunk whose signals were
+//! handed to the loop, written before they are; a re-adopted session's
+//! output is fed again from its first chunk (the session log is rewritten
+//! from the stream, so it equals the worker's output), with the signals of
+//! chunks up to `signals_through` left out. A signal printed an instant
+//! before the controller died may be lost, never carried out twice.
+//!
+//! `.daemon/` is the service user's (`0750`). The file is read through
+//! `fsx` (no link followed, at most [`MAX_RECORD_BYTES`]); a file that is
+//! not a record is reported and the session recovered as before.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::agent_name::AgentName;
+use crate::clock::Timestamp;
+use crate::error::{Error, Result};
+use crate::state::session::Session;
+use crate::state::{StateRoot, atomic};
+
+const PREFIX: &str = "remote.";
+
+/// A record is a few hundred bytes; anything longer is not one.
+pub const MAX_RECORD_BYTES: u64 = 16 * 1024;
+
+/// A remote session of this agent, as the controller keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteRecord {
+    /// The agent's session (session.json's `session_id`).
+    pub session_id: String,
+    /// The order's id on the cluster (`AGENT_SESSION`, `-itN` for later
+    /// iterations): its output, end and lease are keyed by it.
+    pub order_id: String,
+    /// The credential group the order was published for.
+    pub group: String,
+    /// The run of the session the order is (1 for the first).
+    pub iteration: u32,
+    pub published_at: Timestamp,
+    /// The last output chunk whose signals were handed to the loop.
+    #[serde(default)]
+    pub signals_through: u64,
+}
+
+/// The record file for `agent`.
+pub fn path(root: &StateRoot, agent: &AgentName) -> PathBuf {
+    root.daemon_dir().join(format!("{PREFIX}{agent}"))
+}
+
+/// Write (or replace) `agent`'s record, durably.
+pub fn write(root: &StateRoot, agent: &AgentName, record: &RemoteRecord) -> Result<()> {
+    let mut text = serde_json::to_vec(record).map_err(|e| Error::Data(e.to_string()))?;
+    text.push(b'\n');
+    atomic::write_file(&root.store, &path(root, agent), &text, 0o640)
+}
+
+/// `agent`'s record: `Ok(None)` if there is none; an error naming the file
+/// and what to do if it is not one.
+pub fn read(root: &StateRoot, agent: &AgentName) -> Result<Option<RemoteRecord>> {
+    let path = path(root, agent);
+    let Some((bytes, more)) = crate::fsx::read_limited(&path, MAX_RECORD_BYTES)? else {
+        return Ok(None);
+    };
+    if more {
+        return Err(Error::Data(format!(
+            "{} is over {MAX_RECORD_BYTES} bytes: not a remote session record; remove it (its session, if any, is recorded interrupted)",
+            path.display()
+        )));
+    }
+    serde_json::from_slice::<RemoteRecord>(&bytes)
+        .map(Some)
+        .map_err(|e| {
+            Error::Data(format!(
+                "{} is not a remote session record ({e}); remove it (its session, if any, is recorded interrupted)",
+                path.display()
+            ))
+        })
+}
+
+/// `agent`'s record is done with (its session's end is recorded).
+pub fn remove(root: &StateRoot, agent: &AgentName) -> Result<()> {
+    crate::fsx::remove_file(&path(root, agent)).map(|_| ())
+}
+
+/// What the start does with an agent's session left running, given its
+/// remote record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AtStart {
+    /// Nothing of ours (no record, or one of a session that is over): the
+    /// record, if any, is removed; recovery as before.
+    Recover { forget: bool },
+    /// A remote session that may still run: followed again.
+    Adopt(RemoteRecord),
+    /// A remote session this daemon cannot follow: recovered as before
+    /// (interrupted), for the reason said.
+    Cannot { why: String, forget: bool },
+}
+
+/// How this daemon runs sessions, for [`at_start`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mode {
+    /// `[cluster]` with `local_sessions = false`.
+    pub remote: bool,
+    /// The agent has `[agent.session.iteration] verify`: its later runs
+    /// start from the first one's spec, which is not kept.
+    pub verify: bool,
+}
+
+/// Pure: an agent's session.json as read at start, and its record.
+pub fn at_start(session: Option<&Session>, record: Option<RemoteRecord>, mode: Mode) -> AtStart {
+    let Some(record) = record else {
+        return AtStart::Recover { forget: false };
+    };
+    let running = session.filter(|s| s.is_running());
+    let Some(s) = running else {
+        return AtStart::Recover { forget: true };
+    };
+    if s.session_id != record.session_id {
+        return AtStart::Recover { forget: true };
+    }
+    let cannot = |why: String| AtStart::Cannot { why, forget: true };
+    if !mode.remote {
+        return cannot(format!(
+            "session {} ran on a worker (order {}), but this daemon runs sessions on this host ([cluster] local_sessions is not false): it cannot follow it",
+            s.session_id, record.order_id
+        ));
+    }
+    if mode.verify || record.iteration > 1 {
+        return cannot(format!(
+            "session {} has verification runs ([agent.session.iteration] verify): a restarted controller does not keep those",
+            s.session_id
+        ));
+    }
+    AtStart::Adopt(record)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::StateDoc;
+    use crate::state::session::SessionStatus;
+
+    fn record(sid: &str) -> RemoteRecord {
+        RemoteRecord {
+            session_id: sid.into(),
+            order_id: format!("rio_{sid}"),
+            group: "default".into(),
+            iteration: 1,
+            published_at: Timestamp::parse("2026-11-27T10:00:00Z").unwrap(),
+            signals_through: 0,
+        }
+    }
+
+    fn session(sid: &str, status: SessionStatus) -> Session {
+        let mut s = Session::fresh("rio");
+        s.session_id = sid.into();
+        s.status = Some(status);
+        s
+    }
+
+    const REMOTE: Mode = Mode {
+        remote: true,
+        verify: false,
+    };
+
+    #[test]
+    fn what_the_start_does_with_each_session_and_record() {
+        use SessionStatus::*;
+        let running = session("20261127-100000", Running);
+        let ended = session("20261127-100000", Completed);
+        let other = session("20261127-110000", Running);
+        let later = RemoteRecord {
+            iteration: 2,
+            ..record("20261127-100000")
+        };
+        let local = Mode {
+            remote: false,
+            verify: false,
+        };
+        let verify = Mode {
+            remote: true,
+            verify: true,
+        };
+        let adopt = AtStart::Adopt(record("20261127-100000"));
+        type Row<'a> = (
+            &'a str,
+            Option<&'a Session>,
+            Option<RemoteRecord>,
+            Mode,
+            AtStart,
+        );
+        let table: Vec<Row> = vec![
+            (
+                "no record",
+                Some(&running),
+                None,
+                REMOTE,
+                AtStart::Recover { forget: false },
+            ),
+            (
+                "running, its record",
+                Some(&running),
+                Some(record("20261127-100000")),
+                REMOTE,
+                adopt,
+            ),
+            (
+                "ended: the record is stale",
+                Some(&ended),
+                Some(record("20261127-100000")),
+                REMOTE,
+                AtStart::Recover { forget: true },
+            ),
+            (
+                "no session.json",
+                None,
+                Some(record("20261127-100000")),
+                REMOTE,
+                AtStart::Recover { forget: true },
+            ),
+            (
+                "another session runs",
+                Some(&other),
+                Some(record("20261127-100000")),
+                REMOTE,
+                AtStart::Recover { forget: true },
+            ),
+        ];
+        for (what, s, r, mode, want) in table {
+            assert_eq!(at_start(s, r, mode), want, "{what}");
+        }
+        for (what, r, mode) in [
+            ("now local", record("20261127-100000"), local),
+            ("verify", record("20261127-100000"), verify),
+            ("a later iteration", later, REMOTE),
+        ] {
+            assert!(
+                matches!(
+                    at_start(Some(&running), Some(r), mode),
+                    AtStart::Cannot { forget: true, .. }
+                ),
+                "{what}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_record_reads_back_and_a_bad_one_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = StateRoot::new(dir.path());
+        std::fs::create_dir(root.daemon_dir()).unwrap();
+        let rio = AgentName::parse("rio").unwrap();
+        assert_eq!(read(&root, &rio).unwrap(), None);
+        let r = record("20261127-100000");
+        write(&root, &rio, &r).unwrap();
+        assert_eq!(read(&root, &rio).unwrap(), Some(r));
+        std::fs::write(path(&root, &rio), b"{\"session_id\": 3}").unwrap();
+        let e = read(&root, &rio).unwrap_err().to_string();
+        assert!(
+            e.contains("remote.rio") && e.contains("not a remote session record"),
+            "{e}"
+        );
+        std::fs::write(
+            path(&root, &rio),
+            vec![b' '; MAX_RECORD_BYTES as usize + 10],
+        )
+        .unwrap();
+        let e = read(&root, &rio).unwrap_err().to_string();
+        assert!(e.contains("over"), "{e}");
+        // A link is not followed.
+        std::fs::remove_file(path(&root, &rio)).unwrap();
+        let elsewhere = dir.path().join("elsewhere");
+        std::fs::write(&elsewhere, serde_json::to_vec(&record("x")).unwrap()).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, path(&root, &rio)).unwrap();
+        assert!(read(&root, &rio).is_err());
+        remove(&root, &rio).unwrap();
+        assert_eq!(read(&root, &rio).unwrap(), None);
+    }
+}

@@ -1,0 +1,186 @@
+//! A controller restart in cluster mode (issue 24): the sessions it ran on
+//! workers go on, and the next controller follows them again — their
+//! output, signals and end recorded once, their messages acknowledged once.
+//! Gated like `cluster_executor` (`AGENT_STATE_NATS_TESTS=1`).
+
+use crate::cluster_executor::nats;
+use crate::cluster_executor::{cluster_env, go, log_of, session, wait_ready};
+use crate::cluster_worker::Worker;
+use crate::support::*;
+use nix::sys::signal::Signal;
+use serde_json::Value;
+use std::time::Duration;
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+/// Everything one session left, checked: one start and one end in the
+/// journal, completed, each line of its output once in its log (the lines
+/// before the restart were written again from the stream), each PROGRESS
+/// carried out once, its message acknowledged once, no interruption.
+fn recorded_once(env: &Env, agent: &str, sid: &str, message: &str) {
+    let s = session(env, agent);
+    assert_eq!(s["status"], "completed", "{s:#}");
+    assert_eq!(s["session_id"], sid, "{s:#}");
+    let journal = env.journal(agent);
+    let of_it: Vec<&str> = journal
+        .iter()
+        .filter(|e| e["session_id"] == sid)
+        .filter_map(|e| e["event"].as_str())
+        .collect();
+    let count = |name: &str| of_it.iter().filter(|e| **e == name).count();
+    assert_eq!(count("session_start"), 1, "{of_it:?}");
+    assert_eq!(count("session_end"), 1, "{of_it:?}");
+    assert_eq!(count("error"), 0, "{of_it:?}");
+    let progress: Vec<&Value> = journal
+        .iter()
+        .filter(|e| e["event"] == "signal" && e["type"] == "PROGRESS")
+        .collect();
+    assert_eq!(
+        progress.len(),
+        2,
+        "each PROGRESS carried out once: {progress:#?}"
+    );
+    let log = log_of(env, agent);
+    for line in [
+        format!("{agent} before"),
+        "<axiom>PROGRESS:40</axiom>".to_string(),
+        "<axiom>PROGRESS:100</axiom>".to_string(),
+        format!("{agent} after"),
+    ] {
+        assert_eq!(
+            log.matches(&line).count(),
+            1,
+            "{line:?} once in the log:\n{log}"
+        );
+    }
+    assert_eq!(state(env, agent, "report.json")["progress"], 100);
+    let processed = env.files(agent, "inbox/processed");
+    assert_eq!(
+        processed.iter().filter(|n| n.contains(message)).count(),
+        1,
+        "the message acknowledged once: {processed:?}"
+    );
+    assert!(env.waiting(agent).is_empty(), "{:?}", env.waiting(agent));
+    assert!(
+        !env.error_log().contains("SESSION_INTERRUPTED"),
+        "{}",
+        env.error_log()
+    );
+}
+
+/// rio's session runs on w1 when the controller is SIGKILLed; theseus's
+/// when it gets SIGTERM (it exits without waiting for the session, saying
+/// it leaves it running). Each time the next controller follows the
+/// session again, and its end is recorded as if the controller had never
+/// gone; the worker ran each session once.
+#[test]
+fn a_restarted_controller_follows_its_remote_sessions_again() {
+    let Some(binary) = nats::server_binary("cluster_adopt") else {
+        return;
+    };
+    let servers = nats::NatsCluster::start(&binary, 3);
+    wait_ready(&servers);
+    let env = cluster_env(&servers, "60s", "");
+    env.script(
+        "agent.sh",
+        &format!(
+            r#"dir={:?}
+echo "$1 before"
+echo "<axiom>PROGRESS:40</axiom>"
+while [ ! -e "$dir/go-$1" ]; do sleep 0.05; done
+echo "<axiom>PROGRESS:100</axiom>"
+echo "$1 after""#,
+            env.dir.path()
+        ),
+    );
+    let worker = Worker::start(&env, "w1");
+    worker.wait_registered();
+
+    // Killed outright.
+    let mut d = env.daemon();
+    let message = env.send("marcus", "rio", &[]);
+    env.ok(&["wake", "rio"]);
+    // Carried out whole: report.json first, then the journal's line.
+    d.wait_until(secs(60), "rio's PROGRESS:40 journaled", || {
+        env.events("rio", "signal").len() == 1
+    });
+    d.wait_until(secs(20), "daemon.json names w1", || {
+        d.heartbeat()["running"][0]["host"] == "w1"
+    });
+    let sid = session(&env, "rio")["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    d.kill9();
+    let d2 = env.daemon();
+    d2.wait_until(secs(30), "the new controller follows rio's session", || {
+        d2.log_text()
+            .contains("followed again after the controller's restart")
+            && d2.heartbeat()["running"][0]["host"] == "w1"
+    });
+    assert_eq!(session(&env, "rio")["status"], "running");
+    assert_eq!(
+        session(&env, "rio")["owner_pid"],
+        d2.pid,
+        "the new controller owns it"
+    );
+    go(&env, "rio");
+    d2.wait_until(secs(60), "rio's session completed", || {
+        session(&env, "rio")["status"] == "completed" && d2.idle()
+    });
+    recorded_once(&env, "rio", &sid, &message);
+
+    // Stopped (SIGTERM): it leaves the session running and exits.
+    let mut d2 = d2;
+    let message = env.send("marcus", "theseus", &[]);
+    env.ok(&["wake", "theseus"]);
+    d2.wait_until(secs(60), "theseus's PROGRESS:40 journaled", || {
+        env.events("theseus", "signal").len() == 1 && d2.heartbeat()["running"][0]["host"] == "w1"
+    });
+    let sid = session(&env, "theseus")["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    d2.signal(Signal::SIGTERM);
+    d2.wait_exit(secs(30));
+    assert!(
+        d2.log_text()
+            .contains("left running on w1 for the next controller"),
+        "{}",
+        d2.log_text()
+    );
+    assert_eq!(session(&env, "theseus")["status"], "running");
+    assert!(
+        !worker.log().contains("of theseus ended"),
+        "the worker did not end it:\n{}",
+        worker.log()
+    );
+    let d3 = env.daemon();
+    d3.wait_until(
+        secs(30),
+        "the new controller follows theseus's session",
+        || {
+            d3.log_text()
+                .contains("followed again after the controller's restart")
+        },
+    );
+    go(&env, "theseus");
+    d3.wait_until(secs(60), "theseus's session completed", || {
+        session(&env, "theseus")["status"] == "completed" && d3.idle()
+    });
+    recorded_once(&env, "theseus", &sid, &message);
+    assert!(
+        !env.root.join(".daemon/remote.rio").exists()
+            && !env.root.join(".daemon/remote.theseus").exists(),
+        "the order records are removed once the ends are recorded"
+    );
+    let log = worker.log();
+    assert_eq!(
+        log.matches("of theseus started").count(),
+        1,
+        "the worker ran it once:\n{log}"
+    );
+    assert_eq!(log.matches("of rio started").count(), 1, "{log}");
+}
