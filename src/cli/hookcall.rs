@@ -223,7 +223,9 @@ fn ask(socket: &Path, call: &HookCall) -> std::result::Result<HookAnswer, Socket
         .map_err(SocketError::Send)?;
     let mut answer = Vec::new();
     (&mut stream)
-        .take(4 * MAX_OUTPUT_BYTES as u64 + 64 * 1024)
+        // Each output at most MAX_OUTPUT_BYTES, JSON-escaped (at most six
+        // bytes a byte), and the rest of the answer.
+        .take(12 * MAX_OUTPUT_BYTES as u64 + 64 * 1024)
         .read_to_end(&mut answer)
         .map_err(SocketError::Answer)?;
     if answer.is_empty() {
