@@ -37,8 +37,11 @@
 //! `record`, `send`) are served by [`hooks`], started once connected: run
 //! here, for the lease's holder only.
 //!
+//! The reconcile ([`Remote::reconcile`], every 5 minutes) fences leases
+//! held for orders this controller does not run.
+//!
 //! Not done yet (issue 24): workspaces (a session with
-//! `[agent.session.workspace]` is refused on a worker), and the reconcile.
+//! `[agent.session.workspace]` is refused on a worker).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -90,6 +93,8 @@ pub struct Remote {
     /// The config the sessions' hook calls run with.
     config: std::path::PathBuf,
     connected: OnceCell<Connected>,
+    /// The orphan leases the last reconcile saw: `(agent, order)`.
+    orphans: std::sync::Mutex<std::collections::BTreeSet<(String, String)>>,
 }
 
 /// What went wrong talking to the cluster.
@@ -159,11 +164,69 @@ impl Remote {
             clock,
             config: config.to_path_buf(),
             connected: OnceCell::new(),
+            orphans: Default::default(),
         }))
     }
 
     pub fn settings(&self) -> &ClusterSettings {
         &self.settings
+    }
+
+    /// The reconcile (every 5 minutes): the leases held on the cluster
+    /// against the orders this controller runs (`running`: by agent, the
+    /// order id of its session, `AGENT_SESSION`). A lease held for an order
+    /// it does not run is said; seen so again at the next reconcile, it is
+    /// fenced, so that its worker ends that session and the agent's next
+    /// order can run ([`agent_state_cluster::reconcile`]). A cluster that
+    /// cannot be reached is said and left for the next time.
+    pub async fn reconcile(&self, running: BTreeMap<String, String>) {
+        let conn = match ask("connecting", self.connected()).await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(
+                    "reconcile: cannot reach the cluster: {e}; tried again at the next reconcile"
+                );
+                return;
+            }
+        };
+        let leases = match ask("listing the leases", conn.leases.all()).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!("reconcile: {e}; tried again at the next reconcile");
+                return;
+            }
+        };
+        let before = self
+            .orphans
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let found = agent_state_cluster::reconcile(&leases, &running, &before);
+        for o in &found.watch {
+            tracing::warn!(agent = %o.agent, host = %o.holder, "reconcile: the lease run/{} is held by {} for order {}, which this controller does not run; fenced at the next reconcile if it still is", o.agent, o.holder, o.order);
+        }
+        let mut remember = found.remember;
+        for o in &found.fence {
+            match ask("fencing the lease", conn.leases.fence(&o.agent, o.revision)).await {
+                Ok(()) => {
+                    tracing::warn!(agent = %o.agent, host = %o.holder, "reconcile: fenced the lease run/{} of order {} on {}, which this controller does not run (seen at two reconciles): that worker ends the session", o.agent, o.order, o.holder)
+                }
+                // Renewed between the read and the fence: still an orphan,
+                // fenced at the next reconcile.
+                Err(e) => {
+                    tracing::warn!(agent = %o.agent, "reconcile: {e}; tried again at the next reconcile");
+                    remember.insert((o.agent.clone(), o.order.clone()));
+                }
+            }
+        }
+        tracing::info!(
+            "reconcile: {} lease(s) held, {} session(s) of this controller, {} orphan(s) seen, {} fenced",
+            leases.len(),
+            running.len(),
+            found.watch.len(),
+            found.fence.len()
+        );
+        *self.orphans.lock().unwrap_or_else(|e| e.into_inner()) = remember;
     }
 
     async fn connected(&self) -> Result<&Connected, RemoteError> {

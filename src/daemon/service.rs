@@ -85,6 +85,17 @@ use crate::state::{AgentDir, StateRoot, bootstrap};
 /// How often the reconcile scan looks at every inbox, as a backstop to the
 /// watcher. It also refreshes the heartbeat.
 const RECONCILE_EVERY: Duration = Duration::from_secs(300);
+/// [`RECONCILE_EVERY`], or a test's (`AGENT_STATE_TEST_RECONCILE`: a
+/// reconcile cannot be waited 5 minutes for in a test; operators never set
+/// it).
+fn reconcile_every() -> Duration {
+    std::env::var("AGENT_STATE_TEST_RECONCILE")
+        .ok()
+        .and_then(|t| humantime::parse_duration(&t).ok())
+        .filter(|d| !d.is_zero())
+        .unwrap_or(RECONCILE_EVERY)
+}
+
 /// How often the daemon checks that its root's lock is still its own.
 const ROOT_CHECK_EVERY: Duration = Duration::from_secs(5);
 
@@ -754,7 +765,7 @@ pub async fn run(config_path: &Path, web: WebHook) -> Result<()> {
         sigusr2,
         stall_allowed,
         watchdog: systemd::watchdog_interval().map(every),
-        reconcile: every(RECONCILE_EVERY),
+        reconcile: every(reconcile_every()),
         health_every: config.health.interval,
         health: every(config.health.interval),
         // Is `.daemon/lock` still ours (the root not removed and made again)?
@@ -1144,6 +1155,15 @@ impl Daemon {
                 self.scan_all_inboxes();
                 self.daemon_requests();
                 self.published.heartbeat_written = false;
+                // Cluster mode: the leases against the sessions run here.
+                if let Some(remote) = self.remote.clone() {
+                    let running = self
+                        .running
+                        .iter()
+                        .map(|(a, r)| (a.to_string(), format!("{a}_{}", r.session_id)))
+                        .collect();
+                    tokio::spawn(async move { remote.reconcile(running).await });
+                }
             }
             Event::HealthDue => {
                 self.check_health(true);

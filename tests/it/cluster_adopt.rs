@@ -184,3 +184,115 @@ echo "$1 after""#,
     );
     assert_eq!(log.matches("of rio started").count(), 1, "{log}");
 }
+
+/// The reconcile (its period shortened by the test-only
+/// AGENT_STATE_TEST_RECONCILE): a lease held for an order the controller
+/// does not run (theseus's, taken by a "ghost" host) is said at one
+/// reconcile and fenced at the next; the lease of rio's session, running
+/// on w1 meanwhile, is left alone, and the session completes.
+#[test]
+fn the_reconcile_fences_a_lease_held_for_no_session_of_the_controller() {
+    let Some(binary) = nats::server_binary("cluster_adopt") else {
+        return;
+    };
+    let servers = nats::NatsCluster::start(&binary, 3);
+    wait_ready(&servers);
+    let env = cluster_env(&servers, "60s", "");
+    env.script(
+        "agent.sh",
+        &format!(
+            r#"dir={:?}
+echo "$1 before"
+while [ ! -e "$dir/go-$1" ]; do sleep 0.05; done
+echo "$1 after""#,
+            env.dir.path()
+        ),
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let settings = servers.settings();
+    let (_cluster, _, leases) =
+        rt.block_on(servers.connect(&settings, "test", agent_state_cluster::LeaseTiming::DEFAULT));
+    let ghost = rt
+        .block_on(leases.take("theseus", "ghost", "theseus_20200101-000000"))
+        .expect("the ghost's lease");
+    let worker = Worker::start(&env, "w1");
+    worker.wait_registered();
+    let d = Daemon::start(&env, &[("AGENT_STATE_TEST_RECONCILE", "2s")]);
+    env.ok(&["wake", "rio"]);
+    d.wait_until(secs(60), "rio's session runs on w1", || {
+        d.heartbeat()["running"][0]["host"] == "w1"
+    });
+    d.wait_until(secs(60), "the reconcile fenced the ghost's lease", || {
+        d.log_text()
+            .contains("fenced the lease run/theseus of order theseus_20200101-000000 on ghost")
+    });
+    let log = d.log_text();
+    let said = log
+        .find("the lease run/theseus is held by ghost for order theseus_20200101-000000, which this controller does not run")
+        .expect("said at the first reconcile");
+    let fenced = log.find("fenced the lease run/theseus").unwrap();
+    assert!(said < fenced, "said before it is fenced:\n{log}");
+    let current = |agent: &str| rt.block_on(leases.current(agent)).unwrap();
+    assert!(current("theseus").is_none(), "the ghost's lease is gone");
+    assert!(
+        rt.block_on(leases.renew(&ghost)).is_err(),
+        "the ghost can no longer renew it"
+    );
+    let rio = current("rio").expect("rio's lease is left alone");
+    assert_eq!(rio.value.holder, "w1");
+    assert!(!log.contains("fenced the lease run/rio"), "{log}");
+    assert_eq!(session(&env, "rio")["status"], "running");
+    go(&env, "rio");
+    d.wait_until(secs(60), "rio's session completed", || {
+        session(&env, "rio")["status"] == "completed"
+    });
+    assert!(log_of(&env, "rio").contains("rio after"));
+}
+
+/// With sessions on workers, the agent's command is the workers' to find:
+/// the controller does not refuse a wake because the command is missing on
+/// its own host (it held the agent as AGENT_NOT_FOUND). The command exists
+/// only once the worker that runs it starts.
+#[test]
+fn the_controller_leaves_the_command_to_the_workers() {
+    let Some(binary) = nats::server_binary("cluster_adopt") else {
+        return;
+    };
+    let servers = nats::NatsCluster::start(&binary, 3);
+    wait_ready(&servers);
+    let env = Env::with_config("");
+    let later = env.tmp("on-the-worker.sh");
+    let config = daemon_config(
+        &later,
+        &[],
+        &[("wake_on_inbox", "\"never\"")],
+        "[[agent]]\nname = \"rio\"\n",
+    );
+    env.set_config(&format!(
+        "{config}\n[cluster]\nurls = {:?}\nreplicas = 3\nlocal_sessions = false\ndispatch_timeout = \"120s\"\n",
+        servers.urls()
+    ));
+    env.ok(&["bootstrap"]);
+    let d = env.daemon();
+    env.ok(&["wake", "rio"]);
+    d.wait_until(secs(30), "rio's order is published", || {
+        d.log_text().contains("order published to the workers")
+    });
+    assert_eq!(session(&env, "rio")["status"], "running");
+    assert!(
+        !env.error_log().contains("AGENT_NOT_FOUND"),
+        "{}",
+        env.error_log()
+    );
+    // The command exists on the worker's host now, and a worker starts.
+    env.script("on-the-worker.sh", "echo ran on the worker");
+    let worker = Worker::start(&env, "w1");
+    worker.wait_registered();
+    d.wait_until(secs(60), "rio's session completed", || {
+        session(&env, "rio")["status"] == "completed"
+    });
+    assert!(log_of(&env, "rio").contains("ran on the worker"));
+}

@@ -246,6 +246,38 @@ impl Leases {
         self.delete(agent, revision, "fence").await
     }
 
+    /// Every lease held now, by agent (the controller's reconcile). A key
+    /// that is no agent's lease is left out; one that does not read is an
+    /// error naming it.
+    pub async fn all(&self) -> Result<Vec<(String, LeaseRecord)>, LeaseError> {
+        use futures_util::TryStreamExt;
+        let nats = |source: Box<dyn std::error::Error + Send + Sync>| LeaseError::Nats {
+            agent: "*".to_string(),
+            operation: "list",
+            source,
+        };
+        let keys: Vec<String> = self
+            .store
+            .keys()
+            .await
+            .map_err(|e| nats(Box::new(e)))?
+            .try_collect()
+            .await
+            .map_err(|e| nats(Box::new(e)))?;
+        let mut agents: Vec<&str> = keys.iter().filter_map(|k| k.strip_prefix("run/")).collect();
+        agents.sort_unstable();
+        let mut out = Vec::new();
+        for agent in agents {
+            if key(agent).is_err() {
+                continue;
+            }
+            if let Some(record) = self.current(agent).await? {
+                out.push((agent.to_string(), record));
+            }
+        }
+        Ok(out)
+    }
+
     /// The lease as it is now, if anyone holds it.
     pub async fn current(&self, agent: &str) -> Result<Option<LeaseRecord>, LeaseError> {
         let key = key(agent)?;

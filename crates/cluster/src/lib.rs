@@ -40,8 +40,8 @@ pub use hooks::{Hook, HookAnswer, HookCall, HookRequest, Refusal};
 pub use keeper::{KeepEnd, keep, keep_sharing};
 pub use lease::{Lease, LeaseError, LeaseRecord, LeaseValue, Leases};
 pub use liveness::{
-    ControllerLeaseAction, LeaseTiming, TimingError, WorkerLeaseAction, controller_lease_action,
-    end_is_from_holder, worker_lease_action,
+    ControllerLeaseAction, LeaseTiming, Orphan, Reconciled, TimingError, WorkerLeaseAction,
+    controller_lease_action, end_is_from_holder, reconcile, worker_lease_action,
 };
 pub use session::{
     Chunk, Follow, Outcome, Output, OutputError, SessionEnd, SessionSpec, SpecError,

@@ -17,7 +17,10 @@
 //! The per-key TTL the server keeps (nats-server 2.11 and later) is set to
 //! the controller's fence time: the backstop when the controller is down.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
+
+use crate::lease::LeaseRecord;
 
 /// The three times of issue 24.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -299,5 +302,150 @@ mod tests {
                 "end {end}, lease {now:?}"
             );
         }
+    }
+}
+
+/// A lease held for an order the controller does not run: an orphan (a
+/// session of a controller that could not follow it again, an order taken
+/// after it was withdrawn, a session run by hand on the cluster).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Orphan {
+    pub agent: String,
+    /// The order's id (the lease's `session`).
+    pub order: String,
+    pub holder: String,
+    pub revision: u64,
+}
+
+/// What the controller's reconcile does this time.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reconciled {
+    /// Orphans seen at the last reconcile too: fenced now.
+    pub fence: Vec<Orphan>,
+    /// Orphans seen for the first time: said, fenced at the next reconcile
+    /// if still so (an order being started as the leases were read is
+    /// never one twice, 5 minutes apart).
+    pub watch: Vec<Orphan>,
+    /// The orphans to remember for the next reconcile: `(agent, order)`.
+    pub remember: BTreeSet<(String, String)>,
+}
+
+/// Pure: the leases held now, the orders the controller runs (by agent:
+/// its order ids' common prefix, `AGENT_SESSION`), and the orphans the last
+/// reconcile saw.
+pub fn reconcile(
+    leases: &[(String, LeaseRecord)],
+    running: &BTreeMap<String, String>,
+    seen_before: &BTreeSet<(String, String)>,
+) -> Reconciled {
+    let mut out = Reconciled::default();
+    for (agent, record) in leases {
+        let order = &record.value.session;
+        let ours = running
+            .get(agent)
+            .is_some_and(|prefix| order == prefix || order.starts_with(&format!("{prefix}-it")));
+        if ours {
+            continue;
+        }
+        let orphan = Orphan {
+            agent: agent.clone(),
+            order: order.clone(),
+            holder: record.value.holder.clone(),
+            revision: record.revision,
+        };
+        let key = (agent.clone(), order.clone());
+        if seen_before.contains(&key) {
+            out.fence.push(orphan);
+        } else {
+            out.remember.insert(key);
+            out.watch.push(orphan);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod reconcile_tests {
+    use super::*;
+    use crate::lease::LeaseValue;
+
+    fn lease(agent: &str, order: &str, revision: u64) -> (String, LeaseRecord) {
+        (
+            agent.to_string(),
+            LeaseRecord {
+                value: LeaseValue {
+                    holder: "w1".into(),
+                    session: order.into(),
+                    renewal: 3,
+                },
+                revision,
+            },
+        )
+    }
+
+    fn orphan(agent: &str, order: &str, revision: u64) -> Orphan {
+        Orphan {
+            agent: agent.into(),
+            order: order.into(),
+            holder: "w1".into(),
+            revision,
+        }
+    }
+
+    fn set(pairs: &[(&str, &str)]) -> BTreeSet<(String, String)> {
+        pairs
+            .iter()
+            .map(|(a, o)| (a.to_string(), o.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn an_orphan_lease_is_watched_once_and_fenced_when_seen_again() {
+        let running: BTreeMap<String, String> = [
+            ("rio".to_string(), "rio_20261127-100000".to_string()),
+            ("vida".to_string(), "vida_20261127-100000".to_string()),
+        ]
+        .into();
+        let leases = vec![
+            // Ours: the run, and a later iteration of it.
+            lease("rio", "rio_20261127-100000", 7),
+            lease("vida", "vida_20261127-100000-it2", 9),
+            // Not ours: no session of clay runs here; rio's old order.
+            lease("clay", "clay_20261127-090000", 4),
+            lease("leo", "leo_20261127-090000", 5),
+        ];
+        // First sighting: watched, remembered, nothing fenced.
+        let first = reconcile(&leases, &running, &BTreeSet::new());
+        assert_eq!(first.fence, vec![]);
+        assert_eq!(
+            first.watch,
+            vec![
+                orphan("clay", "clay_20261127-090000", 4),
+                orphan("leo", "leo_20261127-090000", 5)
+            ]
+        );
+        assert_eq!(
+            first.remember,
+            set(&[
+                ("clay", "clay_20261127-090000"),
+                ("leo", "leo_20261127-090000")
+            ])
+        );
+        // Seen again (renewed since: another revision): fenced at the
+        // revision read now. leo's lease is another order now: watched anew.
+        let again = vec![
+            lease("clay", "clay_20261127-090000", 40),
+            lease("leo", "leo_20261127-095000", 2),
+        ];
+        let second = reconcile(&again, &running, &first.remember);
+        assert_eq!(
+            second.fence,
+            vec![orphan("clay", "clay_20261127-090000", 40)]
+        );
+        assert_eq!(second.watch, vec![orphan("leo", "leo_20261127-095000", 2)]);
+        assert_eq!(second.remember, set(&[("leo", "leo_20261127-095000")]));
+        // A prefix is not a match: rio_20261127-1000001 is another session.
+        let other = vec![lease("rio", "rio_20261127-1000001", 1)];
+        assert_eq!(reconcile(&other, &running, &BTreeSet::new()).watch.len(), 1);
     }
 }

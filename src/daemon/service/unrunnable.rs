@@ -158,6 +158,12 @@ impl Daemon {
 
 /// What `agent`'s command is now, resolved as its session's spawn will.
 fn probe_command(config: &Config, root: &StateRoot, cfg: &AgentConfig) -> Probe {
+    // Sessions on workers (`local_sessions = false`): the command is the
+    // workers' to find, not this host's; a worker that cannot run it ends
+    // the order "not started", naming why.
+    if config.cluster.as_ref().is_some_and(|c| !c.local_sessions) {
+        return Probe::Unknown;
+    }
     let Some(program) = session::program(config, cfg) else {
         return Probe::Unknown;
     };
