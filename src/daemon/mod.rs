@@ -15,6 +15,7 @@ pub mod exposition;
 pub mod failure;
 pub mod fanout;
 pub mod files;
+pub mod fleet;
 pub mod health;
 pub mod logging;
 pub mod machine;

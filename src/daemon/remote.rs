@@ -95,6 +95,8 @@ pub struct Remote {
     connected: OnceCell<Connected>,
     /// The orphan leases the last reconcile saw: `(agent, order)`.
     orphans: std::sync::Mutex<std::collections::BTreeSet<(String, String)>>,
+    /// The worker registry as last read, for the metrics.
+    fleet: std::sync::Mutex<Option<super::fleet::Fleet>>,
 }
 
 /// What went wrong talking to the cluster.
@@ -108,6 +110,8 @@ pub enum RemoteError {
     Lease(#[from] LeaseError),
     #[error(transparent)]
     Output(#[from] OutputError),
+    #[error(transparent)]
+    Workers(#[from] agent_state_cluster::workers::WorkersError),
     #[error("cannot listen for the sessions' hook calls: {0}")]
     Hooks(String),
     #[error("{what}: no answer from NATS within {within:?}")]
@@ -138,6 +142,7 @@ struct Connected {
     dispatch: Dispatch,
     leases: Leases,
     output: OutputStreamOf,
+    workers: agent_state_cluster::workers::Workers,
 }
 
 impl Remote {
@@ -165,6 +170,7 @@ impl Remote {
             config: config.to_path_buf(),
             connected: OnceCell::new(),
             orphans: Default::default(),
+            fleet: Default::default(),
         }))
     }
 
@@ -229,6 +235,37 @@ impl Remote {
         *self.orphans.lock().unwrap_or_else(|e| e.into_inner()) = remember;
     }
 
+    /// Read the worker registry for the metrics ([`super::fleet`]); a
+    /// failed read is kept as such (the registry gauge says 0).
+    pub async fn refresh_fleet(&self) {
+        let read = match ask("connecting", self.connected()).await {
+            Ok(conn) => match ask("reading the worker registry", conn.workers.list()).await {
+                Ok(entries) => Ok(entries),
+                Err(e) => Err(e.to_string()),
+            },
+            Err(e) => Err(e.to_string()),
+        };
+        let fleet = match read {
+            Ok(entries) => super::fleet::Fleet {
+                workers: super::fleet::view(&entries, std::time::SystemTime::now()),
+                error: None,
+            },
+            Err(e) => {
+                tracing::debug!("the worker registry cannot be read for the metrics: {e}");
+                super::fleet::Fleet {
+                    workers: Vec::new(),
+                    error: Some(e),
+                }
+            }
+        };
+        *self.fleet.lock().unwrap_or_else(|e| e.into_inner()) = Some(fleet);
+    }
+
+    /// The worker registry as last read (`None`: not yet).
+    pub fn fleet(&self) -> Option<super::fleet::Fleet> {
+        self.fleet.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     async fn connected(&self) -> Result<&Connected, RemoteError> {
         self.connected
             .get_or_try_init(|| async {
@@ -243,6 +280,7 @@ impl Remote {
                     dispatch: cluster.dispatch().await?,
                     leases: cluster.leases(self.timing).await?,
                     output: cluster.output().await?,
+                    workers: cluster.workers().await?,
                 };
                 // Before any order goes out: its session's hook calls need
                 // an answer from its first line.

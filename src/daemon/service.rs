@@ -864,6 +864,19 @@ pub async fn run(config_path: &Path, web: WebHook) -> Result<()> {
             tokio::spawn(super::exporter::serve(listener, publishing.board.clone()));
         }
         daemon.metrics_out = Some(publishing);
+        // Cluster mode: the worker registry read for the metrics, each
+        // interval, off the loop (`daemon::fleet`).
+        if let Some(remote) = daemon.remote.clone() {
+            let every = daemon.config.metrics.interval.max(Duration::from_secs(1));
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(every);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tick.tick().await;
+                    remote.refresh_fleet().await;
+                }
+            });
+        }
         daemon.publish_metrics();
     }
     // The web view too: an address in use or an unreadable token file fails

@@ -296,3 +296,65 @@ fn the_controller_leaves_the_command_to_the_workers() {
     });
     assert!(log_of(&env, "rio").contains("ran on the worker"));
 }
+
+/// Metrics per worker: the controller's /metrics says each worker's state,
+/// slots, sessions, heartbeat age, whether it pulls, and each credential
+/// group's login, from the registry; a worker that stops is said stopped.
+/// (`promtool check metrics` too, where Prometheus' tools are installed.)
+#[test]
+fn the_controllers_metrics_say_each_workers_state() {
+    use crate::monitoring::{free_port, http_get, prometheus_tests_enabled, promtool_check};
+    let Some(binary) = nats::server_binary("cluster_adopt") else {
+        return;
+    };
+    let servers = nats::NatsCluster::start(&binary, 3);
+    wait_ready(&servers);
+    let env = cluster_env(&servers, "60s", "");
+    let port = free_port();
+    let config = std::fs::read_to_string(&env.config).unwrap();
+    let body = config.split_once('\n').map(|(_, b)| b).unwrap_or("");
+    env.set_config(&format!(
+        "{body}\n[metrics]\nlisten = \"127.0.0.1:{port}\"\ninterval = \"1s\"\n"
+    ));
+    let mut worker = Worker::start(&env, "w1");
+    worker.wait_registered();
+    let d = env.daemon();
+    let metrics = || {
+        http_get(port, "/metrics")
+            .map(|(_, b)| b)
+            .unwrap_or_default()
+    };
+    d.wait_until(secs(30), "w1 alive in the metrics", || {
+        metrics().contains("agent_state_worker_state{host=\"w1\",state=\"alive\"} 1")
+    });
+    let text = metrics();
+    for line in [
+        "agent_state_cluster_registry_up 1",
+        "agent_state_worker_slots{host=\"w1\"} 2",
+        "agent_state_worker_sessions{host=\"w1\"} 0",
+        "agent_state_worker_pulling{host=\"w1\"} 1",
+        "agent_state_worker_credential_working{host=\"w1\",group=\"default\"} 1",
+        "agent_state_worker_state{host=\"w1\",state=\"lost\"} 0",
+    ] {
+        assert!(text.contains(line), "{line} in:\n{text}");
+    }
+    assert!(text.contains("agent_state_worker_heartbeat_age_seconds{host=\"w1\"}"));
+    if prometheus_tests_enabled() {
+        let (ok, said) = promtool_check(&text);
+        assert!(ok, "promtool check metrics: {said}\n{text}");
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(worker.child.id() as i32),
+        Signal::SIGTERM,
+    )
+    .unwrap();
+    assert!(
+        poll_until(secs(30), || worker.child.try_wait().unwrap().is_some()),
+        "the worker did not exit after SIGTERM:\n{}",
+        worker.log()
+    );
+    d.wait_until(secs(30), "w1 stopped in the metrics", || {
+        metrics().contains("agent_state_worker_state{host=\"w1\",state=\"stopped\"} 1")
+    });
+    assert!(metrics().contains("agent_state_worker_pulling{host=\"w1\"} 0"));
+}

@@ -74,7 +74,7 @@ fn health_says_critical_without_a_daemon_ok_with_one_and_critical_once_it_is_kil
 
 // ---- metrics: a real Prometheus scraping the daemon -------------------------------------------
 
-fn prometheus_tests_enabled() -> bool {
+pub(crate) fn prometheus_tests_enabled() -> bool {
     if std::env::var("AGENT_STATE_PROMETHEUS_TESTS").as_deref() == Ok("1") {
         return true;
     }
@@ -84,7 +84,7 @@ fn prometheus_tests_enabled() -> bool {
     false
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -93,7 +93,7 @@ fn free_port() -> u16 {
 }
 
 /// GET over HTTP/1.0 (no chunked answers): status and body.
-fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+pub(crate) fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
@@ -118,7 +118,7 @@ fn percent_encode(q: &str) -> String {
 }
 
 /// `promtool check metrics` on `text`: its exit status and what it said.
-fn promtool_check(text: &str) -> (bool, String) {
+pub(crate) fn promtool_check(text: &str) -> (bool, String) {
     use std::io::Write;
     let mut child = std::process::Command::new("promtool")
         .args(["check", "metrics"])

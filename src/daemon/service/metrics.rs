@@ -183,6 +183,7 @@ impl Daemon {
             agent_index: &self.agent_index,
             started_at: self.started_at,
             now: self.clock.now(),
+            fleet: self.remote.as_ref().and_then(|r| r.fleet()),
         }
         .render();
         let publishing = self.metrics_out.as_mut().expect("checked above");
@@ -222,6 +223,8 @@ pub(super) struct Rendering<'a> {
     pub(super) agent_index: &'a std::collections::HashMap<AgentName, usize>,
     pub(super) started_at: Timestamp,
     pub(super) now: DateTime<Utc>,
+    /// The worker registry (cluster mode: `[cluster] local_sessions = false`).
+    pub(super) fleet: Option<crate::daemon::fleet::Fleet>,
 }
 
 impl Rendering<'_> {
@@ -577,6 +580,7 @@ impl Rendering<'_> {
         for (agent, c) in &self.tally.cost_usd {
             e.counter("agent_state_cost_usd_total", "", agent_label(agent), *c);
         }
+        crate::daemon::fleet::render(&mut e, self.fleet.as_ref());
         e.render()
     }
 }
