@@ -42,9 +42,15 @@
 //! `drained` in its record. SIGTERM (or SIGINT): it stops pulling, ends its
 //! sessions as above, writes a last record saying it stopped, and exits 0.
 //!
+//! A session's hook calls (`session begin|end|fail`, `record`, `send`)
+//! go to the controller: the session's `AGENT_STATE_HOOKS` names a socket
+//! of the worker's, which stamps each call with the order and the lease
+//! revision it holds and forwards it ([`hooks`]).
+//!
 //! What it does not do yet (issue 24): workspaces (git worktrees), cgroups,
-//! stall detection, forwarding hook calls, and a
-//! local copy of output the stream has not stored.
+//! stall detection, and a local copy of output the stream has not stored.
+
+mod hooks;
 
 use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt;
@@ -58,7 +64,7 @@ use agent_state_cluster::workers::unix_ms;
 use agent_state_cluster::{
     Cluster, ClusterSettings, CredentialState, KeepEnd, LeaseError, LeaseTiming, Leases,
     OrderQueue, Outcome, Output, PulledOrder, RunningSession, SessionEnd, SessionSpec,
-    WorkerRecord, Workers, keep,
+    WorkerRecord, Workers, keep_sharing,
 };
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
@@ -297,6 +303,9 @@ struct Shared {
     not_pulling: Mutex<Option<String>>,
     drained: watch::Receiver<bool>,
     stop: watch::Receiver<bool>,
+    /// The sessions' hook sockets and the line to the controller (`None`:
+    /// the private directory could not be made; sessions run without).
+    hooks: Option<Arc<hooks::Hooks>>,
 }
 
 impl Shared {
@@ -344,6 +353,7 @@ impl Shared {
 
 /// Everything the worker needs from the cluster.
 struct Connected {
+    cluster: Cluster,
     leases: Leases,
     output: Output,
     workers: Workers,
@@ -376,6 +386,7 @@ async fn connect(settings: &ClusterSettings, options: &Options) -> Result<Connec
         queues.push((group.clone(), dispatch.queue(group).await?));
     }
     Ok(Connected {
+        cluster,
         leases,
         output,
         workers,
@@ -429,11 +440,27 @@ pub async fn run(settings: ClusterSettings, options: Options) -> Result<(), Work
         }
     };
     let Connected {
+        cluster,
         leases,
         output,
         workers,
         queues,
     } = connected;
+    let hooks = match hooks::Hooks::new(cluster.client().clone(), settings.clone()) {
+        Ok(h) => {
+            log(format!(
+                "sessions' hook calls go to the controller through sockets in {}",
+                h.dir().display()
+            ));
+            Some(Arc::new(h))
+        }
+        Err(e) => {
+            log(format!(
+                "cannot make a private directory for the sessions' hook sockets: {e}; their hook calls reach no controller"
+            ));
+            None
+        }
+    };
 
     let (drained_tx, drained_rx) = watch::channel(false);
     let shared = Arc::new(Shared {
@@ -445,6 +472,7 @@ pub async fn run(settings: ClusterSettings, options: Options) -> Result<(), Work
         not_pulling: Mutex::new(None),
         drained: drained_rx,
         stop: stop_rx.clone(),
+        hooks,
     });
 
     // Register: the first heartbeat, with the drain request as it stands.
@@ -779,11 +807,34 @@ async fn session(shared: &Shared, pulled: PulledOrder) {
     }
 
     let started = SystemTime::now();
+    // The agent's session id, as a local session has it: the controller's
+    // order says it; a bare order (no controller) has its order id.
+    let agent_session = spec
+        .env
+        .get("AGENT_STATE_SESSION_ID")
+        .cloned()
+        .unwrap_or_else(|| id.clone());
+    let revision = Arc::new(AtomicU64::new(lease.revision));
+    let hook_socket = shared.hooks.as_ref().and_then(|h| {
+        h.listen(hooks::Stamp {
+            agent: order.agent.clone(),
+            session: agent_session.clone(),
+            order: id.clone(),
+            holder: host.clone(),
+            revision: revision.clone(),
+        })
+        .map_err(|e| {
+            log(format!(
+                "session {id}: cannot listen for its hook calls: {e}; they reach no controller"
+            ))
+        })
+        .ok()
+    });
     let mut command = tokio::process::Command::new(&spec.command);
     command
         .args(&spec.args)
         .envs(&spec.env)
-        .env("AGENT_STATE_SESSION_ID", &id)
+        .env("AGENT_STATE_SESSION_ID", &agent_session)
         .env("AGENT_STATE_AGENT", &order.agent)
         .env("AGENT_STATE_WORKER", &host)
         .stdin(if spec.stdin.is_some() {
@@ -797,6 +848,10 @@ async fn session(shared: &Shared, pulled: PulledOrder) {
     if let Some(cwd) = &spec.cwd {
         command.current_dir(cwd);
     }
+    match &hook_socket {
+        Some(socket) => command.env(agent_state_cluster::hooks::HOOKS_ENV, &socket.path),
+        None => command.env_remove(agent_state_cluster::hooks::HOOKS_ENV),
+    };
     let mut child = match command.spawn() {
         Ok(child) => child,
         Err(e) => {
@@ -843,7 +898,7 @@ async fn session(shared: &Shared, pulled: PulledOrder) {
     let (done_tx, done_rx) = oneshot::channel::<()>();
     let (kill_tx, kill_rx) = oneshot::channel::<Outcome>();
     let keeper = async {
-        let end = keep(
+        let end = keep_sharing(
             &shared.leases,
             shared.options.lease_timing,
             lease,
@@ -851,6 +906,7 @@ async fn session(shared: &Shared, pulled: PulledOrder) {
             async {
                 let _ = done_rx.await;
             },
+            &revision,
         )
         .await;
         let detail = match &end {
@@ -898,6 +954,8 @@ async fn session(shared: &Shared, pulled: PulledOrder) {
         "session {id} of {} ended: {:?}, {last_chunk} chunk(s)",
         order.agent, end.outcome
     ));
+    // No hook call is taken once the end is on its way.
+    drop(hook_socket);
     store_end(shared, &end).await;
     if let Some(lease) = release
         && let Err(e) = shared.leases.release(&lease).await

@@ -13,6 +13,7 @@ mod errors;
 mod events;
 mod flow;
 mod health;
+mod hookcall;
 mod inbox;
 pub(crate) mod json;
 mod metrics;
@@ -77,7 +78,9 @@ Exit codes (sysexits(3)):
   74  I/O error
   75  try again: a session is running, or a lock is held; `wake --wait`: not
       now, and it will pass (refused by a budget, a held credential or a
-      locked workspace, or no slot came free: the message says which)
+      locked workspace, or no slot came free: the message says which); a
+      hook of a session on a cluster worker could not reach the controller
+      (`session end`/`fail` only warn and exit 0)
   77  permission denied, or a session that another live owner holds
   78  configuration error (every problem is printed)";
 
@@ -203,6 +206,10 @@ pub enum Command {
     /// --work-dir or --min-free-memory it pulls nothing and says why. An
     /// order whose spec is malformed or too large, or whose cwd is a symlink
     /// or not a directory, ends "not started" naming the field.
+    /// A session's hook calls (session begin|end|fail, record, send) go
+    /// to the controller through a socket of the worker's
+    /// (AGENT_STATE_HOOKS), stamped with the session's lease: they need no
+    /// state root on this host.
     /// Until the servers answer, it retries every 2 s (and says so once).
     /// SIGTERM or SIGINT: it pulls no more, ends its sessions (SIGTERM to
     /// each group, SIGKILL after the grace), writes its last record
@@ -279,6 +286,13 @@ pub fn run(cli: Cli) -> Result<u8> {
     // The owner keeper needs no config: it only holds a lock.
     if let Command::Session(session::Command::Keep(a)) = &cli.command {
         return Ok(session::keep(a));
+    }
+    // A session on a cluster worker: its hook calls go to the controller
+    // through the worker (no state root here).
+    if let Some(socket) = hookcall::socket()
+        && let Some((hook, call)) = hookcall::call_of(&cli.command)?
+    {
+        return Ok(hookcall::forward(&socket, hook, &call));
     }
     // What sets up state, runs from the config or installs it needs the file
     // itself to be valid; everything else works on the daemon's last

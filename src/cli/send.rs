@@ -62,13 +62,7 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
     }
     let body = match (&args.body, &args.body_file) {
         (Some(b), _) => b.clone(),
-        (None, Some(p)) if p.as_os_str() == "-" => {
-            read_body(std::io::stdin().lock(), Path::new("standard input"))?
-        }
-        (None, Some(p)) => {
-            let file = std::fs::File::open(p).at("reading the body from", p)?;
-            read_body(file, p)?
-        }
+        (None, Some(p)) => body_of(p)?,
         (None, None) => String::new(),
     };
     let outgoing = Outgoing {
@@ -164,6 +158,16 @@ fn count_sent(
 
 fn is_permission_denied(e: &Error) -> bool {
     matches!(e, Error::Io { source, .. } if source.kind() == std::io::ErrorKind::PermissionDenied)
+}
+
+/// The body of `--body-file P`: standard input for `-`.
+pub(super) fn body_of(p: &Path) -> Result<String> {
+    if p.as_os_str() == "-" {
+        read_body(std::io::stdin().lock(), Path::new("standard input"))
+    } else {
+        let file = std::fs::File::open(p).at("reading the body from", p)?;
+        read_body(file, p)
+    }
 }
 
 /// Read a message body: at most the message limit plus one byte (a body from

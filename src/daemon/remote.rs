@@ -33,12 +33,15 @@
 //! the end and the output read again from the stream, the log rewritten
 //! from chunk 1, signals already carried out left out).
 //!
-//! Not done yet (issue 24): a session's hook calls from the worker
-//! (`session begin/end`, `record`, `send` reach this host's state root
-//! only where the worker shares it), workspaces (a session with
-//! `[agent.session.workspace]` is refused on a worker). The reconcile
-//! ([`Remote::reconcile`], every 5 minutes) fences leases held for orders
-//! this controller does not run.
+//! A session's hook calls from its worker (`session begin|end|fail`,
+//! `record`, `send`) are served by [`hooks`], started once connected: run
+//! here, for the lease's holder only.
+//!
+//! The reconcile ([`Remote::reconcile`], every 5 minutes) fences leases
+//! held for orders this controller does not run.
+//!
+//! Not done yet (issue 24): workspaces (a session with
+//! `[agent.session.workspace]` is refused on a worker).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -49,6 +52,8 @@ use agent_state_cluster::{
     LeaseError, LeaseRecord, LeaseTiming, Leases, Outcome, Output as OutputStreamOf, OutputError,
     SessionEnd, SessionOrder, controller_lease_action, end_is_from_holder,
 };
+
+mod hooks;
 
 use super::adopt::{self, RemoteRecord};
 use super::clock::Clock;
@@ -85,6 +90,8 @@ pub struct Remote {
     timing: LeaseTiming,
     /// The daemon's clock, for the times of an order it withdraws.
     clock: Clock,
+    /// The config the sessions' hook calls run with.
+    config: std::path::PathBuf,
     connected: OnceCell<Connected>,
     /// The orphan leases the last reconcile saw: `(agent, order)`.
     orphans: std::sync::Mutex<std::collections::BTreeSet<(String, String)>>,
@@ -105,6 +112,8 @@ pub enum RemoteError {
     Output(#[from] OutputError),
     #[error(transparent)]
     Workers(#[from] agent_state_cluster::workers::WorkersError),
+    #[error("cannot listen for the sessions' hook calls: {0}")]
+    Hooks(String),
     #[error("{what}: no answer from NATS within {within:?}")]
     NoAnswer {
         what: &'static str,
@@ -139,7 +148,11 @@ struct Connected {
 impl Remote {
     /// The executor of `[cluster]` when this host runs no session itself
     /// (`local_sessions = false`); `None` otherwise.
-    pub fn of(settings: Option<&ClusterSettings>, clock: Clock) -> Option<Arc<Remote>> {
+    pub fn of(
+        settings: Option<&ClusterSettings>,
+        clock: Clock,
+        config: &std::path::Path,
+    ) -> Option<Arc<Remote>> {
         let settings = settings.filter(|s| !s.local_sessions)?;
         let mut timing = LeaseTiming::DEFAULT;
         // A test hook (a lost worker cannot be waited 300 s for in a test);
@@ -154,6 +167,7 @@ impl Remote {
             settings: settings.clone(),
             timing,
             clock,
+            config: config.to_path_buf(),
             connected: OnceCell::new(),
             orphans: Default::default(),
             fleet: Default::default(),
@@ -262,12 +276,24 @@ impl Remote {
                         .unwrap_or_default()
                 );
                 let cluster = Cluster::connect(&self.settings, &name).await?;
-                Ok(Connected {
+                let connected = Connected {
                     dispatch: cluster.dispatch().await?,
                     leases: cluster.leases(self.timing).await?,
                     output: cluster.output().await?,
                     workers: cluster.workers().await?,
-                })
+                };
+                // Before any order goes out: its session's hook calls need
+                // an answer from its first line.
+                hooks::HookService {
+                    client: cluster.client().clone(),
+                    settings: self.settings.clone(),
+                    leases: connected.leases.clone(),
+                    config: self.config.clone(),
+                }
+                .start()
+                .await
+                .map_err(|e| RemoteError::Hooks(e.to_string()))?;
+                Ok(connected)
             })
             .await
     }

@@ -774,7 +774,7 @@ pub async fn run(config_path: &Path, web: WebHook) -> Result<()> {
         metrics: metrics.enabled().then(|| every(metrics.interval)),
     };
     let mut daemon = Daemon {
-        remote: super::remote::Remote::of(config.cluster.as_ref(), clock),
+        remote: super::remote::Remote::of(config.cluster.as_ref(), clock, &config.source),
         sources,
         root_lock: lock,
         root_lost: None,

@@ -7,6 +7,7 @@
 //! (the session ended: the caller then releases the lease it gets back).
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::lease::{Lease, LeaseError, Leases};
@@ -37,10 +38,24 @@ pub enum KeepEnd {
 pub async fn keep(
     leases: &Leases,
     timing: LeaseTiming,
-    mut lease: Lease,
+    lease: Lease,
     taken_at: Instant,
     stop: impl Future<Output = ()>,
 ) -> KeepEnd {
+    keep_sharing(leases, timing, lease, taken_at, stop, &AtomicU64::new(0)).await
+}
+
+/// [`keep`], storing each revision it holds in `revision` (the worker
+/// stamps a session's hook calls with it).
+pub async fn keep_sharing(
+    leases: &Leases,
+    timing: LeaseTiming,
+    mut lease: Lease,
+    taken_at: Instant,
+    stop: impl Future<Output = ()>,
+    revision: &AtomicU64,
+) -> KeepEnd {
+    revision.store(lease.revision, Ordering::SeqCst);
     let mut renewed_at = taken_at;
     let mut last_error = None;
     let mut retry_at: Option<Instant> = None;
@@ -63,6 +78,7 @@ pub async fn keep(
                 match tokio::time::timeout(left, leases.renew(&lease)).await {
                     Ok(Ok(renewed)) => {
                         lease = renewed;
+                        revision.store(lease.revision, Ordering::SeqCst);
                         renewed_at = sent;
                         retry_at = None;
                         continue;

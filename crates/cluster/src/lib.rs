@@ -14,7 +14,9 @@
 //!   heartbeat, the operator's drain requests, and when a worker counts as
 //!   alive, draining or lost;
 //! - [`session`]: what a worker runs for an order, and the stream its
-//!   output and end go to.
+//!   output and end go to;
+//! - [`hooks`]: a session's hook calls, forwarded from its worker to the
+//!   controller, and what the controller accepts of them.
 //!
 //! It knows nothing of the state root, the journal or the daemon: the
 //! daemon's executor and the `worker` subcommand are built on it.
@@ -22,17 +24,20 @@
 pub mod config;
 pub mod connect;
 pub mod dispatch;
+pub mod hooks;
 pub mod keeper;
 pub mod lease;
 pub mod liveness;
 pub mod session;
 pub mod workers;
 
+pub use async_nats;
 pub use bytes::Bytes;
 pub use config::{ClusterSettings, ConfigProblem, RawCluster};
 pub use connect::{Cluster, ClusterError, Found, Survey, WorkersUnread};
 pub use dispatch::{Dispatch, DispatchError, OrderQueue, Published, PulledOrder, SessionOrder};
-pub use keeper::{KeepEnd, keep};
+pub use hooks::{Hook, HookAnswer, HookCall, HookRequest, Refusal};
+pub use keeper::{KeepEnd, keep, keep_sharing};
 pub use lease::{Lease, LeaseError, LeaseRecord, LeaseValue, Leases};
 pub use liveness::{
     ControllerLeaseAction, LeaseTiming, Orphan, Reconciled, TimingError, WorkerLeaseAction,

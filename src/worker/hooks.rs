@@ -1,0 +1,202 @@
+//! The worker's end of a session's hook calls (issue 24; the protocol and
+//! its checks are [`agent_state_cluster::hooks`]).
+//!
+//! Each session gets a Unix socket in the worker's private directory
+//! (`0700`, under `$RUNTIME_DIRECTORY`, `$XDG_RUNTIME_DIR` or the temp
+//! directory) and `AGENT_STATE_HOOKS` naming it. The CLI of the session's
+//! script sends a hook call there ([`HookCall`], at most
+//! [`MAX_REQUEST_BYTES`]); the worker stamps it with the order's agent,
+//! the agent's session id, the order id, its host name and the lease
+//! revision it holds now, sends it to the controller as a NATS request and
+//! hands the answer back. A call refused while the lease was being renewed
+//! (the revision moved under it) is sent once more with the new revision.
+//! No answer: [`HookAnswer::Unreachable`], the CLI says what failed.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use agent_state_cluster::async_nats;
+use agent_state_cluster::hooks::{self, MAX_REQUEST_BYTES};
+use agent_state_cluster::{ClusterSettings, HookAnswer, HookCall, HookRequest, Refusal};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{UnixListener, UnixStream};
+
+/// How long the script has to send its call.
+const READ_WITHIN: Duration = Duration::from_secs(30);
+/// How long the controller has to answer (it runs the hook for at most
+/// 60 s).
+const ANSWER_WITHIN: Duration = Duration::from_secs(75);
+
+/// What the worker stamps a session's calls with.
+pub(super) struct Stamp {
+    pub agent: String,
+    pub session: String,
+    pub order: String,
+    pub holder: String,
+    /// The lease revision it holds now (the keeper stores each renewal).
+    pub revision: Arc<AtomicU64>,
+}
+
+/// Where the worker's hook sockets live, and its NATS line to the
+/// controller.
+pub(super) struct Hooks {
+    dir: tempfile::TempDir,
+    client: async_nats::Client,
+    settings: ClusterSettings,
+    next: AtomicU64,
+}
+
+/// A session's socket: served until dropped, then removed.
+pub(super) struct Listening {
+    pub path: PathBuf,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        self.task.abort();
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl Hooks {
+    /// Makes the private directory (`0700`, removed when the worker
+    /// stops).
+    pub(super) fn new(
+        client: async_nats::Client,
+        settings: ClusterSettings,
+    ) -> std::io::Result<Hooks> {
+        let base = ["RUNTIME_DIRECTORY", "XDG_RUNTIME_DIR"]
+            .iter()
+            .filter_map(std::env::var_os)
+            // `RuntimeDirectory=a b` lists several; the first is ours.
+            .map(|v| PathBuf::from(v.to_string_lossy().split(':').next().unwrap_or("")))
+            .find(|p| p.is_absolute() && p.is_dir())
+            .unwrap_or_else(std::env::temp_dir);
+        let dir = tempfile::Builder::new()
+            .prefix("agent-state-hooks-")
+            .tempdir_in(&base)?;
+        // tempfile makes it 0700; said here, not assumed.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700))?;
+        Ok(Hooks {
+            dir,
+            client,
+            settings,
+            next: AtomicU64::new(1),
+        })
+    }
+
+    pub(super) fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Listens for the calls of one session.
+    pub(super) fn listen(self: &Arc<Self>, stamp: Stamp) -> std::io::Result<Listening> {
+        let n = self.next.fetch_add(1, Ordering::SeqCst);
+        let path = self.dir.path().join(format!("{n}.sock"));
+        let listener = UnixListener::bind(&path)?;
+        let hooks = self.clone();
+        let stamp = Arc::new(stamp);
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let hooks = hooks.clone();
+                let stamp = stamp.clone();
+                tokio::spawn(async move { hooks.serve(stream, &stamp).await });
+            }
+        });
+        Ok(Listening { path, task })
+    }
+
+    async fn serve(&self, mut stream: UnixStream, stamp: &Stamp) {
+        let answer = match read_call(&mut stream).await {
+            Ok(call) => self.forward(call, stamp).await,
+            Err(refusal) => refusal.answer(),
+        };
+        let bytes = serde_json::to_vec(&answer).expect("an answer serialises");
+        let _ = stream.write_all(&bytes).await;
+        let _ = stream.shutdown().await;
+    }
+
+    /// Sends `call` to the controller; once more if the lease was renewed
+    /// while it was refused.
+    async fn forward(&self, call: HookCall, stamp: &Stamp) -> HookAnswer {
+        let subject = hooks::subject(&self.settings, &stamp.agent);
+        let mut answer = HookAnswer::Unreachable {
+            reason: "not sent".into(),
+        };
+        for _ in 0..2 {
+            let revision = stamp.revision.load(Ordering::SeqCst);
+            let request = HookRequest {
+                call: call.clone(),
+                agent: stamp.agent.clone(),
+                session: stamp.session.clone(),
+                order: stamp.order.clone(),
+                holder: stamp.holder.clone(),
+                lease_revision: revision,
+            };
+            let bytes = serde_json::to_vec(&request).expect("a request serialises");
+            if bytes.len() > MAX_REQUEST_BYTES {
+                return Refusal::TooBig {
+                    what: format!("the request ({} bytes)", bytes.len()),
+                    limit: MAX_REQUEST_BYTES,
+                }
+                .answer();
+            }
+            let sent = self.client.send_request(
+                subject.clone(),
+                async_nats::Request::new()
+                    .payload(bytes.into())
+                    .timeout(Some(ANSWER_WITHIN)),
+            );
+            answer = match tokio::time::timeout(ANSWER_WITHIN + Duration::from_secs(1), sent).await
+            {
+                Ok(Ok(reply)) => match serde_json::from_slice::<HookAnswer>(&reply.payload) {
+                    Ok(a) => a,
+                    Err(e) => HookAnswer::Unreachable {
+                        reason: format!("the controller's answer is not one: {e}"),
+                    },
+                },
+                Ok(Err(e)) => HookAnswer::Unreachable {
+                    reason: format!("NATS request on {subject}: {e}"),
+                },
+                Err(_) => HookAnswer::Unreachable {
+                    reason: format!("no answer on {subject} within {ANSWER_WITHIN:?}"),
+                },
+            };
+            let renewed = stamp.revision.load(Ordering::SeqCst) != revision;
+            if !(matches!(answer, HookAnswer::Refused { .. }) && renewed) {
+                break;
+            }
+        }
+        answer
+    }
+}
+
+/// Reads one call, bounded in size and time.
+async fn read_call(stream: &mut UnixStream) -> Result<HookCall, Refusal> {
+    let mut bytes = Vec::new();
+    let mut limited = (&mut *stream).take(MAX_REQUEST_BYTES as u64 + 1);
+    let read = limited.read_to_end(&mut bytes);
+    match tokio::time::timeout(READ_WITHIN, read).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => return Err(Refusal::Malformed(format!("cannot read it: {e}"))),
+        Err(_) => {
+            return Err(Refusal::Malformed(format!(
+                "not sent within {READ_WITHIN:?}"
+            )));
+        }
+    }
+    if bytes.len() > MAX_REQUEST_BYTES {
+        return Err(Refusal::TooBig {
+            what: "the call".into(),
+            limit: MAX_REQUEST_BYTES,
+        });
+    }
+    serde_json::from_slice(&bytes).map_err(|e| Refusal::Malformed(e.to_string()))
+}
