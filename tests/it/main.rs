@@ -18,6 +18,7 @@ mod cluster_config;
 mod cluster_doctor;
 mod cluster_executor;
 mod cluster_hooks;
+mod cluster_unit;
 mod cluster_worker;
 mod cluster_worker_checks;
 mod concurrency;
