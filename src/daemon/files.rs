@@ -736,13 +736,25 @@ pub fn heartbeat_path(root: &StateRoot) -> PathBuf {
 }
 
 /// The heartbeat is a status snapshot, rewritten at every change: replaced
-/// atomically but not fsynced (after a crash an old one is harmless).
+/// atomically but neither fsynced nor pushed to the disk by the replacement
+/// ([`atomic::write_file_unsynced`]): after a crash an old one is harmless,
+/// and after a power failure it may be empty (see [`read_heartbeat`]).
 pub fn write_heartbeat(root: &StateRoot, hb: &HeartbeatOut) -> Result<()> {
     atomic::write_json_unsynced(&root.store, &heartbeat_path(root), hb)
 }
 
+/// daemon.json as written, `None` if there is none. An empty one is none
+/// too: what a power failure leaves of a heartbeat whose data the disk never
+/// got (it is not made durable), not a damaged file.
 pub fn read_heartbeat(root: &StateRoot) -> Result<Option<Heartbeat>> {
-    atomic::read_json(&heartbeat_path(root))
+    let path = heartbeat_path(root);
+    match atomic::read_json(&path) {
+        Err(e @ Error::Corrupt { .. }) => match crate::fsx::metadata(&path) {
+            Ok(Some(m)) if m.st_size == 0 => Ok(None),
+            _ => Err(e),
+        },
+        other => other,
+    }
 }
 
 /// Where wake requests are dropped: `{agent}/inbox/.wake-{uuid}`. A dotfile,
@@ -937,6 +949,20 @@ mod tests {
         assert_eq!(back.failing["clay"], "disabled: x");
         // Changed key: made again.
         assert_eq!(agents.get(8, || "[]".into()).get(), "[]");
+    }
+
+    /// An empty daemon.json (a power failure's leftover: it is never made
+    /// durable) is no heartbeat; any other unreadable one is an error.
+    #[test]
+    fn an_empty_heartbeat_is_none_and_a_damaged_one_an_error() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = StateRoot::new(tmp.path());
+        std::fs::create_dir_all(root.daemon_dir()).unwrap();
+        assert!(read_heartbeat(&root).unwrap().is_none(), "missing");
+        std::fs::write(heartbeat_path(&root), b"").unwrap();
+        assert!(read_heartbeat(&root).unwrap().is_none(), "empty");
+        std::fs::write(heartbeat_path(&root), b"{\"pid\": 1,").unwrap();
+        assert!(matches!(read_heartbeat(&root), Err(Error::Corrupt { .. })));
     }
 
     #[test]

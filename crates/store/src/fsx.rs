@@ -524,6 +524,14 @@ pub fn rename_at(
     r.map_err(io::Error::from)
 }
 
+/// Swap two names of one directory atomically (`renameat2` with
+/// `RENAME_EXCHANGE`): both must exist. `ENOENT` when one does not;
+/// `EINVAL` (or `ENOSYS`) where the file system (or kernel) cannot.
+pub fn exchange_at(dir: BorrowedFd<'_>, a: &OsStr, b: &OsStr) -> io::Result<()> {
+    nix::fcntl::renameat2(dir, a, dir, b, nix::fcntl::RenameFlags::RENAME_EXCHANGE)
+        .map_err(io::Error::from)
+}
+
 /// Remove a file (or a link: never what it points to). `Ok(false)` if it
 /// was not there.
 pub fn remove_file(path: &Path) -> Result<bool> {
