@@ -93,17 +93,19 @@ pub async fn serve(listener: TcpListener, board: Board) {
         // the connection counts as answered from the start, so a flood of
         // newer connections (accepted before its task first runs) cannot
         // close it as idle.
-        let arrived = request_arrived(&stream);
+        let arrived = request_waiting(&stream);
+        // A second descriptor of the socket, for the table to look at.
+        let socket = std::os::fd::AsFd::as_fd(&stream).try_clone_to_owned();
         let (id, closed) = {
             let mut table = lock(&table);
-            let (id, closed) = table.admit(peer.ip());
+            let (id, closed) = table.admit(peer.ip(), Seated::request_waiting);
             if arrived {
                 table.request_read(id);
             }
             (id, closed)
         };
-        for handle in closed {
-            handle.abort();
+        for seated in closed {
+            seated.abort.abort();
         }
         let board = board.clone();
         let seat = Seat {
@@ -113,20 +115,33 @@ pub async fn serve(listener: TcpListener, board: Board) {
         let task = tokio::spawn(async move {
             let _ = answer(stream, &board, &seat).await;
         });
-        if let Err(handle) = lock(&table).set_handle(id, task.abort_handle()) {
-            handle.abort();
+        let seated = match socket {
+            Ok(socket) => Seated {
+                abort: task.abort_handle(),
+                socket,
+            },
+            Err(e) => {
+                // No descriptor left for the table: the connection is not
+                // served (the flood it would join is what exhausted them).
+                tracing::warn!("metrics listener: cannot keep a connection: {e}");
+                task.abort();
+                lock(&table).done(id);
+                continue;
+            }
+        };
+        if let Err(seated) = lock(&table).set_handle(id, seated) {
+            seated.abort.abort();
         }
     }
 }
 
-/// Whether a whole request head is waiting on `stream` (looked at without
+/// Whether a whole request head is waiting on `socket` (looked at without
 /// reading it, without waiting).
-fn request_arrived(stream: &TcpStream) -> bool {
+fn request_waiting(socket: &impl std::os::fd::AsRawFd) -> bool {
     use nix::sys::socket::{MsgFlags, recv};
-    use std::os::fd::AsRawFd;
     let mut buf = [0u8; 2048];
     match recv(
-        stream.as_raw_fd(),
+        socket.as_raw_fd(),
         &mut buf,
         MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT,
     ) {
@@ -141,9 +156,25 @@ fn head_complete(head: &[u8]) -> bool {
 }
 
 /// The listener's connections, shared with their tasks.
-type Table = Arc<Mutex<Admission<AbortHandle>>>;
+type Table = Arc<Mutex<Admission<Seated>>>;
 
-fn lock(table: &Table) -> std::sync::MutexGuard<'_, Admission<AbortHandle>> {
+/// What the table keeps of a connection: what closes it (its task's abort
+/// handle) and a second descriptor of its socket, to look for its request
+/// without its task (see [`Admission::admit`]). The socket closes once
+/// both are gone: its task ends, and the table lets go of it then
+/// ([`Seat`]'s drop) or when it closes the connection.
+struct Seated {
+    abort: AbortHandle,
+    socket: std::os::fd::OwnedFd,
+}
+
+impl Seated {
+    fn request_waiting(&self) -> bool {
+        request_waiting(&self.socket)
+    }
+}
+
+fn lock(table: &Table) -> std::sync::MutexGuard<'_, Admission<Seated>> {
     // The table stays consistent between calls: a panic cannot leave it half
     // updated, so a poisoned lock is still usable.
     table.lock().unwrap_or_else(|e| e.into_inner())

@@ -467,7 +467,7 @@ async fn serve(listener: TcpListener, app: Router) {
                 continue;
             }
         };
-        let (id, closed) = lock(&table).admit(peer.ip());
+        let (id, closed) = lock(&table).admit(peer.ip(), |_| false);
         for handle in closed {
             handle.abort();
         }

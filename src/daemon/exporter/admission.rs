@@ -54,7 +54,11 @@ impl<H> Admission<H> {
 
     /// A connection from `peer` was accepted: its id, and the handles of the
     /// connections to close to stay within the limits (see the module).
-    pub fn admit(&mut self, peer: IpAddr) -> (u64, Vec<H>) {
+    /// `arrived` says whether a connection still reading has its request
+    /// waiting already (its task has not run yet: on a busy machine a scrape
+    /// can wait that long while a flood opens dozens of connections); such a
+    /// one counts as answered, not idle.
+    pub fn admit(&mut self, peer: IpAddr, arrived: impl Fn(&H) -> bool) -> (u64, Vec<H>) {
         let id = self.next;
         self.next += 1;
         self.conns.insert(
@@ -70,15 +74,33 @@ impl<H> Admission<H> {
             let Some(victim) = self.oldest(id, |c| c.peer == peer) else {
                 break;
             };
-            closed.extend(self.conns.remove(&victim).and_then(|c| c.handle));
+            if !self.spared(victim, &arrived) {
+                closed.extend(self.conns.remove(&victim).and_then(|c| c.handle));
+            }
         }
         while self.conns.len() > self.limits.total {
             let Some(victim) = self.oldest(id, |_| true) else {
                 break;
             };
-            closed.extend(self.conns.remove(&victim).and_then(|c| c.handle));
+            if !self.spared(victim, &arrived) {
+                closed.extend(self.conns.remove(&victim).and_then(|c| c.handle));
+            }
         }
         (id, closed)
+    }
+
+    /// Whether `victim`, still reading, has its request waiting after all:
+    /// then it is marked answered (and the next victim is looked for; each
+    /// connection is spared at most once, so the loops end).
+    fn spared(&mut self, victim: u64, arrived: &impl Fn(&H) -> bool) -> bool {
+        let Some(c) = self.conns.get_mut(&victim) else {
+            return false;
+        };
+        if c.reading && c.handle.as_ref().is_some_and(arrived) {
+            c.reading = false;
+            return true;
+        }
+        false
     }
 
     /// The oldest connection (other than `newcomer`) matching `which`,
@@ -134,7 +156,7 @@ mod tests {
 
     /// Admit a connection whose handle is its own id.
     fn admit(table: &mut Admission<u64>, peer: IpAddr) -> (u64, Vec<u64>) {
-        let (id, closed) = table.admit(peer);
+        let (id, closed) = table.admit(peer, |_| false);
         table.set_handle(id, id).unwrap();
         (id, closed)
     }
@@ -158,6 +180,32 @@ mod tests {
         let (_, closed) = admit(&mut t, LOCAL);
         assert_eq!(closed, [ids[0]]);
         assert_eq!(t.len(), 3);
+    }
+
+    #[test]
+    fn a_connection_whose_request_waits_unread_is_not_closed_as_idle() {
+        let mut t = Admission::new(Limits {
+            per_peer: 3,
+            total: 10,
+        });
+        // A scrape whose task has not run yet (its request is waiting),
+        // then a flood of idle connections from the same address.
+        let (scrape, _) = admit(&mut t, LOCAL);
+        let waiting = |h: &u64| *h == scrape;
+        for _ in 0..20 {
+            let (id, closed) = t.admit(LOCAL, waiting);
+            t.set_handle(id, id).unwrap();
+            assert!(!closed.contains(&scrape), "the scrape was closed");
+        }
+        assert_eq!(t.len(), 3);
+        // Told nothing arrived, the oldest idle one would have gone.
+        let mut t = Admission::new(Limits {
+            per_peer: 1,
+            total: 10,
+        });
+        let (first, _) = admit(&mut t, LOCAL);
+        let (_, closed) = admit(&mut t, LOCAL);
+        assert_eq!(closed, [first]);
     }
 
     #[test]
@@ -201,7 +249,7 @@ mod tests {
             per_peer: 1,
             total: 10,
         });
-        let (first, _) = t.admit(LOCAL);
+        let (first, _) = t.admit(LOCAL, |_| false);
         let (_, closed) = admit(&mut t, LOCAL);
         assert!(closed.is_empty(), "no handle yet");
         assert_eq!(t.set_handle(first, 99), Err(99));
