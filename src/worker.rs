@@ -935,7 +935,12 @@ async fn session(shared: &Shared, pulled: PulledOrder) {
             let revision = lease.revision;
             (Some(lease), revision)
         }
-        KeepEnd::GaveUp { lease, .. } => (None, lease.revision),
+        // Still ours if no one fenced it: released like a stopped one (at
+        // its revision only), not left to its TTL.
+        KeepEnd::GaveUp { lease, .. } => {
+            let revision = lease.revision;
+            (Some(lease), revision)
+        }
         KeepEnd::Lost(_) => (None, 0),
     };
     let end = SessionEnd {
@@ -955,10 +960,8 @@ async fn session(shared: &Shared, pulled: PulledOrder) {
         monotonic_ns()
     ));
     store_end(shared, &end).await;
-    if let Some(lease) = release
-        && let Err(e) = shared.leases.release(&lease).await
-    {
-        log(format!("session {id}: cannot release the lease: {e}"));
+    if let Some(lease) = release {
+        release_lease(shared, &id, &lease).await;
     }
     shared
         .running
@@ -986,6 +989,28 @@ async fn store_end(shared: &Shared, end: &SessionEnd) {
             }
             Err(e) => {
                 log(format!("{e}; given up"));
+                return;
+            }
+        }
+    }
+}
+
+/// Releases the lease, retrying while NATS does not answer (a lease left
+/// behind holds its agent's next session off until its TTL, 300 s); one
+/// fenced or taken since is not ours to release.
+async fn release_lease(shared: &Shared, id: &str, lease: &agent_state_cluster::Lease) {
+    let give_up = Instant::now() + STORE_RETRY_FOR;
+    loop {
+        match shared.leases.release(lease).await {
+            Ok(()) => return,
+            Err(e @ LeaseError::Nats { .. }) if Instant::now() < give_up => {
+                log(format!(
+                    "session {id}: cannot release the lease: {e}; retrying"
+                ));
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => {
+                log(format!("session {id}: cannot release the lease: {e}"));
                 return;
             }
         }
