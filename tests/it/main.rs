@@ -13,6 +13,7 @@ mod bounds;
 mod caps;
 mod check;
 mod check_needs;
+mod cluster_chaos;
 mod cluster_config;
 mod cluster_doctor;
 mod cluster_executor;
