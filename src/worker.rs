@@ -301,14 +301,28 @@ fn test_timing(timing: LeaseTiming) -> LeaseTiming {
     }
 }
 
+/// Why the test hook's timings are refused.
+#[derive(Debug, PartialEq, thiserror::Error)]
+enum TestTimingError {
+    #[error("{value:?} is not a duration: {detail}")]
+    NotADuration { value: String, detail: String },
+    #[error(transparent)]
+    OutOfOrder(#[from] agent_state_cluster::TimingError),
+}
+
 /// `timing` with the test hook's `gives_up` and `renews` (durations), if
 /// they keep [`LeaseTiming::check`]'s order.
 fn timing_with(
     timing: LeaseTiming,
     gives_up: Option<&str>,
     renews: Option<&str>,
-) -> Result<LeaseTiming, String> {
-    let parse = |text: &str| humantime::parse_duration(text).map_err(|e| format!("{text:?}: {e}"));
+) -> Result<LeaseTiming, TestTimingError> {
+    let parse = |text: &str| {
+        humantime::parse_duration(text).map_err(|e| TestTimingError::NotADuration {
+            value: text.to_string(),
+            detail: e.to_string(),
+        })
+    };
     let mut test = timing;
     if let Some(d) = gives_up {
         test.worker_gives_up = parse(d)?;
@@ -316,7 +330,7 @@ fn timing_with(
     if let Some(d) = renews {
         test.renew_every = parse(d)?;
     }
-    test.check().map_err(|e| e.to_string())?;
+    test.check()?;
     Ok(test)
 }
 
