@@ -1096,6 +1096,11 @@ async fn supervise(
     if let Some(pgid) = pgid {
         let _ = killpg(pgid, Signal::SIGKILL);
     }
+    // The session's life ends here; its output may take longer to store.
+    log(format!(
+        "session {id}: its process group is gone, monotonic {}",
+        monotonic_ns()
+    ));
     // The pipes close with the group; a process that left the group and
     // holds one open does not hold the end back for long.
     let abort = publisher.abort_handle();

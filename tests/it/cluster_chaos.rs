@@ -26,7 +26,8 @@
 //!
 //! 1. no agent ever had two live sessions: the workers log each session's
 //!    start and end with CLOCK_MONOTONIC (one clock: one machine); the
-//!    intervals, merged, never overlap per agent (a killed worker's
+//!    intervals (from before the spawn to the group's SIGKILL after the
+//!    child exited), merged, never overlap per agent (a killed worker's
 //!    sessions end when the test has killed them);
 //! 2. every `session_start` in an agent's journal has exactly one end
 //!    (`session_end`, `error` or `timeout`) and every end a start;
@@ -34,11 +35,16 @@
 //!    none left waiting or claimed);
 //! 4. a session recorded as completed has the controller's log
 //!    (`sessions/ID.log`) equal to what the script printed, line for line
-//!    per pipe (the script keeps its own copy, named by its session id).
+//!    per pipe (the script keeps its own copy, named by its session id);
+//! 5. every session ran: none timed out (a script runs at most 2 s of its
+//!    30 s) or ended "not started" (the dispatch timeout is 60 s).
 //!
 //! Gated: `AGENT_STATE_NATS_TESTS=1` and `AGENT_STATE_CHAOS_ROUNDS=N`
 //! (`.ci/run` sets both); else SKIPPED. `AGENT_STATE_CHAOS_SEED` replays a
-//! run's faults (the seed is printed; the sessions' lengths are random).
+//! run's faults (the seed is printed; the sessions' lengths are random);
+//! `AGENT_STATE_CHAOS_FAULTS=kill-worker,stop-worker,cut-proxy,kill-leader,
+//! kill-controller` picks the faults; `AGENT_STATE_CHAOS_VERBOSE=1` prints
+//! each round's reasons and the workers' log lines.
 
 #[path = "../../crates/cluster/tests/support/mod.rs"]
 #[allow(clippy::duplicate_mod)]
@@ -275,6 +281,14 @@ impl ChaosWorker {
                 else {
                     continue;
                 };
+                // The process's end: its group gone (the end line comes
+                // once its output is stored, which a cut delays).
+                if let Some((id, _)) = rest.split_once(": its process group is gone")
+                    && let Some(live) = by_id.get_mut(id)
+                {
+                    live.until = Some(ns);
+                    continue;
+                }
                 let Some((id, rest)) = rest.split_once(" of ") else {
                     continue;
                 };
@@ -298,7 +312,7 @@ impl ChaosWorker {
                 } else if rest.contains(" ended: ")
                     && let Some(live) = by_id.get_mut(id)
                 {
-                    live.until = Some(ns);
+                    live.until.get_or_insert(ns);
                 }
             }
             for (id, mut live) in by_id {
