@@ -286,6 +286,69 @@ fn log(message: impl std::fmt::Display) {
     eprintln!("agent-state worker: {message}");
 }
 
+/// A test hook, the worker's side of the controller's
+/// `AGENT_STATE_TEST_CONTROLLER_FENCES` (a lost lease cannot be waited
+/// 120 s for in a test): `AGENT_STATE_TEST_WORKER_GIVES_UP` and
+/// `AGENT_STATE_TEST_WORKER_RENEWS` replace `worker_gives_up` and
+/// `renew_every`. Operators never set them; timings out of the order
+/// [`LeaseTiming::check`] keeps are refused (said, and the default kept).
+fn test_timing(timing: LeaseTiming) -> LeaseTiming {
+    let var = |name: &str| std::env::var(name).ok();
+    match timing_with(
+        timing,
+        var("AGENT_STATE_TEST_WORKER_GIVES_UP").as_deref(),
+        var("AGENT_STATE_TEST_WORKER_RENEWS").as_deref(),
+    ) {
+        Ok(t) => t,
+        Err(e) => {
+            log(format!("the test lease timings are refused: {e}"));
+            timing
+        }
+    }
+}
+
+/// Why the test hook's timings are refused.
+#[derive(Debug, PartialEq, thiserror::Error)]
+enum TestTimingError {
+    #[error("{value:?} is not a duration: {detail}")]
+    NotADuration { value: String, detail: String },
+    #[error(transparent)]
+    OutOfOrder(#[from] agent_state_cluster::TimingError),
+}
+
+/// `timing` with the test hook's `gives_up` and `renews` (durations), if
+/// they keep [`LeaseTiming::check`]'s order.
+fn timing_with(
+    timing: LeaseTiming,
+    gives_up: Option<&str>,
+    renews: Option<&str>,
+) -> Result<LeaseTiming, TestTimingError> {
+    let parse = |text: &str| {
+        humantime::parse_duration(text).map_err(|e| TestTimingError::NotADuration {
+            value: text.to_string(),
+            detail: e.to_string(),
+        })
+    };
+    let mut test = timing;
+    if let Some(d) = gives_up {
+        test.worker_gives_up = parse(d)?;
+    }
+    if let Some(d) = renews {
+        test.renew_every = parse(d)?;
+    }
+    test.check()?;
+    Ok(test)
+}
+
+/// CLOCK_MONOTONIC in nanoseconds: the start and end lines of a session
+/// carry it, so that the sessions of several workers on one machine can be
+/// laid on one time line (tests/it/cluster_chaos.rs).
+fn monotonic_ns() -> u128 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map(|t| Duration::from(t).as_nanos())
+        .unwrap_or(0)
+}
+
 fn notify(states: &[sd_notify::NotifyState]) {
     if let Err(e) = sd_notify::notify(states) {
         log(format!("cannot notify systemd: {e}"));
@@ -398,6 +461,10 @@ async fn connect(settings: &ClusterSettings, options: &Options) -> Result<Connec
 /// start listening for signals.
 pub async fn run(settings: ClusterSettings, options: Options) -> Result<(), WorkerError> {
     use tokio::signal::unix::{SignalKind, signal};
+    let options = Options {
+        lease_timing: test_timing(options.lease_timing),
+        ..options
+    };
     let listen = |kind: SignalKind, signal_name: &'static str| {
         signal(kind).map_err(|source| WorkerError::Signal {
             signal: signal_name,
@@ -807,6 +874,7 @@ async fn session(shared: &Shared, pulled: PulledOrder) {
     }
 
     let started = SystemTime::now();
+    let live_from = monotonic_ns();
     // The agent's session id, as a local session has it: the controller's
     // order says it; a bare order (no controller) has its order id.
     let agent_session = spec
@@ -874,7 +942,7 @@ async fn session(shared: &Shared, pulled: PulledOrder) {
     }
     let pid = child.id().unwrap_or(0);
     log(format!(
-        "session {id} of {} started: pid {pid}, lease revision {}",
+        "session {id} of {} started: pid {pid}, lease revision {}, monotonic {live_from}",
         order.agent, lease.revision
     ));
     shared
@@ -937,7 +1005,12 @@ async fn session(shared: &Shared, pulled: PulledOrder) {
             let revision = lease.revision;
             (Some(lease), revision)
         }
-        KeepEnd::GaveUp { lease, .. } => (None, lease.revision),
+        // Still ours if no one fenced it: released like a stopped one (at
+        // its revision only), not left to its TTL.
+        KeepEnd::GaveUp { lease, .. } => {
+            let revision = lease.revision;
+            (Some(lease), revision)
+        }
         KeepEnd::Lost(_) => (None, 0),
     };
     let end = SessionEnd {
@@ -951,16 +1024,16 @@ async fn session(shared: &Shared, pulled: PulledOrder) {
         lease_revision: revision,
     };
     log(format!(
-        "session {id} of {} ended: {:?}, {last_chunk} chunk(s)",
-        order.agent, end.outcome
+        "session {id} of {} ended: {:?}, {last_chunk} chunk(s), monotonic {}",
+        order.agent,
+        end.outcome,
+        monotonic_ns()
     ));
     // No hook call is taken once the end is on its way.
     drop(hook_socket);
     store_end(shared, &end).await;
-    if let Some(lease) = release
-        && let Err(e) = shared.leases.release(&lease).await
-    {
-        log(format!("session {id}: cannot release the lease: {e}"));
+    if let Some(lease) = release {
+        release_lease(shared, &id, &lease).await;
     }
     shared
         .running
@@ -988,6 +1061,28 @@ async fn store_end(shared: &Shared, end: &SessionEnd) {
             }
             Err(e) => {
                 log(format!("{e}; given up"));
+                return;
+            }
+        }
+    }
+}
+
+/// Releases the lease, retrying while NATS does not answer (a lease left
+/// behind holds its agent's next session off until its TTL, 300 s); one
+/// fenced or taken since is not ours to release.
+async fn release_lease(shared: &Shared, id: &str, lease: &agent_state_cluster::Lease) {
+    let give_up = Instant::now() + STORE_RETRY_FOR;
+    loop {
+        match shared.leases.release(lease).await {
+            Ok(()) => return,
+            Err(e @ LeaseError::Nats { .. }) if Instant::now() < give_up => {
+                log(format!(
+                    "session {id}: cannot release the lease: {e}; retrying"
+                ));
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => {
+                log(format!("session {id}: cannot release the lease: {e}"));
                 return;
             }
         }
@@ -1059,6 +1154,11 @@ async fn supervise(
     if let Some(pgid) = pgid {
         let _ = killpg(pgid, Signal::SIGKILL);
     }
+    // The session's life ends here; its output may take longer to store.
+    log(format!(
+        "session {id}: its process group is gone, monotonic {}",
+        monotonic_ns()
+    ));
     // The pipes close with the group; a process that left the group and
     // holds one open does not hold the end back for long.
     let abort = publisher.abort_handle();
@@ -1277,6 +1377,31 @@ mod tests {
 #[cfg(test)]
 mod room_tests {
     use super::*;
+
+    #[test]
+    fn the_test_lease_timings_keep_the_order_of_the_deadlines() {
+        let d = LeaseTiming::DEFAULT;
+        let secs = Duration::from_secs;
+        let t = timing_with(d, Some("3s"), Some("1s")).unwrap();
+        assert_eq!(
+            (t.renew_every, t.worker_gives_up, t.controller_fences),
+            (secs(1), secs(3), secs(300))
+        );
+        assert_eq!(timing_with(d, None, None), Ok(d));
+        for (gives_up, renews) in [
+            // Renewed too rarely for the shorter give-up.
+            (Some("3s"), None),
+            // Given up past half the fence.
+            (Some("200s"), None),
+            (Some("soon"), Some("1s")),
+            (None, Some("0s")),
+        ] {
+            assert!(
+                timing_with(d, gives_up, renews).is_err(),
+                "{gives_up:?} {renews:?}"
+            );
+        }
+    }
 
     #[test]
     fn mem_available_is_read_from_meminfo() {

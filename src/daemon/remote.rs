@@ -74,6 +74,10 @@ const POLL_RUNNING: Duration = Duration::from_millis(500);
 /// How long the rest of the output may take to arrive once the end is
 /// stored (the worker stores every chunk before its end).
 const CHUNKS_AFTER_END: Duration = Duration::from_secs(10);
+/// A follow that gives no chunk for this long once the end is stored is
+/// taken as stalled, and the output replayed [`REPLAYS`] times at most.
+const CHUNK_STALL: Duration = Duration::from_secs(3);
+const REPLAYS: usize = 3;
 /// After a SIGKILL order, how long past the worker's next renewal its end
 /// is waited for.
 const KILL_ANSWER: Duration = Duration::from_secs(5);
@@ -683,17 +687,31 @@ async fn drive(
             "following again the order {id} a previous controller published"
         );
     } else {
-        match ask("publishing the order", conn.dispatch.publish(order)).await {
-            Ok(published) => tracing::info!(
-                agent,
-                session_id = id,
-                sequence = published.sequence,
-                duplicate = published.duplicate,
-                "order published to the workers of credential group {}",
-                order.credential_group
-            ),
-            Err(e) => return not_started(format!("the order was not stored: {e}")),
-        }
+        // Published again until the dispatch timeout while the servers do
+        // not store it (a stream electing its leader answers "no stream
+        // found" for seconds); the order's id is its `Nats-Msg-Id`, so a
+        // publish stored without its answer arriving is not stored twice.
+        let published = loop {
+            match ask("publishing the order", conn.dispatch.publish(order)).await {
+                Ok(published) => break published,
+                Err(e) if tokio::time::Instant::now() + CONNECT_RETRY < give_up => {
+                    tracing::warn!(agent, session_id = id, "{e}; publishing it again");
+                    tokio::select! {
+                        () = tokio::time::sleep(CONNECT_RETRY) => {}
+                        () = stopped(orders, spec.iteration) => return Finish::NotRun(Ending::Stopped),
+                    }
+                }
+                Err(e) => return not_started(format!("the order was not stored: {e}")),
+            }
+        };
+        tracing::info!(
+            agent,
+            session_id = id,
+            sequence = published.sequence,
+            duplicate = published.duplicate,
+            "order published to the workers of credential group {}",
+            order.credential_group
+        );
     }
     // Waiting for a worker to take the lease for it.
     let deadline = give_up;
@@ -931,30 +949,31 @@ async fn ended(
     output: &mut runner::Output<'_>,
     signals: &mut Signals,
 ) -> Finish {
-    // The chunks not yet read: followed to the last, or replayed (from
-    // chunk 1: `feed` skips what was taken already).
-    let mut own_follow;
-    let follow = match follow {
-        Some(f) => Some(f),
-        None if end.last_chunk > 0 => {
-            own_follow = ask("replaying the output", conn.output.follow(id))
-                .await
-                .ok();
-            own_follow.as_mut()
-        }
-        None => None,
-    };
+    // The chunks not yet read: followed to the last while they come, then
+    // replayed afresh (from chunk 1: `feed` skips what was taken already).
+    // A follow can stall without an error when a NATS server dies under
+    // it, while every chunk is stored before the end (the worker's order of
+    // things): a replay reads them from the stream's other servers.
     if let Some(follow) = follow {
-        let limit = tokio::time::sleep(CHUNKS_AFTER_END);
-        tokio::pin!(limit);
-        while *fed < end.last_chunk {
-            tokio::select! {
-                chunk = follow.next() => match chunk {
-                    Some(Ok(chunk)) => feed(output, fed, chunk, signals).await,
-                    _ => break,
-                },
-                () = &mut limit => break,
+        read_rest(follow, fed, end.last_chunk, output, signals, CHUNK_STALL).await;
+    }
+    for _ in 0..REPLAYS {
+        if *fed >= end.last_chunk {
+            break;
+        }
+        match ask("replaying the output", conn.output.follow(id)).await {
+            Ok(mut follow) => {
+                read_rest(
+                    &mut follow,
+                    fed,
+                    end.last_chunk,
+                    output,
+                    signals,
+                    CHUNKS_AFTER_END,
+                )
+                .await
             }
+            Err(e) => tracing::warn!(agent, session_id = id, "{e}"),
         }
     }
     if *fed < end.last_chunk {
@@ -972,8 +991,12 @@ async fn ended(
             None
         });
     let accepted = end_accepted(&end, lease.as_ref(), seen.map(|s| s.revision));
+    // A lease naming this session is deleted even when its end is refused:
+    // a worker stores an end only once the session's process is gone, and
+    // a renewal stored without its answer reaching the worker leaves the
+    // lease at a revision its end does not carry (left alone, it would hold
+    // the agent's next sessions off until its TTL).
     if let Some(rec) = lease.as_ref().filter(|r| r.value.session == end.session_id)
-        && accepted
         && let Err(e) = ask("deleting the lease", conn.leases.fence(agent, rec.revision)).await
     {
         tracing::debug!(
@@ -986,6 +1009,24 @@ async fn ended(
     match end.outcome {
         Outcome::NotStarted { .. } => Finish::NotRun(ending),
         _ => Finish::Ran(ending),
+    }
+}
+
+/// Feeds `follow`'s chunks until chunk `last`, or until none came for
+/// `stall`, or the follow ends.
+async fn read_rest(
+    follow: &mut agent_state_cluster::Follow,
+    fed: &mut u64,
+    last: u64,
+    output: &mut runner::Output<'_>,
+    signals: &mut Signals,
+    stall: Duration,
+) {
+    while *fed < last {
+        match tokio::time::timeout(stall, follow.next()).await {
+            Ok(Some(Ok(chunk))) => feed(output, fed, chunk, signals).await,
+            _ => return,
+        }
     }
 }
 

@@ -14,6 +14,7 @@ mod caps;
 mod check;
 mod check_needs;
 mod cluster_adopt;
+mod cluster_chaos;
 mod cluster_config;
 mod cluster_doctor;
 mod cluster_executor;

@@ -80,6 +80,24 @@ fn which(name: &str) -> Option<PathBuf> {
     })
 }
 
+/// Runs `nats-server -c DIR/NAME.conf`, its output appended to
+/// `DIR/NAME.log`.
+fn launch(binary: &Path, dir: &Path, name: &str) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(format!("{name}.log")))
+        .expect("log");
+    Command::new(binary)
+        .arg("-c")
+        .arg(dir.join(format!("{name}.conf")))
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()))
+}
+
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -104,6 +122,7 @@ impl Node {
 pub struct NatsCluster {
     pub nodes: Vec<Node>,
     pub dir: tempfile::TempDir,
+    binary: PathBuf,
     _turn: Option<MutexGuard<'static, ()>>,
 }
 
@@ -167,22 +186,16 @@ impl NatsCluster {
                     .filter(|(_, c)| c != cluster_port)
                     .map(|(_, c)| format!("nats-route://127.0.0.1:{c}"))
                     .collect();
+                // no_advertise: a client reaches only the URLs it is given
+                // (a worker behind a test's TCP proxy stays behind it).
                 config.push_str(&format!(
-                    "cluster {{ name: agent-state-test, listen: 127.0.0.1:{cluster_port}, routes: [{}] }}\n",
+                    "cluster {{ name: agent-state-test, listen: 127.0.0.1:{cluster_port}, no_advertise: true, routes: [{}] }}\n",
                     routes.join(", ")
                 ));
             }
             let config_path = dir.path().join(format!("{name}.conf"));
             std::fs::write(&config_path, config).expect("write a server config");
-            let log = std::fs::File::create(dir.path().join(format!("{name}.log"))).expect("log");
-            let child = Command::new(binary)
-                .arg("-c")
-                .arg(&config_path)
-                .stdin(Stdio::null())
-                .stdout(log.try_clone().expect("log"))
-                .stderr(log)
-                .spawn()
-                .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
+            let child = launch(binary, dir.path(), &name);
             nodes.push(Node {
                 name,
                 port: *port,
@@ -192,8 +205,21 @@ impl NatsCluster {
         NatsCluster {
             nodes,
             dir,
+            binary: binary.to_path_buf(),
             _turn: turn,
         }
+    }
+
+    /// Starts the server `name` again (after [`NatsCluster::kill`]) on its
+    /// config and store, its log appended to.
+    pub fn restart(&mut self, name: &str) {
+        let node = self
+            .nodes
+            .iter_mut()
+            .find(|n| n.name == name)
+            .unwrap_or_else(|| panic!("no server {name}"));
+        assert!(node.child.is_none(), "{name} still runs");
+        node.child = Some(launch(&self.binary, self.dir.path(), name));
     }
 
     pub fn urls(&self) -> Vec<String> {
