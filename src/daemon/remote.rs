@@ -724,6 +724,7 @@ async fn drive(
                 order,
                 agent,
                 "the daemon ended it before it started",
+                spec.kill_grace,
             )
             .await;
             return Finish::NotRun(why);
@@ -755,7 +756,7 @@ async fn drive(
                 humantime::format_duration(dispatch_timeout)
             );
             tracing::warn!(agent, session_id = id, "{why}; the order is withdrawn");
-            withdraw(remote, conn, order, agent, &why).await;
+            withdraw(remote, conn, order, agent, &why, spec.kill_grace).await;
             return not_started(why);
         }
         tokio::select! {
@@ -1033,7 +1034,15 @@ async fn read_rest(
 /// The daemon no longer wants the order: an end stored for it (which a
 /// worker reads under the lease and does not run), and a lease already
 /// taken for it fenced.
-async fn withdraw(remote: &Remote, conn: &Connected, order: &SessionOrder, agent: &str, why: &str) {
+/// `grace`: the session's kill grace (a started one is waited for).
+async fn withdraw(
+    remote: &Remote,
+    conn: &Connected,
+    order: &SessionOrder,
+    agent: &str,
+    why: &str,
+    grace: Duration,
+) {
     let now = u64::try_from(remote.clock.now().timestamp_millis()).unwrap_or(0);
     let end = SessionEnd {
         session_id: order.session_id.clone(),
@@ -1055,6 +1064,26 @@ async fn withdraw(remote: &Remote, conn: &Connected, order: &SessionOrder, agent
     {
         tracing::warn!(agent, session_id = %order.session_id, "worker {} took the order as it was withdrawn; fencing its lease", rec.value.holder);
         let _ = ask("fencing the lease", conn.leases.fence(agent, rec.revision)).await;
+        // It may have started the session: the worker ends it at its next
+        // renewal and stores its end once the session's processes are gone.
+        // That end is waited for (bounded), so the agent's next session
+        // never runs beside this one.
+        let from = Instant::now();
+        let until = from + remote.timing.renew_every + grace + KILL_ANSWER;
+        loop {
+            if let Ok(Some(end)) =
+                ask("reading the end", conn.output.ended(&order.session_id)).await
+                && end.host != "controller"
+            {
+                tracing::info!(agent, session_id = %order.session_id, "worker {} ended the withdrawn order: {:?}", end.host, end.outcome);
+                break;
+            }
+            if Instant::now() >= until {
+                tracing::warn!(agent, session_id = %order.session_id, "worker {} stored no end for the withdrawn order within {:?}; it ends the session when it cannot renew the lease", rec.value.holder, from.elapsed());
+                break;
+            }
+            tokio::time::sleep(POLL_WAITING).await;
+        }
     }
 }
 
