@@ -84,14 +84,54 @@ pub fn read(root: &StateRoot, agent: &AgentName) -> Result<Option<RemoteRecord>>
             path.display()
         )));
     }
-    serde_json::from_slice::<RemoteRecord>(&bytes)
-        .map(Some)
-        .map_err(|e| {
-            Error::Data(format!(
-                "{} is not a remote session record ({e}); remove it (its session, if any, is recorded interrupted)",
-                path.display()
-            ))
-        })
+    let record = serde_json::from_slice::<RemoteRecord>(&bytes).map_err(|e| {
+        Error::Data(format!(
+            "{} is not a remote session record ({e}); remove it (its session, if any, is recorded interrupted)",
+            path.display()
+        ))
+    })?;
+    match record.problem(agent) {
+        None => Ok(Some(record)),
+        Some(why) => Err(Error::Data(format!(
+            "{} is not a remote session record: {why}; remove it (its session, if any, is recorded interrupted)",
+            path.display()
+        ))),
+    }
+}
+
+impl RemoteRecord {
+    /// What makes it no record of `agent`'s (its ids become NATS subjects:
+    /// a wildcard or a dot would read another session's output). Pure.
+    pub fn problem(&self, agent: &AgentName) -> Option<String> {
+        let safe = |s: &str| {
+            !s.is_empty()
+                && s.len() <= 200
+                && s.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        };
+        if !safe(&self.session_id) || self.session_id.contains('_') {
+            return Some(format!(
+                "session_id {:?} is not a session id",
+                self.session_id
+            ));
+        }
+        let run = format!("{agent}_{}", self.session_id);
+        let own = self.order_id == run
+            || self
+                .order_id
+                .strip_prefix(&format!("{run}-it"))
+                .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()));
+        if !safe(&self.order_id) || !own {
+            return Some(format!(
+                "order_id {:?} is not an order of {agent}'s session {}",
+                self.order_id, self.session_id
+            ));
+        }
+        if !safe(&self.group) {
+            return Some(format!("group {:?} is not a credential group", self.group));
+        }
+        None
+    }
 }
 
 /// `agent`'s record is done with (its session's end is recorded).
@@ -284,6 +324,55 @@ mod tests {
         .unwrap();
         let e = read(&root, &rio).unwrap_err().to_string();
         assert!(e.contains("over"), "{e}");
+        // Ids that are no subjects of rio's session are refused.
+        for (field, bad) in [
+            (
+                "order_id",
+                RemoteRecord {
+                    order_id: "rio_20261127-100000.>".into(),
+                    ..record("20261127-100000")
+                },
+            ),
+            (
+                "order_id",
+                RemoteRecord {
+                    order_id: "clay_20261127-100000".into(),
+                    ..record("20261127-100000")
+                },
+            ),
+            (
+                "order_id",
+                RemoteRecord {
+                    order_id: "rio_20261127-100000-itx".into(),
+                    ..record("20261127-100000")
+                },
+            ),
+            (
+                "session_id",
+                RemoteRecord {
+                    session_id: "*".into(),
+                    ..record("20261127-100000")
+                },
+            ),
+            (
+                "group",
+                RemoteRecord {
+                    group: "a.b".into(),
+                    ..record("20261127-100000")
+                },
+            ),
+        ] {
+            write(&root, &rio, &bad).unwrap();
+            let e = read(&root, &rio).unwrap_err().to_string();
+            assert!(e.contains(field), "{field}: {e}");
+        }
+        let later = RemoteRecord {
+            order_id: "rio_20261127-100000-it2".into(),
+            iteration: 2,
+            ..record("20261127-100000")
+        };
+        write(&root, &rio, &later).unwrap();
+        assert_eq!(read(&root, &rio).unwrap(), Some(later));
         // A link is not followed.
         std::fs::remove_file(path(&root, &rio)).unwrap();
         let elsewhere = dir.path().join("elsewhere");
