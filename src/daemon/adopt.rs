@@ -115,12 +115,8 @@ impl RemoteRecord {
                 self.session_id
             ));
         }
-        let run = format!("{agent}_{}", self.session_id);
-        let own = self.order_id == run
-            || self
-                .order_id
-                .strip_prefix(&format!("{run}-it"))
-                .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()));
+        let own =
+            agent_state_cluster::order_of_session(&self.order_id, agent.as_str(), &self.session_id);
         if !safe(&self.order_id) || !own {
             return Some(format!(
                 "order_id {:?} is not an order of {agent}'s session {}",

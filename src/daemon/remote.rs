@@ -183,8 +183,8 @@ impl Remote {
     }
 
     /// The reconcile (every 5 minutes): the leases held on the cluster
-    /// against the orders this controller runs (`running`: by agent, the
-    /// order id of its session, `AGENT_SESSION`). A lease held for an order
+    /// against the sessions this controller runs (`running`: by agent, its
+    /// session id). A lease held for an order
     /// it does not run is said; seen so again at the next reconcile, it is
     /// fenced, so that its worker ends that session and the agent's next
     /// order can run ([`agent_state_cluster::reconcile`]). A cluster that
@@ -465,16 +465,8 @@ fn order_of(spec: &SessionSpec, group: &str) -> Result<SessionOrder, Unfit> {
     ) else {
         return Err(Unfit::NoIds);
     };
-    // The order's id is the cluster's key for the run (its dedup id, its
-    // output and end subjects, the lease's session): unique across agents
-    // (session ids are per agent: two agents started in the same second
-    // have the same one) and across a session's runs (each iteration is an
-    // order of its own). Agent, then `_`, then the run: a session id never
-    // holds a `_`, so the last one splits them.
-    let id = match spec.iteration {
-        0 | 1 => format!("{agent}_{session}"),
-        n => format!("{agent}_{session}-it{n}"),
-    };
+    // Each run (iteration) is an order of its own.
+    let id = agent_state_cluster::order_id(agent, session, spec.iteration);
     let subject_safe = |s: &str| {
         !s.is_empty()
             && s.chars()

@@ -1173,7 +1173,7 @@ impl Daemon {
                     let running = self
                         .running
                         .iter()
-                        .map(|(a, r)| (a.to_string(), format!("{a}_{}", r.session_id)))
+                        .map(|(a, r)| (a.to_string(), r.session_id.clone()))
                         .collect();
                     tokio::spawn(async move { remote.reconcile(running).await });
                 }

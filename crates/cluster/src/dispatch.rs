@@ -22,6 +22,36 @@ use async_nats::jetstream::{self, AckKind, consumer::pull, message::PublishMessa
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 
+/// The id of run `iteration` (1 for the first) of `agent`'s session
+/// `session` on the cluster: its dedup id, its output and end subjects, its
+/// lease's session. `AGENT_SESSION`, with `-itN` for later runs: session ids
+/// are per agent (two agents started in the same second have the same one)
+/// and never hold a `_`, so the last `_` splits them.
+pub fn order_id(agent: &str, session: &str, iteration: u32) -> String {
+    match iteration {
+        0 | 1 => format!("{agent}_{session}"),
+        n => format!("{agent}_{session}-it{n}"),
+    }
+}
+
+/// Whether `order` is the id of a run of `agent`'s session `session`
+/// ([`order_id`]). Pure.
+pub fn order_of_session(order: &str, agent: &str, session: &str) -> bool {
+    let Some(run) = order
+        .strip_prefix(agent)
+        .and_then(|rest| rest.strip_prefix('_'))
+    else {
+        return false;
+    };
+    match run.strip_prefix(session) {
+        Some("") => true,
+        Some(rest) => rest
+            .strip_prefix("-it")
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())),
+        None => false,
+    }
+}
+
 /// One session, as the controller orders it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SessionOrder {
@@ -308,6 +338,35 @@ impl PulledOrder {
             session_id: self.order.session_id.clone(),
             operation,
             source,
+        }
+    }
+}
+
+#[cfg(test)]
+mod order_id_tests {
+    use super::*;
+
+    #[test]
+    fn an_order_id_names_its_agent_session_and_run_and_nothing_else() {
+        assert_eq!(order_id("rio", "20261127-100000", 1), "rio_20261127-100000");
+        assert_eq!(order_id("rio", "20261127-100000", 0), "rio_20261127-100000");
+        assert_eq!(
+            order_id("rio", "20261127-100000", 3),
+            "rio_20261127-100000-it3"
+        );
+        for (order, agent, session, want) in [
+            ("rio_20261127-100000", "rio", "20261127-100000", true),
+            ("rio_20261127-100000-it2", "rio", "20261127-100000", true),
+            ("rio_20261127-1000001", "rio", "20261127-100000", false),
+            ("rio_20261127-100000-it", "rio", "20261127-100000", false),
+            ("rio_20261127-100000-itx", "rio", "20261127-100000", false),
+            ("clay_20261127-100000", "rio", "20261127-100000", false),
+            ("rio-x_20261127-100000", "rio", "20261127-100000", false),
+            ("rio_20261127-100000.>", "rio", "20261127-100000", false),
+            ("rio_s1-x", "rio", "s1", false),
+            ("rios1", "rio", "s1", false),
+        ] {
+            assert_eq!(order_of_session(order, agent, session), want, "{order}");
         }
     }
 }

@@ -289,29 +289,10 @@ pub fn subject_all(settings: &ClusterSettings) -> String {
     format!("{}.hooks.*", settings.output_stream)
 }
 
-/// Whether `order` is an order id of `agent`'s session `session`: the
-/// controller names its orders `<agent>_<session>` and, for later
-/// iterations, `<agent>_<session>-it<N>`.
-pub fn order_of_session(order: &str, agent: &str, session: &str) -> bool {
-    let Some(run) = order
-        .strip_prefix(agent)
-        .and_then(|rest| rest.strip_prefix('_'))
-    else {
-        return false;
-    };
-    match run.strip_prefix(session) {
-        Some("") => true,
-        Some(rest) => rest
-            .strip_prefix("-it")
-            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())),
-        None => false,
-    }
-}
-
 /// Checks a request against the lease as the controller reads it now
 /// (`None`: nobody holds it).
 pub fn check_lease(req: &HookRequest, current: Option<&LeaseRecord>) -> Result<(), Refusal> {
-    if !order_of_session(&req.order, &req.agent, &req.session) {
+    if !crate::order_of_session(&req.order, &req.agent, &req.session) {
         return Err(Refusal::Order {
             order: req.order.clone(),
             agent: req.agent.clone(),
@@ -711,21 +692,6 @@ mod tests {
                 }
                 (got, want) => panic!("row {i}: {got:?}, wanted {want:?}"),
             }
-        }
-    }
-
-    #[test]
-    fn order_ids_name_their_agent_and_session() {
-        for (order, agent, session, want) in [
-            ("rio_s1", "rio", "s1", true),
-            ("rio_s1-it2", "rio", "s1", true),
-            ("rio_s1-it", "rio", "s1", false),
-            ("rio_s1-x", "rio", "s1", false),
-            ("rio_s12", "rio", "s1", false),
-            ("rio-x_s1", "rio", "s1", false),
-            ("rios1", "rio", "s1", false),
-        ] {
-            assert_eq!(order_of_session(order, agent, session), want, "{order}");
         }
     }
 

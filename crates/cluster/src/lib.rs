@@ -35,7 +35,10 @@ pub use async_nats;
 pub use bytes::Bytes;
 pub use config::{ClusterSettings, ConfigProblem, RawCluster};
 pub use connect::{Cluster, ClusterError, Found, Survey, WorkersUnread};
-pub use dispatch::{Dispatch, DispatchError, OrderQueue, Published, PulledOrder, SessionOrder};
+pub use dispatch::{
+    Dispatch, DispatchError, OrderQueue, Published, PulledOrder, SessionOrder, order_id,
+    order_of_session,
+};
 pub use hooks::{Hook, HookAnswer, HookCall, HookRequest, Refusal};
 pub use keeper::{KeepEnd, keep, keep_sharing};
 pub use lease::{Lease, LeaseError, LeaseRecord, LeaseValue, Leases};

@@ -330,9 +330,9 @@ pub struct Reconciled {
     pub remember: BTreeSet<(String, String)>,
 }
 
-/// Pure: the leases held now, the orders the controller runs (by agent:
-/// its order ids' common prefix, `AGENT_SESSION`), and the orphans the last
-/// reconcile saw.
+/// Pure: the leases held now, the sessions the controller runs (by agent,
+/// the session id: any run of it, [`crate::order_of_session`]), and the orphans
+/// the last reconcile saw.
 pub fn reconcile(
     leases: &[(String, LeaseRecord)],
     running: &BTreeMap<String, String>,
@@ -343,7 +343,7 @@ pub fn reconcile(
         let order = &record.value.session;
         let ours = running
             .get(agent)
-            .is_some_and(|prefix| order == prefix || order.starts_with(&format!("{prefix}-it")));
+            .is_some_and(|session| crate::order_of_session(order, agent, session));
         if ours {
             continue;
         }
@@ -402,8 +402,8 @@ mod reconcile_tests {
     #[test]
     fn an_orphan_lease_is_watched_once_and_fenced_when_seen_again() {
         let running: BTreeMap<String, String> = [
-            ("rio".to_string(), "rio_20261127-100000".to_string()),
-            ("vida".to_string(), "vida_20261127-100000".to_string()),
+            ("rio".to_string(), "20261127-100000".to_string()),
+            ("vida".to_string(), "20261127-100000".to_string()),
         ]
         .into();
         let leases = vec![
