@@ -4,7 +4,7 @@
 //! Gated like `cluster_executor` (`AGENT_STATE_NATS_TESTS=1`).
 
 use crate::cluster_executor::nats;
-use crate::cluster_executor::{cluster_env, go, log_of, session, wait_ready};
+use crate::cluster_executor::{cluster_config, cluster_env, go, log_of, session, wait_ready};
 use crate::cluster_worker::Worker;
 use crate::support::*;
 use nix::sys::signal::Signal;
@@ -265,17 +265,7 @@ fn the_controller_leaves_the_command_to_the_workers() {
     wait_ready(&servers);
     let env = Env::with_config("");
     let later = env.tmp("on-the-worker.sh");
-    let config = daemon_config(
-        &later,
-        &[],
-        &[("wake_on_inbox", "\"never\"")],
-        "[[agent]]\nname = \"rio\"\n",
-    );
-    env.set_config(&format!(
-        "{config}\n[cluster]\nurls = {:?}\nreplicas = 3\nlocal_sessions = false\ndispatch_timeout = \"120s\"\n",
-        servers.urls()
-    ));
-    env.ok(&["bootstrap"]);
+    cluster_config(&env, &servers, "120s", &later, "");
     let d = env.daemon();
     env.ok(&["wake", "rio"]);
     d.wait_until(secs(30), "rio's order is published", || {
@@ -309,13 +299,16 @@ fn the_controllers_metrics_say_each_workers_state() {
     };
     let servers = nats::NatsCluster::start(&binary, 3);
     wait_ready(&servers);
-    let env = cluster_env(&servers, "60s", "");
+    let env = Env::with_config("");
+    let script = env.script("agent.sh", "");
     let port = free_port();
-    let config = std::fs::read_to_string(&env.config).unwrap();
-    let body = config.split_once('\n').map(|(_, b)| b).unwrap_or("");
-    env.set_config(&format!(
-        "{body}\n[metrics]\nlisten = \"127.0.0.1:{port}\"\ninterval = \"1s\"\n"
-    ));
+    cluster_config(
+        &env,
+        &servers,
+        "60s",
+        &script,
+        &format!("\n[metrics]\nlisten = \"127.0.0.1:{port}\"\ninterval = \"1s\"\n"),
+    );
     let mut worker = Worker::start(&env, "w1");
     worker.wait_registered();
     let d = env.daemon();

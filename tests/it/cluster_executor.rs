@@ -45,14 +45,27 @@ pub(crate) fn cluster_env(
 ) -> Env {
     let env = Env::with_config("");
     let script = env.script("agent.sh", script_body);
+    cluster_config(&env, servers, dispatch_timeout, &script, "");
+    env
+}
+
+/// `env`'s config: agents rio and theseus running `command` on the workers
+/// of `servers`, a human marcus, and `extra` (more sections) at its end;
+/// the state root bootstrapped.
+pub(crate) fn cluster_config(
+    env: &Env,
+    servers: &nats::NatsCluster,
+    dispatch_timeout: &str,
+    command: &Path,
+    extra: &str,
+) {
     let agents = "[[agent]]\nname = \"rio\"\n[[agent]]\nname = \"theseus\"\n[[agent]]\nname = \"marcus\"\nkind = \"human\"\n";
-    let config = daemon_config(&script, &[], &[("wake_on_inbox", "\"never\"")], agents);
+    let config = daemon_config(command, &[], &[("wake_on_inbox", "\"never\"")], agents);
     env.set_config(&format!(
-        "{config}\n[cluster]\nurls = {:?}\nreplicas = 3\nlocal_sessions = false\ndispatch_timeout = {dispatch_timeout:?}\n",
+        "{config}\n[cluster]\nurls = {:?}\nreplicas = 3\nlocal_sessions = false\ndispatch_timeout = {dispatch_timeout:?}\n{extra}",
         servers.urls()
     ));
     env.ok(&["bootstrap"]);
-    env
 }
 
 pub(crate) fn session(env: &Env, agent: &str) -> Value {

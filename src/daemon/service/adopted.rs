@@ -5,7 +5,7 @@
 //! ([`remote::adopt`]) to its end, recorded as any session's. And the
 //! other half: a controller that stops leaves them running.
 
-use super::start::{Begun, RECOVERY_WAIT, TaskSide};
+use super::start::{Begun, RECOVERY_WAIT};
 use super::*;
 use crate::daemon::adopt::RemoteRecord;
 use crate::daemon::remote;
@@ -100,28 +100,11 @@ pub(super) fn adopt(daemon: &mut Daemon, agent: &AgentName, record: RemoteRecord
         },
     };
     let launched = remote::adopt(spec, &target, record);
-    let TaskSide {
-        orders,
-        activity,
-        stop_note,
-        noted,
-    } = side;
     let name = agent.clone();
     tokio::spawn(async move {
-        let mut observer = Observer::new(
-            cfg,
-            dir,
-            sid,
-            tx.clone(),
-            TaskSide {
-                orders: orders.clone(),
-                activity,
-                stop_note,
-                noted,
-            },
-        );
+        let mut observer = Observer::new(cfg, dir, sid, tx.clone(), &side);
         let report = match launched {
-            Ok(l) => l.run(&mut observer, orders, None).await,
+            Ok(l) => l.run(&mut observer, side.orders, None).await,
             Err(report) => *report,
         };
         observer.finish();

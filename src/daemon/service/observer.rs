@@ -235,7 +235,7 @@ impl Observer {
         dir: AgentDir,
         session_id: String,
         tx: mpsc::UnboundedSender<Event>,
-        side: super::start::TaskSide,
+        side: &super::start::TaskSide,
     ) -> Observer {
         Observer {
             meter: crate::daemon::meter::Meter::new(cfg.session.session_budget.max_tokens),
@@ -244,14 +244,14 @@ impl Observer {
             tx,
             scanners: Default::default(),
             completed: false,
-            activity: side.activity,
+            activity: side.activity.clone(),
             held: None,
             ending: EndingNote {
                 agent: cfg,
                 dir,
                 session_id,
-                stop_note: side.stop_note,
-                noted: side.noted,
+                stop_note: side.stop_note.clone(),
+                noted: side.noted.clone(),
             },
         }
     }

@@ -179,12 +179,7 @@ impl Daemon {
             self.session_clock,
         );
         self.running.insert(agent.clone(), running);
-        let TaskSide {
-            orders: orders_rx,
-            activity,
-            stop_note,
-            noted,
-        } = side;
+        let orders_rx = side.orders.clone();
         let tx = self.tx.clone();
         let name = agent.clone();
         let dir = self.root.agent(agent);
@@ -292,18 +287,7 @@ impl Daemon {
             };
             let settings = cfg.session.iteration.clone();
             let repo = cfg.session.workspace.as_ref().map(|w| w.repo.clone());
-            let mut observer = Observer::new(
-                cfg,
-                dir,
-                session_id,
-                tx.clone(),
-                TaskSide {
-                    orders: orders_rx.clone(),
-                    activity,
-                    stop_note,
-                    noted,
-                },
-            );
+            let mut observer = Observer::new(cfg, dir, session_id, tx.clone(), &side);
             let orders_again = orders_rx.clone();
             let run = async {
                 match launched {
