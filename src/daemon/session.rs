@@ -411,18 +411,29 @@ pub fn script_end(dir: &AgentDir, session_id: &str) -> Option<ScriptEnd> {
     }
 }
 
-/// How the daemon judged a session whose end it records ([`finish`]).
-#[derive(Debug, Clone, Default)]
+/// How the daemon judged a session whose end it records ([`finish`]): its
+/// machine's outcome, which session.json's status, reason and verdict are
+/// written from (rendered once, by the outcome).
+#[derive(Debug, Clone)]
 pub struct Judged<'a> {
-    /// A reason that overrides the exit status's: a clean exit the daemon
-    /// judged a failure (it printed nothing, Claude Code reported an
-    /// error), recorded as `error` with this reason.
-    pub reason: Option<&'a str>,
-    /// The catalogue code the daemon judged a failure by: journaled in the
-    /// line that commits the end (not for a success).
+    pub outcome: &'a crate::daemon::machine::Outcome,
+    /// The catalogue code the daemon judged a failure by (the error
+    /// matrix's verdict): journaled in the line that commits the end (not
+    /// for a success).
     pub code: Option<crate::catalogue::Code>,
-    /// [`SessionVerdict::UsageLimit`] when a usage limit stopped it.
-    pub verdict: Option<SessionVerdict>,
+}
+
+impl Judged<'_> {
+    /// What session.json says beside its status, when the status alone does
+    /// not: a usage limit, an operator's stop.
+    fn verdict(&self) -> Option<SessionVerdict> {
+        use crate::daemon::machine::Outcome;
+        match self.outcome {
+            Outcome::UsageHeld { .. } => Some(SessionVerdict::UsageLimit),
+            Outcome::Stopped { .. } => Some(SessionVerdict::Stopped),
+            _ => None,
+        }
+    }
 }
 
 /// A session's end as recorded: what it counts as, and its words for the
@@ -441,18 +452,15 @@ pub fn finish(
     agent: &AgentConfig,
     dir: &AgentDir,
     session_id: &str,
-    report: &RunReport,
     judged: &Judged<'_>,
     claimed: Option<Vec<crate::inbox::Message>>,
     now: Timestamp,
 ) -> Result<Finished> {
-    let (mut failure, mut text) = describe(report, agent);
-    if let Some(why) = judged.reason {
-        failure = Some("error");
-        text = why.to_string();
-    }
-    let result = match failure {
-        None => hooks::end(
+    let outcome = judged.outcome;
+    let completed = outcome.is_completed();
+    let text = outcome.reason();
+    let result = if completed {
+        hooks::end(
             agent,
             dir,
             &EndRequest {
@@ -461,24 +469,26 @@ pub fn finish(
                 ..EndRequest::default()
             },
             now,
-        )?,
-        Some(outcome) => hooks::fail(
+        )?
+    } else {
+        hooks::fail(
             agent,
             dir,
             &FailRequest {
                 session: Some(session_id.to_string()),
-                outcome: outcome.to_string(),
+                outcome: outcome.status().as_str().to_string(),
                 reason: text.clone(),
                 code: judged.code.map(|c| c.as_str().to_string()),
-                verdict: judged.verdict,
-                // A command that could not be executed (the file vanished
-                // between the check before the claim and the spawn): the
-                // messages go back as they were.
-                not_an_attempt: !super::runnable::counts_as_attempt(&report.ending),
+                verdict: judged.verdict(),
+                // A usage limit, a stop, an interruption, a command that
+                // could not be executed (the file vanished between the
+                // check before the claim and the spawn): the messages go
+                // back as they were.
+                not_an_attempt: !outcome.counts_attempt(),
                 ..FailRequest::default()
             },
             now,
-        )?,
+        )?
     };
     for note in &result.notes {
         tracing::warn!(agent = %agent.name, session_id, "{note}");
@@ -493,8 +503,8 @@ pub fn finish(
             .flatten()
             .filter(|s| s.session_id == session_id)
             .and_then(|s| Some(s.verdict.unwrap_or(verdict_of_status(s.status?)))),
-        (false, Some(status)) => Some(match judged.verdict {
-            Some(SessionVerdict::UsageLimit) if failure.is_some() => SessionVerdict::UsageLimit,
+        (false, Some(status)) => Some(match judged.verdict() {
+            Some(SessionVerdict::UsageLimit) => SessionVerdict::UsageLimit,
             // An operator's stop is recorded with its own verdict (the
             // daemon's note in session.json, `hooks::finish`): read back.
             _ if status == SessionStatus::Error => dir
@@ -514,7 +524,7 @@ pub fn finish(
         Some(o) if result.already_ended => {
             format!("{} (recorded by the session itself)", o.as_str())
         }
-        Some(o) if failure.is_none() => o.as_str().to_string(),
+        Some(o) if completed => o.as_str().to_string(),
         Some(o) => format!("{}: {text}", o.as_str()),
         None => text,
     };

@@ -147,6 +147,40 @@ fn a_usage_limit_is_its_own_outcome_never_counted_as_an_error() {
     );
 }
 
+/// session.json is written from the session's typed outcome: a usage limit's
+/// record carries the hold's own reason, and the message the session had
+/// claimed goes back to the inbox without an attempt counted (the limit is
+/// not the message's fault: three of them must not send it to rejected/).
+#[test]
+fn a_usage_limited_session_returns_its_message_without_counting_an_attempt() {
+    let env = limited_env();
+    let d = env.daemon();
+    let id = env.send("marcus", "rio", &[]);
+    d.wait_until(secs(20), "the session's end is journaled", || {
+        !env.events("rio", "error").is_empty()
+    });
+    let end = &env.events("rio", "error")[0];
+    assert_eq!(end["code"], "USAGE_LIMIT", "{end}");
+    assert_eq!(end["messages_returned"], serde_json::json!([id]), "{end:#}");
+    let back = env
+        .files("rio", "inbox")
+        .into_iter()
+        .find(|f| f.contains(&id))
+        .map(|f| read_json(&env.path("rio", &format!("inbox/{f}"))))
+        .unwrap_or_else(|| panic!("{id} is not back in inbox/"));
+    assert_eq!(back["attempts"].as_u64().unwrap_or(0), 0, "{back:#}");
+    // The record says what it was, in the outcome's words, not the exit
+    // status's (session.json is renamed in just after the journal line).
+    d.wait_until(secs(10), "session.json records the end", || {
+        env.json("rio", "session.json")["status"] != "running"
+    });
+    let session = env.json("rio", "session.json");
+    let reason = session["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("limit"), "{session:#}");
+    assert!(!reason.contains("exited with status"), "{session:#}");
+    assert_eq!(session["verdict"], "usage_limit", "{session:#}");
+}
+
 /// The shipped session script's way: its EXIT trap records the failure
 /// (`session fail`) before the daemon sees the output. The daemon's verdict
 /// is added, and the counters follow it.

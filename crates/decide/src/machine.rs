@@ -205,7 +205,9 @@ impl Outcome {
             Outcome::Error { reason, .. } => reason.clone(),
             Outcome::UsageHeld { reason, .. } => reason.clone(),
             Outcome::LoginRequired { message } => message.clone(),
-            Outcome::Stopped { by, reason } => format!("stopped by {by}: {reason}"),
+            // The stop's own sentence names who stopped it and why
+            // ("stopped by root (uid 0) with `agent-state stop`: ...").
+            Outcome::Stopped { reason, .. } => reason.clone(),
             Outcome::Interrupted(Interruption::Shutdown) => {
                 "interrupted: the daemon stopped before the session ended".into()
             }
@@ -258,6 +260,18 @@ impl Outcome {
 
     pub fn is_completed(&self) -> bool {
         *self == Outcome::Completed
+    }
+
+    /// Whether the messages it claimed count an attempt when they go back
+    /// to the inbox: not for a usage limit, a stop, an interruption or a
+    /// command that cannot run (none of them the message's fault).
+    pub fn counts_attempt(&self) -> bool {
+        match self {
+            Outcome::Completed => false,
+            Outcome::UsageHeld { .. } | Outcome::Stopped { .. } | Outcome::Interrupted(_) => false,
+            Outcome::Error { code, .. } => !cannot_run(*code),
+            _ => true,
+        }
     }
 }
 
@@ -1172,16 +1186,8 @@ impl Session {
         });
         let messages = match &outcome {
             Outcome::Completed => Action::AcknowledgeMessages,
-            Outcome::UsageHeld { .. } | Outcome::Stopped { .. } | Outcome::Interrupted(_) => {
-                Action::ReturnMessages {
-                    count_attempt: false,
-                }
-            }
-            Outcome::Error { code, .. } if cannot_run(*code) => Action::ReturnMessages {
-                count_attempt: false,
-            },
             _ => Action::ReturnMessages {
-                count_attempt: true,
+                count_attempt: outcome.counts_attempt(),
             },
         };
         let then = follows(&outcome, &verdict);

@@ -161,10 +161,9 @@ impl Daemon {
             report.duration.as_secs_f64(),
             succeeded.then_some(now),
         );
-        // What session.json and the journal say, where the daemon knows
-        // better than the exit status.
-        // A timeout, a stall or a stop was noted in session.json before the
-        // session was signalled (EndingNote), so the script's trap records it.
+        // A session whose script recorded its failure first, in its own
+        // words: what the daemon found beyond its exit status (the same
+        // judgement the machine's outcome quotes) goes in front of them.
         let described = cfg
             .as_ref()
             .map(|c| session::describe(&report, c).1)
@@ -225,13 +224,9 @@ impl Daemon {
                     cfg,
                     &r.dir,
                     &r.sid,
-                    &r.report,
                     &session::Judged {
-                        reason: r.override_reason.as_deref(),
+                        outcome: &r.decided,
                         code: r.verdict.code,
-                        // A usage limit stopped it: its own outcome, not
-                        // the agent's failure.
-                        verdict: r.limit.as_ref().map(|_| SessionVerdict::UsageLimit),
                     },
                     Some(claimed),
                     r.now,
@@ -290,7 +285,10 @@ impl Daemon {
         // `session fail`), and the output shows a usage limit: the daemon's
         // verdict is added (the counters follow it).
         let outcome = match outcome {
-            Ok(mut finished) if limit.is_some() && finished.verdict.is_failure() => {
+            Ok(mut finished)
+                if matches!(decided, machine::Outcome::UsageHeld { .. })
+                    && finished.verdict.is_failure() =>
+            {
                 match hooks::amend_verdict(&dir, &sid, SessionVerdict::UsageLimit, now) {
                     Ok(true) => finished.verdict = SessionVerdict::UsageLimit,
                     Ok(false) => {}

@@ -983,12 +983,12 @@ fn each_outcome_has_its_status_code_and_error_count() {
         (
             Outcome::Stopped {
                 by: StopBy::Operator,
-                reason: "wrong task".into(),
+                reason: "stopped by root with `agent-state stop`: wrong task".into(),
             },
             SessionStatus::Error,
             None,
             false,
-            "stopped by an operator: wrong task",
+            "stopped by root with `agent-state stop`: wrong task",
         ),
         (
             Outcome::Interrupted(Interruption::Shutdown),
