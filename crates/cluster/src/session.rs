@@ -679,6 +679,27 @@ mod tests {
                 serde_json::json!({"command": "x", "stdin": "a\0b"}),
                 Ok("x"),
             ),
+            // A workspace: every field, none other, each bounded.
+            (
+                serde_json::json!({"command": "x", "workspace": {"repo": "/r", "base": "main", "path": "/w/s", "branch": "rio/x"}}),
+                Ok("x"),
+            ),
+            (
+                serde_json::json!({"command": "x", "workspace": {"repo": "/r", "base": "main", "path": "/w/s"}}),
+                Err("missing field `branch`"),
+            ),
+            (
+                serde_json::json!({"command": "x", "workspace": {"repo": "/r", "base": "main", "path": "/w/s", "branch": "b", "root": "/"}}),
+                Err("unknown field `root`"),
+            ),
+            (
+                serde_json::json!({"command": "x", "workspace": {"repo": "/r", "base": "main", "path": "/w/\0", "branch": "b"}}),
+                Err("`workspace.path` contains a NUL byte"),
+            ),
+            (
+                serde_json::json!({"command": "x", "workspace": {"repo": "/r", "base": "m".repeat(256), "path": "/w/s", "branch": "b"}}),
+                Err("`workspace.base` is 256 bytes, more than 255"),
+            ),
         ];
         for (i, (value, want)) in table.iter().enumerate() {
             match (SessionSpec::from_order(value), want) {
@@ -693,6 +714,27 @@ mod tests {
                 ),
             }
         }
+    }
+
+    /// An order without a workspace is written as before it existed, so
+    /// that workers older than the field still take it.
+    #[test]
+    fn an_order_without_a_workspace_has_no_such_field() {
+        let spec = SessionSpec::from_order(&serde_json::json!({"command": "x"})).unwrap();
+        let text = serde_json::to_string(&spec).unwrap();
+        assert!(!text.contains("workspace"), "{text}");
+        let end = SessionEnd {
+            session_id: "s".into(),
+            agent: "rio".into(),
+            host: "w1".into(),
+            outcome: Outcome::TimedOut,
+            started_ms: 0,
+            ended_ms: 0,
+            last_chunk: 0,
+            lease_revision: 0,
+            workspace: None,
+        };
+        assert!(!serde_json::to_string(&end).unwrap().contains("workspace"));
     }
 
     #[test]
