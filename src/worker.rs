@@ -27,14 +27,19 @@
 //!    redelivered after its session ran here or elsewhere) is not run
 //!    again: the end is published before the lease is released, so a
 //!    second taker always finds it;
-//! 5. the command runs as a child in a process group of its own, stdin
+//! 5. an order with a `workspace` gets its worktree now, under the lease
+//!    ([`workspace`]; checked against this worker's config before the
+//!    lease is taken): one that cannot be made ends "not started" with its
+//!    catalogue code;
+//! 6. the command runs as a child in a process group of its own, stdin
 //!    the spec's `stdin` (the prompt) or /dev/null, stdout and stderr streamed in numbered chunks to
 //!    `<output_stream>.out.<session>`; the order is acked once it runs;
-//! 6. the lease is renewed by [`keep`] until the child ends; a lease lost
+//! 7. the lease is renewed by [`keep`] until the child ends; a lease lost
 //!    (fenced, taken, or not renewed for `worker_gives_up`) kills it, as do
 //!    its timeout and the worker's SIGTERM (SIGTERM to the group, SIGKILL
 //!    after the grace), and the group is swept with SIGKILL after it ends;
-//! 7. the end (outcome, times, last chunk, lease revision) goes to
+//! 8. the end (outcome, times, last chunk, lease revision, the worktree's
+//!    judgement) goes to
 //!    `<output_stream>.end.<session>`, then the lease is released.
 //!
 //! A drain request (`agent-state worker drain HOST`) is read at each
