@@ -27,14 +27,19 @@
 //!    redelivered after its session ran here or elsewhere) is not run
 //!    again: the end is published before the lease is released, so a
 //!    second taker always finds it;
-//! 5. the command runs as a child in a process group of its own, stdin
+//! 5. an order with a `workspace` gets its worktree now, under the lease
+//!    ([`workspace`]; checked against this worker's config before the
+//!    lease is taken): one that cannot be made ends "not started" with its
+//!    catalogue code;
+//! 6. the command runs as a child in a process group of its own, stdin
 //!    the spec's `stdin` (the prompt) or /dev/null, stdout and stderr streamed in numbered chunks to
 //!    `<output_stream>.out.<session>`; the order is acked once it runs;
-//! 6. the lease is renewed by [`keep`] until the child ends; a lease lost
+//! 7. the lease is renewed by [`keep`] until the child ends; a lease lost
 //!    (fenced, taken, or not renewed for `worker_gives_up`) kills it, as do
 //!    its timeout and the worker's SIGTERM (SIGTERM to the group, SIGKILL
 //!    after the grace), and the group is swept with SIGKILL after it ends;
-//! 7. the end (outcome, times, last chunk, lease revision) goes to
+//! 8. the end (outcome, times, last chunk, lease revision, the worktree's
+//!    judgement) goes to
 //!    `<output_stream>.end.<session>`, then the lease is released.
 //!
 //! A drain request (`agent-state worker drain HOST`) is read at each
@@ -47,10 +52,18 @@
 //! of the worker's, which stamps each call with the order and the lease
 //! revision it holds and forwards it ([`hooks`]).
 //!
-//! What it does not do yet (issue 24): workspaces (git worktrees), cgroups,
-//! stall detection, and a local copy of output the stream has not stored.
+//! An order with a `workspace` (an agent with `[agent.session.workspace]`)
+//! runs in a git worktree the worker makes under the lease, before the
+//! command starts (its cwd), and judges after it ends; the end carries the
+//! judgement, or why it could not be made ([`workspace`]: only where this
+//! worker's own config puts that agent's worktrees, of the repository it
+//! names there).
+//!
+//! What it does not do yet (issue 24): cgroups, stall detection, and a
+//! local copy of output the stream has not stored.
 
 mod hooks;
+pub mod workspace;
 
 use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt;
@@ -100,6 +113,10 @@ pub struct Options {
     /// The least room it pulls with: free space on `work_dir`, memory
     /// available.
     pub minimums: Minimums,
+    /// Where its config lets each agent's worktrees be made, and that
+    /// config's path (for the reasons).
+    pub workspaces: workspace::Allowances,
+    pub config: std::path::PathBuf,
 }
 
 /// Below these it pulls no order (0: not checked).
@@ -814,9 +831,11 @@ async fn session(shared: &Shared, pulled: PulledOrder) {
         ended_ms: unix_ms(SystemTime::now()),
         last_chunk: 0,
         lease_revision: 0,
+        workspace: None,
     };
     let spec = match SessionSpec::from_order(&order.spec).and_then(|spec| {
-        if let Some(cwd) = &spec.cwd {
+        // A worktree's is made below, and checked there.
+        if let Some(cwd) = spec.cwd.as_ref().filter(|_| spec.workspace.is_none()) {
             agent_state_cluster::session::check_cwd(std::path::Path::new(cwd))?;
         }
         Ok(spec)
@@ -826,6 +845,30 @@ async fn session(shared: &Shared, pulled: PulledOrder) {
             let detail = e.to_string();
             log(format!("session {id} ({}): {detail}", order.agent));
             store_end(shared, &not_started(detail)).await;
+            let _ = pulled.ack().await;
+            return;
+        }
+    };
+    let planned = match workspace::check(
+        &order.agent,
+        &spec,
+        &shared.options.workspaces,
+        &shared.options.config,
+    )
+    .and_then(|p| {
+        p.as_ref()
+            .map(|p| workspace::no_links(&p.path))
+            .transpose()?;
+        Ok(p)
+    }) {
+        Ok(planned) => planned,
+        Err(refused) => {
+            log(format!("session {id} ({}): {refused}", order.agent));
+            let end = SessionEnd {
+                workspace: Some(refused.end()),
+                ..not_started(refused.reason)
+            };
+            store_end(shared, &end).await;
             let _ = pulled.ack().await;
             return;
         }
@@ -872,6 +915,36 @@ async fn session(shared: &Shared, pulled: PulledOrder) {
             return;
         }
     }
+    // Its worktree, under the lease (one agent's are never made at once).
+    let made = match planned {
+        None => None,
+        Some(plan) => {
+            let _ = pulled.in_progress().await;
+            let repo = plan.repo.clone();
+            match workspace::make(plan).await {
+                Ok(ws) => {
+                    log(format!(
+                        "session {id} of {}: worktree {} on branch {}",
+                        order.agent,
+                        ws.path.display(),
+                        ws.branch
+                    ));
+                    Some((repo, ws))
+                }
+                Err((detail, ws_end)) => {
+                    log(format!("session {id} ({}): {detail}", order.agent));
+                    let end = SessionEnd {
+                        workspace: Some(ws_end),
+                        ..not_started(detail)
+                    };
+                    store_end(shared, &end).await;
+                    release_lease(shared, &id, &lease).await;
+                    let _ = pulled.ack().await;
+                    return;
+                }
+            }
+        }
+    };
 
     let started = SystemTime::now();
     let live_from = monotonic_ns();
@@ -913,8 +986,14 @@ async fn session(shared: &Shared, pulled: PulledOrder) {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
-    if let Some(cwd) = &spec.cwd {
-        command.current_dir(cwd);
+    match (&made, &spec.cwd) {
+        (Some((_, ws)), _) => {
+            command.current_dir(&ws.path);
+        }
+        (None, Some(cwd)) => {
+            command.current_dir(cwd);
+        }
+        (None, None) => {}
     }
     match &hook_socket {
         Some(socket) => command.env(agent_state_cluster::hooks::HOOKS_ENV, &socket.path),
@@ -925,7 +1004,15 @@ async fn session(shared: &Shared, pulled: PulledOrder) {
         Err(e) => {
             let detail = format!("cannot start {}: {e}", spec.command);
             log(format!("session {id} ({}): {detail}", order.agent));
-            store_end(shared, &not_started(detail)).await;
+            let judged = match made {
+                Some((repo, ws)) => Some(workspace::judge(repo, ws).await),
+                None => None,
+            };
+            let end = SessionEnd {
+                workspace: judged,
+                ..not_started(detail)
+            };
+            store_end(shared, &end).await;
             let _ = shared.leases.release(&lease).await;
             let _ = pulled.ack().await;
             return;
@@ -1000,6 +1087,11 @@ async fn session(shared: &Shared, pulled: PulledOrder) {
         result
     };
     let (kept, (outcome, last_chunk)) = tokio::join!(keeper, runner);
+    // Judged once its processes are gone, before the end says so.
+    let judged = match made {
+        Some((repo, ws)) => Some(workspace::judge(repo, ws).await),
+        None => None,
+    };
     let (release, revision) = match kept {
         KeepEnd::Stopped(lease) => {
             let revision = lease.revision;
@@ -1022,6 +1114,7 @@ async fn session(shared: &Shared, pulled: PulledOrder) {
         ended_ms: unix_ms(SystemTime::now()),
         last_chunk,
         lease_revision: revision,
+        workspace: judged,
     };
     log(format!(
         "session {id} of {} ended: {:?}, {last_chunk} chunk(s), monotonic {}",

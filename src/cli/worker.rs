@@ -332,6 +332,8 @@ fn drain(ctx: &Context, host: &str, on: bool) -> Result<u8> {
 fn serve(ctx: Context, args: RunArgs) -> Result<u8> {
     let settings = settings(&ctx, "worker")?;
     let credentials = ctx.config.credentials.clone();
+    let workspaces = workspace_allowances(&ctx);
+    let config = ctx.config.source.clone();
     drop(ctx);
     let host = args.host.unwrap_or_else(this_host);
     agent_state_cluster::workers::check_host(&host).map_err(|e| {
@@ -398,6 +400,8 @@ fn serve(ctx: Context, args: RunArgs) -> Result<u8> {
             disk_bytes: args.min_free_disk,
             memory_bytes: args.min_free_memory,
         },
+        workspaces,
+        config,
         checks: groups
             .iter()
             .filter_map(|g| {
@@ -416,6 +420,26 @@ fn serve(ctx: Context, args: RunArgs) -> Result<u8> {
         .block_on(crate::worker::run(settings, options))
         .map_err(|e| Error::Unavailable(e.to_string()))?;
     Ok(exit::OK)
+}
+
+/// Where this host's config puts each agent's worktrees: the only places
+/// an order's workspace is made ([`crate::worker::workspace`]).
+fn workspace_allowances(ctx: &Context) -> crate::worker::workspace::Allowances {
+    ctx.config
+        .agents
+        .iter()
+        .filter_map(|a| {
+            let w = a.session.workspace.as_ref()?;
+            let dir = ctx.root.agent(&a.name);
+            Some((
+                a.name.to_string(),
+                crate::worker::workspace::Allowed {
+                    repo: w.repo.clone(),
+                    root: crate::daemon::workspaces::root_of(w, a, &dir),
+                },
+            ))
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -40,8 +40,11 @@
 //! The reconcile ([`Remote::reconcile`], every 5 minutes) fences leases
 //! held for orders this controller does not run.
 //!
-//! Not done yet (issue 24): workspaces (a session with
-//! `[agent.session.workspace]` is refused on a worker).
+//! A session with `[agent.session.workspace]` carries its planned
+//! worktree in the order; its worker makes it, runs the session in it and
+//! judges it, and the end's judgement is recorded as a local one's
+//! ([`workspace`]). Not yet on workers, refused with the setting to
+//! change: a flow cycle's worktree, and a workspace with `verify`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -50,10 +53,12 @@ use std::time::{Duration, Instant};
 use agent_state_cluster::{
     Cluster, ClusterError, ClusterSettings, ControllerLeaseAction, Dispatch, DispatchError,
     LeaseError, LeaseRecord, LeaseTiming, Leases, Outcome, Output as OutputStreamOf, OutputError,
-    SessionEnd, SessionOrder, controller_lease_action, end_is_from_holder,
+    SessionEnd, SessionOrder, WorkspaceEnd, controller_lease_action, end_is_from_holder,
 };
 
 mod hooks;
+mod workspace;
+pub use workspace::Planned;
 
 use super::adopt::{self, RemoteRecord};
 use super::clock::Clock;
@@ -131,9 +136,17 @@ pub enum Unfit {
     #[error("the session command is empty")]
     NoCommand,
     #[error(
-        "not started: a session with a workspace ([agent.session.workspace]) cannot run on a worker yet; set local_sessions = true in [cluster] or remove the workspace"
+        "not started: this run's workspace was not planned for a worker; set local_sessions = true in [cluster] or remove the workspace"
     )]
     Workspace,
+    #[error(
+        "not started: a flow cycle's step (its worktree on branch {branch}) cannot run on a worker yet: the flow opens, publishes and removes that worktree on the controller; set local_sessions = true in [cluster], or take the agent out of the flow"
+    )]
+    FlowCycle { branch: String },
+    #[error(
+        "not started: a session with a workspace and `verify` commands cannot run on a worker yet: the verify commands run in its worktree on the controller; set local_sessions = true in [cluster], or remove [agent.session.iteration] verify"
+    )]
+    WorkspaceVerify,
     #[error("the session's spec names no agent or session id")]
     NoIds,
     #[error(
@@ -315,6 +328,8 @@ pub struct Target {
     pub on_host: Arc<dyn Fn(String) + Send + Sync>,
     /// Where its order is recorded for the next controller.
     pub keep: Keep,
+    /// Its planned worktree, which the worker makes (none: no workspace).
+    pub workspace: Option<Planned>,
 }
 
 /// `.daemon/remote.AGENT` of one session ([`super::adopt`]).
@@ -377,7 +392,8 @@ pub fn launch(
     if orders.borrow().stop {
         return Err(not_run(Ending::Stopped));
     }
-    let order = order_of(&spec, &target.group).map_err(|e| refused(e.to_string()))?;
+    let order = order_of(&spec, &target.group, target.workspace.as_ref())
+        .map_err(|e| refused(e.to_string()))?;
     let log = match runner::open_log(&spec.log_path) {
         Ok(file) => file,
         Err(e) => {
@@ -450,13 +466,20 @@ fn env_of<'a>(spec: &'a SessionSpec, name: &str) -> Option<&'a str> {
         .map(|(_, v)| v.as_str())
 }
 
-/// The order of `spec` for the workers of `group`, or why it cannot run
-/// on one.
-fn order_of(spec: &SessionSpec, group: &str) -> Result<SessionOrder, Unfit> {
+/// The order of `spec` (in its `planned` worktree, if any) for the
+/// workers of `group`, or why it cannot run on one.
+fn order_of(
+    spec: &SessionSpec,
+    group: &str,
+    planned: Option<&Planned>,
+) -> Result<SessionOrder, Unfit> {
     let Some(command) = spec.argv.first() else {
         return Err(Unfit::NoCommand);
     };
-    if env_of(spec, "AGENT_STATE_WORKSPACE").is_some() {
+    if let Some(unfit) = planned.and_then(workspace::refusal) {
+        return Err(unfit);
+    }
+    if planned.is_none() && env_of(spec, "AGENT_STATE_WORKSPACE").is_some() {
         return Err(Unfit::Workspace);
     }
     let (Some(agent), Some(session)) = (
@@ -498,6 +521,7 @@ fn order_of(spec: &SessionSpec, group: &str) -> Result<SessionOrder, Unfit> {
         timeout_secs: Some(ceil_secs(spec.timeout).max(1)),
         kill_grace_secs: Some(ceil_secs(spec.kill_grace)),
         stdin: (!spec.stdin.is_empty()).then(|| String::from_utf8_lossy(&spec.stdin).into_owned()),
+        workspace: planned.map(|p| workspace::order_of(&p.plan)),
     };
     Ok(SessionOrder {
         session_id: id,
@@ -566,7 +590,11 @@ impl RemoteRun {
         }
         observer.hold_signals();
         let mut output = runner::Output::new(log, &spec.log_path, spec.max_output, observer);
-        let mut signals = Signals { record, keep };
+        let mut signals = Signals {
+            record,
+            keep,
+            workspace: None,
+        };
         let finish = drive(
             &remote,
             &order,
@@ -601,6 +629,7 @@ impl RemoteRun {
             log_error: finished.log_error,
             stalls: finished.stalls,
             oom: None,
+            workspace: signals.workspace.take().map(Box::new),
         }
     }
 }
@@ -892,10 +921,12 @@ async fn next_chunk(
     }
 }
 
-/// The session's record and how far its signals went.
+/// The session's record and how far its signals went; and its worktree
+/// as its worker judged it, once its end is read.
 struct Signals {
     record: RemoteRecord,
     keep: Keep,
+    workspace: Option<crate::daemon::workspaces::Outcome>,
 }
 
 /// One chunk to the log and the observer, once and in order. Its signals
@@ -998,7 +1029,21 @@ async fn ended(
             "the lease was released meanwhile: {e}"
         );
     }
-    let ending = ending_of(&end, accepted, lease.as_ref().map(|r| r.revision));
+    let mut ending = ending_of(&end, accepted, lease.as_ref().map(|r| r.revision));
+    // Its worktree, as a local run's: the failure's code when it could not
+    // be made, else its judgement (a fact about the worktree, recorded
+    // whichever way the session ended).
+    match &end.workspace {
+        Some(WorkspaceEnd::NotMade { code, .. }) => {
+            if let Ending::SpawnFailed { kind, .. } = &mut ending {
+                *kind = SpawnFailure::Workspace(workspace::code_of(code));
+            }
+        }
+        Some(WorkspaceEnd::Judged(judged)) => {
+            signals.workspace = Some(workspace::outcome_of(judged))
+        }
+        None => {}
+    }
     match end.outcome {
         Outcome::NotStarted { .. } => Finish::NotRun(ending),
         _ => Finish::Ran(ending),
@@ -1047,6 +1092,7 @@ async fn withdraw(
         ended_ms: now,
         last_chunk: 0,
         lease_revision: 0,
+        workspace: None,
     };
     if let Err(e) = ask("withdrawing the order", conn.output.end(&end)).await {
         tracing::warn!(agent, session_id = %order.session_id, "{e}");

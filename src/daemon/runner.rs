@@ -312,6 +312,7 @@ async fn supervised(
         leftovers_killed,
         log_error: finished.log_error,
         stalls: finished.stalls,
+        workspace: None,
     }
 }
 

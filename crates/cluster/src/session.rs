@@ -55,6 +55,58 @@ pub struct SessionSpec {
     /// prompt); none: stdin is /dev/null.
     #[serde(default)]
     pub stdin: Option<String>,
+    /// The git worktree the session runs in (an agent with
+    /// `[agent.session.workspace]`): made by the worker before the command
+    /// runs, its cwd, judged after it ends ([`WorkspaceEnd`]). Absent from
+    /// orders without one, so older workers still take those.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<WorkspaceOrder>,
+}
+
+/// The worktree an order's session runs in, as the controller planned it:
+/// the repository (its path on the worker), what the branch starts from,
+/// the worktree's path and its branch. Someone else's input to the worker,
+/// which checks it against its own config before git sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkspaceOrder {
+    pub repo: String,
+    pub base: String,
+    pub path: String,
+    pub branch: String,
+}
+
+/// What became of an order's worktree, in its [`SessionEnd`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkspaceEnd {
+    /// It could not be made (or the order's was refused): the session did
+    /// not start. `code`: the catalogue's (`WORKSPACE_NOT_A_REPO`,
+    /// `WORKSPACE_LOCKED`, `WORKSPACE_FAILED`).
+    NotMade { code: String, reason: String },
+    /// Made, and judged after the session: session.json's `workspace`.
+    Judged(WorkspaceJudged),
+}
+
+/// A worktree as judged after its session (the fields of session.json's
+/// `workspace`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkspaceJudged {
+    pub path: String,
+    pub branch: String,
+    pub base_commit: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_commit: Option<String>,
+    pub dirty: bool,
+    pub commits_ahead: u32,
+    /// `kept`, `removed`, `reset` or `error`.
+    pub state: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub invalid: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub set_aside: Vec<String>,
 }
 
 impl SessionSpec {
@@ -94,6 +146,12 @@ impl SessionSpec {
         string("command".into(), &self.command, MAX_PATH_BYTES)?;
         if let Some(cwd) = &self.cwd {
             string("cwd".into(), cwd, MAX_PATH_BYTES)?;
+        }
+        if let Some(w) = &self.workspace {
+            string("workspace.repo".into(), &w.repo, MAX_PATH_BYTES)?;
+            string("workspace.path".into(), &w.path, MAX_PATH_BYTES)?;
+            string("workspace.base".into(), &w.base, MAX_REF_BYTES)?;
+            string("workspace.branch".into(), &w.branch, MAX_REF_BYTES)?;
         }
         if self.args.len() > MAX_ARGS {
             return Err(SpecError::TooMany {
@@ -163,6 +221,8 @@ pub const MAX_ENV_BYTES: usize = 512 * 1024;
 pub const MAX_STRING_BYTES: usize = 128 * 1024 - 1;
 /// `command` and `cwd` at most this long (PATH_MAX with its NUL).
 pub const MAX_PATH_BYTES: usize = 4095;
+/// A workspace's `base` and `branch` at most this long.
+pub const MAX_REF_BYTES: usize = 255;
 /// The prompt (`stdin`) at most this many bytes.
 pub const MAX_STDIN_BYTES: usize = 8 << 20;
 
@@ -248,6 +308,11 @@ pub struct SessionEnd {
     /// controller checks, [`crate::end_is_from_holder`]); 0 if it never
     /// held one.
     pub lease_revision: u64,
+    /// The order's worktree (an order with a `workspace`): not made, or
+    /// judged after the session. Absent otherwise; older controllers
+    /// ignore it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<WorkspaceEnd>,
 }
 
 /// One chunk of a session's output, as read back.
@@ -614,6 +679,27 @@ mod tests {
                 serde_json::json!({"command": "x", "stdin": "a\0b"}),
                 Ok("x"),
             ),
+            // A workspace: every field, none other, each bounded.
+            (
+                serde_json::json!({"command": "x", "workspace": {"repo": "/r", "base": "main", "path": "/w/s", "branch": "rio/x"}}),
+                Ok("x"),
+            ),
+            (
+                serde_json::json!({"command": "x", "workspace": {"repo": "/r", "base": "main", "path": "/w/s"}}),
+                Err("missing field `branch`"),
+            ),
+            (
+                serde_json::json!({"command": "x", "workspace": {"repo": "/r", "base": "main", "path": "/w/s", "branch": "b", "root": "/"}}),
+                Err("unknown field `root`"),
+            ),
+            (
+                serde_json::json!({"command": "x", "workspace": {"repo": "/r", "base": "main", "path": "/w/\0", "branch": "b"}}),
+                Err("`workspace.path` contains a NUL byte"),
+            ),
+            (
+                serde_json::json!({"command": "x", "workspace": {"repo": "/r", "base": "m".repeat(256), "path": "/w/s", "branch": "b"}}),
+                Err("`workspace.base` is 256 bytes, more than 255"),
+            ),
         ];
         for (i, (value, want)) in table.iter().enumerate() {
             match (SessionSpec::from_order(value), want) {
@@ -628,6 +714,27 @@ mod tests {
                 ),
             }
         }
+    }
+
+    /// An order without a workspace is written as before it existed, so
+    /// that workers older than the field still take it.
+    #[test]
+    fn an_order_without_a_workspace_has_no_such_field() {
+        let spec = SessionSpec::from_order(&serde_json::json!({"command": "x"})).unwrap();
+        let text = serde_json::to_string(&spec).unwrap();
+        assert!(!text.contains("workspace"), "{text}");
+        let end = SessionEnd {
+            session_id: "s".into(),
+            agent: "rio".into(),
+            host: "w1".into(),
+            outcome: Outcome::TimedOut,
+            started_ms: 0,
+            ended_ms: 0,
+            last_chunk: 0,
+            lease_revision: 0,
+            workspace: None,
+        };
+        assert!(!serde_json::to_string(&end).unwrap().contains("workspace"));
     }
 
     #[test]

@@ -149,6 +149,7 @@ async fn output_chunks_and_the_end_are_replayed_in_order_once_each() {
         ended_ms: 2,
         last_chunk: 3,
         lease_revision: 9,
+        workspace: None,
     };
     output.end(&end).await.unwrap();
     output.end(&end).await.unwrap();

@@ -11,6 +11,7 @@ fn end(outcome: Outcome, revision: u64) -> SessionEnd {
         ended_ms: 1,
         last_chunk: 0,
         lease_revision: revision,
+        workspace: None,
     }
 }
 
@@ -155,7 +156,7 @@ fn an_order_carries_the_spec() {
         ("AGENT_STATE_AGENT", "rio"),
         ("AGENT_STATE_SESSION_ID", "20261127-101500"),
     ];
-    let order = order_of(&spec(&["/bin/run", "-p", "x"], &ids), "main").unwrap();
+    let order = order_of(&spec(&["/bin/run", "-p", "x"], &ids), "main", None).unwrap();
     assert_eq!(order.session_id, "rio_20261127-101500");
     assert_eq!(order.agent, "rio");
     assert_eq!(order.credential_group, "main");
@@ -171,7 +172,7 @@ fn an_order_carries_the_spec() {
     let mut second = spec(&["/bin/run"], &ids);
     second.iteration = 2;
     assert_eq!(
-        order_of(&second, "main").unwrap().session_id,
+        order_of(&second, "main", None).unwrap().session_id,
         "rio_20261127-101500-it2"
     );
     // Two agents' sessions begun in the same second are two orders.
@@ -180,7 +181,7 @@ fn an_order_carries_the_spec() {
         ("AGENT_STATE_SESSION_ID", "20261127-101500"),
     ];
     assert_ne!(
-        order_of(&spec(&["/bin/run"], &theseus), "main")
+        order_of(&spec(&["/bin/run"], &theseus), "main", None)
             .unwrap()
             .session_id,
         order.session_id
@@ -201,7 +202,7 @@ fn an_order_carries_the_spec() {
         ),
     ];
     for (spec, group, want) in refused {
-        let e = order_of(spec, group).unwrap_err().to_string();
+        let e = order_of(spec, group, None).unwrap_err().to_string();
         assert!(e.contains(want), "{e}");
     }
 }

@@ -218,6 +218,9 @@ pub struct RunReport {
     pub stalls: u32,
     /// The kernel's OOM killer ended it ([`crate::daemon::memory`]'s rule).
     pub oom: Option<crate::daemon::memory::OomEvidence>,
+    /// A run on a worker: its worktree as the worker judged it (a local
+    /// run's is judged by the daemon, after it).
+    pub workspace: Option<Box<crate::daemon::workspaces::Outcome>>,
 }
 
 impl RunReport {
@@ -235,6 +238,7 @@ impl RunReport {
             log_error: None,
             stalls: 0,
             oom: None,
+            workspace: None,
         }
     }
 }

@@ -98,22 +98,26 @@ pub(super) fn adopt(daemon: &mut Daemon, agent: &AgentName, record: RemoteRecord
             agent: agent.clone(),
             session_id: sid.clone(),
         },
+        // Its order carries it already; its end, the judgement.
+        workspace: None,
     };
     let launched = remote::adopt(spec, &target, record);
     let name = agent.clone();
     tokio::spawn(async move {
         let mut observer = Observer::new(cfg, dir, sid, tx.clone(), &side);
-        let report = match launched {
+        let mut report = match launched {
             Ok(l) => l.run(&mut observer, side.orders, None).await,
             Err(report) => *report,
         };
         observer.finish();
         let output = observer.summary();
+        // Its worktree as its worker judged it (a workspace session).
+        let workspace = report.workspace.take();
         let _ = tx.send(Event::SessionDone {
             agent: name,
             report: Box::new(report),
             output: Box::new(output),
-            workspace: None,
+            workspace,
             iterations: iterations::Tally {
                 count: 1,
                 ..Default::default()

@@ -215,14 +215,19 @@ impl Daemon {
                     let _ = tx.send(Event::SessionHost { agent, host });
                 }),
                 keep,
+                // On a worker, which makes the worktree itself.
+                workspace: planned.clone().map(|plan| remote::Planned {
+                    plan,
+                    verify: again.is_some(),
+                }),
             }
         });
-        let (launched, spec) = match planned {
-            None => (
+        let (launched, spec) = match (&planned, &target) {
+            (Some(_), None) => (None, Some(prepared.spec)),
+            _ => (
                 Some(remote::launch(prepared.spec, &orders_rx, target.as_ref())),
                 None,
             ),
-            Some(_) => (None, Some(prepared.spec)),
         };
         if let Some(Ok(_)) = &launched
             && let Some(r) = self.running.get_mut(agent)
@@ -316,7 +321,8 @@ impl Daemon {
             }
             observer.finish();
             let output = observer.summary();
-            // Its worktree judged (and removed when it holds nothing).
+            // Its worktree judged (and removed when it holds nothing); on
+            // a worker, by the worker.
             let workspace = match (made, repo) {
                 (Some(ws), Some(repo)) => {
                     tokio::task::spawn_blocking(move || workspaces::finish(&repo, &ws))
@@ -324,7 +330,7 @@ impl Daemon {
                         .ok()
                         .map(Box::new)
                 }
-                _ => None,
+                _ => report.workspace.take(),
             };
             let _ = tx.send(Event::SessionDone {
                 agent: name,

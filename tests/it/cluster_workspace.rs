@@ -1,0 +1,375 @@
+//! Workspaces on workers (issue 24): the real daemon with `[cluster]` and
+//! `local_sessions = false` runs a session of an agent with
+//! `[agent.session.workspace]` on a real `agent-state worker`, which makes
+//! the git worktree of a real repository, runs the session in it and
+//! judges it; session.json's `workspace` is what a local run records. A
+//! worker without the repository ends the order WORKSPACE_NOT_A_REPO; a
+//! hand-published order with a hostile worktree path is refused naming
+//! the field. Gated like `cluster_executor`: `AGENT_STATE_NATS_TESTS=1`.
+//!
+//! The worker runs on this machine with the controller's config (the same
+//! state root and repository paths), as a worker host with the same config
+//! file and a clone of the repository at the same path would.
+
+use crate::cluster_executor::nats;
+use crate::cluster_worker::Worker;
+use crate::support::*;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The fake agent: records where it ran (cwd, branch, the worker, the
+/// files it saw), commits a file of its own, prints a line.
+fn agent(env: &Env) -> PathBuf {
+    let d = env.dir.path().display().to_string();
+    env.script(
+        "agent.sh",
+        &format!(
+            r#"D={d:?}
+A="$AGENT_STATE_AGENT"
+{{ echo "cwd=$(pwd -P)"; echo "ws=$AGENT_STATE_WORKSPACE"; echo "worker=$AGENT_STATE_WORKER";
+   echo "branch=$(git branch --show-current)"; ls -A | grep -v '^.git$' | sed 's/^/file=/'; }} > "$D/.seen-$A"
+mv "$D/.seen-$A" "$D/seen-$A-$AGENT_STATE_SESSION_ID"
+echo "mine: $A" > "own-$A.txt"
+git add "own-$A.txt" && git -c user.name=a -c user.email=a@x commit -q -m "$A's work"
+echo "$A: done"
+"#
+        ),
+    )
+}
+
+/// An env whose agent rio has a workspace of `repo` (`None`: a repository
+/// made here); on the workers of `servers` when given, else locally;
+/// `extra`: more `[defaults]`.
+fn setup(
+    servers: Option<&nats::NatsCluster>,
+    repo: Option<&Path>,
+    extra: &[(&str, &str)],
+) -> (Env, PathBuf) {
+    let env = Env::with_config("");
+    let repo = repo
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| git_repo(&env));
+    let script = agent(&env);
+    let workspace = format!(
+        "{{ repo = {:?}, base = \"main\" }}",
+        repo.display().to_string()
+    );
+    let mut defaults = vec![("wake_on_inbox", "\"never\""), ("workspace", &workspace)];
+    defaults.extend_from_slice(extra);
+    let body = daemon_config(
+        &script,
+        &[],
+        &defaults,
+        "[[agent]]\nname = \"rio\"\n[[agent]]\nname = \"marcus\"\nkind = \"human\"\n",
+    );
+    let cluster = servers
+        .map(|s| {
+            format!(
+                "\n[cluster]\nurls = {:?}\nreplicas = 1\nlocal_sessions = false\ndispatch_timeout = \"60s\"\n",
+                s.urls()
+            )
+        })
+        .unwrap_or_default();
+    env.set_config(&format!("{body}{cluster}"));
+    env.ok(&["bootstrap"]);
+    (env, repo)
+}
+
+fn session(env: &Env) -> Value {
+    read_json(&env.path("rio", "session.json"))
+}
+
+fn seen(env: &Env, sid: &str) -> Vec<String> {
+    std::fs::read_to_string(env.tmp(&format!("seen-rio-{sid}")))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Runs one session of rio to its recorded workspace; its session.json.
+fn run_one(env: &Env, d: &Daemon) -> Value {
+    env.ok(&["wake", "rio"]);
+    d.wait_until(Duration::from_secs(90), "rio's workspace recorded", || {
+        let p = env.path("rio", "session.json");
+        p.exists() && read_json(&p)["workspace"].is_object()
+    });
+    session(env)
+}
+
+/// What a run's `workspace` must be: the worktree under the agent's
+/// directory on the planned branch, one commit (the agent's) on the base.
+fn check_workspace(env: &Env, repo: &Path, s: &Value) {
+    let sid = s["session_id"].as_str().unwrap();
+    let ws = &s["workspace"];
+    let branch = ws["branch"].as_str().unwrap();
+    assert!(branch.starts_with("rio/"), "{ws:#}");
+    assert_eq!(
+        ws["path"],
+        env.path("rio", &format!("workspaces/{sid}"))
+            .display()
+            .to_string()
+    );
+    assert_eq!(ws["state"], "kept", "{ws:#}");
+    assert_eq!(ws["dirty"], false);
+    assert_eq!(ws["commits_ahead"], 1);
+    assert_eq!(ws["base_commit"], git(repo, &["rev-parse", "main"]));
+    // Its commit is in the repository, on its branch.
+    assert_eq!(ws["head_commit"], git(repo, &["rev-parse", branch]));
+    assert_eq!(
+        git(repo, &["log", "-1", "--format=%s", branch]),
+        "rio's work"
+    );
+    // The session ran in the fresh worktree, on that branch, seeing the
+    // base and nothing else.
+    let seen = seen(env, sid);
+    let real = env
+        .path("rio", &format!("workspaces/{sid}"))
+        .canonicalize()
+        .unwrap();
+    assert!(
+        seen.contains(&format!("cwd={}", real.display())),
+        "{seen:?}"
+    );
+    assert!(seen.contains(&format!("branch={branch}")), "{seen:?}");
+    let files: Vec<&String> = seen.iter().filter(|l| l.starts_with("file=")).collect();
+    assert_eq!(files, ["file=README"], "{seen:?}");
+}
+
+#[test]
+fn a_remote_session_runs_in_a_worktree_its_worker_makes_and_is_recorded_as_a_local_one() {
+    let Some(binary) = nats::server_binary("cluster_workspace") else {
+        return;
+    };
+    let servers = nats::NatsCluster::start(&binary, 1);
+    let (env, repo) = setup(Some(&servers), None, &[]);
+    let worker = Worker::start(&env, "w1");
+    worker.wait_registered();
+    let d = env.daemon();
+    let remote = run_one(&env, &d);
+    assert_eq!(remote["status"], "completed", "{remote:#}");
+    let sid = remote["session_id"].as_str().unwrap();
+    assert!(
+        seen(&env, sid).contains(&"worker=w1".to_string()),
+        "it ran on the worker: {:?}",
+        seen(&env, sid)
+    );
+    worker.wait_log(&format!(
+        "worktree {} on branch",
+        env.path("rio", &format!("workspaces/{sid}")).display()
+    ));
+    check_workspace(&env, &repo, &remote);
+    drop(d);
+
+    // The same session on one host: the same record, field by field.
+    let (local_env, local_repo) = setup(None, None, &[]);
+    let d = local_env.daemon();
+    let local = run_one(&local_env, &d);
+    assert_eq!(local["status"], "completed", "{local:#}");
+    check_workspace(&local_env, &local_repo, &local);
+    let (r, l) = (&remote["workspace"], &local["workspace"]);
+    assert_eq!(keys(r), keys(l), "{r:#}\n{l:#}");
+    for k in ["branch", "state", "dirty", "commits_ahead"] {
+        assert_eq!(r[k], l[k], "{k}: {r:#}\n{l:#}");
+    }
+}
+
+/// The worker has no repository at the configured path: the session ends
+/// WORKSPACE_NOT_A_REPO as a local one does (not started, the agent held
+/// for a person), and its message is back in the inbox.
+#[test]
+fn a_worker_without_the_repository_ends_the_session_not_a_repo() {
+    let Some(binary) = nats::server_binary("cluster_workspace") else {
+        return;
+    };
+    let servers = nats::NatsCluster::start(&binary, 1);
+    let missing = std::env::temp_dir().join(format!("agent-state-no-repo-{}", std::process::id()));
+    let (env, _) = setup(Some(&servers), Some(&missing), &[]);
+    let worker = Worker::start(&env, "w1");
+    worker.wait_registered();
+    let d = env.daemon();
+    let id = env.send("marcus", "rio", &[]);
+    env.ok(&["wake", "rio"]);
+    d.wait_until(Duration::from_secs(90), "rio's session ended", || {
+        let p = env.path("rio", "session.json");
+        p.exists() && read_json(&p)["status"] == "error"
+    });
+    let s = session(&env);
+    let reason = s["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("not started on w1")
+            && reason.contains("WORKSPACE_NOT_A_REPO")
+            && reason.contains(&missing.display().to_string()),
+        "{s:#}"
+    );
+    assert!(s.get("workspace").is_none(), "{s:#}");
+    d.wait_until(
+        Duration::from_secs(20),
+        "the message back in the inbox",
+        || env.waiting("rio").iter().any(|m| m.contains(&id)),
+    );
+    d.wait_until(Duration::from_secs(20), "the error is recorded", || {
+        std::fs::read_to_string(env.root.join(".daemon/errors.jsonl"))
+            .unwrap_or_default()
+            .contains("WORKSPACE_NOT_A_REPO")
+    });
+    d.wait_until(Duration::from_secs(20), "rio is disabled", || {
+        read_json(&env.path("rio", "report.json"))["error"]["state"] == "disabled"
+    });
+    assert!(
+        !std::fs::read_dir(env.dir.path()).unwrap().any(|e| e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .starts_with("seen-")),
+        "the command ran without its workspace"
+    );
+}
+
+/// Orders published by hand with hostile worktrees: each ends "not
+/// started" naming the field, and nothing is made or removed there.
+#[test]
+fn a_hostile_workspace_in_an_order_is_refused_naming_the_field() {
+    let Some(binary) = nats::server_binary("cluster_workspace") else {
+        return;
+    };
+    let servers = nats::NatsCluster::start(&binary, 1);
+    let (env, repo) = setup(Some(&servers), None, &[]);
+    let worker = Worker::start(&env, "w1");
+    worker.wait_registered();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let settings = servers.settings();
+    let (cluster, dispatch, _) =
+        rt.block_on(servers.connect(&settings, "test", agent_state_cluster::LeaseTiming::DEFAULT));
+    let output = rt.block_on(cluster.output()).unwrap();
+
+    let root = env.path("rio", "workspaces");
+    std::fs::create_dir_all(&root).unwrap();
+    // A victim outside the root, and a link to it inside.
+    let victim = env.tmp("victim");
+    std::fs::create_dir(&victim).unwrap();
+    std::fs::write(victim.join("keep"), "mine").unwrap();
+    std::os::unix::fs::symlink(&victim, root.join("evil")).unwrap();
+    let repo = repo.display().to_string();
+    let under = |name: &str| root.join(name).display().to_string();
+    let cases: &[(&str, String, String, &str)] = &[
+        (
+            "h1",
+            repo.clone(),
+            "../../etc".into(),
+            "`workspace.path` \"../../etc\"",
+        ),
+        (
+            "h2",
+            repo.clone(),
+            format!("{}/../../../victim", root.display()),
+            "`workspace.path`",
+        ),
+        (
+            "h3",
+            repo.clone(),
+            victim.display().to_string(),
+            "directly under agent rio's workspace root",
+        ),
+        ("h4", repo.clone(), under("evil"), "is a symbolic link"),
+        (
+            "h5",
+            "/etc".into(),
+            under("h5"),
+            "`workspace.repo` /etc is not the repository",
+        ),
+    ];
+    let script = env.tmp("agent.sh");
+    for (id, repo, path, _) in cases {
+        let order = agent_state_cluster::SessionOrder {
+            session_id: id.to_string(),
+            agent: "rio".into(),
+            credential_group: "default".into(),
+            spec: serde_json::json!({
+                "command": script.display().to_string(),
+                "workspace": { "repo": repo, "base": "main", "path": path, "branch": "rio/x" },
+            }),
+        };
+        rt.block_on(dispatch.publish(&order)).unwrap();
+    }
+    for (id, _, _, want) in cases {
+        let mut end = None;
+        let ok = poll_until(Duration::from_secs(60), || {
+            end = rt.block_on(output.ended(id)).unwrap();
+            end.is_some()
+        });
+        assert!(ok, "no end of {id}:\n{}", worker.log());
+        let end = end.unwrap();
+        let detail = match &end.outcome {
+            agent_state_cluster::Outcome::NotStarted { detail } => detail.clone(),
+            other => panic!("{id}: {other:?}"),
+        };
+        assert!(detail.contains(want), "{id}: {want:?} not in {detail}");
+        assert!(
+            matches!(
+                &end.workspace,
+                Some(agent_state_cluster::WorkspaceEnd::NotMade { .. })
+            ),
+            "{id}: {end:?}"
+        );
+    }
+    // Nothing ran, nothing was removed.
+    assert_eq!(
+        std::fs::read_to_string(victim.join("keep")).unwrap(),
+        "mine"
+    );
+    assert!(
+        std::fs::symlink_metadata(root.join("evil"))
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+    assert!(
+        !std::fs::read_dir(env.dir.path()).unwrap().any(|e| e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .starts_with("seen-")),
+        "a hostile order ran"
+    );
+}
+
+/// A workspace with `verify` commands does not run on a worker yet: the
+/// session is refused before any order goes out, naming the settings to
+/// change, and its message is back in the inbox.
+#[test]
+fn a_workspace_with_verify_is_refused_on_workers_naming_the_setting() {
+    let Some(binary) = nats::server_binary("cluster_workspace") else {
+        return;
+    };
+    let servers = nats::NatsCluster::start(&binary, 1);
+    let (env, _) = setup(
+        Some(&servers),
+        None,
+        &[("verify", r#"[["true"]]"#), ("max_iterations", "2")],
+    );
+    let d = env.daemon();
+    let id = env.send("marcus", "rio", &[]);
+    env.ok(&["wake", "rio"]);
+    d.wait_until(Duration::from_secs(60), "rio's session ended", || {
+        let p = env.path("rio", "session.json");
+        p.exists() && read_json(&p)["status"] == "error"
+    });
+    let s = session(&env);
+    let reason = s["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("`verify` commands cannot run on a worker yet")
+            && reason.contains("local_sessions = true in [cluster]")
+            && reason.contains("[agent.session.iteration] verify"),
+        "{s:#}"
+    );
+    d.wait_until(
+        Duration::from_secs(20),
+        "the message back in the inbox",
+        || env.waiting("rio").iter().any(|m| m.contains(&id)),
+    );
+}
