@@ -11,23 +11,33 @@
 //! hands the answer back. A call refused while the lease was being renewed
 //! (the revision moved under it) is sent once more with the new revision.
 //! No answer: [`HookAnswer::Unreachable`], the CLI says what failed.
+//!
+//! A session's calls are bounded: at most [`IN_FLIGHT`] at once (more wait
+//! their turn), and a [`CallBudget`] of [`CallRate::DEFAULT`] (60 at once,
+//! then one a second; `AGENT_STATE_TEST_HOOK_RATE=BURST/PERIOD` in tests):
+//! a call over it is refused at once with exit 75 and when to call again,
+//! so a script's runaway loop costs its own session, not the controller
+//! every agent's hooks go through.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use agent_state_cluster::async_nats;
-use agent_state_cluster::hooks::{self, MAX_REQUEST_BYTES};
+use agent_state_cluster::hooks::{self, CallBudget, CallRate, MAX_REQUEST_BYTES};
 use agent_state_cluster::{ClusterSettings, HookAnswer, HookCall, HookRequest, Refusal};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::Semaphore;
 
 /// How long the script has to send its call.
 const READ_WITHIN: Duration = Duration::from_secs(30);
 /// How long the controller has to answer (it runs the hook for at most
 /// 60 s).
 const ANSWER_WITHIN: Duration = Duration::from_secs(75);
+/// A session's calls forwarded at once; more wait their turn.
+pub const IN_FLIGHT: usize = 4;
 
 /// What the worker stamps a session's calls with.
 pub(super) struct Stamp {
@@ -46,6 +56,8 @@ pub(super) struct Hooks {
     client: async_nats::Client,
     settings: ClusterSettings,
     next: AtomicU64,
+    /// Each session's allowance of calls.
+    rate: CallRate,
 }
 
 /// A session's socket: served until dropped, then removed.
@@ -86,6 +98,7 @@ impl Hooks {
             client,
             settings,
             next: AtomicU64::new(1),
+            rate: test_rate().unwrap_or(CallRate::DEFAULT),
         })
     }
 
@@ -99,23 +112,39 @@ impl Hooks {
         let path = self.dir.path().join(format!("{n}.sock"));
         let listener = UnixListener::bind(&path)?;
         let hooks = self.clone();
-        let stamp = Arc::new(stamp);
+        let session = Arc::new(Session {
+            stamp,
+            budget: Mutex::new(CallBudget::new(self.rate, Instant::now())),
+            turns: Semaphore::new(IN_FLIGHT),
+        });
         let task = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
                 let hooks = hooks.clone();
-                let stamp = stamp.clone();
-                tokio::spawn(async move { hooks.serve(stream, &stamp).await });
+                let session = session.clone();
+                tokio::spawn(async move { hooks.serve(stream, &session).await });
             }
         });
         Ok(Listening { path, task })
     }
 
-    async fn serve(&self, mut stream: UnixStream, stamp: &Stamp) {
+    async fn serve(&self, mut stream: UnixStream, session: &Session) {
         let answer = match read_call(&mut stream).await {
-            Ok(call) => self.forward(call, stamp).await,
+            Ok(call) => match session.allowed(Instant::now()) {
+                Ok(()) => {
+                    let _turn = session.turns.acquire().await;
+                    self.forward(call, &session.stamp).await
+                }
+                Err(refusal) => {
+                    super::log(format!(
+                        "session {}: a hook call refused: {refusal}",
+                        session.stamp.session
+                    ));
+                    refusal.answer()
+                }
+            },
             Err(refusal) => refusal.answer(),
         };
         let bytes = serde_json::to_vec(&answer).expect("an answer serialises");
@@ -176,6 +205,40 @@ impl Hooks {
         }
         answer
     }
+}
+
+/// One session's listener state: its stamp and its bounds.
+struct Session {
+    stamp: Stamp,
+    budget: Mutex<CallBudget>,
+    turns: Semaphore,
+}
+
+impl Session {
+    /// Takes one call from the session's budget at `now`.
+    fn allowed(&self, now: Instant) -> Result<(), Refusal> {
+        let mut budget = self.budget.lock().unwrap_or_else(|e| e.into_inner());
+        let rate = budget.rate();
+        budget.take(now).map_err(|wait| Refusal::TooManyCalls {
+            burst: rate.burst,
+            every: humantime::format_duration(rate.every).to_string(),
+            wait: humantime::format_duration(round_up(wait)).to_string(),
+        })
+    }
+}
+
+/// Whole seconds, rounded up (a wait said in nanoseconds helps nobody).
+fn round_up(d: Duration) -> Duration {
+    Duration::from_secs(d.as_secs() + u64::from(d.subsec_nanos() > 0))
+}
+
+/// The test hook `AGENT_STATE_TEST_HOOK_RATE=BURST/PERIOD`; a bad one is
+/// said and ignored.
+fn test_rate() -> Option<CallRate> {
+    let text = std::env::var("AGENT_STATE_TEST_HOOK_RATE").ok()?;
+    CallRate::parse(&text)
+        .map_err(|e| super::log(format!("AGENT_STATE_TEST_HOOK_RATE refused: {e}")))
+        .ok()
 }
 
 /// Reads one call, bounded in size and time.

@@ -109,6 +109,11 @@ struct Worker {
 
 impl Worker {
     fn start(env: &Env, config: &Path, host: &str) -> Worker {
+        Worker::start_with(env, config, host, &[])
+    }
+
+    /// [`Worker::start`] with these variables in its environment.
+    fn start_with(env: &Env, config: &Path, host: &str, vars: &[(&str, &str)]) -> Worker {
         let log = env.tmp(&format!("worker-{host}.log"));
         let file = std::fs::File::create(&log).unwrap();
         let child = Command::new(BIN)
@@ -121,6 +126,7 @@ impl Worker {
             .env_remove("AGENT_STATE_CONFIG")
             .env_remove("AGENT_STATE_HOOKS")
             .env("XDG_RUNTIME_DIR", env.dir.path())
+            .envs(vars.iter().copied())
             .stdin(Stdio::null())
             .stdout(file.try_clone().unwrap())
             .stderr(file)
@@ -562,5 +568,73 @@ fn hooks_whose_worker_socket_is_gone_say_so() {
         std::fs::read_dir(env.root.join("theseus/inbox"))
             .unwrap()
             .all(|e| e.unwrap().path().extension().is_none_or(|x| x != "json"))
+    );
+}
+
+/// A session's runaway loop of hook calls costs its own session: past its
+/// allowance (`AGENT_STATE_TEST_HOOK_RATE=3/10m` here; 60 at once, then one
+/// a second by default) each call is refused at once with 75 and when to
+/// call again, and nothing of it reaches the controller.
+#[test]
+fn a_sessions_hook_calls_past_its_allowance_are_refused_with_75() {
+    let Some(binary) = nats::server_binary("cluster_hooks") else {
+        return;
+    };
+    let servers = nats::NatsCluster::start(&binary, 3);
+    let (env, worker_config) = cluster_env(&servers);
+    let hooks = env.tmp("hooks");
+    std::fs::create_dir(&hooks).unwrap();
+    let bin = BIN;
+    env.script(
+        "agent.sh",
+        &format!(
+            r#"dir={hooks:?}
+export AGENT_STATE_CONFIG={worker_config:?}
+unset AGENT_STATE_DIR
+for n in 1 2 3 4 5; do
+  {bin:?} record "$AGENT_STATE_AGENT" --claims-proposed $n > "$dir/r$n.out" 2>&1; echo $? > "$dir/r$n.rc"
+done
+echo finished"#
+        ),
+    );
+    let d = env.daemon();
+    let worker = Worker::start_with(
+        &env,
+        &worker_config,
+        "w1",
+        &[("AGENT_STATE_TEST_HOOK_RATE", "3/10m")],
+    );
+    env.ok(&["wake", "rio"]);
+    d.wait_until(Duration::from_secs(90), "rio's session is recorded", || {
+        session(&env, "rio")["status"] == "completed" && !rc(&hooks, "r5").is_empty()
+    });
+    for n in 1..=3 {
+        let name = format!("r{n}");
+        assert_eq!(rc(&hooks, &name), "0", "{name}: {}", out(&hooks, &name));
+    }
+    for n in 4..=5 {
+        let name = format!("r{n}");
+        assert_eq!(rc(&hooks, &name), "75", "{name}: {}", out(&hooks, &name));
+        let text = out(&hooks, &name);
+        assert!(
+            text.contains("too many hook calls from this session")
+                && text.contains("3 at once, then one every 10m")
+                && text.contains("call again in"),
+            "{name}: {text}"
+        );
+    }
+    // The three allowed calls reached the controller (1 + 2 + 3 claims);
+    // the refused ones did not.
+    d.wait_until(
+        Duration::from_secs(10),
+        "metrics.json counts the claims",
+        || state(&env, "rio", "metrics.json")["lifetime"]["claims_proposed"] == 6,
+    );
+    assert!(
+        worker
+            .log()
+            .contains("a hook call refused: too many hook calls"),
+        "{}",
+        worker.log()
     );
 }

@@ -30,6 +30,9 @@ use serde::{Deserialize, Serialize};
 use crate::config::ClusterSettings;
 use crate::lease::LeaseRecord;
 
+mod rate;
+pub use rate::{CallBudget, CallRate};
+
 /// The most a call's stdin (`send --body-file -`) may hold: below NATS's
 /// default 1 MiB payload with the rest of the request.
 pub const MAX_STDIN: usize = 768 << 10;
@@ -250,6 +253,14 @@ pub enum Refusal {
     },
     #[error("the request is not one: {0}")]
     Malformed(String),
+    #[error(
+        "too many hook calls from this session: {burst} at once, then one every {every}; call again in {wait}"
+    )]
+    TooManyCalls {
+        burst: u32,
+        every: String,
+        wait: String,
+    },
 }
 
 impl Refusal {
@@ -268,6 +279,7 @@ impl Refusal {
             | Refusal::NoLease { .. }
             | Refusal::NotHolder { .. }
             | Refusal::StaleRevision { .. } => EXIT_NOPERM,
+            Refusal::TooManyCalls { .. } => EXIT_TEMPFAIL,
         }
     }
 
