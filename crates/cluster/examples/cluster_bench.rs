@@ -5,12 +5,15 @@
 //! Environment: AGENT_STATE_BIN (the agent-state binary, required),
 //! AGENT_STATE_NATS_SERVER or `nats-server` on PATH; QUICK=1 for small
 //! sizes; DISPATCH_N, RATE_N, STREAMS, STREAM_LINES to change them;
-//! LEADER_KILL=0 skips the last part.
+//! LEADER_KILL=0 skips the NATS leader's kill, CONTROLLER_RESTART=0 the
+//! controller restart (the real daemon).
 //!
 //! Figures (printed as `figure NAME VALUE UNIT` lines for run.sh):
 //! - dispatch: one order at a time, from just before `Dispatch::publish`
 //!   to the session's first line (`$EPOCHREALTIME` written to a file by
 //!   the session's bash script), same host and clock;
+//! - the dispatch floor: the same path bare in this process
+//!   (`cluster_bench/floor.rs`);
 //! - sessions/s through one, then two workers: RATE_N orders for distinct
 //!   agents published at once, until the last end is seen;
 //! - output latency with STREAMS concurrent sessions, each printing
@@ -20,10 +23,17 @@
 //!   lease as the controller does at its deadline, dispatch that agent again:
 //!   time from the fence to the new session's start on the other worker;
 //! - NATS stream leader killed: time from the SIGKILL of the server leading
-//!   the dispatch stream until an order published (retried) runs.
+//!   the dispatch stream until an order published (retried) runs;
+//! - controller restart: the real daemon SIGKILLed while its session runs
+//!   on a worker, until the next one follows it again
+//!   (`cluster_bench/restart.rs`).
 //!
 //! Every wait is bounded: a session that never starts or ends fails the run.
 
+#[path = "cluster_bench/floor.rs"]
+mod floor;
+#[path = "cluster_bench/restart.rs"]
+mod restart;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
@@ -46,7 +56,7 @@ fn env_usize(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-fn now_secs() -> f64 {
+pub(crate) fn now_secs() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
@@ -334,6 +344,23 @@ async fn main() {
         (cpu(&nats_pids) - c_n) * 1000.0 / dispatch_n as f64
     );
 
+    // ---- the floor: the same path, bare, in this process ----
+    let c_n = cpu(&nats_pids);
+    let c_self = cpu_of(std::process::id());
+    let lat = floor::run(&b.dispatch, &leases, &b.dir, &b.script, dispatch_n).await;
+    quantiles("dispatch_floor_ms", "ms", lat);
+    println!(
+        "figure dispatch_floor_cpu_client_ms_per_session {:.2} ms",
+        (cpu_of(std::process::id()) - c_self) * 1000.0 / dispatch_n as f64
+    );
+    println!(
+        "figure dispatch_floor_cpu_nats_ms_per_session {:.2} ms",
+        (cpu(&nats_pids) - c_n) * 1000.0 / dispatch_n as f64
+    );
+
+    // The worker that survives the worker-lost part, kept for the parts
+    // after it (the NATS leader's kill needs one).
+    let mut survivor: Option<Worker> = None;
     for (workers, tag) in [(1usize, "1w"), (2, "2w")] {
         let mut w2 = None;
         if workers == 2 {
@@ -432,9 +459,36 @@ async fn main() {
             );
             b.wait_ends(std::slice::from_ref(&id), "after the fence")
                 .await;
-            drop(w2);
+            survivor = Some(w2);
             break;
         }
+    }
+
+    // Alive until the end (the worker that is not in `w1`, if w1 was lost).
+    let _survivor = survivor;
+
+    // ---- controller restart, the real daemon (CONTROLLER_RESTART=0 skips it) ----
+    if std::env::var("CONTROLLER_RESTART").as_deref() != Ok("0") {
+        let (bin, dir, urls) = (bin.clone(), dir.clone(), settings.urls.clone());
+        let f = tokio::task::spawn_blocking(move || {
+            restart::run(&bin, &dir, &urls, &|| worker_logs(&dir))
+        })
+        .await
+        .expect("the controller restart part");
+        println!(
+            "figure controller_killed_to_adopted_ms {:.1} ms",
+            f.adopted_ms
+        );
+        println!(
+            "figure controller_killed_to_output_caught_up_ms {:.1} ms",
+            f.caught_up_ms
+        );
+        println!(
+            "figure controller_killed_to_live_output_ms {:.1} ms",
+            f.live_ms
+        );
+    } else {
+        println!("controller restart SKIPPED (CONTROLLER_RESTART=0)");
     }
 
     // ---- NATS leader killed (LEADER_KILL=0 skips it) ----

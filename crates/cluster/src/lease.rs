@@ -16,12 +16,20 @@
 //! key (nats-server 2.11 and later), each write carries one: a lease nobody
 //! renews goes away on its own, even with the controller down.
 //!
+//! A take first expects the revision this host last saw the key at (its own
+//! release's delete marker, [`Leases::release`]), else none: an agent whose
+//! last session ran here is taken in one round trip, not three (create
+//! refused, read, create). A wrong guess is only refused like any stale
+//! expectation, and the take reads the key as before.
+//!
 //! A write whose acknowledgement is lost (a leader election, a cut link) may
 //! still have been stored. A lease value is unique to its holder, session
 //! and renewal count, so when the next write finds a revision it did not
 //! expect, it reads the key: if the value is the one it wrote, that write
 //! went through and the lease is still its own.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::jetstream::{self, kv, message::PublishMessage};
@@ -31,6 +39,10 @@ use serde::{Deserialize, Serialize};
 /// How often a take retries when the key changes under it between its read
 /// and its write (a delete marker being removed, another taker).
 const TAKE_ATTEMPTS: usize = 4;
+
+/// At most this many keys' last revisions are remembered for the next take
+/// (then they are forgotten all at once: a guess, not a record).
+const HINTS_MAX: usize = 4096;
 
 /// What the lease holds: who runs the agent's session, which session, and
 /// how many renewals it has made.
@@ -103,6 +115,9 @@ pub struct Leases {
     store: kv::Store,
     bucket: String,
     ttl: Option<Duration>,
+    /// Per agent, the revision of this host's last delete of its key: what
+    /// the next take expects first.
+    hints: Arc<Mutex<HashMap<String, u64>>>,
 }
 
 /// How a write ended.
@@ -124,6 +139,7 @@ impl Leases {
             store,
             bucket,
             ttl,
+            hints: Arc::default(),
         }
     }
 
@@ -146,7 +162,7 @@ impl Leases {
             renewal: 0,
         };
         let bytes = encode(&value);
-        let mut expected = 0;
+        let mut expected = self.hint(agent, None).unwrap_or(0);
         for _ in 0..TAKE_ATTEMPTS {
             match self
                 .write(agent, &key, Some(bytes.clone()), expected, "take")
@@ -295,7 +311,10 @@ impl Leases {
     ) -> Result<(), LeaseError> {
         let key = key(agent)?;
         match self.write(agent, &key, None, revision, operation).await? {
-            Write::Stored(_) => Ok(()),
+            Write::Stored(marker) => {
+                self.hint(agent, Some(marker));
+                Ok(())
+            }
             // A delete carries nothing of ours to recognise it by: after a
             // lost acknowledgement, `current: None` may be this very delete.
             Write::Refused => Err(LeaseError::Stale {
@@ -304,6 +323,20 @@ impl Leases {
                 current: self.current(agent).await?.map(|record| record.revision),
             }),
         }
+    }
+
+    /// Takes the remembered revision of `agent`'s key, and remembers
+    /// `marker` instead if given.
+    fn hint(&self, agent: &str, marker: Option<u64>) -> Option<u64> {
+        let mut hints = self.hints.lock().unwrap_or_else(|e| e.into_inner());
+        let was = hints.remove(agent);
+        if let Some(marker) = marker {
+            if hints.len() >= HINTS_MAX {
+                hints.clear();
+            }
+            hints.insert(agent.to_string(), marker);
+        }
+        was
     }
 
     /// One write that expects the key's last revision to be `expected` (0:

@@ -457,9 +457,11 @@ impl Output {
             session: session.to_string(),
             source,
         };
+        // No stream info lookup: one round trip, on the worker's path from
+        // the lease to the session's start.
         let stream = self
             .jetstream
-            .get_stream(&self.stream)
+            .get_stream_no_info(&self.stream)
             .await
             .map_err(|e| read(Box::new(e)))?;
         match stream.get_last_raw_message_by_subject(&subject).await {

@@ -165,6 +165,49 @@ async fn two_workers_racing_for_a_lease_exactly_one_wins() {
     }
 }
 
+/// A take first expects the revision of the host's own last release of the
+/// key; where another host has held and released it since, that guess is
+/// refused and the take reads the key as before: still exactly one holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_take_guessing_its_own_last_release_holds_once_when_another_took_it_since() {
+    let Some((nats, _, _, controller)) = three("lease_hint").await else {
+        return;
+    };
+    let (_, _, a) = nats
+        .connect(&nats.settings(), "worker-a", LeaseTiming::DEFAULT)
+        .await;
+    let (_, _, b) = nats
+        .connect(&nats.settings(), "worker-b", LeaseTiming::DEFAULT)
+        .await;
+    let first = a.take("rio", "worker-a", "s-1").await.unwrap();
+    a.release(&first).await.unwrap();
+    // Here since: b holds it and gives it back; a's guess is stale.
+    let theirs = b.take("rio", "worker-b", "s-2").await.unwrap();
+    b.release(&theirs).await.unwrap();
+    let ours = a.take("rio", "worker-a", "s-3").await.unwrap();
+    assert!(ours.revision > theirs.revision);
+    // b's guess (its own release) is stale too, and the lease is held.
+    match b.take("rio", "worker-b", "s-4").await {
+        Err(LeaseError::Held {
+            holder, revision, ..
+        }) => assert_eq!((holder.as_str(), revision), ("worker-a", ours.revision)),
+        other => panic!("a take of a held lease: {other:?}"),
+    }
+    // Fenced by the controller (whose delete a's guess does not know).
+    controller.fence("rio", ours.revision).await.unwrap();
+    let again = a.take("rio", "worker-a", "s-5").await.unwrap();
+    assert!(again.revision > ours.revision);
+    // Released and taken again here: the guess is right.
+    a.release(&again).await.unwrap();
+    let last = a.take("rio", "worker-a", "s-6").await.unwrap();
+    assert!(last.revision > again.revision);
+    let now = controller.current("rio").await.unwrap().expect("held");
+    assert_eq!(
+        (now.value.session.as_str(), now.revision),
+        ("s-6", last.revision)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_revision_is_refused() {
     let Some((nats, _, _, controller)) = three("stale_renewal").await else {
