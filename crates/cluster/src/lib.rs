@@ -47,7 +47,7 @@ pub use liveness::{
     controller_lease_action, end_is_from_holder, reconcile, worker_lease_action,
 };
 pub use session::{
-    Chunk, Follow, Outcome, Output, OutputError, SessionEnd, SessionSpec, SpecError,
+    Chunk, Follow, Outcome, Output, OutputError, SessionEnd, SessionSpec, SpecError, StallAction,
 };
 pub use workers::{
     CredentialState, RunningSession, WorkerEntry, WorkerRecord, WorkerState, WorkerTiming, Workers,
