@@ -234,7 +234,10 @@ impl ChaosWorker {
             .dir
             .join(format!("worker-{}-{}.log", self.host, self.logs.len()));
         let file = std::fs::File::create(&log).unwrap();
+        let dir = self.dir.join(format!("worker-{}", self.host));
+        std::fs::create_dir_all(&dir).unwrap();
         let child = Command::new(BIN)
+            .current_dir(&dir)
             .args(["--config", self.config.to_str().unwrap()])
             .args(["worker", "--host", &self.host])
             .args(["--slots", &SLOTS.to_string(), "--heartbeat", "300ms"])
