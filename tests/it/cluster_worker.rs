@@ -45,6 +45,18 @@ impl Worker {
         extra: &[&str],
         adjust: impl FnOnce(&mut Command),
     ) -> Worker {
+        Worker::start_configured(env, &env.config, host, extra, adjust)
+    }
+
+    /// [`Worker::start_adjusted`] with its own `config` (e.g. NATS behind
+    /// a proxy).
+    pub(crate) fn start_configured(
+        env: &Env,
+        config: &std::path::Path,
+        host: &str,
+        extra: &[&str],
+        adjust: impl FnOnce(&mut Command),
+    ) -> Worker {
         let log = env.tmp(&format!("worker-{host}.log"));
         let file = std::fs::File::create(&log).unwrap();
         let dir = env.tmp(&format!("worker-{host}"));
@@ -53,7 +65,7 @@ impl Worker {
         command.current_dir(&dir);
         adjust(&mut command);
         let child = command
-            .args(["--config", env.config.to_str().unwrap()])
+            .args(["--config", config.to_str().unwrap()])
             .args(["worker", "--host", host, "--slots", "2"])
             .args(["--heartbeat", "300ms"])
             .args(extra)

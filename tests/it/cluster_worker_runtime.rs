@@ -205,3 +205,85 @@ fn an_escaped_child_dies_with_its_session_cgroup_at_the_timeout() {
     );
     worker.wait_log("killed 1 process(es) left in its cgroup");
 }
+
+/// The worker's link to NATS cut (its TCP proxy) while its session prints
+/// 4 MB (more than a pipe and the worker's channels hold): the session
+/// goes on printing (the spool takes it), and once the link is back every
+/// line reaches the controller's log, in order; the spool file is gone
+/// once the end is stored.
+#[test]
+fn output_printed_while_nats_is_cut_arrives_in_order_after() {
+    let Some(binary) = nats::server_binary("cluster_worker_runtime") else {
+        return;
+    };
+    let servers = nats::NatsCluster::start(&binary, 3);
+    let dir = tempfile::tempdir().unwrap();
+    let (go1, printed, go2) = (
+        dir.path().join("go1"),
+        dir.path().join("printed"),
+        dir.path().join("go2"),
+    );
+    const LINES: usize = 40_000;
+    let pad = "x".repeat(88);
+    let env = env_with(
+        &servers,
+        &format!(
+            "echo before\nwhile [ ! -e {go1:?} ]; do sleep 0.05; done\ni=0\nwhile [ $i -lt {LINES} ]; do echo \"line $i {pad}\"; i=$((i+1)); done\ntouch {printed:?}\nwhile [ ! -e {go2:?} ]; do sleep 0.05; done\necho after"
+        ),
+        &[("timeout", "\"10m\"")],
+    );
+    let ports: Vec<u16> = servers.nodes.iter().map(|n| n.port).collect();
+    let proxy = crate::cluster_chaos::Proxy::start(ports);
+    let text = std::fs::read_to_string(&env.config).unwrap();
+    let urls_line = format!("urls = {:?}", servers.urls());
+    assert!(text.contains(&urls_line));
+    let worker_config = env.tmp("worker-w1.toml");
+    std::fs::write(
+        &worker_config,
+        text.replace(
+            &urls_line,
+            &format!("urls = [\"nats://127.0.0.1:{}\"]", proxy.port),
+        ),
+    )
+    .unwrap();
+    let worker = Worker::start_configured(&env, &worker_config, "w1", &[], |_| {});
+    worker.wait_registered();
+    let d = env.daemon();
+    env.ok(&["wake", "rio"]);
+    d.wait_until(Duration::from_secs(90), "rio prints on the worker", || {
+        log_of(&env, "rio").contains("before")
+    });
+    proxy.cut();
+    std::fs::write(&go1, "").unwrap();
+    // The session printed all of it with NATS unreachable.
+    assert!(
+        poll_until(Duration::from_secs(60), || printed.exists()),
+        "the session blocked on its output while NATS was cut:\n{}",
+        worker.log()
+    );
+    worker.wait_log("its output stays in its spool");
+    let spooled: u64 = spool_files(&env, "w1")
+        .iter()
+        .map(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0))
+        .sum();
+    assert!(spooled > 1 << 20, "{spooled} bytes spooled");
+    proxy.restore();
+    std::fs::write(&go2, "").unwrap();
+    d.wait_until(Duration::from_secs(120), "rio's session completed", || {
+        session(&env, "rio")["status"] == "completed"
+    });
+    worker.wait_log("NATS stores its output again");
+    let log = log_of(&env, "rio");
+    let lines: Vec<&str> = log.lines().filter(|l| l.starts_with("line ")).collect();
+    assert_eq!(lines.len(), LINES, "lines in the controller's log");
+    for (i, l) in lines.iter().enumerate() {
+        assert!(l.starts_with(&format!("line {i} ")), "line {i}: {l:?}");
+    }
+    assert!(log.contains("after"));
+    assert!(
+        poll_until(Duration::from_secs(30), || spool_files(&env, "w1")
+            .is_empty()),
+        "the spool file stays after the end is stored: {:?}",
+        spool_files(&env, "w1")
+    );
+}
