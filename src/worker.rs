@@ -27,15 +27,27 @@
 //!    redelivered after its session ran here or elsewhere) is not run
 //!    again: the end is published before the lease is released, so a
 //!    second taker always finds it;
-//! 5. the command runs as a child in a process group of its own, stdin
-//!    the spec's `stdin` (the prompt) or /dev/null, stdout and stderr streamed in numbered chunks to
-//!    `<output_stream>.out.<session>`; the order is acked once it runs;
-//! 6. the lease is renewed by [`keep`] until the child ends; a lease lost
-//!    (fenced, taken, or not renewed for `worker_gives_up`) kills it, as do
-//!    its timeout and the worker's SIGTERM (SIGTERM to the group, SIGKILL
-//!    after the grace), and the group is swept with SIGKILL after it ends;
-//! 7. the end (outcome, times, last chunk, lease revision) goes to
-//!    `<output_stream>.end.<session>`, then the lease is released.
+//! 5. the command runs as a child in a process group of its own (and, where
+//!    the worker's cgroup is delegated, a cgroup of its own, [`cgroup`],
+//!    with the order's `memory_max`), stdin the spec's `stdin` (the prompt)
+//!    or /dev/null; stdout and stderr are appended chunk by chunk to its
+//!    spool file ([`spool`]) and published from it in numbered chunks to
+//!    `<output_stream>.out.<session>` ([`relay`]): a NATS outage never
+//!    blocks the session, bounded by `--max-spool`; the order is acked once
+//!    it runs;
+//! 6. the lease is renewed by [`keep`] until the child ends and its output
+//!    is stored; a lease lost (fenced, taken, or not renewed for
+//!    `worker_gives_up`) kills it, as do its timeout, a silence of its
+//!    stall timeout with `stall_action` stop ([`stall`]), a full spool and
+//!    the worker's SIGTERM (SIGTERM to the group, SIGKILL after the
+//!    grace), and the group and the cgroup are killed after it ends;
+//! 7. the end (outcome, times, last chunk, lease revision) is written to
+//!    the spool, then stored in `<output_stream>.end.<session>` once every
+//!    chunk is, then the spool file is removed and the lease released.
+//!
+//! At start it finishes, or keeps and explains, the spool files an earlier
+//! run left ([`recover`]: only under its own lease, with the session's
+//! processes known gone).
 //!
 //! A drain request (`agent-state worker drain HOST`) is read at each
 //! heartbeat: the worker stops pulling, finishes its sessions and says
@@ -47,8 +59,7 @@
 //! of the worker's, which stamps each call with the order and the lease
 //! revision it holds and forwards it ([`hooks`]).
 //!
-//! What it does not do yet (issue 24): workspaces (git worktrees), cgroups,
-//! stall detection, and a local copy of output the stream has not stored.
+//! What it does not do yet (issue 24): workspaces (git worktrees).
 
 mod cgroup;
 mod hooks;
