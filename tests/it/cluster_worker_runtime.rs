@@ -287,3 +287,106 @@ fn output_printed_while_nats_is_cut_arrives_in_order_after() {
         spool_files(&env, "w1")
     );
 }
+
+/// A worker SIGKILLed while its session runs, with output only in its
+/// spool (its NATS link cut): started again (same host, same delegated
+/// cgroup), it kills what is left of the session with its cgroup, renews
+/// the session's lease, publishes the spooled output and the end
+/// "interrupted: worker restarted", and removes the file.
+#[test]
+fn a_restarted_worker_stores_a_leftover_spool_under_its_lease() {
+    let Some(binary) = nats::server_binary("cluster_worker_runtime") else {
+        return;
+    };
+    let Some(cg) = TestCgroup::make() else {
+        eprintln!(
+            "SKIPPED (LOUDLY): cannot make a delegated cgroup v2 here (not root, or no cgroup v2 hierarchy): a restarted worker's spool recovery is not tested"
+        );
+        return;
+    };
+    let servers = nats::NatsCluster::start(&binary, 3);
+    let dir = tempfile::tempdir().unwrap();
+    let (go1, printed) = (dir.path().join("go1"), dir.path().join("printed"));
+    let env = env_with(
+        &servers,
+        &format!(
+            "echo before\nwhile [ ! -e {go1:?} ]; do sleep 0.05; done\necho during-the-cut\ntouch {printed:?}\nexec sleep 1000"
+        ),
+        &[("timeout", "\"10m\"")],
+    );
+    let ports: Vec<u16> = servers.nodes.iter().map(|n| n.port).collect();
+    let proxy = crate::cluster_chaos::Proxy::start(ports);
+    let text = std::fs::read_to_string(&env.config).unwrap();
+    let worker_config = env.tmp("worker-w1.toml");
+    std::fs::write(
+        &worker_config,
+        text.replace(
+            &format!("urls = {:?}", servers.urls()),
+            &format!("urls = [\"nats://127.0.0.1:{}\"]", proxy.port),
+        ),
+    )
+    .unwrap();
+    let procs = cg.0.join("cgroup.procs");
+    let start = || {
+        let procs = std::ffi::CString::new(procs.to_str().unwrap()).unwrap();
+        Worker::start_configured(&env, &worker_config, "w1", &[], move |command| {
+            // SAFETY: open, write and close only.
+            unsafe {
+                std::os::unix::process::CommandExt::pre_exec(command, move || {
+                    let fd = nix::libc::open(procs.as_ptr(), nix::libc::O_WRONLY);
+                    if fd >= 0 {
+                        nix::libc::write(fd, b"0".as_ptr().cast(), 1);
+                        nix::libc::close(fd);
+                    }
+                    Ok(())
+                });
+            }
+        })
+    };
+    let mut first = start();
+    first.wait_registered();
+    let d = env.daemon();
+    env.ok(&["wake", "rio"]);
+    d.wait_until(Duration::from_secs(90), "rio prints on the worker", || {
+        log_of(&env, "rio").contains("before")
+    });
+    proxy.cut();
+    std::fs::write(&go1, "").unwrap();
+    assert!(poll_until(Duration::from_secs(60), || printed.exists()));
+    // The line is in the spool, not in the stream.
+    assert!(
+        poll_until(Duration::from_secs(30), || spool_files(&env, "w1")
+            .iter()
+            .any(|p| std::fs::read(p)
+                .unwrap_or_default()
+                .windows(14)
+                .any(|w| w == b"during-the-cut"))),
+        "{:?}\n{}",
+        spool_files(&env, "w1"),
+        first.log()
+    );
+    first.child.kill().unwrap();
+    first.child.wait().unwrap();
+    proxy.restore();
+    let second = start();
+    second.wait_log("storing its spooled output and its end under its lease");
+    d.wait_until(Duration::from_secs(90), "rio's session recorded", || {
+        session(&env, "rio")["status"] == "error"
+    });
+    let s = session(&env, "rio");
+    assert!(
+        s["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("interrupted: worker restarted: w1"),
+        "{s:#}\n{}",
+        second.log()
+    );
+    assert!(log_of(&env, "rio").contains("during-the-cut"));
+    assert!(
+        poll_until(Duration::from_secs(30), || spool_files(&env, "w1")
+            .is_empty()),
+        "{:?}",
+        spool_files(&env, "w1")
+    );
+}
