@@ -33,17 +33,28 @@
 //!    ([`workspace`]; checked against this worker's config before the
 //!    lease is taken): one that cannot be made ends "not started" with its
 //!    catalogue code;
-//! 5. the command runs as a child in a process group of its own, stdin
-//!    the spec's `stdin` (the prompt) or /dev/null, stdout and stderr streamed in numbered chunks to
-//!    `<output_stream>.out.<session>`; the order is acked once it runs
-//!    (the child does not wait for that ack);
-//! 6. the lease is renewed by [`keep`] until the child ends; a lease lost
-//!    (fenced, taken, or not renewed for `worker_gives_up`) kills it, as do
-//!    its timeout and the worker's SIGTERM (SIGTERM to the group, SIGKILL
-//!    after the grace), and the group is swept with SIGKILL after it ends;
+//! 5. the command runs as a child in a process group of its own (and, where
+//!    the worker's cgroup is delegated, a cgroup of its own, [`cgroup`],
+//!    with the order's `memory_max`), stdin the spec's `stdin` (the prompt)
+//!    or /dev/null; stdout and stderr are appended chunk by chunk to its
+//!    spool file ([`spool`]) and published from it in numbered chunks to
+//!    `<output_stream>.out.<session>` ([`relay`]): a NATS outage never
+//!    blocks the session, bounded by `--max-spool`; the order is acked once
+//!    it runs (the child does not wait for that ack);
+//! 6. the lease is renewed by [`keep`] until the child ends and its output
+//!    is stored; a lease lost (fenced, taken, or not renewed for
+//!    `worker_gives_up`) kills it, as do its timeout, a silence of its
+//!    stall timeout with `stall_action` stop ([`stall`]), a full spool and
+//!    the worker's SIGTERM (SIGTERM to the group, SIGKILL after the
+//!    grace), and the group and the cgroup are killed after it ends;
 //! 7. the end (outcome, times, last chunk, lease revision, the worktree's
-//!    judgement) goes to
-//!    `<output_stream>.end.<session>`, then the lease is released.
+//!    judgement) is written to
+//!    the spool, then stored in `<output_stream>.end.<session>` once every
+//!    chunk is, then the spool file is removed and the lease released.
+//!
+//! At start it finishes, or keeps and explains, the spool files an earlier
+//! run left ([`recover`]: only under its own lease, with the session's
+//! processes known gone).
 //!
 //! A drain request (`agent-state worker drain HOST`) is read at each
 //! heartbeat: the worker stops pulling, finishes its sessions and says
@@ -62,20 +73,24 @@
 //! worker's own config puts that agent's worktrees, of the repository it
 //! names there).
 //!
-//! What it does not do yet (issue 24): cgroups, stall detection, and a
-//! local copy of output the stream has not stored.
+//! What it does not do yet (issue 24): flow cycles, and `verify` with a
+//! workspace (both refused by the controller, naming the setting).
 
+mod cgroup;
 mod hooks;
+mod recover;
+mod relay;
+mod spool;
+mod stall;
 pub mod workspace;
 
 use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use agent_state_cluster::Bytes;
 use agent_state_cluster::workers::unix_ms;
 use agent_state_cluster::{
     Cluster, ClusterSettings, CredentialState, KeepEnd, LeaseError, LeaseTiming, Leases,
@@ -84,8 +99,7 @@ use agent_state_cluster::{
 };
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use tokio::io::AsyncReadExt;
-use tokio::sync::{Semaphore, mpsc, oneshot, watch};
+use tokio::sync::{Semaphore, oneshot, watch};
 use tokio::task::JoinSet;
 
 /// How long one pull waits for an order before the next group's turn.
@@ -94,12 +108,13 @@ const PULL_WAIT: Duration = Duration::from_secs(2);
 const HELD_DELAY: Duration = Duration::from_secs(5);
 /// The grace between SIGTERM and SIGKILL when the spec names none.
 const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(10);
-/// One read of a session's pipe: at most one chunk.
-const CHUNK_BYTES: usize = 16 * 1024;
 /// How long the output may take to drain once the session's group is gone.
 const PIPES_CLOSE_WITHIN: Duration = Duration::from_secs(10);
-/// How long a chunk or an end is retried while NATS does not store it.
+/// How long a lease release is retried while NATS does not answer.
 const STORE_RETRY_FOR: Duration = Duration::from_secs(120);
+/// Once the worker is told to stop, how long a session's output and end are
+/// still retried before its spool is left for the next start.
+const STOP_FLUSH: Duration = Duration::from_secs(15);
 
 /// What `agent-state worker` was told.
 #[derive(Debug, Clone)]
@@ -120,6 +135,9 @@ pub struct Options {
     /// config's path (for the reasons).
     pub workspaces: workspace::Allowances,
     pub config: std::path::PathBuf,
+    /// The most bytes of a session's output its spool holds that NATS has
+    /// not stored (`--max-spool`); past it the session is ended.
+    pub spool_limit: u64,
 }
 
 /// Below these it pulls no order (0: not checked).
@@ -302,6 +320,11 @@ pub fn checks_due(
         .collect()
 }
 
+/// The wall clock in milliseconds since the epoch, for a session's end.
+fn now_ms() -> u64 {
+    unix_ms(SystemTime::now())
+}
+
 fn log(message: impl std::fmt::Display) {
     eprintln!("agent-state worker: {message}");
 }
@@ -386,6 +409,8 @@ struct Shared {
     not_pulling: Mutex<Option<String>>,
     drained: watch::Receiver<bool>,
     stop: watch::Receiver<bool>,
+    /// `<work dir>/spool` ([`spool`]).
+    spool_dir: std::path::PathBuf,
     /// The sessions' hook sockets and the line to the controller (`None`:
     /// the private directory could not be made; sessions run without).
     hooks: Option<Arc<hooks::Hooks>>,
@@ -450,6 +475,14 @@ pub enum WorkerError {
     Cluster(#[from] agent_state_cluster::ClusterError),
     #[error(transparent)]
     Dispatch(#[from] agent_state_cluster::DispatchError),
+    #[error(
+        "cannot make the output spool directory {}/spool: {source}; give the worker a --work-dir it owns",
+        work_dir.display()
+    )]
+    Spool {
+        work_dir: std::path::PathBuf,
+        source: std::io::Error,
+    },
     #[error("cannot listen for {signal}: {source}")]
     Signal {
         signal: &'static str,
@@ -491,6 +524,14 @@ pub async fn run(settings: ClusterSettings, options: Options) -> Result<(), Work
             source,
         })
     };
+    let spool_dir =
+        spool::dir(&options.minimums.work_dir).map_err(|source| WorkerError::Spool {
+            work_dir: options.minimums.work_dir.clone(),
+            source,
+        })?;
+    // Before any session: a restarted worker's earlier sessions' cgroups
+    // are killed here ([`recover`] counts on it).
+    let has_cgroups = cgroup::init();
     let mut term = listen(SignalKind::terminate(), "SIGTERM")?;
     let mut int = listen(SignalKind::interrupt(), "SIGINT")?;
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -559,8 +600,10 @@ pub async fn run(settings: ClusterSettings, options: Options) -> Result<(), Work
         not_pulling: Mutex::new(None),
         drained: drained_rx,
         stop: stop_rx.clone(),
+        spool_dir,
         hooks,
     });
+    let recovering = tokio::spawn(recover::leftovers(shared.clone(), has_cgroups));
 
     // Register: the first heartbeat, with the drain request as it stands.
     let drained = workers
@@ -596,6 +639,7 @@ pub async fn run(settings: ClusterSettings, options: Options) -> Result<(), Work
     let checker = tokio::spawn(check_credentials(shared.clone(), stop_rx.clone()));
     pull(&shared, &queues).await;
     let _ = checker.await;
+    let _ = recovering.await;
 
     // Stopping: the sessions see `stop` and end; wait for them.
     let _ = heart.await;
@@ -1014,11 +1058,37 @@ async fn session(shared: &Shared, pulled: PulledOrder) {
         Some(socket) => command.env(agent_state_cluster::hooks::HOOKS_ENV, &socket.path),
         None => command.env_remove(agent_state_cluster::hooks::HOOKS_ENV),
     };
-    let mut child = match command.spawn() {
-        Ok(child) => child,
-        Err(e) => {
-            let detail = format!("cannot start {}: {e}", spec.command);
+    // Its output's local copy first: a session whose output could not be
+    // kept does not run.
+    let header = spool::Header {
+        session_id: id.clone(),
+        agent: order.agent.clone(),
+        host: host.clone(),
+        started_ms: unix_ms(started),
+    };
+    let spooled = match spool::SpoolFile::create(&shared.spool_dir, &header) {
+        Ok(f) => Ok(f),
+        Err(e) => Err(format!(
+            "cannot create its output spool in {}: {e}",
+            shared.spool_dir.display()
+        )),
+    };
+    let session_cgroup = cgroup::session(&id, spec.memory_max);
+    if let Some(cg) = &session_cgroup {
+        cgroup::join_at_exec(&mut command, cg);
+    }
+    let spawned = spooled.and_then(|f| {
+        command
+            .spawn()
+            .map(|child| (child, f))
+            .map_err(|e| format!("cannot start {}: {e}", spec.command))
+    });
+    let (mut child, spool_file) = match spawned {
+        Ok(pair) => pair,
+        Err(detail) => {
             log(format!("session {id} ({}): {detail}", order.agent));
+            let _ = std::fs::remove_file(spool::path(&shared.spool_dir, &id));
+            cgroup::kill(session_cgroup).await;
             let judged = match made {
                 Some((repo, ws)) => Some(workspace::judge(repo, ws).await),
                 None => None,
@@ -1033,6 +1103,33 @@ async fn session(shared: &Shared, pulled: PulledOrder) {
             return;
         }
     };
+    if let (Some(cg), Some(pid)) = (&session_cgroup, child.id()) {
+        cgroup::after_spawn(&id, cg, pid);
+    }
+    let pipes: Vec<(&'static str, Box<dyn tokio::io::AsyncRead + Unpin + Send>)> = [
+        child.stdout.take().map(|p| {
+            (
+                "stdout",
+                Box::new(p) as Box<dyn tokio::io::AsyncRead + Unpin + Send>,
+            )
+        }),
+        child.stderr.take().map(|p| {
+            (
+                "stderr",
+                Box::new(p) as Box<dyn tokio::io::AsyncRead + Unpin + Send>,
+            )
+        }),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let mut relay = relay::Relay::start(
+        shared.output.clone(),
+        &id,
+        spool_file,
+        shared.options.spool_limit,
+        pipes,
+    );
     // The prompt, written beside the session (a child that does not read
     // it must not hold the worker up); closed once written.
     if let (Some(mut stdin), Some(text)) = (child.stdin.take(), spec.stdin.clone()) {
@@ -1099,11 +1196,43 @@ async fn session(shared: &Shared, pulled: PulledOrder) {
         end
     };
     let runner = async {
-        let result = supervise(shared, &id, child, &spec, kill_rx).await;
+        let (outcome, last) = supervise(
+            shared,
+            &id,
+            child,
+            &spec,
+            kill_rx,
+            &mut relay,
+            session_cgroup,
+        )
+        .await;
+        // Its end beside its output, then its output stored (the lease
+        // still renewed meanwhile: the worker is alive, only NATS is slow).
+        let provisional = SessionEnd {
+            session_id: id.clone(),
+            agent: order.agent.clone(),
+            host: host.clone(),
+            outcome: outcome.clone(),
+            started_ms: unix_ms(started),
+            ended_ms: unix_ms(SystemTime::now()),
+            last_chunk: last,
+            lease_revision: 0,
+            // The worktree is judged after this is kept: a restart that
+            // finds only this end records the session without it.
+            workspace: None,
+        };
+        let file = relay.spool.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            file.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .append_end(&provisional)
+        })
+        .await;
+        let flushed = flush(shared, &id, &mut relay.publisher).await;
         let _ = done_tx.send(());
-        result
+        (outcome, last, flushed)
     };
-    let (kept, (outcome, last_chunk)) = tokio::join!(keeper, runner);
+    let (kept, (outcome, last_chunk, flushed)) = tokio::join!(keeper, runner);
     // Judged once its processes are gone, before the end says so.
     let judged = match made {
         Some((repo, ws)) => Some(workspace::judge(repo, ws).await),
@@ -1141,7 +1270,26 @@ async fn session(shared: &Shared, pulled: PulledOrder) {
     ));
     // No hook call is taken once the end is on its way.
     drop(hook_socket);
-    store_end(shared, &end).await;
+    let spool_path = relay
+        .spool
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .path()
+        .to_path_buf();
+    drop(relay);
+    if flushed && store_end(shared, &end).await {
+        if let Err(e) = std::fs::remove_file(&spool_path) {
+            log(format!(
+                "session {id}: cannot remove {}: {e}",
+                spool_path.display()
+            ));
+        }
+    } else {
+        log(format!(
+            "session {id}: its output and end are kept in {} until they are stored (the next start of the worker stores them, if its lease allows)",
+            spool_path.display()
+        ));
+    }
     if let Some(lease) = release {
         release_lease(shared, &id, &lease).await;
     }
@@ -1159,20 +1307,52 @@ async fn until(rx: &mut watch::Receiver<bool>, value: bool) {
     }
 }
 
-/// Publishes the end, retrying while NATS does not store it.
-async fn store_end(shared: &Shared, end: &SessionEnd) {
-    let give_up = Instant::now() + STORE_RETRY_FOR;
+/// Publishes the end, retrying while NATS does not store it: until it
+/// does, or, once the worker stops, for [`STOP_FLUSH`] more (its spool
+/// keeps it for the next start). Whether it is stored.
+async fn store_end(shared: &Shared, end: &SessionEnd) -> bool {
+    let mut stop = shared.stop.clone();
+    let give_up = async {
+        until(&mut stop, true).await;
+        tokio::time::sleep(STOP_FLUSH).await;
+    };
+    tokio::pin!(give_up);
+    let mut said = false;
     loop {
         match shared.output.end(end).await {
-            Ok(()) => return,
-            Err(e) if Instant::now() < give_up => {
-                log(format!("{e}; retrying"));
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
+            Ok(()) => return true,
             Err(e) => {
-                log(format!("{e}; given up"));
-                return;
+                if !said {
+                    log(format!("{e}; retrying"));
+                    said = true;
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    () = &mut give_up => {
+                        log(format!("{e}; given up as the worker stops"));
+                        return false;
+                    }
+                }
             }
+        }
+    }
+}
+
+/// Waits for the publisher to store the session's spooled output: until it
+/// has, or, once the worker stops, for [`STOP_FLUSH`] more. Whether all is
+/// stored.
+async fn flush(shared: &Shared, id: &str, publisher: &mut tokio::task::JoinHandle<u64>) -> bool {
+    let mut stop = shared.stop.clone();
+    let give_up = async {
+        until(&mut stop, true).await;
+        tokio::time::sleep(STOP_FLUSH).await;
+    };
+    tokio::select! {
+        done = &mut *publisher => done.is_ok(),
+        () = give_up => {
+            log(format!("session {id}: its output is not all stored {STOP_FLUSH:?} after the worker was told to stop"));
+            publisher.abort();
+            false
         }
     }
 }
@@ -1199,37 +1379,20 @@ async fn release_lease(shared: &Shared, id: &str, lease: &agent_state_cluster::L
     }
 }
 
-/// Waits for the child, streaming its output, and kills its group at the
-/// timeout, when the lease is lost or when the worker stops. Returns the
-/// outcome and the last chunk's number.
+/// Waits for the child, its output going through `relay`, and kills its
+/// group and its cgroup at the timeout, at a stall, when its spool is full,
+/// when the lease is lost or when the worker stops. Returns the outcome and
+/// the last chunk's number (spooled; the publisher may still be storing).
 async fn supervise(
     shared: &Shared,
     id: &str,
     mut child: tokio::process::Child,
     spec: &SessionSpec,
     kill: oneshot::Receiver<Outcome>,
+    relay: &mut relay::Relay,
+    cgroup: Option<crate::daemon::cgroup::SessionCgroup>,
 ) -> (Outcome, u64) {
     let pgid = child.id().map(|p| Pid::from_raw(p as i32));
-    let (tx, rx) = mpsc::channel::<(&'static str, Bytes)>(64);
-    let readers = [
-        child
-            .stdout
-            .take()
-            .map(|p| tokio::spawn(read_pipe(Box::new(p), "stdout", tx.clone()))),
-        child
-            .stderr
-            .take()
-            .map(|p| tokio::spawn(read_pipe(Box::new(p), "stderr", tx.clone()))),
-    ];
-    drop(tx);
-    let stored = Arc::new(AtomicU64::new(0));
-    let publisher = tokio::spawn(publish_chunks(
-        shared.output.clone(),
-        id.to_string(),
-        rx,
-        stored.clone(),
-    ));
-
     let grace = spec
         .kill_grace_secs
         .map(Duration::from_secs)
@@ -1244,12 +1407,27 @@ async fn supervise(
             None => std::future::pending().await,
         }
     };
+    let stalled = async {
+        match stall::Stall::of(spec) {
+            Some(rule) => stall::watch(id, rule, relay.last_output.clone()).await,
+            None => std::future::pending().await,
+        }
+    };
+    let full = &mut relay.full;
     let outcome = tokio::select! {
         status = child.wait() => exited(status),
         () = timeout => {
             log(format!("session {id}: its timeout ({}s) is reached; ending it", spec.timeout_secs.unwrap_or(0)));
             terminate(&mut child, pgid, grace).await;
             Outcome::TimedOut
+        }
+        silent_for = stalled => {
+            terminate(&mut child, pgid, grace).await;
+            Outcome::Stalled { silent_for_secs: silent_for.as_secs() }
+        }
+        Ok(()) = full => {
+            terminate(&mut child, pgid, grace).await;
+            Outcome::SpoolFull { limit_bytes: shared.options.spool_limit }
         }
         reason = kill => {
             terminate(&mut child, pgid, grace).await;
@@ -1260,31 +1438,23 @@ async fn supervise(
             Outcome::WorkerStopped
         }
     };
-    // Whatever is left of the group (a background grandchild) goes too.
+    // Whatever is left of the group (a background grandchild) goes too,
+    // and of its cgroup (one that left the group with setsid).
     if let Some(pgid) = pgid {
         let _ = killpg(pgid, Signal::SIGKILL);
+    }
+    let killed = cgroup::kill(cgroup).await;
+    if killed > 0 {
+        log(format!(
+            "session {id}: killed {killed} process(es) left in its cgroup"
+        ));
     }
     // The session's life ends here; its output may take longer to store.
     log(format!(
         "session {id}: its process group is gone, monotonic {}",
         monotonic_ns()
     ));
-    // The pipes close with the group; a process that left the group and
-    // holds one open does not hold the end back for long.
-    let abort = publisher.abort_handle();
-    let last = match tokio::time::timeout(PIPES_CLOSE_WITHIN, publisher).await {
-        Ok(Ok(n)) => n,
-        _ => {
-            log(format!(
-                "session {id}: its output pipes stayed open {PIPES_CLOSE_WITHIN:?} after it ended (a process outside its group holds them); the end is sent without the rest"
-            ));
-            abort.abort();
-            stored.load(Ordering::SeqCst)
-        }
-    };
-    for reader in readers.into_iter().flatten() {
-        reader.abort();
-    }
+    let last = relay.pipes_closed(id, PIPES_CLOSE_WITHIN).await;
     (outcome, last)
 }
 
@@ -1308,60 +1478,6 @@ async fn terminate(child: &mut tokio::process::Child, pgid: Option<Pid>, grace: 
         let _ = killpg(pgid, Signal::SIGKILL);
         let _ = child.wait().await;
     }
-}
-
-async fn read_pipe(
-    mut pipe: Box<dyn tokio::io::AsyncRead + Unpin + Send>,
-    name: &'static str,
-    tx: mpsc::Sender<(&'static str, Bytes)>,
-) {
-    let mut buf = vec![0u8; CHUNK_BYTES];
-    loop {
-        match pipe.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => {
-                if tx
-                    .send((name, Bytes::copy_from_slice(&buf[..n])))
-                    .await
-                    .is_err()
-                {
-                    return;
-                }
-            }
-        }
-    }
-}
-
-/// Numbers the chunks from 1 and stores each before the next; returns the
-/// last number once both pipes are closed.
-async fn publish_chunks(
-    output: Output,
-    id: String,
-    mut rx: mpsc::Receiver<(&'static str, Bytes)>,
-    stored: Arc<AtomicU64>,
-) -> u64 {
-    let mut number = 0u64;
-    while let Some((pipe, data)) = rx.recv().await {
-        number += 1;
-        let give_up = Instant::now() + STORE_RETRY_FOR;
-        loop {
-            match output.chunk(&id, number, pipe, data.clone()).await {
-                Ok(()) => {
-                    stored.store(number, Ordering::SeqCst);
-                    break;
-                }
-                Err(e) if Instant::now() < give_up => {
-                    log(format!("{e}; retrying"));
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                }
-                Err(e) => {
-                    log(format!("{e}; the chunk is lost"));
-                    break;
-                }
-            }
-        }
-    }
-    number
 }
 
 #[cfg(test)]

@@ -79,7 +79,7 @@ pub struct RunArgs {
     /// How often it renews its record in the registry (it counts as lost after four missed)
     #[arg(long, env = "AGENT_STATE_WORKER_HEARTBEAT", default_value = "5s", value_parser = humantime::parse_duration, value_name = "DURATION")]
     pub heartbeat: Duration,
-    /// The directory whose file system's free space is checked before each pull (default: the current directory)
+    /// The worker's directory: its free space is checked before each pull, and each session's output is kept in DIR/spool until NATS has stored it (default: the current directory; the unit's is /var/lib/agent-state)
     #[arg(long, env = "AGENT_STATE_WORKER_DIR", value_name = "DIR")]
     pub work_dir: Option<std::path::PathBuf>,
     /// It pulls no order while the work directory has less free space than this, e.g. 1GiB (0: not checked)
@@ -88,6 +88,9 @@ pub struct RunArgs {
     /// It pulls no order while MemAvailable (/proc/meminfo) is below this, e.g. 512MiB (0: not checked)
     #[arg(long, env = "AGENT_STATE_WORKER_MIN_FREE_MEMORY", default_value = "512MiB", value_parser = crate::config::parse_size, value_name = "SIZE")]
     pub min_free_memory: u64,
+    /// The most of a session's output its spool holds while NATS stores none of it, e.g. 256MiB; past it the session is ended as an error
+    #[arg(long, env = "AGENT_STATE_WORKER_MAX_SPOOL", default_value = "256MiB", value_parser = crate::config::parse_size, value_name = "SIZE")]
+    pub max_spool: u64,
 }
 
 /// `[cluster]`, or the configuration error that says how to add it.
@@ -382,7 +385,13 @@ fn serve(ctx: Context, args: RunArgs) -> Result<u8> {
             std::env::current_dir().map_err(|e| Error::io("reading", "the current directory", e))?
         }
     };
-    if (args.min_free_disk > 0) && !work_dir.is_dir() {
+    if args.max_spool < 1 << 20 {
+        return Err(Error::Usage(format!(
+            "--max-spool {} is less than 1MiB; write e.g. 256MiB",
+            args.max_spool
+        )));
+    }
+    if !work_dir.is_dir() {
         return Err(Error::Usage(format!(
             "--work-dir {}: not a directory; give the directory the sessions work in",
             work_dir.display()
@@ -395,6 +404,7 @@ fn serve(ctx: Context, args: RunArgs) -> Result<u8> {
         heartbeat: args.heartbeat,
         version: VERSION.to_string(),
         lease_timing: LeaseTiming::DEFAULT,
+        spool_limit: args.max_spool,
         minimums: crate::worker::Minimums {
             work_dir,
             disk_bytes: args.min_free_disk,

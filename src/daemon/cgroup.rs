@@ -56,24 +56,36 @@ pub struct Cgroups {
 /// moved into `daemon/`, leftovers of a previous daemon killed) on the first
 /// call, which logs which path is used.
 pub fn available() -> Option<&'static Cgroups> {
-    static CGROUPS: OnceLock<Option<Cgroups>> = OnceLock::new();
-    CGROUPS
-        .get_or_init(|| match Cgroups::setup() {
-            Ok(c) => {
-                tracing::info!(
-                    cgroup = %c.base.display(),
-                    "sessions run in cgroups of their own under the delegated cgroup"
-                );
-                Some(c)
-            }
-            Err(why) => {
-                tracing::info!(
-                    "sessions run in process groups only (no per-session cgroups: {why})"
-                );
-                None
-            }
-        })
-        .as_ref()
+    setup_once().as_ref().ok()
+}
+
+/// [`available`], or why not (`agent-state worker` says it in its own log).
+pub fn why_unavailable() -> Option<String> {
+    setup_once().as_ref().err().map(ToString::to_string)
+}
+
+fn setup_once() -> &'static Result<Cgroups, NoCgroups> {
+    static CGROUPS: OnceLock<Result<Cgroups, NoCgroups>> = OnceLock::new();
+    CGROUPS.get_or_init(|| match Cgroups::setup() {
+        Ok(c) => {
+            tracing::info!(
+                cgroup = %c.base.display(),
+                "sessions run in cgroups of their own under the delegated cgroup"
+            );
+            Ok(c)
+        }
+        Err(why) => {
+            tracing::info!("sessions run in process groups only (no per-session cgroups: {why})");
+            Err(why)
+        }
+    })
+}
+
+impl Cgroups {
+    /// The delegated cgroup the sessions' cgroups are made in.
+    pub fn base(&self) -> &Path {
+        &self.base
+    }
 }
 
 /// Why sessions get no cgroups of their own (logged once at start: they

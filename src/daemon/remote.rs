@@ -522,6 +522,15 @@ fn order_of(
         kill_grace_secs: Some(ceil_secs(spec.kill_grace)),
         stdin: (!spec.stdin.is_empty()).then(|| String::from_utf8_lossy(&spec.stdin).into_owned()),
         workspace: planned.map(|p| workspace::order_of(&p.plan)),
+        // The worker keeps the stall timer where the output is (this
+        // controller's machine keeps its own too, as a backstop: it sees
+        // the output later, through the stream).
+        stall_timeout_secs: spec.agent_stall_timeout.map(|d| ceil_secs(d).max(1)),
+        stall_action: spec.agent_stall_timeout.map(|_| match spec.stall_action {
+            runner::StallAction::Warn => agent_state_cluster::StallAction::Warn,
+            runner::StallAction::Stop => agent_state_cluster::StallAction::Stop,
+        }),
+        memory_max: spec.memory_max,
     };
     Ok(SessionOrder {
         session_id: id,
@@ -1181,6 +1190,21 @@ pub fn ending_of(end: &SessionEnd, accepted: bool, lease_now: Option<u64>) -> En
             signal: None,
         } => Ending::Exited { code: -1 },
         Outcome::TimedOut => Ending::TimedOut,
+        // As the local path records its stall: the machine's stall stop.
+        Outcome::Stalled { silent_for_secs } => Ending::Stalled {
+            silent_for: Duration::from_secs(*silent_for_secs),
+        },
+        Outcome::WorkerRestarted => Ending::Lost {
+            reason: format!(
+                "interrupted: worker restarted: {host} restarted while the session ran and killed what was left of it"
+            ),
+        },
+        Outcome::SpoolFull { limit_bytes } => Ending::Lost {
+            reason: format!(
+                "interrupted: output not stored: {host} ended the session when its output spool passed {} MiB while NATS stored none of it",
+                limit_bytes >> 20
+            ),
+        },
         Outcome::LeaseLost { detail } => Ending::Lost {
             reason: format!("interrupted: worker lost: {host} lost the session's lease: {detail}"),
         },

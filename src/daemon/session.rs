@@ -241,6 +241,7 @@ pub fn prepare(
             "AGENT_STATE_RUN".to_string(),
             format!("{}:{}:{}", std::process::id(), agent.name, session_id),
         ),
+        agent_stall_timeout: agent.session.stall_timeout,
         memory_max: agent.session.memory_max,
     };
     Ok(Prepared {

@@ -100,16 +100,16 @@ impl Rng {
 }
 
 /// A TCP proxy to the NATS servers (the first that accepts, from
-/// `first`): `cut` closes every connection and refuses new ones until
+/// `first`; also `cluster_worker_runtime`'s): `cut` closes every connection and refuses new ones until
 /// `restore`.
-struct Proxy {
-    port: u16,
+pub(crate) struct Proxy {
+    pub(crate) port: u16,
     cut: Arc<AtomicBool>,
     open: Arc<Mutex<Vec<TcpStream>>>,
 }
 
 impl Proxy {
-    fn start(upstream: Vec<u16>) -> Proxy {
+    pub(crate) fn start(upstream: Vec<u16>) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").expect("a proxy port");
         let port = listener.local_addr().unwrap().port();
         let cut = Arc::new(AtomicBool::new(false));
@@ -166,14 +166,14 @@ impl Proxy {
         Proxy { port, cut, open }
     }
 
-    fn cut(&self) {
+    pub(crate) fn cut(&self) {
         self.cut.store(true, Ordering::SeqCst);
         for s in self.open.lock().unwrap().drain(..) {
             let _ = s.shutdown(Shutdown::Both);
         }
     }
 
-    fn restore(&self) {
+    pub(crate) fn restore(&self) {
         self.cut.store(false, Ordering::SeqCst);
     }
 }
@@ -234,7 +234,10 @@ impl ChaosWorker {
             .dir
             .join(format!("worker-{}-{}.log", self.host, self.logs.len()));
         let file = std::fs::File::create(&log).unwrap();
+        let dir = self.dir.join(format!("worker-{}", self.host));
+        std::fs::create_dir_all(&dir).unwrap();
         let child = Command::new(BIN)
+            .current_dir(&dir)
             .args(["--config", self.config.to_str().unwrap()])
             .args(["worker", "--host", &self.host])
             .args(["--slots", &SLOTS.to_string(), "--heartbeat", "300ms"])

@@ -116,7 +116,11 @@ impl Worker {
     fn start_with(env: &Env, config: &Path, host: &str, vars: &[(&str, &str)]) -> Worker {
         let log = env.tmp(&format!("worker-{host}.log"));
         let file = std::fs::File::create(&log).unwrap();
+        // Its own directory: its output spool.
+        let dir = env.tmp(&format!("worker-{host}"));
+        std::fs::create_dir_all(&dir).unwrap();
         let child = Command::new(BIN)
+            .current_dir(&dir)
             .arg("--config")
             .arg(config)
             .args(["worker", "--host", host, "--slots", "2"])

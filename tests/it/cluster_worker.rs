@@ -34,10 +34,38 @@ impl Worker {
 
     /// [`Worker::start`] with `extra` arguments.
     pub(crate) fn start_with(env: &Env, host: &str, extra: &[&str]) -> Worker {
+        Worker::start_adjusted(env, host, extra, |_| {})
+    }
+
+    /// [`Worker::start_with`], `adjust`ing the command before it runs. Its
+    /// directory (its spool) is `worker-HOST` in the test's directory.
+    pub(crate) fn start_adjusted(
+        env: &Env,
+        host: &str,
+        extra: &[&str],
+        adjust: impl FnOnce(&mut Command),
+    ) -> Worker {
+        Worker::start_configured(env, &env.config, host, extra, adjust)
+    }
+
+    /// [`Worker::start_adjusted`] with its own `config` (e.g. NATS behind
+    /// a proxy).
+    pub(crate) fn start_configured(
+        env: &Env,
+        config: &std::path::Path,
+        host: &str,
+        extra: &[&str],
+        adjust: impl FnOnce(&mut Command),
+    ) -> Worker {
         let log = env.tmp(&format!("worker-{host}.log"));
         let file = std::fs::File::create(&log).unwrap();
-        let child = Command::new(BIN)
-            .args(["--config", env.config.to_str().unwrap()])
+        let dir = env.tmp(&format!("worker-{host}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut command = Command::new(BIN);
+        command.current_dir(&dir);
+        adjust(&mut command);
+        let child = command
+            .args(["--config", config.to_str().unwrap()])
             .args(["worker", "--host", host, "--slots", "2"])
             .args(["--heartbeat", "300ms"])
             .args(extra)

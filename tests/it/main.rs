@@ -22,6 +22,7 @@ mod cluster_hooks;
 mod cluster_unit;
 mod cluster_worker;
 mod cluster_worker_checks;
+mod cluster_worker_runtime;
 mod cluster_workspace;
 mod concurrency;
 mod config_edits;

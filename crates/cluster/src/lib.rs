@@ -47,8 +47,8 @@ pub use liveness::{
     controller_lease_action, end_is_from_holder, reconcile, worker_lease_action,
 };
 pub use session::{
-    Chunk, Follow, Outcome, Output, OutputError, SessionEnd, SessionSpec, SpecError, WorkspaceEnd,
-    WorkspaceJudged, WorkspaceOrder,
+    Chunk, Follow, Outcome, Output, OutputError, SessionEnd, SessionSpec, SpecError, StallAction,
+    WorkspaceEnd, WorkspaceJudged, WorkspaceOrder,
 };
 pub use workers::{
     CredentialState, RunningSession, WorkerEntry, WorkerRecord, WorkerState, WorkerTiming, Workers,

@@ -55,6 +55,22 @@ pub struct SessionSpec {
     /// prompt); none: stdin is /dev/null.
     #[serde(default)]
     pub stdin: Option<String>,
+    /// The agent's `stall_timeout`: a session that prints nothing (on
+    /// either pipe) for this many seconds is stalled. With `stall_action`
+    /// `stop` the worker ends it like at its timeout and its end says
+    /// [`Outcome::Stalled`]; with `warn` (or none) it only logs it (the
+    /// controller's machine raises the warning). Added after the first
+    /// release: a worker older than its controller refuses an order that
+    /// carries it (`deny_unknown_fields`), so workers are updated first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stall_timeout_secs: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stall_action: Option<StallAction>,
+    /// The agent's `memory_max` in bytes: the session's cgroup's
+    /// `memory.max` on a worker that gives sessions cgroups with the memory
+    /// controller (logged as not applied elsewhere). Same rule as above.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_max: Option<u64>,
     /// The git worktree the session runs in (an agent with
     /// `[agent.session.workspace]`): made by the worker before the command
     /// runs, its cwd, judged after it ends ([`WorkspaceEnd`]). Absent from
@@ -107,6 +123,16 @@ pub struct WorkspaceJudged {
     pub invalid: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub set_aside: Vec<String>,
+}
+
+/// What a stall does on the worker (the agent's `stall_action`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StallAction {
+    /// Logged; the session runs on.
+    Warn,
+    /// Ended like at its timeout: [`Outcome::Stalled`].
+    Stop,
 }
 
 impl SessionSpec {
@@ -283,6 +309,16 @@ pub enum Outcome {
     },
     /// Killed at its timeout.
     TimedOut,
+    /// Killed because it printed nothing for its stall timeout (the spec's
+    /// `stall_timeout_secs`, `stall_action` `stop`).
+    Stalled { silent_for_secs: u64 },
+    /// The worker restarted while the session ran: what was left of it was
+    /// killed (its cgroup) and its spooled output and end stored by the
+    /// next run of the worker, under the same lease.
+    WorkerRestarted,
+    /// The worker ended it because its output spool passed its limit while
+    /// NATS stored none of it (a long outage and a session printing fast).
+    SpoolFull { limit_bytes: u64 },
     /// Killed because the lease was fenced, taken or could not be renewed.
     LeaseLost { detail: String },
     /// Killed because the worker was told to stop (SIGTERM).
@@ -469,6 +505,34 @@ impl Output {
                 .map(Some)
                 .map_err(|e| read(Box::new(e))),
             Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(read(Box::new(e))),
+        }
+    }
+
+    /// The number of the last chunk of `session` stored (0: none): where a
+    /// worker that restarted goes on from its spool.
+    pub async fn last_chunk(&self, session: &str) -> Result<u64, OutputError> {
+        use async_nats::jetstream::stream::LastRawMessageErrorKind;
+        let subject = self.output_subject(session)?;
+        let read = |source: Box<dyn std::error::Error + Send + Sync>| OutputError::Read {
+            session: session.to_string(),
+            source,
+        };
+        let stream = self
+            .jetstream
+            .get_stream(&self.stream)
+            .await
+            .map_err(|e| read(Box::new(e)))?;
+        match stream.get_last_raw_message_by_subject(&subject).await {
+            Ok(message) => {
+                let number = message
+                    .headers
+                    .get(CHUNK_HEADER)
+                    .and_then(|v| v.as_str().parse().ok())
+                    .unwrap_or(0);
+                Ok(number)
+            }
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(0),
             Err(e) => Err(read(Box::new(e))),
         }
     }
@@ -675,6 +739,16 @@ mod tests {
             (
                 serde_json::json!({"command": "x", "stdin": "p".repeat((8 << 20) + 1)}),
                 Err("`stdin` is 8388609 bytes, more than 8388608"),
+            ),
+            // The fields added later (stall, memory) parse; an old order
+            // without them too (above).
+            (
+                serde_json::json!({"command": "x", "stall_timeout_secs": 600, "stall_action": "stop", "memory_max": 1024}),
+                Ok("x"),
+            ),
+            (
+                serde_json::json!({"command": "x", "stall_action": "sometimes"}),
+                Err("unknown variant `sometimes`"),
             ),
             // A NUL in the prompt is only bytes on a pipe: allowed.
             (

@@ -46,9 +46,10 @@ pub enum Ending {
     /// It never ran. `reason` is a sentence for an operator, naming the path.
     SpawnFailed { reason: String, kind: SpawnFailure },
     /// It ran on a worker host that was lost (its lease fenced, lost or not
-    /// renewed, the worker stopped) before its end could be recorded:
-    /// `reason` starts "interrupted: worker lost" (the daemon's remote
-    /// executor).
+    /// renewed, the worker stopped or restarted, its output not stored)
+    /// before its end could be recorded: `reason` starts "interrupted:"
+    /// ("worker lost", "worker restarted", "output not stored"; the
+    /// daemon's remote executor).
     Lost { reason: String },
 }
 

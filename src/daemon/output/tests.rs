@@ -573,6 +573,7 @@ async fn real_claude_without_credentials_is_login_required() {
             "AGENT_STATE_SESSION_ID".into(),
             format!("test/{}", uuid::Uuid::new_v4()),
         ),
+        agent_stall_timeout: None,
         memory_max: None,
     };
     let mut out = SessionOutput::new();

@@ -40,6 +40,29 @@ fn outcomes_map_to_endings() {
         (exited(None, Some(9)), Ending::Signaled { signal: 9 }),
         (exited(None, None), Ending::Exited { code: -1 }),
         (Outcome::TimedOut, Ending::TimedOut),
+        // A stall the worker ended: the verdict of a local stall stop.
+        (
+            Outcome::Stalled {
+                silent_for_secs: 90,
+            },
+            Ending::Stalled {
+                silent_for: Duration::from_secs(90),
+            },
+        ),
+        (
+            Outcome::WorkerRestarted,
+            lost(
+                "interrupted: worker restarted: w1 restarted while the session ran and killed what was left of it",
+            ),
+        ),
+        (
+            Outcome::SpoolFull {
+                limit_bytes: 256 << 20,
+            },
+            lost(
+                "interrupted: output not stored: w1 ended the session when its output spool passed 256 MiB while NATS stored none of it",
+            ),
+        ),
         (
             Outcome::LeaseLost {
                 detail: "fenced".into(),
@@ -146,6 +169,7 @@ fn spec(argv: &[&str], env: &[(&str, &str)]) -> SessionSpec {
         stall_timeout: None,
         stall_action: Default::default(),
         marker: ("AGENT_STATE_RUN".into(), "1:rio:s1".into()),
+        agent_stall_timeout: None,
         memory_max: None,
     }
 }
@@ -168,6 +192,38 @@ fn an_order_carries_the_spec() {
     assert_eq!(remote.kill_grace_secs, Some(10));
     assert_eq!(remote.stdin.as_deref(), Some("the prompt"));
     assert_eq!(remote.env["AGENT_STATE_RUN"], "1:rio:s1");
+    // No stall timeout, no memory limit: none in the order (an order an
+    // older worker still reads).
+    assert_eq!(
+        (
+            remote.stall_timeout_secs,
+            remote.stall_action,
+            remote.memory_max
+        ),
+        (None, None, None)
+    );
+    assert!(!order.spec.to_string().contains("stall"), "{}", order.spec);
+    // The agent's stall timeout and action, and its memory limit, go to
+    // the worker.
+    let mut stalling = spec(&["/bin/run"], &ids);
+    stalling.agent_stall_timeout = Some(Duration::from_millis(1500));
+    stalling.stall_action = runner::StallAction::Stop;
+    stalling.memory_max = Some(1 << 30);
+    let remote =
+        agent_state_cluster::SessionSpec::from_order(&order_of(&stalling, "main").unwrap().spec)
+            .unwrap();
+    assert_eq!(
+        (
+            remote.stall_timeout_secs,
+            remote.stall_action,
+            remote.memory_max
+        ),
+        (
+            Some(2),
+            Some(agent_state_cluster::StallAction::Stop),
+            Some(1 << 30)
+        )
+    );
 
     let mut second = spec(&["/bin/run"], &ids);
     second.iteration = 2;

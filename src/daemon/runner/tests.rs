@@ -37,6 +37,7 @@ fn spec(dir: &tempfile::TempDir, script: &str, args: &[&str]) -> SessionSpec {
             "AGENT_STATE_SESSION_ID".into(),
             format!("test/{}", uuid::Uuid::new_v4()),
         ),
+        agent_stall_timeout: None,
         memory_max: None,
     }
 }

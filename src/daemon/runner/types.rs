@@ -47,6 +47,11 @@ pub struct SessionSpec {
     /// observes the silence; whoever reads [`OutputObserver::on_stall`]
     /// decides and gives the [`Orders`].
     pub stall_action: StallAction,
+    /// The agent's `stall_timeout` as configured, whoever keeps its timer:
+    /// the daemon's machine for a run on this host (so `stall_timeout`
+    /// stays `None`), the worker for a run on a worker (the order carries
+    /// it with `stall_action`, [`crate::daemon::remote`]).
+    pub agent_stall_timeout: Option<Duration>,
     /// `(name, value)` of a variable set on the child (and so inherited by
     /// every descendant that keeps its environment), e.g.
     /// `("AGENT_STATE_SESSION_ID", "rio/20261122-120000")`. The value must be

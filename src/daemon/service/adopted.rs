@@ -80,6 +80,7 @@ pub(super) fn adopt(daemon: &mut Daemon, agent: &AgentName, record: RemoteRecord
         stall_timeout: None,
         stall_action: Default::default(),
         marker: (String::new(), String::new()),
+        agent_stall_timeout: None,
         memory_max: None,
     };
     let tx = daemon.tx.clone();
