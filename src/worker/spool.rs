@@ -408,6 +408,7 @@ mod tests {
             ended_ms: 2,
             last_chunk: 2,
             lease_revision: 0,
+            workspace: None,
         }
     }
 

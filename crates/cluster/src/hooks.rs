@@ -31,7 +31,7 @@ use crate::config::ClusterSettings;
 use crate::lease::LeaseRecord;
 
 mod rate;
-pub use rate::{CallBudget, CallRate};
+pub use rate::{CallBudget, CallRate, RateError};
 
 /// The most a call's stdin (`send --body-file -`) may hold: below NATS's
 /// default 1 MiB payload with the rest of the request.

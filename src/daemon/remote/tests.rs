@@ -209,9 +209,10 @@ fn an_order_carries_the_spec() {
     stalling.agent_stall_timeout = Some(Duration::from_millis(1500));
     stalling.stall_action = runner::StallAction::Stop;
     stalling.memory_max = Some(1 << 30);
-    let remote =
-        agent_state_cluster::SessionSpec::from_order(&order_of(&stalling, "main").unwrap().spec)
-            .unwrap();
+    let remote = agent_state_cluster::SessionSpec::from_order(
+        &order_of(&stalling, "main", None).unwrap().spec,
+    )
+    .unwrap();
     assert_eq!(
         (
             remote.stall_timeout_secs,

@@ -25,21 +25,31 @@ impl CallRate {
 
     /// `BURST/PERIOD` (`3/60s`), as the worker's test hook
     /// `AGENT_STATE_TEST_HOOK_RATE` writes it.
-    pub fn parse(text: &str) -> Result<CallRate, String> {
-        let (burst, every) = text
-            .split_once('/')
-            .ok_or_else(|| format!("{text:?} is not BURST/PERIOD (3/60s)"))?;
+    pub fn parse(text: &str) -> Result<CallRate, RateError> {
+        let bad = |why: &str| RateError {
+            text: text.to_string(),
+            why: why.to_string(),
+        };
+        let (burst, every) = text.split_once('/').ok_or_else(|| bad("no `/`"))?;
         let burst: u32 = burst
             .trim()
             .parse()
-            .map_err(|e| format!("{burst:?} is not a number of calls: {e}"))?;
+            .map_err(|e| bad(&format!("{burst:?} is not a number of calls: {e}")))?;
         let every = humantime::parse_duration(every.trim())
-            .map_err(|e| format!("{every:?} is not a duration: {e}"))?;
+            .map_err(|e| bad(&format!("{every:?} is not a duration: {e}")))?;
         if burst == 0 || every.is_zero() {
-            return Err(format!("{text:?}: both figures must be above 0"));
+            return Err(bad("both figures must be above 0"));
         }
         Ok(CallRate { burst, every })
     }
+}
+
+/// A rate that does not read as `BURST/PERIOD`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{text:?} is not BURST/PERIOD (3/60s): {why}")]
+pub struct RateError {
+    pub text: String,
+    pub why: String,
 }
 
 /// One session's bucket.
