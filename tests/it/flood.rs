@@ -22,7 +22,7 @@ fn setup() -> Env {
         &format!(
             "echo \"start $AGENT_STATE_AGENT $(date +%s.%N)\" >> {:?}\n\
              # rio's session outlasts the flood: every request waits for it.\n\
-             if [ \"$AGENT_STATE_AGENT\" = rio ]; then sleep 120; fi\n\
+             if [ \"$AGENT_STATE_AGENT\" = rio ]; then sleep 600; fi\n\
              echo done",
             runs.display().to_string()
         ),
@@ -30,7 +30,9 @@ fn setup() -> Env {
     env.set_config(&daemon_config(
         &script,
         &[],
-        &[("inbox_debounce", "\"0s\"")],
+        // Its timeout too, however long a busy machine takes to make and
+        // serve the flood (the test's SIGTERM ends it).
+        &[("inbox_debounce", "\"0s\""), ("timeout", "\"15m\"")],
         AGENTS,
     ));
     env.ok(&["bootstrap"]);
