@@ -92,12 +92,16 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
                     &mut notes,
                 )
             });
+            // The message is delivered: nothing after this fails the send
+            // (a sender told to try again would deliver it twice).
             match added {
                 Ok(_) => {}
                 Err(e) if is_permission_denied(&e) => notes.push(format!(
                     "{to}: no permission to update tasks.json ({e}); the task will be added when a session claims the message"
                 )),
-                Err(e) => return Err(e),
+                Err(e) => notes.push(format!(
+                    "{to}: tasks.json not updated now ({e}); the message is delivered, and its task will be added when a session claims it"
+                )),
             }
         }
         sent.push(message);
@@ -119,7 +123,10 @@ pub fn run(ctx: &Context, args: Args) -> Result<u8> {
                 Err(e) if is_permission_denied(&e) => notes.push(format!(
                     "{from}: no permission to record the messages it sent ({e}); they were delivered"
                 )),
-                Err(e) => return Err(e),
+                // Delivered already: said, never "try again".
+                Err(e) => notes.push(format!(
+                    "{from}: the messages it sent are not counted in its journal ({e}); they were delivered"
+                )),
             }
         }
     }

@@ -319,20 +319,28 @@ fn sender(shared: Arc<Shared>, seed: u64) {
                 // `agent-state send`.
                 80..=84 => {
                     let subject = format!("sent {n}");
-                    let out = cli(
-                        &shared,
-                        &[
-                            "send",
-                            "--from",
-                            from,
-                            "--to",
-                            to,
-                            "--type",
-                            kind,
-                            "--subject",
-                            &subject,
-                        ],
-                    );
+                    let args = [
+                        "send",
+                        "--from",
+                        from,
+                        "--to",
+                        to,
+                        "--type",
+                        kind,
+                        "--subject",
+                        &subject,
+                    ];
+                    // Exit 75 (the agent's lock held past `send`'s 10 s,
+                    // e.g. by a restarted daemon returning thousands of
+                    // claimed messages on a busy machine) delivers nothing
+                    // and means "try again", as a pipeline would.
+                    let mut out = cli(&shared, &args);
+                    for _ in 0..5 {
+                        if out.status.code() != Some(75) {
+                            break;
+                        }
+                        out = cli(&shared, &args);
+                    }
                     let stdout = String::from_utf8_lossy(&out.stdout);
                     assert!(
                         out.status.success(),

@@ -489,3 +489,72 @@ fn a_closed_pipe_ends_output_quietly() {
         assert_ne!(out.status.code(), Some(101), "{args:?}");
     }
 }
+
+/// A `send` whose message is delivered never says "try again": the
+/// recipient's lock held past the CLI's wait (a task message updates its
+/// tasks.json) and the sender's (its journal counts what it sent) are
+/// warnings with exit 0, and the message is in the inbox once. A sender told
+/// to try again (75) would deliver it twice.
+#[test]
+fn a_delivered_message_is_not_refused_because_a_lock_is_busy() {
+    let env = Env::with_config(
+        "[[agent]]\nname = \"rio\"\n\n[[agent]]\nname = \"theseus\"\n\n[[agent]]\nname = \"marcus\"\nkind = \"human\"\n",
+    );
+    env.ok(&["bootstrap"]);
+    let held = env.tmp("held");
+    // rio's lock held by another process for the whole test.
+    let mut holder = std::process::Command::new("flock")
+        .arg(env.path("rio", ".lock"))
+        .args([
+            "-c",
+            &format!("touch {:?}; sleep 120", held.display().to_string()),
+        ])
+        .spawn()
+        .expect("flock (util-linux)");
+    let up = crate::support::poll_until(std::time::Duration::from_secs(30), || held.exists());
+    assert!(up, "flock never held rio's lock");
+    // To rio, a task: delivered, tasks.json left to the claim.
+    let to_rio = env.run(&[
+        "send",
+        "--from",
+        "marcus",
+        "--to",
+        "rio",
+        "--type",
+        "task",
+        "--subject",
+        "a task",
+    ]);
+    // From rio: delivered to theseus, not counted in rio's journal.
+    let from_rio = env.run(&[
+        "send",
+        "--from",
+        "rio",
+        "--to",
+        "theseus",
+        "--subject",
+        "hello",
+    ]);
+    let _ = holder.kill();
+    let _ = holder.wait();
+    for (out, inbox, note) in [
+        (&to_rio, "rio", "tasks.json not updated now"),
+        (&from_rio, "theseus", "not counted in its journal"),
+    ] {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+        assert!(
+            stderr.contains(note) && stderr.contains("delivered"),
+            "{stderr}"
+        );
+        let id = stdout.split_whitespace().nth(1).expect("sent ID");
+        let waiting: Vec<String> = env.waiting(inbox);
+        assert_eq!(
+            waiting.iter().filter(|n| n.contains(id)).count(),
+            1,
+            "{id} in {inbox}'s inbox once: {waiting:?}"
+        );
+        assert_eq!(waiting.len(), 1, "{waiting:?}");
+    }
+}
