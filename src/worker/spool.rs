@@ -246,13 +246,27 @@ impl SpoolFile {
     /// runs once per worker).
     pub fn create(dir: &Path, header: &Header) -> io::Result<SpoolFile> {
         let path = path(dir, &header.session_id);
-        let mut file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
-            .open(&path)?;
+        let open = || {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+                .open(&path)
+        };
+        let mut file = match open() {
+            // A killed run's file of the same order (redelivered to this
+            // worker, whose lease it now holds): set aside under a name the
+            // recovery does not read, kept for the operator, never reused.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                // Named by the new run's start (the caller's time).
+                let aside = path.with_extension(format!("spool.{}.replaced", header.started_ms));
+                std::fs::rename(&path, &aside)?;
+                open()?
+            }
+            other => other?,
+        };
         let mut line = serde_json::to_vec(header).expect("a header serialises");
         line.push(b'\n');
         file.write_all(&line)?;
@@ -462,6 +476,34 @@ mod tests {
     }
 
     #[test]
+    fn a_killed_runs_file_of_the_same_order_is_set_aside_not_reused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = dir(tmp.path()).unwrap();
+        let header = Header {
+            session_id: "rio_s1".into(),
+            agent: "rio".into(),
+            host: "w1".into(),
+            started_ms: 5,
+        };
+        let mut old = SpoolFile::create(&dir, &header).unwrap();
+        old.append(1, "stdout", b"old").unwrap();
+        let mut new = SpoolFile::create(&dir, &header).unwrap();
+        assert_eq!(new.read_next().unwrap(), None, "the new file starts empty");
+        let names: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+        assert!(names.iter().any(|n| n == "rio_s1.spool"), "{names:?}");
+        assert!(
+            names
+                .iter()
+                .any(|n| n.starts_with("rio_s1.spool.") && n.ends_with(".replaced")),
+            "{names:?}"
+        );
+    }
+
+    #[test]
     fn headers_are_checked() {
         let good = br#"{"session_id":"rio_s1","agent":"rio","host":"w1","started_ms":5}"#;
         let (h, n) = decode_header(&[&good[..], b"\nrest"].concat()).unwrap();
@@ -497,8 +539,6 @@ mod tests {
             started_ms: 5,
         };
         let mut f = SpoolFile::create(&dir, &header).unwrap();
-        // Made once: a second create for the same order is refused.
-        assert!(SpoolFile::create(&dir, &header).is_err());
         f.append(1, "stdout", b"one").unwrap();
         f.append(2, "stderr", b"two").unwrap();
         let first = f.read_next().unwrap().unwrap();
