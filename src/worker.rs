@@ -1089,12 +1089,8 @@ async fn session(shared: &Shared, pulled: PulledOrder) {
             log(format!("session {id} ({}): {detail}", order.agent));
             let _ = std::fs::remove_file(spool::path(&shared.spool_dir, &id));
             cgroup::kill(session_cgroup).await;
-            let judged = match made {
-                Some((repo, ws)) => Some(workspace::judge(repo, ws).await),
-                None => None,
-            };
             let end = SessionEnd {
-                workspace: judged,
+                workspace: workspace::judge(made).await,
                 ..not_started(detail)
             };
             store_end(shared, &end).await;
@@ -1234,10 +1230,7 @@ async fn session(shared: &Shared, pulled: PulledOrder) {
     };
     let (kept, (outcome, last_chunk, flushed)) = tokio::join!(keeper, runner);
     // Judged once its processes are gone, before the end says so.
-    let judged = match made {
-        Some((repo, ws)) => Some(workspace::judge(repo, ws).await),
-        None => None,
-    };
+    let judged = workspace::judge(made).await;
     let (release, revision) = match kept {
         KeepEnd::Stopped(lease) => {
             let revision = lease.revision;

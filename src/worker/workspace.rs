@@ -247,8 +247,14 @@ pub async fn make(spec: WorkspaceSpec) -> Result<Workspace, (String, WorkspaceEn
     ))
 }
 
-/// Judges the worktree after its session (removed when it holds nothing).
-pub async fn judge(repo: PathBuf, ws: Workspace) -> WorkspaceEnd {
+/// Judges the worktree after its session, if one was made (removed when it
+/// holds nothing).
+pub async fn judge(made: Option<(PathBuf, Workspace)>) -> Option<WorkspaceEnd> {
+    let (repo, ws) = made?;
+    Some(judge_made(repo, ws).await)
+}
+
+async fn judge_made(repo: PathBuf, ws: Workspace) -> WorkspaceEnd {
     let path = ws.path.clone();
     let outcome = tokio::task::spawn_blocking(move || workspaces::finish(&repo, &ws)).await;
     match outcome {

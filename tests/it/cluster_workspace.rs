@@ -137,6 +137,17 @@ fn check_workspace(env: &Env, repo: &Path, s: &Value) {
     assert_eq!(files, ["file=README"], "{seen:?}");
 }
 
+/// Whether an agent's command ran: it leaves a `seen-*` file in the
+/// temp dir.
+fn command_ran(env: &Env) -> bool {
+    std::fs::read_dir(env.dir.path()).unwrap().any(|e| {
+        e.unwrap()
+            .file_name()
+            .to_string_lossy()
+            .starts_with("seen-")
+    })
+}
+
 #[test]
 fn a_remote_session_runs_in_a_worktree_its_worker_makes_and_is_recorded_as_a_local_one() {
     let Some(binary) = nats::server_binary("cluster_workspace") else {
@@ -217,14 +228,7 @@ fn a_worker_without_the_repository_ends_the_session_not_a_repo() {
     d.wait_until(Duration::from_secs(20), "rio is disabled", || {
         read_json(&env.path("rio", "report.json"))["error"]["state"] == "disabled"
     });
-    assert!(
-        !std::fs::read_dir(env.dir.path()).unwrap().any(|e| e
-            .unwrap()
-            .file_name()
-            .to_string_lossy()
-            .starts_with("seen-")),
-        "the command ran without its workspace"
-    );
+    assert!(!command_ran(&env), "the command ran without its workspace");
 }
 
 /// Orders published by hand with hostile worktrees: each ends "not
@@ -328,14 +332,7 @@ fn a_hostile_workspace_in_an_order_is_refused_naming_the_field() {
             .file_type()
             .is_symlink()
     );
-    assert!(
-        !std::fs::read_dir(env.dir.path()).unwrap().any(|e| e
-            .unwrap()
-            .file_name()
-            .to_string_lossy()
-            .starts_with("seen-")),
-        "a hostile order ran"
-    );
+    assert!(!command_ran(&env), "a hostile order ran");
 }
 
 /// A workspace with `verify` commands does not run on a worker yet: the
