@@ -75,6 +75,9 @@ use super::runner::{
 /// How often the lease and the end are read while an order waits for a
 /// worker, and while its session runs.
 const POLL_WAITING: Duration = Duration::from_millis(250);
+/// The host an end the controller stores itself names (an order withdrawn,
+/// a lost worker's session fenced).
+const CONTROLLER_HOST: &str = "controller";
 const POLL_RUNNING: Duration = Duration::from_millis(500);
 /// How long the rest of the output may take to arrive once the end is
 /// stored (the worker stores every chunk before its end).
@@ -753,7 +756,7 @@ async fn drive(
                 conn,
                 order,
                 agent,
-                "the daemon ended it before it started",
+                Withdrawn::NotStarted("the daemon ended it before it started"),
                 spec.kill_grace,
             )
             .await;
@@ -786,7 +789,15 @@ async fn drive(
                 humantime::format_duration(dispatch_timeout)
             );
             tracing::warn!(agent, session_id = id, "{why}; the order is withdrawn");
-            withdraw(remote, conn, order, agent, &why, spec.kill_grace).await;
+            withdraw(
+                remote,
+                conn,
+                order,
+                agent,
+                Withdrawn::NotStarted(&why),
+                spec.kill_grace,
+            )
+            .await;
             return not_started(why);
         }
         tokio::select! {
@@ -862,8 +873,13 @@ async fn drive(
                     // as ended as ordered (it kills the session itself
                     // once it cannot renew).
                     if Instant::now() >= until {
-                        tracing::warn!(agent, session_id = id, host = %seen.holder, "worker {} stored no end within {:?} of the fence", seen.holder, at.elapsed());
-                        return Finish::Ran(ordered.unwrap_or(Ending::Stopped));
+                        tracing::warn!(agent, session_id = id, host = %seen.holder, "worker {} stored no end within {:?} of the fence", seen.holder, humantime::format_duration(Duration::from_secs(at.elapsed().as_secs())));
+                        let ending = ordered.unwrap_or(Ending::Stopped);
+                        // Its end, stored by the controller: an order that
+                        // comes back to a worker later is not run.
+                        let reason = format!("{ending} (ended by the controller: worker {} stored no end within {:?} of the fence)", seen.holder, humantime::format_duration(Duration::from_secs(at.elapsed().as_secs())));
+                        withdraw(remote, conn, order, agent, Withdrawn::Lost { reason: &reason, revision: seen.revision }, spec.kill_grace).await;
+                        return Finish::Ran(ending);
                     }
                     continue;
                 }
@@ -892,6 +908,13 @@ async fn drive(
                         humantime::format_duration(remote.timing.controller_fences)
                     );
                     tracing::warn!(agent, session_id = id, "{reason}");
+                    // Its end, stored by the controller before the agent's
+                    // next session: the lost worker may have given the
+                    // order back unstarted (a read that timed out under the
+                    // lease), and a worker pulling it again reads that end
+                    // and does not run it; one that took the lease for it
+                    // meanwhile is fenced and waited for.
+                    withdraw(remote, conn, order, agent, Withdrawn::Lost { reason: &reason, revision }, spec.kill_grace).await;
                     return Finish::Ran(Ending::Lost { reason });
                 }
             }
@@ -1077,30 +1100,51 @@ async fn read_rest(
     }
 }
 
+/// The end the controller stores for an order it gave up on: never run
+/// (`Withdrawn::NotStarted`), or ended by the controller after it fenced
+/// the lease at `revision` (`Withdrawn::Lost`).
+enum Withdrawn<'a> {
+    NotStarted(&'a str),
+    Lost { reason: &'a str, revision: u64 },
+}
+
 /// The daemon no longer wants the order: an end stored for it (which a
-/// worker reads under the lease and does not run), and a lease already
-/// taken for it fenced.
+/// worker reads under the lease and does not run, however late the order
+/// comes back to one: a worker that gave it back before it started, a
+/// redelivery after a cut), and a lease already taken for it fenced.
 /// `grace`: the session's kill grace (a started one is waited for).
 async fn withdraw(
     remote: &Remote,
     conn: &Connected,
     order: &SessionOrder,
     agent: &str,
-    why: &str,
+    why: Withdrawn<'_>,
     grace: Duration,
 ) {
     let now = u64::try_from(remote.clock.now().timestamp_millis()).unwrap_or(0);
+    let (outcome, lease_revision) = match why {
+        Withdrawn::NotStarted(why) => (
+            Outcome::NotStarted {
+                detail: format!("withdrawn by the controller: {why}"),
+            },
+            0,
+        ),
+        Withdrawn::Lost { reason, revision } => (
+            Outcome::LeaseLost {
+                detail: reason.to_string(),
+            },
+            revision,
+        ),
+    };
     let end = SessionEnd {
         session_id: order.session_id.clone(),
         agent: agent.to_string(),
-        host: "controller".into(),
-        outcome: Outcome::NotStarted {
-            detail: format!("withdrawn by the controller: {why}"),
-        },
+        host: CONTROLLER_HOST.into(),
+        outcome,
         started_ms: now,
         ended_ms: now,
         last_chunk: 0,
-        lease_revision: 0,
+        lease_revision,
         workspace: None,
     };
     if let Err(e) = ask("withdrawing the order", conn.output.end(&end)).await {
@@ -1120,7 +1164,7 @@ async fn withdraw(
         loop {
             if let Ok(Some(end)) =
                 ask("reading the end", conn.output.ended(&order.session_id)).await
-                && end.host != "controller"
+                && end.host != CONTROLLER_HOST
             {
                 tracing::info!(agent, session_id = %order.session_id, "worker {} ended the withdrawn order: {:?}", end.host, end.outcome);
                 break;
@@ -1204,6 +1248,10 @@ pub fn ending_of(end: &SessionEnd, accepted: bool, lease_now: Option<u64>) -> En
                 "interrupted: output not stored: {host} ended the session when its output spool passed {} MiB while NATS stored none of it",
                 limit_bytes >> 20
             ),
+        },
+        // Stored by the controller itself: its own reason, as it recorded it.
+        Outcome::LeaseLost { detail } if host == CONTROLLER_HOST => Ending::Lost {
+            reason: detail.clone(),
         },
         Outcome::LeaseLost { detail } => Ending::Lost {
             reason: format!("interrupted: worker lost: {host} lost the session's lease: {detail}"),

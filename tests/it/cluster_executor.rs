@@ -360,4 +360,59 @@ fn a_lost_worker_is_fenced_and_its_session_recorded_interrupted() {
     d.wait_until(secs_f(20), "the message back in the inbox", || {
         env.waiting("rio").iter().any(|m| m.contains(&id))
     });
+
+    // The fenced session's order comes back to a worker (as one given back
+    // unstarted by a worker that could not read under the lease, then
+    // redelivered): the controller stored its end before the agent's next
+    // session, so the order is not run a second time, and its lease is not
+    // left held by a session nobody follows (which held rio off its workers
+    // until the sessions timed out, chaos round 41).
+    let order_id = agent_state_cluster::order_id("rio", s["session_id"].as_str().unwrap(), 1);
+    std::fs::remove_file(&pid_file).unwrap();
+    let w2 = Worker::start(&env, "w2");
+    w2.wait_registered();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let settings = servers.settings();
+    let (cluster, dispatch, _) =
+        rt.block_on(servers.connect(&settings, "test", agent_state_cluster::LeaseTiming::DEFAULT));
+    // Its copy as the stream holds it, without the order id as
+    // `Nats-Msg-Id`: within the dedup window the server would drop it.
+    let order = serde_json::to_vec(&agent_state_cluster::SessionOrder {
+        session_id: order_id.clone(),
+        agent: "rio".into(),
+        credential_group: "default".into(),
+        spec: serde_json::json!({
+            "command": env.tmp("agent.sh").to_str().unwrap(),
+            "args": [],
+            "env": { "AGENT_STATE_SESSION_ID": s["session_id"], "AGENT_STATE_AGENT": "rio" },
+            "cwd": env.dir.path().to_str().unwrap(),
+            "timeout_secs": 120,
+        }),
+    })
+    .unwrap();
+    rt.block_on(async {
+        cluster
+            .jetstream()
+            .publish(format!("{}.default", dispatch.stream_name()), order.into())
+            .await
+            .unwrap()
+            .await
+            .unwrap()
+    });
+    w2.wait_log(&format!(
+        "session {order_id} already ended on controller; not run again"
+    ));
+    assert!(
+        !pid_file.exists(),
+        "the ended order ran again:\n{}",
+        w2.log()
+    );
+    // The agent's next session runs on w2: nothing holds its lease.
+    env.ok(&["wake", "rio"]);
+    d.wait_until(secs_f(60), "rio's next session runs on w2", || {
+        pid_file.exists()
+    });
 }

@@ -453,13 +453,17 @@ impl Output {
             .await
     }
 
-    /// Stores `end`; returns once the server has it.
+    /// Stores `end`; returns once the server has it. Its `Nats-Msg-Id`
+    /// names the session and the host that stored it: the same end stored
+    /// again (a restarted worker) is kept once, while a worker's end after
+    /// the controller's own (an order it withdrew or fenced) is kept too,
+    /// for the controller waiting to see that worker's session gone.
     pub async fn end(&self, end: &SessionEnd) -> Result<(), OutputError> {
         let subject = self.end_subject(&end.session_id)?;
         let payload = Bytes::from(serde_json::to_vec(end).expect("an end serialises"));
         let message = PublishMessage::build()
             .payload(payload)
-            .message_id(format!("{}.end", end.session_id));
+            .message_id(format!("{}.end.{}", end.session_id, end.host));
         self.store(subject, message, &end.session_id, "the end".into())
             .await
     }

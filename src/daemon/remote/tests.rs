@@ -113,6 +113,32 @@ fn an_end_not_from_the_holder_is_a_lost_worker() {
     assert!(e.to_string().ends_with("but the lease is gone"), "{e}");
 }
 
+/// The end a controller stored itself when it fenced a lost worker's
+/// session, read back by a restarted controller that adopts the session:
+/// accepted (the lease is gone, its revision is the one fenced) and
+/// recorded with the reason the first controller gave, not as a worker's.
+#[test]
+fn the_controllers_own_end_is_recorded_with_its_reason() {
+    let reason =
+        "interrupted: worker lost: w1 did not renew the lease run/rio for 5m; the lease was fenced";
+    let stored = SessionEnd {
+        host: CONTROLLER_HOST.into(),
+        ..end(
+            Outcome::LeaseLost {
+                detail: reason.into(),
+            },
+            7,
+        )
+    };
+    assert!(end_accepted(&stored, None, Some(7)));
+    assert_eq!(
+        ending_of(&stored, true, None),
+        Ending::Lost {
+            reason: reason.into()
+        }
+    );
+}
+
 /// (the end's revision, its outcome started?, the lease now, the revision
 /// last seen, accepted?)
 #[test]
