@@ -396,11 +396,14 @@ pub fn add_tasks_from_messages(
     now: Timestamp,
     notes: &mut Vec<String>,
 ) -> Result<()> {
-    // `tasks::add` adds a message's task once (it looks for its source
+    // `tasks::add_all` adds a message's task once (it looks for its source
     // message under the lock), so a message seen twice adds nothing.
-    for m in messages.iter().filter(|m| m.kind == MessageType::Task) {
-        tasks::add(dir, lock, task_from_message(m), now, notes)?;
-    }
+    let news = messages
+        .iter()
+        .filter(|m| m.kind == MessageType::Task)
+        .map(task_from_message)
+        .collect();
+    tasks::add_all(dir, lock, news, now, notes)?;
     Ok(())
 }
 
@@ -413,20 +416,28 @@ fn work_on_claimed_tasks(
     now: Timestamp,
     notes: &mut Vec<String>,
 ) -> Result<()> {
-    for m in messages.iter().filter(|m| m.kind == MessageType::Task) {
-        let task = tasks::add(dir, lock, task_from_message(m), now, notes)?;
-        if task.status == tasks::TaskStatus::Pending {
-            tasks::update(
-                dir,
-                lock,
-                &task.id,
-                tasks::TaskStatus::Active,
-                None,
-                now,
-                notes,
-            )?;
-        }
-    }
+    let news = messages
+        .iter()
+        .filter(|m| m.kind == MessageType::Task)
+        .map(task_from_message)
+        .collect();
+    let tasks = tasks::add_all(dir, lock, news, now, notes)?;
+    // Each once: two claimed messages may name one task.
+    let mut seen = std::collections::HashSet::new();
+    let pending: Vec<&str> = tasks
+        .iter()
+        .filter(|t| t.status == tasks::TaskStatus::Pending && seen.insert(t.id.as_str()))
+        .map(|t| t.id.as_str())
+        .collect();
+    tasks::update_all(
+        dir,
+        lock,
+        &pending,
+        tasks::TaskStatus::Active,
+        None,
+        now,
+        notes,
+    )?;
     Ok(())
 }
 

@@ -51,13 +51,16 @@ impl TaskFile {
     /// The next id in the agent's `task-001`, `task-002`, … sequence: one
     /// past the highest number present, so ids are never reused.
     pub fn next_id(&self) -> String {
-        let highest = self
-            .tasks
+        format!("task-{:03}", self.highest_number() + 1)
+    }
+
+    /// The highest number of a `task-N` id (0: none).
+    fn highest_number(&self) -> u64 {
+        self.tasks
             .iter()
             .filter_map(|t| t.id.strip_prefix("task-")?.parse::<u64>().ok())
             .max()
-            .unwrap_or(0);
-        format!("task-{:03}", highest + 1)
+            .unwrap_or(0)
     }
 
     pub fn find_mut(&mut self, id: &str) -> Option<&mut Task> {
@@ -149,40 +152,61 @@ pub fn add(
     now: Timestamp,
     notes: &mut Vec<String>,
 ) -> Result<Task> {
+    let mut added = add_all(dir, lock, vec![new], now, notes)?;
+    Ok(added.pop().expect("one task in, one out"))
+}
+
+/// Add each of `news` as a pending task with the next id, journaled; in
+/// one read and one write of tasks.json however many there are (a daemon
+/// receiving thousands of task messages reads a large file once, not once
+/// per message). Returns the tasks in `news`' order.
+pub fn add_all(
+    dir: &AgentDir,
+    lock: &AgentLock,
+    news: Vec<NewTask>,
+    now: Timestamp,
+    notes: &mut Vec<String>,
+) -> Result<Vec<Task>> {
+    if news.is_empty() {
+        return Ok(Vec::new());
+    }
     let mut file: TaskFile = dir.load(lock, now, notes)?;
     // A task from a message is added once, whoever adds it first (`send`,
     // or the daemon receiving the message, or a session claiming it): the
     // check is under the lock, so two adders never both add it.
-    if let Some(source) = &new.source_message
-        && let Some(existing) = file
-            .tasks
-            .iter()
-            .find(|t| t.source_message.as_ref() == Some(source))
-    {
-        return Ok(existing.clone());
-    }
-    let task = Task {
-        id: file.next_id(),
-        kind: new.kind,
-        description: caps::cap(Field::TaskDescription, new.description),
-        status: TaskStatus::Pending,
-        priority: new.priority,
-        created_at: Some(now),
-        context: caps::cap_opt(Field::TaskContext, new.context),
-        follow_up_from: new.follow_up_from,
-        completed_at: None,
-        outcome: None,
-        source_message: new.source_message,
-        extra: Map::new(),
-    };
-    file.agent = dir.name.to_string();
-    file.updated_at = Some(now);
-    file.tasks.push(task.clone());
-    let staged = dir.stage(lock, &file)?;
-    dir.journal_append(
-        lock,
-        now,
-        Event::TaskAdded(TaskAdded {
+    let mut by_source: std::collections::HashMap<String, usize> = file
+        .tasks
+        .iter()
+        .enumerate()
+        .filter_map(|(i, t)| Some((t.source_message.clone()?, i)))
+        .collect();
+    let mut next = file.highest_number();
+    let mut out = Vec::with_capacity(news.len());
+    let mut events = Vec::new();
+    for new in news {
+        if let Some(&i) = new.source_message.as_ref().and_then(|s| by_source.get(s)) {
+            out.push(file.tasks[i].clone());
+            continue;
+        }
+        next += 1;
+        let task = Task {
+            id: format!("task-{next:03}"),
+            kind: new.kind,
+            description: caps::cap(Field::TaskDescription, new.description),
+            status: TaskStatus::Pending,
+            priority: new.priority,
+            created_at: Some(now),
+            context: caps::cap_opt(Field::TaskContext, new.context),
+            follow_up_from: new.follow_up_from,
+            completed_at: None,
+            outcome: None,
+            source_message: new.source_message,
+            extra: Map::new(),
+        };
+        if let Some(source) = &task.source_message {
+            by_source.insert(source.clone(), file.tasks.len());
+        }
+        events.push(Event::TaskAdded(TaskAdded {
             task_id: task.id.clone(),
             kind: task.kind,
             description: task.description.clone(),
@@ -190,11 +214,22 @@ pub fn add(
             context: task.context.clone(),
             follow_up_from: task.follow_up_from.clone(),
             source_message: task.source_message.clone(),
-        }),
-    )?;
+        }));
+        file.tasks.push(task.clone());
+        out.push(task);
+    }
+    if events.is_empty() {
+        return Ok(out);
+    }
+    file.agent = dir.name.to_string();
+    file.updated_at = Some(now);
+    let staged = dir.stage(lock, &file)?;
+    for event in events {
+        dir.journal_append(lock, now, event)?;
+    }
     staged.commit()?;
     sync_current_task(dir, lock, &file, now, notes)?;
-    Ok(task)
+    Ok(out)
 }
 
 /// `report.json` `current_task` (the active task's description) and
@@ -240,35 +275,59 @@ pub fn update(
     now: Timestamp,
     notes: &mut Vec<String>,
 ) -> Result<Task> {
+    let mut updated = update_all(dir, lock, &[id], status, outcome, now, notes)?;
+    Ok(updated.pop().expect("one id in, one task out"))
+}
+
+/// Change the status of each task of `ids`, journaled, in one read and
+/// one write of tasks.json. An unknown id changes nothing and is an error
+/// naming the known ones. Returns the tasks as they are now.
+pub fn update_all(
+    dir: &AgentDir,
+    lock: &AgentLock,
+    ids: &[&str],
+    status: TaskStatus,
+    outcome: Option<String>,
+    now: Timestamp,
+    notes: &mut Vec<String>,
+) -> Result<Vec<Task>> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
     let outcome = caps::cap_opt(Field::TaskOutcome, outcome);
     let mut file: TaskFile = dir.load(lock, now, notes)?;
     let known: Vec<String> = file.tasks.iter().map(|t| t.id.clone()).collect();
-    let Some(task) = file.find_mut(id) else {
-        return Err(Error::NotFound(format!(
-            "{}: no task `{id}` in {}; known tasks: {}",
-            dir.name,
-            dir.tasks().display(),
-            if known.is_empty() {
-                "none".to_string()
-            } else {
-                known.join(", ")
-            }
-        )));
-    };
-    task.set_status(status, outcome.clone(), now);
-    let task = task.clone();
+    let mut out = Vec::with_capacity(ids.len());
+    for id in ids {
+        let Some(task) = file.find_mut(id) else {
+            return Err(Error::NotFound(format!(
+                "{}: no task `{id}` in {}; known tasks: {}",
+                dir.name,
+                dir.tasks().display(),
+                if known.is_empty() {
+                    "none".to_string()
+                } else {
+                    known.join(", ")
+                }
+            )));
+        };
+        task.set_status(status, outcome.clone(), now);
+        out.push(task.clone());
+    }
     file.updated_at = Some(now);
     let staged = dir.stage(lock, &file)?;
-    dir.journal_append(
-        lock,
-        now,
-        Event::TaskUpdated(TaskUpdated {
-            task_id: id.to_string(),
-            status,
-            outcome,
-        }),
-    )?;
+    for id in ids {
+        dir.journal_append(
+            lock,
+            now,
+            Event::TaskUpdated(TaskUpdated {
+                task_id: id.to_string(),
+                status,
+                outcome: outcome.clone(),
+            }),
+        )?;
+    }
     staged.commit()?;
     sync_current_task(dir, lock, &file, now, notes)?;
-    Ok(task)
+    Ok(out)
 }
