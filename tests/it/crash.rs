@@ -47,7 +47,8 @@
 //! 6. every message in processed/ is listed by a `session_end` (or a
 //!    `message_expired`) in the journal;
 //! 7. a session ends once in the journal (one `session_end`, `error` or
-//!    `timeout`);
+//!    `timeout`), and every `session_start` but the running session's has
+//!    its end;
 //! 8. metrics.json `lifetime.sessions_total` counts every ending in the
 //!    journal.
 //! 9. a message in rejected/ has its `.reason.json` and a
@@ -410,7 +411,10 @@ struct Found {
 const EXTENDED: [(u8, &str); 5] = [
     (5, "report.json disagrees with session.json"),
     (6, "messages in processed/ that no journal event records"),
-    (7, "sessions ended twice in a journal"),
+    (
+        7,
+        "sessions ended twice, or started and never ended, in a journal",
+    ),
     (8, "metrics.json lifetime.sessions_total behind the journal"),
     (
         9,
@@ -682,6 +686,8 @@ struct JournalFacts {
     highest_instance: u64,
     /// session id -> its ending events ("session_end at line 79", …).
     endings: BTreeMap<String, Vec<String>>,
+    /// session id -> the line of its session_start.
+    starts: BTreeMap<String, usize>,
     /// Message ids a session_end processed or a message_expired recorded.
     processed: HashSet<String>,
     /// `moved_to` of message_rejected events (`inbox/rejected/NAME`).
@@ -713,6 +719,7 @@ impl JournalFacts {
         match event {
             "session_start" => {
                 self.sessions += 1;
+                self.starts.insert(text("session_id"), n);
                 if let Some(inst) = e["instance"].as_str() {
                     *self.instances.entry(inst.to_string()).or_default() += 1;
                     if let Some(k) = instance_number(agent, inst) {
@@ -981,13 +988,30 @@ impl Checker {
                 }
                 self.lifetime.insert(agent.to_string(), now);
             }
-            // 7. A session ends once.
+            // 7. A session ends once, and every start has its end but the
+            // running session's (a start journaled before a crash that cut
+            // its files is recorded interrupted at the next start).
             for (sid, ends) in &facts.endings {
                 if ends.len() > 1 {
                     out.extended.push((
                         7,
                         format!("{agent} {sid}"),
                         format!("{agent}: session {sid}: {}", ends.join(", ")),
+                    ));
+                }
+            }
+            let running_now = docs
+                .get("session.json")
+                .filter(|s| s["status"] == "running")
+                .and_then(|s| s["session_id"].as_str());
+            for (sid, line) in &facts.starts {
+                if !facts.endings.contains_key(sid) && running_now != Some(sid.as_str()) {
+                    out.extended.push((
+                        7,
+                        format!("{agent} {sid} unended"),
+                        format!(
+                            "{agent}: session {sid} (session_start at journal line {line}) has no end and is not running"
+                        ),
                     ));
                 }
             }
@@ -1021,7 +1045,7 @@ impl Checker {
                         ),
                     ));
                 }
-                running.insert(agent, sid);
+                running.insert(agent, sid.clone());
             } else if !report["current_session"].is_null() {
                 out.extended.push((
                     5,

@@ -900,6 +900,87 @@ fn a_daemon_killed_mid_session_recovers_on_restart_and_loses_no_message() {
     );
 }
 
+/// A daemon killed after a session's start was journaled (its commit) but
+/// before session.json and report.json were renamed in: the next daemon
+/// records that session interrupted, so its start has its end (chaos round
+/// 2 found a start with no end), and its message is processed once.
+#[test]
+fn a_start_journaled_before_a_kill_without_its_files_is_recorded_interrupted() {
+    let env = Env::with_config("");
+    let slow = env.tmp("slow");
+    let agent_pid = env.tmp("agent.pid");
+    let script = agent_script(
+        &env,
+        &format!(
+            "if [ -e {slow:?} ]; then echo $$ > {pid:?}; sleep 30; fi",
+            slow = slow.display().to_string(),
+            pid = agent_pid.display().to_string()
+        ),
+    );
+    env.set_config(&daemon_config(&script, &[], &[], RIO));
+    std::fs::write(&slow, "").unwrap();
+    let mut d1 = env.daemon();
+    // session.json and report.json as they were before the session began.
+    // (No session.json yet: the agent never ran.)
+    let before: Vec<(std::path::PathBuf, Option<Vec<u8>>)> = ["session.json", "report.json"]
+        .iter()
+        .map(|f| {
+            let p = env.path("rio", f);
+            let bytes = std::fs::read(&p).ok();
+            (p, bytes)
+        })
+        .collect();
+    let id = env.send("leo", "rio", &[]);
+    d1.wait_until(secs(30.0), "the agent is running", || {
+        read_pid(&agent_pid).is_some()
+    });
+    let _cleanup = KillGroup::new(read_pid(&agent_pid).unwrap());
+    let s1 = session(&env, "rio")["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    d1.kill9();
+    drop(d1);
+    // The crash's window: the journal has the start, the files do not.
+    for (path, bytes) in &before {
+        match bytes {
+            Some(bytes) => std::fs::write(path, bytes).unwrap(),
+            None => std::fs::remove_file(path).unwrap(),
+        }
+    }
+
+    std::fs::remove_file(&slow).unwrap();
+    let d2 = env.daemon();
+    d2.wait_until(secs(30.0), "the cut start is recorded an error", || {
+        events(&env, "rio", "error")
+            .iter()
+            .any(|e| e["session_id"] == s1.as_str())
+    });
+    let err = events(&env, "rio", "error")
+        .into_iter()
+        .find(|e| e["session_id"] == s1.as_str())
+        .unwrap();
+    assert!(
+        err["reason"].as_str().unwrap().contains("interrupted"),
+        "{err}"
+    );
+    assert_eq!(err["messages_returned"], serde_json::json!([id.clone()]));
+    d2.wait_until(secs(30.0), "a new session processed the message", || {
+        processed(&env, "rio") == [format!("{id}.json")] && ended(&env, "rio", "completed")
+    });
+    // Every start has one end.
+    let starts = events(&env, "rio", "session_start");
+    for start in &starts {
+        let sid = start["session_id"].as_str().unwrap();
+        let ends = ["session_end", "error", "timeout"]
+            .iter()
+            .flat_map(|k| events(&env, "rio", k))
+            .filter(|e| e["session_id"] == sid)
+            .count();
+        assert_eq!(ends, 1, "session {sid}: {ends} ends");
+    }
+}
+
 #[test]
 fn sigterm_waits_shutdown_grace_then_stops_the_session() {
     let env = Env::with_config("");

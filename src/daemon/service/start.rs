@@ -577,9 +577,16 @@ fn nothing_to_recover(dir: &AgentDir, session: Result<Option<Session>>) -> bool 
         Ok(_) => {}
         Err(_) => return false,
     }
-    // metrics::catch_up: the last end in the journal, counted already?
+    // metrics::catch_up: the last end in the journal, counted already? A
+    // start after it (journaled, its files not renamed in: a crash) is
+    // something to do (`hooks::unrecorded_start`).
     let mut last_end = None;
+    let mut started_last = false;
     if crate::state::journal::scan_backwards(&dir.store, &dir.journal(), |e| {
+        if matches!(e.event, crate::state::journal::Event::SessionStart(_)) {
+            started_last = true;
+            return std::ops::ControlFlow::Break(());
+        }
         match e.event.ended_session() {
             Some(id) => {
                 last_end = Some(id.to_string());
@@ -589,6 +596,7 @@ fn nothing_to_recover(dir: &AgentDir, session: Result<Option<Session>>) -> bool 
         }
     })
     .is_err()
+        || started_last
     {
         return false;
     }

@@ -20,6 +20,37 @@ pub fn recover_stale(
     let mut notes = Vec::new();
     let current: Session = dir.load(&lock, now, &mut notes)?;
     if !current.is_running() {
+        // Its start journaled (the commit), a crash before session.json
+        // and report.json were renamed in: recorded interrupted as one
+        // that was, so the start has its end and its claims go back.
+        if let Some(entry) = unrecorded_start(dir, &current.session_id)?
+            && let Event::SessionStart(start) = &entry.event
+        {
+            let session =
+                crate::state::rebuild::session_of_start(dir.name.as_str(), entry.ts, start);
+            notes.push(format!(
+                "session {}: its start was journaled at {} but session.json was not written (a crash); recorded interrupted",
+                start.session_id, entry.ts
+            ));
+            let mut result = finish(
+                agent,
+                dir,
+                &lock,
+                session,
+                Ending::Failed {
+                    outcome: SessionStatus::Error,
+                    reason: format!("{reason} (during its start)"),
+                    count_attempts: false,
+                    code: None,
+                    verdict: None,
+                },
+                &mut Args::default(),
+                now,
+                &mut notes,
+            )?;
+            result.notes = notes;
+            return Ok(Some(result));
+        }
         metrics::catch_up(dir, &lock, now, &mut notes)?;
         // Ended, but report.json may not say so yet (a crash between the
         // two commits): complete it from the journal.
@@ -77,6 +108,31 @@ pub fn journaled_end(dir: &AgentDir, id: &str) -> Result<Option<crate::state::jo
         }
         match &e.event {
             Event::SessionStart(s) if s.session_id == id => std::ops::ControlFlow::Break(()),
+            _ => std::ops::ControlFlow::Continue(()),
+        }
+    })?;
+    Ok(found)
+}
+
+/// The journal's last session event, if it is the start of a session
+/// other than `current` (session.json's) with no end after it: a start
+/// journaled by a begin that a crash cut before its files were renamed in.
+pub fn unrecorded_start(
+    dir: &AgentDir,
+    current: &str,
+) -> Result<Option<crate::state::journal::Entry>> {
+    let mut found = None;
+    crate::state::journal::scan_backwards(&dir.store, &dir.journal(), |e| {
+        if e.event.ended_session().is_some() {
+            return std::ops::ControlFlow::Break(());
+        }
+        match &e.event {
+            Event::SessionStart(s) => {
+                if s.session_id != current {
+                    found = Some(e);
+                }
+                std::ops::ControlFlow::Break(())
+            }
             _ => std::ops::ControlFlow::Continue(()),
         }
     })?;

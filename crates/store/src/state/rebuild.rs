@@ -62,23 +62,7 @@ pub fn session_from_journal(agent: &str, entries: &[Entry]) -> Option<Session> {
     let mut session: Option<Session> = None;
     for e in entries {
         match &e.event {
-            Event::SessionStart(s) => {
-                session = Some(Session {
-                    agent: agent.to_string(),
-                    session_id: s.session_id.clone(),
-                    started_at: Some(e.ts),
-                    kind: s.kind,
-                    branch: s.branch.clone(),
-                    status: Some(SessionStatus::Running),
-                    model: s.model.clone(),
-                    timeout_seconds: s.timeout_seconds,
-                    research_question: s.research_question.clone(),
-                    disconfirmation_target: s.disconfirmation_target.clone(),
-                    owner_pid: s.owner_pid,
-                    messages: s.messages.clone(),
-                    ..Session::default()
-                })
-            }
+            Event::SessionStart(s) => session = Some(session_of_start(agent, e.ts, s)),
             Event::SessionEnd(end) => {
                 let s = session.get_or_insert_with(|| orphan(agent, &end.session_id));
                 if s.session_id == end.session_id {
@@ -109,6 +93,30 @@ pub fn session_from_journal(agent: &str, entries: &[Entry]) -> Option<Session> {
         }
     }
     session
+}
+
+/// session.json of a session as its journaled start says it began: running.
+pub fn session_of_start(
+    agent: &str,
+    ts: crate::state::Timestamp,
+    s: &crate::state::journal::SessionStart,
+) -> Session {
+    Session {
+        agent: agent.to_string(),
+        session_id: s.session_id.clone(),
+        started_at: Some(ts),
+        kind: s.kind,
+        branch: s.branch.clone(),
+        status: Some(SessionStatus::Running),
+        model: s.model.clone(),
+        timeout_seconds: s.timeout_seconds,
+        research_question: s.research_question.clone(),
+        disconfirmation_target: s.disconfirmation_target.clone(),
+        owner_pid: s.owner_pid,
+        instance: s.instance.clone(),
+        messages: s.messages.clone(),
+        ..Session::default()
+    }
 }
 
 fn orphan(agent: &str, id: &str) -> Session {
