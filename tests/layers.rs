@@ -875,8 +875,10 @@ const CLOCK_READERS: &[&str] = &[
     "src/cli/",
     "src/main.rs",
     // The worker's own loop (issue 24): the times of its heartbeats and of
-    // its sessions' starts and ends, on the worker's clock.
+    // its sessions' starts and ends, on the worker's clock (a session's
+    // run is `worker/run.rs`).
     "src/worker.rs",
+    "src/worker/run.rs",
 ];
 
 /// The lines of non-test code in `text` that read the wall clock: items
