@@ -415,4 +415,10 @@ fn a_lost_worker_is_fenced_and_its_session_recorded_interrupted() {
     d.wait_until(secs_f(60), "rio's next session runs on w2", || {
         pid_file.exists()
     });
+    let next: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let _reap_next = Reap(next);
 }
