@@ -79,6 +79,7 @@
 mod cgroup;
 mod credentials;
 mod hooks;
+mod prune;
 mod recover;
 mod relay;
 mod room;
@@ -147,6 +148,8 @@ pub struct Options {
     /// The most bytes of a session's output its spool holds that NATS has
     /// not stored (`--max-spool`); past it the session is ended.
     pub spool_limit: u64,
+    /// Its config's agents with a workspace: the worktrees it prunes.
+    pub prune: Vec<crate::daemon::workspaces::PruneJob>,
 }
 
 /// The wall clock in milliseconds since the epoch, for a session's end.
@@ -243,6 +246,8 @@ struct Shared {
     /// The sessions' hook sockets and the line to the controller (`None`:
     /// the private directory could not be made; sessions run without).
     hooks: Option<Arc<hooks::Hooks>>,
+    /// The worktrees its sessions run in (never pruned meanwhile).
+    worktrees: prune::Worktrees,
 }
 
 impl Shared {
@@ -431,6 +436,7 @@ pub async fn run(settings: ClusterSettings, options: Options) -> Result<(), Work
         stop: stop_rx.clone(),
         spool_dir,
         hooks,
+        worktrees: prune::Worktrees::default(),
     });
     let recovering = tokio::spawn(recover::leftovers(shared.clone(), has_cgroups));
 
@@ -466,8 +472,10 @@ pub async fn run(settings: ClusterSettings, options: Options) -> Result<(), Work
         stop_rx.clone(),
     ));
     let checker = tokio::spawn(check_credentials(shared.clone(), stop_rx.clone()));
+    let pruner = tokio::spawn(prune::worktrees(shared.clone(), stop_rx.clone()));
     pull(&shared, &queues).await;
     let _ = checker.await;
+    let _ = pruner.await;
     let _ = recovering.await;
 
     // Stopping: the sessions see `stop` and end; wait for them.

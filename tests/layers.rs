@@ -879,6 +879,7 @@ const CLOCK_READERS: &[&str] = &[
     // run is `worker/run.rs`).
     "src/worker.rs",
     "src/worker/run.rs",
+    "src/worker/prune.rs",
 ];
 
 /// The lines of non-test code in `text` that read the wall clock: items

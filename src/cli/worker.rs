@@ -336,6 +336,10 @@ fn serve(ctx: Context, args: RunArgs) -> Result<u8> {
     let settings = settings(&ctx, "worker")?;
     let credentials = ctx.config.credentials.clone();
     let workspaces = workspace_allowances(&ctx);
+    // The worktrees it prunes: its own config's agents with a workspace.
+    let prune = crate::daemon::workspaces::prune_jobs(ctx.config.agents.iter(), |a| {
+        ctx.root.agent(&a.name)
+    });
     let config = ctx.config.source.clone();
     drop(ctx);
     let host = args.host.unwrap_or_else(this_host);
@@ -411,6 +415,7 @@ fn serve(ctx: Context, args: RunArgs) -> Result<u8> {
             memory_bytes: args.min_free_memory,
         },
         workspaces,
+        prune,
         config,
         checks: groups
             .iter()

@@ -126,7 +126,12 @@ pub(super) async fn session(shared: &Shared, pulled: PulledOrder) {
             return;
         }
     }
-    // Its worktree, under the lease (one agent's are never made at once).
+    // Its worktree, under the lease (one agent's are never made at once),
+    // live (never pruned) until this order is done with it.
+    let _live = match &planned {
+        Some(plan) => Some(shared.worktrees.hold(plan.path.clone()).await),
+        None => None,
+    };
     let made = match planned {
         None => None,
         Some(plan) => {

@@ -46,13 +46,23 @@ fn setup(
     repo: Option<&Path>,
     extra: &[(&str, &str)],
 ) -> (Env, PathBuf) {
+    setup_with(servers, repo, "", extra)
+}
+
+/// [`setup`] with more keys of the workspace (`ws_extra`, `, key = value`…).
+fn setup_with(
+    servers: Option<&nats::NatsCluster>,
+    repo: Option<&Path>,
+    ws_extra: &str,
+    extra: &[(&str, &str)],
+) -> (Env, PathBuf) {
     let env = Env::with_config("");
     let repo = repo
         .map(Path::to_path_buf)
         .unwrap_or_else(|| git_repo(&env));
     let script = agent(&env);
     let workspace = format!(
-        "{{ repo = {:?}, base = \"main\" }}",
+        "{{ repo = {:?}, base = \"main\"{ws_extra} }}",
         repo.display().to_string()
     );
     let mut defaults = vec![("wake_on_inbox", "\"never\""), ("workspace", &workspace)];
@@ -184,6 +194,46 @@ fn a_remote_session_runs_in_a_worktree_its_worker_makes_and_is_recorded_as_a_loc
     for k in ["branch", "state", "dirty", "commits_ahead"] {
         assert_eq!(r[k], l[k], "{k}: {r:#}\n{l:#}");
     }
+}
+
+/// A worktree a session left (kept: its commit is ahead of the base) is
+/// pruned by the worker that made it once past the agent's `retention`,
+/// as the controller prunes its own: at the worker's start, and hourly.
+#[test]
+fn a_worker_prunes_the_worktrees_it_kept_past_their_retention() {
+    let Some(binary) = nats::server_binary("cluster_workspace") else {
+        return;
+    };
+    let servers = nats::NatsCluster::start(&binary, 1);
+    let (env, _repo) = setup_with(
+        Some(&servers),
+        None,
+        ", retention = \"1s\", prune_unpushed = true",
+        &[],
+    );
+    let mut worker = Worker::start(&env, "w1");
+    worker.wait_registered();
+    let d = env.daemon();
+    let s = run_one(&env, &d);
+    assert_eq!(s["status"], "completed", "{s:#}");
+    assert_eq!(s["workspace"]["state"], "kept", "{s:#}");
+    let path = PathBuf::from(s["workspace"]["path"].as_str().unwrap());
+    assert!(path.is_dir(), "{s:#}");
+    // Past its retention (by the worktree's modification time).
+    let old = poll_until(Duration::from_secs(30), || {
+        std::fs::metadata(&path)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|m| m.elapsed().ok())
+            .is_some_and(|age| age > Duration::from_secs(1))
+    });
+    assert!(old, "{} never aged", path.display());
+    // The next start of the worker prunes it.
+    worker.child.kill().unwrap();
+    worker.child.wait().unwrap();
+    let again = Worker::start(&env, "w1");
+    again.wait_log(&format!("worktrees: rio: removed {}", path.display()));
+    assert!(!path.exists(), "{} is still there", path.display());
 }
 
 /// The worker has no repository at the configured path: the session ends
