@@ -157,6 +157,10 @@ pub struct Mode {
     /// The agent has `[agent.session.iteration] verify`: its later runs
     /// start from the first one's spec, which is not kept.
     pub verify: bool,
+    /// The running session's end is in its journal already (a controller
+    /// killed while it recorded that end): completed from the journal by
+    /// recovery, never followed and recorded again.
+    pub end_journaled: bool,
 }
 
 /// Pure: an agent's session.json as read at start, and its record.
@@ -168,7 +172,7 @@ pub fn at_start(session: Option<&Session>, record: Option<RemoteRecord>, mode: M
     let Some(s) = running else {
         return AtStart::Recover { forget: true };
     };
-    if s.session_id != record.session_id {
+    if s.session_id != record.session_id || mode.end_journaled {
         return AtStart::Recover { forget: true };
     }
     let cannot = |why: String| AtStart::Cannot { why, forget: true };
@@ -214,6 +218,7 @@ mod tests {
     const REMOTE: Mode = Mode {
         remote: true,
         verify: false,
+        end_journaled: false,
     };
 
     #[test]
@@ -229,10 +234,16 @@ mod tests {
         let local = Mode {
             remote: false,
             verify: false,
+            end_journaled: false,
         };
         let verify = Mode {
             remote: true,
             verify: true,
+            end_journaled: false,
+        };
+        let recording = Mode {
+            end_journaled: true,
+            ..REMOTE
         };
         let adopt = AtStart::Adopt(record("20261127-100000"));
         type Row<'a> = (
@@ -256,6 +267,13 @@ mod tests {
                 Some(record("20261127-100000")),
                 REMOTE,
                 adopt,
+            ),
+            (
+                "running, its end journaled (killed recording it)",
+                Some(&running),
+                Some(record("20261127-100000")),
+                recording,
+                AtStart::Recover { forget: true },
             ),
             (
                 "ended: the record is stale",

@@ -185,6 +185,88 @@ echo "$1 after""#,
     assert_eq!(log.matches("of rio started").count(), 1, "{log}");
 }
 
+/// A controller killed while it recorded a remote session's end, after the
+/// end's journal line (its commit) and before session.json and its order
+/// record: the next controller completes that end from the journal and
+/// does not follow the session again (chaos round 4 found the end recorded
+/// twice).
+#[test]
+fn a_controller_killed_recording_an_end_does_not_record_it_again() {
+    let Some(binary) = nats::server_binary("cluster_adopt") else {
+        return;
+    };
+    let servers = nats::NatsCluster::start(&binary, 3);
+    wait_ready(&servers);
+    let env = cluster_env(&servers, "60s", "");
+    env.script(
+        "agent.sh",
+        &format!(
+            r#"dir={:?}
+echo "$1 before"
+while [ ! -e "$dir/go-$1" ]; do sleep 0.05; done
+echo "$1 after""#,
+            env.dir.path()
+        ),
+    );
+    let worker = Worker::start(&env, "w1");
+    worker.wait_registered();
+    let mut d = env.daemon();
+    env.send("marcus", "rio", &[]);
+    env.ok(&["wake", "rio"]);
+    d.wait_until(secs(60), "rio runs on w1", || {
+        d.heartbeat()["running"][0]["host"] == "w1"
+    });
+    let sid = session(&env, "rio")["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // The files as they are while it runs (its owner lock, the
+    // controller's, removed at the end's last step).
+    let running = [
+        env.path("rio", "session.json"),
+        env.path("rio", &format!("sessions/{sid}.owner")),
+        env.root.join(".daemon/remote.rio"),
+    ]
+    .map(|p| {
+        let bytes = std::fs::read(&p).unwrap();
+        (p, bytes)
+    });
+    go(&env, "rio");
+    d.wait_until(secs(60), "rio's session completed", || {
+        session(&env, "rio")["status"] == "completed" && d.idle()
+    });
+    d.kill9();
+    // The crash's window: the journal has the end, the files do not.
+    for (path, bytes) in &running {
+        std::fs::write(path, bytes).unwrap();
+    }
+    let d2 = env.daemon();
+    d2.wait_until(
+        secs(30),
+        "rio's session completed again from the journal",
+        || session(&env, "rio")["status"] == "completed" && d2.idle(),
+    );
+    let ends: Vec<Value> = env
+        .journal("rio")
+        .into_iter()
+        .filter(|e| {
+            e["session_id"] == sid.as_str()
+                && matches!(
+                    e["event"].as_str(),
+                    Some("session_end" | "error" | "timeout")
+                )
+        })
+        .collect();
+    assert_eq!(ends.len(), 1, "one end of {sid}: {ends:#?}");
+    assert!(
+        !d2.log_text()
+            .contains("followed again after the controller's restart"),
+        "{}",
+        d2.log_text()
+    );
+    assert!(!env.root.join(".daemon/remote.rio").exists());
+}
+
 /// The reconcile (its period shortened by the test-only
 /// AGENT_STATE_TEST_RECONCILE): a lease held for an order the controller
 /// does not run (theseus's, taken by a "ghost" host) is said at one

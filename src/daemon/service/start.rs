@@ -493,11 +493,18 @@ fn remote_at_start(
             return None;
         }
     };
+    let session = session.as_ref().ok().and_then(Option::as_ref);
+    let end_journaled = session.filter(|s| s.is_running()).is_some_and(|s| {
+        matches!(
+            hooks::journaled_end(&root.agent(&agent.name), &s.session_id),
+            Ok(Some(_))
+        )
+    });
     let mode = adopt::Mode {
         remote,
         verify: !agent.session.iteration.verify.is_empty(),
+        end_journaled,
     };
-    let session = session.as_ref().ok().and_then(Option::as_ref);
     let forget = match adopt::at_start(session, record, mode) {
         AtStart::Adopt(record) => return Some(record),
         AtStart::Recover { forget } => forget,
