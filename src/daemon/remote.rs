@@ -720,6 +720,11 @@ async fn drive(
             "following again the order {id} a previous controller published"
         );
     } else {
+        // Test-only: the order recorded, never published (a controller
+        // killed in between: tests/it/cluster_adopt.rs).
+        if std::env::var_os("AGENT_STATE_TEST_HOLD_PUBLISH").is_some() {
+            std::future::pending::<()>().await;
+        }
         // Published again until the dispatch timeout while the servers do
         // not store it (a stream electing its leader answers "no stream
         // found" for seconds); the order's id is its `Nats-Msg-Id`, so a
@@ -749,6 +754,19 @@ async fn drive(
     // Waiting for a worker to take the lease for it.
     let deadline = give_up;
     let mut seen = loop {
+        // Followed again: a previous controller may have recorded the order
+        // and died before the servers stored it. Read first (see
+        // `Dispatch::queued`): no order of the group in the stream, then no
+        // end and no lease for it below, and it never will run.
+        let none_queued = adopted
+            && matches!(
+                ask(
+                    "reading the orders",
+                    conn.dispatch.queued(&order.credential_group)
+                )
+                .await,
+                Ok(false)
+            );
         let ended_by_daemon = orders.borrow().end_of(spec.iteration);
         if let Some(why) = ended_by_daemon {
             withdraw(
@@ -762,12 +780,16 @@ async fn drive(
             .await;
             return Finish::NotRun(why);
         }
+        let mut none_queued = none_queued;
         match ask("reading the end", conn.output.ended(id)).await {
             Ok(Some(end)) => {
                 return ended(conn, agent, id, end, None, None, &mut 0, output, signals).await;
             }
             Ok(None) => {}
-            Err(e) => tracing::warn!(agent, session_id = id, "{e}"),
+            Err(e) => {
+                none_queued = false;
+                tracing::warn!(agent, session_id = id, "{e}")
+            }
         }
         match ask("reading the lease", conn.leases.current(agent)).await {
             Ok(Some(rec)) if rec.value.session == id => {
@@ -778,6 +800,20 @@ async fn drive(
                     revision: rec.revision,
                     at: Instant::now(),
                 };
+            }
+            Ok(_) if none_queued => {
+                let why = "the previous controller stopped before the servers stored its order";
+                tracing::warn!(agent, session_id = id, "{why}; the order is withdrawn");
+                withdraw(
+                    remote,
+                    conn,
+                    order,
+                    agent,
+                    Withdrawn::NotStarted(why),
+                    spec.kill_grace,
+                )
+                .await;
+                return not_started(why.to_string());
             }
             Ok(_) => {}
             Err(e) => tracing::warn!(agent, session_id = id, "{e}"),

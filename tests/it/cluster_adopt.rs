@@ -267,6 +267,58 @@ echo "$1 after""#,
     assert!(!env.root.join(".daemon/remote.rio").exists());
 }
 
+/// A controller killed after it recorded an order (`.daemon/remote.AGENT`)
+/// and before the servers stored it (held there by the test-only
+/// AGENT_STATE_TEST_HOLD_PUBLISH): the next controller finds no such order
+/// queued, no lease and no end, and ends the session "not started" at once
+/// with its message back, instead of waiting out its timeout (chaos round
+/// 9: three sessions "timed out"); the agent's next session runs.
+#[test]
+fn an_order_recorded_but_never_stored_ends_not_started_after_a_restart() {
+    let Some(binary) = nats::server_binary("cluster_adopt") else {
+        return;
+    };
+    let servers = nats::NatsCluster::start(&binary, 3);
+    wait_ready(&servers);
+    let env = cluster_env(&servers, "60s", "echo \"$1 ran\"");
+    let worker = Worker::start(&env, "w1");
+    worker.wait_registered();
+    let mut d = Daemon::start(&env, &[("AGENT_STATE_TEST_HOLD_PUBLISH", "1")]);
+    let message = env.send("marcus", "rio", &[]);
+    env.ok(&["wake", "rio"]);
+    d.wait_until(secs(30), "rio's order recorded", || {
+        env.root.join(".daemon/remote.rio").exists()
+    });
+    let sid = session(&env, "rio")["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    d.kill9();
+    let t = std::time::Instant::now();
+    let d2 = env.daemon();
+    d2.wait_until(secs(20), "rio's session ended not started", || {
+        session(&env, "rio")["status"] == "error"
+    });
+    let s = session(&env, "rio");
+    assert_eq!(s["session_id"], sid.as_str());
+    let reason = s["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("not started")
+            && reason.contains("stopped before the servers stored its order"),
+        "{s:#}"
+    );
+    eprintln!("ended {:?} after the restart", t.elapsed());
+    d2.wait_until(secs(20), "the message back in the inbox", || {
+        env.waiting("rio").iter().any(|m| m.contains(&message))
+    });
+    // Nothing holds rio: its next session runs on w1.
+    env.ok(&["wake", "rio"]);
+    d2.wait_until(secs(60), "rio's next session completed", || {
+        session(&env, "rio")["status"] == "completed"
+    });
+    assert!(worker.log().contains("of rio started"), "{}", worker.log());
+}
+
 /// The reconcile (its period shortened by the test-only
 /// AGENT_STATE_TEST_RECONCILE): a lease held for an order the controller
 /// does not run (theseus's, taken by a "ghost" host) is said at one

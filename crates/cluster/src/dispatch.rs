@@ -110,6 +110,11 @@ pub enum DispatchError {
         sequence: u64,
         detail: String,
     },
+    #[error("cannot read the orders in stream {stream}: {source}")]
+    Read {
+        stream: String,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     #[error("cannot {operation} the order of session {session_id}: {source}")]
     Ack {
         session_id: String,
@@ -171,6 +176,30 @@ impl Dispatch {
             sequence: ack.sequence,
             duplicate: ack.duplicate,
         })
+    }
+
+    /// Whether any order of `group` is in the stream: queued, or pulled and
+    /// not yet acknowledged (a worker acknowledges an order once it has its
+    /// lease and has started it, or once its end is stored). No order of the
+    /// group there, no lease naming an order and no end of it, read in that
+    /// order, means the order was never stored.
+    pub async fn queued(&self, group: &str) -> Result<bool, DispatchError> {
+        use async_nats::jetstream::stream::LastRawMessageErrorKind;
+        let subject = self.subject(group)?;
+        let error = |source: Box<dyn std::error::Error + Send + Sync>| DispatchError::Read {
+            stream: self.stream.clone(),
+            source,
+        };
+        let stream = self
+            .jetstream
+            .get_stream_no_info(&self.stream)
+            .await
+            .map_err(|e| error(Box::new(e)))?;
+        match stream.get_last_raw_message_by_subject(&subject).await {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(false),
+            Err(e) => Err(error(Box::new(e))),
+        }
     }
 
     /// The queue of `group`'s orders: a durable pull consumer the group's
