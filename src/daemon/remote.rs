@@ -758,7 +758,7 @@ async fn drive(
         // and died before the servers stored it. Read first (see
         // `Dispatch::queued`): no order of the group in the stream, then no
         // end and no lease for it below, and it never will run.
-        let none_queued = adopted
+        let mut none_queued = adopted
             && matches!(
                 ask(
                     "reading the orders",
@@ -780,7 +780,6 @@ async fn drive(
             .await;
             return Finish::NotRun(why);
         }
-        let mut none_queued = none_queued;
         match ask("reading the end", conn.output.ended(id)).await {
             Ok(Some(end)) => {
                 return ended(conn, agent, id, end, None, None, &mut 0, output, signals).await;
@@ -801,29 +800,24 @@ async fn drive(
                     at: Instant::now(),
                 };
             }
-            Ok(_) if none_queued => {
-                let why = "the previous controller stopped before the servers stored its order";
-                tracing::warn!(agent, session_id = id, "{why}; the order is withdrawn");
-                withdraw(
-                    remote,
-                    conn,
-                    order,
-                    agent,
-                    Withdrawn::NotStarted(why),
-                    spec.kill_grace,
-                )
-                .await;
-                return not_started(why.to_string());
-            }
             Ok(_) => {}
-            Err(e) => tracing::warn!(agent, session_id = id, "{e}"),
+            Err(e) => {
+                none_queued = false;
+                tracing::warn!(agent, session_id = id, "{e}")
+            }
         }
-        if tokio::time::Instant::now() >= deadline {
-            let why = format!(
+        let gave_up = if none_queued {
+            Some("the previous controller stopped before the servers stored its order".to_string())
+        } else if tokio::time::Instant::now() >= deadline {
+            Some(format!(
                 "no worker of credential group {} started it within the dispatch timeout ({}; dispatch_timeout in [cluster])",
                 order.credential_group,
                 humantime::format_duration(dispatch_timeout)
-            );
+            ))
+        } else {
+            None
+        };
+        if let Some(why) = gave_up {
             tracing::warn!(agent, session_id = id, "{why}; the order is withdrawn");
             withdraw(
                 remote,

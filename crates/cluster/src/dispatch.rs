@@ -184,22 +184,14 @@ impl Dispatch {
     /// group there, no lease naming an order and no end of it, read in that
     /// order, means the order was never stored.
     pub async fn queued(&self, group: &str) -> Result<bool, DispatchError> {
-        use async_nats::jetstream::stream::LastRawMessageErrorKind;
         let subject = self.subject(group)?;
-        let error = |source: Box<dyn std::error::Error + Send + Sync>| DispatchError::Read {
-            stream: self.stream.clone(),
-            source,
-        };
-        let stream = self
-            .jetstream
-            .get_stream_no_info(&self.stream)
+        crate::last_on_subject(&self.jetstream, &self.stream, &subject)
             .await
-            .map_err(|e| error(Box::new(e)))?;
-        match stream.get_last_raw_message_by_subject(&subject).await {
-            Ok(_) => Ok(true),
-            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(false),
-            Err(e) => Err(error(Box::new(e))),
-        }
+            .map(|last| last.is_some())
+            .map_err(|source| DispatchError::Read {
+                stream: self.stream.clone(),
+                source,
+            })
     }
 
     /// The queue of `group`'s orders: a durable pull consumer the group's

@@ -33,6 +33,25 @@ pub mod workers;
 
 pub use async_nats;
 pub use bytes::Bytes;
+
+/// The last message stored on `subject` in `stream` (`None`: none), in one
+/// round trip (no stream info lookup): an end, a chunk, a queued order.
+pub(crate) async fn last_on_subject(
+    jetstream: &async_nats::jetstream::Context,
+    stream: &str,
+    subject: &str,
+) -> Result<
+    Option<async_nats::jetstream::message::StreamMessage>,
+    Box<dyn std::error::Error + Send + Sync>,
+> {
+    use async_nats::jetstream::stream::LastRawMessageErrorKind;
+    let stream = jetstream.get_stream_no_info(stream).await?;
+    match stream.get_last_raw_message_by_subject(subject).await {
+        Ok(message) => Ok(Some(message)),
+        Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+        Err(e) => Err(Box::new(e)),
+    }
+}
 pub use config::{ClusterSettings, ConfigProblem, RawCluster};
 pub use connect::{Cluster, ClusterError, Found, Survey, WorkersUnread};
 pub use dispatch::{

@@ -489,56 +489,41 @@ impl Output {
         Ok(())
     }
 
-    /// The end of `session`, if one is stored.
+    /// The end of `session`, if one is stored (one round trip, on the
+    /// worker's path from the lease to the session's start).
     pub async fn ended(&self, session: &str) -> Result<Option<SessionEnd>, OutputError> {
-        use async_nats::jetstream::stream::LastRawMessageErrorKind;
         let subject = self.end_subject(session)?;
         let read = |source: Box<dyn std::error::Error + Send + Sync>| OutputError::Read {
             session: session.to_string(),
             source,
         };
-        // No stream info lookup: one round trip, on the worker's path from
-        // the lease to the session's start.
-        let stream = self
-            .jetstream
-            .get_stream_no_info(&self.stream)
-            .await
-            .map_err(|e| read(Box::new(e)))?;
-        match stream.get_last_raw_message_by_subject(&subject).await {
-            Ok(message) => serde_json::from_slice(&message.payload)
+        match crate::last_on_subject(&self.jetstream, &self.stream, &subject).await {
+            Ok(Some(message)) => serde_json::from_slice(&message.payload)
                 .map(Some)
                 .map_err(|e| read(Box::new(e))),
-            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
-            Err(e) => Err(read(Box::new(e))),
+            Ok(None) => Ok(None),
+            Err(e) => Err(read(e)),
         }
     }
 
     /// The number of the last chunk of `session` stored (0: none): where a
     /// worker that restarted goes on from its spool.
     pub async fn last_chunk(&self, session: &str) -> Result<u64, OutputError> {
-        use async_nats::jetstream::stream::LastRawMessageErrorKind;
         let subject = self.output_subject(session)?;
-        let read = |source: Box<dyn std::error::Error + Send + Sync>| OutputError::Read {
-            session: session.to_string(),
-            source,
-        };
-        let stream = self
-            .jetstream
-            .get_stream(&self.stream)
+        let last = crate::last_on_subject(&self.jetstream, &self.stream, &subject)
             .await
-            .map_err(|e| read(Box::new(e)))?;
-        match stream.get_last_raw_message_by_subject(&subject).await {
-            Ok(message) => {
-                let number = message
+            .map_err(|source| OutputError::Read {
+                session: session.to_string(),
+                source,
+            })?;
+        Ok(last
+            .and_then(|message| {
+                message
                     .headers
                     .get(CHUNK_HEADER)
                     .and_then(|v| v.as_str().parse().ok())
-                    .unwrap_or(0);
-                Ok(number)
-            }
-            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(0),
-            Err(e) => Err(read(Box::new(e))),
-        }
+            })
+            .unwrap_or(0))
     }
 
     /// `session`'s chunks from chunk 1, as they are stored (an ordered

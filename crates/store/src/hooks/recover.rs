@@ -32,24 +32,8 @@ pub fn recover_stale(
                 "session {}: its start was journaled at {} but session.json was not written (a crash); recorded interrupted",
                 start.session_id, entry.ts
             ));
-            let mut result = finish(
-                agent,
-                dir,
-                &lock,
-                session,
-                Ending::Failed {
-                    outcome: SessionStatus::Error,
-                    reason: format!("{reason} (during its start)"),
-                    count_attempts: false,
-                    code: None,
-                    verdict: None,
-                },
-                &mut Args::default(),
-                now,
-                &mut notes,
-            )?;
-            result.notes = notes;
-            return Ok(Some(result));
+            let reason = format!("{reason} (during its start)");
+            return interrupted(agent, dir, &lock, session, reason, now, notes).map(Some);
         }
         metrics::catch_up(dir, &lock, now, &mut notes)?;
         // Ended, but report.json may not say so yet (a crash between the
@@ -75,16 +59,30 @@ pub fn recover_stale(
         result.notes = notes;
         return Ok(Some(result));
     }
+    let reason = format!("{reason} ({why})");
+    interrupted(agent, dir, &lock, current, reason, now, notes).map(Some)
+}
+
+/// Records `session` as an error for `reason`, its messages returned
+/// without an attempt: its owner (the daemon, a script) was killed under
+/// it, which is no failure of its messages.
+fn interrupted(
+    agent: &AgentSettings,
+    dir: &AgentDir,
+    lock: &crate::state::lock::AgentLock,
+    session: Session,
+    reason: String,
+    now: Timestamp,
+    mut notes: Vec<String>,
+) -> Result<FinishResult> {
     let mut result = finish(
         agent,
         dir,
-        &lock,
-        current,
+        lock,
+        session,
         Ending::Failed {
             outcome: SessionStatus::Error,
-            reason: format!("{reason} ({why})"),
-            // Its owner (the daemon, a script) was killed under it: not a
-            // failure of its messages.
+            reason,
             count_attempts: false,
             code: None,
             verdict: None,
@@ -94,7 +92,7 @@ pub fn recover_stale(
         &mut notes,
     )?;
     result.notes = notes;
-    Ok(Some(result))
+    Ok(result)
 }
 
 /// The journal entry that ended session `id`, if its end was journaled

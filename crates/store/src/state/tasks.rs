@@ -222,14 +222,28 @@ pub fn add_all(
         return Ok(out);
     }
     file.agent = dir.name.to_string();
+    commit(dir, lock, &mut file, events, now, notes)?;
+    Ok(out)
+}
+
+/// Writes `file` as tasks.json with its `events` journaled between its
+/// staging and its rename (the journal first, for readers), then
+/// report.json's current task.
+fn commit(
+    dir: &AgentDir,
+    lock: &AgentLock,
+    file: &mut TaskFile,
+    events: Vec<Event>,
+    now: Timestamp,
+    notes: &mut Vec<String>,
+) -> Result<()> {
     file.updated_at = Some(now);
-    let staged = dir.stage(lock, &file)?;
+    let staged = dir.stage(lock, file)?;
     for event in events {
         dir.journal_append(lock, now, event)?;
     }
     staged.commit()?;
-    sync_current_task(dir, lock, &file, now, notes)?;
-    Ok(out)
+    sync_current_task(dir, lock, file, now, notes)
 }
 
 /// `report.json` `current_task` (the active task's description) and
@@ -314,20 +328,16 @@ pub fn update_all(
         task.set_status(status, outcome.clone(), now);
         out.push(task.clone());
     }
-    file.updated_at = Some(now);
-    let staged = dir.stage(lock, &file)?;
-    for id in ids {
-        dir.journal_append(
-            lock,
-            now,
+    let events = ids
+        .iter()
+        .map(|id| {
             Event::TaskUpdated(TaskUpdated {
                 task_id: id.to_string(),
                 status,
                 outcome: outcome.clone(),
-            }),
-        )?;
-    }
-    staged.commit()?;
-    sync_current_task(dir, lock, &file, now, notes)?;
+            })
+        })
+        .collect();
+    commit(dir, lock, &mut file, events, now, notes)?;
     Ok(out)
 }
