@@ -345,6 +345,7 @@ impl Daemon {
     /// written `.daemon/daemon.json` with its own pid (its watches and
     /// schedules are in place by then).
     pub fn start(env: &Env, vars: &[(&str, &str)]) -> Daemon {
+        remember_panics();
         let n = DAEMON_LOGS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let log = env.tmp(&format!("daemon-{n}.log"));
         let file = std::fs::File::create(&log).expect("create daemon log");
@@ -481,13 +482,48 @@ impl Drop for Daemon {
             }
         }
         if std::thread::panicking() {
+            // The failure said again after the log: a CI report that keeps
+            // only the output's ends still shows why the test failed.
+            let why = LAST_PANIC
+                .with(|p| p.borrow_mut().take())
+                .unwrap_or_default();
             eprintln!(
-                "---- daemon log ({}) ----\n{}---- end of daemon log ----",
+                "---- daemon log ({}) ----\n{}---- end of daemon log ----\nthe test failed: {why}",
                 self.log.display(),
                 self.log_text()
             );
         }
     }
+}
+
+thread_local! {
+    /// This thread's last panic (message and place), for [`Daemon`]'s
+    /// drop to repeat after the daemon's log.
+    static LAST_PANIC: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Keep each panic's message and place (besides printing it as usual).
+fn remember_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let message = info
+                .payload()
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| info.payload().downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            let place = info
+                .location()
+                .map(|l| format!("{}:{}", l.file(), l.line()))
+                .unwrap_or_default();
+            // Only the head: a message may carry a whole log.
+            let head: String = message.chars().take(2_000).collect();
+            LAST_PANIC.with(|p| *p.borrow_mut() = Some(format!("{place}: {head}")));
+            default(info);
+        }));
+    });
 }
 
 /// An agent's state file as JSON, or Null while it does not exist yet (or
