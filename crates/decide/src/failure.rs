@@ -333,12 +333,10 @@ fn network_failure(
 }
 
 /// What the daemon saw of a session's end beyond its verdict: what
-/// [`recorded_reason`] words a failure from.
+/// [`recorded_reason`] words a failure from (the machine's, only).
 #[derive(Debug, Clone, Copy)]
-pub struct Seen<'a> {
+pub(crate) struct Seen<'a> {
     pub ending: &'a Ending,
-    /// Why the daemon stopped it (a timeout, a stall, a budget), if it did.
-    pub stop_reason: Option<&'a str>,
     /// Claude Code's JSON result reported a failure.
     pub claude_failed: bool,
     /// The session script recorded its own end (`session end`).
@@ -356,10 +354,11 @@ pub struct Seen<'a> {
 /// script's own words) to say it. A session that succeeded has no reason:
 /// Claude Code, git and npm write to stderr when all is well, so what a
 /// command wrote there is said for a failure only.
-pub fn recorded_reason(seen: &Seen<'_>, verdict: &Verdict) -> Option<String> {
+pub(crate) fn recorded_reason(seen: &Seen<'_>, verdict: &Verdict) -> Option<String> {
     let exited = matches!(seen.ending, Ending::Exited { .. } | Ending::Signaled { .. });
     match seen.ending {
-        Ending::Stopped => seen.stop_reason.map(str::to_string),
+        // A stop is worded from its outcome (`Outcome::Stopped`).
+        Ending::Stopped => None,
         // A success, or the session's own record of its failure in its own
         // words (the verdict quotes them).
         _ if verdict.code.is_none() || seen.failed_by_script && seen.ending.is_success() => None,
@@ -903,7 +902,6 @@ mod tests {
         let three = Ending::Exited { code: 3 };
         let seen = |ending| Seen {
             ending,
-            stop_reason: None,
             claude_failed: false,
             ended_by_script: false,
             failed_by_script: false,
@@ -966,13 +964,10 @@ mod tests {
                 Some("judged"),
             ),
             (
-                "stopped, with the daemon's reason",
-                Seen {
-                    stop_reason: Some("over budget"),
-                    ..seen(&Ending::Stopped)
-                },
+                "stopped: the stop's outcome words it",
+                seen(&Ending::Stopped),
                 verdict(None),
-                Some("over budget"),
+                None,
             ),
             (
                 "timed out",

@@ -1076,7 +1076,6 @@ impl Session {
                 let described = describe_with(&ending, self.settings.timeout).1;
                 let seen = Seen {
                     ending: &ending,
-                    stop_reason: None,
                     claude_failed: facts.claude.is_some(),
                     ended_by_script,
                     failed_by_script: script_failed.is_some(),

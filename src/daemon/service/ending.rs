@@ -31,7 +31,6 @@ pub(super) struct Recorded {
     /// What the session was (its log line's level).
     decided: machine::Outcome,
     succeeded: bool,
-    override_reason: Option<String>,
     flows: Vec<AgentName>,
 }
 
@@ -80,11 +79,6 @@ impl Daemon {
             self.tally.usage(&agent, result);
         }
         let by_script = session::script_end(&dir, &sid);
-        let ended_by_script = by_script == Some(session::ScriptEnd::Completed);
-        let failed_by_script = match &by_script {
-            Some(session::ScriptEnd::Failed { reason }) => Some(reason.as_str()),
-            _ => None,
-        };
         let claude_failed = output.claude.as_ref().is_some_and(|r| r.is_error);
         // A usage limit is not the agent's failure: its credential waits.
         let limit = economy::limit_in(
@@ -161,25 +155,6 @@ impl Daemon {
             report.duration.as_secs_f64(),
             succeeded.then_some(now),
         );
-        // A session whose script recorded its failure first, in its own
-        // words: what the daemon found beyond its exit status (the same
-        // judgement the machine's outcome quotes) goes in front of them.
-        let described = cfg
-            .as_ref()
-            .map(|c| session::describe(&report, c).1)
-            .unwrap_or_default();
-        let override_reason = failure::recorded_reason(
-            &failure::Seen {
-                ending: &report.ending,
-                stop_reason: running.stop_reason.as_deref(),
-                claude_failed: claude_failure.is_some(),
-                ended_by_script,
-                failed_by_script: failed_by_script.is_some(),
-                stderr_last_words: stderr_last_words.as_deref(),
-                described: &described,
-            },
-            &verdict,
-        );
         // A flow's hand-off answered: kept before the end acknowledges it.
         let flows = if succeeded {
             let (flows, errors) = flows::keep_flow_answers(
@@ -213,7 +188,6 @@ impl Daemon {
             verdict,
             decided,
             succeeded,
-            override_reason,
             flows,
         };
         let tx = self.tx.clone();
@@ -270,7 +244,6 @@ impl Daemon {
             verdict,
             decided,
             succeeded,
-            override_reason,
             flows,
         } = recorded;
         let Some(running) = self.running.remove(&agent) else {
@@ -377,13 +350,17 @@ impl Daemon {
             self.tally
                 .iterations(&agent, iterations.count, iterations.verify_failures);
         }
-        // The script's trap recorded the failure first, in its own words.
-        if let (Some(decided), Ok(_)) = (&override_reason, &outcome)
+        // The script's trap recorded the failure first, in its own words:
+        // the machine's reason (what the daemon found beyond the exit
+        // status) goes in front of them; nothing where its reason is those
+        // words.
+        if !decided.is_completed()
+            && outcome.is_ok()
             && matches!(
                 report.ending,
                 Ending::Exited { .. } | Ending::Signaled { .. }
             )
-            && let Err(e) = hooks::amend_failure_reason(&dir, &sid, decided, now)
+            && let Err(e) = hooks::amend_failure_reason(&dir, &sid, &decided.reason(), now)
         {
             tracing::warn!(agent = %agent, session_id = %sid, "cannot record the daemon's reason for the session's failure: {e}");
         }
