@@ -29,8 +29,8 @@
 // `agent_state::inbox`, ...). The hooks take `&AgentConfig` through
 // `impl From<&AgentConfig> for hooks::AgentSettings` (config::agent).
 pub use agent_state_store::{
-    access, agent_name, catalogue, clock, error, fsx, hooks, inbox, owner, session_status, state,
-    string_enum, zone,
+    access, agent_name, catalogue, clock, error, fsx, hooks, inbox, owner, session_id,
+    session_status, state, string_enum, zone,
 };
 // The pure decisions: the crate agent-state-decide (crates/decide), under
 // their old paths (`crate::schedule`, `agent_state::protocol`).

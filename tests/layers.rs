@@ -53,6 +53,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "agent_name",
             "fsx",
             "access",
+            "session_id",
             "session_status",
             "string_enum",
             "zone",

@@ -44,7 +44,9 @@ pub const MAX_RECORD_BYTES: u64 = 16 * 1024;
 /// A remote session of this agent, as the controller keeps it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RemoteRecord {
-    /// The agent's session (session.json's `session_id`).
+    /// The agent's session (session.json's `session_id`), checked as a
+    /// path component when read.
+    #[serde(deserialize_with = "crate::session_id::de")]
     pub session_id: String,
     /// The order's id on the cluster (`AGENT_SESSION`, `-itN` for later
     /// iterations): its output, end and lease are keyed by it.

@@ -460,3 +460,48 @@ fn failed_sessions_return_messages_until_they_are_undeliverable() {
         3
     );
 }
+
+/// A session id in session.json names paths (`inbox/.claimed/ID/`,
+/// `sessions/ID.log`): one that is a path trick makes the file unreadable
+/// (rebuilt from the journal), never a recovery of another directory.
+#[test]
+fn a_session_id_that_is_a_path_is_never_followed() {
+    let env = Env::standard();
+    let id = env.send("leo", "rio", &["--body", "done already"]);
+    env.ok(&["session", "begin", "rio"]);
+    env.ok(&["session", "end", "rio"]);
+    let processed = env.path("rio", &format!("inbox/processed/{id}.json"));
+    assert!(processed.exists());
+    let waiting = env.send("leo", "rio", &["--body", "still waiting"]);
+    // As if the session had been begun under that id and its owner died.
+    let mut session = env.json("rio", "session.json");
+    session["session_id"] = json!("../processed");
+    session["status"] = json!("running");
+    session["owner_pid"] = json!(999_999_999);
+    env.write("rio", "session.json", &session.to_string());
+
+    let out = env.run(&["check"]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_ne!(out.status.code(), Some(0), "{said}");
+    assert!(
+        said.contains("session.json") && said.contains("\"../processed\" is not a session id"),
+        "{said}"
+    );
+    // The next session recovers from the journal; nothing processed comes
+    // back, the waiting message is claimed once, with no attempt counted.
+    let sid = env.ok(&["session", "begin", "rio"]).trim().to_string();
+    assert_ne!(sid, "../processed");
+    assert!(processed.exists(), "a processed message was moved");
+    assert_eq!(
+        env.json("rio", "session.json")["messages"],
+        json!([waiting])
+    );
+    let claimed: Value =
+        read_json(&env.path("rio", &format!("inbox/.claimed/{sid}/{waiting}.json")));
+    assert!(
+        claimed.get("attempts").is_none_or(|a| a == 0),
+        "{claimed:#}"
+    );
+    env.ok(&["session", "end", "rio"]);
+    env.ok(&["check"]);
+}

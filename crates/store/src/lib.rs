@@ -3,8 +3,8 @@
 //! daemon or the CLI.
 //!
 //! - base: [`clock`], [`catalogue`], [`error`], [`agent_name`], [`fsx`],
-//!   [`access`], [`session_status`], [`string_enum`], [`zone`] — timestamps,
-//!   the error catalogue and the error type, names as path components, every
+//!   [`access`], [`session_id`], [`session_status`], [`string_enum`], [`zone`] — timestamps,
+//!   the error catalogue and the error type, names and session ids as path components, every
 //!   file access below the root, session.json's status word, time zones;
 //! - store: [`state`] — every state file's shape and the one way each is
 //!   written;
@@ -26,6 +26,7 @@ pub mod fsx;
 pub mod hooks;
 pub mod inbox;
 pub mod owner;
+pub mod session_id;
 pub mod session_status;
 pub mod state;
 pub mod string_enum;

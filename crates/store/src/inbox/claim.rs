@@ -29,6 +29,7 @@ pub fn claim(
     known: Option<&Known>,
     listed: Option<&Listed>,
 ) -> Result<Claim> {
+    crate::session_id::check(session_id)?;
     let mut out = Claim::default();
     let Some(listing) = Listing::open(agent, listed)? else {
         return Ok(out);
@@ -171,7 +172,7 @@ pub fn claimed(
     session_id: &str,
     now: Timestamp,
 ) -> Result<Vec<(PathBuf, Message)>> {
-    let dir = agent.claimed(session_id);
+    let dir = agent.claimed(crate::session_id::check(session_id)?);
     let mut out = Vec::new();
     // One handle for the directory: each file is opened by name in it.
     let Some(handle) = fsx::open_dir(&dir)? else {
@@ -227,7 +228,7 @@ pub fn claimed(
 /// the whole batch, after the last rename. Returns how many moved. Call with
 /// the agent lock held.
 pub fn acknowledge(agent: &AgentDir, session_id: &str) -> Result<usize> {
-    let dir = agent.claimed(session_id);
+    let dir = agent.claimed(crate::session_id::check(session_id)?);
     let Some(from) = fsx::open_dir(&dir)? else {
         finish_claim_dir(agent, session_id)?;
         return Ok(0);
@@ -321,7 +322,7 @@ pub fn return_claimed_counting(
 ) -> Result<(Vec<String>, Vec<String>)> {
     let mut returned = Vec::new();
     let mut undeliverable = Vec::new();
-    let dir = agent.claimed(session_id);
+    let dir = agent.claimed(crate::session_id::check(session_id)?);
     if fsx::open_dir(&dir)?.is_none() {
         return Ok((returned, undeliverable));
     }
@@ -376,7 +377,7 @@ pub fn return_claimed_counting(
 }
 
 pub(super) fn finish_claim_dir(agent: &AgentDir, session_id: &str) -> Result<()> {
-    let dir = agent.claimed(session_id);
+    let dir = agent.claimed(crate::session_id::check(session_id)?);
     match fsx::remove_dir(&dir) {
         Ok(true) => atomic::sync_dir(&agent.claimed_root()),
         Ok(false) => Ok(()),

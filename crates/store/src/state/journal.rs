@@ -86,6 +86,7 @@ pub enum Event {
 /// the first is the session's start), with the verification's feedback.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct IterationStart {
+    #[serde(deserialize_with = "crate::session_id::de")]
     pub session_id: String,
     pub n: u32,
     pub of: u32,
@@ -95,6 +96,7 @@ pub struct IterationStart {
 /// with the failed command and how it ended.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct IterationEnd {
+    #[serde(deserialize_with = "crate::session_id::de")]
     pub session_id: String,
     pub n: u32,
     pub of: u32,
@@ -109,6 +111,7 @@ pub struct IterationEnd {
 /// A usage limit found in the output of a session its script failed.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct VerdictAmended {
+    #[serde(deserialize_with = "crate::session_id::de")]
     pub session_id: String,
     pub was: SessionVerdict,
     pub verdict: SessionVerdict,
@@ -121,6 +124,7 @@ pub struct VerdictAmended {
 /// no `session_usage` line is counted from those.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SessionUsage {
+    #[serde(deserialize_with = "crate::session_id::de")]
     pub session_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input_tokens: Option<u64>,
@@ -142,6 +146,7 @@ pub struct SessionUsage {
 /// The prompt of a session was over its budget: what was left out.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct PromptCut {
+    #[serde(deserialize_with = "crate::session_id::de")]
     pub session_id: String,
     pub section: String,
     pub bytes_dropped: usize,
@@ -174,6 +179,7 @@ impl Event {
 /// output, and what the daemon did with it.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct SignalSeen {
+    #[serde(deserialize_with = "crate::session_id::de")]
     pub session_id: String,
     #[serde(rename = "type")]
     pub kind: String,
@@ -264,6 +270,7 @@ impl SkipCause {
 /// held (`hold_until`), or, for an admin's cap, until a session succeeds.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct UsageLimitHit {
+    #[serde(deserialize_with = "crate::session_id::de")]
     pub session_id: String,
     /// `usage_limit`, `extra_usage_exhausted`, `api_rate_limit`, `admin_disabled`.
     pub kind: String,
@@ -294,6 +301,7 @@ pub struct Bootstrap {
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct SessionStart {
+    #[serde(deserialize_with = "crate::session_id::de")]
     pub session_id: String,
     #[serde(rename = "type")]
     pub kind: SessionType,
@@ -318,6 +326,7 @@ pub struct SessionStart {
 /// A script joined a running session and added fields to it.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct SessionUpdated {
+    #[serde(deserialize_with = "crate::session_id::de")]
     pub session_id: String,
     #[serde(default)]
     pub fields: Vec<String>,
@@ -344,6 +353,7 @@ fn lenient_end_outcome<'de, D: serde::Deserializer<'de>>(
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SessionEnd {
+    #[serde(deserialize_with = "crate::session_id::de")]
     pub session_id: String,
     /// Always `completed` as written (a `session_end` line is a completed
     /// end; errors and timeouts are their own events). Read leniently: a
@@ -397,6 +407,7 @@ impl Default for SessionEnd {
 /// The `error` and `timeout` events.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct SessionFailed {
+    #[serde(deserialize_with = "crate::session_id::de")]
     pub session_id: String,
     pub reason: String,
     /// The catalogue code the daemon judged the failure by

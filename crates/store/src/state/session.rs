@@ -10,6 +10,8 @@ use crate::string_enum::string_enum;
 #[serde(default)]
 pub struct Session {
     pub agent: String,
+    /// Checked as a path component when read ([`crate::session_id`]).
+    #[serde(deserialize_with = "crate::session_id::de")]
     pub session_id: String,
     pub started_at: Option<Timestamp>,
     pub ended_at: Option<Timestamp>,
