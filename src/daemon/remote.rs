@@ -1295,6 +1295,11 @@ pub fn ending_of(end: &SessionEnd, accepted: bool, lease_now: Option<u64>) -> En
             reason: format!("not started on {host}: {detail}"),
             kind: SpawnFailure::Other,
         },
+        Outcome::Unknown => Ending::Lost {
+            reason: format!(
+                "interrupted: {host} ended the session in a way this controller does not know (a newer worker's end): upgrade the controller to the workers' version"
+            ),
+        },
     }
 }
 

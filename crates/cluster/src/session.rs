@@ -325,6 +325,11 @@ pub enum Outcome {
     WorkerStopped,
     /// It never ran: a bad spec, a command that would not start.
     NotStarted { detail: String },
+    /// An end of a kind this version does not know (a newer worker's):
+    /// read, never refused, so its session is still recorded (as
+    /// interrupted) and its lease deleted. No worker writes it.
+    #[serde(other)]
+    Unknown,
 }
 
 /// A session's end, as the worker reports it.
@@ -346,9 +351,21 @@ pub struct SessionEnd {
     pub lease_revision: u64,
     /// The order's worktree (an order with a `workspace`): not made, or
     /// judged after the session. Absent otherwise; older controllers
-    /// ignore it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// ignore it, and one this version cannot read (a newer worker's) is
+    /// read as absent, never a reason to refuse the end.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient_workspace"
+    )]
     pub workspace: Option<WorkspaceEnd>,
+}
+
+fn lenient_workspace<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<WorkspaceEnd>, D::Error> {
+    let value = serde_json::Value::deserialize(d)?;
+    Ok(serde_json::from_value(value).ok())
 }
 
 /// One chunk of a session's output, as read back.
@@ -637,6 +654,30 @@ pub fn check_session(session: &str) -> Result<(), OutputError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_end_of_a_newer_kind_is_read_as_unknown() {
+        let end = serde_json::json!({
+            "session_id": "20260101-000000", "agent": "rio", "host": "w1",
+            "outcome": {"kind": "evicted_by_a_newer_rule", "detail": "x", "n": 3},
+            "started_ms": 1, "ended_ms": 2, "last_chunk": 4, "lease_revision": 7,
+            "a_newer_field": true
+        });
+        let end: SessionEnd = serde_json::from_value(end).unwrap();
+        assert_eq!(end.outcome, Outcome::Unknown);
+        assert_eq!((end.last_chunk, end.lease_revision), (4, 7));
+        assert_eq!(end.workspace, None);
+        let newer_workspace = serde_json::json!({
+            "session_id": "20260101-000000", "agent": "rio", "host": "w1",
+            "outcome": {"kind": "timed_out"}, "started_ms": 1, "ended_ms": 2,
+            "last_chunk": 0, "lease_revision": 7,
+            "workspace": {"moved_to_a_newer_place": {"path": "/x"}}
+        });
+        let end: SessionEnd = serde_json::from_value(newer_workspace).unwrap();
+        assert_eq!((end.outcome, end.workspace), (Outcome::TimedOut, None));
+        let known: Outcome = serde_json::from_str(r#"{"kind":"timed_out"}"#).unwrap();
+        assert_eq!(known, Outcome::TimedOut);
+    }
 
     #[test]
     fn specs() {

@@ -82,6 +82,13 @@ fn outcomes_map_to_endings() {
                 kind: SpawnFailure::Other,
             },
         ),
+        // A newer worker's kind of end: recorded all the same.
+        (
+            Outcome::Unknown,
+            lost(
+                "interrupted: w1 ended the session in a way this controller does not know (a newer worker's end): upgrade the controller to the workers' version",
+            ),
+        ),
     ];
     for (outcome, want) in table {
         assert_eq!(
