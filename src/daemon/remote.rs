@@ -756,13 +756,14 @@ async fn drive(
     let mut seen = loop {
         // Followed again: a previous controller may have recorded the order
         // and died before the servers stored it. Read first (see
-        // `Dispatch::queued`): no order of the group in the stream, then no
-        // end and no lease for it below, and it never will run.
+        // `Dispatch::queued`): the order not in the stream, then no end and
+        // no lease for it below, and it never will run.
         let mut none_queued = adopted
             && matches!(
                 ask(
                     "reading the orders",
-                    conn.dispatch.queued(&order.credential_group)
+                    conn.dispatch
+                        .queued(&order.credential_group, &order.session_id)
                 )
                 .await,
                 Ok(false)

@@ -272,7 +272,10 @@ echo "$1 after""#,
 /// AGENT_STATE_TEST_HOLD_PUBLISH): the next controller finds no such order
 /// queued, no lease and no end, and ends the session "not started" at once
 /// with its message back, instead of waiting out its timeout (chaos round
-/// 9: three sessions "timed out"); the agent's next session runs.
+/// 9: three sessions "timed out"); the agent's next session runs. Another
+/// order of the same group waits in the stream meanwhile (no worker runs):
+/// the check reads the orders themselves, so it still decides at once,
+/// not at the 60 s dispatch timeout.
 #[test]
 fn an_order_recorded_but_never_stored_ends_not_started_after_a_restart() {
     let Some(binary) = nats::server_binary("cluster_adopt") else {
@@ -294,6 +297,29 @@ fn an_order_recorded_but_never_stored_ends_not_started_after_a_restart() {
         .unwrap()
         .to_string();
     d.kill9();
+    // No worker pulls now; another order of the group waits in the stream
+    // (its spec is no spec: a worker ends it "not started" later).
+    drop(worker);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let settings = servers.settings();
+    let (cluster, dispatch, _) =
+        rt.block_on(servers.connect(&settings, "test", agent_state_cluster::LeaseTiming::DEFAULT));
+    let decoy = agent_state_cluster::SessionOrder {
+        session_id: "leo_20200101-000000".into(),
+        agent: "leo".into(),
+        credential_group: "default".into(),
+        spec: serde_json::json!({}),
+    };
+    rt.block_on(dispatch.publish(&decoy))
+        .expect("the other order stored");
+    assert!(
+        rt.block_on(dispatch.queued("default", "leo_20200101-000000"))
+            .unwrap()
+    );
+    drop(cluster);
     let t = std::time::Instant::now();
     let d2 = env.daemon();
     d2.wait_until(secs(20), "rio's session ended not started", || {
@@ -311,7 +337,9 @@ fn an_order_recorded_but_never_stored_ends_not_started_after_a_restart() {
     d2.wait_until(secs(20), "the message back in the inbox", || {
         env.waiting("rio").iter().any(|m| m.contains(&message))
     });
-    // Nothing holds rio: its next session runs on w1.
+    // Nothing holds rio: its next session runs on a worker.
+    let worker = Worker::start(&env, "w2");
+    worker.wait_registered();
     env.ok(&["wake", "rio"]);
     d2.wait_until(secs(60), "rio's next session completed", || {
         session(&env, "rio")["status"] == "completed"

@@ -52,6 +52,10 @@ pub fn order_of_session(order: &str, agent: &str, session: &str) -> bool {
     }
 }
 
+/// The most queued orders of one group [`Dispatch::queued`] reads before
+/// it answers "there".
+pub const QUEUED_SCAN: usize = 10_000;
+
 /// One session, as the controller orders it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SessionOrder {
@@ -178,20 +182,50 @@ impl Dispatch {
         })
     }
 
-    /// Whether any order of `group` is in the stream: queued, or pulled and
-    /// not yet acknowledged (a worker acknowledges an order once it has its
-    /// lease and has started it, or once its end is stored). No order of the
-    /// group there, no lease naming an order and no end of it, read in that
-    /// order, means the order was never stored.
-    pub async fn queued(&self, group: &str) -> Result<bool, DispatchError> {
+    /// Whether the order `order_id` of `group` is in the stream: queued, or
+    /// pulled and not yet acknowledged (a worker acknowledges an order once
+    /// it has its lease and has started it, or once its end is stored). Not
+    /// there, then no lease naming it and no end of it, read in that order,
+    /// means the order was never stored (or is done). The group's orders
+    /// are read one by one (a work queue holds only those not yet taken);
+    /// past [`QUEUED_SCAN`] of them the answer is "there", which only
+    /// makes the caller wait for the dispatch timeout.
+    pub async fn queued(&self, group: &str, order_id: &str) -> Result<bool, DispatchError> {
+        use async_nats::jetstream::stream::RawMessageErrorKind;
         let subject = self.subject(group)?;
-        crate::last_on_subject(&self.jetstream, &self.stream, &subject)
+        let read_error = |source: Box<dyn std::error::Error + Send + Sync>| DispatchError::Read {
+            stream: self.stream.clone(),
+            source,
+        };
+        let stream = self
+            .jetstream
+            .get_stream_no_info(&self.stream)
             .await
-            .map(|last| last.is_some())
-            .map_err(|source| DispatchError::Read {
-                stream: self.stream.clone(),
-                source,
-            })
+            .map_err(|e| read_error(Box::new(e)))?;
+        let mut from = 1;
+        for _ in 0..QUEUED_SCAN {
+            let message = match stream
+                .get_first_raw_message_by_subject(&subject, from)
+                .await
+            {
+                Ok(message) => message,
+                Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => return Ok(false),
+                Err(e) => return Err(read_error(Box::new(e))),
+            };
+            let by_header = message
+                .headers
+                .get(async_nats::header::NATS_MESSAGE_ID)
+                .is_some_and(|v| v.as_str() == order_id);
+            let by_payload = || {
+                serde_json::from_slice::<SessionOrder>(&message.payload)
+                    .is_ok_and(|o| o.session_id == order_id)
+            };
+            if by_header || by_payload() {
+                return Ok(true);
+            }
+            from = message.sequence + 1;
+        }
+        Ok(true)
     }
 
     /// The queue of `group`'s orders: a durable pull consumer the group's
