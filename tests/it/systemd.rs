@@ -543,6 +543,37 @@ fn under_systemd_the_unit_starts_ready_logs_reloads_stops_and_is_restarted_by_th
     assert_eq!(start["SESSION_ID"], rio.as_str());
     assert_eq!(start["INSTANCE"], "rio-001");
 
+    // ---- a person in the inbox group drops mail with `cat >`: under the
+    // unit's sandbox the daemon still sees who wrote the file (the kernel's
+    // owner, never "nobody": no PrivateUsers=) ----
+    sdbox.ok(&["useradd", "-m", "-G", "teleo", "alice"]);
+    sdbox.ok(&[
+        "runuser",
+        "-u",
+        "alice",
+        "--",
+        "sh",
+        "-c",
+        &format!(
+            "echo '{{\"from\":\"alice\",\"to\":\"rio\",\"subject\":\"hello\",\"body\":\"read this\"}}' > {STATE}/rio/inbox/from-alice.json"
+        ),
+    ]);
+    let mut received = Value::Null;
+    sdbox.wait_until(
+        Duration::from_secs(20),
+        "alice's message journaled as received",
+        || {
+            received = sdbox
+                .read(&format!("{STATE}/rio/journal.jsonl"))
+                .lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .find(|e| e["event"] == "message_received" && e["message_id"] == "from-alice")
+                .unwrap_or(Value::Null);
+            !received.is_null()
+        },
+    );
+    assert_eq!(received["sender"], "alice", "{received:#}");
+
     // ---- a Node.js program through the sandbox: JIT, credentials, API ----
     if let Some(api) = &api {
         let theseus = run_session(&sdbox, "theseus");
