@@ -235,6 +235,10 @@ struct Shared {
     leases: Leases,
     output: Output,
     running: Mutex<BTreeMap<String, RunningSession>>,
+    /// The orders this worker handles now, from their pull to their end
+    /// ([`run::Handling`]): a second delivery of one (the server's ack wait
+    /// passed while the worker was stopped) is never run beside it.
+    handling: Mutex<std::collections::BTreeSet<String>>,
     /// The last result of each group's check.
     checks: Mutex<BTreeMap<String, Checked>>,
     /// Why it pulls nothing now (low disk or memory).
@@ -430,6 +434,7 @@ pub async fn run(settings: ClusterSettings, options: Options) -> Result<(), Work
         leases,
         output,
         running: Mutex::new(BTreeMap::new()),
+        handling: Mutex::new(Default::default()),
         checks: Mutex::new(BTreeMap::new()),
         not_pulling: Mutex::new(None),
         drained: drained_rx,

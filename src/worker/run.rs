@@ -4,6 +4,33 @@
 
 use super::*;
 
+/// An order this worker handles, in [`Shared::handling`] while this lives.
+pub(super) struct Handling<'a> {
+    shared: &'a Shared,
+    id: String,
+}
+
+impl<'a> Handling<'a> {
+    /// `None` if the order is handled already.
+    fn begin(shared: &'a Shared, id: &str) -> Option<Handling<'a>> {
+        let mut set = shared.handling.lock().unwrap_or_else(|e| e.into_inner());
+        set.insert(id.to_string()).then(|| Handling {
+            shared,
+            id: id.to_string(),
+        })
+    }
+}
+
+impl Drop for Handling<'_> {
+    fn drop(&mut self) {
+        self.shared
+            .handling
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.id);
+    }
+}
+
 /// One order, from its pull to its end.
 pub(super) async fn session(shared: &Shared, pulled: PulledOrder) {
     let order = pulled.order.clone();
@@ -15,6 +42,18 @@ pub(super) async fn session(shared: &Shared, pulled: PulledOrder) {
         let _ = pulled.ack().await;
         return;
     }
+    // Delivered again while this worker still handles it (stopped past the
+    // ack wait, then resumed: both deliveries come here). The lease cannot
+    // tell the copies apart (the second reads as our own take), so the
+    // second is dropped: not run, not acknowledged (the first's ack is the
+    // order's).
+    let Some(_handling) = Handling::begin(shared, &id) else {
+        log(format!(
+            "session {id} ({}): delivered again while this worker runs it; not run twice",
+            order.agent
+        ));
+        return;
+    };
     let not_started = |detail: String| SessionEnd {
         session_id: id.clone(),
         agent: order.agent.clone(),

@@ -422,3 +422,79 @@ fn a_lost_worker_is_fenced_and_its_session_recorded_interrupted() {
         .unwrap();
     let _reap_next = Reap(next);
 }
+
+/// The same order delivered twice to the worker running it (as when the
+/// worker was stopped past the server's ack wait and resumed: chaos round
+/// 6 ran a3's session twice on w1, both copies under one lease revision,
+/// the second read as the worker's own take). The second delivery is not
+/// run: the script ran once, and the session completes.
+#[test]
+fn an_order_delivered_again_to_the_worker_running_it_is_not_run_twice() {
+    let Some(binary) = nats::server_binary("cluster_executor") else {
+        return;
+    };
+    let servers = nats::NatsCluster::start(&binary, 3);
+    let env = cluster_env(&servers, "60s", "");
+    env.script(
+        "agent.sh",
+        &format!(
+            r#"dir={:?}
+echo "$1 ran" >> "$dir/runs-$1"
+while [ ! -e "$dir/go-$1" ]; do sleep 0.05; done
+echo "$1 done""#,
+            env.dir.path()
+        ),
+    );
+    let worker = Worker::start(&env, "w1");
+    worker.wait_registered();
+    let d = env.daemon();
+    env.ok(&["wake", "rio"]);
+    let runs = env.tmp("runs-rio");
+    d.wait_until(secs_f(60), "rio's session runs on w1", || runs.exists());
+    let s = session(&env, "rio");
+    let sid = s["session_id"].as_str().unwrap().to_string();
+    let order_id = agent_state_cluster::order_id("rio", &sid, 1);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let settings = servers.settings();
+    let (cluster, dispatch, _) =
+        rt.block_on(servers.connect(&settings, "test", agent_state_cluster::LeaseTiming::DEFAULT));
+    // A second copy in the stream (no `Nats-Msg-Id`: the server keeps it).
+    let order = serde_json::to_vec(&agent_state_cluster::SessionOrder {
+        session_id: order_id.clone(),
+        agent: "rio".into(),
+        credential_group: "default".into(),
+        spec: serde_json::json!({
+            "command": env.tmp("agent.sh").to_str().unwrap(),
+            "args": ["rio"],
+            "env": { "AGENT_STATE_SESSION_ID": sid, "AGENT_STATE_AGENT": "rio" },
+            "cwd": env.dir.path().to_str().unwrap(),
+            "timeout_secs": 120,
+        }),
+    })
+    .unwrap();
+    rt.block_on(async {
+        cluster
+            .jetstream()
+            .publish(format!("{}.default", dispatch.stream_name()), order.into())
+            .await
+            .unwrap()
+            .await
+            .unwrap()
+    });
+    worker.wait_log(&format!(
+        "session {order_id} (rio): delivered again while this worker runs it; not run twice"
+    ));
+    go(&env, "rio");
+    d.wait_until(secs_f(60), "rio's session completed", || {
+        session(&env, "rio")["status"] == "completed"
+    });
+    assert_eq!(
+        std::fs::read_to_string(&runs).unwrap(),
+        "rio ran\n",
+        "the script ran once:\n{}",
+        worker.log()
+    );
+}
