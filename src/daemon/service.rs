@@ -98,6 +98,20 @@ fn reconcile_every() -> Duration {
 
 /// How often the daemon checks that its root's lock is still its own.
 const ROOT_CHECK_EVERY: Duration = Duration::from_secs(5);
+/// A stop signal this soon after the first is the same one sent twice
+/// (`timeout(1)` signals its child and then its process group), not an
+/// operator's "stop now".
+const REPEATED_SIGNAL: Duration = Duration::from_secs(1);
+/// [`REPEATED_SIGNAL`], or a test's (`AGENT_STATE_TEST_REPEATED_SIGNAL`:
+/// a test signals again once it has read that the first was taken, which
+/// a busy machine may make later than a second; operators never set it).
+fn repeated_signal() -> chrono::TimeDelta {
+    let window = std::env::var("AGENT_STATE_TEST_REPEATED_SIGNAL")
+        .ok()
+        .and_then(|t| humantime::parse_duration(&t).ok())
+        .unwrap_or(REPEATED_SIGNAL);
+    chrono::TimeDelta::from_std(window).unwrap_or(chrono::TimeDelta::MAX)
+}
 
 /// Everything the daemon reacts to, from one [`Daemon::next_event`]: the
 /// inbox watcher, the sessions and the tasks the loop spawned (over a
@@ -657,6 +671,8 @@ struct Daemon {
     tx: mpsc::UnboundedSender<Event>,
     started_at: Timestamp,
     stopping: Option<DateTime<Utc>>,
+    /// When the stop was asked for, on the session clock (monotonic).
+    stop_asked: Option<DateTime<Utc>>,
     intake: intake::Intake,
     schedules: wakes::Schedules,
     monitor: monitor::Monitor,
@@ -802,6 +818,7 @@ pub async fn run(config_path: &Path, web: WebHook) -> Result<()> {
         tx,
         started_at: Timestamp::now(),
         stopping: None,
+        stop_asked: None,
         streaks: BTreeMap::new(),
     };
     // Bootstrapping thousands of agents on a slow disk can outlast systemd's
@@ -1243,7 +1260,19 @@ impl Daemon {
     }
 
     fn shutdown(&mut self, why: &str) {
+        let asked = self.session_clock.now();
         if self.stopping.is_some() {
+            // One signal sent twice (`timeout` signals its child, then its
+            // whole process group): still the graceful stop.
+            if self
+                .stop_asked
+                .is_some_and(|first| asked - first < repeated_signal())
+            {
+                tracing::info!(
+                    "{why} again at once: taken as the same stop (send it again to end the running sessions now)"
+                );
+                return;
+            }
             // A second signal: stop the sessions now.
             tracing::warn!("{why} again: ending running sessions now");
             for r in self.running.values_mut() {
@@ -1260,6 +1289,7 @@ impl Daemon {
             );
         }
         let grace = self.config.daemon.shutdown_grace;
+        self.stop_asked = Some(asked);
         self.stopping = Some(crate::clock::later(self.clock.now(), grace));
         self.core.waking_stopped = true;
         let longest_kill = self

@@ -981,6 +981,50 @@ fn a_start_journaled_before_a_kill_without_its_files_is_recorded_interrupted() {
     }
 }
 
+/// One SIGTERM sent twice at once (as `timeout` does: to its child, then
+/// to its process group) is one graceful stop: the running session is
+/// left its shutdown grace and ends by itself, completed.
+#[test]
+fn a_sigterm_sent_twice_at_once_is_still_the_graceful_stop() {
+    let env = Env::with_config("");
+    let started = env.tmp("started");
+    let go = env.tmp("go");
+    let script = agent_script(
+        &env,
+        &format!(
+            "touch {:?}\nwhile [ ! -e {:?} ]; do sleep 0.05; done\necho '<axiom>COMPLETE</axiom>'",
+            started.display().to_string(),
+            go.display().to_string()
+        ),
+    );
+    env.set_config(&daemon_config(
+        &script,
+        &[("shutdown_grace", "\"60s\"")],
+        &[],
+        RIO,
+    ));
+    // The window is a second; the test's second signal comes after it has
+    // read that the first was taken, which a busy machine may delay.
+    let mut d = Daemon::start(&env, &[("AGENT_STATE_TEST_REPEATED_SIGNAL", "60s")]);
+    env.send("leo", "rio", &[]);
+    d.wait_until(secs(30.0), "the agent is running", || started.exists());
+    d.signal(Signal::SIGTERM);
+    d.wait_until(secs(10.0), "the daemon is stopping", || {
+        d.log_text().contains("SIGTERM: stopping")
+    });
+    d.signal(Signal::SIGTERM);
+    d.wait_until(secs(10.0), "the second signal taken as the first", || {
+        d.log_text()
+            .contains("SIGTERM again at once: taken as the same stop")
+    });
+    std::fs::write(&go, "").unwrap();
+    let status = d.wait_exit(secs(30.0));
+    assert_eq!(status.code(), Some(0), "{}", d.log_text());
+    let log = d.log_text();
+    assert!(!log.contains("again: ending running sessions now"), "{log}");
+    assert_eq!(session(&env, "rio")["status"], "completed", "{log}");
+}
+
 #[test]
 fn sigterm_waits_shutdown_grace_then_stops_the_session() {
     let env = Env::with_config("");
