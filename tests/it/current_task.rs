@@ -74,3 +74,45 @@ fn current_task_follows_the_active_task() {
         "the journal says it became active"
     );
 }
+
+/// tasks.json stays the size of the agent's current work over years: a
+/// task finished more than 90 days ago leaves it at the next change (its
+/// history stays in the journal), and its id is never handed out again.
+#[test]
+fn a_task_finished_long_ago_leaves_tasks_json_and_its_id_is_not_reused() {
+    let env = Env::standard();
+    env.ok(&["bootstrap"]);
+    let first = env
+        .ok(&["task", "add", "rio", "--description", "an old task"])
+        .trim()
+        .to_string();
+    env.ok(&["task", "set", "rio", &first, "--status", "completed"]);
+    // As if it were finished in 2020.
+    let mut tasks = env.json("rio", "tasks.json");
+    tasks["tasks"][0]["completed_at"] = serde_json::json!("2020-01-01T00:00:00Z");
+    env.write("rio", "tasks.json", &tasks.to_string());
+
+    let next = env
+        .ok(&["task", "add", "rio", "--description", "a new task"])
+        .trim()
+        .to_string();
+    assert_ne!(next, first, "an id handed out again");
+    assert_eq!(next, "task-002");
+    let tasks = env.json("rio", "tasks.json");
+    let ids: Vec<&str> = tasks["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["id"].as_str())
+        .collect();
+    assert_eq!(ids, ["task-002"], "{tasks:#}");
+    assert_eq!(tasks["last_task_number"], 2, "{tasks:#}");
+    // Its history is in the journal.
+    let updated: Vec<_> = env
+        .events("rio", "task_updated")
+        .into_iter()
+        .filter(|e| e["task_id"] == first.as_str())
+        .collect();
+    assert_eq!(updated.len(), 1, "{updated:#?}");
+    env.ok(&["check"]);
+}

@@ -54,13 +54,43 @@ impl TaskFile {
         format!("task-{:03}", self.highest_number() + 1)
     }
 
-    /// The highest number of a `task-N` id (0: none).
+    /// The highest number of a `task-N` id (0: none), counting those of
+    /// tasks [`compact`](Self::compact) took out ([`LAST_TASK_NUMBER`]).
     fn highest_number(&self) -> u64 {
+        let recorded = self
+            .extra
+            .get(LAST_TASK_NUMBER)
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
         self.tasks
             .iter()
             .filter_map(|t| t.id.strip_prefix("task-")?.parse::<u64>().ok())
             .max()
             .unwrap_or(0)
+            .max(recorded)
+    }
+
+    /// Take out the tasks finished (completed or dropped) more than `keep`
+    /// before `now`: the file stays the size of the agent's current work
+    /// over years. Their history stays in the journal (`task_added`,
+    /// `task_updated`); the highest id is kept in [`LAST_TASK_NUMBER`], so
+    /// no id is handed out again. Returns how many were taken out. Pure.
+    pub fn compact(&mut self, now: Timestamp, keep: chrono::Duration) -> usize {
+        let Some(cutoff) = now.0.checked_sub_signed(keep) else {
+            return 0;
+        };
+        let highest = self.highest_number();
+        let before = self.tasks.len();
+        self.tasks.retain(|t| {
+            !(matches!(t.status, TaskStatus::Completed | TaskStatus::Dropped)
+                && t.completed_at.is_some_and(|at| at.0 < cutoff))
+        });
+        let removed = before - self.tasks.len();
+        if removed > 0 {
+            self.extra
+                .insert(LAST_TASK_NUMBER.into(), Value::from(highest));
+        }
+        removed
     }
 
     pub fn find_mut(&mut self, id: &str) -> Option<&mut Task> {
@@ -82,6 +112,13 @@ impl TaskFile {
             .filter(|t| matches!(t.status, TaskStatus::Pending | TaskStatus::Active))
     }
 }
+
+/// tasks.json's addition: the highest task number ever handed out, once
+/// finished tasks have been taken out ([`TaskFile::compact`]).
+pub const LAST_TASK_NUMBER: &str = "last_task_number";
+
+/// How long a finished task stays in tasks.json.
+pub const FINISHED_TASK_KEEP: chrono::Duration = chrono::Duration::days(90);
 
 impl Task {
     /// Apply a status change; a task that is finished gets its completion time.
@@ -114,6 +151,40 @@ mod tests {
             ..Task::default()
         });
         assert_eq!(f.next_id(), "task-008");
+    }
+
+    #[test]
+    fn finished_tasks_leave_after_their_keep_and_ids_are_never_reused() {
+        let now = Timestamp::parse("2026-06-01T00:00:00Z").unwrap();
+        let ago = |days: i64| {
+            Some(Timestamp::from_datetime(
+                now.0 - chrono::Duration::days(days),
+            ))
+        };
+        let task = |id: &str, status, completed_at| Task {
+            id: id.into(),
+            status,
+            completed_at,
+            ..Task::default()
+        };
+        let mut f = TaskFile::new("rio");
+        f.tasks = vec![
+            task("task-001", TaskStatus::Pending, None),
+            task("task-002", TaskStatus::Dropped, ago(10)),
+            task("task-003", TaskStatus::Completed, ago(91)),
+            task("task-004", TaskStatus::Active, None),
+            task("task-005", TaskStatus::Completed, ago(400)),
+        ];
+        assert_eq!(f.compact(now, FINISHED_TASK_KEEP), 2);
+        let ids: Vec<&str> = f.tasks.iter().map(|t| t.id.as_str()).collect();
+        assert_eq!(ids, ["task-001", "task-002", "task-004"]);
+        // task-005 is gone, its number is not.
+        assert_eq!(f.next_id(), "task-006");
+        assert_eq!(f.compact(now, FINISHED_TASK_KEEP), 0);
+        f.tasks.clear();
+        assert_eq!(f.next_id(), "task-006");
+        let back: TaskFile = serde_json::from_value(serde_json::to_value(&f).unwrap()).unwrap();
+        assert_eq!(back.next_id(), "task-006");
     }
 
     #[test]
@@ -238,6 +309,7 @@ fn commit(
     notes: &mut Vec<String>,
 ) -> Result<()> {
     file.updated_at = Some(now);
+    file.compact(now, FINISHED_TASK_KEEP);
     let staged = dir.stage(lock, file)?;
     for event in events {
         dir.journal_append(lock, now, event)?;
