@@ -4,7 +4,9 @@
 //! Gated like `cluster_executor` (`AGENT_STATE_NATS_TESTS=1`).
 
 use crate::cluster_executor::nats;
-use crate::cluster_executor::{cluster_config, cluster_env, go, log_of, session, wait_ready};
+use crate::cluster_executor::{
+    cluster_config, cluster_env, go, log_of, session, test_client, wait_ready,
+};
 use crate::cluster_worker::Worker;
 use crate::support::*;
 use nix::sys::signal::Signal;
@@ -300,13 +302,7 @@ fn an_order_recorded_but_never_stored_ends_not_started_after_a_restart() {
     // No worker pulls now; another order of the group waits in the stream
     // (its spec is no spec: a worker ends it "not started" later).
     drop(worker);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let settings = servers.settings();
-    let (cluster, dispatch, _) =
-        rt.block_on(servers.connect(&settings, "test", agent_state_cluster::LeaseTiming::DEFAULT));
+    let (rt, cluster, dispatch, _) = test_client(&servers);
     let decoy = agent_state_cluster::SessionOrder {
         session_id: "leo_20200101-000000".into(),
         agent: "leo".into(),
@@ -370,13 +366,7 @@ echo "$1 after""#,
             env.dir.path()
         ),
     );
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let settings = servers.settings();
-    let (_cluster, _, leases) =
-        rt.block_on(servers.connect(&settings, "test", agent_state_cluster::LeaseTiming::DEFAULT));
+    let (rt, _cluster, _, leases) = test_client(&servers);
     let ghost = rt
         .block_on(leases.take("theseus", "ghost", "theseus_20200101-000000"))
         .expect("the ghost's lease");

@@ -85,6 +85,61 @@ pub(crate) fn go(env: &Env, agent: &str) {
     std::fs::write(env.tmp(&format!("go-{agent}")), "").unwrap();
 }
 
+/// A runtime and a client of `servers` named `test`: the cluster, its
+/// dispatch queue and its leases.
+pub(crate) fn test_client(
+    servers: &nats::NatsCluster,
+) -> (
+    tokio::runtime::Runtime,
+    agent_state_cluster::Cluster,
+    agent_state_cluster::Dispatch,
+    agent_state_cluster::Leases,
+) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let settings = servers.settings();
+    let (cluster, dispatch, leases) =
+        rt.block_on(servers.connect(&settings, "test", agent_state_cluster::LeaseTiming::DEFAULT));
+    (rt, cluster, dispatch, leases)
+}
+
+/// Stores a copy of rio's order `order_id` of session `sid` (`env`'s
+/// agent.sh with `args`) in the dispatch stream without the order id as
+/// `Nats-Msg-Id`: within the dedup window the server would drop it.
+fn publish_copy_of_rios_order(
+    env: &Env,
+    servers: &nats::NatsCluster,
+    order_id: &str,
+    sid: &Value,
+    args: &[&str],
+) {
+    let (rt, cluster, dispatch, _) = test_client(servers);
+    let order = serde_json::to_vec(&agent_state_cluster::SessionOrder {
+        session_id: order_id.to_string(),
+        agent: "rio".into(),
+        credential_group: "default".into(),
+        spec: serde_json::json!({
+            "command": env.tmp("agent.sh").to_str().unwrap(),
+            "args": args,
+            "env": { "AGENT_STATE_SESSION_ID": sid, "AGENT_STATE_AGENT": "rio" },
+            "cwd": env.dir.path().to_str().unwrap(),
+            "timeout_secs": 120,
+        }),
+    })
+    .unwrap();
+    rt.block_on(async {
+        cluster
+            .jetstream()
+            .publish(format!("{}.default", dispatch.stream_name()), order.into())
+            .await
+            .unwrap()
+            .await
+            .unwrap()
+    });
+}
+
 fn secs_f(s: u64) -> Duration {
     Duration::from_secs(s)
 }
@@ -371,37 +426,8 @@ fn a_lost_worker_is_fenced_and_its_session_recorded_interrupted() {
     std::fs::remove_file(&pid_file).unwrap();
     let w2 = Worker::start(&env, "w2");
     w2.wait_registered();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let settings = servers.settings();
-    let (cluster, dispatch, _) =
-        rt.block_on(servers.connect(&settings, "test", agent_state_cluster::LeaseTiming::DEFAULT));
-    // Its copy as the stream holds it, without the order id as
-    // `Nats-Msg-Id`: within the dedup window the server would drop it.
-    let order = serde_json::to_vec(&agent_state_cluster::SessionOrder {
-        session_id: order_id.clone(),
-        agent: "rio".into(),
-        credential_group: "default".into(),
-        spec: serde_json::json!({
-            "command": env.tmp("agent.sh").to_str().unwrap(),
-            "args": [],
-            "env": { "AGENT_STATE_SESSION_ID": s["session_id"], "AGENT_STATE_AGENT": "rio" },
-            "cwd": env.dir.path().to_str().unwrap(),
-            "timeout_secs": 120,
-        }),
-    })
-    .unwrap();
-    rt.block_on(async {
-        cluster
-            .jetstream()
-            .publish(format!("{}.default", dispatch.stream_name()), order.into())
-            .await
-            .unwrap()
-            .await
-            .unwrap()
-    });
+    // Its copy as the stream holds it.
+    publish_copy_of_rios_order(&env, &servers, &order_id, &s["session_id"], &[]);
     w2.wait_log(&format!(
         "session {order_id} already ended on controller; not run again"
     ));
@@ -454,36 +480,8 @@ echo "$1 done""#,
     let s = session(&env, "rio");
     let sid = s["session_id"].as_str().unwrap().to_string();
     let order_id = agent_state_cluster::order_id("rio", &sid, 1);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let settings = servers.settings();
-    let (cluster, dispatch, _) =
-        rt.block_on(servers.connect(&settings, "test", agent_state_cluster::LeaseTiming::DEFAULT));
-    // A second copy in the stream (no `Nats-Msg-Id`: the server keeps it).
-    let order = serde_json::to_vec(&agent_state_cluster::SessionOrder {
-        session_id: order_id.clone(),
-        agent: "rio".into(),
-        credential_group: "default".into(),
-        spec: serde_json::json!({
-            "command": env.tmp("agent.sh").to_str().unwrap(),
-            "args": ["rio"],
-            "env": { "AGENT_STATE_SESSION_ID": sid, "AGENT_STATE_AGENT": "rio" },
-            "cwd": env.dir.path().to_str().unwrap(),
-            "timeout_secs": 120,
-        }),
-    })
-    .unwrap();
-    rt.block_on(async {
-        cluster
-            .jetstream()
-            .publish(format!("{}.default", dispatch.stream_name()), order.into())
-            .await
-            .unwrap()
-            .await
-            .unwrap()
-    });
+    // A second copy in the stream.
+    publish_copy_of_rios_order(&env, &servers, &order_id, &s["session_id"], &["rio"]);
     worker.wait_log(&format!(
         "session {order_id} (rio): delivered again while this worker runs it; not run twice"
     ));

@@ -292,13 +292,7 @@ fn a_hostile_workspace_in_an_order_is_refused_naming_the_field() {
     let (env, repo) = setup(Some(&servers), None, &[]);
     let worker = Worker::start(&env, "w1");
     worker.wait_registered();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let settings = servers.settings();
-    let (cluster, dispatch, _) =
-        rt.block_on(servers.connect(&settings, "test", agent_state_cluster::LeaseTiming::DEFAULT));
+    let (rt, cluster, dispatch, _) = crate::cluster_executor::test_client(&servers);
     let output = rt.block_on(cluster.output()).unwrap();
 
     let root = env.path("rio", "workspaces");

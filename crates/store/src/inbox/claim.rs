@@ -230,7 +230,7 @@ pub fn claimed(
 pub fn acknowledge(agent: &AgentDir, session_id: &str) -> Result<usize> {
     let dir = agent.claimed(crate::session_id::check(session_id)?);
     let Some(from) = fsx::open_dir(&dir)? else {
-        finish_claim_dir(agent, session_id)?;
+        finish_claim_dir(agent, &dir)?;
         return Ok(0);
     };
     let listed = from
@@ -276,7 +276,7 @@ pub fn acknowledge(agent: &AgentDir, session_id: &str) -> Result<usize> {
         fsx::sync_fd(&to, &processed)?;
         fsx::sync_fd(&from, &dir)?;
     }
-    finish_claim_dir(agent, session_id)?;
+    finish_claim_dir(agent, &dir)?;
     Ok(names.len())
 }
 
@@ -372,13 +372,14 @@ pub fn return_claimed_counting(
         }
     }
     atomic::sync_dir(&agent.inbox())?;
-    finish_claim_dir(agent, session_id)?;
+    finish_claim_dir(agent, &dir)?;
     Ok((returned, undeliverable))
 }
 
-pub(super) fn finish_claim_dir(agent: &AgentDir, session_id: &str) -> Result<()> {
-    let dir = agent.claimed(crate::session_id::check(session_id)?);
-    match fsx::remove_dir(&dir) {
+/// Removes a session's claim directory `dir` once it is empty (its
+/// callers made it from a checked session id).
+fn finish_claim_dir(agent: &AgentDir, dir: &Path) -> Result<()> {
+    match fsx::remove_dir(dir) {
         Ok(true) => atomic::sync_dir(&agent.claimed_root()),
         Ok(false) => Ok(()),
         // Something unexpected is left in it: keep it for a human.
