@@ -115,4 +115,9 @@ fn a_task_finished_long_ago_leaves_tasks_json_and_its_id_is_not_reused() {
         .collect();
     assert_eq!(updated.len(), 1, "{updated:#?}");
     env.ok(&["check"]);
+    // tasks.json is input: a number at the top of u64 is no crash.
+    let mut tasks = env.json("rio", "tasks.json");
+    tasks["last_task_number"] = serde_json::json!(u64::MAX);
+    env.write("rio", "tasks.json", &tasks.to_string());
+    env.ok(&["task", "add", "rio", "--description", "after a huge number"]);
 }

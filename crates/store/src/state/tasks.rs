@@ -51,7 +51,7 @@ impl TaskFile {
     /// The next id in the agent's `task-001`, `task-002`, … sequence: one
     /// past the highest number present, so ids are never reused.
     pub fn next_id(&self) -> String {
-        format!("task-{:03}", self.highest_number() + 1)
+        format!("task-{:03}", self.highest_number().saturating_add(1))
     }
 
     /// The highest number of a `task-N` id (0: none), counting those of
@@ -185,6 +185,10 @@ mod tests {
         assert_eq!(f.next_id(), "task-006");
         let back: TaskFile = serde_json::from_value(serde_json::to_value(&f).unwrap()).unwrap();
         assert_eq!(back.next_id(), "task-006");
+        // A number written by hand at the top of u64 is no crash.
+        f.extra
+            .insert(LAST_TASK_NUMBER.into(), Value::from(u64::MAX));
+        assert_eq!(f.next_id(), format!("task-{}", u64::MAX));
     }
 
     #[test]
@@ -259,7 +263,8 @@ pub fn add_all(
             out.push(file.tasks[i].clone());
             continue;
         }
-        next += 1;
+        // Saturating: tasks.json is input (a session may write any id).
+        next = next.saturating_add(1);
         let task = Task {
             id: format!("task-{next:03}"),
             kind: new.kind,
