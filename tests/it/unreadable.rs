@@ -116,16 +116,19 @@ fn a_corrupt_rotated_segment_is_set_aside_and_recording_goes_on() {
         .filter(|n| n.contains(".zst.corrupt-"))
         .collect();
     assert_eq!(aside.len(), 1, "{:?}", list(&env.agent("rio")));
-    let errors: Value =
-        serde_json::from_str(&env.ok(&["errors", "--json"])).expect("errors --json");
-    assert!(
-        errors
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|e| e["code"] == "STATE_CORRUPT"
-                && e["message"].as_str().unwrap_or("").contains("set aside as")),
-        "{errors}"
+    // The daemon notes the repair after the rename (its notes are written
+    // to errors.jsonl by its loop): wait for the line itself.
+    d.wait_until(
+        Duration::from_secs(30),
+        "STATE_CORRUPT \"set aside as\" in `errors --json`",
+        || {
+            let errors: Value =
+                serde_json::from_str(&env.ok(&["errors", "--json"])).expect("errors --json");
+            errors.as_array().unwrap().iter().any(|e| {
+                e["code"] == "STATE_CORRUPT"
+                    && e["message"].as_str().unwrap_or("").contains("set aside as")
+            })
+        },
     );
     drop(d);
 
