@@ -56,6 +56,13 @@ pub struct LeaseValue {
     pub renewal: u64,
 }
 
+impl LeaseValue {
+    /// The same holder's same session (at any renewal).
+    pub fn same_session(&self, other: &LeaseValue) -> bool {
+        self.holder == other.holder && self.session == other.session
+    }
+}
+
 /// A lease this host holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {
@@ -250,9 +257,28 @@ impl Leases {
         }
     }
 
-    /// Gives the lease back at the session's end (the worker).
+    /// Gives the lease back at the session's end (the worker). A lease at
+    /// another revision that still names this holder and session is this
+    /// holder's own renewal, stored without its answer reaching it (a leader
+    /// election, a cut link): released at that revision, not left to hold
+    /// the agent's next sessions off until its TTL. Anything else there is
+    /// [`LeaseError::Stale`].
     pub async fn release(&self, lease: &Lease) -> Result<(), LeaseError> {
-        self.delete(&lease.agent, lease.revision, "release").await
+        match self.delete(&lease.agent, lease.revision, "release").await {
+            Err(LeaseError::Stale {
+                current: Some(now), ..
+            }) => match self.current(&lease.agent).await? {
+                Some(rec) if rec.revision == now && rec.value.same_session(&lease.value) => {
+                    self.delete(&lease.agent, now, "release").await
+                }
+                _ => Err(LeaseError::Stale {
+                    agent: lease.agent.clone(),
+                    revision: lease.revision,
+                    current: Some(now),
+                }),
+            },
+            other => other,
+        }
     }
 
     /// Deletes the lease if it still has `revision` (the controller, when

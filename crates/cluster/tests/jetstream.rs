@@ -271,6 +271,41 @@ async fn a_stale_revision_is_refused() {
     ));
 }
 
+/// A renewal stored without its answer reaching the worker (a leader
+/// killed, a cut link) leaves the lease one revision past the one the
+/// worker holds; its release at the session's end still gives it back
+/// (before: refused as stale, the lease holding the agent's next sessions
+/// off until its TTL). Another session's lease is still refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_after_a_renewal_whose_answer_was_lost_gives_the_lease_back() {
+    let Some((nats, _, _, controller)) = three("release_lost_renewal").await else {
+        return;
+    };
+    let (_, _, w1) = nats
+        .connect(&nats.settings(), "worker-1", LeaseTiming::DEFAULT)
+        .await;
+    let taken = w1.take("rio", "worker-1", "s-1").await.unwrap();
+    // The renewal went through; the worker never heard, so it holds `taken`.
+    let stored = w1.renew(&taken).await.unwrap();
+    assert!(stored.revision > taken.revision);
+    w1.release(&taken).await.unwrap();
+    assert_eq!(controller.current("rio").await.unwrap(), None);
+
+    // A lease of another session (or holder) at the new revision is not
+    // this worker's to give back.
+    let taken = w1.take("rio", "worker-1", "s-2").await.unwrap();
+    controller.fence("rio", taken.revision).await.unwrap();
+    let theirs = w1.take("rio", "worker-2", "s-3").await.unwrap();
+    assert!(matches!(
+        w1.release(&taken).await,
+        Err(LeaseError::Stale { .. })
+    ));
+    assert_eq!(
+        controller.current("rio").await.unwrap().map(|r| r.revision),
+        Some(theirs.revision)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_nobody_renews_expires_on_the_server() {
     let Some(binary) = server_binary("lease_ttl") else {
