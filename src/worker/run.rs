@@ -31,6 +31,25 @@ impl Drop for Handling<'_> {
     }
 }
 
+/// Whether a lease held by `holder` for order `session` is one this worker
+/// left behind: its own host's, for an order it does not handle now, with
+/// no spool file (a spool is made before a session's process starts and
+/// removed only once its end is stored; a leftover one is the recovery's).
+/// No process of that session can run here, so the lease fences nothing.
+fn left_behind(shared: &Shared, holder: &str, session: &str) -> bool {
+    holder == shared.options.host
+        && !shared
+            .handling
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(session)
+        && agent_state_cluster::session::check_session(session).is_ok()
+        && matches!(
+            std::fs::symlink_metadata(super::spool::path(&shared.spool_dir, session)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound
+        )
+}
+
 /// One order, from its pull to its end.
 pub(super) async fn session(shared: &Shared, pulled: PulledOrder) {
     let order = pulled.order.clone();
@@ -127,6 +146,27 @@ pub(super) async fn session(shared: &Shared, pulled: PulledOrder) {
     }
     let lease = match lease {
         Ok(lease) => lease,
+        Err(LeaseError::Held {
+            holder,
+            session,
+            revision,
+            ..
+        }) if left_behind(shared, &holder, &session) => {
+            // Ours, of a session this worker no longer runs and whose spool
+            // is gone (its end stored): its release was lost. Given back at
+            // its revision; the order comes again at once.
+            let fenced = shared.leases.fence(&order.agent, revision).await;
+            log(format!(
+                "session {id}: the lease run/{} is still held for {session}, which ended on this worker (its release was lost): {}; the order goes back",
+                order.agent,
+                match &fenced {
+                    Ok(()) => "given back".to_string(),
+                    Err(e) => format!("cannot give it back: {e}"),
+                }
+            ));
+            let _ = pulled.give_back(Some(Duration::from_millis(100))).await;
+            return;
+        }
         Err(e @ LeaseError::Held { .. }) => {
             log(format!(
                 "session {id}: {e}; the order goes back for {HELD_DELAY:?}"
@@ -398,9 +438,13 @@ pub(super) async fn session(shared: &Shared, pulled: PulledOrder) {
             session_cgroup,
         )
         .await;
-        // Its end beside its output, then its output stored (the lease
-        // still renewed meanwhile: the worker is alive, only NATS is slow).
-        let provisional = SessionEnd {
+        // Its worktree judged once its processes are gone (under the
+        // lease, still renewed), then its end beside its output, then its
+        // output stored (the worker is alive, only NATS may be slow): a
+        // worker that dies while NATS is away leaves the whole end, the
+        // judgement included, for its next start.
+        let judged = workspace::judge(made).await;
+        let spooled = SessionEnd {
             session_id: id.clone(),
             agent: order.agent.clone(),
             host: host.clone(),
@@ -408,25 +452,22 @@ pub(super) async fn session(shared: &Shared, pulled: PulledOrder) {
             started_ms: unix_ms(started),
             ended_ms: unix_ms(SystemTime::now()),
             last_chunk: last,
+            // Renewals go on: the stored end carries the last revision.
             lease_revision: 0,
-            // The worktree is judged after this is kept: a restart that
-            // finds only this end records the session without it.
-            workspace: None,
+            workspace: judged.clone(),
         };
         let file = relay.spool.clone();
         let _ = tokio::task::spawn_blocking(move || {
             file.lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .append_end(&provisional)
+                .append_end(&spooled)
         })
         .await;
         let flushed = flush(shared, &id, &mut relay.publisher).await;
         let _ = done_tx.send(());
-        (outcome, last, flushed)
+        (outcome, last, flushed, judged)
     };
-    let (kept, (outcome, last_chunk, flushed)) = tokio::join!(keeper, runner);
-    // Judged once its processes are gone, before the end says so.
-    let judged = workspace::judge(made).await;
+    let (kept, (outcome, last_chunk, flushed, judged)) = tokio::join!(keeper, runner);
     let (release, revision) = match kept {
         KeepEnd::Stopped(lease) => {
             let revision = lease.revision;

@@ -496,3 +496,48 @@ echo "$1 done""#,
         worker.log()
     );
 }
+
+/// A lease in this worker's own name, of an order it does not run and has
+/// no spool of (its session ended here, its release lost while NATS was
+/// away), holds the agent's next order off no longer: the worker gives it
+/// back and runs the order. Before: the order went back every 5 s until
+/// the lease's TTL or the reconcile, and the session timed out waiting.
+#[test]
+fn a_lease_this_worker_left_behind_is_given_back_and_the_next_order_runs() {
+    let Some(binary) = nats::server_binary("cluster_executor") else {
+        return;
+    };
+    let servers = nats::NatsCluster::start(&binary, 3);
+    let env = cluster_env(&servers, "60s", "echo \"$1 ran\"");
+    let (rt, _cluster, _, leases) = test_client(&servers);
+    let left = rt
+        .block_on(leases.take("rio", "w1", "rio_20200101-000000"))
+        .expect("the left-behind lease");
+    let worker = Worker::start(&env, "w1");
+    worker.wait_registered();
+    let d = env.daemon();
+    env.ok(&["wake", "rio"]);
+    d.wait_until(secs_f(45), "rio's session completed", || {
+        session(&env, "rio")["status"] == "completed"
+    });
+    assert!(
+        worker.log().contains(
+            "the lease run/rio is still held for rio_20200101-000000, which ended on this worker (its release was lost): given back"
+        ),
+        "{}",
+        worker.log()
+    );
+    assert!(log_of(&env, "rio").contains("rio ran"));
+    // Another holder's lease is not this worker's to give back.
+    let theirs = rt
+        .block_on(leases.take("theseus", "w2", "theseus_20200101-000000"))
+        .expect("w2's lease");
+    env.ok(&["wake", "theseus"]);
+    worker.wait_log("the lease run/theseus is held by w2");
+    let now = rt
+        .block_on(leases.current("theseus"))
+        .unwrap()
+        .expect("still held");
+    assert_eq!(now.revision, theirs.revision);
+    assert!(left.revision > 0);
+}

@@ -19,7 +19,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// The fake agent: records where it ran (cwd, branch, the worker, the
-/// files it saw), commits a file of its own, prints a line.
+/// files it saw), waits while a file `hold-AGENT` is there, commits a file
+/// of its own, prints a line.
 fn agent(env: &Env) -> PathBuf {
     let d = env.dir.path().display().to_string();
     env.script(
@@ -30,6 +31,7 @@ A="$AGENT_STATE_AGENT"
 {{ echo "cwd=$(pwd -P)"; echo "ws=$AGENT_STATE_WORKSPACE"; echo "worker=$AGENT_STATE_WORKER";
    echo "branch=$(git branch --show-current)"; ls -A | grep -v '^.git$' | sed 's/^/file=/'; }} > "$D/.seen-$A"
 mv "$D/.seen-$A" "$D/seen-$A-$AGENT_STATE_SESSION_ID"
+while [ -e "$D/hold-$A" ]; do sleep 0.05; done
 echo "mine: $A" > "own-$A.txt"
 git add "own-$A.txt" && git -c user.name=a -c user.email=a@x commit -q -m "$A's work"
 echo "$A: done"
@@ -413,4 +415,79 @@ fn a_workspace_with_verify_is_refused_on_workers_naming_the_setting() {
         "the message back in the inbox",
         || env.waiting("rio").iter().any(|m| m.contains(&id)),
     );
+}
+
+/// A worker whose link to NATS is cut when its session ends judges the
+/// worktree and keeps the whole end, the judgement included, in its
+/// spool; SIGKILLed then and started again, it stores that end, and
+/// session.json has the worktree as a run that went well records it (not a
+/// session without its workspace).
+#[test]
+fn a_worker_killed_before_its_end_is_stored_keeps_the_worktree_judgement() {
+    let Some(binary) = nats::server_binary("cluster_workspace") else {
+        return;
+    };
+    let servers = nats::NatsCluster::start(&binary, 1);
+    let (env, repo) = setup(Some(&servers), None, &[]);
+    let proxy = crate::cluster_chaos::Proxy::start(servers.nodes.iter().map(|n| n.port).collect());
+    let worker_config = env.tmp("worker-w1.toml");
+    std::fs::write(
+        &worker_config,
+        std::fs::read_to_string(&env.config).unwrap().replace(
+            &format!("urls = {:?}", servers.urls()),
+            &format!("urls = [\"nats://127.0.0.1:{}\"]", proxy.port),
+        ),
+    )
+    .unwrap();
+    let start = || Worker::start_configured(&env, &worker_config, "w1", &[], |_| {});
+    let mut first = start();
+    first.wait_registered();
+    let hold = env.tmp("hold-rio");
+    std::fs::write(&hold, "").unwrap();
+    let d = env.daemon();
+    env.ok(&["wake", "rio"]);
+    let sid = || {
+        std::fs::read_dir(env.dir.path())
+            .unwrap()
+            .flatten()
+            .find_map(|e| {
+                let name = e.file_name().to_string_lossy().to_string();
+                name.strip_prefix("seen-rio-").map(str::to_string)
+            })
+    };
+    d.wait_until(Duration::from_secs(90), "rio runs on the worker", || {
+        sid().is_some()
+    });
+    let sid = sid().unwrap();
+    proxy.cut();
+    std::fs::remove_file(&hold).unwrap();
+    // The end, with the worktree's judgement, is in the spool.
+    let spooled = env.tmp(&format!("worker-w1/spool/rio_{sid}.spool"));
+    let judged = poll_until(Duration::from_secs(60), || {
+        let bytes = std::fs::read(&spooled).unwrap_or_default();
+        bytes.windows(10).any(|w| w == b"\"judged\":{")
+    });
+    assert!(
+        judged,
+        "no judged end in {}: {:?}\n{}",
+        spooled.display(),
+        String::from_utf8_lossy(&std::fs::read(&spooled).unwrap_or_default()),
+        first.log()
+    );
+    first.child.kill().unwrap();
+    first.child.wait().unwrap();
+    proxy.restore();
+    let second = start();
+    second.wait_log("storing its spooled output and its end under its lease");
+    // Recorded with its worktree (without the judgement the session is
+    // recorded, its `workspace` never).
+    second.wait_log(&format!("session rio_{sid} of rio finished"));
+    d.wait_until(Duration::from_secs(90), "rio's workspace recorded", || {
+        d.log_text().contains(&format!("session {sid} completed"))
+            && session(&env)["workspace"].is_object()
+    });
+    let s = session(&env);
+    assert_eq!(s["session_id"], sid.as_str(), "{s:#}");
+    assert_eq!(s["status"], "completed", "{s:#}\n{}", second.log());
+    check_workspace(&env, &repo, &s);
 }
