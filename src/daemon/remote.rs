@@ -91,6 +91,9 @@ const REPLAYS: usize = 3;
 const KILL_ANSWER: Duration = Duration::from_secs(5);
 /// How long after a failed connection the next try is made.
 const CONNECT_RETRY: Duration = Duration::from_secs(1);
+/// How many times the lease is read at a session's end before it is taken
+/// as unreadable.
+const LEASE_READS: u32 = 3;
 /// How long one NATS request may take before it counts as failed.
 const ASK_WITHIN: Duration = Duration::from_secs(10);
 
@@ -1071,12 +1074,23 @@ async fn ended(
             end.last_chunk
         );
     }
-    let lease = ask("reading the lease", conn.leases.current(agent))
-        .await
-        .unwrap_or_else(|e| {
-            tracing::warn!(agent, session_id = id, "{e}");
-            None
-        });
+    // Read again while NATS does not answer (a leader election takes
+    // seconds): an unread lease would be taken for a released one, and one
+    // left at a revision the end does not carry would not be deleted.
+    let mut lease = None;
+    for attempt in 1..=LEASE_READS {
+        match ask("reading the lease", conn.leases.current(agent)).await {
+            Ok(l) => {
+                lease = l;
+                break;
+            }
+            Err(e) if attempt < LEASE_READS => {
+                tracing::info!(agent, session_id = id, "{e}; reading it again");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => tracing::warn!(agent, session_id = id, "{e}"),
+        }
+    }
     let accepted = end_accepted(&end, lease.as_ref(), seen.map(|s| s.revision));
     // A lease naming this session is deleted even when its end is refused:
     // a worker stores an end only once the session's process is gone, and
