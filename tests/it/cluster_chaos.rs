@@ -377,7 +377,22 @@ impl Drop for ChaosWorker {
         if std::thread::panicking() {
             for log in &self.logs {
                 let text = std::fs::read_to_string(log).unwrap_or_default();
-                let tail: Vec<&str> = text.lines().rev().take(40).collect();
+                // An order held off by a lease repeats its line every few
+                // seconds: the last three are kept, not forty of them.
+                let mut held = 0;
+                let tail: Vec<&str> = text
+                    .lines()
+                    .rev()
+                    .filter(|l| {
+                        if l.contains("the order goes back for") {
+                            held += 1;
+                            held <= 3
+                        } else {
+                            true
+                        }
+                    })
+                    .take(40)
+                    .collect();
                 eprintln!("---- {} (last lines) ----", log.display());
                 for line in tail.into_iter().rev() {
                     eprintln!("{line}");
