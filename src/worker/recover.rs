@@ -293,6 +293,7 @@ mod tests {
                     holder: holder.into(),
                     session: session.into(),
                     renewal: 3,
+                    run: String::new(),
                 },
                 revision: 42,
             })

@@ -645,6 +645,7 @@ mod tests {
                 holder: holder.into(),
                 session: session.into(),
                 renewal: 3,
+                run: String::new(),
             },
             revision,
         };

@@ -54,6 +54,25 @@ pub struct LeaseValue {
     pub session: String,
     /// 0 at the take, one more at each renewal.
     pub renewal: u64,
+    /// The taking process ([`process_run`]): a take found stored with
+    /// another run's value was not this process's (a restarted worker's
+    /// earlier self took it, and that session may have run), so it is
+    /// held, not taken for this process's own lost answer. Empty in values
+    /// written before it existed.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub run: String,
+}
+
+/// This process's run: its pid and start time, the same for every take it
+/// makes (across reconnections), never a later process's.
+pub fn process_run() -> &'static str {
+    static RUN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    RUN.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        format!("{}-{nanos:x}", std::process::id())
+    })
 }
 
 impl LeaseValue {
@@ -167,6 +186,7 @@ impl Leases {
             holder: holder.to_string(),
             session: session.to_string(),
             renewal: 0,
+            run: process_run().to_string(),
         };
         let bytes = encode(&value);
         let mut expected = self.hint(agent, None).unwrap_or(0);

@@ -377,6 +377,7 @@ mod reconcile_tests {
                     holder: "w1".into(),
                     session: order.into(),
                     renewal: 3,
+                    run: String::new(),
                 },
                 revision,
             },

@@ -21,6 +21,7 @@ fn lease(session: &str, revision: u64) -> LeaseRecord {
             holder: "w1".into(),
             session: session.into(),
             renewal: 0,
+            run: String::new(),
         },
         revision,
     }
