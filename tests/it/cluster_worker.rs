@@ -98,6 +98,28 @@ impl Worker {
     }
 }
 
+/// A config for worker `host` like `env`'s, reaching the NATS of
+/// `servers` only through the proxy on `proxy_port` (which a test can
+/// cut): its path.
+pub(crate) fn config_through_proxy(
+    env: &Env,
+    servers: &crate::cluster_executor::nats::NatsCluster,
+    proxy_port: u16,
+    host: &str,
+) -> std::path::PathBuf {
+    let text = std::fs::read_to_string(&env.config).unwrap();
+    let path = env.tmp(&format!("worker-{host}.toml"));
+    std::fs::write(
+        &path,
+        text.replace(
+            &format!("urls = {:?}", servers.urls()),
+            &format!("urls = [\"nats://127.0.0.1:{proxy_port}\"]"),
+        ),
+    )
+    .unwrap();
+    path
+}
+
 impl Drop for Worker {
     fn drop(&mut self) {
         let _ = self.child.kill();

@@ -316,16 +316,8 @@ fn a_restarted_worker_stores_a_leftover_spool_under_its_lease() {
     );
     let ports: Vec<u16> = servers.nodes.iter().map(|n| n.port).collect();
     let proxy = crate::cluster_chaos::Proxy::start(ports);
-    let text = std::fs::read_to_string(&env.config).unwrap();
-    let worker_config = env.tmp("worker-w1.toml");
-    std::fs::write(
-        &worker_config,
-        text.replace(
-            &format!("urls = {:?}", servers.urls()),
-            &format!("urls = [\"nats://127.0.0.1:{}\"]", proxy.port),
-        ),
-    )
-    .unwrap();
+    let worker_config =
+        crate::cluster_worker::config_through_proxy(&env, &servers, proxy.port, "w1");
     let procs = cg.0.join("cgroup.procs");
     let start = || {
         let procs = std::ffi::CString::new(procs.to_str().unwrap()).unwrap();

@@ -430,15 +430,8 @@ fn a_worker_killed_before_its_end_is_stored_keeps_the_worktree_judgement() {
     let servers = nats::NatsCluster::start(&binary, 1);
     let (env, repo) = setup(Some(&servers), None, &[]);
     let proxy = crate::cluster_chaos::Proxy::start(servers.nodes.iter().map(|n| n.port).collect());
-    let worker_config = env.tmp("worker-w1.toml");
-    std::fs::write(
-        &worker_config,
-        std::fs::read_to_string(&env.config).unwrap().replace(
-            &format!("urls = {:?}", servers.urls()),
-            &format!("urls = [\"nats://127.0.0.1:{}\"]", proxy.port),
-        ),
-    )
-    .unwrap();
+    let worker_config =
+        crate::cluster_worker::config_through_proxy(&env, &servers, proxy.port, "w1");
     let start = || Worker::start_configured(&env, &worker_config, "w1", &[], |_| {});
     let mut first = start();
     first.wait_registered();
