@@ -60,7 +60,7 @@ pub use dispatch::{
 };
 pub use hooks::{Hook, HookAnswer, HookCall, HookRequest, Refusal};
 pub use keeper::{KeepEnd, keep, keep_sharing};
-pub use lease::{Lease, LeaseError, LeaseRecord, LeaseValue, Leases};
+pub use lease::{Lease, LeaseError, LeaseRecord, LeaseValue, Leases, process_run};
 pub use liveness::{
     ControllerLeaseAction, LeaseTiming, Orphan, Reconciled, TimingError, WorkerLeaseAction,
     controller_lease_action, end_is_from_holder, reconcile, worker_lease_action,

@@ -8,7 +8,8 @@ mod support;
 use std::time::{Duration, Instant};
 
 use agent_state_cluster::{
-    Cluster, Dispatch, Found, LeaseError, LeaseTiming, Leases, SessionOrder,
+    Cluster, Dispatch, Found, LeaseError, LeaseTiming, LeaseValue, Leases, SessionOrder,
+    process_run,
 };
 use support::{NatsCluster, server_binary, until_ok};
 
@@ -304,6 +305,76 @@ async fn a_release_after_a_renewal_whose_answer_was_lost_gives_the_lease_back() 
         controller.current("rio").await.unwrap().map(|r| r.revision),
         Some(theirs.revision)
     );
+}
+
+/// A restarted worker given an order its earlier self had taken (and may
+/// have started) finds that take stored: same holder, same session, renewal
+/// 0, but another process's run. It is held, not read as this process's own
+/// take whose answer was lost (before: taken, and the script ran twice —
+/// chaos seed 1795850197732055126). This process's own lost take is still
+/// recognised.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_take_stored_by_an_earlier_run_of_the_same_worker_is_held() {
+    let Some((nats, cluster, _, controller)) = three("take_earlier_run").await else {
+        return;
+    };
+    let (_, _, w1) = nats
+        .connect(&nats.settings(), "worker-1", LeaseTiming::DEFAULT)
+        .await;
+    let bucket = cluster
+        .jetstream()
+        .get_key_value(cluster.settings().lease_bucket.clone())
+        .await
+        .unwrap();
+    let earlier = LeaseValue {
+        holder: "worker-1".into(),
+        session: "s-1".into(),
+        renewal: 0,
+        run: "4242-17f0a".into(),
+    };
+    assert_ne!(earlier.run, process_run());
+    let revision = bucket
+        .create("run/rio", serde_json::to_vec(&earlier).unwrap().into())
+        .await
+        .unwrap();
+    match w1.take("rio", "worker-1", "s-1").await {
+        Err(LeaseError::Held {
+            holder,
+            session,
+            revision: held,
+            ..
+        }) => {
+            assert_eq!((holder.as_str(), session.as_str()), ("worker-1", "s-1"));
+            assert_eq!(held, revision);
+        }
+        other => panic!("an earlier run's take must be held, got {other:?}"),
+    }
+
+    // Once the controller fences it, this run takes it; the same take sent
+    // again (its answer lost) finds itself and is this run's.
+    controller.fence("rio", revision).await.unwrap();
+    let taken = w1.take("rio", "worker-1", "s-1").await.unwrap();
+    assert_eq!(taken.value.run, process_run());
+    let again = w1.take("rio", "worker-1", "s-1").await.unwrap();
+    assert_eq!(again.revision, taken.revision);
+
+    // A value written before `run` existed reads, and is not this run's.
+    w1.release(&taken).await.unwrap();
+    let old = bucket.get("run/rio").await.unwrap();
+    assert_eq!(old, None);
+    let legacy = br#"{"holder":"worker-1","session":"s-2","renewal":0}"#;
+    let entry = bucket.entry("run/rio").await.unwrap().unwrap();
+    let revision = bucket
+        .update("run/rio", legacy.to_vec().into(), entry.revision)
+        .await
+        .unwrap();
+    assert!(matches!(
+        w1.take("rio", "worker-1", "s-2").await,
+        Err(LeaseError::Held { revision: r, .. }) if r == revision
+    ));
+    let record = controller.current("rio").await.unwrap().unwrap();
+    assert_eq!(record.value.run, "");
+    assert_eq!(record.value.session, "s-2");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
