@@ -53,11 +53,7 @@ pub fn run(job: &Job, now: Timestamp) -> Outcome {
         if over {
             let lock = crate::state::lock::lock_within(dir, LOCK_WAIT);
             match lock {
-                Ok(_held) => note(
-                    &mut out,
-                    &shown,
-                    rotation::rotate_if_over(&dir.store, &path, max, now),
-                ),
+                Ok(held) => note(&mut out, &shown, dir.rotate_journal(&held, max, now)),
                 Err(crate::error::Error::LockBusy { .. }) => out.deferred.push(shown.clone()),
                 Err(e) => out.errors.push(format!("{shown}: {e}")),
             }

@@ -308,3 +308,64 @@ fn rotation_under_a_running_daemon_loses_and_repeats_nothing_for_a_reader() {
     let n: usize = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
     assert_eq!(n, 48, "zstdcat of the segments and the live file");
 }
+
+/// Retention removes a journal's oldest segments; a tasks.json damaged
+/// after that is rebuilt from what is left, and still never hands out an id
+/// given before (the rotation marker carries the highest task number). On
+/// the code before: the rebuilt file's next task was `task-001` again.
+#[test]
+fn a_tasks_file_rebuilt_after_retention_never_hands_out_an_id_again() {
+    let env = Env::with_config("");
+    let agent = env.script("agent.sh", "echo hi");
+    let sections = "[health]\ninterval = \"1s\"\n\n[logs]\nrotate_size = \"1KiB\"\njournal_retention = \"1h\"\n\n[[agent]]\nname = \"rio\"\n";
+    env.set_config(&daemon_config(&agent, &[], &[], sections));
+    env.ok(&["bootstrap"]);
+    for i in 1..=12 {
+        let description = format!("task {i}, described at enough length to fill a kibibyte soon");
+        let id = env.ok(&["task", "add", "rio", "--description", &description]);
+        assert_eq!(id.trim(), format!("task-{i:03}"));
+    }
+    let dir = env.agent("rio");
+    {
+        let d = env.daemon();
+        d.wait_until(Duration::from_secs(30), "the journal rotated", || {
+            !segments(&dir, "journal.jsonl").is_empty()
+        });
+    }
+    // Two hours old: past retention; a new daemon prunes on its first pass.
+    for name in segments(&dir, "journal.jsonl") {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.join(&name))
+            .unwrap();
+        f.set_modified(std::time::SystemTime::now() - Duration::from_secs(7200))
+            .unwrap();
+    }
+    {
+        let d = env.daemon();
+        d.wait_until(Duration::from_secs(30), "the old segments pruned", || {
+            segments(&dir, "journal.jsonl").is_empty()
+        });
+    }
+    assert!(
+        !env.events("rio", "task_added")
+            .iter()
+            .any(|e| e["task_id"] == "task-001"),
+        "task-001's history is gone with its segment"
+    );
+
+    std::fs::write(dir.join("tasks.json"), "{\"agent\": \"rio\", \"tasks\": [").unwrap();
+    let id = env.ok(&["task", "add", "rio", "--description", "after the repair"]);
+    assert_eq!(
+        id.trim(),
+        "task-013",
+        "an id handed out before must not come again"
+    );
+    assert!(
+        list(&dir)
+            .iter()
+            .any(|n| n.starts_with("tasks.json.corrupt-")),
+        "the damaged tasks.json is set aside: {:?}",
+        list(&dir)
+    );
+}

@@ -635,6 +635,9 @@ pub struct Scan {
     /// Lines that are JSON but not a readable event (wrong field types).
     pub unreadable: Vec<TornLine>,
     pub lines: usize,
+    /// What the live file's rotation marker carries past the segments
+    /// retention may have removed ([`super::rotation::Marker::carried`]).
+    pub carried: serde_json::Map<String, serde_json::Value>,
 }
 
 #[derive(Debug, Clone)]
@@ -652,11 +655,17 @@ pub struct TornLine {
 /// missing journal is an empty one.
 pub fn read(store: &Store, path: &Path) -> Result<Scan> {
     let file = crate::fsx::open_read(path)?;
+    let mut scan = Scan::default();
     let base = match &file {
-        Some(f) => super::rotation::base_of(f).at("reading journal", path)?,
+        Some(f) => match super::rotation::head_marker(f).at("reading journal", path)? {
+            Some(marker) => {
+                scan.carried = marker.carried;
+                marker.offset
+            }
+            None => 0,
+        },
         None => u64::MAX,
     };
-    let mut scan = Scan::default();
     for segment in super::rotation::segments(path, base)? {
         let Some(bytes) = super::rotation::read_segment_or_skip(store, &segment)? else {
             continue;
@@ -667,6 +676,41 @@ pub fn read(store: &Store, path: &Path) -> Result<Scan> {
         scan_lines(BufReader::new(file), &mut scan, true).at("reading journal", path)?;
     }
     Ok(scan)
+}
+
+/// The highest `task-N` number a `task_added` event of the live file at
+/// `path` names (0: none), for the rotation marker's carried number. Only
+/// lines that mention the event are parsed; an unreadable one is skipped.
+pub fn highest_task_added(path: &Path) -> Result<u64> {
+    let Some(file) = crate::fsx::open_read(path)? else {
+        return Ok(0);
+    };
+    let mut reader = BufReader::with_capacity(256 * 1024, file);
+    let mut raw = Vec::new();
+    let mut highest = 0u64;
+    loop {
+        raw.clear();
+        let (n, overlong) =
+            read_line_capped(&mut reader, &mut raw, MAX_LINE).at("reading journal", path)?;
+        if n == 0 {
+            break;
+        }
+        if overlong || !raw.windows(12).any(|w| w == b"\"task_added\"") {
+            continue;
+        }
+        if let Ok(Entry {
+            event: Event::TaskAdded(t),
+            ..
+        }) = serde_json::from_slice::<Entry>(&raw)
+            && let Some(number) = t
+                .task_id
+                .strip_prefix("task-")
+                .and_then(|n| n.parse::<u64>().ok())
+        {
+            highest = highest.max(number);
+        }
+    }
+    Ok(highest)
 }
 
 /// Parse the lines of `reader` into `scan`; with `count`, torn and

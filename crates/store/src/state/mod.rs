@@ -327,14 +327,15 @@ impl AgentDir {
 
     /// A state document rebuilt from the journal, written nowhere.
     fn rebuilt_in_memory<T: StateDoc>(&self, now: Timestamp) -> Result<T> {
-        let entries = journal::read(&self.store, &self.journal())?.entries;
+        let scan = journal::read(&self.store, &self.journal())?;
+        let entries = scan.entries;
         let name = self.name.as_str();
         let value = match T::KIND {
             StateFileKind::Report => {
                 serde_json::to_value(rebuild::report_from_journal(name, &entries))
             }
             StateFileKind::Tasks => {
-                serde_json::to_value(rebuild::tasks_from_journal(name, &entries))
+                serde_json::to_value(rebuild::tasks_from_journal(name, &entries, &scan.carried))
             }
             StateFileKind::Metrics => {
                 serde_json::to_value(rebuild::metrics_from_journal(name, &entries, now))
@@ -424,6 +425,42 @@ impl AgentDir {
         lock::lock_within(self, bound)
     }
 
+    /// Rotate this agent's journal if it holds more than `max` bytes
+    /// ([`rotation`]). The new live file's marker carries the highest task
+    /// number handed out so far (the highest of tasks.json's, the previous
+    /// marker's and the rotated part's `task_added` events), so a
+    /// tasks.json rebuilt after retention removed the oldest segments never
+    /// hands out an id again.
+    pub fn rotate_journal(
+        &self,
+        _lock: &AgentLock,
+        max: u64,
+        now: Timestamp,
+    ) -> Result<Option<rotation::Rotated>> {
+        let journal = self.journal();
+        rotation::rotate_carrying(&self.store, &journal, max, now, |head| {
+            // A tasks.json that cannot be read now counts as none: the
+            // previous marker's number and the journal's are still carried.
+            let tasks =
+                atomic::read_json::<tasks::TaskFile>(&self.file(StateFileKind::Tasks.file_name()))
+                    .ok()
+                    .flatten()
+                    .map_or(0, |t| t.highest_number());
+            let before = head
+                .and_then(|m| m.carried.get(tasks::LAST_TASK_NUMBER))
+                .and_then(serde_json::Value::as_u64)
+                .unwrap_or(0);
+            let highest = before
+                .max(tasks)
+                .max(journal::highest_task_added(&journal)?);
+            let mut carried = head.map(|m| m.carried.clone()).unwrap_or_default();
+            if highest > 0 {
+                carried.insert(tasks::LAST_TASK_NUMBER.into(), highest.into());
+            }
+            Ok(carried)
+        })
+    }
+
     /// Append to this agent's journal.
     pub fn journal_append(
         &self,
@@ -434,5 +471,88 @@ impl AgentDir {
         let entry = journal::Entry::new(now, event);
         journal::append(&self.store, &self.journal(), &entry)?;
         Ok(entry)
+    }
+}
+
+#[cfg(test)]
+mod rotate_journal_tests {
+    use super::*;
+    use crate::state::journal::{Event, TaskAdded};
+    use crate::state::tasks::TaskFile;
+
+    fn agent(dir: &tempfile::TempDir) -> AgentDir {
+        let a = StateRoot::new(dir.path()).agent(&AgentName::parse("rio").unwrap());
+        for d in a.directories() {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        a
+    }
+
+    /// What the live journal's marker carries as the last task number.
+    fn carried(a: &AgentDir) -> Option<u64> {
+        let file = std::fs::File::open(a.journal()).unwrap();
+        rotation::head_marker(&file).unwrap()?.carried[tasks::LAST_TASK_NUMBER].as_u64()
+    }
+
+    /// Each rotation carries the highest task number of tasks.json or of
+    /// the previous marker, whichever is higher (tasks.json gone, damaged
+    /// or compacted included); a rebuild from the live file alone starts
+    /// past it.
+    #[test]
+    fn each_rotation_carries_the_highest_task_number_forward() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = agent(&dir);
+        let now = Timestamp::parse("2026-11-28T10:00:00Z").unwrap();
+        let lock = a.lock().unwrap();
+        let add = |n: u64| {
+            let mut tasks: TaskFile = a.load(&lock, now, &mut Vec::new()).unwrap();
+            let id = tasks.next_id();
+            assert_eq!(id, format!("task-{n:03}"));
+            tasks.tasks.push(tasks::Task {
+                id: id.clone(),
+                ..Default::default()
+            });
+            a.save(&lock, &tasks).unwrap();
+            let event = Event::TaskAdded(TaskAdded {
+                task_id: id,
+                kind: Default::default(),
+                description: "d".into(),
+                priority: Default::default(),
+                context: None,
+                follow_up_from: None,
+                source_message: None,
+            });
+            a.journal_append(&lock, now, event).unwrap();
+        };
+        let tasks_path = a.file("tasks.json");
+        // (tasks added before, what happens to tasks.json, carried after)
+        let table: &[(u64, &str, Option<u64>)] = &[
+            (3, "kept", Some(3)),
+            (2, "removed", Some(5)),
+            (0, "removed", Some(5)),
+            (0, "damaged", Some(5)),
+        ];
+        let mut added = 0;
+        for &(n, then, want) in table {
+            for _ in 0..n {
+                added += 1;
+                add(added);
+            }
+            match then {
+                "removed" => {
+                    let _ = std::fs::remove_file(&tasks_path);
+                }
+                "damaged" => std::fs::write(&tasks_path, "{").unwrap(),
+                _ => {}
+            }
+            assert!(a.rotate_journal(&lock, 1, now).unwrap().is_some());
+            assert_eq!(carried(&a), want, "after {n} added, tasks.json {then}");
+        }
+        // tasks.json damaged, the segments gone: the rebuild starts past 5.
+        for segment in rotation::segments(&a.journal(), u64::MAX).unwrap() {
+            std::fs::remove_file(segment.path).unwrap();
+        }
+        let rebuilt: TaskFile = a.load(&lock, now, &mut Vec::new()).unwrap();
+        assert_eq!(rebuilt.next_id(), "task-006");
     }
 }

@@ -13,7 +13,7 @@ use super::journal::{self, Entry, Event, StateRepaired};
 use super::metrics::{Lifetime, Metrics, Rolling};
 use super::report::{AgentStatus, LastSession, Report};
 use super::session::{Session, SessionStatus};
-use super::tasks::{Task, TaskFile, TaskStatus};
+use super::tasks::{LAST_TASK_NUMBER, Task, TaskFile, TaskStatus};
 use super::{AgentDir, atomic, set_aside_name};
 use crate::clock::Timestamp;
 use crate::error::Result;
@@ -127,9 +127,21 @@ fn orphan(agent: &str, id: &str) -> Session {
     }
 }
 
-/// tasks.json as the journal's task events tell it.
-pub fn tasks_from_journal(agent: &str, entries: &[Entry]) -> TaskFile {
+/// tasks.json as the journal's task events tell it. `carried` is what the journal's
+/// rotation marker carries: its `last_task_number` keeps the ids of tasks
+/// whose history retention removed from being handed out again.
+pub fn tasks_from_journal(
+    agent: &str,
+    entries: &[Entry],
+    carried: &serde_json::Map<String, serde_json::Value>,
+) -> TaskFile {
     let mut file = TaskFile::new(agent);
+    if let Some(n) = carried
+        .get(LAST_TASK_NUMBER)
+        .and_then(serde_json::Value::as_u64)
+    {
+        file.extra.insert(LAST_TASK_NUMBER.into(), n.into());
+    }
     for e in entries {
         match &e.event {
             Event::TaskAdded(t) if file.find_mut(&t.task_id).is_none() => file.tasks.push(Task {
@@ -216,7 +228,7 @@ pub fn repair(agent: &AgentDir, kind: StateFileKind, now: Timestamp) -> Result<S
         StateFileKind::Tasks => write(
             &agent.store,
             &path,
-            &tasks_from_journal(name, &scan.entries),
+            &tasks_from_journal(name, &scan.entries, &scan.carried),
         )?,
         StateFileKind::Metrics => write(
             &agent.store,

@@ -10,7 +10,8 @@
 //! {"ts":"2026-11-25T00:00:00Z","event":"log_rotated","offset":16777216,"previous":"journal.jsonl.000000000000.zst"}
 //! ```
 //!
-//! (a live file without one starts at 0). A position in the stream (the
+//! (a live file without one starts at 0; a journal's also carries
+//! `"last_task_number"`, see [`Marker::carried`]). A position in the stream (the
 //! events cursor's offset) therefore means the same byte before and after a
 //! rotation, and `zstdcat NAME.*.zst; cat NAME` prints the whole history.
 //!
@@ -67,6 +68,13 @@ pub struct Marker {
     pub offset: u64,
     /// The segment that holds what came before.
     pub previous: String,
+    /// What the log's owner carries past its segments, which retention may
+    /// remove (a journal: `last_task_number`, the highest task id handed
+    /// out before this file, so a rebuild never hands one out again). Each
+    /// rotation carries the previous marker's forward. Small: the marker
+    /// is read from a live file's first 4 KiB.
+    #[serde(flatten, default)]
+    pub carried: serde_json::Map<String, serde_json::Value>,
 }
 
 /// A compressed part of a log's history.
@@ -116,6 +124,12 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
 /// Where the open live file starts in its stream: its marker's offset, or
 /// 0 without one. Reads only its first line (at most 4 KiB).
 pub fn base_of(file: &File) -> io::Result<u64> {
+    Ok(head_marker(file)?.map_or(0, |m| m.offset))
+}
+
+/// The open live file's marker, if it starts with one. Reads only its
+/// first line (at most 4 KiB).
+pub fn head_marker(file: &File) -> io::Result<Option<Marker>> {
     use std::os::unix::fs::FileExt;
     let mut head = [0u8; 4096];
     let mut n = 0;
@@ -133,9 +147,9 @@ pub fn base_of(file: &File) -> io::Result<u64> {
         }
     }
     let Some(end) = head[..n].iter().position(|b| *b == b'\n') else {
-        return Ok(0);
+        return Ok(None);
     };
-    Ok(parse_marker(&head[..end]).map_or(0, |m| m.offset))
+    Ok(parse_marker(&head[..end]))
 }
 
 /// The segments of the log at `path` that come before `live_base`, oldest
@@ -313,6 +327,19 @@ pub fn rotate_if_over(
     max_size: u64,
     now: Timestamp,
 ) -> Result<Option<Rotated>> {
+    rotate_carrying(store, path, max_size, now, |_| Ok(serde_json::Map::new()))
+}
+
+/// [`rotate_if_over`], the new marker carrying what `carry` makes of the
+/// current one (`None`: the live file has none); called only when the log
+/// is over the size, with every writer still excluded.
+pub fn rotate_carrying(
+    store: &Store,
+    path: &Path,
+    max_size: u64,
+    now: Timestamp,
+    carry: impl FnOnce(Option<&Marker>) -> Result<serde_json::Map<String, serde_json::Value>>,
+) -> Result<Option<Rotated>> {
     let Some(file) = fsx::open_read(path)? else {
         return Ok(None);
     };
@@ -320,7 +347,9 @@ pub fn rotate_if_over(
     if len <= max_size {
         return Ok(None);
     }
-    rotate_open(store, path, file, len, now).map(Some)
+    let head = head_marker(&file).at("reading", path)?;
+    let carried = carry(head.as_ref())?;
+    rotate_open(store, path, file, len, now, head, carried).map(Some)
 }
 
 fn rotate_open(
@@ -329,9 +358,11 @@ fn rotate_open(
     file: File,
     len: u64,
     now: Timestamp,
+    head: Option<Marker>,
+    carried: serde_json::Map<String, serde_json::Value>,
 ) -> Result<Rotated> {
     let (dir_path, name) = split(path)?;
-    let base = base_of(&file).at("reading", path)?;
+    let base = head.map_or(0, |m| m.offset);
     let mode = file.metadata().at("inspecting", path)?.permissions();
     let mode = std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777;
     let segment_file = segment_name(name, base);
@@ -395,6 +426,7 @@ fn rotate_open(
         event: MARKER_EVENT.to_string(),
         offset,
         previous: segment_file,
+        carried,
     };
     let mut line = serde_json::to_vec(&marker).expect("a marker serializes");
     line.push(b'\n');

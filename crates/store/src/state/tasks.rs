@@ -56,7 +56,7 @@ impl TaskFile {
 
     /// The highest number of a `task-N` id (0: none), counting those of
     /// tasks [`compact`](Self::compact) took out ([`LAST_TASK_NUMBER`]).
-    fn highest_number(&self) -> u64 {
+    pub fn highest_number(&self) -> u64 {
         let recorded = self
             .extra
             .get(LAST_TASK_NUMBER)
