@@ -784,16 +784,9 @@ async fn drive(
             .await;
             return Finish::NotRun(why);
         }
-        match ask("reading the end", conn.output.ended(id)).await {
-            Ok(Some(end)) => {
-                return ended(conn, agent, id, end, None, None, &mut 0, output, signals).await;
-            }
-            Ok(None) => {}
-            Err(e) => {
-                none_queued = false;
-                tracing::warn!(agent, session_id = id, "{e}")
-            }
-        }
+        // The lease before the end: a worker stores a session's end before
+        // it gives the lease back, so an order taken (and so no longer
+        // queued) whose lease is gone by now has its end stored.
         match ask("reading the lease", conn.leases.current(agent)).await {
             Ok(Some(rec)) if rec.value.session == id => {
                 tracing::info!(agent, session_id = id, host = %rec.value.holder, revision = rec.revision, "the session runs on worker {}", rec.value.holder);
@@ -805,6 +798,16 @@ async fn drive(
                 };
             }
             Ok(_) => {}
+            Err(e) => {
+                none_queued = false;
+                tracing::warn!(agent, session_id = id, "{e}")
+            }
+        }
+        match ask("reading the end", conn.output.ended(id)).await {
+            Ok(Some(end)) => {
+                return ended(conn, agent, id, end, None, None, &mut 0, output, signals).await;
+            }
+            Ok(None) => {}
             Err(e) => {
                 none_queued = false;
                 tracing::warn!(agent, session_id = id, "{e}")
