@@ -50,17 +50,54 @@ fn left_behind(shared: &Shared, holder: &str, session: &str) -> bool {
         )
 }
 
-/// One order, from its pull to its end.
+/// The order's names, for each step's log lines and ends.
+struct Names<'a> {
+    shared: &'a Shared,
+    id: String,
+    agent: String,
+    host: String,
+}
+
+impl Names<'_> {
+    /// Its end when it did not start.
+    fn not_started(&self, detail: String) -> SessionEnd {
+        SessionEnd {
+            session_id: self.id.clone(),
+            agent: self.agent.clone(),
+            host: self.host.clone(),
+            outcome: Outcome::NotStarted { detail },
+            started_ms: unix_ms(SystemTime::now()),
+            ended_ms: unix_ms(SystemTime::now()),
+            last_chunk: 0,
+            lease_revision: 0,
+            workspace: None,
+        }
+    }
+
+    /// Ends the order with `end` without running it: stored, then the
+    /// order acknowledged.
+    async fn refuse(&self, pulled: PulledOrder, end: SessionEnd) {
+        store_end(self.shared, &end).await;
+        let _ = pulled.ack().await;
+    }
+}
+
+/// One order, from its pull to its end: its checks, its lease, its
+/// worktree, its process, and [`run_to_end`].
 pub(super) async fn session(shared: &Shared, pulled: PulledOrder) {
-    let order = pulled.order.clone();
-    let id = order.session_id.clone();
-    let host = shared.options.host.clone();
     let pulled_at = Instant::now();
+    let id = pulled.order.session_id.clone();
     if let Err(e) = agent_state_cluster::session::check_session(&id) {
         log(format!("{e}; the order is dropped"));
         let _ = pulled.ack().await;
         return;
     }
+    let names = Names {
+        shared,
+        id: id.clone(),
+        agent: pulled.order.agent.clone(),
+        host: shared.options.host.clone(),
+    };
     // Delivered again while this worker still handles it (stopped past the
     // ack wait, then resumed: both deliveries come here). The lease cannot
     // tell the copies apart (the second reads as our own take), so the
@@ -69,39 +106,116 @@ pub(super) async fn session(shared: &Shared, pulled: PulledOrder) {
     let Some(_handling) = Handling::begin(shared, &id) else {
         log(format!(
             "session {id} ({}): delivered again while this worker runs it; not run twice",
-            order.agent
+            names.agent
         ));
         return;
     };
-    let not_started = |detail: String| SessionEnd {
-        session_id: id.clone(),
-        agent: order.agent.clone(),
-        host: host.clone(),
-        outcome: Outcome::NotStarted { detail },
-        started_ms: unix_ms(SystemTime::now()),
-        ended_ms: unix_ms(SystemTime::now()),
-        last_chunk: 0,
-        lease_revision: 0,
-        workspace: None,
+    let Some((pulled, spec, planned)) = checked(&names, pulled).await else {
+        return;
     };
-    let spec = match SessionSpec::from_order(&order.spec).and_then(|spec| {
-        // A worktree's is made below, and checked there.
-        if let Some(cwd) = spec.cwd.as_ref().filter(|_| spec.workspace.is_none()) {
-            agent_state_cluster::session::check_cwd(std::path::Path::new(cwd))?;
-        }
-        Ok(spec)
-    }) {
-        Ok(spec) => spec,
+    let taken_at = Instant::now();
+    let Some((pulled, lease)) = leased(&names, pulled).await else {
+        return;
+    };
+    // Its worktree, under the lease (one agent's are never made at once),
+    // live (never pruned) until this order is done with it.
+    let _live = match &planned {
+        Some(plan) => Some(shared.worktrees.hold(plan.path.clone()).await),
+        None => None,
+    };
+    let Some((pulled, made)) = worktree(&names, pulled, planned, &lease).await else {
+        return;
+    };
+
+    let live_from = monotonic_ns();
+    let launch = spawn::Launch {
+        id: &id,
+        agent: &names.agent,
+        host: &names.host,
+        spec: &spec,
+        dir: match &made {
+            Some((_, ws)) => Some(ws.path.as_path()),
+            None => spec.cwd.as_deref().map(std::path::Path::new),
+        },
+        revision: lease.revision,
+        at: SystemTime::now(),
+    };
+    let started = match spawn::start(shared, launch).await {
+        Ok(started) => started,
         Err(e) => {
             let detail = e.to_string();
-            log(format!("session {id} ({}): {detail}", order.agent));
-            store_end(shared, &not_started(detail)).await;
+            log(format!("session {id} ({}): {detail}", names.agent));
+            let end = SessionEnd {
+                workspace: workspace::judge(made).await,
+                ..names.not_started(detail)
+            };
+            store_end(shared, &end).await;
+            let _ = shared.leases.release(&lease).await;
             let _ = pulled.ack().await;
             return;
         }
     };
-    let planned = match workspace::check(
-        &order.agent,
+    let pid = started.child.id().unwrap_or(0);
+    log(format!(
+        "session {id} of {} started: pid {pid}, lease revision {}, {:.1} ms after its pull, monotonic {live_from}",
+        names.agent,
+        lease.revision,
+        pulled_at.elapsed().as_secs_f64() * 1000.0
+    ));
+    shared
+        .running
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(
+            id.clone(),
+            RunningSession {
+                session_id: id.clone(),
+                agent: names.agent.clone(),
+                started_ms: unix_ms(started.at),
+            },
+        );
+    if let Err(e) = pulled.ack().await {
+        // The lease keeps a second copy from starting; the stored end keeps
+        // it from running once this one is over.
+        log(format!("session {id}: {e}"));
+    }
+    run_to_end(&names, &spec, started, made, lease, taken_at).await;
+    shared
+        .running
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&id);
+}
+
+/// The order's spec and planned worktree, checked; an order that fails
+/// them ends "not started" here (`None`).
+async fn checked(
+    names: &Names<'_>,
+    pulled: PulledOrder,
+) -> Option<(
+    PulledOrder,
+    SessionSpec,
+    Option<crate::workspace::WorkspaceSpec>,
+)> {
+    let (id, agent, shared) = (&names.id, &names.agent, names.shared);
+    let spec = SessionSpec::from_order(&pulled.order.spec).and_then(|spec| {
+        // A worktree's is made later, and checked there.
+        if let Some(cwd) = spec.cwd.as_ref().filter(|_| spec.workspace.is_none()) {
+            agent_state_cluster::session::check_cwd(std::path::Path::new(cwd))?;
+        }
+        Ok(spec)
+    });
+    let spec = match spec {
+        Ok(spec) => spec,
+        Err(e) => {
+            let detail = e.to_string();
+            log(format!("session {id} ({agent}): {detail}"));
+            names.refuse(pulled, names.not_started(detail)).await;
+            return None;
+        }
+    };
+    let planned = workspace::check(
+        agent,
         &spec,
         &shared.options.workspaces,
         &shared.options.config,
@@ -111,38 +225,85 @@ pub(super) async fn session(shared: &Shared, pulled: PulledOrder) {
             .map(|p| workspace::no_links(&p.path))
             .transpose()?;
         Ok(p)
-    }) {
-        Ok(planned) => planned,
+    });
+    match planned {
+        Ok(planned) => Some((pulled, spec, planned)),
         Err(refused) => {
-            log(format!("session {id} ({}): {refused}", order.agent));
+            log(format!("session {id} ({agent}): {refused}"));
             let end = SessionEnd {
                 workspace: Some(refused.end()),
-                ..not_started(refused.reason)
+                ..names.not_started(refused.reason)
             };
-            store_end(shared, &end).await;
-            let _ = pulled.ack().await;
-            return;
+            names.refuse(pulled, end).await;
+            None
         }
-    };
+    }
+}
 
-    let taken_at = Instant::now();
+/// The order's worktree made, if it has one (under its lease); one that
+/// cannot be made ends the order "not started" here (`None`).
+async fn worktree(
+    names: &Names<'_>,
+    pulled: PulledOrder,
+    planned: Option<crate::workspace::WorkspaceSpec>,
+    lease: &agent_state_cluster::Lease,
+) -> Option<(
+    PulledOrder,
+    Option<(std::path::PathBuf, crate::workspace::Workspace)>,
+)> {
+    let (id, agent) = (&names.id, &names.agent);
+    let Some(plan) = planned else {
+        return Some((pulled, None));
+    };
+    let _ = pulled.in_progress().await;
+    let repo = plan.repo.clone();
+    match workspace::make(plan).await {
+        Ok(ws) => {
+            log(format!(
+                "session {id} of {agent}: worktree {} on branch {}",
+                ws.path.display(),
+                ws.branch
+            ));
+            Some((pulled, Some((repo, ws))))
+        }
+        Err((detail, ws_end)) => {
+            log(format!("session {id} ({agent}): {detail}"));
+            let end = SessionEnd {
+                workspace: Some(ws_end),
+                ..names.not_started(detail)
+            };
+            store_end(names.shared, &end).await;
+            release_lease(names.shared, id, lease).await;
+            let _ = pulled.ack().await;
+            None
+        }
+    }
+}
+
+/// The lease `run/<agent>` taken for the order, which has not run yet;
+/// `None`: the order went back, or ended, as the lease or its stored end
+/// said.
+async fn leased(
+    names: &Names<'_>,
+    pulled: PulledOrder,
+) -> Option<(PulledOrder, agent_state_cluster::Lease)> {
+    let (id, agent, shared) = (&names.id, &names.agent, names.shared);
     // The in-progress ack and the take travel together: the order stays
     // this worker's while it prepares, and the lease, not the ack, keeps a
     // second copy out (invariant 25). An order the server would not extend
     // goes back as before, its lease released.
     let (progress, lease) = tokio::join!(
         pulled.in_progress(),
-        shared.leases.take(&order.agent, &host, &id)
+        shared.leases.take(agent, &names.host, id)
     );
     if let Err(e) = progress {
         log(format!(
-            "session {id} ({}): {e}; it will be handed out again",
-            order.agent
+            "session {id} ({agent}): {e}; it will be handed out again"
         ));
         if let Ok(lease) = &lease {
-            release_lease(shared, &id, lease).await;
+            release_lease(shared, id, lease).await;
         }
-        return;
+        return None;
     }
     let lease = match lease {
         Ok(lease) => lease,
@@ -155,40 +316,38 @@ pub(super) async fn session(shared: &Shared, pulled: PulledOrder) {
             // Ours, of a session this worker no longer runs and whose spool
             // is gone (its end stored): its release was lost. Given back at
             // its revision; the order comes again at once.
-            let fenced = shared.leases.fence(&order.agent, revision).await;
+            let fenced = shared.leases.fence(agent, revision).await;
             log(format!(
-                "session {id}: the lease run/{} is still held for {session}, which ended on this worker (its release was lost): {}; the order goes back",
-                order.agent,
+                "session {id}: the lease run/{agent} is still held for {session}, which ended on this worker (its release was lost): {}; the order goes back",
                 match &fenced {
                     Ok(()) => "given back".to_string(),
                     Err(e) => format!("cannot give it back: {e}"),
                 }
             ));
             let _ = pulled.give_back(Some(Duration::from_millis(100))).await;
-            return;
+            return None;
         }
         Err(e @ LeaseError::Held { .. }) => {
             log(format!(
                 "session {id}: {e}; the order goes back for {HELD_DELAY:?}"
             ));
             let _ = pulled.give_back(Some(HELD_DELAY)).await;
-            return;
+            return None;
         }
         Err(e @ LeaseError::InvalidAgent { .. }) => {
             log(format!("session {id}: {e}"));
-            store_end(shared, &not_started(e.to_string())).await;
-            let _ = pulled.ack().await;
-            return;
+            names.refuse(pulled, names.not_started(e.to_string())).await;
+            return None;
         }
         Err(e) => {
             log(format!("session {id}: {e}; the order goes back"));
             let _ = pulled.give_back(Some(Duration::from_secs(1))).await;
-            return;
+            return None;
         }
     };
     // Under the lease: has this session already run?
-    match shared.output.ended(&id).await {
-        Ok(None) => {}
+    match shared.output.ended(id).await {
+        Ok(None) => Some((pulled, lease)),
         Ok(Some(end)) => {
             log(format!(
                 "session {id} already ended on {}; not run again",
@@ -196,206 +355,48 @@ pub(super) async fn session(shared: &Shared, pulled: PulledOrder) {
             ));
             let _ = shared.leases.release(&lease).await;
             let _ = pulled.ack().await;
-            return;
+            None
         }
         Err(e) => {
             log(format!("session {id}: {e}; the order goes back"));
             let _ = shared.leases.release(&lease).await;
             let _ = pulled.give_back(Some(Duration::from_secs(1))).await;
-            return;
+            None
         }
     }
-    // Its worktree, under the lease (one agent's are never made at once),
-    // live (never pruned) until this order is done with it.
-    let _live = match &planned {
-        Some(plan) => Some(shared.worktrees.hold(plan.path.clone()).await),
-        None => None,
-    };
-    let made = match planned {
-        None => None,
-        Some(plan) => {
-            let _ = pulled.in_progress().await;
-            let repo = plan.repo.clone();
-            match workspace::make(plan).await {
-                Ok(ws) => {
-                    log(format!(
-                        "session {id} of {}: worktree {} on branch {}",
-                        order.agent,
-                        ws.path.display(),
-                        ws.branch
-                    ));
-                    Some((repo, ws))
-                }
-                Err((detail, ws_end)) => {
-                    log(format!("session {id} ({}): {detail}", order.agent));
-                    let end = SessionEnd {
-                        workspace: Some(ws_end),
-                        ..not_started(detail)
-                    };
-                    store_end(shared, &end).await;
-                    release_lease(shared, &id, &lease).await;
-                    let _ = pulled.ack().await;
-                    return;
-                }
-            }
-        }
-    };
+}
 
-    let started = SystemTime::now();
-    let live_from = monotonic_ns();
-    // The agent's session id, as a local session has it: the controller's
-    // order says it; a bare order (no controller) has its order id.
-    let agent_session = spec
-        .env
-        .get("AGENT_STATE_SESSION_ID")
-        .cloned()
-        .unwrap_or_else(|| id.clone());
-    let revision = Arc::new(AtomicU64::new(lease.revision));
-    let hook_socket = shared.hooks.as_ref().and_then(|h| {
-        h.listen(hooks::Stamp {
-            agent: order.agent.clone(),
-            session: agent_session.clone(),
-            order: id.clone(),
-            holder: host.clone(),
-            revision: revision.clone(),
-        })
-        .map_err(|e| {
-            log(format!(
-                "session {id}: cannot listen for its hook calls: {e}; they reach no controller"
-            ))
-        })
-        .ok()
-    });
-    let mut command = tokio::process::Command::new(&spec.command);
-    command
-        .args(&spec.args)
-        .envs(&spec.env)
-        .env("AGENT_STATE_SESSION_ID", &agent_session)
-        .env("AGENT_STATE_AGENT", &order.agent)
-        .env("AGENT_STATE_WORKER", &host)
-        .stdin(if spec.stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
-    match (&made, &spec.cwd) {
-        (Some((_, ws)), _) => {
-            command.current_dir(&ws.path);
-        }
-        (None, Some(cwd)) => {
-            command.current_dir(cwd);
-        }
-        (None, None) => {}
-    }
-    match &hook_socket {
-        Some(socket) => command.env(agent_state_cluster::hooks::HOOKS_ENV, &socket.path),
-        None => command.env_remove(agent_state_cluster::hooks::HOOKS_ENV),
-    };
-    // Its output's local copy first: a session whose output could not be
-    // kept does not run.
-    let header = spool::Header {
+/// The started session supervised under its lease, kept by renewals,
+/// until it ends; then its worktree judged, its end spooled, its output
+/// and end stored, and its lease given back.
+async fn run_to_end(
+    names: &Names<'_>,
+    spec: &SessionSpec,
+    started: spawn::Started,
+    made: Option<(std::path::PathBuf, crate::workspace::Workspace)>,
+    lease: agent_state_cluster::Lease,
+    taken_at: Instant,
+) {
+    let (id, shared) = (&names.id, names.shared);
+    let spawn::Started {
+        child,
+        mut relay,
+        hook_socket,
+        cgroup: session_cgroup,
+        at: started,
+        revision,
+    } = started;
+    let end_of = |outcome: Outcome, last_chunk: u64, lease_revision: u64, workspace| SessionEnd {
         session_id: id.clone(),
-        agent: order.agent.clone(),
-        host: host.clone(),
+        agent: names.agent.clone(),
+        host: names.host.clone(),
+        outcome,
         started_ms: unix_ms(started),
+        ended_ms: unix_ms(SystemTime::now()),
+        last_chunk,
+        lease_revision,
+        workspace,
     };
-    let spooled = match spool::SpoolFile::create(&shared.spool_dir, &header) {
-        Ok(f) => Ok(f),
-        Err(e) => Err(format!(
-            "cannot create its output spool in {}: {e}",
-            shared.spool_dir.display()
-        )),
-    };
-    let session_cgroup = cgroup::session(&id, spec.memory_max);
-    if let Some(cg) = &session_cgroup {
-        cgroup::join_at_exec(&mut command, cg);
-    }
-    let spawned = spooled.and_then(|f| {
-        command
-            .spawn()
-            .map(|child| (child, f))
-            .map_err(|e| format!("cannot start {}: {e}", spec.command))
-    });
-    let (mut child, spool_file) = match spawned {
-        Ok(pair) => pair,
-        Err(detail) => {
-            log(format!("session {id} ({}): {detail}", order.agent));
-            let _ = std::fs::remove_file(spool::path(&shared.spool_dir, &id));
-            cgroup::kill(session_cgroup).await;
-            let end = SessionEnd {
-                workspace: workspace::judge(made).await,
-                ..not_started(detail)
-            };
-            store_end(shared, &end).await;
-            let _ = shared.leases.release(&lease).await;
-            let _ = pulled.ack().await;
-            return;
-        }
-    };
-    if let (Some(cg), Some(pid)) = (&session_cgroup, child.id()) {
-        cgroup::after_spawn(&id, cg, pid);
-    }
-    let pipes: Vec<(&'static str, Box<dyn tokio::io::AsyncRead + Unpin + Send>)> = [
-        child.stdout.take().map(|p| {
-            (
-                "stdout",
-                Box::new(p) as Box<dyn tokio::io::AsyncRead + Unpin + Send>,
-            )
-        }),
-        child.stderr.take().map(|p| {
-            (
-                "stderr",
-                Box::new(p) as Box<dyn tokio::io::AsyncRead + Unpin + Send>,
-            )
-        }),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
-    let mut relay = relay::Relay::start(
-        shared.output.clone(),
-        &id,
-        spool_file,
-        shared.options.spool_limit,
-        pipes,
-    );
-    // The prompt, written beside the session (a child that does not read
-    // it must not hold the worker up); closed once written.
-    if let (Some(mut stdin), Some(text)) = (child.stdin.take(), spec.stdin.clone()) {
-        tokio::spawn(async move {
-            use tokio::io::AsyncWriteExt;
-            let _ = stdin.write_all(text.as_bytes()).await;
-            let _ = stdin.shutdown().await;
-        });
-    }
-    let pid = child.id().unwrap_or(0);
-    log(format!(
-        "session {id} of {} started: pid {pid}, lease revision {}, {:.1} ms after its pull, monotonic {live_from}",
-        order.agent,
-        lease.revision,
-        pulled_at.elapsed().as_secs_f64() * 1000.0
-    ));
-    shared
-        .running
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(
-            id.clone(),
-            RunningSession {
-                session_id: id.clone(),
-                agent: order.agent.clone(),
-                started_ms: unix_ms(started),
-            },
-        );
-    if let Err(e) = pulled.ack().await {
-        // The lease keeps a second copy from starting; the stored end keeps
-        // it from running once this one is over.
-        log(format!("session {id}: {e}"));
-    }
-
     let (done_tx, done_rx) = oneshot::channel::<()>();
     let (kill_tx, kill_rx) = oneshot::channel::<Outcome>();
     let keeper = async {
@@ -428,34 +429,16 @@ pub(super) async fn session(shared: &Shared, pulled: PulledOrder) {
         end
     };
     let runner = async {
-        let (outcome, last) = supervise(
-            shared,
-            &id,
-            child,
-            &spec,
-            kill_rx,
-            &mut relay,
-            session_cgroup,
-        )
-        .await;
+        let (outcome, last) =
+            supervise(shared, id, child, spec, kill_rx, &mut relay, session_cgroup).await;
         // Its worktree judged once its processes are gone (under the
         // lease, still renewed), then its end beside its output, then its
         // output stored (the worker is alive, only NATS may be slow): a
         // worker that dies while NATS is away leaves the whole end, the
-        // judgement included, for its next start.
+        // judgement included, for its next start. Renewals go on: the
+        // stored end carries the last revision.
         let judged = workspace::judge(made).await;
-        let spooled = SessionEnd {
-            session_id: id.clone(),
-            agent: order.agent.clone(),
-            host: host.clone(),
-            outcome: outcome.clone(),
-            started_ms: unix_ms(started),
-            ended_ms: unix_ms(SystemTime::now()),
-            last_chunk: last,
-            // Renewals go on: the stored end carries the last revision.
-            lease_revision: 0,
-            workspace: judged.clone(),
-        };
+        let spooled = end_of(outcome.clone(), last, 0, judged.clone());
         let file = relay.spool.clone();
         let _ = tokio::task::spawn_blocking(move || {
             file.lock()
@@ -463,38 +446,23 @@ pub(super) async fn session(shared: &Shared, pulled: PulledOrder) {
                 .append_end(&spooled)
         })
         .await;
-        let flushed = flush(shared, &id, &mut relay.publisher).await;
+        let flushed = flush(shared, id, &mut relay.publisher).await;
         let _ = done_tx.send(());
         (outcome, last, flushed, judged)
     };
     let (kept, (outcome, last_chunk, flushed, judged)) = tokio::join!(keeper, runner);
-    let (release, revision) = match kept {
-        KeepEnd::Stopped(lease) => {
-            let revision = lease.revision;
-            (Some(lease), revision)
-        }
+    let release = match kept {
+        KeepEnd::Stopped(lease) => Some(lease),
         // Still ours if no one fenced it: released like a stopped one (at
         // its revision only), not left to its TTL.
-        KeepEnd::GaveUp { lease, .. } => {
-            let revision = lease.revision;
-            (Some(lease), revision)
-        }
-        KeepEnd::Lost(_) => (None, 0),
+        KeepEnd::GaveUp { lease, .. } => Some(lease),
+        KeepEnd::Lost(_) => None,
     };
-    let end = SessionEnd {
-        session_id: id.clone(),
-        agent: order.agent.clone(),
-        host: host.clone(),
-        outcome,
-        started_ms: unix_ms(started),
-        ended_ms: unix_ms(SystemTime::now()),
-        last_chunk,
-        lease_revision: revision,
-        workspace: judged,
-    };
+    let revision = release.as_ref().map_or(0, |l| l.revision);
+    let end = end_of(outcome, last_chunk, revision, judged);
     log(format!(
         "session {id} of {} ended: {:?}, {last_chunk} chunk(s), monotonic {}",
-        order.agent,
+        names.agent,
         end.outcome,
         monotonic_ns()
     ));
@@ -514,20 +482,19 @@ pub(super) async fn session(shared: &Shared, pulled: PulledOrder) {
                 spool_path.display()
             ));
         }
+        if let Some(lease) = release {
+            release_lease(shared, id, &lease).await;
+        }
     } else {
+        // The lease stays: the next start of this worker finishes the
+        // spool under it (a lease given back would leave the end to the
+        // controller's fence, "worker lost"); the controller fences it at
+        // its TTL if this worker does not come back.
         log(format!(
-            "session {id}: its output and end are kept in {} until they are stored (the next start of the worker stores them, if its lease allows)",
+            "session {id}: its output and end are kept in {} until they are stored (the next start of the worker stores them, if its lease allows); its lease is kept for that",
             spool_path.display()
         ));
     }
-    if let Some(lease) = release {
-        release_lease(shared, &id, &lease).await;
-    }
-    shared
-        .running
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .remove(&id);
 }
 
 /// Publishes the end, retrying while NATS does not store it: until it

@@ -477,8 +477,8 @@ impl AgentDir {
 #[cfg(test)]
 mod rotate_journal_tests {
     use super::*;
-    use crate::state::journal::{Event, TaskAdded};
-    use crate::state::tasks::TaskFile;
+    use journal::{Event, TaskAdded};
+    use tasks::TaskFile;
 
     fn agent(dir: &tempfile::TempDir) -> AgentDir {
         let a = StateRoot::new(dir.path()).agent(&AgentName::parse("rio").unwrap());
