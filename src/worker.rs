@@ -84,6 +84,7 @@ mod recover;
 mod relay;
 mod room;
 mod run;
+mod spawn;
 mod spool;
 mod stall;
 pub mod workspace;
