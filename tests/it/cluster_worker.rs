@@ -683,3 +683,82 @@ fn the_worker_unit_verifies_clean_and_its_exposure_is_low() {
         .unwrap_or_else(|| panic!("no exposure in {report}"));
     assert!(score <= 2.5, "exposure {score}:\n{report}");
 }
+
+/// A session whose end cannot be stored when its worker stops (the output
+/// stream gone while the lease bucket answers) keeps its lease: the
+/// worker's next start stores the spooled output and the end under it.
+/// Before: the stopping worker gave the lease back, and its next start
+/// kept the spool for good ("the lease is gone"), the end never stored.
+#[test]
+fn a_worker_stopping_before_its_end_is_stored_keeps_the_lease_for_its_next_start() {
+    let Some(binary) = nats::server_binary("cluster_worker") else {
+        return;
+    };
+    let servers = nats::NatsCluster::start(&binary, 3);
+    let rt = rt();
+    let settings = servers.settings();
+    let (cluster, dispatch, leases) =
+        rt.block_on(servers.connect(&settings, "controller", LeaseTiming::DEFAULT));
+    rt.block_on(cluster.output()).unwrap();
+    let env = Env::with_config(&format!(
+        "[cluster]\nurls = {:?}\nreplicas = 3\n",
+        servers.urls()
+    ));
+    let work = env.tmp("work");
+    std::fs::create_dir(&work).unwrap();
+    let script = env.script(
+        "session.sh",
+        r#"echo "first line"
+while [ ! -e "$(dirname "$0")/go" ]; do sleep 0.05; done
+echo "last line""#,
+    );
+    let first = Worker::start(&env, "w1");
+    first.wait_registered();
+    rt.block_on(dispatch.publish(&order("s-1", "rio", &script, &work)))
+        .unwrap();
+    first.wait_log("session s-1 of rio started");
+    // The output stream goes; the session ends; its end cannot be stored.
+    rt.block_on(cluster.jetstream().delete_stream(&settings.output_stream))
+        .unwrap();
+    std::fs::write(env.tmp("go"), "").unwrap();
+    first.wait_log("session s-1: its process group is gone");
+    first.wait_log("the server did not store chunk");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(first.child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let mut first = first;
+    let status = first.child.wait().unwrap();
+    assert!(status.success(), "{status:?}\n{}", first.log());
+    assert!(
+        first.log().contains("its lease is kept for that"),
+        "{}",
+        first.log()
+    );
+    assert_eq!(
+        lease_holder(&rt, &leases, "rio").as_deref(),
+        Some("w1 s-1"),
+        "the lease stays with the unstored end\n{}",
+        first.log()
+    );
+
+    // The next start (the stream made again) stores them under the lease.
+    let second = Worker::start(&env, "w1");
+    second.wait_log("storing its spooled output and its end under its lease");
+    let output = rt.block_on(cluster.output()).unwrap();
+    let end = wait_end(&rt, &output, "s-1", &second);
+    assert_eq!(
+        end.outcome,
+        Outcome::Exited {
+            code: Some(0),
+            signal: None
+        },
+        "{}",
+        second.log()
+    );
+    assert!(poll_until(Duration::from_secs(30), || lease_holder(
+        &rt, &leases, "rio"
+    )
+    .is_none()));
+}
