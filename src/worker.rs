@@ -327,6 +327,57 @@ pub enum WorkerError {
         signal: &'static str,
         source: std::io::Error,
     },
+    #[error(
+        "another worker runs as --host {host}: its record worker/{host} in the registry was written again while this one started (agent-state {version}, {slots} slot(s)); give every worker a host name of its own (the leases and the spool recovery count on it)"
+    )]
+    DuplicateHost {
+        host: String,
+        version: String,
+        slots: usize,
+    },
+}
+
+/// Whether another live worker has this worker's host name
+/// ([`agent_state_cluster::name_check`]): a recent record is watched, and
+/// one written again meanwhile (not a clean stop) is another worker's.
+/// `Ok(false)`: told to stop while watching. A registry that cannot be
+/// read is said and not checked (NATS is the worker's to wait for).
+async fn name_is_ours(
+    workers: &Workers,
+    host: &str,
+    stop: &mut watch::Receiver<bool>,
+) -> Result<bool, WorkerError> {
+    let first = match workers.get(host).await {
+        Ok(entry) => entry,
+        Err(e) => {
+            log(format!(
+                "cannot read the registry: {e}; the host name is not checked"
+            ));
+            return Ok(true);
+        }
+    };
+    let agent_state_cluster::NameCheck::Watch(window) =
+        agent_state_cluster::name_check(first.as_ref(), SystemTime::now())
+    else {
+        return Ok(true);
+    };
+    log(format!(
+        "the registry has a recent record of {host}: watching it for {window:?} in case another worker runs under this name"
+    ));
+    tokio::select! {
+        _ = tokio::time::sleep(window) => {}
+        _ = until(stop, true) => return Ok(false),
+    }
+    match (first, workers.get(host).await) {
+        (Some(before), Ok(Some(now))) if now.revision != before.revision && !now.record.stopped => {
+            Err(WorkerError::DuplicateHost {
+                host: host.to_string(),
+                version: now.record.version,
+                slots: now.record.slots,
+            })
+        }
+        _ => Ok(true),
+    }
 }
 
 async fn connect(settings: &ClusterSettings, options: &Options) -> Result<Connected, WorkerError> {
@@ -413,6 +464,11 @@ pub async fn run(settings: ClusterSettings, options: Options) -> Result<(), Work
         workers,
         queues,
     } = connected;
+    // Before its leases or spools are touched: a second worker of one
+    // name would take the first one's leases for its own.
+    if !name_is_ours(&workers, &options.host, &mut stop).await? {
+        return Ok(());
+    }
     let hooks = match hooks::Hooks::new(cluster.client().clone(), settings.clone()) {
         Ok(h) => {
             log(format!(

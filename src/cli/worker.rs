@@ -433,7 +433,11 @@ fn serve(ctx: Context, args: RunArgs) -> Result<u8> {
     };
     runtime()?
         .block_on(crate::worker::run(settings, options))
-        .map_err(|e| Error::Unavailable(e.to_string()))?;
+        .map_err(|e| match e {
+            // A usage error (exit 64): the unit does not restart it.
+            crate::worker::WorkerError::DuplicateHost { .. } => Error::Usage(e.to_string()),
+            e => Error::Unavailable(e.to_string()),
+        })?;
     Ok(exit::OK)
 }
 

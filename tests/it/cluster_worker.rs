@@ -762,3 +762,75 @@ echo "last line""#,
     )
     .is_none()));
 }
+
+/// Two workers must never share a host name: the lease names the host, so
+/// each would take the other's leases for its own. A second worker started
+/// as `--host w1` while w1 beats refuses to start (exit 64, which the unit
+/// does not restart), naming the fix, and w1 goes on; w1 killed and
+/// started again under its name starts (its earlier self's record is not
+/// written again while it watches).
+#[test]
+fn a_second_worker_of_a_live_host_name_refuses_to_start() {
+    let Some(binary) = nats::server_binary("cluster_worker") else {
+        return;
+    };
+    let servers = nats::NatsCluster::start(&binary, 3);
+    let env = Env::with_config(&format!(
+        "[cluster]\nurls = {:?}\nreplicas = 3\n",
+        servers.urls()
+    ));
+    let mut first = Worker::start(&env, "w1");
+    first.wait_registered();
+
+    let dir = env.tmp("second");
+    std::fs::create_dir(&dir).unwrap();
+    let mut second = Command::new(BIN)
+        .current_dir(&dir)
+        .args(["--config", env.config.to_str().unwrap()])
+        .args([
+            "worker",
+            "--host",
+            "w1",
+            "--slots",
+            "1",
+            "--heartbeat",
+            "300ms",
+        ])
+        .env_remove("AGENT_STATE_SESSION_ID")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut status = None;
+    let exited = poll_until(Duration::from_secs(60), || {
+        status = second.try_wait().unwrap();
+        status.is_some()
+    });
+    if !exited {
+        let _ = second.kill();
+    }
+    let out = second.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(exited, "the second w1 kept running:\n{stderr}");
+    assert_eq!(out.status.code(), Some(64), "{stderr}");
+    assert!(
+        stderr.contains("another worker runs as --host w1")
+            && stderr.contains("give every worker a host name of its own"),
+        "{stderr}"
+    );
+    assert!(first.child.try_wait().unwrap().is_none(), "{}", first.log());
+    assert!(
+        !first.log().contains("watching it"),
+        "the first start found no record to watch:\n{}",
+        first.log()
+    );
+
+    // Killed, then started again under its own name: it starts.
+    first.child.kill().unwrap();
+    first.child.wait().unwrap();
+    let again = Worker::start(&env, "w1");
+    again.wait_log("in case another worker runs under this name");
+    again.wait_registered();
+    assert!(again.child.id() > 0);
+}

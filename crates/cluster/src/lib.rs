@@ -70,6 +70,6 @@ pub use session::{
     WorkspaceEnd, WorkspaceJudged, WorkspaceOrder,
 };
 pub use workers::{
-    CredentialState, RunningSession, WorkerEntry, WorkerRecord, WorkerState, WorkerTiming, Workers,
-    WorkersError, worker_state,
+    CredentialState, NameCheck, RunningSession, WorkerEntry, WorkerRecord, WorkerState,
+    WorkerTiming, Workers, WorkersError, name_check, worker_state,
 };

@@ -151,6 +151,38 @@ pub fn worker_state(
     }
 }
 
+/// What a starting worker makes of the record its host name already has:
+/// two live workers of one name would each take the other's leases for
+/// their own (the lease names the host), so a second one must not start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NameCheck {
+    /// No live worker has the name: no record, a clean stop, or silence
+    /// past its `lost_after`.
+    Free,
+    /// A record this recent is a live worker's, or this worker's earlier
+    /// self just killed: read it again after this long; written again
+    /// meanwhile (and not a clean stop), the name is taken.
+    Watch(Duration),
+}
+
+/// The longest a starting worker watches another's record.
+pub const NAME_WATCH_MAX: Duration = Duration::from_secs(30);
+
+/// The decision for the record `entry` of this worker's host name, read at
+/// `now` (this host's wall clock; the record's time is the server's). The
+/// watch lasts two of the record's heartbeats and a margin. Pure.
+pub fn name_check(entry: Option<&WorkerEntry>, now: SystemTime) -> NameCheck {
+    let Some(entry) = entry else {
+        return NameCheck::Free;
+    };
+    let every = Duration::from_millis(entry.record.heartbeat_every_ms.max(1));
+    let timing = WorkerTiming::beating_every(every);
+    if entry.record.stopped || since_stored(entry.stored_at, now) >= timing.lost_after {
+        return NameCheck::Free;
+    }
+    NameCheck::Watch((every * 2 + Duration::from_millis(500)).min(NAME_WATCH_MAX))
+}
+
 /// The age of a heartbeat seen at `seen_at` (the instant a watcher saw the
 /// record's revision change), on the watcher's monotonic clock.
 pub fn since_seen(seen_at: Instant, now: Instant) -> Duration {
@@ -449,6 +481,60 @@ mod tests {
             heartbeat_ms: 0,
             heartbeat_every_ms: 5000,
         }
+    }
+
+    /// The record of the starting worker's host name, as table rows:
+    /// (record: none / stopped / beating every N ms, its age, the decision).
+    #[test]
+    fn a_starting_worker_watches_a_recent_record_of_its_name() {
+        let now = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let entry = |stopped: bool, every_ms: u64, age: Duration| WorkerEntry {
+            record: WorkerRecord {
+                heartbeat_every_ms: every_ms,
+                ..record(false, 1, stopped)
+            },
+            stored_at: now - age,
+            revision: 7,
+            drain_requested: false,
+        };
+        let secs = Duration::from_secs;
+        let ms = Duration::from_millis;
+        let table: &[(Option<WorkerEntry>, NameCheck)] = &[
+            (None, NameCheck::Free),
+            // A clean stop frees the name at once.
+            (Some(entry(true, 5000, secs(1))), NameCheck::Free),
+            // Beating every 5 s: lost after 20 s.
+            (
+                Some(entry(false, 5000, secs(1))),
+                NameCheck::Watch(ms(10_500)),
+            ),
+            (
+                Some(entry(false, 5000, secs(19))),
+                NameCheck::Watch(ms(10_500)),
+            ),
+            (Some(entry(false, 5000, secs(20))), NameCheck::Free),
+            // Every 300 ms (tests): lost after 3 s.
+            (Some(entry(false, 300, ms(100))), NameCheck::Watch(ms(1100))),
+            (Some(entry(false, 300, secs(3))), NameCheck::Free),
+            // The server's clock ahead of this host's: still watched.
+            (
+                Some(entry(false, 5000, Duration::ZERO)),
+                NameCheck::Watch(ms(10_500)),
+            ),
+            // A record beating every hour: watched for at most 30 s.
+            (
+                Some(entry(false, 3_600_000, secs(60))),
+                NameCheck::Watch(NAME_WATCH_MAX),
+            ),
+        ];
+        for (e, want) in table {
+            assert_eq!(name_check(e.as_ref(), now), *want, "{e:?}");
+        }
+        let ahead = WorkerEntry {
+            stored_at: now + secs(5),
+            ..entry(false, 5000, Duration::ZERO)
+        };
+        assert_eq!(name_check(Some(&ahead), now), NameCheck::Watch(ms(10_500)));
     }
 
     /// (seconds since the heartbeat, drained in the record, sessions,
