@@ -130,11 +130,44 @@ impl Drop for Worker {
     }
 }
 
-fn rt() -> tokio::runtime::Runtime {
+pub(crate) fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap()
+}
+
+/// A three-server cluster and the controller's side of it as a test plays
+/// it without a daemon: orders published, ends, leases and the queue read.
+pub(crate) struct Bare {
+    pub(crate) servers: nats::NatsCluster,
+    pub(crate) rt: tokio::runtime::Runtime,
+    pub(crate) cluster: Cluster,
+    pub(crate) dispatch: Dispatch,
+    pub(crate) leases: Leases,
+    pub(crate) output: Output,
+}
+
+impl Bare {
+    /// `None` where the NATS tests are not enabled (said SKIPPED by the
+    /// cluster crate's helper, under `test`'s name).
+    pub(crate) fn start(test: &str) -> Option<Bare> {
+        let binary = nats::server_binary(test)?;
+        let servers = nats::NatsCluster::start(&binary, 3);
+        let rt = rt();
+        let settings = servers.settings();
+        let (cluster, dispatch, leases) =
+            rt.block_on(servers.connect(&settings, "controller", LeaseTiming::DEFAULT));
+        let output = rt.block_on(cluster.output()).unwrap();
+        Some(Bare {
+            servers,
+            rt,
+            cluster,
+            dispatch,
+            leases,
+            output,
+        })
+    }
 }
 
 /// `workers --json`, the entry of `host` if listed.
@@ -143,7 +176,7 @@ fn listed(env: &Env, host: &str) -> Option<Value> {
     entry_of(&out, host)
 }
 
-fn entry_of(out: &str, host: &str) -> Option<Value> {
+pub(crate) fn entry_of(out: &str, host: &str) -> Option<Value> {
     let all: Value = serde_json::from_str(out).unwrap_or_else(|e| panic!("{e}: {out}"));
     all.as_array()
         .expect("an array")
@@ -155,7 +188,7 @@ fn entry_of(out: &str, host: &str) -> Option<Value> {
 /// Like [`listed`], but NATS not answering within the command's 10 s (exit
 /// 69: a two-core machine under load, a cluster busy creating the workers'
 /// streams) is "not yet", said on stderr, not a failure.
-fn listed_or_busy(env: &Env, host: &str) -> Option<Value> {
+pub(crate) fn listed_or_busy(env: &Env, host: &str) -> Option<Value> {
     let out = env.run(&["workers", "--json"]);
     match out.status.code() {
         Some(0) => entry_of(&String::from_utf8_lossy(&out.stdout), host),
@@ -173,7 +206,12 @@ fn listed_or_busy(env: &Env, host: &str) -> Option<Value> {
     }
 }
 
-fn wait_listed(env: &Env, worker: &Worker, what: &str, cond: impl FnMut(&Value) -> bool) -> Value {
+pub(crate) fn wait_listed(
+    env: &Env,
+    worker: &Worker,
+    what: &str,
+    cond: impl FnMut(&Value) -> bool,
+) -> Value {
     wait_host(env, "w1", worker, what, cond)
 }
 
@@ -214,7 +252,7 @@ fn order(id: &str, agent: &str, script: &Path, cwd: &Path) -> SessionOrder {
 }
 
 /// Waits (bounded) for the end of `id` in the output stream.
-fn wait_end(
+pub(crate) fn wait_end(
     rt: &tokio::runtime::Runtime,
     output: &Output,
     id: &str,
@@ -229,13 +267,17 @@ fn wait_end(
     end.unwrap()
 }
 
-fn lease_holder(rt: &tokio::runtime::Runtime, leases: &Leases, agent: &str) -> Option<String> {
+pub(crate) fn lease_holder(
+    rt: &tokio::runtime::Runtime,
+    leases: &Leases,
+    agent: &str,
+) -> Option<String> {
     rt.block_on(leases.current(agent))
         .unwrap()
         .map(|r| format!("{} {}", r.value.holder, r.value.session))
 }
 
-fn queued(rt: &tokio::runtime::Runtime, cluster: &Cluster, dispatch: &Dispatch) -> u64 {
+pub(crate) fn queued(rt: &tokio::runtime::Runtime, cluster: &Cluster, dispatch: &Dispatch) -> u64 {
     rt.block_on(async {
         let mut stream = cluster
             .jetstream()
@@ -248,15 +290,18 @@ fn queued(rt: &tokio::runtime::Runtime, cluster: &Cluster, dispatch: &Dispatch) 
 
 #[test]
 fn a_worker_runs_an_order_streams_it_releases_the_lease_and_drains() {
-    let Some(binary) = nats::server_binary("cluster_worker") else {
+    let Some(bare) = Bare::start("cluster_worker") else {
         return;
     };
-    let cluster_servers = nats::NatsCluster::start(&binary, 3);
-    let rt = rt();
-    let settings = cluster_servers.settings();
-    let (cluster, dispatch, leases) =
-        rt.block_on(cluster_servers.connect(&settings, "controller", LeaseTiming::DEFAULT));
-    let output = rt.block_on(cluster.output()).unwrap();
+    let Bare {
+        servers: cluster_servers,
+        rt,
+        cluster,
+        dispatch,
+        leases,
+        output,
+        ..
+    } = &bare;
 
     let env = Env::with_config(&format!(
         "[cluster]\nurls = {:?}\nreplicas = 3\n",
@@ -305,9 +350,9 @@ exit 3"#,
     });
     assert_eq!(w["sessions"][0]["agent"], "rio");
     assert_eq!(w["sessions"][0]["session_id"], "s-1");
-    assert_eq!(lease_holder(&rt, &leases, "rio").as_deref(), Some("w1 s-1"));
+    assert_eq!(lease_holder(rt, leases, "rio").as_deref(), Some("w1 s-1"));
     assert_eq!(
-        queued(&rt, &cluster, &dispatch),
+        queued(rt, cluster, dispatch),
         0,
         "the order was acked once it ran"
     );
@@ -320,7 +365,7 @@ exit 3"#,
     );
 
     go("s-1");
-    let end = wait_end(&rt, &output, "s-1", &worker);
+    let end = wait_end(rt, output, "s-1", &worker);
     assert_eq!(
         end.outcome,
         Outcome::Exited {
@@ -348,12 +393,10 @@ exit 3"#,
     assert_eq!(text("stderr"), "a warning\n");
     // The lease is released after the end is stored.
     assert!(
-        poll_until(Duration::from_secs(10), || lease_holder(
-            &rt, &leases, "rio"
-        )
-        .is_none()),
+        poll_until(Duration::from_secs(10), || lease_holder(rt, leases, "rio")
+            .is_none()),
         "the lease is still held: {:?}",
-        lease_holder(&rt, &leases, "rio")
+        lease_holder(rt, leases, "rio")
     );
     wait_listed(&env, &worker, "the slot free again", |w| {
         w["slots_used"] == 0
@@ -363,7 +406,7 @@ exit 3"#,
     let mut bad = order("s-bad", "clay", &script, &work);
     bad.spec = serde_json::json!({ "command": "/nonexistent/session.sh" });
     rt.block_on(dispatch.publish(&bad)).unwrap();
-    let end = wait_end(&rt, &output, "s-bad", &worker);
+    let end = wait_end(rt, output, "s-bad", &worker);
     match &end.outcome {
         Outcome::NotStarted { detail } => {
             assert!(
@@ -374,7 +417,7 @@ exit 3"#,
         other => panic!("{other:?}"),
     }
     assert!(poll_until(Duration::from_secs(10), || lease_holder(
-        &rt, &leases, "clay"
+        rt, leases, "clay"
     )
     .is_none()));
 
@@ -399,12 +442,12 @@ exit 3"#,
         seen.len() >= 4
     });
     assert_eq!(
-        queued(&rt, &cluster, &dispatch),
+        queued(rt, cluster, dispatch),
         1,
         "the order waits in the queue"
     );
     assert!(rt.block_on(output.ended("s-2")).unwrap().is_none());
-    assert!(lease_holder(&rt, &leases, "rio").is_none());
+    assert!(lease_holder(rt, leases, "rio").is_none());
     assert!(
         env.ok(&["workers"])
             .lines()
@@ -416,7 +459,7 @@ exit 3"#,
         env.ok(&["worker", "resume", "w1"])
             .contains("drain withdrawn")
     );
-    let end = wait_end(&rt, &output, "s-2", &worker);
+    let end = wait_end(rt, output, "s-2", &worker);
     assert_eq!(
         end.outcome,
         Outcome::Exited {
@@ -433,7 +476,7 @@ exit 3"#,
     wait_listed(&env, &worker, "s-f running", |w| w["slots_used"] == 1);
     let held = rt.block_on(leases.current("fen")).unwrap().expect("held");
     rt.block_on(leases.fence("fen", held.revision)).unwrap();
-    let end = wait_end(&rt, &output, "s-f", &worker);
+    let end = wait_end(rt, output, "s-f", &worker);
     match &end.outcome {
         Outcome::LeaseLost { detail } => {
             assert!(
@@ -466,9 +509,9 @@ exit 3"#,
         worker.log()
     );
     assert_eq!(status.unwrap().code(), Some(0), "{}", worker.log());
-    let end = wait_end(&rt, &output, "s-3", &worker);
+    let end = wait_end(rt, output, "s-3", &worker);
     assert_eq!(end.outcome, Outcome::WorkerStopped);
-    assert!(lease_holder(&rt, &leases, "sky").is_none());
+    assert!(lease_holder(rt, leases, "sky").is_none());
     let w = listed(&env, "w1").expect("w1 listed");
     assert_eq!(w["state"], "stopped", "{w}");
     assert_eq!(w["slots_used"], 0, "{w}");
@@ -479,14 +522,17 @@ exit 3"#,
 /// the scripts themselves check that they never overlap.
 #[test]
 fn two_workers_never_run_one_agent_twice_at_once() {
-    let Some(binary) = nats::server_binary("cluster_worker_lease") else {
+    let Some(bare) = Bare::start("cluster_worker_lease") else {
         return;
     };
-    let cluster_servers = nats::NatsCluster::start(&binary, 3);
-    let rt = rt();
-    let settings = cluster_servers.settings();
-    let (_cluster, dispatch, leases) =
-        rt.block_on(cluster_servers.connect(&settings, "controller", LeaseTiming::DEFAULT));
+    let Bare {
+        servers: cluster_servers,
+        rt,
+        cluster: _cluster,
+        dispatch,
+        leases,
+        ..
+    } = &bare;
     let env = Env::with_config(&format!(
         "[cluster]\nurls = {:?}\nreplicas = 3\n",
         cluster_servers.urls()
@@ -540,12 +586,12 @@ exit 0"#,
         logs()
     );
     assert_eq!(
-        lease_holder(&rt, &leases, "rio").map(|h| h.ends_with(first)),
+        lease_holder(rt, leases, "rio").map(|h| h.ends_with(first)),
         Some(true)
     );
 
     std::fs::write(env.tmp(&format!("go-{first}")), "").unwrap();
-    let end = wait_end(&rt, &output, first, &w1);
+    let end = wait_end(rt, &output, first, &w1);
     assert_eq!(
         end.outcome,
         Outcome::Exited {
@@ -562,7 +608,7 @@ exit 0"#,
         logs()
     );
     std::fs::write(env.tmp(&format!("go-{second}")), "").unwrap();
-    let end = wait_end(&rt, &output, second, &w1);
+    let end = wait_end(rt, &output, second, &w1);
     assert_eq!(
         end.outcome,
         Outcome::Exited {
@@ -573,7 +619,7 @@ exit 0"#,
         logs()
     );
     assert!(poll_until(Duration::from_secs(10), || lease_holder(
-        &rt, &leases, "rio"
+        rt, leases, "rio"
     )
     .is_none()));
 }
@@ -691,15 +737,17 @@ fn the_worker_unit_verifies_clean_and_its_exposure_is_low() {
 /// kept the spool for good ("the lease is gone"), the end never stored.
 #[test]
 fn a_worker_stopping_before_its_end_is_stored_keeps_the_lease_for_its_next_start() {
-    let Some(binary) = nats::server_binary("cluster_worker") else {
+    let Some(bare) = Bare::start("cluster_worker") else {
         return;
     };
-    let servers = nats::NatsCluster::start(&binary, 3);
-    let rt = rt();
-    let settings = servers.settings();
-    let (cluster, dispatch, leases) =
-        rt.block_on(servers.connect(&settings, "controller", LeaseTiming::DEFAULT));
-    rt.block_on(cluster.output()).unwrap();
+    let Bare {
+        servers,
+        rt,
+        cluster,
+        dispatch,
+        leases,
+        ..
+    } = &bare;
     let env = Env::with_config(&format!(
         "[cluster]\nurls = {:?}\nreplicas = 3\n",
         servers.urls()
@@ -718,8 +766,12 @@ echo "last line""#,
         .unwrap();
     first.wait_log("session s-1 of rio started");
     // The output stream goes; the session ends; its end cannot be stored.
-    rt.block_on(cluster.jetstream().delete_stream(&settings.output_stream))
-        .unwrap();
+    rt.block_on(
+        cluster
+            .jetstream()
+            .delete_stream(&cluster.settings().output_stream),
+    )
+    .unwrap();
     std::fs::write(env.tmp("go"), "").unwrap();
     first.wait_log("session s-1: its process group is gone");
     first.wait_log("the server did not store chunk");
@@ -737,7 +789,7 @@ echo "last line""#,
         first.log()
     );
     assert_eq!(
-        lease_holder(&rt, &leases, "rio").as_deref(),
+        lease_holder(rt, leases, "rio").as_deref(),
         Some("w1 s-1"),
         "the lease stays with the unstored end\n{}",
         first.log()
@@ -747,7 +799,7 @@ echo "last line""#,
     let second = Worker::start(&env, "w1");
     second.wait_log("storing its spooled output and its end under its lease");
     let output = rt.block_on(cluster.output()).unwrap();
-    let end = wait_end(&rt, &output, "s-1", &second);
+    let end = wait_end(rt, &output, "s-1", &second);
     assert_eq!(
         end.outcome,
         Outcome::Exited {
@@ -758,7 +810,7 @@ echo "last line""#,
         second.log()
     );
     assert!(poll_until(Duration::from_secs(30), || lease_holder(
-        &rt, &leases, "rio"
+        rt, leases, "rio"
     )
     .is_none()));
 }

@@ -6,64 +6,14 @@
 //! (`AGENT_STATE_NATS_TESTS=1`, the server from AGENT_STATE_NATS_SERVER or
 //! PATH), else SKIPPED.
 
-// The cluster crate's NATS helpers, as `cluster_worker` loads them.
-#[path = "../../crates/cluster/tests/support/mod.rs"]
-#[allow(clippy::duplicate_mod)]
-mod nats;
-
 use crate::support::*;
 use std::path::Path;
 use std::time::Duration;
 
-use agent_state_cluster::{
-    Cluster, Dispatch, LeaseTiming, Outcome, Output, SessionEnd, SessionOrder,
-};
+use agent_state_cluster::{Outcome, Output, SessionEnd, SessionOrder};
 use serde_json::Value;
 
-use crate::cluster_worker::Worker;
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-/// `workers --json`: the entry of `host`, or `None` when not listed or NATS
-/// was busy (exit 69).
-fn listed(env: &Env, host: &str) -> Option<Value> {
-    let out = env.run(&["workers", "--json"]);
-    match out.status.code() {
-        Some(0) => {
-            let all: Value = serde_json::from_slice(&out.stdout).unwrap();
-            all.as_array()?.iter().find(|w| w["host"] == host).cloned()
-        }
-        Some(69) => None,
-        other => panic!(
-            "agent-state workers --json exited {other:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    }
-}
-
-fn wait_listed(
-    env: &Env,
-    worker: &Worker,
-    what: &str,
-    mut cond: impl FnMut(&Value) -> bool,
-) -> Value {
-    let mut last = None;
-    let ok = poll_until(Duration::from_secs(60), || {
-        last = listed(env, "w1");
-        last.as_ref().is_some_and(&mut cond)
-    });
-    assert!(
-        ok,
-        "`workers` never showed {what}; last {last:?}\nworker log:\n{}",
-        worker.log()
-    );
-    last.unwrap()
-}
+use crate::cluster_worker::{Bare, Worker, queued, wait_end, wait_listed};
 
 /// The state of `group` in a `workers --json` entry.
 fn credential<'a>(w: &'a Value, group: &str) -> &'a Value {
@@ -92,43 +42,20 @@ fn ended(rt: &tokio::runtime::Runtime, output: &Output, id: &str) -> Option<Sess
     rt.block_on(output.ended(id)).unwrap()
 }
 
-fn wait_end(
-    rt: &tokio::runtime::Runtime,
-    output: &Output,
-    id: &str,
-    worker: &Worker,
-) -> SessionEnd {
-    let mut end = None;
-    let ok = poll_until(Duration::from_secs(60), || {
-        end = ended(rt, output, id);
-        end.is_some()
-    });
-    assert!(ok, "no end of {id}\nworker log:\n{}", worker.log());
-    end.unwrap()
-}
-
-fn queued(rt: &tokio::runtime::Runtime, cluster: &Cluster, dispatch: &Dispatch) -> u64 {
-    rt.block_on(async {
-        let mut stream = cluster
-            .jetstream()
-            .get_stream(dispatch.stream_name())
-            .await
-            .unwrap();
-        stream.info().await.unwrap().state.messages
-    })
-}
-
 #[test]
 fn a_group_whose_check_fails_is_not_pulled_until_the_check_passes() {
-    let Some(binary) = nats::server_binary("cluster_worker_checks") else {
+    let Some(bare) = Bare::start("cluster_worker_checks") else {
         return;
     };
-    let servers = nats::NatsCluster::start(&binary, 3);
-    let rt = rt();
-    let settings = servers.settings();
-    let (cluster, dispatch, _leases) =
-        rt.block_on(servers.connect(&settings, "controller", LeaseTiming::DEFAULT));
-    let output = rt.block_on(cluster.output()).unwrap();
+    let Bare {
+        servers,
+        rt,
+        cluster,
+        dispatch,
+        leases: _leases,
+        output,
+        ..
+    } = &bare;
 
     // Team's login check passes once the file `logged-in` exists.
     let env = Env::with_config("");
@@ -165,7 +92,7 @@ exit 1"#,
         .unwrap();
     rt.block_on(dispatch.publish(&order("s-free", "ada", "default", &session, &work)))
         .unwrap();
-    let end = wait_end(&rt, &output, "s-free", &worker);
+    let end = wait_end(rt, output, "s-free", &worker);
     assert_eq!(
         end.outcome,
         Outcome::Exited {
@@ -176,10 +103,10 @@ exit 1"#,
     // The default group's order was pulled and acked after team's was
     // published, in the same stream: team's is the one left, unpulled.
     let ok = poll_until(Duration::from_secs(30), || {
-        queued(&rt, &cluster, &dispatch) == 1
+        queued(rt, cluster, dispatch) == 1
     });
     assert!(ok, "the default order was not acked\n{}", worker.log());
-    assert!(ended(&rt, &output, "s-team").is_none());
+    assert!(ended(rt, output, "s-team").is_none());
     assert!(!worker.log().contains("s-team"), "{}", worker.log());
     // Still unpulled after several more pull rounds (each waits 2 s). The
     // record says the default order's slot is free once its heartbeat
@@ -187,7 +114,7 @@ exit 1"#,
     wait_listed(&env, &worker, "team still not working, no slot used", |w| {
         credential(w, "team")["working"] == false && w["slots_used"] == 0
     });
-    assert_eq!(queued(&rt, &cluster, &dispatch), 1);
+    assert_eq!(queued(rt, cluster, dispatch), 1);
     assert_eq!(
         worker
             .log()
@@ -202,7 +129,7 @@ exit 1"#,
     // order runs.
     std::fs::write(env.tmp("logged-in"), "").unwrap();
     worker.wait_log("credential group team: its check passed; pulling its orders");
-    let end = wait_end(&rt, &output, "s-team", &worker);
+    let end = wait_end(rt, output, "s-team", &worker);
     assert_eq!(
         end.outcome,
         Outcome::Exited {
@@ -217,14 +144,17 @@ exit 1"#,
 
 #[test]
 fn a_worker_short_of_disk_pulls_nothing_and_says_why() {
-    let Some(binary) = nats::server_binary("cluster_worker_checks") else {
+    let Some(bare) = Bare::start("cluster_worker_checks") else {
         return;
     };
-    let servers = nats::NatsCluster::start(&binary, 3);
-    let rt = rt();
-    let settings = servers.settings();
-    let (cluster, dispatch, _leases) =
-        rt.block_on(servers.connect(&settings, "controller", LeaseTiming::DEFAULT));
+    let Bare {
+        servers,
+        rt,
+        cluster,
+        dispatch,
+        leases: _leases,
+        ..
+    } = &bare;
     let env = Env::with_config(&format!(
         "[cluster]\nurls = {:?}\nreplicas = 3\n",
         servers.urls()
@@ -268,21 +198,24 @@ fn a_worker_short_of_disk_pulls_nothing_and_says_why() {
         worker.log().matches(&why).count() > 1
     });
     assert!(!ok, "said once:\n{}", worker.log());
-    assert_eq!(queued(&rt, &cluster, &dispatch), 1, "{}", worker.log());
+    assert_eq!(queued(rt, cluster, dispatch), 1, "{}", worker.log());
     assert!(!worker.log().contains("s-1"), "{}", worker.log());
 }
 
 #[test]
 fn hostile_orders_end_not_started_naming_the_field() {
-    let Some(binary) = nats::server_binary("cluster_worker_checks") else {
+    let Some(bare) = Bare::start("cluster_worker_checks") else {
         return;
     };
-    let servers = nats::NatsCluster::start(&binary, 3);
-    let rt = rt();
-    let settings = servers.settings();
-    let (cluster, dispatch, _leases) =
-        rt.block_on(servers.connect(&settings, "controller", LeaseTiming::DEFAULT));
-    let output = rt.block_on(cluster.output()).unwrap();
+    let Bare {
+        servers,
+        rt,
+        cluster,
+        dispatch,
+        leases: _leases,
+        output,
+        ..
+    } = &bare;
     let env = Env::with_config(&format!(
         "[cluster]\nurls = {:?}\nreplicas = 3\n",
         servers.urls()
@@ -330,7 +263,7 @@ fn hostile_orders_end_not_started_naming_the_field() {
         rt.block_on(dispatch.publish(order)).unwrap();
     }
     for (order, detail) in &cases {
-        let end = wait_end(&rt, &output, &order.session_id, &worker);
+        let end = wait_end(rt, output, &order.session_id, &worker);
         assert_eq!(
             end.outcome,
             Outcome::NotStarted {
@@ -342,7 +275,7 @@ fn hostile_orders_end_not_started_naming_the_field() {
         assert!(!env.tmp(&format!("ran-{}", order.session_id)).exists());
     }
     let ok = poll_until(Duration::from_secs(30), || {
-        queued(&rt, &cluster, &dispatch) == 0
+        queued(rt, cluster, dispatch) == 0
     });
     assert!(ok, "the refused orders are acked\n{}", worker.log());
 }
