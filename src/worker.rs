@@ -364,6 +364,9 @@ async fn name_is_ours(
     log(format!(
         "the registry has a recent record of {host}: watching it for {window:?} in case another worker runs under this name"
     ));
+    notify(&[sd_notify::NotifyState::Status(
+        "starting: checking that no other worker runs under this host name",
+    )]);
     tokio::select! {
         _ = tokio::time::sleep(window) => {}
         _ = until(stop, true) => return Ok(false),
