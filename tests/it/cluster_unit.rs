@@ -175,4 +175,21 @@ fn under_systemd_a_worker_runs_the_sessions_and_a_controller_restart_keeps_them(
             .exists()),
         "the order record is removed"
     );
+
+    // An operator starts a second worker on this host, forgetting --host:
+    // it has the unit's worker's name (the machine's), watches that record
+    // for two of its 5 s heartbeats, and refuses (64, which the unit's
+    // RestartPreventExitStatus would not restart); the unit's worker goes on.
+    sdbox.ok(&["install", "-d", "-o", "agent-state", "/tmp/second-worker"]);
+    let second = sdbox.agent_state(&["worker", "--work-dir", "/tmp/second-worker"]);
+    assert_eq!(second.status.code(), Some(64), "{}", describe(&second));
+    assert!(
+        text(&second.stderr).contains(&format!("another worker runs as --host {host}")),
+        "{}",
+        describe(&second)
+    );
+    assert_eq!(
+        sdbox.prop_of("agent-state-worker.service", "ActiveState"),
+        "active"
+    );
 }
