@@ -218,7 +218,8 @@ pub enum Command {
     ///
     /// Exit status: 0 stopped by a signal; 64 a bad --host, --slots,
     /// --credential-group, --heartbeat, --work-dir, --min-free-disk or
-    /// --min-free-memory; 69 (drain, resume) NATS did not
+    /// --min-free-memory, or another live worker of that --host; 69
+    /// (drain, resume) NATS did not
     /// answer; 66 (drain, resume) no such worker; 78 no [cluster] in the
     /// config.
     Worker(worker::Args),

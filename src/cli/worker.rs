@@ -56,7 +56,7 @@ pub struct HostArgs {
 
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
-    /// This worker's name in the registry and in the leases (default: the machine's host name)
+    /// This worker's name in the registry and in the leases (default: the machine's host name); one live worker per name: a second one exits 64
     #[arg(long, env = "AGENT_STATE_WORKER_HOST", value_name = "NAME")]
     pub host: Option<String>,
     /// How many sessions it runs at once
