@@ -453,7 +453,9 @@ impl AgentDir {
             let highest = before
                 .max(tasks)
                 .max(journal::highest_task_added(&journal)?);
-            let mut carried = head.map(|m| m.carried.clone()).unwrap_or_default();
+            // Only the number: whatever else a marker line holds (a hand
+            // edit) is not copied into every later marker.
+            let mut carried = serde_json::Map::new();
             if highest > 0 {
                 carried.insert(tasks::LAST_TASK_NUMBER.into(), highest.into());
             }

@@ -70,9 +70,9 @@ pub struct Marker {
     pub previous: String,
     /// What the log's owner carries past its segments, which retention may
     /// remove (a journal: `last_task_number`, the highest task id handed
-    /// out before this file, so a rebuild never hands one out again). Each
-    /// rotation carries the previous marker's forward. Small: the marker
-    /// is read from a live file's first 4 KiB.
+    /// out before this file, so a rebuild never hands one out again); the
+    /// owner decides what of the previous marker's goes forward. Small:
+    /// the marker is read from a live file's first 4 KiB.
     #[serde(flatten, default)]
     pub carried: serde_json::Map<String, serde_json::Value>,
 }
