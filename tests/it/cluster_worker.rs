@@ -168,6 +168,14 @@ impl Bare {
             output,
         })
     }
+
+    /// A test environment whose config's `[cluster]` names these servers.
+    pub(crate) fn env(&self) -> Env {
+        Env::with_config(&format!(
+            "[cluster]\nurls = {:?}\nreplicas = 3\n",
+            self.servers.urls()
+        ))
+    }
 }
 
 /// `workers --json`, the entry of `host` if listed.
@@ -294,7 +302,6 @@ fn a_worker_runs_an_order_streams_it_releases_the_lease_and_drains() {
         return;
     };
     let Bare {
-        servers: cluster_servers,
         rt,
         cluster,
         dispatch,
@@ -303,10 +310,7 @@ fn a_worker_runs_an_order_streams_it_releases_the_lease_and_drains() {
         ..
     } = &bare;
 
-    let env = Env::with_config(&format!(
-        "[cluster]\nurls = {:?}\nreplicas = 3\n",
-        cluster_servers.urls()
-    ));
+    let env = bare.env();
     // No worker yet: `workers` says so.
     assert!(env.ok(&["workers"]).contains("no workers"));
     assert!(
@@ -526,17 +530,13 @@ fn two_workers_never_run_one_agent_twice_at_once() {
         return;
     };
     let Bare {
-        servers: cluster_servers,
         rt,
         cluster: _cluster,
         dispatch,
         leases,
         ..
     } = &bare;
-    let env = Env::with_config(&format!(
-        "[cluster]\nurls = {:?}\nreplicas = 3\n",
-        cluster_servers.urls()
-    ));
+    let env = bare.env();
     let output = rt.block_on(_cluster.output()).unwrap();
     let work = env.tmp("work");
     std::fs::create_dir(&work).unwrap();
@@ -741,17 +741,13 @@ fn a_worker_stopping_before_its_end_is_stored_keeps_the_lease_for_its_next_start
         return;
     };
     let Bare {
-        servers,
         rt,
         cluster,
         dispatch,
         leases,
         ..
     } = &bare;
-    let env = Env::with_config(&format!(
-        "[cluster]\nurls = {:?}\nreplicas = 3\n",
-        servers.urls()
-    ));
+    let env = bare.env();
     let work = env.tmp("work");
     std::fs::create_dir(&work).unwrap();
     let script = env.script(

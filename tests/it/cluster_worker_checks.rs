@@ -52,7 +52,6 @@ fn a_group_whose_check_fails_is_not_pulled_until_the_check_passes() {
         rt,
         cluster,
         dispatch,
-        leases: _leases,
         output,
         ..
     } = &bare;
@@ -148,17 +147,12 @@ fn a_worker_short_of_disk_pulls_nothing_and_says_why() {
         return;
     };
     let Bare {
-        servers,
         rt,
         cluster,
         dispatch,
-        leases: _leases,
         ..
     } = &bare;
-    let env = Env::with_config(&format!(
-        "[cluster]\nurls = {:?}\nreplicas = 3\n",
-        servers.urls()
-    ));
+    let env = bare.env();
     let work = env.tmp("work");
     std::fs::create_dir(&work).unwrap();
     let session = env.script("session.sh", r#"echo "$AGENT_STATE_SESSION_ID ran""#);
@@ -208,18 +202,13 @@ fn hostile_orders_end_not_started_naming_the_field() {
         return;
     };
     let Bare {
-        servers,
         rt,
         cluster,
         dispatch,
-        leases: _leases,
         output,
         ..
     } = &bare;
-    let env = Env::with_config(&format!(
-        "[cluster]\nurls = {:?}\nreplicas = 3\n",
-        servers.urls()
-    ));
+    let env = bare.env();
     let work = env.tmp("work");
     std::fs::create_dir(&work).unwrap();
     let link = env.tmp("link");
