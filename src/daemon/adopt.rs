@@ -22,9 +22,18 @@
 //! chunks up to `signals_through` left out. A signal printed an instant
 //! before the controller died may be lost, never carried out twice.
 //!
-//! `.daemon/` is the service user's (`0750`). The file is read through
-//! `fsx` (no link followed, at most [`MAX_RECORD_BYTES`]); a file that is
-//! not a record is reported and the session recovered as before.
+//! The order itself (what the workers run: argv, env, prompt) is kept
+//! beside it, `.daemon/remote.AGENT.order` (`0600`: its env is the
+//! session's), written before the record: a controller killed after it
+//! recorded an order and before the servers stored it leaves the next one
+//! what it needs to publish that order again ([`read_order`]) instead of
+//! ending the session "not started".
+//!
+//! `.daemon/` is the service user's (`0750`). The files are read through
+//! `fsx` (no link followed, at most [`MAX_RECORD_BYTES`] and
+//! [`MAX_ORDER_BYTES`]); a file that is not a record (or not the record's
+//! order) is reported and the session recovered as before (or, for the
+//! order, not published again).
 
 use std::path::PathBuf;
 
@@ -37,9 +46,15 @@ use crate::state::session::Session;
 use crate::state::{StateRoot, atomic};
 
 const PREFIX: &str = "remote.";
+/// After `remote.AGENT` (agent names have no dot).
+const ORDER_SUFFIX: &str = ".order";
 
 /// A record is a few hundred bytes; anything longer is not one.
 pub const MAX_RECORD_BYTES: u64 = 16 * 1024;
+
+/// An order is at most a NATS message (1 MiB by default); a server
+/// configured for more still stays under this.
+pub const MAX_ORDER_BYTES: u64 = 8 * 1024 * 1024;
 
 /// A remote session of this agent, as the controller keeps it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -132,9 +147,68 @@ impl RemoteRecord {
     }
 }
 
-/// `agent`'s record is done with (its session's end is recorded).
+/// `agent`'s record is done with (its session's end is recorded): the
+/// record, then its order.
 pub fn remove(root: &StateRoot, agent: &AgentName) -> Result<()> {
-    crate::fsx::remove_file(&path(root, agent)).map(|_| ())
+    crate::fsx::remove_file(&path(root, agent))?;
+    crate::fsx::remove_file(&order_path(root, agent)).map(|_| ())
+}
+
+/// The file keeping `agent`'s last order, as published.
+pub fn order_path(root: &StateRoot, agent: &AgentName) -> PathBuf {
+    root.daemon_dir()
+        .join(format!("{PREFIX}{agent}{ORDER_SUFFIX}"))
+}
+
+/// Keep `order` (of `agent`), durably, before its record is written and it
+/// is published.
+pub fn write_order(
+    root: &StateRoot,
+    agent: &AgentName,
+    order: &agent_state_cluster::SessionOrder,
+) -> Result<()> {
+    let mut text = serde_json::to_vec(order).map_err(|e| Error::Data(e.to_string()))?;
+    text.push(b'\n');
+    atomic::write_file(&root.store, &order_path(root, agent), &text, 0o600)
+}
+
+/// The order `record` names, as kept by [`write_order`]: `Ok(None)` if
+/// there is none (a controller of before, or one killed before it wrote
+/// it); an error naming the file if it is not that order.
+pub fn read_order(
+    root: &StateRoot,
+    agent: &AgentName,
+    record: &RemoteRecord,
+) -> Result<Option<agent_state_cluster::SessionOrder>> {
+    let path = order_path(root, agent);
+    let Some((bytes, more)) = crate::fsx::read_limited(&path, MAX_ORDER_BYTES)? else {
+        return Ok(None);
+    };
+    let not = |why: String| {
+        Error::Data(format!(
+            "{} is not the order of session {} ({why}): it is not published again; remove it",
+            path.display(),
+            record.session_id
+        ))
+    };
+    if more {
+        return Err(not(format!("over {MAX_ORDER_BYTES} bytes")));
+    }
+    let order = serde_json::from_slice::<agent_state_cluster::SessionOrder>(&bytes)
+        .map_err(|e| not(e.to_string()))?;
+    for (field, got, want) in [
+        ("session_id", &order.session_id, &record.order_id),
+        ("agent", &order.agent, &agent.to_string()),
+        ("credential_group", &order.credential_group, &record.group),
+    ] {
+        if got != want {
+            return Err(not(format!("its {field} is {got:?}, not {want:?}")));
+        }
+    }
+    if !order.spec.is_object() {
+        return Err(not("its spec is not an object".into()));
+    }
+    Ok(Some(order))
 }
 
 /// What the start does with an agent's session left running, given its
@@ -315,6 +389,84 @@ mod tests {
                 "{what}"
             );
         }
+    }
+
+    #[test]
+    fn a_kept_order_reads_back_only_as_the_records_and_goes_with_it() {
+        use agent_state_cluster::SessionOrder;
+        let dir = tempfile::tempdir().unwrap();
+        let root = StateRoot::new(dir.path());
+        std::fs::create_dir(root.daemon_dir()).unwrap();
+        let rio = AgentName::parse("rio").unwrap();
+        let r = record("20261127-100000");
+        let order = SessionOrder {
+            session_id: r.order_id.clone(),
+            agent: "rio".into(),
+            credential_group: "default".into(),
+            spec: serde_json::json!({"argv": ["agent.sh"], "env": {"K": "v"}}),
+        };
+        assert_eq!(read_order(&root, &rio, &r).unwrap(), None);
+        write_order(&root, &rio, &order).unwrap();
+        let file = order_path(&root, &rio);
+        assert!(file.ends_with(".daemon/remote.rio.order"), "{file:?}");
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(read_order(&root, &rio, &r).unwrap(), Some(order.clone()));
+        // Not the record's order: refused naming the file and the field.
+        let table: &[(&str, SessionOrder)] = &[
+            (
+                "session_id",
+                SessionOrder {
+                    session_id: "rio_20261127-110000".into(),
+                    ..order.clone()
+                },
+            ),
+            (
+                "agent",
+                SessionOrder {
+                    agent: "clay".into(),
+                    ..order.clone()
+                },
+            ),
+            (
+                "credential_group",
+                SessionOrder {
+                    credential_group: "other".into(),
+                    ..order.clone()
+                },
+            ),
+            (
+                "spec",
+                SessionOrder {
+                    spec: serde_json::Value::Null,
+                    ..order.clone()
+                },
+            ),
+        ];
+        for (field, bad) in table {
+            write_order(&root, &rio, bad).unwrap();
+            let e = read_order(&root, &rio, &r).unwrap_err().to_string();
+            assert!(
+                e.contains("remote.rio.order") && e.contains(field),
+                "{field}: {e}"
+            );
+        }
+        std::fs::write(&file, b"[1,2]").unwrap();
+        assert!(read_order(&root, &rio, &r).is_err());
+        std::fs::remove_file(&file).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", &file).unwrap();
+        assert!(
+            read_order(&root, &rio, &r).is_err(),
+            "a link is not followed"
+        );
+        std::fs::remove_file(&file).unwrap();
+        // Removed with its record.
+        write(&root, &rio, &r).unwrap();
+        write_order(&root, &rio, &order).unwrap();
+        remove(&root, &rio).unwrap();
+        assert!(!path(&root, &rio).exists() && !file.exists());
+        remove(&root, &rio).unwrap();
     }
 
     #[test]

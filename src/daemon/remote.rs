@@ -27,11 +27,13 @@
 //!    holder ([`end_accepted`]), deletes the lease, and maps the worker's
 //!    [`Outcome`] to the runner's [`Ending`] ([`ending_of`]).
 //!
-//! Before the order is published, `.daemon/remote.AGENT` records it
-//! ([`super::adopt`]): a controller that stops leaves its remote sessions
-//! running, and the next one [`adopt`]s them (no publication; the lease,
-//! the end and the output read again from the stream, the log rewritten
-//! from chunk 1, signals already carried out left out).
+//! Before the order is published, `.daemon/remote.AGENT` records it and
+//! `.daemon/remote.AGENT.order` keeps it ([`super::adopt`]): a controller
+//! that stops leaves its remote sessions running, and the next one
+//! [`adopt`]s them (the lease, the end and the output read again from the
+//! stream, the log rewritten from chunk 1, signals already carried out
+//! left out). An adopted order the servers never stored (not queued, no
+//! lease, no end) is published again from the kept copy, once.
 //!
 //! A session's hook calls from its worker (`session begin|end|fail`,
 //! `record`, `send`) are served by [`hooks`], started once connected: run
@@ -347,6 +349,14 @@ pub struct Keep {
 }
 
 impl Keep {
+    /// Before the record: what a next controller publishes again if the
+    /// servers never stored it.
+    fn save_order(&self, order: &SessionOrder) {
+        if let Err(e) = adopt::write_order(&self.root, &self.agent, order) {
+            tracing::warn!(agent = %self.agent, session_id = %self.session_id, "{e}; a controller restarted before the servers stored the order ends the session not started instead of publishing it again");
+        }
+    }
+
     fn save(&self, record: &RemoteRecord) {
         if let Err(e) = adopt::write(&self.root, &self.agent, record) {
             tracing::warn!(agent = %self.agent, session_id = %self.session_id, "{e}; a controller restarted while it runs records it interrupted instead of following it");
@@ -446,16 +456,26 @@ pub fn adopt(
             ),
         }))
     })?;
+    // Kept to be published again if the servers never stored it; without
+    // it (no spec) such a session ends "not started".
+    let kept = match adopt::read_order(&target.keep.root, &target.keep.agent, &record) {
+        Ok(kept) => kept,
+        Err(e) => {
+            tracing::warn!(agent = %target.keep.agent, session_id = %record.session_id, "{e}");
+            None
+        }
+    };
+    let order = kept.unwrap_or_else(|| SessionOrder {
+        session_id: record.order_id.clone(),
+        agent: target.keep.agent.to_string(),
+        credential_group: record.group.clone(),
+        spec: serde_json::Value::Null,
+    });
     Ok(Launch::Remote(RemoteRun {
         remote: target.remote.clone(),
         on_host: target.on_host.clone(),
         agent: target.keep.agent.to_string(),
-        order: SessionOrder {
-            session_id: record.order_id.clone(),
-            agent: target.keep.agent.to_string(),
-            credential_group: record.group.clone(),
-            spec: serde_json::Value::Null,
-        },
+        order,
         spec,
         log,
         record,
@@ -601,6 +621,7 @@ impl RemoteRun {
         // the stream's first chunk: it equals the worker's output,
         // whatever the last controller wrote.
         if !adopted {
+            keep.save_order(&order);
             keep.save(&record);
         }
         observer.hold_signals();
@@ -756,6 +777,10 @@ async fn drive(
     }
     // Waiting for a worker to take the lease for it.
     let deadline = give_up;
+    // Followed again with its order kept (`.daemon/remote.AGENT.order`):
+    // published again, once stored, if the servers never stored it.
+    let mut republish = adopted && !order.spec.is_null();
+    let mut republished = false;
     let mut seen = loop {
         // Followed again: a previous controller may have recorded the order
         // and died before the servers stored it. Read first (see
@@ -813,7 +838,25 @@ async fn drive(
                 tracing::warn!(agent, session_id = id, "{e}")
             }
         }
-        let gave_up = if none_queued {
+        let gave_up = if none_queued && republish && tokio::time::Instant::now() < deadline {
+            match ask("publishing the order again", conn.dispatch.publish(order)).await {
+                Ok(published) => {
+                    (republish, republished) = (false, true);
+                    tracing::warn!(
+                        agent,
+                        session_id = id,
+                        sequence = published.sequence,
+                        duplicate = published.duplicate,
+                        "the previous controller stopped before the servers stored this order: published it again to the workers of credential group {}",
+                        order.credential_group
+                    );
+                }
+                Err(e) => tracing::warn!(agent, session_id = id, "{e}; publishing it again"),
+            }
+            None
+        } else if none_queued && republished {
+            Some("the order, published again after a controller restart, is neither queued nor held nor ended: the servers had it already".to_string())
+        } else if none_queued {
             Some("the previous controller stopped before the servers stored its order".to_string())
         } else if tokio::time::Instant::now() >= deadline {
             Some(format!(

@@ -269,40 +269,49 @@ echo "$1 after""#,
     assert!(!env.root.join(".daemon/remote.rio").exists());
 }
 
-/// A controller killed after it recorded an order (`.daemon/remote.AGENT`)
-/// and before the servers stored it (held there by the test-only
-/// AGENT_STATE_TEST_HOLD_PUBLISH): the next controller finds no such order
-/// queued, no lease and no end, and ends the session "not started" at once
-/// with its message back, instead of waiting out its timeout (chaos round
-/// 9: three sessions "timed out"); the agent's next session runs. Another
-/// order of the same group waits in the stream meanwhile (no worker runs):
-/// the check reads the orders themselves, so it still decides at once,
-/// not at the 60 s dispatch timeout.
-#[test]
-fn an_order_recorded_but_never_stored_ends_not_started_after_a_restart() {
-    let Some(binary) = nats::server_binary("cluster_adopt") else {
-        return;
-    };
-    let servers = nats::NatsCluster::start(&binary, 3);
-    wait_ready(&servers);
-    let env = cluster_env(&servers, "60s", "echo \"$1 ran\"");
-    let worker = Worker::start(&env, "w1");
+/// A controller killed after it recorded an order (`.daemon/remote.AGENT`,
+/// the order kept in `remote.AGENT.order`) and before the servers stored it
+/// (held there by the test-only AGENT_STATE_TEST_HOLD_PUBLISH), then
+/// started again with no worker up: it finds the order not queued, with no
+/// lease and no end. Another order of the same group waits in the stream
+/// meanwhile: the check reads the orders themselves, so it decides at
+/// once, not at the 60 s dispatch timeout. Returns the session id and the
+/// message, and the second controller.
+fn unstored_order_after_a_restart(
+    servers: &nats::NatsCluster,
+    env: &Env,
+    keep_order: bool,
+) -> (String, String, Daemon) {
+    let worker = Worker::start(env, "w1");
     worker.wait_registered();
-    let mut d = Daemon::start(&env, &[("AGENT_STATE_TEST_HOLD_PUBLISH", "1")]);
+    let mut d = Daemon::start(env, &[("AGENT_STATE_TEST_HOLD_PUBLISH", "1")]);
     let message = env.send("marcus", "rio", &[]);
     env.ok(&["wake", "rio"]);
     d.wait_until(secs(30), "rio's order recorded", || {
         env.root.join(".daemon/remote.rio").exists()
     });
-    let sid = session(&env, "rio")["session_id"]
+    let kept = env.root.join(".daemon/remote.rio.order");
+    let mode = std::fs::metadata(&kept)
+        .expect("the order kept")
+        .permissions();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+        0o600,
+        "the order carries the session's env"
+    );
+    let sid = session(env, "rio")["session_id"]
         .as_str()
         .unwrap()
         .to_string();
     d.kill9();
+    if !keep_order {
+        // A controller of before kept no order.
+        std::fs::remove_file(&kept).unwrap();
+    }
     // No worker pulls now; another order of the group waits in the stream
     // (its spec is no spec: a worker ends it "not started" later).
     drop(worker);
-    let (rt, cluster, dispatch, _) = test_client(&servers);
+    let (rt, cluster, dispatch, _) = test_client(servers);
     let decoy = agent_state_cluster::SessionOrder {
         session_id: "leo_20200101-000000".into(),
         agent: "leo".into(),
@@ -316,8 +325,80 @@ fn an_order_recorded_but_never_stored_ends_not_started_after_a_restart() {
             .unwrap()
     );
     drop(cluster);
+    (sid, message, env.daemon())
+}
+
+/// The order kept: the next controller publishes it again at once (no
+/// worker up yet), and once a worker starts, the session runs (the same
+/// session, once) and its message is processed: a controller restart
+/// loses no session it began. On the code before: "not started", the
+/// message back in the inbox.
+#[test]
+fn an_order_recorded_but_never_stored_is_published_again_after_a_restart() {
+    let Some(binary) = nats::server_binary("cluster_adopt") else {
+        return;
+    };
+    let servers = nats::NatsCluster::start(&binary, 3);
+    wait_ready(&servers);
+    let env = cluster_env(&servers, "60s", "echo \"$1 ran\"");
+    let (sid, message, d2) = unstored_order_after_a_restart(&servers, &env, true);
     let t = std::time::Instant::now();
-    let d2 = env.daemon();
+    d2.wait_until(secs(20), "the order published again", || {
+        d2.log_text().contains("published it again to the workers")
+    });
+    eprintln!("published again {:?} after the restart", t.elapsed());
+    assert_eq!(session(&env, "rio")["status"], "running");
+    let worker = Worker::start(&env, "w2");
+    worker.wait_registered();
+    d2.wait_until(secs(60), "rio's session completed", || {
+        session(&env, "rio")["status"] == "completed"
+    });
+    let s = session(&env, "rio");
+    assert_eq!(s["session_id"], sid.as_str(), "{s:#}");
+    assert!(
+        worker.log().contains(&format!("rio_{sid}")),
+        "{}",
+        worker.log()
+    );
+    d2.wait_until(secs(20), "the message processed", || {
+        env.agent("rio")
+            .join("inbox/processed")
+            .join(format!("{message}.json"))
+            .exists()
+    });
+    assert!(env.waiting("rio").is_empty(), "{:?}", env.waiting("rio"));
+    let journal = std::fs::read_to_string(env.agent("rio").join("journal.jsonl")).unwrap();
+    let of_sid = |event: &str| {
+        journal
+            .lines()
+            .filter(|l| l.contains(&format!("\"event\":\"{event}\"")) && l.contains(&sid))
+            .count()
+    };
+    assert_eq!(
+        (of_sid("session_start"), of_sid("session_end")),
+        (1, 1),
+        "{journal}"
+    );
+    d2.wait_until(secs(10), "the record and the kept order removed", || {
+        !env.root.join(".daemon/remote.rio").exists()
+            && !env.root.join(".daemon/remote.rio.order").exists()
+    });
+}
+
+/// Without the kept order (a controller of before): the session ends "not
+/// started" at once with its message back, instead of waiting out its
+/// timeout (chaos round 9: three sessions "timed out"); the agent's next
+/// session runs.
+#[test]
+fn an_order_recorded_but_never_stored_nor_kept_ends_not_started_after_a_restart() {
+    let Some(binary) = nats::server_binary("cluster_adopt") else {
+        return;
+    };
+    let servers = nats::NatsCluster::start(&binary, 3);
+    wait_ready(&servers);
+    let env = cluster_env(&servers, "60s", "echo \"$1 ran\"");
+    let (sid, message, d2) = unstored_order_after_a_restart(&servers, &env, false);
+    let t = std::time::Instant::now();
     d2.wait_until(secs(20), "rio's session ended not started", || {
         session(&env, "rio")["status"] == "error"
     });
