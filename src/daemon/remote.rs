@@ -46,20 +46,26 @@
 //! worktree in the order; its worker makes it, runs the session in it and
 //! judges it, and the end's judgement is recorded as a local one's
 //! ([`workspace`]). Not yet on workers, refused with the setting to
-//! change: a flow cycle's worktree, and a workspace with `verify`.
+//! change: a flow cycle's worktree, and `verify` commands (they would run
+//! here, not where the session worked; a later iteration would need the
+//! same worker).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agent_state_cluster::{
-    Cluster, ClusterError, ClusterSettings, ControllerLeaseAction, Dispatch, DispatchError,
-    LeaseError, LeaseRecord, LeaseTiming, Leases, Outcome, Output as OutputStreamOf, OutputError,
-    SessionEnd, SessionOrder, WorkspaceEnd, controller_lease_action, end_is_from_holder,
+    Cluster, ClusterError, ClusterSettings, Dispatch, DispatchError, LeaseError, LeaseTiming,
+    Leases, Output as OutputStreamOf, OutputError, SessionOrder,
 };
 
+mod dispatch;
+mod end;
+mod follow;
 mod hooks;
 mod workspace;
+use end::Signals;
+pub use end::{end_accepted, ending_of};
 pub use workspace::Planned;
 
 use super::adopt::{self, RemoteRecord};
@@ -70,8 +76,7 @@ use crate::state::StateRoot;
 use tokio::sync::{OnceCell, oneshot, watch};
 
 use super::runner::{
-    self, Ending, Launched, Orders, OutputObserver, OutputStream, RunReport, SessionSpec,
-    SpawnFailure,
+    self, Ending, Launched, Orders, OutputObserver, RunReport, SessionSpec, SpawnFailure,
 };
 
 /// How often the lease and the end are read while an order waits for a
@@ -152,9 +157,9 @@ pub enum Unfit {
     )]
     FlowCycle { branch: String },
     #[error(
-        "not started: a session with a workspace and `verify` commands cannot run on a worker yet: the verify commands run in its worktree on the controller; set local_sessions = true in [cluster], or remove [agent.session.iteration] verify"
+        "not started: a session with `verify` commands cannot run on a worker yet: they would run on the controller, not where the session worked; set local_sessions = true in [cluster], or remove [agent.session.iteration] verify"
     )]
-    WorkspaceVerify,
+    Verify,
     #[error("the session's spec names no agent or session id")]
     NoIds,
     #[error(
@@ -338,6 +343,8 @@ pub struct Target {
     pub keep: Keep,
     /// Its planned worktree, which the worker makes (none: no workspace).
     pub workspace: Option<Planned>,
+    /// Its agent has `verify` commands: refused ([`Unfit::Verify`]).
+    pub verify: bool,
 }
 
 /// `.daemon/remote.AGENT` of one session ([`super::adopt`]).
@@ -407,6 +414,9 @@ pub fn launch(
     };
     if orders.borrow().stop {
         return Err(not_run(Ending::Stopped));
+    }
+    if target.verify {
+        return Err(refused(Unfit::Verify.to_string()));
     }
     let order = order_of(&spec, &target.group, target.workspace.as_ref())
         .map_err(|e| refused(e.to_string()))?;
@@ -697,670 +707,18 @@ async fn drive(
     adopted: bool,
     signals: &mut Signals,
 ) -> Finish {
-    let id = order.session_id.as_str();
-    let dispatch_timeout = remote.settings.dispatch_timeout;
-    let not_started = |why: String| {
-        Finish::NotRun(Ending::SpawnFailed {
-            reason: format!("not started: {why}"),
-            kind: SpawnFailure::Other,
-        })
-    };
-    // A cluster electing its leaders, or not up yet: tried again until the
-    // dispatch timeout.
-    let give_up = tokio::time::Instant::now() + dispatch_timeout;
-    let conn = loop {
-        let tried = tokio::select! {
-            c = tokio::time::timeout_at(give_up, remote.connected()) => c,
-            () = stopped(orders, spec.iteration) => return Finish::NotRun(Ending::Stopped),
-        };
-        let why = match tried {
-            Ok(Ok(conn)) => break conn,
-            Ok(Err(e)) => e.to_string(),
-            Err(_) => "no answer".into(),
-        };
-        if tokio::time::Instant::now() + CONNECT_RETRY >= give_up {
-            return not_started(format!(
-                "cannot reach the cluster at {} within the dispatch timeout ({}): {why}",
-                remote.settings.urls.join(","),
-                humantime::format_duration(dispatch_timeout)
-            ));
-        }
-        tracing::warn!(
-            agent,
-            session_id = id,
-            "cannot reach the cluster: {why}; trying again"
-        );
-        tokio::select! {
-            () = tokio::time::sleep(CONNECT_RETRY) => {}
-            () = stopped(orders, spec.iteration) => return Finish::NotRun(Ending::Stopped),
-        }
-    };
-    if adopted {
-        // Published by the controller before this one: its lease, its end
-        // and its output are where they were.
-        tracing::info!(
-            agent,
-            session_id = id,
-            "following again the order {id} a previous controller published"
-        );
-    } else {
-        // Test-only: the order recorded, never published (a controller
-        // killed in between: tests/it/cluster_adopt.rs).
-        if std::env::var_os("AGENT_STATE_TEST_HOLD_PUBLISH").is_some() {
-            std::future::pending::<()>().await;
-        }
-        // Published again until the dispatch timeout while the servers do
-        // not store it (a stream electing its leader answers "no stream
-        // found" for seconds); the order's id is its `Nats-Msg-Id`, so a
-        // publish stored without its answer arriving is not stored twice.
-        let published = loop {
-            match ask("publishing the order", conn.dispatch.publish(order)).await {
-                Ok(published) => break published,
-                Err(e) if tokio::time::Instant::now() + CONNECT_RETRY < give_up => {
-                    tracing::warn!(agent, session_id = id, "{e}; publishing it again");
-                    tokio::select! {
-                        () = tokio::time::sleep(CONNECT_RETRY) => {}
-                        () = stopped(orders, spec.iteration) => return Finish::NotRun(Ending::Stopped),
-                    }
-                }
-                Err(e) => return not_started(format!("the order was not stored: {e}")),
-            }
-        };
-        tracing::info!(
-            agent,
-            session_id = id,
-            sequence = published.sequence,
-            duplicate = published.duplicate,
-            "order published to the workers of credential group {}",
-            order.credential_group
-        );
-    }
-    // Waiting for a worker to take the lease for it.
-    let deadline = give_up;
-    // Followed again with its order kept (`.daemon/remote.AGENT.order`):
-    // published again, once stored, if the servers never stored it.
-    let mut republish = adopted && !order.spec.is_null();
-    let mut republished = false;
-    let mut seen = loop {
-        // Followed again: a previous controller may have recorded the order
-        // and died before the servers stored it. Read first (see
-        // `Dispatch::queued`): the order not in the stream, then no end and
-        // no lease for it below, and it never will run.
-        let mut none_queued = adopted
-            && matches!(
-                ask(
-                    "reading the orders",
-                    conn.dispatch
-                        .queued(&order.credential_group, &order.session_id)
-                )
-                .await,
-                Ok(false)
-            );
-        let ended_by_daemon = orders.borrow().end_of(spec.iteration);
-        if let Some(why) = ended_by_daemon {
-            withdraw(
-                remote,
-                conn,
-                order,
-                agent,
-                Withdrawn::NotStarted("the daemon ended it before it started"),
-                spec.kill_grace,
+    let taken = dispatch::until_taken(
+        remote, order, agent, spec, output, orders, on_host, adopted, signals,
+    )
+    .await;
+    match taken {
+        Ok((conn, seen)) => {
+            follow::to_end(
+                remote, conn, order, agent, spec, output, orders, seen, signals,
             )
-            .await;
-            return Finish::NotRun(why);
+            .await
         }
-        // The lease before the end: a worker stores a session's end before
-        // it gives the lease back, so an order taken (and so no longer
-        // queued) whose lease is gone by now has its end stored.
-        match ask("reading the lease", conn.leases.current(agent)).await {
-            Ok(Some(rec)) if rec.value.session == id => {
-                tracing::info!(agent, session_id = id, host = %rec.value.holder, revision = rec.revision, "the session runs on worker {}", rec.value.holder);
-                on_host(rec.value.holder.clone());
-                break Seen {
-                    holder: rec.value.holder,
-                    revision: rec.revision,
-                    at: Instant::now(),
-                };
-            }
-            Ok(_) => {}
-            Err(e) => {
-                none_queued = false;
-                tracing::warn!(agent, session_id = id, "{e}")
-            }
-        }
-        match ask("reading the end", conn.output.ended(id)).await {
-            Ok(Some(end)) => {
-                return ended(conn, agent, id, end, None, None, &mut 0, output, signals).await;
-            }
-            Ok(None) => {}
-            Err(e) => {
-                none_queued = false;
-                tracing::warn!(agent, session_id = id, "{e}")
-            }
-        }
-        let gave_up = if none_queued && republish && tokio::time::Instant::now() < deadline {
-            match ask("publishing the order again", conn.dispatch.publish(order)).await {
-                Ok(published) => {
-                    (republish, republished) = (false, true);
-                    tracing::warn!(
-                        agent,
-                        session_id = id,
-                        sequence = published.sequence,
-                        duplicate = published.duplicate,
-                        "the previous controller stopped before the servers stored this order: published it again to the workers of credential group {}",
-                        order.credential_group
-                    );
-                }
-                Err(e) => tracing::warn!(agent, session_id = id, "{e}; publishing it again"),
-            }
-            None
-        } else if none_queued && republished {
-            Some("the order, published again after a controller restart, is neither queued nor held nor ended: the servers had it already".to_string())
-        } else if none_queued {
-            Some("the previous controller stopped before the servers stored its order".to_string())
-        } else if tokio::time::Instant::now() >= deadline {
-            Some(format!(
-                "no worker of credential group {} started it within the dispatch timeout ({}; dispatch_timeout in [cluster])",
-                order.credential_group,
-                humantime::format_duration(dispatch_timeout)
-            ))
-        } else {
-            None
-        };
-        if let Some(why) = gave_up {
-            tracing::warn!(agent, session_id = id, "{why}; the order is withdrawn");
-            withdraw(
-                remote,
-                conn,
-                order,
-                agent,
-                Withdrawn::NotStarted(&why),
-                spec.kill_grace,
-            )
-            .await;
-            return not_started(why);
-        }
-        tokio::select! {
-            () = tokio::time::sleep(POLL_WAITING) => {}
-            _ = orders.changed() => {}
-        }
-    };
-
-    let mut follow = match ask("following the output", conn.output.follow(id)).await {
-        Ok(f) => Some(f),
-        Err(e) => {
-            tracing::warn!(agent, session_id = id, "{e}; its output is read at its end");
-            None
-        }
-    };
-    let mut fed = 0u64;
-    // Why the daemon ended it (its fence), as the local runner's SIGTERM.
-    let mut ordered: Option<Ending> = None;
-    let mut fenced_at: Option<Instant> = None;
-    // When waiting for the fenced session's end stops.
-    let mut give_up_at: Option<Instant> = None;
-    let mut orders_open = true;
-    let mut poll = tokio::time::interval(POLL_RUNNING);
-    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            chunk = next_chunk(&mut follow) => match chunk {
-                Some(Ok(chunk)) => feed(output, &mut fed, chunk, signals).await,
-                Some(Err(e)) => {
-                    tracing::warn!(agent, session_id = id, "{e}; its output is read at its end");
-                    follow = None;
-                }
-                None => follow = None,
-            },
-            changed = orders.changed(), if orders_open => {
-                if changed.is_err() {
-                    orders_open = false;
-                    continue;
-                }
-                let now = orders.borrow_and_update().clone();
-                if ordered.is_none() && let Some(why) = now.end_of(spec.iteration) {
-                    output.observer.on_terminate(&why);
-                    tracing::warn!(agent, session_id = id, host = %seen.holder, "session {why}; fencing its lease (revision {}) so that worker {} ends it", seen.revision, seen.holder);
-                    fence_for_order(conn, agent, id, seen.revision).await;
-                    ordered = Some(why);
-                    fenced_at = Some(Instant::now());
-                    give_up_at = Some(Instant::now() + remote.timing.worker_gives_up + spec.kill_grace);
-                }
-                if now.kills(spec.iteration) && fenced_at.is_some() {
-                    // The grace ran out: the worker ends it at its next
-                    // renewal at the latest; waited for that long only.
-                    let soon = Instant::now() + remote.timing.renew_every + KILL_ANSWER;
-                    if give_up_at.is_none_or(|g| g > soon) {
-                        give_up_at = Some(soon);
-                    }
-                }
-            }
-            _ = poll.tick() => {
-                match ask("reading the end", conn.output.ended(id)).await {
-                    Ok(Some(end)) => {
-                        let finish = ended(conn, agent, id, end, Some(&seen), follow.as_mut(), &mut fed, output, signals).await;
-                        return match (ordered, finish) {
-                            (Some(why), Finish::Ran(_)) => Finish::Ran(why),
-                            (_, finish) => finish,
-                        };
-                    }
-                    Ok(None) => {}
-                    Err(e) => tracing::warn!(agent, session_id = id, "{e}"),
-                }
-                if let (Some(at), Some(until)) = (fenced_at, give_up_at) {
-                    // Fenced for an order: the worker ends it at its next
-                    // renewal; one that does not say so in time is taken
-                    // as ended as ordered (it kills the session itself
-                    // once it cannot renew).
-                    if Instant::now() >= until {
-                        tracing::warn!(agent, session_id = id, host = %seen.holder, "worker {} stored no end within {:?} of the fence", seen.holder, humantime::format_duration(Duration::from_secs(at.elapsed().as_secs())));
-                        let ending = ordered.unwrap_or(Ending::Stopped);
-                        // Its end, stored by the controller: an order that
-                        // comes back to a worker later is not run.
-                        let reason = format!("{ending} (ended by the controller: worker {} stored no end within {:?} of the fence)", seen.holder, humantime::format_duration(Duration::from_secs(at.elapsed().as_secs())));
-                        withdraw(remote, conn, order, agent, Withdrawn::Lost { reason: &reason, revision: seen.revision }, spec.kill_grace).await;
-                        return Finish::Ran(ending);
-                    }
-                    continue;
-                }
-                match ask("reading the lease", conn.leases.current(agent)).await {
-                    Ok(Some(rec)) if rec.value.session == id && rec.revision != seen.revision => {
-                        seen = Seen { holder: rec.value.holder, revision: rec.revision, at: Instant::now() };
-                    }
-                    Ok(_) => {}
-                    Err(e) => tracing::warn!(agent, session_id = id, "{e}"),
-                }
-                if let ControllerLeaseAction::Fence { revision } =
-                    controller_lease_action(&remote.timing, seen.revision, seen.at, Instant::now())
-                {
-                    match ask("fencing the lease", conn.leases.fence(agent, revision)).await {
-                        // Renewed after all (our reads missed it): alive.
-                        Err(RemoteError::Lease(LeaseError::Stale { current: Some(now), .. })) => {
-                            seen = Seen { holder: seen.holder, revision: now, at: Instant::now() };
-                            continue;
-                        }
-                        Err(e) => tracing::warn!(agent, session_id = id, "{e}"),
-                        Ok(()) => {}
-                    }
-                    let reason = format!(
-                        "interrupted: worker lost: {} did not renew the lease run/{agent} for {}; the lease was fenced",
-                        seen.holder,
-                        humantime::format_duration(remote.timing.controller_fences)
-                    );
-                    tracing::warn!(agent, session_id = id, "{reason}");
-                    // Its end, stored by the controller before the agent's
-                    // next session: the lost worker may have given the
-                    // order back unstarted (a read that timed out under the
-                    // lease), and a worker pulling it again reads that end
-                    // and does not run it; one that took the lease for it
-                    // meanwhile is fenced and waited for.
-                    withdraw(remote, conn, order, agent, Withdrawn::Lost { reason: &reason, revision }, spec.kill_grace).await;
-                    return Finish::Ran(Ending::Lost { reason });
-                }
-            }
-        }
-    }
-}
-
-/// Deletes the lease of session `id` so that its worker ends it: at the
-/// revision last seen, or, renewed since, at its current one.
-async fn fence_for_order(conn: &Connected, agent: &str, id: &str, revision: u64) {
-    let mut revision = revision;
-    for _ in 0..3 {
-        match ask("fencing the lease", conn.leases.fence(agent, revision)).await {
-            Ok(()) => return,
-            Err(RemoteError::Lease(LeaseError::Stale { .. })) => {
-                match ask("reading the lease", conn.leases.current(agent)).await {
-                    Ok(Some(rec)) if rec.value.session == id => revision = rec.revision,
-                    // Gone already (released at its end, or fenced).
-                    _ => return,
-                }
-            }
-            Err(e) => {
-                tracing::warn!(agent, session_id = id, "{e}");
-                return;
-            }
-        }
-    }
-}
-
-async fn next_chunk(
-    follow: &mut Option<agent_state_cluster::Follow>,
-) -> Option<Result<agent_state_cluster::Chunk, agent_state_cluster::OutputError>> {
-    match follow {
-        Some(f) => f.next().await,
-        None => std::future::pending().await,
-    }
-}
-
-/// The session's record and how far its signals went; and its worktree
-/// as its worker judged it, once its end is read.
-struct Signals {
-    record: RemoteRecord,
-    keep: Keep,
-    workspace: Option<crate::daemon::workspaces::Outcome>,
-}
-
-/// One chunk to the log and the observer, once and in order. Its signals
-/// are carried out unless a previous controller did (`signals_through`);
-/// the record says they are before they go.
-async fn feed(
-    output: &mut runner::Output<'_>,
-    fed: &mut u64,
-    chunk: agent_state_cluster::Chunk,
-    signals: &mut Signals,
-) {
-    if chunk.number <= *fed {
-        return;
-    }
-    *fed = chunk.number;
-    let stream = match chunk.pipe.as_str() {
-        "stderr" => OutputStream::Stderr,
-        _ => OutputStream::Stdout,
-    };
-    output.take(stream, &chunk.data).await;
-    if output.observer.held_signals() == 0 {
-        return;
-    }
-    let done_before = chunk.number <= signals.record.signals_through;
-    if !done_before {
-        signals.record.signals_through = chunk.number;
-        let (keep, record) = (signals.keep.clone(), signals.record.clone());
-        let _ = tokio::task::spawn_blocking(move || keep.save(&record)).await;
-    }
-    output.observer.release_signals(!done_before);
-}
-
-/// The end is stored: the rest of the output, the holder's check, the
-/// lease deleted, the ending. `fed`: the last chunk `follow` gave.
-#[allow(clippy::too_many_arguments)]
-async fn ended(
-    conn: &Connected,
-    agent: &str,
-    id: &str,
-    end: SessionEnd,
-    seen: Option<&Seen>,
-    follow: Option<&mut agent_state_cluster::Follow>,
-    fed: &mut u64,
-    output: &mut runner::Output<'_>,
-    signals: &mut Signals,
-) -> Finish {
-    // The chunks not yet read: followed to the last while they come, then
-    // replayed afresh (from chunk 1: `feed` skips what was taken already).
-    // A follow can stall without an error when a NATS server dies under
-    // it, while every chunk is stored before the end (the worker's order of
-    // things): a replay reads them from the stream's other servers.
-    if let Some(follow) = follow {
-        read_rest(follow, fed, end.last_chunk, output, signals, CHUNK_STALL).await;
-    }
-    for _ in 0..REPLAYS {
-        if *fed >= end.last_chunk {
-            break;
-        }
-        match ask("replaying the output", conn.output.follow(id)).await {
-            Ok(mut follow) => {
-                read_rest(
-                    &mut follow,
-                    fed,
-                    end.last_chunk,
-                    output,
-                    signals,
-                    CHUNKS_AFTER_END,
-                )
-                .await
-            }
-            Err(e) => tracing::warn!(agent, session_id = id, "{e}"),
-        }
-    }
-    if *fed < end.last_chunk {
-        tracing::warn!(
-            agent,
-            session_id = id,
-            "read {fed} of its {} output chunks",
-            end.last_chunk
-        );
-    }
-    // Read again while NATS does not answer (a leader election takes
-    // seconds): an unread lease would be taken for a released one, and one
-    // left at a revision the end does not carry would not be deleted.
-    let mut lease = None;
-    for attempt in 1..=LEASE_READS {
-        match ask("reading the lease", conn.leases.current(agent)).await {
-            Ok(l) => {
-                lease = l;
-                break;
-            }
-            Err(e) if attempt < LEASE_READS => {
-                tracing::info!(agent, session_id = id, "{e}; reading it again");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-            Err(e) => tracing::warn!(agent, session_id = id, "{e}"),
-        }
-    }
-    let accepted = end_accepted(&end, lease.as_ref(), seen.map(|s| s.revision));
-    // A lease naming this session is deleted even when its end is refused:
-    // a worker stores an end only once the session's process is gone, and
-    // a renewal stored without its answer reaching the worker leaves the
-    // lease at a revision its end does not carry (left alone, it would hold
-    // the agent's next sessions off until its TTL).
-    if let Some(rec) = lease.as_ref().filter(|r| r.value.session == end.session_id)
-        && let Err(e) = ask("deleting the lease", conn.leases.fence(agent, rec.revision)).await
-    {
-        tracing::debug!(
-            agent,
-            session_id = id,
-            "the lease was released meanwhile: {e}"
-        );
-    }
-    let mut ending = ending_of(&end, accepted, lease.as_ref().map(|r| r.revision));
-    // Its worktree, as a local run's: the failure's code when it could not
-    // be made, else its judgement (a fact about the worktree, recorded
-    // whichever way the session ended).
-    match &end.workspace {
-        Some(WorkspaceEnd::NotMade { code, .. }) => {
-            if let Ending::SpawnFailed { kind, .. } = &mut ending {
-                *kind = SpawnFailure::Workspace(workspace::code_of(code));
-            }
-        }
-        Some(WorkspaceEnd::Judged(judged)) => {
-            signals.workspace = Some(workspace::outcome_of(judged))
-        }
-        None => {}
-    }
-    match end.outcome {
-        Outcome::NotStarted { .. } => Finish::NotRun(ending),
-        _ => Finish::Ran(ending),
-    }
-}
-
-/// Feeds `follow`'s chunks until chunk `last`, or until none came for
-/// `stall`, or the follow ends.
-async fn read_rest(
-    follow: &mut agent_state_cluster::Follow,
-    fed: &mut u64,
-    last: u64,
-    output: &mut runner::Output<'_>,
-    signals: &mut Signals,
-    stall: Duration,
-) {
-    while *fed < last {
-        match tokio::time::timeout(stall, follow.next()).await {
-            Ok(Some(Ok(chunk))) => feed(output, fed, chunk, signals).await,
-            _ => return,
-        }
-    }
-}
-
-/// The end the controller stores for an order it gave up on: never run
-/// (`Withdrawn::NotStarted`), or ended by the controller after it fenced
-/// the lease at `revision` (`Withdrawn::Lost`).
-enum Withdrawn<'a> {
-    NotStarted(&'a str),
-    Lost { reason: &'a str, revision: u64 },
-}
-
-/// The daemon no longer wants the order: an end stored for it (which a
-/// worker reads under the lease and does not run, however late the order
-/// comes back to one: a worker that gave it back before it started, a
-/// redelivery after a cut), and a lease already taken for it fenced.
-/// `grace`: the session's kill grace (a started one is waited for).
-async fn withdraw(
-    remote: &Remote,
-    conn: &Connected,
-    order: &SessionOrder,
-    agent: &str,
-    why: Withdrawn<'_>,
-    grace: Duration,
-) {
-    let now = u64::try_from(remote.clock.now().timestamp_millis()).unwrap_or(0);
-    let (outcome, lease_revision) = match why {
-        Withdrawn::NotStarted(why) => (
-            Outcome::NotStarted {
-                detail: format!("withdrawn by the controller: {why}"),
-            },
-            0,
-        ),
-        Withdrawn::Lost { reason, revision } => (
-            Outcome::LeaseLost {
-                detail: reason.to_string(),
-            },
-            revision,
-        ),
-    };
-    let end = SessionEnd {
-        session_id: order.session_id.clone(),
-        agent: agent.to_string(),
-        host: CONTROLLER_HOST.into(),
-        outcome,
-        started_ms: now,
-        ended_ms: now,
-        last_chunk: 0,
-        lease_revision,
-        workspace: None,
-    };
-    if let Err(e) = ask("withdrawing the order", conn.output.end(&end)).await {
-        tracing::warn!(agent, session_id = %order.session_id, "{e}");
-    }
-    if let Ok(Some(rec)) = ask("reading the lease", conn.leases.current(agent)).await
-        && rec.value.session == order.session_id
-    {
-        tracing::warn!(agent, session_id = %order.session_id, "worker {} took the order as it was withdrawn; fencing its lease", rec.value.holder);
-        let _ = ask("fencing the lease", conn.leases.fence(agent, rec.revision)).await;
-        // It may have started the session: the worker ends it at its next
-        // renewal and stores its end once the session's processes are gone.
-        // That end is waited for (bounded), so the agent's next session
-        // never runs beside this one.
-        let from = Instant::now();
-        let until = from + remote.timing.renew_every + grace + KILL_ANSWER;
-        loop {
-            if let Ok(Some(end)) =
-                ask("reading the end", conn.output.ended(&order.session_id)).await
-                && end.host != CONTROLLER_HOST
-            {
-                tracing::info!(agent, session_id = %order.session_id, "worker {} ended the withdrawn order: {:?}", end.host, end.outcome);
-                break;
-            }
-            if Instant::now() >= until {
-                tracing::warn!(agent, session_id = %order.session_id, "worker {} stored no end for the withdrawn order within {:?}; it ends the session when it cannot renew the lease", rec.value.holder, from.elapsed());
-                break;
-            }
-            tokio::time::sleep(POLL_WAITING).await;
-        }
-    }
-}
-
-/// Resolves once the orders stop the run of `iteration` (never if the
-/// channel closes).
-async fn stopped(orders: &mut watch::Receiver<Orders>, iteration: u32) {
-    loop {
-        let ended_by_daemon = orders.borrow_and_update().end_of(iteration).is_some();
-        if ended_by_daemon {
-            return;
-        }
-        if orders.changed().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    }
-}
-
-/// Whether the controller records the worker's end: from the lease's
-/// current holder ([`end_is_from_holder`]), or, the holder having released
-/// the lease after storing its end (the worker's order of things), carrying
-/// a revision no older than the last this controller saw. A session that
-/// never started holds no lease and has nothing to prove.
-pub fn end_accepted(end: &SessionEnd, lease: Option<&LeaseRecord>, last_seen: Option<u64>) -> bool {
-    if matches!(end.outcome, Outcome::NotStarted { .. }) && end.lease_revision == 0 {
-        return true;
-    }
-    let ours = lease.filter(|r| r.value.session == end.session_id);
-    if end_is_from_holder(end.lease_revision, ours.map(|r| r.revision)) {
-        return true;
-    }
-    ours.is_none() && end.lease_revision > 0 && end.lease_revision >= last_seen.unwrap_or(0)
-}
-
-/// The runner's ending for a worker's end. `accepted`: from the lease's
-/// holder ([`end_accepted`]); `lease_now`: the lease's revision when read.
-pub fn ending_of(end: &SessionEnd, accepted: bool, lease_now: Option<u64>) -> Ending {
-    let host = &end.host;
-    if !accepted {
-        return Ending::Lost {
-            reason: format!(
-                "interrupted: worker lost: the end from {host} carries lease revision {}, but the lease is {}",
-                end.lease_revision,
-                lease_now.map_or("gone".to_string(), |r| format!("at revision {r}"))
-            ),
-        };
-    }
-    match &end.outcome {
-        Outcome::Exited {
-            code: Some(code), ..
-        } => Ending::Exited { code: *code },
-        Outcome::Exited {
-            code: None,
-            signal: Some(signal),
-        } => Ending::Signaled { signal: *signal },
-        Outcome::Exited {
-            code: None,
-            signal: None,
-        } => Ending::Exited { code: -1 },
-        Outcome::TimedOut => Ending::TimedOut,
-        // As the local path records its stall: the machine's stall stop.
-        Outcome::Stalled { silent_for_secs } => Ending::Stalled {
-            silent_for: Duration::from_secs(*silent_for_secs),
-        },
-        Outcome::WorkerRestarted => Ending::Lost {
-            reason: format!(
-                "interrupted: worker restarted: {host} restarted while the session ran and killed what was left of it"
-            ),
-        },
-        Outcome::SpoolFull { limit_bytes } => Ending::Lost {
-            reason: format!(
-                "interrupted: output not stored: {host} ended the session when its output spool passed {} MiB while NATS stored none of it",
-                limit_bytes >> 20
-            ),
-        },
-        // Stored by the controller itself: its own reason, as it recorded it.
-        Outcome::LeaseLost { detail } if host == CONTROLLER_HOST => Ending::Lost {
-            reason: detail.clone(),
-        },
-        Outcome::LeaseLost { detail } => Ending::Lost {
-            reason: format!("interrupted: worker lost: {host} lost the session's lease: {detail}"),
-        },
-        Outcome::WorkerStopped => Ending::Lost {
-            reason: format!(
-                "interrupted: worker lost: {host} was stopped and ended the session (SIGTERM)"
-            ),
-        },
-        Outcome::NotStarted { detail } => Ending::SpawnFailed {
-            reason: format!("not started on {host}: {detail}"),
-            kind: SpawnFailure::Other,
-        },
-        Outcome::Unknown => Ending::Lost {
-            reason: format!(
-                "interrupted: {host} ended the session in a way this controller does not know (a newer worker's end): upgrade the controller to the workers' version"
-            ),
-        },
+        Err(finish) => finish,
     }
 }
 

@@ -381,20 +381,9 @@ fn a_hostile_workspace_in_an_order_is_refused_naming_the_field() {
     assert!(!command_ran(&env), "a hostile order ran");
 }
 
-/// A workspace with `verify` commands does not run on a worker yet: the
-/// session is refused before any order goes out, naming the settings to
-/// change, and its message is back in the inbox.
-#[test]
-fn a_workspace_with_verify_is_refused_on_workers_naming_the_setting() {
-    let Some(binary) = nats::server_binary("cluster_workspace") else {
-        return;
-    };
-    let servers = nats::NatsCluster::start(&binary, 1);
-    let (env, _) = setup(
-        Some(&servers),
-        None,
-        &[("verify", r#"[["true"]]"#), ("max_iterations", "2")],
-    );
+/// Wakes rio and checks that its session is refused before any order goes
+/// out, naming the settings to change, its message back in the inbox.
+fn verify_refused(env: &Env) {
     let d = env.daemon();
     let id = env.send("marcus", "rio", &[]);
     env.ok(&["wake", "rio"]);
@@ -402,7 +391,7 @@ fn a_workspace_with_verify_is_refused_on_workers_naming_the_setting() {
         let p = env.path("rio", "session.json");
         p.exists() && read_json(&p)["status"] == "error"
     });
-    let s = session(&env);
+    let s = session(env);
     let reason = s["reason"].as_str().unwrap_or_default();
     assert!(
         reason.contains("`verify` commands cannot run on a worker yet")
@@ -415,6 +404,52 @@ fn a_workspace_with_verify_is_refused_on_workers_naming_the_setting() {
         "the message back in the inbox",
         || env.waiting("rio").iter().any(|m| m.contains(&id)),
     );
+    assert!(!command_ran(env), "the session command ran");
+}
+
+/// A workspace with `verify` commands does not run on a worker yet.
+#[test]
+fn a_workspace_with_verify_is_refused_on_workers_naming_the_setting() {
+    let Some(binary) = nats::server_binary("cluster_workspace") else {
+        return;
+    };
+    let servers = nats::NatsCluster::start(&binary, 1);
+    let (env, _) = setup(
+        Some(&servers),
+        None,
+        &[("verify", r#"[["true"]]"#), ("max_iterations", "2")],
+    );
+    verify_refused(&env);
+}
+
+/// Nor do `verify` commands without a workspace: they would run here, on
+/// the controller, in a directory the session on its worker never touched.
+/// On the code before: the order went out (and, with a worker, the
+/// verification judged the controller's copy).
+#[test]
+fn verify_without_a_workspace_is_refused_on_workers_too() {
+    let Some(binary) = nats::server_binary("cluster_workspace") else {
+        return;
+    };
+    let servers = nats::NatsCluster::start(&binary, 1);
+    let env = Env::with_config("");
+    let script = agent(&env);
+    let body = daemon_config(
+        &script,
+        &[],
+        &[
+            ("wake_on_inbox", "\"never\""),
+            ("verify", r#"[["true"]]"#),
+            ("max_iterations", "2"),
+        ],
+        "[[agent]]\nname = \"rio\"\n[[agent]]\nname = \"marcus\"\nkind = \"human\"\n",
+    );
+    env.set_config(&format!(
+        "{body}\n[cluster]\nurls = {:?}\nreplicas = 1\nlocal_sessions = false\ndispatch_timeout = \"60s\"\n",
+        servers.urls()
+    ));
+    env.ok(&["bootstrap"]);
+    verify_refused(&env);
 }
 
 /// A worker whose link to NATS is cut when its session ends judges the

@@ -1,5 +1,6 @@
 use super::*;
 use agent_state_cluster::LeaseValue;
+use agent_state_cluster::{LeaseRecord, Outcome, SessionEnd};
 
 fn end(outcome: Outcome, revision: u64) -> SessionEnd {
     SessionEnd {

@@ -8,8 +8,8 @@
 //!
 //! Not on workers yet, refused with the setting to change ([`refusal`]):
 //! a flow cycle's worktree (the flow opens, publishes and removes it on
-//! the controller) and a workspace with `verify` commands (they run in the
-//! worktree, on the controller, between iterations).
+//! the controller). `verify` commands, with a workspace or without, are
+//! refused before (`Unfit::Verify`).
 
 use agent_state_cluster::{WorkspaceJudged, WorkspaceOrder};
 
@@ -18,12 +18,10 @@ use crate::catalogue::Code;
 use crate::daemon::workspaces::Outcome;
 use crate::workspace::{WorkspaceSpec, is_cycle_branch};
 
-/// A session's planned worktree, for a worker: the plan, and whether its
-/// agent has `verify` commands.
+/// A session's planned worktree, for a worker.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Planned {
     pub plan: WorkspaceSpec,
-    pub verify: bool,
 }
 
 /// Why `planned` cannot run on a worker yet (`None`: it can).
@@ -32,9 +30,6 @@ pub fn refusal(planned: &Planned) -> Option<Unfit> {
         return Some(Unfit::FlowCycle {
             branch: planned.plan.branch.clone(),
         });
-    }
-    if planned.verify {
-        return Some(Unfit::WorkspaceVerify);
     }
     None
 }
@@ -104,27 +99,21 @@ mod tests {
     }
 
     #[test]
-    fn flow_cycles_and_verify_loops_are_refused_naming_the_setting() {
-        let table: &[(&str, bool, Option<&str>)] = &[
-            ("rio/research-2026-11-27", false, None),
-            ("rio/research-2026-11-27", true, Some("verify")),
+    fn flow_cycles_are_refused_naming_the_setting() {
+        let table: &[(&str, Option<&str>)] = &[
+            ("rio/research-2026-11-27", None),
             (
                 "agent-state/flow/docs/2026-11-27-001",
-                false,
                 Some("local_sessions = true"),
             ),
         ];
-        for &(branch, verify, want) in table {
-            let got = refusal(&Planned {
-                plan: plan(branch),
-                verify,
-            })
-            .map(|u| u.to_string());
+        for &(branch, want) in table {
+            let got = refusal(&Planned { plan: plan(branch) }).map(|u| u.to_string());
             match want {
-                None => assert_eq!(got, None, "{branch} {verify}"),
+                None => assert_eq!(got, None, "{branch}"),
                 Some(w) => {
                     let got = got.unwrap_or_default();
-                    assert!(got.contains(w), "{branch} {verify}: {got}");
+                    assert!(got.contains(w), "{branch}: {got}");
                     assert!(got.contains("[cluster]"), "{got}");
                 }
             }

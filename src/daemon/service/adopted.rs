@@ -101,6 +101,7 @@ pub(super) fn adopt(daemon: &mut Daemon, agent: &AgentName, record: RemoteRecord
         },
         // Its order carries it already; its end, the judgement.
         workspace: None,
+        verify: false,
     };
     let launched = remote::adopt(spec, &target, record);
     let name = agent.clone();

@@ -216,10 +216,8 @@ impl Daemon {
                 }),
                 keep,
                 // On a worker, which makes the worktree itself.
-                workspace: planned.clone().map(|plan| remote::Planned {
-                    plan,
-                    verify: again.is_some(),
-                }),
+                workspace: planned.clone().map(|plan| remote::Planned { plan }),
+                verify: again.is_some(),
             }
         });
         let (launched, spec) = match (&planned, &target) {
