@@ -902,12 +902,20 @@ pub async fn run(config_path: &Path, web: WebHook) -> Result<()> {
     // `[cluster]`: with `local_sessions = false` every session goes to the
     // workers (issue 24); else they all still run on this host: say which.
     match (&daemon.config.cluster, &daemon.remote) {
-        (Some(cluster), Some(_)) => tracing::info!(
-            "[cluster] in {}: sessions run on the workers through NATS at {} (local_sessions = false; dispatch timeout {})",
-            config_path.display(),
-            cluster.urls.join(", "),
-            humantime::format_duration(cluster.dispatch_timeout)
-        ),
+        (Some(cluster), Some(_)) => {
+            tracing::info!(
+                "[cluster] in {}: sessions run on the workers through NATS at {} (local_sessions = false; dispatch timeout {})",
+                config_path.display(),
+                cluster.urls.join(", "),
+                humantime::format_duration(cluster.dispatch_timeout)
+            );
+            // Said once here, not only in each refused session's reason.
+            for agent in &daemon.config.agents {
+                if !agent.session.iteration.verify.is_empty() {
+                    tracing::warn!(agent = %agent.name, "{}: {} has [agent.session.iteration] verify, which cannot run on a worker yet: each of its sessions is refused (set local_sessions = true in [cluster], or remove its verify)", config_path.display(), agent.name);
+                }
+            }
+        }
         (Some(cluster), None) => tracing::warn!(
             "[cluster] in {} names NATS at {}, but local_sessions is true: every session runs on this host (set local_sessions = false to run them on the workers)",
             config_path.display(),

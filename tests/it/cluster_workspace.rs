@@ -385,6 +385,12 @@ fn a_hostile_workspace_in_an_order_is_refused_naming_the_field() {
 /// out, naming the settings to change, its message back in the inbox.
 fn verify_refused(env: &Env) {
     let d = env.daemon();
+    assert!(
+        d.log_text()
+            .contains("rio has [agent.session.iteration] verify, which cannot run on a worker yet"),
+        "said at the start: {}",
+        d.log_text()
+    );
     let id = env.send("marcus", "rio", &[]);
     env.ok(&["wake", "rio"]);
     d.wait_until(Duration::from_secs(60), "rio's session ended", || {
