@@ -100,8 +100,6 @@ pub(super) struct Plan<'a> {
     pub resume_argv: Option<Vec<String>>,
     /// The daemon's store, for the prompt file each iteration writes.
     pub store: crate::state::Store,
-    /// A worker's, when sessions run on the workers.
-    pub target: Option<crate::daemon::remote::Target>,
 }
 
 /// The log of iteration `n`: `sessions/ID.log`, then `ID.iter-N.log`.
@@ -294,7 +292,9 @@ pub(super) async fn more(
         });
         tracing::info!(agent = %plan.agent, "iteration {n} of {} starts with the verification feedback", s.max_iterations);
         observer.completed = false;
-        report = match crate::daemon::remote::launch(spec, &orders, plan.target.as_ref()) {
+        // On this host: a session with `verify` is never ordered from a
+        // worker (`remote::Unfit::Verify`).
+        report = match runner::launch(spec, &orders) {
             Ok(launched) => launched.run(observer, orders.clone(), None).await,
             Err(report) => *report,
         };

@@ -312,7 +312,6 @@ impl Daemon {
                     workspace: made.as_ref().map(|w| (w.path.clone(), fp0.clone())),
                     resume_argv,
                     store: iteration_store,
-                    target,
                 };
                 report =
                     iterations::more(report, plan, &mut observer, orders_again, &mut tally).await;
