@@ -40,7 +40,10 @@
 
 mod apply;
 pub mod authority;
+mod close;
 pub mod cycle;
+mod human;
+mod locked;
 pub mod publish;
 pub mod route;
 pub mod scope;
@@ -50,10 +53,12 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-pub use apply::{
-    Applied, ReplyCommand, apply_answers, approve, cycle_of_message, question_ids, record_answer,
-    reject, reply, reply_command, start, status_of, stop,
+pub use apply::{apply_answers, record_answer, start};
+pub use human::{
+    ReplyCommand, approve, cycle_of_message, question_ids, reject, reply, reply_command, status_of,
+    stop,
 };
+pub use locked::Applied;
 
 use crate::agent_name::AgentName;
 use crate::clock::Timestamp;
