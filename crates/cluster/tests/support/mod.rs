@@ -22,6 +22,8 @@ pub const INSTALL: &str =
 /// One cluster at a time in a test binary: three servers per test on a
 /// busy two-core machine are plenty.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+/// Clusters started by this process, for their names.
+static CLUSTERS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 /// The `nats-server` binary, or `None` (and a line saying the test is
 /// skipped) when the NATS tests are not asked for.
@@ -172,6 +174,11 @@ impl NatsCluster {
     fn spawn(binary: &Path, n: usize, turn: Option<MutexGuard<'static, ()>>) -> NatsCluster {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
+        let cluster_name = format!(
+            "agent-state-test-{}-{}",
+            std::process::id(),
+            CLUSTERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
         let mut nodes = Vec::new();
         for (i, (port, cluster_port)) in ports.iter().enumerate() {
             let name = format!("n{}", i + 1);
@@ -188,8 +195,11 @@ impl NatsCluster {
                     .collect();
                 // no_advertise: a client reaches only the URLs it is given
                 // (a worker behind a test's TCP proxy stays behind it).
+                // A name of its own: a route port another test run's
+                // cluster took between its choice and the bind joins no
+                // two clusters (servers of another name are refused).
                 config.push_str(&format!(
-                    "cluster {{ name: agent-state-test, listen: 127.0.0.1:{cluster_port}, no_advertise: true, routes: [{}] }}\n",
+                    "cluster {{ name: {cluster_name}, listen: 127.0.0.1:{cluster_port}, no_advertise: true, routes: [{}] }}\n",
                     routes.join(", ")
                 ));
             }
