@@ -1,7 +1,9 @@
 //! The remote executor (issue 24): a session run on a worker host instead
 //! of this one, with the shape of the local runner's ([`super::runner`]):
 //! [`launch`] does the checks that never wait and opens the session log,
-//! [`Launch::run`] carries the run to its [`RunReport`].
+//! [`Launch::run`] carries the run to its [`RunReport`]: steps 1–2 below
+//! in `remote/dispatch.rs`, 3–5 in `remote/follow.rs`, 6 in
+//! `remote/end.rs`.
 //!
 //! A remote run:
 //!
