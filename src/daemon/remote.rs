@@ -68,13 +68,13 @@ mod hooks;
 mod workspace;
 use end::Signals;
 pub use end::{end_accepted, ending_of};
-pub use workspace::Planned;
 
 use super::adopt::{self, RemoteRecord};
 use super::clock::Clock;
 use crate::agent_name::AgentName;
 use crate::clock::Timestamp;
 use crate::state::StateRoot;
+use crate::workspace::WorkspaceSpec;
 use tokio::sync::{OnceCell, oneshot, watch};
 
 use super::runner::{
@@ -344,7 +344,7 @@ pub struct Target {
     /// Where its order is recorded for the next controller.
     pub keep: Keep,
     /// Its planned worktree, which the worker makes (none: no workspace).
-    pub workspace: Option<Planned>,
+    pub workspace: Option<WorkspaceSpec>,
     /// Its agent has `verify` commands: refused ([`Unfit::Verify`]).
     pub verify: bool,
 }
@@ -509,7 +509,7 @@ fn env_of<'a>(spec: &'a SessionSpec, name: &str) -> Option<&'a str> {
 fn order_of(
     spec: &SessionSpec,
     group: &str,
-    planned: Option<&Planned>,
+    planned: Option<&WorkspaceSpec>,
 ) -> Result<SessionOrder, Unfit> {
     let Some(command) = spec.argv.first() else {
         return Err(Unfit::NoCommand);
@@ -559,7 +559,7 @@ fn order_of(
         timeout_secs: Some(ceil_secs(spec.timeout).max(1)),
         kill_grace_secs: Some(ceil_secs(spec.kill_grace)),
         stdin: (!spec.stdin.is_empty()).then(|| String::from_utf8_lossy(&spec.stdin).into_owned()),
-        workspace: planned.map(|p| workspace::order_of(&p.plan)),
+        workspace: planned.map(workspace::order_of),
         // The worker keeps the stall timer where the output is (this
         // controller's machine keeps its own too, as a backstop: it sees
         // the output later, through the stream).
@@ -643,7 +643,8 @@ impl RemoteRun {
             keep,
             workspace: None,
         };
-        let finish = drive(
+        // Until a worker holds the lease, then to the end.
+        let taken = dispatch::until_taken(
             &remote,
             &order,
             &agent,
@@ -655,6 +656,23 @@ impl RemoteRun {
             &mut signals,
         )
         .await;
+        let finish = match taken {
+            Ok((conn, seen)) => {
+                follow::to_end(
+                    &remote,
+                    conn,
+                    &order,
+                    &agent,
+                    &spec,
+                    &mut output,
+                    &mut orders,
+                    seen,
+                    &mut signals,
+                )
+                .await
+            }
+            Err(finish) => finish,
+        };
         output.observer.release_signals(true);
         let finished = output.finish().await;
         let (ending, ran) = match finish {
@@ -694,33 +712,6 @@ async fn ask<T, E: Into<RemoteError>>(
             what,
             within: ASK_WITHIN,
         }),
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn drive(
-    remote: &Remote,
-    order: &SessionOrder,
-    agent: &str,
-    spec: &SessionSpec,
-    output: &mut runner::Output<'_>,
-    orders: &mut watch::Receiver<Orders>,
-    on_host: &(dyn Fn(String) + Send + Sync),
-    adopted: bool,
-    signals: &mut Signals,
-) -> Finish {
-    let taken = dispatch::until_taken(
-        remote, order, agent, spec, output, orders, on_host, adopted, signals,
-    )
-    .await;
-    match taken {
-        Ok((conn, seen)) => {
-            follow::to_end(
-                remote, conn, order, agent, spec, output, orders, seen, signals,
-            )
-            .await
-        }
-        Err(finish) => finish,
     }
 }
 

@@ -367,17 +367,17 @@ fn an_order_recorded_but_never_stored_is_published_again_after_a_restart() {
             .exists()
     });
     assert!(env.waiting("rio").is_empty(), "{:?}", env.waiting("rio"));
-    let journal = std::fs::read_to_string(env.agent("rio").join("journal.jsonl")).unwrap();
     let of_sid = |event: &str| {
-        journal
-            .lines()
-            .filter(|l| l.contains(&format!("\"event\":\"{event}\"")) && l.contains(&sid))
+        env.events("rio", event)
+            .iter()
+            .filter(|e| e["session_id"] == sid.as_str())
             .count()
     };
     assert_eq!(
         (of_sid("session_start"), of_sid("session_end")),
         (1, 1),
-        "{journal}"
+        "{:#?}",
+        env.journal("rio")
     );
     d2.wait_until(secs(10), "the record and the kept order removed", || {
         !env.root.join(".daemon/remote.rio").exists()

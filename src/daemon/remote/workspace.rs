@@ -18,17 +18,11 @@ use crate::catalogue::Code;
 use crate::daemon::workspaces::Outcome;
 use crate::workspace::{WorkspaceSpec, is_cycle_branch};
 
-/// A session's planned worktree, for a worker.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Planned {
-    pub plan: WorkspaceSpec,
-}
-
 /// Why `planned` cannot run on a worker yet (`None`: it can).
-pub fn refusal(planned: &Planned) -> Option<Unfit> {
-    if is_cycle_branch(&planned.plan.branch) {
+pub fn refusal(planned: &WorkspaceSpec) -> Option<Unfit> {
+    if is_cycle_branch(&planned.branch) {
         return Some(Unfit::FlowCycle {
-            branch: planned.plan.branch.clone(),
+            branch: planned.branch.clone(),
         });
     }
     None
@@ -108,7 +102,7 @@ mod tests {
             ),
         ];
         for &(branch, want) in table {
-            let got = refusal(&Planned { plan: plan(branch) }).map(|u| u.to_string());
+            let got = refusal(&plan(branch)).map(|u| u.to_string());
             match want {
                 None => assert_eq!(got, None, "{branch}"),
                 Some(w) => {

@@ -216,7 +216,7 @@ impl Daemon {
                 }),
                 keep,
                 // On a worker, which makes the worktree itself.
-                workspace: planned.clone().map(|plan| remote::Planned { plan }),
+                workspace: planned.clone(),
                 verify: again.is_some(),
             }
         });
