@@ -405,6 +405,21 @@ fn an_operators_first_day_under_the_shipped_unit() {
     let out = sdbox.agent_state(&["wake", "rio"]);
     assert!(out.status.success(), "{}", describe(&out));
     day.running("rio");
+    // session.json says "running" as the daemon starts the script, before
+    // the script has taken its lock: a cron run in between would take the
+    // lock first and both would be refused. The second note in the work
+    // tree is written by Claude, so the daemon's script holds the lock.
+    sdbox.wait_until(
+        Duration::from_secs(60),
+        "the daemon's second rio session has its lock and runs Claude",
+        || {
+            sdbox
+                .read(&format!("{WORK}/rio/notes.md"))
+                .matches("note by rio")
+                .count()
+                >= 2
+        },
+    );
     day.cron("cron-rio", "rio", &["BRANCH=rio/from-cron"]);
     assert_eq!(
         day.cron_status("cron-rio"),
