@@ -40,6 +40,10 @@
 #                     where any local user could create or hold the lock and keep the agent
 #                     from starting; a cron run and the daemon's may not share it: `session
 #                     begin` is what keeps one session per agent across both)
+#   LOCK_WAIT         seconds a script the daemon started waits for the lock (default 30):
+#                     a cron run that fired at the same moment holds it only until its own
+#                     `session begin` is refused (the daemon's session was begun first).
+#                     Run from cron or by hand, the script never waits.
 #   LOG_DIR           where Claude's output is kept: the daemon's sessions/ directory of
 #                     the agent when the daemon started us (AGENT_STATE_DIR; pruned with the
 #                     session's log), else ${XDG_STATE_HOME:-$HOME/.local/state}/research-session.
@@ -122,8 +126,21 @@ mkdir -p -m 0700 "$LOCK_DIR"
 LOCK_FILE="$LOCK_DIR/research-session-$AGENT.lock"
 exec {LOCK_FD}>>"$LOCK_FILE"
 if ! flock -n "$LOCK_FD"; then
-    log "another session of $AGENT holds $LOCK_FILE; not starting"
-    exit 75
+    # Started by the daemon, the session is already begun: a holder is a
+    # cron run of the same moment, about to be refused by `session begin`
+    # and gone (without this wait both would be refused), or an orphan.
+    if [[ -n ${AGENT_STATE_SESSION_ID:-} && ${LOCK_WAIT:-30} =~ ^[0-9]+$ && ${LOCK_WAIT:-30} -gt 0 ]]; then
+        log "another process holds $LOCK_FILE; waiting up to ${LOCK_WAIT:-30}s for it"
+        if flock -w "${LOCK_WAIT:-30}" "$LOCK_FD"; then
+            log "took $LOCK_FILE"
+        else
+            log "another session of $AGENT still holds $LOCK_FILE after ${LOCK_WAIT:-30}s; not starting"
+            exit 75
+        fi
+    else
+        log "another session of $AGENT holds $LOCK_FILE; not starting"
+        exit 75
+    fi
 fi
 
 # ---- the work tree (read only until the session is ours) --------------------

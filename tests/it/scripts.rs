@@ -578,6 +578,68 @@ fn session_script_takes_a_lock() {
     assert!(lab.env.events("rio", "error").is_empty(), "and none failed");
 }
 
+/// A cron line left in place fires at the moment the daemon starts the same
+/// agent: the cron run takes the lock first, its `session begin` is refused
+/// (the daemon's session was begun), and it exits. The daemon's script
+/// waits for the lock instead of being refused too, and runs the session.
+#[test]
+fn session_script_started_by_the_daemon_waits_for_a_cron_runs_lock() {
+    let Some(lab) = Lab::new() else { return };
+    let env = &lab.env;
+    let id = env
+        .ok(&["session", "begin", "rio", "--timeout", "90m"])
+        .trim()
+        .to_string();
+    let lock_file = lab.base().join("research-session-rio.lock");
+    let release = lab.base().join("release");
+    // The cron run: holds the lock until the test releases it.
+    let mut holder = Command::new("sh")
+        .arg("-c")
+        .arg(r#"exec 9>>"$1" && flock 9 && while [ ! -e "$2" ]; do sleep 0.05; done"#)
+        .arg("sh")
+        .arg(&lock_file)
+        .arg(&release)
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let held = support::poll_until(Duration::from_secs(10), || {
+        !Command::new("flock")
+            .args(["-n"])
+            .arg(&lock_file)
+            .arg("true")
+            .status()
+            .unwrap()
+            .success()
+    });
+    assert!(held, "the holder never took the lock");
+
+    let stderr = lab.base().join("script.err");
+    let mut script = lab
+        .script("rio")
+        .env("AGENT_STATE_SESSION_ID", &id)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&stderr).unwrap())
+        .spawn()
+        .unwrap();
+    let waiting = support::poll_until(Duration::from_secs(30), || {
+        std::fs::read_to_string(&stderr)
+            .unwrap_or_default()
+            .contains("waiting up to 30s")
+            || script.try_wait().ok().flatten().is_some()
+    });
+    std::fs::write(&release, "").unwrap();
+    let _ = holder.wait();
+    let status = script.wait().unwrap();
+    let said = std::fs::read_to_string(&stderr).unwrap_or_default();
+    assert!(waiting, "the script neither waited nor ended: {said}");
+    assert!(status.success(), "{status}: {said}");
+    let session = env.json("rio", "session.json");
+    assert_eq!(session["session_id"], id.as_str());
+    assert_eq!(session["status"], "completed", "{session:#}\n{said}");
+    assert_eq!(env.events("rio", "session_start").len(), 1);
+    assert!(env.events("rio", "error").is_empty(), "{said}");
+}
+
 #[test]
 fn session_script_joins_the_session_a_daemon_began() {
     let Some(lab) = Lab::new() else { return };
