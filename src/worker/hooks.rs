@@ -39,6 +39,68 @@ const ANSWER_WITHIN: Duration = Duration::from_secs(75);
 /// A session's calls forwarded at once; more wait their turn.
 pub const IN_FLIGHT: usize = 4;
 
+/// The private directories' names: `agent-state-hooks-XXXXXX`.
+const DIR_PREFIX: &str = "agent-state-hooks-";
+/// Locked (flock) by the worker whose directory it is, for as long as it
+/// lives; a directory whose lock is free was left by a killed worker.
+const OWNER_LOCK: &str = "owner.lock";
+/// A directory this young may be a starting worker's that has not locked
+/// its `owner.lock` yet.
+const STALE_AFTER: Duration = Duration::from_secs(60);
+
+/// Removes the directories killed workers left under `base` (a worker
+/// stopped by SIGKILL cannot remove its own; under the unit systemd
+/// removes `RuntimeDirectory=`, elsewhere they would pile up): ours (same
+/// user), real directories (not links), at least [`STALE_AFTER`] old, with
+/// an `owner.lock` nobody holds. Only their sockets and lock are removed;
+/// a directory holding anything else is left as it is.
+fn sweep_stale(base: &Path, now: std::time::SystemTime) {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return;
+    };
+    let uid = nix::unistd::geteuid().as_raw();
+    for entry in entries.flatten() {
+        if !entry.file_name().to_string_lossy().starts_with(DIR_PREFIX) {
+            continue;
+        }
+        let path = entry.path();
+        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        let young = meta
+            .modified()
+            .ok()
+            .and_then(|m| now.duration_since(m).ok())
+            .is_none_or(|age| age < STALE_AFTER);
+        if !meta.is_dir() || meta.uid() != uid || young {
+            continue;
+        }
+        let Ok(lock) = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+            .open(path.join(OWNER_LOCK))
+        else {
+            continue;
+        };
+        if !lock.metadata().is_ok_and(|m| m.is_file()) || lock.try_lock().is_err() {
+            continue;
+        }
+        if let Ok(inside) = std::fs::read_dir(&path) {
+            for file in inside.flatten() {
+                let name = file.file_name();
+                let name = name.to_string_lossy();
+                if name == OWNER_LOCK || name.ends_with(".sock") {
+                    let _ = std::fs::remove_file(file.path());
+                }
+            }
+        }
+        if std::fs::remove_dir(&path).is_ok() {
+            tracing::info!(dir = %path.display(), "removed the hook directory a stopped worker left");
+        }
+    }
+}
+
 /// What the worker stamps a session's calls with.
 pub(super) struct Stamp {
     pub agent: String,
@@ -53,6 +115,8 @@ pub(super) struct Stamp {
 /// controller.
 pub(super) struct Hooks {
     dir: tempfile::TempDir,
+    /// `owner.lock` in it, locked while this worker lives.
+    _owner: std::fs::File,
     client: async_nats::Client,
     settings: ClusterSettings,
     next: AtomicU64,
@@ -87,14 +151,18 @@ impl Hooks {
             .map(|v| PathBuf::from(v.to_string_lossy().split(':').next().unwrap_or("")))
             .find(|p| p.is_absolute() && p.is_dir())
             .unwrap_or_else(std::env::temp_dir);
+        sweep_stale(&base, std::time::SystemTime::now());
         let dir = tempfile::Builder::new()
-            .prefix("agent-state-hooks-")
+            .prefix(DIR_PREFIX)
             .tempdir_in(&base)?;
         // tempfile makes it 0700; said here, not assumed.
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700))?;
+        let owner = std::fs::File::create_new(dir.path().join(OWNER_LOCK))?;
+        owner.try_lock().map_err(std::io::Error::other)?;
         Ok(Hooks {
             dir,
+            _owner: owner,
             client,
             settings,
             next: AtomicU64::new(1),
@@ -262,4 +330,57 @@ async fn read_call(stream: &mut UnixStream) -> Result<HookCall, Refusal> {
         });
     }
     serde_json::from_slice(&bytes).map_err(|e| Refusal::Malformed(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::SystemTime;
+
+    fn hook_dir(base: &Path, name: &str, files: &[&str]) -> PathBuf {
+        let dir = base.join(format!("{DIR_PREFIX}{name}"));
+        std::fs::create_dir(&dir).unwrap();
+        for f in files {
+            std::fs::write(dir.join(f), "").unwrap();
+        }
+        dir
+    }
+
+    #[test]
+    fn only_the_directories_of_stopped_workers_are_swept() {
+        let base = tempfile::tempdir().unwrap();
+        let b = base.path();
+        let stopped = hook_dir(b, "stopped", &[OWNER_LOCK, "1.sock", "2.sock"]);
+        let live = hook_dir(b, "live", &[OWNER_LOCK, "1.sock"]);
+        let held = std::fs::File::open(live.join(OWNER_LOCK)).unwrap();
+        held.try_lock().unwrap();
+        let no_lock = hook_dir(b, "older", &["1.sock"]);
+        let other = hook_dir(b, "other", &[OWNER_LOCK, "notes.txt"]);
+        let unrelated = b.join("somebody-else");
+        std::fs::create_dir(&unrelated).unwrap();
+        std::fs::write(unrelated.join(OWNER_LOCK), "").unwrap();
+        let target = hook_dir(b, "target", &[OWNER_LOCK]);
+        let link = b.join(format!("{DIR_PREFIX}link"));
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+
+        // Just made: too young for any of them to be taken for stale.
+        sweep_stale(b, SystemTime::now());
+        assert!(
+            stopped.exists(),
+            "a starting worker's may not be locked yet"
+        );
+
+        sweep_stale(b, SystemTime::now() + STALE_AFTER * 2);
+        assert!(!stopped.exists(), "a stopped worker's directory is removed");
+        assert!(live.join("1.sock").exists(), "a live worker's is kept");
+        assert!(no_lock.join("1.sock").exists(), "without owner.lock: kept");
+        assert!(
+            other.join("notes.txt").exists(),
+            "only sockets and the lock go"
+        );
+        assert!(unrelated.join(OWNER_LOCK).exists(), "not a hook directory");
+        assert!(link.symlink_metadata().is_ok(), "a link is not followed");
+        // The target is a stale hook directory of its own, swept as such.
+        assert!(!target.exists());
+    }
 }
