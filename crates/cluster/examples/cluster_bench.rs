@@ -347,8 +347,10 @@ async fn main() {
     // ---- the floor: the same path, bare, in this process ----
     let c_n = cpu(&nats_pids);
     let c_self = cpu_of(std::process::id());
-    let lat = floor::run(&b.dispatch, &leases, &b.dir, &b.script, dispatch_n).await;
-    quantiles("dispatch_floor_ms", "ms", lat);
+    let floor = floor::run(&b.dispatch, &leases, &b.dir, &b.script, dispatch_n).await;
+    quantiles("dispatch_floor_ms", "ms", floor.started);
+    quantiles("dispatch_floor_in_hand_ms", "ms", floor.in_hand);
+    quantiles("dispatch_floor_lease_ms", "ms", floor.leased);
     println!(
         "figure dispatch_floor_cpu_client_ms_per_session {:.2} ms",
         (cpu_of(std::process::id()) - c_self) * 1000.0 / dispatch_n as f64

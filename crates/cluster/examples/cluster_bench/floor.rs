@@ -13,17 +13,30 @@ use std::time::Duration;
 
 use agent_state_cluster::{Dispatch, Leases, SessionOrder};
 
-/// `n` dispatches, one at a time: order published → the script's first
-/// line (`$EPOCHREALTIME` in `start-<id>`), in ms.
+/// The floor's figures, in ms, one per dispatch.
+#[derive(Default)]
+pub struct Floor {
+    /// Order published → the script's first line (`$EPOCHREALTIME` in
+    /// `start-<id>`): the whole bare path.
+    pub started: Vec<f64>,
+    /// Order published → in the waiting pull's hands: the publish (stored,
+    /// R3) and the delivery, what the issue measured as dispatch (1.4 ms on
+    /// its cluster).
+    pub in_hand: Vec<f64>,
+    /// Order in hand → the lease `run/<agent>` created (R3): the fence.
+    pub leased: Vec<f64>,
+}
+
+/// `n` dispatches, one at a time.
 pub async fn run(
     dispatch: &Dispatch,
     leases: &Leases,
     dir: &Path,
     script: &Path,
     n: usize,
-) -> Vec<f64> {
+) -> Floor {
     let queue = dispatch.queue("floor").await.expect("the floor's queue");
-    let mut lat = Vec::with_capacity(n);
+    let mut floor = Floor::default();
     for i in 0..n {
         let id = format!("f-{i}");
         let agent = format!("f{}", i % 50);
@@ -34,14 +47,21 @@ pub async fn run(
             spec: serde_json::Value::Null,
         };
         // The pull goes out first, as a waiting worker's has.
-        let (pulled, t0) = tokio::join!(queue.next(Duration::from_secs(10)), async {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-            let t0 = super::now_secs();
-            dispatch.publish(&order).await.expect("publish");
-            t0
-        });
+        let ((pulled, t_hand), t0) = tokio::join!(
+            async {
+                let pulled = queue.next(Duration::from_secs(10)).await;
+                (pulled, super::now_secs())
+            },
+            async {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                let t0 = super::now_secs();
+                dispatch.publish(&order).await.expect("publish");
+                t0
+            }
+        );
         let pulled = pulled.expect("pull").expect("the order within 10 s");
         let lease = leases.take(&agent, "floor", &id).await.expect("the lease");
+        let t_lease = super::now_secs();
         let mut child = tokio::process::Command::new(script)
             .env("BENCH_DIR", dir)
             .env("AGENT_STATE_SESSION_ID", &id)
@@ -59,7 +79,9 @@ pub async fn run(
             .replace(',', ".")
             .parse()
             .expect("a time");
-        lat.push((started - t0) * 1000.0);
+        floor.started.push((started - t0) * 1000.0);
+        floor.in_hand.push((t_hand - t0) * 1000.0);
+        floor.leased.push((t_lease - t_hand) * 1000.0);
     }
-    lat
+    floor
 }
