@@ -542,29 +542,41 @@ fn session_script_records_sigterm_as_an_error() {
     );
 }
 
-#[test]
-fn session_script_takes_a_lock() {
-    let Some(lab) = Lab::new() else { return };
-    let lock_file = lab.base().join("research-session-rio.lock");
-    // One process that holds the lock until it is killed.
-    let mut holder = Command::new("sh")
-        .arg("-c")
-        .arg(r#"exec 9>>"$1" && flock 9 && exec sleep 30"#)
-        .arg("sh")
-        .arg(&lock_file)
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
+/// A process holding `lock_file` (flock), once it holds it: until it is
+/// killed, or until `release` exists.
+fn hold_lock(lock_file: &Path, release: Option<&Path>) -> Child {
+    let mut holder = Command::new("sh");
+    holder.arg("-c");
+    match release {
+        Some(release) => holder
+            .arg(r#"exec 9>>"$1" && flock 9 && while [ ! -e "$2" ]; do sleep 0.05; done"#)
+            .arg("sh")
+            .arg(lock_file)
+            .arg(release),
+        None => holder
+            .arg(r#"exec 9>>"$1" && flock 9 && exec sleep 30"#)
+            .arg("sh")
+            .arg(lock_file),
+    };
+    let holder = holder.stdin(Stdio::null()).spawn().unwrap();
     let held = support::poll_until(Duration::from_secs(10), || {
         !Command::new("flock")
             .args(["-n"])
-            .arg(&lock_file)
+            .arg(lock_file)
             .arg("true")
             .status()
             .unwrap()
             .success()
     });
     assert!(held, "the holder never took the lock");
+    holder
+}
+
+#[test]
+fn session_script_takes_a_lock() {
+    let Some(lab) = Lab::new() else { return };
+    // One process that holds the lock until it is killed.
+    let mut holder = hold_lock(&lab.base().join("research-session-rio.lock"), None);
 
     let out = lab.run(&mut lab.script("rio"));
     let _ = holder.kill();
@@ -578,6 +590,14 @@ fn session_script_takes_a_lock() {
     assert!(lab.env.events("rio", "error").is_empty(), "and none failed");
 }
 
+/// What the daemon does before it starts the script: begins the session
+/// (the script joins it through `AGENT_STATE_SESSION_ID`); its id.
+fn begun_by_the_daemon(env: &Env) -> String {
+    env.ok(&["session", "begin", "rio", "--timeout", "90m"])
+        .trim()
+        .to_string()
+}
+
 /// A cron line left in place fires at the moment the daemon starts the same
 /// agent: the cron run takes the lock first, its `session begin` is refused
 /// (the daemon's session was begun), and it exits. The daemon's script
@@ -586,32 +606,13 @@ fn session_script_takes_a_lock() {
 fn session_script_started_by_the_daemon_waits_for_a_cron_runs_lock() {
     let Some(lab) = Lab::new() else { return };
     let env = &lab.env;
-    let id = env
-        .ok(&["session", "begin", "rio", "--timeout", "90m"])
-        .trim()
-        .to_string();
-    let lock_file = lab.base().join("research-session-rio.lock");
+    let id = begun_by_the_daemon(env);
     let release = lab.base().join("release");
     // The cron run: holds the lock until the test releases it.
-    let mut holder = Command::new("sh")
-        .arg("-c")
-        .arg(r#"exec 9>>"$1" && flock 9 && while [ ! -e "$2" ]; do sleep 0.05; done"#)
-        .arg("sh")
-        .arg(&lock_file)
-        .arg(&release)
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
-    let held = support::poll_until(Duration::from_secs(10), || {
-        !Command::new("flock")
-            .args(["-n"])
-            .arg(&lock_file)
-            .arg("true")
-            .status()
-            .unwrap()
-            .success()
-    });
-    assert!(held, "the holder never took the lock");
+    let mut holder = hold_lock(
+        &lab.base().join("research-session-rio.lock"),
+        Some(&release),
+    );
 
     let stderr = lab.base().join("script.err");
     let mut script = lab
@@ -644,11 +645,7 @@ fn session_script_started_by_the_daemon_waits_for_a_cron_runs_lock() {
 fn session_script_joins_the_session_a_daemon_began() {
     let Some(lab) = Lab::new() else { return };
     let env = &lab.env;
-    // What the daemon does before it starts the script.
-    let id = env
-        .ok(&["session", "begin", "rio", "--timeout", "90m"])
-        .trim()
-        .to_string();
+    let id = begun_by_the_daemon(env);
 
     let out = lab.run(lab.script("rio").env("AGENT_STATE_SESSION_ID", &id));
     assert!(out.status.success(), "{}", describe(&out));
