@@ -14,9 +14,10 @@
 //! - the NATS server leading the lease bucket SIGKILLed, started again 2–5 s
 //!   later;
 //! - with `AGENT_STATE_CHAOS_CONTROLLER=1` only: the controller daemon
-//!   SIGKILLed and started again (a restarted controller does not re-adopt
-//!   its remote sessions yet: it records them "interrupted: daemon
-//!   restarted" while their worker still runs them).
+//!   SIGKILLed and started again: the restarted controller adopts the
+//!   remote sessions its `.daemon/remote.*` records name, follows their
+//!   output from the stream and records their ends (an order it recorded
+//!   but the servers never stored is published again).
 //!
 //! The lease times are shortened through the test-only variables
 //! (`AGENT_STATE_TEST_WORKER_RENEWS` 1 s, `AGENT_STATE_TEST_WORKER_GIVES_UP`
