@@ -247,6 +247,8 @@ impl ChaosWorker {
             .env_remove("AGENT_STATE_SESSION_ID")
             .env("AGENT_STATE_TEST_WORKER_RENEWS", RENEWS)
             .env("AGENT_STATE_TEST_WORKER_GIVES_UP", GIVES_UP)
+            // Its hook sockets' directory in the test's, not /tmp.
+            .env("XDG_RUNTIME_DIR", &dir)
             .stdin(Stdio::null())
             .stdout(file.try_clone().unwrap())
             .stderr(file)

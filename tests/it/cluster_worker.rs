@@ -70,6 +70,8 @@ impl Worker {
             .args(["--heartbeat", "300ms"])
             .args(extra)
             .env_remove("AGENT_STATE_SESSION_ID")
+            // Its hook sockets' directory in the test's, not /tmp.
+            .env("XDG_RUNTIME_DIR", &dir)
             .stdin(Stdio::null())
             .stdout(file.try_clone().unwrap())
             .stderr(file)

@@ -84,10 +84,16 @@ impl Worker {
     fn start(bin: &Path, config: &Path, dir: &Path, host: &str, slots: usize) -> Worker {
         let log = dir.join(format!("worker-{host}.log"));
         let file = std::fs::File::create(&log).unwrap();
+        // Its own work directory (its spool), not the directory the bench
+        // was started in.
+        let work = dir.join(format!("work-{host}"));
+        std::fs::create_dir_all(&work).unwrap();
         let child = Command::new(bin)
             .arg("--config")
             .arg(config)
             .args(["worker", "--host", host, "--slots", &slots.to_string()])
+            .arg("--work-dir")
+            .arg(&work)
             .args(["--heartbeat", "1s"])
             .stdin(Stdio::null())
             .stdout(file.try_clone().unwrap())
