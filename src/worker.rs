@@ -472,7 +472,11 @@ pub async fn run(settings: ClusterSettings, options: Options) -> Result<(), Work
     if !name_is_ours(&workers, &options.host, &mut stop).await? {
         return Ok(());
     }
-    let hooks = match hooks::Hooks::new(cluster.client().clone(), settings.clone()) {
+    let hooks = match hooks::Hooks::new(
+        cluster.client().clone(),
+        settings.clone(),
+        SystemTime::now(),
+    ) {
         Ok(h) => {
             log(format!(
                 "sessions' hook calls go to the controller through sockets in {}",

@@ -140,9 +140,12 @@ impl Drop for Listening {
 impl Hooks {
     /// Makes the private directory (`0700`, removed when the worker
     /// stops).
+    /// Directories killed workers left there are swept first, judged old
+    /// against `now`.
     pub(super) fn new(
         client: async_nats::Client,
         settings: ClusterSettings,
+        now: std::time::SystemTime,
     ) -> std::io::Result<Hooks> {
         let base = ["RUNTIME_DIRECTORY", "XDG_RUNTIME_DIR"]
             .iter()
@@ -151,7 +154,7 @@ impl Hooks {
             .map(|v| PathBuf::from(v.to_string_lossy().split(':').next().unwrap_or("")))
             .find(|p| p.is_absolute() && p.is_dir())
             .unwrap_or_else(std::env::temp_dir);
-        sweep_stale(&base, std::time::SystemTime::now());
+        sweep_stale(&base, now);
         let dir = tempfile::Builder::new()
             .prefix(DIR_PREFIX)
             .tempdir_in(&base)?;
