@@ -22,7 +22,9 @@
 //! 1. every state file parses (report, tasks, metrics, session, and
 //!    `.daemon/` counters, schedule, daemon), no `*.corrupt-*` file was set
 //!    aside, and every line of the journals and of `.daemon/errors.jsonl`
-//!    parses except a torn last line;
+//!    parses except a torn last line (in a journal, also one the next
+//!    append closed with its newline: a line cut short, never one glued to
+//!    another or garbled);
 //! 2. every delivered message id is in exactly one place — waiting in
 //!    `inbox/` (returned claims included), claimed in
 //!    `inbox/.claimed/{session}/` by the session that session.json says is
@@ -891,6 +893,14 @@ impl Checker {
                 // closed with a newline.
                 if *segment && i + 1 == lines.len() && serde_json::from_str::<Value>(line).is_err()
                 {
+                    self.stats.torn_last_lines += 1;
+                    continue;
+                }
+                // A line cut short (a SIGKILL in the middle of a long line's
+                // write: what it holds is a prefix of a JSON line, so it
+                // ends early) was the torn last line, closed by the next
+                // append's newline (never glued to it): skipped, counted.
+                if serde_json::from_str::<Value>(line).is_err_and(|e| e.is_eof()) {
                     self.stats.torn_last_lines += 1;
                     continue;
                 }
