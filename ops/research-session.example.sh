@@ -80,6 +80,7 @@ BASE_BRANCH=${BASE_BRANCH:-main}
 MODEL=${MODEL:-sonnet}
 TIMEOUT=${TIMEOUT:-5400}
 KILL_GRACE=${KILL_GRACE:-30s}
+LOCK_WAIT=${LOCK_WAIT:-30}
 CLAUDE=${CLAUDE:-claude}
 AGENT_STATE_BIN=${AGENT_STATE_BIN:-agent-state}
 LOCK_DIR=${LOCK_DIR:-${XDG_RUNTIME_DIR:-${HOME:-/nonexistent}/.cache}/research-session}
@@ -129,12 +130,12 @@ if ! flock -n "$LOCK_FD"; then
     # Started by the daemon, the session is already begun: a holder is a
     # cron run of the same moment, about to be refused by `session begin`
     # and gone (without this wait both would be refused), or an orphan.
-    if [[ -n ${AGENT_STATE_SESSION_ID:-} && ${LOCK_WAIT:-30} =~ ^[0-9]+$ && ${LOCK_WAIT:-30} -gt 0 ]]; then
-        log "another process holds $LOCK_FILE; waiting up to ${LOCK_WAIT:-30}s for it"
-        if flock -w "${LOCK_WAIT:-30}" "$LOCK_FD"; then
+    if [[ -n ${AGENT_STATE_SESSION_ID:-} && $LOCK_WAIT =~ ^[0-9]+$ && $LOCK_WAIT -gt 0 ]]; then
+        log "another process holds $LOCK_FILE; waiting up to ${LOCK_WAIT}s for it"
+        if flock -w "$LOCK_WAIT" "$LOCK_FD"; then
             log "took $LOCK_FILE"
         else
-            log "another session of $AGENT still holds $LOCK_FILE after ${LOCK_WAIT:-30}s; not starting"
+            log "another session of $AGENT still holds $LOCK_FILE after ${LOCK_WAIT}s; not starting"
             exit 75
         fi
     else
