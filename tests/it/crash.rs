@@ -696,19 +696,30 @@ struct JournalFacts {
     rejected: HashSet<String>,
 }
 
+/// What [`JournalFacts::line`] made of a whole line.
+#[derive(PartialEq)]
+enum Line {
+    Taken,
+    /// Cut short (a SIGKILL in the middle of a long line's write: a prefix
+    /// of a JSON line, so it ends early): the torn last line, closed by the
+    /// next append's newline (never glued to it); skipped, to be counted.
+    ClosedTorn,
+}
+
 impl JournalFacts {
     /// Take in one whole line (1-based `n`).
-    fn line(&mut self, agent: &str, n: usize, line: &str, bad: &mut Vec<String>) {
+    fn line(&mut self, agent: &str, n: usize, line: &str, bad: &mut Vec<String>) -> Line {
         if line.trim().is_empty() {
-            return;
+            return Line::Taken;
         }
         let e: Value = match serde_json::from_str(line) {
             Ok(e) => e,
+            Err(err) if err.is_eof() => return Line::ClosedTorn,
             Err(err) => {
                 bad.push(format!(
                     "1: {agent}/journal.jsonl line {n} does not parse ({err}), and it is not the last line: {line:?}"
                 ));
-                return;
+                return Line::Taken;
             }
         };
         let event = e["event"].as_str().unwrap_or_default();
@@ -760,6 +771,7 @@ impl JournalFacts {
             "schedule_missed" => self.schedule_missed += 1,
             _ => {}
         }
+        Line::Taken
     }
 }
 
@@ -896,15 +908,9 @@ impl Checker {
                     self.stats.torn_last_lines += 1;
                     continue;
                 }
-                // A line cut short (a SIGKILL in the middle of a long line's
-                // write: what it holds is a prefix of a JSON line, so it
-                // ends early) was the torn last line, closed by the next
-                // append's newline (never glued to it): skipped, counted.
-                if serde_json::from_str::<Value>(line).is_err_and(|e| e.is_eof()) {
+                if facts.line(agent, facts.lines, line, bad) == Line::ClosedTorn {
                     self.stats.torn_last_lines += 1;
-                    continue;
                 }
-                facts.line(agent, facts.lines, line, bad);
             }
             facts.offset += whole as u64;
         }
