@@ -426,35 +426,61 @@ impl Leases {
 
     /// The key's last entry: its revision and the value, `None` for a
     /// delete (or expiry) marker.
+    ///
+    /// Read from the stream's leader (`STREAM.MSG.GET`), not with the KV
+    /// client's direct get: async-nats makes KV buckets with `allow_direct`,
+    /// and a direct get may be answered by a follower that has not applied
+    /// the last write yet (a loaded CI read a released lease back at its old
+    /// revision). Every write is still fenced by its expected revision; this
+    /// keeps the decisions taken on a read (an end recorded, a lease fenced,
+    /// a take found held) from resting on a stale one.
     async fn read(
         &self,
         agent: &str,
         key: &str,
     ) -> Result<Option<(u64, Option<LeaseValue>)>, LeaseError> {
-        let entry = self
+        use jetstream::stream::LastRawMessageErrorKind;
+        let subject = format!("$KV.{}.{key}", self.bucket);
+        let message = match self
             .store
-            .entry(key)
+            .stream
+            .get_last_raw_message_by_subject(&subject)
             .await
-            .map_err(|source| LeaseError::Nats {
-                agent: agent.to_string(),
-                operation: "read",
-                source: Box::new(source),
-            })?;
-        let Some(entry) = entry else {
-            return Ok(None);
+        {
+            Ok(message) => message,
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => return Ok(None),
+            Err(source) => {
+                return Err(LeaseError::Nats {
+                    agent: agent.to_string(),
+                    operation: "read",
+                    source: Box::new(source),
+                });
+            }
         };
-        if entry.operation != kv::Operation::Put {
-            return Ok(Some((entry.revision, None)));
+        if is_marker(&message.headers) {
+            return Ok(Some((message.sequence, None)));
         }
-        let value = serde_json::from_slice::<LeaseValue>(&entry.value).map_err(|e| {
+        let value = serde_json::from_slice::<LeaseValue>(&message.payload).map_err(|e| {
             LeaseError::Corrupt {
                 agent: agent.to_string(),
-                revision: entry.revision,
+                revision: message.sequence,
                 detail: e.to_string(),
             }
         })?;
-        Ok(Some((entry.revision, Some(value))))
+        Ok(Some((message.sequence, Some(value))))
     }
+}
+
+/// Whether a stored KV message is a delete, purge or expiry marker rather
+/// than a value: `KV-Operation: DEL|PURGE`, or the server's own marker
+/// (`Nats-Marker-Reason`, where a per-key TTL ran out).
+fn is_marker(headers: &async_nats::HeaderMap) -> bool {
+    headers
+        .get("KV-Operation")
+        .is_some_and(|op| op.as_str() != "PUT")
+        || headers
+            .get(async_nats::header::NATS_MARKER_REASON)
+            .is_some()
 }
 
 /// Whether the server refused a write for its expected revision. The
@@ -497,6 +523,26 @@ fn encode(value: &LeaseValue) -> Bytes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn markers_are_told_from_values_by_their_headers() {
+        let table: &[(&[(&str, &str)], bool)] = &[
+            (&[], false),
+            (&[("Nats-TTL", "300s")], false),
+            (&[("KV-Operation", "PUT")], false),
+            (&[("KV-Operation", "DEL")], true),
+            (&[("KV-Operation", "PURGE")], true),
+            (&[("Nats-Marker-Reason", "MaxAge")], true),
+            (&[("Nats-Marker-Reason", "Remove")], true),
+        ];
+        for (headers, marker) in table {
+            let mut map = async_nats::HeaderMap::new();
+            for (name, value) in *headers {
+                map.insert(*name, *value);
+            }
+            assert_eq!(is_marker(&map), *marker, "{headers:?}");
+        }
+    }
 
     #[test]
     fn lease_keys() {
