@@ -158,7 +158,7 @@ pub struct FailArgs {
 pub fn run(ctx: &Context, command: Command) -> Result<u8> {
     match command {
         Command::Begin(a) => {
-            let (agent, dir) = ctx.agent(&a.agent)?;
+            let (agent, dir) = hook_agent(ctx, &a.agent)?;
             let owner = match a.owner_pid {
                 Some(pid) if pid <= 1 => {
                     return Err(Error::Usage(format!(
@@ -206,10 +206,11 @@ pub fn run(ctx: &Context, command: Command) -> Result<u8> {
                 ));
             }
             println!("{}", r.session_id);
+            free_replaced(&dir);
             Ok(bad_arguments(&dir.name, &r.bad_arguments))
         }
         Command::End(a) => {
-            let (agent, dir) = ctx.agent(&a.agent)?;
+            let (agent, dir) = hook_agent(ctx, &a.agent)?;
             let req = EndRequest {
                 session: a.session,
                 outcome: a.outcome,
@@ -225,10 +226,12 @@ pub fn run(ctx: &Context, command: Command) -> Result<u8> {
                 caller: Caller::this_process(),
             };
             let r = hooks::end(agent, &dir, &req, ctx.now)?;
-            finished(&dir.name, &r)
+            let code = finished(&dir.name, &r);
+            free_replaced(&dir);
+            code
         }
         Command::Fail(a) => {
-            let (agent, dir) = ctx.agent(&a.agent)?;
+            let (agent, dir) = hook_agent(ctx, &a.agent)?;
             // A session the daemon runs, failed from outside its script:
             // its processes go on (said below).
             let own = std::env::var("AGENT_STATE_SESSION_ID").ok();
@@ -251,10 +254,33 @@ pub fn run(ctx: &Context, command: Command) -> Result<u8> {
                     dir.name, r.session_id, dir.name
                 ));
             }
-            finished(&dir.name, &r)
+            let code = finished(&dir.name, &r);
+            free_replaced(&dir);
+            code
         }
         Command::Keep(a) => Ok(keep(&a)),
     }
+}
+
+/// An agent for a hook: its store keeps the state files the hook replaces
+/// until [`free_replaced`], so that the script waiting for the hook does not
+/// wait for their blocks to be freed (`crates/store/src/state/replaced.rs`).
+fn hook_agent<'c>(
+    ctx: &'c Context,
+    name: &str,
+) -> Result<(&'c crate::config::AgentConfig, AgentDir)> {
+    let (agent, mut dir) = ctx.agent(name)?;
+    dir.store = dir.store.clone().deferring_removals();
+    Ok((agent, dir))
+}
+
+/// The hook's output is written: its replaced files are removed by a child
+/// it does not wait for.
+fn free_replaced(dir: &AgentDir) {
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    dir.store.take_replaced().remove_detached();
 }
 
 /// `session keep`: run by `begin` only, with the lock on fd 3.

@@ -679,3 +679,60 @@ fn an_explicit_owner_pid_is_honoured() {
         "the abandoned session was recorded"
     );
 }
+
+/// The hooks leave the state files they replace to a child they do not
+/// wait for (`crates/store/src/state/replaced.rs`): the new versions are in
+/// place when a hook returns, and the old ones, kept under temp names for
+/// that moment, are gone soon after — none accumulates, whichever hook
+/// (begin, end, fail) replaced them, with a script capturing the output.
+#[test]
+fn the_files_hooks_replace_are_gone_soon_after() {
+    let env = Env::standard();
+    let script = format!(
+        r#"set -e
+for i in 1 2 3; do
+    id=$("{bin}" --config "{config}" session begin rio --type research)
+    "{bin}" --config "{config}" session end rio --session "$id" --sources-archived "$i" --summary "round $i" >/dev/null
+done
+id=$("{bin}" --config "{config}" session begin rio --type research)
+"{bin}" --config "{config}" session fail rio --session "$id" --outcome error --reason "round 4 broke" >/dev/null
+echo "$id""#,
+        bin = BIN,
+        config = env.config.display()
+    );
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(&script)
+        .env_remove("AGENT_STATE_SESSION_ID")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let last = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    // What the hooks wrote is in place at once.
+    let report: Value =
+        serde_json::from_slice(&std::fs::read(env.root.join("rio/report.json")).unwrap()).unwrap();
+    assert_eq!(report["last_session"]["id"], last.as_str());
+    assert_eq!(report["last_session"]["outcome"], "error");
+    let metrics: Value =
+        serde_json::from_slice(&std::fs::read(env.root.join("rio/metrics.json")).unwrap()).unwrap();
+    assert_eq!(metrics["lifetime"]["sessions_total"], 4, "{metrics}");
+
+    let temps = || -> Vec<String> {
+        ["rio", ".daemon"]
+            .iter()
+            .flat_map(|d| std::fs::read_dir(env.root.join(d)).unwrap())
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(".as-") && n.ends_with(".tmp"))
+            .collect()
+    };
+    assert!(
+        poll_until(Duration::from_secs(30), || temps().is_empty()),
+        "old versions still there 30 s after the last hook: {:?}",
+        temps()
+    );
+}

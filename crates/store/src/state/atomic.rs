@@ -12,10 +12,12 @@ use std::ffi::OsString;
 use std::io::{self, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use super::replaced::Pending;
 use super::store::Store;
 use crate::error::{Error, IoContext, Result};
 use crate::fsx;
@@ -80,6 +82,60 @@ impl Temp {
                 } else {
                     Err(Error::io("renaming a temp file over", &self.target, e))
                 }
+            }
+        }
+    }
+
+    /// Put the temp file in the target's place by exchanging the two names
+    /// (`RENAME_EXCHANGE`: a reader sees the old file or the new one, as with
+    /// a rename) and keep the old version, now under the temp name, in
+    /// `pending` for removal later ([`super::replaced`]). No target yet, or
+    /// a file system without the exchange: a plain rename. A target a
+    /// rename could not have replaced (a directory) is swapped back and the
+    /// write fails as the rename would.
+    fn exchange(&mut self, pending: &Pending) -> Result<()> {
+        let name = self.name.take().expect("a temp is renamed once");
+        let target = self.target.file_name().unwrap_or_default();
+        let dir = self.dir.as_fd();
+        match fsx::exchange_at(dir, &name, target) {
+            Ok(()) => {
+                let old = nix::sys::stat::fstatat(
+                    dir,
+                    name.as_os_str(),
+                    nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+                );
+                let is_dir =
+                    old.is_ok_and(|st| st.st_mode & nix::libc::S_IFMT == nix::libc::S_IFDIR);
+                if is_dir {
+                    let back = fsx::exchange_at(dir, &name, target);
+                    fsx::discard_at(dir, &name);
+                    return Err(Error::io(
+                        "renaming a temp file over",
+                        &self.target,
+                        back.err()
+                            .unwrap_or_else(|| io::Error::from_raw_os_error(nix::libc::EISDIR)),
+                    ));
+                }
+                pending.push(&self.dir, name);
+                Ok(())
+            }
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(
+                        nix::libc::ENOENT
+                            | nix::libc::EINVAL
+                            | nix::libc::ENOSYS
+                            | nix::libc::EOPNOTSUPP
+                    )
+                ) =>
+            {
+                self.name = Some(name);
+                self.rename(true).map(drop)
+            }
+            Err(e) => {
+                fsx::discard_at(dir, &name);
+                Err(Error::io("renaming a temp file over", &self.target, e))
             }
         }
     }
@@ -184,12 +240,26 @@ fn filled_temp(path: &Path, bytes: &[u8], mode: u32, sync: bool) -> Result<Temp>
 /// bytes are on disk before anything that depends on them (the journal
 /// line) is written, so a full disk fails the whole change, not half of it.
 /// Dropped without [`Staged::commit`], it is removed and `path` unchanged.
-pub struct Staged(Temp);
+/// Staged for a store that defers removals ([`Store::deferring_removals`]),
+/// its commit keeps the old version for [`Store::take_replaced`].
+pub struct Staged {
+    temp: Temp,
+    removals: Option<Arc<Pending>>,
+}
 
 impl Staged {
     /// Rename into place and fsync the directory.
     pub fn commit(self) -> Result<()> {
-        self.0.commit()
+        commit_all([self])
+    }
+
+    /// Put the new version in place: a rename over the target, or where
+    /// the store defers removals, an exchange of the two names.
+    fn replace(&mut self) -> Result<()> {
+        match &self.removals {
+            Some(pending) => self.temp.exchange(pending),
+            None => self.temp.rename(true).map(drop),
+        }
     }
 }
 
@@ -200,17 +270,26 @@ impl Staged {
 /// failure, exactly as between two [`Staged::commit`]s; callers commit after
 /// the journal line that makes the change recoverable.
 pub fn commit_all(staged: impl IntoIterator<Item = Staged>) -> Result<()> {
-    let mut dirs: Vec<Temp> = Vec::new();
-    for Staged(mut temp) in staged {
-        temp.rename(true)?;
-        if !dirs.iter().any(|d| d.dir_path() == temp.dir_path()) {
-            dirs.push(temp);
+    let mut dirs: Vec<Staged> = Vec::new();
+    for mut s in staged {
+        s.replace()?;
+        if !dirs.iter().any(|d| d.temp.dir_path() == s.temp.dir_path()) {
+            dirs.push(s);
         }
     }
     for d in &dirs {
-        fsx::sync_fd(&d.dir, d.dir_path())?;
+        fsx::sync_fd(&d.temp.dir, d.temp.dir_path())?;
     }
     Ok(())
+}
+
+/// Stage `bytes` for `path` with file mode `mode` (see [`Staged`]).
+pub fn stage_file(store: &Store, path: &Path, bytes: &[u8], mode: u32) -> Result<Staged> {
+    let temp = retrying(store, || durable_temp(path, bytes, mode))?;
+    Ok(Staged {
+        temp,
+        removals: store.removals(),
+    })
 }
 
 /// Stage `value` as pretty JSON for `path` (see [`Staged`]).
@@ -218,7 +297,7 @@ pub fn stage_json<T: Serialize>(store: &Store, path: &Path, value: &T) -> Result
     let mut bytes = serde_json::to_vec_pretty(value)
         .map_err(|e| Error::Data(format!("cannot serialize {}: {e}", path.display())))?;
     bytes.push(b'\n');
-    retrying(store, || durable_temp(path, &bytes, super::STATE_FILE_MODE)).map(Staged)
+    stage_file(store, path, &bytes, super::STATE_FILE_MODE)
 }
 
 /// Serialize `value` as pretty JSON (plus a final newline) and replace `path`.
@@ -506,5 +585,114 @@ mod unsynced_tests {
         assert!(err.to_string().contains("a-dir"), "{err}");
         assert!(dir.is_dir());
         assert_eq!(names(tmp.path()), ["a-dir", "daemon.json"]);
+    }
+}
+
+#[cfg(test)]
+mod deferred_tests {
+    use super::*;
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    fn temps(dir: &Path) -> Vec<String> {
+        names(dir)
+            .into_iter()
+            .filter(|n| n.starts_with(".as-") && n.ends_with(".tmp"))
+            .collect()
+    }
+
+    /// A deferring store's commit puts every new version in place and
+    /// keeps each old one under a temp name until it is taken and removed;
+    /// a plain store leaves nothing behind and has nothing to hand over.
+    #[test]
+    fn a_deferring_commit_keeps_the_old_versions_until_they_are_removed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (a, b, c) = (
+            tmp.path().join("session.json"),
+            tmp.path().join("report.json"),
+            tmp.path().join("metrics.json"),
+        );
+        std::fs::write(&a, "old a").unwrap();
+        std::fs::write(&b, "old b").unwrap();
+        let store = Store::default().deferring_removals();
+        commit_all([
+            stage_file(&store, &a, b"new a", 0o644).unwrap(),
+            stage_file(&store, &b, b"new b", 0o644).unwrap(),
+            // No old version: a plain rename, nothing kept.
+            stage_file(&store, &c, b"new c", 0o644).unwrap(),
+        ])
+        .unwrap();
+        assert_eq!(std::fs::read(&a).unwrap(), b"new a");
+        assert_eq!(std::fs::read(&b).unwrap(), b"new b");
+        assert_eq!(std::fs::read(&c).unwrap(), b"new c");
+        let kept = temps(tmp.path());
+        assert_eq!(kept.len(), 2, "{:?}", names(tmp.path()));
+        let mut old: Vec<String> = kept
+            .iter()
+            .map(|n| std::fs::read_to_string(tmp.path().join(n)).unwrap())
+            .collect();
+        old.sort();
+        assert_eq!(old, ["old a", "old b"]);
+
+        let replaced = store.take_replaced();
+        assert_eq!(replaced.len(), 2);
+        assert!(store.take_replaced().is_empty(), "taken once");
+        replaced.remove();
+        assert_eq!(
+            names(tmp.path()),
+            ["metrics.json", "report.json", "session.json"]
+        );
+
+        let plain = Store::default();
+        stage_file(&plain, &a, b"newer a", 0o644)
+            .unwrap()
+            .commit()
+            .unwrap();
+        assert_eq!(std::fs::read(&a).unwrap(), b"newer a");
+        assert!(temps(tmp.path()).is_empty());
+        assert!(plain.take_replaced().is_empty());
+    }
+
+    /// A directory where a file is written is swapped back: it stays with
+    /// what it holds, the write fails naming it, no temp file is left.
+    #[test]
+    fn a_deferring_commit_over_a_directory_fails_and_leaves_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("report.json");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join("inside"), "kept").unwrap();
+        let store = Store::default().deferring_removals();
+        let err = commit_all([stage_file(&store, &dir, b"x", 0o644).unwrap()]).unwrap_err();
+        assert!(err.to_string().contains("report.json"), "{err}");
+        assert_eq!(std::fs::read(dir.join("inside")).unwrap(), b"kept");
+        assert_eq!(names(tmp.path()), ["report.json"]);
+        assert!(store.take_replaced().is_empty());
+    }
+
+    /// Old versions nobody took go with the last clone of their store (a
+    /// hook that failed after its commit leaves no temp file behind).
+    #[test]
+    fn old_versions_nobody_took_go_with_the_store() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("session.json");
+        std::fs::write(&path, "old").unwrap();
+        let store = Store::default().deferring_removals();
+        let clone = store.clone();
+        stage_file(&clone, &path, b"new", 0o644)
+            .unwrap()
+            .commit()
+            .unwrap();
+        drop(clone);
+        assert_eq!(temps(tmp.path()).len(), 1, "kept while a clone lives");
+        drop(store);
+        assert_eq!(names(tmp.path()), ["session.json"]);
+        assert_eq!(std::fs::read(&path).unwrap(), b"new");
     }
 }

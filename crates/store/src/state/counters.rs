@@ -187,7 +187,7 @@ pub fn next_instance(root: &StateRoot, agent_dir: &AgentDir, now: Timestamp) -> 
         }
         _ => serialize(&counters, &path)?,
     };
-    atomic::write_file(&root.store, &path, &bytes, STATE_FILE_MODE)?;
+    atomic::stage_file(&root.store, &path, &bytes, STATE_FILE_MODE)?.commit()?;
     if let Some(kept) = kept.as_mut() {
         **kept = Last::of(&path, counters, bytes);
     }

@@ -25,6 +25,7 @@ pub mod metrics;
 pub mod modes;
 pub mod prune;
 pub mod rebuild;
+pub mod replaced;
 pub mod report;
 pub mod rotation;
 pub mod session;

@@ -1,6 +1,6 @@
 //! The store as one process uses it: what a write does when the disk is
-//! full, and whether (and under what time) the repairs a read makes are
-//! noted. A value the caller builds once and hands down — in its
+//! full, whether (and under what time) the repairs a read makes are
+//! noted, and whether replaced files are freed later, off a hook's path. A value the caller builds once and hands down — in its
 //! [`super::StateRoot`] and every [`super::AgentDir`] taken from it, or as
 //! an argument to a write by path — never a process-wide setting, so two
 //! daemons (or two tests) in one process never see each other's.
@@ -13,6 +13,7 @@
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
+use super::replaced::{Pending, Replaced};
 use crate::clock::Timestamp;
 
 /// Frees disk space; returns the bytes freed.
@@ -21,11 +22,12 @@ type Reclaimer = dyn Fn() -> u64 + Send + Sync;
 /// The time a repair sets a file aside under.
 type RepairClock = dyn Fn() -> Timestamp + Send + Sync;
 
-/// See the module's documentation. Cheap to clone (two `Arc`s).
+/// See the module's documentation. Cheap to clone (three `Arc`s).
 #[derive(Clone, Default)]
 pub struct Store {
     reclaimer: Option<Arc<Reclaimer>>,
     repairs: Option<Arc<Repairs>>,
+    removals: Option<Arc<Pending>>,
 }
 
 /// The repairs noted (agent, what was done) and the clock they take.
@@ -39,6 +41,7 @@ impl fmt::Debug for Store {
         f.debug_struct("Store")
             .field("reclaims", &self.reclaimer.is_some())
             .field("records_repairs", &self.repairs.is_some())
+            .field("defers_removals", &self.removals.is_some())
             .finish()
     }
 }
@@ -64,6 +67,30 @@ impl Store {
             now: Box::new(now),
         }));
         self
+    }
+
+    /// This store, its staged files ([`super::atomic::commit_all`]) put in
+    /// place by exchanging names, the old versions kept under their temp
+    /// names until [`Store::take_replaced`] hands them over for removal off
+    /// the caller's path ([`super::replaced`]): for the session hooks. Never
+    /// for a writer that removes the directories it writes in.
+    pub fn deferring_removals(mut self) -> Self {
+        self.removals = Some(Arc::default());
+        self
+    }
+
+    /// Where a commit keeps the old versions, if this store defers them.
+    pub(crate) fn removals(&self) -> Option<Arc<Pending>> {
+        self.removals.clone()
+    }
+
+    /// The old versions left since the last call (none unless this store
+    /// defers removals).
+    pub fn take_replaced(&self) -> Replaced {
+        match &self.removals {
+            Some(pending) => pending.take(),
+            None => Replaced::none(),
+        }
     }
 
     /// Run the reclaimer, if any: the bytes it freed.
