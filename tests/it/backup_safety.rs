@@ -266,7 +266,7 @@ fn root_tests(test: &str) -> bool {
 }
 
 fn must(program: &str, args: &[&str]) {
-    let out = Command::new(program).args(args).output().unwrap();
+    let out = run_tool(program, args);
     assert!(out.status.success(), "{program} {args:?}: {}", said(&out));
 }
 
@@ -279,8 +279,8 @@ struct Service {
 impl Service {
     fn create(tag: &str) -> Service {
         let s = Service {
-            user: format!("asb{tag}svc"),
-            group: format!("asb{tag}grp"),
+            user: account(&format!("asb{tag}svc")),
+            group: account(&format!("asb{tag}grp")),
         };
         s.remove();
         must("groupadd", &["--system", &s.group]);
@@ -296,8 +296,8 @@ impl Service {
     }
 
     fn remove(&self) {
-        let _ = Command::new("userdel").arg(&self.user).output();
-        let _ = Command::new("groupdel").arg(&self.group).output();
+        let _ = run_tool("userdel", &[&self.user]);
+        let _ = run_tool("groupdel", &[&self.group]);
         let _ = Command::new("groupdel").arg(&self.user).output();
     }
 }

@@ -7,7 +7,7 @@
 
 use crate::support::*;
 use std::os::unix::fs::PermissionsExt;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 fn enabled() -> bool {
     let on = std::env::var("AGENT_STATE_ROOT_TESTS").as_deref() == Ok("1")
@@ -19,20 +19,15 @@ fn enabled() -> bool {
 }
 
 fn quiet(program: &str, args: &[&str]) -> bool {
-    Command::new(program)
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+    run_tool(program, args).status.success()
 }
 
-struct User(String);
+struct User(String, String);
 
 impl Drop for User {
     fn drop(&mut self) {
         quiet("userdel", &["-r", &self.0]);
-        quiet("groupdel", &["asdoctorgrp"]);
+        quiet("groupdel", &[&self.1]);
     }
 }
 
@@ -49,9 +44,10 @@ fn doctor_names_each_missing_prerequisite_with_its_fix() {
     if !enabled() {
         return;
     }
-    let name = "asdoctorsvc";
+    let name = &account("asdoctorsvc");
+    let group = &account("asdoctorgrp");
     quiet("userdel", &["-r", name]);
-    quiet("groupdel", &["asdoctorgrp"]);
+    quiet("groupdel", &[group]);
     let env = Env::with_config("");
     let repo = env.tmp("repo");
     std::fs::create_dir(&repo).unwrap();
@@ -61,7 +57,7 @@ fn doctor_names_each_missing_prerequisite_with_its_fix() {
     ));
     let script = env.script("agent.sh", "echo ok");
     env.set_config(&format!(
-        "group = \"asdoctorgrp\"\n{}",
+        "group = \"{group}\"\n{}",
         daemon_config(
             &script,
             &[],
@@ -85,13 +81,13 @@ fn doctor_names_each_missing_prerequisite_with_its_fix() {
         "{said}"
     );
     assert!(
-        said.contains("FAIL  inbox group: there is no group \"asdoctorgrp\""),
+        said.contains(&format!("FAIL  inbox group: there is no group \"{group}\"")),
         "{said}"
     );
     assert!(said.contains("FAIL  daemon: no daemon runs on"), "{said}");
 
     // The user and group exist; the command is root's alone (0700).
-    assert!(quiet("groupadd", &["--system", "asdoctorgrp"]));
+    assert!(quiet("groupadd", &["--system", group]));
     assert!(quiet(
         "useradd",
         &[
@@ -100,22 +96,18 @@ fn doctor_names_each_missing_prerequisite_with_its_fix() {
             "-d",
             &format!("/var/tmp/{name}"),
             "-g",
-            "asdoctorgrp",
+            group,
             "-s",
             "/bin/sh",
             name
         ]
     ));
-    let _user = User(name.to_string());
+    let _user = User(name.to_string(), group.to_string());
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o700)).unwrap();
     env.ok(&["bootstrap"]);
     assert!(quiet(
         "chown",
-        &[
-            "-R",
-            &format!("{name}:asdoctorgrp"),
-            env.root.to_str().unwrap()
-        ]
+        &["-R", &format!("{name}:{group}"), env.root.to_str().unwrap()]
     ));
     let (ok, said) = doctor(&env, name);
     assert!(!ok);
@@ -123,7 +115,10 @@ fn doctor_names_each_missing_prerequisite_with_its_fix() {
         said.contains(&format!("ok    service user: {name}")),
         "{said}"
     );
-    assert!(said.contains("ok    inbox group: asdoctorgrp"), "{said}");
+    assert!(
+        said.contains(&format!("ok    inbox group: {group}")),
+        "{said}"
+    );
     assert!(
         said.contains(&format!("is not executable by {name}")),
         "{said}"

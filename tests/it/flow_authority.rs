@@ -9,7 +9,7 @@ use crate::flows::{Lab, archive_name, lab};
 use crate::support::*;
 use serde_json::Value;
 use std::os::unix::fs::PermissionsExt;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::Duration;
 
 const LONG: Duration = Duration::from_secs(60);
@@ -106,17 +106,18 @@ fn root_tests() -> bool {
 }
 
 fn quiet(program: &str, args: &[&str]) -> bool {
-    Command::new(program)
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+    run_tool(program, args).status.success()
 }
 
-const GROUP: &str = "asfagrp";
-const MEMBER: &str = "asfamember";
-const APPROVER: &str = "asfaappr";
+/// The inbox group, a member and an approver: this test process's own
+/// accounts ([`account`]).
+fn names() -> (String, String, String) {
+    (
+        account("asfagrp"),
+        account("asfamember"),
+        account("asfaappr"),
+    )
+}
 
 /// A member of the inbox group and an approver (also a member); removed
 /// however the test ends.
@@ -125,21 +126,23 @@ struct Users;
 impl Users {
     fn create() -> Users {
         Users.remove();
-        assert!(quiet("groupadd", &["--system", GROUP]));
-        for u in [MEMBER, APPROVER] {
+        let (group, member, approver) = names();
+        assert!(quiet("groupadd", &["--system", &group]));
+        for u in [&member, &approver] {
             assert!(quiet(
                 "useradd",
-                &["--system", "-M", "-N", "-G", GROUP, "-s", "/bin/sh", u]
+                &["--system", "-M", "-N", "-G", &group, "-s", "/bin/sh", u]
             ));
         }
         Users
     }
 
     fn remove(&self) {
-        for u in [MEMBER, APPROVER] {
+        let (group, member, approver) = names();
+        for u in [&member, &approver] {
             quiet("userdel", &[u]);
         }
-        quiet("groupdel", &[GROUP]);
+        quiet("groupdel", &[&group]);
     }
 }
 
@@ -169,10 +172,11 @@ fn a_group_member_cannot_approve_by_forged_reply_or_by_command_an_approver_can_b
         return;
     }
     let _users = Users::create();
-    let lab = lab(&format!("approvers = [{APPROVER:?}]"));
+    let (group, member, approver) = names();
+    let lab = lab(&format!("approvers = [{approver:?}]"));
     let env = &lab.env;
     let config = std::fs::read_to_string(&env.config).unwrap();
-    std::fs::write(&env.config, format!("group = {GROUP:?}\n{config}")).unwrap();
+    std::fs::write(&env.config, format!("group = {group:?}\n{config}")).unwrap();
     for (p, mode) in [
         (env.dir.path().to_path_buf(), 0o755),
         (env.config.clone(), 0o644),
@@ -184,7 +188,7 @@ fn a_group_member_cannot_approve_by_forged_reply_or_by_command_an_approver_can_b
     // The state in the inbox group, as the service user's bootstrap leaves it
     // (root's gives its files root's group).
     let out = Command::new("chgrp")
-        .args(["-R", GROUP, env.root.to_str().unwrap()])
+        .args(["-R", &group, env.root.to_str().unwrap()])
         .output()
         .unwrap();
     assert!(
@@ -197,10 +201,10 @@ fn a_group_member_cannot_approve_by_forged_reply_or_by_command_an_approver_can_b
 
     // A member of the group signs a reply as marcus, to the real question.
     let args = reply(&question);
-    let out = run_as(env, MEMBER, &args);
+    let out = run_as(env, &member, &args);
     assert!(
         out.status.success(),
-        "{MEMBER} may send mail: {}",
+        "{member} may send mail: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     d.wait_until(LONG, "the forged reply is refused and recorded", || {
@@ -209,25 +213,25 @@ fn a_group_member_cannot_approve_by_forged_reply_or_by_command_an_approver_can_b
     let refused = &refusals(&lab)[0];
     assert_eq!(refused["from"], "marcus", "{refused}");
     assert!(
-        refused["why"].as_str().unwrap().contains(MEMBER),
+        refused["why"].as_str().unwrap().contains(&member),
         "the refusal names the file's owner: {refused}"
     );
     assert_eq!(lab.current()["status"], "blocked", "still blocked");
     assert_eq!(env.waiting("leo").len(), 1, "left in leo's inbox");
 
     // Nor by command.
-    let out = run_as(env, MEMBER, &["flow", "approve", &cycle]);
+    let out = run_as(env, &member, &["flow", "approve", &cycle]);
     let said = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(77), "{said}");
     assert!(
-        said.contains(&format!("you are {MEMBER}")) && said.contains("approvers"),
+        said.contains(&format!("you are {member}")) && said.contains("approvers"),
         "{said}"
     );
     assert_eq!(lab.current()["status"], "blocked", "still blocked");
 
     // The approver's `flow approve` (who may not write the state) leaves a
     // reply of its own, which the daemon carries out.
-    let out = run_as(env, APPROVER, &["flow", "approve", &cycle]);
+    let out = run_as(env, &approver, &["flow", "approve", &cycle]);
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{said}");
     assert!(said.contains("the daemon carries it out"), "{said}");
@@ -236,7 +240,7 @@ fn a_group_member_cannot_approve_by_forged_reply_or_by_command_an_approver_can_b
     });
     let archived = lab.archived(&archive_name(&cycle, false));
     assert!(
-        archived.contains(&format!("Approved by marcus (unix user {APPROVER})")),
+        archived.contains(&format!("Approved by marcus (unix user {approver})")),
         "the archive names who answered: {archived}"
     );
     assert_eq!(refusals(&lab).len(), 1);

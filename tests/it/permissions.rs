@@ -7,7 +7,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use crate::support::BIN;
+use crate::support::{BIN, account, run_tool};
 
 pub(crate) fn enabled(test: &str) -> bool {
     let root = nix::unistd::geteuid().is_root();
@@ -44,11 +44,11 @@ pub(crate) struct Accounts {
 impl Accounts {
     fn create(tag: &str) -> Accounts {
         let a = Accounts {
-            group: format!("asp{tag}grp"),
-            svc: format!("asp{tag}svc"),
-            alice: format!("asp{tag}alice"),
-            bob: format!("asp{tag}bob"),
-            out: format!("asp{tag}out"),
+            group: account(&format!("asp{tag}grp")),
+            svc: account(&format!("asp{tag}svc")),
+            alice: account(&format!("asp{tag}alice")),
+            bob: account(&format!("asp{tag}bob")),
+            out: account(&format!("asp{tag}out")),
         };
         a.remove();
         must("groupadd", &["--system", &a.group]);
@@ -88,7 +88,7 @@ impl Drop for Accounts {
 }
 
 fn must(program: &str, args: &[&str]) {
-    let out = Command::new(program).args(args).output().unwrap();
+    let out = run_tool(program, args);
     assert!(
         out.status.success(),
         "{program} {args:?}: {}",
@@ -97,11 +97,7 @@ fn must(program: &str, args: &[&str]) {
 }
 
 fn quiet(program: &str, args: &[&str]) {
-    let _ = Command::new(program)
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
+    let _ = run_tool(program, args);
 }
 
 /// A state root under a directory every test user can enter, bootstrapped

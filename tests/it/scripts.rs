@@ -790,18 +790,14 @@ fn bootstrap_refuses_to_run_without_root() {
 
 /// Removes the test user and group however the test ends.
 struct SystemAccounts {
-    user: &'static str,
-    group: &'static str,
+    user: String,
+    group: String,
 }
 
 impl SystemAccounts {
     fn remove(&self) {
-        for (program, name) in [("userdel", self.user), ("groupdel", self.group)] {
-            let _ = Command::new(program)
-                .arg(name)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
+        for (program, name) in [("userdel", &self.user), ("groupdel", &self.group)] {
+            let _ = crate::support::run_tool(program, &[name]);
         }
     }
 }
@@ -851,8 +847,8 @@ fn bootstrap_as_root_creates_the_accounts_and_sets_modes() {
         return;
     }
     let accounts = SystemAccounts {
-        user: "agent-state-it",
-        group: "teleo-it",
+        user: crate::support::account("agent-state-it"),
+        group: crate::support::account("teleo-it"),
     };
     accounts.remove(); // leftovers of an interrupted run
 
@@ -861,7 +857,7 @@ fn bootstrap_as_root_creates_the_accounts_and_sets_modes() {
     let root = dir.path().join("state");
     let run = || {
         let out = bootstrap_script(dir.path())
-            .args(["--user", accounts.user, "--group", accounts.group])
+            .args(["--user", &accounts.user, "--group", &accounts.group])
             .output()
             .unwrap();
         assert!(out.status.success(), "{}", describe(&out));
@@ -871,11 +867,11 @@ fn bootstrap_as_root_creates_the_accounts_and_sets_modes() {
     let first = run();
     assert!(first.contains("groupadd"), "{first}");
     assert!(first.contains("useradd"), "{first}");
-    let uid = id_of("passwd", accounts.user);
-    let gid = id_of("group", accounts.group);
+    let uid = id_of("passwd", &accounts.user);
+    let gid = id_of("group", &accounts.group);
     let passwd = text(
         &Command::new("getent")
-            .args(["passwd", accounts.user])
+            .args(["passwd", &accounts.user])
             .output()
             .unwrap()
             .stdout,

@@ -709,3 +709,36 @@ pub fn crash_rng(harness: &str) -> (u64, impl FnMut(u64) -> u64) {
 pub fn secs(s: u64) -> std::time::Duration {
     std::time::Duration::from_secs(s)
 }
+
+/// The name of a system user or group a test makes: `base` and this test
+/// process's id. Two test runs on one machine (two CI runs at once) never
+/// make, use or delete each other's accounts. At most `base` + 6 characters.
+pub fn account(base: &str) -> String {
+    format!("{base}{:x}", std::process::id())
+}
+
+/// Run `program` with `args` (stdin from /dev/null) and return its output.
+/// An account tool (`useradd`, `groupadd`, `userdel`, `groupdel`, …) is
+/// tried again while another process holds the lock of /etc/passwd or
+/// /etc/group (another test run's useradd), for at most a minute.
+pub fn run_tool(program: &str, args: &[&str]) -> std::process::Output {
+    let account_tool = matches!(
+        program,
+        "useradd" | "groupadd" | "userdel" | "groupdel" | "usermod" | "groupmod" | "gpasswd"
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let out = Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("{program}: {e}"));
+        let said = String::from_utf8_lossy(&out.stderr);
+        let locked =
+            account_tool && (said.contains("cannot lock") || said.contains("try again later"));
+        if out.status.success() || !locked || std::time::Instant::now() >= deadline {
+            return out;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
