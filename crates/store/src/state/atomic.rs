@@ -142,56 +142,18 @@ impl Temp {
 
     /// Put the temp file in the target's place without making its data
     /// durable, for the unsynced writes: the two names are exchanged
-    /// (`RENAME_EXCHANGE`, atomic: a reader sees the old file or the new
-    /// one) and the old file, now under the temp name, is removed. A plain
-    /// rename over an existing file makes ext4 (`auto_da_alloc`) allocate and
-    /// start writing the new file's blocks inside the `rename` call; the
-    /// heartbeat, rewritten at every session start and end and 150 KB at
-    /// 10,000 agents, then paid that per write, and most versions are
-    /// replaced before writeback would ever have written them. No target
-    /// yet, or a file system without the exchange: a plain rename. A target
-    /// that cannot be removed once swapped out (a directory) is swapped back
-    /// and the write fails, as a rename over it does.
+    /// ([`Temp::exchange`]) and the old file, now under the temp name, is
+    /// removed at once. A plain rename over an existing file makes ext4
+    /// (`auto_da_alloc`) allocate and start writing the new file's blocks
+    /// inside the `rename` call; the heartbeat, rewritten at every session
+    /// start and end and 150 KB at 10,000 agents, then paid that per write,
+    /// and most versions are replaced before writeback would ever have
+    /// written them.
     fn replace_unsynced(&mut self) -> Result<()> {
-        let name = self.name.take().expect("a temp is renamed once");
-        let target = self.target.file_name().unwrap_or_default();
-        let dir = self.dir.as_fd();
-        match fsx::exchange_at(dir, &name, target) {
-            Ok(()) => match nix::unistd::unlinkat(
-                dir,
-                name.as_os_str(),
-                nix::unistd::UnlinkatFlags::NoRemoveDir,
-            ) {
-                Ok(()) | Err(nix::errno::Errno::ENOENT) => Ok(()),
-                Err(e) => {
-                    let _ = fsx::exchange_at(dir, &name, target);
-                    fsx::discard_at(dir, &name);
-                    Err(Error::io(
-                        "renaming a temp file over",
-                        &self.target,
-                        io::Error::from(e),
-                    ))
-                }
-            },
-            Err(e)
-                if matches!(
-                    e.raw_os_error(),
-                    Some(
-                        nix::libc::ENOENT
-                            | nix::libc::EINVAL
-                            | nix::libc::ENOSYS
-                            | nix::libc::EOPNOTSUPP
-                    )
-                ) =>
-            {
-                self.name = Some(name);
-                self.rename(true).map(drop)
-            }
-            Err(e) => {
-                fsx::discard_at(dir, &name);
-                Err(Error::io("renaming a temp file over", &self.target, e))
-            }
-        }
+        let old = Pending::default();
+        self.exchange(&old)?;
+        old.take().remove();
+        Ok(())
     }
 
     /// Rename over the target and fsync the directory.
@@ -544,7 +506,7 @@ mod tests {
 mod unsynced_tests {
     use super::*;
 
-    fn names(dir: &Path) -> Vec<String> {
+    pub(super) fn names(dir: &Path) -> Vec<String> {
         let mut v: Vec<String> = std::fs::read_dir(dir)
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -590,16 +552,8 @@ mod unsynced_tests {
 
 #[cfg(test)]
 mod deferred_tests {
+    use super::unsynced_tests::names;
     use super::*;
-
-    fn names(dir: &Path) -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        v.sort();
-        v
-    }
 
     fn temps(dir: &Path) -> Vec<String> {
         names(dir)

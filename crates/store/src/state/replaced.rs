@@ -16,7 +16,7 @@
 use std::ffi::{CString, OsString};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStringExt;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use nix::libc;
 
@@ -45,7 +45,7 @@ impl Pending {
         }
     }
 
-    pub(crate) fn take(self: &Arc<Self>) -> Replaced {
+    pub(crate) fn take(&self) -> Replaced {
         Replaced(std::mem::take(&mut *self.lock()))
     }
 
