@@ -425,62 +425,36 @@ impl Leases {
     }
 
     /// The key's last entry: its revision and the value, `None` for a
-    /// delete (or expiry) marker.
-    ///
-    /// Read from the stream's leader (`STREAM.MSG.GET`), not with the KV
-    /// client's direct get: async-nats makes KV buckets with `allow_direct`,
-    /// and a direct get may be answered by a follower that has not applied
-    /// the last write yet (a loaded CI read a released lease back at its old
-    /// revision). Every write is still fenced by its expected revision; this
-    /// keeps the decisions taken on a read (an end recorded, a lease fenced,
-    /// a take found held) from resting on a stale one.
+    /// delete (or expiry) marker. Read from the leader
+    /// ([`crate::kv_last`]): every write is fenced by its expected
+    /// revision, and the decisions taken on a read are not taken on a
+    /// follower's stale answer either.
     async fn read(
         &self,
         agent: &str,
         key: &str,
     ) -> Result<Option<(u64, Option<LeaseValue>)>, LeaseError> {
-        use jetstream::stream::LastRawMessageErrorKind;
-        let subject = format!("$KV.{}.{key}", self.bucket);
-        let message = match self
-            .store
-            .stream
-            .get_last_raw_message_by_subject(&subject)
+        let last = crate::kv_last(&self.store, &self.bucket, key)
             .await
-        {
-            Ok(message) => message,
-            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => return Ok(None),
-            Err(source) => {
-                return Err(LeaseError::Nats {
-                    agent: agent.to_string(),
-                    operation: "read",
-                    source: Box::new(source),
-                });
-            }
-        };
-        if is_marker(&message.headers) {
-            return Ok(Some((message.sequence, None)));
-        }
-        let value = serde_json::from_slice::<LeaseValue>(&message.payload).map_err(|e| {
-            LeaseError::Corrupt {
+            .map_err(|source| LeaseError::Nats {
                 agent: agent.to_string(),
-                revision: message.sequence,
+                operation: "read",
+                source: Box::new(source),
+            })?;
+        let Some(last) = last else {
+            return Ok(None);
+        };
+        let Some(bytes) = last.value else {
+            return Ok(Some((last.revision, None)));
+        };
+        let value =
+            serde_json::from_slice::<LeaseValue>(&bytes).map_err(|e| LeaseError::Corrupt {
+                agent: agent.to_string(),
+                revision: last.revision,
                 detail: e.to_string(),
-            }
-        })?;
-        Ok(Some((message.sequence, Some(value))))
+            })?;
+        Ok(Some((last.revision, Some(value))))
     }
-}
-
-/// Whether a stored KV message is a delete, purge or expiry marker rather
-/// than a value: `KV-Operation: DEL|PURGE`, or the server's own marker
-/// (`Nats-Marker-Reason`, where a per-key TTL ran out).
-fn is_marker(headers: &async_nats::HeaderMap) -> bool {
-    headers
-        .get("KV-Operation")
-        .is_some_and(|op| op.as_str() != "PUT")
-        || headers
-            .get(async_nats::header::NATS_MARKER_REASON)
-            .is_some()
 }
 
 /// Whether the server refused a write for its expected revision. The
@@ -540,7 +514,7 @@ mod tests {
             for (name, value) in *headers {
                 map.insert(*name, *value);
             }
-            assert_eq!(is_marker(&map), *marker, "{headers:?}");
+            assert_eq!(crate::is_marker(&map), *marker, "{headers:?}");
         }
     }
 

@@ -52,6 +52,54 @@ pub(crate) async fn last_on_subject(
         Err(e) => Err(Box::new(e)),
     }
 }
+/// A key's last message in a KV bucket: its revision, its value (`None`
+/// for a delete, purge or expiry marker) and when the server stored it
+/// (nanoseconds since the Unix epoch).
+pub(crate) struct KvLast {
+    pub revision: u64,
+    pub value: Option<Bytes>,
+    pub stored_nanos: i128,
+}
+
+/// The last message of `key` in the KV bucket `bucket`, read from the
+/// bucket stream's leader (`STREAM.MSG.GET`), never by the KV client's
+/// direct get: async-nats makes buckets with `allow_direct`, and a direct
+/// get may be answered by a follower that has not applied the last write
+/// yet (a loaded CI read a released lease back at its old revision). A
+/// decision taken on a read (an end recorded, a lease fenced, a worker
+/// shown draining right after `worker drain`) then sees every write
+/// acknowledged before it.
+pub(crate) async fn kv_last(
+    store: &async_nats::jetstream::kv::Store,
+    bucket: &str,
+    key: &str,
+) -> Result<Option<KvLast>, async_nats::jetstream::stream::LastRawMessageError> {
+    use async_nats::jetstream::stream::LastRawMessageErrorKind;
+    let subject = format!("$KV.{bucket}.{key}");
+    let message = match store.stream.get_last_raw_message_by_subject(&subject).await {
+        Ok(message) => message,
+        Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    Ok(Some(KvLast {
+        revision: message.sequence,
+        value: (!is_marker(&message.headers)).then_some(message.payload),
+        stored_nanos: message.time.unix_timestamp_nanos(),
+    }))
+}
+
+/// Whether a stored KV message is a delete, purge or expiry marker rather
+/// than a value: `KV-Operation: DEL|PURGE`, or the server's own marker
+/// (`Nats-Marker-Reason`, where a per-key TTL ran out).
+pub(crate) fn is_marker(headers: &async_nats::HeaderMap) -> bool {
+    headers
+        .get("KV-Operation")
+        .is_some_and(|op| op.as_str() != "PUT")
+        || headers
+            .get(async_nats::header::NATS_MARKER_REASON)
+            .is_some()
+}
+
 pub use config::{ClusterSettings, ConfigProblem, RawCluster};
 pub use connect::{Cluster, ClusterError, Found, Survey, WorkersUnread};
 pub use dispatch::{

@@ -355,32 +355,28 @@ impl Workers {
     /// Whether `drain/<host>` is set.
     pub async fn drain_requested(&self, host: &str) -> Result<bool, WorkersError> {
         let key = drain_key(host)?;
-        let entry = self
-            .store
-            .entry(&key)
+        let last = crate::kv_last(&self.store, &self.bucket, &key)
             .await
             .map_err(|e| self.nats(&key, "read", e))?;
-        Ok(entry.is_some_and(|e| e.operation == kv::Operation::Put))
+        Ok(last.is_some_and(|l| l.value.is_some()))
     }
 
     /// One worker's record, if it has one.
     pub async fn get(&self, host: &str) -> Result<Option<WorkerEntry>, WorkersError> {
         let key = record_key(host)?;
-        let entry = self
-            .store
-            .entry(&key)
+        let last = crate::kv_last(&self.store, &self.bucket, &key)
             .await
             .map_err(|e| self.nats(&key, "read", e))?;
-        let Some(entry) = entry.filter(|e| e.operation == kv::Operation::Put) else {
+        let Some((entry, value)) = last.and_then(|l| l.value.clone().map(|v| (l, v))) else {
             return Ok(None);
         };
         let record: WorkerRecord =
-            serde_json::from_slice(&entry.value).map_err(|e| WorkersError::Corrupt {
+            serde_json::from_slice(&value).map_err(|e| WorkersError::Corrupt {
                 bucket: self.bucket.clone(),
                 key: key.clone(),
                 detail: e.to_string(),
             })?;
-        let nanos = entry.created.unix_timestamp_nanos().max(0) as u64;
+        let nanos = entry.stored_nanos.max(0) as u64;
         Ok(Some(WorkerEntry {
             drain_requested: self.drain_requested(&record.host).await?,
             record,
