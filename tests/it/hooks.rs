@@ -714,12 +714,10 @@ echo "$id""#,
     );
     let last = String::from_utf8_lossy(&out.stdout).trim().to_string();
     // What the hooks wrote is in place at once.
-    let report: Value =
-        serde_json::from_slice(&std::fs::read(env.root.join("rio/report.json")).unwrap()).unwrap();
+    let report = env.json("rio", "report.json");
     assert_eq!(report["last_session"]["id"], last.as_str());
     assert_eq!(report["last_session"]["outcome"], "error");
-    let metrics: Value =
-        serde_json::from_slice(&std::fs::read(env.root.join("rio/metrics.json")).unwrap()).unwrap();
+    let metrics = env.json("rio", "metrics.json");
     assert_eq!(metrics["lifetime"]["sessions_total"], 4, "{metrics}");
 
     let temps = || -> Vec<String> {
