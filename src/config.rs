@@ -49,8 +49,8 @@ pub use sections::{DaemonSettings, HealthSettings, HookSettings, MetricsSettings
 use sections::{RawDaemon, RawHealth, RawHooks, RawMetrics};
 use session::RawSession;
 pub use session::{
-    COMMAND_PLACEHOLDERS, DEFAULT_BIRTH_PROMPT, RetrySettings, SessionSettings, StallAction,
-    WakeOnInbox,
+    COMMAND_PLACEHOLDERS, DEFAULT_BIRTH_PROMPT, RetrySettings, RunsOn, SessionSettings,
+    StallAction, WakeOnInbox,
 };
 pub(crate) use values::valid_group;
 pub use values::{SizeError, check_user_name, parse_size, placeholders};
@@ -402,6 +402,17 @@ impl Validator {
         let raw_web: web::RawWeb = self.section(table, "web");
         let web = self.web(&raw_web);
         let cluster = self.cluster(table);
+        if cluster.as_ref().is_none_or(|c| c.local_sessions) {
+            for a in agents
+                .iter()
+                .filter(|a| a.session.runs_on == RunsOn::Controller)
+            {
+                self.warn(
+                    format!("agent ({}).runs_on", a.name),
+                    "\"controller\" has no effect: without [cluster] and local_sessions = false every session runs on this host already",
+                );
+            }
+        }
 
         Some(Config {
             source: path.to_path_buf(),

@@ -121,6 +121,7 @@ struct RawAgent {
     stuck_threshold: Option<i64>,
     resume: Option<bool>,
     memory_max: Option<String>,
+    runs_on: Option<String>,
 }
 
 impl RawAgent {
@@ -158,6 +159,7 @@ impl RawAgent {
             require_complete: self.require_complete,
             max_turns: self.max_turns,
             memory_max: self.memory_max.clone(),
+            runs_on: self.runs_on.clone(),
             workspace: self.workspace.clone(),
             verify: self.verify.clone(),
             verify_timeout: self.verify_timeout.clone(),

@@ -84,6 +84,31 @@ pub struct SessionSettings {
     /// The session cgroup's `memory.max` (`memory.high` at 90% of it);
     /// `None`: no limit. Applied where sessions get cgroups of their own.
     pub memory_max: Option<u64>,
+    /// Where its sessions run when `[cluster]` sends sessions to workers
+    /// (`local_sessions = false`); ignored otherwise (every session runs
+    /// on this host).
+    pub runs_on: RunsOn,
+}
+
+/// `runs_on`: where an agent's sessions run in cluster mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RunsOn {
+    /// On a worker (the default): ordered through the dispatch stream.
+    #[default]
+    Workers,
+    /// On the controller's own host, with the local runner: what a worker
+    /// cannot run yet (`verify` commands, a flow's steps) still runs, beside
+    /// the sessions on workers.
+    Controller,
+}
+
+impl RunsOn {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunsOn::Workers => "workers",
+            RunsOn::Controller => "controller",
+        }
+    }
 }
 
 /// The smallest `memory_max` accepted.
@@ -160,6 +185,7 @@ pub(super) struct RawSession {
     pub(super) stuck_threshold: Option<i64>,
     pub(super) resume: Option<bool>,
     pub(super) memory_max: Option<String>,
+    pub(super) runs_on: Option<String>,
 }
 
 impl Validator {
@@ -459,7 +485,20 @@ impl Validator {
                 (n != 0).then_some(n)
             }
         };
+        let runs_on = match raw.runs_on.as_deref() {
+            None => base.map(|b| b.runs_on).unwrap_or_default(),
+            Some("workers") => RunsOn::Workers,
+            Some("controller") => RunsOn::Controller,
+            Some(other) => {
+                self.problem(
+                    f("runs_on"),
+                    format!("{other:?} is not a place; use \"workers\" (the default) or \"controller\" (this host, beside the workers)"),
+                );
+                RunsOn::Workers
+            }
+        };
         SessionSettings {
+            runs_on,
             memory_max,
             iteration,
             workspace,

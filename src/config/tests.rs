@@ -657,3 +657,54 @@ fn a_flow_s_publish_settings() {
         assert!(e.contains(want), "{want}: {e}");
     }
 }
+
+/// `runs_on` (per agent, inherited from `[defaults]`): where an agent's
+/// sessions run in cluster mode; a wrong value names the field, and
+/// "controller" without workers to keep apart from is said to do nothing.
+#[test]
+fn runs_on_places_an_agent_on_the_controller_or_the_workers() {
+    let cluster = "[cluster]\nurls = [\"nats://127.0.0.1:4222\"]\nlocal_sessions = false\n";
+    let parse = |defaults: &str, agent: &str, tail: &str| {
+        Config::parse(
+            &format!(
+                "[defaults]\ncommand = [\"/bin/true\"]\n{defaults}\n[[agent]]\nname = \"rio\"\n{agent}\n[[agent]]\nname = \"leo\"\n{tail}"
+            ),
+            Path::new("/etc/agent-state/config.toml"),
+        )
+    };
+    let c = parse("", "", cluster).unwrap();
+    assert_eq!(c.agents[0].session.runs_on, RunsOn::Workers, "the default");
+    let c = parse("", "runs_on = \"controller\"", cluster).unwrap();
+    assert_eq!(c.agents[0].session.runs_on, RunsOn::Controller);
+    assert_eq!(c.agents[1].session.runs_on, RunsOn::Workers);
+    assert!(
+        c.warnings.iter().all(|w| !w.field.contains("runs_on")),
+        "{:?}",
+        c.warnings
+    );
+    let c = parse("runs_on = \"controller\"", "runs_on = \"workers\"", cluster).unwrap();
+    assert_eq!(c.agents[0].session.runs_on, RunsOn::Workers);
+    assert_eq!(c.agents[1].session.runs_on, RunsOn::Controller, "inherited");
+    // Without workers (no [cluster], or local_sessions = true): said.
+    for tail in ["", "[cluster]\nurls = [\"nats://127.0.0.1:4222\"]\n"] {
+        let c = parse("", "runs_on = \"controller\"", tail).unwrap();
+        let warned: Vec<String> = c.warnings.iter().map(|w| w.to_string()).collect();
+        assert!(
+            warned
+                .iter()
+                .any(|w| w.contains("agent (rio).runs_on") && w.contains("has no effect")),
+            "{warned:?}"
+        );
+    }
+    let Err(ConfigError::Invalid { problems, .. }) = parse("", "runs_on = \"laptop\"", cluster)
+    else {
+        panic!("a bad runs_on passed");
+    };
+    let p: Vec<String> = problems.iter().map(|p| p.to_string()).collect();
+    assert!(
+        p.iter().any(|p| p.contains("runs_on")
+            && p.contains("\"laptop\" is not a place")
+            && p.contains("\"controller\"")),
+        "{p:?}"
+    );
+}

@@ -50,7 +50,9 @@
 //! ([`workspace`]). Not yet on workers, refused with the setting to
 //! change: a flow cycle's worktree, and `verify` commands (they would run
 //! here, not where the session worked; a later iteration would need the
-//! same worker).
+//! same worker). An agent with `runs_on = "controller"` never comes here:
+//! its sessions run on the controller's host with the local runner
+//! (`service/start.rs`), beside the sessions on workers.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -155,11 +157,11 @@ pub enum Unfit {
     )]
     Workspace,
     #[error(
-        "not started: a flow cycle's step (its worktree on branch {branch}) cannot run on a worker yet: the flow opens, publishes and removes that worktree on the controller; set local_sessions = true in [cluster], or take the agent out of the flow"
+        "not started: a flow cycle's step (its worktree on branch {branch}) cannot run on a worker yet: the flow opens, publishes and removes that worktree on the controller; set runs_on = \"controller\" for this agent (its sessions run on the controller's host), local_sessions = true in [cluster], or take the agent out of the flow"
     )]
     FlowCycle { branch: String },
     #[error(
-        "not started: a session with `verify` commands cannot run on a worker yet: they would run on the controller, not where the session worked; set local_sessions = true in [cluster], or remove [agent.session.iteration] verify"
+        "not started: a session with `verify` commands cannot run on a worker yet: they would run on the controller, not where the session worked; set runs_on = \"controller\" for this agent (its sessions run on the controller's host), local_sessions = true in [cluster], or remove [agent.session.iteration] verify"
     )]
     Verify,
     #[error("the session's spec names no agent or session id")]

@@ -622,10 +622,20 @@ pub async fn run(config_path: &Path, web: WebHook) -> Result<()> {
                 humantime::format_duration(cluster.dispatch_timeout)
             );
             // Said once here, not only in each refused session's reason.
+            let mut here = Vec::new();
             for agent in &daemon.config.agents {
-                if !agent.session.iteration.verify.is_empty() {
-                    tracing::warn!(agent = %agent.name, "{}: {} has [agent.session.iteration] verify, which cannot run on a worker yet: each of its sessions is refused (set local_sessions = true in [cluster], or remove its verify)", config_path.display(), agent.name);
+                if agent.session.runs_on == crate::config::RunsOn::Controller {
+                    here.push(agent.name.to_string());
+                } else if !agent.session.iteration.verify.is_empty() {
+                    tracing::warn!(agent = %agent.name, "{}: {} has [agent.session.iteration] verify, which cannot run on a worker yet: each of its sessions is refused (set runs_on = \"controller\" for it, local_sessions = true in [cluster], or remove its verify)", config_path.display(), agent.name);
                 }
+            }
+            if !here.is_empty() {
+                tracing::info!(
+                    "{}: the sessions of {} run on this host (runs_on = \"controller\"); they stop with the daemon",
+                    config_path.display(),
+                    here.join(", ")
+                );
             }
         }
         (Some(cluster), None) => tracing::warn!(
@@ -1002,7 +1012,7 @@ impl Daemon {
         }
         // Cluster mode: sessions on workers go on without this daemon; the
         // next start follows them again.
-        let left = adopted::leave_remote_sessions(self.remote.is_some(), &mut self.running);
+        let left = adopted::leave_remote_sessions(&mut self.running);
         if left > 0 {
             tracing::info!(
                 "{why}: {left} session(s) on workers left running; the next start follows them again"

@@ -525,3 +525,133 @@ fn a_worker_killed_before_its_end_is_stored_keeps_the_worktree_judgement() {
     assert_eq!(s["status"], "completed", "{s:#}\n{}", second.log());
     check_workspace(&env, &repo, &s);
 }
+
+/// The lines an agent's session wrote of where it ran (`seen-AGENT-SID`).
+fn seen_of(env: &Env, agent: &str, sid: &str) -> Vec<String> {
+    std::fs::read_to_string(env.tmp(&format!("seen-{agent}-{sid}")))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// An agent with `verify` and `runs_on = "controller"` runs on the
+/// controller's host, in a worktree made there, its verification judging
+/// that worktree, while another agent's session goes to a worker. A
+/// controller that stops ends the session it runs itself (a worker's it
+/// leaves for the next controller). On the code before: rio's sessions
+/// were refused ("`verify` commands cannot run on a worker yet") whatever
+/// the setting, and `runs_on` was an unknown field.
+#[test]
+fn an_agent_placed_on_the_controller_runs_its_verify_there_beside_the_workers() {
+    let Some(binary) = nats::server_binary("cluster_workspace") else {
+        return;
+    };
+    let servers = nats::NatsCluster::start(&binary, 1);
+    let env = Env::with_config("");
+    let repo = git_repo(&env);
+    let script = agent(&env);
+    let workspace = format!(
+        "{{ repo = {:?}, base = \"main\" }}",
+        repo.display().to_string()
+    );
+    let body = daemon_config(
+        &script,
+        &[],
+        &[("wake_on_inbox", "\"never\""), ("workspace", &workspace)],
+        "[[agent]]\nname = \"rio\"\nruns_on = \"controller\"\nverify = [[\"test\", \"-f\", \"own-rio.txt\"]]\nmax_iterations = 2\n[[agent]]\nname = \"leo\"\n[[agent]]\nname = \"marcus\"\nkind = \"human\"\n",
+    );
+    env.set_config(&format!(
+        "{body}\n[cluster]\nurls = {:?}\nreplicas = 1\nlocal_sessions = false\ndispatch_timeout = \"60s\"\n",
+        servers.urls()
+    ));
+    env.ok(&["bootstrap"]);
+    let worker = Worker::start(&env, "w1");
+    worker.wait_registered();
+    let mut d = env.daemon();
+    let log = d.log_text();
+    assert!(
+        log.contains("the sessions of rio run on this host (runs_on = \"controller\")"),
+        "{log}"
+    );
+    assert!(!log.contains("cannot run on a worker yet"), "{log}");
+
+    env.ok(&["wake", "rio"]);
+    env.ok(&["wake", "leo"]);
+    let recorded = |a: &str| {
+        let p = env.path(a, "session.json");
+        p.exists() && read_json(&p)["workspace"].is_object()
+    };
+    d.wait_until(Duration::from_secs(90), "both sessions recorded", || {
+        recorded("rio") && recorded("leo")
+    });
+    let rio = read_json(&env.path("rio", "session.json"));
+    let leo = read_json(&env.path("leo", "session.json"));
+    assert_eq!(rio["status"], "completed", "{rio:#}");
+    assert_eq!(leo["status"], "completed", "{leo:#}");
+    // rio: on this host (no worker in its environment), in its worktree,
+    // verified there at the first iteration (its file is only there).
+    let rio_sid = rio["session_id"].as_str().unwrap();
+    let seen = seen_of(&env, "rio", rio_sid);
+    assert!(seen.contains(&"worker=".to_string()), "{seen:?}");
+    let real = env
+        .path("rio", &format!("workspaces/{rio_sid}"))
+        .canonicalize()
+        .unwrap();
+    assert!(
+        seen.contains(&format!("cwd={}", real.display())),
+        "{seen:?}"
+    );
+    assert_eq!(rio["iterations"]["count"], 1, "{rio:#}");
+    assert_eq!(rio["iterations"]["verify_failures"], 0, "{rio:#}");
+    assert_eq!(rio["workspace"]["commits_ahead"], 1, "{rio:#}");
+    let journal = std::fs::read_to_string(env.path("rio", "journal.jsonl")).unwrap();
+    assert!(
+        journal.contains("\"iteration_end\"") && journal.contains("\"passed\""),
+        "{journal}"
+    );
+    // leo: on the worker.
+    let leo_sid = leo["session_id"].as_str().unwrap();
+    let seen = seen_of(&env, "leo", leo_sid);
+    assert!(seen.contains(&"worker=w1".to_string()), "{seen:?}");
+
+    // A session of rio's held running, then the controller stopped: it
+    // stops with it, recorded, not left running for a next controller.
+    std::fs::write(env.tmp("hold-rio"), "").unwrap();
+    env.ok(&["wake", "rio"]);
+    d.wait_until(Duration::from_secs(60), "rio's second session runs", || {
+        let s = read_json(&env.path("rio", "session.json"));
+        s["status"] == "running" && s["session_id"] != rio_sid && {
+            let sid = s["session_id"].as_str().unwrap_or_default();
+            env.tmp(&format!("seen-rio-{sid}")).exists()
+        }
+    });
+    let second = read_json(&env.path("rio", "session.json"));
+    let second_sid = second["session_id"].as_str().unwrap().to_string();
+    d.signal(nix::sys::signal::Signal::SIGTERM);
+    d.wait_exit(Duration::from_secs(60));
+    let log = d.log_text();
+    assert!(
+        !log.contains(&format!("session {second_sid} left running")),
+        "{log}"
+    );
+    let s = read_json(&env.path("rio", "session.json"));
+    assert_eq!(s["session_id"], second_sid.as_str(), "{s:#}");
+    assert_ne!(s["status"], "running", "{s:#}");
+    assert!(
+        !env.root.join(".daemon/remote.rio").exists(),
+        "a record for a next controller was left"
+    );
+    // Its script is gone with it (it would wait on its hold file).
+    let script_path = script.display().to_string();
+    let left: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(&script_path))
+        .collect();
+    assert!(left.is_empty(), "still running: {left:?}");
+    std::fs::remove_file(env.tmp("hold-rio")).unwrap();
+    drop(worker);
+}

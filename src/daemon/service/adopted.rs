@@ -62,6 +62,7 @@ pub(super) fn adopt(daemon: &mut Daemon, agent: &AgentName, record: RemoteRecord
     // Its timeout from now: the worker keeps the session's own (the
     // order carries it); this one is the controller's backstop.
     running.feed(machine::Event::Launched);
+    running.on_worker = true;
     daemon.running.insert(agent.clone(), running);
     if let Err(e) = daemon.watcher.watch_session(agent, &dir.path) {
         tracing::warn!(agent = %agent, session_id = %sid, "its script's own session end is heard only when it exits: {e}");
@@ -131,17 +132,12 @@ pub(super) fn adopt(daemon: &mut Daemon, agent: &AgentName, record: RemoteRecord
 /// A controller stopping in cluster mode: its remote sessions are left
 /// running on their workers (the next controller adopts them), except
 /// those being ended (stopped, or their end being recorded), which it
-/// waits for. Returns how many it left.
-pub(super) fn leave_remote_sessions(
-    remote: bool,
-    running: &mut BTreeMap<AgentName, Running>,
-) -> usize {
-    if !remote {
-        return 0;
-    }
+/// waits for, and those on this host (`runs_on = "controller"`), which
+/// stop with it. Returns how many it left.
+pub(super) fn leave_remote_sessions(running: &mut BTreeMap<AgentName, Running>) -> usize {
     let leave: Vec<AgentName> = running
         .iter()
-        .filter(|(_, r)| !r.recording && r.stop_reason.is_none())
+        .filter(|(_, r)| r.on_worker && !r.recording && r.stop_reason.is_none())
         .map(|(a, _)| a.clone())
         .collect();
     for agent in &leave {

@@ -59,6 +59,10 @@ pub(super) struct Running {
     pub(super) decided: Option<(machine::Outcome, failure::Verdict)>,
     /// The worker it runs on, when it runs on one (the lease's holder).
     pub(super) host: Option<String>,
+    /// It runs (or is ordered) on a worker: a controller that stops
+    /// leaves it running for the next one. A session of an agent with
+    /// `runs_on = "controller"` runs on this host and is stopped.
+    pub(super) on_worker: bool,
 }
 
 /// Why the daemon stops a session, shared with its [`Observer`].

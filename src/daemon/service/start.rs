@@ -199,8 +199,16 @@ impl Daemon {
         let again = (!cfg.session.iteration.verify.is_empty()).then(|| prepared.spec.clone());
         let resume_argv = prepared.resume_argv.clone();
         let iteration_store = dir.store.clone();
-        // On this host, or on a worker (`[cluster]`, `local_sessions = false`).
-        let target = self.remote.clone().map(|remote| {
+        // On this host, or on a worker (`[cluster]`, `local_sessions =
+        // false`, and the agent's `runs_on` is not "controller").
+        let remote = self
+            .remote
+            .clone()
+            .filter(|_| cfg.session.runs_on == crate::config::RunsOn::Workers);
+        if let Some(r) = self.running.get_mut(agent) {
+            r.on_worker = remote.is_some();
+        }
+        let target = remote.map(|remote| {
             let keep = remote::Keep {
                 root: self.root.clone(),
                 agent: agent.clone(),
@@ -845,6 +853,7 @@ impl Running {
             recording: false,
             decided: None,
             host: None,
+            on_worker: false,
         };
         let side = TaskSide {
             orders: orders_rx,
