@@ -655,3 +655,61 @@ fn an_agent_placed_on_the_controller_runs_its_verify_there_beside_the_workers() 
     std::fs::remove_file(env.tmp("hold-rio")).unwrap();
     drop(worker);
 }
+
+/// A flow in cluster mode: its Actor, whose cycle worktree a worker cannot
+/// run yet, placed on the controller (`runs_on = "controller"`); its
+/// Planner and Judge on a worker. The cycle runs to its archive as on one
+/// host. On the code before: the Actor's step was refused ("a flow
+/// cycle's step ... cannot run on a worker yet") and the cycle stopped.
+#[test]
+fn a_flow_whose_actor_runs_on_the_controller_completes_with_the_others_on_a_worker() {
+    let Some(binary) = nats::server_binary("cluster_workspace") else {
+        return;
+    };
+    let servers = nats::NatsCluster::start(&binary, 1);
+    let cluster = format!(
+        "[cluster]\nurls = {:?}\nreplicas = 1\nlocal_sessions = false\ndispatch_timeout = \"60s\"\n",
+        servers.urls()
+    );
+    let lab = crate::flows::lab_with("", "runs_on = \"controller\"", &cluster);
+    lab.env.ok(&["bootstrap"]);
+    lab.script("theseus", &["* plan"]);
+    lab.script("rio", &["* small"]);
+    lab.script("leo", &["* pass-low"]);
+    let worker = Worker::start(&lab.env, "w1");
+    worker.wait_registered();
+    let d = lab.env.daemon();
+    let cycle = lab.start("Add three notes to notes.md");
+    let name = crate::flows::archive_name(&cycle, false);
+    d.wait_until(
+        crate::flows::LONG,
+        "the cycle is archived and journaled",
+        || {
+            !lab.archived(&name).is_empty()
+                && lab
+                    .journal()
+                    .iter()
+                    .any(|e| e["event"] == "worktree_removed")
+        },
+    );
+    let file = lab.archived(&name);
+    for s in [
+        "## Step 2 — Actor (rio",
+        "+note 1",
+        "PASS at low risk: approved",
+    ] {
+        assert!(file.contains(s), "{s:?} not in the cycle file:\n{file}");
+    }
+    assert_eq!(lab.played("theseus"), ["1 plan"]);
+    assert_eq!(lab.played("rio"), ["2 small"]);
+    assert_eq!(lab.played("leo"), ["3 pass-low"]);
+    // The Planner and the Judge ran on the worker, the Actor here.
+    let log = worker.log();
+    for (agent, there) in [("theseus", true), ("leo", true), ("rio", false)] {
+        assert_eq!(
+            log.contains(&format!(" of {agent} started")),
+            there,
+            "{agent} on the worker: {there}\n{log}"
+        );
+    }
+}

@@ -66,6 +66,12 @@ pub(crate) struct Lab {
 
 /// The three roles and marcus; `flow` is extra settings of the flow.
 pub(crate) fn lab(flow: &str) -> Lab {
+    lab_with(flow, "", "")
+}
+
+/// [`lab`] with more keys of the actor's table (`actor`) and more of the
+/// config after it (`tail`, e.g. a `[cluster]`).
+pub(crate) fn lab_with(flow: &str, actor: &str, tail: &str) -> Lab {
     let env = Env::with_config("");
     let repo = git_repo(&env);
     let script = player(&env);
@@ -77,6 +83,7 @@ name = "theseus"
 [[agent]]
 name = "rio"
 workspace = {{ repo = {repo:?}, base = "main" }}
+{actor}
 
 [[agent]]
 name = "leo"
@@ -104,7 +111,7 @@ judge = "leo"
         ],
         &agents,
     );
-    env.set_config(&body);
+    env.set_config(&format!("{body}\n{tail}"));
     Lab { env, repo }
 }
 
@@ -177,7 +184,7 @@ pub(crate) fn archive_name(cycle: &str, stopped: bool) -> String {
     }
 }
 
-const LONG: Duration = Duration::from_secs(60);
+pub(crate) const LONG: Duration = Duration::from_secs(60);
 
 #[test]
 fn a_low_risk_cycle_passes_is_approved_and_archived_as_seed_004_reads() {
