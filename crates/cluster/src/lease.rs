@@ -499,26 +499,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn markers_are_told_from_values_by_their_headers() {
-        let table: &[(&[(&str, &str)], bool)] = &[
-            (&[], false),
-            (&[("Nats-TTL", "300s")], false),
-            (&[("KV-Operation", "PUT")], false),
-            (&[("KV-Operation", "DEL")], true),
-            (&[("KV-Operation", "PURGE")], true),
-            (&[("Nats-Marker-Reason", "MaxAge")], true),
-            (&[("Nats-Marker-Reason", "Remove")], true),
-        ];
-        for (headers, marker) in table {
-            let mut map = async_nats::HeaderMap::new();
-            for (name, value) in *headers {
-                map.insert(*name, *value);
-            }
-            assert_eq!(crate::is_marker(&map), *marker, "{headers:?}");
-        }
-    }
-
-    #[test]
     fn lease_keys() {
         let table: &[(&str, Option<&str>)] = &[
             ("rio", Some("run/rio")),

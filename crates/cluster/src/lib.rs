@@ -121,3 +121,28 @@ pub use workers::{
     CredentialState, NameCheck, RunningSession, WorkerEntry, WorkerRecord, WorkerState,
     WorkerTiming, Workers, WorkersError, name_check, worker_state,
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn markers_are_told_from_values_by_their_headers() {
+        let table: &[(&[(&str, &str)], bool)] = &[
+            (&[], false),
+            (&[("Nats-TTL", "300s")], false),
+            (&[("KV-Operation", "PUT")], false),
+            (&[("KV-Operation", "DEL")], true),
+            (&[("KV-Operation", "PURGE")], true),
+            (&[("Nats-Marker-Reason", "MaxAge")], true),
+            (&[("Nats-Marker-Reason", "Remove")], true),
+        ];
+        for (headers, marker) in table {
+            let mut map = async_nats::HeaderMap::new();
+            for (name, value) in *headers {
+                map.insert(*name, *value);
+            }
+            assert_eq!(is_marker(&map), *marker, "{headers:?}");
+        }
+    }
+}
