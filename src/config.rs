@@ -402,7 +402,26 @@ impl Validator {
         let raw_web: web::RawWeb = self.section(table, "web");
         let web = self.web(&raw_web);
         let cluster = self.cluster(table);
-        if cluster.as_ref().is_none_or(|c| c.local_sessions) {
+        if cluster.as_ref().is_some_and(|c| !c.local_sessions) {
+            // What a worker refuses, said by `check` before a session is.
+            for a in agents
+                .iter()
+                .filter(|a| a.session.runs_on == RunsOn::Workers)
+            {
+                if !a.session.iteration.verify.is_empty() {
+                    self.warn(
+                        format!("agent ({}).verify", a.name),
+                        "cannot run on a worker yet: each of its sessions is refused; set runs_on = \"controller\" for this agent (its sessions run on the controller's host)",
+                    );
+                }
+                if let Some(f) = flows.iter().find(|f| f.actor == a.name) {
+                    self.warn(
+                        format!("agent ({}).runs_on", a.name),
+                        format!("{} is the Actor of flow {}, whose cycle steps cannot run on a worker yet: each is refused; set runs_on = \"controller\" for this agent", a.name, f.name),
+                    );
+                }
+            }
+        } else {
             for a in agents
                 .iter()
                 .filter(|a| a.session.runs_on == RunsOn::Controller)

@@ -696,6 +696,41 @@ fn runs_on_places_an_agent_on_the_controller_or_the_workers() {
             "{warned:?}"
         );
     }
+    // In cluster mode, what a worker would refuse is said by `check`.
+    let warned = |c: &Config| -> Vec<String> { c.warnings.iter().map(|w| w.to_string()).collect() };
+    let c = parse("", "verify = [[\"true\"]]", cluster).unwrap();
+    assert!(
+        warned(&c)
+            .iter()
+            .any(|w| w.contains("agent (rio).verify") && w.contains("runs_on = \"controller\"")),
+        "{:?}",
+        warned(&c)
+    );
+    let c = parse(
+        "",
+        "verify = [[\"true\"]]\nruns_on = \"controller\"",
+        cluster,
+    )
+    .unwrap();
+    assert!(
+        warned(&c).iter().all(|w| !w.contains("(rio).verify")),
+        "{:?}",
+        warned(&c)
+    );
+    let flow = "[[agent]]\nname = \"marcus\"\nkind = \"human\"\n[[flow]]\nname = \"notes\"\nplanner = \"leo\"\nactor = \"rio\"\njudge = \"leo\"\nhuman = \"marcus\"\n";
+    let c = parse(
+        "",
+        "workspace = { repo = \"/srv/notes\" }",
+        &format!("{flow}{cluster}"),
+    )
+    .unwrap();
+    assert!(
+        warned(&c)
+            .iter()
+            .any(|w| w.contains("agent (rio).runs_on") && w.contains("Actor of flow notes")),
+        "{:?}",
+        warned(&c)
+    );
     let Err(ConfigError::Invalid { problems, .. }) = parse("", "runs_on = \"laptop\"", cluster)
     else {
         panic!("a bad runs_on passed");
