@@ -22,6 +22,14 @@ use serde::Serialize;
 
 use crate::config::{AgentConfig, AgentKind, Config};
 
+/// Whether `path` names something, links followed: a command or a
+/// repository is the operator's own path outside the state root, and exec
+/// and git follow its links (`/bin/sh` on a merged-/usr system, a repository
+/// under a linked `/srv`). (`fsx::exists` follows none: for the state root.)
+fn exists(path: &Path) -> bool {
+    std::fs::metadata(path).is_ok()
+}
+
 /// How bad a [`Need`] is: errors make `check` exit non-zero.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -249,7 +257,7 @@ pub fn look_at_program(
     }
     let path = Path::new(program);
     if path.is_absolute() {
-        return match crate::fsx::exists(path) {
+        return match exists(path) {
             false => Some(Found::NoSuchFile {
                 path: path.to_path_buf(),
             }),
@@ -259,7 +267,7 @@ pub fn look_at_program(
     if program.contains('/') {
         let repo = repo?;
         let path = repo.join(path);
-        return match crate::fsx::exists(&path) {
+        return match exists(&path) {
             false => Some(Found::NotInRepo {
                 program: program.to_string(),
                 repo: repo.to_path_buf(),
@@ -271,7 +279,7 @@ pub fn look_at_program(
     let mut denied = None;
     for dir in std::env::split_paths(path_var).filter(|d| d.is_absolute()) {
         let candidate = dir.join(program);
-        if !crate::fsx::exists(&candidate) {
+        if !exists(&candidate) {
             continue;
         }
         match not_executable(&candidate) {
@@ -310,12 +318,12 @@ fn not_executable(path: &Path) -> Option<Found> {
 
 /// What is wrong with a workspace repository, if anything.
 pub fn look_at_repo(repo: &Path) -> Option<Found> {
-    if !crate::fsx::exists(repo) {
+    if !exists(repo) {
         return Some(Found::RepoMissing {
             repo: repo.to_path_buf(),
         });
     }
-    if !crate::fsx::is_dir(repo) {
+    if !repo.is_dir() {
         return Some(Found::NotARepo {
             repo: repo.to_path_buf(),
             why: "not a directory".into(),
@@ -452,6 +460,9 @@ mod tests {
         let exe_s = exe.display().to_string();
         let plain_s = plain.display().to_string();
         let missing = dir.path().join("missing").display().to_string();
+        let bin = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(dir.path(), bin.path().join("bin")).unwrap();
+        let linked_s = bin.path().join("bin/exe").display().to_string();
         let table: &[(&str, Option<&Path>, Option<&str>)] = &[
             (&exe_s, None, None),
             ("exe", None, None),
@@ -463,11 +474,40 @@ mod tests {
             ("./missing", Some(dir.path()), Some("not in repo")),
             ("./missing", None, None),
             ("{workspace}/t.sh", None, None),
+            // Through a linked directory, as /bin/sh is on a merged-/usr
+            // system: found, as exec finds it.
+            (&linked_s, None, None),
         ];
         // (root may execute a 0644 file: access(2) says so for root only if
         // some x bit is set, so the table holds for root too.)
         for (program, repo, want) in table {
             assert_eq!(kind(program, *repo), *want, "{program}");
         }
+    }
+
+    #[test]
+    fn a_repository_through_a_linked_directory_is_found_as_git_finds_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = dir.path().join("repo");
+        std::fs::create_dir(&repo).unwrap();
+        let ok = std::process::Command::new("git")
+            .args(["init", "-q"])
+            .current_dir(&repo)
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        let srv = dir.path().join("srv");
+        std::os::unix::fs::symlink(dir.path(), &srv).unwrap();
+        assert_eq!(look_at_repo(&srv.join("repo")), None);
+        assert!(matches!(
+            look_at_repo(&srv.join("missing")),
+            Some(Found::RepoMissing { .. })
+        ));
+        let file = dir.path().join("file");
+        std::fs::write(&file, "").unwrap();
+        assert!(matches!(
+            look_at_repo(&srv.join("file")),
+            Some(Found::NotARepo { .. })
+        ));
     }
 }

@@ -225,3 +225,51 @@ fn the_state_checks_are_unchanged_beside_them() {
         "{text}"
     );
 }
+
+/// Commands and repositories reached through a linked directory (`/bin`
+/// on a merged-/usr Debian is a link to `usr/bin`; a repository under a
+/// linked `/srv`) are found, as exec and git find them. On the code
+/// before: `check` said `/bin/sh` "does not exist", and failed on a
+/// `verify = [["/bin/sh", ...]]` and on a linked repository ("not a git
+/// repository").
+#[test]
+fn check_follows_links_to_commands_and_repositories() {
+    let env = Env::with_config("");
+    let good = env.script("agent.sh", "exit 0");
+    let repo = git_repo(&env);
+    let linked = env.tmp("linked");
+    std::os::unix::fs::symlink(env.dir.path(), &linked).unwrap();
+    let through = |p: &std::path::Path| {
+        linked
+            .join(p.strip_prefix(env.dir.path()).unwrap())
+            .display()
+            .to_string()
+    };
+    env.set_config(&format!(
+        r#"
+[defaults]
+command = [{command:?}, "{{agent}}"]
+
+[[agent]]
+name = "rio"
+workspace = {{ repo = {repo:?} }}
+verify = [[{command:?}]]
+
+[[agent]]
+name = "marcus"
+kind = "human"
+"#,
+        command = through(&good),
+        repo = through(&repo),
+    ));
+    let out = env.command(&["check"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned()
+        + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        !text
+            .lines()
+            .any(|l| l.starts_with("WARNING") || l.starts_with("ERROR")),
+        "{text}"
+    );
+}
