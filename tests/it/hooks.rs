@@ -734,3 +734,40 @@ echo "$id""#,
         temps()
     );
 }
+
+/// A crash while the first session's end was committed, after session.json
+/// was renamed in and before report.json and metrics.json were: the
+/// daemon's recovery at start completes the end from the journal and counts
+/// it once. On the code
+/// before: a metrics.json that had counted no session yet was taken for a
+/// file older than its marker and marked counted without counting
+/// (`lifetime.sessions_total` 0 with one ending in the journal; the crash
+/// test's invariant 8, seen once in a loaded CI).
+#[test]
+fn a_first_end_cut_between_its_files_is_counted_once_at_repair() {
+    let env = Env::standard();
+    let id = begin(&env, &["rio"]);
+    let keep = |f: &str| std::fs::read(env.path("rio", f)).unwrap();
+    let (report, metrics) = (keep("report.json"), keep("metrics.json"));
+    env.ok(&["session", "end", "rio", "--session", &id]);
+    // The crash: only session.json had been renamed in.
+    std::fs::write(env.path("rio", "report.json"), report).unwrap();
+    std::fs::write(env.path("rio", "metrics.json"), metrics).unwrap();
+    // Recovery runs before the daemon is ready.
+    let d = env.daemon();
+    assert_eq!(env.events("rio", "session_end").len(), 1);
+    let m = env.json("rio", "metrics.json");
+    assert_eq!(m["lifetime"]["sessions_total"], 1, "{m}\n{}", d.log_text());
+    assert_eq!(m["lifetime"]["sessions_completed"], 1, "{m}");
+    let r = env.json("rio", "report.json");
+    assert!(r["current_session"].is_null(), "{r}");
+    drop(d);
+    // Again: nothing more is counted.
+    let d = env.daemon();
+    assert_eq!(
+        env.json("rio", "metrics.json")["lifetime"]["sessions_total"],
+        1,
+        "{}",
+        d.log_text()
+    );
+}

@@ -319,7 +319,9 @@ use crate::error::Result;
 
 /// After a crash between a session's journaled end and the metrics update:
 /// count the journal's last session end if metrics.json has not. A file
-/// without the marker (written before it existed) only gets the marker.
+/// without the marker that has counted sessions (written before the
+/// marker existed) only gets the marker; one that has counted none (the
+/// bootstrap's, before the agent's first end) counts it.
 pub fn catch_up(
     dir: &AgentDir,
     lock: &AgentLock,
@@ -347,6 +349,13 @@ pub fn catch_up(
             apply(dir, lock, &entry.event, now, notes)?;
             notes.push(format!(
                 "metrics.json had not counted the end of session {id} (a crash); counted now"
+            ));
+            Ok(true)
+        }
+        None if metrics.lifetime.sessions_total == 0 => {
+            apply(dir, lock, &entry.event, now, notes)?;
+            notes.push(format!(
+                "metrics.json had not counted the end of session {id}, the agent's first (a crash); counted now"
             ));
             Ok(true)
         }
