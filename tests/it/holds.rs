@@ -243,8 +243,10 @@ fn only_the_service_user_or_root_may_release_a_credential() {
     if !root_tests() {
         return;
     }
-    let (member, outsider) = ("ashmember", "ashout");
-    let accounts = Accounts::new("ashgrp", &[member], &[outsider]);
+    // Names of this test process's own: two runs at once never share them.
+    let (member, outsider) = (account("ashmem"), account("ashout"));
+    let (member, outsider) = (member.as_str(), outsider.as_str());
+    let accounts = Accounts::new(&account("ashgrp"), &[member], &[outsider]);
     let env = logged_out_env();
     let bin = accounts.share(&env);
     let d = env.daemon();

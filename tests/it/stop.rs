@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::support::{Accounts, Env, process_alive, read_json, root_tests, run_as, state};
+use crate::support::{Accounts, Env, account, process_alive, read_json, root_tests, run_as, state};
 
 fn secs(s: u64) -> Duration {
     Duration::from_secs(s)
@@ -306,8 +306,10 @@ fn only_the_service_user_or_root_may_stop_a_session() {
     if !root_tests() {
         return;
     }
-    let (member, outsider) = ("stopmember", "stopout");
-    let accounts = Accounts::new("stopgrp", &[member], &[outsider]);
+    // Names of this test process's own: two runs at once never share them.
+    let (member, outsider) = (account("stopmem"), account("stopout"));
+    let (member, outsider) = (member.as_str(), outsider.as_str());
+    let accounts = Accounts::new(&account("stopgrp"), &[member], &[outsider]);
     let env = setup();
     let bin = accounts.share(&env);
     let d = env.daemon();
