@@ -411,7 +411,7 @@ impl Validator {
                 if !a.session.iteration.verify.is_empty() {
                     self.warn(
                         format!("agent ({}).verify", a.name),
-                        "cannot run on a worker yet: each of its sessions is refused; set runs_on = \"controller\" for this agent (its sessions run on the controller's host)",
+                        format!("{} has [agent.session.iteration] verify, which cannot run on a worker yet: each of its sessions is refused; set runs_on = \"controller\" for this agent (its sessions run on the controller's host), local_sessions = true in [cluster], or remove its verify", a.name),
                     );
                 }
                 if let Some(f) = flows.iter().find(|f| f.actor == a.name) {

@@ -22,14 +22,6 @@ use serde::Serialize;
 
 use crate::config::{AgentConfig, AgentKind, Config};
 
-/// Whether `path` names something, links followed: a command or a
-/// repository is the operator's own path outside the state root, and exec
-/// and git follow its links (`/bin/sh` on a merged-/usr system, a repository
-/// under a linked `/srv`). (`fsx::exists` follows none: for the state root.)
-fn exists(path: &Path) -> bool {
-    std::fs::metadata(path).is_ok()
-}
-
 /// How bad a [`Need`] is: errors make `check` exit non-zero.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -243,6 +235,11 @@ fn command_program(words: &[String]) -> Option<&String> {
         .or(Some(first))
 }
 
+/// Paths here are the operator's own, outside the state root, and are
+/// looked at with their links followed (`Path::exists`, `is_dir`), as exec
+/// and git follow them: `/bin/sh` on a merged-/usr system, a repository
+/// under a linked `/srv` (`fsx` follows none: it is for the state root).
+///
 /// What is wrong with `program`, if anything can be told now: an absolute
 /// path is looked at, a bare name searched on `path_var`, a relative path
 /// looked for in `repo` (the workspace it runs in) if there is one. A
@@ -257,7 +254,7 @@ pub fn look_at_program(
     }
     let path = Path::new(program);
     if path.is_absolute() {
-        return match exists(path) {
+        return match path.exists() {
             false => Some(Found::NoSuchFile {
                 path: path.to_path_buf(),
             }),
@@ -267,7 +264,7 @@ pub fn look_at_program(
     if program.contains('/') {
         let repo = repo?;
         let path = repo.join(path);
-        return match exists(&path) {
+        return match path.exists() {
             false => Some(Found::NotInRepo {
                 program: program.to_string(),
                 repo: repo.to_path_buf(),
@@ -279,7 +276,7 @@ pub fn look_at_program(
     let mut denied = None;
     for dir in std::env::split_paths(path_var).filter(|d| d.is_absolute()) {
         let candidate = dir.join(program);
-        if !exists(&candidate) {
+        if !candidate.exists() {
             continue;
         }
         match not_executable(&candidate) {
@@ -318,7 +315,7 @@ fn not_executable(path: &Path) -> Option<Found> {
 
 /// What is wrong with a workspace repository, if anything.
 pub fn look_at_repo(repo: &Path) -> Option<Found> {
-    if !exists(repo) {
+    if !repo.exists() {
         return Some(Found::RepoMissing {
             repo: repo.to_path_buf(),
         });

@@ -102,15 +102,6 @@ pub enum RunsOn {
     Controller,
 }
 
-impl RunsOn {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RunsOn::Workers => "workers",
-            RunsOn::Controller => "controller",
-        }
-    }
-}
-
 /// The smallest `memory_max` accepted.
 const MIN_MEMORY_MAX: u64 = 16 << 20;
 

@@ -165,7 +165,7 @@ impl Daemon {
         }
         self.core.session_started(agent, &prepared.session_id);
         self.economy.manual_refusals.remove(agent);
-        let (running, side) = Running::begun(
+        let (mut running, side) = Running::begun(
             Begun {
                 session_id: prepared.session_id.clone(),
                 instance: prepared.instance.clone(),
@@ -178,6 +178,13 @@ impl Daemon {
             self.streaks.get(agent).cloned().unwrap_or_default(),
             self.session_clock,
         );
+        // On this host, or on a worker (`[cluster]`, `local_sessions =
+        // false`, and the agent's `runs_on` is not "controller").
+        let remote = self
+            .remote
+            .clone()
+            .filter(|_| cfg.session.runs_on == crate::config::RunsOn::Workers);
+        running.on_worker = remote.is_some();
         self.running.insert(agent.clone(), running);
         let orders_rx = side.orders.clone();
         let tx = self.tx.clone();
@@ -199,15 +206,6 @@ impl Daemon {
         let again = (!cfg.session.iteration.verify.is_empty()).then(|| prepared.spec.clone());
         let resume_argv = prepared.resume_argv.clone();
         let iteration_store = dir.store.clone();
-        // On this host, or on a worker (`[cluster]`, `local_sessions =
-        // false`, and the agent's `runs_on` is not "controller").
-        let remote = self
-            .remote
-            .clone()
-            .filter(|_| cfg.session.runs_on == crate::config::RunsOn::Workers);
-        if let Some(r) = self.running.get_mut(agent) {
-            r.on_worker = remote.is_some();
-        }
         let target = remote.map(|remote| {
             let keep = remote::Keep {
                 root: self.root.clone(),

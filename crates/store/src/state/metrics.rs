@@ -345,24 +345,17 @@ pub fn catch_up(
     let mut metrics: Metrics = dir.load(lock, now, notes)?;
     match &metrics.counted_session {
         Some(counted) if *counted == id => Ok(false),
-        Some(_) => {
+        None if metrics.lifetime.sessions_total > 0 => {
+            metrics.counted_session = Some(id);
+            dir.save(lock, &metrics)?;
+            Ok(false)
+        }
+        _ => {
             apply(dir, lock, &entry.event, now, notes)?;
             notes.push(format!(
                 "metrics.json had not counted the end of session {id} (a crash); counted now"
             ));
             Ok(true)
-        }
-        None if metrics.lifetime.sessions_total == 0 => {
-            apply(dir, lock, &entry.event, now, notes)?;
-            notes.push(format!(
-                "metrics.json had not counted the end of session {id}, the agent's first (a crash); counted now"
-            ));
-            Ok(true)
-        }
-        None => {
-            metrics.counted_session = Some(id);
-            dir.save(lock, &metrics)?;
-            Ok(false)
         }
     }
 }
