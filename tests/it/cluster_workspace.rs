@@ -75,17 +75,19 @@ fn setup_with(
         &defaults,
         "[[agent]]\nname = \"rio\"\n[[agent]]\nname = \"marcus\"\nkind = \"human\"\n",
     );
-    let cluster = servers
-        .map(|s| {
-            format!(
-                "\n[cluster]\nurls = {:?}\nreplicas = 1\nlocal_sessions = false\ndispatch_timeout = \"60s\"\n",
-                s.urls()
-            )
-        })
-        .unwrap_or_default();
-    env.set_config(&format!("{body}{cluster}"));
+    let cluster = servers.map(cluster_of).unwrap_or_default();
+    env.set_config(&format!("{body}\n{cluster}"));
     env.ok(&["bootstrap"]);
     (env, repo)
+}
+
+/// The `[cluster]` of a controller whose sessions all go to the workers
+/// of `servers` (one replica, a minute to dispatch).
+fn cluster_of(servers: &nats::NatsCluster) -> String {
+    format!(
+        "[cluster]\nurls = {:?}\nreplicas = 1\nlocal_sessions = false\ndispatch_timeout = \"60s\"\n",
+        servers.urls()
+    )
 }
 
 fn session(env: &Env) -> Value {
@@ -450,10 +452,7 @@ fn verify_without_a_workspace_is_refused_on_workers_too() {
         ],
         "[[agent]]\nname = \"rio\"\n[[agent]]\nname = \"marcus\"\nkind = \"human\"\n",
     );
-    env.set_config(&format!(
-        "{body}\n[cluster]\nurls = {:?}\nreplicas = 1\nlocal_sessions = false\ndispatch_timeout = \"60s\"\n",
-        servers.urls()
-    ));
+    env.set_config(&format!("{body}\n{}", cluster_of(&servers)));
     env.ok(&["bootstrap"]);
     verify_refused(&env);
 }
@@ -561,10 +560,7 @@ fn an_agent_placed_on_the_controller_runs_its_verify_there_beside_the_workers() 
         &[("wake_on_inbox", "\"never\""), ("workspace", &workspace)],
         "[[agent]]\nname = \"rio\"\nruns_on = \"controller\"\nverify = [[\"test\", \"-f\", \"own-rio.txt\"]]\nmax_iterations = 2\n[[agent]]\nname = \"leo\"\n[[agent]]\nname = \"marcus\"\nkind = \"human\"\n",
     );
-    env.set_config(&format!(
-        "{body}\n[cluster]\nurls = {:?}\nreplicas = 1\nlocal_sessions = false\ndispatch_timeout = \"60s\"\n",
-        servers.urls()
-    ));
+    env.set_config(&format!("{body}\n{}", cluster_of(&servers)));
     env.ok(&["bootstrap"]);
     let worker = Worker::start(&env, "w1");
     worker.wait_registered();
@@ -667,11 +663,7 @@ fn a_flow_whose_actor_runs_on_the_controller_completes_with_the_others_on_a_work
         return;
     };
     let servers = nats::NatsCluster::start(&binary, 1);
-    let cluster = format!(
-        "[cluster]\nurls = {:?}\nreplicas = 1\nlocal_sessions = false\ndispatch_timeout = \"60s\"\n",
-        servers.urls()
-    );
-    let lab = crate::flows::lab_with("", "runs_on = \"controller\"", &cluster);
+    let lab = crate::flows::lab_with("", "runs_on = \"controller\"", &cluster_of(&servers));
     lab.env.ok(&["bootstrap"]);
     lab.script("theseus", &["* plan"]);
     lab.script("rio", &["* small"]);
