@@ -1086,6 +1086,14 @@ def cmd_burst(args):
         perf = subprocess.Popen(["perf", "record", "-F", "99" if args.perf == 2 else "499"] + (["--call-graph", "dwarf,16384"] if args.perf == 2 else ["-g"]) + [ "-o", os.path.join(b.dir, "perf.data"),
                                  "-p", str(pid)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(1.0)
+    strace = None
+    if args.strace:
+        # Counts only (-c): every system call of every thread of the daemon during the
+        # burst, per message in the result. Slows the daemon; the rate of such a run
+        # is not the burst's.
+        strace = subprocess.Popen(["strace", "-f"] + (["-c"] if args.strace == 1 else ["-tt"]) + ["-o", os.path.join(b.dir, "strace.txt"), "-p", str(pid)],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(1.0)
     cpu0 = proc_cpu(pid)
     timeline = []
     processed_dirs = [os.path.join(b.inbox(a), "processed") for a in names]
@@ -1135,6 +1143,11 @@ def cmd_burst(args):
     if perf:
         perf.send_signal(signal.SIGINT)
         wait_or_kill(perf, 120, "perf record")
+    syscalls = None
+    if strace:
+        strace.send_signal(signal.SIGINT)
+        wait_or_kill(strace, 120, "strace")
+        syscalls = strace_counts(os.path.join(b.dir, "strace.txt"), total) if args.strace == 1 else "strace.txt"
     rc = b.stop()
 
     # The end: the last rename into any processed/ (directory mtimes).
@@ -1170,6 +1183,8 @@ def cmd_burst(args):
         "daemon_exit": rc,
         "dir": b.dir,
     }
+    if syscalls is not None:
+        result["syscalls_per_message"] = syscalls
     return result
 
 
@@ -1846,6 +1861,7 @@ def main():
     s.add_argument("--timeout", type=float, default=600)
     s.add_argument("--poll", type=float, default=0.5)
     s.add_argument("--perf", type=int, default=0)
+    s.add_argument("--strace", type=int, default=0, help="1: strace -f -c of the daemon (calls per message); 2: every call, in strace.txt")
 
     s = sub.add_parser("floor")
     s.add_argument("--agents", type=int, default=100)

@@ -209,12 +209,52 @@ pub fn open_read(path: &Path) -> Result<Option<File>> {
 /// pass over many files of one directory, which is opened once. No link is
 /// followed, no FIFO blocked on. `path` is for messages only.
 pub fn open_read_at(dir: BorrowedFd<'_>, name: &OsStr, path: &Path) -> Result<Option<File>> {
+    Ok(open_read_at_stat(dir, name, path)?.map(|(file, _)| file))
+}
+
+/// [`open_read_at`] with the handle's own `fstat` (the one that checked it
+/// is a regular file): a pass over many messages stats each once.
+///
+/// The handle keeps `O_NONBLOCK`: Linux ignores it for reads of a regular
+/// file (POSIX leaves it unspecified), and this path is taken once per
+/// message, where clearing it cost two `fcntl` calls of about fifteen.
+pub fn open_read_at_stat(
+    dir: BorrowedFd<'_>,
+    name: &OsStr,
+    path: &Path,
+) -> Result<Option<(File, FileStat)>> {
     let flags = OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
     match nix::fcntl::openat(dir, name, flags, Mode::empty()) {
-        Ok(fd) => Ok(Some(regular(path, fd)?)),
+        Ok(fd) => {
+            let st =
+                nix::sys::stat::fstat(&fd).map_err(|e| Error::io("inspecting", path, e.into()))?;
+            check_kind(path, &st, Kind::File)?;
+            Ok(Some((File::from(fd), st)))
+        }
         Err(Errno::ENOENT) => Ok(None),
         Err(e) => Err(open_error("opening", path, e, Kind::File)),
     }
+}
+
+/// Read a regular file whose size a `fstat` of the same handle told:
+/// one `read(2)` when it returns that size (the file ends there, as far as
+/// this handle can tell: a writer still at it is what settling is for),
+/// otherwise to the end, at most `limit + 1` bytes.
+pub fn read_sized(file: &mut File, size: u64, limit: u64) -> io::Result<Vec<u8>> {
+    let want = size.min(limit + 1) as usize;
+    let mut bytes = vec![0u8; want];
+    let n = loop {
+        match file.read(&mut bytes) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            other => break other?,
+        }
+    };
+    bytes.truncate(n);
+    if n == want && (size as usize) == want && size <= limit {
+        return Ok(bytes);
+    }
+    file.take(limit + 1 - n as u64).read_to_end(&mut bytes)?;
+    Ok(bytes)
 }
 
 /// A checked regular file with `O_NONBLOCK` cleared again.

@@ -77,6 +77,7 @@ pub fn claim(
     // id": generate a new id), so replies, acknowledgements and the journal
     // name one message each.
     let mut taken: std::collections::HashSet<String> = std::collections::HashSet::new();
+    let mut processed = Processed::new(agent);
     for name in listing.names {
         if gone(&name) {
             continue;
@@ -100,6 +101,8 @@ pub fn claim(
             Verdict::Valid(m) if m.is_expired(now) => {
                 atomic::create_dir(&agent.processed(), INBOX_PRIVATE_DIR_MODE)?;
                 move_unique_unsynced(&path, &agent.processed(), &name)?;
+                // processed/ may have been made just now.
+                processed = Processed::new(agent);
                 journal::append(
                     &agent.store,
                     &agent.journal(),
@@ -129,11 +132,11 @@ pub fn claim(
                         )
                     },
                 )?;
-                let processed_as = agent.processed().join(format!("{}.json", m.id));
+                let processed_as = format!("{}.json", m.id);
                 let dup = taken.contains(&m.id)
-                    || (is_message_name(&format!("{}.json", m.id))
+                    || (is_message_name(&processed_as)
                         && !m.id.contains('/')
-                        && fsx::metadata(&processed_as)?.is_some());
+                        && processed.is_taken(&processed_as)?);
                 if dup {
                     let original = std::mem::replace(&mut m.id, uuid::Uuid::new_v4().to_string());
                     m.extra
@@ -163,6 +166,30 @@ pub fn claim(
     }
     out.claimed.sort_by(Message::delivery_order);
     Ok(out)
+}
+
+/// `processed/`, opened at the first name looked up there (once per claim,
+/// not once per message): is a message's id taken by one acknowledged before?
+struct Processed<'a> {
+    agent: &'a AgentDir,
+    dir: Option<Option<std::os::fd::OwnedFd>>,
+}
+
+impl<'a> Processed<'a> {
+    fn new(agent: &'a AgentDir) -> Processed<'a> {
+        Processed { agent, dir: None }
+    }
+
+    fn is_taken(&mut self, name: &str) -> Result<bool> {
+        let path = self.agent.processed();
+        if self.dir.is_none() {
+            self.dir = Some(fsx::open_dir(&path)?);
+        }
+        let Some(Some(dir)) = &self.dir else {
+            return Ok(false);
+        };
+        Ok(fsx::stat_at(dir.as_fd(), OsStr::new(name), &path.join(name))?.is_some())
+    }
 }
 
 /// The messages claimed by `session_id`, in delivery order, with their files.

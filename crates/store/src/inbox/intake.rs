@@ -103,16 +103,6 @@ impl Stamp {
             ctime: (st.st_ctime, st.st_ctime_nsec),
         }
     }
-
-    pub(super) fn of_meta(m: &std::fs::Metadata) -> Stamp {
-        Stamp {
-            dev: m.dev(),
-            ino: m.ino(),
-            size: m.size() as i64,
-            mtime: (m.mtime(), m.mtime_nsec()),
-            ctime: (m.ctime(), m.ctime_nsec()),
-        }
-    }
 }
 
 impl Known {
@@ -218,7 +208,7 @@ pub(super) fn inspect_with(
             Some(Stamp::of_stat(&st)),
         );
     }
-    let file = match fsx::open_read_at(dir, OsStr::new(name), &path) {
+    let (mut file, st) = match fsx::open_read_at_stat(dir, OsStr::new(name), &path) {
         Ok(Some(f)) => f,
         Ok(None) => {
             return verdict(Verdict::Invalid(Rejection::file(
@@ -231,42 +221,36 @@ pub(super) fn inspect_with(
             ))));
         }
     };
-    let meta = match file.metadata() {
-        Ok(m) => m,
-        Err(e) => {
-            return verdict(Verdict::Invalid(Rejection::file(format!(
-                "cannot stat: {e}"
-            ))));
-        }
-    };
-    let mtime = meta.modified().unwrap_or(now);
+    let mtime = fsx::modified(&st);
     let quiet_for = now.duration_since(mtime).unwrap_or_default();
     // A hard link to a file the sender may not read (the daemon reads with
     // its own rights and quotes what it reads into a prompt): never read.
     // A sender that links a file in and then removes its temp name is given
     // the settle time to do so.
-    if meta.nlink() > 1 {
+    if st.st_nlink > 1 {
         if let Some(why) = settle_decision(false, true, quiet_for, intake) {
             return verdict(Verdict::Unsettled(why));
         }
         return verdict(Verdict::Invalid(Rejection::file(format!(
             "has {} hard links; a message must be a file of its own (write it, then rename it in), so it was not read",
-            meta.nlink()
+            st.st_nlink
         ))));
     }
-    if meta.len() > MAX_MESSAGE_BYTES {
+    let len = u64::try_from(st.st_size).unwrap_or(0);
+    if len > MAX_MESSAGE_BYTES {
         return verdict(Verdict::Invalid(Rejection::file(format!(
-            "is {} bytes; the limit is {MAX_MESSAGE_BYTES} bytes (1 MiB): put large content in a file and name it in `source_ref`",
-            meta.len()
+            "is {len} bytes; the limit is {MAX_MESSAGE_BYTES} bytes (1 MiB): put large content in a file and name it in `source_ref`"
         ))));
     }
-    // Sized by the stat: one read(2) for the file, one for its end.
-    let mut bytes = Vec::with_capacity(meta.len() as usize + 1);
-    if let Err(e) = file.take(MAX_MESSAGE_BYTES + 1).read_to_end(&mut bytes) {
-        return verdict(Verdict::Invalid(Rejection::file(format!(
-            "cannot read: {e}"
-        ))));
-    }
+    // Sized by the stat: one read(2) when the file is the size it said.
+    let bytes = match fsx::read_sized(&mut file, len, MAX_MESSAGE_BYTES) {
+        Ok(b) => b,
+        Err(e) => {
+            return verdict(Verdict::Invalid(Rejection::file(format!(
+                "cannot read: {e}"
+            ))));
+        }
+    };
     let more = bytes.len() as u64 > MAX_MESSAGE_BYTES;
     if more {
         return verdict(Verdict::Invalid(Rejection::file(format!(
@@ -286,10 +270,10 @@ pub(super) fn inspect_with(
     match result {
         Ok(m) => {
             let m = Message {
-                file_owner: Some(meta.uid()),
+                file_owner: Some(st.st_uid),
                 ..m
             };
-            (Verdict::Valid(Box::new(m)), Some(Stamp::of_meta(&meta)))
+            (Verdict::Valid(Box::new(m)), Some(Stamp::of_stat(&st)))
         }
         Err(r) => verdict(Verdict::Invalid(r)),
     }
