@@ -36,7 +36,7 @@ pub fn kill_marked_all(markers: &[(String, String)]) -> usize {
     if needles.is_empty() {
         return 0;
     }
-    sweep_needles(None, &needles)
+    sweep_needles(None, &needles, None)
 }
 
 /// SIGKILL to every live process in group `pgid` or with `name=value` of
@@ -56,19 +56,30 @@ pub fn kill_marked_all(markers: &[(String, String)]) -> usize {
 /// the pid, and with it the group id, to another process before the sweep
 /// is over. Without pidfds (Linux before 5.3) the runner reaps first; then
 /// a reuse needs the pid space to wrap between the reap and the sweep.
+///
+/// Only processes started no earlier than the group leader (the session's
+/// main process, still there as a zombie) can carry its marker: they are
+/// its descendants. The environments of the older ones, the machine's other
+/// hundreds of processes, are not read (reading one takes the owner's memory
+/// lock; it was most of a busy daemon's sweep, once per session).
 pub(super) fn sweep_blocking(pgid: Option<i32>, marker: &(String, String)) -> usize {
     let needles: Vec<Vec<u8>> = (!marker.0.is_empty())
         .then(|| format!("{}={}", marker.0, marker.1).into_bytes())
         .into_iter()
         .collect();
-    sweep_needles(pgid, &needles)
+    // The leader, if it is still the process that leads the group (not a
+    // pid taken again after a reap, on a kernel without pidfds).
+    let since = pgid
+        .and_then(|g| proc_stat(g).filter(|s| s.pgrp == g))
+        .map(|s| s.started);
+    sweep_needles(pgid, &needles, since)
 }
 
-fn sweep_needles(pgid: Option<i32>, needles: &[Vec<u8>]) -> usize {
+fn sweep_needles(pgid: Option<i32>, needles: &[Vec<u8>], since: Option<u64>) -> usize {
     let own = std::process::id() as i32;
     let mut stopped: HashSet<i32> = HashSet::new();
     for _ in 0..SWEEP_PASSES {
-        let new: Vec<i32> = session_processes(pgid, needles, own)
+        let new: Vec<i32> = session_processes(pgid, needles, since, own)
             .into_iter()
             .filter(|pid| !stopped.contains(pid))
             .collect();
@@ -116,8 +127,14 @@ pub(super) fn is_dead(state: u8) -> bool {
 }
 
 /// Live (not zombie) processes in group `pgid` or whose environment holds
-/// one of `needles` as a whole entry.
-fn session_processes(pgid: Option<i32>, needles: &[Vec<u8>], own: i32) -> Vec<i32> {
+/// one of `needles` as a whole entry; with `since`, only a process started
+/// at that tick or later is looked for in the environments.
+fn session_processes(
+    pgid: Option<i32>,
+    needles: &[Vec<u8>],
+    since: Option<u64>,
+    own: i32,
+) -> Vec<i32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -133,13 +150,14 @@ fn session_processes(pgid: Option<i32>, needles: &[Vec<u8>], own: i32) -> Vec<i3
             continue;
         }
         // Gone already, or dead and waiting to be reaped: nothing to kill.
-        let Some((state, pgrp)) = stat_of(pid) else {
+        let Some(stat) = proc_stat(pid) else {
             continue;
         };
-        if is_dead(state) {
+        if is_dead(stat.state) {
             continue;
         }
-        if pgid == Some(pgrp) || (!needles.is_empty() && environ_holds_any(pid, needles)) {
+        let may_carry = !needles.is_empty() && since.is_none_or(|t| stat.started >= t);
+        if pgid == Some(stat.pgrp) || (may_carry && environ_holds_any(pid, needles)) {
             found.push(pid);
         }
     }
@@ -148,17 +166,39 @@ fn session_processes(pgid: Option<i32>, needles: &[Vec<u8>], own: i32) -> Vec<i3
 
 /// State letter and process group from `/proc/PID/stat`.
 pub(super) fn stat_of(pid: i32) -> Option<(u8, i32)> {
-    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    proc_stat(pid).map(|s| (s.state, s.pgrp))
+}
+
+/// What the sweep reads of a process's `/proc/PID/stat`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct ProcStat {
+    pub state: u8,
+    pub pgrp: i32,
+    /// When it started, in clock ticks after boot (field 22).
+    pub started: u64,
+}
+
+fn proc_stat(pid: i32) -> Option<ProcStat> {
+    parse_stat(&std::fs::read(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// Parse a `/proc/PID/stat` line.
+pub(super) fn parse_stat(stat: &[u8]) -> Option<ProcStat> {
     // The command name (field 2) is in parentheses and may hold anything,
     // spaces and parentheses included; the fields after the last ')' are
-    // plain: state, ppid, pgrp, ...
+    // plain: state (3), ppid, pgrp (5), ..., starttime (22).
     let close = stat.iter().rposition(|&b| b == b')')?;
     let rest = std::str::from_utf8(&stat[close + 1..]).ok()?;
     let mut fields = rest.split_ascii_whitespace();
     let state = fields.next()?.bytes().next()?;
     let _ppid = fields.next()?;
     let pgrp = fields.next()?.parse().ok()?;
-    Some((state, pgrp))
+    let started = fields.nth(16)?.parse().ok()?;
+    Some(ProcStat {
+        state,
+        pgrp,
+        started,
+    })
 }
 
 fn environ_holds_any(pid: i32, needles: &[Vec<u8>]) -> bool {

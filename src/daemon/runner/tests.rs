@@ -2,10 +2,11 @@
 //! `tests/fixtures/agents/` (exits, signals, timeouts, stalls, floods, escaped
 //! grandchildren, spawn failures) and the sweep's process table reads.
 
-use super::sweep::{is_dead, stat_of};
+use super::sweep::{ProcStat, is_dead, parse_stat, stat_of};
 use super::*;
 
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
 use std::time::Duration;
 
 fn fixture(name: &str) -> String {
@@ -698,6 +699,51 @@ fn stat_gives_state_and_process_group() {
     assert!(state.is_ascii_uppercase() && state != b'Z');
     assert_eq!(pgrp, nix::unistd::getpgrp().as_raw());
     assert_eq!(stat_of(i32::MAX), None);
+}
+
+#[test]
+fn stat_lines_parse_past_any_command_name() {
+    let tail = "S 1 42 42 0 -1 4194304 1 0 0 0 0 0 0 0 20 0 1 0 2681717 3133440 413";
+    let line = |name: &str| format!("123 ({name}) {tail}");
+    let want = Some(ProcStat {
+        state: b'S',
+        pgrp: 42,
+        started: 2681717,
+    });
+    for name in ["sh", "a b", "x) R 9 9 9 (y", ")", "((", ""] {
+        assert_eq!(parse_stat(line(name).as_bytes()), want, "{name:?}");
+    }
+    // Cut short before the start time, or not a stat line at all.
+    assert_eq!(parse_stat(b"123 (sh) S 1 42 42 0 -1"), None);
+    assert_eq!(parse_stat(b"no parenthesis here"), None);
+    assert_eq!(parse_stat(b"123 (sh) S 1 x 42"), None);
+}
+
+/// The sweep reads the environment only of the processes started since the
+/// session's main process: one started before it that carries its marker
+/// (copied by hand, or a recycled marker) is no descendant of the session
+/// and is left alone, while a descendant that left the group is killed.
+#[tokio::test]
+async fn a_process_older_than_the_session_is_not_swept_for_its_marker() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = spec(&dir, "escapes.sh", &[]);
+    let mut older = std::process::Command::new("sleep")
+        .arg("1000")
+        .env(&spec.marker.0, &spec.marker.1)
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    // Start times count clock ticks (10 ms): the session starts a tick later.
+    std::thread::sleep(Duration::from_millis(25));
+    let (report, _) = run_spec(spec.clone()).await;
+    let log = log_of(&spec);
+    let escaped = printed_pid(&log, "escaped");
+    let older_alive = alive(older.id() as i32);
+    let _ = older.kill();
+    let _ = older.wait();
+    assert_eq!(report.leftovers_killed, 2, "{log}");
+    assert!(!alive(escaped), "the process that left with setsid is dead");
+    assert!(older_alive, "the process older than the session was killed");
 }
 
 #[test]
