@@ -40,6 +40,7 @@
 #                      --call-graph dwarf of the daemon during the flood's wakes, perf-latency.data]
 #   BURST_AGENTS [100]  BURST_PER_AGENT [1000*]  BURST_MAX_CONCURRENT [4]
 #   BURST_TIMEOUT [600 s]  BURST_PERF [0; 1 = perf record -g, 2 = --call-graph dwarf]
+#   BURST_STRACE [0; 1 = strace -f -c, calls per message; 2 = every call in strace.txt]
 #   STARTUP_AGENTS ["100 10000"*]  STARTUP_WAKES_AFTER [50*]
 #   IDLE_AGENTS [100]  IDLE_SECONDS [60*]  IDLE_STRACE [1]
 #   QUIET_WAIT [120]   before each benchmark, wait up to this many seconds for the machine
@@ -84,6 +85,7 @@ BURST_PER_AGENT=${BURST_PER_AGENT:-$(q 1000 100)}
 BURST_MAX_CONCURRENT=${BURST_MAX_CONCURRENT:-4}
 BURST_TIMEOUT=${BURST_TIMEOUT:-600}
 BURST_PERF=${BURST_PERF:-0}
+BURST_STRACE=${BURST_STRACE:-0}
 FLOOR_WORKERS=${FLOOR_WORKERS:-1,2}
 STARTUP_AGENTS=${STARTUP_AGENTS:-$(q "100 10000" "100 1000")}
 STARTUP_WAKES_AFTER=${STARTUP_WAKES_AFTER:-$(q 50 10)}
@@ -103,6 +105,9 @@ for tool in python3 gcc; do
 done
 if has strace || { has idle && [[ $IDLE_STRACE == 1 ]]; }; then
     command -v strace >/dev/null || { echo "run.sh: strace is required for 'strace' and IDLE_STRACE=1 (apt-get install strace)" >&2; exit 69; }
+fi
+if [[ $BURST_STRACE != 0 ]]; then
+    command -v strace >/dev/null || { echo "run.sh: BURST_STRACE needs strace" >&2; exit 69; }
 fi
 if [[ $BURST_PERF != 0 ]]; then
     command -v perf >/dev/null || { echo "run.sh: BURST_PERF needs perf" >&2; exit 69; }
@@ -213,7 +218,7 @@ if has paired; then
 fi
 has web && run web web --wakes "$WEB_WAKES" --clients "$WEB_CLIENTS" --idle "$WEB_IDLE" --agents "$LAT_AGENTS" --gap "$LAT_GAP"
 has wakecli && run wakecli wakecli --wakes "$WAKECLI_WAKES" --agents "$LAT_AGENTS"
-has burst && run burst burst --agents "$BURST_AGENTS" --per-agent "$BURST_PER_AGENT" --max-concurrent "$BURST_MAX_CONCURRENT" --timeout "$BURST_TIMEOUT" --perf "$BURST_PERF"
+has burst && run burst burst --agents "$BURST_AGENTS" --per-agent "$BURST_PER_AGENT" --max-concurrent "$BURST_MAX_CONCURRENT" --timeout "$BURST_TIMEOUT" --perf "$BURST_PERF" --strace "$BURST_STRACE"
 has floor && run floor floor --agents "$BURST_AGENTS" --per-agent "$BURST_PER_AGENT" --workers "$FLOOR_WORKERS" --floor "$WORK/floor_c" --timeout "$BURST_TIMEOUT"
 if has startup; then
     for n in $STARTUP_AGENTS; do
