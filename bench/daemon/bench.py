@@ -1077,6 +1077,9 @@ def cmd_burst(args):
     log(f"  burst: wrote {args.agents * args.per_agent} messages to inbox/.tmp/ in {time.monotonic() - t:.1f} s")
     total = args.agents * args.per_agent
     env = {}
+    if args.preload:
+        # A diagnosis, not the burst: nosync.so shows what the syncs cost.
+        env["LD_PRELOAD"] = os.path.abspath(args.preload)
     wrap = None
     b.start(env_extra=env, wrap=wrap)
     pid = b.pid
@@ -1182,6 +1185,7 @@ def cmd_burst(args):
         "log_warn_error": counts,
         "daemon_exit": rc,
         "dir": b.dir,
+        "preload": args.preload,
     }
     if syscalls is not None:
         result["syscalls_per_message"] = syscalls
@@ -1861,6 +1865,7 @@ def main():
     s.add_argument("--timeout", type=float, default=600)
     s.add_argument("--poll", type=float, default=0.5)
     s.add_argument("--perf", type=int, default=0)
+    s.add_argument("--preload", help="LD_PRELOAD for the daemon (nosync.so: what the syncs cost)")
     s.add_argument("--strace", type=int, default=0, help="1: strace -f -c of the daemon (calls per message); 2: every call, in strace.txt")
 
     s = sub.add_parser("floor")

@@ -127,6 +127,21 @@ pub enum DispatchError {
     },
 }
 
+impl DispatchError {
+    /// A pull no server answered for its consumer (status 503, "no
+    /// responders"): the consumer has no leader at the moment. async-nats
+    /// says so only in the text of the error it gives for the status.
+    pub fn is_no_responders(&self) -> bool {
+        match self {
+            DispatchError::Pull { source, .. } => {
+                let text = source.to_string().to_ascii_lowercase();
+                text.contains(": 503,") || text.contains("no responders")
+            }
+            _ => false,
+        }
+    }
+}
+
 /// The dispatch stream.
 #[derive(Clone)]
 pub struct Dispatch {
@@ -284,6 +299,9 @@ impl Dispatch {
 /// lost.
 const PULL_ANSWER_GRACE: Duration = Duration::from_secs(3);
 
+/// How long a pull that found no responders waits before asking again.
+const NO_RESPONDERS_RETRY: Duration = Duration::from_millis(200);
+
 /// One credential group's orders, as a worker sees them.
 pub struct OrderQueue {
     consumer: jetstream::consumer::Consumer<pull::Config>,
@@ -300,12 +318,28 @@ impl OrderQueue {
         // to a server that then died is answered by nobody, and the client
         // would wait for ever (seen after a stream leader's SIGKILL).
         let waited = wait + PULL_ANSWER_GRACE;
-        match tokio::time::timeout(waited, self.next_unbounded(wait)).await {
-            Ok(answer) => answer,
-            Err(_) => Err(DispatchError::PullUnanswered {
-                consumer: self.name.clone(),
-                waited,
-            }),
+        let until = tokio::time::Instant::now() + wait;
+        loop {
+            let left = until.saturating_duration_since(tokio::time::Instant::now());
+            let answer =
+                match tokio::time::timeout(left + PULL_ANSWER_GRACE, self.next_unbounded(left))
+                    .await
+                {
+                    Ok(answer) => answer,
+                    Err(_) => Err(DispatchError::PullUnanswered {
+                        consumer: self.name.clone(),
+                        waited,
+                    }),
+                };
+            // No server answered for the consumer: its leader is being
+            // elected (a fresh cluster, a lost server). Asked again within
+            // the wait, not reported: an election is no worker's error.
+            match answer {
+                Err(e) if e.is_no_responders() && left > NO_RESPONDERS_RETRY => {
+                    tokio::time::sleep(NO_RESPONDERS_RETRY).await;
+                }
+                answer => return answer,
+            }
         }
     }
 
@@ -422,6 +456,49 @@ mod order_id_tests {
             ("rios1", "rio", "s1", false),
         ] {
             assert_eq!(order_of_session(order, agent, session), want, "{order}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_pull_nobody_answered_is_no_responders() {
+        let pull = |text: &str| DispatchError::Pull {
+            consumer: "workers-main".into(),
+            source: Box::new(std::io::Error::other(text.to_string())),
+        };
+        let table = [
+            (
+                pull("error while processing messages from the stream: 503, None"),
+                true,
+            ),
+            (pull("no responders"), true),
+            (
+                pull(
+                    "error while processing messages from the stream: 409, Some(\"Consumer Deleted\")",
+                ),
+                false,
+            ),
+            (pull("missing heartbeat"), false),
+            (
+                DispatchError::PullUnanswered {
+                    consumer: "workers-main".into(),
+                    waited: Duration::from_secs(8),
+                },
+                false,
+            ),
+            (
+                DispatchError::InvalidGroup {
+                    group: "503,".into(),
+                },
+                false,
+            ),
+        ];
+        for (error, want) in table {
+            assert_eq!(error.is_no_responders(), want, "{error}");
         }
     }
 }
