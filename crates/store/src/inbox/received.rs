@@ -123,6 +123,14 @@ fn journaled(
             return ControlFlow::Break(());
         }
         if contains(line, b"\"message_received\"") {
+            // The id as written, without parsing the line: a burst reads
+            // back thousands of arrivals of the last minutes per pass, and
+            // only a wanted id's line needs the parse that confirms it.
+            if let Some(id) = raw_message_id(line)
+                && !wanted.contains(id)
+            {
+                return ControlFlow::Continue(());
+            }
             if let Ok(Entry {
                 event: Event::MessageReceived(r),
                 ..
@@ -145,7 +153,22 @@ fn journaled(
 }
 
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
-    hay.windows(needle.len()).any(|w| w == needle)
+    memchr::memmem::find(hay, needle).is_some()
+}
+
+/// The `message_id` of a journal line as its bytes stand, when it needs no
+/// unescaping (`None` otherwise, or without one: the caller parses). The
+/// first `"message_id":"` of a line is the field's: inside a string value
+/// its quotes would be escaped.
+fn raw_message_id(line: &[u8]) -> Option<&str> {
+    const KEY: &[u8] = b"\"message_id\":\"";
+    let start = memchr::memmem::find(line, KEY)? + KEY.len();
+    let len = memchr::memchr(b'"', &line[start..])?;
+    let id = &line[start..start + len];
+    if id.contains(&b'\\') {
+        return None;
+    }
+    std::str::from_utf8(id).ok()
 }
 
 #[cfg(test)]
@@ -230,5 +253,52 @@ mod tests {
             ),
             "{text}"
         );
+    }
+
+    #[test]
+    fn the_raw_id_is_the_parsed_one_or_none() {
+        let now = Timestamp::parse("2026-03-31T12:00:00Z").unwrap();
+        let line = |id: &str, subject: &str| {
+            let mut m = msg("a", "2026-03-31T11:59:00Z");
+            m.id = id.into();
+            m.subject = subject.into();
+            let mut line = Entry::new(now, event(&m, Some("root".into()))).to_line();
+            if line.last() == Some(&b'\n') {
+                line.pop();
+            }
+            line
+        };
+        for (id, subject, raw) in [
+            ("ma00001-00150", "s", Some("ma00001-00150")),
+            ("x", r#"","message_id":"forged"#, Some("x")),
+            ("é-1", "s", Some("é-1")),
+            (r#"q"uote"#, "s", None),
+            (r"back\slash", "s", None),
+            ("tab\t", "s", None),
+        ] {
+            let line = line(id, subject);
+            assert_eq!(
+                raw_message_id(&line),
+                raw,
+                "{}",
+                String::from_utf8_lossy(&line)
+            );
+            // Where it answers, it is what the parse says.
+            if let Some(raw) = raw {
+                let Entry {
+                    event: Event::MessageReceived(r),
+                    ..
+                } = serde_json::from_slice::<Entry>(&line).unwrap()
+                else {
+                    panic!("not an arrival");
+                };
+                assert_eq!(r.message_id, raw);
+            }
+        }
+        assert_eq!(
+            raw_message_id(br#"{"ts":"x","event":"session_start"}"#),
+            None
+        );
+        assert_eq!(raw_message_id(br#"{"message_id":"cut"#), None);
     }
 }
