@@ -578,8 +578,14 @@ fn an_agent_placed_on_the_controller_runs_its_verify_there_beside_the_workers() 
         let p = env.path(a, "session.json");
         p.exists() && read_json(&p)["workspace"].is_object()
     };
+    // rio's iterations are written into session.json after its workspace
+    // (ending.rs: the end, then the workspace, then the iterations, each a
+    // write of its own): waited for too (a loaded CI saw the workspace
+    // alone).
     d.wait_until(Duration::from_secs(90), "both sessions recorded", || {
-        recorded("rio") && recorded("leo")
+        recorded("rio")
+            && recorded("leo")
+            && read_json(&env.path("rio", "session.json"))["iterations"].is_object()
     });
     let rio = read_json(&env.path("rio", "session.json"));
     let leo = read_json(&env.path("leo", "session.json"));
