@@ -317,20 +317,17 @@ impl OrderQueue {
         // The server answers a pull by its expiry at the latest; a pull sent
         // to a server that then died is answered by nobody, and the client
         // would wait for ever (seen after a stream leader's SIGKILL).
-        let waited = wait + PULL_ANSWER_GRACE;
         let until = tokio::time::Instant::now() + wait;
         loop {
             let left = until.saturating_duration_since(tokio::time::Instant::now());
-            let answer =
-                match tokio::time::timeout(left + PULL_ANSWER_GRACE, self.next_unbounded(left))
-                    .await
-                {
-                    Ok(answer) => answer,
-                    Err(_) => Err(DispatchError::PullUnanswered {
-                        consumer: self.name.clone(),
-                        waited,
-                    }),
-                };
+            let waited = left + PULL_ANSWER_GRACE;
+            let answer = match tokio::time::timeout(waited, self.next_unbounded(left)).await {
+                Ok(answer) => answer,
+                Err(_) => Err(DispatchError::PullUnanswered {
+                    consumer: self.name.clone(),
+                    waited,
+                }),
+            };
             // No server answered for the consumer: its leader is being
             // elected (a fresh cluster, a lost server). Asked again within
             // the wait, not reported: an election is no worker's error.

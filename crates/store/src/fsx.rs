@@ -250,7 +250,7 @@ pub fn read_sized(file: &mut File, size: u64, limit: u64) -> io::Result<Vec<u8>>
         }
     };
     bytes.truncate(n);
-    if n == want && (size as usize) == want && size <= limit {
+    if size <= limit && n as u64 == size {
         return Ok(bytes);
     }
     file.take(limit + 1 - n as u64).read_to_end(&mut bytes)?;
