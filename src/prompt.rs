@@ -864,7 +864,7 @@ fn messages_for_prompt(
 ) -> Result<(Vec<Message>, bool)> {
     if session.is_running() {
         return Ok((
-            inbox::claimed(agent, &session.session_id, now)?
+            inbox::claimed(agent, &session.session_id)?
                 .into_iter()
                 .map(|(_, m)| m)
                 .collect(),

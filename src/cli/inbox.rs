@@ -260,7 +260,7 @@ fn listing(ctx: &Context, agent: &str) -> Result<Listing> {
     });
     let mut claimed = Vec::new();
     for session in inbox::claimed_sessions(&dir)? {
-        for (_, message) in inbox::claimed(&dir, &session, ctx.now)? {
+        for (_, message) in inbox::claimed(&dir, &session)? {
             claimed.push(Claimed {
                 session_id: session.clone(),
                 message,

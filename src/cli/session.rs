@@ -224,6 +224,7 @@ pub fn run(ctx: &Context, command: Command) -> Result<u8> {
                 cost_usd: a.cost_usd,
                 claimed: None,
                 caller: Caller::this_process(),
+                facts: Default::default(),
             };
             let r = hooks::end(agent, &dir, &req, ctx.now)?;
             let code = finished(&dir.name, &r);
@@ -246,6 +247,7 @@ pub fn run(ctx: &Context, command: Command) -> Result<u8> {
                 verdict: None,
                 not_an_attempt: false,
                 caller: Caller::this_process(),
+                facts: Default::default(),
             };
             let r = hooks::fail(agent, &dir, &req, ctx.now)?;
             if !r.already_ended && daemons.as_ref() == Some(&r.session_id) {

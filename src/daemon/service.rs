@@ -28,6 +28,7 @@ macro_rules! seen {
 mod adopted;
 mod economy;
 mod ending;
+mod facts;
 mod flows;
 mod intake;
 mod iterations;

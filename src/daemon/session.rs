@@ -444,6 +444,9 @@ pub struct Finished {
     pub verdict: SessionVerdict,
     /// `completed`, `error: the session command exited with status 1`, …
     pub text: String,
+    /// The session's script recorded its end first: the daemon's facts
+    /// were not recorded with it (see `hooks::amend_ended`).
+    pub by_script: bool,
 }
 
 /// Record the end of a daemon session through the same hooks a script uses.
@@ -455,6 +458,7 @@ pub fn finish(
     session_id: &str,
     judged: &Judged<'_>,
     claimed: Option<Vec<crate::inbox::Message>>,
+    facts: hooks::Facts,
     now: Timestamp,
 ) -> Result<Finished> {
     let outcome = judged.outcome;
@@ -467,6 +471,7 @@ pub fn finish(
             &EndRequest {
                 session: Some(session_id.to_string()),
                 claimed,
+                facts,
                 ..EndRequest::default()
             },
             now,
@@ -486,6 +491,7 @@ pub fn finish(
                 // check before the claim and the spawn): the messages go
                 // back as they were.
                 not_an_attempt: !outcome.counts_attempt(),
+                facts,
                 ..FailRequest::default()
             },
             now,
@@ -529,7 +535,11 @@ pub fn finish(
         Some(o) => format!("{}: {text}", o.as_str()),
         None => text,
     };
-    Ok(Finished { verdict, text })
+    Ok(Finished {
+        verdict,
+        text,
+        by_script: result.already_ended,
+    })
 }
 
 /// The verdict a status says by itself.

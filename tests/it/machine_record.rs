@@ -174,3 +174,77 @@ fn with_verify_a_script_that_ends_its_session_itself_is_one_session() {
     let errors = env.error_log();
     assert!(errors.is_empty(), "{errors}");
 }
+
+/// What the daemon learned about the session it ends — the iterations,
+/// the cost and token breakdown from Claude Code's result, the signal
+/// block at the end of the output — is in the same write of session.json
+/// as the end. Before, each came in its own write after it, and a pipeline
+/// that read session.json as soon as it said `completed` (watching the
+/// directory, as this test does) saw the end without its cost.
+#[test]
+fn the_end_the_daemon_records_carries_what_it_learned_in_one_write() {
+    use notify::Watcher;
+    let result = r#"{"type":"result","subtype":"success","is_error":false,"result":"done\nAgent=Actor | Cycle=7 | Step=1 | Confidence=4 | Risk=low | Next=Judge","total_cost_usd":0.5,"usage":{"input_tokens":100,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":20}}"#;
+    let env = Env::with_config("");
+    let script = env.script(
+        "agent.sh",
+        &format!("cat > /dev/null\nprintf '%s\\n' '{result}'\n"),
+    );
+    let body = daemon_config(
+        &script,
+        &[],
+        &[("verify", r#"[["true"]]"#)],
+        "[[agent]]\nname = \"rio\"\n\n[[agent]]\nname = \"marcus\"\nkind = \"human\"\n",
+    );
+    env.set_config(&body);
+    env.ok(&["bootstrap"]);
+    let dir = env.path("rio", "");
+    let file = dir.join("session.json");
+    // Every version of session.json, read as soon as it is renamed in.
+    let (tx, versions) = std::sync::mpsc::channel();
+    let mut watch = notify::recommended_watcher(move |e: notify::Result<notify::Event>| {
+        if let Ok(e) = e
+            && e.paths.iter().any(|p| p.ends_with("session.json"))
+            && let Ok(text) = std::fs::read_to_string(&file)
+        {
+            let _ = tx.send(text);
+        }
+    })
+    .unwrap();
+    watch
+        .watch(&dir, notify::RecursiveMode::NonRecursive)
+        .unwrap();
+    let d = env.daemon();
+    env.send("marcus", "rio", &["--body", "please"]);
+    // Until one says the session ended.
+    let mut seen: Vec<serde_json::Value> = Vec::new();
+    while let Ok(text) = versions.recv_timeout(secs(120)) {
+        let Ok(s) = serde_json::from_str::<serde_json::Value>(&text) else {
+            continue;
+        };
+        let ended = s["status"].is_string() && s["status"] != "running";
+        seen.push(s);
+        if ended {
+            break;
+        }
+    }
+    drop(watch);
+    let first = seen.last().expect("session.json was written");
+    assert_eq!(first["status"], "completed", "{seen:#?}\n{}", d.log_text());
+    assert_eq!(first["cost_usd"], 0.5, "{first:#}");
+    assert_eq!(first["tokens_used"], 120, "{first:#}");
+    assert_eq!(first["usage"]["input_tokens"], 100, "{first:#}");
+    assert_eq!(first["iterations"]["count"], 1, "{first:#}");
+    assert_eq!(first["signal_block"]["agent"], "Actor", "{first:#}");
+    // And its usage journaled once, beside the end.
+    d.wait_until(secs(20), "the daemon is done with rio's session", || {
+        d.idle()
+    });
+    assert_eq!(
+        env.events("rio", "session_usage").len(),
+        1,
+        "{:#?}",
+        env.journal("rio")
+    );
+    assert_eq!(state(&env, "rio", "session.json"), *first);
+}

@@ -211,11 +211,13 @@ pub use crate::owner::Owner;
 use crate::owner::{self, Liveness};
 
 mod begin;
+mod facts;
 mod finish;
 pub mod joint;
 mod record;
 mod recover;
 pub use begin::*;
+pub use facts::*;
 pub use finish::*;
 pub use record::*;
 pub use recover::*;

@@ -22,7 +22,7 @@ pub(super) fn adopt(daemon: &mut Daemon, agent: &AgentName, record: RemoteRecord
     };
     let dir = daemon.root.agent(agent);
     let now = Timestamp::from_datetime(daemon.clock.now());
-    let (session, owner_lock, claimed) = match take_over(&dir, &record, now) {
+    let (session, owner_lock, claimed) = match take_over(&dir, &record) {
         Ok(taken) => taken,
         Err(e) => {
             tracing::warn!(agent = %agent, session_id = %record.session_id, "cannot follow again the session a previous controller ran on a worker: {e}; recorded interrupted");
@@ -155,7 +155,6 @@ pub(super) fn leave_remote_sessions(running: &mut BTreeMap<AgentName, Running>) 
 fn take_over(
     dir: &AgentDir,
     record: &RemoteRecord,
-    now: Timestamp,
 ) -> Result<(Session, OwnerLock, Vec<crate::inbox::Message>)> {
     let lock = dir.lock_within(RECOVERY_WAIT)?;
     let sid = &record.session_id;
@@ -173,7 +172,7 @@ fn take_over(
     session.owner_pid = Some(me.pid);
     session.owner_start = me.start;
     dir.save(&lock, &session)?;
-    let claimed = crate::inbox::claimed(dir, sid, now)?
+    let claimed = crate::inbox::claimed(dir, sid)?
         .into_iter()
         .map(|(_, m)| crate::inbox::Message {
             body: String::new(),

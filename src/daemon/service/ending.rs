@@ -19,7 +19,6 @@ pub(super) const SIGNALS_PER_SESSION: u32 = 1000;
 pub(super) struct Recorded {
     agent: AgentName,
     report: RunReport,
-    output: OutputSummary,
     workspace: Option<workspaces::Outcome>,
     iterations: iterations::Tally,
     now: Timestamp,
@@ -32,6 +31,8 @@ pub(super) struct Recorded {
     decided: machine::Outcome,
     succeeded: bool,
     flows: Vec<AgentName>,
+    /// What the record carries besides the end (see `facts`).
+    facts: hooks::Facts,
 }
 
 impl Daemon {
@@ -171,13 +172,24 @@ impl Daemon {
         } else {
             Vec::new()
         };
+        let facts = facts::gather(&facts::Learned {
+            root: &self.root,
+            agent: &agent,
+            session_id: &sid,
+            cfg: cfg.as_ref(),
+            output: &output,
+            workspace: workspace.as_ref(),
+            iterations: &iterations,
+            conversation: running.conversation.as_ref(),
+            resumable: limit.is_none() && verdict.code != Some(Code::AgentLoginRequired),
+            now,
+        });
         let claimed = std::mem::take(&mut running.claimed);
         running.recording = true;
         self.running.insert(agent.clone(), running);
         let recorded = Recorded {
             agent,
             report,
-            output,
             workspace,
             iterations,
             now,
@@ -189,6 +201,7 @@ impl Daemon {
             decided,
             succeeded,
             flows,
+            facts,
         };
         let tx = self.tx.clone();
         tokio::task::spawn_blocking(move || {
@@ -203,6 +216,7 @@ impl Daemon {
                         code: r.verdict.code,
                     },
                     Some(claimed),
+                    r.facts.clone(),
                     r.now,
                 ),
                 // Removed from the config while it ran: record it all the same.
@@ -233,7 +247,6 @@ impl Daemon {
         let Recorded {
             agent,
             report,
-            output,
             workspace,
             iterations,
             now,
@@ -245,6 +258,7 @@ impl Daemon {
             decided,
             succeeded,
             flows,
+            facts,
         } = recorded;
         let Some(running) = self.running.remove(&agent) else {
             return;
@@ -254,19 +268,30 @@ impl Daemon {
         if self.remote.is_some() && outcome.is_ok() {
             forget_remote(&self.root, &agent, &sid);
         }
-        // Its script recorded the end first, as a failure (the trap's
-        // `session fail`), and the output shows a usage limit: the daemon's
-        // verdict is added (the counters follow it).
+        // Its script recorded the end first: what the daemon learned, its
+        // verdict (a usage limit in the output of a session the trap's
+        // `session fail` recorded as a failure) and its reason (in front of
+        // the script's words), in one more write.
         let outcome = match outcome {
-            Ok(mut finished)
-                if matches!(decided, machine::Outcome::UsageHeld { .. })
-                    && finished.verdict.is_failure() =>
-            {
-                match hooks::amend_verdict(&dir, &sid, SessionVerdict::UsageLimit, now) {
-                    Ok(true) => finished.verdict = SessionVerdict::UsageLimit,
-                    Ok(false) => {}
+            Ok(mut finished) if finished.by_script => {
+                let usage_limit = matches!(decided, machine::Outcome::UsageHeld { .. })
+                    && finished.verdict.is_failure();
+                let reason = (!decided.is_completed()
+                    && matches!(
+                        report.ending,
+                        Ending::Exited { .. } | Ending::Signaled { .. }
+                    ))
+                .then(|| decided.reason());
+                let amendment = hooks::Amendment {
+                    verdict: usage_limit.then_some(SessionVerdict::UsageLimit),
+                    reason: reason.as_deref(),
+                    facts,
+                };
+                match hooks::amend_ended(&dir, &sid, &amendment, now) {
+                    Ok(done) if done.verdict => finished.verdict = SessionVerdict::UsageLimit,
+                    Ok(_) => {}
                     Err(e) => {
-                        tracing::warn!(agent = %agent, session_id = %sid, "cannot record that a usage limit ended the session: {e}")
+                        tracing::warn!(agent = %agent, session_id = %sid, "cannot add what the daemon learned to the end its script recorded: {e}")
                     }
                 }
                 Ok(finished)
@@ -280,6 +305,7 @@ impl Daemon {
             Ok(session::Finished {
                 verdict: SessionVerdict::Completed,
                 text,
+                ..
             }) if decided.is_completed() => tracing::info!(
                 agent = %agent, session_id = %sid, instance = %running.instance,
                 "session {sid} {text}"
@@ -297,6 +323,7 @@ impl Daemon {
             Ok(session::Finished {
                 verdict: SessionVerdict::Stopped,
                 text,
+                ..
             }) => tracing::info!(
                 agent = %agent, session_id = %sid, instance = %running.instance,
                 "session {sid} stopped (not a failure: its messages wait for the next wake): {}",
@@ -315,64 +342,17 @@ impl Daemon {
             ),
         }
         if let Some(ws) = &workspace
-            && let Some(record) = record_workspace(&agent, &dir, &sid, ws, now)
+            && let Some(record) = facts::workspace_said(&agent, &sid, ws)
         {
             self.raise(record, false);
-        }
-        if let Some((id, resumed)) = &running.conversation
-            && cfg.as_ref().is_some_and(|c| {
-                c.session
-                    .command
-                    .iter()
-                    .any(|a| a.contains("{claude_session"))
-            })
-        {
-            let (id, resumed) = (id.clone(), *resumed);
-            // A conversation that ended in a login or usage-limit failure
-            // is never continued.
-            let resumable = limit.is_none() && verdict.code != Some(Code::AgentLoginRequired);
-            if let Err(e) = dir.update(now, |s: &mut Session| {
-                if s.session_id == sid {
-                    s.extra
-                        .insert("claude_session_id".into(), id.clone().into());
-                    s.extra.insert("claude_resumed".into(), resumed.into());
-                    s.extra.insert("claude_resumable".into(), resumable.into());
-                }
-            }) {
-                tracing::warn!(agent = %agent, session_id = %sid, "cannot record the conversation id: {e}");
-            }
         }
         if cfg
             .as_ref()
             .is_some_and(|c| !c.session.iteration.verify.is_empty())
         {
-            iterations::record_iterations(&agent, &dir, &sid, &iterations, now);
             self.tally
                 .iterations(&agent, iterations.count, iterations.verify_failures);
         }
-        // The script's trap recorded the failure first, in its own words:
-        // the machine's reason (what the daemon found beyond the exit
-        // status) goes in front of them; nothing where its reason is those
-        // words.
-        if !decided.is_completed()
-            && outcome.is_ok()
-            && matches!(
-                report.ending,
-                Ending::Exited { .. } | Ending::Signaled { .. }
-            )
-            && let Err(e) = hooks::amend_failure_reason(&dir, &sid, &decided.reason(), now)
-        {
-            tracing::warn!(agent = %agent, session_id = %sid, "cannot record the daemon's reason for the session's failure: {e}");
-        }
-        let results = iterations.results(output.claude.as_ref());
-        if !results.is_empty() {
-            let (cost, tokens, usage) = iterations::usage_of(&results);
-            let usage = usage.and_then(|u| serde_json::to_value(u).ok());
-            if let Err(e) = hooks::record_usage(&dir, &sid, cost, tokens, usage, now) {
-                tracing::warn!(agent = %agent, session_id = %sid, "cannot record the session's cost: {e}");
-            }
-        }
-        record_output_summary(&self.root, &agent, &running, &output, now);
         flows::apply_flows(&self.root, &self.config, self.clock.now(), &flows, &self.tx);
         if report.truncated {
             self.raise(
@@ -529,117 +509,6 @@ impl Daemon {
         };
         self.published
             .publish_agent(&self.root, &self.core, self.clock.now(), agent, Some(error));
-    }
-}
-
-/// session.json's `workspace` (path, branch, base and head commits,
-/// kept or removed), and a log line; a worktree that could not be
-/// judged is an error to raise (it is kept), returned.
-pub(super) fn record_workspace(
-    agent: &AgentName,
-    dir: &AgentDir,
-    sid: &str,
-    ws: &workspaces::Outcome,
-    now: Timestamp,
-) -> Option<ErrorRecord> {
-    let mut error = None;
-    match ws.state {
-        "kept" => {
-            tracing::info!(agent = %agent, session_id = %sid, "workspace kept: {} on {} ({}{} commit(s) not on the base)", ws.path.display(), ws.branch, if ws.dirty { "uncommitted changes, " } else { "" }, ws.commits_ahead)
-        }
-        "removed" => {
-            tracing::info!(agent = %agent, session_id = %sid, "workspace removed (nothing changed): {}", ws.path.display())
-        }
-        // Its error (WORKSPACE_INVALID_COMMITS) is the session's.
-        "reset" => {
-            tracing::warn!(agent = %agent, session_id = %sid, "workspace reset to the base after invalid commits ({}): {} removed", ws.invalid.as_deref().unwrap_or_default(), ws.path.display())
-        }
-        _ => {
-            error = Some(
-                ErrorRecord::new(
-                    Code::WorkspaceFailed,
-                    format!("{agent}: cannot judge the workspace of session {sid}; it is kept"),
-                )
-                .details(ws.error.clone().unwrap_or_default())
-                .agent(agent)
-                .session(sid),
-            )
-        }
-    }
-    let value = serde_json::to_value(ws).unwrap_or_default();
-    let result = dir.update(now, |s: &mut Session| {
-        if s.session_id == sid {
-            s.extra.insert("workspace".into(), value.clone());
-        }
-    });
-    if let Err(e) = result {
-        tracing::warn!(agent = %agent, session_id = %sid, "cannot record the workspace in session.json: {e}");
-    }
-    error
-}
-
-/// The Context Summary Block and the signal block at the end of the
-/// output (in Claude Code's result text when there is one): into
-/// report.json and session.json; malformed ones to signals.jsonl.
-pub(super) fn record_output_summary(
-    root: &StateRoot,
-    agent: &AgentName,
-    running: &Running,
-    output: &OutputSummary,
-    now: Timestamp,
-) {
-    let text = output.answer_text();
-    let mut found = hooks::OutputSummary::default();
-    let mut problems = Vec::new();
-    let mut any = false;
-    match crate::protocol::summary::parse_context_summary(&text) {
-        Some(Ok(cs)) => {
-            any = true;
-            found.summary = cs.summary_text();
-            if cs.blockers.is_some() {
-                found.blocked_by = Some(cs.blocked_by());
-            }
-            found.next_priority = cs.next_priority();
-            found.handoff_notes = cs.handoff_notes();
-            found.confidence = cs.report_confidence();
-            found.risk = cs
-                .report_risk()
-                .and_then(|r| serde_json::to_value(r).ok())
-                .and_then(|v| v.as_str().map(str::to_string));
-        }
-        Some(Err(p)) => problems.push(p),
-        None => {}
-    }
-    match crate::protocol::summary::parse_signal_block(&text) {
-        Some(Ok(block)) => {
-            any = true;
-            found.signal_block = serde_json::to_value(&block).ok();
-        }
-        Some(Err(p)) => problems.push(p),
-        None => {}
-    }
-    for p in problems {
-        tracing::warn!(agent = %agent, session_id = %running.session_id, "{}: {}", p.code.as_str(), p.message);
-        let record = crate::protocol::signals::SignalRecord {
-            ts: now,
-            level: "warn".into(),
-            code: p.code.as_str().to_string(),
-            agent: agent.to_string(),
-            task: None,
-            session: Some(running.session_id.clone()),
-            raw: p.raw.clone(),
-            kind: p.field.clone(),
-            message: Some(p.message.clone()),
-        };
-        if let Err(e) = effects::append_signal(root, &record) {
-            tracing::warn!("cannot append to signals.jsonl: {e}");
-        }
-    }
-    if any
-        && let Err(e) =
-            hooks::record_output_summary(&root.agent(agent), &running.session_id, &found, now)
-    {
-        tracing::warn!(agent = %agent, session_id = %running.session_id, "cannot record the session's summary: {e}");
     }
 }
 

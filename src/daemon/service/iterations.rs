@@ -361,34 +361,6 @@ impl Phase {
     }
 }
 
-/// At the end (the caller counts them in the metrics): session.json's `iterations` (how many, verification
-/// failures), report.json's `iteration` gone.
-pub(super) fn record_iterations(
-    agent: &AgentName,
-    dir: &AgentDir,
-    sid: &str,
-    tally: &Tally,
-    now: Timestamp,
-) {
-    let value = serde_json::json!({
-        "count": tally.count,
-        "verify_failures": tally.verify_failures,
-    });
-    // report.json first: once session.json says how the iterations
-    // went, report.json no longer names one.
-    let report = dir.update(now, |r: &mut Report| {
-        r.extra.remove("iteration");
-    });
-    let session = dir.update(now, |s: &mut Session| {
-        if s.session_id == sid {
-            s.extra.insert("iterations".into(), value.clone());
-        }
-    });
-    if let Err(e) = session.and(report) {
-        tracing::warn!(agent = %agent, session_id = %sid, "cannot record the iterations: {e}");
-    }
-}
-
 /// report.json says which iteration runs and whether it is executing or
 /// verifying (seed 000's states).
 pub(super) fn iteration(
@@ -408,7 +380,8 @@ pub(super) fn iteration(
     });
     let value = serde_json::json!({"n": n, "of": of, "phase": phase.as_str()});
     let result = dir.update(Timestamp::now(), |r: &mut Report| {
-        r.extra.insert("iteration".into(), value.clone());
+        r.extra
+            .insert(hooks::REPORT_ITERATION.into(), value.clone());
     });
     if let Err(e) = result {
         tracing::warn!(agent = %agent, "cannot record the iteration in report.json: {e}");

@@ -25,6 +25,9 @@ pub struct EndRequest {
     /// of reading `.claimed/` again. `None`: read from `.claimed/`.
     pub claimed: Option<Vec<Message>>,
     pub caller: Caller,
+    /// What the daemon learned about its session, recorded with the end
+    /// (see [`Facts`]). Empty for a script's `session end`.
+    pub facts: Facts,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -46,6 +49,8 @@ pub struct FailRequest {
     pub not_an_attempt: bool,
     /// The processes the hook was called from (see [`Caller`]).
     pub caller: Caller,
+    /// As [`EndRequest::facts`].
+    pub facts: Facts,
 }
 
 /// Who called `end` or `fail`: the processes it was called from, nearest
@@ -300,7 +305,7 @@ pub fn end(
         &agent.into(),
         dir,
         (req.session.as_deref(), &req.caller),
-        ending,
+        (ending, &req.facts),
         args,
         now,
     )
@@ -334,14 +339,17 @@ pub fn fail(
         &agent.into(),
         dir,
         (req.session.as_deref(), &req.caller),
-        Ending::Failed {
-            outcome,
-            reason,
-            count_attempts: !req.not_an_attempt,
-            code: req.code.clone(),
-            // Only a usage limit is worth saying beside the status.
-            verdict: req.verdict.filter(|v| *v == SessionVerdict::UsageLimit),
-        },
+        (
+            Ending::Failed {
+                outcome,
+                reason,
+                count_attempts: !req.not_an_attempt,
+                code: req.code.clone(),
+                // Only a usage limit is worth saying beside the status.
+                verdict: req.verdict.filter(|v| *v == SessionVerdict::UsageLimit),
+            },
+            &req.facts,
+        ),
         args,
         now,
     )
@@ -444,99 +452,6 @@ pub(super) fn daemon_wins(current: &Session, ending: &Ending) -> Option<Ending> 
     })
 }
 
-/// Put what the daemon decided in front of the reason of an ended, failed
-/// session `session_id` that its script recorded first (session.json
-/// `reason`, report.json `last_session.reason` and `summary`), unless the
-/// reason says it already. The journal keeps what was recorded first.
-pub fn amend_failure_reason(
-    dir: &AgentDir,
-    session_id: &str,
-    decided: &str,
-    now: Timestamp,
-) -> Result<bool> {
-    let lock = dir.lock()?;
-    let mut notes = Vec::new();
-    let mut session: Session = dir.load(&lock, now, &mut notes)?;
-    let failed = matches!(
-        session.status,
-        Some(SessionStatus::Error | SessionStatus::Timeout)
-    );
-    let recorded = session.reason.clone().unwrap_or_default();
-    if session.session_id != session_id || !failed || recorded.contains(decided) {
-        return Ok(false);
-    }
-    let reason = if recorded.is_empty() {
-        decided.to_string()
-    } else {
-        format!("{decided}; the session script reported: {recorded}")
-    };
-    session.reason = Some(reason.clone());
-    let mut report: Report = dir.load(&lock, now, &mut notes)?;
-    if let Some(last) = report.last_session.as_mut().filter(|l| l.id == session_id) {
-        last.reason = Some(reason.clone());
-        if report.current_session.is_none()
-            && let Some(summary) = report.summary.as_mut()
-            && summary.ends_with(&recorded)
-            && summary.starts_with(&format!("Session {session_id} "))
-        {
-            let head = summary.len() - recorded.len();
-            summary.truncate(head);
-            summary.push_str(&reason);
-        }
-    }
-    dir.save(&lock, &session)?;
-    dir.save(&lock, &report)?;
-    Ok(true)
-}
-
-/// The daemon's verdict on an ended session `session_id` that its script
-/// recorded first as a failure (its trap's `session fail`): a usage limit
-/// the daemon found in the output. Journaled (`session_verdict`, which the
-/// counters follow), then session.json and report.json's `verdict`; the
-/// agent back to idle. Nothing if the session is not that one, not failed,
-/// or already says so. Returns whether it changed anything.
-pub fn amend_verdict(
-    dir: &AgentDir,
-    session_id: &str,
-    verdict: SessionVerdict,
-    now: Timestamp,
-) -> Result<bool> {
-    let lock = dir.lock()?;
-    let mut notes = Vec::new();
-    let mut session: Session = dir.load(&lock, now, &mut notes)?;
-    let was = match session.status {
-        Some(SessionStatus::Error) => SessionVerdict::Error,
-        Some(SessionStatus::Timeout) => SessionVerdict::Timeout,
-        _ => return Ok(false),
-    };
-    if session.session_id != session_id || session.verdict.is_some() || was == verdict {
-        return Ok(false);
-    }
-    session.verdict = Some(verdict);
-    let mut report: Report = dir.load(&lock, now, &mut notes)?;
-    if let Some(last) = report.last_session.as_mut().filter(|l| l.id == session_id) {
-        last.verdict = Some(verdict);
-        if report.current_session.is_none() && verdict == SessionVerdict::UsageLimit {
-            report.status = AgentStatus::Idle;
-        }
-    }
-    let event = Event::SessionVerdict(crate::state::journal::VerdictAmended {
-        session_id: session_id.to_string(),
-        was,
-        verdict,
-    });
-    let staged_session = dir.stage(&lock, &session)?;
-    let staged_report = dir.stage(&lock, &report)?;
-    dir.journal_append(&lock, now, event.clone())?;
-    let (_, staged_metrics) = metrics::stage(dir, &lock, &event, now, &mut notes)?;
-    atomic::commit_all(
-        [staged_session, staged_report]
-            .into_iter()
-            .chain(staged_metrics),
-    )?;
-    Ok(true)
-}
-
 /// report.json `last_session.code`: `SESSION_STOPPED` when an operator
 /// stopped the last session (its `outcome` stays the seed's `error`).
 pub const LAST_SESSION_CODE: &str = "code";
@@ -557,7 +472,7 @@ pub(super) fn finish_request(
     agent: &AgentSettings,
     dir: &AgentDir,
     (wanted, caller): (Option<&str>, &Caller),
-    ending: Ending,
+    (ending, facts): (Ending, &Facts),
     mut args: Args,
     now: Timestamp,
 ) -> Result<FinishResult> {
@@ -680,8 +595,15 @@ pub(super) fn finish_request(
             },
         }
     };
-    let mut result = finish(
-        agent, dir, &lock, session, ending, &mut args, now, &mut notes,
+    let mut result = finish_with(
+        dir,
+        &lock,
+        session,
+        (ending, facts),
+        None,
+        &mut args,
+        now,
+        &mut notes,
     )?;
     result.notes = notes;
     Ok(result)
@@ -731,7 +653,16 @@ pub(super) fn finish(
     now: Timestamp,
     notes: &mut Vec<String>,
 ) -> Result<FinishResult> {
-    finish_with(dir, lock, session, ending, None, args, now, notes)
+    finish_with(
+        dir,
+        lock,
+        session,
+        (ending, &Facts::default()),
+        None,
+        args,
+        now,
+        notes,
+    )
 }
 
 /// [`finish`], or with `journaled` the completion of an end whose journal
@@ -743,7 +674,7 @@ pub(super) fn finish_with(
     dir: &AgentDir,
     lock: &AgentLock,
     mut session: Session,
-    ending: Ending,
+    (ending, facts): (Ending, &Facts),
     journaled: Option<&Event>,
     args: &mut Args,
     now: Timestamp,
@@ -765,7 +696,7 @@ pub(super) fn finish_with(
             // script's `session end`, a replay after a crash).
             let processed: Vec<Message> = match c.claimed {
                 Some(m) => m,
-                None => inbox::claimed(dir, &id, now)?
+                None => inbox::claimed(dir, &id)?
                     .into_iter()
                     .map(|(_, m)| m)
                     .collect(),
@@ -914,6 +845,9 @@ pub(super) fn finish_with(
             );
         }
     }
+    // What the daemon learned about its session goes in with the end: no
+    // reader sees the end without it.
+    let usage = facts::apply_at_end(dir, facts, &mut session, &mut report, &event, now)?;
     // Both files are on disk before the journal records the end, renamed
     // in after it: a full disk fails the whole end, which can be retried.
     let staged_session = dir.stage(lock, &session)?;
@@ -921,7 +855,11 @@ pub(super) fn finish_with(
     let event = match journaled {
         Some(e) => e.clone(),
         None => {
-            dir.journal_append(lock, now, event.clone())?;
+            // The usage line with the end's, in one append: never one
+            // without the other, never twice.
+            let mut lines = vec![event.clone()];
+            lines.extend(usage);
+            facts::append_events(dir, now, &lines)?;
             event
         }
     };

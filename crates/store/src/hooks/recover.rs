@@ -182,7 +182,7 @@ pub(super) fn replay_end(
         dir,
         lock,
         session,
-        ending,
+        (ending, &Facts::default()),
         Some(&entry.event),
         &mut Args::default(),
         entry.ts,

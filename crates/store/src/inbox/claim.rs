@@ -193,12 +193,7 @@ impl<'a> Processed<'a> {
 }
 
 /// The messages claimed by `session_id`, in delivery order, with their files.
-/// `now` stands in for a file whose mtime cannot be read.
-pub fn claimed(
-    agent: &AgentDir,
-    session_id: &str,
-    now: Timestamp,
-) -> Result<Vec<(PathBuf, Message)>> {
+pub fn claimed(agent: &AgentDir, session_id: &str) -> Result<Vec<(PathBuf, Message)>> {
     let dir = agent.claimed(crate::session_id::check(session_id)?);
     let mut out = Vec::new();
     // One handle for the directory: each file is opened by name in it.
@@ -217,31 +212,26 @@ pub fn claimed(
             continue;
         }
         let stem = name.trim_end_matches(".json");
-        let Some(file) = fsx::open_read_at(handle.as_fd(), OsStr::new(&name), &path)? else {
-            continue;
-        };
-        let Ok(meta) = file.metadata() else {
+        // The handle's own `fstat` serves the whole read, as at the intake.
+        let Some((mut file, st)) =
+            fsx::open_read_at_stat(handle.as_fd(), OsStr::new(&name), &path)?
+        else {
             continue;
         };
         // Swapped for a hard link since it was claimed: never read.
-        if meta.nlink() > 1 {
+        if st.st_nlink > 1 {
             continue;
         }
-        let mut bytes = Vec::with_capacity(meta.len().min(MAX_MESSAGE_BYTES) as usize + 1);
-        (&file)
-            .take(MAX_MESSAGE_BYTES + 1)
-            .read_to_end(&mut bytes)
+        let bytes = fsx::read_sized(&mut file, st.st_size.max(0) as u64, MAX_MESSAGE_BYTES)
             .at("reading", &path)?;
         // The file's mtime (kept by the renames), as for a waiting message:
         // a message without `created_at` keeps the same sent time and order.
-        let mtime = meta
-            .modified()
-            .map(|t| Timestamp::from_datetime(chrono::DateTime::<chrono::Utc>::from(t)))
-            .unwrap_or(now);
+        let mtime =
+            Timestamp::from_datetime(chrono::DateTime::<chrono::Utc>::from(fsx::modified(&st)));
         // A claimed file was valid when claimed; if someone edited it since,
         // keep it in the session anyway with what can be read.
         if let Ok(mut m) = validate(&bytes, stem, &agent.name, mtime) {
-            m.file_owner = Some(meta.uid());
+            m.file_owner = Some(st.st_uid);
             out.push((path, m));
         }
     }

@@ -6,7 +6,7 @@
 //! bloat report.json, session.json, tasks.json, the journal or the prompt.
 //!
 //! Pure: the caps and the cut. Callers apply them where the text enters
-//! (`hooks::finish_request`, `hooks::record_output_summary`, `tasks::add`,
+//! (`hooks::finish_request`, `hooks::Facts::apply`, `tasks::add`,
 //! `tasks::update`).
 
 /// A text with a cap. README's "Size caps" table lists the same values.
