@@ -611,8 +611,10 @@ fn corrupt_state_files_are_set_aside_and_rebuilt_while_other_agents_run_on() {
     let (env, runs) = setup("echo working", "", "");
     let d = env.daemon();
     env.ok(&["wake", "rio"]);
+    // Its end fully carried out (report.json, metrics.json) before they
+    // are torn below.
     d.wait_until(secs(5.0), "a first session", || {
-        state(&env, "rio", "session.json")["status"] == "completed"
+        state(&env, "rio", "session.json")["status"] == "completed" && d.idle()
     });
     env.ok(&["task", "add", "rio", "--description", "keep me"]);
     let first_instance = state(&env, "rio", "report.json")["instance"].clone();

@@ -199,7 +199,7 @@ fn an_unterminated_signal_at_the_end_of_the_output_is_malformed() {
     });
     // The end is recorded after the signal is logged: wait for it too.
     d.wait_until(secs(5.0), "the session ended", || {
-        state(&env, "rio", "session.json")["status"] != "running"
+        state(&env, "rio", "session.json")["status"] != "running" && d.idle()
     });
     assert_eq!(state(&env, "rio", "session.json")["status"], "completed");
     assert!(state(&env, "rio", "report.json")["blocked_by"].is_null());
