@@ -395,3 +395,224 @@ fn amend_reason(session: &mut Session, report: &mut Report, decided: &str) -> bo
     }
     true
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn ended(status: SessionStatus, reason: Option<&str>) -> (Session, Report) {
+        let session = Session {
+            session_id: "20261129-070000".into(),
+            status: Some(status),
+            reason: reason.map(str::to_string),
+            ..Session::default()
+        };
+        let report = Report {
+            summary: reason.map(|r| format!("Session 20261129-070000 failed: {r}")),
+            last_session: Some(LastSession {
+                id: "20261129-070000".into(),
+                outcome: Some(status),
+                reason: reason.map(str::to_string),
+                ..LastSession::default()
+            }),
+            ..Report::default()
+        };
+        (session, report)
+    }
+
+    fn now() -> Timestamp {
+        Timestamp::parse("2026-11-29T07:00:00Z").unwrap()
+    }
+
+    /// (what the session says already, the facts' figures) → what it says
+    /// after, and whether a `session_usage` line is journaled (with what).
+    #[test]
+    fn usage_is_recorded_once_and_never_over_the_script_s_own() {
+        let usage = json!({"input_tokens": 100, "output_tokens": 20});
+        type Row = (
+            Option<f64>,
+            Option<u64>,
+            Option<f64>,
+            Option<u64>,
+            Option<f64>,
+            Option<u64>,
+            bool,
+        );
+        let rows: [Row; 5] = [
+            // session (cost, tokens), facts (cost, tokens) → session after, journaled
+            (None, None, Some(0.5), Some(120), Some(0.5), Some(120), true),
+            // The script's `session end --cost-usd` wins.
+            (
+                Some(1.0),
+                None,
+                Some(0.5),
+                Some(120),
+                Some(1.0),
+                Some(120),
+                true,
+            ),
+            // A figure past the caps is the agent's word, not recorded.
+            (None, None, Some(f64::NAN), Some(u64::MAX), None, None, true),
+            (None, None, Some(-1.0), None, None, None, true),
+            // Already recorded: nothing to journal again.
+            (
+                Some(0.5),
+                Some(120),
+                Some(0.5),
+                Some(120),
+                Some(0.5),
+                Some(120),
+                false,
+            ),
+        ];
+        for (i, (cost, tokens, f_cost, f_tokens, want_cost, want_tokens, journaled)) in
+            rows.into_iter().enumerate()
+        {
+            let (mut s, mut r) = ended(SessionStatus::Completed, None);
+            s.cost_usd = cost;
+            s.tokens_used = tokens;
+            if !journaled {
+                s.extra.insert("usage".into(), usage.clone());
+            }
+            let facts = Facts {
+                cost_usd: f_cost,
+                tokens_used: f_tokens,
+                usage: Some(usage.clone()),
+                ..Facts::default()
+            };
+            let (line, _) = facts.apply(&mut s, &mut r, SaidByScript::default(), false, now());
+            assert_eq!(
+                (s.cost_usd, s.tokens_used),
+                (want_cost, want_tokens),
+                "row {i}"
+            );
+            assert_eq!(line.is_some(), journaled, "row {i}");
+            if let Some(Event::SessionUsage(u)) = line {
+                assert_eq!(
+                    (u.cost_usd, u.tokens_used),
+                    (want_cost, want_tokens),
+                    "row {i}"
+                );
+                assert_eq!(
+                    (u.input_tokens, u.output_tokens),
+                    (Some(100), Some(20)),
+                    "row {i}"
+                );
+            }
+        }
+    }
+
+    /// (status, verdict already there) → whether a usage limit is added.
+    #[test]
+    fn a_usage_limit_amends_only_a_failure_without_a_verdict() {
+        let rows = [
+            (SessionStatus::Error, None, Some(SessionVerdict::Error)),
+            (SessionStatus::Timeout, None, Some(SessionVerdict::Timeout)),
+            (SessionStatus::Completed, None, None),
+            (SessionStatus::Error, Some(SessionVerdict::Stopped), None),
+        ];
+        for (status, already, was) in rows {
+            let (mut s, mut r) = ended(status, Some("the trap said so"));
+            r.status = AgentStatus::Error;
+            s.verdict = already;
+            let line = amend_verdict(&mut s, &mut r, SessionVerdict::UsageLimit);
+            match (line, was) {
+                (Some(Event::SessionVerdict(v)), Some(was)) => {
+                    assert_eq!((v.was, v.verdict), (was, SessionVerdict::UsageLimit));
+                    assert_eq!(s.verdict, Some(SessionVerdict::UsageLimit));
+                    assert_eq!(
+                        r.last_session.unwrap().verdict,
+                        Some(SessionVerdict::UsageLimit)
+                    );
+                    assert_eq!(r.status, AgentStatus::Idle, "not a failure");
+                }
+                (None, None) => assert_eq!(s.verdict, already, "{status:?}"),
+                (line, was) => panic!("{status:?}: {line:?}, expected a change from {was:?}"),
+            }
+        }
+    }
+
+    /// (status, the script's reason) → the reason after the daemon's
+    /// "the session command exited with status 1".
+    #[test]
+    fn the_daemon_s_reason_goes_in_front_of_the_script_s_once() {
+        let decided = "the session command exited with status 1";
+        let rows = [
+            (
+                SessionStatus::Error,
+                Some("trap: claude failed"),
+                Some(
+                    "the session command exited with status 1; the session script reported: trap: claude failed",
+                ),
+            ),
+            (SessionStatus::Error, Some(""), Some(decided)),
+            // Said already: unchanged.
+            (
+                SessionStatus::Error,
+                Some("the session command exited with status 1 (twice)"),
+                Some("the session command exited with status 1 (twice)"),
+            ),
+            // Not a failure: nothing to put in front of.
+            (SessionStatus::Completed, None, None),
+        ];
+        for (status, recorded, want) in rows {
+            let (mut s, mut r) = ended(status, recorded);
+            let changed = amend_reason(&mut s, &mut r, decided);
+            assert_eq!(s.reason.as_deref(), want, "{recorded:?}");
+            assert_eq!(changed, recorded != want, "{recorded:?}");
+            if changed {
+                let last = r.last_session.as_ref().unwrap();
+                assert_eq!(last.reason.as_deref(), want);
+                assert_eq!(
+                    r.summary.as_deref(),
+                    Some(format!("Session 20261129-070000 failed: {}", want.unwrap()).as_str())
+                );
+            }
+        }
+    }
+
+    /// What the script said through `session end` wins over the output's
+    /// summary; "Blockers: none" does not clear a BLOCKED signal that stands.
+    #[test]
+    fn the_output_s_summary_fills_only_what_the_script_left_unsaid() {
+        let summary = OutputSummary {
+            summary: Some("from the output".into()),
+            next_priority: Some("next from the output".into()),
+            handoff_notes: Some("notes from the output".into()),
+            blocked_by: Some(None),
+            confidence: Some(4),
+            risk: Some("low".into()),
+            signal_block: Some(json!({"agent": "Actor"})),
+        };
+        let facts = Facts {
+            summary: Some(summary),
+            ..Facts::default()
+        };
+        // Nothing said by the script, no signal standing.
+        let (mut s, mut r) = ended(SessionStatus::Completed, None);
+        r.blocked_by = Some("old blocker".into());
+        facts.apply(&mut s, &mut r, SaidByScript::default(), false, now());
+        assert_eq!(r.summary.as_deref(), Some("from the output"));
+        assert_eq!(r.next_priority.as_deref(), Some("next from the output"));
+        assert_eq!(s.handoff_notes.as_deref(), Some("notes from the output"));
+        assert_eq!(r.blocked_by, None, "Blockers: none clears it");
+        assert_eq!(r.extra["confidence"], 4);
+        assert_eq!(s.extra["signal_block"]["agent"], "Actor");
+        // The script said its summary and notes; a BLOCKED signal stands.
+        let (mut s, mut r) = ended(SessionStatus::Completed, None);
+        r.summary = Some("the script's".into());
+        s.handoff_notes = Some("the script's notes".into());
+        r.blocked_by = Some("waiting for a key".into());
+        let said = SaidByScript {
+            summary: true,
+            next_priority: false,
+            handoff_notes: true,
+        };
+        facts.apply(&mut s, &mut r, said, true, now());
+        assert_eq!(r.summary.as_deref(), Some("the script's"));
+        assert_eq!(r.next_priority.as_deref(), Some("next from the output"));
+        assert_eq!(s.handoff_notes.as_deref(), Some("the script's notes"));
+        assert_eq!(r.blocked_by.as_deref(), Some("waiting for a key"));
+    }
+}
