@@ -275,26 +275,24 @@ pub fn amend_ended(
         return Ok(done);
     }
     let mut report: Report = dir.load(&lock, now, &mut notes)?;
-    let mut lines: Vec<Event> = Vec::new();
-    if let Some(verdict) = amendment.verdict
-        && let Some(event) = amend_verdict(&mut session, &mut report, verdict)
-    {
-        lines.push(event);
-        done.verdict = true;
-    }
+    let verdict = amendment
+        .verdict
+        .and_then(|v| amend_verdict(&mut session, &mut report, v));
+    done.verdict = verdict.is_some();
+    let mut usage = None;
     if let Some(decided) = amendment.reason {
         done.reason = amend_reason(&mut session, &mut report, decided);
     }
     if !amendment.facts.is_empty() {
         let (end, blocked) = journaled(dir, session_id)?;
-        let (usage, changed) = amendment.facts.apply(
+        let changed;
+        (usage, changed) = amendment.facts.apply(
             &mut session,
             &mut report,
             SaidByScript::of(end.as_ref()),
             blocked,
             now,
         );
-        lines.extend(usage);
         done.facts = changed || amendment.facts.summary.is_some();
     }
     report.extra.remove(REPORT_ITERATION);
@@ -303,32 +301,19 @@ pub fn amend_ended(
     }
     let staged_session = dir.stage(&lock, &session)?;
     let staged_report = dir.stage(&lock, &report)?;
-    append_events(dir, now, &lines)?;
-    let mut staged_metrics = None;
-    for event in lines
-        .iter()
-        .filter(|e| matches!(e, Event::SessionVerdict(_)))
-    {
-        staged_metrics = metrics::stage(dir, &lock, event, now, &mut notes)?.1;
-    }
+    let lines: Vec<Event> = verdict.iter().chain(&usage).cloned().collect();
+    dir.journal_append_all(&lock, now, &lines)?;
+    // The counters follow the verdict (the usage line counts nothing).
+    let staged_metrics = match &verdict {
+        Some(event) => metrics::stage(dir, &lock, event, now, &mut notes)?.1,
+        None => None,
+    };
     atomic::commit_all(
         [staged_session, staged_report]
             .into_iter()
             .chain(staged_metrics),
     )?;
     Ok(done)
-}
-
-/// Journal `events` in one append (none: nothing). Call with the lock held.
-pub(super) fn append_events(dir: &AgentDir, now: Timestamp, events: &[Event]) -> Result<()> {
-    if events.is_empty() {
-        return Ok(());
-    }
-    let mut lines = Vec::new();
-    for e in events {
-        lines.extend_from_slice(&crate::state::journal::Entry::new(now, e.clone()).to_line());
-    }
-    crate::state::journal::append_lines(&dir.store, &dir.journal(), &lines)
 }
 
 /// The verdict part of [`amend_ended`]: its journal line, if it changes

@@ -859,7 +859,7 @@ pub(super) fn finish_with(
             // without the other, never twice.
             let mut lines = vec![event.clone()];
             lines.extend(usage);
-            facts::append_events(dir, now, &lines)?;
+            dir.journal_append_all(lock, now, &lines)?;
             event
         }
     };

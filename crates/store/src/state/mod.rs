@@ -475,6 +475,24 @@ impl AgentDir {
         journal::append(&self.store, &self.journal(), &entry)?;
         Ok(entry)
     }
+
+    /// Append `events` to this agent's journal in one write (none: nothing):
+    /// a crash keeps all of them or none but a torn last line.
+    pub fn journal_append_all(
+        &self,
+        _lock: &AgentLock,
+        now: Timestamp,
+        events: &[journal::Event],
+    ) -> Result<()> {
+        if events.is_empty() {
+            return Ok(());
+        }
+        let mut lines = Vec::new();
+        for e in events {
+            lines.extend_from_slice(&journal::Entry::new(now, e.clone()).to_line());
+        }
+        journal::append_lines(&self.store, &self.journal(), &lines)
+    }
 }
 
 #[cfg(test)]
