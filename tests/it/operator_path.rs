@@ -204,6 +204,17 @@ fn the_operators_path_from_install_to_purge() {
                 && b.json(&format!("{STATE}/rio/session.json"))["status"] == "completed"
         },
     );
+    // The shipped script ends its session itself; what the daemon read in
+    // Claude Code's result (cost, tokens, the signal block) follows in one
+    // more write of session.json.
+    sdbox.wait_until(
+        Duration::from_secs(30),
+        "rio's session has the cost its result said",
+        || b.json(&format!("{STATE}/rio/session.json"))["cost_usd"] == 0.25,
+    );
+    let s = b.json(&format!("{STATE}/rio/session.json"));
+    assert_eq!(s["tokens_used"], 1200, "{s:#}");
+    assert_eq!(s["usage"]["input_tokens"], 1000, "{s:#}");
 
     // ---- maria acknowledges what waits for marcus --------------------------------
     b.as_user_ok(
