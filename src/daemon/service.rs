@@ -451,11 +451,13 @@ pub async fn run(config_path: &Path, web: WebHook) -> Result<()> {
     // from it: its reads repair what they find, the repairs noted (under
     // its clock) for `after_change` to raise as STATE_CORRUPT; a write
     // that fails with ENOSPC prunes what retention allows and tries once
-    // more (state::atomic::retrying). The pruning itself writes through a
+    // more (state::atomic::retrying); sessions ending together acknowledge
+    // their messages one at a time. The pruning itself writes through a
     // root without the reclaimer, so a prune never reclaims again.
     let root = {
         let repairs = crate::state::Store::default()
-            .recording_repairs(move || Timestamp::from_datetime(clock.now()));
+            .recording_repairs(move || Timestamp::from_datetime(clock.now()))
+            .acknowledging_one_at_a_time();
         let pruned = root.clone().with_store(repairs.clone());
         let health = config.health.clone();
         let agents: Vec<AgentName> = config.agents.iter().map(|a| a.name.clone()).collect();

@@ -235,3 +235,112 @@ fn a_big_inbox_is_listed_off_the_loop_and_its_mail_claimed_once() {
         "no wake journaled as skipped for a session not begun yet"
     );
 }
+
+/// Messages trickled into rio's inbox while its session runs.
+const TRICKLE: usize = 200;
+
+#[test]
+fn mail_to_a_running_session_is_looked_at_once_a_second_and_followed_up_once() {
+    let env = Env::with_config("");
+    let runs = env.tmp("runs");
+    let first = env.tmp("first");
+    let release = env.tmp("release");
+    let script = env.script(
+        "agent.sh",
+        &format!(
+            "echo \"start $AGENT_STATE_AGENT $(date +%s.%N)\" >> {runs:?}\n\
+             # rio's first session runs until the test releases it.\n\
+             if [ \"$AGENT_STATE_AGENT\" = rio ] && [ ! -e {first:?} ]; then\n\
+               touch {first:?}\n\
+               while [ ! -e {release:?} ]; do sleep 0.05; done\n\
+             fi\n\
+             echo done",
+            runs = runs.display().to_string(),
+            first = first.display().to_string(),
+            release = release.display().to_string(),
+        ),
+    );
+    env.set_config(&daemon_config(
+        &script,
+        &[],
+        &[("inbox_debounce", "\"0s\""), ("timeout", "\"15m\"")],
+        AGENTS,
+    ));
+    env.ok(&["bootstrap"]);
+    let daemon = env.daemon();
+    env.ok(&["wake", "rio"]);
+    daemon.wait_until(Duration::from_secs(30), "rio's first session runs", || {
+        first.exists()
+    });
+    // A steady trickle, as senders in the inbox group make it: each
+    // message written aside and renamed in, a few milliseconds apart.
+    let inbox = env.path("rio", "inbox");
+    let aside = env.tmp("aside");
+    std::fs::create_dir(&aside).expect("aside");
+    let ids: Vec<String> = (0..TRICKLE).map(|i| format!("trickle-{i:04}")).collect();
+    let began = Instant::now();
+    for (i, id) in ids.iter().enumerate() {
+        let name = format!("{id}.json");
+        std::fs::write(
+            aside.join(&name),
+            format!("{{\"from\": \"leo\", \"subject\": \"note {i}\"}}"),
+        )
+        .expect("message");
+        std::fs::rename(aside.join(&name), inbox.join(&name)).expect("rename in");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::fs::write(&release, "").expect("release");
+    let ran = began.elapsed();
+    let processed = inbox.join("processed");
+    daemon.wait_until(
+        Duration::from_secs(60),
+        "a follow-up session has claimed and acknowledged the trickle",
+        || {
+            daemon.idle()
+                && std::fs::read_dir(&processed).is_ok_and(|d| d.flatten().count() >= TRICKLE)
+        },
+    );
+    // Looked at once a second at most while the session ran, and once
+    // more at its end: a few journal lines, not one per message.
+    let skipped = env.events("rio", "wake_skipped");
+    let bound = ran.as_secs_f64().ceil() as usize + 2;
+    assert!(
+        !skipped.is_empty() && skipped.len() <= bound,
+        "{} wake_skipped lines for {TRICKLE} messages in {ran:?} (at most {bound}): {skipped:?}",
+        skipped.len()
+    );
+    // Every message journaled as received once, claimed by the one
+    // follow-up session, and acknowledged.
+    let received: Vec<String> = env
+        .events("rio", "message_received")
+        .iter()
+        .filter_map(|e| e["message_id"].as_str().map(str::to_string))
+        .collect();
+    for id in &ids {
+        assert_eq!(
+            received.iter().filter(|r| *r == id).count(),
+            1,
+            "{id} journaled as received once: {received:?}"
+        );
+    }
+    let starts = env.events("rio", "session_start");
+    assert_eq!(
+        starts.len(),
+        2,
+        "the first session and one follow-up: {starts:?}"
+    );
+    let mut claimed: Vec<String> = starts[1]["messages"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|m| m.as_str().map(str::to_string))
+        .collect();
+    claimed.sort();
+    assert_eq!(claimed, ids, "the follow-up claimed the whole trickle");
+    assert_eq!(
+        env.files("rio", "inbox/processed").len(),
+        TRICKLE,
+        "each message acknowledged once"
+    );
+}

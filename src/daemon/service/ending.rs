@@ -386,7 +386,16 @@ impl Daemon {
         {
             self.orphan_locks.insert(agent.clone(), lock);
         }
+        // The scan owed by the window of a running agent's scans is this
+        // one: what it finds is what the session would have skipped.
+        self.intake.scanned_running.remove(&agent);
+        let owed = self.intake.owed.remove(&agent);
         let waiting = self.receive(&agent).unwrap_or_default();
+        if owed {
+            let now = self.clock.now();
+            let (core, tally) = (&mut self.core, &mut self.tally);
+            intake::skip_for_running(core, &self.root, tally, &agent, &waiting, now);
+        }
         self.core.session_ended(&agent, waiting, self.clock.now());
         match (&cfg, &limit) {
             (Some(cfg), Some(_)) => self.after_usage_limit(&agent, cfg),

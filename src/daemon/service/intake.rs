@@ -45,6 +45,29 @@ pub(super) struct Intake {
     /// of listing the whole inbox again. Forgotten at a rescan and at the
     /// reconcile scan.
     pub(super) reusable: BTreeMap<AgentName, (u64, std::sync::Arc<inbox::Listed>)>,
+    /// Running agents: when their inbox was last scanned while their
+    /// session ran ([`running_scan_waits`]).
+    pub(super) scanned_running: BTreeMap<AgentName, DateTime<Utc>>,
+    /// Running agents whose inbox changed since that scan: scanned at the
+    /// end of the window, or by the session's end, whichever comes first.
+    pub(super) owed: std::collections::BTreeSet<AgentName>,
+}
+
+/// The shortest time between two scans of a running agent's inbox. Its
+/// messages wait for the session's end whatever the scan finds; a scan per
+/// arrival (a read, a journal append and its sync under the agent's lock)
+/// competed with that end for the lock and the loop. A second at most
+/// before a message to a running agent is journaled, its task added.
+pub(super) const RUNNING_SCAN_INTERVAL: chrono::Duration = chrono::Duration::seconds(1);
+
+/// When a running agent's inbox may be scanned next, if not now: `last` is
+/// its last scan while its session ran (pure).
+pub(super) fn running_scan_waits(
+    last: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+) -> Option<DateTime<Utc>> {
+    let due = last? + RUNNING_SCAN_INTERVAL;
+    (due > now).then_some(due)
 }
 
 impl Intake {
@@ -217,30 +240,35 @@ impl Daemon {
             self.intake
                 .retry_rejected(&self.root, self.lock_busy.wait(agent), agent);
         }
+        if self.running.contains_key(agent) {
+            let now = self.clock.now();
+            if let Some(due) =
+                running_scan_waits(self.intake.scanned_running.get(agent).copied(), now)
+            {
+                self.intake.owed.insert(agent.clone());
+                let at = self.intake.settle_at.entry(agent.clone()).or_insert(due);
+                *at = (*at).min(due);
+                return;
+            }
+            self.intake.scanned_running.insert(agent.clone(), now);
+        }
+        self.intake.owed.remove(agent);
         let Some(summary) = self.receive(agent) else {
             return;
         };
-        let now = self.clock.now();
-        if self.running.contains_key(agent)
-            && summary
-                .wants_wake(
-                    self.core
-                        .slot(agent)
-                        .map(|s| s.wake_on_inbox)
-                        .unwrap_or(crate::config::WakeOnInbox::Never),
-                )
-                .is_some()
-        {
-            // Remembered for a follow-up after the running session.
-            if let Some(s) = self
-                .core
-                .request(agent, WakeReason::Inbox, Priority::Normal, now)
-            {
-                wakes::wake_skipped(&self.root, &mut self.tally, s);
-            }
+        if self.running.contains_key(agent) {
+            let now = self.clock.now();
+            skip_for_running(
+                &mut self.core,
+                &self.root,
+                &mut self.tally,
+                agent,
+                &summary,
+                now,
+            );
             return;
         }
-        self.core.inbox_scanned(agent, summary, now);
+        self.core.inbox_scanned(agent, summary, self.clock.now());
     }
 
     pub(super) fn receive(&mut self, agent: &AgentName) -> Option<InboxSummary> {
@@ -339,6 +367,28 @@ impl Intake {
     }
 }
 
+/// Mail found while `agent`'s session runs: a wake skipped, remembered
+/// for a follow-up after it.
+pub(super) fn skip_for_running(
+    core: &mut Core,
+    root: &StateRoot,
+    tally: &mut metrics::Tally,
+    agent: &AgentName,
+    summary: &InboxSummary,
+    now: DateTime<Utc>,
+) {
+    let wake_on_inbox = core
+        .slot(agent)
+        .map(|s| s.wake_on_inbox)
+        .unwrap_or(crate::config::WakeOnInbox::Never);
+    if summary.wants_wake(wake_on_inbox).is_none() {
+        return;
+    }
+    if let Some(s) = core.request(agent, WakeReason::Inbox, Priority::Normal, now) {
+        wakes::wake_skipped(root, tally, s);
+    }
+}
+
 /// The record of an inbox file rejected as a message, naming the file it
 /// is really kept as (de-duplicated, shortened, `not-utf8-….json`).
 pub(super) fn rejected(agent: &AgentName, r: &inbox::Rejected) -> ErrorRecord {
@@ -376,4 +426,38 @@ fn scan_can_wait(
                 .as_ref()
                 .is_some_and(|p| p.priority == Priority::High)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(s: &str) -> DateTime<Utc> {
+        s.parse().expect("a time")
+    }
+
+    #[test]
+    fn a_running_agents_inbox_is_scanned_at_most_once_a_second() {
+        let now = at("2026-11-29T10:00:00.500Z");
+        let table: [(Option<&str>, Option<&str>); 5] = [
+            // Never scanned while this session runs: now.
+            (None, None),
+            // Scanned a second ago or more: now.
+            (Some("2026-11-29T09:59:59.500Z"), None),
+            (Some("2026-11-29T09:59:58Z"), None),
+            // Scanned less than a second ago: at the end of the second.
+            (Some("2026-11-29T10:00:00Z"), Some("2026-11-29T10:00:01Z")),
+            (
+                Some("2026-11-29T10:00:00.500Z"),
+                Some("2026-11-29T10:00:01.500Z"),
+            ),
+        ];
+        for (last, want) in table {
+            assert_eq!(
+                running_scan_waits(last.map(at), now),
+                want.map(at),
+                "last scan {last:?}"
+            );
+        }
+    }
 }

@@ -262,6 +262,9 @@ pub fn acknowledge(agent: &AgentDir, session_id: &str) -> Result<usize> {
         let processed = agent.processed();
         atomic::create_dir(&processed, INBOX_PRIVATE_DIR_MODE)?;
         let to = fsx::dir(&processed)?;
+        // The daemon's sessions ending together take turns (see
+        // `Store::acknowledging_one_at_a_time`).
+        let _turn = agent.store.acknowledgement_turn();
         for name in &names {
             // By the two handles, under its own name; a name already taken
             // in processed/ (a message sent twice under one name) costs a

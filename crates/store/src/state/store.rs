@@ -22,12 +22,13 @@ type Reclaimer = dyn Fn() -> u64 + Send + Sync;
 /// The time a repair sets a file aside under.
 type RepairClock = dyn Fn() -> Timestamp + Send + Sync;
 
-/// See the module's documentation. Cheap to clone (three `Arc`s).
+/// See the module's documentation. Cheap to clone (four `Arc`s).
 #[derive(Clone, Default)]
 pub struct Store {
     reclaimer: Option<Arc<Reclaimer>>,
     repairs: Option<Arc<Repairs>>,
     removals: Option<Arc<Pending>>,
+    acknowledging: Option<Arc<Mutex<()>>>,
 }
 
 /// The repairs noted (agent, what was done) and the clock they take.
@@ -42,6 +43,7 @@ impl fmt::Debug for Store {
             .field("reclaims", &self.reclaimer.is_some())
             .field("records_repairs", &self.repairs.is_some())
             .field("defers_removals", &self.removals.is_some())
+            .field("acknowledges_one_at_a_time", &self.acknowledging.is_some())
             .finish()
     }
 }
@@ -77,6 +79,25 @@ impl Store {
     pub fn deferring_removals(mut self) -> Self {
         self.removals = Some(Arc::default());
         self
+    }
+
+    /// This store, acknowledging one session's messages at a time
+    /// ([`crate::inbox::acknowledge`]): for a process that records many
+    /// sessions' ends at once, on threads of its own (the daemon). Each
+    /// acknowledgement is a cross-directory rename per message, and every
+    /// such rename on a file system takes the kernel's one rename lock for
+    /// it: acknowledgements made together only spin on it against each
+    /// other, and against the claims and the senders' renames.
+    pub fn acknowledging_one_at_a_time(mut self) -> Self {
+        self.acknowledging = Some(Arc::default());
+        self
+    }
+
+    /// Wait for this store's turn to acknowledge, if it takes turns.
+    pub(crate) fn acknowledgement_turn(&self) -> Option<std::sync::MutexGuard<'_, ()>> {
+        self.acknowledging
+            .as_ref()
+            .map(|m| m.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Where a commit keeps the old versions, if this store defers them.
