@@ -61,12 +61,14 @@ pub(super) struct Intake {
 pub(super) const RUNNING_SCAN_INTERVAL: chrono::Duration = chrono::Duration::seconds(1);
 
 /// When a running agent's inbox may be scanned next, if not now: `last` is
-/// its last scan while its session ran (pure).
+/// its last scan while its session ran (pure). A last scan after `now` (the
+/// clock stepped back) is no reason to wait.
 pub(super) fn running_scan_waits(
     last: Option<DateTime<Utc>>,
     now: DateTime<Utc>,
 ) -> Option<DateTime<Utc>> {
-    let due = last? + RUNNING_SCAN_INTERVAL;
+    let last = last.filter(|t| *t <= now)?;
+    let due = last + RUNNING_SCAN_INTERVAL;
     (due > now).then_some(due)
 }
 
@@ -439,7 +441,7 @@ mod tests {
     #[test]
     fn a_running_agents_inbox_is_scanned_at_most_once_a_second() {
         let now = at("2026-11-29T10:00:00.500Z");
-        let table: [(Option<&str>, Option<&str>); 5] = [
+        let table: [(Option<&str>, Option<&str>); 6] = [
             // Never scanned while this session runs: now.
             (None, None),
             // Scanned a second ago or more: now.
@@ -451,6 +453,8 @@ mod tests {
                 Some("2026-11-29T10:00:00.500Z"),
                 Some("2026-11-29T10:00:01.500Z"),
             ),
+            // The clock stepped back an hour since: now, not in an hour.
+            (Some("2026-11-29T11:00:00Z"), None),
         ];
         for (last, want) in table {
             assert_eq!(
