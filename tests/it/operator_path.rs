@@ -204,17 +204,18 @@ fn the_operators_path_from_install_to_purge() {
                 && b.json(&format!("{STATE}/rio/session.json"))["status"] == "completed"
         },
     );
-    // The shipped script ends its session itself; what the daemon read in
-    // Claude Code's result (cost, tokens, the signal block) follows in one
-    // more write of session.json.
+    // The shipped script ends its session itself, with the cost and tokens
+    // it read in Claude Code's result; the token breakdown the daemon read
+    // in the same result follows in one more write of session.json (waited
+    // for: the script's end alone already says completed, with the cost).
     sdbox.wait_until(
         Duration::from_secs(30),
-        "rio's session has the cost its result said",
-        || b.json(&format!("{STATE}/rio/session.json"))["cost_usd"] == 0.25,
+        "rio's session has the token breakdown its result said",
+        || b.json(&format!("{STATE}/rio/session.json"))["usage"]["input_tokens"] == 1000,
     );
     let s = b.json(&format!("{STATE}/rio/session.json"));
+    assert_eq!(s["cost_usd"], 0.25, "{s:#}");
     assert_eq!(s["tokens_used"], 1200, "{s:#}");
-    assert_eq!(s["usage"]["input_tokens"], 1000, "{s:#}");
 
     // ---- maria acknowledges what waits for marcus --------------------------------
     b.as_user_ok(
