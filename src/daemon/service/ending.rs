@@ -387,8 +387,11 @@ impl Daemon {
             self.orphan_locks.insert(agent.clone(), lock);
         }
         // The scan owed by the window of a running agent's scans is this
-        // one: what it finds is what the session would have skipped.
+        // one: what it finds is what the session would have skipped. A scan
+        // already timed is this one too; `receive` times another for each
+        // reason it finds (a file still written, a busy lock, junk left).
         self.intake.scanned_running.remove(&agent);
+        self.intake.settle_at.remove(&agent);
         let owed = self.intake.owed.remove(&agent);
         let waiting = self.receive(&agent).unwrap_or_default();
         if owed {
