@@ -10,7 +10,8 @@
 //! scrape interval), no body accepted, at most 32 connections per peer
 //! address and 64 in all, a newcomer always let in and the oldest idle
 //! connection closed for it ([`admission`]), so connections that send
-//! nothing cannot keep a scrape out. It is meant for loopback or a trusted
+//! nothing cannot keep a scrape out; the kernel holds a connection back
+//! until its client has sent something ([`defer_accept`]). It is meant for loopback or a trusted
 //! network; put a reverse proxy in front for TLS or authentication.
 
 pub(crate) mod admission;
@@ -73,7 +74,59 @@ impl Board {
 /// Bind the listener (before READY, so a bad address fails the start with
 /// a clear error rather than later).
 pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    TcpListener::bind(addr).await
+    listen(addr, "metrics")
+}
+
+/// How many connections the kernel may hold for a listener, accepted or
+/// waiting for their first byte ([`defer_accept`]); the kernel caps it at
+/// `net.core.somaxconn` (4096 by default). The 128 of `TcpListener::bind`
+/// is filled by as many idle connections, and past it the kernel answers
+/// with SYN cookies, whose connections reach the listener at once, empty.
+const BACKLOG: u32 = 4096;
+
+/// A listener on `addr` (address reuse as `TcpListener::bind`) with a deep
+/// backlog whose connections are handed over once they have sent something
+/// ([`defer_accept`]). Inside a tokio runtime.
+pub(crate) fn listen(addr: SocketAddr, what: &str) -> std::io::Result<TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    let listener = socket.listen(BACKLOG)?;
+    defer_accept(&listener, what);
+    Ok(listener)
+}
+
+/// Have the kernel hand a connection to `listener` only once its client
+/// has sent something, or after [`HEAD_TIMEOUT`] (Linux's
+/// `TCP_DEFER_ACCEPT`, as nginx's `deferred`). A scrape sends its request
+/// as it connects, so it arrives with its request waiting and counts as
+/// answered from the start ([`admission`]): a flood of connections that
+/// send nothing cannot close it as idle even when its client was
+/// descheduled between its connect and its request, and the flood itself
+/// waits in the kernel instead of the table. If the option cannot be set,
+/// the listener works as before (and says so).
+pub(crate) fn defer_accept(listener: &impl std::os::fd::AsRawFd, what: &str) {
+    use nix::libc;
+    let secs = HEAD_TIMEOUT.as_secs() as libc::c_int;
+    // SAFETY: a valid descriptor, and a pointer to a c_int with its size.
+    let rc = unsafe {
+        libc::setsockopt(
+            listener.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_DEFER_ACCEPT,
+            (&secs as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        let e = std::io::Error::last_os_error();
+        tracing::warn!(
+            "{what} listener: cannot defer accepting idle connections (TCP_DEFER_ACCEPT): {e}"
+        );
+    }
 }
 
 /// Serve `board` on `listener` until the task is dropped.

@@ -3,7 +3,8 @@
 //! listener. 200 that send nothing and 50 that send a byte a second
 //! (slow-loris), each opened again as soon as it is closed, must not keep
 //! Prometheus out: 20 scrapes over 5 s all get their metrics within a
-//! scrape timeout.
+//! scrape timeout, half of them from a client that pauses between its
+//! connect and its request (as one descheduled on a loaded machine does).
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
@@ -98,9 +99,15 @@ fn attack(
 /// A scrape as Prometheus does it: connect, ask, read to the end, within
 /// the scrape timeout. The status and body, or what went wrong.
 fn scrape(port: u16) -> Result<(u16, String), String> {
+    scrape_after(port, Duration::ZERO)
+}
+
+/// A scrape whose client waits `pause` between its connect and its request.
+fn scrape_after(port: u16, pause: Duration) -> Result<(u16, String), String> {
     let started = Instant::now();
     let mut s = TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), SCRAPE_TIMEOUT)
         .map_err(|e| format!("connect: {e}"))?;
+    std::thread::sleep(pause);
     s.set_read_timeout(Some(SCRAPE_TIMEOUT)).unwrap();
     s.write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/plain\r\n\r\n")
         .map_err(|e| format!("send: {e}"))?;
@@ -165,10 +172,14 @@ fn scrapes_get_through_a_flood_of_idle_and_slow_connections() {
     );
 
     // Spread over 5 s, the listener's request timeout: the slow
-    // connections are cut and opened again meanwhile.
+    // connections are cut and opened again meanwhile. Every other client
+    // pauses 100 ms between its connect and its request: a flood opens
+    // hundreds of connections in that time, so a listener that took the
+    // connection at once would close it as the oldest idle one.
     let results: Vec<Result<(u16, String), String>> = (0..20)
-        .map(|_| {
-            let r = scrape(port);
+        .map(|i| {
+            let pause = Duration::from_millis(if i % 2 == 1 { 100 } else { 0 });
+            let r = scrape_after(port, pause);
             std::thread::sleep(Duration::from_millis(250));
             r
         })

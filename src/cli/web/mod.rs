@@ -80,16 +80,11 @@ pub fn listen(config: &crate::config::Config, config_path: &Path) -> Result<()> 
         None => None,
         Some(path) => Some(read_token(path, config_path)?),
     };
-    let std_listener = std::net::TcpListener::bind(addr)
-        .and_then(|l| l.set_nonblocking(true).map(|()| l))
-        .map_err(|e| {
-            Error::Unavailable(format!(
-                "cannot listen for the web view on {addr} ([web] listen in {}): {e}",
-                config_path.display()
-            ))
-        })?;
-    let listener = TcpListener::from_std(std_listener).map_err(|e| {
-        Error::Unavailable(format!("cannot listen for the web view on {addr}: {e}"))
+    let listener = crate::daemon::exporter::listen(addr, "web view").map_err(|e| {
+        Error::Unavailable(format!(
+            "cannot listen for the web view on {addr} ([web] listen in {}): {e}",
+            config_path.display()
+        ))
     })?;
     let bound: SocketAddr = listener.local_addr().unwrap_or(addr);
     tracing::info!("web view at http://{bound}/");
