@@ -287,6 +287,11 @@ fn a_malformed_block_is_logged_like_an_invalid_signal() {
         std::fs::read_to_string(env.root.join(".daemon/signals.jsonl"))
             .is_ok_and(|t| t.contains("SIGNAL_BLOCK_INVALID_CONFIDENCE"))
     });
+    // The block is judged as the output is read, before the end is
+    // recorded: wait for the end too (three loaded CI runs read `running`).
+    d.wait_until(secs(10.0), "the session ended", || {
+        state(&env, "rio", "session.json")["status"] != "running" && d.idle()
+    });
     assert_eq!(state(&env, "rio", "session.json")["status"], "completed");
     assert!(state(&env, "rio", "session.json")["signal_block"].is_null());
 }
