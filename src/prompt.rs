@@ -905,7 +905,10 @@ const LOG_TAIL_BYTES: u64 = 64 << 10;
 fn last_words(agent: &AgentDir, session: &Session) -> Result<Option<(String, String, String)>> {
     let id = if session.is_running() {
         let mut last = None;
-        let _ = journal::scan_backwards(&agent.store, &agent.journal(), |e| match &e.event {
+        let journal = agent.journal();
+        let _ = journal::scan_backwards_for(&agent.store, &journal, "session_start", |e| match &e
+            .event
+        {
             Event::SessionStart(s) if s.session_id != session.session_id => {
                 last = Some(s.session_id.clone());
                 ControlFlow::Break(())
@@ -967,32 +970,35 @@ struct Handoff {
 
 /// The handoff notes of the last completed session, if it left any.
 fn last_handoff(agent: &AgentDir, session: &Session) -> Result<Option<Handoff>> {
-    let (session_id, notes, place) =
-        if session.status == Some(SessionStatus::Completed) && !session.session_id.is_empty() {
-            (
-                session.session_id.clone(),
-                session.handoff_notes.clone(),
-                format!("{} (handoff_notes)", agent.session().display()),
-            )
-        } else {
-            let mut found = None;
-            journal::scan_backwards(&agent.store, &agent.journal(), |e| match e.event {
+    let (session_id, notes, place) = if session.status == Some(SessionStatus::Completed)
+        && !session.session_id.is_empty()
+    {
+        (
+            session.session_id.clone(),
+            session.handoff_notes.clone(),
+            format!("{} (handoff_notes)", agent.session().display()),
+        )
+    } else {
+        let mut found = None;
+        journal::scan_backwards_for(&agent.store, &agent.journal(), "session_end", |e| {
+            match e.event {
                 Event::SessionEnd(end) => {
                     found = Some(end);
                     ControlFlow::Break(())
                 }
                 _ => ControlFlow::Continue(()),
-            })?;
-            let Some(end) = found else {
-                return Ok(None);
-            };
-            let place = format!(
-                "{} (the session_end event of {})",
-                agent.journal().display(),
-                end.session_id
-            );
-            (end.session_id, end.handoff, place)
+            }
+        })?;
+        let Some(end) = found else {
+            return Ok(None);
         };
+        let place = format!(
+            "{} (the session_end event of {})",
+            agent.journal().display(),
+            end.session_id
+        );
+        (end.session_id, end.handoff, place)
+    };
     Ok(notes
         .map(|n| n.trim_end().to_string())
         .filter(|n| !n.trim().is_empty())

@@ -434,6 +434,82 @@ mod tests {
         AgentName::parse("rio").unwrap()
     }
 
+    /// An inbox of `n` messages m000.json… and one file of junk.
+    fn filled(tmp: &Path, n: usize) -> AgentDir {
+        let root = crate::state::StateRoot::new(tmp);
+        let agent = root.agent(&owner());
+        std::fs::create_dir_all(agent.inbox()).unwrap();
+        for i in 0..n {
+            let body = format!(r#"{{"from":"leo","subject":"s{i}"}}"#);
+            std::fs::write(agent.inbox().join(format!("m{i:03}.json")), body).unwrap();
+        }
+        std::fs::write(agent.inbox().join("junk.json"), "{not json").unwrap();
+        agent
+    }
+
+    fn names(dir: &Path) -> std::collections::BTreeSet<String> {
+        std::fs::read_dir(dir)
+            .map(|d| {
+                d.map(|e| e.unwrap().file_name().into_string().unwrap())
+                    .filter(|n| n.starts_with('m'))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// A claim of more than MOVER_BATCH messages renames them on a helper
+    /// thread: every valid one is claimed, junk rejected, a taken id
+    /// replaced in the claimed copy; and a rename that fails midway stops
+    /// the claim with an error naming the file, every message still in the
+    /// inbox or claimed, none lost.
+    #[test]
+    fn a_big_claim_moves_every_message_once_and_stops_at_a_failed_rename() {
+        let tmp = tempfile::tempdir().unwrap();
+        let agent = filled(tmp.path(), 100);
+        std::fs::create_dir_all(agent.processed()).unwrap();
+        std::fs::write(agent.processed().join("m007.json"), "{}").unwrap();
+        let sid = "20261129-140000";
+        let claim = |agent: &AgentDir| {
+            claim(
+                agent,
+                sid,
+                Timestamp::now(),
+                Duration::ZERO,
+                FileClock::Real,
+                &Writing::new(),
+                None,
+                None,
+            )
+        };
+        let got = claim(&agent).unwrap();
+        assert_eq!(got.claimed.len(), 100);
+        assert_eq!(got.rejected.len(), 1, "{:?}", got.rejected);
+        assert!(names(&agent.inbox()).is_empty());
+        assert_eq!(names(&agent.claimed(sid)).len(), 100);
+        let copy = std::fs::read_to_string(agent.claimed(sid).join("m007.json")).unwrap();
+        assert!(copy.contains(r#""original_id": "m007""#), "{copy}");
+        let m7 = got
+            .claimed
+            .iter()
+            .find(|m| m.extra.contains_key("original_id"));
+        assert!(m7.is_some_and(|m| m.id != "m007"));
+
+        let tmp = tempfile::tempdir().unwrap();
+        let agent = filled(tmp.path(), 100);
+        std::fs::create_dir_all(agent.claimed(sid)).unwrap();
+        std::fs::write(agent.claimed(sid).join("m050.json"), "in the way").unwrap();
+        let e = claim(&agent).unwrap_err().to_string();
+        assert!(e.contains("m050.json"), "{e}");
+        let waiting = names(&agent.inbox());
+        let claimed = names(&agent.claimed(sid));
+        assert!(waiting.contains("m050.json"));
+        assert_eq!(
+            waiting.len() + claimed.len(),
+            101,
+            "each message in one place (and the file in the way): {waiting:?} {claimed:?}"
+        );
+    }
+
     /// A message read once is served from [`Known`] while it is the same
     /// file; rewritten in place with its old size and mtime (the ctime
     /// changes), it is read again; gone from the inbox, it is forgotten.

@@ -66,8 +66,6 @@ pub fn claim(
     }
     let inbox_dir = listing.dir.as_fd();
     let claimed_dir = agent.claimed(session_id);
-    // Opened once, at the first message claimed.
-    let mut claimed_fd: Option<std::os::fd::OwnedFd> = None;
     let now_sys: SystemTime = now.0.into();
     // The caller's file clock for settling: `now` is whole seconds.
     let settle_now = files.now().max(now_sys);
@@ -77,89 +75,107 @@ pub fn claim(
     // id": generate a new id), so replies, acknowledgements and the journal
     // name one message each.
     let mut taken: std::collections::HashSet<String> = std::collections::HashSet::new();
+    // Claimed with a new id: (index in `out.claimed`, its name), rewritten
+    // once renamed.
+    let mut renamed_ids: Vec<(usize, String)> = Vec::new();
     let mut processed = Processed::new(agent);
-    for name in listing.names {
-        if gone(&name) {
-            continue;
-        }
-        let path = agent.inbox().join(&name);
-        let intake = Intake {
-            settle,
-            writer_open: writing.contains(&name),
-        };
-        match inspect_with(agent, inbox_dir, &name, settle_now, intake, known).0 {
-            Verdict::Unsettled(_) => out.unsettled.push(name),
-            Verdict::Invalid(r) => {
-                let kept = reject_as(agent, &path, &r, now)?;
-                out.rejected.push(Rejected::new(name, &kept, r.reason));
+    let big = listing.names.len() >= MOVER_BATCH;
+    std::thread::scope(|scope| -> Result<()> {
+        // Started at the first message claimed.
+        let mut mover: Option<Mover<'_, '_>> = None;
+        for name in listing.names {
+            if gone(&name) {
+                continue;
             }
-            Verdict::Valid(m) if m.attempts >= MAX_ATTEMPTS => {
-                let reason = format!("undeliverable: {} failed delivery attempts", m.attempts);
-                let kept = reject(agent, &path, &reason, now)?;
-                out.rejected.push(Rejected::new(name, &kept, reason));
-            }
-            Verdict::Valid(m) if m.is_expired(now) => {
-                atomic::create_dir(&agent.processed(), INBOX_PRIVATE_DIR_MODE)?;
-                move_unique_unsynced(&path, &agent.processed(), &name)?;
-                // processed/ may have been made just now.
-                processed = Processed::new(agent);
-                journal::append(
-                    &agent.store,
-                    &agent.journal(),
-                    &Entry::new(
-                        now,
-                        Event::MessageExpired(MessageExpired {
-                            message_id: m.id.clone(),
-                            file: name.clone(),
-                        }),
-                    ),
-                )?;
-                out.expired.push(m.id.clone());
-            }
-            Verdict::Valid(mut m) => {
-                if claimed_fd.is_none() {
-                    atomic::create_dir(&claimed_dir, INBOX_PRIVATE_DIR_MODE)?;
-                    claimed_fd = Some(fsx::dir(&claimed_dir)?);
+            let path = agent.inbox().join(&name);
+            let intake = Intake {
+                settle,
+                writer_open: writing.contains(&name),
+            };
+            match inspect_with(agent, inbox_dir, &name, settle_now, intake, known).0 {
+                Verdict::Unsettled(_) => out.unsettled.push(name),
+                Verdict::Invalid(r) => {
+                    let kept = reject_as(agent, &path, &r, now)?;
+                    out.rejected.push(Rejected::new(name, &kept, r.reason));
                 }
-                let to = claimed_fd.as_ref().expect("opened above").as_fd();
-                fsx::rename_at(inbox_dir, name.as_ref(), to, name.as_ref(), false).map_err(
-                    |e| {
-                        let to = claimed_dir.join(&name);
-                        Error::io(
-                            "renaming",
-                            &path,
-                            std::io::Error::new(e.kind(), format!("to {}: {e}", to.display())),
-                        )
-                    },
-                )?;
-                let processed_as = format!("{}.json", m.id);
-                let dup = taken.contains(&m.id)
-                    || (is_message_name(&processed_as)
-                        && !m.id.contains('/')
-                        && processed.is_taken(&processed_as)?);
-                if dup {
-                    let original = std::mem::replace(&mut m.id, uuid::Uuid::new_v4().to_string());
-                    m.extra
-                        .insert("original_id".into(), Value::String(original.clone()));
-                    // The claimed copy says so too: it is what the session
-                    // and the journal read back.
-                    write_message(agent, &claimed_dir.join(&name), &m)?;
-                    tracing::info!(
-                        agent = %agent.name,
-                        "{name}: its id {original:?} is taken by another message: delivered as {}",
-                        m.id
-                    );
+                Verdict::Valid(m) if m.attempts >= MAX_ATTEMPTS => {
+                    let reason = format!("undeliverable: {} failed delivery attempts", m.attempts);
+                    let kept = reject(agent, &path, &reason, now)?;
+                    out.rejected.push(Rejected::new(name, &kept, reason));
                 }
-                taken.insert(m.id.clone());
-                out.claimed.push(*m);
+                Verdict::Valid(m) if m.is_expired(now) => {
+                    atomic::create_dir(&agent.processed(), INBOX_PRIVATE_DIR_MODE)?;
+                    move_unique_unsynced(&path, &agent.processed(), &name)?;
+                    // processed/ may have been made just now.
+                    processed = Processed::new(agent);
+                    journal::append(
+                        &agent.store,
+                        &agent.journal(),
+                        &Entry::new(
+                            now,
+                            Event::MessageExpired(MessageExpired {
+                                message_id: m.id.clone(),
+                                file: name.clone(),
+                            }),
+                        ),
+                    )?;
+                    out.expired.push(m.id.clone());
+                }
+                Verdict::Valid(mut m) => {
+                    let mover = match &mut mover {
+                        Some(mover) => mover,
+                        None => {
+                            atomic::create_dir(&claimed_dir, INBOX_PRIVATE_DIR_MODE)?;
+                            let to = fsx::dir(&claimed_dir)?;
+                            mover.insert(Mover::start(
+                                scope,
+                                big,
+                                inbox_dir,
+                                to,
+                                agent,
+                                &claimed_dir,
+                            ))
+                        }
+                    };
+                    mover.claim(&name)?;
+                    let processed_as = format!("{}.json", m.id);
+                    let dup = taken.contains(&m.id)
+                        || (is_message_name(&processed_as)
+                            && !m.id.contains('/')
+                            && processed.is_taken(&processed_as)?);
+                    if dup {
+                        let original =
+                            std::mem::replace(&mut m.id, uuid::Uuid::new_v4().to_string());
+                        m.extra
+                            .insert("original_id".into(), Value::String(original.clone()));
+                        tracing::info!(
+                            agent = %agent.name,
+                            "{name}: its id {original:?} is taken by another message: delivered as {}",
+                            m.id
+                        );
+                        renamed_ids.push((out.claimed.len(), name));
+                    }
+                    taken.insert(m.id.clone());
+                    out.claimed.push(*m);
+                }
             }
         }
-    }
-    if !out.claimed.is_empty() || !out.expired.is_empty() {
+        if let Some(mut mover) = mover {
+            mover.finish()?;
+            // The claimed copy of a message given a new id says so too: it
+            // is what the session and the journal read back.
+            for (i, name) in &renamed_ids {
+                write_message(agent, &claimed_dir.join(name), &out.claimed[*i])?;
+            }
+            if !out.claimed.is_empty() {
+                fsx::sync_fd(inbox_dir, &agent.inbox())?;
+            }
+            fsx::sync_fd(mover.to(), &claimed_dir)?;
+        }
+        Ok(())
+    })?;
+    if out.claimed.is_empty() && !out.expired.is_empty() {
         fsx::sync_fd(inbox_dir, &agent.inbox())?;
-    }
-    if let Some(fd) = &claimed_fd {
-        fsx::sync_fd(fd, &claimed_dir)?;
     }
     if !out.expired.is_empty() {
         atomic::sync_dir(&agent.processed())?;
@@ -190,6 +206,118 @@ impl<'a> Processed<'a> {
         };
         Ok(fsx::stat_at(dir.as_fd(), OsStr::new(name), &path.join(name))?.is_some())
     }
+}
+
+/// From how many listed names a claim's renames are made by a helper
+/// thread: the next file is then read and validated on the caller's thread
+/// while this one is renamed. A claim is serialized with every other
+/// cross-directory rename of the file system by its rename lock; what the
+/// claim does between its renames need not be.
+const MOVER_BATCH: usize = 32;
+
+/// Moves claimed files from the inbox into `.claimed/S/`, in the order
+/// given: at once, or by a helper thread (see [`MOVER_BATCH`]).
+struct Mover<'scope, 'a> {
+    from: std::os::fd::BorrowedFd<'a>,
+    to: std::os::fd::OwnedFd,
+    inbox: PathBuf,
+    claimed: PathBuf,
+    helper: Option<(
+        std::sync::mpsc::Sender<String>,
+        std::thread::ScopedJoinHandle<'scope, Result<()>>,
+    )>,
+}
+
+impl<'scope, 'a: 'scope> Mover<'scope, 'a> {
+    fn start<'env>(
+        scope: &'scope std::thread::Scope<'scope, 'env>,
+        threaded: bool,
+        from: std::os::fd::BorrowedFd<'a>,
+        to: std::os::fd::OwnedFd,
+        agent: &AgentDir,
+        claimed: &Path,
+    ) -> Mover<'scope, 'a> {
+        let mut mover = Mover {
+            from,
+            to,
+            inbox: agent.inbox(),
+            claimed: claimed.to_path_buf(),
+            helper: None,
+        };
+        // Without a second handle of `.claimed/S/`, the renames stay here.
+        if let (true, Ok(to)) = (threaded, mover.to.try_clone()) {
+            let (tx, rx) = std::sync::mpsc::channel::<String>();
+            let (inbox, claimed) = (mover.inbox.clone(), mover.claimed.clone());
+            let done = scope.spawn(move || {
+                for name in rx {
+                    move_claimed(from, to.as_fd(), &inbox, &claimed, &name)?;
+                }
+                Ok(())
+            });
+            mover.helper = Some((tx, done));
+        }
+        mover
+    }
+
+    /// Claim `name`: renamed now, or queued for the helper. An error of
+    /// the helper's is returned here (its renames stop at it) or by
+    /// [`Mover::finish`].
+    fn claim(&mut self, name: &str) -> Result<()> {
+        match &self.helper {
+            None => move_claimed(self.from, self.to.as_fd(), &self.inbox, &self.claimed, name),
+            Some((tx, _)) => match tx.send(name.to_string()) {
+                Ok(()) => Ok(()),
+                // The helper stopped at an error: that error.
+                Err(_) => {
+                    self.finish()?;
+                    Err(Error::io(
+                        "renaming",
+                        self.inbox.join(name),
+                        std::io::Error::other("the claim's renames stopped"),
+                    ))
+                }
+            },
+        }
+    }
+
+    /// Wait for every queued rename.
+    fn finish(&mut self) -> Result<()> {
+        match self.helper.take() {
+            None => Ok(()),
+            Some((tx, done)) => {
+                drop(tx);
+                match done.join() {
+                    Ok(result) => result,
+                    Err(panic) => std::panic::resume_unwind(panic),
+                }
+            }
+        }
+    }
+
+    /// `.claimed/S/`, for its sync.
+    fn to(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.to.as_fd()
+    }
+}
+
+/// Rename `name` from the inbox into `.claimed/S/`, by the two handles.
+fn move_claimed(
+    from: std::os::fd::BorrowedFd<'_>,
+    to: std::os::fd::BorrowedFd<'_>,
+    inbox: &Path,
+    claimed: &Path,
+    name: &str,
+) -> Result<()> {
+    fsx::rename_at(from, name.as_ref(), to, name.as_ref(), false).map_err(|e| {
+        Error::io(
+            "renaming",
+            inbox.join(name),
+            std::io::Error::new(
+                e.kind(),
+                format!("to {}: {e}", claimed.join(name).display()),
+            ),
+        )
+    })
 }
 
 /// The messages claimed by `session_id`, in delivery order, with their files.

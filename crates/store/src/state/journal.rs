@@ -781,6 +781,31 @@ pub fn scan_backwards(
     })
 }
 
+/// [`scan_backwards`] through the lines that mention `kind` (an event's
+/// name, e.g. `session_start`) only: the others (an agent's thousands of
+/// `message_received` between two sessions) are passed over without being
+/// parsed. A line that mentions it elsewhere (a subject) is parsed and
+/// visited like any other, so `visit` still matches on the event. (A line
+/// whose event name was written with JSON escapes is passed over: only
+/// a hand-edited journal has one.)
+pub fn scan_backwards_for(
+    store: &Store,
+    path: &Path,
+    kind: &str,
+    mut visit: impl FnMut(Entry) -> ControlFlow<()>,
+) -> Result<()> {
+    let finder = memchr::memmem::Finder::new(kind.as_bytes());
+    scan_lines_backwards(store, path, |line| {
+        if finder.find(line).is_none() || super::rotation::is_marker(line) {
+            return ControlFlow::Continue(());
+        }
+        match serde_json::from_slice::<Entry>(line) {
+            Ok(entry) => visit(entry),
+            Err(_) => ControlFlow::Continue(()),
+        }
+    })
+}
+
 /// Visit the raw lines of a JSON-lines log from the last back (without
 /// their newline; empty lines included), until `visit` says stop: the live
 /// file, then its rotated segments newest first (see
@@ -965,6 +990,67 @@ mod tests {
         }
         let written = serde_json::to_value(SessionEnd::default()).unwrap();
         assert_eq!(written["outcome"], "completed");
+    }
+
+    /// Only lines mentioning the event are parsed: the last session_start
+    /// is found past thousands of arrivals, one of whose subjects mentions
+    /// it (visited, and passed over by the match).
+    #[test]
+    fn a_scan_for_an_event_finds_it_past_other_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal.jsonl");
+        let ts = Timestamp::parse("2026-11-29T14:00:00Z").unwrap();
+        let start = |id: &str| {
+            Entry::new(
+                ts,
+                Event::SessionStart(SessionStart {
+                    session_id: id.into(),
+                    ..SessionStart::default()
+                }),
+            )
+            .to_line()
+        };
+        let arrival = |subject: &str| {
+            Entry::new(
+                ts,
+                Event::MessageReceived(MessageReceived {
+                    message_id: "m".into(),
+                    from: "leo".into(),
+                    kind: MessageType::Flag,
+                    priority: "normal".into(),
+                    subject: subject.into(),
+                    sender: None,
+                }),
+            )
+            .to_line()
+        };
+        let mut text = start("20261129-120000");
+        text.extend(start("20261129-130000"));
+        for i in 0..3000 {
+            text.extend(arrival(&format!("note {i}")));
+        }
+        text.extend(arrival("about session_start"));
+        text.extend(arrival("later"));
+        std::fs::write(&path, &text).unwrap();
+        let (mut visited, mut found) = (0, None);
+        scan_backwards_for(
+            &crate::state::Store::default(),
+            &path,
+            "session_start",
+            |e| {
+                visited += 1;
+                match e.event {
+                    Event::SessionStart(s) => {
+                        found = Some(s.session_id);
+                        ControlFlow::Break(())
+                    }
+                    _ => ControlFlow::Continue(()),
+                }
+            },
+        )
+        .unwrap();
+        assert_eq!(found.as_deref(), Some("20261129-130000"));
+        assert_eq!(visited, 2, "the subject's mention and the start");
     }
 
     #[test]
