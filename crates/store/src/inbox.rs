@@ -387,6 +387,7 @@ mod claim;
 mod deliver;
 mod intake;
 mod manual;
+mod mover;
 mod received;
 mod reject;
 pub use claim::*;
