@@ -509,6 +509,28 @@ mod tests {
             101,
             "each message in one place (and the file in the way): {waiting:?} {claimed:?}"
         );
+
+        // The claim's own step fails (junk that cannot be set aside: a
+        // file where rejected/ should be), after the helper was given
+        // every message: the error is returned, nothing is lost.
+        let tmp = tempfile::tempdir().unwrap();
+        let agent = filled(tmp.path(), 100);
+        std::fs::rename(
+            agent.inbox().join("junk.json"),
+            agent.inbox().join("zz.json"),
+        )
+        .unwrap();
+        std::fs::write(agent.rejected(), "not a directory").unwrap();
+        let e = claim(&agent).unwrap_err().to_string();
+        assert!(e.contains("rejected"), "{e}");
+        let waiting = names(&agent.inbox());
+        let claimed = names(&agent.claimed(sid));
+        assert_eq!(
+            waiting.len() + claimed.len(),
+            100,
+            "{waiting:?} {claimed:?}"
+        );
+        assert!(waiting.is_disjoint(&claimed));
     }
 
     /// A message read once is served from [`Known`] while it is the same

@@ -21,6 +21,9 @@ pub(super) struct Mover<'scope, 'a> {
         std::sync::mpsc::Sender<String>,
         std::thread::ScopedJoinHandle<'scope, Result<()>>,
     )>,
+    /// Set when the claim gives up (an error of its own): the helper stops
+    /// before its next rename, and what was queued stays in the inbox.
+    abandoned: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl<'scope, 'a: 'scope> Mover<'scope, 'a> {
@@ -38,13 +41,18 @@ impl<'scope, 'a: 'scope> Mover<'scope, 'a> {
             inbox: agent.inbox(),
             claimed: claimed.to_path_buf(),
             helper: None,
+            abandoned: Default::default(),
         };
         // Without a second handle of `.claimed/S/`, the renames stay here.
         if let (true, Ok(to)) = (threaded, mover.to.try_clone()) {
             let (tx, rx) = std::sync::mpsc::channel::<String>();
             let (inbox, claimed) = (mover.inbox.clone(), mover.claimed.clone());
+            let abandoned = mover.abandoned.clone();
             let done = scope.spawn(move || {
                 for name in rx {
+                    if abandoned.load(std::sync::atomic::Ordering::Relaxed) {
+                        break;
+                    }
                     move_claimed(from, to.as_fd(), &inbox, &claimed, &name)?;
                 }
                 Ok(())
@@ -92,6 +100,16 @@ impl<'scope, 'a: 'scope> Mover<'scope, 'a> {
     /// `.claimed/S/`, for its sync.
     pub(super) fn to(&self) -> std::os::fd::BorrowedFd<'_> {
         self.to.as_fd()
+    }
+}
+
+/// Dropped before [`Mover::finish`]: the claim failed on its own side.
+impl Drop for Mover<'_, '_> {
+    fn drop(&mut self) {
+        if self.helper.is_some() {
+            self.abandoned
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 }
 
