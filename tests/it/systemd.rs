@@ -12,7 +12,8 @@
 //! its credentials and an HTTP API through the sandbox; `systemctl reload`
 //! picking up a new agent; `systemctl stop` letting a running session finish
 //! (EXTEND_TIMEOUT_USEC beats a short TimeoutStopSec=) and exiting 0; and a
-//! stalled main loop restarted by the watchdog.
+//! stalled main loop restarted by the watchdog; the metrics listener holding
+//! idle connections in the kernel (`TCP_DEFER_ACCEPT`) under the sandbox.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -1016,4 +1017,82 @@ fn under_systemd_a_session_s_escaped_grandchild_dies_with_its_cgroup() {
             .any(|l| l.starts_with("session-") && l.contains("-rio-")),
         "rio's session cgroups removed:\n{tree}"
     );
+}
+
+/// Connections to `port` on loopback that the kernel holds half-open (a
+/// listener's `TCP_DEFER_ACCEPT`: SYN_RECV until they send something), from
+/// /proc/net/tcp (the box shares the host's network).
+fn held_by_the_kernel(port: u16) -> usize {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    let local = format!(":{port:04X}");
+    table
+        .lines()
+        .skip(1)
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() > 3 && f[1].ends_with(&local) && f[3] == "03"
+        })
+        .count()
+}
+
+/// The metrics listener under the unit's sandbox: the kernel holds
+/// connections that send nothing (`TCP_DEFER_ACCEPT`, which the sandbox
+/// lets the daemon set: no warning), and a scrape among them is answered.
+#[test]
+fn under_systemd_the_metrics_listener_holds_idle_connections_and_answers_a_scrape() {
+    let Some(tool) = sdbox_tool() else {
+        return;
+    };
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let sdbox = SdBox::up(tool);
+    sdbox.install_package_files();
+    sdbox.install(
+        &repo_file("ops/demo-agent.sh"),
+        "/opt/teleo-eval/demo-agent.sh",
+        0o755,
+    );
+    sdbox.write(
+        CONFIG,
+        &format!(
+            "{}\n[metrics]\nlisten = \"127.0.0.1:{port}\"\ninterval = \"1s\"\n",
+            box_config(None)
+        ),
+        0o644,
+    );
+    sdbox.ok(&["systemd-sysusers"]);
+    sdbox.ok(&["systemd-tmpfiles", "--create", "agent-state.conf"]);
+    sdbox.ok(&["systemctl", "start", "agent-state.service"]);
+
+    let idle: Vec<std::net::TcpStream> = (0..20)
+        .filter_map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).ok())
+        .collect();
+    assert_eq!(idle.len(), 20, "connected");
+    sdbox.wait_until(
+        Duration::from_secs(10),
+        "the kernel holds the 20 idle connections",
+        || held_by_the_kernel(port) >= 20,
+    );
+    let scrape = || -> String {
+        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+            return String::new();
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+        let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+        let mut answer = String::new();
+        let _ = s.read_to_string(&mut answer);
+        answer
+    };
+    sdbox.wait_until(Duration::from_secs(30), "a scrape is answered", || {
+        let answer = scrape();
+        answer.starts_with("HTTP/1.1 200") && answer.contains("agent_state_sessions_running")
+    });
+    let journal = sdbox.journal(&[]);
+    assert!(
+        !journal.contains("cannot defer accepting"),
+        "the sandbox refused TCP_DEFER_ACCEPT:\n{journal}"
+    );
+    drop(idle);
 }
