@@ -388,10 +388,9 @@ impl Daemon {
         }
         // The scan owed by the window of a running agent's scans is this
         // one: what it finds is what the session would have skipped. A scan
-        // already timed is this one too; `receive` times another for each
-        // reason it finds (a file still written, a busy lock, junk left).
+        // timed meanwhile stays timed: it may be the one that watches a
+        // replaced inbox again (`WatchEvent::Lost`), which `receive` does not.
         self.intake.scanned_running.remove(&agent);
-        self.intake.settle_at.remove(&agent);
         let owed = self.intake.owed.remove(&agent);
         let waiting = self.receive(&agent).unwrap_or_default();
         if owed {
