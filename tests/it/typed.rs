@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::support::{Daemon, Env, daemon_config, read_json};
+use crate::support::{Daemon, Env, daemon_config, read_json, state};
 
 /// rio runs a script that says it is at work; settle time 3 s.
 fn setup() -> Env {
@@ -174,4 +174,44 @@ fn an_inbox_directory_replaced_under_the_daemon_is_watched_again() {
         },
     );
     assert!(d.log_text().contains("watched again"), "{}", d.log_text());
+}
+
+/// The inbox replaced while its agent's session runs, the session ending
+/// within the second after: the scan the watcher's loss timed is what
+/// watches the new inbox, and the session's end must not drop it (it did
+/// for a day: nothing watched the inbox until the five-minute reconcile).
+#[test]
+fn an_inbox_replaced_while_its_session_runs_is_watched_again_after_the_end() {
+    let env = Env::with_config("");
+    let go = env.tmp("GO");
+    let script = env.script(
+        "agent.sh",
+        &format!("while [ ! -e {go:?} ]; do sleep 0.05; done\necho done"),
+    );
+    env.set_config(&daemon_config(
+        &script,
+        &[],
+        &[("inbox_debounce", "\"100ms\"")],
+        "[[agent]]\nname = \"rio\"\n\n[[agent]]\nname = \"marcus\"\nkind = \"human\"\n",
+    ));
+    env.ok(&["bootstrap"]);
+    let d = Daemon::start(&env, &[]);
+    env.send("marcus", "rio", &[]);
+    d.wait_until(Duration::from_secs(10), "rio's session runs", || {
+        state(&env, "rio", "session.json")["status"] == "running"
+    });
+    let inbox = env.path("rio", "inbox");
+    std::fs::rename(&inbox, env.path("rio", "inbox.old")).unwrap();
+    std::fs::create_dir(&inbox).unwrap();
+    d.wait_until(
+        Duration::from_secs(10),
+        "the daemon saw the inbox go",
+        || d.log_text().contains("removed or moved away"),
+    );
+    std::fs::write(&go, "").unwrap();
+    d.wait_until(
+        Duration::from_secs(10),
+        "the daemon logs that rio's inbox is watched again",
+        || d.log_text().contains("its inbox is watched again"),
+    );
 }
