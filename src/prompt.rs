@@ -905,15 +905,14 @@ const LOG_TAIL_BYTES: u64 = 64 << 10;
 fn last_words(agent: &AgentDir, session: &Session) -> Result<Option<(String, String, String)>> {
     let id = if session.is_running() {
         let mut last = None;
-        let journal = agent.journal();
-        let _ = journal::scan_backwards_for(&agent.store, &journal, "session_start", |e| match &e
-            .event
-        {
-            Event::SessionStart(s) if s.session_id != session.session_id => {
-                last = Some(s.session_id.clone());
-                ControlFlow::Break(())
+        let _ = journal::scan_backwards_for(&agent.store, &agent.journal(), "session_start", |e| {
+            match &e.event {
+                Event::SessionStart(s) if s.session_id != session.session_id => {
+                    last = Some(s.session_id.clone());
+                    ControlFlow::Break(())
+                }
+                _ => ControlFlow::Continue(()),
             }
-            _ => ControlFlow::Continue(()),
         });
         match last {
             Some(id) => id,

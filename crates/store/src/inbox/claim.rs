@@ -168,9 +168,9 @@ pub fn claim(
             for (i, name) in &renamed_ids {
                 write_message(agent, &claimed_dir.join(name), &out.claimed[*i])?;
             }
-            if !out.claimed.is_empty() {
-                fsx::sync_fd(inbox_dir, &agent.inbox())?;
-            }
+            // A mover is made for the first message claimed: the inbox
+            // lost names.
+            fsx::sync_fd(inbox_dir, &agent.inbox())?;
             fsx::sync_fd(mover.to(), &claimed_dir)?;
         }
         Ok(())

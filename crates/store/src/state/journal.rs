@@ -767,18 +767,9 @@ fn scan_lines(mut reader: impl BufRead, scan: &mut Scan, count: bool) -> io::Res
 pub fn scan_backwards(
     store: &Store,
     path: &Path,
-    mut visit: impl FnMut(Entry) -> ControlFlow<()>,
+    visit: impl FnMut(Entry) -> ControlFlow<()>,
 ) -> Result<()> {
-    scan_lines_backwards(store, path, |line| {
-        if super::rotation::is_marker(line) {
-            // Where a rotation happened, not an event of the agent's.
-            return ControlFlow::Continue(());
-        }
-        match serde_json::from_slice::<Entry>(line) {
-            Ok(entry) => visit(entry),
-            Err(_) => ControlFlow::Continue(()),
-        }
-    })
+    scan_entries_backwards(store, path, |_| true, visit)
 }
 
 /// [`scan_backwards`] through the lines that mention `kind` (an event's
@@ -792,11 +783,24 @@ pub fn scan_backwards_for(
     store: &Store,
     path: &Path,
     kind: &str,
-    mut visit: impl FnMut(Entry) -> ControlFlow<()>,
+    visit: impl FnMut(Entry) -> ControlFlow<()>,
 ) -> Result<()> {
     let finder = memchr::memmem::Finder::new(kind.as_bytes());
+    scan_entries_backwards(store, path, |line| finder.find(line).is_some(), visit)
+}
+
+/// The entries of the lines `wanted` lets through, newest first: rotation
+/// markers and unreadable lines skipped.
+fn scan_entries_backwards(
+    store: &Store,
+    path: &Path,
+    wanted: impl Fn(&[u8]) -> bool,
+    mut visit: impl FnMut(Entry) -> ControlFlow<()>,
+) -> Result<()> {
     scan_lines_backwards(store, path, |line| {
-        if finder.find(line).is_none() || super::rotation::is_marker(line) {
+        // A rotation marker says where a rotation happened: not an event
+        // of the agent's.
+        if !wanted(line) || super::rotation::is_marker(line) {
             return ControlFlow::Continue(());
         }
         match serde_json::from_slice::<Entry>(line) {
