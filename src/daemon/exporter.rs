@@ -11,8 +11,9 @@
 //! address and 64 in all, a newcomer always let in and the oldest idle
 //! connection closed for it ([`admission`]), so connections that send
 //! nothing cannot keep a scrape out; the kernel holds a connection back
-//! until its client has sent something ([`defer_accept`]). It is meant for loopback or a trusted
-//! network; put a reverse proxy in front for TLS or authentication.
+//! until its client has sent something ([`defer_accept`]). It is meant for
+//! loopback or a trusted network; put a reverse proxy in front for TLS or
+//! authentication.
 
 pub(crate) mod admission;
 
@@ -108,7 +109,7 @@ pub(crate) fn listen(addr: SocketAddr, what: &str) -> std::io::Result<TcpListene
 /// descheduled between its connect and its request, and the flood itself
 /// waits in the kernel instead of the table. If the option cannot be set,
 /// the listener works as before (and says so).
-pub(crate) fn defer_accept(listener: &impl std::os::fd::AsRawFd, what: &str) {
+fn defer_accept(listener: &impl std::os::fd::AsRawFd, what: &str) {
     use nix::libc;
     let secs = HEAD_TIMEOUT.as_secs() as libc::c_int;
     // SAFETY: a valid descriptor, and a pointer to a c_int with its size.
