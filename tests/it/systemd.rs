@@ -275,6 +275,21 @@ command = ["/usr/local/bin/node", "/opt/teleo-eval/fake-claude.js", "http://127.
     config
 }
 
+/// Installed as the package would install it, with the demo agent and
+/// `config`: the files, the unit's user and group (sysusers.d), its
+/// directories (tmpfiles.d). Not started.
+fn install_demo(sdbox: &SdBox, config: &str) {
+    sdbox.install_package_files();
+    sdbox.install(
+        &repo_file("ops/demo-agent.sh"),
+        "/opt/teleo-eval/demo-agent.sh",
+        0o755,
+    );
+    sdbox.write(CONFIG, config, 0o644);
+    sdbox.ok(&["systemd-sysusers"]);
+    sdbox.ok(&["systemd-tmpfiles", "--create", "agent-state.conf"]);
+}
+
 /// clay, added by a reload: three steps of a second each, so a stop meets
 /// its session running.
 const CLAY: &str = r#"
@@ -381,20 +396,11 @@ fn under_systemd_the_unit_starts_ready_logs_reloads_stops_and_is_restarted_by_th
     let sdbox = SdBox::up(tool);
 
     // ---- installed as a package would install it ----
-    sdbox.install_package_files();
-    sdbox.install(
-        &repo_file("ops/demo-agent.sh"),
-        "/opt/teleo-eval/demo-agent.sh",
-        0o755,
-    );
+    install_demo(&sdbox, &box_config(api.as_ref().map(|a| a.port)));
     if let Some(node) = &node {
         sdbox.install(node, "/usr/local/bin/node", 0o755);
         sdbox.write("/opt/teleo-eval/fake-claude.js", FAKE_CLAUDE_JS, 0o644);
     }
-    sdbox.write(CONFIG, &box_config(api.as_ref().map(|a| a.port)), 0o644);
-
-    sdbox.ok(&["systemd-sysusers"]);
-    sdbox.ok(&["systemd-tmpfiles", "--create", "agent-state.conf"]);
     let id = sdbox.ok(&["id", "agent-state"]);
     assert!(
         id.contains("(agent-state)") && id.contains("gid=") && id.contains("(teleo)"),
@@ -746,16 +752,8 @@ fn under_systemd_a_refused_reload_fails_systemctl_reload_with_the_reasons() {
         return;
     };
     let sdbox = SdBox::up(tool);
-    sdbox.install_package_files();
-    sdbox.install(
-        &repo_file("ops/demo-agent.sh"),
-        "/opt/teleo-eval/demo-agent.sh",
-        0o755,
-    );
     let good = box_config(None);
-    sdbox.write(CONFIG, &good, 0o644);
-    sdbox.ok(&["systemd-sysusers"]);
-    sdbox.ok(&["systemd-tmpfiles", "--create", "agent-state.conf"]);
+    install_demo(&sdbox, &good);
     sdbox.write(
         "/etc/systemd/system/agent-state.service.d/10-test.conf",
         TEST_DROP_IN,
@@ -821,15 +819,7 @@ fn under_systemd_a_script_session_started_outside_the_unit_survives_a_wake() {
         return;
     };
     let sdbox = SdBox::up(tool);
-    sdbox.install_package_files();
-    sdbox.install(
-        &repo_file("ops/demo-agent.sh"),
-        "/opt/teleo-eval/demo-agent.sh",
-        0o755,
-    );
-    sdbox.write(CONFIG, &box_config(None), 0o644);
-    sdbox.ok(&["systemd-sysusers"]);
-    sdbox.ok(&["systemd-tmpfiles", "--create", "agent-state.conf"]);
+    install_demo(&sdbox, &box_config(None));
     sdbox.write(
         "/etc/systemd/system/agent-state.service.d/10-test.conf",
         TEST_DROP_IN,
@@ -1048,22 +1038,13 @@ fn under_systemd_the_metrics_listener_holds_idle_connections_and_answers_a_scrap
         .expect("a free port")
         .port();
     let sdbox = SdBox::up(tool);
-    sdbox.install_package_files();
-    sdbox.install(
-        &repo_file("ops/demo-agent.sh"),
-        "/opt/teleo-eval/demo-agent.sh",
-        0o755,
-    );
-    sdbox.write(
-        CONFIG,
+    install_demo(
+        &sdbox,
         &format!(
             "{}\n[metrics]\nlisten = \"127.0.0.1:{port}\"\ninterval = \"1s\"\n",
             box_config(None)
         ),
-        0o644,
     );
-    sdbox.ok(&["systemd-sysusers"]);
-    sdbox.ok(&["systemd-tmpfiles", "--create", "agent-state.conf"]);
     sdbox.ok(&["systemctl", "start", "agent-state.service"]);
 
     let idle: Vec<std::net::TcpStream> = (0..20)
