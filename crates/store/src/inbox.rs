@@ -533,6 +533,115 @@ mod tests {
         assert!(waiting.is_disjoint(&claimed));
     }
 
+    /// A sender swaps a message for a link between the claim's check and
+    /// its rename (a small claim, renamed on the caller's thread; then a
+    /// big one's helper, driven directly): the claim holds the message it
+    /// checked, the link goes back to the inbox unfollowed, and the next
+    /// look at the inbox sets it aside.
+    #[test]
+    fn a_file_swapped_between_check_and_claim_goes_back_to_the_inbox() {
+        let tmp = tempfile::tempdir().unwrap();
+        let agent = filled(tmp.path(), 3);
+        let outside = tmp.path().join("outside.json");
+        std::fs::write(&outside, r#"{"from":"leo","subject":"outside"}"#).unwrap();
+        let sid = "20261129-180000";
+        let inbox = agent.inbox();
+        let swap = {
+            let (inbox, outside) = (inbox.clone(), outside.clone());
+            move |name: &str| {
+                if name == "m001.json" {
+                    std::fs::remove_file(inbox.join(name)).unwrap();
+                    std::os::unix::fs::symlink(&outside, inbox.join(name)).unwrap();
+                }
+            }
+        };
+        mover::BEFORE_RENAME.with(|h| *h.borrow_mut() = Some(Box::new(swap)));
+        let got = claim(
+            &agent,
+            sid,
+            Timestamp::now(),
+            Duration::ZERO,
+            FileClock::Real,
+            &Writing::new(),
+            None,
+            None,
+        );
+        mover::BEFORE_RENAME.with(|h| *h.borrow_mut() = None);
+        let got = got.unwrap();
+        let subjects: Vec<&str> = got.claimed.iter().map(|m| m.subject.as_str()).collect();
+        assert_eq!(subjects, ["s0", "s1", "s2"]);
+        let copy = std::fs::symlink_metadata(agent.claimed(sid).join("m001.json")).unwrap();
+        assert!(copy.is_file(), "the claim holds the checked message");
+        let back = std::fs::symlink_metadata(inbox.join("m001.json")).unwrap();
+        assert!(
+            back.file_type().is_symlink(),
+            "the link is back, unfollowed"
+        );
+        let read = claimed(&agent, sid).unwrap();
+        assert_eq!(read.len(), 3);
+        assert_eq!(read[1].1.subject, "s1");
+        let again = claim(
+            &agent,
+            "20261129-180001",
+            Timestamp::now(),
+            Duration::ZERO,
+            FileClock::Real,
+            &Writing::new(),
+            None,
+            None,
+        )
+        .unwrap();
+        assert!(again.claimed.is_empty());
+        assert!(
+            again
+                .rejected
+                .iter()
+                .any(|r| r.reason.contains("symbolic link")),
+            "{:?}",
+            again.rejected
+        );
+        assert_eq!(
+            std::fs::read_to_string(&outside).unwrap(),
+            r#"{"from":"leo","subject":"outside"}"#
+        );
+
+        // The helper thread compares too.
+        for threaded in [true, false] {
+            let tmp = tempfile::tempdir().unwrap();
+            let agent = filled(tmp.path(), 2);
+            let inbox = agent.inbox();
+            let inode = |name: &str| {
+                let path = inbox.join(name);
+                let st = nix::sys::stat::lstat(&path).unwrap();
+                Some(Stamp::of_stat(&st))
+            };
+            let (first, second) = (inode("m000.json"), inode("m001.json"));
+            std::fs::remove_file(inbox.join("m000.json")).unwrap();
+            nix::unistd::mkfifo(
+                &inbox.join("m000.json"),
+                nix::sys::stat::Mode::from_bits_truncate(0o660),
+            )
+            .unwrap();
+            let claimed_dir = agent.claimed(sid);
+            std::fs::create_dir_all(&claimed_dir).unwrap();
+            let from = fsx::open_dir(&inbox).unwrap().unwrap();
+            let swapped = std::thread::scope(|scope| {
+                let to = fsx::dir(&claimed_dir).unwrap();
+                let mut m =
+                    mover::Mover::start(scope, threaded, from.as_fd(), to, &agent, &claimed_dir);
+                m.claim("m000.json", first).unwrap();
+                m.claim("m001.json", second).unwrap();
+                m.finish().unwrap();
+                m.swapped().to_vec()
+            });
+            assert_eq!(swapped, ["m000.json"], "threaded {threaded}");
+            assert_eq!(names(&claimed_dir), ["m001.json".to_string()].into());
+            let back = std::fs::symlink_metadata(inbox.join("m000.json")).unwrap();
+            use std::os::unix::fs::FileTypeExt;
+            assert!(back.file_type().is_fifo(), "threaded {threaded}");
+        }
+    }
+
     /// A message read once is served from [`Known`] while it is the same
     /// file; rewritten in place with its old size and mtime (the ctime
     /// changes), it is read again; gone from the inbox, it is forgotten.

@@ -79,6 +79,8 @@ pub fn claim(
     // Claimed with a new id: (index in `out.claimed`, its name), rewritten
     // once renamed.
     let mut renamed_ids: Vec<(usize, String)> = Vec::new();
+    // The file name of each message in `out.claimed`, in step with it.
+    let mut claimed_names: Vec<String> = Vec::new();
     let mut processed = Processed::new(agent);
     let big = listing.names.len() >= MOVER_BATCH;
     std::thread::scope(|scope| -> Result<()> {
@@ -93,7 +95,8 @@ pub fn claim(
                 settle,
                 writer_open: writing.contains(&name),
             };
-            match inspect_with(agent, inbox_dir, &name, settle_now, intake, known).0 {
+            let (verdict, stamp) = inspect_with(agent, inbox_dir, &name, settle_now, intake, known);
+            match verdict {
                 Verdict::Unsettled(_) => out.unsettled.push(name),
                 Verdict::Invalid(r) => {
                     let kept = reject_as(agent, &path, &r, now)?;
@@ -138,7 +141,7 @@ pub fn claim(
                             ))
                         }
                     };
-                    mover.claim(&name)?;
+                    mover.claim(&name, stamp)?;
                     let processed_as = format!("{}.json", m.id);
                     let dup = taken.contains(&m.id)
                         || (is_message_name(&processed_as)
@@ -154,9 +157,10 @@ pub fn claim(
                             "{name}: its id {original:?} is taken by another message: delivered as {}",
                             m.id
                         );
-                        renamed_ids.push((out.claimed.len(), name));
+                        renamed_ids.push((out.claimed.len(), name.clone()));
                     }
                     taken.insert(m.id.clone());
+                    claimed_names.push(name);
                     out.claimed.push(*m);
                 }
             }
@@ -167,6 +171,19 @@ pub fn claim(
             // is what the session and the journal read back.
             for (i, name) in &renamed_ids {
                 write_message(agent, &claimed_dir.join(name), &out.claimed[*i])?;
+            }
+            // A file swapped between its check and its rename went back
+            // to the inbox (see `mover`): the message checked (and quoted
+            // to the session) is what the claim holds.
+            for name in mover.swapped() {
+                let Some(i) = claimed_names.iter().position(|n| n == name) else {
+                    continue;
+                };
+                tracing::warn!(
+                    agent = %agent.name,
+                    "{name}: replaced in the inbox between its check and its claim; the message checked is delivered, and the file put in its place is back in the inbox, to be judged as a new one"
+                );
+                write_message(agent, &claimed_dir.join(name), &out.claimed[i])?;
             }
             // A mover is made for the first message claimed: the inbox
             // lost names.
