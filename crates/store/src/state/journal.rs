@@ -776,9 +776,8 @@ pub fn scan_backwards(
 /// name, e.g. `session_start`) only: the others (an agent's thousands of
 /// `message_received` between two sessions) are passed over without being
 /// parsed. A line that mentions it elsewhere (a subject) is parsed and
-/// visited like any other, so `visit` still matches on the event. (A line
-/// whose event name was written with JSON escapes is passed over: only
-/// a hand-edited journal has one.)
+/// visited like any other, so `visit` still matches on the event. So is a
+/// line with a JSON `\u` escape (an event name written escaped, by hand).
 pub fn scan_backwards_for(
     store: &Store,
     path: &Path,
@@ -786,7 +785,9 @@ pub fn scan_backwards_for(
     visit: impl FnMut(Entry) -> ControlFlow<()>,
 ) -> Result<()> {
     let finder = memchr::memmem::Finder::new(kind.as_bytes());
-    scan_entries_backwards(store, path, |line| finder.find(line).is_some(), visit)
+    let escape = memchr::memmem::Finder::new(b"\\u");
+    let wanted = |line: &[u8]| finder.find(line).is_some() || escape.find(line).is_some();
+    scan_entries_backwards(store, path, wanted, visit)
 }
 
 /// The entries of the lines `wanted` lets through, newest first: rotation
@@ -998,7 +999,8 @@ mod tests {
 
     /// Only lines mentioning the event are parsed: the last session_start
     /// is found past thousands of arrivals, one of whose subjects mentions
-    /// it (visited, and passed over by the match).
+    /// it (visited, and passed over by the match); one written with its
+    /// name escaped is found too.
     #[test]
     fn a_scan_for_an_event_finds_it_past_other_lines() {
         let dir = tempfile::tempdir().unwrap();
@@ -1033,6 +1035,11 @@ mod tests {
         for i in 0..3000 {
             text.extend(arrival(&format!("note {i}")));
         }
+        let escaped = String::from_utf8(start("20261129-135000"))
+            .unwrap()
+            .replace("\"session_start\"", "\"session\\u005fstart\"");
+        assert!(escaped.contains("\\u005f"), "{escaped}");
+        text.extend(escaped.into_bytes());
         text.extend(arrival("about session_start"));
         text.extend(arrival("later"));
         std::fs::write(&path, &text).unwrap();
@@ -1053,8 +1060,8 @@ mod tests {
             },
         )
         .unwrap();
-        assert_eq!(found.as_deref(), Some("20261129-130000"));
-        assert_eq!(visited, 2, "the subject's mention and the start");
+        assert_eq!(found.as_deref(), Some("20261129-135000"));
+        assert_eq!(visited, 2, "the subject's mention and the escaped start");
     }
 
     #[test]
