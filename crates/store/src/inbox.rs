@@ -537,7 +537,8 @@ mod tests {
     /// its rename (a small claim, renamed on the caller's thread; then a
     /// big one's helper, driven directly): the claim holds the message it
     /// checked, the link goes back to the inbox unfollowed, and the next
-    /// look at the inbox sets it aside.
+    /// look at the inbox sets it aside. A message rewritten in place is
+    /// the same file: claimed once.
     #[test]
     fn a_file_swapped_between_check_and_claim_goes_back_to_the_inbox() {
         let tmp = tempfile::tempdir().unwrap();
@@ -552,6 +553,12 @@ mod tests {
                 if name == "m001.json" {
                     std::fs::remove_file(inbox.join(name)).unwrap();
                     std::os::unix::fs::symlink(&outside, inbox.join(name)).unwrap();
+                }
+                // Rewritten in place (an editor's save): the same file,
+                // not delivered twice.
+                if name == "m002.json" {
+                    std::fs::write(inbox.join(name), r#"{"from":"leo","subject":"s2, edited"}"#)
+                        .unwrap();
                 }
             }
         };

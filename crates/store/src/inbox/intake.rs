@@ -94,15 +94,15 @@ pub(super) struct Stamp {
 }
 
 impl Stamp {
-    /// Is `st` (of a file renamed since: its ctime changed) still this
-    /// regular file of one link, as it was? Device, inode, size and mtime;
-    /// a file with all four the same is this one rewritten in place at
-    /// worst, which its writer could do through a handle anyway.
+    /// Is `st` (of a file renamed since) still this file, a regular file
+    /// of one link? Same device and inode. Its size and mtime are not
+    /// compared: a file rewritten in place (an editor's save) is the same
+    /// message, read again from `.claimed/` as before, never delivered
+    /// twice; an inode freed and reused by a new regular file is no worse.
     pub(super) fn still(&self, st: &nix::sys::stat::FileStat) -> bool {
         fsx::file_type(st) == SFlag::S_IFREG
             && st.st_nlink == 1
-            && (st.st_dev, st.st_ino, st.st_size) == (self.dev, self.ino, self.size)
-            && (st.st_mtime, st.st_mtime_nsec) == self.mtime
+            && (st.st_dev, st.st_ino) == (self.dev, self.ino)
     }
 
     pub(super) fn of_stat(st: &nix::sys::stat::FileStat) -> Stamp {
