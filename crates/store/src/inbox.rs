@@ -448,6 +448,20 @@ mod tests {
         agent
     }
 
+    /// Claim every waiting message for `sid`, judged at once.
+    fn claim_all(agent: &AgentDir, sid: &str) -> Result<Claim> {
+        claim(
+            agent,
+            sid,
+            Timestamp::now(),
+            Duration::ZERO,
+            FileClock::Real,
+            &Writing::new(),
+            None,
+            None,
+        )
+    }
+
     fn names(dir: &Path) -> std::collections::BTreeSet<String> {
         std::fs::read_dir(dir)
             .map(|d| {
@@ -470,18 +484,7 @@ mod tests {
         std::fs::create_dir_all(agent.processed()).unwrap();
         std::fs::write(agent.processed().join("m007.json"), "{}").unwrap();
         let sid = "20261129-140000";
-        let claim = |agent: &AgentDir| {
-            claim(
-                agent,
-                sid,
-                Timestamp::now(),
-                Duration::ZERO,
-                FileClock::Real,
-                &Writing::new(),
-                None,
-                None,
-            )
-        };
+        let claim = |agent: &AgentDir| claim_all(agent, sid);
         let got = claim(&agent).unwrap();
         assert_eq!(got.claimed.len(), 100);
         assert_eq!(got.rejected.len(), 1, "{:?}", got.rejected);
@@ -563,16 +566,7 @@ mod tests {
             }
         };
         mover::BEFORE_RENAME.with(|h| *h.borrow_mut() = Some(Box::new(swap)));
-        let got = claim(
-            &agent,
-            sid,
-            Timestamp::now(),
-            Duration::ZERO,
-            FileClock::Real,
-            &Writing::new(),
-            None,
-            None,
-        );
+        let got = claim_all(&agent, sid);
         mover::BEFORE_RENAME.with(|h| *h.borrow_mut() = None);
         let got = got.unwrap();
         let subjects: Vec<&str> = got.claimed.iter().map(|m| m.subject.as_str()).collect();
@@ -584,20 +578,11 @@ mod tests {
             back.file_type().is_symlink(),
             "the link is back, unfollowed"
         );
+        assert!(!inbox.join("m002.json").exists(), "an edit is not a swap");
         let read = claimed(&agent, sid).unwrap();
-        assert_eq!(read.len(), 3);
-        assert_eq!(read[1].1.subject, "s1");
-        let again = claim(
-            &agent,
-            "20261129-180001",
-            Timestamp::now(),
-            Duration::ZERO,
-            FileClock::Real,
-            &Writing::new(),
-            None,
-            None,
-        )
-        .unwrap();
+        let read: Vec<&str> = read.iter().map(|(_, m)| m.subject.as_str()).collect();
+        assert_eq!(read, ["s0", "s1", "s2, edited"]);
+        let again = claim_all(&agent, "20261129-180001").unwrap();
         assert!(again.claimed.is_empty());
         assert!(
             again
