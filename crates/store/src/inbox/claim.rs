@@ -76,9 +76,9 @@ pub fn claim(
     // id": generate a new id), so replies, acknowledgements and the journal
     // name one message each.
     let mut taken: std::collections::HashSet<String> = std::collections::HashSet::new();
-    // Claimed with a new id: (index in `out.claimed`, its name), rewritten
-    // once renamed.
-    let mut renamed_ids: Vec<(usize, String)> = Vec::new();
+    // Claimed with a new id: indexes in `out.claimed`, rewritten once
+    // renamed.
+    let mut renamed_ids: Vec<usize> = Vec::new();
     // The file name of each message in `out.claimed`, in step with it.
     let mut claimed_names: Vec<String> = Vec::new();
     let mut processed = Processed::new(agent);
@@ -157,7 +157,7 @@ pub fn claim(
                             "{name}: its id {original:?} is taken by another message: delivered as {}",
                             m.id
                         );
-                        renamed_ids.push((out.claimed.len(), name.clone()));
+                        renamed_ids.push(out.claimed.len());
                     }
                     taken.insert(m.id.clone());
                     claimed_names.push(name);
@@ -167,23 +167,22 @@ pub fn claim(
         }
         if let Some(mut mover) = mover {
             mover.finish()?;
-            // The claimed copy of a message given a new id says so too: it
-            // is what the session and the journal read back.
-            for (i, name) in &renamed_ids {
-                write_message(agent, &claimed_dir.join(name), &out.claimed[*i])?;
-            }
-            // A file swapped between its check and its rename went back
-            // to the inbox (see `mover`): the message checked (and quoted
-            // to the session) is what the claim holds.
+            // Rewritten in `.claimed/`, once each: a message given a new id
+            // (its claimed copy says so too: it is what the session and the
+            // journal read back), and one whose file was swapped between
+            // its check and its rename and went back to the inbox (see
+            // `mover`): the message checked, and quoted, is what the claim
+            // holds.
+            let mut rewrite = std::collections::BTreeSet::from_iter(renamed_ids);
             for name in mover.swapped() {
-                let Some(i) = claimed_names.iter().position(|n| n == name) else {
-                    continue;
-                };
                 tracing::warn!(
                     agent = %agent.name,
                     "{name}: replaced in the inbox between its check and its claim; the message checked is delivered, and the file put in its place is back in the inbox, to be judged as a new one"
                 );
-                write_message(agent, &claimed_dir.join(name), &out.claimed[i])?;
+                rewrite.extend(claimed_names.iter().position(|n| n == name));
+            }
+            for i in rewrite {
+                write_message(agent, &claimed_dir.join(&claimed_names[i]), &out.claimed[i])?;
             }
             // A mover is made for the first message claimed: the inbox
             // lost names.
